@@ -1,0 +1,54 @@
+# gen_pipeline: every target sets up its own venv on first use (Python 3.11+).
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+DATASET    ?=
+SERVER_URL ?=
+SERVER     ?=
+LIMIT      ?=
+ARGS       ?=
+
+.PHONY: venv generate status demo test chaos bench validate plan clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+generate: $(STAMP)
+	@test -n "$(DATASET)" || { echo "usage: make generate DATASET=B2 [SERVER_URL=http://host:30000] [SERVER=sim] [LIMIT=N]"; exit 2; }
+	$(PY) -m gen_pipeline generate --dataset $(DATASET) \
+		$(if $(SERVER_URL),--server-url $(SERVER_URL)) \
+		$(if $(SERVER),--server $(SERVER)) \
+		$(if $(LIMIT),--limit $(LIMIT)) $(ARGS)
+
+status: $(STAMP)
+	$(PY) -m gen_pipeline status $(ARGS)
+
+validate: $(STAMP)
+	@test -n "$(DATASET)" || { echo "usage: make validate DATASET=B2"; exit 2; }
+	$(PY) -m gen_pipeline validate --dataset $(DATASET)
+
+plan: $(STAMP)
+	$(PY) -m gen_pipeline plan $(ARGS)
+
+demo: $(STAMP)
+	$(PY) -m gen_pipeline generate --dataset demo --server sim
+	$(PY) -m gen_pipeline status --dataset demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
+
+chaos: $(STAMP)
+	$(PY) -m pytest -q -m slow $(ARGS)
+
+bench: $(STAMP)
+	$(PY) -m bench $(ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,43 @@
+"""Shared writer for bench results: every benchmark owns one section of
+`bench/results.json` (machine-readable) and one section of `bench/RESULTS.md` (human)."""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS_JSON = BENCH_DIR / "results.json"
+RESULTS_MD = BENCH_DIR / "RESULTS.md"
+_HEADER = "# Benchmark results\n\nWritten by `make bench` (`python -m bench`); each section by its own benchmark.\n"
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def write_section(name: str, data: dict[str, Any], markdown: str) -> None:
+    """Replace section `name` in results.json and RESULTS.md (other sections are kept)."""
+    results = orjson.loads(RESULTS_JSON.read_bytes()) if RESULTS_JSON.exists() else {}
+    results[name] = data
+    _atomic_write(RESULTS_JSON, orjson.dumps(results, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+    text = RESULTS_MD.read_text() if RESULTS_MD.exists() else _HEADER
+    begin, end = f"<!-- section:{name} -->", f"<!-- /section:{name} -->"
+    block = f"{begin}\n{markdown.strip()}\n{end}"
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+    _atomic_write(RESULTS_MD, text.encode())
+
+
+def md_table(headers: list[str], rows: list[list[Any]]) -> str:
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)

@@ -1,0 +1,61 @@
+"""The exceptions gen_pipeline raises on purpose.
+
+    GenPipelineError            anything the CLI turns into a message and an exit code
+     ├── ConfigError            a dataset/server TOML, a flag or an input file is wrong   (exit 2)
+     ├── ServerError            the inference server could not be started/reached/kept up (exit 3)
+     │    └── ServerStartupError  it exited or never answered /health during start-up
+     ├── StoreError             the output folder cannot be used as asked                 (exit 4)
+     │    ├── LockedError         another run holds the dataset's lock
+     │    ├── ConfigDriftError    the outputs were written with a different config
+     │    └── DiskError           a write failed (ENOSPC, EIO); committed data is intact
+     └── RequestError           one request failed for good (becomes a Failure record, never escapes a run)
+
+Messages are complete sentences a user can act on: what failed, where, the value seen,
+the likely cause and the next step. The CLI prints `str(exc)` without a traceback.
+"""
+
+from __future__ import annotations
+
+
+class GenPipelineError(Exception):
+    """Base class; `exit_code` is what the CLI exits with."""
+
+    exit_code = 1
+
+
+class ConfigError(GenPipelineError):
+    exit_code = 2
+
+
+class ServerError(GenPipelineError):
+    exit_code = 3
+
+
+class ServerStartupError(ServerError):
+    pass
+
+
+class StoreError(GenPipelineError):
+    exit_code = 4
+
+
+class LockedError(StoreError):
+    pass
+
+
+class ConfigDriftError(StoreError):
+    pass
+
+
+class DiskError(StoreError):
+    pass
+
+
+class RequestError(GenPipelineError):
+    """A request that will not succeed by retrying; `retryable` marks ones a later run may retry."""
+
+    def __init__(self, message: str, *, reason: str, retryable: bool = True, status: int | None = None):
+        super().__init__(message)
+        self.reason = reason
+        self.retryable = retryable
+        self.status = status
