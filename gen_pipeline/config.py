@@ -14,6 +14,7 @@ A dataset config, `datasets_cfg/B2.toml`:
     field = "conversations"          # the column holding the conversation or the prompt text
     id_field = "id"                  # optional: a stable source id column; else a content hash
     system_prompt = ""               # optional: prepended when a row has none
+    max_prompt_chars = 400000        # optional: longer rows are rejected (reason prompt_too_long)
     shuffle_seed = 0                 # optional: shuffle the source once, deterministically
 
     [sampling]
@@ -64,6 +65,7 @@ class SourceConfig:
     system_prompt: str = ""
     shuffle_seed: int | None = None
     streaming: bool = False
+    max_prompt_chars: int = 400_000  # longer prompts are rejected before any request (~100K tokens)
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class GenerationConfig:
     request_timeout_s: float = 3600.0
     connect_timeout_s: float = 10.0
     max_attempts: int = 6
+    retry_initial_wait_s: float = 1.0
     retry_max_wait_s: float = 60.0
     window: int = 0  # 0 = adaptive (the controller); N = fixed concurrency
 
@@ -121,6 +124,7 @@ class DatasetConfig:
 def _source_identity(src: SourceConfig) -> dict[str, Any]:
     d = asdict(src)
     d.pop("streaming")
+    d.pop("max_prompt_chars")
     d["files"] = list(src.files)
     return d
 

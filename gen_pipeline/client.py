@@ -1,0 +1,253 @@
+"""The HTTP client: one conversation in, one regenerated Sample (or a Failure) out.
+
+Talks to `/v1/chat/completions` (SGLang, an sglang-router, or any OpenAI-compatible
+server). Every assistant turn is regenerated in order, each request carrying the
+regenerated history. Retries (tenacity, exponential backoff with jitter) cover connection
+errors, timeouts, 429, 5xx and unreadable bodies; a 4xx that will fail again (e.g. a prompt
+longer than the context) is not retried and becomes a Failure with the server's message.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import httpx
+import orjson
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+from .config import GenerationConfig, SamplingConfig
+from .errors import RequestError
+from .records import Failure, Message, Prompt, Sample
+
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+
+
+class _Retryable(Exception):
+    """An attempt failed in a way the next attempt may not: reason + detail for the Failure."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    model: str
+    backend: str  # "sglang" | "sim" | "openai" (recorded in meta.backend)
+    sampling: SamplingConfig
+    generation: GenerationConfig
+    kv_cache_dtype: str = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    content: str
+    reasoning: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+RequestDone = Callable[[int, int, float], None]  # (prompt_tokens, completion_tokens, latency_s)
+
+
+# ---------------------------------------------------------------- pure request/response handling
+
+def build_request(messages: list[Message], s: ClientSettings) -> dict[str, Any]:
+    """The JSON body for one chat completion."""
+    body: dict[str, Any] = {
+        "model": s.model,
+        "messages": messages,
+        "max_tokens": s.sampling.max_new_tokens,
+        "temperature": s.sampling.temperature,
+        "top_p": s.sampling.top_p,
+        "stream": False,
+    }
+    if s.generation.reasoning == "disable":
+        # Kimi/DeepSeek templates read `thinking`, Qwen3's `enable_thinking`; unknown keys are ignored.
+        body["chat_template_kwargs"] = {"thinking": False, "enable_thinking": False}
+    return body
+
+
+def split_think(content: str) -> tuple[str, str]:
+    """("reasoning", "answer") from content that still carries <think> markers (no reasoning parser)."""
+    if _THINK_CLOSE not in content:
+        return "", content.replace(_THINK_OPEN, "")
+    head, _, tail = content.partition(_THINK_CLOSE)
+    return head.replace(_THINK_OPEN, "").strip(), tail.lstrip()
+
+
+def parse_response(data: Any) -> TurnResult:
+    """Read the fields we keep from a chat completion; raises _Retryable when it is malformed."""
+    try:
+        choice = data["choices"][0]
+        message = choice["message"]
+        content = message.get("content") or ""
+        reasoning = message.get("reasoning_content") or ""
+        finish = choice.get("finish_reason")
+        usage = data.get("usage")
+        if not isinstance(usage, dict):
+            raise _Retryable("bad_response", "the response has no usage (token counts)")
+        prompt_tokens, completion_tokens = int(usage["prompt_tokens"]), int(usage["completion_tokens"])
+    except _Retryable:
+        raise
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+        raise _Retryable("bad_response", f"unexpected response shape ({type(e).__name__}: {e})") from None
+    if not isinstance(content, str) or not isinstance(reasoning, str):
+        raise _Retryable("bad_response", "message content is not a string")
+    if finish == "abort":
+        raise _Retryable("aborted", "the server aborted the request")
+    if finish not in ("stop", "length"):
+        finish = "length" if finish == "max_tokens" else "stop"
+    if _THINK_OPEN in content or _THINK_CLOSE in content:
+        extra, content = split_think(content)
+        reasoning = (reasoning + "\n" + extra).strip() if reasoning else extra
+    return TurnResult(content, reasoning, finish, prompt_tokens, completion_tokens)
+
+
+def error_message(response: httpx.Response) -> str:
+    """The server's own error text (OpenAI/SGLang error JSON or the raw body)."""
+    try:
+        data = orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        return response.text[:500].strip() or response.reason_phrase
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return err["message"]
+        if isinstance(err, str):
+            return err
+    return response.text[:500]
+
+
+def classify_status(response: httpx.Response) -> None:
+    """Raise _Retryable for 408/429/5xx, RequestError (final) for other 4xx; pass on 2xx."""
+    code = response.status_code
+    if code < 300:
+        return
+    message = error_message(response)
+    if code in (408, 429) or code >= 500:
+        raise _Retryable(f"http_{code}", message)
+    raise RequestError(f"HTTP {code}: {message}", reason=f"http_{code}", retryable=False, status=code)
+
+
+def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turns: list[TurnResult],
+                 s: ClientSettings) -> Sample:
+    finish = "length" if any(t.finish_reason == "length" for t in turns) else "stop"
+    meta = {
+        "model": s.model,
+        "backend": s.backend,
+        "finish_reason": finish,
+        "prompt_tokens": sum(t.prompt_tokens for t in turns),
+        "completion_tokens": sum(t.completion_tokens for t in turns),
+        "turns": len(turns),
+        "sampling": asdict(s.sampling),
+        "kv_cache_dtype": s.kv_cache_dtype,
+        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    return Sample(id=prompt.id, dataset=dataset, conversations=conversation, meta=meta)
+
+
+# ---------------------------------------------------------------- the async client
+
+class ChatClient:
+    """Regenerates conversations against one or more servers (least outstanding requests first)."""
+
+    def __init__(self, http: httpx.AsyncClient, base_urls: list[str], settings: ClientSettings, *,
+                 gate: Callable[[], Awaitable[None]] | None = None, on_request_done: RequestDone | None = None):
+        self._http = http
+        self._urls = [u.rstrip("/") for u in base_urls]
+        self._outstanding = [0] * len(self._urls)
+        self.settings = settings
+        self._gate = gate
+        self._on_done = on_request_done
+
+    def set_urls(self, base_urls: list[str]) -> None:
+        self._urls = [u.rstrip("/") for u in base_urls]
+        self._outstanding = [0] * len(self._urls)
+
+    async def regenerate(self, prompt: Prompt, dataset: str) -> Sample | Failure:
+        """Every assistant turn regenerated in order; per-request failures come back as a Failure."""
+        s = self.settings
+        conversation: list[Message] = []
+        turns: list[TurnResult] = []
+        keep_reasoning = s.generation.reasoning == "keep"
+        for m in prompt.messages:
+            if m["role"] == "assistant":
+                continue  # source answers are replaced by the target model's
+            conversation.append({"role": m["role"], "content": m["content"]})
+            if m["role"] != "user":
+                continue
+            try:
+                turn = await self.complete(conversation)
+            except RequestError as e:
+                return Failure(prompt.id, dataset, e.reason, str(e), retryable=e.retryable)
+            reply: Message = {"role": "assistant", "content": turn.content}
+            if keep_reasoning:
+                reply["reasoning_content"] = turn.reasoning
+            conversation.append(reply)
+            turns.append(turn)
+            if turn.finish_reason == "length":
+                if s.generation.truncated == "drop":
+                    return Failure(prompt.id, dataset, "truncated",
+                                   f"turn {len(turns)} hit max_new_tokens={s.sampling.max_new_tokens}",
+                                   retryable=False)
+                break  # a cut answer ends the conversation: later turns would build on it
+        return build_sample(prompt, dataset, conversation, turns, s)
+
+    async def complete(self, messages: list[Message]) -> TurnResult:
+        """One chat completion with retries; raises RequestError when it will not succeed."""
+        g = self.settings.generation
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(g.max_attempts),
+            # "full jitter" (AWS): uniform(0, min(max, initial * 2**n)); spreads a burst of retries out
+            wait=wait_random_exponential(multiplier=g.retry_initial_wait_s, max=g.retry_max_wait_s),
+            retry=retry_if_exception_type(_Retryable),
+            reraise=True,
+        )
+        body = orjson.dumps(build_request(messages, self.settings))
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._attempt(body)
+        except _Retryable as e:
+            raise RequestError(f"gave up after {g.max_attempts} attempts: {e}", reason=e.reason) from None
+        raise AssertionError("unreachable")
+
+    async def _attempt(self, body: bytes) -> TurnResult:
+        if self._gate is not None:
+            await self._gate()  # blocks while the supervisor restarts the server
+        i = min(range(len(self._urls)), key=self._outstanding.__getitem__)
+        self._outstanding[i] += 1
+        started = time.monotonic()
+        try:
+            response = await self._http.post(f"{self._urls[i]}/v1/chat/completions", content=body,
+                                             headers={"content-type": "application/json"})
+        except httpx.TimeoutException as e:
+            raise _Retryable("timeout", f"{type(e).__name__}: no answer in time") from None
+        except httpx.TransportError as e:
+            raise _Retryable("connection", f"{type(e).__name__}: {e}") from None
+        finally:
+            self._outstanding[i] -= 1
+        classify_status(response)
+        try:
+            data = orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            ctype = response.headers.get("content-type", "?")
+            raise _Retryable("bad_response", f"body is not JSON (content-type {ctype})") from None
+        turn = parse_response(data)
+        if self._on_done is not None:
+            self._on_done(turn.prompt_tokens, turn.completion_tokens, time.monotonic() - started)
+        return turn
+
+
+def make_http_client(generation: GenerationConfig, max_connections: int) -> httpx.AsyncClient:
+    """httpx defaults (5 s timeouts, 100 connections) would silently cap a run: set both."""
+    timeout = httpx.Timeout(connect=generation.connect_timeout_s, read=generation.request_timeout_s,
+                            write=60.0, pool=None)
+    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+    return httpx.AsyncClient(timeout=timeout, limits=limits)

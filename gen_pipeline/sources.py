@@ -1,0 +1,209 @@
+"""Dataset loading: Hugging Face hub or local files (through `datasets`) → validated Prompts.
+
+Three row schemas (config `source.schema`), all read from the column `source.field`:
+- "sharegpt": [{"from": "human"|"gpt"|"system"|..., "value": str}, ...]
+- "messages": [{"role": "user"|"assistant"|"system", "content": str}, ...]
+- "prompt":   a single user prompt string
+
+Validation follows SpecForge's: an optional leading system message, then turns that alternate
+user/assistant starting with user, every content a non-empty string. Rows that fail are not
+fatal: they become `Reject`s with a reason, counted and written to the dataset's rejects file.
+Ids are stable across runs: "<DATASET>-<source id>" from `source.id_field`, else a content hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from .config import DatasetConfig
+from .errors import ConfigError
+from .records import Message, Prompt, Reject
+
+_SHAREGPT_ROLES = {
+    "human": "user", "user": "user",
+    "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant", "bard": "assistant", "model": "assistant",
+    "system": "system",
+}
+_MESSAGE_ROLES = {"user", "assistant", "system"}
+_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+@dataclass
+class SourceStats:
+    """Counts of what the source produced in this run (rejects by reason)."""
+
+    rows: int = 0
+    prompts: int = 0
+    skipped_done: int = 0
+    rejects: dict[str, int] = field(default_factory=dict)
+
+    def reject(self, reason: str) -> None:
+        self.rejects[reason] = self.rejects.get(reason, 0) + 1
+
+
+class InvalidRow(Exception):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+# ---------------------------------------------------------------- row → messages (pure)
+
+def _turns(row: dict[str, Any], cfg_field: str) -> Any:
+    if cfg_field not in row:
+        raise InvalidRow("missing_field", f"no column {cfg_field!r} (columns: {', '.join(sorted(row))})")
+    return row[cfg_field]
+
+
+def parse_row(row: dict[str, Any], schema: str, cfg_field: str) -> list[Message]:
+    """Map one source row to role/content messages; raises InvalidRow with a reason."""
+    value = _turns(row, cfg_field)
+    if schema == "prompt":
+        return [{"role": "user", "content": _content(value, 0)}]
+    if not isinstance(value, list) or not value:
+        raise InvalidRow("bad_type", f"{cfg_field!r} must be a non-empty list of turns, got {type(value).__name__}")
+    role_key, content_key = ("from", "value") if schema == "sharegpt" else ("role", "content")
+    messages: list[Message] = []
+    for i, turn in enumerate(value):
+        if not isinstance(turn, dict):
+            raise InvalidRow("bad_type", f"turn {i} must be an object, got {type(turn).__name__}")
+        if role_key not in turn or content_key not in turn:
+            raise InvalidRow("missing_field", f"turn {i} needs {role_key!r} and {content_key!r}")
+        raw_role = turn[role_key]
+        role = _SHAREGPT_ROLES.get(raw_role) if schema == "sharegpt" else (
+            raw_role if raw_role in _MESSAGE_ROLES else None)
+        if role is None:
+            raise InvalidRow("unknown_role", f"turn {i} has role {raw_role!r}")
+        messages.append({"role": role, "content": _content(turn[content_key], i)})
+    return messages
+
+
+def _content(value: Any, i: int) -> str:
+    if not isinstance(value, str):
+        raise InvalidRow("bad_type", f"turn {i} content must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise InvalidRow("empty_content", f"turn {i} has empty content")
+    return value
+
+
+def check_roles(messages: list[Message]) -> None:
+    """Optional leading system, then user/assistant alternating from user; raises InvalidRow."""
+    body = messages[1:] if messages and messages[0]["role"] == "system" else messages
+    if not body:
+        raise InvalidRow("no_user_turn", "no user turn")
+    for i, m in enumerate(body):
+        expected = "user" if i % 2 == 0 else "assistant"
+        if m["role"] != expected:
+            raise InvalidRow("roles_not_alternating",
+                             f"turn {i + len(messages) - len(body)} is {m['role']!r}, expected {expected!r}")
+
+
+def content_id(messages: list[Message]) -> str:
+    """A stable hash of the conversation's system and user turns (assistant turns get regenerated)."""
+    kept = [(m["role"], m["content"]) for m in messages if m["role"] != "assistant"]
+    return hashlib.sha1(orjson.dumps(kept)).hexdigest()[:16]
+
+
+def to_prompt(row: dict[str, Any], index: int, cfg: DatasetConfig) -> Prompt:
+    """One row → Prompt (validated, with its stable id); raises InvalidRow."""
+    src = cfg.source
+    messages = parse_row(row, src.schema, src.field)
+    if src.system_prompt and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": src.system_prompt})
+    check_roles(messages)
+    chars = sum(len(m["content"]) for m in messages if m["role"] != "assistant")
+    if chars > src.max_prompt_chars:
+        raise InvalidRow("prompt_too_long", f"{chars} characters > source.max_prompt_chars = {src.max_prompt_chars}")
+    if src.id_field:
+        raw = row.get(src.id_field)
+        if not isinstance(raw, (str, int)) or isinstance(raw, bool) or raw == "":
+            raise InvalidRow("missing_id", f"column {src.id_field!r} is missing or not a string/integer")
+        sid = str(raw)
+    else:
+        sid = content_id(messages)
+    return Prompt(id=f"{cfg.name}-{sid}", messages=tuple(messages), source_index=index)
+
+
+# ---------------------------------------------------------------- loading (datasets)
+
+def _quiet_datasets() -> Any:
+    import datasets  # imported lazily: it takes ~1 s and status/validate don't need it
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    logging.getLogger("datasets").setLevel(logging.ERROR)
+    return datasets
+
+
+def load_rows(cfg: DatasetConfig) -> Any:
+    """The source as a `datasets` Dataset/IterableDataset (shuffled when asked); raises ConfigError."""
+    datasets = _quiet_datasets()
+    src = cfg.source
+    where = f"{cfg.path or cfg.name}"
+    try:
+        if src.files:
+            paths = [cfg.resolve(f) for f in src.files]
+            missing = [str(p) for p in paths if not p.exists()]
+            if missing:
+                raise ConfigError(f"{where}: source.files: {', '.join(missing)} not found.")
+            fmts = {_FORMATS.get(p.suffix) for p in paths}
+            if None in fmts or len(fmts) != 1:
+                raise ConfigError(f"{where}: source.files must all be .jsonl/.json or all .parquet "
+                                  f"(got {', '.join(p.name for p in paths)}).")
+            ds = datasets.load_dataset(fmts.pop(), data_files=[str(p) for p in paths], split="train",
+                                       streaming=src.streaming)
+        else:
+            ds = datasets.load_dataset(src.hf_id, src.hf_subset or None, split=src.split, streaming=src.streaming)
+    except ConfigError:
+        raise
+    except Exception as e:  # datasets wraps Arrow/JSON/network errors in many types
+        cause = e.__cause__ or e.__context__ or e
+        what = ", ".join(src.files) if src.files else f"{src.hf_id} (split {src.split})"
+        hint = ("Check that every line is one JSON object (JSON Lines) or the file is valid JSON/Parquet."
+                if src.files else "Check the dataset id and split, and that the hub is reachable "
+                "(or download it and point source.files at the local copy).")
+        raise ConfigError(f"{where}: could not load source {what}: {type(cause).__name__}: {cause}. {hint}") from None
+    if src.shuffle_seed is not None:
+        ds = ds.shuffle(seed=src.shuffle_seed)
+    return ds
+
+
+def iter_prompts(cfg: DatasetConfig, skip_ids: set[str] | frozenset[str], stats: SourceStats,
+                 rejects: list[Reject], rows: Any = None) -> Iterator[Prompt]:
+    """Valid prompts not in `skip_ids`, in source order, each id once.
+
+    Invalid rows are appended to `rejects` (the caller writes them) and counted in `stats`.
+    """
+    seen: set[str] = set()
+    for index, row in enumerate(load_rows(cfg) if rows is None else rows):
+        stats.rows += 1
+        try:
+            prompt = to_prompt(row, index, cfg)
+        except InvalidRow as e:
+            stats.reject(e.reason)
+            rejects.append(Reject(cfg.name, index, e.reason, e.detail))
+            continue
+        if prompt.id in seen:
+            stats.reject("duplicate")
+            rejects.append(Reject(cfg.name, index, "duplicate", f"id {prompt.id} appeared earlier in the source"))
+            continue
+        seen.add(prompt.id)
+        if prompt.id in skip_ids:
+            stats.skipped_done += 1
+            continue
+        stats.prompts += 1
+        yield prompt
+
+
+def estimate_prompt_tokens(prompts: list[Prompt]) -> float:
+    """Mean prompt length in tokens, from characters (~4 chars/token, errs low for code/CJK-free text)."""
+    if not prompts:
+        return 0.0
+    return sum(p.prompt_chars for p in prompts) / len(prompts) / 4.0

@@ -1,0 +1,137 @@
+"""The client's JSON contract, with httpx.MockTransport: request fields, regeneration order,
+retries (503, 429, timeouts, bad bodies) and final 4xx failures with the server's message."""
+
+from __future__ import annotations
+
+import httpx
+import orjson
+import pytest
+
+from gen_pipeline.client import ChatClient, ClientSettings, build_request, parse_response, split_think
+from gen_pipeline.config import GenerationConfig, SamplingConfig
+from gen_pipeline.records import Failure, Prompt, Sample
+
+GEN = GenerationConfig(max_attempts=3, retry_initial_wait_s=0.001, retry_max_wait_s=0.002)
+
+
+def settings(**gen) -> ClientSettings:
+    return ClientSettings(model="m", backend="sim", sampling=SamplingConfig(max_new_tokens=64, temperature=0.5,
+                                                                            top_p=0.9),
+                          generation=GenerationConfig(**{**GEN.__dict__, **gen}), kv_cache_dtype="fp8_e4m3")
+
+
+def completion(content: str, *, reasoning: str | None = None, finish: str = "stop", usage: bool = True) -> dict:
+    body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": content,
+                                                  "reasoning_content": reasoning}, "finish_reason": finish}]}
+    if usage:
+        body["usage"] = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    return body
+
+
+def client_with(handler, **gen) -> tuple[ChatClient, list[dict]]:
+    seen: list[dict] = []
+
+    def wrapped(request: httpx.Request) -> httpx.Response:
+        seen.append(orjson.loads(request.content))
+        return handler(request, len(seen))
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(wrapped))
+    return ChatClient(http, ["http://s"], settings(**gen)), seen
+
+
+PROMPT = Prompt("T-1", ({"role": "system", "content": "sys"}, {"role": "user", "content": "q1"},
+                        {"role": "assistant", "content": "old answer"}, {"role": "user", "content": "q2"}))
+
+
+async def test_every_assistant_turn_regenerated_in_order_with_history() -> None:
+    client, seen = client_with(lambda r, n: httpx.Response(200, json=completion(f"answer {n}", reasoning=f"why {n}")),
+                               reasoning="keep")
+    sample = await client.regenerate(PROMPT, "T")
+    assert isinstance(sample, Sample)
+    assert [m["content"] for m in seen[1]["messages"]] == ["sys", "q1", "answer 1", "q2"]
+    assert "old answer" not in orjson.dumps(seen).decode()
+    assert sample.conversations == [
+        {"role": "system", "content": "sys"}, {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "answer 1", "reasoning_content": "why 1"},
+        {"role": "user", "content": "q2"},
+        {"role": "assistant", "content": "answer 2", "reasoning_content": "why 2"}]
+    meta = sample.meta
+    assert (meta["prompt_tokens"], meta["completion_tokens"], meta["turns"]) == (20, 10, 2)
+    assert meta["finish_reason"] == "stop" and meta["kv_cache_dtype"] == "fp8_e4m3" and meta["backend"] == "sim"
+    assert meta["sampling"] == {"max_new_tokens": 64, "temperature": 0.5, "top_p": 0.9}
+
+
+def test_request_fields() -> None:
+    body = build_request([{"role": "user", "content": "q"}], settings(reasoning="disable"))
+    assert body == {"model": "m", "messages": [{"role": "user", "content": "q"}], "max_tokens": 64,
+                    "temperature": 0.5, "top_p": 0.9, "stream": False,
+                    "chat_template_kwargs": {"thinking": False, "enable_thinking": False}}
+    assert "chat_template_kwargs" not in build_request([], settings(reasoning="keep"))
+
+
+async def test_503_and_429_are_retried_then_succeed() -> None:
+    codes = {1: 503, 2: 429}
+    client, seen = client_with(lambda r, n: httpx.Response(codes[n], json={"message": "busy"}) if n in codes
+                               else httpx.Response(200, json=completion("ok")))
+    sample = await client.regenerate(Prompt("T-2", ({"role": "user", "content": "q"},)), "T")
+    assert isinstance(sample, Sample) and len(seen) == 3
+
+
+async def test_400_is_final_with_the_server_message() -> None:
+    msg = "The input (9000 tokens) is longer than the model's context length (8192 tokens)."
+    client, seen = client_with(lambda r, n: httpx.Response(
+        400, json={"object": "error", "message": msg, "type": "BadRequestError", "code": 400}))
+    failure = await client.regenerate(Prompt("T-3", ({"role": "user", "content": "q"},)), "T")
+    assert isinstance(failure, Failure) and len(seen) == 1
+    assert (failure.reason, failure.detail, failure.retryable) == ("http_400", f"HTTP 400: {msg}", False)
+
+
+async def test_retries_exhausted_is_a_retryable_failure() -> None:
+    client, seen = client_with(lambda r, n: httpx.Response(500, text="Internal Server Error"))
+    failure = await client.regenerate(Prompt("T-4", ({"role": "user", "content": "q"},)), "T")
+    assert isinstance(failure, Failure) and len(seen) == 3
+    assert failure.reason == "http_500" and failure.retryable
+    assert failure.detail == "gave up after 3 attempts: Internal Server Error"
+
+
+@pytest.mark.parametrize("bad", [
+    lambda: httpx.Response(200, content=b"{not json", headers={"content-type": "application/json"}),
+    lambda: httpx.Response(200, content=b"<html>hi</html>", headers={"content-type": "text/html"}),
+    lambda: httpx.Response(200, json=completion("x", usage=False)),
+    lambda: httpx.Response(200, json={"choices": []}),
+])
+async def test_malformed_bodies_are_retried(bad) -> None:
+    client, seen = client_with(lambda r, n: bad() if n == 1 else httpx.Response(200, json=completion("fine")))
+    sample = await client.regenerate(Prompt("T-5", ({"role": "user", "content": "q"},)), "T")
+    assert isinstance(sample, Sample) and len(seen) == 2
+
+
+async def test_timeouts_and_connection_errors_are_retried() -> None:
+    def handler(request: httpx.Request, n: int) -> httpx.Response:
+        if n == 1:
+            raise httpx.ReadTimeout("slow", request=request)
+        if n == 2:
+            raise httpx.RemoteProtocolError("peer closed connection", request=request)
+        return httpx.Response(200, json=completion("done"))
+    client, seen = client_with(handler)
+    assert isinstance(await client.regenerate(Prompt("T-6", ({"role": "user", "content": "q"},)), "T"), Sample)
+    assert len(seen) == 3
+
+
+async def test_truncated_turn_ends_the_conversation_or_is_dropped() -> None:
+    client, seen = client_with(lambda r, n: httpx.Response(200, json=completion("cut", finish="length")))
+    sample = await client.regenerate(PROMPT, "T")
+    assert isinstance(sample, Sample) and len(seen) == 1
+    assert sample.meta["finish_reason"] == "length" and sample.meta["turns"] == 1
+    assert sample.conversations[-1] == {"role": "assistant", "content": "cut"}
+    client, _ = client_with(lambda r, n: httpx.Response(200, json=completion("cut", finish="length")),
+                            truncated="drop")
+    failure = await client.regenerate(PROMPT, "T")
+    assert isinstance(failure, Failure) and (failure.reason, failure.retryable) == ("truncated", False)
+
+
+def test_think_markers_never_stay_in_content() -> None:
+    assert split_think("<think>plan</think>\n\nanswer") == ("plan", "answer")
+    assert split_think("plan</think>answer") == ("plan", "answer")
+    turn = parse_response(completion("<think>a</think>b"))
+    assert (turn.reasoning, turn.content) == ("a", "b")
