@@ -31,7 +31,7 @@ def conversation(rng: random.Random, i: int) -> dict:
     for _ in range(i % 3 if i % 5 == 0 else 0):  # every 5th row: up to 3 user turns
         msgs.append({"role": "assistant", "content": "(source answer, replaced by the target model)"})
         msgs.append({"role": "user", "content": rng.choice(FOLLOW)})
-    return {"id": f"demo-{i:04d}", "messages": msgs}
+    return {"id": f"{i:04d}", "messages": msgs}
 
 
 INVALID = [

@@ -1,0 +1,29 @@
+"""The inference server: launch + supervise (run_server), attach (run_attached), capacity and load.
+
+    profile.py     server.toml → ServerProfile
+    command.py     ServerProfile → argv + env (pure)
+    diagnose.py    fatal log lines → advice (pure)
+    logfile.py     rotation, tail
+    process.py     one process group: start, stop
+    health.py      /health, the start-up wait
+    capacity.py    /server_info, /v1/loads, vLLM metrics → Capacity
+    load.py        /v1/loads, /metrics → LoadSnapshot
+    handle.py      ServerHandle
+    supervisor.py  run_server
+    attach.py      run_attached
+    plan.py        KV-cache sizing from config.json (pure)
+"""
+
+from .attach import run_attached
+from .capacity import read_capacity
+from .command import build_command, build_env
+from .handle import ServerHandle
+from .load import read_load
+from .plan import Plan, format_plan, plan, plan_from_args
+from .profile import DEFAULT_SERVER_CONFIG, ServerProfile, load_server_profile
+from .supervisor import run_server
+
+__all__ = [
+    "DEFAULT_SERVER_CONFIG", "Plan", "ServerHandle", "ServerProfile", "build_command", "build_env", "format_plan",
+    "load_server_profile", "plan", "plan_from_args", "read_capacity", "read_load", "run_attached", "run_server",
+]

@@ -1,0 +1,37 @@
+"""`make bench` = `python -m bench [NAME ...]`: runs the benchmarks in turn; each writes its own
+section of bench/results.json and bench/RESULTS.md. Names: calibration, sim_capacity,
+controller, overhead, resume_speed (default: all)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+
+BENCHES = {
+    "calibration": "bench.calibrate",
+    "controller": "bench.controller_bench",
+    "overhead": "bench.overhead",
+    "resume_speed": "bench.resume_speed",
+    "sim_capacity": "bench.sim_capacity",
+}
+
+
+def main(argv: list[str]) -> int:
+    names = argv or list(BENCHES)
+    unknown = [n for n in names if n not in BENCHES]
+    if unknown:
+        print(f"unknown benchmark(s): {', '.join(unknown)}; choose from {', '.join(BENCHES)}", file=sys.stderr)
+        return 2
+    for name in names:
+        started = time.monotonic()
+        print(f"== {name} ==", flush=True)
+        module = importlib.import_module(BENCHES[name])
+        module.main([])
+        print(f"== {name}: {time.monotonic() - started:.0f} s ==\n", flush=True)
+    print("Results: bench/RESULTS.md, bench/results.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

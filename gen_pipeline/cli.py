@@ -1,0 +1,174 @@
+"""`gen-pipeline` (also `python -m gen_pipeline`): arguments → config; known errors → message + exit code.
+
+Exit codes: 0 ok, 1 validation found problems, 2 config/flag error, 3 server error, 4 store error
+(lock, config drift, disk), 130/143 interrupted by SIGINT/SIGTERM (resumable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from .config import DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR, available_datasets, find_dataset_config
+from .errors import ConfigError, GenPipelineError
+
+REFERENCE_DATASETS = ("B1", "B2", "B6", "B7")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR,
+                   help="where outputs/<DATASET>/ live (default: %(default)s)")
+    p.add_argument("--config-dir", type=Path, default=DEFAULT_CONFIG_DIR,
+                   help="folder of dataset TOMLs and server.toml (default: %(default)s)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for handled errors")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gen-pipeline", description=(
+        "Regenerate prompt datasets with a target model on SGLang into EAGLE-3 (SpecForge) training data."))
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    g = sub.add_parser("generate", help="generate a dataset up to its target (resumes where it stopped)",
+                       description="Start (or attach to) a server and generate DATASET up to its target. "
+                                   "Running the same command again resumes.")
+    g.add_argument("--dataset", required=True, help="a name from the config dir (B1, B2, B6, B7, demo) or a .toml path")
+    where = g.add_mutually_exclusive_group()
+    where.add_argument("--server", default="tuned", metavar="PROFILE",
+                       help="server.toml profile to launch: tuned (default), baseline, sim (the built-in simulator)")
+    where.add_argument("--server-url", action="append", default=[], metavar="URL",
+                       help="attach to a running server or sglang-router instead (repeat or comma-separate)")
+    g.add_argument("--limit", type=int, help="stop after this many new samples in this run")
+    g.add_argument("--window", type=int, help="fixed concurrency instead of the adaptive controller")
+    g.add_argument("--model", default="", help="model id for requests (default: from the profile or /v1/models)")
+    g.add_argument("--progress", choices=("auto", "bar", "log", "quiet"), default="auto",
+                   help="progress display (auto: a bar on a terminal, log lines otherwise)")
+    g.add_argument("--drain-grace-s", type=float, default=30.0,
+                   help="on SIGINT/SIGTERM, seconds to let in-flight requests finish (default: %(default)s)")
+    _common(g)
+
+    s = sub.add_parser("status", help="per dataset: samples done/target, tokens, errors, throughput, ETA",
+                       description="Read outputs/ only (works while a run goes and after one died).")
+    s.add_argument("--dataset", action="append", default=[], help="only these datasets (repeatable)")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    _common(s)
+
+    v = sub.add_parser("validate", help="check a dataset's output: schema, duplicates, roles, think markers",
+                       description="Exit 1 when a problem is found.")
+    v.add_argument("--dataset", required=True, help="dataset name (its folder under --output-dir)")
+    v.add_argument("--json", action="store_true", help="machine-readable output")
+    _common(v)
+
+    pl = sub.add_parser("plan", help="predict KV tokens and decode slots for a model, GPU and KV dtype",
+                        description="Arithmetic from the model's config.json; no GPU needed.")
+    pl.add_argument("--model-config", type=Path, default=DEFAULT_CONFIG_DIR / "models" / "kimi-k2.5-config.json",
+                    help="the model's config.json (default: the bundled Kimi-K2.5 one)")
+    pl.add_argument("--gpu-mem-gb", type=float, default=141.0, help="memory per GPU in GiB (default: %(default)s, H200)")
+    pl.add_argument("--tp-size", type=int, default=8, help="tensor parallel size (default: %(default)s)")
+    pl.add_argument("--mem-fraction-static", type=float, default=0.90, help="SGLang's static memory fraction")
+    pl.add_argument("--tokens-per-sample", type=int, default=4500,
+                    help="prompt + completion tokens one request holds at its end (default: %(default)s, B2-like)")
+    pl.add_argument("--weights-gb", type=float, help="total weight size in GiB (or give --params-b)")
+    pl.add_argument("--params-b", type=float, help="parameter count in billions (with --weight-dtype)")
+    pl.add_argument("--weight-dtype", default="bf16", help="weight dtype for --params-b: bf16, fp8, int4")
+    pl.add_argument("--hicache-gb", type=float, default=0.0, help="hierarchical cache per rank in GB")
+    pl.add_argument("--overhead-gb", type=float, default=0.0, help="activations/graphs per GPU outside the KV pool")
+    pl.add_argument("--debug", action="store_true", help="show tracebacks for handled errors")
+
+    sub.add_parser("sim", help="run the SGLang simulator (arguments as `python -m gen_pipeline.sim --help`)",
+                   add_help=False, prefix_chars="\0")
+    return parser
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import anyio
+
+    from .pipeline import RunOptions, run_generate
+    from .server.profile import load_server_profile
+
+    cfg = find_dataset_config(args.dataset, args.config_dir)
+    urls = tuple(u.strip() for arg in args.server_url for u in arg.split(",") if u.strip())
+    for u in urls:
+        if not u.startswith(("http://", "https://")):
+            raise ConfigError(f"--server-url {u!r} must start with http:// or https:// (e.g. http://gpu-node:30000).")
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit {args.limit} must be at least 1.")
+    if args.window is not None and args.window < 1:
+        raise ConfigError(f"--window {args.window} must be at least 1.")
+    profile = None if urls else load_server_profile(args.server, args.config_dir / "server.toml")
+    opts = RunOptions(output_root=args.output_dir, profile=profile, server_urls=urls, model=args.model,
+                      limit=args.limit, window=args.window, drain_grace_s=args.drain_grace_s, progress=args.progress)
+    summary = anyio.run(run_generate, cfg, opts)
+    print(summary.line(), flush=True)
+    return summary.exit_code
+
+
+def _targets(config_dir: Path, only: Sequence[str]) -> dict[str, int]:
+    names = list(only) or available_datasets(config_dir)
+    return {n: find_dataset_config(n, config_dir).target_samples for n in names}
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from .store import format_status, status_all
+
+    report = status_all(args.output_dir, _targets(args.config_dir, args.dataset), total_of=REFERENCE_DATASETS)
+    if args.json:
+        import orjson
+        sys.stdout.write(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        print(format_status(report))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .validate import validate_dataset
+
+    folder = args.output_dir / args.dataset
+    if not folder.is_dir():
+        raise ConfigError(f"{folder}: no such output folder. Generate it first (make generate DATASET={args.dataset}).")
+    report = validate_dataset(folder)
+    if args.json:
+        import orjson
+        sys.stdout.write(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        print(report.format())
+    return 0 if report.ok else 1
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .server.plan import plan_from_args
+
+    print(plan_from_args(args.model_config, gpu_mem_gb=args.gpu_mem_gb, tp_size=args.tp_size,
+                         mem_fraction_static=args.mem_fraction_static, tokens_per_sample=args.tokens_per_sample,
+                         weights_gb=args.weights_gb, params_b=args.params_b, weight_dtype=args.weight_dtype,
+                         hicache_gb=args.hicache_gb, overhead_gb=args.overhead_gb))
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "generate": cmd_generate, "status": cmd_status, "validate": cmd_validate, "plan": cmd_plan,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sim"]:
+        from .sim.cli import main as sim_main
+        return sim_main(argv[1:]) or 0
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except GenPipelineError as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted; run the same command to resume.", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""What a server can hold: KV tokens and decode slots, read from its HTTP API.
+
+Sources, best first (shapes from SGLang's python/sglang/srt/entrypoints/http_server.py and v1_loads.py):
+`/server_info` (old `/get_server_info`): ServerArgs + scheduler_info of DP rank 0 (`max_total_num_tokens`)
++ `internal_states[i]` per DP rank (`effective_max_running_requests_per_dp`); each DP rank has its own
+KV pool, so tokens = max_total_num_tokens × ranks. Then `/v1/loads` (per rank `max_total_num_tokens`),
+then vLLM's `/metrics` (`vllm:cache_config_info{num_gpu_blocks, block_size}`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from ..records import Capacity
+
+INFO_KEYS = ("model_path", "served_model_name", "tp_size", "dp_size", "kv_cache_dtype", "mem_fraction_static",
+             "enable_hierarchical_cache", "hicache_size", "num_continuous_decode_steps", "context_length",
+             "max_running_requests", "reasoning_parser", "enable_metrics", "version")
+_LOG_CAPACITY = re.compile(r"max_total_num_tokens=(\d+)(?:.*?max_running_requests=(\d+))?")
+PROBE_TIMEOUT_S = 10.0
+
+
+def capacity_from_server_info(info: dict[str, Any]) -> Capacity | None:
+    """Capacity of one server from its /server_info JSON; None if it has no max_total_num_tokens."""
+    tokens = info.get("max_total_num_tokens")
+    if not _is_int(tokens) or tokens <= 0:
+        return None
+    states = [s for s in info.get("internal_states") or [] if isinstance(s, dict)]
+    ranks = len(states) or (info.get("dp_size") if _is_int(info.get("dp_size")) else 1) or 1
+    per_dp = [s.get("effective_max_running_requests_per_dp") for s in states]
+    if states and all(_is_int(r) and r > 0 for r in per_dp):
+        max_running: int | None = sum(per_dp)
+    elif _is_int(info.get("max_running_requests")):
+        max_running = info["max_running_requests"]  # the CLI value; null when SGLang chose it
+    else:
+        max_running = None
+    return Capacity(tokens * ranks, max_running, servers=1, source="server_info")
+
+
+def capacity_from_loads(body: Any) -> Capacity | None:
+    """Capacity from /v1/loads JSON ({"loads": [per dp rank]}); None if absent."""
+    loads = body.get("loads") if isinstance(body, dict) else None
+    if not isinstance(loads, list) or not loads:
+        return None
+    tokens = [ld.get("max_total_num_tokens") for ld in loads if isinstance(ld, dict)]
+    if not tokens or not all(_is_int(t) and t > 0 for t in tokens):
+        return None
+    running = [ld.get("max_running_requests") for ld in loads]
+    max_running = sum(running) if all(_is_int(r) and r > 0 for r in running) else None
+    return Capacity(sum(tokens), max_running, servers=1, source="loads")
+
+
+def capacity_from_vllm_metrics(text: str) -> Capacity | None:
+    """vLLM: num_gpu_blocks × block_size from the vllm:cache_config_info info-gauge labels."""
+    total = 0
+    for family in _families(text):
+        for sample in family.samples:
+            if sample.name.startswith("vllm:cache_config_info"):
+                try:
+                    total += int(sample.labels["num_gpu_blocks"]) * int(sample.labels["block_size"])
+                except (KeyError, ValueError):
+                    continue
+    return Capacity(total, None, servers=1, source="vllm_metrics") if total > 0 else None
+
+
+def capacity_from_log(lines: list[str]) -> tuple[int, int | None] | None:
+    """(max_total_num_tokens, max_running_requests) from SGLang's start-up line (scheduler.py), last one."""
+    found = None
+    for line in lines:
+        if m := _LOG_CAPACITY.search(line):
+            found = (int(m.group(1)), int(m.group(2)) if m.group(2) else None)
+    return found
+
+
+def combine(caps: list[Capacity | None]) -> Capacity:
+    """Sum over servers; any server of unknown capacity makes the total unknown."""
+    if not caps or any(c is None for c in caps):
+        return Capacity(0, None, servers=len(caps), source="unknown")
+    known = [c for c in caps if c is not None]
+    running = [c.max_running_requests for c in known]
+    sources = sorted({c.source for c in known})
+    return Capacity(sum(c.max_total_num_tokens for c in known),
+                    sum(running) if all(r is not None for r in running) else None,  # type: ignore[misc]
+                    servers=len(known), source="+".join(sources))
+
+
+async def probe(http: httpx.AsyncClient, url: str) -> tuple[Capacity | None, dict[str, Any]]:
+    """One server's capacity and its server_info summary ({} when it has none)."""
+    for path in ("/server_info", "/get_server_info"):
+        body = await get_json(http, url + path)
+        if isinstance(body, dict):
+            cap = capacity_from_server_info(body)
+            if cap is not None:
+                return cap, {k: body[k] for k in INFO_KEYS if k in body}
+    cap = capacity_from_loads(await get_json(http, url + "/v1/loads"))
+    if cap is not None:
+        return cap, {}
+    text = await get_text(http, url + "/metrics")
+    return (capacity_from_vllm_metrics(text) if text else None), {}
+
+
+async def read_capacity(http: httpx.AsyncClient, urls: list[str]) -> Capacity:
+    """Capacity summed over `urls`; Capacity(0, None, source="unknown") if any cannot be read."""
+    return combine([(await probe(http, url))[0] for url in urls])
+
+
+async def get_json(http: httpx.AsyncClient, url: str) -> Any:
+    """GET → parsed JSON, or None on any HTTP error, non-200 or non-JSON body."""
+    try:
+        r = await http.get(url, timeout=PROBE_TIMEOUT_S)
+        return r.json() if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+async def get_text(http: httpx.AsyncClient, url: str) -> str | None:
+    try:
+        r = await http.get(url, timeout=PROBE_TIMEOUT_S)
+        return r.text if r.status_code == 200 else None
+    except httpx.HTTPError:
+        return None
+
+
+def _families(text: str):
+    try:
+        return list(text_string_to_metric_families(text))
+    except ValueError:
+        return []
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)

@@ -1,0 +1,74 @@
+"""Profile → the `python -m sglang.launch_server …` argv and environment (pure).
+
+Flag spellings as in SGLang's python/sglang/srt/server_args.py (`--tp-size`, not the old `--tp`;
+`--hicache-size` is GB of host memory per rank).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+
+from .profile import ServerProfile
+
+# Profile key → SGLang flag. Booleans become bare flags when true; None / "" / 0 (hicache) are left out.
+FLAGS: dict[str, str] = {
+    "model_path": "--model-path",
+    "served_model_name": "--served-model-name",
+    "tp_size": "--tp-size",
+    "dp_size": "--dp-size",
+    "mem_fraction_static": "--mem-fraction-static",
+    "kv_cache_dtype": "--kv-cache-dtype",
+    "enable_hierarchical_cache": "--enable-hierarchical-cache",
+    "hicache_size_gb": "--hicache-size",
+    "num_continuous_decode_steps": "--num-continuous-decode-steps",
+    "enable_metrics": "--enable-metrics",
+    "reasoning_parser": "--reasoning-parser",
+    "trust_remote_code": "--trust-remote-code",
+    "max_running_requests": "--max-running-requests",
+    "context_length": "--context-length",
+    "host": "--host",
+}
+
+
+def build_command(profile: ServerProfile, *, port: int, python: str = sys.executable) -> list[str]:
+    """The server's argv: the command template ("{python}" replaced), every set key's flag, extra_args."""
+    argv = [part.replace("{python}", python) for part in profile.command]
+    for key, flag in FLAGS.items():
+        value = getattr(profile, key)
+        if value is None or value is False or value == "" or (key == "hicache_size_gb" and value == 0):
+            continue
+        argv.append(flag)
+        if value is not True:
+            argv.append(_text(value))
+    argv += ["--port", str(port)]
+    argv += list(profile.extra_args)
+    return argv
+
+
+def _text(value: object) -> str:
+    if isinstance(value, float):
+        return repr(value)  # 0.9 → "0.9", never "0.90000001"
+    return str(value)
+
+
+def build_env(profile: ServerProfile, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """os.environ (or `base`) with the profile's env table on top; PYTHONUNBUFFERED so logs arrive live."""
+    env = dict(os.environ if base is None else base)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(profile.env)
+    return env
+
+
+def flag_origin(profile: ServerProfile, flag: str) -> str | None:
+    """Which profile key produced `flag` ("--kv-cache-dtype" → "kv_cache_dtype"), "extra_args", or None."""
+    bare = flag.split("=", 1)[0]
+    if bare in profile.extra_args or flag in profile.extra_args:
+        return "extra_args"
+    for key, known in FLAGS.items():
+        if known == bare:
+            return key
+    if bare == "--port":
+        return "port"
+    return None

@@ -1,0 +1,83 @@
+"""ServerHandle: what the pipeline holds of a server (URLs, model, capacity) and its readiness."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from ..errors import ServerError
+from ..records import Capacity
+
+
+@dataclass
+class ServerHandle:
+    """Handed out by run_server / run_attached once /health answered; updated on every restart."""
+
+    base_urls: list[str]
+    model: str  # the name requests carry
+    capacity: Capacity
+    info: dict[str, Any] = field(default_factory=dict)  # model_path, tp_size, kv_cache_dtype, hicache_size, ...
+    restarts: int = 0
+    log_path: Path | None = None
+    metrics: bool = False
+    pid: int | None = None  # the launched server's process (group leader); None when attached
+    _ready: bool = field(default=True, repr=False)
+    _error: ServerError | None = field(default=None, repr=False)
+    _wakeup: anyio.Event | None = field(default=None, repr=False)
+
+    @property
+    def ready(self) -> bool:
+        return self._ready and self._error is None
+
+    async def wait_ready(self) -> None:
+        """Return at once when healthy; block while a restart is under way; raise ServerError once given up."""
+        while True:
+            if self._error is not None:
+                raise ServerError(str(self._error))
+            if self._ready:
+                return
+            if self._wakeup is None:
+                self._wakeup = anyio.Event()
+            await self._wakeup.wait()
+
+    def mark_down(self) -> None:
+        """The server is being restarted: wait_ready blocks from now on."""
+        self._ready = False
+
+    def mark_ready(self) -> None:
+        self._ready = True
+        self._wake()
+
+    def mark_failed(self, error: ServerError) -> None:
+        """Supervision gave up: every wait_ready (current and later) raises `error`'s message."""
+        self._error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        event, self._wakeup = self._wakeup, None
+        if event is not None:
+            event.set()
+
+    def summary_line(self) -> str:
+        """"Kimi-K2.5 tp=8 kv=fp8_e4m3 376,000 KV tokens, max running 1024, hicache 48 GB"."""
+        info = self.info
+        name = str(info.get("model_path") or self.model).rstrip("/").rsplit("/", 1)[-1]
+        parts = [name]
+        if info.get("tp_size"):
+            parts.append(f"tp={info['tp_size']}")
+        if info.get("dp_size", 1) not in (1, None):
+            parts.append(f"dp={info['dp_size']}")
+        if info.get("kv_cache_dtype"):
+            parts.append(f"kv={info['kv_cache_dtype']}")
+        cap = self.capacity
+        tokens = f"{cap.max_total_num_tokens:,} KV tokens" if cap.max_total_num_tokens else "KV tokens unknown"
+        running = f"max running {cap.max_running_requests}" if cap.max_running_requests else "max running unknown"
+        line = f"{' '.join(parts)} {tokens}, {running}"
+        if info.get("enable_hierarchical_cache") and info.get("hicache_size"):
+            line += f", hicache {info['hicache_size']} GB"
+        if len(self.base_urls) > 1 or cap.servers > 1:
+            line = f"{max(len(self.base_urls), cap.servers)} servers: {line}"
+        return line

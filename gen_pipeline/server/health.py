@@ -1,0 +1,83 @@
+"""Health checks and the start-up wait: /health polled while the log is watched for fatal lines."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+import httpx
+
+from ..config import _rel
+from ..errors import ServerStartupError
+from . import logfile
+from .diagnose import FatalLine, advice, find_fatal
+from .process import ServerProcess
+from .profile import ServerProfile
+
+STARTUP_POLL_S = 0.25  # start-up polling: cheap (connection refused) and keeps fast starts fast
+PROGRESS_EVERY_S = 10.0
+TAIL_LINES = 15
+
+
+async def is_healthy(http: httpx.AsyncClient, url: str, timeout_s: float) -> bool:
+    """GET /health answered 200 within `timeout_s` (503 while SGLang starts)."""
+    try:
+        r = await http.get(url + "/health", timeout=timeout_s)
+    except httpx.HTTPError:
+        return False
+    return r.status_code == 200
+
+
+def check_timeout_s(profile: ServerProfile) -> float:
+    """A busy server answers /health late; allow a few intervals (1..20 s)."""
+    return min(20.0, max(1.0, 4 * profile.health_interval_s))
+
+
+async def wait_healthy(proc: ServerProcess, *, http: httpx.AsyncClient, url: str, profile: ServerProfile,
+                       on_event: Callable[[str], None]) -> None:
+    """Return once /health answers 200; on a fatal log line, an early exit or the start-up timeout,
+    stop the process group and raise ServerStartupError with the log's last lines and advice."""
+    follower = logfile.LogFollower(proc.log_path)
+    log = _rel(proc.log_path)
+    next_progress_s = PROGRESS_EVERY_S
+    while True:
+        rc = proc.returncode  # read before the log so the log is complete when rc is set
+        fatal = find_fatal(await anyio.to_thread.run_sync(follower.new_lines))
+        if fatal is not None or rc is not None:
+            await proc.stop(profile.stop_grace_s)
+            raise ServerStartupError(await _failure_message(proc, profile, fatal, rc))
+        elapsed_s = proc.elapsed_s()
+        if elapsed_s > profile.startup_timeout_s:
+            await proc.stop(profile.stop_grace_s)
+            lines = await _tail(proc)
+            raise ServerStartupError(
+                f"SGLang did not answer /health within {profile.startup_timeout_s:g} s; see {log}. "
+                f"The server was stopped. Last lines of the log:\n{lines}\n"
+                "Raise startup_timeout_s in " f"{profile.where} if loading the model takes longer.")
+        if await is_healthy(http, url, timeout_s=check_timeout_s(profile)):
+            return
+        if elapsed_s >= next_progress_s:
+            on_event(f"waiting for SGLang /health ({elapsed_s:.0f} s, log: {log})")
+            next_progress_s += PROGRESS_EVERY_S
+        await anyio.sleep(STARTUP_POLL_S)
+
+
+async def _failure_message(proc: ServerProcess, profile: ServerProfile, fatal: FatalLine | None,
+                           rc: int | None) -> str:
+    log = _rel(proc.log_path)
+    if fatal is None:  # it exited: look for the cause in the whole log
+        fatal = find_fatal(await anyio.to_thread.run_sync(logfile.LogFollower(proc.log_path).all_lines))
+    elapsed = f"{proc.elapsed_s():.0f} s"
+    if fatal is not None and fatal.kind == "bad_flag":  # argparse's usage text would drown the message
+        return (f"SGLang rejected its command line ({elapsed}): {fatal.line} (full usage text in {log}).\n"
+                f"{advice(fatal, profile)}")
+    if rc is not None:
+        head = f"SGLang exited with code {rc} before /health answered ({elapsed})."
+    else:
+        head = f"SGLang hit a fatal error during start-up ({elapsed}) and was stopped."
+    return f"{head} Last lines of {log}:\n{await _tail(proc)}\n{advice(fatal, profile)}"
+
+
+async def _tail(proc: ServerProcess) -> str:
+    lines = await anyio.to_thread.run_sync(logfile.tail, proc.log_path, TAIL_LINES)
+    return "\n".join(f"  {ln}" for ln in lines) or "  (the log is empty)"

@@ -1,0 +1,169 @@
+"""`gen-pipeline plan`: predict KV tokens and decode slots from a model's config.json (pure).
+
+Per-token KV bytes on one GPU, as SGLang sizes its pools (python/sglang/srt/mem_cache/memory_pool.py,
+model_runner.py `cell_size`):
+  MHA/GQA  2 × layers × ceil(kv_heads / tp) × head_dim × bytes      (K and V, heads split across TP)
+  MLA      (kv_lora_rank + qk_rope_head_dim) × layers × bytes       (one latent per token, replicated
+           on every TP rank: more GPUs do not shrink the bytes per token, only free memory for it)
+KV tokens = (gpu_mem × mem_fraction_static − weights / tp − overhead) / bytes per token, the same
+for the whole server (every TP rank holds every token). Decode slots ≈ KV tokens / tokens per sample.
+
+Against the seed (Kimi-K2.5, MLA: 61 layers, kv_lora_rank 512, qk_rope_head_dim 64 → 70,272 B/token
+in bf16, 35,136 in fp8; INT4 experts ≈ 594 GB of weights on 8 GPUs): with --gpu-mem-gb 141 (H200) the
+formula predicts ~774K bf16 tokens at 0.85, almost seven times the seed's 116K. The seed's three points fit
+this formula only with ~94 GiB per GPU and ~72 GiB of weights + runtime per GPU (0.85 → 116K and
+0.88 → 159K give gpu_mem = 2.81 GiB / 0.03; then 0.90 fp8 → 12.3 GiB / 35,136 B = 376K, as
+observed), i.e. a 96 GB-class GPU. So: the per-token arithmetic and the levers (fp8 = 2×, +0.01 of
+memory fraction = +gpu_mem/100 of KV) are right; the absolute numbers need the real GPU memory and
+the memory SGLang finds in use after loading (NCCL/DeepEP buffers, CUDA context: `overhead_gb`).
+Read the real figure from the server's log line or `/server_info` once it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+GIB = 1 << 30  # SGLang's "GB" in its memory logs is GiB
+KV_BYTES = {"auto": 2, "bf16": 2, "bfloat16": 2, "float16": 2, "fp16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1}
+WEIGHT_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+
+
+@dataclass(frozen=True)
+class KvOption:
+    kv_dtype: str
+    bytes_per_token: int  # on one GPU
+    kv_tokens: int  # the server's max_total_num_tokens
+    decode_slots: int  # kv_tokens // tokens_per_sample
+    tokens_per_0_01: int  # extra KV tokens per +0.01 of mem_fraction_static
+    hicache_tokens: int  # host-RAM prefix tokens hicache_gb holds (no decode slots)
+
+
+@dataclass(frozen=True)
+class Plan:
+    attention: str  # "MLA" | "MHA"
+    layers: int
+    gpu_mem_gb: float
+    tp_size: int
+    mem_fraction_static: float
+    weights_gb_per_gpu: float
+    overhead_gb: float
+    kv_gb_per_gpu: float  # what is left for the KV pool on each GPU
+    tokens_per_sample: int
+    hicache_gb: float
+    options: tuple[KvOption, ...]
+
+
+def kv_bytes_per_token(model_config: dict[str, Any], kv_dtype: str, tp_size: int) -> tuple[str, int, int]:
+    """(attention kind, layers, KV bytes per token on one GPU); ConfigError if the config lacks a field."""
+    cfg = model_config.get("text_config", model_config)  # multimodal wrappers (Kimi-K2.5) nest it
+    if kv_dtype not in KV_BYTES:
+        raise ConfigError(f"kv_cache_dtype {kv_dtype!r} is not one of {', '.join(KV_BYTES)}.")
+    elem = KV_BYTES[kv_dtype]
+    layers = _field(cfg, "num_hidden_layers")
+    if cfg.get("kv_lora_rank"):
+        latent = _field(cfg, "kv_lora_rank") + _field(cfg, "qk_rope_head_dim")
+        return "MLA", layers, latent * layers * elem
+    heads = _field(cfg, "num_attention_heads")
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or _field(cfg, "hidden_size") // heads
+    per_gpu_heads = math.ceil(kv_heads / tp_size)  # fewer heads than GPUs: each GPU keeps one copy
+    return "MHA", layers, 2 * layers * per_gpu_heads * head_dim * elem
+
+
+def _field(cfg: dict[str, Any], key: str) -> int:
+    value = cfg.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"config.json: {key} = {value!r} is missing or not a positive integer; "
+                          "plan needs it to size the KV cache.")
+    return value
+
+
+def plan(model_config: dict[str, Any], *, gpu_mem_gb: float, tp_size: int, mem_fraction_static: float,
+         tokens_per_sample: int, weights_gb: float | None = None, params_b: float | None = None,
+         weight_dtype: str = "bf16", kv_dtypes: tuple[str, ...] = ("bf16", "fp8_e4m3"),
+         hicache_gb: float = 0.0, overhead_gb: float = 0.0) -> Plan:
+    """Predicted KV tokens and decode slots per KV dtype. Memory in GiB; weights_gb is the whole model
+    (or params_b billions × weight_dtype bytes). Raises ConfigError on missing or impossible inputs."""
+    if weights_gb is None:
+        if params_b is None or weight_dtype not in WEIGHT_BYTES:
+            raise ConfigError("plan needs weights_gb, or params_b with weight_dtype in "
+                              f"{', '.join(WEIGHT_BYTES)}.")
+        weights_gb = params_b * 1e9 * WEIGHT_BYTES[weight_dtype] / GIB
+    if tp_size < 1 or tokens_per_sample < 1 or not 0 < mem_fraction_static < 1:
+        raise ConfigError("plan needs tp_size >= 1, tokens_per_sample >= 1 and 0 < mem_fraction_static < 1.")
+    weights_per_gpu = weights_gb / tp_size
+    kv_gb = gpu_mem_gb * mem_fraction_static - weights_per_gpu - overhead_gb
+    options = []
+    kind, layers = "", 0
+    for dtype in kv_dtypes:
+        kind, layers, per_token = kv_bytes_per_token(model_config, dtype, tp_size)
+        tokens = max(0, int(kv_gb * GIB // per_token))
+        options.append(KvOption(dtype, per_token, tokens, tokens // tokens_per_sample,
+                                 int(gpu_mem_gb * 0.01 * GIB // per_token), int(hicache_gb * GIB // per_token)))
+    return Plan(kind, layers, gpu_mem_gb, tp_size, mem_fraction_static, weights_per_gpu, overhead_gb, kv_gb,
+                tokens_per_sample, hicache_gb, tuple(options))
+
+
+def format_plan(p: Plan) -> str:
+    """The prediction and the three levers side by side, as text for a terminal."""
+    lines = [
+        f"{p.attention} attention, {p.layers} layers; tp={p.tp_size}, {p.gpu_mem_gb:g} GiB/GPU × "
+        f"mem_fraction_static {p.mem_fraction_static:g} − weights {p.weights_gb_per_gpu:.1f} GiB/GPU"
+        + (f" − overhead {p.overhead_gb:g} GiB" if p.overhead_gb else "")
+        + f" = {p.kv_gb_per_gpu:.1f} GiB/GPU for the KV cache",
+        "",
+        f"{'kv dtype':<10} {'bytes/token/GPU':>16} {'KV tokens':>12} {'decode slots':>13} {'+0.01 mem':>11}",
+    ]
+    for o in p.options:
+        lines.append(f"{o.kv_dtype:<10} {o.bytes_per_token:>16,} {o.kv_tokens:>12,} {o.decode_slots:>13,} "
+                     f"{'+' + format(o.tokens_per_0_01, ','):>11}")
+    lines += ["", f"decode slots = KV tokens / {p.tokens_per_sample:,} tokens per sample (prompt + output)", ""]
+    lines += _levers(p)
+    if p.kv_gb_per_gpu <= 0:
+        lines.append("WARNING: the weights do not leave room for a KV cache at this memory fraction "
+                     "(SGLang: 'Not enough memory. Please try to increase --mem-fraction-static').")
+    return "\n".join(lines)
+
+
+def _levers(p: Plan) -> list[str]:
+    first, last = p.options[0], p.options[-1]
+    out = ["levers:"]
+    if first.bytes_per_token != last.bytes_per_token:
+        ratio = last.kv_tokens / first.kv_tokens if first.kv_tokens else float("nan")
+        out.append(f"  1. KV dtype: {last.kv_dtype} stores {first.bytes_per_token // last.bytes_per_token}x fewer "
+                   f"bytes per token than {first.kv_dtype} → {ratio:.1f}x the tokens at equal memory.")
+    out.append(f"  2. memory fraction: each +0.01 gives {p.gpu_mem_gb * 0.01:.2f} GiB/GPU → "
+               + ", ".join(f"+{o.tokens_per_0_01:,} tokens ({o.kv_dtype})" for o in p.options)
+               + "; leave headroom for activations and CUDA graphs (the reference job keeps ~3.5 GB/GPU free).")
+    host = ", ".join(f"{o.hicache_tokens:,} tokens ({o.kv_dtype})" for o in p.options)
+    out.append(f"  3. hierarchical cache ({p.hicache_gb:g} GB host RAM per rank: {host}): keeps evicted prefixes "
+               "for later prefix hits; it adds no decode slots (running requests live in GPU KV).")
+    if p.attention == "MLA":
+        out.append("  MLA: the latent KV is replicated on every TP rank, so KV tokens grow with memory per GPU, "
+                   "not with tp_size.")
+    return out
+
+
+def plan_from_args(model_config: Path, *, gpu_mem_gb: float, tp_size: int, mem_fraction_static: float,
+                   tokens_per_sample: int, weights_gb: float | None = None, params_b: float | None = None,
+                   weight_dtype: str = "bf16", kv_dtypes: tuple[str, ...] = ("bf16", "fp8_e4m3"),
+                   hicache_gb: float = 0.0, overhead_gb: float = 0.0) -> str:
+    """Read config.json and return format_plan's text; ConfigError for an unreadable config."""
+    try:
+        cfg = json.loads(Path(model_config).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{model_config}: no such file (pass the model's config.json).") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{model_config}: not valid JSON ({e}).") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{model_config}: expected a JSON object (a Hugging Face config.json).")
+    return format_plan(plan(cfg, gpu_mem_gb=gpu_mem_gb, tp_size=tp_size, mem_fraction_static=mem_fraction_static,
+                            tokens_per_sample=tokens_per_sample, weights_gb=weights_gb, params_b=params_b,
+                            weight_dtype=weight_dtype, kv_dtypes=kv_dtypes, hicache_gb=hicache_gb,
+                            overhead_gb=overhead_gb))

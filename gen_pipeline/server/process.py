@@ -1,0 +1,102 @@
+"""One server process: spawned in its own session with output to a file, stopped as a group.
+
+SGLang forks schedulers and detokenizers; `Process.aclose()` alone leaves them behind, so every
+stop signals the whole process group (the child is its leader: start_new_session=True). Output goes
+to a file, never a pipe: a grandchild holding a pipe open would hang us.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import anyio
+from anyio.abc import Process
+
+from . import logfile
+from .diagnose import COMMAND_ECHO
+
+
+class ServerProcess:
+    """A started server; `returncode` is None while it runs."""
+
+    def __init__(self, proc: Process, log_path: Path, command: list[str]):
+        self.proc = proc
+        self.log_path = log_path
+        self.command = command
+        self.pgid = proc.pid  # leader of its own session/group
+        self.started_s = time.monotonic()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started_s
+
+    @classmethod
+    async def start(cls, command: list[str], env: dict[str, str], log_path: Path) -> ServerProcess:
+        """Rotate the log, spawn `command` writing to it; raises OSError if it cannot be executed."""
+        def open_log():
+            logfile.rotate(log_path)
+            f = open(log_path, "ab")
+            f.write(f"{COMMAND_ECHO}{shlex.join(command)}\n".encode())
+            f.flush()
+            return f
+
+        log = await anyio.to_thread.run_sync(open_log)
+        try:
+            proc = await anyio.open_process(command, stdin=subprocess.DEVNULL, stdout=log,
+                                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        finally:
+            log.close()  # the child holds its own descriptor
+        return cls(proc, log_path, command)
+
+    async def wait(self) -> int:
+        return await self.proc.wait()
+
+    async def stop(self, grace_s: float) -> int | None:
+        """SIGTERM the group, wait up to `grace_s`, then SIGKILL the group; safe to call twice."""
+        # Shielded: this runs while the caller is being cancelled and must finish anyway.
+        with anyio.CancelScope(shield=True):
+            if self.returncode is None:
+                _killpg(self.pgid, signal.SIGTERM)
+                with anyio.move_on_after(grace_s):
+                    await self.proc.wait()
+            _killpg(self.pgid, signal.SIGKILL)  # also reaches children that outlive the leader
+            await self.proc.wait()
+            await _wait_group_gone(self.pgid, timeout_s=2.0)
+        return self.returncode
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of group `pgid` exists."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+async def _wait_group_gone(pgid: int, timeout_s: float) -> None:
+    """Killed grandchildren are reaped by init; give it a moment so callers see the group gone."""
+    with anyio.move_on_after(timeout_s):
+        while group_alive(pgid):
+            await anyio.sleep(0.02)

@@ -1,0 +1,155 @@
+"""run_server: the one owner of a launched server's lifetime — start, wait healthy, read capacity,
+supervise (restart with backoff on exit or failed health checks), and always stop the process group."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import httpx
+from anyio.abc import TaskStatus
+
+from ..config import _rel
+from ..errors import ServerError, ServerStartupError
+from ..records import Capacity
+from . import logfile
+from .capacity import capacity_from_log, probe
+from .command import build_command, build_env
+from .handle import ServerHandle
+from .health import check_timeout_s, is_healthy, wait_healthy
+from .process import ServerProcess
+from .profile import ServerProfile
+
+
+def pick_free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free now (the server binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def connect_host(host: str) -> str:
+    return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+
+
+async def run_server(profile: ServerProfile, *, log_dir: Path, http: httpx.AsyncClient,
+                     on_event: Callable[[str], None] = print,
+                     task_status: TaskStatus[ServerHandle] = anyio.TASK_STATUS_IGNORED) -> None:
+    """Start the server, report the ServerHandle once healthy, supervise until cancelled.
+
+    Raises ServerStartupError if the first start fails, ServerError once restarts are exhausted.
+    On exit (cancellation included) the process group is stopped: SIGTERM, stop_grace_s, SIGKILL.
+    """
+    port = profile.port or pick_free_port(connect_host(profile.host))
+    sup = _Supervisor(profile, log_dir / "server.log", http, on_event, port)
+    try:
+        handle = await sup.start_first()
+        task_status.started(handle)
+        await sup.supervise(handle)
+    finally:
+        if sup.proc is not None:
+            await sup.proc.stop(profile.stop_grace_s)  # shielded inside
+
+
+class _Supervisor:
+    def __init__(self, profile: ServerProfile, log_path: Path, http: httpx.AsyncClient,
+                 on_event: Callable[[str], None], port: int):
+        self.profile, self.log_path, self.http, self.on_event = profile, log_path, http, on_event
+        self.url = f"http://{connect_host(profile.host)}:{port}"
+        self.command = build_command(profile, port=port, python=sys.executable)
+        self.proc: ServerProcess | None = None
+        self.info: dict = {}
+
+    async def _start(self) -> None:
+        """Spawn and wait for /health; raises ServerStartupError (the group is already stopped then)."""
+        try:
+            self.proc = await ServerProcess.start(self.command, build_env(self.profile), self.log_path)
+        except OSError as e:
+            raise ServerStartupError(
+                f"Could not run {self.command[0]!r}: {e}. Check command in {self.profile.where} "
+                "(is SGLang installed in this Python?).") from None
+        await wait_healthy(self.proc, http=self.http, url=self.url, profile=self.profile, on_event=self.on_event)
+
+    async def start_first(self) -> ServerHandle:
+        self.on_event(f"starting SGLang ({self.profile.name}) on {self.url}, log: {_rel(self.log_path)}")
+        await self._start()
+        handle = ServerHandle(base_urls=[self.url], model=self.profile.request_model,
+                              capacity=await self._capacity(), log_path=self.log_path,
+                              metrics=self.profile.enable_metrics, pid=self.proc.pid)
+        handle.info = self.info
+        self.on_event(f"SGLang ready after {self.proc.elapsed_s():.0f} s: {handle.summary_line()}")
+        return handle
+
+    async def _capacity(self) -> Capacity:
+        """Capacity from the API, cross-checked against the start-up log line (a warning if they differ)."""
+        cap, info = await probe(self.http, self.url)
+        self.info = info or {"model_path": self.profile.model_path, "tp_size": self.profile.tp_size,
+                             "kv_cache_dtype": self.profile.kv_cache_dtype}
+        logged = capacity_from_log(await anyio.to_thread.run_sync(
+            logfile.LogFollower(self.log_path).all_lines))
+        per_rank = info.get("max_total_num_tokens")
+        if logged and per_rank and logged[0] != per_rank:
+            self.on_event(f"warning: /server_info reports max_total_num_tokens={per_rank:,} but the start-up "
+                          f"log says {logged[0]:,}; using /server_info.")
+        if cap is None and logged:
+            cap = Capacity(logged[0], logged[1], servers=1, source="log")
+        return cap or Capacity(0, None, servers=1, source="unknown")
+
+    async def supervise(self, handle: ServerHandle) -> None:
+        """Restart on exit / failed health checks until max_restarts; then fail the handle and raise."""
+        crashes = 0
+        while True:
+            reason = await self._watch()
+            handle.mark_down()
+            crashes += 1
+            self.on_event(f"SGLang {reason}; dispatch paused (log: {_rel(self.log_path)})")
+            last_rc = await self.proc.stop(self.profile.stop_grace_s)
+            while True:
+                if handle.restarts >= self.profile.max_restarts:
+                    error = ServerError(
+                        f"SGLang crashed {crashes} times (last exit code {last_rc}); giving up. The run is "
+                        f"resumable: fix the cause (see {_rel(self.log_path)}) and run the same command.")
+                    handle.mark_failed(error)
+                    raise error
+                backoff_s = self.profile.restart_backoff_s * 2 ** handle.restarts
+                self.on_event(f"restarting SGLang in {backoff_s:g} s "
+                              f"(restart {handle.restarts + 1} of {self.profile.max_restarts})")
+                await anyio.sleep(backoff_s)
+                handle.restarts += 1
+                try:
+                    await self._start()
+                    break
+                except ServerStartupError as e:
+                    crashes += 1
+                    last_rc = self.proc.returncode if self.proc else None
+                    self.on_event(f"restart failed: {e}")
+            handle.capacity = await self._capacity()
+            handle.info, handle.pid = self.info, self.proc.pid
+            handle.mark_ready()
+            self.on_event(f"SGLang is back (restart {handle.restarts}): {handle.summary_line()}")
+
+    async def _watch(self) -> str:
+        """Return why the server needs a restart: it exited, or failed unhealthy_after checks in a row."""
+        reasons: list[str] = []
+        proc, profile = self.proc, self.profile
+
+        async with anyio.create_task_group() as tg:
+            async def exited() -> None:
+                reasons.append(f"exited with code {await proc.wait()}")
+                tg.cancel_scope.cancel()
+
+            async def unhealthy() -> None:
+                failed = 0
+                while failed < profile.unhealthy_after:
+                    await anyio.sleep(profile.health_interval_s)
+                    ok = await is_healthy(self.http, self.url, timeout_s=check_timeout_s(profile))
+                    failed = 0 if ok else failed + 1
+                reasons.append(f"failed {failed} health checks in a row")
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(exited)
+            tg.start_soon(unhealthy)
+        return reasons[0]

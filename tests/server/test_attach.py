@@ -1,0 +1,126 @@
+"""run_attached: a running sim, an sglang-router in front of sims, and URLs that are not SGLang."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from functools import partial
+
+import anyio
+import httpx
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.responses import HTMLResponse
+from starlette.routing import Route
+
+from gen_pipeline.errors import ServerError
+from gen_pipeline.records import Capacity
+from gen_pipeline.server import read_load, run_attached
+from gen_pipeline.sim.testing import free_port, start_sim
+
+SIM = ["--max-total-tokens", "20000", "--enable-metrics", "--time-scale", "20"]
+
+
+@pytest.fixture(scope="module")
+def sims():
+    with start_sim(SIM, ready_timeout_s=20) as a, start_sim(SIM, ready_timeout_s=20) as b:
+        yield a, b
+
+
+async def test_attach_to_a_running_sim(sims):
+    events: list[str] = []
+    async with httpx.AsyncClient() as http:
+        async with anyio.create_task_group() as tg:
+            handle = await tg.start(partial(run_attached, [sims[0].url + "/"], http=http, on_event=events.append,
+                                            health_interval_s=0.2))
+            assert handle.base_urls == [sims[0].url]
+            assert handle.model == "sim/Kimi-K2.5"
+            assert handle.capacity.max_total_num_tokens == 20_000 and handle.capacity.source == "server_info"
+            assert handle.metrics and handle.pid is None and handle.log_path is None
+            snap = await read_load(http, handle.base_urls, now_s=1.0)
+            assert (snap.running, snap.queued, snap.retractions_total) == (0, 0, 0)
+            await handle.wait_ready()
+            tg.cancel_scope.cancel()
+    assert events == [f"attached to {sims[0].url}: {handle.summary_line()}"]
+
+
+async def test_attach_to_several_servers_sums_capacity(sims):
+    async with httpx.AsyncClient() as http:
+        async with anyio.create_task_group() as tg:
+            handle = await tg.start(partial(run_attached, [s.url for s in sims], http=http, on_event=lambda _: None))
+            assert handle.capacity.max_total_num_tokens == 40_000 and handle.capacity.servers == 2
+            assert handle.summary_line().startswith("2 servers: ")
+            tg.cancel_scope.cancel()
+
+
+async def test_attach_to_a_non_sglang_server_says_what_answered():
+    app = Starlette(routes=[Route("/{path:path}", lambda request: HTMLResponse("<html><h1>Welcome</h1></html>"))])
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="off"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve)
+        with anyio.fail_after(10):
+            while not server.started:
+                await anyio.sleep(0.02)
+        async with httpx.AsyncClient() as http:
+            with pytest.raises(ServerError) as e:
+                await run_attached([f"http://127.0.0.1:{port}"], http=http, on_event=lambda _: None)
+        server.should_exit = True
+    assert str(e.value) == (
+        f"http://127.0.0.1:{port} does not look like an SGLang or OpenAI-compatible server: GET /v1/models "
+        "answered 200 (text/html; charset=utf-8): '<html><h1>Welcome</h1></html>'. Set SERVER_URL to the "
+        "server's base URL (e.g. http://host:30000, without /v1).")
+
+
+async def test_attach_to_nothing_listening():
+    url = f"http://127.0.0.1:{free_port()}"
+    async with httpx.AsyncClient() as http:
+        with pytest.raises(ServerError) as e:
+            await run_attached([url], http=http, on_event=lambda _: None)
+    assert str(e.value).startswith(f"Cannot reach {url}: ConnectError ")
+    assert str(e.value).endswith("Check SERVER_URL and that the server is running (and listening on that host "
+                                 "and port).")
+
+
+async def test_attach_through_sglang_router(sims, tmp_path):
+    port = free_port()
+    # The router tries to fetch a tokenizer from the hub for the worker's model; a dead local proxy
+    # keeps that attempt on this machine (it fails and the router carries on without one).
+    env = {**os.environ, "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
+           "NO_PROXY": "127.0.0.1,localhost", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *[s.url for s in sims],
+           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warn"]
+    with open(tmp_path / "router.log", "wb") as log:
+        router = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        if not _wait_up(url, router, timeout_s=20):
+            pytest.skip(f"sglang-router did not start here: {(tmp_path / 'router.log').read_text()[-500:]}")
+        async with httpx.AsyncClient() as http:
+            async with anyio.create_task_group() as tg:
+                handle = await tg.start(partial(run_attached, [url], http=http, on_event=lambda _: None))
+                assert handle.base_urls == [url] and handle.model == "sim/Kimi-K2.5"
+                assert handle.capacity == Capacity(40_000, handle.capacity.max_running_requests, servers=2,
+                                                   source="server_info")
+                r = await http.post(url + "/v1/chat/completions", timeout=30, json={
+                    "model": handle.model, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+                assert r.status_code == 200
+                tg.cancel_scope.cancel()
+    finally:
+        router.terminate()
+        router.wait(10)
+
+
+def _wait_up(url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    return False

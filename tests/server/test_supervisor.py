@@ -1,0 +1,208 @@
+"""run_server against the real simulator process: start, capacity, crash + restart, give up,
+start-up failures, cancellation leaving no process behind."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import anyio
+import httpx
+import pytest
+
+from gen_pipeline.errors import ServerError, ServerStartupError
+from gen_pipeline.server import run_server
+from gen_pipeline.server import supervisor as supervisor_mod
+
+from server_helpers import group_gone, sim_profile
+
+
+async def chat(http: httpx.AsyncClient, url: str) -> None:
+    r = await http.post(url + "/v1/chat/completions", timeout=30, json={
+        "model": "x", "max_tokens": 8, "messages": [{"role": "user", "content": "hello there"}]})
+    assert r.status_code == 200, r.text
+
+
+async def until(predicate, timeout_s: float = 20.0) -> None:
+    with anyio.fail_after(timeout_s):
+        while not predicate():
+            await anyio.sleep(0.05)
+
+
+@pytest.fixture
+def spawned(monkeypatch) -> list[int]:
+    """pids of every server process run_server starts in the test."""
+    pids: list[int] = []
+    original = supervisor_mod.ServerProcess.start
+
+    async def recording_start(*args, **kwargs):
+        proc = await original(*args, **kwargs)
+        pids.append(proc.pid)
+        return proc
+    monkeypatch.setattr(supervisor_mod.ServerProcess, "start", recording_start)
+    return pids
+
+
+async def test_start_reads_capacity_then_cancel_stops_the_group(tmp_path, spawned):
+    events: list[str] = []
+    (tmp_path / "server.log").write_text("previous run\n")
+    async with httpx.AsyncClient() as http:
+        async with anyio.create_task_group() as tg:
+            handle = await tg.start(partial(run_server, sim_profile(), log_dir=tmp_path, http=http,
+                                            on_event=events.append))
+            assert handle.capacity.max_total_num_tokens == 20_000
+            assert handle.capacity.source == "server_info"
+            assert handle.summary_line().startswith("Kimi-K2.5 tp=8 kv=fp8_e4m3 20,000 KV tokens, max running ")
+            assert handle.summary_line().endswith(", hicache 48 GB")
+            assert handle.model == "moonshotai/Kimi-K2.5" and handle.restarts == 0
+            await handle.wait_ready()
+            await chat(http, handle.base_urls[0])
+            tg.cancel_scope.cancel()
+    assert spawned == [handle.pid]
+    assert group_gone(handle.pid)
+    assert (tmp_path / "server.log.1").read_text() == "previous run\n"
+    assert "--sim-profile fast" in (tmp_path / "server.log").read_text().splitlines()[0]
+    assert not any(e.startswith("warning") for e in events), events
+
+
+async def test_crash_mid_traffic_restarts_and_is_ready_again(tmp_path, spawned):
+    events: list[str] = []
+    async with httpx.AsyncClient() as http:
+        async with anyio.create_task_group() as tg:
+            handle = await tg.start(partial(run_server, sim_profile("--sim-crash-after", "2"), log_dir=tmp_path,
+                                            http=http, on_event=events.append))
+            first_pid = handle.pid
+            url = handle.base_urls[0]
+            await chat(http, url)
+            await chat(http, url)  # the sim exits(1) right after this one
+            await until(lambda: handle.restarts == 1 and handle.ready)
+            await handle.wait_ready()
+            assert handle.pid != first_pid and group_gone(first_pid)
+            assert handle.base_urls == [url] and handle.capacity.max_total_num_tokens == 20_000
+            await chat(http, url)
+            tg.cancel_scope.cancel()
+    assert len(spawned) == 2 and group_gone(spawned[1])
+    assert "SGLang exited with code 1; dispatch paused" in " ".join(events)
+    assert any(e.startswith("SGLang is back (restart 1)") for e in events)
+
+
+async def test_gives_up_after_max_restarts(tmp_path, spawned):
+    profile = sim_profile("--sim-crash-after", "1", max_restarts=1)
+    async with httpx.AsyncClient() as http:
+        handle_box = []
+        with pytest.raises((ServerError, BaseExceptionGroup)) as e:
+            async with anyio.create_task_group() as tg:
+                handle = await tg.start(partial(run_server, profile, log_dir=tmp_path, http=http,
+                                                on_event=lambda _: None))
+                handle_box.append(handle)
+                await chat(http, handle.base_urls[0])
+                await until(lambda: handle.restarts == 1 and handle.ready)
+                await chat(http, handle.base_urls[0])
+                await anyio.sleep(30)  # run_server raises and cancels this
+    expected = (f"SGLang crashed 2 times (last exit code 1); giving up. The run is resumable: fix the cause "
+                f"(see {tmp_path / 'server.log'}) and run the same command.")
+    assert type(_only(e.value)) is ServerError and str(_only(e.value)) == expected
+    with pytest.raises(ServerError) as waited:
+        await handle_box[0].wait_ready()
+    assert str(waited.value) == expected
+    assert len(spawned) == 2 and all(group_gone(p) for p in spawned)
+
+
+def _only(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup):
+        assert len(exc.exceptions) == 1
+        exc = exc.exceptions[0]
+    return exc
+
+
+async def test_fatal_startup_line_gives_advice(tmp_path, spawned):
+    line = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    async with httpx.AsyncClient() as http:
+        with pytest.raises(ServerStartupError) as e:
+            await run_server(sim_profile("--sim-fail-startup", line), log_dir=tmp_path, http=http,
+                             on_event=lambda _: None)
+    msg = str(e.value)
+    assert msg.splitlines()[0].startswith("SGLang ")
+    assert f"Last lines of {tmp_path / 'server.log'}:" in msg
+    assert line in msg
+    assert msg.splitlines()[-1] == (
+        "Lower mem_fraction_static in datasets_cfg/server.toml [profile.sim], now 0.9 (the reference job "
+        "keeps ~3.5 GB free per GPU), or lower max_running_requests / context_length.")
+    assert group_gone(spawned[0])
+
+
+async def test_never_healthy_times_out_naming_the_log(tmp_path, spawned):
+    async with httpx.AsyncClient() as http:
+        with anyio.fail_after(15):
+            with pytest.raises(ServerStartupError) as e:
+                await run_server(sim_profile("--sim-never-healthy", startup_timeout_s=1.5), log_dir=tmp_path,
+                                 http=http, on_event=lambda _: None)
+    assert str(e.value).startswith(
+        f"SGLang did not answer /health within 1.5 s; see {tmp_path / 'server.log'}. The server was stopped.")
+    assert group_gone(spawned[0])
+
+
+async def test_unknown_flag_shows_argparse_message_fast(tmp_path, spawned):
+    async with httpx.AsyncClient() as http:
+        with anyio.fail_after(10):
+            with pytest.raises(ServerStartupError) as e:
+                await run_server(sim_profile("--no-such-flag", "1"), log_dir=tmp_path, http=http,
+                                 on_event=lambda _: None)
+    msg = str(e.value)
+    assert msg.startswith("SGLang rejected its command line (")
+    assert "error: unrecognized arguments: --no-such-flag 1" in msg.splitlines()[0]
+    assert msg.splitlines()[-1] == (
+        "The installed SGLang rejected a flag (--no-such-flag comes from extra_args) in datasets_cfg/server.toml "
+        "[profile.sim]. Fix or remove that key (or upgrade SGLang), then run again.")
+
+
+async def test_exit_before_healthy_reports_code(tmp_path):
+    profile = sim_profile(command=["{python}", "-c", "import sys; print('loading weights'); sys.exit(3)"])
+    async with httpx.AsyncClient() as http:
+        with pytest.raises(ServerStartupError) as e:
+            await run_server(profile, log_dir=tmp_path, http=http, on_event=lambda _: None)
+    lines = str(e.value).splitlines()
+    assert lines[0].startswith("SGLang exited with code 3 before /health answered (")
+    assert lines[-2] == "  loading weights"
+    assert lines[-1] == "Fix the cause shown above, then run the same command again."
+
+
+async def test_unhealthy_server_is_restarted(tmp_path, spawned):
+    events: list[str] = []
+    profile = sim_profile("--sim-health-503-after-s", "0.5", "--sim-health-503-for-s", "60")
+    async with httpx.AsyncClient() as http:
+        async with anyio.create_task_group() as tg:
+            handle = await tg.start(partial(run_server, profile, log_dir=tmp_path, http=http,
+                                            on_event=events.append))
+            await until(lambda: handle.restarts == 1)
+            tg.cancel_scope.cancel()
+    assert "SGLang failed 3 health checks in a row; dispatch paused" in " ".join(events)
+    assert all(group_gone(p) for p in spawned)
+
+
+async def test_sigterm_ignoring_server_is_killed(tmp_path, spawned):
+    # A server that ignores SIGTERM is SIGKILLed after stop_grace_s.
+    code = ("import signal, sys, time, http.server, threading\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "port = int(sys.argv[sys.argv.index('--port') + 1])\n"
+            "class H(http.server.BaseHTTPRequestHandler):\n"
+            "    def do_GET(self):\n"
+            "        self.send_response(200); self.end_headers(); self.wfile.write(b'{}')\n"
+            "    def log_message(self, *a): pass\n"
+            "http.server.HTTPServer(('127.0.0.1', port), H).serve_forever()\n")
+    profile = sim_profile(command=["{python}", "-c", code], stop_grace_s=0.5)
+    async with httpx.AsyncClient() as http:
+        async with anyio.create_task_group() as tg:
+            handle = await tg.start(partial(run_server, profile, log_dir=tmp_path, http=http,
+                                            on_event=lambda _: None))
+            assert handle.capacity.source == "unknown"
+            tg.cancel_scope.cancel()
+    assert group_gone(spawned[0])
+
+
+async def test_cancel_during_startup_stops_the_group(tmp_path, spawned):
+    profile = sim_profile(extra_args=["--sim-profile", "fast", "--sim-startup-s", "30"])
+    async with httpx.AsyncClient() as http:
+        with anyio.move_on_after(1.0) as scope:
+            await run_server(profile, log_dir=tmp_path, http=http, on_event=lambda _: None)
+    assert scope.cancelled_caught
+    assert len(spawned) == 1 and group_gone(spawned[0])
