@@ -13,14 +13,14 @@ a second signal cancels at once. The store is closed (fsync + manifest) under a 
 
 from __future__ import annotations
 
-import math
 import signal
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import anyio
 import httpx
@@ -55,6 +55,7 @@ class RunOptions:
     poll_interval_s: float = 1.0
     commit_interval_s: float = 5.0
     progress: str = "auto"  # auto | bar | log | quiet
+    file_opener: Callable[[Path, str], BinaryIO] | None = None  # the store's file layer (fault injection)
 
 
 @dataclass
@@ -394,7 +395,7 @@ async def run_generate(cfg: DatasetConfig, opts: RunOptions, *, on_event: Any = 
             model = await identify_model(http, opts.server_urls) if opts.server_urls else _profile_model(opts.profile)
         store = DatasetStore(opts.output_root, cfg.name, fingerprint=cfg.fingerprint(model),
                              target=cfg.target_samples, shard_max_samples=cfg.output.shard_max_samples,
-                             fsync_every=cfg.output.fsync_every)
+                             fsync_every=cfg.output.fsync_every, **_opener(opts))
         state = await anyio.to_thread.run_sync(store.open)
         for note in state.notes:
             on_event(note)
@@ -411,6 +412,10 @@ async def run_generate(cfg: DatasetConfig, opts: RunOptions, *, on_event: Any = 
         finally:
             with anyio.CancelScope(shield=True):  # the manifest must be committed even when cancelled
                 await anyio.to_thread.run_sync(store.close, run.progress_dict())
+
+
+def _opener(opts: RunOptions) -> dict[str, Any]:
+    return {} if opts.file_opener is None else {"file_opener": opts.file_opener}
 
 
 def _backend(server_info: dict[str, Any]) -> str:
