@@ -105,15 +105,23 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return summary.exit_code
 
 
-def _targets(config_dir: Path, only: Sequence[str]) -> dict[str, int]:
+def _targets(config_dir: Path, output_dir: Path, only: Sequence[str]) -> dict[str, int | None]:
+    """Targets from the dataset configs; a named dataset with outputs but no config gets None
+    (status then reads the target the run recorded in its manifest)."""
     names = list(only) or available_datasets(config_dir)
-    return {n: find_dataset_config(n, config_dir).target_samples for n in names}
+    targets: dict[str, int | None] = {}
+    for n in names:
+        if not (config_dir / f"{n}.toml").exists() and (output_dir / n).is_dir():
+            targets[n] = None
+        else:
+            targets[n] = find_dataset_config(n, config_dir).target_samples
+    return targets
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     from .store import format_status, status_all
 
-    report = status_all(args.output_dir, _targets(args.config_dir, args.dataset), total_of=REFERENCE_DATASETS)
+    report = status_all(args.output_dir, _targets(args.config_dir, args.output_dir, args.dataset), total_of=REFERENCE_DATASETS)
     if args.json:
         import orjson
         sys.stdout.write(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
@@ -155,7 +163,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["sim"]:
-        from .sim.cli import main as sim_main
+        from .sim.__main__ import main as sim_main
         return sim_main(argv[1:]) or 0
     args = build_parser().parse_args(argv)
     try:

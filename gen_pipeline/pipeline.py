@@ -356,7 +356,7 @@ class _Run:
     def _client_settings(self) -> ClientSettings:
         assert self.handle is not None
         info = self.handle.info
-        return ClientSettings(model=self.handle.model or self.opts.model, backend=_backend(info),
+        return ClientSettings(model=self.handle.model or self.opts.model, backend=str(info.get("backend", "openai")),
                               sampling=self.cfg.sampling, generation=self.cfg.generation,
                               kv_cache_dtype=str(info.get("kv_cache_dtype") or "unknown"))
 
@@ -416,13 +416,6 @@ async def run_generate(cfg: DatasetConfig, opts: RunOptions, *, on_event: Any = 
 
 def _opener(opts: RunOptions) -> dict[str, Any]:
     return {} if opts.file_opener is None else {"file_opener": opts.file_opener}
-
-
-def _backend(server_info: dict[str, Any]) -> str:
-    """meta.backend: the simulator reports its clock, SGLang its KV pool, anything else is OpenAI-compatible."""
-    if "sim_time_s" in server_info:
-        return "sim"
-    return "sglang" if "max_total_num_tokens" in server_info else "openai"
 
 
 def _profile_model(profile: ServerProfile | None) -> str:

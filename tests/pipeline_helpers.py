@@ -74,8 +74,8 @@ def run_cli(*args: str | Path, timeout_s: float = 120) -> subprocess.CompletedPr
 
 def start_cli(*args: str | Path, log: Path) -> subprocess.Popen[bytes]:
     """The CLI in its own session (so a test can kill it and whatever it started)."""
-    f = open(log, "ab")
-    return subprocess.Popen(cli_cmd(*args), stdout=f, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+    with open(log, "ab") as f:  # the child keeps its own descriptor
+        return subprocess.Popen(cli_cmd(*args), stdout=f, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
 
 
 def kill_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
@@ -120,3 +120,89 @@ def wait_for(pred, timeout_s: float = 30.0, interval_s: float = 0.05) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(interval_s)
+
+
+# ---------------------------------------------------------------- fault injection (tests/test_faults_*.py, bench/faults_soak.py)
+
+SIM_FAST = ["--sim-profile", "fast", "--time-scale", "10", "--sim-startup-s", "0", "--sim-output-mean", "160",
+            "--sim-output-spread", "0.6"]
+KILL_AIMS = ("time", "write", "rotation", "manifest")
+
+
+def count_output(out: Path, name: str = "T") -> tuple[int, int, int]:
+    """(lines, unique ids, unparseable lines) over every shard; never raises on a bad line."""
+    ids: list[str] = []
+    bad = 0
+    for shard in sorted((out / name).glob("shard-*.jsonl")):
+        for line in shard.read_bytes().splitlines():
+            try:
+                ids.append(orjson.loads(line)["id"])
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                bad += 1
+    return len(ids), len(set(ids)), bad
+
+
+def _shard_lines(folder: Path) -> int:
+    return sum(p.read_bytes().count(b"\n") for p in folder.glob("shard-*.jsonl"))
+
+
+def _mtime_ns(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except FileNotFoundError:
+        return 0
+
+
+def wait_for_aim(proc: subprocess.Popen[bytes], folder: Path, aim: str, rng, timeout_s: float = 30.0) -> bool:
+    """Block until the moment `aim` names (polling every ~2 ms); False if the process ended first.
+
+    time: a random delay; write: k more lines in the shards; rotation: a new shard file;
+    manifest: the manifest replaced k more times."""
+    if aim == "time":
+        deadline = time.monotonic() + rng.uniform(0.3, 3.0)
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.01)
+        return proc.poll() is None
+    start_lines, start_shards = _shard_lines(folder), len(list(folder.glob("shard-*.jsonl")))
+    start_mtime, changes, k = _mtime_ns(folder / "manifest.json"), 0, rng.randint(1, 12)
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        if aim == "write" and _shard_lines(folder) >= start_lines + k:
+            return True
+        if aim == "rotation" and len(list(folder.glob("shard-*.jsonl"))) > start_shards:
+            return True
+        if aim == "manifest":
+            m = _mtime_ns(folder / "manifest.json")
+            if m != start_mtime:
+                start_mtime, changes = m, changes + 1
+                if changes >= min(k, 3):
+                    return True
+        time.sleep(0.002)
+    return proc.poll() is None
+
+
+def kill_resume_trial(work: Path, url: str, seed: int, *, kills: int = 2, target: int = 60,
+                      sig: int = signal.SIGKILL) -> dict:
+    """SIGKILL the CLI (attached to `url`) `kills` times at seeded moments, then resume to the end.
+
+    Returns what happened: aims, kills that landed, final rc, lines/unique/unparseable."""
+    import random
+    rng = random.Random(seed)
+    toml = write_dataset(work / "ds", target=target, max_new_tokens=64, shard_max_samples=rng.choice([4, 7, 11]),
+                         fsync_every=rng.choice([1, 3, 8]))
+    out, log = work / "out", work / "cli.log"
+    args = ("generate", "--dataset", toml, "--server-url", url, "--output-dir", out, "--progress", "log")
+    aims, landed = [], 0
+    for _ in range(kills):
+        aim = rng.choice(KILL_AIMS)
+        proc = start_cli(*args, log=log)
+        (out / "T").mkdir(parents=True, exist_ok=True)
+        if wait_for_aim(proc, out / "T", aim, rng):
+            landed += 1
+        aims.append(aim)
+        kill_group(proc, sig)
+    final = run_cli(*args)
+    lines, unique, bad = count_output(out)
+    return {"aims": aims, "landed": landed, "rc": final.returncode, "stderr": final.stderr,
+            "stdout": final.stdout, "lines": lines, "unique": unique, "unparseable": bad,
+            "lost": max(0, target - unique), "duplicated": lines - bad - unique, "out": out}

@@ -95,12 +95,15 @@ async def probe(http: httpx.AsyncClient, url: str) -> tuple[Capacity | None, dic
         if isinstance(body, dict):
             cap = capacity_from_server_info(body)
             if cap is not None:
-                return cap, {k: body[k] for k in INFO_KEYS if k in body}
+                # meta.backend of the samples: the simulator reports its clock, SGLang does not
+                backend = "sim" if "sim_time_s" in body else "sglang"
+                return cap, {**{k: body[k] for k in INFO_KEYS if k in body}, "backend": backend}
     cap = capacity_from_loads(await get_json(http, url + "/v1/loads"))
     if cap is not None:
-        return cap, {}
+        return cap, {"backend": "sglang"}
     text = await get_text(http, url + "/metrics")
-    return (capacity_from_vllm_metrics(text) if text else None), {}
+    cap = capacity_from_vllm_metrics(text) if text else None
+    return cap, {"backend": "vllm" if cap is not None else "openai"}
 
 
 async def read_capacity(http: httpx.AsyncClient, urls: list[str]) -> Capacity:
