@@ -9,12 +9,15 @@ longer than the context) is not retried and becomes a Failure with the server's 
 
 from __future__ import annotations
 
+import functools
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+import anyio
 import httpx
 import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
@@ -22,6 +25,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from .config import GenerationConfig, SamplingConfig
 from .errors import RequestError
 from .records import Failure, Message, Prompt, Sample
+from .transport import RawResponse, Transport, TransportFailure, TransportTimeout
 
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 
@@ -42,6 +46,10 @@ class ClientSettings:
     generation: GenerationConfig
     kv_cache_dtype: str = "unknown"
 
+    @property
+    def sampling_dict(self) -> dict[str, Any]:
+        return _sampling_dict(self.sampling)
+
 
 @dataclass(frozen=True, slots=True)
 class TurnResult:
@@ -56,6 +64,11 @@ RequestDone = Callable[[int, int, float], None]  # (prompt_tokens, completion_to
 
 
 # ---------------------------------------------------------------- pure request/response handling
+
+@functools.lru_cache(maxsize=8)
+def _sampling_dict(sampling: SamplingConfig) -> dict[str, Any]:
+    return asdict(sampling)  # once per config, not per sample (asdict is slow on a hot path)
+
 
 def build_request(messages: list[Message], s: ClientSettings) -> dict[str, Any]:
     """The JSON body for one chat completion."""
@@ -109,24 +122,25 @@ def parse_response(data: Any) -> TurnResult:
     return TurnResult(content, reasoning, finish, prompt_tokens, completion_tokens)
 
 
-def error_message(response: httpx.Response) -> str:
+def error_message(response: RawResponse) -> str:
     """The server's own error text (OpenAI/SGLang error JSON or the raw body)."""
+    text = response.body[:500].decode("utf-8", "replace").strip()
     try:
-        data = orjson.loads(response.content)
+        data = orjson.loads(response.body)
     except orjson.JSONDecodeError:
-        return response.text[:500].strip() or response.reason_phrase
+        return text or response.reason
     if isinstance(data, dict):
         err = data.get("error", data)
         if isinstance(err, dict) and isinstance(err.get("message"), str):
             return err["message"]
         if isinstance(err, str):
             return err
-    return response.text[:500]
+    return text
 
 
-def classify_status(response: httpx.Response) -> None:
+def classify_status(response: RawResponse) -> None:
     """Raise _Retryable for 408/429/5xx, RequestError (final) for other 4xx; pass on 2xx."""
-    code = response.status_code
+    code = response.status
     if code < 300:
         return
     message = error_message(response)
@@ -145,7 +159,7 @@ def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turn
         "prompt_tokens": sum(t.prompt_tokens for t in turns),
         "completion_tokens": sum(t.completion_tokens for t in turns),
         "turns": len(turns),
-        "sampling": asdict(s.sampling),
+        "sampling": s.sampling_dict,
         "kv_cache_dtype": s.kv_cache_dtype,
         "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
@@ -157,9 +171,9 @@ def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turn
 class ChatClient:
     """Regenerates conversations against one or more servers (least outstanding requests first)."""
 
-    def __init__(self, http: httpx.AsyncClient, base_urls: list[str], settings: ClientSettings, *,
+    def __init__(self, transport: Transport, base_urls: list[str], settings: ClientSettings, *,
                  gate: Callable[[], Awaitable[None]] | None = None, on_request_done: RequestDone | None = None):
-        self._http = http
+        self._transport = transport
         self._urls = [u.rstrip("/") for u in base_urls]
         self._outstanding = [0] * len(self._urls)
         self.settings = settings
@@ -202,14 +216,21 @@ class ChatClient:
     async def complete(self, messages: list[Message]) -> TurnResult:
         """One chat completion with retries; raises RequestError when it will not succeed."""
         g = self.settings.generation
+        body = orjson.dumps(build_request(messages, self.settings))
+        try:
+            return await self._attempt(body)  # the common case pays nothing for the retry machinery
+        except _Retryable as e:
+            if g.max_attempts == 1:
+                raise RequestError(f"gave up after 1 attempt: {e}", reason=e.reason) from None
+        # "Full jitter" (AWS): wait uniform(0, min(max, initial * 2**n)) before attempt n+1, which
+        # spreads a burst of retries out; the first wait here, the rest in tenacity's loop.
+        await anyio.sleep(random.uniform(0, g.retry_initial_wait_s))
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(g.max_attempts),
-            # "full jitter" (AWS): uniform(0, min(max, initial * 2**n)); spreads a burst of retries out
-            wait=wait_random_exponential(multiplier=g.retry_initial_wait_s, max=g.retry_max_wait_s),
+            stop=stop_after_attempt(g.max_attempts - 1),
+            wait=wait_random_exponential(multiplier=2 * g.retry_initial_wait_s, max=g.retry_max_wait_s),
             retry=retry_if_exception_type(_Retryable),
             reraise=True,
         )
-        body = orjson.dumps(build_request(messages, self.settings))
         try:
             async for attempt in retrying:
                 with attempt:
@@ -225,20 +246,18 @@ class ChatClient:
         self._outstanding[i] += 1
         started = time.monotonic()
         try:
-            response = await self._http.post(f"{self._urls[i]}/v1/chat/completions", content=body,
-                                             headers={"content-type": "application/json"})
-        except httpx.TimeoutException as e:
-            raise _Retryable("timeout", f"{type(e).__name__}: no answer in time") from None
-        except httpx.TransportError as e:
-            raise _Retryable("connection", f"{type(e).__name__}: {e}") from None
+            response = await self._transport.post(f"{self._urls[i]}/v1/chat/completions", body)
+        except TransportTimeout as e:
+            raise _Retryable("timeout", str(e)) from None
+        except TransportFailure as e:
+            raise _Retryable("connection", str(e)) from None
         finally:
             self._outstanding[i] -= 1
         classify_status(response)
         try:
-            data = orjson.loads(response.content)
+            data = orjson.loads(response.body)
         except orjson.JSONDecodeError:
-            ctype = response.headers.get("content-type", "?")
-            raise _Retryable("bad_response", f"body is not JSON (content-type {ctype})") from None
+            raise _Retryable("bad_response", f"body is not JSON (content-type {response.content_type or '?'})") from None
         turn = parse_response(data)
         if self._on_done is not None:
             self._on_done(turn.prompt_tokens, turn.completion_tokens, time.monotonic() - started)

@@ -17,6 +17,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -28,6 +29,7 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .client import ChatClient, ClientSettings, make_http_client
+from .transport import AiohttpTransport
 from .config import DEFAULT_OUTPUT_DIR, DatasetConfig
 from .controller import Controller
 from .errors import ServerError
@@ -311,11 +313,15 @@ class _Run:
         first = await anyio.to_thread.run_sync(lambda: list(islice(source, _BATCH)))
         progress = Progress(self.cfg.name, self.store.done, self.store.target, mode=self.opts.progress)
         try:
-            async with anyio.create_task_group() as tg:
+            async with AsyncExitStack() as stack, anyio.create_task_group() as tg:
                 self.handle = await self._start_server(tg, http)
                 self.controller = Controller(self.handle.capacity,
                                              initial_tokens_per_request=self._initial_tokens(first))
-                client = ChatClient(http, self.handle.base_urls, self._client_settings(),
+                g = self.cfg.generation
+                transport = await stack.enter_async_context(AiohttpTransport(
+                    max_connections=self._max_connections(), connect_timeout_s=g.connect_timeout_s,
+                    request_timeout_s=g.request_timeout_s))
+                client = ChatClient(transport, self.handle.base_urls, self._client_settings(),
                                     gate=self.handle.wait_ready, on_request_done=self.on_request_done)
                 self.retune()
                 tg.start_soon(self.poll_load, http)
@@ -347,6 +353,13 @@ class _Run:
             return await tg.start(_attached, list(self.opts.server_urls), http, self.on_event)
         assert self.opts.profile is not None
         return await tg.start(_launched, self.opts.profile, log_dir, http, self.on_event)
+
+    def _max_connections(self) -> int:
+        """One connection per request in flight: the window's ceiling (fixed, or the server's slots + slack)."""
+        if self.opts.window:
+            return self.opts.window
+        assert self.handle is not None
+        return max(64, min(4096, 2 * (self.handle.capacity.max_running_requests or 1024)))
 
     def _initial_tokens(self, first: list[Prompt]) -> float:
         """Tokens a request holds at its end, before any completion: errs low (half the output cap)."""
@@ -388,8 +401,7 @@ async def identify_model(http: httpx.AsyncClient, urls: tuple[str, ...]) -> str:
 
 async def run_generate(cfg: DatasetConfig, opts: RunOptions, *, on_event: Any = print) -> RunSummary:
     """Generate `cfg` up to its target (or --limit); resumable. Raises GenPipelineError subclasses."""
-    max_conn = max(opts.window or 0, 4096)
-    async with make_http_client(cfg.generation, max_conn) as http:
+    async with make_http_client(cfg.generation, 16) as http:  # control traffic: health, loads, model
         model = opts.model
         if not model:
             model = await identify_model(http, opts.server_urls) if opts.server_urls else _profile_model(opts.profile)

@@ -10,6 +10,7 @@ import pytest
 from gen_pipeline.client import ChatClient, ClientSettings, build_request, parse_response, split_think
 from gen_pipeline.config import GenerationConfig, SamplingConfig
 from gen_pipeline.records import Failure, Prompt, Sample
+from gen_pipeline.transport import HttpxTransport
 
 GEN = GenerationConfig(max_attempts=3, retry_initial_wait_s=0.001, retry_max_wait_s=0.002)
 
@@ -36,7 +37,7 @@ def client_with(handler, **gen) -> tuple[ChatClient, list[dict]]:
         return handler(request, len(seen))
 
     http = httpx.AsyncClient(transport=httpx.MockTransport(wrapped))
-    return ChatClient(http, ["http://s"], settings(**gen)), seen
+    return ChatClient(HttpxTransport(http), ["http://s"], settings(**gen)), seen
 
 
 PROMPT = Prompt("T-1", ({"role": "system", "content": "sys"}, {"role": "user", "content": "q1"},

@@ -1,0 +1,258 @@
+"""The simulator's HTTP front: a Starlette app with SGLang's routes and JSON shapes
+(python/sglang/srt/entrypoints/http_server.py, v1_loads.py), admin routes of our own under
+/sim/, and an `X-Sim-Time` header (simulated seconds) on every response."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+import time
+from collections.abc import AsyncIterator
+from datetime import datetime, timezone
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from gen_pipeline.sim import generation
+from gen_pipeline.sim.cli import server_args_dict
+from gen_pipeline.sim.engine import Engine
+from gen_pipeline.sim.faults import Fault, FaultSettings, decide, health_ok
+from gen_pipeline.sim.loop import EngineLoop
+from gen_pipeline.sim.metrics import SimCollector, make_registry, render
+
+log = logging.getLogger("gen_pipeline.sim")
+SIM_VERSION = "0.5.6+sim"  # the SGLang API generation it mimics, marked as the simulator
+CRASH_LINE = "RuntimeError: CUDA error: an illegal memory access was encountered (simulated crash, --sim-crash-after)"
+
+
+class SimServer:
+    """Process-wide state: the flags, the engine loop, the faults and their counters."""
+
+    def __init__(self, ns: argparse.Namespace, engine: Engine, info: dict[str, Any]) -> None:
+        self.ns = ns
+        self.info = info
+        self.loop = EngineLoop(engine, time_scale=ns.time_scale, decode_log_interval=ns.decode_log_interval)
+        self.faults: FaultSettings = ns.faults
+        self.started_real = time.monotonic()
+        self.ready_real: float | None = None
+        self.seq = 0
+        self.completed = 0
+        self.fault_counts: dict[str, int] = {f.value: 0 for f in Fault}
+        self.registry = make_registry(SimCollector(ns.served_model_name, self._metrics_snapshot))
+
+    def next_fault(self) -> Fault:
+        self.seq += 1
+        fault = decide(self.faults, self.seq)
+        self.fault_counts[fault.value] += 1
+        return fault
+
+    def request_completed(self) -> None:
+        """Called once a whole response was sent; crash_after exits the process here."""
+        self.completed += 1
+        if self.faults.crash_after and self.completed >= self.faults.crash_after:
+            log.error(CRASH_LINE)
+            logging.shutdown()
+            sys.stderr.flush()
+            os._exit(1)
+
+    def healthy(self) -> bool:
+        if self.ready_real is None:
+            return False
+        return health_ok(self.faults, time.monotonic() - self.ready_real)
+
+    def load(self) -> dict[str, Any]:
+        """One dp rank's /v1/loads entry (the sim models a single rank)."""
+        loads = dict(self.loop.engine.loads())
+        loads.setdefault("dp_rank", 0)
+        loads["timestamp"] = time.time()
+        loads.setdefault("max_total_num_tokens", self.info["max_total_num_tokens"])
+        loads.setdefault("max_running_requests", self.loop.engine.max_running_requests)
+        loads.setdefault("gen_throughput", round(self.loop.stats.last_gen_throughput, 2))
+        loads.setdefault("queues", {"waiting": loads.get("num_waiting_reqs", 0), "grammar": 0, "paused": 0,
+                                    "retracted": 0})
+        return loads
+
+    def _metrics_snapshot(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        return [self.load()], self.loop.engine.counters()
+
+    async def run_startup(self) -> None:
+        await asyncio.sleep(self.ns.sim_startup_s)
+        self.ready_real = time.monotonic()
+        log.info("The server is fired up and ready to roll!")
+
+
+def _sim(request: Request) -> SimServer:
+    return request.app.state.sim
+
+
+async def health(request: Request) -> Response:
+    return Response(status_code=200 if _sim(request).healthy() else 503)
+
+
+async def server_info(request: Request) -> Response:
+    sim = _sim(request)
+    engine = sim.loop.engine
+    state = {
+        "effective_max_running_requests_per_dp": engine.max_running_requests,
+        "memory_usage": {"weight": 0.0, "kvcache": 0.0, "token_capacity": sim.info["max_total_num_tokens"],
+                         "graph": 0.0},
+        "last_gen_throughput": round(sim.loop.stats.last_gen_throughput, 2),
+        "new_token_ratio": engine.new_token_ratio,
+        "dp_rank": 0,
+    }
+    body = server_args_dict(sim.ns) | {
+        "max_total_num_tokens": sim.info["max_total_num_tokens"],
+        "max_req_input_len": sim.info["max_req_input_len"],
+        "internal_states": [state],
+        "version": SIM_VERSION,
+        "sim_time_s": sim.loop.now_s(),
+        "sim_hicache_tokens": sim.info["hicache_tokens"],
+    }
+    return JSONResponse(body)
+
+
+async def model_info(request: Request) -> Response:
+    ns = _sim(request).ns
+    return JSONResponse({
+        "model_path": ns.model_path, "tokenizer_path": ns.tokenizer_path or ns.model_path,
+        "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
+        "has_image_understanding": False, "has_audio_understanding": False,
+        "model_type": "sim", "architectures": ["SimForCausalLM"],
+    })
+
+
+async def models(request: Request) -> Response:
+    sim = _sim(request)
+    name = sim.ns.served_model_name
+    return JSONResponse({"object": "list", "data": [{
+        "id": name, "object": "model", "created": int(time.time()), "owned_by": "sglang", "root": name,
+        "parent": None, "max_model_len": sim.info["context_len"]}]})
+
+
+async def loads(request: Request) -> Response:
+    sim = _sim(request)
+    rank = request.query_params.get("dp_rank")
+    if rank is not None and rank != "0":
+        return generation.error_response(f"dp_rank {rank} out of range [0, 1)", 400)
+    return JSONResponse({
+        "timestamp": datetime.now(timezone.utc).isoformat(), "version": SIM_VERSION,
+        "accelerator": "simulated", "num_accelerators": sim.ns.tp_size, "loads": [sim.load()]})
+
+
+async def get_load(request: Request) -> Response:
+    load = _sim(request).load()
+    return JSONResponse([{"dp_rank": 0, "num_reqs": load["num_running_reqs"] + load["num_waiting_reqs"],
+                          "num_waiting_reqs": load["num_waiting_reqs"], "num_tokens": load["num_used_tokens"]}])
+
+
+async def metrics(request: Request) -> Response:
+    sim = _sim(request)
+    if not sim.ns.enable_metrics:
+        return PlainTextResponse("Not Found", status_code=404)
+    return Response(render(sim.registry), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def flush_cache(request: Request) -> Response:
+    loop = _sim(request).loop
+    flush = getattr(loop.engine, "flush_cache", None)
+    if loop.engine.idle and flush is not None and flush() is not False:
+        return PlainTextResponse("Cache flushed.\nPlease check backend logs for more details. (When there are "
+                                 "running or waiting requests, the operation will not be performed.)")
+    return PlainTextResponse("Cache flush failed. There are running or waiting requests.", status_code=400)
+
+
+async def abort_request(request: Request) -> Response:
+    sim = _sim(request)
+    try:
+        body = await generation.json_body(request)
+    except generation.BadRequest as e:
+        return generation.error_response(str(e))
+    if body.get("abort_all"):
+        sim.loop.abort_all()
+    elif isinstance(body.get("rid"), str):
+        sim.loop.abort(body["rid"])
+    return Response(status_code=200)
+
+
+async def sim_faults(request: Request) -> Response:
+    sim = _sim(request)
+    if request.method == "POST":
+        try:
+            sim.faults = sim.faults.updated(await generation.json_body(request))
+        except (generation.BadRequest, ValueError) as e:
+            return generation.error_response(str(e))
+        log.info("Fault settings changed: %s", sim.faults.to_json())
+    return JSONResponse(sim.faults.to_json())
+
+
+async def sim_stats(request: Request) -> Response:
+    sim = _sim(request)
+    st = sim.loop.stats
+    return JSONResponse({
+        "sim_time_s": sim.loop.now_s(), "real_time_s": time.monotonic() - sim.started_real,
+        "time_scale": sim.ns.time_scale, "steps": st.steps, "busy_real_s": st.busy_real_s,
+        "max_step_real_s": st.max_step_real_s,
+        "lag_events": st.lag_events, "lag_total_real_s": st.lag_total_real_s, "max_lag_real_s": st.max_lag_real_s,
+        "retraction_events": st.retraction_events, "in_flight": sim.loop.in_flight,
+        "requests_seen": sim.seq, "requests_completed": sim.completed, "faults": sim.fault_counts,
+        "counters": sim.loop.engine.counters(), "load": sim.load(),
+    })
+
+
+class SimTimeHeader:
+    """ASGI middleware: adds "X-Sim-Time: <simulated seconds>" to every response."""
+
+    def __init__(self, app: Any, sim: SimServer) -> None:
+        self.app, self.sim = app, sim
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_with_header(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((b"x-sim-time", f"{self.sim.loop.now_s():.6f}".encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_header)
+
+
+def build_app(sim: SimServer) -> Any:
+    """The ASGI app; its lifespan runs the engine loop and the start-up timer."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        tasks = [asyncio.ensure_future(sim.loop.run()), asyncio.ensure_future(sim.run_startup())]
+        try:
+            yield
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    get, post = ["GET"], ["POST"]
+    routes = [
+        Route("/health", health, methods=get), Route("/health_generate", health, methods=get),
+        Route("/server_info", server_info, methods=get), Route("/get_server_info", server_info, methods=get),
+        Route("/model_info", model_info, methods=get), Route("/get_model_info", model_info, methods=get),
+        Route("/v1/models", models, methods=get),
+        Route("/v1/chat/completions", generation.chat_completions, methods=post),
+        Route("/generate", generation.generate, methods=post),
+        Route("/v1/loads", loads, methods=get), Route("/get_load", get_load, methods=get),
+        Route("/metrics", metrics, methods=get),
+        Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
+        Route("/abort_request", abort_request, methods=post),
+        Route("/sim/faults", sim_faults, methods=["GET", "POST"]),
+        Route("/sim/stats", sim_stats, methods=get),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.sim = sim
+    return SimTimeHeader(app, sim)

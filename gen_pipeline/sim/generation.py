@@ -1,0 +1,274 @@
+"""POST /v1/chat/completions and POST /generate: request parsing and validation as SGLang
+does it (python/sglang/srt/managers/tokenizer_manager.py _validate_one_request), seeded
+output, the engine round trip, and the injected faults."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gen_pipeline.sim import responses as R
+from gen_pipeline.sim.faults import Fault
+from gen_pipeline.sim.lengths import cap_length, draw_length, request_seed
+from gen_pipeline.sim.tokenizer import decode, decode_output, draw_output_ids, encode, render_chat
+from gen_pipeline.sim.transport import ChunkedResponse, one_chunk, wait_or_disconnect
+
+if TYPE_CHECKING:
+    from gen_pipeline.sim.app import SimServer
+    from gen_pipeline.sim.loop import Ticket
+
+log = logging.getLogger("gen_pipeline.sim")
+_HTML_PAGE = b"<html><head><title>502 Bad Gateway</title></head><body><h1>502 Bad Gateway</h1></body></html>"
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+                  "repetition_penalty", "stop", "seed")
+
+
+class BadRequest(Exception):
+    """A 400 with SGLang's error body."""
+
+
+def error_response(message: str, status: int = 400, type_: str = "BadRequestError") -> JSONResponse:
+    return JSONResponse(R.error_body(message, status, type_), status_code=status)
+
+
+async def json_body(request: Request) -> dict[str, Any]:
+    try:
+        body = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"Request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("Request body must be a JSON object.")
+    return body
+
+
+@dataclass
+class Plan:
+    """A validated generation request ready for the engine."""
+
+    gen: R.Generation
+    max_new_tokens: int
+    stream: bool
+    fault: Fault
+    include_usage: bool = False
+
+
+def _check_context(server: SimServer, n_prompt: int, max_new: int | None) -> None:
+    ctx = server.info["context_len"]
+    if n_prompt >= ctx:
+        raise BadRequest(f"The input ({n_prompt} tokens) is longer than the model's context length ({ctx} tokens).")
+    if max_new is not None and n_prompt + max_new >= ctx:
+        raise BadRequest(
+            f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
+            f"You requested a total of {n_prompt + max_new} tokens: {n_prompt} tokens from the input messages "
+            f"and {max_new} tokens for the completion. Please reduce the number of tokens in the input "
+            f"messages or the completion to fit within the limit.")
+
+
+def _max_new(value: Any, n_prompt: int, ctx: int, name: str) -> tuple[int | None, int]:
+    """(as requested, effective): absent -> the rest of the context (SGLang's default)."""
+    if value is None:
+        return None, ctx - 1 - n_prompt
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BadRequest(f"{name} must be a positive integer (got {value!r}).")
+    return value, value
+
+
+def _plan(server: SimServer, rid: str, prompt_key: str | list[int], prompt_ids: list[int],
+          max_new_value: Any, max_new_name: str, sampling: dict[str, Any], reasoning: str, stream: bool) -> Plan:
+    requested, max_new = _max_new(max_new_value, len(prompt_ids), server.info["context_len"], max_new_name)
+    _check_context(server, len(prompt_ids), requested)
+    seed = request_seed(server.ns.sim_seed, prompt_key, {**sampling, "max_new_tokens": requested})
+    drawn = draw_length(seed, server.ns.sim_output_mean, server.ns.sim_output_spread)
+    n, finish = cap_length(drawn, max_new)
+    gen = R.Generation(rid=rid, model=server.ns.served_model_name, created=int(time.time()),
+                       prompt_ids=prompt_ids, output_ids=draw_output_ids(seed, n), finish_reason=finish,
+                       reasoning=reasoning)
+    return Plan(gen, max_new, stream, server.next_fault())
+
+
+def _reasoning_mode(server: SimServer, body: dict[str, Any]) -> str:
+    kwargs = body.get("chat_template_kwargs") or {}
+    if kwargs.get("thinking") is False or kwargs.get("enable_thinking") is False:
+        return "none"
+    if server.ns.reasoning_parser and body.get("separate_reasoning", True):
+        return "separate"
+    return "inline"
+
+
+def _chat_plan(server: SimServer, body: dict[str, Any]) -> Plan:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list of {role, content} objects.")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content", ""), str):
+            raise BadRequest(f"messages[{i}] must be an object with a string role and string content.")
+    prompt = render_chat(messages)
+    sampling = {k: body[k] for k in _SAMPLING_KEYS if k in body}
+    max_value = body.get("max_completion_tokens", body.get("max_tokens"))
+    rid = body.get("rid") if isinstance(body.get("rid"), str) else uuid.uuid4().hex
+    plan = _plan(server, rid, prompt, encode(prompt), max_value, "max_tokens", sampling,
+                 _reasoning_mode(server, body), bool(body.get("stream")))
+    plan.include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    return plan
+
+
+def _generate_plan(server: SimServer, body: dict[str, Any]) -> Plan:
+    text, ids = body.get("text"), body.get("input_ids")
+    if isinstance(text, str):
+        key, prompt_ids = text, encode(text)
+    elif isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        key, prompt_ids = ids, list(ids)
+    else:
+        raise BadRequest("Provide a single prompt as text (a string) or input_ids (a list of ints); "
+                         "batches are not simulated.")
+    sampling = dict(body.get("sampling_params") or {})
+    # SGLang's SamplingParams default max_new_tokens is 128 (sampling_params.py).
+    max_value = sampling.pop("max_new_tokens", 128)
+    rid = body.get("rid") if isinstance(body.get("rid"), str) else uuid.uuid4().hex
+    return _plan(server, rid, key, prompt_ids, max_value, "max_new_tokens", sampling, "none",
+                 bool(body.get("stream")))
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _serve(request, _chat_plan, _chat_stream, _chat_whole)
+
+
+async def generate(request: Request) -> Response:
+    return await _serve(request, _generate_plan, _generate_stream, _generate_whole)
+
+
+async def _serve(request: Request, make_plan: Any, streamer: Any, whole: Any) -> Response:
+    server: SimServer = request.app.state.sim
+    try:
+        plan = make_plan(server, await json_body(request))
+    except BadRequest as e:
+        return error_response(str(e))
+    early = await _early_fault(server, request, plan)
+    if early is not None:
+        return early
+    try:
+        ticket = server.loop.submit(plan.gen.rid, plan.gen.prompt_ids, plan.gen.output_ids,
+                                    plan.gen.finish_reason, plan.max_new_tokens, plan.stream)
+    except ValueError as e:
+        return error_response(str(e))
+    if plan.stream:
+        return _stream_response(server, plan, streamer(server, plan, ticket))
+    if not await wait_or_disconnect(request.receive, ticket.done):
+        server.loop.abort(plan.gen.rid)
+        return Response(status_code=499)
+    return _whole_response(server, plan, whole(server, plan, ticket.done.result()))
+
+
+async def _early_fault(server: SimServer, request: Request, plan: Plan) -> Response | None:
+    """Faults answered before the engine sees the request (None: go on)."""
+    fault, faults = plan.fault, server.faults
+    if fault is Fault.ERROR:
+        return error_response("Simulated server error (--sim-error-rate).", faults.error_status, "InternalServerError")
+    if fault is Fault.TOO_MANY:
+        return error_response("Simulated overload (--sim-429-rate).", 429, "TooManyRequests")
+    if fault is Fault.WRONG_CONTENT_TYPE:
+        return Response(_HTML_PAGE, status_code=200, media_type="text/html")
+    if fault is Fault.STALL:
+        log.info("Simulated stall of %.1f s for request %s", faults.stall_s, plan.gen.rid)
+        sleeper = asyncio.ensure_future(asyncio.sleep(faults.stall_s))
+        if not await wait_or_disconnect(request.receive, sleeper):
+            sleeper.cancel()
+            return Response(status_code=499)
+    return None
+
+
+def _whole_response(server: SimServer, plan: Plan, body: dict[str, Any]) -> Response:
+    if plan.fault is Fault.NO_USAGE:
+        body.pop("usage", None)
+    data = orjson.dumps(body)
+    if plan.fault is Fault.BAD_JSON:
+        return Response(data[: len(data) // 2], media_type="application/json")
+    if plan.fault is Fault.CUT:
+        log.info("Simulated connection cut for request %s", plan.gen.rid)
+        return ChunkedResponse(one_chunk(data[: len(data) // 2]), media_type="application/json",
+                               content_length=len(data), cut=True)
+    return ChunkedResponse(one_chunk(data), media_type="application/json", content_length=len(data),
+                           on_complete=server.request_completed)
+
+
+def _stream_response(server: SimServer, plan: Plan, events: AsyncIterator[bytes]) -> Response:
+    return ChunkedResponse(_faulty_stream(plan, events), media_type="text/event-stream",
+                           cut=plan.fault is Fault.CUT, on_complete=server.request_completed,
+                           on_disconnect=lambda: server.loop.abort(plan.gen.rid))
+
+
+async def _faulty_stream(plan: Plan, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Applies CUT (stop after the first event) and BAD_JSON (mangle the first event)."""
+    first = True
+    try:
+        async for event in events:
+            if first and plan.fault is Fault.BAD_JSON:
+                event = event[: len(event) // 2] + b"\n\n"
+            yield event
+            if first and plan.fault is Fault.CUT:
+                log.info("Simulated connection cut for request %s", plan.gen.rid)
+                return
+            first = False
+    finally:
+        await events.aclose()
+
+
+async def _token_events(ticket: Ticket) -> AsyncIterator[tuple[int, int] | Any]:
+    """Yields (start, end) token ranges as produced, then the FinishedRequest."""
+    sent = 0
+    while True:
+        item = await ticket.tokens.get()
+        if isinstance(item, int):
+            yield sent, sent + item
+            sent += item
+            continue
+        if item.completion_tokens > sent:
+            yield sent, item.completion_tokens
+        yield item
+        return
+
+
+async def _chat_stream(server: SimServer, plan: Plan, ticket: Ticket) -> AsyncIterator[bytes]:
+    gen, first = plan.gen, True
+    async for ev in _token_events(ticket):
+        if isinstance(ev, tuple):
+            yield R.sse(R.delta_chunk(gen, ev[0], ev[1], first))
+            first = False
+            continue
+        reason = ev.finish_reason if ev.finish_reason in ("stop", "length") else "abort"
+        yield R.sse(R.chat_chunk(gen, {}, reason))
+        if plan.include_usage and plan.fault is not Fault.NO_USAGE:
+            yield R.sse(R.usage_chunk(gen, ev, server.ns.enable_cache_report))
+    yield R.sse("[DONE]")
+
+
+async def _generate_stream(server: SimServer, plan: Plan, ticket: Ticket) -> AsyncIterator[bytes]:
+    """SGLang's /generate stream: each event carries the cumulative text so far."""
+    gen, text = plan.gen, ""
+    async for ev in _token_events(ticket):
+        if isinstance(ev, tuple):
+            text += decode_output(gen.output_ids[ev[0]:ev[1]])
+            yield R.sse({"text": text, "meta_info": {"id": gen.rid, "finish_reason": None,
+                                                     "prompt_tokens": len(gen.prompt_ids),
+                                                     "completion_tokens": ev[1]}})
+            continue
+        yield R.sse(R.generate_body(gen, ev, text=text, with_ids=False))
+    yield R.sse("[DONE]")
+
+
+def _chat_whole(server: SimServer, plan: Plan, fin: Any) -> dict[str, Any]:
+    return R.chat_completion(plan.gen, fin, with_usage=True, cache_report=server.ns.enable_cache_report)
+
+
+def _generate_whole(server: SimServer, plan: Plan, fin: Any) -> dict[str, Any]:
+    text = decode(plan.gen.output_ids[: fin.completion_tokens])
+    return R.generate_body(plan.gen, fin, text=text, with_ids=True)

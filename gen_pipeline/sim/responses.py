@@ -1,0 +1,151 @@
+"""SGLang's JSON shapes for the generation endpoints: OpenAI chat completions (whole and as
+SSE chunks, python/sglang/srt/entrypoints/openai/protocol.py + serving_chat.py), native
+/generate (meta_info), and the error body. Pure: no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gen_pipeline.sim.engine import FinishedRequest
+from gen_pipeline.sim.tokenizer import decode_output
+
+REASONING_SHARE = 0.4  # first 40% of the output tokens are "thinking" when reasoning is on
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+# The token id SGLang reports as matched_stop on a normal stop (an EOS id of a Kimi-like model).
+EOS_TOKEN_ID = 163586
+
+
+def error_body(message: str, status: int = 400, type_: str = "BadRequestError") -> dict[str, Any]:
+    """SGLang's ErrorResponse: {"object": "error", "message", "type", "param", "code"}."""
+    return {"object": "error", "message": message, "type": type_, "param": None, "code": status}
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What one request will produce. reasoning: "separate" (reasoning_content), "inline"
+    (<think>...</think> in content, a server without --reasoning-parser) or "none"."""
+
+    rid: str
+    model: str
+    created: int
+    prompt_ids: list[int]
+    output_ids: list[int]
+    finish_reason: str
+    reasoning: str = "none"
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return 0 if self.reasoning == "none" else int(len(self.output_ids) * REASONING_SHARE)
+
+    def split_text(self, start: int, end: int) -> tuple[str, str]:
+        """(reasoning text, content text) of output tokens [start, end)."""
+        r = self.reasoning_tokens
+        reasoning = decode_output(self.output_ids[start:min(end, r)]) if start < r else ""
+        content = decode_output(self.output_ids[max(start, r):end]) if end > r else ""
+        if self.reasoning == "inline":
+            opened = THINK_OPEN if r > 0 and start == 0 else ""
+            closed = THINK_CLOSE if start < r <= end else ""
+            return "", opened + reasoning + closed + content
+        return reasoning, content
+
+
+def _finish_reason(fin: FinishedRequest) -> str:
+    return fin.finish_reason if fin.finish_reason in ("stop", "length") else "abort"
+
+
+def usage(gen: Generation, fin: FinishedRequest, cache_report: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "prompt_tokens": fin.prompt_tokens,
+        "completion_tokens": fin.completion_tokens,
+        "total_tokens": fin.prompt_tokens + fin.completion_tokens,
+    }
+    # SGLang fills prompt_tokens_details only with --enable-cache-report (serving_chat.py).
+    out["prompt_tokens_details"] = {"cached_tokens": fin.cached_tokens} if cache_report else None
+    return out
+
+
+def chat_completion(gen: Generation, fin: FinishedRequest, *, with_usage: bool, cache_report: bool) -> dict:
+    """The non-streaming /v1/chat/completions body."""
+    reasoning, content = gen.split_text(0, fin.completion_tokens)
+    reason = _finish_reason(fin)
+    body: dict[str, Any] = {
+        "id": gen.rid,
+        "object": "chat.completion",
+        "created": gen.created,
+        "model": gen.model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": content,
+                        "reasoning_content": reasoning if gen.reasoning == "separate" else None,
+                        "tool_calls": None},
+            "logprobs": None,
+            "finish_reason": reason,
+            "matched_stop": EOS_TOKEN_ID if reason == "stop" else None,
+        }],
+    }
+    if with_usage:
+        body["usage"] = usage(gen, fin, cache_report)
+    return body
+
+
+def sse(obj: dict[str, Any] | str) -> bytes:
+    """One server-sent event: b"data: {...}\\n\\n" (or the literal string, e.g. "[DONE]")."""
+    payload = obj.encode() if isinstance(obj, str) else orjson.dumps(obj)
+    return b"data: " + payload + b"\n\n"
+
+
+def chat_chunk(gen: Generation, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    return {
+        "id": gen.rid, "object": "chat.completion.chunk", "created": gen.created, "model": gen.model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason,
+                     "matched_stop": EOS_TOKEN_ID if finish_reason == "stop" else None}],
+        "usage": None,
+    }
+
+
+def delta_chunk(gen: Generation, start: int, end: int, first: bool) -> dict[str, Any]:
+    """The chunk carrying output tokens [start, end) (role on the first chunk, as SGLang)."""
+    reasoning, content = gen.split_text(start, end)
+    delta: dict[str, Any] = {"role": "assistant"} if first else {}
+    if reasoning:
+        delta["reasoning_content"] = reasoning
+    if content:
+        delta["content"] = content
+    return chat_chunk(gen, delta)
+
+
+def usage_chunk(gen: Generation, fin: FinishedRequest, cache_report: bool) -> dict[str, Any]:
+    """The last data chunk when stream_options.include_usage: empty choices plus usage."""
+    return {"id": gen.rid, "object": "chat.completion.chunk", "created": gen.created, "model": gen.model,
+            "choices": [], "usage": usage(gen, fin, cache_report)}
+
+
+def generate_body(gen: Generation, fin: FinishedRequest, *, text: str, with_ids: bool) -> dict[str, Any]:
+    """The native /generate body with meta_info (python/sglang/srt/managers/tokenizer_manager.py)."""
+    reason = _finish_reason(fin)
+    if reason == "stop":
+        finish = {"type": "stop", "matched": EOS_TOKEN_ID}
+    elif reason == "length":
+        finish = {"type": "length", "length": fin.completion_tokens}
+    else:
+        finish = {"type": "abort", "message": "Abort before finishing."}
+    body: dict[str, Any] = {
+        "text": text,
+        "meta_info": {
+            "id": gen.rid,
+            "finish_reason": finish,
+            "prompt_tokens": fin.prompt_tokens,
+            "completion_tokens": fin.completion_tokens,
+            "cached_tokens": fin.cached_tokens,
+            "total_retractions": fin.retractions,
+            "weight_version": "default",
+            "e2e_latency": round(fin.e2e_latency_s, 6),
+            "queue_time": round(fin.queue_time_s, 6),
+        },
+    }
+    if with_ids:
+        body["output_ids"] = gen.output_ids[: fin.completion_tokens]
+    return body

@@ -1,0 +1,257 @@
+"""Contract tests of the simulator's HTTP API over real TCP: SGLang's shapes and types for
+every field the pipeline reads, streaming and not, reasoning on/off, errors, determinism."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from gen_pipeline.sim.testing import SimProcess
+from gen_pipeline.sim.tokenizer import encode, render_chat
+
+CONTEXT = 4096
+SIM_ARGS = ["--enable-metrics", "--reasoning-parser", "kimi_k2", "--sim-output-mean", "40",
+            "--context-length", str(CONTEXT), "--enable-cache-report", "--time-scale", "4",
+            "--served-model-name", "kimi-sim", "--kv-cache-dtype", "fp8_e4m3"]
+USER = [{"role": "user", "content": "Explain the radix cache in two sentences."}]
+
+
+def chat(client: httpx.Client, **body: object) -> httpx.Response:
+    return client.post("/v1/chat/completions", json={"model": "kimi-sim", "messages": USER, **body})
+
+
+def sse_events(client: httpx.Client, path: str, body: dict) -> list[str]:
+    with client.stream("POST", path, json=body) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        return [line.removeprefix("data: ") for line in r.iter_lines() if line]
+
+
+def test_health_endpoints(client: httpx.Client) -> None:
+    for path in ("/health", "/health_generate"):
+        r = client.get(path)
+        assert r.status_code == 200
+        assert float(r.headers["x-sim-time"]) >= 0.0
+
+
+def test_server_info_flat_args_and_internal_states(client: httpx.Client) -> None:
+    for path in ("/server_info", "/get_server_info"):
+        info = client.get(path).json()
+        assert info["model_path"] == "sim/Kimi-K2.5"
+        assert info["served_model_name"] == "kimi-sim"
+        assert (info["tp_size"], info["dp_size"]) == (1, 1)
+        assert info["mem_fraction_static"] == 0.88
+        assert info["kv_cache_dtype"] == "fp8_e4m3"
+        assert info["enable_hierarchical_cache"] is False and info["hicache_size"] == 0
+        assert info["num_continuous_decode_steps"] == 1
+        assert info["max_running_requests"] is None  # the CLI value, not the effective one
+        assert info["chunked_prefill_size"] == 8192
+        assert info["context_length"] == CONTEXT
+        assert info["max_total_num_tokens"] == 24576  # the "fast" profile's pool
+        assert isinstance(info["version"], str) and isinstance(info["sim_time_s"], float)
+        [state] = info["internal_states"]
+        assert isinstance(state["effective_max_running_requests_per_dp"], int)
+        assert state["effective_max_running_requests_per_dp"] > 0
+        assert state["memory_usage"]["token_capacity"] == 24576
+        assert isinstance(state["last_gen_throughput"], float)
+
+
+def test_model_info_and_models(client: httpx.Client) -> None:
+    for path in ("/model_info", "/get_model_info"):
+        info = client.get(path).json()
+        assert info["model_path"] == "sim/Kimi-K2.5" and info["is_generation"] is True
+    models = client.get("/v1/models").json()
+    assert models["object"] == "list"
+    assert [(m["id"], m["object"], m["max_model_len"]) for m in models["data"]] == [("kimi-sim", "model", CONTEXT)]
+
+
+def test_chat_completion_shape_with_reasoning(client: httpx.Client) -> None:
+    r = chat(client, max_tokens=1000, temperature=0.7)
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    body = r.json()
+    assert body["object"] == "chat.completion" and body["model"] == "kimi-sim"
+    assert isinstance(body["id"], str) and isinstance(body["created"], int)
+    [choice] = body["choices"]
+    assert choice["index"] == 0 and choice["finish_reason"] == "stop"
+    msg = choice["message"]
+    assert msg["role"] == "assistant"
+    assert isinstance(msg["content"], str) and msg["content"]
+    assert isinstance(msg["reasoning_content"], str) and msg["reasoning_content"]
+    assert "<think>" not in msg["content"]
+    usage = body["usage"]
+    assert usage["prompt_tokens"] == len(encode(render_chat(USER)))
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert len(encode(msg["reasoning_content"] + msg["content"])) == usage["completion_tokens"]
+    assert usage["prompt_tokens_details"] == {"cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]}
+
+
+def test_max_tokens_caps_with_finish_reason_length(client: httpx.Client) -> None:
+    for key in ("max_tokens", "max_completion_tokens"):
+        body = chat(client, **{key: 3}).json()
+        assert body["choices"][0]["finish_reason"] == "length"
+        assert body["usage"]["completion_tokens"] == 3
+
+
+def test_thinking_disabled_gives_no_reasoning(client: httpx.Client) -> None:
+    for kwargs in ({"thinking": False}, {"enable_thinking": False}):
+        msg = chat(client, chat_template_kwargs=kwargs).json()["choices"][0]["message"]
+        assert msg["reasoning_content"] is None
+        assert "<think>" not in msg["content"] and "</think>" not in msg["content"]
+
+
+def test_without_separation_think_markers_stay_in_content(client: httpx.Client) -> None:
+    msg = chat(client, separate_reasoning=False).json()["choices"][0]["message"]
+    assert msg["reasoning_content"] is None
+    assert msg["content"].startswith("<think>") and msg["content"].count("</think>") == 1
+
+
+def test_same_request_same_output(client: httpx.Client) -> None:
+    a, b = chat(client, temperature=0.6).json(), chat(client, temperature=0.6).json()
+    assert a["choices"][0]["message"] == b["choices"][0]["message"]
+    assert a["usage"]["completion_tokens"] == b["usage"]["completion_tokens"]
+    c = chat(client, temperature=0.9).json()  # other sampling params, another draw
+    assert c["choices"][0]["message"] != a["choices"][0]["message"]
+
+
+def test_second_turn_hits_the_prefix_cache(client: httpx.Client) -> None:
+    off = {"thinking": False}
+    first = chat(client, chat_template_kwargs=off, messages=[{"role": "user", "content": "Turn one, unique 8812."}])
+    one = first.json()
+    history = [{"role": "user", "content": "Turn one, unique 8812."},
+               {"role": "assistant", "content": one["choices"][0]["message"]["content"]},
+               {"role": "user", "content": "And turn two?"}]
+    two = chat(client, chat_template_kwargs=off, messages=history).json()
+    cached = two["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= one["usage"]["prompt_tokens"] + one["usage"]["completion_tokens"]
+    assert two["usage"]["prompt_tokens"] == len(encode(render_chat(history)))
+
+
+def test_streaming_matches_the_whole_response(client: httpx.Client) -> None:
+    body = {"model": "kimi-sim", "messages": USER, "temperature": 0.3, "max_tokens": 500}
+    whole = client.post("/v1/chat/completions", json=body).json()
+    events = sse_events(client, "/v1/chat/completions",
+                        {**body, "stream": True, "stream_options": {"include_usage": True}})
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
+    content = "".join(d.get("content", "") for d in deltas)
+    assert (reasoning, content) == (whole["choices"][0]["message"]["reasoning_content"],
+                                    whole["choices"][0]["message"]["content"])
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"]
+    assert chunks[-1]["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"]
+
+
+def test_streaming_without_include_usage_has_no_usage_chunk(client: httpx.Client) -> None:
+    events = sse_events(client, "/v1/chat/completions", {"messages": USER, "stream": True})
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["choices"] and c["usage"] is None for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_too_long_prompt_gets_sglangs_400(client: httpx.Client) -> None:
+    messages = [{"role": "user", "content": "word " * CONTEXT}]
+    n = len(encode(render_chat(messages)))
+    r = client.post("/v1/chat/completions", json={"messages": messages})
+    assert r.status_code == 400
+    assert r.json() == {"object": "error", "type": "BadRequestError", "param": None, "code": 400,
+                        "message": f"The input ({n} tokens) is longer than the model's context length ({CONTEXT} tokens)."}
+
+
+def test_prompt_plus_max_tokens_over_context_gets_400(client: httpx.Client) -> None:
+    n = len(encode(render_chat(USER)))
+    r = chat(client, max_tokens=CONTEXT)
+    assert r.status_code == 400
+    assert r.json()["message"] == (
+        f"Requested token count exceeds the model's maximum context length of {CONTEXT} tokens. "
+        f"You requested a total of {n + CONTEXT} tokens: {n} tokens from the input messages and {CONTEXT} "
+        f"tokens for the completion. Please reduce the number of tokens in the input messages or the "
+        f"completion to fit within the limit.")
+
+
+def test_bad_requests_get_error_json(client: httpx.Client) -> None:
+    r = client.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["message"].startswith("Request body is not valid JSON")
+    r = client.post("/v1/chat/completions", json={"messages": []})
+    assert r.json() == {"object": "error", "type": "BadRequestError", "param": None, "code": 400,
+                        "message": "messages must be a non-empty list of {role, content} objects."}
+
+
+def test_generate_native_meta_info(client: httpx.Client) -> None:
+    for prompt in ({"text": "The capital of France is"}, {"input_ids": [11, 12, 13]}):
+        r = client.post("/generate", json={**prompt, "sampling_params": {"max_new_tokens": 5, "temperature": 0}})
+        body = r.json()
+        meta = body["meta_info"]
+        assert isinstance(body["text"], str) and len(body["output_ids"]) == meta["completion_tokens"]
+        assert meta["finish_reason"] in ({"type": "length", "length": 5}, {"type": "stop", "matched": 163586})
+        assert isinstance(meta["id"], str) and isinstance(meta["e2e_latency"], float)
+        assert (meta["prompt_tokens"], meta["total_retractions"]) == (len(encode(prompt.get("text", ""))) or 3, 0)
+        assert isinstance(meta["cached_tokens"], int)
+
+
+def test_generate_streams_cumulative_text(client: httpx.Client) -> None:
+    body = {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 30}}
+    whole = client.post("/generate", json=body).json()
+    events = sse_events(client, "/generate", {**body, "stream": True})
+    assert events[-1] == "[DONE]"
+    last = json.loads(events[-2])
+    assert last["text"] == whole["text"]
+    assert last["meta_info"]["finish_reason"] == whole["meta_info"]["finish_reason"]
+
+
+def test_loads_shape(client: httpx.Client) -> None:
+    body = client.get("/v1/loads").json()
+    assert isinstance(body["timestamp"], str) and isinstance(body["version"], str)
+    [load] = body["loads"]
+    for key in ("dp_rank", "num_running_reqs", "num_waiting_reqs", "num_used_tokens", "max_total_num_tokens"):
+        assert isinstance(load[key], int), key
+    assert isinstance(load["token_usage"], float) and isinstance(load["gen_throughput"], float)
+    assert load["max_total_num_tokens"] == 24576
+    assert set(load["queues"]) == {"waiting", "grammar", "paused", "retracted"}
+    assert client.get("/v1/loads", params={"dp_rank": 3}).status_code == 400
+    [old] = client.get("/get_load").json()
+    assert set(old) == {"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens"}
+
+
+def test_metrics_parse_with_sglang_names(client: httpx.Client) -> None:
+    chat(client)
+    r = client.get("/metrics")
+    assert r.headers["content-type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(r.text)}
+    for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:gen_throughput",
+                 "sglang:num_used_tokens", "sglang:num_retracted_reqs"):
+        assert families[name].type == "gauge", name
+    for name in ("sglang:num_retracted_requests", "sglang:prompt_tokens", "sglang:generation_tokens",
+                 "sglang:cached_tokens", "sglang:num_requests"):
+        assert families[name].type == "counter", name
+    [sample] = families["sglang:num_running_reqs"].samples
+    assert sample.labels == {"model_name": "kimi-sim", "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
+                             "dp_rank": "0"}
+    counters = client.get("/sim/stats").json()["counters"]
+    [gen_total] = families["sglang:generation_tokens"].samples
+    assert gen_total.name == "sglang:generation_tokens_total"
+    assert gen_total.value == counters["generation_tokens_total"] > 0
+
+
+def test_flush_cache_when_idle(client: httpx.Client) -> None:
+    r = client.post("/flush_cache")
+    assert r.status_code == 200 and r.text.startswith("Cache flushed.")
+
+
+def test_sim_time_header_advances(client: httpx.Client) -> None:
+    t1 = float(client.get("/health").headers["x-sim-time"])
+    chat(client)
+    t2 = float(client.get("/health").headers["x-sim-time"])
+    assert t2 > t1
+
+
+def test_capacity_and_ready_lines_in_log(sim: SimProcess) -> None:
+    text = sim.log_text()
+    assert ("max_total_num_tokens=24576, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+            "max_running_requests=") in text
+    assert text.index("max_total_num_tokens=") < text.index("The server is fired up and ready to roll!")

@@ -1,0 +1,234 @@
+"""Every fault does what it says, over real TCP; plus start-up behaviour, aborts and client
+disconnects. One shared sim changes its faults at runtime through POST /sim/faults; crash,
+start-up and flag tests run their own (short-lived) processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from gen_pipeline.sim.faults import Fault, FaultSettings, decide, health_ok
+from gen_pipeline.sim.testing import SimProcess, start_sim
+
+# Long outputs (~2000 tokens at ~2 ms a step) so aborts and disconnects land mid-request.
+SIM_ARGS = ["--sim-output-mean", "2000", "--sim-output-spread", "0", "--sim-seed", "7"]
+SHORT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+NO_FAULTS = FaultSettings().to_json() | {"seed": 7}
+
+
+@pytest.fixture
+def faults(client: httpx.Client) -> Iterator[callable]:
+    """Set faults on the shared sim for one test; always restored afterwards."""
+
+    def set_faults(**changes: object) -> dict:
+        r = client.post("/sim/faults", json=changes)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    yield set_faults
+    client.post("/sim/faults", json=NO_FAULTS)
+
+
+def next_seq(client: httpx.Client) -> int:
+    return client.get("/sim/stats").json()["requests_seen"] + 1
+
+
+def test_decide_is_seeded_and_matches_rates() -> None:
+    s = FaultSettings(error_rate=0.25, too_many_rate=0.25, seed=3)
+    picks = [decide(s, i) for i in range(1, 4001)]
+    assert picks == [decide(s, i) for i in range(1, 4001)]
+    assert 900 < picks.count(Fault.ERROR) < 1100 and 900 < picks.count(Fault.TOO_MANY) < 1100
+    assert picks != [decide(FaultSettings(error_rate=0.25, too_many_rate=0.25, seed=4), i) for i in range(1, 4001)]
+
+
+def test_health_window() -> None:
+    s = FaultSettings(health_503_after_s=10, health_503_for_s=5)
+    assert [health_ok(s, t) for t in (0, 9.9, 10, 14.9, 15)] == [True, True, False, False, True]
+    assert health_ok(FaultSettings(never_healthy=True), 0) is False
+
+
+def test_fault_settings_reject_bad_values(client: httpx.Client) -> None:
+    r = client.post("/sim/faults", json={"eror_rate": 0.5})
+    assert r.status_code == 400 and r.json()["message"].startswith("unknown fault key 'eror_rate'; known keys: [")
+    r = client.post("/sim/faults", json={"error_rate": 0.7, "cut_rate": 0.6})
+    assert r.json()["message"] == "fault rates sum to 1.300; at most one fault hits a request, keep the sum <= 1"
+    assert client.get("/sim/faults").json() == NO_FAULTS
+
+
+def test_error_and_429_fractions_follow_the_seeded_plan(client: httpx.Client, faults: callable) -> None:
+    settings = faults(error_rate=0.3, error_status=503, **{"429_rate": 0.2})
+    start = next_seq(client)
+    expected = [decide(FaultSettings().updated(settings), s) for s in range(start, start + 30)]
+    statuses = [client.post("/v1/chat/completions", json=SHORT).status_code for _ in range(30)]
+    status_of = {Fault.ERROR: 503, Fault.TOO_MANY: 429, Fault.NONE: 200}
+    assert statuses == [status_of[f] for f in expected]
+    assert 0 < statuses.count(503) < 30 and 0 < statuses.count(429) < 30
+    r = next(r for r in (client.post("/v1/chat/completions", json=SHORT) for _ in range(50)) if r.status_code == 503)
+    assert r.json() == {"object": "error", "message": "Simulated server error (--sim-error-rate).",
+                        "type": "InternalServerError", "param": None, "code": 503}
+
+
+def test_bad_json(client: httpx.Client, faults: callable) -> None:
+    faults(bad_json_rate=1.0)
+    r = client.post("/v1/chat/completions", json=SHORT)
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(r.content)
+    with client.stream("POST", "/v1/chat/completions", json={**SHORT, "stream": True}) as s:
+        first = next(line for line in s.iter_lines() if line)
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(first.removeprefix("data: "))
+
+
+def test_wrong_content_type(client: httpx.Client, faults: callable) -> None:
+    faults(wrong_content_type_rate=1.0)
+    r = client.post("/v1/chat/completions", json=SHORT)
+    assert (r.status_code, r.headers["content-type"]) == (200, "text/html; charset=utf-8")
+    assert r.text.startswith("<html>")
+
+
+def test_no_usage(client: httpx.Client, faults: callable) -> None:
+    faults(no_usage_rate=1.0)
+    body = client.post("/v1/chat/completions", json=SHORT).json()
+    assert "usage" not in body and body["choices"][0]["finish_reason"] == "length"
+    with client.stream("POST", "/v1/chat/completions",
+                       json={**SHORT, "stream": True, "stream_options": {"include_usage": True}}) as s:
+        events = [line for line in s.iter_lines() if line]
+    assert events[-1] == "data: [DONE]"
+    assert all(json.loads(e.removeprefix("data: "))["usage"] is None for e in events[:-1])
+
+
+def test_cut_mid_body_makes_httpx_raise(client: httpx.Client, faults: callable) -> None:
+    faults(cut_rate=1.0)
+    with pytest.raises(httpx.RemoteProtocolError):
+        client.post("/v1/chat/completions", json=SHORT)
+    with pytest.raises(httpx.RemoteProtocolError):  # noqa: PT012 -- the cut comes while reading
+        with client.stream("POST", "/v1/chat/completions", json={**SHORT, "stream": True}) as s:
+            for _ in s.iter_lines():
+                pass
+
+
+def test_stall_holds_the_response(client: httpx.Client, faults: callable) -> None:
+    faults(stall_rate=1.0, stall_s=60)
+    t0 = time.monotonic()
+    with pytest.raises(httpx.ReadTimeout):
+        client.post("/v1/chat/completions", json=SHORT, timeout=httpx.Timeout(5.0, read=0.5))
+    assert time.monotonic() - t0 < 3
+
+
+def test_health_flaps_for_the_window(client: httpx.Client, faults: callable) -> None:
+    since_ready = client.get("/sim/stats").json()["real_time_s"]
+    faults(health_503_after_s=since_ready + 0.3, health_503_for_s=1.0)
+    seen, deadline = [], time.monotonic() + 5
+    while time.monotonic() < deadline and seen[-3:] != [200, 503, 200]:
+        code = client.get("/health").status_code
+        if not seen or seen[-1] != code:
+            seen.append(code)
+        time.sleep(0.05)
+    assert seen == [200, 503, 200]
+
+
+def wait_idle(client: httpx.Client, timeout_s: float = 5.0) -> float:
+    t0 = time.monotonic()
+    while client.get("/v1/loads").json()["loads"][0]["num_running_reqs"]:
+        assert time.monotonic() - t0 < timeout_s, "request still running: not aborted"
+        time.sleep(0.02)
+    return time.monotonic() - t0
+
+
+def test_abort_request_ends_a_stream(client: httpx.Client) -> None:
+    with client.stream("POST", "/v1/chat/completions", json={"messages": SHORT["messages"], "stream": True}) as s:
+        lines = s.iter_lines()
+        rid = json.loads(next(line for line in lines if line).removeprefix("data: "))["id"]
+        assert client.post("/abort_request", json={"rid": rid}).status_code == 200
+        events = [json.loads(line.removeprefix("data: ")) for line in lines if line and line != "data: [DONE]"]
+    assert events[-1]["choices"][0]["finish_reason"] == "abort"
+    wait_idle(client)
+
+
+def test_client_disconnect_aborts_in_the_engine(client: httpx.Client) -> None:
+    with client.stream("POST", "/v1/chat/completions", json={"messages": SHORT["messages"], "stream": True}) as s:
+        next(line for line in s.iter_lines() if line)
+    assert wait_idle(client) < 2.0  # the whole output would take ~4 s
+    with pytest.raises(httpx.ReadTimeout):
+        client.post("/v1/chat/completions", json={"messages": SHORT["messages"]},
+                    timeout=httpx.Timeout(5.0, read=0.3))
+    assert wait_idle(client) < 2.0
+
+
+def test_crash_after_n_completed_requests() -> None:
+    with start_sim(["--sim-crash-after", "3", "--sim-output-mean", "5"], ready_timeout_s=30) as sim:
+        with httpx.Client(base_url=sim.url, timeout=10) as c:
+            for _ in range(3):
+                assert c.post("/v1/chat/completions", json=SHORT).status_code == 200
+            assert sim.wait_exit(timeout_s=5) == 1
+            with pytest.raises(httpx.ConnectError):
+                c.post("/v1/chat/completions", json=SHORT)
+        assert "RuntimeError: CUDA error: an illegal memory access was encountered" in sim.log_text()
+
+
+def test_fail_startup_prints_line_after_capacity_and_exits_1() -> None:
+    line = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    with start_sim(["--sim-fail-startup", line], wait_ready=False) as sim:
+        assert sim.wait_exit(timeout_s=20) == 1
+        text = sim.log_text()
+    assert text.index("max_total_num_tokens=") < text.index(line)
+    assert "ready to roll" not in text
+
+
+def test_startup_delay_then_ready(tmp_path) -> None:
+    with start_sim(["--sim-startup-s", "1.0"], wait_ready=False, log_path=tmp_path / "s.log") as sim:
+        codes = set()
+        with httpx.Client(base_url=sim.url, timeout=2) as c:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                try:
+                    code = c.get("/health").status_code
+                except httpx.TransportError:
+                    time.sleep(0.05)
+                    continue
+                codes.add(code)
+                if code == 200:
+                    break
+                time.sleep(0.05)
+        assert codes == {503, 200}
+        assert "The server is fired up and ready to roll!" in sim.log_text()
+
+
+def test_never_healthy(sim_never: SimProcess) -> None:
+    with httpx.Client(base_url=sim_never.url, timeout=2) as c:
+        codes = {c.get("/health").status_code for _ in range(5)}
+        assert codes == {503}
+        assert c.get("/server_info").status_code == 200
+
+
+@pytest.fixture
+def sim_never(tmp_path) -> Iterator[SimProcess]:
+    with start_sim(["--sim-never-healthy"], wait_ready=False, log_path=tmp_path / "n.log") as sim:
+        deadline = time.monotonic() + 20
+        while "ready to roll" not in sim.log_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        yield sim
+
+
+def test_unknown_flag_exits_2_fast() -> None:
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "gen_pipeline.sim", "--tp-size", "8", "--no-such-flag"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2
+    assert "error: unrecognized arguments: --no-such-flag" in r.stderr
+    assert time.monotonic() - t0 < 10
+
+
+def test_bad_fault_flag_value_exits_2() -> None:
+    r = subprocess.run([sys.executable, "-m", "gen_pipeline.sim", "--sim-error-rate", "1.5"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2
+    assert "error: fault error_rate must be within [0, 1] (got 1.5)" in r.stderr
