@@ -21,6 +21,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
     with os.fdopen(fd, "wb") as f:
         f.write(data)
+    os.chmod(tmp, 0o644)  # mkstemp makes it 0600; these are files to read and commit
     os.replace(tmp, path)
 
 
