@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -64,13 +65,15 @@ class Progress:
             mode = "bar" if self._stream.isatty() else "log"
         self.mode = mode
         self._log_every_s = log_every_s
-        self._last_log = 0.0
+        self._last_log = -math.inf  # the first update always prints
         self._bar = None
+        self._last: Figures | None = None
         if mode == "bar":
             self._bar = tqdm(total=target, initial=done, desc=dataset, unit="sample", file=self._stream,
                              dynamic_ncols=True, smoothing=0.05)
 
     def update(self, f: Figures) -> None:
+        self._last = f
         if self._bar is not None:
             self._bar.n = f.done
             self._bar.set_postfix_str(f.postfix(), refresh=False)
@@ -87,6 +90,10 @@ class Progress:
               f"{f.postfix()}, eta {format_duration(f.eta_s)}", file=self._stream, flush=True)
 
     def close(self) -> None:
+        """Close the bar; in log mode, print the last figures (a short run may never reach a log tick)."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+        elif self.mode == "log" and self._last is not None:
+            self.log_line(self._last)
+            self._last = None
