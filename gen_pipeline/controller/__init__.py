@@ -1,0 +1,9 @@
+"""Concurrency controller: pure policy that sizes the in-flight window to the server's KV pool.
+
+See `core` for the policy; `Controller`, `ControllerConfig` and `ControllerStats` are the API.
+"""
+
+from .config import ControllerConfig, ControllerStats
+from .core import Controller
+
+__all__ = ["Controller", "ControllerConfig", "ControllerStats"]

@@ -1,0 +1,81 @@
+"""The controller's tunables and its statistics snapshot (frozen dataclasses, no logic)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Tunables of the concurrency controller; the defaults need no per-dataset tuning.
+
+    Read from the `[controller]` table of `datasets_cfg/server.toml` when present (all optional):
+
+        [controller]
+        target_usage = 0.92
+        max_window = 4096
+    """
+
+    # Share of the KV pool the model-based window aims to fill with running requests. Below 1
+    # because request lengths vary: the sum of live KV fluctuates around its mean and SGLang
+    # retracts the moment it touches the pool (scheduler.py update_running_batch).
+    target_usage: float = 0.92
+    # Requests queued on the server beyond the decode slots, so a freed slot refills on the
+    # next scheduler step instead of after a client round trip: a share of the slots, clamped.
+    queue_slack_frac: float = 0.05
+    queue_slack_min: int = 2
+    queue_slack_max: int = 32
+    min_window: int = 1
+    max_window: int = 4096
+    # The initial tokens-per-request estimate counts as this many completions in the running
+    # estimate, so the first (short-biased: short requests finish first) completions move it slowly.
+    prior_weight: float = 32.0
+    history: int = 512  # completions kept for the running length estimates
+    # Hill climb on measured goodput: one epoch per probe; its length follows the request
+    # latency (a window change shows in the KV only as the requests it admits grow).
+    epoch_latency_frac: float = 0.5
+    epoch_min_s: float = 20.0
+    epoch_max_s: float = 300.0
+    epoch_min_completions: int = 8
+    settle_frac: float = 0.3  # first part of an epoch is transition, not measured
+    climb_step: float = 0.1  # relative change of the climbed multiplier per probe
+    climb_step_min: float = 0.025  # below this the climb has converged and holds
+    climb_noise: float = 0.02  # relative goodput change treated as noise
+    reprobe_epochs: int = 8  # epochs held after converging before probing again
+    gain_min: float = 0.6  # bounds of the multiplier on the model's slots
+    gain_max: float = 1.8
+    # Retraction guard: a burst (this share of running requests, at least burst_min, in one
+    # poll) steps the multiplier back and forbids growth for the cooldown.
+    retraction_burst_frac: float = 0.03
+    retraction_burst_min: int = 2
+    retraction_backoff: float = 0.9
+    retraction_cooldown_s: float = 30.0
+    # A probe up is rejected when more requests were retracted than this share of completions.
+    retraction_max_share: float = 0.1
+    # Pool idle (usage below this share of target_usage, nothing queued, we are the limit,
+    # first wave done): the multiplier grows by idle_growth per poll without waiting for epochs.
+    idle_usage_frac: float = 0.6
+    idle_growth: float = 1.1
+    # Latency-gradient mode (no capacity known): start, and back off when the time per output
+    # token of recent completions exceeds tolerance x that of the best epoch (Gradient2's rule).
+    gradient_initial_window: int = 32
+    gradient_tolerance: float = 2.0
+    gradient_step: float = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerStats:
+    """A snapshot for the progress bar and the logs."""
+
+    window: int
+    mode: str  # "load" (capacity + live load), "model" (capacity, no load seen), "gradient"
+    tokens_per_request: float  # F: prompt + completion tokens a request holds at its end
+    held_tokens_per_request: float  # mean KV a running request holds (what sizes the window)
+    gain: float  # climbed multiplier on the model's slots (gradient mode: 1.0)
+    goodput_tok_s: float | None  # last measured epoch goodput
+    running: int | None
+    queued: int | None
+    token_usage: float | None
+    retractions: int | None  # cumulative, as the server reports it
+    completions: int
+    reason: str  # short text of the last decision

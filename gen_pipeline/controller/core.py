@@ -1,0 +1,262 @@
+"""The concurrency controller: how many requests to keep in flight (pure policy, time is a parameter).
+
+Objective: completed tokens per second of a batch job. Three layers, slow to fast:
+
+1. Model of the pool. A running request holds its prompt plus what it has generated, so in
+   steady state the pool holds requests of every age and C / H of them fit, H being the mean
+   KV a request holds over its life (length-weighted, learned from completions; see
+   RequestSizes). Before the first wave has finished, H is the prior F (a request at its
+   end): the first wave is all of one age and grows towards F together. The window is
+   min(max_running_requests, gain * u * C / H) + a small queue slack, so a freed slot refills
+   on the next scheduler step. The live KV per running request (used_tokens / running) is a
+   floor on H: it can only make the window smaller.
+2. Hill climb of `gain` on measured goodput (the server's live decode rate, see Epoch, over
+   epochs of about half a request latency, the first 30% of each discarded as transition): keep
+   a step that raised goodput beyond the noise band, go back and halve the step otherwise, and
+   hold once the step is small. A flat or noisy objective ends at the lower-pressure side.
+   A probe up that retracted more than `retraction_max_share` of its completions is rejected:
+   retraction costs recompute (SGLang re-prefills prompt + output) that the counter may not show.
+3. Live load, every poll: a retraction burst steps the gain back and forbids any growth for a
+   cooldown (SGLang's own admission also turns conservative then: new_token_ratio jumps in
+   scheduler.py retract_decode); a queue that builds while running does not rise caps the window
+   at running + slack (the server is the limit, more in flight only waits); an idle pool with
+   nothing queued grows the gain at once instead of waiting for epochs.
+
+With no capacity known (a plain OpenAI-compatible server) the climb runs on the window itself
+with goodput from Little's law, window / TPOT (see Epoch), and Gradient2's guard: TPOT beyond
+`gradient_tolerance` x the reference epoch's backs off at once. Near the end of a job the
+window never exceeds what the target still needs, and the climb pauses (a draining job's
+goodput falls for reasons the window does not cause).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..records import Capacity, LoadSnapshot
+from .climb import HillClimber
+from .config import ControllerConfig, ControllerStats
+from .epoch import Epoch
+from .estimate import RequestSizes
+
+_LIVE_ALPHA = 0.2  # EWMA weight of one poll of used_tokens / running (~5 polls memory)
+
+
+class Controller:
+    """State in (capacity, completions, load polls), window out. Deterministic; no clock, no I/O."""
+
+    def __init__(self, capacity: Capacity, *, initial_tokens_per_request: float,
+                 config: ControllerConfig = ControllerConfig()) -> None:
+        self._cfg = config
+        self._sizes = RequestSizes(initial_tokens_per_request, config.prior_weight, config.history)
+        self._load: LoadSnapshot | None = None
+        self._live_held: float | None = None
+        self._queue_cap = math.inf
+        self._ceiling, self._ceiling_until_s = math.inf, -math.inf
+        self._remaining: int | None = None
+        self._last_window = 0  # what window() last returned
+        self._epoch: Epoch | None = None
+        self._goodput: float | None = None
+        self._reason = "start: model of the pool"
+        self._capacity = capacity
+        self._climber = self._new_climber(capacity)
+        self._warmup = max(1, round(self._uncapped_window()))  # first wave = completions before climbing
+
+    # -- observations ---------------------------------------------------------------------
+    def observe_completion(self, now_s: float, prompt_tokens: int, completion_tokens: int,
+                           latency_s: float) -> None:
+        """One request finished: its usage token counts and its latency (seconds, queue included)."""
+        self._sizes.observe(prompt_tokens, completion_tokens, latency_s)
+        if self._epoch is not None:
+            self._epoch.add_completion(now_s, completion_tokens, latency_s)
+            self._gradient_guard(now_s)
+        self._tick(now_s)
+
+    def observe_load(self, snap: LoadSnapshot) -> None:
+        """One poll of the server's load; counters are cumulative (a drop means a restart)."""
+        prev, self._load = self._load, snap
+        used = snap.used_tokens
+        if used is None and snap.token_usage is not None:
+            used = snap.token_usage * self._capacity.max_total_num_tokens
+        if used is not None and snap.running > 0:
+            held = used / snap.running
+            self._live_held = held if self._live_held is None else (
+                self._live_held + _LIVE_ALPHA * (held - self._live_held))
+        retracted = 0
+        if prev is not None and prev.retractions_total is not None and snap.retractions_total is not None:
+            retracted = max(0, snap.retractions_total - prev.retractions_total)
+        if self._epoch is not None:
+            self._epoch.add_load(snap, retracted)
+        if retracted >= max(self._cfg.retraction_burst_min, self._cfg.retraction_burst_frac * snap.running):
+            self._on_retraction_burst(snap.t_s, retracted)
+        else:
+            self._queue_rule(prev, snap)
+            self._idle_rule(snap)
+        self._tick(snap.t_s)
+
+    def update_capacity(self, capacity: Capacity) -> None:
+        """New or restarted server(s): new pool, counters start again, the climb starts over."""
+        self._capacity = capacity
+        self._climber = self._new_climber(capacity)
+        self._load, self._live_held, self._epoch = None, None, None
+        self._queue_cap, self._ceiling, self._ceiling_until_s = math.inf, math.inf, -math.inf
+        self._warmup = self._sizes.count + max(1, round(self._uncapped_window()))
+        self._reason = "new capacity: model of the pool"
+
+    # -- decision -------------------------------------------------------------------------
+    def window(self, now_s: float, remaining: int) -> int:
+        """Requests to keep in flight now: in [min_window, max_window], and never above `remaining`."""
+        self._remaining = remaining
+        w = self._uncapped_window()
+        if now_s < self._ceiling_until_s:
+            w = min(w, self._ceiling)
+        w = min(w, self._queue_cap)
+        w = min(self._cfg.max_window, max(self._cfg.min_window, int(w)))
+        self._last_window = max(0, min(w, remaining))
+        return self._last_window
+
+    def statistics(self) -> ControllerStats:
+        load = self._load
+        return ControllerStats(
+            window=self._last_window,
+            mode=self.mode, tokens_per_request=self._sizes.final_tokens,
+            held_tokens_per_request=self._held_tokens(), gain=self._gain if self.mode != "gradient" else 1.0,
+            goodput_tok_s=self._goodput, running=load.running if load else None,
+            queued=load.queued if load else None, token_usage=self._usage(load) if load else None,
+            retractions=load.retractions_total if load else None, completions=self._sizes.count,
+            reason=self._reason)
+
+    @property
+    def mode(self) -> str:
+        if self._capacity.max_total_num_tokens <= 0:
+            return "gradient"
+        return "load" if self._load is not None and self._usage(self._load) is not None else "model"
+
+    # -- the model ------------------------------------------------------------------------
+    @property
+    def _gain(self) -> float:
+        return self._climber.value
+
+    def _new_climber(self, capacity: Capacity) -> HillClimber:
+        cfg = self._cfg
+        if capacity.max_total_num_tokens > 0:
+            return HillClimber(1.0, step=cfg.climb_step, step_min=cfg.climb_step_min, noise=cfg.climb_noise,
+                               reprobe_epochs=cfg.reprobe_epochs, low=cfg.gain_min, high=cfg.gain_max)
+        start = capacity.max_running_requests or cfg.gradient_initial_window
+        return HillClimber(float(start), step=cfg.gradient_step, step_min=cfg.climb_step_min,
+                           noise=cfg.climb_noise, reprobe_epochs=cfg.reprobe_epochs,
+                           low=float(cfg.min_window), high=float(cfg.max_window))
+
+    def _held_tokens(self) -> float:
+        return max(self._sizes.held_tokens, self._live_held or 0.0)
+
+    def _slots(self) -> float:
+        """Decode slots the climbed model asks for (before the queue slack)."""
+        if self.mode == "gradient":
+            return self._climber.value
+        slots = self._gain * self._cfg.target_usage * self._capacity.max_total_num_tokens / self._held_tokens()
+        cap = self._capacity.max_running_requests
+        return min(slots, cap) if cap else slots
+
+    def _slack(self, slots: float) -> int:
+        cfg = self._cfg
+        return int(min(cfg.queue_slack_max, max(cfg.queue_slack_min, cfg.queue_slack_frac * slots)))
+
+    def _uncapped_window(self) -> float:
+        slots = self._slots()
+        return slots + self._slack(slots)
+
+    def _usage(self, snap: LoadSnapshot) -> float | None:
+        if snap.token_usage is not None:
+            return snap.token_usage
+        c = self._capacity.max_total_num_tokens
+        return snap.used_tokens / c if snap.used_tokens is not None and c > 0 else None
+
+    def _at_running_cap(self) -> bool:
+        cap = self._capacity.max_running_requests
+        return self.mode != "gradient" and bool(cap) and self._slots() >= cap
+
+    # -- fast rules (every poll) ------------------------------------------------------------
+    def _on_retraction_burst(self, now_s: float, retracted: int) -> None:
+        before = self.window(now_s, self._remaining if self._remaining is not None else 2**31)
+        self._climber.nudge(self._climber.value * self._cfg.retraction_backoff)
+        self._ceiling = min(self._uncapped_window(), before)
+        self._ceiling_until_s = now_s + self._cfg.retraction_cooldown_s
+        self._epoch = None
+        self._reason = (f"retraction burst ({retracted} in one poll): step back, "
+                        f"no growth for {self._cfg.retraction_cooldown_s:.0f} s")
+
+    def _queue_rule(self, prev: LoadSnapshot | None, snap: LoadSnapshot) -> None:
+        slack = self._slack(self._slots())
+        building = (prev is not None and snap.queued > slack and prev.queued > slack
+                    and snap.running <= prev.running)
+        if building and snap.running + slack < min(self._uncapped_window(), self._queue_cap):
+            self._queue_cap = snap.running + slack
+            self._reason = (f"queue building ({snap.queued} queued, running flat at {snap.running}): "
+                            f"window = running + {slack}")
+        elif snap.queued <= slack // 2 and self._queue_cap < math.inf:
+            self._queue_cap += slack
+            if self._queue_cap >= self._uncapped_window():
+                self._queue_cap = math.inf
+                self._reason = "queue drained: back to the model's window"
+
+    def _idle_rule(self, snap: LoadSnapshot) -> None:
+        usage = self._usage(snap)
+        if (usage is None or self.mode == "gradient" or self._sizes.count < self._warmup
+                or snap.t_s < self._ceiling_until_s or self._at_running_cap()):
+            return
+        w = min(self._uncapped_window(), self._queue_cap)
+        if snap.queued == 0 and usage < self._cfg.idle_usage_frac * self._cfg.target_usage \
+                and snap.running >= w - self._slack(self._slots()):
+            self._climber.nudge(self._gain * self._cfg.idle_growth)
+            self._epoch = None
+            self._reason = f"pool idle (usage {usage:.0%}, nothing queued): grow"
+
+    def _gradient_guard(self, now_s: float) -> None:
+        """Gradient2's rule on TPOT: far slower than at the reference -> back off at once."""
+        epoch, ref = self._epoch, self._climber.ref_objective
+        if self.mode != "gradient" or epoch is None or ref is None:
+            return
+        if epoch.completions < self._cfg.epoch_min_completions:
+            return
+        rate = epoch.tokens_per_s_per_request()
+        ref_rate = ref / self._climber.ref_value  # goodput = window * rate
+        if rate is not None and rate * self._cfg.gradient_tolerance < ref_rate:
+            factor = max(0.5, self._cfg.gradient_tolerance * rate / ref_rate)
+            self._climber.nudge(self._climber.value * factor)
+            self._epoch = None
+            self._reason = f"TPOT {ref_rate / rate:.1f}x the reference: back off x{factor:.2f}"
+
+    # -- slow rule (epochs) -------------------------------------------------------------------
+    def _tick(self, now_s: float) -> None:
+        if self._sizes.count < self._warmup and self.mode != "gradient":
+            return
+        if self._remaining is not None and self._remaining < self._uncapped_window():
+            self._epoch = None  # the job is draining: goodput falls whatever the window
+            return
+        if self._epoch is None:
+            self._start_epoch(now_s)
+        elif self._epoch.ready(now_s):
+            self._conclude_epoch(now_s)
+
+    def _start_epoch(self, now_s: float) -> None:
+        cfg = self._cfg
+        latency = self._sizes.mean_latency_s or cfg.epoch_min_s
+        frac = cfg.epoch_latency_frac if self.mode != "gradient" else 1.0
+        length = min(cfg.epoch_max_s, max(cfg.epoch_min_s, frac * latency))
+        self._epoch = Epoch(now_s, length, cfg.settle_frac, cfg.epoch_min_completions)
+
+    def _conclude_epoch(self, now_s: float) -> None:
+        epoch = self._epoch
+        assert epoch is not None
+        goodput = epoch.goodput_tok_s(min(self._slots(), self._queue_cap))
+        if goodput is None:
+            self._start_epoch(now_s)
+            return
+        self._goodput = goodput
+        in_cooldown = now_s < self._ceiling_until_s
+        penalised = epoch.retractions > self._cfg.retraction_max_share * max(1, epoch.finished)
+        verdict = self._climber.conclude(goodput, may_grow=not in_cooldown and not self._at_running_cap(),
+                                         penalised=penalised)
+        self._reason = f"{goodput:.0f} tok/s: {verdict.reason}"
+        self._start_epoch(now_s)

@@ -1,0 +1,76 @@
+"""One measurement epoch of the hill climb: goodput at a fixed setting (pure arithmetic)."""
+
+from __future__ import annotations
+
+from ..records import LoadSnapshot
+
+
+class Epoch:
+    """Goodput measured between `measure_from_s` and the end of the epoch.
+
+    Goodput, in order of preference: the mean of the server's live decode rate (SGLang's
+    gen_throughput: every decoded token counts, and retracted requests keep theirs, so it is
+    goodput and smooth); the cumulative generated-tokens counter (SGLang counts a request's
+    tokens when it finishes: noisy with long requests); else, by Little's law, window / TPOT
+    over the completions of requests that started inside the epoch:
+    window * sum(completion tokens) / sum(latency).
+    """
+
+    def __init__(self, start_s: float, length_s: float, settle_frac: float, min_completions: int) -> None:
+        self.start_s = start_s
+        self.length_s = length_s
+        self.measure_from_s = start_s + settle_frac * length_s
+        self._min_completions = min_completions
+        self._gen_first: tuple[float, int] | None = None
+        self._gen_last: tuple[float, int] | None = None
+        self._rate_sum = 0.0
+        self._rate_polls = 0
+        self.completions = 0  # completions counted for Little's law (started inside the epoch)
+        self.finished = 0  # completions in the measured part, any start
+        self._tokens = 0
+        self._latency_s = 0.0
+        self.retractions = 0
+
+    def add_load(self, snap: LoadSnapshot, retracted: int) -> None:
+        if snap.t_s < self.measure_from_s:
+            return
+        self.retractions += retracted
+        if snap.gen_throughput is not None:
+            self._rate_sum += snap.gen_throughput
+            self._rate_polls += 1
+        if snap.gen_tokens_total is not None:
+            point = (snap.t_s, snap.gen_tokens_total)
+            if self._gen_first is None:
+                self._gen_first = point
+            else:
+                self._gen_last = point
+
+    def add_completion(self, now_s: float, completion_tokens: int, latency_s: float) -> None:
+        if now_s >= self.measure_from_s:
+            self.finished += 1
+        if now_s - latency_s >= self.start_s and completion_tokens > 0:
+            self.completions += 1
+            self._tokens += completion_tokens
+            self._latency_s += latency_s
+
+    def ready(self, now_s: float) -> bool:
+        if now_s < self.start_s + self.length_s:
+            return False
+        return self._rate_polls >= 2 or self._has_counter() or self.completions >= self._min_completions
+
+    def tokens_per_s_per_request(self) -> float | None:
+        """1 / TPOT over the epoch's own completions (queue time included), None if none."""
+        return self._tokens / self._latency_s if self._latency_s > 0 else None
+
+    def goodput_tok_s(self, window: float) -> float | None:
+        if self._rate_polls >= 2:
+            return self._rate_sum / self._rate_polls
+        if self._has_counter():
+            (t0, g0), (t1, g1) = self._gen_first, self._gen_last  # type: ignore[misc]
+            return (g1 - g0) / (t1 - t0)
+        rate = self.tokens_per_s_per_request()
+        return window * rate if rate is not None else None
+
+    def _has_counter(self) -> bool:
+        return (self._gen_first is not None and self._gen_last is not None
+                and self._gen_last[0] > self._gen_first[0])
