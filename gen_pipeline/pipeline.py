@@ -58,6 +58,7 @@ class RunOptions:
     commit_interval_s: float = 5.0
     progress: str = "auto"  # auto | bar | log | quiet
     file_opener: Callable[[Path, str], BinaryIO] | None = None  # the store's file layer (fault injection)
+    on_figures: Callable[[Figures], None] | None = None  # called with the live figures every 0.5 s
 
 
 @dataclass
@@ -288,7 +289,10 @@ class _Run:
 
     async def report_progress(self, progress: Progress) -> None:
         while True:
-            progress.update(self.figures())
+            figures = self.figures()
+            progress.update(figures)
+            if self.opts.on_figures is not None:
+                self.opts.on_figures(figures)
             await anyio.sleep(0.5)
 
     async def handle_signals(self) -> None:
@@ -325,7 +329,7 @@ class _Run:
                                     gate=self.handle.wait_ready, on_request_done=self.on_request_done)
                 self.retune()
                 tg.start_soon(self.poll_load, http)
-                if progress.mode != "quiet":
+                if progress.mode != "quiet" or self.opts.on_figures is not None:
                     tg.start_soon(self.report_progress, progress)
                 tg.start_soon(self.handle_signals)
                 await self._work(client, first, source)
