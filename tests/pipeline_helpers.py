@@ -122,7 +122,8 @@ def wait_for(pred, timeout_s: float = 30.0, interval_s: float = 0.05) -> None:
         time.sleep(interval_s)
 
 
-# ---------------------------------------------------------------- fault injection (tests/test_faults_*.py, bench/faults_soak.py)
+# ---------------------------------------------------------------- fault injection
+# (used by tests/test_faults_*.py and bench/faults_soak.py)
 
 SIM_FAST = ["--sim-profile", "fast", "--time-scale", "10", "--sim-startup-s", "0", "--sim-output-mean", "160",
             "--sim-output-spread", "0.6"]

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -54,7 +56,7 @@ class ServerProcess:
 
         log = await anyio.to_thread.run_sync(open_log)
         try:
-            proc = await anyio.open_process(command, stdin=subprocess.DEVNULL, stdout=log,
+            proc = await anyio.open_process(_watched(command), stdin=subprocess.DEVNULL, stdout=log,
                                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
         finally:
             log.close()  # the child holds its own descriptor
@@ -75,6 +77,14 @@ class ServerProcess:
             await self.proc.wait()
             await _wait_group_gone(self.pgid, timeout_s=2.0)
         return self.returncode
+
+
+def _watched(command: list[str]) -> list[str]:
+    """`command` behind parent_watch: the server gets SIGTERM if we die by SIGKILL (see that module).
+    A command that cannot be found is left bare, so spawning it raises OSError here as before."""
+    if shutil.which(command[0]) is None:
+        return command
+    return [sys.executable, "-m", "gen_pipeline.server.parent_watch", str(os.getpid()), *command]
 
 
 def _killpg(pgid: int, sig: int) -> None:
