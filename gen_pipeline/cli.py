@@ -148,6 +148,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from .server.plan import plan_from_args
 
+    if args.weights_gb is None and args.params_b is None:
+        raise ConfigError("plan needs the weight size: pass --weights-gb (total GiB on disk, e.g. 594 for "
+                          "Kimi-K2.5 INT4) or --params-b with --weight-dtype (e.g. --params-b 1040 --weight-dtype int4).")
     print(plan_from_args(args.model_config, gpu_mem_gb=args.gpu_mem_gb, tp_size=args.tp_size,
                          mem_fraction_static=args.mem_fraction_static, tokens_per_sample=args.tokens_per_sample,
                          weights_gb=args.weights_gb, params_b=args.params_b, weight_dtype=args.weight_dtype,
