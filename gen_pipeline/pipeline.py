@@ -6,9 +6,11 @@ samples produced this run (written or about to be) and `goal` is what the store 
 (capped by --limit). A failure frees its place, so the producer sends another prompt. The
 CapacityLimiter's size is the controller's window; the producer takes a token per request.
 
-Shutdown: target reached → everything is cancelled after the writer flushed. First SIGINT or
-SIGTERM → stop dispatching, let in-flight requests finish for `drain_grace_s`, then cancel;
-a second signal cancels at once. The store is closed (fsync + manifest) under a shield.
+Shutdown: target reached → the producer stops once nothing is in flight, the writer drains its
+stream, then the server, poller and reporter are cancelled. First SIGINT or SIGTERM → stop
+dispatching, let in-flight requests finish for `drain_grace_s`, then cancel them (the writer still
+writes every finished sample); a second signal cancels at once. A fatal error (server gone for
+good, disk full) cancels everything. The store is closed (fsync + manifest) under a shield.
 """
 
 from __future__ import annotations
@@ -16,12 +18,10 @@ from __future__ import annotations
 import signal
 import time
 from collections import deque
-from collections.abc import Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import anyio
 import httpx
@@ -29,75 +29,23 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .client import ChatClient, ClientSettings, make_http_client
-from .transport import AiohttpTransport
-from .config import DEFAULT_OUTPUT_DIR, DatasetConfig
+from .config import DatasetConfig
 from .controller import Controller
-from .errors import ServerError
+from .errors import GenPipelineError, ServerError
 from .progress import Figures, Progress
 from .records import Failure, Prompt, Reject, Sample
+from .run import RunOptions, RunSummary
 from .server import ServerHandle, read_load, run_attached, run_server
 from .server.profile import ServerProfile
 from .sources import SourceStats, estimate_prompt_tokens, iter_prompts
 from .store import DatasetStore
+from .transport import AiohttpTransport
+
+__all__ = ["RunOptions", "RunSummary", "identify_model", "run_generate"]
 
 Item = Sample | Failure | Reject
 _BATCH = 256  # prompts pulled from the source per thread hop; samples written per batch
 _FAILURE_STREAK_FATAL = 50  # this many failures in a row, none succeeding: the server is unusable
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    output_root: Path = DEFAULT_OUTPUT_DIR
-    profile: ServerProfile | None = None  # launch this server ...
-    server_urls: tuple[str, ...] = ()  # ... or attach to these
-    model: str = ""  # the model id requests carry (and the resume fingerprint records)
-    limit: int | None = None  # at most this many new samples in this run
-    window: int | None = None  # fixed concurrency instead of the controller
-    drain_grace_s: float = 30.0
-    poll_interval_s: float = 1.0
-    commit_interval_s: float = 5.0
-    progress: str = "auto"  # auto | bar | log | quiet
-    file_opener: Callable[[Path, str], BinaryIO] | None = None  # the store's file layer (fault injection)
-    on_figures: Callable[[Figures], None] | None = None  # called with the live figures every 0.5 s
-
-
-@dataclass
-class RunSummary:
-    dataset: str
-    done: int
-    target: int
-    written: int = 0
-    failures: int = 0
-    rejects: int = 0
-    elapsed_s: float = 0.0
-    stopped_by: str = "target"  # target | limit | source_exhausted | nothing_to_do | SIGINT | SIGTERM
-    failure_reasons: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def exit_code(self) -> int:
-        return {"SIGINT": 130, "SIGTERM": 143}.get(self.stopped_by, 0)
-
-    def line(self) -> str:
-        pct = 100.0 * self.done / self.target if self.target else 100.0
-        head = f"{self.dataset}: {self.done:,}/{self.target:,} samples ({pct:.1f}%)"
-        if self.stopped_by == "nothing_to_do":
-            return f"{head}; the target is already reached, nothing to do."
-        from .progress import format_duration
-        parts = [f"+{self.written:,} this run in {format_duration(self.elapsed_s)}"]
-        if self.failures:
-            reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.failure_reasons.items()))
-            parts.append(f"{self.failures} failed ({reasons}; retried next run unless final)")
-        if self.rejects:
-            parts.append(f"{self.rejects} invalid rows skipped")
-        tail = {
-            "target": "target reached.",
-            "limit": "stopped at --limit; run again to continue.",
-            "source_exhausted": "the source has no more prompts"
-                                + ("; run again to retry the failed ones." if self.failures else "."),
-            "SIGINT": "interrupted (SIGINT); run the same command to resume.",
-            "SIGTERM": "stopped (SIGTERM); run the same command to resume.",
-        }[self.stopped_by]
-        return f"{head}, {', '.join(parts)}; {tail}"
 
 
 class _Run:
@@ -117,7 +65,6 @@ class _Run:
         self.stats = SourceStats()
         self.stopped_by = "target"
         self.started = time.monotonic()
-        self.tokens_done = 0
         self._recent: deque[tuple[float, int, int]] = deque(maxlen=512)  # (t, samples, tokens)
         self._changed = anyio.Event()
         self._draining = False
@@ -216,9 +163,7 @@ class _Run:
             if isinstance(result, Sample):
                 self.ok += 1
                 self.failure_streak = 0
-                tokens = result.meta["completion_tokens"]
-                self.tokens_done += tokens
-                self._recent.append((time.monotonic(), 1, tokens))
+                self._recent.append((time.monotonic(), 1, result.meta["completion_tokens"]))
             else:
                 self._count_failure(result)
             self.retune()
@@ -446,8 +391,6 @@ def _final_failure_ids(store: DatasetStore) -> set[str]:
 
 def _first_known(group: BaseExceptionGroup) -> BaseException:
     """Task groups wrap errors in groups: surface our own error (the CLI has a message for it)."""
-    from .errors import GenPipelineError
-
     matched, _ = group.split(GenPipelineError)
     while isinstance(matched, BaseExceptionGroup):
         matched = matched.exceptions[0]
