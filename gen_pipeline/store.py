@@ -70,6 +70,7 @@ class DatasetStore:
         self._open = ShardScan()
         self._unsynced = 0
         self._run: dict[str, Any] = {}
+        self._rejected_rows: set[int] = set()  # source rows already in rejects.jsonl
         self._progress: dict[str, Any] | None = None
         self._failed = False
         self._closed = False
@@ -136,6 +137,7 @@ class DatasetStore:
         runs.append(self._run)
         for name in (ERRORS_NAME, REJECTS_NAME):
             repaired += self._cut_torn_tail(self.folder / name, notes)
+        self._rejected_rows = _rejected_rows(self.folder / REJECTS_NAME)
         self.commit()
         return ResumeState(set(self.done_ids), self.done, repaired, notes)
 
@@ -274,8 +276,11 @@ class DatasetStore:
             self._run["failures"] += len(failures)
 
     def write_rejects(self, rejects: Sequence[Reject]) -> None:
-        """Append Reject lines (with this run's number) to rejects.jsonl; raises DiskError."""
+        """Append Reject lines (with this run's number) to rejects.jsonl, each source row once
+        across runs (every run re-reads the source and meets the same bad rows); raises DiskError."""
         self._check_usable()
+        rejects = [r for r in rejects if r.source_index not in self._rejected_rows]
+        self._rejected_rows.update(r.source_index for r in rejects)
         if rejects:
             run = self._run["run"]
             self._append(REJECTS_NAME, b"".join(orjson.dumps({**orjson.loads(r.to_json()), "run": run},
@@ -393,3 +398,16 @@ class DatasetStore:
             with contextlib.suppress(OSError):
                 f.close()
         self._files.clear()
+
+
+def _rejected_rows(path: Path) -> set[int]:
+    """Source rows already in rejects.jsonl (a line that does not parse is skipped)."""
+    if not path.exists():
+        return set()
+    rows = set()
+    for line in path.read_bytes().splitlines():
+        try:
+            rows.add(int(orjson.loads(line)["row"]))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            continue
+    return rows
