@@ -61,6 +61,7 @@ class _Run:
         self.failures = 0
         self.failure_reasons: dict[str, int] = {}
         self.failure_streak = 0
+        self.final_failures = 0
         self.rejects = 0
         self.stats = SourceStats()
         self.stopped_by = "target"
@@ -172,6 +173,7 @@ class _Run:
 
     def _count_failure(self, failure: Failure) -> None:
         self.failures += 1
+        self.final_failures += not failure.retryable
         self.failure_reasons[failure.reason] = self.failure_reasons.get(failure.reason, 0) + 1
         self.failure_streak += 1
         if self.failure_streak >= _FAILURE_STREAK_FATAL and self.ok == 0 or self.failure_streak >= 4 * _FAILURE_STREAK_FATAL:
@@ -325,7 +327,8 @@ class _Run:
     def summary(self) -> RunSummary:
         return RunSummary(self.cfg.name, self.store.done, self.store.target, written=self.ok,
                           failures=self.failures, rejects=self.rejects, elapsed_s=time.monotonic() - self.started,
-                          stopped_by=self.stopped_by, failure_reasons=dict(self.failure_reasons))
+                          stopped_by=self.stopped_by, failure_reasons=dict(self.failure_reasons),
+                          final_failures=self.final_failures)
 
 
 async def _attached(urls: list[str], http: httpx.AsyncClient, on_event: Any, *, task_status: Any) -> None:

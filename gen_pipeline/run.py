@@ -39,6 +39,7 @@ class RunSummary:
     elapsed_s: float = 0.0
     stopped_by: str = "target"  # target | limit | source_exhausted | nothing_to_do | SIGINT | SIGTERM
     failure_reasons: dict[str, int] = field(default_factory=dict)
+    final_failures: int = 0  # failures a retry would repeat (HTTP 400, truncated + drop): not sent again
 
     @property
     def exit_code(self) -> int:
@@ -50,16 +51,18 @@ class RunSummary:
         if self.stopped_by == "nothing_to_do":
             return f"{head}; the target is already reached, nothing to do."
         parts = [f"+{self.written:,} this run in {format_duration(self.elapsed_s)}"]
+        retryable = self.failures - self.final_failures
         if self.failures:
             reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.failure_reasons.items()))
-            parts.append(f"{self.failures} failed ({reasons}; retried next run unless final)")
+            parts.append(f"{self.failures} failed ({reasons}; {self.final_failures} final, "
+                         f"{retryable} retried by the next run)")
         if self.rejects:
             parts.append(f"{self.rejects} invalid rows skipped")
         tail = {
             "target": "target reached.",
             "limit": "stopped at --limit; run again to continue.",
             "source_exhausted": "the source has no more prompts"
-                                + ("; run again to retry the failed ones." if self.failures else "."),
+                                + ("; run again to retry the failed ones." if retryable else "."),
             "SIGINT": "interrupted (SIGINT); run the same command to resume.",
             "SIGTERM": "stopped (SIGTERM); run the same command to resume.",
         }[self.stopped_by]

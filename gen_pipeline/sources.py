@@ -59,6 +59,8 @@ class InvalidRow(Exception):
 def _turns(row: dict[str, Any], cfg_field: str) -> Any:
     if cfg_field not in row:
         raise InvalidRow("missing_field", f"no column {cfg_field!r} (columns: {', '.join(sorted(row))})")
+    if row[cfg_field] is None:  # `datasets` fills a column missing from some rows with None
+        raise InvalidRow("missing_field", f"{cfg_field!r} is missing in this row")
     return row[cfg_field]
 
 

@@ -47,12 +47,11 @@ def test_bad_rows_are_counted_rejects_and_context_400_is_final(tmp_path: Path, s
     r = gen(toml, out, "--server-url", sim_url)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1].startswith("T: 23/24 samples (95.8%), +23 this run in ")
-    assert r.stdout.splitlines()[-1].endswith(", 1 failed (http_400 1; retried next run unless final), 6 invalid "
-                                              "rows skipped; the source has no more prompts; run again to retry "
-                                              "the failed ones.")
+    assert r.stdout.splitlines()[-1].endswith(", 1 failed (http_400 1; 1 final, 0 retried by the next run), "
+                                              "6 invalid rows skipped; the source has no more prompts.")
     rejects = [orjson.loads(x) for x in (out / "T" / "rejects.jsonl").read_bytes().splitlines()]
     assert [(x["row"], x["reason"]) for x in rejects] == [
-        (2, "bad_type"), (4, "bad_type"), (5, "empty_content"), (6, "roles_not_alternating"),
+        (2, "bad_type"), (4, "missing_field"), (5, "empty_content"), (6, "roles_not_alternating"),
         (7, "prompt_too_long"), (9, "bad_type")]
     assert rejects[4]["detail"] == "10000000 characters > source.max_prompt_chars = 400000"
     err = [orjson.loads(x) for x in (out / "T" / "errors.jsonl").read_bytes().splitlines()]

@@ -39,6 +39,7 @@ SHAREGPT = [
     {"id": "g", "conversations": [{"from": "human"}]},
     {"id": "a", "conversations": [{"from": "human", "value": "dup id"}]},
     {"id": "h", "conversations": [{"from": "narrator", "value": "x"}]},
+    {"id": "i", "text": "no conversations column in this row"},
 ]
 
 
@@ -52,9 +53,10 @@ def test_sharegpt_jsonl_valid_rows_and_reasons(tmp_path: Path) -> None:
     assert prompts[1].messages[0] == {"role": "system", "content": "be brief"}
     assert [(r.source_index, r.reason) for r in rejects] == [
         (2, "bad_type"), (3, "roles_not_alternating"), (4, "empty_content"), (5, "bad_type"),
-        (6, "missing_field"), (7, "duplicate"), (8, "unknown_role")]
+        (6, "missing_field"), (7, "duplicate"), (8, "unknown_role"), (9, "missing_field")]
+    assert rejects[-1].detail == "'conversations' is missing in this row"
     assert all(isinstance(r, Reject) and r.dataset == "T" for r in rejects)
-    assert stats.rows == 9 and stats.prompts == 2 and sum(stats.rejects.values()) == 7
+    assert stats.rows == 10 and stats.prompts == 2 and sum(stats.rejects.values()) == 8
 
 
 def test_messages_parquet_with_content_hash_ids(tmp_path: Path) -> None:
