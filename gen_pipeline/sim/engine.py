@@ -36,16 +36,34 @@ What it mirrors (SGLang, python/sglang/srt/managers/):
 Simplifications (documented, observable only in latency): the first output
 token comes from the first decode iteration rather than the prefill pass; a
 decode iteration of k continuous steps is charged as k forward passes.
+
+Layout: engine_request (config, request record, admission arithmetic), kv_pool
+(KV accounting over the radix cache), engine_stats (counters, /v1/loads).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Sequence
 
+from gen_pipeline.sim.engine_request import (
+    CLIP_MAX_NEW_TOKENS,
+    EngineConfig,
+    FinishedRequest,
+    PrefillRound,
+    SchedReq,
+    StepResult,
+    clipped_reserve,
+    decode_need,
+    derive_max_running_requests,
+    finished_record,
+    ratio_after_retract,
+    running_reservation,
+    validate_request,
+)
+from gen_pipeline.sim.engine_stats import EngineStats, build_loads
+from gen_pipeline.sim.kv_pool import KVPool
 from gen_pipeline.sim.profiles import HardwareProfile
-from gen_pipeline.sim.radix import RadixCache, RadixNode
 
 __all__ = [
     "CLIP_MAX_NEW_TOKENS",
@@ -55,88 +73,6 @@ __all__ = [
     "StepResult",
     "derive_max_running_requests",
 ]
-
-CLIP_MAX_NEW_TOKENS = 4096  # schedule_policy.py, SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
-RETRACT_DECODE_STEPS = 20  # environ.py, SGLANG_RETRACT_DECODE_STEPS
-DECODE_LOG_INTERVAL = 40  # server_args.decode_log_interval: gen_throughput is per window
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Scheduler knobs, named like SGLang's server args / environment variables."""
-
-    max_total_num_tokens: int
-    max_running_requests: int = 0  # 0 = derive_max_running_requests()
-    chunked_prefill_size: int = 8192  # prefill token budget per iteration
-    num_continuous_decode_steps: int = 1  # tokens added to every running request per decode
-    hicache_tokens: int = 0  # host tier size in tokens; 0 = off
-    schedule_conservativeness: float = 1.0
-    init_new_token_ratio: float = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO
-    min_new_token_ratio_factor: float = 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
-    new_token_ratio_decay_steps: int = 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
-    clip_max_new_tokens: int = CLIP_MAX_NEW_TOKENS
-    context_length: int = 131072
-
-
-def derive_max_running_requests(max_total_num_tokens: int, context_length: int) -> int:
-    """SGLang's default: clamp(pool / context_len * 512, 2048, 4096), at most pool // 2
-    (mem_cache/kv_cache_configurator.py; older model_runner.py used the same clamp)."""
-    by_context = min(max(max_total_num_tokens * 512 // context_length, 2048), 4096)
-    return max(1, min(by_context, max_total_num_tokens // 2))
-
-
-@dataclass(slots=True)
-class FinishedRequest:
-    rid: str
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int  # prefix-cache hits summed over every admission (as SGLang's meta_info)
-    retractions: int
-    finish_reason: str  # "stop" | "length" | "abort"
-    queue_time_s: float  # simulated seconds from add_request to first admission
-    e2e_latency_s: float  # simulated seconds from add_request to finish
-
-
-@dataclass(slots=True)
-class StepResult:
-    dt_s: float  # simulated seconds this iteration took (0 if idle)
-    new_tokens: dict[str, int]  # rid -> tokens produced this iteration
-    finished: list[FinishedRequest]
-    retracted: list[str]  # rids retracted this iteration (re-queued)
-    prefill_tokens: int
-    decode_batch: int
-
-
-@dataclass(slots=True, eq=False)
-class _Req:
-    rid: str
-    seq: tuple[int, ...]  # prompt + the exact output it will generate
-    prompt_len: int
-    out_len: int
-    max_new: int  # what SGLang knows: the request's max_new_tokens
-    reason: str  # finish reason once out_len tokens are generated
-    arrival_s: float
-    generated: int = 0
-    node: RadixNode | None = None  # locked radix node covering seq[:locked_len]
-    locked_len: int = 0
-    private: int = 0  # KV tokens held only by this request (beyond locked_len)
-    target: int = 0  # prefill goal: prompt_len + generated at admission
-    filled: int = 0  # tokens of seq[:target] in KV so far (chunked prefill)
-    admitted_s: float | None = None
-    retractions: int = 0
-    cached: int = 0
-
-
-@dataclass(slots=True)
-class _Round:
-    """One prefill iteration's budgets and results (PrefillAdder's state)."""
-
-    rem_chunk: int
-    offset: float
-    admitted: list[_Req] = field(default_factory=list)
-    prefill_tokens: int = 0
-    prefix_tokens: int = 0
-    host_tokens: int = 0
 
 
 class Engine:
@@ -152,18 +88,15 @@ class Engine:
         self._min_ratio = min(self._init_ratio * config.min_new_token_ratio_factor, 1.0)
         self._ratio_decay = (self._init_ratio - self._min_ratio) / config.new_token_ratio_decay_steps
         self.new_token_ratio = self._init_ratio
-        self._radix = RadixCache(config.hicache_tokens)
-        self._waiting: deque[_Req] = deque()
-        self._running: list[_Req] = []
-        self._chunked: _Req | None = None
-        self._by_rid: dict[str, _Req] = {}
-        self._private = 0  # sum of _Req.private over running and chunked requests
+        self._pool = KVPool(config.max_total_num_tokens, config.hicache_tokens)
+        self._waiting: deque[SchedReq] = deque()
+        self._running: list[SchedReq] = []
+        self._chunked: SchedReq | None = None
+        self._by_rid: dict[str, SchedReq] = {}
         self._now_s = 0.0
         self._batch_is_full = False
         self._pending: list[FinishedRequest] = []
-        self._window = [0, 0.0, 0]  # gen tokens, seconds, decode iterations since last log
-        self.last_gen_throughput = 0.0
-        self._c = dict.fromkeys(_COUNTERS, 0)
+        self._stats = EngineStats()
 
     # ---- public API -----------------------------------------------------------
 
@@ -192,13 +125,17 @@ class Engine:
     @property
     def cache_tokens(self) -> dict[str, int]:
         """Prefix-cache sizes in tokens: on GPU, of which evictable, and host-only."""
-        radix = self._radix
-        return {"device": radix.device_size, "evictable": radix.evictable_size, "host": radix.host_size}
+        return self._pool.cache_tokens()
 
     @property
     def used_tokens(self) -> int:
         """KV tokens in the pool: running requests plus the whole prefix cache."""
-        return self._radix.device_size + self._private
+        return self._pool.used_tokens
+
+    @property
+    def last_gen_throughput(self) -> float:
+        """SGLang's gen_throughput (tokens/s) over the last decode_log_interval window."""
+        return self._stats.last_gen_throughput
 
     def advance_idle(self, dt_s: float) -> None:
         """Let simulated time pass while nothing runs (the front's wall clock)."""
@@ -217,8 +154,10 @@ class Engine:
 
         Raises ValueError (SGLang answers 400) if it can never fit or rid is in use."""
         max_new = len(output_ids) if max_new_tokens is None else max_new_tokens
-        self._validate(rid, len(prompt_ids), len(output_ids), max_new)
-        req = _Req(
+        if rid in self._by_rid:
+            raise ValueError(f"Duplicate request rid {rid!r}: a request with this id is still running.")
+        validate_request(self.config, len(prompt_ids), len(output_ids), max_new)
+        req = SchedReq(
             rid=rid,
             seq=tuple(prompt_ids) + tuple(output_ids),
             prompt_len=len(prompt_ids),
@@ -229,7 +168,7 @@ class Engine:
         )
         self._by_rid[rid] = req
         self._waiting.append(req)
-        self._c["num_requests_total"] += 1
+        self._stats.add("num_requests_total")
 
     def abort(self, rid: str) -> bool:
         """Drop a waiting or running request and free its KV; it is reported with
@@ -244,7 +183,7 @@ class Engine:
             self._batch_is_full = False
         else:
             self._waiting.remove(req)
-        self._release(req)
+        self._pool.release(req)
         self._pending.append(self._record(req, "abort"))
         return True
 
@@ -264,94 +203,43 @@ class Engine:
         """Empty the prefix cache (SGLang `/flush_cache`); refused (False) unless idle."""
         if not self.idle:
             return False
-        self._radix.reset()
+        self._pool.radix.reset()
         self.new_token_ratio = self._init_ratio
         return True
 
     def loads(self) -> dict:
         """One dp rank's entry of SGLang's `/v1/loads` (managers/load_snapshot.py keys)."""
-        pool = self.config.max_total_num_tokens
-        num_used = self.used_tokens - self._radix.evictable_size
-        waiting_tokens = sum(r.prompt_len + r.generated for r in self._waiting)
-        hit, computed = self._c["cached_prefill_tokens_total"], self._c["computed_prefill_tokens_total"]
-        return {
-            "dp_rank": 0,
-            "num_running_reqs": self.num_running,
-            "num_waiting_reqs": self.num_waiting,
-            "num_waiting_uncached_tokens": waiting_tokens,  # upper bound: cache not consulted
-            "num_used_tokens": num_used,
-            "num_total_tokens": num_used + waiting_tokens,
-            "max_total_num_tokens": pool,
-            "max_running_requests": self.max_running_requests,
-            "token_usage": round(num_used / pool, 4),
-            "gen_throughput": round(self.last_gen_throughput, 2),
-            "cache_hit_rate": round(hit / (hit + computed), 4) if hit + computed else 0.0,
-            "utilization": round(num_used / pool, 4),
-            "queues": {
-                "waiting": len(self._waiting),
-                "grammar": 0,
-                "paused": 0,
-                "retracted": sum(1 for r in self._waiting if r.retractions),
-            },
-        }
+        return build_loads(self._pool, self._stats, self.num_running, self._waiting, self.max_running_requests)
 
     def counters(self) -> dict:
         """Cumulative counters; prompt/generation/cached totals count finished requests
         (as SGLang's tokenizer-side metrics do), the rest count as events happen."""
-        return dict(self._c)
-
-    # ---- validation -----------------------------------------------------------
-
-    def _validate(self, rid: str, prompt_len: int, out_len: int, max_new: int) -> None:
-        ctx, pool = self.config.context_length, self.config.max_total_num_tokens
-        if rid in self._by_rid:
-            raise ValueError(f"Duplicate request rid {rid!r}: a request with this id is still running.")
-        if out_len < 1 or max_new < out_len:
-            raise ValueError(f"output_ids must hold 1..max_new_tokens tokens (got {out_len}, max {max_new}).")
-        if prompt_len >= ctx:
-            raise ValueError(
-                f"The input ({prompt_len} tokens) is longer than the model's context length ({ctx} tokens)."
-            )
-        if prompt_len + max_new > ctx:
-            raise ValueError(
-                f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
-                f"You requested a total of {prompt_len + max_new} tokens: {prompt_len} tokens from the "
-                f"input messages and {max_new} tokens for the completion. Please reduce the number of "
-                "tokens in the input messages or the completion to fit within the limit."
-            )
-        if prompt_len + out_len > pool:
-            raise ValueError(
-                f"The request needs {prompt_len + out_len} KV tokens ({prompt_len} prompt + {out_len} output) "
-                f"but the KV cache pool holds max_total_num_tokens={pool}."
-            )
+        return dict(self._stats.counters)
 
     # ---- prefill --------------------------------------------------------------
 
     def _prefill_iteration(self, finished: list[FinishedRequest]) -> StepResult | None:
-        rnd = _Round(rem_chunk=self.config.chunked_prefill_size, offset=0.0)
+        rnd = PrefillRound(rem_chunk=self.config.chunked_prefill_size, offset=0.0)
         if self._chunked is not None:
             self._continue_chunk(self._chunked, rnd)
         if self._chunked is None and self._waiting and not self._batch_is_full:
-            rnd.offset = self._running_reservation()
+            rnd.offset = running_reservation(self._running, self.config.clip_max_new_tokens, self.new_token_ratio)
             self._admit_waiting(rnd)
         if not rnd.admitted:
             return None
         for req in rnd.admitted:
             if req.filled == req.target:
-                self._complete_prefill(req)
+                self._pool.commit_prefill(req, self._now_s)
+                self._running.append(req)
             else:
                 self._chunked = req
         dt = self.profile.step_time_s(len(rnd.admitted), rnd.prefix_tokens, rnd.prefill_tokens)
         dt += rnd.host_tokens * self.profile.hicache_load_per_token_s
         self._advance(dt)
-        self._c["prefill_steps_total"] += 1
+        self._stats.add("prefill_steps_total")
         return StepResult(dt, {}, finished, [], rnd.prefill_tokens, 0)
 
-    def _running_reservation(self) -> float:
-        clip, ratio = self.config.clip_max_new_tokens, self.new_token_ratio
-        return sum(min(r.max_new - r.generated, clip) for r in self._running) * ratio
-
-    def _admit_waiting(self, rnd: _Round) -> None:
+    def _admit_waiting(self, rnd: PrefillRound) -> None:
         """PrefillAdder loop: FCFS until a candidate does not fit or budgets run out."""
         while self._waiting and rnd.rem_chunk > 0:
             if len(self._running) + len(rnd.admitted) >= self.max_running_requests:
@@ -366,27 +254,28 @@ class Engine:
             if req.filled < req.target:  # it became the round's chunked request
                 return
 
-    def _try_admit(self, req: _Req, rnd: _Round, force: bool) -> bool:
+    def _try_admit(self, req: SchedReq, rnd: PrefillRound, force: bool) -> bool:
         """Admit `req` if its tokens + clipped max_new fit the remaining budget.
 
         `force` admits a request alone on an empty engine even past the reservation
-        (SGLang would wait forever; the pool physically holds it, see _validate)."""
+        (SGLang would wait forever; the pool physically holds it, see validate_request)."""
+        radix = self._pool.radix
         seq_now = req.seq[: req.prompt_len + req.generated]
         # At least one token is always computed (SGLang caps the prefix at len - 1).
-        match = self._radix.match_prefix(seq_now[:-1], self._now_s)
-        self._radix.lock(match.host_node)  # pin before measuring evictable (SGLang _lock_node)
+        match = radix.match_prefix(seq_now[:-1], self._now_s)
+        radix.lock(match.host_node)  # pin before measuring evictable (SGLang _lock_node)
         prefix = match.device_len + match.host_len
         extend = len(seq_now) - prefix
-        reserve = min(req.max_new - req.generated, self.config.clip_max_new_tokens)
-        rem_total = self._free() + self._radix.evictable_size - rnd.offset
+        reserve = clipped_reserve(req, self.config.clip_max_new_tokens)
+        rem_total = self._pool.free() + radix.evictable_size - rnd.offset
         if extend + reserve + match.host_len >= rem_total and not force:
-            self._radix.unlock(match.host_node)
+            radix.unlock(match.host_node)
             return False
         chunk = min(extend, rnd.rem_chunk)
-        self._ensure_free(match.host_len + chunk)
+        self._pool.ensure_free(match.host_len + chunk)
         if match.host_len:
-            self._radix.load_back(match.host_node)
-            self._c["host_hit_tokens_total"] += match.host_len
+            radix.load_back(match.host_node)
+            self._stats.add("host_hit_tokens_total", match.host_len)
         req.node, req.locked_len, req.target, req.filled = match.host_node, prefix, len(seq_now), prefix
         req.cached += prefix
         if req.admitted_s is None:
@@ -394,66 +283,51 @@ class Engine:
         rnd.offset += reserve if chunk == extend else 0
         rnd.prefix_tokens += prefix
         rnd.host_tokens += match.host_len
-        self._c["cached_prefill_tokens_total"] += prefix
+        self._stats.add("cached_prefill_tokens_total", prefix)
         self._fill(req, chunk, rnd)
         rnd.admitted.append(req)
         return True
 
-    def _continue_chunk(self, req: _Req, rnd: _Round) -> None:
+    def _continue_chunk(self, req: SchedReq, rnd: PrefillRound) -> None:
         """Next chunk of the in-flight chunked request (SGLang add_chunked_req)."""
-        room = self._free() + self._radix.evictable_size
+        room = self._pool.free() + self._pool.radix.evictable_size
         chunk = min(req.target - req.filled, rnd.rem_chunk, room)
         if chunk <= 0:
             return  # no room: decode runs instead and frees memory
-        self._ensure_free(chunk)
+        self._pool.ensure_free(chunk)
         self._chunked = None
         rnd.prefix_tokens += req.filled
         self._fill(req, chunk, rnd)
         rnd.admitted.append(req)
 
-    def _fill(self, req: _Req, chunk: int, rnd: _Round) -> None:
-        req.private += chunk
+    def _fill(self, req: SchedReq, chunk: int, rnd: PrefillRound) -> None:
+        self._pool.grow(req, chunk)
         req.filled += chunk
-        self._private += chunk
         rnd.rem_chunk -= chunk
         rnd.prefill_tokens += chunk
-        self._c["computed_prefill_tokens_total"] += chunk
+        self._stats.add("computed_prefill_tokens_total", chunk)
         if req.retractions:
-            self._c["recomputed_prefill_tokens_total"] += chunk
-
-    def _complete_prefill(self, req: _Req) -> None:
-        """Insert the prefilled sequence into the cache and lock it (cache_unfinished_req)."""
-        node, _ = self._radix.insert(req.seq[: req.target], self._now_s)
-        self._radix.lock(node)
-        if req.node is not None:
-            self._radix.unlock(req.node)
-        # The tree now owns every prefilled token; copies another request already
-        # inserted are freed, as SGLang frees duplicate indices on insert.
-        self._private -= req.private
-        req.node, req.locked_len, req.private = node, req.target, 0
-        self._running.append(req)
+            self._stats.add("recomputed_prefill_tokens_total", chunk)
 
     # ---- decode ---------------------------------------------------------------
 
     def _decode_iteration(self, finished: list[FinishedRequest]) -> StepResult:
         k = self.config.num_continuous_decode_steps
-        need = sum(min(k, r.out_len - r.generated) for r in self._running)
-        retracted: list[_Req] = []
-        if self._ensure_free(need):
+        retracted: list[SchedReq] = []
+        if self._pool.ensure_free(decode_need(self._running, k)):
             self.new_token_ratio = max(self.new_token_ratio - self._ratio_decay, self._min_ratio)
         else:
             retracted = self._retract(k, finished)
-            need = sum(min(k, r.out_len - r.generated) for r in self._running)
+        need = decode_need(self._running, k)
         new_tokens, dt = self._generate(k)
-        self._private += need
         self._advance(dt)
-        self._note_throughput(need)
+        self._stats.count_decode(need)
         done = [r for r in self._running if r.generated == r.out_len]
         if done:
             self._running = [r for r in self._running if r.generated < r.out_len]
             self._batch_is_full = False
             finished.extend(self._finish(r) for r in done)
-        self._c["decode_steps_total"] += 1
+        self._stats.add("decode_steps_total")
         return StepResult(dt, new_tokens, finished, [r.rid for r in retracted], 0, len(new_tokens))
 
     def _generate(self, k: int) -> tuple[dict[str, int], float]:
@@ -465,7 +339,7 @@ class Engine:
             t = min(k, r.out_len - r.generated)
             kv_tokens += r.prompt_len + r.generated
             r.generated += t
-            r.private += t
+            self._pool.grow(r, t)
             new_tokens[r.rid] = t
             active_per_pass[t - 1] += 1
         dt, active, batch = 0.0, 0, len(self._running)
@@ -475,113 +349,48 @@ class Engine:
             dt += self.profile.step_time_s(active, int(kv_j), 0) if active else 0.0
         return new_tokens, dt
 
-    def _retract(self, k: int, finished: list[FinishedRequest]) -> list[_Req]:
+    def _retract(self, k: int, finished: list[FinishedRequest]) -> list[SchedReq]:
         """SGLang retract_decode: fewest generated (then longest prompt) go first."""
         order = sorted(self._running, key=lambda r: (r.generated, -r.prompt_len), reverse=True)
-        need = sum(min(k, r.out_len - r.generated) for r in order)
-        retracted: list[_Req] = []
+        need = decode_need(order, k)
+        retracted: list[SchedReq] = []
         while len(order) > 1:
             req = order.pop()
             need -= min(k, req.out_len - req.generated)
-            self._release(req)
+            self._pool.release(req)
             retracted.append(req)
-            if self._ensure_free(need):
+            if self._pool.ensure_free(need):
                 break
-        if not self._ensure_free(need):  # even one request cannot fit: abort it (as SGLang)
+        if not self._pool.ensure_free(need):  # even one request cannot fit: abort it (as SGLang)
             last = order.pop()
-            self._release(last)
+            self._pool.release(last)
             finished.append(self._record(last, "abort"))
         kept = set(map(id, order))
         self._running = [r for r in self._running if id(r) in kept]
         self._requeue(retracted)
-        gen = sum(r.generated for r in self._running)
-        max_new = sum(r.max_new for r in self._running)
-        self.new_token_ratio = min(1.0, (gen + RETRACT_DECODE_STEPS * len(self._running)) / (max_new + 1))
+        self.new_token_ratio = ratio_after_retract(self._running)
         return retracted
 
-    def _requeue(self, retracted: list[_Req]) -> None:
+    def _requeue(self, retracted: list[SchedReq]) -> None:
         for req in retracted:
             req.retractions += 1
-            self._c["retracted_tokens_total"] += req.prompt_len + req.generated
-        self._c["num_retracted_requests_total"] += len(retracted)
+            self._stats.add("retracted_tokens_total", req.prompt_len + req.generated)
+        self._stats.add("num_retracted_requests_total", len(retracted))
         self._waiting.extend(retracted)
         self._batch_is_full = False
 
     # ---- bookkeeping ----------------------------------------------------------
 
-    def _finish(self, req: _Req) -> FinishedRequest:
+    def _finish(self, req: SchedReq) -> FinishedRequest:
         """Insert prompt + output into the cache, unlock, report (cache_finished_req)."""
-        self._radix.insert(req.seq, self._now_s)
-        self._private -= req.private
-        req.private = 0
-        self._release(req)
+        self._pool.finish(req, self._now_s)
         return self._record(req, req.reason)
 
-    def _release(self, req: _Req) -> None:
-        """Free the request's private KV and unpin its cached prefix (no insert)."""
-        self._private -= req.private
-        req.private = 0
-        if req.node is not None:
-            self._radix.unlock(req.node)
-        req.node, req.locked_len = None, 0
-
-    def _record(self, req: _Req, reason: str) -> FinishedRequest:
+    def _record(self, req: SchedReq, reason: str) -> FinishedRequest:
         del self._by_rid[req.rid]
-        self._c["prompt_tokens_total"] += req.prompt_len
-        self._c["generation_tokens_total"] += req.generated
-        self._c["cached_tokens_total"] += req.cached
-        admitted = self._now_s if req.admitted_s is None else req.admitted_s
-        return FinishedRequest(
-            rid=req.rid,
-            prompt_tokens=req.prompt_len,
-            completion_tokens=req.generated,
-            cached_tokens=req.cached,
-            retractions=req.retractions,
-            finish_reason=reason,
-            queue_time_s=admitted - req.arrival_s,
-            e2e_latency_s=self._now_s - req.arrival_s,
-        )
-
-    def _free(self) -> int:
-        return self.config.max_total_num_tokens - self._radix.device_size - self._private
-
-    def _ensure_free(self, tokens: int) -> bool:
-        """Evict unreferenced cache until `tokens` are free; False if impossible."""
-        short = tokens - self._free()
-        if short > 0:
-            self._radix.evict(short)
-        return self._free() >= tokens
+        self._stats.count_finished(req)
+        return finished_record(req, reason, self._now_s)
 
     def _advance(self, dt_s: float) -> None:
         self._now_s += dt_s
-        self._c["steps_total"] += 1
-        self._window[1] += dt_s
-
-    def _note_throughput(self, tokens: int) -> None:
-        """SGLang recomputes gen_throughput every decode_log_interval decode iterations
-        over the wall time since the last one (prefill iterations included)."""
-        self._window[0] += tokens
-        self._c["decode_tokens_total"] += tokens
-        self._window[2] += 1
-        if self._window[2] >= DECODE_LOG_INTERVAL:
-            tokens_w, seconds_w, _ = self._window
-            self.last_gen_throughput = tokens_w / seconds_w if seconds_w > 0 else 0.0
-            self._window = [0, 0.0, 0]
-
-
-_COUNTERS = (
-    "num_requests_total",
-    "prompt_tokens_total",
-    "generation_tokens_total",
-    "cached_tokens_total",
-    "num_retracted_requests_total",
-    "retracted_tokens_total",  # prompt + generated of each retracted request (to recompute)
-    "recomputed_prefill_tokens_total",  # prefill actually recomputed after retractions
-    "computed_prefill_tokens_total",  # every prefilled (uncached) token
-    "cached_prefill_tokens_total",  # prefix hits at every admission (device + host)
-    "host_hit_tokens_total",  # hits loaded back from the hicache host tier
-    "decode_tokens_total",  # tokens produced by decode iterations, as they happen
-    "steps_total",
-    "prefill_steps_total",
-    "decode_steps_total",
-)
+        self._stats.count_step(dt_s)
