@@ -249,12 +249,14 @@ def format_status(report: StatusReport) -> str:
     head = ["dataset", "done/target", "%", "shards", "prompt tok", "compl tok", "trunc", "errors",
             "rejects", "state", "samples/s", "tok/s", "ETA"]
     rows = [_row(d) for d in report.datasets]
-    pct = f"{100 * report.total_done / report.total_target:.1f}%" if report.total_target else "-"
-    rows.append(["total", f"{report.total_done:,}/{report.total_target:,}", pct] + [""] * (len(head) - 3))
+    if report.total_target:  # no total row when none of the datasets it sums is shown
+        pct = f"{100 * report.total_done / report.total_target:.1f}%"
+        rows.append(["total", f"{report.total_done:,}/{report.total_target:,}", pct] + [""] * (len(head) - 3))
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    lines.insert(-1, lines[1])
+    if report.total_target:
+        lines.insert(-1, lines[1])
     notes = [f"{d.dataset}: {d.corrupt_lines} unreadable lines in the shards; run validate"
              for d in report.datasets if d.corrupt_lines]
     return "\n".join(lines + (["", "errors = failures in the last run / ids still without a sample"]
