@@ -1,0 +1,211 @@
+"""The controller through the real path (issue 6): pipeline -> aiohttp -> simulator over TCP ->
+/v1/loads + /metrics poller -> Controller -> CapacityLimiter, for two length profiles.
+
+Each run gets a fresh simulator (the prefix cache would otherwise favour later runs) and the same
+prompts, so every client serves the same job (output lengths are seeded by prompt + sampling).
+Throughput is generated tokens per *simulated* second from /sim/stats, from the first request the
+sim sees to the last completion: the pipeline's own start-up and shutdown are not counted.
+
+The slow test sweeps fixed windows and checks the adaptive run against the sweep's best; the
+quick test compares the adaptive run with one window that underfills the pool and one on the plateau
+(the slow test reuses those runs when both run). Runs last 3-7 s real, shorter than the controller's
+goodput epochs (epoch_min_s, real seconds), so what is exercised here is the pool model and the
+live-load rules, not the hill climb (bench/controller_bench.py covers that in simulated time).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from gen_pipeline.config import load_dataset_config
+from gen_pipeline.controller.config import ControllerConfig
+from gen_pipeline.pipeline import RunOptions, run_generate
+from gen_pipeline.progress import Figures
+from gen_pipeline.sim.testing import start_sim
+from pipeline_helpers import write_dataset
+
+POOL_TOKENS = 24_576  # the fast profile's pool, stated explicitly
+_WORDS = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega".split()
+_QUEUE_SLACK_MAX = ControllerConfig().queue_slack_max  # the controller's queue beyond the slots
+_POLL_S = 0.05  # /sim/stats sampling period (real seconds)
+
+
+@dataclass(frozen=True)
+class LengthProfile:
+    """A job: `samples` single-turn prompts of ~`prompt_words` words, outputs ~`output_mean` tokens."""
+
+    name: str
+    prompt_words: int
+    output_mean: int
+    max_new_tokens: int
+    samples: int
+    time_scale: float  # simulated s per real s: short requests need a small one (client overhead)
+    sweep: tuple[int, ...]  # fixed windows, doubling, from below the pool's knee to well past it
+    under: int  # quick test: a window that leaves the pool underfilled
+    plateau: int  # quick test: a window past the knee
+
+
+# Short: ~55 prompt + 150 output tokens, F ~ 205 -> C/F ~ 120. Long: ~360 + 1500, F ~ 1860 ->
+# C/F ~ 13. Measured, the server admits ~97 and ~13 running (SGLang's new_token_ratio reservation
+# binds before the pool does): the knees differ ~7x, so one fixed window cannot suit both.
+SHORT = LengthProfile("short", prompt_words=40, output_mean=150, max_new_tokens=256, samples=1200,
+                      time_scale=2.0, sweep=(32, 64, 128, 256, 512), under=64, plateau=256)
+LONG = LengthProfile("long", prompt_words=300, output_mean=1500, max_new_tokens=4096, samples=150,
+                     time_scale=8.0, sweep=(8, 16, 32, 64), under=8, plateau=32)
+
+
+@dataclass
+class RunFigures:
+    window: int | None  # None = the controller
+    tok_s: float  # generated tokens per simulated second, first request -> last completion
+    sim_s: float
+    retracted: int  # requests retracted by the sim's scheduler
+    figures: list[Figures]
+
+    def middle(self, samples: int) -> list[Figures]:
+        """Figures of the steady middle: 25%..75% done (no first wave, no end-of-job clamp)."""
+        middle = [f for f in self.figures if 0.25 * samples <= f.done <= 0.75 * samples]
+        assert len(middle) >= 3, f"{len(middle)} figures (every 0.5 s) in the middle: lengthen the run"
+        return middle
+
+    def median_window(self, samples: int) -> float:
+        return statistics.median(f.window for f in self.middle(samples))
+
+    def median_running(self, samples: int) -> float:
+        return statistics.median(f.running for f in self.middle(samples) if f.running is not None)
+
+    def line(self, samples: int) -> str:
+        label = "adaptive" if self.window is None else f"fixed {self.window}"
+        return (f"{label:>10}: {self.tok_s:8.0f} tok/s over {self.sim_s:6.1f} sim s, retracted {self.retracted}, "
+                f"median window {self.median_window(samples):.0f}, running {self.median_running(samples):.0f} "
+                f"({len(self.middle(samples))} figures)")
+
+
+def _rows(profile: LengthProfile) -> list[dict]:
+    return [{"id": f"p{i}", "messages": [{"role": "user", "content": f"Item {i}: " + " ".join(
+        _WORDS[(i + k) % len(_WORDS)] for k in range(profile.prompt_words))}]} for i in range(profile.samples)]
+
+
+def _sim_args(profile: LengthProfile) -> list[str]:
+    return ["--sim-profile", "fast", "--max-total-tokens", str(POOL_TOKENS), "--time-scale", str(profile.time_scale),
+            "--sim-output-mean", str(profile.output_mean), "--sim-output-spread", "0.4",
+            "--num-continuous-decode-steps", "4", "--enable-metrics", "--log-level", "warning"]
+
+
+async def _stats(http: httpx.AsyncClient, url: str) -> dict:
+    return (await http.get(url + "/sim/stats")).raise_for_status().json()
+
+
+def _throughput(base: dict, polls: list[dict]) -> tuple[float, float]:
+    """(tokens per sim second, sim seconds) from the first poll that saw a request to the first
+    that saw the final token count (both late by at most one poll, so the bias cancels)."""
+    final = polls[-1]["counters"]["generation_tokens_total"]
+    start = next(p for p in polls if p["requests_seen"] > base["requests_seen"])
+    end = next(p for p in polls if p["counters"]["generation_tokens_total"] == final)
+    sim_s = end["sim_time_s"] - start["sim_time_s"]
+    return (final - base["counters"]["generation_tokens_total"]) / sim_s, sim_s
+
+
+async def measure(profile: LengthProfile, window: int | None, folder: Path) -> RunFigures:
+    """One whole run of `profile` through run_generate against a fresh simulator."""
+    cfg = load_dataset_config(write_dataset(folder / "ds", rows=_rows(profile), target=profile.samples,
+                                            max_new_tokens=profile.max_new_tokens, shard_max_samples=10_000,
+                                            fsync_every=1_000))
+    figures: list[Figures] = []
+    with start_sim(_sim_args(profile), log_path=folder / "sim.log") as sim:
+        opts = RunOptions(output_root=folder / "out", server_urls=(sim.url,), window=window, progress="quiet",
+                          poll_interval_s=0.5, on_figures=figures.append)
+        async with httpx.AsyncClient(timeout=10.0) as http:
+            base, polls = await _stats(http, sim.url), []
+
+            async def poll() -> None:
+                while True:
+                    polls.append(await _stats(http, sim.url))
+                    await anyio.sleep(_POLL_S)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(poll)
+                summary = await run_generate(cfg, opts, on_event=lambda _: None)
+                tg.cancel_scope.cancel()
+            polls.append(await _stats(http, sim.url))
+    assert (summary.done, summary.failures, summary.stopped_by) == (profile.samples, 0, "target")
+    tok_s, sim_s = _throughput(base, polls)
+    retracted = polls[-1]["counters"]["num_retracted_requests_total"] - base["counters"]["num_retracted_requests_total"]
+    return RunFigures(window, tok_s, sim_s, retracted, figures)
+
+
+def _ids(p: LengthProfile) -> str:
+    return p.name
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[LengthProfile, int | None], Awaitable[RunFigures]]:
+    """measure(), each (profile, window) once per module: the slow sweep reuses the quick test's runs."""
+    cache: dict[tuple[str, int | None], RunFigures] = {}
+
+    async def get(profile: LengthProfile, window: int | None) -> RunFigures:
+        key = (profile.name, window)
+        if key not in cache:
+            folder = tmp_path_factory.mktemp(f"{profile.name}-{window or 'adaptive'}")
+            cache[key] = await measure(profile, window, folder)
+        return cache[key]
+
+    return get
+
+
+def _report(profile: LengthProfile, runs: list[RunFigures]) -> None:
+    print(f"\n{profile.name}: {profile.samples} samples, time scale {profile.time_scale}")
+    for r in runs:
+        print("  " + r.line(profile.samples))
+
+
+def _assert_window_in_band(ours: RunFigures, samples: int, underfilling: int, admitted: float,
+                           knee: float) -> None:
+    """The adaptive run's median window (steady middle) lies in the band around the plateau's onset.
+
+    Low: above `underfilling` (a window measured below 90% of the plateau; a 97% cut sits inside the
+    +-3% run-to-run noise, so on the short job it fell on 128 or on 256 from run to run) and above
+    80% of `admitted` (the server's median running requests on the plateau: a window below it leaves
+    slots idle; 80% because that median of ~5 polls moves by +-2 of ~13 on the long job). High: past the knee more window only waits in the server's queue
+    (same throughput, more latency, more exposure to retraction), so 3x the knee plus the
+    controller's own queue slack is where "near the best" ends."""
+    window = ours.median_window(samples)
+    low, high = max(underfilling, 0.8 * admitted), 3 * knee + _QUEUE_SLACK_MAX
+    assert low < window <= high, f"median window {window} outside ({low:.0f}, {high:.0f}]"
+
+
+@pytest.mark.parametrize("profile", [SHORT, LONG], ids=_ids)
+async def test_adaptive_window_fills_the_pool_without_overshooting(profile: LengthProfile, runs) -> None:
+    under, plateau = await runs(profile, profile.under), await runs(profile, profile.plateau)
+    ours = await runs(profile, None)
+    _report(profile, [under, plateau, ours])
+    # The job discriminates: `under` leaves the pool underfilled, so throughput depends on the window.
+    assert under.tok_s < 0.9 * plateau.tok_s, (under.tok_s, plateau.tok_s)
+    assert ours.tok_s >= 0.9 * plateau.tok_s, f"adaptive {ours.tok_s:.0f} tok/s < 0.9 x plateau {plateau.tok_s:.0f}"
+    # Without a sweep the knee is what the server admits on the plateau: a fixed window of that
+    # many requests already keeps every slot it grants busy.
+    admitted = plateau.median_running(profile.samples)
+    _assert_window_in_band(ours, profile.samples, profile.under, admitted, knee=admitted)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("profile", [SHORT, LONG], ids=_ids)
+async def test_adaptive_window_converges_near_the_sweeps_best(profile: LengthProfile, runs) -> None:
+    sweep = {w: await runs(profile, w) for w in profile.sweep}
+    ours = await runs(profile, None)
+    _report(profile, [*sweep.values(), ours])
+    best_window, best = max(((w, r.tok_s) for w, r in sweep.items()), key=lambda wt: wt[1])
+    assert sweep[profile.sweep[0]].tok_s < 0.9 * best, "the sweep must start below the knee"
+    assert ours.tok_s >= 0.9 * best, f"adaptive {ours.tok_s:.0f} tok/s < 0.9 x best {best:.0f}"
+    knee = min(w for w, r in sweep.items() if r.tok_s >= 0.97 * best)  # the plateau's first window
+    underfilling = max(w for w, r in sweep.items() if r.tok_s < 0.9 * best and w < knee)
+    admitted = sweep[best_window].median_running(profile.samples)
+    _assert_window_in_band(ours, profile.samples, underfilling, admitted, knee)
