@@ -32,7 +32,7 @@ status: $(STAMP)
 
 validate: $(STAMP)
 	@test -n "$(DATASET)" || { echo "usage: make validate DATASET=B2"; exit 2; }
-	$(PY) -m gen_pipeline validate --dataset $(DATASET)
+	$(PY) -m gen_pipeline validate --dataset $(DATASET) $(ARGS)
 
 plan: $(STAMP)
 	$(PY) -m gen_pipeline plan $(ARGS)

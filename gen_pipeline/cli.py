@@ -89,10 +89,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .server.profile import load_server_profile
 
     cfg = find_dataset_config(args.dataset, args.config_dir)
-    urls = tuple(u.strip() for arg in args.server_url for u in arg.split(",") if u.strip())
-    for u in urls:
-        if not u.startswith(("http://", "https://")):
-            raise ConfigError(f"--server-url {u!r} must start with http:// or https:// (e.g. http://gpu-node:30000).")
+    urls = tuple(_server_url(u) for arg in args.server_url for u in arg.split(",") if u.strip())
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit {args.limit} must be at least 1.")
     if args.window is not None and args.window < 1:
@@ -105,16 +102,33 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return summary.exit_code
 
 
+def _server_url(url: str) -> str:
+    """A server's base URL; an OpenAI-style ".../v1" is accepted (the client adds /v1/... itself)."""
+    url = url.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"--server-url {url!r} must start with http:// or https:// (e.g. http://gpu-node:30000).")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
 def _targets(config_dir: Path, output_dir: Path, only: Sequence[str]) -> dict[str, int | None]:
-    """Targets from the dataset configs; a named dataset with outputs but no config gets None
-    (status then reads the target the run recorded in its manifest)."""
-    names = list(only) or available_datasets(config_dir)
+    """{dataset name: target} from the configs (the name inside a TOML wins over its file name).
+
+    A named dataset with outputs but no config gets None (status reads the target its run
+    recorded); a config that does not load is reported on stderr and shown without a target."""
     targets: dict[str, int | None] = {}
-    for n in names:
-        if not (config_dir / f"{n}.toml").exists() and (output_dir / n).is_dir():
+    for n in list(only) or [str(p) for p in sorted(config_dir.glob("*.toml")) if p.stem != "server"]:
+        if not n.endswith(".toml") and not (config_dir / f"{n}.toml").exists() and (output_dir / n).is_dir():
             targets[n] = None
-        else:
-            targets[n] = find_dataset_config(n, config_dir).target_samples
+            continue
+        try:
+            cfg = find_dataset_config(n, config_dir)
+        except ConfigError as e:
+            if only:
+                raise
+            print(f"warning: {e}", file=sys.stderr)
+            targets.setdefault(Path(n).stem, None)
+            continue
+        targets[cfg.name] = cfg.target_samples
     return targets
 
 
@@ -135,7 +149,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from .validate import validate_dataset
 
-    folder = args.output_dir / args.dataset
+    name = args.dataset
+    if name.endswith(".toml") or (args.config_dir / f"{name}.toml").exists():
+        name = find_dataset_config(name, args.config_dir).name  # the TOML's `name` picks the folder
+    folder = args.output_dir / name
     if not folder.is_dir():
         raise ConfigError(f"{folder}: no such output folder. Generate it first (make generate DATASET={args.dataset}).")
     report = validate_dataset(folder)

@@ -35,6 +35,7 @@ A dataset config, `datasets_cfg/B2.toml`:
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
@@ -272,7 +273,9 @@ def find_dataset_config(name: str, config_dir: Path = DEFAULT_CONFIG_DIR) -> Dat
         return load_dataset_config(p)
     path = config_dir / f"{name}.toml"
     if not path.exists():
-        have = ", ".join(available_datasets(config_dir)) or "none"
+        known = available_datasets(config_dir)
+        close = difflib.get_close_matches(name, known, n=1) or [k for k in known if k.lower() == name.lower()]
+        hint = f" Did you mean {close[0]}?" if close else ""
         raise ConfigError(f"No dataset config {name!r}: {_rel(path)} does not exist. "
-                          f"Configs in {_rel(config_dir)}: {have}.")
+                          f"Configs in {_rel(config_dir)}: {', '.join(known) or 'none'}.{hint}")
     return load_dataset_config(path)

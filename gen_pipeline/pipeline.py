@@ -69,6 +69,7 @@ class _Run:
         self._recent: deque[tuple[float, int, int]] = deque(maxlen=512)  # (t, samples, tokens)
         self._changed = anyio.Event()
         self._draining = False
+        self.keep_last_figures = False
         self.controller: Controller | None = None
         self.limiter = anyio.CapacityLimiter(1)
         self.handle: ServerHandle | None = None
@@ -367,6 +368,7 @@ async def run_generate(cfg: DatasetConfig, opts: RunOptions, *, on_event: Any = 
         try:
             if run.goal <= 0:
                 run.stopped_by = "nothing_to_do"
+                run.keep_last_figures = True  # status keeps showing the last real run's throughput
                 return run.summary()
             try:
                 await run.main(http)
@@ -375,7 +377,7 @@ async def run_generate(cfg: DatasetConfig, opts: RunOptions, *, on_event: Any = 
             return run.summary()
         finally:
             with anyio.CancelScope(shield=True):  # the manifest must be committed even when cancelled
-                await anyio.to_thread.run_sync(store.close, run.progress_dict())
+                await anyio.to_thread.run_sync(store.close, None if run.keep_last_figures else run.progress_dict())
 
 
 def _opener(opts: RunOptions) -> dict[str, Any]:

@@ -122,8 +122,12 @@ class DatasetStore:
         manifest, why = read_manifest(self.folder)
         if why:
             notes.append(why)
-        if manifest and "fingerprint" in manifest:
-            check_drift(self.folder, manifest["fingerprint"], self.fingerprint)
+        if manifest and "fingerprint" in manifest and manifest["fingerprint"] != self.fingerprint:
+            # Drift only matters once samples exist: a first run that died on a config or source
+            # error must not lock its mistake in.
+            if any(p.stat().st_size for p in self.folder.glob("shard-*.jsonl")):
+                check_drift(self.folder, manifest["fingerprint"], self.fingerprint)
+            notes.append("the config changed before any sample was written; the new one is recorded")
         self._manifest = manifest or {"created_at": now_iso(), "runs": []}
         repaired = self._load_shards(notes)
         self._start_shard()

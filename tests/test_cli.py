@@ -39,3 +39,44 @@ def test_validate_of_a_dataset_never_generated(tmp_path, capsys: pytest.CaptureF
     assert main(["validate", "--dataset", "B7", "--output-dir", str(tmp_path)]) == 2
     assert capsys.readouterr().err == (f"error: {tmp_path}/B7: no such output folder. "
                                        "Generate it first (make generate DATASET=B7).\n")
+
+
+def test_plan_refuses_weights_that_do_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--gpu-mem-gb", "10", "--weights-gb", "594"]) == 2
+    assert capsys.readouterr().err == (
+        "error: Nothing is left for the KV cache: 10 GiB/GPU × mem_fraction_static 0.9 = 9.0 GiB, but the weights "
+        "take 74.2 GiB/GPU. Use more GPUs (tp_size), a larger mem_fraction_static or smaller (quantized) weights.\n")
+
+
+def test_a_near_miss_dataset_name_gets_a_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "--dataset", "b2"]) == 2
+    assert capsys.readouterr().err == (
+        "error: No dataset config 'b2': datasets_cfg/b2.toml does not exist. "
+        "Configs in datasets_cfg: B1, B2, B6, B7, demo. Did you mean B2?\n")
+
+
+def test_status_and_validate_follow_the_name_inside_the_toml(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg_dir = tmp_path / "cfg"
+    cfg_dir.mkdir()
+    (cfg_dir / "mine.toml").write_text('name = "other"\ntarget_samples = 5\n[source]\nfiles = ["x.jsonl"]\n'
+                                       'schema = "prompt"\nfield = "q"\n')
+    (cfg_dir / "broken.toml").write_text("target_samples = \n")
+    out = tmp_path / "out"
+    (out / "other").mkdir(parents=True)
+    assert main(["status", "--json", "--config-dir", str(cfg_dir), "--output-dir", str(out)]) == 0
+    captured = capsys.readouterr()
+    import orjson
+    report = orjson.loads(captured.out)["datasets"]
+    assert report["other"]["target"] == 5 and "mine" not in report
+    assert report["broken"]["target"] is None
+    assert captured.err.startswith(f"warning: {cfg_dir}/broken.toml: not valid TOML")
+    assert main(["status", "--json", "--dataset", str(cfg_dir / "mine.toml"), "--output-dir", str(out)]) == 0
+    assert list(orjson.loads(capsys.readouterr().out)["datasets"]) == ["other"]
+    assert main(["validate", "--dataset", "mine", "--config-dir", str(cfg_dir), "--output-dir", str(out)]) == 0
+
+
+def test_server_url_may_end_in_v1() -> None:
+    from gen_pipeline.cli import _server_url
+
+    assert _server_url(" http://gpu:30000/v1/ ") == "http://gpu:30000"
+    assert _server_url("http://router:8000") == "http://router:8000"

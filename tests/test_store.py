@@ -287,6 +287,7 @@ def test_stale_lock_is_taken_over(tmp_path):
 def test_config_drift_is_refused_naming_each_key(tmp_path):
     with make(tmp_path) as s:
         s.open()
+        s.write_samples([sample(1)])
     changed = {**FP, "model": "m2", "sampling": {"temperature": 1.0, "top_p": 0.95}}
     with pytest.raises(ConfigDriftError) as e:
         make(tmp_path, fingerprint=changed).open()
@@ -298,6 +299,19 @@ def test_config_drift_is_refused_naming_each_key(tmp_path):
         "Resuming would mix samples made two ways in one dataset. Restore the old settings to resume, "
         "or write to a new output folder or dataset name.")
     assert not (tmp_path / "B2" / ".lock").exists()
+
+
+def test_config_may_change_while_no_sample_exists(tmp_path):
+    with make(tmp_path) as s:  # e.g. a first run that died on a wrong source path
+        s.open()
+    changed = {**FP, "model": "m2"}
+    with make(tmp_path, fingerprint=changed) as s:
+        state = s.open()
+        s.write_samples([sample(1)])
+    assert state.notes == ["the config changed before any sample was written; the new one is recorded"]
+    assert orjson.loads((tmp_path / "B2" / "manifest.json").read_bytes())["fingerprint"]["model"] == "m2"
+    with pytest.raises(ConfigDriftError):
+        make(tmp_path).open()
 
 
 class FullDisk:

@@ -97,8 +97,16 @@ def plan(model_config: dict[str, Any], *, gpu_mem_gb: float, tp_size: int, mem_f
         weights_gb = params_b * 1e9 * WEIGHT_BYTES[weight_dtype] / GIB
     if tp_size < 1 or tokens_per_sample < 1 or not 0 < mem_fraction_static < 1:
         raise ConfigError("plan needs tp_size >= 1, tokens_per_sample >= 1 and 0 < mem_fraction_static < 1.")
+    if gpu_mem_gb <= 0 or weights_gb <= 0 or overhead_gb < 0:
+        raise ConfigError("plan needs gpu_mem_gb > 0, weights > 0 and overhead_gb >= 0.")
     weights_per_gpu = weights_gb / tp_size
     kv_gb = gpu_mem_gb * mem_fraction_static - weights_per_gpu - overhead_gb
+    if kv_gb <= 0:
+        raise ConfigError(
+            f"Nothing is left for the KV cache: {gpu_mem_gb:g} GiB/GPU × mem_fraction_static {mem_fraction_static:g} "
+            f"= {gpu_mem_gb * mem_fraction_static:.1f} GiB, but the weights take {weights_per_gpu:.1f} GiB/GPU"
+            f"{f' and overhead {overhead_gb:g} GiB' if overhead_gb else ''}. Use more GPUs (tp_size), a larger "
+            "mem_fraction_static or smaller (quantized) weights.")
     options = []
     kind, layers = "", 0
     for dtype in kv_dtypes:
