@@ -38,7 +38,7 @@ from .run import RunOptions, RunSummary
 from .server import ServerHandle, read_load, run_attached, run_server
 from .server.profile import ServerProfile
 from .sources import SourceStats, estimate_prompt_tokens, iter_prompts
-from .store import DatasetStore
+from .store import DatasetStore, default_opener
 from .transport import AiohttpTransport
 
 __all__ = ["RunOptions", "RunSummary", "identify_model", "run_generate"]
@@ -357,14 +357,19 @@ async def run_generate(cfg: DatasetConfig, opts: RunOptions, *, on_event: Any = 
     async with make_http_client(cfg.generation, 16) as http:  # control traffic: health, loads, model
         model = opts.model
         if not model:
-            model = await identify_model(http, opts.server_urls) if opts.server_urls else _profile_model(opts.profile)
+            if opts.server_urls:
+                model = await identify_model(http, opts.server_urls)
+            else:
+                assert opts.profile is not None, "RunOptions needs server_urls or a profile"
+                model = opts.profile.request_model
         store = DatasetStore(opts.output_root, cfg.name, fingerprint=cfg.fingerprint(model),
                              target=cfg.target_samples, shard_max_samples=cfg.output.shard_max_samples,
-                             fsync_every=cfg.output.fsync_every, **_opener(opts))
+                             fsync_every=cfg.output.fsync_every,
+                             file_opener=opts.file_opener or default_opener)
         state = await anyio.to_thread.run_sync(store.open)
         for note in state.notes:
             on_event(note)
-        run = _Run(cfg, opts, store, set(state.done_ids) | _final_failure_ids(store), on_event)
+        run = _Run(cfg, opts, store, set(state.done_ids) | store.final_failure_ids(), on_event)
         try:
             if run.goal <= 0:
                 run.stopped_by = "nothing_to_do"
@@ -378,20 +383,6 @@ async def run_generate(cfg: DatasetConfig, opts: RunOptions, *, on_event: Any = 
         finally:
             with anyio.CancelScope(shield=True):  # the manifest must be committed even when cancelled
                 await anyio.to_thread.run_sync(store.close, None if run.keep_last_figures else run.progress_dict())
-
-
-def _opener(opts: RunOptions) -> dict[str, Any]:
-    return {} if opts.file_opener is None else {"file_opener": opts.file_opener}
-
-
-def _profile_model(profile: ServerProfile | None) -> str:
-    assert profile is not None, "either server_urls or a profile"
-    return profile.served_model_name or profile.model_path
-
-
-def _final_failure_ids(store: DatasetStore) -> set[str]:
-    """Ids whose failure will not change on a retry (truncated-and-dropped, HTTP 400): not sent again."""
-    return set(store.final_failure_ids()) if hasattr(store, "final_failure_ids") else set()
 
 
 def _first_known(group: BaseExceptionGroup) -> BaseException:

@@ -83,7 +83,7 @@ async def test_write_error_stops_run_keeps_committed_and_resumes(tmp_path: Path,
 
 def test_cli_disk_full_exits_4(tmp_path: Path, sim_url: str, monkeypatch, capsys) -> None:
     toml = write_dataset(tmp_path / "ds", target=60, max_new_tokens=64)
-    monkeypatch.setattr(pipeline, "_opener", lambda opts: {"file_opener": opener(5_000, errno.ENOSPC)})
+    monkeypatch.setattr(pipeline, "default_opener", opener(5_000, errno.ENOSPC))  # the CLI has no such flag
     code = cli.main(["generate", "--dataset", str(toml), "--server-url", sim_url, "--output-dir",
                      str(tmp_path / "out"), "--progress", "quiet"])
     err = capsys.readouterr().err
