@@ -180,10 +180,6 @@ class ChatClient:
         self._gate = gate
         self._on_done = on_request_done
 
-    def set_urls(self, base_urls: list[str]) -> None:
-        self._urls = [u.rstrip("/") for u in base_urls]
-        self._outstanding = [0] * len(self._urls)
-
     async def regenerate(self, prompt: Prompt, dataset: str) -> Sample | Failure:
         """Every assistant turn regenerated in order; per-request failures come back as a Failure."""
         s = self.settings
