@@ -66,7 +66,7 @@ class _Run:
         self.stats = SourceStats()
         self.stopped_by = "target"
         self.started = time.monotonic()
-        self._recent: deque[tuple[float, int, int]] = deque(maxlen=512)  # (t, samples, tokens)
+        self._recent: deque[tuple[float, int]] = deque(maxlen=512)  # (t, completion tokens) per sample
         self._changed = anyio.Event()
         self._draining = False
         self.keep_last_figures = False
@@ -85,10 +85,10 @@ class _Run:
         now = time.monotonic()
         while self._recent and now - self._recent[0][0] > 60.0:
             self._recent.popleft()
-        span = max(now - (self._recent[0][0] if len(self._recent) > 1 else self.started), 1e-6)
-        if len(self._recent) < 2:
-            span = max(now - self.started, 1e-6)
-        return len(self._recent) / span, sum(r[2] for r in self._recent) / span
+        # a full deque covers less than a minute (fast runs): measure from its oldest entry
+        full = len(self._recent) == self._recent.maxlen
+        span = max(now - (self._recent[0][0] if full else max(self.started, now - 60.0)), 1e-6)
+        return len(self._recent) / span, sum(tokens for _, tokens in self._recent) / span
 
     def figures(self) -> Figures:
         sps, tps = self.throughput()
@@ -150,9 +150,10 @@ class _Run:
                 tg.start_soon(self.request, client, pending.popleft(), token, send.clone())
 
     async def _send_rejects(self, send: MemoryObjectSendStream[Item]) -> None:
-        while self._rejects_buffer:
-            self.rejects += 1
-            await send.send(self._rejects_buffer.pop(0))
+        pending, self._rejects_buffer[:] = list(self._rejects_buffer), []
+        self.rejects += len(pending)
+        for reject in pending:
+            await send.send(reject)
 
     async def request(self, client: ChatClient, prompt: Prompt, token: object,
                       send: MemoryObjectSendStream[Item]) -> None:
@@ -165,7 +166,7 @@ class _Run:
             if isinstance(result, Sample):
                 self.ok += 1
                 self.failure_streak = 0
-                self._recent.append((time.monotonic(), 1, result.meta["completion_tokens"]))
+                self._recent.append((time.monotonic(), result.meta["completion_tokens"]))
             else:
                 self._count_failure(result)
             self.retune()
@@ -177,7 +178,9 @@ class _Run:
         self.final_failures += not failure.retryable
         self.failure_reasons[failure.reason] = self.failure_reasons.get(failure.reason, 0) + 1
         self.failure_streak += 1
-        if self.failure_streak >= _FAILURE_STREAK_FATAL and self.ok == 0 or self.failure_streak >= 4 * _FAILURE_STREAK_FATAL:
+        # never worked in this run, or stopped working for a long stretch
+        streak = self.failure_streak
+        if (self.ok == 0 and streak >= _FAILURE_STREAK_FATAL) or streak >= 4 * _FAILURE_STREAK_FATAL:
             self.fatal = ServerError(
                 f"The last {self.failure_streak} requests all failed (latest: {failure.reason}: {failure.detail}). "
                 "The server is not usable as configured: check SERVER_URL, the model name and the server log. "
