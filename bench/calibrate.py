@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass
 
 from bench.report import md_table, write_section
-from gen_pipeline.sim.engine import Engine, EngineConfig
-from gen_pipeline.sim.profiles import get_profile, hicache_capacity_tokens, kv_capacity_tokens
+from sglang_sim.engine import Engine, EngineConfig
+from sglang_sim.profiles import get_profile, hicache_capacity_tokens, kv_capacity_tokens
 
 CONCURRENCY = 150
 SIM_DURATION_S = 2700.0  # 45 simulated minutes per config

@@ -24,8 +24,8 @@ from typing import Protocol
 
 from gen_pipeline.controller import Controller, ControllerConfig
 from gen_pipeline.records import Capacity, LoadSnapshot
-from gen_pipeline.sim.engine import Engine, EngineConfig
-from gen_pipeline.sim.profiles import get_profile, hicache_capacity_tokens, kv_capacity_tokens
+from sglang_sim.engine import Engine, EngineConfig
+from sglang_sim.profiles import get_profile, hicache_capacity_tokens, kv_capacity_tokens
 
 POLL_S = 1.0  # the pipeline polls /v1/loads about once a second
 

@@ -31,7 +31,7 @@ from bench.report import md_table, write_section  # noqa: E402
 from gen_pipeline.config import find_dataset_config  # noqa: E402
 from gen_pipeline.errors import DiskError  # noqa: E402
 from gen_pipeline.pipeline import RunOptions, run_generate  # noqa: E402
-from gen_pipeline.sim.testing import start_sim  # noqa: E402
+from sglang_sim.testing import start_sim  # noqa: E402
 from pipeline_helpers import (SIM_FAST, _shard_lines, count_output, kill_resume_trial, run_cli,  # noqa: E402
                               start_cli, wait_for, write_dataset)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import orjson
 
 from bench.report import md_table, write_section
-from gen_pipeline.sim.testing import start_sim
+from sglang_sim.testing import start_sim
 
 REPO = Path(__file__).resolve().parent.parent
 SIM_ARGS = ["--sim-profile", "fast", "--time-scale", "1000000", "--sim-output-mean", "24", "--sim-output-spread",

@@ -1,4 +1,4 @@
-"""Simulator capacity benchmark: can `python -m gen_pipeline.sim` keep its simulated clock in
+"""Simulator capacity benchmark: can `python -m sglang_sim` keep its simulated clock in
 step with real time x --time-scale while 300 requests are in flight over HTTP?
 
 For each time scale (50, 100, 200, 400, 800) it starts the sim with the "seed" profile (mem 0.90,
@@ -28,11 +28,11 @@ import anyio
 import httpx
 
 from bench.report import md_table, write_section
-from gen_pipeline.sim.engine import Engine, EngineConfig
-from gen_pipeline.sim.lengths import draw_length
-from gen_pipeline.sim.profiles import get_profile, kv_capacity_tokens
-from gen_pipeline.sim.testing import start_sim
-from gen_pipeline.sim.tokenizer import encode, render_chat
+from sglang_sim.engine import Engine, EngineConfig
+from sglang_sim.lengths import draw_length
+from sglang_sim.profiles import get_profile, kv_capacity_tokens
+from sglang_sim.testing import start_sim
+from sglang_sim.tokenizer import encode, render_chat
 
 SCALES = (50, 100, 200, 400, 800)
 CONCURRENCY = 300

@@ -77,8 +77,6 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--overhead-gb", type=float, default=0.0, help="activations/graphs per GPU outside the KV pool")
     pl.add_argument("--debug", action="store_true", help="show tracebacks for handled errors")
 
-    sub.add_parser("sim", help="run the SGLang simulator (arguments as `python -m gen_pipeline.sim --help`)",
-                   add_help=False, prefix_chars="\0")
     return parser
 
 
@@ -184,9 +182,6 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["sim"]:
-        from .sim.__main__ import main as sim_main
-        return sim_main(argv[1:]) or 0
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)

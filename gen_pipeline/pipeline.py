@@ -324,7 +324,9 @@ class _Run:
     def _client_settings(self) -> ClientSettings:
         assert self.handle is not None
         info = self.handle.info
-        return ClientSettings(model=self.handle.model or self.opts.model, backend=str(info.get("backend", "openai")),
+        # a launched server's backend is what its profile says (the simulator's says "sim")
+        backend = self.opts.profile.backend if self.opts.profile else str(info.get("backend", "openai"))
+        return ClientSettings(model=self.handle.model or self.opts.model, backend=backend,
                               sampling=self.cfg.sampling, generation=self.cfg.generation,
                               kv_cache_dtype=str(info.get("kv_cache_dtype") or "unknown"))
 

@@ -8,7 +8,7 @@ import httpx
 import orjson
 import pytest
 
-from gen_pipeline.sim.testing import start_sim
+from sglang_sim.testing import start_sim
 from pipeline_helpers import SIM_FAST, _shard_lines, assert_exact, run_cli, start_cli, wait_for, write_dataset
 
 

@@ -8,7 +8,7 @@ import httpx
 import orjson
 import pytest
 
-from gen_pipeline.sim.testing import start_sim
+from sglang_sim.testing import start_sim
 from pipeline_helpers import SIM_FAST, assert_exact, make_rows, run_cli, write_dataset
 
 
@@ -90,7 +90,7 @@ def test_server_url_not_a_url(tmp_path: Path) -> None:
 
 
 def test_server_url_nothing_listening(tmp_path: Path) -> None:
-    from gen_pipeline.sim.testing import free_port
+    from sglang_sim.testing import free_port
     url = f"http://127.0.0.1:{free_port()}"
     r = gen(write_dataset(tmp_path, target=10), tmp_path / "out", "--server-url", url)
     assert r.returncode == 3

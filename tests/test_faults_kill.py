@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gen_pipeline.sim.testing import start_sim
+from sglang_sim.testing import start_sim
 from pipeline_helpers import (SIM_FAST, _shard_lines, assert_exact, kill_resume_trial, run_cli, start_cli,
                               wait_for, write_dataset)
 

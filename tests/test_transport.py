@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gen_pipeline.sim.testing import free_port, start_sim
+from sglang_sim.testing import free_port, start_sim
 from gen_pipeline.transport import AiohttpTransport, TransportFailure, TransportTimeout
 
 BODY = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8})

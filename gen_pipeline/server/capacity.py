@@ -95,9 +95,7 @@ async def probe(http: httpx.AsyncClient, url: str) -> tuple[Capacity | None, dic
         if isinstance(body, dict):
             cap = capacity_from_server_info(body)
             if cap is not None:
-                # meta.backend of the samples: the simulator reports its clock, SGLang does not
-                backend = "sim" if "sim_time_s" in body else "sglang"
-                return cap, {**{k: body[k] for k in INFO_KEYS if k in body}, "backend": backend}
+                return cap, {**{k: body[k] for k in INFO_KEYS if k in body}, "backend": "sglang"}
     cap = capacity_from_loads(await get_json(http, url + "/v1/loads"))
     if cap is not None:
         return cap, {"backend": "sglang"}

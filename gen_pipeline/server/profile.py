@@ -11,7 +11,7 @@
 
     [profile.sim]
     inherits = "tuned"                    # start from another profile's keys, then override
-    command = ["{python}", "-m", "gen_pipeline.sim"]
+    command = ["{python}", "-m", "sglang_sim"]
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ class ServerProfile:
     max_restarts: int = 3
     restart_backoff_s: float = 10.0  # first wait; doubles per attempt
     stop_grace_s: float = 30.0  # SIGTERM → SIGKILL
+    backend: str = "sglang"  # meta.backend of the samples this server writes ("sim" for the simulator)
     source: str = ""  # the TOML it came from, for messages
 
     @property

@@ -19,7 +19,7 @@ from starlette.routing import Route
 from gen_pipeline.errors import ServerError
 from gen_pipeline.records import Capacity
 from gen_pipeline.server import read_load, run_attached
-from gen_pipeline.sim.testing import free_port, start_sim
+from sglang_sim.testing import free_port, start_sim
 
 SIM = ["--max-total-tokens", "20000", "--enable-metrics", "--time-scale", "20"]
 

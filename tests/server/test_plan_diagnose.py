@@ -89,7 +89,7 @@ def test_fatal_lines(line, kind):
 
 
 def test_command_echo_and_warnings_are_not_fatal():
-    assert find_fatal(["$ python -m gen_pipeline.sim --sim-fail-startup 'CUDA out of memory'",
+    assert find_fatal(["$ python -m sglang_sim --sim-fail-startup 'CUDA out of memory'",
                        "NCCL WARN something harmless", "max_total_num_tokens=1000"]) is None
 
 

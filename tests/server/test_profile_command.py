@@ -139,7 +139,7 @@ def test_shipped_profiles_load():
         "bf16", 0.85, False)
     for name in ("sim", "sim-seed"):
         p = load_server_profile(name)
-        assert p.command == ("{python}", "-m", "gen_pipeline.sim")
+        assert p.command == ("{python}", "-m", "sglang_sim")
         assert p.kv_cache_dtype == "fp8_e4m3" and "--sim-profile" in p.extra_args
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gen_pipeline.sim.testing import SimProcess, start_sim
+from sglang_sim.testing import SimProcess, start_sim
 
 
 @pytest.fixture(scope="module")

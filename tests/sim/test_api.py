@@ -8,8 +8,8 @@ import json
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from gen_pipeline.sim.testing import SimProcess
-from gen_pipeline.sim.tokenizer import encode, render_chat
+from sglang_sim.testing import SimProcess
+from sglang_sim.tokenizer import encode, render_chat
 
 CONTEXT = 4096
 SIM_ARGS = ["--enable-metrics", "--reasoning-parser", "kimi_k2", "--sim-output-mean", "40",

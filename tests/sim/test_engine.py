@@ -1,11 +1,11 @@
-"""Unit tests of the simulator's scheduler model (gen_pipeline/sim/engine.py)."""
+"""Unit tests of the simulator's scheduler model (sglang_sim/engine.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gen_pipeline.sim.engine import Engine, EngineConfig, FinishedRequest, derive_max_running_requests
-from gen_pipeline.sim.profiles import PROFILES
+from sglang_sim.engine import Engine, EngineConfig, FinishedRequest, derive_max_running_requests
+from sglang_sim.profiles import PROFILES
 
 FAST = PROFILES["fast"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gen_pipeline.sim.engine import Engine, EngineConfig
-from gen_pipeline.sim.profiles import PROFILES
+from sglang_sim.engine import Engine, EngineConfig
+from sglang_sim.profiles import PROFILES
 
 POOL = 1500
 

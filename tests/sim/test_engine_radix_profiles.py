@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from gen_pipeline.sim.profiles import (
+from sglang_sim.profiles import (
     PROFILES,
     get_profile,
     hicache_capacity_tokens,
     kv_capacity_tokens,
 )
-from gen_pipeline.sim.radix import RadixCache
+from sglang_sim.radix import RadixCache
 
 # ---- radix -------------------------------------------------------------------
 

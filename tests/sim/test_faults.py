@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gen_pipeline.sim.faults import Fault, FaultSettings, decide, health_ok
-from gen_pipeline.sim.testing import SimProcess, start_sim
+from sglang_sim.faults import Fault, FaultSettings, decide, health_ok
+from sglang_sim.testing import SimProcess, start_sim
 
 # Long outputs (~2000 tokens at ~2 ms a step) so aborts and disconnects land mid-request.
 SIM_ARGS = ["--sim-output-mean", "2000", "--sim-output-spread", "0", "--sim-seed", "7"]
@@ -220,7 +220,7 @@ def sim_never(tmp_path) -> Iterator[SimProcess]:
 
 def test_unknown_flag_exits_2_fast() -> None:
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "gen_pipeline.sim", "--tp-size", "8", "--no-such-flag"],
+    r = subprocess.run([sys.executable, "-m", "sglang_sim", "--tp-size", "8", "--no-such-flag"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
     assert "error: unrecognized arguments: --no-such-flag" in r.stderr
@@ -228,7 +228,7 @@ def test_unknown_flag_exits_2_fast() -> None:
 
 
 def test_bad_fault_flag_value_exits_2() -> None:
-    r = subprocess.run([sys.executable, "-m", "gen_pipeline.sim", "--sim-error-rate", "1.5"],
+    r = subprocess.run([sys.executable, "-m", "sglang_sim", "--sim-error-rate", "1.5"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
     assert "error: fault error_rate must be within [0, 1] (got 1.5)" in r.stderr

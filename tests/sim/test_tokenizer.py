@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gen_pipeline.sim.lengths import cap_length, draw_length, request_seed
-from gen_pipeline.sim.tokenizer import decode, decode_output, draw_output_ids, encode, render_chat
+from sglang_sim.lengths import cap_length, draw_length, request_seed
+from sglang_sim.tokenizer import decode, decode_output, draw_output_ids, encode, render_chat
 
 
 @given(st.text(max_size=200))

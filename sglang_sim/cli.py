@@ -1,4 +1,4 @@
-"""Command line of `python -m gen_pipeline.sim`: SGLang's own flags (real spellings, from
+"""Command line of `python -m sglang_sim`: SGLang's own flags (real spellings, from
 python/sglang/srt/server_args.py) so the launcher starts the sim through the same code path,
 plus sim-only `--sim-*` flags. Unknown flags are an argparse error (exit 2), as in SGLang."""
 
@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from gen_pipeline.sim.faults import FaultSettings
+from sglang_sim.faults import FaultSettings
 
 # SGLang's --kv-cache-dtype choices (server_args.py); "bfloat16" is its long spelling of bf16.
 KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2")
@@ -62,7 +62,7 @@ def _sim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sim-output-mean", type=float, default=512.0, help="mean output tokens")
     g.add_argument("--sim-output-spread", type=float, default=0.6, help="lognormal sigma of output length")
     g.add_argument("--sim-seed", type=int, default=0)
-    f = p.add_argument_group("simulator faults (see gen_pipeline/sim/faults.py)")
+    f = p.add_argument_group("simulator faults (see sglang_sim/faults.py)")
     f.add_argument("--sim-crash-after", type=int, default=0)
     f.add_argument("--sim-error-rate", type=float, default=0.0)
     f.add_argument("--sim-error-status", type=int, choices=(500, 502, 503, 504), default=500)
@@ -81,7 +81,7 @@ def _sim_flags(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m gen_pipeline.sim",
+        prog="python -m sglang_sim",
         description="SGLang simulator: a stand-in server that speaks SGLang's HTTP API (it is not SGLang).",
         allow_abbrev=False,
     )

@@ -7,8 +7,8 @@ evicting unreferenced cache makes room. Pure: no clock, no I/O.
 
 from __future__ import annotations
 
-from gen_pipeline.sim.engine_request import SchedReq
-from gen_pipeline.sim.radix import RadixCache
+from sglang_sim.engine_request import SchedReq
+from sglang_sim.radix import RadixCache
 
 __all__ = ["KVPool"]
 

@@ -16,17 +16,17 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gen_pipeline.sim import responses as R
-from gen_pipeline.sim.faults import Fault
-from gen_pipeline.sim.lengths import cap_length, draw_length, request_seed
-from gen_pipeline.sim.tokenizer import decode, decode_output, draw_output_ids, encode, render_chat
-from gen_pipeline.sim.transport import ChunkedResponse, one_chunk, wait_or_disconnect
+from sglang_sim import responses as R
+from sglang_sim.faults import Fault
+from sglang_sim.lengths import cap_length, draw_length, request_seed
+from sglang_sim.tokenizer import decode, decode_output, draw_output_ids, encode, render_chat
+from sglang_sim.transport import ChunkedResponse, one_chunk, wait_or_disconnect
 
 if TYPE_CHECKING:
-    from gen_pipeline.sim.app import SimServer
-    from gen_pipeline.sim.loop import Ticket
+    from sglang_sim.app import SimServer
+    from sglang_sim.loop import Ticket
 
-log = logging.getLogger("gen_pipeline.sim")
+log = logging.getLogger("sglang_sim")
 _HTML_PAGE = b"<html><head><title>502 Bad Gateway</title></head><body><h1>502 Bad Gateway</h1></body></html>"
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
                   "repetition_penalty", "stop", "seed")

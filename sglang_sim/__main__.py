@@ -1,4 +1,4 @@
-"""`python -m gen_pipeline.sim --port P [SGLang flags] [--sim-* flags]`: run the simulator."""
+"""`python -m sglang_sim --port P [SGLang flags] [--sim-* flags]`: run the simulator."""
 
 from __future__ import annotations
 
@@ -6,13 +6,16 @@ import logging
 import sys
 from collections.abc import Sequence
 
-import uvicorn
+try:
+    import uvicorn
+except ImportError:  # the simulator's HTTP front is an extra of gen-pipeline
+    sys.exit("The SGLang simulator needs starlette and uvicorn: pip install -e '.[sim]' (make installs them).")
 
-from gen_pipeline.sim.app import SimServer, build_app
-from gen_pipeline.sim.cli import parse_args
-from gen_pipeline.sim.loop import build_engine
+from sglang_sim.app import SimServer, build_app
+from sglang_sim.cli import parse_args
+from sglang_sim.loop import build_engine
 
-log = logging.getLogger("gen_pipeline.sim")
+log = logging.getLogger("sglang_sim")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gen_pipeline.sim.engine import Engine, EngineConfig, FinishedRequest, StepResult
-from gen_pipeline.sim.profiles import get_profile, hicache_capacity_tokens, kv_capacity_tokens
+from sglang_sim.engine import Engine, EngineConfig, FinishedRequest, StepResult
+from sglang_sim.profiles import get_profile, hicache_capacity_tokens, kv_capacity_tokens
 
-log = logging.getLogger("gen_pipeline.sim")
+log = logging.getLogger("sglang_sim")
 
 DEFAULT_MEM_FRACTION = 0.88  # what SGLang picks for a large TP8 model on 141 GB GPUs (seed run)
 DEFAULT_CHUNKED_PREFILL = 8192  # SGLang picks 2048..16384 by GPU memory (server_args.py); the seed ran 8192

@@ -2,7 +2,7 @@
 results it reports, and the admission/reservation arithmetic (SGLang's
 python/sglang/srt/managers/schedule_policy.py and schedule_batch.py).
 
-Pure: no clock, no I/O. `gen_pipeline.sim.engine` re-exports the public names.
+Pure: no clock, no I/O. `sglang_sim.engine` re-exports the public names.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from gen_pipeline.sim.radix import RadixNode
+from sglang_sim.radix import RadixNode
 
 __all__ = [
     "CLIP_MAX_NEW_TOKENS",

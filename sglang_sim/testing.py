@@ -65,13 +65,13 @@ def free_port() -> int:
 
 
 def sim_command(args: Sequence[str], port: int) -> list[str]:
-    return [sys.executable, "-m", "gen_pipeline.sim", "--host", "127.0.0.1", "--port", str(port), *args]
+    return [sys.executable, "-m", "sglang_sim", "--host", "127.0.0.1", "--port", str(port), *args]
 
 
 @contextlib.contextmanager
 def start_sim(args: Sequence[str] = (), *, ready_timeout_s: float = 30.0, log_path: Path | None = None,
               wait_ready: bool = True) -> Iterator[SimProcess]:
-    """Run `python -m gen_pipeline.sim <args>` on a free port; yield once /health answers 200.
+    """Run `python -m sglang_sim <args>` on a free port; yield once /health answers 200.
 
     wait_ready=False yields right after the spawn (for start-up failure tests). Raises
     RuntimeError (with the log tail) if the process exits first, TimeoutError after

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from gen_pipeline.sim.engine_request import SchedReq
-from gen_pipeline.sim.kv_pool import KVPool
+from sglang_sim.engine_request import SchedReq
+from sglang_sim.kv_pool import KVPool
 
 __all__ = ["COUNTERS", "DECODE_LOG_INTERVAL", "EngineStats", "build_loads"]
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import orjson
 
-from gen_pipeline.sim.engine import FinishedRequest
-from gen_pipeline.sim.tokenizer import decode_output
+from sglang_sim.engine import FinishedRequest
+from sglang_sim.tokenizer import decode_output
 
 REASONING_SHARE = 0.4  # first 40% of the output tokens are "thinking" when reasoning is on
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"

@@ -20,14 +20,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from gen_pipeline.sim import generation
-from gen_pipeline.sim.cli import server_args_dict
-from gen_pipeline.sim.engine import Engine
-from gen_pipeline.sim.faults import Fault, FaultSettings, decide, health_ok
-from gen_pipeline.sim.loop import EngineLoop
-from gen_pipeline.sim.metrics import SimCollector, make_registry, render
+from sglang_sim import generation
+from sglang_sim.cli import server_args_dict
+from sglang_sim.engine import Engine
+from sglang_sim.faults import Fault, FaultSettings, decide, health_ok
+from sglang_sim.loop import EngineLoop
+from sglang_sim.metrics import SimCollector, make_registry, render
 
-log = logging.getLogger("gen_pipeline.sim")
+log = logging.getLogger("sglang_sim")
 SIM_VERSION = "0.5.6+sim"  # the SGLang API generation it mimics, marked as the simulator
 CRASH_LINE = "RuntimeError: CUDA error: an illegal memory access was encountered (simulated crash, --sim-crash-after)"
 

@@ -46,7 +46,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Sequence
 
-from gen_pipeline.sim.engine_request import (
+from sglang_sim.engine_request import (
     CLIP_MAX_NEW_TOKENS,
     EngineConfig,
     FinishedRequest,
@@ -61,9 +61,9 @@ from gen_pipeline.sim.engine_request import (
     running_reservation,
     validate_request,
 )
-from gen_pipeline.sim.engine_stats import EngineStats, build_loads
-from gen_pipeline.sim.kv_pool import KVPool
-from gen_pipeline.sim.profiles import HardwareProfile
+from sglang_sim.engine_stats import EngineStats, build_loads
+from sglang_sim.kv_pool import KVPool
+from sglang_sim.profiles import HardwareProfile
 
 __all__ = [
     "CLIP_MAX_NEW_TOKENS",
