@@ -18,6 +18,10 @@ cached prefix from the (fp8) KV pool. One prefill of the whole reference would h
 effect; scoring `chunk` tokens per request, each request reusing the previous one's cached prefix
 (the radix cache matches up to logprob_start_len), makes every position read at most chunk-1
 fresh K/V and the rest from the pool, as in decode. cached_tokens tells whether the reuse happened.
+
+Run the probe on servers with no other traffic: in a batch that mixes greedy and sampled requests
+SGLang takes the logprobs after top-k/top-p filtering (layers/sampler.py); an all-greedy batch
+gets log_softmax of the raw logits.
 """
 
 from __future__ import annotations
@@ -108,12 +112,8 @@ async def free_run(http: httpx.AsyncClient, url: str, ids: list[int], max_new_to
     """Greedy decode from `ids`: the output tokens with their logprobs and top-k."""
     data = await _post(http, url + "/generate", _generate_body(ids, max_new_tokens, top_k, -1))
     meta = data.get("meta_info") or {}
-    positions = parse_positions(meta.get("output_token_logprobs"), meta.get("output_top_logprobs"),
-                                f"{url}/generate output")
-    output_ids = data.get("output_ids")
-    if isinstance(output_ids, list) and output_ids != [p.token for p in positions]:
-        raise ProbeRequestError(f"{url}/generate: output_ids and output_token_logprobs disagree")
-    return positions
+    return parse_positions(meta.get("output_token_logprobs"), meta.get("output_top_logprobs"),
+                           f"{url}/generate output")
 
 
 async def score(http: httpx.AsyncClient, url: str, prompt: list[int], reference: list[int], top_k: int,
