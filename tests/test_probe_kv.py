@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -132,3 +134,37 @@ def test_estimators():
     assert level == "fine" and line.startswith("fp8_e4m3 KV changes top-1 on 0.40 % of 1,000 positions")
     assert verdict({"top1_change_share": 0.02, "kl_mean": 0.001, "positions": 10})[0] == "caution"
     assert verdict({"top1_change_share": 0.001, "kl_mean": 0.2, "positions": 10})[0] == "prefer-bf16"
+
+
+class _OpenAIOnly(BaseHTTPRequestHandler):
+    """A stand-in for a non-SGLang OpenAI-compatible server (vLLM-like): /v1/models and nothing native."""
+
+    def do_GET(self):  # noqa: N802 (http.server's spelling)
+        body, code = (b'{"object": "list", "data": [{"id": "m", "object": "model"}]}', 200) \
+            if self.path == "/v1/models" else (b'{"detail": "Not Found"}', 404)
+        self.send_response(code)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_non_sglang_server_is_refused_with_what_to_use(tmp_path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _OpenAIOnly)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    other = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with start_sim([*SIM_FAST, "--kv-cache-dtype", "bf16"]) as a:
+            r = run_cli("probe-kv", "--dataset", "demo", "--server-url", a.url, "--compare-url", other,
+                        "--samples", "2", "--output-dir", tmp_path)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert r.returncode == 3, r.stderr
+    assert (f"error: The compare server {other} is not SGLang (it has no /server_info; looks like openai). "
+            "probe-kv needs SGLang's native /generate with input_ids, return_logprob and logprob_start_len; "
+            "run it against two SGLang servers.") in r.stderr
+    assert "Traceback" not in r.stderr
