@@ -26,24 +26,15 @@ gets log_softmax of the raw logits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import httpx
 
 from .errors import ServerError
+from .probe_metrics import Position
 
 ATTEMPTS = 3
-
-
-@dataclass(frozen=True)
-class Position:
-    """One scored token: its logprob and the top-k (logprob, token id) there, best first."""
-
-    token: int
-    logprob: float
-    top: tuple[tuple[float, int], ...]
 
 
 class ProbeRequestError(Exception):
@@ -130,8 +121,9 @@ async def score(http: httpx.AsyncClient, url: str, prompt: list[int], reference:
         meta = data.get("meta_info") or {}
         entries, tops = meta.get("input_token_logprobs"), meta.get("input_top_logprobs")
         if not isinstance(entries, list) or not isinstance(tops, list) or len(entries) != b - a + 1:
+            got_n = len(entries) if isinstance(entries, list) else entries
             raise ProbeRequestError(f"{url}/generate: expected {b - a + 1} input logprobs from "
-                                    f"logprob_start_len={start}, got {len(entries) if isinstance(entries, list) else entries!r}")
+                                    f"logprob_start_len={start}, got {got_n!r}")
         got = parse_positions(entries[1:], tops[1:], f"{url}/generate input")
         if [p.token for p in got] != reference[a:b]:
             raise ProbeRequestError(f"{url}/generate: input logprobs are not for the tokens sent")

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from gen_pipeline.probe_metrics import first_divergence, kl_topk, percentile, verdict
+from gen_pipeline.probe_metrics import Position, aggregate, compare_prompt, first_divergence, kl_topk, percentile, verdict
 from sglang_sim.testing import free_port, start_sim
 from tests.pipeline_helpers import SIM_FAST, run_cli
 
@@ -129,6 +129,13 @@ def test_estimators():
     q = [(math.log(0.3), 1), (math.log(0.6), 2)]
     expect = 0.6 * math.log(2) + 0.3 * math.log(0.5)  # tail buckets are equal (0.1 each)
     assert kl_topk(p, q) == pytest.approx(expect)
+    ref = [Position(1, -0.1, ((-0.1, 1), (-2.5, 2))), Position(2, -0.2, ((-0.2, 2), (-1.9, 1)))]
+    cmp = [Position(1, -0.3, ((-0.3, 1), (-1.5, 2))), Position(2, -1.0, ((-0.7, 1), (-1.0, 2)))]
+    r = compare_prompt("x", 5, [1, 2], [1, 3], ref, cmp)
+    assert (r.exact_match, r.first_divergence, r.positions, r.top1_agree) == (False, 1, 2, 1)
+    assert r.abs_dlogprob_mean == pytest.approx(0.5) and r.abs_dlogprob_max == pytest.approx(0.8)
+    agg = aggregate([r])
+    assert agg["top1_change_share"] == 0.5 and agg["first_divergence"]["histogram"]["1-9"] == 1
     assert percentile([1, 2, 3, 4], 50) == 2 and percentile(list(range(1, 101)), 99) == 99
     level, line = verdict({"top1_change_share": 0.004, "kl_mean": 0.001, "positions": 1000}, "fp8_e4m3")
     assert level == "fine" and line.startswith("fp8_e4m3 KV changes top-1 on 0.40 % of 1,000 positions")
