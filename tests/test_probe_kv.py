@@ -175,3 +175,25 @@ def test_non_sglang_server_is_refused_with_what_to_use(tmp_path):
             "probe-kv needs SGLang's native /generate with input_ids, return_logprob and logprob_start_len; "
             "run it against two SGLang servers.") in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_prompt_ids_fall_back_to_chat_completions_without_tokenize():
+    import anyio
+
+    from gen_pipeline.probe_sglang import prompt_ids
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.path, json.loads(request.content)))
+        if request.url.path == "/tokenize":
+            return httpx.Response(404, json={"detail": "Not Found"})
+        return httpx.Response(200, json={"choices": [{"index": 0, "prompt_token_ids": [5, 6, 7]}]})
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+            return await prompt_ids(http, "http://x", "m", [{"role": "user", "content": "hi"}], None)
+
+    assert anyio.run(go) == [5, 6, 7]
+    assert seen[0] == ("/tokenize", {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert seen[1] == ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                "max_tokens": 1, "temperature": 0.0, "return_prompt_token_ids": True})
