@@ -67,7 +67,9 @@ def test_same_url_twice_is_refused(tmp_path):
     r = run_cli("probe-kv", "--dataset", "demo", "--server-url", "http://127.0.0.1:9/v1",
                 "--compare-url", "http://127.0.0.1:9", "--output-dir", tmp_path)
     assert r.returncode == 2
-    assert "--server-url and --compare-url are the same server (http://127.0.0.1:9)" in r.stderr
+    assert r.stderr.strip() == ("error: --server-url and --compare-url are the same server (http://127.0.0.1:9); "
+                                "give two servers that differ in KV dtype (or add --allow-same-kv for a "
+                                "noise-floor run against itself).")
 
 
 def test_unreachable_url_names_it(tmp_path):
@@ -90,8 +92,12 @@ def test_same_kv_dtype_refused_then_allowed_as_noise_floor(tmp_path):
         assert not (tmp_path / "demo" / "probe-kv.json").exists()
         r = run_cli("probe-kv", "--dataset", "demo", "--server-url", a.url, "--compare-url", b.url,
                     "--samples", "4", "--max-new-tokens", "16", "--allow-same-kv", "--output-dir", tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert _report(tmp_path)["aggregate"]["top1_agreement_share"] == 1.0
+        r = run_cli("probe-kv", "--dataset", "demo", "--server-url", a.url, "--compare-url", a.url,
+                    "--samples", "4", "--max-new-tokens", "16", "--allow-same-kv", "--output-dir", tmp_path)
     assert r.returncode == 0, r.stderr
-    assert _report(tmp_path)["aggregate"]["top1_agreement_share"] == 1.0
+    assert _report(tmp_path)["aggregate"]["exact_match_share"] == 1.0
 
 
 @pytest.mark.parametrize("flag,value", [("--samples", "0"), ("--top-k", "0"), ("--tf-chunk", "-1")])
