@@ -131,7 +131,7 @@ def _targets(config_dir: Path, output_dir: Path, only: Sequence[str]) -> dict[st
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from .store import format_status, status_all
+    from .status import format_status, status_all
 
     targets = _targets(args.config_dir, args.output_dir, args.dataset)
     # the total is the reference job's (88,000 over B1, B2, B6, B7), over the ones asked for

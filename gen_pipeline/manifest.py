@@ -20,20 +20,13 @@ from typing import Any
 import orjson
 
 from .errors import ConfigDriftError, LockedError, StoreError
+from .paths import display_path
 
 MANIFEST_NAME = "manifest.json"
 LOCK_NAME = ".lock"
 _TMP_PREFIX = MANIFEST_NAME + ".tmp-"
 # A lock file with no readable content is being created right now, unless it is older than this.
 _EMPTY_LOCK_GRACE_S = 5.0
-
-
-def display_path(path: Path) -> str:
-    """`path` relative to the working directory when it is below it (what users typed)."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
 
 
 def now_iso() -> str:

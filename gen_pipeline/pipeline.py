@@ -303,7 +303,7 @@ class _Run:
             self.stopped_by = "limit"
 
     async def _start_server(self, tg: TaskGroup, http: httpx.AsyncClient) -> ServerHandle:
-        log_dir = self.store.dir
+        log_dir = self.store.folder
         if self.opts.server_urls:
             return await tg.start(_attached, list(self.opts.server_urls), http, self.on_event)
         assert self.opts.profile is not None

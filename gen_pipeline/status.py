@@ -1,6 +1,6 @@
 """`status`: figures of each dataset folder, read from outputs/ only, without the lock, so it
-works while a run writes and after one died. Sealed shards' figures come from the manifest;
-only the open shard (and any shard the manifest does not match) is parsed, torn tail skipped.
+works while a run writes and after one died. Which lines count is layout.py's trust rule: sealed
+shards' figures come from the manifest, the open shard (and any the manifest does not match) is parsed.
 """
 
 from __future__ import annotations
@@ -11,36 +11,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import orjson
-
+from .layout import (ERRORS_NAME, REJECTS_NAME, committed_shards, dataset_folder, final_failure_ids,
+                     has_shards, read_jsonl_rows)
 from .manifest import read_lock, read_manifest
-from .shards import list_shards, read_sidecar, scan_bytes, sidecar_path
 
-ERRORS_NAME = "errors.jsonl"
-REJECTS_NAME = "rejects.jsonl"
-
-
-def _jsonl_rows(path: Path) -> list[dict[str, Any]]:
-    """The JSON object lines of a file (a torn or unparseable line is skipped); [] when absent."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return []
-    rows = []
-    for line in data.split(b"\n"):
-        try:
-            row = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
-
-
-def final_failure_ids(folder: Path) -> set[str]:
-    """Ids recorded in errors.jsonl with `retryable: false` (done or not)."""
-    return {r["id"] for r in _jsonl_rows(folder / ERRORS_NAME)
-            if r.get("retryable") is False and isinstance(r.get("id"), str)}
+__all__ = ["ERRORS_NAME", "REJECTS_NAME", "DatasetStatus", "StatusReport", "final_failure_ids", "format_status",
+           "read_status", "status_all"]
 
 
 @dataclass
@@ -101,67 +77,47 @@ class StatusReport:
 def read_status(root: Path, dataset: str, target: int | None) -> DatasetStatus:
     """Figures of `root/dataset` (target None = the one the last run recorded). Never raises for
     a damaged folder: unreadable parts are skipped and counted in `corrupt_lines`."""
-    folder = Path(root) / dataset
+    folder = dataset_folder(root, dataset)
     manifest = read_manifest(folder)[0] if folder.is_dir() else None
     manifest = manifest or {}
     st = DatasetStatus(dataset, target if target is not None else manifest.get("target"))
     if not folder.is_dir():
         return st
-    open_ids = _add_shards(st, folder, manifest)
-    _add_errors(st, folder, manifest, open_ids)
+    done_ids = _add_shards(st, folder)
+    _add_errors(st, folder, manifest, done_ids)
     _add_rejects(st, folder)
     _add_run(st, folder, manifest)
     return st
 
 
-def _add_shards(st: DatasetStatus, folder: Path, manifest: dict[str, Any]) -> list[str]:
-    """Shard figures into `st`; returns the ids parsed (the shards the manifest does not cover)."""
-    sealed = {e.get("name"): e for e in manifest.get("sealed", []) if isinstance(e, dict)}
-    parsed: list[str] = []
-    for path in list_shards(folder).values():
+def _add_shards(st: DatasetStatus, folder: Path) -> set[str]:
+    """Shard figures into `st` under layout's trust rule; returns the committed ids."""
+    ids: set[str] = set()
+    for shard in committed_shards(folder):
         st.shards += 1
-        entry = sealed.get(path.name)
-        try:
-            size = path.stat().st_size
-            if entry is not None and entry.get("bytes") == size:
-                for k in ("prompt_tokens", "completion_tokens", "truncated"):
-                    setattr(st, k, getattr(st, k) + int(entry.get(k, 0)))
-                st.done += int(entry.get("samples", 0))
-                continue
-            scan = scan_bytes(path.read_bytes())
-        except (OSError, ValueError, TypeError):
-            continue  # vanished or rewritten while we read: a live run owns it
+        scan = shard.scan
         st.done += scan.samples
         st.prompt_tokens += scan.prompt_tokens
         st.completion_tokens += scan.completion_tokens
         st.truncated += scan.truncated
         st.corrupt_lines += len(scan.corrupt)
-        parsed += scan.ids
-    return parsed
-
-
-def _done_ids(folder: Path, manifest: dict[str, Any], parsed: list[str]) -> set[str]:
-    ids = set(parsed)
-    for e in manifest.get("sealed", []):
-        if isinstance(e, dict) and isinstance(e.get("name"), str):
-            ids.update(read_sidecar(sidecar_path(folder / e["name"])) or [])
+        ids.update(scan.ids)
     return ids
 
 
-def _add_errors(st: DatasetStatus, folder: Path, manifest: dict[str, Any], parsed: list[str]) -> None:
-    rows = _jsonl_rows(folder / ERRORS_NAME)
+def _add_errors(st: DatasetStatus, folder: Path, manifest: dict[str, Any], done: set[str]) -> None:
+    rows = read_jsonl_rows(folder / ERRORS_NAME)
     if not rows:
         return
     runs = manifest.get("runs") or [{}]
     last = runs[-1].get("run", max((r.get("run", 0) for r in rows), default=0))
     st.errors_last_run = sum(1 for r in rows if r.get("run") == last)
-    done = _done_ids(folder, manifest, parsed)
     st.errors_unresolved = len({r.get("id") for r in rows} - done - {None})
 
 
 def _add_rejects(st: DatasetStatus, folder: Path) -> None:
     # Every run re-reads the source and rejects the same rows again: count each row once.
-    latest = {r.get("row"): r.get("reason", "?") for r in _jsonl_rows(folder / REJECTS_NAME)}
+    latest = {r.get("row"): r.get("reason", "?") for r in read_jsonl_rows(folder / REJECTS_NAME)}
     st.rejects = len(latest)
     st.rejects_by_reason = dict(Counter(latest.values()).most_common())
 
@@ -208,7 +164,7 @@ def status_all(root: Path, targets: dict[str, int], *, total_of: list[str] | Non
     names = list(targets)
     if Path(root).is_dir():
         names += sorted(p.name for p in Path(root).iterdir()
-                        if p.is_dir() and p.name not in targets and any(p.glob("shard-*.jsonl")))
+                        if p.is_dir() and p.name not in targets and has_shards(p))
     datasets = [read_status(root, n, targets.get(n)) for n in names]
     counted = set(targets if total_of is None else total_of)
     return StatusReport(datasets, sum(d.done for d in datasets if d.dataset in counted),

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import gen_pipeline.manifest as manifest_mod
 import gen_pipeline.store as store_mod
 from gen_pipeline.errors import ConfigDriftError, DiskError, LockedError, StoreError
-from gen_pipeline.manifest import display_path
+from gen_pipeline.paths import display_path
 from gen_pipeline.records import Failure, Reject, Sample
 from gen_pipeline.store import DatasetStore
 
