@@ -270,7 +270,7 @@ class _Run:
         try:
             async with AsyncExitStack() as stack, anyio.create_task_group() as tg:
                 self.handle = await self._start_server(tg, http)
-                self.controller = Controller(self.handle.capacity,
+                self.controller = Controller(self.handle.capacity, config=self.opts.controller,
                                              initial_tokens_per_request=self._initial_tokens(first))
                 g = self.cfg.generation
                 transport = await stack.enter_async_context(AiohttpTransport(
