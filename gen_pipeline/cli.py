@@ -169,6 +169,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if not folder.is_dir():
         raise ConfigError(f"{folder}: no such output folder. Generate it first (make generate DATASET={args.dataset}).")
     report = validate_dataset(folder)
+    if report.rows == 0 and report.ok:
+        raise ConfigError(f"{folder}: nothing to validate: no samples yet ({report.files} shard"
+                          f"{'' if report.files == 1 else 's'}, all empty). "
+                          f"Generate it first (make generate DATASET={args.dataset}).")
     if args.json:
         import orjson
         sys.stdout.write(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")

@@ -379,11 +379,13 @@ async def run_generate(cfg: DatasetConfig, opts: RunOptions, *, on_event: Any = 
             if run.goal <= 0:
                 run.stopped_by = "nothing_to_do"
                 run.keep_last_figures = True  # status keeps showing the last real run's throughput
+                store.record_stop(run.stopped_by)
                 return run.summary()
             try:
                 await run.main(http)
             except BaseExceptionGroup as group:
                 raise _first_known(group) from None
+            store.record_stop(run.stopped_by)  # status says "source exhausted" from this
             return run.summary()
         finally:
             with anyio.CancelScope(shield=True):  # the manifest must be committed even when cancelled

@@ -21,8 +21,8 @@ __all__ = ["ERRORS_NAME", "REJECTS_NAME", "DatasetStatus", "StatusReport", "fina
 
 @dataclass
 class DatasetStatus:
-    """One dataset's figures; `state` is "running (pid N)", "stopped", "finished", "not started"
-    or "died (pid N gone)". Rates in samples/s and tokens/s, `eta_s` in seconds."""
+    """One dataset's figures; `state` is "running (pid N)", "stopped", "finished", "source exhausted",
+    "not started" or "died (pid N gone)". Rates in samples/s and tokens/s, `eta_s` in seconds."""
 
     dataset: str
     target: int | None
@@ -54,6 +54,8 @@ class DatasetStatus:
     def eta_s(self) -> float | None:
         if self.remaining == 0:
             return 0.0
+        if self.state == "source exhausted":
+            return None  # no rate finishes it: the source has no more rows
         return self.remaining / self.samples_per_s if self.samples_per_s else None
 
     def to_dict(self) -> dict[str, Any]:
@@ -68,6 +70,7 @@ class StatusReport:
     datasets: list[DatasetStatus]
     total_done: int
     total_target: int
+    total_of: list[str] = field(default_factory=list)  # the datasets the total sums
 
     def to_dict(self) -> dict[str, Any]:
         return {"datasets": {d.dataset: d.to_dict() for d in self.datasets},
@@ -133,6 +136,8 @@ def _add_run(st: DatasetStatus, folder: Path, manifest: dict[str, Any]) -> None:
         st.state = "running (pid unknown)" if lock.alive else "died (pid unknown)"
     elif st.target is not None and st.done >= st.target:
         st.state = "finished"
+    elif runs and runs[-1].get("stopped_by") == "source_exhausted":
+        st.state = "source exhausted"  # more runs will not help: the source has no more valid rows
     elif runs or st.done:
         st.state = "stopped"
     progress = manifest.get("progress") or {}
@@ -168,7 +173,7 @@ def status_all(root: Path, targets: dict[str, int], *, total_of: list[str] | Non
     datasets = [read_status(root, n, targets.get(n)) for n in names]
     counted = set(targets if total_of is None else total_of)
     return StatusReport(datasets, sum(d.done for d in datasets if d.dataset in counted),
-                        sum(targets.get(n, 0) for n in counted))
+                        sum(targets.get(n, 0) for n in counted), [n for n in names if n in counted])
 
 
 # ---------------------------------------------------------------- human output
@@ -192,11 +197,12 @@ def _duration(s: float | None) -> str:
     return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
 
 
-def _row(d: DatasetStatus) -> list[str]:
+def _row(d: DatasetStatus, in_total: bool) -> list[str]:
     errors = f"{d.errors_last_run}/{d.errors_unresolved}" if d.errors_last_run or d.errors_unresolved else "0"
     return [d.dataset, f"{d.done:,}/{d.target:,}" if d.target is not None else f"{d.done:,}/?",
             f"{100 * d.done / d.target:.1f}%" if d.target else "-", str(d.shards), _si(d.prompt_tokens),
-            _si(d.completion_tokens), f"{100 * d.truncated_share:.1f}%", errors, str(d.rejects), d.state,
+            _si(d.completion_tokens), f"{100 * d.truncated_share:.1f}%", errors, str(d.rejects),
+            d.state if in_total else f"{d.state} (not in total)",
             _si(d.samples_per_s), _si(d.tokens_per_s), _duration(d.eta_s)]
 
 
@@ -204,7 +210,8 @@ def format_status(report: StatusReport) -> str:
     """A compact table: one row per dataset plus the total."""
     head = ["dataset", "done/target", "%", "shards", "prompt tok", "compl tok", "trunc", "errors",
             "rejects", "state", "samples/s", "tok/s", "ETA"]
-    rows = [_row(d) for d in report.datasets]
+    counted = set(report.total_of) if report.total_target else {d.dataset for d in report.datasets}
+    rows = [_row(d, d.dataset in counted) for d in report.datasets]
     if report.total_target:  # no total row when none of the datasets it sums is shown
         pct = f"{100 * report.total_done / report.total_target:.1f}%"
         rows.append(["total", f"{report.total_done:,}/{report.total_target:,}", pct] + [""] * (len(head) - 3))

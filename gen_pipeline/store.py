@@ -89,6 +89,10 @@ class DatasetStore:
     def remaining(self) -> int:
         return max(0, self._target - self.done)
 
+    def record_stop(self, stopped_by: str) -> None:
+        """Why this run ended (RunSummary.stopped_by); written into its manifest record at close()."""
+        self._run["stopped_by"] = stopped_by
+
     def final_failure_ids(self) -> set[str]:
         """Ids whose failure a retry cannot fix (`retryable: false` in errors.jsonl) and not done."""
         return final_failure_ids(self.folder) - self.done_ids

@@ -256,8 +256,9 @@ def test_lock_held_by_a_live_process_is_refused_with_its_pid(tmp_path, sleeper):
     with pytest.raises(LockedError) as e:
         make(tmp_path).open()
     where = display_path(folder)
-    assert str(e.value) == (f"{where} is being written by another run (pid {sleeper.pid}, started {hms}). "
-                            f"Wait for it to finish or stop it; if that process is gone, delete {where}/.lock.")
+    assert str(e.value) == (f"{where} is being written by another run on this host (pid {sleeper.pid}, started "
+                            f"{hms}). Wait for it to finish or stop it (kill {sleeper.pid}); when a run dies, the "
+                            "next run takes its lock over by itself.")
     assert orjson.loads((folder / ".lock").read_bytes())["pid"] == sleeper.pid
 
 
