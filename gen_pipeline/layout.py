@@ -109,32 +109,35 @@ def shard_files(folder: Path, manifest: dict[str, Any] | None = None) -> list[Sh
 
 @dataclass
 class CommittedShard:
-    """The committed samples of one shard: ids and figures (`scan.corrupt`: damaged lines, not samples)."""
+    """The committed samples of one shard: figures, ids (when asked for), damaged lines (`scan.corrupt`)."""
 
     file: ShardFile
     scan: ShardScan
-    parsed: bool  # False = figures from the manifest record, ids from the sidecar
+    samples: int
+    parsed: bool  # False = figures from the manifest record (and ids from the sidecar)
 
 
-def committed_shard(shard: ShardFile) -> CommittedShard:
-    """Ids and figures of one shard under the trust rule; raises OSError if it cannot be read."""
+def committed_shard(shard: ShardFile, *, ids: bool = True) -> CommittedShard:
+    """One shard under the trust rule; `ids=False` skips the sidecar when the record is trusted (status
+    needs only the figures). Raises OSError if the shard cannot be read."""
     rec = shard.record
     if rec is not None:
-        ids = read_sidecar(sidecar_path(shard.path))
-        if ids is not None and len(ids) == rec.get("samples"):
-            scan = ShardScan(ids=ids, good_bytes=shard.size, **{k: int(rec.get(k, 0)) for k in
-                                                               ("prompt_tokens", "completion_tokens", "truncated")})
-            return CommittedShard(shard, scan, parsed=False)
-    return CommittedShard(shard, scan_bytes(shard.path.read_bytes()), parsed=True)
+        found = read_sidecar(sidecar_path(shard.path)) if ids else []
+        if found is not None and (not ids or len(found) == rec.get("samples")):
+            scan = ShardScan(ids=found, good_bytes=shard.size, **{k: int(rec.get(k, 0)) for k in
+                                                                 ("prompt_tokens", "completion_tokens", "truncated")})
+            return CommittedShard(shard, scan, int(rec.get("samples", 0)), parsed=False)
+    scan = scan_bytes(shard.path.read_bytes())
+    return CommittedShard(shard, scan, scan.samples, parsed=True)
 
 
-def committed_shards(folder: Path) -> list[CommittedShard]:
-    """Every shard of every part of a dataset folder with its committed ids and figures."""
+def committed_shards(folder: Path, *, ids: bool = True) -> list[CommittedShard]:
+    """Every shard of every part of a dataset folder with its committed figures (and ids)."""
     out = []
     for part in dataset_parts(folder):
         for shard in shard_files(part):
             try:
-                out.append(committed_shard(shard))
+                out.append(committed_shard(shard, ids=ids))
             except OSError:
                 continue  # vanished or rewritten while we read: a live run owns it
     return out
@@ -148,7 +151,7 @@ def iter_committed_samples(folder: Path) -> Iterator[dict[str, Any]]:
                 data = shard.path.read_bytes()
             except OSError:
                 continue
-            for _line, row, _why in iter_lines(data):
+            for _line, row, _why, _end in iter_lines(data):
                 if row is not None:
                     yield row
 

@@ -80,17 +80,18 @@ def _parse_line(line: bytes) -> tuple[dict[str, Any] | None, str]:
     return row, ""
 
 
-def iter_lines(data: bytes) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
-    """(1-based line, row or None, why) of every line of a shard except a torn write: the bytes after
-    the last newline and an invalid last line (layout.py's trust rule). `why` is "" for a sample."""
-    end = data.rfind(b"\n") + 1
-    lines = data[:end].split(b"\n")[:-1]
-    last = len(lines) - 1
+def iter_lines(data: bytes) -> Iterator[tuple[int, dict[str, Any] | None, str, int]]:
+    """(1-based line, row or None, why, byte offset after the line) of every line of a shard except a
+    torn write: the bytes after the last newline and an invalid last line (layout.py's trust rule).
+    `why` is "" for a sample."""
+    lines = data[:data.rfind(b"\n") + 1].split(b"\n")[:-1]
+    last, pos = len(lines) - 1, 0
     for i, line in enumerate(lines):
         row, why = _parse_line(line)
         if row is None and i == last:
             return
-        yield i + 1, row, why
+        pos += len(line) + 1
+        yield i + 1, row, why, pos
 
 
 def scan_bytes(data: bytes) -> ShardScan:
@@ -98,18 +99,13 @@ def scan_bytes(data: bytes) -> ShardScan:
     last line; invalid lines before it are listed in `corrupt` (the caller decides)."""
     scan = ShardScan()
     pos = 0
-    for line_no, row, why in iter_lines(data):
+    for line_no, row, why, pos in iter_lines(data):
         if row is None:
             scan.corrupt.append((line_no, why))
         else:
             scan.add(row)
-        pos = _line_end(data, pos)
     scan.good_bytes, scan.cut_bytes = pos, len(data) - pos
     return scan
-
-
-def _line_end(data: bytes, pos: int) -> int:
-    return data.index(b"\n", pos) + 1
 
 
 def read_sidecar(path: Path) -> list[str] | None:

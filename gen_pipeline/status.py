@@ -86,30 +86,30 @@ def read_status(root: Path, dataset: str, target: int | None) -> DatasetStatus:
     st = DatasetStatus(dataset, target if target is not None else manifest.get("target"))
     if not folder.is_dir():
         return st
-    done_ids = _add_shards(st, folder)
-    _add_errors(st, folder, manifest, done_ids)
+    errors = read_jsonl_rows(folder / ERRORS_NAME)
+    done_ids = _add_shards(st, folder, ids=bool(errors))  # ids only to tell which failures have a sample since
+    _add_errors(st, manifest, errors, done_ids)
     _add_rejects(st, folder)
     _add_run(st, folder, manifest)
     return st
 
 
-def _add_shards(st: DatasetStatus, folder: Path) -> set[str]:
-    """Shard figures into `st` under layout's trust rule; returns the committed ids."""
-    ids: set[str] = set()
-    for shard in committed_shards(folder):
+def _add_shards(st: DatasetStatus, folder: Path, *, ids: bool) -> set[str]:
+    """Shard figures into `st` under layout's trust rule; returns the committed ids when asked."""
+    done: set[str] = set()
+    for shard in committed_shards(folder, ids=ids):
         st.shards += 1
         scan = shard.scan
-        st.done += scan.samples
+        st.done += shard.samples
         st.prompt_tokens += scan.prompt_tokens
         st.completion_tokens += scan.completion_tokens
         st.truncated += scan.truncated
         st.corrupt_lines += len(scan.corrupt)
-        ids.update(scan.ids)
-    return ids
+        done.update(scan.ids)
+    return done
 
 
-def _add_errors(st: DatasetStatus, folder: Path, manifest: dict[str, Any], done: set[str]) -> None:
-    rows = read_jsonl_rows(folder / ERRORS_NAME)
+def _add_errors(st: DatasetStatus, manifest: dict[str, Any], rows: list[dict[str, Any]], done: set[str]) -> None:
     if not rows:
         return
     runs = manifest.get("runs") or [{}]
