@@ -3,7 +3,6 @@ message and the exit code."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
