@@ -7,6 +7,12 @@ status, validate and export alike. Nothing here writes.
       manifest.json, .lock        manifest.py: sealed shards, open shard's committed length, runs; run lock
       errors.jsonl, rejects.jsonl Failure / Reject lines, each with its "run"
 
+manifest.json (written by the store only, atomically): "dataset", "target", "fingerprint" (+ its
+"fingerprint_digest"), "sealed": [{"name", "samples", "bytes", "prompt_tokens", "completion_tokens",
+"truncated"}], "open": {"name", "committed_bytes", "committed_samples", ...}, "runs": [{"run", "pid",
+"host", "started_at", "ended_at", "samples_written", "stopped_by", "notes", ...}], "progress" (the last
+run's figures), "created_at", "updated_at".
+
 A folder is read through its *parts*: the sub-folders each written by one run at a time, with their
 own manifest and lock. Today a dataset has one part, the folder itself; rank sub-folders
 (`rank-<R>-of-<W>/`) become more parts of the same dataset in `dataset_parts`, and every reader
