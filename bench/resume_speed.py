@@ -16,7 +16,8 @@ from pathlib import Path
 
 from bench.report import md_table, write_section
 from gen_pipeline.records import Sample
-from gen_pipeline.store import DatasetStore, read_status
+from gen_pipeline.status import read_status
+from gen_pipeline.store import DatasetStore
 
 SAMPLES = 88_000
 SHARD_MAX_SAMPLES = 1_500  # 58 sealed shards + an open one with 1,000 lines to parse

@@ -13,8 +13,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .config import DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR, available_datasets, find_dataset_config
+from typing import TYPE_CHECKING
+
+from .config import DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR, DatasetConfig, available_datasets, find_dataset_config
 from .errors import ConfigError, GenPipelineError
+
+if TYPE_CHECKING:
+    from .run import RunOptions
 
 REFERENCE_DATASETS = ("B1", "B2", "B6", "B7")
 
@@ -42,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--server-url", action="append", default=[], metavar="URL",
                        help="attach to a running server or sglang-router instead (repeat or comma-separate)")
     g.add_argument("--limit", type=int, help="stop after this many new samples in this run")
-    g.add_argument("--window", type=int, help="fixed concurrency instead of the adaptive controller")
+    g.add_argument("--window", type=int, help="fixed concurrency instead of the adaptive controller "
+                                              "(default: the dataset's generation.window; 0 there = adaptive)")
     g.add_argument("--model", default="", help="model id for requests (default: from the profile or /v1/models)")
     g.add_argument("--progress", choices=("auto", "bar", "log", "quiet"), default="auto",
                    help="progress display (auto: a bar on a terminal, log lines otherwise)")
@@ -106,21 +112,30 @@ def _probe_kv_parser(sub: Any) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     import anyio
 
-    from .pipeline import RunOptions, run_generate
-    from .server.profile import load_server_profile
+    from .pipeline import run_generate
 
     cfg = find_dataset_config(args.dataset, args.config_dir)
+    summary = anyio.run(run_generate, cfg, run_options(args, cfg))
+    print(summary.line(), flush=True)
+    return summary.exit_code
+
+
+def run_options(args: argparse.Namespace, cfg: DatasetConfig) -> RunOptions:
+    """generate's flags + the dataset config + server.toml → RunOptions; raises ConfigError."""
+    from .run import RunOptions
+    from .server.profile import load_controller_config, load_server_profile
+
     urls = tuple(_server_url(u) for arg in args.server_url for u in arg.split(",") if u.strip())
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit {args.limit} must be at least 1.")
     if args.window is not None and args.window < 1:
         raise ConfigError(f"--window {args.window} must be at least 1.")
-    profile = None if urls else load_server_profile(args.server, args.config_dir / "server.toml")
-    opts = RunOptions(output_root=args.output_dir, profile=profile, server_urls=urls, model=args.model,
-                      limit=args.limit, window=args.window, drain_grace_s=args.drain_grace_s, progress=args.progress)
-    summary = anyio.run(run_generate, cfg, opts)
-    print(summary.line(), flush=True)
-    return summary.exit_code
+    server_toml = args.config_dir / "server.toml"
+    profile = None if urls else load_server_profile(args.server, server_toml)
+    window = args.window if args.window is not None else (cfg.generation.window or None)  # the flag wins
+    return RunOptions(output_root=args.output_dir, profile=profile, server_urls=urls, model=args.model,
+                      limit=args.limit, window=window, controller=load_controller_config(server_toml),
+                      drain_grace_s=args.drain_grace_s, progress=args.progress)
 
 
 def _server_url(url: str) -> str:
@@ -154,7 +169,7 @@ def _targets(config_dir: Path, output_dir: Path, only: Sequence[str]) -> dict[st
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from .store import format_status, status_all
+    from .status import format_status, status_all
 
     targets = _targets(args.config_dir, args.output_dir, args.dataset)
     # the total is the reference job's (88,000 over B1, B2, B6, B7), over the ones asked for
@@ -177,6 +192,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if not folder.is_dir():
         raise ConfigError(f"{folder}: no such output folder. Generate it first (make generate DATASET={args.dataset}).")
     report = validate_dataset(folder)
+    if report.rows == 0 and report.ok:
+        raise ConfigError(f"{folder}: nothing to validate: no samples yet ({report.files} shard"
+                          f"{'' if report.files == 1 else 's'}, all empty). "
+                          f"Generate it first (make generate DATASET={args.dataset}).")
     if args.json:
         import orjson
         sys.stdout.write(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")

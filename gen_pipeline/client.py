@@ -13,7 +13,7 @@ import functools
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -67,7 +67,26 @@ RequestDone = Callable[[int, int, float], None]  # (prompt_tokens, completion_to
 
 @functools.lru_cache(maxsize=8)
 def _sampling_dict(sampling: SamplingConfig) -> dict[str, Any]:
-    return asdict(sampling)  # once per config, not per sample (asdict is slow on a hot path)
+    return sampling.as_dict()  # once per config, not per sample (asdict is slow on a hot path)
+
+
+@functools.lru_cache(maxsize=8)
+def _sampling_body(sampling: SamplingConfig, reasoning: str) -> dict[str, Any]:
+    """The body keys a config adds to every request: the optional sampling keys that are set (as
+    SGLang's ChatCompletionRequest names them), then extra_body verbatim; cached per config."""
+    d = sampling.as_dict()
+    body: dict[str, Any] = {k: d[k] for k in _OPTIONAL_SAMPLING if k in d}
+    if "stop" in body:
+        body["stop"] = list(body["stop"])
+    body.update(sampling.extra_body)
+    if reasoning == "disable":
+        # Kimi/DeepSeek templates read `thinking`, Qwen3's `enable_thinking`; unknown keys are ignored.
+        body["chat_template_kwargs"] = {**(body.get("chat_template_kwargs") or {}),
+                                        "thinking": False, "enable_thinking": False}
+    return body
+
+
+_OPTIONAL_SAMPLING = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "seed")
 
 
 def build_request(messages: list[Message], s: ClientSettings) -> dict[str, Any]:
@@ -80,9 +99,9 @@ def build_request(messages: list[Message], s: ClientSettings) -> dict[str, Any]:
         "top_p": s.sampling.top_p,
         "stream": False,
     }
-    if s.generation.reasoning == "disable":
-        # Kimi/DeepSeek templates read `thinking`, Qwen3's `enable_thinking`; unknown keys are ignored.
-        body["chat_template_kwargs"] = {"thinking": False, "enable_thinking": False}
+    extra = _sampling_body(s.sampling, s.generation.reasoning)
+    if extra:
+        body.update(extra)  # copied: a nested table in extra_body is shared, never mutated
     return body
 
 

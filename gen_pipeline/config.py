@@ -21,12 +21,23 @@ A dataset config, `datasets_cfg/B2.toml`:
     max_new_tokens = 4096
     temperature = 0.7
     top_p = 0.95
+    # optional, sent only when set (else the server's default): SGLang's ChatCompletionRequest names
+    # top_k = 20                     # -1 (off) or at least 1
+    # min_p = 0.0                    # 0..1
+    # repetition_penalty = 1.05      # (0, 2], 1 = none
+    # presence_penalty = 0.0         # -2..2
+    # frequency_penalty = 0.0        # -2..2
+    # stop = ["</answer>"]           # strings that end a turn
+    # seed = 1234                    # per-request sampling seed
+    # [sampling.extra_body]          # merged into the request body verbatim (other SGLang keys)
+    # min_tokens = 16
 
     [generation]
     reasoning = "keep"               # "keep" reasoning_content | "disable" thinking | "none"
     truncated = "keep"               # finish_reason == "length": "keep" or "drop"
     request_timeout_s = 3600
     max_attempts = 6
+    window = 0                       # 0 = the adaptive controller; N = fixed concurrency (--window wins)
 
     [output]
     shard_max_samples = 2000
@@ -37,21 +48,24 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import math
 import tomllib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
 from .errors import ConfigError
+from .paths import display_path
+from .schema import build_section, unknown_key
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG_DIR = REPO_ROOT / "datasets_cfg"
 DEFAULT_OUTPUT_DIR = REPO_ROOT / "outputs"
-SCHEMAS = ("sharegpt", "messages", "prompt")
-REASONING_MODES = ("keep", "disable", "none")
-TRUNCATED_POLICIES = ("keep", "drop")
+Schema = Literal["sharegpt", "messages", "prompt"]
+Reasoning = Literal["keep", "disable", "none"]
+Truncated = Literal["keep", "drop"]
 
 
 @dataclass(frozen=True)
@@ -60,7 +74,7 @@ class SourceConfig:
     hf_subset: str = ""
     split: str = "train"
     files: tuple[str, ...] = ()
-    schema: str = "sharegpt"
+    schema: Schema = "sharegpt"
     field: str = "conversations"
     id_field: str = ""
     system_prompt: str = ""
@@ -71,15 +85,39 @@ class SourceConfig:
 
 @dataclass(frozen=True)
 class SamplingConfig:
+    """What each request asks the server for. Keys after top_p are sent only when set."""
+
     max_new_tokens: int = 2048
     temperature: float = 0.7
     top_p: float = 0.95
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    extra_body: dict[str, Any] = field(default_factory=dict)  # merged into the request body verbatim
+
+    def __hash__(self) -> int:  # extra_body is a dict; the client caches per config
+        return hash(orjson.dumps(self.as_dict(), option=orjson.OPT_SORT_KEYS))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The settings that are set: what meta.sampling records and the fingerprint holds (a config
+        without the optional keys keeps the fingerprint it had before they existed)."""
+        d = asdict(self)
+        return {k: v for k, v in d.items() if k in _ALWAYS or v not in (None, (), {})}
+
+
+_ALWAYS = ("max_new_tokens", "temperature", "top_p")
+# Body keys the pipeline sets itself; extra_body must not set them.
+RESERVED_BODY_KEYS = ("model", "messages", "stream", "max_tokens", "max_completion_tokens", "n")
 
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    reasoning: str = "none"
-    truncated: str = "keep"
+    reasoning: Reasoning = "none"
+    truncated: Truncated = "keep"
     request_timeout_s: float = 3600.0
     connect_timeout_s: float = 10.0
     max_attempts: int = 6
@@ -116,7 +154,7 @@ class DatasetConfig:
         return {
             "model": model,
             "source": _source_identity(self.source),
-            "sampling": asdict(self.sampling),
+            "sampling": self.sampling.as_dict(),
             "reasoning": self.generation.reasoning,
             "truncated": self.generation.truncated,
         }
@@ -155,86 +193,19 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid TOML ({e}). Fix the syntax and run again.") from None
 
 
-def _type_name(v: Any) -> str:
-    return {str: "a string", bool: "a boolean", int: "an integer", float: "a number",
-            list: "a list", dict: "a table"}.get(type(v), type(v).__name__)
-
-
-def _coerce(where: str, key: str, value: Any, default: Any, annotation: str) -> Any:
-    """Check one TOML value against the dataclass field's type; ints are fine for floats."""
-    loc = f"{where}{key}"
-    if annotation in ("float",):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            hint = " Remove the quotes." if isinstance(value, str) else ""
-            raise ConfigError(f"{loc} = {value!r} must be a number (got {_type_name(value)}).{hint}")
-        return float(value)
-    if annotation in ("int", "int | None"):
-        if isinstance(value, bool) or not isinstance(value, int):
-            hint = " Remove the quotes." if isinstance(value, str) else ""
-            raise ConfigError(f"{loc} = {value!r} must be an integer (got {_type_name(value)}).{hint}")
-        return value
-    if annotation == "bool":
-        if not isinstance(value, bool):
-            raise ConfigError(f"{loc} = {value!r} must be true or false (got {_type_name(value)}).")
-        return value
-    if annotation == "str":
-        if not isinstance(value, str):
-            raise ConfigError(f"{loc} = {value!r} must be a string (got {_type_name(value)}). Put it in quotes.")
-        return value
-    if annotation.startswith("tuple"):
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
-            raise ConfigError(f"{loc} = {value!r} must be a list of strings.")
-        return tuple(value)
-    return value
-
-
-def build_section(cls: type, table: Any, where: str) -> Any:
-    """Instantiate a config dataclass from a TOML table; unknown keys are errors.
-
-    `where` prefixes messages, e.g. "datasets_cfg/B2.toml: sampling."
-    """
-    if not isinstance(table, dict):
-        raise ConfigError(f"{where.rstrip('.')} must be a table ([section]), got {_type_name(table)}.")
-    known = {f.name: f for f in fields(cls)}
-    kwargs = {}
-    for key, value in table.items():
-        if key not in known:
-            raise ConfigError(
-                f"{where}{key}: unknown key. Known keys here: {', '.join(sorted(known))}. "
-                "Check the spelling or remove it.")
-        f = known[key]
-        kwargs[key] = _coerce(where, key, value, f.default, str(f.type))
-    return cls(**kwargs)
-
-
-def _check_choice(where: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{where} = {value!r} is not one of {', '.join(repr(c) for c in choices)}.")
-
-
-def _rel(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
 def load_dataset_config(path: Path) -> DatasetConfig:
     """Read and validate one dataset TOML; raises ConfigError naming file and key."""
     raw = read_toml(path)
-    name_in = _rel(path)
-    top_known = {"name", "target_samples", *_SECTIONS}
+    name_in = display_path(path)
+    top_known = ["name", "target_samples", *_SECTIONS]
     for key in raw:
         if key not in top_known:
-            raise ConfigError(f"{name_in}: {key}: unknown key. Known top-level keys: "
-                              f"{', '.join(sorted(top_known))}. Check the spelling or remove it.")
+            raise unknown_key(f"{name_in}: ", key, top_known, top_level=True)
     if "source" not in raw:
         raise ConfigError(f"{name_in}: missing [source] table (hf_id or files, schema, field).")
     if "target_samples" not in raw:
         raise ConfigError(f"{name_in}: missing target_samples (how many samples this dataset should end with).")
-    target = _coerce(f"{name_in}: ", "target_samples", raw["target_samples"], 0, "int")
+    target = build_section(_Target, {"target_samples": raw["target_samples"]}, f"{name_in}: ").target_samples
     if target <= 0:
         raise ConfigError(f"{name_in}: target_samples = {target} must be positive.")
     name = raw.get("name", path.stem)
@@ -245,19 +216,49 @@ def load_dataset_config(path: Path) -> DatasetConfig:
     if bool(src.hf_id) == bool(src.files):
         raise ConfigError(f"{name_in}: [source] needs exactly one of hf_id (a Hugging Face dataset) "
                           f"or files (local jsonl/json/parquet paths).")
-    _check_choice(f"{name_in}: source.schema", src.schema, SCHEMAS)
     gen: GenerationConfig = sections["generation"]
-    _check_choice(f"{name_in}: generation.reasoning", gen.reasoning, REASONING_MODES)
-    _check_choice(f"{name_in}: generation.truncated", gen.truncated, TRUNCATED_POLICIES)
-    samp: SamplingConfig = sections["sampling"]
-    if samp.max_new_tokens <= 0:
-        raise ConfigError(f"{name_in}: sampling.max_new_tokens = {samp.max_new_tokens} must be positive.")
+    _check_sampling(sections["sampling"], f"{name_in}: sampling.")
+    if gen.window < 0:
+        raise ConfigError(f"{name_in}: generation.window = {gen.window} must be 0 (the adaptive controller) "
+                          "or a fixed number of requests in flight.")
     if gen.max_attempts < 1:
         raise ConfigError(f"{name_in}: generation.max_attempts = {gen.max_attempts} must be at least 1.")
     out: OutputConfig = sections["output"]
     if out.shard_max_samples < 1 or out.fsync_every < 1:
         raise ConfigError(f"{name_in}: output.shard_max_samples and output.fsync_every must be at least 1.")
     return DatasetConfig(name=name, target_samples=target, path=path.resolve(), **sections)
+
+
+@dataclass(frozen=True)
+class _Target:
+    target_samples: int
+
+
+def _check_sampling(s: SamplingConfig, where: str) -> None:
+    """Ranges as SGLang's SamplingParams.verify checks them, before any request."""
+    if s.max_new_tokens <= 0:
+        raise ConfigError(f"{where}max_new_tokens = {s.max_new_tokens} must be positive.")
+    ranges = {"min_p": (0.0, 1.0, "between 0 and 1"), "presence_penalty": (-2.0, 2.0, "between -2 and 2"),
+              "frequency_penalty": (-2.0, 2.0, "between -2 and 2")}
+    for key, (lo, hi, words) in ranges.items():
+        v = getattr(s, key)
+        if v is not None and not (math.isfinite(v) and lo <= v <= hi):
+            raise ConfigError(f"{where}{key} = {v} must be {words}.")
+    if s.repetition_penalty is not None and not 0 < s.repetition_penalty <= 2:
+        raise ConfigError(f"{where}repetition_penalty = {s.repetition_penalty} must be above 0 and at most 2 "
+                          "(1 = no penalty).")
+    if s.top_k is not None and s.top_k != -1 and s.top_k < 1:
+        raise ConfigError(f"{where}top_k = {s.top_k} must be -1 (no top-k) or at least 1.")
+    if any(not x for x in s.stop):
+        raise ConfigError(f"{where}stop = {list(s.stop)!r} must not contain an empty string.")
+    for key in s.extra_body:
+        if key in RESERVED_BODY_KEYS:
+            raise ConfigError(f"{where}extra_body.{key}: the pipeline sets {key} itself. Remove it.")
+        if key in _SAMPLING_KEYS:
+            raise ConfigError(f"{where}extra_body.{key}: set it as {where.split(': ')[-1]}{key} instead.")
+
+
+_SAMPLING_KEYS = frozenset(f for f in SamplingConfig.__dataclass_fields__ if f != "extra_body") | {"max_tokens"}
 
 
 def available_datasets(config_dir: Path = DEFAULT_CONFIG_DIR) -> list[str]:
@@ -276,6 +277,6 @@ def find_dataset_config(name: str, config_dir: Path = DEFAULT_CONFIG_DIR) -> Dat
         known = available_datasets(config_dir)
         close = difflib.get_close_matches(name, known, n=1) or [k for k in known if k.lower() == name.lower()]
         hint = f" Did you mean {close[0]}?" if close else ""
-        raise ConfigError(f"No dataset config {name!r}: {_rel(path)} does not exist. "
-                          f"Configs in {_rel(config_dir)}: {', '.join(known) or 'none'}.{hint}")
+        raise ConfigError(f"No dataset config {name!r}: {display_path(path)} does not exist. "
+                          f"Configs in {display_path(config_dir)}: {', '.join(known) or 'none'}.{hint}")
     return load_dataset_config(path)

@@ -20,20 +20,13 @@ from typing import Any
 import orjson
 
 from .errors import ConfigDriftError, LockedError, StoreError
+from .paths import display_path
 
 MANIFEST_NAME = "manifest.json"
 LOCK_NAME = ".lock"
 _TMP_PREFIX = MANIFEST_NAME + ".tmp-"
 # A lock file with no readable content is being created right now, unless it is older than this.
 _EMPTY_LOCK_GRACE_S = 5.0
-
-
-def display_path(path: Path) -> str:
-    """`path` relative to the working directory when it is below it (what users typed)."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
 
 
 def now_iso() -> str:
@@ -198,11 +191,18 @@ def read_lock(folder: Path) -> LockInfo | None:
 
 
 def locked_message(folder: Path, info: LockInfo) -> str:
+    """Who holds the lock and what to do; a dead holder's lock on this host is taken over without asking."""
     where = display_path(folder)
-    host = "" if info.local else f" on host {info.host}"
-    pid = f"pid {info.pid}" if info.pid is not None else "pid unknown"
-    return (f"{where} is being written by another run ({pid}{host}, started {info.started_hms()}). "
-            f"Wait for it to finish or stop it; if that process is gone, delete {where}/{LOCK_NAME}.")
+    if info.pid is None:
+        return (f"{where} is locked by a run that is starting right now (its {LOCK_NAME} has no content yet). "
+                "Wait for it, or run again in a few seconds.")
+    if not info.local:
+        return (f"{where} is being written by a run on host {info.host or 'unknown'} (pid {info.pid}, started "
+                f"{info.started_hms()}); this host cannot tell whether it still runs. Wait for it or stop it there; "
+                f"if it is gone, delete {where}/{LOCK_NAME}.")
+    return (f"{where} is being written by another run on this host (pid {info.pid}, started {info.started_hms()}). "
+            f"Wait for it to finish or stop it (kill {info.pid}); when a run dies, the next run takes its lock "
+            "over by itself.")
 
 
 class RunLock:

@@ -270,7 +270,7 @@ class _Run:
         try:
             async with AsyncExitStack() as stack, anyio.create_task_group() as tg:
                 self.handle = await self._start_server(tg, http)
-                self.controller = Controller(self.handle.capacity,
+                self.controller = Controller(self.handle.capacity, config=self.opts.controller,
                                              initial_tokens_per_request=self._initial_tokens(first))
                 g = self.cfg.generation
                 transport = await stack.enter_async_context(AiohttpTransport(
@@ -303,7 +303,7 @@ class _Run:
             self.stopped_by = "limit"
 
     async def _start_server(self, tg: TaskGroup, http: httpx.AsyncClient) -> ServerHandle:
-        log_dir = self.store.dir
+        log_dir = self.store.folder
         if self.opts.server_urls:
             return await tg.start(_attached, list(self.opts.server_urls), http, self.on_event)
         assert self.opts.profile is not None
@@ -379,11 +379,13 @@ async def run_generate(cfg: DatasetConfig, opts: RunOptions, *, on_event: Any = 
             if run.goal <= 0:
                 run.stopped_by = "nothing_to_do"
                 run.keep_last_figures = True  # status keeps showing the last real run's throughput
+                store.record_stop(run.stopped_by)
                 return run.summary()
             try:
                 await run.main(http)
             except BaseExceptionGroup as group:
                 raise _first_known(group) from None
+            store.record_stop(run.stopped_by)  # status says "source exhausted" from this
             return run.summary()
         finally:
             with anyio.CancelScope(shield=True):  # the manifest must be committed even when cancelled

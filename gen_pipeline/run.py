@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .config import DEFAULT_OUTPUT_DIR
+from .controller.config import ControllerConfig
 from .progress import Figures, format_duration
 from .server.profile import ServerProfile
 
@@ -20,6 +21,7 @@ class RunOptions:
     model: str = ""  # the model id requests carry (and the resume fingerprint records)
     limit: int | None = None  # at most this many new samples in this run
     window: int | None = None  # fixed concurrency instead of the controller
+    controller: ControllerConfig = ControllerConfig()  # server.toml's [controller] table
     drain_grace_s: float = 30.0
     poll_interval_s: float = 1.0
     commit_interval_s: float = 5.0

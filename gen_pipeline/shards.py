@@ -1,5 +1,5 @@
 """The shard file format: names, parsing a shard's lines (pure), and the id sidecars of sealed
-shards. Shared by the store (which repairs) and status (which only reads).
+shards. Read through layout.py (the trust rules); the store repairs with it.
 
     shard-00003.jsonl   one Sample JSON object a line, "\\n"-terminated; a torn write leaves a partial last line
     shard-00003.ids     the ids of a sealed shard, one JSON string a line, so resume need not parse the shard
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,20 +80,28 @@ def _parse_line(line: bytes) -> tuple[dict[str, Any] | None, str]:
     return row, ""
 
 
+def iter_lines(data: bytes) -> Iterator[tuple[int, dict[str, Any] | None, str, int]]:
+    """(1-based line, row or None, why, byte offset after the line) of every line of a shard except a
+    torn write: the bytes after the last newline and an invalid last line (layout.py's trust rule).
+    `why` is "" for a sample."""
+    lines = data[:data.rfind(b"\n") + 1].split(b"\n")[:-1]
+    last, pos = len(lines) - 1, 0
+    for i, line in enumerate(lines):
+        row, why = _parse_line(line)
+        if row is None and i == last:
+            return
+        pos += len(line) + 1
+        yield i + 1, row, why, pos
+
+
 def scan_bytes(data: bytes) -> ShardScan:
     """Parse a shard: bytes after the last newline are a torn write and are cut, so is an invalid
     last line; invalid lines before it are listed in `corrupt` (the caller decides)."""
     scan = ShardScan()
-    end = data.rfind(b"\n") + 1
-    lines = data[:end].split(b"\n")[:-1]
     pos = 0
-    for i, line in enumerate(lines):
-        row, why = _parse_line(line)
-        if row is None and i == len(lines) - 1:
-            break
-        pos += len(line) + 1
+    for line_no, row, why, pos in iter_lines(data):
         if row is None:
-            scan.corrupt.append((i + 1, why))
+            scan.corrupt.append((line_no, why))
         else:
             scan.add(row)
     scan.good_bytes, scan.cut_bytes = pos, len(data) - pos

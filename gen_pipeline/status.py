@@ -1,6 +1,6 @@
 """`status`: figures of each dataset folder, read from outputs/ only, without the lock, so it
-works while a run writes and after one died. Sealed shards' figures come from the manifest;
-only the open shard (and any shard the manifest does not match) is parsed, torn tail skipped.
+works while a run writes and after one died. Which lines count is layout.py's trust rule: sealed
+shards' figures come from the manifest, the open shard (and any the manifest does not match) is parsed.
 """
 
 from __future__ import annotations
@@ -11,42 +11,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import orjson
-
+from .layout import (ERRORS_NAME, REJECTS_NAME, committed_shards, dataset_folder, final_failure_ids,
+                     has_shards, read_jsonl_rows)
 from .manifest import read_lock, read_manifest
-from .shards import list_shards, read_sidecar, scan_bytes, sidecar_path
 
-ERRORS_NAME = "errors.jsonl"
-REJECTS_NAME = "rejects.jsonl"
-
-
-def _jsonl_rows(path: Path) -> list[dict[str, Any]]:
-    """The JSON object lines of a file (a torn or unparseable line is skipped); [] when absent."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return []
-    rows = []
-    for line in data.split(b"\n"):
-        try:
-            row = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
-
-
-def final_failure_ids(folder: Path) -> set[str]:
-    """Ids recorded in errors.jsonl with `retryable: false` (done or not)."""
-    return {r["id"] for r in _jsonl_rows(folder / ERRORS_NAME)
-            if r.get("retryable") is False and isinstance(r.get("id"), str)}
+__all__ = ["ERRORS_NAME", "REJECTS_NAME", "DatasetStatus", "StatusReport", "final_failure_ids", "format_status",
+           "read_status", "status_all"]
 
 
 @dataclass
 class DatasetStatus:
-    """One dataset's figures; `state` is "running (pid N)", "stopped", "finished", "not started"
-    or "died (pid N gone)". Rates in samples/s and tokens/s, `eta_s` in seconds."""
+    """One dataset's figures; `state` is "running (pid N)", "stopped", "finished", "source exhausted",
+    "not started" or "died (pid N gone)". Rates in samples/s and tokens/s, `eta_s` in seconds."""
 
     dataset: str
     target: int | None
@@ -78,6 +54,8 @@ class DatasetStatus:
     def eta_s(self) -> float | None:
         if self.remaining == 0:
             return 0.0
+        if self.state == "source exhausted":
+            return None  # no rate finishes it: the source has no more rows
         return self.remaining / self.samples_per_s if self.samples_per_s else None
 
     def to_dict(self) -> dict[str, Any]:
@@ -92,6 +70,7 @@ class StatusReport:
     datasets: list[DatasetStatus]
     total_done: int
     total_target: int
+    total_of: list[str] = field(default_factory=list)  # the datasets the total sums
 
     def to_dict(self) -> dict[str, Any]:
         return {"datasets": {d.dataset: d.to_dict() for d in self.datasets},
@@ -101,67 +80,47 @@ class StatusReport:
 def read_status(root: Path, dataset: str, target: int | None) -> DatasetStatus:
     """Figures of `root/dataset` (target None = the one the last run recorded). Never raises for
     a damaged folder: unreadable parts are skipped and counted in `corrupt_lines`."""
-    folder = Path(root) / dataset
+    folder = dataset_folder(root, dataset)
     manifest = read_manifest(folder)[0] if folder.is_dir() else None
     manifest = manifest or {}
     st = DatasetStatus(dataset, target if target is not None else manifest.get("target"))
     if not folder.is_dir():
         return st
-    open_ids = _add_shards(st, folder, manifest)
-    _add_errors(st, folder, manifest, open_ids)
+    errors = read_jsonl_rows(folder / ERRORS_NAME)
+    done_ids = _add_shards(st, folder, ids=bool(errors))  # ids only to tell which failures have a sample since
+    _add_errors(st, manifest, errors, done_ids)
     _add_rejects(st, folder)
     _add_run(st, folder, manifest)
     return st
 
 
-def _add_shards(st: DatasetStatus, folder: Path, manifest: dict[str, Any]) -> list[str]:
-    """Shard figures into `st`; returns the ids parsed (the shards the manifest does not cover)."""
-    sealed = {e.get("name"): e for e in manifest.get("sealed", []) if isinstance(e, dict)}
-    parsed: list[str] = []
-    for path in list_shards(folder).values():
+def _add_shards(st: DatasetStatus, folder: Path, *, ids: bool) -> set[str]:
+    """Shard figures into `st` under layout's trust rule; returns the committed ids when asked."""
+    done: set[str] = set()
+    for shard in committed_shards(folder, ids=ids):
         st.shards += 1
-        entry = sealed.get(path.name)
-        try:
-            size = path.stat().st_size
-            if entry is not None and entry.get("bytes") == size:
-                for k in ("prompt_tokens", "completion_tokens", "truncated"):
-                    setattr(st, k, getattr(st, k) + int(entry.get(k, 0)))
-                st.done += int(entry.get("samples", 0))
-                continue
-            scan = scan_bytes(path.read_bytes())
-        except (OSError, ValueError, TypeError):
-            continue  # vanished or rewritten while we read: a live run owns it
-        st.done += scan.samples
+        scan = shard.scan
+        st.done += shard.samples
         st.prompt_tokens += scan.prompt_tokens
         st.completion_tokens += scan.completion_tokens
         st.truncated += scan.truncated
         st.corrupt_lines += len(scan.corrupt)
-        parsed += scan.ids
-    return parsed
+        done.update(scan.ids)
+    return done
 
 
-def _done_ids(folder: Path, manifest: dict[str, Any], parsed: list[str]) -> set[str]:
-    ids = set(parsed)
-    for e in manifest.get("sealed", []):
-        if isinstance(e, dict) and isinstance(e.get("name"), str):
-            ids.update(read_sidecar(sidecar_path(folder / e["name"])) or [])
-    return ids
-
-
-def _add_errors(st: DatasetStatus, folder: Path, manifest: dict[str, Any], parsed: list[str]) -> None:
-    rows = _jsonl_rows(folder / ERRORS_NAME)
+def _add_errors(st: DatasetStatus, manifest: dict[str, Any], rows: list[dict[str, Any]], done: set[str]) -> None:
     if not rows:
         return
     runs = manifest.get("runs") or [{}]
     last = runs[-1].get("run", max((r.get("run", 0) for r in rows), default=0))
     st.errors_last_run = sum(1 for r in rows if r.get("run") == last)
-    done = _done_ids(folder, manifest, parsed)
     st.errors_unresolved = len({r.get("id") for r in rows} - done - {None})
 
 
 def _add_rejects(st: DatasetStatus, folder: Path) -> None:
     # Every run re-reads the source and rejects the same rows again: count each row once.
-    latest = {r.get("row"): r.get("reason", "?") for r in _jsonl_rows(folder / REJECTS_NAME)}
+    latest = {r.get("row"): r.get("reason", "?") for r in read_jsonl_rows(folder / REJECTS_NAME)}
     st.rejects = len(latest)
     st.rejects_by_reason = dict(Counter(latest.values()).most_common())
 
@@ -177,6 +136,8 @@ def _add_run(st: DatasetStatus, folder: Path, manifest: dict[str, Any]) -> None:
         st.state = "running (pid unknown)" if lock.alive else "died (pid unknown)"
     elif st.target is not None and st.done >= st.target:
         st.state = "finished"
+    elif runs and runs[-1].get("stopped_by") == "source_exhausted":
+        st.state = "source exhausted"  # more runs will not help: the source has no more valid rows
     elif runs or st.done:
         st.state = "stopped"
     progress = manifest.get("progress") or {}
@@ -208,11 +169,11 @@ def status_all(root: Path, targets: dict[str, int], *, total_of: list[str] | Non
     names = list(targets)
     if Path(root).is_dir():
         names += sorted(p.name for p in Path(root).iterdir()
-                        if p.is_dir() and p.name not in targets and any(p.glob("shard-*.jsonl")))
+                        if p.is_dir() and p.name not in targets and has_shards(p))
     datasets = [read_status(root, n, targets.get(n)) for n in names]
     counted = set(targets if total_of is None else total_of)
     return StatusReport(datasets, sum(d.done for d in datasets if d.dataset in counted),
-                        sum(targets.get(n, 0) for n in counted))
+                        sum(targets.get(n, 0) for n in counted), [n for n in names if n in counted])
 
 
 # ---------------------------------------------------------------- human output
@@ -236,11 +197,12 @@ def _duration(s: float | None) -> str:
     return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
 
 
-def _row(d: DatasetStatus) -> list[str]:
+def _row(d: DatasetStatus, in_total: bool) -> list[str]:
     errors = f"{d.errors_last_run}/{d.errors_unresolved}" if d.errors_last_run or d.errors_unresolved else "0"
     return [d.dataset, f"{d.done:,}/{d.target:,}" if d.target is not None else f"{d.done:,}/?",
             f"{100 * d.done / d.target:.1f}%" if d.target else "-", str(d.shards), _si(d.prompt_tokens),
-            _si(d.completion_tokens), f"{100 * d.truncated_share:.1f}%", errors, str(d.rejects), d.state,
+            _si(d.completion_tokens), f"{100 * d.truncated_share:.1f}%", errors, str(d.rejects),
+            d.state if in_total else f"{d.state} (not in total)",
             _si(d.samples_per_s), _si(d.tokens_per_s), _duration(d.eta_s)]
 
 
@@ -248,7 +210,8 @@ def format_status(report: StatusReport) -> str:
     """A compact table: one row per dataset plus the total."""
     head = ["dataset", "done/target", "%", "shards", "prompt tok", "compl tok", "trunc", "errors",
             "rejects", "state", "samples/s", "tok/s", "ETA"]
-    rows = [_row(d) for d in report.datasets]
+    counted = set(report.total_of) if report.total_target else {d.dataset for d in report.datasets}
+    rows = [_row(d, d.dataset in counted) for d in report.datasets]
     if report.total_target:  # no total row when none of the datasets it sums is shown
         pct = f"{100 * report.total_done / report.total_target:.1f}%"
         rows.append(["total", f"{report.total_done:,}/{report.total_target:,}", pct] + [""] * (len(head) - 3))

@@ -26,12 +26,12 @@ import orjson
 
 from .config import fingerprint_digest
 from .errors import DiskError, StoreError
-from .manifest import (MANIFEST_NAME, RunLock, check_drift, display_path, now_iso, read_manifest,
-                       remove_stale_tmp, write_manifest)
+from .layout import (ERRORS_NAME, MANIFEST_NAME, REJECTS_NAME, ShardFile, committed_shard, final_failure_ids,
+                     has_samples, rejected_rows, shard_files)
+from .manifest import RunLock, check_drift, now_iso, read_manifest, remove_stale_tmp, write_manifest
+from .paths import display_path
 from .records import Failure, Reject, Sample
-from .status import (ERRORS_NAME, REJECTS_NAME, DatasetStatus, StatusReport, final_failure_ids,  # noqa: F401
-                     format_status, read_status, status_all)
-from .shards import ShardScan, list_shards, read_sidecar, scan_bytes, shard_name, sidecar_path, write_sidecar
+from .shards import ShardScan, scan_bytes, shard_name, sidecar_path, write_sidecar
 
 def default_opener(path: Path, mode: str) -> BinaryIO:
     return open(path, mode)  # noqa: SIM115 - the store owns the handle's lifetime
@@ -89,10 +89,9 @@ class DatasetStore:
     def remaining(self) -> int:
         return max(0, self._target - self.done)
 
-    @property
-    def dir(self) -> Path:
-        """The dataset's folder, `root/dataset` (server.log goes here too)."""
-        return self.folder
+    def record_stop(self, stopped_by: str) -> None:
+        """Why this run ended (RunSummary.stopped_by); written into its manifest record at close()."""
+        self._run["stopped_by"] = stopped_by
 
     def final_failure_ids(self) -> set[str]:
         """Ids whose failure a retry cannot fix (`retryable: false` in errors.jsonl) and not done."""
@@ -125,7 +124,7 @@ class DatasetStore:
         if manifest and "fingerprint" in manifest and manifest["fingerprint"] != self.fingerprint:
             # Drift only matters once samples exist: a first run that died on a config or source
             # error must not lock its mistake in.
-            if any(p.stat().st_size for p in self.folder.glob("shard-*.jsonl")):
+            if has_samples(self.folder):
                 check_drift(self.folder, manifest["fingerprint"], self.fingerprint)
             notes.append("the config changed before any sample was written; the new one is recorded")
         self._manifest = manifest or {"created_at": now_iso(), "runs": []}
@@ -141,7 +140,7 @@ class DatasetStore:
         runs.append(self._run)
         for name in (ERRORS_NAME, REJECTS_NAME):
             repaired += self._cut_torn_tail(self.folder / name, notes)
-        self._rejected_rows = _rejected_rows(self.folder / REJECTS_NAME)
+        self._rejected_rows = rejected_rows(self.folder)
         self.commit()
         return ResumeState(set(self.done_ids), self.done, repaired, notes)
 
@@ -158,23 +157,23 @@ class DatasetStore:
 
     def _load_shards(self, notes: list[str]) -> int:
         """Rebuild sealed list, open shard and done ids from the files; returns bytes cut."""
-        files = list_shards(self.folder)
-        listed = {e["name"]: e for e in self._manifest.get("sealed", []) if isinstance(e, dict) and "name" in e}
-        for name, e in listed.items():
-            if not (self.folder / name).exists():
-                notes.append(f"{name} is listed in the manifest but missing: its {e.get('samples', '?')} "
+        shards = shard_files(self.folder, self._manifest)
+        present = {sh.path.name for sh in shards}
+        for e in self._manifest.get("sealed", []):
+            if isinstance(e, dict) and isinstance(e.get("name"), str) and e["name"] not in present:
+                notes.append(f"{e['name']} is listed in the manifest but missing: its {e.get('samples', '?')} "
                              "samples will be generated again")
-        last = max(files, default=-1)
-        self._open_index = last if last >= 0 and shard_name(last) not in listed else last + 1
+        last = shards[-1] if shards else None
+        self._open_index = last.index if last is not None and last.listed_record is None else (last.index + 1 if last else 0)
         repaired, dups = 0, 0
-        for index, path in files.items():
-            if index == self._open_index:
+        for shard in shards:
+            if shard.index == self._open_index:
                 continue
-            entry, ids, cut = self._load_sealed(path, listed.get(path.name), notes)
+            entry, ids, cut = self._load_sealed(shard, notes)
             self._sealed.append(entry)
             repaired, dups = repaired + cut, dups + self._add_done(ids)
-        if self._open_index in files:
-            self._open = self._repair(files[self._open_index], notes)
+        if last is not None and last.index == self._open_index:
+            self._open = self._repair(last.path, notes)
             committed = self._manifest.get("open") or {}
             if committed.get("name") == shard_name(self._open_index) and \
                     self._open.good_bytes < committed.get("committed_bytes", 0):
@@ -192,22 +191,21 @@ class DatasetStore:
         self.done_ids.update(ids)
         return len(ids) - (len(self.done_ids) - before)
 
-    def _load_sealed(self, path: Path, entry: dict | None, notes: list[str]) -> tuple[dict, list[str], int]:
-        """A sealed shard's record and ids, from its sidecar when the file matches the manifest."""
-        size = path.stat().st_size
-        if entry is not None and entry.get("bytes") == size:
-            ids = read_sidecar(sidecar_path(path))
-            if ids is not None and len(ids) == entry.get("samples"):
-                return entry, ids, 0
+    def _load_sealed(self, shard: ShardFile, notes: list[str]) -> tuple[dict, list[str], int]:
+        """A sealed shard's record and ids: from the manifest and sidecar when layout trusts them, else parsed."""
+        if shard.record is not None:
+            found = committed_shard(shard)
+            if not found.parsed:
+                return shard.record, found.scan.ids, 0
             why = "its id sidecar is missing or does not match"
-        elif entry is not None:
-            why = f"its size ({size} bytes) differs from the manifest's ({entry.get('bytes')})"
+        elif shard.listed_record is not None:
+            why = f"its size ({shard.size} bytes) differs from the manifest's ({shard.listed_record.get('bytes')})"
         else:
             why = "it is not in the manifest"
-        notes.append(f"re-scanned {path.name}: {why}")
-        scan = self._repair(path, notes)
-        self._io(path, write_sidecar, sidecar_path(path), scan.ids)
-        return scan.entry(path.name), scan.ids, scan.cut_bytes
+        notes.append(f"re-scanned {shard.path.name}: {why}")
+        scan = self._repair(shard.path, notes)
+        self._io(shard.path, write_sidecar, sidecar_path(shard.path), scan.ids)
+        return scan.entry(shard.path.name), scan.ids, scan.cut_bytes
 
     def _repair(self, path: Path, notes: list[str]) -> ShardScan:
         """Parse a shard and cut a torn or invalid last line; raises StoreError on mid-file corruption."""
@@ -402,16 +400,3 @@ class DatasetStore:
             with contextlib.suppress(OSError):
                 f.close()
         self._files.clear()
-
-
-def _rejected_rows(path: Path) -> set[int]:
-    """Source rows already in rejects.jsonl (a line that does not parse is skipped)."""
-    if not path.exists():
-        return set()
-    rows = set()
-    for line in path.read_bytes().splitlines():
-        try:
-            rows.add(int(orjson.loads(line)["row"]))
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-            continue
-    return rows

@@ -12,8 +12,9 @@ from typing import Any
 
 import orjson
 
-from .manifest import display_path, read_manifest
-from .shards import list_shards
+from .layout import dataset_parts, shard_files
+from .manifest import read_manifest
+from .paths import display_path
 
 KINDS = {
     "unparseable": "line is not a JSON object",
@@ -175,7 +176,8 @@ def validate_dataset(folder: Path) -> ValidationReport:
     policy = (manifest.get("fingerprint") or {}).get("truncated", "keep")
     report = ValidationReport(display_path(folder), truncated_policy=policy if policy in ("keep", "drop") else "keep")
     checker = _Checker(report)
-    for path in list_shards(folder).values():
+    for shard in (s for part in dataset_parts(folder) for s in shard_files(part)):
+        path = shard.path
         report.files += 1
         data = path.read_bytes()
         for n, line in enumerate(data.split(b"\n"), start=1):

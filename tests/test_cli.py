@@ -62,7 +62,12 @@ def test_status_and_validate_follow_the_name_inside_the_toml(tmp_path, capsys: p
                                        'schema = "prompt"\nfield = "q"\n')
     (cfg_dir / "broken.toml").write_text("target_samples = \n")
     out = tmp_path / "out"
-    (out / "other").mkdir(parents=True)
+    from gen_pipeline.records import Sample
+    from gen_pipeline.store import DatasetStore
+    with DatasetStore(out, "other", fingerprint={"model": "m"}, target=5) as store:  # validate needs a sample
+        store.open()
+        store.write_samples([Sample("other-1", "other", [{"role": "user", "content": "q"},
+                                                         {"role": "assistant", "content": "a"}], {})])
     assert main(["status", "--json", "--config-dir", str(cfg_dir), "--output-dir", str(out)]) == 0
     captured = capsys.readouterr()
     import orjson

@@ -1,11 +1,15 @@
 """Dataset config loading: every shipped config loads; mistakes name the file and the key."""
 
+import shutil
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from gen_pipeline.config import DEFAULT_CONFIG_DIR, available_datasets, find_dataset_config, load_dataset_config
+from gen_pipeline.controller import ControllerConfig
 from gen_pipeline.errors import ConfigError
+from tests.pipeline_helpers import run_cli, write_dataset
 
 REFERENCE = {"B1": 30_000, "B2": 18_000, "B6": 20_000, "B7": 20_000}
 
@@ -31,8 +35,10 @@ BASE = 'target_samples = 10\n[source]\nfiles = ["a.jsonl"]\nschema = "messages"\
 @pytest.mark.parametrize("extra, message", [
     ('[sampling]\ntemperature = "0.7"\n',
      'sampling.temperature = \'0.7\' must be a number (got a string). Remove the quotes.'),
-    ('[sampling]\ntemprature = 0.7\n', "sampling.temprature: unknown key. Known keys here: max_new_tokens, "
-                                        "temperature, top_p. Check the spelling or remove it."),
+    ('[sampling]\ntemprature = 0.7\n', "sampling.temprature: unknown key. Known keys here: extra_body, "
+                                        "frequency_penalty, max_new_tokens, min_p, presence_penalty, "
+                                        "repetition_penalty, seed, stop, temperature, top_k, top_p. "
+                                        "Did you mean temperature? Check the spelling or remove it."),
     ('[generation]\nreasoning = "maybe"\n', "generation.reasoning = 'maybe' is not one of 'keep', 'disable', 'none'."),
     ('[output]\nshard_max_samples = 0\n', "output.shard_max_samples and output.fsync_every must be at least 1."),
     ('colour = 1\n', "colour: unknown key. Known top-level keys: generation, name, output, sampling, source, "
@@ -68,3 +74,66 @@ def test_fingerprint_changes_with_sampling() -> None:
     fp = cfg.fingerprint("m")
     assert fp["sampling"] == {"max_new_tokens": 512, "temperature": 0.7, "top_p": 0.95}
     assert fp != cfg.fingerprint("other-model")
+
+
+# ---------------------------------------------------------------- every documented key is read
+
+
+def test_generation_window_is_the_default_for_the_window_flag(tmp_path: Path) -> None:
+    from gen_pipeline.cli import build_parser, run_options
+    shutil.copy(DEFAULT_CONFIG_DIR / "server.toml", tmp_path / "server.toml")
+    toml = write(tmp_path, BASE + "[generation]\nwindow = 7\n")
+    cfg = load_dataset_config(toml)
+    args = build_parser().parse_args(["generate", "--dataset", str(toml), "--server", "sim",
+                                      "--config-dir", str(tmp_path)])
+    assert run_options(args, cfg).window == 7
+    args = build_parser().parse_args(["generate", "--dataset", str(toml), "--window", "3",
+                                      "--config-dir", str(tmp_path)])
+    assert run_options(args, cfg).window == 3  # the flag wins
+    adaptive = load_dataset_config(write(tmp_path, BASE))
+    assert run_options(args.__class__(**{**vars(args), "window": None}), adaptive).window is None
+    with pytest.raises(ConfigError) as e:
+        load_dataset_config(write(tmp_path, BASE + "[generation]\nwindow = -1\n"))
+    assert str(e.value).endswith("X.toml: generation.window = -1 must be 0 (the adaptive controller) or a fixed "
+                                 "number of requests in flight.")
+
+
+def test_controller_table_is_read_into_the_run(tmp_path: Path) -> None:
+    from gen_pipeline.cli import build_parser, run_options
+    from gen_pipeline.controller import ControllerConfig
+    from gen_pipeline.server.profile import load_controller_config
+    server = tmp_path / "server.toml"
+    server.write_text((DEFAULT_CONFIG_DIR / "server.toml").read_text()
+                      + "\n[controller]\ntarget_usage = 0.8\nmax_window = 256\n")
+    assert load_controller_config(server) == ControllerConfig(target_usage=0.8, max_window=256)
+    toml = write(tmp_path, BASE)
+    args = build_parser().parse_args(["generate", "--dataset", str(toml), "--server", "sim",
+                                      "--config-dir", str(tmp_path)])
+    assert run_options(args, load_dataset_config(toml)).controller == ControllerConfig(target_usage=0.8,
+                                                                                       max_window=256)
+    assert load_controller_config(DEFAULT_CONFIG_DIR / "server.toml") == ControllerConfig()
+    assert load_controller_config(tmp_path / "absent.toml") == ControllerConfig()
+
+
+@pytest.mark.parametrize("table, message", [
+    ("[controller]\ntarget_usag = 0.8\n", "controller.target_usag: unknown key. Known keys here: "
+     + ", ".join(sorted(f.name for f in fields(ControllerConfig))) + ". Did you mean target_usage? "
+     "Check the spelling or remove it."),
+    ("[controller]\nmax_window = \"64\"\n",
+     "controller.max_window = '64' must be an integer (got a string). Remove the quotes."),
+    ("[controller]\ntarget_usage = 1.5\n",
+     "controller.target_usage = 1.5 must be above 0 and at most 1 (a share of the KV pool)."),
+    ("[controller]\nmin_window = 8\nmax_window = 4\n",
+     "controller.min_window = 8, max_window = 4: need 1 <= min_window <= max_window."),
+    ("[controler]\n", "controler: unknown key. Known top-level keys: controller, profile. Did you mean controller? "
+                      "Check the spelling or remove it."),
+])
+def test_controller_mistakes_stop_generate_before_anything_starts(tmp_path: Path, table: str, message: str) -> None:
+    cfg_dir = tmp_path / "cfg"
+    cfg_dir.mkdir()
+    (cfg_dir / "server.toml").write_text((DEFAULT_CONFIG_DIR / "server.toml").read_text() + "\n" + table)
+    toml = write_dataset(tmp_path / "data")
+    r = run_cli("generate", "--dataset", toml, "--server", "sim", "--config-dir", cfg_dir,
+                "--output-dir", tmp_path / "out")
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"error: {cfg_dir / 'server.toml'}: {message}\n")
+    assert not (tmp_path / "out").exists()

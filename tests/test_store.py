@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import gen_pipeline.manifest as manifest_mod
 import gen_pipeline.store as store_mod
 from gen_pipeline.errors import ConfigDriftError, DiskError, LockedError, StoreError
-from gen_pipeline.manifest import display_path
+from gen_pipeline.paths import display_path
 from gen_pipeline.records import Failure, Reject, Sample
 from gen_pipeline.store import DatasetStore
 
@@ -256,8 +256,9 @@ def test_lock_held_by_a_live_process_is_refused_with_its_pid(tmp_path, sleeper):
     with pytest.raises(LockedError) as e:
         make(tmp_path).open()
     where = display_path(folder)
-    assert str(e.value) == (f"{where} is being written by another run (pid {sleeper.pid}, started {hms}). "
-                            f"Wait for it to finish or stop it; if that process is gone, delete {where}/.lock.")
+    assert str(e.value) == (f"{where} is being written by another run on this host (pid {sleeper.pid}, started "
+                            f"{hms}). Wait for it to finish or stop it (kill {sleeper.pid}); when a run dies, the "
+                            "next run takes its lock over by itself.")
     assert orjson.loads((folder / ".lock").read_bytes())["pid"] == sleeper.pid
 
 

@@ -15,7 +15,6 @@
 """
 
 from .attach import run_attached
-from .capacity import read_capacity
 from .command import build_command, build_env
 from .handle import ServerHandle
 from .load import read_load
@@ -25,5 +24,5 @@ from .supervisor import run_server
 
 __all__ = [
     "DEFAULT_SERVER_CONFIG", "Plan", "ServerHandle", "ServerProfile", "build_command", "build_env", "format_plan",
-    "load_server_profile", "plan", "plan_from_args", "read_capacity", "read_load", "run_attached", "run_server",
+    "load_server_profile", "plan", "plan_from_args", "read_load", "run_attached", "run_server",
 ]

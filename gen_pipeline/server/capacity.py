@@ -104,11 +104,6 @@ async def probe(http: httpx.AsyncClient, url: str) -> tuple[Capacity | None, dic
     return cap, {"backend": "vllm" if cap is not None else "openai"}
 
 
-async def read_capacity(http: httpx.AsyncClient, urls: list[str]) -> Capacity:
-    """Capacity summed over `urls`; Capacity(0, None, source="unknown") if any cannot be read."""
-    return combine([(await probe(http, url))[0] for url in urls])
-
-
 async def get_json(http: httpx.AsyncClient, url: str) -> Any:
     """GET → parsed JSON, or None on any HTTP error, non-200 or non-JSON body."""
     try:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import anyio
 import httpx
 
-from ..config import _rel
+from ..paths import display_path
 from ..errors import ServerStartupError
 from . import logfile
 from .diagnose import FatalLine, advice, find_fatal
@@ -38,7 +38,7 @@ async def wait_healthy(proc: ServerProcess, *, http: httpx.AsyncClient, url: str
     """Return once /health answers 200; on a fatal log line, an early exit or the start-up timeout,
     stop the process group and raise ServerStartupError with the log's last lines and advice."""
     follower = logfile.LogFollower(proc.log_path)
-    log = _rel(proc.log_path)
+    log = display_path(proc.log_path)
     next_progress_s = PROGRESS_EVERY_S
     while True:
         rc = proc.returncode  # read before the log so the log is complete when rc is set
@@ -64,7 +64,7 @@ async def wait_healthy(proc: ServerProcess, *, http: httpx.AsyncClient, url: str
 
 async def _failure_message(proc: ServerProcess, profile: ServerProfile, fatal: FatalLine | None,
                            rc: int | None) -> str:
-    log = _rel(proc.log_path)
+    log = display_path(proc.log_path)
     if fatal is None:  # it exited: look for the cause in the whole log
         fatal = find_fatal(await anyio.to_thread.run_sync(logfile.LogFollower(proc.log_path).all_lines))
     elapsed = f"{proc.elapsed_s():.0f} s"

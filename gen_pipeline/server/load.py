@@ -129,14 +129,6 @@ async def _load_of(http: httpx.AsyncClient, url: str, now_s: float) -> LoadSnaps
     return from_loads or from_metrics
 
 
-def forget_sources(url: str | None = None) -> None:
-    """Probe the sources again (after a restart with other flags; tests)."""
-    if url is None:
-        _KNOWN.clear()
-    else:
-        _KNOWN.pop(url, None)
-
-
 def _mean(vals: list[Any]) -> float | None:
     nums = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
     return sum(nums) / len(nums) if nums and len(nums) == len(vals) else None

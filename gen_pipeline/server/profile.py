@@ -12,17 +12,23 @@
     [profile.sim]
     inherits = "tuned"                    # start from another profile's keys, then override
     command = ["{python}", "-m", "sglang_sim"]
+
+    [controller]                          # optional: the concurrency controller's tunables
+    target_usage = 0.92                   # (gen_pipeline/controller/config.py; the defaults need no tuning)
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..config import DEFAULT_CONFIG_DIR, _rel, build_section, read_toml
+from ..config import DEFAULT_CONFIG_DIR, read_toml
+from ..controller.config import ControllerConfig
 from ..errors import ConfigError
+from ..paths import display_path
+from ..schema import build_section, unknown_key
 
 DEFAULT_SERVER_CONFIG = DEFAULT_CONFIG_DIR / "server.toml"
 SGLANG_COMMAND = ("{python}", "-m", "sglang.launch_server")
@@ -82,8 +88,8 @@ def load_server_profile(name: str = "tuned", path: Path = DEFAULT_SERVER_CONFIG,
 
     Raises ConfigError naming the file and key (unknown key, bad type, unknown profile).
     """
-    file = _rel(path)
-    profiles = read_toml(path).get("profile", {})
+    file = display_path(path)
+    profiles = _read_server_toml(path).get("profile", {})
     if not isinstance(profiles, dict) or not profiles:
         raise ConfigError(f"{file}: no [profile.NAME] tables. Add one, e.g. [profile.tuned] with model_path.")
     table = _resolve_table(name, profiles, file)
@@ -92,6 +98,46 @@ def load_server_profile(name: str = "tuned", path: Path = DEFAULT_SERVER_CONFIG,
     if overrides:
         profile = _build(name, {**table, **overrides}, f"override of profile.{name}: ", file)
     return profile
+
+
+_TOP_LEVEL = ["controller", "profile"]
+
+
+def _read_server_toml(path: Path) -> dict[str, Any]:
+    raw = read_toml(path)
+    for key in raw:
+        if key not in _TOP_LEVEL:
+            raise unknown_key(f"{display_path(path)}: ", key, _TOP_LEVEL, top_level=True)
+    return raw
+
+
+def load_controller_config(path: Path = DEFAULT_SERVER_CONFIG) -> ControllerConfig:
+    """The `[controller]` table of server.toml (every key optional; no table = the defaults).
+    A missing server.toml also gives the defaults (attach mode needs none)."""
+    if not Path(path).exists():
+        return ControllerConfig()
+    table = _read_server_toml(path).get("controller", {})
+    where = f"{display_path(path)}: controller."
+    cfg = build_section(ControllerConfig, table, where)
+    bad = _controller_problem(cfg)
+    if bad:
+        raise ConfigError(f"{where}{bad}")
+    return cfg
+
+
+def _controller_problem(c: ControllerConfig) -> str:
+    """What is out of range in a controller config ("" when nothing)."""
+    if not 0 < c.target_usage <= 1:
+        return f"target_usage = {c.target_usage} must be above 0 and at most 1 (a share of the KV pool)."
+    if not 1 <= c.min_window <= c.max_window:
+        return (f"min_window = {c.min_window}, max_window = {c.max_window}: need 1 <= min_window <= max_window.")
+    if not 0 < c.gain_min <= c.gain_max:
+        return f"gain_min = {c.gain_min}, gain_max = {c.gain_max}: need 0 < gain_min <= gain_max."
+    for f in fields(c):
+        v = getattr(c, f.name)
+        if isinstance(v, (int, float)) and (not math.isfinite(v) or v < 0):
+            return f"{f.name} = {v} must be a non-negative number."
+    return ""
 
 
 def _resolve_table(name: str, profiles: dict[str, Any], file: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import anyio
 import httpx
 from anyio.abc import TaskStatus
 
-from ..config import _rel
+from ..paths import display_path
 from ..errors import ServerError, ServerStartupError
 from ..records import Capacity
 from . import logfile
@@ -74,7 +74,7 @@ class _Supervisor:
         await wait_healthy(self.proc, http=self.http, url=self.url, profile=self.profile, on_event=self.on_event)
 
     async def start_first(self) -> ServerHandle:
-        self.on_event(f"starting SGLang ({self.profile.name}) on {self.url}, log: {_rel(self.log_path)}")
+        self.on_event(f"starting SGLang ({self.profile.name}) on {self.url}, log: {display_path(self.log_path)}")
         await self._start()
         handle = ServerHandle(base_urls=[self.url], model=self.profile.request_model,
                               capacity=await self._capacity(), log_path=self.log_path,
@@ -105,13 +105,13 @@ class _Supervisor:
             reason = await self._watch()
             handle.mark_down()
             crashes += 1
-            self.on_event(f"SGLang {reason}; dispatch paused (log: {_rel(self.log_path)})")
+            self.on_event(f"SGLang {reason}; dispatch paused (log: {display_path(self.log_path)})")
             last_rc = await self.proc.stop(self.profile.stop_grace_s)
             while True:
                 if handle.restarts >= self.profile.max_restarts:
                     error = ServerError(
                         f"SGLang crashed {crashes} times (last exit code {last_rc}); giving up. The run is "
-                        f"resumable: fix the cause (see {_rel(self.log_path)}) and run the same command.")
+                        f"resumable: fix the cause (see {display_path(self.log_path)}) and run the same command.")
                     handle.mark_failed(error)
                     raise error
                 backoff_s = self.profile.restart_backoff_s * 2 ** handle.restarts

@@ -4,9 +4,8 @@ import httpx
 import pytest
 
 from gen_pipeline.records import Capacity, LoadSnapshot
-from gen_pipeline.server import read_capacity, read_load
-from gen_pipeline.server.capacity import capacity_from_log
-from gen_pipeline.server.load import forget_sources
+from gen_pipeline.server import load, read_load
+from gen_pipeline.server.capacity import capacity_from_log, combine, probe
 
 SERVER_INFO_DP2 = {
     "model_path": "moonshotai/Kimi-K2.5", "tp_size": 8, "dp_size": 2, "kv_cache_dtype": "fp8_e4m3",
@@ -64,9 +63,14 @@ def client(routes: dict[str, object]) -> httpx.AsyncClient:
 
 @pytest.fixture(autouse=True)
 def fresh_sources():
-    forget_sources()
+    load._KNOWN.clear()  # which load endpoints each URL answers is remembered for the process's life
     yield
-    forget_sources()
+    load._KNOWN.clear()
+
+
+async def read_capacity(http: httpx.AsyncClient, urls: list[str]) -> Capacity:
+    """What attach mode computes: each server probed, the capacities summed."""
+    return combine([(await probe(http, url))[0] for url in urls])
 
 
 async def test_capacity_from_server_info_sums_dp_ranks():

@@ -1,0 +1,199 @@
+"""The dataset folder: its layout, file names and the trust rules, read by the store (writer),
+status, validate and export alike. Nothing here writes.
+
+    outputs/B2/                   the dataset folder (`dataset_folder(root, "B2")`)
+      shard-00000.jsonl           one Sample a line (shards.py: format, parsing, id sidecars)
+      shard-00000.ids             ids of a sealed shard
+      manifest.json, .lock        manifest.py: sealed shards, open shard's committed length, runs; run lock
+      errors.jsonl, rejects.jsonl Failure / Reject lines, each with its "run"
+
+manifest.json (written by the store only, atomically): "dataset", "target", "fingerprint" (+ its
+"fingerprint_digest"), "sealed": [{"name", "samples", "bytes", "prompt_tokens", "completion_tokens",
+"truncated"}], "open": {"name", "committed_bytes", "committed_samples", ...}, "runs": [{"run", "pid",
+"host", "started_at", "ended_at", "samples_written", "stopped_by", "notes", ...}], "progress" (the last
+run's figures), "created_at", "updated_at".
+
+A folder is read through its *parts*: the sub-folders each written by one run at a time, with their
+own manifest and lock. Today a dataset has one part, the folder itself; rank sub-folders
+(`rank-<R>-of-<W>/`) become more parts of the same dataset in `dataset_parts`, and every reader
+here follows.
+
+Trust rules (which shard lines are committed samples):
+- every complete line (ending in "\\n") that is a JSON object with a string "id" is a sample, also
+  past the manifest's committed length (it was flushed; the manifest lags by design);
+- bytes after the last "\\n" are a torn write, and an invalid last line is one too: not samples;
+- an invalid line before the last one is damage, not a sample (the store refuses to resume over it);
+- a sealed shard whose size equals its manifest record is trusted without parsing: its figures come
+  from the record and its ids from the sidecar (`ShardFile.record`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .manifest import LOCK_NAME, MANIFEST_NAME, read_manifest
+from .paths import display_path
+from .shards import ShardScan, iter_lines, list_shards, read_sidecar, scan_bytes, sidecar_path
+
+__all__ = ["ERRORS_NAME", "LOCK_NAME", "MANIFEST_NAME", "REJECTS_NAME", "CommittedShard", "ShardFile",
+           "committed_shards", "dataset_folder", "dataset_parts", "display_path", "final_failure_ids",
+           "has_samples", "has_shards", "iter_committed_samples", "read_jsonl_rows", "rejected_rows", "shard_files",
+           "trusted_record"]
+
+ERRORS_NAME = "errors.jsonl"
+REJECTS_NAME = "rejects.jsonl"
+
+
+def dataset_folder(root: Path, dataset: str) -> Path:
+    return Path(root) / dataset
+
+
+def dataset_parts(folder: Path) -> list[Path]:
+    """The folders written by one run each that make up this dataset (today: the folder itself)."""
+    return [Path(folder)] if Path(folder).is_dir() else []
+
+
+def has_shards(folder: Path) -> bool:
+    """True when any part of the folder has a shard file (empty or not)."""
+    return any(list_shards(part) for part in dataset_parts(folder))
+
+
+def has_samples(folder: Path) -> bool:
+    """True when any shard of any part holds bytes (what makes config drift matter)."""
+    return any(p.stat().st_size for part in dataset_parts(folder) for p in list_shards(part).values())
+
+
+# ---------------------------------------------------------------- the trust rule
+
+
+def sealed_records(manifest: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """{shard name: its record} of the shards the manifest lists as sealed."""
+    return {e["name"]: e for e in (manifest or {}).get("sealed", [])
+            if isinstance(e, dict) and isinstance(e.get("name"), str)}
+
+
+def trusted_record(record: dict[str, Any] | None, size: int) -> dict[str, Any] | None:
+    """The manifest record of a sealed shard when the file still matches it (same size), else None."""
+    return record if record is not None and record.get("bytes") == size else None
+
+
+@dataclass(frozen=True)
+class ShardFile:
+    """One shard file of a part and the manifest's record of it (None: not listed as sealed)."""
+
+    index: int
+    path: Path
+    size: int
+    listed_record: dict[str, Any] | None
+
+    @property
+    def record(self) -> dict[str, Any] | None:
+        """The manifest's record when it can be trusted for this file (the trust rule)."""
+        return trusted_record(self.listed_record, self.size)
+
+
+def shard_files(folder: Path, manifest: dict[str, Any] | None = None) -> list[ShardFile]:
+    """The shards of one part in index order, each with its trusted record (manifest read if not given).
+    A shard that vanishes while being listed (a live run owns the folder) is left out."""
+    if manifest is None:
+        manifest = read_manifest(folder)[0]
+    records = sealed_records(manifest)
+    out = []
+    for index, path in list_shards(folder).items():
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            continue
+        out.append(ShardFile(index, path, size, records.get(path.name)))
+    return out
+
+
+@dataclass
+class CommittedShard:
+    """The committed samples of one shard: figures, ids (when asked for), damaged lines (`scan.corrupt`)."""
+
+    file: ShardFile
+    scan: ShardScan
+    samples: int
+    parsed: bool  # False = figures from the manifest record (and ids from the sidecar)
+
+
+def committed_shard(shard: ShardFile, *, ids: bool = True) -> CommittedShard:
+    """One shard under the trust rule; `ids=False` skips the sidecar when the record is trusted (status
+    needs only the figures). Raises OSError if the shard cannot be read."""
+    rec = shard.record
+    if rec is not None:
+        found = read_sidecar(sidecar_path(shard.path)) if ids else []
+        if found is not None and (not ids or len(found) == rec.get("samples")):
+            scan = ShardScan(ids=found, good_bytes=shard.size, **{k: int(rec.get(k, 0)) for k in
+                                                                 ("prompt_tokens", "completion_tokens", "truncated")})
+            return CommittedShard(shard, scan, int(rec.get("samples", 0)), parsed=False)
+    scan = scan_bytes(shard.path.read_bytes())
+    return CommittedShard(shard, scan, scan.samples, parsed=True)
+
+
+def committed_shards(folder: Path, *, ids: bool = True) -> list[CommittedShard]:
+    """Every shard of every part of a dataset folder with its committed figures (and ids)."""
+    out = []
+    for part in dataset_parts(folder):
+        for shard in shard_files(part):
+            try:
+                out.append(committed_shard(shard, ids=ids))
+            except OSError:
+                continue  # vanished or rewritten while we read: a live run owns it
+    return out
+
+
+def iter_committed_samples(folder: Path) -> Iterator[dict[str, Any]]:
+    """Every committed sample of a dataset folder (all parts), parsed, in shard and line order."""
+    for part in dataset_parts(folder):
+        for shard in shard_files(part):
+            try:
+                data = shard.path.read_bytes()
+            except OSError:
+                continue
+            for _line, row, _why, _end in iter_lines(data):
+                if row is not None:
+                    yield row
+
+
+# ---------------------------------------------------------------- errors.jsonl / rejects.jsonl
+
+
+def read_jsonl_rows(path: Path) -> list[dict[str, Any]]:
+    """The JSON object lines of a file (a torn or unparseable line is skipped); [] when absent."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return []
+    rows = []
+    for line in data.split(b"\n"):
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def final_failure_ids(folder: Path) -> set[str]:
+    """Ids recorded in errors.jsonl with `retryable: false` (done or not), over all parts."""
+    return {r["id"] for part in dataset_parts(folder) for r in read_jsonl_rows(part / ERRORS_NAME)
+            if r.get("retryable") is False and isinstance(r.get("id"), str)}
+
+
+def rejected_rows(folder: Path) -> set[int]:
+    """Source rows already recorded in one part's rejects.jsonl."""
+    rows = set()
+    for r in read_jsonl_rows(Path(folder) / REJECTS_NAME):
+        try:
+            rows.add(int(r["row"]))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return rows

@@ -1,0 +1,143 @@
+"""Sampling keys beyond temperature/top_p: validated from TOML, sent in every request, recorded in
+meta.sampling, part of the resume fingerprint (a change is refused naming the key)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from gen_pipeline.client import ChatClient, ClientSettings, build_request
+from gen_pipeline.config import GenerationConfig, SamplingConfig, load_dataset_config
+from gen_pipeline.errors import ConfigError
+from gen_pipeline.records import Prompt, Sample
+from gen_pipeline.transport import HttpxTransport
+from tests.pipeline_helpers import assert_exact, read_samples, run_cli, write_dataset
+
+ALL_KEYS = """[sampling]
+max_new_tokens = 64
+temperature = 0.6
+top_p = 0.9
+top_k = 20
+min_p = 0.05
+repetition_penalty = 1.05
+presence_penalty = 0.5
+frequency_penalty = -0.25
+stop = ["</answer>", "STOP"]
+seed = 1234
+[sampling.extra_body]
+min_tokens = 2
+skip_special_tokens = false
+chat_template_kwargs = { enable_thinking = true }
+"""
+EXPECTED_BODY = {"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.05, "presence_penalty": 0.5,
+                 "frequency_penalty": -0.25, "stop": ["</answer>", "STOP"], "seed": 1234, "min_tokens": 2,
+                 "skip_special_tokens": False, "chat_template_kwargs": {"enable_thinking": True}}
+BASE = 'target_samples = 10\n[source]\nfiles = ["a.jsonl"]\nschema = "messages"\nfield = "messages"\n'
+
+
+def load(tmp_path: Path, sampling: str) -> SamplingConfig:
+    p = tmp_path / "X.toml"
+    p.write_text(BASE + sampling)
+    return load_dataset_config(p).sampling
+
+
+async def test_every_key_is_in_the_request_body_and_meta(tmp_path: Path) -> None:
+    sampling = load(tmp_path, ALL_KEYS)
+    seen: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(orjson.loads(request.content))
+        return httpx.Response(200, json={"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}],
+                                         "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
+
+    settings = ClientSettings(model="m", backend="sim", sampling=sampling, generation=GenerationConfig())
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    sample = await ChatClient(HttpxTransport(http), ["http://s"], settings).regenerate(
+        Prompt("T-1", ({"role": "user", "content": "q"},)), "T")
+    await http.aclose()
+    assert isinstance(sample, Sample)
+    assert seen[0] == {"model": "m", "messages": [{"role": "user", "content": "q"}], "max_tokens": 64,
+                       "temperature": 0.6, "top_p": 0.9, "stream": False, **EXPECTED_BODY}
+    assert sample.meta["sampling"] == {
+        "max_new_tokens": 64, "temperature": 0.6, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.05,
+        "presence_penalty": 0.5, "frequency_penalty": -0.25, "stop": ("</answer>", "STOP"), "seed": 1234,
+        "extra_body": {"min_tokens": 2, "skip_special_tokens": False, "chat_template_kwargs": {"enable_thinking": True}}}
+
+
+def test_unset_keys_are_not_sent_and_disable_merges_chat_template_kwargs(tmp_path: Path) -> None:
+    plain = build_request([{"role": "user", "content": "q"}],
+                          ClientSettings("m", "sim", SamplingConfig(), GenerationConfig(reasoning="disable")))
+    assert plain == {"model": "m", "messages": [{"role": "user", "content": "q"}], "max_tokens": 2048,
+                     "temperature": 0.7, "top_p": 0.95, "stream": False,
+                     "chat_template_kwargs": {"thinking": False, "enable_thinking": False}}
+    s = SamplingConfig(extra_body={"chat_template_kwargs": {"custom": 1}})
+    body = build_request([], ClientSettings("m", "sim", s, GenerationConfig(reasoning="disable")))
+    assert body["chat_template_kwargs"] == {"custom": 1, "thinking": False, "enable_thinking": False}
+    assert s.extra_body == {"chat_template_kwargs": {"custom": 1}}  # the config is not changed
+
+
+@pytest.mark.parametrize("sampling, message", [
+    ("[sampling]\ntop_k = 0\n", "sampling.top_k = 0 must be -1 (no top-k) or at least 1."),
+    ("[sampling]\ntop_k = 2.5\n", "sampling.top_k = 2.5 must be an integer (got a number)."),
+    ("[sampling]\nmin_p = 1.5\n", "sampling.min_p = 1.5 must be between 0 and 1."),
+    ("[sampling]\nrepetition_penalty = 0\n",
+     "sampling.repetition_penalty = 0.0 must be above 0 and at most 2 (1 = no penalty)."),
+    ("[sampling]\npresence_penalty = -3\n", "sampling.presence_penalty = -3.0 must be between -2 and 2."),
+    ("[sampling]\nfrequency_penalty = \"1\"\n",
+     "sampling.frequency_penalty = '1' must be a number (got a string). Remove the quotes."),
+    ("[sampling]\nstop = [\"a\", 3]\n", "sampling.stop = ['a', 3] must be a list of strings."),
+    ("[sampling]\nstop = [\"\"]\n", "sampling.stop = [''] must not contain an empty string."),
+    ("[sampling]\nseed = true\n", "sampling.seed = True must be an integer (got a boolean)."),
+    ("[sampling]\nextra_body = 3\n", "sampling.extra_body = 3 must be a table (extra_body = { name = value })."),
+    ("[sampling.extra_body]\ntemperature = 0.1\n",
+     "sampling.extra_body.temperature: set it as sampling.temperature instead."),
+    ("[sampling.extra_body]\nmessages = []\n", "sampling.extra_body.messages: the pipeline sets messages itself. "
+                                                "Remove it."),
+    ("[sampling]\ntopk = 5\n", "sampling.topk: unknown key. Known keys here: extra_body, frequency_penalty, "
+                               "max_new_tokens, min_p, presence_penalty, repetition_penalty, seed, stop, temperature, "
+                               "top_k, top_p. Did you mean top_k? Check the spelling or remove it."),
+])
+def test_bad_sampling_values_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sampling: str,
+                                       message: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, sampling)
+    assert str(e.value) == f"X.toml: {message}"
+
+
+def test_a_lone_stop_string_is_a_list_of_one(tmp_path: Path) -> None:
+    assert load(tmp_path, '[sampling]\nstop = "END"\n').stop == ("END",)
+
+
+def test_through_the_simulator_then_a_changed_key_is_refused(tmp_path: Path) -> None:
+    toml = write_dataset(tmp_path / "cfg", target=12, max_new_tokens=64)
+    text = toml.read_text()
+    old = "[sampling]\nmax_new_tokens = 64\ntemperature = 0.7\ntop_p = 0.95\n"
+    assert old in text
+    toml.write_text(text.replace(old, ALL_KEYS.replace("max_new_tokens = 64\ntemperature = 0.6\ntop_p = 0.9\n",
+                                                       "max_new_tokens = 64\ntemperature = 0.7\ntop_p = 0.95\n")))
+    out = tmp_path / "out"
+    r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", out, "--progress", "quiet")
+    assert r.returncode == 0, r.stderr
+    samples = assert_exact(out, 12)
+    assert {orjson.dumps(s["meta"]["sampling"], option=orjson.OPT_SORT_KEYS) for s in samples} == {orjson.dumps(
+        {"max_new_tokens": 64, "temperature": 0.7, "top_p": 0.95, "top_k": 20, "min_p": 0.05,
+         "repetition_penalty": 1.05, "presence_penalty": 0.5, "frequency_penalty": -0.25,
+         "stop": ["</answer>", "STOP"], "seed": 1234,
+         "extra_body": {"min_tokens": 2, "skip_special_tokens": False, "chat_template_kwargs": {"enable_thinking": True}}},
+        option=orjson.OPT_SORT_KEYS)}
+    toml.write_text(toml.read_text().replace("seed = 1234", "seed = 99").replace("min_tokens = 2", "min_tokens = 3")
+                    .replace("target_samples = 12", "target_samples = 14"))
+    r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", out, "--progress", "quiet")
+    where = str(out / "T")
+    assert (r.returncode, r.stdout) == (4, "")
+    assert r.stderr == (
+        f"error: {where} was written with a different config (2 settings differ):\n"
+        f"  sampling.extra_body.min_tokens: 2 in {where}, 3 now\n"
+        f"  sampling.seed: 1234 in {where}, 99 now\n"
+        "Resuming would mix samples made two ways in one dataset. Restore the old settings to resume, "
+        "or write to a new output folder or dataset name.\n")
+    assert len(read_samples(out)) == 12
