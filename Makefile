@@ -9,8 +9,10 @@ SERVER_URL ?=
 SERVER     ?=
 LIMIT      ?=
 ARGS       ?=
+FORMAT     ?= specforge
+OUT        ?=
 
-.PHONY: venv generate status demo test chaos bench validate plan clean
+.PHONY: venv generate status demo test chaos bench validate plan export clean
 
 venv: $(STAMP)
 
@@ -36,6 +38,10 @@ validate: $(STAMP)
 
 plan: $(STAMP)
 	$(PY) -m gen_pipeline plan $(ARGS)
+
+export: $(STAMP)
+	@test -n "$(OUT)" || { echo "usage: make export DATASET=B2 [DATASET='B1 B2'] OUT=exports/B2.jsonl [FORMAT=specforge|speculators|hf] [ARGS='--val-share 0.02 --expand-turns']"; exit 2; }
+	$(PY) -m gen_pipeline export $(foreach d,$(DATASET),--dataset $(d)) --format $(FORMAT) --out $(OUT) $(ARGS)
 
 demo: $(STAMP)
 	$(PY) -m gen_pipeline generate --dataset demo --server sim
