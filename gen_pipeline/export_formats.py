@@ -156,16 +156,19 @@ def write_jsonl(target: Path, lines: Sequence[bytes]) -> int:
 def write_hf(target: Path, splits: dict[str, list[dict[str, Any]]], layout: str) -> int:
     """A DatasetDict folder (layout "disk") or <split>.parquet files ("parquet") at `target`,
     built in a temporary folder and renamed into place; returns bytes written."""
-    from datasets import Dataset, DatasetDict, disable_progress_bars
+    import pyarrow as pa
+    from datasets import Dataset, DatasetDict, DatasetInfo, disable_progress_bars
 
     disable_progress_bars()  # the summary reports the export; bars would only clutter it
-
     tmp = tmp_path(target)
     try:
         tmp.mkdir()
         features = hf_features()
-        built = DatasetDict({name: Dataset.from_list([hf_row(r) for r in rows], features=features)
-                             for name, rows in splits.items()})
+        built = DatasetDict()
+        for name, rows in splits.items():
+            # pyarrow builds the table ~5x faster than Dataset.from_list (bench/RESULTS.md, export_speed)
+            table = pa.Table.from_pylist([hf_row(r) for r in rows], schema=features.arrow_schema)
+            built[name] = Dataset(table, info=DatasetInfo(features=features))
         if layout == "disk":
             built.save_to_disk(str(tmp))
         else:
