@@ -55,10 +55,11 @@ class ExportSummary:
     paths: dict[str, Path] = field(default_factory=dict)  # split name → file (jsonl formats)
     bytes_written: int = 0
     elapsed_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
 
     def format(self) -> str:
         o = self.options
-        what = o.format + (f" ({o.hf_layout})" if o.format == "hf" else "")
+        what = o.format + (f", {o.hf_layout}" if o.format == "hf" else "")
         total = sum(self.rows.values())
         out = [f"exported {total:,} rows ({what}) to {display_path(o.out)} in {self.elapsed_s:.1f} s"]
         for c in self.counts:
@@ -72,7 +73,7 @@ class ExportSummary:
                        "one per assistant turn")
         where = {k: f" → {display_path(p)}" for k, p in self.paths.items()} if len(self.paths) > 1 else {}
         out.append("  split: " + ", ".join(f"{k} {n:,}{where.get(k, '')}" for k, n in self.rows.items()))
-        return "\n".join(out)
+        return "\n".join(out + [f"  note: {n}" for n in self.notes])
 
 
 def iter_committed_samples(folder: Path) -> Iterator[dict[str, Any]]:
@@ -129,6 +130,7 @@ def run_export(opts: ExportOptions) -> ExportSummary:
     summary = ExportSummary(opts, counts, rows={k: len(v) for k, v in splits.items()})
     summary.bytes_written = _write(opts, splits, targets)
     summary.paths = targets if opts.format != "hf" else {}
+    summary.notes = _remove_stale_validation(opts)
     summary.elapsed_s = time.monotonic() - started
     return summary
 
@@ -165,6 +167,16 @@ def _targets(opts: ExportOptions) -> dict[str, Path]:
     if opts.val.enabled:
         targets["validation"] = opts.out.with_name(opts.out.stem + ".val.jsonl")
     return targets
+
+
+def _remove_stale_validation(opts: ExportOptions) -> list[str]:
+    """--force without --val-share: a <stem>.val.jsonl from an earlier export would overlap the new
+    train file, so it goes too."""
+    stale = opts.out.with_name(opts.out.stem + ".val.jsonl")
+    if opts.format == "hf" or opts.val.enabled or not opts.force or not stale.is_file():
+        return []
+    stale.unlink()
+    return [f"removed {display_path(stale)} (an earlier export's validation rows, now in train)"]
 
 
 def _check_target(path: Path, force: bool) -> None:

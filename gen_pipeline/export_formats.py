@@ -18,6 +18,7 @@ Writers are atomic: a hidden temporary name beside the target, then a rename.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 from collections.abc import Callable, Sequence
@@ -168,7 +169,9 @@ def write_hf(target: Path, splits: dict[str, list[dict[str, Any]]], layout: str)
         for name, rows in splits.items():
             # pyarrow builds the table ~5x faster than Dataset.from_list (bench/RESULTS.md, export_speed)
             table = pa.Table.from_pylist([hf_row(r) for r in rows], schema=features.arrow_schema)
-            built[name] = Dataset(table, info=DatasetInfo(features=features))
+            # a fingerprint from the ids: without one, datasets hashes the whole table to make it
+            ids_digest = hashlib.blake2b(b"\n".join(r["id"].encode() for r in rows), digest_size=8).hexdigest()
+            built[name] = Dataset(table, info=DatasetInfo(features=features), fingerprint=f"export-{name}-{ids_digest}")
         if layout == "disk":
             built.save_to_disk(str(tmp))
         else:

@@ -137,6 +137,10 @@ def test_split_is_stable_under_re_export_and_disjoint(outputs: Path, tmp_path: P
     before = a.read_bytes(), (tmp_path / "a.val.jsonl").read_bytes()
     export(outputs, "--dataset", "demo", "--format", "specforge", "--out", a, "--val-share", "0.1", "--force")
     assert (a.read_bytes(), (tmp_path / "a.val.jsonl").read_bytes()) == before  # idempotent to the byte
+    summary = export(outputs, "--dataset", "demo", "--format", "specforge", "--out", a, "--force")
+    assert summary.splitlines()[-1] == (f"  note: removed {tmp_path / 'a.val.jsonl'} (an earlier export's "
+                                        "validation rows, now in train)")
+    assert len(jsonl(a)) == 240 and not (tmp_path / "a.val.jsonl").exists()
     # a count; expanded turns follow their sample's side
     c = tmp_path / "c.jsonl"
     export(outputs, "--dataset", "demo", "--format", "specforge", "--out", c, "--val-share", "25", "--expand-turns")
