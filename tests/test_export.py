@@ -293,3 +293,11 @@ def test_force_replaces_a_folder_atomically(outputs: Path, tmp_path: Path) -> No
     export(outputs, "--dataset", "demo", "--format", "hf", "--out", out, "--force")
     assert load_from_disk(str(out))["train"].num_rows == 240
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+def test_export_has_help_and_is_in_the_readme() -> None:
+    r = run_cli("export", "--help")
+    assert r.returncode == 0 and "usage: gen-pipeline export" in r.stdout and "--expand-turns" in r.stdout
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for text in ("gen-pipeline export --dataset B2 --format specforge", "--format hf", "make export DATASET="):
+        assert text in readme
