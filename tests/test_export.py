@@ -12,6 +12,7 @@ import pytest
 from datasets import load_dataset, load_from_disk
 
 from gen_pipeline.export_formats import hf_features
+from gen_pipeline.export_select import Mix, ValSplit, mix_counts, validation_ids
 from pipeline_helpers import kill_group, read_samples, run_cli, start_cli, wait_for, write_dataset
 
 # The keys of a row SpecForge's regeneration script writes on success, from its source
@@ -289,7 +290,10 @@ def test_bad_input_gets_one_clear_message_and_a_nonzero_exit(outputs: Path, tmp_
 
 def test_force_replaces_a_folder_atomically(outputs: Path, tmp_path: Path) -> None:
     out = tmp_path / "hf"
+    stale = tmp_path / f".hf.export-tmp-{2**22 + 1}"  # above Linux's largest pid_max: a process that is gone
+    stale.mkdir()  # what a killed export leaves
     export(outputs, "--dataset", "T", "--format", "hf", "--out", out)
+    assert not stale.exists()
     export(outputs, "--dataset", "demo", "--format", "hf", "--out", out, "--force")
     assert load_from_disk(str(out))["train"].num_rows == 240
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
@@ -301,3 +305,19 @@ def test_export_has_help_and_is_in_the_readme() -> None:
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     for text in ("gen-pipeline export --dataset B2 --format specforge", "--format hf", "make export DATASET="):
         assert text in readme
+
+
+def test_a_sample_keeps_its_side_of_the_split_when_the_dataset_grows() -> None:
+    small = [f"B2-{i:05d}" for i in range(2_000)]
+    grown = small + [f"B2-{i:05d}" for i in range(2_000, 10_000)]
+    val_small, val_grown = validation_ids(small, ValSplit(share=0.02)), validation_ids(grown, ValSplit(share=0.02))
+    assert val_grown & set(small) == val_small
+    assert 0.015 < len(val_grown) / len(grown) < 0.025
+    assert len(validation_ids(grown, ValSplit(count=123))) == 123
+
+
+def test_shares_fill_the_largest_output_in_proportion() -> None:
+    shares = Mix("share", {"B1": 0.3, "B2": 0.2, "B6": 0.25, "B7": 0.25})
+    counts = mix_counts(shares, {"B1": 30_000, "B2": 18_000, "B6": 20_000, "B7": 20_000})
+    assert counts == {"B1": 24_000, "B2": 16_000, "B6": 20_000, "B7": 20_000}  # B6 and B7 are the limit
+    assert mix_counts(Mix("count", {"B1": 10, "B2": 5}), {"B1": 10, "B2": 99}) == {"B1": 10, "B2": 5}
