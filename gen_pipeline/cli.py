@@ -100,7 +100,7 @@ def _export_parser(sub: argparse._SubParsersAction) -> None:
                         "JSONL formats write it to <out stem>.val.jsonl")
     e.add_argument("--expand-turns", action="store_true",
                    help="one row per assistant turn (history up to it; reasoning kept on that turn only)")
-    e.add_argument("--keep-meta", action="store_true", help="JSONL formats: keep each sample's meta (+ dataset)")
+    e.add_argument("--keep-meta", action="store_true", help="JSONL formats: keep each sample's meta (+ dataset); hf always has it")
     e.add_argument("--no-status", action="store_true",
                    help="specforge: leave out status (its gpt-oss/Harmony parser takes no extra column; its "
                         "validate/expand scripts then refuse the file)")

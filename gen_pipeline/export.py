@@ -146,6 +146,8 @@ def _check_options(opts: ExportOptions) -> None:
     if opts.format == "speculators" and opts.expand_turns:
         raise ConfigError("--expand-turns does not apply to --format speculators: its prepare_data.py already "
                           "makes one training row per assistant turn. Drop --expand-turns.")
+    if not opts.status and opts.format != "specforge":
+        raise ConfigError(f"--no-status applies to --format specforge only (the {opts.format} format has no status).")
     if opts.filters.min_completion_tokens < 0:
         raise ConfigError(f"--min-completion-tokens {opts.filters.min_completion_tokens} must be 0 or more.")
     if not opts.datasets and opts.mix is None:

@@ -123,6 +123,11 @@ def test_expanded_turns_reproduce_every_assistant_turn_once(outputs: Path, tmp_p
         assert history == stripped
     assert seen == Counter(dict.fromkeys(turns, 1))
     assert load_dataset("json", data_files=str(out), split="train").num_rows == len(turns)
+    export(outputs, "--dataset", "demo", "--format", "specforge", "--out", tmp_path / "m.jsonl", "--expand-turns",
+           "--keep-meta")
+    metas = {r["id"]: r["meta"] for r in jsonl(tmp_path / "m.jsonl")}
+    assert all((m["source_id"], m["assistant_turn_index"], m["dataset"]) == (i.rpartition("#turn")[0],
+               int(i.rpartition("#turn")[2]), "demo") for i, m in metas.items())
 
 
 def test_split_is_stable_under_re_export_and_disjoint(outputs: Path, tmp_path: Path) -> None:
@@ -273,6 +278,8 @@ def test_bad_input_gets_one_clear_message_and_a_nonzero_exit(outputs: Path, tmp_
     code, err = fail(outputs, "--dataset", "T", *sf, "--out", tmp_path / "x.json")
     assert (code, err) == (2, f"error: --out {tmp_path / 'x.json'}: the specforge format writes one JSONL file; give "
                               "a path ending in .jsonl (e.g. --out exports/B2.jsonl).\n")
+    code, err = fail(outputs, "--dataset", "T", "--format", "hf", "--out", tmp_path / "h", "--no-status")
+    assert (code, err) == (2, "error: --no-status applies to --format specforge only (the hf format has no status).\n")
     code, err = fail(outputs, "--dataset", "T", *sf, "--out", tmp_path / "x.jsonl", "--val-share", "1.5")
     assert (code, err) == (2, "error: --val-share '1.5' must be a fraction below 1 (0.02 = 2% of the samples) or a "
                               "whole number of samples (500).\n")
