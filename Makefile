@@ -9,8 +9,10 @@ SERVER_URL ?=
 SERVER     ?=
 LIMIT      ?=
 ARGS       ?=
+FORMAT     ?= specforge
+OUT        ?=
 
-.PHONY: venv generate status demo test chaos bench validate plan clean probe-kv
+.PHONY: venv generate status demo test chaos bench validate plan export clean probe-kv
 
 venv: $(STAMP)
 
@@ -40,6 +42,10 @@ plan: $(STAMP)
 probe-kv: $(STAMP)
 	@test -n "$(DATASET)" || { echo "usage: make probe-kv DATASET=B2 [ARGS='--server-url A --compare-url B --samples 200']"; exit 2; }
 	$(PY) -m gen_pipeline probe-kv --dataset $(DATASET) $(ARGS)
+
+export: $(STAMP)
+	@test -n "$(OUT)" || { echo "usage: make export DATASET=B2 [DATASET='B1 B2'] OUT=exports/B2.jsonl [FORMAT=specforge|speculators|hf] [ARGS='--val-share 0.02 --expand-turns']"; exit 2; }
+	$(PY) -m gen_pipeline export $(foreach d,$(DATASET),--dataset $(d)) --format $(FORMAT) --out $(OUT) $(ARGS)
 
 demo: $(STAMP)
 	$(PY) -m gen_pipeline generate --dataset demo --server sim

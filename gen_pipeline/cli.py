@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--debug", action="store_true", help="show tracebacks for handled errors")
 
     _probe_kv_parser(sub)
+    _export_parser(sub)
     return parser
 
 
@@ -107,6 +108,36 @@ def _probe_kv_parser(sub: Any) -> None:
     pk.add_argument("--concurrency", type=int, default=32, help="prompts in flight (default: %(default)s)")
     pk.add_argument("--allow-same-kv", action="store_true", help="allow equal KV dtypes (a noise-floor run)")
     _common(pk)
+
+
+def _export_parser(sub: argparse._SubParsersAction) -> None:
+    e = sub.add_parser("export", help="write what a trainer loads: one SpecForge/speculators JSONL or an HF dataset",
+                       description="Export the committed samples of one or more datasets (safe during a run) into "
+                                   "one training file (specforge, speculators) or a datasets folder (hf). "
+                                   "Atomic: written under a temporary name, then renamed.")
+    e.add_argument("--dataset", action="append", default=[], help="dataset name (repeatable or comma-separated)")
+    e.add_argument("--format", required=True, choices=("specforge", "speculators", "hf"),
+                   help="specforge: JSONL of id/conversations/status; speculators: JSONL of id/conversations; "
+                        "hf: save_to_disk folder or parquet files with a fixed schema")
+    e.add_argument("--out", type=Path, required=True, help="the .jsonl file (specforge, speculators) or folder (hf)")
+    e.add_argument("--hf-layout", choices=("disk", "parquet"), default="disk",
+                   help="hf: a DatasetDict for load_from_disk (default) or train/validation .parquet files")
+    e.add_argument("--mix", help="take DATASET=SHARE,... (shares summing to 1) or DATASET=COUNT,... samples")
+    e.add_argument("--seed", type=int, default=0, help="seed of the --mix choice and the row order (default: 0)")
+    e.add_argument("--val-share", metavar="SHARE|COUNT",
+                   help="validation split by id hash: a fraction (0.02) or a sample count (500); "
+                        "JSONL formats write it to <out stem>.val.jsonl")
+    e.add_argument("--expand-turns", action="store_true",
+                   help="one row per assistant turn (history up to it; reasoning kept on that turn only)")
+    e.add_argument("--keep-meta", action="store_true", help="JSONL formats: keep each sample's meta (+ dataset); hf always has it")
+    e.add_argument("--no-status", action="store_true",
+                   help="specforge: leave out status (its gpt-oss/Harmony parser takes no extra column; its "
+                        "validate/expand scripts then refuse the file)")
+    e.add_argument("--drop-truncated", action="store_true", help="leave out samples cut at max_new_tokens")
+    e.add_argument("--min-completion-tokens", type=int, default=0, metavar="N",
+                   help="leave out samples with fewer completion tokens")
+    e.add_argument("--force", action="store_true", help="replace --out if it exists")
+    _common(e)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -246,9 +277,25 @@ def cmd_probe_kv(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export import ExportOptions, run_export
+    from .export_select import Filters, parse_mix, parse_val
+
+    names = [n.strip() for arg in args.dataset for n in arg.split(",") if n.strip()]
+    names = [find_dataset_config(n, args.config_dir).name if n.endswith(".toml") else n for n in names]
+    opts = ExportOptions(datasets=tuple(names), format=args.format, out=args.out, output_root=args.output_dir,
+                         hf_layout=args.hf_layout, mix=parse_mix(args.mix) if args.mix else None, seed=args.seed,
+                         val=parse_val(args.val_share), expand_turns=args.expand_turns, keep_meta=args.keep_meta,
+                         status=not args.no_status, force=args.force,
+                         filters=Filters(args.drop_truncated, args.min_completion_tokens))
+    print(run_export(opts).format(), flush=True)
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "generate": cmd_generate, "status": cmd_status, "validate": cmd_validate, "plan": cmd_plan,
     "probe-kv": cmd_probe_kv,
+    "export": cmd_export,
 }
 
 
