@@ -1,7 +1,9 @@
 """`gen-pipeline` (also `python -m gen_pipeline`): arguments → config; known errors → message + exit code.
 
-Exit codes: 0 ok, 1 validation found problems, 2 config/flag error, 3 server error, 4 store error
-(lock, config drift, disk), 130/143 interrupted by SIGINT/SIGTERM (resumable).
+Exit codes: 0 ok, 1 validation found problems, 2 config/flag error (also: a missing source column, most
+rows rejected), 3 server error, 4 store error (lock, config drift, disk), 5 the source has fewer valid rows
+than the target (`check`/`generate` refused, or a run ended short of it), 130/143 interrupted by
+SIGINT/SIGTERM (resumable).
 """
 
 from __future__ import annotations
@@ -47,7 +49,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="progress display (auto: a bar on a terminal, log lines otherwise)")
     g.add_argument("--drain-grace-s", type=float, default=30.0,
                    help="on SIGINT/SIGTERM, seconds to let in-flight requests finish (default: %(default)s)")
+    g.add_argument("--proceed-anyway", action="store_true",
+                   help="launch even when the source check fails (most rows rejected, too few valid rows)")
     _common(g)
+
+    c = sub.add_parser("check", help="read and parse a dataset's source before any server starts",
+                       description="Parse the source as a run would (a local source up to 50,000 rows whole, "
+                                   "else a sample): parsed prompts, reject reasons, prompt lengths, context fit. "
+                                   "Exit 2 when most rows are rejected or a column is missing, 5 when the source "
+                                   "has fewer valid rows than the remaining target.")
+    c.add_argument("--dataset", required=True, help="a name from the config dir (B1, B2, B6, B7, demo) or a .toml path")
+    c.add_argument("--server", default="tuned", metavar="PROFILE",
+                   help="server.toml profile for the tokenizer and context length (default: %(default)s)")
+    _common(c)
 
     s = sub.add_parser("status", help="per dataset: samples done/target, tokens, errors, throughput, ETA",
                        description="Read outputs/ only (works while a run goes and after one died).")
@@ -93,11 +107,44 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.window is not None and args.window < 1:
         raise ConfigError(f"--window {args.window} must be at least 1.")
     profile = None if urls else load_server_profile(args.server, args.config_dir / "server.toml")
+    if profile is not None:
+        from .server.command import check_launchable
+        check_launchable(profile)
+    _check_before_launch(cfg, args, profile)
     opts = RunOptions(output_root=args.output_dir, profile=profile, server_urls=urls, model=args.model,
                       limit=args.limit, window=args.window, drain_grace_s=args.drain_grace_s, progress=args.progress)
     summary = anyio.run(run_generate, cfg, opts)
     print(summary.line(), flush=True)
     return summary.exit_code
+
+
+def _check_before_launch(cfg, args: argparse.Namespace, profile) -> None:
+    """The source check, before any server starts: raise its first problem (unless --proceed-anyway)."""
+    from .check import run_check
+    from .status import read_status
+
+    remaining = read_status(args.output_dir, cfg.name, cfg.target_samples).remaining
+    if remaining == 0:
+        return  # the run says "nothing to do"
+    needed = min(remaining, args.limit) if args.limit else remaining
+    report = run_check(cfg, output_root=args.output_dir, profile=profile, needed=needed)
+    for problem in report.problems:
+        if not args.proceed_anyway:
+            raise problem
+        print(f"warning: {problem} (--proceed-anyway: generating anyway)", file=sys.stderr, flush=True)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from .check import format_report, run_check
+    from .server.profile import load_server_profile
+
+    cfg = find_dataset_config(args.dataset, args.config_dir)
+    profile = load_server_profile(args.server, args.config_dir / "server.toml")
+    report = run_check(cfg, output_root=args.output_dir, profile=profile)
+    print(format_report(report), flush=True)
+    if report.problems:
+        raise report.problems[0]
+    return 0
 
 
 def _server_url(url: str) -> str:
@@ -177,6 +224,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "generate": cmd_generate, "status": cmd_status, "validate": cmd_validate, "plan": cmd_plan,
+    "check": cmd_check,
 }
 
 
