@@ -9,6 +9,7 @@ SIGINT/SIGTERM (resumable).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ from .config import DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR, available_datasets, 
 from .errors import ConfigError, GenPipelineError
 
 REFERENCE_DATASETS = ("B1", "B2", "B6", "B7")
+WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")  # server/plan.py WEIGHT_BYTES, without its import cost
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -79,15 +81,26 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Arithmetic from the model's config.json; no GPU needed.")
     pl.add_argument("--model-config", type=Path, default=DEFAULT_CONFIG_DIR / "models" / "kimi-k2.5-config.json",
                     help="the model's config.json (default: the bundled Kimi-K2.5 one)")
+    pl.add_argument("--server", default="tuned", metavar="PROFILE",
+                    help="server.toml profile whose tp_size, mem_fraction_static, kv_cache_dtype and hicache_size_gb "
+                         "are the defaults below (default: %(default)s)")
+    pl.add_argument("--config-dir", type=Path, default=DEFAULT_CONFIG_DIR,
+                    help="folder of server.toml (default: %(default)s)")
     pl.add_argument("--gpu-mem-gb", type=float, default=141.0, help="memory per GPU in GiB (default: %(default)s, H200)")
-    pl.add_argument("--tp-size", type=int, default=8, help="tensor parallel size (default: %(default)s)")
-    pl.add_argument("--mem-fraction-static", type=float, default=0.90, help="SGLang's static memory fraction")
+    pl.add_argument("--tp-size", type=int, help="tensor parallel size (default: the profile's)")
+    pl.add_argument("--mem-fraction-static", type=float, help="SGLang's static memory fraction (default: the profile's)")
+    pl.add_argument("--kv-cache-dtype", help="KV dtype planned besides bf16 and fp8_e4m3 (default: the profile's)")
     pl.add_argument("--tokens-per-sample", type=int, default=4500,
                     help="prompt + completion tokens one request holds at its end (default: %(default)s, B2-like)")
-    pl.add_argument("--weights-gb", type=float, help="total weight size in GiB (or give --params-b)")
-    pl.add_argument("--params-b", type=float, help="parameter count in billions (with --weight-dtype)")
-    pl.add_argument("--weight-dtype", default="bf16", help="weight dtype for --params-b: bf16, fp8, int4")
-    pl.add_argument("--hicache-gb", type=float, default=0.0, help="hierarchical cache per rank in GB")
+    pl.add_argument("--weights-gb", type=float,
+                    help="total weight size in GiB, e.g. 553 for Kimi-K2.5 INT4 (594 GB on disk); or give --params-b")
+    pl.add_argument("--params-b", type=float,
+                    help="parameter count in billions, with --weight-dtype (single-dtype checkpoints only)")
+    pl.add_argument("--weight-dtype", choices=sorted(WEIGHT_DTYPES),
+                    help="bytes per parameter for --params-b: bf16/fp16 2, fp8/int8 1, int4 0.5 (required with it)")
+    pl.add_argument("--hicache-gb", type=float,
+                    help="hierarchical cache per rank in GB (default: the profile's hicache_size_gb when it "
+                         "enables the hierarchical cache)")
     pl.add_argument("--overhead-gb", type=float, default=0.0, help="activations/graphs per GPU outside the KV pool")
     pl.add_argument("--debug", action="store_true", help="show tracebacks for handled errors")
 
@@ -210,15 +223,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .server.plan import plan_from_args
+    from .server.plan import WEIGHTS_EXAMPLE, plan_from_args, profile_inputs
+    from .server.profile import load_server_profile
 
     if args.weights_gb is None and args.params_b is None:
-        raise ConfigError("plan needs the weight size: pass --weights-gb (total GiB on disk, e.g. 594 for "
-                          "Kimi-K2.5 INT4) or --params-b with --weight-dtype (e.g. --params-b 1040 --weight-dtype int4).")
-    print(plan_from_args(args.model_config, gpu_mem_gb=args.gpu_mem_gb, tp_size=args.tp_size,
-                         mem_fraction_static=args.mem_fraction_static, tokens_per_sample=args.tokens_per_sample,
+        raise ConfigError(f"plan needs the weight size: pass {WEIGHTS_EXAMPLE}.")
+    if args.params_b is not None and args.weights_gb is None and args.weight_dtype is None:
+        raise ConfigError(f"--params-b {args.params_b:g} needs --weight-dtype ({', '.join(WEIGHT_DTYPES)}): the "
+                          "bytes per parameter. For a mixed-precision checkpoint (Kimi-K2.5 INT4) pass --weights-gb.")
+    profile = load_server_profile(args.server, args.config_dir / "server.toml")
+    inputs, note = profile_inputs(profile, tp_size=args.tp_size, mem_fraction_static=args.mem_fraction_static,
+                                  kv_cache_dtype=args.kv_cache_dtype, hicache_gb=args.hicache_gb)
+    print(plan_from_args(args.model_config, gpu_mem_gb=args.gpu_mem_gb, tokens_per_sample=args.tokens_per_sample,
                          weights_gb=args.weights_gb, params_b=args.params_b, weight_dtype=args.weight_dtype,
-                         hicache_gb=args.hicache_gb, overhead_gb=args.overhead_gb))
+                         overhead_gb=args.overhead_gb, inputs_note=note, **inputs))
     return 0
 
 
@@ -241,6 +259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; run the same command to resume.", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `gen-pipeline status | head`: the reader left; not an error to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

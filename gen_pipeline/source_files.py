@@ -37,7 +37,7 @@ class ScannedFile:
 def _line_error(line: bytes) -> str | None:
     """Why one non-blank line is not a JSON object, or None when it is one."""
     try:
-        value = orjson.loads(line)
+        value = orjson.loads(line.rstrip(b"\r\n"))  # so an error's column is within this line
     except orjson.JSONDecodeError as e:
         return f"not valid JSON ({e.msg}, column {e.colno})"
     if not isinstance(value, dict):
