@@ -134,11 +134,11 @@ def _problems(r: CheckReport, cfg: DatasetConfig, where: str, needed: int) -> li
             f"{src.field!r} (gen-pipeline check --dataset {cfg.name} shows the parsed rows)."))
     available = r.available()
     if needed > 0 and available is not None and available < needed:
-        how = ("" if r.whole else
-               f" (an estimate: {r.valid:,} valid of the first {read:,} rows, scaled to {r.total_rows:,} rows)")
         had = f"{r.done:,} done" + (f", {r.final_failed:,} failed for good" if r.final_failed else "")
+        basis = (f"{r.valid:,} valid rows, {had}" if r.whole else f"about: an estimate from {r.valid:,} valid of "
+                 f"the first {read:,} rows, scaled to {r.total_rows:,} rows; {had}")
         out.append(SourceShortError(
-            f"{where}: the source can give {available:,} more samples{how} ({r.valid:,} valid rows, {had}), "
+            f"{where}: the source can give {available:,} more samples ({basis}), "
             f"but {needed:,} are needed to reach target_samples = {r.target:,}. Add rows to the source or "
             f"lower target_samples to {r.done + available:,}; or pass --proceed-anyway to generate what there is."))
     return out

@@ -46,8 +46,13 @@ def config_dir_with(tmp_path: Path, profile: str) -> Path:
     return cfg
 
 
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+no_tokenizer = pytest.mark.skipif(HAS_TRANSFORMERS, reason="the exact text is the one without transformers")
+
+
 # ---------------------------------------------------------------- check's report
 
+@no_tokenizer
 def test_check_reads_a_small_local_source_whole(tmp_path: Path) -> None:
     rows = make_rows(20, invalid=2)
     rows[5] = {"id": "bad-type", "messages": "hello"}
@@ -75,6 +80,7 @@ max_new_tokens 96 = ~113: fits
 """.replace("\\\n", "")
 
 
+@no_tokenizer
 def test_prompts_that_do_not_fit_the_context_are_counted(tmp_path: Path) -> None:
     toml = write_dataset(tmp_path, target=15, rows=make_rows(20), max_new_tokens=100)
     cfg = config_dir_with(tmp_path, '[profile.ctx]\ninherits = "sim"\ncontext_length = 112\n')
@@ -85,6 +91,27 @@ def test_prompts_that_do_not_fit_the_context_are_counted(tmp_path: Path) -> None
             "recorded as final failures). Lower max_new_tokens or raise context_length.\n") in r.stdout  # ceil(chars / 4) >= 12: 10 prompts of 45+ characters
 
 
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed (not a dependency)")
+def test_prompt_lengths_in_tokens_with_a_local_tokenizer(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()  # words and punctuation: "topic 0." is 3 tokens
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(tmp_path / "model")
+    toml = write_dataset(tmp_path, target=15, rows=make_rows(20))
+    cfg = config_dir_with(tmp_path, f'[profile.tok]\ninherits = "sim"\nmodel_path = "{tmp_path / "model"}"\n'
+                                    "context_length = 110\n")
+    r = run_cli("check", "--dataset", toml, "--server", "tok", "--config-dir", cfg, "--output-dir", tmp_path / "out")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert (f"  prompt length in tokens (the {tmp_path / 'model'} tokenizer, system + user turns, chat template not "
+            "counted), over 20 prompts: min 10, median 12, p90 17, p99 17, max 17\n"
+            f"  context length 110 tokens ({cfg}/server.toml [profile.tok] context_length): longest prompt 17 tokens "
+            "+ max_new_tokens 96 = 113: 5 of 20 prompts do not fit; SGLang refuses those requests (HTTP 400, "
+            "recorded as final failures). Lower max_new_tokens or raise context_length.\n") in r.stdout
+
+
+@no_tokenizer
 def test_context_length_from_a_local_models_config_json(tmp_path: Path) -> None:
     model = tmp_path / "model"
     model.mkdir()
@@ -150,6 +177,22 @@ def test_too_few_valid_rows_is_refused_then_proceeds_and_ends_short_with_exit_5(
     assert last.endswith(", 2 invalid rows skipped; the source has no more prompts: 10 samples short of the target; "
                          "add rows to the source or lower target_samples.")
     assert len(assert_exact(out, 20)) == 20
+
+
+def test_a_large_source_is_sampled_and_its_shortfall_estimated(tmp_path: Path) -> None:
+    rows = [{"id": f"r{i}", "messages": [{"role": "user", "content": "" if i % 4 == 3 else f"q {i}"}]}
+            for i in range(50_012)]  # over the 50,000 rows read whole; a quarter rejected
+    toml = write_dataset(tmp_path, target=40_000, rows=rows)
+    r = run_cli("check", "--dataset", toml, "--output-dir", tmp_path / "out")
+    message = (f"{toml}: the source can give 37,509 more samples (about: an estimate from 1,500 valid of the first "
+               "2,000 rows, scaled to 50,012 rows; 0 done), but 40,000 are needed to reach target_samples = "
+               "40,000. Add rows to the source or lower target_samples to 37,509; or pass --proceed-anyway to "
+               "generate what there is.")
+    assert (r.returncode, r.stderr) == (5, f"error: {message}\n")
+    assert r.stdout.splitlines()[1] == ("  the first 2,000 of 50,012 rows read (a sample: hub sources and local ones "
+                                        "over 50,000 rows)")
+    assert "  target: 0/40,000 done, 40,000 to go; the source can give 37,509 (estimated from the sample) more\n" \
+        in r.stdout
 
 
 def test_a_limit_within_the_source_is_not_refused(tmp_path: Path) -> None:
