@@ -14,9 +14,14 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .config import DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR, available_datasets, find_dataset_config
 from .errors import ConfigError, GenPipelineError
+
+if TYPE_CHECKING:
+    from .config import DatasetConfig
+    from .server.profile import ServerProfile
 
 REFERENCE_DATASETS = ("B1", "B2", "B6", "B7")
 WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")  # server/plan.py WEIGHT_BYTES, without its import cost
@@ -86,9 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "are the defaults below (default: %(default)s)")
     pl.add_argument("--config-dir", type=Path, default=DEFAULT_CONFIG_DIR,
                     help="folder of server.toml (default: %(default)s)")
-    pl.add_argument("--gpu-mem-gb", type=float, default=141.0, help="memory per GPU in GiB (default: %(default)s, H200)")
+    pl.add_argument("--gpu-mem-gb", type=float, default=141.0,
+                    help="memory per GPU in GiB (default: %(default)s, H200)")
     pl.add_argument("--tp-size", type=int, help="tensor parallel size (default: the profile's)")
-    pl.add_argument("--mem-fraction-static", type=float, help="SGLang's static memory fraction (default: the profile's)")
+    pl.add_argument("--mem-fraction-static", type=float,
+                    help="SGLang's static memory fraction (default: the profile's)")
     pl.add_argument("--kv-cache-dtype", help="KV dtype planned besides bf16 and fp8_e4m3 (default: the profile's)")
     pl.add_argument("--tokens-per-sample", type=int, default=4500,
                     help="prompt + completion tokens one request holds at its end (default: %(default)s, B2-like)")
@@ -131,7 +138,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return summary.exit_code
 
 
-def _check_before_launch(cfg, args: argparse.Namespace, profile) -> None:
+def _check_before_launch(cfg: DatasetConfig, args: argparse.Namespace, profile: ServerProfile | None) -> None:
     """The source check, before any server starts: raise its first problem (unless --proceed-anyway)."""
     from .check import run_check
     from .status import read_status

@@ -88,7 +88,8 @@ def test_prompts_that_do_not_fit_the_context_are_counted(tmp_path: Path) -> None
     assert r.returncode == 0, r.stderr
     assert (f"  context length 112 tokens ({cfg}/server.toml [profile.ctx] context_length): longest prompt ~17 "
             "tokens + max_new_tokens 100 = ~117: 10 of 20 prompts do not fit; SGLang refuses those requests (HTTP 400, "
-            "recorded as final failures). Lower max_new_tokens or raise context_length.\n") in r.stdout  # ceil(chars / 4) >= 12: 10 prompts of 45+ characters
+            "recorded as final failures). Lower max_new_tokens or raise context_length.\n") in r.stdout
+    # ~tokens = ceil(characters / 4); 12 + 100 reaches 112: the 10 prompts of 45+ characters
 
 
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed (not a dependency)")
@@ -223,7 +224,8 @@ def test_bad_json_lines_are_rejects_and_strict_refuses(tmp_path: Path) -> None:
     r = run_cli("check", "--dataset", toml, "--output-dir", out)
     assert r.returncode == 0, r.stderr
     assert "  valid: 12; rejected: 2 (bad_json 2)\n" in r.stdout
-    assert "    bad_json, e.g. row 12: T.jsonl line 2 is not valid JSON (unexpected end of data, column 28)\n" in r.stdout
+    assert "    bad_json, e.g. row 12: T.jsonl line 2 is not valid JSON (unexpected end of data, column 28)\n" \
+        in r.stdout
     r = gen(toml, out)
     assert r.returncode == 0, r.stderr
     rejects = [orjson.loads(x) for x in (out / "T" / "rejects.jsonl").read_bytes().splitlines()]
