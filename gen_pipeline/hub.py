@@ -2,7 +2,8 @@
 then report "not cached in None".
 
 Offline when HF_HUB_OFFLINE / HF_DATASETS_OFFLINE say so, or when the endpoint (HF_ENDPOINT,
-default https://huggingface.co) does not resolve or accept a TCP connection within a few seconds.
+default https://huggingface.co) does not resolve or accept a TCP connection within a few seconds
+(not probed when a proxy is configured).
 When offline, `datasets` is switched to offline mode too, so a dataset already in the local cache
 still loads.
 """
@@ -25,6 +26,9 @@ def offline_reason(timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         if os.environ.get(var, "").strip().lower() in _TRUE:
             return f"{var}={os.environ[var]} is set"
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
+                                       "all_proxy")):
+        return None  # through a proxy a direct resolve/connect proves nothing: let `datasets` try
     endpoint = os.environ.get("HF_ENDPOINT", "").strip() or DEFAULT_ENDPOINT
     parts = urlsplit(endpoint)
     host = parts.hostname
