@@ -143,10 +143,10 @@ def _check_before_launch(cfg: DatasetConfig, args: argparse.Namespace, profile: 
     from .check import run_check
     from .status import read_status
 
-    remaining = read_status(args.output_dir, cfg.name, cfg.target_samples).remaining
-    if remaining == 0:
-        return  # the run says "nothing to do"
-    needed = min(remaining, args.limit) if args.limit else remaining
+    status = read_status(args.output_dir, cfg.name, cfg.target_samples)
+    if status.remaining == 0 or status.state.startswith("running"):
+        return  # the run says "nothing to do", or that another run holds the lock
+    needed = min(status.remaining, args.limit) if args.limit else status.remaining
     report = run_check(cfg, output_root=args.output_dir, profile=profile, needed=needed)
     for problem in report.problems:
         if not args.proceed_anyway:
