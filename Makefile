@@ -12,7 +12,7 @@ ARGS       ?=
 FORMAT     ?= specforge
 OUT        ?=
 
-.PHONY: venv generate status demo test chaos bench validate plan export clean probe-kv
+.PHONY: venv generate status demo test chaos bench validate plan check export clean probe-kv
 
 venv: $(STAMP)
 
@@ -29,15 +29,20 @@ generate: $(STAMP)
 		$(if $(SERVER),--server $(SERVER)) \
 		$(if $(LIMIT),--limit $(LIMIT)) $(ARGS)
 
+# read-only targets run silently (@): `make status ARGS=--json | jq` gets only the JSON
 status: $(STAMP)
-	$(PY) -m gen_pipeline status $(ARGS)
+	@$(PY) -m gen_pipeline status $(ARGS)
 
 validate: $(STAMP)
 	@test -n "$(DATASET)" || { echo "usage: make validate DATASET=B2"; exit 2; }
-	$(PY) -m gen_pipeline validate --dataset $(DATASET) $(ARGS)
+	@$(PY) -m gen_pipeline validate --dataset $(DATASET) $(ARGS)
 
 plan: $(STAMP)
-	$(PY) -m gen_pipeline plan $(ARGS)
+	@$(PY) -m gen_pipeline plan $(ARGS)
+
+check: $(STAMP)
+	@test -n "$(DATASET)" || { echo "usage: make check DATASET=B2 [SERVER=tuned]"; exit 2; }
+	@$(PY) -m gen_pipeline check --dataset $(DATASET) $(if $(SERVER),--server $(SERVER)) $(ARGS)
 
 probe-kv: $(STAMP)
 	@test -n "$(DATASET)" || { echo "usage: make probe-kv DATASET=B2 [ARGS='--server-url A --compare-url B --samples 200']"; exit 2; }

@@ -1,27 +1,30 @@
 """`gen-pipeline` (also `python -m gen_pipeline`): arguments → config; known errors → message + exit code.
 
-Exit codes: 0 ok, 1 validation found problems, 2 config/flag error, 3 server error, 4 store error
-(lock, config drift, disk), 130/143 interrupted by SIGINT/SIGTERM (resumable).
+Exit codes: 0 ok, 1 validation found problems, 2 config/flag error (also: a missing source column, most
+rows rejected), 3 server error, 4 store error (lock, config drift, disk), 5 the source has fewer valid rows
+than the target (`check`/`generate` refused, or a run ended short of it), 130/143 interrupted by
+SIGINT/SIGTERM (resumable).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .config import DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR, DatasetConfig, available_datasets, find_dataset_config
 from .errors import ConfigError, GenPipelineError
 
 if TYPE_CHECKING:
     from .run import RunOptions
+    from .server.profile import ServerProfile
 
 REFERENCE_DATASETS = ("B1", "B2", "B6", "B7")
+WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")  # server/plan.py WEIGHT_BYTES, without its import cost
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -54,7 +57,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="progress display (auto: a bar on a terminal, log lines otherwise)")
     g.add_argument("--drain-grace-s", type=float, default=30.0,
                    help="on SIGINT/SIGTERM, seconds to let in-flight requests finish (default: %(default)s)")
+    g.add_argument("--proceed-anyway", action="store_true",
+                   help="launch even when the source check fails (most rows rejected, too few valid rows)")
     _common(g)
+
+    c = sub.add_parser("check", help="read and parse a dataset's source before any server starts",
+                       description="Parse the source as a run would (a local source up to 50,000 rows whole, "
+                                   "else a sample): parsed prompts, reject reasons, prompt lengths, context fit. "
+                                   "Exit 2 when most rows are rejected or a column is missing, 5 when the source "
+                                   "has fewer valid rows than the remaining target.")
+    c.add_argument("--dataset", required=True, help="a name from the config dir (B1, B2, B6, B7, demo) or a .toml path")
+    c.add_argument("--server", default="tuned", metavar="PROFILE",
+                   help="server.toml profile for the tokenizer and context length (default: %(default)s)")
+    _common(c)
 
     s = sub.add_parser("status", help="per dataset: samples done/target, tokens, errors, throughput, ETA",
                        description="Read outputs/ only (works while a run goes and after one died).")
@@ -72,15 +87,28 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Arithmetic from the model's config.json; no GPU needed.")
     pl.add_argument("--model-config", type=Path, default=DEFAULT_CONFIG_DIR / "models" / "kimi-k2.5-config.json",
                     help="the model's config.json (default: the bundled Kimi-K2.5 one)")
-    pl.add_argument("--gpu-mem-gb", type=float, default=141.0, help="memory per GPU in GiB (default: %(default)s, H200)")
-    pl.add_argument("--tp-size", type=int, default=8, help="tensor parallel size (default: %(default)s)")
-    pl.add_argument("--mem-fraction-static", type=float, default=0.90, help="SGLang's static memory fraction")
+    pl.add_argument("--server", default="tuned", metavar="PROFILE",
+                    help="server.toml profile whose tp_size, mem_fraction_static, kv_cache_dtype and hicache_size_gb "
+                         "are the defaults below (default: %(default)s)")
+    pl.add_argument("--config-dir", type=Path, default=DEFAULT_CONFIG_DIR,
+                    help="folder of server.toml (default: %(default)s)")
+    pl.add_argument("--gpu-mem-gb", type=float, default=141.0,
+                    help="memory per GPU in GiB (default: %(default)s, H200)")
+    pl.add_argument("--tp-size", type=int, help="tensor parallel size (default: the profile's)")
+    pl.add_argument("--mem-fraction-static", type=float,
+                    help="SGLang's static memory fraction (default: the profile's)")
+    pl.add_argument("--kv-cache-dtype", help="KV dtype planned besides bf16 and fp8_e4m3 (default: the profile's)")
     pl.add_argument("--tokens-per-sample", type=int, default=4500,
                     help="prompt + completion tokens one request holds at its end (default: %(default)s, B2-like)")
-    pl.add_argument("--weights-gb", type=float, help="total weight size in GiB (or give --params-b)")
-    pl.add_argument("--params-b", type=float, help="parameter count in billions (with --weight-dtype)")
-    pl.add_argument("--weight-dtype", default="bf16", help="weight dtype for --params-b: bf16, fp8, int4")
-    pl.add_argument("--hicache-gb", type=float, default=0.0, help="hierarchical cache per rank in GB")
+    pl.add_argument("--weights-gb", type=float,
+                    help="total weight size in GiB, e.g. 553 for Kimi-K2.5 INT4 (594 GB on disk); or give --params-b")
+    pl.add_argument("--params-b", type=float,
+                    help="parameter count in billions, with --weight-dtype (single-dtype checkpoints only)")
+    pl.add_argument("--weight-dtype", choices=sorted(WEIGHT_DTYPES),
+                    help="bytes per parameter for --params-b: bf16/fp16 2, fp8/int8 1, int4 0.5 (required with it)")
+    pl.add_argument("--hicache-gb", type=float,
+                    help="hierarchical cache per rank in GB (default: the profile's hicache_size_gb when it "
+                         "enables the hierarchical cache)")
     pl.add_argument("--overhead-gb", type=float, default=0.0, help="activations/graphs per GPU outside the KV pool")
     pl.add_argument("--debug", action="store_true", help="show tracebacks for handled errors")
 
@@ -146,7 +174,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .pipeline import run_generate
 
     cfg = find_dataset_config(args.dataset, args.config_dir)
-    summary = anyio.run(run_generate, cfg, run_options(args, cfg))
+    opts = run_options(args, cfg)
+    if opts.profile is not None:
+        from .server.command import check_launchable
+        check_launchable(opts.profile)
+    _check_before_launch(cfg, args, opts.profile)
+    summary = anyio.run(run_generate, cfg, opts)
     print(summary.line(), flush=True)
     return summary.exit_code
 
@@ -167,6 +200,35 @@ def run_options(args: argparse.Namespace, cfg: DatasetConfig) -> RunOptions:
     return RunOptions(output_root=args.output_dir, profile=profile, server_urls=urls, model=args.model,
                       limit=args.limit, window=window, controller=load_controller_config(server_toml),
                       drain_grace_s=args.drain_grace_s, progress=args.progress)
+
+
+def _check_before_launch(cfg: DatasetConfig, args: argparse.Namespace, profile: ServerProfile | None) -> None:
+    """The source check, before any server starts: raise its first problem (unless --proceed-anyway)."""
+    from .check import run_check
+    from .status import read_status
+
+    status = read_status(args.output_dir, cfg.name, cfg.target_samples)
+    if status.remaining == 0 or status.state.startswith("running"):
+        return  # the run says "nothing to do", or that another run holds the lock
+    needed = min(status.remaining, args.limit) if args.limit else status.remaining
+    report = run_check(cfg, output_root=args.output_dir, profile=profile, needed=needed)
+    for problem in report.problems:
+        if not args.proceed_anyway:
+            raise problem
+        print(f"warning: {problem} (--proceed-anyway: generating anyway)", file=sys.stderr, flush=True)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from .check import format_report, run_check
+    from .server.profile import load_server_profile
+
+    cfg = find_dataset_config(args.dataset, args.config_dir)
+    profile = load_server_profile(args.server, args.config_dir / "server.toml")
+    report = run_check(cfg, output_root=args.output_dir, profile=profile)
+    print(format_report(report), flush=True)
+    if report.problems:
+        raise report.problems[0]
+    return 0
 
 
 def _server_url(url: str) -> str:
@@ -236,15 +298,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .server.plan import plan_from_args
+    from .server.plan import WEIGHTS_EXAMPLE, plan_from_args, profile_inputs
+    from .server.profile import load_server_profile
 
     if args.weights_gb is None and args.params_b is None:
-        raise ConfigError("plan needs the weight size: pass --weights-gb (total GiB on disk, e.g. 594 for "
-                          "Kimi-K2.5 INT4) or --params-b with --weight-dtype (e.g. --params-b 1040 --weight-dtype int4).")
-    print(plan_from_args(args.model_config, gpu_mem_gb=args.gpu_mem_gb, tp_size=args.tp_size,
-                         mem_fraction_static=args.mem_fraction_static, tokens_per_sample=args.tokens_per_sample,
+        raise ConfigError(f"plan needs the weight size: pass {WEIGHTS_EXAMPLE}.")
+    if args.params_b is not None and args.weights_gb is None and args.weight_dtype is None:
+        raise ConfigError(f"--params-b {args.params_b:g} needs --weight-dtype ({', '.join(WEIGHT_DTYPES)}): the "
+                          "bytes per parameter. For a mixed-precision checkpoint (Kimi-K2.5 INT4) pass --weights-gb.")
+    profile = load_server_profile(args.server, args.config_dir / "server.toml")
+    inputs, note = profile_inputs(profile, tp_size=args.tp_size, mem_fraction_static=args.mem_fraction_static,
+                                  kv_cache_dtype=args.kv_cache_dtype, hicache_gb=args.hicache_gb)
+    print(plan_from_args(args.model_config, gpu_mem_gb=args.gpu_mem_gb, tokens_per_sample=args.tokens_per_sample,
                          weights_gb=args.weights_gb, params_b=args.params_b, weight_dtype=args.weight_dtype,
-                         hicache_gb=args.hicache_gb, overhead_gb=args.overhead_gb))
+                         overhead_gb=args.overhead_gb, inputs_note=note, **inputs))
     return 0
 
 
@@ -294,6 +361,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "generate": cmd_generate, "status": cmd_status, "validate": cmd_validate, "plan": cmd_plan,
+    "check": cmd_check,
     "probe-kv": cmd_probe_kv,
     "export": cmd_export,
 }
@@ -312,6 +380,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; run the same command to resume.", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `gen-pipeline status | head`: the reader left; not an error to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ A dataset config, `datasets_cfg/B2.toml`:
     id_field = "id"                  # optional: a stable source id column; else a content hash
     system_prompt = ""               # optional: prepended when a row has none
     max_prompt_chars = 400000        # optional: longer rows are rejected (reason prompt_too_long)
+    strict = false                   # optional: true refuses a .jsonl file with a line that is not JSON
     shuffle_seed = 0                 # optional: shuffle the source once, deterministically
 
     [sampling]
@@ -81,6 +82,7 @@ class SourceConfig:
     shuffle_seed: int | None = None
     streaming: bool = False
     max_prompt_chars: int = 400_000  # longer prompts are rejected before any request (~100K tokens)
+    strict: bool = False  # a .jsonl line that is not JSON: False = a bad_json reject, True = refuse the file
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,7 @@ def _source_identity(src: SourceConfig) -> dict[str, Any]:
     d = asdict(src)
     d.pop("streaming")
     d.pop("max_prompt_chars")
+    d.pop("strict")  # how bad lines are handled, not which rows: outputs stay resumable either way
     d["files"] = list(src.files)
     return d
 

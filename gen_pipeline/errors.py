@@ -2,6 +2,7 @@
 
     GenPipelineError            anything the CLI turns into a message and an exit code
      ├── ConfigError            a dataset/server TOML, a flag or an input file is wrong   (exit 2)
+     ├── SourceShortError       the source has fewer valid rows than the target asks for  (exit 5)
      ├── ServerError            the inference server could not be started/reached/kept up (exit 3)
      │    └── ServerStartupError  it exited or never answered /health during start-up
      ├── StoreError             the output folder cannot be used as asked                 (exit 4)
@@ -25,6 +26,12 @@ class GenPipelineError(Exception):
 
 class ConfigError(GenPipelineError):
     exit_code = 2
+
+
+class SourceShortError(GenPipelineError):
+    """`check` (and `generate` before it launches) found fewer valid rows than the remaining target."""
+
+    exit_code = 5
 
 
 class ServerError(GenPipelineError):

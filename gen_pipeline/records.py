@@ -81,10 +81,14 @@ class Reject:
     source_index: int
     reason: str  # "empty_content", "roles_not_alternating", "bad_type", "missing_field", ...
     detail: str = ""
+    file: str = ""  # for a line that is not JSON (reason bad_json): the file and its 1-based line
+    line: int = 0
 
     def to_json(self) -> bytes:
+        where = {"file": self.file, "line": self.line} if self.file else {}
         return orjson.dumps(
-            {"dataset": self.dataset, "row": self.source_index, "reason": self.reason, "detail": self.detail},
+            {"dataset": self.dataset, "row": self.source_index, "reason": self.reason, "detail": self.detail,
+             **where},
             option=orjson.OPT_APPEND_NEWLINE,
         )
 

@@ -44,7 +44,16 @@ class RunSummary:
     final_failures: int = 0  # failures a retry would repeat (HTTP 400, truncated + drop): not sent again
 
     @property
+    def short(self) -> int:
+        """Samples the target still misses when the source ran out and no retry can supply them."""
+        if self.stopped_by != "source_exhausted" or self.failures > self.final_failures:
+            return 0
+        return max(0, self.target - self.done)
+
+    @property
     def exit_code(self) -> int:
+        if self.short:
+            return 5  # SourceShortError's code: the source has too few valid rows for the target
         return {"SIGINT": 130, "SIGTERM": 143}.get(self.stopped_by, 0)
 
     def line(self) -> str:
@@ -64,7 +73,9 @@ class RunSummary:
             "target": "target reached.",
             "limit": "stopped at --limit; run again to continue.",
             "source_exhausted": "the source has no more prompts"
-                                + ("; run again to retry the failed ones." if retryable else "."),
+                                + ("; run again to retry the failed ones." if retryable else
+                                   f": {self.short:,} samples short of the target; add rows to the source or "
+                                   "lower target_samples." if self.short else "."),
             "SIGINT": "interrupted (SIGINT); run the same command to resume.",
             "SIGTERM": "stopped (SIGTERM); run the same command to resume.",
         }[self.stopped_by]

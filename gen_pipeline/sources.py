@@ -1,7 +1,8 @@
 """Dataset loading: Hugging Face hub or local files (through `datasets`) → validated Prompts.
 
 Three row schemas (config `source.schema`), all read from the column `source.field`:
-- "sharegpt": [{"from": "human"|"gpt"|"system"|..., "value": str}, ...]
+- "sharegpt": [{"from": "human"|"gpt"|"system"|..., "value": str}, ...]; turns in the
+  role/content style (SpecForge's own files) are accepted too, turn by turn
 - "messages": [{"role": "user"|"assistant"|"system", "content": str}, ...]
 - "prompt":   a single user prompt string
 
@@ -9,6 +10,8 @@ Validation follows SpecForge's: an optional leading system message, then turns t
 user/assistant starting with user, every content a non-empty string. Rows that fail are not
 fatal: they become `Reject`s with a reason, counted and written to the dataset's rejects file.
 Ids are stable across runs: "<DATASET>-<source id>" from `source.id_field`, else a content hash.
+A .jsonl line that is not a JSON object is a `bad_json` reject (file + 1-based line), unless
+`source.strict`; a hub source is refused at once, with what to do, when the hub is unreachable.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from typing import Any
 
 import orjson
 
-from .config import DatasetConfig
+from . import hub
+from .config import DatasetConfig, _rel
 from .errors import ConfigError
 from .records import Message, Prompt, Reject
+from .source_files import BadLine, scan_jsonl
 
 _SHAREGPT_ROLES = {
     "human": "user", "user": "user",
@@ -71,13 +76,11 @@ def parse_row(row: dict[str, Any], schema: str, cfg_field: str) -> list[Message]
         return [{"role": "user", "content": _content(value, 0)}]
     if not isinstance(value, list) or not value:
         raise InvalidRow("bad_type", f"{cfg_field!r} must be a non-empty list of turns, got {type(value).__name__}")
-    role_key, content_key = ("from", "value") if schema == "sharegpt" else ("role", "content")
     messages: list[Message] = []
     for i, turn in enumerate(value):
         if not isinstance(turn, dict):
             raise InvalidRow("bad_type", f"turn {i} must be an object, got {type(turn).__name__}")
-        if role_key not in turn or content_key not in turn:
-            raise InvalidRow("missing_field", f"turn {i} needs {role_key!r} and {content_key!r}")
+        role_key, content_key = _turn_keys(turn, schema, i)
         raw_role = turn[role_key]
         role = _SHAREGPT_ROLES.get(raw_role) if schema == "sharegpt" else (
             raw_role if raw_role in _MESSAGE_ROLES else None)
@@ -85,6 +88,20 @@ def parse_row(row: dict[str, Any], schema: str, cfg_field: str) -> list[Message]
             raise InvalidRow("unknown_role", f"turn {i} has role {raw_role!r}")
         messages.append({"role": role, "content": _content(turn[content_key], i)})
     return messages
+
+
+def _turn_keys(turn: dict[str, Any], schema: str, i: int) -> tuple[str, str]:
+    """The turn's role and content keys: from/value or role/content under sharegpt, role/content otherwise."""
+    if schema == "sharegpt" and "from" in turn and "value" in turn:
+        return "from", "value"
+    if "role" in turn and "content" in turn:
+        return "role", "content"
+    if schema == "sharegpt":
+        raise InvalidRow("missing_field", f"turn {i} needs 'from' and 'value' (or 'role' and 'content'); "
+                                          f"it has {', '.join(map(repr, sorted(turn))) or 'no keys'}")
+    hint = "; set source.schema = \"sharegpt\" for from/value turns" if "from" in turn else ""
+    raise InvalidRow("missing_field", f"turn {i} needs 'role' and 'content'; "
+                                      f"it has {', '.join(map(repr, sorted(turn))) or 'no keys'}{hint}")
 
 
 def _content(value: Any, i: int) -> str:
@@ -144,28 +161,42 @@ def _quiet_datasets() -> Any:
     return datasets
 
 
+@dataclass
+class LoadedSource:
+    """The rows as `datasets` gives them, plus the local lines it was not shown (not JSON objects)."""
+
+    rows: Any
+    bad_lines: tuple[BadLine, ...] = ()
+    good_lines: int = 0  # rows of the scanned .jsonl files (the bad lines' reject rows are numbered after them)
+
+
 def load_rows(cfg: DatasetConfig) -> Any:
     """The source as a `datasets` Dataset/IterableDataset (shuffled when asked); raises ConfigError."""
-    datasets = _quiet_datasets()
+    return load_source(cfg).rows
+
+
+def load_source(cfg: DatasetConfig) -> LoadedSource:
+    """Load the source as a run reads it; raises ConfigError (missing file, hub offline, bad format)."""
     src = cfg.source
-    where = f"{cfg.path or cfg.name}"
+    where = _rel(cfg.path) if cfg.path else cfg.name
+    offline = None if src.files else hub.offline_reason()
+    if offline:
+        hub.go_offline()  # a copy in the local cache still loads
+    datasets = _quiet_datasets()
+    loaded = LoadedSource(None)
     try:
         if src.files:
-            paths = [cfg.resolve(f) for f in src.files]
-            missing = [str(p) for p in paths if not p.exists()]
-            if missing:
-                raise ConfigError(f"{where}: source.files: {', '.join(missing)} not found.")
-            fmts = {_FORMATS.get(p.suffix) for p in paths}
-            if None in fmts or len(fmts) != 1:
-                raise ConfigError(f"{where}: source.files must all be .jsonl/.json or all .parquet "
-                                  f"(got {', '.join(p.name for p in paths)}).")
-            ds = datasets.load_dataset(fmts.pop(), data_files=[str(p) for p in paths], split="train",
+            loaded = _local_files(cfg, where)
+            fmt = "parquet" if loaded.rows[0].suffix == ".parquet" else "json"
+            ds = datasets.load_dataset(fmt, data_files=[str(p) for p in loaded.rows], split="train",
                                        streaming=src.streaming)
         else:
             ds = datasets.load_dataset(src.hf_id, src.hf_subset or None, split=src.split, streaming=src.streaming)
     except ConfigError:
         raise
     except Exception as e:  # datasets wraps Arrow/JSON/network errors in many types
+        if offline:
+            raise ConfigError(_offline_message(cfg, where, offline)) from None
         cause = e.__cause__ or e.__context__ or e
         what = ", ".join(src.files) if src.files else f"{src.hf_id} (split {src.split})"
         hint = ("Check that every line is one JSON object (JSON Lines) or the file is valid JSON/Parquet."
@@ -174,7 +205,56 @@ def load_rows(cfg: DatasetConfig) -> Any:
         raise ConfigError(f"{where}: could not load source {what}: {type(cause).__name__}: {cause}. {hint}") from None
     if src.shuffle_seed is not None:
         ds = ds.shuffle(seed=src.shuffle_seed)
-    return ds
+    rows = len(ds) if hasattr(ds, "__len__") else loaded.good_lines  # streaming datasets have no len()
+    return LoadedSource(ds, loaded.bad_lines, rows)
+
+
+def _local_files(cfg: DatasetConfig, where: str) -> LoadedSource:
+    """The paths `datasets` should read (cleaned copies for .jsonl files with bad lines) and those lines."""
+    src = cfg.source
+    paths = [cfg.resolve(f) for f in src.files]
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise ConfigError(f"{where}: source.files: {', '.join(missing)} not found.")
+    fmts = {_FORMATS.get(p.suffix) for p in paths}
+    if None in fmts or len(fmts) != 1:
+        raise ConfigError(f"{where}: source.files must all be .jsonl/.json or all .parquet "
+                          f"(got {', '.join(p.name for p in paths)}).")
+    read: list[Any] = []
+    bad: list[BadLine] = []
+    good = 0
+    for name, path in zip(src.files, paths):
+        if path.suffix != ".jsonl":
+            read.append(path)
+            continue
+        scanned = scan_jsonl(path, name)
+        if scanned.bad and src.strict:
+            b = scanned.bad[0]
+            raise ConfigError(f"{where}: {b.file} line {b.line} is {b.error}; source.strict = true refuses "
+                              f"the file. Fix or delete that line, or remove strict to skip such lines "
+                              f"into rejects.jsonl.")
+        read.append(scanned.path)
+        bad += scanned.bad
+        good += scanned.good_lines
+    return LoadedSource(read, tuple(bad), good)
+
+
+def _offline_message(cfg: DatasetConfig, where: str, reason: str) -> str:
+    src = cfg.source
+    return (f"{where}: the Hugging Face hub is not reachable ({reason}) and {src.hf_id} (split {src.split}) "
+            f"is not in the local cache. Download the dataset's files where the hub is reachable "
+            f"(hf download --repo-type dataset {src.hf_id} --local-dir DIR), copy them here, "
+            f"and in {where} set source.files to the local .jsonl/.json/.parquet files (and remove hf_id).")
+
+
+def add_bad_lines(cfg: DatasetConfig, loaded: LoadedSource, stats: SourceStats, rejects: list[Reject]) -> None:
+    """The lines `datasets` was not shown, as bad_json rejects numbered after the good rows (stable
+    across runs, never a good row's number: the store writes each row's reject once)."""
+    for k, bad in enumerate(loaded.bad_lines):
+        stats.rows += 1
+        stats.reject("bad_json")
+        rejects.append(Reject(cfg.name, loaded.good_lines + k, "bad_json", f"{bad.file} line {bad.line} is {bad.error}",
+                              file=bad.file, line=bad.line))
 
 
 def iter_prompts(cfg: DatasetConfig, skip_ids: set[str] | frozenset[str], stats: SourceStats,
@@ -184,7 +264,11 @@ def iter_prompts(cfg: DatasetConfig, skip_ids: set[str] | frozenset[str], stats:
     Invalid rows are appended to `rejects` (the caller writes them) and counted in `stats`.
     """
     seen: set[str] = set()
-    for index, row in enumerate(load_rows(cfg) if rows is None else rows):
+    if rows is None:
+        loaded = load_source(cfg)
+        add_bad_lines(cfg, loaded, stats, rejects)
+        rows = loaded.rows
+    for index, row in enumerate(rows):
         stats.rows += 1
         try:
             prompt = to_prompt(row, index, cfg)

@@ -8,8 +8,9 @@ from gen_pipeline.cli import main
 def test_plan_needs_the_weight_size(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan"]) == 2
     assert capsys.readouterr().err == (
-        "error: plan needs the weight size: pass --weights-gb (total GiB on disk, e.g. 594 for Kimi-K2.5 INT4) "
-        "or --params-b with --weight-dtype (e.g. --params-b 1040 --weight-dtype int4).\n")
+        "error: plan needs the weight size: pass --weights-gb (the checkpoint's total size in GiB; Kimi-K2.5 INT4: "
+        "594 GB on disk = 553 GiB) or --params-b with --weight-dtype (e.g. --params-b 70 --weight-dtype bf16 = "
+        "130.4 GiB).\n")
 
 
 def test_plan_shows_fp8_doubling_the_kv_tokens(capsys: pytest.CaptureFixture[str]) -> None:

@@ -24,14 +24,17 @@ def gen(toml: Path, out: Path, *where: str):
     return r
 
 
-def test_dataset_file_not_json(tmp_path: Path, sim_url: str) -> None:
-    toml = write_dataset(tmp_path, target=10)
-    (tmp_path / "T.jsonl").write_text('this is not json\n{"id": 1}\n')
+def test_a_line_that_is_not_json_is_a_counted_reject_with_its_line(tmp_path: Path, sim_url: str) -> None:
+    toml = write_dataset(tmp_path, target=10, rows=make_rows(12))
+    lines = (tmp_path / "T.jsonl").read_bytes().splitlines(keepends=True)
+    (tmp_path / "T.jsonl").write_bytes(b"".join(lines[:2] + [b"this is not json\n"] + lines[2:]))
     r = gen(toml, tmp_path / "out", "--server-url", sim_url)
-    assert r.returncode == 2
-    assert r.stderr.splitlines()[-1] == (
-        f"error: {toml}: could not load source T.jsonl: ArrowInvalid: JSON parse error: Invalid value. in row 0. "
-        "Check that every line is one JSON object (JSON Lines) or the file is valid JSON/Parquet.")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1].endswith(", 1 invalid rows skipped; target reached.")
+    rejects = [orjson.loads(x) for x in (tmp_path / "out" / "T" / "rejects.jsonl").read_bytes().splitlines()]
+    assert rejects == [{"dataset": "T", "row": 12, "reason": "bad_json", "file": "T.jsonl", "line": 3, "run": 1,
+                        "detail": "T.jsonl line 3 is not valid JSON (invalid literal, expected 'true', column 1)"}]
+    assert len(assert_exact(tmp_path / "out", 10)) == 10
 
 
 def test_bad_rows_are_counted_rejects_and_context_400_is_final(tmp_path: Path, sim_url: str) -> None:
@@ -45,10 +48,11 @@ def test_bad_rows_are_counted_rejects_and_context_400_is_final(tmp_path: Path, s
     rows[9] = {"id": "wt2", "messages": [{"role": "user", "content": 5}]}
     toml, out = write_dataset(tmp_path / "ds", target=24, rows=rows), tmp_path / "out"
     r = gen(toml, out, "--server-url", sim_url)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 5, r.stderr  # the final failure leaves the target out of the source's reach
     assert r.stdout.splitlines()[-1].startswith("T: 23/24 samples (95.8%), +23 this run in ")
     assert r.stdout.splitlines()[-1].endswith(", 1 failed (http_400 1; 1 final, 0 retried by the next run), "
-                                              "6 invalid rows skipped; the source has no more prompts.")
+                                              "6 invalid rows skipped; the source has no more prompts: 1 samples "
+                                              "short of the target; add rows to the source or lower target_samples.")
     rejects = [orjson.loads(x) for x in (out / "T" / "rejects.jsonl").read_bytes().splitlines()]
     assert [(x["row"], x["reason"]) for x in rejects] == [
         (2, "bad_type"), (4, "missing_field"), (5, "empty_content"), (6, "roles_not_alternating"),
@@ -59,9 +63,12 @@ def test_bad_rows_are_counted_rejects_and_context_400_is_final(tmp_path: Path, s
                     "run": 1, "detail": "HTTP 400: The input (1515 tokens) is longer than the model's context "
                                         "length (600 tokens)."}]
     seen = httpx.get(sim_url + "/sim/stats").json()["requests_seen"]
-    again = gen(toml, out, "--server-url", sim_url)
-    assert again.returncode == 0
-    assert "+0 this run" in again.stdout
+    again = gen(toml, out, "--server-url", sim_url)  # refused before any request: nothing left to try
+    assert (again.returncode, again.stdout) == (5, "")
+    assert again.stderr == (
+        f"error: {toml}: the source can give 0 more samples (24 valid rows, 23 done, 1 failed for good), but 1 "
+        "are needed to reach target_samples = 24. Add rows to the source or lower target_samples to 23; or pass "
+        "--proceed-anyway to generate what there is.\n")
     assert httpx.get(sim_url + "/sim/stats").json()["requests_seen"] == seen  # the 400 is not sent again
     assert len(assert_exact(out, 23)) == 23
 

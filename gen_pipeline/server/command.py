@@ -6,11 +6,13 @@ Flag spellings as in SGLang's python/sglang/srt/server_args.py (`--tp-size`, not
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Mapping
 
-from .profile import ServerProfile
+from ..errors import ServerError
+from .profile import SGLANG_COMMAND, ServerProfile
 
 # Profile key → SGLang flag. Booleans become bare flags when true; None / "" / 0 (hicache) are left out.
 FLAGS: dict[str, str] = {
@@ -45,6 +47,17 @@ def build_command(profile: ServerProfile, *, port: int, python: str = sys.execut
     argv += ["--port", str(port)]
     argv += list(profile.extra_args)
     return argv
+
+
+def check_launchable(profile: ServerProfile, python: str = sys.executable) -> None:
+    """Raise ServerError before launching SGLang's own launcher when sglang is not installed here
+    (it would die at import with a ModuleNotFoundError in server.log, after the start-up wait)."""
+    if tuple(profile.command[:3]) != SGLANG_COMMAND or importlib.util.find_spec("sglang") is not None:
+        return
+    raise ServerError(
+        f"{profile.where} launches SGLang ({python} -m sglang.launch_server), but sglang is not installed "
+        f"in this Python. On the GPU node: pip install -e '.[sglang]'. Without a GPU, try the pipeline on the "
+        f"simulator: --server sim (make demo).")
 
 
 def _text(value: object) -> str:

@@ -9,8 +9,9 @@ KV tokens = (gpu_mem × mem_fraction_static − weights / tp − overhead) / byt
 for the whole server (every TP rank holds every token). Decode slots ≈ KV tokens / tokens per sample.
 
 Against the seed (Kimi-K2.5, MLA: 61 layers, kv_lora_rank 512, qk_rope_head_dim 64 → 70,272 B/token
-in bf16, 35,136 in fp8; INT4 experts ≈ 594 GB of weights on 8 GPUs): with --gpu-mem-gb 141 (H200) the
-formula predicts ~774K bf16 tokens at 0.85, almost seven times the seed's 116K. The seed's three points fit
+in bf16, 35,136 in fp8; INT4 experts ≈ 594 GB = 553 GiB of weights on 8 GPUs, i.e. --weights-gb 553: its
+~1.03T parameters are mixed precision, so --params-b × one dtype does not give it): with --gpu-mem-gb 141
+(H200) the formula predicts ~775K bf16 tokens at 0.85, almost seven times the seed's 116K. The seed's three points fit
 this formula only with ~94 GiB per GPU and ~72 GiB of weights + runtime per GPU (0.85 → 116K and
 0.88 → 159K give gpu_mem = 2.81 GiB / 0.03; then 0.90 fp8 → 12.3 GiB / 35,136 B = 376K, as
 observed), i.e. a 96 GB-class GPU. So: the per-token arithmetic and the levers (fp8 = 2×, +0.01 of
@@ -23,15 +24,19 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from .profile import ServerProfile
 
 GIB = 1 << 30  # SGLang's "GB" in its memory logs is GiB
 KV_BYTES = {"auto": 2, "bf16": 2, "bfloat16": 2, "float16": 2, "fp16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1}
 WEIGHT_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+COMPARED_KV = ("bf16", "fp8_e4m3")  # always shown side by side (lever 1); the profile's own is added
+WEIGHTS_EXAMPLE = ("--weights-gb (the checkpoint's total size in GiB; Kimi-K2.5 INT4: 594 GB on disk = 553 GiB) "
+                   "or --params-b with --weight-dtype (e.g. --params-b 70 --weight-dtype bf16 = 130.4 GiB)")
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,9 @@ class Plan:
     tokens_per_sample: int
     hicache_gb: float
     options: tuple[KvOption, ...]
+    weights_note: str = ""  # how the weight size was obtained
+    inputs_note: str = ""  # where tp / memory fraction / KV dtype / hicache came from
+    kv_in_use: str = ""  # the profile's KV dtype (marked in the table)
 
 
 def kv_bytes_per_token(model_config: dict[str, Any], kv_dtype: str, tp_size: int) -> tuple[str, int, int]:
@@ -86,15 +94,19 @@ def _field(cfg: dict[str, Any], key: str) -> int:
 
 def plan(model_config: dict[str, Any], *, gpu_mem_gb: float, tp_size: int, mem_fraction_static: float,
          tokens_per_sample: int, weights_gb: float | None = None, params_b: float | None = None,
-         weight_dtype: str = "bf16", kv_dtypes: tuple[str, ...] = ("bf16", "fp8_e4m3"),
+         weight_dtype: str | None = None, kv_dtypes: tuple[str, ...] = COMPARED_KV,
          hicache_gb: float = 0.0, overhead_gb: float = 0.0) -> Plan:
     """Predicted KV tokens and decode slots per KV dtype. Memory in GiB; weights_gb is the whole model
     (or params_b billions × weight_dtype bytes). Raises ConfigError on missing or impossible inputs."""
     if weights_gb is None:
         if params_b is None or weight_dtype not in WEIGHT_BYTES:
             raise ConfigError("plan needs weights_gb, or params_b with weight_dtype in "
-                              f"{', '.join(WEIGHT_BYTES)}.")
+                              f"{', '.join(WEIGHT_BYTES)} (the bytes per parameter).")
         weights_gb = params_b * 1e9 * WEIGHT_BYTES[weight_dtype] / GIB
+        weights_note = (f"weights: {params_b:g}B parameters × {WEIGHT_BYTES[weight_dtype]:g} bytes ({weight_dtype}) "
+                        f"= {weights_gb:.1f} GiB")
+    else:
+        weights_note = f"weights: {weights_gb:g} GiB (--weights-gb)"
     if tp_size < 1 or tokens_per_sample < 1 or not 0 < mem_fraction_static < 1:
         raise ConfigError("plan needs tp_size >= 1, tokens_per_sample >= 1 and 0 < mem_fraction_static < 1.")
     if gpu_mem_gb <= 0 or weights_gb <= 0 or overhead_gb < 0:
@@ -115,7 +127,31 @@ def plan(model_config: dict[str, Any], *, gpu_mem_gb: float, tp_size: int, mem_f
         options.append(KvOption(dtype, per_token, tokens, tokens // tokens_per_sample,
                                  int(gpu_mem_gb * 0.01 * GIB // per_token), int(hicache_gb * GIB // per_token)))
     return Plan(kind, layers, gpu_mem_gb, tp_size, mem_fraction_static, weights_per_gpu, overhead_gb, kv_gb,
-                tokens_per_sample, hicache_gb, tuple(options))
+                tokens_per_sample, hicache_gb, tuple(options), weights_note)
+
+
+def profile_inputs(profile: ServerProfile, *, tp_size: int | None = None, mem_fraction_static: float | None = None,
+                   kv_cache_dtype: str | None = None, hicache_gb: float | None = None) -> tuple[dict[str, Any], str]:
+    """The plan's tp_size, mem_fraction_static, kv_dtypes and hicache_gb: each flag (None = not given)
+    over the profile's key; and a line saying where each value came from."""
+    hicache = float(profile.hicache_size_gb) if profile.enable_hierarchical_cache else 0.0
+    picked = {  # name: (flag value, profile value, fallback when the profile leaves it to SGLang)
+        "tp_size": (tp_size, profile.tp_size, 1),
+        "mem_fraction_static": (mem_fraction_static, profile.mem_fraction_static, 0.90),
+        "kv_cache_dtype": (kv_cache_dtype, profile.kv_cache_dtype, "auto"),
+        "hicache_gb": (hicache_gb, hicache, 0.0),
+    }
+    values: dict[str, Any] = {}
+    notes = []
+    for name, (flag, own, fallback) in picked.items():
+        value, whence = (flag, "flag") if flag is not None else (own, "profile") if own is not None else (
+            fallback, "default")
+        values[name] = value
+        notes.append(f"{name} {value:g} ({whence})" if isinstance(value, float) else f"{name} {value} ({whence})")
+    kv = values.pop("kv_cache_dtype")
+    values["kv_dtypes"] = COMPARED_KV + (() if kv in COMPARED_KV or kv == "auto" else (kv,))
+    values["kv_in_use"] = "bf16" if kv == "auto" else kv
+    return values, f"inputs from {profile.where}, flags override: " + ", ".join(notes)
 
 
 def format_plan(p: Plan) -> str:
@@ -128,9 +164,11 @@ def format_plan(p: Plan) -> str:
         "",
         f"{'kv dtype':<10} {'bytes/token/GPU':>16} {'KV tokens':>12} {'decode slots':>13} {'+0.01 mem':>11}",
     ]
+    lines[:0] = [n for n in (p.inputs_note, p.weights_note) if n]
     for o in p.options:
+        mark = "  <- the profile's kv_cache_dtype" if o.kv_dtype == p.kv_in_use else ""
         lines.append(f"{o.kv_dtype:<10} {o.bytes_per_token:>16,} {o.kv_tokens:>12,} {o.decode_slots:>13,} "
-                     f"{'+' + format(o.tokens_per_0_01, ','):>11}")
+                     f"{'+' + format(o.tokens_per_0_01, ','):>11}{mark}")
     lines += ["", f"decode slots = KV tokens / {p.tokens_per_sample:,} tokens per sample (prompt + output)", ""]
     lines += _levers(p)
     if p.kv_gb_per_gpu <= 0:
@@ -160,8 +198,9 @@ def _levers(p: Plan) -> list[str]:
 
 def plan_from_args(model_config: Path, *, gpu_mem_gb: float, tp_size: int, mem_fraction_static: float,
                    tokens_per_sample: int, weights_gb: float | None = None, params_b: float | None = None,
-                   weight_dtype: str = "bf16", kv_dtypes: tuple[str, ...] = ("bf16", "fp8_e4m3"),
-                   hicache_gb: float = 0.0, overhead_gb: float = 0.0) -> str:
+                   weight_dtype: str | None = None, kv_dtypes: tuple[str, ...] = COMPARED_KV,
+                   hicache_gb: float = 0.0, overhead_gb: float = 0.0, inputs_note: str = "",
+                   kv_in_use: str = "") -> str:
     """Read config.json and return format_plan's text; ConfigError for an unreadable config."""
     try:
         cfg = json.loads(Path(model_config).read_text())
@@ -171,7 +210,7 @@ def plan_from_args(model_config: Path, *, gpu_mem_gb: float, tp_size: int, mem_f
         raise ConfigError(f"{model_config}: not valid JSON ({e}).") from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"{model_config}: expected a JSON object (a Hugging Face config.json).")
-    return format_plan(plan(cfg, gpu_mem_gb=gpu_mem_gb, tp_size=tp_size, mem_fraction_static=mem_fraction_static,
-                            tokens_per_sample=tokens_per_sample, weights_gb=weights_gb, params_b=params_b,
-                            weight_dtype=weight_dtype, kv_dtypes=kv_dtypes, hicache_gb=hicache_gb,
-                            overhead_gb=overhead_gb))
+    p = plan(cfg, gpu_mem_gb=gpu_mem_gb, tp_size=tp_size, mem_fraction_static=mem_fraction_static,
+             tokens_per_sample=tokens_per_sample, weights_gb=weights_gb, params_b=params_b,
+             weight_dtype=weight_dtype, kv_dtypes=kv_dtypes, hicache_gb=hicache_gb, overhead_gb=overhead_gb)
+    return format_plan(replace(p, inputs_note=inputs_note, kv_in_use=kv_in_use))
