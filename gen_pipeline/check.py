@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from .check_lengths import Lengths, context_length, measure
-from .config import DatasetConfig, _rel
+from .config import DatasetConfig
+from .paths import display_path
 from .errors import ConfigError, GenPipelineError, SourceShortError
 from .records import Prompt, Reject
 from .server.profile import ServerProfile
@@ -76,7 +77,7 @@ def run_check(cfg: DatasetConfig, *, output_root: Path, profile: ServerProfile |
               needed: int | None = None, sample_rows: int = SAMPLE_ROWS) -> CheckReport:
     """Load and parse the source, measure prompts, compare with the target; `needed` defaults to
     the store's remaining target. Raises ConfigError for a missing column or an unloadable source."""
-    where = _rel(cfg.path) if cfg.path else cfg.name
+    where = display_path(cfg.path) if cfg.path else cfg.name
     loaded = load_source(cfg)
     total = len(loaded.rows) if hasattr(loaded.rows, "__len__") else None
     columns = _columns(loaded.rows)

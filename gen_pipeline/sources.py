@@ -25,7 +25,8 @@ from typing import Any
 import orjson
 
 from . import hub
-from .config import DatasetConfig, _rel
+from .config import DatasetConfig
+from .paths import display_path
 from .errors import ConfigError
 from .records import Message, Prompt, Reject
 from .source_files import BadLine, scan_jsonl
@@ -178,7 +179,7 @@ def load_rows(cfg: DatasetConfig) -> Any:
 def load_source(cfg: DatasetConfig) -> LoadedSource:
     """Load the source as a run reads it; raises ConfigError (missing file, hub offline, bad format)."""
     src = cfg.source
-    where = _rel(cfg.path) if cfg.path else cfg.name
+    where = display_path(cfg.path) if cfg.path else cfg.name
     offline = None if src.files else hub.offline_reason()
     if offline:
         hub.go_offline()  # a copy in the local cache still loads
