@@ -90,6 +90,11 @@ class DatasetStore:
         return max(0, self._target - self.done)
 
     @property
+    def run_number(self) -> int | None:
+        """This run's number in the manifest's runs (1, 2, ...); None before open()."""
+        return self._run.get("run")
+
+    @property
     def dir(self) -> Path:
         """The dataset's folder, `root/dataset` (server.log goes here too)."""
         return self.folder
