@@ -26,13 +26,13 @@ from .server.plan import GIB, KV_BYTES, kv_bytes_per_token
 THRESHOLDS: dict[str, float] = {
     "warmup_frac": 0.2,  # first share of a run's polls: the first wave, not the steady state
     "min_polls": 5,  # fewer steady polls than this: no verdict
-    "kv_full": 0.88,  # median KV usage at or above: the pool is full
+    "kv_full": 0.88,  # 75th percentile of KV usage at or above: the pool fills (it dips as requests end)
     "kv_free": 0.70,  # median KV usage below: the pool has room
     "queued_share": 0.5,  # share of steady polls with requests queued at the server
     "slots_low": 0.5, "slots_high": 2.5,  # running / (KV tokens / tokens per request): "≈"
     "at_cap": 0.95,  # running / max_running_requests at or above: at the cap
     "client_fill": 0.8,  # mean in_flight / window below: the window is not kept full
-    "storm_per_completion": 0.1,  # retractions per completed sample at or above: a storm
+    "storm_per_completion": 0.25,  # retractions per completed sample at or above: a storm
     "storm_min": 20,  # ... and at least this many retractions
     "tail_level": 0.5,  # in flight below this share of the steady median: the tail
     "tail_frac": 0.15,  # the tail's share of the run's time at or above: an idle tail
@@ -134,9 +134,13 @@ def _restarts(runs: list[list[dict[str, Any]]]) -> Verdict | None:
                            "fatal lines: OOM, NCCL, CUDA); work in flight at a restart is sent again",))
 
 
+def _p75(xs: list[float]) -> float | None:
+    return statistics.quantiles(xs, n=4, method="inclusive")[2] if len(xs) > 1 else (xs[0] if xs else None)
+
+
 def _levels(v: RunView) -> dict[str, Any]:
     s = v.steady
-    return {"usage": _med(_vals(s, "kv_usage")), "running": _med(_vals(s, "running")),
+    return {"usage": _med(_vals(s, "kv_usage")), "usage_p75": _p75(_vals(s, "kv_usage")), "running": _med(_vals(s, "running")),
             "queued": _med(_vals(s, "queued")), "tok_s": _med(_vals(s, "gen_tok_s") or _vals(s, "client_tok_s")),
             "queued_share": sum(1 for r in s if (r.get("queued") or 0) > 0) / len(s),
             "capacity": _last(s, "kv_capacity_tokens"), "max_running": _last(s, "max_running_requests"),
@@ -145,14 +149,15 @@ def _levels(v: RunView) -> dict[str, Any]:
 
 def _kv_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:
     x = _levels(v)
-    usage, running, cap, per_req = x["usage"], x["running"], x["capacity"], x["per_request"]
+    usage, running, cap, per_req = x["usage_p75"], x["running"], x["capacity"], x["per_request"]
     if usage is None or running is None or not cap or not per_req or usage < th["kv_full"]:
         return None
     slots = cap / per_req
     at_cap = x["max_running"] and running >= th["at_cap"] * x["max_running"]
     if x["queued_share"] < th["queued_share"] or at_cap or not th["slots_low"] <= running / slots <= th["slots_high"]:
         return None
-    evidence = (f"KV pool {usage:.0%} full (median of {len(v.steady)} steady polls), {x['queued']:.0f} queued, "
+    evidence = (f"KV pool {x['usage']:.0%} full (median; 75th percentile {usage:.0%}; {len(v.steady)} steady "
+                f"polls), {x['queued']:.0f} queued, "
                 f"{running:.0f} running ≈ {cap:,} KV tokens / {per_req:,.0f} tokens per request = {slots:.0f} slots",
                 f"generation {x['tok_s']:,.0f} tok/s" if x["tok_s"] is not None else "generation rate not reported")
     return Verdict("kv_bound", "GPU KV capacity bounds the decode slots",
