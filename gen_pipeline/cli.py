@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", default="", help="model id for requests (default: from the profile or /v1/models)")
     g.add_argument("--progress", choices=("auto", "bar", "log", "quiet"), default="auto",
                    help="progress display (auto: a bar on a terminal, log lines otherwise)")
+    g.add_argument("--poll-interval-s", type=float, default=1.0,
+                   help="seconds between load polls: the controller's input and a telemetry row each (default: %(default)s)")
     g.add_argument("--drain-grace-s", type=float, default=30.0,
                    help="on SIGINT/SIGTERM, seconds to let in-flight requests finish (default: %(default)s)")
     _common(g)
@@ -113,9 +115,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--limit {args.limit} must be at least 1.")
     if args.window is not None and args.window < 1:
         raise ConfigError(f"--window {args.window} must be at least 1.")
+    if not 0.05 <= args.poll_interval_s <= 60:
+        raise ConfigError(f"--poll-interval-s {args.poll_interval_s:g} must be between 0.05 and 60 seconds.")
     profile = None if urls else load_server_profile(args.server, args.config_dir / "server.toml")
     opts = RunOptions(output_root=args.output_dir, profile=profile, server_urls=urls, model=args.model,
-                      limit=args.limit, window=args.window, drain_grace_s=args.drain_grace_s, progress=args.progress)
+                      limit=args.limit, window=args.window, drain_grace_s=args.drain_grace_s, progress=args.progress,
+                      poll_interval_s=args.poll_interval_s)
     summary = anyio.run(run_generate, cfg, opts)
     print(summary.line(), flush=True)
     return summary.exit_code

@@ -66,7 +66,8 @@ class Telemetry:
     def __init__(self, folder: Path, *, run: int | None, started_s: float,
                  on_event: Callable[[str], Any] = print, max_bytes: int = MAX_BYTES) -> None:
         self.path = Path(folder) / TELEMETRY_NAME
-        self.run, self.started_s, self.on_event, self.max_bytes = run, started_s, on_event, max_bytes
+        self.run = None if run is None else max(run, last_run(Path(folder)) + 1)
+        self.started_s, self.on_event, self.max_bytes = started_s, on_event, max_bytes
         self.enabled = True
         self.dropped = 0
         self._queue: queue.Queue[Any] = queue.Queue(_QUEUE_ROWS)
@@ -205,6 +206,29 @@ def read_file(path: Path) -> list[dict[str, Any]]:
         if isinstance(row, dict) and isinstance(row.get("t"), (int, float)):
             rows.append(row)
     return rows
+
+
+def last_run(folder: Path) -> int:
+    """The highest run id in the last rows of the telemetry (0 when none): a run killed before its
+    manifest was committed left no number there, but its rows are here."""
+    for name in (TELEMETRY_NAME, ARCHIVE_NAME):
+        try:
+            with open(folder / name, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+                tail = f.read()
+        except OSError:
+            continue
+        runs = []
+        for line in tail.split(b"\n")[1:] if len(tail) == 65536 else tail.split(b"\n"):
+            try:
+                run = orjson.loads(line).get("run")
+            except (orjson.JSONDecodeError, AttributeError):
+                continue
+            if isinstance(run, int):
+                runs.append(run)
+        if runs:
+            return max(runs)
+    return 0
 
 
 def read_telemetry(folder: Path) -> list[dict[str, Any]]:
