@@ -200,8 +200,10 @@ def _free_pool(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None
                        (f"raise --max-running-requests (the free KV holds ~{room:.0f} more requests)" if room
                         else "raise --max-running-requests",))
     return Verdict("compute_bound", "the scheduler holds requests back with KV free and below max_running_requests",
-                   evidence, ("the step budget limits admission: raise --max-prefill-tokens / --chunked-prefill-size, "
-                              "or add servers (more GPUs); a larger window only lengthens the queue",))
+                   evidence, ("SGLang admits on a reservation of new_token_ratio × min(max_new_tokens, 4096) per "
+                              "request: a max_new_tokens far above the real outputs holds KV back (lower it, or "
+                              "--schedule-conservativeness < 1); else the prefill budget (--max-prefill-tokens) or "
+                              "compute is the limit: add servers; a larger window only lengthens the queue",))
 
 
 def _client_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:
