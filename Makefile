@@ -10,7 +10,7 @@ SERVER     ?=
 LIMIT      ?=
 ARGS       ?=
 
-.PHONY: venv generate status demo test chaos bench validate plan clean
+.PHONY: venv generate status demo test chaos bench validate plan clean report diagnose
 
 venv: $(STAMP)
 
@@ -36,6 +36,14 @@ validate: $(STAMP)
 
 plan: $(STAMP)
 	$(PY) -m gen_pipeline plan $(ARGS)
+
+report: $(STAMP)
+	@test -n "$(DATASET)" || { echo "usage: make report DATASET=B2  (writes outputs/B2/report.html)"; exit 2; }
+	$(PY) -m gen_pipeline report --dataset $(DATASET) $(ARGS)
+
+diagnose: $(STAMP)
+	@test -n "$(DATASET)" || { echo "usage: make diagnose DATASET=B2"; exit 2; }
+	$(PY) -m gen_pipeline diagnose --dataset $(DATASET) $(ARGS)
 
 demo: $(STAMP)
 	$(PY) -m gen_pipeline generate --dataset demo --server sim

@@ -4,7 +4,7 @@ Each verdict is a named rule over the run's steady polls (the first `warmup_frac
 idle tail cut off) with its thresholds in THRESHOLDS. The rules, in the order they are reported:
 
   server_restarts    the server restarted during a run
-  kv_bound           KV pool ≥ kv_full of capacity, requests queued, running ≈ KV tokens / tokens per
+  kv_bound           KV pool reaching kv_full of capacity, requests queued, running ≈ KV tokens / tokens per
                      request (the pool, not max_running_requests, sets the decode slots)
   admission_bound    KV free, requests queued, running at max_running_requests
   compute_bound      KV free, requests queued, running below max_running_requests (the scheduler's
@@ -26,7 +26,8 @@ from .server.plan import GIB, KV_BYTES, kv_bytes_per_token
 THRESHOLDS: dict[str, float] = {
     "warmup_frac": 0.2,  # first share of a run's polls: the first wave, not the steady state
     "min_polls": 5,  # fewer steady polls than this: no verdict
-    "kv_full": 0.88,  # 75th percentile of KV usage at or above: the pool fills (it dips as requests end)
+    "kv_full": 0.90,  # 90th percentile of KV usage at or above: the pool fills (it dips as requests end) ...
+    "kv_busy": 0.75,  # ... and its median at or above: it stays nearly full
     "kv_free": 0.70,  # median KV usage below: the pool has room
     "queued_share": 0.5,  # share of steady polls with requests queued at the server
     "slots_low": 0.5, "slots_high": 2.5,  # running / (KV tokens / tokens per request): "≈"
@@ -134,13 +135,13 @@ def _restarts(runs: list[list[dict[str, Any]]]) -> Verdict | None:
                            "fatal lines: OOM, NCCL, CUDA); work in flight at a restart is sent again",))
 
 
-def _p75(xs: list[float]) -> float | None:
-    return statistics.quantiles(xs, n=4, method="inclusive")[2] if len(xs) > 1 else (xs[0] if xs else None)
+def _p90(xs: list[float]) -> float | None:
+    return statistics.quantiles(xs, n=10, method="inclusive")[8] if len(xs) > 1 else (xs[0] if xs else None)
 
 
 def _levels(v: RunView) -> dict[str, Any]:
     s = v.steady
-    return {"usage": _med(_vals(s, "kv_usage")), "usage_p75": _p75(_vals(s, "kv_usage")), "running": _med(_vals(s, "running")),
+    return {"usage": _med(_vals(s, "kv_usage")), "usage_p90": _p90(_vals(s, "kv_usage")), "running": _med(_vals(s, "running")),
             "queued": _med(_vals(s, "queued")), "tok_s": _med(_vals(s, "gen_tok_s") or _vals(s, "client_tok_s")),
             "queued_share": sum(1 for r in s if (r.get("queued") or 0) > 0) / len(s),
             "capacity": _last(s, "kv_capacity_tokens"), "max_running": _last(s, "max_running_requests"),
@@ -149,14 +150,15 @@ def _levels(v: RunView) -> dict[str, Any]:
 
 def _kv_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:
     x = _levels(v)
-    usage, running, cap, per_req = x["usage_p75"], x["running"], x["capacity"], x["per_request"]
-    if usage is None or running is None or not cap or not per_req or usage < th["kv_full"]:
+    usage, running, cap, per_req = x["usage_p90"], x["running"], x["capacity"], x["per_request"]
+    if usage is None or running is None or not cap or not per_req or usage < th["kv_full"] \
+            or x["usage"] < th["kv_busy"]:
         return None
     slots = cap / per_req
     at_cap = x["max_running"] and running >= th["at_cap"] * x["max_running"]
     if x["queued_share"] < th["queued_share"] or at_cap or not th["slots_low"] <= running / slots <= th["slots_high"]:
         return None
-    evidence = (f"KV pool {x['usage']:.0%} full (median; 75th percentile {usage:.0%}; {len(v.steady)} steady "
+    evidence = (f"KV pool {x['usage']:.0%} full (median; 90th percentile {usage:.0%}; {len(v.steady)} steady "
                 f"polls), {x['queued']:.0f} queued, "
                 f"{running:.0f} running ≈ {cap:,} KV tokens / {per_req:,.0f} tokens per request = {slots:.0f} slots",
                 f"generation {x['tok_s']:,.0f} tok/s" if x["tok_s"] is not None else "generation rate not reported")
@@ -171,12 +173,14 @@ def kv_levers(capacity: int, kv_dtype: str, per_request: float, running: float, 
     want = running + queued
     cur = KV_BYTES.get(kv_dtype, 2)
     if cur > KV_BYTES[FP8]:
-        tokens = int(capacity * cur / KV_BYTES[FP8])
-        slots = tokens / per_request
-        out.append(f"--kv-cache-dtype {FP8}: {cur // KV_BYTES[FP8]}x the KV tokens ({capacity:,} → {tokens:,}) → "
-                   f"~{slots:.0f} slots for the {want:.0f} requests wanting one (running + queued): up to "
-                   f"{min(slots, want) / max(running, 1):.1f}x decode slots (tok/s rises less: a bigger batch steps "
-                   "slower; the seed got 2x tok/s from 3.2x tokens)")
+        factor = cur // KV_BYTES[FP8]
+        tokens = capacity * factor
+        # the pool holds `running` requests of every age now: factor x the pool holds factor x as many
+        new_running = min(running * factor, want)
+        out.append(f"--kv-cache-dtype {FP8}: {factor}x the KV tokens ({capacity:,} → {tokens:,}, "
+                   f"{tokens / per_request:.0f} requests at their end) → ~{new_running:.0f} running of the "
+                   f"{want:.0f} wanting a slot: {new_running / max(running, 1):.1f}x decode slots (tok/s rises less: "
+                   "a bigger batch steps slower; the seed got ~2x tok/s from 3.2x tokens)")
     if hw.model_config is not None:
         per_token = kv_bytes_per_token(hw.model_config, kv_dtype if kv_dtype in KV_BYTES else "bf16", hw.tp_size)[2]
         extra = int(hw.gpu_mem_gb * 0.01 * GIB // per_token)

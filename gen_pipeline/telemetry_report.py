@@ -61,8 +61,13 @@ def plot_png(rows: list[dict[str, Any]], title: str, *, dpi: int = 80) -> bytes:
     fig, axes = plt.subplots(4, 1, figsize=(10, 9), sharex=True)
     ax = axes[0]
     ax.plot(xs, _series(rows, "gen_tok_s"), label="server generation tok/s", lw=1.2)
-    ax.plot(xs, _series(rows, "client_tok_s"), label="completed tok/s (client, last minute)", lw=1.2)
-    ax.set_ylabel("tok/s")
+    ax.set_ylabel("server tok/s")
+    # its own axis: completed tokens over the client's last minute (and a simulator's clock runs faster)
+    twin = ax.twinx()
+    twin.plot(xs, _series(rows, "client_tok_s"), color="tab:orange", lw=1.0, alpha=0.7,
+              label="completed tok/s (client clock, right axis)")
+    twin.set_ylabel("client tok/s")
+    twin.legend(loc="upper right", fontsize=7)
     ax = axes[1]
     ax.plot(xs, _series(rows, "kv_usage"), color="tab:purple", lw=1.2, label="KV usage")
     ax.axhline(0.9, color="grey", lw=0.8, ls=":")

@@ -196,7 +196,8 @@ def test_kv_bound_seed_b2(tmp_path: Path) -> None:
                                "--sim-output-mean", "4000", "--sim-output-spread", "0.25"],
                           target=300, max_new_tokens=8192, window=150)
     assert rules(text)[0] == "kv_bound", text
-    assert "116,000 KV tokens" in text and "fp8_e4m3: 2x the KV tokens (116,000 → 232,000)" in text
+    assert "116,000 KV tokens" in text and "fp8_e4m3: 2x the KV tokens (116,000 → 232,000," in text
+    assert "2.0x decode slots" in text  # more than twice the running requests want a slot
     assert "hierarchical cache" in text and "adds no decode slots" in text
     assert rows[0]["kv_capacity_tokens"] == 116_000 and rows[0]["kv_dtype"] == "bf16"
 
@@ -255,3 +256,19 @@ def test_rules_are_pure_on_rows() -> None:
             for i in range(30)]
     assert bottleneck.diagnose(flat) == []
     assert bottleneck.diagnose(flat[:3])[0].rule == "too_short"
+
+
+def test_levers_are_plans_arithmetic() -> None:
+    """The memory-fraction lever is plan's +0.01 figure; fp8 doubles the tokens; hicache adds no slots."""
+    import json
+
+    from gen_pipeline.server.plan import plan
+    cfg = json.loads((REPO / "datasets_cfg" / "models" / "kimi-k2.5-config.json").read_text())
+    p = plan(cfg, gpu_mem_gb=141, tp_size=8, mem_fraction_static=0.85, tokens_per_sample=4000, weights_gb=594)
+    per_001 = p.options[0].tokens_per_0_01
+    levers = bottleneck.kv_levers(116_000, "bf16", 4000, running=30, queued=100,
+                                  hw=bottleneck.Hardware(cfg, 141, 8, "kimi"))
+    assert "(116,000 → 232,000, 58 requests at their end) → ~60 running of the 130 wanting a slot: 2.0x" in levers[0]
+    assert f"+{per_001:,} KV tokens (+{per_001 / 4000:.0f} slots" in levers[1]
+    assert "adds no decode slots" in levers[2]
+    assert not bottleneck.kv_levers(232_000, "fp8_e4m3", 4000, 60, 10)[0].startswith("--kv-cache-dtype")
