@@ -34,7 +34,7 @@ THRESHOLDS: dict[str, float] = {
     "at_cap": 0.95,  # running / max_running_requests at or above: at the cap
     "client_fill": 0.8,  # mean in_flight / window below: the window is not kept full
     "storm_per_completion": 0.25,  # retractions per completed sample at or above: a storm
-    "storm_min": 20,  # ... and at least this many retractions
+    "storm_min": 10,  # ... and at least this many retractions
     "tail_level": 0.5,  # in flight below this share of the steady median: the tail
     "tail_frac": 0.15,  # the tail's share of the run's time at or above: an idle tail
 }
