@@ -64,7 +64,8 @@ def main() -> None:
     png = plot_png(read_telemetry(out / "B2"), "B2 on the seed-calibrated simulator: bf16 KV, 116K tokens, 150 in flight",
                    dpi=60)
     (REPO / "docs" / "report.png").write_bytes(png)
-    print(f"docs/report.png: {len(png):,} bytes; the whole report: {cli('report', '--dataset', 'B2', '--output-dir', out, '--config-dir', cfg).strip()}")
+    page = cli("report", "--dataset", "B2", "--output-dir", out, "--config-dir", cfg).strip()
+    print(f"docs/report.png: {len(png):,} bytes; the whole report: {page}")
 
 
 if __name__ == "__main__":

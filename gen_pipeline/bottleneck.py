@@ -141,7 +141,8 @@ def _p90(xs: list[float]) -> float | None:
 
 def _levels(v: RunView) -> dict[str, Any]:
     s = v.steady
-    return {"usage": _med(_vals(s, "kv_usage")), "usage_p90": _p90(_vals(s, "kv_usage")), "running": _med(_vals(s, "running")),
+    return {"usage": _med(_vals(s, "kv_usage")), "usage_p90": _p90(_vals(s, "kv_usage")),
+            "running": _med(_vals(s, "running")),
             "queued": _med(_vals(s, "queued")), "tok_s": _med(_vals(s, "gen_tok_s") or _vals(s, "client_tok_s")),
             "queued_share": sum(1 for r in s if (r.get("queued") or 0) > 0) / len(s),
             "capacity": _last(s, "kv_capacity_tokens"), "max_running": _last(s, "max_running_requests"),

@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--progress", choices=("auto", "bar", "log", "quiet"), default="auto",
                    help="progress display (auto: a bar on a terminal, log lines otherwise)")
     g.add_argument("--poll-interval-s", type=float, default=1.0,
-                   help="seconds between load polls: the controller's input and a telemetry row each (default: %(default)s)")
+                   help="seconds between load polls: the controller's input, a telemetry row each "
+                        "(default: %(default)s)")
     g.add_argument("--drain-grace-s", type=float, default=30.0,
                    help="on SIGINT/SIGTERM, seconds to let in-flight requests finish (default: %(default)s)")
     _common(g)
@@ -99,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _diagnose_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-config", type=Path, default=DEFAULT_CONFIG_DIR / "models" / "kimi-k2.5-config.json",
                    help="config.json to price the memory-fraction lever with `plan` (default: bundled Kimi-K2.5)")
-    p.add_argument("--gpu-mem-gb", type=float, default=141.0, help="memory per GPU in GiB for that lever (default: %(default)s)")
+    p.add_argument("--gpu-mem-gb", type=float, default=141.0,
+                   help="memory per GPU in GiB for that lever (default: %(default)s)")
     p.add_argument("--tp-size", type=int, default=8, help="tensor parallel size for that lever (default: %(default)s)")
 
 

@@ -4,7 +4,6 @@ land in each regime (real CLI subprocesses, the simulator over TCP)."""
 from __future__ import annotations
 
 import base64
-import os
 import shutil
 import signal
 import sys
