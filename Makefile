@@ -12,7 +12,7 @@ ARGS       ?=
 FORMAT     ?= specforge
 OUT        ?=
 
-.PHONY: venv generate status demo test chaos bench validate plan check export clean probe-kv
+.PHONY: venv generate status demo test chaos bench validate plan check export clean probe-kv report diagnose
 
 venv: $(STAMP)
 
@@ -51,6 +51,14 @@ probe-kv: $(STAMP)
 export: $(STAMP)
 	@test -n "$(OUT)" || { echo "usage: make export DATASET=B2 [DATASET='B1 B2'] OUT=exports/B2.jsonl [FORMAT=specforge|speculators|hf] [ARGS='--val-share 0.02 --expand-turns']"; exit 2; }
 	$(PY) -m gen_pipeline export $(foreach d,$(DATASET),--dataset $(d)) --format $(FORMAT) --out $(OUT) $(ARGS)
+
+report: $(STAMP)
+	@test -n "$(DATASET)" || { echo "usage: make report DATASET=B2  (writes outputs/B2/report.html)"; exit 2; }
+	$(PY) -m gen_pipeline report --dataset $(DATASET) $(ARGS)
+
+diagnose: $(STAMP)
+	@test -n "$(DATASET)" || { echo "usage: make diagnose DATASET=B2"; exit 2; }
+	$(PY) -m gen_pipeline diagnose --dataset $(DATASET) $(ARGS)
 
 demo: $(STAMP)
 	$(PY) -m gen_pipeline generate --dataset demo --server sim

@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", default="", help="model id for requests (default: from the profile or /v1/models)")
     g.add_argument("--progress", choices=("auto", "bar", "log", "quiet"), default="auto",
                    help="progress display (auto: a bar on a terminal, log lines otherwise)")
+    g.add_argument("--poll-interval-s", type=float, default=1.0,
+                   help="seconds between load polls: the controller's input, a telemetry row each "
+                        "(default: %(default)s)")
     g.add_argument("--drain-grace-s", type=float, default=30.0,
                    help="on SIGINT/SIGTERM, seconds to let in-flight requests finish (default: %(default)s)")
     g.add_argument("--proceed-anyway", action="store_true",
@@ -114,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _probe_kv_parser(sub)
     _export_parser(sub)
+    _telemetry_parsers(sub)
     return parser
 
 
@@ -168,6 +172,30 @@ def _export_parser(sub: argparse._SubParsersAction) -> None:
     _common(e)
 
 
+def _telemetry_parsers(sub: Any) -> None:
+    r = sub.add_parser("report", help="an HTML page of a dataset's telemetry: plots, status table, diagnosis",
+                       description="Reads outputs/<DATASET>/telemetry.jsonl (needs the `report` extra: matplotlib).")
+    r.add_argument("--dataset", required=True, help="dataset name (its folder under --output-dir)")
+    r.add_argument("--out", type=Path, help="where to write the page (default: outputs/<DATASET>/report.html)")
+    _diagnose_args(r)
+    _common(r)
+
+    dg = sub.add_parser("diagnose", help="what bounds a run (KV, admission, client, retractions, tail) and what to do",
+                        description="Reads outputs/<DATASET>/telemetry.jsonl; every verdict is a rule of "
+                                    "gen_pipeline/bottleneck.py.")
+    dg.add_argument("--dataset", required=True, help="dataset name (its folder under --output-dir)")
+    _diagnose_args(dg)
+    _common(dg)
+
+
+def _diagnose_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model-config", type=Path, default=DEFAULT_CONFIG_DIR / "models" / "kimi-k2.5-config.json",
+                   help="config.json to price the memory-fraction lever with `plan` (default: bundled Kimi-K2.5)")
+    p.add_argument("--gpu-mem-gb", type=float, default=141.0,
+                   help="memory per GPU in GiB for that lever (default: %(default)s)")
+    p.add_argument("--tp-size", type=int, default=8, help="tensor parallel size for that lever (default: %(default)s)")
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     import anyio
 
@@ -194,12 +222,15 @@ def run_options(args: argparse.Namespace, cfg: DatasetConfig) -> RunOptions:
         raise ConfigError(f"--limit {args.limit} must be at least 1.")
     if args.window is not None and args.window < 1:
         raise ConfigError(f"--window {args.window} must be at least 1.")
+    if not 0.05 <= args.poll_interval_s <= 60:
+        raise ConfigError(f"--poll-interval-s {args.poll_interval_s:g} must be between 0.05 and 60 seconds.")
     server_toml = args.config_dir / "server.toml"
     profile = None if urls else load_server_profile(args.server, server_toml)
     window = args.window if args.window is not None else (cfg.generation.window or None)  # the flag wins
     return RunOptions(output_root=args.output_dir, profile=profile, server_urls=urls, model=args.model,
                       limit=args.limit, window=window, controller=load_controller_config(server_toml),
-                      drain_grace_s=args.drain_grace_s, progress=args.progress)
+                      drain_grace_s=args.drain_grace_s, progress=args.progress,
+                      poll_interval_s=args.poll_interval_s)
 
 
 def _check_before_launch(cfg: DatasetConfig, args: argparse.Namespace, profile: ServerProfile | None) -> None:
@@ -359,11 +390,50 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _telemetry_of(args: argparse.Namespace) -> tuple[Path, list, str]:
+    """(dataset folder, telemetry rows, diagnosis text); ConfigError when the folder is missing."""
+    import json
+
+    from .bottleneck import Hardware, diagnose, format_diagnosis
+    from .telemetry import read_telemetry
+
+    folder = args.output_dir / args.dataset
+    if not folder.is_dir():
+        raise ConfigError(f"{folder}: no such output folder. Generate it first (make generate DATASET={args.dataset}).")
+    rows = read_telemetry(folder)
+    try:
+        model_cfg = json.loads(args.model_config.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--model-config {args.model_config}: cannot read it as JSON ({e}).") from None
+    hw = Hardware(model_cfg, args.gpu_mem_gb, args.tp_size, label=args.model_config.name)
+    return folder, rows, format_diagnosis(args.dataset, rows, diagnose(rows, hw) if rows else [])
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    print(_telemetry_of(args)[2])
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .store import format_status, status_all
+    from .telemetry_report import render_html, write_report
+
+    folder, rows, diagnosis = _telemetry_of(args)
+    targets = _targets(args.config_dir, args.output_dir, [args.dataset])
+    status = format_status(status_all(args.output_dir, targets, total_of=[]))
+    page = render_html(args.dataset, rows, status, diagnosis)
+    path = write_report(args.out or folder / "report.html", page)
+    print(f"{path}: {len(rows)} polls, {path.stat().st_size:,} bytes")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "generate": cmd_generate, "status": cmd_status, "validate": cmd_validate, "plan": cmd_plan,
     "check": cmd_check,
     "probe-kv": cmd_probe_kv,
     "export": cmd_export,
+    "report": cmd_report,
+    "diagnose": cmd_diagnose,
 }
 
 

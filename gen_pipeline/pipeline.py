@@ -39,6 +39,7 @@ from .server import ServerHandle, read_load, run_attached, run_server
 from .server.profile import ServerProfile
 from .sources import SourceStats, estimate_prompt_tokens, iter_prompts
 from .store import DatasetStore, default_opener
+from .telemetry import Telemetry
 from .transport import AiohttpTransport
 
 __all__ = ["RunOptions", "RunSummary", "identify_model", "run_generate"]
@@ -78,6 +79,7 @@ class _Run:
         self._rejects_buffer: list[Reject] = []
         self._producer_scope = anyio.CancelScope()
         self._requests_scope = anyio.CancelScope()  # replaced by the requests task group's scope
+        self.telemetry = Telemetry(store.folder, run=store.run_number, started_s=self.started, on_event=on_event)
 
     # ------------------------------------------------------------ figures
     def throughput(self) -> tuple[float, float]:
@@ -228,7 +230,6 @@ class _Run:
         assert self.handle is not None and self.controller is not None
         capacity = self.handle.capacity
         while True:
-            await anyio.sleep(self.opts.poll_interval_s)
             if self.handle.capacity is not capacity:  # re-read after a server restart
                 capacity = self.handle.capacity
                 self.controller.update_capacity(capacity)
@@ -237,6 +238,9 @@ class _Run:
                 self.last_load = snap
                 self.controller.observe_load(snap)
             self.retune()
+            self.telemetry.poll(self.figures(), snap, self.controller.statistics(), self.handle,
+                                fixed_window=bool(self.opts.window))
+            await anyio.sleep(self.opts.poll_interval_s)  # after: a short run still gets its first poll
 
     async def report_progress(self, progress: Progress) -> None:
         while True:
@@ -288,6 +292,10 @@ class _Run:
         finally:
             progress.update(self.figures())
             progress.close()
+            if self.controller is not None:  # the last figures (done = target), then flush
+                self.telemetry.poll(self.figures(), self.last_load, self.controller.statistics(), self.handle,
+                                    fixed_window=bool(self.opts.window))
+            self.telemetry.close()
 
     async def _work(self, client: ChatClient, first: list[Prompt], source: Any) -> None:
         """Producer and requests in an inner group (a drain deadline cancels only them); the writer

@@ -93,6 +93,11 @@ class DatasetStore:
         """Why this run ended (RunSummary.stopped_by); written into its manifest record at close()."""
         self._run["stopped_by"] = stopped_by
 
+    @property
+    def run_number(self) -> int | None:
+        """This run's number in the manifest's runs (1, 2, ...); None before open()."""
+        return self._run.get("run")
+
     def final_failure_ids(self) -> set[str]:
         """Ids whose failure a retry cannot fix (`retryable: false` in errors.jsonl) and not done."""
         return final_failure_ids(self.folder) - self.done_ids
