@@ -415,7 +415,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .store import format_status, status_all
+    from .status import format_status, status_all
     from .telemetry_report import render_html, write_report
 
     folder, rows, diagnosis = _telemetry_of(args)

@@ -35,14 +35,15 @@ def _config(tmp: Path, keys: dict, extra_args: list[str]) -> Path:
 
 
 def scenario(tmp: Path, *, keys: dict | None = None, sim: list[str], target: int, max_new_tokens: int,
-             window: int | None = None, rows: list[dict] | None = None) -> tuple[str, list[dict]]:
+             window: int | None = None, rows: list[dict] | None = None,
+             extra: tuple[str, ...] = ()) -> tuple[str, list[dict]]:
     """Generate dataset T on profile `t` to its target; (diagnose's output, telemetry rows)."""
     cfg = _config(tmp, keys or {}, sim)
     write_dataset(cfg, rows=rows if rows is not None else make_rows(target + 20), target=target,
                   max_new_tokens=max_new_tokens, shard_max_samples=500, fsync_every=64)
     out = tmp / "out"
     gen = run_cli("generate", "--dataset", cfg / "T.toml", "--server", "t", "--config-dir", cfg, "--output-dir", out,
-                  "--progress", "quiet", "--poll-interval-s", "0.25", *(["--window", str(window)] if window else []))
+                  "--progress", "quiet", "--poll-interval-s", "0.25", *(["--window", str(window)] if window else []), *extra)
     assert gen.returncode == 0, gen.stdout + gen.stderr
     d = run_cli("diagnose", "--dataset", "T", "--output-dir", out, "--config-dir", cfg)
     assert d.returncode == 0, d.stderr
@@ -225,7 +226,8 @@ def test_client_bound_by_a_slow_source(tmp_path: Path) -> None:
     bad = {"id": "x", "messages": [{"role": "user", "content": ""}]}
     rows = [r for g in good for r in [g] + [{**bad, "id": f"{g['id']}-bad{k}"} for k in range(150)]]
     text, _ = scenario(tmp_path, sim=FAST + ["--time-scale", "10", "--sim-output-mean", "100"], target=300,
-                       max_new_tokens=200, window=48, rows=rows)
+                       max_new_tokens=200, window=48, rows=rows,
+                       extra=("--proceed-anyway",))  # the pre-launch check refuses a mostly-rejected source
     assert "client_bound" in rules(text), text
 
 
