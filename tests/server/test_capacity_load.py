@@ -1,4 +1,5 @@
-"""Capacity and load parsing from recorded SGLang / vLLM answers (httpx.MockTransport)."""
+"""Capacity and load parsing from recorded SGLang / vLLM answers (httpx.MockTransport-style handlers,
+served to the aiohttp session by tests/mock_http.py)."""
 
 import httpx
 import pytest
@@ -7,6 +8,7 @@ from gen_pipeline.records import Capacity, LoadSnapshot
 from gen_pipeline.server import read_capacity, read_load
 from gen_pipeline.server.capacity import capacity_from_log
 from gen_pipeline.server.load import forget_sources
+from mock_http import mock_session
 
 SERVER_INFO_DP2 = {
     "model_path": "moonshotai/Kimi-K2.5", "tp_size": 8, "dp_size": 2, "kv_cache_dtype": "fp8_e4m3",
@@ -59,7 +61,7 @@ def client(routes: dict[str, object]) -> httpx.AsyncClient:
         if isinstance(body, str):
             return httpx.Response(200, text=body)
         return httpx.Response(404, json={"detail": "Not Found"})
-    return httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    return mock_session(handler)
 
 
 @pytest.fixture(autouse=True)
@@ -132,7 +134,7 @@ async def test_load_none_when_not_exposed_and_remembers_sources():
     def handler(request):
         calls.append(request.url.path)
         return httpx.Response(200, json=LOADS_DP2) if request.url.path == "/v1/loads" else httpx.Response(404)
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+    async with mock_session(handler) as http:
         assert await read_load(http, ["http://n"], now_s=0) is not None
         assert await read_load(http, ["http://n"], now_s=1) is not None
     assert calls == ["/v1/loads", "/metrics", "/v1/loads"]  # /metrics written off after the first poll
