@@ -96,6 +96,7 @@ class Dispatcher:
                       feed: PromptFeed) -> None:
         """Send prompts until the goal is met (nothing in flight), the source ends or draining starts."""
         limiter = self.window.limiter
+        self.retune()
         pending: list[Prompt] = []
         async with send:
             await self._send_rejects(send, feed)

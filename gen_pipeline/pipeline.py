@@ -192,12 +192,13 @@ class _Run:
                 if not self.opts.window:
                     self.window.controller = Controller(self.handle.capacity,
                                                         initial_tokens_per_request=self._initial_tokens(first))
+                    self.window.retune(self.dispatch.need())
+                    self._log_controller()
                 requests_http = await stack.enter_async_context(
                     open_http_session(self.cfg.generation, _max_connections(self.opts, self.handle)))
                 client = ChatClient(requests_http, self.handle.base_urls,
                                     _client_settings(self.handle, self.opts, self.cfg),
                                     gate=self.handle.wait_ready, on_request_done=self.window.observe_completion)
-                self.dispatch.retune()
                 tg.start_soon(self.poll_load, http)
                 if progress.mode != "quiet" or self.opts.on_figures is not None:
                     tg.start_soon(self.report_progress, progress)

@@ -136,7 +136,7 @@ class Progress:
 
     def update(self, f: Figures) -> None:
         self._last = f
-        if self.mode == "bar" and self._bar is None and not f.final:
+        if self.mode == "bar" and self._bar is None:
             self._bar = tqdm(total=f.target, initial=f.done, desc=self.dataset, unit="sample",
                              file=self._stream, dynamic_ncols=True, smoothing=0.05)
         if self._bar is not None:
