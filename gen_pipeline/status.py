@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from .manifest import read_lock, read_manifest
+from .progress import format_duration
 from .shards import list_shards, read_sidecar, scan_bytes, sidecar_path
 
 ERRORS_NAME = "errors.jsonl"
@@ -230,10 +231,7 @@ def _si(n: float | None) -> str:
 def _duration(s: float | None) -> str:
     if s is None:
         return "-"
-    if s == 0:
-        return "done"
-    h, rem = divmod(int(s), 3600)
-    return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
+    return "done" if s == 0 else format_duration(s)
 
 
 def _row(d: DatasetStatus) -> list[str]:
