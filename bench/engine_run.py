@@ -23,7 +23,6 @@ from gen_pipeline.controller import Controller, ControllerConfig
 from gen_pipeline.dispatch import Dispatcher, Item, Window
 from gen_pipeline.records import Capacity, Prompt, Reject, Sample
 from gen_pipeline.run_stats import RunStats
-from sglang_sim.engine import Engine
 
 _MESSAGES = ({"role": "user", "content": "x"},)
 

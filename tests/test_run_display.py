@@ -11,7 +11,6 @@ from pathlib import Path
 
 import httpx
 import orjson
-import pytest
 
 from gen_pipeline.progress import Figures, Progress
 from pipeline_helpers import REPO, SIM_FAST, cli_cmd, make_rows, run_cli, write_dataset
@@ -102,3 +101,23 @@ def test_in_flight_above_a_lowered_window_is_explained() -> None:
         "B2 900/18,000 (5.0%) 0.50 samples/s, 1,400 tok/s, in flight 150 (window lowered to 120; 30 finishing "
         "before new ones), running 140 queued 10, KV 93%, controller load: retraction burst (6 in one poll): "
         "step back, no growth for 30 s, eta 9h30m"]
+
+
+async def test_load_observers_get_every_poll(tmp_path: Path) -> None:
+    from gen_pipeline.config import load_dataset_config
+    from gen_pipeline.run import LoadPoll, RunOptions
+    from gen_pipeline.pipeline import run_generate
+
+    cfg = load_dataset_config(write_dataset(tmp_path / "ds", target=40, max_new_tokens=64))
+    polls: list[LoadPoll] = []
+    with start_sim(SIM_FAST, ready_timeout_s=30) as sim:
+        opts = RunOptions(output_root=tmp_path / "out", server_urls=(sim.url,), progress="quiet",
+                          poll_interval_s=0.05, load_observers=(polls.append,))
+        summary = await run_generate(cfg, opts)
+    assert summary.done == 40 and len(polls) >= 2
+    assert [p.time_s for p in polls] == sorted(p.time_s for p in polls)
+    assert [p.completions for p in polls] == sorted(p.completions for p in polls) and polls[-1].completions <= 40
+    for p in polls:
+        assert p.kv_capacity_tokens and p.kv_capacity_tokens > 0 and p.window >= 1
+        assert p.running is not None and p.queued is not None and 0 <= (p.kv_usage or 0) <= 1
+        assert p.controller_mode in ("load", "model") and p.controller_reason
