@@ -145,9 +145,10 @@ def markdown(cells: list[dict], elapsed_s: float) -> str:
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one small cell, nothing written")
+    parser.add_argument("--workers", type=int, default=None, help="processes for the cells (default: 2)")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    cells = run_matrix(quick=args.quick)
+    cells = run_matrix(quick=args.quick, workers=args.workers)
     noise = [] if args.quick else recompute_noise()
     elapsed = time.monotonic() - started
     text = markdown(cells, elapsed)

@@ -95,24 +95,23 @@ class _Run:
         self.shutdown = Shutdown(opts.drain_grace_s)
         self.writer = BatchWriter(store, opts.commit_interval_s, self.progress_dict, self._raise_fatal)
         self.handle: ServerHandle | None = None
-        self.last_load: LoadSnapshot | None = None
-        self.peaks: dict[str, Any] = {}  # highest running / queued / KV usage seen by the poller
         self.keep_last_figures = False
         self._controller_said: tuple[str, str] | None = None
         self._first_poll = anyio.Event()  # the display waits for it: its first line carries load figures
 
     # ------------------------------------------------------------ figures
     def figures(self, *, final: bool = False) -> Figures:
-        sps, tps = self.stats.throughput()
-        load, ctl = self.last_load, self.window.controller_stats()
+        s, ctl = self.stats, self.window.controller_stats()
+        load = s.last_load
+        sps, tps = s.throughput()
         return Figures(done=self.store.done, target=self.store.target, samples_per_s=sps,
                        tokens_per_s=tps, in_flight=self.dispatch.in_flight, window=self.window.size,
                        running=load.running if load else None, queued=load.queued if load else None,
                        kv_usage=load.token_usage if load else None,
-                       retractions=load.retractions_total if load else None, failures=self.stats.failures,
+                       retractions=load.retractions_total if load else None, failures=s.failures,
                        controller_mode=ctl.mode if ctl else None, controller_reason=ctl.reason if ctl else None,
-                       final=final, peak_running=self.peaks.get("running"), peak_queued=self.peaks.get("queued"),
-                       peak_kv_usage=self.peaks.get("kv_usage"))
+                       final=final, peak_running=s.peak_running, peak_queued=s.peak_queued,
+                       peak_kv_usage=s.peak_kv_usage)
 
     def progress_dict(self) -> dict[str, Any]:
         f = self.figures()
@@ -139,8 +138,7 @@ class _Run:
                 self.window.controller.update_capacity(capacity)
             snap = await read_load(http, self.handle.base_urls, time.monotonic())
             if snap is not None:
-                self.last_load = snap
-                self._note_peaks(snap)
+                self.stats.note_load(snap)
             self.dispatch.observe_load(snap)
             self._first_poll.set()
             self._log_controller()
@@ -160,11 +158,6 @@ class _Run:
             gen_tokens_per_s=snap.gen_throughput if snap else None,
             retractions_total=snap.retractions_total if snap else None, completions=self.dispatch.ok,
             controller_mode=ctl.mode if ctl else None, controller_reason=ctl.reason if ctl else None)
-
-    def _note_peaks(self, snap: LoadSnapshot) -> None:
-        for key, value in (("running", snap.running), ("queued", snap.queued), ("kv_usage", snap.token_usage)):
-            if value is not None:
-                self.peaks[key] = max(value, self.peaks.get(key, value))
 
     def _log_controller(self) -> None:
         """The controller's mode and last decision, into run.log when they change (not the console)."""

@@ -1,4 +1,5 @@
-"""Run statistics: the throughput window, failure counts by reason and the fatal-streak rule.
+"""Run statistics: the throughput window, failure counts by reason, the fatal-streak rule and the
+server's load as the polls saw it (the last poll and the run's peaks).
 
 Pure bookkeeping (no async library); time comes from the clock it is given.
 """
@@ -10,7 +11,7 @@ from collections import deque
 from collections.abc import Callable
 
 from .errors import ServerError
-from .records import Failure
+from .records import Failure, LoadSnapshot
 
 FAILURE_STREAK_FATAL = 50  # this many failures in a row, none succeeding: the server is unusable
 THROUGHPUT_WINDOW_S = 60.0
@@ -29,9 +30,21 @@ class RunStats:
         self.rejects = 0
         self.fatal: ServerError | None = None
         self._recent: deque[tuple[float, int]] = deque(maxlen=512)  # (t, completion tokens) per sample
+        self.last_load: LoadSnapshot | None = None
+        self.peak_running: int | None = None
+        self.peak_queued: int | None = None
+        self.peak_kv_usage: float | None = None
 
     def elapsed_s(self) -> float:
         return self.clock() - self.started
+
+    def note_load(self, snap: LoadSnapshot) -> None:
+        """One successful load poll: the latest figures, and the highest of the run."""
+        self.last_load = snap
+        self.peak_running = max(snap.running, self.peak_running or 0)
+        self.peak_queued = max(snap.queued, self.peak_queued or 0)
+        if snap.token_usage is not None:
+            self.peak_kv_usage = max(snap.token_usage, self.peak_kv_usage or 0.0)
 
     def count_sample(self, completion_tokens: int) -> None:
         self.failure_streak = 0
