@@ -299,44 +299,46 @@ def run_log(folder: Path) -> Iterator[None]:
 
 async def run_generate(cfg: DatasetConfig, opts: RunOptions) -> RunSummary:
     """Generate `cfg` up to its target (or --limit); resumable. Raises GenPipelineError subclasses."""
-    async with open_http_session(cfg.generation, 16) as http:  # control traffic: health, loads, model
-        model = opts.model
-        if not model:
-            if opts.server_urls:
-                model = await identify(http, opts.server_urls[0].rstrip("/"))
-            else:
-                assert opts.profile is not None, "RunOptions needs server_urls or a profile"
-                model = opts.profile.request_model
-        store = DatasetStore(opts.output_root, cfg.name, fingerprint=cfg.fingerprint(model),
-                             target=cfg.target_samples, shard_max_samples=cfg.output.shard_max_samples,
-                             fsync_every=cfg.output.fsync_every,
-                             file_opener=opts.file_opener or default_opener)
-        state = await anyio.to_thread.run_sync(store.open)
-        with run_log(store.folder):
-            return await _run_opened(cfg, opts, store, set(state.done_ids) | store.final_failure_ids(),
-                                     state.notes, http)
+    # the display from the start: an attach that waits for a loading server says so
+    with Progress(cfg.name, 0, cfg.target_samples, mode=opts.progress) as progress:
+        async with open_http_session(cfg.generation, 16) as http:  # control traffic: health, loads, model
+            model = opts.model
+            if not model:
+                if opts.server_urls:
+                    model = await identify(http, opts.server_urls[0].rstrip("/"))
+                else:
+                    assert opts.profile is not None, "RunOptions needs server_urls or a profile"
+                    model = opts.profile.request_model
+            store = DatasetStore(opts.output_root, cfg.name, fingerprint=cfg.fingerprint(model),
+                                 target=cfg.target_samples, shard_max_samples=cfg.output.shard_max_samples,
+                                 fsync_every=cfg.output.fsync_every,
+                                 file_opener=opts.file_opener or default_opener)
+            state = await anyio.to_thread.run_sync(store.open)
+            with run_log(store.folder):
+                return await _run_opened(cfg, opts, store, set(state.done_ids) | store.final_failure_ids(),
+                                         state.notes, http, progress)
 
 
 async def _run_opened(cfg: DatasetConfig, opts: RunOptions, store: DatasetStore, skip_ids: set[str],
-                      notes: list[str], http: aiohttp.ClientSession) -> RunSummary:
+                      notes: list[str], http: aiohttp.ClientSession, progress: Progress) -> RunSummary:
     log.info("run of %s: %s/%s samples done", cfg.name, f"{store.done:,}", f"{store.target:,}",
              extra={"console": False})
+    for note in notes:
+        log.info("%s", note)
     run = _Run(cfg, opts, store, skip_ids)
     try:
-        with Progress(cfg.name, store.done, store.target, mode=opts.progress) as progress:
-            for note in notes:
-                log.info("%s", note)
-            if run.dispatch.goal <= 0:
-                run.keep_last_figures = True  # status keeps showing the last real run's throughput
-                summary = run.summary("nothing_to_do")
-            else:
-                try:
-                    await run.main(http, progress)
-                except BaseExceptionGroup as group:
-                    error = _first_known(group)
-                    log.error("run ended: %s", error, extra={"console": False})
-                    raise error from None
-                summary = run.summary()
+        if run.dispatch.goal <= 0:
+            run.keep_last_figures = True  # status keeps showing the last real run's throughput
+            summary = run.summary("nothing_to_do")
+        else:
+            try:
+                await run.main(http, progress)
+            except BaseExceptionGroup as group:
+                error = _first_known(group)
+                log.error("run ended: %s", error, extra={"console": False})
+                raise error from None
+            progress.close()  # the last figures before the summary
+            summary = run.summary()
         log.info("%s", summary.line(), extra={"console": False})
         return summary
     finally:

@@ -148,6 +148,7 @@ class Progress:
             if now - self._last_log >= self._log_every_s:
                 self._last_log = now
                 self.log_line(f)
+                self._last = None  # printed: close() has nothing left to print
 
     def log_line(self, f: Figures) -> None:
         pct = 100.0 * f.done / f.target if f.target else 100.0

@@ -27,10 +27,18 @@ def merged(*args: str | Path) -> list[str]:
     return r.stdout.splitlines()
 
 
+def slow_sim(folder: Path) -> Path:
+    """A config dir whose "sim" profile is the demo's at a tenth of its speed: a run lasts a few load polls."""
+    text = (REPO / "datasets_cfg" / "server.toml").read_text()
+    (folder / "server.toml").write_text(text.replace('"--time-scale", "10", "--sim-startup-s", "0.5"',
+                                                     '"--time-scale", "1", "--sim-startup-s", "0.5"'))
+    return folder
+
+
 def test_log_mode_start_up_first_then_figures_with_load_then_peaks(tmp_path: Path) -> None:
     toml = write_dataset(tmp_path / "ds", target=60, max_new_tokens=64)
-    lines = merged("generate", "--dataset", toml, "--server", "sim", "--output-dir", tmp_path / "out",
-                   "--progress", "log")
+    lines = merged("generate", "--dataset", toml, "--server", "sim", "--config-dir", slow_sim(tmp_path / "ds"),
+                   "--output-dir", tmp_path / "out", "--progress", "log")
     assert re.fullmatch(r"starting SGLang \(sim\) on http://127\.0\.0\.1:\d+, log: \S+/out/T/server\.log", lines[0])
     assert re.fullmatch(r"SGLang ready after \d+ s: Kimi-K2\.5 tp=8 kv=fp8_e4m3 24,576 KV tokens, max running "
                         r"\d+, hicache 48 GB", lines[1]), lines
