@@ -288,12 +288,14 @@ def run_log(folder: Path) -> Iterator[None]:
     handler.setFormatter(formatter)
     logger = logging.getLogger("gen_pipeline")
     logger.addHandler(handler)
+    level = logger.level
     if logger.getEffectiveLevel() > logging.INFO:
         logger.setLevel(logging.INFO)
     try:
         yield
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(level)
         handler.close()
 
 

@@ -116,16 +116,19 @@ class Progress:
         self._last: Figures | None = None
         self._events = _EventHandler(self)
         self._logger = logging.getLogger("gen_pipeline")
+        self._level = logging.NOTSET
 
     def __enter__(self) -> Progress:
         self._logger.addHandler(self._events)
+        self._level = self._logger.level
         if self._logger.getEffectiveLevel() > logging.INFO:
-            self._logger.setLevel(logging.INFO)
+            self._logger.setLevel(logging.INFO)  # events are INFO; an embedding app's own level otherwise
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
         self._logger.removeHandler(self._events)
+        self._logger.setLevel(self._level)
 
     def write_event(self, line: str) -> None:
         """One event line, above the bar when one is shown."""
