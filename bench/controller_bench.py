@@ -1,6 +1,9 @@
 """Controller benchmark (issue 6): our adaptive window against fixed concurrency on the simulator.
 
-Matrix: length profiles B1, B2, B6, B7 (bench/dispatch.py) x the seed's three server configs
+Every client is the production dispatcher (gen_pipeline.dispatch with the Controller, or a fixed
+window), driven in process against the simulator's engine in simulated time (bench/engine_run.py).
+
+Matrix: length profiles B1, B2, B6, B7 (bench/jobs.py) x the seed's three server configs
 (116K / 159K / 376K KV tokens, seed hardware profile, num_continuous_decode_steps 4) x clients:
 ours (no tuning), fixed 32 / 64 / 150 / 512, everything at once, and the oracle: the best fixed
 N of a sweep (a coarse grid, then two refinements by 2^(1/4) around the best). Simulated time;
@@ -18,10 +21,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 
-from bench.dispatch import (LENGTH_PROFILES, SERVER_CONFIGS, ControllerPolicy, FixedPolicy, Job, RunResult,
-                            run)
+from bench.engine_run import run
+from bench.jobs import LENGTH_PROFILES, SERVER_CONFIGS, Job, RunResult
 from bench.report import md_table, write_section
-from gen_pipeline.records import Capacity
 
 SAMPLES = {"B1": 2000, "B2": 800, "B6": 1600, "B7": 2000}  # M per profile: ~6-8 request lifetimes at 376K
 QUICK = {"profile": "B7", "server": "116K", "samples": 400}
@@ -35,16 +37,14 @@ def run_cell(profile: str, server: str, samples: int, quick: bool = False) -> di
     """All clients on one (profile, server) cell; returns the per-run figures and the ratios."""
     job = Job.sample(LENGTH_PROFILES[profile], samples, SEED)
     config = SERVER_CONFIGS[server]
-    engine = config.engine()
-    capacity = Capacity(engine.config.max_total_num_tokens, engine.max_running_requests, source="sim")
-    ours = ControllerPolicy(capacity, job.initial_tokens_per_request())
-    runs: dict[str, RunResult] = {"ours": run(job, config, ours)}
+    ours, windows = run(job, config)
+    runs: dict[str, RunResult] = {"ours": ours}
     swept: dict[int, RunResult] = {}
 
     def fixed(n: int) -> RunResult:
         n = min(n, samples)
         if n not in swept:
-            swept[n] = run(job, config, FixedPolicy(n))
+            swept[n] = run(job, config, fixed=n)[0]
         return swept[n]
 
     for n in (FIXED + SWEEP if not quick else (32, 64, 150)):
@@ -58,7 +58,7 @@ def run_cell(profile: str, server: str, samples: int, quick: bool = False) -> di
     runs["all at once"] = swept[samples]
     oracle_n = _best(swept)
     runs["oracle"] = swept[oracle_n]
-    return _summary(profile, server, samples, runs, oracle_n, ours)
+    return _summary(profile, server, samples, runs, oracle_n, windows)
 
 
 def _best(swept: dict[int, RunResult]) -> int:
@@ -69,9 +69,9 @@ def _best(swept: dict[int, RunResult]) -> int:
 
 
 def _summary(profile: str, server: str, samples: int, runs: dict[str, RunResult], oracle_n: int,
-             ours: ControllerPolicy) -> dict:
+             ours_windows: list[int]) -> dict:
     o, best, f64 = runs["ours"], runs["oracle"], runs["fixed 64"]
-    windows = sorted(ours.windows) or [0]
+    windows = sorted(ours_windows) or [0]
     underfilled = best.median_running > 1.1 * f64.median_running
     return {
         "profile": profile, "server": server, "samples": samples, "oracle_n": oracle_n,
@@ -103,10 +103,7 @@ def recompute_noise(profile: str = "B2", server: str = "116K", seeds: tuple[int,
     config, rows = SERVER_CONFIGS[server], []
     for seed in seeds:
         job = Job.sample(LENGTH_PROFILES[profile], SAMPLES[profile], seed)
-        engine = config.engine()
-        capacity = Capacity(engine.config.max_total_num_tokens, engine.max_running_requests, source="sim")
-        runs = [run(job, config, ControllerPolicy(capacity, job.initial_tokens_per_request()))]
-        runs += [run(job, config, FixedPolicy(n)) for n in (32, 64, 150, SAMPLES[profile])]
+        runs = [run(job, config)[0]] + [run(job, config, fixed=n)[0] for n in (32, 64, 150, SAMPLES[profile])]
         rows.append([seed] + [f"{r.gen_tok_s:.0f} / {r.recompute_share:.2%}" for r in runs])
     return rows
 
@@ -148,9 +145,10 @@ def markdown(cells: list[dict], elapsed_s: float) -> str:
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one small cell, nothing written")
+    parser.add_argument("--workers", type=int, default=None, help="processes for the cells (default: 2)")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    cells = run_matrix(quick=args.quick)
+    cells = run_matrix(quick=args.quick, workers=args.workers)
     noise = [] if args.quick else recompute_noise()
     elapsed = time.monotonic() - started
     text = markdown(cells, elapsed)

@@ -145,11 +145,11 @@ def soak_disk(tally: Tally, url: str, work: Path, n: int) -> None:
                               file_opener=opener(4_000 + 6_000 * i, code))
             hit = 0
             try:
-                anyio.run(lambda: run_generate(cfg, opts, on_event=lambda _: None))
+                anyio.run(lambda: run_generate(cfg, opts))
             except DiskError:
                 hit = 1
             resume = RunOptions(output_root=out, server_urls=(url,), progress="quiet")
-            anyio.run(lambda: run_generate(cfg, resume, on_event=lambda _: None))
+            anyio.run(lambda: run_generate(cfg, resume))
             tally.add(f"disk {errno.errorcode[code]}", out, faults_hit=hit)
 
 

@@ -5,6 +5,13 @@ server). Every assistant turn is regenerated in order, each request carrying the
 regenerated history. Retries (tenacity, exponential backoff with jitter) cover connection
 errors, timeouts, 429, 5xx and unreadable bodies; a 4xx that will fail again (e.g. a prompt
 longer than the context) is not retried and becomes a Failure with the server's message.
+
+One HTTP library for the product, aiohttp (requests and control traffic: health, /server_info,
+/v1/loads, /metrics); `open_http_session` makes its sessions. Measured through the real pipeline
+at ~65 requests/s (1,500 one-turn samples, window 14, the simulator attached, 5 paired runs):
+httpx 0.28 took 1.53x the client CPU of aiohttp (median 5.05 s vs 3.83 s per run, about 0.8 ms
+more per request; httpcore re-scans its whole pool on every request), at equal wall time
+(ratio 1.02). See bench/RESULTS.md, "HTTP client library".
 """
 
 from __future__ import annotations
@@ -17,17 +24,17 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+import aiohttp
 import anyio
-import httpx
 import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from .config import GenerationConfig, SamplingConfig
 from .errors import RequestError
 from .records import Failure, Message, Prompt, Sample
-from .transport import RawResponse, Transport, TransportFailure, TransportTimeout
 
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+_JSON = {"content-type": "application/json"}
 
 
 class _Retryable(Exception):
@@ -58,6 +65,14 @@ class TurnResult:
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class RawResponse:
+    status: int
+    content_type: str
+    body: bytes
+    reason: str = ""
 
 
 RequestDone = Callable[[int, int, float], None]  # (prompt_tokens, completion_tokens, latency_s)
@@ -165,7 +180,7 @@ def classify_status(response: RawResponse) -> None:
     message = error_message(response)
     if code in (408, 429) or code >= 500:
         raise _Retryable(f"http_{code}", message)
-    raise RequestError(f"HTTP {code}: {message}", reason=f"http_{code}", retryable=False, status=code)
+    raise RequestError(f"HTTP {code}: {message}", reason=f"http_{code}", retryable=False)
 
 
 def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turns: list[TurnResult],
@@ -190,9 +205,9 @@ def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turn
 class ChatClient:
     """Regenerates conversations against one or more servers (least outstanding requests first)."""
 
-    def __init__(self, transport: Transport, base_urls: list[str], settings: ClientSettings, *,
+    def __init__(self, session: aiohttp.ClientSession, base_urls: list[str], settings: ClientSettings, *,
                  gate: Callable[[], Awaitable[None]] | None = None, on_request_done: RequestDone | None = None):
-        self._transport = transport
+        self._session = session
         self._urls = [u.rstrip("/") for u in base_urls]
         self._outstanding = [0] * len(self._urls)
         self.settings = settings
@@ -214,7 +229,7 @@ class ChatClient:
             try:
                 turn = await self.complete(conversation)
             except RequestError as e:
-                return Failure(prompt.id, dataset, e.reason, str(e), retryable=e.retryable)
+                return Failure(prompt.id, dataset, e.reason, str(e), attempts=e.attempts, retryable=e.retryable)
             reply: Message = {"role": "assistant", "content": turn.content}
             if keep_reasoning:
                 reply["reasoning_content"] = turn.reasoning
@@ -229,14 +244,19 @@ class ChatClient:
         return build_sample(prompt, dataset, conversation, turns, s)
 
     async def complete(self, messages: list[Message]) -> TurnResult:
-        """One chat completion with retries; raises RequestError when it will not succeed."""
+        """One chat completion with retries; raises RequestError (with the attempts made) when it
+        will not succeed."""
         g = self.settings.generation
         body = orjson.dumps(build_request(messages, self.settings))
+        attempts = 1
         try:
             return await self._attempt(body)  # the common case pays nothing for the retry machinery
         except _Retryable as e:
             if g.max_attempts == 1:
-                raise RequestError(f"gave up after 1 attempt: {e}", reason=e.reason) from None
+                raise RequestError(f"gave up after 1 attempt: {e}", reason=e.reason, attempts=1) from None
+        except RequestError as e:
+            e.attempts = attempts
+            raise
         # "Full jitter" (AWS): wait uniform(0, min(max, initial * 2**n)) before attempt n+1, which
         # spreads a burst of retries out; the first wait here, the rest in tenacity's loop.
         await anyio.sleep(random.uniform(0, g.retry_initial_wait_s))
@@ -249,9 +269,14 @@ class ChatClient:
         try:
             async for attempt in retrying:
                 with attempt:
+                    attempts += 1
                     return await self._attempt(body)
         except _Retryable as e:
-            raise RequestError(f"gave up after {g.max_attempts} attempts: {e}", reason=e.reason) from None
+            raise RequestError(f"gave up after {g.max_attempts} attempts: {e}", reason=e.reason,
+                               attempts=attempts) from None
+        except RequestError as e:
+            e.attempts = attempts
+            raise
         raise AssertionError("unreachable")
 
     async def _attempt(self, body: bytes) -> TurnResult:
@@ -261,11 +286,7 @@ class ChatClient:
         self._outstanding[i] += 1
         started = time.monotonic()
         try:
-            response = await self._transport.post(f"{self._urls[i]}/v1/chat/completions", body)
-        except TransportTimeout as e:
-            raise _Retryable("timeout", str(e)) from None
-        except TransportFailure as e:
-            raise _Retryable("connection", str(e)) from None
+            response = await self._post(f"{self._urls[i]}/v1/chat/completions", body)
         finally:
             self._outstanding[i] -= 1
         classify_status(response)
@@ -279,9 +300,21 @@ class ChatClient:
         return turn
 
 
-def make_http_client(generation: GenerationConfig, max_connections: int) -> httpx.AsyncClient:
-    """httpx defaults (5 s timeouts, 100 connections) would silently cap a run: set both."""
-    timeout = httpx.Timeout(connect=generation.connect_timeout_s, read=generation.request_timeout_s,
-                            write=60.0, pool=None)
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    return httpx.AsyncClient(timeout=timeout, limits=limits)
+    async def _post(self, url: str, body: bytes) -> RawResponse:
+        """POST the body; a timeout or a connection problem (refused, reset, cut mid-body) is retried."""
+        try:
+            async with self._session.post(url, data=body, headers=_JSON) as r:
+                return RawResponse(r.status, r.headers.get("content-type", ""), await r.read(), r.reason or "")
+        except (TimeoutError, aiohttp.ServerTimeoutError):
+            raise _Retryable("timeout", "no answer within the request timeout") from None
+        except aiohttp.ClientError as e:
+            raise _Retryable("connection", f"{type(e).__name__}: {e}") from None
+
+
+def open_http_session(generation: GenerationConfig, max_connections: int) -> aiohttp.ClientSession:
+    """An aiohttp session (`async with`) with one connection per request in flight (aiohttp's default
+    of 100 would silently cap a run) and the [generation] timeouts: connect, and the whole request
+    (a long generation included). Control calls pass their own shorter timeout per request."""
+    connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ttl_dns_cache=300)
+    timeout = aiohttp.ClientTimeout(total=generation.request_timeout_s, connect=generation.connect_timeout_s)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, raise_for_status=False)

@@ -59,10 +59,11 @@ class DiskError(StoreError):
 
 
 class RequestError(GenPipelineError):
-    """A request that will not succeed by retrying; `retryable` marks ones a later run may retry."""
+    """A request that will not succeed by retrying; `retryable` marks ones a later run may retry;
+    `attempts` is how many were made."""
 
-    def __init__(self, message: str, *, reason: str, retryable: bool = True, status: int | None = None):
+    def __init__(self, message: str, *, reason: str, retryable: bool = True, attempts: int = 1):
         super().__init__(message)
         self.reason = reason
         self.retryable = retryable
-        self.status = status
+        self.attempts = attempts

@@ -1,403 +1,369 @@
 """The run: one anyio task group that owns the server, the producer, the requests, the
 writer, the load poller, the progress reporter and the signal handler.
 
-Exactly-target dispatch: a prompt is only sent while `ok + in_flight < goal`, where `ok` counts
-samples produced this run (written or about to be) and `goal` is what the store still needs
-(capped by --limit). A failure frees its place, so the producer sends another prompt. The
-CapacityLimiter's size is the controller's window; the producer takes a token per request.
+The parts, each owning one thing: `Dispatcher` + `Window` (dispatch.py: exactly-target accounting,
+the controller's window), `BatchWriter` (writer.py), `RunStats` (run_stats.py: throughput, failure
+reasons, the fatal streak), `Shutdown` (shutdown.py: signals), server start-up (`_start_server`
+below). This module is the only one that opens task groups.
 
 Shutdown: target reached → the producer stops once nothing is in flight, the writer drains its
 stream, then the server, poller and reporter are cancelled. First SIGINT or SIGTERM → stop
 dispatching, let in-flight requests finish for `drain_grace_s`, then cancel them (the writer still
 writes every finished sample); a second signal cancels at once. A fatal error (server gone for
 good, disk full) cancels everything. The store is closed (fsync + manifest) under a shield.
+
+Events go to the `gen_pipeline` logger; `outputs/<DATASET>/run.log` collects them across runs.
 """
 
 from __future__ import annotations
 
-import signal
+import logging
 import time
-from collections import deque
-from contextlib import AsyncExitStack
+from collections.abc import Iterator
+from contextlib import AsyncExitStack, contextmanager
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import anyio
-import httpx
 from anyio.abc import TaskGroup
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from .client import ChatClient, ClientSettings, make_http_client
+from .client import ChatClient, ClientSettings, open_http_session
 from .config import DatasetConfig
-from .controller import Controller
-from .errors import GenPipelineError, ServerError
+from .controller import Controller, ControllerStats
+from .dispatch import Dispatcher, Item, Window
+from .errors import GenPipelineError
 from .progress import Figures, Progress
-from .records import Failure, Prompt, Reject, Sample
-from .run import RunOptions, RunSummary
+from .records import Failure, LoadSnapshot, Prompt, Reject, Sample
+from .run import LoadPoll, RunOptions, RunSummary
+from .run_stats import RunStats
 from .server import ServerHandle, read_load, run_attached, run_server
-from .server.profile import ServerProfile
+from .server.attach import identify
+from .shutdown import Shutdown
 from .sources import SourceStats, estimate_prompt_tokens, iter_prompts
 from .store import DatasetStore, default_opener
 from .telemetry import Telemetry
-from .transport import AiohttpTransport
+from .writer import BatchWriter
 
-__all__ = ["RunOptions", "RunSummary", "identify_model", "run_generate"]
+__all__ = ["RunOptions", "RunSummary", "run_generate"]
 
-Item = Sample | Failure | Reject
-_BATCH = 256  # prompts pulled from the source per thread hop; samples written per batch
-_FAILURE_STREAK_FATAL = 50  # this many failures in a row, none succeeding: the server is unusable
+log = logging.getLogger(__name__)
+RUN_LOG_NAME = "run.log"
+_BATCH = 256  # prompts pulled from the source per thread hop
+_REPORT_EVERY_S = 0.5
+_FIRST_POLL_S = 0.25  # a short run still gets a load poll while its requests are in flight
+
+
+class _Feed:
+    """The source's prompts in batches (read in a thread), and the rows it rejected meanwhile."""
+
+    def __init__(self, cfg: DatasetConfig, skip_ids: set[str]) -> None:
+        self._rejects: list[Reject] = []
+        self._source = iter_prompts(cfg, skip_ids, SourceStats(), self._rejects)
+        self._ahead: list[Prompt] | None = None
+
+    async def first(self) -> list[Prompt]:
+        """The first batch, read ahead (it sizes the controller's prior); next_batch() returns it first."""
+        if self._ahead is None:
+            self._ahead = await anyio.to_thread.run_sync(self._read)
+        return self._ahead
+
+    async def next_batch(self) -> list[Prompt]:
+        if self._ahead:
+            batch, self._ahead = self._ahead, []
+            return batch
+        return await anyio.to_thread.run_sync(self._read)
+
+    def take_rejects(self) -> list[Reject]:
+        taken, self._rejects[:] = list(self._rejects), []
+        return taken
+
+    def _read(self) -> list[Prompt]:
+        return list(islice(self._source, _BATCH))
 
 
 class _Run:
-    """State of one run; methods are the tasks of the task group."""
+    """One dataset's run: wires the parts together; its methods are the tasks of the task group."""
 
-    def __init__(self, cfg: DatasetConfig, opts: RunOptions, store: DatasetStore, skip_ids: set[str],
-                 on_event: Any):
-        self.cfg, self.opts, self.store, self.on_event = cfg, opts, store, on_event
-        self.skip_ids = skip_ids
-        self.goal = store.remaining if opts.limit is None else min(store.remaining, opts.limit)
-        self.ok = 0  # samples produced this run
-        self.in_flight = 0
-        self.failures = 0
-        self.failure_reasons: dict[str, int] = {}
-        self.failure_streak = 0
-        self.final_failures = 0
-        self.rejects = 0
-        self.stats = SourceStats()
-        self.stopped_by = "target"
-        self.started = time.monotonic()
-        self._recent: deque[tuple[float, int]] = deque(maxlen=512)  # (t, completion tokens) per sample
-        self._changed = anyio.Event()
-        self._draining = False
-        self.keep_last_figures = False
-        self.controller: Controller | None = None
-        self.limiter = anyio.CapacityLimiter(1)
+    def __init__(self, cfg: DatasetConfig, opts: RunOptions, store: DatasetStore, skip_ids: set[str]):
+        self.cfg, self.opts, self.store = cfg, opts, store
+        self.feed = _Feed(cfg, skip_ids)
+        self.stats = RunStats()
+        self.window = Window(fixed=opts.window)
+        goal = store.remaining if opts.limit is None else min(store.remaining, opts.limit)
+        self.dispatch = Dispatcher(goal, self.window, self.stats)
+        self.shutdown = Shutdown(opts.drain_grace_s)
+        self.writer = BatchWriter(store, opts.commit_interval_s, self.progress_dict, self._raise_fatal)
         self.handle: ServerHandle | None = None
-        self.last_load = None
-        self.fatal: BaseException | None = None
-        self._rejects_buffer: list[Reject] = []
-        self._producer_scope = anyio.CancelScope()
-        self._requests_scope = anyio.CancelScope()  # replaced by the requests task group's scope
-        self.telemetry = Telemetry(store.folder, run=store.run_number, started_s=self.started, on_event=on_event)
+        self.keep_last_figures = False
+        self._controller_said: tuple[str, str] | None = None
+        self._first_poll = anyio.Event()  # the display waits for it: its first line carries load figures
+        self.telemetry = Telemetry(store.folder, run=store.run_number, started_s=time.monotonic(),
+                                   on_event=lambda message: log.warning("%s", message))
 
     # ------------------------------------------------------------ figures
-    def throughput(self) -> tuple[float, float]:
-        """(samples/s, completion tokens/s) over the last minute of completions."""
-        now = time.monotonic()
-        while self._recent and now - self._recent[0][0] > 60.0:
-            self._recent.popleft()
-        # a full deque covers less than a minute (fast runs): measure from its oldest entry
-        full = len(self._recent) == self._recent.maxlen
-        span = max(now - (self._recent[0][0] if full else max(self.started, now - 60.0)), 1e-6)
-        return len(self._recent) / span, sum(tokens for _, tokens in self._recent) / span
-
-    def figures(self) -> Figures:
-        sps, tps = self.throughput()
-        load = self.last_load
+    def figures(self, *, final: bool = False) -> Figures:
+        s, ctl = self.stats, self._deciding_controller()
+        load = s.last_load
+        sps, tps = s.throughput()
         return Figures(done=self.store.done, target=self.store.target, samples_per_s=sps,
-                       tokens_per_s=tps, in_flight=self.in_flight, window=int(self.limiter.total_tokens),
+                       tokens_per_s=tps, in_flight=self.dispatch.in_flight, window=self.window.size,
                        running=load.running if load else None, queued=load.queued if load else None,
                        kv_usage=load.token_usage if load else None,
-                       retractions=load.retractions_total if load else None, failures=self.failures)
+                       retractions=load.retractions_total if load else None, failures=s.failures,
+                       controller_mode=ctl.mode if ctl else None, controller_reason=ctl.reason if ctl else None,
+                       final=final, peak_running=s.peak_running, peak_queued=s.peak_queued,
+                       peak_kv_usage=s.peak_kv_usage)
 
     def progress_dict(self) -> dict[str, Any]:
         f = self.figures()
         return {"samples_per_s": round(f.samples_per_s, 4), "tokens_per_s": round(f.tokens_per_s, 1),
-                "in_flight": f.in_flight, "window": f.window, "failures": self.failures,
-                "written_this_run": self.ok, "elapsed_s": round(time.monotonic() - self.started, 1),
+                "in_flight": f.in_flight, "window": f.window, "failures": self.stats.failures,
+                "written_this_run": self.dispatch.ok, "elapsed_s": round(self.stats.elapsed_s(), 1),
                 "updated_at": time.time()}
 
-    # ------------------------------------------------------------ window
-    def retune(self) -> None:
-        need = self.goal - self.ok
-        if self.opts.window:
-            window = self.opts.window
-        else:
-            assert self.controller is not None
-            window = self.controller.window(time.monotonic(), max(need, 1))
-        self.limiter.total_tokens = max(1, min(window, max(need, 1)))
-
-    def _notify(self) -> None:
-        ev, self._changed = self._changed, anyio.Event()
-        ev.set()
-
-    def on_request_done(self, prompt_tokens: int, completion_tokens: int, latency_s: float) -> None:
-        if self.controller is not None:
-            self.controller.observe_completion(time.monotonic(), prompt_tokens, completion_tokens, latency_s)
-
-    # ------------------------------------------------------------ producer + requests
-    async def produce(self, tg: TaskGroup, client: ChatClient, send: MemoryObjectSendStream[Item],
-                      first: list[Prompt], source: Any) -> None:
-        pending = deque(first)
-        async with send:
-            await self._send_rejects(send)
-            while not self._draining:
-                token = object()
-                await self.limiter.acquire_on_behalf_of(token)
-                if self.ok + self.in_flight >= self.goal:
-                    self.limiter.release_on_behalf_of(token)
-                    if self.in_flight == 0:
-                        return
-                    await self._changed.wait()
-                    continue
-                if not pending:
-                    pending.extend(await anyio.to_thread.run_sync(lambda: list(islice(source, _BATCH))))
-                    await self._send_rejects(send)
-                if not pending:
-                    self.limiter.release_on_behalf_of(token)
-                    self.stopped_by = "source_exhausted"
-                    return
-                self.in_flight += 1
-                tg.start_soon(self.request, client, pending.popleft(), token, send.clone())
-
-    async def _send_rejects(self, send: MemoryObjectSendStream[Item]) -> None:
-        pending, self._rejects_buffer[:] = list(self._rejects_buffer), []
-        self.rejects += len(pending)
-        for reject in pending:
-            await send.send(reject)
-
-    async def request(self, client: ChatClient, prompt: Prompt, token: object,
-                      send: MemoryObjectSendStream[Item]) -> None:
-        async with send:
-            try:
-                result = await client.regenerate(prompt, self.cfg.name)
-            finally:
-                self.in_flight -= 1
-                self.limiter.release_on_behalf_of(token)
-            if isinstance(result, Sample):
-                self.ok += 1
-                self.failure_streak = 0
-                self._recent.append((time.monotonic(), result.meta["completion_tokens"]))
-            else:
-                self._count_failure(result)
-            self.retune()
-            self._notify()
-            await send.send(result)
-
-    def _count_failure(self, failure: Failure) -> None:
-        self.failures += 1
-        self.final_failures += not failure.retryable
-        self.failure_reasons[failure.reason] = self.failure_reasons.get(failure.reason, 0) + 1
-        self.failure_streak += 1
-        # never worked in this run, or stopped working for a long stretch
-        streak = self.failure_streak
-        if (self.ok == 0 and streak >= _FAILURE_STREAK_FATAL) or streak >= 4 * _FAILURE_STREAK_FATAL:
-            self.fatal = ServerError(
-                f"The last {self.failure_streak} requests all failed (latest: {failure.reason}: {failure.detail}). "
-                "The server is not usable as configured: check SERVER_URL, the model name and the server log. "
-                "Nothing written is lost; run the same command to resume.")
-
-    # ------------------------------------------------------------ writer
-    async def write(self, recv: MemoryObjectReceiveStream[Item]) -> None:
-        """Batches results to the store until every request stream is closed; commits with live figures."""
-        last_commit = time.monotonic()
-        async with recv:
-            while True:
-                batch: list[Item] = []
-                with anyio.move_on_after(self.opts.commit_interval_s):
-                    try:
-                        batch.append(await recv.receive())
-                    except anyio.EndOfStream:
-                        return
-                while len(batch) < _BATCH:
-                    try:
-                        batch.append(recv.receive_nowait())
-                    except (anyio.WouldBlock, anyio.EndOfStream):
-                        break
-                await anyio.to_thread.run_sync(self._write_batch, batch)
-                if time.monotonic() - last_commit >= self.opts.commit_interval_s:
-                    last_commit = time.monotonic()
-                    await anyio.to_thread.run_sync(self.store.commit, self.progress_dict())
-                if self.fatal is not None:
-                    raise self.fatal
-
-    def _write_batch(self, batch: list[Item]) -> None:
-        samples = [x for x in batch if isinstance(x, Sample)]
-        failures = [x for x in batch if isinstance(x, Failure)]
-        rejects = [x for x in batch if isinstance(x, Reject)]
-        if samples:
-            self.store.write_samples(samples)
-        if failures:
-            self.store.write_failures(failures)
-        if rejects:
-            self.store.write_rejects(rejects)
-
+    def _raise_fatal(self) -> None:
+        if self.stats.fatal is not None:
+            raise self.stats.fatal
 
     # ------------------------------------------------------------ side tasks
-    async def poll_load(self, http: httpx.AsyncClient) -> None:
-        """Feed the controller with the server's live load every poll_interval_s."""
-        assert self.handle is not None and self.controller is not None
+    async def poll_load(self, http: aiohttp.ClientSession) -> None:
+        """Feed the controller with the server's live load every poll_interval_s; tell the observers."""
+        assert self.handle is not None
         capacity = self.handle.capacity
+        delay_s = min(_FIRST_POLL_S, self.opts.poll_interval_s)
         while True:
-            if self.handle.capacity is not capacity:  # re-read after a server restart
-                capacity = self.handle.capacity
-                self.controller.update_capacity(capacity)
+            await anyio.sleep(delay_s)
+            delay_s = self.opts.poll_interval_s
+            if self.handle.capacity is not capacity and self.window.controller is not None:
+                capacity = self.handle.capacity  # re-read after a server restart
+                self.window.controller.update_capacity(capacity)
             snap = await read_load(http, self.handle.base_urls, time.monotonic())
             if snap is not None:
-                self.last_load = snap
-                self.controller.observe_load(snap)
-            self.retune()
-            self.telemetry.poll(self.figures(), snap, self.controller.statistics(), self.handle,
-                                fixed_window=bool(self.opts.window))
-            await anyio.sleep(self.opts.poll_interval_s)  # after: a short run still gets its first poll
+                self.stats.note_load(snap)
+            self.dispatch.observe_load(snap)
+            self._first_poll.set()
+            self._log_controller()
+            self._record_telemetry(snap)
+            if self.opts.load_observers:
+                record = self.load_poll(snap)
+                for observe in self.opts.load_observers:
+                    observe(record)
+
+    def _deciding_controller(self) -> ControllerStats | None:
+        """The controller's statistics when it sizes the window (None under a fixed --window)."""
+        return None if self.opts.window else self.window.controller_stats()
+
+    def _record_telemetry(self, snap: LoadSnapshot | None) -> None:
+        """One row of outputs/<DATASET>/telemetry.jsonl (queued for its thread; never raises)."""
+        self.telemetry.poll(self.figures(), snap, self.window.controller_stats(), self.handle,
+                            fixed_window=bool(self.opts.window))
+
+    def load_poll(self, snap: LoadSnapshot | None) -> LoadPoll:
+        ctl = self._deciding_controller()
+        assert self.handle is not None
+        return LoadPoll(
+            time_s=time.time(), window=self.window.size, in_flight=self.dispatch.in_flight,
+            running=snap.running if snap else None, queued=snap.queued if snap else None,
+            kv_used_tokens=snap.used_tokens if snap else None, kv_usage=snap.token_usage if snap else None,
+            kv_capacity_tokens=self.handle.capacity.max_total_num_tokens or None,
+            gen_tokens_per_s=snap.gen_throughput if snap else None,
+            retractions_total=snap.retractions_total if snap else None, completions=self.dispatch.ok,
+            controller_mode=ctl.mode if ctl else None, controller_reason=ctl.reason if ctl else None)
+
+    def _log_controller(self) -> None:
+        """The controller's mode and last decision, into run.log when they change (not the console)."""
+        ctl = self._deciding_controller()
+        if ctl is None or (ctl.mode, ctl.reason) == self._controller_said:
+            return
+        self._controller_said = (ctl.mode, ctl.reason)
+        log.info("controller %s: %s (window %d)", ctl.mode, ctl.reason, self.window.size,
+                 extra={"console": False})
 
     async def report_progress(self, progress: Progress) -> None:
+        await self._first_poll.wait()
         while True:
             figures = self.figures()
             progress.update(figures)
             if self.opts.on_figures is not None:
                 self.opts.on_figures(figures)
-            await anyio.sleep(0.5)
-
-    async def handle_signals(self) -> None:
-        """First SIGINT/SIGTERM drains (stop dispatching, wait drain_grace_s), the second cancels."""
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for signum in signals:
-                name = signal.Signals(signum).name
-                if self._draining:
-                    self.on_event(f"{name} again: cancelling {self.in_flight} in-flight requests.")
-                    self._requests_scope.cancel()
-                    return
-                self._draining = True
-                self.stopped_by = name
-                self.on_event(f"{name}: no new requests; waiting up to {self.opts.drain_grace_s:.0f} s for "
-                              f"{self.in_flight} in flight (again to stop now).")
-                self._producer_scope.cancel()
-                self._requests_scope.deadline = anyio.current_time() + self.opts.drain_grace_s
+            await anyio.sleep(_REPORT_EVERY_S)
 
     # ------------------------------------------------------------ main
-    async def main(self, http: httpx.AsyncClient) -> None:
-        source = iter_prompts(self.cfg, self.skip_ids, self.stats, self._rejects_buffer)
-        first = await anyio.to_thread.run_sync(lambda: list(islice(source, _BATCH)))
-        progress = Progress(self.cfg.name, self.store.done, self.store.target, mode=self.opts.progress)
+    async def main(self, http: aiohttp.ClientSession, progress: Progress) -> None:
+        first = await self.feed.first()
         try:
             async with AsyncExitStack() as stack, anyio.create_task_group() as tg:
-                self.handle = await self._start_server(tg, http)
-                self.controller = Controller(self.handle.capacity, config=self.opts.controller,
-                                             initial_tokens_per_request=self._initial_tokens(first))
-                g = self.cfg.generation
-                transport = await stack.enter_async_context(AiohttpTransport(
-                    max_connections=self._max_connections(), connect_timeout_s=g.connect_timeout_s,
-                    request_timeout_s=g.request_timeout_s))
-                client = ChatClient(transport, self.handle.base_urls, self._client_settings(),
-                                    gate=self.handle.wait_ready, on_request_done=self.on_request_done)
-                self.retune()
+                self.handle = await _start_server(tg, self.opts, self.store.folder, http)
+                # with a fixed --window the controller still observes: its tokens-per-request estimate
+                # goes to the telemetry (diagnose's C/F), its window is not used
+                self.window.controller = Controller(self.handle.capacity, config=self.opts.controller,
+                                                    initial_tokens_per_request=self._initial_tokens(first))
+                self.window.retune(self.dispatch.need())
+                self._log_controller()
+                requests_http = await stack.enter_async_context(
+                    open_http_session(self.cfg.generation, _max_connections(self.opts, self.handle)))
+                client = ChatClient(requests_http, self.handle.base_urls,
+                                    _client_settings(self.handle, self.opts, self.cfg),
+                                    gate=self.handle.wait_ready, on_request_done=self.window.observe_completion)
                 tg.start_soon(self.poll_load, http)
                 if progress.mode != "quiet" or self.opts.on_figures is not None:
                     tg.start_soon(self.report_progress, progress)
-                tg.start_soon(self.handle_signals)
-                await self._work(client, first, source)
+                tg.start_soon(self.shutdown.handle_signals, lambda: self.dispatch.in_flight, self._drain)
+                await self._work(client)
                 tg.cancel_scope.cancel()  # stops the server, the poller and the reporter
         finally:
-            progress.update(self.figures())
-            progress.close()
-            if self.controller is not None:  # the last figures (done = target), then flush
-                self.telemetry.poll(self.figures(), self.last_load, self.controller.statistics(), self.handle,
-                                    fixed_window=bool(self.opts.window))
+            if self.handle is not None:  # the bar (or last log line) only once the server was up
+                progress.update(self.figures(final=True))
+                self._record_telemetry(self.stats.last_load)  # the last figures (done = target)
             self.telemetry.close()
 
-    async def _work(self, client: ChatClient, first: list[Prompt], source: Any) -> None:
+    def _drain(self) -> None:
+        self.dispatch.draining = True
+
+    async def _work(self, client: ChatClient) -> None:
         """Producer and requests in an inner group (a drain deadline cancels only them); the writer
         outside it, so every finished sample is written before the run ends."""
         send, recv = anyio.create_memory_object_stream[Item](_BATCH * 4)
+        name = self.cfg.name
+
+        async def regenerate(prompt: Prompt) -> Sample | Failure:
+            return await client.regenerate(prompt, name)
+
         async with anyio.create_task_group() as work:
-            work.start_soon(self.write, recv)
+            work.start_soon(self.writer.run, recv)
             async with anyio.create_task_group() as requests:
-                self._requests_scope = requests.cancel_scope
-                with self._producer_scope:
-                    await self.produce(requests, client, send, first, source)
-        if self.stopped_by == "target" and self.store.remaining > 0:
-            self.stopped_by = "limit"
-
-    async def _start_server(self, tg: TaskGroup, http: httpx.AsyncClient) -> ServerHandle:
-        log_dir = self.store.folder
-        if self.opts.server_urls:
-            return await tg.start(_attached, list(self.opts.server_urls), http, self.on_event)
-        assert self.opts.profile is not None
-        return await tg.start(_launched, self.opts.profile, log_dir, http, self.on_event)
-
-    def _max_connections(self) -> int:
-        """One connection per request in flight: the window's ceiling (fixed, or the server's slots + slack)."""
-        if self.opts.window:
-            return self.opts.window
-        assert self.handle is not None
-        return max(64, min(4096, 2 * (self.handle.capacity.max_running_requests or 1024)))
+                self.shutdown.requests_scope = requests.cancel_scope
+                with self.shutdown.producer_scope:
+                    await self.dispatch.produce(requests, regenerate, send, self.feed)
 
     def _initial_tokens(self, first: list[Prompt]) -> float:
         """Tokens a request holds at its end, before any completion: errs low (half the output cap)."""
         max_new = self.cfg.sampling.max_new_tokens
         return max(64.0, estimate_prompt_tokens(first) + 0.5 * min(max_new, 4096))
 
-    def _client_settings(self) -> ClientSettings:
-        assert self.handle is not None
-        info = self.handle.info
-        # a launched server's backend is what its profile says (the simulator's says "sim")
-        backend = self.opts.profile.backend if self.opts.profile else str(info.get("backend", "openai"))
-        return ClientSettings(model=self.handle.model or self.opts.model, backend=backend,
-                              sampling=self.cfg.sampling, generation=self.cfg.generation,
-                              kv_cache_dtype=str(info.get("kv_cache_dtype") or "unknown"))
+    def stopped_by(self) -> str:
+        if self.shutdown.signal is not None:
+            return self.shutdown.signal
+        if self.dispatch.exhausted:
+            return "source_exhausted"
+        return "limit" if self.store.remaining > 0 else "target"
 
-    def summary(self) -> RunSummary:
-        return RunSummary(self.cfg.name, self.store.done, self.store.target, written=self.ok,
-                          failures=self.failures, rejects=self.rejects, elapsed_s=time.monotonic() - self.started,
-                          stopped_by=self.stopped_by, failure_reasons=dict(self.failure_reasons),
-                          final_failures=self.final_failures)
-
-
-async def _attached(urls: list[str], http: httpx.AsyncClient, on_event: Any, *, task_status: Any) -> None:
-    await run_attached(urls, http=http, on_event=on_event, task_status=task_status)
+    def summary(self, stopped_by: str | None = None) -> RunSummary:
+        s = self.stats
+        return RunSummary(self.cfg.name, self.store.done, self.store.target, written=self.dispatch.ok,
+                          failures=s.failures, rejects=s.rejects, elapsed_s=s.elapsed_s(),
+                          stopped_by=stopped_by or self.stopped_by(), failure_reasons=dict(s.failure_reasons),
+                          final_failures=s.final_failures)
 
 
-async def _launched(profile: ServerProfile, log_dir: Path, http: httpx.AsyncClient, on_event: Any, *,
-                    task_status: Any) -> None:
-    await run_server(profile, log_dir=log_dir, http=http, on_event=on_event, task_status=task_status)
+# ---------------------------------------------------------------- server start-up
+
+async def _start_server(tg: TaskGroup, opts: RunOptions, log_dir: Path, http: aiohttp.ClientSession) -> ServerHandle:
+    """Attach to opts.server_urls or launch opts.profile; returns once the server answers /health."""
+    if opts.server_urls:
+        return await tg.start(_attached, list(opts.server_urls), http)
+    assert opts.profile is not None
+    return await tg.start(_launched, opts, log_dir, http)
 
 
-async def identify_model(http: httpx.AsyncClient, urls: tuple[str, ...]) -> str:
-    """The first model id `GET /v1/models` lists on the first server; raises ServerError."""
-    url = urls[0].rstrip("/") + "/v1/models"
+async def _attached(urls: list[str], http: aiohttp.ClientSession, *, task_status: Any) -> None:
+    await run_attached(urls, http=http, task_status=task_status)
+
+
+async def _launched(opts: RunOptions, log_dir: Path, http: aiohttp.ClientSession, *, task_status: Any) -> None:
+    assert opts.profile is not None
+    await run_server(opts.profile, log_dir=log_dir, http=http, task_status=task_status)
+
+
+def _max_connections(opts: RunOptions, handle: ServerHandle) -> int:
+    """One connection per request in flight: the window's ceiling (fixed, or the server's slots + slack)."""
+    if opts.window:
+        return opts.window
+    return max(64, min(4096, 2 * (handle.capacity.max_running_requests or 1024)))
+
+
+def _client_settings(handle: ServerHandle, opts: RunOptions, cfg: DatasetConfig) -> ClientSettings:
+    info = handle.info
+    # a launched server's backend is what its profile says (the simulator's says "sim")
+    backend = opts.profile.backend if opts.profile else str(info.get("backend", "openai"))
+    return ClientSettings(model=handle.model or opts.model, backend=backend,
+                          sampling=cfg.sampling, generation=cfg.generation,
+                          kv_cache_dtype=str(info.get("kv_cache_dtype") or "unknown"))
+
+
+# ---------------------------------------------------------------- the entry point
+
+@contextmanager
+def run_log(folder: Path) -> Iterator[None]:
+    """Append the `gen_pipeline` logger's records to folder/run.log (UTC timestamps) while inside."""
+    handler = logging.FileHandler(folder / RUN_LOG_NAME, mode="a", encoding="utf-8", delay=True)
+    formatter = logging.Formatter("%(asctime)s.%(msecs)03dZ %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%S")
+    formatter.converter = time.gmtime
+    handler.setFormatter(formatter)
+    logger = logging.getLogger("gen_pipeline")
+    logger.addHandler(handler)
+    level = logger.level
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
     try:
-        r = await http.get(url, timeout=10.0)
-        return r.json()["data"][0]["id"]
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
-        raise ServerError(f"{url} did not list a model ({type(e).__name__}: {e}). Is SERVER_URL an SGLang or "
-                          "OpenAI-compatible server? Check the address and that the server is up.") from None
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        handler.close()
 
 
-async def run_generate(cfg: DatasetConfig, opts: RunOptions, *, on_event: Any = print) -> RunSummary:
+async def run_generate(cfg: DatasetConfig, opts: RunOptions) -> RunSummary:
     """Generate `cfg` up to its target (or --limit); resumable. Raises GenPipelineError subclasses."""
-    async with make_http_client(cfg.generation, 16) as http:  # control traffic: health, loads, model
-        model = opts.model
-        if not model:
-            if opts.server_urls:
-                model = await identify_model(http, opts.server_urls)
-            else:
-                assert opts.profile is not None, "RunOptions needs server_urls or a profile"
-                model = opts.profile.request_model
-        store = DatasetStore(opts.output_root, cfg.name, fingerprint=cfg.fingerprint(model),
-                             target=cfg.target_samples, shard_max_samples=cfg.output.shard_max_samples,
-                             fsync_every=cfg.output.fsync_every,
-                             file_opener=opts.file_opener or default_opener)
-        state = await anyio.to_thread.run_sync(store.open)
-        for note in state.notes:
-            on_event(note)
-        run = _Run(cfg, opts, store, set(state.done_ids) | store.final_failure_ids(), on_event)
-        try:
-            if run.goal <= 0:
-                run.stopped_by = "nothing_to_do"
-                run.keep_last_figures = True  # status keeps showing the last real run's throughput
-                store.record_stop(run.stopped_by)
-                return run.summary()
+    # the display from the start: an attach that waits for a loading server says so
+    with Progress(cfg.name, 0, cfg.target_samples, mode=opts.progress) as progress:
+        async with open_http_session(cfg.generation, 16) as http:  # control traffic: health, loads, model
+            model = opts.model
+            if not model:
+                if opts.server_urls:
+                    model = await identify(http, opts.server_urls[0].rstrip("/"))
+                else:
+                    assert opts.profile is not None, "RunOptions needs server_urls or a profile"
+                    model = opts.profile.request_model
+            store = DatasetStore(opts.output_root, cfg.name, fingerprint=cfg.fingerprint(model),
+                                 target=cfg.target_samples, shard_max_samples=cfg.output.shard_max_samples,
+                                 fsync_every=cfg.output.fsync_every,
+                                 file_opener=opts.file_opener or default_opener)
+            state = await anyio.to_thread.run_sync(store.open)
+            with run_log(store.folder):
+                return await _run_opened(cfg, opts, store, set(state.done_ids) | store.final_failure_ids(),
+                                         state.notes, http, progress)
+
+
+async def _run_opened(cfg: DatasetConfig, opts: RunOptions, store: DatasetStore, skip_ids: set[str],
+                      notes: list[str], http: aiohttp.ClientSession, progress: Progress) -> RunSummary:
+    log.info("run of %s: %s/%s samples done", cfg.name, f"{store.done:,}", f"{store.target:,}",
+             extra={"console": False})
+    for note in notes:
+        log.info("%s", note)
+    run = _Run(cfg, opts, store, skip_ids)
+    try:
+        if run.dispatch.goal <= 0:
+            run.keep_last_figures = True  # status keeps showing the last real run's throughput
+            summary = run.summary("nothing_to_do")
+            store.record_stop(summary.stopped_by)
+        else:
             try:
-                await run.main(http)
+                await run.main(http, progress)
             except BaseExceptionGroup as group:
-                raise _first_known(group) from None
-            store.record_stop(run.stopped_by)  # status says "source exhausted" from this
-            return run.summary()
-        finally:
-            with anyio.CancelScope(shield=True):  # the manifest must be committed even when cancelled
-                await anyio.to_thread.run_sync(store.close, None if run.keep_last_figures else run.progress_dict())
+                error = _first_known(group)
+                log.error("run ended: %s", error, extra={"console": False})
+                raise error from None
+            progress.close()  # the last figures before the summary
+            summary = run.summary()
+            store.record_stop(summary.stopped_by)  # status says "source exhausted" from this
+        log.info("%s", summary.line(), extra={"console": False})
+        return summary
+    finally:
+        with anyio.CancelScope(shield=True):  # the manifest must be committed even when cancelled
+            await anyio.to_thread.run_sync(store.close, None if run.keep_last_figures else run.progress_dict())
 
 
 def _first_known(group: BaseExceptionGroup) -> BaseException:

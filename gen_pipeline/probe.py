@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
+import aiohttp
 import orjson
 
 from . import probe_metrics as PM
 from . import probe_sglang as PS
+from .client import open_http_session
 from .config import DatasetConfig
 from .errors import ConfigError, GenPipelineError, ServerError
 from .records import Prompt
@@ -87,7 +88,7 @@ def kv_dtype(handle: ServerHandle, fallback: str | None) -> str | None:
 
 
 @contextlib.asynccontextmanager
-async def _servers(opts: ProbeOptions, folder: Path, http: httpx.AsyncClient,
+async def _servers(opts: ProbeOptions, folder: Path, http: aiohttp.ClientSession,
                    say: Callable[[str], None]) -> AsyncIterator[tuple[ServerHandle, ServerHandle]]:
     """Start (one after the other: they may share a GPU) or attach both; stop them on exit."""
     async with anyio.create_task_group() as tg:
@@ -95,10 +96,10 @@ async def _servers(opts: ProbeOptions, folder: Path, http: httpx.AsyncClient,
         for role, where in (("reference", opts.reference), ("compare", opts.compare)):
             if isinstance(where, ServerProfile):
                 h = await tg.start(lambda task_status, p=where, r=role: run_server(
-                    p, log_dir=folder / "probe-kv" / r, http=http, on_event=say, task_status=task_status))
+                    p, log_dir=folder / "probe-kv" / r, http=http, task_status=task_status))
             else:
                 h = await tg.start(lambda task_status, u=where: run_attached(
-                    [u], http=http, on_event=say, task_status=task_status))
+                    [u], http=http, task_status=task_status))
             handles.append(h)
         try:
             yield handles[0], handles[1]
@@ -133,7 +134,7 @@ def check_servers(opts: ProbeOptions, ref: ServerHandle, cmp: ServerHandle, say:
                 "model keys (extra_args, model_path) would.")
 
 
-async def _probe_one(http: httpx.AsyncClient, ref: ServerHandle, cmp: ServerHandle, prompt: Prompt,
+async def _probe_one(http: aiohttp.ClientSession, ref: ServerHandle, cmp: ServerHandle, prompt: Prompt,
                      cfg: DatasetConfig, opts: ProbeOptions) -> PM.PromptResult:
     kwargs = {"thinking": False, "enable_thinking": False} if cfg.generation.reasoning == "disable" else None
     ids = await PS.prompt_ids(http, ref.base_urls[0], ref.model, first_turn(prompt), kwargs)
@@ -164,9 +165,7 @@ async def run_probe(cfg: DatasetConfig, opts: ProbeOptions, say: Callable[[str],
     prompts = load_prompts(cfg, opts.samples)
     folder = opts.output_root / cfg.name
     folder.mkdir(parents=True, exist_ok=True)
-    timeout = httpx.Timeout(cfg.generation.request_timeout_s, connect=cfg.generation.connect_timeout_s)
-    limits = httpx.Limits(max_connections=2 * opts.concurrency + 8, max_keepalive_connections=2 * opts.concurrency)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
+    async with open_http_session(cfg.generation, 2 * opts.concurrency + 8) as http:
         try:
             results, failures, servers = await _measure(http, prompts, folder, cfg, opts, say)
         except BaseExceptionGroup as group:
@@ -178,7 +177,7 @@ async def run_probe(cfg: DatasetConfig, opts: ProbeOptions, say: Callable[[str],
     return report
 
 
-async def _measure(http: httpx.AsyncClient, prompts: list[Prompt], folder: Path, cfg: DatasetConfig,
+async def _measure(http: aiohttp.ClientSession, prompts: list[Prompt], folder: Path, cfg: DatasetConfig,
                    opts: ProbeOptions, say: Callable[[str], None]) -> tuple[Any, Any, dict[str, Any]]:
     async with _servers(opts, folder, http, say) as (ref, cmp):
         check_servers(opts, ref, cmp, say)
@@ -204,7 +203,7 @@ def _first_known(group: BaseExceptionGroup) -> BaseException:
     return matched if matched is not None else group
 
 
-async def _probe_all(http: httpx.AsyncClient, ref: ServerHandle, cmp: ServerHandle, prompts: list[Prompt],
+async def _probe_all(http: aiohttp.ClientSession, ref: ServerHandle, cmp: ServerHandle, prompts: list[Prompt],
                      cfg: DatasetConfig, opts: ProbeOptions) -> tuple[list[PM.PromptResult], list[dict[str, str]]]:
     limiter = anyio.CapacityLimiter(opts.concurrency)
     done: dict[int, PM.PromptResult] = {}

@@ -30,13 +30,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
 import anyio
-import httpx
+import orjson
 
 from .errors import ServerError
 from .probe_metrics import Position
 
 ATTEMPTS = 3
+_JSON = {"content-type": "application/json"}
 
 
 class ProbeRequestError(Exception):
@@ -47,33 +49,35 @@ class NoTokenize(Exception):
     """The server answered 404 on /tokenize."""
 
 
-async def _post(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> dict[str, Any]:
+async def _post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any]:
     """POST → JSON object; retries transport errors and 5xx; ProbeRequestError on the rest."""
     for attempt in range(ATTEMPTS):
         try:
-            r = await http.post(url, json=body)
-        except httpx.TransportError as e:
+            async with http.post(url, data=orjson.dumps(body), headers=_JSON) as r:
+                status, raw = r.status, await r.read()
+        except (aiohttp.ClientError, TimeoutError) as e:
             err = f"{type(e).__name__} {e}"
         else:
-            if r.status_code == 200:
+            text = raw.decode("utf-8", "replace")
+            if status == 200:
                 try:
-                    data = r.json()
-                except ValueError:
+                    data = orjson.loads(raw)
+                except orjson.JSONDecodeError:
                     data = None
                 if isinstance(data, dict):
                     return data
-                raise ProbeRequestError(f"{url} answered 200 with a body that is not a JSON object: {r.text[:200]!r}")
-            err = f"HTTP {r.status_code}: {' '.join(r.text[:300].split())}"
-            if r.status_code == 404 and url.endswith("/tokenize"):
+                raise ProbeRequestError(f"{url} answered 200 with a body that is not a JSON object: {text[:200]!r}")
+            err = f"HTTP {status}: {' '.join(text[:300].split())}"
+            if status == 404 and url.endswith("/tokenize"):
                 raise NoTokenize(url)
-            if r.status_code < 500:
+            if status < 500:
                 raise ProbeRequestError(f"{url}: {err}")
         if attempt + 1 < ATTEMPTS:
             await anyio.sleep(0.5 * 2**attempt)
     raise ProbeRequestError(f"{url}: {err} (after {ATTEMPTS} attempts)")
 
 
-async def prompt_ids(http: httpx.AsyncClient, url: str, model: str, messages: list[dict[str, str]],
+async def prompt_ids(http: aiohttp.ClientSession, url: str, model: str, messages: list[dict[str, str]],
                      chat_template_kwargs: dict[str, Any] | None) -> list[int]:
     """The chat-templated prompt's ids: /tokenize, else (an SGLang without it, 0.5.13+) a one-token
     /v1/chat/completions with return_prompt_token_ids."""
@@ -113,7 +117,7 @@ def parse_positions(entries: Any, tops: Any, where: str) -> list[Position]:
     return out
 
 
-async def free_run(http: httpx.AsyncClient, url: str, ids: list[int], max_new_tokens: int,
+async def free_run(http: aiohttp.ClientSession, url: str, ids: list[int], max_new_tokens: int,
                    top_k: int) -> list[Position]:
     """Greedy decode from `ids`: the output tokens with their logprobs and top-k."""
     data = await _post(http, url + "/generate", _generate_body(ids, max_new_tokens, top_k, -1))
@@ -122,7 +126,7 @@ async def free_run(http: httpx.AsyncClient, url: str, ids: list[int], max_new_to
                            f"{url}/generate output")
 
 
-async def score(http: httpx.AsyncClient, url: str, prompt: list[int], reference: list[int], top_k: int,
+async def score(http: aiohttp.ClientSession, url: str, prompt: list[int], reference: list[int], top_k: int,
                 chunk: int) -> tuple[list[Position], int, int]:
     """Teacher-forced scoring of `reference` after `prompt`, `chunk` tokens per request (0: one
     request). Returns (positions, cached tokens reported, prefix tokens that could have been cached)."""

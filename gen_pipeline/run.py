@@ -1,8 +1,9 @@
-"""What a run is asked to do (RunOptions) and what it reports when it ends (RunSummary)."""
+"""What a run is asked to do (RunOptions), what it tells observers on every load poll (LoadPoll)
+and what it reports when it ends (RunSummary)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -11,6 +12,29 @@ from .config import DEFAULT_OUTPUT_DIR
 from .controller.config import ControllerConfig
 from .progress import Figures, format_duration
 from .server.profile import ServerProfile
+
+
+@dataclass(frozen=True, slots=True)
+class LoadPoll:
+    """One load poll of a run, as `RunOptions.load_observers` receive it (a telemetry writer).
+
+    Called on the event loop right after the controller saw the poll, every poll_interval_s, also
+    when the poll failed (then the server figures are None): keep it fast and never raise; do file
+    I/O off the loop (a queue and a thread)."""
+
+    time_s: float  # wall clock, time.time()
+    window: int  # requests allowed in flight after this poll
+    in_flight: int
+    running: int | None  # the server's figures, summed over servers and DP ranks
+    queued: int | None
+    kv_used_tokens: int | None
+    kv_usage: float | None  # 0..1 of kv_capacity_tokens
+    kv_capacity_tokens: int | None  # None when unknown
+    gen_tokens_per_s: float | None  # the server's own generation throughput
+    retractions_total: int | None  # cumulative, as the server reports it (restarts reset it)
+    completions: int  # samples produced by this run so far
+    controller_mode: str | None  # None with a fixed --window
+    controller_reason: str | None
 
 
 @dataclass(frozen=True)
@@ -28,6 +52,7 @@ class RunOptions:
     progress: str = "auto"  # auto | bar | log | quiet
     file_opener: Callable[[Path, str], BinaryIO] | None = None  # the store's file layer (fault injection)
     on_figures: Callable[[Figures], None] | None = None  # called with the live figures every 0.5 s
+    load_observers: Sequence[Callable[[LoadPoll], None]] = ()  # called with every load poll (see LoadPoll)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from typing import Any
 from .layout import (ERRORS_NAME, REJECTS_NAME, committed_shards, dataset_folder, final_failure_ids,
                      has_shards, read_jsonl_rows)
 from .manifest import read_lock, read_manifest
+from .progress import format_duration
 
 __all__ = ["ERRORS_NAME", "REJECTS_NAME", "DatasetStatus", "StatusReport", "final_failure_ids", "format_status",
            "read_status", "status_all"]
@@ -191,10 +192,7 @@ def _si(n: float | None) -> str:
 def _duration(s: float | None) -> str:
     if s is None:
         return "-"
-    if s == 0:
-        return "done"
-    h, rem = divmod(int(s), 3600)
-    return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
+    return "done" if s == 0 else format_duration(s)
 
 
 def _row(d: DatasetStatus, in_total: bool) -> list[str]:

@@ -10,9 +10,33 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="gen-pipeline-hf-"))
 
+import logging  # noqa: E402
+
 import pytest  # noqa: E402
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+class _Collect(logging.Handler):
+    def __init__(self, into: list[str]) -> None:
+        super().__init__(logging.DEBUG)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.into.append(record.getMessage())
+
+
+@pytest.fixture
+def events():
+    """The messages of the run's events (records of the gen_pipeline logger), in order."""
+    got: list[str] = []
+    logger, handler = logging.getLogger("gen_pipeline"), _Collect(got)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    yield got
+    logger.removeHandler(handler)
+    logger.setLevel(level)

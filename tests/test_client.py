@@ -1,5 +1,6 @@
-"""The client's JSON contract, with httpx.MockTransport: request fields, regeneration order,
-retries (503, 429, timeouts, bad bodies) and final 4xx failures with the server's message."""
+"""The client's JSON contract, with recorded answers written as for httpx.MockTransport (served to
+the aiohttp session by tests/mock_http.py): request fields, regeneration order, retries (503, 429,
+timeouts, bad bodies) and final 4xx failures with the server's message."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from gen_pipeline.client import ChatClient, ClientSettings, build_request, parse_response, split_think
 from gen_pipeline.config import GenerationConfig, SamplingConfig
 from gen_pipeline.records import Failure, Prompt, Sample
-from gen_pipeline.transport import HttpxTransport
+from mock_http import MockServer
 
 GEN = GenerationConfig(max_attempts=3, retry_initial_wait_s=0.001, retry_max_wait_s=0.002)
 
@@ -29,23 +30,31 @@ def completion(content: str, *, reasoning: str | None = None, finish: str = "sto
     return body
 
 
-def client_with(handler, **gen) -> tuple[ChatClient, list[dict]]:
+@pytest.fixture
+async def mock():
+    server = MockServer()
+    async with server.session() as http:
+        server.http = http
+        yield server
+
+
+def client_with(mock: MockServer, handler, **gen) -> tuple[ChatClient, list[dict]]:
     seen: list[dict] = []
 
     def wrapped(request: httpx.Request) -> httpx.Response:
         seen.append(orjson.loads(request.content))
         return handler(request, len(seen))
 
-    http = httpx.AsyncClient(transport=httpx.MockTransport(wrapped))
-    return ChatClient(HttpxTransport(http), ["http://s"], settings(**gen)), seen
+    mock.handler = wrapped
+    return ChatClient(mock.http, ["http://s"], settings(**gen)), seen
 
 
 PROMPT = Prompt("T-1", ({"role": "system", "content": "sys"}, {"role": "user", "content": "q1"},
                         {"role": "assistant", "content": "old answer"}, {"role": "user", "content": "q2"}))
 
 
-async def test_every_assistant_turn_regenerated_in_order_with_history() -> None:
-    client, seen = client_with(lambda r, n: httpx.Response(200, json=completion(f"answer {n}", reasoning=f"why {n}")),
+async def test_every_assistant_turn_regenerated_in_order_with_history(mock) -> None:
+    client, seen = client_with(mock, lambda r, n: httpx.Response(200, json=completion(f"answer {n}", reasoning=f"why {n}")),
                                reasoning="keep")
     sample = await client.regenerate(PROMPT, "T")
     assert isinstance(sample, Sample)
@@ -70,25 +79,25 @@ def test_request_fields() -> None:
     assert "chat_template_kwargs" not in build_request([], settings(reasoning="keep"))
 
 
-async def test_503_and_429_are_retried_then_succeed() -> None:
+async def test_503_and_429_are_retried_then_succeed(mock) -> None:
     codes = {1: 503, 2: 429}
-    client, seen = client_with(lambda r, n: httpx.Response(codes[n], json={"message": "busy"}) if n in codes
+    client, seen = client_with(mock, lambda r, n: httpx.Response(codes[n], json={"message": "busy"}) if n in codes
                                else httpx.Response(200, json=completion("ok")))
     sample = await client.regenerate(Prompt("T-2", ({"role": "user", "content": "q"},)), "T")
     assert isinstance(sample, Sample) and len(seen) == 3
 
 
-async def test_400_is_final_with_the_server_message() -> None:
+async def test_400_is_final_with_the_server_message(mock) -> None:
     msg = "The input (9000 tokens) is longer than the model's context length (8192 tokens)."
-    client, seen = client_with(lambda r, n: httpx.Response(
+    client, seen = client_with(mock, lambda r, n: httpx.Response(
         400, json={"object": "error", "message": msg, "type": "BadRequestError", "code": 400}))
     failure = await client.regenerate(Prompt("T-3", ({"role": "user", "content": "q"},)), "T")
     assert isinstance(failure, Failure) and len(seen) == 1
     assert (failure.reason, failure.detail, failure.retryable) == ("http_400", f"HTTP 400: {msg}", False)
 
 
-async def test_retries_exhausted_is_a_retryable_failure() -> None:
-    client, seen = client_with(lambda r, n: httpx.Response(500, text="Internal Server Error"))
+async def test_retries_exhausted_is_a_retryable_failure(mock) -> None:
+    client, seen = client_with(mock, lambda r, n: httpx.Response(500, text="Internal Server Error"))
     failure = await client.regenerate(Prompt("T-4", ({"role": "user", "content": "q"},)), "T")
     assert isinstance(failure, Failure) and len(seen) == 3
     assert failure.reason == "http_500" and failure.retryable
@@ -101,31 +110,31 @@ async def test_retries_exhausted_is_a_retryable_failure() -> None:
     lambda: httpx.Response(200, json=completion("x", usage=False)),
     lambda: httpx.Response(200, json={"choices": []}),
 ])
-async def test_malformed_bodies_are_retried(bad) -> None:
-    client, seen = client_with(lambda r, n: bad() if n == 1 else httpx.Response(200, json=completion("fine")))
+async def test_malformed_bodies_are_retried(mock, bad) -> None:
+    client, seen = client_with(mock, lambda r, n: bad() if n == 1 else httpx.Response(200, json=completion("fine")))
     sample = await client.regenerate(Prompt("T-5", ({"role": "user", "content": "q"},)), "T")
     assert isinstance(sample, Sample) and len(seen) == 2
 
 
-async def test_timeouts_and_connection_errors_are_retried() -> None:
+async def test_timeouts_and_connection_errors_are_retried(mock) -> None:
     def handler(request: httpx.Request, n: int) -> httpx.Response:
         if n == 1:
             raise httpx.ReadTimeout("slow", request=request)
         if n == 2:
             raise httpx.RemoteProtocolError("peer closed connection", request=request)
         return httpx.Response(200, json=completion("done"))
-    client, seen = client_with(handler)
+    client, seen = client_with(mock, handler)
     assert isinstance(await client.regenerate(Prompt("T-6", ({"role": "user", "content": "q"},)), "T"), Sample)
     assert len(seen) == 3
 
 
-async def test_truncated_turn_ends_the_conversation_or_is_dropped() -> None:
-    client, seen = client_with(lambda r, n: httpx.Response(200, json=completion("cut", finish="length")))
+async def test_truncated_turn_ends_the_conversation_or_is_dropped(mock) -> None:
+    client, seen = client_with(mock, lambda r, n: httpx.Response(200, json=completion("cut", finish="length")))
     sample = await client.regenerate(PROMPT, "T")
     assert isinstance(sample, Sample) and len(seen) == 1
     assert sample.meta["finish_reason"] == "length" and sample.meta["turns"] == 1
     assert sample.conversations[-1] == {"role": "assistant", "content": "cut"}
-    client, _ = client_with(lambda r, n: httpx.Response(200, json=completion("cut", finish="length")),
+    client, _ = client_with(mock, lambda r, n: httpx.Response(200, json=completion("cut", finish="length")),
                             truncated="drop")
     failure = await client.regenerate(PROMPT, "T")
     assert isinstance(failure, Failure) and (failure.reason, failure.retryable) == ("truncated", False)

@@ -1,11 +1,13 @@
-"""Smoke test of the controller benchmark harness (`--quick`: one small cell; not a timing assertion)."""
+"""Smoke test of the controller benchmark harness, the production dispatcher driven in simulated time
+(`--quick`: one small cell; not a timing assertion)."""
 
 from __future__ import annotations
 
 import pytest
 
 from bench import controller_bench
-from bench.dispatch import LENGTH_PROFILES, SERVER_CONFIGS, FixedPolicy, Job, run
+from bench.engine_run import run
+from bench.jobs import LENGTH_PROFILES, SERVER_CONFIGS, Job
 
 
 def test_quick_matrix_completes_every_sample_once_with_sane_figures() -> None:
@@ -30,6 +32,6 @@ def test_quick_matrix_completes_every_sample_once_with_sane_figures() -> None:
 
 def test_a_fixed_client_never_exceeds_its_window_or_the_job() -> None:
     job = Job.sample(LENGTH_PROFILES["B1"], 50, seed=3)
-    r = run(job, SERVER_CONFIGS["116K"], FixedPolicy(8))
+    r, _ = run(job, SERVER_CONFIGS["116K"], fixed=8)
     assert (r.completed, r.peak_running, r.peak_queued) == (50, 8, 0)
     assert r.completion_tokens == sum(o for _, o, _ in job.lengths)

@@ -132,7 +132,7 @@ async def measure(profile: LengthProfile, window: int | None, folder: Path) -> R
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(poll)
-                summary = await run_generate(cfg, opts, on_event=lambda _: None)
+                summary = await run_generate(cfg, opts)
                 tg.cancel_scope.cancel()
             polls.append(await _stats(http, sim.url))
     assert (summary.done, summary.failures, summary.stopped_by) == (profile.samples, 0, "target")

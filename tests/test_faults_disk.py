@@ -69,14 +69,13 @@ async def test_write_error_stops_run_keeps_committed_and_resumes(tmp_path: Path,
     opts = RunOptions(output_root=out, server_urls=(sim_url,), progress="quiet", window=4,
                       file_opener=opener(20_000, code))
     with pytest.raises(DiskError) as info:
-        await run_generate(cfg, opts, on_event=lambda _: None)
+        await run_generate(cfg, opts)
     msg = str(info.value)
     kept = read_samples(out)
     assert msg.startswith("Writing ") and "/T/shard-0000" in msg.split(" failed: ")[0], msg
     assert f"failed: {os.strerror(code)}. {len(kept)} samples are committed and safe; {hint}." in msg
     assert 0 < len(kept) < 60 and len({s["id"] for s in kept}) == len(kept)
-    summary = await run_generate(cfg, RunOptions(output_root=out, server_urls=(sim_url,), progress="quiet"),
-                                 on_event=lambda _: None)
+    summary = await run_generate(cfg, RunOptions(output_root=out, server_urls=(sim_url,), progress="quiet"))
     assert (summary.done, summary.written) == (60, 60 - len(kept))
     assert_exact(out, 60)
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import httpx
+import aiohttp
+import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..records import Capacity
@@ -88,7 +89,7 @@ def combine(caps: list[Capacity | None]) -> Capacity:
                     servers=len(known), source="+".join(sources))
 
 
-async def probe(http: httpx.AsyncClient, url: str) -> tuple[Capacity | None, dict[str, Any]]:
+async def probe(http: aiohttp.ClientSession, url: str) -> tuple[Capacity | None, dict[str, Any]]:
     """One server's capacity and its server_info summary ({} when it has none)."""
     for path in ("/server_info", "/get_server_info"):
         body = await get_json(http, url + path)
@@ -104,20 +105,26 @@ async def probe(http: httpx.AsyncClient, url: str) -> tuple[Capacity | None, dic
     return cap, {"backend": "vllm" if cap is not None else "openai"}
 
 
-async def get_json(http: httpx.AsyncClient, url: str) -> Any:
+async def get_json(http: aiohttp.ClientSession, url: str) -> Any:
     """GET → parsed JSON, or None on any HTTP error, non-200 or non-JSON body."""
+    body = await get_bytes(http, url)
     try:
-        r = await http.get(url, timeout=PROBE_TIMEOUT_S)
-        return r.json() if r.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
+        return orjson.loads(body) if body is not None else None
+    except orjson.JSONDecodeError:
         return None
 
 
-async def get_text(http: httpx.AsyncClient, url: str) -> str | None:
+async def get_text(http: aiohttp.ClientSession, url: str) -> str | None:
+    body = await get_bytes(http, url)
+    return body.decode("utf-8", "replace") if body is not None else None
+
+
+async def get_bytes(http: aiohttp.ClientSession, url: str, timeout_s: float = PROBE_TIMEOUT_S) -> bytes | None:
+    """GET → the body of a 200 answer, or None on any HTTP error (refused, timeout, non-200)."""
     try:
-        r = await http.get(url, timeout=PROBE_TIMEOUT_S)
-        return r.text if r.status_code == 200 else None
-    except httpx.HTTPError:
+        async with http.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            return await r.read() if r.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError):
         return None
 
 

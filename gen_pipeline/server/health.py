@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
 
 import anyio
-import httpx
+import aiohttp
 
 from ..paths import display_path
 from ..errors import ServerStartupError
@@ -17,24 +17,24 @@ from .profile import ServerProfile
 STARTUP_POLL_S = 0.25  # start-up polling: cheap (connection refused) and keeps fast starts fast
 PROGRESS_EVERY_S = 10.0
 TAIL_LINES = 15
+log_event = logging.getLogger(__name__)
 
 
-async def is_healthy(http: httpx.AsyncClient, url: str, timeout_s: float) -> bool:
+async def is_healthy(http: aiohttp.ClientSession, url: str, timeout_s: float) -> bool:
     """GET /health answered 200 within `timeout_s` (503 while SGLang starts)."""
     try:
-        r = await http.get(url + "/health", timeout=timeout_s)
-    except httpx.HTTPError:
+        async with http.get(url + "/health", timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            return r.status == 200
+    except (aiohttp.ClientError, TimeoutError):
         return False
-    return r.status_code == 200
 
 
-def check_timeout_s(profile: ServerProfile) -> float:
-    """A busy server answers /health late; allow a few intervals (1..20 s)."""
-    return min(20.0, max(1.0, 4 * profile.health_interval_s))
+def check_timeout_s(health_interval_s: float) -> float:
+    """How long one /health check may take: a busy server answers late; a few intervals (1..20 s)."""
+    return min(20.0, max(1.0, 4 * health_interval_s))
 
 
-async def wait_healthy(proc: ServerProcess, *, http: httpx.AsyncClient, url: str, profile: ServerProfile,
-                       on_event: Callable[[str], None]) -> None:
+async def wait_healthy(proc: ServerProcess, *, http: aiohttp.ClientSession, url: str, profile: ServerProfile) -> None:
     """Return once /health answers 200; on a fatal log line, an early exit or the start-up timeout,
     stop the process group and raise ServerStartupError with the log's last lines and advice."""
     follower = logfile.LogFollower(proc.log_path)
@@ -54,10 +54,10 @@ async def wait_healthy(proc: ServerProcess, *, http: httpx.AsyncClient, url: str
                 f"SGLang did not answer /health within {profile.startup_timeout_s:g} s; see {log}. "
                 f"The server was stopped. Last lines of the log:\n{lines}\n"
                 "Raise startup_timeout_s in " f"{profile.where} if loading the model takes longer.")
-        if await is_healthy(http, url, timeout_s=check_timeout_s(profile)):
+        if await is_healthy(http, url, timeout_s=check_timeout_s(profile.health_interval_s)):
             return
         if elapsed_s >= next_progress_s:
-            on_event(f"waiting for SGLang /health ({elapsed_s:.0f} s, log: {log})")
+            log_event.info("waiting for SGLang /health (%.0f s, log: %s)", elapsed_s, log)
             next_progress_s += PROGRESS_EVERY_S
         await anyio.sleep(STARTUP_POLL_S)
 

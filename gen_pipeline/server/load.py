@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-import httpx
+import aiohttp
 
 from ..records import LoadSnapshot
 from .capacity import _families, get_json, get_text
@@ -103,7 +103,7 @@ def merge(snaps: list[LoadSnapshot]) -> LoadSnapshot:
                         gen_tokens_total=total("gen_tokens_total"), gen_throughput=total("gen_throughput"))
 
 
-async def read_load(http: httpx.AsyncClient, urls: list[str], now_s: float) -> LoadSnapshot | None:
+async def read_load(http: aiohttp.ClientSession, urls: list[str], now_s: float) -> LoadSnapshot | None:
     """Load summed over `urls`; None when no server exposes /v1/loads or /metrics (or any is down)."""
     snaps = [await _load_of(http, url, now_s) for url in urls]
     if not snaps or any(s is None for s in snaps):
@@ -111,7 +111,7 @@ async def read_load(http: httpx.AsyncClient, urls: list[str], now_s: float) -> L
     return merge([s for s in snaps if s is not None])
 
 
-async def _load_of(http: httpx.AsyncClient, url: str, now_s: float) -> LoadSnapshot | None:
+async def _load_of(http: aiohttp.ClientSession, url: str, now_s: float) -> LoadSnapshot | None:
     known = _KNOWN.setdefault(url, _Sources())
     from_loads = from_metrics = None
     if known.loads is not False:

@@ -3,13 +3,13 @@ supervise (restart with backoff on exit or failed health checks), and always sto
 
 from __future__ import annotations
 
+import logging
 import socket
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import anyio
-import httpx
+import aiohttp
 from anyio.abc import TaskStatus
 
 from ..paths import display_path
@@ -23,6 +23,8 @@ from .health import check_timeout_s, is_healthy, wait_healthy
 from .process import ServerProcess
 from .profile import ServerProfile
 
+log = logging.getLogger(__name__)
+
 
 def pick_free_port(host: str = "127.0.0.1") -> int:
     """A port the OS says is free now (the server binds it a moment later)."""
@@ -35,8 +37,7 @@ def connect_host(host: str) -> str:
     return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
 
 
-async def run_server(profile: ServerProfile, *, log_dir: Path, http: httpx.AsyncClient,
-                     on_event: Callable[[str], None] = print,
+async def run_server(profile: ServerProfile, *, log_dir: Path, http: aiohttp.ClientSession,
                      task_status: TaskStatus[ServerHandle] = anyio.TASK_STATUS_IGNORED) -> None:
     """Start the server, report the ServerHandle once healthy, supervise until cancelled.
 
@@ -44,7 +45,7 @@ async def run_server(profile: ServerProfile, *, log_dir: Path, http: httpx.Async
     On exit (cancellation included) the process group is stopped: SIGTERM, stop_grace_s, SIGKILL.
     """
     port = profile.port or pick_free_port(connect_host(profile.host))
-    sup = _Supervisor(profile, log_dir / "server.log", http, on_event, port)
+    sup = _Supervisor(profile, log_dir / "server.log", http, port)
     try:
         handle = await sup.start_first()
         task_status.started(handle)
@@ -55,9 +56,8 @@ async def run_server(profile: ServerProfile, *, log_dir: Path, http: httpx.Async
 
 
 class _Supervisor:
-    def __init__(self, profile: ServerProfile, log_path: Path, http: httpx.AsyncClient,
-                 on_event: Callable[[str], None], port: int):
-        self.profile, self.log_path, self.http, self.on_event = profile, log_path, http, on_event
+    def __init__(self, profile: ServerProfile, log_path: Path, http: aiohttp.ClientSession, port: int):
+        self.profile, self.log_path, self.http = profile, log_path, http
         self.url = f"http://{connect_host(profile.host)}:{port}"
         self.command = build_command(profile, port=port, python=sys.executable)
         self.proc: ServerProcess | None = None
@@ -71,16 +71,16 @@ class _Supervisor:
             raise ServerStartupError(
                 f"Could not run {self.command[0]!r}: {e}. Check command in {self.profile.where} "
                 "(is SGLang installed in this Python?).") from None
-        await wait_healthy(self.proc, http=self.http, url=self.url, profile=self.profile, on_event=self.on_event)
+        await wait_healthy(self.proc, http=self.http, url=self.url, profile=self.profile)
 
     async def start_first(self) -> ServerHandle:
-        self.on_event(f"starting SGLang ({self.profile.name}) on {self.url}, log: {display_path(self.log_path)}")
+        log.info("starting SGLang (%s) on %s, log: %s", self.profile.name, self.url, display_path(self.log_path))
         await self._start()
         handle = ServerHandle(base_urls=[self.url], model=self.profile.request_model,
                               capacity=await self._capacity(), log_path=self.log_path,
                               metrics=self.profile.enable_metrics, pid=self.proc.pid)
         handle.info = self.info
-        self.on_event(f"SGLang ready after {self.proc.elapsed_s():.0f} s: {handle.summary_line()}")
+        log.info("SGLang ready after %.0f s: %s", self.proc.elapsed_s(), handle.summary_line())
         return handle
 
     async def _capacity(self) -> Capacity:
@@ -92,8 +92,8 @@ class _Supervisor:
             logfile.LogFollower(self.log_path).all_lines))
         per_rank = info.get("max_total_num_tokens")
         if logged and per_rank and logged[0] != per_rank:
-            self.on_event(f"warning: /server_info reports max_total_num_tokens={per_rank:,} but the start-up "
-                          f"log says {logged[0]:,}; using /server_info.")
+            log.warning("warning: /server_info reports max_total_num_tokens=%s but the start-up log says %s; "
+                        "using /server_info.", f"{per_rank:,}", f"{logged[0]:,}")
         if cap is None and logged:
             cap = Capacity(logged[0], logged[1], servers=1, source="log")
         return cap or Capacity(0, None, servers=1, source="unknown")
@@ -105,7 +105,7 @@ class _Supervisor:
             reason = await self._watch()
             handle.mark_down()
             crashes += 1
-            self.on_event(f"SGLang {reason}; dispatch paused (log: {display_path(self.log_path)})")
+            log.warning("SGLang %s; dispatch paused (log: %s)", reason, display_path(self.log_path))
             last_rc = await self.proc.stop(self.profile.stop_grace_s)
             while True:
                 if handle.restarts >= self.profile.max_restarts:
@@ -115,8 +115,8 @@ class _Supervisor:
                     handle.mark_failed(error)
                     raise error
                 backoff_s = self.profile.restart_backoff_s * 2 ** handle.restarts
-                self.on_event(f"restarting SGLang in {backoff_s:g} s "
-                              f"(restart {handle.restarts + 1} of {self.profile.max_restarts})")
+                log.info("restarting SGLang in %g s (restart %d of %d)", backoff_s, handle.restarts + 1,
+                         self.profile.max_restarts)
                 await anyio.sleep(backoff_s)
                 handle.restarts += 1
                 try:
@@ -125,11 +125,11 @@ class _Supervisor:
                 except ServerStartupError as e:
                     crashes += 1
                     last_rc = self.proc.returncode if self.proc else None
-                    self.on_event(f"restart failed: {e}")
+                    log.warning("restart failed: %s", e)
             handle.capacity = await self._capacity()
             handle.info, handle.pid = self.info, self.proc.pid
             handle.mark_ready()
-            self.on_event(f"SGLang is back (restart {handle.restarts}): {handle.summary_line()}")
+            log.info("SGLang is back (restart %d): %s", handle.restarts, handle.summary_line())
 
     async def _watch(self) -> str:
         """Return why the server needs a restart: it exited, or failed unhealthy_after checks in a row."""
@@ -145,7 +145,7 @@ class _Supervisor:
                 failed = 0
                 while failed < profile.unhealthy_after:
                     await anyio.sleep(profile.health_interval_s)
-                    ok = await is_healthy(self.http, self.url, timeout_s=check_timeout_s(profile))
+                    ok = await is_healthy(self.http, self.url, timeout_s=check_timeout_s(profile.health_interval_s))
                     failed = 0 if ok else failed + 1
                 reasons.append(f"failed {failed} health checks in a row")
                 tg.cancel_scope.cancel()

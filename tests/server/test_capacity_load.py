@@ -1,4 +1,5 @@
-"""Capacity and load parsing from recorded SGLang / vLLM answers (httpx.MockTransport)."""
+"""Capacity and load parsing from recorded SGLang / vLLM answers (httpx.MockTransport-style handlers,
+served to the aiohttp session by tests/mock_http.py)."""
 
 import httpx
 import pytest
@@ -6,6 +7,7 @@ import pytest
 from gen_pipeline.records import Capacity, LoadSnapshot
 from gen_pipeline.server import load, read_load
 from gen_pipeline.server.capacity import capacity_from_log, combine, probe
+from mock_http import mock_session
 
 SERVER_INFO_DP2 = {
     "model_path": "moonshotai/Kimi-K2.5", "tp_size": 8, "dp_size": 2, "kv_cache_dtype": "fp8_e4m3",
@@ -58,7 +60,7 @@ def client(routes: dict[str, object]) -> httpx.AsyncClient:
         if isinstance(body, str):
             return httpx.Response(200, text=body)
         return httpx.Response(404, json={"detail": "Not Found"})
-    return httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    return mock_session(handler)
 
 
 @pytest.fixture(autouse=True)
@@ -68,7 +70,7 @@ def fresh_sources():
     load._KNOWN.clear()
 
 
-async def read_capacity(http: httpx.AsyncClient, urls: list[str]) -> Capacity:
+async def read_capacity(http, urls: list[str]) -> Capacity:
     """What attach mode computes: each server probed, the capacities summed."""
     return combine([(await probe(http, url))[0] for url in urls])
 
@@ -136,7 +138,7 @@ async def test_load_none_when_not_exposed_and_remembers_sources():
     def handler(request):
         calls.append(request.url.path)
         return httpx.Response(200, json=LOADS_DP2) if request.url.path == "/v1/loads" else httpx.Response(404)
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+    async with mock_session(handler) as http:
         assert await read_load(http, ["http://n"], now_s=0) is not None
         assert await read_load(http, ["http://n"], now_s=1) is not None
     assert calls == ["/v1/loads", "/metrics", "/v1/loads"]  # /metrics written off after the first poll

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from functools import partial
 
+import aiohttp
 import anyio
-import httpx
 import pytest
 
 from gen_pipeline.errors import ServerError, ServerStartupError
@@ -16,10 +16,10 @@ from gen_pipeline.server import supervisor as supervisor_mod
 from server_helpers import group_gone, sim_profile
 
 
-async def chat(http: httpx.AsyncClient, url: str) -> None:
-    r = await http.post(url + "/v1/chat/completions", timeout=30, json={
-        "model": "x", "max_tokens": 8, "messages": [{"role": "user", "content": "hello there"}]})
-    assert r.status_code == 200, r.text
+async def chat(http: aiohttp.ClientSession, url: str) -> None:
+    async with http.post(url + "/v1/chat/completions", timeout=aiohttp.ClientTimeout(total=30), json={
+            "model": "x", "max_tokens": 8, "messages": [{"role": "user", "content": "hello there"}]}) as r:
+        assert r.status == 200, await r.text()
 
 
 async def until(predicate, timeout_s: float = 20.0) -> None:
@@ -42,13 +42,11 @@ def spawned(monkeypatch) -> list[int]:
     return pids
 
 
-async def test_start_reads_capacity_then_cancel_stops_the_group(tmp_path, spawned):
-    events: list[str] = []
+async def test_start_reads_capacity_then_cancel_stops_the_group(tmp_path, spawned, events):
     (tmp_path / "server.log").write_text("previous run\n")
-    async with httpx.AsyncClient() as http:
+    async with aiohttp.ClientSession() as http:
         async with anyio.create_task_group() as tg:
-            handle = await tg.start(partial(run_server, sim_profile(), log_dir=tmp_path, http=http,
-                                            on_event=events.append))
+            handle = await tg.start(partial(run_server, sim_profile(), log_dir=tmp_path, http=http))
             assert handle.capacity.max_total_num_tokens == 20_000
             assert handle.capacity.source == "server_info"
             assert handle.summary_line().startswith("Kimi-K2.5 tp=8 kv=fp8_e4m3 20,000 KV tokens, max running ")
@@ -64,12 +62,11 @@ async def test_start_reads_capacity_then_cancel_stops_the_group(tmp_path, spawne
     assert not any(e.startswith("warning") for e in events), events
 
 
-async def test_crash_mid_traffic_restarts_and_is_ready_again(tmp_path, spawned):
-    events: list[str] = []
-    async with httpx.AsyncClient() as http:
+async def test_crash_mid_traffic_restarts_and_is_ready_again(tmp_path, spawned, events):
+    async with aiohttp.ClientSession() as http:
         async with anyio.create_task_group() as tg:
             handle = await tg.start(partial(run_server, sim_profile("--sim-crash-after", "2"), log_dir=tmp_path,
-                                            http=http, on_event=events.append))
+                                            http=http))
             first_pid = handle.pid
             url = handle.base_urls[0]
             await chat(http, url)
@@ -87,12 +84,11 @@ async def test_crash_mid_traffic_restarts_and_is_ready_again(tmp_path, spawned):
 
 async def test_gives_up_after_max_restarts(tmp_path, spawned):
     profile = sim_profile("--sim-crash-after", "1", max_restarts=1)
-    async with httpx.AsyncClient() as http:
+    async with aiohttp.ClientSession() as http:
         handle_box = []
         with pytest.raises((ServerError, BaseExceptionGroup)) as e:
             async with anyio.create_task_group() as tg:
-                handle = await tg.start(partial(run_server, profile, log_dir=tmp_path, http=http,
-                                                on_event=lambda _: None))
+                handle = await tg.start(partial(run_server, profile, log_dir=tmp_path, http=http))
                 handle_box.append(handle)
                 await chat(http, handle.base_urls[0])
                 await until(lambda: handle.restarts == 1 and handle.ready)
@@ -116,10 +112,9 @@ def _only(exc: BaseException) -> BaseException:
 
 async def test_fatal_startup_line_gives_advice(tmp_path, spawned):
     line = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
-    async with httpx.AsyncClient() as http:
+    async with aiohttp.ClientSession() as http:
         with pytest.raises(ServerStartupError) as e:
-            await run_server(sim_profile("--sim-fail-startup", line), log_dir=tmp_path, http=http,
-                             on_event=lambda _: None)
+            await run_server(sim_profile("--sim-fail-startup", line), log_dir=tmp_path, http=http)
     msg = str(e.value)
     assert msg.splitlines()[0].startswith("SGLang ")
     assert f"Last lines of {tmp_path / 'server.log'}:" in msg
@@ -131,22 +126,21 @@ async def test_fatal_startup_line_gives_advice(tmp_path, spawned):
 
 
 async def test_never_healthy_times_out_naming_the_log(tmp_path, spawned):
-    async with httpx.AsyncClient() as http:
+    async with aiohttp.ClientSession() as http:
         with anyio.fail_after(15):
             with pytest.raises(ServerStartupError) as e:
                 await run_server(sim_profile("--sim-never-healthy", startup_timeout_s=1.5), log_dir=tmp_path,
-                                 http=http, on_event=lambda _: None)
+                                 http=http)
     assert str(e.value).startswith(
         f"SGLang did not answer /health within 1.5 s; see {tmp_path / 'server.log'}. The server was stopped.")
     assert group_gone(spawned[0])
 
 
 async def test_unknown_flag_shows_argparse_message_fast(tmp_path, spawned):
-    async with httpx.AsyncClient() as http:
+    async with aiohttp.ClientSession() as http:
         with anyio.fail_after(10):
             with pytest.raises(ServerStartupError) as e:
-                await run_server(sim_profile("--no-such-flag", "1"), log_dir=tmp_path, http=http,
-                                 on_event=lambda _: None)
+                await run_server(sim_profile("--no-such-flag", "1"), log_dir=tmp_path, http=http)
     msg = str(e.value)
     assert msg.startswith("SGLang rejected its command line (")
     assert "error: unrecognized arguments: --no-such-flag 1" in msg.splitlines()[0]
@@ -157,22 +151,20 @@ async def test_unknown_flag_shows_argparse_message_fast(tmp_path, spawned):
 
 async def test_exit_before_healthy_reports_code(tmp_path):
     profile = sim_profile(command=["{python}", "-c", "import sys; print('loading weights'); sys.exit(3)"])
-    async with httpx.AsyncClient() as http:
+    async with aiohttp.ClientSession() as http:
         with pytest.raises(ServerStartupError) as e:
-            await run_server(profile, log_dir=tmp_path, http=http, on_event=lambda _: None)
+            await run_server(profile, log_dir=tmp_path, http=http)
     lines = str(e.value).splitlines()
     assert lines[0].startswith("SGLang exited with code 3 before /health answered (")
     assert lines[-2] == "  loading weights"
     assert lines[-1] == "Fix the cause shown above, then run the same command again."
 
 
-async def test_unhealthy_server_is_restarted(tmp_path, spawned):
-    events: list[str] = []
+async def test_unhealthy_server_is_restarted(tmp_path, spawned, events):
     profile = sim_profile("--sim-health-503-after-s", "0.5", "--sim-health-503-for-s", "60")
-    async with httpx.AsyncClient() as http:
+    async with aiohttp.ClientSession() as http:
         async with anyio.create_task_group() as tg:
-            handle = await tg.start(partial(run_server, profile, log_dir=tmp_path, http=http,
-                                            on_event=events.append))
+            handle = await tg.start(partial(run_server, profile, log_dir=tmp_path, http=http))
             await until(lambda: handle.restarts == 1)
             tg.cancel_scope.cancel()
     assert "SGLang failed 3 health checks in a row; dispatch paused" in " ".join(events)
@@ -190,10 +182,9 @@ async def test_sigterm_ignoring_server_is_killed(tmp_path, spawned):
             "    def log_message(self, *a): pass\n"
             "http.server.HTTPServer(('127.0.0.1', port), H).serve_forever()\n")
     profile = sim_profile(command=["{python}", "-c", code], stop_grace_s=0.5)
-    async with httpx.AsyncClient() as http:
+    async with aiohttp.ClientSession() as http:
         async with anyio.create_task_group() as tg:
-            handle = await tg.start(partial(run_server, profile, log_dir=tmp_path, http=http,
-                                            on_event=lambda _: None))
+            handle = await tg.start(partial(run_server, profile, log_dir=tmp_path, http=http))
             assert handle.capacity.source == "unknown"
             tg.cancel_scope.cancel()
     assert group_gone(spawned[0])
@@ -201,8 +192,8 @@ async def test_sigterm_ignoring_server_is_killed(tmp_path, spawned):
 
 async def test_cancel_during_startup_stops_the_group(tmp_path, spawned):
     profile = sim_profile(extra_args=["--sim-profile", "fast", "--sim-startup-s", "30"])
-    async with httpx.AsyncClient() as http:
+    async with aiohttp.ClientSession() as http:
         with anyio.move_on_after(1.0) as scope:
-            await run_server(profile, log_dir=tmp_path, http=http, on_event=lambda _: None)
+            await run_server(profile, log_dir=tmp_path, http=http)
     assert scope.cancelled_caught
     assert len(spawned) == 1 and group_gone(spawned[0])

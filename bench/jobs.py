@@ -1,11 +1,6 @@
-"""In-process harness: drive the simulator's Engine in simulated time the way the pipeline dispatches.
-
-A client policy keeps `window` requests in flight out of a finite job of M samples: after every
-engine step, finished requests are reported to the policy and new ones are sent at once (a
-client with no network delay) until `window` are in flight. Every simulated second the policy
-gets a LoadSnapshot built from the engine's /v1/loads fields and cumulative counters, exactly
-the fields the pipeline's poller maps from SGLang. The policies: a fixed N, everything at once
-(N = M) and our Controller.
+"""The controller benchmark's jobs and servers: seeded length profiles, the seed's server configs,
+the LoadSnapshot the pipeline's poller builds from the engine's /v1/loads fields and counters, and
+the figures of one run. bench/engine_run.py drives the production dispatcher over them.
 
 Length profiles (lognormal, median and log-space sigma; outputs capped at max_new_tokens,
 which then finish with "length"):
@@ -20,10 +15,8 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Protocol
 
-from gen_pipeline.controller import Controller, ControllerConfig
-from gen_pipeline.records import Capacity, LoadSnapshot
+from gen_pipeline.records import LoadSnapshot
 from sglang_sim.engine import Engine, EngineConfig
 from sglang_sim.profiles import get_profile, hicache_capacity_tokens, kv_capacity_tokens
 
@@ -98,51 +91,6 @@ class Job:
         return mean_prompt + self.profile.max_new_tokens / 2
 
 
-class Policy(Protocol):
-    name: str
-
-    def window(self, now_s: float, remaining: int) -> int: ...
-    def observe_completion(self, now_s: float, prompt_tokens: int, completion_tokens: int, latency_s: float) -> None: ...
-    def observe_load(self, snap: LoadSnapshot) -> None: ...
-
-
-class FixedPolicy:
-    """A fixed concurrency (SpecForge-style `--concurrency N`); N >= M is everything at once."""
-
-    def __init__(self, n: int, name: str = "") -> None:
-        self.n = n
-        self.name = name or f"fixed {n}"
-
-    def window(self, now_s: float, remaining: int) -> int:
-        return min(self.n, remaining)
-
-    def observe_completion(self, now_s: float, prompt_tokens: int, completion_tokens: int, latency_s: float) -> None:
-        pass
-
-    def observe_load(self, snap: LoadSnapshot) -> None:
-        pass
-
-
-class ControllerPolicy:
-    """Our controller, fed exactly as the pipeline feeds it; records its window once a poll."""
-
-    def __init__(self, capacity: Capacity, initial_tokens_per_request: float,
-                 config: ControllerConfig = ControllerConfig()) -> None:
-        self.name = "ours"
-        self.controller = Controller(capacity, initial_tokens_per_request=initial_tokens_per_request, config=config)
-        self.windows: list[int] = []
-
-    def window(self, now_s: float, remaining: int) -> int:
-        return self.controller.window(now_s, remaining)
-
-    def observe_completion(self, now_s: float, prompt_tokens: int, completion_tokens: int, latency_s: float) -> None:
-        self.controller.observe_completion(now_s, prompt_tokens, completion_tokens, latency_s)
-
-    def observe_load(self, snap: LoadSnapshot) -> None:
-        self.controller.observe_load(snap)
-        self.windows.append(self.controller.window(snap.t_s, 1 << 30))
-
-
 @dataclass(frozen=True)
 class RunResult:
     policy: str
@@ -169,43 +117,14 @@ def snapshot(engine: Engine) -> LoadSnapshot:
         gen_tokens_total=counters["generation_tokens_total"], gen_throughput=loads["gen_throughput"])
 
 
-def run(job: Job, server: ServerConfig, policy: Policy) -> RunResult:
-    """Run the whole job against a fresh engine; every sample completes exactly once."""
-    engine = server.engine()
-    total = len(job.lengths)
-    sent = completed = in_flight = tokens = peak_queued = 0
-    running_samples: list[int] = []
-    next_poll_s = POLL_S
-    while completed < total:
-        want = policy.window(engine.now_s, total - completed)
-        while in_flight < want and sent < total:
-            _send(engine, job, sent)
-            sent, in_flight = sent + 1, in_flight + 1
-        result = engine.step()
-        if result.dt_s == 0 and not result.finished:
-            raise RuntimeError(f"{policy.name}: engine idle with {in_flight} in flight")
-        peak_queued = max(peak_queued, engine.num_waiting)
-        for f in result.finished:
-            if f.finish_reason == "abort":
-                raise RuntimeError(f"{policy.name}: request {f.rid} aborted by the engine")
-            completed, in_flight, tokens = completed + 1, in_flight - 1, tokens + f.completion_tokens
-            policy.observe_completion(engine.now_s, f.prompt_tokens, f.completion_tokens, f.e2e_latency_s)
-        while engine.now_s >= next_poll_s:
-            snap = snapshot(engine)
-            running_samples.append(snap.running)
-            policy.observe_load(snap)
-            next_poll_s += POLL_S
-    return _result(policy.name, engine, total, completed, tokens, peak_queued, running_samples)
-
-
-def _send(engine: Engine, job: Job, index: int) -> None:
+def send_request(engine: Engine, job: Job, index: int) -> None:
     p, o, reason = job.lengths[index]
     base = (index + 1) << 20  # unique token ids: no prefix sharing between samples
     engine.add_request(f"r{index}", range(base, base + p), range(base + p, base + p + o), reason,
                        max_new_tokens=job.profile.max_new_tokens)
 
 
-def _result(name: str, engine: Engine, total: int, completed: int, tokens: int, peak_queued: int,
+def result_of(name: str, engine: Engine, total: int, completed: int, tokens: int, peak_queued: int,
             running: list[int]) -> RunResult:
     counters = engine.counters()
     makespan = engine.now_s
