@@ -75,7 +75,8 @@ class Check:
         model = str(self.work / "model") if not self.sim else "sim/h200-random-1.2b"
         write_configs(self.work, model, sim=self.sim, time_scale=self.results.get("time_scale", 1.0),
                       prompts=self.prompts)
-        self.results.update({"prompts": self.prompts, "sim": self.sim, "dataset": DATASET})
+        self.results.update({"prompts": self.prompts, "sim": self.sim, "dataset": DATASET,
+                             "date": time.strftime("%Y-%m-%d", time.gmtime())})
         model_info = self.work / "model" / "bench_model.json"
         if model_info.exists():
             self.results["model"] = json.loads(model_info.read_text())
@@ -87,7 +88,7 @@ class Check:
         self.save()
 
     def measured(self, name: str, s: servers.Server, *args: str, expected: int | None = None,
-                 watch: bool = False) -> dict:
+                 watch: bool = True) -> dict:
         """One attach-mode run into a fresh output folder, cache flushed first; its figures."""
         out = self.out / name
         servers.flush_cache(s)
@@ -112,9 +113,7 @@ class Check:
             if key not in res:
                 res[key] = self.measured(f"fixed-{key}", s, "--window", str(n), expected=self.prompts)
                 self.save()
-        lengths = runs.lengths(self.out / "fixed-128" / DATASET)
-        (self.work / "lengths.json").write_text(json.dumps(lengths))
-        self.results["lengths_file"] = "lengths.json"
+        self.results["lengths"] = runs.lengths(self.out / "fixed-128" / DATASET)  # replayed by bench/sim_vs_real.py
         self.save()
 
     def adaptive(self, count: int = 4, min_left_s: float = 60.0) -> None:
@@ -169,11 +168,10 @@ class Check:
         s = self.ensure("starved", "h200-starved")
         res = self.results.setdefault("starved", {"capacity": capacity_line(s.log)})
         if "fixed-256" not in res:
-            res["fixed-256"] = self.measured("starved-fixed-256", s, "--window", "256", "--limit", str(limit),
-                                             watch=True)
+            res["fixed-256"] = self.measured("starved-fixed-256", s, "--window", "256", "--limit", str(limit))
             self.save()
         if "adaptive" not in res and self.left_s() > 60:
-            res["adaptive"] = self.measured("starved-adaptive", s, "--limit", str(limit), watch=True)
+            res["adaptive"] = self.measured("starved-adaptive", s, "--limit", str(limit))
         res["retract_log_lines"] = grep(s.log, "Retract")
         self.save()
         servers.stop(s)
@@ -214,13 +212,15 @@ class Check:
 
 
 class MetricsPoller:
-    """Polls /metrics once a second in a thread: the largest retraction figures the server showed."""
+    """Polls /metrics once a second in a thread: running/queued medians and the largest retraction,
+    KV and ratio figures the server showed during a run."""
 
-    NAMES = ("sglang:num_retracted_reqs", "sglang:num_retracted_requests_total", "sglang:num_paused_reqs",
-             "sglang:token_usage", "sglang:new_token_ratio")
+    NAMES = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:num_retracted_reqs",
+             "sglang:num_retracted_requests_total", "sglang:num_paused_reqs", "sglang:token_usage",
+             "sglang:new_token_ratio", "sglang:gen_throughput")
 
     def __init__(self, url: str):
-        self.url, self.peak, self._stop = url, {}, threading.Event()
+        self.url, self.series, self._stop = url, {}, threading.Event()
         self._t = threading.Thread(target=self._loop, daemon=True)
         self._t.start()
 
@@ -230,8 +230,7 @@ class MetricsPoller:
                 values = metric_values(httpx.get(self.url + "/metrics", timeout=5.0).text)
                 for name in self.NAMES:
                     if name in values:
-                        v = sum(values[name].values())
-                        self.peak[name] = max(self.peak.get(name, v), v)
+                        self.series.setdefault(name, []).append(sum(values[name].values()))
             except httpx.HTTPError:
                 pass
             self._stop.wait(1.0)
@@ -239,7 +238,12 @@ class MetricsPoller:
     def stop(self) -> dict:
         self._stop.set()
         self._t.join(timeout=10)
-        return {f"max {k}": v for k, v in sorted(self.peak.items())}
+        out = {f"max {k}": round(max(v), 4) for k, v in sorted(self.series.items())}
+        for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:gen_throughput"):
+            if self.series.get(name):
+                out[f"median {name}"] = round(statistics.median(self.series[name]), 1)
+        out["samples"] = max((len(v) for v in self.series.values()), default=0)
+        return out
 
 
 def summarize(r: dict) -> dict:

@@ -71,7 +71,7 @@ def build_model(out: Path, vocab_size: int, shape: str, seed: int = 0) -> dict:
     hidden, layers, heads, kv_heads, inter = SHAPES[shape]
     cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
                       num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=inter,
-                      max_position_embeddings=4096, tie_word_embeddings=False, torch_dtype="bfloat16",
+                      max_position_embeddings=4096, tie_word_embeddings=False, dtype="bfloat16",
                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     torch.manual_seed(seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"

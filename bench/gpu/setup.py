@@ -17,7 +17,7 @@ MAX_NEW_TOKENS = 512
 KV_TOKENS = 60_000
 STARVED_KV_TOKENS = 20_000
 DATASET = "h200"
-SGLANG_FLAGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch"]
+SGLANG_FLAGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--dtype", "bfloat16"]
 SIM_FLAGS = ["--sim-profile", "h200", "--sim-startup-s", "1", "--sim-output-mean", "255",
              "--sim-output-spread", "0.9"]
 
@@ -27,7 +27,7 @@ def write_prompts(path: Path, n: int = PROMPTS, seed: int = 9) -> int:
     rng = random.Random(seed)
     lines = []
     for i in range(n):
-        words = max(8, int(rng.lognormvariate(3.6, 0.35)))
+        words = max(8, int(rng.lognormvariate(3.85, 0.35)))
         text = f"Question {i}: " + synthetic_text(rng, words) + " Continue the text."
         lines.append(json.dumps({"id": f"p{i:05d}", "messages": [{"role": "user", "content": text}]}))
     path.write_text("\n".join(lines) + "\n")
