@@ -79,7 +79,7 @@ def build_model(out: Path, vocab_size: int, shape: str, seed: int = 0) -> dict:
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     with torch.no_grad():
         model.lm_head.weight.mul_(0.05)  # near-uniform next token: see the module docstring
-    model.save_pretrained(out, safe_serialization=True)
+    model.save_pretrained(out)  # safetensors
     model.generation_config.save_pretrained(out)
     params = sum(p.numel() for p in model.parameters())
     return {"params": params, "vocab_size": vocab_size, "hidden": hidden, "layers": layers, "heads": heads,

@@ -13,7 +13,7 @@ set -uo pipefail
 keep=${1:?usage: run_h200.sh KEEP OUT PHASE...}; out=${2:?usage: run_h200.sh KEEP OUT PHASE...}; shift 2
 here=$(cd "$(dirname "$0")/../.." && pwd)   # the gen_pipeline checkout this script is in
 site=${SITE:-/tmp/site}
-export PYTHONPATH="$site:$here" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+export PYTHONPATH="$site:$here" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
 export SGLANG_DISABLE_REQUEST_LOGGING=1 NCCL_NVLS_ENABLE=0   # never NVLS (issue 9): shared hosts
 py=${PYTHON:-python3}
 mkdir -p "$out" "$keep/work"
@@ -42,7 +42,7 @@ for phase in "$@"; do
 done
 if [ ${#check[@]} -gt 0 ]; then
   stamp "h200_check ${check[*]}"
-  (cd "$here" && "$py" -m bench.gpu.h200_check --work "$keep/work" --budget-s "${BUDGET_S:-560}" "${check[@]}") >>"$log" 2>&1
+  (cd "$here" && "$py" -m bench.gpu.h200_check --work "$keep/work" --budget-s "${BUDGET_S:-560}" ${CHECK_ARGS:-} "${check[@]}") >>"$log" 2>&1
 fi
 cp "$keep/work/results.json" "$out/h200_results.json" 2>/dev/null
 tar -czf "$out/logs.tar.gz" -C "$keep/work" logs 2>/dev/null

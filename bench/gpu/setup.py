@@ -63,10 +63,13 @@ fsync_every = 64
 
 
 def _profile(name: str, model: str, *, kv_dtype: str, mem: float, kv_tokens: int | None, sim: bool,
-             time_scale: float) -> str:
+             time_scale: float, more: tuple[str, ...] = ()) -> str:
     extra = list(SIM_FLAGS) + ["--time-scale", f"{time_scale:g}"] if sim else list(SGLANG_FLAGS)
+    if sim and name == "probe-fp8":
+        extra += ["--sim-kv-perturb", "0.02"]  # the dry run's known answer: 2 % of top-1 tokens flipped
     if kv_tokens:
         extra += ["--max-total-tokens", str(kv_tokens)]
+    extra += list(more)
     command = '\ncommand = ["{python}", "-m", "sglang_sim"]\nbackend = "sim"' if sim else ""
     return f"""
 [profile.{name}]
@@ -87,12 +90,15 @@ stop_grace_s = 20{command}
 
 
 def server_toml(model: str, sim: bool = False, time_scale: float = 1.0) -> str:
-    """Profiles: h200 (bf16, 60K KV tokens), h200-fp8 (launch mode), h200-starved (20K), probe-bf16/-fp8."""
+    """Profiles: h200 (bf16, 60K KV tokens), h200-fp8 (launch mode), h200-starved(-eager) (20K), probe-bf16/-fp8."""
     kw = {"sim": sim, "time_scale": time_scale, "model": model}
     return ("# Written by bench/gpu/setup.py for the GPU check (bench/gpu/README.md).\n"
             + _profile("h200", kv_dtype="auto", mem=0.85, kv_tokens=KV_TOKENS, **kw)
             + _profile("h200-fp8", kv_dtype="fp8_e4m3", mem=0.85, kv_tokens=None, **kw)
             + _profile("h200-starved", kv_dtype="auto", mem=0.85, kv_tokens=STARVED_KV_TOKENS, **kw)
+            # SGLang's optimistic admission (new_token_ratio from 0.21, not 0.7): retractions come sooner
+            + _profile("h200-starved-eager", kv_dtype="auto", mem=0.85, kv_tokens=STARVED_KV_TOKENS,
+                       more=("--schedule-conservativeness", "0.3"), **kw)
             + _profile("probe-bf16", kv_dtype="auto", mem=0.4, kv_tokens=KV_TOKENS, **kw)
             + _profile("probe-fp8", kv_dtype="fp8_e4m3", mem=0.4, kv_tokens=KV_TOKENS, **kw))
 
