@@ -40,6 +40,12 @@ WINDOWS = ("32", "64", "128", "256", "all")
 TOLERANCE = 0.10
 MAX_NEW_TOKENS = 512
 _CAP = re.compile(r"(\w+)=(\d+)")
+NOTE = ("Where it differs: the sim puts 256 / all at once (KV-bound: SGLang's admission holds ~140 running, "
+        "no retraction, as on the H200) 3 % above 128; the two real runs put them 2-8 % below, but the same "
+        "real client moved 18 % between the runs (all at once: 14,339 then 16,985) and within one session the "
+        "server's own decode rate at ~145 running differed by 14 % between the 256 and all-at-once runs. The "
+        "scheduler-level figures the model owns match (running at every window, zero retractions); the order "
+        "of 128 / 256 / all is inside the H200's run-to-run spread, so the step-time model was not bent to it.")
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,17 @@ class RealRun:
     kv_tokens: int
     chunked_prefill_size: int
     max_running_requests: int
+    running: dict[str, float] | None = None  # the server's median running requests per window
+
+
+def mean_real(real: RealRun) -> RealRun:
+    """The target: per window the mean of this run and the first run (single runs differ by up to
+    ~15 % at the KV-bound windows: all at once gave 14,339 then 16,985 tok/s), adaptive pooled."""
+    if real.fixed_tok_s == EARLIER:
+        return real
+    fixed = {k: round((real.fixed_tok_s[k] + EARLIER[k]) / 2, 1) for k in WINDOWS}
+    return replace(real, fixed_tok_s=fixed, adaptive_tok_s=real.adaptive_tok_s + EARLIER_ADAPTIVE,
+                   source=real.source + " and the first run, averaged")
 
 
 def load_real(path: Path = REAL_RESULTS) -> RealRun:
@@ -66,7 +83,8 @@ def load_real(path: Path = REAL_RESULTS) -> RealRun:
     return RealRun(f"{path.name} ({r.get('date', 'H200 run')})", {k: v["tok_s"] for k, v in r["sweep"].items()},
                    [a["tok_s"] for a in r.get("adaptive", [])], [tuple(x) for x in r["lengths"]],
                    cap.get("max_total_num_tokens", 60_000), cap.get("chunked_prefill_size", 8192),
-                   cap.get("max_running_requests", 4096))
+                   cap.get("max_running_requests", 4096),
+                   {k: (v.get("server_metrics") or {}).get("median sglang:num_running_reqs") for k, v in r["sweep"].items()})
 
 
 class H200Server:
@@ -137,14 +155,16 @@ def fit(real: RealRun, base: HardwareProfile) -> tuple[HardwareProfile, dict[str
     return fitted, {"max_rel_makespan_error": round(best_err, 4)}
 
 
-def compare(real: RealRun, fixed: dict[str, RunResult], ours: RunResult) -> dict:
+def compare(real: RealRun, fixed: dict[str, RunResult], ours: RunResult, this_run: dict[str, float]) -> dict:
     rows = []
     for k in WINDOWS:
         sim, meas = fixed[k].gen_tok_s, real.fixed_tok_s.get(k)
-        rows.append({"window": k, "real_tok_s": meas, "earlier_tok_s": EARLIER[k], "sim_tok_s": round(sim, 1),
+        rows.append({"window": k, "real_tok_s": meas, "this_run_tok_s": this_run.get(k), "earlier_tok_s": EARLIER[k],
+                     "sim_tok_s": round(sim, 1),
                      "sim_over_real": round(sim / meas, 3) if meas else None,
                      "within_10pct": bool(meas) and abs(sim / meas - 1) <= TOLERANCE,
-                     "sim_median_running": fixed[k].median_running, "sim_retractions": fixed[k].retractions})
+                     "sim_median_running": fixed[k].median_running, "sim_retractions": fixed[k].retractions,
+                     "real_median_running": (real.running or {}).get(k)})
     best_real = max(real.fixed_tok_s, key=real.fixed_tok_s.get)
     best_sim = max(fixed, key=lambda k: fixed[k].gen_tok_s)
     adaptive_real = statistics.median(real.adaptive_tok_s) if real.adaptive_tok_s else None
@@ -158,13 +178,16 @@ def compare(real: RealRun, fixed: dict[str, RunResult], ours: RunResult) -> dict
 
 
 def markdown(c: dict, profile: HardwareProfile, wall_s: float) -> str:
-    table = md_table(["window", "real tok/s", "first run tok/s", "sim tok/s", "sim / real", "within 10 %",
-                      "sim median running", "sim retractions"],
-                     [[r["window"], f"{r['real_tok_s']:,.0f}", f"{r['earlier_tok_s']:,.0f}", f"{r['sim_tok_s']:,.0f}",
-                       r["sim_over_real"], "yes" if r["within_10pct"] else "NO", r["sim_median_running"],
+    table = md_table(["window", "real tok/s (mean)", "this run", "first run", "sim tok/s", "sim / real", "within 10 %",
+                      "running real / sim (median)", "sim retractions"],
+                     [[r["window"], f"{r['real_tok_s']:,.0f}", f"{r['this_run_tok_s']:,.0f}", f"{r['earlier_tok_s']:,.0f}",
+                       f"{r['sim_tok_s']:,.0f}",
+                       r["sim_over_real"], "yes" if r["within_10pct"] else "NO",
+                       f"{r['real_median_running']} / {r['sim_median_running']}",
                        r["sim_retractions"]] for r in c["rows"]])
-    ad = (f"| adaptive | {c['adaptive_real_median']:,.0f} (median) | {statistics.median(EARLIER_ADAPTIVE):,.0f} | "
-          f"{c['adaptive_sim']:,.0f} | {c['adaptive_sim_over_real']} | | | |") if c["adaptive_real_median"] else ""
+    ad = (f"| adaptive (median) | {c['adaptive_real_median']:,.0f} | {c['adaptive_this_run_median']:,.0f} | "
+          f"{statistics.median(EARLIER_ADAPTIVE):,.0f} | {c['adaptive_sim']:,.0f} | {c['adaptive_sim_over_real']} | | | |"
+          ) if c["adaptive_real_median"] else ""
     return ("## Simulator vs the real H200 run (`python -m bench sim_vs_real`)\n\n"
             f"Real: {c['source']}; {c['samples']:,} samples replayed with their real prompt/output lengths, "
             f"{c['kv_tokens']:,} KV tokens, hardware profile \"h200\" (step {profile.step_base_s * 1e3:.2f} ms "
@@ -173,7 +196,7 @@ def markdown(c: dict, profile: HardwareProfile, wall_s: float) -> str:
             f"sim {c['best_sim']} ({'same' if c['same_best'] else 'DIFFERENT'}); all windows within 10 %: "
             f"{'yes' if c['all_within_10pct'] else 'NO'}. Adaptive / best fixed: real "
             f"{c['adaptive_over_best_fixed_real']}, sim {c['adaptive_over_best_fixed_sim']}. Wall {wall_s:.0f} s.\n\n"
-            + table + ("\n" + ad if ad else ""))
+            + table + ("\n" + ad if ad else "") + "\n\n" + NOTE)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -182,7 +205,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--results", type=Path, default=REAL_RESULTS)
     args = p.parse_args(argv)
     started = time.monotonic()
-    real = load_real(args.results)
+    measured = load_real(args.results)
+    real = mean_real(measured)
     profile = get_profile("h200")
     if args.fit:
         profile, info = fit(real, profile)
@@ -190,7 +214,8 @@ def main(argv: list[str] | None = None) -> dict:
               f"decode_per_kv_token_s={profile.decode_per_kv_token_s:.6g}, "
               f"prefill_per_token_s={profile.prefill_per_token_s:.6g} ({info})")
     fixed, ours = simulate(real, profile)
-    c = compare(real, fixed, ours)
+    c = compare(real, fixed, ours, measured.fixed_tok_s)
+    c["adaptive_this_run_median"] = statistics.median(measured.adaptive_tok_s) if measured.adaptive_tok_s else None
     text = markdown(c, profile, time.monotonic() - started)
     print(text)
     if not args.fit:

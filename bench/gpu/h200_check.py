@@ -70,12 +70,16 @@ class Check:
             self.keep(key, s)
         return s
 
+    def leftovers(self) -> list[str]:
+        """Server processes of ours still alive (their command line names our model)."""
+        return servers.leftover_processes((self.results.get("model_path") or str(self.work / "model"),))
+
     # ---- phases
     def setup(self) -> None:
         model = str(self.work / "model") if not self.sim else "sim/h200-random-1.2b"
         write_configs(self.work, model, sim=self.sim, time_scale=self.results.get("time_scale", 1.0),
                       prompts=self.prompts)
-        self.results.update({"prompts": self.prompts, "sim": self.sim, "dataset": DATASET,
+        self.results.update({"prompts": self.prompts, "sim": self.sim, "dataset": DATASET, "model_path": model,
                              "date": time.strftime("%Y-%m-%d", time.gmtime())})
         model_info = self.work / "model" / "bench_model.json"
         if model_info.exists():
@@ -159,7 +163,7 @@ class Check:
             "rc": r.rc, "rows": figures["rows"], "limit": limit, "duplicates": figures["duplicates"],
             "ready_line": ready[0] if ready else None, "ready_s": r.controller_figures()["ready_s_reported"],
             "capacity_logged": capacity_line(log), "fp8_warning": grep(log, "scaling factors"),
-            "leftover_processes": servers.leftover_processes(), "gpu_apps": gpu_apps(),
+            "leftover_processes": self.leftovers(), "gpu_apps": gpu_apps(),
             "summary": r.lines[-1][1] if r.lines else ""}
         self.log(f"launch: {self.results['launch']['ready_line']}; rows {figures['rows']}/{limit}")
         self.save()
@@ -228,7 +232,7 @@ class Check:
 
     def summary(self) -> None:
         self.results["summary"] = summarize(self.results)
-        self.results["leftover_at_end"] = servers.leftover_processes()
+        self.results["leftover_at_end"] = self.leftovers()
         self.save()
         print(json.dumps(self.results["summary"], indent=1), flush=True)
 

@@ -15,6 +15,7 @@ import random
 from pathlib import Path
 
 VOCAB_SIZE = 320
+MAX_POSITIONS = 4096
 SPECIAL = ["<|bos|>", "<|eot|>", "<|start|>", "<|pad|>"]
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|start|>{{ m['role'] }}\n{{ m['content'] }}<|eot|>{% endfor %}"
@@ -55,8 +56,10 @@ def build_tokenizer(out: Path, seed: int = 0) -> int:
     trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIAL,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(corpus, trainer)
+    # model_max_length: without it transformers records 1e30, which SGLang's /tokenize cannot
+    # serialize (HTTP 500 "Integer exceeds 64-bit range", seen on the H200)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eot|>",
-                                   pad_token="<|pad|>")
+                                   pad_token="<|pad|>", model_max_length=MAX_POSITIONS)
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
     return len(fast)
@@ -71,7 +74,7 @@ def build_model(out: Path, vocab_size: int, shape: str, seed: int = 0) -> dict:
     hidden, layers, heads, kv_heads, inter = SHAPES[shape]
     cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
                       num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=inter,
-                      max_position_embeddings=4096, tie_word_embeddings=False, dtype="bfloat16",
+                      max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=False, dtype="bfloat16",
                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     torch.manual_seed(seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -89,6 +89,8 @@ def run_cli(name: str, argv: list[str], log_dir: Path, *, kill_after_s: float | 
     run.rc = proc.wait()
     ended = time.monotonic()
     t.join(timeout=5)
+    assert proc.stdout is not None
+    proc.stdout.close()
     run.wall_s = ended - started
     run.dispatch_s = ended - (ready_at[0] if ready_at else started)
     (log_dir / f"cli-{name}.log").write_text(" ".join(argv) + "\n" + run.text() + "\n")

@@ -22,6 +22,9 @@ from gen_pipeline.server.command import build_command, build_env
 from gen_pipeline.server.profile import load_server_profile
 
 
+_CHILDREN: dict[int, subprocess.Popen] = {}  # kept so a live server's Popen is never garbage-collected
+
+
 @dataclass
 class Server:
     name: str
@@ -52,6 +55,7 @@ def spawn(cfg_dir: Path, profile_name: str, log_dir: Path) -> Server:
         f.write(("$ " + " ".join(argv) + "\n").encode())
         proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=build_env(profile), start_new_session=True)
+    _CHILDREN[proc.pid] = proc
     return Server(profile_name, f"http://127.0.0.1:{port}", proc.pid, log)
 
 
@@ -76,6 +80,12 @@ def start(cfg_dir: Path, profile_name: str, log_dir: Path, timeout_s: float = 90
 
 
 def alive(pid: int) -> bool:
+    proc = _CHILDREN.get(pid)
+    if proc is not None:
+        if proc.poll() is None:
+            return True
+        del _CHILDREN[pid]
+        return False
     try:
         waited, _ = os.waitpid(pid, os.WNOHANG)  # reap our own child if it exited
         if waited == pid:
@@ -131,7 +141,7 @@ def tail(path: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
-def leftover_processes(patterns: tuple[str, ...] = ("sglang",)) -> list[str]:
+def leftover_processes(patterns: tuple[str, ...]) -> list[str]:
     """Processes whose command line mentions a pattern (ours: the check must leave none behind)."""
     out = []
     for entry in Path("/proc").iterdir():
