@@ -216,9 +216,9 @@ def cmd_probe_kv(args: argparse.Namespace) -> int:
     toml = args.config_dir / "server.toml"
     ref = _server_url(args.server_url) if args.server_url else load_server_profile(args.server or "baseline", toml)
     cmp = _server_url(args.compare_url) if args.compare_url else load_server_profile(args.compare or "tuned", toml)
-    if isinstance(ref, str) and ref == cmp:
+    if isinstance(ref, str) and ref == cmp and not args.allow_same_kv:
         raise ConfigError(f"--server-url and --compare-url are the same server ({ref}); give two servers "
-                          "that differ in KV dtype.")
+                          "that differ in KV dtype (or add --allow-same-kv for a noise-floor run against itself).")
     opts = ProbeOptions(output_root=args.output_dir, samples=args.samples, max_new_tokens=args.max_new_tokens,
                         top_k=args.top_k, chunk=args.tf_chunk, concurrency=args.concurrency, reference=ref,
                         compare=cmp, allow_same_kv=args.allow_same_kv)

@@ -2,7 +2,9 @@
 
 - Prompt ids: POST /tokenize {"model", "messages"} runs the server's own chat template with the
   generation prompt (entrypoints/openai/serving_tokenize.py) → {"tokens": [...], "count", ...};
-  both servers then get the same ids, so the prompt side cannot differ between them.
+  both servers then get the same ids, so the prompt side cannot differ between them. Without
+  /tokenize (404), /v1/chat/completions with "return_prompt_token_ids" (0.5.13+) gives
+  choices[0].prompt_token_ids.
 - Free run: POST /generate {"input_ids", "sampling_params": {"temperature": 0, "max_new_tokens"},
   "return_logprob": true, "top_logprobs_num": k, "logprob_start_len": -1} → "output_ids" and
   meta_info "output_token_logprobs" ([logprob, token_id, text|None] per token) and
@@ -26,28 +28,23 @@ gets log_softmax of the raw logits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import httpx
 
 from .errors import ServerError
+from .probe_metrics import Position
 
 ATTEMPTS = 3
 
 
-@dataclass(frozen=True)
-class Position:
-    """One scored token: its logprob and the top-k (logprob, token id) there, best first."""
-
-    token: int
-    logprob: float
-    top: tuple[tuple[float, int], ...]
-
-
 class ProbeRequestError(Exception):
     """One prompt's request failed (the prompt is reported as failed; the probe goes on)."""
+
+
+class NoTokenize(Exception):
+    """The server answered 404 on /tokenize."""
 
 
 async def _post(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -68,8 +65,7 @@ async def _post(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> dict
                 raise ProbeRequestError(f"{url} answered 200 with a body that is not a JSON object: {r.text[:200]!r}")
             err = f"HTTP {r.status_code}: {' '.join(r.text[:300].split())}"
             if r.status_code == 404 and url.endswith("/tokenize"):
-                raise ServerError(f"{url} answered 404: this server has no /tokenize (SGLang 0.5.17 has it). "
-                                  "probe-kv needs SGLang 0.5.17 or newer.")
+                raise NoTokenize(url)
             if r.status_code < 500:
                 raise ProbeRequestError(f"{url}: {err}")
         if attempt + 1 < ATTEMPTS:
@@ -79,11 +75,21 @@ async def _post(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> dict
 
 async def prompt_ids(http: httpx.AsyncClient, url: str, model: str, messages: list[dict[str, str]],
                      chat_template_kwargs: dict[str, Any] | None) -> list[int]:
+    """The chat-templated prompt's ids: /tokenize, else (an SGLang without it, 0.5.13+) a one-token
+    /v1/chat/completions with return_prompt_token_ids."""
     body: dict[str, Any] = {"model": model, "messages": messages}
     if chat_template_kwargs:
         body["chat_template_kwargs"] = chat_template_kwargs
-    data = await _post(http, url + "/tokenize", body)
-    tokens = data.get("tokens")
+    try:
+        data = await _post(http, url + "/tokenize", body)
+        tokens = data.get("tokens")
+    except NoTokenize:
+        chat = {**body, "max_tokens": 1, "temperature": 0.0, "return_prompt_token_ids": True}
+        data = await _post(http, url + "/v1/chat/completions", chat)
+        tokens = ((data.get("choices") or [{}])[0] or {}).get("prompt_token_ids")
+        if tokens is None:
+            raise ServerError(f"{url} has no /tokenize and its /v1/chat/completions ignores "
+                              "return_prompt_token_ids: probe-kv needs SGLang 0.5.13 or newer (0.5.17 tested).")
     if not isinstance(tokens, list) or not tokens or not all(isinstance(t, int) for t in tokens):
         raise ProbeRequestError(f"{url}/tokenize returned no token list: {str(data)[:200]}")
     return tokens
@@ -130,8 +136,9 @@ async def score(http: httpx.AsyncClient, url: str, prompt: list[int], reference:
         meta = data.get("meta_info") or {}
         entries, tops = meta.get("input_token_logprobs"), meta.get("input_top_logprobs")
         if not isinstance(entries, list) or not isinstance(tops, list) or len(entries) != b - a + 1:
+            got_n = len(entries) if isinstance(entries, list) else entries
             raise ProbeRequestError(f"{url}/generate: expected {b - a + 1} input logprobs from "
-                                    f"logprob_start_len={start}, got {len(entries) if isinstance(entries, list) else entries!r}")
+                                    f"logprob_start_len={start}, got {got_n!r}")
         got = parse_positions(entries[1:], tops[1:], f"{url}/generate input")
         if [p.token for p in got] != reference[a:b]:
             raise ProbeRequestError(f"{url}/generate: input logprobs are not for the tokens sent")
