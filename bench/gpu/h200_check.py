@@ -199,22 +199,29 @@ class Check:
         pair = self._start_pair(("probe-bf16", "probe-fp8"))
         for key, s in zip(("probe-bf16", "probe-fp8"), pair):
             self.keep(key, s)
-        out = self.out / "probe"
-        argv = [os.environ.get("BENCH_PYTHON", sys.executable), "-m", "gen_pipeline", "probe-kv", "--dataset",
-                str(self.cfg / f"{DATASET}.toml"), "--config-dir", str(self.cfg), "--output-dir", str(out),
-                "--samples", str(samples), "--server-url", pair[0].url, "--compare-url", pair[1].url]
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=max(60, self.left_s() - 30))
-        (self.logs / "cli-probe.log").write_text(" ".join(argv) + "\n" + p.stdout + p.stderr)
-        found = sorted(out.rglob("*.json"))
-        reports = {str(f.relative_to(out)): json.loads(f.read_text()) for f in found if "probe" in f.name}
-        self.results["probe"] = {"rc": p.returncode, "command": " ".join(argv[1:]), "stdout_tail":
-                                 (p.stdout + p.stderr).strip().splitlines()[-15:], "reports": reports,
+        self.results["probe"] = {**self._probe_kv("probe", samples, pair[0].url, pair[1].url),
                                  "ready_s": [round(s.ready_s, 1) for s in pair],
                                  "fp8_warning": grep(pair[1].log, "scaling factors")}
         self.save()
+        if self.left_s() > 120:  # the noise floor: the bf16 server against itself
+            self.results["probe_floor"] = self._probe_kv("probe-floor", samples, pair[0].url, pair[0].url,
+                                                         "--allow-same-kv")
+            self.save()
         for key, s in zip(("probe-bf16", "probe-fp8"), pair):
             servers.stop(s)
             self.keep(key, None)
+
+    def _probe_kv(self, name: str, samples: int, ref_url: str, cmp_url: str, *more: str) -> dict:
+        out = self.out / name
+        argv = [os.environ.get("BENCH_PYTHON", sys.executable), "-m", "gen_pipeline", "probe-kv", "--dataset",
+                str(self.cfg / f"{DATASET}.toml"), "--config-dir", str(self.cfg), "--output-dir", str(out),
+                "--samples", str(samples), "--server-url", ref_url, "--compare-url", cmp_url, *more]
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=max(60, self.left_s() - 30))
+        (self.logs / f"cli-{name}.log").write_text(" ".join(argv) + "\n" + p.stdout + p.stderr)
+        reports = {str(f.relative_to(out)): json.loads(f.read_text()) for f in sorted(out.rglob("probe*.json"))}
+        self.log(f"{name}: rc {p.returncode}")
+        return {"rc": p.returncode, "command": " ".join(argv[1:]), "reports": reports,
+                "stdout_tail": (p.stdout + p.stderr).strip().splitlines()[-15:]}
 
     def _start_pair(self, profiles: tuple[str, str]) -> list[servers.Server]:
         """Both at once (half the wait); one that fails to start beside the other is started again alone."""
