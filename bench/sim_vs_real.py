@@ -42,8 +42,8 @@ MAX_NEW_TOKENS = 512
 _CAP = re.compile(r"(\w+)=(\d+)")
 NOTE = ("Where it differs: the sim puts 256 / all at once (KV-bound: SGLang's admission holds ~140 running, "
         "no retraction, as on the H200) 3 % above 128; the two real runs put them 2-8 % below, but the same "
-        "real client moved 18 % between the runs (all at once: 14,339 then 16,985) and within one session the "
-        "server's own decode rate at ~145 running differed by 14 % between the 256 and all-at-once runs. The "
+        "real client moved 18 % between the runs (all at once: 14,339 then 16,985) and within one session "
+        "256 and all at once ended 14 % apart at the same running count and server-side decode rate. The "
         "scheduler-level figures the model owns match (running at every window, zero retractions); the order "
         "of 128 / 256 / all is inside the H200's run-to-run spread, so the step-time model was not bent to it.")
 
