@@ -1,6 +1,7 @@
 """`make bench` = `python -m bench [NAME ...]`: runs the benchmarks in turn; each writes its own
 section of bench/results.json and bench/RESULTS.md. Names: calibration, controller, overhead,
-resume_speed, sim_capacity, export, faults (default: all but faults, the long soak `make chaos` runs)."""
+resume_speed, sim_capacity, export, faults, sim_vs_real, gpu_h200 (default: all but faults, the long soak
+`make chaos` runs)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ BENCHES = {
     "sim_capacity": "bench.sim_capacity",
     "faults": "bench.faults_soak",
     "export": "bench.export_speed",
+    "sim_vs_real": "bench.sim_vs_real",
+    "gpu_h200": "bench.gpu.report",
 }
 DEFAULT = [n for n in BENCHES if n != "faults"]
 

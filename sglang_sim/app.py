@@ -80,7 +80,12 @@ class SimServer:
         return loads
 
     def _metrics_snapshot(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        return [self.load()], self.loop.engine.counters()
+        """Each rank's /v1/loads entry plus the scheduler gauges /metrics has and /v1/loads has not."""
+        engine = self.loop.engine
+        load = self.load()
+        gauges = {"new_token_ratio": engine.new_token_ratio, "num_paused_reqs": load["queues"]["paused"],
+                  "num_retracted_reqs": load["queues"]["retracted"]}
+        return [load | gauges], engine.counters()
 
     async def run_startup(self) -> None:
         await asyncio.sleep(self.ns.sim_startup_s)

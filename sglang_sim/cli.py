@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sglang_sim.faults import FaultSettings
+from sglang_sim.profiles import PROFILES
 
 # SGLang's --kv-cache-dtype choices (server_args.py); "bfloat16" is its long spelling of bf16.
 KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2")
@@ -56,7 +57,7 @@ def _sglang_flags(p: argparse.ArgumentParser) -> None:
 
 def _sim_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("simulator (not SGLang)")
-    g.add_argument("--sim-profile", choices=("seed", "fast"), default="fast")
+    g.add_argument("--sim-profile", choices=tuple(PROFILES), default="fast")
     g.add_argument("--time-scale", type=float, default=1.0, help="simulated seconds per real second")
     g.add_argument("--sim-startup-s", type=float, default=0.0, help="real seconds of 503 on /health")
     g.add_argument("--sim-output-mean", type=float, default=512.0, help="mean output tokens")

@@ -237,6 +237,7 @@ class Engine:
         dt += rnd.host_tokens * self.profile.hicache_load_per_token_s
         self._advance(dt)
         self._stats.add("prefill_steps_total")
+        self._stats.log_stats()
         return StepResult(dt, {}, finished, [], rnd.prefill_tokens, 0)
 
     def _admit_waiting(self, rnd: PrefillRound) -> None:
@@ -375,7 +376,7 @@ class Engine:
         for req in retracted:
             req.retractions += 1
             self._stats.add("retracted_tokens_total", req.prompt_len + req.generated)
-        self._stats.add("num_retracted_requests_total", len(retracted))
+        self._stats.note_retraction(len(retracted))
         self._waiting.extend(retracted)
         self._batch_is_full = False
 

@@ -40,6 +40,20 @@ class EngineStats:
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.last_gen_throughput = 0.0
         self._window = [0, 0.0, 0]  # gen tokens, seconds, decode iterations since last log
+        # SGLang's `sglang:num_retracted_reqs` gauge (and /v1/loads queues.retracted): the size
+        # of the latest retraction since the previous stats log, published at each log, then 0
+        # (managers/scheduler_components/metrics_reporter.py, 0.5.17).
+        self.num_retracted_reqs = 0
+        self._retracted_latest = 0
+
+    def note_retraction(self, n: int) -> None:
+        """retract_decode took `n` requests back (SGLang overwrites, it does not add)."""
+        self._retracted_latest = n
+        self.counters["num_retracted_requests_total"] += n
+
+    def log_stats(self) -> None:
+        """A scheduler stats log (every prefill batch, every DECODE_LOG_INTERVAL decodes)."""
+        self.num_retracted_reqs, self._retracted_latest = self._retracted_latest, 0
 
     def add(self, name: str, amount: int = 1) -> None:
         self.counters[name] += amount
@@ -65,6 +79,7 @@ class EngineStats:
             tokens_w, seconds_w, _ = self._window
             self.last_gen_throughput = tokens_w / seconds_w if seconds_w > 0 else 0.0
             self._window = [0, 0.0, 0]
+            self.log_stats()
 
 
 def build_loads(
@@ -82,16 +97,19 @@ def build_loads(
         "num_waiting_uncached_tokens": waiting_tokens,  # upper bound: cache not consulted
         "num_used_tokens": num_used,
         "num_total_tokens": num_used + waiting_tokens,
+        "num_active_tokens": num_used + waiting_tokens,  # = num_total_tokens outside PD disaggregation
         "max_total_num_tokens": size,
         "max_running_requests": max_running_requests,
         "token_usage": round(num_used / size, 4),
         "gen_throughput": round(stats.last_gen_throughput, 2),
         "cache_hit_rate": round(hit / (hit + computed), 4) if hit + computed else 0.0,
         "utilization": round(num_used / size, 4),
+        "total_prefill_uncached_tokens": computed,
         "queues": {
             "waiting": len(waiting),
             "grammar": 0,
             "paused": 0,
-            "retracted": sum(1 for r in waiting if r.retractions),
+            "retracted": stats.num_retracted_reqs,
+            "prealloc_ready": 0,
         },
     }

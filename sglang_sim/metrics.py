@@ -1,7 +1,8 @@
-"""/metrics in Prometheus text with SGLang's names (python/sglang/srt/metrics/collector.py):
-scheduler gauges labelled like SGLang's SchedulerMetricsCollector (model_name, engine_type,
-tp_rank, pp_rank, dp_rank) and the tokenizer-side counters (labelled model_name).
-Values are read from the engine at scrape time through an own CollectorRegistry."""
+"""/metrics in Prometheus text with SGLang 0.5.17's names (python/sglang/srt/observability/
+metrics_collector.py): scheduler gauges labelled like SGLang's SchedulerMetricsCollector
+(model_name, engine_type, tp_rank, pp_rank, dp_rank) and the tokenizer-side counters (labelled
+model_name). Values are read from the engine at scrape time through an own CollectorRegistry.
+tests/contract checks these names against the installed SGLang."""
 
 from __future__ import annotations
 
@@ -20,14 +21,23 @@ _GAUGES = (
     ("sglang:gen_throughput", "gen_throughput", "The generation throughput (token/s)."),
     ("sglang:cache_hit_rate", "cache_hit_rate", "The prefix cache hit rate."),
     ("sglang:max_total_num_tokens", "max_total_num_tokens", "Maximum total number of tokens in the KV pool."),
+    ("sglang:kv_used_tokens", "num_used_tokens", "Actively used KV slots (locked by running requests)."),
+    ("sglang:utilization", "utilization", "The utilization."),
+    ("sglang:new_token_ratio", "new_token_ratio", "The new token ratio."),
+    ("sglang:num_paused_reqs", "num_paused_reqs", "The number of paused requests by async weight sync."),
+    # Requests taken back by the latest retraction since the previous stats log (reset at each).
+    ("sglang:num_retracted_reqs", "num_retracted_reqs", "The number of retracted requests."),
 )
-# (metric name without _total, field of engine.counters(), help, scheduler-labelled?)
+# Scheduler-side counters: labelled, so SGLang serves no sample before the first increment.
+_RANK_COUNTERS = (
+    ("sglang:num_retracted_requests", "num_retracted_requests_total", "Total number of retracted requests."),
+)
+# (metric name without _total, field of engine.counters(), help) -- tokenizer-side, model_name only.
 _COUNTERS = (
-    ("sglang:num_retracted_requests", "num_retracted_requests_total", "Total number of retracted requests.", True),
-    ("sglang:prompt_tokens", "prompt_tokens_total", "Number of prefill tokens processed.", False),
-    ("sglang:generation_tokens", "generation_tokens_total", "Number of generation tokens processed.", False),
-    ("sglang:cached_tokens", "cached_tokens_total", "Number of cached prompt tokens.", False),
-    ("sglang:num_requests", "num_requests_total", "Number of requests processed.", False),
+    ("sglang:prompt_tokens", "prompt_tokens_total", "Number of prefill tokens processed."),
+    ("sglang:generation_tokens", "generation_tokens_total", "Number of generation tokens processed."),
+    ("sglang:cached_tokens", "cached_tokens_total", "Number of cached prompt tokens."),
+    ("sglang:num_requests", "num_requests_total", "Number of requests processed."),
 )
 
 
@@ -50,15 +60,14 @@ class SimCollector:
             for load in loads:
                 g.add_metric(rank_values(load), float(load.get(key) or 0.0))
             yield g
-        retracted_now = GaugeMetricFamily("sglang:num_retracted_reqs", "The number of retracted requests.",
-                                          labels=rank_labels)
-        for load in loads:
-            retracted_now.add_metric(rank_values(load), float(load.get("queues", {}).get("retracted", 0)))
-        yield retracted_now
-        for name, key, doc, per_rank in _COUNTERS:
-            c = CounterMetricFamily(name, doc, labels=rank_labels if per_rank else ["model_name"])
-            value = float(counters.get(key, 0))
-            c.add_metric(rank_values(loads[0]) if per_rank else [self.model_name], value)
+        for name, key, doc in _RANK_COUNTERS:
+            if counters.get(key, 0) > 0:  # the sim is one rank; its counters are that rank's
+                c = CounterMetricFamily(name, doc, labels=rank_labels)
+                c.add_metric(rank_values(loads[0]), float(counters[key]))
+                yield c
+        for name, key, doc in _COUNTERS:
+            c = CounterMetricFamily(name, doc, labels=["model_name"])
+            c.add_metric([self.model_name], float(counters.get(key, 0)))
             yield c
 
 

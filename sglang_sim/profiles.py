@@ -83,6 +83,23 @@ PROFILES: dict[str, HardwareProfile] = {
         kv_bytes_per_token=98_400,
         pool_points=((0.85, 116_000), (0.88, 159_000), (0.90, 188_000)),
     ),
+    # One H200 serving a random-weight 1.2B Llama (hidden 2048, 24 layers, 4 KV heads: 49,152 B of
+    # bf16 KV per token) with SGLang 0.5.17, triton attention, 60,000 KV tokens: fitted by
+    # bench/sim_vs_real.py to the fixed-window sweep measured there (bench/gpu/h200_results.json).
+    "h200": HardwareProfile(
+        name="h200",
+        # Non-negative least squares over the fixed-window sweep (mean of both H200 runs; prefill and
+        # KV terms came out 0: their cost is inside the per-step figure). 1.74 ms + 44.9 us x 127
+        # running = 7.4 ms a step, the server's own decode log said 7.6 ms at 127 running.
+        step_base_s=0.00174,
+        decode_per_req_s=4.49e-5,
+        decode_per_kv_token_s=0.0,
+        prefill_per_token_s=0.0,
+        hicache_load_per_token_s=2.0e-8,
+        kv_bytes_per_token=49_152,
+        # (141 GB x fraction - 2.4 GB weights - ~4 GB graphs and activations) / 49,152 B
+        pool_points=((0.40, 1_020_000), (0.85, 2_310_000)),
+    ),
     "fast": HardwareProfile(
         name="fast",
         step_base_s=0.002,

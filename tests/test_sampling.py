@@ -13,7 +13,7 @@ from gen_pipeline.client import ChatClient, ClientSettings, build_request
 from gen_pipeline.config import GenerationConfig, SamplingConfig, load_dataset_config
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.records import Prompt, Sample
-from gen_pipeline.transport import HttpxTransport
+from mock_http import mock_session
 from tests.pipeline_helpers import assert_exact, read_samples, run_cli, write_dataset
 
 ALL_KEYS = """[sampling]
@@ -54,10 +54,9 @@ async def test_every_key_is_in_the_request_body_and_meta(tmp_path: Path) -> None
                                          "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
 
     settings = ClientSettings(model="m", backend="sim", sampling=sampling, generation=GenerationConfig())
-    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    sample = await ChatClient(HttpxTransport(http), ["http://s"], settings).regenerate(
-        Prompt("T-1", ({"role": "user", "content": "q"},)), "T")
-    await http.aclose()
+    async with mock_session(handler) as http:
+        sample = await ChatClient(http, ["http://s"], settings).regenerate(
+            Prompt("T-1", ({"role": "user", "content": "q"},)), "T")
     assert isinstance(sample, Sample)
     assert seen[0] == {"model": "m", "messages": [{"role": "user", "content": "q"}], "max_tokens": 64,
                        "temperature": 0.6, "top_p": 0.9, "stream": False, **EXPECTED_BODY}

@@ -1,14 +1,24 @@
 """Live load: running/queued requests, KV tokens in use, retractions, summed over DP ranks and servers.
 
 `/v1/loads` (SGLang, no flag needed; python/sglang/srt/entrypoints/v1_loads.py) gives the gauges;
-`/metrics` (SGLang with --enable-metrics, or vLLM) gives them too plus the cumulative counters
-(`sglang:num_retracted_requests_total`, per python/sglang/srt/metrics/collector.py). SGLang names
-appear as `sglang:x` and `sglang_x`; both are read. Which sources a URL has is remembered.
+`/metrics` (SGLang with --enable-metrics, or vLLM) gives them too plus the retraction signal and
+the cumulative token counter. SGLang names appear as `sglang:x` and `sglang_x`; both are read.
+Which sources a URL has, and the retraction tally, are remembered per URL.
+
+Retractions, by SGLang version (srt/metrics/collector.py, srt/observability/metrics_collector.py
+from 0.5.1x on; read in the 0.4.10.post2, 0.5.4 and 0.5.17 wheels):
+- 0.4.7 .. 0.4.10: gauge `sglang:total_retracted_reqs`, a cumulative count.
+- 0.5.x (0.5.4 .. 0.5.17 at least): gauge `sglang:num_retracted_reqs` = the size of the latest
+  retraction since the previous scheduler stats log (every prefill batch, every
+  decode_log_interval decode steps), then reset to 0. Not cumulative: we tally it (below).
+- later 0.5.x (0.5.17, not 0.5.4): also counter `sglang:num_retracted_requests_total`, labelled,
+  so it is absent from /metrics until the first retraction (prometheus_client has no sample yet).
+- vLLM: counter `vllm:num_preemptions_total`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -24,15 +34,38 @@ _GAUGES = {
     "total_tokens": ("sglang:max_total_num_tokens",),
     "token_usage": ("sglang:token_usage", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     "gen_throughput": ("sglang:gen_throughput",),
-    "retractions_total": ("sglang:num_retracted_requests_total", "vllm:num_preemptions_total"),
+    # cumulative retraction counts (see the module doc for which version serves which)
+    "retractions_total": ("sglang:num_retracted_requests_total", "sglang:total_retracted_reqs",
+                          "vllm:num_preemptions_total"),
+    "retracted_recent": ("sglang:num_retracted_reqs",),  # per stats-log window, reset each log
     "gen_tokens_total": ("sglang:generation_tokens_total", "vllm:generation_tokens_total"),
 }
+
+
+class RetractionTally:
+    """Cumulative retractions from the per-window gauge `sglang:num_retracted_reqs`.
+
+    A reading that is positive and differs from the rank's previous one is a new retraction
+    (a window held over two polls is counted once; two equal retractions back to back in
+    consecutive polls are counted once, so the tally may run low, never high)."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._last: dict[str, float] = {}
+
+    def update(self, per_rank: dict[str, float]) -> int:
+        for rank, value in per_rank.items():
+            if value > 0 and value != self._last.get(rank):
+                self.total += int(value)
+            self._last[rank] = value
+        return self.total
 
 
 @dataclass
 class _Sources:
     loads: bool | None = None  # None = not tried yet
     metrics: bool | None = None
+    tally: RetractionTally = field(default_factory=RetractionTally)
 
 
 _KNOWN: dict[str, _Sources] = {}  # per base URL, for the life of the process
@@ -56,8 +89,9 @@ def load_from_loads(body: Any, now_s: float) -> LoadSnapshot | None:
                         gen_throughput=total("gen_throughput"))
 
 
-def load_from_metrics(text: str, now_s: float) -> LoadSnapshot | None:
-    """One server's load from Prometheus text; None without running/queued gauges."""
+def load_from_metrics(text: str, now_s: float, tally: RetractionTally | None = None) -> LoadSnapshot | None:
+    """One server's load from Prometheus text; None without running/queued gauges.
+    `tally` carries the retraction gauge's readings from poll to poll (one URL's)."""
     values = metric_values(text)
     def pick(field: str) -> float | None:
         for name in _GAUGES[field]:
@@ -69,11 +103,22 @@ def load_from_metrics(text: str, now_s: float) -> LoadSnapshot | None:
         return None
     used, cap = pick("used_tokens"), pick("total_tokens")
     usage = used / cap if used is not None and cap else _mean_of(values, _GAUGES["token_usage"])
-    retr, gen = pick("retractions_total"), pick("gen_tokens_total")
+    retr, gen = _retractions(values, pick("retractions_total"), tally or RetractionTally()), pick("gen_tokens_total")
     return LoadSnapshot(t_s=now_s, running=int(running), queued=int(queued),
                         used_tokens=None if used is None else int(used), token_usage=usage,
                         retractions_total=None if retr is None else int(retr),
                         gen_tokens_total=None if gen is None else int(gen), gen_throughput=pick("gen_throughput"))
+
+
+def _retractions(values: dict[str, dict[str, float]], counted: float | None,
+                 tally: RetractionTally) -> float | None:
+    """The cumulative count where served, else the gauge's tally; the larger of the two, so a
+    0.5.17 server's counter appearing at its first retraction takes over without a jump back."""
+    recent = next((values[n] for n in _GAUGES["retracted_recent"] if n in values), None)
+    tallied = tally.update(recent) if recent is not None else None
+    if counted is None:
+        return tallied
+    return counted if tallied is None else max(counted, tallied)
 
 
 def metric_values(text: str) -> dict[str, dict[str, float]]:
@@ -118,7 +163,7 @@ async def _load_of(http: aiohttp.ClientSession, url: str, now_s: float) -> LoadS
         from_loads = load_from_loads(await get_json(http, url + "/v1/loads"), now_s)
     if known.metrics is not False:
         text = await get_text(http, url + "/metrics")
-        from_metrics = load_from_metrics(text, now_s) if text else None
+        from_metrics = load_from_metrics(text, now_s, known.tally) if text else None
     # A source is written off only when the other one answered in the same poll (the server was up).
     if from_loads or from_metrics:
         known.loads = from_loads is not None if known.loads is None else known.loads

@@ -212,7 +212,7 @@ def test_loads_shape(client: httpx.Client) -> None:
         assert isinstance(load[key], int), key
     assert isinstance(load["token_usage"], float) and isinstance(load["gen_throughput"], float)
     assert load["max_total_num_tokens"] == 24576
-    assert set(load["queues"]) == {"waiting", "grammar", "paused", "retracted"}
+    assert set(load["queues"]) == {"waiting", "grammar", "paused", "retracted", "prealloc_ready"}
     assert client.get("/v1/loads", params={"dp_rank": 3}).status_code == 400
     [old] = client.get("/get_load").json()
     assert set(old) == {"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens"}
@@ -224,11 +224,14 @@ def test_metrics_parse_with_sglang_names(client: httpx.Client) -> None:
     assert r.headers["content-type"].startswith("text/plain")
     families = {f.name: f for f in text_string_to_metric_families(r.text)}
     for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:gen_throughput",
-                 "sglang:num_used_tokens", "sglang:num_retracted_reqs"):
+                 "sglang:num_used_tokens", "sglang:num_retracted_reqs", "sglang:kv_used_tokens",
+                 "sglang:new_token_ratio", "sglang:num_paused_reqs", "sglang:utilization"):
         assert families[name].type == "gauge", name
-    for name in ("sglang:num_retracted_requests", "sglang:prompt_tokens", "sglang:generation_tokens",
-                 "sglang:cached_tokens", "sglang:num_requests"):
+    for name in ("sglang:prompt_tokens", "sglang:generation_tokens", "sglang:cached_tokens", "sglang:num_requests"):
         assert families[name].type == "counter", name
+    # A labelled counter has no sample before its first increment (SGLang 0.5.17, prometheus_client).
+    assert "sglang:num_retracted_requests" not in families
+    assert [s.value for s in families["sglang:num_retracted_reqs"].samples] == [0.0]
     [sample] = families["sglang:num_running_reqs"].samples
     assert sample.labels == {"model_name": "kimi-sim", "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
                              "dp_rank": "0"}

@@ -162,6 +162,22 @@ def test_retraction_picks_fewest_generated_then_longest_prompt_and_requeues_at_e
     assert engine.counters()["retracted_tokens_total"] == 20 + 35
 
 
+def test_retracted_gauge_is_published_at_the_next_stats_log_then_reset() -> None:
+    """SGLang 0.5.17's num_retracted_reqs: the latest retraction, shown from the next stats log
+    (a prefill batch or the 40th decode) until the one after."""
+    engine = tight_pair(100)
+    engine.add_request("C", toks(300, 5), toks(3000, 60))
+    shown = []
+    while not engine.idle:
+        step = engine.step()
+        shown.append((bool(step.retracted), engine.loads()["queues"]["retracted"]))
+    at = next(i for i, (retracted, _) in enumerate(shown) if retracted)
+    assert shown[at][1] == 0  # not yet logged
+    logged = next(i for i in range(at + 1, len(shown)) if shown[i][1])
+    assert shown[logged][1] == 1 and logged - at <= 40
+    assert any(value == 0 for _, value in shown[logged + 1:])  # reset by the next log
+
+
 def test_retracted_request_is_recomputed_and_counted() -> None:
     engine = tight_pair(100)
     done = {f.rid: f for f in run_until_idle(engine)}
@@ -349,9 +365,10 @@ def test_loads_fields() -> None:
     loads = engine.loads()
     assert loads == {
         "dp_rank": 0, "num_running_reqs": 1, "num_waiting_reqs": 1, "num_waiting_uncached_tokens": 30,
-        "num_used_tokens": 100, "num_total_tokens": 130, "max_total_num_tokens": 1000,
+        "num_used_tokens": 100, "num_total_tokens": 130, "num_active_tokens": 130, "max_total_num_tokens": 1000,
         "max_running_requests": 1, "token_usage": 0.1, "gen_throughput": 0.0, "cache_hit_rate": 0.0,
-        "utilization": 0.1, "queues": {"waiting": 1, "grammar": 0, "paused": 0, "retracted": 0},
+        "utilization": 0.1, "total_prefill_uncached_tokens": 100,
+        "queues": {"waiting": 1, "grammar": 0, "paused": 0, "retracted": 0, "prealloc_ready": 0},
     }
     for _ in range(40):
         engine.step()

@@ -113,7 +113,7 @@ def test_unknown_dtype_and_profile_are_refused() -> None:
     )
     with pytest.raises(ValueError) as err:
         get_profile("h100")
-    assert str(err.value) == "unknown hardware profile 'h100'; choose one of ['fast', 'seed']"
+    assert str(err.value) == "unknown hardware profile 'h100'; choose one of ['fast', 'h200', 'seed']"
 
 
 def test_hicache_size_converts_gb_to_tokens() -> None:

@@ -1,0 +1,114 @@
+"""The GPU check's inputs: the prompt file, the dataset TOML and the server.toml profiles it runs.
+
+Written into the work folder at run time because the model path is only known there. `sim=True`
+points every profile at the simulator (profile "h200") so the whole check runs on a laptop.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from bench.gpu.make_model import synthetic_text
+
+PROMPTS = 1500
+MAX_NEW_TOKENS = 512
+KV_TOKENS = 60_000
+STARVED_KV_TOKENS = 20_000
+DATASET = "h200"
+SGLANG_FLAGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--dtype", "bfloat16"]
+SIM_FLAGS = ["--sim-profile", "h200", "--sim-startup-s", "1", "--sim-output-mean", "255",
+             "--sim-output-spread", "0.9"]
+
+
+def write_prompts(path: Path, n: int = PROMPTS, seed: int = 9) -> int:
+    """n single-turn prompts (~200 tokens each with this tokenizer), ids p00000...; returns n."""
+    rng = random.Random(seed)
+    lines = []
+    for i in range(n):
+        words = max(8, int(rng.lognormvariate(3.85, 0.35)))
+        text = f"Question {i}: " + synthetic_text(rng, words) + " Continue the text."
+        lines.append(json.dumps({"id": f"p{i:05d}", "messages": [{"role": "user", "content": text}]}))
+    path.write_text("\n".join(lines) + "\n")
+    return n
+
+
+def dataset_toml(prompts: Path) -> str:
+    return f"""# Written by bench/gpu/setup.py: {PROMPTS} synthetic prompts, EOS honoured, max {MAX_NEW_TOKENS} new tokens.
+name = "{DATASET}"
+target_samples = {PROMPTS}
+
+[source]
+files = ["{prompts}"]
+schema = "messages"
+field = "messages"
+id_field = "id"
+
+[sampling]
+max_new_tokens = {MAX_NEW_TOKENS}
+temperature = 1.0
+top_p = 1.0
+
+[generation]
+reasoning = "none"
+truncated = "keep"
+request_timeout_s = 600
+max_attempts = 4
+
+[output]
+shard_max_samples = 1000
+fsync_every = 64
+"""
+
+
+def _profile(name: str, model: str, *, kv_dtype: str, mem: float, kv_tokens: int | None, sim: bool,
+             time_scale: float, more: tuple[str, ...] = ()) -> str:
+    extra = list(SIM_FLAGS) + ["--time-scale", f"{time_scale:g}"] if sim else list(SGLANG_FLAGS)
+    if sim and name == "probe-fp8":
+        extra += ["--sim-kv-perturb", "0.02"]  # the dry run's known answer: 2 % of top-1 tokens flipped
+    if kv_tokens:
+        extra += ["--max-total-tokens", str(kv_tokens)]
+    extra += list(more)
+    command = '\ncommand = ["{python}", "-m", "sglang_sim"]\nbackend = "sim"' if sim else ""
+    return f"""
+[profile.{name}]
+model_path = "{model}"
+mem_fraction_static = {mem}
+kv_cache_dtype = "{kv_dtype}"
+enable_metrics = true
+host = "127.0.0.1"
+port = 0
+extra_args = {json.dumps(extra)}
+startup_timeout_s = 900
+health_interval_s = 2
+unhealthy_after = 5
+max_restarts = 1
+restart_backoff_s = 5
+stop_grace_s = 20{command}
+"""
+
+
+def server_toml(model: str, sim: bool = False, time_scale: float = 1.0) -> str:
+    """Profiles: h200 (bf16, 60K KV tokens), h200-fp8 (launch mode), h200-starved(-eager) (20K), probe-bf16/-fp8."""
+    kw = {"sim": sim, "time_scale": time_scale, "model": model}
+    return ("# Written by bench/gpu/setup.py for the GPU check (bench/gpu/README.md).\n"
+            + _profile("h200", kv_dtype="auto", mem=0.85, kv_tokens=KV_TOKENS, **kw)
+            + _profile("h200-fp8", kv_dtype="fp8_e4m3", mem=0.85, kv_tokens=None, **kw)
+            + _profile("h200-starved", kv_dtype="auto", mem=0.85, kv_tokens=STARVED_KV_TOKENS, **kw)
+            # SGLang's optimistic admission (new_token_ratio from 0.21, not 0.7): retractions come sooner
+            + _profile("h200-starved-eager", kv_dtype="auto", mem=0.85, kv_tokens=STARVED_KV_TOKENS,
+                       more=("--schedule-conservativeness", "0.3"), **kw)
+            + _profile("probe-bf16", kv_dtype="auto", mem=0.4, kv_tokens=KV_TOKENS, **kw)
+            + _profile("probe-fp8", kv_dtype="fp8_e4m3", mem=0.4, kv_tokens=KV_TOKENS, **kw))
+
+
+def write_configs(work: Path, model: str, *, sim: bool, time_scale: float = 1.0, prompts: int = PROMPTS) -> Path:
+    """WORK/cfg/{server.toml, h200.toml, prompts.jsonl}; returns the config dir."""
+    cfg = work / "cfg"
+    cfg.mkdir(parents=True, exist_ok=True)
+    write_prompts(cfg / "prompts.jsonl", prompts)
+    text = dataset_toml(cfg / "prompts.jsonl").replace(f"target_samples = {PROMPTS}", f"target_samples = {prompts}")
+    (cfg / f"{DATASET}.toml").write_text(text)
+    (cfg / "server.toml").write_text(server_toml(model, sim=sim, time_scale=time_scale))
+    return cfg

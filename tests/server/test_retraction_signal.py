@@ -1,0 +1,104 @@
+"""The retraction signal on every SGLang version's /metrics: the counter where served, else a
+tally of the per-window gauge `sglang:num_retracted_reqs` (SGLang 0.5.x); and end to end, a
+KV-starved simulator seen through the real poller by the real controller."""
+
+from __future__ import annotations
+
+import anyio
+import httpx
+
+from gen_pipeline.controller import Controller
+from gen_pipeline.records import Capacity
+from gen_pipeline.server import read_load
+from gen_pipeline.server.load import RetractionTally, forget_sources, load_from_metrics
+from sglang_sim.testing import start_sim
+
+_BASE = """# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{dp_rank="0"} 10.0
+sglang:num_running_reqs{dp_rank="1"} 10.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{dp_rank="0"} 0.0
+sglang:num_queue_reqs{dp_rank="1"} 0.0
+"""
+
+
+def _gauge(r0: float, r1: float) -> str:
+    return (_BASE + "# TYPE sglang:num_retracted_reqs gauge\n"
+            f'sglang:num_retracted_reqs{{dp_rank="0"}} {r0}\nsglang:num_retracted_reqs{{dp_rank="1"}} {r1}\n')
+
+
+def _counter(r0: float, r1: float) -> str:
+    return ("# TYPE sglang:num_retracted_requests_total counter\n"
+            f'sglang:num_retracted_requests_total{{dp_rank="0"}} {r0}\n'
+            f'sglang:num_retracted_requests_total{{dp_rank="1"}} {r1}\n')
+
+
+def _totals(texts: list[str]) -> list[int | None]:
+    tally = RetractionTally()
+    return [load_from_metrics(t, float(i), tally).retractions_total for i, t in enumerate(texts)]
+
+
+def test_gauge_only_server_is_tallied_per_rank():
+    # SGLang 0.5.4: only the gauge. A window held over two polls counts once; 0 -> 3 again is new.
+    polls = [_gauge(0, 0), _gauge(3, 0), _gauge(3, 2), _gauge(0, 2), _gauge(3, 0), _gauge(0, 0)]
+    assert _totals(polls) == [0, 3, 5, 5, 8, 8]
+
+
+def test_counter_takes_over_when_it_appears_without_counting_twice():
+    # SGLang 0.5.17: the labelled counter is absent until the first retraction, the gauge shows it later.
+    polls = [_gauge(0, 0), _gauge(0, 0) + _counter(4, 0), _gauge(4, 0) + _counter(4, 0),
+             _gauge(0, 0) + _counter(4, 1), _gauge(0, 1) + _counter(4, 1)]
+    assert _totals(polls) == [0, 4, 4, 5, 5]
+
+
+def test_old_cumulative_gauge_and_no_signal():
+    old = _BASE + '# TYPE sglang:total_retracted_reqs gauge\nsglang:total_retracted_reqs{dp_rank="0"} 6.0\n'
+    assert _totals([old, _BASE]) == [6, None]
+
+
+SIM = ["--max-total-tokens", "3000", "--enable-metrics", "--time-scale", "1", "--sim-output-mean", "300",
+       "--sim-output-spread", "0.1", "--schedule-conservativeness", "0.3", "--log-level", "warning"]
+
+
+async def _flood(http: httpx.AsyncClient, url: str, n: int) -> None:
+    async def one(i: int) -> None:
+        body = {"text": f"request {i} " + "word " * 40, "sampling_params": {"max_new_tokens": 400}}
+        (await http.post(url + "/generate", json=body, timeout=120)).raise_for_status()
+    async with anyio.create_task_group() as tg:
+        for i in range(n):
+            tg.start_soon(one, i)
+
+
+async def test_controller_sees_retractions_of_a_kv_starved_sim():
+    forget_sources()
+    ctrl = Controller(Capacity(max_total_num_tokens=3000, max_running_requests=None, source="server_info"),
+                      initial_tokens_per_request=100.0)
+    reasons, texts = set(), []
+    with start_sim(SIM, ready_timeout_s=20) as sim:
+        async with httpx.AsyncClient() as http:
+            async with anyio.create_task_group() as tg:
+                async def poll() -> None:  # the pipeline's cadence: retractions add up between polls
+                    t = 0.0
+                    while True:
+                        ctrl.observe_load(await read_load(http, [sim.url], now_s=t))
+                        reasons.add(ctrl.statistics().reason)
+                        t += 0.25
+                        await anyio.sleep(0.25)
+
+                async def scrape() -> None:  # faster than the gauge's window (40 decode steps)
+                    while True:
+                        texts.append((await http.get(sim.url + "/metrics")).text)
+                        await anyio.sleep(0.02)
+                tg.start_soon(poll)
+                tg.start_soon(scrape)
+                await _flood(http, sim.url, 40)
+                tg.cancel_scope.cancel()
+            ctrl.observe_load(await read_load(http, [sim.url], now_s=1e6))
+            truth = (await http.get(sim.url + "/sim/stats")).json()["counters"]["num_retracted_requests_total"]
+    assert truth > 0
+    assert ctrl.statistics().retractions == truth  # the 0.5.17 counter, read through the poller
+    assert any(r.startswith("retraction burst") for r in reasons), reasons
+    # A 0.5.4-shaped /metrics (counter lines removed): the gauge's tally sees retractions, never too many.
+    gauge_only = ["\n".join(ln for ln in t.splitlines() if "num_retracted_requests" not in ln) for t in texts]
+    tallied = _totals(gauge_only)[-1]
+    assert 0 < tallied <= truth

@@ -1,0 +1,113 @@
+"""The GPU check's pieces (bench/gpu/) on this machine: configs, output counting, the simulator dry
+run through real processes, the sim-vs-real fit, and the committed H200 results."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bench import sim_vs_real as svr
+from bench.gpu import h200_check, report, runs
+from bench.gpu.setup import KV_TOKENS, PROMPTS, STARVED_KV_TOKENS, write_configs
+from gen_pipeline.config import find_dataset_config
+from gen_pipeline.server.command import build_command, build_env
+from gen_pipeline.server.profile import load_server_profile
+from sglang_sim.profiles import get_profile
+
+
+def test_profiles_build_the_flags_the_check_needs(tmp_path: Path) -> None:
+    cfg = write_configs(tmp_path, "/models/rand", sim=False)
+    argv = {name: build_command(load_server_profile(name, cfg / "server.toml"), port=1234, python="py")
+            for name in ("h200", "h200-fp8", "h200-starved", "h200-starved-eager", "probe-bf16", "probe-fp8")}
+    main = " ".join(argv["h200"])
+    assert argv["h200"][:3] == ["py", "-m", "sglang.launch_server"]
+    for flag in ("--model-path /models/rand", "--attention-backend triton", "--sampling-backend pytorch",
+                 "--enable-metrics", f"--max-total-tokens {KV_TOKENS}", "--port 1234"):
+        assert flag in main
+    assert "--kv-cache-dtype fp8_e4m3" in " ".join(argv["h200-fp8"]) and "--max-total-tokens" not in argv["h200-fp8"]
+    assert f"--max-total-tokens {STARVED_KV_TOKENS}" in " ".join(argv["h200-starved"])
+    assert "--schedule-conservativeness 0.3" in " ".join(argv["h200-starved-eager"])
+    assert "--mem-fraction-static 0.4" in " ".join(argv["probe-fp8"])
+    assert "NCCL_NVLS_ENABLE" not in load_server_profile("h200", cfg / "server.toml").env
+    ds = find_dataset_config(str(cfg / "h200.toml"), cfg)
+    assert ds.target_samples == PROMPTS and ds.sampling.max_new_tokens == 512
+    ids = [json.loads(line)["id"] for line in (cfg / "prompts.jsonl").read_text().splitlines()]
+    assert len(ids) == len(set(ids)) == PROMPTS
+
+
+def test_sim_profiles_point_at_the_simulator(tmp_path: Path) -> None:
+    cfg = write_configs(tmp_path, "sim/m", sim=True, time_scale=5)
+    p = load_server_profile("probe-fp8", cfg / "server.toml")
+    argv = build_command(p, port=1, python="py")
+    assert argv[:3] == ["py", "-m", "sglang_sim"] and "--sim-profile" in argv and "h200" in argv
+    assert "--sim-kv-perturb" in argv and p.backend == "sim"
+    assert "NCCL_NVLS_ENABLE" not in build_env(p, {})
+
+
+def _row(i: str, content: str = "text", completion: int = 10) -> bytes:
+    return orjson.dumps({"id": f"h200-{i}", "conversations": [{"role": "user", "content": "q"},
+                         {"role": "assistant", "content": content}],
+                         "meta": {"completion_tokens": completion, "prompt_tokens": 3, "finish_reason": "stop"}})
+
+
+def test_read_outputs_counts_duplicates_missing_and_empty_turns(tmp_path: Path) -> None:
+    (tmp_path / "shard-00000.jsonl").write_bytes(b"\n".join([_row("p0"), _row("p1", " "), _row("p0")]) + b"\n")
+    (tmp_path / "shard-00001.jsonl").write_bytes(_row("p2", completion=5) + b"\n" + b'{"torn')
+    out = runs.read_outputs(tmp_path, {"p0", "p1", "p2", "p3"})
+    assert (out["rows"], out["unique"], out["duplicates"], out["missing"]) == (4, 3, 1, 1)
+    assert out["unparseable"] == 1 and out["empty_assistant_turns"] == 1 and out["completion_tokens"] == 35
+    assert runs.lengths(tmp_path) == [[3, 10], [3, 10], [3, 10], [3, 5]]
+
+
+def test_dry_run_on_the_simulator_kills_and_resumes_exactly_once(tmp_path: Path) -> None:
+    """setup, serve, kill (two SIGKILLs + resume), unserve, summary through real processes."""
+    rc = h200_check.main(["--work", str(tmp_path), "--sim", "--prompts", "300", "--time-scale", "2",
+                          "--kill-after-s", "0.5", "setup", "serve", "kill", "unserve", "summary"])
+    r = json.loads((tmp_path / "results.json").read_text())
+    assert rc == 0 and "errors" not in r
+    k = r["kill"]
+    assert k["attempts"][0]["killed"] and k["attempts"][0]["rc"] == -9
+    assert (k["rows"], k["duplicates"], k["missing"], k["unparseable"]) == (300, 0, 0, 0)
+    assert k["resume_rc"] == 0 and r["summary"]["kill"]["missing"] == 0
+    assert all(v is None for v in r["servers"].values()) and r["leftover_at_end"] == []
+
+
+def test_fit_recovers_a_known_step_time_model() -> None:
+    """Sweep figures made by the simulator with known coefficients: the fit finds them again."""
+    rng = random.Random(3)
+    lengths = [(rng.randint(100, 300), rng.randint(1, 512)) for _ in range(400)]
+    truth = get_profile("h200").__class__(**{**vars(get_profile("h200")), "step_base_s": 0.003,
+                                            "decode_per_req_s": 2e-5, "decode_per_kv_token_s": 5e-8})
+    real = svr.RealRun("synthetic", {}, [], lengths, 20_000, 8192, 4096)
+    fixed, _ = svr.simulate(real, truth)
+    real = svr.RealRun("synthetic", {k: r.gen_tok_s for k, r in fixed.items()}, [], lengths, 20_000, 8192, 4096)
+    fitted, info = svr.fit(real, get_profile("h200"))
+    assert info["max_rel_makespan_error"] < 0.01
+    # per-request and per-KV-token costs trade off on one job; what must hold is the curve itself
+    again, _ = svr.simulate(real, fitted)
+    for k, r in again.items():
+        assert r.gen_tok_s == pytest.approx(real.fixed_tok_s[k], rel=0.01), k
+    assert fitted.step_base_s == pytest.approx(0.003, rel=0.2)
+
+
+def test_committed_h200_results_give_the_tables() -> None:
+    r = json.loads(report.RESULTS.read_text())
+    text = report.markdown(r)
+    assert "1,500 rows, 0 duplicated, 0 missing" in text
+    assert "| fixed 128 | 16,372 |" in text and "SGLang ready after 79 s" in text
+    assert "| bf16 vs fp8_e4m3 KV | 200 | 1.0 % |" in text and "| bf16 vs itself (noise floor) | 200 |" in text
+    c = svr.compare(svr.mean_real(svr.load_real()), *svr.simulate(svr.mean_real(svr.load_real()),
+                                                                  get_profile("h200")), svr.load_real().fixed_tok_s)
+    assert c["all_within_10pct"], c["rows"]
+
+
+def test_probe_accepts_sglangs_clipped_last_vocab_id_but_not_a_shift() -> None:
+    """SGLang 0.5.17 echoes input ids >= vocab_size - 1 as 0; a misaligned echo is still refused."""
+    from gen_pipeline.probe_sglang import echoes
+
+    assert echoes([5, 319, 7], [5, 0, 7])
+    assert not echoes([5, 319, 7], [319, 7, 8]) and not echoes([5, 6], [5, 6, 7])
