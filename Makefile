@@ -10,7 +10,7 @@ SERVER     ?=
 LIMIT      ?=
 ARGS       ?=
 
-.PHONY: venv generate status demo test chaos bench validate plan clean
+.PHONY: venv generate status demo test chaos bench validate plan clean probe-kv
 
 venv: $(STAMP)
 
@@ -36,6 +36,10 @@ validate: $(STAMP)
 
 plan: $(STAMP)
 	$(PY) -m gen_pipeline plan $(ARGS)
+
+probe-kv: $(STAMP)
+	@test -n "$(DATASET)" || { echo "usage: make probe-kv DATASET=B2 [ARGS='--server-url A --compare-url B --samples 200']"; exit 2; }
+	$(PY) -m gen_pipeline probe-kv --dataset $(DATASET) $(ARGS)
 
 demo: $(STAMP)
 	$(PY) -m gen_pipeline generate --dataset demo --server sim

@@ -11,6 +11,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from typing import TYPE_CHECKING
 
@@ -83,7 +84,29 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--overhead-gb", type=float, default=0.0, help="activations/graphs per GPU outside the KV pool")
     pl.add_argument("--debug", action="store_true", help="show tracebacks for handled errors")
 
+    _probe_kv_parser(sub)
     return parser
+
+
+def _probe_kv_parser(sub: Any) -> None:
+    pk = sub.add_parser("probe-kv", help="measure what a KV-cache dtype (fp8_e4m3) does to the model's outputs",
+                        description="Two servers that differ only in KV dtype, the same prompts, greedy decoding "
+                                    "and teacher-forced scoring; writes outputs/<DATASET>/probe-kv.json.")
+    pk.add_argument("--dataset", required=True, help="the dataset whose source gives the prompts (B2, demo, a .toml)")
+    ref = pk.add_mutually_exclusive_group()
+    ref.add_argument("--server", metavar="PROFILE", help="reference (bf16 KV) profile to launch (default: baseline)")
+    ref.add_argument("--server-url", metavar="URL", help="attach to a running reference server instead")
+    cmp = pk.add_mutually_exclusive_group()
+    cmp.add_argument("--compare", metavar="PROFILE", help="compare (fp8 KV) profile to launch (default: tuned)")
+    cmp.add_argument("--compare-url", metavar="URL", help="attach to a running compare server instead")
+    pk.add_argument("--samples", type=int, default=200, help="prompts to probe (default: %(default)s)")
+    pk.add_argument("--max-new-tokens", type=int, default=256, help="output cap per prompt (default: %(default)s)")
+    pk.add_argument("--top-k", type=int, default=5, help="top_logprobs_num per position (default: %(default)s)")
+    pk.add_argument("--tf-chunk", type=int, default=32,
+                    help="reference tokens scored per teacher-forced request, 0 = all in one (default: %(default)s)")
+    pk.add_argument("--concurrency", type=int, default=32, help="prompts in flight (default: %(default)s)")
+    pk.add_argument("--allow-same-kv", action="store_true", help="allow equal KV dtypes (a noise-floor run)")
+    _common(pk)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -194,8 +217,38 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_probe_kv(args: argparse.Namespace) -> int:
+    import anyio
+
+    from .probe import ProbeOptions, format_report, run_probe
+    from .server.profile import load_server_profile
+
+    for flag, value, low in (("--samples", args.samples, 1), ("--max-new-tokens", args.max_new_tokens, 1),
+                             ("--top-k", args.top_k, 1), ("--tf-chunk", args.tf_chunk, 0),
+                             ("--concurrency", args.concurrency, 1)):
+        if value < low:
+            raise ConfigError(f"{flag} {value} must be at least {low}.")
+    if args.server_url and not (args.compare_url or args.compare):
+        raise ConfigError("probe-kv needs a compare server: add --compare-url URL (a second server that differs "
+                          "only in KV dtype, e.g. fp8_e4m3) or --compare PROFILE to launch one.")
+    cfg = find_dataset_config(args.dataset, args.config_dir)
+    toml = args.config_dir / "server.toml"
+    ref = _server_url(args.server_url) if args.server_url else load_server_profile(args.server or "baseline", toml)
+    cmp = _server_url(args.compare_url) if args.compare_url else load_server_profile(args.compare or "tuned", toml)
+    if isinstance(ref, str) and ref == cmp and not args.allow_same_kv:
+        raise ConfigError(f"--server-url and --compare-url are the same server ({ref}); give two servers "
+                          "that differ in KV dtype (or add --allow-same-kv for a noise-floor run against itself).")
+    opts = ProbeOptions(output_root=args.output_dir, samples=args.samples, max_new_tokens=args.max_new_tokens,
+                        top_k=args.top_k, chunk=args.tf_chunk, concurrency=args.concurrency, reference=ref,
+                        compare=cmp, allow_same_kv=args.allow_same_kv)
+    report = anyio.run(run_probe, cfg, opts)
+    print(format_report(report, args.output_dir / cfg.name / "probe-kv.json"), flush=True)
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "generate": cmd_generate, "status": cmd_status, "validate": cmd_validate, "plan": cmd_plan,
+    "probe-kv": cmd_probe_kv,
 }
 
 

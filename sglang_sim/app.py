@@ -246,6 +246,7 @@ def build_app(sim: SimServer) -> Any:
         Route("/v1/models", models, methods=get),
         Route("/v1/chat/completions", generation.chat_completions, methods=post),
         Route("/generate", generation.generate, methods=post),
+        Route("/tokenize", generation.tokenize, methods=post), Route("/v1/tokenize", generation.tokenize, methods=post),
         Route("/v1/loads", loads, methods=get), Route("/get_load", get_load, methods=get),
         Route("/metrics", metrics, methods=get),
         Route("/flush_cache", flush_cache, methods=["GET", "POST"]),

@@ -62,6 +62,9 @@ def _sim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sim-output-mean", type=float, default=512.0, help="mean output tokens")
     g.add_argument("--sim-output-spread", type=float, default=0.6, help="lognormal sigma of output length")
     g.add_argument("--sim-seed", type=int, default=0)
+    g.add_argument("--sim-kv-perturb", type=float, default=0.0, metavar="RATE",
+                   help="with an fp8 --kv-cache-dtype: share of positions whose top-1 token flips, plus small "
+                        "logprob noise everywhere, in /generate's return_logprob path (sglang_sim/logprob_model.py)")
     f = p.add_argument_group("simulator faults (see sglang_sim/faults.py)")
     f.add_argument("--sim-crash-after", type=int, default=0)
     f.add_argument("--sim-error-rate", type=float, default=0.0)
@@ -98,6 +101,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--time-scale must be > 0 (got {ns.time_scale})")
     if ns.served_model_name is None:
         ns.served_model_name = ns.model_path
+    if not 0.0 <= ns.sim_kv_perturb <= 1.0:
+        parser.error(f"--sim-kv-perturb must be in [0, 1] (got {ns.sim_kv_perturb})")
     if ns.kv_cache_dtype == "bfloat16":
         ns.kv_cache_dtype = "bf16"
     try:

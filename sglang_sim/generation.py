@@ -16,6 +16,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from sglang_sim import logprobs as LP
 from sglang_sim import responses as R
 from sglang_sim.faults import Fault
 from sglang_sim.lengths import cap_length, draw_length, request_seed
@@ -59,6 +60,7 @@ class Plan:
     stream: bool
     fault: Fault
     include_usage: bool = False
+    logprobs: LP.LogprobPlan | None = None
 
 
 def _check_context(server: SimServer, n_prompt: int, max_new: int | None) -> None:
@@ -83,16 +85,21 @@ def _max_new(value: Any, n_prompt: int, ctx: int, name: str) -> tuple[int | None
 
 
 def _plan(server: SimServer, rid: str, prompt_key: str | list[int], prompt_ids: list[int],
-          max_new_value: Any, max_new_name: str, sampling: dict[str, Any], reasoning: str, stream: bool) -> Plan:
+          max_new_value: Any, max_new_name: str, sampling: dict[str, Any], reasoning: str, stream: bool,
+          logprob_body: dict[str, Any] | None = None) -> Plan:
     requested, max_new = _max_new(max_new_value, len(prompt_ids), server.info["context_len"], max_new_name)
     _check_context(server, len(prompt_ids), requested)
     seed = request_seed(server.ns.sim_seed, prompt_key, {**sampling, "max_new_tokens": requested})
     drawn = draw_length(seed, server.ns.sim_output_mean, server.ns.sim_output_spread)
     n, finish = cap_length(drawn, max_new)
+    try:  # return_logprob: the tokens come from the logprob model (sglang_sim/logprob_model.py)
+        model_ids, lp_plan = LP.plan(server.ns, logprob_body or {}, prompt_ids, n, sampling, seed)
+    except LP.LogprobError as e:
+        raise BadRequest(str(e)) from None
     gen = R.Generation(rid=rid, model=server.ns.served_model_name, created=int(time.time()),
-                       prompt_ids=prompt_ids, output_ids=draw_output_ids(seed, n), finish_reason=finish,
-                       reasoning=reasoning)
-    return Plan(gen, max_new, stream, server.next_fault())
+                       prompt_ids=prompt_ids, output_ids=model_ids if lp_plan else draw_output_ids(seed, n),
+                       finish_reason=finish, reasoning=reasoning)
+    return Plan(gen, max_new, stream, server.next_fault(), logprobs=lp_plan)
 
 
 def _reasoning_mode(server: SimServer, body: dict[str, Any]) -> str:
@@ -135,7 +142,7 @@ def _generate_plan(server: SimServer, body: dict[str, Any]) -> Plan:
     max_value = sampling.pop("max_new_tokens", 128)
     rid = body.get("rid") if isinstance(body.get("rid"), str) else uuid.uuid4().hex
     return _plan(server, rid, key, prompt_ids, max_value, "max_new_tokens", sampling, "none",
-                 bool(body.get("stream")))
+                 bool(body.get("stream")), logprob_body=body)
 
 
 async def chat_completions(request: Request) -> Response:
@@ -271,4 +278,34 @@ def _chat_whole(server: SimServer, plan: Plan, fin: Any) -> dict[str, Any]:
 
 def _generate_whole(server: SimServer, plan: Plan, fin: Any) -> dict[str, Any]:
     text = decode(plan.gen.output_ids[: fin.completion_tokens])
-    return R.generate_body(plan.gen, fin, text=text, with_ids=True)
+    body = R.generate_body(plan.gen, fin, text=text, with_ids=True)
+    if plan.logprobs is not None:
+        body["meta_info"].update(LP.meta_info(plan.logprobs, plan.gen.output_ids[: fin.completion_tokens]))
+    return body
+
+
+async def tokenize(request: Request) -> Response:
+    """POST /tokenize (and /v1/tokenize), SGLang 0.5.17's serving_tokenize.py: `messages` through
+    the chat template (with the generation prompt) or `prompt` as text -> {tokens, count, max_model_len}."""
+    server: SimServer = request.app.state.sim
+    try:
+        body = await json_body(request)
+    except BadRequest as e:
+        return error_response(str(e))
+    messages, prompt = body.get("messages"), body.get("prompt")
+    if (messages is None) == (prompt is None):
+        return error_response("Exactly one of 'prompt' or 'messages' must be provided.")
+    if messages is not None:
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            return error_response("messages must be a list of {role, content} objects.")
+        tokens: Any = encode(render_chat(messages))
+        count: Any = len(tokens)
+    elif isinstance(prompt, str):
+        tokens = encode(prompt)
+        count = len(tokens)
+    elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        tokens = [encode(p) for p in prompt]
+        count = [len(t) for t in tokens]
+    else:
+        return error_response(f"Invalid prompt type: {type(prompt)}. Expected str or List[str].")
+    return JSONResponse({"tokens": tokens, "count": count, "max_model_len": server.info["context_len"]})

@@ -1,0 +1,222 @@
+"""probe-kv end to end over real simulator processes (known injected rates), its bad-input messages,
+the simulator's logprob shapes (SGLang 0.5.17's meta_info) and the pure estimators."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+
+from gen_pipeline.probe_metrics import Position, aggregate, compare_prompt, first_divergence, kl_topk, percentile, verdict
+from sglang_sim.testing import free_port, start_sim
+from tests.pipeline_helpers import SIM_FAST, run_cli
+
+RATE = 0.02
+# 30 prompts x <= 96 tokens ~ 2,800 positions: the binomial sd of the measured rate is ~0.27 points,
+# so 1 point is ~4 sd.
+TOLERANCE = 0.01
+
+
+def _report(out) -> dict:
+    return json.loads((out / "demo" / "probe-kv.json").read_text())
+
+
+def test_probe_recovers_injected_rate_through_launched_profiles(tmp_path):
+    r = run_cli("probe-kv", "--dataset", "demo", "--server", "sim-bf16", "--compare", "sim-fp8",
+                "--samples", "30", "--max-new-tokens", "96", "--output-dir", tmp_path, timeout_s=240)
+    assert r.returncode == 0, r.stderr + r.stdout
+    rep = _report(tmp_path)
+    agg = rep["aggregate"]
+    assert agg["prompts"] == 30 and len(rep["per_prompt"]) == 30 and rep["failed_prompts"] == []
+    assert agg["positions"] == sum(p["ref_tokens"] for p in rep["per_prompt"]) > 2000
+    assert abs(agg["top1_change_share"] - RATE) <= TOLERANCE, agg
+    assert agg["exact_match_share"] < 1.0 and agg["first_divergence"]["diverged_prompts"] > 0
+    assert 0 < agg["abs_dlogprob_mean"] < 0.2 and agg["kl_mean"] > 0
+    assert rep["servers"]["reference"]["kv_cache_dtype"] == "bf16"
+    assert rep["servers"]["compare"]["kv_cache_dtype"] == "fp8_e4m3"
+    assert rep["verdict_line"] in r.stdout and "fp8_e4m3 KV changes top-1 on" in rep["verdict_line"]
+    # the ids are the first 30 valid prompts of the source, in order
+    assert [p["id"] for p in rep["per_prompt"]][:3] == ["demo-0000", "demo-0001", "demo-0002"]
+    assert not (tmp_path / "demo" / "probe-kv.json.tmp").exists()
+
+
+def test_probe_rate_zero_is_exact_match_through_attached_urls(tmp_path):
+    with start_sim([*SIM_FAST, "--kv-cache-dtype", "bf16"]) as a, \
+         start_sim([*SIM_FAST, "--kv-cache-dtype", "fp8_e4m3", "--sim-kv-perturb", "0"]) as b:
+        r = run_cli("probe-kv", "--dataset", "demo", "--server-url", a.url, "--compare-url", b.url,
+                    "--samples", "8", "--max-new-tokens", "40", "--tf-chunk", "0", "--output-dir", tmp_path)
+    assert r.returncode == 0, r.stderr + r.stdout
+    agg = _report(tmp_path)["aggregate"]
+    assert agg["exact_match_share"] == 1.0 and agg["first_divergence"]["diverged_prompts"] == 0
+    assert agg["top1_agreement_share"] == 1.0 and agg["abs_dlogprob_mean"] == 0.0 and agg["kl_mean"] < 1e-12
+    assert "changes top-1 on 0.00 %" in r.stdout and "fine for training data" in r.stdout
+
+
+def test_no_compare_server_is_a_flag_error(tmp_path):
+    r = run_cli("probe-kv", "--dataset", "demo", "--server-url", "http://127.0.0.1:9", "--output-dir", tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("error: probe-kv needs a compare server: add --compare-url URL (a second server "
+                                "that differs only in KV dtype, e.g. fp8_e4m3) or --compare PROFILE to launch one.")
+
+
+def test_same_url_twice_is_refused(tmp_path):
+    r = run_cli("probe-kv", "--dataset", "demo", "--server-url", "http://127.0.0.1:9/v1",
+                "--compare-url", "http://127.0.0.1:9", "--output-dir", tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("error: --server-url and --compare-url are the same server (http://127.0.0.1:9); "
+                                "give two servers that differ in KV dtype (or add --allow-same-kv for a "
+                                "noise-floor run against itself).")
+
+
+def test_unreachable_url_names_it(tmp_path):
+    port = free_port()
+    r = run_cli("probe-kv", "--dataset", "demo", "--server-url", f"http://127.0.0.1:{port}",
+                "--compare-url", f"http://127.0.0.1:{free_port()}", "--output-dir", tmp_path)
+    assert r.returncode == 3, r.stderr
+    assert r.stderr.startswith(f"error: Cannot reach http://127.0.0.1:{port}: ConnectError")
+    assert "Traceback" not in r.stderr
+
+
+def test_same_kv_dtype_refused_then_allowed_as_noise_floor(tmp_path):
+    with start_sim([*SIM_FAST, "--kv-cache-dtype", "bf16"]) as a, start_sim([*SIM_FAST, "--kv-cache-dtype", "bfloat16"]) as b:
+        r = run_cli("probe-kv", "--dataset", "demo", "--server-url", a.url, "--compare-url", b.url,
+                    "--samples", "4", "--max-new-tokens", "16", "--output-dir", tmp_path)
+        assert r.returncode == 2
+        assert ("error: Both servers use KV dtype bf16; probe-kv compares two KV dtypes (e.g. --server baseline "
+                "--compare tuned, or bf16 and fp8_e4m3 servers with --server-url/--compare-url). To measure the "
+                "noise floor of two equal servers on purpose, add --allow-same-kv.") in r.stderr
+        assert not (tmp_path / "demo" / "probe-kv.json").exists()
+        r = run_cli("probe-kv", "--dataset", "demo", "--server-url", a.url, "--compare-url", b.url,
+                    "--samples", "4", "--max-new-tokens", "16", "--allow-same-kv", "--output-dir", tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert _report(tmp_path)["aggregate"]["top1_agreement_share"] == 1.0
+        r = run_cli("probe-kv", "--dataset", "demo", "--server-url", a.url, "--compare-url", a.url,
+                    "--samples", "4", "--max-new-tokens", "16", "--allow-same-kv", "--output-dir", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert _report(tmp_path)["aggregate"]["exact_match_share"] == 1.0
+
+
+@pytest.mark.parametrize("flag,value", [("--samples", "0"), ("--top-k", "0"), ("--tf-chunk", "-1")])
+def test_bad_numbers_are_flag_errors(tmp_path, flag, value):
+    r = run_cli("probe-kv", "--dataset", "demo", flag, value, "--output-dir", tmp_path)
+    assert r.returncode == 2 and r.stderr.strip() == f"error: {flag} {value} must be at least {0 if flag == '--tf-chunk' else 1}."
+
+
+def test_sim_generate_logprob_shapes_match_sglang():
+    with start_sim([*SIM_FAST, "--kv-cache-dtype", "bf16"]) as sim, httpx.Client(timeout=30) as c:
+        tok = c.post(sim.url + "/tokenize", json={"messages": [{"role": "user", "content": "Hi there"}]}).json()
+        assert set(tok) == {"tokens", "count", "max_model_len"} and tok["count"] == len(tok["tokens"])
+        ids = tok["tokens"]
+        body = {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": 6},
+                "return_logprob": True, "top_logprobs_num": 3, "logprob_start_len": len(ids) - 2,
+                "return_text_in_logprobs": True}
+        out = c.post(sim.url + "/generate", json=body).json()
+        meta = out["meta_info"]
+        assert [e[1] for e in meta["output_token_logprobs"]] == out["output_ids"] and len(out["output_ids"]) == 6
+        assert [e[1] for e in meta["input_token_logprobs"]] == ids[-2:]
+        assert meta["input_token_logprobs"][0][0] is None and meta["input_top_logprobs"][0] is None
+        assert all(len(t) == 3 and t[0][0] >= t[1][0] >= t[2][0] for t in meta["output_top_logprobs"])
+        assert all(isinstance(e[2], str) for e in meta["output_token_logprobs"])
+        # greedy: every output token is the top-1 of its position
+        assert [t[0][1] for t in meta["output_top_logprobs"]] == out["output_ids"]
+        bad = c.post(sim.url + "/generate", json={**body, "logprob_start_len": len(ids) + 1})
+        assert bad.status_code == 400 and "is higher than the number of input tokens" in bad.json()["message"]
+
+
+def test_estimators():
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1 and first_divergence([1, 2], [1, 2, 3]) == 2
+    p = [(math.log(0.6), 1), (math.log(0.3), 2)]
+    assert kl_topk(p, p) == pytest.approx(0.0, abs=1e-15)
+    q = [(math.log(0.3), 1), (math.log(0.6), 2)]
+    expect = 0.6 * math.log(2) + 0.3 * math.log(0.5)  # tail buckets are equal (0.1 each)
+    assert kl_topk(p, q) == pytest.approx(expect)
+    ref = [Position(1, -0.1, ((-0.1, 1), (-2.5, 2))), Position(2, -0.2, ((-0.2, 2), (-1.9, 1)))]
+    cmp = [Position(1, -0.3, ((-0.3, 1), (-1.5, 2))), Position(2, -1.0, ((-0.7, 1), (-1.0, 2)))]
+    r = compare_prompt("x", 5, [1, 2], [1, 3], ref, cmp)
+    assert (r.exact_match, r.first_divergence, r.positions, r.top1_agree) == (False, 1, 2, 1)
+    assert r.abs_dlogprob_mean == pytest.approx(0.5) and r.abs_dlogprob_max == pytest.approx(0.8)
+    agg = aggregate([r])
+    assert agg["top1_change_share"] == 0.5 and agg["first_divergence"]["histogram"]["1-9"] == 1
+    assert percentile([1, 2, 3, 4], 50) == 2 and percentile(list(range(1, 101)), 99) == 99
+    level, line = verdict({"top1_change_share": 0.004, "kl_mean": 0.001, "positions": 1000}, "fp8_e4m3")
+    assert level == "fine" and line.startswith("fp8_e4m3 KV changes top-1 on 0.40 % of 1,000 positions")
+    assert verdict({"top1_change_share": 0.02, "kl_mean": 0.001, "positions": 10})[0] == "caution"
+    assert verdict({"top1_change_share": 0.001, "kl_mean": 0.2, "positions": 10})[0] == "prefer-bf16"
+
+
+class _OpenAIOnly(BaseHTTPRequestHandler):
+    """A stand-in for a non-SGLang OpenAI-compatible server (vLLM-like): /v1/models and nothing native."""
+
+    def do_GET(self):  # noqa: N802 (http.server's spelling)
+        body, code = (b'{"object": "list", "data": [{"id": "m", "object": "model"}]}', 200) \
+            if self.path == "/v1/models" else (b'{"detail": "Not Found"}', 404)
+        self.send_response(code)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_non_sglang_server_is_refused_with_what_to_use(tmp_path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _OpenAIOnly)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    other = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with start_sim([*SIM_FAST, "--kv-cache-dtype", "bf16"]) as a:
+            r = run_cli("probe-kv", "--dataset", "demo", "--server-url", a.url, "--compare-url", other,
+                        "--samples", "2", "--output-dir", tmp_path)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert r.returncode == 3, r.stderr
+    assert (f"error: The compare server {other} is not SGLang (it has no /server_info; looks like openai). "
+            "probe-kv needs SGLang's native /generate with input_ids, return_logprob and logprob_start_len; "
+            "run it against two SGLang servers.") in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_prompt_ids_fall_back_to_chat_completions_without_tokenize():
+    import anyio
+
+    from gen_pipeline.probe_sglang import prompt_ids
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.path, json.loads(request.content)))
+        if request.url.path == "/tokenize":
+            return httpx.Response(404, json={"detail": "Not Found"})
+        return httpx.Response(200, json={"choices": [{"index": 0, "prompt_token_ids": [5, 6, 7]}]})
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+            return await prompt_ids(http, "http://x", "m", [{"role": "user", "content": "hi"}], None)
+
+    assert anyio.run(go) == [5, 6, 7]
+    assert seen[0] == ("/tokenize", {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert seen[1] == ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                "max_tokens": 1, "temperature": 0.0, "return_prompt_token_ids": True})
+
+
+def test_kl_estimate_stays_below_true_kl_on_sim_distributions():
+    import random
+
+    from sglang_sim import logprob_model as M
+    rng = random.Random(7)
+    ratios = []
+    for _ in range(300):
+        h = rng.getrandbits(64)
+        p, q = M.distribution(h, 0.0), M.distribution(h, 0.3)
+        q_lp = dict(zip(q.ids, q.logprobs))  # same candidates; the uniform tail is equal in both
+        true = sum(math.exp(lp) * (lp - q_lp[t]) for lp, t in zip(p.logprobs, p.ids))
+        est = kl_topk(p.top(5), q.top(5))
+        assert est <= true + 1e-12
+        ratios.append(est / true)
+    assert 0.8 < sorted(ratios)[len(ratios) // 2] <= 1.0  # a useful bound, not a vacuous one
