@@ -54,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="progress display (auto: a bar on a terminal, log lines otherwise)")
     g.add_argument("--drain-grace-s", type=float, default=30.0,
                    help="on SIGINT/SIGTERM, seconds to let in-flight requests finish (default: %(default)s)")
+    g.add_argument("--rank", type=int, help="this process's rank when several share the dataset (with --world-size; "
+                                            "default: SLURM_PROCID, else RANK)")
+    g.add_argument("--world-size", type=int, help="how many ranks share the dataset, each writing "
+                                                  "outputs/<DATASET>/rank-<R>-of-<W>/ (default: SLURM_NTASKS, else "
+                                                  "WORLD_SIZE, else 1)")
     _common(g)
 
     s = sub.add_parser("status", help="per dataset: samples done/target, tokens, errors, throughput, ETA",
@@ -122,9 +127,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def run_options(args: argparse.Namespace, cfg: DatasetConfig) -> RunOptions:
     """generate's flags + the dataset config + server.toml → RunOptions; raises ConfigError."""
+    import os
+
+    from .ranks import resolve_rank
     from .run import RunOptions
     from .server.profile import load_controller_config, load_server_profile
 
+    rank, notes = resolve_rank(args.rank, args.world_size, os.environ)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     urls = tuple(_server_url(u) for arg in args.server_url for u in arg.split(",") if u.strip())
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit {args.limit} must be at least 1.")
@@ -135,7 +146,7 @@ def run_options(args: argparse.Namespace, cfg: DatasetConfig) -> RunOptions:
     window = args.window if args.window is not None else (cfg.generation.window or None)  # the flag wins
     return RunOptions(output_root=args.output_dir, profile=profile, server_urls=urls, model=args.model,
                       limit=args.limit, window=window, controller=load_controller_config(server_toml),
-                      drain_grace_s=args.drain_grace_s, progress=args.progress)
+                      drain_grace_s=args.drain_grace_s, progress=args.progress, rank=rank)
 
 
 def _server_url(url: str) -> str:

@@ -264,7 +264,8 @@ class _Run:
 
     # ------------------------------------------------------------ main
     async def main(self, http: httpx.AsyncClient) -> None:
-        source = iter_prompts(self.cfg, self.skip_ids, self.stats, self._rejects_buffer)
+        source = iter_prompts(self.cfg, self.skip_ids, self.stats, self._rejects_buffer,
+                              owns=self.opts.rank.owns if self.opts.rank.ranked else None)
         first = await anyio.to_thread.run_sync(lambda: list(islice(source, _BATCH)))
         progress = Progress(self.cfg.name, self.store.done, self.store.target, mode=self.opts.progress)
         try:
@@ -334,7 +335,8 @@ class _Run:
         return RunSummary(self.cfg.name, self.store.done, self.store.target, written=self.ok,
                           failures=self.failures, rejects=self.rejects, elapsed_s=time.monotonic() - self.started,
                           stopped_by=self.stopped_by, failure_reasons=dict(self.failure_reasons),
-                          final_failures=self.final_failures)
+                          final_failures=self.final_failures,
+                          rank_label=self.opts.rank.label if self.opts.rank.ranked else "")
 
 
 async def _attached(urls: list[str], http: httpx.AsyncClient, on_event: Any, *, task_status: Any) -> None:
@@ -368,9 +370,9 @@ async def run_generate(cfg: DatasetConfig, opts: RunOptions, *, on_event: Any = 
                 assert opts.profile is not None, "RunOptions needs server_urls or a profile"
                 model = opts.profile.request_model
         store = DatasetStore(opts.output_root, cfg.name, fingerprint=cfg.fingerprint(model),
-                             target=cfg.target_samples, shard_max_samples=cfg.output.shard_max_samples,
+                             target=opts.rank.share(cfg.target_samples), shard_max_samples=cfg.output.shard_max_samples,
                              fsync_every=cfg.output.fsync_every,
-                             file_opener=opts.file_opener or default_opener)
+                             file_opener=opts.file_opener or default_opener, rank=opts.rank)
         state = await anyio.to_thread.run_sync(store.open)
         for note in state.notes:
             on_event(note)

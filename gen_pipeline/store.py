@@ -26,10 +26,12 @@ import orjson
 
 from .config import fingerprint_digest
 from .errors import DiskError, StoreError
-from .layout import (ERRORS_NAME, MANIFEST_NAME, REJECTS_NAME, ShardFile, committed_shard, final_failure_ids,
-                     has_samples, rejected_rows, shard_files)
+from .layout import (ERRORS_NAME, MANIFEST_NAME, REJECTS_NAME, ShardFile, check_world, committed_shard,
+                     final_failure_ids, has_samples, part_folder, rank_parts, rejected_rows,
+                     shard_files)
 from .manifest import RunLock, check_drift, now_iso, read_manifest, remove_stale_tmp, write_manifest
 from .paths import display_path
+from .ranks import RankSpec
 from .records import Failure, Reject, Sample
 from .shards import ShardScan, scan_bytes, shard_name, sidecar_path, write_sidecar
 
@@ -51,12 +53,14 @@ class ResumeState:
 
 
 class DatasetStore:
-    """Writer of one dataset's folder `root/dataset`; use as a context manager after open()."""
+    """Writer of one dataset's folder `root/dataset` (or, for a rank, its `rank-<R>-of-<W>/` part;
+    `target` is then the rank's share); use as a context manager after open()."""
 
     def __init__(self, root: Path, dataset: str, *, fingerprint: dict, target: int,
                  shard_max_samples: int = 2000, fsync_every: int = 64,
-                 file_opener: Callable[[Path, str], BinaryIO] = default_opener):
-        self.folder = Path(root) / dataset
+                 file_opener: Callable[[Path, str], BinaryIO] = default_opener, rank: RankSpec = RankSpec()):
+        self.rank = rank
+        self.folder = part_folder(root, dataset, rank)
         self.dataset, self.fingerprint, self._target = dataset, fingerprint, target
         self.shard_max_samples, self.fsync_every = shard_max_samples, fsync_every
         self._opener = file_opener
@@ -101,6 +105,7 @@ class DatasetStore:
 
     def open(self) -> ResumeState:
         """Lock, check drift, repair and scan; raises StoreError, LockedError, ConfigDriftError."""
+        check_world(self.folder.parent if self.rank.ranked else self.folder, self.rank)
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -127,6 +132,7 @@ class DatasetStore:
             if has_samples(self.folder):
                 check_drift(self.folder, manifest["fingerprint"], self.fingerprint)
             notes.append("the config changed before any sample was written; the new one is recorded")
+        self._check_other_ranks()
         self._manifest = manifest or {"created_at": now_iso(), "runs": []}
         repaired = self._load_shards(notes)
         self._start_shard()
@@ -143,6 +149,15 @@ class DatasetStore:
         self._rejected_rows = rejected_rows(self.folder)
         self.commit()
         return ResumeState(set(self.done_ids), self.done, repaired, notes)
+
+    def _check_other_ranks(self) -> None:
+        """Every rank of a dataset writes with one config: compare with the other ranks' manifests."""
+        if not self.rank.ranked:
+            return
+        for (rank, _), part in rank_parts(self.folder.parent).items():
+            theirs = (read_manifest(part)[0] or {}).get("fingerprint")
+            if rank != self.rank.rank and theirs is not None and theirs != self.fingerprint and has_samples(part):
+                check_drift(part, theirs, self.fingerprint)
 
     def _cut_torn_tail(self, path: Path, notes: list[str]) -> int:
         """Cut a torn last line of errors.jsonl / rejects.jsonl so the next append starts a line."""
@@ -334,6 +349,8 @@ class DatasetStore:
                      "committed_samples": self._open.samples, "prompt_tokens": self._open.prompt_tokens,
                      "completion_tokens": self._open.completion_tokens, "truncated": self._open.truncated},
             "updated_at": self._run["updated_at"]})
+        if self.rank.ranked:  # status reads the rank from here (and the folder name)
+            self._manifest.update({"rank": self.rank.rank, "world_size": self.rank.world})
         if self._progress is not None:
             self._manifest["progress"] = self._progress
         self._io(self.folder / MANIFEST_NAME, write_manifest, self.folder, self._manifest)
