@@ -83,7 +83,7 @@ def _ago(age_s: float | None) -> str:
 
 
 def format_ranks(datasets: list[DatasetStatus]) -> list[str]:
-    """Per ranked dataset: a line, then one row per rank (what to rerun is marked "stale: rerun it")."""
+    """Per ranked dataset: a line, then one row per rank (what to rerun is marked "stale: run it")."""
     out: list[str] = []
     for d in datasets:
         stale = f"; stale: rank {', '.join(map(str, d.stale_ranks))}" if d.stale_ranks else ""
@@ -91,7 +91,7 @@ def format_ranks(datasets: list[DatasetStatus]) -> list[str]:
         head = ["rank", "done/share", "%", "state", "last commit", "samples/s", ""]
         rows = [[r.dataset.split("/", 1)[1], f"{r.done:,}/{r.target:,}" if r.target is not None else f"{r.done:,}/?",
                  f"{100 * r.done / r.target:.1f}%" if r.target else "-", r.state, _ago(r.heartbeat_age_s),
-                 _si(r.samples_per_s), "stale: rerun it" if r.stale_ranks else ""] for r in d.ranks]
+                 _si(r.samples_per_s), "stale: run it" if r.stale_ranks else ""] for r in d.ranks]
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
         out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *rows]]
     return out
