@@ -70,8 +70,8 @@ def rank_parts(folder: Path) -> dict[tuple[int, int], Path]:
 
 
 def _has_own_output(folder: Path) -> bool:
-    """The folder itself (not its rank folders) holds a manifest or shards: a one-run dataset."""
-    return (Path(folder) / MANIFEST_NAME).exists() or bool(list_shards(folder))
+    """The folder itself (not its rank folders) holds a manifest, a lock or shards: a one-run dataset."""
+    return any((Path(folder) / name).exists() for name in (MANIFEST_NAME, LOCK_NAME)) or bool(list_shards(folder))
 
 
 def dataset_parts(folder: Path) -> list[Path]:
@@ -110,9 +110,11 @@ def check_world(folder: Path, spec: RankSpec) -> None:
     """Refuse a run whose layout differs from what the dataset folder holds: ranks over a one-run
     dataset, a one-run over ranks, or another world size. Raises StoreError saying what exists,
     what was asked and what to do. (Refused rather than re-split: which rank owns a prompt depends
-    on the world size, so the samples already written would belong to other ranks.)"""
+    on the world size, so the samples already written would belong to other ranks.) Any rank folder
+    counts, even an empty one: the store checks again once its own folder and lock exist, so two
+    runs that start together with different layouts cannot both pass."""
     where = display_path(folder)
-    others = {rw: p for rw, p in rank_parts(folder).items() if rw[1] != spec.world and _has_own_output(p)}
+    others = {rw: p for rw, p in rank_parts(folder).items() if rw[1] != spec.world}
     asked = f"this run is {spec.label}" if spec.ranked else "this run has no rank (world size 1)"
     redo = (f"or write to another --output-dir or dataset name (or move {where} away to start over).")
     if spec.ranked and _has_own_output(folder):

@@ -105,7 +105,9 @@ class DatasetStore:
 
     def open(self) -> ResumeState:
         """Lock, check drift, repair and scan; raises StoreError, LockedError, ConfigDriftError."""
-        check_world(self.folder.parent if self.rank.ranked else self.folder, self.rank)
+        dataset = self.folder.parent if self.rank.ranked else self.folder
+        check_world(dataset, self.rank)  # before creating anything
+        created = not self.folder.exists()
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -113,10 +115,14 @@ class DatasetStore:
                              "Fix the path's permissions or choose another output folder.") from None
         self._lock = RunLock.acquire(self.folder)
         try:
+            check_world(dataset, self.rank)  # again, now that our folder and lock exist (a run starting with us)
             return self._open_locked()
         except BaseException:
             self._close_files()
             self._lock.release()
+            if created:
+                with contextlib.suppress(OSError):  # only when still empty: leave no folder of a refused run
+                    self.folder.rmdir()
             raise
 
     def _open_locked(self) -> ResumeState:
