@@ -1,6 +1,6 @@
 """`make bench` = `python -m bench [NAME ...]`: runs the benchmarks in turn; each writes its own
 section of bench/results.json and bench/RESULTS.md. Names: calibration, controller, overhead,
-resume_speed, sim_capacity, faults (default: all but faults, the long soak `make chaos` runs)."""
+resume_speed, sim_capacity, ranks, faults (default: all but faults, the long soak `make chaos` runs)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ BENCHES = {
     "resume_speed": "bench.resume_speed",
     "sim_capacity": "bench.sim_capacity",
     "faults": "bench.faults_soak",
+    "ranks": "bench.ranks_bench",
 }
 DEFAULT = [n for n in BENCHES if n != "faults"]
 
