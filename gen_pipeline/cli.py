@@ -120,7 +120,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .pipeline import run_generate
 
     cfg = find_dataset_config(args.dataset, args.config_dir)
-    summary = anyio.run(run_generate, cfg, run_options(args, cfg))
+    opts = run_options(args, cfg)
+    if opts.rank.ranked:  # which part this process writes, and why (a launcher's variables are easy to miss)
+        print(f"{cfg.name}: {opts.rank.label} (from {opts.rank.source}), share {opts.rank.share(cfg.target_samples):,} "
+              f"of {cfg.target_samples:,}, writing {args.output_dir / cfg.name / opts.rank.folder_name}/", flush=True)
+    summary = anyio.run(run_generate, cfg, opts)
     print(summary.line(), flush=True)
     return summary.exit_code
 

@@ -98,8 +98,8 @@ def _env_int(env: Mapping[str, str], name: str) -> int:
 
 def _from_env(env: Mapping[str, str], rank_var: str, world_var: str) -> RankSpec | None:
     have = [v for v in (rank_var, world_var) if env.get(v, "").strip()]
-    if not have:
-        return None
+    if not have or have == ["SLURM_NTASKS"]:
+        return None  # SLURM_NTASKS alone: a shell of the allocation (salloc, the batch script), not an srun task
     if len(have) == 1:
         missing = world_var if have[0] == rank_var else rank_var
         raise ConfigError(f"The environment sets {have[0]}={env[have[0]]} but not {missing}: set both "

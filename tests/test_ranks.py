@@ -88,15 +88,26 @@ def test_flags_win_then_slurm_then_torchrun_variables():
                      "SLURM's (pass --rank/--world-size to choose)."]
     assert resolve_rank(None, None, {"RANK": "1", "WORLD_SIZE": "2"})[0] == RankSpec(1, 2, "RANK/WORLD_SIZE")
     assert resolve_rank(None, None, {})[0] == RankSpec(0, 1, "default")
+    # SLURM_NTASKS alone is an allocation's shell (salloc, the batch script), not an srun task
+    assert resolve_rank(None, None, {"SLURM_NTASKS": "4"})[0] == RankSpec(0, 1, "default")
     with pytest.raises(ConfigError, match=r"^--world-size 0 must be at least 1"):
         resolve_rank(0, 0, {})
 
 
+def _clean_env(env: dict[str, str]) -> dict[str, str]:
+    return {**{k: v for k, v in os.environ.items() if k not in ("SLURM_PROCID", "SLURM_NTASKS", "RANK", "WORLD_SIZE")},
+            **env}
+
+
+def _start_env(args: tuple, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as f:
+        return subprocess.Popen(cli_cmd(*args), stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=_clean_env(env),
+                                start_new_session=True)
+
+
 def _generate_env(toml: Path, out: Path, env: dict[str, str], *flags: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if k not in ("SLURM_PROCID", "SLURM_NTASKS", "RANK", "WORLD_SIZE")}
     return subprocess.run(cli_cmd("generate", "--dataset", toml, "--server-url", "http://127.0.0.1:9", "--output-dir",
-                                  out, *flags), capture_output=True, text=True, timeout=120, cwd=REPO,
-                          env={**clean, **env})
+                                  out, *flags), capture_output=True, text=True, timeout=120, cwd=REPO, env=_clean_env(env))
 
 
 def test_bad_rank_flags_and_variables_are_refused_by_name(tmp_path):
@@ -127,12 +138,17 @@ def test_bad_rank_flags_and_variables_are_refused_by_name(tmp_path):
 def test_three_ranks_make_exactly_the_target_then_status_validate_and_refusals(tmp_path, sim_url):
     toml = write_dataset(tmp_path / "ds", rows=make_rows(120), target=TARGET)
     out, cfg_dir = tmp_path / "out", tmp_path / "ds"
-    procs = [start_cli(*_rank_args(toml, sim_url, out, r), log=tmp_path / f"rank{r}.log") for r in range(W)]
+    # rank 0 from the flags, rank 1 from RANK/WORLD_SIZE (torchrun), rank 2 from SLURM_PROCID/SLURM_NTASKS (srun)
+    envs = [{}, {"RANK": "1", "WORLD_SIZE": "3"}, {"SLURM_PROCID": "2", "SLURM_NTASKS": "3"}]
+    procs = [_start_env(_rank_args(toml, sim_url, out, 0) if r == 0 else _rank_args(toml, sim_url, out, r)[:-4],
+                        envs[r], tmp_path / f"rank{r}.log") for r in range(W)]
     for p in procs:
         p.wait(timeout=180)
     logs = [(tmp_path / f"rank{r}.log").read_text() for r in range(W)]
     assert [p.returncode for p in procs] == [0] * W, logs
+    sources = ["--rank/--world-size", "RANK/WORLD_SIZE", "SLURM_PROCID/SLURM_NTASKS"]
     for r in range(W):
+        assert logs[r].splitlines()[0] == f"T: rank {r} of 3 (from {sources[r]}), share 30 of 90, writing {out}/T/rank-{r}-of-3/"
         assert re.search(rf"^T \(rank {r} of 3\): 30/30 samples \(100\.0%\), \+30 this run in \S+; target reached\.$",
                          logs[r], re.M), logs[r]
     per_rank = _assert_union_exact(out)
@@ -247,6 +263,7 @@ def test_a_rank_whose_slice_of_the_source_is_short_says_source_exhausted(tmp_pat
     out, cfg_dir = tmp_path / "out", tmp_path / "ds"
     res = run_cli(*_rank_args(toml, sim_url, out, 1, 4))
     assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[0] == f"T: rank 1 of 4 (from --rank/--world-size), share 18 of 72, writing {out}/T/rank-1-of-4/"
     assert re.search(r"^T \(rank 1 of 4\): 15/18 samples \(83\.3%\), \+15 this run in \S+; source exhausted: no "
                      r"more prompts of the source hash to rank 1 of 4 \(3 short of its share; other ranks do not "
                      r"take over its prompts\)\.$", res.stdout, re.M), res.stdout
