@@ -58,8 +58,11 @@ class DatasetStatus:
     def eta_s(self) -> float | None:
         if self.remaining == 0:
             return 0.0
-        if self.state == "source exhausted":
-            return None  # no rate finishes it: the source has no more rows
+        if self.state == "source exhausted" or self.stale_ranks:
+            return None  # no rate finishes it: the source has no more rows, or a rank has no live run
+        if self.ranks:  # the dataset ends when its slowest rank does
+            etas = [r.eta_s for r in self.ranks]
+            return None if None in etas else max(etas)
         return self.remaining / self.samples_per_s if self.samples_per_s else None
 
     def to_dict(self) -> dict[str, Any]:

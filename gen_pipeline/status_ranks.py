@@ -47,7 +47,7 @@ def read_ranked_status(folder: Path, dataset: str, target: int | None) -> Datase
     for name in _SUMMED:
         setattr(st, name, sum(getattr(r, name) for r in ranks))
     st.stale_ranks = [n for r in ranks for n in r.stale_ranks]
-    _add_rejects(st, [p for p in parts.values()])
+    _add_rejects(st, list(parts.values()))
     live = [r for r in ranks if r.state.startswith("running") and not r.stale_ranks]
     # while ranks run, the dataset's rate is theirs; after, the sum of each rank's last rate
     rated = [r.samples_per_s for r in (live or ranks) if r.samples_per_s is not None]

@@ -12,14 +12,15 @@ import re
 import signal
 import subprocess
 from collections import Counter
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import orjson
 import pytest
 
+from gen_pipeline.errors import ConfigError
 from gen_pipeline.layout import iter_committed_samples
 from gen_pipeline.ranks import RankSpec, owner_rank, rank_share, resolve_rank
-from gen_pipeline.errors import ConfigError
 from pipeline_helpers import (REPO, SAMPLE_KEYS, SIM_FAST, cli_cmd, kill_group, make_rows, run_cli, start_cli,
                               wait_for, write_dataset)
 from sglang_sim.testing import start_sim
@@ -273,5 +274,27 @@ def test_a_rank_whose_slice_of_the_source_is_short_says_source_exhausted(tmp_pat
     assert re.fullmatch(r"  rank-0-of-4  0/18\s+0\.0%\s+not started\s+-\s+-\s+stale: run it", _rank_line2(lines, 0))
 
 
-def _rank_line2(lines: list[str], rank: int) -> str:
-    return next(line for line in lines if line.startswith(f"  rank-{rank}-of-4"))
+def _rank_line2(lines: list[str], rank: int, world: int = 4) -> str:
+    return next(line for line in lines if line.startswith(f"  rank-{rank}-of-{world}"))
+
+
+def test_a_rank_on_another_host_is_stale_once_its_manifest_stops_moving(tmp_path, sim_url):
+    """The pid of a lock held on another host cannot be checked: its manifest's last commit tells."""
+    toml = write_dataset(tmp_path / "ds", rows=make_rows(40), target=20)
+    out, cfg_dir = tmp_path / "out", tmp_path / "ds"
+    res = run_cli(*_rank_args(toml, sim_url, out, 0, 2, "--limit", "3"))
+    assert res.returncode == 0, res.stderr
+    part = out / "T" / "rank-0-of-2"
+    (part / ".lock").write_bytes(orjson.dumps({"pid": 4242, "host": "node-7", "started_at": "2026-01-01T00:00:00+00:00"}))
+    manifest = orjson.loads((part / "manifest.json").read_bytes())
+
+    def rank0_line(updated_at: str) -> str:
+        (part / "manifest.json").write_bytes(orjson.dumps({**manifest, "updated_at": updated_at}))
+        return _rank_line2(_status_lines(out, cfg_dir), 0, 2)
+
+    now = datetime.now(timezone.utc)
+    fresh = rank0_line((now - timedelta(seconds=3)).isoformat(timespec="seconds"))
+    assert re.fullmatch(r"  rank-0-of-2  3/10\s+30\.0%\s+running \(pid 4242 on node-7\)\s+0m0\ds ago\s+\S+", fresh)
+    old = rank0_line((now - timedelta(minutes=10)).isoformat(timespec="seconds"))
+    assert re.fullmatch(r"  rank-0-of-2  3/10\s+30\.0%\s+running \(pid 4242 on node-7\)\s+10m0\ds ago\s+\S+\s+"
+                        r"stale: run it", old), old
