@@ -36,13 +36,13 @@ from typing import Any
 import orjson
 
 from .errors import StoreError
-from .manifest import LOCK_NAME, MANIFEST_NAME, read_manifest
+from .manifest import LOCK_NAME, MANIFEST_NAME, check_drift, read_manifest
 from .paths import display_path
 from .ranks import RankSpec, parse_rank_folder
 from .shards import ShardScan, iter_lines, list_shards, read_sidecar, scan_bytes, sidecar_path
 
 __all__ = ["ERRORS_NAME", "LOCK_NAME", "MANIFEST_NAME", "REJECTS_NAME", "CommittedShard", "ShardFile",
-           "check_world", "committed_shards", "dataset_folder", "dataset_parts", "display_path",
+           "check_other_ranks", "check_world", "committed_shards", "dataset_folder", "dataset_parts", "display_path",
            "final_failure_ids", "has_samples", "has_shards", "iter_committed_samples", "part_folder", "part_name",
            "rank_parts", "read_jsonl_rows", "rejected_rows", "shard_files", "trusted_record"]
 
@@ -133,6 +133,15 @@ def check_world(folder: Path, spec: RankSpec) -> None:
             f"{where} was written with world size {keep} ({names}: {n:,} samples){empty}; {asked}. "
             "Which rank owns a prompt depends on the world size, so changing it would redo or lose samples. "
             f"Run every rank with --world-size {keep} (ranks 0 to {worlds[0] - 1}) to continue, " + redo)
+
+
+def check_other_ranks(folder: Path, spec: RankSpec, fingerprint: dict[str, Any]) -> None:
+    """Raise ConfigDriftError when another rank of `folder` wrote samples with a different config
+    (the dataset would mix samples made two ways, as a resumed run with another config would)."""
+    for (rank, _), part in rank_parts(folder).items():
+        theirs = (read_manifest(part)[0] or {}).get("fingerprint")
+        if rank != spec.rank and theirs is not None and theirs != fingerprint and has_samples(part):
+            check_drift(part, theirs, fingerprint)
 
 
 # ---------------------------------------------------------------- the trust rule

@@ -26,9 +26,8 @@ import orjson
 
 from .config import fingerprint_digest
 from .errors import DiskError, StoreError
-from .layout import (ERRORS_NAME, MANIFEST_NAME, REJECTS_NAME, ShardFile, check_world, committed_shard,
-                     final_failure_ids, has_samples, part_folder, rank_parts, rejected_rows,
-                     shard_files)
+from .layout import (ERRORS_NAME, MANIFEST_NAME, REJECTS_NAME, ShardFile, check_other_ranks, check_world,
+                     committed_shard, final_failure_ids, has_samples, part_folder, rejected_rows, shard_files)
 from .manifest import RunLock, check_drift, now_iso, read_manifest, remove_stale_tmp, write_manifest
 from .paths import display_path
 from .ranks import RankSpec
@@ -138,7 +137,8 @@ class DatasetStore:
             if has_samples(self.folder):
                 check_drift(self.folder, manifest["fingerprint"], self.fingerprint)
             notes.append("the config changed before any sample was written; the new one is recorded")
-        self._check_other_ranks()
+        if self.rank.ranked:  # every rank of a dataset writes with one config
+            check_other_ranks(self.folder.parent, self.rank, self.fingerprint)
         self._manifest = manifest or {"created_at": now_iso(), "runs": []}
         repaired = self._load_shards(notes)
         self._start_shard()
@@ -155,15 +155,6 @@ class DatasetStore:
         self._rejected_rows = rejected_rows(self.folder)
         self.commit()
         return ResumeState(set(self.done_ids), self.done, repaired, notes)
-
-    def _check_other_ranks(self) -> None:
-        """Every rank of a dataset writes with one config: compare with the other ranks' manifests."""
-        if not self.rank.ranked:
-            return
-        for (rank, _), part in rank_parts(self.folder.parent).items():
-            theirs = (read_manifest(part)[0] or {}).get("fingerprint")
-            if rank != self.rank.rank and theirs is not None and theirs != self.fingerprint and has_samples(part):
-                check_drift(part, theirs, self.fingerprint)
 
     def _cut_torn_tail(self, path: Path, notes: list[str]) -> int:
         """Cut a torn last line of errors.jsonl / rejects.jsonl so the next append starts a line."""

@@ -298,3 +298,20 @@ def test_a_rank_on_another_host_is_stale_once_its_manifest_stops_moving(tmp_path
     old = rank0_line((now - timedelta(minutes=10)).isoformat(timespec="seconds"))
     assert re.fullmatch(r"  rank-0-of-2  3/10\s+30\.0%\s+running \(pid 4242 on node-7\)\s+10m0\ds ago\s+\S+\s+"
                         r"stale: run it", old), old
+
+
+def test_ranks_of_one_dataset_must_share_its_config(tmp_path, sim_url):
+    toml = write_dataset(tmp_path / "ds", rows=make_rows(40), target=20)
+    out = tmp_path / "out"
+    res = run_cli(*_rank_args(toml, sim_url, out, 0, 2, "--limit", "2"))
+    assert res.returncode == 0, res.stderr
+    toml.write_text(toml.read_text().replace("temperature = 0.7", "temperature = 0.9"))
+    res = run_cli(*_rank_args(toml, sim_url, out, 1, 2))
+    assert res.returncode == 4
+    rank0 = out / "T" / "rank-0-of-2"
+    assert res.stderr.strip() == (
+        f"error: {rank0} was written with a different config (1 setting differs):\n"
+        f"  sampling.temperature: 0.7 in {rank0}, 0.9 now\n"
+        "Resuming would mix samples made two ways in one dataset. Restore the old setting to resume, or write to a "
+        "new output folder or dataset name.")
+    assert not (out / "T" / "rank-1-of-2").exists()  # the refused rank left nothing behind
