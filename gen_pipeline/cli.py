@@ -125,6 +125,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"{cfg.name}: {opts.rank.label} (from {opts.rank.source}), share {opts.rank.share(cfg.target_samples):,} "
               f"of {cfg.target_samples:,}, writing {args.output_dir / cfg.name / opts.rank.folder_name}/", flush=True)
     summary = anyio.run(run_generate, cfg, opts)
+    summary.rank_label = opts.rank.label if opts.rank.ranked else ""
     print(summary.line(), flush=True)
     return summary.exit_code
 

@@ -335,8 +335,7 @@ class _Run:
         return RunSummary(self.cfg.name, self.store.done, self.store.target, written=self.ok,
                           failures=self.failures, rejects=self.rejects, elapsed_s=time.monotonic() - self.started,
                           stopped_by=self.stopped_by, failure_reasons=dict(self.failure_reasons),
-                          final_failures=self.final_failures,
-                          rank_label=self.opts.rank.label if self.opts.rank.ranked else "")
+                          final_failures=self.final_failures)
 
 
 async def _attached(urls: list[str], http: httpx.AsyncClient, on_event: Any, *, task_status: Any) -> None:
@@ -370,7 +369,7 @@ async def run_generate(cfg: DatasetConfig, opts: RunOptions, *, on_event: Any = 
                 assert opts.profile is not None, "RunOptions needs server_urls or a profile"
                 model = opts.profile.request_model
         store = DatasetStore(opts.output_root, cfg.name, fingerprint=cfg.fingerprint(model),
-                             target=opts.rank.share(cfg.target_samples), shard_max_samples=cfg.output.shard_max_samples,
+                             target=cfg.target_samples, shard_max_samples=cfg.output.shard_max_samples,
                              fsync_every=cfg.output.fsync_every,
                              file_opener=opts.file_opener or default_opener, rank=opts.rank)
         state = await anyio.to_thread.run_sync(store.open)

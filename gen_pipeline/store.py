@@ -52,15 +52,15 @@ class ResumeState:
 
 
 class DatasetStore:
-    """Writer of one dataset's folder `root/dataset` (or, for a rank, its `rank-<R>-of-<W>/` part;
-    `target` is then the rank's share); use as a context manager after open()."""
+    """Writer of one dataset's folder `root/dataset`, or for a rank its `rank-<R>-of-<W>/` part, whose
+    target is the rank's share of the dataset's `target`; use as a context manager after open()."""
 
     def __init__(self, root: Path, dataset: str, *, fingerprint: dict, target: int,
                  shard_max_samples: int = 2000, fsync_every: int = 64,
                  file_opener: Callable[[Path, str], BinaryIO] = default_opener, rank: RankSpec = RankSpec()):
         self.rank = rank
         self.folder = part_folder(root, dataset, rank)
-        self.dataset, self.fingerprint, self._target = dataset, fingerprint, target
+        self.dataset, self.fingerprint, self._target = dataset, fingerprint, rank.share(target)
         self.shard_max_samples, self.fsync_every = shard_max_samples, fsync_every
         self._opener = file_opener
         self.done_ids: set[str] = set()
