@@ -4,7 +4,9 @@ summed into one DatasetStatus, with the ranks that are stale (unfinished and nob
 A rank is stale when it is short of its share, not "source exhausted" (another run would not
 help), and either no live run holds its lock (died, stopped, never started) or its manifest has
 not been committed for STALE_AFTER_S (a run commits every few seconds while it lives: one that
-does not is hung, or on a host this one cannot check). Rerunning a stale rank resumes it alone.
+does not is hung, or on a host this one cannot check). A run that has written nothing yet may be
+loading the model (no commits until its server answers): it gets STARTING_GRACE_S first.
+Rerunning a stale rank resumes it alone.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from collections import Counter
 from pathlib import Path
 
 from .layout import REJECTS_NAME, rank_parts, read_jsonl_rows
+from .manifest import read_manifest
 from .ranks import rank_folder_name, rank_share
 from .status import DatasetStatus, _duration, _si, read_part_status
 
 STALE_AFTER_S = 120.0  # runs commit their manifest every ~5 s (RunOptions.commit_interval_s)
+STARTING_GRACE_S = 1800.0 + STALE_AFTER_S  # the tuned profile's startup_timeout_s, then the usual
 _SUMMED = ("done", "shards", "prompt_tokens", "completion_tokens", "truncated", "errors_last_run",
            "errors_unresolved", "corrupt_lines", "runs")
 
@@ -30,10 +34,18 @@ def _rank_status(part: Path | None, dataset: str, rank: int, world: int, target:
     st.world_size = world
     running = st.state.startswith("running")
     unfinished = st.target is None or st.done < st.target
-    heartbeat_old = st.heartbeat_age_s is not None and st.heartbeat_age_s > STALE_AFTER_S
+    heartbeat_old = st.heartbeat_age_s is not None and st.heartbeat_age_s > _stale_after_s(part)
     if unfinished and st.state != "source exhausted" and (not running or heartbeat_old):
         st.stale_ranks = [rank]
     return st
+
+
+def _stale_after_s(part: Path | None) -> float:
+    """How long a live-looking run may go without a commit: longer while its last run has written nothing."""
+    runs = ((read_manifest(part)[0] or {}).get("runs") or [{}]) if part is not None else [{}]
+    last = runs[-1] if isinstance(runs[-1], dict) else {}
+    starting = last.get("ended_at") is None and not last.get("samples_written")
+    return STARTING_GRACE_S if starting else STALE_AFTER_S
 
 
 def read_ranked_status(folder: Path, dataset: str, target: int | None) -> DatasetStatus:

@@ -288,8 +288,9 @@ def test_a_rank_on_another_host_is_stale_once_its_manifest_stops_moving(tmp_path
     (part / ".lock").write_bytes(orjson.dumps({"pid": 4242, "host": "node-7", "started_at": "2026-01-01T00:00:00+00:00"}))
     manifest = orjson.loads((part / "manifest.json").read_bytes())
 
-    def rank0_line(updated_at: str) -> str:
-        (part / "manifest.json").write_bytes(orjson.dumps({**manifest, "updated_at": updated_at}))
+    def rank0_line(updated_at: str, **last_run: object) -> str:
+        runs = manifest["runs"][:-1] + [{**manifest["runs"][-1], **last_run}]
+        (part / "manifest.json").write_bytes(orjson.dumps({**manifest, "updated_at": updated_at, "runs": runs}))
         return _rank_line2(_status_lines(out, cfg_dir), 0, 2)
 
     now = datetime.now(timezone.utc)
@@ -298,6 +299,12 @@ def test_a_rank_on_another_host_is_stale_once_its_manifest_stops_moving(tmp_path
     old = rank0_line((now - timedelta(minutes=10)).isoformat(timespec="seconds"))
     assert re.fullmatch(r"  rank-0-of-2  3/10\s+30\.0%\s+running \(pid 4242 on node-7\)\s+10m0\ds ago\s+\S+\s+"
                         r"stale: run it", old), old
+    # a run that has written nothing yet may be loading the model: no commits for up to its startup timeout
+    ago = lambda minutes: (now - timedelta(minutes=minutes)).isoformat(timespec="seconds")  # noqa: E731
+    loading = rank0_line(ago(10), ended_at=None, samples_written=0)
+    assert re.fullmatch(r"  rank-0-of-2  3/10\s+30\.0%\s+running \(pid 4242 on node-7\)\s+10m0\ds ago\s+\S+", loading)
+    gone = rank0_line(ago(40), ended_at=None, samples_written=0)
+    assert gone.endswith("stale: run it"), gone
 
 
 def test_ranks_of_one_dataset_must_share_its_config(tmp_path, sim_url):
