@@ -14,6 +14,8 @@ part, the folder itself; one written by W ranks (ranks.py) has the parts `rank-<
     outputs/B2/rank-0-of-4/       rank 0's part: shards, manifest.json, .lock, errors, rejects, logs
     outputs/B2/rank-1-of-4/ ...
 
+(a rank's manifest also records "rank" and "world_size", and its "target" is the rank's share).
+
 Every reader here (status, validate, export) reads all parts as one dataset; `check_world` keeps
 the two layouts and two world sizes from mixing in one folder.
 

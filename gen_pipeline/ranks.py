@@ -79,11 +79,12 @@ def parse_rank_folder(name: str) -> tuple[int, int] | None:
 # ---------------------------------------------------------------- flags and environment
 
 
-def _check(rank: int, world: int, rank_name: str, world_name: str) -> None:
+def _check(rank: int, world: int, rank_name: str, world_name: str, sep: str = " ") -> None:
+    """0 <= rank < world, world >= 1; `sep` shows a value as a flag's (" ") or a variable's ("=")."""
     if world < 1:
-        raise ConfigError(f"{world_name} {world} must be at least 1 (the number of ranks sharing the dataset).")
+        raise ConfigError(f"{world_name}{sep}{world} must be at least 1 (the number of ranks sharing the dataset).")
     if not 0 <= rank < world:
-        raise ConfigError(f"{rank_name} {rank} must be between 0 and {world - 1}: ranks are numbered 0 to "
+        raise ConfigError(f"{rank_name}{sep}{rank} must be between 0 and {world - 1}: ranks are numbered 0 to "
                           f"{world_name} - 1, and {world_name} is {world}.")
 
 
@@ -105,7 +106,7 @@ def _from_env(env: Mapping[str, str], rank_var: str, world_var: str) -> RankSpec
         raise ConfigError(f"The environment sets {have[0]}={env[have[0]]} but not {missing}: set both "
                           f"(rank and world size), or pass --rank and --world-size, which win over the environment.")
     rank, world = _env_int(env, rank_var), _env_int(env, world_var)
-    _check(rank, world, f"{rank_var}=", f"{world_var}=")
+    _check(rank, world, rank_var, world_var, sep="=")
     return RankSpec(rank, world, f"{rank_var}/{world_var}")
 
 

@@ -121,8 +121,10 @@ def test_bad_rank_flags_and_variables_are_refused_by_name(tmp_path):
                               "neither to read them from SLURM_PROCID/SLURM_NTASKS or RANK/WORLD_SIZE."),
         ({"SLURM_PROCID": "2"}, (), "error: The environment sets SLURM_PROCID=2 but not SLURM_NTASKS: set both (rank "
                                     "and world size), or pass --rank and --world-size, which win over the environment."),
-        ({"RANK": "4", "WORLD_SIZE": "4"}, (), "error: RANK= 4 must be between 0 and 3: ranks are numbered 0 to "
-                                               "WORLD_SIZE= - 1, and WORLD_SIZE= is 4."),
+        ({"RANK": "4", "WORLD_SIZE": "4"}, (), "error: RANK=4 must be between 0 and 3: ranks are numbered 0 to "
+                                               "WORLD_SIZE - 1, and WORLD_SIZE is 4."),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "0"}, (), "error: SLURM_NTASKS=0 must be at least 1 (the number of "
+                                                         "ranks sharing the dataset)."),
         ({"RANK": "one", "WORLD_SIZE": "4"}, (), "error: The environment variable RANK='one' is not an integer. Fix "
                                                  "or unset it, or pass --rank and --world-size, which win over the "
                                                  "environment."),
