@@ -139,7 +139,7 @@ def test_bad_rank_flags_and_variables_are_refused_by_name(tmp_path):
 
 
 def test_three_ranks_make_exactly_the_target_then_status_validate_and_refusals(tmp_path, sim_url):
-    toml = write_dataset(tmp_path / "ds", rows=make_rows(120), target=TARGET)
+    toml = write_dataset(tmp_path / "ds", rows=make_rows(120, invalid=2), target=TARGET)  # 2 empty-content rows
     out, cfg_dir = tmp_path / "out", tmp_path / "ds"
     # rank 0 from the flags, rank 1 from RANK/WORLD_SIZE (torchrun), rank 2 from SLURM_PROCID/SLURM_NTASKS (srun)
     envs = [{}, {"RANK": "1", "WORLD_SIZE": "3"}, {"SLURM_PROCID": "2", "SLURM_NTASKS": "3"}]
@@ -152,8 +152,8 @@ def test_three_ranks_make_exactly_the_target_then_status_validate_and_refusals(t
     sources = ["--rank/--world-size", "RANK/WORLD_SIZE", "SLURM_PROCID/SLURM_NTASKS"]
     for r in range(W):
         assert logs[r].splitlines()[0] == f"T: rank {r} of 3 (from {sources[r]}), share 30 of 90, writing {out}/T/rank-{r}-of-3/"
-        assert re.search(rf"^T \(rank {r} of 3\): 30/30 samples \(100\.0%\), \+30 this run in \S+; target reached\.$",
-                         logs[r], re.M), logs[r]
+        assert re.search(rf"^T \(rank {r} of 3\): 30/30 samples \(100\.0%\), \+30 this run in \S+, 2 invalid rows "
+                         r"skipped; target reached\.$", logs[r], re.M), logs[r]
     per_rank = _assert_union_exact(out)
     # the layout's reader (what export reads through) yields every rank's samples, each once
     read = [s["id"] for s in iter_committed_samples(out / "T")]
@@ -166,12 +166,15 @@ def test_three_ranks_make_exactly_the_target_then_status_validate_and_refusals(t
     assert not (out / "T" / "manifest.json").exists()  # no flat part next to the ranks
 
     lines = _status_lines(out, cfg_dir)
-    assert re.fullmatch(r"T\s+90/90\s+100\.0%\s+6\s+\S+\s+\S+\s+\S+%\s+0\s+0\s+finished\s+\S+\s+\S+\s+done", lines[2])
+    assert re.fullmatch(r"T\s+90/90\s+100\.0%\s+6\s+\S+\s+\S+\s+\S+%\s+0\s+2\s+finished\s+\S+\s+\S+\s+done", lines[2])
     assert lines[4:6] == ["T: 3 ranks", "  rank         done/share  %       state     last commit  samples/s"]
     for r in range(W):
         assert re.fullmatch(rf"  rank-{r}-of-3  30/30       100\.0%  finished  \dm\d\ds ago    [\d.]+k?", lines[6 + r])
     js = orjson.loads(run_cli("status", "--json", "--output-dir", out, "--config-dir", cfg_dir).stdout)["datasets"]["T"]
     assert (js["done"], js["target"], js["world_size"], js["stale_ranks"], js["state"]) == (90, 90, 3, [], "finished")
+    # every rank reads the whole source and records its 2 invalid rows; the dataset counts each row once
+    assert (js["rejects"], js["rejects_by_reason"]) == (2, {"empty_content": 2})
+    assert [r["rejects"] for r in js["ranks"]] == [2, 2, 2]
     assert [(r["dataset"], r["done"], r["target"], r["state"]) for r in js["ranks"]] == \
         [(f"T/rank-{r}-of-3", 30, 30, "finished") for r in range(W)]
 
