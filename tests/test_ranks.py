@@ -204,6 +204,22 @@ def test_three_ranks_make_exactly_the_target_then_status_validate_and_refusals(t
     assert res.stdout.strip().endswith("T (rank 1 of 3): 30/30 samples (100.0%); the target is already reached, "
                                        "nothing to do.")
 
+    # validate reads the ranks as one dataset: a sample copied into another rank's folder is caught twice
+    first = (out / "T" / "rank-0-of-3" / "shard-00000.jsonl").read_bytes().splitlines(keepends=True)[0]
+    sid = orjson.loads(first)["id"]
+    with open(out / "T" / "rank-1-of-3" / "shard-00001.jsonl", "ab") as f:
+        f.write(first)
+    res = run_cli("validate", "--dataset", "T", "--output-dir", out, "--config-dir", cfg_dir)
+    assert res.returncode == 1
+    lines = res.stdout.splitlines()
+    assert re.fullmatch(rf"{re.escape(str(out / 'T'))}: 91 rows in 6 shards of 3 ranks: 2 problems \(\d+ truncated, "
+                        r"policy keep\)", lines[0])
+    assert sorted(lines[1:]) == sorted([
+        "  duplicate_id: 1 (id already seen)",
+        f"    rank-1-of-3/shard-00001.jsonl:6: id '{sid}' already at rank-0-of-3/shard-00000.jsonl:1",
+        "  wrong_rank: 1 (a rank's folder holds a sample whose id hashes to another rank)",
+        f"    rank-1-of-3/shard-00001.jsonl:6: id '{sid}' belongs to rank 0 of 3, not rank 1"])
+
 
 def test_ranks_over_a_one_run_dataset_are_refused(tmp_path, sim_url):
     toml = write_dataset(tmp_path / "ds", rows=make_rows(40), target=30)
