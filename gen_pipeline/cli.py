@@ -62,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on SIGINT/SIGTERM, seconds to let in-flight requests finish (default: %(default)s)")
     g.add_argument("--proceed-anyway", action="store_true",
                    help="launch even when the source check fails (most rows rejected, too few valid rows)")
+    g.add_argument("--rank", type=int, help="this process's rank when several share the dataset (with --world-size; "
+                                            "default: SLURM_PROCID, else RANK)")
+    g.add_argument("--world-size", type=int, help="how many ranks share the dataset, each writing "
+                                                  "outputs/<DATASET>/rank-<R>-of-<W>/ (default: SLURM_NTASKS, else "
+                                                  "WORLD_SIZE, else 1)")
     _common(g)
 
     c = sub.add_parser("check", help="read and parse a dataset's source before any server starts",
@@ -207,16 +212,26 @@ def cmd_generate(args: argparse.Namespace) -> int:
         from .server.command import check_launchable
         check_launchable(opts.profile)
     _check_before_launch(cfg, args, opts.profile)
+    if opts.rank.ranked:  # which part this process writes, and why (a launcher's variables are easy to miss)
+        print(f"{cfg.name}: {opts.rank.label} (from {opts.rank.source}), share {opts.rank.share(cfg.target_samples):,} "
+              f"of {cfg.target_samples:,}, writing {args.output_dir / cfg.name / opts.rank.folder_name}/", flush=True)
     summary = anyio.run(run_generate, cfg, opts)
+    summary.rank_label = opts.rank.label if opts.rank.ranked else ""
     print(summary.line(), flush=True)
     return summary.exit_code
 
 
 def run_options(args: argparse.Namespace, cfg: DatasetConfig) -> RunOptions:
     """generate's flags + the dataset config + server.toml → RunOptions; raises ConfigError."""
+    import os
+
+    from .ranks import resolve_rank
     from .run import RunOptions
     from .server.profile import load_controller_config, load_server_profile
 
+    rank, notes = resolve_rank(args.rank, args.world_size, os.environ)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     urls = tuple(_server_url(u) for arg in args.server_url for u in arg.split(",") if u.strip())
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit {args.limit} must be at least 1.")
@@ -230,7 +245,7 @@ def run_options(args: argparse.Namespace, cfg: DatasetConfig) -> RunOptions:
     return RunOptions(output_root=args.output_dir, profile=profile, server_urls=urls, model=args.model,
                       limit=args.limit, window=window, controller=load_controller_config(server_toml),
                       drain_grace_s=args.drain_grace_s, progress=args.progress,
-                      poll_interval_s=args.poll_interval_s)
+                      poll_interval_s=args.poll_interval_s, rank=rank)
 
 
 def _check_before_launch(cfg: DatasetConfig, args: argparse.Namespace, profile: ServerProfile | None) -> None:

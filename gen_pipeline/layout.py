@@ -13,10 +13,17 @@ manifest.json (written by the store only, atomically): "dataset", "target", "fin
 "host", "started_at", "ended_at", "samples_written", "stopped_by", "notes", ...}], "progress" (the last
 run's figures), "created_at", "updated_at".
 
-A folder is read through its *parts*: the sub-folders each written by one run at a time, with their
-own manifest and lock. Today a dataset has one part, the folder itself; rank sub-folders
-(`rank-<R>-of-<W>/`) become more parts of the same dataset in `dataset_parts`, and every reader
-here follows.
+A folder is read through its *parts*: the folders each written by one run at a time, with their
+own manifest, lock, errors, rejects and logs. A dataset written by one run (world size 1) has one
+part, the folder itself; one written by W ranks (ranks.py) has the parts `rank-<R>-of-<W>/`:
+
+    outputs/B2/rank-0-of-4/       rank 0's part: shards, manifest.json, .lock, errors, rejects, logs
+    outputs/B2/rank-1-of-4/ ...
+
+(a rank's manifest also records "rank" and "world_size", and its "target" is the rank's share).
+
+Every reader here (status, validate, export) reads all parts as one dataset; `check_world` keeps
+the two layouts and two world sizes from mixing in one folder.
 
 Trust rules (which shard lines are committed samples):
 - every complete line (ending in "\\n") that is a JSON object with a string "id" is a sample, also
@@ -36,14 +43,16 @@ from typing import Any
 
 import orjson
 
-from .manifest import LOCK_NAME, MANIFEST_NAME, read_manifest
+from .errors import StoreError
+from .manifest import LOCK_NAME, MANIFEST_NAME, check_drift, read_manifest
 from .paths import display_path
+from .ranks import RankSpec, parse_rank_folder
 from .shards import ShardScan, iter_lines, list_shards, read_sidecar, scan_bytes, sidecar_path
 
 __all__ = ["ERRORS_NAME", "LOCK_NAME", "MANIFEST_NAME", "REJECTS_NAME", "CommittedShard", "ShardFile",
-           "committed_shards", "dataset_folder", "dataset_parts", "display_path", "final_failure_ids",
-           "has_samples", "has_shards", "iter_committed_samples", "read_jsonl_rows", "rejected_rows", "shard_files",
-           "trusted_record"]
+           "check_other_ranks", "check_world", "committed_shards", "dataset_folder", "dataset_parts", "display_path",
+           "final_failure_ids", "has_samples", "has_shards", "iter_committed_samples", "part_folder", "part_name",
+           "rank_parts", "read_jsonl_rows", "rejected_rows", "shard_files", "trusted_record"]
 
 ERRORS_NAME = "errors.jsonl"
 REJECTS_NAME = "rejects.jsonl"
@@ -53,9 +62,42 @@ def dataset_folder(root: Path, dataset: str) -> Path:
     return Path(root) / dataset
 
 
+def part_folder(root: Path, dataset: str, spec: RankSpec) -> Path:
+    """Where one run writes: the dataset folder itself (world size 1) or its rank-<R>-of-<W>/ folder."""
+    folder = dataset_folder(root, dataset)
+    return folder / spec.folder_name if spec.ranked else folder
+
+
+def rank_parts(folder: Path) -> dict[tuple[int, int], Path]:
+    """{(rank, world): its folder} of the rank folders in a dataset folder, ordered by world, then rank."""
+    try:
+        found = [(rw, p) for p in Path(folder).iterdir() if (rw := parse_rank_folder(p.name)) and p.is_dir()]
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    return {rw: p for rw, p in sorted(found, key=lambda x: (x[0][1], x[0][0]))}
+
+
+def _has_own_output(folder: Path) -> bool:
+    """The folder itself (not its rank folders) holds a manifest, a lock or shards: a one-run dataset."""
+    return any((Path(folder) / name).exists() for name in (MANIFEST_NAME, LOCK_NAME)) or bool(list_shards(folder))
+
+
 def dataset_parts(folder: Path) -> list[Path]:
-    """The folders written by one run each that make up this dataset (today: the folder itself)."""
-    return [Path(folder)] if Path(folder).is_dir() else []
+    """The folders written by one run each that make up this dataset: the folder itself, or its rank
+    folders (both when a folder mixes them, so that readers hide nothing)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    ranks = list(rank_parts(folder).values())
+    return ([folder] if not ranks or _has_own_output(folder) else []) + ranks
+
+
+def part_name(folder: Path, path: Path) -> str:
+    """`path` as named in messages about a dataset: relative to the dataset folder (rank-1-of-4/shard-...)."""
+    try:
+        return str(Path(path).relative_to(folder))
+    except ValueError:
+        return Path(path).name
 
 
 def has_shards(folder: Path) -> bool:
@@ -66,6 +108,48 @@ def has_shards(folder: Path) -> bool:
 def has_samples(folder: Path) -> bool:
     """True when any shard of any part holds bytes (what makes config drift matter)."""
     return any(p.stat().st_size for part in dataset_parts(folder) for p in list_shards(part).values())
+
+
+def _samples(parts: list[Path]) -> int:
+    return sum(s.samples for part in parts for s in committed_shards(part, ids=False))
+
+
+def check_world(folder: Path, spec: RankSpec) -> None:
+    """Refuse a run whose layout differs from what the dataset folder holds: ranks over a one-run
+    dataset, a one-run over ranks, or another world size. Raises StoreError saying what exists,
+    what was asked and what to do. (Refused rather than re-split: which rank owns a prompt depends
+    on the world size, so the samples already written would belong to other ranks.) Any rank folder
+    counts, even an empty one: the store checks again once its own folder and lock exist, so two
+    runs that start together with different layouts cannot both pass."""
+    where = display_path(folder)
+    others = {rw: p for rw, p in rank_parts(folder).items() if rw[1] != spec.world}
+    asked = f"this run is {spec.label}" if spec.ranked else "this run has no rank (world size 1)"
+    redo = (f"or write to another --output-dir or dataset name (or move {where} away to start over).")
+    if spec.ranked and _has_own_output(folder):
+        n = _samples([folder])
+        raise StoreError(
+            f"{where} holds a dataset written by one run without ranks ({n:,} samples in its own shards); "
+            f"{asked}. One dataset cannot mix the two layouts. Finish it without ranks (no --rank/--world-size, "
+            "and SLURM_PROCID/SLURM_NTASKS and RANK/WORLD_SIZE unset), " + redo)
+    if others:
+        worlds = sorted({w for _, w in others})
+        n = _samples(list(others.values()))
+        names = ", ".join(p.name for p in others.values())
+        empty = " (no samples yet: delete those folders to start over with this world size)" if n == 0 else ""
+        keep = " or ".join(str(w) for w in worlds)
+        raise StoreError(
+            f"{where} was written with world size {keep} ({names}: {n:,} samples){empty}; {asked}. "
+            "Which rank owns a prompt depends on the world size, so changing it would redo or lose samples. "
+            f"Run every rank with --world-size {keep} (ranks 0 to {worlds[0] - 1}) to continue, " + redo)
+
+
+def check_other_ranks(folder: Path, spec: RankSpec, fingerprint: dict[str, Any]) -> None:
+    """Raise ConfigDriftError when another rank of `folder` wrote samples with a different config
+    (the dataset would mix samples made two ways, as a resumed run with another config would)."""
+    for (rank, _), part in rank_parts(folder).items():
+        theirs = (read_manifest(part)[0] or {}).get("fingerprint")
+        if rank != spec.rank and theirs is not None and theirs != fingerprint and has_samples(part):
+            check_drift(part, theirs, fingerprint)
 
 
 # ---------------------------------------------------------------- the trust rule

@@ -35,6 +35,7 @@ from .controller import Controller, ControllerStats
 from .dispatch import Dispatcher, Item, Window
 from .errors import GenPipelineError
 from .progress import Figures, Progress
+from .ranks import RankSpec
 from .records import Failure, LoadSnapshot, Prompt, Reject, Sample
 from .run import LoadPoll, RunOptions, RunSummary
 from .run_stats import RunStats
@@ -58,9 +59,10 @@ _FIRST_POLL_S = 0.25  # a short run still gets a load poll while its requests ar
 class _Feed:
     """The source's prompts in batches (read in a thread), and the rows it rejected meanwhile."""
 
-    def __init__(self, cfg: DatasetConfig, skip_ids: set[str]) -> None:
+    def __init__(self, cfg: DatasetConfig, skip_ids: set[str], rank: RankSpec) -> None:
         self._rejects: list[Reject] = []
-        self._source = iter_prompts(cfg, skip_ids, SourceStats(), self._rejects)
+        self._source = iter_prompts(cfg, skip_ids, SourceStats(), self._rejects,
+                                    owns=rank.owns if rank.ranked else None)
         self._ahead: list[Prompt] | None = None
 
     async def first(self) -> list[Prompt]:
@@ -88,7 +90,7 @@ class _Run:
 
     def __init__(self, cfg: DatasetConfig, opts: RunOptions, store: DatasetStore, skip_ids: set[str]):
         self.cfg, self.opts, self.store = cfg, opts, store
-        self.feed = _Feed(cfg, skip_ids)
+        self.feed = _Feed(cfg, skip_ids, opts.rank)
         self.stats = RunStats()
         self.window = Window(fixed=opts.window)
         goal = store.remaining if opts.limit is None else min(store.remaining, opts.limit)
@@ -330,7 +332,7 @@ async def run_generate(cfg: DatasetConfig, opts: RunOptions) -> RunSummary:
             store = DatasetStore(opts.output_root, cfg.name, fingerprint=cfg.fingerprint(model),
                                  target=cfg.target_samples, shard_max_samples=cfg.output.shard_max_samples,
                                  fsync_every=cfg.output.fsync_every,
-                                 file_opener=opts.file_opener or default_opener)
+                                 file_opener=opts.file_opener or default_opener, rank=opts.rank)
             state = await anyio.to_thread.run_sync(store.open)
             with run_log(store.folder):
                 return await _run_opened(cfg, opts, store, set(state.done_ids) | store.final_failure_ids(),

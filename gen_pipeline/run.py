@@ -11,6 +11,7 @@ from typing import BinaryIO
 from .config import DEFAULT_OUTPUT_DIR
 from .controller.config import ControllerConfig
 from .progress import Figures, format_duration
+from .ranks import RankSpec
 from .server.profile import ServerProfile
 
 
@@ -53,6 +54,7 @@ class RunOptions:
     file_opener: Callable[[Path, str], BinaryIO] | None = None  # the store's file layer (fault injection)
     on_figures: Callable[[Figures], None] | None = None  # called with the live figures every 0.5 s
     load_observers: Sequence[Callable[[LoadPoll], None]] = ()  # called with every load poll (see LoadPoll)
+    rank: RankSpec = RankSpec()  # this run's rank: its prompts (ranks.py), share and rank-<R>-of-<W>/ part
 
 
 @dataclass
@@ -67,6 +69,7 @@ class RunSummary:
     stopped_by: str = "target"  # target | limit | source_exhausted | nothing_to_do | SIGINT | SIGTERM
     failure_reasons: dict[str, int] = field(default_factory=dict)
     final_failures: int = 0  # failures a retry would repeat (HTTP 400, truncated + drop): not sent again
+    rank_label: str = ""  # "rank 1 of 4" when the run is one rank of several (done/target are its share)
 
     @property
     def short(self) -> int:
@@ -83,7 +86,8 @@ class RunSummary:
 
     def line(self) -> str:
         pct = 100.0 * self.done / self.target if self.target else 100.0
-        head = f"{self.dataset}: {self.done:,}/{self.target:,} samples ({pct:.1f}%)"
+        who = f"{self.dataset} ({self.rank_label})" if self.rank_label else self.dataset
+        head = f"{who}: {self.done:,}/{self.target:,} samples ({pct:.1f}%)"
         if self.stopped_by == "nothing_to_do":
             return f"{head}; the target is already reached, nothing to do."
         parts = [f"+{self.written:,} this run in {format_duration(self.elapsed_s)}"]
@@ -97,10 +101,12 @@ class RunSummary:
         tail = {
             "target": "target reached.",
             "limit": "stopped at --limit; run again to continue.",
-            "source_exhausted": "the source has no more prompts"
+            "source_exhausted": (f"source exhausted: no more prompts of the source hash to {self.rank_label} "
+                                 f"({self.target - self.done:,} short of its share; other ranks do not take "
+                                 "over its prompts)" if self.rank_label else "the source has no more prompts")
                                 + ("; run again to retry the failed ones." if retryable else
                                    f": {self.short:,} samples short of the target; add rows to the source or "
-                                   "lower target_samples." if self.short else "."),
+                                   "lower target_samples." if self.short and not self.rank_label else "."),
             "SIGINT": "interrupted (SIGINT); run the same command to resume.",
             "SIGTERM": "stopped (SIGTERM); run the same command to resume.",
         }[self.stopped_by]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +47,7 @@ class SourceStats:
     rows: int = 0
     prompts: int = 0
     skipped_done: int = 0
+    other_ranks: int = 0  # valid prompts owned by other ranks (ranks.py), not sent by this one
     rejects: dict[str, int] = field(default_factory=dict)
 
     def reject(self, reason: str) -> None:
@@ -259,10 +260,11 @@ def add_bad_lines(cfg: DatasetConfig, loaded: LoadedSource, stats: SourceStats, 
 
 
 def iter_prompts(cfg: DatasetConfig, skip_ids: set[str] | frozenset[str], stats: SourceStats,
-                 rejects: list[Reject], rows: Any = None) -> Iterator[Prompt]:
-    """Valid prompts not in `skip_ids`, in source order, each id once.
+                 rejects: list[Reject], rows: Any = None, owns: Callable[[str], bool] | None = None) -> Iterator[Prompt]:
+    """Valid prompts not in `skip_ids` (and, given `owns`, only the ids it owns), in source order, each id once.
 
-    Invalid rows are appended to `rejects` (the caller writes them) and counted in `stats`.
+    Invalid rows are appended to `rejects` (the caller writes them) and counted in `stats`; every
+    rank sees and records all of them (status counts each row once).
     """
     seen: set[str] = set()
     if rows is None:
@@ -282,6 +284,9 @@ def iter_prompts(cfg: DatasetConfig, skip_ids: set[str] | frozenset[str], stats:
             rejects.append(Reject(cfg.name, index, "duplicate", f"id {prompt.id} appeared earlier in the source"))
             continue
         seen.add(prompt.id)
+        if owns is not None and not owns(prompt.id):
+            stats.other_ranks += 1
+            continue
         if prompt.id in skip_ids:
             stats.skipped_done += 1
             continue

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from .layout import (ERRORS_NAME, REJECTS_NAME, committed_shards, dataset_folder, final_failure_ids,
-                     has_shards, read_jsonl_rows)
+                     has_shards, rank_parts, read_jsonl_rows)
 from .manifest import read_lock, read_manifest
 from .progress import format_duration
 
@@ -42,6 +42,10 @@ class DatasetStatus:
     tokens_per_s: float | None = None
     updated_at: str | None = None
     corrupt_lines: int = 0
+    world_size: int = 1  # >1: written by ranks; `ranks` holds one status per rank (status_ranks.py)
+    ranks: list[DatasetStatus] = field(default_factory=list)
+    stale_ranks: list[int] = field(default_factory=list)
+    heartbeat_age_s: float | None = None  # seconds since the manifest was last committed
 
     @property
     def truncated_share(self) -> float:
@@ -55,13 +59,16 @@ class DatasetStatus:
     def eta_s(self) -> float | None:
         if self.remaining == 0:
             return 0.0
-        if self.state == "source exhausted":
-            return None  # no rate finishes it: the source has no more rows
+        if self.state == "source exhausted" or self.stale_ranks:
+            return None  # no rate finishes it: the source has no more rows, or a rank has no live run
+        if self.ranks:  # the dataset ends when its slowest rank does
+            etas = [r.eta_s for r in self.ranks]
+            return None if None in etas else max(etas)
         return self.remaining / self.samples_per_s if self.samples_per_s else None
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "truncated_share": round(self.truncated_share, 4),
-                "remaining": self.remaining, "eta_s": self.eta_s}
+                "remaining": self.remaining, "eta_s": self.eta_s, "ranks": [r.to_dict() for r in self.ranks]}
 
 
 @dataclass
@@ -79,9 +86,18 @@ class StatusReport:
 
 
 def read_status(root: Path, dataset: str, target: int | None) -> DatasetStatus:
-    """Figures of `root/dataset` (target None = the one the last run recorded). Never raises for
-    a damaged folder: unreadable parts are skipped and counted in `corrupt_lines`."""
+    """Figures of `root/dataset` (target None = the one the last run recorded), all ranks as one when
+    ranks wrote it. Never raises for a damaged folder: unreadable parts are skipped and counted in
+    `corrupt_lines`."""
     folder = dataset_folder(root, dataset)
+    if rank_parts(folder):
+        from .status_ranks import read_ranked_status  # imports this module
+        return read_ranked_status(folder, dataset, target)
+    return read_part_status(folder, dataset, target)
+
+
+def read_part_status(folder: Path, dataset: str, target: int | None) -> DatasetStatus:
+    """Figures of one folder written by one run at a time (a one-run dataset, or one rank's part)."""
     manifest = read_manifest(folder)[0] if folder.is_dir() else None
     manifest = manifest or {}
     st = DatasetStatus(dataset, target if target is not None else manifest.get("target"))
@@ -145,12 +161,20 @@ def _add_run(st: DatasetStatus, folder: Path, manifest: dict[str, Any]) -> None:
     st.samples_per_s = _num(progress.get("samples_per_s"))
     st.tokens_per_s = _num(progress.get("tokens_per_s"))
     st.updated_at = progress.get("updated_at") or manifest.get("updated_at")
+    st.heartbeat_age_s = _age_s(manifest.get("updated_at"))
     if st.samples_per_s is None and runs:
         st.samples_per_s = _run_rate(runs[-1])
 
 
 def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _age_s(iso: Any) -> float | None:
+    try:
+        return max(0.0, (datetime.now(timezone.utc) - datetime.fromisoformat(iso)).total_seconds())
+    except (TypeError, ValueError):
+        return None
 
 
 def _run_rate(run: dict[str, Any]) -> float | None:
@@ -220,6 +244,9 @@ def format_status(report: StatusReport) -> str:
         lines.insert(-1, lines[1])
     notes = [f"{d.dataset}: {d.corrupt_lines} unreadable lines in the shards; run validate"
              for d in report.datasets if d.corrupt_lines]
+    if any(d.ranks for d in report.datasets):
+        from .status_ranks import format_ranks
+        notes += format_ranks([d for d in report.datasets if d.ranks])
     return "\n".join(lines + (["", "errors = failures in the last run / ids still without a sample"]
                               if any(d.errors_last_run or d.errors_unresolved for d in report.datasets) else [])
                      + notes)

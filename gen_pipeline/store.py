@@ -26,10 +26,11 @@ import orjson
 
 from .config import fingerprint_digest
 from .errors import DiskError, StoreError
-from .layout import (ERRORS_NAME, MANIFEST_NAME, REJECTS_NAME, ShardFile, committed_shard, final_failure_ids,
-                     has_samples, rejected_rows, shard_files)
+from .layout import (ERRORS_NAME, MANIFEST_NAME, REJECTS_NAME, ShardFile, check_other_ranks, check_world,
+                     committed_shard, final_failure_ids, has_samples, part_folder, rejected_rows, shard_files)
 from .manifest import RunLock, check_drift, now_iso, read_manifest, remove_stale_tmp, write_manifest
 from .paths import display_path
+from .ranks import RankSpec
 from .records import Failure, Reject, Sample
 from .shards import ShardScan, scan_bytes, shard_name, sidecar_path, write_sidecar
 
@@ -51,13 +52,15 @@ class ResumeState:
 
 
 class DatasetStore:
-    """Writer of one dataset's folder `root/dataset`; use as a context manager after open()."""
+    """Writer of one dataset's folder `root/dataset`, or for a rank its `rank-<R>-of-<W>/` part, whose
+    target is the rank's share of the dataset's `target`; use as a context manager after open()."""
 
     def __init__(self, root: Path, dataset: str, *, fingerprint: dict, target: int,
                  shard_max_samples: int = 2000, fsync_every: int = 64,
-                 file_opener: Callable[[Path, str], BinaryIO] = default_opener):
-        self.folder = Path(root) / dataset
-        self.dataset, self.fingerprint, self._target = dataset, fingerprint, target
+                 file_opener: Callable[[Path, str], BinaryIO] = default_opener, rank: RankSpec = RankSpec()):
+        self.rank = rank
+        self.folder = part_folder(root, dataset, rank)
+        self.dataset, self.fingerprint, self._target = dataset, fingerprint, rank.share(target)
         self.shard_max_samples, self.fsync_every = shard_max_samples, fsync_every
         self._opener = file_opener
         self.done_ids: set[str] = set()
@@ -106,6 +109,9 @@ class DatasetStore:
 
     def open(self) -> ResumeState:
         """Lock, check drift, repair and scan; raises StoreError, LockedError, ConfigDriftError."""
+        dataset = self.folder.parent if self.rank.ranked else self.folder
+        check_world(dataset, self.rank)  # before creating anything
+        created = not self.folder.exists()
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -113,10 +119,14 @@ class DatasetStore:
                              "Fix the path's permissions or choose another output folder.") from None
         self._lock = RunLock.acquire(self.folder)
         try:
+            check_world(dataset, self.rank)  # again, now that our folder and lock exist (a run starting with us)
             return self._open_locked()
         except BaseException:
             self._close_files()
             self._lock.release()
+            if created:
+                with contextlib.suppress(OSError):  # only when still empty: leave no folder of a refused run
+                    self.folder.rmdir()
             raise
 
     def _open_locked(self) -> ResumeState:
@@ -132,6 +142,8 @@ class DatasetStore:
             if has_samples(self.folder):
                 check_drift(self.folder, manifest["fingerprint"], self.fingerprint)
             notes.append("the config changed before any sample was written; the new one is recorded")
+        if self.rank.ranked:  # every rank of a dataset writes with one config
+            check_other_ranks(self.folder.parent, self.rank, self.fingerprint)
         self._manifest = manifest or {"created_at": now_iso(), "runs": []}
         repaired = self._load_shards(notes)
         self._start_shard()
@@ -339,6 +351,8 @@ class DatasetStore:
                      "committed_samples": self._open.samples, "prompt_tokens": self._open.prompt_tokens,
                      "completion_tokens": self._open.completion_tokens, "truncated": self._open.truncated},
             "updated_at": self._run["updated_at"]})
+        if self.rank.ranked:  # status reads the rank from here (and the folder name)
+            self._manifest.update({"rank": self.rank.rank, "world_size": self.rank.world})
         if self._progress is not None:
             self._manifest["progress"] = self._progress
         self._io(self.folder / MANIFEST_NAME, write_manifest, self.folder, self._manifest)

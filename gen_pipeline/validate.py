@@ -12,9 +12,10 @@ from typing import Any
 
 import orjson
 
-from .layout import dataset_parts, shard_files
+from .layout import dataset_parts, part_name, shard_files
 from .manifest import read_manifest
 from .paths import display_path
+from .ranks import owner_rank, parse_rank_folder
 
 KINDS = {
     "unparseable": "line is not a JSON object",
@@ -26,6 +27,7 @@ KINDS = {
     "empty_content": "a turn with empty content",
     "think_marker": "<think> or </think> left in an assistant turn's content",
     "truncated": "finish_reason is \"length\" and the dataset drops truncated samples",
+    "wrong_rank": "a rank's folder holds a sample whose id hashes to another rank",
 }
 THINK_MARKERS = ("<think>", "</think>")
 EXAMPLES_PER_KIND = 20  # keep memory bounded when every row of 88,000 has the same problem
@@ -51,6 +53,7 @@ class ValidationReport:
     files: int = 0
     truncated: int = 0
     truncated_policy: str = "keep"
+    ranks: int = 0  # rank folders read (0: a dataset written by one run)
     counts: Counter = field(default_factory=Counter)
     examples: list[Problem] = field(default_factory=list)
 
@@ -64,7 +67,7 @@ class ValidationReport:
             self.examples.append(Problem(kind, file, line, message))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"folder": self.folder, "ok": self.ok, "rows": self.rows, "files": self.files,
+        return {"folder": self.folder, "ok": self.ok, "rows": self.rows, "files": self.files, "ranks": self.ranks,
                 "truncated": self.truncated, "truncated_policy": self.truncated_policy,
                 "problems": dict(self.counts),
                 "examples": [{"kind": p.kind, "file": p.file, "line": p.line, "message": p.message}
@@ -73,7 +76,8 @@ class ValidationReport:
     def format(self) -> str:
         """For humans: a summary line, then each problem kind with its first examples."""
         verdict = "OK" if self.ok else f"{sum(self.counts.values())} problems"
-        out = [f"{self.folder}: {self.rows:,} rows in {self.files} shards: {verdict} "
+        ranks = f" of {self.ranks} ranks" if self.ranks else ""
+        out = [f"{self.folder}: {self.rows:,} rows in {self.files} shards{ranks}: {verdict} "
                f"({self.truncated:,} truncated, policy {self.truncated_policy})"]
         for kind, n in self.counts.most_common():
             out.append(f"  {kind}: {n:,} ({KINDS[kind]})")
@@ -171,13 +175,16 @@ def _roles_ok(roles: list[Any]) -> bool:
 
 
 def validate_dataset(folder: Path) -> ValidationReport:
-    """Check every shard line of `folder`; problems carry file:line. Never raises for bad data."""
-    manifest = read_manifest(folder)[0] or {}
+    """Check every shard line of `folder` (all ranks' parts as one dataset: duplicates across ranks
+    count); problems carry file:line. Never raises for bad data."""
+    parts = dataset_parts(folder)
+    manifest = read_manifest(parts[0] if parts else folder)[0] or {}
     policy = (manifest.get("fingerprint") or {}).get("truncated", "keep")
     report = ValidationReport(display_path(folder), truncated_policy=policy if policy in ("keep", "drop") else "keep")
     checker = _Checker(report)
-    for shard in (s for part in dataset_parts(folder) for s in shard_files(part)):
-        path = shard.path
+    report.ranks = sum(1 for part in parts if parse_rank_folder(part.name))
+    for part, shard in ((part, s) for part in parts for s in shard_files(part)):
+        path, name, owner = shard.path, part_name(folder, shard.path), parse_rank_folder(part.name)
         report.files += 1
         data = path.read_bytes()
         for n, line in enumerate(data.split(b"\n"), start=1):
@@ -186,10 +193,13 @@ def validate_dataset(folder: Path) -> ValidationReport:
             try:
                 row = orjson.loads(line)
             except orjson.JSONDecodeError:
-                report.add("unparseable", path.name, n, "not valid JSON")
+                report.add("unparseable", name, n, "not valid JSON")
                 continue
             if not isinstance(row, dict):
-                report.add("unparseable", path.name, n, f"a JSON {type(row).__name__}, not an object")
+                report.add("unparseable", name, n, f"a JSON {type(row).__name__}, not an object")
                 continue
-            checker.row(path.name, n, row)
+            checker.row(name, n, row)
+            if owner is not None and isinstance(row.get("id"), str) and owner_rank(row["id"], owner[1]) != owner[0]:
+                report.add("wrong_rank", name, n, f"id {row['id']!r} belongs to rank "
+                           f"{owner_rank(row['id'], owner[1])} of {owner[1]}, not rank {owner[0]}")
     return report

@@ -9,6 +9,9 @@ import tempfile
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="gen-pipeline-hf-"))
+# The suite may run inside an srun task or a torchrun job: the CLI subprocesses must not become ranks.
+for _var in ("SLURM_PROCID", "SLURM_NTASKS", "RANK", "WORLD_SIZE"):
+    os.environ.pop(_var, None)
 
 import logging  # noqa: E402
 
