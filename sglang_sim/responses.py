@@ -140,7 +140,7 @@ def generate_body(gen: Generation, fin: FinishedRequest, *, text: str, with_ids:
             "prompt_tokens": fin.prompt_tokens,
             "completion_tokens": fin.completion_tokens,
             "cached_tokens": fin.cached_tokens,
-            "total_retractions": fin.retractions,
+            "num_retractions": fin.retractions,  # SGLang 0.5.17's name (total_retractions before)
             "weight_version": "default",
             "e2e_latency": round(fin.e2e_latency_s, 6),
             "queue_time": round(fin.queue_time_s, 6),

@@ -102,3 +102,14 @@ async def test_controller_sees_retractions_of_a_kv_starved_sim():
     gauge_only = ["\n".join(ln for ln in t.splitlines() if "num_retracted_requests" not in ln) for t in texts]
     tallied = _totals(gauge_only)[-1]
     assert 0 < tallied <= truth
+
+
+def test_split_counters_are_added_and_tp_repeats_are_not():
+    text = (_BASE + "# TYPE sglang:generation_tokens_total counter\n"
+            'sglang:generation_tokens_total{model_name="m",is_streaming="false"} 100.0\n'
+            'sglang:generation_tokens_total{model_name="m",is_streaming="true"} 40.0\n'
+            "# TYPE sglang:num_used_tokens gauge\n"
+            'sglang:num_used_tokens{dp_rank="0",tp_rank="0"} 500.0\nsglang:num_used_tokens{dp_rank="0",tp_rank="1"} 500.0\n'
+            'sglang:num_used_tokens{dp_rank="1",tp_rank="0"} 300.0\n')
+    snap = load_from_metrics(text, 0.0)
+    assert (snap.gen_tokens_total, snap.used_tokens) == (140, 800)
