@@ -257,7 +257,19 @@ class ChatClient:
         turn = parse_response(data)
         if self._on_done is not None:
             self._on_done(turn.prompt_tokens, turn.completion_tokens, time.monotonic() - started)
+        if not turn.content.strip():
+            _reject_empty(turn, self.settings.generation.empty_turn)
         return turn
+
+
+def _reject_empty(turn: TurnResult, policy: str) -> None:
+    """An empty assistant turn is never written (validate rejects it): "retry" makes it a
+    retryable attempt (RequestError once max_attempts are spent), "fail" a failure at once."""
+    detail = (f"the assistant turn is empty ({turn.completion_tokens} completion tokens, "
+              f"finish_reason {turn.finish_reason})")
+    if policy == "fail":
+        raise RequestError(detail, reason="empty_turn", retryable=False)
+    raise _Retryable("empty_turn", detail)
 
 
 def make_http_client(generation: GenerationConfig, max_connections: int) -> httpx.AsyncClient:

@@ -25,6 +25,7 @@ A dataset config, `datasets_cfg/B2.toml`:
     [generation]
     reasoning = "keep"               # "keep" reasoning_content | "disable" thinking | "none"
     truncated = "keep"               # finish_reason == "length": "keep" or "drop"
+    empty_turn = "retry"             # empty assistant content: "retry" (then a failure) or "fail"
     request_timeout_s = 3600
     max_attempts = 6
 
@@ -52,6 +53,7 @@ DEFAULT_OUTPUT_DIR = REPO_ROOT / "outputs"
 SCHEMAS = ("sharegpt", "messages", "prompt")
 REASONING_MODES = ("keep", "disable", "none")
 TRUNCATED_POLICIES = ("keep", "drop")
+EMPTY_TURN_POLICIES = ("retry", "fail")  # an empty assistant turn (validate rejects it): retry or fail
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class SamplingConfig:
 class GenerationConfig:
     reasoning: str = "none"
     truncated: str = "keep"
+    empty_turn: str = "retry"  # EMPTY_TURN_POLICIES; retries count against max_attempts
     request_timeout_s: float = 3600.0
     connect_timeout_s: float = 10.0
     max_attempts: int = 6
@@ -249,6 +252,7 @@ def load_dataset_config(path: Path) -> DatasetConfig:
     gen: GenerationConfig = sections["generation"]
     _check_choice(f"{name_in}: generation.reasoning", gen.reasoning, REASONING_MODES)
     _check_choice(f"{name_in}: generation.truncated", gen.truncated, TRUNCATED_POLICIES)
+    _check_choice(f"{name_in}: generation.empty_turn", gen.empty_turn, EMPTY_TURN_POLICIES)
     samp: SamplingConfig = sections["sampling"]
     if samp.max_new_tokens <= 0:
         raise ConfigError(f"{name_in}: sampling.max_new_tokens = {samp.max_new_tokens} must be positive.")

@@ -73,6 +73,7 @@ def _sim_flags(p: argparse.ArgumentParser) -> None:
     f.add_argument("--sim-bad-json-rate", type=float, default=0.0)
     f.add_argument("--sim-wrong-content-type-rate", type=float, default=0.0)
     f.add_argument("--sim-no-usage-rate", type=float, default=0.0)
+    f.add_argument("--sim-empty-turn-rate", type=float, default=0.0)
     f.add_argument("--sim-health-503-after-s", type=float, default=0.0)
     f.add_argument("--sim-health-503-for-s", type=float, default=0.0)
     f.add_argument("--sim-fail-startup", metavar="LINE", default=None)
@@ -114,6 +115,7 @@ def fault_settings(ns: argparse.Namespace) -> FaultSettings:
         too_many_rate=ns.sim_too_many_rate, stall_rate=ns.sim_stall_rate, stall_s=ns.sim_stall_s,
         cut_rate=ns.sim_cut_rate, bad_json_rate=ns.sim_bad_json_rate,
         wrong_content_type_rate=ns.sim_wrong_content_type_rate, no_usage_rate=ns.sim_no_usage_rate,
+        empty_turn_rate=ns.sim_empty_turn_rate,
         health_503_after_s=ns.sim_health_503_after_s, health_503_for_s=ns.sim_health_503_for_s,
         never_healthy=ns.sim_never_healthy, seed=ns.sim_seed,
     )

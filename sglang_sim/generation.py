@@ -89,10 +89,14 @@ def _plan(server: SimServer, rid: str, prompt_key: str | list[int], prompt_ids: 
     seed = request_seed(server.ns.sim_seed, prompt_key, {**sampling, "max_new_tokens": requested})
     drawn = draw_length(seed, server.ns.sim_output_mean, server.ns.sim_output_spread)
     n, finish = cap_length(drawn, max_new)
+    fault = server.next_fault()
+    empty = fault is Fault.EMPTY_TURN
+    if empty:  # EOS first: one completion token, nothing to show
+        n, finish = 1, "stop"
     gen = R.Generation(rid=rid, model=server.ns.served_model_name, created=int(time.time()),
                        prompt_ids=prompt_ids, output_ids=draw_output_ids(seed, n), finish_reason=finish,
-                       reasoning=reasoning)
-    return Plan(gen, max_new, stream, server.next_fault())
+                       reasoning=reasoning, empty=empty)
+    return Plan(gen, max_new, stream, fault)
 
 
 def _reasoning_mode(server: SimServer, body: dict[str, Any]) -> str:
@@ -270,5 +274,5 @@ def _chat_whole(server: SimServer, plan: Plan, fin: Any) -> dict[str, Any]:
 
 
 def _generate_whole(server: SimServer, plan: Plan, fin: Any) -> dict[str, Any]:
-    text = decode(plan.gen.output_ids[: fin.completion_tokens])
+    text = "" if plan.gen.empty else decode(plan.gen.output_ids[: fin.completion_tokens])
     return R.generate_body(plan.gen, fin, text=text, with_ids=True)

@@ -35,6 +35,7 @@ class Generation:
     output_ids: list[int]
     finish_reason: str
     reasoning: str = "none"
+    empty: bool = False  # the EOS came first (fault empty_turn): no text at all
 
     @property
     def reasoning_tokens(self) -> int:
@@ -42,6 +43,8 @@ class Generation:
 
     def split_text(self, start: int, end: int) -> tuple[str, str]:
         """(reasoning text, content text) of output tokens [start, end)."""
+        if self.empty:
+            return "", ""
         r = self.reasoning_tokens
         reasoning = decode_output(self.output_ids[start:min(end, r)]) if start < r else ""
         content = decode_output(self.output_ids[max(start, r):end]) if end > r else ""
