@@ -77,6 +77,8 @@ def _sim_flags(p: argparse.ArgumentParser) -> None:
     f.add_argument("--sim-health-503-after-s", type=float, default=0.0)
     f.add_argument("--sim-health-503-for-s", type=float, default=0.0)
     f.add_argument("--sim-fail-startup", metavar="LINE", default=None)
+    f.add_argument("--sim-startup-log", metavar="LINE", action="append", default=[],
+                   help="log LINE at start-up and carry on (e.g. a warning real SGLang prints)")
     f.add_argument("--sim-never-healthy", action="store_true")
 
 
