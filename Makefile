@@ -12,7 +12,7 @@ ARGS       ?=
 FORMAT     ?= specforge
 OUT        ?=
 
-.PHONY: venv generate status demo test chaos bench validate plan check export clean probe-kv report diagnose
+.PHONY: venv generate status demo test chaos bench validate plan check export clean probe-kv report diagnose contract
 
 venv: $(STAMP)
 
@@ -70,8 +70,18 @@ test: $(STAMP)
 chaos: $(STAMP)
 	$(PY) -m pytest -q -m slow $(ARGS)
 
+# SGLang's own code (the release pinned in tests/contract/requirements.txt) checks ours: launch
+# flags, metric/loads/server_info fields, protocol models. Its own venv, rebuilt only when the pins
+# change (CONTRACT_VENV may live outside the checkout: .ci/run keeps it in ~/.cache).
+CONTRACT_VENV ?= .venv-contract
+
+contract:
+	PYTHON=$(PYTHON) bash tests/contract/venv.sh $(CONTRACT_VENV)
+	GEN_PIPELINE_CONTRACT=1 $(CONTRACT_VENV)/bin/python -m pytest -q -p no:cacheprovider \
+		-o filterwarnings= tests/contract $(ARGS)
+
 bench: $(STAMP)
 	$(PY) -m bench $(ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-contract build *.egg-info

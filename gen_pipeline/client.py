@@ -297,6 +297,8 @@ class ChatClient:
         turn = parse_response(data)
         if self._on_done is not None:
             self._on_done(turn.prompt_tokens, turn.completion_tokens, time.monotonic() - started)
+        if not turn.content.strip():
+            _reject_empty(turn, self.settings.generation.empty_turn)
         return turn
 
 
@@ -318,3 +320,14 @@ def open_http_session(generation: GenerationConfig, max_connections: int) -> aio
     connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ttl_dns_cache=300)
     timeout = aiohttp.ClientTimeout(total=generation.request_timeout_s, connect=generation.connect_timeout_s)
     return aiohttp.ClientSession(connector=connector, timeout=timeout, raise_for_status=False)
+
+
+def _reject_empty(turn: TurnResult, policy: str) -> None:
+    """An empty assistant turn is never written (validate rejects it): "retry" makes it a
+    retryable attempt (RequestError once max_attempts are spent), "fail" a failure at once."""
+    detail = (f"the assistant turn is empty ({turn.completion_tokens} completion tokens, "
+              f"finish_reason {turn.finish_reason})")
+    if policy == "fail":
+        raise RequestError(detail, reason="empty_turn", retryable=False)
+    raise _Retryable("empty_turn", detail)
+

@@ -36,6 +36,7 @@ A dataset config, `datasets_cfg/B2.toml`:
     [generation]
     reasoning = "keep"               # "keep" reasoning_content | "disable" thinking | "none"
     truncated = "keep"               # finish_reason == "length": "keep" or "drop"
+    empty_turn = "retry"             # empty assistant content: "retry" (then a failure) or "fail"
     request_timeout_s = 3600
     max_attempts = 6
     window = 0                       # 0 = the adaptive controller; N = fixed concurrency (--window wins)
@@ -67,6 +68,7 @@ DEFAULT_OUTPUT_DIR = REPO_ROOT / "outputs"
 Schema = Literal["sharegpt", "messages", "prompt"]
 Reasoning = Literal["keep", "disable", "none"]
 Truncated = Literal["keep", "drop"]
+EmptyTurn = Literal["retry", "fail"]  # an empty assistant turn (validate rejects it): retry or fail
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,7 @@ RESERVED_BODY_KEYS = ("model", "messages", "stream", "max_tokens", "max_completi
 class GenerationConfig:
     reasoning: Reasoning = "none"
     truncated: Truncated = "keep"
+    empty_turn: EmptyTurn = "retry"  # retries count against max_attempts
     request_timeout_s: float = 3600.0
     connect_timeout_s: float = 10.0
     max_attempts: int = 6

@@ -34,6 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("max_total_num_tokens=%d, chunked_prefill_size=%d, max_prefill_tokens=%d, max_running_requests=%d, "
              "context_len=%d, available_gpu_mem=%.2f GB", info["max_total_num_tokens"], info["chunked_prefill_size"],
              info["max_prefill_tokens"], info["max_running_requests"], info["context_len"], 3.5)
+    for line in ns.sim_startup_log:
+        log.warning("%s", line)
     if ns.sim_fail_startup:
         log.error("%s", ns.sim_fail_startup)
         return 1

@@ -22,8 +22,8 @@ def _sglang_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--tp-size", "--tp", dest="tp_size", type=int, default=1)
-    p.add_argument("--dp-size", "--dp", dest="dp_size", type=int, default=1)
+    p.add_argument("--tp-size", dest="tp_size", type=int, default=1)
+    p.add_argument("--dp-size", dest="dp_size", type=int, default=1)
     p.add_argument("--ep-size", "--ep", dest="ep_size", type=int, default=1)
     p.add_argument("--mem-fraction-static", type=float, default=None)
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
@@ -49,7 +49,7 @@ def _sglang_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--disable-cuda-graph", action="store_true")
-    p.add_argument("--cuda-graph-max-bs", type=int, default=None)
+    p.add_argument("--cuda-graph-max-bs", dest="cuda_graph_max_bs_decode", type=int, default=None)  # an alias in 0.5.17
     p.add_argument("--enable-dp-attention", action="store_true")
     p.add_argument("--attention-backend", default=None)
     p.add_argument("--watchdog-timeout", type=float, default=300.0)
@@ -77,9 +77,12 @@ def _sim_flags(p: argparse.ArgumentParser) -> None:
     f.add_argument("--sim-bad-json-rate", type=float, default=0.0)
     f.add_argument("--sim-wrong-content-type-rate", type=float, default=0.0)
     f.add_argument("--sim-no-usage-rate", type=float, default=0.0)
+    f.add_argument("--sim-empty-turn-rate", type=float, default=0.0)
     f.add_argument("--sim-health-503-after-s", type=float, default=0.0)
     f.add_argument("--sim-health-503-for-s", type=float, default=0.0)
     f.add_argument("--sim-fail-startup", metavar="LINE", default=None)
+    f.add_argument("--sim-startup-log", metavar="LINE", action="append", default=[],
+                   help="log LINE at start-up and carry on (e.g. a warning real SGLang prints)")
     f.add_argument("--sim-never-healthy", action="store_true")
 
 
@@ -120,6 +123,7 @@ def fault_settings(ns: argparse.Namespace) -> FaultSettings:
         too_many_rate=ns.sim_too_many_rate, stall_rate=ns.sim_stall_rate, stall_s=ns.sim_stall_s,
         cut_rate=ns.sim_cut_rate, bad_json_rate=ns.sim_bad_json_rate,
         wrong_content_type_rate=ns.sim_wrong_content_type_rate, no_usage_rate=ns.sim_no_usage_rate,
+        empty_turn_rate=ns.sim_empty_turn_rate,
         health_503_after_s=ns.sim_health_503_after_s, health_503_for_s=ns.sim_health_503_for_s,
         never_healthy=ns.sim_never_healthy, seed=ns.sim_seed,
     )

@@ -237,6 +237,7 @@ class Engine:
         dt += rnd.host_tokens * self.profile.hicache_load_per_token_s
         self._advance(dt)
         self._stats.add("prefill_steps_total")
+        self._stats.add("prefill_busy_us_total", round(dt * 1e6))
         self._stats.log_stats()
         return StepResult(dt, {}, finished, [], rnd.prefill_tokens, 0)
 

@@ -29,6 +29,7 @@ COUNTERS = (
     "decode_tokens_total",  # tokens produced by decode iterations, as they happen
     "steps_total",
     "prefill_steps_total",
+    "prefill_busy_us_total",  # simulated microseconds spent in prefill iterations
     "decode_steps_total",
 )
 
@@ -105,6 +106,8 @@ def build_loads(
         "cache_hit_rate": round(hit / (hit + computed), 4) if hit + computed else 0.0,
         "utilization": round(num_used / size, 4),
         "total_prefill_uncached_tokens": computed,
+        "total_prefill_busy_us": stats.counters["prefill_busy_us_total"],
+        "decode_moments": None,  # SGLang: None until its decode step-time sums are recorded
         "queues": {
             "waiting": len(waiting),
             "grammar": 0,

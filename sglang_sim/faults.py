@@ -13,6 +13,8 @@ Keys (CLI `--sim-<key>` with '-' for '_', and the JSON of GET/POST /sim/faults):
     bad_json_rate            200 with a body that is not valid JSON
     wrong_content_type_rate  200 with an HTML page (text/html), as a misrouted proxy would
     no_usage_rate            a normal answer without `usage` (no usage chunk when streaming)
+    empty_turn_rate          the model ends its turn at once: EOS first, empty content (a random-
+                             weight model did this on real SGLang, issue 9)
     health_503_after_s, health_503_for_s   /health answers 503 in that real-time window after ready
     never_healthy            /health never answers 200
 """
@@ -35,6 +37,7 @@ class Fault(enum.Enum):
     BAD_JSON = "bad_json"
     WRONG_CONTENT_TYPE = "wrong_content_type"
     NO_USAGE = "no_usage"
+    EMPTY_TURN = "empty_turn"
 
 
 _JSON_TO_FIELD = {"429_rate": "too_many_rate"}
@@ -48,6 +51,7 @@ _RATE_ORDER = (
     ("bad_json_rate", Fault.BAD_JSON),
     ("wrong_content_type_rate", Fault.WRONG_CONTENT_TYPE),
     ("no_usage_rate", Fault.NO_USAGE),
+    ("empty_turn_rate", Fault.EMPTY_TURN),
 )
 
 
@@ -65,6 +69,7 @@ class FaultSettings:
     bad_json_rate: float = 0.0
     wrong_content_type_rate: float = 0.0
     no_usage_rate: float = 0.0
+    empty_turn_rate: float = 0.0
     health_503_after_s: float = 0.0
     health_503_for_s: float = 0.0
     never_healthy: bool = False

@@ -96,10 +96,14 @@ def _plan(server: SimServer, rid: str, prompt_key: str | list[int], prompt_ids: 
         model_ids, lp_plan = LP.plan(server.ns, logprob_body or {}, prompt_ids, n, sampling, seed)
     except LP.LogprobError as e:
         raise BadRequest(str(e)) from None
+    fault = server.next_fault()
+    empty = fault is Fault.EMPTY_TURN
+    if empty:  # EOS first: one completion token, nothing to show
+        n, finish, lp_plan = 1, "stop", None
     gen = R.Generation(rid=rid, model=server.ns.served_model_name, created=int(time.time()),
                        prompt_ids=prompt_ids, output_ids=model_ids if lp_plan else draw_output_ids(seed, n),
-                       finish_reason=finish, reasoning=reasoning)
-    return Plan(gen, max_new, stream, server.next_fault(), logprobs=lp_plan)
+                       finish_reason=finish, reasoning=reasoning, empty=empty)
+    return Plan(gen, max_new, stream, fault, logprobs=lp_plan)
 
 
 def _reasoning_mode(server: SimServer, body: dict[str, Any]) -> str:
@@ -277,7 +281,7 @@ def _chat_whole(server: SimServer, plan: Plan, fin: Any) -> dict[str, Any]:
 
 
 def _generate_whole(server: SimServer, plan: Plan, fin: Any) -> dict[str, Any]:
-    text = decode(plan.gen.output_ids[: fin.completion_tokens])
+    text = "" if plan.gen.empty else decode(plan.gen.output_ids[: fin.completion_tokens])
     body = R.generate_body(plan.gen, fin, text=text, with_ids=True)
     if plan.logprobs is not None:
         body["meta_info"].update(LP.meta_info(plan.logprobs, plan.gen.output_ids[: fin.completion_tokens]))

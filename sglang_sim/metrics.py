@@ -1,6 +1,7 @@
 """/metrics in Prometheus text with SGLang 0.5.17's names (python/sglang/srt/observability/
 metrics_collector.py): scheduler gauges labelled like SGLang's SchedulerMetricsCollector
-(model_name, engine_type, tp_rank, pp_rank, dp_rank) and the tokenizer-side counters (labelled
+(model_name, engine_type, tp_rank, pp_rank, moe_ep_rank; no dp_rank, as SGLang at dp_size 1) and
+the tokenizer-side counters (labelled
 model_name). Values are read from the engine at scrape time through an own CollectorRegistry.
 tests/contract checks these names against the installed SGLang."""
 
@@ -32,12 +33,16 @@ _GAUGES = (
 _RANK_COUNTERS = (
     ("sglang:num_retracted_requests", "num_retracted_requests_total", "Total number of retracted requests."),
 )
-# (metric name without _total, field of engine.counters(), help) -- tokenizer-side, model_name only.
+# (metric name without _total, field of engine.counters(), help, extra label) -- tokenizer-side,
+# labelled model_name plus SGLang's split label; the sim does not split, so all counts go under
+# is_streaming="false" / cache_source="device" (the totals are right, the split is not modelled).
 _COUNTERS = (
-    ("sglang:prompt_tokens", "prompt_tokens_total", "Number of prefill tokens processed."),
-    ("sglang:generation_tokens", "generation_tokens_total", "Number of generation tokens processed."),
-    ("sglang:cached_tokens", "cached_tokens_total", "Number of cached prompt tokens."),
-    ("sglang:num_requests", "num_requests_total", "Number of requests processed."),
+    ("sglang:prompt_tokens", "prompt_tokens_total", "Number of prefill tokens processed.", ("is_streaming", "false")),
+    ("sglang:generation_tokens", "generation_tokens_total", "Number of generation tokens processed.",
+     ("is_streaming", "false")),
+    ("sglang:cached_tokens", "cached_tokens_total", "Number of cached prompt tokens by source (device/host/storage).",
+     ("cache_source", "device")),
+    ("sglang:num_requests", "num_requests_total", "Number of requests processed.", ("is_streaming", "false")),
 )
 
 
@@ -50,10 +55,10 @@ class SimCollector:
 
     def collect(self) -> Iterator[Metric]:
         loads, counters = self.snapshot()
-        rank_labels = ["model_name", "engine_type", "tp_rank", "pp_rank", "dp_rank"]
+        rank_labels = ["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"]
 
         def rank_values(load: dict[str, Any]) -> list[str]:
-            return [self.model_name, "unified", "0", "0", str(load.get("dp_rank", 0))]
+            return [self.model_name, "unified", "0", "0", "0"]
 
         for name, key, doc in _GAUGES:
             g = GaugeMetricFamily(name, doc, labels=rank_labels)
@@ -65,9 +70,9 @@ class SimCollector:
                 c = CounterMetricFamily(name, doc, labels=rank_labels)
                 c.add_metric(rank_values(loads[0]), float(counters[key]))
                 yield c
-        for name, key, doc in _COUNTERS:
-            c = CounterMetricFamily(name, doc, labels=["model_name"])
-            c.add_metric([self.model_name], float(counters.get(key, 0)))
+        for name, key, doc, (label, value) in _COUNTERS:
+            c = CounterMetricFamily(name, doc, labels=["model_name", label])
+            c.add_metric([self.model_name, value], float(counters.get(key, 0)))
             yield c
 
 

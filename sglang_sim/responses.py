@@ -35,6 +35,7 @@ class Generation:
     output_ids: list[int]
     finish_reason: str
     reasoning: str = "none"
+    empty: bool = False  # the EOS came first (fault empty_turn): no text at all
 
     @property
     def reasoning_tokens(self) -> int:
@@ -42,6 +43,8 @@ class Generation:
 
     def split_text(self, start: int, end: int) -> tuple[str, str]:
         """(reasoning text, content text) of output tokens [start, end)."""
+        if self.empty:
+            return "", ""
         r = self.reasoning_tokens
         reasoning = decode_output(self.output_ids[start:min(end, r)]) if start < r else ""
         content = decode_output(self.output_ids[max(start, r):end]) if end > r else ""
@@ -140,7 +143,7 @@ def generate_body(gen: Generation, fin: FinishedRequest, *, text: str, with_ids:
             "prompt_tokens": fin.prompt_tokens,
             "completion_tokens": fin.completion_tokens,
             "cached_tokens": fin.cached_tokens,
-            "total_retractions": fin.retractions,
+            "num_retractions": fin.retractions,  # SGLang 0.5.17's name (total_retractions before)
             "weight_version": "default",
             "e2e_latency": round(fin.e2e_latency_s, 6),
             "queue_time": round(fin.queue_time_s, 6),

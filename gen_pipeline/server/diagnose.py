@@ -27,6 +27,28 @@ COMMAND_ECHO = "$ "  # process.py writes the command as the log's first line, pr
 REFERENCE_HEADROOM = "the reference job keeps ~3.5 GB free per GPU"
 
 
+# Lines worth a word to the user once, not fatal: (kind, pattern, what it means for the job).
+_WARNINGS: tuple[tuple[str, re.Pattern[str], str], ...] = (
+    # SGLang 0.5.17 with --kv-cache-dtype fp8_e4m3 and a checkpoint without KV scales
+    # (srt/layers/quantization/kv_cache.py): scales of 1.0 can cost accuracy.
+    ("fp8_kv_scales", re.compile(r"Using FP8 KV cache but no scaling factors provided"),
+     "fp8 KV cache without scaling factors (SGLang uses 1.0): the outputs may be less accurate; "
+     "compare against kv_cache_dtype = \"auto\" on a sample before a long run"),
+)
+
+
+def find_warnings(lines: list[str]) -> list[tuple[str, str]]:
+    """(kind, advice) for each known warning in `lines`, in order, each kind once."""
+    found: dict[str, str] = {}
+    for line in lines:
+        if line.startswith(COMMAND_ECHO):
+            continue
+        for kind, pattern, said in _WARNINGS:
+            if kind not in found and pattern.search(line):
+                found[kind] = said
+    return list(found.items())
+
+
 @dataclass(frozen=True)
 class FatalLine:
     kind: str  # "not_enough_memory" | "oom" | "nccl" | "bad_flag"

@@ -10,7 +10,7 @@ import aiohttp
 from ..paths import display_path
 from ..errors import ServerStartupError
 from . import logfile
-from .diagnose import FatalLine, advice, find_fatal
+from .diagnose import FatalLine, advice, find_fatal, find_warnings
 from .process import ServerProcess
 from .profile import ServerProfile
 
@@ -40,9 +40,15 @@ async def wait_healthy(proc: ServerProcess, *, http: aiohttp.ClientSession, url:
     follower = logfile.LogFollower(proc.log_path)
     log = display_path(proc.log_path)
     next_progress_s = PROGRESS_EVERY_S
+    warned: set[str] = set()
     while True:
         rc = proc.returncode  # read before the log so the log is complete when rc is set
-        fatal = find_fatal(await anyio.to_thread.run_sync(follower.new_lines))
+        lines = await anyio.to_thread.run_sync(follower.new_lines)
+        for kind, said in find_warnings(lines):
+            if kind not in warned:
+                warned.add(kind)
+                on_event(f"SGLang warning: {said} (log: {log})")
+        fatal = find_fatal(lines)
         if fatal is not None or rc is not None:
             await proc.stop(profile.stop_grace_s)
             raise ServerStartupError(await _failure_message(proc, profile, fatal, rc))

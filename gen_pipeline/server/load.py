@@ -61,6 +61,10 @@ class RetractionTally:
         return self.total
 
 
+# Read for older servers only (0.4.7 .. 0.4.10); tests/contract checks the rest against 0.5.17.
+OLDER_SGLANG_NAMES = frozenset({"sglang:total_retracted_reqs"})
+
+
 @dataclass
 class _Sources:
     loads: bool | None = None  # None = not tried yet
@@ -122,17 +126,21 @@ def _retractions(values: dict[str, dict[str, float]], counted: float | None,
 
 
 def metric_values(text: str) -> dict[str, dict[str, float]]:
-    """sample name (sglang_ → sglang:) → {dp rank or engine: value}; one value per rank (the max)."""
-    out: dict[str, dict[str, float]] = {}
+    """sample name (sglang_ → sglang:) → {dp rank or engine: value}. Within a rank, samples that
+    differ only in tp_rank repeat one value (the max is kept); other labels (SGLang 0.5.17's
+    is_streaming, cache_source) split a total, so those are added up."""
+    per_series: dict[str, dict[str, dict[tuple, float]]] = {}
     for family in _families(text):
         for s in family.samples:
             if s.name.endswith("_created"):
                 continue
             name = "sglang:" + s.name[len("sglang_"):] if s.name.startswith("sglang_") else s.name
             rank = s.labels.get("dp_rank", s.labels.get("engine", ""))
-            per_rank = out.setdefault(name, {})
-            per_rank[rank] = max(per_rank.get(rank, s.value), s.value)  # tp ranks repeat a rank's value
-    return out
+            series = tuple(sorted((k, v) for k, v in s.labels.items() if k != "tp_rank"))
+            by_series = per_series.setdefault(name, {}).setdefault(rank, {})
+            by_series[series] = max(by_series.get(series, s.value), s.value)
+    return {name: {rank: sum(series.values()) for rank, series in ranks.items()}
+            for name, ranks in per_series.items()}
 
 
 def merge(snaps: list[LoadSnapshot]) -> LoadSnapshot:

@@ -5,12 +5,14 @@ KV-starved simulator seen through the real poller by the real controller."""
 from __future__ import annotations
 
 import anyio
+import aiohttp
 import httpx
 
 from gen_pipeline.controller import Controller
 from gen_pipeline.records import Capacity
 from gen_pipeline.server import read_load
-from gen_pipeline.server.load import RetractionTally, forget_sources, load_from_metrics
+from gen_pipeline.server import load
+from gen_pipeline.server.load import RetractionTally, load_from_metrics
 from sglang_sim.testing import start_sim
 
 _BASE = """# TYPE sglang:num_running_reqs gauge
@@ -70,17 +72,17 @@ async def _flood(http: httpx.AsyncClient, url: str, n: int) -> None:
 
 
 async def test_controller_sees_retractions_of_a_kv_starved_sim():
-    forget_sources()
+    load._KNOWN.clear()  # which load endpoints each URL answers is remembered for the process's life
     ctrl = Controller(Capacity(max_total_num_tokens=3000, max_running_requests=None, source="server_info"),
                       initial_tokens_per_request=100.0)
     reasons, texts = set(), []
     with start_sim(SIM, ready_timeout_s=20) as sim:
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient() as http, aiohttp.ClientSession() as session:  # ours: aiohttp
             async with anyio.create_task_group() as tg:
                 async def poll() -> None:  # the pipeline's cadence: retractions add up between polls
                     t = 0.0
                     while True:
-                        ctrl.observe_load(await read_load(http, [sim.url], now_s=t))
+                        ctrl.observe_load(await read_load(session, [sim.url], now_s=t))
                         reasons.add(ctrl.statistics().reason)
                         t += 0.25
                         await anyio.sleep(0.25)
@@ -93,7 +95,7 @@ async def test_controller_sees_retractions_of_a_kv_starved_sim():
                 tg.start_soon(scrape)
                 await _flood(http, sim.url, 40)
                 tg.cancel_scope.cancel()
-            ctrl.observe_load(await read_load(http, [sim.url], now_s=1e6))
+            ctrl.observe_load(await read_load(session, [sim.url], now_s=1e6))
             truth = (await http.get(sim.url + "/sim/stats")).json()["counters"]["num_retracted_requests_total"]
     assert truth > 0
     assert ctrl.statistics().retractions == truth  # the 0.5.17 counter, read through the poller
@@ -102,3 +104,14 @@ async def test_controller_sees_retractions_of_a_kv_starved_sim():
     gauge_only = ["\n".join(ln for ln in t.splitlines() if "num_retracted_requests" not in ln) for t in texts]
     tallied = _totals(gauge_only)[-1]
     assert 0 < tallied <= truth
+
+
+def test_split_counters_are_added_and_tp_repeats_are_not():
+    text = (_BASE + "# TYPE sglang:generation_tokens_total counter\n"
+            'sglang:generation_tokens_total{model_name="m",is_streaming="false"} 100.0\n'
+            'sglang:generation_tokens_total{model_name="m",is_streaming="true"} 40.0\n'
+            "# TYPE sglang:num_used_tokens gauge\n"
+            'sglang:num_used_tokens{dp_rank="0",tp_rank="0"} 500.0\nsglang:num_used_tokens{dp_rank="0",tp_rank="1"} 500.0\n'
+            'sglang:num_used_tokens{dp_rank="1",tp_rank="0"} 300.0\n')
+    snap = load_from_metrics(text, 0.0)
+    assert (snap.gen_tokens_total, snap.used_tokens) == (140, 800)

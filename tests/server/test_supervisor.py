@@ -197,3 +197,22 @@ async def test_cancel_during_startup_stops_the_group(tmp_path, spawned):
             await run_server(profile, log_dir=tmp_path, http=http)
     assert scope.cancelled_caught
     assert len(spawned) == 1 and group_gone(spawned[0])
+
+
+FP8_WARNING = ("Using FP8 KV cache but no scaling factors provided. Defaulting to scaling factors of 1.0. "
+               "This may lead to less accurate results!")
+
+
+async def test_fp8_kv_warning_is_surfaced_once_and_not_fatal(tmp_path, spawned):
+    # SGLang 0.5.17 logs this with --kv-cache-dtype fp8_e4m3 (issue 9); once per TP rank, here twice.
+    events: list[str] = []
+    profile = sim_profile("--sim-startup-log", FP8_WARNING, "--sim-startup-log", FP8_WARNING)
+    async with httpx.AsyncClient() as http:
+        async with anyio.create_task_group() as tg:
+            handle = await tg.start(partial(run_server, profile, log_dir=tmp_path, http=http, on_event=events.append))
+            await handle.wait_ready()
+            tg.cancel_scope.cancel()
+    warnings = [e for e in events if e.startswith("SGLang warning:")]
+    assert warnings == [
+        "SGLang warning: fp8 KV cache without scaling factors (SGLang uses 1.0): the outputs may be less accurate; "
+        f"compare against kv_cache_dtype = \"auto\" on a sample before a long run (log: {tmp_path / 'server.log'})"]

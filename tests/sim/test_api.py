@@ -190,7 +190,7 @@ def test_generate_native_meta_info(client: httpx.Client) -> None:
         assert isinstance(body["text"], str) and len(body["output_ids"]) == meta["completion_tokens"]
         assert meta["finish_reason"] in ({"type": "length", "length": 5}, {"type": "stop", "matched": 163586})
         assert isinstance(meta["id"], str) and isinstance(meta["e2e_latency"], float)
-        assert (meta["prompt_tokens"], meta["total_retractions"]) == (len(encode(prompt.get("text", ""))) or 3, 0)
+        assert (meta["prompt_tokens"], meta["num_retractions"]) == (len(encode(prompt.get("text", ""))) or 3, 0)
         assert isinstance(meta["cached_tokens"], int)
 
 
@@ -234,7 +234,7 @@ def test_metrics_parse_with_sglang_names(client: httpx.Client) -> None:
     assert [s.value for s in families["sglang:num_retracted_reqs"].samples] == [0.0]
     [sample] = families["sglang:num_running_reqs"].samples
     assert sample.labels == {"model_name": "kimi-sim", "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
-                             "dp_rank": "0"}
+                             "moe_ep_rank": "0"}
     counters = client.get("/sim/stats").json()["counters"]
     [gen_total] = families["sglang:generation_tokens"].samples
     assert gen_total.name == "sglang:generation_tokens_total"

@@ -368,6 +368,7 @@ def test_loads_fields() -> None:
         "num_used_tokens": 100, "num_total_tokens": 130, "num_active_tokens": 130, "max_total_num_tokens": 1000,
         "max_running_requests": 1, "token_usage": 0.1, "gen_throughput": 0.0, "cache_hit_rate": 0.0,
         "utilization": 0.1, "total_prefill_uncached_tokens": 100,
+        "total_prefill_busy_us": engine.counters()["prefill_busy_us_total"], "decode_moments": None,
         "queues": {"waiting": 1, "grammar": 0, "paused": 0, "retracted": 0, "prealloc_ready": 0},
     }
     for _ in range(40):

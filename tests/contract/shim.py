@@ -1,0 +1,66 @@
+"""What SGLang 0.5.17 imports and a CPU machine cannot load, replaced before `import sglang`.
+
+One thing is stubbed: `torchvision`. PyPI's Linux torchvision wheels are CUDA builds (they ship
+libcudart/libnvjpeg), whose ops library does not load against the CPU torch the contract venv
+uses ("operator torchvision::nms does not exist"). SGLang imports `torchvision.io.decode_jpeg`
+at module level (srt/utils/common.py) and registers transformers' fast image processors, which
+import torchvision.transforms*; nothing the contract checks calls them. The stub answers any
+`torchvision.*` module and any attribute with an inert placeholder that raises when called.
+Everything else (torch CPU, triton, transformers, pydantic, fastapi, ...) is the real package.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+
+STUBBED = ("torchvision",)
+
+
+class _Placeholder:
+    """Stands for any torchvision object; attribute access works, a call says what happened."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> _Placeholder:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _Placeholder(f"{self._name}.{attr}")
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        raise RuntimeError(f"{self._name} is stubbed in the contract venv (tests/contract/shim.py)")
+
+    def __repr__(self) -> str:
+        return f"<stub {self._name}>"
+
+
+class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001 - importlib's signature
+        if fullname.split(".")[0] in STUBBED:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):  # noqa: ANN001
+        module = types.ModuleType(spec.name)
+        module.__path__ = []
+        module.__version__ = "0.0+contract-stub"
+        module.__file__ = __file__  # some callers look at where a module lives
+
+        def attribute(attr: str) -> _Placeholder:
+            if attr.startswith("__"):
+                raise AttributeError(attr)
+            return _Placeholder(f"{spec.name}.{attr}")
+        module.__getattr__ = attribute  # type: ignore[method-assign]
+        return module
+
+    def exec_module(self, module) -> None:  # noqa: ANN001
+        pass
+
+
+def install() -> None:
+    """Put the stub finder first on sys.meta_path (idempotent)."""
+    if not any(isinstance(f, _StubFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _StubFinder())

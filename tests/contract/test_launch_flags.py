@@ -1,0 +1,118 @@
+"""Every launch command the shipped profiles produce parses with SGLang's own parser
+(ServerArgs.add_cli_args + from_cli_args) to the values the profile meant; a flag SGLang does
+not know names the profile and the TOML key that produced it."""
+
+from __future__ import annotations
+
+import argparse
+import tomllib
+from pathlib import Path
+
+import pytest
+from sglang_contract import PIN, ParsedArgs, ParseError, installed_version, sglang_parser
+
+from gen_pipeline.server import command
+from gen_pipeline.server.profile import DEFAULT_SERVER_CONFIG, SGLANG_COMMAND, ServerProfile, load_server_profile
+from sglang_sim import cli as sim_cli
+
+# Profile key -> the ServerArgs field it sets (where the names differ: hicache_size is GB too).
+FIELD = {"hicache_size_gb": "hicache_size"}
+PROFILES = sorted(tomllib.loads(DEFAULT_SERVER_CONFIG.read_text())["profile"])
+
+
+def test_installed_sglang_is_the_pin():
+    assert installed_version() == PIN
+
+
+def sglang_flags(profile: ServerProfile) -> list[str]:
+    """What follows the command in build_command's argv; a simulator profile's own extra_args
+    (--sim-*, --time-scale) are the simulator's, not SGLang's, and are left out."""
+    argv = command.build_command(profile, port=30000, python="python")
+    flags = argv[len(profile.command):]
+    if tuple(profile.command) != SGLANG_COMMAND and profile.extra_args:
+        flags = flags[:len(flags) - len(profile.extra_args)]
+    return flags
+
+
+def parse(profile: ServerProfile, name: str, where: str) -> ParsedArgs:
+    """SGLang's parse of the profile's flags; AssertionError naming profile + key otherwise."""
+    parser = sglang_parser()
+    flags = sglang_flags(profile)
+    for flag in (f.split("=", 1)[0] for f in flags if f.startswith("--")):
+        if flag not in parser._option_string_actions:
+            raise AssertionError(f"{where}: profile {name!r}, key {command.flag_origin(profile, flag)!r} "
+                                 f"produced {flag}, which SGLang {installed_version()}'s parser does not know")
+    try:
+        ns = parser.parse_args(flags)
+    except ParseError as e:
+        flag = next((f for f in flags if f.startswith("--") and f in str(e)), None)
+        key = command.flag_origin(profile, flag) if flag else None
+        raise AssertionError(f"{where}: profile {name!r}, key {key!r}: SGLang {installed_version()} "
+                             f"rejects {' '.join(flags)}: {e}") from None
+    return ParsedArgs.from_cli_args(ns)
+
+
+def meant(profile: ServerProfile, key: str) -> object:
+    """The ServerArgs value a profile key means: unset keys leave SGLang's default."""
+    value = getattr(profile, key)
+    if value is None or value == "" or value is False or (key == "hicache_size_gb" and value == 0):
+        return getattr(ParsedArgs, FIELD.get(key, key))  # the dataclass default
+    return value
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_profile_parses_with_sglangs_parser_to_what_it_meant(name):
+    profile = load_server_profile(name)
+    args = parse(profile, name, str(DEFAULT_SERVER_CONFIG))
+    for key in command.FLAGS:
+        assert getattr(args, FIELD.get(key, key)) == meant(profile, key), (name, key)
+    assert args.port == 30000
+    if tuple(profile.command) == SGLANG_COMMAND:  # what the launcher runs is SGLang's server module
+        assert profile.command[-1] == "sglang.launch_server"
+
+
+def test_tuned_means_the_reference_settings():
+    args = parse(load_server_profile("tuned"), "tuned", "server.toml")
+    assert (args.tp_size, args.mem_fraction_static, args.kv_cache_dtype, args.enable_hierarchical_cache,
+            args.hicache_size, args.num_continuous_decode_steps, args.enable_metrics, args.reasoning_parser,
+            args.trust_remote_code) == (8, 0.9, "fp8_e4m3", True, 48, 4, True, "kimi_k2", True)
+
+
+def _toml(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "server.toml"
+    path.write_text('[profile.base]\nmodel_path = "m"\n' + body)
+    return path
+
+
+def test_unknown_flag_in_extra_args_names_profile_and_key(tmp_path):
+    path = _toml(tmp_path, '[profile.bad]\ninherits = "base"\nextra_args = ["--enable-metrix"]\n')
+    with pytest.raises(AssertionError) as e:
+        parse(load_server_profile("bad", path), "bad", str(path))
+    assert str(e.value) == (f"{path}: profile 'bad', key 'extra_args' produced --enable-metrix, "
+                            f"which SGLang {PIN}'s parser does not know")
+
+
+def test_renamed_flag_names_the_key_that_produced_it(tmp_path, monkeypatch):
+    # As if SGLang renamed --kv-cache-dtype: our FLAGS table still says the old spelling.
+    monkeypatch.setitem(command.FLAGS, "kv_cache_dtype", "--kv-cache-type")
+    path = _toml(tmp_path, '[profile.fp8]\ninherits = "base"\nkv_cache_dtype = "fp8_e4m3"\n')
+    with pytest.raises(AssertionError, match=r"profile 'fp8', key 'kv_cache_dtype' produced --kv-cache-type,"):
+        parse(load_server_profile("fp8", path), "fp8", str(path))
+
+
+def test_bad_value_names_the_key(tmp_path):
+    path = _toml(tmp_path, '[profile.q]\ninherits = "base"\nkv_cache_dtype = "fp3"\n')
+    with pytest.raises(AssertionError, match=r"profile 'q', key 'kv_cache_dtype': .*invalid choice: 'fp3'"):
+        parse(load_server_profile("q", path), "q", str(path))
+
+
+def test_simulators_sglang_flags_are_sglangs():
+    """The simulator takes SGLang's spellings (the launcher starts it the same way): each of them,
+    stored under SGLang's name (/server_info shows it), and each --kv-cache-dtype choice."""
+    ours = argparse.ArgumentParser(allow_abbrev=False)
+    sim_cli._sglang_flags(ours)
+    theirs = sglang_parser()._option_string_actions
+    flags = [f for f in ours._option_string_actions if f.startswith("--")]
+    assert sorted(f for f in flags if f not in theirs) == []
+    assert {f: ours._option_string_actions[f].dest for f in flags} == {f: theirs[f].dest for f in flags}
+    assert set(sim_cli.KV_CACHE_DTYPES) <= set(theirs["--kv-cache-dtype"].choices)

@@ -1,0 +1,105 @@
+"""The simulator's /v1/chat/completions (whole and streamed, reasoning included) and /generate
+answers validate against SGLang's own protocol models, and carry no field SGLang does not have."""
+
+from __future__ import annotations
+
+import ast
+import json
+
+import httpx
+import pydantic
+from sglang_contract import source
+
+CHAT = {"model": "sim", "messages": [{"role": "user", "content": "Say something."}], "max_tokens": 60,
+        "separate_reasoning": True}
+
+
+def only_known_fields(model: type[pydantic.BaseModel], data: object, where: str) -> None:
+    """Every key of `data` is a field of `model` (recursively through nested models), so a field
+    SGLang does not serve cannot hide behind a model that allows extras."""
+    if not isinstance(data, dict):
+        return
+    extra = set(data) - set(model.model_fields)
+    assert not extra, f"{where}: {sorted(extra)} not in SGLang's {model.__name__}"
+    for name, value in data.items():
+        for sub in _models(model.model_fields[name].annotation):
+            for item in value if isinstance(value, list) else [value]:
+                only_known_fields(sub, item, f"{where}.{name}")
+
+
+def _models(annotation: object) -> list[type[pydantic.BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        return [annotation]
+    return [m for arg in getattr(annotation, "__args__", ()) for m in _models(arg)]
+
+
+def test_chat_completion_validates_with_reasoning(sim):
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionResponse
+
+    body = httpx.post(sim.url + "/v1/chat/completions", json=CHAT, timeout=60).json()
+    parsed = ChatCompletionResponse.model_validate(body)
+    message = parsed.choices[0].message
+    assert message.role == "assistant" and message.content and message.reasoning_content
+    assert parsed.usage.completion_tokens > 0
+    only_known_fields(ChatCompletionResponse, body, "chat.completion")
+
+
+def test_streamed_chunks_validate_with_reasoning(sim):
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionStreamResponse
+
+    request = CHAT | {"stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", sim.url + "/v1/chat/completions", json=request, timeout=60) as r:
+        events = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    parsed = [ChatCompletionStreamResponse.model_validate(c) for c in chunks]
+    for c in chunks:
+        only_known_fields(ChatCompletionStreamResponse, c, "chat.completion.chunk")
+    deltas = [ch.delta for p in parsed for ch in p.choices]
+    assert any(d.reasoning_content for d in deltas) and any(d.content for d in deltas)
+    assert parsed[-1].usage is not None and parsed[-1].usage.completion_tokens > 0
+
+
+_META_NAMES = {"meta_info", "meta_data"}
+_META_SOURCES = ("srt/managers/tokenizer_manager.py", "srt/observability/req_time_stats.py")
+
+
+def _meta_info_keys() -> set[str]:
+    """Keys SGLang puts in meta_info (its tokenizer manager, plus the time stats it merges in):
+    dict literals assigned to or `.update()`d into `meta_info`, and every `meta_info[...] = `."""
+    keys: set[str] = set()
+    for module in _META_SOURCES:
+        for node in ast.walk(ast.parse(source(module))):
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    if isinstance(target, ast.Name) and target.id in _META_NAMES:
+                        keys |= _literal_keys(node.value)
+                    elif isinstance(target, ast.Subscript) and _is_meta_info(target.value):
+                        keys |= _literal_keys(ast.Dict(keys=[target.slice], values=[target.slice]))
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "update"
+                  and _is_meta_info(node.func.value) and node.args):
+                keys |= _literal_keys(node.args[0])
+    return keys
+
+
+def _literal_keys(node: ast.expr) -> set[str]:
+    if not isinstance(node, ast.Dict):
+        return set()
+    return {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+
+
+def _is_meta_info(node: ast.expr) -> bool:
+    if isinstance(node, ast.Name):
+        return node.id in _META_NAMES
+    return isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value == "meta_info"
+
+
+def test_generate_meta_info_keys_are_sglangs(sim):
+    body = httpx.post(sim.url + "/generate", json={"text": "Hello", "sampling_params": {"max_new_tokens": 20}},
+                      timeout=60).json()
+    known = _meta_info_keys()
+    assert {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "num_retractions",
+            "e2e_latency", "queue_time"} <= known
+    assert sorted(set(body["meta_info"]) - known) == []
+    assert set(body) <= {"text", "output_ids", "meta_info"}
+    assert body["meta_info"]["finish_reason"]["type"] in ("stop", "length")
