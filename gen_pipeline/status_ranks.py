@@ -17,6 +17,7 @@ from pathlib import Path
 from .layout import REJECTS_NAME, rank_parts, read_jsonl_rows
 from .manifest import read_manifest
 from .ranks import rank_folder_name, rank_share
+from .progress import format_duration
 from .status import DatasetStatus, _duration, _si, read_part_status
 
 STALE_AFTER_S = 120.0  # runs commit their manifest every ~5 s (RunOptions.commit_interval_s)
@@ -91,7 +92,7 @@ def _state(ranks: list[DatasetStatus], live: int) -> str:
 
 
 def _ago(age_s: float | None) -> str:
-    return "-" if age_s is None else f"{_duration(age_s) if age_s >= 1 else '0m00s'} ago"
+    return "-" if age_s is None else f"{format_duration(max(age_s, 0.0))} ago"
 
 
 def format_ranks(datasets: list[DatasetStatus]) -> list[str]:

@@ -47,7 +47,7 @@ async def wait_healthy(proc: ServerProcess, *, http: aiohttp.ClientSession, url:
         for kind, said in find_warnings(lines):
             if kind not in warned:
                 warned.add(kind)
-                on_event(f"SGLang warning: {said} (log: {log})")
+                log_event.warning("SGLang warning: %s (log: %s)", said, log)
         fatal = find_fatal(lines)
         if fatal is not None or rc is not None:
             await proc.stop(profile.stop_grace_s)

@@ -3,6 +3,7 @@ start-up failures, cancellation leaving no process behind."""
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 
 import aiohttp
@@ -203,16 +204,16 @@ FP8_WARNING = ("Using FP8 KV cache but no scaling factors provided. Defaulting t
                "This may lead to less accurate results!")
 
 
-async def test_fp8_kv_warning_is_surfaced_once_and_not_fatal(tmp_path, spawned):
+async def test_fp8_kv_warning_is_surfaced_once_and_not_fatal(tmp_path, spawned, caplog):
     # SGLang 0.5.17 logs this with --kv-cache-dtype fp8_e4m3 (issue 9); once per TP rank, here twice.
-    events: list[str] = []
+    caplog.set_level(logging.INFO, logger="gen_pipeline")
     profile = sim_profile("--sim-startup-log", FP8_WARNING, "--sim-startup-log", FP8_WARNING)
-    async with httpx.AsyncClient() as http:
+    async with aiohttp.ClientSession() as http:
         async with anyio.create_task_group() as tg:
-            handle = await tg.start(partial(run_server, profile, log_dir=tmp_path, http=http, on_event=events.append))
+            handle = await tg.start(partial(run_server, profile, log_dir=tmp_path, http=http))
             await handle.wait_ready()
             tg.cancel_scope.cancel()
-    warnings = [e for e in events if e.startswith("SGLang warning:")]
+    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("SGLang warning:")]
     assert warnings == [
         "SGLang warning: fp8 KV cache without scaling factors (SGLang uses 1.0): the outputs may be less accurate; "
         f"compare against kv_cache_dtype = \"auto\" on a sample before a long run (log: {tmp_path / 'server.log'})"]
