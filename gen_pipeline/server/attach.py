@@ -21,7 +21,7 @@ from anyio.abc import TaskStatus
 from ..errors import ServerError
 from .capacity import combine, get_json
 from .fleet import Fleet
-from .fleet_watch import FleetWatch
+from .fleet_watch import FleetWatch, read_fleet_load
 from .handle import ServerHandle
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ async def run_attached(urls: list[str], *, http: aiohttp.ClientSession, health_i
         else:
             await watch.refresh(url)
     watch.resum()
+    await read_fleet_load(http, handle, time.monotonic())  # the first requests already go by free KV
     log.info("attached to %s: %s", ", ".join(urls), handle.summary_line())
     task_status.started(handle)
     await watch.run()

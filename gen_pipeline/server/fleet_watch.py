@@ -24,6 +24,8 @@ from .health import check_timeout_s, is_healthy
 from .load import merge, read_load
 
 log = logging.getLogger(__name__)
+TICK_S = 0.25  # capacity follows a server the client took out within this
+ROUTERS_EVERY_S = 1.0  # a router's /workers is cheap: a worker added or lost is seen within a second
 
 
 class FleetWatch:
@@ -64,32 +66,42 @@ class FleetWatch:
             self.handle.capacity = capacity
 
     async def run(self) -> None:
-        down_s = 0.0
+        """Every TICK_S: capacity follows what the client took out, a router's workers are re-read (each
+        ROUTERS_EVERY_S); every interval_s: health checks and due probes. Raises ServerError once all
+        servers stayed down give_up_after_s."""
+        down_s, resummed = 0.0, self.fleet.version
+        next_routers_s = next_health_s = time.monotonic()
         while True:
-            await anyio.sleep(self.interval_s)
-            version = self.fleet.version
-            before = list(self.handle.worker_urls)
-            await self._check_up()
-            await self._probe_down()
-            await self._reread_routers()
-            if self.fleet.version != version or self._workers_up() != before:
+            await anyio.sleep(min(self.interval_s, TICK_S))
+            now_s = time.monotonic()
+            if now_s >= next_routers_s:
+                next_routers_s = now_s + ROUTERS_EVERY_S
+                await self._reread_routers()
+            if now_s >= next_health_s:
+                next_health_s = now_s + self.interval_s
+                await self._check_up()
+                await self._probe_down()
+                down_s = 0.0 if self.fleet.up_urls else down_s + self.interval_s
+                self._readiness(down_s)
+            if self.fleet.version != resummed or self._workers_up() != self.handle.worker_urls:
+                resummed = self.fleet.version
                 self.resum()
-            if self.fleet.up_urls:
-                down_s = 0.0
-                if not self.handle.ready:
-                    self.handle.mark_ready()
-                    log.info("server is back: %s", self.handle.summary_line())
-                continue
-            if self.handle.ready:
-                self.handle.mark_down()
-                log.warning("no server answers (%s); dispatch paused", ", ".join(self.fleet.urls))
-            down_s += self.interval_s
-            if down_s >= self.give_up_after_s:
-                error = ServerError(f"The server at {', '.join(self.fleet.urls)} has not answered /health for "
-                                    f"{self.give_up_after_s:g} s; giving up. The run is resumable: run the same "
-                                    "command once the server is back.")
-                self.handle.mark_failed(error)
-                raise error
+
+    def _readiness(self, down_s: float) -> None:
+        if self.fleet.up_urls:
+            if not self.handle.ready:
+                self.handle.mark_ready()
+                log.info("server is back: %s", self.handle.summary_line())
+            return
+        if self.handle.ready:
+            self.handle.mark_down()
+            log.warning("no server answers (%s); dispatch paused", ", ".join(self.fleet.urls))
+        if down_s >= self.give_up_after_s:
+            error = ServerError(f"The server at {', '.join(self.fleet.urls)} has not answered /health for "
+                                f"{self.give_up_after_s:g} s; giving up. The run is resumable: run the same "
+                                "command once the server is back.")
+            self.handle.mark_failed(error)
+            raise error
 
     def _workers_up(self) -> list[str]:
         return [w for u in self.fleet.up_urls for w in self.workers.get(u, [])]
