@@ -293,7 +293,8 @@ class ChatClient:
         try:
             response = await self._post(f"{url}/v1/chat/completions", body)
         except _Retryable as e:
-            if e.reason == "connection" and fleet.failed(url, time.monotonic()) and len(fleet.urls) > 1:
+            # one server: no other to send it to; its health checks pause dispatch (as for a restart)
+            if e.reason == "connection" and len(fleet.urls) > 1 and fleet.failed(url, time.monotonic()):
                 log.warning("took %s out after %d connection errors in a row; %d of %d servers left, probing it "
                             "back with backoff", url, fleet.fail_after, len(fleet.up_urls), len(fleet.urls))
             raise

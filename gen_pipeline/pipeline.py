@@ -140,6 +140,9 @@ class _Run:
             if self.handle.capacity is not capacity and self.window.controller is not None:
                 capacity = self.handle.capacity  # re-read after a server restart
                 self.window.controller.update_capacity(capacity)
+            ctl = self.window.controller_stats()
+            if self.handle.fleet is not None and ctl is not None and ctl.held_tokens_per_request > 0:
+                self.handle.fleet.tokens_per_request = ctl.held_tokens_per_request  # KV a request sent holds
             snap = await read_fleet_load(http, self.handle, time.monotonic())
             if snap is not None:
                 self.stats.note_load(snap)

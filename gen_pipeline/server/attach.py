@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 import anyio
 import aiohttp
@@ -19,9 +18,9 @@ import orjson
 from anyio.abc import TaskStatus
 
 from ..errors import ServerError
-from .capacity import combine, get_json
+from .capacity import combine
 from .fleet import Fleet
-from .fleet_watch import FleetWatch, read_fleet_load
+from .fleet_watch import FleetWatch, read_fleet_load, worker_urls  # noqa: F401 (worker_urls: its old home)
 from .handle import ServerHandle
 
 log = logging.getLogger(__name__)
@@ -119,26 +118,3 @@ def _model_id(status: int, body: bytes) -> str | None:
         return str(data[0]["id"])
     except (orjson.JSONDecodeError, AttributeError, LookupError, TypeError):
         return None
-
-
-async def worker_urls(http: aiohttp.ClientSession, url: str) -> list[str]:
-    """The servers behind an sglang-router at `url`, or [url] when it is a server itself."""
-    for path in ("/workers", "/list_workers"):
-        body = await get_json(http, url + path)
-        found = _urls_in(body)
-        if found:
-            return found
-    return [url]
-
-
-def _urls_in(body: Any) -> list[str]:
-    items = body.get("workers", body.get("urls")) if isinstance(body, dict) else body
-    if not isinstance(items, list):
-        return []
-    urls = []
-    for it in items:
-        if isinstance(it, dict):  # sglang-router keeps a dead worker listed, is_healthy false: no capacity
-            it = it.get("url") if it.get("is_healthy") is not False else None
-        if isinstance(it, str) and it.startswith("http"):
-            urls.append(it.rstrip("/"))
-    return urls

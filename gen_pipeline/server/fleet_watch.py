@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import aiohttp
 import anyio
 
 from ..errors import ServerError
 from ..records import Capacity, LoadSnapshot
-from .capacity import combine, probe
+from .capacity import combine, get_json, probe
 from .handle import ServerHandle
 from .health import check_timeout_s, is_healthy
 from .load import merge, read_load
@@ -42,7 +43,6 @@ class FleetWatch:
 
     async def refresh(self, url: str) -> None:
         """(Re-)read which servers `url` stands for and their capacity and info."""
-        from .attach import worker_urls  # attach imports this module
         self.workers[url] = await worker_urls(self.http, url)
         for worker in self.workers[url]:
             await self._probe(worker)
@@ -62,7 +62,7 @@ class FleetWatch:
             plain = self.workers.get(url) == [url]
             self.fleet.set_capacity(url, self.caps[url].max_total_num_tokens if plain and url in self.caps else None)
         capacity = combine([self.caps[w] for w in up if w in self.caps])
-        if capacity != self.handle.capacity:
+        if up and capacity != self.handle.capacity:  # none up: dispatch is paused, the last figure stands
             self.handle.capacity = capacity
 
     async def run(self) -> None:
@@ -119,7 +119,9 @@ class FleetWatch:
                     url, why, left, len(self.fleet.urls))
 
     async def _probe_down(self) -> None:
-        for url in self.fleet.due_probes(time.monotonic()):
+        # all down (dispatch paused): probe every interval, there is nothing to spare them for
+        due = self.fleet.due_probes(time.monotonic()) if self.fleet.up_urls else self.fleet.down_urls
+        for url in due:
             if not await is_healthy(self.http, url, self.timeout_s):
                 self.fleet.probe_failed(url, time.monotonic())
                 continue
@@ -132,7 +134,6 @@ class FleetWatch:
             log.info("%s is back in; %d of %d servers up", url, len(self.fleet.up_urls), len(self.fleet.urls))
 
     async def _reread_routers(self) -> None:
-        from .attach import worker_urls
         for url in self.fleet.up_urls:
             known = self.workers.get(url, [url])
             if known == [url]:
@@ -156,3 +157,26 @@ async def read_fleet_load(http: aiohttp.ClientSession, handle: ServerHandle, now
         handle.fleet.update({u: s for u, s in snaps.items() if u in handle.fleet.urls})
     found = [s for s in snaps.values() if s is not None]
     return merge(found) if found else None
+
+
+async def worker_urls(http: aiohttp.ClientSession, url: str) -> list[str]:
+    """The servers behind an sglang-router at `url`, or [url] when it is a server itself."""
+    for path in ("/workers", "/list_workers"):
+        body = await get_json(http, url + path)
+        found = _urls_in(body)
+        if found:
+            return found
+    return [url]
+
+
+def _urls_in(body: Any) -> list[str]:
+    items = body.get("workers", body.get("urls")) if isinstance(body, dict) else body
+    if not isinstance(items, list):
+        return []
+    urls = []
+    for it in items:
+        if isinstance(it, dict):  # sglang-router keeps a dead worker listed, is_healthy false: no capacity
+            it = it.get("url") if it.get("is_healthy") is not False else None
+        if isinstance(it, str) and it.startswith("http"):
+            urls.append(it.rstrip("/"))
+    return urls

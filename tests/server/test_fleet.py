@@ -115,3 +115,17 @@ def test_update_ignores_unknown_urls_and_a_missing_answer_drops_the_figure():
 def test_an_empty_fleet_is_refused():
     with pytest.raises(ValueError):
         Fleet([])
+
+
+@pytest.mark.parametrize("body, expected", [
+    # sglang-router 0.3 GET /workers: a dead worker stays listed with is_healthy false
+    ({"workers": [{"url": "http://w1:1", "is_healthy": True}, {"url": "http://w2:2/", "is_healthy": False},
+                  {"url": "http://w3:3"}], "total": 3}, ["http://w1:1", "http://w3:3"]),
+    ({"urls": ["http://w1:1", "http://w2:2"]}, ["http://w1:1", "http://w2:2"]),  # older routers
+    (["http://w1:1", "not a url", 7], ["http://w1:1"]),
+    ({"workers": "none"}, []),
+    (None, []),
+])
+def test_router_worker_lists(body, expected):
+    from gen_pipeline.server.fleet_watch import _urls_in
+    assert _urls_in(body) == expected
