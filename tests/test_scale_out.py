@@ -25,6 +25,7 @@ from pipeline_helpers import SIM_FAST, assert_exact, make_rows, start_cli, write
 from sglang_sim.testing import SimProcess, free_port, sim_command, start_sim, wait_healthy
 
 SIM = [*SIM_FAST, "--max-total-tokens", "20000", "--time-scale", "1"]  # a run lasts a few seconds
+SIM_SLOW = [*SIM, "--time-scale", "0.1"]  # long enough for a death to be seen mid-run (the router: ~2 s)
 
 
 @pytest.fixture
@@ -96,19 +97,22 @@ def telemetry(tmp_path: Path) -> list[dict]:
 
 # ---------------------------------------------------------------- direct: --server-url A,B,C
 
-def test_direct_one_server_killed_mid_run_the_rest_finish_exactly(three_sims, tmp_path):
-    toml = dataset(tmp_path, target=150)
-    proc, log = generate(tmp_path, toml, ",".join(s.url for s in three_sims))
-    wait_lines(tmp_path / "out" / "T", 30, proc)
-    dead = three_sims[2]
-    sigkill(dead)
-    text = finish(proc, log)
-    assert_exact(tmp_path / "out", 150)
+def test_direct_one_server_killed_mid_run_the_rest_finish_exactly(tmp_path):
+    with ExitStack() as stack:
+        three_sims = [stack.enter_context(start_sim(SIM_SLOW, ready_timeout_s=30)) for _ in range(3)]
+        toml = dataset(tmp_path, target=600)  # several windows' worth: the death lands mid-run
+        proc, log = generate(tmp_path, toml, ",".join(s.url for s in three_sims))
+        wait_lines(tmp_path / "out" / "T", 100, proc)
+        dead = three_sims[2]
+        sigkill(dead)
+        text = finish(proc, log)
+    assert_exact(tmp_path / "out", 600)
     assert f"took {dead.url} out after " in text and "2 of 3 servers left" in text
     for alive in three_sims[:2]:
         assert f"took {alive.url} out" not in text
     rows = telemetry(tmp_path)
     assert rows[0]["kv_capacity_tokens"] == 60_000 and rows[-1]["kv_capacity_tokens"] == 40_000  # re-summed
+    assert rows[-1]["reason"].startswith("new capacity")  # the controller was told (update_capacity)
 
 
 def test_direct_requests_go_to_the_server_with_the_most_free_kv(tmp_path):
@@ -187,9 +191,6 @@ def router(workers: list[SimProcess], tmp_path: Path) -> Iterator[str]:
         proc.wait(10)
 
 
-SIM_SLOW = [*SIM, "--time-scale", "0.1"]  # the router needs ~2 s to mark a dead worker unhealthy
-
-
 def test_router_worker_killed_mid_run_and_one_added_the_run_is_exact(tmp_path):
     with ExitStack() as stack:
         three_sims = [stack.enter_context(start_sim(SIM_SLOW, ready_timeout_s=30)) for _ in range(3)]
@@ -206,5 +207,7 @@ def test_router_worker_killed_mid_run_and_one_added_the_run_is_exact(tmp_path):
         text = finish(proc, log)
         assert_exact(tmp_path / "out", 500)
     assert f"-{three_sims[0].url}" in text and f"+{fourth.url}" in text  # "router ... workers changed (...)"
-    capacities = [r["kv_capacity_tokens"] for r in telemetry(tmp_path)]
+    rows = telemetry(tmp_path)
+    capacities = [r["kv_capacity_tokens"] for r in rows]
     assert capacities[0] == 60_000 and 40_000 in capacities and capacities[-1] == 60_000, capacities
+    assert rows[-1]["reason"].startswith("new capacity")  # the controller was told (update_capacity)
