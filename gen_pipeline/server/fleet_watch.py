@@ -39,7 +39,7 @@ class FleetWatch:
         self.interval_s, self.give_up_after_s = interval_s, give_up_after_s
         self.timeout_s = check_timeout_s(interval_s)
         self.workers: dict[str, list[str]] = {}  # base URL → the servers it stands for ([itself] unless a router)
-        self.caps: dict[str, Capacity] = {}  # per server
+        self.caps: dict[str, Capacity | None] = {}  # per server (None: it does not say)
 
     async def refresh(self, url: str) -> None:
         """(Re-)read which servers `url` stands for and their capacity and info."""
@@ -59,8 +59,8 @@ class FleetWatch:
         up = [w for u in self.fleet.up_urls for w in self.workers.get(u, [])]
         self.handle.worker_urls = up
         for url in self.fleet.urls:
-            plain = self.workers.get(url) == [url]
-            self.fleet.set_capacity(url, self.caps[url].max_total_num_tokens if plain and url in self.caps else None)
+            cap = self.caps.get(url) if self.workers.get(url) == [url] else None  # a router's is its workers'
+            self.fleet.set_capacity(url, cap.max_total_num_tokens if cap is not None else None)
         capacity = combine([self.caps[w] for w in up if w in self.caps])
         if up and capacity != self.handle.capacity:  # none up: dispatch is paused, the last figure stands
             self.handle.capacity = capacity
