@@ -1,7 +1,7 @@
 """`make bench` = `python -m bench [NAME ...]`: runs the benchmarks in turn; each writes its own
 section of bench/results.json and bench/RESULTS.md. Names: calibration, controller, overhead,
-resume_speed, sim_capacity, export, ranks, faults, sim_vs_real, gpu_h200 (default: all but faults, the
-long soak `make chaos` runs)."""
+resume_speed, sim_capacity, export, ranks, fleet, faults, sim_vs_real, gpu_h200 (default: all but faults,
+the long soak `make chaos` runs)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ BENCHES = {
     "sim_vs_real": "bench.sim_vs_real",
     "gpu_h200": "bench.gpu.report",
     "ranks": "bench.ranks_bench",
+    "fleet": "bench.fleet_scale",
 }
 DEFAULT = [n for n in BENCHES if n != "faults"]
 

@@ -17,6 +17,7 @@ more per request; httpcore re-scans its whole pool on every request), at equal w
 from __future__ import annotations
 
 import functools
+import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -32,6 +33,9 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from .config import GenerationConfig, SamplingConfig
 from .errors import RequestError
 from .records import Failure, Message, Prompt, Sample
+from .server.fleet import Fleet
+
+log = logging.getLogger(__name__)
 
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 _JSON = {"content-type": "application/json"}
@@ -203,13 +207,13 @@ def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turn
 # ---------------------------------------------------------------- the async client
 
 class ChatClient:
-    """Regenerates conversations against one or more servers (least outstanding requests first)."""
+    """Regenerates conversations against one or more servers (the fleet picks each request's server)."""
 
     def __init__(self, session: aiohttp.ClientSession, base_urls: list[str], settings: ClientSettings, *,
-                 gate: Callable[[], Awaitable[None]] | None = None, on_request_done: RequestDone | None = None):
+                 gate: Callable[[], Awaitable[None]] | None = None, on_request_done: RequestDone | None = None,
+                 fleet: Fleet | None = None):
         self._session = session
-        self._urls = [u.rstrip("/") for u in base_urls]
-        self._outstanding = [0] * len(self._urls)
+        self._fleet = fleet if fleet is not None else Fleet([u.rstrip("/") for u in base_urls])
         self.settings = settings
         self._gate = gate
         self._on_done = on_request_done
@@ -282,13 +286,21 @@ class ChatClient:
     async def _attempt(self, body: bytes) -> TurnResult:
         if self._gate is not None:
             await self._gate()  # blocks while the supervisor restarts the server
-        i = min(range(len(self._urls)), key=self._outstanding.__getitem__)
-        self._outstanding[i] += 1
+        fleet = self._fleet
+        url = fleet.pick()
+        fleet.started(url)
         started = time.monotonic()
         try:
-            response = await self._post(f"{self._urls[i]}/v1/chat/completions", body)
+            response = await self._post(f"{url}/v1/chat/completions", body)
+        except _Retryable as e:
+            # one server: no other to send it to; its health checks pause dispatch (as for a restart)
+            if e.reason == "connection" and len(fleet.urls) > 1 and fleet.failed(url, time.monotonic()):
+                log.warning("took %s out after %d connection errors in a row; %d of %d servers left, probing it "
+                            "back with backoff", url, fleet.fail_after, len(fleet.up_urls), len(fleet.urls))
+            raise
         finally:
-            self._outstanding[i] -= 1
+            fleet.finished(url)
+        fleet.succeeded(url)
         classify_status(response)
         try:
             data = orjson.loads(response.body)

@@ -39,8 +39,9 @@ from .ranks import RankSpec
 from .records import Failure, LoadSnapshot, Prompt, Reject, Sample
 from .run import LoadPoll, RunOptions, RunSummary
 from .run_stats import RunStats
-from .server import ServerHandle, read_load, run_attached, run_server
+from .server import ServerHandle, run_attached, run_server
 from .server.attach import identify
+from .server.fleet_watch import read_fleet_load
 from .shutdown import Shutdown
 from .sources import SourceStats, estimate_prompt_tokens, iter_prompts
 from .store import DatasetStore, default_opener
@@ -141,7 +142,10 @@ class _Run:
             if self.handle.capacity is not capacity and self.window.controller is not None:
                 capacity = self.handle.capacity  # re-read after a server restart
                 self.window.controller.update_capacity(capacity)
-            snap = await read_load(http, self.handle.base_urls, time.monotonic())
+            ctl = self.window.controller_stats()
+            if self.handle.fleet is not None and ctl is not None and ctl.held_tokens_per_request > 0:
+                self.handle.fleet.tokens_per_request = ctl.held_tokens_per_request  # KV a request sent holds
+            snap = await read_fleet_load(http, self.handle, time.monotonic())
             if snap is not None:
                 self.stats.note_load(snap)
             self.dispatch.observe_load(snap)
@@ -208,7 +212,8 @@ class _Run:
                     open_http_session(self.cfg.generation, _max_connections(self.opts, self.handle)))
                 client = ChatClient(requests_http, self.handle.base_urls,
                                     _client_settings(self.handle, self.opts, self.cfg),
-                                    gate=self.handle.wait_ready, on_request_done=self.window.observe_completion)
+                                    gate=self.handle.wait_ready, on_request_done=self.window.observe_completion,
+                                    fleet=self.handle.fleet)
                 tg.start_soon(self.poll_load, http)
                 if progress.mode != "quiet" or self.opts.on_figures is not None:
                     tg.start_soon(self.report_progress, progress)

@@ -11,6 +11,8 @@
     handle.py      ServerHandle
     supervisor.py  run_server
     attach.py      run_attached
+    fleet.py       several servers: which gets the next request, which are out (pure)
+    fleet_watch.py the fleet's health checks, probes, router workers, per-server load
     plan.py        KV-cache sizing from config.json (pure)
 """
 

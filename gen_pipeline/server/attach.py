@@ -2,13 +2,15 @@
 
 An sglang-router in front of several servers is recognised by its worker list (`/workers`, old
 `/list_workers`); capacity and load are then read from the workers themselves and summed, while
-requests go through the router.
+requests go through the router. Several URLs without a router form a Fleet (server/fleet.py): each
+request goes to the server with the most free KV, a dead one is taken out and probed back in
+(server/fleet_watch.py).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+import time
 
 import anyio
 import aiohttp
@@ -16,9 +18,10 @@ import orjson
 from anyio.abc import TaskStatus
 
 from ..errors import ServerError
-from .capacity import combine, get_json, probe
+from .capacity import combine
+from .fleet import Fleet
+from .fleet_watch import FleetWatch, read_fleet_load, worker_urls  # noqa: F401 (worker_urls: its old home)
 from .handle import ServerHandle
-from .health import check_timeout_s, is_healthy
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +34,46 @@ async def run_attached(urls: list[str], *, http: aiohttp.ClientSession, health_i
                        task_status: TaskStatus[ServerHandle] = anyio.TASK_STATUS_IGNORED) -> None:
     """Check each URL is an SGLang/OpenAI server, report the handle, then watch health until cancelled.
 
-    Raises ServerError for an unreachable or foreign URL, or when the server stays down give_up_after_s.
+    With several URLs, one that cannot be reached at start is taken out (and probed back in later);
+    raises ServerError when none can be reached or one is foreign, or when all stay down give_up_after_s.
     """
     urls = [u.rstrip("/") for u in urls]
-    models = [await identify(http, url) for url in urls]
-    handle = ServerHandle(base_urls=urls, model=models[0], capacity=combine([]))
-    await _refresh(http, handle)
+    models, unreachable = await _identify_all(http, urls)
+    fleet = Fleet(urls, fail_after=unhealthy_after, probe_initial_s=health_interval_s)
+    handle = ServerHandle(base_urls=urls, model=models[0], capacity=combine([]), fleet=fleet)
+    watch = FleetWatch(http, handle, interval_s=health_interval_s, give_up_after_s=give_up_after_s)
+    for url in urls:
+        if url in unreachable:
+            fleet.mark_down(url, time.monotonic())
+            watch.report_taken_out(url, f"it could not be reached at start ({unreachable[url]})")
+        else:
+            await watch.refresh(url)
+    watch.resum()
+    await read_fleet_load(http, handle, time.monotonic())  # the first requests already go by free KV
     log.info("attached to %s: %s", ", ".join(urls), handle.summary_line())
     task_status.started(handle)
-    await _watch(http, handle, health_interval_s, unhealthy_after, give_up_after_s)
+    await watch.run()
+
+
+async def _identify_all(http: aiohttp.ClientSession, urls: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The models the reachable URLs serve, and the unreachable ones (url → why); raises the first
+    URL's ServerError when none is reachable (a foreign server always raises)."""
+    models, unreachable, first = [], {}, None
+    for url in urls:
+        try:
+            models.append(await identify(http, url))
+        except _Unreachable as e:
+            unreachable[url], first = e.why, first or e
+    if not models:
+        assert first is not None
+        raise ServerError(str(first))
+    return models, unreachable
+
+
+class _Unreachable(ServerError):
+    def __init__(self, message: str, why: str):
+        super().__init__(message)
+        self.why = why
 
 
 async def identify(http: aiohttp.ClientSession, url: str) -> str:
@@ -51,8 +85,8 @@ async def identify(http: aiohttp.ClientSession, url: str) -> str:
             async with http.get(url + "/v1/models", timeout=aiohttp.ClientTimeout(total=10.0)) as r:
                 status, ctype, body = r.status, r.headers.get("content-type", "no content-type"), await r.read()
         except (aiohttp.ClientError, TimeoutError) as e:
-            raise ServerError(f"Cannot reach {url}: {_describe(e)}. Check SERVER_URL and that the "
-                              "server is running (and listening on that host and port).") from None
+            raise _Unreachable(f"Cannot reach {url}: {_describe(e)}. Check SERVER_URL and that the "
+                               "server is running (and listening on that host and port).", _describe(e)) from None
         if status != 503 or waited_s >= ATTACH_READY_TIMEOUT_S:
             break
         if waited_s % 10 < 1:
@@ -84,62 +118,3 @@ def _model_id(status: int, body: bytes) -> str | None:
         return str(data[0]["id"])
     except (orjson.JSONDecodeError, AttributeError, LookupError, TypeError):
         return None
-
-
-async def worker_urls(http: aiohttp.ClientSession, url: str) -> list[str]:
-    """The servers behind an sglang-router at `url`, or [url] when it is a server itself."""
-    for path in ("/workers", "/list_workers"):
-        body = await get_json(http, url + path)
-        found = _urls_in(body)
-        if found:
-            return found
-    return [url]
-
-
-def _urls_in(body: Any) -> list[str]:
-    items = body.get("workers", body.get("urls")) if isinstance(body, dict) else body
-    if not isinstance(items, list):
-        return []
-    urls = [(it.get("url") if isinstance(it, dict) else it) for it in items]
-    return [u.rstrip("/") for u in urls if isinstance(u, str) and u.startswith("http")]
-
-
-async def _refresh(http: aiohttp.ClientSession, handle: ServerHandle) -> None:
-    """Re-read capacity and info from the servers (behind routers too)."""
-    caps, info = [], {}
-    for url in handle.base_urls:
-        for worker in await worker_urls(http, url):
-            cap, worker_info = await probe(http, worker)
-            caps.append(cap)
-            info = info or worker_info
-    handle.capacity = combine(caps)
-    handle.info = info
-    handle.metrics = bool(info.get("enable_metrics"))
-
-
-async def _watch(http: aiohttp.ClientSession, handle: ServerHandle, interval_s: float, unhealthy_after: int, give_up_after_s: float) -> None:
-    failed, down_s = 0, 0.0
-    timeout_s = check_timeout_s(interval_s)
-    while True:
-        await anyio.sleep(interval_s)
-        oks = [await is_healthy(http, url, timeout_s) for url in handle.base_urls]
-        if all(oks):
-            if not handle.ready:
-                await _refresh(http, handle)
-                handle.mark_ready()
-                log.info("server is back: %s", handle.summary_line())
-            failed, down_s = 0, 0.0
-            continue
-        failed += 1
-        if failed == unhealthy_after:
-            handle.mark_down()
-            bad = [u for u, ok in zip(handle.base_urls, oks) if not ok]
-            log.warning("%s failed %d health checks in a row; dispatch paused", ", ".join(bad), failed)
-        if not handle.ready:
-            down_s += interval_s
-            if down_s >= give_up_after_s:
-                error = ServerError(f"The server at {', '.join(handle.base_urls)} has not answered /health for "
-                                    f"{give_up_after_s:g} s; giving up. The run is resumable: run the same "
-                                    "command once the server is back.")
-                handle.mark_failed(error)
-                raise error

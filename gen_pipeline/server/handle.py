@@ -10,6 +10,7 @@ import anyio
 
 from ..errors import ServerError
 from ..records import Capacity
+from .fleet import Fleet
 
 
 @dataclass
@@ -24,6 +25,13 @@ class ServerHandle:
     log_path: Path | None = None
     metrics: bool = False
     pid: int | None = None  # the launched server's process (group leader); None when attached
+    fleet: Fleet | None = None  # attached: which URL gets the next request, which are out
+    worker_urls: list[str] = field(default_factory=list)  # the servers behind (routers') base_urls, up ones
+
+    @property
+    def load_urls(self) -> list[str]:
+        """Where load is read: the servers themselves (a router's workers), never the router."""
+        return self.worker_urls or self.base_urls
     _ready: bool = field(default=True, repr=False)
     _error: ServerError | None = field(default=None, repr=False)
     _wakeup: anyio.Event | None = field(default=None, repr=False)

@@ -1,0 +1,138 @@
+"""Fleet: which of several directly attached servers gets the next request, and which are out.
+
+Pure policy (no I/O, no async library): the load poll feeds `update`, the client reports each request's
+start/end and connection errors, the health watcher marks servers down and probes them back in with
+exponential backoff. The choice is the server with the most free KV tokens (max_total_num_tokens − used
+at the last poll, less what we sent it since), or the fewest requests in flight when tokens are unknown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..records import LoadSnapshot
+
+DEFAULT_TOKENS_PER_REQUEST = 1024.0  # until the caller knows better (the controller's estimate)
+
+
+@dataclass
+class _Server:
+    url: str
+    up: bool = True
+    total_tokens: int | None = None  # KV capacity (from the capacity probe)
+    used_tokens: int | None = None  # at the last poll
+    in_flight: int = 0  # ours, now
+    in_flight_at_poll: int = 0
+    failures: int = 0  # consecutive connection errors / failed health checks
+    backoff_s: float = 0.0
+    next_probe_s: float = 0.0
+
+
+class Fleet:
+    """The servers of a direct (no router) attach; `pick` never returns None (all down: the next to probe)."""
+
+    def __init__(self, urls: list[str], *, fail_after: int = 3, probe_initial_s: float = 1.0,
+                 probe_max_s: float = 30.0, tokens_per_request: float = DEFAULT_TOKENS_PER_REQUEST):
+        if not urls:
+            raise ValueError("a fleet needs at least one URL")
+        self._servers = {u: _Server(u) for u in urls}
+        self.fail_after = fail_after
+        self.probe_initial_s, self.probe_max_s = probe_initial_s, probe_max_s
+        self.tokens_per_request = tokens_per_request
+        self.version = 0  # bumped whenever a server goes out or comes back (capacity must be re-summed)
+        self.taken_out = 0  # how many times a server was taken out (for the summary)
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self._servers)
+
+    @property
+    def up_urls(self) -> list[str]:
+        return [s.url for s in self._servers.values() if s.up]
+
+    @property
+    def down_urls(self) -> list[str]:
+        return [s.url for s in self._servers.values() if not s.up]
+
+    def is_up(self, url: str) -> bool:
+        return self._servers[url].up
+
+    # ------------------------------------------------------------ the choice
+    def pick(self) -> str:
+        """The up server with the most free KV (all up servers' tokens known), else the fewest in flight."""
+        up = [s for s in self._servers.values() if s.up]
+        if not up:
+            return min(self._servers.values(), key=lambda s: s.next_probe_s).url
+        if all(s.total_tokens is not None and s.used_tokens is not None for s in up):
+            return max(up, key=self._free_tokens).url  # max keeps the first of equals: list order breaks ties
+        return min(up, key=lambda s: s.in_flight).url
+
+    def free_tokens(self, url: str) -> float | None:
+        s = self._servers[url]
+        return None if s.total_tokens is None or s.used_tokens is None else self._free_tokens(s)
+
+    def _free_tokens(self, s: _Server) -> float:
+        assert s.total_tokens is not None and s.used_tokens is not None
+        sent_since_poll = max(0, s.in_flight - s.in_flight_at_poll)
+        return s.total_tokens - s.used_tokens - sent_since_poll * self.tokens_per_request
+
+    def started(self, url: str) -> None:
+        self._servers[url].in_flight += 1
+
+    def finished(self, url: str) -> None:
+        s = self._servers[url]
+        s.in_flight = max(0, s.in_flight - 1)
+
+    # ------------------------------------------------------------ what the poll and the probes say
+    def set_capacity(self, url: str, total_tokens: int | None) -> None:
+        self._servers[url].total_tokens = total_tokens or None
+
+    def update(self, loads: dict[str, LoadSnapshot | None]) -> None:
+        """One load poll: KV in use per server (None: that server did not answer; its figure is dropped)."""
+        for url, snap in loads.items():
+            s = self._servers.get(url)
+            if s is None:
+                continue
+            s.used_tokens = snap.used_tokens if snap is not None else None
+            s.in_flight_at_poll = s.in_flight
+
+    def succeeded(self, url: str) -> None:
+        """A request or health check answered: the failure count restarts (and a down server is back)."""
+        s = self._servers[url]
+        s.failures = 0
+        if not s.up:
+            self.mark_up(url)
+
+    def failed(self, url: str, now_s: float) -> bool:
+        """A connection error or failed health check; True when this one took the server out."""
+        s = self._servers[url]
+        s.failures += 1
+        if s.up and s.failures >= self.fail_after:
+            self.mark_down(url, now_s)
+            return True
+        return False
+
+    def mark_down(self, url: str, now_s: float) -> None:
+        s = self._servers[url]
+        if s.up:
+            s.up, s.used_tokens = False, None
+            s.backoff_s = self.probe_initial_s
+            s.next_probe_s = now_s + s.backoff_s
+            self.version += 1
+            self.taken_out += 1
+
+    def mark_up(self, url: str) -> None:
+        s = self._servers[url]
+        if not s.up:
+            s.up, s.failures, s.backoff_s = True, 0, 0.0
+            self.version += 1
+
+    def due_probes(self, now_s: float) -> list[str]:
+        """Down servers whose backoff has run out: probe these now."""
+        return [s.url for s in self._servers.values() if not s.up and now_s >= s.next_probe_s]
+
+    def probe_failed(self, url: str, now_s: float) -> None:
+        """A down server still does not answer: wait twice as long (up to probe_max_s) before the next probe."""
+        s = self._servers[url]
+        s.backoff_s = min(self.probe_max_s, max(self.probe_initial_s, 2 * s.backoff_s))
+        s.next_probe_s = now_s + s.backoff_s

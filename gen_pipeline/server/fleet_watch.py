@@ -1,0 +1,182 @@
+"""The I/O around a Fleet: per-server health checks with backoff probes, a router's worker list
+re-read every interval, capacity re-summed over what is up, and the load poll per server.
+
+Direct (several URLs): a server that fails `unhealthy_after` health checks in a row (or connection errors
+in the client) is taken out; the run goes on with the rest; it is probed back in with backoff.
+Through sglang-router: `/workers` (sglang-router 0.3: {"workers": [{"url", "is_healthy", ...}]}) is
+re-read every interval; capacity is the sum over its healthy workers, so a worker added raises it and
+a dead one (the router marks it unhealthy) lowers it. The router itself is health-checked like a server.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import aiohttp
+import anyio
+
+from ..errors import ServerError
+from ..records import Capacity, LoadSnapshot
+from .capacity import combine, get_json, probe
+from .handle import ServerHandle
+from .health import check_timeout_s, is_healthy
+from .load import merge, read_load
+
+log = logging.getLogger(__name__)
+TICK_S = 0.25  # capacity follows a server the client took out within this
+ROUTERS_EVERY_S = 1.0  # a router's /workers is cheap: a worker added or lost is seen within a second
+
+
+class FleetWatch:
+    """Keeps `handle` (capacity, worker_urls, readiness) in step with the fleet; `run` until cancelled."""
+
+    def __init__(self, http: aiohttp.ClientSession, handle: ServerHandle, *, interval_s: float,
+                 give_up_after_s: float):
+        assert handle.fleet is not None
+        self.http, self.handle, self.fleet = http, handle, handle.fleet
+        self.interval_s, self.give_up_after_s = interval_s, give_up_after_s
+        self.timeout_s = check_timeout_s(interval_s)
+        self.workers: dict[str, list[str]] = {}  # base URL → the servers it stands for ([itself] unless a router)
+        self.caps: dict[str, Capacity | None] = {}  # per server (None: it does not say)
+
+    async def refresh(self, url: str) -> None:
+        """(Re-)read which servers `url` stands for and their capacity and info."""
+        self.workers[url] = await worker_urls(self.http, url)
+        for worker in self.workers[url]:
+            await self._probe(worker)
+
+    async def _probe(self, worker: str) -> None:
+        cap, info = await probe(self.http, worker)
+        self.caps[worker] = cap
+        if info and not self.handle.info:
+            self.handle.info = info
+            self.handle.metrics = bool(info.get("enable_metrics"))
+
+    def resum(self) -> None:
+        """Capacity and worker_urls over the servers that are up now (a new Capacity object when it changed)."""
+        up = [w for u in self.fleet.up_urls for w in self.workers.get(u, [])]
+        self.handle.worker_urls = up
+        for url in self.fleet.urls:
+            cap = self.caps.get(url) if self.workers.get(url) == [url] else None  # a router's is its workers'
+            self.fleet.set_capacity(url, cap.max_total_num_tokens if cap is not None else None)
+        capacity = combine([self.caps[w] for w in up if w in self.caps])
+        if up and capacity != self.handle.capacity:  # none up: dispatch is paused, the last figure stands
+            self.handle.capacity = capacity
+
+    async def run(self) -> None:
+        """Every TICK_S: capacity follows what the client took out, a router's workers are re-read (each
+        ROUTERS_EVERY_S); every interval_s: health checks and due probes. Raises ServerError once all
+        servers stayed down give_up_after_s."""
+        down_s, resummed = 0.0, self.fleet.version
+        next_routers_s = next_health_s = time.monotonic()
+        while True:
+            await anyio.sleep(min(self.interval_s, TICK_S))
+            now_s = time.monotonic()
+            if now_s >= next_routers_s:
+                next_routers_s = now_s + ROUTERS_EVERY_S
+                await self._reread_routers()
+            if now_s >= next_health_s:
+                next_health_s = now_s + self.interval_s
+                await self._check_up()
+                await self._probe_down()
+                down_s = 0.0 if self.fleet.up_urls else down_s + self.interval_s
+                self._readiness(down_s)
+            if self.fleet.version != resummed or self._workers_up() != self.handle.worker_urls:
+                resummed = self.fleet.version
+                self.resum()
+
+    def _readiness(self, down_s: float) -> None:
+        if self.fleet.up_urls:
+            if not self.handle.ready:
+                self.handle.mark_ready()
+                log.info("server is back: %s", self.handle.summary_line())
+            return
+        if self.handle.ready:
+            self.handle.mark_down()
+            log.warning("no server answers (%s); dispatch paused", ", ".join(self.fleet.urls))
+        if down_s >= self.give_up_after_s:
+            error = ServerError(f"The server at {', '.join(self.fleet.urls)} has not answered /health for "
+                                f"{self.give_up_after_s:g} s; giving up. The run is resumable: run the same "
+                                "command once the server is back.")
+            self.handle.mark_failed(error)
+            raise error
+
+    def _workers_up(self) -> list[str]:
+        return [w for u in self.fleet.up_urls for w in self.workers.get(u, [])]
+
+    async def _check_up(self) -> None:
+        for url in self.fleet.up_urls:
+            if await is_healthy(self.http, url, self.timeout_s):
+                self.fleet.succeeded(url)
+            elif self.fleet.failed(url, time.monotonic()):
+                self.report_taken_out(url, f"{self.fleet.fail_after} failed health checks in a row")
+
+    def report_taken_out(self, url: str, why: str) -> None:
+        left = len(self.fleet.up_urls)
+        log.warning("took %s out after %s; %d of %d servers left, probing it back with backoff",
+                    url, why, left, len(self.fleet.urls))
+
+    async def _probe_down(self) -> None:
+        # all down (dispatch paused): probe every interval, there is nothing to spare them for
+        due = self.fleet.due_probes(time.monotonic()) if self.fleet.up_urls else self.fleet.down_urls
+        for url in due:
+            if not await is_healthy(self.http, url, self.timeout_s):
+                self.fleet.probe_failed(url, time.monotonic())
+                continue
+            try:
+                await self.refresh(url)  # it may have come back with another capacity
+            except ServerError:
+                self.fleet.probe_failed(url, time.monotonic())
+                continue
+            self.fleet.mark_up(url)
+            log.info("%s is back in; %d of %d servers up", url, len(self.fleet.up_urls), len(self.fleet.urls))
+
+    async def _reread_routers(self) -> None:
+        for url in self.fleet.up_urls:
+            known = self.workers.get(url, [url])
+            if known == [url]:
+                continue  # a plain server
+            now = await worker_urls(self.http, url)
+            if now == [url] or set(now) == set(known):
+                continue  # an unanswered /workers keeps the last list
+            added, gone = sorted(set(now) - set(known)), sorted(set(known) - set(now))
+            for worker in added:
+                await self._probe(worker)
+            self.workers[url] = now
+            log.info("router %s workers changed (%s); %d workers", url,
+                     ", ".join([f"+{w}" for w in added] + [f"-{w}" for w in gone]), len(now))
+
+
+async def read_fleet_load(http: aiohttp.ClientSession, handle: ServerHandle, now_s: float) -> LoadSnapshot | None:
+    """Load summed over the servers that answer (a router's workers, not the router); the fleet learns
+    each server's KV in use. None when none answers."""
+    snaps = {url: await read_load(http, [url], now_s) for url in handle.load_urls}
+    if handle.fleet is not None:
+        handle.fleet.update({u: s for u, s in snaps.items() if u in handle.fleet.urls})
+    found = [s for s in snaps.values() if s is not None]
+    return merge(found) if found else None
+
+
+async def worker_urls(http: aiohttp.ClientSession, url: str) -> list[str]:
+    """The servers behind an sglang-router at `url`, or [url] when it is a server itself."""
+    for path in ("/workers", "/list_workers"):
+        body = await get_json(http, url + path)
+        found = _urls_in(body)
+        if found:
+            return found
+    return [url]
+
+
+def _urls_in(body: Any) -> list[str]:
+    items = body.get("workers", body.get("urls")) if isinstance(body, dict) else body
+    if not isinstance(items, list):
+        return []
+    urls = []
+    for it in items:
+        if isinstance(it, dict):  # sglang-router keeps a dead worker listed, is_healthy false: no capacity
+            it = it.get("url") if it.get("is_healthy") is not False else None
+        if isinstance(it, str) and it.startswith("http"):
+            urls.append(it.rstrip("/"))
+    return urls

@@ -1,0 +1,213 @@
+"""Issue 11.1, many servers and one orchestrator, with real processes: simulators over TCP, the CLI as a
+subprocess, and the real sglang-router binary. A server SIGKILLed mid-run costs only its in-flight
+requests (retried elsewhere): every run ends exact with 0 duplicates."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from functools import partial
+from pathlib import Path
+
+import aiohttp
+import anyio
+import httpx
+import orjson
+import pytest
+
+from gen_pipeline.server import run_attached
+from pipeline_helpers import SIM_FAST, assert_exact, make_rows, start_cli, write_dataset
+from sglang_sim.testing import SimProcess, free_port, sim_command, start_sim, wait_healthy
+
+SIM = [*SIM_FAST, "--max-total-tokens", "20000", "--time-scale", "1"]  # a run lasts a few seconds
+SIM_SLOW = [*SIM, "--time-scale", "0.1"]  # long enough for a death to be seen mid-run (the router: ~2 s)
+
+
+@pytest.fixture
+def three_sims() -> Iterator[list[SimProcess]]:
+    with ExitStack() as stack:
+        yield [stack.enter_context(start_sim(SIM, ready_timeout_s=30)) for _ in range(3)]
+
+
+def sigkill(sim: SimProcess) -> None:
+    os.killpg(sim.process.pid, signal.SIGKILL)
+    assert sim.process.wait(timeout=10) == -signal.SIGKILL  # it died, by that signal
+
+
+def restart_on_same_port(sim: SimProcess, args: list[str]) -> SimProcess:
+    with open(sim.log_path, "ab") as log:
+        proc = subprocess.Popen(sim_command(args, sim.port), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    back = SimProcess(proc, sim.port, sim.log_path)
+    wait_healthy(back, 30)
+    return back
+
+
+def requests_seen(sim: SimProcess) -> int:
+    return httpx.get(sim.url + "/sim/stats", timeout=5).json()["requests_seen"]
+
+
+def wait_lines(folder: Path, n: int, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        if sum(p.read_bytes().count(b"\n") for p in folder.glob("shard-*.jsonl")) >= n:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{n} samples not written within {timeout_s} s (rc {proc.poll()})")
+
+
+def wait_until(ready, proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        assert proc.poll() is None and time.monotonic() < deadline, f"not seen within {timeout_s} s (rc {proc.poll()})"
+        time.sleep(0.05)
+
+
+def dataset(tmp_path: Path, target: int) -> Path:
+    return write_dataset(tmp_path / "ds", target=target, max_new_tokens=64, rows=make_rows(target + 40))
+
+
+def generate(tmp_path: Path, toml: Path, url: str, *extra: str) -> tuple[subprocess.Popen[bytes], Path]:
+    log = tmp_path / "cli.log"
+    proc = start_cli("generate", "--dataset", toml, "--server-url", url, "--output-dir", tmp_path / "out",
+                     "--progress", "log", *extra, log=log)
+    (tmp_path / "out" / "T").mkdir(parents=True, exist_ok=True)
+    return proc, log
+
+
+def finish(proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 120) -> str:
+    try:
+        rc = proc.wait(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert rc == 0, text[-3000:]
+    return text
+
+
+def telemetry(tmp_path: Path) -> list[dict]:
+    return [orjson.loads(x) for x in (tmp_path / "out" / "T" / "telemetry.jsonl").read_bytes().splitlines()]
+
+
+# ---------------------------------------------------------------- direct: --server-url A,B,C
+
+def test_direct_one_server_killed_mid_run_the_rest_finish_exactly(tmp_path):
+    with ExitStack() as stack:
+        three_sims = [stack.enter_context(start_sim(SIM_SLOW, ready_timeout_s=30)) for _ in range(3)]
+        toml = dataset(tmp_path, target=600)  # several windows' worth: the death lands mid-run
+        proc, log = generate(tmp_path, toml, ",".join(s.url for s in three_sims))
+        wait_lines(tmp_path / "out" / "T", 100, proc)
+        dead = three_sims[2]
+        sigkill(dead)
+        text = finish(proc, log)
+    assert_exact(tmp_path / "out", 600)
+    assert f"took {dead.url} out after " in text and "2 of 3 servers left" in text
+    for alive in three_sims[:2]:
+        assert f"took {alive.url} out" not in text
+    rows = telemetry(tmp_path)
+    assert rows[0]["kv_capacity_tokens"] == 60_000 and rows[-1]["kv_capacity_tokens"] == 40_000  # re-summed
+    assert rows[-1]["reason"].startswith("new capacity")  # the controller was told (update_capacity)
+
+
+def test_direct_requests_go_to_the_server_with_the_most_free_kv(tmp_path):
+    with start_sim([*SIM, "--max-total-tokens", "60000"]) as big, \
+            start_sim([*SIM, "--max-total-tokens", "6000"]) as small:
+        toml = dataset(tmp_path, target=80)
+        proc, log = generate(tmp_path, toml, f"{small.url},{big.url}", "--window", "12")
+        finish(proc, log)
+        assert_exact(tmp_path / "out", 80)
+        on_big, on_small = requests_seen(big), requests_seen(small)
+    # round robin (or least outstanding) would split them about evenly
+    assert on_big + on_small >= 80 and on_big >= 4 * on_small, (on_big, on_small)
+
+
+async def test_a_dead_server_is_taken_out_and_probed_back_in_when_it_returns(three_sims):
+    async with aiohttp.ClientSession() as http, anyio.create_task_group() as tg:
+        handle = await tg.start(partial(run_attached, [s.url for s in three_sims], http=http,
+                                        health_interval_s=0.1, unhealthy_after=2))
+        fleet = handle.fleet
+        assert handle.capacity.max_total_num_tokens == 60_000 and fleet.up_urls == [s.url for s in three_sims]
+        sigkill(three_sims[1])
+        with anyio.fail_after(10):
+            while three_sims[1].url in fleet.up_urls or handle.capacity.max_total_num_tokens != 40_000:
+                await anyio.sleep(0.05)
+        assert handle.capacity.servers == 2
+        assert handle.ready and fleet.pick() != three_sims[1].url
+        back = await anyio.to_thread.run_sync(restart_on_same_port, three_sims[1], SIM)
+        try:
+            with anyio.fail_after(15):
+                while back.url not in fleet.up_urls or handle.capacity.max_total_num_tokens != 60_000:
+                    await anyio.sleep(0.05)
+            assert handle.capacity.servers == 3 and fleet.taken_out == 1
+            tg.cancel_scope.cancel()
+        finally:
+            back.stop()
+
+
+async def test_a_server_down_at_start_is_taken_out_not_fatal(three_sims):
+    gone = f"http://127.0.0.1:{free_port()}"
+    async with aiohttp.ClientSession() as http, anyio.create_task_group() as tg:
+        handle = await tg.start(partial(run_attached, [three_sims[0].url, gone], http=http, health_interval_s=0.1))
+        assert handle.fleet.up_urls == [three_sims[0].url] and handle.fleet.down_urls == [gone]
+        assert handle.capacity.max_total_num_tokens == 20_000
+        tg.cancel_scope.cancel()
+
+
+# ---------------------------------------------------------------- through sglang-router
+
+@contextmanager
+def router(workers: list[SimProcess], tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    # The router fetches a tokenizer from the hub for the worker's model: a dead local proxy keeps that
+    # attempt on this machine (it fails and the router carries on without one).
+    env = {**os.environ, "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
+           "NO_PROXY": "127.0.0.1,localhost", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *[s.url for s in workers],
+           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warn",
+           "--health-check-interval-secs", "1", "--health-failure-threshold", "2"]
+    with open(tmp_path / "router.log", "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"sglang-router did not start: {(tmp_path / 'router.log').read_text()[-800:]}")
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+
+
+def test_router_worker_killed_mid_run_and_one_added_the_run_is_exact(tmp_path):
+    with ExitStack() as stack:
+        three_sims = [stack.enter_context(start_sim(SIM_SLOW, ready_timeout_s=30)) for _ in range(3)]
+        fourth = stack.enter_context(start_sim(SIM_SLOW, ready_timeout_s=30))
+        url = stack.enter_context(router(three_sims, tmp_path))
+        toml = dataset(tmp_path, target=500)
+        proc, log = generate(tmp_path, toml, url)
+        wait_lines(tmp_path / "out" / "T", 30, proc)
+        sigkill(three_sims[0])
+        wait_until(lambda: f"-{three_sims[0].url}" in log.read_text(), proc)  # the router marked it unhealthy
+        added = httpx.post(url + "/workers", json={"url": fourth.url}, timeout=10)
+        assert added.status_code in (200, 202), added.text
+        wait_until(lambda: f"+{fourth.url}" in log.read_text(), proc)  # in the router's list, healthy
+        text = finish(proc, log)
+        assert_exact(tmp_path / "out", 500)
+    assert f"-{three_sims[0].url}" in text and f"+{fourth.url}" in text  # "router ... workers changed (...)"
+    rows = telemetry(tmp_path)
+    capacities = [r["kv_capacity_tokens"] for r in rows]
+    assert capacities[0] == 60_000 and 40_000 in capacities and capacities[-1] == 60_000, capacities
+    assert rows[-1]["reason"].startswith("new capacity")  # the controller was told (update_capacity)
