@@ -24,16 +24,25 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import anyio  # noqa: E402
-import httpx  # noqa: E402
+import anyio
+import httpx
 
-from bench.report import md_table, write_section  # noqa: E402
-from gen_pipeline.config import find_dataset_config  # noqa: E402
-from gen_pipeline.errors import DiskError  # noqa: E402
-from gen_pipeline.pipeline import RunOptions, run_generate  # noqa: E402
-from sglang_sim.testing import start_sim  # noqa: E402
-from pipeline_helpers import (SIM_FAST, _shard_lines, count_output, kill_resume_trial, run_cli,  # noqa: E402
-                              start_cli, wait_for, write_dataset)
+from bench.report import md_table, write_section
+from gen_pipeline.config import find_dataset_config
+from gen_pipeline.errors import DiskError
+from gen_pipeline.pipeline import RunOptions, run_generate
+from sglang_sim.testing import start_sim
+
+from pipeline_helpers import (
+    SIM_FAST,
+    _shard_lines,
+    count_output,
+    kill_resume_trial,
+    run_cli,
+    start_cli,
+    wait_for,
+    write_dataset,
+)
 
 TARGET = 60
 RESPONSE_FAULTS = {"5xx (500)": {"error_rate": 0.3}, "5xx (503)": {"error_rate": 0.3, "error_status": 503},

@@ -16,13 +16,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from .errors import ConfigError, StoreError
 from .export_formats import FORMATS, HF_LAYOUTS, LINE_WRITERS, expand_turns, sweep_stale_tmp, write_hf, write_jsonl
-from .export_select import (DatasetCounts, Filters, Mix, ValSplit, drop_reason_text, mix_counts, seeded_key, take,
-                            validation_ids)
-from .manifest import display_path
+from .export_select import (
+    DatasetCounts,
+    Filters,
+    Mix,
+    ValSplit,
+    drop_reason_text,
+    mix_counts,
+    seeded_key,
+    take,
+    validation_ids,
+)
 from .layout import dataset_parts, has_shards, shard_files
+from .manifest import display_path
 from .shards import iter_lines
 
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import anyio
 import aiohttp
+import anyio
 import orjson
 
 from . import probe_metrics as PM
@@ -197,7 +197,7 @@ def _profile_kv(where: ServerProfile | str | None) -> str | None:
 
 def _first_known(group: BaseExceptionGroup) -> BaseException:
     """Task groups wrap errors in groups: surface our own error (the CLI has a message for it)."""
-    matched, _ = group.split(GenPipelineError)
+    matched: BaseException | None = group.split(GenPipelineError)[0]
     while isinstance(matched, BaseExceptionGroup):
         matched = matched.exceptions[0]
     return matched if matched is not None else group

@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-
 TOP1_FINE, TOP1_CAUTION = 0.01, 0.03
 KL_FINE, KL_CAUTION = 0.01, 0.05
 KL_ESTIMATOR = ("KL(P_ref || Q_cmp) over the reference top-k tokens plus one tail bucket; a lower bound "

@@ -60,7 +60,9 @@ class ShardScan:
 
     def add(self, row: dict[str, Any]) -> None:
         self.ids.append(row["id"])
-        meta = row.get("meta") if isinstance(row.get("meta"), dict) else {}
+        meta = row.get("meta")
+        if not isinstance(meta, dict):
+            meta = {}
         self.prompt_tokens += _int(meta.get("prompt_tokens"))
         self.completion_tokens += _int(meta.get("completion_tokens"))
         self.truncated += meta.get("finish_reason") == "length"

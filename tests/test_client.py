@@ -11,6 +11,7 @@ import pytest
 from gen_pipeline.client import ChatClient, ClientSettings, build_request, parse_response, split_think
 from gen_pipeline.config import GenerationConfig, SamplingConfig
 from gen_pipeline.records import Failure, Prompt, Sample
+
 from mock_http import MockServer
 
 GEN = GenerationConfig(max_attempts=3, retry_initial_wait_s=0.001, retry_max_wait_s=0.002)

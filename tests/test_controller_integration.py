@@ -29,6 +29,7 @@ from gen_pipeline.controller.config import ControllerConfig
 from gen_pipeline.pipeline import RunOptions, run_generate
 from gen_pipeline.progress import Figures
 from sglang_sim.testing import start_sim
+
 from pipeline_helpers import write_dataset
 
 POOL_TOKENS = 24_576  # the fast profile's pool, stated explicitly

@@ -13,6 +13,7 @@ from datasets import load_dataset, load_from_disk
 
 from gen_pipeline.export_formats import hf_features
 from gen_pipeline.export_select import Mix, ValSplit, mix_counts, validation_ids
+
 from pipeline_helpers import kill_group, read_samples, run_cli, start_cli, wait_for, write_dataset
 
 # The keys of a row SpecForge's regeneration script writes on success, from its source

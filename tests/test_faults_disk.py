@@ -7,7 +7,6 @@ import io
 import os
 from pathlib import Path
 
-import anyio
 import pytest
 
 import gen_pipeline.pipeline as pipeline
@@ -16,6 +15,7 @@ from gen_pipeline.config import find_dataset_config
 from gen_pipeline.errors import DiskError
 from gen_pipeline.pipeline import RunOptions, run_generate
 from sglang_sim.testing import start_sim
+
 from pipeline_helpers import SIM_FAST, assert_exact, read_samples, run_cli, write_dataset
 
 

@@ -9,12 +9,21 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
-from mock_http import mock_session
 import pytest
 
-from gen_pipeline.probe_metrics import Position, aggregate, compare_prompt, first_divergence, kl_topk, percentile, verdict
+from gen_pipeline.probe_metrics import (
+    Position,
+    aggregate,
+    compare_prompt,
+    first_divergence,
+    kl_topk,
+    percentile,
+    verdict,
+)
 from sglang_sim.testing import free_port, start_sim
 from tests.pipeline_helpers import SIM_FAST, run_cli
+
+from mock_http import mock_session
 
 RATE = 0.02
 # 30 prompts x <= 96 tokens ~ 2,800 positions: the binomial sd of the measured rate is ~0.27 points,
@@ -154,7 +163,7 @@ def test_estimators():
 class _OpenAIOnly(BaseHTTPRequestHandler):
     """A stand-in for a non-SGLang OpenAI-compatible server (vLLM-like): /v1/models and nothing native."""
 
-    def do_GET(self):  # noqa: N802 (http.server's spelling)
+    def do_GET(self):  # http.server's spelling
         body, code = (b'{"object": "list", "data": [{"id": "m", "object": "model"}]}', 200) \
             if self.path == "/v1/models" else (b'{"detail": "Not Found"}', 404)
         self.send_response(code)

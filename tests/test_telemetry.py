@@ -14,10 +14,17 @@ import pytest
 
 from gen_pipeline import bottleneck
 from gen_pipeline.errors import ConfigError
-from gen_pipeline.telemetry import (ARCHIVE_NAME, TELEMETRY_NAME, Telemetry, append_rows, decimate, read_file,
-                                    read_telemetry)
-from pipeline_helpers import (REPO, assert_exact, kill_group, make_rows, run_cli, start_cli, wait_for,
-                              write_dataset)
+from gen_pipeline.telemetry import (
+    ARCHIVE_NAME,
+    TELEMETRY_NAME,
+    Telemetry,
+    append_rows,
+    decimate,
+    read_file,
+    read_telemetry,
+)
+
+from pipeline_helpers import REPO, assert_exact, kill_group, make_rows, run_cli, start_cli, wait_for, write_dataset
 
 FAST = ["--sim-profile", "fast", "--sim-startup-s", "0.2"]
 

@@ -62,7 +62,7 @@ def check_pool(engine: Engine) -> None:
     cache = engine.cache_tokens
     assert engine.used_tokens <= POOL
     assert 0 <= cache["evictable"] <= cache["device"] <= engine.used_tokens
-    assert 0 <= cache["host"]
+    assert cache["host"] >= 0
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
