@@ -86,7 +86,9 @@ def soak_signal(tally: Tally, url: str, work: Path, sig: int, n: int) -> None:
                              fsync_every=3)
         out = work / f"{sig}-{i}/out"
         proc = start_cli(*_args(toml, out, url), "--window", "4", "--drain-grace-s", "10", log=work / "sig.log")
-        wait_for(lambda: (out / "T").is_dir() and _shard_lines(out / "T") >= 5 + 3 * i, timeout_s=60, interval_s=0.005)
+        # wait_for calls the predicate before this iteration ends, so the loop variables are current
+        wait_for(lambda: (out / "T").is_dir() and _shard_lines(out / "T") >= 5 + 3 * i,  # noqa: B023
+                 timeout_s=60, interval_s=0.005)
         os.kill(proc.pid, sig)
         code = proc.wait(timeout=60)
         run_cli(*_args(toml, out, url))
@@ -154,11 +156,11 @@ def soak_disk(tally: Tally, url: str, work: Path, n: int) -> None:
                               file_opener=opener(4_000 + 6_000 * i, code))
             hit = 0
             try:
-                anyio.run(lambda: run_generate(cfg, opts))
+                anyio.run(run_generate, cfg, opts)
             except DiskError:
                 hit = 1
             resume = RunOptions(output_root=out, server_urls=(url,), progress="quiet")
-            anyio.run(lambda: run_generate(cfg, resume))
+            anyio.run(run_generate, cfg, resume)
             tally.add(f"disk {errno.errorcode[code]}", out, faults_hit=hit)
 
 

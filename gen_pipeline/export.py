@@ -74,7 +74,8 @@ class ExportSummary:
             dropped = ", ".join(f"{n:,} {drop_reason_text(r, o.filters)}" for r, n in sorted(c.dropped.items()))
             line = f"  {c.dataset}: {c.committed:,} committed samples, {sum(c.dropped.values()):,} dropped"
             line += f" ({dropped})" if dropped else ""
-            line += f", {c.taken:,} exported" + (f" (of {c.eligible:,} eligible, --mix)" if c.taken < c.eligible else "")
+            line += f", {c.taken:,} exported"
+            line += f" (of {c.eligible:,} eligible, --mix)" if c.taken < c.eligible else ""
             out.append(line)
         if o.expand_turns:
             out.append(f"  --expand-turns: {sum(c.taken for c in self.counts):,} samples → {total:,} rows, "
@@ -203,8 +204,8 @@ def _read_dataset(opts: ExportOptions, name: str) -> tuple[DatasetCounts, list[d
         else:
             rows.append(row)
     if not counts.committed:
-        raise ConfigError(f"{name} has no committed samples yet (no whole line in the shards of {display_path(folder)}). "
-                          "Generate some first (make generate DATASET=" + name + ").")
+        raise ConfigError(f"{name} has no committed samples yet (no whole line in the shards of "
+                          f"{display_path(folder)}). Generate some first (make generate DATASET=" + name + ").")
     if not rows:
         why = ", ".join(f"{n:,} {drop_reason_text(r, opts.filters)}" for r, n in sorted(counts.dropped.items()))
         raise ConfigError(f"{name}: every one of its {counts.committed:,} samples was dropped ({why}). "

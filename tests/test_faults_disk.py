@@ -29,7 +29,7 @@ class FailingFile(io.RawIOBase):
     """A binary append file that raises OSError(code) once `budget` shard bytes are used up."""
 
     def __init__(self, path: Path, mode: str, budget: list[int], code: int):
-        self._f = open(path, mode)  # noqa: SIM115
+        self._f = open(path, mode)  # noqa: SIM115 - the wrapper owns it: close() below closes it
         self._budget, self._code, self._shard = budget, code, path.name.startswith("shard-")
 
     def write(self, blob) -> int:

@@ -119,7 +119,8 @@ async def test_load_observers_get_every_poll(tmp_path: Path) -> None:
 
     cfg = load_dataset_config(write_dataset(tmp_path / "ds", target=40, max_new_tokens=64))
     polls: list[LoadPoll] = []
-    slow = [("1" if a == "10" and prev == "--time-scale" else a) for prev, a in zip(["", *SIM_FAST], SIM_FAST)]
+    slow = [("1" if a == "10" and prev == "--time-scale" else a)
+            for prev, a in zip(["", *SIM_FAST], SIM_FAST, strict=False)]
     with start_sim(slow, ready_timeout_s=30) as sim:  # a tenth of the speed: the run lasts several polls
         opts = RunOptions(output_root=tmp_path / "out", server_urls=(sim.url,), progress="quiet",
                           poll_interval_s=0.05, load_observers=(polls.append,))
