@@ -30,7 +30,7 @@ from .export_select import (
     validation_ids,
 )
 from .layout import dataset_parts, has_shards, shard_files
-from .manifest import display_path
+from .paths import display_path
 from .shards import iter_lines
 
 
@@ -222,7 +222,8 @@ def _missing(root: Path, name: str, folder: Path) -> ConfigError:
                        f"(make generate DATASET={name}) or pass --output-dir.")
 
 
-def _select(opts: ExportOptions, counts: list[DatasetCounts], samples: dict[str, list]) -> list[dict[str, Any]]:
+def _select(opts: ExportOptions, counts: list[DatasetCounts],
+            samples: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """The samples the export takes: all eligible ones, or the --mix quota of each dataset."""
     wanted = mix_counts(opts.mix, {c.dataset: c.eligible for c in counts}) if opts.mix else {}
     chosen = []

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 import anyio
 from anyio.abc import Process
@@ -48,7 +49,7 @@ class ServerProcess:
     @classmethod
     async def start(cls, command: list[str], env: dict[str, str], log_path: Path) -> ServerProcess:
         """Rotate the log, spawn `command` writing to it; raises OSError if it cannot be executed."""
-        def open_log():
+        def open_log() -> BinaryIO:
             logfile.rotate(log_path)
             f = open(log_path, "ab")  # noqa: SIM115 - returned to the caller, which closes it after the spawn
             f.write(f"{COMMAND_ECHO}{shlex.join(command)}\n".encode())

@@ -7,6 +7,7 @@ import logging
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import anyio
@@ -30,7 +31,8 @@ def pick_free_port(host: str = "127.0.0.1") -> int:
     """A port the OS says is free now (the server binds it a moment later)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def connect_host(host: str) -> str:
@@ -61,7 +63,7 @@ class _Supervisor:
         self.url = f"http://{connect_host(profile.host)}:{port}"
         self.command = build_command(profile, port=port, python=sys.executable)
         self.proc: ServerProcess | None = None
-        self.info: dict = {}
+        self.info: dict[str, Any] = {}
 
     @property
     def running(self) -> ServerProcess:
