@@ -51,7 +51,7 @@ class ValidationReport:
     files: int = 0
     truncated: int = 0
     truncated_policy: str = "keep"
-    counts: Counter[str] = field(default_factory=Counter)
+    counts: Counter = field(default_factory=Counter)
     examples: list[Problem] = field(default_factory=list)
 
     @property
