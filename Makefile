@@ -67,6 +67,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
+# ruff + mypy with the project's own config only (pyproject.toml explains the rules and strict modules)
+.PHONY: lint
+lint: $(STAMP)
+	$(VENV)/bin/ruff check --config pyproject.toml .
+	$(VENV)/bin/mypy --config-file pyproject.toml
+
 chaos: $(STAMP)
 	$(PY) -m pytest -q -m slow $(ARGS)
 

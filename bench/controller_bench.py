@@ -114,7 +114,7 @@ def run_matrix(quick: bool = False, workers: int | None = None) -> list[dict]:
     cells = [(p, s, SAMPLES[p]) for p in LENGTH_PROFILES for s in SERVER_CONFIGS]
     workers = workers or max(1, min(2, os.cpu_count() or 1))
     with ProcessPoolExecutor(workers) as pool:
-        return list(pool.map(run_cell, *zip(*cells)))
+        return list(pool.map(run_cell, *zip(*cells, strict=True)))
 
 
 CLIENTS = ("ours", "oracle", "fixed 32", "fixed 64", "fixed 150", "fixed 512", "all at once")

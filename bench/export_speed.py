@@ -101,8 +101,8 @@ def time_case(flags: list[str], out: Path) -> dict:
         size += out.with_name(out.stem + ".val.jsonl").stat().st_size
     usage = re.search(r"maxrss_kb (\d+) cpu_s ([\d.]+)", r.stderr)
     rss_kb, cpu_s = int(usage.group(1)), float(usage.group(2))
-    return {"rows": rows, "wall_s": round(wall_s, 2), "cpu_s": round(cpu_s, 2), "out_mb": round(size / 1e6, 1), "peak_rss_mb": rss_kb // 1024,
-            "summary": r.stdout.strip()}
+    return {"rows": rows, "wall_s": round(wall_s, 2), "cpu_s": round(cpu_s, 2), "out_mb": round(size / 1e6, 1),
+            "peak_rss_mb": rss_kb // 1024, "summary": r.stdout.strip()}
 
 
 def main() -> None:

@@ -24,16 +24,25 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import anyio  # noqa: E402
-import httpx  # noqa: E402
+import anyio
+import httpx
 
-from bench.report import md_table, write_section  # noqa: E402
-from gen_pipeline.config import find_dataset_config  # noqa: E402
-from gen_pipeline.errors import DiskError  # noqa: E402
-from gen_pipeline.pipeline import RunOptions, run_generate  # noqa: E402
-from sglang_sim.testing import start_sim  # noqa: E402
-from pipeline_helpers import (SIM_FAST, _shard_lines, count_output, kill_resume_trial, run_cli,  # noqa: E402
-                              start_cli, wait_for, write_dataset)
+from bench.report import md_table, write_section
+from gen_pipeline.config import find_dataset_config
+from gen_pipeline.errors import DiskError
+from gen_pipeline.pipeline import RunOptions, run_generate
+from sglang_sim.testing import start_sim
+
+from pipeline_helpers import (
+    SIM_FAST,
+    _shard_lines,
+    count_output,
+    kill_resume_trial,
+    run_cli,
+    start_cli,
+    wait_for,
+    write_dataset,
+)
 
 TARGET = 60
 RESPONSE_FAULTS = {"5xx (500)": {"error_rate": 0.3}, "5xx (503)": {"error_rate": 0.3, "error_status": 503},
@@ -77,7 +86,9 @@ def soak_signal(tally: Tally, url: str, work: Path, sig: int, n: int) -> None:
                              fsync_every=3)
         out = work / f"{sig}-{i}/out"
         proc = start_cli(*_args(toml, out, url), "--window", "4", "--drain-grace-s", "10", log=work / "sig.log")
-        wait_for(lambda: (out / "T").is_dir() and _shard_lines(out / "T") >= 5 + 3 * i, timeout_s=60, interval_s=0.005)
+        # wait_for calls the predicate before this iteration ends, so the loop variables are current
+        wait_for(lambda: (out / "T").is_dir() and _shard_lines(out / "T") >= 5 + 3 * i,  # noqa: B023
+                 timeout_s=60, interval_s=0.005)
         os.kill(proc.pid, sig)
         code = proc.wait(timeout=60)
         run_cli(*_args(toml, out, url))
@@ -145,11 +156,11 @@ def soak_disk(tally: Tally, url: str, work: Path, n: int) -> None:
                               file_opener=opener(4_000 + 6_000 * i, code))
             hit = 0
             try:
-                anyio.run(lambda: run_generate(cfg, opts))
+                anyio.run(run_generate, cfg, opts)
             except DiskError:
                 hit = 1
             resume = RunOptions(output_root=out, server_urls=(url,), progress="quiet")
-            anyio.run(lambda: run_generate(cfg, resume))
+            anyio.run(run_generate, cfg, resume)
             tally.add(f"disk {errno.errorcode[code]}", out, faults_hit=hit)
 
 

@@ -31,8 +31,9 @@ SHORT, LONG, REPEATS = 400, 3000, 3
 def _dataset(folder: Path, target: int) -> Path:
     data = folder / "short.jsonl"
     if not data.exists():
-        data.write_bytes(b"".join(orjson.dumps({"id": f"s{i}", "messages": [{"role": "user", "content": f"Say hi #{i}"}]})
-                                  + b"\n" for i in range(LONG)))
+        data.write_bytes(b"".join(
+            orjson.dumps({"id": f"s{i}", "messages": [{"role": "user", "content": f"Say hi #{i}"}]}) + b"\n"
+            for i in range(LONG)))
     toml = folder / f"short{target}.toml"
     toml.write_text(f'name = "short"\ntarget_samples = {target}\n[source]\nfiles = ["short.jsonl"]\n'
                     'schema = "messages"\nfield = "messages"\nid_field = "id"\n[sampling]\nmax_new_tokens = 32\n'

@@ -68,7 +68,8 @@ def reference_decode_tok_s(duration_sim_s: float = WARMUP_SIM_S + WINDOW_SIM_S) 
     what the sim should report per simulated second when it keeps up."""
     engine = Engine(EngineConfig(max_total_num_tokens=kv_capacity_tokens("seed", 0.90, "fp8_e4m3"),
                                  num_continuous_decode_steps=4), get_profile("seed", "fp8_e4m3"))
-    rng, prompt_len, next_id = random.Random(1), len(encode(render_chat([{"role": "user", "content": f"Request 0-0. {_BODY}"}]))), 0
+    prompt_len = len(encode(render_chat([{"role": "user", "content": f"Request 0-0. {_BODY}"}])))
+    rng, next_id = random.Random(1), 0
 
     def add() -> None:
         nonlocal next_id

@@ -54,15 +54,16 @@ def main() -> None:
     (cfg / "data" / "b2.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     toml = (REPO / "datasets_cfg" / "demo.toml").read_text()
     toml = toml.replace('name = "demo"', 'name = "B2"').replace("max_new_tokens = 512", "max_new_tokens = 8192")
-    toml = toml.replace("data/demo.jsonl", "data/b2.jsonl").replace("shard_max_samples = 100", "shard_max_samples = 500")
+    toml = toml.replace("data/demo.jsonl", "data/b2.jsonl")
+    toml = toml.replace("shard_max_samples = 100", "shard_max_samples = 500")
     (cfg / "B2.toml").write_text(toml.replace("target_samples = 240", "target_samples = 1000"))
     gen = ("generate", "--dataset", "B2", "--config-dir", cfg, "--output-dir", out, "--server", "sim-seed-b2",
            "--window", "150", "--progress", "quiet", "--poll-interval-s", "0.5")
     cli(*gen, "--limit", "500")
     cli(*gen)
     print(cli("diagnose", "--dataset", "B2", "--output-dir", out, "--config-dir", cfg), end="")
-    png = plot_png(read_telemetry(out / "B2"), "B2 on the seed-calibrated simulator: bf16 KV, 116K tokens, 150 in flight",
-                   dpi=60)
+    png = plot_png(read_telemetry(out / "B2"),
+                   "B2 on the seed-calibrated simulator: bf16 KV, 116K tokens, 150 in flight", dpi=60)
     (REPO / "docs" / "report.png").write_bytes(png)
     page = cli("report", "--dataset", "B2", "--output-dir", out, "--config-dir", cfg).strip()
     print(f"docs/report.png: {len(png):,} bytes; the whole report: {page}")

@@ -12,8 +12,17 @@ from __future__ import annotations
 from typing import Any
 
 from .config import DatasetConfig, find_dataset_config, load_dataset_config
-from .errors import (ConfigDriftError, ConfigError, DiskError, GenPipelineError, LockedError, RequestError,
-                     ServerError, ServerStartupError, StoreError)
+from .errors import (
+    ConfigDriftError,
+    ConfigError,
+    DiskError,
+    GenPipelineError,
+    LockedError,
+    RequestError,
+    ServerError,
+    ServerStartupError,
+    StoreError,
+)
 from .records import Capacity, Failure, LoadSnapshot, Prompt, Reject, Sample
 
 __all__ = [

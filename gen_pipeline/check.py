@@ -16,8 +16,8 @@ from typing import Any
 
 from .check_lengths import Lengths, context_length, measure
 from .config import DatasetConfig
-from .paths import display_path
 from .errors import ConfigError, GenPipelineError, SourceShortError
+from .paths import display_path
 from .records import Prompt, Reject
 from .server.profile import ServerProfile
 from .sources import SourceStats, add_bad_lines, iter_prompts, load_source
@@ -83,7 +83,8 @@ def run_check(cfg: DatasetConfig, *, output_root: Path, profile: ServerProfile |
     columns = _columns(loaded.rows)
     _check_columns(cfg, where, columns)
     whole = bool(cfg.source.files) and total is not None and total <= WHOLE_SOURCE_ROWS
-    stats, rejects = SourceStats(), []
+    stats = SourceStats()
+    rejects: list[Reject] = []
     add_bad_lines(cfg, loaded, stats, rejects)
     rows = loaded.rows if whole else islice(loaded.rows, sample_rows)
     prompts = list(iter_prompts(cfg, frozenset(), stats, rejects, rows=rows))

@@ -84,7 +84,7 @@ def _tokenizer(profile: ServerProfile | None) -> tuple[Any, str]:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=profile.trust_remote_code)
-    except Exception as e:  # noqa: BLE001 - any failure means: measure characters instead
+    except Exception as e:  # any failure means: measure characters instead
         return None, f"the tokenizer of {path} does not load offline ({type(e).__name__}), so no tokenizer"
     return tok, f"the {path} tokenizer, system + user turns, chat template not counted"
 

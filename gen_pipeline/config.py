@@ -217,7 +217,8 @@ def load_dataset_config(path: Path) -> DatasetConfig:
     name = raw.get("name", path.stem)
     if not isinstance(name, str) or not name or "/" in name:
         raise ConfigError(f"{name_in}: name = {name!r} must be a non-empty string without '/'.")
-    sections = {k: build_section(cls, raw.get(k, {}), f"{name_in}: {k}.") for k, cls in _SECTIONS.items()}
+    sections: dict[str, Any] = {k: build_section(cls, raw.get(k, {}), f"{name_in}: {k}.")
+                                for k, cls in _SECTIONS.items()}
     src: SourceConfig = sections["source"]
     if bool(src.hf_id) == bool(src.files):
         raise ConfigError(f"{name_in}: [source] needs exactly one of hf_id (a Hugging Face dataset) "

@@ -16,13 +16,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from .errors import ConfigError, StoreError
 from .export_formats import FORMATS, HF_LAYOUTS, LINE_WRITERS, expand_turns, sweep_stale_tmp, write_hf, write_jsonl
-from .export_select import (DatasetCounts, Filters, Mix, ValSplit, drop_reason_text, mix_counts, seeded_key, take,
-                            validation_ids)
-from .manifest import display_path
+from .export_select import (
+    DatasetCounts,
+    Filters,
+    Mix,
+    ValSplit,
+    drop_reason_text,
+    mix_counts,
+    seeded_key,
+    take,
+    validation_ids,
+)
 from .layout import dataset_parts, has_shards, shard_files
+from .paths import display_path
 from .shards import iter_lines
 
 
@@ -66,7 +74,8 @@ class ExportSummary:
             dropped = ", ".join(f"{n:,} {drop_reason_text(r, o.filters)}" for r, n in sorted(c.dropped.items()))
             line = f"  {c.dataset}: {c.committed:,} committed samples, {sum(c.dropped.values()):,} dropped"
             line += f" ({dropped})" if dropped else ""
-            line += f", {c.taken:,} exported" + (f" (of {c.eligible:,} eligible, --mix)" if c.taken < c.eligible else "")
+            line += f", {c.taken:,} exported"
+            line += f" (of {c.eligible:,} eligible, --mix)" if c.taken < c.eligible else ""
             out.append(line)
         if o.expand_turns:
             out.append(f"  --expand-turns: {sum(c.taken for c in self.counts):,} samples → {total:,} rows, "
@@ -195,8 +204,8 @@ def _read_dataset(opts: ExportOptions, name: str) -> tuple[DatasetCounts, list[d
         else:
             rows.append(row)
     if not counts.committed:
-        raise ConfigError(f"{name} has no committed samples yet (no whole line in the shards of {display_path(folder)}). "
-                          "Generate some first (make generate DATASET=" + name + ").")
+        raise ConfigError(f"{name} has no committed samples yet (no whole line in the shards of "
+                          f"{display_path(folder)}). Generate some first (make generate DATASET=" + name + ").")
     if not rows:
         why = ", ".join(f"{n:,} {drop_reason_text(r, opts.filters)}" for r, n in sorted(counts.dropped.items()))
         raise ConfigError(f"{name}: every one of its {counts.committed:,} samples was dropped ({why}). "
@@ -213,7 +222,8 @@ def _missing(root: Path, name: str, folder: Path) -> ConfigError:
                        f"(make generate DATASET={name}) or pass --output-dir.")
 
 
-def _select(opts: ExportOptions, counts: list[DatasetCounts], samples: dict[str, list]) -> list[dict[str, Any]]:
+def _select(opts: ExportOptions, counts: list[DatasetCounts],
+            samples: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """The samples the export takes: all eligible ones, or the --mix quota of each dataset."""
     wanted = mix_counts(opts.mix, {c.dataset: c.eligible for c in counts}) if opts.mix else {}
     chosen = []

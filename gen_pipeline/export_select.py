@@ -45,7 +45,9 @@ class Filters:
         convs = row.get("conversations")
         if not isinstance(convs, list) or not convs or not all(isinstance(m, dict) for m in convs):
             return "malformed"
-        meta = row.get("meta") if isinstance(row.get("meta"), dict) else {}
+        meta = row.get("meta")
+        if not isinstance(meta, dict):
+            meta = {}
         if self.drop_truncated and meta.get("finish_reason") == "length":
             return "truncated"
         tokens = meta.get("completion_tokens")
@@ -177,7 +179,7 @@ class DatasetCounts:
 
     dataset: str
     committed: int = 0
-    dropped: Counter = field(default_factory=Counter)
+    dropped: Counter[str] = field(default_factory=Counter)
     taken: int = 0
 
     @property

@@ -52,7 +52,7 @@ def _resolve(host: str, port: int, timeout_s: float) -> tuple[str, int] | str:
     def lookup() -> None:
         try:
             info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            result.append((info[0][4][0], port))
+            result.append((str(info[0][4][0]), port))
         except OSError as e:
             result.append(str(e.strerror or e))
 

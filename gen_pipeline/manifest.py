@@ -13,7 +13,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ _EMPTY_LOCK_GRACE_S = 5.0
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def fsync_dir(folder: Path) -> None:
@@ -216,7 +216,7 @@ class RunLock:
         self.folder, self._fd, self.note = folder, fd, note
 
     @classmethod
-    def acquire(cls, folder: Path) -> "RunLock":
+    def acquire(cls, folder: Path) -> RunLock:
         """Take the lock; raises LockedError if a live run holds it, StoreError if not writable."""
         path = folder / LOCK_NAME
         for _ in range(20):  # retried only when the lock vanished or was replaced under us
@@ -236,7 +236,7 @@ class RunLock:
         raise LockedError(f"Could not take {display_path(path)}: it keeps changing. Is another run starting?")
 
     @classmethod
-    def _take_over(cls, folder: Path, path: Path) -> "RunLock | None":
+    def _take_over(cls, folder: Path, path: Path) -> RunLock | None:
         """Take a stale lock (holder gone); None = the file vanished, try again."""
         try:
             fd = os.open(path, os.O_RDWR)
@@ -244,8 +244,8 @@ class RunLock:
             return None
         if not _flock(fd):
             os.close(fd)
-            info = read_lock(folder) or LockInfo(None, "", "", 0.0)
-            raise LockedError(locked_message(folder, info))
+            holder = read_lock(folder) or LockInfo(None, "", "", 0.0)
+            raise LockedError(locked_message(folder, holder))
         if not _same_file(fd, path):
             os.close(fd)
             return None

@@ -20,8 +20,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import anyio
 import aiohttp
+import anyio
 import orjson
 
 from . import probe_metrics as PM
@@ -197,7 +197,7 @@ def _profile_kv(where: ServerProfile | str | None) -> str | None:
 
 def _first_known(group: BaseExceptionGroup) -> BaseException:
     """Task groups wrap errors in groups: surface our own error (the CLI has a message for it)."""
-    matched, _ = group.split(GenPipelineError)
+    matched: BaseException | None = group.split(GenPipelineError)[0]
     while isinstance(matched, BaseExceptionGroup):
         matched = matched.exceptions[0]
     return matched if matched is not None else group
@@ -257,12 +257,14 @@ def format_report(report: dict[str, Any], path: Path) -> str:
     lines = [
         f"probe-kv {report['dataset']}: reference {s['reference']['kv_cache_dtype']} ({s['reference']['url']}) "
         f"vs compare {s['compare']['kv_cache_dtype']} ({s['compare']['url']})",
-        f"  prompts {a['prompts']} ({len(report['failed_prompts'])} failed), teacher-forced positions {a['positions']:,}",
+        f"  prompts {a['prompts']} ({len(report['failed_prompts'])} failed), "
+        f"teacher-forced positions {a['positions']:,}",
         f"  free run: exact match {100 * a['exact_match_share']:.1f} %, first divergent token median {med} "
         f"over {d['diverged_prompts']} diverged prompts (positions: "
         f"{', '.join(f'{k}: {v}' for k, v in d['histogram'].items() if v)})",
         f"  teacher forced: top-1 agreement {100 * a['top1_agreement_share']:.2f} %, |Δ logprob| mean "
-        f"{a['abs_dlogprob_mean']:.4f} p99 {a['abs_dlogprob_p99']:.4f}, KL mean {a['kl_mean']:.5f} p99 {a['kl_p99']:.5f}",
+        f"{a['abs_dlogprob_mean']:.4f} p99 {a['abs_dlogprob_p99']:.4f}, "
+        f"KL mean {a['kl_mean']:.5f} p99 {a['kl_p99']:.5f}",
     ]
     share = a.get("compare_prefix_cache_share")
     if share is not None and share < 0.5:

@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-
 TOP1_FINE, TOP1_CAUTION = 0.01, 0.03
 KL_FINE, KL_CAUTION = 0.01, 0.05
 KL_ESTIMATOR = ("KL(P_ref || Q_cmp) over the reference top-k tokens plus one tail bucket; a lower bound "
@@ -69,7 +68,7 @@ class PromptResult:
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     """The first index where the token sequences differ (a length difference counts); None if equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
@@ -96,7 +95,7 @@ def compare_prompt(pid: str, prompt_tokens: int, ref_free: Sequence[int], cmp_fr
     """Free-run agreement plus teacher-forced agreement over the reference trajectory."""
     div = first_divergence(ref_free, cmp_free)
     agree, dlp, kls = 0, [], []
-    for r, c in zip(ref_tf, cmp_tf):
+    for r, c in zip(ref_tf, cmp_tf, strict=False):
         agree += bool(r.top and c.top and r.top[0][1] == c.top[0][1])
         dlp.append(abs(r.logprob - c.logprob))
         kls.append(kl_topk(r.top, c.top))

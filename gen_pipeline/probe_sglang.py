@@ -93,8 +93,8 @@ async def prompt_ids(http: aiohttp.ClientSession, url: str, model: str, messages
         data = await _post(http, url + "/v1/chat/completions", chat)
         tokens = ((data.get("choices") or [{}])[0] or {}).get("prompt_token_ids")
         if tokens is None:
-            raise ServerError(f"{url} has no /tokenize and its /v1/chat/completions ignores "
-                              "return_prompt_token_ids: probe-kv needs SGLang 0.5.13 or newer (0.5.17 tested).")
+            raise ServerError(f"{url} has no /tokenize and its /v1/chat/completions ignores return_prompt_token_ids: "
+                              "probe-kv needs SGLang 0.5.13 or newer (0.5.17 tested).") from None
     if not isinstance(tokens, list) or not tokens or not all(isinstance(t, int) for t in tokens):
         raise ProbeRequestError(f"{url}/tokenize returned no token list: {str(data)[:200]}")
     return tokens
@@ -118,7 +118,7 @@ def parse_positions(entries: Any, tops: Any, where: str) -> list[Position]:
         raise ProbeRequestError(f"{where}: logprob lists missing or of different lengths "
                                 "(does this server support return_logprob with top_logprobs_num?)")
     out = []
-    for e, top in zip(entries, tops):
+    for e, top in zip(entries, tops, strict=True):
         if not isinstance(e, list) or len(e) < 2 or e[0] is None or not isinstance(top, list):
             raise ProbeRequestError(f"{where}: unexpected logprob entry {str(e)[:80]} / {str(top)[:80]}")
         out.append(Position(int(e[1]), float(e[0]), tuple((float(t[0]), int(t[1])) for t in top)))

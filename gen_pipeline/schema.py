@@ -13,13 +13,16 @@ import difflib
 import functools
 import typing
 from dataclasses import MISSING, fields
-from typing import Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
-from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
 
 from .errors import ConfigError
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 
 def type_name(v: Any) -> str:
@@ -44,7 +47,7 @@ def _listify(v: Any) -> Any:
 
 
 @functools.cache
-def _model(cls: type) -> type:
+def _model(cls: type[DataclassInstance]) -> type[BaseModel]:
     """A strict pydantic model with the dataclass's fields, types and defaults (extra keys forbidden)."""
     hints = typing.get_type_hints(cls)
     spec: dict[str, Any] = {}

@@ -60,7 +60,9 @@ class ShardScan:
 
     def add(self, row: dict[str, Any]) -> None:
         self.ids.append(row["id"])
-        meta = row.get("meta") if isinstance(row.get("meta"), dict) else {}
+        meta = row.get("meta")
+        if not isinstance(meta, dict):
+            meta = {}
         self.prompt_tokens += _int(meta.get("prompt_tokens"))
         self.completion_tokens += _int(meta.get("completion_tokens"))
         self.truncated += meta.get("finish_reason") == "length"
@@ -99,7 +101,7 @@ def scan_bytes(data: bytes) -> ShardScan:
     last line; invalid lines before it are listed in `corrupt` (the caller decides)."""
     scan = ShardScan()
     pos = 0
-    for line_no, row, why, pos in iter_lines(data):
+    for line_no, row, why, pos in iter_lines(data):  # noqa: B007 - the last line's end is read after the loop
         if row is None:
             scan.corrupt.append((line_no, why))
         else:

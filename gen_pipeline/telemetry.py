@@ -14,6 +14,7 @@ gets coarser, never lost as a whole. Readers skip a torn or unparseable line (ki
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -119,10 +120,8 @@ class Telemetry:
     def _disable(self, message: str) -> None:
         if self.enabled:
             self.enabled = False
-            try:
+            with contextlib.suppress(Exception):
                 self.on_event(message)
-            except Exception:
-                pass
 
     def _drain(self) -> None:
         fresh = True

@@ -82,7 +82,7 @@ def plot_png(rows: list[dict[str, Any]], title: str, *, dpi: int = 80) -> bytes:
     ax.set_ylabel("retractions")
     ax.set_xlabel("run time, minutes (gaps between runs removed)")
     for ax in axes:
-        for x, run in starts:
+        for x, _ in starts:
             ax.axvline(x, color="black", ls="--", lw=0.8)
         for x in restarts:
             ax.axvline(x, color="red", lw=1.0)

@@ -61,7 +61,7 @@ class Dist:
             return _TAIL_LOGPROB
 
     def top(self, k: int) -> list[tuple[float, int]]:
-        return list(zip(self.logprobs[:k], self.ids[:k]))
+        return list(zip(self.logprobs[:k], self.ids[:k], strict=True))
 
 
 def distribution(h: int, perturb_rate: float = 0.0) -> Dist:

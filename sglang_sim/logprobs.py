@@ -76,8 +76,9 @@ def meta_info(p: LogprobPlan, output_ids: list[int]) -> dict[str, Any]:
     out_dists = p.output[: len(output_ids)]
     info: dict[str, Any] = {
         "input_token_logprobs": [_entry(None if d is None else d.logprob(t), t, p.with_text)
-                                 for d, t in zip(p.input, in_ids)],
-        "output_token_logprobs": [_entry(d.logprob(t), t, p.with_text) for d, t in zip(out_dists, output_ids)],
+                                 for d, t in zip(p.input, in_ids, strict=False)],
+        "output_token_logprobs": [_entry(d.logprob(t), t, p.with_text)
+                                  for d, t in zip(out_dists, output_ids, strict=False)],
     }
     info["output_token_logprobs_length"] = len(info["output_token_logprobs"])
     if p.top_k > 0:

@@ -14,8 +14,8 @@ Sizes are in tokens. No KV values are stored: the engine only needs the counts.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 __all__ = ["MatchResult", "RadixCache", "RadixNode"]
 

@@ -162,7 +162,7 @@ def draw_output_ids(seed: int, n_tokens: int) -> list[int]:
     return [first, *rng.choices(_POOL_IDS, k=n_tokens - 1)]
 
 
-_FAST_TEXT = dict(zip(_POOL_IDS, _POOL_TEXTS)) | {i: _decode_one(i) for i in _FIRST_IDS}
+_FAST_TEXT = dict(zip(_POOL_IDS, _POOL_TEXTS, strict=True)) | {i: _decode_one(i) for i in _FIRST_IDS}
 
 
 def decode_output(ids: Iterable[int]) -> str:

@@ -13,9 +13,9 @@ os.environ.setdefault("HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="gen-pipeline
 for _var in ("SLURM_PROCID", "SLURM_NTASKS", "RANK", "WORLD_SIZE"):
     os.environ.pop(_var, None)
 
-import logging  # noqa: E402
+import logging
 
-import pytest  # noqa: E402
+import pytest
 
 # tests/contract runs SGLang's own code in its own venv (`make contract`), not in `make test`.
 collect_ignore = [] if os.environ.get("GEN_PIPELINE_CONTRACT") == "1" else ["contract"]

@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from gen_pipeline.server.plan import GIB
+
 from pipeline_helpers import REPO, assert_exact, cli_cmd, make_rows, run_cli, write_dataset
 
 

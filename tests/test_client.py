@@ -11,6 +11,7 @@ import pytest
 from gen_pipeline.client import ChatClient, ClientSettings, build_request, parse_response, split_think
 from gen_pipeline.config import GenerationConfig, SamplingConfig
 from gen_pipeline.records import Failure, Prompt, Sample
+
 from mock_http import MockServer
 
 GEN = GenerationConfig(max_attempts=3, retry_initial_wait_s=0.001, retry_max_wait_s=0.002)
@@ -54,8 +55,8 @@ PROMPT = Prompt("T-1", ({"role": "system", "content": "sys"}, {"role": "user", "
 
 
 async def test_every_assistant_turn_regenerated_in_order_with_history(mock) -> None:
-    client, seen = client_with(mock, lambda r, n: httpx.Response(200, json=completion(f"answer {n}", reasoning=f"why {n}")),
-                               reasoning="keep")
+    client, seen = client_with(
+        mock, lambda r, n: httpx.Response(200, json=completion(f"answer {n}", reasoning=f"why {n}")), reasoning="keep")
     sample = await client.regenerate(PROMPT, "T")
     assert isinstance(sample, Sample)
     assert [m["content"] for m in seen[1]["messages"]] == ["sys", "q1", "answer 1", "q2"]

@@ -44,7 +44,8 @@ async def test_nothing_listening_is_a_connection_failure() -> None:
 
 
 async def test_stall_is_a_timeout() -> None:
-    with start_sim(["--sim-profile", "fast", "--sim-startup-s", "0", "--sim-stall-rate", "1", "--sim-stall-s", "30"]) as s:
+    stall_all = ["--sim-profile", "fast", "--sim-startup-s", "0", "--sim-stall-rate", "1", "--sim-stall-s", "30"]
+    with start_sim(stall_all) as s:
         with pytest.raises(RequestError) as e:
             await complete(s.url, request_timeout_s=0.5)
     assert (e.value.reason, e.value.attempts, str(e.value)) == (

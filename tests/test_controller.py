@@ -113,7 +113,7 @@ def test_grows_to_fill_an_idle_pool() -> None:
     # live KV per running request (0.2 * C / running) is below the estimate, so the model holds;
     # the idle rule multiplies the gain by 1.1 per poll.
     assert windows == [model_window(POOL, 2000, gain=1.1 ** k) for k in range(1, 6)]
-    assert "pool idle (usage 20%, nothing queued): grow" == ctrl.statistics().reason
+    assert ctrl.statistics().reason == "pool idle (usage 20%, nothing queued): grow"
 
 
 def test_shrinks_to_running_plus_slack_when_the_queue_builds() -> None:

@@ -29,6 +29,7 @@ from gen_pipeline.controller.config import ControllerConfig
 from gen_pipeline.pipeline import RunOptions, run_generate
 from gen_pipeline.progress import Figures
 from sglang_sim.testing import start_sim
+
 from pipeline_helpers import write_dataset
 
 POOL_TOKENS = 24_576  # the fast profile's pool, stated explicitly
@@ -173,9 +174,10 @@ def _assert_window_in_band(ours: RunFigures, samples: int, underfilling: int, ad
     Low: above `underfilling` (a window measured below 90% of the plateau; a 97% cut sits inside the
     +-3% run-to-run noise, so on the short job it fell on 128 or on 256 from run to run) and above
     80% of `admitted` (the server's median running requests on the plateau: a window below it leaves
-    slots idle; 80% because that median of ~5 polls moves by +-2 of ~13 on the long job). High: past the knee more window only waits in the server's queue
-    (same throughput, more latency, more exposure to retraction), so 3x the knee plus the
-    controller's own queue slack is where "near the best" ends."""
+    slots idle; 80% because that median of ~5 polls moves by +-2 of ~13 on the long job). High: past
+    the knee more window only waits in the server's queue (same throughput, more latency, more
+    exposure to retraction), so 3x the knee plus the controller's own queue slack is where "near the
+    best" ends."""
     window = ours.median_window(samples)
     low, high = max(underfilling, 0.8 * admitted), 3 * knee + _QUEUE_SLACK_MAX
     assert low < window <= high, f"median window {window} outside ({low:.0f}, {high:.0f}]"

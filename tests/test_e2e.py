@@ -59,7 +59,8 @@ def test_limit_then_torn_tail_then_resume_is_exact(tmp_path: Path) -> None:
 def test_changed_config_is_refused_and_nothing_is_lost(tmp_path: Path) -> None:
     toml = write_dataset(tmp_path / "cfg", target=30)
     out = tmp_path / "out"
-    assert run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", out, "--limit", "10").returncode == 0
+    r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", out, "--limit", "10")
+    assert r.returncode == 0
     before = {p.name: p.read_bytes() for p in (out / "T").glob("shard-*.jsonl")}
     toml.write_text(toml.read_text().replace("temperature = 0.7", "temperature = 0.2"))
     r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", out)

@@ -3,6 +3,7 @@ CLI as a subprocess, every format loaded back with the real `datasets` library."
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -13,6 +14,7 @@ from datasets import load_dataset, load_from_disk
 
 from gen_pipeline.export_formats import hf_features
 from gen_pipeline.export_select import Mix, ValSplit, mix_counts, validation_ids
+
 from pipeline_helpers import kill_group, read_samples, run_cli, start_cli, wait_for, write_dataset
 
 # The keys of a row SpecForge's regeneration script writes on success, from its source
@@ -67,7 +69,7 @@ def check_specforge_row(row: dict) -> None:
     assert isinstance(row["id"], str) and row["id"].strip()
     assert row["status"] == "success"
     roles = [m["role"] for m in row["conversations"] if m["role"] != "system"]
-    assert roles[0] == "user" and roles[-1] == "assistant" and all(a != b for a, b in zip(roles, roles[1:]))
+    assert roles[0] == "user" and roles[-1] == "assistant" and all(a != b for a, b in itertools.pairwise(roles))
     assert all(isinstance(m["content"], str) and m["content"].strip() for m in row["conversations"])
 
 
@@ -136,7 +138,8 @@ def test_split_is_stable_under_re_export_and_disjoint(outputs: Path, tmp_path: P
     export(outputs, "--dataset", "demo", "--format", "specforge", "--out", b, "--val-share", "0.1", "--seed", "7")
     train, val = {r["id"] for r in jsonl(a)}, {r["id"] for r in jsonl(tmp_path / "a.val.jsonl")}
     assert train.isdisjoint(val) and len(train | val) == 240 and 10 <= len(val) <= 40
-    assert summary.splitlines()[-1] == f"  split: train {len(train)} → {a}, validation {len(val)} → {tmp_path / 'a.val.jsonl'}"
+    val_path = tmp_path / "a.val.jsonl"
+    assert summary.splitlines()[-1] == f"  split: train {len(train)} → {a}, validation {len(val)} → {val_path}"
     # another seed reorders the rows but keeps every sample on its side of the split
     assert {r["id"] for r in jsonl(tmp_path / "b.val.jsonl")} == val
     assert [r["id"] for r in jsonl(b)] != [r["id"] for r in jsonl(a)]
@@ -225,7 +228,8 @@ def test_export_during_a_run_reads_only_committed_lines(outputs: Path, tmp_path:
     assert {r["id"] for r in jsonl(tmp_path / "t.jsonl")} == {s["id"] for s in read_samples(outputs, "demo")}
     # a real run writing while exports go
     toml = write_dataset(tmp_path / "cfg", target=400, max_new_tokens=400,
-                         rows=[{"id": f"r{i}", "messages": [{"role": "user", "content": f"q {i}"}]} for i in range(450)])
+                         rows=[{"id": f"r{i}", "messages": [{"role": "user", "content": f"q {i}"}]}
+                               for i in range(450)])
     proc = start_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", root, log=tmp_path / "cli.log")
     exported: list[list[dict]] = []
     try:

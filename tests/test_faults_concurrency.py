@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from sglang_sim.testing import start_sim
+
 from pipeline_helpers import SIM_FAST, _shard_lines, assert_exact, run_cli, start_cli, wait_for, write_dataset
 
 

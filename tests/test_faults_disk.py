@@ -7,7 +7,6 @@ import io
 import os
 from pathlib import Path
 
-import anyio
 import pytest
 
 import gen_pipeline.pipeline as pipeline
@@ -16,6 +15,7 @@ from gen_pipeline.config import find_dataset_config
 from gen_pipeline.errors import DiskError
 from gen_pipeline.pipeline import RunOptions, run_generate
 from sglang_sim.testing import start_sim
+
 from pipeline_helpers import SIM_FAST, assert_exact, read_samples, run_cli, write_dataset
 
 
@@ -29,7 +29,7 @@ class FailingFile(io.RawIOBase):
     """A binary append file that raises OSError(code) once `budget` shard bytes are used up."""
 
     def __init__(self, path: Path, mode: str, budget: list[int], code: int):
-        self._f = open(path, mode)  # noqa: SIM115
+        self._f = open(path, mode)  # noqa: SIM115 - the wrapper owns it: close() below closes it
         self._budget, self._code, self._shard = budget, code, path.name.startswith("shard-")
 
     def write(self, blob) -> int:

@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from sglang_sim.testing import start_sim
+
 from pipeline_helpers import SIM_FAST, assert_exact, make_rows, run_cli, write_dataset
 
 

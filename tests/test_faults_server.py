@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from sglang_sim.testing import start_sim
+
 from pipeline_helpers import REPO, SIM_FAST, assert_exact, make_rows, run_cli, write_dataset
 
 NO_FAULTS = {"error_rate": 0.0, "error_status": 500, "429_rate": 0.0, "stall_rate": 0.0, "cut_rate": 0.0,

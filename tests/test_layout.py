@@ -8,8 +8,14 @@ from pathlib import Path
 
 import orjson
 
-from gen_pipeline.layout import (committed_shards, dataset_parts, final_failure_ids, iter_committed_samples,
-                                 read_jsonl_rows, shard_files)
+from gen_pipeline.layout import (
+    committed_shards,
+    dataset_parts,
+    final_failure_ids,
+    iter_committed_samples,
+    read_jsonl_rows,
+    shard_files,
+)
 from gen_pipeline.records import Failure, Sample
 from gen_pipeline.status import read_status
 from gen_pipeline.store import DatasetStore

@@ -9,12 +9,21 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
-from mock_http import mock_session
 import pytest
 
-from gen_pipeline.probe_metrics import Position, aggregate, compare_prompt, first_divergence, kl_topk, percentile, verdict
+from gen_pipeline.probe_metrics import (
+    Position,
+    aggregate,
+    compare_prompt,
+    first_divergence,
+    kl_topk,
+    percentile,
+    verdict,
+)
 from sglang_sim.testing import free_port, start_sim
 from tests.pipeline_helpers import SIM_FAST, run_cli
+
+from mock_http import mock_session
 
 RATE = 0.02
 # 30 prompts x <= 96 tokens ~ 2,800 positions: the binomial sd of the measured rate is ~0.27 points,
@@ -84,7 +93,8 @@ def test_unreachable_url_names_it(tmp_path):
 
 
 def test_same_kv_dtype_refused_then_allowed_as_noise_floor(tmp_path):
-    with start_sim([*SIM_FAST, "--kv-cache-dtype", "bf16"]) as a, start_sim([*SIM_FAST, "--kv-cache-dtype", "bfloat16"]) as b:
+    with (start_sim([*SIM_FAST, "--kv-cache-dtype", "bf16"]) as a,
+          start_sim([*SIM_FAST, "--kv-cache-dtype", "bfloat16"]) as b):
         r = run_cli("probe-kv", "--dataset", "demo", "--server-url", a.url, "--compare-url", b.url,
                     "--samples", "4", "--max-new-tokens", "16", "--output-dir", tmp_path)
         assert r.returncode == 2
@@ -105,7 +115,8 @@ def test_same_kv_dtype_refused_then_allowed_as_noise_floor(tmp_path):
 @pytest.mark.parametrize("flag,value", [("--samples", "0"), ("--top-k", "0"), ("--tf-chunk", "-1")])
 def test_bad_numbers_are_flag_errors(tmp_path, flag, value):
     r = run_cli("probe-kv", "--dataset", "demo", flag, value, "--output-dir", tmp_path)
-    assert r.returncode == 2 and r.stderr.strip() == f"error: {flag} {value} must be at least {0 if flag == '--tf-chunk' else 1}."
+    least = 0 if flag == "--tf-chunk" else 1
+    assert r.returncode == 2 and r.stderr.strip() == f"error: {flag} {value} must be at least {least}."
 
 
 def test_sim_generate_logprob_shapes_match_sglang():
@@ -154,7 +165,7 @@ def test_estimators():
 class _OpenAIOnly(BaseHTTPRequestHandler):
     """A stand-in for a non-SGLang OpenAI-compatible server (vLLM-like): /v1/models and nothing native."""
 
-    def do_GET(self):  # noqa: N802 (http.server's spelling)
+    def do_GET(self):  # http.server's spelling
         body, code = (b'{"object": "list", "data": [{"id": "m", "object": "model"}]}', 200) \
             if self.path == "/v1/models" else (b'{"detail": "Not Found"}', 404)
         self.send_response(code)
@@ -216,8 +227,8 @@ def test_kl_estimate_stays_below_true_kl_on_sim_distributions():
     for _ in range(300):
         h = rng.getrandbits(64)
         p, q = M.distribution(h, 0.0), M.distribution(h, 0.3)
-        q_lp = dict(zip(q.ids, q.logprobs))  # same candidates; the uniform tail is equal in both
-        true = sum(math.exp(lp) * (lp - q_lp[t]) for lp, t in zip(p.logprobs, p.ids))
+        q_lp = dict(zip(q.ids, q.logprobs, strict=True))  # same candidates; the uniform tail is equal in both
+        true = sum(math.exp(lp) * (lp - q_lp[t]) for lp, t in zip(p.logprobs, p.ids, strict=True))
         est = kl_topk(p.top(5), q.top(5))
         assert est <= true + 1e-12
         ratios.append(est / true)

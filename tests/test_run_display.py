@@ -13,8 +13,9 @@ import httpx
 import orjson
 
 from gen_pipeline.progress import Figures, Progress
-from pipeline_helpers import REPO, SIM_FAST, cli_cmd, make_rows, run_cli, write_dataset
 from sglang_sim.testing import start_sim
+
+from pipeline_helpers import REPO, SIM_FAST, cli_cmd, make_rows, run_cli, write_dataset
 
 NUM = r"[\d,.]+"
 
@@ -113,12 +114,13 @@ def test_in_flight_above_a_lowered_window_is_explained() -> None:
 
 async def test_load_observers_get_every_poll(tmp_path: Path) -> None:
     from gen_pipeline.config import load_dataset_config
-    from gen_pipeline.run import LoadPoll, RunOptions
     from gen_pipeline.pipeline import run_generate
+    from gen_pipeline.run import LoadPoll, RunOptions
 
     cfg = load_dataset_config(write_dataset(tmp_path / "ds", target=40, max_new_tokens=64))
     polls: list[LoadPoll] = []
-    slow = [("1" if a == "10" and prev == "--time-scale" else a) for prev, a in zip(["", *SIM_FAST], SIM_FAST)]
+    slow = [("1" if a == "10" and prev == "--time-scale" else a)
+            for prev, a in zip(["", *SIM_FAST], SIM_FAST, strict=False)]
     with start_sim(slow, ready_timeout_s=30) as sim:  # a tenth of the speed: the run lasts several polls
         opts = RunOptions(output_root=tmp_path / "out", server_urls=(sim.url,), progress="quiet",
                           poll_interval_s=0.05, load_observers=(polls.append,))

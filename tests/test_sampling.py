@@ -63,7 +63,8 @@ async def test_every_key_is_in_the_request_body_and_meta(tmp_path: Path) -> None
     assert sample.meta["sampling"] == {
         "max_new_tokens": 64, "temperature": 0.6, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.05,
         "presence_penalty": 0.5, "frequency_penalty": -0.25, "stop": ("</answer>", "STOP"), "seed": 1234,
-        "extra_body": {"min_tokens": 2, "skip_special_tokens": False, "chat_template_kwargs": {"enable_thinking": True}}}
+        "extra_body": {"min_tokens": 2, "skip_special_tokens": False,
+                       "chat_template_kwargs": {"enable_thinking": True}}}
 
 
 def test_unset_keys_are_not_sent_and_disable_merges_chat_template_kwargs(tmp_path: Path) -> None:
@@ -126,7 +127,8 @@ def test_through_the_simulator_then_a_changed_key_is_refused(tmp_path: Path) -> 
         {"max_new_tokens": 64, "temperature": 0.7, "top_p": 0.95, "top_k": 20, "min_p": 0.05,
          "repetition_penalty": 1.05, "presence_penalty": 0.5, "frequency_penalty": -0.25,
          "stop": ["</answer>", "STOP"], "seed": 1234,
-         "extra_body": {"min_tokens": 2, "skip_special_tokens": False, "chat_template_kwargs": {"enable_thinking": True}}},
+         "extra_body": {"min_tokens": 2, "skip_special_tokens": False,
+                        "chat_template_kwargs": {"enable_thinking": True}}},
         option=orjson.OPT_SORT_KEYS)}
     toml.write_text(toml.read_text().replace("seed = 1234", "seed = 99").replace("min_tokens = 2", "min_tokens = 3")
                     .replace("target_samples = 12", "target_samples = 14"))

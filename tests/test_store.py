@@ -326,7 +326,7 @@ class FullDisk:
 
         class Handle:
             def __init__(self):
-                self.f = open(path, mode)
+                self.f = open(path, mode)  # noqa: SIM115 - the wrapper owns it: close() below closes it
 
             def write(self, data: bytes) -> int:
                 if path.name.startswith("shard-"):

@@ -14,10 +14,17 @@ import pytest
 
 from gen_pipeline import bottleneck
 from gen_pipeline.errors import ConfigError
-from gen_pipeline.telemetry import (ARCHIVE_NAME, TELEMETRY_NAME, Telemetry, append_rows, decimate, read_file,
-                                    read_telemetry)
-from pipeline_helpers import (REPO, assert_exact, kill_group, make_rows, run_cli, start_cli, wait_for,
-                              write_dataset)
+from gen_pipeline.telemetry import (
+    ARCHIVE_NAME,
+    TELEMETRY_NAME,
+    Telemetry,
+    append_rows,
+    decimate,
+    read_file,
+    read_telemetry,
+)
+
+from pipeline_helpers import REPO, assert_exact, kill_group, make_rows, run_cli, start_cli, wait_for, write_dataset
 
 FAST = ["--sim-profile", "fast", "--sim-startup-s", "0.2"]
 
@@ -43,7 +50,8 @@ def scenario(tmp: Path, *, keys: dict | None = None, sim: list[str], target: int
                   max_new_tokens=max_new_tokens, shard_max_samples=500, fsync_every=64)
     out = tmp / "out"
     gen = run_cli("generate", "--dataset", cfg / "T.toml", "--server", "t", "--config-dir", cfg, "--output-dir", out,
-                  "--progress", "quiet", "--poll-interval-s", "0.25", *(["--window", str(window)] if window else []), *extra)
+                  "--progress", "quiet", "--poll-interval-s", "0.25", *(["--window", str(window)] if window else []),
+                  *extra)
     assert gen.returncode == 0, gen.stdout + gen.stderr
     d = run_cli("diagnose", "--dataset", "T", "--output-dir", out, "--config-dir", cfg)
     assert d.returncode == 0, d.stderr
@@ -101,7 +109,8 @@ def test_disk_error_turns_telemetry_off_once(tmp_path: Path) -> None:
 def test_unwritable_telemetry_never_fails_a_run(tmp_path: Path) -> None:
     toml = write_dataset(tmp_path / "ds", target=40, max_new_tokens=48)
     (tmp_path / "out" / "T" / TELEMETRY_NAME).mkdir(parents=True)
-    r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", tmp_path / "out", "--progress", "quiet")
+    r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", tmp_path / "out",
+                "--progress", "quiet")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("telemetry off for this run") == 1, r.stdout
     assert_exact(tmp_path / "out", 40)
@@ -111,8 +120,8 @@ def test_telemetry_survives_kill_9_and_resume_appends(tmp_path: Path) -> None:
     cfg = _config(tmp_path, {}, FAST + ["--time-scale", "4", "--sim-output-mean", "300"])
     toml = write_dataset(cfg, rows=make_rows(200), target=150, max_new_tokens=400)
     out, path = tmp_path / "out", tmp_path / "out" / "T" / TELEMETRY_NAME
-    args = ("generate", "--dataset", toml, "--server", "t", "--config-dir", cfg, "--output-dir", out, "--progress", "log",
-            "--poll-interval-s", "0.25")
+    args = ("generate", "--dataset", toml, "--server", "t", "--config-dir", cfg, "--output-dir", out,
+            "--progress", "log", "--poll-interval-s", "0.25")
     proc = start_cli(*args, log=tmp_path / "cli.log")
     wait_for(lambda: path.exists() and path.read_bytes().count(b"\n") >= 3, timeout_s=60)
     assert proc.poll() is None  # still running: the kill lands mid-run

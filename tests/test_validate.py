@@ -51,7 +51,8 @@ CASES = [
     (b"not json\n", "unparseable", "not valid JSON"),
     (row(1, dataset=None), "schema", "missing dataset"),
     (row(1, id=7), "schema", "id is an integer here, a string in the first row"),
-    (row(1, meta__prompt_tokens="5"), "meta_schema", "meta.prompt_tokens is a string here, an integer in the first row"),
+    (row(1, meta__prompt_tokens="5"), "meta_schema",
+     "meta.prompt_tokens is a string here, an integer in the first row"),
     (row(1, meta__extra=1), "meta_schema", "extra meta.extra"),
     (row(1, meta__sampling__temperature=1), "meta_schema",
      "meta.sampling.temperature is an integer here, a float in the first row"),
@@ -85,7 +86,7 @@ def test_truncated_is_counted_and_an_error_only_when_dropped(tmp_path):
     drop = validate_dataset(tmp_path)
     assert (drop.ok, drop.truncated, dict(drop.counts)) == (False, 1, {"truncated": 1})
     assert drop.to_dict()["examples"] == [{"kind": "truncated", "file": "shard-00000.jsonl", "line": 2,
-                                           "message": "finish_reason is \"length\" but generation.truncated = \"drop\""}]
+                                           "message": 'finish_reason is "length" but generation.truncated = "drop"'}]
 
 
 def test_duplicates_across_shards_and_examples_are_capped(tmp_path):

@@ -13,9 +13,9 @@ TOPICS = ["binary search", "TCP congestion control", "photosynthesis", "the Fren
           "speculative decoding", "Rust ownership", "SQL joins", "black holes", "compound interest",
           "the Krebs cycle", "gradient descent", "hash tables", "the Roman republic", "plate tectonics",
           "public-key cryptography", "garbage collection", "Bayes' theorem", "the water cycle", "transformers"]
-FORMS = ["Explain {t} to a new engineer.", "Write a short poem about {t}.", "What are three common misconceptions about {t}?",
-         "Give a step-by-step example of {t}.", "Compare {t} with a related idea and say when each applies.",
-         "Summarise {t} in five bullet points."]
+FORMS = ["Explain {t} to a new engineer.", "Write a short poem about {t}.",
+         "What are three common misconceptions about {t}?", "Give a step-by-step example of {t}.",
+         "Compare {t} with a related idea and say when each applies.", "Summarise {t} in five bullet points."]
 FOLLOW = ["Can you make it shorter?", "Now give a concrete example.", "What would an expert add?",
           "Turn that into a quiz question."]
 SYSTEMS = ["You are a concise assistant.", "You are a patient teacher who uses analogies.",

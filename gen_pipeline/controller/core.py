@@ -75,7 +75,7 @@ class Controller:
     def observe_load(self, snap: LoadSnapshot) -> None:
         """One poll of the server's load; counters are cumulative (a drop means a restart)."""
         prev, self._load = self._load, snap
-        used = snap.used_tokens
+        used: float | None = snap.used_tokens
         if used is None and snap.token_usage is not None:
             used = snap.token_usage * self._capacity.max_total_num_tokens
         if used is not None and snap.running > 0:
@@ -174,7 +174,9 @@ class Controller:
 
     def _at_running_cap(self) -> bool:
         cap = self._capacity.max_running_requests
-        return self.mode != "gradient" and bool(cap) and self._slots() >= cap
+        if self.mode == "gradient" or not cap:
+            return False
+        return self._slots() >= cap
 
     # -- fast rules (every poll) ------------------------------------------------------------
     def _on_retraction_burst(self, now_s: float, retracted: int) -> None:

@@ -65,12 +65,19 @@ class Epoch:
     def goodput_tok_s(self, window: float) -> float | None:
         if self._rate_polls >= 2:
             return self._rate_sum / self._rate_polls
-        if self._has_counter():
-            (t0, g0), (t1, g1) = self._gen_first, self._gen_last  # type: ignore[misc]
+        span = self._counter_span()
+        if span is not None:
+            (t0, g0), (t1, g1) = span
             return (g1 - g0) / (t1 - t0)
         rate = self.tokens_per_s_per_request()
         return window * rate if rate is not None else None
 
     def _has_counter(self) -> bool:
-        return (self._gen_first is not None and self._gen_last is not None
-                and self._gen_last[0] > self._gen_first[0])
+        return self._counter_span() is not None
+
+    def _counter_span(self) -> tuple[tuple[float, int], tuple[float, int]] | None:
+        """The first and last (time, generated tokens) counter points, if they span some time."""
+        first, last = self._gen_first, self._gen_last
+        if first is None or last is None or last[0] <= first[0]:
+            return None
+        return first, last

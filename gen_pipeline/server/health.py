@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 
-import anyio
 import aiohttp
+import anyio
 
-from ..paths import display_path
 from ..errors import ServerStartupError
+from ..paths import display_path
 from . import logfile
 from .diagnose import FatalLine, advice, find_fatal, find_warnings
 from .process import ServerProcess

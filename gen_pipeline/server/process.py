@@ -7,6 +7,7 @@ to a file, never a pipe: a grandchild holding a pipe open would hang us.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 import anyio
 from anyio.abc import Process
@@ -47,9 +49,9 @@ class ServerProcess:
     @classmethod
     async def start(cls, command: list[str], env: dict[str, str], log_path: Path) -> ServerProcess:
         """Rotate the log, spawn `command` writing to it; raises OSError if it cannot be executed."""
-        def open_log():
+        def open_log() -> BinaryIO:
             logfile.rotate(log_path)
-            f = open(log_path, "ab")
+            f = open(log_path, "ab")  # noqa: SIM115 - returned to the caller, which closes it after the spawn
             f.write(f"{COMMAND_ECHO}{shlex.join(command)}\n".encode())
             f.flush()
             return f
@@ -88,10 +90,8 @@ def _watched(command: list[str]) -> list[str]:
 
 
 def _killpg(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def group_alive(pgid: int) -> bool:
@@ -108,5 +108,5 @@ def group_alive(pgid: int) -> bool:
 async def _wait_group_gone(pgid: int, timeout_s: float) -> None:
     """Killed grandchildren are reaped by init; give it a moment so callers see the group gone."""
     with anyio.move_on_after(timeout_s):
-        while group_alive(pgid):
+        while group_alive(pgid):  # noqa: ASYNC110 - nothing signals a process group's end: poll it
             await anyio.sleep(0.02)

@@ -7,13 +7,14 @@ import logging
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
-import anyio
 import aiohttp
+import anyio
 from anyio.abc import TaskStatus
 
-from ..paths import display_path
 from ..errors import ServerError, ServerStartupError
+from ..paths import display_path
 from ..records import Capacity
 from . import logfile
 from .capacity import capacity_from_log, probe
@@ -30,7 +31,8 @@ def pick_free_port(host: str = "127.0.0.1") -> int:
     """A port the OS says is free now (the server binds it a moment later)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def connect_host(host: str) -> str:
@@ -61,7 +63,14 @@ class _Supervisor:
         self.url = f"http://{connect_host(profile.host)}:{port}"
         self.command = build_command(profile, port=port, python=sys.executable)
         self.proc: ServerProcess | None = None
-        self.info: dict = {}
+        self.info: dict[str, Any] = {}
+
+    @property
+    def running(self) -> ServerProcess:
+        """The process of the last successful _start() (asking before the first is a bug)."""
+        if self.proc is None:
+            raise RuntimeError("the server process was never started")
+        return self.proc
 
     async def _start(self) -> None:
         """Spawn and wait for /health; raises ServerStartupError (the group is already stopped then)."""
@@ -78,9 +87,9 @@ class _Supervisor:
         await self._start()
         handle = ServerHandle(base_urls=[self.url], model=self.profile.request_model,
                               capacity=await self._capacity(), log_path=self.log_path,
-                              metrics=self.profile.enable_metrics, pid=self.proc.pid)
+                              metrics=self.profile.enable_metrics, pid=self.running.pid)
         handle.info = self.info
-        log.info("SGLang ready after %.0f s: %s", self.proc.elapsed_s(), handle.summary_line())
+        log.info("SGLang ready after %.0f s: %s", self.running.elapsed_s(), handle.summary_line())
         return handle
 
     async def _capacity(self) -> Capacity:
@@ -106,7 +115,7 @@ class _Supervisor:
             handle.mark_down()
             crashes += 1
             log.warning("SGLang %s; dispatch paused (log: %s)", reason, display_path(self.log_path))
-            last_rc = await self.proc.stop(self.profile.stop_grace_s)
+            last_rc = await self.running.stop(self.profile.stop_grace_s)
             while True:
                 if handle.restarts >= self.profile.max_restarts:
                     error = ServerError(
@@ -127,14 +136,14 @@ class _Supervisor:
                     last_rc = self.proc.returncode if self.proc else None
                     log.warning("restart failed: %s", e)
             handle.capacity = await self._capacity()
-            handle.info, handle.pid = self.info, self.proc.pid
+            handle.info, handle.pid = self.info, self.running.pid
             handle.mark_ready()
             log.info("SGLang is back (restart %d): %s", handle.restarts, handle.summary_line())
 
     async def _watch(self) -> str:
         """Return why the server needs a restart: it exited, or failed unhealthy_after checks in a row."""
         reasons: list[str] = []
-        proc, profile = self.proc, self.profile
+        proc, profile = self.running, self.profile
 
         async with anyio.create_task_group() as tg:
             async def exited() -> None:

@@ -7,6 +7,7 @@ import pytest
 from gen_pipeline.records import Capacity, LoadSnapshot
 from gen_pipeline.server import load, read_load
 from gen_pipeline.server.capacity import capacity_from_log, combine, probe
+
 from mock_http import mock_session
 
 SERVER_INFO_DP2 = {

@@ -143,7 +143,8 @@ def test_streaming_matches_the_whole_response(client: httpx.Client) -> None:
     assert (reasoning, content) == (whole["choices"][0]["message"]["reasoning_content"],
                                     whole["choices"][0]["message"]["content"])
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"]
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"]
     assert chunks[-1]["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"]
 
 
@@ -160,7 +161,8 @@ def test_too_long_prompt_gets_sglangs_400(client: httpx.Client) -> None:
     r = client.post("/v1/chat/completions", json={"messages": messages})
     assert r.status_code == 400
     assert r.json() == {"object": "error", "type": "BadRequestError", "param": None, "code": 400,
-                        "message": f"The input ({n} tokens) is longer than the model's context length ({CONTEXT} tokens)."}
+                        "message": f"The input ({n} tokens) is longer than the model's context length "
+                                   f"({CONTEXT} tokens)."}
 
 
 def test_prompt_plus_max_tokens_over_context_gets_400(client: httpx.Client) -> None:

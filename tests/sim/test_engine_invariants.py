@@ -40,7 +40,8 @@ def drive(s: dict) -> tuple[Engine, list, list[dict]]:
     while pending or not engine.idle:
         if pending:
             i, (which, shared, tail, out, extra, wait) = pending.pop(0)
-            prompt = list(range(which * 1000, which * 1000 + shared)) + list(range(10**6 + i * 1000, 10**6 + i * 1000 + tail))
+            unique_from = 10**6 + i * 1000
+            prompt = list(range(which * 1000, which * 1000 + shared)) + list(range(unique_from, unique_from + tail))
             out = min(out, POOL - len(prompt))
             engine.add_request(f"r{i}", prompt, list(range(5 * 10**6 + i * 1000, 5 * 10**6 + i * 1000 + out)),
                                max_new_tokens=out + extra)
@@ -62,7 +63,7 @@ def check_pool(engine: Engine) -> None:
     cache = engine.cache_tokens
     assert engine.used_tokens <= POOL
     assert 0 <= cache["evictable"] <= cache["device"] <= engine.used_tokens
-    assert 0 <= cache["host"]
+    assert cache["host"] >= 0
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -108,7 +108,7 @@ def test_cut_mid_body_makes_httpx_raise(client: httpx.Client, faults: callable) 
     faults(cut_rate=1.0)
     with pytest.raises(httpx.RemoteProtocolError):
         client.post("/v1/chat/completions", json=SHORT)
-    with pytest.raises(httpx.RemoteProtocolError):  # noqa: PT012 -- the cut comes while reading
+    with pytest.raises(httpx.RemoteProtocolError):  # the cut comes while reading the stream
         with client.stream("POST", "/v1/chat/completions", json={**SHORT, "stream": True}) as s:
             for _ in s.iter_lines():
                 pass
