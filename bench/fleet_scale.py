@@ -102,7 +102,7 @@ def run_one(mode: str, servers: int, target: int, time_scale: float, work: Path)
         wall_s = time.monotonic() - started
         if cli.returncode != 0:
             raise RuntimeError(f"{mode} x{servers} failed: {stderr.decode()[-2000:]}")
-        sim_s = [sim_time_s(s) - b for s, b in zip(sims, before)]
+        sim_s = [sim_time_s(s) - b for s, b in zip(sims, before, strict=True)]
         seen = [_seen(s) for s in sims]
     mean_sim_s = sum(sim_s) / len(sim_s)
     return {"mode": mode, "servers": servers, "samples": target, "sim_s": round(mean_sim_s, 2),
@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> None:
                 r["vs_linear"] = round(r["samples_per_sim_s"] / (base["samples_per_sim_s"] * n / counts[0]), 3)
                 rows.append(r)
                 print(f"{mode:7s} x{n}: {r['samples_per_sim_s']:.2f} samples/sim-s ({r['vs_linear']:.2f} x linear), "
-                      f"{r['sim_s']:.1f} sim-s, {r['wall_s']:.1f} s wall, requests {r['requests_per_server']}", flush=True)
+                      f"{r['sim_s']:.1f} sim-s, {r['wall_s']:.1f} s wall, requests {r['requests_per_server']}",
+                      flush=True)
     for r in rows:
         seen = r["requests_per_server"]
         r["busiest_vs_mean"] = round(max(seen) * len(seen) / sum(seen), 3)
@@ -136,13 +137,15 @@ def main(argv: list[str] | None = None) -> None:
                       for r in rows])
     md = f"""## Scale-out: servers behind sglang-router and direct (issue 11.1)
 
-`python -m bench fleet` (= `python -m bench.fleet_scale --target-per-server {args.target_per_server} --time-scale {args.time_scale:g}`):
+`python -m bench fleet` (= `python -m bench.fleet_scale --target-per-server {args.target_per_server}
+--time-scale {args.time_scale:g}`):
 the real CLI over 1, 2 and 4 simulator processes (seed profile, 20,000 KV tokens each, 256 max new tokens),
 direct (`--server-url A,B,C`: each request to the server with the most free KV) and through the real
 sglang-router 0.3 binary, with its default policy (`router`: cache_aware) and `--policy round_robin`
 (`router-rr`). Throughput is on the simulators' clocks (time scale
 {args.time_scale:g}; a simulator that falls behind re-anchors, so CPU contention on this 2-core machine does
-not count as server time): samples / mean simulated seconds over the servers, from the first request to the end (the CLI's start-up excluded). Target ≥ 0.9 × linear at 4.
+not count as server time): samples / mean simulated seconds over the servers, from the first request to
+the end (the CLI's start-up excluded). Target ≥ 0.9 × linear at 4.
 "busiest / mean": the most requests one server got over the mean; a KV-bound run ends when its busiest
 server does, so × linear is at best 1 / that. The prompts share a prefix ("Question N about topic"),
 which cache_aware routing keeps on one worker until its balance thresholds trip.

@@ -118,7 +118,8 @@ def measure_world(world: int, folder: Path) -> dict[str, Any]:
             "makespan_per_sim_s": sum(r["makespan_per_sim_s"] for r in ranks),
             "slowest_rank_makespan_per_sim_s": world * min(r["makespan_per_sim_s"] for r in ranks),
             "max_lag_real_s": max(r["lag_real_s"] for r in ranks),
-            "max_head_sim_s": max(r["head_sim_s"] for r in ranks), "max_tail_sim_s": max(r["tail_sim_s"] for r in ranks),
+            "max_head_sim_s": max(r["head_sim_s"] for r in ranks),
+            "max_tail_sim_s": max(r["tail_sim_s"] for r in ranks),
             "sim_cpu_share": round(sum(sim_cpu) / wall_s / world, 3),
             "real_per_s": world * PER_RANK / wall_s}
 
@@ -135,7 +136,8 @@ def measure(worlds: Sequence[int] = WORLDS) -> dict[str, Any]:
     last = rows[-1]
     return {"per_rank": PER_RANK, "window": WINDOW, "time_scale": TIME_SCALE, "sim_flags": SIM_FLAGS, "rows": rows,
             "target_share_of_linear": LINEAR_SHARE,
-            "pass": last["steady_of_linear"] >= LINEAR_SHARE and last["slowest_rank_makespan_of_linear"] >= LINEAR_SHARE}
+            "pass": (last["steady_of_linear"] >= LINEAR_SHARE
+                     and last["slowest_rank_makespan_of_linear"] >= LINEAR_SHARE)}
 
 
 def _markdown(r: dict[str, Any]) -> str:
@@ -145,7 +147,8 @@ def _markdown(r: dict[str, Any]) -> str:
          "samples/real s"],
         [[x["world"], x["samples"], f"{x['steady_per_sim_s']:.1f}", f"{x['steady_of_linear']:.3f}",
           f"{x['slowest_rank_makespan_per_sim_s']:.1f}", f"{x['slowest_rank_makespan_of_linear']:.3f}",
-          f"{x['max_head_sim_s']:.2f} / {x['max_tail_sim_s']:.2f}", f"{x['max_lag_real_s']:.2f}", f"{x['sim_cpu_share']:.2f}", f"{x['wall_s']:.1f}", f"{x['real_per_s']:.1f}"]
+          f"{x['max_head_sim_s']:.2f} / {x['max_tail_sim_s']:.2f}", f"{x['max_lag_real_s']:.2f}",
+          f"{x['sim_cpu_share']:.2f}", f"{x['wall_s']:.1f}", f"{x['real_per_s']:.1f}"]
          for x in r["rows"]])
     verdict = "PASS" if r["pass"] else "FAIL"
     return (f"## Ranks: many orchestrators, one dataset\n\n`python -m bench ranks`: W ranks as W `generate --rank R "

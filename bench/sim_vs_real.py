@@ -84,7 +84,8 @@ def load_real(path: Path = REAL_RESULTS) -> RealRun:
                    [a["tok_s"] for a in r.get("adaptive", [])], [tuple(x) for x in r["lengths"]],
                    cap.get("max_total_num_tokens", 60_000), cap.get("chunked_prefill_size", 8192),
                    cap.get("max_running_requests", 4096),
-                   {k: (v.get("server_metrics") or {}).get("median sglang:num_running_reqs") for k, v in r["sweep"].items()})
+                   {k: (v.get("server_metrics") or {}).get("median sglang:num_running_reqs")
+                    for k, v in r["sweep"].items()})
 
 
 class H200Server:
@@ -94,7 +95,8 @@ class H200Server:
         self.real, self.profile = real, profile
 
     def engine(self) -> Engine:
-        cfg = EngineConfig(max_total_num_tokens=self.real.kv_tokens, max_running_requests=self.real.max_running_requests,
+        cfg = EngineConfig(max_total_num_tokens=self.real.kv_tokens,
+                           max_running_requests=self.real.max_running_requests,
                            chunked_prefill_size=self.real.chunked_prefill_size, num_continuous_decode_steps=1,
                            context_length=4096)
         return Engine(cfg, self.profile)
@@ -171,7 +173,8 @@ def compare(real: RealRun, fixed: dict[str, RunResult], ours: RunResult, this_ru
             "same_best": best_real == best_sim, "all_within_10pct": all(r["within_10pct"] for r in rows),
             "adaptive_real_median": adaptive_real, "adaptive_sim": round(ours.gen_tok_s, 1),
             "adaptive_sim_over_real": round(ours.gen_tok_s / adaptive_real, 3) if adaptive_real else None,
-            "adaptive_over_best_fixed_real": round(adaptive_real / real.fixed_tok_s[best_real], 3) if adaptive_real else None,
+            "adaptive_over_best_fixed_real": (round(adaptive_real / real.fixed_tok_s[best_real], 3)
+                                              if adaptive_real else None),
             "adaptive_over_best_fixed_sim": round(ours.gen_tok_s / fixed[best_sim].gen_tok_s, 3),
             "kv_tokens": real.kv_tokens, "samples": len(real.lengths)}
 
@@ -179,13 +182,14 @@ def compare(real: RealRun, fixed: dict[str, RunResult], ours: RunResult, this_ru
 def markdown(c: dict, profile: HardwareProfile, wall_s: float) -> str:
     table = md_table(["window", "real tok/s (mean)", "this run", "first run", "sim tok/s", "sim / real", "within 10 %",
                       "running real / sim (median)", "sim retractions"],
-                     [[r["window"], f"{r['real_tok_s']:,.0f}", f"{r['this_run_tok_s']:,.0f}", f"{r['earlier_tok_s']:,.0f}",
-                       f"{r['sim_tok_s']:,.0f}",
+                     [[r["window"], f"{r['real_tok_s']:,.0f}", f"{r['this_run_tok_s']:,.0f}",
+                       f"{r['earlier_tok_s']:,.0f}", f"{r['sim_tok_s']:,.0f}",
                        r["sim_over_real"], "yes" if r["within_10pct"] else "NO",
                        f"{r['real_median_running']} / {r['sim_median_running']}",
                        r["sim_retractions"]] for r in c["rows"]])
     ad = (f"| adaptive (median) | {c['adaptive_real_median']:,.0f} | {c['adaptive_this_run_median']:,.0f} | "
-          f"{statistics.median(EARLIER_ADAPTIVE):,.0f} | {c['adaptive_sim']:,.0f} | {c['adaptive_sim_over_real']} | | | |"
+          f"{statistics.median(EARLIER_ADAPTIVE):,.0f} | {c['adaptive_sim']:,.0f} | "
+          f"{c['adaptive_sim_over_real']} | | | |"
           ) if c["adaptive_real_median"] else ""
     return ("## Simulator vs the real H200 run (`python -m bench sim_vs_real`)\n\n"
             f"Real: {c['source']}; {c['samples']:,} samples replayed with their real prompt/output lengths, "
@@ -200,7 +204,8 @@ def markdown(c: dict, profile: HardwareProfile, wall_s: float) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--fit", action="store_true", help="print coefficients fitted to the real sweep, then compare with them")
+    p.add_argument("--fit", action="store_true",
+                   help="print coefficients fitted to the real sweep, then compare with them")
     p.add_argument("--results", type=Path, default=REAL_RESULTS)
     args = p.parse_args(argv)
     started = time.monotonic()

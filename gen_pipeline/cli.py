@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR, DatasetConfig, available_datasets, find_dataset_config
+from .config import DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR, DatasetConfig, find_dataset_config
 from .errors import ConfigError, GenPipelineError
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ def _probe_kv_parser(sub: Any) -> None:
     _common(pk)
 
 
-def _export_parser(sub: argparse._SubParsersAction) -> None:
+def _export_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     e = sub.add_parser("export", help="write what a trainer loads: one SpecForge/speculators JSONL or an HF dataset",
                        description="Export the committed samples of one or more datasets (safe during a run) into "
                                    "one training file (specforge, speculators) or a datasets folder (hf). "
@@ -166,7 +166,8 @@ def _export_parser(sub: argparse._SubParsersAction) -> None:
                         "JSONL formats write it to <out stem>.val.jsonl")
     e.add_argument("--expand-turns", action="store_true",
                    help="one row per assistant turn (history up to it; reasoning kept on that turn only)")
-    e.add_argument("--keep-meta", action="store_true", help="JSONL formats: keep each sample's meta (+ dataset); hf always has it")
+    e.add_argument("--keep-meta", action="store_true",
+                   help="JSONL formats: keep each sample's meta (+ dataset); hf always has it")
     e.add_argument("--no-status", action="store_true",
                    help="specforge: leave out status (its gpt-oss/Harmony parser takes no extra column; its "
                         "validate/expand scripts then refuse the file)")
@@ -405,7 +406,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _telemetry_of(args: argparse.Namespace) -> tuple[Path, list, str]:
+def _telemetry_of(args: argparse.Namespace) -> tuple[Path, list[dict[str, Any]], str]:
     """(dataset folder, telemetry rows, diagnosis text); ConfigError when the folder is missing."""
     import json
 

@@ -22,7 +22,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -170,7 +170,7 @@ def error_message(response: RawResponse) -> str:
     if isinstance(data, dict):
         err = data.get("error", data)
         if isinstance(err, dict) and isinstance(err.get("message"), str):
-            return err["message"]
+            return str(err["message"])
         if isinstance(err, str):
             return err
     return text
@@ -199,7 +199,7 @@ def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turn
         "turns": len(turns),
         "sampling": s.sampling_dict,
         "kv_cache_dtype": s.kv_cache_dtype,
-        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     return Sample(id=prompt.id, dataset=dataset, conversations=conversation, meta=meta)
 
@@ -305,7 +305,8 @@ class ChatClient:
         try:
             data = orjson.loads(response.body)
         except orjson.JSONDecodeError:
-            raise _Retryable("bad_response", f"body is not JSON (content-type {response.content_type or '?'})") from None
+            raise _Retryable("bad_response",
+                             f"body is not JSON (content-type {response.content_type or '?'})") from None
         turn = parse_response(data)
         if self._on_done is not None:
             self._on_done(turn.prompt_tokens, turn.completion_tokens, time.monotonic() - started)

@@ -214,8 +214,9 @@ def committed_shard(shard: ShardFile, *, ids: bool = True) -> CommittedShard:
     if rec is not None:
         found = read_sidecar(sidecar_path(shard.path)) if ids else []
         if found is not None and (not ids or len(found) == rec.get("samples")):
-            scan = ShardScan(ids=found, good_bytes=shard.size, **{k: int(rec.get(k, 0)) for k in
-                                                                 ("prompt_tokens", "completion_tokens", "truncated")})
+            scan = ShardScan(ids=found, good_bytes=shard.size, prompt_tokens=int(rec.get("prompt_tokens", 0)),
+                             completion_tokens=int(rec.get("completion_tokens", 0)),
+                             truncated=int(rec.get("truncated", 0)))
             return CommittedShard(shard, scan, int(rec.get("samples", 0)), parsed=False)
     scan = scan_bytes(shard.path.read_bytes())
     return CommittedShard(shard, scan, scan.samples, parsed=True)

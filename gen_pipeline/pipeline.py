@@ -269,10 +269,13 @@ class _Run:
 
 async def _start_server(tg: TaskGroup, opts: RunOptions, log_dir: Path, http: aiohttp.ClientSession) -> ServerHandle:
     """Attach to opts.server_urls or launch opts.profile; returns once the server answers /health."""
+    handle: ServerHandle
     if opts.server_urls:
-        return await tg.start(_attached, list(opts.server_urls), http)
+        handle = await tg.start(_attached, list(opts.server_urls), http)
+        return handle
     assert opts.profile is not None
-    return await tg.start(_launched, opts, log_dir, http)
+    handle = await tg.start(_launched, opts, log_dir, http)
+    return handle
 
 
 async def _attached(urls: list[str], http: aiohttp.ClientSession, *, task_status: Any) -> None:
@@ -375,7 +378,7 @@ async def _run_opened(cfg: DatasetConfig, opts: RunOptions, store: DatasetStore,
 
 def _first_known(group: BaseExceptionGroup) -> BaseException:
     """Task groups wrap errors in groups: surface our own error (the CLI has a message for it)."""
-    matched, _ = group.split(GenPipelineError)
+    matched: BaseException | None = group.split(GenPipelineError)[0]
     while isinstance(matched, BaseExceptionGroup):
         matched = matched.exceptions[0]
     return matched if matched is not None else group

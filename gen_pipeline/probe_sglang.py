@@ -104,7 +104,7 @@ def echoes(sent: list[int], reported: list[int]) -> bool:
     """The ids SGLang reports with input logprobs are the ids sent, except that SGLang 0.5.17 reports
     ids >= vocab_size - 1 as 0 (managers/scheduler_components/logprob_result_processor.py clips
     padded image hashes that way), which on the H200 hit every prompt of a 320-token vocabulary."""
-    return len(sent) == len(reported) and all(r == s or r == 0 for s, r in zip(sent, reported))
+    return len(sent) == len(reported) and all(r == s or r == 0 for s, r in zip(sent, reported, strict=True))
 
 
 def _generate_body(ids: list[int], max_new_tokens: int, top_k: int, start: int) -> dict[str, Any]:
@@ -154,7 +154,7 @@ async def score(http: aiohttp.ClientSession, url: str, prompt: list[int], refere
         got = parse_positions(entries[1:], tops[1:], f"{url}/generate input")
         if not echoes(reference[a:b], [p.token for p in got]):
             raise ProbeRequestError(f"{url}/generate: input logprobs are not for the tokens sent")
-        out.extend(replace(p, token=t) for p, t in zip(got, reference[a:b]))
+        out.extend(replace(p, token=t) for p, t in zip(got, reference[a:b], strict=True))
         if a > 0:
             cached += min(int(meta.get("cached_tokens") or 0), start)  # the sim may match past the start
             reusable += start

@@ -26,8 +26,8 @@ import orjson
 
 from . import hub
 from .config import DatasetConfig
-from .paths import display_path
 from .errors import ConfigError
+from .paths import display_path
 from .records import Message, Prompt, Reject
 from .source_files import BadLine, scan_jsonl
 
@@ -225,7 +225,7 @@ def _local_files(cfg: DatasetConfig, where: str) -> LoadedSource:
     read: list[Any] = []
     bad: list[BadLine] = []
     good = 0
-    for name, path in zip(src.files, paths):
+    for name, path in zip(src.files, paths, strict=True):
         if path.suffix != ".jsonl":
             read.append(path)
             continue
@@ -260,7 +260,8 @@ def add_bad_lines(cfg: DatasetConfig, loaded: LoadedSource, stats: SourceStats, 
 
 
 def iter_prompts(cfg: DatasetConfig, skip_ids: set[str] | frozenset[str], stats: SourceStats,
-                 rejects: list[Reject], rows: Any = None, owns: Callable[[str], bool] | None = None) -> Iterator[Prompt]:
+                 rejects: list[Reject], rows: Any = None,
+                 owns: Callable[[str], bool] | None = None) -> Iterator[Prompt]:
     """Valid prompts not in `skip_ids` (and, given `owns`, only the ids it owns), in source order, each id once.
 
     Invalid rows are appended to `rejects` (the caller writes them) and counted in `stats`; every

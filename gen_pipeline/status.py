@@ -7,12 +7,20 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .layout import (ERRORS_NAME, REJECTS_NAME, committed_shards, dataset_folder, final_failure_ids,
-                     has_shards, rank_parts, read_jsonl_rows)
+from .layout import (
+    ERRORS_NAME,
+    REJECTS_NAME,
+    committed_shards,
+    dataset_folder,
+    final_failure_ids,
+    has_shards,
+    rank_parts,
+    read_jsonl_rows,
+)
 from .manifest import read_lock, read_manifest
 from .progress import format_duration
 
@@ -63,7 +71,8 @@ class DatasetStatus:
             return None  # no rate finishes it: the source has no more rows, or a rank has no live run
         if self.ranks:  # the dataset ends when its slowest rank does
             etas = [r.eta_s for r in self.ranks]
-            return None if None in etas else max(etas)
+            known = [e for e in etas if e is not None]
+            return max(known) if len(known) == len(etas) else None
         return self.remaining / self.samples_per_s if self.samples_per_s else None
 
     def to_dict(self) -> dict[str, Any]:
@@ -172,7 +181,7 @@ def _num(v: Any) -> float | None:
 
 def _age_s(iso: Any) -> float | None:
     try:
-        return max(0.0, (datetime.now(timezone.utc) - datetime.fromisoformat(iso)).total_seconds())
+        return max(0.0, (datetime.now(UTC) - datetime.fromisoformat(iso)).total_seconds())
     except (TypeError, ValueError):
         return None
 
@@ -188,7 +197,7 @@ def _run_rate(run: dict[str, Any]) -> float | None:
     return run.get("samples_written", 0) / elapsed_s if elapsed_s > 0 else None
 
 
-def status_all(root: Path, targets: dict[str, int], *, total_of: list[str] | None = None) -> StatusReport:
+def status_all(root: Path, targets: dict[str, int | None], *, total_of: list[str] | None = None) -> StatusReport:
     """Status of every dataset in `targets` plus any other folder of `root` with shards; the
     total sums `total_of` (default: every dataset in `targets`)."""
     names = list(targets)
@@ -198,7 +207,8 @@ def status_all(root: Path, targets: dict[str, int], *, total_of: list[str] | Non
     datasets = [read_status(root, n, targets.get(n)) for n in names]
     counted = set(targets if total_of is None else total_of)
     return StatusReport(datasets, sum(d.done for d in datasets if d.dataset in counted),
-                        sum(targets.get(n, 0) for n in counted), [n for n in names if n in counted])
+                        sum(d.target or 0 for d in datasets if d.dataset in counted),
+                        [n for n in names if n in counted])
 
 
 # ---------------------------------------------------------------- human output
@@ -238,7 +248,7 @@ def format_status(report: StatusReport) -> str:
         pct = f"{100 * report.total_done / report.total_target:.1f}%"
         rows.append(["total", f"{report.total_done:,}/{report.total_target:,}", pct] + [""] * (len(head) - 3))
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *rows]]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in [head, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
     if report.total_target:
         lines.insert(-1, lines[1])

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from .layout import REJECTS_NAME, rank_parts, read_jsonl_rows
 from .manifest import read_manifest
-from .ranks import rank_folder_name, rank_share
 from .progress import format_duration
-from .status import DatasetStatus, _duration, _si, read_part_status
+from .ranks import rank_folder_name, rank_share
+from .status import DatasetStatus, _si, read_part_status
 
 STALE_AFTER_S = 120.0  # runs commit their manifest every ~5 s (RunOptions.commit_interval_s)
 STARTING_GRACE_S = 1800.0 + STALE_AFTER_S  # the tuned profile's startup_timeout_s, then the usual
@@ -106,5 +106,5 @@ def format_ranks(datasets: list[DatasetStatus]) -> list[str]:
                  f"{100 * r.done / r.target:.1f}%" if r.target else "-", r.state, _ago(r.heartbeat_age_s),
                  _si(r.samples_per_s), "stale: run it" if r.stale_ranks else ""] for r in d.ranks]
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-        out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *rows]]
+        out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in [head, *rows]]
     return out

@@ -20,22 +20,35 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import orjson
 
 from .config import fingerprint_digest
 from .errors import DiskError, StoreError
-from .layout import (ERRORS_NAME, MANIFEST_NAME, REJECTS_NAME, ShardFile, check_other_ranks, check_world,
-                     committed_shard, final_failure_ids, has_samples, part_folder, rejected_rows, shard_files)
+from .layout import (
+    ERRORS_NAME,
+    MANIFEST_NAME,
+    REJECTS_NAME,
+    ShardFile,
+    check_other_ranks,
+    check_world,
+    committed_shard,
+    final_failure_ids,
+    has_samples,
+    part_folder,
+    rejected_rows,
+    shard_files,
+)
 from .manifest import RunLock, check_drift, now_iso, read_manifest, remove_stale_tmp, write_manifest
 from .paths import display_path
 from .ranks import RankSpec
 from .records import Failure, Reject, Sample
 from .shards import ShardScan, scan_bytes, shard_name, sidecar_path, write_sidecar
 
+
 def default_opener(path: Path, mode: str) -> BinaryIO:
-    return open(path, mode)  # noqa: SIM115 - the store owns the handle's lifetime
+    return cast(BinaryIO, open(path, mode))  # the store opens its files in binary modes only
 
 
 @dataclass
@@ -55,7 +68,7 @@ class DatasetStore:
     """Writer of one dataset's folder `root/dataset`, or for a rank its `rank-<R>-of-<W>/` part, whose
     target is the rank's share of the dataset's `target`; use as a context manager after open()."""
 
-    def __init__(self, root: Path, dataset: str, *, fingerprint: dict, target: int,
+    def __init__(self, root: Path, dataset: str, *, fingerprint: dict[str, Any], target: int,
                  shard_max_samples: int = 2000, fsync_every: int = 64,
                  file_opener: Callable[[Path, str], BinaryIO] = default_opener, rank: RankSpec = RankSpec()):
         self.rank = rank
@@ -120,7 +133,7 @@ class DatasetStore:
         self._lock = RunLock.acquire(self.folder)
         try:
             check_world(dataset, self.rank)  # again, now that our folder and lock exist (a run starting with us)
-            return self._open_locked()
+            return self._open_locked(self._lock.note)
         except BaseException:
             self._close_files()
             self._lock.release()
@@ -129,8 +142,8 @@ class DatasetStore:
                     self.folder.rmdir()
             raise
 
-    def _open_locked(self) -> ResumeState:
-        notes = [self._lock.note] if self._lock.note else []
+    def _open_locked(self, lock_note: str | None) -> ResumeState:
+        notes = [lock_note] if lock_note else []
         if remove_stale_tmp(self.folder):
             notes.append("removed a manifest tmp file left by a crash (the manifest itself is intact)")
         manifest, why = read_manifest(self.folder)
@@ -181,7 +194,8 @@ class DatasetStore:
                 notes.append(f"{e['name']} is listed in the manifest but missing: its {e.get('samples', '?')} "
                              "samples will be generated again")
         last = shards[-1] if shards else None
-        self._open_index = last.index if last is not None and last.listed_record is None else (last.index + 1 if last else 0)
+        self._open_index = (last.index if last is not None and last.listed_record is None
+                            else (last.index + 1 if last else 0))
         repaired, dups = 0, 0
         for shard in shards:
             if shard.index == self._open_index:
@@ -208,7 +222,7 @@ class DatasetStore:
         self.done_ids.update(ids)
         return len(ids) - (len(self.done_ids) - before)
 
-    def _load_sealed(self, shard: ShardFile, notes: list[str]) -> tuple[dict, list[str], int]:
+    def _load_sealed(self, shard: ShardFile, notes: list[str]) -> tuple[dict[str, Any], list[str], int]:
         """A sealed shard's record and ids: from the manifest and sidecar when layout trusts them, else parsed."""
         if shard.record is not None:
             found = committed_shard(shard)
@@ -335,7 +349,7 @@ class DatasetStore:
 
     # ------------------------------------------------------------ durability
 
-    def commit(self, progress: dict | None = None) -> None:
+    def commit(self, progress: dict[str, Any] | None = None) -> None:
         """fsync the files, then replace the manifest atomically; raises DiskError."""
         self._check_usable()
         if progress is not None:
@@ -365,7 +379,7 @@ class DatasetStore:
         except OSError as e:
             self._fail(self.folder / name, e, self._sizes[name])
 
-    def close(self, progress: dict | None = None) -> None:
+    def close(self, progress: dict[str, Any] | None = None) -> None:
         """Commit (unless a write failed), then release the lock. Idempotent."""
         if self._closed or self._lock is None:
             return
@@ -378,7 +392,7 @@ class DatasetStore:
             self._close_files()
             self._lock.release()
 
-    def __enter__(self) -> "DatasetStore":
+    def __enter__(self) -> DatasetStore:
         return self
 
     def __exit__(self, *exc: object) -> None:

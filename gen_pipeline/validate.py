@@ -54,7 +54,7 @@ class ValidationReport:
     truncated: int = 0
     truncated_policy: str = "keep"
     ranks: int = 0  # rank folders read (0: a dataset written by one run)
-    counts: Counter = field(default_factory=Counter)
+    counts: Counter[str] = field(default_factory=Counter)
     examples: list[Problem] = field(default_factory=list)
 
     @property
@@ -183,7 +183,7 @@ def validate_dataset(folder: Path) -> ValidationReport:
     report = ValidationReport(display_path(folder), truncated_policy=policy if policy in ("keep", "drop") else "keep")
     checker = _Checker(report)
     report.ranks = sum(1 for part in parts if parse_rank_folder(part.name))
-    for part, shard in ((part, s) for part in parts for s in shard_files(part)):
+    for part, shard in ((p, s) for p in parts for s in shard_files(p)):
         path, name, owner = shard.path, part_name(folder, shard.path), parse_rank_folder(part.name)
         report.files += 1
         data = path.read_bytes()

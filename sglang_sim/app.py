@@ -12,7 +12,7 @@ import os
 import sys
 import time
 from collections.abc import AsyncIterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.applications import Starlette
@@ -147,7 +147,7 @@ async def loads(request: Request) -> Response:
     if rank is not None and rank != "0":
         return generation.error_response(f"dp_rank {rank} out of range [0, 1)", 400)
     return JSONResponse({
-        "timestamp": datetime.now(timezone.utc).isoformat(), "version": SIM_VERSION,
+        "timestamp": datetime.now(UTC).isoformat(), "version": SIM_VERSION,
         "accelerator": "simulated", "num_accelerators": sim.ns.tp_size, "loads": [sim.load()]})
 
 

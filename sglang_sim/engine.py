@@ -44,7 +44,7 @@ Layout: engine_request (config, request record, admission arithmetic), kv_pool
 from __future__ import annotations
 
 from collections import deque
-from typing import Sequence
+from collections.abc import Sequence
 
 from sglang_sim.engine_request import (
     CLIP_MAX_NEW_TOKENS,

@@ -7,8 +7,8 @@ Pure: no clock, no I/O. `sglang_sim.engine` re-exports the public names.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from sglang_sim.radix import RadixNode
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -79,10 +81,8 @@ def start_cli(*args: str | Path, log: Path) -> subprocess.Popen[bytes]:
 
 
 def kill_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
     proc.wait(timeout=30)
 
 
@@ -108,7 +108,7 @@ def assert_exact(out: Path, target: int, name: str = "T") -> list[dict]:
         assert set(s) == SAMPLE_KEYS and set(s["meta"]) == META_KEYS, s
         roles = [m["role"] for m in s["conversations"] if m["role"] != "system"]
         assert roles[0] == "user" and roles[-1] == "assistant"
-        assert all(a != b for a, b in zip(roles, roles[1:]))
+        assert all(a != b for a, b in itertools.pairwise(roles))
         assert all(m["content"] for m in s["conversations"])
         assert isinstance(s["meta"]["prompt_tokens"], int) and s["meta"]["completion_tokens"] > 0
     return samples

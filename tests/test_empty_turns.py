@@ -12,8 +12,9 @@ import pytest
 
 from gen_pipeline.config import load_dataset_config
 from gen_pipeline.errors import ConfigError
-from pipeline_helpers import SIM_FAST, assert_exact, make_rows, read_samples, run_cli, write_dataset
 from sglang_sim.testing import start_sim
+
+from pipeline_helpers import SIM_FAST, assert_exact, make_rows, read_samples, run_cli, write_dataset
 
 
 @pytest.fixture(scope="module")

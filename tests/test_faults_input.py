@@ -79,7 +79,8 @@ def test_unknown_config_key(tmp_path: Path) -> None:
     r = gen(toml, tmp_path / "out", "--server", "sim")
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == (f"error: {toml}: generation.bogus_key: unknown key. Known keys here: connect_timeout_s, "
-                        "empty_turn, max_attempts, reasoning, request_timeout_s, retry_initial_wait_s, retry_max_wait_s, "
+                        "empty_turn, max_attempts, reasoning, request_timeout_s, retry_initial_wait_s, "
+                        "retry_max_wait_s, "
                         "truncated, window. Check the spelling or remove it.\n")
 
 

@@ -12,8 +12,17 @@ from pathlib import Path
 import pytest
 
 from sglang_sim.testing import start_sim
-from pipeline_helpers import (SIM_FAST, _shard_lines, assert_exact, kill_resume_trial, run_cli, start_cli,
-                              wait_for, write_dataset)
+
+from pipeline_helpers import (
+    SIM_FAST,
+    _shard_lines,
+    assert_exact,
+    kill_resume_trial,
+    run_cli,
+    start_cli,
+    wait_for,
+    write_dataset,
+)
 
 FAST_SEEDS = range(5)
 CHAOS_SEEDS = range(100, 125)

@@ -12,7 +12,7 @@ import re
 import signal
 import subprocess
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orjson
@@ -21,10 +21,22 @@ import pytest
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.layout import iter_committed_samples
 from gen_pipeline.ranks import RankSpec, owner_rank, rank_share, resolve_rank
-from pipeline_helpers import (REPO, SAMPLE_KEYS, SIM_FAST, cli_cmd, kill_group, make_rows, run_cli, start_cli,
-                              wait_for, write_dataset)
 from sglang_sim.testing import start_sim
 
+from pipeline_helpers import (
+    REPO,
+    SAMPLE_KEYS,
+    SIM_FAST,
+    cli_cmd,
+    kill_group,
+    make_rows,
+    run_cli,
+    start_cli,
+    wait_for,
+    write_dataset,
+)
+
+AGO = r"(?:\d+s|\dm\d\ds) ago"  # a commit's age in the status duration format (5s, 1m05s)
 W = 3
 TARGET = 90  # shares 30/30/30; the 120 rows hash 37/45/38 to ranks 0/1/2
 
@@ -108,7 +120,8 @@ def _start_env(args: tuple, env: dict[str, str], log: Path) -> subprocess.Popen[
 
 def _generate_env(toml: Path, out: Path, env: dict[str, str], *flags: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cli_cmd("generate", "--dataset", toml, "--server-url", "http://127.0.0.1:9", "--output-dir",
-                                  out, *flags), capture_output=True, text=True, timeout=120, cwd=REPO, env=_clean_env(env))
+                                  out, *flags),
+                          capture_output=True, text=True, timeout=120, cwd=REPO, env=_clean_env(env))
 
 
 def test_bad_rank_flags_and_variables_are_refused_by_name(tmp_path):
@@ -119,8 +132,9 @@ def test_bad_rank_flags_and_variables_are_refused_by_name(tmp_path):
          "error: --rank 3 must be between 0 and 2: ranks are numbered 0 to --world-size - 1, and --world-size is 3."),
         ({}, ("--rank", "1"), "error: --rank needs --world-size too: pass both (e.g. --rank 1 --world-size 4), or "
                               "neither to read them from SLURM_PROCID/SLURM_NTASKS or RANK/WORLD_SIZE."),
-        ({"SLURM_PROCID": "2"}, (), "error: The environment sets SLURM_PROCID=2 but not SLURM_NTASKS: set both (rank "
-                                    "and world size), or pass --rank and --world-size, which win over the environment."),
+        ({"SLURM_PROCID": "2"}, (), "error: The environment sets SLURM_PROCID=2 but not SLURM_NTASKS: set both "
+                                    "(rank and world size), or pass --rank and --world-size, which win over the "
+                                    "environment."),
         ({"RANK": "4", "WORLD_SIZE": "4"}, (), "error: RANK=4 must be between 0 and 3: ranks are numbered 0 to "
                                                "WORLD_SIZE - 1, and WORLD_SIZE is 4."),
         ({"SLURM_PROCID": "0", "SLURM_NTASKS": "0"}, (), "error: SLURM_NTASKS=0 must be at least 1 (the number of "
@@ -151,7 +165,8 @@ def test_three_ranks_make_exactly_the_target_then_status_validate_and_refusals(t
     assert [p.returncode for p in procs] == [0] * W, logs
     sources = ["--rank/--world-size", "RANK/WORLD_SIZE", "SLURM_PROCID/SLURM_NTASKS"]
     for r in range(W):
-        assert logs[r].splitlines()[0] == f"T: rank {r} of 3 (from {sources[r]}), share 30 of 90, writing {out}/T/rank-{r}-of-3/"
+        assert logs[r].splitlines()[0] == (f"T: rank {r} of 3 (from {sources[r]}), share 30 of 90, "
+                                           f"writing {out}/T/rank-{r}-of-3/")
         assert re.search(rf"^T \(rank {r} of 3\): 30/30 samples \(100\.0%\), \+30 this run in \S+, 2 invalid rows "
                          r"skipped; target reached\.$", logs[r], re.M), logs[r]
     per_rank = _assert_union_exact(out)
@@ -169,7 +184,7 @@ def test_three_ranks_make_exactly_the_target_then_status_validate_and_refusals(t
     assert re.fullmatch(r"T\s+90/90\s+100\.0%\s+6\s+\S+\s+\S+\s+\S+%\s+0\s+2\s+finished\s+\S+\s+\S+\s+done", lines[2])
     assert lines[4:6] == ["T: 3 ranks", "  rank         done/share  %       state     last commit  samples/s"]
     for r in range(W):
-        assert re.fullmatch(rf"  rank-{r}-of-3  30/30       100\.0%  finished  (?:\d+s|\dm\d\ds) ago\s+[\d.]+k?", lines[6 + r])
+        assert re.fullmatch(rf"  rank-{r}-of-3  30/30       100\.0%  finished  {AGO}\s+[\d.]+k?", lines[6 + r])
     js = orjson.loads(run_cli("status", "--json", "--output-dir", out, "--config-dir", cfg_dir).stdout)["datasets"]["T"]
     assert (js["done"], js["target"], js["world_size"], js["stale_ranks"], js["state"]) == (90, 90, 3, [], "finished")
     # every rank reads the whole source and records its 2 invalid rows; the dataset counts each row once
@@ -259,7 +274,7 @@ def test_a_killed_rank_is_stale_and_resumes_alone_to_exact(tmp_path, sim_url):
     assert lines[4] == "T: 3 ranks; stale: rank 1"
     assert re.fullmatch(rf"  rank-1-of-3  {short}/30\s+{100 * short / 30:.1f}%\s+died \(pid {victim.pid} gone\)\s+"
                         r"(?:\d+s|\dm\d\ds) ago\s+\S+\s+stale: run it", _rank_line(lines, 1)), lines
-    assert re.fullmatch(r"  rank-0-of-3  30/30\s+100\.0%\s+finished\s+(?:\d+s|\dm\d\ds) ago\s+\S+", _rank_line(lines, 0))
+    assert re.fullmatch(r"  rank-0-of-3  30/30\s+100\.0%\s+finished\s+" + AGO + r"\s+\S+", _rank_line(lines, 0))
     js = orjson.loads(run_cli("status", "--json", "--output-dir", out, "--config-dir", cfg_dir).stdout)["datasets"]["T"]
     assert (js["done"], js["stale_ranks"]) == (60 + short, [1])
 
@@ -276,7 +291,7 @@ def test_a_killed_rank_is_stale_and_resumes_alone_to_exact(tmp_path, sim_url):
         assert set(s) == SAMPLE_KEYS
     lines = _status_lines(out, cfg_dir)
     assert lines[4] == "T: 3 ranks"
-    assert re.fullmatch(r"  rank-1-of-3  30/30\s+100\.0%\s+finished\s+(?:\d+s|\dm\d\ds) ago\s+\S+", _rank_line(lines, 1))
+    assert re.fullmatch(r"  rank-1-of-3  30/30\s+100\.0%\s+finished\s+" + AGO + r"\s+\S+", _rank_line(lines, 1))
 
 
 def test_a_rank_whose_slice_of_the_source_is_short_says_source_exhausted(tmp_path, sim_url):
@@ -285,13 +300,14 @@ def test_a_rank_whose_slice_of_the_source_is_short_says_source_exhausted(tmp_pat
     out, cfg_dir = tmp_path / "out", tmp_path / "ds"
     res = run_cli(*_rank_args(toml, sim_url, out, 1, 4))
     assert res.returncode == 5, res.stderr  # a source short of the (rank's) target: exit 5, as for one run
-    assert res.stdout.splitlines()[0] == f"T: rank 1 of 4 (from --rank/--world-size), share 18 of 72, writing {out}/T/rank-1-of-4/"
+    assert res.stdout.splitlines()[0] == (f"T: rank 1 of 4 (from --rank/--world-size), share 18 of 72, "
+                                          f"writing {out}/T/rank-1-of-4/")
     assert re.search(r"^T \(rank 1 of 4\): 15/18 samples \(83\.3%\), \+15 this run in \S+; source exhausted: no "
                      r"more prompts of the source hash to rank 1 of 4 \(3 short of its share; other ranks do not "
                      r"take over its prompts\)\.$", res.stdout, re.M), res.stdout
     lines = _status_lines(out, cfg_dir)
     assert lines[4] == "T: 4 ranks; stale: rank 0, 2, 3"  # never started: they need a run
-    assert re.fullmatch(r"  rank-1-of-4  15/18\s+83\.3%\s+source exhausted\s+(?:\d+s|\dm\d\ds) ago\s+\S+", _rank_line2(lines, 1))
+    assert re.fullmatch(r"  rank-1-of-4  15/18\s+83\.3%\s+source exhausted\s+" + AGO + r"\s+\S+", _rank_line2(lines, 1))
     assert re.fullmatch(r"  rank-0-of-4  0/18\s+0\.0%\s+not started\s+-\s+-\s+stale: run it", _rank_line2(lines, 0))
 
 
@@ -306,7 +322,8 @@ def test_a_rank_on_another_host_is_stale_once_its_manifest_stops_moving(tmp_path
     res = run_cli(*_rank_args(toml, sim_url, out, 0, 2, "--limit", "3"))
     assert res.returncode == 0, res.stderr
     part = out / "T" / "rank-0-of-2"
-    (part / ".lock").write_bytes(orjson.dumps({"pid": 4242, "host": "node-7", "started_at": "2026-01-01T00:00:00+00:00"}))
+    (part / ".lock").write_bytes(orjson.dumps({"pid": 4242, "host": "node-7",
+                                               "started_at": "2026-01-01T00:00:00+00:00"}))
     manifest = orjson.loads((part / "manifest.json").read_bytes())
 
     def rank0_line(updated_at: str, **last_run: object) -> str:
@@ -314,7 +331,7 @@ def test_a_rank_on_another_host_is_stale_once_its_manifest_stops_moving(tmp_path
         (part / "manifest.json").write_bytes(orjson.dumps({**manifest, "updated_at": updated_at, "runs": runs}))
         return _rank_line2(_status_lines(out, cfg_dir), 0, 2)
 
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     fresh = rank0_line((now - timedelta(seconds=3)).isoformat(timespec="seconds"))
     assert re.fullmatch(r"  rank-0-of-2  3/10\s+30\.0%\s+running \(pid 4242 on node-7\)\s+\ds ago\s+\S+", fresh)
     old = rank0_line((now - timedelta(minutes=10)).isoformat(timespec="seconds"))

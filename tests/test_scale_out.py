@@ -21,8 +21,9 @@ import orjson
 import pytest
 
 from gen_pipeline.server import run_attached
-from pipeline_helpers import SIM_FAST, assert_exact, make_rows, start_cli, write_dataset
 from sglang_sim.testing import SimProcess, free_port, sim_command, start_sim, wait_healthy
+
+from pipeline_helpers import SIM_FAST, assert_exact, make_rows, start_cli, write_dataset
 
 SIM = [*SIM_FAST, "--max-total-tokens", "20000", "--time-scale", "1"]  # a run lasts a few seconds
 SIM_SLOW = [*SIM, "--time-scale", "0.1"]  # long enough for a death to be seen mid-run (the router: ~2 s)

@@ -197,7 +197,7 @@ class Check:
             self.save()
             return
         pair = self._start_pair(("probe-bf16", "probe-fp8"))
-        for key, s in zip(("probe-bf16", "probe-fp8"), pair):
+        for key, s in zip(("probe-bf16", "probe-fp8"), pair, strict=False):
             self.keep(key, s)
         self.results["probe"] = {**self._probe_kv("probe", samples, pair[0].url, pair[1].url),
                                  "ready_s": [round(s.ready_s, 1) for s in pair],
@@ -207,7 +207,7 @@ class Check:
             self.results["probe_floor"] = self._probe_kv("probe-floor", samples, pair[0].url, pair[0].url,
                                                          "--allow-same-kv")
             self.save()
-        for key, s in zip(("probe-bf16", "probe-fp8"), pair):
+        for key, s in zip(("probe-bf16", "probe-fp8"), pair, strict=False):
             servers.stop(s)
             self.keep(key, None)
 

@@ -51,7 +51,8 @@ def ratios(r: dict) -> dict:
 
 
 def kill_text(k: dict) -> str:
-    attempts = ", ".join(f"kill -9 #{i + 1} at {a['rows_after']} rows (rc {a['rc']})" for i, a in enumerate(k["attempts"]))
+    attempts = ", ".join(f"kill -9 #{i + 1} at {a['rows_after']} rows (rc {a['rc']})"
+                         for i, a in enumerate(k["attempts"]))
     return (f"{attempts}; resume rc {k['resume_rc']}: {k['rows']:,} rows, {k['duplicates']} duplicated, "
             f"{k['missing']} missing, {k['unparseable']} unparseable; `validate` rc {k['validate']['rc']} "
             f"({k['empty_assistant_turns']} empty assistant turns written)")

@@ -35,7 +35,9 @@ def write_prompts(path: Path, n: int = PROMPTS, seed: int = 9) -> int:
 
 
 def dataset_toml(prompts: Path) -> str:
-    return f"""# Written by bench/gpu/setup.py: {PROMPTS} synthetic prompts, EOS honoured, max {MAX_NEW_TOKENS} new tokens.
+    written_by = (f"Written by bench/gpu/setup.py: {PROMPTS} synthetic prompts, EOS honoured, "
+                  f"max {MAX_NEW_TOKENS} new tokens.")
+    return f"""# {written_by}
 name = "{DATASET}"
 target_samples = {PROMPTS}
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import time
 
-import anyio
 import aiohttp
+import anyio
 import orjson
 from anyio.abc import TaskStatus
 
@@ -29,8 +29,8 @@ ATTACH_READY_TIMEOUT_S = 600.0  # a server still loading its model when we attac
 GIVE_UP_AFTER_S = 1800.0  # we cannot restart someone else's server; wait this long for it to return
 
 
-async def run_attached(urls: list[str], *, http: aiohttp.ClientSession, health_interval_s: float = 5.0, unhealthy_after: int = 3,
-                       give_up_after_s: float = GIVE_UP_AFTER_S,
+async def run_attached(urls: list[str], *, http: aiohttp.ClientSession, health_interval_s: float = 5.0,
+                       unhealthy_after: int = 3, give_up_after_s: float = GIVE_UP_AFTER_S,
                        task_status: TaskStatus[ServerHandle] = anyio.TASK_STATUS_IGNORED) -> None:
     """Check each URL is an SGLang/OpenAI server, report the handle, then watch health until cancelled.
 

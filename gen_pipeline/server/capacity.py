@@ -10,10 +10,11 @@ then vLLM's `/metrics` (`vllm:cache_config_info{num_gpu_blocks, block_size}`).
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, TypeGuard
 
 import aiohttp
 import orjson
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..records import Capacity
@@ -32,8 +33,8 @@ def capacity_from_server_info(info: dict[str, Any]) -> Capacity | None:
         return None
     states = [s for s in info.get("internal_states") or [] if isinstance(s, dict)]
     ranks = len(states) or (info.get("dp_size") if _is_int(info.get("dp_size")) else 1) or 1
-    per_dp = [s.get("effective_max_running_requests_per_dp") for s in states]
-    if states and all(_is_int(r) and r > 0 for r in per_dp):
+    per_dp = _positive_ints([s.get("effective_max_running_requests_per_dp") for s in states])
+    if states and per_dp is not None:
         max_running: int | None = sum(per_dp)
     elif _is_int(info.get("max_running_requests")):
         max_running = info["max_running_requests"]  # the CLI value; null when SGLang chose it
@@ -47,11 +48,11 @@ def capacity_from_loads(body: Any) -> Capacity | None:
     loads = body.get("loads") if isinstance(body, dict) else None
     if not isinstance(loads, list) or not loads:
         return None
-    tokens = [ld.get("max_total_num_tokens") for ld in loads if isinstance(ld, dict)]
-    if not tokens or not all(_is_int(t) and t > 0 for t in tokens):
+    tokens = _positive_ints([ld.get("max_total_num_tokens") for ld in loads if isinstance(ld, dict)])
+    if not tokens:
         return None
-    running = [ld.get("max_running_requests") for ld in loads]
-    max_running = sum(running) if all(_is_int(r) and r > 0 for r in running) else None
+    running = _positive_ints([ld.get("max_running_requests") for ld in loads])
+    max_running = sum(running) if running is not None else None
     return Capacity(sum(tokens), max_running, servers=1, source="loads")
 
 
@@ -85,7 +86,7 @@ def combine(caps: list[Capacity | None]) -> Capacity:
     running = [c.max_running_requests for c in known]
     sources = sorted({c.source for c in known})
     return Capacity(sum(c.max_total_num_tokens for c in known),
-                    sum(running) if all(r is not None for r in running) else None,  # type: ignore[misc]
+                    None if any(r is None for r in running) else sum(r for r in running if r is not None),
                     servers=len(known), source="+".join(sources))
 
 
@@ -128,12 +129,17 @@ async def get_bytes(http: aiohttp.ClientSession, url: str, timeout_s: float = PR
         return None
 
 
-def _families(text: str):
+def _families(text: str) -> list[Metric]:
     try:
         return list(text_string_to_metric_families(text))
     except ValueError:
         return []
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _positive_ints(values: list[Any]) -> list[int] | None:
+    """`values` if every one is an int > 0 (an empty list included), else None."""
+    return values if all(_is_int(v) and v > 0 for v in values) else None

@@ -55,10 +55,10 @@ async def wait_healthy(proc: ServerProcess, *, http: aiohttp.ClientSession, url:
         elapsed_s = proc.elapsed_s()
         if elapsed_s > profile.startup_timeout_s:
             await proc.stop(profile.stop_grace_s)
-            lines = await _tail(proc)
+            tail = await _tail(proc)
             raise ServerStartupError(
                 f"SGLang did not answer /health within {profile.startup_timeout_s:g} s; see {log}. "
-                f"The server was stopped. Last lines of the log:\n{lines}\n"
+                f"The server was stopped. Last lines of the log:\n{tail}\n"
                 "Raise startup_timeout_s in " f"{profile.where} if loading the model takes longer.")
         if await is_healthy(http, url, timeout_s=check_timeout_s(profile.health_interval_s)):
             return

@@ -129,7 +129,7 @@ def metric_values(text: str) -> dict[str, dict[str, float]]:
     """sample name (sglang_ → sglang:) → {dp rank or engine: value}. Within a rank, samples that
     differ only in tp_rank repeat one value (the max is kept); other labels (SGLang 0.5.17's
     is_streaming, cache_source) split a total, so those are added up."""
-    per_series: dict[str, dict[str, dict[tuple, float]]] = {}
+    per_series: dict[str, dict[str, dict[tuple[tuple[str, str], ...], float]]] = {}
     for family in _families(text):
         for s in family.samples:
             if s.name.endswith("_created"):

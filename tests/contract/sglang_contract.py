@@ -14,7 +14,7 @@ import shim
 shim.install()
 with warnings.catch_warnings():  # SGLang warns at import about what this CPU machine lacks
     warnings.simplefilter("ignore")
-    import sglang.srt.server_args as server_args  # noqa: E402
+    import sglang.srt.server_args as server_args
 
 PIN = re.search(r"^sglang==(\S+)", (Path(__file__).parent / "requirements.txt").read_text(), re.M).group(1)
 SGLANG = Path(server_args.__file__).parents[1]  # the installed package: sglang/

@@ -38,12 +38,12 @@ class _Placeholder:
 
 
 class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001 - importlib's signature
+    def find_spec(self, fullname, path=None, target=None):
         if fullname.split(".")[0] in STUBBED:
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None
 
-    def create_module(self, spec):  # noqa: ANN001
+    def create_module(self, spec):
         module = types.ModuleType(spec.name)
         module.__path__ = []
         module.__version__ = "0.0+contract-stub"
@@ -56,7 +56,7 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module.__getattr__ = attribute  # type: ignore[method-assign]
         return module
 
-    def exec_module(self, module) -> None:  # noqa: ANN001
+    def exec_module(self, module) -> None:
         pass
 
 

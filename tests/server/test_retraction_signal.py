@@ -4,14 +4,13 @@ KV-starved simulator seen through the real poller by the real controller."""
 
 from __future__ import annotations
 
-import anyio
 import aiohttp
+import anyio
 import httpx
 
 from gen_pipeline.controller import Controller
 from gen_pipeline.records import Capacity
-from gen_pipeline.server import read_load
-from gen_pipeline.server import load
+from gen_pipeline.server import load, read_load
 from gen_pipeline.server.load import RetractionTally, load_from_metrics
 from sglang_sim.testing import start_sim
 
@@ -111,7 +110,8 @@ def test_split_counters_are_added_and_tp_repeats_are_not():
             'sglang:generation_tokens_total{model_name="m",is_streaming="false"} 100.0\n'
             'sglang:generation_tokens_total{model_name="m",is_streaming="true"} 40.0\n'
             "# TYPE sglang:num_used_tokens gauge\n"
-            'sglang:num_used_tokens{dp_rank="0",tp_rank="0"} 500.0\nsglang:num_used_tokens{dp_rank="0",tp_rank="1"} 500.0\n'
+            'sglang:num_used_tokens{dp_rank="0",tp_rank="0"} 500.0\n'
+            'sglang:num_used_tokens{dp_rank="0",tp_rank="1"} 500.0\n'
             'sglang:num_used_tokens{dp_rank="1",tp_rank="0"} 300.0\n')
     snap = load_from_metrics(text, 0.0)
     assert (snap.gen_tokens_total, snap.used_tokens) == (140, 800)
