@@ -115,12 +115,16 @@ async def test_attach_through_sglang_router(sims, tmp_path):
 
 
 def _wait_up(url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
+    """The router answers /health and has health-checked every worker (it lists a worker with
+    is_healthy false until its first check passes; attach counts healthy workers only)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return True
-        except httpx.HTTPError:
+                workers = httpx.get(url + "/workers", timeout=1).json().get("workers", [])
+                if workers and all(w.get("is_healthy") for w in workers):
+                    return True
+        except (httpx.HTTPError, ValueError, AttributeError):
             pass
         time.sleep(0.1)
     return False
