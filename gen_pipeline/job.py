@@ -32,7 +32,7 @@ import anyio
 from .client import ChatClient, open_http_session
 from .config import DatasetConfig
 from .controller import Controller
-from .dispatch import Item, Window
+from .dispatch import Item, Window, produce_in_order
 from .pipeline import (_BATCH, _REPORT_EVERY_S, _client_settings, _first_known, _FIRST_POLL_S, _max_connections,
                        _Run, _start_server, run_log)
 from .progress import Figures, Progress
@@ -206,18 +206,18 @@ class _Job:
             r.dispatch.draining = True
 
     async def _work(self, clients: list[ChatClient]) -> None:
-        """Writers outside the requests' group (every finished sample is written); the producers, in
-        dataset order, each started once the previous one has sent everything it needs."""
+        """Writers outside the requests' group (every finished sample is written); the producers in
+        dataset order (dispatch.produce_in_order: the next starts once the previous has sent all)."""
+        by_dispatch = {id(r.dispatch): (r, c) for r, c in zip(self.runs, clients)}
         async with anyio.create_task_group() as work:
             async with anyio.create_task_group() as requests:
                 self.shutdown.requests_scope = requests.cancel_scope
                 with self.shutdown.producer_scope:
-                    async with anyio.create_task_group() as producers:
-                        for r, client in zip(self.runs, clients):
-                            self._start(r, client, work, requests, producers)
-                            await r.dispatch.all_sent.wait()
+                    await produce_in_order(requests, [r.dispatch for r in self.runs],
+                                           lambda d: self._start(*by_dispatch[id(d)], work))
 
-    def _start(self, r: _Run, client: ChatClient, work: Any, requests: Any, producers: Any) -> None:
+    def _start(self, r: _Run, client: ChatClient, work: Any) -> tuple[Any, Any, Any]:
+        """Dataset r begins: its writer starts; returns its transport, stream and feed for its producer."""
         send, recv = anyio.create_memory_object_stream[Item](_BATCH * 4)
         name = r.cfg.name
         now = time.monotonic()
@@ -227,21 +227,15 @@ class _Job:
                  extra={"dataset": name})
 
         async def regenerate(prompt: Prompt) -> Sample | Any:
+            _DATASET.set(name)  # its log records go to its own run.log
             return await client.regenerate(prompt, name)
 
         async def write() -> None:
             _DATASET.set(name)
             await r.writer.run(recv)
 
-        async def produce() -> None:
-            _DATASET.set(name)  # the requests it starts inherit it (their log records go to its run.log)
-            try:
-                await r.dispatch.produce(requests, regenerate, send, r.feed)
-            finally:
-                r.dispatch.all_sent.set()
-
         work.start_soon(write)
-        producers.start_soon(produce)
+        return regenerate, send, r.feed
 
     def stopped_by(self, r: _Run) -> str:
         if r in self.started and r.store.remaining == 0:
