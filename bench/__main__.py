@@ -1,6 +1,6 @@
 """`make bench` = `python -m bench [NAME ...]`: runs the benchmarks in turn; each writes its own
 section of bench/results.json and bench/RESULTS.md. Names: calibration, controller, overhead,
-resume_speed, sim_capacity, export, faults (default: all but faults, the long soak `make chaos` runs)."""
+resume_speed, sim_capacity, export, job, faults (default: all but faults, the long soak `make chaos` runs)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ BENCHES = {
     "sim_capacity": "bench.sim_capacity",
     "faults": "bench.faults_soak",
     "export": "bench.export_speed",
+    "job": "bench.job_bench",
 }
 DEFAULT = [n for n in BENCHES if n != "faults"]
 
