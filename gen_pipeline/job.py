@@ -87,6 +87,7 @@ class _Job:
         for r in runs:
             r.shutdown = self.shutdown
         self.started: list[_Run] = []
+        self.elapsed_s: dict[str, float] = {}  # a dataset's time from its start to its last sample
         self.handle: ServerHandle | None = None
         self._first_poll = anyio.Event()
         self._said: tuple[str, str] | None = None
@@ -233,6 +234,11 @@ class _Job:
         async def write() -> None:
             _DATASET.set(name)
             await r.writer.run(recv)
+            # every request of this dataset has ended: commit and unlock it now (status shows it done)
+            self.elapsed_s[name] = r.stats.elapsed_s()
+            r.store.record_stop(self.stopped_by(r))
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(r.store.close, r.progress_dict())
 
         work.start_soon(write)
         return regenerate, send, r.feed
@@ -316,6 +322,8 @@ async def _run_opened(runs: list[_Run], opts: RunOptions, http: aiohttp.ClientSe
         s = r.summary(stopped)
         if job is None or r not in job.started:
             s.elapsed_s = 0.0
+        elif r.cfg.name in job.elapsed_s:
+            s.elapsed_s = job.elapsed_s[r.cfg.name]
         r.store.record_stop(s.stopped_by)
         log.info("%s", s.line(), extra={"console": False, "dataset": r.cfg.name})
         summary.runs.append(s)
