@@ -62,14 +62,15 @@ class _Feed:
 class _MultiRun:
     """Several datasets through one engine: the production Window shared by one Dispatcher each."""
 
-    def __init__(self, jobs: dict[str, Job], server: ServerConfig, interleave: bool) -> None:
+    def __init__(self, jobs: dict[str, Job], server: ServerConfig, interleave: bool, mix: bool = True) -> None:
         self.jobs, self.engine, self.interleave = jobs, server.engine(), interleave
         self.window = Window(clock=self._now)
         capacity = Capacity(self.engine.config.max_total_num_tokens, self.engine.max_running_requests, source="sim")
         first = next(iter(jobs.values()))
         ctl = Controller(capacity, initial_tokens_per_request=first.initial_tokens_per_request())
         for name, job in jobs.items():
-            ctl.add_kind(name, job.initial_tokens_per_request())
+            if mix:  # per-dataset length estimates (else: one rolling estimate over every completion)
+                ctl.add_kind(name, job.initial_tokens_per_request())
         self.window.controller = ctl
         self.dispatchers = [Dispatcher(len(job.lengths), self.window, RunStats(self._now), name)
                             for name, job in jobs.items()]
@@ -187,8 +188,9 @@ def _occupancy(running: int, in_flight: dict[str, int], steady: dict[str, int]) 
     return running * sum(n / total / steady[k] for k, n in in_flight.items())
 
 
-def _job(jobs: dict[str, Job], server: ServerConfig, steady: dict[str, int], interleave: bool) -> dict:
-    r = _MultiRun(jobs, server, interleave)
+def _job(jobs: dict[str, Job], server: ServerConfig, steady: dict[str, int], interleave: bool,
+         mix: bool = True) -> dict:
+    r = _MultiRun(jobs, server, interleave, mix)
     anyio.run(r.main)
     assert [d.ok for d in r.dispatchers] == [len(j.lengths) for j in jobs.values()], "not exact"
     idle = sum(1 for _, running, flight in r.polls if _occupancy(running, flight, steady) < IDLE_BELOW)
@@ -212,15 +214,16 @@ def run_bench(scale: int, startup_s: float) -> dict:
     ideal_gen = sum(s["tokens"] / s["saturated_tok_s"] for s in singles.values())
     out = {"scale": scale, "counts": counts, "startup_s": startup_s, "server": SERVER, "singles": singles,
            "a_sequential_runs": a, "ideal_generation_s": ideal_gen, "ideal_makespan_s": ideal_gen + startup_s}
-    for key, interleave in (("b_job", False), ("c_job_interleaved", True)):
-        j = _job(jobs, server, steady, interleave)
+    for key, interleave, mix in (("b_job", False, True), ("c_job_interleaved", True, True),
+                                 ("d_job_one_estimate", False, False)):
+        j = _job(jobs, server, steady, interleave, mix)
         j["generation_s"] = j["makespan_s"]
         j["makespan_s"] += startup_s
         j["idle_s"] += startup_s
         j["over_a"] = j["makespan_s"] / a["makespan_s"]
         j["over_ideal"] = j["makespan_s"] / out["ideal_makespan_s"]
         out[key] = j
-    for key in ("a_sequential_runs", "b_job", "c_job_interleaved"):
+    for key in ("a_sequential_runs", "b_job", "c_job_interleaved", "d_job_one_estimate"):
         out[key]["idle_share"] = out[key]["idle_s"] / out[key]["makespan_s"]
     b = out["b_job"]
     full_b = scale * b["generation_s"]
@@ -231,13 +234,14 @@ def run_bench(scale: int, startup_s: float) -> dict:
 
 
 def markdown(r: dict, elapsed_s: float, command: str) -> str:
-    a, b, c = r["a_sequential_runs"], r["b_job"], r["c_job_interleaved"]
+    a, b, c, d = r["a_sequential_runs"], r["b_job"], r["c_job_interleaved"], r["d_job_one_estimate"]
     counts = ", ".join(f"{k} {v:,}" for k, v in r["counts"].items())
     rows = [[label, f"{x['makespan_s']:,.0f}", f"{x['generation_s']:,.0f}", f"{x['idle_share']:.1%}",
              f"{x['makespan_s'] / a['makespan_s']:.3f}", f"{x['makespan_s'] / r['ideal_makespan_s']:.3f}",
              f"{x.get('retractions', sum(s['retractions'] for s in r['singles'].values())):,}"]
             for label, x in (("(a) four runs, a server start each", a), ("(b) one job, sequential overlapped", b),
-                             ("(c) one job, interleaved", c))]
+                             ("(c) one job, interleaved", c),
+                             ("(d) = (b) with one length estimate for all datasets", d))]
     singles = [[n, f"{s['makespan_s']:,.0f}", f"{s['tokens']:,}", f"{s['saturated_tok_s']:,.0f}",
                 s["steady_running"], f"{s['idle_s']:,.0f}"] for n, s in r["singles"].items()]
     checks = " ".join(("ok:" if v else "FAIL:") + k for k, v in r["checks"].items())
@@ -257,6 +261,15 @@ def markdown(r: dict, elapsed_s: float, command: str) -> str:
             f"time x{r['scale']}, plus for (a) what its drains cost here ({a['generation_s'] - b['generation_s']:,.0f} s, "
             f"which does not grow with the counts) and {len(r['counts'])} starts: (a) {p['a_s']:,.0f} s, (b) "
             f"{p['b_s']:,.0f} s, ratio {p['ratio']:.3f}."
+            + "\n\nWhere (b) is idle after its start: its first ramp (the controller's first wave of B1), B2's "
+            "running count wavering around 0.9 of its steady state, and the B2 to B6 handover, where the server "
+            "itself queues B6 requests (its admission reserves for the long B2 requests still decoding; the window "
+            "is not the limit there); the makespan stays close to the ideal because the decode rate in those "
+            "stretches is near saturation. Sequential and interleaved orders end within 1 %; sequential is the "
+            "default (each dataset finishes, commits and unlocks before the next, and a kill leaves later "
+            "datasets untouched). (d) shows what the per-dataset length estimates add over one rolling "
+            "estimate: the live KV-per-request floor and the retraction guard already catch most of a "
+            "B1 to B2 switch."
             + "\n\nSingle-dataset runs (the production single path):\n\n"
             + md_table(["dataset", "makespan s", "completion tokens", "saturated tok/s", "steady running",
                         "idle s"], singles))

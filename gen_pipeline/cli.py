@@ -265,9 +265,11 @@ def _generate_job(args: argparse.Namespace, cfgs: list[DatasetConfig]) -> int:
                 check_launchable(opts.profile)
             _check_before_launch(cfg, args, opts.profile)
         except GenPipelineError as e:
-            where = str(cfg.path) if cfg.path else cfg.name
-            if where not in str(e):
-                e.args = (f"{where}: {e}",)
+            from .paths import display_path
+
+            where = [str(cfg.path), display_path(cfg.path)] if cfg.path else [cfg.name]
+            if not any(w in str(e) for w in where):
+                e.args = (f"{where[-1]}: {e}",)
             raise
     assert opts is not None
     summary = anyio.run(run_job, cfgs, opts)

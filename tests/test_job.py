@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 import orjson
-import pytest
 
 from gen_pipeline.controller import Controller
 from gen_pipeline.records import Capacity
