@@ -312,6 +312,7 @@ async def _run_opened(runs: list[_Run], opts: RunOptions, http: aiohttp.ClientSe
             raise error from None
         finally:
             if job.handle is not None:
+                progress.set_label(f"job ({', '.join(r.cfg.name for r in pending)})")
                 progress.update(job.figures(final=True))
                 for r in job.started:
                     r._record_telemetry(r.stats.last_load)

@@ -34,6 +34,9 @@ def _start_job(tmp_path: Path, url: str) -> tuple[tuple, Path, Path, object]:
     wait_for(lambda: (out / "B").is_dir() and _shard_lines(out / "B") >= 6, timeout_s=60, interval_s=0.005)
     assert proc.poll() is None, log.read_text()  # the kill lands in a live job ...
     assert _shard_lines(out / "B") < 40 and _shard_lines(out / "C") == 0  # ... in the middle of B
+    # the live display: the job's samples toward its total, ETA, and the dataset being sent
+    wait_for(lambda: re.search(r"^job B \(2/3\) \d+/80 \(\d+\.\d%\) .*eta ", log.read_text(), re.M) is not None,
+             timeout_s=15, interval_s=0.05)
     return args, out, log, proc
 
 
@@ -79,3 +82,28 @@ def test_signal_in_second_dataset_drains_then_exact_resume(tmp_path: Path, sim_u
     assert count_output(out, "B") == (done, done, 0)
     assert count_output(out, "C") == (0, 0, 0)
     _resume_and_check(args, out, done)
+
+
+def test_server_crash_in_second_dataset_is_restarted_and_the_job_completes(tmp_path: Path) -> None:
+    """The supervisor works for a job as for one dataset: a crash in B restarts the server; all exact."""
+    import shutil
+
+    import orjson
+    from pipeline_helpers import REPO
+
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    shutil.copy(REPO / "datasets_cfg" / "server.toml", cfg / "server.toml")
+    extra = ["--sim-profile", "fast", "--time-scale", "10", "--sim-startup-s", "0.5", "--sim-output-mean", "160",
+             "--sim-output-spread", "0.6", "--sim-crash-after", "30"]  # A takes ~25 requests (multi-turn rows): the crash lands in B
+    with open(cfg / "server.toml", "a") as f:
+        f.write(f'\n[profile.crashy]\ninherits = "sim"\nextra_args = {orjson.dumps(extra).decode()}\n')
+    tomls = [write_dataset(tmp_path / "ds", name=n, target=t, max_new_tokens=64) for n, t in JOB]
+    out = tmp_path / "out"
+    r = run_cli("generate", "--dataset", ",".join(map(str, tomls)), "--server", "crashy", "--config-dir", cfg,
+                "--output-dir", out, "--progress", "quiet", "--window", "4")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(re.findall(r"^starting SGLang", r.stdout, re.M)) == 1
+    assert "restarting SGLang in 0.5 s (restart 1 of 3)" in r.stdout, r.stdout
+    for name, target in JOB:
+        assert_exact(out, target, name)
