@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 generate: $(STAMP)
-	@test -n "$(DATASET)" || { echo "usage: make generate DATASET=B2 [SERVER_URL=http://host:30000] [SERVER=sim] [LIMIT=N]"; exit 2; }
+	@test -n "$(DATASET)" || { echo "usage: make generate DATASET=B2|B1,B2,B6,B7|all [SERVER_URL=http://host:30000] [SERVER=sim] [LIMIT=N]"; exit 2; }
 	$(PY) -m gen_pipeline generate --dataset $(DATASET) \
 		$(if $(SERVER_URL),--server-url $(SERVER_URL)) \
 		$(if $(SERVER),--server $(SERVER)) \

@@ -1,5 +1,8 @@
 """`gen-pipeline` (also `python -m gen_pipeline`): arguments → config; known errors → message + exit code.
 
+A job (several datasets) exits with the worst of its datasets' codes (130/143 over 5 over 0); an error
+ends the whole job with its code.
+
 Exit codes: 0 ok, 1 validation found problems, 2 config/flag error (also: a missing source column, most
 rows rejected), 3 server error, 4 store error (lock, config drift, disk), 5 the source has fewer valid rows
 than the target (`check`/`generate` refused, or a run ended short of it), 130/143 interrupted by
@@ -40,10 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
         "Regenerate prompt datasets with a target model on SGLang into EAGLE-3 (SpecForge) training data."))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    g = sub.add_parser("generate", help="generate a dataset up to its target (resumes where it stopped)",
-                       description="Start (or attach to) a server and generate DATASET up to its target. "
-                                   "Running the same command again resumes.")
-    g.add_argument("--dataset", required=True, help="a name from the config dir (B1, B2, B6, B7, demo) or a .toml path")
+    g = sub.add_parser("generate", help="generate datasets up to their targets (resumes where it stopped)",
+                       description="Start (or attach to) one server and generate each DATASET up to its target "
+                                   "(several: one job through one server lifetime). Running the same command "
+                                   "again resumes.")
+    g.add_argument("--dataset", required=True, action="append",
+                   help="a name from the config dir (B1, B2, B6, B7, demo) or a .toml path; several: repeat or "
+                        "comma-separate (B1,B2,B6,B7); all = every dataset TOML of the config dir but demo")
     where = g.add_mutually_exclusive_group()
     where.add_argument("--server", default="tuned", metavar="PROFILE",
                        help="server.toml profile to launch: tuned (default), baseline, sim (the built-in simulator)")
@@ -207,7 +213,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     from .pipeline import run_generate
 
-    cfg = find_dataset_config(args.dataset, args.config_dir)
+    cfgs = _job_configs(args)
+    if len(cfgs) > 1:
+        return _generate_job(args, cfgs)
+    cfg = cfgs[0]
     opts = run_options(args, cfg)
     if opts.profile is not None:
         from .server.command import check_launchable
@@ -219,6 +228,63 @@ def cmd_generate(args: argparse.Namespace) -> int:
     summary = anyio.run(run_generate, cfg, opts)
     summary.rank_label = opts.rank.label if opts.rank.ranked else ""
     print(summary.line(), flush=True)
+    return summary.exit_code
+
+
+def _job_configs(args: argparse.Namespace) -> list[DatasetConfig]:
+    """--dataset B1,B2 / repeated / all → the configs, in order, each once; ConfigError names the TOML."""
+    names = [n.strip() for arg in args.dataset for n in arg.split(",") if n.strip()]
+    if not names:
+        raise ConfigError("--dataset is empty: name a dataset (B2), several (B1,B2,B6,B7) or all.")
+    expanded: list[str] = []
+    for n in names:
+        if n == "all":
+            found = [str(p) for p in sorted(args.config_dir.glob("*.toml")) if p.stem not in ("server", "demo")]
+            if not found:
+                raise ConfigError(f"--dataset all: no dataset TOML in {args.config_dir}.")
+            expanded += found
+        else:
+            expanded.append(n)
+    cfgs: dict[str, DatasetConfig] = {}
+    for n in expanded:
+        cfg = find_dataset_config(n, args.config_dir)
+        if cfg.name in cfgs and cfgs[cfg.name].path != cfg.path:
+            raise ConfigError(f"{cfg.path} and {cfgs[cfg.name].path} both name dataset {cfg.name!r}: one "
+                              "output folder each; rename one.")
+        cfgs.setdefault(cfg.name, cfg)
+    return list(cfgs.values())
+
+
+def _generate_job(args: argparse.Namespace, cfgs: list[DatasetConfig]) -> int:
+    """Several datasets through one server lifetime (gen_pipeline/job.py); every config and source is
+    checked before the server starts, and a problem names its dataset's TOML."""
+    import anyio
+
+    from .job import run_job
+
+    opts = None
+    for cfg in cfgs:
+        try:
+            o = run_options(args, cfg)
+            if opts is not None and o.window != opts.window:
+                raise ConfigError(f"generation.window = {cfg.generation.window} differs from the other datasets' "
+                                  "(the job's datasets share one window); set it the same or pass --window.")
+            opts = opts or o
+            if opts.profile is not None and cfg is cfgs[0]:
+                from .server.command import check_launchable
+                check_launchable(opts.profile)
+            _check_before_launch(cfg, args, opts.profile)
+        except GenPipelineError as e:
+            from .paths import display_path
+
+            where = [str(cfg.path), display_path(cfg.path)] if cfg.path else [cfg.name]
+            if not any(w in str(e) for w in where):
+                e.args = (f"{where[-1]}: {e}",)
+            raise
+    assert opts is not None
+    summary = anyio.run(run_job, cfgs, opts)
+    for line in summary.lines():
+        print(line, flush=True)
     return summary.exit_code
 
 

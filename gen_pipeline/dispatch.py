@@ -5,8 +5,9 @@ prompt only while `ok + in_flight < goal` (`ok`: samples produced this run, `goa
 still needs, capped by --limit), so a run never produces more than its target; a failure frees its
 place and the producer sends another prompt. Time comes from the clock they are given (the
 controller benchmark drives them in simulated time). The caller owns the task group: pipeline.py
-opens it and passes it to `Dispatcher.produce`. Several datasets sharing one server would share one
-Window, each with its own Dispatcher, and retune it with the sum of their needs.
+opens it and passes it to `Dispatcher.produce`. Several datasets sharing one server (a job,
+gen_pipeline/job.py) share one Window, each with its own Dispatcher (`Window.members`): the window is
+retuned with the sum of their needs and tells the controller how many requests of each are in flight.
 """
 
 from __future__ import annotations
@@ -41,13 +42,17 @@ class Window:
         self.fixed, self.clock = fixed, clock
         self.controller: Controller | None = None
         self.limiter = anyio.CapacityLimiter(1)
+        self.members: list[Dispatcher] = []  # a job's datasets, in dispatch order (empty: one dataset)
 
     @property
     def size(self) -> int:
         return int(self.limiter.total_tokens)
 
     def retune(self, need: int) -> None:
-        """Size the window for `need` samples still to produce (never more than that)."""
+        """Size the window for `need` samples still to produce (never more than that); a job's
+        window sums its members' needs instead."""
+        if self.members:
+            need = self._job_need()
         need = max(need, 1)
         if self.fixed:
             window = self.fixed
@@ -56,10 +61,24 @@ class Window:
             window = self.controller.window(self.clock(), need)
         self.limiter.total_tokens = max(1, min(window, need))
 
-    def observe_completion(self, prompt_tokens: int, completion_tokens: int, latency_s: float) -> None:
-        """The client's per-request hook (usage token counts, latency in seconds)."""
+    def _job_need(self) -> int:
+        """What the job's datasets still need (an exhausted or draining one none); tells the controller
+        the mix in flight (the first unfinished dataset's, weight 1, while nothing is in flight)."""
+        live = [d for d in self.members if not d.exhausted and not d.draining]
         if self.controller is not None:
-            self.controller.observe_completion(self.clock(), prompt_tokens, completion_tokens, latency_s)
+            mix = {d.name: float(d.in_flight) for d in self.members}
+            if not any(mix.values()):
+                first = next((d for d in live if d.need() > 0), None)
+                if first is not None:
+                    mix[first.name] = 1.0
+            self.controller.set_mix(mix)
+        return sum(max(0, d.need()) for d in live)
+
+    def observe_completion(self, prompt_tokens: int, completion_tokens: int, latency_s: float,
+                           kind: str | None = None) -> None:
+        """The client's per-request hook (usage token counts, latency in seconds; a job's dataset)."""
+        if self.controller is not None:
+            self.controller.observe_completion(self.clock(), prompt_tokens, completion_tokens, latency_s, kind)
 
     def observe_load(self, snap: LoadSnapshot) -> None:
         if self.controller is not None:
@@ -72,8 +91,9 @@ class Window:
 class Dispatcher:
     """Exactly-target dispatch of one dataset's prompts through a Window."""
 
-    def __init__(self, goal: int, window: Window, stats: RunStats) -> None:
-        self.goal, self.window, self.stats = goal, window, stats
+    def __init__(self, goal: int, window: Window, stats: RunStats, name: str = "") -> None:
+        self.goal, self.window, self.stats, self.name = goal, window, stats, name
+        self.all_sent = anyio.Event()  # set once every prompt it needs is sent (a job starts the next dataset)
         self.ok = 0  # samples produced this run (written or about to be)
         self.in_flight = 0
         self.exhausted = False  # the source ran out before the goal
@@ -105,6 +125,7 @@ class Dispatcher:
                 await limiter.acquire_on_behalf_of(token)
                 if self.ok + self.in_flight >= self.goal:
                     limiter.release_on_behalf_of(token)
+                    self.all_sent.set()
                     if self.in_flight == 0:
                         return
                     await self._changed.wait()
@@ -115,6 +136,7 @@ class Dispatcher:
                 if not pending:
                     limiter.release_on_behalf_of(token)
                     self.exhausted = True
+                    self.all_sent.set()
                     return
                 self.in_flight += 1
                 tg.start_soon(self._request, regenerate, pending.pop(), token, send.clone())
@@ -145,3 +167,28 @@ class Dispatcher:
     def _notify(self) -> None:
         ev, self._changed = self._changed, anyio.Event()
         ev.set()
+
+
+Launch = Callable[[Dispatcher], tuple[Regenerate, MemoryObjectSendStream[Item], PromptFeed]]
+
+
+async def produce_in_order(requests: TaskGroup, dispatchers: list[Dispatcher], launch: Launch, *,
+                           interleave: bool = False) -> None:
+    """A job's datasets: each dispatcher's producer starts the moment the previous one has sent every
+    prompt it needs, so its prompts fill the slots the previous tail frees (`launch(d)` gives its
+    transport, stream and feed when it starts). interleave=True starts them all at once instead: the
+    shared limiter's FIFO then alternates them (benchmarked in bench/job_bench.py)."""
+    async with anyio.create_task_group() as producers:
+        for d in dispatchers:
+            regenerate, send, feed = launch(d)
+            producers.start_soon(_produce_marked, d, requests, regenerate, send, feed)
+            if not interleave:
+                await d.all_sent.wait()
+
+
+async def _produce_marked(d: Dispatcher, requests: TaskGroup, regenerate: Regenerate,
+                          send: MemoryObjectSendStream[Item], feed: PromptFeed) -> None:
+    try:
+        await d.produce(requests, regenerate, send, feed)
+    finally:
+        d.all_sent.set()  # also when it stopped early (exhausted, draining): the next one may start

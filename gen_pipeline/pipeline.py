@@ -89,13 +89,14 @@ class _Feed:
 class _Run:
     """One dataset's run: wires the parts together; its methods are the tasks of the task group."""
 
-    def __init__(self, cfg: DatasetConfig, opts: RunOptions, store: DatasetStore, skip_ids: set[str]):
+    def __init__(self, cfg: DatasetConfig, opts: RunOptions, store: DatasetStore, skip_ids: set[str],
+                 window: Window | None = None):
         self.cfg, self.opts, self.store = cfg, opts, store
         self.feed = _Feed(cfg, skip_ids, opts.rank)
         self.stats = RunStats()
-        self.window = Window(fixed=opts.window)
+        self.window = window or Window(fixed=opts.window)  # a job's datasets share one
         goal = store.remaining if opts.limit is None else min(store.remaining, opts.limit)
-        self.dispatch = Dispatcher(goal, self.window, self.stats)
+        self.dispatch = Dispatcher(goal, self.window, self.stats, cfg.name)
         self.shutdown = Shutdown(opts.drain_grace_s)
         self.writer = BatchWriter(store, opts.commit_interval_s, self.progress_dict, self._raise_fatal)
         self.handle: ServerHandle | None = None
@@ -306,9 +307,12 @@ def _client_settings(handle: ServerHandle, opts: RunOptions, cfg: DatasetConfig)
 # ---------------------------------------------------------------- the entry point
 
 @contextmanager
-def run_log(folder: Path) -> Iterator[None]:
-    """Append the `gen_pipeline` logger's records to folder/run.log (UTC timestamps) while inside."""
+def run_log(folder: Path, only: logging.Filter | None = None) -> Iterator[None]:
+    """Append the `gen_pipeline` logger's records to folder/run.log (UTC timestamps) while inside
+    (those `only` passes: a job's dataset keeps its own)."""
     handler = logging.FileHandler(folder / RUN_LOG_NAME, mode="a", encoding="utf-8", delay=True)
+    if only is not None:
+        handler.addFilter(only)
     formatter = logging.Formatter("%(asctime)s.%(msecs)03dZ %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%S")
     formatter.converter = time.gmtime
     handler.setFormatter(formatter)

@@ -130,6 +130,13 @@ class Progress:
         self._logger.removeHandler(self._events)
         self._logger.setLevel(self._level)
 
+    def set_label(self, label: str) -> None:
+        """What the bar and the log lines are about (a job: the dataset being sent)."""
+        if label != self.dataset:
+            self.dataset = label
+            if self._bar is not None:
+                self._bar.set_description_str(label, refresh=False)
+
     def write_event(self, line: str) -> None:
         """One event line, above the bar when one is shown."""
         if self._bar is not None:

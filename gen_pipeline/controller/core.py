@@ -27,6 +27,13 @@ with goodput from Little's law, window / TPOT (see Epoch), and Gradient2's guard
 `gradient_tolerance` x the reference epoch's backs off at once. Near the end of a job the
 window never exceeds what the target still needs, and the climb pauses (a draining job's
 goodput falls for reasons the window does not cause).
+
+Several datasets through one pool (a job, gen_pipeline/job.py): each dataset is a `kind` with its
+own RequestSizes (its prior from its own prompts and max_new_tokens); H is the mix of their held
+sizes weighted by the requests of each kind in flight (`set_mix`), so B2's 4K+ requests filling
+the slots B1's ~700-token tail frees shrink the window as they are admitted, not after the rolling
+history has caught up. A change of the kinds in flight restarts the epoch (goodput changes for
+reasons the window does not cause).
 """
 
 from __future__ import annotations
@@ -49,6 +56,8 @@ class Controller:
                  config: ControllerConfig = ControllerConfig()) -> None:
         self._cfg = config
         self._sizes = RequestSizes(initial_tokens_per_request, config.prior_weight, config.history)
+        self._kinds: dict[str, RequestSizes] = {}  # per dataset of a job (empty: one dataset)
+        self._mix: dict[str, float] = {}  # requests in flight per kind
         self._load: LoadSnapshot | None = None
         self._live_held: float | None = None
         self._queue_cap = math.inf
@@ -63,10 +72,24 @@ class Controller:
         self._warmup = max(1, round(self._uncapped_window()))  # first wave = completions before climbing
 
     # -- observations ---------------------------------------------------------------------
+    def add_kind(self, kind: str, initial_tokens_per_request: float) -> None:
+        """A dataset of a job: its own length estimate, from its own prior."""
+        cfg = self._cfg
+        self._kinds[kind] = RequestSizes(initial_tokens_per_request, cfg.prior_weight, cfg.history)
+
+    def set_mix(self, in_flight: dict[str, float]) -> None:
+        """Requests in flight per kind (or the kind about to be sent, weight 1, when none are)."""
+        active = {k for k, n in in_flight.items() if n > 0}
+        if active != {k for k, n in self._mix.items() if n > 0}:
+            self._epoch = None
+        self._mix = dict(in_flight)
+
     def observe_completion(self, now_s: float, prompt_tokens: int, completion_tokens: int,
-                           latency_s: float) -> None:
+                           latency_s: float, kind: str | None = None) -> None:
         """One request finished: its usage token counts and its latency (seconds, queue included)."""
         self._sizes.observe(prompt_tokens, completion_tokens, latency_s)
+        if kind in self._kinds:
+            self._kinds[kind].observe(prompt_tokens, completion_tokens, latency_s)
         if self._epoch is not None:
             self._epoch.add_completion(now_s, completion_tokens, latency_s)
             self._gradient_guard(now_s)
@@ -148,7 +171,15 @@ class Controller:
                            low=float(cfg.min_window), high=float(cfg.max_window))
 
     def _held_tokens(self) -> float:
-        return max(self._sizes.held_tokens, self._live_held or 0.0)
+        return max(self._model_held_tokens(), self._live_held or 0.0)
+
+    def _model_held_tokens(self) -> float:
+        """H of the model: one dataset's estimate, or the in-flight mix of a job's datasets."""
+        weights = {k: n for k, n in self._mix.items() if n > 0 and k in self._kinds}
+        total = sum(weights.values())
+        if not total:
+            return self._sizes.held_tokens
+        return sum(n * self._kinds[k].held_tokens for k, n in weights.items()) / total
 
     def _slots(self) -> float:
         """Decode slots the climbed model asks for (before the queue slack)."""
