@@ -35,8 +35,8 @@ from .controller import Controller
 from .dispatch import Item, Window, produce_in_order
 from .pipeline import (
     _BATCH,
-    _FIRST_POLL_S,
     _REPORT_EVERY_S,
+    ServerPoller,
     _client_settings,
     _first_known,
     _max_connections,
@@ -49,7 +49,6 @@ from .records import Prompt, Sample
 from .run import RunOptions, RunSummary
 from .server import ServerHandle
 from .server.attach import identify
-from .server.fleet_watch import read_fleet_load
 from .shutdown import Shutdown
 from .store import DatasetStore, default_opener
 
@@ -134,18 +133,9 @@ class _Job:
     async def poll_load(self, http: aiohttp.ClientSession) -> None:
         """The server's live load every poll_interval_s: the controller, each active dataset's telemetry."""
         assert self.handle is not None
-        capacity = self.handle.capacity
-        delay_s = min(_FIRST_POLL_S, self.opts.poll_interval_s)
+        poller = ServerPoller(self.handle, self.window, self.opts.poll_interval_s)
         while True:
-            await anyio.sleep(delay_s)
-            delay_s = self.opts.poll_interval_s
-            if self.handle.capacity is not capacity and self.window.controller is not None:
-                capacity = self.handle.capacity  # re-read after a server restart
-                self.window.controller.update_capacity(capacity)
-            ctl = self.window.controller_stats()
-            if self.handle.fleet is not None and ctl is not None and ctl.held_tokens_per_request > 0:
-                self.handle.fleet.tokens_per_request = ctl.held_tokens_per_request  # KV a request sent holds
-            snap = await read_fleet_load(http, self.handle, time.monotonic())
+            snap = await poller.next(http)
             active = self._active() or self.started[-1:]
             for r in active:
                 if snap is not None:

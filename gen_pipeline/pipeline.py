@@ -135,18 +135,9 @@ class _Run:
     async def poll_load(self, http: aiohttp.ClientSession) -> None:
         """Feed the controller with the server's live load every poll_interval_s; tell the observers."""
         assert self.handle is not None
-        capacity = self.handle.capacity
-        delay_s = min(_FIRST_POLL_S, self.opts.poll_interval_s)
+        poller = ServerPoller(self.handle, self.window, self.opts.poll_interval_s)
         while True:
-            await anyio.sleep(delay_s)
-            delay_s = self.opts.poll_interval_s
-            if self.handle.capacity is not capacity and self.window.controller is not None:
-                capacity = self.handle.capacity  # re-read after a server restart
-                self.window.controller.update_capacity(capacity)
-            ctl = self.window.controller_stats()
-            if self.handle.fleet is not None and ctl is not None and ctl.held_tokens_per_request > 0:
-                self.handle.fleet.tokens_per_request = ctl.held_tokens_per_request  # KV a request sent holds
-            snap = await read_fleet_load(http, self.handle, time.monotonic())
+            snap = await poller.next(http)
             if snap is not None:
                 self.stats.note_load(snap)
             self.dispatch.observe_load(snap)
@@ -264,6 +255,30 @@ class _Run:
                           failures=s.failures, rejects=s.rejects, elapsed_s=s.elapsed_s(),
                           stopped_by=stopped_by or self.stopped_by(), failure_reasons=dict(s.failure_reasons),
                           final_failures=s.final_failures)
+
+
+class ServerPoller:
+    """The server side of each load poll, for one dataset's run and for a job: waits for the next
+    poll (the first one early, so a short run gets load figures), tells the controller when the
+    capacity changed (a server restarted, the fleet lost or gained one), tells the fleet the KV a
+    request holds, and reads the load summed over the fleet."""
+
+    def __init__(self, handle: ServerHandle, window: Window, interval_s: float) -> None:
+        self.handle, self.window, self.interval_s = handle, window, interval_s
+        self._capacity = handle.capacity
+        self._delay_s = min(_FIRST_POLL_S, interval_s)
+
+    async def next(self, http: aiohttp.ClientSession) -> LoadSnapshot | None:
+        await anyio.sleep(self._delay_s)
+        self._delay_s = self.interval_s
+        handle, controller = self.handle, self.window.controller
+        if handle.capacity is not self._capacity and controller is not None:
+            self._capacity = handle.capacity
+            controller.update_capacity(handle.capacity)
+        ctl = self.window.controller_stats()
+        if handle.fleet is not None and ctl is not None and ctl.held_tokens_per_request > 0:
+            handle.fleet.tokens_per_request = ctl.held_tokens_per_request  # KV a request sent holds
+        return await read_fleet_load(http, handle, time.monotonic())
 
 
 # ---------------------------------------------------------------- server start-up
