@@ -74,9 +74,10 @@ class CheckReport:
 
 
 def run_check(cfg: DatasetConfig, *, output_root: Path, profile: ServerProfile | None,
-              needed: int | None = None, sample_rows: int = SAMPLE_ROWS) -> CheckReport:
-    """Load and parse the source, measure prompts, compare with the target; `needed` defaults to
-    the store's remaining target. Raises ConfigError for a missing column or an unloadable source."""
+              limit: int | None = None, sample_rows: int = SAMPLE_ROWS) -> CheckReport:
+    """Load and parse the source, measure prompts, compare with what the store still needs (at most
+    `limit`, generate's --limit), read once here so that done and needed agree while other runs
+    (ranks) write. Raises ConfigError for a missing column or an unloadable source."""
     where = display_path(cfg.path) if cfg.path else cfg.name
     loaded = load_source(cfg)
     total = len(loaded.rows) if hasattr(loaded.rows, "__len__") else None
@@ -94,7 +95,8 @@ def run_check(cfg: DatasetConfig, *, output_root: Path, profile: ServerProfile |
         cfg.name, where, _describe(cfg), columns, total, whole, stats, rejects, prompts[:SHOWN_PROMPTS],
         measure(prompts[:sample_rows], profile), cfg.sampling.max_new_tokens, context_length(profile),
         status.done, cfg.target_samples, final_failed)
-    report.problems = _problems(report, cfg, where, report.remaining if needed is None else needed)
+    needed = report.remaining if limit is None else min(report.remaining, limit)
+    report.problems = _problems(report, cfg, where, needed)
     return report
 
 

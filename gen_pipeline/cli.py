@@ -323,8 +323,7 @@ def _check_before_launch(cfg: DatasetConfig, args: argparse.Namespace, profile: 
     status = read_status(args.output_dir, cfg.name, cfg.target_samples)
     if status.remaining == 0 or status.state.startswith("running"):
         return  # the run says "nothing to do", or that another run holds the lock
-    needed = min(status.remaining, args.limit) if args.limit else status.remaining
-    report = run_check(cfg, output_root=args.output_dir, profile=profile, needed=needed)
+    report = run_check(cfg, output_root=args.output_dir, profile=profile, limit=args.limit)
     for problem in report.problems:
         if not args.proceed_anyway:
             raise problem

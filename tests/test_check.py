@@ -291,8 +291,10 @@ def test_the_tuned_profile_without_sglang_says_what_to_install(tmp_path: Path) -
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make")
 def test_make_status_json_is_pipeable(tmp_path: Path) -> None:
+    # as from a user's shell: not a sub-make of `make test` (which prints "Entering directory")
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     r = subprocess.run(["make", "status", f"ARGS=--json --output-dir {tmp_path} --dataset demo"],
-                       capture_output=True, text=True, cwd=REPO, timeout=60)
+                       capture_output=True, text=True, cwd=REPO, timeout=60, env=env)
     assert r.returncode == 0, r.stderr
     assert orjson.loads(r.stdout)["datasets"]["demo"]["done"] == 0
 
