@@ -27,6 +27,8 @@ from typing import Any
 
 import orjson
 
+from .manifest import pid_alive
+
 FORMATS = ("specforge", "speculators", "hf")
 HF_LAYOUTS = ("disk", "parquet")
 TMP_MARK = ".export-tmp-"
@@ -119,18 +121,10 @@ def sweep_stale_tmp(target: Path) -> None:
     """Remove temporaries a killed export left beside `target` (their pid is gone)."""
     for p in target.parent.glob(f".{target.name}{TMP_MARK}*"):
         pid = p.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             _remove(p)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _remove(p: Path) -> None:

@@ -25,6 +25,8 @@ from typing import Any
 
 import orjson
 
+from .layout import read_jsonl_rows
+
 TELEMETRY_NAME = "telemetry.jsonl"
 ARCHIVE_NAME = "telemetry.1.jsonl"
 MAX_BYTES = 8 << 20  # ~17K rows of ~500 bytes: ~5 h at one poll a second
@@ -189,22 +191,9 @@ def decimate(rows: list[dict[str, Any]], every: int) -> list[dict[str, Any]]:
 
 
 def read_file(path: Path) -> list[dict[str, Any]]:
-    """The object lines of one file; torn/unparseable lines skipped; [] when absent."""
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        return []
-    rows = []
-    for line in data.split(b"\n"):
-        if not line:
-            continue
-        try:
-            row = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("t"), (int, float)):
-            rows.append(row)
-    return rows
+    """The telemetry rows of one file (object lines with a time "t"); torn or unparseable lines are
+    skipped (layout.read_jsonl_rows); [] when absent."""
+    return [row for row in read_jsonl_rows(path) if isinstance(row.get("t"), (int, float))]
 
 
 def last_run(folder: Path) -> int:
