@@ -35,13 +35,14 @@ from .controller import Controller
 from .dispatch import Item, Window, produce_in_order
 from .pipeline import (
     _BATCH,
-    _REPORT_EVERY_S,
+    ControllerLog,
     ServerPoller,
     _client_settings,
     _first_known,
     _max_connections,
     _Run,
     _start_server,
+    report_progress,
     run_log,
 )
 from .progress import Figures, Progress
@@ -99,7 +100,7 @@ class _Job:
         self.elapsed_s: dict[str, float] = {}  # a dataset's time from its start to its last sample
         self.handle: ServerHandle | None = None
         self._first_poll = anyio.Event()
-        self._said: tuple[str, str] | None = None
+        self._controller_log = ControllerLog()
 
     # ------------------------------------------------------------ figures
     def current(self) -> _Run:
@@ -153,22 +154,10 @@ class _Job:
                         observe(record)
 
     def _log_controller(self) -> None:
-        stats = None if self.opts.window else self.window.controller_stats()
-        if stats is None or (stats.mode, stats.reason) == self._said:
-            return
-        self._said = (stats.mode, stats.reason)
-        log.info("controller %s: %s (window %d)", stats.mode, stats.reason, self.window.size,
-                 extra={"console": False})
+        self._controller_log.note(None if self.opts.window else self.window.controller_stats(), self.window.size)
 
     async def report_progress(self, progress: Progress) -> None:
-        await self._first_poll.wait()
-        while True:
-            progress.set_label(self.label())
-            figures = self.figures()
-            progress.update(figures)
-            if self.opts.on_figures is not None:
-                self.opts.on_figures(figures)
-            await anyio.sleep(_REPORT_EVERY_S)
+        await report_progress(progress, self._first_poll, self.figures, self.opts.on_figures, self.label)
 
     # ------------------------------------------------------------ main
     async def main(self, http: aiohttp.ClientSession, progress: Progress) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AsyncExitStack, contextmanager
 from itertools import islice
 from pathlib import Path
@@ -101,7 +101,7 @@ class _Run:
         self.writer = BatchWriter(store, opts.commit_interval_s, self.progress_dict, self._raise_fatal)
         self.handle: ServerHandle | None = None
         self.keep_last_figures = False
-        self._controller_said: tuple[str, str] | None = None
+        self._controller_log = ControllerLog()
         self._first_poll = anyio.Event()  # the display waits for it: its first line carries load figures
         self.telemetry = Telemetry(store.folder, run=store.run_number, started_s=time.monotonic(),
                                    on_event=lambda message: log.warning("%s", message))
@@ -171,22 +171,10 @@ class _Run:
             controller_mode=ctl.mode if ctl else None, controller_reason=ctl.reason if ctl else None)
 
     def _log_controller(self) -> None:
-        """The controller's mode and last decision, into run.log when they change (not the console)."""
-        ctl = self._deciding_controller()
-        if ctl is None or (ctl.mode, ctl.reason) == self._controller_said:
-            return
-        self._controller_said = (ctl.mode, ctl.reason)
-        log.info("controller %s: %s (window %d)", ctl.mode, ctl.reason, self.window.size,
-                 extra={"console": False})
+        self._controller_log.note(self._deciding_controller(), self.window.size)
 
     async def report_progress(self, progress: Progress) -> None:
-        await self._first_poll.wait()
-        while True:
-            figures = self.figures()
-            progress.update(figures)
-            if self.opts.on_figures is not None:
-                self.opts.on_figures(figures)
-            await anyio.sleep(_REPORT_EVERY_S)
+        await report_progress(progress, self._first_poll, self.figures, self.opts.on_figures)
 
     # ------------------------------------------------------------ main
     async def main(self, http: aiohttp.ClientSession, progress: Progress) -> None:
@@ -255,6 +243,34 @@ class _Run:
                           failures=s.failures, rejects=s.rejects, elapsed_s=s.elapsed_s(),
                           stopped_by=stopped_by or self.stopped_by(), failure_reasons=dict(s.failure_reasons),
                           final_failures=s.final_failures)
+
+
+class ControllerLog:
+    """The controller's mode and last decision, into run.log when they change (not the console)."""
+
+    def __init__(self) -> None:
+        self._said: tuple[str, str] | None = None
+
+    def note(self, stats: ControllerStats | None, window: int) -> None:
+        if stats is None or (stats.mode, stats.reason) == self._said:
+            return
+        self._said = (stats.mode, stats.reason)
+        log.info("controller %s: %s (window %d)", stats.mode, stats.reason, window, extra={"console": False})
+
+
+async def report_progress(progress: Progress, first_poll: anyio.Event, figures: Callable[[], Figures],
+                          on_figures: Callable[[Figures], None] | None,
+                          label: Callable[[], str] | None = None) -> None:
+    """The display every _REPORT_EVERY_S, from the first load poll on (its first line has load figures)."""
+    await first_poll.wait()
+    while True:
+        if label is not None:
+            progress.set_label(label())
+        now = figures()
+        progress.update(now)
+        if on_figures is not None:
+            on_figures(now)
+        await anyio.sleep(_REPORT_EVERY_S)
 
 
 class ServerPoller:
