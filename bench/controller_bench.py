@@ -1,6 +1,6 @@
 """Controller benchmark (issue 6): our adaptive window against fixed concurrency on the simulator.
 
-Every client is the production dispatcher (gen_pipeline.dispatch with the Controller, or a fixed
+Every client is the production dispatcher (gen_pipeline.run.dispatch with the Controller, or a fixed
 window), driven in process against the simulator's engine in simulated time (bench/engine_run.py).
 
 Matrix: length profiles B1, B2, B6, B7 (bench/jobs.py) x the seed's three server configs

@@ -1,4 +1,4 @@
-"""The production dispatcher (gen_pipeline.dispatch: Dispatcher, Window, the Controller, RunStats)
+"""The production dispatcher (gen_pipeline.run.dispatch: Dispatcher, Window, the Controller, RunStats)
 driving the simulator's Engine in simulated time, in process.
 
 The transport is a coroutine that adds the request to the engine and waits for its finish; a driver
@@ -20,9 +20,9 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from bench.jobs import POLL_S, Job, RunResult, ServerConfig, result_of, send_request, snapshot
 from gen_pipeline.controller import Controller, ControllerConfig
-from gen_pipeline.dispatch import Dispatcher, Item, Window
 from gen_pipeline.records import Capacity, Prompt, Reject, Sample
-from gen_pipeline.run_stats import RunStats
+from gen_pipeline.run.dispatch import Dispatcher, Item, Window
+from gen_pipeline.run.stats import RunStats
 
 _MESSAGES = ({"role": "user", "content": "x"},)
 

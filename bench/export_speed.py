@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bench.report import md_table, write_section
 from gen_pipeline.records import Sample
-from gen_pipeline.store import DatasetStore
+from gen_pipeline.store.dataset_store import DatasetStore
 
 ROOT = Path(tempfile.gettempdir()) / "gen_pipeline_bench_export"
 CHARS_PER_TOKEN = 4

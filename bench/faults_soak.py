@@ -28,9 +28,9 @@ import anyio
 import httpx
 
 from bench.report import md_table, write_section
-from gen_pipeline.config import find_dataset_config
+from gen_pipeline.config.dataset import find_dataset_config
 from gen_pipeline.errors import DiskError
-from gen_pipeline.pipeline import RunOptions, run_generate
+from gen_pipeline.run.pipeline import RunOptions, run_generate
 from sglang_sim.testing import start_sim
 
 from pipeline_helpers import (

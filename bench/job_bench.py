@@ -35,9 +35,9 @@ from bench.engine_run import _all_blocked, _drain, _EngineRun
 from bench.jobs import LENGTH_PROFILES, POLL_S, SERVER_CONFIGS, Job, ServerConfig, snapshot
 from bench.report import md_table, write_section
 from gen_pipeline.controller import Controller
-from gen_pipeline.dispatch import Dispatcher, Item, Window, produce_in_order
 from gen_pipeline.records import Capacity, Prompt, Reject, Sample
-from gen_pipeline.run_stats import RunStats
+from gen_pipeline.run.dispatch import Dispatcher, Item, Window, produce_in_order
+from gen_pipeline.run.stats import RunStats
 
 REFERENCE = {"B1": 30_000, "B2": 18_000, "B6": 20_000, "B7": 20_000}
 SERVER = "376K"

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from bench.report import md_table, write_section
 from gen_pipeline.records import Sample
-from gen_pipeline.status import read_status
-from gen_pipeline.store import DatasetStore
+from gen_pipeline.reports.status import read_status
+from gen_pipeline.store.dataset_store import DatasetStore
 
 SAMPLES = 88_000
 SHARD_MAX_SAMPLES = 1_500  # 58 sealed shards + an open one with 1,000 lines to parse

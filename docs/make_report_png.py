@@ -38,8 +38,8 @@ def cli(*args: str | Path) -> str:
 
 
 def main() -> None:
-    from gen_pipeline.telemetry import read_telemetry
-    from gen_pipeline.telemetry_report import plot_png
+    from gen_pipeline.reports.page import plot_png
+    from gen_pipeline.store.telemetry import read_telemetry
 
     work = Path(tempfile.mkdtemp(prefix="seed-b2-"))
     cfg, out = work / "cfg", work / "out"

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import DatasetConfig, find_dataset_config, load_dataset_config
-from .errors import (
+from gen_pipeline.config.dataset import DatasetConfig, find_dataset_config, load_dataset_config
+from gen_pipeline.errors import (
     ConfigDriftError,
     ConfigError,
     DiskError,
@@ -23,7 +23,7 @@ from .errors import (
     ServerStartupError,
     StoreError,
 )
-from .records import Capacity, Failure, LoadSnapshot, Prompt, Reject, Sample
+from gen_pipeline.records import Capacity, Failure, LoadSnapshot, Prompt, Reject, Sample
 
 __all__ = [
     "Capacity", "ConfigDriftError", "ConfigError", "DatasetConfig", "DiskError", "Failure", "GenPipelineError",
@@ -34,6 +34,6 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in ("RunOptions", "RunSummary", "run_generate"):
-        from . import pipeline
+        from gen_pipeline.run import pipeline
         return getattr(pipeline, name)
     raise AttributeError(f"module 'gen_pipeline' has no attribute {name!r}")

@@ -19,12 +19,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR, DatasetConfig, find_dataset_config
-from .errors import ConfigError, GenPipelineError
+from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR, DatasetConfig, find_dataset_config
+from gen_pipeline.errors import ConfigError, GenPipelineError
 
 if TYPE_CHECKING:
-    from .run import RunOptions
-    from .server.profile import ServerProfile
+    from gen_pipeline.config.server import ServerProfile
+    from gen_pipeline.run.options import RunOptions
 
 REFERENCE_DATASETS = ("B1", "B2", "B6", "B7")
 WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")  # server/plan.py WEIGHT_BYTES, without its import cost
@@ -194,7 +194,7 @@ def _telemetry_parsers(sub: Any) -> None:
 
     dg = sub.add_parser("diagnose", help="what bounds a run (KV, admission, client, retractions, tail) and what to do",
                         description="Reads outputs/<DATASET>/telemetry.jsonl; every verdict is a rule of "
-                                    "gen_pipeline/bottleneck.py.")
+                                    "gen_pipeline/reports/diagnose.py.")
     dg.add_argument("--dataset", required=True, help="dataset name (its folder under --output-dir)")
     _diagnose_args(dg)
     _common(dg)
@@ -211,7 +211,7 @@ def _diagnose_args(p: argparse.ArgumentParser) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     import anyio
 
-    from .pipeline import run_generate
+    from gen_pipeline.run.pipeline import run_generate
 
     cfgs = _job_configs(args)
     if len(cfgs) > 1:
@@ -219,7 +219,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     cfg = cfgs[0]
     opts = run_options(args, cfg)
     if opts.profile is not None:
-        from .server.command import check_launchable
+        from gen_pipeline.server.command import check_launchable
         check_launchable(opts.profile)
     _check_before_launch(cfg, args, opts.profile)
     if opts.rank.ranked:  # which part this process writes, and why (a launcher's variables are easy to miss)
@@ -256,11 +256,11 @@ def _job_configs(args: argparse.Namespace) -> list[DatasetConfig]:
 
 
 def _generate_job(args: argparse.Namespace, cfgs: list[DatasetConfig]) -> int:
-    """Several datasets through one server lifetime (gen_pipeline/job.py); every config and source is
+    """Several datasets through one server lifetime (gen_pipeline/run/job.py); every config and source is
     checked before the server starts, and a problem names its dataset's TOML."""
     import anyio
 
-    from .job import run_job
+    from gen_pipeline.run.job import run_job
 
     opts = None
     for cfg in cfgs:
@@ -271,11 +271,11 @@ def _generate_job(args: argparse.Namespace, cfgs: list[DatasetConfig]) -> int:
                                   "(the job's datasets share one window); set it the same or pass --window.")
             opts = opts or o
             if opts.profile is not None and cfg is cfgs[0]:
-                from .server.command import check_launchable
+                from gen_pipeline.server.command import check_launchable
                 check_launchable(opts.profile)
             _check_before_launch(cfg, args, opts.profile)
         except GenPipelineError as e:
-            from .paths import display_path
+            from gen_pipeline.display import display_path
 
             where = [str(cfg.path), display_path(cfg.path)] if cfg.path else [cfg.name]
             if not any(w in str(e) for w in where):
@@ -292,9 +292,9 @@ def run_options(args: argparse.Namespace, cfg: DatasetConfig) -> RunOptions:
     """generate's flags + the dataset config + server.toml → RunOptions; raises ConfigError."""
     import os
 
-    from .ranks import resolve_rank
-    from .run import RunOptions
-    from .server.profile import load_controller_config, load_server_profile
+    from gen_pipeline.config.server import load_controller_config, load_server_profile
+    from gen_pipeline.run.options import RunOptions
+    from gen_pipeline.store.ranks import resolve_rank
 
     rank, notes = resolve_rank(args.rank, args.world_size, os.environ)
     for note in notes:
@@ -317,8 +317,8 @@ def run_options(args: argparse.Namespace, cfg: DatasetConfig) -> RunOptions:
 
 def _check_before_launch(cfg: DatasetConfig, args: argparse.Namespace, profile: ServerProfile | None) -> None:
     """The source check, before any server starts: raise its first problem (unless --proceed-anyway)."""
-    from .check import run_check
-    from .status import read_status
+    from gen_pipeline.reports.check import run_check
+    from gen_pipeline.reports.status import read_status
 
     status = read_status(args.output_dir, cfg.name, cfg.target_samples)
     if status.remaining == 0 or status.state.startswith("running"):
@@ -331,8 +331,8 @@ def _check_before_launch(cfg: DatasetConfig, args: argparse.Namespace, profile: 
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .check import format_report, run_check
-    from .server.profile import load_server_profile
+    from gen_pipeline.config.server import load_server_profile
+    from gen_pipeline.reports.check import format_report, run_check
 
     cfg = find_dataset_config(args.dataset, args.config_dir)
     profile = load_server_profile(args.server, args.config_dir / "server.toml")
@@ -374,7 +374,7 @@ def _targets(config_dir: Path, output_dir: Path, only: Sequence[str]) -> dict[st
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from .status import format_status, status_all
+    from gen_pipeline.reports.status import format_status, status_all
 
     targets = _targets(args.config_dir, args.output_dir, args.dataset)
     # the total is the reference job's (88,000 over B1, B2, B6, B7), over the ones asked for
@@ -388,7 +388,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .validate import validate_dataset
+    from gen_pipeline.reports.validate import validate_dataset
 
     name = args.dataset
     if name.endswith(".toml") or (args.config_dir / f"{name}.toml").exists():
@@ -410,8 +410,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .server.plan import WEIGHTS_EXAMPLE, plan_from_args, profile_inputs
-    from .server.profile import load_server_profile
+    from gen_pipeline.config.server import load_server_profile
+    from gen_pipeline.server.plan import WEIGHTS_EXAMPLE, plan_from_args, profile_inputs
 
     if args.weights_gb is None and args.params_b is None:
         raise ConfigError(f"plan needs the weight size: pass {WEIGHTS_EXAMPLE}.")
@@ -430,8 +430,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_probe_kv(args: argparse.Namespace) -> int:
     import anyio
 
-    from .probe import ProbeOptions, format_report, run_probe
-    from .server.profile import load_server_profile
+    from gen_pipeline.config.server import load_server_profile
+    from gen_pipeline.probe.core import ProbeOptions, format_report, run_probe
 
     for flag, value, low in (("--samples", args.samples, 1), ("--max-new-tokens", args.max_new_tokens, 1),
                              ("--top-k", args.top_k, 1), ("--tf-chunk", args.tf_chunk, 0),
@@ -457,8 +457,8 @@ def cmd_probe_kv(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .export import ExportOptions, run_export
-    from .export_select import Filters, parse_mix, parse_val
+    from gen_pipeline.export.core import ExportOptions, run_export
+    from gen_pipeline.export.select import Filters, parse_mix, parse_val
 
     names = [n.strip() for arg in args.dataset for n in arg.split(",") if n.strip()]
     names = [find_dataset_config(n, args.config_dir).name if n.endswith(".toml") else n for n in names]
@@ -475,8 +475,8 @@ def _telemetry_of(args: argparse.Namespace) -> tuple[Path, list[dict[str, Any]],
     """(dataset folder, telemetry rows, diagnosis text); ConfigError when the folder is missing."""
     import json
 
-    from .bottleneck import Hardware, diagnose, format_diagnosis
-    from .telemetry import read_telemetry
+    from gen_pipeline.reports.diagnose import Hardware, diagnose, format_diagnosis
+    from gen_pipeline.store.telemetry import read_telemetry
 
     folder = args.output_dir / args.dataset
     if not folder.is_dir():
@@ -496,8 +496,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .status import format_status, status_all
-    from .telemetry_report import render_html, write_report
+    from gen_pipeline.reports.page import render_html, write_report
+    from gen_pipeline.reports.status import format_status, status_all
 
     folder, rows, diagnosis = _telemetry_of(args)
     targets = _targets(args.config_dir, args.output_dir, [args.dataset])

@@ -13,9 +13,9 @@ import pytest
 from bench import sim_vs_real as svr
 from bench.gpu import h200_check, report, runs
 from bench.gpu.setup import KV_TOKENS, PROMPTS, STARVED_KV_TOKENS, write_configs
-from gen_pipeline.config import find_dataset_config
+from gen_pipeline.config.dataset import find_dataset_config
+from gen_pipeline.config.server import load_server_profile
 from gen_pipeline.server.command import build_command, build_env
-from gen_pipeline.server.profile import load_server_profile
 from sglang_sim.profiles import get_profile
 
 
@@ -107,7 +107,7 @@ def test_committed_h200_results_give_the_tables() -> None:
 
 def test_probe_accepts_sglangs_clipped_last_vocab_id_but_not_a_shift() -> None:
     """SGLang 0.5.17 echoes input ids >= vocab_size - 1 as 0; a misaligned echo is still refused."""
-    from gen_pipeline.probe_sglang import echoes
+    from gen_pipeline.probe.sglang import echoes
 
     assert echoes([5, 319, 7], [5, 0, 7])
     assert not echoes([5, 319, 7], [319, 7, 8]) and not echoes([5, 6], [5, 6, 7])

@@ -64,7 +64,7 @@ def test_status_and_validate_follow_the_name_inside_the_toml(tmp_path, capsys: p
     (cfg_dir / "broken.toml").write_text("target_samples = \n")
     out = tmp_path / "out"
     from gen_pipeline.records import Sample
-    from gen_pipeline.store import DatasetStore
+    from gen_pipeline.store.dataset_store import DatasetStore
     with DatasetStore(out, "other", fingerprint={"model": "m"}, target=5) as store:  # validate needs a sample
         store.open()
         store.write_samples([Sample("other-1", "other", [{"role": "user", "content": "q"},

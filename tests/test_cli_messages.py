@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from gen_pipeline.records import Sample
-from gen_pipeline.store import DatasetStore
+from gen_pipeline.store.dataset_store import DatasetStore
 from tests.pipeline_helpers import assert_exact, make_rows, run_cli, write_dataset
 
 STARTED = "2026-03-01T11:02:03+00:00"

@@ -8,9 +8,9 @@ import httpx
 import orjson
 import pytest
 
-from gen_pipeline.client import ChatClient, ClientSettings, build_request, parse_response, split_think
-from gen_pipeline.config import GenerationConfig, SamplingConfig
+from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
 from gen_pipeline.records import Failure, Prompt, Sample
+from gen_pipeline.run.chat import ChatClient, ClientSettings, build_request, parse_response, split_think
 
 from mock_http import MockServer
 

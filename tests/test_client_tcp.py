@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from gen_pipeline.client import ChatClient, ClientSettings, open_http_session
-from gen_pipeline.config import GenerationConfig, SamplingConfig
+from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
 from gen_pipeline.errors import RequestError
+from gen_pipeline.run.chat import ChatClient, ClientSettings, open_http_session
 from sglang_sim.testing import free_port, start_sim
 
 MESSAGES = [{"role": "user", "content": "hello"}]

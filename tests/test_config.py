@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gen_pipeline.config import DEFAULT_CONFIG_DIR, available_datasets, find_dataset_config, load_dataset_config
+from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, available_datasets, find_dataset_config, load_dataset_config
 from gen_pipeline.controller import ControllerConfig
 from gen_pipeline.errors import ConfigError
 from tests.pipeline_helpers import run_cli, write_dataset
@@ -100,8 +100,8 @@ def test_generation_window_is_the_default_for_the_window_flag(tmp_path: Path) ->
 
 def test_controller_table_is_read_into_the_run(tmp_path: Path) -> None:
     from gen_pipeline.cli import build_parser, run_options
+    from gen_pipeline.config.server import load_controller_config
     from gen_pipeline.controller import ControllerConfig
-    from gen_pipeline.server.profile import load_controller_config
     server = tmp_path / "server.toml"
     server.write_text((DEFAULT_CONFIG_DIR / "server.toml").read_text()
                       + "\n[controller]\ntarget_usage = 0.8\nmax_window = 256\n")

@@ -24,10 +24,10 @@ import anyio
 import httpx
 import pytest
 
-from gen_pipeline.config import load_dataset_config
+from gen_pipeline.config.dataset import load_dataset_config
 from gen_pipeline.controller.config import ControllerConfig
-from gen_pipeline.pipeline import RunOptions, run_generate
-from gen_pipeline.progress import Figures
+from gen_pipeline.run.pipeline import RunOptions, run_generate
+from gen_pipeline.run.progress import Figures
 from sglang_sim.testing import start_sim
 
 from pipeline_helpers import write_dataset

@@ -10,7 +10,7 @@ import httpx
 import orjson
 import pytest
 
-from gen_pipeline.config import load_dataset_config
+from gen_pipeline.config.dataset import load_dataset_config
 from gen_pipeline.errors import ConfigError
 from sglang_sim.testing import start_sim
 

@@ -12,8 +12,8 @@ import orjson
 import pytest
 from datasets import load_dataset, load_from_disk
 
-from gen_pipeline.export_formats import hf_features
-from gen_pipeline.export_select import Mix, ValSplit, mix_counts, validation_ids
+from gen_pipeline.export.formats import hf_features
+from gen_pipeline.export.select import Mix, ValSplit, mix_counts, validation_ids
 
 from pipeline_helpers import kill_group, read_samples, run_cli, start_cli, wait_for, write_dataset
 

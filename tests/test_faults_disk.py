@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-import gen_pipeline.pipeline as pipeline
+import gen_pipeline.run.pipeline as pipeline
 from gen_pipeline import cli
-from gen_pipeline.config import find_dataset_config
+from gen_pipeline.config.dataset import find_dataset_config
 from gen_pipeline.errors import DiskError
-from gen_pipeline.pipeline import RunOptions, run_generate
+from gen_pipeline.run.pipeline import RunOptions, run_generate
 from sglang_sim.testing import start_sim
 
 from pipeline_helpers import SIM_FAST, assert_exact, read_samples, run_cli, write_dataset

@@ -1,4 +1,4 @@
-"""Issue 10: several datasets in one command through one server lifetime (gen_pipeline/job.py), through
+"""Issue 10: several datasets in one command through one server lifetime (gen_pipeline/run/job.py), through
 the real CLI and the simulator: exact counts per dataset, one server start, each dataset's own sampling,
 resume, the pre-launch check naming the dataset's TOML."""
 

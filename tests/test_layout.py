@@ -8,7 +8,10 @@ from pathlib import Path
 
 import orjson
 
-from gen_pipeline.layout import (
+from gen_pipeline.records import Failure, Sample
+from gen_pipeline.reports.status import read_status
+from gen_pipeline.store.dataset_store import DatasetStore
+from gen_pipeline.store.layout import (
     committed_shards,
     dataset_parts,
     final_failure_ids,
@@ -16,9 +19,6 @@ from gen_pipeline.layout import (
     read_jsonl_rows,
     shard_files,
 )
-from gen_pipeline.records import Failure, Sample
-from gen_pipeline.status import read_status
-from gen_pipeline.store import DatasetStore
 from tests.test_store import crash
 
 PKG = Path(__file__).resolve().parent.parent / "gen_pipeline"

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from gen_pipeline.probe_metrics import (
+from gen_pipeline.probe.metrics import (
     Position,
     aggregate,
     compare_prompt,
@@ -199,7 +199,7 @@ def test_non_sglang_server_is_refused_with_what_to_use(tmp_path):
 def test_prompt_ids_fall_back_to_chat_completions_without_tokenize():
     import anyio
 
-    from gen_pipeline.probe_sglang import prompt_ids
+    from gen_pipeline.probe.sglang import prompt_ids
     seen = []
 
     def handler(request: httpx.Request) -> httpx.Response:

@@ -2,7 +2,8 @@
 
 import io
 
-from gen_pipeline.progress import Figures, Progress, format_duration
+from gen_pipeline.display import format_duration
+from gen_pipeline.run.progress import Figures, Progress
 
 
 def test_log_lines_when_not_a_terminal() -> None:

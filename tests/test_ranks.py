@@ -19,8 +19,8 @@ import orjson
 import pytest
 
 from gen_pipeline.errors import ConfigError
-from gen_pipeline.layout import iter_committed_samples
-from gen_pipeline.ranks import RankSpec, owner_rank, rank_share, resolve_rank
+from gen_pipeline.store.layout import iter_committed_samples
+from gen_pipeline.store.ranks import RankSpec, owner_rank, rank_share, resolve_rank
 from sglang_sim.testing import start_sim
 
 from pipeline_helpers import (

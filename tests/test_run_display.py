@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import orjson
 
-from gen_pipeline.progress import Figures, Progress
+from gen_pipeline.run.progress import Figures, Progress
 from sglang_sim.testing import start_sim
 
 from pipeline_helpers import REPO, SIM_FAST, cli_cmd, make_rows, run_cli, write_dataset
@@ -113,9 +113,9 @@ def test_in_flight_above_a_lowered_window_is_explained() -> None:
 
 
 async def test_load_observers_get_every_poll(tmp_path: Path) -> None:
-    from gen_pipeline.config import load_dataset_config
-    from gen_pipeline.pipeline import run_generate
-    from gen_pipeline.run import LoadPoll, RunOptions
+    from gen_pipeline.config.dataset import load_dataset_config
+    from gen_pipeline.run.options import LoadPoll, RunOptions
+    from gen_pipeline.run.pipeline import run_generate
 
     cfg = load_dataset_config(write_dataset(tmp_path / "ds", target=40, max_new_tokens=64))
     polls: list[LoadPoll] = []

@@ -9,10 +9,10 @@ import httpx
 import orjson
 import pytest
 
-from gen_pipeline.client import ChatClient, ClientSettings, build_request
-from gen_pipeline.config import GenerationConfig, SamplingConfig, load_dataset_config
+from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig, load_dataset_config
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.records import Prompt, Sample
+from gen_pipeline.run.chat import ChatClient, ClientSettings, build_request
 from tests.pipeline_helpers import assert_exact, read_samples, run_cli, write_dataset
 
 from mock_http import mock_session

@@ -7,10 +7,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gen_pipeline.config import DatasetConfig, SourceConfig
+from gen_pipeline.config.dataset import DatasetConfig, SourceConfig
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.records import Reject
-from gen_pipeline.sources import SourceStats, iter_prompts
+from gen_pipeline.sources.loading import SourceStats, iter_prompts
 
 
 def cfg_for(path: Path, **source) -> DatasetConfig:
@@ -123,7 +123,7 @@ def test_missing_column_is_a_counted_reject(tmp_path: Path) -> None:
 
 
 def test_demo_dataset_loads() -> None:
-    from gen_pipeline.config import find_dataset_config
+    from gen_pipeline.config.dataset import find_dataset_config
 
     cfg = find_dataset_config("demo")
     prompts, stats, rejects = run(replace(cfg))

@@ -9,8 +9,8 @@ import sys
 import orjson
 
 from gen_pipeline.records import Failure, Reject, Sample
-from gen_pipeline.status import format_status, read_status, status_all
-from gen_pipeline.store import DatasetStore
+from gen_pipeline.reports.status import format_status, read_status, status_all
+from gen_pipeline.store.dataset_store import DatasetStore
 
 FP = {"model": "m", "truncated": "keep"}
 

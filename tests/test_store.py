@@ -17,12 +17,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import gen_pipeline.manifest as manifest_mod
-import gen_pipeline.store as store_mod
+import gen_pipeline.store.dataset_store as store_mod
+import gen_pipeline.store.manifest as manifest_mod
+from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigDriftError, DiskError, LockedError, StoreError
-from gen_pipeline.paths import display_path
 from gen_pipeline.records import Failure, Reject, Sample
-from gen_pipeline.store import DatasetStore
+from gen_pipeline.store.dataset_store import DatasetStore
 
 FP = {"model": "m", "sampling": {"temperature": 0.7, "top_p": 0.95}, "truncated": "keep"}
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gen_pipeline import bottleneck
 from gen_pipeline.errors import ConfigError
-from gen_pipeline.telemetry import (
+from gen_pipeline.reports import diagnose as bottleneck
+from gen_pipeline.store.telemetry import (
     ARCHIVE_NAME,
     TELEMETRY_NAME,
     Telemetry,
@@ -97,7 +97,7 @@ def test_disk_error_turns_telemetry_off_once(tmp_path: Path) -> None:
     (tmp_path / TELEMETRY_NAME).mkdir()  # cannot be opened as a file
     events: list[str] = []
     tel = Telemetry(tmp_path, run=1, started_s=0.0, on_event=events.append)
-    from gen_pipeline.progress import Figures
+    from gen_pipeline.run.progress import Figures
     figures = Figures(done=0, target=1, samples_per_s=0.0, tokens_per_s=0.0, in_flight=0, window=1)
     for _ in range(5):
         tel.poll(figures, None, None, None)
@@ -175,12 +175,12 @@ def test_report_and_diagnose_mark_a_server_restart(tmp_path: Path) -> None:
     page = (tmp_path / "r.html").read_text()
     assert f"1 run(s), {restarts} server restart(s)" in page and "server_restarts" in page
     assert len(_png_of(page)) > 10_000
-    from gen_pipeline.telemetry_report import timeline
+    from gen_pipeline.reports.page import timeline
     assert len(timeline(rows)[2]) == restarts  # a red line per restart
 
 
 def test_report_names_the_missing_extra(monkeypatch) -> None:
-    from gen_pipeline import telemetry_report
+    from gen_pipeline.reports import page as telemetry_report
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ConfigError, match=r"gen-pipeline\[report\]"):
         telemetry_report.plot_png([_row(0)], "x")

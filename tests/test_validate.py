@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from gen_pipeline.records import Sample
-from gen_pipeline.store import DatasetStore
-from gen_pipeline.validate import validate_dataset
+from gen_pipeline.reports.validate import validate_dataset
+from gen_pipeline.store.dataset_store import DatasetStore
 
 GOOD = {"id": "B2-0", "dataset": "B2",
         "conversations": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q"},

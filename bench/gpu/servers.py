@@ -18,8 +18,8 @@ from pathlib import Path
 
 import httpx
 
+from gen_pipeline.config.server import load_server_profile
 from gen_pipeline.server.command import build_command, build_env
-from gen_pipeline.server.profile import load_server_profile
 
 _CHILDREN: dict[int, subprocess.Popen] = {}  # kept so a live server's Popen is never garbage-collected
 

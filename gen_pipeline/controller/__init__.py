@@ -3,7 +3,7 @@
 See `core` for the policy; `Controller`, `ControllerConfig` and `ControllerStats` are the API.
 """
 
-from .config import ControllerConfig, ControllerStats
-from .core import Controller
+from gen_pipeline.controller.config import ControllerConfig, ControllerStats
+from gen_pipeline.controller.core import Controller
 
 __all__ = ["Controller", "ControllerConfig", "ControllerStats"]

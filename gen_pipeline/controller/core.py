@@ -28,7 +28,7 @@ with goodput from Little's law, window / TPOT (see Epoch), and Gradient2's guard
 window never exceeds what the target still needs, and the climb pauses (a draining job's
 goodput falls for reasons the window does not cause).
 
-Several datasets through one pool (a job, gen_pipeline/job.py): each dataset is a `kind` with its
+Several datasets through one pool (a job, gen_pipeline/run/job.py): each dataset is a `kind` with its
 own RequestSizes (its prior from its own prompts and max_new_tokens); H is the mix of their held
 sizes weighted by the requests of each kind in flight (`set_mix`), so B2's 4K+ requests filling
 the slots B1's ~700-token tail frees shrink the window as they are admitted, not after the rolling
@@ -40,11 +40,11 @@ from __future__ import annotations
 
 import math
 
-from ..records import Capacity, LoadSnapshot
-from .climb import HillClimber
-from .config import ControllerConfig, ControllerStats
-from .epoch import Epoch
-from .estimate import RequestSizes
+from gen_pipeline.controller.climb import HillClimber
+from gen_pipeline.controller.config import ControllerConfig, ControllerStats
+from gen_pipeline.controller.epoch import Epoch
+from gen_pipeline.controller.estimate import RequestSizes
+from gen_pipeline.records import Capacity, LoadSnapshot
 
 _LIVE_ALPHA = 0.2  # EWMA weight of one poll of used_tokens / running (~5 polls memory)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..records import LoadSnapshot
+from gen_pipeline.records import LoadSnapshot
 
 
 class Epoch:

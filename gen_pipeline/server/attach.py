@@ -17,11 +17,11 @@ import anyio
 import orjson
 from anyio.abc import TaskStatus
 
-from ..errors import ServerError
-from .capacity import combine
-from .fleet import Fleet
-from .fleet_watch import FleetWatch, read_fleet_load, worker_urls  # noqa: F401 (worker_urls: its old home)
-from .handle import ServerHandle
+from gen_pipeline.errors import ServerError
+from gen_pipeline.server.capacity import combine
+from gen_pipeline.server.fleet import Fleet
+from gen_pipeline.server.fleet_watch import FleetWatch, read_fleet_load, worker_urls  # noqa: F401 (worker_urls: its old home)
+from gen_pipeline.server.handle import ServerHandle
 
 log = logging.getLogger(__name__)
 

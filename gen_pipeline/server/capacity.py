@@ -17,7 +17,7 @@ import orjson
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..records import Capacity
+from gen_pipeline.records import Capacity
 
 INFO_KEYS = ("model_path", "served_model_name", "tp_size", "dp_size", "kv_cache_dtype", "mem_fraction_static",
              "enable_hierarchical_cache", "hicache_size", "num_continuous_decode_steps", "context_length",

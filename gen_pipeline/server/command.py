@@ -11,8 +11,8 @@ import os
 import sys
 from collections.abc import Mapping
 
-from ..errors import ServerError
-from .profile import SGLANG_COMMAND, ServerProfile
+from gen_pipeline.config.server import SGLANG_COMMAND, ServerProfile
+from gen_pipeline.errors import ServerError
 
 # Profile key → SGLang flag. Booleans become bare flags when true; None / "" / 0 (hicache) are left out.
 FLAGS: dict[str, str] = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..records import LoadSnapshot
+from gen_pipeline.records import LoadSnapshot
 
 DEFAULT_TOKENS_PER_REQUEST = 1024.0  # until the caller knows better (the controller's estimate)
 

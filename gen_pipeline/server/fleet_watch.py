@@ -17,12 +17,12 @@ from typing import Any
 import aiohttp
 import anyio
 
-from ..errors import ServerError
-from ..records import Capacity, LoadSnapshot
-from .capacity import combine, get_json, probe
-from .handle import ServerHandle
-from .health import check_timeout_s, is_healthy
-from .load import merge, read_load
+from gen_pipeline.errors import ServerError
+from gen_pipeline.records import Capacity, LoadSnapshot
+from gen_pipeline.server.capacity import combine, get_json, probe
+from gen_pipeline.server.handle import ServerHandle
+from gen_pipeline.server.health import check_timeout_s, is_healthy
+from gen_pipeline.server.load import merge, read_load
 
 log = logging.getLogger(__name__)
 TICK_S = 0.25  # capacity follows a server the client took out within this

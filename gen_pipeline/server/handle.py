@@ -8,9 +8,9 @@ from typing import Any
 
 import anyio
 
-from ..errors import ServerError
-from ..records import Capacity
-from .fleet import Fleet
+from gen_pipeline.errors import ServerError
+from gen_pipeline.records import Capacity
+from gen_pipeline.server.fleet import Fleet
 
 
 @dataclass

@@ -7,12 +7,12 @@ import logging
 import aiohttp
 import anyio
 
-from ..errors import ServerStartupError
-from ..paths import display_path
-from . import logfile
-from .diagnose import FatalLine, advice, find_fatal, find_warnings
-from .process import ServerProcess
-from .profile import ServerProfile
+from gen_pipeline.config.server import ServerProfile
+from gen_pipeline.display import display_path
+from gen_pipeline.errors import ServerStartupError
+from gen_pipeline.server import logfile
+from gen_pipeline.server.log_advice import FatalLine, advice, find_fatal, find_warnings
+from gen_pipeline.server.process import ServerProcess
 
 STARTUP_POLL_S = 0.25  # start-up polling: cheap (connection refused) and keeps fast starts fast
 PROGRESS_EVERY_S = 10.0

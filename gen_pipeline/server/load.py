@@ -23,8 +23,8 @@ from typing import Any
 
 import aiohttp
 
-from ..records import LoadSnapshot
-from .capacity import _families, get_json, get_text
+from gen_pipeline.records import LoadSnapshot
+from gen_pipeline.server.capacity import _families, get_json, get_text
 
 # Our field ← metric names (SGLang first, then vLLM).
 _GAUGES = {

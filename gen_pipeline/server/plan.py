@@ -28,8 +28,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
-from .profile import ServerProfile
+from gen_pipeline.config.server import ServerProfile
+from gen_pipeline.errors import ConfigError
 
 GIB = 1 << 30  # SGLang's "GB" in its memory logs is GiB
 KV_BYTES = {"auto": 2, "bf16": 2, "bfloat16": 2, "float16": 2, "fp16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1}

@@ -21,8 +21,8 @@ from typing import BinaryIO
 import anyio
 from anyio.abc import Process
 
-from . import logfile
-from .diagnose import COMMAND_ECHO
+from gen_pipeline.server import logfile
+from gen_pipeline.server.log_advice import COMMAND_ECHO
 
 
 class ServerProcess:

@@ -13,16 +13,16 @@ import aiohttp
 import anyio
 from anyio.abc import TaskStatus
 
-from ..errors import ServerError, ServerStartupError
-from ..paths import display_path
-from ..records import Capacity
-from . import logfile
-from .capacity import capacity_from_log, probe
-from .command import build_command, build_env
-from .handle import ServerHandle
-from .health import check_timeout_s, is_healthy, wait_healthy
-from .process import ServerProcess
-from .profile import ServerProfile
+from gen_pipeline.config.server import ServerProfile
+from gen_pipeline.display import display_path
+from gen_pipeline.errors import ServerError, ServerStartupError
+from gen_pipeline.records import Capacity
+from gen_pipeline.server import logfile
+from gen_pipeline.server.capacity import capacity_from_log, probe
+from gen_pipeline.server.command import build_command, build_env
+from gen_pipeline.server.handle import ServerHandle
+from gen_pipeline.server.health import check_timeout_s, is_healthy, wait_healthy
+from gen_pipeline.server.process import ServerProcess
 
 log = logging.getLogger(__name__)
 

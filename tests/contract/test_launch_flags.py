@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from sglang_contract import PIN, ParsedArgs, ParseError, installed_version, sglang_parser
 
+from gen_pipeline.config.server import DEFAULT_SERVER_CONFIG, SGLANG_COMMAND, ServerProfile, load_server_profile
 from gen_pipeline.server import command
-from gen_pipeline.server.profile import DEFAULT_SERVER_CONFIG, SGLANG_COMMAND, ServerProfile, load_server_profile
 from sglang_sim import cli as sim_cli
 
 # Profile key -> the ServerArgs field it sets (where the names differ: hicache_size is GB too).

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
+from gen_pipeline.config.server import ServerProfile
 from gen_pipeline.server import load_server_profile
-from gen_pipeline.server.profile import ServerProfile
 
 SIM_ARGS = ["--sim-profile", "fast", "--time-scale", "20", "--sim-startup-s", "0.2",
             "--max-total-tokens", "20000"]

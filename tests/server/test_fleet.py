@@ -133,7 +133,7 @@ def test_router_worker_lists(body, expected):
 
 def test_the_routers_error_for_a_dead_worker_is_retried():
     """sglang-router 0.3.2's answer while a worker it still routes to is dead (captured from the binary)."""
-    from gen_pipeline.client import RawResponse, _Retryable, classify_status
+    from gen_pipeline.run.chat import RawResponse, _Retryable, classify_status
     body = (b'{"error":{"type":"Internal Server Error","code":"call_upstream_request_error","message":"error '
             b'sending request for url (http://127.0.0.1:51175/v1/chat/completions). URL: '
             b'http://127.0.0.1:51175/v1/chat/completions"}}')

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
+from gen_pipeline.config.server import ServerProfile
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.server import plan, plan_from_args
-from gen_pipeline.server.diagnose import advice, find_fatal
+from gen_pipeline.server.log_advice import advice, find_fatal
 from gen_pipeline.server.plan import GIB, kv_bytes_per_token
-from gen_pipeline.server.profile import ServerProfile
 
 KIMI = json.loads((Path(__file__).parent / "data" / "kimi-k2.5-config.json").read_text())
 LLAMA_8B = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096}

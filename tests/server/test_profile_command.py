@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
+from gen_pipeline.config.server import ServerProfile
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.server import build_command, build_env, load_server_profile
 from gen_pipeline.server.command import flag_origin
-from gen_pipeline.server.profile import ServerProfile
 
 FULL = """
 [profile.full]

@@ -4,8 +4,8 @@ import tomllib
 
 import pytest
 
+from gen_pipeline.config.server import DEFAULT_SERVER_CONFIG, load_server_profile
 from gen_pipeline.server.command import build_env
-from gen_pipeline.server.profile import DEFAULT_SERVER_CONFIG, load_server_profile
 
 PROFILES = sorted(tomllib.loads(DEFAULT_SERVER_CONFIG.read_text())["profile"])
 

@@ -1,0 +1,1 @@
+"""Configs: the dataset TOMLs and server.toml, read into frozen dataclasses and validated."""

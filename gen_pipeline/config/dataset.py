@@ -1,0 +1,289 @@
+"""Dataset and server configs: frozen dataclasses read from TOML, validated with messages
+that name the file and the key.
+
+A dataset config, `datasets_cfg/B2.toml`:
+
+    name = "B2"                      # defaults to the file's stem
+    target_samples = 18000
+
+    [source]
+    hf_id = "org/name"               # Hugging Face hub dataset ...
+    split = "train"
+    # files = ["data/demo.jsonl"]    # ... or local files (jsonl/json/parquet), relative to the TOML
+    schema = "sharegpt"              # "sharegpt" (from/value) | "messages" (role/content) | "prompt"
+    field = "conversations"          # the column holding the conversation or the prompt text
+    id_field = "id"                  # optional: a stable source id column; else a content hash
+    system_prompt = ""               # optional: prepended when a row has none
+    max_prompt_chars = 400000        # optional: longer rows are rejected (reason prompt_too_long)
+    strict = false                   # optional: true refuses a .jsonl file with a line that is not JSON
+    shuffle_seed = 0                 # optional: shuffle the source once, deterministically
+
+    [sampling]
+    max_new_tokens = 4096
+    temperature = 0.7
+    top_p = 0.95
+    # optional, sent only when set (else the server's default): SGLang's ChatCompletionRequest names
+    # top_k = 20                     # -1 (off) or at least 1
+    # min_p = 0.0                    # 0..1
+    # repetition_penalty = 1.05      # (0, 2], 1 = none
+    # presence_penalty = 0.0         # -2..2
+    # frequency_penalty = 0.0        # -2..2
+    # stop = ["</answer>"]           # strings that end a turn
+    # seed = 1234                    # per-request sampling seed
+    # [sampling.extra_body]          # merged into the request body verbatim (other SGLang keys)
+    # min_tokens = 16
+
+    [generation]
+    reasoning = "keep"               # "keep" reasoning_content | "disable" thinking | "none"
+    truncated = "keep"               # finish_reason == "length": "keep" or "drop"
+    empty_turn = "retry"             # empty assistant content: "retry" (then a failure) or "fail"
+    request_timeout_s = 3600
+    max_attempts = 6
+    window = 0                       # 0 = the adaptive controller; N = fixed concurrency (--window wins)
+
+    [output]
+    shard_max_samples = 2000
+    fsync_every = 64
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import math
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+
+from gen_pipeline.config.schema import build_section, unknown_key
+from gen_pipeline.display import display_path
+from gen_pipeline.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG_DIR = REPO_ROOT / "datasets_cfg"
+DEFAULT_OUTPUT_DIR = REPO_ROOT / "outputs"
+Schema = Literal["sharegpt", "messages", "prompt"]
+Reasoning = Literal["keep", "disable", "none"]
+Truncated = Literal["keep", "drop"]
+EmptyTurn = Literal["retry", "fail"]  # an empty assistant turn (validate rejects it): retry or fail
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    hf_id: str = ""
+    hf_subset: str = ""
+    split: str = "train"
+    files: tuple[str, ...] = ()
+    schema: Schema = "sharegpt"
+    field: str = "conversations"
+    id_field: str = ""
+    system_prompt: str = ""
+    shuffle_seed: int | None = None
+    streaming: bool = False
+    max_prompt_chars: int = 400_000  # longer prompts are rejected before any request (~100K tokens)
+    strict: bool = False  # a .jsonl line that is not JSON: False = a bad_json reject, True = refuse the file
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """What each request asks the server for. Keys after top_p are sent only when set."""
+
+    max_new_tokens: int = 2048
+    temperature: float = 0.7
+    top_p: float = 0.95
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    extra_body: dict[str, Any] = field(default_factory=dict)  # merged into the request body verbatim
+
+    def __hash__(self) -> int:  # extra_body is a dict; the client caches per config
+        return hash(orjson.dumps(self.as_dict(), option=orjson.OPT_SORT_KEYS))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The settings that are set: what meta.sampling records and the fingerprint holds (a config
+        without the optional keys keeps the fingerprint it had before they existed)."""
+        d = asdict(self)
+        return {k: v for k, v in d.items() if k in _ALWAYS or v not in (None, (), {})}
+
+
+_ALWAYS = ("max_new_tokens", "temperature", "top_p")
+# Body keys the pipeline sets itself; extra_body must not set them.
+RESERVED_BODY_KEYS = ("model", "messages", "stream", "max_tokens", "max_completion_tokens", "n")
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    reasoning: Reasoning = "none"
+    truncated: Truncated = "keep"
+    empty_turn: EmptyTurn = "retry"  # retries count against max_attempts
+    request_timeout_s: float = 3600.0
+    connect_timeout_s: float = 10.0
+    max_attempts: int = 6
+    retry_initial_wait_s: float = 1.0
+    retry_max_wait_s: float = 60.0
+    window: int = 0  # 0 = adaptive (the controller); N = fixed concurrency
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    shard_max_samples: int = 2000
+    fsync_every: int = 64
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    name: str
+    target_samples: int
+    source: SourceConfig
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    path: Path | None = None  # the TOML it came from
+
+    def resolve(self, rel: str) -> Path:
+        """A path from the config, relative to the config file's folder."""
+        p = Path(rel)
+        if p.is_absolute() or self.path is None:
+            return p
+        return (self.path.parent / p).resolve()
+
+    def fingerprint(self, model: str) -> dict[str, Any]:
+        """What must not change between runs writing one dataset (checked on resume)."""
+        return {
+            "model": model,
+            "source": _source_identity(self.source),
+            "sampling": self.sampling.as_dict(),
+            "reasoning": self.generation.reasoning,
+            "truncated": self.generation.truncated,
+        }
+
+
+def _source_identity(src: SourceConfig) -> dict[str, Any]:
+    d = asdict(src)
+    d.pop("streaming")
+    d.pop("max_prompt_chars")
+    d.pop("strict")  # how bad lines are handled, not which rows: outputs stay resumable either way
+    d["files"] = list(src.files)
+    return d
+
+
+def fingerprint_digest(fp: dict[str, Any]) -> str:
+    return hashlib.sha256(orjson.dumps(fp, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- loading + validation
+
+_SECTIONS: dict[str, type] = {
+    "source": SourceConfig,
+    "sampling": SamplingConfig,
+    "generation": GenerationConfig,
+    "output": OutputConfig,
+}
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Parse a TOML file; raises ConfigError naming the file and the line."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file.") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML ({e}). Fix the syntax and run again.") from None
+
+
+def load_dataset_config(path: Path) -> DatasetConfig:
+    """Read and validate one dataset TOML; raises ConfigError naming file and key."""
+    raw = read_toml(path)
+    name_in = display_path(path)
+    top_known = ["name", "target_samples", *_SECTIONS]
+    for key in raw:
+        if key not in top_known:
+            raise unknown_key(f"{name_in}: ", key, top_known, top_level=True)
+    if "source" not in raw:
+        raise ConfigError(f"{name_in}: missing [source] table (hf_id or files, schema, field).")
+    if "target_samples" not in raw:
+        raise ConfigError(f"{name_in}: missing target_samples (how many samples this dataset should end with).")
+    target = build_section(_Target, {"target_samples": raw["target_samples"]}, f"{name_in}: ").target_samples
+    if target <= 0:
+        raise ConfigError(f"{name_in}: target_samples = {target} must be positive.")
+    name = raw.get("name", path.stem)
+    if not isinstance(name, str) or not name or "/" in name:
+        raise ConfigError(f"{name_in}: name = {name!r} must be a non-empty string without '/'.")
+    sections: dict[str, Any] = {k: build_section(cls, raw.get(k, {}), f"{name_in}: {k}.")
+                                for k, cls in _SECTIONS.items()}
+    src: SourceConfig = sections["source"]
+    if bool(src.hf_id) == bool(src.files):
+        raise ConfigError(f"{name_in}: [source] needs exactly one of hf_id (a Hugging Face dataset) "
+                          f"or files (local jsonl/json/parquet paths).")
+    gen: GenerationConfig = sections["generation"]
+    _check_sampling(sections["sampling"], f"{name_in}: sampling.")
+    if gen.window < 0:
+        raise ConfigError(f"{name_in}: generation.window = {gen.window} must be 0 (the adaptive controller) "
+                          "or a fixed number of requests in flight.")
+    if gen.max_attempts < 1:
+        raise ConfigError(f"{name_in}: generation.max_attempts = {gen.max_attempts} must be at least 1.")
+    out: OutputConfig = sections["output"]
+    if out.shard_max_samples < 1 or out.fsync_every < 1:
+        raise ConfigError(f"{name_in}: output.shard_max_samples and output.fsync_every must be at least 1.")
+    return DatasetConfig(name=name, target_samples=target, path=path.resolve(), **sections)
+
+
+@dataclass(frozen=True)
+class _Target:
+    target_samples: int
+
+
+def _check_sampling(s: SamplingConfig, where: str) -> None:
+    """Ranges as SGLang's SamplingParams.verify checks them, before any request."""
+    if s.max_new_tokens <= 0:
+        raise ConfigError(f"{where}max_new_tokens = {s.max_new_tokens} must be positive.")
+    ranges = {"min_p": (0.0, 1.0, "between 0 and 1"), "presence_penalty": (-2.0, 2.0, "between -2 and 2"),
+              "frequency_penalty": (-2.0, 2.0, "between -2 and 2")}
+    for key, (lo, hi, words) in ranges.items():
+        v = getattr(s, key)
+        if v is not None and not (math.isfinite(v) and lo <= v <= hi):
+            raise ConfigError(f"{where}{key} = {v} must be {words}.")
+    if s.repetition_penalty is not None and not 0 < s.repetition_penalty <= 2:
+        raise ConfigError(f"{where}repetition_penalty = {s.repetition_penalty} must be above 0 and at most 2 "
+                          "(1 = no penalty).")
+    if s.top_k is not None and s.top_k != -1 and s.top_k < 1:
+        raise ConfigError(f"{where}top_k = {s.top_k} must be -1 (no top-k) or at least 1.")
+    if any(not x for x in s.stop):
+        raise ConfigError(f"{where}stop = {list(s.stop)!r} must not contain an empty string.")
+    for key in s.extra_body:
+        if key in RESERVED_BODY_KEYS:
+            raise ConfigError(f"{where}extra_body.{key}: the pipeline sets {key} itself. Remove it.")
+        if key in _SAMPLING_KEYS:
+            raise ConfigError(f"{where}extra_body.{key}: set it as {where.split(': ')[-1]}{key} instead.")
+
+
+_SAMPLING_KEYS = frozenset(f for f in SamplingConfig.__dataclass_fields__ if f != "extra_body") | {"max_tokens"}
+
+
+def available_datasets(config_dir: Path = DEFAULT_CONFIG_DIR) -> list[str]:
+    return sorted(p.stem for p in config_dir.glob("*.toml") if p.stem != "server")
+
+
+def find_dataset_config(name: str, config_dir: Path = DEFAULT_CONFIG_DIR) -> DatasetConfig:
+    """`--dataset B2` → datasets_cfg/B2.toml (or a path to a TOML)."""
+    p = Path(name)
+    if p.suffix == ".toml":
+        if not p.exists():
+            raise ConfigError(f"{name}: no such dataset config file.")
+        return load_dataset_config(p)
+    path = config_dir / f"{name}.toml"
+    if not path.exists():
+        known = available_datasets(config_dir)
+        close = difflib.get_close_matches(name, known, n=1) or [k for k in known if k.lower() == name.lower()]
+        hint = f" Did you mean {close[0]}?" if close else ""
+        raise ConfigError(f"No dataset config {name!r}: {display_path(path)} does not exist. "
+                          f"Configs in {display_path(config_dir)}: {', '.join(known) or 'none'}.{hint}")
+    return load_dataset_config(path)

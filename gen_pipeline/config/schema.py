@@ -1,0 +1,111 @@
+"""TOML tables → frozen config dataclasses, type-checked by pydantic from the dataclass's own
+annotations, with messages that name the file, the key and the value, and say what to do.
+
+pydantic (not msgspec) because its errors are structured (`type`, `loc`, `input`), so each one maps
+to our wording without parsing message text; strict mode refuses "0.7" for a number and 1 for a
+boolean, as the hand-written checks it replaces did. The dataclasses stay plain (constructed in
+code without validation); only what comes from a file goes through here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import typing
+from dataclasses import MISSING, fields
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
+
+from gen_pipeline.errors import ConfigError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
+
+
+def type_name(v: Any) -> str:
+    return {str: "a string", bool: "a boolean", int: "an integer", float: "a number",
+            list: "a list", dict: "a table"}.get(type(v), type(v).__name__)
+
+
+def unknown_key(where: str, key: str, known: list[str], *, top_level: bool = False) -> ConfigError:
+    """`where` + key: unknown key, with the closest known key when one is close."""
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" Did you mean {close[0]}?" if close else ""
+    here = "Known top-level keys" if top_level else "Known keys here"
+    return ConfigError(f"{where}{key}: unknown key. {here}: {', '.join(sorted(known))}.{hint} "
+                       "Check the spelling or remove it.")
+
+
+def _listify(v: Any) -> Any:
+    """A lone string where a list of strings goes is a list of one; lists become tuples."""
+    if isinstance(v, str):
+        return (v,)
+    return tuple(v) if isinstance(v, list) else v
+
+
+@functools.cache
+def _model(cls: type[DataclassInstance]) -> type[BaseModel]:
+    """A strict pydantic model with the dataclass's fields, types and defaults (extra keys forbidden)."""
+    hints = typing.get_type_hints(cls)
+    spec: dict[str, Any] = {}
+    for f in fields(cls):
+        tp = hints[f.name]
+        if typing.get_origin(tp) is tuple:
+            tp = Annotated[tp, BeforeValidator(_listify)]
+        # Fields are named k_<key> with the key as alias: a key like "schema" would shadow BaseModel's.
+        if f.default is not MISSING:
+            spec[f"k_{f.name}"] = (tp, Field(f.default, alias=f.name))
+        elif f.default_factory is not MISSING:
+            spec[f"k_{f.name}"] = (tp, Field(default_factory=f.default_factory, alias=f.name))
+        else:
+            spec[f"k_{f.name}"] = (tp, Field(alias=f.name))
+    return create_model(f"{cls.__name__}Schema", __config__=ConfigDict(strict=True, extra="forbid"), **spec)
+
+
+def build_section(cls: type[T], table: Any, where: str) -> T:
+    """Instantiate config dataclass `cls` from a TOML table; raises ConfigError naming the key.
+
+    `where` prefixes messages, e.g. "datasets_cfg/B2.toml: sampling."
+    """
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where.rstrip('.')} must be a table ([section]), got {type_name(table)}.")
+    try:
+        values = _model(cls).model_validate(table)
+    except ValidationError as e:
+        raise _message(cls, table, where, e) from None
+    return cls(**{f.name: getattr(values, f"k_{f.name}") for f in fields(cls)})
+
+
+def _message(cls: type, table: dict[str, Any], where: str, exc: ValidationError) -> ConfigError:
+    """Our wording for the first error, in the table's key order."""
+    order = {k: i for i, k in enumerate(table)}
+    err = min(exc.errors(), key=lambda e: order.get(str(e["loc"][0]) if e["loc"] else "", -1))
+    key = str(err["loc"][0])
+    if err["type"] == "extra_forbidden":
+        return unknown_key(where, key, [f.name for f in fields(cls)])
+    value, kind, loc = table[key], err["type"], f"{where}{key}"
+    hint = " Remove the quotes." if isinstance(value, str) else ""
+    tp = typing.get_type_hints(cls)[key]
+    if typing.get_origin(tp) is tuple:
+        return ConfigError(f"{loc} = {value!r} must be a list of strings.")
+    if kind == "literal_error":
+        choices = next((typing.get_args(a) for a in _union_args(tp) if typing.get_origin(a) is Literal), ())
+        return ConfigError(f"{loc} = {value!r} is not one of {', '.join(repr(c) for c in choices)}.")
+    if kind in ("float_type", "finite_number"):
+        return ConfigError(f"{loc} = {value!r} must be a number (got {type_name(value)}).{hint}")
+    if kind in ("int_type", "int_from_float"):
+        return ConfigError(f"{loc} = {value!r} must be an integer (got {type_name(value)}).{hint}")
+    if kind == "bool_type":
+        return ConfigError(f"{loc} = {value!r} must be true or false (got {type_name(value)}).")
+    if kind == "string_type":
+        return ConfigError(f"{loc} = {value!r} must be a string (got {type_name(value)}). Put it in quotes.")
+    if kind == "dict_type":
+        return ConfigError(f"{loc} = {value!r} must be a table ({key} = {{ name = value }}).")
+    return ConfigError(f"{loc} = {value!r} is not valid: {err['msg']}.")
+
+
+def _union_args(tp: Any) -> tuple[Any, ...]:
+    return typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, type(int | str)) else (tp,)

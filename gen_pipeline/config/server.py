@@ -1,0 +1,220 @@
+"""Server profiles: one `[profile.NAME]` table of `datasets_cfg/server.toml` → a frozen ServerProfile.
+
+    [profile.tuned]
+    model_path = "moonshotai/Kimi-K2.5"   # keys are SGLang's flag names with "_" (build_command maps them)
+    tp_size = 8
+    mem_fraction_static = 0.90
+    kv_cache_dtype = "fp8_e4m3"
+    extra_args = ["--chunked-prefill-size", "8192"]   # passed through verbatim
+    [profile.tuned.env]
+    NCCL_IB_DISABLE = "0"
+
+    [profile.sim]
+    inherits = "tuned"                    # start from another profile's keys, then override
+    command = ["{python}", "-m", "sglang_sim"]
+
+    [controller]                          # optional: the concurrency controller's tunables
+    target_usage = 0.92                   # (gen_pipeline/controller/config.py; the defaults need no tuning)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, read_toml
+from gen_pipeline.config.schema import build_section, unknown_key
+from gen_pipeline.controller.config import ControllerConfig
+from gen_pipeline.display import display_path
+from gen_pipeline.errors import ConfigError
+
+DEFAULT_SERVER_CONFIG = DEFAULT_CONFIG_DIR / "server.toml"
+SGLANG_COMMAND = ("{python}", "-m", "sglang.launch_server")
+
+
+@dataclass(frozen=True)
+class ServerProfile:
+    """How to start and supervise one SGLang server (keys = SGLang flags with "_")."""
+
+    name: str
+    model_path: str
+    served_model_name: str = ""
+    tp_size: int = 1
+    dp_size: int = 1
+    mem_fraction_static: float | None = None
+    kv_cache_dtype: str = "auto"
+    enable_hierarchical_cache: bool = False
+    hicache_size_gb: int = 0  # host RAM per rank for evicted prefixes; adds no decode slots
+    num_continuous_decode_steps: int = 1
+    enable_metrics: bool = True
+    reasoning_parser: str = ""
+    trust_remote_code: bool = False
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = pick a free port at start (kept across restarts)
+    max_running_requests: int | None = None
+    context_length: int | None = None
+    command: tuple[str, ...] = SGLANG_COMMAND
+    extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)  # merged over os.environ (NCCL_* etc.)
+    startup_timeout_s: float = 1800.0
+    health_interval_s: float = 5.0
+    unhealthy_after: int = 3  # consecutive failed health checks before a restart
+    max_restarts: int = 3
+    restart_backoff_s: float = 10.0  # first wait; doubles per attempt
+    stop_grace_s: float = 30.0  # SIGTERM → SIGKILL
+    backend: str = "sglang"  # meta.backend of the samples this server writes ("sim" for the simulator)
+    source: str = ""  # the TOML it came from, for messages
+
+    @property
+    def where(self) -> str:
+        """"datasets_cfg/server.toml [profile.tuned]", for messages that say what to edit."""
+        return f"{self.source or 'server.toml'} [profile.{self.name}]"
+
+    @property
+    def request_model(self) -> str:
+        """The model name requests carry (SGLang answers to served_model_name, else model_path)."""
+        return self.served_model_name or self.model_path
+
+
+_POSITIVE = ("tp_size", "dp_size", "num_continuous_decode_steps", "unhealthy_after")
+_NON_NEGATIVE_S = ("startup_timeout_s", "health_interval_s", "restart_backoff_s", "stop_grace_s")
+
+
+def load_server_profile(name: str = "tuned", path: Path = DEFAULT_SERVER_CONFIG, *,
+                        overrides: dict[str, Any] | None = None) -> ServerProfile:
+    """Read profile `name` from `path`, then apply `overrides` (e.g. from the CLI).
+
+    Raises ConfigError naming the file and key (unknown key, bad type, unknown profile).
+    """
+    file = display_path(path)
+    profiles = _read_server_toml(path).get("profile", {})
+    if not isinstance(profiles, dict) or not profiles:
+        raise ConfigError(f"{file}: no [profile.NAME] tables. Add one, e.g. [profile.tuned] with model_path.")
+    table = _resolve_table(name, profiles, file)
+    where = f"{file}: profile.{name}."
+    profile = _build(name, table, where, file)
+    if overrides:
+        profile = _build(name, {**table, **overrides}, f"override of profile.{name}: ", file)
+    return profile
+
+
+_TOP_LEVEL = ["controller", "profile"]
+
+
+def _read_server_toml(path: Path) -> dict[str, Any]:
+    raw = read_toml(path)
+    for key in raw:
+        if key not in _TOP_LEVEL:
+            raise unknown_key(f"{display_path(path)}: ", key, _TOP_LEVEL, top_level=True)
+    return raw
+
+
+def load_controller_config(path: Path = DEFAULT_SERVER_CONFIG) -> ControllerConfig:
+    """The `[controller]` table of server.toml (every key optional; no table = the defaults).
+    A missing server.toml also gives the defaults (attach mode needs none)."""
+    if not Path(path).exists():
+        return ControllerConfig()
+    table = _read_server_toml(path).get("controller", {})
+    where = f"{display_path(path)}: controller."
+    cfg = build_section(ControllerConfig, table, where)
+    bad = _controller_problem(cfg)
+    if bad:
+        raise ConfigError(f"{where}{bad}")
+    return cfg
+
+
+def _controller_problem(c: ControllerConfig) -> str:
+    """What is out of range in a controller config ("" when nothing)."""
+    if not 0 < c.target_usage <= 1:
+        return f"target_usage = {c.target_usage} must be above 0 and at most 1 (a share of the KV pool)."
+    if not 1 <= c.min_window <= c.max_window:
+        return (f"min_window = {c.min_window}, max_window = {c.max_window}: need 1 <= min_window <= max_window.")
+    if not 0 < c.gain_min <= c.gain_max:
+        return f"gain_min = {c.gain_min}, gain_max = {c.gain_max}: need 0 < gain_min <= gain_max."
+    for f in fields(c):
+        v = getattr(c, f.name)
+        if isinstance(v, (int, float)) and (not math.isfinite(v) or v < 0):
+            return f"{f.name} = {v} must be a non-negative number."
+    return ""
+
+
+def _resolve_table(name: str, profiles: dict[str, Any], file: str) -> dict[str, Any]:
+    """The profile's table with `inherits` chains flattened (child keys win)."""
+    chain: list[str] = []
+    table: dict[str, Any] = {}
+    current: str | None = name
+    while current is not None:
+        if current not in profiles:
+            known = ", ".join(sorted(profiles))
+            what = f"Profile {current!r}" if not chain else f"profile.{chain[-1]}.inherits = {current!r}:"
+            raise ConfigError(f"{file}: {what} not found. Known profiles: {known}.")
+        if current in chain:
+            raise ConfigError(f"{file}: profile.{name}: inherits forms a cycle ({' -> '.join(chain + [current])}).")
+        chain.append(current)
+        own = profiles[current]
+        if not isinstance(own, dict):
+            raise ConfigError(f"{file}: profile.{current} must be a table ([profile.{current}]).")
+        parent_env = table.get("env", {})
+        table = {**own, **table}
+        if isinstance(own.get("env"), dict) and isinstance(parent_env, dict):
+            table["env"] = {**own["env"], **parent_env}  # env tables merge key by key
+        inherits = own.get("inherits")
+        if inherits is not None and not isinstance(inherits, str):
+            raise ConfigError(f"{file}: profile.{current}.inherits = {inherits!r} must be a profile name (a string).")
+        current = inherits
+    table.pop("inherits", None)
+    return table
+
+
+def _build(name: str, table: dict[str, Any], where: str, file: str) -> ServerProfile:
+    """Validate one flattened table; the fields build_section cannot type-check are checked here."""
+    table = dict(table)
+    for reserved in ("name", "source"):
+        if reserved in table:
+            raise ConfigError(f"{where}{reserved}: unknown key (the profile's name is its table name). Remove it.")
+    if "model_path" not in table:
+        raise ConfigError(f"{where}model_path: missing. Set the model to serve (a hub id or a local folder).")
+    if "mem_fraction_static" in table:
+        table["mem_fraction_static"] = _fraction(where, table["mem_fraction_static"])
+    if "env" in table:
+        table["env"] = _env_table(where, table["env"])
+    table["name"] = name
+    table["source"] = file
+    profile: ServerProfile = build_section(ServerProfile, table, where)
+    _check_ranges(profile, where)
+    return profile
+
+
+def _fraction(where: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ConfigError(f"{where}mem_fraction_static = {value!r} must be a number between 0 and 1 "
+                          "(the share of GPU memory for weights + KV cache, e.g. 0.90).")
+    return float(value)
+
+
+def _env_table(where: str, value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}env must be a table of NAME = \"value\" strings ([...env]).")
+    for key, v in value.items():
+        if not isinstance(v, str):
+            raise ConfigError(f"{where}env.{key} = {v!r} must be a string (environment values are text). "
+                              "Put it in quotes.")
+    return dict(value)
+
+
+def _check_ranges(p: ServerProfile, where: str) -> None:
+    for key in _POSITIVE:
+        if getattr(p, key) < 1:
+            raise ConfigError(f"{where}{key} = {getattr(p, key)} must be at least 1.")
+    for key in _NON_NEGATIVE_S:
+        value = getattr(p, key)
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{where}{key} = {value} must be a non-negative number of seconds.")
+    if p.max_restarts < 0 or p.hicache_size_gb < 0:
+        raise ConfigError(f"{where}max_restarts and hicache_size_gb must not be negative.")
+    if not 0 <= p.port <= 65535:
+        raise ConfigError(f"{where}port = {p.port} must be 0 (pick a free one) or a TCP port up to 65535.")
+    if not p.command:
+        raise ConfigError(f"{where}command must not be empty (default: {list(SGLANG_COMMAND)}).")

@@ -1,0 +1,1 @@
+"""`export`: committed samples → the files a trainer loads."""

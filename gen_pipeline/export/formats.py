@@ -1,0 +1,194 @@
+"""The layouts `export` writes, each read from the trainer's source (late 2026):
+
+    specforge    one JSONL: {"id", "conversations", "status": "success"}, the keys SpecForge's
+                 scripts/regenerate_train_data.py leaves on a regenerated row (it sets
+                 data["status"] = "success" on the id + conversations rows prepare_data.py writes).
+                 Its validate_regenerated_data.py and expand_reasoning_conversations.py reject a
+                 row without that status; its preprocessing passes every other column into the
+                 chat template as a keyword, so nothing else goes in unless asked (--keep-meta).
+    speculators  one JSONL: {"id", "conversations"}: vLLM speculators' prepare_data.py reads the
+                 `conversations` column (role/content/reasoning_content) and fans out one row per
+                 assistant turn itself; a folder would also pull in errors.jsonl (it globs *.jsonl).
+    hf           a `datasets` DatasetDict (save_to_disk) or train/validation parquet files, with
+                 the fixed schema HF_FEATURES whatever the datasets in the export.
+
+Writers are atomic: a hidden temporary name beside the target, then a rename.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gen_pipeline.store.manifest import pid_alive
+
+FORMATS = ("specforge", "speculators", "hf")
+HF_LAYOUTS = ("disk", "parquet")
+TMP_MARK = ".export-tmp-"
+
+
+# ---------------------------------------------------------------- rows
+
+
+def expand_turns(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per assistant turn: the history up to it with the reasoning of earlier assistant
+    turns removed, the turn itself whole (as SpecForge's expand_reasoning_conversations.py does;
+    chat templates of reasoning models render only the last turn's reasoning). Ids "<id>#turn<k>"."""
+    out, history, k = [], [], 0
+    for message in row["conversations"]:
+        if message.get("role") != "assistant":
+            history.append(message)
+            continue
+        out.append({**row, "id": f"{row['id']}#turn{k}", "source_id": row["id"], "turn_index": k,
+                    "conversations": [*history, message]})
+        history.append({key: v for key, v in message.items() if key != "reasoning_content"})
+        k += 1
+    return out
+
+
+def _meta(row: dict[str, Any]) -> dict[str, Any]:
+    """`meta` for --keep-meta: the sample's meta plus its dataset (and source turn when expanded)."""
+    meta = dict(row["meta"]) if isinstance(row.get("meta"), dict) else {}
+    meta["dataset"] = row.get("dataset")
+    if "source_id" in row:
+        meta["source_id"], meta["assistant_turn_index"] = row["source_id"], row["turn_index"]
+    return meta
+
+
+def specforge_line(row: dict[str, Any], *, keep_meta: bool, status: bool) -> bytes:
+    out: dict[str, Any] = {"id": row["id"], "conversations": row["conversations"]}
+    if status:
+        out["status"] = "success"
+    if keep_meta:
+        out["meta"] = _meta(row)
+    return orjson.dumps(out, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def speculators_line(row: dict[str, Any], *, keep_meta: bool, status: bool = False) -> bytes:
+    out: dict[str, Any] = {"id": row["id"], "conversations": row["conversations"]}
+    if keep_meta:
+        out["meta"] = _meta(row)
+    return orjson.dumps(out, option=orjson.OPT_APPEND_NEWLINE)
+
+
+LINE_WRITERS: dict[str, Callable[..., bytes]] = {"specforge": specforge_line, "speculators": speculators_line}
+
+HF_META = {"model": "string", "backend": "string", "finish_reason": "string", "prompt_tokens": "int64",
+           "completion_tokens": "int64", "turns": "int64", "sampling": "string", "kv_cache_dtype": "string",
+           "generated_at": "string"}
+
+
+def hf_features() -> Any:
+    """The fixed schema of the hf format (meta.sampling is JSON text: its keys differ by dataset)."""
+    from datasets import Features, Value
+
+    turn = {"role": Value("string"), "content": Value("string"), "reasoning_content": Value("string")}
+    return Features({"id": Value("string"), "source_id": Value("string"), "dataset": Value("string"),
+                     "conversations": [turn], "meta": {k: Value(t) for k, t in HF_META.items()}})
+
+
+def _hf_value(value: Any, kind: str) -> Any:
+    if kind == "int64":
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if value is None or isinstance(value, str):
+        return value
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def hf_row(row: dict[str, Any]) -> dict[str, Any]:
+    meta = row["meta"] if isinstance(row.get("meta"), dict) else {}
+    return {"id": row["id"], "source_id": row.get("source_id", row["id"]), "dataset": row.get("dataset"),
+            "conversations": [{"role": m.get("role"), "content": m.get("content"),
+                               "reasoning_content": m.get("reasoning_content")} for m in row["conversations"]],
+            "meta": {k: _hf_value(meta.get(k), t) for k, t in HF_META.items()}}
+
+
+# ---------------------------------------------------------------- atomic writers
+
+
+def tmp_path(target: Path) -> Path:
+    return target.parent / f".{target.name}{TMP_MARK}{os.getpid()}"
+
+
+def sweep_stale_tmp(target: Path) -> None:
+    """Remove temporaries a killed export left beside `target` (their pid is gone)."""
+    for p in target.parent.glob(f".{target.name}{TMP_MARK}*"):
+        pid = p.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            _remove(p)
+
+
+
+
+def _remove(p: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+
+
+def write_jsonl(target: Path, lines: Sequence[bytes]) -> int:
+    """Write `lines` to `target` atomically (tmp + fsync + rename); returns bytes written."""
+    tmp = tmp_path(target)
+    try:
+        with open(tmp, "wb") as f:
+            for start in range(0, len(lines), 4096):  # one write per batch, not per row
+                f.write(b"".join(lines[start:start + 4096]))
+            f.flush()
+            os.fsync(f.fileno())
+        size = tmp.stat().st_size
+        _install(tmp, target)
+    finally:
+        _remove(tmp)
+    return size
+
+
+def write_hf(target: Path, splits: dict[str, list[dict[str, Any]]], layout: str) -> int:
+    """A DatasetDict folder (layout "disk") or <split>.parquet files ("parquet") at `target`,
+    built in a temporary folder and renamed into place; returns bytes written."""
+    import pyarrow as pa
+    from datasets import Dataset, DatasetDict, DatasetInfo, disable_progress_bars
+
+    disable_progress_bars()  # the summary reports the export; bars would only clutter it
+    tmp = tmp_path(target)
+    try:
+        tmp.mkdir()
+        features = hf_features()
+        built = DatasetDict()
+        for name, rows in splits.items():
+            # pyarrow builds the table ~5x faster than Dataset.from_list (bench/RESULTS.md, export_speed)
+            table = pa.Table.from_pylist([hf_row(r) for r in rows], schema=features.arrow_schema)
+            # a fingerprint from the ids: without one, datasets hashes the whole table to make it
+            ids_digest = hashlib.blake2b(b"\n".join(r["id"].encode() for r in rows), digest_size=8).hexdigest()
+            built[name] = Dataset(table, info=DatasetInfo(features=features), fingerprint=f"export-{name}-{ids_digest}")
+        if layout == "disk":
+            built.save_to_disk(str(tmp))
+        else:
+            for name, ds in built.items():
+                ds.to_parquet(str(tmp / f"{name}.parquet"))
+        size = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
+        _install(tmp, target)
+    finally:
+        _remove(tmp)
+    return size
+
+
+def _install(tmp: Path, target: Path) -> None:
+    """Rename `tmp` to `target`. A file replaces a file in one step; an existing folder (--force)
+    is moved aside first and removed after, so `target` is never half written."""
+    if not target.exists() or (tmp.is_file() and target.is_file()):
+        os.replace(tmp, target)
+        return
+    old = target.parent / f".{target.name}{TMP_MARK}old-{os.getpid()}"
+    os.rename(target, old)
+    try:
+        os.rename(tmp, target)
+    except OSError:
+        os.rename(old, target)
+        raise
+    _remove(old)

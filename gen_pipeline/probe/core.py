@@ -1,0 +1,276 @@
+"""`gen-pipeline probe-kv`: what a KV-cache dtype (fp8_e4m3) does to the target model's outputs.
+
+Two servers that differ only in KV dtype (two server.toml profiles launched in one task group and
+stopped at the end, or two attached URLs) get the same prompts: the first N valid prompts of the
+dataset's source, each cut after its first user turn, tokenized once by the reference server's
+chat template (/tokenize). Both decode greedily (free run: exact match, first divergent token),
+then both score the reference output teacher-forced (top-1 agreement, |Δ logprob|, a KL lower
+bound), so a divergence does not compound. SGLang only: see probe_sglang.py for the request
+shapes. vLLM is refused with a message (its /v1/completions takes token-id prompts with
+`logprobs` and `prompt_logprobs`, which would do, but is not implemented here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anyio
+import orjson
+
+from gen_pipeline.config.dataset import DatasetConfig
+from gen_pipeline.config.server import ServerProfile
+from gen_pipeline.errors import ConfigError, GenPipelineError, ServerError
+from gen_pipeline.probe import metrics as PM
+from gen_pipeline.probe import sglang as PS
+from gen_pipeline.records import Prompt
+from gen_pipeline.run.chat import open_http_session
+from gen_pipeline.server.attach import run_attached
+from gen_pipeline.server.handle import ServerHandle
+from gen_pipeline.server.supervisor import run_server
+from gen_pipeline.sources.loading import SourceStats, iter_prompts
+
+_SAME_KV = {"bfloat16": "bf16", "auto": "auto"}
+_IGNORED_DIFFS = {"name", "kv_cache_dtype", "port", "source", "startup_timeout_s", "health_interval_s",
+                  "unhealthy_after", "max_restarts", "restart_backoff_s", "stop_grace_s"}
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    output_root: Path
+    samples: int = 200
+    max_new_tokens: int = 256
+    top_k: int = 5
+    chunk: int = 32
+    concurrency: int = 32
+    reference: ServerProfile | str | None = None  # a profile to launch or a URL to attach
+    compare: ServerProfile | str | None = None
+    allow_same_kv: bool = False
+
+
+def first_turn(prompt: Prompt) -> list[dict[str, str]]:
+    """The conversation up to and including its first user turn (system message kept)."""
+    out = []
+    for m in prompt.messages:
+        out.append({"role": m["role"], "content": m["content"]})
+        if m["role"] == "user":
+            break
+    return out
+
+
+def load_prompts(cfg: DatasetConfig, n: int) -> list[Prompt]:
+    """The first `n` valid prompts of the source, in source order (deterministic)."""
+    prompts: list[Prompt] = []
+    for p in iter_prompts(cfg, frozenset(), SourceStats(), []):
+        prompts.append(p)
+        if len(prompts) >= n:
+            break
+    if not prompts:
+        raise ConfigError(f"Dataset {cfg.name}: its source has no valid prompt to probe with.")
+    return prompts
+
+
+def profile_differences(a: ServerProfile, b: ServerProfile) -> list[str]:
+    """Keys other than the KV dtype (and supervision timings) in which two profiles differ."""
+    return [f.name for f in fields(ServerProfile)
+            if f.name not in _IGNORED_DIFFS and getattr(a, f.name) != getattr(b, f.name)]
+
+
+def kv_dtype(handle: ServerHandle, fallback: str | None) -> str | None:
+    value = handle.info.get("kv_cache_dtype") or fallback
+    return _SAME_KV.get(value, value) if value else None
+
+
+@contextlib.asynccontextmanager
+async def _servers(opts: ProbeOptions, folder: Path, http: aiohttp.ClientSession,
+                   say: Callable[[str], None]) -> AsyncIterator[tuple[ServerHandle, ServerHandle]]:
+    """Start (one after the other: they may share a GPU) or attach both; stop them on exit."""
+    async with anyio.create_task_group() as tg:
+        handles = []
+        for role, where in (("reference", opts.reference), ("compare", opts.compare)):
+            if isinstance(where, ServerProfile):
+                h = await tg.start(lambda task_status, p=where, r=role: run_server(
+                    p, log_dir=folder / "probe-kv" / r, http=http, task_status=task_status))
+            else:
+                h = await tg.start(lambda task_status, u=where: run_attached(
+                    [u], http=http, task_status=task_status))
+            handles.append(h)
+        try:
+            yield handles[0], handles[1]
+        finally:
+            tg.cancel_scope.cancel()
+
+
+def check_servers(opts: ProbeOptions, ref: ServerHandle, cmp: ServerHandle, say: Callable[[str], None]) -> None:
+    """Refuse non-SGLang servers and equal KV dtypes; warn about other differences."""
+    for role, h in (("reference", ref), ("compare", cmp)):
+        if h.info.get("backend") not in (None, "sglang"):
+            raise ServerError(
+                f"The {role} server {h.base_urls[0]} is not SGLang (it has no /server_info; looks like "
+                f"{h.info.get('backend')}). probe-kv needs SGLang's native /generate with input_ids, "
+                "return_logprob and logprob_start_len; run it against two SGLang servers. (vLLM's "
+                "/v1/completions with token-id prompts, logprobs and prompt_logprobs could serve, but is "
+                "not implemented.)")
+    a, b = kv_dtype(ref, _profile_kv(opts.reference)), kv_dtype(cmp, _profile_kv(opts.compare))
+    if a is None or b is None:
+        say("warning: cannot tell the KV dtype of "
+            f"{ref.base_urls[0] if a is None else cmp.base_urls[0]} (no kv_cache_dtype in /server_info).")
+    elif a == b and not opts.allow_same_kv:
+        raise ConfigError(
+            f"Both servers use KV dtype {a}; probe-kv compares two KV dtypes (e.g. --server baseline "
+            "--compare tuned, or bf16 and fp8_e4m3 servers with --server-url/--compare-url). To measure "
+            "the noise floor of two equal servers on purpose, add --allow-same-kv.")
+    if isinstance(opts.reference, ServerProfile) and isinstance(opts.compare, ServerProfile):
+        diff = profile_differences(opts.reference, opts.compare)
+        if diff:
+            say(f"warning: profiles {opts.reference.name} and {opts.compare.name} also differ in "
+                f"{', '.join(diff)}; capacity and speed keys do not change the numbers, attention or "
+                "model keys (extra_args, model_path) would.")
+
+
+async def _probe_one(http: aiohttp.ClientSession, ref: ServerHandle, cmp: ServerHandle, prompt: Prompt,
+                     cfg: DatasetConfig, opts: ProbeOptions) -> PM.PromptResult:
+    kwargs = {"thinking": False, "enable_thinking": False} if cfg.generation.reasoning == "disable" else None
+    ids = await PS.prompt_ids(http, ref.base_urls[0], ref.model, first_turn(prompt), kwargs)
+    runs: dict[str, Any] = {}
+
+    async def run(role: str, h: ServerHandle) -> None:
+        runs[role] = await PS.free_run(http, h.base_urls[0], ids, opts.max_new_tokens, opts.top_k)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run, "ref", ref)
+        tg.start_soon(run, "cmp", cmp)
+    reference = [p.token for p in runs["ref"]]
+
+    async def forced(role: str, h: ServerHandle) -> None:
+        runs[role + "_tf"] = await PS.score(http, h.base_urls[0], ids, reference, opts.top_k, opts.chunk)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(forced, "ref", ref)
+        tg.start_soon(forced, "cmp", cmp)
+    result = PM.compare_prompt(prompt.id, len(ids), reference, [p.token for p in runs["cmp"]],
+                               runs["ref_tf"][0], runs["cmp_tf"][0])
+    result.cache = runs["cmp_tf"][1:]
+    return result
+
+
+async def run_probe(cfg: DatasetConfig, opts: ProbeOptions, say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the probe; write outputs/<DATASET>/probe-kv.json; return the report."""
+    prompts = load_prompts(cfg, opts.samples)
+    folder = opts.output_root / cfg.name
+    folder.mkdir(parents=True, exist_ok=True)
+    async with open_http_session(cfg.generation, 2 * opts.concurrency + 8) as http:
+        try:
+            results, failures, servers = await _measure(http, prompts, folder, cfg, opts, say)
+        except BaseExceptionGroup as group:
+            raise _first_known(group) from None
+    if not results:
+        raise ServerError(f"probe-kv: every prompt failed; the first error: {failures[0]['error']}")
+    report = build_report(cfg, opts, servers, results, failures)
+    write_json_atomic(folder / "probe-kv.json", report)
+    return report
+
+
+async def _measure(http: aiohttp.ClientSession, prompts: list[Prompt], folder: Path, cfg: DatasetConfig,
+                   opts: ProbeOptions, say: Callable[[str], None]) -> tuple[Any, Any, dict[str, Any]]:
+    async with _servers(opts, folder, http, say) as (ref, cmp):
+        check_servers(opts, ref, cmp, say)
+        say(f"probing {len(prompts)} prompts of {cfg.name}: greedy, max_new_tokens {opts.max_new_tokens}, "
+            f"top-{opts.top_k} logprobs, teacher forcing in chunks of {opts.chunk or 'all'} tokens")
+        results, failures = await _probe_all(http, ref, cmp, prompts, cfg, opts)
+        servers = {role: {"url": h.base_urls[0], "model": h.model, "kv_cache_dtype": kv_dtype(h, fb),
+                          "version": h.info.get("version")}
+                   for role, h, fb in (("reference", ref, _profile_kv(opts.reference)),
+                                       ("compare", cmp, _profile_kv(opts.compare)))}
+    return results, failures, servers
+
+
+def _profile_kv(where: ServerProfile | str | None) -> str | None:
+    return where.kv_cache_dtype if isinstance(where, ServerProfile) else None
+
+
+def _first_known(group: BaseExceptionGroup) -> BaseException:
+    """Task groups wrap errors in groups: surface our own error (the CLI has a message for it)."""
+    matched: BaseException | None = group.split(GenPipelineError)[0]
+    while isinstance(matched, BaseExceptionGroup):
+        matched = matched.exceptions[0]
+    return matched if matched is not None else group
+
+
+async def _probe_all(http: aiohttp.ClientSession, ref: ServerHandle, cmp: ServerHandle, prompts: list[Prompt],
+                     cfg: DatasetConfig, opts: ProbeOptions) -> tuple[list[PM.PromptResult], list[dict[str, str]]]:
+    limiter = anyio.CapacityLimiter(opts.concurrency)
+    done: dict[int, PM.PromptResult] = {}
+    failures: list[dict[str, str]] = []
+
+    async def one(i: int, p: Prompt) -> None:
+        async with limiter:
+            try:
+                done[i] = await _probe_one(http, ref, cmp, p, cfg, opts)
+            except PS.ProbeRequestError as e:
+                failures.append({"id": p.id, "error": str(e)})
+
+    async with anyio.create_task_group() as tg:
+        for i, p in enumerate(prompts):
+            tg.start_soon(one, i, p)
+    return [done[i] for i in sorted(done)], failures
+
+
+def build_report(cfg: DatasetConfig, opts: ProbeOptions, servers: dict[str, Any],
+                 results: list[PM.PromptResult], failures: list[dict[str, str]]) -> dict[str, Any]:
+    agg = PM.aggregate(results)
+    cached = sum(r.cache[0] for r in results)
+    reusable = sum(r.cache[1] for r in results)
+    agg["compare_prefix_cache_share"] = cached / reusable if reusable else None
+    level, line = PM.verdict(agg, servers["compare"]["kv_cache_dtype"] or "compare")
+    return {
+        "dataset": cfg.name,
+        "settings": {"samples": opts.samples, "max_new_tokens": opts.max_new_tokens, "top_logprobs_num": opts.top_k,
+                     "teacher_forcing_chunk": opts.chunk, "temperature": 0.0},
+        "servers": servers, "thresholds": PM.thresholds(), "kl_estimator": PM.KL_ESTIMATOR,
+        "aggregate": agg, "verdict": level, "verdict_line": line,
+        "failed_prompts": failures, "per_prompt": [r.to_dict() for r in results],
+    }
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """tmp file + fsync + rename: a reader sees the old file or the new one, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def format_report(report: dict[str, Any], path: Path) -> str:
+    a = report["aggregate"]
+    s = report["servers"]
+    d = a["first_divergence"]
+    med = "-" if d["median"] is None else f"{d['median']:g}"
+    lines = [
+        f"probe-kv {report['dataset']}: reference {s['reference']['kv_cache_dtype']} ({s['reference']['url']}) "
+        f"vs compare {s['compare']['kv_cache_dtype']} ({s['compare']['url']})",
+        f"  prompts {a['prompts']} ({len(report['failed_prompts'])} failed), "
+        f"teacher-forced positions {a['positions']:,}",
+        f"  free run: exact match {100 * a['exact_match_share']:.1f} %, first divergent token median {med} "
+        f"over {d['diverged_prompts']} diverged prompts (positions: "
+        f"{', '.join(f'{k}: {v}' for k, v in d['histogram'].items() if v)})",
+        f"  teacher forced: top-1 agreement {100 * a['top1_agreement_share']:.2f} %, |Δ logprob| mean "
+        f"{a['abs_dlogprob_mean']:.4f} p99 {a['abs_dlogprob_p99']:.4f}, "
+        f"KL mean {a['kl_mean']:.5f} p99 {a['kl_p99']:.5f}",
+    ]
+    share = a.get("compare_prefix_cache_share")
+    if share is not None and share < 0.5:
+        lines.append(f"  warning: the compare server reused only {100 * share:.0f} % of the prefix between scoring "
+                     "chunks (radix cache off?): teacher-forced figures then understate the KV dtype's effect.")
+    lines += [f"  {report['verdict_line']}", f"  written to {path}"]
+    if report["failed_prompts"]:
+        print(f"first failure: {report['failed_prompts'][0]['error']}", file=sys.stderr)
+    return "\n".join(lines)

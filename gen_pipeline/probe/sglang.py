@@ -1,0 +1,161 @@
+"""The probe's requests to SGLang (read from SGLang 0.5.17's source, python/sglang/srt/):
+
+- Prompt ids: POST /tokenize {"model", "messages"} runs the server's own chat template with the
+  generation prompt (entrypoints/openai/serving_tokenize.py) → {"tokens": [...], "count", ...};
+  both servers then get the same ids, so the prompt side cannot differ between them. Without
+  /tokenize (404), /v1/chat/completions with "return_prompt_token_ids" (0.5.13+) gives
+  choices[0].prompt_token_ids.
+- Free run: POST /generate {"input_ids", "sampling_params": {"temperature": 0, "max_new_tokens"},
+  "return_logprob": true, "top_logprobs_num": k, "logprob_start_len": -1} → "output_ids" and
+  meta_info "output_token_logprobs" ([logprob, token_id, text|None] per token) and
+  "output_top_logprobs" (k such entries per token).
+- Teacher forcing: input_ids = prompt + reference[:b], max_new_tokens 1, logprob_start_len =
+  P + a - 1 → meta_info "input_token_logprobs"/"input_top_logprobs" for positions P+a-1 .. end;
+  SGLang puts None at the first of them (managers/scheduler_components/logprob_result_processor.py:
+  [None] + computed[:-1]), so entry j >= 1 scores reference token a + j - 1.
+
+Why chunks: SGLang's extend (prefill) attention reads the K/V of the tokens being extended as
+computed, in the model dtype (layers/attention/triton_backend.py forward_extend), and only the
+cached prefix from the (fp8) KV pool. One prefill of the whole reference would hide most of fp8's
+effect; scoring `chunk` tokens per request, each request reusing the previous one's cached prefix
+(the radix cache matches up to logprob_start_len), makes every position read at most chunk-1
+fresh K/V and the rest from the pool, as in decode. cached_tokens tells whether the reuse happened.
+
+Run the probe on servers with no other traffic: in a batch that mixes greedy and sampled requests
+SGLang takes the logprobs after top-k/top-p filtering (layers/sampler.py); an all-greedy batch
+gets log_softmax of the raw logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import aiohttp
+import anyio
+import orjson
+
+from gen_pipeline.errors import ServerError
+from gen_pipeline.probe.metrics import Position
+
+ATTEMPTS = 3
+_JSON = {"content-type": "application/json"}
+
+
+class ProbeRequestError(Exception):
+    """One prompt's request failed (the prompt is reported as failed; the probe goes on)."""
+
+
+class NoTokenize(Exception):
+    """The server answered 404 on /tokenize."""
+
+
+async def _post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST → JSON object; retries transport errors and 5xx; ProbeRequestError on the rest."""
+    for attempt in range(ATTEMPTS):
+        try:
+            async with http.post(url, data=orjson.dumps(body), headers=_JSON) as r:
+                status, raw = r.status, await r.read()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            err = f"{type(e).__name__} {e}"
+        else:
+            text = raw.decode("utf-8", "replace")
+            if status == 200:
+                try:
+                    data = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    data = None
+                if isinstance(data, dict):
+                    return data
+                raise ProbeRequestError(f"{url} answered 200 with a body that is not a JSON object: {text[:200]!r}")
+            err = f"HTTP {status}: {' '.join(text[:300].split())}"
+            if status == 404 and url.endswith("/tokenize"):
+                raise NoTokenize(url)
+            if status < 500:
+                raise ProbeRequestError(f"{url}: {err}")
+        if attempt + 1 < ATTEMPTS:
+            await anyio.sleep(0.5 * 2**attempt)
+    raise ProbeRequestError(f"{url}: {err} (after {ATTEMPTS} attempts)")
+
+
+async def prompt_ids(http: aiohttp.ClientSession, url: str, model: str, messages: list[dict[str, str]],
+                     chat_template_kwargs: dict[str, Any] | None) -> list[int]:
+    """The chat-templated prompt's ids: /tokenize, else (an SGLang without it, 0.5.13+) a one-token
+    /v1/chat/completions with return_prompt_token_ids."""
+    body: dict[str, Any] = {"model": model, "messages": messages}
+    if chat_template_kwargs:
+        body["chat_template_kwargs"] = chat_template_kwargs
+    try:
+        data = await _post(http, url + "/tokenize", body)
+        tokens = data.get("tokens")
+    except NoTokenize:
+        chat = {**body, "max_tokens": 1, "temperature": 0.0, "return_prompt_token_ids": True}
+        data = await _post(http, url + "/v1/chat/completions", chat)
+        tokens = ((data.get("choices") or [{}])[0] or {}).get("prompt_token_ids")
+        if tokens is None:
+            raise ServerError(f"{url} has no /tokenize and its /v1/chat/completions ignores return_prompt_token_ids: "
+                              "probe-kv needs SGLang 0.5.13 or newer (0.5.17 tested).") from None
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, int) for t in tokens):
+        raise ProbeRequestError(f"{url}/tokenize returned no token list: {str(data)[:200]}")
+    return tokens
+
+
+def echoes(sent: list[int], reported: list[int]) -> bool:
+    """The ids SGLang reports with input logprobs are the ids sent, except that SGLang 0.5.17 reports
+    ids >= vocab_size - 1 as 0 (managers/scheduler_components/logprob_result_processor.py clips
+    padded image hashes that way), which on the H200 hit every prompt of a 320-token vocabulary."""
+    return len(sent) == len(reported) and all(r == s or r == 0 for s, r in zip(sent, reported, strict=True))
+
+
+def _generate_body(ids: list[int], max_new_tokens: int, top_k: int, start: int) -> dict[str, Any]:
+    return {"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens},
+            "return_logprob": True, "top_logprobs_num": top_k, "logprob_start_len": start}
+
+
+def parse_positions(entries: Any, tops: Any, where: str) -> list[Position]:
+    """[logprob, id, text] entries + per-position top lists → Positions (None logprobs are an error)."""
+    if not isinstance(entries, list) or not isinstance(tops, list) or len(entries) != len(tops):
+        raise ProbeRequestError(f"{where}: logprob lists missing or of different lengths "
+                                "(does this server support return_logprob with top_logprobs_num?)")
+    out = []
+    for e, top in zip(entries, tops, strict=True):
+        if not isinstance(e, list) or len(e) < 2 or e[0] is None or not isinstance(top, list):
+            raise ProbeRequestError(f"{where}: unexpected logprob entry {str(e)[:80]} / {str(top)[:80]}")
+        out.append(Position(int(e[1]), float(e[0]), tuple((float(t[0]), int(t[1])) for t in top)))
+    return out
+
+
+async def free_run(http: aiohttp.ClientSession, url: str, ids: list[int], max_new_tokens: int,
+                   top_k: int) -> list[Position]:
+    """Greedy decode from `ids`: the output tokens with their logprobs and top-k."""
+    data = await _post(http, url + "/generate", _generate_body(ids, max_new_tokens, top_k, -1))
+    meta = data.get("meta_info") or {}
+    return parse_positions(meta.get("output_token_logprobs"), meta.get("output_top_logprobs"),
+                           f"{url}/generate output")
+
+
+async def score(http: aiohttp.ClientSession, url: str, prompt: list[int], reference: list[int], top_k: int,
+                chunk: int) -> tuple[list[Position], int, int]:
+    """Teacher-forced scoring of `reference` after `prompt`, `chunk` tokens per request (0: one
+    request). Returns (positions, cached tokens reported, prefix tokens that could have been cached)."""
+    step = chunk if chunk > 0 else max(1, len(reference))
+    out: list[Position] = []
+    cached = reusable = 0
+    for a in range(0, len(reference), step):
+        b = min(a + step, len(reference))
+        start = len(prompt) + a - 1
+        data = await _post(http, url + "/generate", _generate_body(prompt + reference[:b], 1, top_k, start))
+        meta = data.get("meta_info") or {}
+        entries, tops = meta.get("input_token_logprobs"), meta.get("input_top_logprobs")
+        if not isinstance(entries, list) or not isinstance(tops, list) or len(entries) != b - a + 1:
+            got_n = len(entries) if isinstance(entries, list) else entries
+            raise ProbeRequestError(f"{url}/generate: expected {b - a + 1} input logprobs from "
+                                    f"logprob_start_len={start}, got {got_n!r}")
+        got = parse_positions(entries[1:], tops[1:], f"{url}/generate input")
+        if not echoes(reference[a:b], [p.token for p in got]):
+            raise ProbeRequestError(f"{url}/generate: input logprobs are not for the tokens sent")
+        out.extend(replace(p, token=t) for p, t in zip(got, reference[a:b], strict=True))
+        if a > 0:
+            cached += min(int(meta.get("cached_tokens") or 0), start)  # the sim may match past the start
+            reusable += start
+    return out, cached, reusable

@@ -1,0 +1,1 @@
+"""Read-only reports over outputs/: check, status, validate, diagnose, the HTML page."""

@@ -1,0 +1,188 @@
+"""`gen-pipeline check`: read the source as a run would, before any server (or model) starts.
+
+A local source of up to WHOLE_SOURCE_ROWS rows is read whole; a larger or hub source is judged
+from its first SAMPLE_ROWS rows (after the configured shuffle) and the row count `datasets`
+reports. Refused (and `generate` refuses to launch, unless --proceed-anyway): a missing column
+(ConfigError), most rows rejected (ConfigError), fewer valid rows than the remaining target
+(SourceShortError, exit 5). Prompt lengths are tokens when a tokenizer loads offline, else characters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from gen_pipeline.config.dataset import DatasetConfig
+from gen_pipeline.config.server import ServerProfile
+from gen_pipeline.display import display_path
+from gen_pipeline.errors import ConfigError, GenPipelineError, SourceShortError
+from gen_pipeline.records import Prompt, Reject
+from gen_pipeline.reports.lengths import Lengths, context_length, measure
+from gen_pipeline.reports.status import final_failure_ids, read_status
+from gen_pipeline.sources.loading import SourceStats, add_bad_lines, iter_prompts, load_source
+
+WHOLE_SOURCE_ROWS = 50_000  # a local source up to this many rows is read whole
+SAMPLE_ROWS = 2_000  # otherwise: its first rows
+SHOWN_PROMPTS = 3
+PREVIEW_CHARS = 160
+
+
+@dataclass
+class CheckReport:
+    """What check found in one dataset's source; `problems` are what `generate` refuses to launch for."""
+
+    dataset: str
+    toml: str
+    source: str  # "local files data/demo.jsonl" | "hub org/name (split train)"
+    columns: list[str]
+    total_rows: int | None  # rows the source has (None: a streaming source)
+    whole: bool  # every row was read
+    stats: SourceStats
+    rejects: list[Reject]
+    prompts: list[Prompt]
+    lengths: Lengths
+    max_new_tokens: int
+    context: tuple[int | None, str]  # (tokens, where it was read) or (None, how to make it known)
+    done: int
+    target: int
+    final_failed: int
+    problems: list[GenPipelineError] = field(default_factory=list)
+
+    @property
+    def valid(self) -> int:
+        return self.stats.prompts
+
+    @property
+    def rejected(self) -> int:
+        return sum(self.stats.rejects.values())
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.target - self.done)
+
+    def available(self) -> int | None:
+        """New samples the source can still give: counted (whole), estimated (sample + row count) or None."""
+        if self.whole:
+            valid = self.valid
+        elif self.total_rows is not None and self.stats.rows:
+            valid = round(self.total_rows * self.valid / self.stats.rows)
+        else:
+            return None
+        return max(0, valid - self.done - self.final_failed)
+
+
+def run_check(cfg: DatasetConfig, *, output_root: Path, profile: ServerProfile | None,
+              limit: int | None = None, sample_rows: int = SAMPLE_ROWS) -> CheckReport:
+    """Load and parse the source, measure prompts, compare with what the store still needs (at most
+    `limit`, generate's --limit), read once here so that done and needed agree while other runs
+    (ranks) write. Raises ConfigError for a missing column or an unloadable source."""
+    where = display_path(cfg.path) if cfg.path else cfg.name
+    loaded = load_source(cfg)
+    total = len(loaded.rows) if hasattr(loaded.rows, "__len__") else None
+    columns = _columns(loaded.rows)
+    _check_columns(cfg, where, columns)
+    whole = bool(cfg.source.files) and total is not None and total <= WHOLE_SOURCE_ROWS
+    stats = SourceStats()
+    rejects: list[Reject] = []
+    add_bad_lines(cfg, loaded, stats, rejects)
+    rows = loaded.rows if whole else islice(loaded.rows, sample_rows)
+    prompts = list(iter_prompts(cfg, frozenset(), stats, rejects, rows=rows))
+    status = read_status(output_root, cfg.name, cfg.target_samples)
+    final_failed = len(final_failure_ids(output_root / cfg.name)) if status.done or status.runs else 0
+    report = CheckReport(
+        cfg.name, where, _describe(cfg), columns, total, whole, stats, rejects, prompts[:SHOWN_PROMPTS],
+        measure(prompts[:sample_rows], profile), cfg.sampling.max_new_tokens, context_length(profile),
+        status.done, cfg.target_samples, final_failed)
+    needed = report.remaining if limit is None else min(report.remaining, limit)
+    report.problems = _problems(report, cfg, where, needed)
+    return report
+
+
+def _columns(rows: Any) -> list[str]:
+    names = getattr(rows, "column_names", None)
+    if names:
+        return list(names)
+    first = next(iter(rows), None)  # a streaming source may not know its columns before a row is read
+    return sorted(first) if isinstance(first, dict) else []
+
+
+def _check_columns(cfg: DatasetConfig, where: str, columns: list[str]) -> None:
+    src = cfg.source
+    if not columns:
+        return  # an empty source: _problems says so
+    for key, name, what in (("field", src.field, "the conversations or prompts"), ("id_field", src.id_field, "ids")):
+        if name and name not in columns:
+            raise ConfigError(f"{where}: source.{key} = {name!r}: the source has no such column. Its columns: "
+                              f"{', '.join(columns)}. Set source.{key} to the column holding {what}.")
+
+
+def _describe(cfg: DatasetConfig) -> str:
+    src = cfg.source
+    if src.files:
+        return f"local files {', '.join(src.files)}"
+    return f"hub {src.hf_id}{f' ({src.hf_subset})' if src.hf_subset else ''}, split {src.split}"
+
+
+def _problems(r: CheckReport, cfg: DatasetConfig, where: str, needed: int) -> list[GenPipelineError]:
+    out: list[GenPipelineError] = []
+    read = r.stats.rows
+    scope = "rows" if r.whole else "sampled rows"
+    if read and r.rejected * 2 > read:
+        src = cfg.source
+        first = r.rejects[0]
+        out.append(ConfigError(
+            f"{where}: {r.rejected:,} of {read:,} {scope} are rejected ({_reasons(r.stats)}); the first, row "
+            f"{first.source_index}: {first.detail}. Check source.schema = {src.schema!r} and source.field = "
+            f"{src.field!r} (gen-pipeline check --dataset {cfg.name} shows the parsed rows)."))
+    available = r.available()
+    if needed > 0 and available is not None and available < needed:
+        had = f"{r.done:,} done" + (f", {r.final_failed:,} failed for good" if r.final_failed else "")
+        basis = (f"{r.valid:,} valid rows, {had}" if r.whole else f"about: an estimate from {r.valid:,} valid of "
+                 f"the first {read:,} rows, scaled to {r.total_rows:,} rows; {had}")
+        out.append(SourceShortError(
+            f"{where}: the source can give {available:,} more samples ({basis}), "
+            f"but {needed:,} are needed to reach target_samples = {r.target:,}. Add rows to the source or "
+            f"lower target_samples to {r.done + available:,}; or pass --proceed-anyway to generate what there is."))
+    return out
+
+
+def _reasons(stats: SourceStats) -> str:
+    return ", ".join(f"{k} {v:,}" for k, v in sorted(stats.rejects.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def format_report(r: CheckReport) -> str:
+    """The report as text for a terminal."""
+    read = r.stats.rows
+    if r.whole:
+        scope = f"all {read:,} rows read (a local source of up to {WHOLE_SOURCE_ROWS:,} rows is read whole)"
+    else:
+        of = f"{r.total_rows:,}" if r.total_rows is not None else "an unknown number of (streamed)"
+        scope = f"the first {read:,} of {of} rows read (a sample: hub sources and local ones over " \
+                f"{WHOLE_SOURCE_ROWS:,} rows)"
+    lines = [f"check {r.dataset} ({r.toml}): {r.source}", f"  {scope}",
+             f"  columns: {', '.join(r.columns) or 'none'}",
+             f"  valid: {r.valid:,}; rejected: {r.rejected:,}" + (f" ({_reasons(r.stats)})" if r.rejected else "")]
+    shown: set[str] = set()
+    for rej in r.rejects:
+        if rej.reason not in shown:
+            shown.add(rej.reason)
+            lines.append(f"    {rej.reason}, e.g. row {rej.source_index}: {rej.detail}")
+    lines.append(f"  parsed prompts ({len(r.prompts)} shown, cut at {PREVIEW_CHARS} characters):")
+    lines += [f"    {p.id}: {_preview(p)}" for p in r.prompts]
+    lines += r.lengths.format(r.max_new_tokens, r.context)
+    available = r.available()
+    can = ("unknown (a streaming source has no row count)" if available is None
+           else f"{available:,}" + ("" if r.whole else " (estimated from the sample)"))
+    lines.append(f"  target: {r.done:,}/{r.target:,} done, {r.remaining:,} to go; the source can give {can} more")
+    lines.append("  OK" if not r.problems else f"  {len(r.problems)} problem(s); generate refuses to launch "
+                                                 "(--proceed-anyway overrides):")
+    lines += [f"    - {p}" for p in r.problems]
+    return "\n".join(lines)
+
+
+def _preview(p: Prompt) -> str:
+    text = " | ".join(f"[{m['role']}] {m['content']}" for m in p.messages if m["role"] != "assistant")
+    text = " ".join(text.split())
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"

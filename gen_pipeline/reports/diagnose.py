@@ -1,0 +1,265 @@
+"""`diagnose`: what bounds a run, from its telemetry rows (pure: rows in, verdicts out; no I/O).
+
+Each verdict is a named rule over the run's steady polls (the first `warmup_frac` of polls and the
+idle tail cut off) with its thresholds in THRESHOLDS. The rules, in the order they are reported:
+
+  server_restarts    the server restarted during a run
+  kv_bound           KV pool reaching kv_full of capacity, requests queued, running ≈ KV tokens / tokens per
+                     request (the pool, not max_running_requests, sets the decode slots)
+  admission_bound    KV free, requests queued, running at max_running_requests
+  compute_bound      KV free, requests queued, running below max_running_requests (the scheduler's
+                     prefill/step budget holds them, not memory)
+  client_bound       in flight below the window while the server has no queue (the source or the
+                     client cannot keep the window full)
+  retraction_storm   retractions ≥ storm_per_completion of completions (recompute, stalls)
+  idle_tail          the end of the run with in flight far below its steady level takes tail_frac of it
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from gen_pipeline.server.plan import GIB, KV_BYTES, kv_bytes_per_token
+
+THRESHOLDS: dict[str, float] = {
+    "warmup_frac": 0.2,  # first share of a run's polls: the first wave, not the steady state
+    "min_polls": 5,  # fewer steady polls than this: no verdict
+    "kv_full": 0.90,  # 90th percentile of KV usage at or above: the pool fills (it dips as requests end) ...
+    "kv_busy": 0.75,  # ... and its median at or above: it stays nearly full
+    "kv_free": 0.70,  # median KV usage below: the pool has room
+    "queued_share": 0.5,  # share of steady polls with requests queued at the server
+    "slots_low": 0.5, "slots_high": 2.5,  # running / (KV tokens / tokens per request): "≈"
+    "at_cap": 0.95,  # running / max_running_requests at or above: at the cap
+    "client_fill": 0.8,  # mean in_flight / window below: the window is not kept full
+    "storm_per_completion": 0.25,  # retractions per completed sample at or above: a storm
+    "storm_min": 10,  # ... and at least this many retractions
+    "tail_level": 0.5,  # in flight below this share of the steady median: the tail
+    "tail_frac": 0.15,  # the tail's share of the run's time at or above: an idle tail
+}
+FP8 = "fp8_e4m3"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    rule: str
+    title: str
+    evidence: tuple[str, ...] = ()
+    advice: tuple[str, ...] = ()
+
+    def lines(self) -> list[str]:
+        return [f"{self.rule}: {self.title}"] + [f"  {x}" for x in self.evidence] + [f"  → {x}" for x in self.advice]
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What `plan` needs to price the memory-fraction lever: the model's config.json and GPU memory."""
+
+    model_config: dict[str, Any] | None = None
+    gpu_mem_gb: float = 141.0
+    tp_size: int = 8
+    label: str = ""
+
+
+def _med(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _vals(rows: list[dict[str, Any]], key: str) -> list[float]:
+    return [r[key] for r in rows if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+
+
+def _last(rows: list[dict[str, Any]], key: str) -> Any:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return vals[-1] if vals else None
+
+
+@dataclass(frozen=True)
+class RunView:
+    """One run's rows split into steady polls and the idle tail."""
+
+    rows: list[dict[str, Any]]
+    steady: list[dict[str, Any]]
+    tail: list[dict[str, Any]]
+
+    @property
+    def duration_s(self) -> float:
+        return self.rows[-1]["t_run_s"] - self.rows[0]["t_run_s"] if len(self.rows) > 1 else 0.0
+
+
+def view(rows: list[dict[str, Any]], th: dict[str, float] = THRESHOLDS) -> RunView:
+    """Cut the warm-up and the tail (from the last poll where in flight was at its steady level)."""
+    body = rows[int(len(rows) * th["warmup_frac"]):]
+    level = _med(_vals(body, "in_flight")) or 0
+    end = len(rows)
+    for i in range(len(rows) - 1, -1, -1):
+        if (rows[i].get("in_flight") or 0) >= th["tail_level"] * level:
+            end = i + 1
+            break
+    start = min(int(len(rows) * th["warmup_frac"]), end)
+    return RunView(rows, rows[start:end], rows[end:])
+
+
+def diagnose(all_rows: list[dict[str, Any]], hw: Hardware = Hardware(),
+             th: dict[str, float] = THRESHOLDS) -> list[Verdict]:
+    """Verdicts for the last run of `all_rows` (telemetry rows, oldest first) plus restarts of any run."""
+    runs: list[list[dict[str, Any]]] = []
+    for row in all_rows:
+        if not runs or runs[-1][-1].get("run") != row.get("run"):
+            runs.append([])
+        runs[-1].append(row)
+    out = [v for v in [_restarts(runs)] if v]
+    if not runs:
+        return out
+    v = view(runs[-1], th)
+    if len(v.steady) < th["min_polls"]:
+        return out + [Verdict("too_short", f"run {runs[-1][0].get('run')} has {len(v.steady)} steady polls "
+                              f"(< {th['min_polls']:.0f}): let it run longer")]
+    for rule in (_kv_bound, _free_pool, _client_bound, _retraction_storm, _idle_tail):
+        verdict = rule(v, hw, th)
+        if verdict:
+            out.append(verdict)
+    return out
+
+
+def _restarts(runs: list[list[dict[str, Any]]]) -> Verdict | None:
+    per_run = [(r[0].get("run"), max(_vals(r, "restarts") or [0])) for r in runs]
+    hit = [(run, n) for run, n in per_run if n]
+    if not hit:
+        return None
+    total = sum(n for _, n in hit)
+    where = ", ".join(f"run {run}: {n:.0f}" for run, n in hit)
+    return Verdict("server_restarts", f"the server restarted {total:.0f} time(s) ({where})",
+                   advice=("read server.log in the dataset folder (gen_pipeline's server diagnosis names known "
+                           "fatal lines: OOM, NCCL, CUDA); work in flight at a restart is sent again",))
+
+
+def _p90(xs: list[float]) -> float | None:
+    return statistics.quantiles(xs, n=10, method="inclusive")[8] if len(xs) > 1 else (xs[0] if xs else None)
+
+
+def _levels(v: RunView) -> dict[str, Any]:
+    s = v.steady
+    return {"usage": _med(_vals(s, "kv_usage")), "usage_p90": _p90(_vals(s, "kv_usage")),
+            "running": _med(_vals(s, "running")),
+            "queued": _med(_vals(s, "queued")), "tok_s": _med(_vals(s, "gen_tok_s") or _vals(s, "client_tok_s")),
+            "queued_share": sum(1 for r in s if (r.get("queued") or 0) > 0) / len(s),
+            "capacity": _last(s, "kv_capacity_tokens"), "max_running": _last(s, "max_running_requests"),
+            "per_request": _last(s, "tokens_per_request"), "dtype": _last(s, "kv_dtype") or "auto"}
+
+
+def _kv_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:
+    x = _levels(v)
+    usage, running, cap, per_req = x["usage_p90"], x["running"], x["capacity"], x["per_request"]
+    if usage is None or running is None or not cap or not per_req or usage < th["kv_full"] \
+            or x["usage"] < th["kv_busy"]:
+        return None
+    slots = cap / per_req
+    at_cap = x["max_running"] and running >= th["at_cap"] * x["max_running"]
+    if x["queued_share"] < th["queued_share"] or at_cap or not th["slots_low"] <= running / slots <= th["slots_high"]:
+        return None
+    evidence = (f"KV pool {x['usage']:.0%} full (median; 90th percentile {usage:.0%}; {len(v.steady)} steady "
+                f"polls), {x['queued']:.0f} queued, "
+                f"{running:.0f} running ≈ {cap:,} KV tokens / {per_req:,.0f} tokens per request = {slots:.0f} slots",
+                f"generation {x['tok_s']:,.0f} tok/s" if x["tok_s"] is not None else "generation rate not reported")
+    return Verdict("kv_bound", "GPU KV capacity bounds the decode slots",
+                   evidence, tuple(kv_levers(cap, x["dtype"], per_req, running, x["queued"] or 0, hw)))
+
+
+def kv_levers(capacity: int, kv_dtype: str, per_request: float, running: float, queued: float,
+              hw: Hardware = Hardware()) -> list[str]:
+    """The three levers priced with plan's arithmetic: KV dtype, memory fraction, hicache."""
+    out = []
+    want = running + queued
+    cur = KV_BYTES.get(kv_dtype, 2)
+    if cur > KV_BYTES[FP8]:
+        factor = cur // KV_BYTES[FP8]
+        tokens = capacity * factor
+        # the pool holds `running` requests of every age now: factor x the pool holds factor x as many
+        new_running = min(running * factor, want)
+        out.append(f"--kv-cache-dtype {FP8}: {factor}x the KV tokens ({capacity:,} → {tokens:,}, "
+                   f"{tokens / per_request:.0f} requests at their end) → ~{new_running:.0f} running of the "
+                   f"{want:.0f} wanting a slot: {new_running / max(running, 1):.1f}x decode slots (tok/s rises less: "
+                   "a bigger batch steps slower; the seed got ~2x tok/s from 3.2x tokens)")
+    if hw.model_config is not None:
+        per_token = kv_bytes_per_token(hw.model_config, kv_dtype if kv_dtype in KV_BYTES else "bf16", hw.tp_size)[2]
+        extra = int(hw.gpu_mem_gb * 0.01 * GIB // per_token)
+        out.append(f"--mem-fraction-static +0.01: +{extra:,} KV tokens (+{extra / per_request:.0f} slots; plan with "
+                   f"{hw.label or 'the model config'}, {hw.gpu_mem_gb:g} GiB/GPU); keep ~3.5 GB/GPU free")
+    out.append("hierarchical cache (--enable-hierarchical-cache): adds no decode slots; running requests live "
+               "in GPU KV, hicache only keeps evicted prefixes")
+    return out
+
+
+def _free_pool(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:
+    x = _levels(v)
+    usage, running, cap_r = x["usage"], x["running"], x["max_running"]
+    if usage is None or running is None or usage >= th["kv_free"] or x["queued_share"] < th["queued_share"]:
+        return None
+    evidence = (f"KV pool only {usage:.0%} used, {x['queued']:.0f} queued at the server, {running:.0f} running"
+                + (f" of max_running_requests {cap_r}" if cap_r else ""),)
+    if cap_r and running >= th["at_cap"] * cap_r:
+        room = x["capacity"] * (1 - usage) / x["per_request"] if x["capacity"] and x["per_request"] else None
+        return Verdict("admission_bound", f"max_running_requests ({cap_r}) bounds the decode slots, not KV", evidence,
+                       (f"raise --max-running-requests (the free KV holds ~{room:.0f} more requests)" if room
+                        else "raise --max-running-requests",))
+    return Verdict("compute_bound", "the scheduler holds requests back with KV free and below max_running_requests",
+                   evidence, ("SGLang admits on a reservation of new_token_ratio × min(max_new_tokens, 4096) per "
+                              "request: a max_new_tokens far above the real outputs holds KV back (lower it, or "
+                              "--schedule-conservativeness < 1); else the prefill budget (--max-prefill-tokens) or "
+                              "compute is the limit: add servers; a larger window only lengthens the queue",))
+
+
+def _client_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:
+    s = [r for r in v.steady if r.get("window")]
+    if not s:
+        return None
+    fill = statistics.fmean(min(1.0, (r.get("in_flight") or 0) / r["window"]) for r in s)
+    queued_share = sum(1 for r in s if (r.get("queued") or 0) > 0) / len(s)
+    if fill >= th["client_fill"] or queued_share >= th["queued_share"]:
+        return None
+    return Verdict("client_bound", "the client keeps fewer requests in flight than the window allows",
+                   (f"in flight {fill:.0%} of the window on average (median {_med(_vals(s, 'in_flight')):.0f} of "
+                    f"{_med(_vals(s, 'window')):.0f}), the server queued requests in {queued_share:.0%} of polls",),
+                   ("the source or the client is the limit, not the server: a slow or mostly-rejected source "
+                    "(see rejects.jsonl), streaming from the hub, or a CPU-starved client process",))
+
+
+def _retraction_storm(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:
+    retracted = _last(v.rows, "retractions") or 0
+    done = _vals(v.rows, "done")
+    completions = (done[-1] - done[0]) if len(done) > 1 else 0
+    if retracted < max(th["storm_min"], th["storm_per_completion"] * completions):
+        return None
+    return Verdict("retraction_storm", f"{retracted:,} retractions for {completions:,} completed samples",
+                   (f"{100 * retracted / max(completions, 1):.0f} retractions per 100 samples; each one frees a "
+                    "request's KV and recomputes it later (a stall of seconds)",),
+                   ("too many requests for the pool: let the controller size the window (drop --window) or "
+                    f"lower it; more KV ({FP8}, mem fraction) also makes room",))
+
+
+def _idle_tail(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:
+    if not v.tail or v.duration_s <= 0:
+        return None
+    tail_s = v.rows[-1]["t_run_s"] - v.tail[0]["t_run_s"]
+    if tail_s < th["tail_frac"] * v.duration_s:
+        return None
+    level = _med(_vals(v.steady, "in_flight")) or 0
+    return Verdict("idle_tail", f"the last {tail_s:.0f} s ({tail_s / v.duration_s:.0%} of the run) ran below "
+                   f"{th['tail_level']:.0%} of the steady {level:.0f} in flight",
+                   ("the last, longest requests finish alone while the server idles",),
+                   ("run the datasets as one job so the next dataset fills the tail, or cap max_new_tokens",))
+
+
+def format_diagnosis(dataset: str, rows: list[dict[str, Any]], verdicts: list[Verdict]) -> str:
+    """A few lines for a terminal: which run, then each verdict with its numbers and levers."""
+    if not rows:
+        return f"{dataset}: no telemetry yet (telemetry.jsonl is written by generate; run it first)."
+    last = rows[-1]
+    runs = len({r.get("run") for r in rows})
+    head = f"{dataset}: run {last.get('run')} ({len(rows)} polls over {runs} run(s); mode {last.get('mode')})"
+    if not verdicts:
+        verdicts = [Verdict("balanced", "no bottleneck rule fired: neither KV, admission, client nor retractions "
+                            "bound this run")]
+    return "\n".join([head] + [line for v in verdicts for line in v.lines()])

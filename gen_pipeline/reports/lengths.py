@@ -1,0 +1,108 @@
+"""Prompt lengths for `check`: tokens with the served model's tokenizer when `transformers` can load
+it offline, else characters (and a ~4 characters/token estimate); the server's context length
+when the profile or a local model folder says it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gen_pipeline.config.server import ServerProfile
+from gen_pipeline.records import Prompt
+
+CHARS_PER_TOKEN = 4  # as sources.estimate_prompt_tokens; errs low for code and CJK text
+
+
+@dataclass
+class Lengths:
+    unit: str  # "tokens" | "characters"
+    how: str  # what measured them, or why no tokenizer
+    values: list[int]  # one per measured prompt (system + user turns)
+
+    def tokens(self, value: int) -> int:
+        return value if self.unit == "tokens" else math.ceil(value / CHARS_PER_TOKEN)
+
+    def format(self, max_new_tokens: int, context: tuple[int | None, str]) -> list[str]:
+        if not self.values:
+            return ["  prompt length: no valid prompt to measure"]
+        v = sorted(self.values)
+        pick = {q: v[min(len(v) - 1, int(q / 100 * len(v)))] for q in (50, 90, 99)}
+        lines = [f"  prompt length in {self.unit} ({self.how}), over {len(v):,} prompts: min {v[0]:,}, "
+                 f"median {pick[50]:,}, p90 {pick[90]:,}, p99 {pick[99]:,}, max {v[-1]:,}"]
+        ctx, where = context
+        approx = "" if self.unit == "tokens" else "~"
+        longest = self.tokens(v[-1])
+        if approx:
+            lines.append(f"  tokens below are estimates at {CHARS_PER_TOKEN} characters per token")
+        if ctx is None:
+            lines.append(f"  context length: unknown ({where}); longest prompt {approx}{longest:,} tokens + "
+                         f"max_new_tokens {max_new_tokens:,} = {approx}{longest + max_new_tokens:,}")
+            return lines
+        over = sum(1 for x in v if self.tokens(x) + max_new_tokens >= ctx)
+        head = (f"  context length {ctx:,} tokens ({where}): longest prompt {approx}{longest:,} tokens + "
+                f"max_new_tokens {max_new_tokens:,} = {approx}{longest + max_new_tokens:,}")
+        if not over:
+            lines.append(head + ": fits")
+        else:
+            lines.append(head + f": {over:,} of {len(v):,} prompts do not fit; SGLang refuses those requests "
+                                "(HTTP 400, recorded as final failures). Lower max_new_tokens or raise context_length.")
+        return lines
+
+
+def measure(prompts: list[Prompt], profile: ServerProfile | None) -> Lengths:
+    tok, why = _tokenizer(profile)
+    if tok is None:
+        return Lengths("characters", why, [p.prompt_chars for p in prompts])
+    texts = ["\n".join(m["content"] for m in p.messages if m["role"] != "assistant") for p in prompts]
+    return Lengths("tokens", why, [len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]])
+
+
+def _tokenizer_path(profile: ServerProfile) -> str:
+    args = list(profile.extra_args)
+    for i, a in enumerate(args):  # SGLang's own --tokenizer-path, when the profile passes one
+        if a == "--tokenizer-path" and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith("--tokenizer-path="):
+            return a.split("=", 1)[1]
+    return profile.model_path
+
+
+def _tokenizer(profile: ServerProfile | None) -> tuple[Any, str]:
+    """(tokenizer, "the X tokenizer") or (None, why there is none); never downloads."""
+    if profile is None:
+        return None, "no server profile, so no tokenizer"
+    if importlib.util.find_spec("transformers") is None:
+        return None, "transformers is not installed, so no tokenizer"
+    path = _tokenizer_path(profile)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=profile.trust_remote_code)
+    except Exception as e:  # any failure means: measure characters instead
+        return None, f"the tokenizer of {path} does not load offline ({type(e).__name__}), so no tokenizer"
+    return tok, f"the {path} tokenizer, system + user turns, chat template not counted"
+
+
+def context_length(profile: ServerProfile | None) -> tuple[int | None, str]:
+    """(tokens, where read) from the profile's context_length or a local model's config.json."""
+    if profile is None:
+        return None, "no server profile"
+    if profile.context_length:
+        return profile.context_length, f"{profile.where} context_length"
+    config = Path(profile.model_path) / "config.json"
+    if config.is_file():
+        try:
+            cfg = json.loads(config.read_text())
+            cfg = cfg if isinstance(cfg, dict) else {}
+            value = cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get("max_position_embeddings")
+            if isinstance(value, int) and value > 0:
+                return value, f"{config} max_position_embeddings"
+        except (OSError, ValueError):
+            pass
+    return None, f"set context_length in {profile.where}, or serve a local model folder with a config.json"

@@ -1,0 +1,355 @@
+"""`status`: figures of each dataset folder, read from outputs/ only, without the lock, so it
+works while a run writes and after one died. Which lines count is layout.py's trust rule: sealed
+shards' figures come from the manifest, the open shard (and any the manifest does not match) is parsed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gen_pipeline.display import format_duration
+from gen_pipeline.store.layout import (
+    ERRORS_NAME,
+    REJECTS_NAME,
+    committed_shards,
+    dataset_folder,
+    final_failure_ids,
+    has_shards,
+    rank_parts,
+    read_jsonl_rows,
+)
+from gen_pipeline.store.manifest import read_lock, read_manifest
+from gen_pipeline.store.ranks import rank_folder_name, rank_share
+
+__all__ = ["ERRORS_NAME", "REJECTS_NAME", "DatasetStatus", "StatusReport", "final_failure_ids", "format_status",
+           "read_status", "status_all"]
+
+
+@dataclass
+class DatasetStatus:
+    """One dataset's figures; `state` is "running (pid N)", "stopped", "finished", "source exhausted",
+    "not started" or "died (pid N gone)". Rates in samples/s and tokens/s, `eta_s` in seconds."""
+
+    dataset: str
+    target: int | None
+    done: int = 0
+    shards: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    truncated: int = 0
+    errors_last_run: int = 0
+    errors_unresolved: int = 0
+    rejects: int = 0
+    rejects_by_reason: dict[str, int] = field(default_factory=dict)
+    state: str = "not started"
+    runs: int = 0
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    updated_at: str | None = None
+    corrupt_lines: int = 0
+    world_size: int = 1  # >1: written by ranks; `ranks` holds one status per rank (below)
+    ranks: list[DatasetStatus] = field(default_factory=list)
+    stale_ranks: list[int] = field(default_factory=list)
+    heartbeat_age_s: float | None = None  # seconds since the manifest was last committed
+
+    @property
+    def truncated_share(self) -> float:
+        return self.truncated / self.done if self.done else 0.0
+
+    @property
+    def remaining(self) -> int:
+        return max(0, (self.target or 0) - self.done)
+
+    @property
+    def eta_s(self) -> float | None:
+        if self.remaining == 0:
+            return 0.0
+        if self.state == "source exhausted" or self.stale_ranks:
+            return None  # no rate finishes it: the source has no more rows, or a rank has no live run
+        if self.ranks:  # the dataset ends when its slowest rank does
+            etas = [r.eta_s for r in self.ranks]
+            known = [e for e in etas if e is not None]
+            return max(known) if len(known) == len(etas) else None
+        return self.remaining / self.samples_per_s if self.samples_per_s else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "truncated_share": round(self.truncated_share, 4),
+                "remaining": self.remaining, "eta_s": self.eta_s, "ranks": [r.to_dict() for r in self.ranks]}
+
+
+@dataclass
+class StatusReport:
+    """All datasets plus the total over `total_of` (the datasets that make up the job)."""
+
+    datasets: list[DatasetStatus]
+    total_done: int
+    total_target: int
+    total_of: list[str] = field(default_factory=list)  # the datasets the total sums
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"datasets": {d.dataset: d.to_dict() for d in self.datasets},
+                "total": {"done": self.total_done, "target": self.total_target}}
+
+
+def read_status(root: Path, dataset: str, target: int | None) -> DatasetStatus:
+    """Figures of `root/dataset` (target None = the one the last run recorded), all ranks as one when
+    ranks wrote it. Never raises for a damaged folder: unreadable parts are skipped and counted in
+    `corrupt_lines`."""
+    folder = dataset_folder(root, dataset)
+    if rank_parts(folder):
+        return read_ranked_status(folder, dataset, target)
+    return read_part_status(folder, dataset, target)
+
+
+def read_part_status(folder: Path, dataset: str, target: int | None) -> DatasetStatus:
+    """Figures of one folder written by one run at a time (a one-run dataset, or one rank's part)."""
+    manifest = read_manifest(folder)[0] if folder.is_dir() else None
+    manifest = manifest or {}
+    st = DatasetStatus(dataset, target if target is not None else manifest.get("target"))
+    if not folder.is_dir():
+        return st
+    errors = read_jsonl_rows(folder / ERRORS_NAME)
+    done_ids = _add_shards(st, folder, ids=bool(errors))  # ids only to tell which failures have a sample since
+    _add_errors(st, manifest, errors, done_ids)
+    _add_rejects(st, [folder])
+    _add_run(st, folder, manifest)
+    return st
+
+
+def _add_shards(st: DatasetStatus, folder: Path, *, ids: bool) -> set[str]:
+    """Shard figures into `st` under layout's trust rule; returns the committed ids when asked."""
+    done: set[str] = set()
+    for shard in committed_shards(folder, ids=ids):
+        st.shards += 1
+        scan = shard.scan
+        st.done += shard.samples
+        st.prompt_tokens += scan.prompt_tokens
+        st.completion_tokens += scan.completion_tokens
+        st.truncated += scan.truncated
+        st.corrupt_lines += len(scan.corrupt)
+        done.update(scan.ids)
+    return done
+
+
+def _add_errors(st: DatasetStatus, manifest: dict[str, Any], rows: list[dict[str, Any]], done: set[str]) -> None:
+    if not rows:
+        return
+    runs = manifest.get("runs") or [{}]
+    last = runs[-1].get("run", max((r.get("run", 0) for r in rows), default=0))
+    st.errors_last_run = sum(1 for r in rows if r.get("run") == last)
+    st.errors_unresolved = len({r.get("id") for r in rows} - done - {None})
+
+
+def _add_run(st: DatasetStatus, folder: Path, manifest: dict[str, Any]) -> None:
+    runs = manifest.get("runs") or []
+    st.runs = len(runs)
+    lock = read_lock(folder)
+    if lock is not None and lock.pid is not None:
+        where = "" if lock.local else f" on {lock.host}"
+        st.state = f"running (pid {lock.pid}{where})" if lock.alive else f"died (pid {lock.pid} gone)"
+    elif lock is not None:
+        st.state = "running (pid unknown)" if lock.alive else "died (pid unknown)"
+    elif st.target is not None and st.done >= st.target:
+        st.state = "finished"
+    elif runs and runs[-1].get("stopped_by") == "source_exhausted":
+        st.state = "source exhausted"  # more runs will not help: the source has no more valid rows
+    elif runs or st.done:
+        st.state = "stopped"
+    progress = manifest.get("progress") or {}
+    st.samples_per_s = _num(progress.get("samples_per_s"))
+    st.tokens_per_s = _num(progress.get("tokens_per_s"))
+    st.updated_at = progress.get("updated_at") or manifest.get("updated_at")
+    st.heartbeat_age_s = _age_s(manifest.get("updated_at"))
+    if st.samples_per_s is None and runs:
+        st.samples_per_s = _run_rate(runs[-1])
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _age_s(iso: Any) -> float | None:
+    try:
+        return max(0.0, (datetime.now(UTC) - datetime.fromisoformat(iso)).total_seconds())
+    except (TypeError, ValueError):
+        return None
+
+
+def _run_rate(run: dict[str, Any]) -> float | None:
+    """samples/s of a run from its manifest record, when the pipeline passed no progress."""
+    try:
+        t0 = datetime.fromisoformat(run["started_at"])
+        t1 = datetime.fromisoformat(run.get("ended_at") or run["updated_at"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    elapsed_s = (t1 - t0).total_seconds()
+    return run.get("samples_written", 0) / elapsed_s if elapsed_s > 0 else None
+
+
+def status_all(root: Path, targets: dict[str, int | None], *, total_of: list[str] | None = None) -> StatusReport:
+    """Status of every dataset in `targets` plus any other folder of `root` with shards; the
+    total sums `total_of` (default: every dataset in `targets`)."""
+    names = list(targets)
+    if Path(root).is_dir():
+        names += sorted(p.name for p in Path(root).iterdir()
+                        if p.is_dir() and p.name not in targets and has_shards(p))
+    datasets = [read_status(root, n, targets.get(n)) for n in names]
+    counted = set(targets if total_of is None else total_of)
+    return StatusReport(datasets, sum(d.done for d in datasets if d.dataset in counted),
+                        sum(d.target or 0 for d in datasets if d.dataset in counted),
+                        [n for n in names if n in counted])
+
+
+# ---------------------------------------------------------------- human output
+
+
+def _si(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.1f}{unit}"
+    return f"{n:.0f}" if float(n).is_integer() else f"{n:.1f}"
+
+
+def _duration(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return "done" if s == 0 else format_duration(s)
+
+
+def _row(d: DatasetStatus, in_total: bool) -> list[str]:
+    errors = f"{d.errors_last_run}/{d.errors_unresolved}" if d.errors_last_run or d.errors_unresolved else "0"
+    return [d.dataset, f"{d.done:,}/{d.target:,}" if d.target is not None else f"{d.done:,}/?",
+            f"{100 * d.done / d.target:.1f}%" if d.target else "-", str(d.shards), _si(d.prompt_tokens),
+            _si(d.completion_tokens), f"{100 * d.truncated_share:.1f}%", errors, str(d.rejects),
+            d.state if in_total else f"{d.state} (not in total)",
+            _si(d.samples_per_s), _si(d.tokens_per_s), _duration(d.eta_s)]
+
+
+def format_status(report: StatusReport) -> str:
+    """A compact table: one row per dataset plus the total."""
+    head = ["dataset", "done/target", "%", "shards", "prompt tok", "compl tok", "trunc", "errors",
+            "rejects", "state", "samples/s", "tok/s", "ETA"]
+    counted = set(report.total_of) if report.total_target else {d.dataset for d in report.datasets}
+    rows = [_row(d, d.dataset in counted) for d in report.datasets]
+    if report.total_target:  # no total row when none of the datasets it sums is shown
+        pct = f"{100 * report.total_done / report.total_target:.1f}%"
+        rows.append(["total", f"{report.total_done:,}/{report.total_target:,}", pct] + [""] * (len(head) - 3))
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in [head, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    if report.total_target:
+        lines.insert(-1, lines[1])
+    notes = [f"{d.dataset}: {d.corrupt_lines} unreadable lines in the shards; run validate"
+             for d in report.datasets if d.corrupt_lines]
+    if any(d.ranks for d in report.datasets):
+        notes += format_ranks([d for d in report.datasets if d.ranks])
+    return "\n".join(lines + (["", "errors = failures in the last run / ids still without a sample"]
+                              if any(d.errors_last_run or d.errors_unresolved for d in report.datasets) else [])
+                     + notes)
+
+
+# ---------------------------------------------------------------- datasets written by ranks
+# `status` of a dataset written by ranks: each rank's part read like a one-run folder, then
+# summed into one DatasetStatus, with the ranks that are stale (unfinished and nobody writing them).
+#
+# A rank is stale when it is short of its share, not "source exhausted" (another run would not
+# help), and either no live run holds its lock (died, stopped, never started) or its manifest has
+# not been committed for STALE_AFTER_S (a run commits every few seconds while it lives: one that
+# does not is hung, or on a host this one cannot check). A run that has written nothing yet may be
+# loading the model (no commits until its server answers): it gets STARTING_GRACE_S first.
+# Rerunning a stale rank resumes it alone.
+
+STALE_AFTER_S = 120.0  # runs commit their manifest every ~5 s (RunOptions.commit_interval_s)
+STARTING_GRACE_S = 1800.0 + STALE_AFTER_S  # the tuned profile's startup_timeout_s, then the usual
+_SUMMED = ("done", "shards", "prompt_tokens", "completion_tokens", "truncated", "errors_last_run",
+           "errors_unresolved", "corrupt_lines", "runs")
+
+
+def _rank_status(part: Path | None, dataset: str, rank: int, world: int, target: int | None) -> DatasetStatus:
+    share = rank_share(target, rank, world) if target is not None else None
+    if part is None:
+        st = DatasetStatus(f"{dataset}/{rank_folder_name(rank, world)}", share)
+    else:
+        st = read_part_status(part, f"{dataset}/{part.name}", share)
+    st.world_size = world
+    running = st.state.startswith("running")
+    unfinished = st.target is None or st.done < st.target
+    heartbeat_old = st.heartbeat_age_s is not None and st.heartbeat_age_s > _stale_after_s(part)
+    if unfinished and st.state != "source exhausted" and (not running or heartbeat_old):
+        st.stale_ranks = [rank]
+    return st
+
+
+def _stale_after_s(part: Path | None) -> float:
+    """How long a live-looking run may go without a commit: longer while its last run has written nothing."""
+    runs = ((read_manifest(part)[0] or {}).get("runs") or [{}]) if part is not None else [{}]
+    last = runs[-1] if isinstance(runs[-1], dict) else {}
+    starting = last.get("ended_at") is None and not last.get("samples_written")
+    return STARTING_GRACE_S if starting else STALE_AFTER_S
+
+
+def read_ranked_status(folder: Path, dataset: str, target: int | None) -> DatasetStatus:
+    """All ranks of `folder` as one dataset; ranks missing from a world size seen are "not started"."""
+    parts = rank_parts(folder)
+    worlds = sorted({w for _, w in parts})
+    ranks = [_rank_status(parts.get((r, w)), dataset, r, w, target) for w in worlds for r in range(w)]
+    if target is None:  # no config: the shares the ranks recorded
+        target = sum(r.target or 0 for r in ranks) if all(r.target is not None for r in ranks) else None
+    st = DatasetStatus(dataset, target, world_size=max(worlds), ranks=ranks)
+    for name in _SUMMED:
+        setattr(st, name, sum(getattr(r, name) for r in ranks))
+    st.stale_ranks = [n for r in ranks for n in r.stale_ranks]
+    _add_rejects(st, list(parts.values()))
+    live = [r for r in ranks if r.state.startswith("running") and not r.stale_ranks]
+    # while ranks run, the dataset's rate is theirs; after, the sum of each rank's last rate
+    rated = [r.samples_per_s for r in (live or ranks) if r.samples_per_s is not None]
+    st.samples_per_s = sum(rated) if rated else None
+    tok = [r.tokens_per_s for r in (live or ranks) if r.tokens_per_s is not None]
+    st.tokens_per_s = sum(tok) if tok else None
+    st.heartbeat_age_s = min((r.heartbeat_age_s for r in ranks if r.heartbeat_age_s is not None), default=None)
+    st.state = _state(ranks, len(live))
+    return st
+
+
+def _add_rejects(st: DatasetStatus, parts: list[Path]) -> None:
+    # every run (and every rank) re-reads the source and rejects the same rows again: count each once
+    latest = {r.get("row"): r.get("reason", "?") for p in parts for r in read_jsonl_rows(p / REJECTS_NAME)}
+    st.rejects = len(latest)
+    st.rejects_by_reason = dict(Counter(latest.values()).most_common())
+
+
+def _state(ranks: list[DatasetStatus], live: int) -> str:
+    stale = sum(1 for r in ranks if r.stale_ranks)
+    tail = f", {stale} stale" if stale else ""
+    if all(r.state == "finished" for r in ranks):
+        return "finished"
+    if live:
+        return f"running ({live} of {len(ranks)} ranks){tail}"
+    if all(r.state in ("finished", "source exhausted") for r in ranks):
+        return "source exhausted"
+    return f"stopped{tail}" if any(r.runs or r.done for r in ranks) else f"not started{tail}"
+
+
+def _ago(age_s: float | None) -> str:
+    return "-" if age_s is None else f"{format_duration(max(age_s, 0.0))} ago"
+
+
+def format_ranks(datasets: list[DatasetStatus]) -> list[str]:
+    """Per ranked dataset: a line, then one row per rank (what to rerun is marked "stale: run it")."""
+    out: list[str] = []
+    for d in datasets:
+        stale = f"; stale: rank {', '.join(map(str, d.stale_ranks))}" if d.stale_ranks else ""
+        out += ["", f"{d.dataset}: {len(d.ranks)} ranks{stale}"]
+        head = ["rank", "done/share", "%", "state", "last commit", "samples/s", ""]
+        rows = [[r.dataset.split("/", 1)[1], f"{r.done:,}/{r.target:,}" if r.target is not None else f"{r.done:,}/?",
+                 f"{100 * r.done / r.target:.1f}%" if r.target else "-", r.state, _ago(r.heartbeat_age_s),
+                 _si(r.samples_per_s), "stale: run it" if r.stale_ranks else ""] for r in d.ranks]
+        widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+        out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in [head, *rows]]
+    return out

@@ -1,0 +1,205 @@
+"""`validate`: check a dataset folder's shards the way a trainer will read them. SpecForge loads
+them with `load_dataset("json")`, which infers one Arrow schema: every row needs the same keys
+and value types (in "meta" too), and "reasoning_content" on every assistant turn or on none.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gen_pipeline.display import display_path
+from gen_pipeline.store.layout import dataset_parts, part_name, shard_files
+from gen_pipeline.store.manifest import read_manifest
+from gen_pipeline.store.ranks import owner_rank, parse_rank_folder
+
+KINDS = {
+    "unparseable": "line is not a JSON object",
+    "schema": "keys or value types differ from the first row",
+    "meta_schema": "meta keys or value types differ from the first row",
+    "reasoning_mixed": "reasoning_content on some assistant turns but not others",
+    "duplicate_id": "id already seen",
+    "roles": "roles do not alternate (optional system, then user/assistant, ending with assistant)",
+    "empty_content": "a turn with empty content",
+    "think_marker": "<think> or </think> left in an assistant turn's content",
+    "truncated": "finish_reason is \"length\" and the dataset drops truncated samples",
+    "wrong_rank": "a rank's folder holds a sample whose id hashes to another rank",
+}
+THINK_MARKERS = ("<think>", "</think>")
+EXAMPLES_PER_KIND = 20  # keep memory bounded when every row of 88,000 has the same problem
+
+
+@dataclass
+class Problem:
+    kind: str
+    file: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.message}"
+
+
+@dataclass
+class ValidationReport:
+    """Counts per problem kind (all of them) and the first examples of each with file:line."""
+
+    folder: str
+    rows: int = 0
+    files: int = 0
+    truncated: int = 0
+    truncated_policy: str = "keep"
+    ranks: int = 0  # rank folders read (0: a dataset written by one run)
+    counts: Counter[str] = field(default_factory=Counter)
+    examples: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.counts
+
+    def add(self, kind: str, file: str, line: int, message: str) -> None:
+        self.counts[kind] += 1
+        if self.counts[kind] <= EXAMPLES_PER_KIND:
+            self.examples.append(Problem(kind, file, line, message))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"folder": self.folder, "ok": self.ok, "rows": self.rows, "files": self.files, "ranks": self.ranks,
+                "truncated": self.truncated, "truncated_policy": self.truncated_policy,
+                "problems": dict(self.counts),
+                "examples": [{"kind": p.kind, "file": p.file, "line": p.line, "message": p.message}
+                             for p in self.examples]}
+
+    def format(self) -> str:
+        """For humans: a summary line, then each problem kind with its first examples."""
+        verdict = "OK" if self.ok else f"{sum(self.counts.values())} problems"
+        ranks = f" of {self.ranks} ranks" if self.ranks else ""
+        out = [f"{self.folder}: {self.rows:,} rows in {self.files} shards{ranks}: {verdict} "
+               f"({self.truncated:,} truncated, policy {self.truncated_policy})"]
+        for kind, n in self.counts.most_common():
+            out.append(f"  {kind}: {n:,} ({KINDS[kind]})")
+            out += [f"    {p}" for p in self.examples if p.kind == kind][:5]
+        return "\n".join(out)
+
+
+def _tname(v: Any) -> str:
+    return {str: "a string", int: "an integer", float: "a float", bool: "a boolean", list: "a list",
+            dict: "an object", type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def _shape_diff(first: dict[str, Any], row: dict[str, Any], prefix: str, deep: bool) -> str:
+    """Why `row` does not have `first`'s keys and value types ("" when it does); `deep` recurses
+    into objects (meta.sampling); lists are the caller's business."""
+    a, b = set(first), set(row)
+    if a != b:
+        return ", ".join([f"missing {prefix}{k}" for k in sorted(a - b)]
+                         + [f"extra {prefix}{k}" for k in sorted(b - a)])
+    for k in sorted(a):
+        if type(row[k]) is not type(first[k]):
+            return f"{prefix}{k} is {_tname(row[k])} here, {_tname(first[k])} in the first row"
+        if deep and isinstance(row[k], dict):
+            diff = _shape_diff(first[k], row[k], f"{prefix}{k}.", deep)
+            if diff:
+                return diff
+    return ""
+
+
+class _Checker:
+    def __init__(self, report: ValidationReport):
+        self.r = report
+        self.first: dict[str, Any] | None = None
+        self.reasoning: bool | None = None  # do assistant turns carry reasoning_content?
+        self.seen: dict[str, str] = {}
+
+    def row(self, file: str, line: int, row: dict[str, Any]) -> None:
+        self.r.rows += 1
+        if self.first is None:
+            self.first = row
+        diff = _shape_diff(self.first, row, "", deep=False)
+        if diff:
+            self.r.add("schema", file, line, diff)
+        meta, first_meta = row.get("meta"), self.first.get("meta")
+        if isinstance(meta, dict) and isinstance(first_meta, dict):
+            diff = _shape_diff(first_meta, meta, "meta.", deep=True)
+            if diff:
+                self.r.add("meta_schema", file, line, diff)
+            if meta.get("finish_reason") == "length":
+                self.r.truncated += 1
+                if self.r.truncated_policy == "drop":
+                    self.r.add("truncated", file, line,
+                               "finish_reason is \"length\" but generation.truncated = \"drop\"")
+        self._id(file, line, row.get("id"))
+        if isinstance(row.get("conversations"), list):
+            self._turns(file, line, row["conversations"])
+
+    def _id(self, file: str, line: int, rid: Any) -> None:
+        if not isinstance(rid, str):
+            return  # reported by the schema check
+        if rid in self.seen:
+            self.r.add("duplicate_id", file, line, f"id {rid!r} already at {self.seen[rid]}")
+        else:
+            self.seen[rid] = f"{file}:{line}"
+
+    def _turns(self, file: str, line: int, turns: list[Any]) -> None:
+        roles = [t.get("role") if isinstance(t, dict) else None for t in turns]
+        if not _roles_ok(roles):
+            self.r.add("roles", file, line, f"roles are {roles}")
+        for i, t in enumerate(turns):
+            if not isinstance(t, dict) or not isinstance(t.get("content"), str):
+                self.r.add("schema", file, line, f"conversations[{i}].content is not a string")
+                continue
+            if not t["content"].strip():
+                self.r.add("empty_content", file, line, f"conversations[{i}] ({t.get('role')}) has empty content")
+            if t.get("role") == "assistant":
+                self._assistant(file, line, i, t)
+
+    def _assistant(self, file: str, line: int, i: int, turn: dict[str, Any]) -> None:
+        marker = next((m for m in THINK_MARKERS if m in turn["content"]), None)
+        if marker:
+            self.r.add("think_marker", file, line, f"conversations[{i}].content contains {marker!r}")
+        has = "reasoning_content" in turn
+        if self.reasoning is None:
+            self.reasoning = has
+        elif has != self.reasoning:
+            self.r.add("reasoning_mixed", file, line, f"conversations[{i}] {'has' if has else 'lacks'} "
+                       f"reasoning_content, unlike the first assistant turn of the dataset")
+
+
+def _roles_ok(roles: list[Any]) -> bool:
+    body = roles[1:] if roles[:1] == ["system"] else roles
+    return (len(body) >= 2 and len(body) % 2 == 0
+            and all(r == ("user" if i % 2 == 0 else "assistant") for i, r in enumerate(body)))
+
+
+def validate_dataset(folder: Path) -> ValidationReport:
+    """Check every shard line of `folder` (all ranks' parts as one dataset: duplicates across ranks
+    count); problems carry file:line. Never raises for bad data."""
+    parts = dataset_parts(folder)
+    manifest = read_manifest(parts[0] if parts else folder)[0] or {}
+    policy = (manifest.get("fingerprint") or {}).get("truncated", "keep")
+    report = ValidationReport(display_path(folder), truncated_policy=policy if policy in ("keep", "drop") else "keep")
+    checker = _Checker(report)
+    report.ranks = sum(1 for part in parts if parse_rank_folder(part.name))
+    for part, shard in ((p, s) for p in parts for s in shard_files(p)):
+        path, name, owner = shard.path, part_name(folder, shard.path), parse_rank_folder(part.name)
+        report.files += 1
+        data = path.read_bytes()
+        for n, line in enumerate(data.split(b"\n"), start=1):
+            if not line and n > data.count(b"\n"):
+                break  # the empty string after the final newline
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                report.add("unparseable", name, n, "not valid JSON")
+                continue
+            if not isinstance(row, dict):
+                report.add("unparseable", name, n, f"a JSON {type(row).__name__}, not an object")
+                continue
+            checker.row(name, n, row)
+            if owner is not None and isinstance(row.get("id"), str) and owner_rank(row["id"], owner[1]) != owner[0]:
+                report.add("wrong_rank", name, n, f"id {row['id']!r} belongs to rank "
+                           f"{owner_rank(row['id'], owner[1])} of {owner[1]}, not rank {owner[0]}")
+    return report

@@ -1,0 +1,346 @@
+"""The HTTP client: one conversation in, one regenerated Sample (or a Failure) out.
+
+Talks to `/v1/chat/completions` (SGLang, an sglang-router, or any OpenAI-compatible
+server). Every assistant turn is regenerated in order, each request carrying the
+regenerated history. Retries (tenacity, exponential backoff with jitter) cover connection
+errors, timeouts, 429, 5xx and unreadable bodies; a 4xx that will fail again (e.g. a prompt
+longer than the context) is not retried and becomes a Failure with the server's message.
+
+One HTTP library for the product, aiohttp (requests and control traffic: health, /server_info,
+/v1/loads, /metrics); `open_http_session` makes its sessions. Measured through the real pipeline
+at ~65 requests/s (1,500 one-turn samples, window 14, the simulator attached, 5 paired runs):
+httpx 0.28 took 1.53x the client CPU of aiohttp (median 5.05 s vs 3.83 s per run, about 0.8 ms
+more per request; httpcore re-scans its whole pool on every request), at equal wall time
+(ratio 1.02). See bench/RESULTS.md, "HTTP client library".
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import anyio
+import orjson
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
+from gen_pipeline.errors import RequestError
+from gen_pipeline.records import Failure, Message, Prompt, Sample
+from gen_pipeline.server.fleet import Fleet
+
+log = logging.getLogger(__name__)
+
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+_JSON = {"content-type": "application/json"}
+
+
+class _Retryable(Exception):
+    """An attempt failed in a way the next attempt may not: reason + detail for the Failure."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    model: str
+    backend: str  # "sglang" | "sim" | "openai" (recorded in meta.backend)
+    sampling: SamplingConfig
+    generation: GenerationConfig
+    kv_cache_dtype: str = "unknown"
+
+    @property
+    def sampling_dict(self) -> dict[str, Any]:
+        return _sampling_dict(self.sampling)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    content: str
+    reasoning: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class RawResponse:
+    status: int
+    content_type: str
+    body: bytes
+    reason: str = ""
+
+
+RequestDone = Callable[[int, int, float], None]  # (prompt_tokens, completion_tokens, latency_s)
+
+
+# ---------------------------------------------------------------- pure request/response handling
+
+@functools.lru_cache(maxsize=8)
+def _sampling_dict(sampling: SamplingConfig) -> dict[str, Any]:
+    return sampling.as_dict()  # once per config, not per sample (asdict is slow on a hot path)
+
+
+@functools.lru_cache(maxsize=8)
+def _sampling_body(sampling: SamplingConfig, reasoning: str) -> dict[str, Any]:
+    """The body keys a config adds to every request: the optional sampling keys that are set (as
+    SGLang's ChatCompletionRequest names them), then extra_body verbatim; cached per config."""
+    d = sampling.as_dict()
+    body: dict[str, Any] = {k: d[k] for k in _OPTIONAL_SAMPLING if k in d}
+    if "stop" in body:
+        body["stop"] = list(body["stop"])
+    body.update(sampling.extra_body)
+    if reasoning == "disable":
+        # Kimi/DeepSeek templates read `thinking`, Qwen3's `enable_thinking`; unknown keys are ignored.
+        body["chat_template_kwargs"] = {**(body.get("chat_template_kwargs") or {}),
+                                        "thinking": False, "enable_thinking": False}
+    return body
+
+
+_OPTIONAL_SAMPLING = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "seed")
+
+
+def build_request(messages: list[Message], s: ClientSettings) -> dict[str, Any]:
+    """The JSON body for one chat completion."""
+    body: dict[str, Any] = {
+        "model": s.model,
+        "messages": messages,
+        "max_tokens": s.sampling.max_new_tokens,
+        "temperature": s.sampling.temperature,
+        "top_p": s.sampling.top_p,
+        "stream": False,
+    }
+    extra = _sampling_body(s.sampling, s.generation.reasoning)
+    if extra:
+        body.update(extra)  # copied: a nested table in extra_body is shared, never mutated
+    return body
+
+
+def split_think(content: str) -> tuple[str, str]:
+    """("reasoning", "answer") from content that still carries <think> markers (no reasoning parser)."""
+    if _THINK_CLOSE not in content:
+        return "", content.replace(_THINK_OPEN, "")
+    head, _, tail = content.partition(_THINK_CLOSE)
+    return head.replace(_THINK_OPEN, "").strip(), tail.lstrip()
+
+
+def parse_response(data: Any) -> TurnResult:
+    """Read the fields we keep from a chat completion; raises _Retryable when it is malformed."""
+    try:
+        choice = data["choices"][0]
+        message = choice["message"]
+        content = message.get("content") or ""
+        reasoning = message.get("reasoning_content") or ""
+        finish = choice.get("finish_reason")
+        usage = data.get("usage")
+        if not isinstance(usage, dict):
+            raise _Retryable("bad_response", "the response has no usage (token counts)")
+        prompt_tokens, completion_tokens = int(usage["prompt_tokens"]), int(usage["completion_tokens"])
+    except _Retryable:
+        raise
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+        raise _Retryable("bad_response", f"unexpected response shape ({type(e).__name__}: {e})") from None
+    if not isinstance(content, str) or not isinstance(reasoning, str):
+        raise _Retryable("bad_response", "message content is not a string")
+    if finish == "abort":
+        raise _Retryable("aborted", "the server aborted the request")
+    if finish not in ("stop", "length"):
+        finish = "length" if finish == "max_tokens" else "stop"
+    if _THINK_OPEN in content or _THINK_CLOSE in content:
+        extra, content = split_think(content)
+        reasoning = (reasoning + "\n" + extra).strip() if reasoning else extra
+    return TurnResult(content, reasoning, finish, prompt_tokens, completion_tokens)
+
+
+def error_message(response: RawResponse) -> str:
+    """The server's own error text (OpenAI/SGLang error JSON or the raw body)."""
+    text = response.body[:500].decode("utf-8", "replace").strip()
+    try:
+        data = orjson.loads(response.body)
+    except orjson.JSONDecodeError:
+        return text or response.reason
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+    return text
+
+
+def classify_status(response: RawResponse) -> None:
+    """Raise _Retryable for 408/429/5xx, RequestError (final) for other 4xx; pass on 2xx."""
+    code = response.status
+    if code < 300:
+        return
+    message = error_message(response)
+    if code in (408, 429) or code >= 500:
+        raise _Retryable(f"http_{code}", message)
+    raise RequestError(f"HTTP {code}: {message}", reason=f"http_{code}", retryable=False)
+
+
+def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turns: list[TurnResult],
+                 s: ClientSettings) -> Sample:
+    finish = "length" if any(t.finish_reason == "length" for t in turns) else "stop"
+    meta = {
+        "model": s.model,
+        "backend": s.backend,
+        "finish_reason": finish,
+        "prompt_tokens": sum(t.prompt_tokens for t in turns),
+        "completion_tokens": sum(t.completion_tokens for t in turns),
+        "turns": len(turns),
+        "sampling": s.sampling_dict,
+        "kv_cache_dtype": s.kv_cache_dtype,
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    return Sample(id=prompt.id, dataset=dataset, conversations=conversation, meta=meta)
+
+
+# ---------------------------------------------------------------- the async client
+
+class ChatClient:
+    """Regenerates conversations against one or more servers (the fleet picks each request's server)."""
+
+    def __init__(self, session: aiohttp.ClientSession, base_urls: list[str], settings: ClientSettings, *,
+                 gate: Callable[[], Awaitable[None]] | None = None, on_request_done: RequestDone | None = None,
+                 fleet: Fleet | None = None):
+        self._session = session
+        self._fleet = fleet if fleet is not None else Fleet([u.rstrip("/") for u in base_urls])
+        self.settings = settings
+        self._gate = gate
+        self._on_done = on_request_done
+
+    async def regenerate(self, prompt: Prompt, dataset: str) -> Sample | Failure:
+        """Every assistant turn regenerated in order; per-request failures come back as a Failure."""
+        s = self.settings
+        conversation: list[Message] = []
+        turns: list[TurnResult] = []
+        keep_reasoning = s.generation.reasoning == "keep"
+        for m in prompt.messages:
+            if m["role"] == "assistant":
+                continue  # source answers are replaced by the target model's
+            conversation.append({"role": m["role"], "content": m["content"]})
+            if m["role"] != "user":
+                continue
+            try:
+                turn = await self.complete(conversation)
+            except RequestError as e:
+                return Failure(prompt.id, dataset, e.reason, str(e), attempts=e.attempts, retryable=e.retryable)
+            reply: Message = {"role": "assistant", "content": turn.content}
+            if keep_reasoning:
+                reply["reasoning_content"] = turn.reasoning
+            conversation.append(reply)
+            turns.append(turn)
+            if turn.finish_reason == "length":
+                if s.generation.truncated == "drop":
+                    return Failure(prompt.id, dataset, "truncated",
+                                   f"turn {len(turns)} hit max_new_tokens={s.sampling.max_new_tokens}",
+                                   retryable=False)
+                break  # a cut answer ends the conversation: later turns would build on it
+        return build_sample(prompt, dataset, conversation, turns, s)
+
+    async def complete(self, messages: list[Message]) -> TurnResult:
+        """One chat completion with retries; raises RequestError (with the attempts made) when it
+        will not succeed."""
+        g = self.settings.generation
+        body = orjson.dumps(build_request(messages, self.settings))
+        attempts = 1
+        try:
+            return await self._attempt(body)  # the common case pays nothing for the retry machinery
+        except _Retryable as e:
+            if g.max_attempts == 1:
+                raise RequestError(f"gave up after 1 attempt: {e}", reason=e.reason, attempts=1) from None
+        except RequestError as e:
+            e.attempts = attempts
+            raise
+        # "Full jitter" (AWS): wait uniform(0, min(max, initial * 2**n)) before attempt n+1, which
+        # spreads a burst of retries out; the first wait here, the rest in tenacity's loop.
+        await anyio.sleep(random.uniform(0, g.retry_initial_wait_s))
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(g.max_attempts - 1),
+            wait=wait_random_exponential(multiplier=2 * g.retry_initial_wait_s, max=g.retry_max_wait_s),
+            retry=retry_if_exception_type(_Retryable),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    attempts += 1
+                    return await self._attempt(body)
+        except _Retryable as e:
+            raise RequestError(f"gave up after {g.max_attempts} attempts: {e}", reason=e.reason,
+                               attempts=attempts) from None
+        except RequestError as e:
+            e.attempts = attempts
+            raise
+        raise AssertionError("unreachable")
+
+    async def _attempt(self, body: bytes) -> TurnResult:
+        if self._gate is not None:
+            await self._gate()  # blocks while the supervisor restarts the server
+        fleet = self._fleet
+        url = fleet.pick()
+        fleet.started(url)
+        started = time.monotonic()
+        try:
+            response = await self._post(f"{url}/v1/chat/completions", body)
+        except _Retryable as e:
+            # one server: no other to send it to; its health checks pause dispatch (as for a restart)
+            if e.reason == "connection" and len(fleet.urls) > 1 and fleet.failed(url, time.monotonic()):
+                log.warning("took %s out after %d connection errors in a row; %d of %d servers left, probing it "
+                            "back with backoff", url, fleet.fail_after, len(fleet.up_urls), len(fleet.urls))
+            raise
+        finally:
+            fleet.finished(url)
+        fleet.succeeded(url)
+        classify_status(response)
+        try:
+            data = orjson.loads(response.body)
+        except orjson.JSONDecodeError:
+            raise _Retryable("bad_response",
+                             f"body is not JSON (content-type {response.content_type or '?'})") from None
+        turn = parse_response(data)
+        if self._on_done is not None:
+            self._on_done(turn.prompt_tokens, turn.completion_tokens, time.monotonic() - started)
+        if not turn.content.strip():
+            _reject_empty(turn, self.settings.generation.empty_turn)
+        return turn
+
+
+    async def _post(self, url: str, body: bytes) -> RawResponse:
+        """POST the body; a timeout or a connection problem (refused, reset, cut mid-body) is retried."""
+        try:
+            async with self._session.post(url, data=body, headers=_JSON) as r:
+                return RawResponse(r.status, r.headers.get("content-type", ""), await r.read(), r.reason or "")
+        except (TimeoutError, aiohttp.ServerTimeoutError):
+            raise _Retryable("timeout", "no answer within the request timeout") from None
+        except aiohttp.ClientError as e:
+            raise _Retryable("connection", f"{type(e).__name__}: {e}") from None
+
+
+def open_http_session(generation: GenerationConfig, max_connections: int) -> aiohttp.ClientSession:
+    """An aiohttp session (`async with`) with one connection per request in flight (aiohttp's default
+    of 100 would silently cap a run) and the [generation] timeouts: connect, and the whole request
+    (a long generation included). Control calls pass their own shorter timeout per request."""
+    connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ttl_dns_cache=300)
+    timeout = aiohttp.ClientTimeout(total=generation.request_timeout_s, connect=generation.connect_timeout_s)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, raise_for_status=False)
+
+
+def _reject_empty(turn: TurnResult, policy: str) -> None:
+    """An empty assistant turn is never written (validate rejects it): "retry" makes it a
+    retryable attempt (RequestError once max_attempts are spent), "fail" a failure at once."""
+    detail = (f"the assistant turn is empty ({turn.completion_tokens} completion tokens, "
+              f"finish_reason {turn.finish_reason})")
+    if policy == "fail":
+        raise RequestError(detail, reason="empty_turn", retryable=False)
+    raise _Retryable("empty_turn", detail)
+

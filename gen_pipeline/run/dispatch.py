@@ -1,0 +1,194 @@
+"""Dispatch: the concurrency window and the exactly-target accounting of one dataset.
+
+`Window` is a CapacityLimiter sized by the controller (or a fixed --window); `Dispatcher` sends a
+prompt only while `ok + in_flight < goal` (`ok`: samples produced this run, `goal`: what the store
+still needs, capped by --limit), so a run never produces more than its target; a failure frees its
+place and the producer sends another prompt. Time comes from the clock they are given (the
+controller benchmark drives them in simulated time). The caller owns the task group: pipeline.py
+opens it and passes it to `Dispatcher.produce`. Several datasets sharing one server (a job,
+gen_pipeline/run/job.py) share one Window, each with its own Dispatcher (`Window.members`): the window is
+retuned with the sum of their needs and tells the controller how many requests of each are in flight.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import anyio
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectSendStream
+
+from gen_pipeline.controller import Controller, ControllerStats
+from gen_pipeline.records import Failure, LoadSnapshot, Prompt, Reject, Sample
+from gen_pipeline.run.stats import RunStats
+
+Item = Sample | Failure | Reject
+Regenerate = Callable[[Prompt], Awaitable[Sample | Failure]]
+
+
+class PromptFeed(Protocol):
+    """Where prompts come from: batches (empty when the source is exhausted) and the rows it rejected."""
+
+    async def next_batch(self) -> list[Prompt]: ...
+    def take_rejects(self) -> list[Reject]: ...
+
+
+class Window:
+    """Requests allowed in flight: `limiter.total_tokens`, retuned after every completion and load poll."""
+
+    def __init__(self, *, fixed: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.fixed, self.clock = fixed, clock
+        self.controller: Controller | None = None
+        self.limiter = anyio.CapacityLimiter(1)
+        self.members: list[Dispatcher] = []  # a job's datasets, in dispatch order (empty: one dataset)
+
+    @property
+    def size(self) -> int:
+        return int(self.limiter.total_tokens)
+
+    def retune(self, need: int) -> None:
+        """Size the window for `need` samples still to produce (never more than that); a job's
+        window sums its members' needs instead."""
+        if self.members:
+            need = self._job_need()
+        need = max(need, 1)
+        if self.fixed:
+            window = self.fixed
+        else:
+            assert self.controller is not None, "Window needs a controller or a fixed size"
+            window = self.controller.window(self.clock(), need)
+        self.limiter.total_tokens = max(1, min(window, need))
+
+    def _job_need(self) -> int:
+        """What the job's datasets still need (an exhausted or draining one none); tells the controller
+        the mix in flight (the first unfinished dataset's, weight 1, while nothing is in flight)."""
+        live = [d for d in self.members if not d.exhausted and not d.draining]
+        if self.controller is not None:
+            mix = {d.name: float(d.in_flight) for d in self.members}
+            if not any(mix.values()):
+                first = next((d for d in live if d.need() > 0), None)
+                if first is not None:
+                    mix[first.name] = 1.0
+            self.controller.set_mix(mix)
+        return sum(max(0, d.need()) for d in live)
+
+    def observe_completion(self, prompt_tokens: int, completion_tokens: int, latency_s: float,
+                           kind: str | None = None) -> None:
+        """The client's per-request hook (usage token counts, latency in seconds; a job's dataset)."""
+        if self.controller is not None:
+            self.controller.observe_completion(self.clock(), prompt_tokens, completion_tokens, latency_s, kind)
+
+    def observe_load(self, snap: LoadSnapshot) -> None:
+        if self.controller is not None:
+            self.controller.observe_load(snap)
+
+    def controller_stats(self) -> ControllerStats | None:
+        return self.controller.statistics() if self.controller is not None else None
+
+
+class Dispatcher:
+    """Exactly-target dispatch of one dataset's prompts through a Window."""
+
+    def __init__(self, goal: int, window: Window, stats: RunStats, name: str = "") -> None:
+        self.goal, self.window, self.stats, self.name = goal, window, stats, name
+        self.all_sent = anyio.Event()  # set once every prompt it needs is sent (a job starts the next dataset)
+        self.ok = 0  # samples produced this run (written or about to be)
+        self.in_flight = 0
+        self.exhausted = False  # the source ran out before the goal
+        self.draining = False  # a signal asked to stop: no new requests
+        self._changed = anyio.Event()
+
+    def need(self) -> int:
+        return self.goal - self.ok
+
+    def retune(self) -> None:
+        self.window.retune(self.need())
+
+    def observe_load(self, snap: LoadSnapshot | None) -> None:
+        """One load poll (None when it failed): feed the controller, then resize the window."""
+        if snap is not None:
+            self.window.observe_load(snap)
+        self.retune()
+
+    async def produce(self, tg: TaskGroup, regenerate: Regenerate, send: MemoryObjectSendStream[Item],
+                      feed: PromptFeed) -> None:
+        """Send prompts until the goal is met (nothing in flight), the source ends or draining starts."""
+        limiter = self.window.limiter
+        self.retune()
+        pending: list[Prompt] = []
+        async with send:
+            await self._send_rejects(send, feed)
+            while not self.draining:
+                token = object()
+                await limiter.acquire_on_behalf_of(token)
+                if self.ok + self.in_flight >= self.goal:
+                    limiter.release_on_behalf_of(token)
+                    self.all_sent.set()
+                    if self.in_flight == 0:
+                        return
+                    await self._changed.wait()
+                    continue
+                if not pending:
+                    pending = (await feed.next_batch())[::-1]  # popped from the end, in source order
+                    await self._send_rejects(send, feed)
+                if not pending:
+                    limiter.release_on_behalf_of(token)
+                    self.exhausted = True
+                    self.all_sent.set()
+                    return
+                self.in_flight += 1
+                tg.start_soon(self._request, regenerate, pending.pop(), token, send.clone())
+
+    async def _send_rejects(self, send: MemoryObjectSendStream[Item], feed: PromptFeed) -> None:
+        rejects = feed.take_rejects()
+        self.stats.rejects += len(rejects)
+        for reject in rejects:
+            await send.send(reject)
+
+    async def _request(self, regenerate: Regenerate, prompt: Prompt, token: object,
+                       send: MemoryObjectSendStream[Item]) -> None:
+        async with send:
+            try:
+                result = await regenerate(prompt)
+            finally:
+                self.in_flight -= 1
+                self.window.limiter.release_on_behalf_of(token)
+            if isinstance(result, Sample):
+                self.ok += 1
+                self.stats.count_sample(result.meta["completion_tokens"])
+            else:
+                self.stats.count_failure(result, ok_so_far=self.ok)
+            self.retune()
+            self._notify()
+            await send.send(result)
+
+    def _notify(self) -> None:
+        ev, self._changed = self._changed, anyio.Event()
+        ev.set()
+
+
+Launch = Callable[[Dispatcher], tuple[Regenerate, MemoryObjectSendStream[Item], PromptFeed]]
+
+
+async def produce_in_order(requests: TaskGroup, dispatchers: list[Dispatcher], launch: Launch, *,
+                           interleave: bool = False) -> None:
+    """A job's datasets: each dispatcher's producer starts the moment the previous one has sent every
+    prompt it needs, so its prompts fill the slots the previous tail frees (`launch(d)` gives its
+    transport, stream and feed when it starts). interleave=True starts them all at once instead: the
+    shared limiter's FIFO then alternates them (benchmarked in bench/job_bench.py)."""
+    async with anyio.create_task_group() as producers:
+        for d in dispatchers:
+            regenerate, send, feed = launch(d)
+            producers.start_soon(_produce_marked, d, requests, regenerate, send, feed)
+            if not interleave:
+                await d.all_sent.wait()
+
+
+async def _produce_marked(d: Dispatcher, requests: TaskGroup, regenerate: Regenerate,
+                          send: MemoryObjectSendStream[Item], feed: PromptFeed) -> None:
+    try:
+        await d.produce(requests, regenerate, send, feed)
+    finally:
+        d.all_sent.set()  # also when it stopped early (exhausted, draining): the next one may start

@@ -1,0 +1,75 @@
+"""Run statistics: the throughput window, failure counts by reason, the fatal-streak rule and the
+server's load as the polls saw it (the last poll and the run's peaks).
+
+Pure bookkeeping (no async library); time comes from the clock it is given.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+from gen_pipeline.errors import ServerError
+from gen_pipeline.records import Failure, LoadSnapshot
+
+FAILURE_STREAK_FATAL = 50  # this many failures in a row, none succeeding: the server is unusable
+THROUGHPUT_WINDOW_S = 60.0
+
+
+class RunStats:
+    """Counts of one run; `fatal` is set once the failure streak says the server is unusable."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.started = clock()
+        self.failures = 0
+        self.final_failures = 0  # failures a retry would repeat: not sent again
+        self.failure_reasons: dict[str, int] = {}
+        self.failure_streak = 0
+        self.rejects = 0
+        self.fatal: ServerError | None = None
+        self._recent: deque[tuple[float, int]] = deque(maxlen=512)  # (t, completion tokens) per sample
+        self.last_load: LoadSnapshot | None = None
+        self.peak_running: int | None = None
+        self.peak_queued: int | None = None
+        self.peak_kv_usage: float | None = None
+
+    def elapsed_s(self) -> float:
+        return self.clock() - self.started
+
+    def note_load(self, snap: LoadSnapshot) -> None:
+        """One successful load poll: the latest figures, and the highest of the run."""
+        self.last_load = snap
+        self.peak_running = max(snap.running, self.peak_running or 0)
+        self.peak_queued = max(snap.queued, self.peak_queued or 0)
+        if snap.token_usage is not None:
+            self.peak_kv_usage = max(snap.token_usage, self.peak_kv_usage or 0.0)
+
+    def count_sample(self, completion_tokens: int) -> None:
+        self.failure_streak = 0
+        self._recent.append((self.clock(), completion_tokens))
+
+    def count_failure(self, failure: Failure, *, ok_so_far: int) -> None:
+        """Count one failure; sets `fatal` when requests never worked or stopped working for long."""
+        self.failures += 1
+        self.final_failures += not failure.retryable
+        self.failure_reasons[failure.reason] = self.failure_reasons.get(failure.reason, 0) + 1
+        self.failure_streak += 1
+        streak = self.failure_streak
+        if (ok_so_far == 0 and streak >= FAILURE_STREAK_FATAL) or streak >= 4 * FAILURE_STREAK_FATAL:
+            self.fatal = ServerError(
+                f"The last {streak} requests all failed (latest: {failure.reason}: {failure.detail}). "
+                "The server is not usable as configured: check SERVER_URL, the model name and the server log. "
+                "Nothing written is lost; run the same command to resume.")
+
+    def throughput(self) -> tuple[float, float]:
+        """(samples/s, completion tokens/s) over the last minute of completions."""
+        now = self.clock()
+        while self._recent and now - self._recent[0][0] > THROUGHPUT_WINDOW_S:
+            self._recent.popleft()
+        # a full deque covers less than a minute (fast runs): measure from its oldest entry
+        full = len(self._recent) == self._recent.maxlen
+        start = self._recent[0][0] if full else max(self.started, now - THROUGHPUT_WINDOW_S)
+        span = max(now - start, 1e-6)
+        return len(self._recent) / span, sum(tokens for _, tokens in self._recent) / span

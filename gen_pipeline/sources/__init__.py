@@ -1,0 +1,1 @@
+"""Prompt sources: Hugging Face hub or local files → validated Prompts."""

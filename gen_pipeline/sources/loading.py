@@ -1,0 +1,302 @@
+"""Dataset loading: Hugging Face hub or local files (through `datasets`) → validated Prompts.
+
+Three row schemas (config `source.schema`), all read from the column `source.field`:
+- "sharegpt": [{"from": "human"|"gpt"|"system"|..., "value": str}, ...]; turns in the
+  role/content style (SpecForge's own files) are accepted too, turn by turn
+- "messages": [{"role": "user"|"assistant"|"system", "content": str}, ...]
+- "prompt":   a single user prompt string
+
+Validation follows SpecForge's: an optional leading system message, then turns that alternate
+user/assistant starting with user, every content a non-empty string. Rows that fail are not
+fatal: they become `Reject`s with a reason, counted and written to the dataset's rejects file.
+Ids are stable across runs: "<DATASET>-<source id>" from `source.id_field`, else a content hash.
+A .jsonl line that is not a JSON object is a `bad_json` reject (file + 1-based line), unless
+`source.strict`; a hub source is refused at once, with what to do, when the hub is unreachable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from gen_pipeline.config.dataset import DatasetConfig
+from gen_pipeline.display import display_path
+from gen_pipeline.errors import ConfigError
+from gen_pipeline.records import Message, Prompt, Reject
+from gen_pipeline.sources import hub
+from gen_pipeline.sources.files import BadLine, scan_jsonl
+
+_SHAREGPT_ROLES = {
+    "human": "user", "user": "user",
+    "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant", "bard": "assistant", "model": "assistant",
+    "system": "system",
+}
+_MESSAGE_ROLES = {"user", "assistant", "system"}
+_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+@dataclass
+class SourceStats:
+    """Counts of what the source produced in this run (rejects by reason)."""
+
+    rows: int = 0
+    prompts: int = 0
+    skipped_done: int = 0
+    other_ranks: int = 0  # valid prompts owned by other ranks (ranks.py), not sent by this one
+    rejects: dict[str, int] = field(default_factory=dict)
+
+    def reject(self, reason: str) -> None:
+        self.rejects[reason] = self.rejects.get(reason, 0) + 1
+
+
+class InvalidRow(Exception):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+# ---------------------------------------------------------------- row → messages (pure)
+
+def _turns(row: dict[str, Any], cfg_field: str) -> Any:
+    if cfg_field not in row:
+        raise InvalidRow("missing_field", f"no column {cfg_field!r} (columns: {', '.join(sorted(row))})")
+    if row[cfg_field] is None:  # `datasets` fills a column missing from some rows with None
+        raise InvalidRow("missing_field", f"{cfg_field!r} is missing in this row")
+    return row[cfg_field]
+
+
+def parse_row(row: dict[str, Any], schema: str, cfg_field: str) -> list[Message]:
+    """Map one source row to role/content messages; raises InvalidRow with a reason."""
+    value = _turns(row, cfg_field)
+    if schema == "prompt":
+        return [{"role": "user", "content": _content(value, 0)}]
+    if not isinstance(value, list) or not value:
+        raise InvalidRow("bad_type", f"{cfg_field!r} must be a non-empty list of turns, got {type(value).__name__}")
+    messages: list[Message] = []
+    for i, turn in enumerate(value):
+        if not isinstance(turn, dict):
+            raise InvalidRow("bad_type", f"turn {i} must be an object, got {type(turn).__name__}")
+        role_key, content_key = _turn_keys(turn, schema, i)
+        raw_role = turn[role_key]
+        role = _SHAREGPT_ROLES.get(raw_role) if schema == "sharegpt" else (
+            raw_role if raw_role in _MESSAGE_ROLES else None)
+        if role is None:
+            raise InvalidRow("unknown_role", f"turn {i} has role {raw_role!r}")
+        messages.append({"role": role, "content": _content(turn[content_key], i)})
+    return messages
+
+
+def _turn_keys(turn: dict[str, Any], schema: str, i: int) -> tuple[str, str]:
+    """The turn's role and content keys: from/value or role/content under sharegpt, role/content otherwise."""
+    if schema == "sharegpt" and "from" in turn and "value" in turn:
+        return "from", "value"
+    if "role" in turn and "content" in turn:
+        return "role", "content"
+    if schema == "sharegpt":
+        raise InvalidRow("missing_field", f"turn {i} needs 'from' and 'value' (or 'role' and 'content'); "
+                                          f"it has {', '.join(map(repr, sorted(turn))) or 'no keys'}")
+    hint = "; set source.schema = \"sharegpt\" for from/value turns" if "from" in turn else ""
+    raise InvalidRow("missing_field", f"turn {i} needs 'role' and 'content'; "
+                                      f"it has {', '.join(map(repr, sorted(turn))) or 'no keys'}{hint}")
+
+
+def _content(value: Any, i: int) -> str:
+    if not isinstance(value, str):
+        raise InvalidRow("bad_type", f"turn {i} content must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise InvalidRow("empty_content", f"turn {i} has empty content")
+    return value
+
+
+def check_roles(messages: list[Message]) -> None:
+    """Optional leading system, then user/assistant alternating from user; raises InvalidRow."""
+    body = messages[1:] if messages and messages[0]["role"] == "system" else messages
+    if not body:
+        raise InvalidRow("no_user_turn", "no user turn")
+    for i, m in enumerate(body):
+        expected = "user" if i % 2 == 0 else "assistant"
+        if m["role"] != expected:
+            raise InvalidRow("roles_not_alternating",
+                             f"turn {i + len(messages) - len(body)} is {m['role']!r}, expected {expected!r}")
+
+
+def content_id(messages: list[Message]) -> str:
+    """A stable hash of the conversation's system and user turns (assistant turns get regenerated)."""
+    kept = [(m["role"], m["content"]) for m in messages if m["role"] != "assistant"]
+    return hashlib.sha1(orjson.dumps(kept)).hexdigest()[:16]
+
+
+def to_prompt(row: dict[str, Any], index: int, cfg: DatasetConfig) -> Prompt:
+    """One row → Prompt (validated, with its stable id); raises InvalidRow."""
+    src = cfg.source
+    messages = parse_row(row, src.schema, src.field)
+    if src.system_prompt and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": src.system_prompt})
+    check_roles(messages)
+    chars = sum(len(m["content"]) for m in messages if m["role"] != "assistant")
+    if chars > src.max_prompt_chars:
+        raise InvalidRow("prompt_too_long", f"{chars} characters > source.max_prompt_chars = {src.max_prompt_chars}")
+    if src.id_field:
+        raw = row.get(src.id_field)
+        if not isinstance(raw, (str, int)) or isinstance(raw, bool) or raw == "":
+            raise InvalidRow("missing_id", f"column {src.id_field!r} is missing or not a string/integer")
+        sid = str(raw)
+    else:
+        sid = content_id(messages)
+    return Prompt(id=f"{cfg.name}-{sid}", messages=tuple(messages), source_index=index)
+
+
+# ---------------------------------------------------------------- loading (datasets)
+
+def _quiet_datasets() -> Any:
+    import datasets  # imported lazily: it takes ~1 s and status/validate don't need it
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    logging.getLogger("datasets").setLevel(logging.ERROR)
+    return datasets
+
+
+@dataclass
+class LoadedSource:
+    """The rows as `datasets` gives them, plus the local lines it was not shown (not JSON objects)."""
+
+    rows: Any
+    bad_lines: tuple[BadLine, ...] = ()
+    good_lines: int = 0  # rows of the scanned .jsonl files (the bad lines' reject rows are numbered after them)
+
+
+def load_rows(cfg: DatasetConfig) -> Any:
+    """The source as a `datasets` Dataset/IterableDataset (shuffled when asked); raises ConfigError."""
+    return load_source(cfg).rows
+
+
+def load_source(cfg: DatasetConfig) -> LoadedSource:
+    """Load the source as a run reads it; raises ConfigError (missing file, hub offline, bad format)."""
+    src = cfg.source
+    where = display_path(cfg.path) if cfg.path else cfg.name
+    offline = None if src.files else hub.offline_reason()
+    if offline:
+        hub.go_offline()  # a copy in the local cache still loads
+    datasets = _quiet_datasets()
+    loaded = LoadedSource(None)
+    try:
+        if src.files:
+            loaded = _local_files(cfg, where)
+            fmt = "parquet" if loaded.rows[0].suffix == ".parquet" else "json"
+            ds = datasets.load_dataset(fmt, data_files=[str(p) for p in loaded.rows], split="train",
+                                       streaming=src.streaming)
+        else:
+            ds = datasets.load_dataset(src.hf_id, src.hf_subset or None, split=src.split, streaming=src.streaming)
+    except ConfigError:
+        raise
+    except Exception as e:  # datasets wraps Arrow/JSON/network errors in many types
+        if offline:
+            raise ConfigError(_offline_message(cfg, where, offline)) from None
+        cause = e.__cause__ or e.__context__ or e
+        what = ", ".join(src.files) if src.files else f"{src.hf_id} (split {src.split})"
+        hint = ("Check that every line is one JSON object (JSON Lines) or the file is valid JSON/Parquet."
+                if src.files else "Check the dataset id and split, and that the hub is reachable "
+                "(or download it and point source.files at the local copy).")
+        raise ConfigError(f"{where}: could not load source {what}: {type(cause).__name__}: {cause}. {hint}") from None
+    if src.shuffle_seed is not None:
+        ds = ds.shuffle(seed=src.shuffle_seed)
+    rows = len(ds) if hasattr(ds, "__len__") else loaded.good_lines  # streaming datasets have no len()
+    return LoadedSource(ds, loaded.bad_lines, rows)
+
+
+def _local_files(cfg: DatasetConfig, where: str) -> LoadedSource:
+    """The paths `datasets` should read (cleaned copies for .jsonl files with bad lines) and those lines."""
+    src = cfg.source
+    paths = [cfg.resolve(f) for f in src.files]
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise ConfigError(f"{where}: source.files: {', '.join(missing)} not found.")
+    fmts = {_FORMATS.get(p.suffix) for p in paths}
+    if None in fmts or len(fmts) != 1:
+        raise ConfigError(f"{where}: source.files must all be .jsonl/.json or all .parquet "
+                          f"(got {', '.join(p.name for p in paths)}).")
+    read: list[Any] = []
+    bad: list[BadLine] = []
+    good = 0
+    for name, path in zip(src.files, paths, strict=True):
+        if path.suffix != ".jsonl":
+            read.append(path)
+            continue
+        scanned = scan_jsonl(path, name)
+        if scanned.bad and src.strict:
+            b = scanned.bad[0]
+            raise ConfigError(f"{where}: {b.file} line {b.line} is {b.error}; source.strict = true refuses "
+                              f"the file. Fix or delete that line, or remove strict to skip such lines "
+                              f"into rejects.jsonl.")
+        read.append(scanned.path)
+        bad += scanned.bad
+        good += scanned.good_lines
+    return LoadedSource(read, tuple(bad), good)
+
+
+def _offline_message(cfg: DatasetConfig, where: str, reason: str) -> str:
+    src = cfg.source
+    return (f"{where}: the Hugging Face hub is not reachable ({reason}) and {src.hf_id} (split {src.split}) "
+            f"is not in the local cache. Download the dataset's files where the hub is reachable "
+            f"(hf download --repo-type dataset {src.hf_id} --local-dir DIR), copy them here, "
+            f"and in {where} set source.files to the local .jsonl/.json/.parquet files (and remove hf_id).")
+
+
+def add_bad_lines(cfg: DatasetConfig, loaded: LoadedSource, stats: SourceStats, rejects: list[Reject]) -> None:
+    """The lines `datasets` was not shown, as bad_json rejects numbered after the good rows (stable
+    across runs, never a good row's number: the store writes each row's reject once)."""
+    for k, bad in enumerate(loaded.bad_lines):
+        stats.rows += 1
+        stats.reject("bad_json")
+        rejects.append(Reject(cfg.name, loaded.good_lines + k, "bad_json", f"{bad.file} line {bad.line} is {bad.error}",
+                              file=bad.file, line=bad.line))
+
+
+def iter_prompts(cfg: DatasetConfig, skip_ids: set[str] | frozenset[str], stats: SourceStats,
+                 rejects: list[Reject], rows: Any = None,
+                 owns: Callable[[str], bool] | None = None) -> Iterator[Prompt]:
+    """Valid prompts not in `skip_ids` (and, given `owns`, only the ids it owns), in source order, each id once.
+
+    Invalid rows are appended to `rejects` (the caller writes them) and counted in `stats`; every
+    rank sees and records all of them (status counts each row once).
+    """
+    seen: set[str] = set()
+    if rows is None:
+        loaded = load_source(cfg)
+        add_bad_lines(cfg, loaded, stats, rejects)
+        rows = loaded.rows
+    for index, row in enumerate(rows):
+        stats.rows += 1
+        try:
+            prompt = to_prompt(row, index, cfg)
+        except InvalidRow as e:
+            stats.reject(e.reason)
+            rejects.append(Reject(cfg.name, index, e.reason, e.detail))
+            continue
+        if prompt.id in seen:
+            stats.reject("duplicate")
+            rejects.append(Reject(cfg.name, index, "duplicate", f"id {prompt.id} appeared earlier in the source"))
+            continue
+        seen.add(prompt.id)
+        if owns is not None and not owns(prompt.id):
+            stats.other_ranks += 1
+            continue
+        if prompt.id in skip_ids:
+            stats.skipped_done += 1
+            continue
+        stats.prompts += 1
+        yield prompt
+
+
+def estimate_prompt_tokens(prompts: list[Prompt]) -> float:
+    """Mean prompt length in tokens, from characters (~4 chars/token, errs low for code/CJK-free text)."""
+    if not prompts:
+        return 0.0
+    return sum(p.prompt_chars for p in prompts) / len(prompts) / 4.0

@@ -1,0 +1,435 @@
+"""The dataset store: sharded JSONL writer with exactly-once resume by id. Sync; the pipeline
+calls it through `anyio.to_thread.run_sync` in batches.
+
+    outputs/B2/shard-00000.jsonl  one Sample per line; appended, flushed per batch, fsynced per group
+    outputs/B2/shard-00000.ids    sidecar of a sealed shard: its ids, one JSON string a line
+    outputs/B2/manifest.json      sealed shards + committed length of the open one (see manifest.py)
+    outputs/B2/errors.jsonl       Failure lines with their "run"; rejects.jsonl: Reject lines
+
+The shards are the source of truth. open() cuts a torn last line, keeps every complete line
+(flushed lines past the manifest's committed length are valid samples), and reads the done ids
+back from the sidecars plus the open shard, so sealed shards are never parsed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, cast
+
+import orjson
+
+from gen_pipeline.config.dataset import fingerprint_digest
+from gen_pipeline.display import display_path
+from gen_pipeline.errors import DiskError, StoreError
+from gen_pipeline.records import Failure, Reject, Sample
+from gen_pipeline.store.layout import (
+    ERRORS_NAME,
+    MANIFEST_NAME,
+    REJECTS_NAME,
+    ShardFile,
+    check_other_ranks,
+    check_world,
+    committed_shard,
+    final_failure_ids,
+    has_samples,
+    part_folder,
+    rejected_rows,
+    shard_files,
+)
+from gen_pipeline.store.manifest import RunLock, check_drift, now_iso, read_manifest, remove_stale_tmp, write_manifest
+from gen_pipeline.store.ranks import RankSpec
+from gen_pipeline.store.shards import ShardScan, scan_bytes, shard_name, sidecar_path, write_sidecar
+
+
+def default_opener(path: Path, mode: str) -> BinaryIO:
+    return cast(BinaryIO, open(path, mode))  # the store opens its files in binary modes only
+
+
+@dataclass
+class ResumeState:
+    """What open() found: ids to skip and what it had to repair."""
+
+    done_ids: set[str]
+    done: int
+    repaired_bytes: int
+    notes: list[str]
+
+
+# ---------------------------------------------------------------- the store
+
+
+class DatasetStore:
+    """Writer of one dataset's folder `root/dataset`, or for a rank its `rank-<R>-of-<W>/` part, whose
+    target is the rank's share of the dataset's `target`; use as a context manager after open()."""
+
+    def __init__(self, root: Path, dataset: str, *, fingerprint: dict[str, Any], target: int,
+                 shard_max_samples: int = 2000, fsync_every: int = 64,
+                 file_opener: Callable[[Path, str], BinaryIO] = default_opener, rank: RankSpec = RankSpec()):
+        self.rank = rank
+        self.folder = part_folder(root, dataset, rank)
+        self.dataset, self.fingerprint, self._target = dataset, fingerprint, rank.share(target)
+        self.shard_max_samples, self.fsync_every = shard_max_samples, fsync_every
+        self._opener = file_opener
+        self.done_ids: set[str] = set()
+        self._lock: RunLock | None = None
+        self._files: dict[str, BinaryIO] = {}
+        self._sizes: dict[str, int] = {}  # bytes known good per file name (flushed, whole lines)
+        self._manifest: dict[str, Any] = {}
+        self._sealed: list[dict[str, Any]] = []
+        self._open_index = 0
+        self._open = ShardScan()
+        self._unsynced = 0
+        self._run: dict[str, Any] = {}
+        self._rejected_rows: set[int] = set()  # source rows already in rejects.jsonl
+        self._progress: dict[str, Any] | None = None
+        self._failed = False
+        self._closed = False
+
+    # ------------------------------------------------------------ figures
+
+    @property
+    def done(self) -> int:
+        return len(self.done_ids)
+
+    @property
+    def target(self) -> int:
+        return self._target
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self._target - self.done)
+
+    def record_stop(self, stopped_by: str) -> None:
+        """Why this run ended (RunSummary.stopped_by); written into its manifest record at close()."""
+        self._run["stopped_by"] = stopped_by
+
+    @property
+    def run_number(self) -> int | None:
+        """This run's number in the manifest's runs (1, 2, ...); None before open()."""
+        return self._run.get("run")
+
+    def final_failure_ids(self) -> set[str]:
+        """Ids whose failure a retry cannot fix (`retryable: false` in errors.jsonl) and not done."""
+        return final_failure_ids(self.folder) - self.done_ids
+
+    # ------------------------------------------------------------ open / resume
+
+    def open(self) -> ResumeState:
+        """Lock, check drift, repair and scan; raises StoreError, LockedError, ConfigDriftError."""
+        dataset = self.folder.parent if self.rank.ranked else self.folder
+        check_world(dataset, self.rank)  # before creating anything
+        created = not self.folder.exists()
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"Cannot create {display_path(self.folder)}: {e.strerror or e}. "
+                             "Fix the path's permissions or choose another output folder.") from None
+        self._lock = RunLock.acquire(self.folder)
+        try:
+            check_world(dataset, self.rank)  # again, now that our folder and lock exist (a run starting with us)
+            return self._open_locked(self._lock.note)
+        except BaseException:
+            self._close_files()
+            self._lock.release()
+            if created:
+                with contextlib.suppress(OSError):  # only when still empty: leave no folder of a refused run
+                    self.folder.rmdir()
+            raise
+
+    def _open_locked(self, lock_note: str | None) -> ResumeState:
+        notes = [lock_note] if lock_note else []
+        if remove_stale_tmp(self.folder):
+            notes.append("removed a manifest tmp file left by a crash (the manifest itself is intact)")
+        manifest, why = read_manifest(self.folder)
+        if why:
+            notes.append(why)
+        if manifest and "fingerprint" in manifest and manifest["fingerprint"] != self.fingerprint:
+            # Drift only matters once samples exist: a first run that died on a config or source
+            # error must not lock its mistake in.
+            if has_samples(self.folder):
+                check_drift(self.folder, manifest["fingerprint"], self.fingerprint)
+            notes.append("the config changed before any sample was written; the new one is recorded")
+        if self.rank.ranked:  # every rank of a dataset writes with one config
+            check_other_ranks(self.folder.parent, self.rank, self.fingerprint)
+        self._manifest = manifest or {"created_at": now_iso(), "runs": []}
+        repaired = self._load_shards(notes)
+        self._start_shard()
+        if self._open.samples >= self.shard_max_samples:  # crashed between sealing and the manifest
+            self._rotate()
+        runs = self._manifest.setdefault("runs", [])
+        self._run = {"run": len(runs) + 1, "pid": os.getpid(), "host": socket.gethostname(),
+                     "started_at": now_iso(), "ended_at": None, "done_at_start": self.done,
+                     "samples_written": 0, "duplicates_skipped": 0, "over_target_skipped": 0,
+                     "failures": 0, "rejects": 0, "repaired_bytes": repaired, "notes": notes}
+        runs.append(self._run)
+        for name in (ERRORS_NAME, REJECTS_NAME):
+            repaired += self._cut_torn_tail(self.folder / name, notes)
+        self._rejected_rows = rejected_rows(self.folder)
+        self.commit()
+        return ResumeState(set(self.done_ids), self.done, repaired, notes)
+
+    def _cut_torn_tail(self, path: Path, notes: list[str]) -> int:
+        """Cut a torn last line of errors.jsonl / rejects.jsonl so the next append starts a line."""
+        if not path.exists():
+            return 0
+        data = path.read_bytes()
+        cut = len(data) - (data.rfind(b"\n") + 1)
+        if cut:
+            self._io(path, os.truncate, path, len(data) - cut)
+            notes.append(f"cut {cut} bytes (a torn last line) from {path.name}")
+        return cut
+
+    def _load_shards(self, notes: list[str]) -> int:
+        """Rebuild sealed list, open shard and done ids from the files; returns bytes cut."""
+        shards = shard_files(self.folder, self._manifest)
+        present = {sh.path.name for sh in shards}
+        for e in self._manifest.get("sealed", []):
+            if isinstance(e, dict) and isinstance(e.get("name"), str) and e["name"] not in present:
+                notes.append(f"{e['name']} is listed in the manifest but missing: its {e.get('samples', '?')} "
+                             "samples will be generated again")
+        last = shards[-1] if shards else None
+        self._open_index = (last.index if last is not None and last.listed_record is None
+                            else (last.index + 1 if last else 0))
+        repaired, dups = 0, 0
+        for shard in shards:
+            if shard.index == self._open_index:
+                continue
+            entry, ids, cut = self._load_sealed(shard, notes)
+            self._sealed.append(entry)
+            repaired, dups = repaired + cut, dups + self._add_done(ids)
+        if last is not None and last.index == self._open_index:
+            self._open = self._repair(last.path, notes)
+            committed = self._manifest.get("open") or {}
+            if committed.get("name") == shard_name(self._open_index) and \
+                    self._open.good_bytes < committed.get("committed_bytes", 0):
+                notes.append(f"{shard_name(self._open_index)} is shorter than its committed length "
+                             f"({self._open.good_bytes} < {committed['committed_bytes']} bytes): the disk lost "
+                             "fsynced data; the lost samples will be generated again")
+            repaired, dups = repaired + self._open.cut_bytes, dups + self._add_done(self._open.ids)
+        if dups:
+            notes.append(f"{dups} duplicate ids found on disk (kept the first of each); "
+                         "run validate on this dataset")
+        return repaired
+
+    def _add_done(self, ids: Sequence[str]) -> int:
+        before = len(self.done_ids)
+        self.done_ids.update(ids)
+        return len(ids) - (len(self.done_ids) - before)
+
+    def _load_sealed(self, shard: ShardFile, notes: list[str]) -> tuple[dict[str, Any], list[str], int]:
+        """A sealed shard's record and ids: from the manifest and sidecar when layout trusts them, else parsed."""
+        if shard.record is not None:
+            found = committed_shard(shard)
+            if not found.parsed:
+                return shard.record, found.scan.ids, 0
+            why = "its id sidecar is missing or does not match"
+        elif shard.listed_record is not None:
+            why = f"its size ({shard.size} bytes) differs from the manifest's ({shard.listed_record.get('bytes')})"
+        else:
+            why = "it is not in the manifest"
+        notes.append(f"re-scanned {shard.path.name}: {why}")
+        scan = self._repair(shard.path, notes)
+        self._io(shard.path, write_sidecar, sidecar_path(shard.path), scan.ids)
+        return scan.entry(shard.path.name), scan.ids, scan.cut_bytes
+
+    def _repair(self, path: Path, notes: list[str]) -> ShardScan:
+        """Parse a shard and cut a torn or invalid last line; raises StoreError on mid-file corruption."""
+        scan = scan_bytes(path.read_bytes())
+        if scan.corrupt:
+            line, why = scan.corrupt[0]
+            raise StoreError(
+                f"{display_path(path)} line {line} is {why}, and it is not the last line, so this is not "
+                "a torn write: the file is damaged. Fix or delete that line (its sample will be generated "
+                "again), or move the file away, then run again.")
+        if scan.cut_bytes:
+            self._io(path, os.truncate, path, scan.good_bytes)
+            notes.append(f"cut {scan.cut_bytes} bytes (a torn or invalid last line) from {path.name}")
+        return scan
+
+    def _start_shard(self) -> None:
+        name = shard_name(self._open_index)
+        self._sizes[name] = self._open.good_bytes
+        self._files[name] = self._io(self.folder / name, self._opener, self.folder / name, "ab")
+
+    # ------------------------------------------------------------ writing
+
+    def write_samples(self, samples: Sequence[Sample]) -> int:
+        """Append new samples (flushed); skips done ids and anything past the target.
+
+        Returns how many were written. Raises DiskError when a write fails.
+        """
+        batch = self._admit(samples)
+        start = 0
+        while start < len(batch):
+            chunk = batch[start:start + self.shard_max_samples - self._open.samples]
+            self._append_samples(chunk)
+            start += len(chunk)
+            if self._open.samples >= self.shard_max_samples:
+                self._rotate()
+        if self._unsynced >= self.fsync_every:
+            self.commit()
+        return len(batch)
+
+    def _admit(self, samples: Sequence[Sample]) -> list[Sample]:
+        self._check_usable()
+        batch: list[Sample] = []
+        seen: set[str] = set()
+        for s in samples:
+            if s.id in self.done_ids or s.id in seen:
+                self._run["duplicates_skipped"] += 1
+            elif self.done + len(batch) >= self._target:
+                self._run["over_target_skipped"] += 1
+            else:
+                batch.append(s)
+                seen.add(s.id)
+        return batch
+
+    def _append_samples(self, chunk: list[Sample]) -> None:
+        self._append(shard_name(self._open_index), b"".join(s.to_json() for s in chunk))
+        for s in chunk:
+            self._open.add({"id": s.id, "meta": s.meta})
+        self.done_ids.update(s.id for s in chunk)
+        self._open.good_bytes = self._sizes[shard_name(self._open_index)]
+        self._unsynced += len(chunk)
+        self._run["samples_written"] += len(chunk)
+
+    def write_failures(self, failures: Sequence[Failure]) -> None:
+        """Append Failure lines (with this run's number) to errors.jsonl; raises DiskError."""
+        self._check_usable()
+        if failures:
+            run = self._run["run"]
+            self._append(ERRORS_NAME, b"".join(orjson.dumps({**orjson.loads(f.to_json()), "run": run},
+                                                            option=orjson.OPT_APPEND_NEWLINE) for f in failures))
+            self._run["failures"] += len(failures)
+
+    def write_rejects(self, rejects: Sequence[Reject]) -> None:
+        """Append Reject lines (with this run's number) to rejects.jsonl, each source row once
+        across runs (every run re-reads the source and meets the same bad rows); raises DiskError."""
+        self._check_usable()
+        rejects = [r for r in rejects if r.source_index not in self._rejected_rows]
+        self._rejected_rows.update(r.source_index for r in rejects)
+        if rejects:
+            run = self._run["run"]
+            self._append(REJECTS_NAME, b"".join(orjson.dumps({**orjson.loads(r.to_json()), "run": run},
+                                                             option=orjson.OPT_APPEND_NEWLINE) for r in rejects))
+            self._run["rejects"] += len(rejects)
+
+    def _append(self, name: str, blob: bytes) -> None:
+        """Write + flush one blob of whole lines; on failure cut the file back and raise DiskError."""
+        path = self.folder / name
+        if name not in self._files:
+            self._sizes[name] = path.stat().st_size if path.exists() else 0
+            self._files[name] = self._io(path, self._opener, path, "ab")
+        try:
+            self._files[name].write(blob)
+            self._files[name].flush()
+        except OSError as e:
+            self._fail(path, e, self._sizes[name])
+        self._sizes[name] += len(blob)
+
+    def _rotate(self) -> None:
+        """Seal the open shard (fsync, sidecar, manifest record) and start the next one."""
+        name = shard_name(self._open_index)
+        path = self.folder / name
+        self._sync(name)
+        with contextlib.suppress(OSError):  # flushed and fsynced above: nothing left to lose
+            self._files.pop(name).close()
+        self._io(path, write_sidecar, sidecar_path(path), self._open.ids)
+        self._sealed.append(self._open.entry(name))
+        self._open_index += 1
+        self._open = ShardScan()
+        self._start_shard()
+        self.commit()
+
+    # ------------------------------------------------------------ durability
+
+    def commit(self, progress: dict[str, Any] | None = None) -> None:
+        """fsync the files, then replace the manifest atomically; raises DiskError."""
+        self._check_usable()
+        if progress is not None:
+            self._progress = progress
+        for name in list(self._files):
+            self._sync(name)
+        self._unsynced = 0
+        self._run["updated_at"] = now_iso()
+        self._manifest.update({
+            "dataset": self.dataset, "target": self._target, "fingerprint": self.fingerprint,
+            "fingerprint_digest": fingerprint_digest(self.fingerprint), "sealed": self._sealed,
+            "open": {"name": shard_name(self._open_index), "committed_bytes": self._open.good_bytes,
+                     "committed_samples": self._open.samples, "prompt_tokens": self._open.prompt_tokens,
+                     "completion_tokens": self._open.completion_tokens, "truncated": self._open.truncated},
+            "updated_at": self._run["updated_at"]})
+        if self.rank.ranked:  # status reads the rank from here (and the folder name)
+            self._manifest.update({"rank": self.rank.rank, "world_size": self.rank.world})
+        if self._progress is not None:
+            self._manifest["progress"] = self._progress
+        self._io(self.folder / MANIFEST_NAME, write_manifest, self.folder, self._manifest)
+
+    def _sync(self, name: str) -> None:
+        f = self._files[name]
+        try:
+            f.flush()
+            os.fsync(f.fileno())
+        except OSError as e:
+            self._fail(self.folder / name, e, self._sizes[name])
+
+    def close(self, progress: dict[str, Any] | None = None) -> None:
+        """Commit (unless a write failed), then release the lock. Idempotent."""
+        if self._closed or self._lock is None:
+            return
+        try:
+            if not self._failed:
+                self._run["ended_at"] = now_iso()
+                self.commit(progress)
+        finally:
+            self._closed = True
+            self._close_files()
+            self._lock.release()
+
+    def __enter__(self) -> DatasetStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ failure handling
+
+    def _check_usable(self) -> None:
+        if self._lock is None or self._closed:
+            raise StoreError(f"The store for {display_path(self.folder)} is not open.")
+        if self._failed:
+            raise StoreError(f"The store for {display_path(self.folder)} stopped after a failed write; "
+                             "run the same command again to resume.")
+
+    def _io(self, path: Path, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except OSError as e:
+            self._fail(path, e, None)
+
+    def _fail(self, path: Path, exc: OSError, good_bytes: int | None) -> None:
+        """Stop the store: close its files, cut `path` back to whole lines, raise DiskError."""
+        self._failed = True
+        handle = self._files.pop(path.name, None)
+        if handle is not None:
+            with contextlib.suppress(OSError):
+                handle.close()  # may try to flush the same bytes again and fail again
+        if good_bytes is not None:
+            with contextlib.suppress(OSError):
+                os.truncate(path, good_bytes)
+        hint = ("free space and run the same command to resume" if exc.errno in (errno.ENOSPC, errno.EDQUOT)
+                else "check the disk and run the same command to resume")
+        raise DiskError(f"Writing {display_path(path)} failed: {exc.strerror or exc}. {self.done} samples are "
+                        f"committed and safe; {hint}.") from exc
+
+    def _close_files(self) -> None:
+        for f in self._files.values():
+            with contextlib.suppress(OSError):
+                f.close()
+        self._files.clear()

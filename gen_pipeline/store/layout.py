@@ -1,0 +1,284 @@
+"""The dataset folder: its layout, file names and the trust rules, read by the store (writer),
+status, validate and export alike. Nothing here writes.
+
+    outputs/B2/                   the dataset folder (`dataset_folder(root, "B2")`)
+      shard-00000.jsonl           one Sample a line (shards.py: format, parsing, id sidecars)
+      shard-00000.ids             ids of a sealed shard
+      manifest.json, .lock        manifest.py: sealed shards, open shard's committed length, runs; run lock
+      errors.jsonl, rejects.jsonl Failure / Reject lines, each with its "run"
+
+manifest.json (written by the store only, atomically): "dataset", "target", "fingerprint" (+ its
+"fingerprint_digest"), "sealed": [{"name", "samples", "bytes", "prompt_tokens", "completion_tokens",
+"truncated"}], "open": {"name", "committed_bytes", "committed_samples", ...}, "runs": [{"run", "pid",
+"host", "started_at", "ended_at", "samples_written", "stopped_by", "notes", ...}], "progress" (the last
+run's figures), "created_at", "updated_at".
+
+A folder is read through its *parts*: the folders each written by one run at a time, with their
+own manifest, lock, errors, rejects and logs. A dataset written by one run (world size 1) has one
+part, the folder itself; one written by W ranks (ranks.py) has the parts `rank-<R>-of-<W>/`:
+
+    outputs/B2/rank-0-of-4/       rank 0's part: shards, manifest.json, .lock, errors, rejects, logs
+    outputs/B2/rank-1-of-4/ ...
+
+(a rank's manifest also records "rank" and "world_size", and its "target" is the rank's share).
+
+Every reader here (status, validate, export) reads all parts as one dataset; `check_world` keeps
+the two layouts and two world sizes from mixing in one folder.
+
+Trust rules (which shard lines are committed samples):
+- every complete line (ending in "\\n") that is a JSON object with a string "id" is a sample, also
+  past the manifest's committed length (it was flushed; the manifest lags by design);
+- bytes after the last "\\n" are a torn write, and an invalid last line is one too: not samples;
+- an invalid line before the last one is damage, not a sample (the store refuses to resume over it);
+- a sealed shard whose size equals its manifest record is trusted without parsing: its figures come
+  from the record and its ids from the sidecar (`ShardFile.record`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gen_pipeline.display import display_path
+from gen_pipeline.errors import StoreError
+from gen_pipeline.store.manifest import LOCK_NAME, MANIFEST_NAME, check_drift, read_manifest
+from gen_pipeline.store.ranks import RankSpec, parse_rank_folder
+from gen_pipeline.store.shards import ShardScan, iter_lines, list_shards, read_sidecar, scan_bytes, sidecar_path
+
+__all__ = ["ERRORS_NAME", "LOCK_NAME", "MANIFEST_NAME", "REJECTS_NAME", "CommittedShard", "ShardFile",
+           "check_other_ranks", "check_world", "committed_shards", "dataset_folder", "dataset_parts", "display_path",
+           "final_failure_ids", "has_samples", "has_shards", "iter_committed_samples", "part_folder", "part_name",
+           "rank_parts", "read_jsonl_rows", "rejected_rows", "shard_files", "trusted_record"]
+
+ERRORS_NAME = "errors.jsonl"
+REJECTS_NAME = "rejects.jsonl"
+
+
+def dataset_folder(root: Path, dataset: str) -> Path:
+    return Path(root) / dataset
+
+
+def part_folder(root: Path, dataset: str, spec: RankSpec) -> Path:
+    """Where one run writes: the dataset folder itself (world size 1) or its rank-<R>-of-<W>/ folder."""
+    folder = dataset_folder(root, dataset)
+    return folder / spec.folder_name if spec.ranked else folder
+
+
+def rank_parts(folder: Path) -> dict[tuple[int, int], Path]:
+    """{(rank, world): its folder} of the rank folders in a dataset folder, ordered by world, then rank."""
+    try:
+        found = [(rw, p) for p in Path(folder).iterdir() if (rw := parse_rank_folder(p.name)) and p.is_dir()]
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    return {rw: p for rw, p in sorted(found, key=lambda x: (x[0][1], x[0][0]))}
+
+
+def _has_own_output(folder: Path) -> bool:
+    """The folder itself (not its rank folders) holds a manifest, a lock or shards: a one-run dataset."""
+    return any((Path(folder) / name).exists() for name in (MANIFEST_NAME, LOCK_NAME)) or bool(list_shards(folder))
+
+
+def dataset_parts(folder: Path) -> list[Path]:
+    """The folders written by one run each that make up this dataset: the folder itself, or its rank
+    folders (both when a folder mixes them, so that readers hide nothing)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    ranks = list(rank_parts(folder).values())
+    return ([folder] if not ranks or _has_own_output(folder) else []) + ranks
+
+
+def part_name(folder: Path, path: Path) -> str:
+    """`path` as named in messages about a dataset: relative to the dataset folder (rank-1-of-4/shard-...)."""
+    try:
+        return str(Path(path).relative_to(folder))
+    except ValueError:
+        return Path(path).name
+
+
+def has_shards(folder: Path) -> bool:
+    """True when any part of the folder has a shard file (empty or not)."""
+    return any(list_shards(part) for part in dataset_parts(folder))
+
+
+def has_samples(folder: Path) -> bool:
+    """True when any shard of any part holds bytes (what makes config drift matter)."""
+    return any(p.stat().st_size for part in dataset_parts(folder) for p in list_shards(part).values())
+
+
+def _samples(parts: list[Path]) -> int:
+    return sum(s.samples for part in parts for s in committed_shards(part, ids=False))
+
+
+def check_world(folder: Path, spec: RankSpec) -> None:
+    """Refuse a run whose layout differs from what the dataset folder holds: ranks over a one-run
+    dataset, a one-run over ranks, or another world size. Raises StoreError saying what exists,
+    what was asked and what to do. (Refused rather than re-split: which rank owns a prompt depends
+    on the world size, so the samples already written would belong to other ranks.) Any rank folder
+    counts, even an empty one: the store checks again once its own folder and lock exist, so two
+    runs that start together with different layouts cannot both pass."""
+    where = display_path(folder)
+    others = {rw: p for rw, p in rank_parts(folder).items() if rw[1] != spec.world}
+    asked = f"this run is {spec.label}" if spec.ranked else "this run has no rank (world size 1)"
+    redo = (f"or write to another --output-dir or dataset name (or move {where} away to start over).")
+    if spec.ranked and _has_own_output(folder):
+        n = _samples([folder])
+        raise StoreError(
+            f"{where} holds a dataset written by one run without ranks ({n:,} samples in its own shards); "
+            f"{asked}. One dataset cannot mix the two layouts. Finish it without ranks (no --rank/--world-size, "
+            "and SLURM_PROCID/SLURM_NTASKS and RANK/WORLD_SIZE unset), " + redo)
+    if others:
+        worlds = sorted({w for _, w in others})
+        n = _samples(list(others.values()))
+        names = ", ".join(p.name for p in others.values())
+        empty = " (no samples yet: delete those folders to start over with this world size)" if n == 0 else ""
+        keep = " or ".join(str(w) for w in worlds)
+        raise StoreError(
+            f"{where} was written with world size {keep} ({names}: {n:,} samples){empty}; {asked}. "
+            "Which rank owns a prompt depends on the world size, so changing it would redo or lose samples. "
+            f"Run every rank with --world-size {keep} (ranks 0 to {worlds[0] - 1}) to continue, " + redo)
+
+
+def check_other_ranks(folder: Path, spec: RankSpec, fingerprint: dict[str, Any]) -> None:
+    """Raise ConfigDriftError when another rank of `folder` wrote samples with a different config
+    (the dataset would mix samples made two ways, as a resumed run with another config would)."""
+    for (rank, _), part in rank_parts(folder).items():
+        theirs = (read_manifest(part)[0] or {}).get("fingerprint")
+        if rank != spec.rank and theirs is not None and theirs != fingerprint and has_samples(part):
+            check_drift(part, theirs, fingerprint)
+
+
+# ---------------------------------------------------------------- the trust rule
+
+
+def sealed_records(manifest: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """{shard name: its record} of the shards the manifest lists as sealed."""
+    return {e["name"]: e for e in (manifest or {}).get("sealed", [])
+            if isinstance(e, dict) and isinstance(e.get("name"), str)}
+
+
+def trusted_record(record: dict[str, Any] | None, size: int) -> dict[str, Any] | None:
+    """The manifest record of a sealed shard when the file still matches it (same size), else None."""
+    return record if record is not None and record.get("bytes") == size else None
+
+
+@dataclass(frozen=True)
+class ShardFile:
+    """One shard file of a part and the manifest's record of it (None: not listed as sealed)."""
+
+    index: int
+    path: Path
+    size: int
+    listed_record: dict[str, Any] | None
+
+    @property
+    def record(self) -> dict[str, Any] | None:
+        """The manifest's record when it can be trusted for this file (the trust rule)."""
+        return trusted_record(self.listed_record, self.size)
+
+
+def shard_files(folder: Path, manifest: dict[str, Any] | None = None) -> list[ShardFile]:
+    """The shards of one part in index order, each with its trusted record (manifest read if not given).
+    A shard that vanishes while being listed (a live run owns the folder) is left out."""
+    if manifest is None:
+        manifest = read_manifest(folder)[0]
+    records = sealed_records(manifest)
+    out = []
+    for index, path in list_shards(folder).items():
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            continue
+        out.append(ShardFile(index, path, size, records.get(path.name)))
+    return out
+
+
+@dataclass
+class CommittedShard:
+    """The committed samples of one shard: figures, ids (when asked for), damaged lines (`scan.corrupt`)."""
+
+    file: ShardFile
+    scan: ShardScan
+    samples: int
+    parsed: bool  # False = figures from the manifest record (and ids from the sidecar)
+
+
+def committed_shard(shard: ShardFile, *, ids: bool = True) -> CommittedShard:
+    """One shard under the trust rule; `ids=False` skips the sidecar when the record is trusted (status
+    needs only the figures). Raises OSError if the shard cannot be read."""
+    rec = shard.record
+    if rec is not None:
+        found = read_sidecar(sidecar_path(shard.path)) if ids else []
+        if found is not None and (not ids or len(found) == rec.get("samples")):
+            scan = ShardScan(ids=found, good_bytes=shard.size, prompt_tokens=int(rec.get("prompt_tokens", 0)),
+                             completion_tokens=int(rec.get("completion_tokens", 0)),
+                             truncated=int(rec.get("truncated", 0)))
+            return CommittedShard(shard, scan, int(rec.get("samples", 0)), parsed=False)
+    scan = scan_bytes(shard.path.read_bytes())
+    return CommittedShard(shard, scan, scan.samples, parsed=True)
+
+
+def committed_shards(folder: Path, *, ids: bool = True) -> list[CommittedShard]:
+    """Every shard of every part of a dataset folder with its committed figures (and ids)."""
+    out = []
+    for part in dataset_parts(folder):
+        for shard in shard_files(part):
+            try:
+                out.append(committed_shard(shard, ids=ids))
+            except OSError:
+                continue  # vanished or rewritten while we read: a live run owns it
+    return out
+
+
+def iter_committed_samples(folder: Path) -> Iterator[dict[str, Any]]:
+    """Every committed sample of a dataset folder (all parts), parsed, in shard and line order."""
+    for part in dataset_parts(folder):
+        for shard in shard_files(part):
+            try:
+                data = shard.path.read_bytes()
+            except OSError:
+                continue
+            for _line, row, _why, _end in iter_lines(data):
+                if row is not None:
+                    yield row
+
+
+# ---------------------------------------------------------------- errors.jsonl / rejects.jsonl
+
+
+def read_jsonl_rows(path: Path) -> list[dict[str, Any]]:
+    """The JSON object lines of a file (a torn or unparseable line is skipped); [] when absent."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return []
+    rows = []
+    for line in data.split(b"\n"):
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def final_failure_ids(folder: Path) -> set[str]:
+    """Ids recorded in errors.jsonl with `retryable: false` (done or not), over all parts."""
+    return {r["id"] for part in dataset_parts(folder) for r in read_jsonl_rows(part / ERRORS_NAME)
+            if r.get("retryable") is False and isinstance(r.get("id"), str)}
+
+
+def rejected_rows(folder: Path) -> set[int]:
+    """Source rows already recorded in one part's rejects.jsonl."""
+    rows = set()
+    for r in read_jsonl_rows(Path(folder) / REJECTS_NAME):
+        try:
+            rows.add(int(r["row"]))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return rows

@@ -1,0 +1,132 @@
+"""Many orchestrators, one dataset: which rank this process is, which prompts it owns, and its
+share of the target. Pure (no I/O beyond reading the environment it is handed).
+
+Rank R of W owns the prompts whose id hashes to R: blake2b of the id (not Python's `hash()`,
+which is salted per process), so ownership is the same on every machine, in every run, and in
+any source order. Shares: `target // W`, plus one for the first `target % W` ranks; they sum to
+the target. A rank never takes over another rank's prompts, so a rank whose slice of the source
+has fewer valid prompts than its share stops short ("source exhausted") and says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gen_pipeline.errors import ConfigError
+
+# Checked in this order: the first complete pair wins. SLURM first because `srun` sets it for
+# every task; torchrun-style RANK/WORLD_SIZE is the fallback (both set: see resolve_rank).
+ENV_PAIRS = (("SLURM_PROCID", "SLURM_NTASKS"), ("RANK", "WORLD_SIZE"))
+_FOLDER = re.compile(r"^rank-(\d+)-of-(\d+)$")
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """This process is rank `rank` of `world` (0 <= rank < world); world 1 = the whole dataset."""
+
+    rank: int = 0
+    world: int = 1
+    source: str = "default"  # where it came from, for messages: "--rank/--world-size", "SLURM_PROCID/...", ...
+
+    @property
+    def ranked(self) -> bool:
+        return self.world > 1
+
+    @property
+    def folder_name(self) -> str:
+        return rank_folder_name(self.rank, self.world)
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank} of {self.world}"
+
+    def owns(self, sample_id: str) -> bool:
+        return owner_rank(sample_id, self.world) == self.rank
+
+    def share(self, target: int) -> int:
+        return rank_share(target, self.rank, self.world)
+
+
+def owner_rank(sample_id: str, world: int) -> int:
+    """The rank (0..world-1) that owns `sample_id`: the first 8 bytes of its blake2b digest, mod world."""
+    if world <= 1:
+        return 0
+    digest = hashlib.blake2b(sample_id.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % world
+
+
+def rank_share(target: int, rank: int, world: int) -> int:
+    """Rank `rank`'s exact part of `target`; the shares of ranks 0..world-1 sum to `target`."""
+    return target // world + (1 if rank < target % world else 0)
+
+
+def rank_folder_name(rank: int, world: int) -> str:
+    return f"rank-{rank}-of-{world}"
+
+
+def parse_rank_folder(name: str) -> tuple[int, int] | None:
+    """(rank, world) of a folder named rank-<R>-of-<W> with 0 <= R < W, else None."""
+    m = _FOLDER.match(name)
+    if not m:
+        return None
+    rank, world = int(m.group(1)), int(m.group(2))
+    return (rank, world) if 0 <= rank < world else None
+
+
+# ---------------------------------------------------------------- flags and environment
+
+
+def _check(rank: int, world: int, rank_name: str, world_name: str, sep: str = " ") -> None:
+    """0 <= rank < world, world >= 1; `sep` shows a value as a flag's (" ") or a variable's ("=")."""
+    if world < 1:
+        raise ConfigError(f"{world_name}{sep}{world} must be at least 1 (the number of ranks sharing the dataset).")
+    if not 0 <= rank < world:
+        raise ConfigError(f"{rank_name}{sep}{rank} must be between 0 and {world - 1}: ranks are numbered 0 to "
+                          f"{world_name} - 1, and {world_name} is {world}.")
+
+
+def _env_int(env: Mapping[str, str], name: str) -> int:
+    raw = env[name].strip()
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"The environment variable {name}={env[name]!r} is not an integer. Fix or unset it, "
+                          "or pass --rank and --world-size, which win over the environment.") from None
+
+
+def _from_env(env: Mapping[str, str], rank_var: str, world_var: str) -> RankSpec | None:
+    have = [v for v in (rank_var, world_var) if env.get(v, "").strip()]
+    if not have or have == ["SLURM_NTASKS"]:
+        return None  # SLURM_NTASKS alone: a shell of the allocation (salloc, the batch script), not an srun task
+    if len(have) == 1:
+        missing = world_var if have[0] == rank_var else rank_var
+        raise ConfigError(f"The environment sets {have[0]}={env[have[0]]} but not {missing}: set both "
+                          f"(rank and world size), or pass --rank and --world-size, which win over the environment.")
+    rank, world = _env_int(env, rank_var), _env_int(env, world_var)
+    _check(rank, world, rank_var, world_var, sep="=")
+    return RankSpec(rank, world, f"{rank_var}/{world_var}")
+
+
+def resolve_rank(rank: int | None, world: int | None, env: Mapping[str, str]) -> tuple[RankSpec, list[str]]:
+    """This process's rank: --rank/--world-size, else SLURM_PROCID/SLURM_NTASKS, else RANK/WORLD_SIZE,
+    else rank 0 of 1. Returns the spec and notes for the user (both env pairs set and disagreeing).
+    Raises ConfigError naming the flag or variable."""
+    if rank is not None or world is not None:
+        if rank is None or world is None:
+            given, missing = ("--rank", "--world-size") if world is None else ("--world-size", "--rank")
+            raise ConfigError(f"{given} needs {missing} too: pass both (e.g. --rank 1 --world-size 4), or neither "
+                              "to read them from SLURM_PROCID/SLURM_NTASKS or RANK/WORLD_SIZE.")
+        _check(rank, world, "--rank", "--world-size")
+        return RankSpec(rank, world, "--rank/--world-size"), []
+    found = [spec for pair in ENV_PAIRS if (spec := _from_env(env, *pair)) is not None]
+    if not found:
+        return RankSpec(), []
+    notes = []
+    if len(found) > 1 and (found[0].rank, found[0].world) != (found[1].rank, found[1].world):
+        notes.append(f"both SLURM_PROCID/SLURM_NTASKS ({found[0].rank} of {found[0].world}) and RANK/WORLD_SIZE "
+                     f"({found[1].rank} of {found[1].world}) are set; using SLURM's (pass --rank/--world-size "
+                     "to choose).")
+    return found[0], notes
