@@ -10,9 +10,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="gen-pipeline-hf-"))
 # The suite may run inside an srun task or a torchrun job: the CLI subprocesses must not become ranks.
-from pipeline_helpers import RANK_VARS  # after the environment above
+from pipeline_helpers import LAUNCHER_VARS  # after the environment above
 
-for _var in RANK_VARS:
+for _var in LAUNCHER_VARS:
     os.environ.pop(_var, None)
 
 import logging

@@ -24,7 +24,7 @@ from gen_pipeline.store.ranks import RankSpec, owner_rank, rank_share, resolve_r
 from sglang_sim.testing import start_sim
 
 from pipeline_helpers import (
-    RANK_VARS,
+    LAUNCHER_VARS,
     REPO,
     SAMPLE_KEYS,
     SIM_FAST,
@@ -146,7 +146,7 @@ def test_a_job_array_task_is_a_rank_and_srun_tasks_inside_it_split_it():
 
 
 def _clean_env(env: dict[str, str]) -> dict[str, str]:
-    return {**{k: v for k, v in os.environ.items() if k not in RANK_VARS}, **env}
+    return {**{k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}, **env}
 
 
 def _start_env(args: tuple, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -396,3 +396,10 @@ def test_ranks_of_one_dataset_must_share_its_config(tmp_path, sim_url):
         "Resuming would mix samples made two ways in one dataset. Restore the old setting to resume, or write to a "
         "new output folder or dataset name.")
     assert not (out / "T" / "rank-1-of-2").exists()  # the refused rank left nothing behind
+
+
+def test_the_readme_shows_the_sbatch_script_that_make_slurm_test_runs():
+    """tests/slurm/test_slurm.py submits examples/slurm/generate.sbatch; the README shows that file whole."""
+    script = (REPO / "examples" / "slurm" / "generate.sbatch").read_text()
+    assert f"```bash\n{script}```\n" in (REPO / "README.md").read_text()
+    assert os.access(REPO / "tests" / "slurm" / "cluster.sh", os.X_OK)

@@ -27,7 +27,7 @@
 # - OverSubscribe=FORCE:8 on the partition: 2 CPUs here, yet all ranks of a test run at once.
 # - ReturnToService=2, JobRequeue=1, MinJobAge=3600 (a finished job stays in `scontrol show job`).
 #
-# Exit codes: 0 up (or stopped), 3 cannot install (not root, no apt-get, install failed),
+# Exit codes: 0 up (or stopped), 3 cannot start or install (not root, no apt-get, install failed),
 # 4 a daemon did not come up (its log's last lines are printed), 1 `status` of a cluster that is down.
 set -euo pipefail
 
@@ -53,7 +53,6 @@ need_install() {
 }
 
 install_packages() {
-    [[ $(id -u) == 0 ]] || die 3 "SLURM is not installed and this is not root (uid $(id -u)): cannot apt-get install slurmctld slurmd slurm-client munge."
     command -v apt-get >/dev/null || die 3 "SLURM is not installed and there is no apt-get here: install slurmctld, slurmd, slurm-client and munge (slurm-wlm 22.05 or later)."
     local t0 pkgs=(slurmctld slurmd slurm-client munge) policy=/usr/sbin/policy-rc.d added_policy=0
     t0=$(now_s)
@@ -160,6 +159,7 @@ wait_idle() {
 cmd_start() {
     local t0
     t0=$(now_s)
+    [[ $(id -u) == 0 ]] || die 3 "not root (uid $(id -u)): this cluster runs slurmctld and slurmd as root (SlurmUser=root; slurmd starts the jobs) and installs them with apt-get."
     mkdir -p "$STATE"/{etc,munge,log,run,ctld,spool}
     chmod 0755 "$STATE/munge"  # munged: its socket's folder must be searchable by all
     need_install && install_packages

@@ -43,15 +43,18 @@ ARRAY = "SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT"
 
 
 @pytest.fixture(scope="module")
-def slurm_env():
+def slurm_env(request):
     """The environment to submit with (SLURM_CONF of the test cluster); the cluster is stopped
-    afterwards unless it was up before."""
+    afterwards unless it was up before. cluster.sh's lines (install and start-up times) are shown."""
     mode = os.environ.get("GEN_PIPELINE_SLURM", "")
     if mode not in ("1", "require"):
         pytest.skip("the SLURM tests run under `make slurm-test` (it starts a single-node cluster, installing "
                     "slurm-wlm with apt-get when missing)")
     was_up = subprocess.run([CLUSTER_SH, "status"], capture_output=True).returncode == 0
     res = subprocess.run([CLUSTER_SH, "start"], capture_output=True, text=True, timeout=900)
+    if res.returncode == 0:  # past the output capture: "installed ... in N s", "up in N s: ..."
+        with request.config.pluginmanager.get_plugin("capturemanager").global_and_fixture_disabled():
+            print("\n" + "\n".join(res.stderr.splitlines()[-2:]))
     if res.returncode != 0:
         reason = f"no SLURM test cluster: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res}"
         if mode == "require":
@@ -188,6 +191,28 @@ def test_the_readme_script_makes_exactly_the_target_on_four_ranks_and_refuses_an
         "throttle is fine): the world size is the array's task count. To rerun one rank, requeue its task (scontrol "
         "requeue <jobid>_<rank>) or run it with --rank R --world-size W."]
     assert {p: p.read_bytes() for p in sorted((out / "T").rglob("*")) if p.is_file()} == before  # nothing touched
+
+
+def test_srun_tasks_inside_array_tasks_split_each_rank(tmp_path, slurm_env):
+    """The README's alternative to one task per array index: `srun` with n tasks in each of A array
+    tasks; task p of array task a is rank a·n + p of A·n (SLURM_PROCID/SLURM_NTASKS as set by srun)."""
+    toml = write_dataset(tmp_path / "ds", rows=make_rows(120), target=TARGET)
+    out, cfg, logs = tmp_path / "out", tmp_path / "ds", tmp_path / "logs"
+    logs.mkdir()
+    cmd = f"srun .venv/bin/gen-pipeline generate --dataset {toml} --server sim --output-dir {out}"
+    res = subprocess.run(["sbatch", "--parsable", "--oversubscribe", "--overcommit", "--array=0-1", "--ntasks=2",
+                          f"--output={logs}/slurm-%A_%a.log", "--wrap", cmd], cwd=REPO, env=slurm_env,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    job = res.stdout.strip().split(";")[0]
+    tasks = wait_tasks(slurm_env, job, range(2))
+    assert {i: (t["JobState"], t["ExitCode"]) for i, t in tasks.items()} == {i: ("COMPLETED", "0:0") for i in range(2)}
+    for a in range(2):
+        lines = task_log(logs, job, a).splitlines()
+        for r in (2 * a, 2 * a + 1):
+            assert (f"T: rank {r} of 4 (from {ARRAY} and SLURM_PROCID/SLURM_NTASKS), share 15 of 60, writing "
+                    f"{rank_dir(out, r)}/") in lines, lines
+    assert_exact(out, cfg)
 
 
 @pytest.mark.parametrize("how", ["scancel", "scancel --batch --signal=KILL"])
