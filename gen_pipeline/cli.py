@@ -69,10 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--proceed-anyway", action="store_true",
                    help="launch even when the source check fails (most rows rejected, too few valid rows)")
     g.add_argument("--rank", type=int, help="this process's rank when several share the dataset (with --world-size; "
-                                            "default: SLURM_PROCID, else RANK)")
+                                            "default: SLURM_ARRAY_TASK_ID and/or SLURM_PROCID, else RANK)")
     g.add_argument("--world-size", type=int, help="how many ranks share the dataset, each writing "
-                                                  "outputs/<DATASET>/rank-<R>-of-<W>/ (default: SLURM_NTASKS, else "
-                                                  "WORLD_SIZE, else 1)")
+                                                  "outputs/<DATASET>/rank-<R>-of-<W>/ (default: SLURM_ARRAY_TASK_COUNT "
+                                                  "and/or SLURM_NTASKS, else WORLD_SIZE, else 1)")
     _common(g)
 
     c = sub.add_parser("check", help="read and parse a dataset's source before any server starts",

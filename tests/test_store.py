@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -283,6 +284,38 @@ def test_stale_lock_is_taken_over(tmp_path):
         assert orjson.loads((tmp_path / "B2" / ".lock").read_bytes())["pid"] == os.getpid()
         assert state.done == 1
     assert not (tmp_path / "B2" / ".lock").exists()
+
+
+def test_a_requeued_slurm_job_takes_over_its_own_lock_from_another_host(tmp_path, monkeypatch):
+    """After a node failure SLURM reruns the job (same SLURM_JOB_ID, SLURM_RESTART_COUNT + 1), maybe on
+    another node, whose pid cannot be checked: the lock's job id and restart count tell that its
+    writer's run has ended. Another job, or the same run, is still refused."""
+    folder = tmp_path / "B2"
+    folder.mkdir()
+    started = "2026-03-01T11:02:03+00:00"
+    hms = datetime.fromisoformat(started).astimezone().strftime("%H:%M:%S")
+    lock = {"pid": 4242, "host": "node-7", "started_at": started, "slurm_job_id": "66", "slurm_restart": 0}
+    (folder / ".lock").write_bytes(orjson.dumps(lock))
+    where = display_path(folder)
+    refused = (f"{where} is being written by a run on host node-7 (pid 4242, SLURM job 66, started {hms}); this "
+               "host cannot tell whether it still runs. Wait for it or stop it there (scancel 66); if it is gone "
+               f"(squeue -j 66 shows nothing), delete {where}/.lock.")
+    for env in ({}, {"SLURM_JOB_ID": "67", "SLURM_RESTART_COUNT": "1"}, {"SLURM_JOB_ID": "66"}):
+        monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+        monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        with pytest.raises(LockedError) as e:
+            make(tmp_path).open()
+        assert str(e.value) == refused, env
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    with make(tmp_path) as s:
+        state = s.open()
+        assert state.notes[0] == (f"took over the lock of SLURM job 66's previous run (pid 4242 on node-7, started "
+                                  f"{hms}): the job was requeued")
+        assert orjson.loads((folder / ".lock").read_bytes()) | {"started_at": "t"} == {
+            "pid": os.getpid(), "host": socket.gethostname(), "started_at": "t", "slurm_job_id": "66",
+            "slurm_restart": 1}
 
 
 def test_config_drift_is_refused_naming_each_key(tmp_path):

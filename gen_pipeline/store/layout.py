@@ -123,24 +123,29 @@ def check_world(folder: Path, spec: RankSpec) -> None:
     runs that start together with different layouts cannot both pass."""
     where = display_path(folder)
     others = {rw: p for rw, p in rank_parts(folder).items() if rw[1] != spec.world}
-    asked = f"this run is {spec.label}" if spec.ranked else "this run has no rank (world size 1)"
+    env = spec.source not in ("default", "--rank/--world-size")  # say which variables, when they decided
+    asked = (f"this run is {spec.label}" + (f" (from {spec.source})" if env else "") if spec.ranked
+             else "this run has no rank (world size 1" + (f", from {spec.source})" if env else ")"))
     redo = (f"or write to another --output-dir or dataset name (or move {where} away to start over).")
     if spec.ranked and _has_own_output(folder):
         n = _samples([folder])
         raise StoreError(
             f"{where} holds a dataset written by one run without ranks ({n:,} samples in its own shards); "
             f"{asked}. One dataset cannot mix the two layouts. Finish it without ranks (no --rank/--world-size, "
-            "and SLURM_PROCID/SLURM_NTASKS and RANK/WORLD_SIZE unset), " + redo)
+            "outside a SLURM job array or multi-task srun, RANK/WORLD_SIZE unset), " + redo)
     if others:
         worlds = sorted({w for _, w in others})
         n = _samples(list(others.values()))
         names = ", ".join(p.name for p in others.values())
         empty = " (no samples yet: delete those folders to start over with this world size)" if n == 0 else ""
         keep = " or ".join(str(w) for w in worlds)
+        how = (f"Submit the job array as --array=0-{worlds[0] - 1} (world size {keep})"
+               if spec.source.startswith("SLURM_ARRAY") else
+               f"Run every rank with --world-size {keep} (ranks 0 to {worlds[0] - 1})")
         raise StoreError(
             f"{where} was written with world size {keep} ({names}: {n:,} samples){empty}; {asked}. "
             "Which rank owns a prompt depends on the world size, so changing it would redo or lose samples. "
-            f"Run every rank with --world-size {keep} (ranks 0 to {worlds[0] - 1}) to continue, " + redo)
+            f"{how} to continue, " + redo)
 
 
 def check_other_ranks(folder: Path, spec: RankSpec, fingerprint: dict[str, Any]) -> None:

@@ -2,7 +2,8 @@
 and the config-drift check. Sync, no async library: the store calls it from a thread.
 
     outputs/B2/manifest.json   {"fingerprint", "sealed": [...], "open": {...}, "runs": [...], "progress"}
-    outputs/B2/.lock           {"pid", "host", "started_at"}; held with flock while the run lives
+    outputs/B2/.lock           {"pid", "host", "started_at"[, "slurm_job_id", "slurm_restart"]}; held with
+                               flock while the run lives
 """
 
 from __future__ import annotations
@@ -134,6 +135,14 @@ def check_drift(folder: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
 # ---------------------------------------------------------------- run lock
 
 
+def slurm_run() -> tuple[str, int] | None:
+    """(SLURM_JOB_ID, SLURM_RESTART_COUNT) when this process runs in a SLURM job, else None. A
+    requeued job keeps its id (an array task's own id too) and counts up its restarts."""
+    job = os.environ.get("SLURM_JOB_ID", "").strip()
+    restart = os.environ.get("SLURM_RESTART_COUNT", "").strip()
+    return (job, int(restart) if restart.isdigit() else 0) if job else None
+
+
 @dataclass(frozen=True)
 class LockInfo:
     """Who holds (or held) a dataset's lock, as its file says."""
@@ -142,6 +151,7 @@ class LockInfo:
     host: str
     started_at: str
     age_s: float
+    slurm: tuple[str, int] | None = None  # the holder's (SLURM job id, restart count), if it ran in one
 
     @property
     def local(self) -> bool:
@@ -149,10 +159,18 @@ class LockInfo:
 
     @property
     def alive(self) -> bool:
-        """True when the holder still runs (always assumed for another host: it cannot be checked)."""
+        """True when the holder still runs. Another host's pid cannot be checked: assumed alive, unless
+        this process is a later run of the holder's own SLURM job (requeued after a node failure, it
+        may start on another node; SLURM starts a job's next run only once the previous one ended)."""
         if self.pid is None:
             return self.age_s < _EMPTY_LOCK_GRACE_S
-        return pid_alive(self.pid) if self.local else True
+        return pid_alive(self.pid) if self.local else not self.superseded
+
+    @property
+    def superseded(self) -> bool:
+        """This process is a later run (requeue) of the SLURM job that wrote the lock."""
+        me = slurm_run()
+        return self.slurm is not None and me is not None and me[0] == self.slurm[0] and me[1] > self.slurm[1]
 
     def started_hms(self) -> str:
         try:
@@ -185,7 +203,9 @@ def read_lock(folder: Path) -> LockInfo | None:
         return None
     try:
         d = orjson.loads(raw)
-        return LockInfo(int(d["pid"]), str(d.get("host", "")), str(d.get("started_at", "")), age_s)
+        job = d.get("slurm_job_id")
+        slurm = (str(job), int(d.get("slurm_restart") or 0)) if job else None
+        return LockInfo(int(d["pid"]), str(d.get("host", "")), str(d.get("started_at", "")), age_s, slurm)
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
         return LockInfo(None, "", "", age_s)
 
@@ -197,9 +217,12 @@ def locked_message(folder: Path, info: LockInfo) -> str:
         return (f"{where} is locked by a run that is starting right now (its {LOCK_NAME} has no content yet). "
                 "Wait for it, or run again in a few seconds.")
     if not info.local:
-        return (f"{where} is being written by a run on host {info.host or 'unknown'} (pid {info.pid}, started "
-                f"{info.started_hms()}); this host cannot tell whether it still runs. Wait for it or stop it there; "
-                f"if it is gone, delete {where}/{LOCK_NAME}.")
+        job = f"SLURM job {info.slurm[0]}, " if info.slurm else ""
+        stop, gone = (f" (scancel {info.slurm[0]})", f" (squeue -j {info.slurm[0]} shows nothing)") if info.slurm \
+            else ("", "")
+        return (f"{where} is being written by a run on host {info.host or 'unknown'} (pid {info.pid}, {job}started "
+                f"{info.started_hms()}); this host cannot tell whether it still runs. Wait for it or stop it "
+                f"there{stop}; if it is gone{gone}, delete {where}/{LOCK_NAME}.")
     return (f"{where} is being written by another run on this host (pid {info.pid}, started {info.started_hms()}). "
             f"Wait for it to finish or stop it (kill {info.pid}); when a run dies, the next run takes its lock "
             "over by itself.")
@@ -256,6 +279,9 @@ class RunLock:
                 return None
             raise LockedError(locked_message(folder, info))
         _write_lock(fd)
+        if info.slurm is not None and not info.local:  # alive said no: this is a later run of its SLURM job
+            return cls(folder, fd, f"took over the lock of SLURM job {info.slurm[0]}'s previous run (pid {info.pid} "
+                                   f"on {info.host}, started {info.started_hms()}): the job was requeued")
         who = f"pid {info.pid}" if info.pid is not None else "an unknown process"
         return cls(folder, fd, f"took over the lock of a run that is gone ({who}, started {info.started_hms()})")
 
@@ -286,7 +312,10 @@ def _same_file(fd: int, path: Path) -> bool:
 
 
 def _write_lock(fd: int) -> None:
-    body = orjson.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started_at": now_iso()})
+    lock: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": now_iso()}
+    if (job := slurm_run()) is not None:
+        lock |= {"slurm_job_id": job[0], "slurm_restart": job[1]}
+    body = orjson.dumps(lock)
     os.ftruncate(fd, 0)
     os.pwrite(fd, body, 0)
     os.fsync(fd)
