@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from gen_pipeline.store.manifest import pid_alive
+from gen_pipeline.store.lock import pid_alive
 
 FORMATS = ("specforge", "speculators", "hf")
 HF_LAYOUTS = ("disk", "parquet")

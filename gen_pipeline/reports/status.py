@@ -22,7 +22,8 @@ from gen_pipeline.store.layout import (
     rank_parts,
     read_jsonl_rows,
 )
-from gen_pipeline.store.manifest import read_lock, read_manifest
+from gen_pipeline.store.lock import read_lock
+from gen_pipeline.store.manifest import read_manifest
 from gen_pipeline.store.ranks import rank_folder_name, rank_share
 
 __all__ = ["ERRORS_NAME", "REJECTS_NAME", "DatasetStatus", "StatusReport", "final_failure_ids", "format_status",
@@ -148,7 +149,9 @@ def _add_run(st: DatasetStatus, folder: Path, manifest: dict[str, Any]) -> None:
     runs = manifest.get("runs") or []
     st.runs = len(runs)
     lock = read_lock(folder)
-    if lock is not None and lock.pid is not None:
+    if lock is not None and lock.problem:
+        st.state = f"lock unreadable ({lock.problem})"
+    elif lock is not None and lock.pid is not None:
         where = "" if lock.local else f" on {lock.host}"
         st.state = f"running (pid {lock.pid}{where})" if lock.alive else f"died (pid {lock.pid} gone)"
     elif lock is not None:
