@@ -246,7 +246,7 @@ class DatasetStore:
         scan = self._repair(shard.path, notes)
         committed = self._manifest.get("open")
         length = committed.get("committed_bytes") if isinstance(committed, dict) else None
-        if committed and committed.get("name") == shard.path.name and isinstance(length, int) \
+        if isinstance(committed, dict) and committed.get("name") == shard.path.name and isinstance(length, int) \
                 and scan.good_bytes < length:
             notes.append(f"{shard.path.name} is shorter than its committed length ({scan.good_bytes} < {length} "
                          "bytes): the disk lost fsynced data; the lost samples will be generated again")
