@@ -190,3 +190,39 @@ def test_validate_finds_rows_of_two_models_or_two_samplings(tmp_path: Path) -> N
         "shard-00000.jsonl:3: meta.model is 'other' here, 'm' in the first row",
         "shard-00000.jsonl:4: meta.sampling.temperature is 1.0 here, 0.7 in the first row"]
     assert "  mixed_config: 2 (rows made with another model or sampling than the first row)" in report.format()
+
+
+# ---------------------------------------------------------------- disk full while a start-up repairs
+
+
+def test_a_disk_full_start_up_counts_every_committed_sample(tmp_path: Path, monkeypatch) -> None:
+    """A first run died of a full disk between sealing shard 1 and committing the manifest; the next
+    start-up must rewrite shard 1's sidecar and the disk is still full: its message counts all the
+    samples on disk, not those loaded before the failed write."""
+    import errno
+    import os
+
+    import gen_pipeline.store.dataset_store as store_mod
+    from gen_pipeline.errors import DiskError
+
+    s = make(tmp_path, fsync_every=100)
+    s.open()
+    s.write_samples([sample(i) for i in range(6)])
+    s.commit()
+    folder = tmp_path / "B2"
+    old = (folder / "manifest.json").read_bytes()  # shard 0 sealed, shard 1 open
+    s.write_samples([sample(i) for i in range(6, 9)])  # seals shard 1, opens shard 2 (one sample)
+    s.close()
+    (folder / "manifest.json").write_bytes(old)  # the commit after sealing shard 1 never landed
+    (folder / "shard-00001.ids").unlink()
+    (folder / "fingerprint.json").unlink(missing_ok=True)
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(store_mod, "write_sidecar", full)
+    with pytest.raises(DiskError) as e:
+        make(tmp_path).open()
+    assert str(e.value) == (f"Writing {display_path(folder / 'shard-00001.jsonl')} failed: No space left on device. "
+                            "9 samples are committed and safe; free space and run the same command to resume.")
+    assert not (folder / ".lock").exists()

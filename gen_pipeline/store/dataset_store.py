@@ -37,6 +37,7 @@ from gen_pipeline.store.layout import (
     check_other_ranks,
     check_world,
     committed_shard,
+    committed_shards,
     final_failure_ids,
     has_samples,
     part_folder,
@@ -102,6 +103,7 @@ class DatasetStore:
         self._progress: dict[str, Any] | None = None
         self._failed = False
         self._closed = False
+        self._loaded = False  # done_ids holds every shard's ids (open() got past _load_shards)
 
     # ------------------------------------------------------------ figures
 
@@ -240,6 +242,7 @@ class DatasetStore:
                 self._open = scan
             else:
                 self._sealed.append(entry)
+        self._loaded = True
         return repaired
 
     def _load_open(self, shard: ShardFile, notes: list[str]) -> ShardScan:
@@ -485,8 +488,16 @@ class DatasetStore:
                 os.truncate(path, good_bytes)
         hint = ("free space and run the same command to resume" if exc.errno in (errno.ENOSPC, errno.EDQUOT)
                 else "check the disk and run the same command to resume")
-        raise DiskError(f"Writing {display_path(path)} failed: {exc.strerror or exc}. {self.done} samples are "
-                        f"committed and safe; {hint}.") from exc
+        raise DiskError(f"Writing {display_path(path)} failed: {exc.strerror or exc}. {self._committed()} samples "
+                        f"are committed and safe; {hint}.") from exc
+
+    def _committed(self) -> int:
+        """Samples on disk: done, or while open() still loads (a repair write failed), counted from the files."""
+        if self._loaded:
+            return self.done
+        with contextlib.suppress(OSError):
+            return sum(c.samples for c in committed_shards(self.folder, ids=False))
+        return self.done
 
     def _close_files(self) -> None:
         for f in self._files.values():
