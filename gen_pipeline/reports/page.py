@@ -8,12 +8,16 @@ the plots); dashed lines mark where each run starts, red lines where the server 
 from __future__ import annotations
 
 import base64
+import contextlib
+import errno
 import html
 import io
+import os
 from pathlib import Path
 from typing import Any
 
-from gen_pipeline.errors import ConfigError
+from gen_pipeline.display import display_path
+from gen_pipeline.errors import ConfigError, StoreError
 from gen_pipeline.store.telemetry import runs_of
 
 PANELS = ("throughput", "kv", "load", "retractions")
@@ -124,6 +128,18 @@ overflow-x:auto}} img{{max-width:100%}}</style></head>
 
 
 def write_report(path: Path, page: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
+    """Write the page atomically (a tmp file beside it, then a rename); raises StoreError (exit 4) when the
+    folder cannot be written."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(page, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        hint = ("free space there or pass --out on another disk" if e.errno in (errno.ENOSPC, errno.EDQUOT)
+                else "pass --out with a path in a folder you can write")
+        raise StoreError(f"Cannot write the report {display_path(path)}: {e.strerror or e}. Nothing was written; "
+                         f"{hint} (e.g. --out /tmp/{path.name}).") from None
     return path

@@ -193,11 +193,13 @@ def _run_rate(run: dict[str, Any]) -> float | None:
     return run.get("samples_written", 0) / elapsed_s if elapsed_s > 0 else None
 
 
-def status_all(root: Path, targets: dict[str, int | None], *, total_of: list[str] | None = None) -> StatusReport:
-    """Status of every dataset in `targets` plus any other folder of `root` with shards; the
-    total sums `total_of` (default: every dataset in `targets`)."""
+def status_all(root: Path, targets: dict[str, int | None], *, total_of: list[str] | None = None,
+               others: bool = True) -> StatusReport:
+    """Status of every dataset in `targets` plus (`others`) any other folder of `root` with shards; the
+    total sums `total_of` (default: every dataset in `targets`). `status --dataset X` and the report page
+    of X pass others=False: they are about X alone."""
     names = list(targets)
-    if Path(root).is_dir():
+    if others and Path(root).is_dir():
         names += sorted(p.name for p in Path(root).iterdir()
                         if p.is_dir() and p.name not in targets and has_shards(p))
     datasets = [read_status(root, n, targets.get(n)) for n in names]
