@@ -236,15 +236,23 @@ def _row(d: DatasetStatus, in_total: bool) -> list[str]:
             _si(d.samples_per_s), _si(d.tokens_per_s), _duration(d.eta_s)]
 
 
-def format_status(report: StatusReport) -> str:
-    """A compact table: one row per dataset plus the total."""
-    head = ["dataset", "done/target", "%", "shards", "prompt tok", "compl tok", "trunc", "errors",
-            "rejects", "state", "samples/s", "tok/s", "ETA"]
+STATUS_HEAD = ["dataset", "done/target", "%", "shards", "prompt tok", "compl tok", "trunc", "errors",
+               "rejects", "state", "samples/s", "tok/s", "ETA"]
+
+
+def status_rows(report: StatusReport) -> list[list[str]]:
+    """The table's cells under STATUS_HEAD: one row per dataset, then the total (when it sums a dataset shown)."""
     counted = set(report.total_of) if report.total_target else {d.dataset for d in report.datasets}
     rows = [_row(d, d.dataset in counted) for d in report.datasets]
     if report.total_target:  # no total row when none of the datasets it sums is shown
         pct = f"{100 * report.total_done / report.total_target:.1f}%"
-        rows.append(["total", f"{report.total_done:,}/{report.total_target:,}", pct] + [""] * (len(head) - 3))
+        rows.append(["total", f"{report.total_done:,}/{report.total_target:,}", pct] + [""] * (len(STATUS_HEAD) - 3))
+    return rows
+
+
+def format_status(report: StatusReport) -> str:
+    """A compact table: one row per dataset plus the total."""
+    head, rows = STATUS_HEAD, status_rows(report)
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in [head, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))

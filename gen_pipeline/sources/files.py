@@ -130,8 +130,10 @@ def no_rows_problem(path: Path, name: str, scanned: ScannedFile) -> str | None:
     if encoding:
         return encoding
     first = scanned.bad[0]
-    return (f"{name} has no line that is a JSON object: all its {len(scanned.bad):,} non-blank lines are bad (line "
-            f"{first.line} is {first.error}). A JSON Lines file holds one JSON object per line; is it the right file?")
+    n = len(scanned.bad)
+    which = "its one non-blank line is" if n == 1 else f"all its {n:,} non-blank lines are"
+    return (f"{name} has no line that is a JSON object: {which} bad (line {first.line} is {first.error}). A JSON "
+            "Lines file holds one JSON object per line; is it the right file?")
 
 
 def _not_utf8(head: bytes, name: str) -> str | None:
