@@ -54,10 +54,10 @@ class LockInfo:
     @property
     def alive(self) -> bool:
         """True when a run holds the lock (assumed for another host: it cannot be checked from here)."""
-        if self.held is not None and (self.local or self.pid is None):
+        if self.pid is None:  # no content yet: a run creating it (it takes the flock just after) or a crash then
+            return bool(self.held) or self.age_s < _EMPTY_LOCK_GRACE_S
+        if self.held is not None and self.local:
             return self.held
-        if self.pid is None:
-            return self.age_s < _EMPTY_LOCK_GRACE_S
         return pid_alive(self.pid) if self.local else True
 
     def started_hms(self) -> str:
