@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import difflib
 import functools
+import math
 import typing
-from dataclasses import MISSING, fields
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, fields
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
@@ -65,25 +67,27 @@ def _model(cls: type[DataclassInstance]) -> type[BaseModel]:
     return create_model(f"{cls.__name__}Schema", __config__=ConfigDict(strict=True, extra="forbid"), **spec)
 
 
-def build_section(cls: type[T], table: Any, where: str) -> T:
+def build_section(cls: type[T], table: Any, where: str, *, key_where: Callable[[str], str] | None = None) -> T:
     """Instantiate config dataclass `cls` from a TOML table; raises ConfigError naming the key.
 
-    `where` prefixes messages, e.g. "datasets_cfg/B2.toml: sampling."
+    `where` prefixes messages, e.g. "datasets_cfg/B2.toml: sampling."; `key_where(key)`, when given, is the
+    prefix for a message about `key` (a key an inherited table wrote is named where it is written).
     """
     if not isinstance(table, dict):
         raise ConfigError(f"{where.rstrip('.')} must be a table ([section]), got {type_name(table)}.")
     try:
         values = _model(cls).model_validate(table)
     except ValidationError as e:
-        raise _message(cls, table, where, e) from None
+        raise _message(cls, table, key_where or (lambda key: where), e) from None
     return cls(**{f.name: getattr(values, f"k_{f.name}") for f in fields(cls)})
 
 
-def _message(cls: type, table: dict[str, Any], where: str, exc: ValidationError) -> ConfigError:
+def _message(cls: type, table: dict[str, Any], where_of: Callable[[str], str], exc: ValidationError) -> ConfigError:
     """Our wording for the first error, in the table's key order."""
     order = {k: i for i, k in enumerate(table)}
     err = min(exc.errors(), key=lambda e: order.get(str(e["loc"][0]) if e["loc"] else "", -1))
     key = str(err["loc"][0])
+    where = where_of(key)
     if err["type"] == "extra_forbidden":
         return unknown_key(where, key, [f.name for f in fields(cls)])
     value, kind, loc = table[key], err["type"], f"{where}{key}"
@@ -109,3 +113,26 @@ def _message(cls: type, table: dict[str, Any], where: str, exc: ValidationError)
 
 def _union_args(tp: Any) -> tuple[Any, ...]:
     return typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, type(int | str)) else (tp,)
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric key accepts: finite, above (or at) `low`, below (or at) `high`; `words` says
+    it in the message ("must be {words}.")."""
+
+    low: float
+    high: float
+    words: str
+    low_open: bool = False  # True: `low` itself is refused
+    high_open: bool = False
+
+    def accepts(self, v: float) -> bool:
+        above = v > self.low if self.low_open else v >= self.low
+        below = v < self.high if self.high_open else v <= self.high
+        return math.isfinite(v) and above and below
+
+
+def check_range(where: str, key: str, value: float | None, rng: Range) -> None:
+    """Raise ConfigError "{where}{key} = {value} must be {words}." when a set value is out of range."""
+    if value is not None and not rng.accepts(value):
+        raise ConfigError(f"{where}{key} = {value} must be {rng.words}.")

@@ -10,6 +10,8 @@ while a run writes. Formats: export_formats.py; filters, mix and split: export_s
 from __future__ import annotations
 
 import difflib
+import errno
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gen_pipeline.display import display_path
-from gen_pipeline.errors import ConfigError, StoreError
+from gen_pipeline.errors import ConfigError, DiskError, StoreError
 from gen_pipeline.export.formats import (
     FORMATS,
     HF_LAYOUTS,
@@ -137,7 +139,10 @@ def run_export(opts: ExportOptions) -> ExportSummary:
     for rows in splits.values():
         rows.sort(key=lambda r: seeded_key(opts.seed, r["id"]))
     summary = ExportSummary(opts, counts, rows={k: len(v) for k, v in splits.items()})
-    summary.bytes_written = _write(opts, splits, targets)
+    try:
+        summary.bytes_written = _write(opts, splits, targets)
+    except OSError as e:
+        raise write_error(opts.out, e) from None
     summary.paths = targets if opts.format != "hf" else {}
     summary.notes = _remove_stale_validation(opts)
     summary.elapsed_s = time.monotonic() - started
@@ -190,9 +195,21 @@ def _remove_stale_validation(opts: ExportOptions) -> list[str]:
     return [f"removed {display_path(stale)} (an earlier export's validation rows, now in train)"]
 
 
+def write_error(out: Path, e: OSError) -> StoreError:
+    """An export that could not be written, as the store error it is (exit 4): nothing was exported."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskError(f"Writing {display_path(out)} failed: {e.strerror}. Nothing was exported (no partial file "
+                         "is left); free space or choose an --out on another disk.")
+    return StoreError(f"Cannot write --out {display_path(out)}: {e.strerror or e} (in {display_path(out.parent)}). "
+                      "Choose an --out in a folder you can write, or make that folder writable.")
+
+
 def _check_target(path: Path, force: bool) -> None:
     if not path.parent.is_dir():
         raise ConfigError(f"--out {path}: the folder {display_path(path.parent)} does not exist. Create it first.")
+    if not os.access(path.parent, os.W_OK):  # before reading the datasets (EACCES, EROFS; root ignores modes)
+        code = errno.EROFS if os.statvfs(path.parent).f_flag & os.ST_RDONLY else errno.EACCES
+        raise write_error(path, OSError(code, os.strerror(code)))
     sweep_stale_tmp(path)
     if path.exists() and not force:
         raise StoreError(f"{display_path(path)} already exists. Pass --force to replace it (the new export is "

@@ -136,6 +136,9 @@ def _problems(r: CheckReport, cfg: DatasetConfig, where: str, needed: int) -> li
             f"{where}: {r.rejected:,} of {read:,} {scope} are rejected ({_reasons(r.stats)}); the first, row "
             f"{first.source_index}: {first.detail}. Check source.schema = {src.schema!r} and source.field = "
             f"{src.field!r} (gen-pipeline check --dataset {cfg.name} shows the parsed rows)."))
+    overflow = _overflow_problem(r, cfg, where)
+    if overflow is not None:
+        out.append(overflow)
     available = r.available()
     if needed > 0 and available is not None and available < needed:
         had = f"{r.done:,} done" + (f", {r.final_failed:,} failed for good" if r.final_failed else "")
@@ -146,6 +149,28 @@ def _problems(r: CheckReport, cfg: DatasetConfig, where: str, needed: int) -> li
             f"but {needed:,} are needed to reach target_samples = {r.target:,}. Add rows to the source or "
             f"lower target_samples to {r.done + available:,}; or pass --proceed-anyway to generate what there is."))
     return out
+
+
+def _overflow_problem(r: CheckReport, cfg: DatasetConfig, where: str) -> ConfigError | None:
+    """Most measured prompts cannot fit the context with max_new_tokens: every such request would be
+    refused (HTTP 400), so a run would fail nearly all of them. None when most fit or the context is unknown."""
+    ctx, ctx_where = r.context
+    n = len(r.lengths.values)
+    if ctx is None or not n:
+        return None
+    over = r.lengths.overflowing(r.max_new_tokens, ctx)
+    if over * 2 <= n:
+        return None
+    approx = "" if r.lengths.unit == "tokens" else "~"
+    median = r.lengths.median_tokens()
+    room = ctx - median
+    fix = (f"lower sampling.max_new_tokens (at most {room:,} lets the median prompt fit), raise context_length"
+           if room > 0 else "raise context_length")
+    return ConfigError(
+        f"{where}: {over:,} of {n:,} measured prompts do not fit the context: prompt + max_new_tokens "
+        f"({r.max_new_tokens:,}) may be at most the context length, {ctx:,} tokens ({ctx_where}); the median prompt "
+        f"is {approx}{median:,} tokens. SGLang refuses such requests (HTTP 400), so a run would fail them. To fix: "
+        f"{fix}, or reject long rows with source.max_prompt_chars.")
 
 
 def _reasons(stats: SourceStats) -> str:

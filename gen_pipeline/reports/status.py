@@ -22,7 +22,8 @@ from gen_pipeline.store.layout import (
     rank_parts,
     read_jsonl_rows,
 )
-from gen_pipeline.store.manifest import read_lock, read_manifest
+from gen_pipeline.store.lock import read_lock
+from gen_pipeline.store.manifest import read_manifest
 from gen_pipeline.store.ranks import rank_folder_name, rank_share
 
 __all__ = ["ERRORS_NAME", "REJECTS_NAME", "DatasetStatus", "StatusReport", "final_failure_ids", "format_status",
@@ -148,7 +149,9 @@ def _add_run(st: DatasetStatus, folder: Path, manifest: dict[str, Any]) -> None:
     runs = manifest.get("runs") or []
     st.runs = len(runs)
     lock = read_lock(folder)
-    if lock is not None and lock.pid is not None:
+    if lock is not None and lock.problem:
+        st.state = f"lock unreadable ({lock.problem})"
+    elif lock is not None and lock.pid is not None:
         where = "" if lock.local else f" on {lock.host}"
         st.state = f"running (pid {lock.pid}{where})" if lock.alive else f"died (pid {lock.pid} gone)"
     elif lock is not None:
@@ -190,11 +193,13 @@ def _run_rate(run: dict[str, Any]) -> float | None:
     return run.get("samples_written", 0) / elapsed_s if elapsed_s > 0 else None
 
 
-def status_all(root: Path, targets: dict[str, int | None], *, total_of: list[str] | None = None) -> StatusReport:
-    """Status of every dataset in `targets` plus any other folder of `root` with shards; the
-    total sums `total_of` (default: every dataset in `targets`)."""
+def status_all(root: Path, targets: dict[str, int | None], *, total_of: list[str] | None = None,
+               others: bool = True) -> StatusReport:
+    """Status of every dataset in `targets` plus (`others`) any other folder of `root` with shards; the
+    total sums `total_of` (default: every dataset in `targets`). `status --dataset X` and the report page
+    of X pass others=False: they are about X alone."""
     names = list(targets)
-    if Path(root).is_dir():
+    if others and Path(root).is_dir():
         names += sorted(p.name for p in Path(root).iterdir()
                         if p.is_dir() and p.name not in targets and has_shards(p))
     datasets = [read_status(root, n, targets.get(n)) for n in names]
@@ -231,15 +236,23 @@ def _row(d: DatasetStatus, in_total: bool) -> list[str]:
             _si(d.samples_per_s), _si(d.tokens_per_s), _duration(d.eta_s)]
 
 
-def format_status(report: StatusReport) -> str:
-    """A compact table: one row per dataset plus the total."""
-    head = ["dataset", "done/target", "%", "shards", "prompt tok", "compl tok", "trunc", "errors",
-            "rejects", "state", "samples/s", "tok/s", "ETA"]
+STATUS_HEAD = ["dataset", "done/target", "%", "shards", "prompt tok", "compl tok", "trunc", "errors",
+               "rejects", "state", "samples/s", "tok/s", "ETA"]
+
+
+def status_rows(report: StatusReport) -> list[list[str]]:
+    """The table's cells under STATUS_HEAD: one row per dataset, then the total (when it sums a dataset shown)."""
     counted = set(report.total_of) if report.total_target else {d.dataset for d in report.datasets}
     rows = [_row(d, d.dataset in counted) for d in report.datasets]
     if report.total_target:  # no total row when none of the datasets it sums is shown
         pct = f"{100 * report.total_done / report.total_target:.1f}%"
-        rows.append(["total", f"{report.total_done:,}/{report.total_target:,}", pct] + [""] * (len(head) - 3))
+        rows.append(["total", f"{report.total_done:,}/{report.total_target:,}", pct] + [""] * (len(STATUS_HEAD) - 3))
+    return rows
+
+
+def format_status(report: StatusReport) -> str:
+    """A compact table: one row per dataset plus the total."""
+    head, rows = STATUS_HEAD, status_rows(report)
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in [head, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))

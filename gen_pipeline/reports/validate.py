@@ -28,6 +28,7 @@ KINDS = {
     "think_marker": "<think> or </think> left in an assistant turn's content",
     "truncated": "finish_reason is \"length\" and the dataset drops truncated samples",
     "wrong_rank": "a rank's folder holds a sample whose id hashes to another rank",
+    "mixed_config": "rows made with another model or sampling than the first row",
 }
 THINK_MARKERS = ("<think>", "</think>")
 EXAMPLES_PER_KIND = 20  # keep memory bounded when every row of 88,000 has the same problem
@@ -107,6 +108,17 @@ def _shape_diff(first: dict[str, Any], row: dict[str, Any], prefix: str, deep: b
     return ""
 
 
+def _value_diff(first: Any, here: Any, name: str) -> str:
+    """"name is X here, Y in the first row" for the first differing value ("" when equal), into objects."""
+    if isinstance(first, dict) and isinstance(here, dict):
+        for k in sorted(set(first) | set(here)):
+            diff = _value_diff(first.get(k), here.get(k), f"{name}.{k}")
+            if diff:
+                return diff
+        return ""
+    return "" if first == here else f"{name} is {here!r} here, {first!r} in the first row"
+
+
 class _Checker:
     def __init__(self, report: ValidationReport):
         self.r = report
@@ -126,6 +138,8 @@ class _Checker:
             diff = _shape_diff(first_meta, meta, "meta.", deep=True)
             if diff:
                 self.r.add("meta_schema", file, line, diff)
+            else:  # a row of another shape is reported as that
+                self._config(file, line, meta, first_meta)
             if meta.get("finish_reason") == "length":
                 self.r.truncated += 1
                 if self.r.truncated_policy == "drop":
@@ -134,6 +148,15 @@ class _Checker:
         self._id(file, line, row.get("id"))
         if isinstance(row.get("conversations"), list):
             self._turns(file, line, row["conversations"])
+
+    def _config(self, file: str, line: int, meta: dict[str, Any], first: dict[str, Any]) -> None:
+        """One dataset is one model and one sampling: a row made another way is a problem (a resume with
+        another config that no drift check caught)."""
+        for key in ("model", "sampling"):
+            diff = _value_diff(first.get(key), meta.get(key), f"meta.{key}")
+            if diff:
+                self.r.add("mixed_config", file, line, diff)
+                return
 
     def _id(self, file: str, line: int, rid: Any) -> None:
         if not isinstance(rid, str):

@@ -28,6 +28,7 @@ from gen_pipeline.config.dataset import fingerprint_digest
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import DiskError, StoreError
 from gen_pipeline.records import Failure, Reject, Sample
+from gen_pipeline.store.fingerprint import FINGERPRINT_NAME, check_rows, read_fingerprint, write_fingerprint
 from gen_pipeline.store.layout import (
     ERRORS_NAME,
     MANIFEST_NAME,
@@ -36,15 +37,27 @@ from gen_pipeline.store.layout import (
     check_other_ranks,
     check_world,
     committed_shard,
+    committed_shards,
     final_failure_ids,
     has_samples,
     part_folder,
     rejected_rows,
+    sealed_records,
     shard_files,
 )
-from gen_pipeline.store.manifest import RunLock, check_drift, now_iso, read_manifest, remove_stale_tmp, write_manifest
+from gen_pipeline.store.lock import RunLock
+from gen_pipeline.store.manifest import check_drift, now_iso, read_manifest, remove_stale_tmp, write_manifest
 from gen_pipeline.store.ranks import RankSpec
-from gen_pipeline.store.shards import ShardScan, scan_bytes, shard_name, sidecar_path, write_sidecar
+from gen_pipeline.store.shards import (
+    ShardScan,
+    iter_lines,
+    remove_tmp_files,
+    scan_bytes,
+    shard_name,
+    sidecar_path,
+    write_atomic,
+    write_sidecar,
+)
 
 
 def default_opener(path: Path, mode: str) -> BinaryIO:
@@ -90,6 +103,7 @@ class DatasetStore:
         self._progress: dict[str, Any] | None = None
         self._failed = False
         self._closed = False
+        self._loaded = False  # done_ids holds every shard's ids (open() got past _load_shards)
 
     # ------------------------------------------------------------ figures
 
@@ -146,19 +160,26 @@ class DatasetStore:
         notes = [lock_note] if lock_note else []
         if remove_stale_tmp(self.folder):
             notes.append("removed a manifest tmp file left by a crash (the manifest itself is intact)")
+        if remove_tmp_files(self.folder):
+            notes.append("removed tmp files of a rewrite a crash interrupted (the files themselves are intact)")
         manifest, why = read_manifest(self.folder)
         if why:
             notes.append(why)
-        if manifest and "fingerprint" in manifest and manifest["fingerprint"] != self.fingerprint:
+        stored = self._stored_fingerprint(manifest)
+        if stored is not None and stored != self.fingerprint:
             # Drift only matters once samples exist: a first run that died on a config or source
             # error must not lock its mistake in.
             if has_samples(self.folder):
-                check_drift(self.folder, manifest["fingerprint"], self.fingerprint)
+                check_drift(self.folder, stored, self.fingerprint)
             notes.append("the config changed before any sample was written; the new one is recorded")
         if self.rank.ranked:  # every rank of a dataset writes with one config
             check_other_ranks(self.folder.parent, self.rank, self.fingerprint)
         self._manifest = manifest or {"created_at": now_iso(), "runs": []}
-        repaired = self._load_shards(notes)
+        configs: list[tuple[str, bytes, int]] = []
+        repaired = self._load_shards(notes, configs)
+        if stored is None:  # manifest and fingerprint.json both lost: the rows say which config made them
+            check_rows(self.folder, configs, self.fingerprint)
+        self._io(self.folder / FINGERPRINT_NAME, write_fingerprint, self.folder, self.fingerprint)
         self._start_shard()
         if self._open.samples >= self.shard_max_samples:  # crashed between sealing and the manifest
             self._rotate()
@@ -185,49 +206,91 @@ class DatasetStore:
             notes.append(f"cut {cut} bytes (a torn last line) from {path.name}")
         return cut
 
-    def _load_shards(self, notes: list[str]) -> int:
-        """Rebuild sealed list, open shard and done ids from the files; returns bytes cut."""
+    def _stored_fingerprint(self, manifest: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The config that wrote this folder: the manifest's, else fingerprint.json's (None: neither)."""
+        fp = (manifest or {}).get("fingerprint")
+        return fp if isinstance(fp, dict) else read_fingerprint(self.folder)
+
+    def _load_shards(self, notes: list[str], configs: list[tuple[str, bytes, int]]) -> int:
+        """Rebuild sealed list, open shard and done ids from the files; returns bytes cut. Duplicate ids
+        on disk are removed (the later lines); `configs` gets the row configs of every shard parsed."""
         shards = shard_files(self.folder, self._manifest)
         present = {sh.path.name for sh in shards}
-        for e in self._manifest.get("sealed", []):
-            if isinstance(e, dict) and isinstance(e.get("name"), str) and e["name"] not in present:
-                notes.append(f"{e['name']} is listed in the manifest but missing: its {e.get('samples', '?')} "
+        for name, e in sealed_records(self._manifest).items():
+            if name not in present:
+                notes.append(f"{name} is listed in the manifest but missing: its {e.get('samples', '?')} "
                              "samples will be generated again")
         last = shards[-1] if shards else None
         self._open_index = (last.index if last is not None and last.listed_record is None
                             else (last.index + 1 if last else 0))
-        repaired, dups = 0, 0
+        repaired = 0
+        ids_of: dict[str, list[str]] = {}  # shard name: its ids, to say where a duplicate's first line is
         for shard in shards:
+            entry: dict[str, Any] = {}
             if shard.index == self._open_index:
-                continue
-            entry, ids, cut = self._load_sealed(shard, notes)
-            self._sealed.append(entry)
-            repaired, dups = repaired + cut, dups + self._add_done(ids)
-        if last is not None and last.index == self._open_index:
-            self._open = self._repair(last.path, notes)
-            committed = self._manifest.get("open") or {}
-            if committed.get("name") == shard_name(self._open_index) and \
-                    self._open.good_bytes < committed.get("committed_bytes", 0):
-                notes.append(f"{shard_name(self._open_index)} is shorter than its committed length "
-                             f"({self._open.good_bytes} < {committed['committed_bytes']} bytes): the disk lost "
-                             "fsynced data; the lost samples will be generated again")
-            repaired, dups = repaired + self._open.cut_bytes, dups + self._add_done(self._open.ids)
-        if dups:
-            notes.append(f"{dups} duplicate ids found on disk (kept the first of each); "
-                         "run validate on this dataset")
+                scan = self._load_open(shard, notes)
+            else:
+                entry, scan = self._load_sealed(shard, notes)
+            repaired += scan.cut_bytes
+            configs += [(shard.path.name, key, line) for key, line in scan.configs.items()]
+            if len(set(scan.ids)) != len(scan.ids) or not self.done_ids.isdisjoint(scan.ids):
+                scan = self._drop_duplicates(shard, scan, ids_of, notes)
+                entry = scan.entry(shard.path.name)
+            self.done_ids.update(scan.ids)
+            ids_of[shard.path.name] = scan.ids
+            if shard.index == self._open_index:
+                self._open = scan
+            else:
+                self._sealed.append(entry)
+        self._loaded = True
         return repaired
 
-    def _add_done(self, ids: Sequence[str]) -> int:
-        before = len(self.done_ids)
-        self.done_ids.update(ids)
-        return len(ids) - (len(self.done_ids) - before)
+    def _load_open(self, shard: ShardFile, notes: list[str]) -> ShardScan:
+        scan = self._repair(shard.path, notes)
+        committed = self._manifest.get("open")
+        length = committed.get("committed_bytes") if isinstance(committed, dict) else None
+        if isinstance(committed, dict) and committed.get("name") == shard.path.name and isinstance(length, int) \
+                and scan.good_bytes < length:
+            notes.append(f"{shard.path.name} is shorter than its committed length ({scan.good_bytes} < {length} "
+                         "bytes): the disk lost fsynced data; the lost samples will be generated again")
+        return scan
 
-    def _load_sealed(self, shard: ShardFile, notes: list[str]) -> tuple[dict[str, Any], list[str], int]:
-        """A sealed shard's record and ids: from the manifest and sidecar when layout trusts them, else parsed."""
+    def _drop_duplicates(self, shard: ShardFile, scan: ShardScan, ids_of: dict[str, list[str]],
+                         notes: list[str]) -> ShardScan:
+        """Rewrite `shard` without the lines whose id is done already (or met earlier in it): tmp file,
+        fsync, rename; a sealed shard's sidecar too. The manifest records the new figures at the next commit."""
+        data = self._io(shard.path, shard.path.read_bytes)
+        kept: list[bytes] = []
+        keep_ids: set[str] = set()
+        firsts: set[str] = set()
+        start = 0
+        for _line, row, _why, end in iter_lines(data):
+            rid = row["id"] if row is not None else ""  # "": damage in a trusted shard, kept for validate to show
+            if rid in self.done_ids:
+                firsts.add(next(name for name, ids in ids_of.items() if rid in ids))
+            elif rid and rid in keep_ids:
+                firsts.add(shard.path.name)
+            else:
+                kept.append(data[start:end])
+                keep_ids.add(rid)
+            start = end
+        body = b"".join(kept)
+        self._io(shard.path, write_atomic, shard.path, body)
+        new = scan_bytes(body)
+        if shard.index != self._open_index:
+            self._io(shard.path, write_sidecar, sidecar_path(shard.path), shard.path, new.ids, new.good_bytes)
+        n = scan.samples - new.samples
+        notes.append(f"removed {n} duplicate line{'s' if n != 1 else ''} from {shard.path.name} (ids already "
+                     f"written in {', '.join(sorted(firsts))}; kept the first line of each)")
+        return new
+
+    def _load_sealed(self, shard: ShardFile, notes: list[str]) -> tuple[dict[str, Any], ShardScan]:
+        """A sealed shard's record and scan: from the manifest and sidecar when layout trusts them, else parsed
+        (and its sidecar written anew)."""
         if shard.record is not None:
             found = committed_shard(shard)
             if not found.parsed:
-                return shard.record, found.scan.ids, 0
+                return shard.record, found.scan
             why = "its id sidecar is missing or does not match"
         elif shard.listed_record is not None:
             why = f"its size ({shard.size} bytes) differs from the manifest's ({shard.listed_record.get('bytes')})"
@@ -235,8 +298,8 @@ class DatasetStore:
             why = "it is not in the manifest"
         notes.append(f"re-scanned {shard.path.name}: {why}")
         scan = self._repair(shard.path, notes)
-        self._io(shard.path, write_sidecar, sidecar_path(shard.path), scan.ids)
-        return scan.entry(shard.path.name), scan.ids, scan.cut_bytes
+        self._io(shard.path, write_sidecar, sidecar_path(shard.path), shard.path, scan.ids, scan.good_bytes)
+        return scan.entry(shard.path.name), scan
 
     def _repair(self, path: Path, notes: list[str]) -> ShardScan:
         """Parse a shard and cut a torn or invalid last line; raises StoreError on mid-file corruption."""
@@ -340,7 +403,7 @@ class DatasetStore:
         self._sync(name)
         with contextlib.suppress(OSError):  # flushed and fsynced above: nothing left to lose
             self._files.pop(name).close()
-        self._io(path, write_sidecar, sidecar_path(path), self._open.ids)
+        self._io(path, write_sidecar, sidecar_path(path), path, self._open.ids, self._sizes[name])
         self._sealed.append(self._open.entry(name))
         self._open_index += 1
         self._open = ShardScan()
@@ -425,8 +488,16 @@ class DatasetStore:
                 os.truncate(path, good_bytes)
         hint = ("free space and run the same command to resume" if exc.errno in (errno.ENOSPC, errno.EDQUOT)
                 else "check the disk and run the same command to resume")
-        raise DiskError(f"Writing {display_path(path)} failed: {exc.strerror or exc}. {self.done} samples are "
-                        f"committed and safe; {hint}.") from exc
+        raise DiskError(f"Writing {display_path(path)} failed: {exc.strerror or exc}. {self._committed()} samples "
+                        f"are committed and safe; {hint}.") from exc
+
+    def _committed(self) -> int:
+        """Samples on disk: done, or while open() still loads (a repair write failed), counted from the files."""
+        if self._loaded:
+            return self.done
+        with contextlib.suppress(OSError):
+            return sum(c.samples for c in committed_shards(self.folder, ids=False))
+        return self.done
 
     def _close_files(self) -> None:
         for f in self._files.values():

@@ -4,7 +4,9 @@ status, validate and export alike. Nothing here writes.
     outputs/B2/                   the dataset folder (`dataset_folder(root, "B2")`)
       shard-00000.jsonl           one Sample a line (shards.py: format, parsing, id sidecars)
       shard-00000.ids             ids of a sealed shard
-      manifest.json, .lock        manifest.py: sealed shards, open shard's committed length, runs; run lock
+      manifest.json               manifest.py: sealed shards, open shard's committed length, runs
+      fingerprint.json            fingerprint.py: the config that wrote the samples (the manifest's copy)
+      .lock                       lock.py: the run lock
       errors.jsonl, rejects.jsonl Failure / Reject lines, each with its "run"
 
 manifest.json (written by the store only, atomically): "dataset", "target", "fingerprint" (+ its
@@ -45,14 +47,15 @@ import orjson
 
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import StoreError
-from gen_pipeline.store.manifest import LOCK_NAME, MANIFEST_NAME, check_drift, read_manifest
+from gen_pipeline.store.lock import LOCK_NAME
+from gen_pipeline.store.manifest import MANIFEST_NAME, check_drift, read_manifest
 from gen_pipeline.store.ranks import RankSpec, parse_rank_folder
 from gen_pipeline.store.shards import ShardScan, iter_lines, list_shards, read_sidecar, scan_bytes, sidecar_path
 
 __all__ = ["ERRORS_NAME", "LOCK_NAME", "MANIFEST_NAME", "REJECTS_NAME", "CommittedShard", "ShardFile",
            "check_other_ranks", "check_world", "committed_shards", "dataset_folder", "dataset_parts", "display_path",
            "final_failure_ids", "has_samples", "has_shards", "iter_committed_samples", "part_folder", "part_name",
-           "rank_parts", "read_jsonl_rows", "rejected_rows", "shard_files", "trusted_record"]
+           "rank_parts", "read_jsonl_rows", "rejected_rows", "sealed_records", "shard_files", "trusted_record"]
 
 ERRORS_NAME = "errors.jsonl"
 REJECTS_NAME = "rejects.jsonl"
@@ -162,13 +165,21 @@ def check_other_ranks(folder: Path, spec: RankSpec, fingerprint: dict[str, Any])
 
 def sealed_records(manifest: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
     """{shard name: its record} of the shards the manifest lists as sealed."""
-    return {e["name"]: e for e in (manifest or {}).get("sealed", [])
+    sealed = (manifest or {}).get("sealed")
+    return {e["name"]: e for e in (sealed if isinstance(sealed, list) else [])
             if isinstance(e, dict) and isinstance(e.get("name"), str)}
 
 
+_RECORD_COUNTS = ("samples", "bytes", "prompt_tokens", "completion_tokens", "truncated")
+
+
 def trusted_record(record: dict[str, Any] | None, size: int) -> dict[str, Any] | None:
-    """The manifest record of a sealed shard when the file still matches it (same size), else None."""
-    return record if record is not None and record.get("bytes") == size else None
+    """The manifest record of a sealed shard when the file still matches it (same size) and its figures
+    are counts (a damaged manifest's record is not trusted: the shard is parsed), else None."""
+    if record is None or record.get("bytes") != size:
+        return None
+    ok = all(type(record.get(k)) is int and record[k] >= 0 for k in _RECORD_COUNTS)
+    return record if ok else None
 
 
 @dataclass(frozen=True)
@@ -217,12 +228,11 @@ def committed_shard(shard: ShardFile, *, ids: bool = True) -> CommittedShard:
     needs only the figures). Raises OSError if the shard cannot be read."""
     rec = shard.record
     if rec is not None:
-        found = read_sidecar(sidecar_path(shard.path)) if ids else []
-        if found is not None and (not ids or len(found) == rec.get("samples")):
-            scan = ShardScan(ids=found, good_bytes=shard.size, prompt_tokens=int(rec.get("prompt_tokens", 0)),
-                             completion_tokens=int(rec.get("completion_tokens", 0)),
-                             truncated=int(rec.get("truncated", 0)))
-            return CommittedShard(shard, scan, int(rec.get("samples", 0)), parsed=False)
+        found = read_sidecar(sidecar_path(shard.path), shard.path, shard.size) if ids else []
+        if found is not None and (not ids or len(found) == rec["samples"]):
+            scan = ShardScan(ids=found, good_bytes=shard.size, prompt_tokens=rec["prompt_tokens"],
+                             completion_tokens=rec["completion_tokens"], truncated=rec["truncated"])
+            return CommittedShard(shard, scan, rec["samples"], parsed=False)
     scan = scan_bytes(shard.path.read_bytes())
     return CommittedShard(shard, scan, scan.samples, parsed=True)
 

@@ -1,19 +1,13 @@
-"""A dataset folder's metadata on disk: the manifest (written atomically), the run lock,
-and the config-drift check. Sync, no async library: the store calls it from a thread.
+"""A dataset folder's metadata on disk: the manifest (written atomically) and the config-drift
+check (the run lock is lock.py). Sync, no async library: the store calls it from a thread.
 
     outputs/B2/manifest.json   {"fingerprint", "sealed": [...], "open": {...}, "runs": [...], "progress"}
-    outputs/B2/.lock           {"pid", "host", "started_at"[, "slurm_job_id", "slurm_restart"]}; held with
-                               flock while the run lives
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-import socket
-import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,13 +15,10 @@ from typing import Any
 import orjson
 
 from gen_pipeline.display import display_path
-from gen_pipeline.errors import ConfigDriftError, LockedError, StoreError
+from gen_pipeline.errors import ConfigDriftError
 
 MANIFEST_NAME = "manifest.json"
-LOCK_NAME = ".lock"
 _TMP_PREFIX = MANIFEST_NAME + ".tmp-"
-# A lock file with no readable content is being created right now, unless it is older than this.
-_EMPTY_LOCK_GRACE_S = 5.0
 
 
 def now_iso() -> str:
@@ -130,192 +121,3 @@ def check_drift(folder: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
         f"{'s' if len(diffs) > 1 else ''} differ{'' if len(diffs) > 1 else 's'}):\n" + "\n".join(lines) + "\n"
         "Resuming would mix samples made two ways in one dataset. Restore the old setting"
         f"{'s' if len(diffs) > 1 else ''} to resume, or write to a new output folder or dataset name.")
-
-
-# ---------------------------------------------------------------- run lock
-
-
-def slurm_run() -> tuple[str, int] | None:
-    """(SLURM_JOB_ID, SLURM_RESTART_COUNT) when this process runs in a SLURM job, else None. A
-    requeued job keeps its id (an array task's own id too) and counts up its restarts."""
-    job = os.environ.get("SLURM_JOB_ID", "").strip()
-    restart = os.environ.get("SLURM_RESTART_COUNT", "").strip()
-    return (job, int(restart) if restart.isdigit() else 0) if job else None
-
-
-@dataclass(frozen=True)
-class LockInfo:
-    """Who holds (or held) a dataset's lock, as its file says."""
-
-    pid: int | None
-    host: str
-    started_at: str
-    age_s: float
-    slurm: tuple[str, int] | None = None  # the holder's (SLURM job id, restart count), if it ran in one
-
-    @property
-    def local(self) -> bool:
-        return self.host == socket.gethostname()
-
-    @property
-    def alive(self) -> bool:
-        """True when the holder still runs. Another host's pid cannot be checked: assumed alive, unless
-        this process is a later run of the holder's own SLURM job (requeued after a node failure, it
-        may start on another node; SLURM starts a job's next run only once the previous one ended)."""
-        if self.pid is None:
-            return self.age_s < _EMPTY_LOCK_GRACE_S
-        return pid_alive(self.pid) if self.local else not self.superseded
-
-    @property
-    def superseded(self) -> bool:
-        """This process is a later run (requeue) of the SLURM job that wrote the lock."""
-        me = slurm_run()
-        return self.slurm is not None and me is not None and me[0] == self.slurm[0] and me[1] > self.slurm[1]
-
-    def started_hms(self) -> str:
-        try:
-            return datetime.fromisoformat(self.started_at).astimezone().strftime("%H:%M:%S")
-        except ValueError:
-            return self.started_at or "at an unknown time"
-
-
-def pid_alive(pid: int) -> bool:
-    """Is process `pid` running on this host? A zombie (killed, not yet reaped) counts as gone."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # /proc/<pid>/stat: "pid (comm) S ..."; state Z = exited, waiting for its parent
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def read_lock(folder: Path) -> LockInfo | None:
-    """The lock file's content, or None when there is no lock."""
-    path = folder / LOCK_NAME
-    try:
-        raw, age_s = path.read_bytes(), time.time() - path.stat().st_mtime
-    except FileNotFoundError:
-        return None
-    try:
-        d = orjson.loads(raw)
-        job = d.get("slurm_job_id")
-        slurm = (str(job), int(d.get("slurm_restart") or 0)) if job else None
-        return LockInfo(int(d["pid"]), str(d.get("host", "")), str(d.get("started_at", "")), age_s, slurm)
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-        return LockInfo(None, "", "", age_s)
-
-
-def locked_message(folder: Path, info: LockInfo) -> str:
-    """Who holds the lock and what to do; a dead holder's lock on this host is taken over without asking."""
-    where = display_path(folder)
-    if info.pid is None:
-        return (f"{where} is locked by a run that is starting right now (its {LOCK_NAME} has no content yet). "
-                "Wait for it, or run again in a few seconds.")
-    if not info.local:
-        job = f"SLURM job {info.slurm[0]}, " if info.slurm else ""
-        stop, gone = (f" (scancel {info.slurm[0]})", f" (squeue -j {info.slurm[0]} shows nothing)") if info.slurm \
-            else ("", "")
-        return (f"{where} is being written by a run on host {info.host or 'unknown'} (pid {info.pid}, {job}started "
-                f"{info.started_hms()}); this host cannot tell whether it still runs. Wait for it or stop it "
-                f"there{stop}; if it is gone{gone}, delete {where}/{LOCK_NAME}.")
-    return (f"{where} is being written by another run on this host (pid {info.pid}, started {info.started_hms()}). "
-            f"Wait for it to finish or stop it (kill {info.pid}); when a run dies, the next run takes its lock "
-            "over by itself.")
-
-
-class RunLock:
-    """The `.lock` of one dataset folder, held by this process until `release()`.
-
-    Created with O_CREAT|O_EXCL; also flock()ed, so two runs taking over one stale lock at
-    the same time cannot both win (the kernel drops the flock when the holder dies).
-    """
-
-    def __init__(self, folder: Path, fd: int, note: str | None):
-        self.folder, self._fd, self.note = folder, fd, note
-
-    @classmethod
-    def acquire(cls, folder: Path) -> RunLock:
-        """Take the lock; raises LockedError if a live run holds it, StoreError if not writable."""
-        path = folder / LOCK_NAME
-        for _ in range(20):  # retried only when the lock vanished or was replaced under us
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
-                while not _flock(fd):  # another run checking this new lock holds it for a moment
-                    time.sleep(0.005)
-                _write_lock(fd)
-                return cls(folder, fd, None)
-            except FileExistsError:
-                taken = cls._take_over(folder, path)
-                if taken is not None:
-                    return taken
-            except OSError as e:
-                raise StoreError(f"Cannot write to {display_path(folder)}: {e.strerror or e}. "
-                                 "Fix the folder's permissions or choose another output folder.") from None
-        raise LockedError(f"Could not take {display_path(path)}: it keeps changing. Is another run starting?")
-
-    @classmethod
-    def _take_over(cls, folder: Path, path: Path) -> RunLock | None:
-        """Take a stale lock (holder gone); None = the file vanished, try again."""
-        try:
-            fd = os.open(path, os.O_RDWR)
-        except FileNotFoundError:
-            return None
-        if not _flock(fd):
-            os.close(fd)
-            holder = read_lock(folder) or LockInfo(None, "", "", 0.0)
-            raise LockedError(locked_message(folder, holder))
-        if not _same_file(fd, path):
-            os.close(fd)
-            return None
-        info = read_lock(folder)
-        if info is None or info.alive:
-            os.close(fd)
-            if info is None:
-                return None
-            raise LockedError(locked_message(folder, info))
-        _write_lock(fd)
-        if info.slurm is not None and not info.local:  # alive said no: this is a later run of its SLURM job
-            return cls(folder, fd, f"took over the lock of SLURM job {info.slurm[0]}'s previous run (pid {info.pid} "
-                                   f"on {info.host}, started {info.started_hms()}): the job was requeued")
-        who = f"pid {info.pid}" if info.pid is not None else "an unknown process"
-        return cls(folder, fd, f"took over the lock of a run that is gone ({who}, started {info.started_hms()})")
-
-    def release(self) -> None:
-        """Delete the lock file and drop the flock (idempotent)."""
-        if self._fd < 0:
-            return
-        with contextlib.suppress(OSError):
-            if _same_file(self._fd, self.folder / LOCK_NAME):
-                (self.folder / LOCK_NAME).unlink()
-        os.close(self._fd)
-        self._fd = -1
-
-
-def _flock(fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        return os.fstat(fd).st_ino == os.stat(path).st_ino
-    except FileNotFoundError:
-        return False
-
-
-def _write_lock(fd: int) -> None:
-    lock: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": now_iso()}
-    if (job := slurm_run()) is not None:
-        lock |= {"slurm_job_id": job[0], "slurm_restart": job[1]}
-    body = orjson.dumps(lock)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, body, 0)
-    os.fsync(fd)
