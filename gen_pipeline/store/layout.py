@@ -7,11 +7,9 @@ status, validate and export alike. Nothing here writes.
       manifest.json, .lock        manifest.py: sealed shards, open shard's committed length, runs; run lock
       errors.jsonl, rejects.jsonl Failure / Reject lines, each with its "run"
 
-manifest.json (written by the store only, atomically): "dataset", "target", "fingerprint" (+ its
-"fingerprint_digest"), "sealed": [{"name", "samples", "bytes", "prompt_tokens", "completion_tokens",
-"truncated"}], "open": {"name", "committed_bytes", "committed_samples", ...}, "runs": [{"run", "pid",
-"host", "started_at", "ended_at", "samples_written", "stopped_by", "notes", ...}], "progress" (the last
-run's figures), "created_at", "updated_at".
+manifest.json (written by the store only, atomically; its fields: manifest.py `Manifest`): the
+fingerprint, the sealed shards' records, the open shard's committed length, the runs, the last
+run's progress.
 
 A folder is read through its *parts*: the folders each written by one run at a time, with their
 own manifest, lock, errors, rejects and logs. A dataset written by one run (world size 1) has one
@@ -45,7 +43,7 @@ import orjson
 
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import StoreError
-from gen_pipeline.store.manifest import LOCK_NAME, MANIFEST_NAME, check_drift, read_manifest
+from gen_pipeline.store.manifest import LOCK_NAME, MANIFEST_NAME, Manifest, ShardRecord, check_drift, read_manifest
 from gen_pipeline.store.ranks import RankSpec, parse_rank_folder
 from gen_pipeline.store.shards import ShardScan, iter_lines, list_shards, read_sidecar, scan_bytes, sidecar_path
 
@@ -155,13 +153,12 @@ def check_other_ranks(folder: Path, spec: RankSpec, fingerprint: dict[str, Any])
 # ---------------------------------------------------------------- the trust rule
 
 
-def sealed_records(manifest: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+def sealed_records(manifest: Manifest | None) -> dict[str, ShardRecord]:
     """{shard name: its record} of the shards the manifest lists as sealed."""
-    return {e["name"]: e for e in (manifest or {}).get("sealed", [])
-            if isinstance(e, dict) and isinstance(e.get("name"), str)}
+    return {e["name"]: e for e in (manifest or {}).get("sealed", [])}
 
 
-def trusted_record(record: dict[str, Any] | None, size: int) -> dict[str, Any] | None:
+def trusted_record(record: ShardRecord | None, size: int) -> ShardRecord | None:
     """The manifest record of a sealed shard when the file still matches it (same size), else None."""
     return record if record is not None and record.get("bytes") == size else None
 
@@ -173,15 +170,15 @@ class ShardFile:
     index: int
     path: Path
     size: int
-    listed_record: dict[str, Any] | None
+    listed_record: ShardRecord | None
 
     @property
-    def record(self) -> dict[str, Any] | None:
+    def record(self) -> ShardRecord | None:
         """The manifest's record when it can be trusted for this file (the trust rule)."""
         return trusted_record(self.listed_record, self.size)
 
 
-def shard_files(folder: Path, manifest: dict[str, Any] | None = None) -> list[ShardFile]:
+def shard_files(folder: Path, manifest: Manifest | None = None) -> list[ShardFile]:
     """The shards of one part in index order, each with its trusted record (manifest read if not given).
     A shard that vanishes while being listed (a live run owns the folder) is left out."""
     if manifest is None:
@@ -213,11 +210,10 @@ def committed_shard(shard: ShardFile, *, ids: bool = True) -> CommittedShard:
     rec = shard.record
     if rec is not None:
         found = read_sidecar(sidecar_path(shard.path)) if ids else []
-        if found is not None and (not ids or len(found) == rec.get("samples")):
-            scan = ShardScan(ids=found, good_bytes=shard.size, prompt_tokens=int(rec.get("prompt_tokens", 0)),
-                             completion_tokens=int(rec.get("completion_tokens", 0)),
-                             truncated=int(rec.get("truncated", 0)))
-            return CommittedShard(shard, scan, int(rec.get("samples", 0)), parsed=False)
+        if found is not None and (not ids or len(found) == rec["samples"]):
+            scan = ShardScan(ids=found, good_bytes=shard.size, prompt_tokens=rec["prompt_tokens"],
+                             completion_tokens=rec["completion_tokens"], truncated=rec["truncated"])
+            return CommittedShard(shard, scan, rec["samples"], parsed=False)
     scan = scan_bytes(shard.path.read_bytes())
     return CommittedShard(shard, scan, scan.samples, parsed=True)
 
