@@ -82,7 +82,7 @@ def test_status_and_validate_follow_the_name_inside_the_toml(tmp_path, capsys: p
 
 
 def test_server_url_may_end_in_v1() -> None:
-    from gen_pipeline.cli import _server_url
+    from gen_pipeline.config.server import normalise_server_url
 
-    assert _server_url(" http://gpu:30000/v1/ ") == "http://gpu:30000"
-    assert _server_url("http://router:8000") == "http://router:8000"
+    assert normalise_server_url(" http://gpu:30000/v1/ ") == "http://gpu:30000"
+    assert normalise_server_url("http://router:8000") == "http://router:8000"
