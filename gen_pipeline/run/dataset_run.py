@@ -97,7 +97,11 @@ class DatasetRun:
 
     # ------------------------------------------------------------ one moment of it
     def snapshot(self, *, final: bool = False) -> RunSnapshot:
-        s, load, handle = self.stats, self.stats.last_load, self.handle
+        """Now, with the server's load as the last successful poll saw it (the display's)."""
+        return self._snapshot(self.stats.last_load, final)
+
+    def _snapshot(self, load: LoadSnapshot | None, final: bool = False) -> RunSnapshot:
+        s, handle = self.stats, self.handle
         ctl = self.window.controller_stats()
         deciding = None if self.opts.window else ctl  # a fixed --window: the controller only observes
         sps, tps = s.throughput()
@@ -125,12 +129,11 @@ class DatasetRun:
         return progress_record(self.snapshot())
 
     def observe_poll(self, snap: LoadSnapshot | None) -> None:
-        """One load poll while it is active: its stats, a telemetry row, the load observers."""
+        """One load poll while it is active: its stats, a telemetry row and the load observers, with
+        this poll's server figures (None when it failed)."""
         if snap is not None:
             self.stats.note_load(snap)
-        self.record_snapshot(self.snapshot())
-
-    def record_snapshot(self, snapshot: RunSnapshot) -> None:
+        snapshot = self._snapshot(snap)
         self.telemetry.poll(snapshot)
         for observe in self.opts.load_observers:
             observe(snapshot)
