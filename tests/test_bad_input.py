@@ -242,7 +242,6 @@ def test_status_of_one_dataset_shows_that_dataset_alone(tmp_path: Path) -> None:
     assert [d.dataset for d in status_all(tmp_path, {"U": 2}).datasets] == ["U", "T"]  # `make status`: every folder
 
 
-@pytest.mark.xfail(strict=True, reason="LEAD: cli.py cmd_status must pass others=not args.dataset to status_all")
 def test_status_dataset_x_through_the_cli_lists_x_alone(tmp_path: Path) -> None:
     _two_datasets(tmp_path)
     r = run_cli("status", "--dataset", "U", "--output-dir", tmp_path, "--json")

@@ -24,7 +24,7 @@ from gen_pipeline.config.dataset import find_dataset_config
 from gen_pipeline.errors import GenPipelineError
 from gen_pipeline.reports.status import format_status, read_status, status_all
 from gen_pipeline.run.options import RunOptions
-from gen_pipeline.run.pipeline import run_generate
+from gen_pipeline.run import run_generate
 from sglang_sim.testing import start_sim
 
 from pipeline_helpers import SIM_FAST, assert_exact, write_dataset
@@ -73,13 +73,13 @@ def written(tmp_path_factory, sim_url: str) -> tuple[Path, Path]:
 
     work = tmp_path_factory.mktemp("written")
     toml = write_dataset(work / "ds", target=TARGET, max_new_tokens=32, shard_max_samples=3, fsync_every=2)
-    opts = RunOptions(output_root=work / "out", server_urls=(sim_url,), progress="quiet", window=4, limit=FIRST)
+    opts = RunOptions(output_root=work / "out", server_urls=(sim_url,), window=4, limit=FIRST)
     assert anyio.run(run_generate, find_dataset_config(str(toml)), opts).done == FIRST
     return toml, work / "out"
 
 
 def _mark(fails: set[str], part: str) -> Any:
-    return pytest.mark.xfail(part in fails, reason=f"LEAD: {LEAD}", strict=True)
+    return pytest.mark.xfail(False, reason="every variant is handled (the manifest is typed and checked on read)")
 
 
 def _damaged(tmp_path: Path, written: tuple[Path, Path], damage: Callable[[dict[str, Any]], None]) -> Path:
@@ -105,7 +105,7 @@ def test_status_of_a_damaged_manifest_shows_the_shards(tmp_path: Path, written, 
 
 async def _generate(tmp_path: Path, written: tuple[Path, Path], sim_url: str, damage) -> tuple[Path, Any]:
     out = _damaged(tmp_path, written, damage)
-    opts = RunOptions(output_root=out, server_urls=(sim_url,), progress="quiet", window=4)
+    opts = RunOptions(output_root=out, server_urls=(sim_url,), window=4)
     try:
         return out, await run_generate(find_dataset_config(str(written[0])), opts)
     except GenPipelineError as e:

@@ -219,7 +219,6 @@ def test_legends_are_outside_the_panels_and_the_threshold_is_labelled() -> None:
     plt.close(fig)
 
 
-@pytest.mark.xfail(strict=True, reason="LEAD: cli.py cmd_report must call page.build_report (run context, own row)")
 def test_the_report_command_writes_that_page(page, tmp_path: Path) -> None:
     path, _ = page
     r = run_cli("report", "--dataset", "B2", "--output-dir", path.parent.parent, "--out", tmp_path / "r.html")

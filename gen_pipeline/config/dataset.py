@@ -52,6 +52,7 @@ import difflib
 import hashlib
 import math
 import tomllib
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -298,3 +299,28 @@ def find_dataset_config(name: str, config_dir: Path = DEFAULT_CONFIG_DIR) -> Dat
         raise ConfigError(f"No dataset config {name!r}: {display_path(path)} does not exist. "
                           f"Configs in {display_path(config_dir)}: {', '.join(known) or 'none'}.{hint}")
     return load_dataset_config(path)
+
+
+def find_dataset_configs(names: Sequence[str], config_dir: Path = DEFAULT_CONFIG_DIR) -> list[DatasetConfig]:
+    """`--dataset B1,B2` / repeated / `all` (every dataset TOML of config_dir but server and demo) →
+    the configs, in order, each once; ConfigError names the TOML."""
+    wanted = [n.strip() for arg in names for n in arg.split(",") if n.strip()]
+    if not wanted:
+        raise ConfigError("--dataset is empty: name a dataset (B2), several (B1,B2,B6,B7) or all.")
+    expanded: list[str] = []
+    for n in wanted:
+        if n == "all":
+            found = [str(p) for p in sorted(config_dir.glob("*.toml")) if p.stem not in ("server", "demo")]
+            if not found:
+                raise ConfigError(f"--dataset all: no dataset TOML in {config_dir}.")
+            expanded += found
+        else:
+            expanded.append(n)
+    cfgs: dict[str, DatasetConfig] = {}
+    for n in expanded:
+        cfg = find_dataset_config(n, config_dir)
+        if cfg.name in cfgs and cfgs[cfg.name].path != cfg.path:
+            raise ConfigError(f"{cfg.path} and {cfgs[cfg.name].path} both name dataset {cfg.name!r}: one "
+                              "output folder each; rename one.")
+        cfgs.setdefault(cfg.name, cfg)
+    return list(cfgs.values())

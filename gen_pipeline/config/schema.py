@@ -5,6 +5,9 @@ pydantic (not msgspec) because its errors are structured (`type`, `loc`, `input`
 to our wording without parsing message text; strict mode refuses "0.7" for a number and 1 for a
 boolean, as the hand-written checks it replaces did. The dataclasses stay plain (constructed in
 code without validation); only what comes from a file goes through here.
+
+Options that CLI flags set (RunOptions, ProbeOptions, export's Filters) declare their ranges once, on
+their fields (`flag`), and check them when constructed (`check_flags`): the messages name the flag.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, create_model
+from pydantic.fields import FieldInfo
 
 from gen_pipeline.errors import ConfigError
 
@@ -136,3 +140,48 @@ def check_range(where: str, key: str, value: float | None, rng: Range) -> None:
     """Raise ConfigError "{where}{key} = {value} must be {words}." when a set value is out of range."""
     if value is not None and not rng.accepts(value):
         raise ConfigError(f"{where}{key} = {value} must be {rng.words}.")
+# ---------------------------------------------------------------- options set by CLI flags
+
+
+def flag(name: str, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+         lt: float | None = None, unit: str = "") -> Any:
+    """The range of an option that a CLI flag sets, declared on the options' dataclass field:
+    `limit: Annotated[int | None, flag("--limit", ge=1)] = None`; `check_flags` enforces it."""
+    return Field(ge=ge, gt=gt, le=le, lt=lt, title=name, description=unit)
+
+
+def check_flags(options: DataclassInstance) -> None:
+    """Raise ConfigError naming the flag (as the user types it) of the first field of `options` out of
+    its declared range; called by the options' __post_init__, so the CLI and a library caller get
+    the same refusal with the same message."""
+    for name, (adapter, info) in _flag_fields(type(options)).items():
+        value = getattr(options, name)
+        try:
+            adapter.validate_python(value)
+        except ValidationError:
+            raise ConfigError(_range_message(info, value)) from None
+
+
+@functools.cache
+def _flag_fields(cls: type[DataclassInstance]) -> dict[str, tuple[TypeAdapter[Any], FieldInfo]]:
+    hints = typing.get_type_hints(cls, include_extras=True)
+    out: dict[str, tuple[TypeAdapter[Any], FieldInfo]] = {}
+    for f in fields(cls):
+        info = next((m for m in getattr(hints[f.name], "__metadata__", ()) if isinstance(m, FieldInfo)), None)
+        if info is not None and info.title:
+            out[f.name] = (TypeAdapter(hints[f.name]), info)
+    return out
+
+
+def _range_message(info: FieldInfo, value: Any) -> str:
+    """`--poll-interval-s 0.01 must be between 0.05 and 60 seconds.`, `--limit 0 must be at least 1.`"""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return f"{info.title} {value!r} must be a number."
+    bounds = {type(m).__name__: getattr(m, type(m).__name__.lower(), None) for m in info.metadata}
+    shown = f"{value:g}" if isinstance(value, float) else str(value)
+    unit = f" {info.description}" if info.description else ""
+    if bounds.get("Ge") is not None and bounds.get("Le") is not None:
+        return f"{info.title} {shown} must be between {bounds['Ge']:g} and {bounds['Le']:g}{unit}."
+    words = {"Ge": "at least", "Gt": "above", "Le": "at most", "Lt": "below"}
+    parts = [f"{words[k]} {bounds[k]:g}" for k in ("Ge", "Gt", "Le", "Lt") if bounds.get(k) is not None]
+    return f"{info.title} {shown} must be {' and '.join(parts)}{unit}."

@@ -234,3 +234,12 @@ def _check_ranges(p: ServerProfile, where_of: Callable[[str], str]) -> None:
         raise ConfigError(f"{where_of('port')}port = {p.port} must be 0 (pick a free one) or a TCP port up to 65535.")
     if not p.command:
         raise ConfigError(f"{where_of('command')}command must not be empty (default: {list(SGLANG_COMMAND)}).")
+
+
+def normalise_server_url(url: str, flag: str = "--server-url") -> str:
+    """A running server's base URL as every request and poll uses it (no trailing "/"; an OpenAI-style
+    ".../v1" is accepted: the client adds /v1/... itself). Raises ConfigError naming `flag`."""
+    url = url.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"{flag} {url!r} must start with http:// or https:// (e.g. http://gpu-node:30000).")
+    return url[: -len("/v1")] if url.endswith("/v1") else url

@@ -13,11 +13,12 @@ import difflib
 import errno
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, find_dataset_config
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError, DiskError, StoreError
 from gen_pipeline.export.formats import (
@@ -116,6 +117,12 @@ def iter_committed_samples(folder: Path) -> Iterator[dict[str, Any]]:
 # ---------------------------------------------------------------- the export
 
 
+def export_names(datasets: Sequence[str], config_dir: Path = DEFAULT_CONFIG_DIR) -> tuple[str, ...]:
+    """`--dataset` values (repeated or comma-separated) → folder names; a TOML path gives its `name`."""
+    names = [n.strip() for arg in datasets for n in arg.split(",") if n.strip()]
+    return tuple(find_dataset_config(n, config_dir).name if n.endswith(".toml") else n for n in names)
+
+
 def run_export(opts: ExportOptions) -> ExportSummary:
     """Read, select, split and write; raises ConfigError (bad flag, unknown or empty dataset,
     impossible mix) or StoreError (output exists without --force, damaged shard)."""
@@ -162,8 +169,6 @@ def _check_options(opts: ExportOptions) -> None:
                           "makes one training row per assistant turn. Drop --expand-turns.")
     if not opts.status and opts.format != "specforge":
         raise ConfigError(f"--no-status applies to --format specforge only (the {opts.format} format has no status).")
-    if opts.filters.min_completion_tokens < 0:
-        raise ConfigError(f"--min-completion-tokens {opts.filters.min_completion_tokens} must be 0 or more.")
     if not opts.datasets and opts.mix is None:
         raise ConfigError("export needs --dataset NAME (repeatable) or --mix NAME=SHARE,....")
     if opts.mix is not None and opts.datasets and set(opts.datasets) != set(opts.mix.datasets):

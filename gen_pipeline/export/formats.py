@@ -153,9 +153,8 @@ def write_hf(target: Path, splits: dict[str, list[dict[str, Any]]], layout: str)
     """A DatasetDict folder (layout "disk") or <split>.parquet files ("parquet") at `target`,
     built in a temporary folder and renamed into place; returns bytes written."""
     import pyarrow as pa
-    from datasets import Dataset, DatasetDict, DatasetInfo, disable_progress_bars
+    from datasets import Dataset, DatasetDict, DatasetInfo
 
-    disable_progress_bars()  # the summary reports the export; bars would only clutter it
     tmp = tmp_path(target)
     try:
         tmp.mkdir()

@@ -18,14 +18,15 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import aiohttp
 import anyio
 import orjson
 
 from gen_pipeline.config.dataset import DatasetConfig
-from gen_pipeline.config.server import ServerProfile
+from gen_pipeline.config.schema import check_flags, flag
+from gen_pipeline.config.server import ServerProfile, load_server_profile, normalise_server_url
 from gen_pipeline.errors import ConfigError, GenPipelineError, ServerError
 from gen_pipeline.probe import metrics as PM
 from gen_pipeline.probe import sglang as PS
@@ -43,15 +44,40 @@ _IGNORED_DIFFS = {"name", "kv_cache_dtype", "port", "source", "startup_timeout_s
 
 @dataclass(frozen=True)
 class ProbeOptions:
+    """What `probe-kv` was asked; ranges checked when constructed (ConfigError naming the flag)."""
+
     output_root: Path
-    samples: int = 200
-    max_new_tokens: int = 256
-    top_k: int = 5
-    chunk: int = 32
-    concurrency: int = 32
+    samples: Annotated[int, flag("--samples", ge=1)] = 200
+    max_new_tokens: Annotated[int, flag("--max-new-tokens", ge=1)] = 256
+    top_k: Annotated[int, flag("--top-k", ge=1)] = 5
+    chunk: Annotated[int, flag("--tf-chunk", ge=0)] = 32  # reference tokens per teacher-forced request, 0 = all
+    concurrency: Annotated[int, flag("--concurrency", ge=1)] = 32
     reference: ServerProfile | str | None = None  # a profile to launch or a URL to attach
     compare: ServerProfile | str | None = None
     allow_same_kv: bool = False
+
+    def __post_init__(self) -> None:
+        check_flags(self)
+
+
+def probe_servers(config_dir: Path, *, server: str | None = None, server_url: str | None = None,
+                  compare: str | None = None, compare_url: str | None = None,
+                  allow_same_kv: bool = False) -> tuple[ServerProfile | str, ServerProfile | str]:
+    """probe-kv's two servers from its flags (each keyword is the flag of that name): a profile of
+    config_dir/server.toml to launch (reference: baseline, compare: tuned by default) or a URL to
+    attach. Raises ConfigError for a missing compare server or the same URL twice."""
+    if server_url and not (compare_url or compare):
+        raise ConfigError("probe-kv needs a compare server: add --compare-url URL (a second server that differs "
+                          "only in KV dtype, e.g. fp8_e4m3) or --compare PROFILE to launch one.")
+    toml = config_dir / "server.toml"
+    ref = (normalise_server_url(server_url) if server_url
+           else load_server_profile(server or "baseline", toml))
+    cmp = (normalise_server_url(compare_url, "--compare-url") if compare_url
+           else load_server_profile(compare or "tuned", toml))
+    if isinstance(ref, str) and ref == cmp and not allow_same_kv:
+        raise ConfigError(f"--server-url and --compare-url are the same server ({ref}); give two servers "
+                          "that differ in KV dtype (or add --allow-same-kv for a noise-floor run against itself).")
+    return ref, cmp
 
 
 def first_turn(prompt: Prompt) -> list[dict[str, str]]:

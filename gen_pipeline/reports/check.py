@@ -21,7 +21,7 @@ from gen_pipeline.errors import ConfigError, GenPipelineError, SourceShortError
 from gen_pipeline.records import Prompt, Reject
 from gen_pipeline.reports.lengths import Lengths, context_length, measure
 from gen_pipeline.reports.status import final_failure_ids, read_status
-from gen_pipeline.sources.loading import SourceStats, add_bad_lines, iter_prompts, load_source
+from gen_pipeline.sources.loading import LoadedSource, SourceStats, add_bad_lines, iter_prompts, load_source
 
 WHOLE_SOURCE_ROWS = 50_000  # a local source up to this many rows is read whole
 SAMPLE_ROWS = 2_000  # otherwise: its first rows
@@ -75,11 +75,29 @@ class CheckReport:
 
 def run_check(cfg: DatasetConfig, *, output_root: Path, profile: ServerProfile | None,
               limit: int | None = None, sample_rows: int = SAMPLE_ROWS) -> CheckReport:
-    """Load and parse the source, measure prompts, compare with what the store still needs (at most
-    `limit`, generate's --limit), read once here so that done and needed agree while other runs
-    (ranks) write. Raises ConfigError for a missing column or an unloadable source."""
-    where = display_path(cfg.path) if cfg.path else cfg.name
+    """`gen-pipeline check`: load the source and compare it with what the dataset's folder still needs
+    (all ranks as one; at most `limit`). Raises ConfigError for a missing column or an unloadable source."""
     loaded = load_source(cfg)
+    done, final_failed = dataset_done(output_root, cfg)
+    return check_source(cfg, loaded, done=done, final_failed=final_failed, profile=profile, limit=limit,
+                        sample_rows=sample_rows)
+
+
+def dataset_done(output_root: Path, cfg: DatasetConfig) -> tuple[int, int]:
+    """(samples done, ids failed for good) of a dataset's folder, all ranks as one, read once so that
+    done and needed agree while other runs (ranks) write."""
+    status = read_status(output_root, cfg.name, cfg.target_samples)
+    final_failed = len(final_failure_ids(output_root / cfg.name)) if status.done or status.runs else 0
+    return status.done, final_failed
+
+
+def check_source(cfg: DatasetConfig, loaded: LoadedSource, *, done: int, final_failed: int,
+                 profile: ServerProfile | None, limit: int | None = None,
+                 sample_rows: int = SAMPLE_ROWS) -> CheckReport:
+    """Parse a loaded source as a run would, measure prompts, compare with the target given `done`
+    samples and `final_failed` ids (at most `limit` needed). Raises ConfigError for a missing column;
+    `problems` lists what `generate` refuses to launch for."""
+    where = display_path(cfg.path) if cfg.path else cfg.name
     total = len(loaded.rows) if hasattr(loaded.rows, "__len__") else None
     columns = _columns(loaded.rows)
     _check_columns(cfg, where, columns)
@@ -89,12 +107,10 @@ def run_check(cfg: DatasetConfig, *, output_root: Path, profile: ServerProfile |
     add_bad_lines(cfg, loaded, stats, rejects)
     rows = loaded.rows if whole else islice(loaded.rows, sample_rows)
     prompts = list(iter_prompts(cfg, frozenset(), stats, rejects, rows=rows))
-    status = read_status(output_root, cfg.name, cfg.target_samples)
-    final_failed = len(final_failure_ids(output_root / cfg.name)) if status.done or status.runs else 0
     report = CheckReport(
         cfg.name, where, _describe(cfg), columns, total, whole, stats, rejects, prompts[:SHOWN_PROMPTS],
         measure(prompts[:sample_rows], profile), cfg.sampling.max_new_tokens, context_length(profile),
-        status.done, cfg.target_samples, final_failed)
+        done, cfg.target_samples, final_failed)
     needed = report.remaining if limit is None else min(report.remaining, limit)
     report.problems = _problems(report, cfg, where, needed)
     return report

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gen_pipeline.store.fingerprint import read_fingerprint
-from gen_pipeline.store.manifest import read_manifest
+from gen_pipeline.store.manifest import Manifest, read_manifest
 
 RUN_LOG_NAME = "run.log"
 _LOG_LINE = re.compile(r"^\S+ [A-Z]+ (.*)$")
@@ -52,9 +52,8 @@ def _when(iso: Any) -> str:
         return "?"
 
 
-def _runs(manifest: dict[str, Any]) -> str:
-    runs = [r for r in manifest.get("runs") or [] if isinstance(r, dict)] if isinstance(manifest.get("runs"), list) \
-        else []
+def _runs(manifest: Manifest) -> str:
+    runs = manifest.get("runs", [])  # read_manifest checked every field
     if not runs:
         return "none recorded (no manifest.json)"
     first, last = runs[0], runs[-1]

@@ -6,12 +6,15 @@ shards' figures come from the manifest, the open shard (and any the manifest doe
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gen_pipeline.config.dataset import find_dataset_config
 from gen_pipeline.display import format_duration
+from gen_pipeline.errors import ConfigError
 from gen_pipeline.store.layout import (
     ERRORS_NAME,
     REJECTS_NAME,
@@ -23,11 +26,11 @@ from gen_pipeline.store.layout import (
     read_jsonl_rows,
 )
 from gen_pipeline.store.lock import read_lock
-from gen_pipeline.store.manifest import read_manifest
+from gen_pipeline.store.manifest import Manifest, RunRecord, read_manifest
 from gen_pipeline.store.ranks import rank_folder_name, rank_share
 
-__all__ = ["ERRORS_NAME", "REJECTS_NAME", "DatasetStatus", "StatusReport", "final_failure_ids", "format_status",
-           "read_status", "status_all"]
+__all__ = ["ERRORS_NAME", "REJECTS_NAME", "DatasetStatus", "StatusReport", "config_targets", "final_failure_ids",
+           "format_status", "read_status", "status_all"]
 
 
 @dataclass
@@ -50,7 +53,7 @@ class DatasetStatus:
     runs: int = 0
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
-    updated_at: str | None = None
+    updated_at: float | str | None = None  # the last commit: time.time() of its figures, or ISO time
     corrupt_lines: int = 0
     world_size: int = 1  # >1: written by ranks; `ranks` holds one status per rank (below)
     ranks: list[DatasetStatus] = field(default_factory=list)
@@ -136,17 +139,17 @@ def _add_shards(st: DatasetStatus, folder: Path, *, ids: bool) -> set[str]:
     return done
 
 
-def _add_errors(st: DatasetStatus, manifest: dict[str, Any], rows: list[dict[str, Any]], done: set[str]) -> None:
+def _add_errors(st: DatasetStatus, manifest: Manifest, rows: list[dict[str, Any]], done: set[str]) -> None:
     if not rows:
         return
-    runs = manifest.get("runs") or [{}]
-    last = runs[-1].get("run", max((r.get("run", 0) for r in rows), default=0))
+    runs = manifest.get("runs")
+    last = runs[-1]["run"] if runs else max((r.get("run", 0) for r in rows), default=0)
     st.errors_last_run = sum(1 for r in rows if r.get("run") == last)
     st.errors_unresolved = len({r.get("id") for r in rows} - done - {None})
 
 
-def _add_run(st: DatasetStatus, folder: Path, manifest: dict[str, Any]) -> None:
-    runs = manifest.get("runs") or []
+def _add_run(st: DatasetStatus, folder: Path, manifest: Manifest) -> None:
+    runs = manifest.get("runs", [])
     st.runs = len(runs)
     lock = read_lock(folder)
     if lock is not None and lock.problem:
@@ -162,17 +165,13 @@ def _add_run(st: DatasetStatus, folder: Path, manifest: dict[str, Any]) -> None:
         st.state = "source exhausted"  # more runs will not help: the source has no more valid rows
     elif runs or st.done:
         st.state = "stopped"
-    progress = manifest.get("progress") or {}
-    st.samples_per_s = _num(progress.get("samples_per_s"))
-    st.tokens_per_s = _num(progress.get("tokens_per_s"))
+    progress = manifest.get("progress", {})
+    st.samples_per_s = progress.get("samples_per_s")
+    st.tokens_per_s = progress.get("tokens_per_s")
     st.updated_at = progress.get("updated_at") or manifest.get("updated_at")
     st.heartbeat_age_s = _age_s(manifest.get("updated_at"))
     if st.samples_per_s is None and runs:
         st.samples_per_s = _run_rate(runs[-1])
-
-
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def _age_s(iso: Any) -> float | None:
@@ -182,7 +181,7 @@ def _age_s(iso: Any) -> float | None:
         return None
 
 
-def _run_rate(run: dict[str, Any]) -> float | None:
+def _run_rate(run: RunRecord) -> float | None:
     """samples/s of a run from its manifest record, when the pipeline passed no progress."""
     try:
         t0 = datetime.fromisoformat(run["started_at"])
@@ -191,6 +190,30 @@ def _run_rate(run: dict[str, Any]) -> float | None:
         return None
     elapsed_s = (t1 - t0).total_seconds()
     return run.get("samples_written", 0) / elapsed_s if elapsed_s > 0 else None
+
+
+def config_targets(config_dir: Path, output_dir: Path, only: Sequence[str] = ()) -> tuple[dict[str, int | None],
+                                                                                        list[str]]:
+    """({dataset name: target}, warnings) from the configs of `only` (default: every TOML of config_dir);
+    the name inside a TOML wins over its file name. A named dataset with outputs but no config gets
+    None (status reads the target its run recorded); a config that does not load is a warning (shown
+    without a target) unless it was named (then its ConfigError is raised)."""
+    targets: dict[str, int | None] = {}
+    warnings: list[str] = []
+    for n in list(only) or [str(p) for p in sorted(config_dir.glob("*.toml")) if p.stem != "server"]:
+        if not n.endswith(".toml") and not (config_dir / f"{n}.toml").exists() and (output_dir / n).is_dir():
+            targets[n] = None
+            continue
+        try:
+            cfg = find_dataset_config(n, config_dir)
+        except ConfigError as e:
+            if only:
+                raise
+            warnings.append(str(e))
+            targets.setdefault(Path(n).stem, None)
+            continue
+        targets[cfg.name] = cfg.target_samples
+    return targets, warnings
 
 
 def status_all(root: Path, targets: dict[str, int | None], *, total_of: list[str] | None = None,
@@ -301,9 +324,8 @@ def _rank_status(part: Path | None, dataset: str, rank: int, world: int, target:
 
 def _stale_after_s(part: Path | None) -> float:
     """How long a live-looking run may go without a commit: longer while its last run has written nothing."""
-    runs = ((read_manifest(part)[0] or {}).get("runs") or [{}]) if part is not None else [{}]
-    last = runs[-1] if isinstance(runs[-1], dict) else {}
-    starting = last.get("ended_at") is None and not last.get("samples_written")
+    runs = (read_manifest(part)[0] or {}).get("runs", []) if part is not None else []
+    starting = not runs or (runs[-1].get("ended_at") is None and not runs[-1].get("samples_written"))
     return STARTING_GRACE_S if starting else STALE_AFTER_S
 
 

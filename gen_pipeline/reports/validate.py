@@ -12,7 +12,9 @@ from typing import Any
 
 import orjson
 
+from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, find_dataset_config
 from gen_pipeline.display import display_path
+from gen_pipeline.errors import ConfigError
 from gen_pipeline.store.layout import dataset_parts, part_name, shard_files
 from gen_pipeline.store.manifest import read_manifest
 from gen_pipeline.store.ranks import owner_rank, parse_rank_folder
@@ -195,6 +197,24 @@ def _roles_ok(roles: list[Any]) -> bool:
     body = roles[1:] if roles[:1] == ["system"] else roles
     return (len(body) >= 2 and len(body) % 2 == 0
             and all(r == ("user" if i % 2 == 0 else "assistant") for i, r in enumerate(body)))
+
+
+def validate_named(name: str, output_root: Path, config_dir: Path = DEFAULT_CONFIG_DIR) -> ValidationReport:
+    """`validate --dataset NAME`: the folder of a dataset name (a TOML's `name` when NAME is a config),
+    validated; ConfigError when it has no folder or no sample yet."""
+    if name.endswith(".toml") or (config_dir / f"{name}.toml").exists():
+        name_in_toml = find_dataset_config(name, config_dir).name  # the TOML's `name` picks the folder
+    else:
+        name_in_toml = name
+    folder = output_root / name_in_toml
+    if not folder.is_dir():
+        raise ConfigError(f"{folder}: no such output folder. Generate it first (make generate DATASET={name}).")
+    report = validate_dataset(folder)
+    if report.rows == 0 and report.ok:
+        raise ConfigError(f"{folder}: nothing to validate: no samples yet ({report.files} shard"
+                          f"{'' if report.files == 1 else 's'}, all empty). "
+                          f"Generate it first (make generate DATASET={name}).")
+    return report
 
 
 def validate_dataset(folder: Path) -> ValidationReport:

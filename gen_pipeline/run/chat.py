@@ -31,6 +31,7 @@ import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
+from gen_pipeline.config.server import normalise_server_url
 from gen_pipeline.errors import RequestError
 from gen_pipeline.records import Failure, Message, Prompt, Sample
 from gen_pipeline.server.fleet import Fleet
@@ -213,7 +214,7 @@ class ChatClient:
                  gate: Callable[[], Awaitable[None]] | None = None, on_request_done: RequestDone | None = None,
                  fleet: Fleet | None = None):
         self._session = session
-        self._fleet = fleet if fleet is not None else Fleet([u.rstrip("/") for u in base_urls])
+        self._fleet = fleet if fleet is not None else Fleet([normalise_server_url(u) for u in base_urls])
         self.settings = settings
         self._gate = gate
         self._on_done = on_request_done

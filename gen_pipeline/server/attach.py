@@ -17,6 +17,7 @@ import anyio
 import orjson
 from anyio.abc import TaskStatus
 
+from gen_pipeline.config.server import normalise_server_url
 from gen_pipeline.errors import ServerError
 from gen_pipeline.server.capacity import combine
 from gen_pipeline.server.fleet import Fleet
@@ -29,16 +30,19 @@ ATTACH_READY_TIMEOUT_S = 600.0  # a server still loading its model when we attac
 GIVE_UP_AFTER_S = 1800.0  # we cannot restart someone else's server; wait this long for it to return
 
 
-async def run_attached(urls: list[str], *, http: aiohttp.ClientSession, health_interval_s: float = 5.0,
-                       unhealthy_after: int = 3, give_up_after_s: float = GIVE_UP_AFTER_S,
+async def run_attached(urls: list[str], *, http: aiohttp.ClientSession, first_model: str | None = None,
+                       health_interval_s: float = 5.0, unhealthy_after: int = 3,
+                       give_up_after_s: float = GIVE_UP_AFTER_S,
                        task_status: TaskStatus[ServerHandle] = anyio.TASK_STATUS_IGNORED) -> None:
     """Check each URL is an SGLang/OpenAI server, report the handle, then watch health until cancelled.
+    `urls` are base URLs (config/server.py `normalise_server_url`: ".../v1" or a trailing "/" is fine);
+    `first_model` is what the first serves when the caller asked already (it is not asked twice).
 
     With several URLs, one that cannot be reached at start is taken out (and probed back in later);
     raises ServerError when none can be reached or one is foreign, or when all stay down give_up_after_s.
     """
-    urls = [u.rstrip("/") for u in urls]
-    models, unreachable = await _identify_all(http, urls)
+    urls = [normalise_server_url(u) for u in urls]
+    models, unreachable = await _identify_all(http, urls, first_model)
     fleet = Fleet(urls, fail_after=unhealthy_after, probe_initial_s=health_interval_s)
     handle = ServerHandle(base_urls=urls, model=models[0], capacity=combine([]), fleet=fleet)
     watch = FleetWatch(http, handle, interval_s=health_interval_s, give_up_after_s=give_up_after_s)
@@ -55,11 +59,15 @@ async def run_attached(urls: list[str], *, http: aiohttp.ClientSession, health_i
     await watch.run()
 
 
-async def _identify_all(http: aiohttp.ClientSession, urls: list[str]) -> tuple[list[str], dict[str, str]]:
+async def _identify_all(http: aiohttp.ClientSession, urls: list[str],
+                        first_model: str | None) -> tuple[list[str], dict[str, str]]:
     """The models the reachable URLs serve, and the unreachable ones (url → why); raises the first
     URL's ServerError when none is reachable (a foreign server always raises)."""
     models, unreachable, first = [], {}, None
-    for url in urls:
+    for i, url in enumerate(urls):
+        if i == 0 and first_model is not None:
+            models.append(first_model)
+            continue
         try:
             models.append(await identify(http, url))
         except _Unreachable as e:

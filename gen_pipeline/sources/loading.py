@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,12 +155,11 @@ def to_prompt(row: dict[str, Any], index: int, cfg: DatasetConfig) -> Prompt:
 
 # ---------------------------------------------------------------- loading (datasets)
 
-def _quiet_datasets() -> Any:
-    import datasets  # imported lazily: it takes ~1 s and status/validate don't need it
+def _datasets() -> Any:
+    """The `datasets` module, imported lazily: it takes ~1 s and status/validate don't need it. Its
+    progress bars and log level are the application's to set (the CLI quiets them: cli/logs.py)."""
+    import datasets
 
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
-    logging.getLogger("datasets").setLevel(logging.ERROR)
     return datasets
 
 
@@ -186,7 +184,7 @@ def load_source(cfg: DatasetConfig) -> LoadedSource:
     offline = None if src.files else hub.offline_reason()
     if offline:
         hub.go_offline()  # a copy in the local cache still loads
-    datasets = _quiet_datasets()
+    datasets = _datasets()
     loaded = LoadedSource(None)
     try:
         if src.files:
@@ -309,15 +307,17 @@ def add_bad_lines(cfg: DatasetConfig, loaded: LoadedSource, stats: SourceStats, 
 
 def iter_prompts(cfg: DatasetConfig, skip_ids: set[str] | frozenset[str], stats: SourceStats,
                  rejects: list[Reject], rows: Any = None,
-                 owns: Callable[[str], bool] | None = None) -> Iterator[Prompt]:
+                 owns: Callable[[str], bool] | None = None, loaded: LoadedSource | None = None) -> Iterator[Prompt]:
     """Valid prompts not in `skip_ids` (and, given `owns`, only the ids it owns), in source order, each id once.
+    The rows: `rows` as given, else those of `loaded` (a source loaded once, e.g. by the pre-launch
+    check), else the source is loaded here.
 
     Invalid rows are appended to `rejects` (the caller writes them) and counted in `stats`; every
     rank sees and records all of them (status counts each row once).
     """
     seen: set[str] = set()
     if rows is None:
-        loaded = load_source(cfg)
+        loaded = loaded or load_source(cfg)
         add_bad_lines(cfg, loaded, stats, rejects)
         rows = loaded.rows
     for index, row in enumerate(rows):

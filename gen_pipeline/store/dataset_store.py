@@ -46,7 +46,17 @@ from gen_pipeline.store.layout import (
     shard_files,
 )
 from gen_pipeline.store.lock import RunLock
-from gen_pipeline.store.manifest import check_drift, now_iso, read_manifest, remove_stale_tmp, write_manifest
+from gen_pipeline.store.manifest import (
+    Manifest,
+    ProgressRecord,
+    RunRecord,
+    ShardRecord,
+    check_drift,
+    now_iso,
+    read_manifest,
+    remove_stale_tmp,
+    write_manifest,
+)
 from gen_pipeline.store.ranks import RankSpec
 from gen_pipeline.store.shards import (
     ShardScan,
@@ -93,14 +103,17 @@ class DatasetStore:
         self._lock: RunLock | None = None
         self._files: dict[str, BinaryIO] = {}
         self._sizes: dict[str, int] = {}  # bytes known good per file name (flushed, whole lines)
-        self._manifest: dict[str, Any] = {}
-        self._sealed: list[dict[str, Any]] = []
+        self._manifest: Manifest = {}
+        self._sealed: list[ShardRecord] = []
         self._open_index = 0
         self._open = ShardScan()
         self._unsynced = 0
-        self._run: dict[str, Any] = {}
+        self._run: RunRecord | None = None  # this run's record, from begin() on
+        self._notes: list[str] = []
+        self._repaired = 0
+        self._created: list[Path] = []  # the folders claim() made, innermost first
         self._rejected_rows: set[int] = set()  # source rows already in rejects.jsonl
-        self._progress: dict[str, Any] | None = None
+        self._progress: ProgressRecord | None = None
         self._failed = False
         self._closed = False
         self._loaded = False  # done_ids holds every shard's ids (open() got past _load_shards)
@@ -121,12 +134,17 @@ class DatasetStore:
 
     def record_stop(self, stopped_by: str) -> None:
         """Why this run ended (RunSummary.stopped_by); written into its manifest record at close()."""
-        self._run["stopped_by"] = stopped_by
+        self._record()["stopped_by"] = stopped_by
 
     @property
     def run_number(self) -> int | None:
-        """This run's number in the manifest's runs (1, 2, ...); None before open()."""
-        return self._run.get("run")
+        """This run's number in the manifest's runs (1, 2, ...); None before begin()."""
+        return self._run["run"] if self._run is not None else None
+
+    def _record(self) -> RunRecord:
+        if self._run is None:
+            raise StoreError(f"The store for {display_path(self.folder)} has no run: call begin() first.")
+        return self._run
 
     def final_failure_ids(self) -> set[str]:
         """Ids whose failure a retry cannot fix (`retryable: false` in errors.jsonl) and not done."""
@@ -135,10 +153,22 @@ class DatasetStore:
     # ------------------------------------------------------------ open / resume
 
     def open(self) -> ResumeState:
-        """Lock, check drift, repair and scan; raises StoreError, LockedError, ConfigDriftError."""
+        """claim() and begin(): lock, check drift, repair and scan, then record this run; raises
+        StoreError, LockedError, ConfigDriftError."""
+        state = self.claim()
+        try:
+            self.begin()
+        except BaseException:
+            self.release()
+            raise
+        return state
+
+    def claim(self) -> ResumeState:
+        """Lock the folder, check drift, repair and scan. Nothing of this run is written yet: a launch
+        refused now `release()`s the claim and leaves no trace. Raises as open()."""
         dataset = self.folder.parent if self.rank.ranked else self.folder
         check_world(dataset, self.rank)  # before creating anything
-        created = not self.folder.exists()
+        self._created = [p for p in (self.folder, *self.folder.parents) if not p.exists()]
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -147,17 +177,13 @@ class DatasetStore:
         self._lock = RunLock.acquire(self.folder)
         try:
             check_world(dataset, self.rank)  # again, now that our folder and lock exist (a run starting with us)
-            return self._open_locked(self._lock.note)
+            return self._scan_locked(self._lock.note)
         except BaseException:
-            self._close_files()
-            self._lock.release()
-            if created:
-                with contextlib.suppress(OSError):  # only when still empty: leave no folder of a refused run
-                    self.folder.rmdir()
+            self.release()
             raise
 
-    def _open_locked(self, lock_note: str | None) -> ResumeState:
-        notes = [lock_note] if lock_note else []
+    def _scan_locked(self, lock_note: str | None) -> ResumeState:
+        notes = self._notes = [lock_note] if lock_note else []
         if remove_stale_tmp(self.folder):
             notes.append("removed a manifest tmp file left by a crash (the manifest itself is intact)")
         if remove_tmp_files(self.folder):
@@ -176,24 +202,43 @@ class DatasetStore:
             check_other_ranks(self.folder.parent, self.rank, self.fingerprint)
         self._manifest = manifest or {"created_at": now_iso(), "runs": []}
         configs: list[tuple[str, bytes, int]] = []
-        repaired = self._load_shards(notes, configs)
+        self._repaired = self._load_shards(notes, configs)
         if stored is None:  # manifest and fingerprint.json both lost: the rows say which config made them
             check_rows(self.folder, configs, self.fingerprint)
+        for name in (ERRORS_NAME, REJECTS_NAME):
+            self._repaired += self._cut_torn_tail(self.folder / name, notes)
+        self._rejected_rows = rejected_rows(self.folder)
+        return ResumeState(set(self.done_ids), self.done, self._repaired, notes)
+
+    def begin(self) -> None:
+        """Record this run in the manifest (committed) and open the shard it appends to; raises DiskError."""
+        if self._lock is None or self._closed or self._run is not None:
+            raise StoreError(f"The store for {display_path(self.folder)} is not claimed (or already begun).")
         self._io(self.folder / FINGERPRINT_NAME, write_fingerprint, self.folder, self.fingerprint)
-        self._start_shard()
-        if self._open.samples >= self.shard_max_samples:  # crashed between sealing and the manifest
-            self._rotate()
         runs = self._manifest.setdefault("runs", [])
         self._run = {"run": len(runs) + 1, "pid": os.getpid(), "host": socket.gethostname(),
                      "started_at": now_iso(), "ended_at": None, "done_at_start": self.done,
                      "samples_written": 0, "duplicates_skipped": 0, "over_target_skipped": 0,
-                     "failures": 0, "rejects": 0, "repaired_bytes": repaired, "notes": notes}
+                     "failures": 0, "rejects": 0, "repaired_bytes": self._repaired, "notes": self._notes}
         runs.append(self._run)
-        for name in (ERRORS_NAME, REJECTS_NAME):
-            repaired += self._cut_torn_tail(self.folder / name, notes)
-        self._rejected_rows = rejected_rows(self.folder)
+        self._start_shard()
+        if self._open.samples >= self.shard_max_samples:  # crashed between sealing and the manifest
+            self._rotate()
         self.commit()
-        return ResumeState(set(self.done_ids), self.done, repaired, notes)
+
+    def release(self) -> None:
+        """Give up a claim without recording a run (idempotent): unlock, and remove the folder when
+        claim() created it and nothing else was put there."""
+        if self._closed or self._lock is None:
+            return
+        self._closed = True
+        self._close_files()
+        self._lock.release()
+        for made in self._created:  # only while still empty: leave no folder of a refused run
+            try:
+                made.rmdir()
+            except OSError:
+                break
 
     def _cut_torn_tail(self, path: Path, notes: list[str]) -> int:
         """Cut a torn last line of errors.jsonl / rejects.jsonl so the next append starts a line."""
@@ -206,7 +251,7 @@ class DatasetStore:
             notes.append(f"cut {cut} bytes (a torn last line) from {path.name}")
         return cut
 
-    def _stored_fingerprint(self, manifest: dict[str, Any] | None) -> dict[str, Any] | None:
+    def _stored_fingerprint(self, manifest: Manifest | None) -> dict[str, Any] | None:
         """The config that wrote this folder: the manifest's, else fingerprint.json's (None: neither)."""
         fp = (manifest or {}).get("fingerprint")
         return fp if isinstance(fp, dict) else read_fingerprint(self.folder)
@@ -226,7 +271,7 @@ class DatasetStore:
         repaired = 0
         ids_of: dict[str, list[str]] = {}  # shard name: its ids, to say where a duplicate's first line is
         for shard in shards:
-            entry: dict[str, Any] = {}
+            entry: ShardRecord | None = None
             if shard.index == self._open_index:
                 scan = self._load_open(shard, notes)
             else:
@@ -240,7 +285,7 @@ class DatasetStore:
             ids_of[shard.path.name] = scan.ids
             if shard.index == self._open_index:
                 self._open = scan
-            else:
+            elif entry is not None:
                 self._sealed.append(entry)
         self._loaded = True
         return repaired
@@ -284,7 +329,7 @@ class DatasetStore:
                      f"written in {', '.join(sorted(firsts))}; kept the first line of each)")
         return new
 
-    def _load_sealed(self, shard: ShardFile, notes: list[str]) -> tuple[dict[str, Any], ShardScan]:
+    def _load_sealed(self, shard: ShardFile, notes: list[str]) -> tuple[ShardRecord, ShardScan]:
         """A sealed shard's record and scan: from the manifest and sidecar when layout trusts them, else parsed
         (and its sidecar written anew)."""
         if shard.record is not None:
@@ -293,7 +338,7 @@ class DatasetStore:
                 return shard.record, found.scan
             why = "its id sidecar is missing or does not match"
         elif shard.listed_record is not None:
-            why = f"its size ({shard.size} bytes) differs from the manifest's ({shard.listed_record.get('bytes')})"
+            why = f"its size ({shard.size} bytes) differs from the manifest's ({shard.listed_record['bytes']})"
         else:
             why = "it is not in the manifest"
         notes.append(f"re-scanned {shard.path.name}: {why}")
@@ -340,14 +385,14 @@ class DatasetStore:
         return len(batch)
 
     def _admit(self, samples: Sequence[Sample]) -> list[Sample]:
-        self._check_usable()
+        run = self._check_usable()
         batch: list[Sample] = []
         seen: set[str] = set()
         for s in samples:
             if s.id in self.done_ids or s.id in seen:
-                self._run["duplicates_skipped"] += 1
+                run["duplicates_skipped"] = run.get("duplicates_skipped", 0) + 1
             elif self.done + len(batch) >= self._target:
-                self._run["over_target_skipped"] += 1
+                run["over_target_skipped"] = run.get("over_target_skipped", 0) + 1
             else:
                 batch.append(s)
                 seen.add(s.id)
@@ -360,28 +405,27 @@ class DatasetStore:
         self.done_ids.update(s.id for s in chunk)
         self._open.good_bytes = self._sizes[shard_name(self._open_index)]
         self._unsynced += len(chunk)
-        self._run["samples_written"] += len(chunk)
+        run = self._record()
+        run["samples_written"] = run.get("samples_written", 0) + len(chunk)
 
     def write_failures(self, failures: Sequence[Failure]) -> None:
         """Append Failure lines (with this run's number) to errors.jsonl; raises DiskError."""
-        self._check_usable()
+        run = self._check_usable()
         if failures:
-            run = self._run["run"]
-            self._append(ERRORS_NAME, b"".join(orjson.dumps({**orjson.loads(f.to_json()), "run": run},
+            self._append(ERRORS_NAME, b"".join(orjson.dumps({**orjson.loads(f.to_json()), "run": run["run"]},
                                                             option=orjson.OPT_APPEND_NEWLINE) for f in failures))
-            self._run["failures"] += len(failures)
+            run["failures"] = run.get("failures", 0) + len(failures)
 
     def write_rejects(self, rejects: Sequence[Reject]) -> None:
         """Append Reject lines (with this run's number) to rejects.jsonl, each source row once
         across runs (every run re-reads the source and meets the same bad rows); raises DiskError."""
-        self._check_usable()
+        run = self._check_usable()
         rejects = [r for r in rejects if r.source_index not in self._rejected_rows]
         self._rejected_rows.update(r.source_index for r in rejects)
         if rejects:
-            run = self._run["run"]
-            self._append(REJECTS_NAME, b"".join(orjson.dumps({**orjson.loads(r.to_json()), "run": run},
+            self._append(REJECTS_NAME, b"".join(orjson.dumps({**orjson.loads(r.to_json()), "run": run["run"]},
                                                              option=orjson.OPT_APPEND_NEWLINE) for r in rejects))
-            self._run["rejects"] += len(rejects)
+            run["rejects"] = run.get("rejects", 0) + len(rejects)
 
     def _append(self, name: str, blob: bytes) -> None:
         """Write + flush one blob of whole lines; on failure cut the file back and raise DiskError."""
@@ -412,22 +456,23 @@ class DatasetStore:
 
     # ------------------------------------------------------------ durability
 
-    def commit(self, progress: dict[str, Any] | None = None) -> None:
-        """fsync the files, then replace the manifest atomically; raises DiskError."""
-        self._check_usable()
+    def commit(self, progress: ProgressRecord | None = None) -> None:
+        """fsync the files, then replace the manifest atomically (with the run's live figures when
+        given); raises DiskError."""
+        run = self._check_usable()
         if progress is not None:
             self._progress = progress
         for name in list(self._files):
             self._sync(name)
         self._unsynced = 0
-        self._run["updated_at"] = now_iso()
+        run["updated_at"] = now_iso()
         self._manifest.update({
             "dataset": self.dataset, "target": self._target, "fingerprint": self.fingerprint,
             "fingerprint_digest": fingerprint_digest(self.fingerprint), "sealed": self._sealed,
             "open": {"name": shard_name(self._open_index), "committed_bytes": self._open.good_bytes,
                      "committed_samples": self._open.samples, "prompt_tokens": self._open.prompt_tokens,
                      "completion_tokens": self._open.completion_tokens, "truncated": self._open.truncated},
-            "updated_at": self._run["updated_at"]})
+            "updated_at": run["updated_at"]})
         if self.rank.ranked:  # status reads the rank from here (and the folder name)
             self._manifest.update({"rank": self.rank.rank, "world_size": self.rank.world})
         if self._progress is not None:
@@ -442,9 +487,13 @@ class DatasetStore:
         except OSError as e:
             self._fail(self.folder / name, e, self._sizes[name])
 
-    def close(self, progress: dict[str, Any] | None = None) -> None:
-        """Commit (unless a write failed), then release the lock. Idempotent."""
+    def close(self, progress: ProgressRecord | None = None) -> None:
+        """Commit (unless a write failed), then release the lock; a claim never begun is released.
+        Idempotent."""
         if self._closed or self._lock is None:
+            return
+        if self._run is None:
+            self.release()
             return
         try:
             if not self._failed:
@@ -463,12 +512,14 @@ class DatasetStore:
 
     # ------------------------------------------------------------ failure handling
 
-    def _check_usable(self) -> None:
-        if self._lock is None or self._closed:
+    def _check_usable(self) -> RunRecord:
+        """This run's record; StoreError when the store is not open (or has not begun) or a write failed."""
+        if self._lock is None or self._closed or self._run is None:
             raise StoreError(f"The store for {display_path(self.folder)} is not open.")
         if self._failed:
             raise StoreError(f"The store for {display_path(self.folder)} stopped after a failed write; "
                              "run the same command again to resume.")
+        return self._run
 
     def _io(self, path: Path, fn: Callable[..., Any], *args: Any) -> Any:
         try:

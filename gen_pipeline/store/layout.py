@@ -9,11 +9,9 @@ status, validate and export alike. Nothing here writes.
       .lock                       lock.py: the run lock
       errors.jsonl, rejects.jsonl Failure / Reject lines, each with its "run"
 
-manifest.json (written by the store only, atomically): "dataset", "target", "fingerprint" (+ its
-"fingerprint_digest"), "sealed": [{"name", "samples", "bytes", "prompt_tokens", "completion_tokens",
-"truncated"}], "open": {"name", "committed_bytes", "committed_samples", ...}, "runs": [{"run", "pid",
-"host", "started_at", "ended_at", "samples_written", "stopped_by", "notes", ...}], "progress" (the last
-run's figures), "created_at", "updated_at".
+manifest.json (written by the store only, atomically; its fields: manifest.py `Manifest`): the
+fingerprint, the sealed shards' records, the open shard's committed length, the runs, the last
+run's progress.
 
 A folder is read through its *parts*: the folders each written by one run at a time, with their
 own manifest, lock, errors, rejects and logs. A dataset written by one run (world size 1) has one
@@ -48,7 +46,7 @@ import orjson
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import StoreError
 from gen_pipeline.store.lock import LOCK_NAME
-from gen_pipeline.store.manifest import MANIFEST_NAME, check_drift, read_manifest
+from gen_pipeline.store.manifest import MANIFEST_NAME, Manifest, ShardRecord, check_drift, read_manifest
 from gen_pipeline.store.ranks import RankSpec, parse_rank_folder
 from gen_pipeline.store.shards import ShardScan, iter_lines, list_shards, read_sidecar, scan_bytes, sidecar_path
 
@@ -163,23 +161,14 @@ def check_other_ranks(folder: Path, spec: RankSpec, fingerprint: dict[str, Any])
 # ---------------------------------------------------------------- the trust rule
 
 
-def sealed_records(manifest: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+def sealed_records(manifest: Manifest | None) -> dict[str, ShardRecord]:
     """{shard name: its record} of the shards the manifest lists as sealed."""
-    sealed = (manifest or {}).get("sealed")
-    return {e["name"]: e for e in (sealed if isinstance(sealed, list) else [])
-            if isinstance(e, dict) and isinstance(e.get("name"), str)}
+    return {e["name"]: e for e in (manifest or {}).get("sealed", [])}
 
 
-_RECORD_COUNTS = ("samples", "bytes", "prompt_tokens", "completion_tokens", "truncated")
-
-
-def trusted_record(record: dict[str, Any] | None, size: int) -> dict[str, Any] | None:
-    """The manifest record of a sealed shard when the file still matches it (same size) and its figures
-    are counts (a damaged manifest's record is not trusted: the shard is parsed), else None."""
-    if record is None or record.get("bytes") != size:
-        return None
-    ok = all(type(record.get(k)) is int and record[k] >= 0 for k in _RECORD_COUNTS)
-    return record if ok else None
+def trusted_record(record: ShardRecord | None, size: int) -> ShardRecord | None:
+    """The manifest record of a sealed shard when the file still matches it (same size), else None."""
+    return record if record is not None and record.get("bytes") == size else None
 
 
 @dataclass(frozen=True)
@@ -189,15 +178,15 @@ class ShardFile:
     index: int
     path: Path
     size: int
-    listed_record: dict[str, Any] | None
+    listed_record: ShardRecord | None
 
     @property
-    def record(self) -> dict[str, Any] | None:
+    def record(self) -> ShardRecord | None:
         """The manifest's record when it can be trusted for this file (the trust rule)."""
         return trusted_record(self.listed_record, self.size)
 
 
-def shard_files(folder: Path, manifest: dict[str, Any] | None = None) -> list[ShardFile]:
+def shard_files(folder: Path, manifest: Manifest | None = None) -> list[ShardFile]:
     """The shards of one part in index order, each with its trusted record (manifest read if not given).
     A shard that vanishes while being listed (a live run owns the folder) is left out."""
     if manifest is None:

@@ -1,21 +1,26 @@
-"""A dataset folder's metadata on disk: the manifest (written atomically) and the config-drift
-check (the run lock is lock.py). Sync, no async library: the store calls it from a thread.
+"""A dataset folder's metadata on disk: the manifest (written atomically, typed by `Manifest` and
+checked field by field when read) and the config-drift check (the run lock is lock.py). Sync, no
+async library: the store calls it from a thread.
 
-    outputs/B2/manifest.json   {"fingerprint", "sealed": [...], "open": {...}, "runs": [...], "progress"}
+    outputs/B2/manifest.json   Manifest: {"fingerprint", "sealed": [...], "open": {...}, "runs": [...], "progress"}
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Required, cast
 
 import orjson
+from pydantic import TypeAdapter, ValidationError
+from typing_extensions import TypedDict
 
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigDriftError
+from gen_pipeline.records import RunSnapshot
 
 MANIFEST_NAME = "manifest.json"
 _TMP_PREFIX = MANIFEST_NAME + ".tmp-"
@@ -37,8 +42,95 @@ def fsync_dir(folder: Path) -> None:
 # ---------------------------------------------------------------- manifest
 
 
-def read_manifest(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """(manifest, None), (None, None) when absent, or (None, why) when it cannot be read."""
+class ShardRecord(TypedDict):
+    """A sealed shard as the manifest lists it (layout.py trusts it while the file keeps its size)."""
+
+    name: str
+    samples: int
+    bytes: int
+    prompt_tokens: int
+    completion_tokens: int
+    truncated: int
+
+
+class OpenShardRecord(TypedDict):
+    """The shard being written: its committed length (flushed lines past it are kept on resume too)."""
+
+    name: str
+    committed_bytes: int
+    committed_samples: int
+    prompt_tokens: int
+    completion_tokens: int
+    truncated: int
+
+
+class RunRecord(TypedDict, total=False):
+    """One run of the dataset (its part): who, when, what it wrote, why it stopped."""
+
+    run: Required[int]
+    pid: int
+    host: str
+    started_at: str
+    ended_at: str | None  # None while it runs (or when it died)
+    updated_at: str
+    done_at_start: int
+    samples_written: int
+    duplicates_skipped: int
+    over_target_skipped: int
+    failures: int
+    rejects: int
+    repaired_bytes: int
+    notes: list[str]
+    stopped_by: str  # RunSummary.stopped_by
+
+
+class ProgressRecord(TypedDict, total=False):
+    """The live figures of the last commit (status shows a running run's rate from them); every key is
+    optional: older runs wrote fewer."""
+
+    samples_per_s: float
+    tokens_per_s: float
+    in_flight: int
+    window: int
+    failures: int
+    written_this_run: int
+    elapsed_s: float
+    updated_at: float | str  # time.time() (an ISO time is read too)
+
+
+class Manifest(TypedDict, total=False):
+    """outputs/<DATASET>/manifest.json (a rank's part: rank-<R>-of-<W>/manifest.json). Read back, it is
+    checked against these types (read_manifest), which accept every manifest this tool has written."""
+
+    created_at: str
+    dataset: str
+    target: int  # a rank's share for a rank's part
+    fingerprint: dict[str, Any]  # DatasetConfig.fingerprint(model): what the drift check compares
+    fingerprint_digest: str
+    sealed: list[ShardRecord]
+    open: OpenShardRecord
+    runs: list[RunRecord]
+    updated_at: str
+    rank: int  # a rank's part only
+    world_size: int
+    progress: ProgressRecord
+
+
+@functools.cache
+def _manifest_type() -> TypeAdapter[Manifest]:
+    return TypeAdapter(Manifest)  # built on first read (~0.1 s): status of no folder need not pay it
+
+
+def progress_record(s: RunSnapshot) -> ProgressRecord:
+    """The manifest's progress record of a run's snapshot."""
+    return {"samples_per_s": round(s.samples_per_s, 4), "tokens_per_s": round(s.tokens_per_s, 1),
+            "in_flight": s.in_flight, "window": s.window, "failures": s.failures,
+            "written_this_run": s.completions, "elapsed_s": round(s.elapsed_s, 1), "updated_at": s.time_s}
+
+
+def read_manifest(folder: Path) -> tuple[Manifest | None, str | None]:
+    """(manifest, None), (None, None) when absent, or (None, why) when it cannot be read or a field
+    has the wrong type (`why` names the file and the field)."""
     path = folder / MANIFEST_NAME
     try:
         data = orjson.loads(path.read_bytes())
@@ -48,10 +140,26 @@ def read_manifest(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"{display_path(path)} could not be read ({e}); rebuilt it from the shards"
     if not isinstance(data, dict):
         return None, f"{display_path(path)} is not a JSON object; rebuilt it from the shards"
-    return data, None
+    try:
+        _manifest_type().validate_python(data, strict=True)
+    except ValidationError as e:
+        return None, f"{display_path(path)}: {_field_problem(e)}; rebuilt it from the shards"
+    return cast(Manifest, data), None  # validated above; the data itself is kept (unknown keys survive a rewrite)
 
 
-def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
+def _field_problem(e: ValidationError) -> str:
+    """The first error as `runs[0].pid = '12' is not an integer`."""
+    err = e.errors(include_url=False)[0]
+    where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in err["loc"]).lstrip(".")
+    if err["type"] == "missing":
+        return f"{where} is missing"
+    wanted = {"int_type": "an integer", "float_type": "a number", "string_type": "a string", "list_type": "a list",
+              "dict_type": "an object", "typed_dict_type": "an object", "bool_type": "true or false"}
+    want = wanted.get(err["type"], err["msg"].removeprefix("Input should be ").rstrip("."))
+    return f"{where} = {orjson.dumps(err['input'])[:60].decode()} is not {want}"
+
+
+def write_manifest(folder: Path, manifest: Manifest) -> None:
     """Replace manifest.json atomically: tmp file in the folder, fsync, rename, fsync the folder.
 
     A crash at any point leaves either the old or the new manifest. Raises OSError.

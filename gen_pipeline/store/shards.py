@@ -24,6 +24,8 @@ from typing import Any
 
 import orjson
 
+from gen_pipeline.store.manifest import ShardRecord
+
 SHARD_RE = re.compile(r"^shard-(\d{5,})\.jsonl$")
 
 
@@ -63,7 +65,7 @@ class ShardScan:
     def samples(self) -> int:
         return len(self.ids)
 
-    def entry(self, name: str) -> dict[str, Any]:
+    def entry(self, name: str) -> ShardRecord:
         """The manifest's record of this shard."""
         return {"name": name, "samples": self.samples, "bytes": self.good_bytes, "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens, "truncated": self.truncated}
