@@ -23,8 +23,8 @@ import pytest
 from gen_pipeline.config.dataset import find_dataset_config
 from gen_pipeline.errors import GenPipelineError
 from gen_pipeline.reports.status import format_status, read_status, status_all
-from gen_pipeline.run.options import RunOptions
 from gen_pipeline.run import run_generate
+from gen_pipeline.run.options import RunOptions
 from sglang_sim.testing import start_sim
 
 from pipeline_helpers import SIM_FAST, assert_exact, write_dataset
