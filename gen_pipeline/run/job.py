@@ -26,13 +26,13 @@ from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import anyio
 
 from gen_pipeline.config.dataset import DatasetConfig
 from gen_pipeline.controller import Controller
+from gen_pipeline.http import Http, open_http
 from gen_pipeline.records import Prompt, Sample
-from gen_pipeline.run.chat import ChatClient, open_http_session
+from gen_pipeline.run.chat import ChatClient
 from gen_pipeline.run.dispatch import Item, Window, produce_in_order
 from gen_pipeline.run.options import RunOptions, RunSummary
 from gen_pipeline.run.pipeline import (
@@ -131,7 +131,7 @@ class _Job:
     def _active(self) -> list[_Run]:
         return [r for r in self.started if r.dispatch.in_flight or not r.dispatch.all_sent.is_set()]
 
-    async def poll_load(self, http: aiohttp.ClientSession) -> None:
+    async def poll_load(self, http: Http) -> None:
         """The server's live load every poll_interval_s: the controller, each active dataset's telemetry."""
         assert self.handle is not None
         poller = ServerPoller(self.handle, self.window, self.opts.poll_interval_s)
@@ -160,7 +160,7 @@ class _Job:
         await report_progress(progress, self._first_poll, self.figures, self.opts.on_figures, self.label)
 
     # ------------------------------------------------------------ main
-    async def main(self, http: aiohttp.ClientSession, progress: Progress) -> None:
+    async def main(self, http: Http, progress: Progress) -> None:
         firsts = [await r.feed.first() for r in self.runs]
         log_dir = self.runs[0].store.folder  # the job's server.log: in its first dataset's folder
         async with AsyncExitStack() as stack, anyio.create_task_group() as tg:
@@ -175,7 +175,7 @@ class _Job:
             clients = []
             for r in self.runs:
                 session = await stack.enter_async_context(
-                    open_http_session(r.cfg.generation, _max_connections(self.opts, self.handle)))
+                    open_http(r.cfg.generation, _max_connections(self.opts, self.handle)))
                 clients.append(ChatClient(session, self.handle.base_urls,
                                           _client_settings(self.handle, self.opts, r.cfg),
                                           gate=self.handle.wait_ready, on_request_done=self._observer(r.cfg.name),
@@ -244,7 +244,7 @@ class _Job:
         return r.stopped_by()
 
 
-async def _model(opts: RunOptions, http: aiohttp.ClientSession) -> str:
+async def _model(opts: RunOptions, http: Http) -> str:
     if opts.model:
         return opts.model
     if opts.server_urls:
@@ -263,7 +263,7 @@ async def run_job(cfgs: list[DatasetConfig], opts: RunOptions) -> JobSummary:
     """Generate every dataset of `cfgs` up to its target through one server; resumable per dataset."""
     total = sum(c.target_samples for c in cfgs)
     with Progress("job", 0, total, mode=opts.progress) as progress, ExitStack() as logs:
-        async with open_http_session(cfgs[0].generation, 16) as http:  # control traffic
+        async with open_http(cfgs[0].generation, 16) as http:  # control traffic
             model = await _model(opts, http)
             runs: list[_Run] = []
             try:
@@ -285,7 +285,7 @@ async def run_job(cfgs: list[DatasetConfig], opts: RunOptions) -> JobSummary:
                         r.telemetry.close()
 
 
-async def _run_opened(runs: list[_Run], opts: RunOptions, http: aiohttp.ClientSession,
+async def _run_opened(runs: list[_Run], opts: RunOptions, http: Http,
                       progress: Progress) -> JobSummary:
     pending = [r for r in runs if r.dispatch.goal > 0]
     for r in runs:

@@ -25,15 +25,15 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import anyio
 from anyio.abc import TaskGroup
 
 from gen_pipeline.config.dataset import DatasetConfig
 from gen_pipeline.controller import Controller, ControllerStats
 from gen_pipeline.errors import GenPipelineError
+from gen_pipeline.http import Http, open_http
 from gen_pipeline.records import Failure, LoadSnapshot, Prompt, Reject, Sample
-from gen_pipeline.run.chat import ChatClient, ClientSettings, open_http_session
+from gen_pipeline.run.chat import ChatClient, ClientSettings
 from gen_pipeline.run.dispatch import Dispatcher, Item, Window
 from gen_pipeline.run.options import LoadPoll, RunOptions, RunSummary
 from gen_pipeline.run.progress import Figures, Progress
@@ -132,7 +132,7 @@ class _Run:
             raise self.stats.fatal
 
     # ------------------------------------------------------------ side tasks
-    async def poll_load(self, http: aiohttp.ClientSession) -> None:
+    async def poll_load(self, http: Http) -> None:
         """Feed the controller with the server's live load every poll_interval_s; tell the observers."""
         assert self.handle is not None
         poller = ServerPoller(self.handle, self.window, self.opts.poll_interval_s)
@@ -177,7 +177,7 @@ class _Run:
         await report_progress(progress, self._first_poll, self.figures, self.opts.on_figures)
 
     # ------------------------------------------------------------ main
-    async def main(self, http: aiohttp.ClientSession, progress: Progress) -> None:
+    async def main(self, http: Http, progress: Progress) -> None:
         first = await self.feed.first()
         try:
             async with AsyncExitStack() as stack, anyio.create_task_group() as tg:
@@ -189,7 +189,7 @@ class _Run:
                 self.window.retune(self.dispatch.need())
                 self._log_controller()
                 requests_http = await stack.enter_async_context(
-                    open_http_session(self.cfg.generation, _max_connections(self.opts, self.handle)))
+                    open_http(self.cfg.generation, _max_connections(self.opts, self.handle)))
                 client = ChatClient(requests_http, self.handle.base_urls,
                                     _client_settings(self.handle, self.opts, self.cfg),
                                     gate=self.handle.wait_ready, on_request_done=self.window.observe_completion,
@@ -284,7 +284,7 @@ class ServerPoller:
         self._capacity = handle.capacity
         self._delay_s = min(_FIRST_POLL_S, interval_s)
 
-    async def next(self, http: aiohttp.ClientSession) -> LoadSnapshot | None:
+    async def next(self, http: Http) -> LoadSnapshot | None:
         await anyio.sleep(self._delay_s)
         self._delay_s = self.interval_s
         handle, controller = self.handle, self.window.controller
@@ -299,7 +299,7 @@ class ServerPoller:
 
 # ---------------------------------------------------------------- server start-up
 
-async def _start_server(tg: TaskGroup, opts: RunOptions, log_dir: Path, http: aiohttp.ClientSession) -> ServerHandle:
+async def _start_server(tg: TaskGroup, opts: RunOptions, log_dir: Path, http: Http) -> ServerHandle:
     """Attach to opts.server_urls or launch opts.profile; returns once the server answers /health."""
     handle: ServerHandle
     if opts.server_urls:
@@ -310,11 +310,11 @@ async def _start_server(tg: TaskGroup, opts: RunOptions, log_dir: Path, http: ai
     return handle
 
 
-async def _attached(urls: list[str], http: aiohttp.ClientSession, *, task_status: Any) -> None:
+async def _attached(urls: list[str], http: Http, *, task_status: Any) -> None:
     await run_attached(urls, http=http, task_status=task_status)
 
 
-async def _launched(opts: RunOptions, log_dir: Path, http: aiohttp.ClientSession, *, task_status: Any) -> None:
+async def _launched(opts: RunOptions, log_dir: Path, http: Http, *, task_status: Any) -> None:
     assert opts.profile is not None
     await run_server(opts.profile, log_dir=log_dir, http=http, task_status=task_status)
 
@@ -364,7 +364,7 @@ async def run_generate(cfg: DatasetConfig, opts: RunOptions) -> RunSummary:
     """Generate `cfg` up to its target (or --limit); resumable. Raises GenPipelineError subclasses."""
     # the display from the start: an attach that waits for a loading server says so
     with Progress(cfg.name, 0, cfg.target_samples, mode=opts.progress) as progress:
-        async with open_http_session(cfg.generation, 16) as http:  # control traffic: health, loads, model
+        async with open_http(cfg.generation, 16) as http:  # control traffic: health, loads, model
             model = opts.model
             if not model:
                 if opts.server_urls:
@@ -383,7 +383,7 @@ async def run_generate(cfg: DatasetConfig, opts: RunOptions) -> RunSummary:
 
 
 async def _run_opened(cfg: DatasetConfig, opts: RunOptions, store: DatasetStore, skip_ids: set[str],
-                      notes: list[str], http: aiohttp.ClientSession, progress: Progress) -> RunSummary:
+                      notes: list[str], http: Http, progress: Progress) -> RunSummary:
     log.info("run of %s: %s/%s samples done", cfg.name, f"{store.done:,}", f"{store.target:,}",
              extra={"console": False})
     for note in notes:
