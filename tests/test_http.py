@@ -5,7 +5,9 @@ pool not capped below max_connections, and the streaming POST read line by line.
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
 import socket
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -243,3 +245,33 @@ async def test_leaving_a_stream_early_closes_it() -> None:
                 assert line == "data: 1"
                 break
     assert body.closed
+
+
+async def test_a_request_imports_nothing() -> None:
+    """After the first request, sending one looks up no module: httpcore 1.0 imports sniffio whenever it
+    sets up a lock or an event, and an import that fails is not cached, so without sniffio installed
+    each request scanned sys.path several times (pyproject.toml says why sniffio is a dependency)."""
+    looked_up: list[str] = []
+
+    class Spy(importlib.abc.MetaPathFinder):
+        def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+            looked_up.append(name)
+
+    async def serve(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            while await stream.receive():  # keep-alive: one answer per request
+                await stream.send(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    url = f"http://127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}/v1/chat/completions"
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        async with open_http(GenerationConfig(), 4) as http:
+            assert (await http.post_json(url, {"warm": "up"})).status == 200
+            sys.meta_path.insert(0, Spy())
+            try:
+                replies = [await http.post_json(url, {"n": n}) for n in range(3)]
+            finally:
+                sys.meta_path.pop(0)
+        tg.cancel_scope.cancel()
+    assert [r.json() for r in replies] == [{}] * 3 and looked_up == []
