@@ -275,3 +275,20 @@ async def test_a_request_imports_nothing() -> None:
                 sys.meta_path.pop(0)
         tg.cancel_scope.cancel()
     assert [r.json() for r in replies] == [{}] * 3 and looked_up == []
+
+
+def test_only_the_seam_imports_an_http_library() -> None:
+    """No product module but gen_pipeline/http.py names an HTTP library (so none has its types in a signature)."""
+    import ast
+    from pathlib import Path
+
+    libraries = {"httpx", "httpx2", "httpcore", "httpcore2", "aiohttp", "requests", "urllib3", "h11"}
+    package = Path(__file__).resolve().parent.parent / "gen_pipeline"
+    importers = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            if any(name.partition(".")[0] in libraries for name in names):
+                importers.add(str(path.relative_to(package.parent)))
+    assert importers == {"gen_pipeline/http.py"}
