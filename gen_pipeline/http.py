@@ -25,6 +25,7 @@ doing, not the server's). Control calls (health, loads, metrics) pass their own 
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -40,6 +41,10 @@ from gen_pipeline.config.dataset import GenerationConfig
 # SGLang's uvicorn closes a connection idle for 5 s (srt/entrypoints/http_server.py: timeout_keep_alive=5);
 # ours expire first, so a request is never sent on a connection the server is closing at that moment.
 KEEPALIVE_EXPIRY_S = 4.0
+# httpcore 1.0's pool checks every idle connection against every connection each time a request starts
+# or ends (connection_pool.py, _assign_requests_to_connections): quadratic in the pool's size. Requests
+# go round robin over pools of at most this many connections each.
+CONNECTIONS_PER_POOL = 16
 _GET_HEADERS = {"user-agent": "gen-pipeline"}
 _POST_HEADERS = {**_GET_HEADERS, "content-type": "application/json"}
 _ERROR_BODY_BYTES = 64 * 1024  # what a refused stream keeps of the server's error body
@@ -111,8 +116,9 @@ class Http:
     hooks, URL merging), and skipping it took ~11 % of the client's CPU per request at ~65 requests/s
     (bench/RESULTS.md, "HTTP client library")."""
 
-    def __init__(self, transport: httpx.AsyncBaseTransport, timeout: httpx.Timeout):
-        self._transport = transport
+    def __init__(self, transports: list[httpx.AsyncBaseTransport], timeout: httpx.Timeout):
+        self._transports = transports
+        self._turn = itertools.cycle(transports)
         self.connect_timeout_s = timeout.connect or 0.0
         self._default = timeout, {"timeout": timeout.as_dict()}
         self._per_call: dict[float, tuple[httpx.Timeout, dict[str, Any]]] = {}
@@ -160,7 +166,7 @@ class Http:
         content = body if isinstance(body, bytes) else orjson.dumps(body)
         request = httpx.Request("POST", url, content=content, headers=_POST_HEADERS, extensions=extensions)
         with _mapped(url, timeout):
-            response = await self._transport.handle_async_request(request)
+            response = await next(self._turn).handle_async_request(request)
         lines = _Lines(url, timeout, response)
         try:
             if response.status_code != 200:
@@ -173,14 +179,15 @@ class Http:
             await response.aclose()
 
     async def aclose(self) -> None:
-        await self._transport.aclose()
+        for transport in self._transports:
+            await transport.aclose()
 
     async def _send(self, method: str, url: str, content: bytes | None, timeout_s: float | None) -> Reply:
         timeout, extensions = self._timeouts(timeout_s)
         request = httpx.Request(method, url, content=content, headers=_POST_HEADERS if content else _GET_HEADERS,
                                 extensions=extensions)
         with _mapped(url, timeout):
-            response = await self._transport.handle_async_request(request)
+            response = await next(self._turn).handle_async_request(request)
             try:
                 body = await response.aread()
             finally:
@@ -230,7 +237,9 @@ async def open_http(generation: GenerationConfig, max_connections: int, *,
     # No proxy from HTTP_PROXY (only httpx.AsyncClient reads it; aiohttp before did not either): a cluster's
     # proxy for the internet must not carry the requests to a server on the next node. HTTP/1.1 (SGLang's
     # uvicorn speaks nothing else), one connection per request in flight.
-    http = Http(transport or httpx.AsyncHTTPTransport(limits=limits, trust_env=False), timeout)
+    shards = -(-max_connections // CONNECTIONS_PER_POOL)
+    http = Http([transport] if transport else
+                [httpx.AsyncHTTPTransport(limits=limits, trust_env=False) for _ in range(shards)], timeout)
     try:
         yield http
     finally:
