@@ -1,4 +1,4 @@
-"""The controller through the real path (issue 6): pipeline -> aiohttp -> simulator over TCP ->
+"""The controller through the real path (issue 6): pipeline -> httpx -> simulator over TCP ->
 /v1/loads + /metrics poller -> Controller -> CapacityLimiter, for two length profiles.
 
 Each run gets a fresh simulator (the prefix cache would otherwise favour later runs) and the same

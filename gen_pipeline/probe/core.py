@@ -20,7 +20,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any
 
-import aiohttp
 import anyio
 import orjson
 
@@ -28,10 +27,10 @@ from gen_pipeline.config.dataset import DatasetConfig
 from gen_pipeline.config.schema import check_flags, flag
 from gen_pipeline.config.server import ServerProfile, load_server_profile, normalise_server_url
 from gen_pipeline.errors import ConfigError, GenPipelineError, ServerError
+from gen_pipeline.http import Http, open_http
 from gen_pipeline.probe import metrics as PM
 from gen_pipeline.probe import sglang as PS
 from gen_pipeline.records import Prompt
-from gen_pipeline.run.chat import open_http_session
 from gen_pipeline.server.attach import run_attached
 from gen_pipeline.server.handle import ServerHandle
 from gen_pipeline.server.supervisor import run_server
@@ -114,7 +113,7 @@ def kv_dtype(handle: ServerHandle, fallback: str | None) -> str | None:
 
 
 @contextlib.asynccontextmanager
-async def _servers(opts: ProbeOptions, folder: Path, http: aiohttp.ClientSession,
+async def _servers(opts: ProbeOptions, folder: Path, http: Http,
                    say: Callable[[str], None]) -> AsyncIterator[tuple[ServerHandle, ServerHandle]]:
     """Start (one after the other: they may share a GPU) or attach both; stop them on exit."""
     async with anyio.create_task_group() as tg:
@@ -160,7 +159,7 @@ def check_servers(opts: ProbeOptions, ref: ServerHandle, cmp: ServerHandle, say:
                 "model keys (extra_args, model_path) would.")
 
 
-async def _probe_one(http: aiohttp.ClientSession, ref: ServerHandle, cmp: ServerHandle, prompt: Prompt,
+async def _probe_one(http: Http, ref: ServerHandle, cmp: ServerHandle, prompt: Prompt,
                      cfg: DatasetConfig, opts: ProbeOptions) -> PM.PromptResult:
     kwargs = {"thinking": False, "enable_thinking": False} if cfg.generation.reasoning == "disable" else None
     ids = await PS.prompt_ids(http, ref.base_urls[0], ref.model, first_turn(prompt), kwargs)
@@ -191,7 +190,7 @@ async def run_probe(cfg: DatasetConfig, opts: ProbeOptions, say: Callable[[str],
     prompts = load_prompts(cfg, opts.samples)
     folder = opts.output_root / cfg.name
     folder.mkdir(parents=True, exist_ok=True)
-    async with open_http_session(cfg.generation, 2 * opts.concurrency + 8) as http:
+    async with open_http(cfg.generation, 2 * opts.concurrency + 8) as http:
         try:
             results, failures, servers = await _measure(http, prompts, folder, cfg, opts, say)
         except BaseExceptionGroup as group:
@@ -203,7 +202,7 @@ async def run_probe(cfg: DatasetConfig, opts: ProbeOptions, say: Callable[[str],
     return report
 
 
-async def _measure(http: aiohttp.ClientSession, prompts: list[Prompt], folder: Path, cfg: DatasetConfig,
+async def _measure(http: Http, prompts: list[Prompt], folder: Path, cfg: DatasetConfig,
                    opts: ProbeOptions, say: Callable[[str], None]) -> tuple[Any, Any, dict[str, Any]]:
     async with _servers(opts, folder, http, say) as (ref, cmp):
         check_servers(opts, ref, cmp, say)
@@ -229,7 +228,7 @@ def _first_known(group: BaseExceptionGroup) -> BaseException:
     return matched if matched is not None else group
 
 
-async def _probe_all(http: aiohttp.ClientSession, ref: ServerHandle, cmp: ServerHandle, prompts: list[Prompt],
+async def _probe_all(http: Http, ref: ServerHandle, cmp: ServerHandle, prompts: list[Prompt],
                      cfg: DatasetConfig, opts: ProbeOptions) -> tuple[list[PM.PromptResult], list[dict[str, str]]]:
     limiter = anyio.CapacityLimiter(opts.concurrency)
     done: dict[int, PM.PromptResult] = {}

@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import anyio
 from anyio.abc import TaskGroup
 
 from gen_pipeline.config.dataset import DatasetConfig
+from gen_pipeline.http import Http
 from gen_pipeline.records import LoadSnapshot
 from gen_pipeline.run.chat import ClientSettings
 from gen_pipeline.run.dispatch import Window
@@ -26,7 +26,7 @@ from gen_pipeline.server.fleet_watch import read_fleet_load
 FIRST_POLL_S = 0.25  # a short run still gets a load poll while its requests are in flight
 
 
-async def server_model(opts: RunOptions, http: aiohttp.ClientSession) -> str:
+async def server_model(opts: RunOptions, http: Http) -> str:
     """The model id requests carry (and the stores' fingerprints record): --model, else what the first
     attached server serves (GET /v1/models, asked once: the attach reuses it), else the profile's."""
     if opts.model:
@@ -37,7 +37,7 @@ async def server_model(opts: RunOptions, http: aiohttp.ClientSession) -> str:
     return opts.profile.request_model
 
 
-async def start_server(tg: TaskGroup, opts: RunOptions, log_dir: Path, http: aiohttp.ClientSession,
+async def start_server(tg: TaskGroup, opts: RunOptions, log_dir: Path, http: Http,
                        model: str) -> ServerHandle:
     """Attach to opts.server_urls or launch opts.profile in `tg`; returns once the server answers /health.
     `model`: what server_model() found (the first attached URL is not asked again)."""
@@ -51,11 +51,11 @@ async def start_server(tg: TaskGroup, opts: RunOptions, log_dir: Path, http: aio
     return handle
 
 
-async def _attached(urls: list[str], http: aiohttp.ClientSession, model: str | None, *, task_status: Any) -> None:
+async def _attached(urls: list[str], http: Http, model: str | None, *, task_status: Any) -> None:
     await run_attached(urls, http=http, first_model=model, task_status=task_status)
 
 
-async def _launched(opts: RunOptions, log_dir: Path, http: aiohttp.ClientSession, *, task_status: Any) -> None:
+async def _launched(opts: RunOptions, log_dir: Path, http: Http, *, task_status: Any) -> None:
     assert opts.profile is not None
     await run_server(opts.profile, log_dir=log_dir, http=http, task_status=task_status)
 
@@ -86,7 +86,7 @@ class ServerPoller:
         self._capacity = handle.capacity
         self._delay_s = min(FIRST_POLL_S, interval_s)
 
-    async def next(self, http: aiohttp.ClientSession) -> LoadSnapshot | None:
+    async def next(self, http: Http) -> LoadSnapshot | None:
         await anyio.sleep(self._delay_s)
         self._delay_s = self.interval_s
         handle, controller = self.handle, self.window.controller

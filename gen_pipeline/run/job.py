@@ -37,8 +37,9 @@ from anyio.abc import TaskGroup
 from gen_pipeline.config.dataset import DatasetConfig
 from gen_pipeline.controller import Controller, ControllerStats
 from gen_pipeline.errors import GenPipelineError
+from gen_pipeline.http import open_http
 from gen_pipeline.records import Failure, Prompt, RunSnapshot, Sample
-from gen_pipeline.run.chat import ChatClient, open_http_session
+from gen_pipeline.run.chat import ChatClient
 from gen_pipeline.run.connect import ServerPoller, client_settings, max_connections, start_server
 from gen_pipeline.run.dataset_run import BATCH, EVENTS, JOURNAL, DatasetRun
 from gen_pipeline.run.dispatch import Item, produce_in_order
@@ -149,7 +150,7 @@ class Job:
             clients = []
             for r in self.runs:
                 session = await stack.enter_async_context(
-                    open_http_session(r.cfg.generation, max_connections(self.opts, handle)))
+                    open_http(r.cfg.generation, max_connections(self.opts, handle)))
                 clients.append(ChatClient(session, handle.base_urls, client_settings(handle, self.opts, r.cfg),
                                           gate=handle.wait_ready, on_request_done=self._observer(r.name),
                                           fleet=handle.fleet))

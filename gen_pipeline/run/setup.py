@@ -16,15 +16,14 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiohttp
 import anyio
 
 from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR, DatasetConfig
 from gen_pipeline.config.server import load_controller_config, load_server_profile
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError, GenPipelineError
+from gen_pipeline.http import Http, open_http
 from gen_pipeline.reports.check import check_source, dataset_done
-from gen_pipeline.run.chat import open_http_session
 from gen_pipeline.run.connect import server_model
 from gen_pipeline.run.dataset_run import DatasetRun
 from gen_pipeline.run.dispatch import Window
@@ -66,7 +65,7 @@ class OpenedDatasets:
     model, and the check problems `proceed_anyway` waived (the caller shows them)."""
 
     runs: list[DatasetRun]
-    http: aiohttp.ClientSession
+    http: Http
     model: str
     waived: list[GenPipelineError] = field(default_factory=list)
 
@@ -78,7 +77,7 @@ async def open_datasets(cfgs: Sequence[DatasetConfig], opts: RunOptions) -> Asyn
     if opts.profile is not None:
         check_launchable(opts.profile)
     async with AsyncExitStack() as stack:
-        http = await stack.enter_async_context(open_http_session(cfgs[0].generation, 16))  # control traffic
+        http = await stack.enter_async_context(open_http(cfgs[0].generation, 16))  # control traffic
         model = await server_model(opts, http)
         opened = OpenedDatasets([], http, model)
         stores: list[DatasetStore] = []
