@@ -28,7 +28,7 @@ def _word_re(t: LoopThresholds) -> re.Pattern[str]:
 
 
 class LoopReason(enum.StrEnum):
-    PERIOD = "period"  # one period covers period_share of the window
+    PERIOD = "period"  # repeats at a steady spacing cover period_share of the window
     LOW_DIVERSITY = "low_diversity"  # few distinct n-grams in the window
     WHITESPACE = "whitespace"  # a run of whitespace_run_chars blank characters
 
@@ -42,7 +42,7 @@ class LoopVerdict:
     reason: LoopReason
     at_char: int  # the end of the word (or whitespace character) that made it fire
     loop_start_char: int
-    period_words: int  # the most common distance between repeats in the window (0: whitespace)
+    period_words: int  # the spacing of the repeats when it fired, in words (0: whitespace)
     words: int  # words seen when it fired
 
     @property
@@ -66,15 +66,17 @@ class RepetitionDetector:
         self._chars = 0  # characters fed
         self._ws_run = 0  # whitespace characters since the last word
         self._line_words = 0  # words since the last newline
+        self._counted = False  # this line's list number was seen
         self._i = 0  # words seen
         self._gram: deque[str] = deque(maxlen=t.ngram_words)
-        self._last: dict[int, int] = {}  # n-gram hash -> word index of its latest occurrence
+        # n-gram hash -> (word index of its latest occurrence, its distance to the one before, copies in a row)
+        self._last: dict[int, tuple[int, int, int]] = {}
         self._prune_at = 2 * t.max_period_words
         self._window: deque[tuple[int, int]] = deque()  # (n-gram hash, distance) per word
         self._hash_count: dict[int, int] = {}
-        self._dist_count: dict[int, int] = {}
+        self._repeats = 0  # window words that are a repeat (see _word)
         # start offsets of recent words, to place the loop's start when it fires
-        self._starts: deque[int] = deque(maxlen=t.max_period_words + t.window_words + t.ngram_words + 1)
+        self._starts: deque[int] = deque(maxlen=2 * t.max_period_words + t.window_words + t.ngram_words + 1)
 
     @property
     def verdict(self) -> LoopVerdict | None:
@@ -120,7 +122,7 @@ class RepetitionDetector:
         if stop <= start:
             return None
         if "\n" in buf[start:stop]:
-            self._line_words = 0
+            self._line_words, self._counted = 0, False
         before = self._ws_run
         self._ws_run += stop - start
         need = self.thresholds.whitespace_run_chars
@@ -132,8 +134,8 @@ class RepetitionDetector:
     def _word(self, word: str, start: int, stop: int) -> bool:
         t = self.thresholds
         self._ws_run = 0
-        if word[0].isdigit() and self._line_words < t.line_number_words:
-            word = "#"
+        if self._line_words < t.line_number_words and word.isdecimal() and len(word) <= 4 and not self._counted:
+            word, self._counted = "#", True
         self._line_words += 1
         self._i += 1
         self._starts.append(start)
@@ -143,44 +145,51 @@ class RepetitionDetector:
             return False
         h = hash(tuple(gram))
         i = self._i
-        prev = self._last.get(h)
-        self._last[h] = i
-        dist = i - prev if prev is not None and i - prev <= t.max_period_words else 0
+        prev, prev_dist, prev_run = self._last.get(h, (0, 0, 0))
+        dist = i - prev if prev and i - prev <= t.max_period_words else 0
+        # run: how many copies in a row this n-gram has had at a steady spacing (the first repeat
+        # makes 2; a loop's copies may differ by a word or two, so "steady" has a slack)
+        steady = dist and prev_dist and abs(dist - prev_dist) <= min(
+            t.period_slack_max_words, max(t.period_slack_words, dist * t.period_slack_share))
+        run = prev_run + 1 if steady else (2 if dist else 1)
+        self._last[h] = (i, dist, run)
+        # One verbatim repeat, even two, is common in natural text (a licence quoted for each of
+        # three files, sibling methods sharing a docstring); a loop goes on repeating.
+        period = dist if run >= (t.min_copies if dist <= t.long_period_words else t.min_copies_long) else 0
         window = self._window
-        window.append((h, dist))
-        hc, dc = self._hash_count, self._dist_count
+        window.append((h, period))
+        hc = self._hash_count
         hc[h] = hc.get(h, 0) + 1
-        if dist:
-            dc[dist] = dc.get(dist, 0) + 1
+        self._repeats += period > 0
         if len(window) > t.window_words:
-            old_h, old_d = window.popleft()
+            old_h, old_period = window.popleft()
             if hc[old_h] == 1:
                 del hc[old_h]
             else:
                 hc[old_h] -= 1
-            if old_d:
-                dc[old_d] -= 1
+            self._repeats -= old_period > 0
         if i >= self._prune_at:
             self._prune(i)
-        if dist and dc[dist] >= self._period_need:
-            self._fire(LoopReason.PERIOD, dist, stop)
+        if period and self._repeats >= self._period_need:
+            self._fire(LoopReason.PERIOD, stop)
         elif len(window) == t.window_words and len(hc) <= self._distinct_max:
-            self._fire(LoopReason.LOW_DIVERSITY, max(dc, key=dc.__getitem__, default=1), stop)
+            self._fire(LoopReason.LOW_DIVERSITY, stop)
         return self._verdict is not None
 
     def _prune(self, i: int) -> None:
         """Forget n-grams last seen more than max_period_words ago (amortised O(1) per word)."""
         horizon = i - self.thresholds.max_period_words
-        self._last = {h: j for h, j in self._last.items() if j >= horizon}
+        self._last = {h: last for h, last in self._last.items() if last[0] >= horizon}
         self._prune_at = i + self.thresholds.max_period_words
 
-    def _fire(self, reason: LoopReason, period: int, stop: int) -> None:
-        """The first window word repeating at `period` marks the second copy; the first copy
-        began `period` words (plus the n-gram's length) before it."""
+    def _fire(self, reason: LoopReason, stop: int) -> None:
+        """The first repeat in the window is a third copy; the first copy began two of its
+        periods (plus the n-gram's length) before it."""
         t, window = self.thresholds, self._window
-        first = next((k for k, (_, d) in enumerate(window) if d == period), 0)
+        first = next((k for k, (_, p) in enumerate(window) if p), 0)
+        period = window[first][1] or 1
         word_index = self._i - len(window) + first  # 0-based index of that n-gram's last word
-        start_index = max(0, word_index - period - (t.ngram_words - 1))
+        start_index = max(0, word_index - 2 * period - (t.ngram_words - 1))
         oldest = self._i - len(self._starts)  # 0-based index of self._starts[0]
         start_char = self._starts[max(0, start_index - oldest)]
-        self._verdict = LoopVerdict(reason, stop, start_char, period, self._i)
+        self._verdict = LoopVerdict(reason, stop, start_char, window[-1][1] or period, self._i)

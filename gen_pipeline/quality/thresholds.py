@@ -31,16 +31,22 @@ class LoopThresholds:
     A loop of period p words fires about p + period_share × window_words words after it starts.
     """
 
-    ngram_words: int = 4
+    ngram_words: int = 8
     window_words: int = 256
     period_share: float = 0.6
-    distinct_share: float = 0.3
+    period_slack_words: int = 2
+    period_slack_share: float = 0.125
+    period_slack_max_words: int = 8
+    min_copies: int = 3
+    long_period_words: int = 1024
+    min_copies_long: int = 4
+    distinct_share: float = 0.15
     max_period_words: int = 1024
     whitespace_run_chars: int = 400
     # A word longer than this is cut into pieces, so "aaaa…" without end still makes words.
     max_word_chars: int = 32
-    # "=====…" is one word per this many characters (a rule line is one or a few words, not 80).
-    max_symbol_run_chars: int = 16
+    # "=====…" is one word per this many characters (a rule line is a few words, not 80).
+    max_symbol_run_chars: int = 4
     # A number among the first words of a line counts as "#": a numbered list that keeps counting
     # with the same item text is a loop ("12. Check the input.", "Step 13: ..."), and so is a list
     # whose numbers are the only change, while numbers inside a line (tables, CSV) keep their value.
