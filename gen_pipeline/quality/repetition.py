@@ -72,9 +72,11 @@ class RepetitionDetector:
         # n-gram hash -> (word index of its latest occurrence, its distance to the one before, copies in a row)
         self._last: dict[int, tuple[int, int, int]] = {}
         self._prune_at = 2 * t.max_period_words
-        self._window: deque[tuple[int, int]] = deque()  # (n-gram hash, distance) per word
+        self._window: deque[tuple[int, int, bool]] = deque()  # (n-gram hash, repeat period, novel) per word
         self._hash_count: dict[int, int] = {}
         self._repeats = 0  # window words that are a repeat (see _word)
+        self._novel = 0  # window words the turn had not used before
+        self._seen: set[str] = set()
         # start offsets of recent words, to place the loop's start when it fires
         self._starts: deque[int] = deque(maxlen=2 * t.max_period_words + t.window_words + t.ngram_words + 1)
 
@@ -139,8 +141,14 @@ class RepetitionDetector:
         self._line_words += 1
         self._i += 1
         self._starts.append(start)
+        word = word.lower()
+        # A word the turn has not used before means the text still brings something new: a list of
+        # names, a licence with another holder, a table of measurements.
+        novel = word not in self._seen
+        if novel:
+            self._seen.add(word)
         gram = self._gram
-        gram.append(word.lower())
+        gram.append(word)
         if len(gram) < t.ngram_words:
             return False
         h = hash(tuple(gram))
@@ -157,22 +165,24 @@ class RepetitionDetector:
         # three files, sibling methods sharing a docstring); a loop goes on repeating.
         period = dist if run >= (t.min_copies if dist <= t.long_period_words else t.min_copies_long) else 0
         window = self._window
-        window.append((h, period))
+        window.append((h, period, novel))
         hc = self._hash_count
         hc[h] = hc.get(h, 0) + 1
         self._repeats += period > 0
+        self._novel += novel
         if len(window) > t.window_words:
-            old_h, old_period = window.popleft()
+            old_h, old_period, old_novel = window.popleft()
             if hc[old_h] == 1:
                 del hc[old_h]
             else:
                 hc[old_h] -= 1
             self._repeats -= old_period > 0
+            self._novel -= old_novel
         if i >= self._prune_at:
             self._prune(i)
-        if period and self._repeats >= self._period_need:
+        if period and self._repeats >= self._period_need and self._novel <= t.max_novel_words:
             self._fire(LoopReason.PERIOD, stop)
-        elif len(window) == t.window_words and len(hc) <= self._distinct_max:
+        elif len(window) == t.window_words and len(hc) <= self._distinct_max and self._novel <= t.max_novel_words:
             self._fire(LoopReason.LOW_DIVERSITY, stop)
         return self._verdict is not None
 
@@ -186,7 +196,7 @@ class RepetitionDetector:
         """The first repeat in the window is a third copy; the first copy began two of its
         periods (plus the n-gram's length) before it."""
         t, window = self.thresholds, self._window
-        first = next((k for k, (_, p) in enumerate(window) if p), 0)
+        first = next((k for k, (_, p, _) in enumerate(window) if p), 0)
         period = window[first][1] or 1
         word_index = self._i - len(window) + first  # 0-based index of that n-gram's last word
         start_index = max(0, word_index - 2 * period - (t.ngram_words - 1))

@@ -20,36 +20,45 @@ from dataclasses import dataclass
 class LoopThresholds:
     """When the repetition detector (gen_pipeline/quality/repetition.py) fires.
 
-    It hashes every `ngram_words`-gram and, for each, notes the distance in words back to its
-    previous occurrence (0 when it has none within `max_period_words`). Over the last
-    `window_words` n-grams it fires when either
-      - one distance (a period) covers at least `period_share` of the window: an exact loop of any
-        period up to `max_period_words` (a paragraph repeated verbatim, "the the the");
-      - the distinct n-grams are at most `distinct_share` of the window: a short loop whose
-        copies vary a little (a thinking loop re-deriving the same step with other connectives);
-    or when a run of whitespace reaches `whitespace_run_chars` (a model emitting blank lines).
-    A loop of period p words fires about p + period_share × window_words words after it starts.
+    Every `ngram_words`-gram notes the distance in words back to its previous occurrence (up to
+    `max_period_words`) and how many copies in a row it has had at a steady spacing (the spacing
+    may drift by `period_slack_*`: a loop's copies can differ by a word). An n-gram in its
+    `min_copies`-th copy (`min_copies_long`-th when the spacing exceeds `long_period_words`) is a
+    repeat. Over the last `window_words` words the detector fires when
+      - repeats cover at least `period_share` of the window, or the window holds at most
+        `distinct_share` × window_words distinct n-grams, and
+      - at most `max_novel_words` of the window's words are new to the turn (a list of names or a
+        table of measurements keeps bringing new words; a loop brings none);
+    or when a run of whitespace reaches `whitespace_run_chars`.
+    A loop of period p words fires about max(2p + period_share × window_words, p + window_words)
+    words after its first copy starts (3p + … above long_period_words). Measured in bench/RESULTS.md
+    ("Loop detector"): false positives on natural text and code, latency per loop kind, CPU.
     """
 
-    ngram_words: int = 8
+    ngram_words: int = 12
     window_words: int = 256
-    period_share: float = 0.6
+    period_share: float = 0.65
+    # spacing drift between copies that still counts as steady: max(words, share × spacing), capped
     period_slack_words: int = 2
     period_slack_share: float = 0.125
     period_slack_max_words: int = 8
+    # One verbatim repeat, even two, is common in natural text (a licence quoted for three files,
+    # sibling methods sharing a docstring); a loop goes on. Long blocks need one copy more.
     min_copies: int = 3
-    long_period_words: int = 1024
+    long_period_words: int = 160
     min_copies_long: int = 4
     distinct_share: float = 0.15
+    max_novel_words: int = 2
     max_period_words: int = 1024
     whitespace_run_chars: int = 400
-    # A word longer than this is cut into pieces, so "aaaa…" without end still makes words.
-    max_word_chars: int = 32
+    # A longer word is cut into pieces, so "aaaa…" or "hahaha…" without end still makes words, each
+    # about as long as a few model tokens.
+    max_word_chars: int = 8
     # "=====…" is one word per this many characters (a rule line is a few words, not 80).
-    max_symbol_run_chars: int = 4
+    max_symbol_run_chars: int = 16
     # A number among the first words of a line counts as "#": a numbered list that keeps counting
-    # with the same item text is a loop ("12. Check the input.", "Step 13: ..."), and so is a list
-    # whose numbers are the only change, while numbers inside a line (tables, CSV) keep their value.
+    # with the same item text is a loop ("12. Check the input.", "Step 13: ..."), while numbers
+    # inside a line (tables, CSV) keep their value.
     line_number_words: int = 3
 
     def __post_init__(self) -> None:
