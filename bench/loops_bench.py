@@ -26,7 +26,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from bench.loops_corpus import (
-    KEEP, LOOP_KINDS, MAY_KILL, LoopCase, Turn, legit_repetitive, natural_corpora, synthetic_loops,
+    KEEP,
+    LOOP_KINDS,
+    MAY_KILL,
+    LoopCase,
+    Turn,
+    legit_repetitive,
+    natural_corpora,
+    synthetic_loops,
 )
 from bench.report import md_table, write_section
 from gen_pipeline.quality import DEFAULT_LOOP_THRESHOLDS, LoopVerdict, RepetitionDetector, check_turn
@@ -37,7 +44,7 @@ try:  # a real BPE (o200k_base), offline: pip install -e '.[bench]'
 
     _O200K = bpe_openai.get_encoding("o200k_base")
 
-    def _ENCODE(text: str) -> list[int]:  # noqa: N802 - stands for the encode function
+    def _ENCODE(text: str) -> list[int]:
         return list(_O200K.encode(text, disallowed_special=()))  # text that spells "<|endoftext|>" is text here
     TOKENIZER = "o200k_base (bpe-openai)"
 except ImportError:  # the simulator's tokenizer counts ~1.7x more tokens than a BPE on this text

@@ -11,8 +11,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gen_pipeline.quality import (
-    THINK_MARKERS, LeakReason, LoopReason, LoopThresholds, LoopVerdict, RepetitionDetector, check_turn,
-    find_markers, is_marker_only,
+    THINK_MARKERS,
+    LeakReason,
+    LoopReason,
+    LoopThresholds,
+    LoopVerdict,
+    RepetitionDetector,
+    check_turn,
+    find_markers,
+    is_marker_only,
 )
 
 REPO = Path(__file__).resolve().parent.parent
