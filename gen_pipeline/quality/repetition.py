@@ -3,7 +3,8 @@ become a loop (see LoopThresholds for the rule). Pure: no I/O, no clock, no asyn
 
 Cost: a delta is scanned once by one regex; each completed word costs O(1) (a hash of the last
 n words, two counters and one dict look-up), so `feed` is amortised O(len(delta)) plus at most one
-held-back word (≤ max_word_chars). Memory is bounded by max_period_words + window_words.
+held-back word (≤ max_word_chars). Memory: O(max_period_words + window_words) plus the set of
+distinct words the turn has used (for the novelty gate).
 Chunking does not matter: words are cut from the text alone (a word that reaches the end of a
 delta waits for the next one), the rule is evaluated word by word, so every way of splitting a
 text into deltas gives the same verdict at the same character.
