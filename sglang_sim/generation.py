@@ -9,16 +9,17 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from sglang_sim import degenerate
 from sglang_sim import logprobs as LP
 from sglang_sim import responses as R
-from sglang_sim.faults import Fault
+from sglang_sim.faults import Fault, OutputFault, decide_output
 from sglang_sim.lengths import cap_length, draw_length, request_seed
 from sglang_sim.tokenizer import decode, decode_output, draw_output_ids, encode, render_chat
 from sglang_sim.transport import ChunkedResponse, one_chunk, wait_or_disconnect
@@ -60,7 +61,9 @@ class Plan:
     stream: bool
     fault: Fault
     include_usage: bool = False
+    continuous_usage: bool = False
     logprobs: LP.LogprobPlan | None = None
+    output_fault: OutputFault = OutputFault.NONE
 
 
 def _check_context(server: SimServer, n_prompt: int, max_new: int | None) -> None:
@@ -100,10 +103,39 @@ def _plan(server: SimServer, rid: str, prompt_key: str | list[int], prompt_ids: 
     empty = fault is Fault.EMPTY_TURN
     if empty:  # EOS first: one completion token, nothing to show
         n, finish, lp_plan = 1, "stop", None
+    output_ids = model_ids if lp_plan else draw_output_ids(seed, n)
     gen = R.Generation(rid=rid, model=server.ns.served_model_name, created=int(time.time()),
-                       prompt_ids=prompt_ids, output_ids=model_ids if lp_plan else draw_output_ids(seed, n),
-                       finish_reason=finish, reasoning=reasoning, empty=empty)
-    return Plan(gen, max_new, stream, fault, logprobs=lp_plan)
+                       prompt_ids=prompt_ids, output_ids=output_ids, finish_reason=finish, reasoning=reasoning,
+                       empty=empty)
+    # What the model writes: seeded by the request (not by arrival), so the same request degenerates
+    # the same way in every run. Not with logprobs (their tokens come from the logprob model).
+    output_fault = OutputFault.NONE if empty or lp_plan else decide_output(server.faults, seed)
+    gen = _degenerate(server, gen, output_fault, seed, drawn, max_new)
+    return Plan(gen, max_new, stream, fault, logprobs=lp_plan, output_fault=output_fault)
+
+
+def _degenerate(server: SimServer, gen: R.Generation, output_fault: OutputFault, seed: int, drawn: int,
+                max_new: int) -> R.Generation:
+    """The output of a loop, leak or marker-only turn (sglang_sim/degenerate.py)."""
+    if output_fault is OutputFault.LOOP:
+        plan = degenerate.loop_output(seed, drawn, max_new)
+        # a loop that starts inside the thinking never leaves it: all of the turn is reasoning
+        natural_end = int(min(drawn, max_new) * R.REASONING_SHARE)
+        end = len(plan.ids) if plan.loop_start < natural_end else natural_end
+        server.output_fault_counts[f"loop_{plan.kind}"] += 1
+        return replace(gen, output_ids=plan.ids, finish_reason="length", reasoning_end=end)
+    if output_fault is OutputFault.LEAK and gen.reasoning == "separate":
+        kind = degenerate.leak_kind(seed)
+        server.output_fault_counts[f"leak_{kind}"] += 1
+        if kind == "think_markers":  # the markers stay in content, the answer after them
+            return replace(gen, reasoning="inline")
+        # cut at the cap inside the thinking; the parser returns all of it as content
+        return replace(gen, output_ids=draw_output_ids(seed, max_new), finish_reason="length", reasoning="leak",
+                       reasoning_end=max_new)
+    if output_fault is OutputFault.MARKER_ONLY:
+        server.output_fault_counts["marker_only"] += 1
+        return replace(gen, output_ids=degenerate.marker_only_ids(seed), finish_reason="stop", reasoning="none")
+    return gen
 
 
 def _reasoning_mode(server: SimServer, body: dict[str, Any]) -> str:
@@ -128,7 +160,9 @@ def _chat_plan(server: SimServer, body: dict[str, Any]) -> Plan:
     rid = body.get("rid") if isinstance(body.get("rid"), str) else uuid.uuid4().hex
     plan = _plan(server, rid, prompt, encode(prompt), max_value, "max_tokens", sampling,
                  _reasoning_mode(server, body), bool(body.get("stream")))
-    plan.include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    options = body.get("stream_options") or {}
+    plan.include_usage = bool(options.get("include_usage"))
+    plan.continuous_usage = bool(options.get("continuous_usage_stats"))
     return plan
 
 
@@ -249,11 +283,18 @@ async def _token_events(ticket: Ticket) -> AsyncIterator[tuple[int, int] | Any]:
 
 
 async def _chat_stream(server: SimServer, plan: Plan, ticket: Ticket) -> AsyncIterator[bytes]:
+    """SGLang 0.5.17's chat stream (serving_chat.py _generate_chat_stream): a role chunk when the
+    first tokens arrive, then reasoning and content chunks, a finish chunk, the usage chunk when
+    stream_options.include_usage, and [DONE]."""
     gen, first = plan.gen, True
     async for ev in _token_events(ticket):
         if isinstance(ev, tuple):
-            yield R.sse(R.delta_chunk(gen, ev[0], ev[1], first))
-            first = False
+            if first:
+                yield R.sse(R.role_chunk(gen))
+                first = False
+            usage = R.running_usage(gen, ev[1]) if plan.continuous_usage else None
+            for chunk in R.delta_chunks(gen, ev[0], ev[1], usage):
+                yield R.sse(chunk)
             continue
         reason = ev.finish_reason if ev.finish_reason in ("stop", "length") else "abort"
         yield R.sse(R.chat_chunk(gen, {}, reason))
