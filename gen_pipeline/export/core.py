@@ -272,16 +272,20 @@ def validation_path(out: Path) -> Path:
 
 
 def _remove_stale_validation(opts: ExportOptions) -> list[str]:
-    """--force without --val-share: a <stem>.val.ndjson (or the .val.jsonl of older exports, which a
-    folder glob would pick up) from an earlier export would overlap the new train file, so it goes too."""
+    """--force: an earlier export's validation file that this one does not replace would overlap the
+    new train file (no --val-share now), or sit where a *.jsonl glob finds it (the .val.jsonl of
+    exports before .val.ndjson), so it goes."""
+    if opts.format == "hf" or not opts.force:
+        return []
     notes = []
-    for stale in (validation_path(opts.out), opts.out.with_name(opts.out.stem + ".val.jsonl")):
-        if opts.format == "hf" or not opts.force or not stale.is_file():
-            continue
-        if opts.val.enabled and stale == validation_path(opts.out):
-            continue
-        stale.unlink()
-        notes.append(f"removed {display_path(stale)} (an earlier export's validation rows)")
+    current, old = validation_path(opts.out), opts.out.with_name(opts.out.stem + ".val.jsonl")
+    if not opts.val.enabled and current.is_file():
+        current.unlink()
+        notes.append(f"removed {display_path(current)} (an earlier export's validation rows, now in train)")
+    if old.is_file():
+        old.unlink()
+        notes.append(f"removed {display_path(old)} (an earlier export's validation rows under the old name, "
+                     "which a *.jsonl glob finds)")
     return notes
 
 
