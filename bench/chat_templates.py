@@ -65,17 +65,19 @@ def _corpus(seed: int) -> list[str]:
             + rng.choice([".", "?", "!"]) for _ in range(2_000)]
 
 
-def build_tokenizer(out: Path, kind: str, seed: int = 0) -> Path:
-    """Train the byte-level BPE and save it with the `kind` chat template in `out`; returns `out`."""
+def build_tokenizer(out: Path, kind: str, seed: int = 0, *, corpus: list[str] | None = None,
+                    vocab_size: int = VOCAB_SIZE) -> Path:
+    """Train the byte-level BPE (on `corpus`, default: syllable text like the simulator's) and save it
+    with the `kind` chat template in `out`; returns `out`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIAL,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(_corpus(seed), trainer)
+    tok.train_from_iterator(_corpus(seed) if corpus is None else corpus, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS[kind], pad_token="<|endoftext|>",
                                    model_max_length=32_768)
     fast.chat_template = TEMPLATES[kind]

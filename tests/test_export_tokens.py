@@ -195,7 +195,21 @@ def test_tokens_rows_equal_the_tokenizer_on_prompt_and_turn_text(outputs: Path, 
                 prompt, output = renderer.turn_text(history, _message(m))
                 expected.append(renderer.encode(prompt) + renderer.encode(output))
             history.append(_message(m))
-    assert [r["input_ids"] for r in rows] == expected and len(rows) > len(samples)
+    assert [r["input_ids"].tolist() for r in rows] == expected and len(rows) > len(samples)
+    texts = [renderer.turn_text(h, t) for s in samples for h, t in _turns_with_history(s)]
+    assert [r["loss_mask"].tolist() for r in rows] == [
+        [0] * len(renderer.encode(p)) + [1] * len(renderer.encode(o)) for p, o in texts]
+
+
+def _turns_with_history(sample: dict) -> list[tuple[list[dict], dict]]:
+    from gen_pipeline.export.tokens import _message
+
+    out, history = [], []
+    for m in sample["conversations"]:
+        if m["role"] == "assistant":
+            out.append((list(history), _message(m)))
+        history.append(_message(m))
+    return out
 
 
 def test_server_token_ids_make_the_rows_and_stay_out_of_conversation_formats(tmp_path: Path) -> None:

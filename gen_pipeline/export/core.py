@@ -49,7 +49,7 @@ from gen_pipeline.export.select import (
     validation_ids,
 )
 from gen_pipeline.export.template_check import MODES, TemplateCheck
-from gen_pipeline.export.tokens import TokenRowBuilder
+from gen_pipeline.export.tokens import TokenRowBuilder, compact_ids
 from gen_pipeline.store.layout import dataset_parts, has_shards, shard_files
 from gen_pipeline.store.shards import iter_lines
 
@@ -304,6 +304,8 @@ def _read_dataset(opts: ExportOptions, name: str) -> tuple[DatasetCounts, list[d
         raise _missing(opts.output_root, name, folder)
     counts, rows = DatasetCounts(name), []
     for row in iter_committed_samples(folder):
+        if opts.format == "tokens":
+            compact_ids(row)
         counts.committed += 1
         reason = opts.filters.reason(row)
         if reason:

@@ -107,7 +107,7 @@ def tokens_line(row: dict[str, Any], *, keep_meta: bool, status: bool = False, h
                            "ids_from": row["ids_from"]}
     if keep_meta:
         out["meta"] = _meta(row)
-    return orjson.dumps(out, option=orjson.OPT_APPEND_NEWLINE)
+    return orjson.dumps(out, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY)
 
 
 LINE_WRITERS: dict[str, Callable[..., bytes]] = {"specforge": specforge_line, "speculators": speculators_line,

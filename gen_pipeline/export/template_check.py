@@ -168,7 +168,7 @@ class TemplateCheck:
         if mode == "speculators":
             return self._speculators(convs, turns)
         built = TokenRowBuilder(self.r).rows([{**sample, "conversations": sample["conversations"]}])
-        return [(r["input_ids"], r["loss_mask"], turns[:r["turn_index"] + 1]) for r in built]
+        return [(r["input_ids"].tolist(), r["loss_mask"].tolist(), turns[:r["turn_index"] + 1]) for r in built]
 
     def _specforge(self, convs: list[dict[str, Any]], turns: list[_Turn], *,
                    last_only: bool) -> tuple[list[int], list[int], list[_Turn]]:

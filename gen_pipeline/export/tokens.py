@@ -46,14 +46,35 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.export.render import Renderer
 
 TOKEN_KEYS = ("prompt_token_ids", "token_ids")
+# Rows hold their ids as numpy arrays (orjson writes them with OPT_SERIALIZE_NUMPY): 4 bytes a token
+# instead of a Python int's ~36, so the 88K job's ~130M tokens fit in memory to be shuffled.
+ID_DTYPE, MASK_DTYPE = np.int32, np.int8
 
 
 def has_server_ids(message: dict[str, Any]) -> bool:
-    return isinstance(message.get("prompt_token_ids"), list) and isinstance(message.get("token_ids"), list)
+    return all(isinstance(message.get(k), list | np.ndarray) for k in TOKEN_KEYS)
+
+
+def compact_ids(sample: dict[str, Any]) -> dict[str, Any]:
+    """The sample with its per-turn server token ids as int32 arrays (in place; see ID_DTYPE)."""
+    for m in sample.get("conversations") or []:
+        if isinstance(m, dict) and has_server_ids(m):
+            for k in TOKEN_KEYS:
+                m[k] = np.asarray(m[k], dtype=ID_DTYPE)
+    return sample
+
+
+def _row_arrays(prompt: Any, output: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    p, o = np.asarray(prompt, dtype=ID_DTYPE), np.asarray(output, dtype=ID_DTYPE)
+    mask = np.zeros(len(p) + len(o), dtype=MASK_DTYPE)
+    mask[len(p):] = 1
+    return np.concatenate([p, o]), mask
 
 
 def strip_token_ids(conversations: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -98,9 +119,8 @@ class TokenRowBuilder:
             row: dict[str, Any] = {"id": f"{sample['id']}#turn{k}", "source_id": sample["id"], "turn_index": k,
                                    "dataset": sample.get("dataset"), "meta": sample.get("meta")}
             if has_server_ids(m):
-                prompt, output = list(m["prompt_token_ids"]), list(m["token_ids"])
-                row.update(input_ids=prompt + output, loss_mask=[0] * len(prompt) + [1] * len(output),
-                           ids_from="server")
+                row["input_ids"], row["loss_mask"] = _row_arrays(m["prompt_token_ids"], m["token_ids"])
+                row["ids_from"] = "server"
                 yield row, None
             else:
                 if self.renderer is None:
@@ -120,8 +140,7 @@ class TokenRowBuilder:
             pieces.cache.clear()  # bounded memory; the turns of one sample sit in one batch (mostly)
             pieces.add([t for _, p, o in batch for t in (p, o)])
             for i, prompt, output in batch:
-                p, o = pieces.ids(prompt), pieces.ids(output)
-                out[i]["input_ids"], out[i]["loss_mask"] = p + o, [0] * len(p) + [1] * len(o)
+                out[i]["input_ids"], out[i]["loss_mask"] = _row_arrays(pieces.ids(prompt), pieces.ids(output))
 
 
 class _Pieces:
