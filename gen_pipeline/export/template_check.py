@@ -1,8 +1,9 @@
 """`check-template`: how much of each assistant turn's reasoning and answer a trainer puts under its
 loss mask, rendering the samples the way each trainer does with the target's own chat template.
 
-What the trainers do (read from their source: SpecForge 0.2.0 = github sgl-project/SpecForge at
-a6b6b023; speculators 0.9.0 from PyPI, whose files match github vllm-project/speculators c05b95b3):
+What the trainers do (read from their source: SpecForge 0.2.0, the PyPI wheel, whose specforge/data
+files are those of github sgl-project/SpecForge at a6b6b023, where scripts/ are read; speculators
+0.9.0, the PyPI wheel; tests/contract/test_trainers.py runs both loaders on an export):
 
 SpecForge, online (`data.train_data_path`, one JSON/JSONL file: specforge/config/schema.py:129-143,
 loaded by data/prompt_builder.py:116-141 with load_dataset("json")) and offline
@@ -26,10 +27,10 @@ columns besides `conversations`, `id` and `tools` are passed to the chat templat
 does not pass it), and it cannot take pre-tokenized rows: --data-path goes through
 safe_conversations_generator and the chat template; its .ckpt files (input_ids, loss_mask, hidden
 states: preprocessing.py:426-443) are written by prepare_hidden_states from the target model. The
-online path does take them: `data.prompts_path` (schema.py:132-133), a JSONL whose first record has
+online path does take them: `data.prompts_path` (config/schema.py:132-133), a JSONL whose first record has
 input_ids and loss_mask (prompt_builder.py:57-83, each row checked by _prompt_from_record :219-252).
-Evaluation: `data.eval_data_path` is refused (schema.py:740-744); only offline
-`data.eval_hidden_states_path` evaluates (schema.py:745-755).
+Evaluation: `data.eval_data_path` is refused (config/schema.py:748-752); only offline
+`data.eval_hidden_states_path` evaluates, with training.eval_interval (schema.py:753-763).
 
 speculators (`speculators prepare-data --data FILE|DIR`, cli/prepare_data.py) loads a .json/.jsonl
 file or every *.json and *.jsonl under a folder, recursively (data_generation/preprocessing.py:751-765);
