@@ -346,3 +346,53 @@ def test_the_card_beside_the_data(outputs: Path, tmp_path: Path) -> None:
     assert r.returncode == 0 and f"  card: {tmp_path / 's.README.md'}" in r.stdout.splitlines()
     assert "| unknown | unknown |" in (tmp_path / "s.README.md").read_text()
     assert "Server: unknown (export with --server NAME to record it)." in (tmp_path / "s.README.md").read_text()
+
+
+def test_check_template_reads_a_conversation_export(outputs: Path, tmp_path: Path,
+                                                    tokenizers: dict[str, Path]) -> None:
+    out = tmp_path / "s.jsonl"
+    assert run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "specforge",
+                   "--out", out).returncode == 0
+    r = run_cli("check-template", "--export", out, "--tokenizer", tokenizers["qwen3"], "--samples", "40")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.startswith("template check: 40 samples (")
+    assert f"assistant turns) of {out}, chat template of {tokenizers['qwen3']}\n" in r.stdout
+    rows = {(m[1], m[2]): m.groups()[2:] for m in map(ROW.match, r.stdout.splitlines()) if m}
+    assert rows[("specforge", "last turn")][3] == "100.0%" and ("specforge-expanded", "last turn") not in rows
+
+
+def test_check_template_has_help_and_is_in_the_readme() -> None:
+    r = run_cli("check-template", "--help")
+    assert r.returncode == 0 and "usage: gen-pipeline check-template" in r.stdout and "--tokenizer" in r.stdout
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for text in ("gen-pipeline check-template --dataset B2", "--format tokens", "data.prompts_path",
+                 ".val.ndjson", "--harmony --no-status"):
+        assert text in readme
+
+
+def test_check_template_compares_the_servers_ids_with_the_template(tmp_path: Path,
+                                                                   tokenizers: dict[str, Path]) -> None:
+    """What the later step needs to show the rendered path equal to the server's tokenization: turns
+    whose ids the template reproduces, and the first difference where it does not."""
+    renderer = load_renderer(str(tokenizers["chatml"]))
+    eot = renderer.encode("<|im_end|>")
+    samples = []
+    for i in range(4):
+        user = {"role": "user", "content": f"Question {i}"}
+        turn = {"role": "assistant", "content": f" the answer {i}", "reasoning_content": f"think {i}"}
+        prompt, output = renderer.turn_text([user], turn)
+        out_ids = renderer.encode(output)
+        out_ids = out_ids[:out_ids.index(eot[0]) + 1]  # the server stops at the stop token
+        prompt_ids = renderer.encode(prompt) + ([5] if i == 3 else [])  # sample 3: not what the template renders
+        samples.append(Sample(f"S-{i}", "S", [user, {**turn, "prompt_token_ids": prompt_ids, "token_ids": out_ids}],
+                              {"model": "m", "finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": 1}))
+    with DatasetStore(tmp_path / "out", "S", fingerprint={"model": "m"}, target=4) as store:
+        store.open()
+        store.write_samples(samples)
+    r = run_cli("check-template", "--dataset", "S", "--output-dir", tmp_path / "out", "--tokenizer",
+                tokenizers["chatml"])
+    assert (r.returncode, r.stderr) == (0, "")
+    last = r.stdout.splitlines()[-2:]
+    assert last[0] == ("  server token ids vs the template: 4 turns carry them; rendered prompt equal in 3, server "
+                       "output a prefix of the rendered turn in 4")
+    assert last[1].startswith("    first difference: S-3: prompt token ")

@@ -67,7 +67,7 @@ from gen_pipeline.errors import ConfigError
 from gen_pipeline.export.formats import expand_turns
 from gen_pipeline.export.render import Renderer, load_renderer, tokenizer_source
 from gen_pipeline.export.select import take
-from gen_pipeline.export.tokens import TokenRowBuilder, _message
+from gen_pipeline.export.tokens import TokenRowBuilder, _message, has_server_ids
 
 MODES = {
     "specforge": "SpecForge (thinking parser), every assistant span of a row",
@@ -262,6 +262,43 @@ class _CharIndex:
         return sum(mask[i0:i1]) / (i1 - i0) if i1 > i0 else 0.0
 
 
+@dataclass
+class IdsAgreement:
+    """Turns carrying the server's token ids, against the same turns rendered with the template."""
+
+    turns: int = 0
+    prompt_equal: int = 0  # the rendered prompt's ids are the server's prompt_token_ids
+    output_prefix: int = 0  # the server's token_ids start the rendered turn (which adds the template's tail)
+    first_mismatch: str = ""
+
+    def format(self) -> str:
+        line = (f"  server token ids vs the template: {self.turns:,} turns carry them; rendered prompt equal in "
+                f"{self.prompt_equal:,}, server output a prefix of the rendered turn in {self.output_prefix:,}")
+        return line + (f"\n    first difference: {self.first_mismatch}" if self.first_mismatch else "")
+
+
+def compare_server_ids(samples: list[dict[str, Any]], renderer: Renderer) -> IdsAgreement:
+    """How exactly the template reproduces what the server tokenized (the rendered tokens path)."""
+    out = IdsAgreement()
+    for s in samples:
+        history: list[dict[str, Any]] = []
+        for m in s["conversations"]:
+            if m.get("role") == "assistant" and has_server_ids(m):
+                prompt, output = renderer.turn_text(history, _message(m))
+                p, o = renderer.encode(prompt), renderer.encode(output)
+                server_p, server_o = [int(i) for i in m["prompt_token_ids"]], [int(i) for i in m["token_ids"]]
+                out.turns += 1
+                out.prompt_equal += p == server_p
+                out.output_prefix += o[:len(server_o)] == server_o
+                if not out.first_mismatch and (p != server_p or o[:len(server_o)] != server_o):
+                    which, ours, theirs = ("prompt", p, server_p) if p != server_p else ("output", o, server_o)
+                    at = _common_prefix(ours, theirs)
+                    mine, server = renderer.decode(ours[at:at + 8]), renderer.decode(theirs[at:at + 8])
+                    out.first_mismatch = f"{s['id']}: {which} token {at}: template {mine!r} vs server {server!r}"
+            history.append(_message(m))
+    return out
+
+
 # ---------------------------------------------------------------- the report
 
 
@@ -277,9 +314,11 @@ def check_template(*, output_root: Path, datasets: list[str], export: Path | Non
     check = TemplateCheck(renderer)
     modes = [m for m in MODES if export is None or m != "specforge-expanded"]
     turns = sum(1 for r in chosen for m in r["conversations"] if m.get("role") == "assistant")
-    return format_report(check.run(chosen, modes), renderer=renderer, header=check.header,
-                         end_of_turn=check.end_of_turn, what=f"{len(chosen):,} samples ({turns:,} assistant turns) "
-                                                              f"of {what}")
+    report = format_report(check.run(chosen, modes), renderer=renderer, header=check.header,
+                           end_of_turn=check.end_of_turn, what=f"{len(chosen):,} samples ({turns:,} assistant turns) "
+                                                                f"of {what}")
+    agreement = compare_server_ids(chosen, renderer)
+    return report + ("\n" + agreement.format() if agreement.turns else "")
 
 
 def _samples(output_root: Path, datasets: list[str], export: Path | None) -> tuple[list[dict[str, Any]], str]:
