@@ -92,6 +92,20 @@ def test_check_template_reports_what_each_trainer_trains(outputs: Path, tokenize
     assert rows[("speculators", "earlier turns")][6] == rows[("tokens", "earlier turns")][6] == "1.0"
 
 
+def test_without_the_template_extra_the_message_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from gen_pipeline.errors import ConfigError
+    from gen_pipeline.export import render
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(render.importlib.util, "find_spec", lambda name: None if name == "jinja2" else real(name))
+    with pytest.raises(ConfigError) as e:
+        render.load_renderer("/models/x")
+    assert str(e.value) == ("rendering chat templates needs transformers and jinja2, which are not installed: "
+                            "pip install 'gen-pipeline[template]' (transformers + jinja2).")
+
+
 def test_check_template_says_what_is_missing(outputs: Path, tmp_path: Path, tokenizers: dict[str, Path]) -> None:
     r = run_cli("check-template", "--dataset", "demo", "--output-dir", outputs)
     assert r.returncode == 2 and r.stdout == ""
@@ -99,7 +113,10 @@ def test_check_template_says_what_is_missing(outputs: Path, tmp_path: Path, toke
                         "tokenizer files and chat template), or --server NAME to use that profile's model.\n")
     r = run_cli("check-template", "--dataset", "demo", "--output-dir", outputs, "--server", "sim")
     assert r.returncode == 2
-    assert r.stderr.startswith("error: --tokenizer moonshotai/Kimi-K2.5: the tokenizer does not load offline (")
+    assert r.stderr.startswith("error: --server sim: its model moonshotai/Kimi-K2.5: the tokenizer does not load "
+                               "offline (")
+    assert r.stderr.endswith("It is neither a folder here nor a hub model in the local cache: pass --tokenizer with "
+                             "the model's folder.\n")
     tokens = tmp_path / "t.jsonl"
     assert run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "tokens", "--out", tokens,
                    "--tokenizer", tokenizers["chatml"]).returncode == 0

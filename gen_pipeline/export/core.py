@@ -36,7 +36,7 @@ from gen_pipeline.export.formats import (
     write_hf,
     write_jsonl,
 )
-from gen_pipeline.export.render import Renderer, load_renderer, tokenizer_source
+from gen_pipeline.export.render import Renderer, load_renderer, source_flag, tokenizer_source
 from gen_pipeline.export.select import (
     DatasetCounts,
     Filters,
@@ -187,11 +187,12 @@ def _renderer(opts: ExportOptions) -> tuple[Renderer | None, str]:
         return None, "pass --tokenizer PATH or --server NAME"
     trust = bool(opts.profile and opts.profile.trust_remote_code)
     try:
-        return load_renderer(source, kwargs=opts.template_kwargs, trust_remote_code=trust), ""
+        return load_renderer(source, kwargs=opts.template_kwargs, trust_remote_code=trust,
+                             flag=source_flag(opts.tokenizer, opts.profile)), ""
     except ConfigError as e:
         if opts.tokenizer:
             raise
-        return None, f"the --server profile's tokenizer: {e}"
+        return None, str(e).rstrip(".")
 
 
 def check_reasoning(opts: ExportOptions, chosen: list[dict[str, Any]], renderer: Renderer | None,

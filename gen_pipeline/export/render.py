@@ -35,6 +35,11 @@ def tokenizer_source(tokenizer: str | None, profile: ServerProfile | None) -> st
     return _tokenizer_path(profile)
 
 
+def source_flag(tokenizer: str | None, profile: ServerProfile | None) -> str:
+    """How messages name where the tokenizer came from."""
+    return "--tokenizer" if tokenizer or profile is None else f"--server {profile.name}: its model"
+
+
 @dataclass
 class Renderer:
     """One tokenizer with its chat template; `kwargs` go to every render (chat_template_kwargs)."""
@@ -104,7 +109,7 @@ def load_renderer(source: str | None, *, kwargs: dict[str, Any] | None = None, t
     """The tokenizer at `source` (a folder, or a hub id already in the local cache), offline.
     Raises ConfigError that says how to install the extra or what to pass."""
     if source is None:
-        raise ConfigError(f"no tokenizer: pass {flag} PATH (the target model's folder, or one with its "
+        raise ConfigError("no tokenizer: pass --tokenizer PATH (the target model's folder, or one with its "
                           "tokenizer files and chat template), or --server NAME to use that profile's model.")
     if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("jinja2") is None:
         raise ConfigError(f"rendering chat templates needs transformers and jinja2, which are not installed: "
@@ -115,10 +120,12 @@ def load_renderer(source: str | None, *, kwargs: dict[str, Any] | None = None, t
     try:
         tok = AutoTokenizer.from_pretrained(source, local_files_only=True, trust_remote_code=trust_remote_code)
     except Exception as e:  # OSError, ValueError, what remote code raises: all mean "not here"
-        where = "folder" if Path(source).exists() else "folder nor a cached hub model"
+        hint = ("Does that folder hold the tokenizer files (tokenizer.json, tokenizer_config.json)?"
+                if Path(source).exists() else "It is neither a folder here nor a hub model in the local cache: "
+                "pass --tokenizer with the model's folder.")
         first = str(e).splitlines()[0] if str(e) else ""
         raise ConfigError(f"{flag} {source}: the tokenizer does not load offline ({type(e).__name__}: {first}). "
-                          f"Is it a {where} with tokenizer files?") from None
+                          f"{hint}") from None
     if not getattr(tok, "chat_template", None):
         raise ConfigError(f"{flag} {source}: the tokenizer has no chat template (tokenizer_config.json "
                           "chat_template or chat_template.jinja); the trainers render conversations with it.")

@@ -65,7 +65,7 @@ from gen_pipeline.config.server import ServerProfile
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.export.formats import expand_turns
-from gen_pipeline.export.render import Renderer, load_renderer, tokenizer_source
+from gen_pipeline.export.render import Renderer, load_renderer, source_flag, tokenizer_source
 from gen_pipeline.export.select import take
 from gen_pipeline.export.tokens import TokenRowBuilder, _message, has_server_ids
 
@@ -310,6 +310,7 @@ def check_template(*, output_root: Path, datasets: list[str], export: Path | Non
     rows, what = _samples(output_root, datasets, export)
     chosen = take(rows, samples, seed)
     renderer = load_renderer(tokenizer_source(tokenizer, profile), kwargs=template_kwargs,
+                             flag=source_flag(tokenizer, profile),
                              trust_remote_code=bool(profile and profile.trust_remote_code))
     check = TemplateCheck(renderer)
     modes = [m for m in MODES if export is None or m != "specforge-expanded"]
