@@ -8,8 +8,7 @@ the `datasets` import included), with a 2% validation split. Run: `python -m ben
 The `tokens` format two ways: from the server's token ids (a second copy of the datasets whose
 assistant turns carry prompt_token_ids / token_ids of the lengths in PROFILES, as a run recording
 them would write), and rendered with an offline tokenizer (bench/chat_templates.py, Qwen3-style
-template, its BPE trained on the benchmark's own words so that a token is ~4 characters, as in the
-real job); the tokenizer is what bounds that one.
+template, its BPE trained on the benchmark's own words); the tokenizer is what bounds that one.
 """
 
 from __future__ import annotations
@@ -31,7 +30,9 @@ from gen_pipeline.store.dataset_store import DatasetStore
 ROOT = Path(tempfile.gettempdir()) / "gen_pipeline_bench_export"
 ROOT_IDS = Path(tempfile.gettempdir()) / "gen_pipeline_bench_export_ids"  # the same samples + server token ids
 TOKENIZER = ROOT / "tokenizer-qwen3"
-TOKENIZER_VOCAB = 4_000  # ~2 tokens a word of the benchmark's text: ~4 characters a token
+# ~2.5 characters a token on the benchmark's random words (measured, printed with the results): more
+# tokens than a real tokenizer's ~4 characters a token on real text, so the rendered case errs slow.
+TOKENIZER_VOCAB = 4_000
 CHARS_PER_TOKEN = 4
 # name: (samples, user turns, prompt tokens, completion tokens per turn, reasoning tokens per turn)
 PROFILES = {"B1": (30_000, 2, 110, 240, 0), "B2": (18_000, 1, 700, 400, 2_800),
