@@ -55,6 +55,7 @@ TOKEN_KEYS = ("prompt_token_ids", "token_ids")
 # Rows hold their ids as numpy arrays (orjson writes them with OPT_SERIALIZE_NUMPY): 4 bytes a token
 # instead of a Python int's ~36, so the 88K job's ~130M tokens fit in memory to be shuffled.
 ID_DTYPE, MASK_DTYPE = np.int32, np.int8
+BATCH_TURNS = 2048  # rendered turns tokenized at once (the tokenizer's threads share a batch)
 
 
 def has_server_ids(message: dict[str, Any]) -> bool:
@@ -105,6 +106,9 @@ class TokenRowBuilder:
                 if texts is not None:
                     pending.append((len(out), *texts))
                 out.append(row)
+            if len(pending) >= BATCH_TURNS:  # at a sample's end: its turns share one batch (and its history)
+                self._tokenize(out, pending)
+                pending = []
         if pending:
             self._tokenize(out, pending)
         return out
@@ -132,15 +136,13 @@ class TokenRowBuilder:
             history.append(_message(m))
             k += 1
 
-    def _tokenize(self, out: list[dict[str, Any]], pending: list[tuple[int, str, str]]) -> None:
+    def _tokenize(self, out: list[dict[str, Any]], batch: list[tuple[int, str, str]]) -> None:
+        """One batch of rendered turns: the texts are dropped once their ids are in the rows."""
         assert self.renderer is not None
         pieces = _Pieces(self.renderer)
-        for start in range(0, len(pending), 2048):
-            batch = pending[start:start + 2048]
-            pieces.cache.clear()  # bounded memory; the turns of one sample sit in one batch (mostly)
-            pieces.add([t for _, p, o in batch for t in (p, o)])
-            for i, prompt, output in batch:
-                out[i]["input_ids"], out[i]["loss_mask"] = _row_arrays(pieces.ids(prompt), pieces.ids(output))
+        pieces.add([t for _, p, o in batch for t in (p, o)])
+        for i, prompt, output in batch:
+            out[i]["input_ids"], out[i]["loss_mask"] = _row_arrays(pieces.ids(prompt), pieces.ids(output))
 
 
 class _Pieces:
