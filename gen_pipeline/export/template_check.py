@@ -45,6 +45,10 @@ renders the last assistant message's reasoning trains it; Kimi-K2.5-style still 
 Validation: the last 1 - train_data_ratio (default 0.1) of the prepared rows (train/data.py:165-182,
 train/config/schema.py:213-217); there is no separate validation input.
 
+SpecForge before its unified runtime (commit d5883d5b, 2026-07-13) trained from scripts/train_eagle3.py:
+the same build_eagle3_dataset with --train-only-last-turn (train_eagle3.py:583-601 at d5883d5b^) and
+an --eval-data-path rendered the same way (:631-646); the rendering and masks above are unchanged.
+
 This module models SpecForge's "thinking" parser (the best case: the "general" one trains no
 reasoning at all) with the header and end of turn read from the template itself (Renderer.markers),
 and no default system prompt added (SpecForge adds its template's system_prompt when a row has none,
