@@ -2,6 +2,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+SPECFORGE_PIN := specforge==0.2.0
 STAMP  := $(VENV)/.installed
 
 DATASET    ?=
@@ -20,6 +21,9 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	# SpecForge's own loader of pre-tokenized rows (specforge/data/prompt_builder.py imports only the
+	# standard library) for tests/test_export_tokens.py; --no-deps: its dependencies are torch, sglang, ...
+	$(PY) -m pip install -q --no-deps $(SPECFORGE_PIN)
 	@touch $(STAMP)
 
 generate: $(STAMP)

@@ -157,3 +157,17 @@ def test_degenerate_streams_are_sglangs_bytes(sim):
         httpx.post(sim.url + "/sim/faults", json={"loop_rate": 0, "leak_rate": 0, "marker_only_rate": 0}, timeout=10)
     assert {"marker_only"} <= seen and any(s.startswith("loop_") for s in seen)
     assert any(s.startswith("leak_") for s in seen)
+def test_token_ids_of_a_chat_completion_are_where_the_tokens_export_expects_them():
+    """gen_pipeline/export/tokens.py: return_token_ids / return_prompt_token_ids on the request,
+    choices[i].token_ids (the raw output ids, stop token included) and .prompt_token_ids on the
+    answer, refused with stream=true."""
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, ChatCompletionResponseChoice
+
+    request = ChatCompletionRequest.model_validate(CHAT | {"return_token_ids": True, "return_prompt_token_ids": True})
+    assert request.return_token_ids and request.return_prompt_token_ids
+    choice = ChatCompletionResponseChoice.model_validate(
+        {"index": 0, "message": {"role": "assistant", "content": "x"}, "prompt_token_ids": [1, 2], "token_ids": [3]})
+    assert (choice.model_dump()["prompt_token_ids"], choice.model_dump()["token_ids"]) == ([1, 2], [3])
+    serving = source("srt/entrypoints/openai/serving_chat.py")
+    assert 'ret_item["output_ids"] if request.return_token_ids else None' in serving
+    assert "return_token_ids is not supported with streaming" in serving
