@@ -12,7 +12,7 @@ ARGS       ?=
 FORMAT     ?= specforge
 OUT        ?=
 
-.PHONY: venv generate status demo test chaos bench validate plan check export clean probe-kv report diagnose contract
+.PHONY: venv generate status demo test bench-test chaos bench validate plan check export clean probe-kv report diagnose contract
 
 venv: $(STAMP)
 
@@ -65,7 +65,11 @@ demo: $(STAMP)
 	$(PY) -m gen_pipeline status --dataset demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" $(ARGS)
+	$(PY) -m pytest -q -m "not slow and not bench" $(ARGS)
+
+# the benchmarks' harnesses at a small scale (bench/ code paths, the GPU check's dry run); CI runs it
+bench-test: $(STAMP)
+	$(PY) -m pytest -q -m bench $(ARGS)
 
 # ruff + mypy with the project's own config only (pyproject.toml explains the rules and strict modules)
 .PHONY: lint
