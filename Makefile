@@ -67,9 +67,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not bench" $(ARGS)
 
-# the benchmarks' harnesses at a small scale (bench/ code paths, the GPU check's dry run); CI runs it
+# the benchmarks' harnesses at a small scale (bench/ code paths, the GPU check's dry run) and the
+# controller's throughput through the real pipeline (real-time figures); CI runs it
 bench-test: $(STAMP)
-	$(PY) -m pytest -q -m bench $(ARGS)
+	$(PY) -m pytest -q -m "bench and not slow" $(ARGS)
 
 # ruff + mypy with the project's own config only (pyproject.toml explains the rules and strict modules)
 .PHONY: lint

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import orjson
 
-from pipeline_helpers import REPO, assert_exact, kill_group, run_cli, start_cli, wait_for, write_dataset
+from gen_pipeline.reports.status import read_status
+
+from pipeline_helpers import REPO, assert_exact, frozen, kill_group, run_cli, start_cli, wait_for, write_dataset
 
 
 def status_json(out: Path, name: str) -> dict:
@@ -77,9 +79,11 @@ def test_status_of_a_run_that_died(tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = start_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", out, log=tmp_path / "cli.log")
     try:
-        wait_for(lambda: any((out / "T").glob("shard-*.jsonl")) and status_json(out, "T")["done"] >= 10, timeout_s=60)
-        live = status_json(out, "T")
-        assert live["state"].startswith("running")
+        wait_for(lambda: (out / "T").is_dir() and read_status(out, "T", 400).done >= 10, timeout_s=60,
+                 interval_s=0.01)
+        with frozen(proc):  # alive and unfinished however long `status` takes (it had 390 to go)
+            live = status_json(out, "T")
+            assert live["state"].startswith("running") and live["done"] >= 10, live
     finally:
         kill_group(proc, signal.SIGKILL)
     dead = status_json(out, "T")

@@ -123,15 +123,34 @@ def test_stall_holds_the_response(client: httpx.Client, faults: callable) -> Non
 
 
 def test_health_flaps_for_the_window(client: httpx.Client, faults: callable) -> None:
-    since_ready = client.get("/sim/stats").json()["real_time_s"]
-    faults(health_503_after_s=since_ready + 0.3, health_503_for_s=1.0)
-    seen, deadline = [], time.monotonic() + 5
-    while time.monotonic() < deadline and seen[-3:] != [200, 503, 200]:
-        code = client.get("/health").status_code
-        if not seen or seen[-1] != code:
-            seen.append(code)
-        time.sleep(0.05)
-    assert seen == [200, 503, 200]
+    """200 before the window, 503 inside, 200 after, each answer judged by the sim's own clock read just
+    before and after it (an answer that straddles an edge proves nothing; a poller stalled past the
+    whole window sets a new one)."""
+    def since_ready() -> float:
+        return client.get("/sim/stats").json()["since_ready_s"]
+
+    phases: set[str] = set()
+    deadline = time.monotonic() + 60
+    while phases != {"before", "inside", "after"}:
+        assert time.monotonic() < deadline, f"no whole window seen in 60 s (last: {sorted(phases)})"
+        phases.clear()
+        start = since_ready() + 0.3
+        faults(health_503_after_s=start, health_503_for_s=1.0)
+        t0 = since_ready()
+        while "after" not in phases:
+            code = client.get("/health").status_code
+            t1 = since_ready()
+            if t1 < start:
+                phases.add("before")
+                assert code == 200, (t0, t1, start)
+            elif start <= t0 and t1 < start + 1.0:
+                phases.add("inside")
+                assert code == 503, (t0, t1, start)
+            elif t0 >= start + 1.0:
+                phases.add("after")
+                assert code == 200, (t0, t1, start)
+            t0 = t1
+            time.sleep(0.02)  # pacing only: every answer is judged by the clock readings around it
 
 
 def wait_idle(client: httpx.Client, timeout_s: float = 5.0) -> float:
