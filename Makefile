@@ -64,8 +64,11 @@ demo: $(STAMP)
 	$(PY) -m gen_pipeline generate --dataset demo --server sim
 	$(PY) -m gen_pipeline status --dataset demo
 
+# TEST_WORKERS pytest-xdist workers (most tests wait on real processes); TEST_WORKERS=0: one process
+TEST_WORKERS ?= 4
+
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow and not bench" $(ARGS)
+	$(PY) -m pytest -q -m "not slow and not bench" -n $(TEST_WORKERS) --dist worksteal $(ARGS)
 
 # the benchmarks' harnesses at a small scale (bench/ code paths, the GPU check's dry run) and the
 # controller's throughput through the real pipeline (real-time figures); CI runs it
