@@ -61,7 +61,7 @@ def scenario(tmp: Path, *, keys: dict | None = None, sim: list[str], target: int
     out = tmp / "out"
     gen = run_cli("generate", "--dataset", cfg / "T.toml", "--server", "t", "--config-dir", cfg, "--output-dir", out,
                   "--progress", "quiet", "--poll-interval-s", "0.25", *(["--window", str(window)] if window else []),
-                  *extra, timeout_s=280)  # a bound for a stuck run only: the slow scenarios take minutes when loaded
+                  *extra, timeout_s=560)  # a bound for a stuck run only: the slow scenarios take minutes when loaded
     assert gen.returncode == 0, gen.stdout + gen.stderr
     d = run_cli("diagnose", "--dataset", "T", "--output-dir", out, "--config-dir", cfg)
     assert d.returncode == 0, d.stderr
@@ -242,7 +242,7 @@ def test_compute_bound_by_reservation(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # ~10-20 s of simulator run each on a loaded machine (make chaos)
-@pytest.mark.timeout(300)  # 30,100 rows read twice (the pre-launch check, the run): minutes on a loaded machine
+@pytest.mark.timeout(600)  # 30,100 rows read twice (the pre-launch check, the run): minutes on a loaded machine
 def test_client_bound_by_a_slow_source(tmp_path: Path) -> None:
     """Most rows are invalid: the producer spends its time filtering, the window is not kept full.
 
