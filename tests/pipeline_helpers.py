@@ -71,7 +71,8 @@ def cli_cmd(*args: str | Path) -> list[str]:
     return [sys.executable, "-m", "gen_pipeline", *map(str, args)]
 
 
-def run_cli(*args: str | Path, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str | Path, timeout_s: float = 280) -> subprocess.CompletedProcess[str]:
+    """The CLI as a subprocess, to its end (`timeout_s` is a bound for a hung run, under the test's own)."""
     return subprocess.run(cli_cmd(*args), capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
 
 
