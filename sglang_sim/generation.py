@@ -8,7 +8,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from sglang_sim.loop import Ticket
 
 log = logging.getLogger("sglang_sim")
+# Starlette sends whichever ASGI app an endpoint returns; ChunkedResponse is a raw one.
+Reply = Response | ChunkedResponse
 _HTML_PAGE = b"<html><head><title>502 Bad Gateway</title></head><body><h1>502 Bad Gateway</h1></body></html>"
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
                   "repetition_penalty", "stop", "seed")
@@ -157,8 +159,7 @@ def _chat_plan(server: SimServer, body: dict[str, Any]) -> Plan:
     prompt = render_chat(messages)
     sampling = {k: body[k] for k in _SAMPLING_KEYS if k in body}
     max_value = body.get("max_completion_tokens", body.get("max_tokens"))
-    rid = body.get("rid") if isinstance(body.get("rid"), str) else uuid.uuid4().hex
-    plan = _plan(server, rid, prompt, encode(prompt), max_value, "max_tokens", sampling,
+    plan = _plan(server, _rid(body), prompt, encode(prompt), max_value, "max_tokens", sampling,
                  _reasoning_mode(server, body), bool(body.get("stream")))
     options = body.get("stream_options") or {}
     plan.include_usage = bool(options.get("include_usage"))
@@ -166,8 +167,15 @@ def _chat_plan(server: SimServer, body: dict[str, Any]) -> Plan:
     return plan
 
 
+def _rid(body: dict[str, Any]) -> str:
+    """The caller's rid, or a fresh one."""
+    rid = body.get("rid")
+    return rid if isinstance(rid, str) else uuid.uuid4().hex
+
+
 def _generate_plan(server: SimServer, body: dict[str, Any]) -> Plan:
     text, ids = body.get("text"), body.get("input_ids")
+    key: str | list[int]
     if isinstance(text, str):
         key, prompt_ids = text, encode(text)
     elif isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
@@ -178,20 +186,19 @@ def _generate_plan(server: SimServer, body: dict[str, Any]) -> Plan:
     sampling = dict(body.get("sampling_params") or {})
     # SGLang's SamplingParams default max_new_tokens is 128 (sampling_params.py).
     max_value = sampling.pop("max_new_tokens", 128)
-    rid = body.get("rid") if isinstance(body.get("rid"), str) else uuid.uuid4().hex
-    return _plan(server, rid, key, prompt_ids, max_value, "max_new_tokens", sampling, "none",
+    return _plan(server, _rid(body), key, prompt_ids, max_value, "max_new_tokens", sampling, "none",
                  bool(body.get("stream")), logprob_body=body)
 
 
-async def chat_completions(request: Request) -> Response:
+async def chat_completions(request: Request) -> Reply:
     return await _serve(request, _chat_plan, _chat_stream, _chat_whole)
 
 
-async def generate(request: Request) -> Response:
+async def generate(request: Request) -> Reply:
     return await _serve(request, _generate_plan, _generate_stream, _generate_whole)
 
 
-async def _serve(request: Request, make_plan: Any, streamer: Any, whole: Any) -> Response:
+async def _serve(request: Request, make_plan: Any, streamer: Any, whole: Any) -> Reply:
     server: SimServer = request.app.state.sim
     try:
         plan = make_plan(server, await json_body(request))
@@ -231,7 +238,7 @@ async def _early_fault(server: SimServer, request: Request, plan: Plan) -> Respo
     return None
 
 
-def _whole_response(server: SimServer, plan: Plan, body: dict[str, Any]) -> Response:
+def _whole_response(server: SimServer, plan: Plan, body: dict[str, Any]) -> Reply:
     if plan.fault is Fault.NO_USAGE:
         body.pop("usage", None)
     data = orjson.dumps(body)
@@ -245,13 +252,13 @@ def _whole_response(server: SimServer, plan: Plan, body: dict[str, Any]) -> Resp
                            on_complete=server.request_completed)
 
 
-def _stream_response(server: SimServer, plan: Plan, events: AsyncIterator[bytes]) -> Response:
+def _stream_response(server: SimServer, plan: Plan, events: AsyncGenerator[bytes, None]) -> ChunkedResponse:
     return ChunkedResponse(_faulty_stream(plan, events), media_type="text/event-stream",
                            cut=plan.fault is Fault.CUT, on_complete=server.request_completed,
                            on_disconnect=lambda: server.loop.abort(plan.gen.rid))
 
 
-async def _faulty_stream(plan: Plan, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def _faulty_stream(plan: Plan, events: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
     """Applies CUT (stop after the first event) and BAD_JSON (mangle the first event)."""
     first = True
     try:
@@ -269,9 +276,9 @@ async def _faulty_stream(plan: Plan, events: AsyncIterator[bytes]) -> AsyncItera
 
 async def _token_events(ticket: Ticket) -> AsyncIterator[tuple[int, int] | Any]:
     """Yields (start, end) token ranges as produced, then the FinishedRequest."""
-    sent = 0
+    sent, tokens = 0, ticket.stream()
     while True:
-        item = await ticket.tokens.get()
+        item = await tokens.get()
         if isinstance(item, int):
             yield sent, sent + item
             sent += item
