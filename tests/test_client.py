@@ -176,3 +176,31 @@ def test_think_markers_never_stay_in_content() -> None:
     assert split_think("plan</think>answer") == ("plan", "answer")
     turn = parse_response(completion("<think>a</think>b"))
     assert (turn.reasoning, turn.content) == ("a", "b")
+
+
+@pytest.mark.parametrize("routing, expected", [
+    ("affinity", ["http://a", "http://a", "http://a"]),  # the history is cached on a: every turn goes there
+    ("free-kv", ["http://a", "http://b", "http://a"]),  # each turn to whichever is freer at the time
+])
+async def test_a_samples_turns_stay_on_one_server_under_affinity(mock, routing, expected) -> None:
+    from gen_pipeline.records import LoadSnapshot
+    from gen_pipeline.server.fleet import Fleet
+    fleet = Fleet(["http://a", "http://b"], routing=routing)
+    for url in fleet.urls:
+        fleet.set_capacity(url, 10_000)
+    hosts: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        hosts.append(f"http://{request.url.host}")
+        # the server that ran this turn is now 500 tokens fuller than the other (within the margin)
+        fleet.update({u: LoadSnapshot(t_s=0.0, running=0, queued=0, used_tokens=500 if u == hosts[-1] else 0,
+                                      token_usage=None) for u in fleet.urls})
+        return httpx.Response(200, json=completion(f"answer {len(hosts)}"))
+
+    mock.handler = answer
+    client = ChatClient(mock.http, fleet.urls, settings(), fleet=fleet)
+    three = Prompt("T-3", tuple({"role": "user", "content": f"q{i}"} for i in range(3)))
+    assert isinstance(await client.regenerate(three, "T"), Sample)
+    assert hosts == expected and fleet.samples_tracked == 0
+    mock.handler = lambda request: httpx.Response(400, json={"error": {"message": "too long"}})
+    assert isinstance(await client.regenerate(three, "T"), Failure) and fleet.samples_tracked == 0

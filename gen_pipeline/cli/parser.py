@@ -36,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="server.toml profile to launch: tuned (default), baseline, sim (the built-in simulator)")
     where.add_argument("--server-url", action="append", default=[], metavar="URL",
                        help="attach to a running server or sglang-router instead (repeat or comma-separate)")
+    g.add_argument("--routing", choices=("affinity", "free-kv"), default="affinity",
+                   help="with several --server-url servers (no router): affinity (default) sends a sample's later "
+                        "turns to the server that ran its previous turn (its prefix is cached there) unless that "
+                        "server is out or has much less free KV than the best; free-kv sends every request to the "
+                        "server with the most free KV")
     g.add_argument("--limit", type=int, help="stop after this many new samples in this run")
     g.add_argument("--window", type=int, help="fixed concurrency instead of the adaptive controller "
                                               "(default: the dataset's generation.window; 0 there = adaptive)")

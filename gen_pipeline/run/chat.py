@@ -17,7 +17,7 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -210,6 +210,12 @@ class ChatClient:
 
     async def regenerate(self, prompt: Prompt, dataset: str) -> Sample | Failure:
         """Every assistant turn regenerated in order; per-request failures come back as a Failure."""
+        try:
+            return await self._regenerate(prompt, dataset)
+        finally:
+            self._fleet.sample_ended((dataset, prompt.id))  # its turns' server is no longer needed
+
+    async def _regenerate(self, prompt: Prompt, dataset: str) -> Sample | Failure:
         s = self.settings
         conversation: list[Message] = []
         turns: list[TurnResult] = []
@@ -221,7 +227,7 @@ class ChatClient:
             if m["role"] != "user":
                 continue
             try:
-                turn = await self.complete(conversation)
+                turn = await self.complete(conversation, sample=(dataset, prompt.id))
             except RequestError as e:
                 return Failure(prompt.id, dataset, e.reason, str(e), attempts=e.attempts, retryable=e.retryable)
             reply: Message = {"role": "assistant", "content": turn.content}
@@ -237,14 +243,14 @@ class ChatClient:
                 break  # a cut answer ends the conversation: later turns would build on it
         return build_sample(prompt, dataset, conversation, turns, s)
 
-    async def complete(self, messages: list[Message]) -> TurnResult:
+    async def complete(self, messages: list[Message], sample: Hashable | None = None) -> TurnResult:
         """One chat completion with retries; raises RequestError (with the attempts made) when it
-        will not succeed."""
+        will not succeed. `sample`: the conversation it belongs to (the fleet keeps its turns together)."""
         g = self.settings.generation
         body = orjson.dumps(build_request(messages, self.settings))
         attempts = 1
         try:
-            return await self._attempt(body)  # the common case pays nothing for the retry machinery
+            return await self._attempt(body, sample)  # the common case pays nothing for the retry machinery
         except _Retryable as e:
             if g.max_attempts == 1:
                 raise RequestError(f"gave up after 1 attempt: {e}", reason=e.reason, attempts=1) from None
@@ -264,7 +270,7 @@ class ChatClient:
             async for attempt in retrying:
                 with attempt:
                     attempts += 1
-                    return await self._attempt(body)
+                    return await self._attempt(body, sample)
         except _Retryable as e:
             raise RequestError(f"gave up after {g.max_attempts} attempts: {e}", reason=e.reason,
                                attempts=attempts) from None
@@ -273,11 +279,11 @@ class ChatClient:
             raise
         raise AssertionError("unreachable")
 
-    async def _attempt(self, body: bytes) -> TurnResult:
+    async def _attempt(self, body: bytes, sample: Hashable | None) -> TurnResult:
         if self._gate is not None:
             await self._gate()  # blocks while the supervisor restarts the server
         fleet = self._fleet
-        url = fleet.pick()
+        url = fleet.pick(sample)
         fleet.started(url)
         started = time.monotonic()
         try:

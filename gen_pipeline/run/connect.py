@@ -44,15 +44,15 @@ async def start_server(tg: TaskGroup, opts: RunOptions, log_dir: Path, http: Htt
     handle: ServerHandle
     if opts.server_urls:
         known = None if opts.model else model  # --model overrides; the server was not asked then
-        handle = await tg.start(_attached, list(opts.server_urls), http, known)
+        handle = await tg.start(_attached, list(opts.server_urls), http, known, opts.routing)
         return handle
     assert opts.profile is not None
     handle = await tg.start(_launched, opts, log_dir, http)
     return handle
 
 
-async def _attached(urls: list[str], http: Http, model: str | None, *, task_status: Any) -> None:
-    await run_attached(urls, http=http, first_model=model, task_status=task_status)
+async def _attached(urls: list[str], http: Http, model: str | None, routing: str, *, task_status: Any) -> None:
+    await run_attached(urls, http=http, first_model=model, routing=routing, task_status=task_status)
 
 
 async def _launched(opts: RunOptions, log_dir: Path, http: Http, *, task_status: Any) -> None:

@@ -15,6 +15,7 @@ from gen_pipeline.controller.config import ControllerConfig
 from gen_pipeline.display import format_duration
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.records import RunSnapshot
+from gen_pipeline.server.fleet import ROUTINGS
 from gen_pipeline.store.ranks import RankSpec
 
 SnapshotObserver = Callable[[RunSnapshot], None]
@@ -40,9 +41,12 @@ class RunOptions:
     on_progress: SnapshotObserver | None = None  # the job's snapshot every 0.5 s (a display), and the final one
     load_observers: Sequence[SnapshotObserver] = ()  # each active dataset's snapshot after every load poll
     rank: RankSpec = RankSpec()  # this run's rank: its prompts (ranks.py), share and rank-<R>-of-<W>/ part
+    routing: str = "affinity"  # several URLs: a sample's turns stay on one server (server/fleet.py), or free-kv
 
     def __post_init__(self) -> None:
         check_flags(self)
+        if self.routing not in ROUTINGS:
+            raise ConfigError(f"--routing {self.routing} is not one of: {', '.join(ROUTINGS)}.")
         object.__setattr__(self, "server_urls", tuple(normalise_server_url(u) for u in self.server_urls))
         if not self.server_urls and self.profile is None:
             raise ConfigError("RunOptions needs a server: a profile to launch or server_urls to attach to.")

@@ -3,7 +3,8 @@
 An sglang-router in front of several servers is recognised by its worker list (`/workers`, old
 `/list_workers`); capacity and load are then read from the workers themselves and summed, while
 requests go through the router. Several URLs without a router form a Fleet (server/fleet.py): each
-request goes to the server with the most free KV, a dead one is taken out and probed back in
+request goes to the server with the most free KV (a sample's later turns to its previous turn's server
+while that one is not overloaded: `routing`), a dead one is taken out and probed back in
 (server/fleet_watch.py).
 """
 
@@ -33,7 +34,7 @@ IDENTIFY_TIMEOUT_S = 10.0  # GET /v1/models: a server that takes longer is not o
 
 async def run_attached(urls: list[str], *, http: Http, first_model: str | None = None,
                        health_interval_s: float = 5.0, unhealthy_after: int = 3,
-                       give_up_after_s: float = GIVE_UP_AFTER_S,
+                       give_up_after_s: float = GIVE_UP_AFTER_S, routing: str = "affinity",
                        task_status: TaskStatus[ServerHandle] = anyio.TASK_STATUS_IGNORED) -> None:
     """Check each URL is an SGLang/OpenAI server, report the handle, then watch health until cancelled.
     `urls` are base URLs (config/server.py `normalise_server_url`: ".../v1" or a trailing "/" is fine);
@@ -44,7 +45,7 @@ async def run_attached(urls: list[str], *, http: Http, first_model: str | None =
     """
     urls = [normalise_server_url(u) for u in urls]
     models, unreachable = await _identify_all(http, urls, first_model)
-    fleet = Fleet(urls, fail_after=unhealthy_after, probe_initial_s=health_interval_s)
+    fleet = Fleet(urls, fail_after=unhealthy_after, probe_initial_s=health_interval_s, routing=routing)
     handle = ServerHandle(base_urls=urls, model=models[0], capacity=combine([]), fleet=fleet)
     watch = FleetWatch(http, handle, interval_s=health_interval_s, give_up_after_s=give_up_after_s)
     for url in urls:

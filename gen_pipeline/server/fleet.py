@@ -4,15 +4,30 @@ Pure policy (no I/O, no async library): the load poll feeds `update`, the client
 start/end and connection errors, the health watcher marks servers down and probes them back in with
 exponential backoff. The choice is the server with the most free KV tokens (max_total_num_tokens − used
 at the last poll, less what we sent it since), or the fewest requests in flight when tokens are unknown.
+
+Conversation affinity (`routing="affinity"`, the default): turn k+1 of a multi-turn sample is turn k's
+prompt plus its answer, which the server that ran turn k holds in its prefix cache; elsewhere it is
+prefilled again. So a sample's later turn goes back to the server that ran its previous turn while that
+server is up and not overloaded: its free KV is within AFFINITY_MARGIN of its own capacity of the best
+server's (tokens unknown: its requests in flight at most a quarter, plus 2, above the least loaded's).
+Otherwise the turn goes by free KV like a first turn, and the sample follows it there. The state is one
+entry per sample in flight (`pick(sample)` records it, `sample_ended` drops it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 from gen_pipeline.records import LoadSnapshot
 
 DEFAULT_TOKENS_PER_REQUEST = 1024.0  # until the caller knows better (the controller's estimate)
+ROUTINGS = ("affinity", "free-kv")
+# How far below the best server's free KV (as a share of the previous server's capacity) a later turn
+# still goes back to its previous server. bench/affinity_bench.py measured 0.1-0.3 on four seed-profile
+# simulators (bench/RESULTS.md, section Affinity); 0.25 kept >= 90 % of the later turns on their server.
+AFFINITY_MARGIN = 0.25
+AFFINITY_SLACK_REQUESTS = 2  # without token figures: in flight at most (1 + margin) x the least + this
 
 
 @dataclass
@@ -32,10 +47,17 @@ class Fleet:
     """The servers of a direct (no router) attach; `pick` never returns None (all down: the next to probe)."""
 
     def __init__(self, urls: list[str], *, fail_after: int = 3, probe_initial_s: float = 1.0,
-                 probe_max_s: float = 30.0, tokens_per_request: float = DEFAULT_TOKENS_PER_REQUEST):
+                 probe_max_s: float = 30.0, tokens_per_request: float = DEFAULT_TOKENS_PER_REQUEST,
+                 routing: str = "affinity", affinity_margin: float = AFFINITY_MARGIN):
         if not urls:
             raise ValueError("a fleet needs at least one URL")
+        if routing not in ROUTINGS:
+            raise ValueError(f"routing must be one of {', '.join(ROUTINGS)} (got {routing!r})")
         self._servers = {u: _Server(u) for u in urls}
+        self.routing, self.affinity_margin = routing, affinity_margin
+        self._last: dict[Hashable, str] = {}  # sample in flight → the server that ran its latest turn
+        self.stayed = 0  # later turns sent back to their previous server
+        self.moved = 0  # later turns sent elsewhere (their server was down or overloaded)
         self.fail_after = fail_after
         self.probe_initial_s, self.probe_max_s = probe_initial_s, probe_max_s
         self.tokens_per_request = tokens_per_request
@@ -58,14 +80,43 @@ class Fleet:
         return self._servers[url].up
 
     # ------------------------------------------------------------ the choice
-    def pick(self) -> str:
-        """The up server with the most free KV (all up servers' tokens known), else the fewest in flight."""
+    def pick(self, sample: Hashable | None = None) -> str:
+        """The server for one request: `sample`'s previous server when affinity keeps it (module doc),
+        else the up server with the most free KV (all up servers' tokens known), else the fewest in
+        flight. With `sample`, records the choice until `sample_ended(sample)`."""
         up = [s for s in self._servers.values() if s.up]
         if not up:
             return min(self._servers.values(), key=lambda s: s.next_probe_s).url
-        if all(s.total_tokens is not None and s.used_tokens is not None for s in up):
-            return max(up, key=self._free_tokens).url  # max keeps the first of equals: list order breaks ties
-        return min(up, key=lambda s: s.in_flight).url
+        known = all(s.total_tokens is not None and s.used_tokens is not None for s in up)
+        # max/min keep the first of equals: list order breaks ties
+        best = max(up, key=self._free_tokens) if known else min(up, key=lambda s: s.in_flight)
+        if sample is None or self.routing != "affinity":
+            return best.url
+        chosen, previous = best, self._last.get(sample)
+        if previous is not None:
+            s = self._servers[previous]
+            if s.up and (s is best or self._near_best(s, best, known)):
+                chosen = s
+            self.stayed += chosen is s
+            self.moved += chosen is not s
+        self._last[sample] = chosen.url
+        return chosen.url
+
+    def _near_best(self, s: _Server, best: _Server, known: bool) -> bool:
+        """Whether `s` is loaded little enough more than `best` for a later turn to stay on it."""
+        if known:
+            assert s.total_tokens is not None
+            return self._free_tokens(s) >= self._free_tokens(best) - self.affinity_margin * s.total_tokens
+        return s.in_flight <= (1 + self.affinity_margin) * best.in_flight + AFFINITY_SLACK_REQUESTS
+
+    def sample_ended(self, sample: Hashable) -> None:
+        """The sample is written, failed or cancelled: forget its server."""
+        self._last.pop(sample, None)
+
+    @property
+    def samples_tracked(self) -> int:
+        """Samples whose server is remembered (those in flight under affinity)."""
+        return len(self._last)
 
     def free_tokens(self, url: str) -> float | None:
         s = self._servers[url]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gen_pipeline.records import LoadSnapshot
 from gen_pipeline.server.fleet import Fleet
@@ -141,3 +143,134 @@ def test_the_routers_error_for_a_dead_worker_is_retried():
     with pytest.raises(_Retryable) as e:
         classify_status(Reply("http://router/v1/chat/completions", 500, "application/json", body))
     assert e.value.reason == "http_500" and str(e.value).startswith("error sending request for url (http://127.0.0.1")
+
+
+# ------------------------------------------------------------ conversation affinity
+
+S1, S2 = ("B1", "s1"), ("B1", "s2")
+
+
+def test_a_first_turn_goes_by_free_kv_and_later_turns_stay_on_its_server():
+    f = fleet_with({A: 10_000, B: 10_000, C: 10_000}, {A: 5_000, B: 1_000, C: 3_000}, tokens_per_request=500)
+    assert f.pick(S1) == B  # the first turn: most free KV
+    f.update({A: snap(1_000), B: snap(2_000), C: snap(3_000)})  # A is now the freest, B 1,000 behind
+    assert f.pick() == A and f.pick(S2) == A  # a new sample (and no sample) go by free KV
+    assert f.pick(S1) == B  # S1's next turn goes back to B: its history is cached there
+    assert (f.stayed, f.moved, f.samples_tracked) == (1, 0, 2)
+
+
+@pytest.mark.parametrize("used_b, expected, why", [
+    (4_400, B, "B has 2,400 fewer free than A, within 25 % of its 10,000"),
+    (4_500, B, "exactly the margin"),
+    (4_600, A, "past the margin: by free KV"),
+    (9_900, A, "B nearly full"),
+])
+def test_a_later_turn_leaves_an_overloaded_server(used_b, expected, why):
+    f = fleet_with({A: 10_000, B: 10_000}, {A: 5_000, B: 0})
+    assert f.pick(S1) == B
+    f.update({A: snap(2_000), B: snap(used_b)})
+    assert f.pick(S1) == expected, why
+    assert f.pick(S1) == expected  # the sample follows its turn: the next one stays there
+
+
+def test_a_later_turn_leaves_a_server_that_is_out_and_does_not_return_to_it():
+    f = fleet_with({A: 10_000, B: 10_000}, {A: 5_000, B: 0})
+    assert f.pick(S1) == B
+    f.mark_down(B, now_s=0.0)
+    assert f.pick(S1) == A and (f.stayed, f.moved) == (0, 1)
+    f.mark_up(B)
+    f.update({A: snap(2_000), B: snap(0)})
+    assert f.pick(S1) == A  # A now holds its history, and is within the margin of B
+
+
+def test_without_token_figures_a_later_turn_stays_unless_far_busier_than_the_least():
+    f = Fleet([A, B])
+    assert f.pick(S1) == A
+    for _ in range(6):
+        f.started(A)  # A: 6 in flight, B: 0 → 6 > (1 + 0.25) x 0 + 2: by the fewest in flight
+    assert f.pick(S1) == B
+    for _ in range(8):
+        f.started(A)
+    for _ in range(10):
+        f.started(B)  # A: 14, B: 10 → 14 <= 1.25 x 10 + 2
+    assert f.pick(S1) == B
+    assert f.pick(S2) == B  # a first turn: the fewest in flight
+
+
+def test_an_ended_sample_is_forgotten_and_free_kv_routing_keeps_nothing():
+    f = fleet_with({A: 10_000, B: 10_000}, {A: 5_000, B: 0})
+    assert f.pick(S1) == B
+    f.sample_ended(S1)
+    f.sample_ended(S1)  # twice (a cancelled sample) is harmless
+    assert f.samples_tracked == 0
+    f.update({A: snap(0), B: snap(2_000)})
+    assert f.pick(S1) == A  # a first turn again
+    plain = fleet_with({A: 10_000, B: 10_000}, {A: 5_000, B: 0}, routing="free-kv")
+    assert plain.pick(S1) == B
+    plain.update({A: snap(0), B: snap(2_000)})
+    assert plain.pick(S1) == A and plain.samples_tracked == 0
+
+
+def test_an_unknown_routing_is_refused():
+    with pytest.raises(ValueError, match="routing must be one of affinity, free-kv"):
+        Fleet([A], routing="sticky")
+
+
+URLS = [A, B, C]
+_ops = st.lists(st.one_of(
+    st.tuples(st.just("pick"), st.integers(0, 5)),  # a turn of sample n (5: a request of no sample)
+    st.tuples(st.just("end"), st.integers(0, 4)),
+    st.tuples(st.just("finish"), st.integers(0, 2)),
+    st.tuples(st.just("down"), st.integers(0, 2)),
+    st.tuples(st.just("up"), st.integers(0, 2)),
+    st.tuples(st.just("poll"), st.lists(st.one_of(st.none(), st.integers(0, 12_000)), min_size=3, max_size=3)),
+), max_size=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=_ops, totals=st.lists(st.one_of(st.none(), st.integers(1_000, 10_000)), min_size=3, max_size=3),
+       margin=st.floats(0.0, 1.0))
+def test_affinity_invariants(ops, totals, margin):
+    """Whatever the loads: a pick is an up server (any up); a turn that does not go where free-KV routing
+    would is its sample's previous turn's server, up and within the margin; state only for live samples."""
+    f = Fleet(URLS, tokens_per_request=700, affinity_margin=margin)
+    plain = Fleet(URLS, tokens_per_request=700, routing="free-kv")
+    for url, total in zip(URLS, totals, strict=True):
+        f.set_capacity(url, total)
+        plain.set_capacity(url, total)
+    previous: dict[int, str] = {}
+    for op, arg in ops:
+        if op == "pick":
+            sample = None if arg == 5 else ("D", str(arg))
+            best = plain.pick()
+            url = f.pick(sample)
+            if f.up_urls:
+                assert f.is_up(url)
+            if url != best:
+                assert sample is not None and previous.get(arg) == url
+                known = all(f.free_tokens(u) is not None for u in f.up_urls)
+                if known:
+                    free, free_best = f.free_tokens(url), f.free_tokens(best)
+                    assert free is not None and free_best is not None and totals[URLS.index(url)] is not None
+                    assert free >= free_best - margin * totals[URLS.index(url)] - 1e-6
+            if sample is not None:
+                previous[arg] = url
+            f.started(url)
+            plain.started(url)
+        elif op == "end":
+            f.sample_ended(("D", str(arg)))
+            previous.pop(arg, None)
+        elif op == "finish":
+            f.finished(URLS[arg])
+            plain.finished(URLS[arg])
+        elif op in ("down", "up"):
+            for fleet in (f, plain):
+                fleet.mark_down(URLS[arg], 0.0) if op == "down" else fleet.mark_up(URLS[arg])
+        else:
+            loads = {u: snap(v) for u, v in zip(URLS, arg, strict=True)}
+            f.update(loads)
+            plain.update(loads)
+        assert f.samples_tracked == len(previous)  # one entry per sample picked and not ended
+    for n in range(5):
+        f.sample_ended(("D", str(n)))
+    assert f.samples_tracked == 0
