@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from sglang_sim import generation
 from sglang_sim.cli import server_args_dict
-from sglang_sim.engine import Engine
+from sglang_sim.engine import Engine, FinishedRequest
 from sglang_sim.faults import Fault, FaultSettings, decide, health_ok
 from sglang_sim.loop import EngineLoop
 from sglang_sim.metrics import SimCollector, make_registry, render
@@ -48,6 +48,9 @@ class SimServer:
         self.fault_counts: dict[str, int] = {f.value: 0 for f in Fault}
         # degenerate outputs written (sglang_sim/degenerate.py): loop_<kind>, leak_<kind>, marker_only
         self.output_fault_counts: collections.Counter[str] = collections.Counter()
+        # chat requests finished, by first / later turn: requests, prompt and cached tokens, and (later
+        # turns) how many found the previous turn's whole prompt cached (/sim/stats "turns")
+        self.turn_counts: collections.Counter[str] = collections.Counter()
         self.registry = make_registry(SimCollector(ns.served_model_name, self._metrics_snapshot))
 
     def next_fault(self) -> Fault:
@@ -55,6 +58,18 @@ class SimServer:
         fault = decide(self.faults, self.seq)
         self.fault_counts[fault.value] += 1
         return fault
+
+    def count_turn(self, user_turns: int, previous_prompt_tokens: int, fin: FinishedRequest) -> None:
+        """One chat request finished (aborted ones are not counted)."""
+        if fin.finish_reason not in ("stop", "length"):
+            return
+        which = "later" if user_turns >= 2 else "first"
+        c = self.turn_counts
+        c[f"{which}_turns"] += 1
+        c[f"{which}_prompt_tokens"] += fin.prompt_tokens
+        c[f"{which}_cached_tokens"] += fin.cached_tokens
+        if which == "later":
+            c["later_prefix_hits"] += previous_prompt_tokens > 0 and fin.cached_tokens >= previous_prompt_tokens
 
     def request_completed(self) -> None:
         """Called once a whole response was sent; crash_after exits the process here."""
@@ -212,7 +227,7 @@ async def sim_stats(request: Request) -> Response:
         "lag_events": st.lag_events, "lag_total_real_s": st.lag_total_real_s, "max_lag_real_s": st.max_lag_real_s,
         "retraction_events": st.retraction_events, "in_flight": sim.loop.in_flight,
         "requests_seen": sim.seq, "requests_completed": sim.completed, "faults": sim.fault_counts,
-        "output_faults": dict(sim.output_fault_counts),
+        "output_faults": dict(sim.output_fault_counts), "turns": dict(sim.turn_counts),
         "counters": sim.loop.engine.counters(), "load": sim.load(),
     })
 

@@ -279,7 +279,8 @@ class Engine:
             radix.load_back(match.host_node)
             self._stats.add("host_hit_tokens_total", match.host_len)
         req.node, req.locked_len, req.target, req.filled = match.host_node, prefix, len(seq_now), prefix
-        req.cached += prefix
+        if not req.retractions:  # SGLang 0.5.17 counts a request's cache hit once, before any retraction
+            req.cached += prefix  # (schedule_batch.py: `if not req.retracted_stain`; chunks add 0 after the first)
         if req.admitted_s is None:
             req.admitted_s = self._now_s
         rnd.offset += reserve if chunk == extend else 0

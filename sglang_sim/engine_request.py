@@ -62,7 +62,7 @@ class FinishedRequest:
     rid: str
     prompt_tokens: int
     completion_tokens: int
-    cached_tokens: int  # prefix-cache hits summed over every admission (as SGLang's meta_info)
+    cached_tokens: int  # prefix-cache hit at its first admission (SGLang's meta_info; not after a retraction)
     retractions: int
     finish_reason: str  # "stop" | "length" | "abort"
     queue_time_s: float  # simulated seconds from add_request to first admission

@@ -66,6 +66,8 @@ class Plan:
     continuous_usage: bool = False
     logprobs: LP.LogprobPlan | None = None
     output_fault: OutputFault = OutputFault.NONE
+    user_turns: int = 0  # chat: the user messages of the conversation (0: /generate)
+    previous_prompt_tokens: int = 0  # chat, turn >= 2: the prompt of the turn before (to its last answer)
 
 
 def _check_context(server: SimServer, n_prompt: int, max_new: int | None) -> None:
@@ -164,6 +166,10 @@ def _chat_plan(server: SimServer, body: dict[str, Any]) -> Plan:
     options = body.get("stream_options") or {}
     plan.include_usage = bool(options.get("include_usage"))
     plan.continuous_usage = bool(options.get("continuous_usage_stats"))
+    plan.user_turns = sum(m.get("role") == "user" for m in messages)
+    answered = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    if plan.user_turns >= 2 and answered:  # the previous turn's request was everything before its answer
+        plan.previous_prompt_tokens = len(encode(render_chat(messages[:answered[-1]])))
     return plan
 
 
@@ -304,6 +310,7 @@ async def _chat_stream(server: SimServer, plan: Plan, ticket: Ticket) -> AsyncIt
                 yield R.sse(chunk)
             continue
         reason = ev.finish_reason if ev.finish_reason in ("stop", "length") else "abort"
+        server.count_turn(plan.user_turns, plan.previous_prompt_tokens, ev)
         yield R.sse(R.chat_chunk(gen, {}, reason))
         if plan.include_usage and plan.fault is not Fault.NO_USAGE:
             yield R.sse(R.usage_chunk(gen, ev, server.ns.enable_cache_report))
@@ -325,6 +332,7 @@ async def _generate_stream(server: SimServer, plan: Plan, ticket: Ticket) -> Asy
 
 
 def _chat_whole(server: SimServer, plan: Plan, fin: Any) -> dict[str, Any]:
+    server.count_turn(plan.user_turns, plan.previous_prompt_tokens, fin)
     return R.chat_completion(plan.gen, fin, with_usage=True, cache_report=server.ns.enable_cache_report)
 
 

@@ -68,8 +68,10 @@ def _finish_reason(fin: FinishedRequest) -> str:
 
 
 def usage(gen: Generation, fin: FinishedRequest, cache_report: bool) -> dict[str, Any]:
+    """With --enable-cache-report, prompt_tokens_details = {"cached_tokens": N} only when N > 0, else
+    null (SGLang 0.5.17 usage_processor.py `_details_if_cached` "keeps JSON slim")."""
     return _usage(gen, fin.prompt_tokens, fin.completion_tokens,
-                  {"cached_tokens": fin.cached_tokens} if cache_report else None)
+                  {"cached_tokens": fin.cached_tokens} if cache_report and fin.cached_tokens > 0 else None)
 
 
 def _usage(gen: Generation, prompt: int, completion: int, details: dict[str, Any] | None) -> dict[str, Any]:
