@@ -1,0 +1,246 @@
+"""Conversation affinity (issue 24): where a multi-turn sample's later turns go, and what it is worth.
+
+Four simulator processes at the seed profile's prefill and decode costs (sglang_sim/profiles.py "seed":
+70 us per prefilled token, the calibrated decode step), each with its radix cache, run the real CLI on
+a B1/B6-like multi-turn dataset (3-5 user turns a sample, ~70-token user turns, ~200-token answers),
+four ways: direct with `--routing affinity` (the default: a later turn goes back to its previous turn's
+server, server/fleet.py), direct with `--routing free-kv` (every request to the most free KV), and
+through the real sglang-router binary with its cache_aware and round_robin policies. Then a single-turn
+dataset, affinity vs free-kv (nothing to keep together there: the cost of the bookkeeping).
+
+Cache figures come from the simulators: /sim/stats "turns" (per finished chat request, first or later
+turn: prompt and cached tokens, and whether a later turn found the previous turn's whole prompt cached:
+its prefix hit), checked against /metrics `sglang:cached_tokens_total` (what SGLang 0.5.17 exports).
+Throughput is on the simulators' clocks as in bench/fleet_scale.py (samples / mean simulated seconds
+from the first request to the end; a simulator starved of CPU on this 2-core machine re-anchors, so the
+contention does not count). Each repetition runs every mode once, back to back; ratios are taken
+within a repetition, then the median over repetitions.
+
+    python -m bench affinity       (python -m bench.affinity_bench --repeats 3 --samples 480)
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.fleet_scale import router
+from bench.report import md_table, write_section
+from sglang_sim.testing import SimProcess, start_sim
+
+REPO = Path(__file__).resolve().parent.parent
+SERVERS = 4
+KV_TOKENS = 30_000  # per server: KV-bound (a few dozen conversations each), as bench/fleet_scale.py
+SIM = ["--sim-profile", "seed", "--sim-startup-s", "0", "--sim-output-mean", "200", "--sim-output-spread", "0.5",
+       "--max-total-tokens", str(KV_TOKENS), "--enable-metrics", "--enable-cache-report", "--log-level", "warning"]
+MAX_NEW_TOKENS = 512
+MODES = {"affinity": ("direct", "affinity"), "free-kv": ("direct", "free-kv"),
+         "router cache_aware": ("router", "cache_aware"), "router round_robin": ("router", "round_robin")}
+SINGLE_TURN_MODES = ("affinity", "free-kv")
+WORDS = ("the of and to in is it that for on with as was at by an be this are or from have not but what all "
+         "were when we there can more if about which their will one each so them some into time has look two "
+         "write like see number way could people than first water been call who now find long down day did "
+         "get come made may part over new sound take only little work know place year live back give most").split()
+
+
+def _text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words)).capitalize() + "?"
+
+
+def write_dataset(folder: Path, samples: int, multi_turn: bool, seed: int = 24) -> Path:
+    """`samples` + 10 % conversations: multi-turn ones of 3-5 user turns (40-70 words each, with source
+    answers the run replaces), or one user turn each."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(int(samples * 1.1) + 10):
+        turns = rng.randint(3, 5) if multi_turn else 1
+        messages: list[dict[str, str]] = []
+        for t in range(turns):
+            messages.append({"role": "user", "content": f"[{i}.{t}] " + _text(rng, rng.randint(40, 70))})
+            messages.append({"role": "assistant", "content": "A source answer that is regenerated."})
+        rows.append({"id": f"c{i}", "messages": messages})
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "C.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    toml = folder / "C.toml"
+    toml.write_text(f'name = "C"\ntarget_samples = {samples}\n[source]\nfiles = ["C.jsonl"]\nschema = "messages"\n'
+                    f'field = "messages"\nid_field = "id"\n[sampling]\nmax_new_tokens = {MAX_NEW_TOKENS}\n'
+                    '[generation]\nrequest_timeout_s = 300\n')
+    return toml
+
+
+def _stats(sim: SimProcess) -> dict[str, Any]:
+    return dict(httpx.get(sim.url + "/sim/stats", timeout=10).json())
+
+
+def _metric_cached_tokens(sim: SimProcess) -> float:
+    """`sglang:cached_tokens_total` summed over its labels (cache_source), as SGLang 0.5.17 exports it."""
+    text = httpx.get(sim.url + "/metrics", timeout=10).text
+    return sum(s.value for f in text_string_to_metric_families(text) if f.name == "sglang:cached_tokens"
+               for s in f.samples if s.name == "sglang:cached_tokens_total")
+
+
+def run_one(mode: str, toml: Path, samples: int, time_scale: float, work: Path) -> dict[str, Any]:
+    kind, how = MODES[mode]
+    with ExitStack() as stack:
+        sims = [stack.enter_context(start_sim([*SIM, "--time-scale", str(time_scale)], ready_timeout_s=60))
+                for _ in range(SERVERS)]
+        if kind == "direct":
+            url, extra = ",".join(s.url for s in sims), ["--routing", how]
+        else:
+            url, extra = stack.enter_context(router(sims, work / f"router-{how}.log", how)), []
+        out = work / f"out-{mode.replace(' ', '-')}-{toml.parent.name}"
+        cli = subprocess.Popen([sys.executable, "-m", "gen_pipeline", "generate", "--dataset", str(toml),
+                                "--server-url", url, *extra, "--output-dir", str(out), "--progress", "quiet"],
+                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        while cli.poll() is None and not any(_stats(s)["requests_seen"] for s in sims):
+            time.sleep(0.02)  # the clocks start at the first request, not at the CLI's start-up
+        before = [_stats(s)["sim_time_s"] for s in sims]
+        started = time.monotonic()
+        _, stderr = cli.communicate(timeout=1800)
+        wall_s = time.monotonic() - started
+        if cli.returncode != 0:
+            raise RuntimeError(f"{mode} failed: {stderr.decode()[-2000:]}")
+        stats = [_stats(s) for s in sims]
+        metric_cached = sum(_metric_cached_tokens(s) for s in sims)
+    sim_s = statistics.fmean(st["sim_time_s"] - b for st, b in zip(stats, before, strict=True))
+    turns: dict[str, int] = {}
+    for st in stats:
+        for k, v in st["turns"].items():
+            turns[k] = turns.get(k, 0) + v
+    sim_cached = turns.get("first_cached_tokens", 0) + turns.get("later_cached_tokens", 0)
+    if metric_cached != sim_cached:
+        raise RuntimeError(f"{mode}: /metrics sglang:cached_tokens_total {metric_cached} != the requests' "
+                           f"cached tokens {sim_cached}")
+    later = turns.get("later_turns", 0)
+    counters = [st["counters"] for st in stats]
+    return {
+        "mode": mode, "samples": samples, "sim_s": round(sim_s, 2), "samples_per_sim_s": round(samples / sim_s, 3),
+        "wall_s": round(wall_s, 1), "requests_per_server": [st["requests_completed"] for st in stats],
+        "later_turns": later,
+        "later_cached_share": round(turns.get("later_cached_tokens", 0) / max(1, turns.get("later_prompt_tokens", 0)),
+                                    3),
+        "later_prefix_hit_share": round(turns.get("later_prefix_hits", 0) / later, 3) if later else None,
+        "prefill_tokens_per_sample": round(sum(c["computed_prefill_tokens_total"] for c in counters) / samples, 1),
+        "retractions": sum(c["num_retracted_requests_total"] for c in counters),
+    }
+
+
+def _median(rows: list[dict[str, Any]], mode: str, data: str, key: str) -> float:
+    return statistics.median(r[key] for r in rows if r["mode"] == mode and r["data"] == data)
+
+
+def _ratios(rows: list[dict[str, Any]], data: str, mode: str) -> list[float]:
+    """Per repetition: mode's samples/sim-s over free-kv's (the same repetition, back to back)."""
+    out = []
+    for rep in sorted({r["rep"] for r in rows}):
+        of = {r["mode"]: r["samples_per_sim_s"] for r in rows if r["rep"] == rep and r["data"] == data}
+        if mode in of and "free-kv" in of:
+            out.append(of[mode] / of["free-kv"])
+    return out
+
+
+def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    table = []
+    for data, modes in (("multi-turn", tuple(MODES)), ("single-turn", SINGLE_TURN_MODES)):
+        for mode in modes:
+            mine = [r for r in rows if r["mode"] == mode and r["data"] == data]
+            if not mine:
+                continue
+            entry: dict[str, Any] = {"data": data, "mode": mode, "runs": len(mine)}
+            for key in ("samples_per_sim_s", "later_cached_share", "later_prefix_hit_share",
+                        "prefill_tokens_per_sample", "retractions"):
+                values = [r[key] for r in mine if r[key] is not None]
+                entry[key] = round(statistics.median(values), 3) if values else None
+            ratios = _ratios(rows, data, mode)
+            entry["vs_free_kv"] = round(statistics.median(ratios), 3) if ratios else None
+            entry["vs_free_kv_runs"] = [round(x, 3) for x in ratios]
+            seen = [max(r["requests_per_server"]) * SERVERS / sum(r["requests_per_server"]) for r in mine]
+            entry["busiest_vs_mean"] = round(statistics.median(seen), 3)
+            table.append(entry)
+    return table
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f} %"
+
+
+def markdown(table: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    rows = [[t["data"], t["mode"], t["runs"], t["samples_per_sim_s"], t["vs_free_kv"] or "–",
+             " / ".join(map(str, t["vs_free_kv_runs"])) or "–", _pct(t["later_prefix_hit_share"]),
+             _pct(t["later_cached_share"]), t["prefill_tokens_per_sample"], t["retractions"], t["busiest_vs_mean"]]
+            for t in table]
+    headers = ["data", "routing", "runs", "samples/sim-s (median)", "× free-kv (median)", "× free-kv per run",
+               "later turns: prefix cached", "later turns: cached / prompt tokens", "prefilled tokens / sample",
+               "retractions", "busiest / mean"]
+    return f"""## Conversation affinity: a sample's turns on one server (issue 24)
+
+`python -m bench affinity` (= `python -m bench.affinity_bench --repeats {args.repeats} --samples {args.samples}
+--time-scale {args.time_scale:g}`): the real CLI over {SERVERS} simulator processes (seed profile: its prefill
+and decode costs; {KV_TOKENS:,} KV tokens each, radix cache on) and the real sglang-router binary.
+Multi-turn data: {args.samples} samples of 3-5 user turns (40-70 words each; answers drawn at a mean of
+200 tokens, max_new_tokens {MAX_NEW_TOKENS}), so turn k+1's prompt is turn k's prompt + answer + a new
+question. Single-turn data: one such question a sample. Routings: `affinity` (`--routing affinity`, the
+default: a later turn goes back to its previous turn's server while that one is up and its free KV is
+within 25 % of its capacity of the best server's; else by free KV), `free-kv` (`--routing free-kv`: every
+request to the most free KV), sglang-router's `cache_aware` (its default) and `round_robin`.
+"prefix cached": the share of later turns (turn ≥ 2) whose whole previous-turn prompt was a cache hit on
+the server that ran them (/sim/stats); "cached / prompt tokens": cached-prefix tokens over prompt tokens
+of the later turns; the servers' `sglang:cached_tokens_total` equals the requests' cached tokens in every
+run (checked). Throughput: samples / mean simulated seconds over the servers, first request to the end.
+× free-kv: within each repetition (modes back to back), then the median over {args.repeats} repetitions.
+"busiest / mean": the most requests one server ran over the mean.
+
+{md_table(headers, rows)}
+"""
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.affinity_bench", description=__doc__.split("\n")[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--samples", type=int, default=480)
+    p.add_argument("--time-scale", type=float, default=2.0)
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of: " + ", ".join(MODES))
+    p.add_argument("--no-single-turn", action="store_true", help="skip the single-turn comparison")
+    p.add_argument("--no-write", action="store_true", help="print only (no results.json / RESULTS.md)")
+    args = p.parse_args(argv or [])
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-affinity-") as tmp:
+        work = Path(tmp)
+        multi = write_dataset(work / "multi", args.samples, multi_turn=True)
+        single = write_dataset(work / "single", args.samples, multi_turn=False)
+        for rep in range(args.repeats):
+            plan = [("multi-turn", multi, m) for m in modes]
+            if not args.no_single_turn:
+                plan += [("single-turn", single, m) for m in SINGLE_TURN_MODES if m in modes]
+            for data, toml, mode in plan:
+                r = run_one(mode, toml, args.samples, args.time_scale, work / f"rep{rep}")
+                r.update(data=data, rep=rep)
+                rows.append(r)
+                print(f"[{rep + 1}/{args.repeats}] {data:11s} {mode:18s} {r['samples_per_sim_s']:7.3f} samples/sim-s, "
+                      f"later turns: prefix cached {_pct(r['later_prefix_hit_share'])}, cached/prompt "
+                      f"{_pct(r['later_cached_share'])}; {r['prefill_tokens_per_sample']:.0f} prefilled tokens/sample, "
+                      f"{r['retractions']} retractions, requests {r['requests_per_server']}, {r['wall_s']:.0f} s wall",
+                      flush=True)
+    table = summarise(rows)
+    md = markdown(table, args)
+    if not args.no_write:
+        write_section("affinity", {"summary": table, "runs": rows, "repeats": args.repeats, "samples": args.samples,
+                                   "time_scale": args.time_scale, "servers": SERVERS, "kv_tokens": KV_TOKENS}, md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
