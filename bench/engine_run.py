@@ -18,7 +18,7 @@ import math
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from bench.jobs import POLL_S, Job, RunResult, ServerConfig, result_of, send_request, snapshot
+from bench.jobs import POLL_S, Job, RunResult, ServerConfig, result_of, send_request, snapshot, trace_point
 from gen_pipeline.controller import Controller, ControllerConfig
 from gen_pipeline.records import Capacity, Prompt, Reject, Sample
 from gen_pipeline.run.dispatch import Dispatcher, Item, Window
@@ -67,6 +67,7 @@ class _EngineRun:
         self.tokens = self.peak_queued = 0
         self.running: list[int] = []
         self.windows: list[int] = []
+        self.trace: list[dict] = []  # per poll: what the server showed (bench/sim_vs_real.py compares it)
 
     def _now(self) -> float:
         return self.engine.now_s
@@ -106,6 +107,7 @@ class _EngineRun:
                 self.dispatcher.observe_load(snap)
                 if self.window.controller is not None:
                     self.windows.append(self.window.controller.statistics().window)
+                self.trace.append(trace_point(engine, snap, self.window.size))
                 next_poll_s += POLL_S
                 changed = True
 

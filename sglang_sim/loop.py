@@ -41,6 +41,8 @@ def build_engine(ns: argparse.Namespace) -> tuple[Engine, dict[str, Any]]:
         max_total_num_tokens=pool,
         max_running_requests=ns.max_running_requests or 0,
         chunked_prefill_size=ns.chunked_prefill_size,
+        max_prefill_tokens=ns.max_prefill_tokens,
+        page_size=max(1, ns.page_size),
         num_continuous_decode_steps=ns.num_continuous_decode_steps,
         hicache_tokens=hicache,
         schedule_conservativeness=ns.schedule_conservativeness,
