@@ -428,7 +428,6 @@ def test_a_finish_reopens_admission_one_decode_later() -> None:
 def test_a_readmitted_request_reserves_its_whole_clipped_max_new() -> None:
     """add_one_req checks the remaining max_new but adds min(max_new, CLIP) to the round's offset
     (schedule_policy.py:1077-1080 vs 1203-1212)."""
-    engine = Engine(EngineConfig(max_total_num_tokens=60_000), FAST)
     req = SchedReq("x", tuple(range(500)), prompt_len=100, out_len=400, max_new=5000, reason="stop",
                    arrival_s=0.0, generated=3000)
     assert clipped_reserve(req, 4096) == 2000
