@@ -136,3 +136,13 @@ def run(job: Job, server: ServerConfig, fixed: int | None = None, name: str = ""
     total = len(job.lengths)
     label = name or ("ours" if fixed is None else f"fixed {fixed}")
     return result_of(label, r.engine, total, r.dispatcher.ok, r.tokens, r.peak_queued, r.running), r.windows
+
+
+def run_traced(job: Job, server: ServerConfig, fixed: int | None = None,
+               config: ControllerConfig = ControllerConfig()) -> tuple[RunResult, list[dict]]:
+    """run(), returning the server's per-second trace (bench/gpu/traces.py rows) instead of the windows."""
+    r = _EngineRun(job, server, fixed, config)
+    anyio.run(r.main)
+    label = "ours" if fixed is None else f"fixed {fixed}"
+    return (result_of(label, r.engine, len(job.lengths), r.dispatcher.ok, r.tokens, r.peak_queued, r.running),
+            r.trace)

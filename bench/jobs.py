@@ -122,8 +122,8 @@ def trace_point(engine: Engine, snap: LoadSnapshot, window: int) -> dict:
     """One per-second row of a run's server trace: the figures bench/gpu records from /metrics."""
     return {"t_s": round(snap.t_s, 3), "running": snap.running, "queued": snap.queued,
             "token_usage": snap.token_usage, "new_token_ratio": round(engine.reported_new_token_ratio, 4),
-            "gen_throughput": snap.gen_throughput, "retractions_total": snap.retractions_total,
-            "gen_tokens_total": engine.counters()["decode_tokens_total"], "window": window}
+            "used_tokens": snap.used_tokens, "gen_throughput": snap.gen_throughput,
+            "retractions_total": snap.retractions_total, "gen_tokens_total": snap.gen_tokens_total, "window": window}
 
 
 def send_request(engine: Engine, job: Job, index: int) -> None:

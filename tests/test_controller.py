@@ -145,7 +145,7 @@ def test_sglangs_cautious_first_round_is_not_a_full_server() -> None:
     """Issue 19 on the H200: 60,000 KV tokens, max_new_tokens 4096; SGLang's first rounds take 16 and
     hold them while new_token_ratio (0.7 at the start, /metrics shows the last prefill round's) decays.
     The old rule read that as "queue building, running flat at 16" and sent running + 2; here the
-    queue allowed is `running` until the ratio reaches 1.5 x its floor (0.14 x 0.7), then half."""
+    queue allowed is 2 x running until the ratio reaches 1.5 x its floor (0.14 x 0.7), then half."""
     ctrl = Controller(Capacity(60_000, 3750), initial_tokens_per_request=400 + 2048)
     assert ctrl.window(0.0, 300) == 24  # the model's prior: 0.92 x 60,000 / 2,448 + 2
     windows = []
@@ -153,7 +153,7 @@ def test_sglangs_cautious_first_round_is_not_a_full_server() -> None:
                                                   (40, 12, 0.098)], start=1):
         ctrl.observe_load(_ratio_snap(float(t), running, queued, ratio))
         windows.append(ctrl.window(float(t), 300))
-    assert windows == [32, 32, 32, 52, 60]
+    assert windows == [48, 48, 48, 52, 60]
     assert ctrl.statistics().reason == "SGLang's admission warmed up (new_token_ratio 0.098): queue = 50% of running"
 
 
@@ -161,16 +161,16 @@ def test_a_restart_warms_up_again_and_a_retraction_ratio_jump_does_not() -> None
     ctrl = Controller(Capacity(60_000, 3750), initial_tokens_per_request=2448)
     for t, ratio in enumerate([0.7, 0.3, 0.1, 0.6, 0.45], start=1):  # 0.6: after a retraction
         ctrl.observe_load(_ratio_snap(float(t), 20, 5, ratio))
-        assert ctrl.window(float(t), 300) == (40 if t < 3 else 30)
+        assert ctrl.window(float(t), 300) == (60 if t < 3 else 30)
     ctrl.update_capacity(Capacity(60_000, 3750))  # the server restarted
     ctrl.observe_load(_ratio_snap(10.0, 20, 5, 0.7))
-    assert ctrl.window(10.0, 300) == 40
+    assert ctrl.window(10.0, 300) == 60
 
 
 def test_without_the_ratio_gauge_the_first_completion_ends_the_warm_up() -> None:
     ctrl = Controller(Capacity(60_000, 3750), initial_tokens_per_request=2448)
     ctrl.observe_load(_ratio_snap(1.0, 16, 8, None))
-    assert ctrl.window(1.0, 300) == 32
+    assert ctrl.window(1.0, 300) == 48
     ctrl.observe_completion(2.0, 400, 1100, latency_s=2.0)
     assert ctrl.window(2.0, 300) == 24
 
@@ -315,7 +315,7 @@ polls = st.lists(
 @given(trace=polls, f0=st.floats(100, 20_000), pool=st.integers(1000, 1_000_000))
 def test_the_servers_queue_stays_bounded_and_fed(trace, f0, pool) -> None:
     """The stated bound: after a load poll showing R running, the window leaves at most
-    max(queue_min, R / 2) queued at the server once SGLang is warm, at most max(queue_min, R) while it
+    max(queue_min, R / 2) queued at the server once SGLang is warm, at most max(queue_min, 2 R) while it
     warms up; and while the pool has room and no retraction cooldown holds it, at least queue_min:
     the client is never the reason SGLang has nothing to admit."""
     ctrl = Controller(Capacity(pool, None), initial_tokens_per_request=f0)
@@ -336,7 +336,7 @@ def test_the_servers_queue_stays_bounded_and_fed(trace, f0, pool) -> None:
         ctrl.observe_load(LoadSnapshot(t, running, queued, token_usage=usage, retractions_total=retractions,
                                        new_token_ratio=ratio))
         w = ctrl.window(t, 10**9)
-        allowed = max(CFG.queue_min, running if ctrl.warming else running // 2)
+        allowed = max(CFG.queue_min, 2 * running if ctrl.warming else running // 2)
         assert w - running <= min(CFG.queue_max, allowed)
         pool_has_room = usage < CFG.guard_usage_frac * CFG.target_usage
         if pool_has_room and t >= cool_until and running + CFG.queue_min <= CFG.max_window:

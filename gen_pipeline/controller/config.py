@@ -26,9 +26,10 @@ class ControllerConfig:
     queue_slack_min: int = 2
     queue_slack_max: int = 32
     # Under live load the window is running + a queue for SGLang's admission (controller/feed.py):
-    # queue_frac x running, clamped to [queue_min, queue_max]; `running` while SGLang warms up
-    # (until new_token_ratio is within warm_ratio_factor x its floor).
+    # queue_frac x running, warm_queue_frac x running while SGLang warms up (until new_token_ratio is
+    # within warm_ratio_factor x its floor), clamped to [queue_min, queue_max].
     queue_frac: float = 0.5
+    warm_queue_frac: float = 2.0
     queue_min: int = 4
     queue_max: int = 512
     warm_ratio_factor: float = 1.5

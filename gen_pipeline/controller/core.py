@@ -9,8 +9,9 @@ remaining max_new_tokens of every running request); the client's job is to keep 
    (clamped to [queue_min, queue_max]), so SGLang always has candidates at its next admission round
    and the client refills at every completion. While SGLang's admission warms up after a start or
    restart (new_token_ratio, read from /metrics, still far above its floor; without that gauge,
-   until the first completion) the queue allowed is `running`: its first cautious round is not a
-   full server. The bound on the server's queue: queued <= window - running = that queue.
+   until the first completion) the queue allowed is warm_queue_frac x running: its first cautious
+   round is not a full server. The bound on the server's queue: queued <= window - running = that
+   queue.
 2. Model of the pool: C / H requests fit, H being the mean KV a request holds over its life
    (length-weighted, learned from completions; see RequestSizes; before the first wave has
    finished, the prior F, a request at its end). gain * u * C / H + a small slack, capped at
@@ -67,7 +68,7 @@ class Controller:
         self._mix: dict[str, float] = {}  # requests in flight per kind
         self._load: LoadSnapshot | None = None
         self._live_held: float | None = None
-        self._queue = QueueBound(config.queue_frac, config.queue_min, config.queue_max)
+        self._queue = QueueBound(config.queue_frac, config.warm_queue_frac, config.queue_min, config.queue_max)
         self._warm = WarmUp(config.warm_ratio_factor)
         self._ceiling, self._ceiling_until_s = math.inf, -math.inf
         self._remaining: int | None = None

@@ -17,11 +17,13 @@ Warm-up. After a start or restart new_token_ratio is 0.7 (x --schedule-conservat
 decays to 0.14 x that over 600 decode steps (~2 s on an H200); SGLang's first round takes only what
 fits with every candidate reserving its whole clipped max_new (13 requests of max_new 4096 in
 60,000 tokens), a second round a few more, then nothing until the first request finishes, when it
-admits many at once. A queue that builds then is SGLang's caution, not a full server. Until
-SGLang's admission has warmed up -- the ratio /metrics reports (the last prefill round's) has come
-down to within `warm_ratio_factor` of its floor, or, without that gauge, a request has completed
-since the start -- the queue allowed is `running` (window = 2 x running): the first admission
-bursts find candidates waiting, as with a fixed window.
+admits many at once (16 -> ~40 within a second on the H200). A queue that builds then is SGLang's
+caution, not a full server. Until SGLang's admission has warmed up -- the ratio /metrics reports
+(the last prefill round's) has come down to within `warm_ratio_factor` of its floor, or, without
+that gauge, a request has completed since the start -- the queue allowed is warm_frac x running
+(2 x running by default): the first admission bursts find candidates waiting, as with a fixed
+window at the slot count. The bound, stated: queued <= max(queue_min, queue_frac x running) once
+warm, max(queue_min, warm_frac x running) for the few seconds of a warm-up, never above queue_max.
 """
 
 from __future__ import annotations
@@ -38,13 +40,14 @@ class QueueBound:
     """The queue kept at the server: a share of running, clamped (see the module doc)."""
 
     frac: float
+    warm_frac: float
     minimum: int
     maximum: int
 
     def allowance(self, running: int, warming: bool) -> int:
-        """Requests to keep queued beyond `running`; `running` itself while SGLang warms up."""
-        steady = int(min(self.maximum, max(self.minimum, self.frac * running)))
-        return max(steady, min(self.maximum, running)) if warming else steady
+        """Requests to keep queued beyond `running`: frac x running, warm_frac x running while SGLang
+        warms up; clamped to [minimum, maximum]."""
+        return int(min(self.maximum, max(self.minimum, (self.warm_frac if warming else self.frac) * running)))
 
 
 class WarmUp:
