@@ -166,7 +166,8 @@ def compare() -> dict:
 
 def markdown(c: dict) -> str:
     table = md_table(["figure", "real", "sim", "tolerance", "within"],
-                     [[r["figure"], r["real"], r["sim"], r["tolerance"], "yes" if r["ok"] else "NO"] for r in c["rows"]])
+                     [[r["figure"], r["real"], r["sim"], r["tolerance"], "yes" if r["ok"] else "NO"]
+                      for r in c["rows"]])
     sim = c["sim"]
     clients = md_table(["client (sim)", "gen tok/s", "first round", "ramp s", "steady running", "steady queued",
                         "queued max", "usage mean / p90", "ratio floor at s", "retractions"],

@@ -10,6 +10,7 @@ compares like with like.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import threading
 import time
@@ -37,11 +38,9 @@ class TracePoller:
         with httpx.Client(timeout=5.0) as http:
             while not self._stop.is_set():
                 now = time.monotonic()
-                try:
+                with contextlib.suppress(httpx.HTTPError, ValueError):  # a missed poll is a gap
                     self.rows.append(row_of(now, http.get(self.url + "/v1/loads").json(),
                                             http.get(self.url + "/metrics").text))
-                except (httpx.HTTPError, ValueError):
-                    pass
                 self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - now)))
 
     def stop(self, t0: float) -> list[dict]:
