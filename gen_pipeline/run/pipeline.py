@@ -115,7 +115,7 @@ class _Run:
                        tokens_per_s=tps, in_flight=self.dispatch.in_flight, window=self.window.size,
                        running=load.running if load else None, queued=load.queued if load else None,
                        kv_usage=load.token_usage if load else None,
-                       retractions=load.retractions_total if load else None, failures=s.failures,
+                       retractions=self.telemetry.retractions, failures=s.failures,  # this run's, not the server's
                        controller_mode=ctl.mode if ctl else None, controller_reason=ctl.reason if ctl else None,
                        final=final, peak_running=s.peak_running, peak_queued=s.peak_queued,
                        peak_kv_usage=s.peak_kv_usage)
@@ -285,9 +285,13 @@ class ServerPoller:
         self._delay_s = min(_FIRST_POLL_S, interval_s)
 
     async def next(self, http: aiohttp.ClientSession) -> LoadSnapshot | None:
+        """The next poll's load; None while the server is down or restarting (the controller then
+        decides nothing: a restarting server's figures say nothing about the pool)."""
         await anyio.sleep(self._delay_s)
         self._delay_s = self.interval_s
         handle, controller = self.handle, self.window.controller
+        if not handle.ready:
+            return None
         if handle.capacity is not self._capacity and controller is not None:
             self._capacity = handle.capacity
             controller.update_capacity(handle.capacity)

@@ -79,11 +79,13 @@ class Telemetry:
         self._retractions: int | None = None
 
     def poll(self, figures: Any, snap: Any, stats: Any, handle: Any, *, fixed_window: bool = False) -> None:
-        """Record one load poll (never raises, never blocks)."""
+        """Record one load poll (never raises, never blocks); the run's retraction count is kept even
+        when the file is off (the progress line shows it)."""
+        with contextlib.suppress(Exception):
+            self._count_retractions(snap)
         if not self.enabled:
             return
         try:
-            self._count_retractions(snap)
             row = build_row(run=self.run, t_run_s=time.monotonic() - self.started_s, figures=figures, snap=snap,
                             stats=stats, handle=handle, fixed_window=fixed_window,
                             retractions_run=self._retractions)
@@ -95,6 +97,11 @@ class Telemetry:
             self.dropped += 1
         except Exception as e:  # a telemetry bug must not end a run
             self._disable(f"telemetry off: could not record a poll ({type(e).__name__}: {e})")
+
+    @property
+    def retractions(self) -> int | None:
+        """Requests the server retracted during this run (None until a poll carried the counter)."""
+        return self._retractions
 
     def _count_retractions(self, snap: Any) -> None:
         """Retractions of this run: the server's counter restarts at 0 with the server."""
