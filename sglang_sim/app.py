@@ -208,7 +208,7 @@ async def sim_stats(request: Request) -> Response:
         "lag_events": st.lag_events, "lag_total_real_s": st.lag_total_real_s, "max_lag_real_s": st.max_lag_real_s,
         "retraction_events": st.retraction_events, "in_flight": sim.loop.in_flight,
         "requests_seen": sim.seq, "requests_completed": sim.completed, "faults": sim.fault_counts,
-        "counters": sim.loop.engine.counters(), "load": sim.load(),
+        "counters": sim.loop.engine.counters(), "load": sim.load(), "admissions": st.admissions,
     })
 
 

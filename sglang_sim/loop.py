@@ -23,6 +23,7 @@ DEFAULT_CONTEXT_LEN = 131072
 # Behind by more than this (real seconds), the loop stops trying to catch up: the sim clock
 # then runs slower than real time x scale, and the shortfall is counted as lag.
 _REANCHOR_LAG_S = 0.05
+ADMISSIONS_KEPT = 5000
 
 
 def build_engine(ns: argparse.Namespace) -> tuple[Engine, dict[str, Any]]:
@@ -81,6 +82,9 @@ class LoopStats:
     max_step_real_s: float = 0.0
     last_gen_throughput: float = 0.0
     retraction_events: int = 0
+    # (simulated s, running) after each prefill round, the first ADMISSIONS_KEPT: a run's ramp in the
+    # simulator's own clock (tests compare the controller's ramp with a fixed window's on it)
+    admissions: list[tuple[float, int]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -158,6 +162,8 @@ class EngineLoop:
             await self._pace()
             self._dispatch(result)
             self._log_step(result, ratio_before)
+            if result.prefill_tokens and len(self.stats.admissions) < ADMISSIONS_KEPT:
+                self.stats.admissions.append((round(self.engine.now_s, 4), self.engine.num_running))
 
     async def _pace(self) -> None:
         target = self._anchor_real + (self.engine.now_s - self._anchor_sim) / self.time_scale

@@ -303,7 +303,8 @@ def test_window_stays_in_bounds_on_random_traces(trace, f0, pool, min_window, ma
 polls = st.lists(
     st.one_of(
         st.tuples(st.just("load"), st.integers(0, 3000), st.integers(0, 3000), st.floats(0, 1),
-                  st.one_of(st.none(), st.floats(0.01, 1.0)), st.integers(0, 12)),
+                  st.one_of(st.none(), st.floats(0.01, 1.0)), st.integers(0, 12),
+                  st.one_of(st.none(), st.integers(0, 7000))),
         st.tuples(st.just("done"), st.integers(1, 5000), st.integers(1, 5000)),
         st.tuples(st.just("restart"),),
     ),
@@ -314,10 +315,11 @@ polls = st.lists(
 @settings(max_examples=200, deadline=None)
 @given(trace=polls, f0=st.floats(100, 20_000), pool=st.integers(1000, 1_000_000))
 def test_the_servers_queue_stays_bounded_and_fed(trace, f0, pool) -> None:
-    """The stated bound: after a load poll showing R running, the window leaves at most
-    max(queue_min, R / 2) queued at the server once SGLang is warm, at most max(queue_min, 2 R) while it
-    warms up; and while the pool has room and no retraction cooldown holds it, at least queue_min:
-    the client is never the reason SGLang has nothing to admit."""
+    """The stated bound: after a load poll showing R running (and T of the client's requests in transit,
+    neither running nor queued), the window leaves at most max(queue_min, R / 2) queued at the server
+    once SGLang is warm, at most max(queue_min, 2 R) while it warms up; and while the pool has room and
+    no retraction cooldown holds it, at least queue_min: the client is never the reason SGLang has
+    nothing to admit."""
     ctrl = Controller(Capacity(pool, None), initial_tokens_per_request=f0)
     t, retractions, cool_until = 0.0, 0, -1.0
     for event in trace:
@@ -329,18 +331,19 @@ def test_the_servers_queue_stays_bounded_and_fed(trace, f0, pool) -> None:
             ctrl.update_capacity(Capacity(pool, None))
             retractions, cool_until = 0, -1.0
             continue
-        _, running, queued, usage, ratio, retracted = event
+        _, running, queued, usage, ratio, retracted, in_flight = event
+        transit = 0 if in_flight is None else max(0, in_flight - running - queued)
         retractions += retracted
         if retracted >= max(CFG.retraction_burst_min, CFG.retraction_burst_frac * running):
             cool_until = t + CFG.retraction_cooldown_s
         ctrl.observe_load(LoadSnapshot(t, running, queued, token_usage=usage, retractions_total=retractions,
-                                       new_token_ratio=ratio))
+                                       new_token_ratio=ratio), in_flight=in_flight)
         w = ctrl.window(t, 10**9)
         allowed = max(CFG.queue_min, 2 * running if ctrl.warming else running // 2)
-        assert w - running <= min(CFG.queue_max, allowed)
+        assert w - running - transit <= min(CFG.queue_max, allowed)  # what can queue at the server
         pool_has_room = usage < CFG.guard_usage_frac * CFG.target_usage
-        if pool_has_room and t >= cool_until and running + CFG.queue_min <= CFG.max_window:
-            assert w >= running + CFG.queue_min
+        if pool_has_room and t >= cool_until and running + transit + CFG.queue_min <= CFG.max_window:
+            assert w >= running + transit + CFG.queue_min
 
 
 @settings(max_examples=100, deadline=None)

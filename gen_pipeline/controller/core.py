@@ -6,12 +6,13 @@ remaining max_new_tokens of every running request); the client's job is to keep 
 -- never the reason a slot waits -- without queueing the whole job at the server. Three layers:
 
 1. Feed, every poll (controller/feed.py): the window is running + a queue of queue_frac x running
-   (clamped to [queue_min, queue_max]), so SGLang always has candidates at its next admission round
-   and the client refills at every completion. While SGLang's admission warms up after a start or
+   (clamped to [queue_min, queue_max]) + what is in transit (sent, neither running nor queued yet),
+   so SGLang always has candidates at its next admission round and the client refills at every
+   completion. While SGLang's admission warms up after a start or
    restart (new_token_ratio, read from /metrics, still far above its floor; without that gauge,
    until the first completion) the queue allowed is warm_queue_frac x running: its first cautious
-   round is not a full server. The bound on the server's queue: queued <= window - running = that
-   queue.
+   round is not a full server. The bound on the server's queue: queued <= window - running -
+   in transit = that queue.
 2. Model of the pool: C / H requests fit, H being the mean KV a request holds over its life
    (length-weighted, learned from completions; see RequestSizes; before the first wave has
    finished, the prior F, a request at its end). gain * u * C / H + a small slack, capped at
@@ -68,6 +69,7 @@ class Controller:
         self._mix: dict[str, float] = {}  # requests in flight per kind
         self._load: LoadSnapshot | None = None
         self._live_held: float | None = None
+        self._transit = 0  # requests out at the last poll but neither running nor queued at the server
         self._queue = QueueBound(config.queue_frac, config.warm_queue_frac, config.queue_min, config.queue_max)
         self._warm = WarmUp(config.warm_ratio_factor)
         self._ceiling, self._ceiling_until_s = math.inf, -math.inf
@@ -111,9 +113,12 @@ class Controller:
             self._gradient_guard(now_s)
         self._tick(now_s)
 
-    def observe_load(self, snap: LoadSnapshot) -> None:
-        """One poll of the server's load; counters are cumulative (a drop means a restart)."""
+    def observe_load(self, snap: LoadSnapshot, in_flight: int | None = None) -> None:
+        """One poll of the server's load; counters are cumulative (a drop means a restart).
+        `in_flight`: the client's requests out at that moment; those neither running nor queued are in
+        transit (HTTP, the server's tokenizer) and count on top of the queue the window keeps."""
         in_effect = self._last_window or self._target_window()
+        self._transit = 0 if in_flight is None else max(0, in_flight - snap.running - snap.queued)
         prev, self._load = self._load, snap
         used: float | None = snap.used_tokens
         if used is None and snap.token_usage is not None:
@@ -140,7 +145,7 @@ class Controller:
         """New or restarted server(s): new pool, counters start again, the climb starts over."""
         self._capacity = capacity
         self._climber = self._new_climber(capacity)
-        self._load, self._live_held, self._epoch = None, None, None
+        self._load, self._live_held, self._epoch, self._transit = None, None, None, 0
         self._ceiling, self._ceiling_until_s = math.inf, -math.inf
         self._warm.restart()
         self._warmup = self._sizes.count + max(1, round(self._uncapped_window()))
@@ -248,7 +253,7 @@ class Controller:
         if load is None or self.mode == "gradient":
             return model
         queue = self._queue.allowance(load.running, self._warm.warming)
-        feed = load.running + queue
+        feed = load.running + self._transit + queue
         if self._pool_filling(load):  # the model caps; a queue SGLang is not admitting stays fed
             floor = load.running + min(load.queued, self._cfg.queue_min) if load.queued > 0 else 0
             return min(feed, max(model, floor))
