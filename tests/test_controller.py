@@ -39,7 +39,9 @@ def drive(ctrl: Controller, goodput_of_window, seconds: int, t0_s: float = 1000.
           seed: int = 0) -> list[int]:
     """One load poll per second; gen_tokens_total grows at goodput_of_window(window). Returns windows.
 
-    Running requests hold 1800 tokens each (a little under the 2000 learned from completions).
+    Running requests hold 1800 tokens each (a little under the 2000 learned from completions). The
+    server admits all it is sent and retracts one request every 25 s: the pool model (and so the climb
+    on its gain) caps the window only while SGLang's optimism shows (a retraction within the cooldown).
     """
     rng = random.Random(seed)
     gen, windows = 0, []
@@ -48,9 +50,9 @@ def drive(ctrl: Controller, goodput_of_window, seconds: int, t0_s: float = 1000.
         w = ctrl.window(t, remaining=10**9)
         windows.append(w)
         gen += int(goodput_of_window(w) * (1 + rng.uniform(-noise, noise)))
-        ctrl.observe_load(snap(t, running=w - 2, queued=0, usage=(w - 2) * 1800 / POOL, gen=gen))
-        if i % 5 == 0:  # completions keep the latency estimate (100 s) and the sizes steady
-            ctrl.observe_completion(t, 1000, 2000, latency_s=100.0)
+        ctrl.observe_load(snap(t, running=w - 2, queued=0, usage=(w - 2) * 1800 / POOL, gen=gen,
+                               retractions=_baseline(i)))
+        ctrl.observe_completion(t, 1000, 2000, latency_s=100.0)  # keeps the latency (100 s) and sizes steady
     return windows
 
 
@@ -119,13 +121,7 @@ def test_grows_by_half_a_poll_while_the_server_admits_everything() -> None:
         (40, 30, 0.5, 60),  # more queued than that: no new sends until the queue is back to 20
         (6, 0, 0.1, 10),  # queue_min
         (2000, 900, 0.5, 2000 + 512),  # queue_max
-        # The pool fills (usage >= 0.8 x 0.92): the model's window (180 at 2000 tokens held) caps it ...
-        (160, 0, 0.8, 180),
-        (178, 0, 0.8, 180),
-        # ... and a server that runs more than the model holds gets no more while it admits all ...
-        (200, 0, 0.8, 180),
-        # ... but keeps queue_min queued while it is SGLang that leaves requests waiting.
-        (200, 10, 0.8, 204),
+        (160, 0, 0.8, 240),  # a full pool alone: SGLang's admission decides
     ],
 )
 def test_window_is_running_plus_a_bounded_queue(running: int, queued: int, usage: float, expected: int) -> None:
@@ -133,6 +129,26 @@ def test_window_is_running_plus_a_bounded_queue(running: int, queued: int, usage
     warm_up(ctrl, 200, 1000, 2000)
     ctrl.observe_load(snap(1.0, running=running, queued=queued, usage=usage))
     assert ctrl.window(1.0, 10**6) == expected
+    assert ctrl.queue_bound() == min(512, max(4, running // 2))
+
+
+@pytest.mark.parametrize(
+    ("running", "queued", "expected"),
+    [
+        (160, 0, 180),  # the model's window (180 at 2000 tokens held) caps the feed (240) ...
+        (178, 0, 180),
+        (200, 0, 180),  # ... a server running more than the model holds gets none while it admits all ...
+        (200, 10, 204),  # ... but queue_min stays queued while it is SGLang that leaves requests waiting
+    ],
+)
+def test_after_a_retraction_a_filling_pool_is_capped_by_the_model(running: int, queued: int, expected: int) -> None:
+    ctrl = Controller(Capacity(POOL, None), initial_tokens_per_request=2000)
+    warm_up(ctrl, 200, 1000, 2000)
+    ctrl.observe_load(snap(1.0, running=running, queued=queued, usage=0.8, retractions=5))
+    ctrl.observe_load(snap(2.0, running=running, queued=queued, usage=0.8, retractions=6))  # one: not a burst
+    assert ctrl.window(2.0, 10**6) == expected
+    ctrl.observe_load(snap(33.0, running=running, queued=queued, usage=0.8, retractions=6))  # 31 s later
+    assert ctrl.window(33.0, 10**6) == running + running // 2
     assert ctrl.queue_bound() == min(512, max(4, running // 2))
 
 
@@ -191,7 +207,7 @@ def test_never_grows_right_after_a_retraction_burst() -> None:
         warm_up(ctrl, 5, 100, 100, now_s=float(t))
         assert ctrl.window(float(t), 10**6) <= before
     ctrl.observe_load(snap(33.0, running=after, usage=0.1, retractions=20))
-    assert ctrl.window(33.0, 10**6) > before  # cooldown over: the feed grows again
+    assert ctrl.window(33.0, 10**6) == after + after // 2  # cooldown over: the feed grows again
 
 
 def test_a_few_retractions_are_tolerated() -> None:
@@ -207,9 +223,20 @@ def test_a_few_retractions_are_tolerated() -> None:
 # --- hill climb on goodput ----------------------------------------------------------------------
 
 def _climbing_controller() -> tuple[Controller, int]:
+    """A controller whose pool model caps the window: the pool is full and SGLang has just retracted
+    one request (the loops below keep one retraction every 25 s, below the burst threshold)."""
     ctrl = Controller(Capacity(POOL, None), initial_tokens_per_request=2000)
     warm_up(ctrl, 200, 1000, 2000)
-    return ctrl, ctrl.window(999.0, 10**6)
+    w0 = ctrl.window(997.0, 10**6)
+    for t, retracted in ((998.0, 1), (999.0, 2)):
+        ctrl.observe_load(snap(t, running=w0 - 2, usage=(w0 - 2) * 1800 / POOL, retractions=retracted))
+    assert ctrl.window(999.0, 10**6) == w0
+    return ctrl, w0
+
+
+def _baseline(i: int) -> int:
+    """The climbing tests' server: one retraction every 25 s (counted from the primed 2)."""
+    return 2 + i // 25
 
 
 def test_climbs_while_goodput_rises_then_steps_back_when_it_falls() -> None:
@@ -243,17 +270,17 @@ def test_stays_put_on_a_flat_noisy_trace() -> None:
 
 def test_a_probe_up_that_retracts_too_much_is_rejected() -> None:
     ctrl, w0 = _climbing_controller()
-    gen, retractions = 0, 0
+    gen, extra = 0, 0
     for i in range(300):
         t = 1000.0 + i
         w = ctrl.window(t, 10**6)
         gen += 10 * w  # goodput rises with the window (the counter does not see recompute) ...
-        retractions += 1 if w > w0 else 0  # ... but every second retracts one request
-        ctrl.observe_load(snap(t, running=w, usage=w * 1800 / POOL, retractions=retractions, gen=gen))
+        extra += 1 if w > w0 else 0  # ... but every second above it retracts one request more
+        ctrl.observe_load(snap(t, running=w, usage=w * 1800 / POOL, retractions=_baseline(i) + extra, gen=gen))
         if i % 5 == 0:
             ctrl.observe_completion(t, 1000, 2000, latency_s=100.0)
     assert ctrl.window(1300.0, 10**6) == w0
-    assert retractions == 100  # two probes up (steps 0.1 and 0.025), one epoch each, both rejected
+    assert extra == 100  # two probes up (steps 0.1 and 0.025), one epoch each, both rejected
 
 
 def test_the_climb_pauses_while_the_job_drains() -> None:
@@ -419,7 +446,8 @@ def test_goodput_is_the_live_decode_rate_when_the_server_reports_it() -> None:
         t = 1000.0 + i
         w = ctrl.window(t, 10**6)
         ctrl.observe_load(LoadSnapshot(t, running=w, queued=0, used_tokens=w * 1800, token_usage=w * 1800 / POOL,
-                                       retractions_total=0, gen_tokens_total=None, gen_throughput=10.0 * w))
+                                       retractions_total=_baseline(i), gen_tokens_total=None,
+                                       gen_throughput=10.0 * w))
     stats = ctrl.statistics()
     assert stats.goodput_tok_s == 10.0 * w0
     assert stats.reason == f"{10 * w0} tok/s: measured reference, probe up"

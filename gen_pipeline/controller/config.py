@@ -33,9 +33,10 @@ class ControllerConfig:
     queue_min: int = 4
     queue_max: int = 512
     warm_ratio_factor: float = 1.5
-    # The model of the pool caps that window once the pool fills (token_usage at or above this
-    # share of target_usage): past it, only SGLang's estimate (new_token_ratio) stands between
-    # more requests and a retraction.
+    # The model of the pool caps that window while the pool fills (token_usage at or above this
+    # share of target_usage) within retraction_cooldown_s of a retraction: SGLang's estimate
+    # (new_token_ratio) has just proved optimistic. Without a retraction SGLang's admission decides
+    # (a cap there cost ~0.3 % of throughput against flooding on the seed's B2, bench controller_regimes).
     guard_usage_frac: float = 0.8
     min_window: int = 1
     max_window: int = 4096

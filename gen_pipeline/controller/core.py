@@ -16,9 +16,9 @@ remaining max_new_tokens of every running request); the client's job is to keep 
 2. Model of the pool: C / H requests fit, H being the mean KV a request holds over its life
    (length-weighted, learned from completions; see RequestSizes; before the first wave has
    finished, the prior F, a request at its end). gain * u * C / H + a small slack, capped at
-   max_running_requests, is the window before any load is seen, and the cap on the feed once the
-   pool fills (token_usage >= guard_usage_frac x target_usage; never below running + queue_min
-   while SGLang leaves that many queued):
+   max_running_requests, is the window before any load is seen, and the cap on the feed while the
+   pool fills (token_usage >= guard_usage_frac x target_usage) within retraction_cooldown_s of a
+   retraction (never below running + queue_min while SGLang leaves that many queued):
    past it only SGLang's optimistic estimate stands between more requests and a retraction. The
    live KV per running request (used_tokens / running) is a floor on H.
 3. Hill climb of `gain` on measured goodput (the server's live decode rate, see Epoch, over
@@ -70,6 +70,7 @@ class Controller:
         self._load: LoadSnapshot | None = None
         self._live_held: float | None = None
         self._transit = 0  # requests out at the last poll but neither running nor queued at the server
+        self._retracted_at_s = -math.inf
         self._queue = QueueBound(config.queue_frac, config.warm_queue_frac, config.queue_min, config.queue_max)
         self._warm = WarmUp(config.warm_ratio_factor)
         self._ceiling, self._ceiling_until_s = math.inf, -math.inf
@@ -130,6 +131,8 @@ class Controller:
         retracted = 0
         if prev is not None and prev.retractions_total is not None and snap.retractions_total is not None:
             retracted = max(0, snap.retractions_total - prev.retractions_total)
+        if retracted:
+            self._retracted_at_s = snap.t_s
         if self._epoch is not None:
             self._epoch.add_load(snap, retracted)
         was_warming = self._warm.warming
@@ -146,6 +149,7 @@ class Controller:
         self._capacity = capacity
         self._climber = self._new_climber(capacity)
         self._load, self._live_held, self._epoch, self._transit = None, None, None, 0
+        self._retracted_at_s = -math.inf
         self._ceiling, self._ceiling_until_s = math.inf, -math.inf
         self._warm.restart()
         self._warmup = self._sizes.count + max(1, round(self._uncapped_window()))
@@ -272,6 +276,9 @@ class Controller:
         return self._queue.allowance(load.running, self._warm.warming)
 
     def _pool_filling(self, snap: LoadSnapshot) -> bool:
+        """The pool fills and SGLang's optimism has just shown: a retraction within the cooldown."""
+        if snap.t_s - self._retracted_at_s > self._cfg.retraction_cooldown_s:
+            return False
         usage = self._usage(snap)
         return usage is not None and usage >= self._cfg.guard_usage_frac * self._cfg.target_usage
 
