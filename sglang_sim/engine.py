@@ -8,7 +8,8 @@ What it mirrors, checked against SGLang 0.5.17's wheel (python/sglang/srt/; file
   wins whenever something can be admitted (managers/scheduler.py:3017-3043
   get_next_batch_to_run). No prefill round is tried while `batch_is_full` is set
   or nothing waits, unless a chunked prefill is in flight (scheduler.py:3111-3114).
-- Admission is FCFS (`--schedule-policy fcfs` keeps queue order) through PrefillAdder
+- Admission is FCFS (the default `--schedule-policy fcfs`, server_args.py:819-834, leaves the queue
+  in arrival order: schedule_policy.py:203-208; retracted requests are appended) through PrefillAdder
   (managers/schedule_policy.py:444-1255):
   * rem_total_tokens = free + evictable - offset (schedule_policy.py:568-590), where the
     offset starts as sum over running of min(max_new - generated, CLIP) * new_token_ratio
