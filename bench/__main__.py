@@ -1,7 +1,7 @@
 """`make bench` = `python -m bench [NAME ...]`: runs the benchmarks in turn; each writes its own
-section of bench/results.json and bench/RESULTS.md. Names: calibration, controller, controller_regimes, overhead,
-resume_speed, sim_capacity, export, ranks, fleet, job, faults, sim_vs_real, gpu_h200 (default: all but
-faults, the long soak `make chaos` runs)."""
+section of bench/results.json and bench/RESULTS.md. Names: calibration, controller, controller_regimes,
+overhead, http_client, resume_speed, sim_capacity, export, ranks, fleet, job, faults, sim_vs_real, gpu_h200
+(default: all but faults, the long soak `make chaos` runs)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ BENCHES = {
     "controller": "bench.controller_bench",
     "controller_regimes": "bench.controller_regimes",
     "overhead": "bench.overhead",
+    "http_client": "bench.http_client",
     "resume_speed": "bench.resume_speed",
     "sim_capacity": "bench.sim_capacity",
     "faults": "bench.faults_soak",

@@ -30,7 +30,7 @@ import httpx
 from bench.report import md_table, write_section
 from gen_pipeline.config.dataset import find_dataset_config
 from gen_pipeline.errors import DiskError
-from gen_pipeline.run.pipeline import RunOptions, run_generate
+from gen_pipeline.run import RunOptions, run_generate
 from sglang_sim.testing import start_sim
 
 from pipeline_helpers import (
@@ -152,14 +152,14 @@ def soak_disk(tally: Tally, url: str, work: Path, n: int) -> None:
             toml = write_dataset(work / f"disk{code}-{i}/ds", target=TARGET, max_new_tokens=64, shard_max_samples=7,
                                  fsync_every=3)
             cfg, out = find_dataset_config(str(toml)), work / f"disk{code}-{i}/out"
-            opts = RunOptions(output_root=out, server_urls=(url,), progress="quiet", window=4,
+            opts = RunOptions(output_root=out, server_urls=(url,), window=4,
                               file_opener=opener(4_000 + 6_000 * i, code))
             hit = 0
             try:
                 anyio.run(run_generate, cfg, opts)
             except DiskError:
                 hit = 1
-            resume = RunOptions(output_root=out, server_urls=(url,), progress="quiet")
+            resume = RunOptions(output_root=out, server_urls=(url,))
             anyio.run(run_generate, cfg, resume)
             tally.add(f"disk {errno.errorcode[code]}", out, faults_hit=hit)
 

@@ -1,4 +1,5 @@
-"""Plain records passed between the stages: Prompt in, Sample / Failure / Reject out."""
+"""Plain records passed between the stages: Prompt in, Sample / Failure / Reject out; the server's
+Capacity and LoadSnapshot; a run's RunSnapshot (what progress, the manifest and telemetry show)."""
 
 from __future__ import annotations
 
@@ -118,3 +119,51 @@ class LoadSnapshot:
     # SGLang's admission estimate (/metrics sglang:new_token_ratio: the last prefill round's); the
     # highest over servers
     new_token_ratio: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunSnapshot:
+    """One moment of a run (one dataset, or a job's datasets summed), made by the run on every load
+    poll and progress tick. Everything shown of a run derives from it: the progress display
+    (run/progress.py), the manifest's progress record (store/manifest.py `progress_record`), a
+    telemetry row (store/telemetry.py `build_row`) and `RunOptions.load_observers`.
+
+    Server figures are None when the last poll failed or the server does not expose them."""
+
+    done: int  # samples in the store (committed or about to be)
+    target: int
+    samples_per_s: float  # over the last minute of completions
+    tokens_per_s: float  # completion tokens/s, over the same minute
+    in_flight: int
+    window: int  # requests allowed in flight
+    label: str = ""  # what it is about: the dataset, or "job B2 (2/4)"
+    time_s: float = 0.0  # wall clock, time.time()
+    elapsed_s: float = 0.0  # since this run (a job's dataset: since it started dispatching)
+    completions: int = 0  # samples produced by this run so far
+    failures: int = 0
+    running: int | None = None  # the server's figures, summed over servers and DP ranks
+    queued: int | None = None
+    kv_used_tokens: int | None = None
+    kv_usage: float | None = None  # 0..1 of kv_capacity_tokens
+    kv_capacity_tokens: int | None = None
+    max_running_requests: int | None = None
+    gen_tokens_per_s: float | None = None  # the server's own generation throughput
+    retractions_total: int | None = None  # the server's cumulative counter (a restart resets it)
+    retractions_run: int | None = None  # retractions during this run (restarts counted through)
+    controller_mode: str | None = None  # the deciding controller's statistics(); None under a fixed window
+    controller_reason: str | None = None
+    fixed_window: bool = False  # the window is --window / generation.window, not the controller's
+    tokens_per_request: float | None = None  # the controller's estimates (kept under a fixed window too)
+    held_tokens_per_request: float | None = None
+    kv_dtype: str | None = None  # the server's, as /server_info says
+    mem_fraction_static: float | None = None
+    restarts: int = 0
+    peak_running: int | None = None  # the highest figures of the run's load polls
+    peak_queued: int | None = None
+    peak_kv_usage: float | None = None
+    final: bool = False  # the run has ended: nothing in flight, the last poll's load is stale
+
+    @property
+    def eta_s(self) -> float | None:
+        left = self.target - self.done
+        return left / self.samples_per_s if self.samples_per_s > 0 and left > 0 else None

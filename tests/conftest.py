@@ -10,7 +10,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="gen-pipeline-hf-"))
 # The suite may run inside an srun task or a torchrun job: the CLI subprocesses must not become ranks.
-for _var in ("SLURM_PROCID", "SLURM_NTASKS", "RANK", "WORLD_SIZE"):
+from pipeline_helpers import LAUNCHER_VARS  # after the environment above
+
+for _var in LAUNCHER_VARS:
     os.environ.pop(_var, None)
 
 import logging

@@ -15,6 +15,11 @@ from pathlib import Path
 import orjson
 
 REPO = Path(__file__).resolve().parent.parent
+# what gen_pipeline reads from a launcher (the rank: store/ranks.py; the lock's SLURM job: store/manifest.py),
+# unset for the suite, which may itself run in a SLURM job or under torchrun
+LAUNCHER_VARS = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT",
+                 "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_MAX", "SLURM_JOB_ID", "SLURM_RESTART_COUNT", "RANK",
+                 "WORLD_SIZE")
 SAMPLE_KEYS = {"id", "dataset", "conversations", "meta"}
 META_KEYS = {"model", "backend", "finish_reason", "prompt_tokens", "completion_tokens", "turns", "sampling",
              "kv_cache_dtype", "generated_at"}

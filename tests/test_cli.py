@@ -56,33 +56,37 @@ def test_a_near_miss_dataset_name_gets_a_suggestion(capsys: pytest.CaptureFixtur
         "Configs in datasets_cfg: B1, B2, B6, B7, demo. Did you mean B2?\n")
 
 
-def test_status_and_validate_follow_the_name_inside_the_toml(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_toml_whose_name_is_not_its_file_name_is_refused_by_every_command(
+        tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One name per dataset (issue 23): `name` picked the folder for generate and validate but not for
+    export; now it must equal the file's name, so every command finds the same folder."""
     cfg_dir = tmp_path / "cfg"
     cfg_dir.mkdir()
     (cfg_dir / "mine.toml").write_text('name = "other"\ntarget_samples = 5\n[source]\nfiles = ["x.jsonl"]\n'
                                        'schema = "prompt"\nfield = "q"\n')
     (cfg_dir / "broken.toml").write_text("target_samples = \n")
     out = tmp_path / "out"
-    from gen_pipeline.records import Sample
-    from gen_pipeline.store.dataset_store import DatasetStore
-    with DatasetStore(out, "other", fingerprint={"model": "m"}, target=5) as store:  # validate needs a sample
-        store.open()
-        store.write_samples([Sample("other-1", "other", [{"role": "user", "content": "q"},
-                                                         {"role": "assistant", "content": "a"}], {})])
+    refused = (f"{cfg_dir}/mine.toml: name = 'other' differs from the file's name (mine.toml). The name picks the "
+               "output folder (outputs/other/) and the ids (other-...), and every command finds a dataset by its file "
+               "name, so the two must agree: rename the file to other.toml, or set name = 'mine' (or remove name: it "
+               "defaults to the file's name).")
+    for argv in (["generate", "--dataset", "mine", "--server", "sim"], ["validate", "--dataset", "mine"],
+                 ["check", "--dataset", "mine", "--server", "sim"], ["status", "--dataset", "mine"],
+                 ["export", "--dataset", str(cfg_dir / "mine.toml"), "--format", "specforge", "--out",
+                  str(tmp_path / "x.jsonl")]):
+        assert main([*argv, "--config-dir", str(cfg_dir), "--output-dir", str(out)]) == 2, argv
+        assert capsys.readouterr().err == f"error: {refused}\n", argv
     assert main(["status", "--json", "--config-dir", str(cfg_dir), "--output-dir", str(out)]) == 0
     captured = capsys.readouterr()
     import orjson
     report = orjson.loads(captured.out)["datasets"]
-    assert report["other"]["target"] == 5 and "mine" not in report
-    assert report["broken"]["target"] is None
+    assert report["mine"]["target"] is None and report["broken"]["target"] is None
     assert captured.err.startswith(f"warning: {cfg_dir}/broken.toml: not valid TOML")
-    assert main(["status", "--json", "--dataset", str(cfg_dir / "mine.toml"), "--output-dir", str(out)]) == 0
-    assert list(orjson.loads(capsys.readouterr().out)["datasets"]) == ["other"]
-    assert main(["validate", "--dataset", "mine", "--config-dir", str(cfg_dir), "--output-dir", str(out)]) == 0
+    assert f"warning: {refused}\n" in captured.err
 
 
 def test_server_url_may_end_in_v1() -> None:
-    from gen_pipeline.cli import _server_url
+    from gen_pipeline.config.server import normalise_server_url
 
-    assert _server_url(" http://gpu:30000/v1/ ") == "http://gpu:30000"
-    assert _server_url("http://router:8000") == "http://router:8000"
+    assert normalise_server_url(" http://gpu:30000/v1/ ") == "http://gpu:30000"
+    assert normalise_server_url("http://router:8000") == "http://router:8000"

@@ -1,6 +1,6 @@
-"""The client's JSON contract, with recorded answers written as for httpx.MockTransport (served to
-the aiohttp session by tests/mock_http.py): request fields, regeneration order, retries (503, 429,
-timeouts, bad bodies) and final 4xx failures with the server's message."""
+"""The client's JSON contract, with recorded answers (httpx.MockTransport in-process, tests/mock_http.py):
+request fields, regeneration order, retries (503, 429, timeouts, bad bodies) and final 4xx failures
+with the server's message."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
 from gen_pipeline.records import Failure, Prompt, Sample
 from gen_pipeline.run.chat import ChatClient, ClientSettings, build_request, parse_response, split_think
 
-from mock_http import MockServer
+from mock_http import mock_http
 
 GEN = GenerationConfig(max_attempts=3, retry_initial_wait_s=0.001, retry_max_wait_s=0.002)
 
@@ -31,15 +31,27 @@ def completion(content: str, *, reasoning: str | None = None, finish: str = "sto
     return body
 
 
+class Mock:
+    """One in-process server whose handler each test sets (through client_with)."""
+
+    def __init__(self) -> None:
+        self.handler = None
+        self.http = None
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        assert self.handler is not None, "client_with sets the handler"
+        return self.handler(request)
+
+
 @pytest.fixture
 async def mock():
-    server = MockServer()
-    async with server.session() as http:
+    server = Mock()
+    async with mock_http(server) as http:
         server.http = http
         yield server
 
 
-def client_with(mock: MockServer, handler, **gen) -> tuple[ChatClient, list[dict]]:
+def client_with(mock: Mock, handler, **gen) -> tuple[ChatClient, list[dict]]:
     seen: list[dict] = []
 
     def wrapped(request: httpx.Request) -> httpx.Response:
@@ -127,6 +139,24 @@ async def test_timeouts_and_connection_errors_are_retried(mock) -> None:
     client, seen = client_with(mock, handler)
     assert isinstance(await client.regenerate(Prompt("T-6", ({"role": "user", "content": "q"},)), "T"), Sample)
     assert len(seen) == 3
+
+
+@pytest.mark.parametrize(("exc", "reason", "detail"), [
+    (httpx.ConnectError, "connect", "cannot connect to s:80: All connection attempts failed"),
+    (httpx.ConnectTimeout, "connect", "cannot connect to s:80: no connection within 10 s (the host is down, or "
+                                      "something on the way drops the packets)"),
+    (httpx.ReadTimeout, "timeout", "no answer within the request timeout (3600 s)"),
+    (httpx.RemoteProtocolError, "connection", "the connection to s:80 was lost (RemoteProtocolError: "
+                                              "All connection attempts failed)"),
+])
+async def test_each_transport_failure_is_a_failure_of_its_kind(mock, exc, reason, detail) -> None:
+    def handler(request: httpx.Request, n: int) -> httpx.Response:
+        raise exc("All connection attempts failed", request=request)
+    client, seen = client_with(mock, handler, max_attempts=2)
+    failure = await client.regenerate(Prompt("T-7", ({"role": "user", "content": "q"},)), "T")
+    assert isinstance(failure, Failure) and len(seen) == 2
+    assert (failure.reason, failure.detail, failure.attempts, failure.retryable) == (
+        reason, f"gave up after 2 attempts: {detail}", 2, True)
 
 
 async def test_truncated_turn_ends_the_conversation_or_is_dropped(mock) -> None:

@@ -1,13 +1,23 @@
 """The client over real TCP against the simulator: a good answer, a final 4xx, and every transport
-failure mapped onto the two kinds it retries (connection, timeout), with the attempts recorded."""
+failure mapped onto the kinds it retries (connect, timeout, connection), with the attempts recorded;
+in a fleet, a server that cannot be connected to (refused or black-holed) is taken out, a server that
+accepted and is slow to answer is not."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import time
+from collections.abc import Iterator
+
+import orjson
 import pytest
 
 from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
 from gen_pipeline.errors import RequestError
-from gen_pipeline.run.chat import ChatClient, ClientSettings, open_http_session
+from gen_pipeline.http import open_http
+from gen_pipeline.run.chat import ChatClient, ClientSettings
+from gen_pipeline.server.fleet import Fleet
 from sglang_sim.testing import free_port, start_sim
 
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -18,11 +28,12 @@ def generation(**kw) -> GenerationConfig:
                                "retry_initial_wait_s": 0.001, "retry_max_wait_s": 0.002, **kw})
 
 
-async def complete(url: str, **gen) -> object:
+async def complete(urls: str | list[str], fleet: Fleet | None = None, **gen) -> object:
     g = generation(**gen)
     settings = ClientSettings(model="m", backend="sim", sampling=SamplingConfig(max_new_tokens=8), generation=g)
-    async with open_http_session(g, 8) as http:
-        return await ChatClient(http, [url], settings).complete(MESSAGES)
+    urls = [urls] if isinstance(urls, str) else urls
+    async with open_http(g, 8) as http:
+        return await ChatClient(http, urls, settings, fleet=fleet).complete(MESSAGES)
 
 
 @pytest.fixture(scope="module")
@@ -31,16 +42,44 @@ def sim():
         yield s
 
 
+@pytest.fixture
+def black_hole() -> Iterator[str]:
+    """A server whose TCP handshake never completes (what a dead host or a dropping firewall looks like):
+    its listener's accept queue (backlog 0: one connection) is full and never drained, so Linux drops
+    every further SYN."""
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(socket.socket())
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)
+        port = server.getsockname()[1]
+        for _ in range(2):  # the first fills the queue, the second waits in SYN_SENT as ours will
+            filler = stack.enter_context(socket.socket())
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(("127.0.0.1", port))
+        yield f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def silent() -> Iterator[str]:
+    """A server that accepted (the kernel completes the handshake and takes the request) and never answers."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+
+
 async def test_answer_comes_back_parsed(sim) -> None:
     turn = await complete(sim.url)
     assert turn.completion_tokens > 0 and turn.finish_reason in ("stop", "length")
 
 
-async def test_nothing_listening_is_a_connection_failure() -> None:
+async def test_nothing_listening_is_a_connect_failure() -> None:
+    port = free_port()
     with pytest.raises(RequestError) as e:
-        await complete(f"http://127.0.0.1:{free_port()}", max_attempts=3)
-    assert (e.value.reason, e.value.attempts) == ("connection", 3)
-    assert str(e.value).startswith("gave up after 3 attempts: ClientConnectorError: Cannot connect to host")
+        await complete(f"http://127.0.0.1:{port}", max_attempts=3)
+    assert (e.value.reason, e.value.attempts, str(e.value)) == (
+        "connect", 3, f"gave up after 3 attempts: cannot connect to 127.0.0.1:{port}: Connection refused")
 
 
 async def test_stall_is_a_timeout() -> None:
@@ -49,13 +88,52 @@ async def test_stall_is_a_timeout() -> None:
         with pytest.raises(RequestError) as e:
             await complete(s.url, request_timeout_s=0.5)
     assert (e.value.reason, e.value.attempts, str(e.value)) == (
-        "timeout", 1, "gave up after 1 attempt: no answer within the request timeout")
+        "timeout", 1, "gave up after 1 attempt: no answer within the request timeout (0.5 s)")
 
 
-async def test_cut_mid_body_is_a_connection_failure() -> None:
+async def test_cut_mid_body_is_a_lost_connection() -> None:
     with start_sim(["--sim-profile", "fast", "--time-scale", "1000", "--sim-startup-s", "0",
                     "--sim-cut-rate", "1"]) as s:
         with pytest.raises(RequestError) as e:
             await complete(s.url)
     assert e.value.reason == "connection" and e.value.attempts == 1
-    assert str(e.value).startswith("gave up after 1 attempt: ClientPayloadError: ")
+    assert str(e.value).startswith(f"gave up after 1 attempt: the connection to {s.url[7:]} was lost "
+                                   "(RemoteProtocolError: peer closed connection without sending complete message "
+                                   "body (received ")  # then the byte counts of this answer
+
+
+async def test_a_black_holed_server_is_taken_out_of_the_fleet(sim, black_hole, events) -> None:
+    """Listed first, the black hole gets the first attempts (fewest in flight, list order); two connect
+    timeouts in a row take it out and the third attempt goes to the simulator."""
+    fleet = Fleet([black_hole, sim.url], fail_after=2)
+    started = time.monotonic()
+    turn = await complete([black_hole, sim.url], fleet, max_attempts=3, connect_timeout_s=0.3)
+    assert turn.completion_tokens > 0
+    assert (fleet.up_urls, fleet.down_urls, fleet.taken_out) == ([sim.url], [black_hole], 1)
+    assert events == [f"took {black_hole} out after 2 connection errors in a row; 1 of 2 servers left, "
+                      "probing it back with backoff"]
+    assert time.monotonic() - started < 10  # two connect timeouts of 0.3 s, not the 10 s read timeout
+
+
+async def test_a_server_that_accepted_and_does_not_answer_stays_in_the_fleet(sim, silent, events) -> None:
+    """A read timeout says the server is there and busy: it is retried, never taken out."""
+    fleet = Fleet([silent, sim.url], fail_after=2)
+    with pytest.raises(RequestError) as e:
+        await complete([silent, sim.url], fleet, max_attempts=3, request_timeout_s=0.3)
+    assert (e.value.reason, e.value.attempts) == ("timeout", 3)
+    assert (fleet.up_urls, fleet.taken_out, events) == ([silent, sim.url], 0, [])
+
+
+async def test_stream_lines_reads_the_simulators_server_sent_events(sim) -> None:
+    """The streaming POST over real TCP: SGLang's SSE framing (data: {chunk}, a blank line, data: [DONE])."""
+    body = {"model": "m", "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True},
+            "messages": MESSAGES}
+    async with open_http(generation(), 8) as http:
+        async with http.stream_lines(sim.url + "/v1/chat/completions", body) as lines:
+            got = [line async for line in lines]
+    events = [line.removeprefix("data: ") for line in got if line]
+    assert all(line.startswith("data: ") for line in got if line) and set(got[1::2]) == {""}
+    assert events[-1] == "[DONE]"
+    chunks = [orjson.loads(e) for e in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text and chunks[-1]["usage"]["completion_tokens"] > 0

@@ -80,18 +80,19 @@ def test_fingerprint_changes_with_sampling() -> None:
 
 
 def test_generation_window_is_the_default_for_the_window_flag(tmp_path: Path) -> None:
-    from gen_pipeline.cli import build_parser, run_options
+    from gen_pipeline.cli import build_parser
+    from gen_pipeline.cli.commands import options_from_args
     shutil.copy(DEFAULT_CONFIG_DIR / "server.toml", tmp_path / "server.toml")
     toml = write(tmp_path, BASE + "[generation]\nwindow = 7\n")
     cfg = load_dataset_config(toml)
     args = build_parser().parse_args(["generate", "--dataset", str(toml), "--server", "sim",
                                       "--config-dir", str(tmp_path)])
-    assert run_options(args, cfg).window == 7
+    assert options_from_args(args, [cfg]).window == 7
     args = build_parser().parse_args(["generate", "--dataset", str(toml), "--window", "3",
                                       "--config-dir", str(tmp_path)])
-    assert run_options(args, cfg).window == 3  # the flag wins
+    assert options_from_args(args, [cfg]).window == 3  # the flag wins
     adaptive = load_dataset_config(write(tmp_path, BASE))
-    assert run_options(args.__class__(**{**vars(args), "window": None}), adaptive).window is None
+    assert options_from_args(args.__class__(**{**vars(args), "window": None}), [adaptive]).window is None
     with pytest.raises(ConfigError) as e:
         load_dataset_config(write(tmp_path, BASE + "[generation]\nwindow = -1\n"))
     assert str(e.value).endswith("X.toml: generation.window = -1 must be 0 (the adaptive controller) or a fixed "
@@ -99,7 +100,8 @@ def test_generation_window_is_the_default_for_the_window_flag(tmp_path: Path) ->
 
 
 def test_controller_table_is_read_into_the_run(tmp_path: Path) -> None:
-    from gen_pipeline.cli import build_parser, run_options
+    from gen_pipeline.cli import build_parser
+    from gen_pipeline.cli.commands import options_from_args
     from gen_pipeline.config.server import load_controller_config
     from gen_pipeline.controller import ControllerConfig
     server = tmp_path / "server.toml"
@@ -109,8 +111,8 @@ def test_controller_table_is_read_into_the_run(tmp_path: Path) -> None:
     toml = write(tmp_path, BASE)
     args = build_parser().parse_args(["generate", "--dataset", str(toml), "--server", "sim",
                                       "--config-dir", str(tmp_path)])
-    assert run_options(args, load_dataset_config(toml)).controller == ControllerConfig(target_usage=0.8,
-                                                                                       max_window=256)
+    assert options_from_args(args, [load_dataset_config(toml)]).controller == ControllerConfig(target_usage=0.8,
+                                                                                               max_window=256)
     assert load_controller_config(DEFAULT_CONFIG_DIR / "server.toml") == ControllerConfig()
     assert load_controller_config(tmp_path / "absent.toml") == ControllerConfig()
 

@@ -1,4 +1,4 @@
-"""The controller through the real path (issue 6): pipeline -> aiohttp -> simulator over TCP ->
+"""The controller through the real path (issue 6): pipeline -> httpx -> simulator over TCP ->
 /v1/loads + /metrics poller -> Controller -> CapacityLimiter, for two length profiles.
 
 Each run gets a fresh simulator (the prefix cache would otherwise favour later runs) and the same
@@ -26,8 +26,8 @@ import pytest
 
 from gen_pipeline.config.dataset import load_dataset_config
 from gen_pipeline.controller.config import ControllerConfig
-from gen_pipeline.run.pipeline import RunOptions, run_generate
-from gen_pipeline.run.progress import Figures
+from gen_pipeline.records import RunSnapshot
+from gen_pipeline.run import RunOptions, run_generate
 from sglang_sim.testing import start_sim
 
 from pipeline_helpers import write_dataset
@@ -68,9 +68,9 @@ class RunFigures:
     tok_s: float  # generated tokens per simulated second, first request -> last completion
     sim_s: float
     retracted: int  # requests retracted by the sim's scheduler
-    figures: list[Figures]
+    figures: list[RunSnapshot]
 
-    def middle(self, samples: int) -> list[Figures]:
+    def middle(self, samples: int) -> list[RunSnapshot]:
         """Figures of the steady middle: 25%..75% done (no first wave, no end-of-job clamp)."""
         middle = [f for f in self.figures if 0.25 * samples <= f.done <= 0.75 * samples]
         assert len(middle) >= 3, f"{len(middle)} figures (every 0.5 s) in the middle: lengthen the run"
@@ -119,10 +119,10 @@ async def measure(profile: LengthProfile, window: int | None, folder: Path) -> R
     cfg = load_dataset_config(write_dataset(folder / "ds", rows=_rows(profile), target=profile.samples,
                                             max_new_tokens=profile.max_new_tokens, shard_max_samples=10_000,
                                             fsync_every=1_000))
-    figures: list[Figures] = []
+    figures: list[RunSnapshot] = []
     with start_sim(_sim_args(profile), log_path=folder / "sim.log") as sim:
-        opts = RunOptions(output_root=folder / "out", server_urls=(sim.url,), window=window, progress="quiet",
-                          poll_interval_s=0.5, on_figures=figures.append)
+        opts = RunOptions(output_root=folder / "out", server_urls=(sim.url,), window=window,
+                          poll_interval_s=0.5, on_progress=figures.append)
         async with httpx.AsyncClient(timeout=10.0) as http:
             base, polls = await _stats(http, sim.url), []
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 
 from gen_pipeline.config.dataset import load_dataset_config
-from gen_pipeline.run.pipeline import RunOptions, run_generate
+from gen_pipeline.run import RunOptions, run_generate
 from sglang_sim.testing import start_sim
 
 from pipeline_helpers import write_dataset
@@ -35,8 +35,7 @@ async def _admissions(window: int | None, folder: Path) -> list[list[float]]:
     sim_args = ["--sim-profile", "h200", "--max-total-tokens", "60000", "--time-scale", str(TIME_SCALE),
                 "--sim-output-mean", "300", "--sim-output-spread", "0.8", "--enable-metrics", "--log-level", "warning"]
     with start_sim(sim_args, log_path=folder / "sim.log") as sim:
-        opts = RunOptions(output_root=folder / "out", server_urls=(sim.url,), window=window, progress="quiet",
-                          poll_interval_s=POLL_S)
+        opts = RunOptions(output_root=folder / "out", server_urls=(sim.url,), window=window, poll_interval_s=POLL_S)
         summary = await run_generate(cfg, opts)
         async with httpx.AsyncClient(timeout=10.0) as http:
             stats = (await http.get(sim.url + "/sim/stats")).raise_for_status().json()

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import orjson
 
-from pipeline_helpers import REPO, assert_exact, kill_group, run_cli, start_cli, wait_for, write_dataset
+from sglang_sim.testing import start_sim
+
+from pipeline_helpers import REPO, SIM_FAST, assert_exact, kill_group, run_cli, start_cli, wait_for, write_dataset
 
 
 def status_json(out: Path, name: str) -> dict:
@@ -75,13 +78,22 @@ def test_status_of_a_run_that_died(tmp_path: Path) -> None:
     (tmp_path / "cfg" / "T.jsonl").write_bytes(b"".join(
         orjson.dumps({"id": f"r{i}", "messages": [{"role": "user", "content": f"q {i}"}]}) + b"\n" for i in range(450)))
     out = tmp_path / "out"
-    proc = start_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", out, log=tmp_path / "cli.log")
-    try:
-        wait_for(lambda: any((out / "T").glob("shard-*.jsonl")) and status_json(out, "T")["done"] >= 10, timeout_s=60)
-        live = status_json(out, "T")
-        assert live["state"].startswith("running")
-    finally:
-        kill_group(proc, signal.SIGKILL)
+    slow = [("1" if a == "10" and prev == "--time-scale" else a) for prev, a in zip(["", *SIM_FAST], SIM_FAST,
+                                                                                 strict=False)]
+    with start_sim(slow) as sim:  # a tenth of the speed: 400 samples take minutes, the wait below at most 60 s
+        proc = start_cli("generate", "--dataset", toml, "--server-url", sim.url, "--output-dir", out, "--window", "8",
+                         log=tmp_path / "cli.log")
+        try:
+            wait_for(lambda: any((out / "T").glob("shard-*.jsonl")) and status_json(out, "T")["done"] >= 10,
+                     timeout_s=60)
+            # still running by construction, however slow the machine: every request from now on waits
+            # 10 minutes, and at most 8 (the window) are in flight, far from the 400 of the target
+            stall = httpx.post(sim.url + "/sim/faults", json={"stall_rate": 1.0, "stall_s": 600}, timeout=5)
+            assert stall.status_code == 200, stall.text
+            live = status_json(out, "T")
+            assert live["state"].startswith("running"), live
+        finally:
+            kill_group(proc, signal.SIGKILL)
     dead = status_json(out, "T")
     assert dead["state"].startswith("died") and dead["done"] >= live["done"]
     text = run_cli("status", "--output-dir", out, "--dataset", "T").stdout

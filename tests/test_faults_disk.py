@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-import gen_pipeline.run.pipeline as pipeline
+import gen_pipeline.run.setup as setup
 from gen_pipeline import cli
 from gen_pipeline.config.dataset import find_dataset_config
 from gen_pipeline.errors import DiskError
-from gen_pipeline.run.pipeline import RunOptions, run_generate
+from gen_pipeline.run import RunOptions, run_generate
 from sglang_sim.testing import start_sim
 
 from pipeline_helpers import SIM_FAST, assert_exact, read_samples, run_cli, write_dataset
@@ -66,7 +66,7 @@ async def test_write_error_stops_run_keeps_committed_and_resumes(tmp_path: Path,
     cfg = find_dataset_config(str(write_dataset(tmp_path / "ds", target=60, max_new_tokens=64,
                                                 shard_max_samples=7, fsync_every=3)))
     out = tmp_path / "out"
-    opts = RunOptions(output_root=out, server_urls=(sim_url,), progress="quiet", window=4,
+    opts = RunOptions(output_root=out, server_urls=(sim_url,), window=4,
                       file_opener=opener(20_000, code))
     with pytest.raises(DiskError) as info:
         await run_generate(cfg, opts)
@@ -75,14 +75,14 @@ async def test_write_error_stops_run_keeps_committed_and_resumes(tmp_path: Path,
     assert msg.startswith("Writing ") and "/T/shard-0000" in msg.split(" failed: ")[0], msg
     assert f"failed: {os.strerror(code)}. {len(kept)} samples are committed and safe; {hint}." in msg
     assert 0 < len(kept) < 60 and len({s["id"] for s in kept}) == len(kept)
-    summary = await run_generate(cfg, RunOptions(output_root=out, server_urls=(sim_url,), progress="quiet"))
+    summary = await run_generate(cfg, RunOptions(output_root=out, server_urls=(sim_url,)))
     assert (summary.done, summary.written) == (60, 60 - len(kept))
     assert_exact(out, 60)
 
 
 def test_cli_disk_full_exits_4(tmp_path: Path, sim_url: str, monkeypatch, capsys) -> None:
     toml = write_dataset(tmp_path / "ds", target=60, max_new_tokens=64)
-    monkeypatch.setattr(pipeline, "default_opener", opener(5_000, errno.ENOSPC))  # the CLI has no such flag
+    monkeypatch.setattr(setup, "default_opener", opener(5_000, errno.ENOSPC))  # the CLI has no such flag
     code = cli.main(["generate", "--dataset", str(toml), "--server-url", sim_url, "--output-dir",
                      str(tmp_path / "out"), "--progress", "quiet"])
     err = capsys.readouterr().err

@@ -148,3 +148,44 @@ def test_job_bench_quick_runs_exact_and_the_job_beats_sequential_runs() -> None:
     assert b["tokens"] == a["tokens"]  # the same samples, the same completions
     assert b["makespan_s"] < a["makespan_s"] - 3 * 600.0 + 1e-6  # three starts saved, drains not added
     assert 0 < b["idle_share"] < a["idle_share"] < 1
+
+
+def test_a_job_of_one_sizes_its_window_as_a_lone_dataset() -> None:
+    """A single dataset runs as a job of one (its dispatcher a member of the window, its dataset a kind of the
+    controller): on the same completions and polls, the window is the one the bare controller gives."""
+    import random
+
+    from gen_pipeline.records import LoadSnapshot
+    from gen_pipeline.run.dispatch import Dispatcher, Window
+    from gen_pipeline.run.stats import RunStats
+
+    def windows(job_of_one: bool) -> list[int]:
+        rng, now = random.Random(7), [0.0]
+        window = Window(clock=lambda: now[0])
+        window.controller = Controller(Capacity(24_576, 2048, source="test"), initial_tokens_per_request=300)
+        d = Dispatcher(1200, window, RunStats(clock=lambda: now[0]), "T")
+        if job_of_one:
+            window.controller.add_kind("T", 300)
+            window.members = [d]
+        sizes, gen = [], 0
+        for step in range(3000):
+            now[0] += 0.05
+            d.in_flight = min(window.size, d.need())
+            if rng.random() < 0.6 and d.need() > 0:
+                d.ok += 1
+                window.observe_completion(rng.randint(20, 80), rng.randint(50, 250), rng.uniform(0.5, 3.0),
+                                          "T" if job_of_one else None)
+                d.retune()
+            if step % 20 == 0:
+                gen += rng.randint(1000, 3000)
+                window.observe_load(LoadSnapshot(now[0], running=min(d.in_flight, 110),
+                                                 queued=max(0, d.in_flight - 110),
+                                                 token_usage=min(1.0, d.in_flight * 200 / 24_576),
+                                                 retractions_total=0, gen_tokens_total=gen))
+                d.retune()
+            sizes.append(window.size)
+        return sizes
+
+    lone, job = windows(False), windows(True)
+    assert len(set(lone)) > 3  # the controller moved the window
+    assert job == lone

@@ -24,6 +24,7 @@ from gen_pipeline.store.ranks import RankSpec, owner_rank, rank_share, resolve_r
 from sglang_sim.testing import start_sim
 
 from pipeline_helpers import (
+    LAUNCHER_VARS,
     REPO,
     SAMPLE_KEYS,
     SIM_FAST,
@@ -101,15 +102,51 @@ def test_flags_win_then_slurm_then_torchrun_variables():
                      "SLURM's (pass --rank/--world-size to choose)."]
     assert resolve_rank(None, None, {"RANK": "1", "WORLD_SIZE": "2"})[0] == RankSpec(1, 2, "RANK/WORLD_SIZE")
     assert resolve_rank(None, None, {})[0] == RankSpec(0, 1, "default")
-    # SLURM_NTASKS alone is an allocation's shell (salloc, the batch script), not an srun task
+    # one of the pair alone is a shell of SLURM's, not an srun task: salloc's (SLURM_NTASKS) or a batch
+    # script's without --ntasks (SLURM_PROCID=0); both seen on slurm-wlm 22.05
     assert resolve_rank(None, None, {"SLURM_NTASKS": "4"})[0] == RankSpec(0, 1, "default")
+    assert resolve_rank(None, None, {"SLURM_PROCID": "0"})[0] == RankSpec(0, 1, "default")
     with pytest.raises(ConfigError, match=r"^--world-size 0 must be at least 1"):
         resolve_rank(0, 0, {})
 
 
+def _array(task: int, count: int, lo: int = 0, hi: int | None = None, **more: str) -> dict[str, str]:
+    """What sbatch --array sets in an array task's batch shell (as seen on slurm-wlm 22.05: the shell
+    has SLURM_PROCID=0 and, with --ntasks=1, SLURM_NTASKS=1 too)."""
+    return {"SLURM_ARRAY_TASK_ID": str(task), "SLURM_ARRAY_TASK_COUNT": str(count), "SLURM_ARRAY_TASK_MIN": str(lo),
+            "SLURM_ARRAY_TASK_MAX": str(count - 1 if hi is None else hi), "SLURM_PROCID": "0", "SLURM_NTASKS": "1",
+            **more}
+
+
+def test_a_job_array_task_is_a_rank_and_srun_tasks_inside_it_split_it():
+    array = "SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT"
+    assert resolve_rank(None, None, _array(2, 4)) == (RankSpec(2, 4, array), [])
+    assert resolve_rank(None, None, _array(2, 4, SLURM_NTASKS="")) == (RankSpec(2, 4, array), [])  # no --ntasks
+    # srun -n 3 in array task 2 of 4: task p of 3 is rank 2*3+p of 12
+    spec, _ = resolve_rank(None, None, _array(2, 4, SLURM_PROCID="1", SLURM_NTASKS="3"))
+    assert spec == RankSpec(7, 12, f"{array} and SLURM_PROCID/SLURM_NTASKS")
+    assert resolve_rank(1, 2, _array(2, 4)) == (RankSpec(1, 2, "--rank/--world-size"), [])  # the flags win
+    assert resolve_rank(None, None, _array(2, 4, RANK="0", WORLD_SIZE="4"))[1] == [
+        f"both {array} (2 of 4) and RANK/WORLD_SIZE (0 of 4) are set; using SLURM's (pass --rank/--world-size to "
+        "choose)."]
+    # a %N throttle keeps the numbering; anything but 0..count-1 cannot say the world size
+    assert resolve_rank(None, None, _array(3, 4))[0].rank == 3
+    for env, numbered in ((_array(2, 1, 2, 2), "2-2 with 1 task (SLURM_ARRAY_TASK_MIN=2, SLURM_ARRAY_TASK_MAX=2, "
+                                                "SLURM_ARRAY_TASK_COUNT=1)"),
+                          (_array(3, 4, 1, 4), "1-4 with 4 tasks (SLURM_ARRAY_TASK_MIN=1, SLURM_ARRAY_TASK_MAX=4, "
+                                               "SLURM_ARRAY_TASK_COUNT=4)")):
+        with pytest.raises(ConfigError) as err:
+            resolve_rank(None, None, env)
+        assert str(err.value) == (
+            f"This job array is numbered {numbered}, but ranks come from one array numbered 0 to W-1 (--array=0-3 for "
+            "4 ranks; a %N throttle is fine): the world size is the array's task count. To rerun one rank, requeue "
+            "its task (scontrol requeue <jobid>_<rank>) or run it with --rank R --world-size W.")
+    with pytest.raises(ConfigError, match=r"^The environment sets SLURM_ARRAY_TASK_ID=1 but not SLURM_ARRAY_TASK_C"):
+        resolve_rank(None, None, {"SLURM_ARRAY_TASK_ID": "1"})
+
+
 def _clean_env(env: dict[str, str]) -> dict[str, str]:
-    return {**{k: v for k, v in os.environ.items() if k not in ("SLURM_PROCID", "SLURM_NTASKS", "RANK", "WORLD_SIZE")},
-            **env}
+    return {**{k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}, **env}
 
 
 def _start_env(args: tuple, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -131,10 +168,9 @@ def test_bad_rank_flags_and_variables_are_refused_by_name(tmp_path):
         ({}, ("--rank", "3", "--world-size", "3"),
          "error: --rank 3 must be between 0 and 2: ranks are numbered 0 to --world-size - 1, and --world-size is 3."),
         ({}, ("--rank", "1"), "error: --rank needs --world-size too: pass both (e.g. --rank 1 --world-size 4), or "
-                              "neither to read them from SLURM_PROCID/SLURM_NTASKS or RANK/WORLD_SIZE."),
-        ({"SLURM_PROCID": "2"}, (), "error: The environment sets SLURM_PROCID=2 but not SLURM_NTASKS: set both "
-                                    "(rank and world size), or pass --rank and --world-size, which win over the "
-                                    "environment."),
+                              "neither to read them from SLURM (a job array's or srun's task) or RANK/WORLD_SIZE."),
+        ({"WORLD_SIZE": "2"}, (), "error: The environment sets WORLD_SIZE=2 but not RANK: set both (rank and world "
+                                  "size), or pass --rank and --world-size, which win over the environment."),
         ({"RANK": "4", "WORLD_SIZE": "4"}, (), "error: RANK=4 must be between 0 and 3: ranks are numbered 0 to "
                                                "WORLD_SIZE - 1, and WORLD_SIZE is 4."),
         ({"SLURM_PROCID": "0", "SLURM_NTASKS": "0"}, (), "error: SLURM_NTASKS=0 must be at least 1 (the number of "
@@ -246,8 +282,8 @@ def test_ranks_over_a_one_run_dataset_are_refused(tmp_path, sim_url):
     assert res.stderr.strip() == (
         f"error: {out / 'T'} holds a dataset written by one run without ranks (4 samples in its own shards); this "
         "run is rank 2 of 3. One dataset cannot mix the two layouts. Finish it without ranks (no --rank/--world-size, "
-        "and SLURM_PROCID/SLURM_NTASKS and RANK/WORLD_SIZE unset), or write to another --output-dir or dataset name "
-        f"(or move {out / 'T'} away to start over).")
+        "outside a SLURM job array or multi-task srun, RANK/WORLD_SIZE unset), or write to another --output-dir or "
+        f"dataset name (or move {out / 'T'} away to start over).")
     assert sorted(p.name for p in (out / "T").iterdir() if p.is_dir()) == []
 
 
@@ -360,3 +396,10 @@ def test_ranks_of_one_dataset_must_share_its_config(tmp_path, sim_url):
         "Resuming would mix samples made two ways in one dataset. Restore the old setting to resume, or write to a "
         "new output folder or dataset name.")
     assert not (out / "T" / "rank-1-of-2").exists()  # the refused rank left nothing behind
+
+
+def test_the_readme_shows_the_sbatch_script_that_make_slurm_test_runs():
+    """tests/slurm/test_slurm.py submits examples/slurm/generate.sbatch; the README shows that file whole."""
+    script = (REPO / "examples" / "slurm" / "generate.sbatch").read_text()
+    assert f"```bash\n{script}```\n" in (REPO / "README.md").read_text()
+    assert os.access(REPO / "tests" / "slurm" / "cluster.sh", os.X_OK)

@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import orjson
 
-from gen_pipeline.run.progress import Figures, Progress
+from gen_pipeline.records import RunSnapshot
+from gen_pipeline.run.progress import Progress
 from sglang_sim.testing import start_sim
 
 from pipeline_helpers import REPO, SIM_FAST, cli_cmd, make_rows, run_cli, write_dataset
@@ -102,8 +103,8 @@ def test_errors_record_the_attempts_made(tmp_path: Path) -> None:
 
 def test_in_flight_above_a_lowered_window_is_explained() -> None:
     out = io.StringIO()
-    p = Progress("B2", 0, 18_000, stream=out, log_every_s=3600)
-    p.update(Figures(done=900, target=18_000, samples_per_s=0.5, tokens_per_s=1400.0, in_flight=150, window=120,
+    p = Progress("B2", stream=out, log_every_s=3600)
+    p.update(RunSnapshot(done=900, target=18_000, samples_per_s=0.5, tokens_per_s=1400.0, in_flight=150, window=120,
                      running=140, queued=10, kv_usage=0.93, controller_mode="load",
                      controller_reason="retraction burst (6 in one poll): step back, no growth for 30 s"))
     assert out.getvalue().splitlines() == [
@@ -114,15 +115,14 @@ def test_in_flight_above_a_lowered_window_is_explained() -> None:
 
 async def test_load_observers_get_every_poll(tmp_path: Path) -> None:
     from gen_pipeline.config.dataset import load_dataset_config
-    from gen_pipeline.run.options import LoadPoll, RunOptions
-    from gen_pipeline.run.pipeline import run_generate
+    from gen_pipeline.run import RunOptions, run_generate
 
     cfg = load_dataset_config(write_dataset(tmp_path / "ds", target=40, max_new_tokens=64))
-    polls: list[LoadPoll] = []
+    polls: list[RunSnapshot] = []
     slow = [("1" if a == "10" and prev == "--time-scale" else a)
             for prev, a in zip(["", *SIM_FAST], SIM_FAST, strict=False)]
     with start_sim(slow, ready_timeout_s=30) as sim:  # a tenth of the speed: the run lasts several polls
-        opts = RunOptions(output_root=tmp_path / "out", server_urls=(sim.url,), progress="quiet",
+        opts = RunOptions(output_root=tmp_path / "out", server_urls=(sim.url,),
                           poll_interval_s=0.05, load_observers=(polls.append,))
         summary = await run_generate(cfg, opts)
     assert summary.done == 40 and len(polls) >= 2

@@ -3,32 +3,30 @@ count), and no load is read -- so no controller decision is made -- while the se
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import anyio
 
 from gen_pipeline.controller import Controller
-from gen_pipeline.records import Capacity, LoadSnapshot
+from gen_pipeline.records import Capacity, LoadSnapshot, RunSnapshot
+from gen_pipeline.run.connect import ServerPoller
 from gen_pipeline.run.dispatch import Window
-from gen_pipeline.run.pipeline import ServerPoller
+from gen_pipeline.run.progress import postfix
+from gen_pipeline.run.stats import RunStats
 from gen_pipeline.server.handle import ServerHandle
-from gen_pipeline.store.telemetry import TELEMETRY_NAME, Telemetry
 
 
-def _snap(retractions: int | None) -> LoadSnapshot:
-    return LoadSnapshot(t_s=0.0, running=1, queued=0, retractions_total=retractions)
-
-
-def test_the_run_counts_its_own_retractions_across_a_restart_and_with_telemetry_off(tmp_path: Path) -> None:
-    (tmp_path / TELEMETRY_NAME).mkdir()  # the file cannot be written: telemetry turns itself off
-    tel = Telemetry(tmp_path, run=1, started_s=0.0, on_event=lambda _: None)
-    assert tel.retractions is None
+def test_the_run_counts_its_own_retractions_across_a_restart() -> None:
+    stats = RunStats(clock=lambda: 0.0)
     # attached to a server that had retracted 500 before this run; it restarts (counter back to 0)
     for total in (500, 500, 503, None, 2, 6):
-        tel.poll(None, _snap(total), None, None)
-    tel.close()
-    assert tel.enabled is False
-    assert tel.retractions == 3 + 2 + 4
+        stats.note_load(LoadSnapshot(t_s=0.0, running=1, queued=0, retractions_total=total))
+    assert stats.retractions == 3 + 2 + 4
+
+
+def test_the_progress_line_shows_the_runs_retractions() -> None:
+    snap = RunSnapshot(done=5, target=10, samples_per_s=1.0, tokens_per_s=100.0, in_flight=4, window=8,
+                       running=4, queued=0, retractions_total=503, retractions_run=3)
+    line = postfix(snap)
+    assert "retracted 3" in line and "503" not in line
 
 
 def test_no_load_is_read_while_the_server_restarts() -> None:

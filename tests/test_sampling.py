@@ -15,7 +15,7 @@ from gen_pipeline.records import Prompt, Sample
 from gen_pipeline.run.chat import ChatClient, ClientSettings, build_request
 from tests.pipeline_helpers import assert_exact, read_samples, run_cli, write_dataset
 
-from mock_http import mock_session
+from mock_http import mock_http
 
 ALL_KEYS = """[sampling]
 max_new_tokens = 64
@@ -55,7 +55,7 @@ async def test_every_key_is_in_the_request_body_and_meta(tmp_path: Path) -> None
                                          "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
 
     settings = ClientSettings(model="m", backend="sim", sampling=sampling, generation=GenerationConfig())
-    async with mock_session(handler) as http:
+    async with mock_http(handler) as http:
         sample = await ChatClient(http, ["http://s"], settings).regenerate(
             Prompt("T-1", ({"role": "user", "content": "q"},)), "T")
     assert isinstance(sample, Sample)

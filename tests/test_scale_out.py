@@ -14,12 +14,13 @@ from contextlib import ExitStack, contextmanager
 from functools import partial
 from pathlib import Path
 
-import aiohttp
 import anyio
 import httpx
 import orjson
 import pytest
 
+from gen_pipeline.config.dataset import GenerationConfig
+from gen_pipeline.http import open_http
 from gen_pipeline.server import run_attached
 from sglang_sim.testing import SimProcess, free_port, sim_command, start_sim, wait_healthy
 
@@ -129,7 +130,7 @@ def test_direct_requests_go_to_the_server_with_the_most_free_kv(tmp_path):
 
 
 async def test_a_dead_server_is_taken_out_and_probed_back_in_when_it_returns(three_sims):
-    async with aiohttp.ClientSession() as http, anyio.create_task_group() as tg:
+    async with open_http(GenerationConfig(), 16) as http, anyio.create_task_group() as tg:
         handle = await tg.start(partial(run_attached, [s.url for s in three_sims], http=http,
                                         health_interval_s=0.1, unhealthy_after=2))
         fleet = handle.fleet
@@ -153,7 +154,7 @@ async def test_a_dead_server_is_taken_out_and_probed_back_in_when_it_returns(thr
 
 async def test_a_server_down_at_start_is_taken_out_not_fatal(three_sims):
     gone = f"http://127.0.0.1:{free_port()}"
-    async with aiohttp.ClientSession() as http, anyio.create_task_group() as tg:
+    async with open_http(GenerationConfig(), 16) as http, anyio.create_task_group() as tg:
         handle = await tg.start(partial(run_attached, [three_sims[0].url, gone], http=http, health_interval_s=0.1))
         assert handle.fleet.up_urls == [three_sims[0].url] and handle.fleet.down_urls == [gone]
         assert handle.capacity.max_total_num_tokens == 20_000

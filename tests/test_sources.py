@@ -105,9 +105,9 @@ def test_file_that_is_not_json_names_the_file(tmp_path: Path) -> None:
     path.write_text("this is not json\n")
     with pytest.raises(ConfigError) as e:
         run(cfg_for(path, schema="prompt", field="q"))
-    msg = str(e.value)
-    assert "broken.jsonl" in msg and "could not load source" in msg
-    assert "Check that every line is one JSON object" in msg
+    assert str(e.value) == (f"T: source.files: {path} has no line that is a JSON object: its one non-blank line is "
+                            "bad (line 1 is not valid JSON (invalid literal, expected 'true', column 1)). A "
+                            "JSON Lines file holds one JSON object per line; is it the right file?")
 
 
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:

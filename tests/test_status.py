@@ -45,7 +45,9 @@ def test_status_of_a_dead_run_with_a_torn_tail(tmp_path):
     s = make(tmp_path)
     s.open()
     s.write_samples([sample(i) for i in range(6)])
-    s._close_files()  # the process dies: no close(), the lock stays
+    s._close_files()  # the process dies: no close(), the lock file stays, its flock goes with the process
+    os.close(s._lock._fd)
+    s._lock._fd = -1
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
     (tmp_path / "B2" / ".lock").write_bytes(orjson.dumps({"pid": p.pid, "host": os.uname().nodename,

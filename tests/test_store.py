@@ -4,8 +4,10 @@ lock, drift refusal, injected disk faults, and a Hypothesis crash/resume invaria
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -18,7 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gen_pipeline.store.dataset_store as store_mod
+import gen_pipeline.store.lock as lock_mod
 import gen_pipeline.store.manifest as manifest_mod
+from gen_pipeline.config.dataset import fingerprint_digest
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigDriftError, DiskError, LockedError, StoreError
 from gen_pipeline.records import Failure, Reject, Sample
@@ -83,9 +87,14 @@ def test_rotation_writes_sidecars_and_manifest_records(tmp_path):
         s.write_samples([sample(i, truncated=i == 1) for i in range(9)])
     folder = tmp_path / "B2"
     assert sorted(p.name for p in folder.iterdir()) == [
-        "manifest.json", "shard-00000.ids", "shard-00000.jsonl", "shard-00001.ids", "shard-00001.jsonl",
-        "shard-00002.jsonl"]
-    assert (folder / "shard-00001.ids").read_bytes() == b'"B2-4"\n"B2-5"\n"B2-6"\n"B2-7"\n'
+        "fingerprint.json", "manifest.json", "shard-00000.ids", "shard-00000.jsonl", "shard-00001.ids",
+        "shard-00001.jsonl", "shard-00002.jsonl"]
+    head, body = (folder / "shard-00001.ids").read_bytes().split(b"\n", 1)
+    assert body == b'"B2-4"\n"B2-5"\n"B2-6"\n"B2-7"\n'
+    assert orjson.loads(head) == {"shard": "shard-00001.jsonl", "bytes": (folder / "shard-00001.jsonl").stat().st_size,
+                                  "samples": 4, "ids_sha256": hashlib.sha256(body).hexdigest()[:16]}
+    assert orjson.loads((folder / "fingerprint.json").read_bytes()) == {"fingerprint": FP,
+                                                                       "digest": fingerprint_digest(FP)}
     m = orjson.loads((folder / "manifest.json").read_bytes())
     assert m["sealed"][0] == {"name": "shard-00000.jsonl", "samples": 4,
                               "bytes": (folder / "shard-00000.jsonl").stat().st_size,
@@ -238,30 +247,6 @@ def test_full_open_shard_is_sealed_on_open(tmp_path):
     assert (tmp_path / "B2" / "shard-00000.ids").exists()
 
 
-@pytest.fixture
-def sleeper():
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    yield p
-    p.kill()
-    p.wait()
-
-
-def test_lock_held_by_a_live_process_is_refused_with_its_pid(tmp_path, sleeper):
-    folder = tmp_path / "B2"
-    folder.mkdir()
-    started = "2026-03-01T11:02:03+00:00"
-    (folder / ".lock").write_bytes(orjson.dumps({"pid": sleeper.pid, "host": os.uname().nodename,
-                                                 "started_at": started}))
-    hms = datetime.fromisoformat(started).astimezone().strftime("%H:%M:%S")
-    with pytest.raises(LockedError) as e:
-        make(tmp_path).open()
-    where = display_path(folder)
-    assert str(e.value) == (f"{where} is being written by another run on this host (pid {sleeper.pid}, started "
-                            f"{hms}). Wait for it to finish or stop it (kill {sleeper.pid}); when a run dies, the "
-                            "next run takes its lock over by itself.")
-    assert orjson.loads((folder / ".lock").read_bytes())["pid"] == sleeper.pid
-
-
 def test_second_store_in_the_same_process_is_refused(tmp_path):
     with make(tmp_path) as s:
         s.open()
@@ -283,6 +268,40 @@ def test_stale_lock_is_taken_over(tmp_path):
         assert orjson.loads((tmp_path / "B2" / ".lock").read_bytes())["pid"] == os.getpid()
         assert state.done == 1
     assert not (tmp_path / "B2" / ".lock").exists()
+
+
+def test_a_requeued_slurm_job_takes_over_its_own_lock_from_another_host(tmp_path, monkeypatch):
+    """After a node failure SLURM reruns the job (same SLURM_JOB_ID, SLURM_RESTART_COUNT + 1), maybe on
+    another node, whose pid cannot be checked: the lock's job id and restart count tell that its
+    writer's run has ended. Another job, or the same run, is still refused (on a shared filesystem, where
+    a cluster's nodes keep their outputs: on a local disk another host's free flock is taken over anyway)."""
+    monkeypatch.setattr(lock_mod, "shared_filesystem", lambda folder: True)
+    folder = tmp_path / "B2"
+    folder.mkdir()
+    started = "2026-03-01T11:02:03+00:00"
+    hms = datetime.fromisoformat(started).astimezone().strftime("%H:%M:%S")
+    lock = {"pid": 4242, "host": "node-7", "started_at": started, "slurm_job_id": "66", "slurm_restart": 0}
+    (folder / ".lock").write_bytes(orjson.dumps(lock))
+    where = display_path(folder)
+    refused = (f"{where} is being written by a run on host node-7 (pid 4242, SLURM job 66, started {hms}); this "
+               "host cannot tell whether it still runs. Wait for it or stop it there (scancel 66); if it is gone "
+               f"(squeue -j 66 shows nothing), delete {where}/.lock.")
+    for env in ({}, {"SLURM_JOB_ID": "67", "SLURM_RESTART_COUNT": "1"}, {"SLURM_JOB_ID": "66"}):
+        monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+        monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        with pytest.raises(LockedError) as e:
+            make(tmp_path).open()
+        assert str(e.value) == refused, env
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    with make(tmp_path) as s:
+        state = s.open()
+        assert state.notes[0] == (f"took over the lock of SLURM job 66's previous run (pid 4242 on node-7, started "
+                                  f"{hms}): the job was requeued")
+        assert orjson.loads((folder / ".lock").read_bytes()) | {"started_at": "t"} == {
+            "pid": os.getpid(), "host": socket.gethostname(), "started_at": "t", "slurm_job_id": "66",
+            "slurm_restart": 1}
 
 
 def test_config_drift_is_refused_naming_each_key(tmp_path):

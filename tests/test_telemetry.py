@@ -96,11 +96,11 @@ def test_rotation_bounds_bytes_and_keeps_boundaries(tmp_path: Path) -> None:
 def test_disk_error_turns_telemetry_off_once(tmp_path: Path) -> None:
     (tmp_path / TELEMETRY_NAME).mkdir()  # cannot be opened as a file
     events: list[str] = []
-    tel = Telemetry(tmp_path, run=1, started_s=0.0, on_event=events.append)
-    from gen_pipeline.run.progress import Figures
-    figures = Figures(done=0, target=1, samples_per_s=0.0, tokens_per_s=0.0, in_flight=0, window=1)
+    tel = Telemetry(tmp_path, run=1, on_event=events.append)
+    from gen_pipeline.records import RunSnapshot
+    snapshot = RunSnapshot(done=0, target=1, samples_per_s=0.0, tokens_per_s=0.0, in_flight=0, window=1)
     for _ in range(5):
-        tel.poll(figures, None, None, None)
+        tel.poll(snapshot)
     tel.close()
     assert len(events) == 1 and "telemetry off" in events[0] and TELEMETRY_NAME in events[0], events
     assert tel.enabled is False

@@ -1,1 +1,34 @@
-"""Configs: the dataset TOMLs and server.toml, read into frozen dataclasses and validated."""
+"""Configs: the dataset TOMLs and server.toml, read into frozen dataclasses and validated.
+
+    dataset.py  datasets_cfg/<NAME>.toml → DatasetConfig (source, sampling, generation, output)
+    server.py   datasets_cfg/server.toml → ServerProfile per [profile.NAME], ControllerConfig; server URLs
+    schema.py   TOML tables → dataclasses (pydantic, strict); option ranges named by their CLI flags
+"""
+
+from gen_pipeline.config.dataset import (
+    DEFAULT_CONFIG_DIR,
+    DEFAULT_OUTPUT_DIR,
+    DatasetConfig,
+    GenerationConfig,
+    OutputConfig,
+    SamplingConfig,
+    SourceConfig,
+    available_datasets,
+    find_dataset_config,
+    find_dataset_configs,
+    load_dataset_config,
+)
+from gen_pipeline.config.server import (
+    DEFAULT_SERVER_CONFIG,
+    ServerProfile,
+    load_controller_config,
+    load_server_profile,
+    normalise_server_url,
+)
+
+__all__ = [
+    "DEFAULT_CONFIG_DIR", "DEFAULT_OUTPUT_DIR", "DEFAULT_SERVER_CONFIG", "DatasetConfig", "GenerationConfig",
+    "OutputConfig", "SamplingConfig", "ServerProfile", "SourceConfig", "available_datasets", "find_dataset_config",
+    "find_dataset_configs", "load_controller_config", "load_dataset_config", "load_server_profile",
+    "normalise_server_url",
+]

@@ -3,7 +3,7 @@ that name the file and the key.
 
 A dataset config, `datasets_cfg/B2.toml`:
 
-    name = "B2"                      # defaults to the file's stem
+    name = "B2"                      # optional: the file's stem, which it must equal
     target_samples = 18000
 
     [source]
@@ -52,13 +52,14 @@ import difflib
 import hashlib
 import math
 import tomllib
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import orjson
 
-from gen_pipeline.config.schema import build_section, unknown_key
+from gen_pipeline.config.schema import Range, build_section, check_range, unknown_key
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError
 
@@ -217,6 +218,11 @@ def load_dataset_config(path: Path) -> DatasetConfig:
     name = raw.get("name", path.stem)
     if not isinstance(name, str) or not name or "/" in name:
         raise ConfigError(f"{name_in}: name = {name!r} must be a non-empty string without '/'.")
+    if name != path.stem:  # one name per dataset: the file's, its folder's, its ids' and every --dataset's
+        raise ConfigError(f"{name_in}: name = {name!r} differs from the file's name ({path.name}). The name picks the "
+                          f"output folder (outputs/{name}/) and the ids ({name}-...), and every command finds a "
+                          f"dataset by its file name, so the two must agree: rename the file to {name}.toml, or set "
+                          f"name = {path.stem!r} (or remove name: it defaults to the file's name).")
     sections: dict[str, Any] = {k: build_section(cls, raw.get(k, {}), f"{name_in}: {k}.")
                                 for k, cls in _SECTIONS.items()}
     src: SourceConfig = sections["source"]
@@ -241,19 +247,25 @@ class _Target:
     target_samples: int
 
 
+# What SGLang accepts, declared once: SGLang 0.5.17 python/sglang/srt/sampling/sampling_params.py,
+# SamplingParams.verify (run on every request, after the model has loaded: a value out of range
+# fails every request of a run). top_k (-1 or at least 1) and max_new_tokens are checked below.
+SAMPLING_RANGES: dict[str, Range] = {
+    "temperature": Range(0.0, math.inf, "a finite number of at least 0 (0 = greedy)"),
+    "top_p": Range(0.0, 1.0, "above 0 and at most 1", low_open=True),
+    "min_p": Range(0.0, 1.0, "between 0 and 1"),
+    "presence_penalty": Range(-2.0, 2.0, "between -2 and 2"),
+    "frequency_penalty": Range(-2.0, 2.0, "between -2 and 2"),
+    "repetition_penalty": Range(0.0, 2.0, "above 0 and at most 2 (1 = no penalty)", low_open=True),
+}
+
+
 def _check_sampling(s: SamplingConfig, where: str) -> None:
-    """Ranges as SGLang's SamplingParams.verify checks them, before any request."""
+    """Ranges as SGLang's SamplingParams.verify checks them (SAMPLING_RANGES), before any request."""
     if s.max_new_tokens <= 0:
         raise ConfigError(f"{where}max_new_tokens = {s.max_new_tokens} must be positive.")
-    ranges = {"min_p": (0.0, 1.0, "between 0 and 1"), "presence_penalty": (-2.0, 2.0, "between -2 and 2"),
-              "frequency_penalty": (-2.0, 2.0, "between -2 and 2")}
-    for key, (lo, hi, words) in ranges.items():
-        v = getattr(s, key)
-        if v is not None and not (math.isfinite(v) and lo <= v <= hi):
-            raise ConfigError(f"{where}{key} = {v} must be {words}.")
-    if s.repetition_penalty is not None and not 0 < s.repetition_penalty <= 2:
-        raise ConfigError(f"{where}repetition_penalty = {s.repetition_penalty} must be above 0 and at most 2 "
-                          "(1 = no penalty).")
+    for key, rng in SAMPLING_RANGES.items():
+        check_range(where, key, getattr(s, key), rng)
     if s.top_k is not None and s.top_k != -1 and s.top_k < 1:
         raise ConfigError(f"{where}top_k = {s.top_k} must be -1 (no top-k) or at least 1.")
     if any(not x for x in s.stop):
@@ -287,3 +299,28 @@ def find_dataset_config(name: str, config_dir: Path = DEFAULT_CONFIG_DIR) -> Dat
         raise ConfigError(f"No dataset config {name!r}: {display_path(path)} does not exist. "
                           f"Configs in {display_path(config_dir)}: {', '.join(known) or 'none'}.{hint}")
     return load_dataset_config(path)
+
+
+def find_dataset_configs(names: Sequence[str], config_dir: Path = DEFAULT_CONFIG_DIR) -> list[DatasetConfig]:
+    """`--dataset B1,B2` / repeated / `all` (every dataset TOML of config_dir but server and demo) →
+    the configs, in order, each once; ConfigError names the TOML."""
+    wanted = [n.strip() for arg in names for n in arg.split(",") if n.strip()]
+    if not wanted:
+        raise ConfigError("--dataset is empty: name a dataset (B2), several (B1,B2,B6,B7) or all.")
+    expanded: list[str] = []
+    for n in wanted:
+        if n == "all":
+            found = [str(p) for p in sorted(config_dir.glob("*.toml")) if p.stem not in ("server", "demo")]
+            if not found:
+                raise ConfigError(f"--dataset all: no dataset TOML in {config_dir}.")
+            expanded += found
+        else:
+            expanded.append(n)
+    cfgs: dict[str, DatasetConfig] = {}
+    for n in expanded:
+        cfg = find_dataset_config(n, config_dir)
+        if cfg.name in cfgs and cfgs[cfg.name].path != cfg.path:
+            raise ConfigError(f"{cfg.path} and {cfgs[cfg.name].path} both name dataset {cfg.name!r}: one "
+                              "output folder each; rename one.")
+        cfgs.setdefault(cfg.name, cfg)
+    return list(cfgs.values())

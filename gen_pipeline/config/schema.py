@@ -5,17 +5,23 @@ pydantic (not msgspec) because its errors are structured (`type`, `loc`, `input`
 to our wording without parsing message text; strict mode refuses "0.7" for a number and 1 for a
 boolean, as the hand-written checks it replaces did. The dataclasses stay plain (constructed in
 code without validation); only what comes from a file goes through here.
+
+Options that CLI flags set (RunOptions, ProbeOptions, export's Filters) declare their ranges once, on
+their fields (`flag`), and check them when constructed (`check_flags`): the messages name the flag.
 """
 
 from __future__ import annotations
 
 import difflib
 import functools
+import math
 import typing
-from dataclasses import MISSING, fields
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, fields
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, create_model
+from pydantic.fields import FieldInfo
 
 from gen_pipeline.errors import ConfigError
 
@@ -65,25 +71,27 @@ def _model(cls: type[DataclassInstance]) -> type[BaseModel]:
     return create_model(f"{cls.__name__}Schema", __config__=ConfigDict(strict=True, extra="forbid"), **spec)
 
 
-def build_section(cls: type[T], table: Any, where: str) -> T:
+def build_section(cls: type[T], table: Any, where: str, *, key_where: Callable[[str], str] | None = None) -> T:
     """Instantiate config dataclass `cls` from a TOML table; raises ConfigError naming the key.
 
-    `where` prefixes messages, e.g. "datasets_cfg/B2.toml: sampling."
+    `where` prefixes messages, e.g. "datasets_cfg/B2.toml: sampling."; `key_where(key)`, when given, is the
+    prefix for a message about `key` (a key an inherited table wrote is named where it is written).
     """
     if not isinstance(table, dict):
         raise ConfigError(f"{where.rstrip('.')} must be a table ([section]), got {type_name(table)}.")
     try:
         values = _model(cls).model_validate(table)
     except ValidationError as e:
-        raise _message(cls, table, where, e) from None
+        raise _message(cls, table, key_where or (lambda key: where), e) from None
     return cls(**{f.name: getattr(values, f"k_{f.name}") for f in fields(cls)})
 
 
-def _message(cls: type, table: dict[str, Any], where: str, exc: ValidationError) -> ConfigError:
+def _message(cls: type, table: dict[str, Any], where_of: Callable[[str], str], exc: ValidationError) -> ConfigError:
     """Our wording for the first error, in the table's key order."""
     order = {k: i for i, k in enumerate(table)}
     err = min(exc.errors(), key=lambda e: order.get(str(e["loc"][0]) if e["loc"] else "", -1))
     key = str(err["loc"][0])
+    where = where_of(key)
     if err["type"] == "extra_forbidden":
         return unknown_key(where, key, [f.name for f in fields(cls)])
     value, kind, loc = table[key], err["type"], f"{where}{key}"
@@ -109,3 +117,71 @@ def _message(cls: type, table: dict[str, Any], where: str, exc: ValidationError)
 
 def _union_args(tp: Any) -> tuple[Any, ...]:
     return typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, type(int | str)) else (tp,)
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric key accepts: finite, above (or at) `low`, below (or at) `high`; `words` says
+    it in the message ("must be {words}.")."""
+
+    low: float
+    high: float
+    words: str
+    low_open: bool = False  # True: `low` itself is refused
+    high_open: bool = False
+
+    def accepts(self, v: float) -> bool:
+        above = v > self.low if self.low_open else v >= self.low
+        below = v < self.high if self.high_open else v <= self.high
+        return math.isfinite(v) and above and below
+
+
+def check_range(where: str, key: str, value: float | None, rng: Range) -> None:
+    """Raise ConfigError "{where}{key} = {value} must be {words}." when a set value is out of range."""
+    if value is not None and not rng.accepts(value):
+        raise ConfigError(f"{where}{key} = {value} must be {rng.words}.")
+# ---------------------------------------------------------------- options set by CLI flags
+
+
+def flag(name: str, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+         lt: float | None = None, unit: str = "") -> Any:
+    """The range of an option that a CLI flag sets, declared on the options' dataclass field:
+    `limit: Annotated[int | None, flag("--limit", ge=1)] = None`; `check_flags` enforces it."""
+    return Field(ge=ge, gt=gt, le=le, lt=lt, title=name, description=unit)
+
+
+def check_flags(options: DataclassInstance) -> None:
+    """Raise ConfigError naming the flag (as the user types it) of the first field of `options` out of
+    its declared range; called by the options' __post_init__, so the CLI and a library caller get
+    the same refusal with the same message."""
+    for name, (adapter, info) in _flag_fields(type(options)).items():
+        value = getattr(options, name)
+        try:
+            adapter.validate_python(value)
+        except ValidationError:
+            raise ConfigError(_range_message(info, value)) from None
+
+
+@functools.cache
+def _flag_fields(cls: type[DataclassInstance]) -> dict[str, tuple[TypeAdapter[Any], FieldInfo]]:
+    hints = typing.get_type_hints(cls, include_extras=True)
+    out: dict[str, tuple[TypeAdapter[Any], FieldInfo]] = {}
+    for f in fields(cls):
+        info = next((m for m in getattr(hints[f.name], "__metadata__", ()) if isinstance(m, FieldInfo)), None)
+        if info is not None and info.title:
+            out[f.name] = (TypeAdapter(hints[f.name]), info)
+    return out
+
+
+def _range_message(info: FieldInfo, value: Any) -> str:
+    """`--poll-interval-s 0.01 must be between 0.05 and 60 seconds.`, `--limit 0 must be at least 1.`"""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return f"{info.title} {value!r} must be a number."
+    bounds = {type(m).__name__: getattr(m, type(m).__name__.lower(), None) for m in info.metadata}
+    shown = f"{value:g}" if isinstance(value, float) else str(value)
+    unit = f" {info.description}" if info.description else ""
+    if bounds.get("Ge") is not None and bounds.get("Le") is not None:
+        return f"{info.title} {shown} must be between {bounds['Ge']:g} and {bounds['Le']:g}{unit}."
+    words = {"Ge": "at least", "Gt": "above", "Le": "at most", "Lt": "below"}
+    parts = [f"{words[k]} {bounds[k]:g}" for k in ("Ge", "Gt", "Le", "Lt") if bounds.get(k) is not None]
+    return f"{info.title} {shown} must be {' and '.join(parts)}{unit}."

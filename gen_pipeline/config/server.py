@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -92,11 +93,15 @@ def load_server_profile(name: str = "tuned", path: Path = DEFAULT_SERVER_CONFIG,
     profiles = _read_server_toml(path).get("profile", {})
     if not isinstance(profiles, dict) or not profiles:
         raise ConfigError(f"{file}: no [profile.NAME] tables. Add one, e.g. [profile.tuned] with model_path.")
-    table = _resolve_table(name, profiles, file)
-    where = f"{file}: profile.{name}."
-    profile = _build(name, table, where, file)
+    table, origin = _resolve_table(name, profiles, file)
+
+    def where_of(key: str) -> str:  # a message about a key names the profile that writes it
+        return f"{file}: profile.{origin.get(key, name)}."
+
+    profile = _build(name, table, where_of, file)
     if overrides:
-        profile = _build(name, {**table, **overrides}, f"override of profile.{name}: ", file)
+        over = f"override of profile.{name}: "
+        profile = _build(name, {**table, **overrides}, lambda k: over if k in overrides else where_of(k), file)
     return profile
 
 
@@ -140,10 +145,12 @@ def _controller_problem(c: ControllerConfig) -> str:
     return ""
 
 
-def _resolve_table(name: str, profiles: dict[str, Any], file: str) -> dict[str, Any]:
-    """The profile's table with `inherits` chains flattened (child keys win)."""
+def _resolve_table(name: str, profiles: dict[str, Any], file: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The profile's table with `inherits` chains flattened (child keys win), and for each key the profile
+    that writes it ("env.NAME" for an env entry)."""
     chain: list[str] = []
     table: dict[str, Any] = {}
+    origin: dict[str, str] = {}
     current: str | None = name
     while current is not None:
         if current not in profiles:
@@ -158,6 +165,11 @@ def _resolve_table(name: str, profiles: dict[str, Any], file: str) -> dict[str, 
             raise ConfigError(f"{file}: profile.{current} must be a table ([profile.{current}]).")
         parent_env = table.get("env", {})
         table = {**own, **table}
+        for key in own:
+            origin.setdefault(key, current)
+        if isinstance(own.get("env"), dict):
+            for key in own["env"]:
+                origin.setdefault(f"env.{key}", current)
         if isinstance(own.get("env"), dict) and isinstance(parent_env, dict):
             table["env"] = {**own["env"], **parent_env}  # env tables merge key by key
         inherits = own.get("inherits")
@@ -165,25 +177,28 @@ def _resolve_table(name: str, profiles: dict[str, Any], file: str) -> dict[str, 
             raise ConfigError(f"{file}: profile.{current}.inherits = {inherits!r} must be a profile name (a string).")
         current = inherits
     table.pop("inherits", None)
-    return table
+    return table, origin
 
 
-def _build(name: str, table: dict[str, Any], where: str, file: str) -> ServerProfile:
-    """Validate one flattened table; the fields build_section cannot type-check are checked here."""
+def _build(name: str, table: dict[str, Any], where_of: Callable[[str], str], file: str) -> ServerProfile:
+    """Validate one flattened table; the fields build_section cannot type-check are checked here. A message
+    about a key starts with `where_of(key)` (the profile that writes it)."""
     table = dict(table)
     for reserved in ("name", "source"):
         if reserved in table:
-            raise ConfigError(f"{where}{reserved}: unknown key (the profile's name is its table name). Remove it.")
+            raise ConfigError(f"{where_of(reserved)}{reserved}: unknown key (the profile's name is its table name). "
+                              "Remove it.")
     if "model_path" not in table:
-        raise ConfigError(f"{where}model_path: missing. Set the model to serve (a hub id or a local folder).")
+        raise ConfigError(f"{where_of('model_path')}model_path: missing. Set the model to serve (a hub id or a "
+                          "local folder).")
     if "mem_fraction_static" in table:
-        table["mem_fraction_static"] = _fraction(where, table["mem_fraction_static"])
+        table["mem_fraction_static"] = _fraction(where_of("mem_fraction_static"), table["mem_fraction_static"])
     if "env" in table:
-        table["env"] = _env_table(where, table["env"])
+        table["env"] = _env_table(where_of, table["env"])
     table["name"] = name
     table["source"] = file
-    profile: ServerProfile = build_section(ServerProfile, table, where)
-    _check_ranges(profile, where)
+    profile: ServerProfile = build_section(ServerProfile, table, where_of(""), key_where=where_of)
+    _check_ranges(profile, where_of)
     return profile
 
 
@@ -194,27 +209,37 @@ def _fraction(where: str, value: Any) -> float:
     return float(value)
 
 
-def _env_table(where: str, value: Any) -> dict[str, str]:
+def _env_table(where_of: Callable[[str], str], value: Any) -> dict[str, str]:
     if not isinstance(value, dict):
-        raise ConfigError(f"{where}env must be a table of NAME = \"value\" strings ([...env]).")
+        raise ConfigError(f"{where_of('env')}env must be a table of NAME = \"value\" strings ([...env]).")
     for key, v in value.items():
         if not isinstance(v, str):
-            raise ConfigError(f"{where}env.{key} = {v!r} must be a string (environment values are text). "
-                              "Put it in quotes.")
+            raise ConfigError(f"{where_of(f'env.{key}')}env.{key} = {v!r} must be a string (environment values "
+                              "are text). Put it in quotes.")
     return dict(value)
 
 
-def _check_ranges(p: ServerProfile, where: str) -> None:
+def _check_ranges(p: ServerProfile, where_of: Callable[[str], str]) -> None:
     for key in _POSITIVE:
         if getattr(p, key) < 1:
-            raise ConfigError(f"{where}{key} = {getattr(p, key)} must be at least 1.")
+            raise ConfigError(f"{where_of(key)}{key} = {getattr(p, key)} must be at least 1.")
     for key in _NON_NEGATIVE_S:
         value = getattr(p, key)
         if not math.isfinite(value) or value < 0:
-            raise ConfigError(f"{where}{key} = {value} must be a non-negative number of seconds.")
-    if p.max_restarts < 0 or p.hicache_size_gb < 0:
-        raise ConfigError(f"{where}max_restarts and hicache_size_gb must not be negative.")
+            raise ConfigError(f"{where_of(key)}{key} = {value} must be a non-negative number of seconds.")
+    for key in ("max_restarts", "hicache_size_gb"):
+        if getattr(p, key) < 0:
+            raise ConfigError(f"{where_of(key)}{key} = {getattr(p, key)} must not be negative.")
     if not 0 <= p.port <= 65535:
-        raise ConfigError(f"{where}port = {p.port} must be 0 (pick a free one) or a TCP port up to 65535.")
+        raise ConfigError(f"{where_of('port')}port = {p.port} must be 0 (pick a free one) or a TCP port up to 65535.")
     if not p.command:
-        raise ConfigError(f"{where}command must not be empty (default: {list(SGLANG_COMMAND)}).")
+        raise ConfigError(f"{where_of('command')}command must not be empty (default: {list(SGLANG_COMMAND)}).")
+
+
+def normalise_server_url(url: str, flag: str = "--server-url") -> str:
+    """A running server's base URL as every request and poll uses it (no trailing "/"; an OpenAI-style
+    ".../v1" is accepted: the client adds /v1/... itself). Raises ConfigError naming `flag`."""
+    url = url.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"{flag} {url!r} must start with http:// or https:// (e.g. http://gpu-node:30000).")
+    return url[: -len("/v1")] if url.endswith("/v1") else url

@@ -10,14 +10,17 @@ while a run writes. Formats: export_formats.py; filters, mix and split: export_s
 from __future__ import annotations
 
 import difflib
+import errno
+import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, find_dataset_config
 from gen_pipeline.display import display_path
-from gen_pipeline.errors import ConfigError, StoreError
+from gen_pipeline.errors import ConfigError, DiskError, StoreError
 from gen_pipeline.export.formats import (
     FORMATS,
     HF_LAYOUTS,
@@ -114,6 +117,12 @@ def iter_committed_samples(folder: Path) -> Iterator[dict[str, Any]]:
 # ---------------------------------------------------------------- the export
 
 
+def export_names(datasets: Sequence[str], config_dir: Path = DEFAULT_CONFIG_DIR) -> tuple[str, ...]:
+    """`--dataset` values (repeated or comma-separated) → folder names; a TOML path gives its `name`."""
+    names = [n.strip() for arg in datasets for n in arg.split(",") if n.strip()]
+    return tuple(find_dataset_config(n, config_dir).name if n.endswith(".toml") else n for n in names)
+
+
 def run_export(opts: ExportOptions) -> ExportSummary:
     """Read, select, split and write; raises ConfigError (bad flag, unknown or empty dataset,
     impossible mix) or StoreError (output exists without --force, damaged shard)."""
@@ -137,7 +146,10 @@ def run_export(opts: ExportOptions) -> ExportSummary:
     for rows in splits.values():
         rows.sort(key=lambda r: seeded_key(opts.seed, r["id"]))
     summary = ExportSummary(opts, counts, rows={k: len(v) for k, v in splits.items()})
-    summary.bytes_written = _write(opts, splits, targets)
+    try:
+        summary.bytes_written = _write(opts, splits, targets)
+    except OSError as e:
+        raise write_error(opts.out, e) from None
     summary.paths = targets if opts.format != "hf" else {}
     summary.notes = _remove_stale_validation(opts)
     summary.elapsed_s = time.monotonic() - started
@@ -157,8 +169,6 @@ def _check_options(opts: ExportOptions) -> None:
                           "makes one training row per assistant turn. Drop --expand-turns.")
     if not opts.status and opts.format != "specforge":
         raise ConfigError(f"--no-status applies to --format specforge only (the {opts.format} format has no status).")
-    if opts.filters.min_completion_tokens < 0:
-        raise ConfigError(f"--min-completion-tokens {opts.filters.min_completion_tokens} must be 0 or more.")
     if not opts.datasets and opts.mix is None:
         raise ConfigError("export needs --dataset NAME (repeatable) or --mix NAME=SHARE,....")
     if opts.mix is not None and opts.datasets and set(opts.datasets) != set(opts.mix.datasets):
@@ -190,9 +200,21 @@ def _remove_stale_validation(opts: ExportOptions) -> list[str]:
     return [f"removed {display_path(stale)} (an earlier export's validation rows, now in train)"]
 
 
+def write_error(out: Path, e: OSError) -> StoreError:
+    """An export that could not be written, as the store error it is (exit 4): nothing was exported."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskError(f"Writing {display_path(out)} failed: {e.strerror}. Nothing was exported (no partial file "
+                         "is left); free space or choose an --out on another disk.")
+    return StoreError(f"Cannot write --out {display_path(out)}: {e.strerror or e} (in {display_path(out.parent)}). "
+                      "Choose an --out in a folder you can write, or make that folder writable.")
+
+
 def _check_target(path: Path, force: bool) -> None:
     if not path.parent.is_dir():
         raise ConfigError(f"--out {path}: the folder {display_path(path.parent)} does not exist. Create it first.")
+    if not os.access(path.parent, os.W_OK):  # before reading the datasets (EACCES, EROFS; root ignores modes)
+        code = errno.EROFS if os.statvfs(path.parent).f_flag & os.ST_RDONLY else errno.EACCES
+        raise write_error(path, OSError(code, os.strerror(code)))
     sweep_stale_tmp(path)
     if path.exists() and not force:
         raise StoreError(f"{display_path(path)} already exists. Pass --force to replace it (the new export is "

@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from gen_pipeline.store.manifest import pid_alive
+from gen_pipeline.store.lock import pid_alive
 
 FORMATS = ("specforge", "speculators", "hf")
 HF_LAYOUTS = ("disk", "parquet")
@@ -128,7 +128,8 @@ def sweep_stale_tmp(target: Path) -> None:
 
 
 def _remove(p: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
+    """Best effort: a temporary that cannot be removed (a read-only folder) must not hide why the export failed."""
+    with contextlib.suppress(OSError):
         shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
@@ -152,9 +153,8 @@ def write_hf(target: Path, splits: dict[str, list[dict[str, Any]]], layout: str)
     """A DatasetDict folder (layout "disk") or <split>.parquet files ("parquet") at `target`,
     built in a temporary folder and renamed into place; returns bytes written."""
     import pyarrow as pa
-    from datasets import Dataset, DatasetDict, DatasetInfo, disable_progress_bars
+    from datasets import Dataset, DatasetDict, DatasetInfo
 
-    disable_progress_bars()  # the summary reports the export; bars would only clutter it
     tmp = tmp_path(target)
     try:
         tmp.mkdir()

@@ -13,8 +13,9 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
+from gen_pipeline.config.schema import check_flags, flag
 from gen_pipeline.errors import ConfigError
 
 SHARE_TOLERANCE = 1e-6  # shares typed as decimals (0.3 + 0.2 + 0.5) do not add up exactly
@@ -38,7 +39,10 @@ class Filters:
     """--drop-truncated and --min-completion-tokens N (0 = no minimum)."""
 
     drop_truncated: bool = False
-    min_completion_tokens: int = 0
+    min_completion_tokens: Annotated[int, flag("--min-completion-tokens", ge=0)] = 0
+
+    def __post_init__(self) -> None:
+        check_flags(self)
 
     def reason(self, row: dict[str, Any]) -> str | None:
         """Why `row` is dropped ("truncated", "short", "malformed"), or None to keep it."""

@@ -18,19 +18,19 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-import aiohttp
 import anyio
 import orjson
 
 from gen_pipeline.config.dataset import DatasetConfig
-from gen_pipeline.config.server import ServerProfile
+from gen_pipeline.config.schema import check_flags, flag
+from gen_pipeline.config.server import ServerProfile, load_server_profile, normalise_server_url
 from gen_pipeline.errors import ConfigError, GenPipelineError, ServerError
+from gen_pipeline.http import Http, open_http
 from gen_pipeline.probe import metrics as PM
 from gen_pipeline.probe import sglang as PS
 from gen_pipeline.records import Prompt
-from gen_pipeline.run.chat import open_http_session
 from gen_pipeline.server.attach import run_attached
 from gen_pipeline.server.handle import ServerHandle
 from gen_pipeline.server.supervisor import run_server
@@ -43,15 +43,40 @@ _IGNORED_DIFFS = {"name", "kv_cache_dtype", "port", "source", "startup_timeout_s
 
 @dataclass(frozen=True)
 class ProbeOptions:
+    """What `probe-kv` was asked; ranges checked when constructed (ConfigError naming the flag)."""
+
     output_root: Path
-    samples: int = 200
-    max_new_tokens: int = 256
-    top_k: int = 5
-    chunk: int = 32
-    concurrency: int = 32
+    samples: Annotated[int, flag("--samples", ge=1)] = 200
+    max_new_tokens: Annotated[int, flag("--max-new-tokens", ge=1)] = 256
+    top_k: Annotated[int, flag("--top-k", ge=1)] = 5
+    chunk: Annotated[int, flag("--tf-chunk", ge=0)] = 32  # reference tokens per teacher-forced request, 0 = all
+    concurrency: Annotated[int, flag("--concurrency", ge=1)] = 32
     reference: ServerProfile | str | None = None  # a profile to launch or a URL to attach
     compare: ServerProfile | str | None = None
     allow_same_kv: bool = False
+
+    def __post_init__(self) -> None:
+        check_flags(self)
+
+
+def probe_servers(config_dir: Path, *, server: str | None = None, server_url: str | None = None,
+                  compare: str | None = None, compare_url: str | None = None,
+                  allow_same_kv: bool = False) -> tuple[ServerProfile | str, ServerProfile | str]:
+    """probe-kv's two servers from its flags (each keyword is the flag of that name): a profile of
+    config_dir/server.toml to launch (reference: baseline, compare: tuned by default) or a URL to
+    attach. Raises ConfigError for a missing compare server or the same URL twice."""
+    if server_url and not (compare_url or compare):
+        raise ConfigError("probe-kv needs a compare server: add --compare-url URL (a second server that differs "
+                          "only in KV dtype, e.g. fp8_e4m3) or --compare PROFILE to launch one.")
+    toml = config_dir / "server.toml"
+    ref = (normalise_server_url(server_url) if server_url
+           else load_server_profile(server or "baseline", toml))
+    cmp = (normalise_server_url(compare_url, "--compare-url") if compare_url
+           else load_server_profile(compare or "tuned", toml))
+    if isinstance(ref, str) and ref == cmp and not allow_same_kv:
+        raise ConfigError(f"--server-url and --compare-url are the same server ({ref}); give two servers "
+                          "that differ in KV dtype (or add --allow-same-kv for a noise-floor run against itself).")
+    return ref, cmp
 
 
 def first_turn(prompt: Prompt) -> list[dict[str, str]]:
@@ -88,7 +113,7 @@ def kv_dtype(handle: ServerHandle, fallback: str | None) -> str | None:
 
 
 @contextlib.asynccontextmanager
-async def _servers(opts: ProbeOptions, folder: Path, http: aiohttp.ClientSession,
+async def _servers(opts: ProbeOptions, folder: Path, http: Http,
                    say: Callable[[str], None]) -> AsyncIterator[tuple[ServerHandle, ServerHandle]]:
     """Start (one after the other: they may share a GPU) or attach both; stop them on exit."""
     async with anyio.create_task_group() as tg:
@@ -134,7 +159,7 @@ def check_servers(opts: ProbeOptions, ref: ServerHandle, cmp: ServerHandle, say:
                 "model keys (extra_args, model_path) would.")
 
 
-async def _probe_one(http: aiohttp.ClientSession, ref: ServerHandle, cmp: ServerHandle, prompt: Prompt,
+async def _probe_one(http: Http, ref: ServerHandle, cmp: ServerHandle, prompt: Prompt,
                      cfg: DatasetConfig, opts: ProbeOptions) -> PM.PromptResult:
     kwargs = {"thinking": False, "enable_thinking": False} if cfg.generation.reasoning == "disable" else None
     ids = await PS.prompt_ids(http, ref.base_urls[0], ref.model, first_turn(prompt), kwargs)
@@ -165,7 +190,7 @@ async def run_probe(cfg: DatasetConfig, opts: ProbeOptions, say: Callable[[str],
     prompts = load_prompts(cfg, opts.samples)
     folder = opts.output_root / cfg.name
     folder.mkdir(parents=True, exist_ok=True)
-    async with open_http_session(cfg.generation, 2 * opts.concurrency + 8) as http:
+    async with open_http(cfg.generation, 2 * opts.concurrency + 8) as http:
         try:
             results, failures, servers = await _measure(http, prompts, folder, cfg, opts, say)
         except BaseExceptionGroup as group:
@@ -177,7 +202,7 @@ async def run_probe(cfg: DatasetConfig, opts: ProbeOptions, say: Callable[[str],
     return report
 
 
-async def _measure(http: aiohttp.ClientSession, prompts: list[Prompt], folder: Path, cfg: DatasetConfig,
+async def _measure(http: Http, prompts: list[Prompt], folder: Path, cfg: DatasetConfig,
                    opts: ProbeOptions, say: Callable[[str], None]) -> tuple[Any, Any, dict[str, Any]]:
     async with _servers(opts, folder, http, say) as (ref, cmp):
         check_servers(opts, ref, cmp, say)
@@ -203,7 +228,7 @@ def _first_known(group: BaseExceptionGroup) -> BaseException:
     return matched if matched is not None else group
 
 
-async def _probe_all(http: aiohttp.ClientSession, ref: ServerHandle, cmp: ServerHandle, prompts: list[Prompt],
+async def _probe_all(http: Http, ref: ServerHandle, cmp: ServerHandle, prompts: list[Prompt],
                      cfg: DatasetConfig, opts: ProbeOptions) -> tuple[list[PM.PromptResult], list[dict[str, str]]]:
     limiter = anyio.CapacityLimiter(opts.concurrency)
     done: dict[int, PM.PromptResult] = {}

@@ -31,15 +31,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-import aiohttp
 import anyio
-import orjson
 
 from gen_pipeline.errors import ServerError
+from gen_pipeline.http import Http, HttpError, Reply
 from gen_pipeline.probe.metrics import Position
 
 ATTEMPTS = 3
-_JSON = {"content-type": "application/json"}
 
 
 class ProbeRequestError(Exception):
@@ -50,35 +48,39 @@ class NoTokenize(Exception):
     """The server answered 404 on /tokenize."""
 
 
-async def _post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any]:
+async def _post(http: Http, url: str, body: dict[str, Any]) -> dict[str, Any]:
     """POST → JSON object; retries transport errors and 5xx; ProbeRequestError on the rest."""
     for attempt in range(ATTEMPTS):
         try:
-            async with http.post(url, data=orjson.dumps(body), headers=_JSON) as r:
-                status, raw = r.status, await r.read()
-        except (aiohttp.ClientError, TimeoutError) as e:
-            err = f"{type(e).__name__} {e}"
+            reply = await http.post_json(url, body)
+        except HttpError as e:
+            err = str(e)
         else:
-            text = raw.decode("utf-8", "replace")
-            if status == 200:
-                try:
-                    data = orjson.loads(raw)
-                except orjson.JSONDecodeError:
-                    data = None
-                if isinstance(data, dict):
+            if reply.status == 200:
+                data = _json_object(reply)
+                if data is not None:
                     return data
-                raise ProbeRequestError(f"{url} answered 200 with a body that is not a JSON object: {text[:200]!r}")
-            err = f"HTTP {status}: {' '.join(text[:300].split())}"
-            if status == 404 and url.endswith("/tokenize"):
+                raise ProbeRequestError(f"{url} answered 200 with a body that is not a JSON object: "
+                                        f"{reply.text[:200]!r}")
+            err = f"HTTP {reply.status}: {' '.join(reply.text[:300].split())}"
+            if reply.status == 404 and url.endswith("/tokenize"):
                 raise NoTokenize(url)
-            if status < 500:
+            if reply.status < 500:
                 raise ProbeRequestError(f"{url}: {err}")
         if attempt + 1 < ATTEMPTS:
             await anyio.sleep(0.5 * 2**attempt)
     raise ProbeRequestError(f"{url}: {err} (after {ATTEMPTS} attempts)")
 
 
-async def prompt_ids(http: aiohttp.ClientSession, url: str, model: str, messages: list[dict[str, str]],
+def _json_object(reply: Reply) -> dict[str, Any] | None:
+    try:
+        data = reply.json()
+    except HttpError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+async def prompt_ids(http: Http, url: str, model: str, messages: list[dict[str, str]],
                      chat_template_kwargs: dict[str, Any] | None) -> list[int]:
     """The chat-templated prompt's ids: /tokenize, else (an SGLang without it, 0.5.13+) a one-token
     /v1/chat/completions with return_prompt_token_ids."""
@@ -125,7 +127,7 @@ def parse_positions(entries: Any, tops: Any, where: str) -> list[Position]:
     return out
 
 
-async def free_run(http: aiohttp.ClientSession, url: str, ids: list[int], max_new_tokens: int,
+async def free_run(http: Http, url: str, ids: list[int], max_new_tokens: int,
                    top_k: int) -> list[Position]:
     """Greedy decode from `ids`: the output tokens with their logprobs and top-k."""
     data = await _post(http, url + "/generate", _generate_body(ids, max_new_tokens, top_k, -1))
@@ -134,7 +136,7 @@ async def free_run(http: aiohttp.ClientSession, url: str, ids: list[int], max_ne
                            f"{url}/generate output")
 
 
-async def score(http: aiohttp.ClientSession, url: str, prompt: list[int], reference: list[int], top_k: int,
+async def score(http: Http, url: str, prompt: list[int], reference: list[int], top_k: int,
                 chunk: int) -> tuple[list[Position], int, int]:
     """Teacher-forced scoring of `reference` after `prompt`, `chunk` tokens per request (0: one
     request). Returns (positions, cached tokens reported, prefix tokens that could have been cached)."""

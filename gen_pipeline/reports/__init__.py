@@ -1,1 +1,24 @@
-"""Read-only reports over outputs/: check, status, validate, diagnose, the HTML page."""
+"""Read-only reports over outputs/: check, status, validate, diagnose, the HTML page.
+
+    check.py     the source read as a run would, before any server (also generate's pre-launch check)
+    status.py    per dataset: done/target, shards, tokens, errors, rate, state
+    validate.py  a dataset's output as a trainer reads it
+    diagnose.py  what bounds a run, from its telemetry
+    page.py      the HTML report; lengths.py: prompt lengths for check
+"""
+
+from typing import Any
+
+from gen_pipeline.reports.check import CheckReport, format_report, run_check
+from gen_pipeline.reports.status import StatusReport, config_targets, format_status, read_status, status_all
+from gen_pipeline.reports.validate import ValidationReport, validate_dataset, validate_named
+
+__all__ = ["CheckReport", "StatusReport", "ValidationReport", "config_targets", "diagnose_dataset", "format_report",
+           "format_status", "read_status", "run_check", "status_all", "validate_dataset", "validate_named"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "diagnose_dataset":  # on first use: diagnose prices levers with server/plan (the server package)
+        from gen_pipeline.reports.diagnose import diagnose_dataset
+        return diagnose_dataset
+    raise AttributeError(f"module 'gen_pipeline.reports' has no attribute {name!r}")

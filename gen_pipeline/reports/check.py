@@ -21,7 +21,7 @@ from gen_pipeline.errors import ConfigError, GenPipelineError, SourceShortError
 from gen_pipeline.records import Prompt, Reject
 from gen_pipeline.reports.lengths import Lengths, context_length, measure
 from gen_pipeline.reports.status import final_failure_ids, read_status
-from gen_pipeline.sources.loading import SourceStats, add_bad_lines, iter_prompts, load_source
+from gen_pipeline.sources.loading import LoadedSource, SourceStats, add_bad_lines, iter_prompts, load_source
 
 WHOLE_SOURCE_ROWS = 50_000  # a local source up to this many rows is read whole
 SAMPLE_ROWS = 2_000  # otherwise: its first rows
@@ -75,11 +75,29 @@ class CheckReport:
 
 def run_check(cfg: DatasetConfig, *, output_root: Path, profile: ServerProfile | None,
               limit: int | None = None, sample_rows: int = SAMPLE_ROWS) -> CheckReport:
-    """Load and parse the source, measure prompts, compare with what the store still needs (at most
-    `limit`, generate's --limit), read once here so that done and needed agree while other runs
-    (ranks) write. Raises ConfigError for a missing column or an unloadable source."""
-    where = display_path(cfg.path) if cfg.path else cfg.name
+    """`gen-pipeline check`: load the source and compare it with what the dataset's folder still needs
+    (all ranks as one; at most `limit`). Raises ConfigError for a missing column or an unloadable source."""
     loaded = load_source(cfg)
+    done, final_failed = dataset_done(output_root, cfg)
+    return check_source(cfg, loaded, done=done, final_failed=final_failed, profile=profile, limit=limit,
+                        sample_rows=sample_rows)
+
+
+def dataset_done(output_root: Path, cfg: DatasetConfig) -> tuple[int, int]:
+    """(samples done, ids failed for good) of a dataset's folder, all ranks as one, read once so that
+    done and needed agree while other runs (ranks) write."""
+    status = read_status(output_root, cfg.name, cfg.target_samples)
+    final_failed = len(final_failure_ids(output_root / cfg.name)) if status.done or status.runs else 0
+    return status.done, final_failed
+
+
+def check_source(cfg: DatasetConfig, loaded: LoadedSource, *, done: int, final_failed: int,
+                 profile: ServerProfile | None, limit: int | None = None,
+                 sample_rows: int = SAMPLE_ROWS) -> CheckReport:
+    """Parse a loaded source as a run would, measure prompts, compare with the target given `done`
+    samples and `final_failed` ids (at most `limit` needed). Raises ConfigError for a missing column;
+    `problems` lists what `generate` refuses to launch for."""
+    where = display_path(cfg.path) if cfg.path else cfg.name
     total = len(loaded.rows) if hasattr(loaded.rows, "__len__") else None
     columns = _columns(loaded.rows)
     _check_columns(cfg, where, columns)
@@ -89,12 +107,10 @@ def run_check(cfg: DatasetConfig, *, output_root: Path, profile: ServerProfile |
     add_bad_lines(cfg, loaded, stats, rejects)
     rows = loaded.rows if whole else islice(loaded.rows, sample_rows)
     prompts = list(iter_prompts(cfg, frozenset(), stats, rejects, rows=rows))
-    status = read_status(output_root, cfg.name, cfg.target_samples)
-    final_failed = len(final_failure_ids(output_root / cfg.name)) if status.done or status.runs else 0
     report = CheckReport(
         cfg.name, where, _describe(cfg), columns, total, whole, stats, rejects, prompts[:SHOWN_PROMPTS],
         measure(prompts[:sample_rows], profile), cfg.sampling.max_new_tokens, context_length(profile),
-        status.done, cfg.target_samples, final_failed)
+        done, cfg.target_samples, final_failed)
     needed = report.remaining if limit is None else min(report.remaining, limit)
     report.problems = _problems(report, cfg, where, needed)
     return report
@@ -136,6 +152,9 @@ def _problems(r: CheckReport, cfg: DatasetConfig, where: str, needed: int) -> li
             f"{where}: {r.rejected:,} of {read:,} {scope} are rejected ({_reasons(r.stats)}); the first, row "
             f"{first.source_index}: {first.detail}. Check source.schema = {src.schema!r} and source.field = "
             f"{src.field!r} (gen-pipeline check --dataset {cfg.name} shows the parsed rows)."))
+    overflow = _overflow_problem(r, cfg, where)
+    if overflow is not None:
+        out.append(overflow)
     available = r.available()
     if needed > 0 and available is not None and available < needed:
         had = f"{r.done:,} done" + (f", {r.final_failed:,} failed for good" if r.final_failed else "")
@@ -146,6 +165,28 @@ def _problems(r: CheckReport, cfg: DatasetConfig, where: str, needed: int) -> li
             f"but {needed:,} are needed to reach target_samples = {r.target:,}. Add rows to the source or "
             f"lower target_samples to {r.done + available:,}; or pass --proceed-anyway to generate what there is."))
     return out
+
+
+def _overflow_problem(r: CheckReport, cfg: DatasetConfig, where: str) -> ConfigError | None:
+    """Most measured prompts cannot fit the context with max_new_tokens: every such request would be
+    refused (HTTP 400), so a run would fail nearly all of them. None when most fit or the context is unknown."""
+    ctx, ctx_where = r.context
+    n = len(r.lengths.values)
+    if ctx is None or not n:
+        return None
+    over = r.lengths.overflowing(r.max_new_tokens, ctx)
+    if over * 2 <= n:
+        return None
+    approx = "" if r.lengths.unit == "tokens" else "~"
+    median = r.lengths.median_tokens()
+    room = ctx - median
+    fix = (f"lower sampling.max_new_tokens (at most {room:,} lets the median prompt fit), raise context_length"
+           if room > 0 else "raise context_length")
+    return ConfigError(
+        f"{where}: {over:,} of {n:,} measured prompts do not fit the context: prompt + max_new_tokens "
+        f"({r.max_new_tokens:,}) may be at most the context length, {ctx:,} tokens ({ctx_where}); the median prompt "
+        f"is {approx}{median:,} tokens. SGLang refuses such requests (HTTP 400), so a run would fail them. To fix: "
+        f"{fix}, or reject long rows with source.max_prompt_chars.")
 
 
 def _reasons(stats: SourceStats) -> str:

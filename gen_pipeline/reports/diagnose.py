@@ -1,4 +1,5 @@
-"""`diagnose`: what bounds a run, from its telemetry rows (pure: rows in, verdicts out; no I/O).
+"""`diagnose`: what bounds a run, from its telemetry rows (pure: rows in, verdicts out; only
+`diagnose_dataset` reads files: the telemetry and the model's config.json).
 
 Each verdict is a named rule over the run's steady polls (the first `warmup_frac` of polls and the
 idle tail cut off) with its thresholds in THRESHOLDS. The rules, in the order they are reported:
@@ -22,12 +23,16 @@ idle tail cut off) with its thresholds in THRESHOLDS. The rules, in the order th
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from gen_pipeline.errors import ConfigError
 from gen_pipeline.server.plan import GIB, KV_BYTES, kv_bytes_per_token
+from gen_pipeline.store.telemetry import read_telemetry
 
 THRESHOLDS: dict[str, float] = {
     "warmup_frac": 0.2,  # first share of a run's polls: the first wave, not the steady state
@@ -321,3 +326,29 @@ def format_diagnosis(dataset: str, rows: list[dict[str, Any]], verdicts: list[Ve
         verdicts = [Verdict("balanced", "no bottleneck rule fired: neither KV, admission, client nor retractions "
                             "bound this run")]
     return "\n".join([head] + [line for v in verdicts for line in v.lines()])
+
+
+@dataclass(frozen=True)
+class DatasetDiagnosis:
+    """A dataset folder's telemetry and what it says (`text`: format_diagnosis's)."""
+
+    folder: Path
+    rows: list[dict[str, Any]]
+    text: str
+
+
+def diagnose_dataset(output_root: Path, dataset: str, *, model_config: Path, gpu_mem_gb: float,
+                     tp_size: int) -> DatasetDiagnosis:
+    """Read outputs/<dataset>/telemetry.jsonl and diagnose it, pricing the memory lever with
+    `model_config` (a config.json) on `tp_size` GPUs of `gpu_mem_gb` GiB. ConfigError names the
+    missing folder or the unreadable --model-config."""
+    folder = output_root / dataset
+    if not folder.is_dir():
+        raise ConfigError(f"{folder}: no such output folder. Generate it first (make generate DATASET={dataset}).")
+    rows = read_telemetry(folder)
+    try:
+        model_cfg = json.loads(model_config.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--model-config {model_config}: cannot read it as JSON ({e}).") from None
+    hw = Hardware(model_cfg, gpu_mem_gb, tp_size, label=model_config.name)
+    return DatasetDiagnosis(folder, rows, format_diagnosis(dataset, rows, diagnose(rows, hw) if rows else []))

@@ -27,6 +27,16 @@ class Lengths:
     def tokens(self, value: int) -> int:
         return value if self.unit == "tokens" else math.ceil(value / CHARS_PER_TOKEN)
 
+    def overflowing(self, max_new_tokens: int, context_tokens: int) -> int:
+        """How many measured prompts plus max_new_tokens exceed the context length: SGLang 0.5.17 refuses a
+        request whose input + max_new_tokens > context_len (TokenizerManager._validate_one_request, unless
+        the server runs with --allow-auto-truncate)."""
+        return sum(1 for x in self.values if self.tokens(x) + max_new_tokens > context_tokens)
+
+    def median_tokens(self) -> int:
+        v = sorted(self.values)
+        return self.tokens(v[len(v) // 2]) if v else 0
+
     def format(self, max_new_tokens: int, context: tuple[int | None, str]) -> list[str]:
         if not self.values:
             return ["  prompt length: no valid prompt to measure"]
@@ -43,7 +53,7 @@ class Lengths:
             lines.append(f"  context length: unknown ({where}); longest prompt {approx}{longest:,} tokens + "
                          f"max_new_tokens {max_new_tokens:,} = {approx}{longest + max_new_tokens:,}")
             return lines
-        over = sum(1 for x in v if self.tokens(x) + max_new_tokens >= ctx)
+        over = self.overflowing(max_new_tokens, ctx)
         head = (f"  context length {ctx:,} tokens ({where}): longest prompt {approx}{longest:,} tokens + "
                 f"max_new_tokens {max_new_tokens:,} = {approx}{longest + max_new_tokens:,}")
         if not over:

@@ -1,5 +1,6 @@
 """`report`: one self-contained HTML page per dataset from its telemetry (PNG plots inlined as
-base64) with the `status` table and the diagnosis. matplotlib (Agg) is the optional `report` extra.
+base64): what the runs were (dates, model, server, KV capacity, sampling), the dataset's own
+`status` row, the diagnosis, the plots. matplotlib (Agg) is the optional `report` extra.
 
 The time axis is run time with the gaps between runs removed (a resume days later does not squash
 the plots); dashed lines mark where each run starts, red lines where the server restarted.
@@ -8,12 +9,20 @@ the plots); dashed lines mark where each run starts, red lines where the server 
 from __future__ import annotations
 
 import base64
+import contextlib
+import errno
 import html
 import io
+import os
 from pathlib import Path
 from typing import Any
 
-from gen_pipeline.errors import ConfigError
+from gen_pipeline.display import display_path
+from gen_pipeline.errors import ConfigError, StoreError
+from gen_pipeline.reports.context import run_context
+from gen_pipeline.reports.diagnose import THRESHOLDS
+from gen_pipeline.reports.status import STATUS_HEAD, StatusReport, status_all, status_rows
+from gen_pipeline.store.layout import dataset_folder
 from gen_pipeline.store.telemetry import runs_of
 
 PANELS = ("throughput", "kv", "load", "retractions")
@@ -54,23 +63,40 @@ def _series(rows: list[dict[str, Any]], key: str) -> list[float]:
     return [float("nan") if r.get(key) is None else float(r[key]) for r in rows]
 
 
-def plot_png(rows: list[dict[str, Any]], title: str, *, dpi: int = 80) -> bytes:
-    """The four panels as one PNG."""
+def _legend_outside(ax: Any, extra: Any = None) -> None:
+    """One legend to the right of the panel (never over its lines), with `extra` axes' entries (a twin)."""
+    handles, labels = ax.get_legend_handles_labels()
+    if extra is not None:
+        more = extra.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    if handles:
+        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.09 if extra is not None else 1.01, 1.0),
+                  borderaxespad=0.0, fontsize=8, frameon=False)
+
+
+def plot_figure(rows: list[dict[str, Any]], title: str) -> Any:
+    """The four panels as a matplotlib Figure: legends right of the panels, thresholds labelled."""
     plt = _pyplot()
     xs, starts, restarts = timeline(rows)
-    fig, axes = plt.subplots(4, 1, figsize=(10, 9), sharex=True)
+    unit, per = _time_unit(max(xs, default=0.0))
+    xs, starts, restarts = [x / per for x in xs], [(x / per, r) for x, r in starts], [x / per for x in restarts]
+    fig, axes = plt.subplots(4, 1, figsize=(11, 9.5), sharex=True, layout="constrained")
     ax = axes[0]
-    ax.plot(xs, _series(rows, "gen_tok_s"), label="server generation tok/s", lw=1.2)
+    ax.plot(xs, _series(rows, "gen_tok_s"), label="server generation tok/s (left axis)", lw=1.2)
     ax.set_ylabel("server tok/s")
     # its own axis: completed tokens over the client's last minute (and a simulator's clock runs faster)
     twin = ax.twinx()
     twin.plot(xs, _series(rows, "client_tok_s"), color="tab:orange", lw=1.0, alpha=0.7,
-              label="completed tok/s (client clock, right axis)")
+              label="completed tok/s, client clock (right axis)")
     twin.set_ylabel("client tok/s")
-    twin.legend(loc="upper right", fontsize=7)
+    _legend_outside(ax, twin)
     ax = axes[1]
     ax.plot(xs, _series(rows, "kv_usage"), color="tab:purple", lw=1.2, label="KV usage")
-    ax.axhline(0.9, color="grey", lw=0.8, ls=":")
+    kv_full = THRESHOLDS["kv_full"]
+    ax.axhline(kv_full, color="grey", lw=0.8, ls=":", label=f"kv_full {kv_full:.2f} (diagnose: the pool fills)")
+    ax.annotate(f"kv_full {kv_full:.2f}", (1.0, kv_full), xycoords=("axes fraction", "data"), xytext=(-3, 3),
+                textcoords="offset points", ha="right", fontsize=8, color="dimgrey",
+                bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8})
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("KV used / capacity")
     ax = axes[2]
@@ -78,31 +104,68 @@ def plot_png(rows: list[dict[str, Any]], title: str, *, dpi: int = 80) -> bytes:
         ax.plot(xs, _series(rows, key), label=label, lw=1.2)
     ax.set_ylabel("requests")
     ax = axes[3]
-    ax.plot(xs, _series(rows, "retractions"), color="tab:red", lw=1.2, label="retractions this run")
+    retractions = _series(rows, "retractions")
+    ax.plot(xs, retractions, color="tab:red", lw=1.2, label="retractions this run")
+    ax.set_ylim(0, max([1.0] + [v * 1.1 for v in retractions if v == v]))  # a count: never below 0 (v == v: not NaN)
     ax.set_ylabel("retractions")
-    ax.set_xlabel("run time, minutes (gaps between runs removed)")
+    ax.set_xlabel(f"run time, {unit} (gaps between runs removed)")
     for ax in axes:
         for x, _ in starts:
             ax.axvline(x, color="black", ls="--", lw=0.8)
         for x in restarts:
             ax.axvline(x, color="red", lw=1.0)
         ax.grid(alpha=0.3)
-        ax.legend(loc="upper left", fontsize=7, ncol=4)
+    for ax in axes[1:]:
+        _legend_outside(ax)
     for x, run in starts:
-        axes[0].annotate(f"run {run}", (x, 1.0), xycoords=("data", "axes fraction"), fontsize=7,
+        axes[0].annotate(f"run {run}", (x, 1.0), xycoords=("data", "axes fraction"), fontsize=8,
                          xytext=(2, -10), textcoords="offset points")
     for x in restarts:
-        axes[1].annotate("restart", (x, 0.05), color="red", fontsize=7, xytext=(2, 0), textcoords="offset points")
+        axes[1].annotate("restart", (x, 0.05), color="red", fontsize=8, xytext=(2, 0), textcoords="offset points")
     fig.suptitle(title)
-    fig.tight_layout()
+    return fig
+
+
+def _time_unit(span_min: float) -> tuple[str, float]:
+    """The x axis unit for a span of `span_min` minutes: (name, minutes per unit)."""
+    if span_min < 2:
+        return "seconds", 1 / 60
+    return ("hours", 60.0) if span_min > 180 else ("minutes", 1.0)
+
+
+def plot_png(rows: list[dict[str, Any]], title: str, *, dpi: int = 100) -> bytes:
+    """The four panels as one PNG."""
+    plt = _pyplot()
+    fig = plot_figure(rows, title)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     plt.close(fig)
     return buf.getvalue()
 
 
-def render_html(dataset: str, rows: list[dict[str, Any]], status_text: str, diagnosis_text: str) -> str:
-    """The page: plots, the status table, the diagnosis (all inline; no network needed to view it)."""
+_CSS = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+pre{background:#f4f4f4;padding:1em;white-space:pre-wrap;overflow-wrap:anywhere}
+table{border-collapse:collapse;margin:0.5em 0}
+table.context th{text-align:left;vertical-align:top;padding:0.2em 1em 0.2em 0;white-space:nowrap}
+table.context td{padding:0.2em 0;overflow-wrap:anywhere}
+table.status{width:100%;font-size:0.9em}
+table.status th,table.status td{border-bottom:1px solid #ddd;padding:0.3em 0.4em;text-align:right}
+table.status th:first-child,table.status td:first-child{text-align:left}
+img{max-width:100%;height:auto}"""
+
+
+def _status_html(status: StatusReport | str) -> str:
+    if isinstance(status, str):  # a preformatted table (from a caller that built it)
+        return f"<pre>{html.escape(status)}</pre>"
+    cells = [[f"<th>{html.escape(h)}</th>" for h in STATUS_HEAD]]
+    cells += [[f"<td>{html.escape(c)}</td>" for c in row] for row in status_rows(status)]
+    return '<table class="status">' + "".join(f"<tr>{''.join(r)}</tr>" for r in cells) + "</table>"
+
+
+def render_html(dataset: str, rows: list[dict[str, Any]], status: StatusReport | str, diagnosis_text: str,
+                context: list[tuple[str, str]] | None = None) -> str:
+    """The page: what the runs were, the status of this dataset, the diagnosis, the plots (all inline; no
+    network needed to view it)."""
     runs = runs_of(rows)
     if rows:
         png = base64.b64encode(plot_png(rows, f"{dataset}: {len(rows)} polls over {len(runs)} run(s)")).decode()
@@ -110,20 +173,41 @@ def render_html(dataset: str, rows: list[dict[str, Any]], status_text: str, diag
     else:
         plots = "<p>No telemetry yet: generate writes telemetry.jsonl on every load poll.</p>"
     restarts = sum(max((r.get("restarts") or 0) for r in run) for run in runs)
+    facts = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in context or [])
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{html.escape(dataset)} report</title>
-<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}} pre{{background:#f4f4f4;padding:1em;
-overflow-x:auto}} img{{max-width:100%}}</style></head>
+<style>{_CSS}</style></head>
 <body><h1>{html.escape(dataset)}</h1>
 <p>{len(runs)} run(s), {restarts} server restart(s), {len(rows)} load polls.</p>
-<h2>Status</h2><pre>{html.escape(status_text)}</pre>
+{f'<table class="context">{facts}</table>' if facts else ""}
+<h2>Status</h2>{_status_html(status)}
 <h2>Diagnosis</h2><pre>{html.escape(diagnosis_text)}</pre>
 <h2>Over time</h2>{plots}
 </body></html>
 """
 
 
+def build_report(output_root: Path, dataset: str, rows: list[dict[str, Any]], diagnosis_text: str,
+                 target: int | None) -> str:
+    """The report page of `output_root/dataset`: its run context and its own status (no other dataset)."""
+    folder = dataset_folder(output_root, dataset)
+    status = status_all(output_root, {dataset: target}, total_of=[], others=False)
+    return render_html(dataset, rows, status, diagnosis_text, run_context(folder, rows))
+
+
 def write_report(path: Path, page: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
+    """Write the page atomically (a tmp file beside it, then a rename); raises StoreError (exit 4) when the
+    folder cannot be written."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(page, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        hint = ("free space there or pass --out on another disk" if e.errno in (errno.ENOSPC, errno.EDQUOT)
+                else "pass --out with a path in a folder you can write")
+        raise StoreError(f"Cannot write the report {display_path(path)}: {e.strerror or e}. Nothing was written; "
+                         f"{hint} (e.g. --out /tmp/{path.name}).") from None
     return path

@@ -6,12 +6,15 @@ shards' figures come from the manifest, the open shard (and any the manifest doe
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gen_pipeline.config.dataset import find_dataset_config
 from gen_pipeline.display import format_duration
+from gen_pipeline.errors import ConfigError
 from gen_pipeline.store.layout import (
     ERRORS_NAME,
     REJECTS_NAME,
@@ -22,11 +25,12 @@ from gen_pipeline.store.layout import (
     rank_parts,
     read_jsonl_rows,
 )
-from gen_pipeline.store.manifest import read_lock, read_manifest
+from gen_pipeline.store.lock import read_lock
+from gen_pipeline.store.manifest import Manifest, RunRecord, read_manifest
 from gen_pipeline.store.ranks import rank_folder_name, rank_share
 
-__all__ = ["ERRORS_NAME", "REJECTS_NAME", "DatasetStatus", "StatusReport", "final_failure_ids", "format_status",
-           "read_status", "status_all"]
+__all__ = ["ERRORS_NAME", "REJECTS_NAME", "DatasetStatus", "StatusReport", "config_targets", "final_failure_ids",
+           "format_status", "read_status", "status_all"]
 
 
 @dataclass
@@ -49,7 +53,7 @@ class DatasetStatus:
     runs: int = 0
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
-    updated_at: str | None = None
+    updated_at: float | str | None = None  # the last commit: time.time() of its figures, or ISO time
     corrupt_lines: int = 0
     world_size: int = 1  # >1: written by ranks; `ranks` holds one status per rank (below)
     ranks: list[DatasetStatus] = field(default_factory=list)
@@ -135,20 +139,22 @@ def _add_shards(st: DatasetStatus, folder: Path, *, ids: bool) -> set[str]:
     return done
 
 
-def _add_errors(st: DatasetStatus, manifest: dict[str, Any], rows: list[dict[str, Any]], done: set[str]) -> None:
+def _add_errors(st: DatasetStatus, manifest: Manifest, rows: list[dict[str, Any]], done: set[str]) -> None:
     if not rows:
         return
-    runs = manifest.get("runs") or [{}]
-    last = runs[-1].get("run", max((r.get("run", 0) for r in rows), default=0))
+    runs = manifest.get("runs")
+    last = runs[-1]["run"] if runs else max((r.get("run", 0) for r in rows), default=0)
     st.errors_last_run = sum(1 for r in rows if r.get("run") == last)
     st.errors_unresolved = len({r.get("id") for r in rows} - done - {None})
 
 
-def _add_run(st: DatasetStatus, folder: Path, manifest: dict[str, Any]) -> None:
-    runs = manifest.get("runs") or []
+def _add_run(st: DatasetStatus, folder: Path, manifest: Manifest) -> None:
+    runs = manifest.get("runs", [])
     st.runs = len(runs)
     lock = read_lock(folder)
-    if lock is not None and lock.pid is not None:
+    if lock is not None and lock.problem:
+        st.state = f"lock unreadable ({lock.problem})"
+    elif lock is not None and lock.pid is not None:
         where = "" if lock.local else f" on {lock.host}"
         st.state = f"running (pid {lock.pid}{where})" if lock.alive else f"died (pid {lock.pid} gone)"
     elif lock is not None:
@@ -159,17 +165,13 @@ def _add_run(st: DatasetStatus, folder: Path, manifest: dict[str, Any]) -> None:
         st.state = "source exhausted"  # more runs will not help: the source has no more valid rows
     elif runs or st.done:
         st.state = "stopped"
-    progress = manifest.get("progress") or {}
-    st.samples_per_s = _num(progress.get("samples_per_s"))
-    st.tokens_per_s = _num(progress.get("tokens_per_s"))
+    progress = manifest.get("progress", {})
+    st.samples_per_s = progress.get("samples_per_s")
+    st.tokens_per_s = progress.get("tokens_per_s")
     st.updated_at = progress.get("updated_at") or manifest.get("updated_at")
     st.heartbeat_age_s = _age_s(manifest.get("updated_at"))
     if st.samples_per_s is None and runs:
         st.samples_per_s = _run_rate(runs[-1])
-
-
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def _age_s(iso: Any) -> float | None:
@@ -179,7 +181,7 @@ def _age_s(iso: Any) -> float | None:
         return None
 
 
-def _run_rate(run: dict[str, Any]) -> float | None:
+def _run_rate(run: RunRecord) -> float | None:
     """samples/s of a run from its manifest record, when the pipeline passed no progress."""
     try:
         t0 = datetime.fromisoformat(run["started_at"])
@@ -190,11 +192,37 @@ def _run_rate(run: dict[str, Any]) -> float | None:
     return run.get("samples_written", 0) / elapsed_s if elapsed_s > 0 else None
 
 
-def status_all(root: Path, targets: dict[str, int | None], *, total_of: list[str] | None = None) -> StatusReport:
-    """Status of every dataset in `targets` plus any other folder of `root` with shards; the
-    total sums `total_of` (default: every dataset in `targets`)."""
+def config_targets(config_dir: Path, output_dir: Path, only: Sequence[str] = ()) -> tuple[dict[str, int | None],
+                                                                                        list[str]]:
+    """({dataset name: target}, warnings) from the configs of `only` (default: every TOML of config_dir);
+    the name inside a TOML wins over its file name. A named dataset with outputs but no config gets
+    None (status reads the target its run recorded); a config that does not load is a warning (shown
+    without a target) unless it was named (then its ConfigError is raised)."""
+    targets: dict[str, int | None] = {}
+    warnings: list[str] = []
+    for n in list(only) or [str(p) for p in sorted(config_dir.glob("*.toml")) if p.stem != "server"]:
+        if not n.endswith(".toml") and not (config_dir / f"{n}.toml").exists() and (output_dir / n).is_dir():
+            targets[n] = None
+            continue
+        try:
+            cfg = find_dataset_config(n, config_dir)
+        except ConfigError as e:
+            if only:
+                raise
+            warnings.append(str(e))
+            targets.setdefault(Path(n).stem, None)
+            continue
+        targets[cfg.name] = cfg.target_samples
+    return targets, warnings
+
+
+def status_all(root: Path, targets: dict[str, int | None], *, total_of: list[str] | None = None,
+               others: bool = True) -> StatusReport:
+    """Status of every dataset in `targets` plus (`others`) any other folder of `root` with shards; the
+    total sums `total_of` (default: every dataset in `targets`). `status --dataset X` and the report page
+    of X pass others=False: they are about X alone."""
     names = list(targets)
-    if Path(root).is_dir():
+    if others and Path(root).is_dir():
         names += sorted(p.name for p in Path(root).iterdir()
                         if p.is_dir() and p.name not in targets and has_shards(p))
     datasets = [read_status(root, n, targets.get(n)) for n in names]
@@ -231,15 +259,23 @@ def _row(d: DatasetStatus, in_total: bool) -> list[str]:
             _si(d.samples_per_s), _si(d.tokens_per_s), _duration(d.eta_s)]
 
 
-def format_status(report: StatusReport) -> str:
-    """A compact table: one row per dataset plus the total."""
-    head = ["dataset", "done/target", "%", "shards", "prompt tok", "compl tok", "trunc", "errors",
-            "rejects", "state", "samples/s", "tok/s", "ETA"]
+STATUS_HEAD = ["dataset", "done/target", "%", "shards", "prompt tok", "compl tok", "trunc", "errors",
+               "rejects", "state", "samples/s", "tok/s", "ETA"]
+
+
+def status_rows(report: StatusReport) -> list[list[str]]:
+    """The table's cells under STATUS_HEAD: one row per dataset, then the total (when it sums a dataset shown)."""
     counted = set(report.total_of) if report.total_target else {d.dataset for d in report.datasets}
     rows = [_row(d, d.dataset in counted) for d in report.datasets]
     if report.total_target:  # no total row when none of the datasets it sums is shown
         pct = f"{100 * report.total_done / report.total_target:.1f}%"
-        rows.append(["total", f"{report.total_done:,}/{report.total_target:,}", pct] + [""] * (len(head) - 3))
+        rows.append(["total", f"{report.total_done:,}/{report.total_target:,}", pct] + [""] * (len(STATUS_HEAD) - 3))
+    return rows
+
+
+def format_status(report: StatusReport) -> str:
+    """A compact table: one row per dataset plus the total."""
+    head, rows = STATUS_HEAD, status_rows(report)
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in [head, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -288,9 +324,8 @@ def _rank_status(part: Path | None, dataset: str, rank: int, world: int, target:
 
 def _stale_after_s(part: Path | None) -> float:
     """How long a live-looking run may go without a commit: longer while its last run has written nothing."""
-    runs = ((read_manifest(part)[0] or {}).get("runs") or [{}]) if part is not None else [{}]
-    last = runs[-1] if isinstance(runs[-1], dict) else {}
-    starting = last.get("ended_at") is None and not last.get("samples_written")
+    runs = (read_manifest(part)[0] or {}).get("runs", []) if part is not None else []
+    starting = not runs or (runs[-1].get("ended_at") is None and not runs[-1].get("samples_written"))
     return STARTING_GRACE_S if starting else STALE_AFTER_S
 
 

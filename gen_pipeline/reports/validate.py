@@ -12,7 +12,9 @@ from typing import Any
 
 import orjson
 
+from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, find_dataset_config
 from gen_pipeline.display import display_path
+from gen_pipeline.errors import ConfigError
 from gen_pipeline.store.layout import dataset_parts, part_name, shard_files
 from gen_pipeline.store.manifest import read_manifest
 from gen_pipeline.store.ranks import owner_rank, parse_rank_folder
@@ -28,6 +30,7 @@ KINDS = {
     "think_marker": "<think> or </think> left in an assistant turn's content",
     "truncated": "finish_reason is \"length\" and the dataset drops truncated samples",
     "wrong_rank": "a rank's folder holds a sample whose id hashes to another rank",
+    "mixed_config": "rows made with another model or sampling than the first row",
 }
 THINK_MARKERS = ("<think>", "</think>")
 EXAMPLES_PER_KIND = 20  # keep memory bounded when every row of 88,000 has the same problem
@@ -107,6 +110,17 @@ def _shape_diff(first: dict[str, Any], row: dict[str, Any], prefix: str, deep: b
     return ""
 
 
+def _value_diff(first: Any, here: Any, name: str) -> str:
+    """"name is X here, Y in the first row" for the first differing value ("" when equal), into objects."""
+    if isinstance(first, dict) and isinstance(here, dict):
+        for k in sorted(set(first) | set(here)):
+            diff = _value_diff(first.get(k), here.get(k), f"{name}.{k}")
+            if diff:
+                return diff
+        return ""
+    return "" if first == here else f"{name} is {here!r} here, {first!r} in the first row"
+
+
 class _Checker:
     def __init__(self, report: ValidationReport):
         self.r = report
@@ -126,6 +140,8 @@ class _Checker:
             diff = _shape_diff(first_meta, meta, "meta.", deep=True)
             if diff:
                 self.r.add("meta_schema", file, line, diff)
+            else:  # a row of another shape is reported as that
+                self._config(file, line, meta, first_meta)
             if meta.get("finish_reason") == "length":
                 self.r.truncated += 1
                 if self.r.truncated_policy == "drop":
@@ -134,6 +150,15 @@ class _Checker:
         self._id(file, line, row.get("id"))
         if isinstance(row.get("conversations"), list):
             self._turns(file, line, row["conversations"])
+
+    def _config(self, file: str, line: int, meta: dict[str, Any], first: dict[str, Any]) -> None:
+        """One dataset is one model and one sampling: a row made another way is a problem (a resume with
+        another config that no drift check caught)."""
+        for key in ("model", "sampling"):
+            diff = _value_diff(first.get(key), meta.get(key), f"meta.{key}")
+            if diff:
+                self.r.add("mixed_config", file, line, diff)
+                return
 
     def _id(self, file: str, line: int, rid: Any) -> None:
         if not isinstance(rid, str):
@@ -172,6 +197,24 @@ def _roles_ok(roles: list[Any]) -> bool:
     body = roles[1:] if roles[:1] == ["system"] else roles
     return (len(body) >= 2 and len(body) % 2 == 0
             and all(r == ("user" if i % 2 == 0 else "assistant") for i, r in enumerate(body)))
+
+
+def validate_named(name: str, output_root: Path, config_dir: Path = DEFAULT_CONFIG_DIR) -> ValidationReport:
+    """`validate --dataset NAME`: the folder of a dataset name (a TOML's `name` when NAME is a config),
+    validated; ConfigError when it has no folder or no sample yet."""
+    if name.endswith(".toml") or (config_dir / f"{name}.toml").exists():
+        name_in_toml = find_dataset_config(name, config_dir).name  # the TOML's `name` picks the folder
+    else:
+        name_in_toml = name
+    folder = output_root / name_in_toml
+    if not folder.is_dir():
+        raise ConfigError(f"{folder}: no such output folder. Generate it first (make generate DATASET={name}).")
+    report = validate_dataset(folder)
+    if report.rows == 0 and report.ok:
+        raise ConfigError(f"{folder}: nothing to validate: no samples yet ({report.files} shard"
+                          f"{'' if report.files == 1 else 's'}, all empty). "
+                          f"Generate it first (make generate DATASET={name}).")
+    return report
 
 
 def validate_dataset(folder: Path) -> ValidationReport:

@@ -6,12 +6,9 @@ regenerated history. Retries (tenacity, exponential backoff with jitter) cover c
 errors, timeouts, 429, 5xx and unreadable bodies; a 4xx that will fail again (e.g. a prompt
 longer than the context) is not retried and becomes a Failure with the server's message.
 
-One HTTP library for the product, aiohttp (requests and control traffic: health, /server_info,
-/v1/loads, /metrics); `open_http_session` makes its sessions. Measured through the real pipeline
-at ~65 requests/s (1,500 one-turn samples, window 14, the simulator attached, 5 paired runs):
-httpx 0.28 took 1.53x the client CPU of aiohttp (median 5.05 s vs 3.83 s per run, about 0.8 ms
-more per request; httpcore re-scans its whole pool on every request), at equal wall time
-(ratio 1.02). See bench/RESULTS.md, "HTTP client library".
+Requests go through gen_pipeline/http.py (httpx, the product's one HTTP library). A connection that
+cannot be made (refused, unknown host, a black-holed server: connect timeout) or that is lost counts
+toward taking a server out of a fleet; a read timeout does not (the server is there, only busy).
 """
 
 from __future__ import annotations
@@ -25,13 +22,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
 import anyio
 import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
+from gen_pipeline.config.server import normalise_server_url
 from gen_pipeline.errors import RequestError
+from gen_pipeline.http import CannotConnect, ConnectionLost, Http, HttpError, Reply
 from gen_pipeline.records import Failure, Message, Prompt, Sample
 from gen_pipeline.server.fleet import Fleet
 
@@ -69,14 +67,6 @@ class TurnResult:
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
-class RawResponse:
-    status: int
-    content_type: str
-    body: bytes
-    reason: str = ""
 
 
 RequestDone = Callable[[int, int, float], None]  # (prompt_tokens, completion_tokens, latency_s)
@@ -160,7 +150,7 @@ def parse_response(data: Any) -> TurnResult:
     return TurnResult(content, reasoning, finish, prompt_tokens, completion_tokens)
 
 
-def error_message(response: RawResponse) -> str:
+def error_message(response: Reply) -> str:
     """The server's own error text (OpenAI/SGLang error JSON or the raw body)."""
     text = response.body[:500].decode("utf-8", "replace").strip()
     try:
@@ -176,7 +166,7 @@ def error_message(response: RawResponse) -> str:
     return text
 
 
-def classify_status(response: RawResponse) -> None:
+def classify_status(response: Reply) -> None:
     """Raise _Retryable for 408/429/5xx, RequestError (final) for other 4xx; pass on 2xx."""
     code = response.status
     if code < 300:
@@ -209,11 +199,11 @@ def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turn
 class ChatClient:
     """Regenerates conversations against one or more servers (the fleet picks each request's server)."""
 
-    def __init__(self, session: aiohttp.ClientSession, base_urls: list[str], settings: ClientSettings, *,
+    def __init__(self, http: Http, base_urls: list[str], settings: ClientSettings, *,
                  gate: Callable[[], Awaitable[None]] | None = None, on_request_done: RequestDone | None = None,
                  fleet: Fleet | None = None):
-        self._session = session
-        self._fleet = fleet if fleet is not None else Fleet([u.rstrip("/") for u in base_urls])
+        self._http = http
+        self._fleet = fleet if fleet is not None else Fleet([normalise_server_url(u) for u in base_urls])
         self.settings = settings
         self._gate = gate
         self._on_done = on_request_done
@@ -291,13 +281,11 @@ class ChatClient:
         fleet.started(url)
         started = time.monotonic()
         try:
-            response = await self._post(f"{url}/v1/chat/completions", body)
-        except _Retryable as e:
-            # one server: no other to send it to; its health checks pause dispatch (as for a restart)
-            if e.reason == "connection" and len(fleet.urls) > 1 and fleet.failed(url, time.monotonic()):
-                log.warning("took %s out after %d connection errors in a row; %d of %d servers left, probing it "
-                            "back with backoff", url, fleet.fail_after, len(fleet.up_urls), len(fleet.urls))
-            raise
+            response = await self._http.post_json(f"{url}/v1/chat/completions", body)
+        except HttpError as e:
+            if isinstance(e, CannotConnect | ConnectionLost):  # not NoAnswer: a slow server is still there
+                self._connection_failed(url)
+            raise _Retryable(e.kind, str(e)) from None
         finally:
             fleet.finished(url)
         fleet.succeeded(url)
@@ -314,25 +302,13 @@ class ChatClient:
             _reject_empty(turn, self.settings.generation.empty_turn)
         return turn
 
-
-    async def _post(self, url: str, body: bytes) -> RawResponse:
-        """POST the body; a timeout or a connection problem (refused, reset, cut mid-body) is retried."""
-        try:
-            async with self._session.post(url, data=body, headers=_JSON) as r:
-                return RawResponse(r.status, r.headers.get("content-type", ""), await r.read(), r.reason or "")
-        except (TimeoutError, aiohttp.ServerTimeoutError):
-            raise _Retryable("timeout", "no answer within the request timeout") from None
-        except aiohttp.ClientError as e:
-            raise _Retryable("connection", f"{type(e).__name__}: {e}") from None
-
-
-def open_http_session(generation: GenerationConfig, max_connections: int) -> aiohttp.ClientSession:
-    """An aiohttp session (`async with`) with one connection per request in flight (aiohttp's default
-    of 100 would silently cap a run) and the [generation] timeouts: connect, and the whole request
-    (a long generation included). Control calls pass their own shorter timeout per request."""
-    connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ttl_dns_cache=300)
-    timeout = aiohttp.ClientTimeout(total=generation.request_timeout_s, connect=generation.connect_timeout_s)
-    return aiohttp.ClientSession(connector=connector, timeout=timeout, raise_for_status=False)
+    def _connection_failed(self, url: str) -> None:
+        """After fail_after connection failures in a row the server is taken out of the fleet. A server
+        alone stays: there is no other to send to, and its health checks pause dispatch (as for a restart)."""
+        fleet = self._fleet
+        if len(fleet.urls) > 1 and fleet.failed(url, time.monotonic()):
+            log.warning("took %s out after %d connection errors in a row; %d of %d servers left, probing it "
+                        "back with backoff", url, fleet.fail_after, len(fleet.up_urls), len(fleet.urls))
 
 
 def _reject_empty(turn: TurnResult, policy: str) -> None:

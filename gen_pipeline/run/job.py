@@ -1,193 +1,196 @@
-"""A job: several datasets through one server lifetime (`generate --dataset B1,B2,B6,B7`).
+"""The job: one anyio task group that owns the server (started with `tg.start`: the job proceeds once
+/health answers), the load poller, the progress reporter, the signal handler, the datasets' producers
+and their writers. A single dataset is a job of one; this is the only module that opens a run's task
+groups. Each dataset's own part (store, feed, dispatcher, writer, stats, telemetry) is a DatasetRun
+(dataset_run.py); set-up (setup.py) opens them before the server starts.
 
-One server is launched (or attached) for the whole job and stopped once at the end; each dataset
-keeps its own folder, manifest, lock, exact target, resume by id, drift check, run.log and
-telemetry (the per-dataset parts are pipeline.py's `_Run`). Every store is opened (locks taken,
-drift checked) before the server starts.
+Dispatch order: one dataset after another, overlapped. The datasets share one Window (the KV pool is
+one pool) and one request task group; dataset k+1's producer starts the moment dataset k has sent
+every prompt it needs, so the slots k's tail frees are refilled with k+1's prompts and the server
+never drains between datasets. The window is retuned with the sum of the datasets' needs, and the
+controller sizes it from the length estimate of each dataset weighted by its requests in flight
+(controller/core.py `set_mix`). Each dataset has its own ChatClient: its own sampling, timeouts and
+retries. A retry of dataset k (a failed request) still goes out while k+1 runs.
 
-Dispatch order: one dataset after another, overlapped. The datasets share one Window (the KV pool
-is one pool) and one request task group; dataset k+1's producer starts the moment dataset k has
-sent every prompt it needs, so the slots k's tail frees are refilled with k+1's prompts and the
-server never drains between datasets. The window is retuned with the sum of the datasets' needs,
-and the controller sizes it from the length estimate of each dataset weighted by its requests in
-flight (controller/core.py `set_mix`). Each dataset has its own ChatClient: its own sampling,
-timeouts and retries. A retry of dataset k (a failed request) still goes out while k+1 runs.
+Shutdown: a dataset's writer commits and unlocks its store as soon as its last request has ended
+(status shows it done while the others go on). Every target reached → the producers stop once
+nothing is in flight, the writers drain, then the server, poller and reporter are cancelled. First
+SIGINT or SIGTERM → stop dispatching, let in-flight requests finish for `drain_grace_s`, then cancel
+them (the writers still write every finished sample); a second signal cancels at once. A fatal error
+(server gone for good, disk full) cancels everything; every store is committed under a shield.
 
-Exit code: the worst of the datasets' (a signal's 130/143 over a short source's 5 over 0); a fatal
-error (server gone, disk) ends the whole job with its own code, every store committed.
+Exit code (JobSummary.exit_code): the worst of the datasets' (a signal's 130/143 over a short
+source's 5 over 0); a fatal error ends the whole job with its own code.
 """
 
 from __future__ import annotations
 
-import contextvars
-import logging
-import time
-from contextlib import AsyncExitStack, ExitStack
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-import aiohttp
 import anyio
+from anyio.abc import TaskGroup
 
 from gen_pipeline.config.dataset import DatasetConfig
-from gen_pipeline.controller import Controller
-from gen_pipeline.records import Prompt, Sample
-from gen_pipeline.run.chat import ChatClient, open_http_session
-from gen_pipeline.run.dispatch import Item, Window, produce_in_order
-from gen_pipeline.run.options import RunOptions, RunSummary
-from gen_pipeline.run.pipeline import (
-    _BATCH,
-    ControllerLog,
-    ServerPoller,
-    _client_settings,
-    _first_known,
-    _max_connections,
-    _Run,
-    _start_server,
-    report_progress,
-    run_log,
-)
-from gen_pipeline.run.progress import Figures, Progress
+from gen_pipeline.controller import Controller, ControllerStats
+from gen_pipeline.errors import GenPipelineError
+from gen_pipeline.http import open_http
+from gen_pipeline.records import Failure, Prompt, RunSnapshot, Sample
+from gen_pipeline.run.chat import ChatClient
+from gen_pipeline.run.connect import ServerPoller, client_settings, max_connections, start_server
+from gen_pipeline.run.dataset_run import BATCH, EVENTS, JOURNAL, DatasetRun
+from gen_pipeline.run.dispatch import Item, produce_in_order
+from gen_pipeline.run.options import JobSummary, RunOptions, RunSummary
+from gen_pipeline.run.setup import OpenedDatasets, open_datasets
 from gen_pipeline.run.shutdown import Shutdown
 from gen_pipeline.server import ServerHandle
-from gen_pipeline.server.attach import identify
-from gen_pipeline.store.dataset_store import DatasetStore, default_opener
 
-__all__ = ["JobSummary", "run_job"]
-
-log = logging.getLogger("gen_pipeline.run.job")
-_DATASET: contextvars.ContextVar[str | None] = contextvars.ContextVar("gen_pipeline_job_dataset", default=None)
+REPORT_EVERY_S = 0.5  # RunOptions.on_progress
 
 
-@dataclass
-class JobSummary:
-    runs: list[RunSummary] = field(default_factory=list)
+class Job:
+    """The datasets of a job sharing one server, one window and one request task group; made by
+    `open_job`, run once by `run()`."""
 
-    @property
-    def exit_code(self) -> int:
-        """The worst dataset's: 143/130 (interrupted) over 5 (source short) over 0."""
-        return max((r.exit_code for r in self.runs), default=0)
-
-    def lines(self) -> list[str]:
-        done, target = sum(r.done for r in self.runs), sum(r.target for r in self.runs)
-        written = sum(r.written for r in self.runs)
-        pct = 100.0 * done / target if target else 100.0
-        tail = "every dataset at its target." if done >= target else "run the same command to resume."
-        job = (f"job ({', '.join(r.dataset for r in self.runs)}): {done:,}/{target:,} samples ({pct:.1f}%), "
-               f"+{written:,} this run; {tail}")
-        return [r.line() for r in self.runs] + [job]
-
-
-def _dataset_log_filter(name: str) -> logging.Filter:
-    """run.log of one dataset: the job's own records and the server's, and those of this dataset only
-    (tagged with extra={"dataset": ...}, or logged by a task of that dataset: its producer, requests, writer)."""
-    f = logging.Filter()
-    f.filter = lambda record: getattr(record, "dataset", _DATASET.get() or name) == name  # type: ignore[method-assign]
-    return f
-
-
-class _Job:
-    """The datasets of a job sharing one server, one window and one request task group."""
-
-    def __init__(self, runs: list[_Run], opts: RunOptions, all_runs: list[_Run]) -> None:
-        self.runs, self.opts, self.all_runs = runs, opts, all_runs
-        self.window = runs[0].window
-        self.window.members = [r.dispatch for r in runs]
+    def __init__(self, opened: OpenedDatasets, opts: RunOptions) -> None:
+        self.opts, self.http, self.model, self.waived = opts, opened.http, opened.model, opened.waived
+        self.all_runs = opened.runs
+        self.runs = [r for r in self.all_runs if r.dispatch.goal > 0]  # those with something to do
+        self.several = len(self.all_runs) > 1
+        self.window = self.all_runs[0].window
+        self.window.members = [r.dispatch for r in self.runs]
         self.shutdown = Shutdown(opts.drain_grace_s)
-        for r in runs:
-            r.shutdown = self.shutdown
-        self.started: list[_Run] = []
-        self.elapsed_s: dict[str, float] = {}  # a dataset's time from its start to its last sample
+        self.started: list[DatasetRun] = []
         self.handle: ServerHandle | None = None
-        self._first_poll = anyio.Event()
+        self._first_poll = anyio.Event()  # the display waits for it: its first line carries load figures
         self._controller_log = ControllerLog()
 
-    # ------------------------------------------------------------ figures
-    def current(self) -> _Run:
-        """The dataset being sent (the last one started)."""
-        return self.started[-1] if self.started else self.runs[0]
+    @property
+    def folders(self) -> dict[str, Path]:
+        """Each dataset's folder (a rank's: its part), where its run.log belongs."""
+        return {r.name: r.store.folder for r in self.all_runs}
 
-    def figures(self, *, final: bool = False) -> Figures:
-        """The job's figures: samples toward the job total; the live load from the current dataset."""
-        f = self.current().figures(final=final)
-        done = sum(r.store.done for r in self.all_runs)
-        target = sum(r.store.target for r in self.all_runs)
-        sps = sum(r.stats.throughput()[0] for r in self.started)
-        tps = sum(r.stats.throughput()[1] for r in self.started)
-        in_flight = sum(r.dispatch.in_flight for r in self.runs)
-        failures = sum(r.stats.failures for r in self.all_runs)
-        return Figures(done=done, target=target, samples_per_s=sps, tokens_per_s=tps, in_flight=in_flight,
-                       window=self.window.size, running=f.running, queued=f.queued, kv_usage=f.kv_usage,
-                       retractions=f.retractions, failures=failures, controller_mode=f.controller_mode,
-                       controller_reason=f.controller_reason, final=final, peak_running=f.peak_running,
-                       peak_queued=f.peak_queued, peak_kv_usage=f.peak_kv_usage)
+    # ------------------------------------------------------------ one moment of the job
+    def snapshot(self, *, final: bool = False) -> RunSnapshot:
+        """The dataset being sent, as its RunSnapshot; a job of several sums the datasets' samples,
+        rates, requests in flight and failures, the live load being the one server's."""
+        current = self.started[-1] if self.started else (self.runs or self.all_runs)[0]
+        s = current.snapshot(final=final)
+        if not self.several:
+            return s
+        names = [r.name for r in self.runs]
+        label = (f"job ({', '.join(names)})" if final
+                 else f"job {current.name} ({names.index(current.name) + 1}/{len(names)})")
+        rates = [r.stats.throughput() for r in self.started]
+        return replace(s, label=label, done=sum(r.store.done for r in self.all_runs),
+                       target=sum(r.store.target for r in self.all_runs), samples_per_s=sum(x[0] for x in rates),
+                       tokens_per_s=sum(x[1] for x in rates), in_flight=sum(r.dispatch.in_flight for r in self.runs),
+                       failures=sum(r.stats.failures for r in self.all_runs),
+                       completions=sum(r.dispatch.ok for r in self.all_runs))
 
-    def label(self) -> str:
-        names = [r.cfg.name for r in self.runs]
-        cur = self.current().cfg.name
-        return f"job {cur} ({names.index(cur) + 1}/{len(names)})"
+    # ------------------------------------------------------------ the run
+    async def run(self) -> JobSummary:
+        """Generate every dataset up to its target (or --limit); resumable per dataset. Raises the
+        GenPipelineError that ended it (a fatal one); the stores are committed either way."""
+        for r in self.all_runs:
+            r.journal.info("run of %s: %s/%s samples done", r.name, f"{r.store.done:,}", f"{r.store.target:,}")
+            for note in r.notes:
+                r.log.info("%s: %s", r.name, note)
+            if r.dispatch.goal <= 0 and self.several:
+                r.log.info("%s: %s/%s samples, the target is already reached; skipping it.", r.name,
+                           f"{r.store.done:,}", f"{r.store.target:,}")
+        for problem in self.waived:
+            JOURNAL.warning("%s (--proceed-anyway: generating anyway)", problem)
+        if self.runs:
+            await self._run_pending()
+        summary = JobSummary()
+        for r in self.all_runs:
+            s = r.summary(r.stopped_by(self.shutdown.signal))
+            r.store.record_stop(s.stopped_by)  # a dataset still open (its writer commits the others)
+            r.journal.info("%s", s.line())
+            summary.runs.append(s)
+        return summary
+
+    async def _run_pending(self) -> None:
+        if self.several:
+            EVENTS.info("job: %s; %s/%s samples done", ", ".join(r.name for r in self.runs),
+                        f"{sum(r.store.done for r in self.all_runs):,}",
+                        f"{sum(r.store.target for r in self.all_runs):,}")
+        try:
+            await self._main()
+        except BaseExceptionGroup as group:
+            error = first_known(group)
+            JOURNAL.error("%s ended: %s", "job" if self.several else "run", error)
+            raise error from None
+        finally:
+            if self.handle is not None:  # the last figures only once the server was up
+                if self.opts.on_progress is not None:
+                    self.opts.on_progress(self.snapshot(final=True))
+                for r in self.started:
+                    r.telemetry.poll(r.snapshot())  # the last row (done = target)
+
+    async def _main(self) -> None:
+        firsts = [await r.feed.first() for r in self.runs]
+        log_dir = self.runs[0].store.folder  # the job's server.log: in its first dataset's folder
+        async with AsyncExitStack() as stack, anyio.create_task_group() as tg:
+            self.handle = handle = await start_server(tg, self.opts, log_dir, self.http, self.model)
+            # with a fixed --window the controller still observes: its tokens-per-request estimate
+            # goes to the telemetry (diagnose's C/F), its window is not used
+            controller = Controller(handle.capacity, config=self.opts.controller,
+                                    initial_tokens_per_request=self.runs[0].initial_tokens(firsts[0]))
+            for r, first in zip(self.runs, firsts, strict=True):
+                controller.add_kind(r.name, r.initial_tokens(first))
+                r.handle = handle
+            self.window.controller = controller
+            self.window.retune(0)
+            self._log_controller()
+            clients = []
+            for r in self.runs:
+                session = await stack.enter_async_context(
+                    open_http(r.cfg.generation, max_connections(self.opts, handle)))
+                clients.append(ChatClient(session, handle.base_urls, client_settings(handle, self.opts, r.cfg),
+                                          gate=handle.wait_ready, on_request_done=self._observer(r.name),
+                                          fleet=handle.fleet))
+            tg.start_soon(self._poll_load)
+            if self.opts.on_progress is not None:
+                tg.start_soon(self._report_progress, self.opts.on_progress)
+            tg.start_soon(self.shutdown.handle_signals, self._in_flight, self._drain)
+            await self._work(clients)
+            tg.cancel_scope.cancel()  # stops the server (once, for the whole job), the poller, the reporter
 
     # ------------------------------------------------------------ side tasks
-    def _active(self) -> list[_Run]:
+    def _active(self) -> list[DatasetRun]:
         return [r for r in self.started if r.dispatch.in_flight or not r.dispatch.all_sent.is_set()]
 
-    async def poll_load(self, http: aiohttp.ClientSession) -> None:
-        """The server's live load every poll_interval_s: the controller, each active dataset's telemetry."""
+    async def _poll_load(self) -> None:
+        """The server's live load every poll_interval_s: the controller, each active dataset's stats,
+        telemetry and load observers."""
         assert self.handle is not None
         poller = ServerPoller(self.handle, self.window, self.opts.poll_interval_s)
         while True:
-            snap = await poller.next(http)
-            active = self._active() or self.started[-1:]
-            for r in active:
-                if snap is not None:
-                    r.stats.note_load(snap)
+            snap = await poller.next(self.http)
             if snap is not None:
                 self.window.observe_load(snap)
             self.window.retune(0)
             self._first_poll.set()
             self._log_controller()
-            for r in active:
-                r._record_telemetry(snap)
-                if self.opts.load_observers:
-                    record = r.load_poll(snap)
-                    for observe in self.opts.load_observers:
-                        observe(record)
+            for r in self._active() or self.started[-1:]:
+                r.observe_poll(snap)
 
     def _log_controller(self) -> None:
         self._controller_log.note(None if self.opts.window else self.window.controller_stats(), self.window.size)
 
-    async def report_progress(self, progress: Progress) -> None:
-        await report_progress(progress, self._first_poll, self.figures, self.opts.on_figures, self.label)
+    async def _report_progress(self, on_progress: Callable[[RunSnapshot], None]) -> None:
+        """The job's snapshot every REPORT_EVERY_S, from the first load poll on (its first has load figures)."""
+        await self._first_poll.wait()
+        while True:
+            on_progress(self.snapshot())
+            await anyio.sleep(REPORT_EVERY_S)
 
-    # ------------------------------------------------------------ main
-    async def main(self, http: aiohttp.ClientSession, progress: Progress) -> None:
-        firsts = [await r.feed.first() for r in self.runs]
-        log_dir = self.runs[0].store.folder  # the job's server.log: in its first dataset's folder
-        async with AsyncExitStack() as stack, anyio.create_task_group() as tg:
-            self.handle = await _start_server(tg, self.opts, log_dir, http)
-            controller = Controller(self.handle.capacity, config=self.opts.controller,
-                                    initial_tokens_per_request=self.runs[0]._initial_tokens(firsts[0]))
-            for r, first in zip(self.runs, firsts, strict=True):
-                controller.add_kind(r.cfg.name, r._initial_tokens(first))
-                r.handle = self.handle
-            self.window.controller = controller
-            self.window.retune(0)
-            clients = []
-            for r in self.runs:
-                session = await stack.enter_async_context(
-                    open_http_session(r.cfg.generation, _max_connections(self.opts, self.handle)))
-                clients.append(ChatClient(session, self.handle.base_urls,
-                                          _client_settings(self.handle, self.opts, r.cfg),
-                                          gate=self.handle.wait_ready, on_request_done=self._observer(r.cfg.name),
-                                          fleet=self.handle.fleet))
-            tg.start_soon(self.poll_load, http)
-            if progress.mode != "quiet" or self.opts.on_figures is not None:
-                tg.start_soon(self.report_progress, progress)
-            tg.start_soon(self.shutdown.handle_signals, self._in_flight, self._drain)
-            await self._work(clients)
-            tg.cancel_scope.cancel()  # stops the server (once, for the whole job), the poller, the reporter
-
-    def _observer(self, name: str) -> Any:
+    def _observer(self, name: str) -> Callable[[int, int, float], None]:
         def observe(prompt_tokens: int, completion_tokens: int, latency_s: float) -> None:
             self.window.observe_completion(prompt_tokens, completion_tokens, latency_s, name)
         return observe
@@ -200,8 +203,8 @@ class _Job:
             r.dispatch.draining = True
 
     async def _work(self, clients: list[ChatClient]) -> None:
-        """Writers outside the requests' group (every finished sample is written); the producers in
-        dataset order (dispatch.produce_in_order: the next starts once the previous has sent all)."""
+        """Writers outside the requests' group (every finished sample is written, and a drain deadline
+        cancels only requests); the producers in dataset order (dispatch.produce_in_order)."""
         by_dispatch = {id(r.dispatch): (r, c) for r, c in zip(self.runs, clients, strict=True)}
         async with anyio.create_task_group() as work:
             async with anyio.create_task_group() as requests:
@@ -210,115 +213,59 @@ class _Job:
                     await produce_in_order(requests, [r.dispatch for r in self.runs],
                                            lambda d: self._start(*by_dispatch[id(d)], work))
 
-    def _start(self, r: _Run, client: ChatClient, work: Any) -> tuple[Any, Any, Any]:
+    def _start(self, r: DatasetRun, client: ChatClient, work: TaskGroup) -> tuple[Any, Any, Any]:
         """Dataset r begins: its writer starts; returns its transport, stream and feed for its producer."""
-        send, recv = anyio.create_memory_object_stream[Item](_BATCH * 4)
-        name = r.cfg.name
-        now = time.monotonic()
-        r.stats.started, r.telemetry.started_s = now, now
+        send, recv = anyio.create_memory_object_stream[Item](BATCH * 4)
+        r.start()
         self.started.append(r)
-        log.info("%s: starting (%s/%s samples done)", name, f"{r.store.done:,}", f"{r.store.target:,}",
-                 extra={"dataset": name})
+        if self.several:
+            r.log.info("%s: starting (%s/%s samples done)", r.name, f"{r.store.done:,}", f"{r.store.target:,}")
 
-        async def regenerate(prompt: Prompt) -> Sample | Any:
-            _DATASET.set(name)  # its log records go to its own run.log
-            return await client.regenerate(prompt, name)
+        async def regenerate(prompt: Prompt) -> Sample | Failure:
+            return await client.regenerate(prompt, r.name)
 
-        async def write() -> None:
-            _DATASET.set(name)
-            await r.writer.run(recv)
-            # every request of this dataset has ended: commit and unlock it now (status shows it done)
-            self.elapsed_s[name] = r.stats.elapsed_s()
-            r.store.record_stop(self.stopped_by(r))
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(r.store.close, r.progress_dict())
-
-        work.start_soon(write)
+        work.start_soon(r.write, recv, lambda: self.shutdown.signal)
         return regenerate, send, r.feed
 
-    def stopped_by(self, r: _Run) -> str:
-        if r in self.started and r.store.remaining == 0:
-            return "target"
-        if self.shutdown.signal is not None:
-            return self.shutdown.signal
-        return r.stopped_by()
+
+class ControllerLog:
+    """The controller's mode and last decision, into the journal (run.log) when they change."""
+
+    def __init__(self) -> None:
+        self._said: tuple[str, str] | None = None
+
+    def note(self, stats: ControllerStats | None, window: int) -> None:
+        if stats is None or (stats.mode, stats.reason) == self._said:
+            return
+        self._said = (stats.mode, stats.reason)
+        JOURNAL.info("controller %s: %s (window %d)", stats.mode, stats.reason, window)
 
 
-async def _model(opts: RunOptions, http: aiohttp.ClientSession) -> str:
-    if opts.model:
-        return opts.model
-    if opts.server_urls:
-        return await identify(http, opts.server_urls[0].rstrip("/"))
-    assert opts.profile is not None, "RunOptions needs server_urls or a profile"
-    return opts.profile.request_model
+def first_known(group: BaseExceptionGroup) -> BaseException:
+    """Task groups wrap errors in groups: surface our own error (the CLI has a message for it)."""
+    matched: BaseException | None = group.split(GenPipelineError)[0]
+    while isinstance(matched, BaseExceptionGroup):
+        matched = matched.exceptions[0]
+    return matched if matched is not None else group
 
 
-def _store(cfg: DatasetConfig, opts: RunOptions, model: str) -> DatasetStore:
-    return DatasetStore(opts.output_root, cfg.name, fingerprint=cfg.fingerprint(model), target=cfg.target_samples,
-                        shard_max_samples=cfg.output.shard_max_samples, fsync_every=cfg.output.fsync_every,
-                        file_opener=opts.file_opener or default_opener, rank=opts.rank)
+# ---------------------------------------------------------------- the entry points
+
+@asynccontextmanager
+async def open_job(cfgs: Sequence[DatasetConfig], opts: RunOptions) -> AsyncIterator[Job]:
+    """A job opened for `job.run()`: the set-up done (setup.py: model, stores, sources, the pre-launch
+    check), no server started yet; `job.waived` holds what --proceed-anyway let through. Raises the
+    set-up's errors; every store is committed and unlocked on the way out."""
+    async with open_datasets(cfgs, opts) as opened:
+        yield Job(opened, opts)
 
 
-async def run_job(cfgs: list[DatasetConfig], opts: RunOptions) -> JobSummary:
+async def run_job(cfgs: Sequence[DatasetConfig], opts: RunOptions) -> JobSummary:
     """Generate every dataset of `cfgs` up to its target through one server; resumable per dataset."""
-    total = sum(c.target_samples for c in cfgs)
-    with Progress("job", 0, total, mode=opts.progress) as progress, ExitStack() as logs:
-        async with open_http_session(cfgs[0].generation, 16) as http:  # control traffic
-            model = await _model(opts, http)
-            runs: list[_Run] = []
-            try:
-                window = Window(fixed=opts.window)
-                for cfg in cfgs:  # every lock and drift check before the server starts
-                    store = _store(cfg, opts, model)
-                    state = await anyio.to_thread.run_sync(store.open)
-                    runs.append(_Run(cfg, opts, store, set(state.done_ids) | store.final_failure_ids(), window))
-                    logs.enter_context(run_log(store.folder, _dataset_log_filter(cfg.name)))
-                    for note in state.notes:
-                        log.info("%s: %s", cfg.name, note, extra={"dataset": cfg.name})
-                return await _run_opened(runs, opts, http, progress)
-            finally:
-                with anyio.CancelScope(shield=True):
-                    for r in runs:
-                        keep = r.keep_last_figures or r.stats.elapsed_s() <= 0 or r.dispatch.ok == 0
-                        await anyio.to_thread.run_sync(r.store.close, None if keep else r.progress_dict())
-                    for r in runs:
-                        r.telemetry.close()
+    async with open_job(cfgs, opts) as job:
+        return await job.run()
 
 
-async def _run_opened(runs: list[_Run], opts: RunOptions, http: aiohttp.ClientSession,
-                      progress: Progress) -> JobSummary:
-    pending = [r for r in runs if r.dispatch.goal > 0]
-    for r in runs:
-        if r.dispatch.goal <= 0:
-            r.keep_last_figures = True  # status keeps showing the last real run's throughput
-            log.info("%s: %s/%s samples, the target is already reached; skipping it.", r.cfg.name,
-                     f"{r.store.done:,}", f"{r.store.target:,}", extra={"dataset": r.cfg.name})
-    job = _Job(pending, opts, runs) if pending else None
-    if job is not None:
-        log.info("job: %s; %s/%s samples done", ", ".join(r.cfg.name for r in pending),
-                 f"{sum(r.store.done for r in runs):,}", f"{sum(r.store.target for r in runs):,}")
-        try:
-            await job.main(http, progress)
-        except BaseExceptionGroup as group:
-            error = _first_known(group)
-            log.error("job ended: %s", error, extra={"console": False})
-            raise error from None
-        finally:
-            if job.handle is not None:
-                progress.set_label(f"job ({', '.join(r.cfg.name for r in pending)})")
-                progress.update(job.figures(final=True))
-                for r in job.started:
-                    r._record_telemetry(r.stats.last_load)
-        progress.close()
-    summary = JobSummary()
-    for r in runs:
-        stopped = "nothing_to_do" if r.dispatch.goal <= 0 else job.stopped_by(r) if job else "nothing_to_do"
-        s = r.summary(stopped)
-        if job is None or r not in job.started:
-            s.elapsed_s = 0.0
-        elif r.cfg.name in job.elapsed_s:
-            s.elapsed_s = job.elapsed_s[r.cfg.name]
-        r.store.record_stop(s.stopped_by)
-        log.info("%s", s.line(), extra={"console": False, "dataset": r.cfg.name})
-        summary.runs.append(s)
-    return summary
+async def run_generate(cfg: DatasetConfig, opts: RunOptions) -> RunSummary:
+    """Generate `cfg` up to its target (or opts.limit): a job of one. Raises GenPipelineError subclasses."""
+    return (await run_job([cfg], opts)).runs[0]

@@ -1,61 +1,51 @@
-"""What a run is asked to do (RunOptions), what it tells observers on every load poll (LoadPoll)
-and what it reports when it ends (RunSummary)."""
+"""What a job is asked to do (RunOptions) and what it reports when it ends (RunSummary per dataset,
+JobSummary for the job)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Annotated, BinaryIO
 
 from gen_pipeline.config.dataset import DEFAULT_OUTPUT_DIR
-from gen_pipeline.config.server import ServerProfile
+from gen_pipeline.config.schema import check_flags, flag
+from gen_pipeline.config.server import ServerProfile, normalise_server_url
 from gen_pipeline.controller.config import ControllerConfig
 from gen_pipeline.display import format_duration
-from gen_pipeline.run.progress import Figures
+from gen_pipeline.errors import ConfigError
+from gen_pipeline.records import RunSnapshot
 from gen_pipeline.store.ranks import RankSpec
 
-
-@dataclass(frozen=True, slots=True)
-class LoadPoll:
-    """One load poll of a run, as `RunOptions.load_observers` receive it (a telemetry writer).
-
-    Called on the event loop right after the controller saw the poll, every poll_interval_s, also
-    when the poll failed (then the server figures are None): keep it fast and never raise; do file
-    I/O off the loop (a queue and a thread)."""
-
-    time_s: float  # wall clock, time.time()
-    window: int  # requests allowed in flight after this poll
-    in_flight: int
-    running: int | None  # the server's figures, summed over servers and DP ranks
-    queued: int | None
-    kv_used_tokens: int | None
-    kv_usage: float | None  # 0..1 of kv_capacity_tokens
-    kv_capacity_tokens: int | None  # None when unknown
-    gen_tokens_per_s: float | None  # the server's own generation throughput
-    retractions_total: int | None  # cumulative, as the server reports it (restarts reset it)
-    completions: int  # samples produced by this run so far
-    controller_mode: str | None  # None with a fixed --window
-    controller_reason: str | None
+SnapshotObserver = Callable[[RunSnapshot], None]
 
 
 @dataclass(frozen=True)
 class RunOptions:
+    """Flags and server settings of a job; ranges are checked when constructed (ConfigError naming the
+    flag), so a library caller gets the refusals `generate` gives. `server_urls` are normalised."""
+
     output_root: Path = DEFAULT_OUTPUT_DIR
     profile: ServerProfile | None = None  # launch this server ...
     server_urls: tuple[str, ...] = ()  # ... or attach to these
     model: str = ""  # the model id requests carry (and the resume fingerprint records)
-    limit: int | None = None  # at most this many new samples in this run
-    window: int | None = None  # fixed concurrency instead of the controller
+    limit: Annotated[int | None, flag("--limit", ge=1)] = None  # at most this many new samples per dataset
+    window: Annotated[int | None, flag("--window", ge=1)] = None  # fixed concurrency instead of the controller
     controller: ControllerConfig = ControllerConfig()  # server.toml's [controller] table
-    drain_grace_s: float = 30.0
-    poll_interval_s: float = 1.0
+    drain_grace_s: Annotated[float, flag("--drain-grace-s", ge=0, unit="seconds")] = 30.0
+    poll_interval_s: Annotated[float, flag("--poll-interval-s", ge=0.05, le=60, unit="seconds")] = 1.0
     commit_interval_s: float = 5.0
-    progress: str = "auto"  # auto | bar | log | quiet
+    proceed_anyway: bool = False  # launch even when the pre-launch source check finds a problem
     file_opener: Callable[[Path, str], BinaryIO] | None = None  # the store's file layer (fault injection)
-    on_figures: Callable[[Figures], None] | None = None  # called with the live figures every 0.5 s
-    load_observers: Sequence[Callable[[LoadPoll], None]] = ()  # called with every load poll (see LoadPoll)
+    on_progress: SnapshotObserver | None = None  # the job's snapshot every 0.5 s (a display), and the final one
+    load_observers: Sequence[SnapshotObserver] = ()  # each active dataset's snapshot after every load poll
     rank: RankSpec = RankSpec()  # this run's rank: its prompts (ranks.py), share and rank-<R>-of-<W>/ part
+
+    def __post_init__(self) -> None:
+        check_flags(self)
+        object.__setattr__(self, "server_urls", tuple(normalise_server_url(u) for u in self.server_urls))
+        if not self.server_urls and self.profile is None:
+            raise ConfigError("RunOptions needs a server: a profile to launch or server_urls to attach to.")
 
 
 @dataclass
@@ -112,3 +102,27 @@ class RunSummary:
             "SIGTERM": "stopped (SIGTERM); run the same command to resume.",
         }[self.stopped_by]
         return f"{head}, {', '.join(parts)}; {tail}"
+
+
+@dataclass
+class JobSummary:
+    """The datasets' summaries, in the job's order."""
+
+    runs: list[RunSummary] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        """The worst dataset's: 143/130 (interrupted) over 5 (source short) over 0."""
+        return max((r.exit_code for r in self.runs), default=0)
+
+    def lines(self) -> list[str]:
+        """One line per dataset; a job of several adds the job's own."""
+        if len(self.runs) == 1:
+            return [self.runs[0].line()]
+        done, target = sum(r.done for r in self.runs), sum(r.target for r in self.runs)
+        written = sum(r.written for r in self.runs)
+        pct = 100.0 * done / target if target else 100.0
+        tail = "every dataset at its target." if done >= target else "run the same command to resume."
+        job = (f"job ({', '.join(r.dataset for r in self.runs)}): {done:,}/{target:,} samples ({pct:.1f}%), "
+               f"+{written:,} this run; {tail}")
+        return [r.line() for r in self.runs] + [job]

@@ -1,5 +1,5 @@
 """Run statistics: the throughput window, failure counts by reason, the fatal-streak rule and the
-server's load as the polls saw it (the last poll and the run's peaks).
+server's load as the polls saw it (the last poll, the run's peaks and its retractions).
 
 Pure bookkeeping (no async library); time comes from the clock it is given.
 """
@@ -34,6 +34,8 @@ class RunStats:
         self.peak_running: int | None = None
         self.peak_queued: int | None = None
         self.peak_kv_usage: float | None = None
+        self.retractions: int | None = None  # during this run: the server's counter restarts with it
+        self._last_counter: int | None = None
 
     def elapsed_s(self) -> float:
         return self.clock() - self.started
@@ -45,6 +47,19 @@ class RunStats:
         self.peak_queued = max(snap.queued, self.peak_queued or 0)
         if snap.token_usage is not None:
             self.peak_kv_usage = max(snap.token_usage, self.peak_kv_usage or 0.0)
+        self._count_retractions(snap.retractions_total)
+
+    def _count_retractions(self, value: int | None) -> None:
+        """Retractions of this run: the first reading is its baseline; a lower one, a restarted server."""
+        if value is None:
+            return
+        prev, self._last_counter = self._last_counter, value
+        if prev is None:
+            self.retractions = self.retractions or 0
+        elif value < prev:
+            self.retractions = (self.retractions or 0) + value
+        else:
+            self.retractions = (self.retractions or 0) + value - prev
 
     def count_sample(self, completion_tokens: int) -> None:
         self.failure_streak = 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
@@ -12,6 +11,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from gen_pipeline.records import Failure, Reject, Sample
 from gen_pipeline.run.dispatch import Item
 from gen_pipeline.store.dataset_store import DatasetStore
+from gen_pipeline.store.manifest import ProgressRecord
 
 BATCH = 256  # items written per thread hop
 
@@ -20,7 +20,7 @@ class BatchWriter:
     """Drains the stream into the store until every sender is closed; commits every commit_interval_s
     with the live figures. `check` runs after each batch (it raises a fatal error of the run)."""
 
-    def __init__(self, store: DatasetStore, commit_interval_s: float, progress: Callable[[], dict[str, Any]],
+    def __init__(self, store: DatasetStore, commit_interval_s: float, progress: Callable[[], ProgressRecord],
                  check: Callable[[], None]) -> None:
         self.store, self.commit_interval_s = store, commit_interval_s
         self._progress, self._check = progress, check

@@ -12,12 +12,13 @@ from __future__ import annotations
 import logging
 import time
 
-import aiohttp
 import anyio
 import orjson
 from anyio.abc import TaskStatus
 
+from gen_pipeline.config.server import normalise_server_url
 from gen_pipeline.errors import ServerError
+from gen_pipeline.http import Http, HttpError
 from gen_pipeline.server.capacity import combine
 from gen_pipeline.server.fleet import Fleet
 from gen_pipeline.server.fleet_watch import FleetWatch, read_fleet_load, worker_urls  # noqa: F401 (worker_urls: its old home)
@@ -27,18 +28,22 @@ log = logging.getLogger(__name__)
 
 ATTACH_READY_TIMEOUT_S = 600.0  # a server still loading its model when we attach
 GIVE_UP_AFTER_S = 1800.0  # we cannot restart someone else's server; wait this long for it to return
+IDENTIFY_TIMEOUT_S = 10.0  # GET /v1/models: a server that takes longer is not one to send work to
 
 
-async def run_attached(urls: list[str], *, http: aiohttp.ClientSession, health_interval_s: float = 5.0,
-                       unhealthy_after: int = 3, give_up_after_s: float = GIVE_UP_AFTER_S,
+async def run_attached(urls: list[str], *, http: Http, first_model: str | None = None,
+                       health_interval_s: float = 5.0, unhealthy_after: int = 3,
+                       give_up_after_s: float = GIVE_UP_AFTER_S,
                        task_status: TaskStatus[ServerHandle] = anyio.TASK_STATUS_IGNORED) -> None:
     """Check each URL is an SGLang/OpenAI server, report the handle, then watch health until cancelled.
+    `urls` are base URLs (config/server.py `normalise_server_url`: ".../v1" or a trailing "/" is fine);
+    `first_model` is what the first serves when the caller asked already (it is not asked twice).
 
     With several URLs, one that cannot be reached at start is taken out (and probed back in later);
     raises ServerError when none can be reached or one is foreign, or when all stay down give_up_after_s.
     """
-    urls = [u.rstrip("/") for u in urls]
-    models, unreachable = await _identify_all(http, urls)
+    urls = [normalise_server_url(u) for u in urls]
+    models, unreachable = await _identify_all(http, urls, first_model)
     fleet = Fleet(urls, fail_after=unhealthy_after, probe_initial_s=health_interval_s)
     handle = ServerHandle(base_urls=urls, model=models[0], capacity=combine([]), fleet=fleet)
     watch = FleetWatch(http, handle, interval_s=health_interval_s, give_up_after_s=give_up_after_s)
@@ -55,11 +60,15 @@ async def run_attached(urls: list[str], *, http: aiohttp.ClientSession, health_i
     await watch.run()
 
 
-async def _identify_all(http: aiohttp.ClientSession, urls: list[str]) -> tuple[list[str], dict[str, str]]:
+async def _identify_all(http: Http, urls: list[str],
+                        first_model: str | None) -> tuple[list[str], dict[str, str]]:
     """The models the reachable URLs serve, and the unreachable ones (url → why); raises the first
     URL's ServerError when none is reachable (a foreign server always raises)."""
     models, unreachable, first = [], {}, None
-    for url in urls:
+    for i, url in enumerate(urls):
+        if i == 0 and first_model is not None:
+            models.append(first_model)
+            continue
         try:
             models.append(await identify(http, url))
         except _Unreachable as e:
@@ -76,17 +85,17 @@ class _Unreachable(ServerError):
         self.why = why
 
 
-async def identify(http: aiohttp.ClientSession, url: str) -> str:
+async def identify(http: Http, url: str) -> str:
     """The model id `url` serves (the first GET /v1/models lists); waits while it answers 503 (still
     starting). Raises ServerError when it cannot be reached or is not an SGLang/OpenAI server."""
     waited_s = 0.0
     while True:
         try:
-            async with http.get(url + "/v1/models", timeout=aiohttp.ClientTimeout(total=10.0)) as r:
-                status, ctype, body = r.status, r.headers.get("content-type", "no content-type"), await r.read()
-        except (aiohttp.ClientError, TimeoutError) as e:
-            raise _Unreachable(f"Cannot reach {url}: {_describe(e)}. Check SERVER_URL and that the "
-                               "server is running (and listening on that host and port).", _describe(e)) from None
+            reply = await http.get(url + "/v1/models", timeout_s=IDENTIFY_TIMEOUT_S)
+        except HttpError as e:
+            raise _Unreachable(f"Cannot reach {url}: {e.why}. Check SERVER_URL and that the "
+                               "server is running (and listening on that host and port).", e.why) from None
+        status, ctype, body = reply.status, reply.content_type or "no content-type", reply.body
         if status != 503 or waited_s >= ATTACH_READY_TIMEOUT_S:
             break
         if waited_s % 10 < 1:
@@ -101,13 +110,6 @@ async def identify(http: aiohttp.ClientSession, url: str) -> str:
             f"{status} ({ctype}): {snippet!r}. Set SERVER_URL to the server's base URL "
             "(e.g. http://host:30000, without /v1).")
     return model
-
-
-def _describe(e: BaseException) -> str:
-    """aiohttp's connection errors carry the OS reason (e.g. Connect call failed ... ); timeouts none."""
-    if isinstance(e, TimeoutError):
-        return "no answer within 10 s"
-    return f"{type(e).__name__} {e}"
 
 
 def _model_id(status: int, body: bytes) -> str | None:

@@ -12,11 +12,10 @@ from __future__ import annotations
 import re
 from typing import Any, TypeGuard
 
-import aiohttp
-import orjson
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from gen_pipeline.http import Http, HttpError
 from gen_pipeline.records import Capacity
 
 INFO_KEYS = ("model_path", "served_model_name", "tp_size", "dp_size", "kv_cache_dtype", "mem_fraction_static",
@@ -90,42 +89,36 @@ def combine(caps: list[Capacity | None]) -> Capacity:
                     servers=len(known), source="+".join(sources))
 
 
-async def probe(http: aiohttp.ClientSession, url: str) -> tuple[Capacity | None, dict[str, Any]]:
+async def probe(http: Http, url: str) -> tuple[Capacity | None, dict[str, Any]]:
     """One server's capacity and its server_info summary ({} when it has none)."""
     for path in ("/server_info", "/get_server_info"):
-        body = await get_json(http, url + path)
+        body = await json_or_none(http, url + path)
         if isinstance(body, dict):
             cap = capacity_from_server_info(body)
             if cap is not None:
                 return cap, {**{k: body[k] for k in INFO_KEYS if k in body}, "backend": "sglang"}
-    cap = capacity_from_loads(await get_json(http, url + "/v1/loads"))
+    cap = capacity_from_loads(await json_or_none(http, url + "/v1/loads"))
     if cap is not None:
         return cap, {"backend": "sglang"}
-    text = await get_text(http, url + "/metrics")
+    text = await text_or_none(http, url + "/metrics")
     cap = capacity_from_vllm_metrics(text) if text else None
     return cap, {"backend": "vllm" if cap is not None else "openai"}
 
 
-async def get_json(http: aiohttp.ClientSession, url: str) -> Any:
-    """GET → parsed JSON, or None on any HTTP error, non-200 or non-JSON body."""
-    body = await get_bytes(http, url)
+async def json_or_none(http: Http, url: str) -> Any:
+    """GET → parsed JSON, or None on any failure (no answer, non-200, not JSON): a probe asks what a
+    server offers, and "nothing there" is an answer."""
     try:
-        return orjson.loads(body) if body is not None else None
-    except orjson.JSONDecodeError:
+        return await http.get_json(url, timeout_s=PROBE_TIMEOUT_S)
+    except HttpError:
         return None
 
 
-async def get_text(http: aiohttp.ClientSession, url: str) -> str | None:
-    body = await get_bytes(http, url)
-    return body.decode("utf-8", "replace") if body is not None else None
-
-
-async def get_bytes(http: aiohttp.ClientSession, url: str, timeout_s: float = PROBE_TIMEOUT_S) -> bytes | None:
-    """GET → the body of a 200 answer, or None on any HTTP error (refused, timeout, non-200)."""
+async def text_or_none(http: Http, url: str) -> str | None:
+    """GET → the text of a 200 answer, or None on any failure."""
     try:
-        async with http.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-            return await r.read() if r.status == 200 else None
-    except (aiohttp.ClientError, TimeoutError):
+        return await http.get_text(url, timeout_s=PROBE_TIMEOUT_S)
+    except HttpError:
         return None
 
 

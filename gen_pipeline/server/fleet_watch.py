@@ -14,12 +14,12 @@ import logging
 import time
 from typing import Any
 
-import aiohttp
 import anyio
 
 from gen_pipeline.errors import ServerError
+from gen_pipeline.http import Http
 from gen_pipeline.records import Capacity, LoadSnapshot
-from gen_pipeline.server.capacity import combine, get_json, probe
+from gen_pipeline.server.capacity import combine, json_or_none, probe
 from gen_pipeline.server.handle import ServerHandle
 from gen_pipeline.server.health import check_timeout_s, is_healthy
 from gen_pipeline.server.load import merge, read_load
@@ -32,7 +32,7 @@ ROUTERS_EVERY_S = 1.0  # a router's /workers is cheap: a worker added or lost is
 class FleetWatch:
     """Keeps `handle` (capacity, worker_urls, readiness) in step with the fleet; `run` until cancelled."""
 
-    def __init__(self, http: aiohttp.ClientSession, handle: ServerHandle, *, interval_s: float,
+    def __init__(self, http: Http, handle: ServerHandle, *, interval_s: float,
                  give_up_after_s: float):
         assert handle.fleet is not None
         self.http, self.handle, self.fleet = http, handle, handle.fleet
@@ -149,7 +149,7 @@ class FleetWatch:
                      ", ".join([f"+{w}" for w in added] + [f"-{w}" for w in gone]), len(now))
 
 
-async def read_fleet_load(http: aiohttp.ClientSession, handle: ServerHandle, now_s: float) -> LoadSnapshot | None:
+async def read_fleet_load(http: Http, handle: ServerHandle, now_s: float) -> LoadSnapshot | None:
     """Load summed over the servers that answer (a router's workers, not the router); the fleet learns
     each server's KV in use. None when none answers."""
     snaps = {url: await read_load(http, [url], now_s) for url in handle.load_urls}
@@ -159,10 +159,10 @@ async def read_fleet_load(http: aiohttp.ClientSession, handle: ServerHandle, now
     return merge(found) if found else None
 
 
-async def worker_urls(http: aiohttp.ClientSession, url: str) -> list[str]:
+async def worker_urls(http: Http, url: str) -> list[str]:
     """The servers behind an sglang-router at `url`, or [url] when it is a server itself."""
     for path in ("/workers", "/list_workers"):
-        body = await get_json(http, url + path)
+        body = await json_or_none(http, url + path)
         found = _urls_in(body)
         if found:
             return found

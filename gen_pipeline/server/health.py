@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 
-import aiohttp
 import anyio
 
 from gen_pipeline.config.server import ServerProfile
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ServerStartupError
+from gen_pipeline.http import Http, HttpError
 from gen_pipeline.server import logfile
 from gen_pipeline.server.log_advice import FatalLine, advice, find_fatal, find_warnings
 from gen_pipeline.server.process import ServerProcess
@@ -20,12 +20,11 @@ TAIL_LINES = 15
 log_event = logging.getLogger(__name__)
 
 
-async def is_healthy(http: aiohttp.ClientSession, url: str, timeout_s: float) -> bool:
+async def is_healthy(http: Http, url: str, timeout_s: float) -> bool:
     """GET /health answered 200 within `timeout_s` (503 while SGLang starts)."""
     try:
-        async with http.get(url + "/health", timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-            return r.status == 200
-    except (aiohttp.ClientError, TimeoutError):
+        return (await http.get(url + "/health", timeout_s=timeout_s)).status == 200
+    except HttpError:
         return False
 
 
@@ -34,7 +33,7 @@ def check_timeout_s(health_interval_s: float) -> float:
     return min(20.0, max(1.0, 4 * health_interval_s))
 
 
-async def wait_healthy(proc: ServerProcess, *, http: aiohttp.ClientSession, url: str, profile: ServerProfile) -> None:
+async def wait_healthy(proc: ServerProcess, *, http: Http, url: str, profile: ServerProfile) -> None:
     """Return once /health answers 200; on a fatal log line, an early exit or the start-up timeout,
     stop the process group and raise ServerStartupError with the log's last lines and advice."""
     follower = logfile.LogFollower(proc.log_path)

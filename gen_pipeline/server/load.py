@@ -21,10 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import aiohttp
-
+from gen_pipeline.http import Http
 from gen_pipeline.records import LoadSnapshot
-from gen_pipeline.server.capacity import _families, get_json, get_text
+from gen_pipeline.server.capacity import _families, json_or_none, text_or_none
 
 # Our field ← metric names (SGLang first, then vLLM).
 _GAUGES = {
@@ -161,7 +160,7 @@ def merge(snaps: list[LoadSnapshot]) -> LoadSnapshot:
                         new_token_ratio=max((r for s in snaps if (r := s.new_token_ratio) is not None), default=None))
 
 
-async def read_load(http: aiohttp.ClientSession, urls: list[str], now_s: float) -> LoadSnapshot | None:
+async def read_load(http: Http, urls: list[str], now_s: float) -> LoadSnapshot | None:
     """Load summed over `urls`; None when no server exposes /v1/loads or /metrics (or any is down)."""
     snaps = [await _load_of(http, url, now_s) for url in urls]
     if not snaps or any(s is None for s in snaps):
@@ -169,13 +168,13 @@ async def read_load(http: aiohttp.ClientSession, urls: list[str], now_s: float) 
     return merge([s for s in snaps if s is not None])
 
 
-async def _load_of(http: aiohttp.ClientSession, url: str, now_s: float) -> LoadSnapshot | None:
+async def _load_of(http: Http, url: str, now_s: float) -> LoadSnapshot | None:
     known = _KNOWN.setdefault(url, _Sources())
     from_loads = from_metrics = None
     if known.loads is not False:
-        from_loads = load_from_loads(await get_json(http, url + "/v1/loads"), now_s)
+        from_loads = load_from_loads(await json_or_none(http, url + "/v1/loads"), now_s)
     if known.metrics is not False:
-        text = await get_text(http, url + "/metrics")
+        text = await text_or_none(http, url + "/metrics")
         from_metrics = load_from_metrics(text, now_s, known.tally) if text else None
     # A source is written off only when the other one answered in the same poll (the server was up).
     if from_loads or from_metrics:

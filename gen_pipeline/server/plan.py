@@ -26,8 +26,9 @@ import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+from gen_pipeline.config.schema import check_flags, flag
 from gen_pipeline.config.server import ServerProfile
 from gen_pipeline.errors import ConfigError
 
@@ -65,6 +66,22 @@ class Plan:
     weights_note: str = ""  # how the weight size was obtained
     inputs_note: str = ""  # where tp / memory fraction / KV dtype / hicache came from
     kv_in_use: str = ""  # the profile's KV dtype (marked in the table)
+
+
+@dataclass(frozen=True)
+class PlanNumbers:
+    """plan's numbers, each named by the `plan` flag that sets it; ranges checked when constructed."""
+
+    gpu_mem_gb: Annotated[float, flag("--gpu-mem-gb", gt=0)]
+    tp_size: Annotated[int, flag("--tp-size", ge=1)]
+    mem_fraction_static: Annotated[float, flag("--mem-fraction-static", gt=0, lt=1)]
+    tokens_per_sample: Annotated[int, flag("--tokens-per-sample", ge=1)]
+    weights_gb: Annotated[float, flag("--weights-gb", gt=0)]
+    hicache_gb: Annotated[float, flag("--hicache-gb", ge=0)] = 0.0
+    overhead_gb: Annotated[float, flag("--overhead-gb", ge=0)] = 0.0
+
+    def __post_init__(self) -> None:
+        check_flags(self)
 
 
 def kv_bytes_per_token(model_config: dict[str, Any], kv_dtype: str, tp_size: int) -> tuple[str, int, int]:
@@ -107,10 +124,7 @@ def plan(model_config: dict[str, Any], *, gpu_mem_gb: float, tp_size: int, mem_f
                         f"= {weights_gb:.1f} GiB")
     else:
         weights_note = f"weights: {weights_gb:g} GiB (--weights-gb)"
-    if tp_size < 1 or tokens_per_sample < 1 or not 0 < mem_fraction_static < 1:
-        raise ConfigError("plan needs tp_size >= 1, tokens_per_sample >= 1 and 0 < mem_fraction_static < 1.")
-    if gpu_mem_gb <= 0 or weights_gb <= 0 or overhead_gb < 0:
-        raise ConfigError("plan needs gpu_mem_gb > 0, weights > 0 and overhead_gb >= 0.")
+    PlanNumbers(gpu_mem_gb, tp_size, mem_fraction_static, tokens_per_sample, weights_gb, hicache_gb, overhead_gb)
     weights_per_gpu = weights_gb / tp_size
     kv_gb = gpu_mem_gb * mem_fraction_static - weights_per_gpu - overhead_gb
     if kv_gb <= 0:
@@ -143,8 +157,8 @@ def profile_inputs(profile: ServerProfile, *, tp_size: int | None = None, mem_fr
     }
     values: dict[str, Any] = {}
     notes = []
-    for name, (flag, own, fallback) in picked.items():
-        value, whence = (flag, "flag") if flag is not None else (own, "profile") if own is not None else (
+    for name, (given, own, fallback) in picked.items():
+        value, whence = (given, "flag") if given is not None else (own, "profile") if own is not None else (
             fallback, "default")
         values[name] = value
         notes.append(f"{name} {value:g} ({whence})" if isinstance(value, float) else f"{name} {value} ({whence})")
@@ -201,7 +215,13 @@ def plan_from_args(model_config: Path, *, gpu_mem_gb: float, tp_size: int, mem_f
                    weight_dtype: str | None = None, kv_dtypes: tuple[str, ...] = COMPARED_KV,
                    hicache_gb: float = 0.0, overhead_gb: float = 0.0, inputs_note: str = "",
                    kv_in_use: str = "") -> str:
-    """Read config.json and return format_plan's text; ConfigError for an unreadable config."""
+    """`plan`'s flags (each keyword is the flag of that name) → format_plan's text; ConfigError for a
+    missing weight size or an unreadable config, naming the flag."""
+    if weights_gb is None and params_b is None:
+        raise ConfigError(f"plan needs the weight size: pass {WEIGHTS_EXAMPLE}.")
+    if params_b is not None and weights_gb is None and weight_dtype is None:
+        raise ConfigError(f"--params-b {params_b:g} needs --weight-dtype ({', '.join(WEIGHT_BYTES)}): the "
+                          "bytes per parameter. For a mixed-precision checkpoint (Kimi-K2.5 INT4) pass --weights-gb.")
     try:
         cfg = json.loads(Path(model_config).read_text())
     except FileNotFoundError:

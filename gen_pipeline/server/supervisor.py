@@ -9,13 +9,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import anyio
 from anyio.abc import TaskStatus
 
 from gen_pipeline.config.server import ServerProfile
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ServerError, ServerStartupError
+from gen_pipeline.http import Http
 from gen_pipeline.records import Capacity
 from gen_pipeline.server import logfile
 from gen_pipeline.server.capacity import capacity_from_log, probe
@@ -39,7 +39,7 @@ def connect_host(host: str) -> str:
     return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
 
 
-async def run_server(profile: ServerProfile, *, log_dir: Path, http: aiohttp.ClientSession,
+async def run_server(profile: ServerProfile, *, log_dir: Path, http: Http,
                      task_status: TaskStatus[ServerHandle] = anyio.TASK_STATUS_IGNORED) -> None:
     """Start the server, report the ServerHandle once healthy, supervise until cancelled.
 
@@ -58,7 +58,7 @@ async def run_server(profile: ServerProfile, *, log_dir: Path, http: aiohttp.Cli
 
 
 class _Supervisor:
-    def __init__(self, profile: ServerProfile, log_path: Path, http: aiohttp.ClientSession, port: int):
+    def __init__(self, profile: ServerProfile, log_path: Path, http: Http, port: int):
         self.profile, self.log_path, self.http = profile, log_path, http
         self.url = f"http://{connect_host(profile.host)}:{port}"
         self.command = build_command(profile, port=port, python=sys.executable)

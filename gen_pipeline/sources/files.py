@@ -5,6 +5,11 @@ instead skips such lines: a file with bad lines is handed to `datasets` as a cle
 under the temp folder, named by the original's path, size and mtime so `datasets` caches it), and
 each bad line becomes a `bad_json` reject with its file name and 1-based line number. Files
 without bad lines are handed over untouched.
+
+A file that cannot be a source at all (a directory, an empty file, binary data, text that is not
+UTF-8, a .jsonl without one JSON object line) is refused before `datasets` sees it: `datasets`
+would say `StopIteration` or `IsADirectoryError`. `file_problem` and `no_rows_problem` say what
+it is instead, and what to do.
 """
 
 from __future__ import annotations
@@ -18,6 +23,14 @@ from pathlib import Path
 import orjson
 
 CLEAN_DIR = Path(tempfile.gettempdir()) / "gen_pipeline-clean"
+HEAD_BYTES = 65_536  # what the binary and encoding checks read of a file
+_DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+# Magic numbers of what people hand over instead of a JSON Lines file, and what to do with each.
+_MAGIC = ((b"\x1f\x8b", "gzip-compressed: decompress it (gunzip) and list the .jsonl it holds"),
+          (b"PAR1", "a Parquet file: give it a .parquet name"),
+          (b"PK\x03\x04", "a zip archive: unpack it and list the files it holds"),
+          (b"\xfd7zXZ", "xz-compressed: decompress it (unxz) and list the .jsonl it holds"),
+          (b"(\xb5/\xfd", "zstd-compressed: decompress it (unzstd) and list the .jsonl it holds"))
 
 
 @dataclass(frozen=True)
@@ -77,3 +90,61 @@ def _clean_copy(path: Path, bad_lines: set[int]) -> Path:
                 out.write(line if line.endswith(b"\n") else line + b"\n")
     os.replace(tmp, dest)  # atomic: a concurrent check/run never reads half a copy
     return dest
+
+
+def file_problem(path: Path, name: str) -> str | None:
+    """Why `path` (listed as `name` in source.files) cannot be read as a source at all, or None.
+    Reads at most HEAD_BYTES; raises OSError when the file cannot be read."""
+    if path.is_dir():
+        inside = sorted(p.name for p in path.iterdir() if p.suffix in _DATA_SUFFIXES)[:3]
+        hint = (f"list the files in it instead, e.g. files = [{', '.join(repr(f'{name}/{f}') for f in inside)}]"
+                if inside else "list the .jsonl/.json/.parquet files it should hold instead")
+        return f"{name} is a directory, not a file: {hint}."
+    with open(path, "rb") as f:
+        head = f.read(HEAD_BYTES)
+    if not head:
+        return (f"{name} is empty (0 bytes): there are no rows to generate from. Point source.files at the "
+                "dataset's file.")
+    if path.suffix == ".parquet":
+        return None if head.startswith(b"PAR1") else f"{name} is not a Parquet file (it does not start with PAR1)."
+    for magic, what in _MAGIC:
+        if head.startswith(magic):
+            return f"{name} is not text but {what}."
+    nul = head.find(b"\0")
+    if nul >= 0:
+        return (f"{name} is not text: it holds binary data (a NUL byte at byte {nul + 1}). A {path.suffix} source is "
+                "UTF-8 JSON; is it the right file?")
+    if path.suffix == ".json":
+        return _not_utf8(head, name)  # one JSON document: datasets reads all of it or nothing
+    return None
+
+
+def no_rows_problem(path: Path, name: str, scanned: ScannedFile) -> str | None:
+    """Why a scanned .jsonl gives no row at all (every line blank or bad), or None when it gives some."""
+    if scanned.good_lines:
+        return None
+    if not scanned.bad:
+        return f"{name} holds no rows (only blank lines). Point source.files at the dataset's file."
+    with open(path, "rb") as f:
+        encoding = _not_utf8(f.read(HEAD_BYTES), name)
+    if encoding:
+        return encoding
+    first = scanned.bad[0]
+    n = len(scanned.bad)
+    which = "its one non-blank line is" if n == 1 else f"all its {n:,} non-blank lines are"
+    return (f"{name} has no line that is a JSON object: {which} bad (line {first.line} is {first.error}). A JSON "
+            "Lines file holds one JSON object per line; is it the right file?")
+
+
+def _not_utf8(head: bytes, name: str) -> str | None:
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.reason == "unexpected end of data" and e.start >= len(head) - 3 and len(head) == HEAD_BYTES:
+            return None  # a character cut by the HEAD_BYTES boundary
+        line = head.count(b"\n", 0, e.start) + 1
+        column = e.start - (head.rfind(b"\n", 0, e.start) + 1) + 1
+        return (f"{name} is not UTF-8 text (byte 0x{head[e.start]:02x} at line {line}, column {column}): JSON must "
+                f"be UTF-8. Convert it, e.g. iconv -f latin1 -t utf-8 {name} > utf8-{Path(name).name}, and list "
+                "the copy in source.files.")
+    return None

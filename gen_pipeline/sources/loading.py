@@ -16,20 +16,21 @@ A .jsonl line that is not a JSON object is a `bad_json` reject (file + 1-based l
 
 from __future__ import annotations
 
+import errno
 import hashlib
-import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 from gen_pipeline.config.dataset import DatasetConfig
 from gen_pipeline.display import display_path
-from gen_pipeline.errors import ConfigError
+from gen_pipeline.errors import ConfigError, DiskError, StoreError
 from gen_pipeline.records import Message, Prompt, Reject
 from gen_pipeline.sources import hub
-from gen_pipeline.sources.files import BadLine, scan_jsonl
+from gen_pipeline.sources.files import CLEAN_DIR, BadLine, file_problem, no_rows_problem, scan_jsonl
 
 _SHAREGPT_ROLES = {
     "human": "user", "user": "user",
@@ -154,12 +155,11 @@ def to_prompt(row: dict[str, Any], index: int, cfg: DatasetConfig) -> Prompt:
 
 # ---------------------------------------------------------------- loading (datasets)
 
-def _quiet_datasets() -> Any:
-    import datasets  # imported lazily: it takes ~1 s and status/validate don't need it
+def _datasets() -> Any:
+    """The `datasets` module, imported lazily: it takes ~1 s and status/validate don't need it. Its
+    progress bars and log level are the application's to set (the CLI quiets them: cli/logs.py)."""
+    import datasets
 
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
-    logging.getLogger("datasets").setLevel(logging.ERROR)
     return datasets
 
 
@@ -184,7 +184,7 @@ def load_source(cfg: DatasetConfig) -> LoadedSource:
     offline = None if src.files else hub.offline_reason()
     if offline:
         hub.go_offline()  # a copy in the local cache still loads
-    datasets = _quiet_datasets()
+    datasets = _datasets()
     loaded = LoadedSource(None)
     try:
         if src.files:
@@ -197,10 +197,13 @@ def load_source(cfg: DatasetConfig) -> LoadedSource:
     except ConfigError:
         raise
     except Exception as e:  # datasets wraps Arrow/JSON/network errors in many types
+        what = ", ".join(src.files) if src.files else f"{src.hf_id} (split {src.split})"
+        disk = _disk_error(e, where, what, datasets.config.HF_DATASETS_CACHE)
+        if disk is not None:
+            raise disk from None
         if offline:
             raise ConfigError(_offline_message(cfg, where, offline)) from None
         cause = e.__cause__ or e.__context__ or e
-        what = ", ".join(src.files) if src.files else f"{src.hf_id} (split {src.split})"
         hint = ("Check that every line is one JSON object (JSON Lines) or the file is valid JSON/Parquet."
                 if src.files else "Check the dataset id and split, and that the hub is reachable "
                 "(or download it and point source.files at the local copy).")
@@ -209,6 +212,39 @@ def load_source(cfg: DatasetConfig) -> LoadedSource:
         ds = ds.shuffle(seed=src.shuffle_seed)
     rows = len(ds) if hasattr(ds, "__len__") else loaded.good_lines  # streaming datasets have no len()
     return LoadedSource(ds, loaded.bad_lines, rows)
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+_NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def _disk_error(exc: BaseException, where: str, what: str, cache: Any) -> StoreError | None:
+    """A full or unwritable disk under the load (the datasets cache, where `datasets` converts a source
+    to Arrow before a run reads it; or the folder of cleaned copies) as the store error it is (exit 4),
+    or None when it is not one."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:  # the OSError is often a cause or context of what datasets raises
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _DISK_FULL + _NOT_WRITABLE:
+            break
+        e = e.__cause__ or e.__context__
+    if not isinstance(e, OSError):
+        return None
+    written = Path(e.filename) if isinstance(e.filename, str) else Path(cache)
+    if written.resolve().is_relative_to(CLEAN_DIR.resolve()):
+        role, fix = (f"{display_path(CLEAN_DIR)} keeps cleaned copies of sources with bad lines",
+                     "set TMPDIR to a folder on a disk with room")
+    else:
+        role, fix = (f"the datasets cache {display_path(Path(cache))}, where the source is converted to Arrow "
+                     "before a run reads it", "set HF_DATASETS_CACHE to a folder on a disk with room")
+    place = display_path(written if written.is_dir() else written.parent)
+    if e.errno in _DISK_FULL:
+        return DiskError(f"{where}: could not load source {what}: the disk of {place} is full ({e.strerror}; {role}). "
+                         f"Free space there, or {fix}, then run again.")
+    return StoreError(f"{where}: could not load source {what}: cannot write in {place} ({e.strerror}; {role}). "
+                      f"Make it writable, or {fix.replace(' on a disk with room', ' this user can write')}, then "
+                      "run again.")
 
 
 def _local_files(cfg: DatasetConfig, where: str) -> LoadedSource:
@@ -226,10 +262,20 @@ def _local_files(cfg: DatasetConfig, where: str) -> LoadedSource:
     bad: list[BadLine] = []
     good = 0
     for name, path in zip(src.files, paths, strict=True):
-        if path.suffix != ".jsonl":
+        try:
+            problem = file_problem(path, name)
+            scanned = scan_jsonl(path, name) if problem is None and path.suffix == ".jsonl" else None
+            problem = problem or (no_rows_problem(path, name, scanned) if scanned else None)
+        except OSError as e:
+            if e.filename is not None and Path(e.filename).resolve() != path.resolve():
+                raise _disk_error(e, where, name, CLEAN_DIR) or e from None  # writing a cleaned copy
+            raise ConfigError(f"{where}: source.files: cannot read {name}: {e.strerror or e}. Fix its permissions "
+                              "or point source.files at a file this user can read.") from None
+        if problem:
+            raise ConfigError(f"{where}: source.files: {problem}")
+        if scanned is None:
             read.append(path)
             continue
-        scanned = scan_jsonl(path, name)
         if scanned.bad and src.strict:
             b = scanned.bad[0]
             raise ConfigError(f"{where}: {b.file} line {b.line} is {b.error}; source.strict = true refuses "
@@ -261,15 +307,17 @@ def add_bad_lines(cfg: DatasetConfig, loaded: LoadedSource, stats: SourceStats, 
 
 def iter_prompts(cfg: DatasetConfig, skip_ids: set[str] | frozenset[str], stats: SourceStats,
                  rejects: list[Reject], rows: Any = None,
-                 owns: Callable[[str], bool] | None = None) -> Iterator[Prompt]:
+                 owns: Callable[[str], bool] | None = None, loaded: LoadedSource | None = None) -> Iterator[Prompt]:
     """Valid prompts not in `skip_ids` (and, given `owns`, only the ids it owns), in source order, each id once.
+    The rows: `rows` as given, else those of `loaded` (a source loaded once, e.g. by the pre-launch
+    check), else the source is loaded here.
 
     Invalid rows are appended to `rejects` (the caller writes them) and counted in `stats`; every
     rank sees and records all of them (status counts each row once).
     """
     seen: set[str] = set()
     if rows is None:
-        loaded = load_source(cfg)
+        loaded = loaded or load_source(cfg)
         add_bad_lines(cfg, loaded, stats, rejects)
         rows = loaded.rows
     for index, row in enumerate(rows):

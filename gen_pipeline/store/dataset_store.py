@@ -28,6 +28,7 @@ from gen_pipeline.config.dataset import fingerprint_digest
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import DiskError, StoreError
 from gen_pipeline.records import Failure, Reject, Sample
+from gen_pipeline.store.fingerprint import FINGERPRINT_NAME, check_rows, read_fingerprint, write_fingerprint
 from gen_pipeline.store.layout import (
     ERRORS_NAME,
     MANIFEST_NAME,
@@ -36,15 +37,37 @@ from gen_pipeline.store.layout import (
     check_other_ranks,
     check_world,
     committed_shard,
+    committed_shards,
     final_failure_ids,
     has_samples,
     part_folder,
     rejected_rows,
+    sealed_records,
     shard_files,
 )
-from gen_pipeline.store.manifest import RunLock, check_drift, now_iso, read_manifest, remove_stale_tmp, write_manifest
+from gen_pipeline.store.lock import RunLock
+from gen_pipeline.store.manifest import (
+    Manifest,
+    ProgressRecord,
+    RunRecord,
+    ShardRecord,
+    check_drift,
+    now_iso,
+    read_manifest,
+    remove_stale_tmp,
+    write_manifest,
+)
 from gen_pipeline.store.ranks import RankSpec
-from gen_pipeline.store.shards import ShardScan, scan_bytes, shard_name, sidecar_path, write_sidecar
+from gen_pipeline.store.shards import (
+    ShardScan,
+    iter_lines,
+    remove_tmp_files,
+    scan_bytes,
+    shard_name,
+    sidecar_path,
+    write_atomic,
+    write_sidecar,
+)
 
 
 def default_opener(path: Path, mode: str) -> BinaryIO:
@@ -80,16 +103,20 @@ class DatasetStore:
         self._lock: RunLock | None = None
         self._files: dict[str, BinaryIO] = {}
         self._sizes: dict[str, int] = {}  # bytes known good per file name (flushed, whole lines)
-        self._manifest: dict[str, Any] = {}
-        self._sealed: list[dict[str, Any]] = []
+        self._manifest: Manifest = {}
+        self._sealed: list[ShardRecord] = []
         self._open_index = 0
         self._open = ShardScan()
         self._unsynced = 0
-        self._run: dict[str, Any] = {}
+        self._run: RunRecord | None = None  # this run's record, from begin() on
+        self._notes: list[str] = []
+        self._repaired = 0
+        self._created: list[Path] = []  # the folders claim() made, innermost first
         self._rejected_rows: set[int] = set()  # source rows already in rejects.jsonl
-        self._progress: dict[str, Any] | None = None
+        self._progress: ProgressRecord | None = None
         self._failed = False
         self._closed = False
+        self._loaded = False  # done_ids holds every shard's ids (open() got past _load_shards)
 
     # ------------------------------------------------------------ figures
 
@@ -107,12 +134,17 @@ class DatasetStore:
 
     def record_stop(self, stopped_by: str) -> None:
         """Why this run ended (RunSummary.stopped_by); written into its manifest record at close()."""
-        self._run["stopped_by"] = stopped_by
+        self._record()["stopped_by"] = stopped_by
 
     @property
     def run_number(self) -> int | None:
-        """This run's number in the manifest's runs (1, 2, ...); None before open()."""
-        return self._run.get("run")
+        """This run's number in the manifest's runs (1, 2, ...); None before begin()."""
+        return self._run["run"] if self._run is not None else None
+
+    def _record(self) -> RunRecord:
+        if self._run is None:
+            raise StoreError(f"The store for {display_path(self.folder)} has no run: call begin() first.")
+        return self._run
 
     def final_failure_ids(self) -> set[str]:
         """Ids whose failure a retry cannot fix (`retryable: false` in errors.jsonl) and not done."""
@@ -121,10 +153,22 @@ class DatasetStore:
     # ------------------------------------------------------------ open / resume
 
     def open(self) -> ResumeState:
-        """Lock, check drift, repair and scan; raises StoreError, LockedError, ConfigDriftError."""
+        """claim() and begin(): lock, check drift, repair and scan, then record this run; raises
+        StoreError, LockedError, ConfigDriftError."""
+        state = self.claim()
+        try:
+            self.begin()
+        except BaseException:
+            self.release()
+            raise
+        return state
+
+    def claim(self) -> ResumeState:
+        """Lock the folder, check drift, repair and scan. Nothing of this run is written yet: a launch
+        refused now `release()`s the claim and leaves no trace. Raises as open()."""
         dataset = self.folder.parent if self.rank.ranked else self.folder
         check_world(dataset, self.rank)  # before creating anything
-        created = not self.folder.exists()
+        self._created = [p for p in (self.folder, *self.folder.parents) if not p.exists()]
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -133,46 +177,68 @@ class DatasetStore:
         self._lock = RunLock.acquire(self.folder)
         try:
             check_world(dataset, self.rank)  # again, now that our folder and lock exist (a run starting with us)
-            return self._open_locked(self._lock.note)
+            return self._scan_locked(self._lock.note)
         except BaseException:
-            self._close_files()
-            self._lock.release()
-            if created:
-                with contextlib.suppress(OSError):  # only when still empty: leave no folder of a refused run
-                    self.folder.rmdir()
+            self.release()
             raise
 
-    def _open_locked(self, lock_note: str | None) -> ResumeState:
-        notes = [lock_note] if lock_note else []
+    def _scan_locked(self, lock_note: str | None) -> ResumeState:
+        notes = self._notes = [lock_note] if lock_note else []
         if remove_stale_tmp(self.folder):
             notes.append("removed a manifest tmp file left by a crash (the manifest itself is intact)")
+        if remove_tmp_files(self.folder):
+            notes.append("removed tmp files of a rewrite a crash interrupted (the files themselves are intact)")
         manifest, why = read_manifest(self.folder)
         if why:
             notes.append(why)
-        if manifest and "fingerprint" in manifest and manifest["fingerprint"] != self.fingerprint:
+        stored = self._stored_fingerprint(manifest)
+        if stored is not None and stored != self.fingerprint:
             # Drift only matters once samples exist: a first run that died on a config or source
             # error must not lock its mistake in.
             if has_samples(self.folder):
-                check_drift(self.folder, manifest["fingerprint"], self.fingerprint)
+                check_drift(self.folder, stored, self.fingerprint)
             notes.append("the config changed before any sample was written; the new one is recorded")
         if self.rank.ranked:  # every rank of a dataset writes with one config
             check_other_ranks(self.folder.parent, self.rank, self.fingerprint)
         self._manifest = manifest or {"created_at": now_iso(), "runs": []}
-        repaired = self._load_shards(notes)
-        self._start_shard()
-        if self._open.samples >= self.shard_max_samples:  # crashed between sealing and the manifest
-            self._rotate()
+        configs: list[tuple[str, bytes, int]] = []
+        self._repaired = self._load_shards(notes, configs)
+        if stored is None:  # manifest and fingerprint.json both lost: the rows say which config made them
+            check_rows(self.folder, configs, self.fingerprint)
+        for name in (ERRORS_NAME, REJECTS_NAME):
+            self._repaired += self._cut_torn_tail(self.folder / name, notes)
+        self._rejected_rows = rejected_rows(self.folder)
+        return ResumeState(set(self.done_ids), self.done, self._repaired, notes)
+
+    def begin(self) -> None:
+        """Record this run in the manifest (committed) and open the shard it appends to; raises DiskError."""
+        if self._lock is None or self._closed or self._run is not None:
+            raise StoreError(f"The store for {display_path(self.folder)} is not claimed (or already begun).")
+        self._io(self.folder / FINGERPRINT_NAME, write_fingerprint, self.folder, self.fingerprint)
         runs = self._manifest.setdefault("runs", [])
         self._run = {"run": len(runs) + 1, "pid": os.getpid(), "host": socket.gethostname(),
                      "started_at": now_iso(), "ended_at": None, "done_at_start": self.done,
                      "samples_written": 0, "duplicates_skipped": 0, "over_target_skipped": 0,
-                     "failures": 0, "rejects": 0, "repaired_bytes": repaired, "notes": notes}
+                     "failures": 0, "rejects": 0, "repaired_bytes": self._repaired, "notes": self._notes}
         runs.append(self._run)
-        for name in (ERRORS_NAME, REJECTS_NAME):
-            repaired += self._cut_torn_tail(self.folder / name, notes)
-        self._rejected_rows = rejected_rows(self.folder)
+        self._start_shard()
+        if self._open.samples >= self.shard_max_samples:  # crashed between sealing and the manifest
+            self._rotate()
         self.commit()
-        return ResumeState(set(self.done_ids), self.done, repaired, notes)
+
+    def release(self) -> None:
+        """Give up a claim without recording a run (idempotent): unlock, and remove the folder when
+        claim() created it and nothing else was put there."""
+        if self._closed or self._lock is None:
+            return
+        self._closed = True
+        self._close_files()
+        self._lock.release()
+        for made in self._created:  # only while still empty: leave no folder of a refused run
+            try:
+                made.rmdir()
+            except OSError:
+                break
 
     def _cut_torn_tail(self, path: Path, notes: list[str]) -> int:
         """Cut a torn last line of errors.jsonl / rejects.jsonl so the next append starts a line."""
@@ -185,58 +251,100 @@ class DatasetStore:
             notes.append(f"cut {cut} bytes (a torn last line) from {path.name}")
         return cut
 
-    def _load_shards(self, notes: list[str]) -> int:
-        """Rebuild sealed list, open shard and done ids from the files; returns bytes cut."""
+    def _stored_fingerprint(self, manifest: Manifest | None) -> dict[str, Any] | None:
+        """The config that wrote this folder: the manifest's, else fingerprint.json's (None: neither)."""
+        fp = (manifest or {}).get("fingerprint")
+        return fp if isinstance(fp, dict) else read_fingerprint(self.folder)
+
+    def _load_shards(self, notes: list[str], configs: list[tuple[str, bytes, int]]) -> int:
+        """Rebuild sealed list, open shard and done ids from the files; returns bytes cut. Duplicate ids
+        on disk are removed (the later lines); `configs` gets the row configs of every shard parsed."""
         shards = shard_files(self.folder, self._manifest)
         present = {sh.path.name for sh in shards}
-        for e in self._manifest.get("sealed", []):
-            if isinstance(e, dict) and isinstance(e.get("name"), str) and e["name"] not in present:
-                notes.append(f"{e['name']} is listed in the manifest but missing: its {e.get('samples', '?')} "
+        for name, e in sealed_records(self._manifest).items():
+            if name not in present:
+                notes.append(f"{name} is listed in the manifest but missing: its {e.get('samples', '?')} "
                              "samples will be generated again")
         last = shards[-1] if shards else None
         self._open_index = (last.index if last is not None and last.listed_record is None
                             else (last.index + 1 if last else 0))
-        repaired, dups = 0, 0
+        repaired = 0
+        ids_of: dict[str, list[str]] = {}  # shard name: its ids, to say where a duplicate's first line is
         for shard in shards:
+            entry: ShardRecord | None = None
             if shard.index == self._open_index:
-                continue
-            entry, ids, cut = self._load_sealed(shard, notes)
-            self._sealed.append(entry)
-            repaired, dups = repaired + cut, dups + self._add_done(ids)
-        if last is not None and last.index == self._open_index:
-            self._open = self._repair(last.path, notes)
-            committed = self._manifest.get("open") or {}
-            if committed.get("name") == shard_name(self._open_index) and \
-                    self._open.good_bytes < committed.get("committed_bytes", 0):
-                notes.append(f"{shard_name(self._open_index)} is shorter than its committed length "
-                             f"({self._open.good_bytes} < {committed['committed_bytes']} bytes): the disk lost "
-                             "fsynced data; the lost samples will be generated again")
-            repaired, dups = repaired + self._open.cut_bytes, dups + self._add_done(self._open.ids)
-        if dups:
-            notes.append(f"{dups} duplicate ids found on disk (kept the first of each); "
-                         "run validate on this dataset")
+                scan = self._load_open(shard, notes)
+            else:
+                entry, scan = self._load_sealed(shard, notes)
+            repaired += scan.cut_bytes
+            configs += [(shard.path.name, key, line) for key, line in scan.configs.items()]
+            if len(set(scan.ids)) != len(scan.ids) or not self.done_ids.isdisjoint(scan.ids):
+                scan = self._drop_duplicates(shard, scan, ids_of, notes)
+                entry = scan.entry(shard.path.name)
+            self.done_ids.update(scan.ids)
+            ids_of[shard.path.name] = scan.ids
+            if shard.index == self._open_index:
+                self._open = scan
+            elif entry is not None:
+                self._sealed.append(entry)
+        self._loaded = True
         return repaired
 
-    def _add_done(self, ids: Sequence[str]) -> int:
-        before = len(self.done_ids)
-        self.done_ids.update(ids)
-        return len(ids) - (len(self.done_ids) - before)
+    def _load_open(self, shard: ShardFile, notes: list[str]) -> ShardScan:
+        scan = self._repair(shard.path, notes)
+        committed = self._manifest.get("open")
+        length = committed.get("committed_bytes") if isinstance(committed, dict) else None
+        if isinstance(committed, dict) and committed.get("name") == shard.path.name and isinstance(length, int) \
+                and scan.good_bytes < length:
+            notes.append(f"{shard.path.name} is shorter than its committed length ({scan.good_bytes} < {length} "
+                         "bytes): the disk lost fsynced data; the lost samples will be generated again")
+        return scan
 
-    def _load_sealed(self, shard: ShardFile, notes: list[str]) -> tuple[dict[str, Any], list[str], int]:
-        """A sealed shard's record and ids: from the manifest and sidecar when layout trusts them, else parsed."""
+    def _drop_duplicates(self, shard: ShardFile, scan: ShardScan, ids_of: dict[str, list[str]],
+                         notes: list[str]) -> ShardScan:
+        """Rewrite `shard` without the lines whose id is done already (or met earlier in it): tmp file,
+        fsync, rename; a sealed shard's sidecar too. The manifest records the new figures at the next commit."""
+        data = self._io(shard.path, shard.path.read_bytes)
+        kept: list[bytes] = []
+        keep_ids: set[str] = set()
+        firsts: set[str] = set()
+        start = 0
+        for _line, row, _why, end in iter_lines(data):
+            rid = row["id"] if row is not None else ""  # "": damage in a trusted shard, kept for validate to show
+            if rid in self.done_ids:
+                firsts.add(next(name for name, ids in ids_of.items() if rid in ids))
+            elif rid and rid in keep_ids:
+                firsts.add(shard.path.name)
+            else:
+                kept.append(data[start:end])
+                keep_ids.add(rid)
+            start = end
+        body = b"".join(kept)
+        self._io(shard.path, write_atomic, shard.path, body)
+        new = scan_bytes(body)
+        if shard.index != self._open_index:
+            self._io(shard.path, write_sidecar, sidecar_path(shard.path), shard.path, new.ids, new.good_bytes)
+        n = scan.samples - new.samples
+        notes.append(f"removed {n} duplicate line{'s' if n != 1 else ''} from {shard.path.name} (ids already "
+                     f"written in {', '.join(sorted(firsts))}; kept the first line of each)")
+        return new
+
+    def _load_sealed(self, shard: ShardFile, notes: list[str]) -> tuple[ShardRecord, ShardScan]:
+        """A sealed shard's record and scan: from the manifest and sidecar when layout trusts them, else parsed
+        (and its sidecar written anew)."""
         if shard.record is not None:
             found = committed_shard(shard)
             if not found.parsed:
-                return shard.record, found.scan.ids, 0
+                return shard.record, found.scan
             why = "its id sidecar is missing or does not match"
         elif shard.listed_record is not None:
-            why = f"its size ({shard.size} bytes) differs from the manifest's ({shard.listed_record.get('bytes')})"
+            why = f"its size ({shard.size} bytes) differs from the manifest's ({shard.listed_record['bytes']})"
         else:
             why = "it is not in the manifest"
         notes.append(f"re-scanned {shard.path.name}: {why}")
         scan = self._repair(shard.path, notes)
-        self._io(shard.path, write_sidecar, sidecar_path(shard.path), scan.ids)
-        return scan.entry(shard.path.name), scan.ids, scan.cut_bytes
+        self._io(shard.path, write_sidecar, sidecar_path(shard.path), shard.path, scan.ids, scan.good_bytes)
+        return scan.entry(shard.path.name), scan
 
     def _repair(self, path: Path, notes: list[str]) -> ShardScan:
         """Parse a shard and cut a torn or invalid last line; raises StoreError on mid-file corruption."""
@@ -277,14 +385,14 @@ class DatasetStore:
         return len(batch)
 
     def _admit(self, samples: Sequence[Sample]) -> list[Sample]:
-        self._check_usable()
+        run = self._check_usable()
         batch: list[Sample] = []
         seen: set[str] = set()
         for s in samples:
             if s.id in self.done_ids or s.id in seen:
-                self._run["duplicates_skipped"] += 1
+                run["duplicates_skipped"] = run.get("duplicates_skipped", 0) + 1
             elif self.done + len(batch) >= self._target:
-                self._run["over_target_skipped"] += 1
+                run["over_target_skipped"] = run.get("over_target_skipped", 0) + 1
             else:
                 batch.append(s)
                 seen.add(s.id)
@@ -297,28 +405,27 @@ class DatasetStore:
         self.done_ids.update(s.id for s in chunk)
         self._open.good_bytes = self._sizes[shard_name(self._open_index)]
         self._unsynced += len(chunk)
-        self._run["samples_written"] += len(chunk)
+        run = self._record()
+        run["samples_written"] = run.get("samples_written", 0) + len(chunk)
 
     def write_failures(self, failures: Sequence[Failure]) -> None:
         """Append Failure lines (with this run's number) to errors.jsonl; raises DiskError."""
-        self._check_usable()
+        run = self._check_usable()
         if failures:
-            run = self._run["run"]
-            self._append(ERRORS_NAME, b"".join(orjson.dumps({**orjson.loads(f.to_json()), "run": run},
+            self._append(ERRORS_NAME, b"".join(orjson.dumps({**orjson.loads(f.to_json()), "run": run["run"]},
                                                             option=orjson.OPT_APPEND_NEWLINE) for f in failures))
-            self._run["failures"] += len(failures)
+            run["failures"] = run.get("failures", 0) + len(failures)
 
     def write_rejects(self, rejects: Sequence[Reject]) -> None:
         """Append Reject lines (with this run's number) to rejects.jsonl, each source row once
         across runs (every run re-reads the source and meets the same bad rows); raises DiskError."""
-        self._check_usable()
+        run = self._check_usable()
         rejects = [r for r in rejects if r.source_index not in self._rejected_rows]
         self._rejected_rows.update(r.source_index for r in rejects)
         if rejects:
-            run = self._run["run"]
-            self._append(REJECTS_NAME, b"".join(orjson.dumps({**orjson.loads(r.to_json()), "run": run},
+            self._append(REJECTS_NAME, b"".join(orjson.dumps({**orjson.loads(r.to_json()), "run": run["run"]},
                                                              option=orjson.OPT_APPEND_NEWLINE) for r in rejects))
-            self._run["rejects"] += len(rejects)
+            run["rejects"] = run.get("rejects", 0) + len(rejects)
 
     def _append(self, name: str, blob: bytes) -> None:
         """Write + flush one blob of whole lines; on failure cut the file back and raise DiskError."""
@@ -340,7 +447,7 @@ class DatasetStore:
         self._sync(name)
         with contextlib.suppress(OSError):  # flushed and fsynced above: nothing left to lose
             self._files.pop(name).close()
-        self._io(path, write_sidecar, sidecar_path(path), self._open.ids)
+        self._io(path, write_sidecar, sidecar_path(path), path, self._open.ids, self._sizes[name])
         self._sealed.append(self._open.entry(name))
         self._open_index += 1
         self._open = ShardScan()
@@ -349,22 +456,23 @@ class DatasetStore:
 
     # ------------------------------------------------------------ durability
 
-    def commit(self, progress: dict[str, Any] | None = None) -> None:
-        """fsync the files, then replace the manifest atomically; raises DiskError."""
-        self._check_usable()
+    def commit(self, progress: ProgressRecord | None = None) -> None:
+        """fsync the files, then replace the manifest atomically (with the run's live figures when
+        given); raises DiskError."""
+        run = self._check_usable()
         if progress is not None:
             self._progress = progress
         for name in list(self._files):
             self._sync(name)
         self._unsynced = 0
-        self._run["updated_at"] = now_iso()
+        run["updated_at"] = now_iso()
         self._manifest.update({
             "dataset": self.dataset, "target": self._target, "fingerprint": self.fingerprint,
             "fingerprint_digest": fingerprint_digest(self.fingerprint), "sealed": self._sealed,
             "open": {"name": shard_name(self._open_index), "committed_bytes": self._open.good_bytes,
                      "committed_samples": self._open.samples, "prompt_tokens": self._open.prompt_tokens,
                      "completion_tokens": self._open.completion_tokens, "truncated": self._open.truncated},
-            "updated_at": self._run["updated_at"]})
+            "updated_at": run["updated_at"]})
         if self.rank.ranked:  # status reads the rank from here (and the folder name)
             self._manifest.update({"rank": self.rank.rank, "world_size": self.rank.world})
         if self._progress is not None:
@@ -379,9 +487,13 @@ class DatasetStore:
         except OSError as e:
             self._fail(self.folder / name, e, self._sizes[name])
 
-    def close(self, progress: dict[str, Any] | None = None) -> None:
-        """Commit (unless a write failed), then release the lock. Idempotent."""
+    def close(self, progress: ProgressRecord | None = None) -> None:
+        """Commit (unless a write failed), then release the lock; a claim never begun is released.
+        Idempotent."""
         if self._closed or self._lock is None:
+            return
+        if self._run is None:
+            self.release()
             return
         try:
             if not self._failed:
@@ -400,12 +512,14 @@ class DatasetStore:
 
     # ------------------------------------------------------------ failure handling
 
-    def _check_usable(self) -> None:
-        if self._lock is None or self._closed:
+    def _check_usable(self) -> RunRecord:
+        """This run's record; StoreError when the store is not open (or has not begun) or a write failed."""
+        if self._lock is None or self._closed or self._run is None:
             raise StoreError(f"The store for {display_path(self.folder)} is not open.")
         if self._failed:
             raise StoreError(f"The store for {display_path(self.folder)} stopped after a failed write; "
                              "run the same command again to resume.")
+        return self._run
 
     def _io(self, path: Path, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -425,8 +539,16 @@ class DatasetStore:
                 os.truncate(path, good_bytes)
         hint = ("free space and run the same command to resume" if exc.errno in (errno.ENOSPC, errno.EDQUOT)
                 else "check the disk and run the same command to resume")
-        raise DiskError(f"Writing {display_path(path)} failed: {exc.strerror or exc}. {self.done} samples are "
-                        f"committed and safe; {hint}.") from exc
+        raise DiskError(f"Writing {display_path(path)} failed: {exc.strerror or exc}. {self._committed()} samples "
+                        f"are committed and safe; {hint}.") from exc
+
+    def _committed(self) -> int:
+        """Samples on disk: done, or while open() still loads (a repair write failed), counted from the files."""
+        if self._loaded:
+            return self.done
+        with contextlib.suppress(OSError):
+            return sum(c.samples for c in committed_shards(self.folder, ids=False))
+        return self.done
 
     def _close_files(self) -> None:
         for f in self._files.values():

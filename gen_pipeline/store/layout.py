@@ -4,14 +4,14 @@ status, validate and export alike. Nothing here writes.
     outputs/B2/                   the dataset folder (`dataset_folder(root, "B2")`)
       shard-00000.jsonl           one Sample a line (shards.py: format, parsing, id sidecars)
       shard-00000.ids             ids of a sealed shard
-      manifest.json, .lock        manifest.py: sealed shards, open shard's committed length, runs; run lock
+      manifest.json               manifest.py: sealed shards, open shard's committed length, runs
+      fingerprint.json            fingerprint.py: the config that wrote the samples (the manifest's copy)
+      .lock                       lock.py: the run lock
       errors.jsonl, rejects.jsonl Failure / Reject lines, each with its "run"
 
-manifest.json (written by the store only, atomically): "dataset", "target", "fingerprint" (+ its
-"fingerprint_digest"), "sealed": [{"name", "samples", "bytes", "prompt_tokens", "completion_tokens",
-"truncated"}], "open": {"name", "committed_bytes", "committed_samples", ...}, "runs": [{"run", "pid",
-"host", "started_at", "ended_at", "samples_written", "stopped_by", "notes", ...}], "progress" (the last
-run's figures), "created_at", "updated_at".
+manifest.json (written by the store only, atomically; its fields: manifest.py `Manifest`): the
+fingerprint, the sealed shards' records, the open shard's committed length, the runs, the last
+run's progress.
 
 A folder is read through its *parts*: the folders each written by one run at a time, with their
 own manifest, lock, errors, rejects and logs. A dataset written by one run (world size 1) has one
@@ -45,14 +45,15 @@ import orjson
 
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import StoreError
-from gen_pipeline.store.manifest import LOCK_NAME, MANIFEST_NAME, check_drift, read_manifest
+from gen_pipeline.store.lock import LOCK_NAME
+from gen_pipeline.store.manifest import MANIFEST_NAME, Manifest, ShardRecord, check_drift, read_manifest
 from gen_pipeline.store.ranks import RankSpec, parse_rank_folder
 from gen_pipeline.store.shards import ShardScan, iter_lines, list_shards, read_sidecar, scan_bytes, sidecar_path
 
 __all__ = ["ERRORS_NAME", "LOCK_NAME", "MANIFEST_NAME", "REJECTS_NAME", "CommittedShard", "ShardFile",
            "check_other_ranks", "check_world", "committed_shards", "dataset_folder", "dataset_parts", "display_path",
            "final_failure_ids", "has_samples", "has_shards", "iter_committed_samples", "part_folder", "part_name",
-           "rank_parts", "read_jsonl_rows", "rejected_rows", "shard_files", "trusted_record"]
+           "rank_parts", "read_jsonl_rows", "rejected_rows", "sealed_records", "shard_files", "trusted_record"]
 
 ERRORS_NAME = "errors.jsonl"
 REJECTS_NAME = "rejects.jsonl"
@@ -123,24 +124,29 @@ def check_world(folder: Path, spec: RankSpec) -> None:
     runs that start together with different layouts cannot both pass."""
     where = display_path(folder)
     others = {rw: p for rw, p in rank_parts(folder).items() if rw[1] != spec.world}
-    asked = f"this run is {spec.label}" if spec.ranked else "this run has no rank (world size 1)"
+    env = spec.source not in ("default", "--rank/--world-size")  # say which variables, when they decided
+    asked = (f"this run is {spec.label}" + (f" (from {spec.source})" if env else "") if spec.ranked
+             else "this run has no rank (world size 1" + (f", from {spec.source})" if env else ")"))
     redo = (f"or write to another --output-dir or dataset name (or move {where} away to start over).")
     if spec.ranked and _has_own_output(folder):
         n = _samples([folder])
         raise StoreError(
             f"{where} holds a dataset written by one run without ranks ({n:,} samples in its own shards); "
             f"{asked}. One dataset cannot mix the two layouts. Finish it without ranks (no --rank/--world-size, "
-            "and SLURM_PROCID/SLURM_NTASKS and RANK/WORLD_SIZE unset), " + redo)
+            "outside a SLURM job array or multi-task srun, RANK/WORLD_SIZE unset), " + redo)
     if others:
         worlds = sorted({w for _, w in others})
         n = _samples(list(others.values()))
         names = ", ".join(p.name for p in others.values())
         empty = " (no samples yet: delete those folders to start over with this world size)" if n == 0 else ""
         keep = " or ".join(str(w) for w in worlds)
+        how = (f"Submit the job array as --array=0-{worlds[0] - 1} (world size {keep})"
+               if spec.source.startswith("SLURM_ARRAY") else
+               f"Run every rank with --world-size {keep} (ranks 0 to {worlds[0] - 1})")
         raise StoreError(
             f"{where} was written with world size {keep} ({names}: {n:,} samples){empty}; {asked}. "
             "Which rank owns a prompt depends on the world size, so changing it would redo or lose samples. "
-            f"Run every rank with --world-size {keep} (ranks 0 to {worlds[0] - 1}) to continue, " + redo)
+            f"{how} to continue, " + redo)
 
 
 def check_other_ranks(folder: Path, spec: RankSpec, fingerprint: dict[str, Any]) -> None:
@@ -155,13 +161,12 @@ def check_other_ranks(folder: Path, spec: RankSpec, fingerprint: dict[str, Any])
 # ---------------------------------------------------------------- the trust rule
 
 
-def sealed_records(manifest: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+def sealed_records(manifest: Manifest | None) -> dict[str, ShardRecord]:
     """{shard name: its record} of the shards the manifest lists as sealed."""
-    return {e["name"]: e for e in (manifest or {}).get("sealed", [])
-            if isinstance(e, dict) and isinstance(e.get("name"), str)}
+    return {e["name"]: e for e in (manifest or {}).get("sealed", [])}
 
 
-def trusted_record(record: dict[str, Any] | None, size: int) -> dict[str, Any] | None:
+def trusted_record(record: ShardRecord | None, size: int) -> ShardRecord | None:
     """The manifest record of a sealed shard when the file still matches it (same size), else None."""
     return record if record is not None and record.get("bytes") == size else None
 
@@ -173,15 +178,15 @@ class ShardFile:
     index: int
     path: Path
     size: int
-    listed_record: dict[str, Any] | None
+    listed_record: ShardRecord | None
 
     @property
-    def record(self) -> dict[str, Any] | None:
+    def record(self) -> ShardRecord | None:
         """The manifest's record when it can be trusted for this file (the trust rule)."""
         return trusted_record(self.listed_record, self.size)
 
 
-def shard_files(folder: Path, manifest: dict[str, Any] | None = None) -> list[ShardFile]:
+def shard_files(folder: Path, manifest: Manifest | None = None) -> list[ShardFile]:
     """The shards of one part in index order, each with its trusted record (manifest read if not given).
     A shard that vanishes while being listed (a live run owns the folder) is left out."""
     if manifest is None:
@@ -212,12 +217,11 @@ def committed_shard(shard: ShardFile, *, ids: bool = True) -> CommittedShard:
     needs only the figures). Raises OSError if the shard cannot be read."""
     rec = shard.record
     if rec is not None:
-        found = read_sidecar(sidecar_path(shard.path)) if ids else []
-        if found is not None and (not ids or len(found) == rec.get("samples")):
-            scan = ShardScan(ids=found, good_bytes=shard.size, prompt_tokens=int(rec.get("prompt_tokens", 0)),
-                             completion_tokens=int(rec.get("completion_tokens", 0)),
-                             truncated=int(rec.get("truncated", 0)))
-            return CommittedShard(shard, scan, int(rec.get("samples", 0)), parsed=False)
+        found = read_sidecar(sidecar_path(shard.path), shard.path, shard.size) if ids else []
+        if found is not None and (not ids or len(found) == rec["samples"]):
+            scan = ShardScan(ids=found, good_bytes=shard.size, prompt_tokens=rec["prompt_tokens"],
+                             completion_tokens=rec["completion_tokens"], truncated=rec["truncated"])
+            return CommittedShard(shard, scan, rec["samples"], parsed=False)
     scan = scan_bytes(shard.path.read_bytes())
     return CommittedShard(shard, scan, scan.samples, parsed=True)
 

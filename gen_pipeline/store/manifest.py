@@ -1,32 +1,29 @@
-"""A dataset folder's metadata on disk: the manifest (written atomically), the run lock,
-and the config-drift check. Sync, no async library: the store calls it from a thread.
+"""A dataset folder's metadata on disk: the manifest (written atomically, typed by `Manifest` and
+checked field by field when read) and the config-drift check (the run lock is lock.py). Sync, no
+async library: the store calls it from a thread.
 
-    outputs/B2/manifest.json   {"fingerprint", "sealed": [...], "open": {...}, "runs": [...], "progress"}
-    outputs/B2/.lock           {"pid", "host", "started_at"}; held with flock while the run lives
+    outputs/B2/manifest.json   Manifest: {"fingerprint", "sealed": [...], "open": {...}, "runs": [...], "progress"}
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import functools
 import os
-import socket
-import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Required, cast
 
 import orjson
+from pydantic import TypeAdapter, ValidationError
+from typing_extensions import TypedDict
 
 from gen_pipeline.display import display_path
-from gen_pipeline.errors import ConfigDriftError, LockedError, StoreError
+from gen_pipeline.errors import ConfigDriftError
+from gen_pipeline.records import RunSnapshot
 
 MANIFEST_NAME = "manifest.json"
-LOCK_NAME = ".lock"
 _TMP_PREFIX = MANIFEST_NAME + ".tmp-"
-# A lock file with no readable content is being created right now, unless it is older than this.
-_EMPTY_LOCK_GRACE_S = 5.0
 
 
 def now_iso() -> str:
@@ -45,8 +42,95 @@ def fsync_dir(folder: Path) -> None:
 # ---------------------------------------------------------------- manifest
 
 
-def read_manifest(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """(manifest, None), (None, None) when absent, or (None, why) when it cannot be read."""
+class ShardRecord(TypedDict):
+    """A sealed shard as the manifest lists it (layout.py trusts it while the file keeps its size)."""
+
+    name: str
+    samples: int
+    bytes: int
+    prompt_tokens: int
+    completion_tokens: int
+    truncated: int
+
+
+class OpenShardRecord(TypedDict):
+    """The shard being written: its committed length (flushed lines past it are kept on resume too)."""
+
+    name: str
+    committed_bytes: int
+    committed_samples: int
+    prompt_tokens: int
+    completion_tokens: int
+    truncated: int
+
+
+class RunRecord(TypedDict, total=False):
+    """One run of the dataset (its part): who, when, what it wrote, why it stopped."""
+
+    run: Required[int]
+    pid: int
+    host: str
+    started_at: str
+    ended_at: str | None  # None while it runs (or when it died)
+    updated_at: str
+    done_at_start: int
+    samples_written: int
+    duplicates_skipped: int
+    over_target_skipped: int
+    failures: int
+    rejects: int
+    repaired_bytes: int
+    notes: list[str]
+    stopped_by: str  # RunSummary.stopped_by
+
+
+class ProgressRecord(TypedDict, total=False):
+    """The live figures of the last commit (status shows a running run's rate from them); every key is
+    optional: older runs wrote fewer."""
+
+    samples_per_s: float
+    tokens_per_s: float
+    in_flight: int
+    window: int
+    failures: int
+    written_this_run: int
+    elapsed_s: float
+    updated_at: float | str  # time.time() (an ISO time is read too)
+
+
+class Manifest(TypedDict, total=False):
+    """outputs/<DATASET>/manifest.json (a rank's part: rank-<R>-of-<W>/manifest.json). Read back, it is
+    checked against these types (read_manifest), which accept every manifest this tool has written."""
+
+    created_at: str
+    dataset: str
+    target: int  # a rank's share for a rank's part
+    fingerprint: dict[str, Any]  # DatasetConfig.fingerprint(model): what the drift check compares
+    fingerprint_digest: str
+    sealed: list[ShardRecord]
+    open: OpenShardRecord
+    runs: list[RunRecord]
+    updated_at: str
+    rank: int  # a rank's part only
+    world_size: int
+    progress: ProgressRecord
+
+
+@functools.cache
+def _manifest_type() -> TypeAdapter[Manifest]:
+    return TypeAdapter(Manifest)  # built on first read (~0.1 s): status of no folder need not pay it
+
+
+def progress_record(s: RunSnapshot) -> ProgressRecord:
+    """The manifest's progress record of a run's snapshot."""
+    return {"samples_per_s": round(s.samples_per_s, 4), "tokens_per_s": round(s.tokens_per_s, 1),
+            "in_flight": s.in_flight, "window": s.window, "failures": s.failures,
+            "written_this_run": s.completions, "elapsed_s": round(s.elapsed_s, 1), "updated_at": s.time_s}
+
+
+def read_manifest(folder: Path) -> tuple[Manifest | None, str | None]:
+    """(manifest, None), (None, None) when absent, or (None, why) when it cannot be read or a field
+    has the wrong type (`why` names the file and the field)."""
     path = folder / MANIFEST_NAME
     try:
         data = orjson.loads(path.read_bytes())
@@ -56,10 +140,26 @@ def read_manifest(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"{display_path(path)} could not be read ({e}); rebuilt it from the shards"
     if not isinstance(data, dict):
         return None, f"{display_path(path)} is not a JSON object; rebuilt it from the shards"
-    return data, None
+    try:
+        _manifest_type().validate_python(data, strict=True)
+    except ValidationError as e:
+        return None, f"{display_path(path)}: {_field_problem(e)}; rebuilt it from the shards"
+    return cast(Manifest, data), None  # validated above; the data itself is kept (unknown keys survive a rewrite)
 
 
-def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
+def _field_problem(e: ValidationError) -> str:
+    """The first error as `runs[0].pid = '12' is not an integer`."""
+    err = e.errors(include_url=False)[0]
+    where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in err["loc"]).lstrip(".")
+    if err["type"] == "missing":
+        return f"{where} is missing"
+    wanted = {"int_type": "an integer", "float_type": "a number", "string_type": "a string", "list_type": "a list",
+              "dict_type": "an object", "typed_dict_type": "an object", "bool_type": "true or false"}
+    want = wanted.get(err["type"], err["msg"].removeprefix("Input should be ").rstrip("."))
+    return f"{where} = {orjson.dumps(err['input'])[:60].decode()} is not {want}"
+
+
+def write_manifest(folder: Path, manifest: Manifest) -> None:
     """Replace manifest.json atomically: tmp file in the folder, fsync, rename, fsync the folder.
 
     A crash at any point leaves either the old or the new manifest. Raises OSError.
@@ -129,164 +229,3 @@ def check_drift(folder: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
         f"{'s' if len(diffs) > 1 else ''} differ{'' if len(diffs) > 1 else 's'}):\n" + "\n".join(lines) + "\n"
         "Resuming would mix samples made two ways in one dataset. Restore the old setting"
         f"{'s' if len(diffs) > 1 else ''} to resume, or write to a new output folder or dataset name.")
-
-
-# ---------------------------------------------------------------- run lock
-
-
-@dataclass(frozen=True)
-class LockInfo:
-    """Who holds (or held) a dataset's lock, as its file says."""
-
-    pid: int | None
-    host: str
-    started_at: str
-    age_s: float
-
-    @property
-    def local(self) -> bool:
-        return self.host == socket.gethostname()
-
-    @property
-    def alive(self) -> bool:
-        """True when the holder still runs (always assumed for another host: it cannot be checked)."""
-        if self.pid is None:
-            return self.age_s < _EMPTY_LOCK_GRACE_S
-        return pid_alive(self.pid) if self.local else True
-
-    def started_hms(self) -> str:
-        try:
-            return datetime.fromisoformat(self.started_at).astimezone().strftime("%H:%M:%S")
-        except ValueError:
-            return self.started_at or "at an unknown time"
-
-
-def pid_alive(pid: int) -> bool:
-    """Is process `pid` running on this host? A zombie (killed, not yet reaped) counts as gone."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # /proc/<pid>/stat: "pid (comm) S ..."; state Z = exited, waiting for its parent
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def read_lock(folder: Path) -> LockInfo | None:
-    """The lock file's content, or None when there is no lock."""
-    path = folder / LOCK_NAME
-    try:
-        raw, age_s = path.read_bytes(), time.time() - path.stat().st_mtime
-    except FileNotFoundError:
-        return None
-    try:
-        d = orjson.loads(raw)
-        return LockInfo(int(d["pid"]), str(d.get("host", "")), str(d.get("started_at", "")), age_s)
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-        return LockInfo(None, "", "", age_s)
-
-
-def locked_message(folder: Path, info: LockInfo) -> str:
-    """Who holds the lock and what to do; a dead holder's lock on this host is taken over without asking."""
-    where = display_path(folder)
-    if info.pid is None:
-        return (f"{where} is locked by a run that is starting right now (its {LOCK_NAME} has no content yet). "
-                "Wait for it, or run again in a few seconds.")
-    if not info.local:
-        return (f"{where} is being written by a run on host {info.host or 'unknown'} (pid {info.pid}, started "
-                f"{info.started_hms()}); this host cannot tell whether it still runs. Wait for it or stop it there; "
-                f"if it is gone, delete {where}/{LOCK_NAME}.")
-    return (f"{where} is being written by another run on this host (pid {info.pid}, started {info.started_hms()}). "
-            f"Wait for it to finish or stop it (kill {info.pid}); when a run dies, the next run takes its lock "
-            "over by itself.")
-
-
-class RunLock:
-    """The `.lock` of one dataset folder, held by this process until `release()`.
-
-    Created with O_CREAT|O_EXCL; also flock()ed, so two runs taking over one stale lock at
-    the same time cannot both win (the kernel drops the flock when the holder dies).
-    """
-
-    def __init__(self, folder: Path, fd: int, note: str | None):
-        self.folder, self._fd, self.note = folder, fd, note
-
-    @classmethod
-    def acquire(cls, folder: Path) -> RunLock:
-        """Take the lock; raises LockedError if a live run holds it, StoreError if not writable."""
-        path = folder / LOCK_NAME
-        for _ in range(20):  # retried only when the lock vanished or was replaced under us
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
-                while not _flock(fd):  # another run checking this new lock holds it for a moment
-                    time.sleep(0.005)
-                _write_lock(fd)
-                return cls(folder, fd, None)
-            except FileExistsError:
-                taken = cls._take_over(folder, path)
-                if taken is not None:
-                    return taken
-            except OSError as e:
-                raise StoreError(f"Cannot write to {display_path(folder)}: {e.strerror or e}. "
-                                 "Fix the folder's permissions or choose another output folder.") from None
-        raise LockedError(f"Could not take {display_path(path)}: it keeps changing. Is another run starting?")
-
-    @classmethod
-    def _take_over(cls, folder: Path, path: Path) -> RunLock | None:
-        """Take a stale lock (holder gone); None = the file vanished, try again."""
-        try:
-            fd = os.open(path, os.O_RDWR)
-        except FileNotFoundError:
-            return None
-        if not _flock(fd):
-            os.close(fd)
-            holder = read_lock(folder) or LockInfo(None, "", "", 0.0)
-            raise LockedError(locked_message(folder, holder))
-        if not _same_file(fd, path):
-            os.close(fd)
-            return None
-        info = read_lock(folder)
-        if info is None or info.alive:
-            os.close(fd)
-            if info is None:
-                return None
-            raise LockedError(locked_message(folder, info))
-        _write_lock(fd)
-        who = f"pid {info.pid}" if info.pid is not None else "an unknown process"
-        return cls(folder, fd, f"took over the lock of a run that is gone ({who}, started {info.started_hms()})")
-
-    def release(self) -> None:
-        """Delete the lock file and drop the flock (idempotent)."""
-        if self._fd < 0:
-            return
-        with contextlib.suppress(OSError):
-            if _same_file(self._fd, self.folder / LOCK_NAME):
-                (self.folder / LOCK_NAME).unlink()
-        os.close(self._fd)
-        self._fd = -1
-
-
-def _flock(fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        return os.fstat(fd).st_ino == os.stat(path).st_ino
-    except FileNotFoundError:
-        return False
-
-
-def _write_lock(fd: int) -> None:
-    body = orjson.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started_at": now_iso()})
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, body, 0)
-    os.fsync(fd)

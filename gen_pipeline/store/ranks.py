@@ -17,9 +17,13 @@ from dataclasses import dataclass
 
 from gen_pipeline.errors import ConfigError
 
-# Checked in this order: the first complete pair wins. SLURM first because `srun` sets it for
-# every task; torchrun-style RANK/WORLD_SIZE is the fallback (both set: see resolve_rank).
-ENV_PAIRS = (("SLURM_PROCID", "SLURM_NTASKS"), ("RANK", "WORLD_SIZE"))
+# SLURM first (a job array's task, and/or an `srun` task), then torchrun-style RANK/WORLD_SIZE
+# (both set: see resolve_rank). SLURM sets SLURM_PROCID=0 (and SLURM_NTASKS with --ntasks) in the
+# batch script's own shell too, so an array task's script is "task 0 of 1" of its job: the array
+# gives the rank, and an `srun` with several tasks inside an array task splits that rank further.
+SLURM_TASKS = ("SLURM_PROCID", "SLURM_NTASKS")
+SLURM_ARRAY = ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT")
+TORCHRUN = ("RANK", "WORLD_SIZE")
 _FOLDER = re.compile(r"^rank-(\d+)-of-(\d+)$")
 
 
@@ -99,8 +103,10 @@ def _env_int(env: Mapping[str, str], name: str) -> int:
 
 def _from_env(env: Mapping[str, str], rank_var: str, world_var: str) -> RankSpec | None:
     have = [v for v in (rank_var, world_var) if env.get(v, "").strip()]
-    if not have or have == ["SLURM_NTASKS"]:
-        return None  # SLURM_NTASKS alone: a shell of the allocation (salloc, the batch script), not an srun task
+    if not have or have in (["SLURM_NTASKS"], ["SLURM_PROCID"]):
+        # one of the two alone is a shell of SLURM's, not an srun task: salloc's sets SLURM_NTASKS, a batch
+        # script's SLURM_PROCID=0 (and SLURM_NTASKS only under --ntasks), as seen on slurm-wlm 22.05
+        return None
     if len(have) == 1:
         missing = world_var if have[0] == rank_var else rank_var
         raise ConfigError(f"The environment sets {have[0]}={env[have[0]]} but not {missing}: set both "
@@ -111,22 +117,52 @@ def _from_env(env: Mapping[str, str], rank_var: str, world_var: str) -> RankSpec
 
 
 def resolve_rank(rank: int | None, world: int | None, env: Mapping[str, str]) -> tuple[RankSpec, list[str]]:
-    """This process's rank: --rank/--world-size, else SLURM_PROCID/SLURM_NTASKS, else RANK/WORLD_SIZE,
-    else rank 0 of 1. Returns the spec and notes for the user (both env pairs set and disagreeing).
+    """This process's rank: --rank/--world-size, else SLURM's (SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT
+    and/or SLURM_PROCID/SLURM_NTASKS), else RANK/WORLD_SIZE, else rank 0 of 1. Returns the spec and notes
+    for the user (both SLURM's and torchrun's set and disagreeing).
     Raises ConfigError naming the flag or variable."""
     if rank is not None or world is not None:
         if rank is None or world is None:
             given, missing = ("--rank", "--world-size") if world is None else ("--world-size", "--rank")
             raise ConfigError(f"{given} needs {missing} too: pass both (e.g. --rank 1 --world-size 4), or neither "
-                              "to read them from SLURM_PROCID/SLURM_NTASKS or RANK/WORLD_SIZE.")
+                              "to read them from SLURM (a job array's or srun's task) or RANK/WORLD_SIZE.")
         _check(rank, world, "--rank", "--world-size")
         return RankSpec(rank, world, "--rank/--world-size"), []
-    found = [spec for pair in ENV_PAIRS if (spec := _from_env(env, *pair)) is not None]
+    found = [spec for spec in (_from_slurm(env), _from_env(env, *TORCHRUN)) if spec is not None]
     if not found:
         return RankSpec(), []
     notes = []
     if len(found) > 1 and (found[0].rank, found[0].world) != (found[1].rank, found[1].world):
-        notes.append(f"both SLURM_PROCID/SLURM_NTASKS ({found[0].rank} of {found[0].world}) and RANK/WORLD_SIZE "
+        notes.append(f"both {found[0].source} ({found[0].rank} of {found[0].world}) and RANK/WORLD_SIZE "
                      f"({found[1].rank} of {found[1].world}) are set; using SLURM's (pass --rank/--world-size "
                      "to choose).")
     return found[0], notes
+
+
+def _from_slurm(env: Mapping[str, str]) -> RankSpec | None:
+    """A job array's task (`sbatch --array=0-<W-1>`), an `srun` task, or task p of n in array task a
+    of A: rank a·n + p of A·n. None outside SLURM (or in an `salloc` shell)."""
+    tasks = _from_env(env, *SLURM_TASKS)
+    _check_array_numbering(env)  # before the range check: its message says what to do with such an array
+    array = _from_env(env, *SLURM_ARRAY)
+    if array is None:
+        return tasks
+    if tasks is None or tasks.world == 1:
+        return array
+    return RankSpec(array.rank * tasks.world + tasks.rank, array.world * tasks.world,
+                    f"{array.source} and {tasks.source}")
+
+
+def _check_array_numbering(env: Mapping[str, str]) -> None:
+    """The world size is the array's task count, so its indices must be exactly 0..count-1."""
+    lo, hi = env.get("SLURM_ARRAY_TASK_MIN", "").strip(), env.get("SLURM_ARRAY_TASK_MAX", "").strip()
+    if not lo or not hi or not env.get("SLURM_ARRAY_TASK_COUNT", "").strip():
+        return
+    count = _env_int(env, "SLURM_ARRAY_TASK_COUNT")
+    if (lo, hi) == ("0", str(count - 1)):
+        return
+    raise ConfigError(f"This job array is numbered {lo}-{hi} with {count} task{'s' if count != 1 else ''} "
+                      f"(SLURM_ARRAY_TASK_MIN={lo}, SLURM_ARRAY_TASK_MAX={hi}, SLURM_ARRAY_TASK_COUNT={count}), "
+                      "but ranks come from one array numbered 0 to W-1 (--array=0-3 for 4 ranks; a %N throttle "
+                      "is fine): the world size is the array's task count. To rerun one rank, requeue its task "
+                      "(scontrol requeue <jobid>_<rank>) or run it with --rank R --world-size W.")

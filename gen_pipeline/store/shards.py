@@ -2,11 +2,19 @@
 shards. Read through layout.py (the trust rules); the store repairs with it.
 
     shard-00003.jsonl   one Sample JSON object a line, "\\n"-terminated; a torn write leaves a partial last line
-    shard-00003.ids     the ids of a sealed shard, one JSON string a line, so resume need not parse the shard
+    shard-00003.ids     the ids of a sealed shard, so resume need not parse the shard: a header line
+                        {"shard", "bytes", "samples", "ids_sha256"} (the shard it was made from, its size, and a
+                        digest of the id lines that follow), then one JSON string a line
+
+A sidecar is trusted only when it fits its shard (`read_sidecar`): same name and size, the digest of
+its ids, and the shard's first line starting with its first id. One that does not (a copied or damaged
+sidecar, one from a version without the header) makes the store parse the shard and write it anew, so
+a sidecar with the right count and the wrong ids can never make a resume write a sample twice.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -15,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from gen_pipeline.store.manifest import ShardRecord
 
 SHARD_RE = re.compile(r"^shard-(\d{5,})\.jsonl$")
 
@@ -48,12 +58,14 @@ class ShardScan:
     good_bytes: int = 0
     cut_bytes: int = 0
     corrupt: list[tuple[int, str]] = field(default_factory=list)  # (1-based line, why), not the last line
+    # {(meta.model, meta.sampling) as sorted JSON: its first line}: a lost manifest's drift guard reads these
+    configs: dict[bytes, int] = field(default_factory=dict)
 
     @property
     def samples(self) -> int:
         return len(self.ids)
 
-    def entry(self, name: str) -> dict[str, Any]:
+    def entry(self, name: str) -> ShardRecord:
         """The manifest's record of this shard."""
         return {"name": name, "samples": self.samples, "bytes": self.good_bytes, "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens, "truncated": self.truncated}
@@ -106,30 +118,87 @@ def scan_bytes(data: bytes) -> ShardScan:
             scan.corrupt.append((line_no, why))
         else:
             scan.add(row)
+            meta = row.get("meta")
+            if isinstance(meta, dict) and "model" in meta:
+                key = orjson.dumps({"model": meta["model"], "sampling": meta.get("sampling")},
+                                   option=orjson.OPT_SORT_KEYS)
+                scan.configs.setdefault(key, line_no)
     scan.good_bytes, scan.cut_bytes = pos, len(data) - pos
     return scan
 
 
-def read_sidecar(path: Path) -> list[str] | None:
-    """The ids of a sealed shard, or None when the sidecar is missing or damaged."""
+def _digest(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()[:16]
+
+
+def _id_lines(ids: Sequence[str]) -> bytes:
+    return b"".join(orjson.dumps(i) + b"\n" for i in ids)
+
+
+def read_sidecar(path: Path, shard: Path, size: int) -> list[str] | None:
+    """The ids of the sealed shard `shard` (`size` bytes now) from its sidecar `path`, or None when the
+    sidecar is missing, damaged, or made from another shard or another state of this one."""
     try:
         data = path.read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, IsADirectoryError):
         return None
-    if not data:
-        return []
-    try:  # one JSON string a line → one JSON array: a single parse for 2,000 ids
-        ids = orjson.loads(b"[" + data.rstrip(b"\n").replace(b"\n", b",") + b"]")
+    head, _, body = data.partition(b"\n")
+    try:
+        header = orjson.loads(head)
+        ids = orjson.loads(b"[" + body.rstrip(b"\n").replace(b"\n", b",") + b"]") if body else []
     except orjson.JSONDecodeError:
         return None
-    return ids if all(isinstance(i, str) for i in ids) else None
+    if not (isinstance(header, dict) and header.get("shard") == shard.name and header.get("bytes") == size
+            and header.get("samples") == len(ids) and header.get("ids_sha256") == _digest(body)
+            and all(isinstance(i, str) for i in ids)):
+        return None
+    return ids if not ids or _first_line_is(shard, ids[0]) else None
 
 
-def write_sidecar(path: Path, ids: Sequence[str]) -> None:
-    """Write the sidecar atomically (tmp + fsync + rename); raises OSError."""
-    tmp = path.with_suffix(".ids.tmp")
+def _first_line_is(shard: Path, first_id: str) -> bool:
+    """Does the shard's first line start with `{"id":<first_id>,` (as Sample.to_json writes it)?"""
+    prefix = b'{"id":' + orjson.dumps(first_id) + b","
+    try:
+        with open(shard, "rb") as f:
+            return f.read(len(prefix)) == prefix
+    except OSError:
+        return False
+
+
+def write_sidecar(path: Path, shard: Path, ids: Sequence[str], size: int) -> None:
+    """Write the sidecar of `shard` (`size` bytes, holding `ids`) atomically (tmp + fsync + rename); raises OSError."""
+    body = _id_lines(ids)
+    header = orjson.dumps({"shard": shard.name, "bytes": size, "samples": len(ids), "ids_sha256": _digest(body)})
+    write_atomic(path, header + b"\n" + body)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace `path` with `data`: a tmp file beside it, fsync, rename, fsync the folder; raises OSError.
+    A crash leaves the old file or the new one (and maybe `<name>.tmp`, which `remove_tmp_files` clears)."""
+    tmp = path.with_name(path.name + TMP_SUFFIX)
     with open(tmp, "wb") as f:
-        f.write(b"".join(orjson.dumps(i) + b"\n" for i in ids))
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+TMP_SUFFIX = ".tmp"
+
+
+def remove_tmp_files(folder: Path) -> int:
+    """Delete the tmp files of shard, sidecar and fingerprint rewrites a crash left; returns how many."""
+    n = 0
+    for pattern in ("shard-*.jsonl" + TMP_SUFFIX, "shard-*.ids" + TMP_SUFFIX, "*.json" + TMP_SUFFIX):
+        for p in folder.glob(pattern):
+            try:
+                p.unlink()
+                n += 1
+            except OSError:
+                continue
+    return n

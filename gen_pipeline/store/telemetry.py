@@ -1,6 +1,6 @@
 """Telemetry: one JSON line per load poll of a run in outputs/<DATASET>/telemetry.jsonl.
 
-Off the hot path: `Telemetry.poll` builds a small dict and puts it on a bounded queue; a daemon
+Off the hot path: `Telemetry.poll` builds a row from the run's RunSnapshot and puts it on a bounded queue; a daemon
 thread appends batches and flushes (no fsync: a row lost to a power cut costs nothing, a row
 lost to kill -9 is already in the page cache). Never fails a run: a full queue drops the row
 (counted), a disk error is reported once and turns telemetry off for the rest of the run.
@@ -18,13 +18,13 @@ import contextlib
 import os
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 
+from gen_pipeline.records import RunSnapshot
 from gen_pipeline.store.layout import read_jsonl_rows
 
 TELEMETRY_NAME = "telemetry.jsonl"
@@ -36,59 +36,80 @@ _QUEUE_ROWS = 1024  # ~17 min of polls at 1 s: a stuck disk drops rows instead o
 _STOP = object()
 
 
-def build_row(*, run: int | None, t_run_s: float, figures: Any, snap: Any, stats: Any, handle: Any,
-              fixed_window: bool, retractions_run: int | None) -> dict[str, Any]:
-    """One poll's record from the pipeline's live figures, the load snapshot (None when the poll
-    failed), the controller's statistics() and the server handle. Pure."""
-    cap = getattr(handle, "capacity", None)
-    info = getattr(handle, "info", None) or {}
+class TelemetryRow(TypedDict):
+    """One line of telemetry.jsonl: one load poll of a run (a RunSnapshot, flattened for the page)."""
+
+    t: float  # wall clock, time.time()
+    t_run_s: float
+    run: int | None
+    window: int
+    in_flight: int
+    running: int | None
+    queued: int | None
+    kv_used_tokens: int | None
+    kv_usage: float | None
+    kv_capacity_tokens: int | None
+    max_running_requests: int | None
+    kv_dtype: str | None
+    mem_fraction_static: float | None
+    gen_tok_s: float | None
+    client_tok_s: float
+    samples_per_s: float
+    retractions_total: int | None
+    retractions: int | None  # this run's
+    done: int
+    target: int
+    failures: int
+    mode: str | None  # "fixed" under --window, else the controller's
+    reason: str | None
+    tokens_per_request: float | None
+    held_tokens_per_request: float | None
+    restarts: int
+
+
+def build_row(s: RunSnapshot, *, run: int | None) -> TelemetryRow:
+    """One poll's row from the run's snapshot. Pure."""
     return {
-        "t": round(time.time(), 3), "t_run_s": round(t_run_s, 3), "run": run,
-        "window": figures.window, "in_flight": figures.in_flight,
-        "running": snap.running if snap else None, "queued": snap.queued if snap else None,
-        "kv_used_tokens": snap.used_tokens if snap else None,
-        "kv_usage": None if snap is None or snap.token_usage is None else round(snap.token_usage, 4),
-        "kv_capacity_tokens": cap.max_total_num_tokens if cap else None,
-        "max_running_requests": cap.max_running_requests if cap else None,
-        "kv_dtype": info.get("kv_cache_dtype"), "mem_fraction_static": info.get("mem_fraction_static"),
-        "gen_tok_s": None if snap is None or snap.gen_throughput is None else round(snap.gen_throughput, 1),
-        "client_tok_s": round(figures.tokens_per_s, 1), "samples_per_s": round(figures.samples_per_s, 4),
-        "retractions_total": snap.retractions_total if snap else None, "retractions": retractions_run,
-        "done": figures.done, "target": figures.target, "failures": figures.failures,
-        "mode": "fixed" if fixed_window else (stats.mode if stats else None),
-        "reason": "--window" if fixed_window else (stats.reason if stats else None),
-        "tokens_per_request": round(stats.tokens_per_request, 1) if stats else None,
-        "held_tokens_per_request": round(stats.held_tokens_per_request, 1) if stats else None,
-        "restarts": getattr(handle, "restarts", 0),
+        "t": round(s.time_s, 3), "t_run_s": round(s.elapsed_s, 3), "run": run,
+        "window": s.window, "in_flight": s.in_flight, "running": s.running, "queued": s.queued,
+        "kv_used_tokens": s.kv_used_tokens, "kv_usage": _round(s.kv_usage, 4),
+        "kv_capacity_tokens": s.kv_capacity_tokens, "max_running_requests": s.max_running_requests,
+        "kv_dtype": s.kv_dtype, "mem_fraction_static": s.mem_fraction_static,
+        "gen_tok_s": _round(s.gen_tokens_per_s, 1),
+        "client_tok_s": round(s.tokens_per_s, 1), "samples_per_s": round(s.samples_per_s, 4),
+        "retractions_total": s.retractions_total, "retractions": s.retractions_run,
+        "done": s.done, "target": s.target, "failures": s.failures,
+        "mode": "fixed" if s.fixed_window else s.controller_mode,
+        "reason": "--window" if s.fixed_window else s.controller_reason,
+        "tokens_per_request": _round(s.tokens_per_request, 1),
+        "held_tokens_per_request": _round(s.held_tokens_per_request, 1),
+        "restarts": s.restarts,
     }
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 class Telemetry:
     """A run's telemetry writer; call `poll` from the load poller, `close` at the end of the run."""
 
-    def __init__(self, folder: Path, *, run: int | None, started_s: float,
-                 on_event: Callable[[str], Any] = print, max_bytes: int = MAX_BYTES) -> None:
+    def __init__(self, folder: Path, *, run: int | None, on_event: Callable[[str], Any] = print,
+                 max_bytes: int = MAX_BYTES) -> None:
         self.path = Path(folder) / TELEMETRY_NAME
         self.run = None if run is None else max(run, last_run(Path(folder)) + 1)
-        self.started_s, self.on_event, self.max_bytes = started_s, on_event, max_bytes
+        self.on_event, self.max_bytes = on_event, max_bytes
         self.enabled = True
         self.dropped = 0
         self._queue: queue.Queue[Any] = queue.Queue(_QUEUE_ROWS)
         self._thread: threading.Thread | None = None
-        self._last_counter: int | None = None
-        self._retractions: int | None = None
 
-    def poll(self, figures: Any, snap: Any, stats: Any, handle: Any, *, fixed_window: bool = False) -> None:
-        """Record one load poll (never raises, never blocks); the run's retraction count is kept even
-        when the file is off (the progress line shows it)."""
-        with contextlib.suppress(Exception):
-            self._count_retractions(snap)
+    def poll(self, snapshot: RunSnapshot) -> None:
+        """Record one load poll (never raises, never blocks)."""
         if not self.enabled:
             return
         try:
-            row = build_row(run=self.run, t_run_s=time.monotonic() - self.started_s, figures=figures, snap=snap,
-                            stats=stats, handle=handle, fixed_window=fixed_window,
-                            retractions_run=self._retractions)
+            row = build_row(snapshot, run=self.run)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._drain, name="telemetry", daemon=True)
                 self._thread.start()
@@ -97,24 +118,6 @@ class Telemetry:
             self.dropped += 1
         except Exception as e:  # a telemetry bug must not end a run
             self._disable(f"telemetry off: could not record a poll ({type(e).__name__}: {e})")
-
-    @property
-    def retractions(self) -> int | None:
-        """Requests the server retracted during this run (None until a poll carried the counter)."""
-        return self._retractions
-
-    def _count_retractions(self, snap: Any) -> None:
-        """Retractions of this run: the server's counter restarts at 0 with the server."""
-        value = getattr(snap, "retractions_total", None)
-        if value is None:
-            return
-        prev, self._last_counter = self._last_counter, value
-        if prev is None:
-            self._retractions = self._retractions or 0  # the first reading is this run's baseline
-        elif value < prev:
-            self._retractions = (self._retractions or 0) + value  # a restarted server counts from 0
-        else:
-            self._retractions = (self._retractions or 0) + value - prev
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Flush what is queued (waits at most timeout_s) and stop the thread."""

@@ -3,4 +3,4 @@ import pytest
 
 @pytest.fixture
 def anyio_backend():
-    return "asyncio"  # run_server uses anyio; the sim and aiohttp run on asyncio here
+    return "asyncio"  # run_server uses anyio; the sim (uvicorn) runs on asyncio here

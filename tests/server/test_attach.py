@@ -8,7 +8,6 @@ import sys
 import time
 from functools import partial
 
-import aiohttp
 import anyio
 import httpx
 import pytest
@@ -17,7 +16,9 @@ from starlette.applications import Starlette
 from starlette.responses import HTMLResponse
 from starlette.routing import Route
 
+from gen_pipeline.config.dataset import GenerationConfig
 from gen_pipeline.errors import ServerError
+from gen_pipeline.http import open_http
 from gen_pipeline.records import Capacity
 from gen_pipeline.server import read_load, run_attached
 from sglang_sim.testing import free_port, start_sim
@@ -32,7 +33,7 @@ def sims():
 
 
 async def test_attach_to_a_running_sim(sims, events):
-    async with aiohttp.ClientSession() as http:
+    async with open_http(GenerationConfig(), 16) as http:
         async with anyio.create_task_group() as tg:
             handle = await tg.start(partial(run_attached, [sims[0].url + "/"], http=http,
                                             health_interval_s=0.2))
@@ -48,7 +49,7 @@ async def test_attach_to_a_running_sim(sims, events):
 
 
 async def test_attach_to_several_servers_sums_capacity(sims):
-    async with aiohttp.ClientSession() as http:
+    async with open_http(GenerationConfig(), 16) as http:
         async with anyio.create_task_group() as tg:
             handle = await tg.start(partial(run_attached, [s.url for s in sims], http=http))
             assert handle.capacity.max_total_num_tokens == 40_000 and handle.capacity.servers == 2
@@ -65,7 +66,7 @@ async def test_attach_to_a_non_sglang_server_says_what_answered():
         with anyio.fail_after(10):
             while not server.started:
                 await anyio.sleep(0.02)
-        async with aiohttp.ClientSession() as http:
+        async with open_http(GenerationConfig(), 16) as http:
             with pytest.raises(ServerError) as e:
                 await run_attached([f"http://127.0.0.1:{port}"], http=http)
         server.should_exit = True
@@ -77,12 +78,11 @@ async def test_attach_to_a_non_sglang_server_says_what_answered():
 
 async def test_attach_to_nothing_listening():
     url = f"http://127.0.0.1:{free_port()}"
-    async with aiohttp.ClientSession() as http:
+    async with open_http(GenerationConfig(), 16) as http:
         with pytest.raises(ServerError) as e:
             await run_attached([url], http=http)
-    assert str(e.value).startswith(f"Cannot reach {url}: ClientConnectorError Cannot connect to host ")
-    assert str(e.value).endswith("Check SERVER_URL and that the server is running (and listening on that host "
-                                 "and port).")
+    assert str(e.value) == (f"Cannot reach {url}: Connection refused. Check SERVER_URL and that the server is "
+                            "running (and listening on that host and port).")
 
 
 async def test_attach_through_sglang_router(sims, tmp_path):
@@ -99,15 +99,15 @@ async def test_attach_through_sglang_router(sims, tmp_path):
     try:
         if not _wait_up(url, router, timeout_s=20):
             pytest.skip(f"sglang-router did not start here: {(tmp_path / 'router.log').read_text()[-500:]}")
-        async with aiohttp.ClientSession() as http:
+        async with open_http(GenerationConfig(), 16) as http:
             async with anyio.create_task_group() as tg:
                 handle = await tg.start(partial(run_attached, [url], http=http))
                 assert handle.base_urls == [url] and handle.model == "sim/Kimi-K2.5"
                 assert handle.capacity == Capacity(40_000, handle.capacity.max_running_requests, servers=2,
                                                    source="server_info")
-                async with http.post(url + "/v1/chat/completions", timeout=aiohttp.ClientTimeout(total=30), json={
-                        "model": handle.model, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}) as r:
-                    assert r.status == 200
+                body = {"model": handle.model, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+                r = await http.post_json(url + "/v1/chat/completions", body, timeout_s=30)
+                assert r.status == 200
                 tg.cancel_scope.cancel()
     finally:
         router.terminate()

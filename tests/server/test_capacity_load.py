@@ -1,14 +1,17 @@
-"""Capacity and load parsing from recorded SGLang / vLLM answers (httpx.MockTransport-style handlers,
-served to the aiohttp session by tests/mock_http.py)."""
+"""Capacity and load parsing from recorded SGLang / vLLM answers (httpx.MockTransport in-process,
+tests/mock_http.py)."""
+
+from contextlib import AbstractAsyncContextManager
 
 import httpx
 import pytest
 
+from gen_pipeline.http import Http
 from gen_pipeline.records import Capacity, LoadSnapshot
 from gen_pipeline.server import load, read_load
 from gen_pipeline.server.capacity import capacity_from_log, combine, probe
 
-from mock_http import mock_session
+from mock_http import mock_http
 
 SERVER_INFO_DP2 = {
     "model_path": "moonshotai/Kimi-K2.5", "tp_size": 8, "dp_size": 2, "kv_cache_dtype": "fp8_e4m3",
@@ -52,7 +55,7 @@ vllm:num_preemptions_total{model_name="m",engine="0"} 9.0
 """
 
 
-def client(routes: dict[str, object]) -> httpx.AsyncClient:
+def client(routes: dict[str, object]) -> AbstractAsyncContextManager[Http]:
     """routes: "http://a/path" → dict (JSON) | str (text) ; anything else answers 404."""
     def handler(request: httpx.Request) -> httpx.Response:
         body = routes.get(str(request.url))
@@ -61,7 +64,7 @@ def client(routes: dict[str, object]) -> httpx.AsyncClient:
         if isinstance(body, str):
             return httpx.Response(200, text=body)
         return httpx.Response(404, json={"detail": "Not Found"})
-    return mock_session(handler)
+    return mock_http(handler)
 
 
 @pytest.fixture(autouse=True)
@@ -139,7 +142,7 @@ async def test_load_none_when_not_exposed_and_remembers_sources():
     def handler(request):
         calls.append(request.url.path)
         return httpx.Response(200, json=LOADS_DP2) if request.url.path == "/v1/loads" else httpx.Response(404)
-    async with mock_session(handler) as http:
+    async with mock_http(handler) as http:
         assert await read_load(http, ["http://n"], now_s=0) is not None
         assert await read_load(http, ["http://n"], now_s=1) is not None
     assert calls == ["/v1/loads", "/metrics", "/v1/loads"]  # /metrics written off after the first poll

@@ -4,11 +4,12 @@ KV-starved simulator seen through the real poller by the real controller."""
 
 from __future__ import annotations
 
-import aiohttp
 import anyio
 import httpx
 
+from gen_pipeline.config.dataset import GenerationConfig
 from gen_pipeline.controller import Controller, ControllerConfig
+from gen_pipeline.http import open_http
 from gen_pipeline.records import Capacity
 from gen_pipeline.server import load, read_load
 from gen_pipeline.server.load import RetractionTally, load_from_metrics
@@ -77,7 +78,7 @@ async def test_controller_sees_retractions_of_a_kv_starved_sim():
                       initial_tokens_per_request=100.0, config=ControllerConfig(retraction_burst_min=1))
     reasons, texts = set(), []
     with start_sim(SIM, ready_timeout_s=20) as sim:
-        async with httpx.AsyncClient() as http, aiohttp.ClientSession() as session:  # ours: aiohttp
+        async with httpx.AsyncClient() as http, open_http(GenerationConfig(), 16) as session:  # ours
             async with anyio.create_task_group() as tg:
                 async def poll() -> None:  # the pipeline's cadence: retractions add up between polls
                     t = 0.0

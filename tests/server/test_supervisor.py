@@ -6,21 +6,22 @@ from __future__ import annotations
 import logging
 from functools import partial
 
-import aiohttp
 import anyio
 import pytest
 
+from gen_pipeline.config.dataset import GenerationConfig
 from gen_pipeline.errors import ServerError, ServerStartupError
+from gen_pipeline.http import Http, open_http
 from gen_pipeline.server import run_server
 from gen_pipeline.server import supervisor as supervisor_mod
 
 from server_helpers import group_gone, sim_profile
 
 
-async def chat(http: aiohttp.ClientSession, url: str) -> None:
-    async with http.post(url + "/v1/chat/completions", timeout=aiohttp.ClientTimeout(total=30), json={
-            "model": "x", "max_tokens": 8, "messages": [{"role": "user", "content": "hello there"}]}) as r:
-        assert r.status == 200, await r.text()
+async def chat(http: Http, url: str) -> None:
+    r = await http.post_json(url + "/v1/chat/completions", {
+        "model": "x", "max_tokens": 8, "messages": [{"role": "user", "content": "hello there"}]}, timeout_s=30)
+    assert r.status == 200, r.text
 
 
 async def until(predicate, timeout_s: float = 20.0) -> None:
@@ -45,7 +46,7 @@ def spawned(monkeypatch) -> list[int]:
 
 async def test_start_reads_capacity_then_cancel_stops_the_group(tmp_path, spawned, events):
     (tmp_path / "server.log").write_text("previous run\n")
-    async with aiohttp.ClientSession() as http:
+    async with open_http(GenerationConfig(), 16) as http:
         async with anyio.create_task_group() as tg:
             handle = await tg.start(partial(run_server, sim_profile(), log_dir=tmp_path, http=http))
             assert handle.capacity.max_total_num_tokens == 20_000
@@ -64,7 +65,7 @@ async def test_start_reads_capacity_then_cancel_stops_the_group(tmp_path, spawne
 
 
 async def test_crash_mid_traffic_restarts_and_is_ready_again(tmp_path, spawned, events):
-    async with aiohttp.ClientSession() as http:
+    async with open_http(GenerationConfig(), 16) as http:
         async with anyio.create_task_group() as tg:
             handle = await tg.start(partial(run_server, sim_profile("--sim-crash-after", "2"), log_dir=tmp_path,
                                             http=http))
@@ -85,7 +86,7 @@ async def test_crash_mid_traffic_restarts_and_is_ready_again(tmp_path, spawned, 
 
 async def test_gives_up_after_max_restarts(tmp_path, spawned):
     profile = sim_profile("--sim-crash-after", "1", max_restarts=1)
-    async with aiohttp.ClientSession() as http:
+    async with open_http(GenerationConfig(), 16) as http:
         handle_box = []
         with pytest.raises((ServerError, BaseExceptionGroup)) as e:
             async with anyio.create_task_group() as tg:
@@ -113,7 +114,7 @@ def _only(exc: BaseException) -> BaseException:
 
 async def test_fatal_startup_line_gives_advice(tmp_path, spawned):
     line = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
-    async with aiohttp.ClientSession() as http:
+    async with open_http(GenerationConfig(), 16) as http:
         with pytest.raises(ServerStartupError) as e:
             await run_server(sim_profile("--sim-fail-startup", line), log_dir=tmp_path, http=http)
     msg = str(e.value)
@@ -127,7 +128,7 @@ async def test_fatal_startup_line_gives_advice(tmp_path, spawned):
 
 
 async def test_never_healthy_times_out_naming_the_log(tmp_path, spawned):
-    async with aiohttp.ClientSession() as http:
+    async with open_http(GenerationConfig(), 16) as http:
         with anyio.fail_after(15):
             with pytest.raises(ServerStartupError) as e:
                 await run_server(sim_profile("--sim-never-healthy", startup_timeout_s=1.5), log_dir=tmp_path,
@@ -138,7 +139,7 @@ async def test_never_healthy_times_out_naming_the_log(tmp_path, spawned):
 
 
 async def test_unknown_flag_shows_argparse_message_fast(tmp_path, spawned):
-    async with aiohttp.ClientSession() as http:
+    async with open_http(GenerationConfig(), 16) as http:
         with anyio.fail_after(10):
             with pytest.raises(ServerStartupError) as e:
                 await run_server(sim_profile("--no-such-flag", "1"), log_dir=tmp_path, http=http)
@@ -152,7 +153,7 @@ async def test_unknown_flag_shows_argparse_message_fast(tmp_path, spawned):
 
 async def test_exit_before_healthy_reports_code(tmp_path):
     profile = sim_profile(command=["{python}", "-c", "import sys; print('loading weights'); sys.exit(3)"])
-    async with aiohttp.ClientSession() as http:
+    async with open_http(GenerationConfig(), 16) as http:
         with pytest.raises(ServerStartupError) as e:
             await run_server(profile, log_dir=tmp_path, http=http)
     lines = str(e.value).splitlines()
@@ -163,7 +164,7 @@ async def test_exit_before_healthy_reports_code(tmp_path):
 
 async def test_unhealthy_server_is_restarted(tmp_path, spawned, events):
     profile = sim_profile("--sim-health-503-after-s", "0.5", "--sim-health-503-for-s", "60")
-    async with aiohttp.ClientSession() as http:
+    async with open_http(GenerationConfig(), 16) as http:
         async with anyio.create_task_group() as tg:
             handle = await tg.start(partial(run_server, profile, log_dir=tmp_path, http=http))
             await until(lambda: handle.restarts == 1)
@@ -183,7 +184,7 @@ async def test_sigterm_ignoring_server_is_killed(tmp_path, spawned):
             "    def log_message(self, *a): pass\n"
             "http.server.HTTPServer(('127.0.0.1', port), H).serve_forever()\n")
     profile = sim_profile(command=["{python}", "-c", code], stop_grace_s=0.5)
-    async with aiohttp.ClientSession() as http:
+    async with open_http(GenerationConfig(), 16) as http:
         async with anyio.create_task_group() as tg:
             handle = await tg.start(partial(run_server, profile, log_dir=tmp_path, http=http))
             assert handle.capacity.source == "unknown"
@@ -193,7 +194,7 @@ async def test_sigterm_ignoring_server_is_killed(tmp_path, spawned):
 
 async def test_cancel_during_startup_stops_the_group(tmp_path, spawned):
     profile = sim_profile(extra_args=["--sim-profile", "fast", "--sim-startup-s", "30"])
-    async with aiohttp.ClientSession() as http:
+    async with open_http(GenerationConfig(), 16) as http:
         with anyio.move_on_after(1.0) as scope:
             await run_server(profile, log_dir=tmp_path, http=http)
     assert scope.cancelled_caught
@@ -208,7 +209,7 @@ async def test_fp8_kv_warning_is_surfaced_once_and_not_fatal(tmp_path, spawned, 
     # SGLang 0.5.17 logs this with --kv-cache-dtype fp8_e4m3 (issue 9); once per TP rank, here twice.
     caplog.set_level(logging.INFO, logger="gen_pipeline")
     profile = sim_profile("--sim-startup-log", FP8_WARNING, "--sim-startup-log", FP8_WARNING)
-    async with aiohttp.ClientSession() as http:
+    async with open_http(GenerationConfig(), 16) as http:
         async with anyio.create_task_group() as tg:
             handle = await tg.start(partial(run_server, profile, log_dir=tmp_path, http=http))
             await handle.wait_ready()

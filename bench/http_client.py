@@ -1,0 +1,110 @@
+"""The HTTP client's CPU per request at the small-model rate (~65 requests/s): the cost we accept for httpx.
+
+The CLI runs as a real subprocess attached to a simulator that answers ~24-token outputs at ~65
+requests/s with a fixed window of 14 (fast profile, time scale 0.4: the rate of issue 15's comparison
+of aiohttp and httpx). CPU = user + system time of the CLI process from wait4(). A run also pays
+fixed costs (imports, `datasets` loading the file, start-up), so the per-request figure that matters
+is the marginal one: (CPU of a LONG-request run − CPU of a SHORT-request run) / (LONG − SHORT).
+At the real rate (0.3-3 requests/s per node) a figure of c ms per request is c × rate / 10 % of one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+from bench.report import md_table, write_section
+from sglang_sim.testing import start_sim
+
+REPO = Path(__file__).resolve().parent.parent
+SIM_ARGS = ["--sim-profile", "fast", "--time-scale", "0.4", "--sim-output-mean", "24", "--sim-output-spread", "0.3",
+            "--max-running-requests", "512", "--sim-startup-s", "0"]
+WINDOW, SHORT, LONG = 14, 200, 1500
+REAL_RATES = (0.3, 3.0)  # requests/s per node in the reference job (issue 20)
+
+
+def _dataset(folder: Path, target: int) -> Path:
+    data = folder / "short.jsonl"
+    if not data.exists():
+        data.write_bytes(b"".join(
+            orjson.dumps({"id": f"s{i}", "messages": [{"role": "user", "content": f"Say hi #{i}"}]}) + b"\n"
+            for i in range(LONG)))
+    toml = folder / f"short{target}.toml"
+    toml.write_text(f'name = "short"\ntarget_samples = {target}\n[source]\nfiles = ["short.jsonl"]\n'
+                    'schema = "messages"\nfield = "messages"\nid_field = "id"\n[sampling]\nmax_new_tokens = 32\n'
+                    '[generation]\nreasoning = "none"\nrequest_timeout_s = 60\n'
+                    '[output]\nshard_max_samples = 2000\nfsync_every = 64\n')
+    return toml
+
+
+def _run(url: str, toml: Path, out: Path) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of one CLI run from an empty output folder."""
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "gen_pipeline", "generate", "--dataset", str(toml),
+                             "--server-url", url, "--output-dir", str(out), "--progress", "quiet",
+                             "--window", str(WINDOW)],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.stderr is not None
+    if proc.returncode != 0:
+        raise RuntimeError(f"generate failed ({proc.returncode}): {proc.stderr.read().decode()[-2000:]}")
+    proc.stderr.close()
+    return usage.ru_utime + usage.ru_stime, time.monotonic() - started
+
+
+def measure(repeats: int) -> dict:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gp-http-") as tmp, start_sim(SIM_ARGS) as sim:
+        folder = Path(tmp)
+        _run(sim.url, _dataset(folder, SHORT), folder / "warm-up")
+        for rep in range(repeats):
+            short = _run(sim.url, _dataset(folder, SHORT), folder / f"out-s{rep}")
+            long = _run(sim.url, _dataset(folder, LONG), folder / f"out-l{rep}")
+            rows.append({"cpu_short_s": short[0], "cpu_long_s": long[0], "wall_long_s": long[1],
+                         "requests_per_s": LONG / long[1],
+                         "marginal_ms": 1000 * (long[0] - short[0]) / (LONG - SHORT),
+                         "total_ms": 1000 * long[0] / LONG})
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    core_share = [round(med["marginal_ms"] * rate / 10, 3) for rate in REAL_RATES]  # ms/req × req/s / 1000 s × 100 %
+    return {"window": WINDOW, "requests_short": SHORT, "requests_long": LONG, "repeats": repeats, "runs": rows,
+            "median_marginal_ms_per_request": round(med["marginal_ms"], 3),
+            "median_total_ms_per_request": round(med["total_ms"], 3),
+            "median_cpu_long_s": round(med["cpu_long_s"], 2), "median_wall_long_s": round(med["wall_long_s"], 1),
+            "median_requests_per_s": round(med["requests_per_s"], 1),
+            "core_share_percent_at_real_rates": dict(zip([str(r) for r in REAL_RATES], core_share, strict=True))}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.http_client", description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    r = measure(ap.parse_args(argv).repeats)
+    lo, hi = r["core_share_percent_at_real_rates"].values()
+    table = md_table([f"figure (median of {r['repeats']})", "value"], [
+        [f"client CPU of a {LONG}-request run (user + sys, s)", r["median_cpu_long_s"]],
+        ["client CPU per request, start-up included (ms)", r["median_total_ms_per_request"]],
+        [f"marginal client CPU per request ({LONG} − {SHORT} requests) (ms)", r["median_marginal_ms_per_request"]],
+        ["requests/s reached", r["median_requests_per_s"]],
+        [f"wall time of the {LONG}-request run (s)", r["median_wall_long_s"]],
+        [f"share of one core at {REAL_RATES[0]}-{REAL_RATES[1]} requests/s per node", f"{lo}-{hi} %"],
+    ])
+    md = (f"## HTTP client CPU per request at ~65 requests/s (httpx, the cost we accept)\n\n"
+          f"`python -m bench http_client`: the CLI attached to the simulator (`{' '.join(SIM_ARGS)}`), fixed window "
+          f"{WINDOW}, one-turn samples of `max_new_tokens = 32`; CPU of the whole client process (HTTP, dispatch, "
+          "parsing, writing) from wait4(); marginal = "
+          f"(CPU of a {LONG}-request run − CPU of a {SHORT}-request run) / {LONG - SHORT}. Shared 2-core machine: "
+          "the section \"HTTP client library\" below pairs runs for the comparisons with aiohttp.\n\n" + table)
+    print(md)
+    write_section("http_client", r, md)
+
+
+if __name__ == "__main__":
+    main()

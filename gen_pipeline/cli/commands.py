@@ -1,0 +1,186 @@
+"""The commands: parsed arguments → one library call → printed lines and an exit code. Every check
+and refusal is the library's (its messages name the flags); nothing here decides. Heavy modules are
+imported inside the command that needs them, so `status` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from gen_pipeline.config.dataset import DatasetConfig, find_dataset_config, find_dataset_configs
+
+if TYPE_CHECKING:
+    from gen_pipeline.run.options import JobSummary, RunOptions
+
+REFERENCE_DATASETS = ("B1", "B2", "B6", "B7")
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import anyio
+
+    from gen_pipeline.cli.logs import console_events, quiet_datasets
+    from gen_pipeline.run.progress import Progress
+
+    quiet_datasets()
+    cfgs = find_dataset_configs(args.dataset, args.config_dir)
+    opts = options_from_args(args, cfgs)
+    if opts.rank.ranked:  # which part this process writes, and why (a launcher's variables are easy to miss)
+        for cfg in cfgs:
+            print(f"{cfg.name}: {opts.rank.label} (from {opts.rank.source}), share "
+                  f"{opts.rank.share(cfg.target_samples):,} of {cfg.target_samples:,}, writing "
+                  f"{args.output_dir / cfg.name / opts.rank.folder_name}/", flush=True)
+    with Progress(cfgs[0].name, mode=args.progress) as progress, console_events(bar=progress.mode == "bar"):
+        if progress.mode != "quiet":
+            opts = replace(opts, on_progress=progress.update)
+        summary = anyio.run(_generate, cfgs, opts)
+    for line in summary.lines():
+        print(line, flush=True)
+    return summary.exit_code
+
+
+def options_from_args(args: argparse.Namespace, cfgs: Sequence[DatasetConfig]) -> RunOptions:
+    """generate's flags → RunOptions (gen_pipeline/run/setup.py); its notes go to stderr."""
+    from gen_pipeline.run.setup import run_options
+
+    opts, notes = run_options(cfgs, config_dir=args.config_dir, output_root=args.output_dir, server=args.server,
+                              server_urls=args.server_url, model=args.model, limit=args.limit, window=args.window,
+                              poll_interval_s=args.poll_interval_s, drain_grace_s=args.drain_grace_s,
+                              proceed_anyway=args.proceed_anyway, rank=args.rank, world_size=args.world_size)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    return opts
+
+
+async def _generate(cfgs: list[DatasetConfig], opts: RunOptions) -> JobSummary:
+    from gen_pipeline.cli.logs import run_logs
+    from gen_pipeline.run.job import open_job
+
+    async with open_job(cfgs, opts) as job:
+        for problem in job.waived:
+            print(f"warning: {problem} (--proceed-anyway: generating anyway)", file=sys.stderr, flush=True)
+        with run_logs(job.folders):
+            return await job.run()
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from gen_pipeline.cli.logs import quiet_datasets
+    from gen_pipeline.config.server import load_server_profile
+    from gen_pipeline.reports.check import format_report, run_check
+
+    quiet_datasets()
+    cfg = find_dataset_config(args.dataset, args.config_dir)
+    profile = load_server_profile(args.server, args.config_dir / "server.toml")
+    report = run_check(cfg, output_root=args.output_dir, profile=profile)
+    print(format_report(report), flush=True)
+    if report.problems:
+        raise report.problems[0]
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from gen_pipeline.reports.status import config_targets, format_status, status_all
+
+    targets, warnings = config_targets(args.config_dir, args.output_dir, args.dataset)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    # the total is the reference job's (88,000 over B1, B2, B6, B7), over the ones asked for
+    report = status_all(args.output_dir, targets, total_of=[d for d in REFERENCE_DATASETS if d in targets],
+                        others=not args.dataset)
+    if args.json:
+        import orjson
+        sys.stdout.write(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        print(format_status(report))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from gen_pipeline.reports.validate import validate_named
+
+    report = validate_named(args.dataset, args.output_dir, args.config_dir)
+    if args.json:
+        import orjson
+        sys.stdout.write(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        print(report.format())
+    return 0 if report.ok else 1
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from gen_pipeline.config.server import load_server_profile
+    from gen_pipeline.server.plan import plan_from_args, profile_inputs
+
+    profile = load_server_profile(args.server, args.config_dir / "server.toml")
+    inputs, note = profile_inputs(profile, tp_size=args.tp_size, mem_fraction_static=args.mem_fraction_static,
+                                  kv_cache_dtype=args.kv_cache_dtype, hicache_gb=args.hicache_gb)
+    print(plan_from_args(args.model_config, gpu_mem_gb=args.gpu_mem_gb, tokens_per_sample=args.tokens_per_sample,
+                         weights_gb=args.weights_gb, params_b=args.params_b, weight_dtype=args.weight_dtype,
+                         overhead_gb=args.overhead_gb, inputs_note=note, **inputs))
+    return 0
+
+
+def cmd_probe_kv(args: argparse.Namespace) -> int:
+    import anyio
+
+    from gen_pipeline.cli.logs import console_events, quiet_datasets
+    from gen_pipeline.probe.core import ProbeOptions, format_report, probe_servers, run_probe
+
+    quiet_datasets()
+    opts = ProbeOptions(output_root=args.output_dir, samples=args.samples, max_new_tokens=args.max_new_tokens,
+                        top_k=args.top_k, chunk=args.tf_chunk, concurrency=args.concurrency,
+                        allow_same_kv=args.allow_same_kv)
+    cfg = find_dataset_config(args.dataset, args.config_dir)
+    ref, cmp = probe_servers(args.config_dir, server=args.server, server_url=args.server_url, compare=args.compare,
+                             compare_url=args.compare_url, allow_same_kv=args.allow_same_kv)
+    with console_events(bar=False):
+        report = anyio.run(run_probe, cfg, replace(opts, reference=ref, compare=cmp))
+    print(format_report(report, args.output_dir / cfg.name / "probe-kv.json"), flush=True)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from gen_pipeline.cli.logs import quiet_datasets
+    from gen_pipeline.export.core import ExportOptions, export_names, run_export
+    from gen_pipeline.export.select import Filters, parse_mix, parse_val
+
+    quiet_datasets()
+    opts = ExportOptions(datasets=export_names(args.dataset, args.config_dir), format=args.format, out=args.out,
+                         output_root=args.output_dir, hf_layout=args.hf_layout,
+                         mix=parse_mix(args.mix) if args.mix else None, seed=args.seed, val=parse_val(args.val_share),
+                         expand_turns=args.expand_turns, keep_meta=args.keep_meta, status=not args.no_status,
+                         force=args.force, filters=Filters(args.drop_truncated, args.min_completion_tokens))
+    print(run_export(opts).format(), flush=True)
+    return 0
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from gen_pipeline.reports.diagnose import diagnose_dataset
+
+    print(diagnose_dataset(args.output_dir, args.dataset, model_config=args.model_config, gpu_mem_gb=args.gpu_mem_gb,
+                           tp_size=args.tp_size).text)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from gen_pipeline.reports.diagnose import diagnose_dataset
+    from gen_pipeline.reports.page import build_report, write_report
+    from gen_pipeline.reports.status import config_targets
+
+    found = diagnose_dataset(args.output_dir, args.dataset, model_config=args.model_config, gpu_mem_gb=args.gpu_mem_gb,
+                             tp_size=args.tp_size)
+    targets, _ = config_targets(args.config_dir, args.output_dir, [args.dataset])
+    page = build_report(args.output_dir, args.dataset, found.rows, found.text, targets.get(args.dataset))
+    path = write_report(args.out or found.folder / "report.html", page)
+    print(f"{path}: {len(found.rows)} polls, {path.stat().st_size:,} bytes")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "generate": cmd_generate, "status": cmd_status, "validate": cmd_validate, "plan": cmd_plan,
+    "check": cmd_check, "probe-kv": cmd_probe_kv, "export": cmd_export, "report": cmd_report,
+    "diagnose": cmd_diagnose,
+}

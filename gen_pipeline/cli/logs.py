@@ -1,0 +1,96 @@
+"""Where `generate`'s log records go: the only place that configures logging (the library only emits).
+
+The console (stdout): records of level INFO and up under the `gen_pipeline` logger, except the
+journal's (`gen_pipeline.journal`: the run's start line, the controller's decisions, how it ended,
+which the summary printed at the end says on the console anyway). While a progress bar is drawn the
+console handler goes through tqdm's `logging_redirect_tqdm`, so an event never lands on the bar's line.
+
+run.log: each dataset's folder (a rank's: its part) gets a FileHandler on `run.log`, appended across
+runs, UTC timestamps: every record of INFO and up, the journal's included, that is about that dataset
+or about none (the job's and the server's); a record about another dataset (its `dataset`
+attribute, run/dataset_run.py) goes to that one's run.log only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+RUN_LOG_NAME = "run.log"
+_ROOT = "gen_pipeline"
+_JOURNAL = "gen_pipeline.journal"
+
+
+class _NotJournal(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.name.startswith(_JOURNAL)
+
+
+class _OfDataset(logging.Filter):
+    """Records about `name` or about no dataset."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.dataset = name
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return getattr(record, "dataset", self.dataset) == self.dataset
+
+
+@contextmanager
+def console_events(*, bar: bool) -> Iterator[None]:
+    """The `gen_pipeline` logger's events on stdout (above the bar when `bar`), INFO and up."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    logger = logging.getLogger(_ROOT)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setLevel(logging.INFO)
+    handler.addFilter(_NotJournal())
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        if bar:
+            with logging_redirect_tqdm([logger]):
+                yield
+        else:
+            yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+@contextmanager
+def run_logs(folders: Mapping[str, Path]) -> Iterator[None]:
+    """Each dataset's records appended to folder/run.log while inside ({dataset name: its folder})."""
+    logger = logging.getLogger(_ROOT)
+    formatter = logging.Formatter("%(asctime)s.%(msecs)03dZ %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%S")
+    formatter.converter = time.gmtime
+    with ExitStack() as stack:
+        for name, folder in folders.items():
+            handler = logging.FileHandler(folder / RUN_LOG_NAME, mode="a", encoding="utf-8", delay=True)
+            handler.setLevel(logging.INFO)
+            handler.setFormatter(formatter)
+            handler.addFilter(_OfDataset(name))
+            logger.addHandler(handler)
+            stack.callback(handler.close)
+            stack.callback(logger.removeHandler, handler)
+        yield
+
+
+def quiet_datasets() -> None:
+    """The `datasets` library's progress bars and info logs off: the check and the summary report what
+    a command read (set before it is imported, it reads them from the environment)."""
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("DATASETS_VERBOSITY", "error")
+    logging.getLogger("datasets").setLevel(logging.ERROR)
+    if "datasets" in sys.modules:  # already imported (a caller in the same process)
+        import datasets
+
+        datasets.disable_progress_bars()
+        datasets.logging.set_verbosity_error()

@@ -1,0 +1,189 @@
+"""`gen-pipeline`'s arguments: one sub-parser per command (argparse only; the commands are commands.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR
+
+WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")  # server/plan.py WEIGHT_BYTES, without its import cost
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR,
+                   help="where outputs/<DATASET>/ live (default: %(default)s)")
+    p.add_argument("--config-dir", type=Path, default=DEFAULT_CONFIG_DIR,
+                   help="folder of dataset TOMLs and server.toml (default: %(default)s)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for handled errors")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gen-pipeline", description=(
+        "Regenerate prompt datasets with a target model on SGLang into EAGLE-3 (SpecForge) training data."))
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    g = sub.add_parser("generate", help="generate datasets up to their targets (resumes where it stopped)",
+                       description="Start (or attach to) one server and generate each DATASET up to its target "
+                                   "(several: one job through one server lifetime). Running the same command "
+                                   "again resumes.")
+    g.add_argument("--dataset", required=True, action="append",
+                   help="a name from the config dir (B1, B2, B6, B7, demo) or a .toml path; several: repeat or "
+                        "comma-separate (B1,B2,B6,B7); all = every dataset TOML of the config dir but demo")
+    where = g.add_mutually_exclusive_group()
+    where.add_argument("--server", default="tuned", metavar="PROFILE",
+                       help="server.toml profile to launch: tuned (default), baseline, sim (the built-in simulator)")
+    where.add_argument("--server-url", action="append", default=[], metavar="URL",
+                       help="attach to a running server or sglang-router instead (repeat or comma-separate)")
+    g.add_argument("--limit", type=int, help="stop after this many new samples in this run")
+    g.add_argument("--window", type=int, help="fixed concurrency instead of the adaptive controller "
+                                              "(default: the dataset's generation.window; 0 there = adaptive)")
+    g.add_argument("--model", default="", help="model id for requests (default: from the profile or /v1/models)")
+    g.add_argument("--progress", choices=("auto", "bar", "log", "quiet"), default="auto",
+                   help="progress display (auto: a bar on a terminal, log lines otherwise)")
+    g.add_argument("--poll-interval-s", type=float, default=1.0,
+                   help="seconds between load polls: the controller's input, a telemetry row each "
+                        "(default: %(default)s)")
+    g.add_argument("--drain-grace-s", type=float, default=30.0,
+                   help="on SIGINT/SIGTERM, seconds to let in-flight requests finish (default: %(default)s)")
+    g.add_argument("--proceed-anyway", action="store_true",
+                   help="launch even when the source check fails (most rows rejected, too few valid rows)")
+    g.add_argument("--rank", type=int, help="this process's rank when several share the dataset (with --world-size; "
+                                            "default: SLURM_ARRAY_TASK_ID and/or SLURM_PROCID, else RANK)")
+    g.add_argument("--world-size", type=int, help="how many ranks share the dataset, each writing "
+                                                  "outputs/<DATASET>/rank-<R>-of-<W>/ (default: SLURM_ARRAY_TASK_COUNT "
+                                                  "and/or SLURM_NTASKS, else WORLD_SIZE, else 1)")
+    _common(g)
+
+    c = sub.add_parser("check", help="read and parse a dataset's source before any server starts",
+                       description="Parse the source as a run would (a local source up to 50,000 rows whole, "
+                                   "else a sample): parsed prompts, reject reasons, prompt lengths, context fit. "
+                                   "Exit 2 when most rows are rejected or a column is missing, 5 when the source "
+                                   "has fewer valid rows than the remaining target.")
+    c.add_argument("--dataset", required=True, help="a name from the config dir (B1, B2, B6, B7, demo) or a .toml path")
+    c.add_argument("--server", default="tuned", metavar="PROFILE",
+                   help="server.toml profile for the tokenizer and context length (default: %(default)s)")
+    _common(c)
+
+    s = sub.add_parser("status", help="per dataset: samples done/target, tokens, errors, throughput, ETA",
+                       description="Read outputs/ only (works while a run goes and after one died).")
+    s.add_argument("--dataset", action="append", default=[], help="only these datasets (repeatable)")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    _common(s)
+
+    v = sub.add_parser("validate", help="check a dataset's output: schema, duplicates, roles, think markers",
+                       description="Exit 1 when a problem is found.")
+    v.add_argument("--dataset", required=True, help="dataset name (its folder under --output-dir)")
+    v.add_argument("--json", action="store_true", help="machine-readable output")
+    _common(v)
+
+    pl = sub.add_parser("plan", help="predict KV tokens and decode slots for a model, GPU and KV dtype",
+                        description="Arithmetic from the model's config.json; no GPU needed.")
+    pl.add_argument("--model-config", type=Path, default=DEFAULT_CONFIG_DIR / "models" / "kimi-k2.5-config.json",
+                    help="the model's config.json (default: the bundled Kimi-K2.5 one)")
+    pl.add_argument("--server", default="tuned", metavar="PROFILE",
+                    help="server.toml profile whose tp_size, mem_fraction_static, kv_cache_dtype and hicache_size_gb "
+                         "are the defaults below (default: %(default)s)")
+    pl.add_argument("--config-dir", type=Path, default=DEFAULT_CONFIG_DIR,
+                    help="folder of server.toml (default: %(default)s)")
+    pl.add_argument("--gpu-mem-gb", type=float, default=141.0,
+                    help="memory per GPU in GiB (default: %(default)s, H200)")
+    pl.add_argument("--tp-size", type=int, help="tensor parallel size (default: the profile's)")
+    pl.add_argument("--mem-fraction-static", type=float,
+                    help="SGLang's static memory fraction (default: the profile's)")
+    pl.add_argument("--kv-cache-dtype", help="KV dtype planned besides bf16 and fp8_e4m3 (default: the profile's)")
+    pl.add_argument("--tokens-per-sample", type=int, default=4500,
+                    help="prompt + completion tokens one request holds at its end (default: %(default)s, B2-like)")
+    pl.add_argument("--weights-gb", type=float,
+                    help="total weight size in GiB, e.g. 553 for Kimi-K2.5 INT4 (594 GB on disk); or give --params-b")
+    pl.add_argument("--params-b", type=float,
+                    help="parameter count in billions, with --weight-dtype (single-dtype checkpoints only)")
+    pl.add_argument("--weight-dtype", choices=sorted(WEIGHT_DTYPES),
+                    help="bytes per parameter for --params-b: bf16/fp16 2, fp8/int8 1, int4 0.5 (required with it)")
+    pl.add_argument("--hicache-gb", type=float,
+                    help="hierarchical cache per rank in GB (default: the profile's hicache_size_gb when it "
+                         "enables the hierarchical cache)")
+    pl.add_argument("--overhead-gb", type=float, default=0.0, help="activations/graphs per GPU outside the KV pool")
+    pl.add_argument("--debug", action="store_true", help="show tracebacks for handled errors")
+
+    _probe_kv_parser(sub)
+    _export_parser(sub)
+    _telemetry_parsers(sub)
+    return parser
+
+
+def _probe_kv_parser(sub: Any) -> None:
+    pk = sub.add_parser("probe-kv", help="measure what a KV-cache dtype (fp8_e4m3) does to the model's outputs",
+                        description="Two servers that differ only in KV dtype, the same prompts, greedy decoding "
+                                    "and teacher-forced scoring; writes outputs/<DATASET>/probe-kv.json.")
+    pk.add_argument("--dataset", required=True, help="the dataset whose source gives the prompts (B2, demo, a .toml)")
+    ref = pk.add_mutually_exclusive_group()
+    ref.add_argument("--server", metavar="PROFILE", help="reference (bf16 KV) profile to launch (default: baseline)")
+    ref.add_argument("--server-url", metavar="URL", help="attach to a running reference server instead")
+    cmp = pk.add_mutually_exclusive_group()
+    cmp.add_argument("--compare", metavar="PROFILE", help="compare (fp8 KV) profile to launch (default: tuned)")
+    cmp.add_argument("--compare-url", metavar="URL", help="attach to a running compare server instead")
+    pk.add_argument("--samples", type=int, default=200, help="prompts to probe (default: %(default)s)")
+    pk.add_argument("--max-new-tokens", type=int, default=256, help="output cap per prompt (default: %(default)s)")
+    pk.add_argument("--top-k", type=int, default=5, help="top_logprobs_num per position (default: %(default)s)")
+    pk.add_argument("--tf-chunk", type=int, default=32,
+                    help="reference tokens scored per teacher-forced request, 0 = all in one (default: %(default)s)")
+    pk.add_argument("--concurrency", type=int, default=32, help="prompts in flight (default: %(default)s)")
+    pk.add_argument("--allow-same-kv", action="store_true", help="allow equal KV dtypes (a noise-floor run)")
+    _common(pk)
+
+
+def _export_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    e = sub.add_parser("export", help="write what a trainer loads: one SpecForge/speculators JSONL or an HF dataset",
+                       description="Export the committed samples of one or more datasets (safe during a run) into "
+                                   "one training file (specforge, speculators) or a datasets folder (hf). "
+                                   "Atomic: written under a temporary name, then renamed.")
+    e.add_argument("--dataset", action="append", default=[], help="dataset name (repeatable or comma-separated)")
+    e.add_argument("--format", required=True, choices=("specforge", "speculators", "hf"),
+                   help="specforge: JSONL of id/conversations/status; speculators: JSONL of id/conversations; "
+                        "hf: save_to_disk folder or parquet files with a fixed schema")
+    e.add_argument("--out", type=Path, required=True, help="the .jsonl file (specforge, speculators) or folder (hf)")
+    e.add_argument("--hf-layout", choices=("disk", "parquet"), default="disk",
+                   help="hf: a DatasetDict for load_from_disk (default) or train/validation .parquet files")
+    e.add_argument("--mix", help="take DATASET=SHARE,... (shares summing to 1) or DATASET=COUNT,... samples")
+    e.add_argument("--seed", type=int, default=0, help="seed of the --mix choice and the row order (default: 0)")
+    e.add_argument("--val-share", metavar="SHARE|COUNT",
+                   help="validation split by id hash: a fraction (0.02) or a sample count (500); "
+                        "JSONL formats write it to <out stem>.val.jsonl")
+    e.add_argument("--expand-turns", action="store_true",
+                   help="one row per assistant turn (history up to it; reasoning kept on that turn only)")
+    e.add_argument("--keep-meta", action="store_true",
+                   help="JSONL formats: keep each sample's meta (+ dataset); hf always has it")
+    e.add_argument("--no-status", action="store_true",
+                   help="specforge: leave out status (its gpt-oss/Harmony parser takes no extra column; its "
+                        "validate/expand scripts then refuse the file)")
+    e.add_argument("--drop-truncated", action="store_true", help="leave out samples cut at max_new_tokens")
+    e.add_argument("--min-completion-tokens", type=int, default=0, metavar="N",
+                   help="leave out samples with fewer completion tokens")
+    e.add_argument("--force", action="store_true", help="replace --out if it exists")
+    _common(e)
+
+
+def _telemetry_parsers(sub: Any) -> None:
+    r = sub.add_parser("report", help="an HTML page of a dataset's telemetry: plots, status table, diagnosis",
+                       description="Reads outputs/<DATASET>/telemetry.jsonl (needs the `report` extra: matplotlib).")
+    r.add_argument("--dataset", required=True, help="dataset name (its folder under --output-dir)")
+    r.add_argument("--out", type=Path, help="where to write the page (default: outputs/<DATASET>/report.html)")
+    _diagnose_args(r)
+    _common(r)
+
+    dg = sub.add_parser("diagnose", help="what bounds a run (KV, admission, client, retractions, tail) and what to do",
+                        description="Reads outputs/<DATASET>/telemetry.jsonl; every verdict is a rule of "
+                                    "gen_pipeline/reports/diagnose.py.")
+    dg.add_argument("--dataset", required=True, help="dataset name (its folder under --output-dir)")
+    _diagnose_args(dg)
+    _common(dg)
+
+
+def _diagnose_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model-config", type=Path, default=DEFAULT_CONFIG_DIR / "models" / "kimi-k2.5-config.json",
+                   help="config.json to price the memory-fraction lever with `plan` (default: bundled Kimi-K2.5)")
+    p.add_argument("--gpu-mem-gb", type=float, default=141.0,
+                   help="memory per GPU in GiB for that lever (default: %(default)s)")
+    p.add_argument("--tp-size", type=int, default=8, help="tensor parallel size for that lever (default: %(default)s)")

@@ -1,0 +1,310 @@
+"""The product's one HTTP seam: `open_http` makes an `Http`; every request of the product goes through it.
+
+httpx is imported here and in no other product module, and no httpx type appears in another module's
+signatures: they see `Http`, `Reply` and the errors below. Tests swap the transport in-process:
+`open_http(generation, 8, transport=httpx.MockTransport(handler))`.
+
+Every failure to get an answer becomes one of these (`kind` is the short key a Failure records):
+
+    HttpError            the URL and what happened
+     ├── CannotConnect   "connect": refused, unknown host, or no connection within connect_timeout_s
+     │                   (a black-holed server): nothing is there; the fleet takes such a server out
+     ├── NoAnswer        "timeout": connected and sent, but no answer within the read timeout (a busy
+     │                   or stalled server: it is there, so it stays in the fleet)
+     ├── ConnectionLost  "connection": the connection dropped mid-request or mid-response (reset, a
+     │                   body cut short, a server that closed without answering)
+     ├── BadBody         "bad_body": an answer whose body is not what was asked for (not JSON, bad encoding)
+     └── BadStatus       "status": get_json/get_text/get_bytes/stream_lines got a status other than 200
+                         (`reply` holds the answer); `get` and `post_json` return any status as a Reply
+
+Timeouts (`httpx.Timeout`, per phase, not per request): connect = [generation] connect_timeout_s, read
+and write = request_timeout_s (a long generation is one read that waits for the whole answer), pool =
+none (the pool holds one connection per request the window allows, so a wait for one is the window's
+doing, not the server's). Control calls (health, loads, metrics) pass their own shorter `timeout_s`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import httpx
+import orjson
+
+from gen_pipeline.config.dataset import GenerationConfig
+
+# SGLang's uvicorn closes a connection idle for 5 s (srt/entrypoints/http_server.py: timeout_keep_alive=5);
+# ours expire first, so a request is never sent on a connection the server is closing at that moment.
+KEEPALIVE_EXPIRY_S = 4.0
+# httpcore 1.0's pool checks every idle connection against every connection each time a request starts
+# or ends (connection_pool.py, _assign_requests_to_connections): quadratic in the pool's size. Requests
+# go round robin over pools of at most this many connections each.
+CONNECTIONS_PER_POOL = 16
+_GET_HEADERS = {"user-agent": "gen-pipeline"}
+_POST_HEADERS = {**_GET_HEADERS, "content-type": "application/json"}
+_ERROR_BODY_BYTES = 64 * 1024  # what a refused stream keeps of the server's error body
+
+
+class HttpError(Exception):
+    """No usable answer from `url`: `str(e)` says so in words a log line can carry, `why` only the cause
+    ("Connection refused"), for a message that names the URL itself."""
+
+    kind = "http"
+
+    def __init__(self, url: str, message: str, why: str = ""):
+        super().__init__(message)
+        self.url, self.why = url, why or message
+
+
+class CannotConnect(HttpError):
+    kind = "connect"
+
+
+class NoAnswer(HttpError):
+    kind = "timeout"
+
+
+class ConnectionLost(HttpError):
+    kind = "connection"
+
+
+class BadBody(HttpError):
+    kind = "bad_body"
+
+
+class BadStatus(HttpError):
+    kind = "status"
+
+    def __init__(self, url: str, reply: Reply):
+        super().__init__(url, f"HTTP {reply.status} from {url}")
+        self.reply = reply
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """An answer, read whole: status, content type and body bytes."""
+
+    url: str
+    status: int
+    content_type: str
+    body: bytes
+    reason: str = ""  # the status line's phrase ("Service Unavailable")
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        """The parsed body; raises BadBody when it is not JSON."""
+        try:
+            return orjson.loads(self.body)
+        except orjson.JSONDecodeError:
+            raise BadBody(self.url, f"the body from {self.url} is not JSON "
+                                    f"(content-type {self.content_type or 'none'})") from None
+
+
+class Http:
+    """GETs and POSTs with the errors above; made by `open_http`, closed with it.
+
+    Requests go straight to the transport (httpx's connection pool, or a test's MockTransport), not
+    through httpx.AsyncClient: we use none of what the client adds (cookies, auth, redirects, event
+    hooks, URL merging), and skipping it took ~11 % of the client's CPU per request at ~65 requests/s
+    (bench/RESULTS.md, "HTTP client library")."""
+
+    def __init__(self, transports: list[httpx.AsyncBaseTransport], timeout: httpx.Timeout):
+        self._transports = transports
+        self._turn = itertools.cycle(transports)
+        self.connect_timeout_s = timeout.connect or 0.0
+        self._default = timeout, {"timeout": timeout.as_dict()}
+        self._per_call: dict[float, tuple[httpx.Timeout, dict[str, Any]]] = {}
+
+    async def get(self, url: str, *, timeout_s: float | None = None) -> Reply:
+        """GET `url`, any status; raises HttpError when no answer came."""
+        return await self._send("GET", url, None, timeout_s)
+
+    async def post_json(self, url: str, body: bytes | Mapping[str, Any], *, timeout_s: float | None = None) -> Reply:
+        """POST a JSON body (bytes are sent as they are, e.g. serialised once for several attempts), any
+        status; raises HttpError when no answer came."""
+        return await self._send("POST", url, body if isinstance(body, bytes) else orjson.dumps(body), timeout_s)
+
+    async def get_bytes(self, url: str, *, timeout_s: float | None = None) -> bytes:
+        """The body of a 200 answer; raises BadStatus for another status, HttpError when none came."""
+        reply = await self.get(url, timeout_s=timeout_s)
+        if reply.status != 200:
+            raise BadStatus(url, reply)
+        return reply.body
+
+    async def get_text(self, url: str, *, timeout_s: float | None = None) -> str:
+        """The body of a 200 answer as text (bad UTF-8 replaced); raises as get_bytes."""
+        return (await self.get_bytes(url, timeout_s=timeout_s)).decode("utf-8", "replace")
+
+    async def get_json(self, url: str, *, timeout_s: float | None = None) -> Any:
+        """The parsed JSON of a 200 answer; raises BadBody when it is not JSON, else as get_bytes."""
+        reply = await self.get(url, timeout_s=timeout_s)
+        if reply.status != 200:
+            raise BadStatus(url, reply)
+        return reply.json()
+
+    @asynccontextmanager
+    async def stream_lines(self, url: str, body: bytes | Mapping[str, Any], *,
+                           timeout_s: float | None = None) -> AsyncIterator[AsyncIterator[str]]:
+        """POST a JSON body and read the answer line by line as it comes (server-sent events):
+
+            async with http.stream_lines(url, body) as lines:
+                async for line in lines: ...
+
+        Lines come without their line break; SSE's blank separator lines included. The read timeout
+        applies between two reads, not to the whole stream. Raises BadStatus (the error body read) for
+        a status other than 200 before any line, HttpError when the answer stops short (also from
+        inside the loop). Leaving the block early closes the connection."""
+        timeout, extensions = self._timeouts(timeout_s)
+        content = body if isinstance(body, bytes) else orjson.dumps(body)
+        request = httpx.Request("POST", url, content=content, headers=_POST_HEADERS, extensions=extensions)
+        with _mapped(url, timeout):
+            response = await next(self._turn).handle_async_request(request)
+        lines = _Lines(url, timeout, response)
+        try:
+            if response.status_code != 200:
+                with _mapped(url, timeout):
+                    head = await _read_at_most(response, _ERROR_BODY_BYTES)
+                raise BadStatus(url, _reply(url, response, head))
+            yield lines
+        finally:
+            await lines.aclose()
+            await response.aclose()
+
+    async def aclose(self) -> None:
+        for transport in self._transports:
+            await transport.aclose()
+
+    async def _send(self, method: str, url: str, content: bytes | None, timeout_s: float | None) -> Reply:
+        timeout, extensions = self._timeouts(timeout_s)
+        request = httpx.Request(method, url, content=content, headers=_POST_HEADERS if content else _GET_HEADERS,
+                                extensions=extensions)
+        with _mapped(url, timeout):
+            response = await next(self._turn).handle_async_request(request)
+            try:
+                body = await response.aread()
+            finally:
+                await response.aclose()
+        return _reply(url, response, body)
+
+    def _timeouts(self, timeout_s: float | None) -> tuple[httpx.Timeout, dict[str, Any]]:
+        if timeout_s is None:
+            return self._default
+        found = self._per_call.get(timeout_s)
+        if found is None:  # a control call: bounded as a whole, connect never longer than the call
+            timeout = httpx.Timeout(timeout_s, connect=min(self.connect_timeout_s, timeout_s))
+            found = self._per_call[timeout_s] = timeout, {"timeout": timeout.as_dict()}
+        return found
+
+
+class _Lines:
+    """The lines of a streamed answer, with httpx's errors mapped to ours."""
+
+    def __init__(self, url: str, timeout: httpx.Timeout, response: httpx.Response):
+        self._url, self._timeout = url, timeout
+        self._it = response.aiter_lines()
+
+    def __aiter__(self) -> _Lines:
+        return self
+
+    async def __anext__(self) -> str:
+        with _mapped(self._url, self._timeout):
+            return await self._it.__anext__()
+
+    async def aclose(self) -> None:
+        close = getattr(self._it, "aclose", None)  # httpx's aiter_lines is an async generator
+        if close is not None:
+            await close()
+
+
+@asynccontextmanager
+async def open_http(generation: GenerationConfig, max_connections: int, *,
+                    transport: httpx.AsyncBaseTransport | None = None) -> AsyncIterator[Http]:
+    """An Http with the [generation] timeouts (module doc) and up to `max_connections` connections
+    (one per request in flight: httpx's default of 100 would silently cap a run's window), kept alive
+    between requests. `transport` replaces the network (tests: httpx.MockTransport)."""
+    timeout = httpx.Timeout(connect=generation.connect_timeout_s, read=generation.request_timeout_s,
+                            write=generation.request_timeout_s, pool=None)
+    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
+                          keepalive_expiry=KEEPALIVE_EXPIRY_S)
+    # No proxy from HTTP_PROXY (only httpx.AsyncClient reads it; aiohttp before did not either): a cluster's
+    # proxy for the internet must not carry the requests to a server on the next node. HTTP/1.1 (SGLang's
+    # uvicorn speaks nothing else), one connection per request in flight.
+    shards = -(-max_connections // CONNECTIONS_PER_POOL)
+    http = Http([transport] if transport else
+                [httpx.AsyncHTTPTransport(limits=limits, trust_env=False) for _ in range(shards)], timeout)
+    try:
+        yield http
+    finally:
+        await http.aclose()
+
+
+# ---------------------------------------------------------------- httpx's errors → ours
+
+@contextmanager
+def _mapped(url: str, timeout: httpx.Timeout) -> Iterator[None]:
+    try:
+        yield
+    except httpx.ConnectTimeout:
+        _cannot_connect(url, f"no connection within {timeout.connect or 0:g} s (the host is down, or something "
+                             "on the way drops the packets)")
+    except (httpx.ConnectError, httpx.UnsupportedProtocol) as e:
+        _cannot_connect(url, _os_reason(e))
+    except httpx.InvalidURL as e:
+        _cannot_connect(url, f"invalid URL ({e})")
+    except httpx.TimeoutException:  # read or write (pool: none set)
+        raise NoAnswer(url, f"no answer within the request timeout ({timeout.read or 0:g} s)") from None
+    except httpx.DecodingError as e:
+        raise BadBody(url, f"the body from {url} cannot be decoded: {e}") from None
+    except httpx.TransportError as e:  # read/write errors, protocol errors: the connection went away
+        why = f"{type(e).__name__}: {_os_reason(e) or 'no detail'}"
+        raise ConnectionLost(url, f"the connection to {_where(url)} was lost ({why})", why) from None
+
+
+def _cannot_connect(url: str, why: str) -> NoReturn:
+    raise CannotConnect(url, f"cannot connect to {_where(url)}: {why}", why) from None
+
+
+def _where(url: str) -> str:
+    """host:port of a URL (what a connection error is about)."""
+    try:
+        u = httpx.URL(url)
+    except httpx.InvalidURL:
+        return url
+    port = u.port or {"http": 80, "https": 443}.get(u.scheme)
+    return f"{u.host}:{port}" if port else u.host or url
+
+
+def _os_reason(e: BaseException) -> str:
+    """The OS's reason under httpx's wrappers ("Connection refused"; anyio says only "All connection
+    attempts failed" and keeps the OSError as its cause)."""
+    reason = str(e)
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.strerror:
+            # asyncio puts "Connect call failed (host, port)" in strerror; the errno says why
+            code = seen.errno
+            reason = os.strerror(code) if code and code > 0 and not isinstance(seen, socket.gaierror) else seen.strerror
+        seen = seen.__cause__ or seen.__context__
+    return reason
+
+
+def _reply(url: str, response: httpx.Response, body: bytes | None = None) -> Reply:
+    return Reply(url, response.status_code, response.headers.get("content-type", ""),
+                 response.content if body is None else body, response.reason_phrase)
+
+
+async def _read_at_most(response: httpx.Response, limit: int) -> bytes:
+    kept = bytearray()
+    async for chunk in response.aiter_bytes():
+        kept += chunk
+        if len(kept) >= limit:
+            break
+    return bytes(kept[:limit])

@@ -1,0 +1,103 @@
+"""The job's side of the server: which model it serves (asked once), start or attach (`start_server`,
+for `tg.start`), the load poller, and what each dataset's chat client is given.
+
+The HTTP session is passed through as an opaque value: gen_pipeline/run/chat.py makes it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from gen_pipeline.config.dataset import DatasetConfig
+from gen_pipeline.http import Http
+from gen_pipeline.records import LoadSnapshot
+from gen_pipeline.run.chat import ClientSettings
+from gen_pipeline.run.dispatch import Window
+from gen_pipeline.run.options import RunOptions
+from gen_pipeline.server import ServerHandle, run_attached, run_server
+from gen_pipeline.server.attach import identify
+from gen_pipeline.server.fleet_watch import read_fleet_load
+
+FIRST_POLL_S = 0.25  # a short run still gets a load poll while its requests are in flight
+
+
+async def server_model(opts: RunOptions, http: Http) -> str:
+    """The model id requests carry (and the stores' fingerprints record): --model, else what the first
+    attached server serves (GET /v1/models, asked once: the attach reuses it), else the profile's."""
+    if opts.model:
+        return opts.model
+    if opts.server_urls:
+        return await identify(http, opts.server_urls[0])
+    assert opts.profile is not None, "RunOptions checks it has a server"
+    return opts.profile.request_model
+
+
+async def start_server(tg: TaskGroup, opts: RunOptions, log_dir: Path, http: Http,
+                       model: str) -> ServerHandle:
+    """Attach to opts.server_urls or launch opts.profile in `tg`; returns once the server answers /health.
+    `model`: what server_model() found (the first attached URL is not asked again)."""
+    handle: ServerHandle
+    if opts.server_urls:
+        known = None if opts.model else model  # --model overrides; the server was not asked then
+        handle = await tg.start(_attached, list(opts.server_urls), http, known)
+        return handle
+    assert opts.profile is not None
+    handle = await tg.start(_launched, opts, log_dir, http)
+    return handle
+
+
+async def _attached(urls: list[str], http: Http, model: str | None, *, task_status: Any) -> None:
+    await run_attached(urls, http=http, first_model=model, task_status=task_status)
+
+
+async def _launched(opts: RunOptions, log_dir: Path, http: Http, *, task_status: Any) -> None:
+    assert opts.profile is not None
+    await run_server(opts.profile, log_dir=log_dir, http=http, task_status=task_status)
+
+
+def max_connections(opts: RunOptions, handle: ServerHandle) -> int:
+    """One connection per request in flight: the window's ceiling (fixed, or the server's slots + slack)."""
+    if opts.window:
+        return opts.window
+    return max(64, min(4096, 2 * (handle.capacity.max_running_requests or 1024)))
+
+
+def client_settings(handle: ServerHandle, opts: RunOptions, cfg: DatasetConfig) -> ClientSettings:
+    info = handle.info
+    # a launched server's backend is what its profile says (the simulator's says "sim")
+    backend = opts.profile.backend if opts.profile else str(info.get("backend", "openai"))
+    return ClientSettings(model=handle.model or opts.model, backend=backend,
+                          sampling=cfg.sampling, generation=cfg.generation,
+                          kv_cache_dtype=str(info.get("kv_cache_dtype") or "unknown"))
+
+
+class ServerPoller:
+    """The server side of each load poll: waits for the next poll (the first one early, so a short run
+    gets load figures), tells the controller when the capacity changed (a server restarted, the fleet
+    lost or gained one), tells the fleet the KV a request holds, and reads the load summed over the fleet."""
+
+    def __init__(self, handle: ServerHandle, window: Window, interval_s: float) -> None:
+        self.handle, self.window, self.interval_s = handle, window, interval_s
+        self._capacity = handle.capacity
+        self._delay_s = min(FIRST_POLL_S, interval_s)
+
+    async def next(self, http: Http) -> LoadSnapshot | None:
+        """The next poll's load; None while the server is down or restarting (the controller then
+        decides nothing: a restarting server's figures say nothing about the pool)."""
+        await anyio.sleep(self._delay_s)
+        self._delay_s = self.interval_s
+        handle, controller = self.handle, self.window.controller
+        if not handle.ready:
+            return None
+        if handle.capacity is not self._capacity and controller is not None:
+            self._capacity = handle.capacity
+            controller.update_capacity(handle.capacity)
+        ctl = self.window.controller_stats()
+        if handle.fleet is not None and ctl is not None and ctl.held_tokens_per_request > 0:
+            handle.fleet.tokens_per_request = ctl.held_tokens_per_request  # KV a request sent holds
+        return await read_fleet_load(http, handle, time.monotonic())

@@ -1,0 +1,190 @@
+"""One dataset's part of a job: its store, feed, dispatcher, writer, stats and telemetry. It has no loop
+of its own: the job (job.py) starts its producer and writer, and tells it every load poll.
+
+Its records carry the dataset's name (`extra={"dataset": name}`, through `log` and `journal`), so the
+CLI can file each dataset's events in its own run.log (package docstring: logging).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from itertools import islice
+from typing import Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from gen_pipeline.config.dataset import DatasetConfig
+from gen_pipeline.controller import ControllerStats
+from gen_pipeline.records import LoadSnapshot, Prompt, Reject, RunSnapshot
+from gen_pipeline.run.dispatch import Dispatcher, Item, Window
+from gen_pipeline.run.options import RunOptions, RunSummary
+from gen_pipeline.run.stats import RunStats
+from gen_pipeline.run.writer import BatchWriter
+from gen_pipeline.server.handle import ServerHandle
+from gen_pipeline.sources.loading import LoadedSource, SourceStats, estimate_prompt_tokens, iter_prompts
+from gen_pipeline.store.dataset_store import DatasetStore
+from gen_pipeline.store.manifest import ProgressRecord, progress_record
+from gen_pipeline.store.ranks import RankSpec
+from gen_pipeline.store.telemetry import Telemetry
+
+EVENTS = logging.getLogger("gen_pipeline.run")  # what a user watching the run should see
+JOURNAL = logging.getLogger("gen_pipeline.journal")  # the run's record: start, controller decisions, end
+BATCH = 256  # prompts pulled from the source per thread hop; items a dataset's result stream holds ×4
+
+
+class Feed:
+    """The source's prompts in batches (read in a thread), and the rows it rejected meanwhile."""
+
+    def __init__(self, cfg: DatasetConfig, skip_ids: set[str], rank: RankSpec, source: LoadedSource | None) -> None:
+        self._rejects: list[Reject] = []
+        self._source = iter_prompts(cfg, skip_ids, SourceStats(), self._rejects, loaded=source,
+                                    owns=rank.owns if rank.ranked else None)
+        self._ahead: list[Prompt] | None = None
+
+    async def first(self) -> list[Prompt]:
+        """The first batch, read ahead (it sizes the controller's prior); next_batch() returns it first."""
+        if self._ahead is None:
+            self._ahead = await anyio.to_thread.run_sync(self._read)
+        return self._ahead
+
+    async def next_batch(self) -> list[Prompt]:
+        if self._ahead:
+            batch, self._ahead = self._ahead, []
+            return batch
+        return await anyio.to_thread.run_sync(self._read)
+
+    def take_rejects(self) -> list[Reject]:
+        taken, self._rejects[:] = list(self._rejects), []
+        return taken
+
+    def _read(self) -> list[Prompt]:
+        return list(islice(self._source, BATCH))
+
+
+class DatasetRun:
+    """One dataset of a job, from its opened store to its summary; `window` is the job's (shared)."""
+
+    def __init__(self, cfg: DatasetConfig, opts: RunOptions, store: DatasetStore, skip_ids: set[str],
+                 window: Window, source: LoadedSource | None = None, notes: list[str] | None = None) -> None:
+        self.cfg, self.opts, self.store, self.window = cfg, opts, store, window
+        self.name = cfg.name
+        self.notes = notes or []  # what opening the store repaired or noticed
+        self.log = logging.LoggerAdapter(EVENTS, {"dataset": self.name})
+        self.journal = logging.LoggerAdapter(JOURNAL, {"dataset": self.name})
+        self.feed = Feed(cfg, skip_ids, opts.rank, source)
+        self.stats = RunStats()
+        goal = store.remaining if opts.limit is None else min(store.remaining, opts.limit)
+        self.dispatch = Dispatcher(goal, window, self.stats, self.name)
+        self.writer = BatchWriter(store, opts.commit_interval_s, self.progress_record, self._raise_fatal)
+        self.handle: ServerHandle | None = None
+        self.started = False  # its producer has begun
+        self.elapsed_s: float | None = None  # its time from its start to its last sample, once written
+        self.telemetry = Telemetry(store.folder, run=store.run_number,
+                                   on_event=lambda message: self.log.warning("%s", message))
+
+    @property
+    def keep_last_figures(self) -> bool:
+        """Nothing written this run: the manifest keeps the last real run's figures (status shows them)."""
+        return self.dispatch.ok == 0
+
+    def start(self) -> None:
+        """Its producer begins: its throughput and elapsed time count from now."""
+        self.started = True
+        self.stats.started = time.monotonic()
+
+    # ------------------------------------------------------------ one moment of it
+    def snapshot(self, *, final: bool = False) -> RunSnapshot:
+        """Now, with the server's load as the last successful poll saw it (the display's)."""
+        return self._snapshot(self.stats.last_load, final)
+
+    def _snapshot(self, load: LoadSnapshot | None, final: bool = False) -> RunSnapshot:
+        s, handle = self.stats, self.handle
+        ctl = self.window.controller_stats()
+        deciding = None if self.opts.window else ctl  # a fixed --window: the controller only observes
+        sps, tps = s.throughput()
+        cap = handle.capacity if handle is not None else None
+        info = handle.info if handle is not None else {}
+        return RunSnapshot(
+            done=self.store.done, target=self.store.target, samples_per_s=sps, tokens_per_s=tps,
+            in_flight=self.dispatch.in_flight, window=self.window.size, label=self.name, time_s=time.time(),
+            elapsed_s=s.elapsed_s(), completions=self.dispatch.ok, failures=s.failures,
+            running=load.running if load else None, queued=load.queued if load else None,
+            kv_used_tokens=load.used_tokens if load else None, kv_usage=load.token_usage if load else None,
+            kv_capacity_tokens=(cap.max_total_num_tokens or None) if cap else None,
+            max_running_requests=cap.max_running_requests if cap else None,
+            gen_tokens_per_s=load.gen_throughput if load else None,
+            retractions_total=load.retractions_total if load else None, retractions_run=s.retractions,
+            controller_mode=deciding.mode if deciding else None,
+            controller_reason=deciding.reason if deciding else None, fixed_window=bool(self.opts.window),
+            tokens_per_request=ctl.tokens_per_request if ctl else None,
+            held_tokens_per_request=ctl.held_tokens_per_request if ctl else None,
+            kv_dtype=_str_or_none(info.get("kv_cache_dtype")), mem_fraction_static=_float_or_none(
+                info.get("mem_fraction_static")), restarts=handle.restarts if handle is not None else 0,
+            peak_running=s.peak_running, peak_queued=s.peak_queued, peak_kv_usage=s.peak_kv_usage, final=final)
+
+    def progress_record(self) -> ProgressRecord:
+        return progress_record(self.snapshot())
+
+    def observe_poll(self, snap: LoadSnapshot | None) -> None:
+        """One load poll while it is active: its stats, a telemetry row and the load observers, with
+        this poll's server figures (None when it failed)."""
+        if snap is not None:
+            self.stats.note_load(snap)
+        snapshot = self._snapshot(snap)
+        self.telemetry.poll(snapshot)
+        for observe in self.opts.load_observers:
+            observe(snapshot)
+
+    def controller_stats(self) -> ControllerStats | None:
+        return self.window.controller_stats()
+
+    def initial_tokens(self, first: list[Prompt]) -> float:
+        """Tokens a request holds at its end, before any completion: errs low (half the output cap)."""
+        max_new = self.cfg.sampling.max_new_tokens
+        return max(64.0, estimate_prompt_tokens(first) + 0.5 * min(max_new, 4096))
+
+    # ------------------------------------------------------------ writing and the end
+    async def write(self, recv: MemoryObjectReceiveStream[Item], signal: Callable[[], str | None]) -> None:
+        """Its writer task: every result to the store; once its last request has ended, commit and unlock
+        it (status shows it done while the job's other datasets go on). `signal()`: the job's, if any."""
+        await self.writer.run(recv)
+        self.elapsed_s = self.stats.elapsed_s()
+        self.store.record_stop(self.stopped_by(signal()))
+        with anyio.CancelScope(shield=True):  # the manifest must be committed even when cancelled
+            await anyio.to_thread.run_sync(self.store.close, self.progress_record())
+
+    def _raise_fatal(self) -> None:
+        if self.stats.fatal is not None:
+            raise self.stats.fatal
+
+    def stopped_by(self, signal: str | None) -> str:
+        """Why it ended: its target reached, the job's signal, its source exhausted, or --limit."""
+        if self.dispatch.goal <= 0:
+            return "nothing_to_do"
+        if self.started and self.store.remaining == 0:
+            return "target"
+        if signal is not None:
+            return signal
+        if self.dispatch.exhausted:
+            return "source_exhausted"
+        return "limit" if self.store.remaining > 0 else "target"
+
+    def summary(self, stopped_by: str) -> RunSummary:
+        s = self.stats
+        rank = self.opts.rank
+        elapsed_s = self.elapsed_s if self.elapsed_s is not None else s.elapsed_s() if self.started else 0.0
+        return RunSummary(self.name, self.store.done, self.store.target, written=self.dispatch.ok,
+                          failures=s.failures, rejects=s.rejects, elapsed_s=elapsed_s,
+                          stopped_by=stopped_by, failure_reasons=dict(s.failure_reasons),
+                          final_failures=s.final_failures, rank_label=rank.label if rank.ranked else "")
+
+
+def _str_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _float_or_none(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

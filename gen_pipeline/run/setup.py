@@ -1,0 +1,147 @@
+"""Set-up of a job, before any server starts: configs → options → checks → opened datasets.
+
+`run_options` turns `generate`'s settings (the flags, server.toml) into RunOptions. `open_datasets`
+then reads each thing once: the model the server serves (GET /v1/models once, when attached), each
+dataset's store (claimed: locked, drift-checked, scanned) and its source (loaded once: the pre-launch
+check and the run's feed share it). A problem the check finds refuses the launch (unless
+`proceed_anyway`); every claimed store is then released and no trace is left. In a job of several
+datasets a problem names its dataset's TOML.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+
+from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR, DatasetConfig
+from gen_pipeline.config.server import load_controller_config, load_server_profile
+from gen_pipeline.display import display_path
+from gen_pipeline.errors import ConfigError, GenPipelineError
+from gen_pipeline.http import Http, open_http
+from gen_pipeline.reports.check import check_source, dataset_done
+from gen_pipeline.run.connect import server_model
+from gen_pipeline.run.dataset_run import DatasetRun
+from gen_pipeline.run.dispatch import Window
+from gen_pipeline.run.options import RunOptions
+from gen_pipeline.server.command import check_launchable
+from gen_pipeline.sources.loading import LoadedSource, load_source
+from gen_pipeline.store.dataset_store import DatasetStore, default_opener
+from gen_pipeline.store.ranks import resolve_rank
+
+
+def run_options(cfgs: Sequence[DatasetConfig], *, config_dir: Path = DEFAULT_CONFIG_DIR,
+                output_root: Path = DEFAULT_OUTPUT_DIR, server: str = "tuned", server_urls: Sequence[str] = (),
+                model: str = "", limit: int | None = None, window: int | None = None,
+                poll_interval_s: float = 1.0, drain_grace_s: float = 30.0, proceed_anyway: bool = False,
+                rank: int | None = None, world_size: int | None = None,
+                environ: Mapping[str, str] = os.environ) -> tuple[RunOptions, list[str]]:
+    """`generate`'s settings (each keyword is the flag of that name; `server_urls` may be comma-separated)
+    + the datasets' configs + config_dir/server.toml → (RunOptions, notes for the user). Raises
+    ConfigError naming the flag, or the TOML whose generation.window differs from the others'."""
+    spec, notes = resolve_rank(rank, world_size, environ)
+    urls = tuple(u for arg in server_urls for u in arg.split(",") if u.strip())
+    server_toml = config_dir / "server.toml"
+    profile = None if urls else load_server_profile(server, server_toml)
+    windows = {cfg.generation.window or None for cfg in cfgs}
+    if window is None and len(windows) > 1:
+        odd = next(c for c in cfgs[1:] if (c.generation.window or None) != (cfgs[0].generation.window or None))
+        raise ConfigError(f"{_where(odd)}: generation.window = {odd.generation.window} differs from the other "
+                          "datasets' (the job's datasets share one window); set it the same or pass --window.")
+    fixed = window if window is not None else (cfgs[0].generation.window or None)  # the flag wins
+    opts = RunOptions(output_root=output_root, profile=profile, server_urls=urls, model=model, limit=limit,
+                      window=fixed, controller=load_controller_config(server_toml), drain_grace_s=drain_grace_s,
+                      poll_interval_s=poll_interval_s, proceed_anyway=proceed_anyway, rank=spec)
+    return opts, notes
+
+
+@dataclass
+class OpenedDatasets:
+    """What open_datasets yields: each dataset's part (stores begun), the control HTTP session, the
+    model, and the check problems `proceed_anyway` waived (the caller shows them)."""
+
+    runs: list[DatasetRun]
+    http: Http
+    model: str
+    waived: list[GenPipelineError] = field(default_factory=list)
+
+
+@asynccontextmanager
+async def open_datasets(cfgs: Sequence[DatasetConfig], opts: RunOptions) -> AsyncIterator[OpenedDatasets]:
+    """Everything a job needs before its server starts (module doc); closes every store on the way out
+    (the manifest committed under a shield)."""
+    if opts.profile is not None:
+        check_launchable(opts.profile)
+    async with AsyncExitStack() as stack:
+        http = await stack.enter_async_context(open_http(cfgs[0].generation, 16))  # control traffic
+        model = await server_model(opts, http)
+        opened = OpenedDatasets([], http, model)
+        stores: list[DatasetStore] = []
+        try:
+            claims = []
+            for cfg in cfgs:  # every lock, drift check and source check before the server starts
+                store = new_store(cfg, opts, model)
+                state = await anyio.to_thread.run_sync(store.claim)
+                stores.append(store)
+                source = await anyio.to_thread.run_sync(_check, cfg, store, opts, len(cfgs) > 1, opened.waived)
+                claims.append((cfg, store, state, source))
+            window = Window(fixed=opts.window)  # the job's datasets share one (the KV pool is one pool)
+            for cfg, store, state, source in claims:
+                await anyio.to_thread.run_sync(store.begin)
+                skip = set(state.done_ids) | store.final_failure_ids()
+                opened.runs.append(DatasetRun(cfg, opts, store, skip, window, source, state.notes))
+            yield opened
+        finally:
+            with anyio.CancelScope(shield=True):  # the manifests must be committed even when cancelled
+                runs = {id(r.store): r for r in opened.runs}
+                for store in stores:
+                    run = runs.get(id(store))
+                    progress = None if run is None or run.keep_last_figures else run.progress_record()
+                    await anyio.to_thread.run_sync(store.close, progress)
+                for run in opened.runs:
+                    run.telemetry.close()
+
+
+def new_store(cfg: DatasetConfig, opts: RunOptions, model: str) -> DatasetStore:
+    return DatasetStore(opts.output_root, cfg.name, fingerprint=cfg.fingerprint(model), target=cfg.target_samples,
+                        shard_max_samples=cfg.output.shard_max_samples, fsync_every=cfg.output.fsync_every,
+                        file_opener=opts.file_opener or default_opener, rank=opts.rank)
+
+
+def _check(cfg: DatasetConfig, store: DatasetStore, opts: RunOptions, several: bool,
+           waived: list[GenPipelineError]) -> LoadedSource | None:
+    """The pre-launch check of one claimed dataset: its source loaded (once) and parsed; raises its
+    first problem unless opts.proceed_anyway (then it is added to `waived`). A dataset at its target
+    is not checked (its run says "nothing to do"). Sync: runs in a thread."""
+    if store.remaining == 0:
+        return None
+    try:
+        source = load_source(cfg)
+        if opts.rank.ranked:  # a rank checks the whole source against the whole dataset (all ranks)
+            done, final_failed = dataset_done(opts.output_root, cfg)
+        else:
+            done, final_failed = store.done, len(store.final_failure_ids())
+        report = check_source(cfg, source, done=done, final_failed=final_failed, profile=opts.profile,
+                              limit=opts.limit)
+        if report.problems and not opts.proceed_anyway:
+            raise report.problems[0]
+    except GenPipelineError as e:
+        raise _named(e, cfg) if several else e from None
+    waived += [_named(p, cfg) if several else p for p in report.problems]
+    return source
+
+
+def _where(cfg: DatasetConfig) -> str:
+    return display_path(cfg.path) if cfg.path else cfg.name
+
+
+def _named(e: GenPipelineError, cfg: DatasetConfig) -> GenPipelineError:
+    """The error, its message starting with the dataset's TOML unless it names it already."""
+    where = [str(cfg.path), display_path(cfg.path)] if cfg.path else [cfg.name]
+    if not any(w in str(e) for w in where):
+        e.args = (f"{where[-1]}: {e}",)
+    return e

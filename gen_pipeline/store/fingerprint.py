@@ -1,0 +1,64 @@
+"""The config-drift guard when the manifest is lost: a second copy of the fingerprint, and the rows.
+
+    outputs/B2/fingerprint.json   {"fingerprint": {...}, "digest": "..."}: the config that wrote the samples,
+                                  written atomically by the store whenever it records a new one
+
+The manifest holds the fingerprint too; this file is what is left when manifest.json is deleted
+or damaged. When both are gone, the rows still say which model and sampling made them (meta.model,
+meta.sampling): a store that had to parse its shards refuses rows of another model or sampling.
+Sync, no async library.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gen_pipeline.config.dataset import fingerprint_digest
+from gen_pipeline.display import display_path
+from gen_pipeline.errors import ConfigDriftError
+from gen_pipeline.store.manifest import check_drift
+from gen_pipeline.store.shards import write_atomic
+
+FINGERPRINT_NAME = "fingerprint.json"
+
+
+def read_fingerprint(folder: Path) -> dict[str, Any] | None:
+    """The fingerprint fingerprint.json records, or None when it is absent or damaged."""
+    try:
+        data = orjson.loads((folder / FINGERPRINT_NAME).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    fp = data.get("fingerprint") if isinstance(data, dict) else None
+    return fp if isinstance(fp, dict) and data.get("digest") == fingerprint_digest(fp) else None
+
+
+def write_fingerprint(folder: Path, fp: dict[str, Any]) -> None:
+    """Record `fp` in fingerprint.json (atomically) unless it holds it already; raises OSError."""
+    if read_fingerprint(folder) != orjson.loads(orjson.dumps(fp)):
+        body = {"fingerprint": fp, "digest": fingerprint_digest(fp)}
+        write_atomic(folder / FINGERPRINT_NAME, orjson.dumps(body, option=orjson.OPT_INDENT_2))
+
+
+def check_rows(folder: Path, configs: list[tuple[str, bytes, int]], fp: dict[str, Any]) -> None:
+    """With no recorded fingerprint left: raise ConfigDriftError when a row's meta.model or meta.sampling
+    is not what `fp` asks for. `configs`: (shard name, {"model", "sampling"} as JSON, its first line)."""
+    asked = {"model": fp.get("model"), "sampling": fp.get("sampling")}
+    for shard, key, line in configs:
+        row = orjson.loads(key)
+        if row.get("sampling") is None:
+            row.pop("sampling")
+            asked.pop("sampling", None)
+        try:
+            check_drift(folder, row, asked)
+        except ConfigDriftError as e:
+            raise ConfigDriftError(
+                f"{e}\n(Its manifest.json and {FINGERPRINT_NAME} are gone: the settings were read from the rows, "
+                f"{shard} line {line}.)") from None
+
+
+def drift_source_note(folder: Path) -> str:
+    return (f"{display_path(folder / 'manifest.json')} holds no config: the drift check used "
+            f"{FINGERPRINT_NAME}")
