@@ -2,6 +2,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+SPECFORGE_PIN := specforge==0.2.0
 STAMP  := $(VENV)/.installed
 
 DATASET    ?=
@@ -12,7 +13,7 @@ ARGS       ?=
 FORMAT     ?= specforge
 OUT        ?=
 
-.PHONY: venv generate status demo test chaos slurm-test bench validate plan check export clean probe-kv report diagnose contract
+.PHONY: venv generate status demo test bench-test chaos slurm-test bench validate plan check export clean probe-kv report diagnose contract
 
 venv: $(STAMP)
 
@@ -20,6 +21,9 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	# SpecForge's own loader of pre-tokenized rows (specforge/data/prompt_builder.py imports only the
+	# standard library) for tests/test_export_tokens.py; --no-deps: its dependencies are torch, sglang, ...
+	$(PY) -m pip install -q --no-deps $(SPECFORGE_PIN)
 	@touch $(STAMP)
 
 generate: $(STAMP)
@@ -64,8 +68,16 @@ demo: $(STAMP)
 	$(PY) -m gen_pipeline generate --dataset demo --server sim
 	$(PY) -m gen_pipeline status --dataset demo
 
+# TEST_WORKERS pytest-xdist workers (most tests wait on real processes); TEST_WORKERS=0: one process
+TEST_WORKERS ?= 4
+
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow and not slurm" $(ARGS)
+	$(PY) -m pytest -q -m "not slow and not bench and not slurm" -n $(TEST_WORKERS) --dist worksteal $(ARGS)
+
+# the benchmarks' harnesses at a small scale (bench/ code paths, the GPU check's dry run) and the
+# controller's throughput through the real pipeline (real-time figures); CI runs it
+bench-test: $(STAMP)
+	$(PY) -m pytest -q -m "bench and not slow" $(ARGS)
 
 # ruff + mypy with the project's own config only (pyproject.toml explains the rules and strict modules)
 .PHONY: lint

@@ -1,6 +1,6 @@
 """`make bench` = `python -m bench [NAME ...]`: runs the benchmarks in turn; each writes its own
 section of bench/results.json and bench/RESULTS.md. Names: calibration, controller, controller_regimes,
-overhead, http_client, resume_speed, sim_capacity, export, ranks, fleet, job, faults, sim_vs_real, gpu_h200
+overhead, http_client, resume_speed, sim_capacity, export, ranks, fleet, job, loops, faults, sim_vs_real, gpu_h200
 (default: all but faults, the long soak `make chaos` runs)."""
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ BENCHES = {
     "ranks": "bench.ranks_bench",
     "fleet": "bench.fleet_scale",
     "job": "bench.job_bench",
+    "loops": "bench.loops_bench",
 }
 DEFAULT = [n for n in BENCHES if n != "faults"]
 

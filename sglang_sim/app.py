@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -45,6 +46,8 @@ class SimServer:
         self.seq = 0
         self.completed = 0
         self.fault_counts: dict[str, int] = {f.value: 0 for f in Fault}
+        # degenerate outputs written (sglang_sim/degenerate.py): loop_<kind>, leak_<kind>, marker_only
+        self.output_fault_counts: collections.Counter[str] = collections.Counter()
         self.registry = make_registry(SimCollector(ns.served_model_name, self._metrics_snapshot))
 
     def next_fault(self) -> Fault:
@@ -203,11 +206,14 @@ async def sim_stats(request: Request) -> Response:
     st = sim.loop.stats
     return JSONResponse({
         "sim_time_s": sim.loop.now_s(), "real_time_s": time.monotonic() - sim.started_real,
+        # the clock of the health_503 window (None while starting)
+        "since_ready_s": None if sim.ready_real is None else time.monotonic() - sim.ready_real,
         "time_scale": sim.ns.time_scale, "steps": st.steps, "busy_real_s": st.busy_real_s,
         "max_step_real_s": st.max_step_real_s,
         "lag_events": st.lag_events, "lag_total_real_s": st.lag_total_real_s, "max_lag_real_s": st.max_lag_real_s,
         "retraction_events": st.retraction_events, "in_flight": sim.loop.in_flight,
         "requests_seen": sim.seq, "requests_completed": sim.completed, "faults": sim.fault_counts,
+        "output_faults": dict(sim.output_fault_counts),
         "counters": sim.loop.engine.counters(), "load": sim.load(), "admissions": st.admissions,
     })
 

@@ -78,6 +78,12 @@ def _sim_flags(p: argparse.ArgumentParser) -> None:
     f.add_argument("--sim-wrong-content-type-rate", type=float, default=0.0)
     f.add_argument("--sim-no-usage-rate", type=float, default=0.0)
     f.add_argument("--sim-empty-turn-rate", type=float, default=0.0)
+    f.add_argument("--sim-loop-rate", type=float, default=0.0,
+                   help="share of requests whose output falls into a loop and runs to max_tokens")
+    f.add_argument("--sim-leak-rate", type=float, default=0.0,
+                   help="share of chat requests whose reasoning leaks into content")
+    f.add_argument("--sim-marker-only-rate", type=float, default=0.0,
+                   help="share of requests answered with think markers only")
     f.add_argument("--sim-health-503-after-s", type=float, default=0.0)
     f.add_argument("--sim-health-503-for-s", type=float, default=0.0)
     f.add_argument("--sim-fail-startup", metavar="LINE", default=None)
@@ -123,7 +129,8 @@ def fault_settings(ns: argparse.Namespace) -> FaultSettings:
         too_many_rate=ns.sim_too_many_rate, stall_rate=ns.sim_stall_rate, stall_s=ns.sim_stall_s,
         cut_rate=ns.sim_cut_rate, bad_json_rate=ns.sim_bad_json_rate,
         wrong_content_type_rate=ns.sim_wrong_content_type_rate, no_usage_rate=ns.sim_no_usage_rate,
-        empty_turn_rate=ns.sim_empty_turn_rate,
+        empty_turn_rate=ns.sim_empty_turn_rate, loop_rate=ns.sim_loop_rate, leak_rate=ns.sim_leak_rate,
+        marker_only_rate=ns.sim_marker_only_rate,
         health_503_after_s=ns.sim_health_503_after_s, health_503_for_s=ns.sim_health_503_for_s,
         never_healthy=ns.sim_never_healthy, seed=ns.sim_seed,
     )

@@ -2,7 +2,10 @@
 
 Pure: no I/O, no clock. Each generation request gets a sequence number (1, 2, ...) and
 `decide(settings, seq)` picks at most one fault for it from a Random seeded by
-(settings.seed, seq), so a given request sequence always sees the same faults.
+(settings.seed, seq), so a given request sequence always sees the same faults. What the model
+writes (loop, leak, marker-only) is decided by `decide_output(settings, request_seed)` instead,
+from the request itself: the same prompt and sampling degenerate the same way in any arrival
+order, and a retry with another `seed` sampling parameter draws anew.
 Keys (CLI `--sim-<key>` with '-' for '_', and the JSON of GET/POST /sim/faults):
 
     crash_after              exit(1) right after the Nth completed request (0 = off)
@@ -15,6 +18,13 @@ Keys (CLI `--sim-<key>` with '-' for '_', and the JSON of GET/POST /sim/faults):
     no_usage_rate            a normal answer without `usage` (no usage chunk when streaming)
     empty_turn_rate          the model ends its turn at once: EOS first, empty content (a random-
                              weight model did this on real SGLang, issue 9)
+    loop_rate                the turn falls into a loop (a word, a paragraph, a numbered list that
+                             keeps counting, a thinking step re-derived) and runs to max_tokens
+    leak_rate                reasoning leaks into `content` (chat only, with separate reasoning): cut
+                             at max_tokens inside the thinking and returned as content with no
+                             reasoning_content (a parser that missed the end marker), or the turn's
+                             think markers left in content
+    marker_only_rate         the answer is think markers only ("</think>", "<think>\n\n</think>", ...)
     health_503_after_s, health_503_for_s   /health answers 503 in that real-time window after ready
     never_healthy            /health never answers 200
 """
@@ -40,6 +50,13 @@ class Fault(enum.Enum):
     EMPTY_TURN = "empty_turn"
 
 
+class OutputFault(enum.Enum):
+    NONE = "none"
+    LOOP = "loop"
+    LEAK = "leak"
+    MARKER_ONLY = "marker_only"
+
+
 _JSON_TO_FIELD = {"429_rate": "too_many_rate"}
 _FIELD_TO_JSON = {v: k for k, v in _JSON_TO_FIELD.items()}
 # Order in which the rates share the unit interval (fixed: it is part of the seeded contract).
@@ -52,6 +69,11 @@ _RATE_ORDER = (
     ("wrong_content_type_rate", Fault.WRONG_CONTENT_TYPE),
     ("no_usage_rate", Fault.NO_USAGE),
     ("empty_turn_rate", Fault.EMPTY_TURN),
+)
+_OUTPUT_RATE_ORDER = (
+    ("loop_rate", OutputFault.LOOP),
+    ("leak_rate", OutputFault.LEAK),
+    ("marker_only_rate", OutputFault.MARKER_ONLY),
 )
 
 
@@ -70,6 +92,9 @@ class FaultSettings:
     wrong_content_type_rate: float = 0.0
     no_usage_rate: float = 0.0
     empty_turn_rate: float = 0.0
+    loop_rate: float = 0.0
+    leak_rate: float = 0.0
+    marker_only_rate: float = 0.0
     health_503_after_s: float = 0.0
     health_503_for_s: float = 0.0
     never_healthy: bool = False
@@ -115,6 +140,14 @@ def validate(s: FaultSettings) -> None:
         total += rate
     if total > 1.0 + 1e-9:
         raise ValueError(f"fault rates sum to {total:.3f}; at most one fault hits a request, keep the sum <= 1")
+    output = 0.0
+    for name, _ in _OUTPUT_RATE_ORDER:
+        rate = getattr(s, name)
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"fault {name} must be within [0, 1] (got {rate})")
+        output += rate
+    if output > 1.0 + 1e-9:
+        raise ValueError(f"loop_rate + leak_rate + marker_only_rate = {output:.3f}; keep the sum <= 1")
     if s.error_status not in (500, 502, 503, 504):
         raise ValueError(f"fault error_status must be 500, 502, 503 or 504 (got {s.error_status})")
     for name in ("crash_after", "stall_s", "health_503_after_s", "health_503_for_s"):
@@ -132,6 +165,17 @@ def decide(settings: FaultSettings, seq: int) -> Fault:
         if u < edge:
             return fault
     return Fault.NONE
+
+
+def decide_output(settings: FaultSettings, request_seed: int) -> OutputFault:
+    """What the model writes for the request with this seed (sglang_sim/lengths.py request_seed)."""
+    u = random.Random(f"{settings.seed}:output:{request_seed}").random()
+    edge = 0.0
+    for name, fault in _OUTPUT_RATE_ORDER:
+        edge += getattr(settings, name)
+        if u < edge:
+            return fault
+    return OutputFault.NONE
 
 
 def health_ok(settings: FaultSettings, since_ready_s: float) -> bool:

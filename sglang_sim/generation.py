@@ -8,17 +8,18 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from sglang_sim import degenerate
 from sglang_sim import logprobs as LP
 from sglang_sim import responses as R
-from sglang_sim.faults import Fault
+from sglang_sim.faults import Fault, OutputFault, decide_output
 from sglang_sim.lengths import cap_length, draw_length, request_seed
 from sglang_sim.tokenizer import decode, decode_output, draw_output_ids, encode, render_chat
 from sglang_sim.transport import ChunkedResponse, one_chunk, wait_or_disconnect
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from sglang_sim.loop import Ticket
 
 log = logging.getLogger("sglang_sim")
+# Starlette sends whichever ASGI app an endpoint returns; ChunkedResponse is a raw one.
+Reply = Response | ChunkedResponse
 _HTML_PAGE = b"<html><head><title>502 Bad Gateway</title></head><body><h1>502 Bad Gateway</h1></body></html>"
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
                   "repetition_penalty", "stop", "seed", "min_tokens")
@@ -60,7 +63,9 @@ class Plan:
     stream: bool
     fault: Fault
     include_usage: bool = False
+    continuous_usage: bool = False
     logprobs: LP.LogprobPlan | None = None
+    output_fault: OutputFault = OutputFault.NONE
 
 
 def _check_context(server: SimServer, n_prompt: int, max_new: int | None) -> None:
@@ -111,10 +116,39 @@ def _plan(server: SimServer, rid: str, prompt_key: str | list[int], prompt_ids: 
     empty = fault is Fault.EMPTY_TURN
     if empty:  # EOS first: one completion token, nothing to show
         n, finish, lp_plan = 1, "stop", None
+    output_ids = model_ids if lp_plan else draw_output_ids(seed, n)
     gen = R.Generation(rid=rid, model=server.ns.served_model_name, created=int(time.time()),
-                       prompt_ids=prompt_ids, output_ids=model_ids if lp_plan else draw_output_ids(seed, n),
-                       finish_reason=finish, reasoning=reasoning, empty=empty)
-    return Plan(gen, max_new, stream, fault, logprobs=lp_plan)
+                       prompt_ids=prompt_ids, output_ids=output_ids, finish_reason=finish, reasoning=reasoning,
+                       empty=empty)
+    # What the model writes: seeded by the request (not by arrival), so the same request degenerates
+    # the same way in every run. Not with logprobs (their tokens come from the logprob model).
+    output_fault = OutputFault.NONE if empty or lp_plan else decide_output(server.faults, seed)
+    gen = _degenerate(server, gen, output_fault, seed, drawn, max_new)
+    return Plan(gen, max_new, stream, fault, logprobs=lp_plan, output_fault=output_fault)
+
+
+def _degenerate(server: SimServer, gen: R.Generation, output_fault: OutputFault, seed: int, drawn: int,
+                max_new: int) -> R.Generation:
+    """The output of a loop, leak or marker-only turn (sglang_sim/degenerate.py)."""
+    if output_fault is OutputFault.LOOP:
+        plan = degenerate.loop_output(seed, drawn, max_new)
+        # a loop that starts inside the thinking never leaves it: all of the turn is reasoning
+        natural_end = int(min(drawn, max_new) * R.REASONING_SHARE)
+        end = len(plan.ids) if plan.loop_start < natural_end else natural_end
+        server.output_fault_counts[f"loop_{plan.kind}"] += 1
+        return replace(gen, output_ids=plan.ids, finish_reason="length", reasoning_end=end)
+    if output_fault is OutputFault.LEAK and gen.reasoning == "separate":
+        kind = degenerate.leak_kind(seed)
+        server.output_fault_counts[f"leak_{kind}"] += 1
+        if kind == "think_markers":  # the markers stay in content, the answer after them
+            return replace(gen, reasoning="inline")
+        # cut at the cap inside the thinking; the parser returns all of it as content
+        return replace(gen, output_ids=draw_output_ids(seed, max_new), finish_reason="length", reasoning="leak",
+                       reasoning_end=max_new)
+    if output_fault is OutputFault.MARKER_ONLY:
+        server.output_fault_counts["marker_only"] += 1
+        return replace(gen, output_ids=degenerate.marker_only_ids(seed), finish_reason="stop", reasoning="none")
+    return gen
 
 
 def _reasoning_mode(server: SimServer, body: dict[str, Any]) -> str:
@@ -136,15 +170,23 @@ def _chat_plan(server: SimServer, body: dict[str, Any]) -> Plan:
     prompt = render_chat(messages)
     sampling = {k: body[k] for k in _SAMPLING_KEYS if k in body}
     max_value = body.get("max_completion_tokens", body.get("max_tokens"))
-    rid = body.get("rid") if isinstance(body.get("rid"), str) else uuid.uuid4().hex
-    plan = _plan(server, rid, prompt, encode(prompt), max_value, "max_tokens", sampling,
+    plan = _plan(server, _rid(body), prompt, encode(prompt), max_value, "max_tokens", sampling,
                  _reasoning_mode(server, body), bool(body.get("stream")))
-    plan.include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    options = body.get("stream_options") or {}
+    plan.include_usage = bool(options.get("include_usage"))
+    plan.continuous_usage = bool(options.get("continuous_usage_stats"))
     return plan
+
+
+def _rid(body: dict[str, Any]) -> str:
+    """The caller's rid, or a fresh one."""
+    rid = body.get("rid")
+    return rid if isinstance(rid, str) else uuid.uuid4().hex
 
 
 def _generate_plan(server: SimServer, body: dict[str, Any]) -> Plan:
     text, ids = body.get("text"), body.get("input_ids")
+    key: str | list[int]
     if isinstance(text, str):
         key, prompt_ids = text, encode(text)
     elif isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
@@ -155,20 +197,19 @@ def _generate_plan(server: SimServer, body: dict[str, Any]) -> Plan:
     sampling = dict(body.get("sampling_params") or {})
     # SGLang's SamplingParams default max_new_tokens is 128 (sampling_params.py).
     max_value = sampling.pop("max_new_tokens", 128)
-    rid = body.get("rid") if isinstance(body.get("rid"), str) else uuid.uuid4().hex
-    return _plan(server, rid, key, prompt_ids, max_value, "max_new_tokens", sampling, "none",
+    return _plan(server, _rid(body), key, prompt_ids, max_value, "max_new_tokens", sampling, "none",
                  bool(body.get("stream")), logprob_body=body)
 
 
-async def chat_completions(request: Request) -> Response:
+async def chat_completions(request: Request) -> Reply:
     return await _serve(request, _chat_plan, _chat_stream, _chat_whole)
 
 
-async def generate(request: Request) -> Response:
+async def generate(request: Request) -> Reply:
     return await _serve(request, _generate_plan, _generate_stream, _generate_whole)
 
 
-async def _serve(request: Request, make_plan: Any, streamer: Any, whole: Any) -> Response:
+async def _serve(request: Request, make_plan: Any, streamer: Any, whole: Any) -> Reply:
     server: SimServer = request.app.state.sim
     try:
         plan = make_plan(server, await json_body(request))
@@ -208,7 +249,7 @@ async def _early_fault(server: SimServer, request: Request, plan: Plan) -> Respo
     return None
 
 
-def _whole_response(server: SimServer, plan: Plan, body: dict[str, Any]) -> Response:
+def _whole_response(server: SimServer, plan: Plan, body: dict[str, Any]) -> Reply:
     if plan.fault is Fault.NO_USAGE:
         body.pop("usage", None)
     data = orjson.dumps(body)
@@ -222,13 +263,13 @@ def _whole_response(server: SimServer, plan: Plan, body: dict[str, Any]) -> Resp
                            on_complete=server.request_completed)
 
 
-def _stream_response(server: SimServer, plan: Plan, events: AsyncIterator[bytes]) -> Response:
+def _stream_response(server: SimServer, plan: Plan, events: AsyncGenerator[bytes, None]) -> ChunkedResponse:
     return ChunkedResponse(_faulty_stream(plan, events), media_type="text/event-stream",
                            cut=plan.fault is Fault.CUT, on_complete=server.request_completed,
                            on_disconnect=lambda: server.loop.abort(plan.gen.rid))
 
 
-async def _faulty_stream(plan: Plan, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def _faulty_stream(plan: Plan, events: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
     """Applies CUT (stop after the first event) and BAD_JSON (mangle the first event)."""
     first = True
     try:
@@ -246,9 +287,9 @@ async def _faulty_stream(plan: Plan, events: AsyncIterator[bytes]) -> AsyncItera
 
 async def _token_events(ticket: Ticket) -> AsyncIterator[tuple[int, int] | Any]:
     """Yields (start, end) token ranges as produced, then the FinishedRequest."""
-    sent = 0
+    sent, tokens = 0, ticket.stream()
     while True:
-        item = await ticket.tokens.get()
+        item = await tokens.get()
         if isinstance(item, int):
             yield sent, sent + item
             sent += item
@@ -260,11 +301,18 @@ async def _token_events(ticket: Ticket) -> AsyncIterator[tuple[int, int] | Any]:
 
 
 async def _chat_stream(server: SimServer, plan: Plan, ticket: Ticket) -> AsyncIterator[bytes]:
+    """SGLang 0.5.17's chat stream (serving_chat.py _generate_chat_stream): a role chunk when the
+    first tokens arrive, then reasoning and content chunks, a finish chunk, the usage chunk when
+    stream_options.include_usage, and [DONE]."""
     gen, first = plan.gen, True
     async for ev in _token_events(ticket):
         if isinstance(ev, tuple):
-            yield R.sse(R.delta_chunk(gen, ev[0], ev[1], first))
-            first = False
+            if first:
+                yield R.sse(R.role_chunk(gen))
+                first = False
+            usage = R.running_usage(gen, ev[1]) if plan.continuous_usage else None
+            for chunk in R.delta_chunks(gen, ev[0], ev[1], usage):
+                yield R.sse(chunk)
             continue
         reason = ev.finish_reason if ev.finish_reason in ("stop", "length") else "abort"
         yield R.sse(R.chat_chunk(gen, {}, reason))

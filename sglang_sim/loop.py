@@ -71,6 +71,12 @@ class Ticket:
     done: asyncio.Future[FinishedRequest]
     tokens: asyncio.Queue[int | FinishedRequest] | None = None
 
+    def stream(self) -> asyncio.Queue[int | FinishedRequest]:
+        """The token queue of a request submitted with stream=True."""
+        if self.tokens is None:
+            raise RuntimeError(f"request {self.rid} was not submitted with stream=True")
+        return self.tokens
+
 
 @dataclass
 class LoopStats:
@@ -97,7 +103,7 @@ class EngineLoop:
         self.decode_log_interval = max(1, decode_log_interval)
         self.stats = LoopStats()
         self._tickets: dict[str, Ticket] = {}
-        self._streams: dict[str, Ticket] = {}
+        self._streams: dict[str, asyncio.Queue[int | FinishedRequest]] = {}  # rid -> its ticket's tokens
         self._wake = asyncio.Event()
         self._step_pending = False  # an abort left a result that only the next step() reports
         self._anchor_real = time.monotonic()
@@ -121,8 +127,8 @@ class EngineLoop:
         self.engine.add_request(rid, prompt_ids, output_ids, finish_reason, max_new_tokens=max_new_tokens)
         ticket = Ticket(rid, asyncio.get_running_loop().create_future(), asyncio.Queue() if stream else None)
         self._tickets[rid] = ticket
-        if stream:
-            self._streams[rid] = ticket
+        if ticket.tokens is not None:
+            self._streams[rid] = ticket.tokens
         self._wake.set()
         return ticket
 
@@ -187,10 +193,10 @@ class EngineLoop:
     def _dispatch(self, result: StepResult) -> None:
         if self._streams:
             new_tokens = result.new_tokens
-            for rid, ticket in self._streams.items():
+            for rid, tokens in self._streams.items():
                 n = new_tokens.get(rid)
                 if n:
-                    ticket.tokens.put_nowait(n)
+                    tokens.put_nowait(n)
         for fin in result.finished:
             ticket = self._tickets.pop(fin.rid, None)
             if ticket is None:

@@ -126,7 +126,8 @@ class RadixCache:
 
     def load_back(self, host_node: RadixNode) -> int:
         """Bring the host-only nodes ending at `host_node` back to the GPU; returns tokens."""
-        loaded, node = 0, host_node
+        loaded = 0
+        node: RadixNode | None = host_node
         while node is not None and not node.on_device:
             loaded += self._to_device(node)
             node = node.parent

@@ -26,7 +26,8 @@ def error_body(message: str, status: int = 400, type_: str = "BadRequestError") 
 @dataclass(frozen=True)
 class Generation:
     """What one request will produce. reasoning: "separate" (reasoning_content), "inline"
-    (<think>...</think> in content, a server without --reasoning-parser) or "none"."""
+    (<think>...</think> in content, a server without --reasoning-parser), "none", or "leak" (a
+    parser that missed the end marker: the thinking comes back as content, no reasoning_content)."""
 
     rid: str
     model: str
@@ -36,10 +37,15 @@ class Generation:
     finish_reason: str
     reasoning: str = "none"
     empty: bool = False  # the EOS came first (fault empty_turn): no text at all
+    reasoning_end: int | None = None  # output tokens of thinking; None: REASONING_SHARE of the output
 
     @property
     def reasoning_tokens(self) -> int:
-        return 0 if self.reasoning == "none" else int(len(self.output_ids) * REASONING_SHARE)
+        if self.reasoning == "none":
+            return 0
+        if self.reasoning_end is not None:
+            return min(self.reasoning_end, len(self.output_ids))
+        return int(len(self.output_ids) * REASONING_SHARE)
 
     def split_text(self, start: int, end: int) -> tuple[str, str]:
         """(reasoning text, content text) of output tokens [start, end)."""
@@ -52,6 +58,8 @@ class Generation:
             opened = THINK_OPEN if r > 0 and start == 0 else ""
             closed = THINK_CLOSE if start < r <= end else ""
             return "", opened + reasoning + closed + content
+        if self.reasoning == "leak":
+            return "", reasoning + content
         return reasoning, content
 
 
@@ -60,14 +68,16 @@ def _finish_reason(fin: FinishedRequest) -> str:
 
 
 def usage(gen: Generation, fin: FinishedRequest, cache_report: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "prompt_tokens": fin.prompt_tokens,
-        "completion_tokens": fin.completion_tokens,
-        "total_tokens": fin.prompt_tokens + fin.completion_tokens,
-    }
-    # SGLang fills prompt_tokens_details only with --enable-cache-report (serving_chat.py).
-    out["prompt_tokens_details"] = {"cached_tokens": fin.cached_tokens} if cache_report else None
-    return out
+    return _usage(gen, fin.prompt_tokens, fin.completion_tokens,
+                  {"cached_tokens": fin.cached_tokens} if cache_report else None)
+
+
+def _usage(gen: Generation, prompt: int, completion: int, details: dict[str, Any] | None) -> dict[str, Any]:
+    """SGLang 0.5.17's UsageInfo. prompt_tokens_details is filled only with --enable-cache-report
+    (serving_chat.py); reasoning_tokens counts the thinking tokens generated so far (the scheduler's
+    Req.update_reasoning_tokens), 0 without thinking."""
+    return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
+            "prompt_tokens_details": details, "reasoning_tokens": min(completion, gen.reasoning_tokens)}
 
 
 def chat_completion(gen: Generation, fin: FinishedRequest, *, with_usage: bool, cache_report: bool) -> dict:
@@ -100,24 +110,45 @@ def sse(obj: dict[str, Any] | str) -> bytes:
     return b"data: " + payload + b"\n\n"
 
 
-def chat_chunk(gen: Generation, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-    return {
+def chat_chunk(gen: Generation, delta: dict[str, Any], finish_reason: str | None = None,
+               usage: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One chat.completion.chunk as SGLang 0.5.17 writes it (entrypoints/openai/sse_utils.py, msgspec
+    with omit_defaults): the delta always carries reasoning_content (null or text) and leaves out a
+    role or content that is None; the chunk leaves out usage unless it has one."""
+    chunk: dict[str, Any] = {
         "id": gen.rid, "object": "chat.completion.chunk", "created": gen.created, "model": gen.model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason,
+        "choices": [{"index": 0, "delta": {"reasoning_content": None, **delta}, "logprobs": None,
+                     "finish_reason": finish_reason,
                      "matched_stop": EOS_TOKEN_ID if finish_reason == "stop" else None}],
-        "usage": None,
     }
+    if usage is not None:
+        chunk["usage"] = usage
+    return chunk
 
 
-def delta_chunk(gen: Generation, start: int, end: int, first: bool) -> dict[str, Any]:
-    """The chunk carrying output tokens [start, end) (role on the first chunk, as SGLang)."""
+def role_chunk(gen: Generation) -> dict[str, Any]:
+    """The first chunk: role and an empty content, sent when the first tokens arrive."""
+    return chat_chunk(gen, {"role": "assistant", "content": ""})
+
+
+def delta_chunks(gen: Generation, start: int, end: int, continuous_usage: dict[str, Any] | None) -> list[dict]:
+    """The chunks carrying output tokens [start, end): SGLang sends the reasoning part and the content
+    part of one step as two chunks (serving_chat.py _generate_stream_content); with
+    stream_options.continuous_usage_stats each carries the usage so far."""
     reasoning, content = gen.split_text(start, end)
-    delta: dict[str, Any] = {"role": "assistant"} if first else {}
+    out = []
     if reasoning:
-        delta["reasoning_content"] = reasoning
+        out.append(chat_chunk(gen, {"reasoning_content": reasoning}, usage=continuous_usage))
     if content:
-        delta["content"] = content
-    return chat_chunk(gen, delta)
+        out.append(chat_chunk(gen, {"content": content}, usage=continuous_usage))
+    return out
+
+
+def running_usage(gen: Generation, completion_tokens: int) -> dict[str, Any]:
+    """continuous_usage_stats: the usage after `completion_tokens`. prompt_tokens_details stays None
+    (SGLang fills it on content chunks with --enable-cache-report; the sim knows cached tokens only
+    at the end)."""
+    return _usage(gen, len(gen.prompt_ids), completion_tokens, None)
 
 
 def usage_chunk(gen: Generation, fin: FinishedRequest, cache_report: bool) -> dict[str, Any]:

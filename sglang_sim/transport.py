@@ -19,8 +19,8 @@ class ChunkedResponse:
 
     def __init__(self, chunks: AsyncIterator[bytes], *, status: int = 200, media_type: str,
                  content_length: int | None = None, cut: bool = False,
-                 on_complete: Callable[[], None] | None = None,
-                 on_disconnect: Callable[[], None] | None = None) -> None:
+                 on_complete: Callable[[], object] | None = None,
+                 on_disconnect: Callable[[], object] | None = None) -> None:
         self.chunks = chunks
         self.status = status
         self.headers = [(b"content-type", media_type.encode())]

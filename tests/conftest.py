@@ -18,6 +18,11 @@ for _var in LAUNCHER_VARS:
 import logging
 
 import pytest
+from hypothesis import settings
+
+# No per-example wall-clock deadline (Hypothesis' default is 200 ms): a loaded machine is not a failure.
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 # tests/contract runs SGLang's own code in its own venv (`make contract`), not in `make test`.
 collect_ignore = [] if os.environ.get("GEN_PIPELINE_CONTRACT") == "1" else ["contract"]

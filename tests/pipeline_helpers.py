@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -75,7 +76,8 @@ def cli_cmd(*args: str | Path) -> list[str]:
     return [sys.executable, "-m", "gen_pipeline", *map(str, args)]
 
 
-def run_cli(*args: str | Path, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str | Path, timeout_s: float = 280) -> subprocess.CompletedProcess[str]:
+    """The CLI as a subprocess, to its end (`timeout_s` is a bound for a hung run, under the test's own)."""
     return subprocess.run(cli_cmd(*args), capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
 
 
@@ -89,6 +91,29 @@ def kill_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
     proc.wait(timeout=30)
+
+
+def freeze(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the process's group (SIGSTOP): what the test saw when it froze the run (still running,
+    mid-dataset, N lines) holds however long the test then takes to look (status, a second run) or
+    to signal it (SIGKILL lands at once; another signal is handled on thaw). Freeze right after the
+    event the test waits for, so the run cannot finish in between."""
+    os.killpg(proc.pid, signal.SIGSTOP)
+
+
+def thaw(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGCONT)
+
+
+@contextlib.contextmanager
+def frozen(proc: subprocess.Popen[bytes]) -> Iterator[None]:
+    """freeze() inside the block, thaw() after it."""
+    freeze(proc)
+    try:
+        yield
+    finally:
+        thaw(proc)
 
 
 def read_samples(out: Path, name: str = "T") -> list[dict]:

@@ -48,12 +48,14 @@ def config_dir_with(tmp_path: Path, profile: str) -> Path:
 
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
-no_tokenizer = pytest.mark.skipif(HAS_TRANSFORMERS, reason="the exact text is the one without transformers")
+# Why no tokenizer measures the prompts: the sim profile's model (moonshotai/Kimi-K2.5) is not on this
+# machine; without the `template` extra transformers is not there at all.
+NO_TOKENIZER = ("the tokenizer of moonshotai/Kimi-K2.5 does not load offline (OSError), so no tokenizer"
+                if HAS_TRANSFORMERS else "transformers is not installed, so no tokenizer")
 
 
 # ---------------------------------------------------------------- check's report
 
-@no_tokenizer
 def test_check_reads_a_small_local_source_whole(tmp_path: Path) -> None:
     rows = make_rows(20, invalid=2)
     rows[5] = {"id": "bad-type", "messages": "hello"}
@@ -71,7 +73,7 @@ def test_check_reads_a_small_local_source_whole(tmp_path: Path) -> None:
     T-r0: [system] be helpful | [user] Question number 0: tell me about topic 0. | [user] Follow-up 0?
     T-r1: [user] Question number 1: tell me about topic 1.
     T-r2: [user] Question number 2: tell me about topic 2.
-  prompt length in characters (transformers is not installed, so no tokenizer), over 19 prompts: min 41, \
+  prompt length in characters ({NO_TOKENIZER}), over 19 prompts: min 41, \
 median 43, p90 63, p99 66, max 66
   tokens below are estimates at 4 characters per token
   context length 120 tokens ({cfg}/server.toml [profile.ctx] context_length): longest prompt ~17 tokens + \
@@ -81,7 +83,6 @@ max_new_tokens 96 = ~113: fits
 """.replace("\\\n", "")
 
 
-@no_tokenizer
 def test_prompts_that_do_not_fit_the_context_are_counted(tmp_path: Path) -> None:
     toml = write_dataset(tmp_path, target=15, rows=make_rows(20), max_new_tokens=100)
     cfg = config_dir_with(tmp_path, '[profile.ctx]\ninherits = "sim"\ncontext_length = 111\n')
@@ -114,7 +115,6 @@ def test_prompt_lengths_in_tokens_with_a_local_tokenizer(tmp_path: Path) -> None
             "recorded as final failures). Lower max_new_tokens or raise context_length.\n") in r.stdout
 
 
-@no_tokenizer
 def test_context_length_from_a_local_models_config_json(tmp_path: Path) -> None:
     model = tmp_path / "model"
     model.mkdir()

@@ -9,6 +9,8 @@ from bench import controller_bench
 from bench.engine_run import run
 from bench.jobs import LENGTH_PROFILES, SERVER_CONFIGS, Job
 
+pytestmark = pytest.mark.bench  # make bench-test
+
 
 def test_quick_matrix_completes_every_sample_once_with_sane_figures() -> None:
     (cell,) = controller_bench.main(["--quick"])

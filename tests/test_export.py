@@ -43,6 +43,10 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+UNCHECKED_REASONING = ("  note: the samples keep reasoning; whether the trainer's chat template trains it was not "
+                       "checked (pass --tokenizer PATH or --server NAME)")
+
+
 def export(outputs: Path, *args: str | Path) -> str:
     r = run_cli("export", "--output-dir", outputs, *args)
     assert r.returncode == 0, r.stderr + r.stdout
@@ -77,7 +81,9 @@ def test_specforge_rows_have_exactly_the_keys_of_a_regenerated_success_row(outpu
     out = tmp_path / "demo.jsonl"
     summary = export(outputs, "--dataset", "demo", "--format", "specforge", "--out", out)
     assert summary.splitlines()[1:] == ["  demo: 240 committed samples, 0 dropped, 240 exported",
-                                        "  split: train 240"]
+                                        "  split: train 240",
+                                        f"  card: {tmp_path / 'README.md'}",
+                                        UNCHECKED_REASONING]
     assert summary.startswith(f"exported 240 rows (specforge) to {out} in ")
     rows = jsonl(out)
     check_specforge_row(SPECFORGE_SUCCESS_ROW)  # the fixture itself passes SpecForge's rules
@@ -136,24 +142,25 @@ def test_split_is_stable_under_re_export_and_disjoint(outputs: Path, tmp_path: P
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     summary = export(outputs, "--dataset", "demo", "--format", "specforge", "--out", a, "--val-share", "0.1")
     export(outputs, "--dataset", "demo", "--format", "specforge", "--out", b, "--val-share", "0.1", "--seed", "7")
-    train, val = {r["id"] for r in jsonl(a)}, {r["id"] for r in jsonl(tmp_path / "a.val.jsonl")}
+    train, val = {r["id"] for r in jsonl(a)}, {r["id"] for r in jsonl(tmp_path / "a.val.ndjson")}
     assert train.isdisjoint(val) and len(train | val) == 240 and 10 <= len(val) <= 40
-    val_path = tmp_path / "a.val.jsonl"
-    assert summary.splitlines()[-1] == f"  split: train {len(train)} → {a}, validation {len(val)} → {val_path}"
+    val_path = tmp_path / "a.val.ndjson"
+    assert summary.splitlines()[-3:] == [f"  split: train {len(train)} → {a}, validation {len(val)} → {val_path}",
+                                         f"  card: {tmp_path / 'README.md'}", UNCHECKED_REASONING]
     # another seed reorders the rows but keeps every sample on its side of the split
-    assert {r["id"] for r in jsonl(tmp_path / "b.val.jsonl")} == val
+    assert {r["id"] for r in jsonl(tmp_path / "b.val.ndjson")} == val
     assert [r["id"] for r in jsonl(b)] != [r["id"] for r in jsonl(a)]
-    before = a.read_bytes(), (tmp_path / "a.val.jsonl").read_bytes()
+    before = a.read_bytes(), (tmp_path / "a.val.ndjson").read_bytes()
     export(outputs, "--dataset", "demo", "--format", "specforge", "--out", a, "--val-share", "0.1", "--force")
-    assert (a.read_bytes(), (tmp_path / "a.val.jsonl").read_bytes()) == before  # idempotent to the byte
+    assert (a.read_bytes(), (tmp_path / "a.val.ndjson").read_bytes()) == before  # idempotent to the byte
     summary = export(outputs, "--dataset", "demo", "--format", "specforge", "--out", a, "--force")
-    assert summary.splitlines()[-1] == (f"  note: removed {tmp_path / 'a.val.jsonl'} (an earlier export's "
+    assert summary.splitlines()[-2] == (f"  note: removed {tmp_path / 'a.val.ndjson'} (an earlier export's "
                                         "validation rows, now in train)")
-    assert len(jsonl(a)) == 240 and not (tmp_path / "a.val.jsonl").exists()
+    assert len(jsonl(a)) == 240 and not (tmp_path / "a.val.ndjson").exists()
     # a count; expanded turns follow their sample's side
     c = tmp_path / "c.jsonl"
     export(outputs, "--dataset", "demo", "--format", "specforge", "--out", c, "--val-share", "25", "--expand-turns")
-    sources = [{r["id"].rpartition("#turn")[0] for r in jsonl(p)} for p in (c, tmp_path / "c.val.jsonl")]
+    sources = [{r["id"].rpartition("#turn")[0] for r in jsonl(p)} for p in (c, tmp_path / "c.val.ndjson")]
     assert len(sources[1]) == 25 and sources[0].isdisjoint(sources[1]) and len(sources[0] | sources[1]) == 240
     assert not list(tmp_path.glob(".*export-tmp*"))
 

@@ -35,7 +35,10 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 FIRST_PARTY = {"gen_pipeline", "sglang_sim", "bench", "tests"} | {p.stem for p in (ROOT / "tests").rglob("*.py")}
 # Imported only when present, each with a fallback or a skip (not a dependency of any extra):
 OPTIONAL = {"transformers": "check's token counts (reports/lengths.py) and a skipped test",
-            "tokenizers": "a test skipped without transformers"}
+            "tokenizers": "a test skipped without transformers",
+            "specforge": "SpecForge's own loader in test_export_tokens: `make venv` installs it --no-deps "
+                         "(Makefile SPECFORGE_PIN: its torch-heavy dependencies are not needed by that module)",
+            "bpe_openai": "bench loops' token counts (the bench extra; it falls back to the simulator's tokenizer)"}
 # Which extras each part of the tree is run with.
 SCOPES = {
     "gen_pipeline (core)": ([], ["gen_pipeline"], {"matplotlib"}),  # matplotlib: the report extra, below

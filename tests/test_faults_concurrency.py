@@ -10,14 +10,15 @@ import pytest
 
 from sglang_sim.testing import start_sim
 
-from pipeline_helpers import SIM_FAST, _shard_lines, assert_exact, run_cli, start_cli, wait_for, write_dataset
+from pipeline_helpers import SIM_FAST, _shard_lines, assert_exact, frozen, run_cli, start_cli, wait_for, write_dataset
 
 
 @pytest.fixture(scope="module")
 def sim_url():
     with start_sim(SIM_FAST, ready_timeout_s=30) as sim:
-        # slow every request down (0.4 s stalls on half of them) so the run is still writing while we look
-        r = httpx.post(sim.url + "/sim/faults", json={"stall_rate": 0.5, "stall_s": 0.4}, timeout=5)
+        # 0.1 s stalls on half the requests: with a window of 2, the 60 samples take >= 1.5 s, so the run
+        # cannot finish in the moment between seeing a line count and freezing it
+        r = httpx.post(sim.url + "/sim/faults", json={"stall_rate": 0.5, "stall_s": 0.1}, timeout=5)
         assert r.status_code == 200, r.text
         yield sim.url
 
@@ -29,14 +30,16 @@ def test_second_run_refused_and_status_while_running(tmp_path: Path, sim_url: st
     first = start_cli(*args, "--window", "2", log=tmp_path / "first.log")
     try:
         wait_for(lambda: (out / "T").is_dir() and _shard_lines(out / "T") >= 2, timeout_s=30, interval_s=0.01)
-        second = run_cli(*args)
-        assert second.returncode == 4, second.stdout + second.stderr
-        assert second.stderr.startswith("error: ") and f"pid {first.pid}" in second.stderr, second.stderr
-        assert "Traceback" not in second.stderr
         status = ("status", "--json", "--output-dir", out, "--dataset", "T", "--config-dir", tmp_path / "ds")
-        a = orjson.loads(run_cli(*status).stdout)["datasets"]["T"]
+        with frozen(first):  # still running however long the second run and status take
+            second = run_cli(*args)
+            assert second.returncode == 4, second.stdout + second.stderr
+            assert second.stderr.startswith("error: ") and f"pid {first.pid}" in second.stderr, second.stderr
+            assert "Traceback" not in second.stderr
+            a = orjson.loads(run_cli(*status).stdout)["datasets"]["T"]
         wait_for(lambda: _shard_lines(out / "T") >= a["done"] + 3, timeout_s=30, interval_s=0.01)
-        b = orjson.loads(run_cli(*status).stdout)["datasets"]["T"]
+        with frozen(first):
+            b = orjson.loads(run_cli(*status).stdout)["datasets"]["T"]
         assert (a["state"], b["state"]) == (f"running (pid {first.pid})",) * 2
         assert 0 < a["done"] < b["done"] < 60
     finally:

@@ -17,9 +17,11 @@ from pipeline_helpers import (
     _shard_lines,
     assert_exact,
     count_output,
+    freeze,
     kill_group,
     run_cli,
     start_cli,
+    thaw,
     wait_for,
     write_dataset,
 )
@@ -42,6 +44,7 @@ def _start_job(tmp_path: Path, url: str) -> tuple[tuple, Path, Path, object]:
             "--progress", "log", "--window", "3", "--drain-grace-s", "10", "--poll-interval-s", "0.05")
     proc = start_cli(*args, log=log)
     wait_for(lambda: (out / "B").is_dir() and _shard_lines(out / "B") >= 6, timeout_s=60, interval_s=0.005)
+    freeze(proc)  # the job stays where it is until the test signals it (thaw)
     assert proc.poll() is None, log.read_text()  # the kill lands in a live job ...
     assert _shard_lines(out / "B") < 40 and _shard_lines(out / "C") == 0  # ... in the middle of B
     return args, out, log, proc
@@ -75,6 +78,7 @@ def test_signal_in_second_dataset_drains_then_exact_resume(tmp_path: Path, sim_u
                                                             word: str) -> None:
     args, out, log, proc = _start_job(tmp_path, sim_url)
     os.kill(proc.pid, sig)
+    thaw(proc)
     assert proc.wait(timeout=30) == code
     text = log.read_text()
     assert "Traceback" not in text

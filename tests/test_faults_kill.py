@@ -17,6 +17,7 @@ from pipeline_helpers import (
     SIM_FAST,
     _shard_lines,
     assert_exact,
+    frozen,
     kill_resume_trial,
     run_cli,
     start_cli,
@@ -70,7 +71,8 @@ def test_signal_drains_prints_summary_and_resumes(tmp_path: Path, sim_url: str, 
             "--drain-grace-s", "10", "--window", "4")
     proc = start_cli(*args, log=log)
     wait_for(lambda: (out / "T").is_dir() and _shard_lines(out / "T") >= 5, timeout_s=30, interval_s=0.005)
-    os.kill(proc.pid, sig)
+    with frozen(proc):  # the signal lands mid-run, wherever the run was when 5 lines were seen
+        os.kill(proc.pid, sig)
     assert proc.wait(timeout=30) == code
     text = log.read_text()
     assert "Traceback" not in text

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import orjson
+import pytest
 
 from gen_pipeline.controller import Controller
 from gen_pipeline.records import Capacity
@@ -138,6 +139,7 @@ def test_controller_mix_shrinks_the_window_as_long_requests_fill_the_pool() -> N
     assert ctl.window(1.0, 10_000) == only_long
 
 
+@pytest.mark.bench  # make bench-test
 def test_job_bench_quick_runs_exact_and_the_job_beats_sequential_runs() -> None:
     """bench/job_bench.py at a small scale: every dataset exact (asserted inside), one start beats four."""
     from bench.job_bench import run_bench

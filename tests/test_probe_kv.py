@@ -232,3 +232,11 @@ def test_kl_estimate_stays_below_true_kl_on_sim_distributions():
         assert est <= true + 1e-12
         ratios.append(est / true)
     assert 0.8 < sorted(ratios)[len(ratios) // 2] <= 1.0  # a useful bound, not a vacuous one
+
+
+def test_probe_accepts_sglangs_clipped_last_vocab_id_but_not_a_shift() -> None:
+    """SGLang 0.5.17 echoes input ids >= vocab_size - 1 as 0; a misaligned echo is still refused."""
+    from gen_pipeline.probe.sglang import echoes
+
+    assert echoes([5, 319, 7], [5, 0, 7])
+    assert not echoes([5, 319, 7], [319, 7, 8]) and not echoes([5, 6], [5, 6, 7])

@@ -24,7 +24,17 @@ from gen_pipeline.store.telemetry import (
     read_telemetry,
 )
 
-from pipeline_helpers import REPO, assert_exact, kill_group, make_rows, run_cli, start_cli, wait_for, write_dataset
+from pipeline_helpers import (
+    REPO,
+    assert_exact,
+    freeze,
+    kill_group,
+    make_rows,
+    run_cli,
+    start_cli,
+    wait_for,
+    write_dataset,
+)
 
 FAST = ["--sim-profile", "fast", "--sim-startup-s", "0.2"]
 
@@ -51,7 +61,7 @@ def scenario(tmp: Path, *, keys: dict | None = None, sim: list[str], target: int
     out = tmp / "out"
     gen = run_cli("generate", "--dataset", cfg / "T.toml", "--server", "t", "--config-dir", cfg, "--output-dir", out,
                   "--progress", "quiet", "--poll-interval-s", "0.25", *(["--window", str(window)] if window else []),
-                  *extra)
+                  *extra, timeout_s=560)  # a bound for a stuck run only: the slow scenarios take minutes when loaded
     assert gen.returncode == 0, gen.stdout + gen.stderr
     d = run_cli("diagnose", "--dataset", "T", "--output-dir", out, "--config-dir", cfg)
     assert d.returncode == 0, d.stderr
@@ -117,13 +127,16 @@ def test_unwritable_telemetry_never_fails_a_run(tmp_path: Path) -> None:
 
 
 def test_telemetry_survives_kill_9_and_resume_appends(tmp_path: Path) -> None:
-    cfg = _config(tmp_path, {}, FAST + ["--time-scale", "4", "--sim-output-mean", "300"])
+    # 150 outputs of ~300 tokens take >= 2 simulated s (~1 s real at --time-scale 2) over a 24,576-token
+    # pool, far more than the 3 polls (0.15 s) awaited: the run is mid-way when it is frozen, then killed.
+    cfg = _config(tmp_path, {}, FAST + ["--time-scale", "2", "--sim-output-mean", "300"])
     toml = write_dataset(cfg, rows=make_rows(200), target=150, max_new_tokens=400)
     out, path = tmp_path / "out", tmp_path / "out" / "T" / TELEMETRY_NAME
     args = ("generate", "--dataset", toml, "--server", "t", "--config-dir", cfg, "--output-dir", out,
-            "--progress", "log", "--poll-interval-s", "0.25")
+            "--progress", "log", "--poll-interval-s", "0.05")
     proc = start_cli(*args, log=tmp_path / "cli.log")
-    wait_for(lambda: path.exists() and path.read_bytes().count(b"\n") >= 3, timeout_s=60)
+    wait_for(lambda: path.exists() and path.read_bytes().count(b"\n") >= 3, timeout_s=60, interval_s=0.005)
+    freeze(proc)
     assert proc.poll() is None  # still running: the kill lands mid-run
     kill_group(proc, signal.SIGKILL)
     assert proc.returncode == -signal.SIGKILL
@@ -229,14 +242,22 @@ def test_compute_bound_by_reservation(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # ~10-20 s of simulator run each on a loaded machine (make chaos)
+@pytest.mark.timeout(600)  # 30,100 rows read twice (the pre-launch check, the run): minutes on a loaded machine
 def test_client_bound_by_a_slow_source(tmp_path: Path) -> None:
-    """Most rows are invalid: the producer spends its time filtering, the window is not kept full."""
-    good = make_rows(300)
+    """Most rows are invalid: the producer spends its time filtering, the window is not kept full.
+
+    Sized by work, not by timing: each valid row costs the producer 300 rejected rows while its request
+    (a 2-token output) costs the server three steps, so about one request is in flight of a window of
+    48 and the server has nothing to queue at most polls, on any machine (the producer and the
+    simulator slow down together); 100 valid rows take several times the polls (every 0.05 s) that a
+    verdict needs."""
+    good = make_rows(100)
     bad = {"id": "x", "messages": [{"role": "user", "content": ""}]}
-    rows = [r for g in good for r in [g] + [{**bad, "id": f"{g['id']}-bad{k}"} for k in range(150)]]
-    text, _ = scenario(tmp_path, sim=FAST + ["--time-scale", "10", "--sim-output-mean", "100"], target=300,
-                       max_new_tokens=200, window=48, rows=rows,
-                       extra=("--proceed-anyway",))  # the pre-launch check refuses a mostly-rejected source
+    rows = [r for g in good for r in [g] + [{**bad, "id": f"{g['id']}-bad{k}"} for k in range(300)]]
+    text, _ = scenario(tmp_path, sim=FAST + ["--time-scale", "10", "--sim-output-mean", "2", "--sim-output-spread",
+                                             "0"], target=100, max_new_tokens=4, window=48, rows=rows,
+                       extra=("--proceed-anyway",  # the pre-launch check refuses a mostly-rejected source
+                              "--poll-interval-s", "0.05"))
     assert "client_bound" in rules(text), text
 
 

@@ -32,6 +32,7 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # the command line as typed (export's dataset card records it)
     try:
         return COMMANDS[args.command](args)
     except GenPipelineError as e:

@@ -6,6 +6,7 @@ imported inside the command that needs them, so `status` stays fast.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 from gen_pipeline.config.dataset import DatasetConfig, find_dataset_config, find_dataset_configs
 
 if TYPE_CHECKING:
+    from gen_pipeline.config.server import ServerProfile
     from gen_pipeline.run.options import JobSummary, RunOptions
 
 REFERENCE_DATASETS = ("B1", "B2", "B6", "B7")
@@ -145,6 +147,7 @@ def cmd_probe_kv(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from gen_pipeline.cli.logs import quiet_datasets
     from gen_pipeline.export.core import ExportOptions, export_names, run_export
+    from gen_pipeline.export.render import parse_template_kwargs
     from gen_pipeline.export.select import Filters, parse_mix, parse_val
 
     quiet_datasets()
@@ -152,9 +155,33 @@ def cmd_export(args: argparse.Namespace) -> int:
                          output_root=args.output_dir, hf_layout=args.hf_layout,
                          mix=parse_mix(args.mix) if args.mix else None, seed=args.seed, val=parse_val(args.val_share),
                          expand_turns=args.expand_turns, keep_meta=args.keep_meta, status=not args.no_status,
-                         force=args.force, filters=Filters(args.drop_truncated, args.min_completion_tokens))
+                         force=args.force, filters=Filters(args.drop_truncated, args.min_completion_tokens),
+                         harmony=args.harmony, tokenizer=args.tokenizer, profile=_profile(args),
+                         template_kwargs=parse_template_kwargs(args.template_kwargs),
+                         require_trained_reasoning=args.require_trained_reasoning,
+                         command="gen-pipeline " + shlex.join(args.argv))
     print(run_export(opts).format(), flush=True)
     return 0
+
+
+def cmd_check_template(args: argparse.Namespace) -> int:
+    from gen_pipeline.cli.logs import quiet_datasets
+    from gen_pipeline.export.render import parse_template_kwargs
+    from gen_pipeline.export.template_check import check_template
+
+    quiet_datasets()
+    names = [n.strip() for arg in args.dataset for n in arg.split(",") if n.strip()]
+    print(check_template(output_root=args.output_dir, datasets=names, export=args.export, samples=args.samples,
+                         seed=args.seed, tokenizer=args.tokenizer, profile=_profile(args),
+                         template_kwargs=parse_template_kwargs(args.template_kwargs)), flush=True)
+    return 0
+
+
+def _profile(args: argparse.Namespace) -> ServerProfile | None:
+    """--server PROFILE of export and check-template (None when not given)."""
+    from gen_pipeline.config.server import load_server_profile
+
+    return load_server_profile(args.server, args.config_dir / "server.toml") if args.server else None
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
@@ -181,6 +208,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "generate": cmd_generate, "status": cmd_status, "validate": cmd_validate, "plan": cmd_plan,
-    "check": cmd_check, "probe-kv": cmd_probe_kv, "export": cmd_export, "report": cmd_report,
-    "diagnose": cmd_diagnose,
+    "check": cmd_check, "probe-kv": cmd_probe_kv, "export": cmd_export, "check-template": cmd_check_template,
+    "report": cmd_report, "diagnose": cmd_diagnose,
 }

@@ -109,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _probe_kv_parser(sub)
     _export_parser(sub)
+    _check_template_parser(sub)
     _telemetry_parsers(sub)
     return parser
 
@@ -140,17 +141,20 @@ def _export_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                                    "one training file (specforge, speculators) or a datasets folder (hf). "
                                    "Atomic: written under a temporary name, then renamed.")
     e.add_argument("--dataset", action="append", default=[], help="dataset name (repeatable or comma-separated)")
-    e.add_argument("--format", required=True, choices=("specforge", "speculators", "hf"),
+    e.add_argument("--format", required=True, choices=("specforge", "speculators", "hf", "tokens"),
                    help="specforge: JSONL of id/conversations/status; speculators: JSONL of id/conversations; "
-                        "hf: save_to_disk folder or parquet files with a fixed schema")
-    e.add_argument("--out", type=Path, required=True, help="the .jsonl file (specforge, speculators) or folder (hf)")
+                        "hf: save_to_disk folder or parquet files with a fixed schema; tokens: JSONL of "
+                        "input_ids/loss_mask, one row per assistant turn (needs --tokenizer unless the samples "
+                        "carry the server's token ids)")
+    e.add_argument("--out", type=Path, required=True,
+                   help="the .jsonl file (specforge, speculators, tokens) or folder (hf)")
     e.add_argument("--hf-layout", choices=("disk", "parquet"), default="disk",
                    help="hf: a DatasetDict for load_from_disk (default) or train/validation .parquet files")
     e.add_argument("--mix", help="take DATASET=SHARE,... (shares summing to 1) or DATASET=COUNT,... samples")
     e.add_argument("--seed", type=int, default=0, help="seed of the --mix choice and the row order (default: 0)")
     e.add_argument("--val-share", metavar="SHARE|COUNT",
                    help="validation split by id hash: a fraction (0.02) or a sample count (500); "
-                        "JSONL formats write it to <out stem>.val.jsonl")
+                        "JSONL formats write it to <out stem>.val.ndjson (no *.jsonl glob finds it)")
     e.add_argument("--expand-turns", action="store_true",
                    help="one row per assistant turn (history up to it; reasoning kept on that turn only)")
     e.add_argument("--keep-meta", action="store_true",
@@ -158,11 +162,45 @@ def _export_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     e.add_argument("--no-status", action="store_true",
                    help="specforge: leave out status (its gpt-oss/Harmony parser takes no extra column; its "
                         "validate/expand scripts then refuse the file)")
+    e.add_argument("--harmony", action="store_true",
+                   help="specforge, gpt-oss: assistant turns as assistant_analysis (reasoning) + assistant_final "
+                        "(answer) messages, the roles SpecForge's Harmony parser renders; needs --no-status")
+    _tokenizer_args(e)
+    e.add_argument("--require-trained-reasoning", action="store_true",
+                   help="refuse (exit 2) unless all the kept reasoning is under the trainer's loss mask with the "
+                        "target's chat template (needs --tokenizer or --server)")
+    e.add_argument("--server", help="server profile of the run (datasets_cfg/server.toml): the card's GPUs, and "
+                                    "the tokenizer when --tokenizer is not given")
     e.add_argument("--drop-truncated", action="store_true", help="leave out samples cut at max_new_tokens")
     e.add_argument("--min-completion-tokens", type=int, default=0, metavar="N",
                    help="leave out samples with fewer completion tokens")
     e.add_argument("--force", action="store_true", help="replace --out if it exists")
     _common(e)
+
+
+def _tokenizer_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help="the target's tokenizer with its chat template: a model folder (or a cached hub id); "
+                        "needs the `template` extra (transformers + jinja2)")
+    p.add_argument("--template-kwargs", metavar="JSON", default="{}",
+                   help='chat_template_kwargs for every render, e.g. \'{"thinking": true}\' (default: {})')
+
+
+def _check_template_parser(sub: Any) -> None:
+    t = sub.add_parser("check-template",
+                       help="how much reasoning and answer each trainer trains, with the target's chat template",
+                       description="Render samples through the target's tokenizer and chat template the way "
+                                   "SpecForge (whole row; train_only_last_turn; --expand-turns rows), speculators "
+                                   "(one row per turn) and --format tokens do, and print per turn the share of "
+                                   "reasoning and answer tokens under the loss mask.")
+    t.add_argument("--dataset", action="append", default=[], help="dataset name (repeatable or comma-separated)")
+    t.add_argument("--export", type=Path, metavar="FILE",
+                   help="a specforge or speculators JSONL export to check instead of --dataset's samples")
+    t.add_argument("--samples", type=int, default=50, help="samples to render, chosen by id hash (default: 50)")
+    t.add_argument("--seed", type=int, default=0, help="seed of that choice (default: 0)")
+    t.add_argument("--server", help="server profile whose model's tokenizer to use when --tokenizer is not given")
+    _tokenizer_args(t)
+    _common(t)
 
 
 def _telemetry_parsers(sub: Any) -> None:

@@ -1,10 +1,17 @@
 """`export`: from a dataset folder's shards to the one file (or folder) a trainer loads.
 
     outputs/B2/shard-*.jsonl ─► committed samples ─► filters ─► --mix ─► split by id hash
-        ─► [--expand-turns] ─► seeded order ─► specforge / speculators JSONL, or hf (atomic)
+        ─► [--expand-turns | tokens rows] ─► reasoning check ─► seeded order
+        ─► specforge / speculators / tokens JSONL, or hf (atomic) ─► README.md card
 
 Reads only what a resume would trust, takes no lock, writes nothing in outputs/, so it is safe
-while a run writes. Formats: export_formats.py; filters, mix and split: export_select.py.
+while a run writes. Formats: formats.py; filters, mix and split: select.py; the tokens rows:
+tokens.py; the reasoning check: template_check.py; the card: card.py.
+
+Validation rows of the JSONL formats go to <out stem>.val.ndjson: the same JSON lines, under a
+name no `*.json` / `*.jsonl` glob matches, so a trainer given the export's folder never trains on
+them (speculators loads every *.json and *.jsonl under a folder, recursively:
+data_generation/preprocessing.py:755-765; a `val/` subfolder would be found too).
 """
 
 from __future__ import annotations
@@ -19,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, find_dataset_config
+from gen_pipeline.config.server import ServerProfile
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError, DiskError, StoreError
+from gen_pipeline.export.card import write_card
 from gen_pipeline.export.formats import (
     FORMATS,
     HF_LAYOUTS,
@@ -30,6 +39,7 @@ from gen_pipeline.export.formats import (
     write_hf,
     write_jsonl,
 )
+from gen_pipeline.export.render import Renderer, load_renderer, source_flag, tokenizer_source
 from gen_pipeline.export.select import (
     DatasetCounts,
     Filters,
@@ -41,8 +51,12 @@ from gen_pipeline.export.select import (
     take,
     validation_ids,
 )
+from gen_pipeline.export.template_check import MODES, TemplateCheck
+from gen_pipeline.export.tokens import TokenRowBuilder, compact_ids
 from gen_pipeline.store.layout import dataset_parts, has_shards, shard_files
 from gen_pipeline.store.shards import iter_lines
+
+VAL_SUFFIX = ".val.ndjson"
 
 
 @dataclass(frozen=True)
@@ -62,6 +76,13 @@ class ExportOptions:
     keep_meta: bool = False
     status: bool = True
     force: bool = False
+    harmony: bool = False  # specforge: gpt-oss (Harmony) roles
+    tokenizer: str | None = None  # the target's tokenizer + chat template (tokens format, reasoning check)
+    profile: ServerProfile | None = None  # --server NAME: the card's server, and the tokenizer by default
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    require_trained_reasoning: bool = False
+    check_samples: int = 32
+    command: str | None = None  # the command line, for the card
 
 
 @dataclass
@@ -75,6 +96,8 @@ class ExportSummary:
     bytes_written: int = 0
     elapsed_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    card: Path | None = None
 
     def format(self) -> str:
         o = self.options
@@ -92,8 +115,13 @@ class ExportSummary:
             out.append(f"  --expand-turns: {sum(c.taken for c in self.counts):,} samples → {total:,} rows, "
                        "one per assistant turn")
         where = {k: f" → {display_path(p)}" for k, p in self.paths.items()} if len(self.paths) > 1 else {}
+        if o.format == "tokens":
+            taken = sum(c.taken for c in self.counts)
+            out.append(f"  tokens: {taken:,} samples → {total:,} rows, one per assistant turn")
         out.append("  split: " + ", ".join(f"{k} {n:,}{where.get(k, '')}" for k, n in self.rows.items()))
-        return "\n".join(out + [f"  note: {n}" for n in self.notes])
+        if self.card is not None:
+            out.append(f"  card: {display_path(self.card)}")
+        return "\n".join(out + [f"  note: {n}" for n in self.notes] + [f"  warning: {w}" for w in self.warnings])
 
 
 def iter_committed_samples(folder: Path) -> Iterator[dict[str, Any]]:
@@ -137,23 +165,74 @@ def run_export(opts: ExportOptions) -> ExportSummary:
         counts.append(c)
         samples[name] = rows
     chosen = _select(opts, counts, samples)
+    renderer, why = _renderer(opts)
+    notes, warnings = check_reasoning(opts, chosen, renderer, why)  # before writing: the flag refuses
     val_ids = validation_ids((r["id"] for r in chosen), opts.val)
     splits = {"train": [r for r in chosen if r["id"] not in val_ids]}
     if opts.val.enabled:
         splits["validation"] = [r for r in chosen if r["id"] in val_ids]
     if opts.expand_turns:
         splits = {k: [t for r in rows for t in expand_turns(r)] for k, rows in splits.items()}
+    if opts.format == "tokens":
+        builder = TokenRowBuilder(renderer)
+        splits = {k: builder.rows(rows) for k, rows in splits.items()}
     for rows in splits.values():
         rows.sort(key=lambda r: seeded_key(opts.seed, r["id"]))
-    summary = ExportSummary(opts, counts, rows={k: len(v) for k, v in splits.items()})
+    summary = ExportSummary(opts, counts, rows={k: len(v) for k, v in splits.items()}, warnings=warnings)
     try:
         summary.bytes_written = _write(opts, splits, targets)
     except OSError as e:
         raise write_error(opts.out, e) from None
     summary.paths = targets if opts.format != "hf" else {}
-    summary.notes = _remove_stale_validation(opts)
+    summary.notes = _remove_stale_validation(opts) + notes
     summary.elapsed_s = time.monotonic() - started
+    summary.card = write_card(opts, summary, chosen)
     return summary
+
+
+def _renderer(opts: ExportOptions) -> tuple[Renderer | None, str]:
+    """(the target's tokenizer, or None and why): --tokenizer must load; the --server profile's model
+    is tried and may be absent here (a hub id on a machine without it). The tokens format needs one
+    unless every turn carries the server's token ids."""
+    source = tokenizer_source(opts.tokenizer, opts.profile)
+    if source is None:
+        return None, "pass --tokenizer PATH or --server NAME"
+    trust = bool(opts.profile and opts.profile.trust_remote_code)
+    try:
+        return load_renderer(source, kwargs=opts.template_kwargs, trust_remote_code=trust,
+                             flag=source_flag(opts.tokenizer, opts.profile)), ""
+    except ConfigError as e:
+        if opts.tokenizer:
+            raise
+        return None, str(e).rstrip(".")
+
+
+def check_reasoning(opts: ExportOptions, chosen: list[dict[str, Any]], renderer: Renderer | None,
+                    why: str = "") -> tuple[list[str], list[str]]:
+    """(notes, warnings) about the reasoning kept in the samples and how much of it the trainer of
+    this format would put under its loss mask; raises ConfigError with --require-trained-reasoning
+    when that is not all of it."""
+    kept = any(m.get("reasoning_content") for r in chosen for m in r["conversations"] if m.get("role") == "assistant")
+    if not kept or opts.format == "hf" or opts.harmony:
+        return [], []
+    if renderer is None:
+        note = f"the samples keep reasoning; whether the trainer's chat template trains it was not checked ({why})"
+        if opts.require_trained_reasoning:
+            raise ConfigError(f"--require-trained-reasoning: {note}.")
+        return [note], []
+    mode = {"specforge": "specforge-expanded" if opts.expand_turns else "specforge"}.get(opts.format, opts.format)
+    sample = take(chosen, opts.check_samples, opts.seed)
+    share = TemplateCheck(renderer).run_mode(sample, mode).reasoning_share or 0.0
+    what = (f"{100 * share:.1f}% of the reasoning tokens of {len(sample)} samples are under the loss mask when "
+            f"{MODES[mode]} renders them with the chat template of {renderer.source}")
+    if share >= 1.0:
+        return [what], []
+    advice = ("Export --format tokens (every turn's reasoning under the mask, loaded by SpecForge's data.prompts_path "
+              "and speculators), or --expand-turns if the template keeps the last turn's reasoning (Qwen3-style), or "
+              "serve a chat template that renders reasoning; `gen-pipeline check-template` shows it per turn.")
+    if opts.require_trained_reasoning:
+        raise ConfigError(f"--require-trained-reasoning: only {what}. {advice}")
+    return [], [f"{what}. {advice}" if share == 0.0 else what]
 
 
 def _check_options(opts: ExportOptions) -> None:
@@ -164,6 +243,15 @@ def _check_options(opts: ExportOptions) -> None:
     if opts.format != "hf" and opts.out.suffix != ".jsonl":
         raise ConfigError(f"--out {opts.out}: the {opts.format} format writes one JSONL file; give a path "
                           "ending in .jsonl (e.g. --out exports/B2.jsonl).")
+    if opts.format == "tokens" and opts.expand_turns:
+        raise ConfigError("--expand-turns does not apply to --format tokens: it already writes one row per "
+                          "assistant turn. Drop --expand-turns.")
+    if opts.harmony and opts.format != "specforge":
+        raise ConfigError(f"--harmony applies to --format specforge only (SpecForge's gpt-oss parser), "
+                          f"not to {opts.format}.")
+    if opts.harmony and opts.status:
+        raise ConfigError("--harmony needs --no-status: SpecForge's Harmony parser takes no extra column "
+                          "(its parse() has no **kwargs, specforge/data/parse.py:387-394).")
     if opts.format == "speculators" and opts.expand_turns:
         raise ConfigError("--expand-turns does not apply to --format speculators: its prepare_data.py already "
                           "makes one training row per assistant turn. Drop --expand-turns.")
@@ -181,23 +269,35 @@ def _datasets(opts: ExportOptions) -> list[str]:
 
 
 def _targets(opts: ExportOptions) -> dict[str, Path]:
-    """split name → path: the JSONL formats put validation beside train as <stem>.val.jsonl."""
+    """split name → path: the JSONL formats put validation beside train as <stem>.val.ndjson."""
     if opts.format == "hf":
         return {"all": opts.out}
     targets = {"train": opts.out}
     if opts.val.enabled:
-        targets["validation"] = opts.out.with_name(opts.out.stem + ".val.jsonl")
+        targets["validation"] = validation_path(opts.out)
     return targets
 
 
+def validation_path(out: Path) -> Path:
+    return out.with_name(out.stem + VAL_SUFFIX)
+
+
 def _remove_stale_validation(opts: ExportOptions) -> list[str]:
-    """--force without --val-share: a <stem>.val.jsonl from an earlier export would overlap the new
-    train file, so it goes too."""
-    stale = opts.out.with_name(opts.out.stem + ".val.jsonl")
-    if opts.format == "hf" or opts.val.enabled or not opts.force or not stale.is_file():
+    """--force: an earlier export's validation file that this one does not replace would overlap the
+    new train file (no --val-share now), or sit where a *.jsonl glob finds it (the .val.jsonl of
+    exports before .val.ndjson), so it goes."""
+    if opts.format == "hf" or not opts.force:
         return []
-    stale.unlink()
-    return [f"removed {display_path(stale)} (an earlier export's validation rows, now in train)"]
+    notes = []
+    current, old = validation_path(opts.out), opts.out.with_name(opts.out.stem + ".val.jsonl")
+    if not opts.val.enabled and current.is_file():
+        current.unlink()
+        notes.append(f"removed {display_path(current)} (an earlier export's validation rows, now in train)")
+    if old.is_file():
+        old.unlink()
+        notes.append(f"removed {display_path(old)} (an earlier export's validation rows under the old name, "
+                     "which a *.jsonl glob finds)")
+    return notes
 
 
 def write_error(out: Path, e: OSError) -> StoreError:
@@ -227,6 +327,8 @@ def _read_dataset(opts: ExportOptions, name: str) -> tuple[DatasetCounts, list[d
         raise _missing(opts.output_root, name, folder)
     counts, rows = DatasetCounts(name), []
     for row in iter_committed_samples(folder):
+        if opts.format == "tokens":
+            compact_ids(row)
         counts.committed += 1
         reason = opts.filters.reason(row)
         if reason:
@@ -268,6 +370,7 @@ def _write(opts: ExportOptions, splits: dict[str, list[dict[str, Any]]], targets
     if opts.format == "hf":
         return write_hf(opts.out, splits, opts.hf_layout)
     line = LINE_WRITERS[opts.format]
+    kw = {"keep_meta": opts.keep_meta, "status": opts.status, "harmony": opts.harmony}
     # validation first: the train file is the one a trainer is pointed at, so it appears last
-    return sum(write_jsonl(targets[k], [line(r, keep_meta=opts.keep_meta, status=opts.status) for r in splits[k]])
+    return sum(write_jsonl(targets[k], [line(r, **kw) for r in splits[k]])
                for k in sorted(splits, key=lambda k: k == "train"))

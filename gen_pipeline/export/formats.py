@@ -11,6 +11,14 @@
                  assistant turn itself; a folder would also pull in errors.jsonl (it globs *.jsonl).
     hf           a `datasets` DatasetDict (save_to_disk) or train/validation parquet files, with
                  the fixed schema HF_FEATURES whatever the datasets in the export.
+    tokens       one JSONL row per assistant turn: {"id", "input_ids", "loss_mask", "ids_from"}
+                 (tokens.py): SpecForge's data.prompts_path and speculators' pre-tokenized rows.
+
+The conversation formats leave out the per-turn server token ids (tokens.py) a sample may carry.
+--harmony (specforge, for gpt-oss): each assistant turn becomes an "assistant_analysis" message
+(its reasoning) and an "assistant_final" one (its answer), the roles SpecForge's HarmonyParser
+renders (specforge/data/parse.py:358-384: it refuses "assistant" with `Unknown role`), and it
+renders both on their channels, so every turn's reasoning is under its mask.
 
 Writers are atomic: a hidden temporary name beside the target, then a rename.
 """
@@ -27,9 +35,10 @@ from typing import Any
 
 import orjson
 
+from gen_pipeline.export.tokens import strip_token_ids
 from gen_pipeline.store.lock import pid_alive
 
-FORMATS = ("specforge", "speculators", "hf")
+FORMATS = ("specforge", "speculators", "hf", "tokens")
 HF_LAYOUTS = ("disk", "parquet")
 TMP_MARK = ".export-tmp-"
 
@@ -62,8 +71,22 @@ def _meta(row: dict[str, Any]) -> dict[str, Any]:
     return meta
 
 
-def specforge_line(row: dict[str, Any], *, keep_meta: bool, status: bool) -> bytes:
-    out: dict[str, Any] = {"id": row["id"], "conversations": row["conversations"]}
+def harmony_messages(conversations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Assistant turns as SpecForge's HarmonyParser roles: analysis (reasoning) then final (answer)."""
+    out = []
+    for m in conversations:
+        if m.get("role") != "assistant":
+            out.append({"role": m["role"], "content": m["content"]})
+            continue
+        if m.get("reasoning_content"):
+            out.append({"role": "assistant_analysis", "content": m["reasoning_content"]})
+        out.append({"role": "assistant_final", "content": m["content"]})
+    return out
+
+
+def specforge_line(row: dict[str, Any], *, keep_meta: bool, status: bool, harmony: bool = False) -> bytes:
+    convs = strip_token_ids(row["conversations"])
+    out: dict[str, Any] = {"id": row["id"], "conversations": harmony_messages(convs) if harmony else convs}
     if status:
         out["status"] = "success"
     if keep_meta:
@@ -71,14 +94,24 @@ def specforge_line(row: dict[str, Any], *, keep_meta: bool, status: bool) -> byt
     return orjson.dumps(out, option=orjson.OPT_APPEND_NEWLINE)
 
 
-def speculators_line(row: dict[str, Any], *, keep_meta: bool, status: bool = False) -> bytes:
-    out: dict[str, Any] = {"id": row["id"], "conversations": row["conversations"]}
+def speculators_line(row: dict[str, Any], *, keep_meta: bool, status: bool = False, harmony: bool = False) -> bytes:
+    out: dict[str, Any] = {"id": row["id"], "conversations": strip_token_ids(row["conversations"])}
     if keep_meta:
         out["meta"] = _meta(row)
     return orjson.dumps(out, option=orjson.OPT_APPEND_NEWLINE)
 
 
-LINE_WRITERS: dict[str, Callable[..., bytes]] = {"specforge": specforge_line, "speculators": speculators_line}
+def tokens_line(row: dict[str, Any], *, keep_meta: bool, status: bool = False, harmony: bool = False) -> bytes:
+    """A tokens row (tokens.py); the ids as JSON arrays, which SpecForge and datasets read as-is."""
+    out: dict[str, Any] = {"id": row["id"], "input_ids": row["input_ids"], "loss_mask": row["loss_mask"],
+                           "ids_from": row["ids_from"]}
+    if keep_meta:
+        out["meta"] = _meta(row)
+    return orjson.dumps(out, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY)
+
+
+LINE_WRITERS: dict[str, Callable[..., bytes]] = {"specforge": specforge_line, "speculators": speculators_line,
+                                                 "tokens": tokens_line}
 
 HF_META = {"model": "string", "backend": "string", "finish_reason": "string", "prompt_tokens": "int64",
            "completion_tokens": "int64", "turns": "int64", "sampling": "string", "kv_cache_dtype": "string",

@@ -103,3 +103,71 @@ def test_generate_meta_info_keys_are_sglangs(sim):
     assert sorted(set(body["meta_info"]) - known) == []
     assert set(body) <= {"text", "output_ids", "meta_info"}
     assert body["meta_info"]["finish_reason"]["type"] in ("stop", "length")
+
+
+def _stream(url: str, body: dict) -> list[dict]:
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body | {"stream": True}, timeout=60) as r:
+        events = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def _as_sglang_writes_it(chunk: dict) -> dict:
+    """The same chunk rebuilt by SGLang 0.5.17's own stream writer (entrypoints/openai/sse_utils.py)."""
+    from sglang.srt.entrypoints.openai.sse_utils import build_sse_content
+
+    choice = chunk["choices"][0]
+    delta = choice["delta"]
+    line = build_sse_content(chunk_id=chunk["id"], created=chunk["created"], model=chunk["model"], index=0,
+                             role=delta.get("role"), content=delta.get("content"),
+                             reasoning_content=delta.get("reasoning_content"),
+                             finish_reason=choice["finish_reason"], logprobs=choice["logprobs"],
+                             matched_stop=choice["matched_stop"], usage=chunk.get("usage"))
+    return json.loads(line.removeprefix("data: "))
+
+
+def test_degenerate_streams_are_sglangs_bytes(sim):
+    """Loops, leaks and marker-only answers (the sim's output faults), streamed with
+    continuous_usage_stats: every chunk is what SGLang's own writer makes of the same fields, every
+    usage is SGLang's UsageInfo, and the stream ends as SGLang's does."""
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionStreamResponse, UsageInfo
+
+    seen: set[str] = set()
+    try:
+        off = {"loop_rate": 0, "leak_rate": 0, "marker_only_rate": 0}
+        for faults in ({"loop_rate": 1.0}, {"leak_rate": 1.0}, {"marker_only_rate": 1.0}):
+            httpx.post(sim.url + "/sim/faults", json=off | faults, timeout=10).raise_for_status()
+            for k in range(6):
+                body = CHAT | {"max_tokens": 300, "messages": [{"role": "user", "content": f"{faults} {k}"}],
+                               "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+                chunks = _stream(sim.url, body)
+                for c in chunks:
+                    ChatCompletionStreamResponse.model_validate(c)
+                    only_known_fields(ChatCompletionStreamResponse, c, "chat.completion.chunk")
+                    if c.get("usage") is not None:
+                        assert c["usage"] == UsageInfo.model_validate(c["usage"]).model_dump()
+                    if c["choices"]:
+                        assert c == _as_sglang_writes_it(c)
+                assert chunks[0]["choices"][0]["delta"] == {"reasoning_content": None, "role": "assistant",
+                                                            "content": ""}
+                finish = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+                assert len(finish) == 1 and chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"]
+        seen = set(httpx.get(sim.url + "/sim/stats", timeout=10).json()["output_faults"])
+    finally:
+        httpx.post(sim.url + "/sim/faults", json={"loop_rate": 0, "leak_rate": 0, "marker_only_rate": 0}, timeout=10)
+    assert {"marker_only"} <= seen and any(s.startswith("loop_") for s in seen)
+    assert any(s.startswith("leak_") for s in seen)
+def test_token_ids_of_a_chat_completion_are_where_the_tokens_export_expects_them():
+    """gen_pipeline/export/tokens.py: return_token_ids / return_prompt_token_ids on the request,
+    choices[i].token_ids (the raw output ids, stop token included) and .prompt_token_ids on the
+    answer, refused with stream=true."""
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, ChatCompletionResponseChoice
+
+    request = ChatCompletionRequest.model_validate(CHAT | {"return_token_ids": True, "return_prompt_token_ids": True})
+    assert request.return_token_ids and request.return_prompt_token_ids
+    choice = ChatCompletionResponseChoice.model_validate(
+        {"index": 0, "message": {"role": "assistant", "content": "x"}, "prompt_token_ids": [1, 2], "token_ids": [3]})
+    assert (choice.model_dump()["prompt_token_ids"], choice.model_dump()["token_ids"]) == ([1, 2], [3])
+    serving = source("srt/entrypoints/openai/serving_chat.py")
+    assert 'ret_item["output_ids"] if request.return_token_ids else None' in serving
+    assert "return_token_ids is not supported with streaming" in serving

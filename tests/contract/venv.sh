@@ -18,7 +18,9 @@ mkdir -p "$(dirname "$venv")"
 pip=("$venv/bin/python" -m pip install -q)
 sglang_pin=$(grep -E '^sglang==' "$here/requirements.txt")
 "${pip[@]}" --no-deps "$sglang_pin"
-grep -vE '^sglang==' "$here/requirements.txt" > "$venv/cpu-requirements.txt"
+# shellcheck disable=SC2046  # one pin a word
+"${pip[@]}" --no-deps $(grep -E '#\s*no-deps' "$here/requirements.txt" | cut -d'#' -f1)
+grep -vE '^sglang==|#\s*no-deps' "$here/requirements.txt" > "$venv/cpu-requirements.txt"
 # The project's own dependencies (runtime + test extra), not the project: tests run from the
 # checkout (python -m pytest puts it first on sys.path), so a cached venv fits every clone.
 "$venv/bin/python" - "$root/pyproject.toml" >> "$venv/cpu-requirements.txt" <<'PY'

@@ -22,7 +22,7 @@ async def test_wait_ready_blocks_while_down_and_raises_once_failed():
     async with anyio.create_task_group() as tg:
         tg.start_soon(waiter, "a")
         tg.start_soon(waiter, "b")
-        await anyio.sleep(0.05)
+        await anyio.wait_all_tasks_blocked()  # both waiters are parked in wait_ready
         assert woke == [] and not handle.ready
         handle.mark_ready()
     assert sorted(woke) == ["a", "b"]
@@ -36,7 +36,7 @@ async def test_wait_ready_blocks_while_down_and_raises_once_failed():
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(failing_waiter)
-        await anyio.sleep(0.05)
+        await anyio.wait_all_tasks_blocked()
         handle.mark_failed(ServerError("gave up"))
     assert raised == ["gave up"]
     with pytest.raises(ServerError, match="^gave up$"):

@@ -95,7 +95,7 @@ async def test_gives_up_after_max_restarts(tmp_path, spawned):
                 await chat(http, handle.base_urls[0])
                 await until(lambda: handle.restarts == 1 and handle.ready)
                 await chat(http, handle.base_urls[0])
-                await anyio.sleep(30)  # run_server raises and cancels this
+                await anyio.sleep_forever()  # run_server raises and cancels this
     expected = (f"SGLang crashed 2 times (last exit code 1); giving up. The run is resumable: fix the cause "
                 f"(see {tmp_path / 'server.log'}) and run the same command.")
     assert type(_only(e.value)) is ServerError and str(_only(e.value)) == expected
@@ -195,8 +195,11 @@ async def test_sigterm_ignoring_server_is_killed(tmp_path, spawned):
 async def test_cancel_during_startup_stops_the_group(tmp_path, spawned):
     profile = sim_profile(extra_args=["--sim-profile", "fast", "--sim-startup-s", "30"])
     async with open_http(GenerationConfig(), 16) as http:
-        with anyio.move_on_after(1.0) as scope:
-            await run_server(profile, log_dir=tmp_path, http=http)
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(partial(run_server, profile, log_dir=tmp_path, http=http))
+                await until(lambda: len(spawned) == 1)  # started; /health stays 503 for 30 s
+                scope.cancel()
     assert scope.cancelled_caught
     assert len(spawned) == 1 and group_gone(spawned[0])
 

@@ -136,10 +136,13 @@ def test_streaming_matches_the_whole_response(client: httpx.Client) -> None:
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
-    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    # SGLang 0.5.17 (sse_utils.py): a role chunk with empty content first; every delta carries
+    # reasoning_content (null or text); role and content only when set
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": "", "reasoning_content": None}
     deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
-    reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
-    content = "".join(d.get("content", "") for d in deltas)
+    assert all("reasoning_content" in d for d in deltas)
+    reasoning = "".join(d["reasoning_content"] or "" for d in deltas)
+    content = "".join(d.get("content") or "" for d in deltas)
     assert (reasoning, content) == (whole["choices"][0]["message"]["reasoning_content"],
                                     whole["choices"][0]["message"]["content"])
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
@@ -151,7 +154,7 @@ def test_streaming_matches_the_whole_response(client: httpx.Client) -> None:
 def test_streaming_without_include_usage_has_no_usage_chunk(client: httpx.Client) -> None:
     events = sse_events(client, "/v1/chat/completions", {"messages": USER, "stream": True})
     chunks = [json.loads(e) for e in events[:-1]]
-    assert all(c["choices"] and c["usage"] is None for c in chunks)
+    assert all(c["choices"] and "usage" not in c for c in chunks)  # msgspec omit_defaults drops usage=None
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 

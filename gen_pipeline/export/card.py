@@ -1,0 +1,170 @@
+"""The dataset card `export` writes beside the data: README.md with YAML front matter (what the HF
+hub reads) and markdown: the target, server profile and KV dtype, sampling, counts, truncation and
+failure shares, token totals, GPU-hours per 1,000 samples, the tool's version and the command.
+
+Where: inside the folder for `hf`; beside the JSONL file otherwise, as README.md unless that folder
+already holds a README.md that is not this export's card (another export's, or the user's), then
+as <out stem>.README.md. Figures come from the samples (meta), the manifests (runs' wall time) and
+`status` (failures, rejects); tp × dp from the --server profile when given, else "unknown" (the
+manifest does not record the server yet).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gen_pipeline.reports.status import read_status
+from gen_pipeline.store.layout import dataset_parts
+from gen_pipeline.store.manifest import read_manifest
+
+if TYPE_CHECKING:
+    from gen_pipeline.export.core import ExportOptions, ExportSummary
+
+MARK = "gen_pipeline_export"
+
+
+def card_path(opts: ExportOptions) -> Path:
+    if opts.format == "hf":
+        return opts.out / "README.md"
+    readme = opts.out.parent / "README.md"
+    if not readme.exists() or _ours(readme, opts.out.name):
+        return readme
+    return opts.out.with_name(opts.out.stem + ".README.md")
+
+
+def _ours(path: Path, name: str) -> bool:
+    try:
+        head = path.read_text(errors="replace")[:2000]
+    except OSError:
+        return False
+    return f"{MARK}: {json.dumps(name)}" in head
+
+
+def write_card(opts: ExportOptions, summary: ExportSummary, chosen: list[dict[str, Any]]) -> Path:
+    path = card_path(opts)
+    text = render_card(opts, summary, chosen)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+def _version() -> str:
+    try:
+        return metadata.version("gen-pipeline")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _wall_h(root: Path, dataset: str) -> float | None:
+    """Hours the dataset's runs took (every rank's part), from the manifests' run records."""
+    total, seen = 0.0, False
+    for part in dataset_parts(root / dataset):
+        manifest = read_manifest(part)[0] or {}
+        for run in manifest.get("runs") or []:
+            try:
+                start = datetime.fromisoformat(run["started_at"])
+                end = datetime.fromisoformat(run.get("ended_at") or run["updated_at"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            total += max(0.0, (end - start).total_seconds()) / 3600
+            seen = True
+    return total if seen else None
+
+
+def _dataset_rows(opts: ExportOptions, summary: ExportSummary,
+                  chosen: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for c in summary.counts:
+        mine = [r for r in chosen if r.get("dataset", c.dataset) == c.dataset]
+        metas = [r["meta"] if isinstance(r.get("meta"), dict) else {} for r in mine]
+        st = read_status(opts.output_root, c.dataset, None)
+        attempted = st.done + st.errors_unresolved
+        gpus = opts.profile.tp_size * opts.profile.dp_size if opts.profile else None
+        wall_h = _wall_h(opts.output_root, c.dataset)
+        rows.append({
+            "dataset": c.dataset, "committed": c.committed, "exported": c.taken,
+            "dropped": dict(c.dropped),
+            "model": _most(m.get("model") for m in metas), "backend": _most(m.get("backend") for m in metas),
+            "kv_cache_dtype": _most(m.get("kv_cache_dtype") for m in metas),
+            "sampling": _most(json.dumps(m.get("sampling"), sort_keys=True) for m in metas if m.get("sampling")),
+            "truncated_share": st.truncated / st.done if st.done else 0.0,
+            "failed_share": st.errors_unresolved / attempted if attempted else 0.0,
+            "rejected_rows": st.rejects,
+            "prompt_tokens": sum(int(m.get("prompt_tokens") or 0) for m in metas),
+            "completion_tokens": sum(int(m.get("completion_tokens") or 0) for m in metas),
+            "wall_h": wall_h, "gpus": gpus,
+            "gpu_h_per_1k": (wall_h * gpus / st.done * 1000) if wall_h is not None and gpus and st.done else None,
+        })
+    return rows
+
+
+def _most(values: Any) -> str:
+    c = Counter(str(v) for v in values if v not in (None, ""))
+    if not c:
+        return "unknown"
+    (top, n), total = c.most_common(1)[0], sum(c.values())
+    return top if n == total else f"{top} ({n:,} of {total:,} samples)"
+
+
+def render_card(opts: ExportOptions, summary: ExportSummary, chosen: list[dict[str, Any]]) -> str:
+    rows = _dataset_rows(opts, summary, chosen)
+    total = sum(summary.rows.values())
+    size = ("n<1K" if total < 1_000 else "1K<n<10K" if total < 10_000 else "10K<n<100K" if total < 100_000
+            else "100K<n<1M")
+    files = {k: p.name for k, p in summary.paths.items()}
+    front = ["---", f"{MARK}: {json.dumps(opts.out.name)}", f"pretty_name: {json.dumps(opts.out.stem)}",
+             "task_categories:", "- text-generation", "tags:", "- speculative-decoding", "- eagle3", "- synthetic",
+             f"size_categories:\n- {size}"]
+    if opts.format == "hf" and opts.hf_layout == "parquet":
+        front += ["configs:", "- config_name: default", "  data_files:"]
+        front += [f"  - split: {k}\n    path: {k}.parquet" for k in summary.rows]
+    front.append("---")
+    p = opts.profile
+    server = (f"`{p.name}` profile (tp {p.tp_size} × dp {p.dp_size} = {p.tp_size * p.dp_size} GPUs)" if p
+              else "unknown (export with --server NAME to record it)")
+    body = [f"# {opts.out.stem}", "",
+            f"Training data for an EAGLE-3 draft model: every assistant turn regenerated by the target model. "
+            f"Written by gen-pipeline {_version()} on {datetime.now(UTC).isoformat(timespec='seconds')}.", "",
+            "## Files", ""]
+    body += [f"- `{name}`: {k}, {summary.rows.get(k, 0):,} rows" for k, name in files.items()]
+    if not files:
+        body += [f"- `{opts.out.name}/`: {', '.join(f'{k} {n:,} rows' for k, n in summary.rows.items())}"]
+    body += ["", f"Format `{opts.format}`" + (" with `--expand-turns`" if opts.expand_turns else "") + ". Server: "
+             + server + ".", "", "## Target and sampling", "",
+             "| dataset | model | backend | KV cache dtype | sampling |", "|---|---|---|---|---|"]
+    body += [f"| {r['dataset']} | {r['model']} | {r['backend']} | {r['kv_cache_dtype']} | `{r['sampling']}` |"
+             for r in rows]
+    body += ["", "## Counts", "", "| dataset | committed samples | dropped | exported | truncated | failed requests "
+             "| rejected source rows |", "|---|---|---|---|---|---|---|"]
+    body += [f"| {r['dataset']} | {r['committed']:,} | {_dropped(r['dropped'])} | {r['exported']:,} | "
+             f"{100 * r['truncated_share']:.1f}% | {100 * r['failed_share']:.1f}% | {r['rejected_rows']:,} |"
+             for r in rows]
+    body += ["", "## Tokens and cost", "", "| dataset | prompt tokens | completion tokens | run wall time | GPUs "
+             "| GPU-hours per 1,000 samples |", "|---|---|---|---|---|---|"]
+    body += [f"| {r['dataset']} | {r['prompt_tokens']:,} | {r['completion_tokens']:,} | "
+             f"{_hours(r['wall_h'])} | {r['gpus'] or 'unknown'} | "
+             f"{_gpu_h(r['gpu_h_per_1k'])} |" for r in rows]
+    body += ["", "Token totals are over the exported samples (their meta); wall time is every run's, start-up "
+             "included; GPU-hours = wall time × GPUs of the server profile ÷ committed samples × 1,000.", "",
+             "## Export", "", "```", opts.command or f"gen-pipeline export --format {opts.format} --out {opts.out}",
+             "```", ""]
+    return "\n".join(front + body)
+
+
+def _dropped(d: dict[str, int]) -> str:
+    return ", ".join(f"{n:,} {k}" for k, n in sorted(d.items())) or "0"
+
+
+def _gpu_h(x: float | None) -> str:
+    return "unknown" if x is None else f"{x:.2f}"
+
+
+def _hours(h: float | None) -> str:
+    return "unknown" if h is None else f"{h:.3f} h"

@@ -1,0 +1,146 @@
+"""The target's tokenizer and chat template, loaded offline, rendering messages as the trainers and
+the server do: `apply_chat_template(messages, tokenize=False, ...)`, then the tokenizer on the text
+without special tokens added (SpecForge's GeneralParser, specforge/data/parse.py:136-144 and
+272-278; speculators and SGLang ask the same template through their own servers).
+
+transformers (+ jinja2, which renders the template) is the optional `template` extra:
+`pip install 'gen-pipeline[template]'`. Nothing here downloads: the tokenizer is a local folder
+(or an already cached hub id).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gen_pipeline.config.server import ServerProfile
+from gen_pipeline.errors import ConfigError
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"  # the markers of SGLang's qwen3 / kimi_k2 / deepseek-r1 parsers
+INSTALL_HINT = "pip install 'gen-pipeline[template]' (transformers + jinja2)"
+_PROBE_USER, _PROBE_ANSWER = "U\u2063probe", "A\u2063probe"  # text no template adds on its own
+
+
+def tokenizer_source(tokenizer: str | None, profile: ServerProfile | None) -> str | None:
+    """--tokenizer, else the server profile's --tokenizer-path or model_path, else None."""
+    if tokenizer:
+        return tokenizer
+    if profile is None:
+        return None
+    from gen_pipeline.reports.lengths import _tokenizer_path
+
+    return _tokenizer_path(profile)
+
+
+def source_flag(tokenizer: str | None, profile: ServerProfile | None) -> str:
+    """How messages name where the tokenizer came from."""
+    return "--tokenizer" if tokenizer or profile is None else f"--server {profile.name}: its model"
+
+
+@dataclass
+class Renderer:
+    """One tokenizer with its chat template; `kwargs` go to every render (chat_template_kwargs)."""
+
+    tokenizer: Any
+    source: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def render(self, messages: list[dict[str, Any]], *, generation_prompt: bool) -> str:
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                      add_generation_prompt=generation_prompt, **self.kwargs)
+        except Exception as e:  # jinja2's TemplateError and what the template raises itself
+            raise ConfigError(f"the chat template of {self.source} failed on a conversation "
+                              f"({type(e).__name__}: {e}).") from None
+        return str(text)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
+
+    def markers(self) -> tuple[str, str]:
+        """(assistant header, end of turn) as this template writes them: the text before an answer
+        (less a think opener) and the text after it; what a SpecForge ChatTemplate declares."""
+        user = [{"role": "user", "content": _PROBE_USER}]
+        gen = self.render(user, generation_prompt=True)
+        full = self.render(user + [{"role": "assistant", "content": _PROBE_ANSWER}], generation_prompt=False)
+        base = self.render(user, generation_prompt=False)
+        at = full.find(_PROBE_ANSWER)
+        if not full.startswith(base) or at < 0:
+            raise ConfigError(f"the chat template of {self.source} does not render a user turn then an "
+                              "assistant turn as a prefix of each other; check-template cannot find its turns.")
+        turn_head = full[len(base):at]
+        gen_head = gen[len(base):] if gen.startswith(base) else turn_head
+        common = os.path.commonprefix([turn_head, gen_head])
+        header = common[:-len(THINK_OPEN)] if common.endswith(THINK_OPEN) else common
+        return header or turn_head, full[at + len(_PROBE_ANSWER):]
+
+    def turn_text(self, history: list[dict[str, Any]], turn: dict[str, Any]) -> tuple[str, str]:
+        """(prompt, output): the prompt the server rendered for `turn` (history + generation prompt)
+        and the turn's own text after it, with its reasoning in the model's think block whatever
+        the template does with a turn's reasoning. Raises ConfigError when the template's turn does
+        not continue its generation prompt (then only the server's own token ids are exact)."""
+        prompt = self.render(history, generation_prompt=True)
+        full = self.render([*history, turn], generation_prompt=False)
+        if not full.startswith(prompt):
+            raise ConfigError(f"the chat template of {self.source} renders an assistant turn that does not "
+                              "continue its own generation prompt, so the turn's tokens cannot be rebuilt from "
+                              "text: record the server's token ids at generation time instead.")
+        out = full[len(prompt):]
+        reasoning = turn.get("reasoning_content") or ""
+        if not reasoning or reasoning in out:
+            return prompt, out
+        if prompt.rstrip().endswith(THINK_OPEN) and out.startswith(THINK_CLOSE):  # the prompt opened thinking
+            return prompt, reasoning + out
+        empty = out.find(THINK_OPEN)
+        close = out.find(THINK_CLOSE, empty)
+        if empty >= 0 and close >= 0 and not out[empty + len(THINK_OPEN):close].strip():  # an empty block: fill it
+            return prompt, out[:empty + len(THINK_OPEN)] + reasoning + out[close:]
+        return prompt, THINK_OPEN + reasoning + THINK_CLOSE + out
+
+
+def load_renderer(source: str | None, *, kwargs: dict[str, Any] | None = None, trust_remote_code: bool = False,
+                  flag: str = "--tokenizer") -> Renderer:
+    """The tokenizer at `source` (a folder, or a hub id already in the local cache), offline.
+    Raises ConfigError that says how to install the extra or what to pass."""
+    if source is None:
+        raise ConfigError("no tokenizer: pass --tokenizer PATH (the target model's folder, or one with its "
+                          "tokenizer files and chat template), or --server NAME to use that profile's model.")
+    if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("jinja2") is None:
+        raise ConfigError(f"rendering chat templates needs transformers and jinja2, which are not installed: "
+                          f"{INSTALL_HINT}.")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    from transformers import AutoTokenizer
+    try:
+        tok = AutoTokenizer.from_pretrained(source, local_files_only=True, trust_remote_code=trust_remote_code)
+    except Exception as e:  # OSError, ValueError, what remote code raises: all mean "not here"
+        hint = ("Does that folder hold the tokenizer files (tokenizer.json, tokenizer_config.json)?"
+                if Path(source).exists() else "It is neither a folder here nor a hub model in the local cache: "
+                "pass --tokenizer with the model's folder.")
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise ConfigError(f"{flag} {source}: the tokenizer does not load offline ({type(e).__name__}: {first}). "
+                          f"{hint}") from None
+    if not getattr(tok, "chat_template", None):
+        raise ConfigError(f"{flag} {source}: the tokenizer has no chat template (tokenizer_config.json "
+                          "chat_template or chat_template.jinja); the trainers render conversations with it.")
+    return Renderer(tok, source, dict(kwargs or {}))
+
+
+def parse_template_kwargs(text: str) -> dict[str, Any]:
+    """--template-kwargs JSON → chat_template_kwargs; raises ConfigError naming the flag."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        raise ConfigError(f"--template-kwargs {text!r} is not JSON ({e}); give an object, e.g. "
+                          '\'{"thinking": true}\'.') from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"--template-kwargs {text!r} must be a JSON object (keys → chat template variables).")
+    return value

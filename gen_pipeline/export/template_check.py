@@ -1,0 +1,381 @@
+"""`check-template`: how much of each assistant turn's reasoning and answer a trainer puts under its
+loss mask, rendering the samples the way each trainer does with the target's own chat template.
+
+What the trainers do (read from their source: SpecForge 0.2.0, the PyPI wheel, whose specforge/data
+files are those of github sgl-project/SpecForge at a6b6b023, where scripts/ are read; speculators
+0.9.0, the PyPI wheel; tests/contract/test_trainers.py runs both loaders on an export):
+
+SpecForge, online (`data.train_data_path`, one JSON/JSONL file: specforge/config/schema.py:129-143,
+loaded by data/prompt_builder.py:116-141 with load_dataset("json")) and offline
+(scripts/prepare_hidden_states.py --data-path, read by utils.safe_conversations_generator, which
+keeps only `conversations` and `tools`: specforge/utils.py:195-250, then build_eagle3_dataset,
+prepare_hidden_states.py:820-853) build input_ids + loss_mask in data/preprocessing.py:109-169 →
+data/parse.py. The parser follows the registered ChatTemplate's parser_type (data/template.py):
+- "general" keeps only role/content/tool_calls of a message (parse.py:24, 47): reasoning_content is
+  dropped before rendering, so no reasoning is ever trained (e.g. "qwen", "kimi-k2-instruct").
+- "thinking" keeps reasoning_content (parse.py:470-477) and passes enable_thinking=True
+  (parse.py:503-504) ("qwen3-thinking", "kimi-k2-thinking", "qwen3.5", ...).
+Both render the whole row once with tokenizer.apply_chat_template(tokenize=False,
+add_generation_prompt=False) (parse.py:136-144, 479-491), tokenize it, and set the mask on every
+span from the template's assistant_header to its end_of_turn_token inclusive (regex parse.py:179-185,
+token indices by prefix encoding parse.py:286-314); `train_only_last_turn` keeps only the last span
+(parse.py:283-284). So what the chat template does with reasoning in history decides what trains:
+a Qwen3-style template renders reasoning only after the last user turn (the last turn's), a
+Kimi-K2.5-style one renders an empty think block for every assistant message (none). The data
+columns besides `conversations`, `id` and `tools` are passed to the chat template as keywords
+(preprocessing.py:258-294). Offline mode has no train_only_last_turn (prepare_hidden_states.py:843-853
+does not pass it), and it cannot take pre-tokenized rows: --data-path goes through
+safe_conversations_generator and the chat template; its .ckpt files (input_ids, loss_mask, hidden
+states: preprocessing.py:426-443) are written by prepare_hidden_states from the target model. The
+online path does take them: `data.prompts_path` (config/schema.py:132-133), a JSONL whose first record has
+input_ids and loss_mask (prompt_builder.py:57-83, each row checked by _prompt_from_record :219-252).
+Evaluation: `data.eval_data_path` is refused (config/schema.py:748-752); only offline
+`data.eval_hidden_states_path` evaluates, with training.eval_interval (schema.py:753-763).
+
+speculators (`speculators prepare-data --data FILE|DIR`, cli/prepare_data.py) loads a .json/.jsonl
+file or every *.json and *.jsonl under a folder, recursively (data_generation/preprocessing.py:751-765);
+rows with input_ids + loss_mask columns pass through as they are (preprocessing.py:458-498, 603,
+609-610: truncated to --seq-length, rows with no supervised token dropped); other rows need
+`conversations`, whose messages it normalizes (role/content, reasoning_content also as `thinking`,
+preprocessing.py:104-152) and renders through the target's vLLM /render endpoint, one row per
+assistant turn j: prompt = render(conv[:j], add_generation_prompt=True), full =
+render(conv[:j+1]), mask 1 from the prompt's end (or their common prefix) to the end of full
+(preprocessing.py:244-321). So turn j is the last message of its own row, and a template that
+renders the last assistant message's reasoning trains it; Kimi-K2.5-style still renders none.
+Validation: the last 1 - train_data_ratio (default 0.1) of the prepared rows (train/data.py:165-182,
+train/config/schema.py:213-217); there is no separate validation input.
+
+SpecForge before its unified runtime (commit d5883d5b, 2026-07-13) trained from scripts/train_eagle3.py:
+the same build_eagle3_dataset with --train-only-last-turn (train_eagle3.py:583-601 at d5883d5b^) and
+an --eval-data-path rendered the same way (:631-646); the rendering and masks above are unchanged.
+
+This module models SpecForge's "thinking" parser (the best case: the "general" one trains no
+reasoning at all) with the header and end of turn read from the template itself (Renderer.markers),
+and no default system prompt added (SpecForge adds its template's system_prompt when a row has none,
+parse.py:202-212: it shifts tokens, not what is masked).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gen_pipeline.config.server import ServerProfile
+from gen_pipeline.display import display_path
+from gen_pipeline.errors import ConfigError
+from gen_pipeline.export.formats import expand_turns
+from gen_pipeline.export.render import Renderer, load_renderer, source_flag, tokenizer_source
+from gen_pipeline.export.select import take
+from gen_pipeline.export.tokens import TokenRowBuilder, _message, has_server_ids
+
+MODES = {
+    "specforge": "SpecForge (thinking parser), every assistant span of a row",
+    "specforge-last": "SpecForge with data.train_only_last_turn: true",
+    "specforge-expanded": "SpecForge on --expand-turns rows",
+    "speculators": "speculators prepare-data (one row per assistant turn)",
+    "tokens": "--format tokens (SpecForge prompts_path, speculators pre-tokenized)",
+}
+
+
+@dataclass
+class TurnFigures:
+    """One source assistant turn: its token counts and the best share of it under any row's mask."""
+
+    reasoning_tokens: int
+    answer_tokens: int
+    last: bool
+    reasoning_masked: float = 0.0  # share, 0..1, max over the rows that hold the turn
+    answer_masked: float = 0.0
+    answer_trained: float = 0.0  # sum over rows: 2.0 = the answer is trained twice
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    rows: int = 0
+    turns: dict[tuple[str, int], TurnFigures] = field(default_factory=dict)
+    skipped_rows: int = 0  # speculators: the prompt and full renders diverge inside history
+
+    def group(self, last: bool | None) -> tuple[int, int, float, int, float, float]:
+        """(turns, reasoning tokens, share masked, answer tokens, share masked, answer trained ×)."""
+        ts = [t for t in self.turns.values() if last is None or t.last == last]
+        rt, at = sum(t.reasoning_tokens for t in ts), sum(t.answer_tokens for t in ts)
+        return (len(ts), rt, _share(sum(t.reasoning_masked * t.reasoning_tokens for t in ts), rt),
+                at, _share(sum(t.answer_masked * t.answer_tokens for t in ts), at),
+                _share(sum(t.answer_trained * t.answer_tokens for t in ts), at))
+
+    @property
+    def reasoning_share(self) -> float | None:
+        """Share of all reasoning tokens under the mask; None when the samples keep no reasoning."""
+        _, rt, share, *_ = self.group(None)
+        return share if rt else None
+
+
+def _share(x: float, total: int) -> float:
+    return x / total if total else 0.0
+
+
+@dataclass
+class _Turn:
+    key: tuple[str, int]
+    reasoning: str
+    answer: str
+
+
+class TemplateCheck:
+    """Renders samples as each trainer does and measures what their masks cover."""
+
+    def __init__(self, renderer: Renderer):
+        self.r = renderer
+        self.header, self.end_of_turn = renderer.markers()
+        self._pattern = re.compile(re.escape(self.header) + r"([\s\S]*?(?:" + re.escape(self.end_of_turn) + "|$))")
+
+    def run(self, samples: list[dict[str, Any]], modes: list[str]) -> list[ModeResult]:
+        return [self.run_mode(samples, m) for m in modes]
+
+    def run_mode(self, samples: list[dict[str, Any]], mode: str) -> ModeResult:
+        result = ModeResult(mode)
+        for s in samples:
+            turns = self._turns(s, result)
+            for ids, mask, present in self._rows(s, mode, turns):
+                result.rows += 1
+                if ids is None:
+                    result.skipped_rows += 1
+                    continue
+                self._measure(ids, mask, present, result)
+        return result
+
+    def _turns(self, sample: dict[str, Any], result: ModeResult) -> list[_Turn]:
+        answers = [m for m in sample["conversations"] if m.get("role") == "assistant"]
+        out = []
+        for k, m in enumerate(answers):
+            key = (sample["id"], k)
+            t = _Turn(key, (m.get("reasoning_content") or "").strip(), (m.get("content") or "").strip())
+            result.turns[key] = TurnFigures(len(self.r.encode(t.reasoning)) if t.reasoning else 0,
+                                            len(self.r.encode(t.answer)) if t.answer else 0, k == len(answers) - 1)
+            out.append(t)
+        return out
+
+    # ------------------------------------------------------------ the rows each trainer makes
+
+    def _rows(self, sample: dict[str, Any], mode: str, turns: list[_Turn]) -> list[tuple[Any, Any, list[_Turn]]]:
+        convs = [_message(m) for m in sample["conversations"]]
+        if mode in ("specforge", "specforge-last"):
+            return [self._specforge(convs, turns, last_only=mode == "specforge-last")]
+        if mode == "specforge-expanded":
+            rows = expand_turns({"id": sample["id"], "conversations": convs})
+            return [self._specforge(r["conversations"], turns[:r["turn_index"] + 1], last_only=False) for r in rows]
+        if mode == "speculators":
+            return self._speculators(convs, turns)
+        built = TokenRowBuilder(self.r).rows([{**sample, "conversations": sample["conversations"]}])
+        return [(r["input_ids"].tolist(), r["loss_mask"].tolist(), turns[:r["turn_index"] + 1]) for r in built]
+
+    def _specforge(self, convs: list[dict[str, Any]], turns: list[_Turn], *,
+                   last_only: bool) -> tuple[list[int], list[int], list[_Turn]]:
+        text = self.r.render(convs, generation_prompt=False)
+        ids = self.r.encode(text)
+        mask = [0] * len(ids)
+        matches = list(self._pattern.finditer(text))
+        for m in matches[-1:] if last_only else matches:
+            start, end = len(self.r.encode(text[:m.start(1)])), len(self.r.encode(text[:m.end(1)]))
+            mask[min(start, len(ids)):min(end, len(ids))] = [1] * (min(end, len(ids)) - min(start, len(ids)))
+        return ids, mask, turns
+
+    def _speculators(self, convs: list[dict[str, Any]], turns: list[_Turn]) -> list[tuple[Any, Any, list[_Turn]]]:
+        out: list[tuple[Any, Any, list[_Turn]]] = []
+        k = 0
+        for j, m in enumerate(convs):
+            if m["role"] != "assistant":
+                continue
+            k += 1
+            if j == 0:
+                continue
+            norm = [{**c, "thinking": c["reasoning_content"]} if c.get("reasoning_content") else c for c in convs]
+            prompt = self.r.encode(self.r.render(norm[:j], generation_prompt=True))
+            full = self.r.encode(self.r.render(norm[:j + 1], generation_prompt=False))
+            boundary = len(prompt) if full[:len(prompt)] == prompt else _common_prefix(prompt, full)
+            if boundary < len(prompt):
+                hist = self.r.encode(self.r.render(norm[:j], generation_prompt=False))
+                if full[:len(hist)] != hist or boundary < len(hist):
+                    out.append((None, None, turns[:k]))
+                    continue
+            out.append((full, [0] * boundary + [1] * (len(full) - boundary), turns[:k]))
+        return out
+
+    # ------------------------------------------------------------ measuring a row
+
+    def _measure(self, ids: list[int], mask: list[int], present: list[_Turn], result: ModeResult) -> None:
+        text = self.r.decode(ids)
+        at = _CharIndex(ids, self.r.decode)
+        cursor = 0
+        for t in present:
+            fig = result.turns[t.key]
+            a = text.find(t.answer, cursor) if t.answer else -1
+            if t.reasoning:
+                r = text.find(t.reasoning, cursor, a if a >= 0 else len(text))
+                if r >= 0:
+                    fig.reasoning_masked = max(fig.reasoning_masked, at.masked(mask, r, r + len(t.reasoning)))
+            if a >= 0:
+                share = at.masked(mask, a, a + len(t.answer))
+                fig.answer_masked = max(fig.answer_masked, share)
+                fig.answer_trained += share
+                cursor = a + len(t.answer)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class _CharIndex:
+    """Character offset → token index by binary search over decoded prefix lengths (works for any
+    tokenizer that decodes; fast tokenizers' offset mappings are not universal)."""
+
+    def __init__(self, ids: list[int], decode: Callable[[list[int]], str]):
+        self.ids, self.decode = ids, decode
+        self._lengths: dict[int, int] = {}
+
+    def _len(self, i: int) -> int:
+        if i not in self._lengths:
+            self._lengths[i] = len(self.decode(self.ids[:i]))
+        return self._lengths[i]
+
+    def first_ending_after(self, c: int) -> int:
+        """The smallest i with len(decode(ids[:i])) > c, minus one: the token holding character c."""
+        lo, hi = 0, len(self.ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._len(mid + 1) > c:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def masked(self, mask: list[int], start: int, end: int) -> float:
+        """Share of the tokens covering characters [start, end) whose mask is 1."""
+        i0, i1 = self.first_ending_after(start), self.first_ending_after(end - 1) + 1
+        return sum(mask[i0:i1]) / (i1 - i0) if i1 > i0 else 0.0
+
+
+@dataclass
+class IdsAgreement:
+    """Turns carrying the server's token ids, against the same turns rendered with the template."""
+
+    turns: int = 0
+    prompt_equal: int = 0  # the rendered prompt's ids are the server's prompt_token_ids
+    output_prefix: int = 0  # the server's token_ids start the rendered turn (which adds the template's tail)
+    first_mismatch: str = ""
+
+    def format(self) -> str:
+        line = (f"  server token ids vs the template: {self.turns:,} turns carry them; rendered prompt equal in "
+                f"{self.prompt_equal:,}, server output a prefix of the rendered turn in {self.output_prefix:,}")
+        return line + (f"\n    first difference: {self.first_mismatch}" if self.first_mismatch else "")
+
+
+def compare_server_ids(samples: list[dict[str, Any]], renderer: Renderer) -> IdsAgreement:
+    """How exactly the template reproduces what the server tokenized (the rendered tokens path)."""
+    out = IdsAgreement()
+    for s in samples:
+        history: list[dict[str, Any]] = []
+        for m in s["conversations"]:
+            if m.get("role") == "assistant" and has_server_ids(m):
+                prompt, output = renderer.turn_text(history, _message(m))
+                p, o = renderer.encode(prompt), renderer.encode(output)
+                server_p, server_o = [int(i) for i in m["prompt_token_ids"]], [int(i) for i in m["token_ids"]]
+                out.turns += 1
+                out.prompt_equal += p == server_p
+                out.output_prefix += o[:len(server_o)] == server_o
+                if not out.first_mismatch and (p != server_p or o[:len(server_o)] != server_o):
+                    which, ours, theirs = ("prompt", p, server_p) if p != server_p else ("output", o, server_o)
+                    at = _common_prefix(ours, theirs)
+                    mine, server = renderer.decode(ours[at:at + 8]), renderer.decode(theirs[at:at + 8])
+                    out.first_mismatch = f"{s['id']}: {which} token {at}: template {mine!r} vs server {server!r}"
+            history.append(_message(m))
+    return out
+
+
+# ---------------------------------------------------------------- the report
+
+
+def check_template(*, output_root: Path, datasets: list[str], export: Path | None, samples: int, seed: int,
+                   tokenizer: str | None, profile: ServerProfile | None, template_kwargs: dict[str, Any]) -> str:
+    """The report of `gen-pipeline check-template`; raises ConfigError (no samples, no tokenizer)."""
+    if samples < 1:
+        raise ConfigError(f"--samples {samples} must be 1 or more.")
+    rows, what = _samples(output_root, datasets, export)
+    chosen = take(rows, samples, seed)
+    renderer = load_renderer(tokenizer_source(tokenizer, profile), kwargs=template_kwargs,
+                             flag=source_flag(tokenizer, profile),
+                             trust_remote_code=bool(profile and profile.trust_remote_code))
+    check = TemplateCheck(renderer)
+    modes = [m for m in MODES if export is None or m != "specforge-expanded"]
+    turns = sum(1 for r in chosen for m in r["conversations"] if m.get("role") == "assistant")
+    report = format_report(check.run(chosen, modes), renderer=renderer, header=check.header,
+                           end_of_turn=check.end_of_turn, what=f"{len(chosen):,} samples ({turns:,} assistant turns) "
+                                                                f"of {what}")
+    agreement = compare_server_ids(chosen, renderer)
+    return report + ("\n" + agreement.format() if agreement.turns else "")
+
+
+def _samples(output_root: Path, datasets: list[str], export: Path | None) -> tuple[list[dict[str, Any]], str]:
+    from gen_pipeline.export.core import iter_committed_samples
+
+    if export is not None:
+        if datasets:
+            raise ConfigError("check-template takes --dataset or --export, not both.")
+        try:
+            rows = [orjson.loads(line) for line in export.read_bytes().splitlines() if line.strip()]
+        except (OSError, orjson.JSONDecodeError) as e:
+            raise ConfigError(f"--export {export}: cannot read it as JSON lines ({e}).") from None
+        if rows and "conversations" not in rows[0]:
+            raise ConfigError(f"--export {export}: its rows have no `conversations` (a tokens export carries no "
+                              "text); check the samples it came from with --dataset NAME.")
+        return rows, display_path(export)
+    if not datasets:
+        raise ConfigError("check-template needs --dataset NAME (repeatable) or --export FILE.")
+    rows = []
+    for name in datasets:
+        folder = output_root / name
+        if not folder.is_dir():
+            raise ConfigError(f"No dataset {name!r}: {display_path(folder)} does not exist. Generate it first "
+                              f"(make generate DATASET={name}) or pass --output-dir.")
+        rows += list(iter_committed_samples(folder))
+    if not rows:
+        raise ConfigError(f"{', '.join(datasets)}: no committed samples yet. Generate some first.")
+    return rows, ", ".join(datasets)
+
+
+def format_report(results: list[ModeResult], *, renderer: Renderer, header: str, end_of_turn: str,
+                  what: str) -> str:
+    lines = [f"template check: {what}, chat template of {renderer.source}",
+             f"  assistant header {header!r}, end of turn {end_of_turn!r} (what a SpecForge ChatTemplate for this "
+             "target must declare)",
+             f"  {'how it trains':<52} {'turns':>6} {'rows':>5} {'reasoning tok':>13} {'masked':>7} "
+             f"{'answer tok':>10} {'masked':>7} {'trained':>7}"]
+    for res in results:
+        for label, last in (("earlier turns", False), ("last turn", True)):
+            n, rt, rs, at, as_, ax = res.group(last)
+            if not n:
+                continue
+            name = f"{res.mode}: {label}"
+            lines.append(f"  {name:<52} {n:>6,} {res.rows:>5,} {rt:>13,} {_pct(rs, rt):>7} {at:>10,} "
+                         f"{_pct(as_, at):>7} {ax:>6.1f}x")
+        if res.skipped_rows:
+            lines.append(f"  {res.mode}: {res.skipped_rows} rows dropped (renders diverge inside history)")
+    lines += [f"  {m:<18} {d}" for m, d in MODES.items() if any(r.mode == m for r in results)]
+    lines.append("  masked: share of the turn's tokens under the loss mask in the best row that holds it; "
+                 "trained: answer tokens trained per answer token over all rows")
+    return "\n".join(lines)
+
+
+def _pct(share: float, total: int) -> str:
+    return f"{100 * share:.1f}%" if total else "-"

@@ -1,0 +1,183 @@
+"""The `tokens` export: one row per assistant turn, `input_ids` + `loss_mask`, made from exactly
+what the target saw and produced where the sample carries the server's token ids, else rendered
+with the target's tokenizer and chat template (render.py) the way the server rendered the request.
+
+    {"id": "<sample id>#turn<k>", "input_ids": [...], "loss_mask": [...], "ids_from": "server"|"template"}
+
+`loss_mask` is 1 on exactly that turn's tokens: its reasoning (in the model's think block, whatever
+the template does with reasoning in history) and answer, and the end of turn (server ids: the stop
+token the model emitted; rendered: the template's end-of-turn text, e.g. "<|im_end|>\\n", which is
+what SpecForge's ChatTemplate.end_of_turn_token and speculators' render boundary both train). The
+history before it (the prompt) is 0. One row per turn, not per conversation: a template that drops
+earlier turns' reasoning (Qwen3, Kimi) gives each turn a different prefix, so one sequence cannot
+hold every turn's reasoning without feeding the target a context it never saw; and neither trainer
+needs conversation rows (speculators makes per-turn rows itself; SpecForge's prompts_path takes
+rows as they come).
+
+## Server token ids: the per-turn schema (recorded at generation time by a later step)
+Each assistant message of a sample may carry, both or neither:
+    "prompt_token_ids": [int]  the request's prompt as the server tokenized it (template applied)
+    "token_ids":        [int]  the completion's token ids: reasoning, think markers, answer, and the
+                               matched stop token when finish_reason is "stop"
+Then the row is prompt_token_ids + token_ids with the mask 0…0 1…1. The conversation formats
+(specforge, speculators, hf) leave both keys out.
+
+## Where SGLang 0.5.17 returns them (read from its wheel, sglang/srt/...)
+- /v1/chat/completions request `return_token_ids: true` (entrypoints/openai/protocol.py:779; also
+  `return_prompt_token_ids`, :778) → `choices[i].prompt_token_ids` and `choices[i].token_ids`
+  (protocol.py:1097-1098; serving_chat.py:1819-1827: token_ids = ret_item["output_ids"],
+  prompt_token_ids when either flag is set, serving_chat.py:1016-1017 asks the tokenizer manager).
+- The reasoning parser does not touch them: it splits only the decoded text (serving_chat.py:1779-1797),
+  so token_ids hold the whole completion, think markers included, while message.reasoning_content
+  and .content are the split text (the parser drops the markers; the text is decoded with
+  skip_special_tokens and cannot be re-tokenized exactly: re-tokenizing text need not give the ids
+  the model sampled).
+- output_ids are `output_ids_through_stop` (managers/scheduler_components/output_streamer.py:399-401,
+  schedule_batch.py:1463-1465 sets finished_len past the matched stop token): the stop token is in
+  them; the detokenizer trims the stop only from the text (detokenizer_manager.py:176-205, 444).
+- Streaming: /v1/chat/completions refuses both flags with stream=true (serving_chat.py:914-924,
+  HTTP 400). Native /generate always returns "output_ids" (tokenizer_manager.py:2356-2360; per
+  chunk when streaming, :2327-2338) and "prompt_token_ids" with "return_prompt_token_ids": true
+  (io_struct.py:299, tokenizer_manager.py:2365); logprobs (return_logprob) also carry token ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from gen_pipeline.errors import ConfigError
+from gen_pipeline.export.render import Renderer
+
+TOKEN_KEYS = ("prompt_token_ids", "token_ids")
+# Rows hold their ids as numpy arrays (orjson writes them with OPT_SERIALIZE_NUMPY): 4 bytes a token
+# instead of a Python int's ~36, so the 88K job's ~130M tokens fit in memory to be shuffled.
+ID_DTYPE, MASK_DTYPE = np.int32, np.int8
+BATCH_TURNS = 2048  # rendered turns tokenized at once (the tokenizer's threads share a batch)
+
+
+def has_server_ids(message: dict[str, Any]) -> bool:
+    return all(isinstance(message.get(k), list | np.ndarray) for k in TOKEN_KEYS)
+
+
+def compact_ids(sample: dict[str, Any]) -> dict[str, Any]:
+    """The sample with its per-turn server token ids as int32 arrays (in place; see ID_DTYPE)."""
+    for m in sample.get("conversations") or []:
+        if isinstance(m, dict) and has_server_ids(m):
+            for k in TOKEN_KEYS:
+                m[k] = np.asarray(m[k], dtype=ID_DTYPE)
+    return sample
+
+
+def _row_arrays(prompt: Any, output: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    p, o = np.asarray(prompt, dtype=ID_DTYPE), np.asarray(output, dtype=ID_DTYPE)
+    mask = np.zeros(len(p) + len(o), dtype=MASK_DTYPE)
+    mask[len(p):] = 1
+    return np.concatenate([p, o]), mask
+
+
+def strip_token_ids(conversations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages without the per-turn token ids (for the conversation formats)."""
+    if not any(k in m for m in conversations for k in TOKEN_KEYS):
+        return conversations
+    return [{k: v for k, v in m.items() if k not in TOKEN_KEYS} for m in conversations]
+
+
+def _message(m: dict[str, Any]) -> dict[str, Any]:
+    """A message as the server got it in the request (chat.py sends role, content, reasoning_content)."""
+    return {k: v for k, v in m.items() if k in ("role", "content", "reasoning_content") and v is not None}
+
+
+class TokenRowBuilder:
+    """Builds the rows of many samples; rendered turns are tokenized in batches (the tokenizer's own
+    threads), and a text piece between special tokens is tokenized once however many turns repeat
+    it (the history of a multi-turn conversation)."""
+
+    def __init__(self, renderer: Renderer | None):
+        self.renderer = renderer
+
+    def rows(self, samples: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        pending: list[tuple[int, str, str]] = []  # (row index, prompt text, output text)
+        for sample in samples:
+            for row, texts in self._sample_rows(sample):
+                if texts is not None:
+                    pending.append((len(out), *texts))
+                out.append(row)
+            if len(pending) >= BATCH_TURNS:  # at a sample's end: its turns share one batch (and its history)
+                self._tokenize(out, pending)
+                pending = []
+        if pending:
+            self._tokenize(out, pending)
+        return out
+
+    def _sample_rows(self, sample: dict[str, Any]) -> Iterable[tuple[dict[str, Any], tuple[str, str] | None]]:
+        history: list[dict[str, Any]] = []
+        k = 0
+        for m in sample["conversations"]:
+            if m.get("role") != "assistant":
+                history.append(_message(m))
+                continue
+            row: dict[str, Any] = {"id": f"{sample['id']}#turn{k}", "source_id": sample["id"], "turn_index": k,
+                                   "dataset": sample.get("dataset"), "meta": sample.get("meta")}
+            if has_server_ids(m):
+                row["input_ids"], row["loss_mask"] = _row_arrays(m["prompt_token_ids"], m["token_ids"])
+                row["ids_from"] = "server"
+                yield row, None
+            else:
+                if self.renderer is None:
+                    raise ConfigError(f"sample {sample['id']} has no server token ids (prompt_token_ids / token_ids "
+                                      "on its assistant turns), so the tokens format renders it with the target's "
+                                      "chat template: pass --tokenizer PATH or --server NAME.")
+                row["ids_from"] = "template"
+                yield row, self.renderer.turn_text(history, _message(m))
+            history.append(_message(m))
+            k += 1
+
+    def _tokenize(self, out: list[dict[str, Any]], batch: list[tuple[int, str, str]]) -> None:
+        """One batch of rendered turns: the texts are dropped once their ids are in the rows."""
+        assert self.renderer is not None
+        pieces = _Pieces(self.renderer)
+        pieces.add([t for _, p, o in batch for t in (p, o)])
+        for i, prompt, output in batch:
+            out[i]["input_ids"], out[i]["loss_mask"] = _row_arrays(pieces.ids(prompt), pieces.ids(output))
+
+
+class _Pieces:
+    """Token ids of texts, split at the tokenizer's special tokens: a fast tokenizer matches added
+    tokens before its pre-tokenizer, so the ids of a text are the ids of its pieces in order."""
+
+    def __init__(self, renderer: Renderer):
+        self.encode_batch = renderer.tokenizer
+        specials = sorted(getattr(renderer.tokenizer, "all_special_tokens", []) +
+                          [str(t) for t in (getattr(renderer.tokenizer, "added_tokens_decoder", {}) or {}).values()],
+                          key=len, reverse=True)
+        self.specials = [s for s in dict.fromkeys(specials) if s]
+        self.cache: dict[str, list[int]] = {}
+
+    def split(self, text: str) -> list[str]:
+        parts = [text]
+        for s in self.specials:
+            parts = [q for p in parts for q in _split_keep(p, s)]
+        return [p for p in parts if p]
+
+    def add(self, texts: list[str]) -> None:
+        todo = list(dict.fromkeys(p for t in texts for p in self.split(t) if p not in self.cache))
+        if todo:
+            ids = self.encode_batch(todo, add_special_tokens=False)["input_ids"]
+            self.cache.update(zip(todo, (list(i) for i in ids), strict=True))
+
+    def ids(self, text: str) -> list[int]:
+        return [i for p in self.split(text) for i in self.cache[p]]
+
+
+def _split_keep(text: str, sep: str) -> list[str]:
+    if sep not in text:
+        return [text]
+    parts = text.split(sep)
+    out = [parts[0]]
+    for p in parts[1:]:
+        out += [sep, p]
+    return out

@@ -1,0 +1,17 @@
+"""The quality gate's pure checks (issue 22): a streaming loop detector and the checks of a finished
+turn for leaked reasoning and empty or marker-only answers. No I/O and no async library here: the
+run feeds the detector from its stream and applies the policy.
+
+    repetition.py  RepetitionDetector.feed(delta) -> LoopVerdict | None
+    leaks.py       check_turn(content, reasoning, finish_reason, reasoning_expected=) -> LeakFinding | None
+    thresholds.py  LoopThresholds: the one table of numbers, with units
+"""
+
+from gen_pipeline.quality.leaks import THINK_MARKERS, LeakFinding, LeakReason, check_turn, find_markers, is_marker_only
+from gen_pipeline.quality.repetition import LoopReason, LoopVerdict, RepetitionDetector
+from gen_pipeline.quality.thresholds import DEFAULT_LOOP_THRESHOLDS, LoopThresholds
+
+__all__ = [
+    "DEFAULT_LOOP_THRESHOLDS", "THINK_MARKERS", "LeakFinding", "LeakReason", "LoopReason", "LoopThresholds",
+    "LoopVerdict", "RepetitionDetector", "check_turn", "find_markers", "is_marker_only",
+]

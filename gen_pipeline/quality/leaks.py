@@ -1,0 +1,81 @@
+"""Answers that are not answers: reasoning leaked into `content`, think markers left in it, and
+empty or marker-only content. Pure functions of one finished assistant turn; each finding has a
+reason code (LeakReason) that the run records and `validate` counts.
+
+What SGLang 0.5.17 does, which these checks assume: with `--reasoning-parser` and
+`separate_reasoning` (the default) the thinking goes to `reasoning_content` and the markers are
+stripped; a turn cut by max_tokens inside its thinking has reasoning and no content. A parser that
+misses the end marker (a known vLLM bug with Kimi's parser) returns the whole reasoning in
+`content`; a server without a parser leaves the markers in it.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+# Think markers of the reasoning parsers in SGLang 0.5.17 (python/sglang/srt/parser/reasoning_parser.py):
+# deepseek-r1 / qwen3 / kimi_k2 / glm45 / minimax / nemotron_3 <think>; kimi ◁think▷; minimax-m3
+# <mm:think>; mistral [THINK]; gpt-oss's analysis channel; kimi_k3 <|open|>think; gemma4 <|channel>.
+THINK_MARKERS: tuple[str, ...] = (
+    "<think>", "</think>", "◁think▷", "◁/think▷", "<mm:think>", "</mm:think>", "[THINK]", "[/THINK]",
+    "<|channel|>analysis", "<|open|>think", "<|close|>think", "<|channel>", "<channel|>",
+)
+_MARKER_RE = re.compile("|".join(re.escape(m) for m in THINK_MARKERS))
+# What a marker-only answer may hold besides markers: whitespace and the bits of gpt-oss/kimi_k3
+# framing the parser would have stripped.
+_FRAMING_RE = re.compile(r"(?:<\|[a-z_]+\|>|[\s])*")
+
+
+class LeakReason(enum.StrEnum):
+    EMPTY = "empty"  # no content, and no reasoning cut by the length cap to explain it
+    MARKER_ONLY = "marker_only"  # content is think markers (and whitespace) only
+    THINK_MARKER = "think_marker"  # content holds an answer and think markers
+    REASONING_IN_CONTENT = "reasoning_in_content"  # cut inside the thinking, the reasoning came back as content
+    CUT_IN_REASONING = "cut_in_reasoning"  # cut by the length cap inside the thinking: reasoning, no answer
+
+
+@dataclass(frozen=True)
+class LeakFinding:
+    reason: LeakReason
+    detail: str  # one line for logs and `validate`, e.g. "content holds '</think>' at char 812"
+
+
+def find_markers(text: str) -> list[tuple[int, str]]:
+    """(char offset, marker) of every think marker in `text`, in order."""
+    return [(m.start(), m.group()) for m in _MARKER_RE.finditer(text)]
+
+
+def is_marker_only(text: str) -> bool:
+    """True when `text` has at least one think marker and nothing else but whitespace/framing."""
+    stripped = _MARKER_RE.sub("", text)
+    return stripped != text and _FRAMING_RE.fullmatch(stripped) is not None
+
+
+def check_turn(content: str | None, reasoning: str | None, finish_reason: str | None, *,
+               reasoning_expected: bool) -> LeakFinding | None:
+    """The one finding for a finished assistant turn, or None when it is a plain answer.
+
+    `reasoning_expected`: the request asked for separate reasoning (thinking on, a parser on the
+    server), so a turn without `reasoning_content` is suspect. Order: the most specific reason wins.
+    """
+    content = content or ""
+    reasoning = reasoning or ""
+    cut = finish_reason == "length"
+    if not content.strip():
+        if cut and reasoning.strip():
+            return LeakFinding(LeakReason.CUT_IN_REASONING,
+                               f"finish_reason length with {len(reasoning)} chars of reasoning and no content")
+        return LeakFinding(LeakReason.EMPTY, f"content is empty (finish_reason {finish_reason})")
+    if is_marker_only(content):
+        return LeakFinding(LeakReason.MARKER_ONLY, f"content is only think markers: {content.strip()[:60]!r}")
+    markers = find_markers(content)
+    if markers:
+        at, marker = markers[0]
+        return LeakFinding(LeakReason.THINK_MARKER, f"content holds {marker!r} at char {at} ({len(markers)} markers)")
+    if cut and reasoning_expected and not reasoning.strip():
+        return LeakFinding(LeakReason.REASONING_IN_CONTENT,
+                           f"finish_reason length, no reasoning_content, {len(content)} chars of content: "
+                           "the reasoning parser returned the cut thinking as the answer")
+    return None

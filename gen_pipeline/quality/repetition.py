@@ -1,0 +1,206 @@
+"""The loop detector: fed a turn's text as the stream delivers it, it says when the text has
+become a loop (see LoopThresholds for the rule). Pure: no I/O, no clock, no async library.
+
+Cost: a delta is scanned once by one regex; each completed word costs O(1) (a hash of the last
+n words, two counters and one dict look-up), so `feed` is amortised O(len(delta)) plus at most one
+held-back word (≤ max_word_chars). Memory: O(max_period_words + window_words) plus the set of
+distinct words the turn has used (for the novelty gate).
+Chunking does not matter: words are cut from the text alone (a word that reaches the end of a
+delta waits for the next one), the rule is evaluated word by word, so every way of splitting a
+text into deltas gives the same verdict at the same character.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections import deque
+from dataclasses import dataclass
+
+from gen_pipeline.quality.thresholds import DEFAULT_LOOP_THRESHOLDS, LoopThresholds
+
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+
+
+def _word_re(t: LoopThresholds) -> re.Pattern[str]:
+    # One CJK/kana/hangul character | letters and digits | a run of one symbol (underscore included).
+    # Everything these leave out is whitespace.
+    return re.compile(rf"[{_CJK}]|[^\W_{_CJK}]{{1,{t.max_word_chars}}}|([^\w\s]|_)\1{{0,{t.max_symbol_run_chars - 1}}}")
+
+
+class LoopReason(enum.StrEnum):
+    PERIOD = "period"  # repeats at a steady spacing cover period_share of the window
+    LOW_DIVERSITY = "low_diversity"  # few distinct n-grams in the window
+    WHITESPACE = "whitespace"  # a run of whitespace_run_chars blank characters
+
+
+@dataclass(frozen=True)
+class LoopVerdict:
+    """The detector fired. Offsets count characters of the text fed so far (all deltas joined).
+
+    `loop_start_char` is an estimate: where the first copy of the repeated text began."""
+
+    reason: LoopReason
+    at_char: int  # the end of the word (or whitespace character) that made it fire
+    loop_start_char: int
+    period_words: int  # the spacing of the repeats when it fired, in words (0: whitespace)
+    words: int  # words seen when it fired
+
+    @property
+    def loop_chars(self) -> int:
+        return self.at_char - self.loop_start_char
+
+
+class RepetitionDetector:
+    """One per turn: `feed(delta)` each text delta in order; a non-None result means abort.
+
+    After it fired, every call returns the same verdict without looking at the text."""
+
+    def __init__(self, thresholds: LoopThresholds = DEFAULT_LOOP_THRESHOLDS) -> None:
+        t = thresholds
+        self.thresholds = t
+        self._re = _word_re(t)
+        self._period_need = max(1, round(t.period_share * t.window_words))
+        self._distinct_max = int(t.distinct_share * t.window_words)
+        self._verdict: LoopVerdict | None = None
+        self._pending = ""  # a word that reached the end of the last delta
+        self._chars = 0  # characters fed
+        self._ws_run = 0  # whitespace characters since the last word
+        self._line_words = 0  # words since the last newline
+        self._counted = False  # this line's list number was seen
+        self._i = 0  # words seen
+        self._gram: deque[str] = deque(maxlen=t.ngram_words)
+        # n-gram hash -> (word index of its latest occurrence, its distance to the one before, copies in a row)
+        self._last: dict[int, tuple[int, int, int]] = {}
+        self._prune_at = 2 * t.max_period_words
+        self._window: deque[tuple[int, int, bool]] = deque()  # (n-gram hash, repeat period, novel) per word
+        self._hash_count: dict[int, int] = {}
+        self._repeats = 0  # window words that are a repeat (see _word)
+        self._novel = 0  # window words the turn had not used before
+        self._seen: set[str] = set()
+        # start offsets of recent words, to place the loop's start when it fires
+        self._starts: deque[int] = deque(maxlen=2 * t.max_period_words + t.window_words + t.ngram_words + 1)
+
+    @property
+    def verdict(self) -> LoopVerdict | None:
+        return self._verdict
+
+    @property
+    def chars(self) -> int:
+        return self._chars
+
+    @property
+    def words(self) -> int:
+        return self._i
+
+    def feed(self, delta: str) -> LoopVerdict | None:
+        """Take the next text delta; the verdict when the text is a loop, else None."""
+        if self._verdict is not None or not delta:
+            return self._verdict
+        buf = self._pending + delta
+        base = self._chars - len(self._pending)  # offset of buf[0] in the whole text
+        self._chars += len(delta)
+        pos, end = 0, len(buf)
+        for m in self._re.finditer(buf):
+            start, stop = m.span()
+            if stop == end:  # the word may go on in the next delta
+                self._pending = buf[start:]
+                return self._gap(buf, pos, start, base)
+            if (start > pos and self._gap(buf, pos, start, base)) or self._word(m.group(), base + start, base + stop):
+                return self._verdict
+            pos = stop
+        self._pending = ""
+        return self._gap(buf, pos, end, base)
+
+    def finish(self) -> LoopVerdict | None:
+        """The stream ended: count the held-back word too. The final verdict (None: no loop)."""
+        if self._verdict is None and self._pending:
+            word, self._pending = self._pending, ""
+            self._word(word, self._chars - len(word), self._chars)
+        return self._verdict
+
+    # -- internals -------------------------------------------------------------------------
+    def _gap(self, buf: str, start: int, stop: int, base: int) -> LoopVerdict | None:
+        """Whitespace buf[start:stop]."""
+        if stop <= start:
+            return None
+        if "\n" in buf[start:stop]:
+            self._line_words, self._counted = 0, False
+        before = self._ws_run
+        self._ws_run += stop - start
+        need = self.thresholds.whitespace_run_chars
+        if self._ws_run >= need:
+            at = base + start + (need - before)
+            self._verdict = LoopVerdict(LoopReason.WHITESPACE, at, at - need, 0, self._i)
+        return self._verdict
+
+    def _word(self, word: str, start: int, stop: int) -> bool:
+        t = self.thresholds
+        self._ws_run = 0
+        if self._line_words < t.line_number_words and word.isdecimal() and len(word) <= 4 and not self._counted:
+            word, self._counted = "#", True
+        self._line_words += 1
+        self._i += 1
+        self._starts.append(start)
+        word = word.lower()
+        # A word the turn has not used before means the text still brings something new: a list of
+        # names, a licence with another holder, a table of measurements.
+        novel = word not in self._seen
+        if novel:
+            self._seen.add(word)
+        gram = self._gram
+        gram.append(word)
+        if len(gram) < t.ngram_words:
+            return False
+        h = hash(tuple(gram))
+        i = self._i
+        prev, prev_dist, prev_run = self._last.get(h, (0, 0, 0))
+        dist = i - prev if prev and i - prev <= t.max_period_words else 0
+        # run: how many copies in a row this n-gram has had at a steady spacing (the first repeat
+        # makes 2; a loop's copies may differ by a word or two, so "steady" has a slack)
+        steady = dist and prev_dist and abs(dist - prev_dist) <= min(
+            t.period_slack_max_words, max(t.period_slack_words, dist * t.period_slack_share))
+        run = prev_run + 1 if steady else (2 if dist else 1)
+        self._last[h] = (i, dist, run)
+        # One verbatim repeat, even two, is common in natural text (a licence quoted for each of
+        # three files, sibling methods sharing a docstring); a loop goes on repeating.
+        period = dist if run >= (t.min_copies if dist <= t.long_period_words else t.min_copies_long) else 0
+        window = self._window
+        window.append((h, period, novel))
+        hc = self._hash_count
+        hc[h] = hc.get(h, 0) + 1
+        self._repeats += period > 0
+        self._novel += novel
+        if len(window) > t.window_words:
+            old_h, old_period, old_novel = window.popleft()
+            if hc[old_h] == 1:
+                del hc[old_h]
+            else:
+                hc[old_h] -= 1
+            self._repeats -= old_period > 0
+            self._novel -= old_novel
+        if i >= self._prune_at:
+            self._prune(i)
+        if period and self._repeats >= self._period_need and self._novel <= t.max_novel_words:
+            self._fire(LoopReason.PERIOD, stop)
+        elif len(window) == t.window_words and len(hc) <= self._distinct_max and self._novel <= t.max_novel_words:
+            self._fire(LoopReason.LOW_DIVERSITY, stop)
+        return self._verdict is not None
+
+    def _prune(self, i: int) -> None:
+        """Forget n-grams last seen more than max_period_words ago (amortised O(1) per word)."""
+        horizon = i - self.thresholds.max_period_words
+        self._last = {h: last for h, last in self._last.items() if last[0] >= horizon}
+        self._prune_at = i + self.thresholds.max_period_words
+
+    def _fire(self, reason: LoopReason, stop: int) -> None:
+        """The first repeat in the window is a third copy; the first copy began two of its
+        periods (plus the n-gram's length) before it."""
+        t, window = self.thresholds, self._window
+        first = next((k for k, (_, p, _) in enumerate(window) if p), 0)
+        period = window[first][1] or 1
+        word_index = self._i - len(window) + first  # 0-based index of that n-gram's last word
+        start_index = max(0, word_index - 2 * period - (t.ngram_words - 1))
+        oldest = self._i - len(self._starts)  # 0-based index of self._starts[0]
+        start_char = self._starts[max(0, start_index - oldest)]
+        self._verdict = LoopVerdict(reason, stop, start_char, window[-1][1] or period, self._i)

@@ -1,0 +1,72 @@
+"""The quality gate's thresholds: one table, every unit in the name.
+
+Units. The loop detector counts **words**: a run of letters/digits (cut every `max_word_chars`),
+one CJK/kana/hangul character, or a run of one repeated punctuation character (at most
+`max_symbol_run_chars`); whitespace separates words and is not one. The client sees text deltas,
+not model tokens; the issue's budget is in model tokens ("aborted within ~512 tokens of the loop's
+start"). The assumption that links them, measured: one word ≈ one model token (a real BPE,
+o200k_base: 0.91-1.03 tokens a word on a licence, this README and Python source; 3.7-4.8
+characters a token). Where the stream carries token counts (SGLang's
+`stream_options.continuous_usage_stats`), the caller can convert exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LoopThresholds:
+    """When the repetition detector (gen_pipeline/quality/repetition.py) fires.
+
+    Every `ngram_words`-gram notes the distance in words back to its previous occurrence (up to
+    `max_period_words`) and how many copies in a row it has had at a steady spacing (the spacing
+    may drift by `period_slack_*`: a loop's copies can differ by a word). An n-gram in its
+    `min_copies`-th copy (`min_copies_long`-th when the spacing exceeds `long_period_words`) is a
+    repeat. Over the last `window_words` words the detector fires when
+      - repeats cover at least `period_share` of the window, or the window holds at most
+        `distinct_share` × window_words distinct n-grams, and
+      - at most `max_novel_words` of the window's words are new to the turn (a list of names or a
+        table of measurements keeps bringing new words; a loop brings none);
+    or when a run of whitespace reaches `whitespace_run_chars`.
+    A loop of period p words fires about max(2p + period_share × window_words, p + window_words)
+    words after its first copy starts (3p + … above long_period_words). Measured in bench/RESULTS.md
+    ("Loop detector"): false positives on natural text and code, latency per loop kind, CPU.
+    """
+
+    ngram_words: int = 12
+    window_words: int = 256
+    period_share: float = 0.65
+    # spacing drift between copies that still counts as steady: max(words, share × spacing), capped
+    period_slack_words: int = 2
+    period_slack_share: float = 0.125
+    period_slack_max_words: int = 8
+    # One verbatim repeat, even two, is common in natural text (a licence quoted for three files,
+    # sibling methods sharing a docstring); a loop goes on. Long blocks need one copy more.
+    min_copies: int = 3
+    long_period_words: int = 160
+    min_copies_long: int = 4
+    distinct_share: float = 0.15
+    max_novel_words: int = 2
+    max_period_words: int = 1024
+    whitespace_run_chars: int = 400
+    # A longer word is cut into pieces, so "aaaa…" or "hahaha…" without end still makes words, each
+    # about as long as a few model tokens.
+    max_word_chars: int = 8
+    # "=====…" is one word per this many characters (a rule line is a few words, not 80).
+    max_symbol_run_chars: int = 16
+    # A number among the first words of a line counts as "#": a numbered list that keeps counting
+    # with the same item text is a loop ("12. Check the input.", "Step 13: ..."), while numbers
+    # inside a line (tables, CSV) keep their value.
+    line_number_words: int = 3
+
+    def __post_init__(self) -> None:
+        if self.ngram_words < 1 or self.window_words < 8 or self.max_period_words < 1:
+            raise ValueError("ngram_words >= 1, window_words >= 8 and max_period_words >= 1 are required")
+        if not (0.0 < self.period_share <= 1.0 and 0.0 < self.distinct_share < 1.0):
+            raise ValueError("period_share must be in (0, 1] and distinct_share in (0, 1)")
+        if self.whitespace_run_chars < 1 or self.max_word_chars < 1 or self.max_symbol_run_chars < 1:
+            raise ValueError("whitespace_run_chars, max_word_chars and max_symbol_run_chars must be >= 1")
+
+
+DEFAULT_LOOP_THRESHOLDS = LoopThresholds()
