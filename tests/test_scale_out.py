@@ -213,3 +213,33 @@ def test_router_worker_killed_mid_run_and_one_added_the_run_is_exact(tmp_path):
     capacities = [r["kv_capacity_tokens"] for r in rows]
     assert capacities[0] == 60_000 and 40_000 in capacities and capacities[-1] == 60_000, capacities
     assert rows[-1]["reason"].startswith("new capacity")  # the controller was told (update_capacity)
+
+
+# ---------------------------------------------------------------- conversation affinity (issue 24)
+
+
+def _turns(sim: SimProcess) -> dict[str, int]:
+    return httpx.get(sim.url + "/sim/stats", timeout=5).json()["turns"]
+
+
+def test_a_samples_later_turns_run_where_its_previous_turn_did(tmp_path: Path) -> None:
+    """Two simulators, 12 samples of 3 user turns, `--routing affinity` (the default): each of the 24
+    later turns runs on the server of its previous turn, so it finds that turn's whole prompt cached
+    there (/sim/stats turns: later_prefix_hits); KV to spare, so no turn is moved for load."""
+    rows = [{"id": f"m{i}", "messages": [m for t in range(3) for m in (
+        {"role": "user", "content": f"Sample {i}, question {t}: tell me about topic {i * 3 + t}."},
+        {"role": "assistant", "content": "A source answer that is regenerated."})]} for i in range(12)]
+    toml = write_dataset(tmp_path / "ds", target=12, max_new_tokens=400, rows=rows)  # no turn truncated
+    with ExitStack() as stack:
+        sims = [stack.enter_context(start_sim([*SIM_FAST, "--max-total-tokens", "60000"], ready_timeout_s=30))
+                for _ in range(2)]
+        proc, log = generate(tmp_path, toml, ",".join(s.url for s in sims))
+        finish(proc, log)
+        turns = [_turns(s) for s in sims]
+    assert_exact(tmp_path / "out", 12)
+    assert sum(t.get("first_turns", 0) for t in turns) == 12
+    assert sum(t.get("later_turns", 0) for t in turns) == 24
+    assert sum(t.get("later_prefix_hits", 0) for t in turns) == 24  # every later turn found its prefix
+    assert all(t.get("first_turns", 0) for t in turns)  # and both servers took conversations
+    for t in turns:  # each server ran every later turn of the conversations it started
+        assert t.get("later_turns", 0) == 2 * t.get("first_turns", 0)
