@@ -1,6 +1,7 @@
 """`make bench` = `python -m bench [NAME ...]`: runs the benchmarks in turn; each writes its own
 section of bench/results.json and bench/RESULTS.md. Names: calibration, controller, controller_regimes,
-overhead, http_client, resume_speed, sim_capacity, export, ranks, fleet, job, loops, affinity, faults, sim_vs_real, gpu_h200
+overhead, http_client, resume_speed, sim_capacity, export, ranks, fleet, job, loops, affinity, faults,
+sim_vs_real, gpu_h200
 (default: all but faults, the long soak `make chaos` runs)."""
 
 from __future__ import annotations

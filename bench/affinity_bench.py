@@ -43,8 +43,9 @@ from sglang_sim.testing import SimProcess, start_sim
 REPO = Path(__file__).resolve().parent.parent
 SERVERS = 4
 KV_TOKENS = 30_000  # per server: KV-bound (a few dozen conversations each), as bench/fleet_scale.py
-SIM = ["--sim-profile", "seed", "--sim-startup-s", "0", "--sim-output-mean", "200", "--sim-output-spread", "0.5",
-       "--max-total-tokens", str(KV_TOKENS), "--enable-metrics", "--enable-cache-report", "--log-level", "warning"]
+SIM = ["--sim-profile", "seed", "--sim-startup-s", "0", "--sim-output-spread", "0.5",
+       "--enable-metrics", "--enable-cache-report", "--log-level", "warning"]
+OUTPUT_MEAN = 200
 MAX_NEW_TOKENS = 512
 MODES = {"affinity": ("direct", "affinity"), "free-kv": ("direct", "free-kv"),
          "router cache_aware": ("router", "cache_aware"), "router round_robin": ("router", "round_robin")}
@@ -91,20 +92,41 @@ def _metric_cached_tokens(sim: SimProcess) -> float:
                for s in f.samples if s.name == "sglang:cached_tokens_total")
 
 
-def run_one(mode: str, toml: Path, samples: int, time_scale: float, work: Path) -> dict[str, Any]:
+def _snapshot(sims: list[SimProcess]) -> list[dict[str, Any]]:
+    out = []
+    for sim in sims:
+        st = _stats(sim)
+        st["metric_cached_tokens"] = _metric_cached_tokens(sim)
+        out.append(st)
+    return out
+
+
+def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """One run's share of a simulator's cumulative figures."""
+    keys = set(after["turns"]) | set(before["turns"])
+    return {"turns": {k: after["turns"].get(k, 0) - before["turns"].get(k, 0) for k in keys},
+            "counters": {k: v - before["counters"].get(k, 0) for k, v in after["counters"].items()},
+            "requests_completed": after["requests_completed"] - before["requests_completed"],
+            "metric_cached_tokens": after["metric_cached_tokens"] - before["metric_cached_tokens"]}
+
+
+def run_one(mode: str, toml: Path, samples: int, sims: list[SimProcess], work: Path) -> dict[str, Any]:
+    """One run of the CLI over `sims` (kept between runs: their caches flushed first, figures as deltas)."""
     kind, how = MODES[mode]
+    for sim in sims:  # every mode starts from empty caches
+        httpx.post(sim.url + "/flush_cache", timeout=10).raise_for_status()
     with ExitStack() as stack:
-        sims = [stack.enter_context(start_sim([*SIM, "--time-scale", str(time_scale)], ready_timeout_s=60))
-                for _ in range(SERVERS)]
         if kind == "direct":
             url, extra = ",".join(s.url for s in sims), ["--routing", how]
         else:
             url, extra = stack.enter_context(router(sims, work / f"router-{how}.log", how)), []
         out = work / f"out-{mode.replace(' ', '-')}-{toml.parent.name}"
+        seen = [_stats(s)["requests_seen"] for s in sims]
+        start = _snapshot(sims)
         cli = subprocess.Popen([sys.executable, "-m", "gen_pipeline", "generate", "--dataset", str(toml),
                                 "--server-url", url, *extra, "--output-dir", str(out), "--progress", "quiet"],
                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        while cli.poll() is None and not any(_stats(s)["requests_seen"] for s in sims):
+        while cli.poll() is None and not any(_stats(s)["requests_seen"] > n for s, n in zip(sims, seen, strict=True)):
             time.sleep(0.02)  # the clocks start at the first request, not at the CLI's start-up
         before = [_stats(s)["sim_time_s"] for s in sims]
         started = time.monotonic()
@@ -112,22 +134,23 @@ def run_one(mode: str, toml: Path, samples: int, time_scale: float, work: Path) 
         wall_s = time.monotonic() - started
         if cli.returncode != 0:
             raise RuntimeError(f"{mode} failed: {stderr.decode()[-2000:]}")
-        stats = [_stats(s) for s in sims]
-        metric_cached = sum(_metric_cached_tokens(s) for s in sims)
-    sim_s = statistics.fmean(st["sim_time_s"] - b for st, b in zip(stats, before, strict=True))
+        end = _snapshot(sims)
+    sim_s = statistics.fmean(st["sim_time_s"] - b for st, b in zip(end, before, strict=True))
+    deltas = [_delta(e, s) for e, s in zip(end, start, strict=True)]
     turns: dict[str, int] = {}
-    for st in stats:
-        for k, v in st["turns"].items():
+    for d in deltas:
+        for k, v in d["turns"].items():
             turns[k] = turns.get(k, 0) + v
     sim_cached = turns.get("first_cached_tokens", 0) + turns.get("later_cached_tokens", 0)
+    metric_cached = sum(d["metric_cached_tokens"] for d in deltas)
     if metric_cached != sim_cached:
         raise RuntimeError(f"{mode}: /metrics sglang:cached_tokens_total {metric_cached} != the requests' "
                            f"cached tokens {sim_cached}")
     later = turns.get("later_turns", 0)
-    counters = [st["counters"] for st in stats]
+    counters = [d["counters"] for d in deltas]
     return {
         "mode": mode, "samples": samples, "sim_s": round(sim_s, 2), "samples_per_sim_s": round(samples / sim_s, 3),
-        "wall_s": round(wall_s, 1), "requests_per_server": [st["requests_completed"] for st in stats],
+        "wall_s": round(wall_s, 1), "requests_per_server": [d["requests_completed"] for d in deltas],
         "later_turns": later,
         "later_cached_share": round(turns.get("later_cached_tokens", 0) / max(1, turns.get("later_prompt_tokens", 0)),
                                     3),
@@ -188,7 +211,7 @@ def markdown(table: list[dict[str, Any]], args: argparse.Namespace) -> str:
 
 `python -m bench affinity` (= `python -m bench.affinity_bench --repeats {args.repeats} --samples {args.samples}
 --time-scale {args.time_scale:g}`): the real CLI over {SERVERS} simulator processes (seed profile: its prefill
-and decode costs; {KV_TOKENS:,} KV tokens each, radix cache on) and the real sglang-router binary.
+and decode costs; {args.kv_tokens:,} KV tokens each, radix cache on) and the real sglang-router binary.
 Multi-turn data: {args.samples} samples of 3-5 user turns (40-70 words each; answers drawn at a mean of
 200 tokens, max_new_tokens {MAX_NEW_TOKENS}), so turn k+1's prompt is turn k's prompt + answer + a new
 question. Single-turn data: one such question a sample. Routings: `affinity` (`--routing affinity`, the
@@ -211,22 +234,28 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--samples", type=int, default=480)
     p.add_argument("--time-scale", type=float, default=2.0)
+    p.add_argument("--output-mean", type=int, default=OUTPUT_MEAN, help="answers' mean tokens (default: %(default)s)")
+    p.add_argument("--kv-tokens", type=int, default=KV_TOKENS, help="each simulator's KV pool (default: %(default)s)")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of: " + ", ".join(MODES))
     p.add_argument("--no-single-turn", action="store_true", help="skip the single-turn comparison")
     p.add_argument("--no-write", action="store_true", help="print only (no results.json / RESULTS.md)")
     args = p.parse_args(argv or [])
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="bench-affinity-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-affinity-") as tmp, ExitStack() as stack:
         work = Path(tmp)
         multi = write_dataset(work / "multi", args.samples, multi_turn=True)
         single = write_dataset(work / "single", args.samples, multi_turn=False)
+        sim_args = [*SIM, "--max-total-tokens", str(args.kv_tokens), "--time-scale", str(args.time_scale),
+                    "--sim-output-mean", str(args.output_mean)]
+        sims = [stack.enter_context(start_sim(sim_args, ready_timeout_s=60)) for _ in range(SERVERS)]
         for rep in range(args.repeats):
             plan = [("multi-turn", multi, m) for m in modes]
             if not args.no_single_turn:
                 plan += [("single-turn", single, m) for m in SINGLE_TURN_MODES if m in modes]
             for data, toml, mode in plan:
-                r = run_one(mode, toml, args.samples, args.time_scale, work / f"rep{rep}")
+                (work / f"rep{rep}").mkdir(exist_ok=True)
+                r = run_one(mode, toml, args.samples, sims, work / f"rep{rep}")
                 r.update(data=data, rep=rep)
                 rows.append(r)
                 print(f"[{rep + 1}/{args.repeats}] {data:11s} {mode:18s} {r['samples_per_sim_s']:7.3f} samples/sim-s, "
@@ -238,7 +267,8 @@ def main(argv: list[str] | None = None) -> None:
     md = markdown(table, args)
     if not args.no_write:
         write_section("affinity", {"summary": table, "runs": rows, "repeats": args.repeats, "samples": args.samples,
-                                   "time_scale": args.time_scale, "servers": SERVERS, "kv_tokens": KV_TOKENS}, md)
+                                   "time_scale": args.time_scale, "servers": SERVERS, "kv_tokens": args.kv_tokens,
+                                   "output_mean": args.output_mean}, md)
     print(md)
 
 

@@ -353,18 +353,25 @@ def test_the_card_beside_the_data(outputs: Path, tmp_path: Path) -> None:
     assert (f"| demo | 240 | 0 | 240 | {100 * truncated / 240:.1f}% | 0.0% | 6 |") in body
     tokens = (sum(s["meta"]["prompt_tokens"] for s in samples), sum(s["meta"]["completion_tokens"] for s in samples))
     row = next(line for line in body.splitlines() if line.startswith(f"| demo | {tokens[0]:,} | {tokens[1]:,} | "))
-    wall_h, gpus, per_1k = re.fullmatch(r"\| demo \| [\d,]+ \| [\d,]+ \| ([\d.]+) h \| (\d+) \| ([\d.]+) \|",
-                                        row).groups()
+    # measured (the run recorded the sim's tp 8 × dp 1): wall time from the first request, x its 8 GPUs
+    wall_h, gpus, per_1k = re.fullmatch(r"\| demo \| [\d,]+ \| [\d,]+ \| ([\d.]+) h \| (\d+) \(tp 8 × dp 1 × 1 "
+                                        r"server\) \| ([\d.]+) \|", row).groups()
     # wall time is printed to 3 decimals of an hour: the per-1K figure (from the unrounded time) is within
     # that rounding (x 8 GPUs / 240 samples x 1000) and its own 2-decimal rounding of it
     slack = 0.0005 * 8 / 240 * 1000 + 0.005
     assert gpus == "8" and float(per_1k) == pytest.approx(float(wall_h) * 8 / 240 * 1000, abs=slack)
     assert "--server sim" in body.split("## Export")[1]
-    # another export in the same folder gets its own card; no --server: GPUs unknown
+    lines = body.splitlines()
+    gpu = lines.index("GPU-hours (tp × dp × servers × wall time):")
+    line = re.fullmatch(r"demo: ([\d.]+) GPU-h over \S+ for 240 samples = ([\d.]+) GPU-h per 1,000 samples "
+                        r"\(tp 8 × dp 1 × 1 server\)", lines[gpu + 1])
+    assert line and line[2] == per_1k and float(line[1]) == pytest.approx(float(per_1k) * 0.24, abs=0.006)
+    assert lines[gpu + 2:gpu + 4] == ["job: every dataset is done", "```"]
+    # another export in the same folder gets its own card; no --server: the GPUs the run recorded
     r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "speculators",
                 "--out", tmp_path / "s.jsonl")
     assert r.returncode == 0 and f"  card: {tmp_path / 's.README.md'}" in r.stdout.splitlines()
-    assert "| unknown | unknown |" in (tmp_path / "s.README.md").read_text()
+    assert f"| 8 (tp 8 × dp 1 × 1 server) | {per_1k} |" in (tmp_path / "s.README.md").read_text()
     assert "Server: unknown (export with --server NAME to record it)." in (tmp_path / "s.README.md").read_text()
 
 

@@ -52,7 +52,7 @@ def options_from_args(args: argparse.Namespace, cfgs: Sequence[DatasetConfig]) -
                               server_urls=args.server_url, model=args.model, limit=args.limit, window=args.window,
                               poll_interval_s=args.poll_interval_s, drain_grace_s=args.drain_grace_s,
                               proceed_anyway=args.proceed_anyway, rank=args.rank, world_size=args.world_size,
-                              routing=args.routing)
+                              routing=args.routing, gpus_per_server=args.gpus_per_server)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     return opts

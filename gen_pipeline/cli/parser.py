@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "turns to the server that ran its previous turn (its prefix is cached there) unless that "
                         "server is out or has much less free KV than the best; free-kv sends every request to the "
                         "server with the most free KV")
+    g.add_argument("--gpus-per-server", type=int, metavar="N",
+                   help="GPUs each server holds, for the GPU-hours status and the report show (default: the "
+                        "server's tp_size × dp_size from /get_server_info; unknown when it has none)")
     g.add_argument("--limit", type=int, help="stop after this many new samples in this run")
     g.add_argument("--window", type=int, help="fixed concurrency instead of the adaptive controller "
                                               "(default: the dataset's generation.window; 0 there = adaptive)")

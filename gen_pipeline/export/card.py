@@ -5,8 +5,9 @@ failure shares, token totals, GPU-hours per 1,000 samples, the tool's version an
 Where: inside the folder for `hf`; beside the JSONL file otherwise, as README.md unless that folder
 already holds a README.md that is not this export's card (another export's, or the user's), then
 as <out stem>.README.md. Figures come from the samples (meta), the manifests (runs' wall time) and
-`status` (failures, rejects); tp × dp from the --server profile when given, else "unknown" (the
-manifest does not record the server yet).
+`status` (failures, rejects). GPU-hours are measured (reports/gpu_hours.py: the GPUs each run recorded,
+tp × dp × servers, over its generating time); for runs that recorded no server (older versions), wall
+time × tp × dp of the --server profile when given, else "unknown".
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gen_pipeline.reports.status import read_status
+from gen_pipeline.reports.status import gpu_lines, read_status, status_all
 from gen_pipeline.store.layout import dataset_parts
 from gen_pipeline.store.manifest import read_manifest
 
@@ -86,8 +87,12 @@ def _dataset_rows(opts: ExportOptions, summary: ExportSummary,
         metas = [r["meta"] if isinstance(r.get("meta"), dict) else {} for r in mine]
         st = read_status(opts.output_root, c.dataset, None)
         attempted = st.done + st.errors_unresolved
-        gpus = opts.profile.tp_size * opts.profile.dp_size if opts.profile else None
-        wall_h = _wall_h(opts.output_root, c.dataset)
+        measured = st.gpu.known
+        gpus: int | str | None = f"{st.gpu.gpus} ({st.gpu.how})" if measured else (
+            opts.profile.tp_size * opts.profile.dp_size if opts.profile else None)
+        wall_h = st.gpu.wall_s / 3600 if measured else _wall_h(opts.output_root, c.dataset)
+        per_1k = st.gpu.per_1k if measured else (
+            wall_h * gpus / st.done * 1000 if wall_h is not None and isinstance(gpus, int) and st.done else None)
         rows.append({
             "dataset": c.dataset, "committed": c.committed, "exported": c.taken,
             "dropped": dict(c.dropped),
@@ -99,8 +104,7 @@ def _dataset_rows(opts: ExportOptions, summary: ExportSummary,
             "rejected_rows": st.rejects,
             "prompt_tokens": sum(int(m.get("prompt_tokens") or 0) for m in metas),
             "completion_tokens": sum(int(m.get("completion_tokens") or 0) for m in metas),
-            "wall_h": wall_h, "gpus": gpus,
-            "gpu_h_per_1k": (wall_h * gpus / st.done * 1000) if wall_h is not None and gpus and st.done else None,
+            "wall_h": wall_h, "gpus": gpus, "gpu_h_per_1k": per_1k, "measured": measured,
         })
     return rows
 
@@ -151,9 +155,14 @@ def render_card(opts: ExportOptions, summary: ExportSummary, chosen: list[dict[s
     body += [f"| {r['dataset']} | {r['prompt_tokens']:,} | {r['completion_tokens']:,} | "
              f"{_hours(r['wall_h'])} | {r['gpus'] or 'unknown'} | "
              f"{_gpu_h(r['gpu_h_per_1k'])} |" for r in rows]
-    body += ["", "Token totals are over the exported samples (their meta); wall time is every run's, start-up "
-             "included; GPU-hours = wall time × GPUs of the server profile ÷ committed samples × 1,000.", "",
-             "## Export", "", "```", opts.command or f"gen-pipeline export --format {opts.format} --out {opts.out}",
+    body += ["", "Token totals are over the exported samples (their meta). GPU-hours = GPUs × wall time ÷ "
+             "committed samples × 1,000: measured where the runs recorded their server (tp × dp × servers, "
+             "wall time from each dataset's first request), else every run's wall time, start-up included, "
+             "× the --server profile's tp × dp.", ""]
+    status = status_all(opts.output_root, {r["dataset"]: None for r in rows}, others=False)
+    if any(d.gpu.recorded for d in status.datasets):
+        body += ["```", *(line.removeprefix("  ") for line in gpu_lines(status)), "```", ""]
+    body += ["## Export", "", "```", opts.command or f"gen-pipeline export --format {opts.format} --out {opts.out}",
              "```", ""]
     return "\n".join(front + body)
 

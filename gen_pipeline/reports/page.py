@@ -21,7 +21,7 @@ from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError, StoreError
 from gen_pipeline.reports.context import run_context
 from gen_pipeline.reports.diagnose import THRESHOLDS
-from gen_pipeline.reports.status import STATUS_HEAD, StatusReport, status_all, status_rows
+from gen_pipeline.reports.status import STATUS_HEAD, StatusReport, gpu_lines, status_all, status_rows
 from gen_pipeline.store.layout import dataset_folder
 from gen_pipeline.store.telemetry import runs_of
 
@@ -159,7 +159,10 @@ def _status_html(status: StatusReport | str) -> str:
         return f"<pre>{html.escape(status)}</pre>"
     cells = [[f"<th>{html.escape(h)}</th>" for h in STATUS_HEAD]]
     cells += [[f"<td>{html.escape(c)}</td>" for c in row] for row in status_rows(status)]
-    return '<table class="status">' + "".join(f"<tr>{''.join(r)}</tr>" for r in cells) + "</table>"
+    table = '<table class="status">' + "".join(f"<tr>{''.join(r)}</tr>" for r in cells) + "</table>"
+    if not any(d.gpu.recorded for d in status.datasets):
+        return table
+    return table + '<pre class="gpu">' + html.escape("\n".join(gpu_lines(status))) + "</pre>"
 
 
 def render_html(dataset: str, rows: list[dict[str, Any]], status: StatusReport | str, diagnosis_text: str,

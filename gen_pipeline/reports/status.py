@@ -15,6 +15,16 @@ from typing import Any
 from gen_pipeline.config.dataset import find_dataset_config
 from gen_pipeline.display import format_duration
 from gen_pipeline.errors import ConfigError
+from gen_pipeline.reports.gpu_hours import (
+    GpuUsage,
+    Projection,
+    add,
+    dataset_usage,
+    format_usage,
+    job_rate,
+    job_usage,
+    project,
+)
 from gen_pipeline.store.layout import (
     ERRORS_NAME,
     REJECTS_NAME,
@@ -59,6 +69,8 @@ class DatasetStatus:
     ranks: list[DatasetStatus] = field(default_factory=list)
     stale_ranks: list[int] = field(default_factory=list)
     heartbeat_age_s: float | None = None  # seconds since the manifest was last committed
+    gpu: GpuUsage = field(default_factory=GpuUsage)  # measured GPU-hours (reports/gpu_hours.py)
+    lanes: dict[str, list[RunRecord]] = field(default_factory=dict, repr=False)  # runs by rank: the job's union
 
     @property
     def truncated_share(self) -> float:
@@ -81,8 +93,9 @@ class DatasetStatus:
         return self.remaining / self.samples_per_s if self.samples_per_s else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "truncated_share": round(self.truncated_share, 4),
-                "remaining": self.remaining, "eta_s": self.eta_s, "ranks": [r.to_dict() for r in self.ranks]}
+        d = {k: v for k, v in asdict(self).items() if k not in ("gpu", "lanes")}
+        return {**d, "truncated_share": round(self.truncated_share, 4), "remaining": self.remaining,
+                "eta_s": self.eta_s, "ranks": [r.to_dict() for r in self.ranks], "gpu": self.gpu.to_dict()}
 
 
 @dataclass
@@ -94,9 +107,30 @@ class StatusReport:
     total_target: int
     total_of: list[str] = field(default_factory=list)  # the datasets the total sums
 
+    def _job(self) -> list[DatasetStatus]:
+        counted = set(self.total_of) if self.total_target else {d.dataset for d in self.datasets}
+        return [d for d in self.datasets if d.dataset in counted]
+
+    @property
+    def gpu(self) -> GpuUsage:
+        """The job's GPU-hours: per rank, the union of its datasets' runs (reports/gpu_hours.py)."""
+        lanes: dict[str, list[RunRecord]] = {}
+        for d in self._job():
+            for lane, runs in d.lanes.items():
+                lanes.setdefault(lane, []).extend(runs)
+        return job_usage(lanes)
+
+    @property
+    def projection(self) -> Projection:
+        job = self._job()
+        live = any(d.state.startswith("running") for d in job)
+        return project([(d.remaining if d.target is not None else 0, d.samples_per_s, d.eta_s) for d in job],
+                       job_rate([d.gpu for d in job]), live=live)
+
     def to_dict(self) -> dict[str, Any]:
         return {"datasets": {d.dataset: d.to_dict() for d in self.datasets},
-                "total": {"done": self.total_done, "target": self.total_target}}
+                "total": {"done": self.total_done, "target": self.total_target},
+                "job": {"gpu": self.gpu.to_dict(), "projection": self.projection.to_dict()}}
 
 
 def read_status(root: Path, dataset: str, target: int | None) -> DatasetStatus:
@@ -170,6 +204,8 @@ def _add_run(st: DatasetStatus, folder: Path, manifest: Manifest) -> None:
     st.tokens_per_s = progress.get("tokens_per_s")
     st.updated_at = progress.get("updated_at") or manifest.get("updated_at")
     st.heartbeat_age_s = _age_s(manifest.get("updated_at"))
+    st.gpu = dataset_usage(runs)
+    st.lanes = {folder.name if manifest.get("world_size") else "": list(runs)}
     if st.samples_per_s is None and runs:
         st.samples_per_s = _run_rate(runs[-1])
 
@@ -285,9 +321,20 @@ def format_status(report: StatusReport) -> str:
              for d in report.datasets if d.corrupt_lines]
     if any(d.ranks for d in report.datasets):
         notes += format_ranks([d for d in report.datasets if d.ranks])
+    if any(d.gpu.recorded for d in report.datasets):  # runs that recorded their server (older ones did not)
+        notes += ["", *gpu_lines(report)]
     return "\n".join(lines + (["", "errors = failures in the last run / ids still without a sample"]
                               if any(d.errors_last_run or d.errors_unresolved for d in report.datasets) else [])
                      + notes)
+
+
+def gpu_lines(report: StatusReport) -> list[str]:
+    """GPU-hours per dataset that ran, the job's, and the projected completion (status, report page, card)."""
+    ran = [d for d in report.datasets if d.gpu.wall_s]
+    lines = ["GPU-hours (tp × dp × servers × wall time):"] + [format_usage(f"  {d.dataset}", d.gpu) for d in ran]
+    if len(ran) > 1 or not ran:
+        lines.append(format_usage("  job", report.gpu))
+    return [*lines, "  " + report.projection.line()]
 
 
 # ---------------------------------------------------------------- datasets written by ranks
@@ -340,6 +387,10 @@ def read_ranked_status(folder: Path, dataset: str, target: int | None) -> Datase
     for name in _SUMMED:
         setattr(st, name, sum(getattr(r, name) for r in ranks))
     st.stale_ranks = [n for r in ranks for n in r.stale_ranks]
+    st.gpu = add([r.gpu for r in ranks])
+    for r in ranks:
+        for lane, runs in r.lanes.items():
+            st.lanes.setdefault(lane, []).extend(runs)
     _add_rejects(st, list(parts.values()))
     live = [r for r in ranks if r.state.startswith("running") and not r.stale_ranks]
     # while ranks run, the dataset's rate is theirs; after, the sum of each rank's last rate

@@ -94,6 +94,7 @@ class DatasetRun:
         """Its producer begins: its throughput and elapsed time count from now."""
         self.started = True
         self.stats.started = time.monotonic()
+        self.store.record_generating()
 
     # ------------------------------------------------------------ one moment of it
     def snapshot(self, *, final: bool = False) -> RunSnapshot:

@@ -141,9 +141,12 @@ class Job:
             # goes to the telemetry (diagnose's C/F), its window is not used
             controller = Controller(handle.capacity, config=self.opts.controller,
                                     initial_tokens_per_request=self.runs[0].initial_tokens(firsts[0]))
+            gpus, how = handle.gpus(self.opts.gpus_per_server)
             for r, first in zip(self.runs, firsts, strict=True):
                 controller.add_kind(r.name, r.initial_tokens(first))
                 r.handle = handle
+                r.store.record_server(tp_size=handle.info.get("tp_size"), dp_size=handle.info.get("dp_size"),
+                                      servers=len(handle.load_urls), gpus=gpus, how=how)
             self.window.controller = controller
             self.window.retune(0)
             self._log_controller()

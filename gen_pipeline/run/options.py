@@ -41,6 +41,8 @@ class RunOptions:
     on_progress: SnapshotObserver | None = None  # the job's snapshot every 0.5 s (a display), and the final one
     load_observers: Sequence[SnapshotObserver] = ()  # each active dataset's snapshot after every load poll
     rank: RankSpec = RankSpec()  # this run's rank: its prompts (ranks.py), share and rank-<R>-of-<W>/ part
+    # GPUs each server holds, for GPU-hours when its /get_server_info has no tp_size (reports/gpu_hours.py)
+    gpus_per_server: Annotated[int | None, flag("--gpus-per-server", ge=1)] = None
     routing: str = "affinity"  # several URLs: a sample's turns stay on one server (server/fleet.py), or free-kv
 
     def __post_init__(self) -> None:

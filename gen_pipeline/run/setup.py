@@ -39,6 +39,7 @@ def run_options(cfgs: Sequence[DatasetConfig], *, config_dir: Path = DEFAULT_CON
                 model: str = "", limit: int | None = None, window: int | None = None,
                 poll_interval_s: float = 1.0, drain_grace_s: float = 30.0, proceed_anyway: bool = False,
                 rank: int | None = None, world_size: int | None = None, routing: str = "affinity",
+                gpus_per_server: int | None = None,
                 environ: Mapping[str, str] = os.environ) -> tuple[RunOptions, list[str]]:
     """`generate`'s settings (each keyword is the flag of that name; `server_urls` may be comma-separated)
     + the datasets' configs + config_dir/server.toml → (RunOptions, notes for the user). Raises
@@ -56,7 +57,7 @@ def run_options(cfgs: Sequence[DatasetConfig], *, config_dir: Path = DEFAULT_CON
     opts = RunOptions(output_root=output_root, profile=profile, server_urls=urls, model=model, limit=limit,
                       window=fixed, controller=load_controller_config(server_toml), drain_grace_s=drain_grace_s,
                       poll_interval_s=poll_interval_s, proceed_anyway=proceed_anyway, rank=spec,
-                      routing=routing)
+                      routing=routing, gpus_per_server=gpus_per_server)
     return opts, notes
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,20 @@ import anyio
 from gen_pipeline.errors import ServerError
 from gen_pipeline.records import Capacity
 from gen_pipeline.server.fleet import Fleet
+
+
+def server_gpus(info: Mapping[str, Any], servers: int, gpus_per_server: int | None = None) -> tuple[int | None, str]:
+    """(GPUs a run holds, how that is known): `--gpus-per-server` wins, else tp_size × dp_size of the
+    server's info (dp_size absent: 1), else (None, "unknown")."""
+    servers = max(1, servers)
+    per = f"{servers} servers" if servers > 1 else "1 server"
+    if gpus_per_server:
+        return gpus_per_server * servers, f"--gpus-per-server {gpus_per_server} × {per}"
+    tp, dp = info.get("tp_size"), info.get("dp_size")
+    if isinstance(tp, int) and not isinstance(tp, bool) and tp > 0:
+        dp = dp if isinstance(dp, int) and not isinstance(dp, bool) and dp > 0 else 1
+        return tp * dp * servers, f"tp {tp} × dp {dp} × {per}"
+    return None, "unknown"
 
 
 @dataclass
@@ -68,6 +83,10 @@ class ServerHandle:
         event, self._wakeup = self._wakeup, None
         if event is not None:
             event.set()
+
+    def gpus(self, gpus_per_server: int | None = None) -> tuple[int | None, str]:
+        """(GPUs this handle's servers hold, how known): server_gpus over its load URLs."""
+        return server_gpus(self.info, len(self.load_urls), gpus_per_server)
 
     def summary_line(self) -> str:
         """"Kimi-K2.5 tp=8 kv=fp8_e4m3 376,000 KV tokens, max running 1024, hicache 48 GB"."""

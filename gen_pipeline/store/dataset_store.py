@@ -136,6 +136,22 @@ class DatasetStore:
         """Why this run ended (RunSummary.stopped_by); written into its manifest record at close()."""
         self._record()["stopped_by"] = stopped_by
 
+    def record_server(self, *, tp_size: Any, dp_size: Any, servers: int, gpus: int | None, how: str) -> None:
+        """The server this run uses: tp/dp as it reported them (kept when whole numbers), how many servers,
+        the GPUs held (server/handle.py server_gpus; None = unknown); written at the next commit."""
+        run = self._record()
+        if _positive_int(tp_size):
+            run["tp_size"] = tp_size
+        if _positive_int(dp_size):
+            run["dp_size"] = dp_size
+        run["servers"], run["gpus_how"] = servers, how
+        if gpus is not None:
+            run["gpus"] = gpus
+
+    def record_generating(self) -> None:
+        """Its dataset sends its first request now (the start of its GPU time)."""
+        self._record().setdefault("generating_at", now_iso())
+
     @property
     def run_number(self) -> int | None:
         """This run's number in the manifest's runs (1, 2, ...); None before begin()."""
@@ -555,3 +571,7 @@ class DatasetStore:
             with contextlib.suppress(OSError):
                 f.close()
         self._files.clear()
+
+
+def _positive_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0

@@ -82,6 +82,12 @@ class RunRecord(TypedDict, total=False):
     repaired_bytes: int
     notes: list[str]
     stopped_by: str  # RunSummary.stopped_by
+    generating_at: str  # its dataset's first request (a job's later dataset waits for the earlier ones)
+    tp_size: int  # the server's, as it reported (or the launched profile's)
+    dp_size: int
+    servers: int  # how many servers it ran on (the URLs, or a router's workers)
+    gpus: int  # GPUs held: tp × dp × servers or --gpus-per-server × servers; absent = unknown
+    gpus_how: str  # "tp 8 × dp 1 × 1 server", "--gpus-per-server 8 × 2 servers" or "unknown"
 
 
 class ProgressRecord(TypedDict, total=False):

@@ -1,0 +1,210 @@
+"""Measured GPU-hours and the projected end of a job (issue 24), from the manifests' run records.
+
+Each run records the GPUs it held (`gpus`: tp_size × dp_size × servers, from /get_server_info or the
+launched profile, or `--gpus-per-server` × servers; absent = unknown; server/handle.py server_gpus)
+and when its dataset began generating (`generating_at`: its producer's start; the job's datasets run
+one after another on one server, so a later dataset's run waits while an earlier one generates).
+A dataset's GPU-hours are GPUs × its generating time, from `generating_at` (else `started_at`) to
+`ended_at` (else the last commit). The job's are GPUs × the union of its runs' whole times, from
+`started_at` (the model load counts: the GPUs are held), so a hand-over's overlap counts once. Ranks
+hold their own servers: each rank's runs are a lane of their own, and lanes add up. Pure functions.
+
+The projection: every unfinished dataset's remaining samples at its own measured rate (a dataset not
+started yet: the job's rate, samples over generating time), one after another; a clock time when a
+run is live now, else the generating time still needed.
+
+`plan`'s pre-run estimate is reports/job_time.py: predicted; these figures are measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from gen_pipeline.display import format_duration
+
+Interval = tuple[float, float, int | None]  # (start, end) as POSIX seconds, GPUs (None: unknown)
+
+
+def _ts(iso: Any) -> float | None:
+    try:
+        t = datetime.fromisoformat(iso)
+    except (TypeError, ValueError):
+        return None
+    return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
+
+
+def run_interval(run: Mapping[str, Any], *, generating: bool) -> Interval | None:
+    """A run record's (start, end, GPUs); `generating`: from its dataset's first request (else from
+    the run's start). None when the record has no usable times."""
+    start = _ts(run.get("generating_at")) if generating else None
+    start = start if start is not None else _ts(run.get("started_at"))
+    end = _ts(run.get("ended_at") or run.get("updated_at"))
+    if start is None or end is None or end < start:
+        return None
+    gpus = run.get("gpus")
+    return start, end, gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0 else None
+
+
+@dataclass
+class GpuUsage:
+    """GPU-hours of some runs: `gpu_hours` sums the runs whose GPUs are known (`unknown_runs`: the others,
+    whose `unknown_s` of time is not in it); `samples` are those the known runs wrote."""
+
+    gpu_hours: float = 0.0
+    wall_s: float = 0.0
+    samples: int = 0
+    all_samples: int = 0  # every run's, known GPUs or not (the rate's)
+    unknown_runs: int = 0
+    unknown_s: float = 0.0
+    how: str = ""  # how the GPUs were known (the last run's), e.g. "tp 8 × dp 1 × 1 server"
+    gpus: int | None = None  # the last known run's GPUs (ranks: their sum)
+
+    @property
+    def recorded(self) -> bool:
+        """Some run recorded its server (runs of versions before issue 24 did not)."""
+        return bool(self.how)
+
+    @property
+    def known(self) -> bool:
+        return self.wall_s > self.unknown_s
+
+    @property
+    def per_1k(self) -> float | None:
+        """GPU-hours per 1,000 samples (None: no run with known GPUs wrote any)."""
+        return 1000 * self.gpu_hours / self.samples if self.known and self.samples else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpu_hours": round(self.gpu_hours, 4) if self.known else None, "wall_s": round(self.wall_s, 1),
+                "samples": self.samples, "gpu_hours_per_1k": round(p, 4) if (p := self.per_1k) is not None else None,
+                "unknown_runs": self.unknown_runs, "gpus": self.how or "unknown"}
+
+
+def dataset_usage(runs: Sequence[Mapping[str, Any]]) -> GpuUsage:
+    """One dataset part's runs (a rank's part: its own); each run's generating time × its GPUs."""
+    u = GpuUsage()
+    for run in runs:
+        iv = run_interval(run, generating=True)
+        if iv is None:
+            continue
+        wall = iv[1] - iv[0]
+        u.wall_s += wall
+        u.all_samples += int(run.get("samples_written") or 0)
+        if iv[2] is None:
+            u.unknown_runs += 1
+            u.unknown_s += wall
+        else:
+            u.gpu_hours += iv[2] * wall / 3600
+            u.samples += int(run.get("samples_written") or 0)
+            u.gpus = iv[2]
+        u.how = str(run.get("gpus_how") or u.how)
+    return u
+
+
+def add(parts: Sequence[GpuUsage]) -> GpuUsage:
+    """Parts that held different GPUs at once (a ranked dataset's ranks): their sum."""
+    u = GpuUsage()
+    for p in parts:
+        u.gpu_hours += p.gpu_hours
+        u.wall_s = max(u.wall_s, p.wall_s)
+        u.samples += p.samples
+        u.all_samples += p.all_samples
+        u.unknown_runs += p.unknown_runs
+        u.unknown_s = max(u.unknown_s, p.unknown_s)
+        u.how = p.how or u.how
+        u.gpus = (u.gpus or 0) + p.gpus if p.gpus is not None else u.gpus
+    if len({p.how for p in parts if p.how}) > 1:
+        u.how = "mixed"
+    return u
+
+
+def job_usage(lanes: Mapping[Any, Sequence[Mapping[str, Any]]]) -> GpuUsage:
+    """The job's runs by lane (the datasets' runs of one rank, which share its server): per lane, the
+    union of its runs' whole times (started_at on) × the GPUs held then (overlaps: the most); lanes add."""
+    total = GpuUsage()
+    for runs in lanes.values():
+        ivs = sorted(iv for r in runs if (iv := run_interval(r, generating=False)) is not None)
+        merged: list[list[Any]] = []  # [start, end, gpus or None]
+        for start, end, gpus in ivs:
+            if merged and start <= merged[-1][1]:
+                last = merged[-1]
+                last[1] = max(last[1], end)
+                last[2] = None if last[2] is None or gpus is None else max(last[2], gpus)
+            else:
+                merged.append([start, end, gpus])
+        for start, end, gpus in merged:
+            total.wall_s += end - start
+            if gpus is None:
+                total.unknown_runs += 1
+                total.unknown_s += end - start
+            else:
+                total.gpu_hours += gpus * (end - start) / 3600
+        total.samples += sum(int(r.get("samples_written") or 0) for r in runs
+                             if (iv := run_interval(r, generating=False)) is not None and iv[2] is not None)
+        total.how = next((str(r["gpus_how"]) for r in reversed(runs) if r.get("gpus_how")), total.how)
+    return total
+
+
+def format_usage(name: str, u: GpuUsage) -> str:
+    """`B1: 3.20 GPU-h over 1 h 36 min for 1,200 samples = 2.67 GPU-h per 1,000 samples (tp 8 × dp 1 × 1 server)`."""
+    if not u.wall_s:
+        return f"{name}: no run time recorded yet"
+    if not u.known:
+        return (f"{name}: GPU-hours unknown over {format_duration(u.wall_s)} (the server reported no tp_size; "
+                "pass --gpus-per-server N)")
+    per = f" = {p:.2f} GPU-h per 1,000 samples" if (p := u.per_1k) is not None else ""
+    unknown = (f"; {u.unknown_runs} run{'s' if u.unknown_runs > 1 else ''} ({format_duration(u.unknown_s)}) "
+               "of unknown GPUs not counted") if u.unknown_runs else ""
+    return (f"{name}: {u.gpu_hours:.2f} GPU-h over {format_duration(u.wall_s)} for {u.samples:,} samples{per} "
+            f"({u.how or 'unknown'}){unknown}")
+
+
+@dataclass
+class Projection:
+    """The job's projected end: `remaining_s` of generating still to do (None: no rate known for some
+    unfinished dataset), `at` the clock time when a run is live now (else None: it needs a run)."""
+
+    remaining_s: float | None
+    at: datetime | None
+    live: bool
+
+    def line(self) -> str:
+        if self.remaining_s == 0:
+            return "job: every dataset is done"
+        if self.remaining_s is None:
+            return "job: projected completion unknown (no measured rate yet)"
+        if self.at is not None:
+            return (f"job: projected completion {self.at.strftime('%Y-%m-%d %H:%M')} UTC "
+                    f"(in {format_duration(self.remaining_s)} at the measured rates)")
+        return f"job: {format_duration(self.remaining_s)} of generating left at the measured rates (no run is live)"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"remaining_s": None if self.remaining_s is None else round(self.remaining_s, 1),
+                "at": self.at.isoformat(timespec="seconds") if self.at else None, "live": self.live}
+
+
+def project(datasets: Sequence[tuple[int, float | None, float | None]], job_rate: float | None, *, live: bool,
+            now: datetime | None = None) -> Projection:
+    """`datasets`: (remaining samples, own samples/s or None, own ETA s or None) of the job's datasets; the
+    unfinished ones run one after another, each at its own rate (its ETA when it has one: a ranked
+    dataset's slowest rank), else at `job_rate`."""
+    left = 0.0
+    for remaining, rate, eta_s in datasets:
+        if remaining <= 0:
+            continue
+        if eta_s is not None:
+            left += eta_s
+        elif rate or job_rate:
+            left += remaining / float(rate or job_rate or 1)
+        else:
+            return Projection(None, None, live)
+    at = (now or datetime.now(UTC)) + timedelta(seconds=left) if live and left else None
+    return Projection(left, at, live)
+
+
+def job_rate(usages: Sequence[GpuUsage]) -> float | None:
+    """The job's measured samples per generating second (the datasets' written samples over their time)."""
+    wall, samples = sum(u.wall_s for u in usages), sum(u.all_samples for u in usages)
+    return samples / wall if wall > 0 and samples else None
