@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -126,6 +127,7 @@ def run_one(mode: str, toml: Path, samples: int, sims: list[SimProcess], work: P
         cli = subprocess.Popen([sys.executable, "-m", "gen_pipeline", "generate", "--dataset", str(toml),
                                 "--server-url", url, *extra, "--output-dir", str(out), "--progress", "quiet"],
                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        stack.callback(lambda: cli.poll() is None and cli.kill())  # the bench killed: the CLI too
         while cli.poll() is None and not any(_stats(s)["requests_seen"] > n for s, n in zip(sims, seen, strict=True)):
             time.sleep(0.02)  # the clocks start at the first request, not at the CLI's start-up
         before = [_stats(s)["sim_time_s"] for s in sims]
@@ -135,7 +137,11 @@ def run_one(mode: str, toml: Path, samples: int, sims: list[SimProcess], work: P
         if cli.returncode != 0:
             raise RuntimeError(f"{mode} failed: {stderr.decode()[-2000:]}")
         end = _snapshot(sims)
-    sim_s = statistics.fmean(st["sim_time_s"] - b for st, b in zip(end, before, strict=True))
+    # each server from the run's first request to its own last response (not to the CLI's exit: its
+    # shutdown is not the servers' work), the mean over the servers that ran something
+    spans = [st["last_completed_sim_s"] - b for st, s0, b in zip(end, start, before, strict=True)
+             if st["requests_completed"] > s0["requests_completed"]]
+    sim_s = statistics.fmean(spans)
     deltas = [_delta(e, s) for e, s in zip(end, start, strict=True)]
     turns: dict[str, int] = {}
     for d in deltas:
@@ -149,7 +155,8 @@ def run_one(mode: str, toml: Path, samples: int, sims: list[SimProcess], work: P
     later = turns.get("later_turns", 0)
     counters = [d["counters"] for d in deltas]
     return {
-        "mode": mode, "samples": samples, "sim_s": round(sim_s, 2), "samples_per_sim_s": round(samples / sim_s, 3),
+        "mode": mode, "samples": samples, "sim_s": round(sim_s, 2), "server_spans_s": [round(x, 2) for x in spans],
+        "samples_per_sim_s": round(samples / sim_s, 3),
         "wall_s": round(wall_s, 1), "requests_per_server": [d["requests_completed"] for d in deltas],
         "later_turns": later,
         "later_cached_share": round(turns.get("later_cached_tokens", 0) / max(1, turns.get("later_prompt_tokens", 0)),
@@ -233,19 +240,21 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.affinity_bench", description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--samples", type=int, default=480)
-    p.add_argument("--time-scale", type=float, default=2.0)
+    p.add_argument("--single-samples", type=int, default=640, help="single-turn samples (one request each)")
+    p.add_argument("--time-scale", type=float, default=4.0)
     p.add_argument("--output-mean", type=int, default=OUTPUT_MEAN, help="answers' mean tokens (default: %(default)s)")
     p.add_argument("--kv-tokens", type=int, default=KV_TOKENS, help="each simulator's KV pool (default: %(default)s)")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of: " + ", ".join(MODES))
     p.add_argument("--no-single-turn", action="store_true", help="skip the single-turn comparison")
     p.add_argument("--no-write", action="store_true", help="print only (no results.json / RESULTS.md)")
     args = p.parse_args(argv or [])
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # killed: the ExitStack still stops the simulators
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-affinity-") as tmp, ExitStack() as stack:
         work = Path(tmp)
         multi = write_dataset(work / "multi", args.samples, multi_turn=True)
-        single = write_dataset(work / "single", args.samples, multi_turn=False)
+        single = write_dataset(work / "single", args.single_samples, multi_turn=False)
         sim_args = [*SIM, "--max-total-tokens", str(args.kv_tokens), "--time-scale", str(args.time_scale),
                     "--sim-output-mean", str(args.output_mean)]
         sims = [stack.enter_context(start_sim(sim_args, ready_timeout_s=60)) for _ in range(SERVERS)]
@@ -253,9 +262,12 @@ def main(argv: list[str] | None = None) -> None:
             plan = [("multi-turn", multi, m) for m in modes]
             if not args.no_single_turn:
                 plan += [("single-turn", single, m) for m in SINGLE_TURN_MODES if m in modes]
+            if rep % 2:  # interleaved: each mode goes first in some repetition (a drift hits every mode alike)
+                plan.reverse()
             for data, toml, mode in plan:
                 (work / f"rep{rep}").mkdir(exist_ok=True)
-                r = run_one(mode, toml, args.samples, sims, work / f"rep{rep}")
+                n = args.samples if data == "multi-turn" else args.single_samples
+                r = run_one(mode, toml, n, sims, work / f"rep{rep}")
                 r.update(data=data, rep=rep)
                 rows.append(r)
                 print(f"[{rep + 1}/{args.repeats}] {data:11s} {mode:18s} {r['samples_per_sim_s']:7.3f} samples/sim-s, "

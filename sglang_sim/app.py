@@ -45,6 +45,7 @@ class SimServer:
         self.ready_real: float | None = None
         self.seq = 0
         self.completed = 0
+        self.last_completed_sim_s: float | None = None  # the simulated time of the latest whole response
         self.fault_counts: dict[str, int] = {f.value: 0 for f in Fault}
         # degenerate outputs written (sglang_sim/degenerate.py): loop_<kind>, leak_<kind>, marker_only
         self.output_fault_counts: collections.Counter[str] = collections.Counter()
@@ -74,6 +75,7 @@ class SimServer:
     def request_completed(self) -> None:
         """Called once a whole response was sent; crash_after exits the process here."""
         self.completed += 1
+        self.last_completed_sim_s = self.loop.now_s()
         if self.faults.crash_after and self.completed >= self.faults.crash_after:
             log.error(CRASH_LINE)
             logging.shutdown()
@@ -228,6 +230,7 @@ async def sim_stats(request: Request) -> Response:
         "lag_events": st.lag_events, "lag_total_real_s": st.lag_total_real_s, "max_lag_real_s": st.max_lag_real_s,
         "retraction_events": st.retraction_events, "in_flight": sim.loop.in_flight,
         "requests_seen": sim.seq, "requests_completed": sim.completed, "faults": sim.fault_counts,
+        "last_completed_sim_s": sim.last_completed_sim_s,
         "output_faults": dict(sim.output_fault_counts), "turns": dict(sim.turn_counts),
         "counters": sim.loop.engine.counters(), "load": sim.load(), "admissions": st.admissions,
     })

@@ -3,6 +3,7 @@ message and the exit code."""
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -128,7 +129,11 @@ def test_status_says_source_exhausted(tmp_path: Path) -> None:
     assert_exact(out, 15)
     r = run_cli("status", "--dataset", toml, "--output-dir", out, "--config-dir", tmp_path / "cfg")
     assert (r.returncode, r.stderr) == (0, "")
-    head, rule, row = r.stdout.splitlines()
+    head, rule, row, blank, gpu_head, gpu_row, projection = r.stdout.splitlines()
+    assert (blank, gpu_head) == ("", "GPU-hours (tp × dp × servers × wall time):")
+    assert re.fullmatch(r"  T: \d+\.\d\d GPU-h over \S+ for 15 samples = \d+\.\d\d GPU-h per 1,000 samples "
+                        r"\(tp 8 × dp 1 × 1 server\)", gpu_row), gpu_row
+    assert projection == "  job: no projected completion: T cannot reach its target (source exhausted)"
     cells = row.split("  ")
     cells = [c.strip() for c in cells if c.strip()]
     assert (cells[:4], cells[-4], cells[-1]) == (["T", "15/20", "75.0%", "1"], "source exhausted", "-")

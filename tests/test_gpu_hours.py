@@ -81,12 +81,14 @@ def test_the_projection_runs_the_unfinished_datasets_one_after_another():
     # B1: 1,000 left at 2/s (500 s), B6 not started: 3,000 at the job's 1.5/s (2,000 s), B7 done
     p = project([(1_000, 2.0, None), (3_000, None, None), (0, 4.0, 0.0)], 1.5, live=True, now=now)
     assert p.line() == "job: projected completion 2026-12-02 09:41 UTC (in 41m40s at the measured rates)"
-    assert p.to_dict() == {"remaining_s": 2500.0, "at": "2026-12-02T09:41:40+00:00", "live": True}
+    assert p.to_dict() == {"remaining_s": 2500.0, "at": "2026-12-02T09:41:40+00:00", "live": True, "blocked": []}
     stopped = project([(1_000, 2.0, None)], None, live=False, now=now)
     assert stopped.line() == "job: 8m20s of generating left at the measured rates (no run is live)"
     unknown = project([(10, None, None)], None, live=True)
     assert unknown.line() == "job: projected completion unknown (no measured rate yet)"
     assert project([(0, None, 0.0)], None, live=False).line() == "job: every dataset is done"
+    assert project([(5, 1.0, None), (3, 1.0, None)], 1.0, live=False, blocked=["B1", "B6"]).line() == (
+        "job: no projected completion: B1, B6 cannot reach their target (source exhausted)")
 
 
 def _sample(i: int) -> Sample:
@@ -131,7 +133,7 @@ def test_status_prints_the_gpu_hours_and_the_projection(tmp_path: Path) -> None:
     assert report.to_dict()["job"] == {
         "gpu": {"gpu_hours": 12.5333, "wall_s": 5640.0, "samples": 300, "gpu_hours_per_1k": 41.7778,
                 "unknown_runs": 0, "gpus": "tp 8 × dp 1 × 1 server"},
-        "projection": {"remaining_s": 600.0, "at": None, "live": False}}
+        "projection": {"remaining_s": 600.0, "at": None, "live": False, "blocked": []}}
     page = render_html("B6", [], status_all(tmp_path, {"B6": 400}, total_of=[], others=False), "", "")
     assert ('<pre class="gpu">GPU-hours (tp × dp × servers × wall time):\n'
             "  B6: 4.00 GPU-h over 30m00s for 100 samples = 40.00 GPU-h per 1,000 samples (tp 8 × dp 1 × 1 server)\n"

@@ -69,7 +69,8 @@ class GpuUsage:
 
     @property
     def known(self) -> bool:
-        return self.wall_s > self.unknown_s
+        """Some run's GPUs are known (a run shorter than the records' 1 s resolution counts as 0 s)."""
+        return self.unknown_runs == 0 and self.gpus is not None or self.wall_s > self.unknown_s
 
     @property
     def per_1k(self) -> float | None:
@@ -144,12 +145,14 @@ def job_usage(lanes: Mapping[Any, Sequence[Mapping[str, Any]]]) -> GpuUsage:
         total.samples += sum(int(r.get("samples_written") or 0) for r in runs
                              if (iv := run_interval(r, generating=False)) is not None and iv[2] is not None)
         total.how = next((str(r["gpus_how"]) for r in reversed(runs) if r.get("gpus_how")), total.how)
+        held = [iv[2] for iv in ivs if iv[2] is not None]
+        total.gpus = (total.gpus or 0) + max(held) if held else total.gpus
     return total
 
 
 def format_usage(name: str, u: GpuUsage) -> str:
     """`B1: 3.20 GPU-h over 1 h 36 min for 1,200 samples = 2.67 GPU-h per 1,000 samples (tp 8 × dp 1 × 1 server)`."""
-    if not u.wall_s:
+    if not u.wall_s and not u.recorded:
         return f"{name}: no run time recorded yet"
     if not u.known:
         return (f"{name}: GPU-hours unknown over {format_duration(u.wall_s)} (the server reported no tp_size; "
@@ -169,8 +172,12 @@ class Projection:
     remaining_s: float | None
     at: datetime | None
     live: bool
+    blocked: tuple[str, ...] = ()  # unfinished datasets no run can finish (their source is exhausted)
 
     def line(self) -> str:
+        if self.blocked:
+            return (f"job: no projected completion: {', '.join(self.blocked)} cannot reach "
+                    f"{'its' if len(self.blocked) == 1 else 'their'} target (source exhausted)")
         if self.remaining_s == 0:
             return "job: every dataset is done"
         if self.remaining_s is None:
@@ -182,14 +189,17 @@ class Projection:
 
     def to_dict(self) -> dict[str, Any]:
         return {"remaining_s": None if self.remaining_s is None else round(self.remaining_s, 1),
-                "at": self.at.isoformat(timespec="seconds") if self.at else None, "live": self.live}
+                "at": self.at.isoformat(timespec="seconds") if self.at else None, "live": self.live,
+                "blocked": list(self.blocked)}
 
 
 def project(datasets: Sequence[tuple[int, float | None, float | None]], job_rate: float | None, *, live: bool,
-            now: datetime | None = None) -> Projection:
+            now: datetime | None = None, blocked: Sequence[str] = ()) -> Projection:
     """`datasets`: (remaining samples, own samples/s or None, own ETA s or None) of the job's datasets; the
     unfinished ones run one after another, each at its own rate (its ETA when it has one: a ranked
-    dataset's slowest rank), else at `job_rate`."""
+    dataset's slowest rank), else at `job_rate`. `blocked`: those that cannot finish (no projection)."""
+    if blocked:
+        return Projection(None, None, live, tuple(blocked))
     left = 0.0
     for remaining, rate, eta_s in datasets:
         if remaining <= 0:

@@ -125,7 +125,8 @@ class StatusReport:
         job = self._job()
         live = any(d.state.startswith("running") for d in job)
         return project([(d.remaining if d.target is not None else 0, d.samples_per_s, d.eta_s) for d in job],
-                       job_rate([d.gpu for d in job]), live=live)
+                       job_rate([d.gpu for d in job]), live=live,
+                       blocked=[d.dataset for d in job if d.state == "source exhausted" and d.remaining])
 
     def to_dict(self) -> dict[str, Any]:
         return {"datasets": {d.dataset: d.to_dict() for d in self.datasets},
@@ -330,7 +331,7 @@ def format_status(report: StatusReport) -> str:
 
 def gpu_lines(report: StatusReport) -> list[str]:
     """GPU-hours per dataset that ran, the job's, and the projected completion (status, report page, card)."""
-    ran = [d for d in report.datasets if d.gpu.wall_s]
+    ran = [d for d in report.datasets if d.gpu.recorded]
     lines = ["GPU-hours (tp × dp × servers × wall time):"] + [format_usage(f"  {d.dataset}", d.gpu) for d in ran]
     if len(ran) > 1 or not ran:
         lines.append(format_usage("  job", report.gpu))
