@@ -25,14 +25,15 @@ import argparse
 import random
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
@@ -111,6 +112,28 @@ def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
             "metric_cached_tokens": after["metric_cached_tokens"] - before["metric_cached_tokens"]}
 
 
+def _wait_first_request(sims: list[SimProcess], seen: list[int], out: list[float]) -> None:
+    """Poll until a simulator has a request past `seen`, then put every simulator's clock in `out`."""
+    deadline = time.monotonic() + 600
+    with httpx.Client(timeout=10) as client:
+        while time.monotonic() < deadline:
+            if any(client.get(s.url + "/sim/stats").json()["requests_seen"] > n
+                   for s, n in zip(sims, seen, strict=True)):
+                out.extend(client.get(s.url + "/sim/stats").json()["sim_time_s"] for s in sims)
+                return
+            time.sleep(0.02)
+
+
+def generate(toml: Path, url: str, routing: str, out: Path, limit: int | None = None) -> Any:
+    """`gen-pipeline generate --dataset toml --server-url url --routing routing --output-dir out`, in this
+    process through the library (what the CLI calls): no interpreter start-up and imports per run, which
+    took longer than the runs themselves on the busy 2-core machine."""
+    from gen_pipeline import load_dataset_config, run_job, run_options
+    opts, _ = run_options([cfg := load_dataset_config(toml)], output_root=out, server_urls=[url], routing=routing,
+                          limit=limit)
+    return anyio.run(run_job, [cfg], opts)
+
+
 def run_one(mode: str, toml: Path, samples: int, sims: list[SimProcess], work: Path) -> dict[str, Any]:
     """One run of the CLI over `sims` (kept between runs: their caches flushed first, figures as deltas)."""
     kind, how = MODES[mode]
@@ -118,24 +141,21 @@ def run_one(mode: str, toml: Path, samples: int, sims: list[SimProcess], work: P
         httpx.post(sim.url + "/flush_cache", timeout=10).raise_for_status()
     with ExitStack() as stack:
         if kind == "direct":
-            url, extra = ",".join(s.url for s in sims), ["--routing", how]
+            url = ",".join(s.url for s in sims)
         else:
-            url, extra = stack.enter_context(router(sims, work / f"router-{how}.log", how)), []
+            url = stack.enter_context(router(sims, work / f"router-{how}.log", how))
         out = work / f"out-{mode.replace(' ', '-')}-{toml.parent.name}"
         seen = [_stats(s)["requests_seen"] for s in sims]
         start = _snapshot(sims)
-        cli = subprocess.Popen([sys.executable, "-m", "gen_pipeline", "generate", "--dataset", str(toml),
-                                "--server-url", url, *extra, "--output-dir", str(out), "--progress", "quiet"],
-                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        stack.callback(lambda: cli.poll() is None and cli.kill())  # the bench killed: the CLI too
-        while cli.poll() is None and not any(_stats(s)["requests_seen"] > n for s, n in zip(sims, seen, strict=True)):
-            time.sleep(0.02)  # the clocks start at the first request, not at the CLI's start-up
-        before = [_stats(s)["sim_time_s"] for s in sims]
+        before: list[float] = []
+        first = threading.Thread(target=_wait_first_request, args=(sims, seen, before), daemon=True)
+        first.start()  # the clocks start at the first request, not at the run's set-up
         started = time.monotonic()
-        _, stderr = cli.communicate(timeout=1800)
+        summary = generate(toml, url, how if kind == "direct" else "free-kv", out)
         wall_s = time.monotonic() - started
-        if cli.returncode != 0:
-            raise RuntimeError(f"{mode} failed: {stderr.decode()[-2000:]}")
+        first.join(10)
+        if summary.exit_code != 0 or not before:
+            raise RuntimeError(f"{mode} failed: exit code {summary.exit_code}, {summary.runs[0].line()}")
         end = _snapshot(sims)
     # each server from the run's first request to its own last response (not to the CLI's exit: its
     # shutdown is not the servers' work), the mean over the servers that ran something
@@ -258,6 +278,9 @@ def main(argv: list[str] | None = None) -> None:
         sim_args = [*SIM, "--max-total-tokens", str(args.kv_tokens), "--time-scale", str(args.time_scale),
                     "--sim-output-mean", str(args.output_mean)]
         sims = [stack.enter_context(start_sim(sim_args, ready_timeout_s=60)) for _ in range(SERVERS)]
+        for toml in (multi, single):  # warm-up, not measured: the source's first load builds its cache, and a
+            # run that loads it while it sends measured a third less (seen here)
+            generate(toml, ",".join(s.url for s in sims), "free-kv", work / "warm-up", limit=4)
         for rep in range(args.repeats):
             plan = [("multi-turn", multi, m) for m in modes]
             if not args.no_single_turn:

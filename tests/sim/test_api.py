@@ -123,6 +123,7 @@ def test_second_turn_hits_the_prefix_cache(client: httpx.Client) -> None:
     first = chat(client, chat_template_kwargs=off, messages=[{"role": "user", "content": "Turn one, unique 8812."}])
     one = first.json()
     assert one["usage"]["prompt_tokens_details"] is None  # SGLang 0.5.17: null, not {"cached_tokens": 0}
+    after_one = client.get("/sim/stats").json()["last_completed_sim_s"]
     history = [{"role": "user", "content": "Turn one, unique 8812."},
                {"role": "assistant", "content": one["choices"][0]["message"]["content"]},
                {"role": "user", "content": "And turn two?"}]
@@ -130,7 +131,9 @@ def test_second_turn_hits_the_prefix_cache(client: httpx.Client) -> None:
     cached = two["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached >= one["usage"]["prompt_tokens"] + one["usage"]["completion_tokens"]
     assert two["usage"]["prompt_tokens"] == len(encode(render_chat(history)))
-    turns = client.get("/sim/stats").json()["turns"]
+    stats = client.get("/sim/stats").json()
+    assert after_one < stats["last_completed_sim_s"] <= stats["sim_time_s"]  # the simulated time of the last answer
+    turns = stats["turns"]
     grew = {k: turns[k] - before.get(k, 0) for k in turns}
     assert grew == {"first_turns": 1, "first_prompt_tokens": one["usage"]["prompt_tokens"], "first_cached_tokens": 0,
                     "later_turns": 1, "later_prompt_tokens": two["usage"]["prompt_tokens"],
