@@ -1,9 +1,10 @@
 """Conversation affinity (issue 24): where a multi-turn sample's later turns go, and what it is worth.
 
 Four simulator processes at the seed profile's prefill and decode costs (sglang_sim/profiles.py "seed":
-70 us per prefilled token, the calibrated decode step), each with its radix cache, run the real CLI on
-a B1/B6-like multi-turn dataset (3-5 user turns a sample, ~70-token user turns, ~200-token answers),
-four ways: direct with `--routing affinity` (the default: a later turn goes back to its previous turn's
+70 us per prefilled token, the calibrated decode step), each with its radix cache and a KV pool small
+enough to be the limit, run `generate` (through the library, in this process: what the CLI calls) on a
+B1/B6-like multi-turn dataset (3-5 user turns a sample, ~70-token user turns, ~200-token answers), four
+ways: direct with `--routing affinity` (the default: a later turn goes back to its previous turn's
 server, server/fleet.py), direct with `--routing free-kv` (every request to the most free KV), and
 through the real sglang-router binary with its cache_aware and round_robin policies. Then a single-turn
 dataset, affinity vs free-kv (nothing to keep together there: the cost of the bookkeeping).
@@ -11,17 +12,20 @@ dataset, affinity vs free-kv (nothing to keep together there: the cost of the bo
 Cache figures come from the simulators: /sim/stats "turns" (per finished chat request, first or later
 turn: prompt and cached tokens, and whether a later turn found the previous turn's whole prompt cached:
 its prefix hit), checked against /metrics `sglang:cached_tokens_total` (what SGLang 0.5.17 exports).
-Throughput is on the simulators' clocks as in bench/fleet_scale.py (samples / mean simulated seconds
-from the first request to the end; a simulator starved of CPU on this 2-core machine re-anchors, so the
-contention does not count). Each repetition runs every mode once, back to back; ratios are taken
-within a repetition, then the median over repetitions.
+Throughput is on the simulators' clocks as in bench/fleet_scale.py: samples / the mean over the servers
+of simulated seconds from the run's first request to that server's last response (a simulator starved
+of CPU on this 2-core machine re-anchors, so the contention does not count). The simulators stay up for
+the whole bench (caches flushed before each run, figures as deltas); one unmeasured warm-up run per
+dataset whenever the dataset changes. Each repetition runs every mode once, back to back, in reversed
+order every other repetition; ratios are taken within a repetition, then the median over repetitions.
 
-    python -m bench affinity       (python -m bench.affinity_bench --repeats 3 --samples 480)
+    python -m bench affinity       (python -m bench.affinity_bench, defaults as `main` says)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import signal
 import statistics
@@ -39,12 +43,15 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.fleet_scale import router
+
+os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # the library's source load, in this process
 from bench.report import md_table, write_section
 from sglang_sim.testing import SimProcess, start_sim
 
 REPO = Path(__file__).resolve().parent.parent
 SERVERS = 4
-KV_TOKENS = 30_000  # per server: KV-bound (a few dozen conversations each), as bench/fleet_scale.py
+KV_TOKENS = 16_000  # per server: KV-bound (~20 conversations each): conversations wait for room, and a waiting
+# sample's cached prefix can be evicted (at 30,000 and 240 samples: 98.6 % prefix hits, 1.087 x free-kv)
 SIM = ["--sim-profile", "seed", "--sim-startup-s", "0", "--sim-output-spread", "0.5",
        "--enable-metrics", "--enable-cache-report", "--log-level", "warning"]
 OUTPUT_MEAN = 200
@@ -226,7 +233,29 @@ def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f} %"
 
 
-def markdown(table: list[dict[str, Any]], args: argparse.Namespace) -> str:
+def _median_of(table: list[dict[str, Any]], data: str, mode: str, key: str) -> Any:
+    return next((t[key] for t in table if t["data"] == data and t["mode"] == mode), None)
+
+
+def verdicts(table: list[dict[str, Any]]) -> list[str]:
+    """The issue's targets against the medians, met or missed."""
+    hit = _median_of(table, "multi-turn", "affinity", "later_prefix_hit_share")
+    free_hit = _median_of(table, "multi-turn", "free-kv", "later_prefix_hit_share")
+    multi = _median_of(table, "multi-turn", "affinity", "vs_free_kv")
+    single = _median_of(table, "single-turn", "affinity", "vs_free_kv")
+    out = []
+    if hit is not None:
+        out.append(f"- later turns' prefix from cache under affinity ≥ 90 %: {_pct(hit)}, "
+                   f"{'met' if hit >= 0.9 else 'MISSED'} (free-kv: {_pct(free_hit)}; 1/N = {_pct(1 / SERVERS)})")
+    if multi is not None:
+        out.append(f"- multi-turn throughput ≥ 1.05 × free-kv: {multi:.3f} ×, {'met' if multi >= 1.05 else 'MISSED'}")
+    if single is not None:
+        out.append(f"- single-turn throughput ≥ 0.97 × free-kv: {single:.3f} ×, "
+                   f"{'met' if single >= 0.97 else 'MISSED'}")
+    return out
+
+
+def markdown(table: list[dict[str, Any]], args: argparse.Namespace, bench_s: float, load: float) -> str:
     rows = [[t["data"], t["mode"], t["runs"], t["samples_per_sim_s"], t["vs_free_kv"] or "–",
              " / ".join(map(str, t["vs_free_kv_runs"])) or "–", _pct(t["later_prefix_hit_share"]),
              _pct(t["later_cached_share"]), t["prefill_tokens_per_sample"], t["retractions"], t["busiest_vs_mean"]]
@@ -234,34 +263,41 @@ def markdown(table: list[dict[str, Any]], args: argparse.Namespace) -> str:
     headers = ["data", "routing", "runs", "samples/sim-s (median)", "× free-kv (median)", "× free-kv per run",
                "later turns: prefix cached", "later turns: cached / prompt tokens", "prefilled tokens / sample",
                "retractions", "busiest / mean"]
-    return f"""## Conversation affinity: a sample's turns on one server (issue 24)
+    command = (f"python -m bench.affinity_bench --repeats {args.repeats} --samples {args.samples} --single-samples "
+               f"{args.single_samples} --time-scale {args.time_scale:g} --kv-tokens {args.kv_tokens} "
+               f"--output-mean {args.output_mean}")
+    return f"""## Issue 24: conversation affinity, a sample's turns on one server (`python -m bench affinity`)
 
-`python -m bench affinity` (= `python -m bench.affinity_bench --repeats {args.repeats} --samples {args.samples}
---time-scale {args.time_scale:g}`): the real CLI over {SERVERS} simulator processes (seed profile: its prefill
-and decode costs; {args.kv_tokens:,} KV tokens each, radix cache on) and the real sglang-router binary.
+`python -m bench affinity` (= `{command}`; {bench_s:.0f} s of wall time, load average {load:.1f} on the 2
+cores at the end): `generate` over {SERVERS} simulator processes (seed profile: its prefill and decode
+costs; {args.kv_tokens:,} KV tokens each, the limit; radix cache on) and the real sglang-router binary.
 Multi-turn data: {args.samples} samples of 3-5 user turns (40-70 words each; answers drawn at a mean of
-200 tokens, max_new_tokens {MAX_NEW_TOKENS}), so turn k+1's prompt is turn k's prompt + answer + a new
-question. Single-turn data: one such question a sample. Routings: `affinity` (`--routing affinity`, the
-default: a later turn goes back to its previous turn's server while that one is up and its free KV is
-within 25 % of its capacity of the best server's; else by free KV), `free-kv` (`--routing free-kv`: every
-request to the most free KV), sglang-router's `cache_aware` (its default) and `round_robin`.
-"prefix cached": the share of later turns (turn ≥ 2) whose whole previous-turn prompt was a cache hit on
-the server that ran them (/sim/stats); "cached / prompt tokens": cached-prefix tokens over prompt tokens
-of the later turns; the servers' `sglang:cached_tokens_total` equals the requests' cached tokens in every
-run (checked). Throughput: samples / mean simulated seconds over the servers, first request to the end.
-× free-kv: within each repetition (modes back to back), then the median over {args.repeats} repetitions.
+{args.output_mean} tokens, max_new_tokens {MAX_NEW_TOKENS}), so turn k+1's prompt is turn k's prompt + answer + a
+new question. Single-turn data: {args.single_samples} samples of one such question. Routings: `affinity`
+(`--routing affinity`, the default: a later turn goes back to its previous turn's server while that one
+is up and its free KV is within 25 % of its capacity of the best server's; else by free KV), `free-kv`
+(`--routing free-kv`: every request to the most free KV), sglang-router's `cache_aware` (its default)
+and `round_robin`. "prefix cached": the share of later turns (turn ≥ 2) whose whole previous-turn prompt
+was a cache hit on the server that ran them (/sim/stats); "cached / prompt tokens": cached-prefix tokens
+over the later turns' prompt tokens; the servers' `sglang:cached_tokens_total` equals the requests'
+cached tokens in every run (checked). Throughput: samples / the mean over the servers of simulated
+seconds from the run's first request to the server's last response. × free-kv: within each repetition
+(modes back to back, the order reversed every other one), then the median over {args.repeats} repetitions.
 "busiest / mean": the most requests one server ran over the mean.
 
 {md_table(headers, rows)}
+
+Targets (medians):
+{chr(10).join(verdicts(table))}
 """
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.affinity_bench", description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--samples", type=int, default=480)
-    p.add_argument("--single-samples", type=int, default=640, help="single-turn samples (one request each)")
-    p.add_argument("--time-scale", type=float, default=4.0)
+    p.add_argument("--samples", type=int, default=120, help="multi-turn samples (default: %(default)s)")
+    p.add_argument("--single-samples", type=int, default=400, help="single-turn samples (default: %(default)s)")
+    p.add_argument("--time-scale", type=float, default=5.0, help="simulated seconds a second (default: %(default)s)")
     p.add_argument("--output-mean", type=int, default=OUTPUT_MEAN, help="answers' mean tokens (default: %(default)s)")
     p.add_argument("--kv-tokens", type=int, default=KV_TOKENS, help="each simulator's KV pool (default: %(default)s)")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of: " + ", ".join(MODES))
@@ -270,6 +306,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv or [])
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # killed: the ExitStack still stops the simulators
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bench_started = time.monotonic()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-affinity-") as tmp, ExitStack() as stack:
         work = Path(tmp)
@@ -278,17 +315,19 @@ def main(argv: list[str] | None = None) -> None:
         sim_args = [*SIM, "--max-total-tokens", str(args.kv_tokens), "--time-scale", str(args.time_scale),
                     "--sim-output-mean", str(args.output_mean)]
         sims = [stack.enter_context(start_sim(sim_args, ready_timeout_s=60)) for _ in range(SERVERS)]
-        for toml in (multi, single):  # warm-up, not measured: the source's first load builds its cache, and a
-            # run that loads it while it sends measured a third less (seen here)
-            generate(toml, ",".join(s.url for s in sims), "free-kv", work / "warm-up", limit=4)
         for rep in range(args.repeats):
-            plan = [("multi-turn", multi, m) for m in modes]
+            order = modes if rep % 2 == 0 else modes[::-1]  # each mode first in some repetition
+            plan = [("multi-turn", multi, m) for m in order]
             if not args.no_single_turn:
-                plan += [("single-turn", single, m) for m in SINGLE_TURN_MODES if m in modes]
-            if rep % 2:  # interleaved: each mode goes first in some repetition (a drift hits every mode alike)
-                plan.reverse()
+                plan += [("single-turn", single, m) for m in order if m in SINGLE_TURN_MODES]
+            previous = None
             for data, toml, mode in plan:
                 (work / f"rep{rep}").mkdir(exist_ok=True)
+                if toml != previous:  # unmeasured warm-up: a cold first run measured 0.66 x, the first after a
+                    # switch of dataset 0.8-0.9 x (the source's load competing with the client, it seems)
+                    generate(toml, ",".join(s.url for s in sims), "free-kv", work / f"rep{rep}" / f"warm-{data}",
+                             limit=4)
+                    previous = toml
                 n = args.samples if data == "multi-turn" else args.single_samples
                 r = run_one(mode, toml, n, sims, work / f"rep{rep}")
                 r.update(data=data, rep=rep)
@@ -299,11 +338,14 @@ def main(argv: list[str] | None = None) -> None:
                       f"{r['retractions']} retractions, requests {r['requests_per_server']}, {r['wall_s']:.0f} s wall",
                       flush=True)
     table = summarise(rows)
-    md = markdown(table, args)
+    bench_s, load = time.monotonic() - bench_started, os.getloadavg()[0]
+    md = markdown(table, args, bench_s, load)
     if not args.no_write:
         write_section("affinity", {"summary": table, "runs": rows, "repeats": args.repeats, "samples": args.samples,
                                    "time_scale": args.time_scale, "servers": SERVERS, "kv_tokens": args.kv_tokens,
-                                   "output_mean": args.output_mean}, md)
+                                   "output_mean": args.output_mean, "single_samples": args.single_samples,
+                                   "bench_wall_s": round(bench_s, 1), "load_average": round(load, 2),
+                                   "verdicts": verdicts(table)}, md)
     print(md)
 
 
