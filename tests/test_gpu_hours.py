@@ -9,6 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from gen_pipeline import ConfigError, RunOptions
 from gen_pipeline.records import Sample
 from gen_pipeline.reports.gpu_hours import dataset_usage, format_usage, job_usage, project
 from gen_pipeline.reports.page import render_html
@@ -45,6 +46,13 @@ def run(start: float, gen: float | None, end: float | None, samples: int, gpus: 
 ])
 def test_the_gpus_a_run_holds(info, servers, flag, expected):
     assert server_gpus(info, servers, flag) == expected
+
+
+def test_gpus_per_server_is_checked_like_every_flag():
+    with pytest.raises(ConfigError, match=r"^--gpus-per-server 0 must be at least 1\.$"):
+        RunOptions(server_urls=("http://s:1",), gpus_per_server=0)
+    assert RunOptions(server_urls=("http://s:1",), gpus_per_server=8).gpus_per_server == 8
+    # generate --gpus-per-server → the run record: tests/test_scale_out.py (two simulators)
 
 
 def test_a_datasets_gpu_hours_count_from_its_first_request():

@@ -233,10 +233,13 @@ def test_a_samples_later_turns_run_where_its_previous_turn_did(tmp_path: Path) -
     with ExitStack() as stack:
         sims = [stack.enter_context(start_sim([*SIM_FAST, "--max-total-tokens", "60000"], ready_timeout_s=30))
                 for _ in range(2)]
-        proc, log = generate(tmp_path, toml, ",".join(s.url for s in sims))
+        proc, log = generate(tmp_path, toml, ",".join(s.url for s in sims), "--gpus-per-server", "2")
         finish(proc, log)
         turns = [_turns(s) for s in sims]
     assert_exact(tmp_path / "out", 12)
+    run = orjson.loads((tmp_path / "out" / "T" / "manifest.json").read_bytes())["runs"][-1]
+    assert {k: run[k] for k in ("tp_size", "dp_size", "servers", "gpus", "gpus_how")} == {
+        "tp_size": 1, "dp_size": 1, "servers": 2, "gpus": 4, "gpus_how": "--gpus-per-server 2 × 2 servers"}
     assert sum(t.get("first_turns", 0) for t in turns) == 12
     assert sum(t.get("later_turns", 0) for t in turns) == 24
     assert sum(t.get("later_prefix_hits", 0) for t in turns) == 24  # every later turn found its prefix
