@@ -25,8 +25,10 @@ order every other repetition; ratios are taken within a repetition, then the med
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import random
+import re
 import signal
 import statistics
 import sys
@@ -138,7 +140,20 @@ def generate(toml: Path, url: str, routing: str, out: Path, limit: int | None = 
     from gen_pipeline import load_dataset_config, run_job, run_options
     opts, _ = run_options([cfg := load_dataset_config(toml)], output_root=out, server_urls=[url], routing=routing,
                           limit=limit)
+    AFFINITY_LOG.clear()
     return anyio.run(run_job, [cfg], opts)
+
+
+AFFINITY_LOG: list[tuple[int, int]] = []  # the run's journal line "affinity: N later turns went back ..., M moved"
+
+
+class _AffinityLine(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        if m := re.match(r"affinity: ([\d,]+) later turns went back .*?, ([\d,]+) moved", record.getMessage()):
+            AFFINITY_LOG.append((int(m[1].replace(",", "")), int(m[2].replace(",", ""))))
+
+
+logging.getLogger("gen_pipeline.journal").addHandler(_AffinityLine())
 
 
 def run_one(mode: str, toml: Path, samples: int, sims: list[SimProcess], work: Path) -> dict[str, Any]:
@@ -191,6 +206,8 @@ def run_one(mode: str, toml: Path, samples: int, sims: list[SimProcess], work: P
         "later_prefix_hit_share": round(turns.get("later_prefix_hits", 0) / later, 3) if later else None,
         "prefill_tokens_per_sample": round(sum(c["computed_prefill_tokens_total"] for c in counters) / samples, 1),
         "retractions": sum(c["num_retracted_requests_total"] for c in counters),
+        # later turns the fleet sent back to their previous server / elsewhere (direct affinity only)
+        "later_turns_moved": AFFINITY_LOG[-1][1] if AFFINITY_LOG and how == "affinity" else None,
     }
 
 
@@ -217,8 +234,8 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 continue
             entry: dict[str, Any] = {"data": data, "mode": mode, "runs": len(mine)}
             for key in ("samples_per_sim_s", "later_cached_share", "later_prefix_hit_share",
-                        "prefill_tokens_per_sample", "retractions"):
-                values = [r[key] for r in mine if r[key] is not None]
+                        "prefill_tokens_per_sample", "retractions", "later_turns_moved", "later_turns"):
+                values = [r[key] for r in mine if r.get(key) is not None]
                 entry[key] = round(statistics.median(values), 3) if values else None
             ratios = _ratios(rows, data, mode)
             entry["vs_free_kv"] = round(statistics.median(ratios), 3) if ratios else None
@@ -227,6 +244,12 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             entry["busiest_vs_mean"] = round(statistics.median(seen), 3)
             table.append(entry)
     return table
+
+
+def _moved(t: dict[str, Any]) -> str:
+    """Later turns affinity sent elsewhere (median), as a share of the later turns."""
+    moved, later = t.get("later_turns_moved"), t.get("later_turns")
+    return "–" if moved is None or not later else f"{moved:g} ({100 * moved / later:.1f} %)"
 
 
 def _pct(x: float | None) -> str:
@@ -271,10 +294,11 @@ def verdicts(table: list[dict[str, Any]]) -> list[str]:
 def markdown(table: list[dict[str, Any]], args: argparse.Namespace, bench_s: float, load: float) -> str:
     rows = [[t["data"], t["mode"], t["runs"], t["samples_per_sim_s"], t["vs_free_kv"] or "–",
              " / ".join(map(str, t["vs_free_kv_runs"])) or "–", _pct(t["later_prefix_hit_share"]),
-             _pct(t["later_cached_share"]), t["prefill_tokens_per_sample"], t["retractions"], t["busiest_vs_mean"]]
-            for t in table]
+             _pct(t["later_cached_share"]), _moved(t), t["prefill_tokens_per_sample"], t["retractions"],
+             t["busiest_vs_mean"]] for t in table]
     headers = ["data", "routing", "runs", "samples/sim-s (median)", "× free-kv (median)", "× free-kv per run",
-               "later turns: prefix cached", "later turns: cached / prompt tokens", "prefilled tokens / sample",
+               "later turns: prefix cached", "later turns: cached / prompt tokens", "later turns moved",
+               "prefilled tokens / sample",
                "retractions", "busiest / mean"]
     command = (f"python -m bench.affinity_bench --repeats {args.repeats} --samples {args.samples} --single-samples "
                f"{args.single_samples} --time-scale {args.time_scale:g} --kv-tokens {args.kv_tokens} "
@@ -296,7 +320,8 @@ over the later turns' prompt tokens; the servers' `sglang:cached_tokens_total` e
 cached tokens in every run (checked). Throughput: samples / the mean over the servers of simulated
 seconds from the run's first request to the server's last response. × free-kv: within each repetition
 (modes back to back, the order reversed every other one), then the median over {args.repeats} repetitions.
-"busiest / mean": the most requests one server ran over the mean.
+"later turns moved": those affinity sent away from their previous turn's server (it was out, or past the
+margin), from the run's journal line. "busiest / mean": the most requests one server ran over the mean.
 
 {md_table(headers, rows)}
 

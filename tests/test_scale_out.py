@@ -246,3 +246,6 @@ def test_a_samples_later_turns_run_where_its_previous_turn_did(tmp_path: Path) -
     assert all(t.get("first_turns", 0) for t in turns)  # and both servers took conversations
     for t in turns:  # each server ran every later turn of the conversations it started
         assert t.get("later_turns", 0) == 2 * t.get("first_turns", 0)
+    journal = (tmp_path / "out" / "T" / "run.log").read_text()
+    assert (" INFO affinity: 24 later turns went back to their previous turn's server, 0 moved (it was out, or "
+            "its free KV more than 25 % of its capacity below the best's)\n") in journal

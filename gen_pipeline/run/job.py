@@ -126,6 +126,11 @@ class Job:
             JOURNAL.error("%s ended: %s", "job" if self.several else "run", error)
             raise error from None
         finally:
+            fleet = self.handle.fleet if self.handle is not None else None
+            if fleet is not None and fleet.routing == "affinity" and fleet.stayed + fleet.moved:
+                JOURNAL.info("affinity: %s later turns went back to their previous turn's server, %s moved "
+                             "(it was out, or its free KV more than %.0f %% of its capacity below the best's)",
+                             f"{fleet.stayed:,}", f"{fleet.moved:,}", 100 * fleet.affinity_margin)
             if self.handle is not None:  # the last figures only once the server was up
                 if self.opts.on_progress is not None:
                     self.opts.on_progress(self.snapshot(final=True))
