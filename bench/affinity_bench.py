@@ -153,7 +153,9 @@ class _AffinityLine(logging.Handler):
             AFFINITY_LOG.append((int(m[1].replace(",", "")), int(m[2].replace(",", ""))))
 
 
-logging.getLogger("gen_pipeline.journal").addHandler(_AffinityLine())
+_journal = logging.getLogger("gen_pipeline.journal")
+_journal.addHandler(_AffinityLine())
+_journal.setLevel(logging.INFO)  # unconfigured, the library's INFO records stop before any handler
 
 
 def run_one(mode: str, toml: Path, samples: int, sims: list[SimProcess], work: Path) -> dict[str, Any]:
