@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gen_pipeline.config.dataset import find_dataset_configs
-from gen_pipeline.display import format_duration
+from gen_pipeline.display import display_path, format_duration
+from gen_pipeline.errors import ConfigError
 from gen_pipeline.reports.status import read_status
+from gen_pipeline.server.plan import Plan, kv_bytes_factor, option_in_use
 
 MEASURED_MIN = 20  # samples of a dataset before its own lengths replace the assumed ones
 STARTUP_S = 600.0  # loading ~600 GB of weights + CUDA graphs (bench/RESULTS.md "Job": SGLang PR #27139)
@@ -155,3 +157,18 @@ def format_job_time(j: JobTime, config_dir: Path) -> str:
         "prefill at the reference node's cost; one server start for the whole job.",
     ]
     return "\n".join(lines)
+
+
+
+def plan_job_time(p: Plan, config_dir: Path, output_dir: Path, *, decode_tok_s: float | None = None) -> str:
+    """`plan`'s job section: the job of config_dir's dataset TOMLs at the KV tokens of p's KV dtype in use;
+    "" when config_dir holds no dataset TOML. ConfigError for a bad TOML or a rate that is not positive."""
+    if decode_tok_s is not None and not decode_tok_s > 0:
+        raise ConfigError(f"--decode-tok-s {decode_tok_s:g} must be above 0 (a measured tokens/s; make status "
+                          "shows a run's).")
+    if not any(f.stem not in ("server", "demo") for f in config_dir.glob("*.toml")):
+        return ""
+    o = option_in_use(p)
+    j = job_time(dataset_lengths(config_dir, output_dir), kv_tokens=o.kv_tokens, kv_dtype=o.kv_dtype,
+                 kv_bytes_factor=kv_bytes_factor(p, o), decode_tok_s=decode_tok_s)
+    return format_job_time(j, Path(display_path(config_dir)))

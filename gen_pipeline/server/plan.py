@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
+from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR
 from gen_pipeline.config.schema import check_flags, flag
 from gen_pipeline.config.server import ServerProfile
 from gen_pipeline.errors import ConfigError
@@ -38,6 +39,10 @@ GIB = 1 << 30  # SGLang's "GB" in its memory logs is GiB
 REFERENCE_GPU = "RTX PRO 6000 Blackwell, 96 GB"
 REFERENCE_GPU_MEM_GIB = 95.6
 REFERENCE_OVERHEAD_GIB = 4.5
+# The bundled config.json (plan's default --model-config) is Kimi-K2.5's: its INT4 checkpoint is 594 GB on
+# disk = 553 GiB, the default --weights-gb with that config (another config needs the flag).
+BUNDLED_CONFIG = DEFAULT_CONFIG_DIR / "models" / "kimi-k2.5-config.json"
+BUNDLED_WEIGHTS_GIB = 553.0
 KV_BYTES = {"auto": 2, "bf16": 2, "bfloat16": 2, "float16": 2, "fp16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1}
 WEIGHT_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 COMPARED_KV = ("bf16", "fp8_e4m3")  # always shown side by side (lever 1); the profile's own is added
@@ -222,6 +227,9 @@ def plan_from_args(model_config: Path, *, gpu_mem_gb: float, tp_size: int, mem_f
                    kv_in_use: str = "") -> Plan:
     """`plan`'s flags (each keyword is the flag of that name) → the Plan (format_plan prints it);
     ConfigError for a missing weight size or an unreadable config, naming the flag."""
+    bundled = weights_gb is None and params_b is None and Path(model_config).resolve() == BUNDLED_CONFIG.resolve()
+    if bundled:
+        weights_gb = BUNDLED_WEIGHTS_GIB
     if weights_gb is None and params_b is None:
         raise ConfigError(f"plan needs the weight size: pass {WEIGHTS_EXAMPLE}.")
     if params_b is not None and weights_gb is None and weight_dtype is None:
@@ -238,9 +246,18 @@ def plan_from_args(model_config: Path, *, gpu_mem_gb: float, tp_size: int, mem_f
     p = plan(cfg, gpu_mem_gb=gpu_mem_gb, tp_size=tp_size, mem_fraction_static=mem_fraction_static,
              tokens_per_sample=tokens_per_sample, weights_gb=weights_gb, params_b=params_b,
              weight_dtype=weight_dtype, kv_dtypes=kv_dtypes, hicache_gb=hicache_gb, overhead_gb=overhead_gb)
+    if bundled:
+        p = replace(p, weights_note=f"weights: {BUNDLED_WEIGHTS_GIB:g} GiB (Kimi-K2.5 INT4, 594 GB on disk: the "
+                                    "bundled config's default; --weights-gb for another checkpoint)")
     return replace(p, inputs_note=inputs_note, kv_in_use=kv_in_use)
 
 
 def option_in_use(p: Plan) -> KvOption:
     """The row of the profile's KV dtype (the first row when the plan names none)."""
     return next((o for o in p.options if o.kv_dtype == p.kv_in_use), p.options[0])
+
+
+def kv_bytes_factor(p: Plan, o: KvOption) -> float:
+    """o's bytes per KV token relative to bf16's (fp8: 0.5): what attention reads per token."""
+    bf16 = next((x for x in p.options if KV_BYTES[x.kv_dtype] == 2), None)
+    return o.bytes_per_token / bf16.bytes_per_token if bf16 else KV_BYTES[o.kv_dtype] / 2
