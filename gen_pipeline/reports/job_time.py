@@ -146,15 +146,17 @@ def format_job_time(j: JobTime, config_dir: Path) -> str:
     known = j.known
     output = sum(d.output_tokens for d in known)
     lines.append(f"{'total':<8} {sum(d.to_do for d in known):>8,} {'':>18} {'':<24} {'':>8} {'':>7} "
-                 f"{output / 1e6:>13,.1f}M {format_duration(j.total_s):>8}  (with {format_duration(j.startup_s)} "
-                 "of start-up)")
+                 f"{output / 1e6:>13,.1f}M {format_duration(j.total_s):>8}"
+                 + (f"  (with {format_duration(j.startup_s)} of start-up)" if j.total_s else ""))
     if len(known) < len(j.datasets):
         lines.append("  the datasets marked ? are not in the total: no samples to measure and no assumed lengths")
     lines += [
         "assumptions: tokens/sample = prompt + output, measured once a dataset has "
         f"{MEASURED_MIN} samples; running = KV tokens / (prompt + output/2), the KV a request holds on average;",
         "  the adaptive controller keeps the server at that (bench/RESULTS.md, Job: within 1 % of the ideal); "
-        "prefill at the reference node's cost; one server start for the whole job.",
+        "prefill at the reference node's cost; one server start for the whole job;",
+        "  the rate was fitted on B2-like long requests (100-150 running): short-output datasets at hundreds running "
+        "are an extrapolation, and SGLang's max_running_requests or CUDA-graph batch sizes may cap them lower.",
     ]
     return "\n".join(lines)
 
