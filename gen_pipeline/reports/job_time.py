@@ -3,7 +3,8 @@
 Per dataset of the config dir (every TOML but server and demo, as `--dataset all`):
 - samples to do: target_samples − the samples already in outputs/<DATASET>;
 - tokens per sample: measured on the dataset's own samples once it has MEASURED_MIN of them, else the
-  reference job's assumed lengths (REFERENCE_LENGTHS), else unknown (left out of the total, said so);
+  reference job's assumed lengths (REFERENCE_LENGTHS, the output at most the TOML's max_new_tokens), else
+  unknown (left out of the total, said so);
 - running requests b = KV tokens / (prompt + output/2): a request holds its prompt and on average half
   its output over its life (the seed: 376K fp8 tokens / ~2.6K = ~145 running; it saw 134-150);
 - one decode step of b requests takes base + per_request·b + per_kv_token·kv_in_use (attention reads
@@ -101,8 +102,9 @@ def dataset_lengths(config_dir: Path, output_dir: Path) -> list[tuple[str, int, 
         if st.done >= MEASURED_MIN:
             lengths: Lengths | None = Lengths(st.prompt_tokens / st.done, st.completion_tokens / st.done,
                                               f"measured on {st.done:,} samples")
-        elif cfg.name in REFERENCE_LENGTHS:
-            lengths = Lengths(*REFERENCE_LENGTHS[cfg.name], "assumed")
+        elif cfg.name in REFERENCE_LENGTHS:  # outputs stop at the TOML's max_new_tokens
+            prompt, output = REFERENCE_LENGTHS[cfg.name]
+            lengths = Lengths(prompt, min(output, cfg.sampling.max_new_tokens), "assumed")
         else:
             lengths = None
         out.append((cfg.name, st.remaining, lengths))
