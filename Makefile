@@ -1,6 +1,6 @@
 # gen_pipeline: every target sets up its own venv on first use (Python 3.11+).
 #
-# Which venv and what goes into it (README "Install"):
+# Which venv and what goes into it (README "Install with SGLang"):
 #   VENV=DIR        the venv every target runs (default .venv); `export VENV=...` to keep one for a shell
 #   EXTRAS=a,b      the pyproject extras `make venv` installs (default: what the venv was made with, else
 #                   test); on the GPU node: make venv EXTRAS=test,sglang (SGLang 0.5.17 in the same Python)
@@ -96,7 +96,7 @@ demo: $(STAMP)
 	$(PY) -m gen_pipeline status --dataset demo
 
 # The reference job's shape offline: B1/B2/B6/B7-shaped bundled sources (datasets_cfg/offline/, written by
-# datasets_cfg/data/make_offline.py) through one simulator, into outputs/offline/. Then, e.g.:
+# datasets_cfg/offline/data/make_offline.py) through one simulator, into outputs/offline/. Then, e.g.:
 #   make status CONFIG_DIR=datasets_cfg/offline OUTPUT_DIR=outputs/offline
 OFFLINE := --config-dir datasets_cfg/offline --output-dir outputs/offline
 demo-job: $(STAMP)
