@@ -39,8 +39,11 @@ if [ $sim = 0 ]; then
   run make venv EXTRAS=sglang VENV="$venv" PYTHON="${PYTHON:-python3}" VENV_ARGS=--system-site-packages \
       PIP_ARGS="--no-index --no-deps --no-build-isolation"
   run "$venv/bin/python" -m pip install -q --no-index --no-deps --no-compile "$keep"/wheels/*.whl
-  run "$venv/bin/python" -c "import sglang, torch, gen_pipeline.cli; print('sglang', sglang.__version__, 'torch', \
-torch.__version__, torch.cuda.get_device_name())"
+  # SGLang on the GPU, and every runtime dependency of ours (the image's or the wheels'): a missing one is named here
+  run "$venv/bin/python" -c "import sglang, torch; print('sglang', sglang.__version__, 'torch', torch.__version__, \
+torch.cuda.get_device_name())"
+  run "$venv/bin/python" -c "import anyio, datasets, httpx, orjson, prometheus_client, pydantic, tenacity, tqdm, \
+gen_pipeline.cli; print('gen_pipeline dependencies import')"
 else
   run make venv VENV="$venv"
 fi
