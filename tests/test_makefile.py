@@ -115,3 +115,22 @@ def test_make_generate_without_sglang_names_the_make_command(tmp_path: Path) -> 
             "README \"On the GPU node\"). Without a GPU, try the pipeline on the simulator: --server sim "
             "(make demo).\n") in r.stderr
     assert not (tmp_path / "out" / "T").exists()
+
+
+def test_the_offline_no_deps_install_and_demo_job_run_the_readmes_commands(tmp_path: Path) -> None:
+    # README "Install with SGLang", a wheel set of only what the image lacks (bench/gpu/user_path.sh)
+    python3 = fake_python(tmp_path / "system" / "python3")
+    r, calls = make(tmp_path, "venv", f"PYTHON={python3}", f"VENV={tmp_path}/gpu", "EXTRAS=sglang",
+                    "VENV_ARGS=--system-site-packages", "PIP_ARGS=--no-index --no-deps --no-build-isolation")
+    assert r.returncode == 0, r.stderr
+    assert calls == [
+        "TMP/system/python3 -m venv --system-site-packages TMP/gpu",
+        "TMP/gpu/bin/python -m pip install -q --no-index --no-deps --no-build-isolation -e .[sglang]",
+    ]
+    assert (tmp_path / "gpu" / ".installed").read_text() == "sglang\n"
+    r, calls = make(tmp_path, "demo-job", f"VENV={tmp_path}/gpu")
+    assert r.returncode == 0, r.stderr
+    assert calls == [
+        "TMP/gpu/bin/python -m gen_pipeline generate --dataset all --server sim --config-dir datasets_cfg/offline "
+        "--output-dir outputs/offline",
+        "TMP/gpu/bin/python -m gen_pipeline status --config-dir datasets_cfg/offline --output-dir outputs/offline"]
