@@ -36,7 +36,18 @@ if [ $sim = 0 ]; then
     step "unpacking the wheels"
     cat "$keep"/p1 "$keep"/p2 "$keep"/p3 | tar -x -C "$keep" || fail "unpack $keep/p1 p2 p3"
   fi
-  run make venv EXTRAS=sglang VENV="$venv" PYTHON="${PYTHON:-python3}" VENV_ARGS=--system-site-packages \
+  py=${PYTHON:-python3}
+  venv_args=--system-site-packages
+  # an image without ensurepip (Debian's python3 without python3-venv): the venv uses the image's pip
+  "$py" -c "import ensurepip" 2>/dev/null || { venv_args="$venv_args --without-pip"; step "no ensurepip: $venv_args"; }
+  # --no-build-isolation builds our editable install with the image's setuptools: it needs bdist_wheel
+  # (setuptools >= 70.1, or the wheel package); torch on Python 3.12 brings setuptools
+  "$py" -c "import setuptools.command.bdist_wheel" 2>/dev/null || "$py" -c "import wheel" 2>/dev/null \
+    || fail "$py has no setuptools >= 70.1 (nor wheel) to build the checkout offline: add a setuptools wheel to $keep/wheels"
+  if [ -f "$venv/pyvenv.cfg" ] && ! grep -q "include-system-site-packages = true" "$venv/pyvenv.cfg"; then
+    fail "$venv exists without --system-site-packages (it cannot see the image's torch): remove it or set VENV"
+  fi
+  run make venv EXTRAS=sglang VENV="$venv" PYTHON="$py" VENV_ARGS="$venv_args" \
       PIP_ARGS="--no-index --no-deps --no-build-isolation"
   run "$venv/bin/python" -m pip install -q --no-index --no-deps --no-compile "$keep"/wheels/*.whl
   # SGLang on the GPU, and every runtime dependency of ours (the image's or the wheels'): a missing one is named here
