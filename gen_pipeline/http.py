@@ -240,7 +240,7 @@ async def open_http(generation: GenerationConfig, max_connections: int, *,
     # One TLS context for all pools: httpx builds one per transport otherwise (~35 ms each on an H200 host),
     # and a window of thousands means hundreds of pools -- 8 s before the first request was measured there.
     shards = -(-max_connections // CONNECTIONS_PER_POOL)
-    tls = httpx.create_ssl_context() if transport is None else None
+    tls = httpx.create_ssl_context() if transport is None else True  # True: unused (the test's transport)
     http = Http([transport] if transport else
                 [httpx.AsyncHTTPTransport(limits=limits, trust_env=False, verify=tls) for _ in range(shards)],
                 timeout)
