@@ -92,3 +92,15 @@ def test_a_rate_that_is_not_positive_is_refused(capsys: pytest.CaptureFixture[st
     assert main(["plan", "--output-dir", "/nonexistent-outputs", "--decode-tok-s", "0"]) == 2
     assert capsys.readouterr().err == ("error: --decode-tok-s 0 must be above 0 (a measured tokens/s; make status "
                                        "shows a run's).\n")
+
+
+def test_the_readmes_job_table_is_what_plan_prints(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("```text\ndataset     to do") + len("```text\n"):]
+    table = table[:table.index("```")].splitlines()
+    monkeypatch.chdir(REPO)
+    assert main(["plan", "--output-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    start = out.index(table[0])
+    assert out[start:start + len(table)] == table
