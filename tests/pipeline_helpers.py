@@ -23,7 +23,7 @@ LAUNCHER_VARS = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_ARRAY_TASK_ID", "SLURM_A
                  "WORLD_SIZE")
 SAMPLE_KEYS = {"id", "dataset", "conversations", "meta"}
 META_KEYS = {"model", "backend", "finish_reason", "prompt_tokens", "completion_tokens", "turns", "sampling",
-             "kv_cache_dtype", "generated_at"}
+             "sampling_variant", "kv_cache_dtype", "generated_at"}
 
 
 def make_rows(n: int, *, invalid: int = 0) -> list[dict]:

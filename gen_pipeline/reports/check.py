@@ -107,9 +107,10 @@ def check_source(cfg: DatasetConfig, loaded: LoadedSource, *, done: int, final_f
     add_bad_lines(cfg, loaded, stats, rejects)
     rows = loaded.rows if whole else islice(loaded.rows, sample_rows)
     prompts = list(iter_prompts(cfg, frozenset(), stats, rejects, rows=rows))
+    max_new = max(s.max_new_tokens for _, s in cfg.variants)  # a sampling mix: its largest must fit too
     report = CheckReport(
         cfg.name, where, _describe(cfg), columns, total, whole, stats, rejects, prompts[:SHOWN_PROMPTS],
-        measure(prompts[:sample_rows], profile), cfg.sampling.max_new_tokens, context_length(profile),
+        measure(prompts[:sample_rows], profile), max_new, context_length(profile),
         done, cfg.target_samples, final_failed)
     needed = report.remaining if limit is None else min(report.remaining, limit)
     report.problems = _problems(report, cfg, where, needed)

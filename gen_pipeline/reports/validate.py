@@ -125,6 +125,7 @@ class _Checker:
     def __init__(self, report: ValidationReport):
         self.r = report
         self.first: dict[str, Any] | None = None
+        self.first_sampling: dict[Any, Any] = {}  # meta.sampling_variant: the first such row's meta.sampling
         self.reasoning: bool | None = None  # do assistant turns carry reasoning_content?
         self.seen: dict[str, str] = {}
 
@@ -152,13 +153,15 @@ class _Checker:
             self._turns(file, line, row["conversations"])
 
     def _config(self, file: str, line: int, meta: dict[str, Any], first: dict[str, Any]) -> None:
-        """One dataset is one model and one sampling: a row made another way is a problem (a resume with
-        another config that no drift check caught)."""
-        for key in ("model", "sampling"):
-            diff = _value_diff(first.get(key), meta.get(key), f"meta.{key}")
-            if diff:
-                self.r.add("mixed_config", file, line, diff)
-                return
+        """One dataset is one model and one sampling (one per variant of a sampling mix): a row made another
+        way is a problem (a resume with another config that no drift check caught)."""
+        variant = meta.get("sampling_variant")
+        same_variant = self.first_sampling.setdefault(variant, meta.get("sampling"))
+        diff = (_value_diff(first.get("model"), meta.get("model"), "meta.model")
+                or _value_diff(same_variant, meta.get("sampling"), "meta.sampling"))
+        if diff:
+            which = "" if variant in (None, 0) or diff.startswith("meta.model") else f" (sampling_variant {variant})"
+            self.r.add("mixed_config", file, line, diff.replace("in the first row", f"in the first row{which}"))
 
     def _id(self, file: str, line: int, rid: Any) -> None:
         if not isinstance(rid, str):
