@@ -257,3 +257,24 @@ def declared_mix(fp: dict[str, Any]) -> list[tuple[float, str]]:
         out.append((float(share) if isinstance(share, (int, float)) else 0.0,
                     describe_overrides({k: x for k, x in v.items() if k != "share"})))
     return out
+
+
+def produced_shares(declared: list[tuple[float, str]], counts: dict[str, int]) -> list[str]:
+    """One line per variant: "variant 0 (temperature 0.0): 251 samples, 50.2% (declared 50.0%)"; [] without
+    a declared mix. `counts`: samples per meta.sampling_variant ("0": n)."""
+    if not declared:
+        return []
+    total = sum(counts.values())
+    out = []
+    for i, (share, what) in enumerate(declared):
+        n = counts.get(str(i), 0)
+        got = f"{100 * n / total:.1f}%" if total else "-"
+        out.append(f"variant {i} ({what}): {n:,} samples, {got} (declared {100 * share:.1f}%)")
+    stray = sorted(set(counts) - {str(i) for i in range(len(declared))})
+    out += [f"variant {k} (not in the declared mix): {counts[k]:,} samples" for k in stray]
+    return out
+
+
+def declared_lines(mix: SamplingMix) -> list[str]:
+    """One line per declared variant: "variant 0: 50.0%, temperature 0.0"."""
+    return [f"variant {i}: {100 * v.share:.1f}%, {mix.describe(i)}" for i, v in enumerate(mix.variants)]
