@@ -283,7 +283,7 @@ def test_a_killed_mixed_run_resumes_to_exact_counts_and_the_declared_shares(tmp_
     js = orjson.loads(run_cli("status", "--dataset", "T", "--json", *cfg).stdout)
     assert js["datasets"]["T"]["variants"] == {str(i): counts[i] for i in range(3)}
 
-    ck = run_cli("check", "--dataset", "T", *cfg)
+    ck = run_cli("check", "--dataset", toml, "--output-dir", out)
     assert "\n".join([
         "  sampling mix (3 variants, mix_seed 0; a sample's variant is drawn from the seed and its source row):",
         "    variant 0: 50.0%, temperature 0.0",
@@ -291,6 +291,7 @@ def test_a_killed_mixed_run_resumes_to_exact_counts_and_the_declared_shares(tmp_
         "    variant 2: 20.0%, temperature 1.0, chat_template_kwargs.thinking false"]) in ck.stdout, ck.stdout
 
     exp = tmp_path / "export" / "train.jsonl"
+    exp.parent.mkdir()
     e = run_cli("export", "--dataset", "T", *cfg, "--format", "specforge", "--out", exp)
     assert e.returncode == 0, e.stderr
     card = (exp.parent / "README.md").read_text()

@@ -27,9 +27,11 @@ is the sample's source position k (Prompt.source_index: the row's index in the s
 resume fingerprint pins) times the golden ratio, mod 1, shifted by the seed: Knuth's Fibonacci hashing
 in 64-bit integers, exact on every machine. So a sample's variant depends on nothing but the seed and
 its row: not on the run, the rank, a resume or a retry. And because {k·φ} is a low-discrepancy
-sequence, any N consecutive rows get each variant's share within about log(N)/N (rows k, k+m, k+2m, ...
-too, with a constant that grows with m), where an independent draw per id would be off by ~sqrt(share·(1 − share)/N): ±2.2 %
-(1 sd) for a 50 % share at 500 samples, ±0.7 % at 5,000. A prompt without a source position (made in
+sequence, any N consecutive rows get each variant's share within about log(N)/N (rows k, k+m, k+2m,
+... too, with a constant that grows with m), where an independent draw per id would be off by
+~sqrt(share·(1 − share)/N): ±2.2 % (1 sd) for a 50 % share at 500 samples, ±0.7 % at 5,000. A rank of a
+ranked run gets the rows whose ids hash to it (store/ranks.py): its own shares are those of independent
+draws; the ranks together hold every row, so the dataset's are exact again. A prompt without a source position (made in
 code) is placed by a hash of (seed, its id) instead: independent, unbiased, stable.
 
 Pure; no async library.
