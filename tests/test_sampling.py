@@ -13,7 +13,7 @@ from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig, load_d
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.records import Prompt, Sample
 from gen_pipeline.run.chat import ChatClient, ClientSettings, build_request
-from tests.pipeline_helpers import assert_exact, read_samples, run_cli, write_dataset
+from tests.pipeline_helpers import META_KEYS, assert_exact, read_samples, run_cli, write_dataset
 
 from mock_http import mock_http
 
@@ -127,6 +127,7 @@ def test_through_the_simulator_then_a_changed_key_is_refused(tmp_path: Path) -> 
     r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", out, "--progress", "quiet")
     assert r.returncode == 0, r.stderr
     samples = assert_exact(out, 12)
+    assert all(set(s["meta"]) == META_KEYS for s in samples)  # no sampling_variant without a sampling mix
     assert {orjson.dumps(s["meta"]["sampling"], option=orjson.OPT_SORT_KEYS) for s in samples} == {orjson.dumps(
         {"max_new_tokens": 64, "temperature": 0.7, "top_p": 0.95, "top_k": 20, "min_p": 0.05,
          "repetition_penalty": 1.05, "presence_penalty": 0.5, "frequency_penalty": -0.25,

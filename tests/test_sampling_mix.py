@@ -19,6 +19,7 @@ from gen_pipeline.errors import ConfigError
 from sglang_sim.testing import start_sim
 
 from pipeline_helpers import (
+    MIX_META_KEYS,
     SIM_FAST,
     _shard_lines,
     assert_exact,
@@ -195,6 +196,7 @@ def test_requests_carry_the_drawn_sampling_and_rows_record_it(tmp_path: Path, si
     r = run_cli("generate", "--dataset", toml, "--server-url", sim_url, "--output-dir", out, "--progress", "quiet")
     assert r.returncode == 0, r.stderr
     samples = assert_exact(out, 40)
+    assert all(set(s["meta"]) == MIX_META_KEYS for s in samples)
     mix = load_dataset_config(toml).mix
     by_variant: Counter[int] = Counter()
     turns: Counter[str] = Counter()

@@ -200,10 +200,11 @@ def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turn
         "completion_tokens": sum(t.completion_tokens for t in turns),
         "turns": len(turns),
         "sampling": s.sampling_dict,
-        "sampling_variant": s.variant,
         "kv_cache_dtype": s.kv_cache_dtype,
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
+    if s.mix is not None:  # only under a mix (part of the fingerprint): rows without one keep their keys
+        meta["sampling_variant"] = s.variant
     return Sample(id=prompt.id, dataset=dataset, conversations=conversation, meta=meta)
 
 
