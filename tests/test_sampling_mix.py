@@ -16,6 +16,8 @@ import pytest
 from gen_pipeline.config.dataset import load_dataset_config
 from gen_pipeline.config.mix import SamplingMix
 from gen_pipeline.errors import ConfigError
+from gen_pipeline.reports.page import _status_html
+from gen_pipeline.reports.status import DatasetStatus, StatusReport
 from sglang_sim.testing import start_sim
 
 from pipeline_helpers import (
@@ -265,7 +267,11 @@ def test_a_killed_mixed_run_resumes_to_exact_counts_and_the_declared_shares(tmp_
     assert _shard_lines(out / "T") < target
     r = run_cli(*args)
     assert r.returncode == 0, r.stderr
+    assert ("T: sampling mix: variant 0: 50.0%, temperature 0.0; variant 1: 30.0%, the base [sampling]; variant 2: "
+            "20.0%, temperature 1.0, chat_template_kwargs.thinking false\n") in r.stdout + r.stderr
     samples = assert_exact(out, target)  # exact count, no duplicate id
+    v = run_cli("validate", "--dataset", toml, "--output-dir", out)
+    assert v.returncode == 0, v.stdout
     counts = Counter(s["meta"]["sampling_variant"] for s in samples)
     for i, share in enumerate(SHARES):
         assert abs(counts[i] / target - share) <= 0.02, counts
@@ -298,3 +304,13 @@ def test_a_killed_mixed_run_resumes_to_exact_counts_and_the_declared_shares(tmp_
     assert e.returncode == 0, e.stderr
     card = (exp.parent / "README.md").read_text()
     assert f"- variant 0 (temperature 0.0): {counts[0]} samples, {pct[0]} (declared 50.0%)" in card
+
+
+def test_the_report_page_shows_the_produced_shares() -> None:
+    d = DatasetStatus("T", 10, done=10, mix=[(0.5, "temperature 0.0"), (0.5, "the base [sampling]")],
+                      variants={"0": 4, "1": 6})
+    page = _status_html(StatusReport([d], 10, 10, ["T"]))
+    assert page.endswith("<p>T: sampling mix, samples committed per variant:</p><pre>"
+                         "variant 0 (temperature 0.0): 4 samples, 40.0% (declared 50.0%)\n"
+                         "variant 1 (the base [sampling]): 6 samples, 60.0% (declared 50.0%)</pre>")
+    assert "sampling mix" not in _status_html(StatusReport([DatasetStatus("U", 10, done=10)], 10, 10, ["U"]))
