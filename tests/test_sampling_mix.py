@@ -15,9 +15,10 @@ import pytest
 
 from gen_pipeline.config.dataset import load_dataset_config
 from gen_pipeline.config.mix import SamplingMix
-from gen_pipeline.errors import ConfigError
+from gen_pipeline.errors import ConfigDriftError, ConfigError
 from gen_pipeline.reports.page import _status_html
 from gen_pipeline.reports.status import DatasetStatus, StatusReport
+from gen_pipeline.store.fingerprint import check_rows
 from sglang_sim.testing import start_sim
 
 from pipeline_helpers import (
@@ -314,3 +315,35 @@ def test_the_report_page_shows_the_produced_shares() -> None:
                          "variant 0 (temperature 0.0): 4 samples, 40.0% (declared 50.0%)\n"
                          "variant 1 (the base [sampling]): 6 samples, 60.0% (declared 50.0%)</pre>")
     assert "sampling mix" not in _status_html(StatusReport([DatasetStatus("U", 10, done=10)], 10, 10, ["U"]))
+
+
+def test_with_manifest_and_fingerprint_lost_the_rows_refuse_another_mix(tmp_path: Path) -> None:
+    """store/fingerprint.py check_rows: a row is checked against its own variant of the configured mix."""
+    fp = orjson.loads(orjson.dumps(load(tmp_path, SAMPLING + MIX).fingerprint("m")))
+    two = SAMPLING + "[[sampling.mix]]\nshare = 0.5\ntemperature = 0.0\n[[sampling.mix]]\nshare = 0.5\n"
+    fp_two = orjson.loads(orjson.dumps(load(tmp_path, two).fingerprint("m")))
+    fp_plain = orjson.loads(orjson.dumps(load(tmp_path, SAMPLING).fingerprint("m")))
+    folder = tmp_path / "out"
+
+    def refusal(fp: dict, row: dict) -> str:
+        try:
+            check_rows(folder, [("shard-000001.jsonl", orjson.dumps(row, option=orjson.OPT_SORT_KEYS), 3)], fp)
+        except ConfigDriftError as e:
+            return str(e)
+        return "accepted"
+
+    row = {"model": "m", "sampling": _expected_sampling(2), "sampling_variant": 2}
+    assert refusal(fp, row) == "accepted"
+    assert refusal(fp, {**row, "sampling_variant": 1}) == (
+        f"{folder} was written with a different config (2 settings differ):\n"
+        f"  sampling.chat_template_kwargs.thinking: False in {folder}, True now\n"
+        f"  sampling.temperature: 1.0 in {folder}, 0.7 now\n"
+        "Resuming would mix samples made two ways in one dataset. Restore the old settings to resume, or write to a "
+        "new output folder or dataset name.\n"
+        "(Its manifest.json and fingerprint.json are gone: the settings were read from the rows, shard-000001.jsonl "
+        "line 3.)")
+    assert f"  sampling_variant: 2 in {folder}, (not set) now\n" in refusal(fp_two, row)  # no variant 2 now
+    assert f"  sampling_variant: 2 in {folder}, (not set) now\n" in refusal(fp_plain, row)  # no mix now
+    plain_row = {"model": "m", "sampling": _expected_sampling(1)}
+    assert refusal(fp_plain, plain_row) == "accepted"
+    assert f"  sampling_variant: (not set) in {folder}, 0 now\n" in refusal(fp, plain_row)  # a mix now
