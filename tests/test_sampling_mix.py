@@ -17,7 +17,7 @@ from gen_pipeline.config.dataset import load_dataset_config
 from gen_pipeline.config.mix import SamplingMix
 from gen_pipeline.errors import ConfigDriftError, ConfigError
 from gen_pipeline.reports.page import _status_html
-from gen_pipeline.reports.status import DatasetStatus, StatusReport
+from gen_pipeline.reports.status import DatasetStatus, StatusReport, read_status
 from gen_pipeline.store.fingerprint import check_rows
 from sglang_sim.testing import start_sim
 
@@ -223,6 +223,16 @@ def test_requests_carry_the_drawn_sampling_and_rows_record_it(tmp_path: Path, si
                for m in s["conversations"] if m["role"] == "assistant")
     v = run_cli("validate", "--dataset", toml, "--output-dir", out)
     assert v.returncode == 0, v.stdout
+    st = read_status(out, "T", None)
+    assert (st.variants, st.mix) == ({str(k): n for k, n in by_variant.items()}, [
+        (0.5, "temperature 0.0"), (0.3, "the base [sampling]"),
+        (0.2, "temperature 1.0, chat_template_kwargs.thinking false")])
+    # ranks: each rank's part counts its own; status sums them (two copies of this folder as two ranks)
+    for r in (0, 1):
+        shutil.copytree(out / "T", tmp_path / "ranked" / "T" / f"rank-{r}-of-2",
+                        ignore=shutil.ignore_patterns(".lock"))
+    ranked = read_status(tmp_path / "ranked", "T", None)
+    assert (ranked.world_size, ranked.variants, ranked.mix) == (2, {k: 2 * n for k, n in st.variants.items()}, st.mix)
 
     # validate checks each row against its variant: a row claiming variant 0 with variant 1's sampling
     tampered = tmp_path / "tampered"
