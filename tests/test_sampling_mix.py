@@ -241,15 +241,17 @@ def test_requests_carry_the_drawn_sampling_and_rows_record_it(tmp_path: Path, si
     lines = shard.read_bytes().splitlines()
     variants = [orjson.loads(line)["meta"]["sampling_variant"] for line in lines]
     n = next(i for i, v in enumerate(variants) if v == 1 and 0 in variants[:i])  # after a genuine variant 0
-    row = orjson.loads(lines[n])
-    row["meta"]["sampling_variant"] = 0
-    lines[n] = orjson.dumps(row)
+    for i, claimed in ((n, 0), (n + 1, 7)):  # and the next row claims a variant the mix does not have
+        row = orjson.loads(lines[i])
+        row["meta"]["sampling_variant"] = claimed
+        lines[i] = orjson.dumps(row)
     shard.write_bytes(b"\n".join(lines) + b"\n")
     v = run_cli("validate", "--dataset", toml, "--output-dir", tampered, "--json")
     report = orjson.loads(v.stdout)
-    assert (v.returncode, report["problems"]) == (1, {"mix_sampling": 1, "mixed_config": 1})
+    assert (v.returncode, report["problems"]) == (1, {"mix_sampling": 2, "mixed_config": 1})
     assert [p["message"] for p in report["examples"] if p["kind"] == "mix_sampling"] == [
-        "meta.sampling.temperature is 0.7 here, 0.0 in the declared mix for sampling_variant 0"]
+        "meta.sampling.temperature is 0.7 here, 0.0 in the declared mix for sampling_variant 0",
+        "meta.sampling_variant is 7: the declared mix has variants 0 to 2"]
 
     # a changed mix refuses the resume, naming what changed
     toml.write_text(toml.read_text().replace("share = 0.5\ntemperature = 0.0", "share = 0.5\ntemperature = 0.1")
