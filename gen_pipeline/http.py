@@ -242,7 +242,8 @@ async def open_http(generation: GenerationConfig, max_connections: int, *,
     shards = -(-max_connections // CONNECTIONS_PER_POOL)
     tls = httpx.create_ssl_context() if transport is None else True  # True: unused (a test transport)
     http = Http([transport] if transport else
-                [httpx.AsyncHTTPTransport(limits=limits, trust_env=False, verify=tls) for _ in range(shards)],
+                [httpx.AsyncHTTPTransport(limits=limits, trust_env=False, verify=tls if tls is not None else True)
+                 for _ in range(shards)],
                 timeout)
     try:
         yield http

@@ -48,6 +48,9 @@ class SimServer:
         self.fault_counts: dict[str, int] = {f.value: 0 for f in Fault}
         # degenerate outputs written (sglang_sim/degenerate.py): loop_<kind>, leak_<kind>, marker_only
         self.output_fault_counts: collections.Counter[str] = collections.Counter()
+        # chat requests per sampling asked ({temperature, top_p, reasoning_effort, chat_template_kwargs} as sorted
+        # JSON): what a client's per-sample sampling (a sampling mix) really sent
+        self.chat_sampling: collections.Counter[str] = collections.Counter()
         self.registry = make_registry(SimCollector(ns.served_model_name, self._metrics_snapshot))
 
     def next_fault(self) -> Fault:
@@ -214,6 +217,7 @@ async def sim_stats(request: Request) -> Response:
         "retraction_events": st.retraction_events, "in_flight": sim.loop.in_flight,
         "requests_seen": sim.seq, "requests_completed": sim.completed, "faults": sim.fault_counts,
         "output_faults": dict(sim.output_fault_counts),
+        "chat_sampling": dict(sim.chat_sampling),
         "counters": sim.loop.engine.counters(), "load": sim.load(), "admissions": st.admissions,
     })
 

@@ -159,7 +159,10 @@ def _status_html(status: StatusReport | str) -> str:
         return f"<pre>{html.escape(status)}</pre>"
     cells = [[f"<th>{html.escape(h)}</th>" for h in STATUS_HEAD]]
     cells += [[f"<td>{html.escape(c)}</td>" for c in row] for row in status_rows(status)]
-    return '<table class="status">' + "".join(f"<tr>{''.join(r)}</tr>" for r in cells) + "</table>"
+    table = '<table class="status">' + "".join(f"<tr>{''.join(r)}</tr>" for r in cells) + "</table>"
+    mixes = [f"<p>{html.escape(d.dataset)}: sampling mix, samples committed per variant:</p><pre>"
+             + html.escape("\n".join(d.mix_lines())) + "</pre>" for d in status.datasets if d.mix]
+    return table + "".join(mixes)
 
 
 def render_html(dataset: str, rows: list[dict[str, Any]], status: StatusReport | str, diagnosis_text: str,

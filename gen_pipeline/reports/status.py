@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gen_pipeline.config.dataset import find_dataset_config
+from gen_pipeline.config.mix import declared_mix, produced_shares
 from gen_pipeline.display import format_duration
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.store.layout import (
@@ -59,6 +60,10 @@ class DatasetStatus:
     ranks: list[DatasetStatus] = field(default_factory=list)
     stale_ranks: list[int] = field(default_factory=list)
     heartbeat_age_s: float | None = None  # seconds since the manifest was last committed
+    # a sampling mix (config/mix.py): the declared [share, what it changes] per variant, and the samples
+    # committed per meta.sampling_variant ("0": n); both empty without one
+    mix: list[tuple[float, str]] = field(default_factory=list)
+    variants: dict[str, int] = field(default_factory=dict)
 
     @property
     def truncated_share(self) -> float:
@@ -67,6 +72,10 @@ class DatasetStatus:
     @property
     def remaining(self) -> int:
         return max(0, (self.target or 0) - self.done)
+
+    def mix_lines(self) -> list[str]:
+        """The produced shares of a sampling mix beside the declared ones; [] without a mix."""
+        return produced_shares(self.mix, self.variants)
 
     @property
     def eta_s(self) -> float | None:
@@ -119,6 +128,7 @@ def read_part_status(folder: Path, dataset: str, target: int | None) -> DatasetS
     errors = read_jsonl_rows(folder / ERRORS_NAME)
     done_ids = _add_shards(st, folder, ids=bool(errors))  # ids only to tell which failures have a sample since
     _add_errors(st, manifest, errors, done_ids)
+    st.mix = declared_mix(manifest.get("fingerprint") or {})
     _add_rejects(st, [folder])
     _add_run(st, folder, manifest)
     return st
@@ -135,6 +145,8 @@ def _add_shards(st: DatasetStatus, folder: Path, *, ids: bool) -> set[str]:
         st.completion_tokens += scan.completion_tokens
         st.truncated += scan.truncated
         st.corrupt_lines += len(scan.corrupt)
+        for k, n in scan.variants.items():
+            st.variants[k] = st.variants.get(k, 0) + n
         done.update(scan.ids)
     return done
 
@@ -283,6 +295,10 @@ def format_status(report: StatusReport) -> str:
         lines.insert(-1, lines[1])
     notes = [f"{d.dataset}: {d.corrupt_lines} unreadable lines in the shards; run validate"
              for d in report.datasets if d.corrupt_lines]
+    for d in report.datasets:
+        if d.mix:
+            notes += ["", f"{d.dataset}: sampling mix, samples committed per variant:"]
+            notes += [f"  {line}" for line in d.mix_lines()]
     if any(d.ranks for d in report.datasets):
         notes += format_ranks([d for d in report.datasets if d.ranks])
     return "\n".join(lines + (["", "errors = failures in the last run / ids still without a sample"]
@@ -340,6 +356,10 @@ def read_ranked_status(folder: Path, dataset: str, target: int | None) -> Datase
     for name in _SUMMED:
         setattr(st, name, sum(getattr(r, name) for r in ranks))
     st.stale_ranks = [n for r in ranks for n in r.stale_ranks]
+    st.mix = next((r.mix for r in ranks if r.mix), [])
+    for r in ranks:
+        for k, n in r.variants.items():
+            st.variants[k] = st.variants.get(k, 0) + n
     _add_rejects(st, list(parts.values()))
     live = [r for r in ranks if r.state.startswith("running") and not r.stale_ranks]
     # while ranks run, the dataset's rate is theirs; after, the sum of each rank's last rate
