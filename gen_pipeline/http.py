@@ -25,11 +25,9 @@ doing, not the server's). Control calls (health, loads, metrics) pass their own 
 
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 import socket
-import ssl
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -226,13 +224,6 @@ class _Lines:
             await close()
 
 
-@functools.cache
-def _ssl_context() -> ssl.SSLContext:
-    """One TLS context for every transport: httpx builds one per transport otherwise (the CA bundle read
-    again each time: ~0.1 s, and a window of 4,096 has 256 transports: 25 s before the first request)."""
-    return httpx.create_ssl_context(trust_env=False)
-
-
 @asynccontextmanager
 async def open_http(generation: GenerationConfig, max_connections: int, *,
                     transport: httpx.AsyncBaseTransport | None = None) -> AsyncIterator[Http]:
@@ -246,10 +237,14 @@ async def open_http(generation: GenerationConfig, max_connections: int, *,
     # No proxy from HTTP_PROXY (only httpx.AsyncClient reads it; aiohttp before did not either): a cluster's
     # proxy for the internet must not carry the requests to a server on the next node. HTTP/1.1 (SGLang's
     # uvicorn speaks nothing else), one connection per request in flight.
+    # One TLS context for all pools: httpx builds one per transport otherwise (~35 ms each on an H200 host),
+    # and a window of thousands means hundreds of pools -- 8 s before the first request was measured there.
     shards = -(-max_connections // CONNECTIONS_PER_POOL)
+    tls = httpx.create_ssl_context() if transport is None else True  # True: unused (a test transport)
     http = Http([transport] if transport else
-                [httpx.AsyncHTTPTransport(verify=_ssl_context(), limits=limits, trust_env=False)
-                 for _ in range(shards)], timeout)
+                [httpx.AsyncHTTPTransport(limits=limits, trust_env=False, verify=tls if tls is not None else True)
+                 for _ in range(shards)],
+                timeout)
     try:
         yield http
     finally:

@@ -52,6 +52,9 @@ class SimServer:
         # chat requests finished, by first / later turn: requests, prompt and cached tokens, and (later
         # turns) how many found the previous turn's whole prompt cached (/sim/stats "turns")
         self.turn_counts: collections.Counter[str] = collections.Counter()
+        # chat requests per sampling asked ({temperature, top_p, reasoning_effort, chat_template_kwargs} as sorted
+        # JSON): what a client's per-sample sampling (a sampling mix) really sent
+        self.chat_sampling: collections.Counter[str] = collections.Counter()
         self.registry = make_registry(SimCollector(ns.served_model_name, self._metrics_snapshot))
 
     def next_fault(self) -> Fault:
@@ -232,6 +235,7 @@ async def sim_stats(request: Request) -> Response:
         "requests_seen": sim.seq, "requests_completed": sim.completed, "faults": sim.fault_counts,
         "last_completed_sim_s": sim.last_completed_sim_s,
         "output_faults": dict(sim.output_fault_counts), "turns": dict(sim.turn_counts),
+        "chat_sampling": dict(sim.chat_sampling),
         "counters": sim.loop.engine.counters(), "load": sim.load(), "admissions": st.admissions,
     })
 

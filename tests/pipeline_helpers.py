@@ -24,6 +24,7 @@ LAUNCHER_VARS = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_ARRAY_TASK_ID", "SLURM_A
 SAMPLE_KEYS = {"id", "dataset", "conversations", "meta"}
 META_KEYS = {"model", "backend", "finish_reason", "prompt_tokens", "completion_tokens", "turns", "sampling",
              "kv_cache_dtype", "generated_at"}
+MIX_META_KEYS = META_KEYS | {"sampling_variant"}  # under a sampling mix (config/mix.py)
 
 
 def make_rows(n: int, *, invalid: int = 0) -> list[dict]:
@@ -135,7 +136,7 @@ def assert_exact(out: Path, target: int, name: str = "T") -> list[dict]:
     assert dup == [], f"duplicate ids: {dup[:5]}"
     assert len(samples) == target
     for s in samples:
-        assert set(s) == SAMPLE_KEYS and set(s["meta"]) == META_KEYS, s
+        assert set(s) == SAMPLE_KEYS and set(s["meta"]) in (META_KEYS, MIX_META_KEYS), s
         roles = [m["role"] for m in s["conversations"] if m["role"] != "system"]
         assert roles[0] == "user" and roles[-1] == "assistant"
         assert all(a != b for a, b in itertools.pairwise(roles))

@@ -160,9 +160,11 @@ def _status_html(status: StatusReport | str) -> str:
     cells = [[f"<th>{html.escape(h)}</th>" for h in STATUS_HEAD]]
     cells += [[f"<td>{html.escape(c)}</td>" for c in row] for row in status_rows(status)]
     table = '<table class="status">' + "".join(f"<tr>{''.join(r)}</tr>" for r in cells) + "</table>"
-    if not any(d.gpu.recorded for d in status.datasets):
-        return table
-    return table + '<pre class="gpu">' + html.escape("\n".join(gpu_lines(status))) + "</pre>"
+    mixes = [f"<p>{html.escape(d.dataset)}: sampling mix, samples committed per variant:</p><pre>"
+             + html.escape("\n".join(d.mix_lines())) + "</pre>" for d in status.datasets if d.mix]
+    if any(d.gpu.recorded for d in status.datasets):
+        mixes.append('<pre class="gpu">' + html.escape("\n".join(gpu_lines(status))) + "</pre>")
+    return table + "".join(mixes)
 
 
 def render_html(dataset: str, rows: list[dict[str, Any]], status: StatusReport | str, diagnosis_text: str,

@@ -18,7 +18,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,6 +27,7 @@ import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
+from gen_pipeline.config.mix import SamplingMix
 from gen_pipeline.config.server import normalise_server_url
 from gen_pipeline.errors import RequestError
 from gen_pipeline.http import CannotConnect, ConnectionLost, Http, HttpError, Reply
@@ -54,6 +55,8 @@ class ClientSettings:
     sampling: SamplingConfig
     generation: GenerationConfig
     kv_cache_dtype: str = "unknown"
+    mix: SamplingMix | None = None  # per-sample variants of `sampling` (config/mix.py); see for_prompt
+    variant: int = 0  # which of mix's variants `sampling` is (meta.sampling_variant)
 
     @property
     def sampling_dict(self) -> dict[str, Any]:
@@ -95,7 +98,16 @@ def _sampling_body(sampling: SamplingConfig, reasoning: str) -> dict[str, Any]:
     return body
 
 
-_OPTIONAL_SAMPLING = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "seed")
+_OPTIONAL_SAMPLING = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "seed",
+                      "reasoning_effort", "chat_template_kwargs")
+
+
+def for_prompt(s: ClientSettings, prompt: Prompt) -> ClientSettings:
+    """The settings of one sample: its variant of the sampling mix, drawn from its place in the source."""
+    if s.mix is None:
+        return s
+    variant = s.mix.pick(prompt.id, prompt.source_index)
+    return replace(s, sampling=s.mix.variants[variant].sampling, variant=variant)
 
 
 def build_request(messages: list[Message], s: ClientSettings) -> dict[str, Any]:
@@ -191,6 +203,8 @@ def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turn
         "kv_cache_dtype": s.kv_cache_dtype,
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
+    if s.mix is not None:  # only under a mix (part of the fingerprint): rows without one keep their keys
+        meta["sampling_variant"] = s.variant
     return Sample(id=prompt.id, dataset=dataset, conversations=conversation, meta=meta)
 
 
@@ -216,7 +230,7 @@ class ChatClient:
             self._fleet.sample_ended((dataset, prompt.id))  # its turns' server is no longer needed
 
     async def _regenerate(self, prompt: Prompt, dataset: str) -> Sample | Failure:
-        s = self.settings
+        s = for_prompt(self.settings, prompt)
         conversation: list[Message] = []
         turns: list[TurnResult] = []
         keep_reasoning = s.generation.reasoning == "keep"
@@ -227,7 +241,7 @@ class ChatClient:
             if m["role"] != "user":
                 continue
             try:
-                turn = await self.complete(conversation, sample=(dataset, prompt.id))
+                turn = await self.complete(conversation, s, sample=(dataset, prompt.id))
             except RequestError as e:
                 return Failure(prompt.id, dataset, e.reason, str(e), attempts=e.attempts, retryable=e.retryable)
             reply: Message = {"role": "assistant", "content": turn.content}
@@ -243,11 +257,13 @@ class ChatClient:
                 break  # a cut answer ends the conversation: later turns would build on it
         return build_sample(prompt, dataset, conversation, turns, s)
 
-    async def complete(self, messages: list[Message], sample: Hashable | None = None) -> TurnResult:
-        """One chat completion with retries; raises RequestError (with the attempts made) when it
-        will not succeed. `sample`: the conversation it belongs to (the fleet keeps its turns together)."""
+    async def complete(self, messages: list[Message], settings: ClientSettings | None = None,
+                       sample: Hashable | None = None) -> TurnResult:
+        """One chat completion with retries (`settings`: the sample's, default the client's); raises
+        RequestError (with the attempts made) when it will not succeed. `sample`: the conversation it
+        belongs to (the fleet keeps its turns together)."""
         g = self.settings.generation
-        body = orjson.dumps(build_request(messages, self.settings))
+        body = orjson.dumps(build_request(messages, settings or self.settings))
         attempts = 1
         try:
             return await self._attempt(body, sample)  # the common case pays nothing for the retry machinery

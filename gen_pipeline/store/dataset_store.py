@@ -48,6 +48,7 @@ from gen_pipeline.store.layout import (
 from gen_pipeline.store.lock import RunLock
 from gen_pipeline.store.manifest import (
     Manifest,
+    OpenShardRecord,
     ProgressRecord,
     RunRecord,
     ShardRecord,
@@ -482,13 +483,16 @@ class DatasetStore:
             self._sync(name)
         self._unsynced = 0
         run["updated_at"] = now_iso()
+        open_record: OpenShardRecord = {
+            "name": shard_name(self._open_index), "committed_bytes": self._open.good_bytes,
+            "committed_samples": self._open.samples, "prompt_tokens": self._open.prompt_tokens,
+            "completion_tokens": self._open.completion_tokens, "truncated": self._open.truncated}
+        if self._open.variants:
+            open_record["variants"] = dict(self._open.variants)
         self._manifest.update({
             "dataset": self.dataset, "target": self._target, "fingerprint": self.fingerprint,
             "fingerprint_digest": fingerprint_digest(self.fingerprint), "sealed": self._sealed,
-            "open": {"name": shard_name(self._open_index), "committed_bytes": self._open.good_bytes,
-                     "committed_samples": self._open.samples, "prompt_tokens": self._open.prompt_tokens,
-                     "completion_tokens": self._open.completion_tokens, "truncated": self._open.truncated},
-            "updated_at": run["updated_at"]})
+            "open": open_record, "updated_at": run["updated_at"]})
         if self.rank.ranked:  # status reads the rank from here (and the folder name)
             self._manifest.update({"rank": self.rank.rank, "world_size": self.rank.world})
         if self._progress is not None:
