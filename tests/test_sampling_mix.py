@@ -295,7 +295,10 @@ def test_a_killed_mixed_run_resumes_to_exact_counts_and_the_declared_shares(tmp_
     st = run_cli("status", "--dataset", "T", *cfg)
     assert st.returncode == 0, st.stderr
     pct = [f"{100 * counts[i] / target:.1f}%" for i in range(3)]
-    assert st.stdout.splitlines()[-4:] == [
+    lines = st.stdout.splitlines()
+    mix = lines.index("T: sampling mix, samples committed per variant:")
+    assert lines[mix + 5] == "GPU-hours (tp × dp × servers × wall time):"  # after the mix: issue 24's lines
+    assert lines[mix:mix + 4] == [
         "T: sampling mix, samples committed per variant:",
         f"  variant 0 (temperature 0.0): {counts[0]} samples, {pct[0]} (declared 50.0%)",
         f"  variant 1 (the base [sampling]): {counts[1]} samples, {pct[1]} (declared 30.0%)",
