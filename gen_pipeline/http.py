@@ -226,7 +226,7 @@ class Stream:
 
     def __init__(self, url: str, timeout: httpx.Timeout, response: httpx.Response):
         self.url, self._timeout, self._response = url, timeout, response
-        self.content_type = response.headers.get("content-type", "")
+        self.content_type: str = str(response.headers.get("content-type", ""))
         self._open: list[Any] = []  # async generators to close with the stream
 
     @property

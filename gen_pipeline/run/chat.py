@@ -191,6 +191,9 @@ def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turn
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "per_turn": per_turn if per_turn is not None else [TurnStats(attempts=1).meta(t) for t in turns],
     }
+    if s.token_ids:  # [output] token_ids: per assistant turn, the server's ids (kept out of the conversation,
+        # which is sent back as the next turn's history)
+        meta["token_ids"] = [{"prompt": t.prompt_token_ids or [], "output": t.token_ids or []} for t in turns]
     return Sample(id=prompt.id, dataset=dataset, conversations=conversation, meta=meta)
 
 
@@ -235,8 +238,6 @@ class ChatClient:
             reply: Message = {"role": "assistant", "content": turn.content}
             if keep_reasoning:
                 reply["reasoning_content"] = turn.reasoning
-            if s.token_ids and turn.prompt_token_ids is not None and turn.token_ids is not None:
-                reply["prompt_token_ids"], reply["token_ids"] = turn.prompt_token_ids, turn.token_ids  # type: ignore[typeddict-item]
             conversation.append(reply)
             turns.append(turn)
             per_turn.append(stats.meta(turn))
