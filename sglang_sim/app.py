@@ -23,13 +23,14 @@ from starlette.routing import Route
 
 from sglang_sim import generation
 from sglang_sim.cli import server_args_dict
-from sglang_sim.engine import Engine
+from sglang_sim.engine import Engine, FinishedRequest
 from sglang_sim.faults import Fault, FaultSettings, decide, health_ok
 from sglang_sim.loop import EngineLoop
 from sglang_sim.metrics import SimCollector, make_registry, render
 
 log = logging.getLogger("sglang_sim")
 SIM_VERSION = "0.5.6+sim"  # the SGLang API generation it mimics, marked as the simulator
+LOOPS_KEPT = 10_000  # looping turns kept in /sim/stats "loops"
 CRASH_LINE = "RuntimeError: CUDA error: an illegal memory access was encountered (simulated crash, --sim-crash-after)"
 
 
@@ -48,7 +49,18 @@ class SimServer:
         self.fault_counts: dict[str, int] = {f.value: 0 for f in Fault}
         # degenerate outputs written (sglang_sim/degenerate.py): loop_<kind>, leak_<kind>, marker_only
         self.output_fault_counts: collections.Counter[str] = collections.Counter()
+        # looping turns: rid -> (kind, the loop's first token) while running; once ended, what was decoded
+        # (the last LOOPS_KEPT in /sim/stats "loops": how far past its start a client's abort stopped it)
+        self.looping: dict[str, tuple[str, int]] = {}
+        self.loops_ended: collections.deque[dict[str, Any]] = collections.deque(maxlen=LOOPS_KEPT)
+        self.loop.on_finished = self._finished
         self.registry = make_registry(SimCollector(ns.served_model_name, self._metrics_snapshot))
+
+    def _finished(self, fin: FinishedRequest) -> None:
+        looped = self.looping.pop(fin.rid, None)
+        if looped is not None:
+            self.loops_ended.append({"rid": fin.rid, "kind": looped[0], "loop_start": looped[1],
+                                     "decoded": fin.completion_tokens, "finish_reason": fin.finish_reason})
 
     def next_fault(self) -> Fault:
         self.seq += 1
@@ -213,7 +225,7 @@ async def sim_stats(request: Request) -> Response:
         "lag_events": st.lag_events, "lag_total_real_s": st.lag_total_real_s, "max_lag_real_s": st.max_lag_real_s,
         "retraction_events": st.retraction_events, "in_flight": sim.loop.in_flight,
         "requests_seen": sim.seq, "requests_completed": sim.completed, "faults": sim.fault_counts,
-        "output_faults": dict(sim.output_fault_counts),
+        "output_faults": dict(sim.output_fault_counts), "loops": list(sim.loops_ended),
         "counters": sim.loop.engine.counters(), "load": sim.load(), "admissions": st.admissions,
     })
 

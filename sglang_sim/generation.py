@@ -136,6 +136,7 @@ def _degenerate(server: SimServer, gen: R.Generation, output_fault: OutputFault,
         natural_end = int(min(drawn, max_new) * R.REASONING_SHARE)
         end = len(plan.ids) if plan.loop_start < natural_end else natural_end
         server.output_fault_counts[f"loop_{plan.kind}"] += 1
+        server.looping[gen.rid] = (plan.kind, plan.loop_start)
         return replace(gen, output_ids=plan.ids, finish_reason="length", reasoning_end=end)
     if output_fault is OutputFault.LEAK and gen.reasoning == "separate":
         kind = degenerate.leak_kind(seed)

@@ -8,7 +8,7 @@ import argparse
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,6 +111,7 @@ class EngineLoop:
         self._decode_steps = 0
         self._log_tokens = 0
         self._log_sim_s = engine.now_s
+        self.on_finished: Callable[[FinishedRequest], None] | None = None  # every request that ended (aborts too)
 
     # -- used by the handlers ------------------------------------------------------------
     def now_s(self) -> float:
@@ -198,6 +199,8 @@ class EngineLoop:
                 if n:
                     tokens.put_nowait(n)
         for fin in result.finished:
+            if self.on_finished is not None:
+                self.on_finished(fin)
             ticket = self._tickets.pop(fin.rid, None)
             if ticket is None:
                 continue

@@ -15,7 +15,7 @@ ends with finish_reason "abort"; an abort with a status code writes an error obj
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gen_pipeline.config.dataset import GenerationConfig
@@ -50,6 +50,7 @@ class TurnResult:
     prompt_token_ids: list[int] | None = None  # [output] token_ids: the server's, as it returned them
     token_ids: list[int] | None = None
     loop: LoopVerdict | None = None  # the detector fired on this attempt
+    rid: str = ""  # the server's request id (the stream chunks' `id`)
     aborted: bool = False  # the stream was closed on the verdict (the server stopped decoding it)
     leak: str = ""  # a LeakReason value: the answer was repaired and kept, flagged
 
@@ -63,6 +64,7 @@ class TurnStats:
     empty: int = 0
     tokens_not_decoded: int = 0
     discarded_tokens: int = 0
+    caught: list[str] = field(default_factory=list)  # one line per loop caught (run.log)
 
     def meta(self, turn: TurnResult) -> TurnMeta:
         return {"finish_reason": turn.finish_reason, "prompt_tokens": turn.prompt_tokens,
@@ -76,6 +78,7 @@ class TurnStats:
         self.empty += other.empty
         self.tokens_not_decoded += other.tokens_not_decoded
         self.discarded_tokens += other.discarded_tokens
+        self.caught += other.caught
 
     def failure_extra(self) -> dict[str, int]:
         """What a Failure records of its sample's turns (errors.jsonl): status counts loops and savings from it."""
@@ -102,7 +105,7 @@ class TurnStream:
     comes; `feed` returns its verdict when it fires. Raises Retryable / RequestError for an error chunk."""
 
     __slots__ = ("_reasoning", "_content", "detector", "finish_reason", "usage", "deltas",
-                 "reasoning_deltas", "tokens_at_last_reasoning")
+                 "reasoning_deltas", "tokens_at_last_reasoning", "rid")
 
     def __init__(self, detector: RepetitionDetector | None) -> None:
         self._reasoning: list[str] = []
@@ -113,10 +116,13 @@ class TurnStream:
         self.deltas = 0  # text deltas seen (one per token or per stream_interval tokens)
         self.reasoning_deltas = 0
         self.tokens_at_last_reasoning: int | None = None  # completion tokens when the last reasoning came
+        self.rid = ""  # the chunks' `id`: SGLang's request id (its log's rid)
 
     def feed(self, chunk: Any) -> LoopVerdict | None:
         if not isinstance(chunk, dict):
             raise Retryable("bad_response", "a stream chunk is not a JSON object")
+        if not self.rid:
+            self.rid = str(chunk.get("id") or "")
         usage = chunk.get("usage")
         if usage is not None:
             self.usage = usage
@@ -179,7 +185,7 @@ class TurnStream:
                                 else self.reasoning_deltas)
         finish = "length" if aborted else _finish(self.finish_reason)
         return TurnResult(content, reasoning, finish, prompt_tokens, completion, min(reasoning_tokens, completion),
-                          loop=loop, aborted=aborted)
+                          loop=loop, aborted=aborted, rid=self.rid)
 
 
 def _int(v: Any, default: int = 0) -> int:
@@ -224,7 +230,8 @@ def parse_response(data: Any, *, token_ids: bool = False) -> TurnResult:
         chars = len(reasoning) + len(content)
         reasoning_tokens = round(completion_tokens * len(reasoning) / chars) if chars else 0
     return TurnResult(content, reasoning, _finish(finish), prompt_tokens, completion_tokens,
-                      min(reasoning_tokens, completion_tokens), prompt_token_ids=ids[0], token_ids=ids[1])
+                      min(reasoning_tokens, completion_tokens), prompt_token_ids=ids[0], token_ids=ids[1],
+                      rid=str(data.get("id") or ""))
 
 
 def detect_loop(turn: TurnResult, detector: RepetitionDetector) -> LoopVerdict | None:
@@ -280,8 +287,8 @@ def judge(turn: TurnResult, g: GenerationConfig) -> TurnResult:
     max_new_tokens, else "leak"), "keep" writes it repaired and flagged (`leak`):
       think_marker          markers removed; the text inside a marker pair becomes the reasoning
       reasoning_in_content  the text (the cut thinking) moved to reasoning, the answer empty
-      cut_in_reasoning      as it came: reasoning, no answer
-    A kept turn with nothing to write (no answer, and no reasoning or the dataset keeps none) is empty."""
+      cut_in_reasoning      (no answer: follows empty_turn)
+    A kept turn with no answer left is an empty one (validate rejects a turn with empty content)."""
     keep_reasoning = g.reasoning == "keep"
     finding = check_turn(turn.content, turn.reasoning, turn.finish_reason, reasoning_expected=keep_reasoning)
     if finding is None:
@@ -300,7 +307,7 @@ def judge(turn: TurnResult, g: GenerationConfig) -> TurnResult:
         kept = replace(turn, reasoning=turn.content, content="")
     else:
         kept = turn
-    if not kept.content.strip() and not (keep_reasoning and kept.reasoning.strip()):
-        reject_empty(turn, g.empty_turn)
+    if not kept.content.strip():  # no answer (validate rejects an empty turn): as an empty answer
+        reject_empty(turn, g.empty_turn, "without an answer (the thinking was cut)")
     return replace(kept, leak=reason.value)
 

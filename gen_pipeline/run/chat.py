@@ -61,6 +61,7 @@ from gen_pipeline.run.answer import (
 from gen_pipeline.server.fleet import Fleet
 
 log = logging.getLogger(__name__)
+JOURNAL = logging.getLogger("gen_pipeline.journal.gate")  # run.log only (cli/logs.py)
 
 _Retryable = Retryable  # the name tests and older callers use
 __all__ = ["ChatClient", "ClientSettings", "RequestDone", "TurnResult", "build_request", "build_sample",
@@ -231,9 +232,11 @@ class ChatClient:
             try:
                 turn = await self.complete(conversation, s, stats)
             except RequestError as e:
+                _journal_loops(stats, prompt.id, dataset)
                 spent.add(stats)
                 return Failure(prompt.id, dataset, e.reason, str(e), attempts=e.attempts, retryable=e.retryable,
                                extra=spent.failure_extra())
+            _journal_loops(stats, prompt.id, dataset)
             spent.add(stats)
             reply: Message = {"role": "assistant", "content": turn.content}
             if keep_reasoning:
@@ -306,11 +309,17 @@ class ChatClient:
         v = turn.loop
         what = (f"the turn looped ({v.reason.value}, period {v.period_words} words) from character "
                 f"{v.loop_start_char}; {'aborted' if turn.aborted else 'caught'} after {turn.completion_tokens} tokens")
+        stats.caught.append(f"request {turn.rid or '?'}: {what} (on_loop {g.on_loop})")
         if g.on_loop == "keep":
-            kept = cut_at_loop(turn, v)
-            if not kept.content.strip() and not (g.reasoning == "keep" and kept.reasoning.strip()):
+            try:  # the text before the loop, judged as any answer (think markers split off, leaks flagged)
+                kept = judge(cut_at_loop(turn, v), g)
+            except (_Retryable, RequestError) as e:
                 stats.discarded_tokens += turn.completion_tokens
-                raise RequestError(f"{what}; nothing before the loop to keep", reason="loop", retryable=False)
+                if isinstance(e, RequestError) and e.reason != "empty_turn":
+                    raise  # a leak and truncated = "drop"
+                # the loop began before the answer did: no turn to write
+                raise RequestError(f"{what}; no answer before the loop to keep", reason="loop",
+                                   retryable=False) from None
             return kept
         stats.discarded_tokens += turn.completion_tokens
         if g.on_loop == "drop" or stats.attempts >= g.max_attempts:
@@ -418,6 +427,12 @@ class _Attempts:
 
     def reseed(self) -> None:
         self.body = orjson.dumps({**self.base, "seed": loop_seed(self._first, self.stats.loops)})
+
+
+def _journal_loops(stats: TurnStats, sample_id: str, dataset: str) -> None:
+    """One run.log line per loop caught (the journal: not on the console; the request id is the server's)."""
+    for line in stats.caught:
+        JOURNAL.info("loop caught in %s: %s", sample_id, line, extra={"dataset": dataset})
 
 
 def _wait(g: GenerationConfig, state: RetryCallState) -> float:
