@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gen_pipeline.quality.accounting import SAVED_FORMULA, decoded_tokens, gpu_s_per_token, saved_gpu_s
 from gen_pipeline.reports.status import read_status
 from gen_pipeline.store.layout import dataset_parts
 from gen_pipeline.store.manifest import read_manifest
@@ -101,6 +102,9 @@ def _dataset_rows(opts: ExportOptions, summary: ExportSummary,
             "completion_tokens": sum(int(m.get("completion_tokens") or 0) for m in metas),
             "wall_h": wall_h, "gpus": gpus,
             "gpu_h_per_1k": (wall_h * gpus / st.done * 1000) if wall_h is not None and gpus and st.done else None,
+            "gate": st.gate,
+            "gpu_s_saved": saved_gpu_s(st.gate, gpu_s_per_token(wall_h * 3600 if wall_h is not None else None, gpus,
+                                                               decoded_tokens(st.gate, st.completion_tokens))),
         })
     return rows
 
@@ -152,7 +156,14 @@ def render_card(opts: ExportOptions, summary: ExportSummary, chosen: list[dict[s
              f"{_hours(r['wall_h'])} | {r['gpus'] or 'unknown'} | "
              f"{_gpu_h(r['gpu_h_per_1k'])} |" for r in rows]
     body += ["", "Token totals are over the exported samples (their meta); wall time is every run's, start-up "
-             "included; GPU-hours = wall time × GPUs of the server profile ÷ committed samples × 1,000.", "",
+             "included; GPU-hours = wall time × GPUs of the server profile ÷ committed samples × 1,000.", ""]
+    body += ["## Quality gate", "", "| dataset | loops caught | loops kept (cut) | empty answers retried | leaks "
+             "flagged | tokens not decoded | GPU-hours saved (estimate) |", "|---|---|---|---|---|---|---|"]
+    body += [f"| {r['dataset']} | {r['gate'].get('loops', 0):,} | {r['gate'].get('loops_kept', 0):,} | "
+             f"{r['gate'].get('empty', 0):,} | {r['gate'].get('leaks', 0):,} | "
+             f"{r['gate'].get('tokens_not_decoded', 0):,} | {_gpu_h(_h(r['gpu_s_saved']))} |" for r in rows]
+    body += ["", "Loops are stopped on the stream as they begin (the server aborts the request); failed samples' "
+             f"loops included. GPU-hours saved = {SAVED_FORMULA}.", "",
              "## Export", "", "```", opts.command or f"gen-pipeline export --format {opts.format} --out {opts.out}",
              "```", ""]
     return "\n".join(front + body)
@@ -160,6 +171,10 @@ def render_card(opts: ExportOptions, summary: ExportSummary, chosen: list[dict[s
 
 def _dropped(d: dict[str, int]) -> str:
     return ", ".join(f"{n:,} {k}" for k, n in sorted(d.items())) or "0"
+
+
+def _h(s: float | None) -> float | None:
+    return None if s is None else s / 3600
 
 
 def _gpu_h(x: float | None) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError, StoreError
+from gen_pipeline.quality.accounting import SAVED_FORMULA, format_gate
 from gen_pipeline.reports.context import run_context
 from gen_pipeline.reports.diagnose import THRESHOLDS
 from gen_pipeline.reports.status import STATUS_HEAD, StatusReport, status_all, status_rows
@@ -159,7 +160,10 @@ def _status_html(status: StatusReport | str) -> str:
         return f"<pre>{html.escape(status)}</pre>"
     cells = [[f"<th>{html.escape(h)}</th>" for h in STATUS_HEAD]]
     cells += [[f"<td>{html.escape(c)}</td>" for c in row] for row in status_rows(status)]
-    return '<table class="status">' + "".join(f"<tr>{''.join(r)}</tr>" for r in cells) + "</table>"
+    gate = [f"<p>{html.escape(d.dataset)}: {html.escape(line)} (saved: an estimate, "
+            f"{html.escape(SAVED_FORMULA)})</p>"
+            for d in status.datasets if (line := format_gate(d.gate, d.server_s_saved, unit="server"))]
+    return '<table class="status">' + "".join(f"<tr>{''.join(r)}</tr>" for r in cells) + "</table>" + "".join(gate)
 
 
 def render_html(dataset: str, rows: list[dict[str, Any]], status: StatusReport | str, diagnosis_text: str,

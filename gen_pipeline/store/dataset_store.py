@@ -48,6 +48,7 @@ from gen_pipeline.store.layout import (
 from gen_pipeline.store.lock import RunLock
 from gen_pipeline.store.manifest import (
     Manifest,
+    OpenShardRecord,
     ProgressRecord,
     RunRecord,
     ShardRecord,
@@ -456,6 +457,15 @@ class DatasetStore:
 
     # ------------------------------------------------------------ durability
 
+    def _open_record(self) -> OpenShardRecord:
+        o = self._open
+        rec: OpenShardRecord = {"name": shard_name(self._open_index), "committed_bytes": o.good_bytes,
+                                "committed_samples": o.samples, "prompt_tokens": o.prompt_tokens,
+                                "completion_tokens": o.completion_tokens, "truncated": o.truncated}
+        if o.gate:
+            rec["gate"] = dict(o.gate)
+        return rec
+
     def commit(self, progress: ProgressRecord | None = None) -> None:
         """fsync the files, then replace the manifest atomically (with the run's live figures when
         given); raises DiskError."""
@@ -469,9 +479,7 @@ class DatasetStore:
         self._manifest.update({
             "dataset": self.dataset, "target": self._target, "fingerprint": self.fingerprint,
             "fingerprint_digest": fingerprint_digest(self.fingerprint), "sealed": self._sealed,
-            "open": {"name": shard_name(self._open_index), "committed_bytes": self._open.good_bytes,
-                     "committed_samples": self._open.samples, "prompt_tokens": self._open.prompt_tokens,
-                     "completion_tokens": self._open.completion_tokens, "truncated": self._open.truncated},
+            "open": self._open_record(),
             "updated_at": run["updated_at"]})
         if self.rank.ranked:  # status reads the rank from here (and the folder name)
             self._manifest.update({"rank": self.rank.rank, "world_size": self.rank.world})

@@ -12,7 +12,7 @@ import functools
 import os
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Required, cast
+from typing import Any, NotRequired, Required, cast
 
 import orjson
 from pydantic import TypeAdapter, ValidationError
@@ -51,6 +51,7 @@ class ShardRecord(TypedDict):
     prompt_tokens: int
     completion_tokens: int
     truncated: int
+    gate: NotRequired[dict[str, int]]  # the quality gate's counts (quality/accounting.py), when any
 
 
 class OpenShardRecord(TypedDict):
@@ -62,6 +63,7 @@ class OpenShardRecord(TypedDict):
     prompt_tokens: int
     completion_tokens: int
     truncated: int
+    gate: NotRequired[dict[str, int]]
 
 
 class RunRecord(TypedDict, total=False):

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from gen_pipeline.quality.accounting import add_meta
 from gen_pipeline.store.manifest import ShardRecord
 
 SHARD_RE = re.compile(r"^shard-(\d{5,})\.jsonl$")
@@ -55,6 +56,7 @@ class ShardScan:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     truncated: int = 0
+    gate: dict[str, int] = field(default_factory=dict)  # the quality gate's counts (quality/accounting.py)
     good_bytes: int = 0
     cut_bytes: int = 0
     corrupt: list[tuple[int, str]] = field(default_factory=list)  # (1-based line, why), not the last line
@@ -67,8 +69,12 @@ class ShardScan:
 
     def entry(self, name: str) -> ShardRecord:
         """The manifest's record of this shard."""
-        return {"name": name, "samples": self.samples, "bytes": self.good_bytes, "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens, "truncated": self.truncated}
+        rec: ShardRecord = {"name": name, "samples": self.samples, "bytes": self.good_bytes,
+                            "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                            "truncated": self.truncated}
+        if self.gate:
+            rec["gate"] = dict(self.gate)
+        return rec
 
     def add(self, row: dict[str, Any]) -> None:
         self.ids.append(row["id"])
@@ -78,6 +84,7 @@ class ShardScan:
         self.prompt_tokens += _int(meta.get("prompt_tokens"))
         self.completion_tokens += _int(meta.get("completion_tokens"))
         self.truncated += meta.get("finish_reason") == "length"
+        add_meta(self.gate, meta)
 
 
 def _int(v: Any) -> int:
