@@ -28,7 +28,8 @@ CAUGHT = re.compile(r"loop caught in \S+: request (\w+): .*?; aborted after (\d+
 
 @pytest.fixture(scope="module")
 def sim():
-    args = [*SIM_FAST, "--sim-loop-rate", "0.2", "--sim-seed", "5"]
+    # with a reasoning parser, as the reference job's server (without one every answer has think markers)
+    args = [*SIM_FAST, "--reasoning-parser", "kimi_k2", "--sim-loop-rate", "0.2", "--sim-seed", "5"]
     with start_sim(args, ready_timeout_s=30) as s:
         yield s
 
@@ -85,9 +86,24 @@ def test_retry_writes_every_sample_with_a_new_seed(sim, tmp_path):
     not_decoded = sum(t["tokens_not_decoded"] for t in turns)
     assert not_decoded >= sum(MAX_NEW - x["decoded"] for x in loops)
     assert sum(t["empty"] for t in turns) == 0  # no other fault in this sim: every discarded token is a loop's
-    assert sum(t["discarded_tokens"] for t in turns) + not_decoded == MAX_NEW * len(loops)
+    discarded = sum(t["discarded_tokens"] for t in turns)
+    assert discarded + not_decoded == MAX_NEW * len(loops)
+    n = len(loops)
+    gate = (f"quality gate: {n:,} loop{'' if n == 1 else 's'} caught, 0 empty answers retried, 0 leaks flagged; "
+            f"{not_decoded:,} tokens not decoded")
     v = run_cli("validate", "--dataset", toml, "--output-dir", out)
     assert v.returncode == 0, v.stdout + v.stderr
+    assert f"  {gate}, {discarded:,} decoded and discarded (written rows only" in v.stdout, v.stdout
+    st = run_cli("status", "--dataset", "T", "--output-dir", out, "--config-dir", toml.parent)
+    assert st.returncode == 0, st.stdout + st.stderr
+    assert f"T: {gate} (~" in st.stdout and f" server-s saved), {discarded:,} decoded and discarded" in st.stdout, st.stdout
+    js = orjson.loads(run_cli("status", "--dataset", "T", "--output-dir", out, "--config-dir", toml.parent,
+                              "--json").stdout)["datasets"]["T"]
+    assert js["gate"]["loops"] == n and js["gate"]["tokens_not_decoded"] == not_decoded
+    assert js["gate"]["retried_turns"] == n or js["gate"]["retried_turns"] < n  # a turn may loop twice
+    # the estimate: tokens not decoded × the run's server-seconds per decoded token
+    per_token = js["run_wall_s"] / (js["completion_tokens"] + discarded)
+    assert js["server_s_saved"] == pytest.approx(not_decoded * per_token, abs=0.1)
 
 
 def test_drop_fails_the_sample_at_once(sim, tmp_path):
@@ -106,6 +122,11 @@ def test_drop_fails_the_sample_at_once(sim, tmp_path):
     assert all(t["loops"] == 0 for t in _turns(samples))
     v = run_cli("validate", "--dataset", toml, "--output-dir", out)
     assert v.returncode == 0, v.stdout + v.stderr
+    assert "loops caught" not in v.stdout  # the written rows had none: the failures hold them
+    js = orjson.loads(run_cli("status", "--dataset", "T", "--output-dir", out, "--config-dir", toml.parent,
+                              "--json").stdout)["datasets"]["T"]
+    assert js["gate"]["loops"] == n and js["errors_unresolved"] == n
+    assert js["gate"]["tokens_not_decoded"] == sum(e["tokens_not_decoded"] for e in failed) > 0
 
 
 def test_keep_cuts_the_turn_where_the_loop_began(sim, tmp_path):
