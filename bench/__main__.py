@@ -1,6 +1,6 @@
 """`make bench` = `python -m bench [NAME ...]`: runs the benchmarks in turn; each writes its own
 section of bench/results.json and bench/RESULTS.md. Names: calibration, controller, controller_regimes,
-overhead, http_client, resume_speed, sim_capacity, export, ranks, fleet, job, loops, faults, sim_vs_real, gpu_h200
+overhead, http_client, resume_speed, sim_capacity, export, ranks, fleet, job, loops, gate, faults, sim_vs_real, gpu_h200
 (default: all but faults, the long soak `make chaos` runs)."""
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ BENCHES = {
     "fleet": "bench.fleet_scale",
     "job": "bench.job_bench",
     "loops": "bench.loops_bench",
+    "gate": "bench.gate_bench",
 }
 DEFAULT = [n for n in BENCHES if n != "faults"]
 

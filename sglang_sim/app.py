@@ -220,7 +220,7 @@ async def sim_stats(request: Request) -> Response:
         "sim_time_s": sim.loop.now_s(), "real_time_s": time.monotonic() - sim.started_real,
         # the clock of the health_503 window (None while starting)
         "since_ready_s": None if sim.ready_real is None else time.monotonic() - sim.ready_real,
-        "time_scale": sim.ns.time_scale, "steps": st.steps, "busy_real_s": st.busy_real_s,
+        "time_scale": sim.ns.time_scale, "steps": st.steps, "busy_real_s": st.busy_real_s, "busy_sim_s": st.busy_sim_s,
         "max_step_real_s": st.max_step_real_s,
         "lag_events": st.lag_events, "lag_total_real_s": st.lag_total_real_s, "max_lag_real_s": st.max_lag_real_s,
         "retraction_events": st.retraction_events, "in_flight": sim.loop.in_flight,

@@ -286,14 +286,17 @@ async def _faulty_stream(plan: Plan, events: AsyncGenerator[bytes, None]) -> Asy
         await events.aclose()
 
 
-async def _token_events(ticket: Ticket) -> AsyncIterator[tuple[int, int] | Any]:
-    """Yields (start, end) token ranges as produced, then the FinishedRequest."""
-    sent, tokens = 0, ticket.stream()
+async def _token_events(ticket: Ticket, interval: int = 1) -> AsyncIterator[tuple[int, int] | Any]:
+    """Yields (start, end) token ranges as produced (at least `interval` tokens each: SGLang's
+    --stream-interval), then the FinishedRequest."""
+    sent, held, tokens = 0, 0, ticket.stream()
     while True:
         item = await tokens.get()
         if isinstance(item, int):
-            yield sent, sent + item
-            sent += item
+            held += item
+            if held >= interval:
+                yield sent, sent + held
+                sent, held = sent + held, 0
             continue
         if item.completion_tokens > sent:
             yield sent, item.completion_tokens
@@ -306,7 +309,7 @@ async def _chat_stream(server: SimServer, plan: Plan, ticket: Ticket) -> AsyncIt
     first tokens arrive, then reasoning and content chunks, a finish chunk, the usage chunk when
     stream_options.include_usage, and [DONE]."""
     gen, first = plan.gen, True
-    async for ev in _token_events(ticket):
+    async for ev in _token_events(ticket, getattr(server.ns, "stream_interval", 1)):
         if isinstance(ev, tuple):
             if first:
                 yield R.sse(R.role_chunk(gen))
@@ -325,7 +328,7 @@ async def _chat_stream(server: SimServer, plan: Plan, ticket: Ticket) -> AsyncIt
 async def _generate_stream(server: SimServer, plan: Plan, ticket: Ticket) -> AsyncIterator[bytes]:
     """SGLang's /generate stream: each event carries the cumulative text so far."""
     gen, text = plan.gen, ""
-    async for ev in _token_events(ticket):
+    async for ev in _token_events(ticket, getattr(server.ns, "stream_interval", 1)):
         if isinstance(ev, tuple):
             text += decode_output(gen.output_ids[ev[0]:ev[1]])
             yield R.sse({"text": text, "meta_info": {"id": gen.rid, "finish_reason": None,

@@ -85,6 +85,7 @@ class LoopStats:
     lag_total_real_s: float = 0.0
     max_lag_real_s: float = 0.0
     busy_real_s: float = 0.0
+    busy_sim_s: float = 0.0  # simulated seconds the engine spent in steps (the GPU's busy time)
     max_step_real_s: float = 0.0
     last_gen_throughput: float = 0.0
     retraction_events: int = 0
@@ -164,6 +165,7 @@ class EngineLoop:
             self._step_pending = False
             step_real_s = time.monotonic() - t0
             self.stats.busy_real_s += step_real_s
+            self.stats.busy_sim_s += result.dt_s
             self.stats.max_step_real_s = max(self.stats.max_step_real_s, step_real_s)
             self.stats.steps += 1
             await self._pace()
