@@ -66,6 +66,8 @@ class Plan:
     continuous_usage: bool = False
     logprobs: LP.LogprobPlan | None = None
     output_fault: OutputFault = OutputFault.NONE
+    return_prompt_ids: bool = False  # return_prompt_token_ids or return_token_ids (whole answers only)
+    return_output_ids: bool = False  # return_token_ids
 
 
 def _check_context(server: SimServer, n_prompt: int, max_new: int | None) -> None:
@@ -173,6 +175,15 @@ def _chat_plan(server: SimServer, body: dict[str, Any]) -> Plan:
     max_value = body.get("max_completion_tokens", body.get("max_tokens"))
     plan = _plan(server, _rid(body), prompt, encode(prompt), max_value, "max_tokens", sampling,
                  _reasoning_mode(server, body), bool(body.get("stream")))
+    # SGLang 0.5.17 refuses the token ids on a stream (serving_chat.py _validate_request, HTTP 400)
+    if plan.stream and body.get("return_prompt_token_ids"):
+        raise BadRequest("return_prompt_token_ids is not supported with streaming. "
+                         "Please set stream=false when using return_prompt_token_ids=true.")
+    if plan.stream and body.get("return_token_ids"):
+        raise BadRequest("return_token_ids is not supported with streaming on /v1/chat/completions. "
+                         "Please set stream=false when using return_token_ids=true.")
+    plan.return_output_ids = bool(body.get("return_token_ids"))
+    plan.return_prompt_ids = plan.return_output_ids or bool(body.get("return_prompt_token_ids"))
     options = body.get("stream_options") or {}
     plan.include_usage = bool(options.get("include_usage"))
     plan.continuous_usage = bool(options.get("continuous_usage_stats"))
@@ -340,7 +351,13 @@ async def _generate_stream(server: SimServer, plan: Plan, ticket: Ticket) -> Asy
 
 
 def _chat_whole(server: SimServer, plan: Plan, fin: Any) -> dict[str, Any]:
-    return R.chat_completion(plan.gen, fin, with_usage=True, cache_report=server.ns.enable_cache_report)
+    body = R.chat_completion(plan.gen, fin, with_usage=True, cache_report=server.ns.enable_cache_report)
+    choice = body["choices"][0]  # SGLang's ChatCompletionResponseChoice: each only when asked for
+    if plan.return_prompt_ids:
+        choice["prompt_token_ids"] = list(plan.gen.prompt_ids)
+    if plan.return_output_ids:
+        choice["token_ids"] = list(plan.gen.output_ids[:fin.completion_tokens])
+    return body
 
 
 def _generate_whole(server: SimServer, plan: Plan, fin: Any) -> dict[str, Any]:

@@ -96,7 +96,8 @@ def test_retry_writes_every_sample_with_a_new_seed(sim, tmp_path):
     assert f"  {gate}, {discarded:,} decoded and discarded (written rows only" in v.stdout, v.stdout
     st = run_cli("status", "--dataset", "T", "--output-dir", out, "--config-dir", toml.parent)
     assert st.returncode == 0, st.stdout + st.stderr
-    assert f"T: {gate} (~" in st.stdout and f" server-s saved), {discarded:,} decoded and discarded" in st.stdout, st.stdout
+    assert f"T: {gate} (~" in st.stdout, st.stdout
+    assert f" server-s saved), {discarded:,} decoded and discarded" in st.stdout, st.stdout
     js = orjson.loads(run_cli("status", "--dataset", "T", "--output-dir", out, "--config-dir", toml.parent,
                               "--json").stdout)["datasets"]["T"]
     assert js["gate"]["loops"] == n and js["gate"]["tokens_not_decoded"] == not_decoded

@@ -192,9 +192,6 @@ def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turn
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "per_turn": per_turn if per_turn is not None else [TurnStats(attempts=1).meta(t) for t in turns],
     }
-    if s.token_ids:  # [output] token_ids: per assistant turn, the server's ids (kept out of the conversation,
-        # which is sent back as the next turn's history)
-        meta["token_ids"] = [{"prompt": t.prompt_token_ids or [], "output": t.token_ids or []} for t in turns]
     return Sample(id=prompt.id, dataset=dataset, conversations=conversation, meta=meta)
 
 
@@ -217,7 +214,8 @@ class ChatClient:
         """Every assistant turn regenerated in order; per-request failures come back as a Failure (with the
         gate's counts of the sample's turns in `extra`). `settings`: this prompt's, when not the client's."""
         s = settings or self.settings
-        conversation: list[Message] = []
+        conversation: list[Message] = []  # what is written
+        history: list[Message] = []  # what the next request sends (no token ids)
         turns: list[TurnResult] = []
         per_turn: list[TurnMeta] = []
         spent = TurnStats()  # the turns so far, for a Failure's record
@@ -226,11 +224,12 @@ class ChatClient:
             if m["role"] == "assistant":
                 continue  # source answers are replaced by the target model's
             conversation.append({"role": m["role"], "content": m["content"]})
+            history.append(conversation[-1])
             if m["role"] != "user":
                 continue
             stats = TurnStats()
             try:
-                turn = await self.complete(conversation, s, stats)
+                turn = await self.complete(history, s, stats)
             except RequestError as e:
                 _journal_loops(stats, prompt.id, dataset)
                 spent.add(stats)
@@ -241,6 +240,10 @@ class ChatClient:
             reply: Message = {"role": "assistant", "content": turn.content}
             if keep_reasoning:
                 reply["reasoning_content"] = turn.reasoning
+            history.append(reply)
+            if s.token_ids and turn.prompt_token_ids is not None and turn.token_ids is not None:
+                # the server's ids on the written turn (export/tokens.py reads them); not sent back
+                reply = {**reply, "prompt_token_ids": turn.prompt_token_ids, "token_ids": turn.token_ids}  # type: ignore[dict-item]
             conversation.append(reply)
             turns.append(turn)
             per_turn.append(stats.meta(turn))
