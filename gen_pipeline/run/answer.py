@@ -287,8 +287,10 @@ def judge(turn: TurnResult, g: GenerationConfig) -> TurnResult:
     max_new_tokens, else "leak"), "keep" writes it repaired and flagged (`leak`):
       think_marker          markers removed; the text inside a marker pair becomes the reasoning
       reasoning_in_content  the text (the cut thinking) moved to reasoning, the answer empty
-      cut_in_reasoning      (no answer: follows empty_turn)
-    A kept turn with no answer left is an empty one (validate rejects a turn with empty content)."""
+      cut_in_reasoning      (no answer)
+    A kept turn with no answer left is never written (validate rejects a turn with empty content): a final
+    failure, reason "truncated", when the thinking ran to max_new_tokens (a retry would run to the same
+    cap), else an empty answer (`empty_turn`)."""
     keep_reasoning = g.reasoning == "keep"
     finding = check_turn(turn.content, turn.reasoning, turn.finish_reason, reasoning_expected=keep_reasoning)
     if finding is None:
@@ -301,13 +303,19 @@ def judge(turn: TurnResult, g: GenerationConfig) -> TurnResult:
         raise RequestError(f"{reason.value}: {finding.detail}", reason="truncated" if cut else "leak", retryable=False)
     if reason is LeakReason.THINK_MARKER:
         extra, content = split_think(turn.content)
+        if not content.strip() and turn.reasoning.strip():  # the parser found the thinking: a stray marker
+            extra, content = "", strip_markers(turn.content).strip()
         reasoning = f"{turn.reasoning}\n{extra}".strip() if turn.reasoning else extra
         kept = replace(turn, content=content, reasoning=reasoning)
     elif reason is LeakReason.REASONING_IN_CONTENT:
         kept = replace(turn, reasoning=turn.content, content="")
     else:
         kept = turn
-    if not kept.content.strip():  # no answer (validate rejects an empty turn): as an empty answer
-        reject_empty(turn, g.empty_turn, "without an answer (the thinking was cut)")
+    if not kept.content.strip():  # no answer left (validate rejects an empty turn)
+        if turn.finish_reason == "length":  # the thinking ran to the cap: the same request would again
+            raise RequestError(f"{reason.value}: the thinking was cut by max_new_tokens "
+                               f"({turn.completion_tokens} tokens) before any answer", reason="truncated",
+                               retryable=False)
+        reject_empty(turn, g.empty_turn)
     return replace(kept, leak=reason.value)
 
