@@ -11,7 +11,7 @@
    tokens, marginal over a small and a large run (start-up cancels), at SGLang stream intervals 1, 4 and
    16 (`--stream-interval`: tokens per SSE chunk), and the share of one core that is at ~16K tok/s (H200,
    small model) and ~1.4K tok/s (Kimi-K2.5).
-Outputs are scaled down from B2's ~3,200 tokens (mean 600 here) so a mode runs in well under two minutes on
+Outputs are scaled down from B2's ~3,200 tokens (mean 400 here) so a mode runs in well under two minutes on
 a shared 2-core machine; the loop cap stays 8,192.
 """
 
@@ -39,7 +39,10 @@ MAX_NEW = 8192
 LOOP_RATE = 0.02
 ROWS = 300
 WINDOW = 64
-GATE_SIM = ["--sim-profile", "seed", "--time-scale", "6", "--sim-startup-s", "0", "--reasoning-parser", "kimi_k2",
+# time scale 6 with the gate (the client reads ~10K tok/s here and hangs up near the loop's start); 12 without
+# (nothing is aborted, so only simulated time counts: the loops' 8,192-token tail would take 3 min at 6)
+TIME_SCALE = {"off": "12"}
+GATE_SIM = ["--sim-profile", "seed", "--sim-startup-s", "0", "--reasoning-parser", "kimi_k2",
             "--sim-output-mean", "400", "--sim-output-spread", "0.5", "--stream-interval", "4"]
 CPU_SIM = ["--sim-profile", "fast", "--time-scale", "20", "--sim-startup-s", "0", "--reasoning-parser", "kimi_k2",
            "--sim-output-mean", "400", "--sim-output-spread", "0.3"]
@@ -98,8 +101,8 @@ def _status(out: Path, toml: Path) -> dict[str, Any]:
 
 
 def gate_mode(on_loop: str, tmp: Path, rows: int = ROWS) -> dict[str, Any]:
-    with start_sim([*GATE_SIM, "--sim-loop-rate", str(LOOP_RATE), "--sim-seed", str(SEED)],
-                   ready_timeout_s=60) as sim:
+    with start_sim([*GATE_SIM, "--time-scale", TIME_SCALE.get(on_loop, "6"), "--sim-loop-rate", str(LOOP_RATE),
+                    "--sim-seed", str(SEED)], ready_timeout_s=60) as sim:
         toml, out = _dataset(tmp / on_loop / "cfg", rows, on_loop), tmp / on_loop / "out"
         wall, cpu, rc = _generate(toml, sim.url, out)
         stats = httpx.get(sim.url + "/sim/stats", timeout=10).json()
@@ -170,11 +173,12 @@ def write(modes: list[dict[str, Any]], cpu: list[dict[str, Any]], rows: int) -> 
           "" if off is None or m is off else f"{off['sim_busy_s'] - m['sim_busy_s']:+.1f}",
           f"{m['gate'].get('tokens_not_decoded', 0):,}", m["server_s_saved_estimate"], m["wall_s"]] for m in modes])
     md = (f"## Issue 22: the quality gate in a run (`python -m bench gate`)\n\n"
-          f"B2-like simulator run: `python -m sglang_sim {' '.join(GATE_SIM)} --sim-loop-rate {LOOP_RATE} "
-          f"--sim-seed {SEED}` (seed profile = a one-GPU server; outputs scaled to a mean of 600 tokens so a run "
-          f"takes < 2 min here), {rows} one-turn prompts of ~700 tokens, max_new_tokens {MAX_NEW:,}, fixed window "
-          f"{WINDOW}, one fresh simulator per mode. `off` = no detector (loops run to the cap and are written "
-          "as truncated); `drop` = a looping sample fails at once; `retry` = a new seed. "
+          f"B2-like simulator run: `python -m sglang_sim {' '.join(GATE_SIM)} --time-scale 6 (12 for off) "
+          f"--sim-loop-rate {LOOP_RATE} --sim-seed {SEED}` (seed profile = a one-GPU server; outputs scaled to a "
+          f"mean of 400 tokens so a run takes < 2 min here), {rows} one-turn prompts of ~700 tokens, "
+          f"max_new_tokens {MAX_NEW:,}, fixed window {WINDOW}, one fresh simulator per mode. `off` = no detector "
+          "(loops run to the cap: written as truncated, or a failure `truncated` when the loop began inside the "
+          "thinking, which it then never leaves); `drop` = a looping sample fails at once; `retry` = a new seed. "
           "\"client: tokens past loop start\" = tokens the client had read past the loop's first token "
           "when its detector fired and it closed the stream "
           "(run.log's line per loop, joined on the server's request id); \"server:\" = what the engine had decoded "
