@@ -361,8 +361,10 @@ class ChatClient:
             classify_status(e.reply)
             raise _Retryable("bad_response", f"HTTP {e.reply.status}") from None  # not reached: 200 is no BadStatus
         except TimeoutError:
-            raise _Retryable("timeout", f"no complete answer within the request timeout "
-                                        f"({self.settings.generation.request_timeout_s:g} s; "
+            limit = self.settings.generation.request_timeout_s
+            if not parser.deltas:
+                raise _Retryable("timeout", f"no answer within the request timeout ({limit:g} s)") from None
+            raise _Retryable("timeout", f"no complete answer within the request timeout ({limit:g} s; "
                                         f"{parser.completion_tokens} tokens decoded)") from None
         except HttpError as e:
             if isinstance(e, CannotConnect | ConnectionLost):  # not NoAnswer: a slow server is still there
