@@ -53,9 +53,11 @@ A dataset config, `datasets_cfg/B2.toml`:
                                      # and token_ids (the `tokens` export then uses them as they are)
 
 Reasoning leaks (think markers in content, the thinking cut by max_new_tokens and returned as the
-answer or with no answer) are flagged per turn and follow `truncated` ("keep": written, flagged;
-"drop": a final failure). `token_ids = true` costs disk (~2.8x the shards on the 88K job, README) and
-the early loop abort: SGLang 0.5.17 refuses return_token_ids / return_prompt_token_ids on a stream
+answer) are flagged per turn and follow `truncated` ("keep": repaired, written, flagged in
+meta.per_turn; "drop": a final failure); a turn left with no answer (its thinking ran to
+max_new_tokens) is never written: a final failure, reason truncated. `token_ids = true` costs disk
+(every turn's prompt and output ids as JSON integers; not yet measured on the 88K job) and the early
+loop abort: SGLang 0.5.17 refuses return_token_ids / return_prompt_token_ids on a stream
 (python/sglang/srt/entrypoints/openai/serving_chat.py:914-924, HTTP 400), so those turns are sent
 whole and the loop detector reads the finished text (loops are still caught and handled by on_loop,
 but only after max_new_tokens were decoded); on_loop = "keep" is refused with it (the text would be
