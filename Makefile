@@ -1,9 +1,26 @@
 # gen_pipeline: every target sets up its own venv on first use (Python 3.11+).
+#
+# Which venv and what goes into it (README "Install with SGLang"):
+#   VENV=DIR        the venv every target runs (default .venv); `export VENV=...` to keep one for a shell
+#   EXTRAS=a,b      the pyproject extras `make venv` installs (default: what the venv was made with, else
+#                   test); on the GPU node: make venv EXTRAS=test,sglang (SGLang 0.5.17 in the same Python)
+#   PIP_ARGS=...    extra pip options, e.g. an offline node: PIP_ARGS="--no-index --find-links /data/wheels"
+#   VENV_ARGS=...   options of `python -m venv`, e.g. --system-site-packages to use the image's own torch
+# The extras installed are recorded in $(VENV)/.installed: asking for others reinstalls, and every later
+# target keeps them (make generate after make venv EXTRAS=test,sglang does not reinstall without sglang).
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 SPECFORGE_PIN := specforge==0.2.0
 STAMP  := $(VENV)/.installed
+comma  := ,
+# An empty stamp is one written before the stamp recorded its extras: those venvs had the test extra.
+INSTALLED := $(if $(wildcard $(STAMP)),$(or $(strip $(shell cat $(STAMP))),test))
+EXTRAS    ?= $(or $(INSTALLED),test)
+PIP_ARGS  ?=
+VENV_ARGS ?=
+# the exact command that adds SGLang to the venv make runs: the launcher's "sglang is not installed" names it
+generate probe-kv: export GEN_PIPELINE_MAKE_SGLANG := make venv $(if $(filter-out .venv,$(VENV)),VENV=$(VENV) )EXTRAS=$(if $(filter sglang,$(subst $(comma), ,$(EXTRAS))),$(EXTRAS),$(EXTRAS)$(comma)sglang)
 
 DATASET    ?=
 SERVER_URL ?=
@@ -12,80 +29,105 @@ LIMIT      ?=
 ARGS       ?=
 FORMAT     ?= specforge
 OUT        ?=
+# --config-dir / --output-dir of every command (default datasets_cfg/ and outputs/)
+CONFIG_DIR ?=
+OUTPUT_DIR ?=
+DIRS := $(if $(CONFIG_DIR),--config-dir $(CONFIG_DIR)) $(if $(OUTPUT_DIR),--output-dir $(OUTPUT_DIR))
 
-.PHONY: venv generate status demo test bench-test chaos slurm-test bench validate plan check export clean probe-kv report diagnose contract
+.PHONY: venv generate status demo demo-job test bench-test chaos slurm-test bench validate plan check export clean probe-kv report diagnose contract FORCE
 
 venv: $(STAMP)
 
+ifneq ($(EXTRAS),$(INSTALLED))
+$(STAMP): FORCE
+endif
+
 $(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV_ARGS) $(VENV)
+	$(if $(findstring --no-index,$(PIP_ARGS)),,$(PY) -m pip install -q $(PIP_ARGS) --upgrade pip)
+	$(PY) -m pip install -q $(PIP_ARGS) -e '.[$(EXTRAS)]'
 	# SpecForge's own loader of pre-tokenized rows (specforge/data/prompt_builder.py imports only the
 	# standard library) for tests/test_export_tokens.py; --no-deps: its dependencies are torch, sglang, ...
-	$(PY) -m pip install -q --no-deps $(SPECFORGE_PIN)
-	@touch $(STAMP)
+	$(if $(filter test,$(subst $(comma), ,$(EXTRAS))),$(PY) -m pip install -q $(PIP_ARGS) --no-deps $(SPECFORGE_PIN))
+	@echo '$(EXTRAS)' > $(STAMP)
+
+FORCE:
 
 generate: $(STAMP)
 	@test -n "$(DATASET)" || { echo "usage: make generate DATASET=B2|B1,B2,B6,B7|all [SERVER_URL=http://host:30000] [SERVER=sim] [LIMIT=N]"; exit 2; }
 	$(PY) -m gen_pipeline generate --dataset $(DATASET) \
 		$(if $(SERVER_URL),--server-url $(SERVER_URL)) \
 		$(if $(SERVER),--server $(SERVER)) \
-		$(if $(LIMIT),--limit $(LIMIT)) $(ARGS)
+		$(if $(LIMIT),--limit $(LIMIT)) $(DIRS) $(ARGS)
 
 # read-only targets run silently (@): `make status ARGS=--json | jq` gets only the JSON
 status: $(STAMP)
-	@$(PY) -m gen_pipeline status $(ARGS)
+	@$(PY) -m gen_pipeline status $(DIRS) $(ARGS)
 
 validate: $(STAMP)
 	@test -n "$(DATASET)" || { echo "usage: make validate DATASET=B2"; exit 2; }
-	@$(PY) -m gen_pipeline validate --dataset $(DATASET) $(ARGS)
+	@$(PY) -m gen_pipeline validate --dataset $(DATASET) $(DIRS) $(ARGS)
 
 plan: $(STAMP)
-	@$(PY) -m gen_pipeline plan $(ARGS)
+	@$(PY) -m gen_pipeline plan $(DIRS) $(ARGS)
 
 check: $(STAMP)
 	@test -n "$(DATASET)" || { echo "usage: make check DATASET=B2 [SERVER=tuned]"; exit 2; }
-	@$(PY) -m gen_pipeline check --dataset $(DATASET) $(if $(SERVER),--server $(SERVER)) $(ARGS)
+	@$(PY) -m gen_pipeline check --dataset $(DATASET) $(if $(SERVER),--server $(SERVER)) $(DIRS) $(ARGS)
 
 probe-kv: $(STAMP)
 	@test -n "$(DATASET)" || { echo "usage: make probe-kv DATASET=B2 [ARGS='--server-url A --compare-url B --samples 200']"; exit 2; }
-	$(PY) -m gen_pipeline probe-kv --dataset $(DATASET) $(ARGS)
+	$(PY) -m gen_pipeline probe-kv --dataset $(DATASET) $(DIRS) $(ARGS)
 
 export: $(STAMP)
 	@test -n "$(OUT)" || { echo "usage: make export DATASET=B2 [DATASET='B1 B2'] OUT=exports/B2.jsonl [FORMAT=specforge|speculators|hf] [ARGS='--val-share 0.02 --expand-turns']"; exit 2; }
-	$(PY) -m gen_pipeline export $(foreach d,$(DATASET),--dataset $(d)) --format $(FORMAT) --out $(OUT) $(ARGS)
+	$(PY) -m gen_pipeline export $(foreach d,$(DATASET),--dataset $(d)) --format $(FORMAT) --out $(OUT) $(DIRS) $(ARGS)
 
 report: $(STAMP)
 	@test -n "$(DATASET)" || { echo "usage: make report DATASET=B2  (writes outputs/B2/report.html)"; exit 2; }
-	$(PY) -m gen_pipeline report --dataset $(DATASET) $(ARGS)
+	$(PY) -m gen_pipeline report --dataset $(DATASET) $(DIRS) $(ARGS)
 
 diagnose: $(STAMP)
 	@test -n "$(DATASET)" || { echo "usage: make diagnose DATASET=B2"; exit 2; }
-	$(PY) -m gen_pipeline diagnose --dataset $(DATASET) $(ARGS)
+	$(PY) -m gen_pipeline diagnose --dataset $(DATASET) $(DIRS) $(ARGS)
 
 demo: $(STAMP)
 	$(PY) -m gen_pipeline generate --dataset demo --server sim
 	$(PY) -m gen_pipeline status --dataset demo
 
+# The reference job's shape offline: B1/B2/B6/B7-shaped bundled sources (datasets_cfg/offline/, written by
+# datasets_cfg/offline/data/make_offline.py) through one simulator, into outputs/offline/. Then, e.g.:
+#   make status CONFIG_DIR=datasets_cfg/offline OUTPUT_DIR=outputs/offline
+OFFLINE := --config-dir datasets_cfg/offline --output-dir outputs/offline
+demo-job: $(STAMP)
+	$(PY) -m gen_pipeline generate --dataset all --server sim $(OFFLINE) $(if $(LIMIT),--limit $(LIMIT)) $(ARGS)
+	$(PY) -m gen_pipeline status $(OFFLINE)
+
 # TEST_WORKERS pytest-xdist workers (most tests wait on real processes); TEST_WORKERS=0: one process
 TEST_WORKERS ?= 4
+# the targets that need the test extra's tools (pytest, ruff, mypy) say how to get them
+need_test = $(if $(filter test,$(subst $(comma), ,$(EXTRAS))),,$(error $(VENV) has the extras $(EXTRAS), without \
+	the test tools: make venv EXTRAS=test$(comma)$(EXTRAS)))
 
 test: $(STAMP)
+	$(need_test)
 	$(PY) -m pytest -q -m "not slow and not bench and not slurm" -n $(TEST_WORKERS) --dist worksteal $(ARGS)
 
 # the benchmarks' harnesses at a small scale (bench/ code paths, the GPU check's dry run) and the
 # controller's throughput through the real pipeline (real-time figures); CI runs it
 bench-test: $(STAMP)
+	$(need_test)
 	$(PY) -m pytest -q -m "bench and not slow" $(ARGS)
 
 # ruff + mypy with the project's own config only (pyproject.toml explains the rules and strict modules)
 .PHONY: lint
 lint: $(STAMP)
+	$(need_test)
 	$(VENV)/bin/ruff check --config pyproject.toml .
 	$(VENV)/bin/mypy --config-file pyproject.toml
 
 chaos: $(STAMP)
+	$(need_test)
 	$(PY) -m pytest -q -m "slow and not slurm" $(ARGS)
 
 # The README's sbatch script under a real single-node SLURM: tests/slurm/cluster.sh installs slurm-wlm

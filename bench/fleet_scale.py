@@ -51,7 +51,8 @@ def router(sims: list[SimProcess], log: Path, policy: str) -> Iterator[str]:
     env = {**os.environ, "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
            "NO_PROXY": "127.0.0.1,localhost", "HF_HUB_OFFLINE": "1"}  # no hub: the tokenizer fetch fails fast
     cmd = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *[s.url for s in sims],
-           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warn", "--policy", policy]
+           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warn", "--policy", policy,
+           "--prometheus-port", str(free_port())]  # its default 29000 collides with a second router
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

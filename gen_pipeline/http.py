@@ -318,9 +318,14 @@ async def open_http(generation: GenerationConfig, max_connections: int, *,
     # No proxy from HTTP_PROXY (only httpx.AsyncClient reads it; aiohttp before did not either): a cluster's
     # proxy for the internet must not carry the requests to a server on the next node. HTTP/1.1 (SGLang's
     # uvicorn speaks nothing else), one connection per request in flight.
+    # One TLS context for all pools: httpx builds one per transport otherwise (~35 ms each on an H200 host),
+    # and a window of thousands means hundreds of pools -- 8 s before the first request was measured there.
     shards = -(-max_connections // CONNECTIONS_PER_POOL)
+    tls = httpx.create_ssl_context() if transport is None else True  # True: unused (a test transport)
     http = Http([transport] if transport else
-                [httpx.AsyncHTTPTransport(limits=limits, trust_env=False) for _ in range(shards)], timeout)
+                [httpx.AsyncHTTPTransport(limits=limits, trust_env=False, verify=tls if tls is not None else True)
+                 for _ in range(shards)],
+                timeout)
     try:
         yield http
     finally:

@@ -54,6 +54,9 @@ class SimServer:
         self.looping: dict[str, tuple[str, int]] = {}
         self.loops_ended: collections.deque[dict[str, Any]] = collections.deque(maxlen=LOOPS_KEPT)
         self.loop.on_finished = self._finished
+        # chat requests per sampling asked ({temperature, top_p, reasoning_effort, chat_template_kwargs} as sorted
+        # JSON): what a client's per-sample sampling (a sampling mix) really sent
+        self.chat_sampling: collections.Counter[str] = collections.Counter()
         self.registry = make_registry(SimCollector(ns.served_model_name, self._metrics_snapshot))
 
     def _finished(self, fin: FinishedRequest) -> None:
@@ -226,6 +229,7 @@ async def sim_stats(request: Request) -> Response:
         "retraction_events": st.retraction_events, "in_flight": sim.loop.in_flight,
         "requests_seen": sim.seq, "requests_completed": sim.completed, "faults": sim.fault_counts,
         "output_faults": dict(sim.output_fault_counts), "loops": list(sim.loops_ended),
+        "chat_sampling": dict(sim.chat_sampling),
         "counters": sim.loop.engine.counters(), "load": sim.load(), "admissions": st.admissions,
     })
 

@@ -172,6 +172,8 @@ def _chat_plan(server: SimServer, body: dict[str, Any]) -> Plan:
             raise BadRequest(f"messages[{i}] must be an object with a string role and string content.")
     prompt = render_chat(messages)
     sampling = {k: body[k] for k in _SAMPLING_KEYS if k in body}
+    seen = {k: body[k] for k in ("temperature", "top_p", "reasoning_effort", "chat_template_kwargs") if k in body}
+    server.chat_sampling[orjson.dumps(seen, option=orjson.OPT_SORT_KEYS).decode()] += 1
     max_value = body.get("max_completion_tokens", body.get("max_tokens"))
     plan = _plan(server, _rid(body), prompt, encode(prompt), max_value, "max_tokens", sampling,
                  _reasoning_mode(server, body), bool(body.get("stream")))

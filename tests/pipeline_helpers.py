@@ -26,6 +26,7 @@ META_KEYS = {"model", "backend", "finish_reason", "prompt_tokens", "completion_t
              "kv_cache_dtype", "generated_at", "per_turn"}
 TURN_META_KEYS = {"finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens", "attempts", "loops",
                   "empty", "leak", "tokens_not_decoded", "discarded_tokens"}
+MIX_META_KEYS = META_KEYS | {"sampling_variant"}  # under a sampling mix (config/mix.py)
 
 
 def make_rows(n: int, *, invalid: int = 0) -> list[dict]:
@@ -137,7 +138,7 @@ def assert_exact(out: Path, target: int, name: str = "T") -> list[dict]:
     assert dup == [], f"duplicate ids: {dup[:5]}"
     assert len(samples) == target
     for s in samples:
-        assert set(s) == SAMPLE_KEYS and set(s["meta"]) == META_KEYS, s
+        assert set(s) == SAMPLE_KEYS and set(s["meta"]) in (META_KEYS, MIX_META_KEYS), s
         roles = [m["role"] for m in s["conversations"] if m["role"] != "system"]
         assert roles[0] == "user" and roles[-1] == "assistant"
         assert all(a != b for a, b in itertools.pairwise(roles))

@@ -1,12 +1,16 @@
 """The CLI in-process: messages and exit codes for mistakes, `plan` output."""
 
+from pathlib import Path
+
 import pytest
 
 from gen_pipeline.cli import main
 
+OTHER_CONFIG = str(Path(__file__).parent / "server" / "data" / "kimi-k2.5-config.json")  # not the bundled one
+
 
 def test_plan_needs_the_weight_size(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan"]) == 2
+    assert main(["plan", "--model-config", OTHER_CONFIG]) == 2
     assert capsys.readouterr().err == (
         "error: plan needs the weight size: pass --weights-gb (the checkpoint's total size in GiB; Kimi-K2.5 INT4: "
         "594 GB on disk = 553 GiB) or --params-b with --weight-dtype (e.g. --params-b 70 --weight-dtype bf16 = "
@@ -43,7 +47,7 @@ def test_validate_of_a_dataset_never_generated(tmp_path, capsys: pytest.CaptureF
 
 
 def test_plan_refuses_weights_that_do_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "--gpu-mem-gb", "10", "--weights-gb", "594"]) == 2
+    assert main(["plan", "--gpu-mem-gb", "10", "--weights-gb", "594", "--overhead-gb", "0"]) == 2
     assert capsys.readouterr().err == (
         "error: Nothing is left for the KV cache: 10 GiB/GPU × mem_fraction_static 0.9 = 9.0 GiB, but the weights "
         "take 74.2 GiB/GPU. Use more GPUs (tp_size), a larger mem_fraction_static or smaller (quantized) weights.\n")

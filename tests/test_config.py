@@ -35,8 +35,9 @@ BASE = 'target_samples = 10\n[source]\nfiles = ["a.jsonl"]\nschema = "messages"\
 @pytest.mark.parametrize("extra, message", [
     ('[sampling]\ntemperature = "0.7"\n',
      'sampling.temperature = \'0.7\' must be a number (got a string). Remove the quotes.'),
-    ('[sampling]\ntemprature = 0.7\n', "sampling.temprature: unknown key. Known keys here: extra_body, "
-                                        "frequency_penalty, max_new_tokens, min_p, presence_penalty, "
+    ('[sampling]\ntemprature = 0.7\n', "sampling.temprature: unknown key. Known keys here: "
+                                        "chat_template_kwargs, extra_body, frequency_penalty, max_new_tokens, "
+                                        "min_p, mix, mix_seed, presence_penalty, reasoning_effort, "
                                         "repetition_penalty, seed, stop, temperature, top_k, top_p. "
                                         "Did you mean temperature? Check the spelling or remove it."),
     ('[generation]\nreasoning = "maybe"\n', "generation.reasoning = 'maybe' is not one of 'keep', 'disable', 'none'."),

@@ -16,7 +16,16 @@ import httpx
 import pytest
 
 from gen_pipeline.config.dataset import GenerationConfig
-from gen_pipeline.http import BadBody, BadStatus, CannotConnect, ConnectionLost, HttpError, NoAnswer, open_http
+from gen_pipeline.http import (
+    CONNECTIONS_PER_POOL,
+    BadBody,
+    BadStatus,
+    CannotConnect,
+    ConnectionLost,
+    HttpError,
+    NoAnswer,
+    open_http,
+)
 
 from mock_http import mock_http
 
@@ -178,6 +187,15 @@ async def test_the_pool_holds_as_many_connections_as_asked_beyond_httpx_default_
                         requests.start_soon(one)
         tg.cancel_scope.cancel()
     assert connections == n and [r.json() for r in replies] == [{}] * n
+
+
+async def test_the_pools_of_a_large_window_share_one_tls_context() -> None:
+    """A window of thousands opens hundreds of connection pools; each building its own TLS context held
+    the first request back 8 s on an H200 host (bench/RESULTS.md, issue 19's regimes)."""
+    async with open_http(GenerationConfig(), 3750) as http:
+        pools = [t._pool for t in http._transports]  # type: ignore[attr-defined]
+    assert len(pools) == -(-3750 // CONNECTIONS_PER_POOL)
+    assert len({id(p._ssl_context) for p in pools}) == 1
 
 
 # ---------------------------------------------------------------- the streaming POST (SSE)

@@ -13,7 +13,7 @@ from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig, load_d
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.records import Prompt, Sample
 from gen_pipeline.run.chat import ChatClient, ClientSettings, build_request
-from tests.pipeline_helpers import assert_exact, read_samples, run_cli, write_dataset
+from tests.pipeline_helpers import META_KEYS, assert_exact, read_samples, run_cli, write_dataset
 
 from mock_http import mock_http
 
@@ -30,10 +30,10 @@ presence_penalty = 0.5
 frequency_penalty = -0.25
 stop = ["</answer>", "STOP"]
 seed = 1234
+chat_template_kwargs = { enable_thinking = true }
 [sampling.extra_body]
 min_tokens = 2
 skip_special_tokens = false
-chat_template_kwargs = { enable_thinking = true }
 """
 EXPECTED_BODY = {"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.05, "presence_penalty": 0.5,
                  "frequency_penalty": -0.25, "stop": ["</answer>", "STOP"], "seed": 1234, "min_tokens": 2,
@@ -66,8 +66,8 @@ async def test_every_key_is_in_the_request_body_and_meta(tmp_path: Path) -> None
     assert sample.meta["sampling"] == {
         "max_new_tokens": 64, "temperature": 0.6, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.05,
         "presence_penalty": 0.5, "frequency_penalty": -0.25, "stop": ("</answer>", "STOP"), "seed": 1234,
-        "extra_body": {"min_tokens": 2, "skip_special_tokens": False,
-                       "chat_template_kwargs": {"enable_thinking": True}}}
+        "chat_template_kwargs": {"enable_thinking": True},
+        "extra_body": {"min_tokens": 2, "skip_special_tokens": False}}
 
 
 def test_unset_keys_are_not_sent_and_disable_merges_chat_template_kwargs(tmp_path: Path) -> None:
@@ -99,9 +99,12 @@ def test_unset_keys_are_not_sent_and_disable_merges_chat_template_kwargs(tmp_pat
      "sampling.extra_body.temperature: set it as sampling.temperature instead."),
     ("[sampling.extra_body]\nmessages = []\n", "sampling.extra_body.messages: the pipeline sets messages itself. "
                                                 "Remove it."),
-    ("[sampling]\ntopk = 5\n", "sampling.topk: unknown key. Known keys here: extra_body, frequency_penalty, "
-                               "max_new_tokens, min_p, presence_penalty, repetition_penalty, seed, stop, temperature, "
-                               "top_k, top_p. Did you mean top_k? Check the spelling or remove it."),
+    ("[sampling]\ntopk = 5\n", "sampling.topk: unknown key. Known keys here: chat_template_kwargs, extra_body, "
+                               "frequency_penalty, max_new_tokens, min_p, mix, mix_seed, presence_penalty, "
+                               "reasoning_effort, repetition_penalty, seed, stop, temperature, top_k, top_p. "
+                               "Did you mean top_k? Check the spelling or remove it."),
+    ("[sampling.extra_body]\nchat_template_kwargs = { thinking = true }\n",
+     "sampling.extra_body.chat_template_kwargs: set it as sampling.chat_template_kwargs instead."),
 ])
 def test_bad_sampling_values_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sampling: str,
                                        message: str) -> None:
@@ -126,12 +129,12 @@ def test_through_the_simulator_then_a_changed_key_is_refused(tmp_path: Path) -> 
     r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", out, "--progress", "quiet")
     assert r.returncode == 0, r.stderr
     samples = assert_exact(out, 12)
+    assert all(set(s["meta"]) == META_KEYS for s in samples)  # no sampling_variant without a sampling mix
     assert {orjson.dumps(s["meta"]["sampling"], option=orjson.OPT_SORT_KEYS) for s in samples} == {orjson.dumps(
         {"max_new_tokens": 64, "temperature": 0.7, "top_p": 0.95, "top_k": 20, "min_p": 0.05,
          "repetition_penalty": 1.05, "presence_penalty": 0.5, "frequency_penalty": -0.25,
-         "stop": ["</answer>", "STOP"], "seed": 1234,
-         "extra_body": {"min_tokens": 2, "skip_special_tokens": False,
-                        "chat_template_kwargs": {"enable_thinking": True}}},
+         "stop": ["</answer>", "STOP"], "seed": 1234, "chat_template_kwargs": {"enable_thinking": True},
+         "extra_body": {"min_tokens": 2, "skip_special_tokens": False}},
         option=orjson.OPT_SORT_KEYS)}
     toml.write_text(toml.read_text().replace("seed = 1234", "seed = 99").replace("min_tokens = 2", "min_tokens = 3")
                     .replace("target_samples = 12", "target_samples = 14"))

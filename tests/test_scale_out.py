@@ -172,6 +172,7 @@ def router(workers: list[SimProcess], tmp_path: Path) -> Iterator[str]:
            "NO_PROXY": "127.0.0.1,localhost", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *[s.url for s in workers],
            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warn",
+           "--prometheus-port", str(free_port()),  # its default 29000 collides between parallel tests
            "--health-check-interval-secs", "1", "--health-failure-threshold", "2"]
     with open(tmp_path / "router.log", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

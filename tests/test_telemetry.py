@@ -210,6 +210,7 @@ def test_diagnose_without_telemetry_says_so(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- one simulator run per verdict
 
 
+@pytest.mark.slow  # 200x simulated time: a CPU-starved client reads as client_bound (make chaos)
 def test_kv_bound_seed_b2(tmp_path: Path) -> None:
     """The seed's B2: bf16 KV at 0.85 (116K tokens), 4K-token outputs, 150 in flight."""
     text, rows = scenario(tmp_path, keys={"mem_fraction_static": 0.85, "kv_cache_dtype": "bf16",

@@ -25,12 +25,12 @@ from pathlib import Path
 
 import httpx
 
-from bench.gpu import regimes, runs, servers
+from bench.gpu import regimes, runs, servers, tokenids
 from bench.gpu.setup import DATASET, PROMPTS, write_configs
 from gen_pipeline.server.load import metric_values
 
 FIXED_WINDOWS = (32, 64, 128, 256)
-PHASES = ("setup", "serve", "sweep", "adaptive", "regimes", "kill", "unserve", "launch", "starved", "probe",
+PHASES = ("setup", "serve", "sweep", "adaptive", "regimes", "tokenids", "kill", "unserve", "launch", "starved", "probe",
           "summary")
 
 
@@ -133,6 +133,11 @@ class Check:
         """Issue 19: short and long outputs, fixed / all at once / adaptive interleaved, three rounds,
         per-second traces (bench/gpu/regimes.py); resumable across calls within --budget-s."""
         regimes.run_phase(self)
+
+    def tokenids(self) -> None:
+        """Issue 21: SGLang's own prompt/output token ids against the rendered tokens path
+        (bench/gpu/tokenids.py)."""
+        tokenids.run_phase(self)
 
     def kill(self) -> None:
         s = self.ensure("main", "h200")

@@ -9,6 +9,10 @@ from typing import Any
 from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR
 
 WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")  # server/plan.py WEIGHT_BYTES, without its import cost
+# server/plan.py's reference node (REFERENCE_GPU*, REFERENCE_OVERHEAD_GIB; tests/test_plan_job.py keeps them equal)
+REFERENCE_GPU = "RTX PRO 6000 Blackwell, 96 GB"
+REFERENCE_GPU_MEM_GIB = 95.6
+REFERENCE_OVERHEAD_GIB = 4.5
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -78,17 +82,24 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--json", action="store_true", help="machine-readable output")
     _common(v)
 
-    pl = sub.add_parser("plan", help="predict KV tokens and decode slots for a model, GPU and KV dtype",
-                        description="Arithmetic from the model's config.json; no GPU needed.")
+    pl = sub.add_parser("plan", help="predict KV tokens, decode slots and the job's wall time for a model and GPU",
+                        description="Arithmetic from the model's config.json; no GPU needed. The defaults are "
+                                    f"the reference node: 8 x {REFERENCE_GPU} ({REFERENCE_GPU_MEM_GIB:g} GiB), "
+                                    "Kimi-K2.5 INT4. Then the job's wall time: every dataset TOML of "
+                                    "--config-dir, less what --output-dir already holds.")
     pl.add_argument("--model-config", type=Path, default=DEFAULT_CONFIG_DIR / "models" / "kimi-k2.5-config.json",
                     help="the model's config.json (default: the bundled Kimi-K2.5 one)")
     pl.add_argument("--server", default="tuned", metavar="PROFILE",
                     help="server.toml profile whose tp_size, mem_fraction_static, kv_cache_dtype and hicache_size_gb "
                          "are the defaults below (default: %(default)s)")
     pl.add_argument("--config-dir", type=Path, default=DEFAULT_CONFIG_DIR,
-                    help="folder of server.toml (default: %(default)s)")
-    pl.add_argument("--gpu-mem-gb", type=float, default=141.0,
-                    help="memory per GPU in GiB (default: %(default)s, H200)")
+                    help="folder of server.toml and the job's dataset TOMLs (default: %(default)s)")
+    pl.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR,
+                    help="where the job's samples so far are (default: %(default)s): the time left, and each "
+                         "dataset's own lengths once it has 20 samples")
+    pl.add_argument("--gpu-mem-gb", type=float, default=REFERENCE_GPU_MEM_GIB,
+                    help=f"memory per GPU in GiB as nvidia-smi's total (MiB / 1024) (default: %(default)s, the "
+                         f"reference node's {REFERENCE_GPU}; H200: 140.4, H100 80 GB: 79.6)")
     pl.add_argument("--tp-size", type=int, help="tensor parallel size (default: the profile's)")
     pl.add_argument("--mem-fraction-static", type=float,
                     help="SGLang's static memory fraction (default: the profile's)")
@@ -96,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--tokens-per-sample", type=int, default=4500,
                     help="prompt + completion tokens one request holds at its end (default: %(default)s, B2-like)")
     pl.add_argument("--weights-gb", type=float,
-                    help="total weight size in GiB, e.g. 553 for Kimi-K2.5 INT4 (594 GB on disk); or give --params-b")
+                    help="total weight size in GiB (default with the bundled config: 553, Kimi-K2.5 INT4 = 594 GB "
+                         "on disk); or give --params-b")
     pl.add_argument("--params-b", type=float,
                     help="parameter count in billions, with --weight-dtype (single-dtype checkpoints only)")
     pl.add_argument("--weight-dtype", choices=sorted(WEIGHT_DTYPES),
@@ -104,7 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--hicache-gb", type=float,
                     help="hierarchical cache per rank in GB (default: the profile's hicache_size_gb when it "
                          "enables the hierarchical cache)")
-    pl.add_argument("--overhead-gb", type=float, default=0.0, help="activations/graphs per GPU outside the KV pool")
+    pl.add_argument("--overhead-gb", type=float, default=REFERENCE_OVERHEAD_GIB,
+                    help="GiB per GPU outside weights and KV pool: CUDA context, NCCL buffers, activations, CUDA "
+                         "graphs (default: %(default)s, what the reference node's measured pools imply)")
+    pl.add_argument("--decode-tok-s", type=float,
+                    help="the job's wall time at this measured aggregate decode rate (make status shows a run's "
+                         "tok/s) instead of the reference node's modelled rate")
     pl.add_argument("--debug", action="store_true", help="show tracebacks for handled errors")
 
     _probe_kv_parser(sub)
@@ -222,6 +239,6 @@ def _telemetry_parsers(sub: Any) -> None:
 def _diagnose_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-config", type=Path, default=DEFAULT_CONFIG_DIR / "models" / "kimi-k2.5-config.json",
                    help="config.json to price the memory-fraction lever with `plan` (default: bundled Kimi-K2.5)")
-    p.add_argument("--gpu-mem-gb", type=float, default=141.0,
-                   help="memory per GPU in GiB for that lever (default: %(default)s)")
+    p.add_argument("--gpu-mem-gb", type=float, default=REFERENCE_GPU_MEM_GIB,
+                   help=f"memory per GPU in GiB for that lever (default: %(default)s, {REFERENCE_GPU})")
     p.add_argument("--tp-size", type=int, default=8, help="tensor parallel size for that lever (default: %(default)s)")

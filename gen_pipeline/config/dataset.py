@@ -30,8 +30,13 @@ A dataset config, `datasets_cfg/B2.toml`:
     # frequency_penalty = 0.0        # -2..2
     # stop = ["</answer>"]           # strings that end a turn
     # seed = 1234                    # per-request sampling seed
+    # reasoning_effort = "high"      # none | minimal | low | medium | high | xhigh | max (gpt-oss and others)
+    # chat_template_kwargs = { thinking = true }   # passed to the chat template (Qwen3: enable_thinking)
     # [sampling.extra_body]          # merged into the request body verbatim (other SGLang keys)
     # min_tokens = 16
+    # [[sampling.mix]]               # optional: per-sample variants of [sampling] (config/mix.py)
+    # share = 0.5
+    # temperature = 0.0
 
     [generation]
     reasoning = "keep"               # "keep" reasoning_content | "disable" thinking | "none"
@@ -71,12 +76,13 @@ import hashlib
 import math
 import tomllib
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
 import orjson
 
+from gen_pipeline.config.mix import MIX_KEYS, SamplingMix, build_mix
 from gen_pipeline.config.schema import Range, build_section, check_range, unknown_key
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError
@@ -89,6 +95,9 @@ Reasoning = Literal["keep", "disable", "none"]
 Truncated = Literal["keep", "drop"]
 EmptyTurn = Literal["retry", "fail"]  # an empty assistant turn (validate rejects it): retry or fail
 OnLoop = Literal["retry", "drop", "keep", "off"]  # a turn caught looping (gen_pipeline/quality)
+# SGLang 0.5.17 entrypoints/openai/protocol.py ReasoningEffortTier (its float form, an extension for a few
+# models, is left out: meta.sampling records one type per key)
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 
 @dataclass(frozen=True)
@@ -121,6 +130,8 @@ class SamplingConfig:
     frequency_penalty: float | None = None
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # the chat template's keyword arguments
     extra_body: dict[str, Any] = field(default_factory=dict)  # merged into the request body verbatim
 
     def __hash__(self) -> int:  # extra_body is a dict; the client caches per config
@@ -168,6 +179,14 @@ class DatasetConfig:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     path: Path | None = None  # the TOML it came from
+    mix: SamplingMix | None = None  # [[sampling.mix]]: per-sample variants of `sampling` (config/mix.py)
+
+    @property
+    def variants(self) -> list[tuple[float, SamplingConfig]]:
+        """(share, sampling) of each variant of the mix; [(1.0, sampling)] without one."""
+        if self.mix is None:
+            return [(1.0, self.sampling)]
+        return [(v.share, v.sampling) for v in self.mix.variants]
 
     def resolve(self, rel: str) -> Path:
         """A path from the config, relative to the config file's folder."""
@@ -191,6 +210,8 @@ class DatasetConfig:
             fp["on_loop"] = self.generation.on_loop
         if self.output.token_ids:
             fp["token_ids"] = True
+        if self.mix is not None:  # absent without one: a config without a mix keeps its fingerprint
+            fp["sampling_mix"] = self.mix.fingerprint()
         return fp
 
 
@@ -251,14 +272,23 @@ def load_dataset_config(path: Path) -> DatasetConfig:
                           f"output folder (outputs/{name}/) and the ids ({name}-...), and every command finds a "
                           f"dataset by its file name, so the two must agree: rename the file to {name}.toml, or set "
                           f"name = {path.stem!r} (or remove name: it defaults to the file's name).")
-    sections: dict[str, Any] = {k: build_section(cls, raw.get(k, {}), f"{name_in}: {k}.")
-                                for k, cls in _SECTIONS.items()}
+    sampling_table = raw.get("sampling", {})
+    _known_sampling_keys(sampling_table, f"{name_in}: sampling.")
+    tables = {k: raw.get(k, {}) for k in _SECTIONS}
+    tables["sampling"] = _without_mix(sampling_table)  # the mix's keys: build_mix below
+    sections: dict[str, Any] = {k: build_section(cls, tables[k], f"{name_in}: {k}.") for k, cls in _SECTIONS.items()}
     src: SourceConfig = sections["source"]
     if bool(src.hf_id) == bool(src.files):
         raise ConfigError(f"{name_in}: [source] needs exactly one of hf_id (a Hugging Face dataset) "
                           f"or files (local jsonl/json/parquet paths).")
     gen: GenerationConfig = sections["generation"]
-    _check_sampling(sections["sampling"], f"{name_in}: sampling.")
+
+    def check(s: SamplingConfig, where: str) -> None:
+        _check_sampling(s, where)
+        _check_reasoning(s, gen, where)
+
+    check(sections["sampling"], f"{name_in}: sampling.")
+    mix = build_mix(sampling_table, sections["sampling"], f"{name_in}: sampling.", check)
     if gen.window < 0:
         raise ConfigError(f"{name_in}: generation.window = {gen.window} must be 0 (the adaptive controller) "
                           "or a fixed number of requests in flight.")
@@ -271,7 +301,20 @@ def load_dataset_config(path: Path) -> DatasetConfig:
         raise ConfigError(f"{name_in}: generation.on_loop = \"keep\" cuts a looping turn's text where the loop began, "
                           "which the server's token ids (output.token_ids = true) cannot follow: the ids would hold "
                           "the loop the text does not. Set on_loop = \"retry\" or \"drop\", or token_ids = false.")
-    return DatasetConfig(name=name, target_samples=target, path=path.resolve(), **sections)
+    return DatasetConfig(name=name, target_samples=target, path=path.resolve(), mix=mix, **sections)
+
+
+def _known_sampling_keys(table: Any, where: str) -> None:
+    """[sampling] holds SamplingConfig's keys and the mix's (config/mix.py)."""
+    if isinstance(table, dict):
+        known = [f.name for f in fields(SamplingConfig)] + list(MIX_KEYS)
+        for key in table:
+            if key not in known:
+                raise unknown_key(where, key, known)
+
+
+def _without_mix(table: Any) -> Any:
+    return {k: v for k, v in table.items() if k not in MIX_KEYS} if isinstance(table, dict) else table
 
 
 @dataclass(frozen=True)
@@ -307,6 +350,19 @@ def _check_sampling(s: SamplingConfig, where: str) -> None:
             raise ConfigError(f"{where}extra_body.{key}: the pipeline sets {key} itself. Remove it.")
         if key in _SAMPLING_KEYS:
             raise ConfigError(f"{where}extra_body.{key}: set it as {where.split(': ')[-1]}{key} instead.")
+
+
+def _check_reasoning(s: SamplingConfig, gen: GenerationConfig, where: str) -> None:
+    """generation.reasoning = "disable" sends thinking = false: a sampling that asks for thinking contradicts it."""
+    if gen.reasoning != "disable":
+        return
+    for key in ("thinking", "enable_thinking"):
+        if s.chat_template_kwargs.get(key) is True:
+            raise ConfigError(f"{where}chat_template_kwargs.{key} = true contradicts generation.reasoning = "
+                              "\"disable\" (which sends thinking = false). Remove one of them.")
+    if s.reasoning_effort not in (None, "none"):
+        raise ConfigError(f"{where}reasoning_effort = {s.reasoning_effort!r} contradicts generation.reasoning = "
+                          "\"disable\" (which sends thinking = false). Remove one of them.")
 
 
 _SAMPLING_KEYS = frozenset(f for f in SamplingConfig.__dataclass_fields__ if f != "extra_body") | {"max_tokens"}

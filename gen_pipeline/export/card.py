@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gen_pipeline.config.mix import produced_shares
 from gen_pipeline.quality.accounting import SAVED_FORMULA, decoded_tokens, gpu_s_per_token, saved_gpu_s
 from gen_pipeline.reports.status import read_status
 from gen_pipeline.store.layout import dataset_parts
@@ -100,6 +101,8 @@ def _dataset_rows(opts: ExportOptions, summary: ExportSummary,
             "rejected_rows": st.rejects,
             "prompt_tokens": sum(int(m.get("prompt_tokens") or 0) for m in metas),
             "completion_tokens": sum(int(m.get("completion_tokens") or 0) for m in metas),
+            "mix": produced_shares(st.mix, dict(Counter(str(m["sampling_variant"]) for m in metas
+                                                        if isinstance(m.get("sampling_variant"), int)))),
             "wall_h": wall_h, "gpus": gpus,
             "gpu_h_per_1k": (wall_h * gpus / st.done * 1000) if wall_h is not None and gpus and st.done else None,
             "gate": st.gate,
@@ -145,6 +148,12 @@ def render_card(opts: ExportOptions, summary: ExportSummary, chosen: list[dict[s
              "| dataset | model | backend | KV cache dtype | sampling |", "|---|---|---|---|---|"]
     body += [f"| {r['dataset']} | {r['model']} | {r['backend']} | {r['kv_cache_dtype']} | `{r['sampling']}` |"
              for r in rows]
+    for r in rows:
+        if r["mix"]:
+            body += ["", f"Sampling mix of {r['dataset']} (each sample's variant drawn from the mix seed and its "
+                     "source row; its sampling is in meta.sampling, its variant in meta.sampling_variant), exported "
+                     "samples per variant:", ""]
+            body += [f"- {line}" for line in r["mix"]]
     body += ["", "## Counts", "", "| dataset | committed samples | dropped | exported | truncated | failed requests "
              "| rejected source rows |", "|---|---|---|---|---|---|---|"]
     body += [f"| {r['dataset']} | {r['committed']:,} | {_dropped(r['dropped'])} | {r['exported']:,} | "

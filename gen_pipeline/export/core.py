@@ -180,6 +180,7 @@ def run_export(opts: ExportOptions) -> ExportSummary:
         rows.sort(key=lambda r: seeded_key(opts.seed, r["id"]))
     summary = ExportSummary(opts, counts, rows={k: len(v) for k, v in splits.items()}, warnings=warnings)
     try:
+        opts.out.parent.mkdir(parents=True, exist_ok=True)
         summary.bytes_written = _write(opts, splits, targets)
     except OSError as e:
         raise write_error(opts.out, e) from None
@@ -310,10 +311,13 @@ def write_error(out: Path, e: OSError) -> StoreError:
 
 
 def _check_target(path: Path, force: bool) -> None:
-    if not path.parent.is_dir():
-        raise ConfigError(f"--out {path}: the folder {display_path(path.parent)} does not exist. Create it first.")
-    if not os.access(path.parent, os.W_OK):  # before reading the datasets (EACCES, EROFS; root ignores modes)
-        code = errno.EROFS if os.statvfs(path.parent).f_flag & os.ST_RDONLY else errno.EACCES
+    folder = path.parent  # created when the export is written (`exports/` is not in a fresh clone)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ConfigError(f"--out {path}: {display_path(folder)} is a file, not a folder. Choose another --out.")
+    if not os.access(folder, os.W_OK):  # before reading the datasets (EACCES, EROFS; root ignores modes)
+        code = errno.EROFS if os.statvfs(folder).f_flag & os.ST_RDONLY else errno.EACCES
         raise write_error(path, OSError(code, os.strerror(code)))
     sweep_stale_tmp(path)
     if path.exists() and not force:

@@ -114,8 +114,8 @@ LINE_WRITERS: dict[str, Callable[..., bytes]] = {"specforge": specforge_line, "s
                                                  "tokens": tokens_line}
 
 HF_META = {"model": "string", "backend": "string", "finish_reason": "string", "prompt_tokens": "int64",
-           "completion_tokens": "int64", "turns": "int64", "sampling": "string", "kv_cache_dtype": "string",
-           "generated_at": "string"}
+           "completion_tokens": "int64", "turns": "int64", "sampling": "string", "sampling_variant": "int64",
+           "kv_cache_dtype": "string", "generated_at": "string"}
 
 
 def hf_features() -> Any:

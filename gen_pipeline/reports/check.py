@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gen_pipeline.config.dataset import DatasetConfig
+from gen_pipeline.config.mix import declared_lines
 from gen_pipeline.config.server import ServerProfile
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError, GenPipelineError, SourceShortError
@@ -49,6 +50,7 @@ class CheckReport:
     target: int
     final_failed: int
     problems: list[GenPipelineError] = field(default_factory=list)
+    mix: list[str] = field(default_factory=list)  # the declared sampling mix, one line per variant
 
     @property
     def valid(self) -> int:
@@ -107,10 +109,14 @@ def check_source(cfg: DatasetConfig, loaded: LoadedSource, *, done: int, final_f
     add_bad_lines(cfg, loaded, stats, rejects)
     rows = loaded.rows if whole else islice(loaded.rows, sample_rows)
     prompts = list(iter_prompts(cfg, frozenset(), stats, rejects, rows=rows))
+    max_new = max(s.max_new_tokens for _, s in cfg.variants)  # a sampling mix: its largest must fit too
     report = CheckReport(
         cfg.name, where, _describe(cfg), columns, total, whole, stats, rejects, prompts[:SHOWN_PROMPTS],
-        measure(prompts[:sample_rows], profile), cfg.sampling.max_new_tokens, context_length(profile),
+        measure(prompts[:sample_rows], profile), max_new, context_length(profile),
         done, cfg.target_samples, final_failed)
+    if cfg.mix is not None:
+        report.mix = [f"sampling mix ({len(cfg.mix.variants)} variants, mix_seed {cfg.mix.seed}; a sample's "
+                      "variant is drawn from the seed and its source row):", *declared_lines(cfg.mix)]
     needed = report.remaining if limit is None else min(report.remaining, limit)
     report.problems = _problems(report, cfg, where, needed)
     return report
@@ -213,6 +219,7 @@ def format_report(r: CheckReport) -> str:
     lines.append(f"  parsed prompts ({len(r.prompts)} shown, cut at {PREVIEW_CHARS} characters):")
     lines += [f"    {p.id}: {_preview(p)}" for p in r.prompts]
     lines += r.lengths.format(r.max_new_tokens, r.context)
+    lines += [f"  {r.mix[0]}", *(f"    {x}" for x in r.mix[1:])] if r.mix else []
     available = r.available()
     can = ("unknown (a streaming source has no row count)" if available is None
            else f"{available:,}" + ("" if r.whole else " (estimated from the sample)"))

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gen_pipeline.errors import ConfigError
-from gen_pipeline.server.plan import GIB, KV_BYTES, kv_bytes_per_token
+from gen_pipeline.server.plan import GIB, KV_BYTES, REFERENCE_GPU_MEM_GIB, kv_bytes_per_token
 from gen_pipeline.store.telemetry import read_telemetry
 
 THRESHOLDS: dict[str, float] = {
@@ -73,7 +73,7 @@ class Hardware:
     """What `plan` needs to price the memory-fraction lever: the model's config.json and GPU memory."""
 
     model_config: dict[str, Any] | None = None
-    gpu_mem_gb: float = 141.0
+    gpu_mem_gb: float = REFERENCE_GPU_MEM_GIB
     tp_size: int = 8
     label: str = ""
 

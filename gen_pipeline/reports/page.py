@@ -160,10 +160,13 @@ def _status_html(status: StatusReport | str) -> str:
         return f"<pre>{html.escape(status)}</pre>"
     cells = [[f"<th>{html.escape(h)}</th>" for h in STATUS_HEAD]]
     cells += [[f"<td>{html.escape(c)}</td>" for c in row] for row in status_rows(status)]
+    table = '<table class="status">' + "".join(f"<tr>{''.join(r)}</tr>" for r in cells) + "</table>"
     gate = [f"<p>{html.escape(d.dataset)}: {html.escape(line)} (saved: an estimate, "
             f"{html.escape(SAVED_FORMULA)})</p>"
             for d in status.datasets if (line := format_gate(d.gate, d.server_s_saved, unit="server"))]
-    return '<table class="status">' + "".join(f"<tr>{''.join(r)}</tr>" for r in cells) + "</table>" + "".join(gate)
+    mixes = [f"<p>{html.escape(d.dataset)}: sampling mix, samples committed per variant:</p><pre>"
+             + html.escape("\n".join(d.mix_lines())) + "</pre>" for d in status.datasets if d.mix]
+    return table + "".join(gate) + "".join(mixes)
 
 
 def render_html(dataset: str, rows: list[dict[str, Any]], status: StatusReport | str, diagnosis_text: str,

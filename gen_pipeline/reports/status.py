@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gen_pipeline.config.dataset import find_dataset_config
+from gen_pipeline.config.mix import declared_mix, produced_shares
 from gen_pipeline.display import format_duration
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.quality.accounting import (
@@ -76,6 +77,10 @@ class DatasetStatus:
         for GPU-seconds)."""
         per_token = gpu_s_per_token(self.run_wall_s, 1, decoded_tokens(self.gate, self.completion_tokens))
         return saved_gpu_s(self.gate, per_token)
+    # a sampling mix (config/mix.py): the declared [share, what it changes] per variant, and the samples
+    # committed per meta.sampling_variant ("0": n); both empty without one
+    mix: list[tuple[float, str]] = field(default_factory=list)
+    variants: dict[str, int] = field(default_factory=dict)
 
     @property
     def truncated_share(self) -> float:
@@ -84,6 +89,10 @@ class DatasetStatus:
     @property
     def remaining(self) -> int:
         return max(0, (self.target or 0) - self.done)
+
+    def mix_lines(self) -> list[str]:
+        """The produced shares of a sampling mix beside the declared ones; [] without a mix."""
+        return produced_shares(self.mix, self.variants)
 
     @property
     def eta_s(self) -> float | None:
@@ -138,6 +147,7 @@ def read_part_status(folder: Path, dataset: str, target: int | None) -> DatasetS
     errors = read_jsonl_rows(folder / ERRORS_NAME)
     done_ids = _add_shards(st, folder, ids=bool(errors))  # ids only to tell which failures have a sample since
     _add_errors(st, manifest, errors, done_ids)
+    st.mix = declared_mix(manifest.get("fingerprint") or {})
     _add_rejects(st, [folder])
     _add_run(st, folder, manifest)
     return st
@@ -155,6 +165,8 @@ def _add_shards(st: DatasetStatus, folder: Path, *, ids: bool) -> set[str]:
         st.truncated += scan.truncated
         st.gate = merged([st.gate, scan.gate])
         st.corrupt_lines += len(scan.corrupt)
+        for k, n in scan.variants.items():
+            st.variants[k] = st.variants.get(k, 0) + n
         done.update(scan.ids)
     return done
 
@@ -312,6 +324,10 @@ def format_status(report: StatusReport) -> str:
              for d in report.datasets if d.corrupt_lines]
     notes += [f"{d.dataset}: {line}" for d in report.datasets
               if (line := format_gate(d.gate, d.server_s_saved, unit="server"))]
+    for d in report.datasets:
+        if d.mix:
+            notes += ["", f"{d.dataset}: sampling mix, samples committed per variant:"]
+            notes += [f"  {line}" for line in d.mix_lines()]
     if any(d.ranks for d in report.datasets):
         notes += format_ranks([d for d in report.datasets if d.ranks])
     return "\n".join(lines + (["", "errors = failures in the last run / ids still without a sample"]
@@ -370,6 +386,10 @@ def read_ranked_status(folder: Path, dataset: str, target: int | None) -> Datase
         setattr(st, name, sum(getattr(r, name) for r in ranks))
     st.gate = merged(r.gate for r in ranks)
     st.stale_ranks = [n for r in ranks for n in r.stale_ranks]
+    st.mix = next((r.mix for r in ranks if r.mix), [])
+    for r in ranks:
+        for k, n in r.variants.items():
+            st.variants[k] = st.variants.get(k, 0) + n
     _add_rejects(st, list(parts.values()))
     live = [r for r in ranks if r.state.startswith("running") and not r.stale_ranks]
     # while ranks run, the dataset's rate is theirs; after, the sum of each rank's last rate

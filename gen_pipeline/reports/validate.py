@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, find_dataset_config
+from gen_pipeline.config.mix import recorded_sampling
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.quality.accounting import add_meta, format_gate
@@ -34,6 +35,7 @@ KINDS = {
     "mixed_config": "rows made with another model or sampling than the first row",
     "leak": "a turn written with a reasoning leak (meta.per_turn[].leak) although the dataset drops them "
             "(generation.truncated = \"drop\")",
+    "mix_sampling": "meta.sampling is not what the declared sampling mix gives its meta.sampling_variant",
 }
 THINK_MARKERS = ("<think>", "</think>")
 EXAMPLES_PER_KIND = 20  # keep memory bounded when every row of 88,000 has the same problem
@@ -129,9 +131,12 @@ def _value_diff(first: Any, here: Any, name: str) -> str:
 
 
 class _Checker:
-    def __init__(self, report: ValidationReport):
+    def __init__(self, report: ValidationReport, fingerprint: dict[str, Any] | None = None):
         self.r = report
+        # the manifest's fingerprint when it declares a sampling mix: each row is checked against its variant
+        self.mix_fp = fingerprint if fingerprint and isinstance(fingerprint.get("sampling_mix"), dict) else None
         self.first: dict[str, Any] | None = None
+        self.first_sampling: dict[Any, Any] = {}  # meta.sampling_variant: the first such row's meta.sampling
         self.reasoning: bool | None = None  # do assistant turns carry reasoning_content?
         self.seen: dict[str, str] = {}
 
@@ -164,13 +169,30 @@ class _Checker:
             self._turns(file, line, row["conversations"])
 
     def _config(self, file: str, line: int, meta: dict[str, Any], first: dict[str, Any]) -> None:
-        """One dataset is one model and one sampling: a row made another way is a problem (a resume with
-        another config that no drift check caught)."""
-        for key in ("model", "sampling"):
-            diff = _value_diff(first.get(key), meta.get(key), f"meta.{key}")
-            if diff:
-                self.r.add("mixed_config", file, line, diff)
-                return
+        """One dataset is one model and one sampling (one per variant of a sampling mix): a row made another
+        way is a problem (a resume with another config that no drift check caught)."""
+        variant = meta.get("sampling_variant")
+        same_variant = self.first_sampling.setdefault(variant, meta.get("sampling"))
+        diff = (_value_diff(first.get("model"), meta.get("model"), "meta.model")
+                or _value_diff(same_variant, meta.get("sampling"), "meta.sampling"))
+        if diff:
+            which = "" if variant in (None, 0) or diff.startswith("meta.model") else f" (sampling_variant {variant})"
+            self.r.add("mixed_config", file, line, diff.replace("in the first row", f"in the first row{which}"))
+        if self.mix_fp is not None:
+            self._mix(file, line, variant, meta.get("sampling"))
+
+    def _mix(self, file: str, line: int, variant: Any, sampling: Any) -> None:
+        declared = len(self.mix_fp.get("sampling_mix") or {}) - 1 if self.mix_fp else 0  # its keys: the seed too
+        expected = (recorded_sampling(self.mix_fp, variant)
+                    if self.mix_fp and isinstance(variant, int) and not isinstance(variant, bool) else None)
+        if expected is None:
+            self.r.add("mix_sampling", file, line, f"meta.sampling_variant is {variant!r}: the declared mix has "
+                       f"variants 0 to {declared - 1}")
+            return
+        diff = _value_diff(expected, sampling, "meta.sampling")
+        if diff:
+            self.r.add("mix_sampling", file, line, diff.replace(
+                "in the first row", f"in the declared mix for sampling_variant {variant}"))
 
     def _id(self, file: str, line: int, rid: Any) -> None:
         if not isinstance(rid, str):
@@ -236,7 +258,7 @@ def validate_dataset(folder: Path) -> ValidationReport:
     manifest = read_manifest(parts[0] if parts else folder)[0] or {}
     policy = (manifest.get("fingerprint") or {}).get("truncated", "keep")
     report = ValidationReport(display_path(folder), truncated_policy=policy if policy in ("keep", "drop") else "keep")
-    checker = _Checker(report)
+    checker = _Checker(report, manifest.get("fingerprint"))
     report.ranks = sum(1 for part in parts if parse_rank_folder(part.name))
     for part, shard in ((p, s) for p in parts for s in shard_files(p)):
         path, name, owner = shard.path, part_name(folder, shard.path), parse_rank_folder(part.name)

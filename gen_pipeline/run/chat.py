@@ -42,6 +42,7 @@ import orjson
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
 from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
+from gen_pipeline.config.mix import SamplingMix
 from gen_pipeline.config.server import normalise_server_url
 from gen_pipeline.errors import RequestError
 from gen_pipeline.http import BadStatus, CannotConnect, ConnectionLost, Http, HttpError, Reply
@@ -79,6 +80,8 @@ class ClientSettings:
     generation: GenerationConfig
     kv_cache_dtype: str = "unknown"
     token_ids: bool = False  # [output] token_ids: record the server's ids (turns go unstreamed)
+    mix: SamplingMix | None = None  # per-sample variants of `sampling` (config/mix.py); see for_prompt
+    variant: int = 0  # which of mix's variants `sampling` is (meta.sampling_variant)
 
     @property
     def sampling_dict(self) -> dict[str, Any]:
@@ -116,7 +119,16 @@ def _sampling_body(sampling: SamplingConfig, reasoning: str) -> dict[str, Any]:
     return body
 
 
-_OPTIONAL_SAMPLING = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "seed")
+_OPTIONAL_SAMPLING = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "seed",
+                      "reasoning_effort", "chat_template_kwargs")
+
+
+def for_prompt(s: ClientSettings, prompt: Prompt) -> ClientSettings:
+    """The settings of one sample: its variant of the sampling mix, drawn from its place in the source."""
+    if s.mix is None:
+        return s
+    variant = s.mix.pick(prompt.id, prompt.source_index)
+    return replace(s, sampling=s.mix.variants[variant].sampling, variant=variant)
 
 
 def build_request(messages: list[Message], s: ClientSettings) -> dict[str, Any]:
@@ -192,6 +204,8 @@ def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turn
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "per_turn": per_turn if per_turn is not None else [TurnStats(attempts=1).meta(t) for t in turns],
     }
+    if s.mix is not None:  # only under a mix (part of the fingerprint): rows without one keep their keys
+        meta["sampling_variant"] = s.variant
     return Sample(id=prompt.id, dataset=dataset, conversations=conversation, meta=meta)
 
 
@@ -209,11 +223,10 @@ class ChatClient:
         self._gate = gate
         self._on_done = on_request_done
 
-    async def regenerate(self, prompt: Prompt, dataset: str,
-                         settings: ClientSettings | None = None) -> Sample | Failure:
+    async def regenerate(self, prompt: Prompt, dataset: str) -> Sample | Failure:
         """Every assistant turn regenerated in order; per-request failures come back as a Failure (with the
-        gate's counts of the sample's turns in `extra`). `settings`: this prompt's, when not the client's."""
-        s = settings or self.settings
+        gate's counts of the sample's turns in `extra`)."""
+        s = for_prompt(self.settings, prompt)
         conversation: list[Message] = []  # what is written
         history: list[Message] = []  # what the next request sends (no token ids)
         turns: list[TurnResult] = []

@@ -72,7 +72,7 @@ def client_settings(handle: ServerHandle, opts: RunOptions, cfg: DatasetConfig) 
     # a launched server's backend is what its profile says (the simulator's says "sim")
     backend = opts.profile.backend if opts.profile else str(info.get("backend", "openai"))
     return ClientSettings(model=handle.model or opts.model, backend=backend,
-                          sampling=cfg.sampling, generation=cfg.generation,
+                          sampling=cfg.sampling, generation=cfg.generation, mix=cfg.mix,
                           kv_cache_dtype=str(info.get("kv_cache_dtype") or "unknown"),
                           token_ids=cfg.output.token_ids)
 

@@ -142,9 +142,10 @@ class DatasetRun:
         return self.window.controller_stats()
 
     def initial_tokens(self, first: list[Prompt]) -> float:
-        """Tokens a request holds at its end, before any completion: errs low (half the output cap)."""
-        max_new = self.cfg.sampling.max_new_tokens
-        return max(64.0, estimate_prompt_tokens(first) + 0.5 * min(max_new, 4096))
+        """Tokens a request holds at its end, before any completion: errs low (half the output cap, over
+        the sampling mix's variants by their shares)."""
+        cap = sum(share * min(s.max_new_tokens, 4096) for share, s in self.cfg.variants)
+        return max(64.0, estimate_prompt_tokens(first) + 0.5 * cap)
 
     # ------------------------------------------------------------ writing and the end
     async def write(self, recv: MemoryObjectReceiveStream[Item], signal: Callable[[], str | None]) -> None:

@@ -35,6 +35,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from gen_pipeline.config.dataset import DatasetConfig
+from gen_pipeline.config.mix import declared_lines
 from gen_pipeline.controller import Controller, ControllerStats
 from gen_pipeline.errors import GenPipelineError
 from gen_pipeline.http import open_http
@@ -220,6 +221,8 @@ class Job:
         self.started.append(r)
         if self.several:
             r.log.info("%s: starting (%s/%s samples done)", r.name, f"{r.store.done:,}", f"{r.store.target:,}")
+        if r.cfg.mix is not None:  # what each sample's sampling is drawn from (config/mix.py)
+            r.log.info("%s: sampling mix: %s", r.name, "; ".join(declared_lines(r.cfg.mix)))
 
         async def regenerate(prompt: Prompt) -> Sample | Failure:
             return await client.regenerate(prompt, r.name)

@@ -14,6 +14,9 @@ from collections.abc import Mapping
 from gen_pipeline.config.server import SGLANG_COMMAND, ServerProfile
 from gen_pipeline.errors import ServerError
 
+# set by the Makefile: the `make venv ... EXTRAS=...,sglang` that adds SGLang to the venv make runs
+MAKE_SGLANG_VAR = "GEN_PIPELINE_MAKE_SGLANG"
+
 # Profile key → SGLang flag. Booleans become bare flags when true; None / "" / 0 (hicache) are left out.
 FLAGS: dict[str, str] = {
     "model_path": "--model-path",
@@ -49,15 +52,24 @@ def build_command(profile: ServerProfile, *, port: int, python: str = sys.execut
     return argv
 
 
-def check_launchable(profile: ServerProfile, python: str = sys.executable) -> None:
+def check_launchable(profile: ServerProfile, python: str = sys.executable,
+                     environ: Mapping[str, str] | None = None) -> None:
     """Raise ServerError before launching SGLang's own launcher when sglang is not installed here
-    (it would die at import with a ModuleNotFoundError in server.log, after the start-up wait)."""
+    (it would die at import with a ModuleNotFoundError in server.log, after the start-up wait). The
+    message names the command that installs it into this very Python: make's when make started us
+    (the Makefile exports GEN_PIPELINE_MAKE_SGLANG), else pip run by this interpreter."""
     if tuple(profile.command[:3]) != SGLANG_COMMAND or importlib.util.find_spec("sglang") is not None:
         return
+    via_make = (os.environ if environ is None else environ).get(MAKE_SGLANG_VAR, "")
+    if via_make:
+        how = (f"Install it into the venv make runs: {via_make} (offline: add PIP_ARGS=\"--no-index "
+               "--find-links DIR\", DIR holding the wheels; README \"On the GPU node\").")
+    else:
+        how = (f"Install it into this Python: {python} -m pip install -e '.[sglang]' (from the checkout), or "
+               "make venv EXTRAS=test,sglang and run through make.")
     raise ServerError(
         f"{profile.where} launches SGLang ({python} -m sglang.launch_server), but sglang is not installed "
-        f"in this Python. On the GPU node: pip install -e '.[sglang]'. Without a GPU, try the pipeline on the "
-        f"simulator: --server sim (make demo).")
+        f"in this Python. {how} Without a GPU, try the pipeline on the simulator: --server sim (make demo).")
 
 
 def _text(value: object) -> str:

@@ -10,14 +10,14 @@ for the whole server (every TP rank holds every token). Decode slots ≈ KV toke
 
 Against the seed (Kimi-K2.5, MLA: 61 layers, kv_lora_rank 512, qk_rope_head_dim 64 → 70,272 B/token
 in bf16, 35,136 in fp8; INT4 experts ≈ 594 GB = 553 GiB of weights on 8 GPUs, i.e. --weights-gb 553: its
-~1.03T parameters are mixed precision, so --params-b × one dtype does not give it): with --gpu-mem-gb 141
-(H200) the formula predicts ~775K bf16 tokens at 0.85, almost seven times the seed's 116K. The seed's three points fit
-this formula only with ~94 GiB per GPU and ~72 GiB of weights + runtime per GPU (0.85 → 116K and
-0.88 → 159K give gpu_mem = 2.81 GiB / 0.03; then 0.90 fp8 → 12.3 GiB / 35,136 B = 376K, as
-observed), i.e. a 96 GB-class GPU. So: the per-token arithmetic and the levers (fp8 = 2×, +0.01 of
-memory fraction = +gpu_mem/100 of KV) are right; the absolute numbers need the real GPU memory and
-the memory SGLang finds in use after loading (NCCL/DeepEP buffers, CUDA context: `overhead_gb`).
-Read the real figure from the server's log line or `/server_info` once it runs.
+~1.03T parameters are mixed precision, so --params-b × one dtype does not give it). The seed's node is the
+reference node: 8 x NVIDIA RTX PRO 6000 Blackwell on PCIe, 96 GB each (nvidia-smi: 97,887 MiB = 95.6 GiB).
+Its three measured pools fit this formula with 95.6 GiB per GPU and 4.5 GiB per GPU of overhead beside
+the weights (CUDA context, NCCL buffers, activations, CUDA graphs): 0.85 bf16 → 116.7K (seen 116K),
+0.88 bf16 → 160.5K (159K), 0.90 fp8 → 379K (376K). Those are plan's defaults (REFERENCE_GPU_MEM_GIB,
+REFERENCE_OVERHEAD_GIB). With an H200's ~140 GiB the formula gives almost seven times the seed's bf16
+tokens at 0.85: plan for the GPU the job runs on. The overhead differs with the model, the parallelism
+and SGLang's flags: read the real figure from the server's log line or `/server_info` once it runs.
 """
 
 from __future__ import annotations
@@ -28,11 +28,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
+from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR
 from gen_pipeline.config.schema import check_flags, flag
 from gen_pipeline.config.server import ServerProfile
 from gen_pipeline.errors import ConfigError
 
 GIB = 1 << 30  # SGLang's "GB" in its memory logs is GiB
+# The reference node (the seed's): 8 x RTX PRO 6000 Blackwell, 96 GB = 97,887 MiB each; the overhead that
+# fits the seed's three measured pools (the module docstring). cli/parser.py's defaults (a test keeps them equal).
+REFERENCE_GPU = "RTX PRO 6000 Blackwell, 96 GB"
+REFERENCE_GPU_MEM_GIB = 95.6
+REFERENCE_OVERHEAD_GIB = 4.5
+# The bundled config.json (plan's default --model-config) is Kimi-K2.5's: its INT4 checkpoint is 594 GB on
+# disk = 553 GiB, the default --weights-gb with that config (another config needs the flag).
+BUNDLED_CONFIG = DEFAULT_CONFIG_DIR / "models" / "kimi-k2.5-config.json"
+BUNDLED_WEIGHTS_GIB = 553.0
 KV_BYTES = {"auto": 2, "bf16": 2, "bfloat16": 2, "float16": 2, "fp16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1}
 WEIGHT_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 COMPARED_KV = ("bf16", "fp8_e4m3")  # always shown side by side (lever 1); the profile's own is added
@@ -214,9 +224,12 @@ def plan_from_args(model_config: Path, *, gpu_mem_gb: float, tp_size: int, mem_f
                    tokens_per_sample: int, weights_gb: float | None = None, params_b: float | None = None,
                    weight_dtype: str | None = None, kv_dtypes: tuple[str, ...] = COMPARED_KV,
                    hicache_gb: float = 0.0, overhead_gb: float = 0.0, inputs_note: str = "",
-                   kv_in_use: str = "") -> str:
-    """`plan`'s flags (each keyword is the flag of that name) → format_plan's text; ConfigError for a
-    missing weight size or an unreadable config, naming the flag."""
+                   kv_in_use: str = "") -> Plan:
+    """`plan`'s flags (each keyword is the flag of that name) → the Plan (format_plan prints it);
+    ConfigError for a missing weight size or an unreadable config, naming the flag."""
+    bundled = weights_gb is None and params_b is None and Path(model_config).resolve() == BUNDLED_CONFIG.resolve()
+    if bundled:
+        weights_gb = BUNDLED_WEIGHTS_GIB
     if weights_gb is None and params_b is None:
         raise ConfigError(f"plan needs the weight size: pass {WEIGHTS_EXAMPLE}.")
     if params_b is not None and weights_gb is None and weight_dtype is None:
@@ -233,4 +246,18 @@ def plan_from_args(model_config: Path, *, gpu_mem_gb: float, tp_size: int, mem_f
     p = plan(cfg, gpu_mem_gb=gpu_mem_gb, tp_size=tp_size, mem_fraction_static=mem_fraction_static,
              tokens_per_sample=tokens_per_sample, weights_gb=weights_gb, params_b=params_b,
              weight_dtype=weight_dtype, kv_dtypes=kv_dtypes, hicache_gb=hicache_gb, overhead_gb=overhead_gb)
-    return format_plan(replace(p, inputs_note=inputs_note, kv_in_use=kv_in_use))
+    if bundled:
+        p = replace(p, weights_note=f"weights: {BUNDLED_WEIGHTS_GIB:g} GiB (Kimi-K2.5 INT4, 594 GB on disk: the "
+                                    "bundled config's default; --weights-gb for another checkpoint)")
+    return replace(p, inputs_note=inputs_note, kv_in_use=kv_in_use)
+
+
+def option_in_use(p: Plan) -> KvOption:
+    """The row of the profile's KV dtype (the first row when the plan names none)."""
+    return next((o for o in p.options if o.kv_dtype == p.kv_in_use), p.options[0])
+
+
+def kv_bytes_factor(p: Plan, o: KvOption) -> float:
+    """o's bytes per KV token relative to bf16's (fp8: 0.5): what attention reads per token."""
+    bf16 = next((x for x in p.options if KV_BYTES[x.kv_dtype] == 2), None)
+    return o.bytes_per_token / bf16.bytes_per_token if bf16 else KV_BYTES[o.kv_dtype] / 2

@@ -457,15 +457,6 @@ class DatasetStore:
 
     # ------------------------------------------------------------ durability
 
-    def _open_record(self) -> OpenShardRecord:
-        o = self._open
-        rec: OpenShardRecord = {"name": shard_name(self._open_index), "committed_bytes": o.good_bytes,
-                                "committed_samples": o.samples, "prompt_tokens": o.prompt_tokens,
-                                "completion_tokens": o.completion_tokens, "truncated": o.truncated}
-        if o.gate:
-            rec["gate"] = dict(o.gate)
-        return rec
-
     def commit(self, progress: ProgressRecord | None = None) -> None:
         """fsync the files, then replace the manifest atomically (with the run's live figures when
         given); raises DiskError."""
@@ -476,11 +467,18 @@ class DatasetStore:
             self._sync(name)
         self._unsynced = 0
         run["updated_at"] = now_iso()
+        open_record: OpenShardRecord = {
+            "name": shard_name(self._open_index), "committed_bytes": self._open.good_bytes,
+            "committed_samples": self._open.samples, "prompt_tokens": self._open.prompt_tokens,
+            "completion_tokens": self._open.completion_tokens, "truncated": self._open.truncated}
+        if self._open.variants:
+            open_record["variants"] = dict(self._open.variants)
+        if self._open.gate:
+            open_record["gate"] = dict(self._open.gate)
         self._manifest.update({
             "dataset": self.dataset, "target": self._target, "fingerprint": self.fingerprint,
             "fingerprint_digest": fingerprint_digest(self.fingerprint), "sealed": self._sealed,
-            "open": self._open_record(),
-            "updated_at": run["updated_at"]})
+            "open": open_record, "updated_at": run["updated_at"]})
         if self.rank.ranked:  # status reads the rank from here (and the folder name)
             self._manifest.update({"rank": self.rank.rank, "world_size": self.rank.world})
         if self._progress is not None:

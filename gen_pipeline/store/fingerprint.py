@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from gen_pipeline.config.dataset import fingerprint_digest
+from gen_pipeline.config.mix import recorded_sampling
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigDriftError
 from gen_pipeline.store.manifest import check_drift
@@ -44,13 +45,19 @@ def write_fingerprint(folder: Path, fp: dict[str, Any]) -> None:
 
 def check_rows(folder: Path, configs: list[tuple[str, bytes, int]], fp: dict[str, Any]) -> None:
     """With no recorded fingerprint left: raise ConfigDriftError when a row's meta.model or meta.sampling
-    is not what `fp` asks for. `configs`: (shard name, {"model", "sampling"} as JSON, its first line)."""
-    asked = {"model": fp.get("model"), "sampling": fp.get("sampling")}
+    is not what `fp` asks for (under a sampling mix: for the row's meta.sampling_variant). `configs`:
+    (shard name, {"model", "sampling"[, "sampling_variant"]} as JSON, its first line)."""
     for shard, key, line in configs:
         row = orjson.loads(key)
-        if row.get("sampling") is None:
-            row.pop("sampling")
-            asked.pop("sampling", None)
+        variant = row.get("sampling_variant", 0)
+        sampling = recorded_sampling(fp, variant) if isinstance(variant, int) else None
+        asked = {"model": fp.get("model")}
+        if sampling is not None and row.get("sampling") is not None:
+            asked["sampling"] = sampling
+        else:  # a row without sampling, or a variant `fp` does not have (its line below says so)
+            row.pop("sampling", None)
+        if ("sampling_variant" in row or "sampling_mix" in fp) and sampling is not None:
+            asked["sampling_variant"] = variant
         try:
             check_drift(folder, row, asked)
         except ConfigDriftError as e:

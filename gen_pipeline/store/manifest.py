@@ -52,6 +52,7 @@ class ShardRecord(TypedDict):
     completion_tokens: int
     truncated: int
     gate: NotRequired[dict[str, int]]  # the quality gate's counts (quality/accounting.py), when any
+    variants: NotRequired[dict[str, int]]  # samples per meta.sampling_variant ("0": n, ...); older shards lack it
 
 
 class OpenShardRecord(TypedDict):
@@ -64,6 +65,7 @@ class OpenShardRecord(TypedDict):
     completion_tokens: int
     truncated: int
     gate: NotRequired[dict[str, int]]
+    variants: NotRequired[dict[str, int]]
 
 
 class RunRecord(TypedDict, total=False):

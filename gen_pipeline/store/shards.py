@@ -60,8 +60,10 @@ class ShardScan:
     good_bytes: int = 0
     cut_bytes: int = 0
     corrupt: list[tuple[int, str]] = field(default_factory=list)  # (1-based line, why), not the last line
-    # {(meta.model, meta.sampling) as sorted JSON: its first line}: a lost manifest's drift guard reads these
+    # {(meta.model, meta.sampling, meta.sampling_variant) as sorted JSON: its first line}: a lost manifest's
+    # drift guard reads these
     configs: dict[bytes, int] = field(default_factory=dict)
+    variants: dict[str, int] = field(default_factory=dict)  # samples per meta.sampling_variant (the sampling mix)
 
     @property
     def samples(self) -> int:
@@ -69,12 +71,14 @@ class ShardScan:
 
     def entry(self, name: str) -> ShardRecord:
         """The manifest's record of this shard."""
-        rec: ShardRecord = {"name": name, "samples": self.samples, "bytes": self.good_bytes,
-                            "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                            "truncated": self.truncated}
+        entry: ShardRecord = {"name": name, "samples": self.samples, "bytes": self.good_bytes,
+                              "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                              "truncated": self.truncated}
+        if self.variants:
+            entry["variants"] = dict(self.variants)
         if self.gate:
-            rec["gate"] = dict(self.gate)
-        return rec
+            entry["gate"] = dict(self.gate)
+        return entry
 
     def add(self, row: dict[str, Any]) -> None:
         self.ids.append(row["id"])
@@ -85,6 +89,9 @@ class ShardScan:
         self.completion_tokens += _int(meta.get("completion_tokens"))
         self.truncated += meta.get("finish_reason") == "length"
         add_meta(self.gate, meta)
+        variant = meta.get("sampling_variant")
+        if isinstance(variant, int) and not isinstance(variant, bool):
+            self.variants[str(variant)] = self.variants.get(str(variant), 0) + 1
 
 
 def _int(v: Any) -> int:
@@ -127,8 +134,10 @@ def scan_bytes(data: bytes) -> ShardScan:
             scan.add(row)
             meta = row.get("meta")
             if isinstance(meta, dict) and "model" in meta:
-                key = orjson.dumps({"model": meta["model"], "sampling": meta.get("sampling")},
-                                   option=orjson.OPT_SORT_KEYS)
+                config = {"model": meta["model"], "sampling": meta.get("sampling")}
+                if "sampling_variant" in meta:
+                    config["sampling_variant"] = meta["sampling_variant"]
+                key = orjson.dumps(config, option=orjson.OPT_SORT_KEYS)
                 scan.configs.setdefault(key, line_no)
     scan.good_bytes, scan.cut_bytes = pos, len(data) - pos
     return scan

@@ -7,7 +7,7 @@ import pytest
 
 from gen_pipeline.config.server import ServerProfile
 from gen_pipeline.errors import ConfigError
-from gen_pipeline.server import plan, plan_from_args
+from gen_pipeline.server import format_plan, plan, plan_from_args
 from gen_pipeline.server.log_advice import advice, find_fatal
 from gen_pipeline.server.plan import GIB, kv_bytes_per_token
 
@@ -66,8 +66,9 @@ def test_weights_from_params_and_errors():
 
 
 def test_plan_text_shows_the_three_levers():
-    text = plan_from_args(Path(__file__).parent / "data" / "kimi-k2.5-config.json", gpu_mem_gb=94, tp_size=8,
-                          mem_fraction_static=0.85, tokens_per_sample=4500, weights_gb=72.3 * 8, hicache_gb=48)
+    text = format_plan(plan_from_args(Path(__file__).parent / "data" / "kimi-k2.5-config.json", gpu_mem_gb=94,
+                                      tp_size=8, mem_fraction_static=0.85, tokens_per_sample=4500,
+                                      weights_gb=72.3 * 8, hicache_gb=48))
     assert "bf16                 70,272      116,126            25     +14,363" in text
     assert "fp8_e4m3             35,136      232,252            51     +28,726" in text
     assert "fp8_e4m3 stores 2x fewer bytes per token than bf16 → 2.0x the tokens at equal memory." in text

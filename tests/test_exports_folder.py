@@ -1,0 +1,58 @@
+"""`export --out exports/...` in a fresh clone: the folder is made on demand and git ignores it."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gen_pipeline.records import Sample
+from gen_pipeline.store.dataset_store import DatasetStore
+
+from pipeline_helpers import REPO, run_cli
+
+
+@pytest.fixture
+def one_dataset(tmp_path: Path) -> Path:
+    out = tmp_path / "outputs"
+    with DatasetStore(out, "T", fingerprint={"model": "m"}, target=3) as s:
+        s.open()
+        turns = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+        s.write_samples([Sample(f"T-{i}", "T", turns, {"model": "m", "finish_reason": "stop", "prompt_tokens": 1,
+                                                       "completion_tokens": 1, "sampling": {}}) for i in range(3)])
+    return out
+
+
+@pytest.mark.parametrize("fmt, out", [("specforge", "exports/sub/T.jsonl"), ("hf", "exports/chat")])
+def test_export_makes_its_missing_folders(tmp_path: Path, one_dataset: Path, fmt: str, out: str) -> None:
+    dest = tmp_path / out
+    r = run_cli("export", "--dataset", "T", "--format", fmt, "--out", dest, "--output-dir", one_dataset,
+                "--val-share", "1")
+    assert (r.returncode, r.stderr) == (0, "")
+    if fmt == "specforge":
+        assert len(dest.read_bytes().splitlines()) == 2
+        assert len(dest.with_name("T.val.ndjson").read_bytes().splitlines()) == 1
+    else:
+        assert (dest / "train").is_dir() and (dest / "validation").is_dir()
+
+
+def test_export_under_a_file_is_refused_naming_it(tmp_path: Path, one_dataset: Path) -> None:
+    (tmp_path / "exports").write_text("not a folder")
+    r = run_cli("export", "--dataset", "T", "--format", "specforge", "--out", tmp_path / "exports" / "T.jsonl",
+                "--output-dir", one_dataset)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == (f"error: --out {tmp_path}/exports/T.jsonl: {tmp_path}/exports is a file, not a folder. "
+                        "Choose another --out.\n")
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="not a git checkout")
+def test_git_ignores_the_readmes_export_folders() -> None:
+    readme = (REPO / "README.md").read_text()
+    outs = sorted(set(re.findall(r"(?:--out |OUT=)((?:exports|outputs)/[^\s`\"']+)", readme)))
+    assert any(o.startswith("exports/") for o in outs)
+    r = subprocess.run(["git", "check-ignore", "--no-index", *outs], capture_output=True, text=True, cwd=REPO)
+    assert sorted(r.stdout.split()) == outs, orjson.dumps(outs).decode()
