@@ -280,7 +280,7 @@ def reject_empty(turn: TurnResult, policy: str, what: str = "empty") -> None:
     raise Retryable("empty_turn", detail)
 
 
-def judge(turn: TurnResult, g: GenerationConfig) -> TurnResult:
+def judge(turn: TurnResult, g: GenerationConfig, reasoning_expected: bool | None = None) -> TurnResult:
     """The answer to write, by the gate's checks of a finished turn (quality/leaks.py `check_turn` on the
     server's text): empty and marker-only answers follow `empty_turn` (raise Retryable or RequestError);
     a leak follows `truncated`: "drop" is a final failure (reason "truncated" for a turn cut by
@@ -291,8 +291,8 @@ def judge(turn: TurnResult, g: GenerationConfig) -> TurnResult:
     A kept turn with no answer left is never written (validate rejects a turn with empty content): a final
     failure, reason "truncated", when the thinking ran to max_new_tokens (a retry would run to the same
     cap), else an empty answer (`empty_turn`)."""
-    keep_reasoning = g.reasoning == "keep"
-    finding = check_turn(turn.content, turn.reasoning, turn.finish_reason, reasoning_expected=keep_reasoning)
+    expected = g.reasoning == "keep" if reasoning_expected is None else reasoning_expected
+    finding = check_turn(turn.content, turn.reasoning, turn.finish_reason, reasoning_expected=expected)
     if finding is None:
         return turn
     reason = finding.reason

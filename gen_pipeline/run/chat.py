@@ -131,6 +131,17 @@ def for_prompt(s: ClientSettings, prompt: Prompt) -> ClientSettings:
     return replace(s, sampling=s.mix.variants[variant].sampling, variant=variant)
 
 
+def thinks(s: ClientSettings) -> bool:
+    """Whether this sample's answers should carry reasoning (the leak checks' expectation): the dataset keeps
+    it and the sample's sampling does not turn thinking off (chat_template_kwargs, e.g. a mix's variant)."""
+    if s.generation.reasoning != "keep":
+        return False
+    for kwargs in (s.sampling.chat_template_kwargs, s.sampling.extra_body.get("chat_template_kwargs")):
+        if isinstance(kwargs, dict) and (kwargs.get("thinking") is False or kwargs.get("enable_thinking") is False):
+            return False
+    return True
+
+
 def build_request(messages: list[Message], s: ClientSettings) -> dict[str, Any]:
     """The JSON body for one chat completion: streamed with the usage on every chunk, or (token_ids)
     whole with the server's prompt and output token ids. A pure function of its arguments."""
@@ -314,7 +325,7 @@ class ChatClient:
             turn = await self._whole(state.body, detector, token_ids=s.token_ids)
         if turn.loop is None:
             try:
-                return judge(turn, g)
+                return judge(turn, g, thinks(s))
             except _Retryable as e:  # an empty answer: its tokens were decoded for nothing
                 stats.empty += e.reason == "empty_turn"
                 stats.discarded_tokens += turn.completion_tokens
@@ -328,7 +339,7 @@ class ChatClient:
         stats.caught.append(f"request {turn.rid or '?'}: {what} (on_loop {g.on_loop})")
         if g.on_loop == "keep":
             try:  # the text before the loop, judged as any answer (think markers split off, leaks flagged)
-                kept = judge(cut_at_loop(turn, v), g)
+                kept = judge(cut_at_loop(turn, v), g, thinks(s))
             except (_Retryable, RequestError) as e:
                 stats.discarded_tokens += turn.completion_tokens
                 if isinstance(e, RequestError) and e.reason != "empty_turn":
