@@ -4,7 +4,7 @@ Capacity and LoadSnapshot; a run's RunSnapshot (what progress, the manifest and 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 
@@ -31,6 +31,22 @@ class Prompt:
     @property
     def prompt_chars(self) -> int:
         return sum(len(m["content"]) for m in self.messages if m["role"] != "assistant")
+
+
+class TurnMeta(TypedDict):
+    """One assistant turn's accounting, `meta.per_turn[k]` for the sample's k-th assistant turn: the same
+    keys and types on every turn of every row (trainers infer one Arrow schema from the rows)."""
+
+    finish_reason: str  # "stop" | "length" | "loop" (its text cut where a loop began: on_loop = "keep")
+    prompt_tokens: int  # of the written attempt (the server's usage)
+    completion_tokens: int
+    reasoning_tokens: int  # SGLang's usage.reasoning_tokens; else counted where the reasoning ended
+    attempts: int  # requests made for this turn (1: the first answer was written)
+    loops: int  # attempts stopped by the loop detector (streamed ones aborted there)
+    empty: int  # attempts with an empty or think-marker-only answer (retried)
+    leak: str  # "" or the leak the written answer was repaired of (quality.LeakReason)
+    tokens_not_decoded: int  # sum over aborted attempts of max_new_tokens − tokens decoded at the abort
+    discarded_tokens: int  # tokens decoded by attempts that were not written (loops, empty answers)
 
 
 @dataclass(slots=True)

@@ -30,6 +30,7 @@ from sglang_sim.metrics import SimCollector, make_registry, render
 
 log = logging.getLogger("sglang_sim")
 SIM_VERSION = "0.5.6+sim"  # the SGLang API generation it mimics, marked as the simulator
+LOOPS_KEPT = 10_000  # looping turns kept in /sim/stats "loops"
 CRASH_LINE = "RuntimeError: CUDA error: an illegal memory access was encountered (simulated crash, --sim-crash-after)"
 
 
@@ -52,10 +53,21 @@ class SimServer:
         # chat requests finished, by first / later turn: requests, prompt and cached tokens, and (later
         # turns) how many found the previous turn's whole prompt cached (/sim/stats "turns")
         self.turn_counts: collections.Counter[str] = collections.Counter()
+        # looping turns: rid -> (kind, the loop's first token) while running; once ended, what was decoded
+        # (the last LOOPS_KEPT in /sim/stats "loops": how far past its start a client's abort stopped it)
+        self.looping: dict[str, tuple[str, int]] = {}
+        self.loops_ended: collections.deque[dict[str, Any]] = collections.deque(maxlen=LOOPS_KEPT)
+        self.loop.on_finished = self._finished
         # chat requests per sampling asked ({temperature, top_p, reasoning_effort, chat_template_kwargs} as sorted
         # JSON): what a client's per-sample sampling (a sampling mix) really sent
         self.chat_sampling: collections.Counter[str] = collections.Counter()
         self.registry = make_registry(SimCollector(ns.served_model_name, self._metrics_snapshot))
+
+    def _finished(self, fin: FinishedRequest) -> None:
+        looped = self.looping.pop(fin.rid, None)
+        if looped is not None:
+            self.loops_ended.append({"rid": fin.rid, "kind": looped[0], "loop_start": looped[1],
+                                     "decoded": fin.completion_tokens, "finish_reason": fin.finish_reason})
 
     def next_fault(self) -> Fault:
         self.seq += 1
@@ -228,13 +240,14 @@ async def sim_stats(request: Request) -> Response:
         "sim_time_s": sim.loop.now_s(), "real_time_s": time.monotonic() - sim.started_real,
         # the clock of the health_503 window (None while starting)
         "since_ready_s": None if sim.ready_real is None else time.monotonic() - sim.ready_real,
-        "time_scale": sim.ns.time_scale, "steps": st.steps, "busy_real_s": st.busy_real_s,
+        "time_scale": sim.ns.time_scale, "steps": st.steps, "busy_real_s": st.busy_real_s, "busy_sim_s": st.busy_sim_s,
         "max_step_real_s": st.max_step_real_s,
         "lag_events": st.lag_events, "lag_total_real_s": st.lag_total_real_s, "max_lag_real_s": st.max_lag_real_s,
         "retraction_events": st.retraction_events, "in_flight": sim.loop.in_flight,
         "requests_seen": sim.seq, "requests_completed": sim.completed, "faults": sim.fault_counts,
         "last_completed_sim_s": sim.last_completed_sim_s,
         "output_faults": dict(sim.output_fault_counts), "turns": dict(sim.turn_counts),
+        "loops": list(sim.loops_ended),
         "chat_sampling": dict(sim.chat_sampling),
         "counters": sim.loop.engine.counters(), "load": sim.load(), "admissions": st.admissions,
     })

@@ -68,6 +68,8 @@ class Plan:
     output_fault: OutputFault = OutputFault.NONE
     user_turns: int = 0  # chat: the user messages of the conversation (0: /generate)
     previous_prompt_tokens: int = 0  # chat, turn >= 2: the prompt of the turn before (to its last answer)
+    return_prompt_ids: bool = False  # return_prompt_token_ids or return_token_ids (whole answers only)
+    return_output_ids: bool = False  # return_token_ids
 
 
 def _check_context(server: SimServer, n_prompt: int, max_new: int | None) -> None:
@@ -138,6 +140,7 @@ def _degenerate(server: SimServer, gen: R.Generation, output_fault: OutputFault,
         natural_end = int(min(drawn, max_new) * R.REASONING_SHARE)
         end = len(plan.ids) if plan.loop_start < natural_end else natural_end
         server.output_fault_counts[f"loop_{plan.kind}"] += 1
+        server.looping[gen.rid] = (plan.kind, plan.loop_start)
         return replace(gen, output_ids=plan.ids, finish_reason="length", reasoning_end=end)
     if output_fault is OutputFault.LEAK and gen.reasoning == "separate":
         kind = degenerate.leak_kind(seed)
@@ -176,6 +179,15 @@ def _chat_plan(server: SimServer, body: dict[str, Any]) -> Plan:
     max_value = body.get("max_completion_tokens", body.get("max_tokens"))
     plan = _plan(server, _rid(body), prompt, encode(prompt), max_value, "max_tokens", sampling,
                  _reasoning_mode(server, body), bool(body.get("stream")))
+    # SGLang 0.5.17 refuses the token ids on a stream (serving_chat.py _validate_request, HTTP 400)
+    if plan.stream and body.get("return_prompt_token_ids"):
+        raise BadRequest("return_prompt_token_ids is not supported with streaming. "
+                         "Please set stream=false when using return_prompt_token_ids=true.")
+    if plan.stream and body.get("return_token_ids"):
+        raise BadRequest("return_token_ids is not supported with streaming on /v1/chat/completions. "
+                         "Please set stream=false when using return_token_ids=true.")
+    plan.return_output_ids = bool(body.get("return_token_ids"))
+    plan.return_prompt_ids = plan.return_output_ids or bool(body.get("return_prompt_token_ids"))
     options = body.get("stream_options") or {}
     plan.include_usage = bool(options.get("include_usage"))
     plan.continuous_usage = bool(options.get("continuous_usage_stats"))
@@ -293,14 +305,17 @@ async def _faulty_stream(plan: Plan, events: AsyncGenerator[bytes, None]) -> Asy
         await events.aclose()
 
 
-async def _token_events(ticket: Ticket) -> AsyncIterator[tuple[int, int] | Any]:
-    """Yields (start, end) token ranges as produced, then the FinishedRequest."""
-    sent, tokens = 0, ticket.stream()
+async def _token_events(ticket: Ticket, interval: int = 1) -> AsyncIterator[tuple[int, int] | Any]:
+    """Yields (start, end) token ranges as produced (at least `interval` tokens each: SGLang's
+    --stream-interval), then the FinishedRequest."""
+    sent, held, tokens = 0, 0, ticket.stream()
     while True:
         item = await tokens.get()
         if isinstance(item, int):
-            yield sent, sent + item
-            sent += item
+            held += item
+            if held >= interval:
+                yield sent, sent + held
+                sent, held = sent + held, 0
             continue
         if item.completion_tokens > sent:
             yield sent, item.completion_tokens
@@ -313,7 +328,7 @@ async def _chat_stream(server: SimServer, plan: Plan, ticket: Ticket) -> AsyncIt
     first tokens arrive, then reasoning and content chunks, a finish chunk, the usage chunk when
     stream_options.include_usage, and [DONE]."""
     gen, first = plan.gen, True
-    async for ev in _token_events(ticket):
+    async for ev in _token_events(ticket, getattr(server.ns, "stream_interval", 1)):
         if isinstance(ev, tuple):
             if first:
                 yield R.sse(R.role_chunk(gen))
@@ -333,7 +348,7 @@ async def _chat_stream(server: SimServer, plan: Plan, ticket: Ticket) -> AsyncIt
 async def _generate_stream(server: SimServer, plan: Plan, ticket: Ticket) -> AsyncIterator[bytes]:
     """SGLang's /generate stream: each event carries the cumulative text so far."""
     gen, text = plan.gen, ""
-    async for ev in _token_events(ticket):
+    async for ev in _token_events(ticket, getattr(server.ns, "stream_interval", 1)):
         if isinstance(ev, tuple):
             text += decode_output(gen.output_ids[ev[0]:ev[1]])
             yield R.sse({"text": text, "meta_info": {"id": gen.rid, "finish_reason": None,
@@ -346,7 +361,13 @@ async def _generate_stream(server: SimServer, plan: Plan, ticket: Ticket) -> Asy
 
 def _chat_whole(server: SimServer, plan: Plan, fin: Any) -> dict[str, Any]:
     server.count_turn(plan.user_turns, plan.previous_prompt_tokens, fin)
-    return R.chat_completion(plan.gen, fin, with_usage=True, cache_report=server.ns.enable_cache_report)
+    body = R.chat_completion(plan.gen, fin, with_usage=True, cache_report=server.ns.enable_cache_report)
+    choice = body["choices"][0]  # SGLang's ChatCompletionResponseChoice: each only when asked for
+    if plan.return_prompt_ids:
+        choice["prompt_token_ids"] = list(plan.gen.prompt_ids)
+    if plan.return_output_ids:
+        choice["token_ids"] = list(plan.gen.output_ids[:fin.completion_tokens])
+    return body
 
 
 def _generate_whole(server: SimServer, plan: Plan, fin: Any) -> dict[str, Any]:

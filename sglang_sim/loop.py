@@ -8,7 +8,7 @@ import argparse
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +85,7 @@ class LoopStats:
     lag_total_real_s: float = 0.0
     max_lag_real_s: float = 0.0
     busy_real_s: float = 0.0
+    busy_sim_s: float = 0.0  # simulated seconds the engine spent in steps (the GPU's busy time)
     max_step_real_s: float = 0.0
     last_gen_throughput: float = 0.0
     retraction_events: int = 0
@@ -111,6 +112,7 @@ class EngineLoop:
         self._decode_steps = 0
         self._log_tokens = 0
         self._log_sim_s = engine.now_s
+        self.on_finished: Callable[[FinishedRequest], None] | None = None  # every request that ended (aborts too)
 
     # -- used by the handlers ------------------------------------------------------------
     def now_s(self) -> float:
@@ -163,6 +165,7 @@ class EngineLoop:
             self._step_pending = False
             step_real_s = time.monotonic() - t0
             self.stats.busy_real_s += step_real_s
+            self.stats.busy_sim_s += result.dt_s
             self.stats.max_step_real_s = max(self.stats.max_step_real_s, step_real_s)
             self.stats.steps += 1
             await self._pace()
@@ -198,6 +201,8 @@ class EngineLoop:
                 if n:
                     tokens.put_nowait(n)
         for fin in result.finished:
+            if self.on_finished is not None:
+                self.on_finished(fin)
             ticket = self._tickets.pop(fin.rid, None)
             if ticket is None:
                 continue

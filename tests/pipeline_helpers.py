@@ -23,7 +23,9 @@ LAUNCHER_VARS = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_ARRAY_TASK_ID", "SLURM_A
                  "WORLD_SIZE")
 SAMPLE_KEYS = {"id", "dataset", "conversations", "meta"}
 META_KEYS = {"model", "backend", "finish_reason", "prompt_tokens", "completion_tokens", "turns", "sampling",
-             "kv_cache_dtype", "generated_at"}
+             "kv_cache_dtype", "generated_at", "per_turn"}
+TURN_META_KEYS = {"finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens", "attempts", "loops",
+                  "empty", "leak", "tokens_not_decoded", "discarded_tokens"}
 MIX_META_KEYS = META_KEYS | {"sampling_variant"}  # under a sampling mix (config/mix.py)
 
 
@@ -142,6 +144,9 @@ def assert_exact(out: Path, target: int, name: str = "T") -> list[dict]:
         assert all(a != b for a, b in itertools.pairwise(roles))
         assert all(m["content"] for m in s["conversations"])
         assert isinstance(s["meta"]["prompt_tokens"], int) and s["meta"]["completion_tokens"] > 0
+        per_turn = s["meta"]["per_turn"]
+        assert len(per_turn) == s["meta"]["turns"] and all(set(t) == TURN_META_KEYS for t in per_turn), per_turn
+        assert sum(t["completion_tokens"] for t in per_turn) == s["meta"]["completion_tokens"]
     return samples
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
 from gen_pipeline.records import Failure, Prompt, Sample
+from gen_pipeline.run.answer import judge
 from gen_pipeline.run.chat import ChatClient, ClientSettings, build_request, parse_response, split_think
 
 from mock_http import mock_http
@@ -87,7 +88,8 @@ async def test_every_assistant_turn_regenerated_in_order_with_history(mock) -> N
 def test_request_fields() -> None:
     body = build_request([{"role": "user", "content": "q"}], settings(reasoning="disable"))
     assert body == {"model": "m", "messages": [{"role": "user", "content": "q"}], "max_tokens": 64,
-                    "temperature": 0.5, "top_p": 0.9, "stream": False,
+                    "temperature": 0.5, "top_p": 0.9, "stream": True,
+                    "stream_options": {"include_usage": True, "continuous_usage_stats": True},
                     "chat_template_kwargs": {"thinking": False, "enable_thinking": False}}
     assert "chat_template_kwargs" not in build_request([], settings(reasoning="keep"))
 
@@ -174,8 +176,8 @@ async def test_truncated_turn_ends_the_conversation_or_is_dropped(mock) -> None:
 def test_think_markers_never_stay_in_content() -> None:
     assert split_think("<think>plan</think>\n\nanswer") == ("plan", "answer")
     assert split_think("plan</think>answer") == ("plan", "answer")
-    turn = parse_response(completion("<think>a</think>b"))
-    assert (turn.reasoning, turn.content) == ("a", "b")
+    turn = judge(parse_response(completion("<think>a</think>b")), GenerationConfig(reasoning="keep"))
+    assert (turn.reasoning, turn.content, turn.leak) == ("a", "b", "think_marker")
 
 
 @pytest.mark.parametrize("routing, expected", [

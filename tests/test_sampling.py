@@ -17,6 +17,8 @@ from tests.pipeline_helpers import META_KEYS, assert_exact, read_samples, run_cl
 
 from mock_http import mock_http
 
+STREAM = {"include_usage": True, "continuous_usage_stats": True}  # every turn is streamed (issue 22)
+
 ALL_KEYS = """[sampling]
 max_new_tokens = 64
 temperature = 0.6
@@ -60,7 +62,7 @@ async def test_every_key_is_in_the_request_body_and_meta(tmp_path: Path) -> None
             Prompt("T-1", ({"role": "user", "content": "q"},)), "T")
     assert isinstance(sample, Sample)
     assert seen[0] == {"model": "m", "messages": [{"role": "user", "content": "q"}], "max_tokens": 64,
-                       "temperature": 0.6, "top_p": 0.9, "stream": False, **EXPECTED_BODY}
+                       "temperature": 0.6, "top_p": 0.9, "stream": True, "stream_options": STREAM, **EXPECTED_BODY}
     assert sample.meta["sampling"] == {
         "max_new_tokens": 64, "temperature": 0.6, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.05,
         "presence_penalty": 0.5, "frequency_penalty": -0.25, "stop": ("</answer>", "STOP"), "seed": 1234,
@@ -72,7 +74,7 @@ def test_unset_keys_are_not_sent_and_disable_merges_chat_template_kwargs(tmp_pat
     plain = build_request([{"role": "user", "content": "q"}],
                           ClientSettings("m", "sim", SamplingConfig(), GenerationConfig(reasoning="disable")))
     assert plain == {"model": "m", "messages": [{"role": "user", "content": "q"}], "max_tokens": 2048,
-                     "temperature": 0.7, "top_p": 0.95, "stream": False,
+                     "temperature": 0.7, "top_p": 0.95, "stream": True, "stream_options": STREAM,
                      "chat_template_kwargs": {"thinking": False, "enable_thinking": False}}
     s = SamplingConfig(extra_body={"chat_template_kwargs": {"custom": 1}})
     body = build_request([], ClientSettings("m", "sim", s, GenerationConfig(reasoning="disable")))

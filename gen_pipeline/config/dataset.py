@@ -41,7 +41,12 @@ A dataset config, `datasets_cfg/B2.toml`:
     [generation]
     reasoning = "keep"               # "keep" reasoning_content | "disable" thinking | "none"
     truncated = "keep"               # finish_reason == "length": "keep" or "drop"
-    empty_turn = "retry"             # empty assistant content: "retry" (then a failure) or "fail"
+    empty_turn = "retry"             # empty or marker-only content: "retry" (then a failure) or "fail"
+    on_loop = "retry"                # a turn caught looping (its stream is closed at once, the server
+                                     # frees the slot): "retry" with a new seed (then a final failure,
+                                     # reason loop), "drop" (a final failure at once), "keep" (the text cut
+                                     # where the loop began, the conversation ends there: finish_reason
+                                     # "loop"), or "off" (no loop detector: loops run to max_new_tokens)
     request_timeout_s = 3600
     max_attempts = 6
     window = 0                       # 0 = the adaptive controller; N = fixed concurrency (--window wins)
@@ -49,6 +54,19 @@ A dataset config, `datasets_cfg/B2.toml`:
     [output]
     shard_max_samples = 2000
     fsync_every = 64
+    token_ids = false                # true: each assistant turn records the server's prompt_token_ids
+                                     # and token_ids (the `tokens` export then uses them as they are)
+
+Reasoning leaks (think markers in content, the thinking cut by max_new_tokens and returned as the
+answer) are flagged per turn and follow `truncated` ("keep": repaired, written, flagged in
+meta.per_turn; "drop": a final failure); a turn left with no answer (its thinking ran to
+max_new_tokens) is never written: a final failure, reason truncated. `token_ids = true` costs disk
+(every turn's prompt and output ids as JSON integers; not yet measured on the 88K job) and the early
+loop abort: SGLang 0.5.17 refuses return_token_ids / return_prompt_token_ids on a stream
+(python/sglang/srt/entrypoints/openai/serving_chat.py:914-924, HTTP 400), so those turns are sent
+whole and the loop detector reads the finished text (loops are still caught and handled by on_loop,
+but only after max_new_tokens were decoded); on_loop = "keep" is refused with it (the text would be
+cut, the server's ids not).
 """
 
 from __future__ import annotations
@@ -76,6 +94,7 @@ Schema = Literal["sharegpt", "messages", "prompt"]
 Reasoning = Literal["keep", "disable", "none"]
 Truncated = Literal["keep", "drop"]
 EmptyTurn = Literal["retry", "fail"]  # an empty assistant turn (validate rejects it): retry or fail
+OnLoop = Literal["retry", "drop", "keep", "off"]  # a turn caught looping (gen_pipeline/quality)
 # SGLang 0.5.17 entrypoints/openai/protocol.py ReasoningEffortTier (its float form, an extension for a few
 # models, is left out: meta.sampling records one type per key)
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
@@ -135,6 +154,7 @@ class GenerationConfig:
     reasoning: Reasoning = "none"
     truncated: Truncated = "keep"
     empty_turn: EmptyTurn = "retry"  # retries count against max_attempts
+    on_loop: OnLoop = "retry"  # retries count against max_attempts
     request_timeout_s: float = 3600.0
     connect_timeout_s: float = 10.0
     max_attempts: int = 6
@@ -147,6 +167,7 @@ class GenerationConfig:
 class OutputConfig:
     shard_max_samples: int = 2000
     fsync_every: int = 64
+    token_ids: bool = False  # record each assistant turn's server token ids (turns then go unstreamed)
 
 
 @dataclass(frozen=True)
@@ -176,13 +197,19 @@ class DatasetConfig:
 
     def fingerprint(self, model: str) -> dict[str, Any]:
         """What must not change between runs writing one dataset (checked on resume)."""
-        fp = {
+        fp: dict[str, Any] = {
             "model": model,
             "source": _source_identity(self.source),
             "sampling": self.sampling.as_dict(),
             "reasoning": self.generation.reasoning,
             "truncated": self.generation.truncated,
         }
+        # Present only when not the default, so a dataset written before they existed resumes: what
+        # a looping turn becomes, and whether rows carry the server's token ids (all or none).
+        if self.generation.on_loop != "retry":
+            fp["on_loop"] = self.generation.on_loop
+        if self.output.token_ids:
+            fp["token_ids"] = True
         if self.mix is not None:  # absent without one: a config without a mix keeps its fingerprint
             fp["sampling_mix"] = self.mix.fingerprint()
         return fp
@@ -270,6 +297,10 @@ def load_dataset_config(path: Path) -> DatasetConfig:
     out: OutputConfig = sections["output"]
     if out.shard_max_samples < 1 or out.fsync_every < 1:
         raise ConfigError(f"{name_in}: output.shard_max_samples and output.fsync_every must be at least 1.")
+    if out.token_ids and gen.on_loop == "keep":
+        raise ConfigError(f"{name_in}: generation.on_loop = \"keep\" cuts a looping turn's text where the loop began, "
+                          "which the server's token ids (output.token_ids = true) cannot follow: the ids would hold "
+                          "the loop the text does not. Set on_loop = \"retry\" or \"drop\", or token_ids = false.")
     return DatasetConfig(name=name, target_samples=target, path=path.resolve(), mix=mix, **sections)
 
 

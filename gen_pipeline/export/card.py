@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gen_pipeline.config.mix import produced_shares
+from gen_pipeline.quality.accounting import SAVED_FORMULA, decoded_tokens, gpu_s_per_token, saved_gpu_s
 from gen_pipeline.reports.status import gpu_lines, read_status, status_all
 from gen_pipeline.store.layout import dataset_parts
 from gen_pipeline.store.manifest import read_manifest
@@ -108,6 +109,11 @@ def _dataset_rows(opts: ExportOptions, summary: ExportSummary,
             "mix": produced_shares(st.mix, dict(Counter(str(m["sampling_variant"]) for m in metas
                                                         if isinstance(m.get("sampling_variant"), int)))),
             "wall_h": wall_h, "gpus": gpus, "gpu_h_per_1k": per_1k, "measured": measured,
+            "gate": st.gate,
+            "gpu_s_saved": saved_gpu_s(st.gate, gpu_s_per_token(
+                wall_h * 3600 if wall_h is not None else None,
+                st.gpu.gpus if measured else (gpus if isinstance(gpus, int) else None),
+                decoded_tokens(st.gate, st.completion_tokens))),
         })
     return rows
 
@@ -171,13 +177,24 @@ def render_card(opts: ExportOptions, summary: ExportSummary, chosen: list[dict[s
     status = status_all(opts.output_root, {r["dataset"]: None for r in rows}, others=False)
     if any(d.gpu.recorded for d in status.datasets):
         body += ["```", *(line.removeprefix("  ") for line in gpu_lines(status)), "```", ""]
-    body += ["## Export", "", "```", opts.command or f"gen-pipeline export --format {opts.format} --out {opts.out}",
+    body += ["## Quality gate", "", "| dataset | loops caught | loops kept (cut) | empty answers retried | leaks "
+             "flagged | tokens not decoded | GPU-hours saved (estimate) |", "|---|---|---|---|---|---|---|"]
+    body += [f"| {r['dataset']} | {r['gate'].get('loops', 0):,} | {r['gate'].get('loops_kept', 0):,} | "
+             f"{r['gate'].get('empty', 0):,} | {r['gate'].get('leaks', 0):,} | "
+             f"{r['gate'].get('tokens_not_decoded', 0):,} | {_gpu_h(_h(r['gpu_s_saved']))} |" for r in rows]
+    body += ["", "Loops are stopped on the stream as they begin (the server aborts the request); failed samples' "
+             f"loops included. GPU-hours saved = {SAVED_FORMULA}.", "",
+             "## Export", "", "```", opts.command or f"gen-pipeline export --format {opts.format} --out {opts.out}",
              "```", ""]
     return "\n".join(front + body)
 
 
 def _dropped(d: dict[str, int]) -> str:
     return ", ".join(f"{n:,} {k}" for k, n in sorted(d.items())) or "0"
+
+
+def _h(s: float | None) -> float | None:
+    return None if s is None else s / 3600
 
 
 def _gpu_h(x: float | None) -> str:

@@ -7,11 +7,19 @@ run feeds the detector from its stream and applies the policy.
     thresholds.py  LoopThresholds: the one table of numbers, with units
 """
 
-from gen_pipeline.quality.leaks import THINK_MARKERS, LeakFinding, LeakReason, check_turn, find_markers, is_marker_only
+from gen_pipeline.quality.leaks import (
+    THINK_MARKERS,
+    LeakFinding,
+    LeakReason,
+    check_turn,
+    find_markers,
+    is_marker_only,
+    strip_markers,
+)
 from gen_pipeline.quality.repetition import LoopReason, LoopVerdict, RepetitionDetector
 from gen_pipeline.quality.thresholds import DEFAULT_LOOP_THRESHOLDS, LoopThresholds
 
 __all__ = [
     "DEFAULT_LOOP_THRESHOLDS", "THINK_MARKERS", "LeakFinding", "LeakReason", "LoopReason", "LoopThresholds",
-    "LoopVerdict", "RepetitionDetector", "check_turn", "find_markers", "is_marker_only",
+    "LoopVerdict", "RepetitionDetector", "check_turn", "find_markers", "is_marker_only", "strip_markers",
 ]

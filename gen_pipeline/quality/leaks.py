@@ -47,6 +47,11 @@ def find_markers(text: str) -> list[tuple[int, str]]:
     return [(m.start(), m.group()) for m in _MARKER_RE.finditer(text)]
 
 
+def strip_markers(text: str) -> str:
+    """`text` without its think markers."""
+    return _MARKER_RE.sub("", text)
+
+
 def is_marker_only(text: str) -> bool:
     """True when `text` has at least one think marker and nothing else but whitespace/framing."""
     stripped = _MARKER_RE.sub("", text)

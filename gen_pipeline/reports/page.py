@@ -19,6 +19,7 @@ from typing import Any
 
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError, StoreError
+from gen_pipeline.quality.accounting import SAVED_FORMULA, format_gate
 from gen_pipeline.reports.context import run_context
 from gen_pipeline.reports.diagnose import THRESHOLDS
 from gen_pipeline.reports.status import STATUS_HEAD, StatusReport, gpu_lines, status_all, status_rows
@@ -160,11 +161,14 @@ def _status_html(status: StatusReport | str) -> str:
     cells = [[f"<th>{html.escape(h)}</th>" for h in STATUS_HEAD]]
     cells += [[f"<td>{html.escape(c)}</td>" for c in row] for row in status_rows(status)]
     table = '<table class="status">' + "".join(f"<tr>{''.join(r)}</tr>" for r in cells) + "</table>"
+    gate = [f"<p>{html.escape(d.dataset)}: {html.escape(line)} (saved: an estimate, "
+            f"{html.escape(SAVED_FORMULA)})</p>"
+            for d in status.datasets if (line := format_gate(d.gate, d.server_s_saved, unit="server"))]
     mixes = [f"<p>{html.escape(d.dataset)}: sampling mix, samples committed per variant:</p><pre>"
              + html.escape("\n".join(d.mix_lines())) + "</pre>" for d in status.datasets if d.mix]
     if any(d.gpu.recorded for d in status.datasets):
         mixes.append('<pre class="gpu">' + html.escape("\n".join(gpu_lines(status))) + "</pre>")
-    return table + "".join(mixes)
+    return table + "".join(gate) + "".join(mixes)
 
 
 def render_html(dataset: str, rows: list[dict[str, Any]], status: StatusReport | str, diagnosis_text: str,

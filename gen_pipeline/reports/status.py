@@ -16,6 +16,14 @@ from gen_pipeline.config.dataset import find_dataset_config
 from gen_pipeline.config.mix import declared_mix, produced_shares
 from gen_pipeline.display import format_duration
 from gen_pipeline.errors import ConfigError
+from gen_pipeline.quality.accounting import (
+    add_failure,
+    decoded_tokens,
+    format_gate,
+    gpu_s_per_token,
+    merged,
+    saved_gpu_s,
+)
 from gen_pipeline.reports.gpu_hours import (
     GpuUsage,
     Projection,
@@ -72,6 +80,15 @@ class DatasetStatus:
     heartbeat_age_s: float | None = None  # seconds since the manifest was last committed
     gpu: GpuUsage = field(default_factory=GpuUsage)  # measured GPU-hours (reports/gpu_hours.py)
     lanes: dict[str, list[RunRecord]] = field(default_factory=dict, repr=False)  # runs by rank: the job's union
+    gate: dict[str, int] = field(default_factory=dict)  # the quality gate's counts (quality/accounting.py)
+    run_wall_s: float = 0.0  # every run's wall time (every rank's: server-seconds)
+
+    @property
+    def server_s_saved(self) -> float | None:
+        """Server-seconds saved by early loop aborts (quality/accounting.py's estimate; × the server's GPUs
+        for GPU-seconds)."""
+        per_token = gpu_s_per_token(self.run_wall_s, 1, decoded_tokens(self.gate, self.completion_tokens))
+        return saved_gpu_s(self.gate, per_token)
     # a sampling mix (config/mix.py): the declared [share, what it changes] per variant, and the samples
     # committed per meta.sampling_variant ("0": n); both empty without one
     mix: list[tuple[float, str]] = field(default_factory=list)
@@ -103,8 +120,11 @@ class DatasetStatus:
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if k not in ("gpu", "lanes")}
-        return {**d, "truncated_share": round(self.truncated_share, 4), "remaining": self.remaining,
-                "eta_s": self.eta_s, "ranks": [r.to_dict() for r in self.ranks], "gpu": self.gpu.to_dict()}
+        saved = self.server_s_saved
+        return {**d, "truncated_share": round(self.truncated_share, 4),
+                "server_s_saved": None if saved is None else round(saved, 1),
+                "remaining": self.remaining, "eta_s": self.eta_s, "ranks": [r.to_dict() for r in self.ranks],
+                "gpu": self.gpu.to_dict()}
 
 
 @dataclass
@@ -179,6 +199,7 @@ def _add_shards(st: DatasetStatus, folder: Path, *, ids: bool) -> set[str]:
         st.prompt_tokens += scan.prompt_tokens
         st.completion_tokens += scan.completion_tokens
         st.truncated += scan.truncated
+        st.gate = merged([st.gate, scan.gate])
         st.corrupt_lines += len(scan.corrupt)
         for k, n in scan.variants.items():
             st.variants[k] = st.variants.get(k, 0) + n
@@ -189,6 +210,8 @@ def _add_shards(st: DatasetStatus, folder: Path, *, ids: bool) -> set[str]:
 def _add_errors(st: DatasetStatus, manifest: Manifest, rows: list[dict[str, Any]], done: set[str]) -> None:
     if not rows:
         return
+    for r in rows:  # every failure record: the loops its turns had (a later run's retry adds its own)
+        add_failure(st.gate, r)
     runs = manifest.get("runs")
     last = runs[-1]["run"] if runs else max((r.get("run", 0) for r in rows), default=0)
     st.errors_last_run = sum(1 for r in rows if r.get("run") == last)
@@ -198,6 +221,7 @@ def _add_errors(st: DatasetStatus, manifest: Manifest, rows: list[dict[str, Any]
 def _add_run(st: DatasetStatus, folder: Path, manifest: Manifest) -> None:
     runs = manifest.get("runs", [])
     st.runs = len(runs)
+    st.run_wall_s = sum(_run_wall_s(r) or 0.0 for r in runs)
     lock = read_lock(folder)
     if lock is not None and lock.problem:
         st.state = f"lock unreadable ({lock.problem})"
@@ -230,15 +254,19 @@ def _age_s(iso: Any) -> float | None:
         return None
 
 
-def _run_rate(run: RunRecord) -> float | None:
-    """samples/s of a run from its manifest record, when the pipeline passed no progress."""
+def _run_wall_s(run: RunRecord) -> float | None:
     try:
         t0 = datetime.fromisoformat(run["started_at"])
         t1 = datetime.fromisoformat(run.get("ended_at") or run["updated_at"])
     except (KeyError, TypeError, ValueError):
         return None
-    elapsed_s = (t1 - t0).total_seconds()
-    return run.get("samples_written", 0) / elapsed_s if elapsed_s > 0 else None
+    return max(0.0, (t1 - t0).total_seconds())
+
+
+def _run_rate(run: RunRecord) -> float | None:
+    """samples/s of a run from its manifest record, when the pipeline passed no progress."""
+    elapsed_s = _run_wall_s(run)
+    return run.get("samples_written", 0) / elapsed_s if elapsed_s else None
 
 
 def config_targets(config_dir: Path, output_dir: Path, only: Sequence[str] = ()) -> tuple[dict[str, int | None],
@@ -332,6 +360,8 @@ def format_status(report: StatusReport) -> str:
         lines.insert(-1, lines[1])
     notes = [f"{d.dataset}: {d.corrupt_lines} unreadable lines in the shards; run validate"
              for d in report.datasets if d.corrupt_lines]
+    notes += [f"{d.dataset}: {line}" for d in report.datasets
+              if (line := format_gate(d.gate, d.server_s_saved, unit="server"))]
     for d in report.datasets:
         if d.mix:
             notes += ["", f"{d.dataset}: sampling mix, samples committed per variant:"]
@@ -368,7 +398,7 @@ def gpu_lines(report: StatusReport) -> list[str]:
 STALE_AFTER_S = 120.0  # runs commit their manifest every ~5 s (RunOptions.commit_interval_s)
 STARTING_GRACE_S = 1800.0 + STALE_AFTER_S  # the tuned profile's startup_timeout_s, then the usual
 _SUMMED = ("done", "shards", "prompt_tokens", "completion_tokens", "truncated", "errors_last_run",
-           "errors_unresolved", "corrupt_lines", "runs")
+           "errors_unresolved", "corrupt_lines", "runs", "run_wall_s")
 
 
 def _rank_status(part: Path | None, dataset: str, rank: int, world: int, target: int | None) -> DatasetStatus:
@@ -403,6 +433,7 @@ def read_ranked_status(folder: Path, dataset: str, target: int | None) -> Datase
     st = DatasetStatus(dataset, target, world_size=max(worlds), ranks=ranks)
     for name in _SUMMED:
         setattr(st, name, sum(getattr(r, name) for r in ranks))
+    st.gate = merged(r.gate for r in ranks)
     st.stale_ranks = [n for r in ranks for n in r.stale_ranks]
     st.gpu = add([r.gpu for r in ranks])
     for r in ranks:

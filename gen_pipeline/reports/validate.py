@@ -16,6 +16,7 @@ from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, find_dataset_config
 from gen_pipeline.config.mix import recorded_sampling
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError
+from gen_pipeline.quality.accounting import add_meta, format_gate
 from gen_pipeline.store.layout import dataset_parts, part_name, shard_files
 from gen_pipeline.store.manifest import read_manifest
 from gen_pipeline.store.ranks import owner_rank, parse_rank_folder
@@ -32,6 +33,8 @@ KINDS = {
     "truncated": "finish_reason is \"length\" and the dataset drops truncated samples",
     "wrong_rank": "a rank's folder holds a sample whose id hashes to another rank",
     "mixed_config": "rows made with another model or sampling than the first row",
+    "leak": "a turn written with a reasoning leak (meta.per_turn[].leak) although the dataset drops them "
+            "(generation.truncated = \"drop\")",
     "mix_sampling": "meta.sampling is not what the declared sampling mix gives its meta.sampling_variant",
 }
 THINK_MARKERS = ("<think>", "</think>")
@@ -61,6 +64,7 @@ class ValidationReport:
     ranks: int = 0  # rank folders read (0: a dataset written by one run)
     counts: Counter[str] = field(default_factory=Counter)
     examples: list[Problem] = field(default_factory=list)
+    gate: dict[str, int] = field(default_factory=dict)  # the quality gate's counts of the rows (meta.per_turn)
 
     @property
     def ok(self) -> bool:
@@ -73,7 +77,7 @@ class ValidationReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"folder": self.folder, "ok": self.ok, "rows": self.rows, "files": self.files, "ranks": self.ranks,
-                "truncated": self.truncated, "truncated_policy": self.truncated_policy,
+                "truncated": self.truncated, "truncated_policy": self.truncated_policy, "gate": self.gate,
                 "problems": dict(self.counts),
                 "examples": [{"kind": p.kind, "file": p.file, "line": p.line, "message": p.message}
                              for p in self.examples]}
@@ -84,6 +88,9 @@ class ValidationReport:
         ranks = f" of {self.ranks} ranks" if self.ranks else ""
         out = [f"{self.folder}: {self.rows:,} rows in {self.files} shards{ranks}: {verdict} "
                f"({self.truncated:,} truncated, policy {self.truncated_policy})"]
+        gate = format_gate(self.gate)
+        if gate:
+            out.append(f"  {gate} (written rows only; errors.jsonl holds the failed samples')")
         for kind, n in self.counts.most_common():
             out.append(f"  {kind}: {n:,} ({KINDS[kind]})")
             out += [f"    {p}" for p in self.examples if p.kind == kind][:5]
@@ -147,6 +154,11 @@ class _Checker:
                 self.r.add("meta_schema", file, line, diff)
             else:  # a row of another shape is reported as that
                 self._config(file, line, meta, first_meta)
+            leaks_before = self.r.gate.get("leaks", 0)
+            add_meta(self.r.gate, meta)
+            if self.r.gate.get("leaks", 0) > leaks_before and self.r.truncated_policy == "drop":
+                self.r.add("leak", file, line, "meta.per_turn flags a reasoning leak but generation.truncated = "
+                           "\"drop\"")
             if meta.get("finish_reason") == "length":
                 self.r.truncated += 1
                 if self.r.truncated_policy == "drop":

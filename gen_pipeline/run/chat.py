@@ -6,6 +6,20 @@ regenerated history. Retries (tenacity, exponential backoff with jitter) cover c
 errors, timeouts, 429, 5xx and unreadable bodies; a 4xx that will fail again (e.g. a prompt
 longer than the context) is not retried and becomes a Failure with the server's message.
 
+The quality gate (issue 22; gen_pipeline/quality, run/answer.py): every turn is streamed (SSE, with
+`stream_options.include_usage` and `continuous_usage_stats`, so the token count at any moment is the
+server's) and one RepetitionDetector per turn is fed the reasoning then the content deltas as they
+arrive. When it fires the stream is closed: SGLang 0.5.17 aborts a request whose client went away
+and frees its KV at once (the cancelled generator's `except BaseException` in
+managers/tokenizer_manager.py generate_request → _discard_pending_req_states sends AbortReq;
+serving_chat.py's create_abort_task repeats it 2 s later). `[generation] on_loop` decides the turn:
+"retry" with a new `seed` at once (no backoff: the server is fine), a final Failure (reason `loop`)
+once max_attempts are spent; "drop" a final Failure at once; "keep" the text cut where the loop began
+(answer.cut_at_loop). A finished turn is judged (answer.judge): empty or marker-only answers follow
+`empty_turn`, reasoning leaks `truncated`. With `[output] token_ids = true` turns are not streamed
+(SGLang refuses return_token_ids on a stream) and the detector reads the finished text. A server
+that answers a streamed request in one piece (JSON) is read the same way.
+
 Requests go through gen_pipeline/http.py (httpx, the product's one HTTP library). A connection that
 cannot be made (refused, unknown host, a black-holed server: connect timeout) or that is lost counts
 toward taking a server out of a fleet; a read timeout does not (the server is there, only busy).
@@ -14,6 +28,7 @@ toward taking a server out of a fleet; a read timeout does not (the server is th
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import random
 import time
@@ -24,28 +39,37 @@ from typing import Any
 
 import anyio
 import orjson
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
 from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
 from gen_pipeline.config.mix import SamplingMix
 from gen_pipeline.config.server import normalise_server_url
 from gen_pipeline.errors import RequestError
-from gen_pipeline.http import CannotConnect, ConnectionLost, Http, HttpError, Reply
-from gen_pipeline.records import Failure, Message, Prompt, Sample
+from gen_pipeline.http import BadStatus, CannotConnect, ConnectionLost, Http, HttpError, Reply
+from gen_pipeline.quality import RepetitionDetector
+from gen_pipeline.records import Failure, Message, Prompt, Sample, TurnMeta
+from gen_pipeline.run.answer import (
+    Retryable,
+    TurnResult,
+    TurnStats,
+    TurnStream,
+    cut_at_loop,
+    detect_loop,
+    judge,
+    parse_response,
+    split_think,
+)
 from gen_pipeline.server.fleet import Fleet
 
 log = logging.getLogger(__name__)
+JOURNAL = logging.getLogger("gen_pipeline.journal.gate")  # run.log only (cli/logs.py)
 
-_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
-_JSON = {"content-type": "application/json"}
-
-
-class _Retryable(Exception):
-    """An attempt failed in a way the next attempt may not: reason + detail for the Failure."""
-
-    def __init__(self, reason: str, detail: str):
-        super().__init__(detail)
-        self.reason = reason
+_Retryable = Retryable  # the name tests and older callers use
+__all__ = ["ChatClient", "ClientSettings", "RequestDone", "TurnResult", "build_request", "build_sample",
+           "classify_status", "error_message", "parse_response", "split_think"]
+# SGLang's stream_options (protocol.py StreamOptions): the usage chunk at the end, and the usage so far on
+# every chunk (the tokens decoded when a loop is aborted, and a stream cut mid-way, are the server's count).
+STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +79,7 @@ class ClientSettings:
     sampling: SamplingConfig
     generation: GenerationConfig
     kv_cache_dtype: str = "unknown"
+    token_ids: bool = False  # [output] token_ids: record the server's ids (turns go unstreamed)
     mix: SamplingMix | None = None  # per-sample variants of `sampling` (config/mix.py); see for_prompt
     variant: int = 0  # which of mix's variants `sampling` is (meta.sampling_variant)
 
@@ -62,14 +87,13 @@ class ClientSettings:
     def sampling_dict(self) -> dict[str, Any]:
         return _sampling_dict(self.sampling)
 
-
-@dataclass(frozen=True, slots=True)
-class TurnResult:
-    content: str
-    reasoning: str
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
+    @property
+    def streamed(self) -> bool:
+        """Turns are streamed (and aborted on a loop) while the loop gate is on, unless the server's token
+        ids are recorded. With on_loop = "off" nothing watches the stream, so turns come whole: a stream
+        costs the client ~50 ms of CPU per 1,000 tokens at SGLang's default stream interval
+        (bench/RESULTS.md, issue 22)."""
+        return not self.token_ids and self.generation.on_loop != "off"
 
 
 RequestDone = Callable[[int, int, float], None]  # (prompt_tokens, completion_tokens, latency_s)
@@ -110,56 +134,43 @@ def for_prompt(s: ClientSettings, prompt: Prompt) -> ClientSettings:
     return replace(s, sampling=s.mix.variants[variant].sampling, variant=variant)
 
 
+def thinks(s: ClientSettings) -> bool:
+    """Whether this sample's answers should carry reasoning (the leak checks' expectation): the dataset keeps
+    it and the sample's sampling does not turn thinking off (chat_template_kwargs, e.g. a mix's variant)."""
+    if s.generation.reasoning != "keep":
+        return False
+    for kwargs in (s.sampling.chat_template_kwargs, s.sampling.extra_body.get("chat_template_kwargs")):
+        if isinstance(kwargs, dict) and (kwargs.get("thinking") is False or kwargs.get("enable_thinking") is False):
+            return False
+    return True
+
+
 def build_request(messages: list[Message], s: ClientSettings) -> dict[str, Any]:
-    """The JSON body for one chat completion."""
+    """The JSON body for one chat completion: streamed with the usage on every chunk, or (token_ids)
+    whole with the server's prompt and output token ids. A pure function of its arguments."""
     body: dict[str, Any] = {
         "model": s.model,
         "messages": messages,
         "max_tokens": s.sampling.max_new_tokens,
         "temperature": s.sampling.temperature,
         "top_p": s.sampling.top_p,
-        "stream": False,
+        "stream": s.streamed,
     }
+    if s.streamed:
+        body["stream_options"] = STREAM_OPTIONS
+    else:  # SGLang 0.5.17 protocol.py:778-779 (refused with stream=true, serving_chat.py:914-924)
+        body["return_prompt_token_ids"] = body["return_token_ids"] = True
     extra = _sampling_body(s.sampling, s.generation.reasoning)
     if extra:
         body.update(extra)  # copied: a nested table in extra_body is shared, never mutated
     return body
 
 
-def split_think(content: str) -> tuple[str, str]:
-    """("reasoning", "answer") from content that still carries <think> markers (no reasoning parser)."""
-    if _THINK_CLOSE not in content:
-        return "", content.replace(_THINK_OPEN, "")
-    head, _, tail = content.partition(_THINK_CLOSE)
-    return head.replace(_THINK_OPEN, "").strip(), tail.lstrip()
-
-
-def parse_response(data: Any) -> TurnResult:
-    """Read the fields we keep from a chat completion; raises _Retryable when it is malformed."""
-    try:
-        choice = data["choices"][0]
-        message = choice["message"]
-        content = message.get("content") or ""
-        reasoning = message.get("reasoning_content") or ""
-        finish = choice.get("finish_reason")
-        usage = data.get("usage")
-        if not isinstance(usage, dict):
-            raise _Retryable("bad_response", "the response has no usage (token counts)")
-        prompt_tokens, completion_tokens = int(usage["prompt_tokens"]), int(usage["completion_tokens"])
-    except _Retryable:
-        raise
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
-        raise _Retryable("bad_response", f"unexpected response shape ({type(e).__name__}: {e})") from None
-    if not isinstance(content, str) or not isinstance(reasoning, str):
-        raise _Retryable("bad_response", "message content is not a string")
-    if finish == "abort":
-        raise _Retryable("aborted", "the server aborted the request")
-    if finish not in ("stop", "length"):
-        finish = "length" if finish == "max_tokens" else "stop"
-    if _THINK_OPEN in content or _THINK_CLOSE in content:
-        extra, content = split_think(content)
-        reasoning = (reasoning + "\n" + extra).strip() if reasoning else extra
-    return TurnResult(content, reasoning, finish, prompt_tokens, completion_tokens)
+def loop_seed(body: bytes, loops: int) -> int:
+    """The `seed` of the attempt after the `loops`-th loop of a turn: a new draw (a model that looped
+    once at this seed would loop again), reproducible (a function of the request and the count)."""
+    digest = hashlib.blake2b(body + loops.to_bytes(4, "big"), digest_size=4).digest()
+    return int.from_bytes(digest, "big") & 0x7FFF_FFFF
 
 
 def error_message(response: Reply) -> str:
@@ -190,8 +201,11 @@ def classify_status(response: Reply) -> None:
 
 
 def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turns: list[TurnResult],
-                 s: ClientSettings) -> Sample:
-    finish = "length" if any(t.finish_reason == "length" for t in turns) else "stop"
+                 s: ClientSettings, per_turn: list[TurnMeta] | None = None) -> Sample:
+    """The sample's row. meta.finish_reason: "loop" when a turn was cut where a loop began (on_loop =
+    "keep"), else "length" when one hit max_new_tokens, else "stop"; meta.per_turn: records.TurnMeta."""
+    reasons = {t.finish_reason for t in turns}
+    finish = "loop" if "loop" in reasons else "length" if "length" in reasons else "stop"
     meta = {
         "model": s.model,
         "backend": s.backend,
@@ -202,6 +216,7 @@ def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turn
         "sampling": s.sampling_dict,
         "kv_cache_dtype": s.kv_cache_dtype,
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "per_turn": per_turn if per_turn is not None else [TurnStats(attempts=1).meta(t) for t in turns],
     }
     if s.mix is not None:  # only under a mix (part of the fingerprint): rows without one keep their keys
         meta["sampling_variant"] = s.variant
@@ -223,7 +238,8 @@ class ChatClient:
         self._on_done = on_request_done
 
     async def regenerate(self, prompt: Prompt, dataset: str) -> Sample | Failure:
-        """Every assistant turn regenerated in order; per-request failures come back as a Failure."""
+        """Every assistant turn regenerated in order; per-request failures come back as a Failure (with the
+        gate's counts of the sample's turns in `extra`)."""
         try:
             return await self._regenerate(prompt, dataset)
         finally:
@@ -231,73 +247,177 @@ class ChatClient:
 
     async def _regenerate(self, prompt: Prompt, dataset: str) -> Sample | Failure:
         s = for_prompt(self.settings, prompt)
-        conversation: list[Message] = []
+        conversation: list[Message] = []  # what is written
+        history: list[Message] = []  # what the next request sends (no token ids)
         turns: list[TurnResult] = []
+        per_turn: list[TurnMeta] = []
+        spent = TurnStats()  # the turns so far, for a Failure's record
         keep_reasoning = s.generation.reasoning == "keep"
         for m in prompt.messages:
             if m["role"] == "assistant":
                 continue  # source answers are replaced by the target model's
             conversation.append({"role": m["role"], "content": m["content"]})
+            history.append(conversation[-1])
             if m["role"] != "user":
                 continue
+            stats = TurnStats()
             try:
-                turn = await self.complete(conversation, s, sample=(dataset, prompt.id))
+                turn = await self.complete(history, s, stats, sample=(dataset, prompt.id))
             except RequestError as e:
-                return Failure(prompt.id, dataset, e.reason, str(e), attempts=e.attempts, retryable=e.retryable)
+                _journal_loops(stats, prompt.id, dataset)
+                spent.add(stats)
+                return Failure(prompt.id, dataset, e.reason, str(e), attempts=e.attempts, retryable=e.retryable,
+                               extra=spent.failure_extra())
+            _journal_loops(stats, prompt.id, dataset)
+            spent.add(stats)
             reply: Message = {"role": "assistant", "content": turn.content}
             if keep_reasoning:
                 reply["reasoning_content"] = turn.reasoning
+            history.append(reply)
+            if s.token_ids and turn.prompt_token_ids is not None and turn.token_ids is not None:
+                # the server's ids on the written turn (export/tokens.py reads them); not sent back
+                reply = {**reply, "prompt_token_ids": turn.prompt_token_ids, "token_ids": turn.token_ids}  # type: ignore[dict-item]
             conversation.append(reply)
             turns.append(turn)
-            if turn.finish_reason == "length":
-                if s.generation.truncated == "drop":
-                    return Failure(prompt.id, dataset, "truncated",
-                                   f"turn {len(turns)} hit max_new_tokens={s.sampling.max_new_tokens}",
-                                   retryable=False)
+            per_turn.append(stats.meta(turn))
+            if turn.finish_reason == "length" and not turn.leak and s.generation.truncated == "drop":
+                return Failure(prompt.id, dataset, "truncated",
+                               f"turn {len(turns)} hit max_new_tokens={s.sampling.max_new_tokens}",
+                               retryable=False, extra=spent.failure_extra())
+            if turn.finish_reason != "stop":
                 break  # a cut answer ends the conversation: later turns would build on it
-        return build_sample(prompt, dataset, conversation, turns, s)
+        return build_sample(prompt, dataset, conversation, turns, s, per_turn)
 
     async def complete(self, messages: list[Message], settings: ClientSettings | None = None,
-                       sample: Hashable | None = None) -> TurnResult:
-        """One chat completion with retries (`settings`: the sample's, default the client's); raises
-        RequestError (with the attempts made) when it will not succeed. `sample`: the conversation it
-        belongs to (the fleet keeps its turns together)."""
-        g = self.settings.generation
-        body = orjson.dumps(build_request(messages, settings or self.settings))
-        attempts = 1
+                       stats: TurnStats | None = None, sample: Hashable | None = None) -> TurnResult:
+        """One assistant turn: attempts with retries and the gate's policies; raises RequestError (with the
+        attempts made) when it will not succeed. `stats` (filled in place) counts the attempts, loops,
+        empty answers and the tokens they decoded or saved. `sample`: the conversation it belongs to (the
+        fleet keeps its turns together)."""
+        s = settings or self.settings
+        stats = stats if stats is not None else TurnStats()
+        g = s.generation
+        base = build_request(messages, s)
+        state = _Attempts(s, orjson.dumps(base), base, stats, sample)
         try:
-            return await self._attempt(body, sample)  # the common case pays nothing for the retry machinery
+            return await self._attempt(state)  # the common case pays nothing for the retry machinery
         except _Retryable as e:
             if g.max_attempts == 1:
-                raise RequestError(f"gave up after 1 attempt: {e}", reason=e.reason, attempts=1) from None
+                raise _gave_up(e, 1) from None
         except RequestError as e:
-            e.attempts = attempts
+            e.attempts = stats.attempts
             raise
-        # "Full jitter" (AWS): wait uniform(0, min(max, initial * 2**n)) before attempt n+1, which
-        # spreads a burst of retries out; the first wait here, the rest in tenacity's loop.
-        await anyio.sleep(random.uniform(0, g.retry_initial_wait_s))
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(g.max_attempts - 1),
-            wait=wait_random_exponential(multiplier=2 * g.retry_initial_wait_s, max=g.retry_max_wait_s),
-            retry=retry_if_exception_type(_Retryable),
-            reraise=True,
-        )
+        retrying = AsyncRetrying(stop=stop_after_attempt(g.max_attempts - 1), wait=functools.partial(_wait, g),
+                                 retry=retry_if_exception_type(_Retryable), reraise=True)
         try:
             async for attempt in retrying:
                 with attempt:
-                    attempts += 1
-                    return await self._attempt(body, sample)
+                    return await self._attempt(state)
         except _Retryable as e:
-            raise RequestError(f"gave up after {g.max_attempts} attempts: {e}", reason=e.reason,
-                               attempts=attempts) from None
+            raise _gave_up(e, stats.attempts) from None
         except RequestError as e:
-            e.attempts = attempts
+            e.attempts = stats.attempts
             raise
         raise AssertionError("unreachable")
 
-    async def _attempt(self, body: bytes, sample: Hashable | None) -> TurnResult:
+    async def _attempt(self, state: _Attempts) -> TurnResult:
+        """One request, then the gate: a loop per on_loop (retry: the next attempt's seed changes), a
+        finished answer judged. Raises _Retryable / RequestError."""
+        s, stats = state.settings, state.stats
+        g = s.generation
         if self._gate is not None:
             await self._gate()  # blocks while the supervisor restarts the server
+        stats.attempts += 1
+        detector = RepetitionDetector() if g.on_loop != "off" else None
+        if s.streamed:
+            turn = await self._streamed(state.body, detector, state.sample)
+        else:
+            turn = await self._whole(state.body, detector, state.sample, token_ids=s.token_ids)
+        if turn.loop is None:
+            try:
+                return judge(turn, g, thinks(s))
+            except _Retryable as e:  # an empty answer: its tokens were decoded for nothing
+                stats.empty += e.reason == "empty_turn"
+                stats.discarded_tokens += turn.completion_tokens
+                raise
+        stats.loops += 1
+        if turn.aborted:
+            stats.tokens_not_decoded += max(0, s.sampling.max_new_tokens - turn.completion_tokens)
+        v = turn.loop
+        what = (f"the turn looped ({v.reason.value}, period {v.period_words} words) from character "
+                f"{v.loop_start_char}; {'aborted' if turn.aborted else 'caught'} after {turn.completion_tokens} tokens")
+        stats.caught.append(f"request {turn.rid or '?'}: {what} (on_loop {g.on_loop})")
+        if g.on_loop == "keep":
+            try:  # the text before the loop, judged as any answer (think markers split off, leaks flagged)
+                kept = judge(cut_at_loop(turn, v), g, thinks(s))
+            except (_Retryable, RequestError) as e:
+                stats.discarded_tokens += turn.completion_tokens
+                if isinstance(e, RequestError) and e.reason != "empty_turn":
+                    raise  # a leak and truncated = "drop"
+                # the loop began before the answer did: no turn to write
+                raise RequestError(f"{what}; no answer before the loop to keep", reason="loop",
+                                   retryable=False) from None
+            return kept
+        stats.discarded_tokens += turn.completion_tokens
+        if g.on_loop == "drop" or stats.attempts >= g.max_attempts:
+            tries = "" if g.on_loop == "drop" else f" (after {stats.attempts} attempts)"
+            raise RequestError(f"{what}{tries}", reason="loop", retryable=False)
+        state.reseed()
+        raise _Retryable("loop", what)
+
+    async def _streamed(self, body: bytes, detector: RepetitionDetector | None,
+                        sample: Hashable | None) -> TurnResult:
+        """A streamed attempt, watched as it arrives; closed at once when the detector fires."""
+        fleet = self._fleet
+        url = fleet.pick(sample)
+        fleet.started(url)
+        started = time.monotonic()
+        parser = TurnStream(detector)
+        verdict = None
+        try:
+            with anyio.fail_after(self.settings.generation.request_timeout_s):
+                async with self._http.open_stream(f"{url}/v1/chat/completions", body) as answer:
+                    fleet.succeeded(url)
+                    if not answer.is_event_stream:  # answered whole: read like an unstreamed turn
+                        return self._read_whole(await answer.read(), answer.content_type, detector, started,
+                                                token_ids=False)
+                    async for data in answer.events():
+                        if data == b"[DONE]":
+                            break
+                        try:
+                            chunk = orjson.loads(data)
+                        except orjson.JSONDecodeError:
+                            raise _Retryable("bad_response", "a stream chunk is not JSON") from None
+                        verdict = parser.feed(chunk)
+                        if verdict is not None:
+                            break  # leaving the block closes the stream: the server aborts the request
+        except BadStatus as e:
+            fleet.succeeded(url)
+            classify_status(e.reply)
+            raise _Retryable("bad_response", f"HTTP {e.reply.status}") from None  # not reached: 200 is no BadStatus
+        except TimeoutError:
+            limit = self.settings.generation.request_timeout_s
+            if not parser.deltas:
+                raise _Retryable("timeout", f"no answer within the request timeout ({limit:g} s)") from None
+            raise _Retryable("timeout", f"no complete answer within the request timeout ({limit:g} s; "
+                                        f"{parser.completion_tokens} tokens decoded)") from None
+        except HttpError as e:
+            if isinstance(e, CannotConnect | ConnectionLost):  # not NoAnswer: a slow server is still there
+                self._connection_failed(url)
+            seen = f" after {parser.completion_tokens} tokens" if parser.deltas else ""
+            raise _Retryable(e.kind, f"{e}{seen}") from None
+        finally:
+            fleet.finished(url)
+        aborted = verdict is not None
+        if not aborted and detector is not None and parser.finish_reason is not None:
+            verdict = detector.finish()  # the held-back last word
+        turn = parser.result(loop=verdict, aborted=aborted)
+        self._done(turn, started)
+        return turn
+
+    async def _whole(self, body: bytes, detector: RepetitionDetector | None, sample: Hashable | None, *,
+                     token_ids: bool) -> TurnResult:
+        """An unstreamed attempt ([output] token_ids): the detector reads the finished text."""
         fleet = self._fleet
         url = fleet.pick(sample)
         fleet.started(url)
@@ -312,17 +432,23 @@ class ChatClient:
             fleet.finished(url)
         fleet.succeeded(url)
         classify_status(response)
+        return self._read_whole(response.body, response.content_type, detector, started, token_ids=token_ids)
+
+    def _read_whole(self, body: bytes, content_type: str, detector: RepetitionDetector | None, started: float, *,
+                    token_ids: bool) -> TurnResult:
         try:
-            data = orjson.loads(response.body)
+            data = orjson.loads(body)
         except orjson.JSONDecodeError:
-            raise _Retryable("bad_response",
-                             f"body is not JSON (content-type {response.content_type or '?'})") from None
-        turn = parse_response(data)
+            raise _Retryable("bad_response", f"body is not JSON (content-type {content_type or '?'})") from None
+        turn = parse_response(data, token_ids=token_ids)
+        self._done(turn, started)
+        verdict = detect_loop(turn, detector) if detector is not None else None
+        return replace(turn, loop=verdict) if verdict is not None else turn
+
+    def _done(self, turn: TurnResult, started: float) -> None:
+        """The controller's completion hook: a request that ended (a loop's abort too: it held that much KV)."""
         if self._on_done is not None:
             self._on_done(turn.prompt_tokens, turn.completion_tokens, time.monotonic() - started)
-        if not turn.content.strip():
-            _reject_empty(turn, self.settings.generation.empty_turn)
-        return turn
 
     def _connection_failed(self, url: str) -> None:
         """After fail_after connection failures in a row the server is taken out of the fleet. A server
@@ -333,12 +459,36 @@ class ChatClient:
                         "back with backoff", url, fleet.fail_after, len(fleet.up_urls), len(fleet.urls))
 
 
-def _reject_empty(turn: TurnResult, policy: str) -> None:
-    """An empty assistant turn is never written (validate rejects it): "retry" makes it a
-    retryable attempt (RequestError once max_attempts are spent), "fail" a failure at once."""
-    detail = (f"the assistant turn is empty ({turn.completion_tokens} completion tokens, "
-              f"finish_reason {turn.finish_reason})")
-    if policy == "fail":
-        raise RequestError(detail, reason="empty_turn", retryable=False)
-    raise _Retryable("empty_turn", detail)
+class _Attempts:
+    """One turn's attempts: the body to send (its seed changes after a loop) and the accounting."""
 
+    def __init__(self, settings: ClientSettings, body: bytes, base: dict[str, Any], stats: TurnStats,
+                 sample: Hashable | None = None) -> None:
+        self.settings, self.body, self.base, self.stats, self.sample = settings, body, base, stats, sample
+        self._first = body
+
+    def reseed(self) -> None:
+        self.body = orjson.dumps({**self.base, "seed": loop_seed(self._first, self.stats.loops)})
+
+
+def _journal_loops(stats: TurnStats, sample_id: str, dataset: str) -> None:
+    """One run.log line per loop caught (the journal: not on the console; the request id is the server's)."""
+    for line in stats.caught:
+        JOURNAL.info("loop caught in %s: %s", sample_id, line, extra={"dataset": dataset})
+
+
+def _wait(g: GenerationConfig, state: RetryCallState) -> float:
+    """Before the next attempt: none after a loop (the server is fine; the next seed decides), else "full
+    jitter" (AWS): uniform(0, min(max, initial × 2^(n−1))) after the n-th failed attempt, which spreads
+    a burst of retries out."""
+    outcome = state.outcome
+    exc = outcome.exception() if outcome is not None else None
+    if isinstance(exc, _Retryable) and exc.reason == "loop":
+        return 0.0
+    n = state.attempt_number  # tenacity counts from the second attempt here: the first ran outside it
+    return random.uniform(0, min(g.retry_max_wait_s, g.retry_initial_wait_s * 2 ** (n - 1)))
+
+
+def _gave_up(e: _Retryable, attempts: int) -> RequestError:
+    plural = "attempt" if attempts == 1 else "attempts"
+    return RequestError(f"gave up after {attempts} {plural}: {e}", reason=e.reason, attempts=attempts)

@@ -73,7 +73,8 @@ def client_settings(handle: ServerHandle, opts: RunOptions, cfg: DatasetConfig) 
     backend = opts.profile.backend if opts.profile else str(info.get("backend", "openai"))
     return ClientSettings(model=handle.model or opts.model, backend=backend,
                           sampling=cfg.sampling, generation=cfg.generation, mix=cfg.mix,
-                          kv_cache_dtype=str(info.get("kv_cache_dtype") or "unknown"))
+                          kv_cache_dtype=str(info.get("kv_cache_dtype") or "unknown"),
+                          token_ids=cfg.output.token_ids)
 
 
 class ServerPoller:

@@ -489,6 +489,8 @@ class DatasetStore:
             "completion_tokens": self._open.completion_tokens, "truncated": self._open.truncated}
         if self._open.variants:
             open_record["variants"] = dict(self._open.variants)
+        if self._open.gate:
+            open_record["gate"] = dict(self._open.gate)
         self._manifest.update({
             "dataset": self.dataset, "target": self._target, "fingerprint": self.fingerprint,
             "fingerprint_digest": fingerprint_digest(self.fingerprint), "sealed": self._sealed,

@@ -221,7 +221,7 @@ def committed_shard(shard: ShardFile, *, ids: bool = True) -> CommittedShard:
         if found is not None and (not ids or len(found) == rec["samples"]):
             scan = ShardScan(ids=found, good_bytes=shard.size, prompt_tokens=rec["prompt_tokens"],
                              completion_tokens=rec["completion_tokens"], truncated=rec["truncated"],
-                             variants=dict(rec.get("variants", {})))
+                             gate=dict(rec.get("gate") or {}), variants=dict(rec.get("variants", {})))
             return CommittedShard(shard, scan, rec["samples"], parsed=False)
     scan = scan_bytes(shard.path.read_bytes())
     return CommittedShard(shard, scan, scan.samples, parsed=True)

@@ -51,6 +51,7 @@ class ShardRecord(TypedDict):
     prompt_tokens: int
     completion_tokens: int
     truncated: int
+    gate: NotRequired[dict[str, int]]  # the quality gate's counts (quality/accounting.py), when any
     variants: NotRequired[dict[str, int]]  # samples per meta.sampling_variant ("0": n, ...); older shards lack it
 
 
@@ -63,6 +64,7 @@ class OpenShardRecord(TypedDict):
     prompt_tokens: int
     completion_tokens: int
     truncated: int
+    gate: NotRequired[dict[str, int]]
     variants: NotRequired[dict[str, int]]
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from gen_pipeline.quality.accounting import add_meta
 from gen_pipeline.store.manifest import ShardRecord
 
 SHARD_RE = re.compile(r"^shard-(\d{5,})\.jsonl$")
@@ -55,6 +56,7 @@ class ShardScan:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     truncated: int = 0
+    gate: dict[str, int] = field(default_factory=dict)  # the quality gate's counts (quality/accounting.py)
     good_bytes: int = 0
     cut_bytes: int = 0
     corrupt: list[tuple[int, str]] = field(default_factory=list)  # (1-based line, why), not the last line
@@ -74,6 +76,8 @@ class ShardScan:
                               "truncated": self.truncated}
         if self.variants:
             entry["variants"] = dict(self.variants)
+        if self.gate:
+            entry["gate"] = dict(self.gate)
         return entry
 
     def add(self, row: dict[str, Any]) -> None:
@@ -84,6 +88,7 @@ class ShardScan:
         self.prompt_tokens += _int(meta.get("prompt_tokens"))
         self.completion_tokens += _int(meta.get("completion_tokens"))
         self.truncated += meta.get("finish_reason") == "length"
+        add_meta(self.gate, meta)
         variant = meta.get("sampling_variant")
         if isinstance(variant, int) and not isinstance(variant, bool):
             self.variants[str(variant)] = self.variants.get(str(variant), 0) + 1

@@ -171,3 +171,35 @@ def test_token_ids_of_a_chat_completion_are_where_the_tokens_export_expects_them
     serving = source("srt/entrypoints/openai/serving_chat.py")
     assert 'ret_item["output_ids"] if request.return_token_ids else None' in serving
     assert "return_token_ids is not supported with streaming" in serving
+
+
+def test_the_clients_requests_are_sglangs():
+    """Issue 22: every turn streamed with the usage on each chunk (StreamOptions.continuous_usage_stats);
+    with [output] token_ids the turn is sent whole with both token-id flags (refused on a stream)."""
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+
+    from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
+    from gen_pipeline.run.chat import ClientSettings, build_request
+
+    settings = ClientSettings(model="sim", backend="sglang", sampling=SamplingConfig(max_new_tokens=60),
+                              generation=GenerationConfig(reasoning="keep"))
+    streamed = ChatCompletionRequest.model_validate(build_request(CHAT["messages"], settings))
+    assert streamed.stream and streamed.stream_options is not None
+    assert streamed.stream_options.include_usage and streamed.stream_options.continuous_usage_stats
+    whole = ChatCompletionRequest.model_validate(build_request(CHAT["messages"], ClientSettings(
+        model="sim", backend="sglang", sampling=SamplingConfig(max_new_tokens=60),
+        generation=GenerationConfig(reasoning="keep"), token_ids=True)))
+    assert not whole.stream and whole.return_token_ids and whole.return_prompt_token_ids
+
+
+def test_the_sims_token_ids_answer_is_sglangs(sim):
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionResponse
+
+    body = httpx.post(sim.url + "/v1/chat/completions", json=CHAT | {"return_token_ids": True}, timeout=60).json()
+    parsed = ChatCompletionResponse.model_validate(body)
+    choice = parsed.choices[0]
+    assert choice.prompt_token_ids and len(choice.token_ids or []) == parsed.usage.completion_tokens
+    only_known_fields(ChatCompletionResponse, body, "chat.completion")
+    refused = httpx.post(sim.url + "/v1/chat/completions", json=CHAT | {"return_token_ids": True, "stream": True},
+                         timeout=60)
+    assert refused.status_code == 400

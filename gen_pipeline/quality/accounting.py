@@ -1,0 +1,106 @@
+"""The quality gate's figures over a dataset (issue 22): what `status`, `validate`, `report` and the
+dataset card show. Counted per shard from the rows' meta.per_turn (records.TurnMeta) as they are written
+(store/shards.py; the manifest keeps a sealed shard's counts, so `status` reads no row), plus the failed
+samples' counts from errors.jsonl (Failure.extra: run/answer.TurnStats.failure_extra).
+
+GPU-seconds saved by early aborts (an estimate, stated as such wherever it is shown):
+
+    saved_gpu_s = tokens_not_decoded × gpu_s_per_token
+    tokens_not_decoded = Σ over aborted attempts of (max_new_tokens − tokens decoded when the stream closed)
+    gpu_s_per_token = run wall seconds × GPUs ÷ every token the runs decoded (written + discarded)
+
+i.e. each token a looping turn would still have decoded up to its max_new_tokens cap costs what a token
+cost on average in this run (a decode slot's share of the batch step). It assumes the loop would have
+run to the cap (it does on the simulator and in the loops users report) and ignores the KV the loop
+would have held, which lowers everyone's batch: the saving is a lower bound in that sense.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+SAVED_FORMULA = ("tokens not decoded up to max_new_tokens × the runs' wall time × GPUs ÷ every token they "
+                 "decoded")
+# the counters; every one an int, summed over turns (failures' turns too where errors.jsonl has them)
+GATE_KEYS = ("turns", "retried_turns", "loops", "loops_kept", "empty", "leaks", "tokens_not_decoded",
+             "discarded_tokens")
+FAILURE_KEYS = ("loops", "empty", "tokens_not_decoded", "discarded_tokens")  # what Failure.extra records
+
+
+def _int(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def add_meta(counts: dict[str, int], meta: Mapping[str, Any]) -> None:
+    """A written row's turns (meta.per_turn; rows written before the gate have none: nothing added)."""
+    per_turn = meta.get("per_turn")
+    if not isinstance(per_turn, list):
+        return
+    for t in per_turn:
+        if not isinstance(t, dict):
+            continue
+        counts["turns"] = counts.get("turns", 0) + 1
+        for key in ("loops", "empty", "tokens_not_decoded", "discarded_tokens"):
+            n = _int(t.get(key))
+            if n:
+                counts[key] = counts.get(key, 0) + n
+        if _int(t.get("attempts")) > 1:
+            counts["retried_turns"] = counts.get("retried_turns", 0) + 1
+        if t.get("finish_reason") == "loop":
+            counts["loops_kept"] = counts.get("loops_kept", 0) + 1
+        if t.get("leak"):
+            counts["leaks"] = counts.get("leaks", 0) + 1
+
+
+def add_failure(counts: dict[str, int], row: Mapping[str, Any]) -> None:
+    """A failed sample's record (errors.jsonl): the loops and empty answers of its turns."""
+    for key in FAILURE_KEYS:
+        n = _int(row.get(key))
+        if n:
+            counts[key] = counts.get(key, 0) + n
+
+
+def merged(parts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for p in parts:
+        for k, v in p.items():
+            out[k] = out.get(k, 0) + _int(v)
+    return out
+
+
+def gpu_s_per_token(wall_s: float | None, gpus: int | None, decoded_tokens: int) -> float | None:
+    """GPU-seconds one decoded token cost on average over the runs (None when unknown)."""
+    if not wall_s or not gpus or decoded_tokens <= 0:
+        return None
+    return wall_s * gpus / decoded_tokens
+
+
+def saved_gpu_s(counts: Mapping[str, int], per_token: float | None) -> float | None:
+    return None if per_token is None else counts.get("tokens_not_decoded", 0) * per_token
+
+
+def decoded_tokens(counts: Mapping[str, int], written_completion_tokens: int) -> int:
+    """Every token the runs decoded: the written turns' and the discarded attempts'."""
+    return written_completion_tokens + counts.get("discarded_tokens", 0)
+
+
+def format_gate(counts: Mapping[str, int], saved: float | None = None, unit: str = "GPU") -> str:
+    """One line: `quality gate: 12 loops caught (3 kept cut), 4 empty answers retried, 2 leaks flagged;
+    48,512 tokens not decoded (~0.41 GPU-h saved), 6,020 discarded`; "" when the gate saw nothing."""
+    loops, empty, leaks = counts.get("loops", 0), counts.get("empty", 0), counts.get("leaks", 0)
+    not_decoded, discarded = counts.get("tokens_not_decoded", 0), counts.get("discarded_tokens", 0)
+    if not (loops or empty or leaks or not_decoded or discarded):
+        return ""
+    kept = counts.get("loops_kept", 0)
+    parts = [f"{loops:,} loop{'' if loops == 1 else 's'} caught" + (f" ({kept:,} kept cut)" if kept else ""),
+             f"{empty:,} empty answer{'' if empty == 1 else 's'} retried", f"{leaks:,} leak{'' if leaks == 1 else 's'} "
+             "flagged"]
+    tail = f"{not_decoded:,} tokens not decoded"
+    if saved is not None:
+        tail += f" (~{format_gpu_s(saved, unit)} saved)"
+    return f"quality gate: {', '.join(parts)}; {tail}, {discarded:,} decoded and discarded"
+
+
+def format_gpu_s(s: float, unit: str = "GPU") -> str:
+    return f"{s / 3600:.2f} {unit}-h" if s >= 3600 else f"{s:.1f} {unit}-s"

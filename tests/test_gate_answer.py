@@ -1,0 +1,120 @@
+"""Issue 22, pure: what the gate makes of one attempt (gen_pipeline/run/answer.py). The stream parser
+(chunks as SGLang 0.5.17 writes them, the detector fed as they come, the server's request id and token
+counts), `judge` per policy (leaks repaired and flagged, or dropped; empty and marker-only answers;
+a thinking cut before any answer), `cut_at_loop`, and the turn's accounting in meta.per_turn."""
+
+from __future__ import annotations
+
+import pytest
+
+from gen_pipeline.config.dataset import GenerationConfig
+from gen_pipeline.errors import RequestError
+from gen_pipeline.quality import RepetitionDetector
+from gen_pipeline.run.answer import Retryable, TurnResult, TurnStats, TurnStream, cut_at_loop, judge
+
+KEEP = GenerationConfig(reasoning="keep")
+DROP = GenerationConfig(reasoning="keep", truncated="drop")
+
+
+def chunk(rid: str, *, reasoning: str | None = None, content: str | None = None, finish: str | None = None,
+          tokens: int = 0) -> dict:
+    delta = {k: v for k, v in (("reasoning_content", reasoning), ("content", content)) if v is not None}
+    return {"id": rid, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta,
+                                                                        "finish_reason": finish}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": tokens, "total_tokens": 9 + tokens}}
+
+
+def turn(content: str, reasoning: str = "", finish: str = "stop", tokens: int = 20) -> TurnResult:
+    return TurnResult(content, reasoning, finish, 9, tokens)
+
+
+def test_a_stream_is_read_with_the_servers_counts_and_request_id() -> None:
+    s = TurnStream(RepetitionDetector())
+    chunks = [chunk("r1", content=""), chunk("r1", reasoning="Add 17 and 25.", tokens=4),
+              chunk("r1", content="It is 42.", tokens=8), chunk("r1", finish="stop", tokens=8)]
+    assert [s.feed(c) for c in chunks] == [None] * 4
+    t = s.result()
+    assert (t.reasoning, t.content, t.finish_reason, t.completion_tokens, t.reasoning_tokens, t.rid) == (
+        "Add 17 and 25.", "It is 42.", "stop", 8, 4, "r1")
+
+
+def test_a_loop_fires_on_the_stream_and_the_turn_is_cut_where_it_began() -> None:
+    s = TurnStream(RepetitionDetector())
+    s.feed(chunk("r2", content="Here is the plan. ", tokens=5))
+    verdict, n = None, 5
+    while verdict is None:
+        n += 3
+        verdict = s.feed(chunk("r2", content="the the the ", tokens=n))
+        assert n < 600, "never fired"
+    t = s.result(loop=verdict, aborted=True)  # no finish reason: the client closed the stream
+    assert t.aborted and t.loop is verdict and t.completion_tokens == n and t.finish_reason == "length"
+    kept = judge(cut_at_loop(t, verdict), KEEP)
+    assert (kept.content, kept.finish_reason) == ("Here is the plan.", "loop")
+
+
+def test_a_stream_that_stops_short_or_is_aborted_by_the_server_is_retried() -> None:
+    s = TurnStream(None)
+    s.feed(chunk("r3", content="partial", tokens=3))
+    with pytest.raises(Retryable) as e:
+        s.result()
+    assert (e.value.reason, str(e.value)) == ("connection", "the stream ended before the answer did (3 tokens decoded)")
+    s.feed(chunk("r3", finish="abort", tokens=3))
+    with pytest.raises(Retryable) as e:
+        s.result()
+    assert e.value.reason == "aborted"
+
+
+def test_an_error_chunk_is_final_for_a_4xx_and_retried_otherwise() -> None:
+    with pytest.raises(RequestError) as e:
+        TurnStream(None).feed({"object": "error", "message": "too long", "code": 400})
+    assert (e.value.reason, e.value.retryable) == ("http_400", False)
+    with pytest.raises(Retryable) as r:
+        TurnStream(None).feed({"object": "error", "message": "busy", "code": 503})
+    assert r.value.reason == "http_503"
+
+
+@pytest.mark.parametrize(("content", "reasoning", "finish", "written"), [
+    ("<think>plan</think>The answer.", "", "stop", ("plan", "The answer.", "think_marker")),
+    ("The answer.</think>", "plan", "stop", ("plan", "The answer.", "think_marker")),
+    ("Plain answer.", "plan", "stop", ("plan", "Plain answer.", "")),
+])
+def test_keep_repairs_and_flags_a_leak(content: str, reasoning: str, finish: str, written: tuple) -> None:
+    t = judge(turn(content, reasoning, finish), KEEP)
+    assert (t.reasoning, t.content, t.leak) == written
+
+
+def test_drop_fails_a_leak_at_once() -> None:
+    with pytest.raises(RequestError) as e:
+        judge(turn("<think>plan</think>The answer."), DROP)
+    assert (e.value.reason, e.value.retryable) == ("leak", False)
+    with pytest.raises(RequestError) as e:
+        judge(turn("Okay, the user asks for a sum. Let me add", "", "length"), DROP)
+    assert (e.value.reason, e.value.retryable) == ("truncated", False)
+
+
+def test_a_thinking_cut_before_any_answer_is_never_written() -> None:
+    """Returned as content (a parser bug) or as reasoning with no content: either way no answer."""
+    for t in (turn("Okay, the user asks for a sum. Let me add", "", "length"), turn("", "Let me add 17", "length")):
+        with pytest.raises(RequestError) as e:
+            judge(t, KEEP)
+        assert (e.value.reason, e.value.retryable) == ("truncated", False)
+        assert str(e.value).endswith("the thinking was cut by max_new_tokens (20 tokens) before any answer")
+
+
+def test_empty_and_marker_only_answers_follow_empty_turn() -> None:
+    for content in ("", "<think></think>"):
+        with pytest.raises(Retryable) as r:
+            judge(turn(content, "plan"), KEEP)
+        assert r.value.reason == "empty_turn"
+        with pytest.raises(RequestError) as e:
+            judge(turn(content, "plan"), GenerationConfig(reasoning="keep", empty_turn="fail"))
+        assert (e.value.reason, e.value.retryable) == ("empty_turn", False)
+
+
+def test_a_turns_accounting_has_the_same_keys_every_time() -> None:
+    stats = TurnStats(attempts=3, loops=1, empty=1, tokens_not_decoded=7000, discarded_tokens=1200)
+    meta = stats.meta(turn("ok", "plan", tokens=30))
+    assert meta == {"finish_reason": "stop", "prompt_tokens": 9, "completion_tokens": 30, "reasoning_tokens": 0,
+                    "attempts": 3, "loops": 1, "empty": 1, "leak": "", "tokens_not_decoded": 7000,
+                    "discarded_tokens": 1200}
+    assert stats.failure_extra() == {"loops": 1, "empty": 1, "tokens_not_decoded": 7000, "discarded_tokens": 1200}

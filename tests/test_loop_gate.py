@@ -1,0 +1,164 @@
+"""Issue 22: the quality gate against the simulator process (loop_rate): every looping turn is caught
+on its stream and aborted within ~512 tokens of the loop's start (the sim says where each loop began
+and how far it decoded, /sim/stats "loops"), and `[generation] on_loop` is honoured with exact counts:
+"retry" (a new seed; every sample written), "drop" (a final failure, reason loop), "keep" (the text
+cut where the loop began, finish_reason "loop"). The rows' meta.per_turn and errors.jsonl account for
+every loop the sim wrote; `status` and `validate` report them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from gen_pipeline.config.dataset import load_dataset_config
+from gen_pipeline.errors import ConfigError
+from sglang_sim.testing import start_sim
+
+from pipeline_helpers import SIM_FAST, assert_exact, make_rows, read_samples, run_cli, write_dataset
+
+ROWS = 30
+MAX_NEW = 4096  # a loop not caught would run to it
+ABORT_WITHIN = 512  # tokens past the loop's first token, when the client closed the stream
+CAUGHT = re.compile(r"loop caught in \S+: request (\w+): .*?; aborted after (\d+) tokens")
+
+
+@pytest.fixture(scope="module")
+def sim():
+    # with a reasoning parser, as the reference job's server (without one every answer has think markers)
+    # time scale 2 (~1 ms a decode step): a loop caught ~400 tokens in still has ~3.7 s of decoding to go
+    # when the client hangs up, so the abort lands before the cap however busy the machine is
+    args = [*SIM_FAST, "--time-scale", "2", "--reasoning-parser", "kimi_k2", "--sim-loop-rate", "0.2",
+            "--sim-seed", "5"]
+    with start_sim(args, ready_timeout_s=30) as s:
+        yield s
+
+
+def _dataset(folder: Path, policy: str, rows: int = ROWS) -> Path:
+    return write_dataset(folder, target=rows, max_new_tokens=MAX_NEW, shard_max_samples=16, fsync_every=4,
+                         rows=make_rows(rows), extra=f'on_loop = "{policy}"')
+
+
+def _loops(url: str) -> list[dict]:
+    return httpx.get(url + "/sim/stats", timeout=5).json()["loops"]
+
+
+def _errors(out: Path) -> list[dict]:
+    path = out / "T" / "errors.jsonl"
+    return [orjson.loads(x) for x in path.read_bytes().splitlines()] if path.exists() else []
+
+
+def _generate(sim, policy: str, tmp_path: Path, rc: int | None = 0) -> tuple[Path, Path, list[dict], str]:
+    """One run; the loops the sim wrote during it (each checked: aborted within ABORT_WITHIN)."""
+    toml, out = _dataset(tmp_path / "ds", policy), tmp_path / "out"
+    before = len(_loops(sim.url))
+    r = run_cli("generate", "--dataset", toml, "--server-url", sim.url, "--output-dir", out, "--progress", "quiet")
+    failed = _errors(out)
+    if rc is None:  # 5 when rows were dropped: the source ran out short of the target
+        rc = 5 if failed else 0
+    assert r.returncode == rc, r.stdout + r.stderr
+    loops = _loops(sim.url)[before:]
+    assert loops, "the sim wrote no loop in this run"
+    # run.log's line per loop caught: the server's request id and the tokens the client had seen
+    caught = {m[1]: int(m[2]) for m in CAUGHT.finditer((out / "T" / "run.log").read_text())}
+    assert sorted(caught) == sorted(x["rid"] for x in loops)  # every loop caught, nothing else
+    late = [x for x in loops if x["finish_reason"] != "abort"
+            or not x["loop_start"] < caught[x["rid"]] <= x["loop_start"] + ABORT_WITHIN
+            or x["decoded"] < caught[x["rid"]]]
+    assert late == [], (late, caught)
+    return toml, out, loops, r.stdout
+
+
+def _turns(samples: list[dict]) -> list[dict]:
+    return [t for s in samples for t in s["meta"]["per_turn"]]
+
+
+def test_retry_writes_every_sample_with_a_new_seed(sim, tmp_path):
+    toml, out, loops, stdout = _generate(sim, "retry", tmp_path)
+    samples = assert_exact(out, ROWS)
+    assert _errors(out) == []
+    turns = _turns(samples)
+    assert sum(t["loops"] for t in turns) == len(loops)  # every loop the sim wrote, accounted once
+    assert all(t["attempts"] == 1 + t["loops"] + t["empty"] for t in turns)
+    assert all(t["finish_reason"] in ("stop", "length") for t in turns)
+    # counted from the tokens the client had seen when it closed the stream (the server decodes a few more
+    # until the abort lands: how many depends on the machine's load)
+    not_decoded = sum(t["tokens_not_decoded"] for t in turns)
+    assert not_decoded >= sum(MAX_NEW - x["decoded"] for x in loops)
+    assert sum(t["empty"] for t in turns) == 0  # no other fault in this sim: every discarded token is a loop's
+    discarded = sum(t["discarded_tokens"] for t in turns)
+    assert discarded + not_decoded == MAX_NEW * len(loops)
+    n = len(loops)
+    gate = (f"quality gate: {n:,} loop{'' if n == 1 else 's'} caught, 0 empty answers retried, 0 leaks flagged; "
+            f"{not_decoded:,} tokens not decoded")
+    v = run_cli("validate", "--dataset", toml, "--output-dir", out)
+    assert v.returncode == 0, v.stdout + v.stderr
+    assert f"  {gate}, {discarded:,} decoded and discarded (written rows only" in v.stdout, v.stdout
+    st = run_cli("status", "--dataset", "T", "--output-dir", out, "--config-dir", toml.parent)
+    assert st.returncode == 0, st.stdout + st.stderr
+    assert f"T: {gate} (~" in st.stdout, st.stdout
+    assert f" server-s saved), {discarded:,} decoded and discarded" in st.stdout, st.stdout
+    js = orjson.loads(run_cli("status", "--dataset", "T", "--output-dir", out, "--config-dir", toml.parent,
+                              "--json").stdout)["datasets"]["T"]
+    assert js["gate"]["loops"] == n and js["gate"]["tokens_not_decoded"] == not_decoded
+    assert js["gate"]["retried_turns"] == n or js["gate"]["retried_turns"] < n  # a turn may loop twice
+    # the estimate: tokens not decoded × the run's server-seconds per decoded token
+    per_token = js["run_wall_s"] / (js["completion_tokens"] + discarded)
+    assert js["server_s_saved"] == pytest.approx(not_decoded * per_token, abs=0.1)
+    # the dataset card beside an export (no --server: GPUs unknown, so no GPU-hours)
+    e = run_cli("export", "--output-dir", out, "--dataset", "T", "--format", "speculators", "--out",
+                tmp_path / "x.jsonl")
+    assert e.returncode == 0, e.stdout + e.stderr
+    card = (tmp_path / "README.md").read_text()
+    assert f"| T | {n:,} | 0 | 0 | 0 | {not_decoded:,} | unknown |" in card.split("## Quality gate")[1], card
+
+
+def test_drop_fails_the_sample_at_once(sim, tmp_path):
+    toml, out, loops, stdout = _generate(sim, "drop", tmp_path, rc=5)
+    failed = _errors(out)
+    assert len(failed) == len(loops)  # one loop drops its sample: one failure per loop
+    n = len(loops)
+    assert (f"T: {ROWS - n}/{ROWS} samples ({100 * (ROWS - n) / ROWS:.1f}%), +{ROWS - n} this run in "
+            in stdout), stdout
+    assert f"{n} failed (loop {n}; {n} final, 0 retried by the next run)" in stdout
+    assert {(e["reason"], e["retryable"]) for e in failed} == {("loop", False)}
+    assert all(e["attempts"] >= 1 and e["loops"] == 1 for e in failed)
+    samples = read_samples(out)
+    assert len(samples) == ROWS - len(failed)
+    assert not {e["id"] for e in failed} & {s["id"] for s in samples}
+    assert all(t["loops"] == 0 for t in _turns(samples))
+    v = run_cli("validate", "--dataset", toml, "--output-dir", out)
+    assert v.returncode == 0, v.stdout + v.stderr
+    assert "loops caught" not in v.stdout  # the written rows had none: the failures hold them
+    js = orjson.loads(run_cli("status", "--dataset", "T", "--output-dir", out, "--config-dir", toml.parent,
+                              "--json").stdout)["datasets"]["T"]
+    assert js["gate"]["loops"] == n and js["errors_unresolved"] == n
+    assert js["gate"]["tokens_not_decoded"] == sum(e["tokens_not_decoded"] for e in failed) > 0
+
+
+def test_keep_cuts_the_turn_where_the_loop_began(sim, tmp_path):
+    toml, out, loops, stdout = _generate(sim, "keep", tmp_path, rc=None)
+    samples, failed = read_samples(out), _errors(out)
+    kept = [t for t in _turns(samples) if t["finish_reason"] == "loop"]
+    # a loop that began before any answer leaves nothing to keep: a final failure, reason loop
+    assert len(kept) + len(failed) == len(loops) and kept
+    assert {(e["reason"], e["retryable"]) for e in failed} <= {("loop", False)}
+    assert len(samples) == ROWS - len(failed)
+    assert all(t["loops"] == 1 and t["attempts"] == 1 for t in kept)
+    looped = [s for s in samples if s["meta"]["finish_reason"] == "loop"]
+    assert len(looped) == len(kept)
+    for s in looped:  # the cut turn is the last one: the conversation ends there
+        assert s["conversations"][-1]["role"] == "assistant" and s["conversations"][-1]["content"].strip()
+        assert s["meta"]["per_turn"][-1]["finish_reason"] == "loop"
+    v = run_cli("validate", "--dataset", toml, "--output-dir", out)
+    assert v.returncode == 0, v.stdout + v.stderr
+
+
+def test_unknown_policy_is_a_config_error(tmp_path):
+    toml = _dataset(tmp_path / "ds", "maybe")
+    with pytest.raises(ConfigError) as e:
+        load_dataset_config(toml)
+    assert str(e.value) == f"{toml}: generation.on_loop = 'maybe' is not one of 'retry', 'drop', 'keep', 'off'."
