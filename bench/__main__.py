@@ -1,6 +1,6 @@
 """`make bench` = `python -m bench [NAME ...]`: runs the benchmarks in turn; each writes its own
-section of bench/results.json and bench/RESULTS.md. Names: calibration, controller, overhead,
-http_client, resume_speed, sim_capacity, export, ranks, fleet, job, loops, faults, sim_vs_real, gpu_h200
+section of bench/results.json and bench/RESULTS.md. Names: calibration, controller, controller_regimes,
+overhead, http_client, resume_speed, sim_capacity, export, ranks, fleet, job, loops, faults, sim_vs_real, gpu_h200
 (default: all but faults, the long soak `make chaos` runs)."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import time
 BENCHES = {
     "calibration": "bench.calibrate",
     "controller": "bench.controller_bench",
+    "controller_regimes": "bench.controller_regimes",
     "overhead": "bench.overhead",
     "http_client": "bench.http_client",
     "resume_speed": "bench.resume_speed",

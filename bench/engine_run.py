@@ -18,7 +18,7 @@ import math
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from bench.jobs import POLL_S, Job, RunResult, ServerConfig, result_of, send_request, snapshot
+from bench.jobs import POLL_S, Job, RunResult, ServerConfig, result_of, send_request, snapshot, trace_point
 from gen_pipeline.controller import Controller, ControllerConfig
 from gen_pipeline.records import Capacity, Prompt, Reject, Sample
 from gen_pipeline.run.dispatch import Dispatcher, Item, Window
@@ -67,6 +67,7 @@ class _EngineRun:
         self.tokens = self.peak_queued = 0
         self.running: list[int] = []
         self.windows: list[int] = []
+        self.trace: list[dict] = []  # per poll: what the server showed (bench/sim_vs_real.py compares it)
 
     def _now(self) -> float:
         return self.engine.now_s
@@ -106,6 +107,7 @@ class _EngineRun:
                 self.dispatcher.observe_load(snap)
                 if self.window.controller is not None:
                     self.windows.append(self.window.controller.statistics().window)
+                self.trace.append(trace_point(engine, snap, self.window.size))
                 next_poll_s += POLL_S
                 changed = True
 
@@ -134,3 +136,13 @@ def run(job: Job, server: ServerConfig, fixed: int | None = None, name: str = ""
     total = len(job.lengths)
     label = name or ("ours" if fixed is None else f"fixed {fixed}")
     return result_of(label, r.engine, total, r.dispatcher.ok, r.tokens, r.peak_queued, r.running), r.windows
+
+
+def run_traced(job: Job, server: ServerConfig, fixed: int | None = None,
+               config: ControllerConfig = ControllerConfig()) -> tuple[RunResult, list[dict]]:
+    """run(), returning the server's per-second trace (bench/gpu/traces.py rows) instead of the windows."""
+    r = _EngineRun(job, server, fixed, config)
+    anyio.run(r.main)
+    label = "ours" if fixed is None else f"fixed {fixed}"
+    return (result_of(label, r.engine, len(job.lengths), r.dispatcher.ok, r.tokens, r.peak_queued, r.running),
+            r.trace)

@@ -114,7 +114,16 @@ def snapshot(engine: Engine) -> LoadSnapshot:
         t_s=engine.now_s, running=loads["num_running_reqs"], queued=loads["num_waiting_reqs"],
         used_tokens=loads["num_used_tokens"], token_usage=loads["token_usage"],
         retractions_total=counters["num_retracted_requests_total"],
-        gen_tokens_total=counters["generation_tokens_total"], gen_throughput=loads["gen_throughput"])
+        gen_tokens_total=counters["generation_tokens_total"], gen_throughput=loads["gen_throughput"],
+        new_token_ratio=engine.reported_new_token_ratio)
+
+
+def trace_point(engine: Engine, snap: LoadSnapshot, window: int) -> dict:
+    """One per-second row of a run's server trace: the figures bench/gpu records from /metrics."""
+    return {"t_s": round(snap.t_s, 3), "running": snap.running, "queued": snap.queued,
+            "token_usage": snap.token_usage, "new_token_ratio": round(engine.reported_new_token_ratio, 4),
+            "used_tokens": snap.used_tokens, "gen_throughput": snap.gen_throughput,
+            "retractions_total": snap.retractions_total, "gen_tokens_total": snap.gen_tokens_total, "window": window}
 
 
 def send_request(engine: Engine, job: Job, index: int) -> None:

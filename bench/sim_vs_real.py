@@ -6,9 +6,11 @@ output lengths, its KV pool and SGLang's chunked-prefill and max-running setting
 logged them. Simulated time, deterministic, hardware profile "h200" (sglang_sim/profiles.py).
 Target: every window within 10 % of the real throughput, the same best window.
 
-`python -m bench.sim_vs_real` prints and writes section "sim_vs_real"; `--fit` prints the step-time
-coefficients that reproduce the real sweep (least squares over the fixed windows, non-negative),
-for recalibrating the profile after a new GPU run.
+`python -m bench.sim_vs_real` prints and writes section "sim_vs_real" (this short-output regime) and
+section "sim_vs_real_long" (the long-output regime of issue 19, bench/sim_vs_real_long.py);
+`--regime short|long` runs one; `--fit` prints the step-time coefficients that reproduce the real
+sweep (least squares over the fixed windows, non-negative), for recalibrating the profile after a
+new GPU run.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import sim_vs_real_long
 from bench.engine_run import run
 from bench.jobs import Job, LengthProfile, RunResult
 from bench.report import md_table, write_section
@@ -207,7 +210,16 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--fit", action="store_true",
                    help="print coefficients fitted to the real sweep, then compare with them")
     p.add_argument("--results", type=Path, default=REAL_RESULTS)
+    p.add_argument("--regime", choices=("short", "long", "both"), default="both")
     args = p.parse_args(argv)
+    if args.regime in ("long", "both"):
+        long_started = time.monotonic()
+        c_long = sim_vs_real_long.compare()
+        text_long = sim_vs_real_long.markdown(c_long) + f" Wall {time.monotonic() - long_started:.0f} s."
+        print(text_long)
+        write_section("sim_vs_real_long", c_long, text_long)
+        if args.regime == "long":
+            return c_long
     started = time.monotonic()
     measured = load_real(args.results)
     real = mean_real(measured)

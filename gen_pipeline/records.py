@@ -116,6 +116,9 @@ class LoadSnapshot:
     retractions_total: int | None = None  # cumulative counter (sglang) / preemptions (vllm)
     gen_tokens_total: int | None = None  # cumulative generated tokens
     gen_throughput: float | None = None  # tok/s as the server reports it
+    # SGLang's admission estimate (/metrics sglang:new_token_ratio: the last prefill round's); the
+    # highest over servers
+    new_token_ratio: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,7 +86,8 @@ class SimServer:
         """Each rank's /v1/loads entry plus the scheduler gauges /metrics has and /v1/loads has not."""
         engine = self.loop.engine
         load = self.load()
-        gauges = {"new_token_ratio": engine.new_token_ratio, "num_paused_reqs": load["queues"]["paused"],
+        # SGLang sets the gauge from the PrefillAdder at each prefill stats log (metrics_reporter.py:553)
+        gauges = {"new_token_ratio": engine.reported_new_token_ratio, "num_paused_reqs": load["queues"]["paused"],
                   "num_retracted_reqs": load["queues"]["retracted"]}
         return [load | gauges], engine.counters()
 
@@ -213,7 +214,7 @@ async def sim_stats(request: Request) -> Response:
         "retraction_events": st.retraction_events, "in_flight": sim.loop.in_flight,
         "requests_seen": sim.seq, "requests_completed": sim.completed, "faults": sim.fault_counts,
         "output_faults": dict(sim.output_fault_counts),
-        "counters": sim.loop.engine.counters(), "load": sim.load(),
+        "counters": sim.loop.engine.counters(), "load": sim.load(), "admissions": st.admissions,
     })
 
 

@@ -3,39 +3,63 @@
 Pure and synchronous: no clock, no I/O. The HTTP front calls `step()` in a loop
 and turns each `StepResult` into streamed tokens and finished responses.
 
-What it mirrors (SGLang, python/sglang/srt/managers/):
+What it mirrors, checked against SGLang 0.5.17's wheel (python/sglang/srt/; file:line there):
 - One scheduler iteration is either a prefill batch or a decode batch; prefill
-  wins whenever something can be admitted (scheduler.get_next_batch_to_run).
-- Admission is FCFS (default `--schedule-policy fcfs` keeps queue order) with
-  PrefillAdder's check (schedule_policy.py): a candidate needs
-  `uncached prompt + min(max_new - generated, CLIP) < free + evictable - offset`,
-  where `offset = sum over running of min(max_new - generated, CLIP) * new_token_ratio`
-  plus what earlier candidates of the same round reserved. The candidate itself
-  reserves its full clipped max_new (no ratio), exactly as add_one_req does.
-  A NO_TOKEN result (or max_running_requests reached) sets `batch_is_full`,
-  which stops admission until a request finishes, retracts or aborts.
+  wins whenever something can be admitted (managers/scheduler.py:3017-3043
+  get_next_batch_to_run). No prefill round is tried while `batch_is_full` is set
+  or nothing waits, unless a chunked prefill is in flight (scheduler.py:3111-3114).
+- Admission is FCFS (the default `--schedule-policy fcfs`, server_args.py:819-834, leaves the queue
+  in arrival order: schedule_policy.py:203-208; retracted requests are appended) through PrefillAdder
+  (managers/schedule_policy.py:444-1255):
+  * rem_total_tokens = free + evictable - offset (schedule_policy.py:568-590), where the
+    offset starts as sum over running of min(max_new - generated, CLIP) * new_token_ratio
+    (schedule_policy.py:490-497, 559-566), CLIP = SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION = 4096
+    (schedule_policy.py:69-71).
+  * a candidate needs extend + min(max(max_new - generated, 0), CLIP) + page_size
+    < rem_total_tokens (schedule_policy.py:1077-1095; re-checked after locking its prefix,
+    1125-1128), else NO_TOKEN; extend counts host-cached tokens too (they are loaded back).
+  * once admitted, it adds extend + min(max_new, CLIP) + page_size to the offset: its whole
+    clipped max_new, no ratio, not the remaining part (schedule_policy.py:741-768, 1203-1212).
+  * budget_state after each admission (schedule_policy.py:718-739): NO_TOKEN once
+    rem_total_tokens <= 0; OTHER once the chunk budget (chunked_prefill_size) or the input
+    budget (max_prefill_tokens, 16384) is spent.
+  * NO_TOKEN sets `batch_is_full` (scheduler.py:3238-3246; with hicache only if something is
+    admitted or running, 3240-3244), as does reaching max_running_requests (3202-3204).
+  * `batch_is_full` is cleared when the running batch shrinks: a request finished (seen by
+    the next decode's filter_batch, scheduler.py:3383-3390, 3458-3459: one decode after the
+    finish), a retraction (3458-3459), or a prefill batch that carried an unfinished chunk
+    (filtered out of it, 2990-2994). A prefill batch that lands on an EMPTY running batch
+    becomes the running batch with batch_is_full = False (2997-2999; ScheduleBatch's default,
+    schedule_batch.py:1949): so after a start the first round (each candidate reserving its
+    whole clipped max_new) is followed at once by a second round at the running ratio.
 - A prompt longer than the round's chunk budget is prefilled in chunks over
-  consecutive iterations (one chunked request at a time); decode waits meanwhile.
-- Decode: each running request gains `num_continuous_decode_steps` tokens. When
-  the pool (after evicting unreferenced cache) cannot hold them, retract_decode
-  (schedule_batch.py) runs: sort by (len(output), -len(prompt)) descending, pop
-  from the end (fewest generated tokens first), at least one, until the rest fit;
-  the last survivor is aborted if even it cannot fit. Retracted requests keep
-  their generated tokens, free their KV without inserting it into the cache
-  (`release_kv_cache(..., is_insert=False)`) and are appended to the END of the
-  waiting queue (scheduler._extend_requests_to_queue uses `waiting_queue.extend`).
+  consecutive iterations (one chunked request at a time; scheduler.py:3177-3179,
+  schedule_policy.py:1213-1253); the next chunk takes min(chunk budget, rem_total_tokens),
+  the chunk budget when that is <= 0 (schedule_policy.py:868-917). Decode waits meanwhile.
+- Decode (scheduler.py:3383-3466): each running request gains `num_continuous_decode_steps`
+  tokens. When the pool (after evicting unreferenced cache) cannot hold them
+  (schedule_batch.py:2727-2732 check_decode_mem), retract_decode (schedule_batch.py:2734-2823)
+  runs: sort by (len(output), -len(prompt)) descending, pop from the end (fewest generated
+  first), at least one, until the rest fit; the last survivor is aborted if even it cannot
+  fit. Retracted requests keep their generated tokens, free their KV without inserting it
+  into the cache and are appended to the END of the waiting queue (scheduler.py:3453-3454).
   On re-admission prompt + generated is prefilled again minus any cached prefix.
-- new_token_ratio: init = min(0.7 * conservativeness, 1), floor = init * 0.14,
-  linear decay of (init - floor) / 600 per decode iteration without retraction;
-  after a retraction it becomes min(1, (sum generated + 20 * n) / (sum max_new + 1))
-  over the requests left running (environ SGLANG_RETRACT_DECODE_STEPS = 20).
+- new_token_ratio (managers/scheduler_components/new_token_ratio_tracker.py:20-51): init =
+  min(0.7 * conservativeness, 1), min = init * 0.14, linear decay of (init - min) / 600 per
+  decode iteration without retraction (scheduler.py:3455-3456); after a retraction
+  min(1, (sum generated + 20 * n) / (sum max_new + 1)) over the requests left running.
+  /metrics' `sglang:new_token_ratio` is the ratio of the LAST PREFILL round
+  (scheduler_components/metrics_reporter.py:553, 82): `reported_new_token_ratio` here.
+- token_usage = (pool - available - evictable) / pool (scheduler_components/
+  pool_stats_observer.py:216-223): running requests' KV, not their reservation.
 - After a prefill the request's sequence is inserted into the radix cache and
   locked (cache_unfinished_req); on finish prompt + output is inserted
   (cache_finished_req) and unlocked, so a follow-up turn finds it cached.
 
 Simplifications (documented, observable only in latency): the first output
 token comes from the first decode iteration rather than the prefill pass; a
-decode iteration of k continuous steps is charged as k forward passes.
+decode iteration of k continuous steps is charged as k forward passes; no
+overlap scheduler (its one-iteration lag is below the step time).
 
 Layout: engine_request (config, request record, admission arithmetic), kv_pool
 (KV accounting over the radix cache), engine_stats (counters, /v1/loads).
@@ -53,6 +77,7 @@ from sglang_sim.engine_request import (
     PrefillRound,
     SchedReq,
     StepResult,
+    admitted_reserve,
     clipped_reserve,
     decode_need,
     derive_max_running_requests,
@@ -88,6 +113,7 @@ class Engine:
         self._min_ratio = min(self._init_ratio * config.min_new_token_ratio_factor, 1.0)
         self._ratio_decay = (self._init_ratio - self._min_ratio) / config.new_token_ratio_decay_steps
         self.new_token_ratio = self._init_ratio
+        self.reported_new_token_ratio = self._init_ratio  # /metrics: the last prefill round's
         self._pool = KVPool(config.max_total_num_tokens, config.hicache_tokens)
         self._waiting: deque[SchedReq] = deque()
         self._running: list[SchedReq] = []
@@ -95,6 +121,7 @@ class Engine:
         self._by_rid: dict[str, SchedReq] = {}
         self._now_s = 0.0
         self._batch_is_full = False
+        self._unfull_at_decode = False  # a finish clears batch_is_full at the next decode's filter
         self._pending: list[FinishedRequest] = []
         self._stats = EngineStats()
 
@@ -191,6 +218,8 @@ class Engine:
         """Run one scheduler iteration: a prefill batch if anything can be admitted,
         else a decode batch of every running request; idle steps take 0 s."""
         finished, self._pending = self._pending, []
+        if self._unfull_at_decode and not self._running:  # nothing left to decode: filtered at once
+            self._batch_is_full = self._unfull_at_decode = False
         if self._chunked is not None or (self._waiting and not self._batch_is_full):
             result = self._prefill_iteration(finished)
             if result is not None:
@@ -204,7 +233,7 @@ class Engine:
         if not self.idle:
             return False
         self._pool.radix.reset()
-        self.new_token_ratio = self._init_ratio
+        self.new_token_ratio = self.reported_new_token_ratio = self._init_ratio
         return True
 
     def loads(self) -> dict:
@@ -219,20 +248,30 @@ class Engine:
     # ---- prefill --------------------------------------------------------------
 
     def _prefill_iteration(self, finished: list[FinishedRequest]) -> StepResult | None:
-        rnd = PrefillRound(rem_chunk=self.config.chunked_prefill_size, offset=0.0)
+        cfg = self.config
+        offset = running_reservation(self._running, cfg.clip_max_new_tokens, self.new_token_ratio)
+        rnd = PrefillRound(rem_chunk=cfg.chunked_prefill_size, rem_input=cfg.max_prefill_tokens, offset=offset)
+        was_empty = not self._running
         if self._chunked is not None:
             self._continue_chunk(self._chunked, rnd)
         if self._chunked is None and self._waiting and not self._batch_is_full:
-            rnd.offset = running_reservation(self._running, self.config.clip_max_new_tokens, self.new_token_ratio)
             self._admit_waiting(rnd)
         if not rnd.admitted:
             return None
+        done = []
         for req in rnd.admitted:
             if req.filled == req.target:
                 self._pool.commit_prefill(req, self._now_s)
                 self._running.append(req)
+                done.append(req)
             else:
                 self._chunked = req
+        # The batch, minus an unfinished chunk, merges into the running batch; one that lands on an
+        # empty running batch replaces it (batch_is_full False), and a batch that shrank by its
+        # chunk clears it too (scheduler.py:2990-2999).
+        if (was_empty and done) or self._chunked is not None:
+            self._batch_is_full = False
+        self.reported_new_token_ratio = self.new_token_ratio
         dt = self.profile.step_time_s(len(rnd.admitted), rnd.prefix_tokens, rnd.prefill_tokens)
         dt += rnd.host_tokens * self.profile.hicache_load_per_token_s
         self._advance(dt)
@@ -241,39 +280,53 @@ class Engine:
         self._stats.log_stats()
         return StepResult(dt, {}, finished, [], rnd.prefill_tokens, 0)
 
+    def _rem_total(self, rnd: PrefillRound) -> float:
+        """PrefillAdder.rem_total_tokens (this round's prefill tokens are already allocated)."""
+        return self._pool.free() + self._pool.radix.evictable_size - rnd.offset
+
     def _admit_waiting(self, rnd: PrefillRound) -> None:
         """PrefillAdder loop: FCFS until a candidate does not fit or budgets run out."""
-        while self._waiting and rnd.rem_chunk > 0:
+        while self._waiting:
             if len(self._running) + len(rnd.admitted) >= self.max_running_requests:
                 self._batch_is_full = True
                 return
             req = self._waiting[0]
             alone = not self._running and not rnd.admitted
-            if not self._try_admit(req, rnd, force=alone):
-                self._batch_is_full = True
+            result = self._try_admit(req, rnd, force=alone)
+            if result == "no_token":
+                if rnd.admitted or self._running or not self.config.hicache_tokens:
+                    self._batch_is_full = True
+                return
+            if result == "other":
                 return
             self._waiting.popleft()
-            if req.filled < req.target:  # it became the round's chunked request
+            # budget_state (schedule_policy.py:718-739) after each admission
+            if self._rem_total(rnd) <= 0:
+                self._batch_is_full = True
+                return
+            if rnd.rem_chunk <= 0 or rnd.rem_input <= 0 or req.filled < req.target:
                 return
 
-    def _try_admit(self, req: SchedReq, rnd: PrefillRound, force: bool) -> bool:
-        """Admit `req` if its tokens + clipped max_new fit the remaining budget.
+    def _try_admit(self, req: SchedReq, rnd: PrefillRound, force: bool) -> str:
+        """add_one_req: admit `req` ("ok") if extend + clipped remaining max_new + a page fit
+        rem_total_tokens, else "no_token"; "other" when it fits but no chunk budget is left.
 
         `force` admits a request alone on an empty engine even past the reservation
         (SGLang would wait forever; the pool physically holds it, see validate_request)."""
-        radix = self._pool.radix
+        radix, page, clip = self._pool.radix, self.config.page_size, self.config.clip_max_new_tokens
         seq_now = req.seq[: req.prompt_len + req.generated]
         # At least one token is always computed (SGLang caps the prefix at len - 1).
         match = radix.match_prefix(seq_now[:-1], self._now_s)
         radix.lock(match.host_node)  # pin before measuring evictable (SGLang _lock_node)
         prefix = match.device_len + match.host_len
         extend = len(seq_now) - prefix
-        reserve = clipped_reserve(req, self.config.clip_max_new_tokens)
-        rem_total = self._pool.free() + radix.evictable_size - rnd.offset
-        if extend + reserve + match.host_len >= rem_total and not force:
+        if extend + match.host_len + clipped_reserve(req, clip) + page >= self._rem_total(rnd) and not force:
             radix.unlock(match.host_node)
-            return False
+            return "no_token"
         chunk = min(extend, rnd.rem_chunk)
+        if chunk <= 0:  # a chunk continued this round took the budget (schedule_policy.py:1214-1218)
+            radix.unlock(match.host_node)
+            return "other"
         self._pool.ensure_free(match.host_len + chunk)
         if match.host_len:
             radix.load_back(match.host_node)
@@ -282,22 +335,29 @@ class Engine:
         req.cached += prefix
         if req.admitted_s is None:
             req.admitted_s = self._now_s
-        rnd.offset += reserve if chunk == extend else 0
+        rnd.offset += page + (admitted_reserve(req, clip) if chunk == extend else 0)
         rnd.prefix_tokens += prefix
         rnd.host_tokens += match.host_len
         self._stats.add("cached_prefill_tokens_total", prefix)
         self._fill(req, chunk, rnd)
         rnd.admitted.append(req)
-        return True
+        return "ok"
 
     def _continue_chunk(self, req: SchedReq, rnd: PrefillRound) -> None:
-        """Next chunk of the in-flight chunked request (SGLang add_chunked_req)."""
+        """Next chunk of the in-flight chunked request (SGLang add_chunked_req, schedule_policy.py:868-917):
+        min(chunk budget, rem_total_tokens), the chunk budget when that is <= 0; never more than the
+        pool physically holds (SGLang would fail to allocate)."""
+        budget = min(rnd.rem_chunk, int(self._rem_total(rnd)))
+        if budget <= 0:
+            budget = rnd.rem_chunk
         room = self._pool.free() + self._pool.radix.evictable_size
-        chunk = min(req.target - req.filled, rnd.rem_chunk, room)
+        chunk = min(req.target - req.filled, budget, room)
         if chunk <= 0:
             return  # no room: decode runs instead and frees memory
         self._pool.ensure_free(chunk)
         self._chunked = None
+        last = req.filled + chunk == req.target
+        rnd.offset += self.config.page_size + (admitted_reserve(req, self.config.clip_max_new_tokens) if last else 0)
         rnd.prefix_tokens += req.filled
         self._fill(req, chunk, rnd)
         rnd.admitted.append(req)
@@ -306,6 +366,7 @@ class Engine:
         self._pool.grow(req, chunk)
         req.filled += chunk
         rnd.rem_chunk -= chunk
+        rnd.rem_input -= chunk
         rnd.prefill_tokens += chunk
         self._stats.add("computed_prefill_tokens_total", chunk)
         if req.retractions:
@@ -316,6 +377,8 @@ class Engine:
     def _decode_iteration(self, finished: list[FinishedRequest]) -> StepResult:
         k = self.config.num_continuous_decode_steps
         retracted: list[SchedReq] = []
+        if self._unfull_at_decode:  # filter_batch drops last step's finished requests
+            self._batch_is_full = self._unfull_at_decode = False
         if self._pool.ensure_free(decode_need(self._running, k)):
             self.new_token_ratio = max(self.new_token_ratio - self._ratio_decay, self._min_ratio)
         else:
@@ -327,7 +390,7 @@ class Engine:
         done = [r for r in self._running if r.generated == r.out_len]
         if done:
             self._running = [r for r in self._running if r.generated < r.out_len]
-            self._batch_is_full = False
+            self._unfull_at_decode = True
             finished.extend(self._finish(r) for r in done)
         self._stats.add("decode_steps_total")
         return StepResult(dt, new_tokens, finished, [r.rid for r in retracted], 0, len(new_tokens))

@@ -20,6 +20,7 @@ __all__ = [
     "PrefillRound",
     "SchedReq",
     "StepResult",
+    "admitted_reserve",
     "clipped_reserve",
     "decode_need",
     "derive_max_running_requests",
@@ -29,8 +30,10 @@ __all__ = [
     "validate_request",
 ]
 
-CLIP_MAX_NEW_TOKENS = 4096  # schedule_policy.py, SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
-RETRACT_DECODE_STEPS = 20  # environ.py, SGLANG_RETRACT_DECODE_STEPS
+# SGLang 0.5.17 (python/sglang/srt/): managers/schedule_policy.py:69-71 reads
+# SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION, default 4096 (environ.py:399).
+CLIP_MAX_NEW_TOKENS = 4096
+RETRACT_DECODE_STEPS = 20  # environ.py:398 SGLANG_RETRACT_DECODE_STEPS
 
 
 @dataclass(frozen=True)
@@ -39,20 +42,27 @@ class EngineConfig:
 
     max_total_num_tokens: int
     max_running_requests: int = 0  # 0 = derive_max_running_requests()
-    chunked_prefill_size: int = 8192  # prefill token budget per iteration
+    chunked_prefill_size: int = 8192  # prefill token budget per iteration (rem_chunk_tokens)
+    # server_args.py:802-813 (default 16384): PrefillAdder.rem_input_tokens; with chunked prefill on
+    # it only ends a round once spent (schedule_policy.py:729-730), so the chunk budget binds first
+    # whenever chunked_prefill_size <= max_prefill_tokens (the H200 log: 8192 and 16384).
+    max_prefill_tokens: int = 16384
+    # SGLang reserves one page per admitted request for page alignment (schedule_policy.py:1074-1084,
+    # 752-760); page_size 1 on the triton / flashinfer backends.
+    page_size: int = 1
     num_continuous_decode_steps: int = 1  # tokens added to every running request per decode
     hicache_tokens: int = 0  # host tier size in tokens; 0 = off
     schedule_conservativeness: float = 1.0
-    init_new_token_ratio: float = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO
-    min_new_token_ratio_factor: float = 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
-    new_token_ratio_decay_steps: int = 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
+    init_new_token_ratio: float = 0.7  # environ.py:395 SGLANG_INIT_NEW_TOKEN_RATIO
+    min_new_token_ratio_factor: float = 0.14  # environ.py:396 SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
+    new_token_ratio_decay_steps: int = 600  # environ.py:397 SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
     clip_max_new_tokens: int = CLIP_MAX_NEW_TOKENS
     context_length: int = 131072
 
 
 def derive_max_running_requests(max_total_num_tokens: int, context_length: int) -> int:
     """SGLang's default: clamp(pool / context_len * 512, 2048, 4096), at most pool // 2
-    (mem_cache/kv_cache_configurator.py; older model_runner.py used the same clamp)."""
+    (mem_cache/kv_cache_configurator.py:1719-1733 resolve_max_num_reqs)."""
     by_context = min(max(max_total_num_tokens * 512 // context_length, 2048), 4096)
     return max(1, min(by_context, max_total_num_tokens // 2))
 
@@ -103,9 +113,14 @@ class SchedReq:
 
 @dataclass(slots=True)
 class PrefillRound:
-    """One prefill iteration's budgets and results (PrefillAdder's state)."""
+    """One prefill iteration's budgets and results (PrefillAdder's state).
+
+    `offset` is rem_total_token_offset minus the extend tokens of this round: the sim allocates a
+    request's prefill tokens in the pool as it admits it (SGLang counts them in the offset and
+    allocates after the round), so free() already excludes them."""
 
     rem_chunk: int
+    rem_input: int
     offset: float
     admitted: list[SchedReq] = field(default_factory=list)
     prefill_tokens: int = 0
@@ -137,12 +152,20 @@ def validate_request(config: EngineConfig, prompt_len: int, out_len: int, max_ne
 
 
 def clipped_reserve(req: SchedReq, clip: int) -> int:
-    """Tokens a request may still generate, clipped as PrefillAdder estimates them."""
-    return min(req.max_new - req.generated, clip)
+    """Tokens a request may still generate, clipped as PrefillAdder estimates them: what a running
+    request reserves (times the ratio, schedule_policy.py:559-566) and what a candidate must fit
+    (schedule_policy.py:1077-1080)."""
+    return min(max(req.max_new - req.generated, 0), clip)
+
+
+def admitted_reserve(req: SchedReq, clip: int) -> int:
+    """What an admitted request adds to the round's offset: its whole clipped max_new_tokens, not
+    the remaining part, even for a retracted request coming back (schedule_policy.py:1203-1212)."""
+    return min(req.max_new, clip)
 
 
 def running_reservation(running: Iterable[SchedReq], clip: int, ratio: float) -> float:
-    """PrefillAdder's rem_total_token_offset for the running batch, in tokens."""
+    """PrefillAdder's rem_total_token_offset for the running batch, in tokens (schedule_policy.py:490-497)."""
     return sum(clipped_reserve(r, clip) for r in running) * ratio
 
 
@@ -152,7 +175,8 @@ def decode_need(running: Iterable[SchedReq], k: int) -> int:
 
 
 def ratio_after_retract(running: list[SchedReq]) -> float:
-    """new_token_ratio after retract_decode, over the requests left running (scheduler.py)."""
+    """new_token_ratio after retract_decode, over the requests left running
+    (new_token_ratio_tracker.py:40-51, called from schedule_batch.py:2778-2780)."""
     gen = sum(r.generated for r in running)
     max_new = sum(r.max_new for r in running)
     return min(1.0, (gen + RETRACT_DECODE_STEPS * len(running)) / (max_new + 1))

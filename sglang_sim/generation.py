@@ -33,7 +33,7 @@ log = logging.getLogger("sglang_sim")
 Reply = Response | ChunkedResponse
 _HTML_PAGE = b"<html><head><title>502 Bad Gateway</title></head><body><h1>502 Bad Gateway</h1></body></html>"
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
-                  "repetition_penalty", "stop", "seed")
+                  "repetition_penalty", "stop", "seed", "min_tokens")
 
 
 class BadRequest(Exception):
@@ -89,6 +89,14 @@ def _max_new(value: Any, n_prompt: int, ctx: int, name: str) -> tuple[int | None
     return value, value
 
 
+def _min_tokens(value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadRequest(f"min_tokens must be a non-negative integer (got {value!r}).")
+    return value
+
+
 def _plan(server: SimServer, rid: str, prompt_key: str | list[int], prompt_ids: list[int],
           max_new_value: Any, max_new_name: str, sampling: dict[str, Any], reasoning: str, stream: bool,
           logprob_body: dict[str, Any] | None = None) -> Plan:
@@ -96,6 +104,9 @@ def _plan(server: SimServer, rid: str, prompt_key: str | list[int], prompt_ids: 
     _check_context(server, len(prompt_ids), requested)
     seed = request_seed(server.ns.sim_seed, prompt_key, {**sampling, "max_new_tokens": requested})
     drawn = draw_length(seed, server.ns.sim_output_mean, server.ns.sim_output_spread)
+    # min_tokens (OpenAI API) / min_new_tokens (native): EOS is masked until then, so the usual
+    # length distribution starts after it (SGLang's sampling_params.min_new_tokens)
+    drawn += _min_tokens(sampling.get("min_tokens", sampling.get("min_new_tokens")))
     n, finish = cap_length(drawn, max_new)
     try:  # return_logprob: the tokens come from the logprob model (sglang_sim/logprob_model.py)
         model_ids, lp_plan = LP.plan(server.ns, logprob_body or {}, prompt_ids, n, sampling, seed)

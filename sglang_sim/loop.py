@@ -23,6 +23,7 @@ DEFAULT_CONTEXT_LEN = 131072
 # Behind by more than this (real seconds), the loop stops trying to catch up: the sim clock
 # then runs slower than real time x scale, and the shortfall is counted as lag.
 _REANCHOR_LAG_S = 0.05
+ADMISSIONS_KEPT = 5000
 
 
 def build_engine(ns: argparse.Namespace) -> tuple[Engine, dict[str, Any]]:
@@ -41,6 +42,8 @@ def build_engine(ns: argparse.Namespace) -> tuple[Engine, dict[str, Any]]:
         max_total_num_tokens=pool,
         max_running_requests=ns.max_running_requests or 0,
         chunked_prefill_size=ns.chunked_prefill_size,
+        max_prefill_tokens=ns.max_prefill_tokens,
+        page_size=max(1, ns.page_size),
         num_continuous_decode_steps=ns.num_continuous_decode_steps,
         hicache_tokens=hicache,
         schedule_conservativeness=ns.schedule_conservativeness,
@@ -85,6 +88,9 @@ class LoopStats:
     max_step_real_s: float = 0.0
     last_gen_throughput: float = 0.0
     retraction_events: int = 0
+    # (simulated s, running) after each prefill round, the first ADMISSIONS_KEPT: a run's ramp in the
+    # simulator's own clock (tests compare the controller's ramp with a fixed window's on it)
+    admissions: list[tuple[float, int]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -162,6 +168,8 @@ class EngineLoop:
             await self._pace()
             self._dispatch(result)
             self._log_step(result, ratio_before)
+            if result.prefill_tokens and len(self.stats.admissions) < ADMISSIONS_KEPT:
+                self.stats.admissions.append((round(self.engine.now_s, 4), self.engine.num_running))
 
     async def _pace(self) -> None:
         target = self._anchor_real + (self.engine.now_s - self._anchor_sim) / self.time_scale

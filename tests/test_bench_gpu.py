@@ -106,3 +106,50 @@ def test_committed_h200_results_give_the_tables() -> None:
                                                                   get_profile("h200")), svr.load_real().fixed_tok_s)
     assert c["all_within_10pct"], c["rows"]
 
+
+# ---- issue 19: phase `regimes` and the traces it records
+
+
+def test_regimes_interleave_regimes_and_rotate_clients() -> None:
+    from bench.gpu import regimes
+
+    p = regimes.plan(3)
+    assert len(p) == 18 and len(set(p)) == 18
+    assert p[:6] == [(1, "short", "fixed-128"), (1, "short", "all"), (1, "short", "adaptive"),
+                     (1, "long", "fixed-40"), (1, "long", "all"), (1, "long", "adaptive")]
+    assert p[6:9] == [(2, "long", "all"), (2, "long", "adaptive"), (2, "long", "fixed-40")]
+    assert [c for r, g, c in p if (r, g) == (3, "short")] == ["adaptive", "fixed-128", "all"]
+
+
+def _trace(running: list[int], queued: list[int]) -> list[dict]:
+    return [{"t_s": float(t), "running": r, "queued": q, "token_usage": 0.01 * r, "new_token_ratio": 0.7 if t < 3 else
+             0.098, "gen_throughput": 250.0 * r, "retractions_total": 0 if t < 10 else 2,
+             "gen_tokens_total": 1000 * t} for t, (r, q) in enumerate(zip(running, queued, strict=True))]
+
+
+def test_a_trace_summary_reads_first_round_ramp_and_steady_state() -> None:
+    from bench.gpu.traces import summarize
+
+    running = [0, 16, 16, 30, 38, 40, 40, 39, 40, 41, 40, 40, 38, 20, 5]
+    queued = [0, 20, 20, 10, 8, 8, 9, 8, 7, 9, 8, 3, 0, 0, 0]
+    s = summarize(_trace(running, queued))
+    assert s["first_round"] == {"t_s": 1.0, "running": 16}
+    assert s["ramp_s"] == 4.0  # 38 >= 0.9 x the steady median 40
+    assert s["steady_s"] == [4.0, 11.0] and s["steady_running_mean"] == 39.8 and s["steady_queued_max"] == 9
+    assert s["ratio_warm_s"] == 3.0 and s["retractions"] == 2 and s["steady_gen_throughput_mean"] == 250 * 39.75
+
+
+def test_regime_summary_gives_adaptive_over_the_best_median() -> None:
+    from bench.gpu.regimes import summarize_regimes
+
+    def row(client: str, rnd: int, tok_s: float) -> dict:
+        return {"regime": "long", "client": client, "round": rnd, "rc": 0, "tok_s": tok_s, "steady_tok_s": tok_s,
+                "trace_summary": {"ramp_s": 3.0, "steady_running_mean": 39.0, "steady_queued_mean": 10.0,
+                                  "steady_queued_max": 20, "retractions": 1}, "diagnose": ["kv_bound"]}
+
+    rows = [row("fixed-40", 1, 9800), row("fixed-40", 2, 10000), row("fixed-40", 3, 10400),
+            row("all", 1, 10500), row("all", 2, 10200), row("all", 3, 11000),
+            row("adaptive", 1, 10400), row("adaptive", 2, 10600), row("adaptive", 3, 10100)]
+    s = summarize_regimes(rows)["long"]
+    assert s["best_fixed"] == "all" and s["adaptive_over_best"] == round(10400 / 10500, 3)
+    assert s["clients"]["all"]["spread"] == round(800 / 10500, 3) and s["clients"]["adaptive"]["rounds"] == 3

@@ -12,7 +12,7 @@ def test_log_lines_when_not_a_terminal() -> None:
     p = Progress("B2", stream=out, log_every_s=3600)
     assert p.mode == "log"
     p.update(RunSnapshot(done=900, target=18_000, samples_per_s=0.5, tokens_per_s=1400.0, in_flight=150, window=152,
-                     running=140, queued=10, kv_usage=0.93, retractions_total=4))
+                     running=140, queued=10, kv_usage=0.93, retractions_total=40, retractions_run=4))
     p.update(RunSnapshot(done=1000, target=18_000, samples_per_s=0.5, tokens_per_s=1412.0, in_flight=150, window=152))
     p.close()
     lines = out.getvalue().splitlines()

@@ -42,7 +42,7 @@ def test_log_mode_start_up_first_then_figures_with_load_then_peaks(tmp_path: Pat
     lines = merged("generate", "--dataset", toml, "--server", "sim", "--config-dir", slow_sim(tmp_path / "ds"),
                    "--output-dir", tmp_path / "out", "--progress", "log")
     assert re.fullmatch(r"starting SGLang \(sim\) on http://127\.0\.0\.1:\d+, log: \S+/out/T/server\.log", lines[0])
-    assert re.fullmatch(r"SGLang ready after \d+ s: Kimi-K2\.5 tp=8 kv=fp8_e4m3 24,576 KV tokens, max running "
+    assert re.fullmatch(r"SGLang ready after \d+ s, pid \d+: Kimi-K2\.5 tp=8 kv=fp8_e4m3 24,576 KV tokens, max running "
                         r"\d+, hicache 48 GB", lines[1]), lines
     figures, summary = lines[2:-1], lines[-1]
     # the first line already carries the server's load (it waits for a poll) and the controller

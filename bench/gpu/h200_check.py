@@ -3,7 +3,8 @@
     python -m bench.gpu.h200_check --work DIR PHASE [PHASE ...]     (bench/gpu/run_h200.sh runs it)
 
 Phases, in order: setup (configs + prompts), serve (start the bf16 server of profile "h200" with the
-launcher's command builder, detached), sweep (fixed windows on it, attach mode), adaptive, kill
+launcher's command builder, detached), sweep (fixed windows on it, attach mode), adaptive, regimes
+(issue 19: short and long outputs, interleaved clients, three rounds, traces.json), kill
 (kill -9 twice + resume), unserve, launch (full launcher, fp8_e4m3 KV profile), starved
 (--max-total-tokens 20000: fixed 256 and adaptive), probe (issue 16: bf16 and fp8 servers side by
 side, `gen-pipeline probe-kv`), summary. Results accumulate in DIR/results.json across calls, so the
@@ -24,12 +25,13 @@ from pathlib import Path
 
 import httpx
 
-from bench.gpu import runs, servers
+from bench.gpu import regimes, runs, servers
 from bench.gpu.setup import DATASET, PROMPTS, write_configs
 from gen_pipeline.server.load import metric_values
 
 FIXED_WINDOWS = (32, 64, 128, 256)
-PHASES = ("setup", "serve", "sweep", "adaptive", "kill", "unserve", "launch", "starved", "probe", "summary")
+PHASES = ("setup", "serve", "sweep", "adaptive", "regimes", "kill", "unserve", "launch", "starved", "probe",
+          "summary")
 
 
 class Check:
@@ -126,6 +128,11 @@ class Check:
         while len(res) < count and (len(res) < 3 or self.left_s() > min_left_s):
             res.append(self.measured(f"adaptive-{len(res) + 1}", s, expected=self.prompts))
             self.save()
+
+    def regimes(self) -> None:
+        """Issue 19: short and long outputs, fixed / all at once / adaptive interleaved, three rounds,
+        per-second traces (bench/gpu/regimes.py); resumable across calls within --budget-s."""
+        regimes.run_phase(self)
 
     def kill(self) -> None:
         s = self.ensure("main", "h200")
@@ -297,6 +304,8 @@ def summarize(r: dict) -> dict:
                          for name, run in st.items() if isinstance(run, dict) and "controller" in run}
     if r.get("launch"):
         out["launch_ready_s"] = r["launch"].get("ready_s")
+    if r.get("regimes"):
+        out["regimes"] = regimes.summarize_regimes(r["regimes"]["runs"])
     return out
 
 

@@ -15,7 +15,7 @@ import random
 from pathlib import Path
 
 VOCAB_SIZE = 320
-MAX_POSITIONS = 4096
+MAX_POSITIONS = 8192  # the long-output regime (issue 19): ~500 prompt + 4,096 new tokens
 SPECIAL = ["<|bos|>", "<|eot|>", "<|start|>", "<|pad|>"]
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|start|>{{ m['role'] }}\n{{ m['content'] }}<|eot|>{% endfor %}"
@@ -85,7 +85,8 @@ def build_model(out: Path, vocab_size: int, shape: str, seed: int = 0) -> dict:
     model.save_pretrained(out)  # safetensors
     model.generation_config.save_pretrained(out)
     params = sum(p.numel() for p in model.parameters())
-    return {"params": params, "vocab_size": vocab_size, "hidden": hidden, "layers": layers, "heads": heads,
+    return {"params": params, "max_positions": MAX_POSITIONS, "vocab_size": vocab_size, "hidden": hidden,
+            "layers": layers, "heads": heads,
             "kv_heads": kv_heads, "intermediate": inter, "eos_token_id": tok.eos_token_id, "device": device}
 
 

@@ -151,10 +151,53 @@ def markdown(r: dict) -> str:
     ])
 
 
+TRACES = Path(__file__).resolve().parent / "h200_traces.json"
+REGIMES_COMMAND = ("BUDGET_S=380 bash bench/gpu/run_h200.sh KEEP OUT install model setup serve regimes; "
+                   "BUDGET_S=540 bash bench/gpu/run_h200.sh KEEP OUT regimes unserve summary")
+
+
+def regimes_markdown(t: dict) -> str:
+    """Issue 19's phase `regimes`: per regime each client's median of its rounds, spread, ramp, steady
+    state, the largest queue at the server, retractions, diagnose; then adaptive / best per regime."""
+    summary = t.get("summary") or {}
+    rows, ratio_rows = [], []
+    for regime, entry in summary.items():
+        for client, c in entry.get("clients", {}).items():
+            rows.append([regime, client, c["rounds"], f"{c['tok_s_median']:,.0f}", f"{100 * c['spread']:.0f} %",
+                         f"{c['steady_tok_s_median']:,.0f}" if c["steady_tok_s_median"] else "-", c["ramp_s_median"],
+                         c["steady_running_median"], c["steady_queued_median"], c["queued_max"], c["retractions_max"],
+                         " ".join(c.get("diagnose") or []) or "-"])
+        if entry.get("best_fixed"):
+            ratio_rows.append([regime, entry["best_fixed"], f"**{entry['adaptive_over_best']}**",
+                               entry.get("adaptive_over_best_steady")])
+    where = "the simulator (dry run)" if t.get("sim") else "the H200"
+    return "\n".join([
+        "## Short and long outputs, interleaved clients (`bench/gpu/` phase `regimes`, issue 19)",
+        "",
+        f"Run {t.get('date')} on {where}: `{REGIMES_COMMAND}` (bench/gpu/README.md; traces: "
+        "bench/gpu/h200_traces.json). One server (60,000 bf16 KV tokens); short: 1,200 prompts, max 512; long: "
+        "300 prompts of ~300-500 tokens, max_new_tokens 4096, min_tokens 1000. Rounds interleave the regimes and "
+        "rotate the clients; prefix cache flushed before each run. tok/s = completion tokens / (server in hand -> "
+        "CLI exit); steady = the server's mean decode rate from 20 % of the run (after the ramp) to the last poll "
+        "with requests queued; ramp = seconds to 90 % of the steady running count.",
+        "",
+        md_table(["regime", "client", "rounds", "tok/s (median)", "spread", "steady tok/s", "ramp s",
+                  "steady running", "steady queued", "queued max", "retractions max", "diagnose"], rows),
+        "",
+        md_table(["regime", "best of the others", "adaptive / best (whole run)", "adaptive / best (steady)"],
+                 ratio_rows),
+    ])
+
+
 def main(argv: list[str] | None = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     path = Path(argv[0]) if argv else RESULTS
     r = json.loads(path.read_text())
+    if TRACES.exists():
+        t = json.loads(TRACES.read_text())
+        regimes_text = regimes_markdown(t)
+        print(regimes_text)
+        write_section("gpu_h200_regimes", {"summary": t.get("summary"), "date": t.get("date")}, regimes_text)
     text = markdown(r)
     print(text)
     summary = {"ratios": ratios(r), "summary": r.get("summary"), "kill": {k: r["kill"][k] for k in

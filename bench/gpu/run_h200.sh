@@ -6,8 +6,8 @@
 #   KEEP  a folder that outlives the calls: holds p1 p2 p3 (../shared/gpu/fetch_wheels.sh makes them),
 #         gets wheels/, work/ (model, configs, outputs, results.json)
 #   OUT   where results.json, the driver log and a tarball of the run logs are copied
-#   PHASE install | model | any phase of bench/gpu/h200_check.py (setup serve sweep adaptive kill
-#         unserve launch starved probe summary)
+#   PHASE install | model | any phase of bench/gpu/h200_check.py (setup serve sweep adaptive regimes
+#         kill unserve launch starved probe summary)
 # Everything is idempotent: a second call skips what is already installed or built.
 set -uo pipefail
 keep=${1:?usage: run_h200.sh KEEP OUT PHASE...}; out=${2:?usage: run_h200.sh KEEP OUT PHASE...}; shift 2
@@ -32,7 +32,9 @@ for phase in "$@"; do
       "$py" -c "import sglang, torch; print('sglang', sglang.__version__, 'torch', torch.__version__, torch.cuda.get_device_name())" >>"$log" 2>&1
       ;;
     model)
-      if [ -f "$keep/work/model/config.json" ]; then stamp "model already built"; continue; fi
+      if [ -f "$keep/work/model/config.json" ] && grep -q '"max_position_embeddings": 8192' "$keep/work/model/config.json"; then
+        stamp "model already built"; continue
+      fi
       stamp "building the random-weight model"
       (cd "$here" && "$py" -m bench.gpu.make_model "$keep/work/model") >>"$log" 2>&1 || { stamp "model build failed"; tail -20 "$log"; exit 3; }
       tail -1 "$log"
@@ -45,6 +47,7 @@ if [ ${#check[@]} -gt 0 ]; then
   (cd "$here" && "$py" -m bench.gpu.h200_check --work "$keep/work" --budget-s "${BUDGET_S:-560}" ${CHECK_ARGS:-} "${check[@]}") >>"$log" 2>&1
 fi
 cp "$keep/work/results.json" "$out/h200_results.json" 2>/dev/null
+cp "$keep/work/traces.json" "$out/h200_traces.json" 2>/dev/null   # per-second server traces (phase regimes)
 tar -czf "$out/logs.tar.gz" -C "$keep/work" logs 2>/dev/null
 stamp "done"
 tail -c 8000 "$log"   # the log is a file, not a pipe: a detached server must not hold our output open

@@ -32,6 +32,7 @@ class CliRun:
     rc: int | None = None
     wall_s: float = 0.0
     dispatch_s: float = 0.0  # server in hand -> exit
+    ready_mono: float | None = None  # time.monotonic() when it had its server (traces are timed from it)
     killed: bool = False
     lines: list[tuple[float, str]] = field(default_factory=list)  # (seconds since start, line)
 
@@ -49,9 +50,9 @@ class CliRun:
                 "ready_s_reported": ready[0] if ready else None}
 
 
-def cli_argv(cfg_dir: Path, out_dir: Path, *args: str) -> list[str]:
+def cli_argv(cfg_dir: Path, out_dir: Path, *args: str, dataset: str = DATASET) -> list[str]:
     return [os.environ.get("BENCH_PYTHON", sys.executable), "-m", "gen_pipeline", "generate",
-            "--dataset", str(cfg_dir / f"{DATASET}.toml"), "--config-dir", str(cfg_dir),
+            "--dataset", str(cfg_dir / f"{dataset}.toml"), "--config-dir", str(cfg_dir),
             "--output-dir", str(out_dir), "--progress", "log", *args]
 
 
@@ -93,6 +94,7 @@ def run_cli(name: str, argv: list[str], log_dir: Path, *, kill_after_s: float | 
     proc.stdout.close()
     run.wall_s = ended - started
     run.dispatch_s = ended - (ready_at[0] if ready_at else started)
+    run.ready_mono = ready_at[0] if ready_at else None
     (log_dir / f"cli-{name}.log").write_text(" ".join(argv) + "\n" + run.text() + "\n")
     return run
 

@@ -17,6 +17,12 @@ MAX_NEW_TOKENS = 512
 KV_TOKENS = 60_000
 STARVED_KV_TOKENS = 20_000
 DATASET = "h200"
+# The long-output regime (issue 19): prompts of ~300-500 tokens, every output >= 1,000 tokens (mean
+# ~1,300: the random model's EOS comes with probability ~1/320 a token), ~40 requests fit in 60K tokens.
+LONG_DATASET = "h200long"
+LONG_PROMPTS = 300
+LONG_MAX_NEW_TOKENS = 4096
+LONG_MIN_TOKENS = 1000
 SGLANG_FLAGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--dtype", "bfloat16"]
 SIM_FLAGS = ["--sim-profile", "h200", "--sim-startup-s", "1", "--sim-output-mean", "255",
              "--sim-output-spread", "0.9"]
@@ -32,6 +38,48 @@ def write_prompts(path: Path, n: int = PROMPTS, seed: int = 9) -> int:
         lines.append(json.dumps({"id": f"p{i:05d}", "messages": [{"role": "user", "content": text}]}))
     path.write_text("\n".join(lines) + "\n")
     return n
+
+
+def write_long_prompts(path: Path, n: int = LONG_PROMPTS, seed: int = 19) -> int:
+    """n prompts of 72-120 words (~300-500 tokens with this tokenizer), ids q00000...; returns n."""
+    rng = random.Random(seed)
+    lines = []
+    for i in range(n):
+        text = f"Story {i}: " + synthetic_text(rng, rng.randint(72, 120)) + " Continue the story at length."
+        lines.append(json.dumps({"id": f"q{i:05d}", "messages": [{"role": "user", "content": text}]}))
+    path.write_text("\n".join(lines) + "\n")
+    return n
+
+
+def long_dataset_toml(prompts: Path, n: int = LONG_PROMPTS) -> str:
+    return f"""# Written by bench/gpu/setup.py: {n} synthetic prompts of ~300-500 tokens, long outputs (issue 19).
+name = "{LONG_DATASET}"
+target_samples = {n}
+
+[source]
+files = ["{prompts}"]
+schema = "messages"
+field = "messages"
+id_field = "id"
+
+[sampling]
+max_new_tokens = {LONG_MAX_NEW_TOKENS}
+temperature = 1.0
+top_p = 1.0
+
+[sampling.extra_body]
+min_tokens = {LONG_MIN_TOKENS}
+
+[generation]
+reasoning = "none"
+truncated = "keep"
+request_timeout_s = 900
+max_attempts = 4
+
+[output]
+shard_max_samples = 1000
+fsync_every = 64
+"""
 
 
 def dataset_toml(prompts: Path) -> str:
@@ -106,11 +154,13 @@ def server_toml(model: str, sim: bool = False, time_scale: float = 1.0) -> str:
 
 
 def write_configs(work: Path, model: str, *, sim: bool, time_scale: float = 1.0, prompts: int = PROMPTS) -> Path:
-    """WORK/cfg/{server.toml, h200.toml, prompts.jsonl}; returns the config dir."""
+    """WORK/cfg/{server.toml, h200.toml, prompts.jsonl, h200long.toml, prompts-long.jsonl}; returns the config dir."""
     cfg = work / "cfg"
     cfg.mkdir(parents=True, exist_ok=True)
     write_prompts(cfg / "prompts.jsonl", prompts)
     text = dataset_toml(cfg / "prompts.jsonl").replace(f"target_samples = {PROMPTS}", f"target_samples = {prompts}")
     (cfg / f"{DATASET}.toml").write_text(text)
+    write_long_prompts(cfg / "prompts-long.jsonl")
+    (cfg / f"{LONG_DATASET}.toml").write_text(long_dataset_toml(cfg / "prompts-long.jsonl"))
     (cfg / "server.toml").write_text(server_toml(model, sim=sim, time_scale=time_scale))
     return cfg

@@ -20,11 +20,24 @@ class ControllerConfig:
     # because request lengths vary: the sum of live KV fluctuates around its mean and SGLang
     # retracts the moment it touches the pool (scheduler.py update_running_batch).
     target_usage: float = 0.92
-    # Requests queued on the server beyond the decode slots, so a freed slot refills on the
-    # next scheduler step instead of after a client round trip: a share of the slots, clamped.
+    # The model's window adds requests queued beyond its decode slots, so a freed slot refills on
+    # the next scheduler step instead of after a client round trip: a share of the slots, clamped.
     queue_slack_frac: float = 0.05
     queue_slack_min: int = 2
     queue_slack_max: int = 32
+    # Under live load the window is running + a queue for SGLang's admission (controller/feed.py):
+    # queue_frac x running, warm_queue_frac x running while SGLang warms up (until new_token_ratio is
+    # within warm_ratio_factor x its floor), clamped to [queue_min, queue_max].
+    queue_frac: float = 0.5
+    warm_queue_frac: float = 2.0
+    queue_min: int = 4
+    queue_max: int = 512
+    warm_ratio_factor: float = 1.5
+    # The model of the pool caps that window while the pool fills (token_usage at or above this
+    # share of target_usage) within retraction_cooldown_s of a retraction: SGLang's estimate
+    # (new_token_ratio) has just proved optimistic. Without a retraction SGLang's admission decides
+    # (a cap there cost ~0.3 % of throughput against flooding on the seed's B2, bench controller_regimes).
+    guard_usage_frac: float = 0.8
     min_window: int = 1
     max_window: int = 4096
     # The initial tokens-per-request estimate counts as this many completions in the running
@@ -45,17 +58,15 @@ class ControllerConfig:
     gain_min: float = 0.6  # bounds of the multiplier on the model's slots
     gain_max: float = 1.8
     # Retraction guard: a burst (this share of running requests, at least burst_min, in one
-    # poll) steps the multiplier back and forbids growth for the cooldown.
+    # poll) steps the multiplier back and forbids growth for the cooldown. A few retractions are
+    # SGLang's own optimism at work (flooding the H200 with long requests retracted 0-3 per run) and
+    # cost only their prefill again (generated tokens are kept): not a storm.
     retraction_burst_frac: float = 0.03
-    retraction_burst_min: int = 2
+    retraction_burst_min: int = 4
     retraction_backoff: float = 0.9
     retraction_cooldown_s: float = 30.0
     # A probe up is rejected when more requests were retracted than this share of completions.
     retraction_max_share: float = 0.1
-    # Pool idle (usage below this share of target_usage, nothing queued, we are the limit,
-    # first wave done): the multiplier grows by idle_growth per poll without waiting for epochs.
-    idle_usage_frac: float = 0.6
-    idle_growth: float = 1.1
     # Latency-gradient mode (no capacity known): start, and back off when the time per output
     # token of recent completions exceeds tolerance x that of the best epoch (Gradient2's rule).
     gradient_initial_window: int = 32

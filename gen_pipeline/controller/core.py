@@ -1,26 +1,34 @@
 """The concurrency controller: how many requests to keep in flight (pure policy, time is a parameter).
 
-Objective: completed tokens per second of a batch job. Three layers, slow to fast:
+Objective: completed tokens per second of a batch job, with the server's queue bounded. SGLang's
+own scheduler decides how many requests run (its admission reserves new_token_ratio x the clipped
+remaining max_new_tokens of every running request); the client's job is to keep that admission fed
+-- never the reason a slot waits -- without queueing the whole job at the server. Three layers:
 
-1. Model of the pool. A running request holds its prompt plus what it has generated, so in
-   steady state the pool holds requests of every age and C / H of them fit, H being the mean
-   KV a request holds over its life (length-weighted, learned from completions; see
-   RequestSizes). Before the first wave has finished, H is the prior F (a request at its
-   end): the first wave is all of one age and grows towards F together. The window is
-   min(max_running_requests, gain * u * C / H) + a small queue slack, so a freed slot refills
-   on the next scheduler step. The live KV per running request (used_tokens / running) is a
-   floor on H: it can only make the window smaller.
-2. Hill climb of `gain` on measured goodput (the server's live decode rate, see Epoch, over
+1. Feed, every poll (controller/feed.py): the window is running + a queue of queue_frac x running
+   (clamped to [queue_min, queue_max]) + what is in transit (sent, neither running nor queued yet),
+   so SGLang always has candidates at its next admission round and the client refills at every
+   completion. While SGLang's admission warms up after a start or
+   restart (new_token_ratio, read from /metrics, still far above its floor; without that gauge,
+   until the first completion) the queue allowed is warm_queue_frac x running: its first cautious
+   round is not a full server. The bound on the server's queue: queued <= window - running -
+   in transit = that queue.
+2. Model of the pool: C / H requests fit, H being the mean KV a request holds over its life
+   (length-weighted, learned from completions; see RequestSizes; before the first wave has
+   finished, the prior F, a request at its end). gain * u * C / H + a small slack, capped at
+   max_running_requests, is the window before any load is seen, and the cap on the feed while the
+   pool fills (token_usage >= guard_usage_frac x target_usage) within retraction_cooldown_s of a
+   retraction (never below running + queue_min while SGLang leaves that many queued):
+   past it only SGLang's optimistic estimate stands between more requests and a retraction. The
+   live KV per running request (used_tokens / running) is a floor on H.
+3. Hill climb of `gain` on measured goodput (the server's live decode rate, see Epoch, over
    epochs of about half a request latency, the first 30% of each discarded as transition): keep
    a step that raised goodput beyond the noise band, go back and halve the step otherwise, and
-   hold once the step is small. A flat or noisy objective ends at the lower-pressure side.
-   A probe up that retracted more than `retraction_max_share` of its completions is rejected:
-   retraction costs recompute (SGLang re-prefills prompt + output) that the counter may not show.
-3. Live load, every poll: a retraction burst steps the gain back and forbids any growth for a
-   cooldown (SGLang's own admission also turns conservative then: new_token_ratio jumps in
-   scheduler.py retract_decode); a queue that builds while running does not rise caps the window
-   at running + slack (the server is the limit, more in flight only waits); an idle pool with
-   nothing queued grows the gain at once instead of waiting for epochs.
+   hold once the step is small. A probe up that retracted more than `retraction_max_share` of its
+   completions is rejected. A retraction burst (retraction_burst_frac of running, at least
+   retraction_burst_min, in one poll) steps the gain back and holds the window at most at what it
+   was for a cooldown (SGLang's own admission also turns conservative then: new_token_ratio jumps
+   in scheduler.py retract_decode); a few retractions are SGLang's optimism and cost a re-prefill.
 
 With no capacity known (a plain OpenAI-compatible server) the climb runs on the window itself
 with goodput from Little's law, window / TPOT (see Epoch), and Gradient2's guard: TPOT beyond
@@ -44,6 +52,7 @@ from gen_pipeline.controller.climb import HillClimber
 from gen_pipeline.controller.config import ControllerConfig, ControllerStats
 from gen_pipeline.controller.epoch import Epoch
 from gen_pipeline.controller.estimate import RequestSizes
+from gen_pipeline.controller.feed import QueueBound, WarmUp
 from gen_pipeline.records import Capacity, LoadSnapshot
 
 _LIVE_ALPHA = 0.2  # EWMA weight of one poll of used_tokens / running (~5 polls memory)
@@ -60,7 +69,10 @@ class Controller:
         self._mix: dict[str, float] = {}  # requests in flight per kind
         self._load: LoadSnapshot | None = None
         self._live_held: float | None = None
-        self._queue_cap = math.inf
+        self._transit = 0  # requests out at the last poll but neither running nor queued at the server
+        self._retracted_at_s = -math.inf
+        self._queue = QueueBound(config.queue_frac, config.warm_queue_frac, config.queue_min, config.queue_max)
+        self._warm = WarmUp(config.warm_ratio_factor)
         self._ceiling, self._ceiling_until_s = math.inf, -math.inf
         self._remaining: int | None = None
         self._last_window = 0  # what window() last returned
@@ -80,14 +92,21 @@ class Controller:
     def set_mix(self, in_flight: dict[str, float]) -> None:
         """Requests in flight per kind (or the kind about to be sent, weight 1, when none are)."""
         active = {k for k, n in in_flight.items() if n > 0}
-        if active != {k for k, n in self._mix.items() if n > 0}:
+        before = {k for k, n in self._mix.items() if n > 0}
+        if active != before:
             self._epoch = None
+            if before and active - before:  # a dataset joins the pool: its own sizes move the model
+                self._mix = dict(in_flight)
+                self._reason = (f"dataset mix now {', '.join(sorted(active))}: held "
+                                f"{self._held_tokens():.0f} tokens per request, model window "
+                                f"{self._uncapped_window():.0f}")
         self._mix = dict(in_flight)
 
     def observe_completion(self, now_s: float, prompt_tokens: int, completion_tokens: int,
                            latency_s: float, kind: str | None = None) -> None:
         """One request finished: its usage token counts and its latency (seconds, queue included)."""
         self._sizes.observe(prompt_tokens, completion_tokens, latency_s)
+        self._warm.observe_completion(ratio_reported=self._load is not None and self._load.new_token_ratio is not None)
         if kind in self._kinds:
             self._kinds[kind].observe(prompt_tokens, completion_tokens, latency_s)
         if self._epoch is not None:
@@ -95,8 +114,12 @@ class Controller:
             self._gradient_guard(now_s)
         self._tick(now_s)
 
-    def observe_load(self, snap: LoadSnapshot) -> None:
-        """One poll of the server's load; counters are cumulative (a drop means a restart)."""
+    def observe_load(self, snap: LoadSnapshot, in_flight: int | None = None) -> None:
+        """One poll of the server's load; counters are cumulative (a drop means a restart).
+        `in_flight`: the client's requests out at that moment; those neither running nor queued are in
+        transit (HTTP, the server's tokenizer) and count on top of the queue the window keeps."""
+        in_effect = self._last_window or self._target_window()
+        self._transit = 0 if in_flight is None else max(0, in_flight - snap.running - snap.queued)
         prev, self._load = self._load, snap
         used: float | None = snap.used_tokens
         if used is None and snap.token_usage is not None:
@@ -108,21 +131,27 @@ class Controller:
         retracted = 0
         if prev is not None and prev.retractions_total is not None and snap.retractions_total is not None:
             retracted = max(0, snap.retractions_total - prev.retractions_total)
+        if retracted:
+            self._retracted_at_s = snap.t_s
         if self._epoch is not None:
             self._epoch.add_load(snap, retracted)
+        was_warming = self._warm.warming
+        self._warm.observe_ratio(snap.new_token_ratio)
         if retracted >= max(self._cfg.retraction_burst_min, self._cfg.retraction_burst_frac * snap.running):
-            self._on_retraction_burst(snap.t_s, retracted)
-        else:
-            self._queue_rule(prev, snap)
-            self._idle_rule(snap)
+            self._on_retraction_burst(snap.t_s, retracted, in_effect)
+        elif was_warming and not self._warm.warming:
+            self._reason = (f"SGLang's admission warmed up (new_token_ratio {snap.new_token_ratio}): "
+                            f"queue = {self._cfg.queue_frac:.0%} of running")
         self._tick(snap.t_s)
 
     def update_capacity(self, capacity: Capacity) -> None:
         """New or restarted server(s): new pool, counters start again, the climb starts over."""
         self._capacity = capacity
         self._climber = self._new_climber(capacity)
-        self._load, self._live_held, self._epoch = None, None, None
-        self._queue_cap, self._ceiling, self._ceiling_until_s = math.inf, math.inf, -math.inf
+        self._load, self._live_held, self._epoch, self._transit = None, None, None, 0
+        self._retracted_at_s = -math.inf
+        self._ceiling, self._ceiling_until_s = math.inf, -math.inf
+        self._warm.restart()
         self._warmup = self._sizes.count + max(1, round(self._uncapped_window()))
         self._reason = "new capacity: model of the pool"
 
@@ -130,10 +159,9 @@ class Controller:
     def window(self, now_s: float, remaining: int) -> int:
         """Requests to keep in flight now: in [min_window, max_window], and never above `remaining`."""
         self._remaining = remaining
-        w = self._uncapped_window()
+        w = self._target_window()
         if now_s < self._ceiling_until_s:
             w = min(w, self._ceiling)
-        w = min(w, self._queue_cap)
         w = min(self._cfg.max_window, max(self._cfg.min_window, int(w)))
         self._last_window = max(0, min(w, remaining))
         return self._last_window
@@ -210,40 +238,49 @@ class Controller:
         return self._slots() >= cap
 
     # -- fast rules (every poll) ------------------------------------------------------------
-    def _on_retraction_burst(self, now_s: float, retracted: int) -> None:
-        before = self.window(now_s, self._remaining if self._remaining is not None else 2**31)
+    def _on_retraction_burst(self, now_s: float, retracted: int, in_effect: float) -> None:
+        # The window that led here is the most it may be until the cooldown ends: SGLang re-queues the
+        # retracted requests and turns cautious itself (new_token_ratio jumps); the gain, which caps the
+        # window once the pool fills, steps back.
         self._climber.nudge(self._climber.value * self._cfg.retraction_backoff)
-        self._ceiling = min(self._uncapped_window(), before)
+        ceiling = min(in_effect, self._target_window())
+        self._ceiling = min(self._ceiling, ceiling) if now_s < self._ceiling_until_s else ceiling
         self._ceiling_until_s = now_s + self._cfg.retraction_cooldown_s
         self._epoch = None
         self._reason = (f"retraction burst ({retracted} in one poll): step back, "
                         f"no growth for {self._cfg.retraction_cooldown_s:.0f} s")
 
-    def _queue_rule(self, prev: LoadSnapshot | None, snap: LoadSnapshot) -> None:
-        slack = self._slack(self._slots())
-        building = (prev is not None and snap.queued > slack and prev.queued > slack
-                    and snap.running <= prev.running)
-        if building and snap.running + slack < min(self._uncapped_window(), self._queue_cap):
-            self._queue_cap = snap.running + slack
-            self._reason = (f"queue building ({snap.queued} queued, running flat at {snap.running}): "
-                            f"window = running + {slack}")
-        elif snap.queued <= slack // 2 and self._queue_cap < math.inf:
-            self._queue_cap += slack
-            if self._queue_cap >= self._uncapped_window():
-                self._queue_cap = math.inf
-                self._reason = "queue drained: back to the model's window"
+    def _target_window(self) -> float:
+        """The model's window with no load seen; under load, running + the queue SGLang's admission
+        draws on, capped by the model once the pool fills (see the module doc, layer 3)."""
+        model, load = self._uncapped_window(), self._load
+        if load is None or self.mode == "gradient":
+            return model
+        queue = self._queue.allowance(load.running, self._warm.warming)
+        feed = load.running + self._transit + queue
+        if self._pool_filling(load):  # the model caps; a queue SGLang is not admitting stays fed
+            floor = load.running + min(load.queued, self._cfg.queue_min) if load.queued > 0 else 0
+            return min(feed, max(model, floor))
+        return feed
 
-    def _idle_rule(self, snap: LoadSnapshot) -> None:
+    @property
+    def warming(self) -> bool:
+        """SGLang's admission is still in its cautious start (see controller/feed.py)."""
+        return self._warm.warming
+
+    def queue_bound(self) -> int | None:
+        """The most requests this window leaves queued at the server (None before any load poll)."""
+        load = self._load
+        if load is None or self.mode == "gradient":
+            return None
+        return self._queue.allowance(load.running, self._warm.warming)
+
+    def _pool_filling(self, snap: LoadSnapshot) -> bool:
+        """The pool fills and SGLang's optimism has just shown: a retraction within the cooldown."""
+        if snap.t_s - self._retracted_at_s > self._cfg.retraction_cooldown_s:
+            return False
         usage = self._usage(snap)
-        if (usage is None or self.mode == "gradient" or self._sizes.count < self._warmup
-                or snap.t_s < self._ceiling_until_s or self._at_running_cap()):
-            return
-        w = min(self._uncapped_window(), self._queue_cap)
-        if snap.queued == 0 and usage < self._cfg.idle_usage_frac * self._cfg.target_usage \
-                and snap.running >= w - self._slack(self._slots()):
-            self._climber.nudge(self._gain * self._cfg.idle_growth)
-            self._epoch = None
-            self._reason = f"pool idle (usage {usage:.0%}, nothing queued): grow"
+        return usage is not None and usage >= self._cfg.guard_usage_frac * self._cfg.target_usage
 
     def _gradient_guard(self, now_s: float) -> None:
         """Gradient2's rule on TPOT: far slower than at the reference -> back off at once."""
@@ -282,7 +319,7 @@ class Controller:
     def _conclude_epoch(self, now_s: float) -> None:
         epoch = self._epoch
         assert epoch is not None
-        goodput = epoch.goodput_tok_s(min(self._slots(), self._queue_cap))
+        goodput = epoch.goodput_tok_s(self._slots())
         if goodput is None:
             self._start_epoch(now_s)
             return

@@ -5,8 +5,13 @@ Each verdict is a named rule over the run's steady polls (the first `warmup_frac
 idle tail cut off) with its thresholds in THRESHOLDS. The rules, in the order they are reported:
 
   server_restarts    the server restarted during a run
-  kv_bound           KV pool reaching kv_full of capacity, requests queued, running ≈ KV tokens / tokens per
-                     request (the pool, not max_running_requests, sets the decode slots)
+  kv_bound           SGLang holds requests queued with running ≈ KV tokens / tokens per request, below
+                     max_running_requests, and the decode rate still grows with running (more slots
+                     pay). Read the way real SGLang shows it: its admission reserves new_token_ratio ×
+                     min(max_new_tokens, 4096) per running request, so a KV-bound pool reads only
+                     ~0.63-0.70 token_usage with long outputs (H200, issue 19): usage alone says little
+  step_bound         the same queue and slots, but the decode rate barely grows with running: the
+                     GPU's step time, not KV, bounds the run (the short-output regime on the H200)
   admission_bound    KV free, requests queued, running at max_running_requests
   compute_bound      KV free, requests queued, running below max_running_requests (the scheduler's
                      prefill/step budget holds them, not memory)
@@ -19,6 +24,7 @@ idle tail cut off) with its thresholds in THRESHOLDS. The rules, in the order th
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,9 +37,14 @@ from gen_pipeline.store.telemetry import read_telemetry
 THRESHOLDS: dict[str, float] = {
     "warmup_frac": 0.2,  # first share of a run's polls: the first wave, not the steady state
     "min_polls": 5,  # fewer steady polls than this: no verdict
-    "kv_full": 0.90,  # 90th percentile of KV usage at or above: the pool fills (it dips as requests end) ...
-    "kv_busy": 0.75,  # ... and its median at or above: it stays nearly full
-    "kv_free": 0.70,  # median KV usage below: the pool has room
+    "kv_full": 0.90,  # no elasticity to read (running never moved): 90th percentile of KV usage at or above
+    "kv_free": 0.70,  # median KV usage below: the pool has room (and no elasticity says KV binds)
+    # d ln(decode tok/s) / d ln(running) over the run's polls (ramp and tail give the spread): at or
+    # above, more decode slots raise throughput. Simulator, H200 profile: long outputs 0.53, 20K-token
+    # pool 0.27-0.32, short outputs at 60K tokens 0.10; the seed's B2 on 116K tokens 0.70.
+    "elastic_min": 0.25,
+    "elastic_spread": 1.25,  # running must span this ratio (max / min over the polls used) to read it
+    "elastic_floor": 0.25,  # polls with running below this share of the steady median are left out
     "queued_share": 0.5,  # share of steady polls with requests queued at the server
     "slots_low": 0.5, "slots_high": 2.5,  # running / (KV tokens / tokens per request): "≈"
     "at_cap": 0.95,  # running / max_running_requests at or above: at the cap
@@ -121,9 +132,10 @@ def diagnose(all_rows: list[dict[str, Any]], hw: Hardware = Hardware(),
     if len(v.steady) < th["min_polls"]:
         return out + [Verdict("too_short", f"run {runs[-1][0].get('run')} has {len(v.steady)} steady polls "
                               f"(< {th['min_polls']:.0f}): let it run longer")]
-    for rule in (_kv_bound, _free_pool, _client_bound, _retraction_storm, _idle_tail):
+    for rule in (_kv_bound, _step_bound, _free_pool, _client_bound, _retraction_storm, _idle_tail):
         verdict = rule(v, hw, th)
-        if verdict:
+        # a reservation-held pool reads below kv_free: KV or the step time already named the bound
+        if verdict and not (verdict.rule == "compute_bound" and any(o.rule in ("kv_bound", "step_bound") for o in out)):
             out.append(verdict)
     return out
 
@@ -154,22 +166,68 @@ def _levels(v: RunView) -> dict[str, Any]:
             "per_request": _last(s, "tokens_per_request"), "dtype": _last(s, "kv_dtype") or "auto"}
 
 
-def _kv_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:
+def elasticity(rows: list[dict[str, Any]], th: dict[str, float] = THRESHOLDS) -> float | None:
+    """Least-squares slope of ln(gen tok/s) on ln(running) over the run's polls; None when running did
+    not vary enough (elastic_spread) or the server reports no decode rate."""
+    level = _med(_vals(rows, "running")) or 0
+    pts = [(math.log(r["running"]), math.log(r["gen_tok_s"])) for r in rows
+           if (r.get("running") or 0) >= max(1.0, th["elastic_floor"] * level) and (r.get("gen_tok_s") or 0) > 0]
+    if len(pts) < th["min_polls"]:
+        return None
+    xs = [x for x, _ in pts]
+    if max(xs) - min(xs) < math.log(th["elastic_spread"]):
+        return None
+    mx, my = statistics.fmean(xs), statistics.fmean(y for _, y in pts)
+    return sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x in xs)
+
+
+def _slots_held(v: RunView, th: dict[str, float]) -> dict[str, Any] | None:
+    """The shape both kv_bound and step_bound need: requests queued at the server in most steady polls,
+    running below max_running_requests and ≈ the pool's slots (KV tokens / tokens per request)."""
     x = _levels(v)
-    usage, running, cap, per_req = x["usage_p90"], x["running"], x["capacity"], x["per_request"]
-    if usage is None or running is None or not cap or not per_req or usage < th["kv_full"] \
-            or x["usage"] < th["kv_busy"]:
+    running, cap, per_req = x["running"], x["capacity"], x["per_request"]
+    if running is None or not cap or not per_req or x["queued_share"] < th["queued_share"]:
         return None
     slots = cap / per_req
-    at_cap = x["max_running"] and running >= th["at_cap"] * x["max_running"]
-    if x["queued_share"] < th["queued_share"] or at_cap or not th["slots_low"] <= running / slots <= th["slots_high"]:
+    if (x["max_running"] and running >= th["at_cap"] * x["max_running"]) \
+            or not th["slots_low"] <= running / slots <= th["slots_high"]:
         return None
-    evidence = (f"KV pool {x['usage']:.0%} full (median; 90th percentile {usage:.0%}; {len(v.steady)} steady "
-                f"polls), {x['queued']:.0f} queued, "
-                f"{running:.0f} running ≈ {cap:,} KV tokens / {per_req:,.0f} tokens per request = {slots:.0f} slots",
-                f"generation {x['tok_s']:,.0f} tok/s" if x["tok_s"] is not None else "generation rate not reported")
+    return {**x, "slots": slots, "elasticity": elasticity(v.rows, th)}
+
+
+def _kv_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:
+    x = _slots_held(v, th)
+    if x is None:
+        return None
+    e, usage, usage_p90 = x["elasticity"], x["usage"], x["usage_p90"]
+    if e is None:  # running never moved: only a pool that fills says KV
+        if usage_p90 is None or usage_p90 < th["kv_full"]:
+            return None
+    elif e < th["elastic_min"]:
+        return None
+    running, cap, per_req = x["running"], x["capacity"], x["per_request"]
+    used = (f"KV {usage:.0%} in use (median; 90th percentile {usage_p90:.0%}), the rest held by SGLang's admission "
+            "reservation (new_token_ratio × min(max_new_tokens, 4096) per running request)"
+            if usage is not None else "KV usage not reported")
+    evidence = (f"{running:.0f} running ≈ {cap:,} KV tokens / {per_req:,.0f} tokens per request = {x['slots']:.0f} "
+                f"slots, {x['queued']:.0f} queued at the server (requests waiting in {x['queued_share']:.0%} of "
+                f"{len(v.steady)} steady polls); {used}",
+                (f"the decode rate grows {e:.2f}x as fast as running (more slots pay)" if e is not None
+                 else "running did not vary enough to read how the decode rate grows with it")
+                + (f"; generation {x['tok_s']:,.0f} tok/s" if x["tok_s"] is not None else ""))
     return Verdict("kv_bound", "GPU KV capacity bounds the decode slots",
                    evidence, tuple(kv_levers(cap, x["dtype"], per_req, running, x["queued"] or 0, hw)))
+
+
+def _step_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:
+    x = _slots_held(v, th)
+    if x is None or x["elasticity"] is None or x["elasticity"] >= th["elastic_min"]:
+        return None
+    e = x["elasticity"]
+    return Verdict("step_bound", "the GPU's step time, not KV, bounds the run",
+                   (f"{x['running']:.0f} running with {x['queued']:.0f} queued, but the decode rate grows only "
+                    f"{e:.2f}x as fast as running (10% more running: {100 * (1.1 ** e - 1):.0f}% more tokens/s)",),
+                   ("more KV (fp8, mem fraction) or a larger window adds little here; more servers add throughput",))
 
 
 def kv_levers(capacity: int, kv_dtype: str, per_request: float, running: float, queued: float,

@@ -87,9 +87,13 @@ class ServerPoller:
         self._delay_s = min(FIRST_POLL_S, interval_s)
 
     async def next(self, http: Http) -> LoadSnapshot | None:
+        """The next poll's load; None while the server is down or restarting (the controller then
+        decides nothing: a restarting server's figures say nothing about the pool)."""
         await anyio.sleep(self._delay_s)
         self._delay_s = self.interval_s
         handle, controller = self.handle, self.window.controller
+        if not handle.ready:
+            return None
         if handle.capacity is not self._capacity and controller is not None:
             self._capacity = handle.capacity
             controller.update_capacity(handle.capacity)

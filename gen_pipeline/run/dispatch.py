@@ -81,8 +81,8 @@ class Window:
             self.controller.observe_completion(self.clock(), prompt_tokens, completion_tokens, latency_s, kind)
 
     def observe_load(self, snap: LoadSnapshot) -> None:
-        if self.controller is not None:
-            self.controller.observe_load(snap)
+        if self.controller is not None:  # with the requests out now: those the server has not seen yet
+            self.controller.observe_load(snap, in_flight=int(self.limiter.borrowed_tokens))
 
     def controller_stats(self) -> ControllerStats | None:
         return self.controller.statistics() if self.controller is not None else None

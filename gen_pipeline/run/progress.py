@@ -27,8 +27,8 @@ def postfix(s: RunSnapshot) -> str:
             parts.append(f"peak running {s.peak_running} queued {s.peak_queued}")
         if s.peak_kv_usage is not None:
             parts.append(f"peak KV {s.peak_kv_usage:.0%}")
-        if s.retractions_total:
-            parts.append(f"retracted {s.retractions_total}")
+        if s.retractions_run:  # this run's, not an attached server's lifetime count
+            parts.append(f"retracted {s.retractions_run}")
         return ", ".join(parts + ([f"failed {s.failures}"] if s.failures else []))
     if s.in_flight > s.window:  # the window shrank; requests already sent still finish
         parts.append(f"in flight {s.in_flight} (window lowered to {s.window}; "
@@ -39,8 +39,8 @@ def postfix(s: RunSnapshot) -> str:
         parts.append(f"running {s.running} queued {s.queued}")
     if s.kv_usage is not None:
         parts.append(f"KV {s.kv_usage:.0%}")
-    if s.retractions_total:
-        parts.append(f"retracted {s.retractions_total}")
+    if s.retractions_run:
+        parts.append(f"retracted {s.retractions_run}")
     if s.failures:
         parts.append(f"failed {s.failures}")
     if s.controller_mode is not None:

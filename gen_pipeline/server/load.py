@@ -39,6 +39,8 @@ _GAUGES = {
     "retracted_recent": ("sglang:num_retracted_reqs",),  # per stats-log window, reset each log
     "gen_tokens_total": ("sglang:generation_tokens_total", "vllm:generation_tokens_total"),
 }
+# Also read: sglang:new_token_ratio, the admission estimate of the last prefill round (the
+# controller's warm-up signal, gen_pipeline/controller/feed.py); the highest over ranks.
 
 
 class RetractionTally:
@@ -107,10 +109,12 @@ def load_from_metrics(text: str, now_s: float, tally: RetractionTally | None = N
     used, cap = pick("used_tokens"), pick("total_tokens")
     usage = used / cap if used is not None and cap else _mean_of(values, _GAUGES["token_usage"])
     retr, gen = _retractions(values, pick("retractions_total"), tally or RetractionTally()), pick("gen_tokens_total")
+    ratios = values.get("sglang:new_token_ratio")
     return LoadSnapshot(t_s=now_s, running=int(running), queued=int(queued),
                         used_tokens=None if used is None else int(used), token_usage=usage,
                         retractions_total=None if retr is None else int(retr),
-                        gen_tokens_total=None if gen is None else int(gen), gen_throughput=pick("gen_throughput"))
+                        gen_tokens_total=None if gen is None else int(gen), gen_throughput=pick("gen_throughput"),
+                        new_token_ratio=max(ratios.values()) if ratios else None)
 
 
 def _retractions(values: dict[str, dict[str, float]], counted: float | None,
@@ -152,7 +156,8 @@ def merge(snaps: list[LoadSnapshot]) -> LoadSnapshot:
     return LoadSnapshot(t_s=snaps[0].t_s, running=sum(s.running for s in snaps),
                         queued=sum(s.queued for s in snaps), used_tokens=used,
                         token_usage=_mean(usages), retractions_total=total("retractions_total"),
-                        gen_tokens_total=total("gen_tokens_total"), gen_throughput=total("gen_throughput"))
+                        gen_tokens_total=total("gen_tokens_total"), gen_throughput=total("gen_throughput"),
+                        new_token_ratio=max((r for s in snaps if (r := s.new_token_ratio) is not None), default=None))
 
 
 async def read_load(http: Http, urls: list[str], now_s: float) -> LoadSnapshot | None:
@@ -177,7 +182,7 @@ async def _load_of(http: Http, url: str, now_s: float) -> LoadSnapshot | None:
         known.metrics = from_metrics is not None if known.metrics is None else known.metrics
     if from_loads and from_metrics:  # gauges from /v1/loads, cumulative counters from /metrics
         return replace(from_loads, retractions_total=from_metrics.retractions_total,
-                       gen_tokens_total=from_metrics.gen_tokens_total)
+                       gen_tokens_total=from_metrics.gen_tokens_total, new_token_ratio=from_metrics.new_token_ratio)
     return from_loads or from_metrics
 
 

@@ -89,7 +89,8 @@ class _Supervisor:
                               capacity=await self._capacity(), log_path=self.log_path,
                               metrics=self.profile.enable_metrics, pid=self.running.pid)
         handle.info = self.info
-        log.info("SGLang ready after %.0f s: %s", self.running.elapsed_s(), handle.summary_line())
+        log.info("SGLang ready after %.0f s, pid %d: %s", self.running.elapsed_s(), self.running.pid,
+                 handle.summary_line())
         return handle
 
     async def _capacity(self) -> Capacity:
@@ -138,7 +139,8 @@ class _Supervisor:
             handle.capacity = await self._capacity()
             handle.info, handle.pid = self.info, self.running.pid
             handle.mark_ready()
-            log.info("SGLang is back (restart %d): %s", handle.restarts, handle.summary_line())
+            log.info("SGLang is back (restart %d), pid %d: %s", handle.restarts, self.running.pid,
+                     handle.summary_line())
 
     async def _watch(self) -> str:
         """Return why the server needs a restart: it exited, or failed unhealthy_after checks in a row."""

@@ -8,7 +8,7 @@ import anyio
 import httpx
 
 from gen_pipeline.config.dataset import GenerationConfig
-from gen_pipeline.controller import Controller
+from gen_pipeline.controller import Controller, ControllerConfig
 from gen_pipeline.http import open_http
 from gen_pipeline.records import Capacity
 from gen_pipeline.server import load, read_load
@@ -73,8 +73,9 @@ async def _flood(http: httpx.AsyncClient, url: str, n: int) -> None:
 
 async def test_controller_sees_retractions_of_a_kv_starved_sim():
     load._KNOWN.clear()  # which load endpoints each URL answers is remembered for the process's life
+    # the signal path, not the threshold: here any retraction in a poll is a burst (the default is 4)
     ctrl = Controller(Capacity(max_total_num_tokens=3000, max_running_requests=None, source="server_info"),
-                      initial_tokens_per_request=100.0)
+                      initial_tokens_per_request=100.0, config=ControllerConfig(retraction_burst_min=1))
     reasons, texts = set(), []
     with start_sim(SIM, ready_timeout_s=20) as sim:
         async with httpx.AsyncClient() as http, open_http(GenerationConfig(), 16) as session:  # ours

@@ -263,3 +263,16 @@ def test_capacity_and_ready_lines_in_log(sim: SimProcess) -> None:
     assert ("max_total_num_tokens=24576, chunked_prefill_size=8192, max_prefill_tokens=16384, "
             "max_running_requests=") in text
     assert text.index("max_total_num_tokens=") < text.index("The server is fired up and ready to roll!")
+
+
+def test_min_tokens_masks_eos_until_then(client: httpx.Client) -> None:
+    """SGLang's min_tokens (OpenAI API) / min_new_tokens (native): the output is at least that long,
+    the usual length distribution starts after it; a bad value is a 400 naming the field."""
+    plain = chat(client, max_tokens=1000, temperature=0.0).json()["usage"]["completion_tokens"]
+    longer = chat(client, max_tokens=1000, temperature=0.0, min_tokens=300).json()
+    assert plain < 300 <= longer["usage"]["completion_tokens"] <= 1000
+    native = client.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 500,
+                                                                              "min_new_tokens": 200}}).json()
+    assert native["meta_info"]["completion_tokens"] >= 200
+    bad = chat(client, max_tokens=10, min_tokens=-1)
+    assert bad.status_code == 400 and "min_tokens must be a non-negative integer (got -1)" in bad.text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sglang_sim.engine import Engine, EngineConfig, FinishedRequest, derive_max_running_requests
+from sglang_sim.engine_request import SchedReq, admitted_reserve, clipped_reserve
 from sglang_sim.profiles import PROFILES
 
 FAST = PROFILES["fast"]
@@ -377,3 +378,71 @@ def test_loads_fields() -> None:
     for _ in range(40):
         engine.step()
     assert engine.loads()["gen_throughput"] > 0
+
+
+# ---- SGLang 0.5.17's admission rounds (schedule_policy.py PrefillAdder, scheduler.py) ----------
+
+
+def _long_regime(pool: int = 60_000, n: int = 40, out: int = 1200) -> Engine:
+    """The issue-19 shape: prompts of 400, max_new_tokens 4096, everything queued at once."""
+    engine = Engine(EngineConfig(max_total_num_tokens=pool, context_length=8192), PROFILES["h200"])
+    for i in range(n):
+        base = (i + 1) << 20
+        engine.add_request(f"r{i}", toks(base, 400), toks(base + 400, out), max_new_tokens=4096)
+    return engine
+
+
+def test_first_round_reserves_whole_max_new_then_a_second_round_follows_at_once() -> None:
+    """Round 1 on an empty engine: each candidate needs 400 + 4096 + 1 page < what is left, so
+    60,000 // 4,497 = 13 go in. That batch becomes the running batch with batch_is_full False
+    (scheduler.py:2997-2999), so round 2 runs at once: running reserve 13 x 4096 x 0.7 = 37,274.
+    Then nothing until a request finishes."""
+    engine = _long_regime()
+    first = engine.step()
+    assert (first.prefill_tokens, engine.num_running) == (13 * 400, 13)
+    second = engine.step()
+    room = 60_000 - 13 * 400 - 13 * 4096 * 0.7
+    assert room // (400 + 4096 + 1) == 3
+    assert (second.prefill_tokens, engine.num_running) == (3 * 400, 16)
+    for _ in range(1199):  # 1,199 decodes: nobody has finished yet
+        assert engine.step().decode_batch == 16
+    assert engine.num_waiting == 24
+
+
+def test_a_finish_reopens_admission_one_decode_later() -> None:
+    """filter_batch drops finished requests at the next decode (scheduler.py:3383-3390, 3458):
+    a finish during decode N lets the prefill round in after decode N + 1."""
+    engine = Engine(EngineConfig(max_total_num_tokens=10_000), FAST)
+    engine.add_request("a", toks(0, 100), toks(1000, 3), max_new_tokens=4096)
+    engine.add_request("b", toks(2000, 100), toks(3000, 50), max_new_tokens=4096)
+    engine.add_request("c", toks(4000, 100), toks(5000, 50), max_new_tokens=4096)
+    engine.step()  # a, b in (2 x 4197 < 10,000); c does not fit: batch_is_full
+    assert engine.waiting_rids == ["c"]
+    kinds = []
+    for _ in range(6):
+        step = engine.step()
+        kinds.append("prefill" if step.prefill_tokens else "decode" + ("+finish" if step.finished else ""))
+    assert kinds == ["decode", "decode", "decode+finish", "decode", "prefill", "decode"]
+
+
+def test_a_readmitted_request_reserves_its_whole_clipped_max_new() -> None:
+    """add_one_req checks the remaining max_new but adds min(max_new, CLIP) to the round's offset
+    (schedule_policy.py:1077-1080 vs 1203-1212)."""
+    req = SchedReq("x", tuple(range(500)), prompt_len=100, out_len=400, max_new=5000, reason="stop",
+                   arrival_s=0.0, generated=3000)
+    assert clipped_reserve(req, 4096) == 2000
+    assert admitted_reserve(req, 4096) == 4096
+
+
+def test_the_metrics_ratio_is_the_last_prefill_rounds() -> None:
+    """/metrics' sglang:new_token_ratio is set from the PrefillAdder at each prefill stats log
+    (metrics_reporter.py:553): it stays at 0.7 through decodes until the next admission."""
+    engine = _long_regime(n=20, out=1200)
+    engine.step(), engine.step()
+    for _ in range(700):
+        engine.step()
+    assert engine.new_token_ratio == pytest.approx(0.098)
+    assert engine.reported_new_token_ratio == 0.7
+    while not engine.step().prefill_tokens:
+        pass
+    assert engine.reported_new_token_ratio == pytest.approx(0.098)

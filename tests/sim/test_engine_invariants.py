@@ -101,14 +101,14 @@ def test_invariants_hold_through_a_retraction_storm() -> None:
     """A seeded mix that overcommits on purpose: many retractions, host hits, then a drain."""
     s = {
         "requests": [(i % 4, 100, 20 + (37 * i) % 60, 200 + (97 * i) % 200, 0, 1) for i in range(25)],
-        "k": 2, "hicache": 400, "chunk": 256, "ratio": 0.01, "aborts": {5}, "decay": 5,
+        "k": 2, "hicache": 400, "chunk": 256, "ratio": 0.01, "aborts": {5}, "decay": 50,
     }
     engine, done, trace, expected = drive(s)
     c = engine.counters()
-    assert c["num_retracted_requests_total"] == 14
-    assert c["recomputed_prefill_tokens_total"] == 2115
-    assert c["host_hit_tokens_total"] == 325
-    assert sum(1 for t in trace if t["ret"]) == 14
+    assert c["num_retracted_requests_total"] == 11
+    assert c["recomputed_prefill_tokens_total"] == 1626
+    assert c["host_hit_tokens_total"] == 100
+    assert sum(1 for t in trace if t["ret"]) == 11
     assert {f.rid: f.completion_tokens for f in done if f.finish_reason != "abort"} == {
         rid: n for rid, n in expected.items() if rid != "r5"}
     assert c["generation_tokens_total"] == sum(f.completion_tokens for f in done)

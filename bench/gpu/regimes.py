@@ -1,0 +1,158 @@
+"""Phase `regimes` of the GPU check (issue 19): the short- and long-output regimes on one server,
+interleaved clients, three rounds, the server's figures recorded once a second.
+
+Per round, per regime (their order alternates), per client (their order rotates): one attach-mode run
+into a fresh folder, the prefix cache flushed first, /v1/loads and /metrics polled once a second from
+the moment the CLI has its server (bench/gpu/traces.py). Clients: short outputs (max 512, 1,200
+prompts, ~20 s): fixed 128 (the best window of issue 9's sweep), all at once, adaptive; long outputs
+(max_new_tokens 4096 with min_tokens 1000, 300 prompts, ~45 s, SGLang's ~3 s start-up ramp under 10 %
+of a run): fixed 40 (about the slot count), all at once, adaptive. A round takes ~230 s on the H200,
+three ~11.5 min; `--budget-s` stops before a run that would not end in time (its expected length is
+the same client's last run, else EXPECT_S), and the next call goes on where it stopped: runs
+accumulate in results.json ("regimes") and, with their traces and the summary, in traces.json: the
+file to commit as bench/gpu/h200_traces.json (`python -m bench sim_vs_real` and `python -m bench
+gpu_h200` read it).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from bench.gpu import runs, servers
+from bench.gpu.setup import DATASET, KV_TOKENS, LONG_DATASET, LONG_PROMPTS
+from bench.gpu.traces import TracePoller, summarize
+from gen_pipeline.reports.diagnose import diagnose
+from gen_pipeline.store.telemetry import read_telemetry
+
+ROUNDS = 3
+MARGIN_S = 15.0  # CLI start, cache flush, results writing around a run
+
+
+@dataclass(frozen=True)
+class Regime:
+    dataset: str
+    prompts: int
+    clients: dict[str, int | None]  # name -> fixed window (None: the controller)
+    expect_s: float  # a run's wall time before one has been measured
+
+
+REGIMES = {
+    "short": Regime(DATASET, 1200, {"fixed-128": 128, "all": 1200, "adaptive": None}, 35.0),
+    "long": Regime(LONG_DATASET, LONG_PROMPTS, {"fixed-40": 40, "all": LONG_PROMPTS, "adaptive": None}, 75.0),
+}
+
+
+def plan(rounds: int = ROUNDS) -> list[tuple[int, str, str]]:
+    """(round, regime, client) in the order they run: regimes alternate, clients rotate."""
+    out = []
+    for r in range(1, rounds + 1):
+        for regime in (("short", "long") if r % 2 else ("long", "short")):
+            names = list(REGIMES[regime].clients)
+            k = (r - 1) % len(names)
+            out += [(r, regime, c) for c in names[k:] + names[:k]]
+    return out
+
+
+def run_phase(check: Any, rounds: int = ROUNDS) -> None:
+    """Run what is missing of plan(rounds) while the budget lasts; then summarize."""
+    server = check.ensure("main", "h200")
+    res = check.results.setdefault("regimes", {"runs": []})
+    traces_path = check.work / "traces.json"
+    traces = json.loads(traces_path.read_text()) if traces_path.exists() else {}
+    done = {(r["round"], r["regime"], r["client"]) for r in res["runs"]}
+    for rnd, regime, client in plan(rounds):
+        if (rnd, regime, client) in done:
+            continue
+        previous = [r["wall_s"] for r in res["runs"] if (r["regime"], r["client"]) == (regime, client)]
+        expect = (previous[-1] if previous else REGIMES[regime].expect_s) + MARGIN_S
+        if check.left_s() < expect:
+            check.log(f"regimes: {check.left_s():.0f} s left, {regime}/{client} round {rnd} needs ~{expect:.0f} s: "
+                      "stopping here (call the phase again to go on)")
+            break
+        row, trace, lengths = measure(check, server, rnd, regime, client)
+        res["runs"].append(row)
+        entry = traces.setdefault(regime, {"kv_tokens": KV_TOKENS, "runs": []})
+        entry["runs"].append({**row, "trace": trace})
+        if lengths and "lengths" not in entry:
+            entry["lengths"] = lengths
+        res["summary"] = traces["summary"] = summarize_regimes(res["runs"])
+        traces["date"] = time.strftime("%Y-%m-%d", time.gmtime())
+        traces["sim"] = check.sim
+        traces_path.write_text(json.dumps(traces) + "\n")
+        check.save()
+
+
+def measure(check: Any, server: servers.Server, rnd: int, regime: str,
+            client: str) -> tuple[dict, list[dict], list[list[int]]]:
+    """One run: its figures, its server trace and (prompt, completion) tokens per sample."""
+    spec = REGIMES[regime]
+    window = spec.clients[client]
+    name = f"{regime}-{client}-{rnd}"
+    out = check.out / name
+    servers.flush_cache(server)
+    poller = TracePoller(server.url)
+    args = ["--server-url", server.url, "--limit", str(spec.prompts)] + (["--window", str(window)] if window else [])
+    run = runs.run_cli(name, runs.cli_argv(check.cfg, out, *args, dataset=spec.dataset), check.logs)
+    trace = poller.stop(run.ready_mono if run.ready_mono is not None else 0.0)
+    figures = runs.read_outputs(out / spec.dataset)
+    shape = summarize(trace)
+    steady_tok_s = shape.get("steady_gen_throughput_mean")
+    row = {"round": rnd, "regime": regime, "client": client, "rc": run.rc, "rows": figures["rows"],
+           "duplicates": figures["duplicates"], "completion_tokens": figures["completion_tokens"],
+           "dispatch_s": round(run.dispatch_s, 2), "wall_s": round(run.wall_s, 1),
+           "tok_s": round(figures["completion_tokens"] / max(run.dispatch_s, 1e-6), 1),
+           "steady_tok_s": steady_tok_s, "trace_summary": shape, "controller": run.controller_figures(),
+           "diagnose": [v.rule for v in diagnose(read_telemetry(out / spec.dataset))]}
+    if figures["rows"] != spec.prompts:
+        row["warning"] = f"{figures['rows']} rows, expected {spec.prompts}"
+    check.log(f"{name}: {row['rows']} rows, {row['tok_s']:.0f} tok/s (steady {steady_tok_s}) in "
+              f"{row['dispatch_s']:.1f} s, ramp {shape.get('ramp_s')} s, steady running "
+              f"{shape.get('steady_running_mean')} queued {shape.get('steady_queued_mean')} (rc {run.rc})")
+    lengths = runs.lengths(out / spec.dataset) if regime == "long" else []
+    return row, trace, lengths
+
+
+def summarize_regimes(rows: list[dict]) -> dict:
+    """Per regime: each client's median, spread (max - min over the median) and rounds, and adaptive over
+    the best of the others (medians), whole run and steady state."""
+    out: dict[str, dict] = {}
+    for regime in REGIMES:
+        per = {}
+        for client in REGIMES[regime].clients:
+            mine = [r for r in rows if (r["regime"], r["client"]) == (regime, client) and r["rc"] == 0]
+            if not mine:
+                continue
+            tok = [r["tok_s"] for r in mine]
+            steady = [r["steady_tok_s"] for r in mine if r["steady_tok_s"]]
+            shapes = [r["trace_summary"] for r in mine]
+            per[client] = {
+                "rounds": len(mine), "tok_s_median": round(statistics.median(tok), 1),
+                "spread": round((max(tok) - min(tok)) / statistics.median(tok), 3),
+                "steady_tok_s_median": round(statistics.median(steady), 1) if steady else None,
+                "ramp_s_median": _median([s.get("ramp_s") for s in shapes]),
+                "steady_running_median": _median([s.get("steady_running_mean") for s in shapes]),
+                "steady_queued_median": _median([s.get("steady_queued_mean") for s in shapes]),
+                "queued_max": max((s.get("steady_queued_max") or 0) for s in shapes),
+                "retractions_max": max((s.get("retractions") or 0) for s in shapes),
+                "diagnose": mine[-1].get("diagnose")}
+        entry: dict[str, Any] = {"clients": per}
+        if "adaptive" in per and len(per) > 1:
+            others = {c: v for c, v in per.items() if c != "adaptive"}
+            best = max(others, key=lambda c: others[c]["tok_s_median"])
+            best_steady = max((v["steady_tok_s_median"] or 0 for v in others.values()), default=0)
+            a = per["adaptive"]
+            entry.update(best_fixed=best, adaptive_over_best=round(a["tok_s_median"] / others[best]["tok_s_median"], 3),
+                         adaptive_over_best_steady=round((a["steady_tok_s_median"] or 0) / best_steady, 3)
+                         if best_steady else None)
+        out[regime] = entry
+    return out
+
+
+def _median(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return round(statistics.median(vals), 2) if vals else None
+
