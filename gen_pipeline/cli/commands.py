@@ -51,7 +51,9 @@ def options_from_args(args: argparse.Namespace, cfgs: Sequence[DatasetConfig]) -
     opts, notes = run_options(cfgs, config_dir=args.config_dir, output_root=args.output_dir, server=args.server,
                               server_urls=args.server_url, model=args.model, limit=args.limit, window=args.window,
                               poll_interval_s=args.poll_interval_s, drain_grace_s=args.drain_grace_s,
-                              proceed_anyway=args.proceed_anyway, rank=args.rank, world_size=args.world_size)
+                              proceed_anyway=args.proceed_anyway, rank=args.rank, world_size=args.world_size,
+                              server_wait_s=args.server_wait_s, health_interval_s=args.health_interval_s,
+                              hang_timeout_s=args.hang_timeout_s)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     return opts

@@ -9,6 +9,12 @@ longer than the context) is not retried and becomes a Failure with the server's 
 Requests go through gen_pipeline/http.py (httpx, the product's one HTTP library). A connection that
 cannot be made (refused, unknown host, a black-holed server: connect timeout) or that is lost counts
 toward taking a server out of a fleet; a read timeout does not (the server is there, only busy).
+
+A server that went away (connection refused or lost, or taken out of the fleet as hung, which cancels
+the requests in flight to it) is not a failed request: the request is sent again, to another server
+at once, or after the pause for the server to come back (the handle's gate), without spending one of
+its max_attempts and without a Failure. It gives up only when the same request found no server for
+`server_wait_s` (the fleet watch ends the run first when none answers that long).
 """
 
 from __future__ import annotations
@@ -37,6 +43,17 @@ log = logging.getLogger(__name__)
 
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 _JSON = {"content-type": "application/json"}
+
+
+class _ServerGone(Exception):
+    """The server went away under a request (refused, lost, taken out): send it again; `why` says how."""
+
+    def __init__(self, url: str, why: str):
+        super().__init__(why)
+        self.url, self.why = url, why
+
+
+GONE_PAUSE_S = 0.5  # before sending again to a server that went away (its health checks then pause dispatch)
 
 
 class _Retryable(Exception):
@@ -201,12 +218,21 @@ class ChatClient:
 
     def __init__(self, http: Http, base_urls: list[str], settings: ClientSettings, *,
                  gate: Callable[[], Awaitable[None]] | None = None, on_request_done: RequestDone | None = None,
-                 fleet: Fleet | None = None):
+                 fleet: Fleet | None = None, server_wait_s: float = 600.0):
         self._http = http
         self._fleet = fleet if fleet is not None else Fleet([normalise_server_url(u) for u in base_urls])
         self.settings = settings
         self._gate = gate
         self._on_done = on_request_done
+        self.server_wait_s = server_wait_s
+        self.resent = 0  # requests sent again because their server went away
+        self._sent: dict[str, set[anyio.CancelScope]] = {}  # url → its requests in flight
+        self._fleet.on_taken_out.append(self._cancel_sent_to)
+
+    def _cancel_sent_to(self, url: str) -> None:
+        """The fleet took `url` out: its requests in flight end now and are sent again (_send)."""
+        for scope in self._sent.get(url, ()):
+            scope.cancel()
 
     async def regenerate(self, prompt: Prompt, dataset: str) -> Sample | Failure:
         """Every assistant turn regenerated in order; per-request failures come back as a Failure."""
@@ -244,7 +270,7 @@ class ChatClient:
         body = orjson.dumps(build_request(messages, self.settings))
         attempts = 1
         try:
-            return await self._attempt(body)  # the common case pays nothing for the retry machinery
+            return await self._send(body)  # the common case pays nothing for the retry machinery
         except _Retryable as e:
             if g.max_attempts == 1:
                 raise RequestError(f"gave up after 1 attempt: {e}", reason=e.reason, attempts=1) from None
@@ -264,7 +290,7 @@ class ChatClient:
             async for attempt in retrying:
                 with attempt:
                     attempts += 1
-                    return await self._attempt(body)
+                    return await self._send(body)
         except _Retryable as e:
             raise RequestError(f"gave up after {g.max_attempts} attempts: {e}", reason=e.reason,
                                attempts=attempts) from None
@@ -273,22 +299,47 @@ class ChatClient:
             raise
         raise AssertionError("unreachable")
 
+    async def _send(self, body: bytes) -> TurnResult:
+        """One attempt, sent again while its server went away (not an attempt spent, not a failure)."""
+        gone_since: float | None = None
+        while True:
+            try:
+                return await self._attempt(body)
+            except _ServerGone as e:
+                now = time.monotonic()
+                gone_since = gone_since if gone_since is not None else now
+                if now - gone_since >= self.server_wait_s:
+                    raise _Retryable("server_gone", f"no server took it for {self.server_wait_s:g} s "
+                                                    f"(latest: {e.why})") from None
+                self.resent += 1
+                if self._fleet.is_up(e.url) or not self._fleet.up_urls:
+                    # no other server to send it to: pause (jittered) while the health checks catch up
+                    await anyio.sleep(random.uniform(0.5, 1.0) * GONE_PAUSE_S)
+
     async def _attempt(self, body: bytes) -> TurnResult:
         if self._gate is not None:
-            await self._gate()  # blocks while the supervisor restarts the server
+            await self._gate()  # blocks while the supervisor restarts the server (or none answers)
         fleet = self._fleet
         url = fleet.pick()
         fleet.started(url)
         started = time.monotonic()
-        try:
-            response = await self._http.post_json(f"{url}/v1/chat/completions", body)
-        except HttpError as e:
-            if isinstance(e, CannotConnect | ConnectionLost):  # not NoAnswer: a slow server is still there
-                self._connection_failed(url)
-            raise _Retryable(e.kind, str(e)) from None
-        finally:
-            fleet.finished(url)
-        fleet.succeeded(url)
+        scopes = self._sent.setdefault(url, set())
+        with anyio.CancelScope() as scope:
+            scopes.add(scope)
+            try:
+                response = await self._http.post_json(f"{url}/v1/chat/completions", body)
+            except HttpError as e:
+                if isinstance(e, CannotConnect | ConnectionLost):  # not NoAnswer: a slow server is still there
+                    fleet.why[url] = e.why
+                    self._connection_failed(url)
+                    raise _ServerGone(url, e.why) from None
+                raise _Retryable(e.kind, str(e)) from None
+            finally:
+                fleet.finished(url)
+                scopes.discard(scope)
+        if scope.cancelled_caught:  # taken out meanwhile (hung): its answer will never be read
+            raise _ServerGone(url, "taken out of the fleet")
+        fleet.succeeded(url, time.monotonic())
         classify_status(response)
         try:
             data = orjson.loads(response.body)
@@ -303,10 +354,10 @@ class ChatClient:
         return turn
 
     def _connection_failed(self, url: str) -> None:
-        """After fail_after connection failures in a row the server is taken out of the fleet. A server
-        alone stays: there is no other to send to, and its health checks pause dispatch (as for a restart)."""
+        """After fail_after connection failures in a row the server is taken out of the fleet (a server
+        alone too: none up pauses dispatch until its health checks bring it back)."""
         fleet = self._fleet
-        if len(fleet.urls) > 1 and fleet.failed(url, time.monotonic()):
+        if fleet.failed(url, time.monotonic()):
             log.warning("took %s out after %d connection errors in a row; %d of %d servers left, probing it "
                         "back with backoff", url, fleet.fail_after, len(fleet.up_urls), len(fleet.urls))
 

@@ -20,7 +20,7 @@ from gen_pipeline.run.chat import ClientSettings
 from gen_pipeline.run.dispatch import Window
 from gen_pipeline.run.options import RunOptions
 from gen_pipeline.server import ServerHandle, run_attached, run_server
-from gen_pipeline.server.attach import identify
+from gen_pipeline.server.attach import Unreachable, identify
 from gen_pipeline.server.fleet_watch import read_fleet_load
 
 FIRST_POLL_S = 0.25  # a short run still gets a load poll while its requests are in flight
@@ -28,11 +28,17 @@ FIRST_POLL_S = 0.25  # a short run still gets a load poll while its requests are
 
 async def server_model(opts: RunOptions, http: Http) -> str:
     """The model id requests carry (and the stores' fingerprints record): --model, else what the first
-    attached server serves (GET /v1/models, asked once: the attach reuses it), else the profile's."""
+    attached server that answers serves (GET /v1/models; every URL is equal: the first may be down, the
+    attach takes it out), else the profile's."""
     if opts.model:
         return opts.model
     if opts.server_urls:
-        return await identify(http, opts.server_urls[0])
+        for url in opts.server_urls[:-1]:
+            try:
+                return await identify(http, url)
+            except Unreachable:
+                continue
+        return await identify(http, opts.server_urls[-1])  # none answers: the last one's error
     assert opts.profile is not None, "RunOptions checks it has a server"
     return opts.profile.request_model
 
@@ -44,15 +50,17 @@ async def start_server(tg: TaskGroup, opts: RunOptions, log_dir: Path, http: Htt
     handle: ServerHandle
     if opts.server_urls:
         known = None if opts.model else model  # --model overrides; the server was not asked then
-        handle = await tg.start(_attached, list(opts.server_urls), http, known)
+        handle = await tg.start(_attached, opts, http, known)
         return handle
     assert opts.profile is not None
     handle = await tg.start(_launched, opts, log_dir, http)
     return handle
 
 
-async def _attached(urls: list[str], http: Http, model: str | None, *, task_status: Any) -> None:
-    await run_attached(urls, http=http, first_model=model, task_status=task_status)
+async def _attached(opts: RunOptions, http: Http, model: str | None, *, task_status: Any) -> None:
+    await run_attached(list(opts.server_urls), http=http, first_model=model, task_status=task_status,
+                       health_interval_s=opts.health_interval_s, give_up_after_s=opts.server_wait_s,
+                       hang_after_s=opts.hang_timeout_s)
 
 
 async def _launched(opts: RunOptions, log_dir: Path, http: Http, *, task_status: Any) -> None:

@@ -153,7 +153,7 @@ class Job:
                     open_http(r.cfg.generation, max_connections(self.opts, handle)))
                 clients.append(ChatClient(session, handle.base_urls, client_settings(handle, self.opts, r.cfg),
                                           gate=handle.wait_ready, on_request_done=self._observer(r.name),
-                                          fleet=handle.fleet))
+                                          fleet=handle.fleet, server_wait_s=self.opts.server_wait_s))
             tg.start_soon(self._poll_load)
             if self.opts.on_progress is not None:
                 tg.start_soon(self._report_progress, self.opts.on_progress)

@@ -30,6 +30,9 @@ def postfix(s: RunSnapshot) -> str:
         if s.retractions_run:  # this run's, not an attached server's lifetime count
             parts.append(f"retracted {s.retractions_run}")
         return ", ".join(parts + ([f"failed {s.failures}"] if s.failures else []))
+    if s.server_wait_s is not None:  # an outage: the figures below are from before it
+        limit = f" of {format_duration(s.server_wait_limit_s)}" if s.server_wait_limit_s is not None else ""
+        parts.insert(0, f"no server answers: waiting {format_duration(s.server_wait_s)}{limit}")
     if s.in_flight > s.window:  # the window shrank; requests already sent still finish
         parts.append(f"in flight {s.in_flight} (window lowered to {s.window}; "
                      f"{s.in_flight - s.window} finishing before new ones)")

@@ -38,6 +38,7 @@ def run_options(cfgs: Sequence[DatasetConfig], *, config_dir: Path = DEFAULT_CON
                 output_root: Path = DEFAULT_OUTPUT_DIR, server: str = "tuned", server_urls: Sequence[str] = (),
                 model: str = "", limit: int | None = None, window: int | None = None,
                 poll_interval_s: float = 1.0, drain_grace_s: float = 30.0, proceed_anyway: bool = False,
+                server_wait_s: float = 600.0, health_interval_s: float = 5.0, hang_timeout_s: float | None = None,
                 rank: int | None = None, world_size: int | None = None,
                 environ: Mapping[str, str] = os.environ) -> tuple[RunOptions, list[str]]:
     """`generate`'s settings (each keyword is the flag of that name; `server_urls` may be comma-separated)
@@ -55,7 +56,9 @@ def run_options(cfgs: Sequence[DatasetConfig], *, config_dir: Path = DEFAULT_CON
     fixed = window if window is not None else (cfgs[0].generation.window or None)  # the flag wins
     opts = RunOptions(output_root=output_root, profile=profile, server_urls=urls, model=model, limit=limit,
                       window=fixed, controller=load_controller_config(server_toml), drain_grace_s=drain_grace_s,
-                      poll_interval_s=poll_interval_s, proceed_anyway=proceed_anyway, rank=spec)
+                      poll_interval_s=poll_interval_s, proceed_anyway=proceed_anyway, rank=spec,
+                      server_wait_s=server_wait_s, health_interval_s=health_interval_s,
+                      hang_timeout_s=hang_timeout_s)
     return opts, notes
 
 
