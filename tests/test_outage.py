@@ -160,7 +160,7 @@ def test_requests_the_server_refuses_end_the_run_naming_its_error(tmp_path: Path
     assert r.returncode == 3, r.stdout + r.stderr
     error = r.stderr.strip().splitlines()[-1]
     assert re.fullmatch(
-        r"error: The last 50 requests were all refused by the server, which answers /health \(latest: http_400: "
+        r"error: The last \d+ requests were all refused by the server, which answers /health \(latest: http_400: "
         r"HTTP 400: Requested token count exceeds the model's maximum context length of 64 tokens\. .*\)\. "
         r"Check the model name, the sampling settings and the server log; nothing written is lost, run the same "
         r"command to resume\.", error), error
@@ -218,4 +218,4 @@ def test_servers_of_different_models_are_refused_naming_both(tmp_path: Path) -> 
     assert r.stderr.strip().splitlines()[-1] == (
         f"error: The servers serve different models: {one.url} serves 'm-one', {two.url} serves 'm-two'. "
         "Every --server-url must serve the same model (or put an sglang-router in front of the ones that do).")
-    assert not (tmp_path / "out" / "T").exists() or not list((tmp_path / "out" / "T").glob("shard-*"))
+    assert sum(p.read_bytes().count(b"\n") for p in (tmp_path / "out").glob("T/shard-*")) == 0  # nothing written
