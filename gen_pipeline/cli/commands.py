@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from gen_pipeline.config.dataset import DatasetConfig, find_dataset_config, find_dataset_configs
+from gen_pipeline.display import write_line
 
 if TYPE_CHECKING:
     from gen_pipeline.config.server import ServerProfile
@@ -39,8 +40,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if progress.mode != "quiet":
             opts = replace(opts, on_progress=progress.update)
         summary = anyio.run(_generate, cfgs, opts)
-    for line in summary.lines():
-        print(line, flush=True)
+    for line in summary.lines():  # run.log has them too: a reader gone changes nothing (display.write_line)
+        write_line(line, sys.stdout)
     return summary.exit_code
 
 

@@ -15,7 +15,7 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-from gen_pipeline.display import format_duration
+from gen_pipeline.display import format_duration, write_line
 from gen_pipeline.records import RunSnapshot
 
 
@@ -96,8 +96,10 @@ class Progress:
     def log_line(self, s: RunSnapshot) -> None:
         pct = 100.0 * s.done / s.target if s.target else 100.0
         eta = "" if s.done >= s.target else f", eta {format_duration(s.eta_s)}"
-        print(f"{s.label or self.label} {s.done:,}/{s.target:,} ({pct:.1f}%) {s.samples_per_s:.2f} samples/s, "
-              f"{postfix(s)}{eta}", file=self._stream, flush=True)
+        line = (f"{s.label or self.label} {s.done:,}/{s.target:,} ({pct:.1f}%) {s.samples_per_s:.2f} samples/s, "
+                f"{postfix(s)}{eta}")
+        if not write_line(line, self._stream):
+            self.mode = "quiet"  # its reader has gone (`... 2>&1 | tee` after Ctrl-C): the run goes on
 
     def close(self) -> None:
         if self._bar is not None:
