@@ -11,10 +11,11 @@ cannot be made (refused, unknown host, a black-holed server: connect timeout) or
 toward taking a server out of a fleet; a read timeout does not (the server is there, only busy).
 
 A server that went away (connection refused or lost, or taken out of the fleet as hung, which cancels
-the requests in flight to it) is not a failed request: the request is sent again, to another server
-at once, or after the pause for the server to come back (the handle's gate), without spending one of
-its max_attempts and without a Failure. It gives up only when the same request found no server for
-`server_wait_s` (the fleet watch ends the run first when none answers that long).
+the requests in flight to it) is not a failed request when the servers are watched (a `gate`): the
+request is sent again, to another server at once, or after the pause for one to come back, without
+spending one of its max_attempts and without a Failure. It gives up only when the same request found
+no server for `server_wait_s` outside those pauses (the fleet watch ends the run first when none
+answers that long). A client alone (no gate) counts them as attempts.
 """
 
 from __future__ import annotations
@@ -303,6 +304,11 @@ class ChatClient:
         """One attempt, sent again while its server went away (not an attempt spent, not a failure)."""
         gone_since: float | None = None
         while True:
+            if self._gate is not None:
+                paused = time.monotonic()
+                await self._gate()  # blocks while the supervisor restarts the server (or none answers)
+                if gone_since is not None:  # a pause the watch bounds itself is not this request's wait
+                    gone_since += time.monotonic() - paused
             try:
                 return await self._attempt(body)
             except _ServerGone as e:
@@ -317,8 +323,6 @@ class ChatClient:
                     await anyio.sleep(random.uniform(0.5, 1.0) * GONE_PAUSE_S)
 
     async def _attempt(self, body: bytes) -> TurnResult:
-        if self._gate is not None:
-            await self._gate()  # blocks while the supervisor restarts the server (or none answers)
         fleet = self._fleet
         url = fleet.pick()
         fleet.started(url)
@@ -332,12 +336,15 @@ class ChatClient:
                 if isinstance(e, CannotConnect | ConnectionLost):  # not NoAnswer: a slow server is still there
                     fleet.why[url] = e.why
                     self._connection_failed(url)
-                    raise _ServerGone(url, e.why) from None
+                    if self._gate is not None:  # the servers are watched: wait for one, not an attempt
+                        raise _ServerGone(url, e.why) from None
                 raise _Retryable(e.kind, str(e)) from None
             finally:
                 fleet.finished(url)
                 scopes.discard(scope)
         if scope.cancelled_caught:  # taken out meanwhile (hung): its answer will never be read
+            if self._gate is None:
+                raise _Retryable("server_gone", f"{url} was taken out of the fleet")
             raise _ServerGone(url, "taken out of the fleet")
         fleet.succeeded(url, time.monotonic())
         classify_status(response)
@@ -355,9 +362,10 @@ class ChatClient:
 
     def _connection_failed(self, url: str) -> None:
         """After fail_after connection failures in a row the server is taken out of the fleet (a server
-        alone too: none up pauses dispatch until its health checks bring it back)."""
+        alone too when the servers are watched, `gate`: none up pauses dispatch until its health checks
+        bring it back)."""
         fleet = self._fleet
-        if fleet.failed(url, time.monotonic()):
+        if (len(fleet.urls) > 1 or self._gate is not None) and fleet.failed(url, time.monotonic()):
             log.warning("took %s out after %d connection errors in a row; %d of %d servers left, probing it "
                         "back with backoff", url, fleet.fail_after, len(fleet.up_urls), len(fleet.urls))
 
