@@ -27,7 +27,7 @@ from gen_pipeline.server.handle import ServerHandle
 log = logging.getLogger(__name__)
 
 ATTACH_READY_TIMEOUT_S = 600.0  # a server still loading its model when we attach
-GIVE_UP_AFTER_S = 1800.0  # we cannot restart someone else's server; wait this long for it to return
+GIVE_UP_AFTER_S = 600.0  # we cannot restart someone else's server; wait this long for it to return (--server-wait-s)
 IDENTIFY_TIMEOUT_S = 10.0  # GET /v1/models: a server that takes longer is not one to send work to
 
 
