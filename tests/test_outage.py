@@ -38,7 +38,7 @@ SIM_SLOW = [*SIM, "--time-scale", "0.2"]
 # "Outages"); here the same run at a smaller scale: a 6 s outage against an 8 s wait (base: the run
 # ended 3.8 s into it, exit 3), with health checks every 0.3 s instead of 2 s.
 OUTAGE_S, WAIT_S, HEALTH_S = 6.0, 8.0, 0.3
-SUMMARY = re.compile(r"^T: (\d+)/(\d+) samples \(100\.0%\), \+(\d+) this run in \d+s; target reached\.$", re.M)
+SUMMARY = re.compile(r"^T: (\d+)/(\d+) samples \(100\.0%\), \+(\d+) this run in [\dms]+; target reached\.$", re.M)
 
 
 def dataset(tmp_path: Path, target: int, *, request_timeout_s: float = 20) -> Path:

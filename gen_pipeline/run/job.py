@@ -57,6 +57,7 @@ class Job:
 
     def __init__(self, opened: OpenedDatasets, opts: RunOptions, shutdown: Shutdown | None = None) -> None:
         self.opts, self.http, self.model, self.waived = opts, opened.http, opened.model, opened.waived
+        self.asked = opened.asked
         self.all_runs = opened.runs
         self.runs = [r for r in self.all_runs if r.dispatch.goal > 0]  # those with something to do
         self.several = len(self.all_runs) > 1
@@ -139,7 +140,8 @@ class Job:
             self.shutdown.startup_scope = tg.cancel_scope  # a signal now stops the start-up
             if self.shutdown.signal is not None:  # one came while the first prompts were read
                 tg.cancel_scope.cancel()
-            self.handle = handle = await start_server(tg, self.opts, log_dir, self.http, self.model)
+            self.handle = handle = await start_server(tg, self.opts, log_dir, self.http, self.model,
+                                                       self.asked)
             self.shutdown.serving = True
             # with a fixed --window the controller still observes: its tokens-per-request estimate
             # goes to the telemetry (diagnose's C/F), its window is not used

@@ -71,6 +71,7 @@ class OpenedDatasets:
     http: Http
     model: str
     waived: list[GenPipelineError] = field(default_factory=list)
+    asked: dict[str, str] = field(default_factory=dict)  # {url: model} server_model asked (not asked again)
 
 
 @asynccontextmanager
@@ -81,8 +82,9 @@ async def open_datasets(cfgs: Sequence[DatasetConfig], opts: RunOptions) -> Asyn
         check_launchable(opts.profile)
     async with AsyncExitStack() as stack:
         http = await stack.enter_async_context(open_http(cfgs[0].generation, 16))  # control traffic
-        model = await server_model(opts, http)
-        opened = OpenedDatasets([], http, model)
+        asked: dict[str, str] = {}
+        model = await server_model(opts, http, asked)
+        opened = OpenedDatasets([], http, model, asked=asked)
         stores: list[DatasetStore] = []
         try:
             claims = []

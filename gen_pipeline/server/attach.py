@@ -34,17 +34,19 @@ IDENTIFY_TIMEOUT_S = 10.0  # GET /v1/models: a server that takes longer is not o
 async def run_attached(urls: list[str], *, http: Http, first_model: str | None = None,
                        health_interval_s: float = 5.0, unhealthy_after: int = 3,
                        give_up_after_s: float = GIVE_UP_AFTER_S, hang_after_s: float | None = None,
+                       asked: dict[str, str] | None = None,
                        task_status: TaskStatus[ServerHandle] = anyio.TASK_STATUS_IGNORED) -> None:
     """Check each URL is an SGLang/OpenAI server, report the handle, then watch health until cancelled.
     `urls` are base URLs (config/server.py `normalise_server_url`: ".../v1" or a trailing "/" is fine);
-    `first_model` is what the caller found already (requests carry it).
+    `first_model` is what the caller found already (requests carry it); `asked`: {url: model} the caller
+    asked already (not asked twice).
 
     Every URL is equal: one that cannot be reached at start is taken out (and probed back in later),
     whichever it is; raises ServerError when none can be reached, one is foreign or they serve different
     models, or when none has answered for give_up_after_s (fleet_watch.py; hang_after_s there too).
     """
     urls = [normalise_server_url(u) for u in urls]
-    models, unreachable = await _identify_all(http, urls)
+    models, unreachable = await _identify_all(http, urls, asked or {})
     fleet = Fleet(urls, fail_after=unhealthy_after, probe_initial_s=health_interval_s)
     handle = ServerHandle(base_urls=urls, model=first_model or next(iter(models.values())), capacity=combine([]),
                           fleet=fleet, wait_limit_s=give_up_after_s)
@@ -65,7 +67,8 @@ async def run_attached(urls: list[str], *, http: Http, first_model: str | None =
     await watch.run()
 
 
-async def _identify_all(http: Http, urls: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+async def _identify_all(http: Http, urls: list[str],
+                        asked: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """The models the reachable URLs serve (url → model), and the unreachable ones (url → why); raises
     the first URL's ServerError when none is reachable, and when they serve different models (a foreign
     server always raises)."""
@@ -73,6 +76,9 @@ async def _identify_all(http: Http, urls: list[str]) -> tuple[dict[str, str], di
     unreachable: dict[str, str] = {}
     first: Unreachable | None = None
     for url in urls:
+        if url in asked:
+            models[url] = asked[url]
+            continue
         try:
             models[url] = await identify(http, url)
         except Unreachable as e:
