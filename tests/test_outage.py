@@ -245,3 +245,32 @@ def test_servers_of_different_models_are_refused_naming_both(tmp_path: Path) -> 
         f"error: The servers serve different models: {one.url} serves 'm-one', {two.url} serves 'm-two'. "
         "Every --server-url must serve the same model (or put an sglang-router in front of the ones that do).")
     assert sum(p.read_bytes().count(b"\n") for p in (tmp_path / "out").glob("T/shard-*")) == 0  # nothing written
+
+
+# ---------------------------------------------------------------- the words (pure)
+
+def test_the_streak_rule_says_whether_the_server_went_away_or_refused() -> None:
+    from gen_pipeline.records import Failure
+    from gen_pipeline.run.stats import FAILURE_STREAK_FATAL, RunStats
+
+    gone, refused = RunStats(), RunStats()
+    for i in range(FAILURE_STREAK_FATAL):
+        gone.count_failure(Failure(f"r{i}", "T", "server_gone", "no server took it for 600 s"), ok_so_far=0)
+        refused.count_failure(Failure(f"r{i}", "T", "http_400", "HTTP 400: too long", retryable=False), ok_so_far=0)
+    assert str(gone.fatal) == (
+        "The last 50 requests all failed because the server went away (latest: server_gone: no server took it "
+        "for 600 s). Check SERVER_URL and that the server is running; nothing written is lost, run the same "
+        "command to resume.")
+    assert str(refused.fatal) == (
+        "The last 50 requests were all refused by the server, which answers /health (latest: http_400: HTTP 400: "
+        "too long). Check the model name, the sampling settings and the server log; nothing written is lost, run "
+        "the same command to resume.")
+
+
+def test_the_progress_line_shows_the_wait() -> None:
+    from gen_pipeline.records import RunSnapshot
+    from gen_pipeline.run.progress import postfix
+
+    s = RunSnapshot(done=57, target=300, samples_per_s=0.0, tokens_per_s=0.0, in_flight=140, window=140,
+                    server_wait_s=69.4, server_wait_limit_s=600.0)
+    assert postfix(s) == "no server answers: waiting 1m09s of 10m00s, 0 tok/s, in flight 140/140"
