@@ -336,7 +336,9 @@ class ChatClient:
                 if isinstance(e, CannotConnect | ConnectionLost):  # not NoAnswer: a slow server is still there
                     fleet.why[url] = e.why
                     self._connection_failed(url)
-                    if self._gate is not None:  # the servers are watched: wait for one, not an attempt
+                    # the servers are watched: wait for one, not an attempt; a connection cut (a flaky
+                    # server or proxy cuts one answer) only once the server is out (cut again and again)
+                    if self._gate is not None and (isinstance(e, CannotConnect) or not fleet.is_up(url)):
                         raise _ServerGone(url, e.why) from None
                 raise _Retryable(e.kind, str(e)) from None
             finally:

@@ -43,7 +43,7 @@ class Fleet:
         self.tokens_per_request = tokens_per_request
         self.version = 0  # bumped whenever a server goes out or comes back (capacity must be re-summed)
         self.taken_out = 0  # how many times a server was taken out (for the summary)
-        # called with a URL the moment it is taken out: the clients cancel their requests in flight to it
+        # called with a URL the moment it is taken out as hung: the clients cancel their requests in flight to it
         # and send them again (to another server, or to it once it is back); see run/chat.py
         self.on_taken_out: list[Callable[[str], None]] = []
         self.why: dict[str, str] = {}  # url → why it last failed to answer (a log line's words)
@@ -134,7 +134,10 @@ class Fleet:
             return True
         return False
 
-    def mark_down(self, url: str, now_s: float) -> None:
+    def mark_down(self, url: str, now_s: float, *, cancel: bool = False) -> None:
+        """Take `url` out; `cancel`: its requests in flight will never be answered (hung), the clients
+        cancel and re-send them (on_taken_out). Without it they end by themselves: a dead server's
+        connections are cut, a refused one had none."""
         s = self._servers[url]
         if s.up:
             s.up, s.used_tokens = False, None
@@ -142,8 +145,8 @@ class Fleet:
             s.next_probe_s = now_s + s.backoff_s
             self.version += 1
             self.taken_out += 1
-            for cancel in list(self.on_taken_out):
-                cancel(url)
+            for cancel_sent in list(self.on_taken_out) if cancel else []:
+                cancel_sent(url)
 
     def mark_up(self, url: str) -> None:
         s = self._servers[url]

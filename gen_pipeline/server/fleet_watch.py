@@ -153,7 +153,7 @@ class FleetWatch:
         stuck = self.fleet.in_flight(url)
         others = [u for u in self.fleet.up_urls if u != url]
         if stuck and silent_s >= self.hang_after_s and self.fleet.is_up(url):
-            self.fleet.mark_down(url, now_s)
+            self.fleet.mark_down(url, now_s, cancel=True)
             where = ("while the other servers answer: hung? {n} in-flight requests re-sent to the others"
                      if others else "hung? {n} in-flight requests will be re-sent once a server answers")
             self.report_taken_out(url, f"no answer for {silent_s:.1f} s (requests, /health, load) "
