@@ -1,8 +1,12 @@
-"""Values as users see them in messages: paths and durations."""
+"""Values as users see them in messages: paths and durations; lines written to a console whose reader
+may have gone."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
+from typing import TextIO
 
 
 def display_path(path: Path) -> str:
@@ -21,3 +25,25 @@ def format_duration(seconds: float | None) -> str:
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def write_line(line: str, stream: TextIO) -> bool:
+    """`line` and a newline to `stream`, flushed; False (and the stream's descriptor pointed at /dev/null)
+    when its reader has gone: `generate ... | tee log` after Ctrl-C killed tee. A summary that cannot be
+    shown must not change the exit code nor end in a traceback (run.log keeps every line anyway)."""
+    try:
+        stream.write(line + "\n")
+        stream.flush()
+        return True
+    except BrokenPipeError:
+        to_devnull(stream)
+        return False
+
+
+def to_devnull(stream: TextIO) -> None:
+    """Point `stream`'s descriptor at /dev/null: its later writes (and the interpreter's last flush)
+    succeed silently instead of raising BrokenPipeError again."""
+    with contextlib.suppress(OSError, ValueError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, stream.fileno())
+        os.close(null)

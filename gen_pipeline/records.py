@@ -178,6 +178,8 @@ class RunSnapshot:
     peak_queued: int | None = None
     peak_kv_usage: float | None = None
     final: bool = False  # the run has ended: nothing in flight, the last poll's load is stale
+    server_wait_s: float | None = None  # attached, no server answers: dispatch paused this long ...
+    server_wait_limit_s: float | None = None  # ... of at most this long (--server-wait-s)
 
     @property
     def eta_s(self) -> float | None:

@@ -243,3 +243,42 @@ def kill_resume_trial(work: Path, url: str, seed: int, *, kills: int = 2, target
     return {"aims": aims, "landed": landed, "rc": final.returncode, "stderr": final.stderr,
             "stdout": final.stdout, "lines": lines, "unique": unique, "unparseable": bad,
             "lost": max(0, target - unique), "duplicated": lines - bad - unique, "out": out}
+
+
+# ---------------------------------------------------------------- servers that go away
+# (tests/test_scale_out.py, tests/test_outage.py)
+
+def sigkill_sim(sim) -> None:
+    """SIGKILL a simulator's group and reap it (sglang_sim.testing.SimProcess)."""
+    os.killpg(sim.process.pid, signal.SIGKILL)
+    assert sim.process.wait(timeout=10) == -signal.SIGKILL  # it died, by that signal
+
+
+def restart_sim_on_same_port(sim, args: list[str]):
+    """A new simulator on the port of `sim` (dead), appending to its log; returns once /health answers."""
+    from sglang_sim.testing import SimProcess, sim_command, wait_healthy
+
+    with open(sim.log_path, "ab") as log:
+        proc = subprocess.Popen(sim_command(args, sim.port), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    back = SimProcess(proc, sim.port, sim.log_path)
+    wait_healthy(back, 30)
+    return back
+
+
+def wait_lines(folder: Path, n: int, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
+    """Until the shards in `folder` hold `n` lines; fails if `proc` ends first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        if _shard_lines(folder) >= n:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{n} samples not written within {timeout_s} s (rc {proc.poll()})")
+
+
+def wait_until(ready, proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
+    """Until `ready()`; fails if `proc` ends first or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        assert proc.poll() is None and time.monotonic() < deadline, f"not seen within {timeout_s} s (rc {proc.poll()})"
+        time.sleep(0.05)

@@ -22,9 +22,11 @@ import pytest
 from gen_pipeline.config.dataset import GenerationConfig
 from gen_pipeline.http import open_http
 from gen_pipeline.server import run_attached
-from sglang_sim.testing import SimProcess, free_port, sim_command, start_sim, wait_healthy
+from sglang_sim.testing import SimProcess, free_port, start_sim
 
-from pipeline_helpers import SIM_FAST, assert_exact, make_rows, start_cli, write_dataset
+from pipeline_helpers import SIM_FAST, assert_exact, make_rows, start_cli, wait_lines, wait_until, write_dataset
+from pipeline_helpers import restart_sim_on_same_port as restart_on_same_port
+from pipeline_helpers import sigkill_sim as sigkill
 
 SIM = [*SIM_FAST, "--max-total-tokens", "20000", "--time-scale", "1"]  # a run lasts a few seconds
 SIM_SLOW = [*SIM, "--time-scale", "0.1"]  # long enough for a death to be seen mid-run (the router: ~2 s)
@@ -36,38 +38,8 @@ def three_sims() -> Iterator[list[SimProcess]]:
         yield [stack.enter_context(start_sim(SIM, ready_timeout_s=30)) for _ in range(3)]
 
 
-def sigkill(sim: SimProcess) -> None:
-    os.killpg(sim.process.pid, signal.SIGKILL)
-    assert sim.process.wait(timeout=10) == -signal.SIGKILL  # it died, by that signal
-
-
-def restart_on_same_port(sim: SimProcess, args: list[str]) -> SimProcess:
-    with open(sim.log_path, "ab") as log:
-        proc = subprocess.Popen(sim_command(args, sim.port), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    back = SimProcess(proc, sim.port, sim.log_path)
-    wait_healthy(back, 30)
-    return back
-
-
 def requests_seen(sim: SimProcess) -> int:
     return httpx.get(sim.url + "/sim/stats", timeout=5).json()["requests_seen"]
-
-
-def wait_lines(folder: Path, n: int, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        if sum(p.read_bytes().count(b"\n") for p in folder.glob("shard-*.jsonl")) >= n:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"{n} samples not written within {timeout_s} s (rc {proc.poll()})")
-
-
-def wait_until(ready, proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not ready():
-        assert proc.poll() is None and time.monotonic() < deadline, f"not seen within {timeout_s} s (rc {proc.poll()})"
-        time.sleep(0.05)
 
 
 def dataset(tmp_path: Path, target: int) -> Path:

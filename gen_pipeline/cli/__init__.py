@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 from gen_pipeline.cli.commands import COMMANDS
 from gen_pipeline.cli.parser import build_parser
+from gen_pipeline.display import write_line
 from gen_pipeline.errors import GenPipelineError
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -38,10 +39,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GenPipelineError as e:
         if args.debug:
             traceback.print_exc()
-        print(f"error: {e}", file=sys.stderr)
+        write_line(f"error: {e}", sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print("interrupted; run the same command to resume.", file=sys.stderr)
+        write_line("interrupted; run the same command to resume.", sys.stderr)
         return 130
     except BrokenPipeError:  # `gen-pipeline status | head`: the reader left; not an error to report
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from gen_pipeline.config.dataset import DatasetConfig, find_dataset_config, find_dataset_configs
+from gen_pipeline.display import write_line
 
 if TYPE_CHECKING:
     from gen_pipeline.config.server import ServerProfile
@@ -39,8 +40,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if progress.mode != "quiet":
             opts = replace(opts, on_progress=progress.update)
         summary = anyio.run(_generate, cfgs, opts)
-    for line in summary.lines():
-        print(line, flush=True)
+    for line in summary.lines():  # run.log has them too: a reader gone changes nothing (display.write_line)
+        write_line(line, sys.stdout)
     return summary.exit_code
 
 
@@ -52,7 +53,9 @@ def options_from_args(args: argparse.Namespace, cfgs: Sequence[DatasetConfig]) -
                               server_urls=args.server_url, model=args.model, limit=args.limit, window=args.window,
                               poll_interval_s=args.poll_interval_s, drain_grace_s=args.drain_grace_s,
                               proceed_anyway=args.proceed_anyway, rank=args.rank, world_size=args.world_size,
-                              routing=args.routing, gpus_per_server=args.gpus_per_server)
+                              routing=args.routing, gpus_per_server=args.gpus_per_server,
+                              server_wait_s=args.server_wait_s, health_interval_s=args.health_interval_s,
+                              hang_timeout_s=args.hang_timeout_s)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     return opts

@@ -21,9 +21,21 @@ from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from gen_pipeline.display import to_devnull
+
 RUN_LOG_NAME = "run.log"
 _ROOT = "gen_pipeline"
 _JOURNAL = "gen_pipeline.journal"
+
+
+class _ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A console whose reader may go (`generate ... | tee log`, Ctrl-C): then silent, never a traceback."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if isinstance(sys.exc_info()[1], BrokenPipeError):
+            to_devnull(self.stream)
+            return
+        super().handleError(record)
 
 
 class _NotJournal(logging.Filter):
@@ -48,7 +60,7 @@ def console_events(*, bar: bool) -> Iterator[None]:
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     logger = logging.getLogger(_ROOT)
-    handler = logging.StreamHandler(sys.stdout)
+    handler = _ConsoleHandler(sys.stdout)
     handler.setLevel(logging.INFO)
     handler.addFilter(_NotJournal())
     level = logger.level

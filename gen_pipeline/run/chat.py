@@ -23,6 +23,13 @@ that answers a streamed request in one piece (JSON) is read the same way.
 Requests go through gen_pipeline/http.py (httpx, the product's one HTTP library). A connection that
 cannot be made (refused, unknown host, a black-holed server: connect timeout) or that is lost counts
 toward taking a server out of a fleet; a read timeout does not (the server is there, only busy).
+
+A server that went away (connection refused or lost, or taken out of the fleet as hung, which cancels
+the requests in flight to it) is not a failed request when the servers are watched (a `gate`): the
+request is sent again, to another server at once, or after the pause for one to come back, without
+spending one of its max_attempts and without a Failure. It gives up only when the same request found
+no server for `server_wait_s` outside those pauses (the fleet watch ends the run first when none
+answers that long). A client alone (no gate) counts them as attempts.
 """
 
 from __future__ import annotations
@@ -70,6 +77,17 @@ __all__ = ["ChatClient", "ClientSettings", "RequestDone", "TurnResult", "build_r
 # SGLang's stream_options (protocol.py StreamOptions): the usage chunk at the end, and the usage so far on
 # every chunk (the tokens decoded when a loop is aborted, and a stream cut mid-way, are the server's count).
 STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
+
+
+class _ServerGone(Exception):
+    """The server went away under a request (refused, lost, taken out): send it again; `why` says how."""
+
+    def __init__(self, url: str, why: str):
+        super().__init__(why)
+        self.url, self.why = url, why
+
+
+GONE_PAUSE_S = 0.5  # before sending again to a server that went away (its health checks then pause dispatch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,12 +248,21 @@ class ChatClient:
 
     def __init__(self, http: Http, base_urls: list[str], settings: ClientSettings, *,
                  gate: Callable[[], Awaitable[None]] | None = None, on_request_done: RequestDone | None = None,
-                 fleet: Fleet | None = None):
+                 fleet: Fleet | None = None, server_wait_s: float = 600.0):
         self._http = http
         self._fleet = fleet if fleet is not None else Fleet([normalise_server_url(u) for u in base_urls])
         self.settings = settings
         self._gate = gate
         self._on_done = on_request_done
+        self.server_wait_s = server_wait_s
+        self.resent = 0  # requests sent again because their server went away
+        self._sent: dict[str, set[anyio.CancelScope]] = {}  # url → its requests in flight
+        self._fleet.on_taken_out.append(self._cancel_sent_to)
+
+    def _cancel_sent_to(self, url: str) -> None:
+        """The fleet took `url` out: its requests in flight end now and are sent again (_send)."""
+        for scope in self._sent.get(url, ()):
+            scope.cancel()
 
     async def regenerate(self, prompt: Prompt, dataset: str) -> Sample | Failure:
         """Every assistant turn regenerated in order; per-request failures come back as a Failure (with the
@@ -325,14 +352,8 @@ class ChatClient:
         finished answer judged. Raises _Retryable / RequestError."""
         s, stats = state.settings, state.stats
         g = s.generation
-        if self._gate is not None:
-            await self._gate()  # blocks while the supervisor restarts the server
         stats.attempts += 1
-        detector = RepetitionDetector() if g.on_loop != "off" else None
-        if s.streamed:
-            turn = await self._streamed(state.body, detector, state.sample)
-        else:
-            turn = await self._whole(state.body, detector, state.sample, token_ids=s.token_ids)
+        turn = await self._send(state)
         if turn.loop is None:
             try:
                 return judge(turn, g, thinks(s))
@@ -365,6 +386,31 @@ class ChatClient:
         state.reseed()
         raise _Retryable("loop", what)
 
+    async def _send(self, state: _Attempts) -> TurnResult:
+        """One attempt, sent again while its server went away (not an attempt spent, not a failure)."""
+        gone_since: float | None = None
+        while True:
+            if self._gate is not None:
+                paused = time.monotonic()
+                await self._gate()  # blocks while the supervisor restarts the server (or none answers)
+                if gone_since is not None:  # a pause the watch bounds itself is not this request's wait
+                    gone_since += time.monotonic() - paused
+            try:
+                detector = RepetitionDetector() if state.settings.generation.on_loop != "off" else None
+                if state.settings.streamed:
+                    return await self._streamed(state.body, detector, state.sample)
+                return await self._whole(state.body, detector, state.sample, token_ids=state.settings.token_ids)
+            except _ServerGone as e:
+                now = time.monotonic()
+                gone_since = gone_since if gone_since is not None else now
+                if now - gone_since >= self.server_wait_s:
+                    raise _Retryable("server_gone", f"no server took it for {self.server_wait_s:g} s "
+                                                    f"(latest: {e.why})") from None
+                self.resent += 1
+                if self._fleet.is_up(e.url) or not self._fleet.up_urls:
+                    # no other server to send it to: pause (jittered) while the health checks catch up
+                    await anyio.sleep(random.uniform(0.5, 1.0) * GONE_PAUSE_S)
+
     async def _streamed(self, body: bytes, detector: RepetitionDetector | None,
                         sample: Hashable | None) -> TurnResult:
         """A streamed attempt, watched as it arrives; closed at once when the detector fires."""
@@ -374,40 +420,52 @@ class ChatClient:
         started = time.monotonic()
         parser = TurnStream(detector)
         verdict = None
-        try:
-            with anyio.fail_after(self.settings.generation.request_timeout_s):
-                async with self._http.open_stream(f"{url}/v1/chat/completions", body) as answer:
-                    fleet.succeeded(url)
-                    if not answer.is_event_stream:  # answered whole: read like an unstreamed turn
-                        return self._read_whole(await answer.read(), answer.content_type, detector, started,
-                                                token_ids=False)
-                    async for data in answer.events():
-                        if data == b"[DONE]":
-                            break
-                        try:
-                            chunk = orjson.loads(data)
-                        except orjson.JSONDecodeError:
-                            raise _Retryable("bad_response", "a stream chunk is not JSON") from None
-                        verdict = parser.feed(chunk)
-                        if verdict is not None:
-                            break  # leaving the block closes the stream: the server aborts the request
-        except BadStatus as e:
-            fleet.succeeded(url)
-            classify_status(e.reply)
-            raise _Retryable("bad_response", f"HTTP {e.reply.status}") from None  # not reached: 200 is no BadStatus
-        except TimeoutError:
-            limit = self.settings.generation.request_timeout_s
-            if not parser.deltas:
-                raise _Retryable("timeout", f"no answer within the request timeout ({limit:g} s)") from None
-            raise _Retryable("timeout", f"no complete answer within the request timeout ({limit:g} s; "
-                                        f"{parser.completion_tokens} tokens decoded)") from None
-        except HttpError as e:
-            if isinstance(e, CannotConnect | ConnectionLost):  # not NoAnswer: a slow server is still there
-                self._connection_failed(url)
-            seen = f" after {parser.completion_tokens} tokens" if parser.deltas else ""
-            raise _Retryable(e.kind, f"{e}{seen}") from None
-        finally:
-            fleet.finished(url)
+        scopes = self._sent.setdefault(url, set())
+        with anyio.CancelScope() as scope:  # cancelled when the server is taken out (hung)
+            scopes.add(scope)
+            try:
+                with anyio.fail_after(self.settings.generation.request_timeout_s):
+                    async with self._http.open_stream(f"{url}/v1/chat/completions", body) as answer:
+                        fleet.succeeded(url, time.monotonic())
+                        if not answer.is_event_stream:  # answered whole: read like an unstreamed turn
+                            return self._read_whole(await answer.read(), answer.content_type, detector, started,
+                                                    token_ids=False)
+                        async for data in answer.events():
+                            if data == b"[DONE]":
+                                break
+                            try:
+                                chunk = orjson.loads(data)
+                            except orjson.JSONDecodeError:
+                                raise _Retryable("bad_response", "a stream chunk is not JSON") from None
+                            verdict = parser.feed(chunk)
+                            if verdict is not None:
+                                break  # leaving the block closes the stream: the server aborts the request
+            except BadStatus as e:
+                fleet.succeeded(url, time.monotonic())
+                classify_status(e.reply)
+                raise _Retryable("bad_response", f"HTTP {e.reply.status}") from None  # not reached: 200 is no BadStatus
+            except TimeoutError:
+                limit = self.settings.generation.request_timeout_s
+                if not parser.deltas:
+                    raise _Retryable("timeout", f"no answer within the request timeout ({limit:g} s)") from None
+                raise _Retryable("timeout", f"no complete answer within the request timeout ({limit:g} s; "
+                                            f"{parser.completion_tokens} tokens decoded)") from None
+            except HttpError as e:
+                seen = f" after {parser.completion_tokens} tokens" if parser.deltas else ""
+                if isinstance(e, CannotConnect | ConnectionLost):  # not NoAnswer: a slow server is still there
+                    fleet.why[url] = e.why
+                    self._connection_failed(url)
+                    # the servers are watched: wait for one, not an attempt (as in _whole)
+                    if self._gate is not None and (isinstance(e, CannotConnect) or not fleet.is_up(url)):
+                        raise _ServerGone(url, f"{e.why}{seen}") from None
+                raise _Retryable(e.kind, f"{e}{seen}") from None
+            finally:
+                fleet.finished(url)
+                scopes.discard(scope)
+        if scope.cancelled_caught:  # taken out meanwhile (hung): the rest of its stream will never come
+            if self._gate is None:
+                raise _Retryable("server_gone", f"{url} was taken out of the fleet")
+            raise _ServerGone(url, "taken out of the fleet")
         aborted = verdict is not None
         if not aborted and detector is not None and parser.finish_reason is not None:
             verdict = detector.finish()  # the held-back last word
@@ -422,15 +480,28 @@ class ChatClient:
         url = fleet.pick(sample)
         fleet.started(url)
         started = time.monotonic()
-        try:
-            response = await self._http.post_json(f"{url}/v1/chat/completions", body)
-        except HttpError as e:
-            if isinstance(e, CannotConnect | ConnectionLost):  # not NoAnswer: a slow server is still there
-                self._connection_failed(url)
-            raise _Retryable(e.kind, str(e)) from None
-        finally:
-            fleet.finished(url)
-        fleet.succeeded(url)
+        scopes = self._sent.setdefault(url, set())
+        with anyio.CancelScope() as scope:
+            scopes.add(scope)
+            try:
+                response = await self._http.post_json(f"{url}/v1/chat/completions", body)
+            except HttpError as e:
+                if isinstance(e, CannotConnect | ConnectionLost):  # not NoAnswer: a slow server is still there
+                    fleet.why[url] = e.why
+                    self._connection_failed(url)
+                    # the servers are watched: wait for one, not an attempt; a connection cut (a flaky
+                    # server or proxy cuts one answer) only once the server is out (cut again and again)
+                    if self._gate is not None and (isinstance(e, CannotConnect) or not fleet.is_up(url)):
+                        raise _ServerGone(url, e.why) from None
+                raise _Retryable(e.kind, str(e)) from None
+            finally:
+                fleet.finished(url)
+                scopes.discard(scope)
+        if scope.cancelled_caught:  # taken out meanwhile (hung): its answer will never be read
+            if self._gate is None:
+                raise _Retryable("server_gone", f"{url} was taken out of the fleet")
+            raise _ServerGone(url, "taken out of the fleet")
+        fleet.succeeded(url, time.monotonic())
         classify_status(response)
         return self._read_whole(response.body, response.content_type, detector, started, token_ids=token_ids)
 
@@ -451,10 +522,11 @@ class ChatClient:
             self._on_done(turn.prompt_tokens, turn.completion_tokens, time.monotonic() - started)
 
     def _connection_failed(self, url: str) -> None:
-        """After fail_after connection failures in a row the server is taken out of the fleet. A server
-        alone stays: there is no other to send to, and its health checks pause dispatch (as for a restart)."""
+        """After fail_after connection failures in a row the server is taken out of the fleet (a server
+        alone too when the servers are watched, `gate`: none up pauses dispatch until its health checks
+        bring it back)."""
         fleet = self._fleet
-        if len(fleet.urls) > 1 and fleet.failed(url, time.monotonic()):
+        if (len(fleet.urls) > 1 or self._gate is not None) and fleet.failed(url, time.monotonic()):
             log.warning("took %s out after %d connection errors in a row; %d of %d servers left, probing it "
                         "back with backoff", url, fleet.fail_after, len(fleet.up_urls), len(fleet.urls))
 

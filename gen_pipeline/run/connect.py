@@ -20,39 +20,54 @@ from gen_pipeline.run.chat import ClientSettings
 from gen_pipeline.run.dispatch import Window
 from gen_pipeline.run.options import RunOptions
 from gen_pipeline.server import ServerHandle, run_attached, run_server
-from gen_pipeline.server.attach import identify
+from gen_pipeline.server.attach import Unreachable, identify
 from gen_pipeline.server.fleet_watch import read_fleet_load
 
 FIRST_POLL_S = 0.25  # a short run still gets a load poll while its requests are in flight
 
 
-async def server_model(opts: RunOptions, http: Http) -> str:
+async def server_model(opts: RunOptions, http: Http, asked: dict[str, str] | None = None) -> str:
     """The model id requests carry (and the stores' fingerprints record): --model, else what the first
-    attached server serves (GET /v1/models, asked once: the attach reuses it), else the profile's."""
+    attached server that answers serves (GET /v1/models; every URL is equal: the first may be down, the
+    attach takes it out), else the profile's. `asked` gets {url: model} of the URL asked (the attach
+    does not ask it again)."""
     if opts.model:
         return opts.model
     if opts.server_urls:
-        return await identify(http, opts.server_urls[0])
+        for i, url in enumerate(opts.server_urls):
+            try:
+                model = await identify(http, url)
+            except Unreachable:
+                if i == len(opts.server_urls) - 1:
+                    raise  # none answers: the last one's error
+                continue
+            if asked is not None:
+                asked[url] = model
+            return model
     assert opts.profile is not None, "RunOptions checks it has a server"
     return opts.profile.request_model
 
 
 async def start_server(tg: TaskGroup, opts: RunOptions, log_dir: Path, http: Http,
-                       model: str) -> ServerHandle:
+                       model: str, asked: dict[str, str] | None = None) -> ServerHandle:
     """Attach to opts.server_urls or launch opts.profile in `tg`; returns once the server answers /health.
     `model`: what server_model() found (the first attached URL is not asked again)."""
     handle: ServerHandle
     if opts.server_urls:
         known = None if opts.model else model  # --model overrides; the server was not asked then
-        handle = await tg.start(_attached, list(opts.server_urls), http, known, opts.routing)
+        handle = await tg.start(_attached, opts, http, known, asked or {})
         return handle
     assert opts.profile is not None
     handle = await tg.start(_launched, opts, log_dir, http)
     return handle
 
 
-async def _attached(urls: list[str], http: Http, model: str | None, routing: str, *, task_status: Any) -> None:
-    await run_attached(urls, http=http, first_model=model, routing=routing, task_status=task_status)
+async def _attached(opts: RunOptions, http: Http, model: str | None, asked: dict[str, str], *,
+                    task_status: Any) -> None:
+    await run_attached(list(opts.server_urls), http=http, first_model=model, asked=asked, task_status=task_status,
+                       routing=opts.routing,
+                       health_interval_s=opts.health_interval_s, give_up_after_s=opts.server_wait_s,
+                       hang_after_s=opts.hang_timeout_s)
 
 
 async def _launched(opts: RunOptions, log_dir: Path, http: Http, *, task_status: Any) -> None:

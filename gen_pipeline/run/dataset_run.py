@@ -124,7 +124,10 @@ class DatasetRun:
             held_tokens_per_request=ctl.held_tokens_per_request if ctl else None,
             kv_dtype=_str_or_none(info.get("kv_cache_dtype")), mem_fraction_static=_float_or_none(
                 info.get("mem_fraction_static")), restarts=handle.restarts if handle is not None else 0,
-            peak_running=s.peak_running, peak_queued=s.peak_queued, peak_kv_usage=s.peak_kv_usage, final=final)
+            peak_running=s.peak_running, peak_queued=s.peak_queued, peak_kv_usage=s.peak_kv_usage, final=final,
+            server_wait_s=(time.monotonic() - handle.down_since_s
+                           if handle is not None and handle.down_since_s is not None else None),
+            server_wait_limit_s=handle.wait_limit_s if handle is not None else None)
 
     def progress_record(self) -> ProgressRecord:
         return progress_record(self.snapshot())

@@ -56,14 +56,15 @@ class Job:
     """The datasets of a job sharing one server, one window and one request task group; made by
     `open_job`, run once by `run()`."""
 
-    def __init__(self, opened: OpenedDatasets, opts: RunOptions) -> None:
+    def __init__(self, opened: OpenedDatasets, opts: RunOptions, shutdown: Shutdown | None = None) -> None:
         self.opts, self.http, self.model, self.waived = opts, opened.http, opened.model, opened.waived
+        self.asked = opened.asked
         self.all_runs = opened.runs
         self.runs = [r for r in self.all_runs if r.dispatch.goal > 0]  # those with something to do
         self.several = len(self.all_runs) > 1
         self.window = self.all_runs[0].window
         self.window.members = [r.dispatch for r in self.runs]
-        self.shutdown = Shutdown(opts.drain_grace_s)
+        self.shutdown = shutdown or Shutdown(opts.drain_grace_s)  # open_job's: it listens from set-up to close
         self.started: list[DatasetRun] = []
         self.handle: ServerHandle | None = None
         self._first_poll = anyio.Event()  # the display waits for it: its first line carries load figures
@@ -142,7 +143,12 @@ class Job:
         firsts = [await r.feed.first() for r in self.runs]
         log_dir = self.runs[0].store.folder  # the job's server.log: in its first dataset's folder
         async with AsyncExitStack() as stack, anyio.create_task_group() as tg:
-            self.handle = handle = await start_server(tg, self.opts, log_dir, self.http, self.model)
+            self.shutdown.startup_scope = tg.cancel_scope  # a signal now stops the start-up
+            if self.shutdown.signal is not None:  # one came while the first prompts were read
+                tg.cancel_scope.cancel()
+            self.handle = handle = await start_server(tg, self.opts, log_dir, self.http, self.model,
+                                                       self.asked)
+            self.shutdown.serving = True
             # with a fixed --window the controller still observes: its tokens-per-request estimate
             # goes to the telemetry (diagnose's C/F), its window is not used
             controller = Controller(handle.capacity, config=self.opts.controller,
@@ -162,11 +168,10 @@ class Job:
                     open_http(r.cfg.generation, max_connections(self.opts, handle)))
                 clients.append(ChatClient(session, handle.base_urls, client_settings(handle, self.opts, r.cfg),
                                           gate=handle.wait_ready, on_request_done=self._observer(r.name),
-                                          fleet=handle.fleet))
+                                          fleet=handle.fleet, server_wait_s=self.opts.server_wait_s))
             tg.start_soon(self._poll_load)
             if self.opts.on_progress is not None:
                 tg.start_soon(self._report_progress, self.opts.on_progress)
-            tg.start_soon(self.shutdown.handle_signals, self._in_flight, self._drain)
             await self._work(clients)
             tg.cancel_scope.cancel()  # stops the server (once, for the whole job), the poller, the reporter
 
@@ -267,8 +272,27 @@ async def open_job(cfgs: Sequence[DatasetConfig], opts: RunOptions) -> AsyncIter
     """A job opened for `job.run()`: the set-up done (setup.py: model, stores, sources, the pre-launch
     check), no server started yet; `job.waived` holds what --proceed-anyway let through. Raises the
     set-up's errors; every store is committed and unlocked on the way out."""
-    async with open_datasets(cfgs, opts) as opened:
-        yield Job(opened, opts)
+    shutdown = Shutdown(opts.drain_grace_s)
+    jobs: list[Job] = []
+    error: GenPipelineError | None = None
+    # signals are handled from the set-up to the last store closed (shutdown.py): one during the set-up
+    # is acted on when it ends (the server is then not started); the summary and 130/143 always follow
+    def drain() -> None:
+        for j in jobs:
+            j._drain()
+
+    async with anyio.create_task_group() as signals:
+        signals.start_soon(shutdown.handle_signals, lambda: sum(j._in_flight() for j in jobs), drain)
+        try:
+            async with open_datasets(cfgs, opts) as opened:
+                jobs.append(Job(opened, opts, shutdown))
+                yield jobs[0]
+        except GenPipelineError as e:
+            error = e  # raised below: not wrapped in the task group's ExceptionGroup
+        finally:
+            signals.cancel_scope.cancel()
+    if error is not None:
+        raise error
 
 
 async def run_job(cfgs: Sequence[DatasetConfig], opts: RunOptions) -> JobSummary:

@@ -36,6 +36,12 @@ class RunOptions:
     drain_grace_s: Annotated[float, flag("--drain-grace-s", ge=0, unit="seconds")] = 30.0
     poll_interval_s: Annotated[float, flag("--poll-interval-s", ge=0.05, le=60, unit="seconds")] = 1.0
     commit_interval_s: float = 5.0
+    # attached servers: how long a run waits for a server to come back when none answers (an operator's
+    # SGLang restart takes 60-90 s), how often each is health-checked, and how long one may stay silent
+    # with requests in flight before it counts as hung (None: two health-check timeouts, 40 s at 5 s)
+    server_wait_s: Annotated[float, flag("--server-wait-s", ge=0, unit="seconds")] = 600.0
+    health_interval_s: Annotated[float, flag("--health-interval-s", ge=0.05, le=60, unit="seconds")] = 5.0
+    hang_timeout_s: Annotated[float | None, flag("--hang-timeout-s", ge=0.1, unit="seconds")] = None
     proceed_anyway: bool = False  # launch even when the pre-launch source check finds a problem
     file_opener: Callable[[Path, str], BinaryIO] | None = None  # the store's file layer (fault injection)
     on_progress: SnapshotObserver | None = None  # the job's snapshot every 0.5 s (a display), and the final one

@@ -15,7 +15,7 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-from gen_pipeline.display import format_duration
+from gen_pipeline.display import format_duration, write_line
 from gen_pipeline.records import RunSnapshot
 
 
@@ -30,6 +30,9 @@ def postfix(s: RunSnapshot) -> str:
         if s.retractions_run:  # this run's, not an attached server's lifetime count
             parts.append(f"retracted {s.retractions_run}")
         return ", ".join(parts + ([f"failed {s.failures}"] if s.failures else []))
+    if s.server_wait_s is not None:  # an outage: the figures below are from before it
+        limit = f" of {format_duration(s.server_wait_limit_s)}" if s.server_wait_limit_s is not None else ""
+        parts.insert(0, f"no server answers: waiting {format_duration(s.server_wait_s)}{limit}")
     if s.in_flight > s.window:  # the window shrank; requests already sent still finish
         parts.append(f"in flight {s.in_flight} (window lowered to {s.window}; "
                      f"{s.in_flight - s.window} finishing before new ones)")
@@ -93,8 +96,10 @@ class Progress:
     def log_line(self, s: RunSnapshot) -> None:
         pct = 100.0 * s.done / s.target if s.target else 100.0
         eta = "" if s.done >= s.target else f", eta {format_duration(s.eta_s)}"
-        print(f"{s.label or self.label} {s.done:,}/{s.target:,} ({pct:.1f}%) {s.samples_per_s:.2f} samples/s, "
-              f"{postfix(s)}{eta}", file=self._stream, flush=True)
+        line = (f"{s.label or self.label} {s.done:,}/{s.target:,} ({pct:.1f}%) {s.samples_per_s:.2f} samples/s, "
+                f"{postfix(s)}{eta}")
+        if not write_line(line, self._stream):
+            self.mode = "quiet"  # its reader has gone (`... 2>&1 | tee` after Ctrl-C): the run goes on
 
     def close(self) -> None:
         if self._bar is not None:

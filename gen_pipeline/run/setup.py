@@ -38,6 +38,7 @@ def run_options(cfgs: Sequence[DatasetConfig], *, config_dir: Path = DEFAULT_CON
                 output_root: Path = DEFAULT_OUTPUT_DIR, server: str = "tuned", server_urls: Sequence[str] = (),
                 model: str = "", limit: int | None = None, window: int | None = None,
                 poll_interval_s: float = 1.0, drain_grace_s: float = 30.0, proceed_anyway: bool = False,
+                server_wait_s: float = 600.0, health_interval_s: float = 5.0, hang_timeout_s: float | None = None,
                 rank: int | None = None, world_size: int | None = None, routing: str = "affinity",
                 gpus_per_server: int | None = None,
                 environ: Mapping[str, str] = os.environ) -> tuple[RunOptions, list[str]]:
@@ -57,7 +58,9 @@ def run_options(cfgs: Sequence[DatasetConfig], *, config_dir: Path = DEFAULT_CON
     opts = RunOptions(output_root=output_root, profile=profile, server_urls=urls, model=model, limit=limit,
                       window=fixed, controller=load_controller_config(server_toml), drain_grace_s=drain_grace_s,
                       poll_interval_s=poll_interval_s, proceed_anyway=proceed_anyway, rank=spec,
-                      routing=routing, gpus_per_server=gpus_per_server)
+                      routing=routing, gpus_per_server=gpus_per_server,
+                      server_wait_s=server_wait_s, health_interval_s=health_interval_s,
+                      hang_timeout_s=hang_timeout_s)
     return opts, notes
 
 
@@ -70,6 +73,7 @@ class OpenedDatasets:
     http: Http
     model: str
     waived: list[GenPipelineError] = field(default_factory=list)
+    asked: dict[str, str] = field(default_factory=dict)  # {url: model} server_model asked (not asked again)
 
 
 @asynccontextmanager
@@ -80,8 +84,9 @@ async def open_datasets(cfgs: Sequence[DatasetConfig], opts: RunOptions) -> Asyn
         check_launchable(opts.profile)
     async with AsyncExitStack() as stack:
         http = await stack.enter_async_context(open_http(cfgs[0].generation, 16))  # control traffic
-        model = await server_model(opts, http)
-        opened = OpenedDatasets([], http, model)
+        asked: dict[str, str] = {}
+        model = await server_model(opts, http, asked)
+        opened = OpenedDatasets([], http, model, asked=asked)
         stores: list[DatasetStore] = []
         try:
             claims = []

@@ -14,6 +14,9 @@ from gen_pipeline.errors import ServerError
 from gen_pipeline.records import Failure, LoadSnapshot
 
 FAILURE_STREAK_FATAL = 50  # this many failures in a row, none succeeding: the server is unusable
+# failures that say the server went away (a request is sent again meanwhile, run/chat.py, so these reach
+# the streak only when one gave up after --server-wait-s), as against requests it refuses (4xx, model errors)
+GONE_REASONS = frozenset({"connect", "connection", "server_gone"})
 THROUGHPUT_WINDOW_S = 60.0
 
 
@@ -73,10 +76,17 @@ class RunStats:
         self.failure_streak += 1
         streak = self.failure_streak
         if (ok_so_far == 0 and streak >= FAILURE_STREAK_FATAL) or streak >= 4 * FAILURE_STREAK_FATAL:
-            self.fatal = ServerError(
-                f"The last {streak} requests all failed (latest: {failure.reason}: {failure.detail}). "
-                "The server is not usable as configured: check SERVER_URL, the model name and the server log. "
-                "Nothing written is lost; run the same command to resume.")
+            latest = f"latest: {failure.reason}: {failure.detail}"
+            if failure.reason in GONE_REASONS:
+                self.fatal = ServerError(
+                    f"The last {streak} requests all failed because the server went away ({latest}). Check "
+                    "SERVER_URL and that the server is running; nothing written is lost, run the same command "
+                    "to resume.")
+            else:
+                self.fatal = ServerError(
+                    f"The last {streak} requests were all refused by the server, which answers /health "
+                    f"({latest}). Check the model name, the sampling settings and the server log; nothing "
+                    "written is lost, run the same command to resume.")
 
     def throughput(self) -> tuple[float, float]:
         """(samples/s, completion tokens/s) over the last minute of completions."""

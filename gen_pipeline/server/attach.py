@@ -28,32 +28,39 @@ from gen_pipeline.server.handle import ServerHandle
 log = logging.getLogger(__name__)
 
 ATTACH_READY_TIMEOUT_S = 600.0  # a server still loading its model when we attach
-GIVE_UP_AFTER_S = 1800.0  # we cannot restart someone else's server; wait this long for it to return
+GIVE_UP_AFTER_S = 600.0  # we cannot restart someone else's server; wait this long for it to return (--server-wait-s)
 IDENTIFY_TIMEOUT_S = 10.0  # GET /v1/models: a server that takes longer is not one to send work to
 
 
 async def run_attached(urls: list[str], *, http: Http, first_model: str | None = None,
                        health_interval_s: float = 5.0, unhealthy_after: int = 3,
                        give_up_after_s: float = GIVE_UP_AFTER_S, routing: str = "affinity",
+                       hang_after_s: float | None = None, asked: dict[str, str] | None = None,
                        task_status: TaskStatus[ServerHandle] = anyio.TASK_STATUS_IGNORED) -> None:
     """Check each URL is an SGLang/OpenAI server, report the handle, then watch health until cancelled.
     `urls` are base URLs (config/server.py `normalise_server_url`: ".../v1" or a trailing "/" is fine);
-    `first_model` is what the first serves when the caller asked already (it is not asked twice).
+    `first_model` is what the caller found already (requests carry it); `asked`: {url: model} the caller
+    asked already (not asked twice).
 
-    With several URLs, one that cannot be reached at start is taken out (and probed back in later);
-    raises ServerError when none can be reached or one is foreign, or when all stay down give_up_after_s.
+    Every URL is equal: one that cannot be reached at start is taken out (and probed back in later),
+    whichever it is; raises ServerError when none can be reached, one is foreign or they serve different
+    models, or when none has answered for give_up_after_s (fleet_watch.py; hang_after_s there too).
     """
     urls = [normalise_server_url(u) for u in urls]
-    models, unreachable = await _identify_all(http, urls, first_model)
+    models, unreachable = await _identify_all(http, urls, asked or {})
     fleet = Fleet(urls, fail_after=unhealthy_after, probe_initial_s=health_interval_s, routing=routing)
-    handle = ServerHandle(base_urls=urls, model=models[0], capacity=combine([]), fleet=fleet)
-    watch = FleetWatch(http, handle, interval_s=health_interval_s, give_up_after_s=give_up_after_s)
+    handle = ServerHandle(base_urls=urls, model=first_model or next(iter(models.values())), capacity=combine([]),
+                          fleet=fleet, wait_limit_s=give_up_after_s)
+    watch = FleetWatch(http, handle, interval_s=health_interval_s, give_up_after_s=give_up_after_s,
+                       hang_after_s=hang_after_s)
     for url in urls:
         if url in unreachable:
             fleet.mark_down(url, time.monotonic())
+            fleet.why[url] = unreachable[url]
             watch.report_taken_out(url, f"it could not be reached at start ({unreachable[url]})")
         else:
             await watch.refresh(url)
+            fleet.answered(url, time.monotonic())
     watch.resum()
     await read_fleet_load(http, handle, time.monotonic())  # the first requests already go by free KV
     log.info("attached to %s: %s", ", ".join(urls), handle.summary_line())
@@ -62,25 +69,32 @@ async def run_attached(urls: list[str], *, http: Http, first_model: str | None =
 
 
 async def _identify_all(http: Http, urls: list[str],
-                        first_model: str | None) -> tuple[list[str], dict[str, str]]:
-    """The models the reachable URLs serve, and the unreachable ones (url → why); raises the first
-    URL's ServerError when none is reachable (a foreign server always raises)."""
-    models, unreachable, first = [], {}, None
-    for i, url in enumerate(urls):
-        if i == 0 and first_model is not None:
-            models.append(first_model)
+                        asked: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The models the reachable URLs serve (url → model), and the unreachable ones (url → why); raises
+    the first URL's ServerError when none is reachable, and when they serve different models (a foreign
+    server always raises)."""
+    models: dict[str, str] = {}
+    unreachable: dict[str, str] = {}
+    first: Unreachable | None = None
+    for url in urls:
+        if url in asked:
+            models[url] = asked[url]
             continue
         try:
-            models.append(await identify(http, url))
-        except _Unreachable as e:
+            models[url] = await identify(http, url)
+        except Unreachable as e:
             unreachable[url], first = e.why, first or e
     if not models:
         assert first is not None
         raise ServerError(str(first))
+    if len(set(models.values())) > 1:
+        said = ", ".join(f"{u} serves {m!r}" for u, m in models.items())
+        raise ServerError(f"The servers serve different models: {said}. Every --server-url must serve the same "
+                          "model (or put an sglang-router in front of the ones that do).")
     return models, unreachable
 
 
-class _Unreachable(ServerError):
+class Unreachable(ServerError):
     def __init__(self, message: str, why: str):
         super().__init__(message)
         self.why = why
@@ -94,7 +108,7 @@ async def identify(http: Http, url: str) -> str:
         try:
             reply = await http.get(url + "/v1/models", timeout_s=IDENTIFY_TIMEOUT_S)
         except HttpError as e:
-            raise _Unreachable(f"Cannot reach {url}: {e.why}. Check SERVER_URL and that the "
+            raise Unreachable(f"Cannot reach {url}: {e.why}. Check SERVER_URL and that the "
                                "server is running (and listening on that host and port).", e.why) from None
         status, ctype, body = reply.status, reply.content_type or "no content-type", reply.body
         if status != 503 or waited_s >= ATTACH_READY_TIMEOUT_S:

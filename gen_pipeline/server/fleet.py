@@ -16,7 +16,7 @@ entry per sample in flight (`pick(sample)` records it, `sample_ended` drops it).
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from gen_pipeline.records import LoadSnapshot
@@ -42,6 +42,7 @@ class _Server:
     failures: int = 0  # consecutive connection errors / failed health checks
     backoff_s: float = 0.0
     next_probe_s: float = 0.0
+    last_answer_s: float | None = None  # when it last answered anything (a request, /health, load)
 
 
 class Fleet:
@@ -64,6 +65,10 @@ class Fleet:
         self.tokens_per_request = tokens_per_request
         self.version = 0  # bumped whenever a server goes out or comes back (capacity must be re-summed)
         self.taken_out = 0  # how many times a server was taken out (for the summary)
+        # called with a URL the moment it is taken out as hung: the clients cancel their requests in flight to it
+        # and send them again (to another server, or to it once it is back); see run/chat.py
+        self.on_taken_out: list[Callable[[str], None]] = []
+        self.why: dict[str, str] = {}  # url → why it last failed to answer (a log line's words)
 
     @property
     def urls(self) -> list[str]:
@@ -139,19 +144,35 @@ class Fleet:
     def set_capacity(self, url: str, total_tokens: int | None) -> None:
         self._servers[url].total_tokens = total_tokens or None
 
-    def update(self, loads: dict[str, LoadSnapshot | None]) -> None:
+    def update(self, loads: dict[str, LoadSnapshot | None], now_s: float | None = None) -> None:
         """One load poll: KV in use per server (None: that server did not answer; its figure is dropped)."""
         for url, snap in loads.items():
             s = self._servers.get(url)
             if s is None:
                 continue
+            if snap is not None and now_s is not None:
+                s.last_answer_s = now_s
             s.used_tokens = snap.used_tokens if snap is not None else None
             s.in_flight_at_poll = s.in_flight
 
-    def succeeded(self, url: str) -> None:
+    def in_flight(self, url: str) -> int:
+        return self._servers[url].in_flight
+
+    def answered(self, url: str, now_s: float) -> None:
+        """It answered something (a request, /health, a load read): it is not hung."""
+        self._servers[url].last_answer_s = now_s
+
+    def silent_s(self, url: str, now_s: float) -> float:
+        """Seconds since it last answered anything (0 before its first answer was awaited)."""
+        last = self._servers[url].last_answer_s
+        return 0.0 if last is None else max(0.0, now_s - last)
+
+    def succeeded(self, url: str, now_s: float | None = None) -> None:
         """A request or health check answered: the failure count restarts (and a down server is back)."""
         s = self._servers[url]
         s.failures = 0
+        if now_s is not None:
+            s.last_answer_s = now_s
         if not s.up:
             self.mark_up(url)
 
@@ -164,7 +185,10 @@ class Fleet:
             return True
         return False
 
-    def mark_down(self, url: str, now_s: float) -> None:
+    def mark_down(self, url: str, now_s: float, *, cancel: bool = False) -> None:
+        """Take `url` out; `cancel`: its requests in flight will never be answered (hung), the clients
+        cancel and re-send them (on_taken_out). Without it they end by themselves: a dead server's
+        connections are cut, a refused one had none."""
         s = self._servers[url]
         if s.up:
             s.up, s.used_tokens = False, None
@@ -172,11 +196,13 @@ class Fleet:
             s.next_probe_s = now_s + s.backoff_s
             self.version += 1
             self.taken_out += 1
+            for cancel_sent in list(self.on_taken_out) if cancel else []:
+                cancel_sent(url)
 
     def mark_up(self, url: str) -> None:
         s = self._servers[url]
         if not s.up:
-            s.up, s.failures, s.backoff_s = True, 0, 0.0
+            s.up, s.failures, s.backoff_s, s.last_answer_s = True, 0, 0.0, None
             self.version += 1
 
     def due_probes(self, now_s: float) -> list[str]:

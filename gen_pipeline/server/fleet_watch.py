@@ -2,7 +2,13 @@
 re-read every interval, capacity re-summed over what is up, and the load poll per server.
 
 Direct (several URLs): a server that fails `unhealthy_after` health checks in a row (or connection errors
-in the client) is taken out; the run goes on with the rest; it is probed back in with backoff.
+in the client) is taken out; the run goes on with the rest; it is probed back in with backoff. A hung
+server (its port open, nothing answering: SIGSTOP, an NCCL hang) is taken out once it has answered
+nothing (requests, /health, load) for `hang_after_s` while requests are in flight to it; the clients
+cancel those requests and send them again at once (run/chat.py), so the live servers never wait out
+request_timeout_s. When no server answers, dispatch pauses (the handle is down) and the run waits up
+to `give_up_after_s` (--server-wait-s) for one to come back: an operator's restart of SGLang takes
+60-90 s; each request re-sent meanwhile is never counted as a failure.
 Through sglang-router: `/workers` (sglang-router 0.3: {"workers": [{"url", "is_healthy", ...}]}) is
 re-read every interval; capacity is the sum over its healthy workers, so a worker added raises it and
 a dead one (the router marks it unhealthy) lowers it. The router itself is health-checked like a server.
@@ -17,11 +23,11 @@ from typing import Any
 import anyio
 
 from gen_pipeline.errors import ServerError
-from gen_pipeline.http import Http
+from gen_pipeline.http import Http, HttpError
 from gen_pipeline.records import Capacity, LoadSnapshot
 from gen_pipeline.server.capacity import combine, json_or_none, probe
 from gen_pipeline.server.handle import ServerHandle
-from gen_pipeline.server.health import check_timeout_s, is_healthy
+from gen_pipeline.server.health import check_timeout_s
 from gen_pipeline.server.load import merge, read_load
 
 log = logging.getLogger(__name__)
@@ -33,11 +39,14 @@ class FleetWatch:
     """Keeps `handle` (capacity, worker_urls, readiness) in step with the fleet; `run` until cancelled."""
 
     def __init__(self, http: Http, handle: ServerHandle, *, interval_s: float,
-                 give_up_after_s: float):
+                 give_up_after_s: float, hang_after_s: float | None = None):
         assert handle.fleet is not None
         self.http, self.handle, self.fleet = http, handle, handle.fleet
         self.interval_s, self.give_up_after_s = interval_s, give_up_after_s
         self.timeout_s = check_timeout_s(interval_s)
+        # silent this long with requests in flight: hung (default: two health checks' timeouts)
+        self.hang_after_s = hang_after_s if hang_after_s is not None else 2 * self.timeout_s
+        self.down_since_s: float | None = None  # no server has answered since then
         self.workers: dict[str, list[str]] = {}  # base URL → the servers it stands for ([itself] unless a router)
         self.caps: dict[str, Capacity | None] = {}  # per server (None: it does not say)
 
@@ -67,9 +76,9 @@ class FleetWatch:
 
     async def run(self) -> None:
         """Every TICK_S: capacity follows what the client took out, a router's workers are re-read (each
-        ROUTERS_EVERY_S); every interval_s: health checks and due probes. Raises ServerError once all
-        servers stayed down give_up_after_s."""
-        down_s, resummed = 0.0, self.fleet.version
+        ROUTERS_EVERY_S), readiness follows the fleet; every interval_s: health checks and due probes.
+        Raises ServerError once no server has answered for give_up_after_s."""
+        resummed = self.fleet.version
         next_routers_s = next_health_s = time.monotonic()
         while True:
             await anyio.sleep(min(self.interval_s, TICK_S))
@@ -81,37 +90,76 @@ class FleetWatch:
                 next_health_s = now_s + self.interval_s
                 await self._check_up()
                 await self._probe_down()
-                down_s = 0.0 if self.fleet.up_urls else down_s + self.interval_s
-                self._readiness(down_s)
+            self._readiness(time.monotonic())
             if self.fleet.version != resummed or self._workers_up() != self.handle.worker_urls:
                 resummed = self.fleet.version
                 self.resum()
 
-    def _readiness(self, down_s: float) -> None:
+    def _readiness(self, now_s: float) -> None:
+        handle = self.handle
         if self.fleet.up_urls:
-            if not self.handle.ready:
-                self.handle.mark_ready()
-                log.info("server is back: %s", self.handle.summary_line())
+            if self.down_since_s is not None:
+                log.info("server is back after %.0f s: %s", now_s - self.down_since_s, handle.summary_line())
+            self.down_since_s = handle.down_since_s = None
+            if not handle.ready:
+                handle.mark_ready()
             return
-        if self.handle.ready:
-            self.handle.mark_down()
-            log.warning("no server answers (%s); dispatch paused", ", ".join(self.fleet.urls))
-        if down_s >= self.give_up_after_s:
-            error = ServerError(f"The server at {', '.join(self.fleet.urls)} has not answered /health for "
-                                f"{self.give_up_after_s:g} s; giving up. The run is resumable: run the same "
-                                "command once the server is back.")
-            self.handle.mark_failed(error)
+        if self.down_since_s is None:
+            self.down_since_s = handle.down_since_s = now_s
+            handle.mark_down()
+            log.warning("no server answers (%s); dispatch paused, waiting up to %g s for one to come back "
+                        "(--server-wait-s)", self._whys(), self.give_up_after_s)
+        if now_s - self.down_since_s >= self.give_up_after_s:
+            error = ServerError(f"No server answered for {self.give_up_after_s:g} s ({self._whys()}); giving up. "
+                                "Nothing written is lost: run the same command once the server is back "
+                                "(--server-wait-s sets how long a run waits).")
+            handle.mark_failed(error)
             raise error
+
+    def _whys(self) -> str:
+        return ", ".join(f"{u}: {self.fleet.why.get(u, 'taken out')}" for u in self.fleet.urls)
 
     def _workers_up(self) -> list[str]:
         return [w for u in self.fleet.up_urls for w in self.workers.get(u, [])]
 
+    async def health(self, url: str) -> str | None:
+        """None when GET /health answered 200 within the check timeout, else why not (remembered)."""
+        try:
+            reply = await self.http.get(url + "/health", timeout_s=self.timeout_s)
+        except HttpError as e:
+            why = e.why
+        else:
+            if reply.status == 200:
+                if url in self.fleet.urls:
+                    self.fleet.answered(url, time.monotonic())
+                return None
+            why = f"/health answered HTTP {reply.status}"
+        self.fleet.why[url] = why
+        return why
+
     async def _check_up(self) -> None:
-        for url in self.fleet.up_urls:
-            if await is_healthy(self.http, url, self.timeout_s):
-                self.fleet.succeeded(url)
-            elif self.fleet.failed(url, time.monotonic()):
-                self.report_taken_out(url, f"{self.fleet.fail_after} failed health checks in a row")
+        """Every up server's /health, at once (a hung one must not delay the others' checks)."""
+        async with anyio.create_task_group() as tg:
+            for url in self.fleet.up_urls:
+                tg.start_soon(self._check_one, url)
+
+    async def _check_one(self, url: str) -> None:
+        why = await self.health(url)
+        if why is None:
+            self.fleet.succeeded(url)
+            return
+        now_s = time.monotonic()
+        silent_s = self.fleet.silent_s(url, now_s)
+        stuck = self.fleet.in_flight(url)
+        others = [u for u in self.fleet.up_urls if u != url]
+        if stuck and silent_s >= self.hang_after_s and self.fleet.is_up(url):
+            self.fleet.mark_down(url, now_s, cancel=True)
+            where = ("while the other servers answer: hung? {n} in-flight requests re-sent to the others"
+                     if others else "hung? {n} in-flight requests will be re-sent once a server answers")
+            self.report_taken_out(url, f"no answer for {silent_s:.1f} s (requests, /health, load) "
+                                       + where.format(n=stuck))
+        elif self.fleet.failed(url, now_s):
+            self.report_taken_out(url, f"{self.fleet.fail_after} failed health checks in a row ({why})")
 
     def report_taken_out(self, url: str, why: str) -> None:
         left = len(self.fleet.up_urls)
@@ -121,17 +169,22 @@ class FleetWatch:
     async def _probe_down(self) -> None:
         # all down (dispatch paused): probe every interval, there is nothing to spare them for
         due = self.fleet.due_probes(time.monotonic()) if self.fleet.up_urls else self.fleet.down_urls
-        for url in due:
-            if not await is_healthy(self.http, url, self.timeout_s):
-                self.fleet.probe_failed(url, time.monotonic())
-                continue
-            try:
-                await self.refresh(url)  # it may have come back with another capacity
-            except ServerError:
-                self.fleet.probe_failed(url, time.monotonic())
-                continue
-            self.fleet.mark_up(url)
-            log.info("%s is back in; %d of %d servers up", url, len(self.fleet.up_urls), len(self.fleet.urls))
+        async with anyio.create_task_group() as tg:
+            for url in due:
+                tg.start_soon(self._probe_one, url)
+
+    async def _probe_one(self, url: str) -> None:
+        if await self.health(url) is not None:
+            self.fleet.probe_failed(url, time.monotonic())
+            return
+        try:
+            await self.refresh(url)  # it may have come back with another capacity
+        except ServerError:
+            self.fleet.probe_failed(url, time.monotonic())
+            return
+        self.fleet.mark_up(url)
+        self.fleet.answered(url, time.monotonic())
+        log.info("%s is back in; %d of %d servers up", url, len(self.fleet.up_urls), len(self.fleet.urls))
 
     async def _reread_routers(self) -> None:
         for url in self.fleet.up_urls:
@@ -154,7 +207,7 @@ async def read_fleet_load(http: Http, handle: ServerHandle, now_s: float) -> Loa
     each server's KV in use. None when none answers."""
     snaps = {url: await read_load(http, [url], now_s) for url in handle.load_urls}
     if handle.fleet is not None:
-        handle.fleet.update({u: s for u, s in snaps.items() if u in handle.fleet.urls})
+        handle.fleet.update({u: s for u, s in snaps.items() if u in handle.fleet.urls}, now_s)
     found = [s for s in snaps.values() if s is not None]
     return merge(found) if found else None
 

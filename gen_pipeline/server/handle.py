@@ -42,6 +42,8 @@ class ServerHandle:
     pid: int | None = None  # the launched server's process (group leader); None when attached
     fleet: Fleet | None = None  # attached: which URL gets the next request, which are out
     worker_urls: list[str] = field(default_factory=list)  # the servers behind (routers') base_urls, up ones
+    down_since_s: float | None = None  # attached: no server has answered since then (monotonic); the run waits
+    wait_limit_s: float | None = None  # ... this long at most (--server-wait-s)
 
     @property
     def load_urls(self) -> list[str]:

@@ -1,0 +1,125 @@
+"""Issue 23: SIGINT/SIGTERM at any phase of `generate` end with 130/143, the summary line and the lock
+released; a console whose reader has gone (`generate ... | tee log`, Ctrl-C to the process group) never
+hides the summary in run.log, never changes the exit code, never ends in a traceback. Real processes
+(the CLI, the simulator), synchronised on what they write (log lines, files), never on sleeps.
+
+Base (before the fix): SIGTERM during start-up killed the CLI (-15, no summary, the lock file left);
+the third SIGTERM of a drain killed it the same way; Ctrl-C with stdout's reader gone exited 141 with a
+BrokenPipeError (or "--- Logging error ---") traceback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import orjson
+
+from gen_pipeline.store.lock import read_lock
+from sglang_sim.testing import start_sim
+
+from pipeline_helpers import REPO, SIM_FAST, cli_cmd, make_rows, start_cli, wait_lines, wait_until, write_dataset
+
+SIM = [*SIM_FAST, "--max-total-tokens", "20000", "--time-scale", "0.3"]  # a run of 300: long enough to interrupt
+
+
+def config_dir(tmp_path: Path, name: str, extra_args: list[str]) -> Path:
+    """The repository's server.toml plus a sim profile `name` with `extra_args`."""
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    shutil.copy(REPO / "datasets_cfg" / "server.toml", cfg / "server.toml")
+    base = ["--sim-profile", "fast", "--time-scale", "1", "--sim-output-mean", "160", "--sim-output-spread", "0.6"]
+    with open(cfg / "server.toml", "a") as f:
+        f.write(f'\n[profile.{name}]\ninherits = "sim"\nextra_args = {orjson.dumps(base + extra_args).decode()}\n'
+                "stop_grace_s = 3\n")
+    return cfg
+
+
+def assert_stopped(out: Path, text: str, name: str, done: int | None = None) -> None:
+    """The summary line of a stopped run (in the console text and in run.log), the lock released."""
+    run_log = (out / "T" / "run.log").read_text()
+    tail = {"SIGTERM": "stopped (SIGTERM); run the same command to resume.",
+            "SIGINT": "interrupted (SIGINT); run the same command to resume."}[name]
+    summaries = [x for x in run_log.splitlines() if x.endswith(tail) and " T: " in x]
+    assert len(summaries) == 1, run_log[-3000:]
+    if done is not None:
+        assert f" T: {done}/300 samples" in summaries[0], summaries
+    lock = read_lock(out / "T")
+    assert lock is None or not lock.held, lock
+    assert "Traceback" not in text and "Traceback" not in run_log, text[-3000:]
+
+
+def test_sigterm_during_server_start_up_stops_it_with_the_summary(tmp_path: Path) -> None:
+    cfg = config_dir(tmp_path, "loading", ["--sim-never-healthy", "--sim-startup-log", "SIM-LOADING-WEIGHTS"])
+    toml = write_dataset(tmp_path / "ds", target=300, rows=make_rows(340))
+    out, log = tmp_path / "out", tmp_path / "cli.log"
+    proc = start_cli("generate", "--dataset", toml, "--server", "loading", "--config-dir", cfg, "--output-dir", out,
+                     "--progress", "log", log=log)
+    server_log = out / "T" / "server.log"
+    wait_until(lambda: server_log.exists() and "SIM-LOADING-WEIGHTS" in server_log.read_text(), proc, 60)
+    os.kill(proc.pid, signal.SIGTERM)  # the CLI only (a scheduler's SIGTERM): it stops its server itself
+    rc = proc.wait(timeout=60)
+    text = log.read_text()
+    assert rc == 143, text[-3000:]
+    assert "SIGTERM during server start-up: stopping the server; run the same command to resume." in text, text
+    assert text.rstrip().splitlines()[-1] == ("T: 0/300 samples (0.0%), +0 this run in 0s; stopped (SIGTERM); "
+                                              "run the same command to resume."), text[-2000:]
+    assert_stopped(out, text, "SIGTERM", done=0)
+
+
+def test_third_sigterm_while_shutting_down_keeps_the_summary(tmp_path: Path) -> None:
+    cfg = config_dir(tmp_path, "slowish", ["--time-scale", "0.3"])
+    toml = write_dataset(tmp_path / "ds", target=300, rows=make_rows(340))
+    out, log = tmp_path / "out", tmp_path / "cli.log"
+    proc = start_cli("generate", "--dataset", toml, "--server", "slowish", "--config-dir", cfg, "--output-dir", out,
+                     "--progress", "log", "--drain-grace-s", "60", log=log)
+    wait_lines(out / "T", 20, proc, 120)
+    os.kill(proc.pid, signal.SIGTERM)
+    wait_until(lambda: "SIGTERM: no new requests" in log.read_text(), proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    wait_until(lambda: "SIGTERM again: cancelling" in log.read_text(), proc)
+    os.kill(proc.pid, signal.SIGTERM)  # while the requests end, the server stops, the stores commit
+    rc = proc.wait(timeout=60)
+    text = log.read_text()
+    assert rc == 143, text[-3000:]
+    assert_stopped(out, text, "SIGTERM")
+
+
+def _interrupt_with_reader_gone(tmp_path: Path, *, stderr_too: bool) -> tuple[int, str, Path]:
+    """`generate ... | tee log` (with 2>&1 when stderr_too), Ctrl-C: SIGINT to the process group, tee
+    dies, so the CLI's next write to the pipe finds no reader. Here the test is tee: it reads the pipe
+    until a progress line shows the run is mid-way, then closes it and sends SIGINT to the group."""
+    toml = write_dataset(tmp_path / "ds", target=300, rows=make_rows(340))
+    out, err_path = tmp_path / "out", tmp_path / "stderr.log"
+    with start_sim(SIM) as sim, open(err_path, "wb") as err:
+        proc = subprocess.Popen(
+            cli_cmd("generate", "--dataset", toml, "--server-url", sim.url, "--output-dir", out, "--progress", "log",
+                    "--drain-grace-s", "0.5"),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT if stderr_too else err, cwd=REPO,
+            start_new_session=True)
+        assert proc.stdout is not None
+        seen = b""
+        while b"attached to" not in seen:  # stdout carries the events (the attach line among them)
+            line = proc.stdout.readline()
+            assert line, seen.decode()[-2000:]
+            seen += line
+        wait_lines(out / "T", 20, proc)
+        proc.stdout.close()  # tee is gone
+        os.killpg(proc.pid, signal.SIGINT)
+        rc = proc.wait(timeout=60)
+    return rc, err_path.read_text(), out
+
+
+def test_ctrl_c_with_stdout_reader_gone_exits_130_with_the_summary_in_run_log(tmp_path: Path) -> None:
+    rc, stderr, out = _interrupt_with_reader_gone(tmp_path, stderr_too=False)
+    assert rc == 130, stderr[-3000:]
+    assert "Logging error" not in stderr and "BrokenPipe" not in stderr, stderr[-3000:]
+    assert_stopped(out, stderr, "SIGINT")
+
+
+def test_ctrl_c_with_stdout_and_stderr_reader_gone_exits_130(tmp_path: Path) -> None:
+    rc, _, out = _interrupt_with_reader_gone(tmp_path, stderr_too=True)
+    assert rc == 130
+    assert_stopped(out, "", "SIGINT")
