@@ -90,6 +90,20 @@ def start_cli(*args: str | Path, log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(cli_cmd(*args), stdout=f, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
 
 
+def finish_cli(proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 120) -> str:
+    """Wait for a start_cli process (SIGKILL its group if it outlives `timeout_s`); its log, asserting
+    exit 0 and no traceback."""
+    try:
+        rc = proc.wait(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert rc == 0, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    return text
+
+
 def kill_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)

@@ -40,12 +40,15 @@ def fake_python(path: Path) -> Path:
     return path
 
 
+# what an outer make passes down (`make test ARGS=...` exports ARGS too): the makes a test runs start clean
+OUTER_MAKE = ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "VENV", "EXTRAS", "ARGS")
+
 def make(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     """`make ARGS` in the checkout as from a user's shell (not a sub-make of `make test`); the fake
     interpreter's log lines of this call, with tmp_path written as TMP."""
     log = tmp_path / "python.log"
     before = log.read_text().splitlines() if log.exists() else []
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "VENV", "EXTRAS", "ARGS")}  # ARGS: `make test ARGS=...` exports it
+    env = {k: v for k, v in os.environ.items() if k not in OUTER_MAKE}
     env["FAKE_LOG"] = str(log)
     r = subprocess.run(["make", "--no-print-directory", *args], capture_output=True, text=True, cwd=REPO,
                        env=env, timeout=60)
@@ -104,7 +107,7 @@ def test_a_venv_made_before_the_stamp_named_its_extras_is_not_reinstalled(tmp_pa
 @pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="sglang is installed here")
 def test_make_generate_without_sglang_names_the_make_command(tmp_path: Path) -> None:
     toml = write_dataset(tmp_path, target=10)
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "VENV", "EXTRAS", "ARGS")}  # ARGS: `make test ARGS=...` exports it
+    env = {k: v for k, v in os.environ.items() if k not in OUTER_MAKE}
     r = subprocess.run(["make", "--no-print-directory", "generate", f"DATASET={toml}", f"OUTPUT_DIR={tmp_path}/out"],
                        capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
     assert r.returncode == 2  # make's own code for a failed recipe

@@ -22,6 +22,7 @@ from sglang_sim.testing import SimProcess, free_port, start_sim
 from pipeline_helpers import (
     SIM_FAST,
     assert_exact,
+    finish_cli,
     make_rows,
     restart_sim_on_same_port,
     run_cli,
@@ -53,18 +54,6 @@ def generate(tmp_path: Path, toml: Path, urls: str, *extra: str) -> tuple[subpro
                      "--progress", "log", "--health-interval-s", str(HEALTH_S), *extra, log=log)
     (tmp_path / "out" / "T").mkdir(parents=True, exist_ok=True)
     return proc, log
-
-
-def finish(proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 60) -> str:
-    try:
-        rc = proc.wait(timeout=timeout_s)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    text = log.read_text()
-    assert rc == 0, text[-3000:]
-    assert "Traceback" not in text
-    return text
 
 
 def freeze_sim(sim: SimProcess) -> None:
@@ -108,7 +97,7 @@ def test_an_attached_run_waits_out_an_outage_of_its_server(tmp_path: Path, how: 
             stack.callback(back.stop)
         else:
             thaw_sim(sim)
-        text = finish(proc, log)
+        text = finish_cli(proc, log, 60)
     assert_no_failures(tmp_path, text, 300)
     assert re.search(r"^server is back after \d+ s: ", text, re.M), text[-2000:]
     if how == "frozen":  # it says why: the port is open but nothing answers
@@ -136,7 +125,7 @@ def test_an_attached_run_survives_a_90_s_restart_at_the_default_settings(tmp_pat
         wait_until(lambda: "no server answers" in log.read_text(), proc, 60)
         time.sleep(90)  # the outage itself
         stack.callback(restart_sim_on_same_port(sim, SIM).stop)
-        text = finish(proc, log, 120)
+        text = finish_cli(proc, log, 120)
     assert_no_failures(tmp_path, text, 300)
     assert "dispatch paused, waiting up to 600 s for one to come back (--server-wait-s)" in text, text[-2000:]
     back = re.search(r"^server is back after (\d+) s: ", text, re.M)
@@ -156,7 +145,7 @@ def test_a_fleet_waits_out_an_outage_of_every_server(tmp_path: Path) -> None:
         time.sleep(OUTAGE_S)
         for sim in sims:
             stack.callback(restart_sim_on_same_port(sim, SIM).stop)
-        text = finish(proc, log)
+        text = finish_cli(proc, log, 60)
     assert_no_failures(tmp_path, text, 300)
     assert re.search(r"^server is back after \d+ s: ", text, re.M), text[-2000:]
 
@@ -208,7 +197,7 @@ def test_a_hung_server_is_taken_out_and_its_requests_resent_at_once(tmp_path: Pa
         frozen_at = time.monotonic()
         wait_until(lambda: f"took {hung.url} out" in log.read_text(), proc)
         taken_out_s = time.monotonic() - frozen_at
-        text = finish(proc, log)
+        text = finish_cli(proc, log, 60)
     assert_no_failures(tmp_path, text, 300)
     line = next(x for x in text.splitlines() if f"took {hung.url} out" in x)
     m = re.fullmatch(rf"took {re.escape(hung.url)} out after no answer for ([\d.]+) s \(requests, /health, load\) "
@@ -228,7 +217,7 @@ def test_the_first_url_down_at_start_is_taken_out_not_fatal(tmp_path: Path) -> N
     with start_sim(SIM) as sim:
         toml = dataset(tmp_path, 60)
         proc, log = generate(tmp_path, toml, f"{dead},{sim.url}")
-        text = finish(proc, log)
+        text = finish_cli(proc, log, 60)
     assert_no_failures(tmp_path, text, 60)
     assert (f"took {dead} out after it could not be reached at start (Connection refused); 1 of 2 servers left, "
             "probing it back with backoff") in text, text[-2000:]

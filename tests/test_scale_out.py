@@ -24,7 +24,16 @@ from gen_pipeline.http import open_http
 from gen_pipeline.server import run_attached
 from sglang_sim.testing import SimProcess, free_port, start_sim
 
-from pipeline_helpers import SIM_FAST, assert_exact, make_rows, start_cli, wait_lines, wait_until, write_dataset
+from pipeline_helpers import (
+    SIM_FAST,
+    assert_exact,
+    finish_cli,
+    make_rows,
+    start_cli,
+    wait_lines,
+    wait_until,
+    write_dataset,
+)
 from pipeline_helpers import restart_sim_on_same_port as restart_on_same_port
 from pipeline_helpers import sigkill_sim as sigkill
 
@@ -54,17 +63,6 @@ def generate(tmp_path: Path, toml: Path, url: str, *extra: str) -> tuple[subproc
     return proc, log
 
 
-def finish(proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 120) -> str:
-    try:
-        rc = proc.wait(timeout=timeout_s)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    text = log.read_text()
-    assert rc == 0, text[-3000:]
-    return text
-
-
 def telemetry(tmp_path: Path) -> list[dict]:
     return [orjson.loads(x) for x in (tmp_path / "out" / "T" / "telemetry.jsonl").read_bytes().splitlines()]
 
@@ -79,7 +77,7 @@ def test_direct_one_server_killed_mid_run_the_rest_finish_exactly(tmp_path):
         wait_lines(tmp_path / "out" / "T", 100, proc)
         dead = three_sims[2]
         sigkill(dead)
-        text = finish(proc, log)
+        text = finish_cli(proc, log, 120)
     assert_exact(tmp_path / "out", 600)
     assert f"took {dead.url} out after " in text and "2 of 3 servers left" in text
     for alive in three_sims[:2]:
@@ -94,7 +92,7 @@ def test_direct_requests_go_to_the_server_with_the_most_free_kv(tmp_path):
             start_sim([*SIM, "--max-total-tokens", "6000"]) as small:
         toml = dataset(tmp_path, target=80)
         proc, log = generate(tmp_path, toml, f"{small.url},{big.url}", "--window", "12")
-        finish(proc, log)
+        finish_cli(proc, log, 120)
         assert_exact(tmp_path / "out", 80)
         on_big, on_small = requests_seen(big), requests_seen(small)
     # round robin (or least outstanding) would split them about evenly
@@ -179,7 +177,7 @@ def test_router_worker_killed_mid_run_and_one_added_the_run_is_exact(tmp_path):
         added = httpx.post(url + "/workers", json={"url": fourth.url}, timeout=10)
         assert added.status_code in (200, 202), added.text
         wait_until(lambda: f"+{fourth.url}" in log.read_text(), proc)  # in the router's list, healthy
-        text = finish(proc, log)
+        text = finish_cli(proc, log, 120)
         assert_exact(tmp_path / "out", 500)
     assert f"-{three_sims[0].url}" in text and f"+{fourth.url}" in text  # "router ... workers changed (...)"
     rows = telemetry(tmp_path)
@@ -207,7 +205,7 @@ def test_a_samples_later_turns_run_where_its_previous_turn_did(tmp_path: Path) -
         sims = [stack.enter_context(start_sim([*SIM_FAST, "--max-total-tokens", "60000"], ready_timeout_s=30))
                 for _ in range(2)]
         proc, log = generate(tmp_path, toml, ",".join(s.url for s in sims), "--gpus-per-server", "2")
-        finish(proc, log)
+        finish_cli(proc, log, 120)
         turns = [_turns(s) for s in sims]
     assert_exact(tmp_path / "out", 12)
     run = orjson.loads((tmp_path / "out" / "T" / "manifest.json").read_bytes())["runs"][-1]
