@@ -121,7 +121,10 @@ async def measure(profile: LengthProfile, window: int | None, folder: Path) -> R
     """One whole run of `profile` through run_generate against a fresh simulator."""
     cfg = load_dataset_config(write_dataset(folder / "ds", rows=_rows(profile), target=profile.samples,
                                             max_new_tokens=profile.max_new_tokens, shard_max_samples=10_000,
-                                            fsync_every=1_000))
+                                            fsync_every=1_000,
+                                            # the server's window, not the client's stream parsing: on 2
+                                            # shared cores a streamed run at the sim's speed is client-bound
+                                            extra='on_loop = "off"'))
     figures: list[RunSnapshot] = []
     with start_sim(_sim_args(profile), log_path=folder / "sim.log") as sim:
         opts = RunOptions(output_root=folder / "out", server_urls=(sim.url,), window=window,
