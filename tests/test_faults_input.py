@@ -61,6 +61,7 @@ def test_bad_rows_are_counted_rejects_and_context_400_is_final(tmp_path: Path, s
     assert rejects[4]["detail"] == "10000000 characters > source.max_prompt_chars = 400000"
     err = [orjson.loads(x) for x in (out / "T" / "errors.jsonl").read_bytes().splitlines()]
     assert err == [{"id": "T-ctx", "dataset": "T", "reason": "http_400", "attempts": 1, "retryable": False,
+                    "loops": 0, "empty": 0, "tokens_not_decoded": 0, "discarded_tokens": 0,  # the gate's counts
                     "run": 1, "detail": "HTTP 400: The input (1515 tokens) is longer than the model's context "
                                         "length (600 tokens)."}]
     seen = httpx.get(sim_url + "/sim/stats").json()["requests_seen"]
@@ -79,7 +80,7 @@ def test_unknown_config_key(tmp_path: Path) -> None:
     r = gen(toml, tmp_path / "out", "--server", "sim")
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == (f"error: {toml}: generation.bogus_key: unknown key. Known keys here: connect_timeout_s, "
-                        "empty_turn, max_attempts, reasoning, request_timeout_s, retry_initial_wait_s, "
+                        "empty_turn, max_attempts, on_loop, reasoning, request_timeout_s, retry_initial_wait_s, "
                         "retry_max_wait_s, "
                         "truncated, window. Check the spelling or remove it.\n")
 

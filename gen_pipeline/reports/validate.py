@@ -90,7 +90,7 @@ class ValidationReport:
                f"({self.truncated:,} truncated, policy {self.truncated_policy})"]
         gate = format_gate(self.gate)
         if gate:
-            out.append(f"  {gate} (written rows only; errors.jsonl holds the failed samples')")
+            out.append(f"  {gate} (written rows only; errors.jsonl holds the failed samples)")
         for kind, n in self.counts.most_common():
             out.append(f"  {kind}: {n:,} ({KINDS[kind]})")
             out += [f"    {p}" for p in self.examples if p.kind == kind][:5]

@@ -91,8 +91,11 @@ class Fleet:
         else the up server with the most free KV (all up servers' tokens known), else the fewest in
         flight. With `sample`, records the choice until `sample_ended(sample)`."""
         up = [s for s in self._servers.values() if s.up]
-        if not up:
-            return min(self._servers.values(), key=lambda s: s.next_probe_s).url
+        if not up:  # none up: the one probed back first (its request waits for it; affinity follows it)
+            url = min(self._servers.values(), key=lambda s: s.next_probe_s).url
+            if sample is not None and self.routing == "affinity":
+                self._last[sample] = url
+            return url
         known = all(s.total_tokens is not None and s.used_tokens is not None for s in up)
         # max/min keep the first of equals: list order breaks ties
         best = max(up, key=self._free_tokens) if known else min(up, key=lambda s: s.in_flight)
