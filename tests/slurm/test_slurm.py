@@ -260,7 +260,9 @@ def test_a_rank_cancelled_mid_run_then_requeued_ends_exact(tmp_path, slurm_env, 
         assert (task["JobState"], task["ExitCode"], task["Restarts"]) == ("COMPLETED", "0:0", "1")
     second = task_log(logs, job, victim).split(first_line(out, victim))[-1]  # --open-mode=append: both runs
     if how != "scancel":
-        assert re.search(r"took over the lock of a run that is gone \(pid \d+", second), second
+        # the lock of the killed task: the same SLURM job requeued, or (without its job id) a run that is gone
+        assert re.search(r"took over the lock of (SLURM job \d+'s previous run \(pid \d+ .*\): the job was requeued"
+                         r"|a run that is gone \(pid \d+)", second), second
     assert re.search(rf"^T \(rank 2 of 4\): 15/15 samples \(100\.0%\), \+{15 - short} this run in \S+; target "
                      r"reached\.$", second, re.M), second
     assert_exact(out, cfg)
