@@ -30,6 +30,16 @@ def _conversation(i: int) -> list[dict]:
     return convs[:-1]
 
 
+@pytest.fixture(autouse=True)
+def _no_stub_torchvision(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The contract venv's torchvision is shim.py's stub (imported for SGLang by other tests of this run):
+    `datasets` must not take it for the real one, or its torch formatter tests `isinstance(x, VideoReader)`
+    against a placeholder (TypeError)."""
+    import datasets.config
+
+    monkeypatch.setattr(datasets.config, "TORCHVISION_AVAILABLE", False)
+
+
 @pytest.fixture(scope="module")
 def export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """(tokenizer folder, export folder, train file): 40 samples, 80 assistant turns, 10% validation."""
