@@ -11,16 +11,11 @@ At the real rate (0.3-3 requests/s per node) a figure of c ms per request is c Ã
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-import orjson
-
+from bench.overhead import cli_cpu, short_dataset
 from bench.report import md_table, write_section
 from sglang_sim.testing import start_sim
 
@@ -28,47 +23,18 @@ REPO = Path(__file__).resolve().parent.parent
 SIM_ARGS = ["--sim-profile", "fast", "--time-scale", "0.4", "--sim-output-mean", "24", "--sim-output-spread", "0.3",
             "--max-running-requests", "512", "--sim-startup-s", "0"]
 WINDOW, SHORT, LONG = 14, 200, 1500
+FLAGS = ("--window", str(WINDOW))
 REAL_RATES = (0.3, 3.0)  # requests/s per node in the reference job (issue 20)
-
-
-def _dataset(folder: Path, target: int) -> Path:
-    data = folder / "short.jsonl"
-    if not data.exists():
-        data.write_bytes(b"".join(
-            orjson.dumps({"id": f"s{i}", "messages": [{"role": "user", "content": f"Say hi #{i}"}]}) + b"\n"
-            for i in range(LONG)))
-    toml = folder / f"short{target}.toml"
-    toml.write_text(f'name = "short"\ntarget_samples = {target}\n[source]\nfiles = ["short.jsonl"]\n'
-                    'schema = "messages"\nfield = "messages"\nid_field = "id"\n[sampling]\nmax_new_tokens = 32\n'
-                    '[generation]\nreasoning = "none"\nrequest_timeout_s = 60\n'
-                    '[output]\nshard_max_samples = 2000\nfsync_every = 64\n')
-    return toml
-
-
-def _run(url: str, toml: Path, out: Path) -> tuple[float, float]:
-    """(CPU seconds, wall seconds) of one CLI run from an empty output folder."""
-    started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "gen_pipeline", "generate", "--dataset", str(toml),
-                             "--server-url", url, "--output-dir", str(out), "--progress", "quiet",
-                             "--window", str(WINDOW)],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    assert proc.stderr is not None
-    if proc.returncode != 0:
-        raise RuntimeError(f"generate failed ({proc.returncode}): {proc.stderr.read().decode()[-2000:]}")
-    proc.stderr.close()
-    return usage.ru_utime + usage.ru_stime, time.monotonic() - started
 
 
 def measure(repeats: int) -> dict:
     rows = []
     with tempfile.TemporaryDirectory(prefix="gp-http-") as tmp, start_sim(SIM_ARGS) as sim:
         folder = Path(tmp)
-        _run(sim.url, _dataset(folder, SHORT), folder / "warm-up")
+        cli_cpu(sim.url, short_dataset(folder, SHORT), folder / "warm-up", *FLAGS)
         for rep in range(repeats):
-            short = _run(sim.url, _dataset(folder, SHORT), folder / f"out-s{rep}")
-            long = _run(sim.url, _dataset(folder, LONG), folder / f"out-l{rep}")
+            short = cli_cpu(sim.url, short_dataset(folder, SHORT), folder / f"out-s{rep}", *FLAGS)
+            long = cli_cpu(sim.url, short_dataset(folder, LONG), folder / f"out-l{rep}", *FLAGS)
             rows.append({"cpu_short_s": short[0], "cpu_long_s": long[0], "wall_long_s": long[1],
                          "requests_per_s": LONG / long[1],
                          "marginal_ms": 1000 * (long[0] - short[0]) / (LONG - SHORT),

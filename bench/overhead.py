@@ -28,25 +28,26 @@ SIM_ARGS = ["--sim-profile", "fast", "--time-scale", "1000000", "--sim-output-me
 SHORT, LONG, REPEATS = 400, 3000, 3
 
 
-def _dataset(folder: Path, target: int) -> Path:
+def short_dataset(folder: Path, target: int) -> Path:
+    """A dataset of LONG one-line prompts (written once in `folder`) and its TOML for `target` samples."""
     data = folder / "short.jsonl"
     if not data.exists():
         data.write_bytes(b"".join(
             orjson.dumps({"id": f"s{i}", "messages": [{"role": "user", "content": f"Say hi #{i}"}]}) + b"\n"
             for i in range(LONG)))
     toml = folder / f"short{target}.toml"
-    toml.write_text(f'name = "short"\ntarget_samples = {target}\n[source]\nfiles = ["short.jsonl"]\n'
+    toml.write_text(f'name = "short{target}"\ntarget_samples = {target}\n[source]\nfiles = ["short.jsonl"]\n'
                     'schema = "messages"\nfield = "messages"\nid_field = "id"\n[sampling]\nmax_new_tokens = 32\n'
                     '[generation]\nreasoning = "none"\nrequest_timeout_s = 60\n'
                     '[output]\nshard_max_samples = 2000\nfsync_every = 64\n')
     return toml
 
 
-def _run(url: str, toml: Path, out: Path) -> tuple[float, float]:
-    """(CPU seconds, wall seconds) of one CLI run from an empty output folder."""
+def cli_cpu(url: str, toml: Path, out: Path, *extra: str) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of one CLI run from an empty output folder (`extra`: more flags)."""
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "gen_pipeline", "generate", "--dataset", str(toml),
-                             "--server-url", url, "--output-dir", str(out), "--progress", "quiet"],
+                             "--server-url", url, "--output-dir", str(out), "--progress", "quiet", *extra],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -61,8 +62,8 @@ def measure() -> dict:
     with tempfile.TemporaryDirectory(prefix="gp-overhead-") as tmp, start_sim(SIM_ARGS) as sim:
         folder = Path(tmp)
         for rep in range(REPEATS):
-            short = _run(sim.url, _dataset(folder, SHORT), folder / f"out-s{rep}")
-            long = _run(sim.url, _dataset(folder, LONG), folder / f"out-l{rep}")
+            short = cli_cpu(sim.url, short_dataset(folder, SHORT), folder / f"out-s{rep}")
+            long = cli_cpu(sim.url, short_dataset(folder, LONG), folder / f"out-l{rep}")
             rows.append({"cpu_short_s": short[0], "cpu_long_s": long[0], "wall_long_s": long[1],
                          "marginal_ms": 1000 * (long[0] - short[0]) / (LONG - SHORT),
                          "total_ms": 1000 * long[0] / LONG})

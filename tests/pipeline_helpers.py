@@ -296,3 +296,16 @@ def wait_until(ready, proc: subprocess.Popen[bytes], timeout_s: float = 30) -> N
     while not ready():
         assert proc.poll() is None and time.monotonic() < deadline, f"not seen within {timeout_s} s (rc {proc.poll()})"
         time.sleep(0.05)
+
+
+def three_samples(out: Path) -> Path:
+    """A store under `out` with dataset T holding 3 committed one-turn samples (for export and report tests)."""
+    from gen_pipeline.records import Sample
+    from gen_pipeline.store.dataset_store import DatasetStore
+
+    with DatasetStore(out, "T", fingerprint={"model": "m"}, target=3) as s:
+        s.open()
+        turns = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+        s.write_samples([Sample(f"T-{i}", "T", turns, {"model": "m", "finish_reason": "stop", "prompt_tokens": 1,
+                                                       "completion_tokens": 1, "sampling": {}}) for i in range(3)])
+    return out

@@ -22,7 +22,7 @@ from gen_pipeline.records import Sample
 from gen_pipeline.reports.status import status_all
 from gen_pipeline.store.dataset_store import DatasetStore
 
-from pipeline_helpers import REPO, cli_cmd, make_rows, run_cli, write_dataset
+from pipeline_helpers import REPO, cli_cmd, make_rows, run_cli, three_samples, write_dataset
 
 LATIN1_ROWS = b"".join(orjson.dumps({"id": f"r{i}", "messages": [{"role": "user", "content": "caf\u00e9 ?"}]})
                        .decode().encode("latin-1") + b"\n" for i in range(3))
@@ -166,13 +166,7 @@ def test_a_refused_sampling_value_exits_2_from_the_cli(tmp_path: Path) -> None:
 
 @pytest.fixture
 def one_dataset(tmp_path: Path) -> Path:
-    out = tmp_path / "out"
-    with DatasetStore(out, "T", fingerprint={"model": "m"}, target=3) as s:
-        s.open()
-        turns = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
-        s.write_samples([Sample(f"T-{i}", "T", turns, {"model": "m", "finish_reason": "stop", "prompt_tokens": 1,
-                                                       "completion_tokens": 1, "sampling": {}}) for i in range(3)])
-    return out
+    return three_samples(tmp_path / "out")
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -10,21 +10,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gen_pipeline.records import Sample
-from gen_pipeline.store.dataset_store import DatasetStore
-
-from pipeline_helpers import REPO, run_cli
+from pipeline_helpers import REPO, run_cli, three_samples
 
 
 @pytest.fixture
 def one_dataset(tmp_path: Path) -> Path:
-    out = tmp_path / "outputs"
-    with DatasetStore(out, "T", fingerprint={"model": "m"}, target=3) as s:
-        s.open()
-        turns = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
-        s.write_samples([Sample(f"T-{i}", "T", turns, {"model": "m", "finish_reason": "stop", "prompt_tokens": 1,
-                                                       "completion_tokens": 1, "sampling": {}}) for i in range(3)])
-    return out
+    return three_samples(tmp_path / "outputs")
 
 
 @pytest.mark.parametrize("fmt, out", [("specforge", "exports/sub/T.jsonl"), ("hf", "exports/chat")])
