@@ -339,16 +339,31 @@ polls = st.lists(
 )
 
 
+def test_a_dip_in_running_after_a_wave_of_finishes_keeps_the_queue() -> None:
+    """Issue 19 run 2 on the H200 (long regime): running read 44, then 30 after a wave of finishes,
+    then 38 with nothing queued -- the window had shrunk with the dip and SGLang's next admission
+    round found an empty queue. The window follows the peak of the last running_peak_s instead."""
+    ctrl = Controller(Capacity(60_000, 3750), initial_tokens_per_request=2448)
+    for t, (running, queued, ratio) in enumerate([(16, 8, 0.7), (44, 27, 0.098), (44, 22, 0.098), (30, 14, 0.098)]):
+        ctrl.observe_load(_ratio_snap(float(t), running, queued, ratio, usage=0.7))
+    assert not ctrl.warming
+    assert ctrl.window(3.0, 300) == 44 + 22  # not 30 + 15: 14 queued, SGLang is about to admit them
+    assert ctrl.queue_bound() == 14 + 22
+    ctrl.observe_load(_ratio_snap(4.0 + CFG.running_peak_s, 30, 0, 0.098, usage=0.7))  # the peak has aged out
+    assert ctrl.window(4.0 + CFG.running_peak_s, 300) == 30 + 15
+
+
 @settings(max_examples=200, deadline=None)
 @given(trace=polls, f0=st.floats(100, 20_000), pool=st.integers(1000, 1_000_000))
 def test_the_servers_queue_stays_bounded_and_fed(trace, f0, pool) -> None:
-    """The stated bound: after a load poll showing R running (and T of the client's requests in transit,
-    neither running nor queued), the window leaves at most max(queue_min, R / 2) queued at the server
-    once SGLang is warm, at most max(queue_min, 2 R) while it warms up; and while the pool has room and
-    no retraction cooldown holds it, at least queue_min: the client is never the reason SGLang has
-    nothing to admit."""
+    """The stated bound: after a load poll showing `running` (and T of the client's requests in transit,
+    neither running nor queued), R being the most running of the polls within running_peak_s, the
+    window leaves at most R - running + max(queue_min, R / 2) queued at the server once SGLang is warm,
+    R - running + max(queue_min, 2 R) while it warms up; and while the pool has room and no retraction
+    cooldown holds it, at least queue_min: the client is never the reason SGLang has nothing to admit."""
     ctrl = Controller(Capacity(pool, None), initial_tokens_per_request=f0)
     t, retractions, cool_until = 0.0, 0, -1.0
+    seen: list[tuple[float, int]] = []
     for event in trace:
         t += 1.0
         if event[0] == "done":
@@ -356,9 +371,11 @@ def test_the_servers_queue_stays_bounded_and_fed(trace, f0, pool) -> None:
             continue
         if event[0] == "restart":
             ctrl.update_capacity(Capacity(pool, None))
-            retractions, cool_until = 0, -1.0
+            retractions, cool_until, seen = 0, -1.0, []
             continue
         _, running, queued, usage, ratio, retracted, in_flight = event
+        seen.append((t, running))
+        peak = max(n for s, n in seen if s >= t - CFG.running_peak_s)
         transit = 0 if in_flight is None else max(0, in_flight - running - queued)
         retractions += retracted
         if retracted >= max(CFG.retraction_burst_min, CFG.retraction_burst_frac * running):
@@ -366,8 +383,8 @@ def test_the_servers_queue_stays_bounded_and_fed(trace, f0, pool) -> None:
         ctrl.observe_load(LoadSnapshot(t, running, queued, token_usage=usage, retractions_total=retractions,
                                        new_token_ratio=ratio), in_flight=in_flight)
         w = ctrl.window(t, 10**9)
-        allowed = max(CFG.queue_min, 2 * running if ctrl.warming else running // 2)
-        assert w - running - transit <= min(CFG.queue_max, allowed)  # what can queue at the server
+        allowed = min(CFG.queue_max, max(CFG.queue_min, 2 * peak if ctrl.warming else peak // 2))
+        assert w - running - transit <= peak - running + allowed  # what can queue at the server
         pool_has_room = usage < CFG.guard_usage_frac * CFG.target_usage
         if pool_has_room and t >= cool_until and running + transit + CFG.queue_min <= CFG.max_window:
             assert w >= running + transit + CFG.queue_min

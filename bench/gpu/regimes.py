@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.gpu import runs, servers
-from bench.gpu.setup import DATASET, KV_TOKENS, LONG_DATASET, LONG_PROMPTS
+from bench.gpu.setup import KV_TOKENS, LONG_DATASET, LONG_PROMPTS, SHORT_DATASET, SHORT_PROMPTS
 from bench.gpu.traces import TracePoller, summarize
 from gen_pipeline.reports.diagnose import diagnose
 from gen_pipeline.store.telemetry import read_telemetry
@@ -41,7 +41,7 @@ class Regime:
 
 
 REGIMES = {
-    "short": Regime(DATASET, 1200, {"fixed-128": 128, "all": 1200, "adaptive": None}, 35.0),
+    "short": Regime(SHORT_DATASET, SHORT_PROMPTS, {"fixed-128": 128, "all": SHORT_PROMPTS, "adaptive": None}, 50.0),
     "long": Regime(LONG_DATASET, LONG_PROMPTS, {"fixed-40": 40, "all": LONG_PROMPTS, "adaptive": None}, 75.0),
 }
 
@@ -105,7 +105,10 @@ def measure(check: Any, server: servers.Server, rnd: int, regime: str,
            "duplicates": figures["duplicates"], "completion_tokens": figures["completion_tokens"],
            "dispatch_s": round(run.dispatch_s, 2), "wall_s": round(run.wall_s, 1),
            "tok_s": round(figures["completion_tokens"] / max(run.dispatch_s, 1e-6), 1),
-           "steady_tok_s": steady_tok_s, "trace_summary": shape, "controller": run.controller_figures(),
+           "steady_tok_s": steady_tok_s, "client_cpu_s": round(run.cpu_s, 2),
+           "client_cpu_ms_per_1k_tokens": round(1e6 * run.cpu_s / max(figures["completion_tokens"], 1), 2),
+           "client_core_share": round(run.cpu_s / max(run.wall_s, 1e-6), 3),
+           "trace_summary": shape, "controller": run.controller_figures(),
            "diagnose": [v.rule for v in diagnose(read_telemetry(out / spec.dataset))]}
     if figures["rows"] != spec.prompts:
         row["warning"] = f"{figures['rows']} rows, expected {spec.prompts}"
@@ -138,6 +141,8 @@ def summarize_regimes(rows: list[dict]) -> dict:
                 "steady_queued_median": _median([s.get("steady_queued_mean") for s in shapes]),
                 "queued_max": max((s.get("steady_queued_max") or 0) for s in shapes),
                 "retractions_max": max((s.get("retractions") or 0) for s in shapes),
+                "client_cpu_ms_per_1k_tokens_median": _median([r.get("client_cpu_ms_per_1k_tokens") for r in mine]),
+                "client_core_share_median": _median([r.get("client_core_share") for r in mine]),
                 "diagnose": mine[-1].get("diagnose")}
         entry: dict[str, Any] = {"clients": per}
         if "adaptive" in per and len(per) > 1:
@@ -147,8 +152,22 @@ def summarize_regimes(rows: list[dict]) -> dict:
             a = per["adaptive"]
             entry.update(best_fixed=best, adaptive_over_best=round(a["tok_s_median"] / others[best]["tok_s_median"], 3),
                          adaptive_over_best_steady=round((a["steady_tok_s_median"] or 0) / best_steady, 3)
-                         if best_steady else None)
+                         if best_steady else None,
+                         adaptive_over_best_per_round=_per_round(rows, regime))
+            paired = entry["adaptive_over_best_per_round"]
+            entry["adaptive_over_best_per_round_median"] = _median(list(paired.values())) if paired else None
         out[regime] = entry
+    return out
+
+
+def _per_round(rows: list[dict], regime: str) -> dict[str, float]:
+    """Adaptive over the best other client of the same round (the GPU's rate drifts between rounds)."""
+    out = {}
+    for rnd in sorted({r["round"] for r in rows if r["regime"] == regime}):
+        mine = {r["client"]: r["tok_s"] for r in rows if (r["regime"], r["round"]) == (regime, rnd) and r["rc"] == 0}
+        others = [v for c, v in mine.items() if c != "adaptive"]
+        if "adaptive" in mine and others:
+            out[str(rnd)] = round(mine["adaptive"] / max(others), 3)
     return out
 
 

@@ -166,26 +166,36 @@ def regimes_markdown(t: dict) -> str:
             rows.append([regime, client, c["rounds"], f"{c['tok_s_median']:,.0f}", f"{100 * c['spread']:.0f} %",
                          f"{c['steady_tok_s_median']:,.0f}" if c["steady_tok_s_median"] else "-", c["ramp_s_median"],
                          c["steady_running_median"], c["steady_queued_median"], c["queued_max"], c["retractions_max"],
+                         c.get("client_cpu_ms_per_1k_tokens_median", "-"), c.get("client_core_share_median", "-"),
                          " ".join(c.get("diagnose") or []) or "-"])
         if entry.get("best_fixed"):
+            paired = entry.get("adaptive_over_best_per_round") or {}
             ratio_rows.append([regime, entry["best_fixed"], f"**{entry['adaptive_over_best']}**",
-                               entry.get("adaptive_over_best_steady")])
+                               entry.get("adaptive_over_best_steady"),
+                               " / ".join(str(v) for v in paired.values()) or "-",
+                               entry.get("adaptive_over_best_per_round_median", "-")])
     where = "the simulator (dry run)" if t.get("sim") else "the H200"
+    counts = {regime: {r["rows"] for r in entry.get("runs", []) if r.get("rc") == 0}
+              for regime, entry in t.items() if regime in ("short", "long") and isinstance(entry, dict)}
+    short, long = (f"{max(counts.get(k) or {0}):,}" for k in ("short", "long"))
     return "\n".join([
         "## Short and long outputs, interleaved clients (`bench/gpu/` phase `regimes`, issue 19)",
         "",
         f"Run {t.get('date')} on {where}: `{REGIMES_COMMAND}` (bench/gpu/README.md; traces: "
-        "bench/gpu/h200_traces.json). One server (60,000 bf16 KV tokens); short: 1,200 prompts, max 512; long: "
-        "300 prompts of ~300-500 tokens, max_new_tokens 4096, min_tokens 1000. Rounds interleave the regimes and "
+        f"bench/gpu/h200_traces.json). One server (60,000 bf16 KV tokens); short: {short} prompts, max 512; long: "
+        f"{long} prompts of ~300-500 tokens, max_new_tokens 4096, min_tokens 1000. Rounds interleave the regimes and "
         "rotate the clients; prefix cache flushed before each run. tok/s = completion tokens / (server in hand -> "
         "CLI exit); steady = the server's mean decode rate from 20 % of the run (after the ramp) to the last poll "
-        "with requests queued; ramp = seconds to 90 % of the steady running count.",
+        "with requests queued; ramp = seconds to 90 % of the steady running count; client CPU = the CLI's user + "
+        "sys CPU (streamed turns, the loop detector on) per 1K completion tokens, and as a share of one core over "
+        "its run. Per round = adaptive / the best other client of the same round.",
         "",
         md_table(["regime", "client", "rounds", "tok/s (median)", "spread", "steady tok/s", "ramp s",
-                  "steady running", "steady queued", "queued max", "retractions max", "diagnose"], rows),
+                  "steady running", "steady queued", "queued max", "retractions max", "client CPU ms/1K tok",
+                  "client core share", "diagnose"], rows),
         "",
-        md_table(["regime", "best of the others", "adaptive / best (whole run)", "adaptive / best (steady)"],
-                 ratio_rows),
+        md_table(["regime", "best of the others", "adaptive / best (whole run)", "adaptive / best (steady)",
+                  "adaptive / best per round", "per-round median"], ratio_rows),
     ])
 
 

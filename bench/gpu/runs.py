@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -34,6 +35,7 @@ class CliRun:
     dispatch_s: float = 0.0  # server in hand -> exit
     ready_mono: float | None = None  # time.monotonic() when it had its server (traces are timed from it)
     killed: bool = False
+    cpu_s: float = 0.0  # the CLI's user + sys CPU (children reaped during the run: the CLI alone)
     lines: list[tuple[float, str]] = field(default_factory=list)  # (seconds since start, line)
 
     def text(self) -> str:
@@ -60,6 +62,7 @@ def run_cli(name: str, argv: list[str], log_dir: Path, *, kill_after_s: float | 
             timeout_s: float = 900.0) -> CliRun:
     """Run the CLI; with kill_after_s, SIGKILL it that many seconds after it has a server."""
     run = CliRun(name, argv)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     ready_at: list[float] = []
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -89,6 +92,8 @@ def run_cli(name: str, argv: list[str], log_dir: Path, *, kill_after_s: float | 
         time.sleep(0.05)
     run.rc = proc.wait()
     ended = time.monotonic()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    run.cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     t.join(timeout=5)
     assert proc.stdout is not None
     proc.stdout.close()

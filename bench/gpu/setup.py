@@ -23,6 +23,10 @@ LONG_DATASET = "h200long"
 LONG_PROMPTS = 300
 LONG_MAX_NEW_TOKENS = 4096
 LONG_MIN_TOKENS = 1000
+# The short regime of issue 19's rounds: enough prompts that SGLang's own ramp (~4 s to its steady
+# ~150 running) weighs ~a tenth of a run (~35 s on the H200).
+SHORT_DATASET = "h200short"
+SHORT_PROMPTS = 3000
 SGLANG_FLAGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--dtype", "bfloat16"]
 SIM_FLAGS = ["--sim-profile", "h200", "--sim-startup-s", "1", "--sim-output-mean", "255",
              "--sim-output-spread", "0.9"]
@@ -154,12 +158,18 @@ def server_toml(model: str, sim: bool = False, time_scale: float = 1.0) -> str:
 
 
 def write_configs(work: Path, model: str, *, sim: bool, time_scale: float = 1.0, prompts: int = PROMPTS) -> Path:
-    """WORK/cfg/{server.toml, h200.toml, prompts.jsonl, h200long.toml, prompts-long.jsonl}; returns the config dir."""
+    """WORK/cfg/{server.toml, h200.toml, prompts.jsonl, h200short.toml, prompts-short.jsonl, h200long.toml,
+    prompts-long.jsonl}; returns the config dir."""
     cfg = work / "cfg"
     cfg.mkdir(parents=True, exist_ok=True)
     write_prompts(cfg / "prompts.jsonl", prompts)
     text = dataset_toml(cfg / "prompts.jsonl").replace(f"target_samples = {PROMPTS}", f"target_samples = {prompts}")
     (cfg / f"{DATASET}.toml").write_text(text)
+    write_prompts(cfg / "prompts-short.jsonl", SHORT_PROMPTS)  # the same seed: its first rows are prompts.jsonl's
+    (cfg / f"{SHORT_DATASET}.toml").write_text(
+        dataset_toml(cfg / "prompts-short.jsonl").replace(f'name = "{DATASET}"', f'name = "{SHORT_DATASET}"')
+        .replace(f"target_samples = {PROMPTS}", f"target_samples = {SHORT_PROMPTS}")
+        .replace(f"{PROMPTS} synthetic prompts", f"{SHORT_PROMPTS} synthetic prompts"))
     write_long_prompts(cfg / "prompts-long.jsonl")
     (cfg / f"{LONG_DATASET}.toml").write_text(long_dataset_toml(cfg / "prompts-long.jsonl"))
     (cfg / "server.toml").write_text(server_toml(model, sim=sim, time_scale=time_scale))

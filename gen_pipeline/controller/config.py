@@ -33,6 +33,11 @@ class ControllerConfig:
     queue_min: int = 4
     queue_max: int = 512
     warm_ratio_factor: float = 1.5
+    # The queue is sized on the most requests SGLang ran within the last running_peak_s, not on the last
+    # poll alone: a wave of finishes reads as a dip in running for a poll or two before SGLang's next
+    # admission round, and a window that shrank with it left that round an empty queue (the H200's long
+    # regime: queued 0 with 30-38 running, issue 19 run 2).
+    running_peak_s: float = 5.0
     # The model of the pool caps that window while the pool fills (token_usage at or above this
     # share of target_usage) within retraction_cooldown_s of a retraction: SGLang's estimate
     # (new_token_ratio) has just proved optimistic. Without a retraction SGLang's admission decides

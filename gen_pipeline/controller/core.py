@@ -5,14 +5,15 @@ own scheduler decides how many requests run (its admission reserves new_token_ra
 remaining max_new_tokens of every running request); the client's job is to keep that admission fed
 -- never the reason a slot waits -- without queueing the whole job at the server. Three layers:
 
-1. Feed, every poll (controller/feed.py): the window is running + a queue of queue_frac x running
-   (clamped to [queue_min, queue_max]) + what is in transit (sent, neither running nor queued yet),
-   so SGLang always has candidates at its next admission round and the client refills at every
-   completion. While SGLang's admission warms up after a start or
+1. Feed, every poll (controller/feed.py): the window is R + a queue of queue_frac x R (clamped to
+   [queue_min, queue_max]) + what is in transit (sent, neither running nor queued yet), R being the
+   most requests running at the polls of the last running_peak_s (a wave of finishes dips running
+   for a poll before SGLang admits again), so SGLang always has candidates at its next admission
+   round and the client refills at every completion. While SGLang's admission warms up after a start or
    restart (new_token_ratio, read from /metrics, still far above its floor; without that gauge,
    until the first completion) the queue allowed is warm_queue_frac x running: its first cautious
    round is not a full server. The bound on the server's queue: queued <= window - running -
-   in transit = that queue.
+   in transit = that queue + (R - running).
 2. Model of the pool: C / H requests fit, H being the mean KV a request holds over its life
    (length-weighted, learned from completions; see RequestSizes; before the first wave has
    finished, the prior F, a request at its end). gain * u * C / H + a small slack, capped at
@@ -47,6 +48,7 @@ reasons the window does not cause).
 from __future__ import annotations
 
 import math
+from collections import deque
 
 from gen_pipeline.controller.climb import HillClimber
 from gen_pipeline.controller.config import ControllerConfig, ControllerStats
@@ -70,6 +72,7 @@ class Controller:
         self._load: LoadSnapshot | None = None
         self._live_held: float | None = None
         self._transit = 0  # requests out at the last poll but neither running nor queued at the server
+        self._running_seen: deque[tuple[float, int]] = deque()  # (t_s, running) of the recent polls
         self._retracted_at_s = -math.inf
         self._queue = QueueBound(config.queue_frac, config.warm_queue_frac, config.queue_min, config.queue_max)
         self._warm = WarmUp(config.warm_ratio_factor)
@@ -121,6 +124,7 @@ class Controller:
         in_effect = self._last_window or self._target_window()
         self._transit = 0 if in_flight is None else max(0, in_flight - snap.running - snap.queued)
         prev, self._load = self._load, snap
+        self._remember_running(snap)
         used: float | None = snap.used_tokens
         if used is None and snap.token_usage is not None:
             used = snap.token_usage * self._capacity.max_total_num_tokens
@@ -149,6 +153,7 @@ class Controller:
         self._capacity = capacity
         self._climber = self._new_climber(capacity)
         self._load, self._live_held, self._epoch, self._transit = None, None, None, 0
+        self._running_seen.clear()
         self._retracted_at_s = -math.inf
         self._ceiling, self._ceiling_until_s = math.inf, -math.inf
         self._warm.restart()
@@ -256,8 +261,8 @@ class Controller:
         model, load = self._uncapped_window(), self._load
         if load is None or self.mode == "gradient":
             return model
-        queue = self._queue.allowance(load.running, self._warm.warming)
-        feed = load.running + self._transit + queue
+        running = self._running_peak()
+        feed = running + self._transit + self._queue.allowance(running, self._warm.warming)
         if self._pool_filling(load):  # the model caps; a queue SGLang is not admitting stays fed
             floor = load.running + min(load.queued, self._cfg.queue_min) if load.queued > 0 else 0
             return min(feed, max(model, floor))
@@ -273,7 +278,20 @@ class Controller:
         load = self._load
         if load is None or self.mode == "gradient":
             return None
-        return self._queue.allowance(load.running, self._warm.warming)
+        running = self._running_peak()
+        return running - load.running + self._queue.allowance(running, self._warm.warming)
+
+    def _remember_running(self, snap: LoadSnapshot) -> None:
+        seen = self._running_seen
+        if seen and snap.t_s < seen[-1][0]:  # a clock that went back: start over
+            seen.clear()
+        seen.append((snap.t_s, snap.running))
+        while seen[0][0] < snap.t_s - self._cfg.running_peak_s:
+            seen.popleft()
+
+    def _running_peak(self) -> int:
+        """The most requests SGLang ran within the last running_peak_s (see ControllerConfig)."""
+        return max((n for _, n in self._running_seen), default=0)
 
     def _pool_filling(self, snap: LoadSnapshot) -> bool:
         """The pool fills and SGLang's optimism has just shown: a retraction within the cooldown."""

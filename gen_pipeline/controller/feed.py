@@ -8,10 +8,13 @@ could admit that is not there is a decode slot lost; a queue beyond what it admi
 client refills is only waiting (timeouts, client memory, retried on a restart). So the client keeps
 a bounded queue at the server:
 
-    window = running + queue,   queue = clamp(queue_frac x running, queue_min, queue_max)
+    window = R + queue,   queue = clamp(queue_frac x R, queue_min, queue_max)
 
+R being the most requests SGLang ran within the last few seconds (ControllerConfig.running_peak_s),
 which SGLang draws on at every admission round and the client refills at every completion and poll.
-That is the bound: queued at the server <= window - running = queue.
+Not the last poll's running alone: a wave of finishes shows as a dip for a poll or two before SGLang's
+next admission round, and a window shrunk with it left that round an empty queue. That is the bound:
+queued at the server <= window - running = queue + (R - running), at most (1 + queue_frac) x R.
 
 Warm-up. After a start or restart new_token_ratio is 0.7 (x --schedule-conservativeness) and
 decays to 0.14 x that over 600 decode steps (~2 s on an H200); SGLang's first round takes only what
@@ -22,8 +25,9 @@ caution, not a full server. Until SGLang's admission has warmed up -- the ratio 
 (the last prefill round's) has come down to within `warm_ratio_factor` of its floor, or, without
 that gauge, a request has completed since the start -- the queue allowed is warm_frac x running
 (2 x running by default): the first admission bursts find candidates waiting, as with a fixed
-window at the slot count. The bound, stated: queued <= max(queue_min, queue_frac x running) once
-warm, max(queue_min, warm_frac x running) for the few seconds of a warm-up, never above queue_max.
+window at the slot count. The bound, stated: queued <= R - running + max(queue_min, queue_frac x R)
+once warm, R - running + max(queue_min, warm_frac x R) for the few seconds of a warm-up, the queue
+part never above queue_max.
 """
 
 from __future__ import annotations
