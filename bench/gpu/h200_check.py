@@ -356,8 +356,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time-scale", type=float, default=None, help="simulator speed-up (with --sim)")
     p.add_argument("--budget-s", type=float, default=570.0, help="optional runs are skipped past this")
     p.add_argument("--kill-after-s", type=float, default=8.0, help="kill phase: SIGKILL this long into a run")
+    p.add_argument("--regimes", default="short,long",
+                   help="regimes phase: which regimes, in the order each round starts with (e.g. long,short)")
+    p.add_argument("--short-prompts", type=int, default=regimes.SHORT_PROMPTS,
+                   help=f"regimes phase: prompts of a short-regime run (at most {regimes.SHORT_PROMPTS})")
     args = p.parse_args(argv)
     check = Check(args.work, args.sim, args.prompts, time.monotonic() + args.budget_s, args.kill_after_s)
+    check.regimes_order = [r for r in args.regimes.split(",") if r]
+    check.short_prompts = min(args.short_prompts, regimes.SHORT_PROMPTS)
     if args.time_scale:
         check.results["time_scale"] = args.time_scale
     for phase in args.phases:

@@ -42,15 +42,15 @@ class Regime:
 
 REGIMES = {
     "short": Regime(SHORT_DATASET, SHORT_PROMPTS, {"fixed-128": 128, "all": SHORT_PROMPTS, "adaptive": None}, 50.0),
-    "long": Regime(LONG_DATASET, LONG_PROMPTS, {"fixed-40": 40, "all": LONG_PROMPTS, "adaptive": None}, 75.0),
+    "long": Regime(LONG_DATASET, LONG_PROMPTS, {"fixed-40": 40, "all": LONG_PROMPTS, "adaptive": None}, 45.0),
 }
 
 
-def plan(rounds: int = ROUNDS) -> list[tuple[int, str, str]]:
+def plan(rounds: int = ROUNDS, order: tuple[str, ...] = ("short", "long")) -> list[tuple[int, str, str]]:
     """(round, regime, client) in the order they run: regimes alternate, clients rotate."""
     out = []
     for r in range(1, rounds + 1):
-        for regime in (("short", "long") if r % 2 else ("long", "short")):
+        for regime in (order if r % 2 else order[::-1]):
             names = list(REGIMES[regime].clients)
             k = (r - 1) % len(names)
             out += [(r, regime, c) for c in names[k:] + names[:k]]
@@ -59,12 +59,17 @@ def plan(rounds: int = ROUNDS) -> list[tuple[int, str, str]]:
 
 def run_phase(check: Any, rounds: int = ROUNDS) -> None:
     """Run what is missing of plan(rounds) while the budget lasts; then summarize."""
+    order = tuple(getattr(check, "regimes_order", None) or ("short", "long"))
+    short_prompts = getattr(check, "short_prompts", SHORT_PROMPTS)
+    if short_prompts != SHORT_PROMPTS:
+        REGIMES["short"] = Regime(SHORT_DATASET, short_prompts,
+                                  {"fixed-128": 128, "all": short_prompts, "adaptive": None}, 35.0)
     server = check.ensure("main", "h200")
     res = check.results.setdefault("regimes", {"runs": []})
     traces_path = check.work / "traces.json"
     traces = json.loads(traces_path.read_text()) if traces_path.exists() else {}
     done = {(r["round"], r["regime"], r["client"]) for r in res["runs"]}
-    for rnd, regime, client in plan(rounds):
+    for rnd, regime, client in plan(rounds, order):
         if (rnd, regime, client) in done:
             continue
         previous = [r["wall_s"] for r in res["runs"] if (r["regime"], r["client"]) == (regime, client)]

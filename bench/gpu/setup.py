@@ -27,9 +27,12 @@ LONG_MIN_TOKENS = 1000
 # ~150 running) weighs ~a tenth of a run (~35 s on the H200).
 SHORT_DATASET = "h200short"
 SHORT_PROMPTS = 3000
-SGLANG_FLAGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--dtype", "bfloat16"]
+# --stream-interval 8: a chunk every 8 tokens. At 1 (SGLang's default) the streaming client (loop detector on)
+# took 0.9 of a core at ~9K tok/s on the lent H200's host and was the bottleneck (issue 22).
+SGLANG_FLAGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--dtype", "bfloat16",
+                "--stream-interval", "8"]
 SIM_FLAGS = ["--sim-profile", "h200", "--sim-startup-s", "1", "--sim-output-mean", "255",
-             "--sim-output-spread", "0.9"]
+             "--sim-output-spread", "0.9", "--stream-interval", "8"]
 
 
 def write_prompts(path: Path, n: int = PROMPTS, seed: int = 9) -> int:
