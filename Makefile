@@ -43,7 +43,7 @@ $(STAMP): FORCE
 endif
 
 $(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV_ARGS) $(VENV)
+	@test -x $(PY) || $(MAKE) --no-print-directory $(VENV)/pyvenv.cfg
 	$(if $(findstring --no-index,$(PIP_ARGS)),,$(PY) -m pip install -q $(PIP_ARGS) --upgrade pip)
 	$(PY) -m pip install -q $(PIP_ARGS) -e '.[$(EXTRAS)]'
 	# SpecForge's own loader of pre-tokenized rows (specforge/data/prompt_builder.py imports only the
@@ -52,6 +52,15 @@ $(STAMP): pyproject.toml
 	@echo '$(EXTRAS)' > $(STAMP)
 
 FORCE:
+
+# The venv itself. With --system-site-packages from an interpreter that is itself a venv (a CUDA image's
+# /opt/torch/.venv/bin/python3, as on the lent H200), Python links the new venv to the *base* interpreter's
+# site-packages, not that venv's: torch and numpy vanish. A .pth file adds the parent venv's site-packages
+# after the new venv's own (so what pip installs here still shadows the image's).
+CHAIN_SITE := import pathlib, site, sys; sys.prefix != sys.base_prefix and pathlib.Path(sys.argv[1], "zz_parent_venv_site.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+$(VENV)/pyvenv.cfg:
+	$(PYTHON) -m venv $(VENV_ARGS) $(VENV)
+	$(if $(findstring --system-site-packages,$(VENV_ARGS)),$(PYTHON) -c '$(CHAIN_SITE)' "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')")
 
 generate: $(STAMP)
 	@test -n "$(DATASET)" || { echo "usage: make generate DATASET=B2|B1,B2,B6,B7|all [SERVER_URL=http://host:30000] [SERVER=sim] [LIMIT=N]"; exit 2; }

@@ -11,6 +11,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -25,12 +26,17 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
 FAKE_PYTHON = textwrap.dedent("""\
     #!/bin/sh
     # logs its command line (and the hint the Makefile exports to generate), makes a venv on -m venv
-    echo "$0 $*${GEN_PIPELINE_MAKE_SGLANG:+ [GEN_PIPELINE_MAKE_SGLANG=$GEN_PIPELINE_MAKE_SGLANG]}" >> "$FAKE_LOG"
+    hint="${GEN_PIPELINE_MAKE_SGLANG:+ [GEN_PIPELINE_MAKE_SGLANG=$GEN_PIPELINE_MAKE_SGLANG]}"
+    printf '%s\\n' "$0 $*$hint" >> "$FAKE_LOG"
     if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
         for last; do :; done
         mkdir -p "$last/bin" && cp "$0" "$last/bin/python"
     fi
     """)
+# --system-site-packages: the new venv's site-packages, then the parent venv's added by a .pth (Makefile CHAIN_SITE)
+CHAIN = ['TMP/gpu/bin/python -c import sysconfig; print(sysconfig.get_paths()["purelib"])',
+         'TMP/system/python3 -c import pathlib, site, sys; sys.prefix != sys.base_prefix and pathlib.Path(sys.argv[1], '
+         '"zz_parent_venv_site.pth").write_text("\\n".join(site.getsitepackages()) + "\\n") ']
 
 
 def fake_python(path: Path) -> Path:
@@ -63,6 +69,7 @@ def test_make_venv_with_extras_then_every_target_runs_that_venv(tmp_path: Path) 
     assert r.returncode == 0, r.stderr
     assert calls == [
         "TMP/system/python3 -m venv --system-site-packages TMP/gpu",
+        *CHAIN,
         "TMP/gpu/bin/python -m pip install -q --upgrade pip",
         "TMP/gpu/bin/python -m pip install -q -e .[test,sglang]",
         "TMP/gpu/bin/python -m pip install -q --no-deps specforge==0.2.0",
@@ -128,6 +135,7 @@ def test_the_offline_no_deps_install_and_demo_job_run_the_readmes_commands(tmp_p
     assert r.returncode == 0, r.stderr
     assert calls == [
         "TMP/system/python3 -m venv --system-site-packages TMP/gpu",
+        *CHAIN,
         "TMP/gpu/bin/python -m pip install -q --no-index --no-deps --no-build-isolation -e .[sglang]",
     ]
     assert (tmp_path / "gpu" / ".installed").read_text() == "sglang\n"
@@ -137,3 +145,33 @@ def test_the_offline_no_deps_install_and_demo_job_run_the_readmes_commands(tmp_p
         "TMP/gpu/bin/python -m gen_pipeline generate --dataset all --server sim --config-dir datasets_cfg/offline "
         "--output-dir outputs/offline",
         "TMP/gpu/bin/python -m gen_pipeline status --config-dir datasets_cfg/offline --output-dir outputs/offline"]
+
+
+PURELIB = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+
+
+def test_a_venv_made_from_a_venvs_python_still_sees_its_packages(tmp_path: Path) -> None:
+    """The lent H200's image: python3 is /opt/torch/.venv/bin/python3, itself a venv holding torch and numpy.
+    `python -m venv --system-site-packages` links to the *base* interpreter's site-packages, so SGLang
+    failed to import numpy in `make venv EXTRAS=sglang VENV_ARGS=--system-site-packages`. make adds the
+    parent venv's site-packages with a .pth, after the new venv's own."""
+    base = tmp_path / "image-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(base)], check=True, timeout=60)
+    purelib = subprocess.run([str(base / "bin" / "python"), "-c", PURELIB], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    (Path(purelib) / "image_only_pkg.py").write_text("WHERE = 'image'\n")
+    new = tmp_path / "venv"
+    r, _ = make(tmp_path, f"VENV={new}", f"PYTHON={base / 'bin' / 'python'}",
+                "VENV_ARGS=--system-site-packages --without-pip", f"{new}/pyvenv.cfg")
+    assert r.returncode == 0, r.stdout + r.stderr
+    probe = ("import sys, image_only_pkg; "
+             "print(image_only_pkg.WHERE, sys.path.index(sys.argv[1]) < sys.path.index(sys.argv[2]))")
+    own = subprocess.run([str(new / "bin" / "python"), "-c", PURELIB], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    seen = subprocess.run([str(new / "bin" / "python"), "-c", probe, own, purelib], capture_output=True, text=True)
+    assert seen.stdout.split() == ["image", "True"], seen.stderr  # the image's package, the venv's own first
+    plain = tmp_path / "plain"  # without --system-site-packages nothing of the image leaks in
+    r, _ = make(tmp_path, f"VENV={plain}", f"PYTHON={base / 'bin' / 'python'}", "VENV_ARGS=--without-pip",
+                f"{plain}/pyvenv.cfg")
+    assert r.returncode == 0
+    assert subprocess.run([str(plain / "bin" / "python"), "-c", "import image_only_pkg"]).returncode == 1
