@@ -152,8 +152,9 @@ def markdown(r: dict) -> str:
 
 
 TRACES = Path(__file__).resolve().parent / "h200_traces.json"
-REGIMES_COMMAND = ("BUDGET_S=380 bash bench/gpu/run_h200.sh KEEP OUT install model setup serve regimes; "
-                   "BUDGET_S=540 bash bench/gpu/run_h200.sh KEEP OUT regimes unserve summary")
+REGIMES_COMMAND = ("CHECK_ARGS=\"--regimes long,short --short-prompts 1200\" BUDGET_S=500 "
+                   "bash bench/gpu/run_h200.sh KEEP OUT install model setup serve regimes; "
+                   "CHECK_ARGS=... BUDGET_S=235 bash bench/gpu/run_h200.sh KEEP OUT regimes unserve summary")
 
 
 def regimes_markdown(t: dict) -> str:
@@ -182,7 +183,8 @@ def regimes_markdown(t: dict) -> str:
         "## Short and long outputs, interleaved clients (`bench/gpu/` phase `regimes`, issue 19)",
         "",
         f"Run {t.get('date')} on {where}: `{REGIMES_COMMAND}` (bench/gpu/README.md; traces: "
-        f"bench/gpu/h200_traces.json). One server (60,000 bf16 KV tokens); short: {short} prompts, max 512; long: "
+        f"bench/gpu/h200_traces.json). One server (60,000 bf16 KV tokens, `--stream-interval 8`); "
+        f"short: {short} prompts, max 512; long: "
         f"{long} prompts of ~300-500 tokens, max_new_tokens 4096, min_tokens 1000. Rounds interleave the regimes and "
         "rotate the clients; prefix cache flushed before each run. tok/s = completion tokens / (server in hand -> "
         "CLI exit); steady = the server's mean decode rate from 20 % of the run (after the ramp) to the last poll "
