@@ -431,6 +431,7 @@ class ChatClient:
                             return self._read_whole(await answer.read(), answer.content_type, detector, started,
                                                     token_ids=False)
                         async for data in answer.events():
+                            fleet.answered(url, time.monotonic())  # progress: not hung (server/hang.py)
                             if data == b"[DONE]":
                                 break
                             try:

@@ -34,6 +34,7 @@ from gen_pipeline.run.dataset_run import EVENTS, DatasetRun
 from gen_pipeline.run.dispatch import Window
 from gen_pipeline.run.options import RunOptions
 from gen_pipeline.server.command import check_launchable
+from gen_pipeline.server.hang import HANG_AFTER_S
 from gen_pipeline.sources.loading import LoadedSource, load_source, source_label
 from gen_pipeline.store.dataset_store import DatasetStore, ResumeState, default_opener
 from gen_pipeline.store.ranks import resolve_rank
@@ -43,7 +44,7 @@ def run_options(cfgs: Sequence[DatasetConfig], *, config_dir: Path = DEFAULT_CON
                 output_root: Path = DEFAULT_OUTPUT_DIR, server: str = "tuned", server_urls: Sequence[str] = (),
                 model: str = "", limit: int | None = None, window: int | None = None,
                 poll_interval_s: float = 1.0, drain_grace_s: float = 30.0, proceed_anyway: bool = False,
-                server_wait_s: float = 600.0, health_interval_s: float = 5.0, hang_timeout_s: float | None = None,
+                server_wait_s: float = 600.0, health_interval_s: float = 5.0, hang_timeout_s: float = HANG_AFTER_S,
                 rank: int | None = None, world_size: int | None = None, routing: str = "affinity",
                 gpus_per_server: int | None = None,
                 environ: Mapping[str, str] = os.environ) -> tuple[RunOptions, list[str]]:
