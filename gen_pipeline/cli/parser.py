@@ -59,9 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: %(default)s)")
     g.add_argument("--drain-grace-s", type=float, default=30.0,
                    help="on SIGINT/SIGTERM, seconds to let in-flight requests finish (default: %(default)s)")
-    g.add_argument("--server-wait-s", type=float, default=600.0,
+    g.add_argument("--server-wait-s", type=float, default=None,
                    help="attached servers: when none answers (a restart), pause and wait this long for one to "
-                        "come back before giving up (default: %(default)s; an SGLang restart takes 60-90 s)")
+                        "come back before giving up (default: server_wait_s of server.toml's [run] table, else "
+                        "600; an SGLang restart takes 60-90 s)")
     g.add_argument("--health-interval-s", type=float, default=5.0,
                    help="attached servers: seconds between /health checks of each (default: %(default)s)")
     g.add_argument("--hang-timeout-s", type=float, default=5.0,

@@ -20,6 +20,7 @@ from gen_pipeline.server.hang import HANG_AFTER_S
 from gen_pipeline.store.ranks import RankSpec
 
 SnapshotObserver = Callable[[RunSnapshot], None]
+DEFAULT_SERVER_WAIT_S = 600.0  # --server-wait-s, server.toml [run] server_wait_s
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class RunOptions:
     # attached servers: how long a run waits for a server to come back when none answers (an operator's
     # SGLang restart takes 60-90 s), how often each is health-checked, and how long one may make no
     # progress with requests in flight before it may count as hung (server/hang.py says when it does)
-    server_wait_s: Annotated[float, flag("--server-wait-s", ge=0, unit="seconds")] = 600.0
+    server_wait_s: Annotated[float, flag("--server-wait-s", ge=0, unit="seconds")] = DEFAULT_SERVER_WAIT_S
     health_interval_s: Annotated[float, flag("--health-interval-s", ge=0.05, le=60, unit="seconds")] = 5.0
     hang_timeout_s: Annotated[float, flag("--hang-timeout-s", ge=0.1, unit="seconds")] = HANG_AFTER_S
     proceed_anyway: bool = False  # launch even when the pre-launch source check finds a problem
