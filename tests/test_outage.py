@@ -100,8 +100,9 @@ def test_an_attached_run_waits_out_an_outage_of_its_server(tmp_path: Path, how: 
         text = finish_cli(proc, log, 60)
     assert_no_failures(tmp_path, text, 300)
     assert re.search(r"^server is back after \d+ s: ", text, re.M), text[-2000:]
-    if how == "frozen":  # it says why: the port is open but nothing answers
-        said = rf"no server answers \({re.escape(sim.url)}: no answer within the request timeout \([\d.]+ s\)\)"
+    if how == "frozen":  # it says why: the port is open but nothing answers (/health's or /v1/models' words)
+        said = (rf"no server answers \({re.escape(sim.url)}: (no answer within the request timeout \([\d.]+ s\)|"
+                r"no answer to GET /v1/models within [\d.]+ s)\)")
         assert re.search(said, text), text[-2000:]
     else:
         # refused, or the connections it had cut (whichever the health check or a request saw last)

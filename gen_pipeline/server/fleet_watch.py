@@ -145,7 +145,8 @@ class FleetWatch:
             why = (f"no answer to GET {ALIVE_PATH} within {timeout_s:g} s" if isinstance(e, NoAnswer)
                    else f"GET {ALIVE_PATH} failed ({e.why})")
             self.hangs.unanswered(url, sent_s, why)
-            self.fleet.why[url] = why
+            if self.fleet.is_up(url):  # taken out meanwhile: keep the reason it was taken out for
+                self.fleet.why[url] = why
         else:
             self.hangs.answered(url)
 
