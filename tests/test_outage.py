@@ -266,6 +266,26 @@ def test_a_stuck_scheduler_is_taken_out_once_health_says_so(tmp_path: Path) -> N
                         r"others; 2 of 3 servers left, probing it back with backoff", line), line
 
 
+def test_requests_stalled_on_a_server_out_already_are_resent(tmp_path: Path) -> None:
+    """A stuck scheduler whose /health says 503 at once: 3 failed checks take it out before its requests
+    have been silent for --hang-timeout-s, and such a take-out leaves requests to end by themselves (a
+    dead server's connections are cut). These never end: once silent that long they are re-sent. Base
+    (and this branch before the net): they waited out request_timeout_s (600 s here)."""
+    with ExitStack() as stack:
+        sims = [stack.enter_context(start_sim([*SIM_SLOW, "--sim-health-check-timeout-s", "0"])) for _ in range(2)]
+        toml = dataset(tmp_path, 300, request_timeout_s=600)
+        proc, log = generate(tmp_path, toml, ",".join(s.url for s in sims))
+        wait_lines(tmp_path / "out" / "T", 30, proc)
+        hung = sims[1]
+        assert httpx.post(hung.url + "/sim/faults", json={"scheduler_hung": True}, timeout=5).status_code == 200
+        text = finish_cli(proc, log, 120)
+    assert_no_failures(tmp_path, text, 300)
+    assert (f"took {hung.url} out after 3 failed health checks in a row (/health answered HTTP 503); 1 of 2 "
+            "servers left, probing it back with backoff") in text, text[-3000:]
+    assert re.search(rf"^{re.escape(hung.url)} is out and its \d+ in-flight requests made no progress for [\d.]+ s: "
+                     "re-sent to the others$", text, re.M), text[-3000:]
+
+
 def count_lines(out: Path) -> int:
     return sum(p.read_bytes().count(b"\n") for p in (out / "T").glob("shard-*.jsonl"))
 

@@ -88,7 +88,6 @@ class OpenedDatasets:
 
 
 Claim = tuple[DatasetConfig, DatasetStore, ResumeState, LoadedSource | None]  # a claimed, checked dataset
-LOAD_NOTICE_S = 10.0  # a source still loading after this long is said so, and again every as long
 
 
 class SetupStopped(Exception):
@@ -150,28 +149,11 @@ async def _claim_and_check(cfgs: Sequence[DatasetConfig], opts: RunOptions, open
 
 async def _check_in_thread(cfg: DatasetConfig, store: DatasetStore, opts: RunOptions, several: bool,
                            waived: list[GenPipelineError]) -> LoadedSource | None:
-    """_check in a worker thread (abandoned when cancelled), saying "NAME: loading the source ... (N s so
-    far)" every LOAD_NOTICE_S while it runs: a hub download can take minutes; a local file loads in a
-    second or two, and says nothing."""
-    async def notice() -> None:
-        waited_s = 0.0
-        while True:
-            await anyio.sleep(LOAD_NOTICE_S)
-            waited_s += LOAD_NOTICE_S
-            EVENTS.info("%s: loading the source %s (%.0f s so far)", cfg.name, source_label(cfg.source), waited_s,
-                        extra={"dataset": cfg.name})
-
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(notice)
-            try:
-                source = await anyio.to_thread.run_sync(_check, cfg, store, opts, several, waived,
-                                                        abandon_on_cancel=True)
-            finally:
-                tg.cancel_scope.cancel()
-    except BaseExceptionGroup as group:  # the load's own error, alone (the notice raises none)
-        raise group.exceptions[0] from None
-    return source
+    """_check in a worker thread, abandoned when cancelled; says "NAME: loading the source ..." first
+    (the set-up's slow step: a hub download can take minutes, `datasets` a while even for a local file)."""
+    if store.remaining:
+        EVENTS.info("%s: loading the source %s", cfg.name, source_label(cfg.source), extra={"dataset": cfg.name})
+    return await anyio.to_thread.run_sync(_check, cfg, store, opts, several, waived, abandon_on_cancel=True)
 
 
 def new_store(cfg: DatasetConfig, opts: RunOptions, model: str) -> DatasetStore:

@@ -198,8 +198,14 @@ class Fleet:
             s.next_probe_s = now_s + s.backoff_s
             self.version += 1
             self.taken_out += 1
-            for cancel_sent in list(self.on_taken_out) if cancel else []:
-                cancel_sent(url)
+            if cancel:
+                self.cancel_sent(url)
+
+    def cancel_sent(self, url: str) -> None:
+        """The clients cancel their requests in flight to `url` and send them again (on_taken_out), whether
+        or not it is up."""
+        for cancel_sent in list(self.on_taken_out):
+            cancel_sent(url)
 
     def mark_up(self, url: str) -> None:
         s = self._servers[url]

@@ -54,6 +54,7 @@ class FleetWatch:
         self.hangs = HangWatch(hang_after_s)  # no progress this long with requests in flight: hung? (hang.py)
         self.hang_after_s = hang_after_s
         self._busy: set[tuple[str, str]] = set()  # (what, url) of the checks and probes under way
+        self._cancelled_down: set[str] = set()  # down servers whose stalled requests were cancelled (this time)
         self.down_since_s: float | None = None  # no server has answered since then
         self.workers: dict[str, list[str]] = {}  # base URL → the servers it stands for ([itself] unless a router)
         self.caps: dict[str, Capacity | None] = {}  # per server (None: it does not say)
@@ -125,7 +126,17 @@ class FleetWatch:
         tg.start_soon(one)
 
     def _watch_hangs(self, tg: TaskGroup, now_s: float) -> None:
-        """Take out an up server that is stopped or frozen (hang.py); probe the silent ones."""
+        """Take out an up server that is stopped or frozen (hang.py); probe the silent ones. A server out
+        already (taken out by failed checks or connection errors, its requests left to end by themselves)
+        whose requests make no progress for hang_after_s: those are cancelled and re-sent, once."""
+        for url in self.fleet.down_urls:
+            stuck, silent_s = self.fleet.in_flight(url), self.fleet.silent_s(url, now_s)
+            if stuck and silent_s >= self.hang_after_s and url not in self._cancelled_down:
+                self._cancelled_down.add(url)
+                self.fleet.cancel_sent(url)
+                log.warning("%s is out and its %d in-flight requests made no progress for %.1f s: re-sent%s", url,
+                            stuck, silent_s, " to the others" if self.fleet.up_urls else " once a server answers")
+        self._cancelled_down &= set(self.fleet.down_urls)
         for url in self.fleet.up_urls:
             stuck, silent_s = self.fleet.in_flight(url), self.fleet.silent_s(url, now_s)
             why = self.hangs.frozen(url, now_s, silent_s, stuck)
@@ -153,6 +164,7 @@ class FleetWatch:
     def _take_out_hung(self, url: str, now_s: float, why: str, stuck: int) -> None:
         """Out, its requests in flight cancelled and re-sent (Fleet.mark_down(cancel=True))."""
         self.fleet.mark_down(url, now_s, cancel=True)
+        self._cancelled_down.add(url)
         self.hangs.forget(url)
         where = (f"{stuck} in-flight requests re-sent to the others" if self.fleet.up_urls
                  else f"{stuck} in-flight requests will be re-sent once a server answers")

@@ -18,9 +18,13 @@ srt/managers/tokenizer_manager.py, srt/managers/load_snapshot.py):
 - GET /v1/loads reads a shared-memory snapshot the scheduler writes: the HTTP process answers it alone
   too, so a load answer says nothing about the scheduler's progress.
 
-Progress (the scheduler works) is therefore: bytes of a request's stream, a whole answer, /health 200
-(Fleet.answered; load answers do not count). Liveness (the process answers) is GET /v1/models. A server
-with requests in flight is hung, taken out and its requests re-sent to the live servers:
+- A streamed request's headers come from the HTTP process before any token (a stuck scheduler still
+  accepts requests and answers their headers); only its events carry the scheduler's work.
+
+Progress (the scheduler works) is therefore: events of a request's stream, a whole answer, /health 200
+(Fleet.answered; headers, refusals and load answers do not count). Liveness (the process answers) is
+GET /v1/models. A server with requests in flight is hung, taken out and its requests re-sent to the
+live servers:
 - stopped or frozen: no progress for `hang_after_s` and a GET /v1/models sent after the silence began got
   no answer within `probe_timeout_s` (connect or read timeout). With the defaults (5 s; probes from 1 s of
   silence, 3 s each) about 5 s after the server stopped.
@@ -28,6 +32,9 @@ with requests in flight is hung, taken out and its requests re-sent to the live 
   within the check timeout) with no progress for `hang_after_s` (fleet_watch.py `_check_one`): about
   20-25 s, since until SGLang says 503 it looks like a long prefill.
 - busy or slow: progress, or /v1/models answers: never taken out for it, however long its silence.
+A server taken out otherwise (failed checks, connection errors) keeps its requests in flight, since a
+dead server's connections are cut; those that make no progress for `hang_after_s` are re-sent too
+(a partition: new connections time out, the open ones stall).
 """
 
 from __future__ import annotations
