@@ -5,9 +5,9 @@ attached to all three at the shipped defaults (--health-interval-s 5, --hang-tim
 request_timeout_s 600), one simulator SIGSTOPped once 30 samples are written. Per trial, from the
 SIGSTOP (the wall clock of this process):
 - taken out: the `took URL out` line's own timestamp in run.log (UTC, ms);
-- re-sent: the first 50 ms in which the two live simulators together received at least half as many
-  new requests as the line says were re-sent (their /sim/stats requests_seen, polled every 10 ms; the
-  run's own refills add a request every ~0.1 s, the re-sent ones arrive together);
+- re-sent: the first 50 ms from the take-out on in which the two live simulators together received at
+  least half as many new requests as the line says were re-sent (their /sim/stats requests_seen, polled
+  every 10 ms; before the take-out the run's own refills can come in such bursts too);
 - the silence the tool measured (the line's "no progress for X s").
 Medians over the trials. The run must end exact (300 samples, no duplicate); a trial that does not is
 an error, not a figure.
@@ -107,9 +107,10 @@ def trial(work: Path) -> dict[str, Any]:
     ids = [orjson.loads(x)["id"] for p in shards for x in p.read_bytes().splitlines()]
     if rc != 0 or took is None or len(ids) != TARGET or len(set(ids)) != TARGET:
         raise RuntimeError(f"trial not exact (rc {rc}, {len(ids)} lines, {len(set(ids))} ids): {run_log[-2000:]}")
-    resent = int(took.group(4))
-    burst = _burst(polls, resent / 2)
-    return {"taken_out_s": round(_utc(took.group(1)) - frozen_at, 2),
+    resent, took_at = int(took.group(4)), _utc(took.group(1))
+    # nothing is re-sent before the take-out; the run's own refills can come in bursts too
+    burst = _burst([(t, n) for t, n in polls if t >= took_at - 0.05], resent / 2)
+    return {"taken_out_s": round(took_at - frozen_at, 2),
             "resent_s": round(burst - frozen_at, 2) if burst is not None else None,
             "silence_s": float(took.group(3)), "resent": resent}
 
