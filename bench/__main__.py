@@ -1,6 +1,6 @@
 """`make bench` = `python -m bench [NAME ...]`: runs the benchmarks in turn; each writes its own
 section of bench/results.json and bench/RESULTS.md. Names: calibration, controller, controller_regimes,
-overhead, http_client, resume_speed, sim_capacity, export, ranks, fleet, job, loops, affinity, gate, faults,
+overhead, http_client, resume_speed, sim_capacity, export, ranks, fleet, job, loops, affinity, gate, hang, faults,
 sim_vs_real, gpu_h200
 (default: all but faults, the long soak `make chaos` runs)."""
 
@@ -29,6 +29,7 @@ BENCHES = {
     "loops": "bench.loops_bench",
     "affinity": "bench.affinity_bench",
     "gate": "bench.gate_bench",
+    "hang": "bench.hang_bench",
 }
 DEFAULT = [n for n in BENCHES if n != "faults"]
 

@@ -42,6 +42,7 @@ class SimServer:
         self.info = info
         self.loop = EngineLoop(engine, time_scale=ns.time_scale, decode_log_interval=ns.decode_log_interval)
         self.faults: FaultSettings = ns.faults
+        self.loop.set_hung(self.faults.scheduler_hung)
         self.started_real = time.monotonic()
         self.ready_real: float | None = None
         self.seq = 0
@@ -134,7 +135,11 @@ def _sim(request: Request) -> SimServer:
 
 
 async def health(request: Request) -> Response:
-    return Response(status_code=200 if _sim(request).healthy() else 503)
+    sim = _sim(request)
+    if sim.faults.scheduler_hung and sim.healthy():  # SGLang waits this long for scheduler output, then 503
+        await asyncio.sleep(sim.faults.health_check_timeout_s)
+        return Response(status_code=503)
+    return Response(status_code=200 if sim.healthy() else 503)
 
 
 async def server_info(request: Request) -> Response:
@@ -229,6 +234,7 @@ async def sim_faults(request: Request) -> Response:
             sim.faults = sim.faults.updated(await generation.json_body(request))
         except (generation.BadRequest, ValueError) as e:
             return generation.error_response(str(e))
+        sim.loop.set_hung(sim.faults.scheduler_hung)
         log.info("Fault settings changed: %s", sim.faults.to_json())
     return JSONResponse(sim.faults.to_json())
 

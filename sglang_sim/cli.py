@@ -91,6 +91,10 @@ def _sim_flags(p: argparse.ArgumentParser) -> None:
     f.add_argument("--sim-startup-log", metavar="LINE", action="append", default=[],
                    help="log LINE at start-up and carry on (e.g. a warning real SGLang prints)")
     f.add_argument("--sim-never-healthy", action="store_true")
+    f.add_argument("--sim-scheduler-hung", action="store_true",
+                   help="the scheduler stops (an NCCL hang); usually set mid-run: POST /sim/faults")
+    f.add_argument("--sim-health-check-timeout-s", type=float, default=20.0,
+                   help="a hung scheduler's /health answers 503 after this long (SGLANG_HEALTH_CHECK_TIMEOUT)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,7 +137,8 @@ def fault_settings(ns: argparse.Namespace) -> FaultSettings:
         empty_turn_rate=ns.sim_empty_turn_rate, loop_rate=ns.sim_loop_rate, leak_rate=ns.sim_leak_rate,
         marker_only_rate=ns.sim_marker_only_rate,
         health_503_after_s=ns.sim_health_503_after_s, health_503_for_s=ns.sim_health_503_for_s,
-        never_healthy=ns.sim_never_healthy, seed=ns.sim_seed,
+        never_healthy=ns.sim_never_healthy, scheduler_hung=ns.sim_scheduler_hung,
+        health_check_timeout_s=ns.sim_health_check_timeout_s, seed=ns.sim_seed,
     )
 
 

@@ -27,6 +27,11 @@ Keys (CLI `--sim-<key>` with '-' for '_', and the JSON of GET/POST /sim/faults):
     marker_only_rate         the answer is think markers only ("</think>", "<think>\n\n</think>", ...)
     health_503_after_s, health_503_for_s   /health answers 503 in that real-time window after ready
     never_healthy            /health never answers 200
+    scheduler_hung           the scheduler stops (an NCCL hang): no step, no stream byte; /health answers
+                             503 after health_check_timeout_s, as SGLang's does when no scheduler output
+                             came (SGLANG_HEALTH_CHECK_TIMEOUT, 20 s); /v1/models and /v1/loads still answer
+                             (SGLang's HTTP process answers them alone). Set mid-run with POST /sim/faults.
+    health_check_timeout_s   see scheduler_hung
 """
 
 from __future__ import annotations
@@ -98,6 +103,8 @@ class FaultSettings:
     health_503_after_s: float = 0.0
     health_503_for_s: float = 0.0
     never_healthy: bool = False
+    scheduler_hung: bool = False
+    health_check_timeout_s: float = 20.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -150,7 +157,7 @@ def validate(s: FaultSettings) -> None:
         raise ValueError(f"loop_rate + leak_rate + marker_only_rate = {output:.3f}; keep the sum <= 1")
     if s.error_status not in (500, 502, 503, 504):
         raise ValueError(f"fault error_status must be 500, 502, 503 or 504 (got {s.error_status})")
-    for name in ("crash_after", "stall_s", "health_503_after_s", "health_503_for_s"):
+    for name in ("crash_after", "stall_s", "health_503_after_s", "health_503_for_s", "health_check_timeout_s"):
         if getattr(s, name) < 0:
             raise ValueError(f"fault {name} must be >= 0 (got {getattr(s, name)})")
 

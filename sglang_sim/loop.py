@@ -113,6 +113,15 @@ class EngineLoop:
         self._log_tokens = 0
         self._log_sim_s = engine.now_s
         self.on_finished: Callable[[FinishedRequest], None] | None = None  # every request that ended (aborts too)
+        self._running = asyncio.Event()  # cleared: the scheduler is hung (faults.scheduler_hung), no step
+        self._running.set()
+
+    def set_hung(self, hung: bool) -> None:
+        """Stop stepping (an NCCL hang) or go on."""
+        if hung:
+            self._running.clear()
+        else:
+            self._running.set()
 
     # -- used by the handlers ------------------------------------------------------------
     def now_s(self) -> float:
@@ -153,6 +162,7 @@ class EngineLoop:
     async def run(self) -> None:
         """Step the engine forever (cancel to stop)."""
         while True:
+            await self._running.wait()
             if self.engine.idle and not self._step_pending:
                 self._wake.clear()
                 await self._wake.wait()

@@ -24,6 +24,8 @@ from gen_pipeline.store.dataset_store import DatasetStore
 
 from pipeline_helpers import REPO, cli_cmd, make_rows, run_cli, three_samples, write_dataset
 
+LOADING = "T: loading the source T.jsonl\n"  # what generate says before the source check refuses
+
 LATIN1_ROWS = b"".join(orjson.dumps({"id": f"r{i}", "messages": [{"role": "user", "content": "caf\u00e9 ?"}]})
                        .decode().encode("latin-1") + b"\n" for i in range(3))
 
@@ -64,7 +66,7 @@ def test_generate_refuses_such_a_source_before_any_server_starts(tmp_path: Path)
     toml = write_dataset(tmp_path / "ds", target=5)
     (tmp_path / "ds" / "T.jsonl").write_bytes(b"")
     r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", tmp_path / "out")
-    assert (r.returncode, r.stdout) == (2, "")
+    assert (r.returncode, r.stdout) == (2, LOADING)
     assert r.stderr == (f"error: {toml}: source.files: T.jsonl is empty (0 bytes): there are no rows to generate "
                         "from. Point source.files at the dataset's file.\n")
     assert not (tmp_path / "out").exists()
@@ -85,7 +87,7 @@ def test_a_full_datasets_cache_is_a_disk_error(tmp_path: Path, command: str) -> 
     argv = cli_cmd(command, "--dataset", toml, "--server", "sim", "--output-dir", tmp_path / "out")
     r = subprocess.run(in_tmpfs(cache, argv), capture_output=True, text=True, cwd=REPO, timeout=300,
                        env={**os.environ, "HF_DATASETS_CACHE": str(cache)})
-    assert (r.returncode, r.stdout) == (4, ""), r.stderr
+    assert (r.returncode, r.stdout) == (4, LOADING if command == "generate" else ""), r.stderr
     head, sep, tail = r.stderr.partition(" is full (No space left on device; the datasets cache ")
     assert sep and head.startswith(f"error: {toml}: could not load source T.jsonl: the disk of {cache}"), r.stderr
     assert tail == (f"{cache}, where the source is converted to Arrow before a run reads it). Free space there, or "
@@ -109,7 +111,7 @@ def test_check_and_generate_refuse_when_most_prompts_cannot_fit_the_context(tmp_
                              f"    - {problem}\n")
     r = run_cli("generate", "--dataset", toml, "--server", "ctx", "--config-dir", cfg, "--output-dir",
                 tmp_path / "out")
-    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"error: {problem}\n")
+    assert (r.returncode, r.stdout, r.stderr) == (2, LOADING, f"error: {problem}\n")
 
 
 # ---------------------------------------------------------------- sampling values SGLang refuses

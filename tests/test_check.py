@@ -17,6 +17,8 @@ from gen_pipeline.server.plan import GIB
 
 from pipeline_helpers import REPO, assert_exact, cli_cmd, make_rows, run_cli, write_dataset
 
+LOADING = "T: loading the source T.jsonl\n"  # what generate says before the source check refuses
+
 
 def gen(toml: Path, out: Path, *extra: str | Path) -> subprocess.CompletedProcess[str]:
     r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", out, "--progress", "quiet", *extra)
@@ -143,7 +145,7 @@ def test_a_wrong_column_is_refused_before_launch_and_names_the_columns(tmp_path:
     r = run_cli("check", "--dataset", toml, "--output-dir", tmp_path / "out")
     assert (r.returncode, r.stderr) == (2, message)
     r = gen(toml, tmp_path / "out")
-    assert (r.returncode, r.stdout, r.stderr) == (2, "", message)
+    assert (r.returncode, r.stdout, r.stderr) == (2, LOADING, message)
     assert not (tmp_path / "out" / "T").exists()  # no server.log: nothing was launched
 
 
@@ -151,7 +153,7 @@ def test_most_rows_rejected_is_refused_with_the_first_reason(tmp_path: Path) -> 
     toml = write_dataset(tmp_path, target=10, rows=[{"id": f"r{i}", "messages": [{"from": "human", "value": "hi"}]}
                                                      for i in range(12)])
     r = gen(toml, tmp_path / "out")
-    assert (r.returncode, r.stdout) == (2, "")
+    assert (r.returncode, r.stdout) == (2, LOADING)
     assert r.stderr == (
         f"error: {toml}: 12 of 12 rows are rejected (missing_field 12); the first, row 0: turn 0 needs 'role' and "
         "'content'; it has 'from', 'value'; set source.schema = \"sharegpt\" for from/value turns. Check "
@@ -170,7 +172,7 @@ def test_too_few_valid_rows_is_refused_then_proceeds_and_ends_short_with_exit_5(
     assert r.stdout.endswith(f"  1 problem(s); generate refuses to launch (--proceed-anyway overrides):\n"
                              f"    - {message}\n")
     r = gen(toml, out)
-    assert (r.returncode, r.stdout, r.stderr) == (5, "", f"error: {message}\n")
+    assert (r.returncode, r.stdout, r.stderr) == (5, LOADING, f"error: {message}\n")
     r = gen(toml, out, "--proceed-anyway")
     assert r.stderr == f"warning: {message} (--proceed-anyway: generating anyway)\n"
     assert r.returncode == 5
@@ -236,7 +238,7 @@ def test_bad_json_lines_are_rejects_and_strict_refuses(tmp_path: Path) -> None:
     assert len(assert_exact(out, 10)) == 10
     toml.write_text(toml.read_text().replace('id_field = "id"', 'id_field = "id"\nstrict = true'))
     r = gen(toml, tmp_path / "out2")
-    assert (r.returncode, r.stdout) == (2, "")
+    assert (r.returncode, r.stdout) == (2, LOADING)
     assert r.stderr == (f"error: {toml}: T.jsonl line 2 is not valid JSON (unexpected end of data, column 28); "
                         "source.strict = true refuses the file. Fix or delete that line, or remove strict to skip "
                         "such lines into rejects.jsonl.\n")
@@ -262,7 +264,8 @@ def test_hub_unreachable_is_said_at_once_with_what_to_do(tmp_path: Path, env: di
     for command in ("check", "generate"):
         r = subprocess.run(cli_cmd(command, "--dataset", toml, "--server", "sim", "--output-dir", tmp_path / "out"),
                            capture_output=True, text=True, cwd=REPO, env={**clean, **env}, timeout=60)
-        assert (r.returncode, r.stdout) == (2, "")
+        loading = "H: loading the source open-r1/OpenR1-Math-220k (split train)\n" if command == "generate" else ""
+        assert (r.returncode, r.stdout) == (2, loading)
         head, _, tail = r.stderr.partition(reason)
         assert head == f"error: {toml}: the Hugging Face hub is not reachable ("
         assert tail.endswith(

@@ -128,8 +128,8 @@ def test_controller_table_is_read_into_the_run(tmp_path: Path) -> None:
      "controller.target_usage = 1.5 must be above 0 and at most 1 (a share of the KV pool)."),
     ("[controller]\nmin_window = 8\nmax_window = 4\n",
      "controller.min_window = 8, max_window = 4: need 1 <= min_window <= max_window."),
-    ("[controler]\n", "controler: unknown key. Known top-level keys: controller, profile. Did you mean controller? "
-                      "Check the spelling or remove it."),
+    ("[controler]\n", "controler: unknown key. Known top-level keys: controller, profile, run. Did you mean "
+                      "controller? Check the spelling or remove it."),
 ])
 def test_controller_mistakes_stop_generate_before_anything_starts(tmp_path: Path, table: str, message: str) -> None:
     cfg_dir = tmp_path / "cfg"
@@ -137,6 +137,51 @@ def test_controller_mistakes_stop_generate_before_anything_starts(tmp_path: Path
     (cfg_dir / "server.toml").write_text((DEFAULT_CONFIG_DIR / "server.toml").read_text() + "\n" + table)
     toml = write_dataset(tmp_path / "data")
     r = run_cli("generate", "--dataset", toml, "--server", "sim", "--config-dir", cfg_dir,
+                "--output-dir", tmp_path / "out")
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"error: {cfg_dir / 'server.toml'}: {message}\n")
+    assert not (tmp_path / "out").exists()
+
+
+def _with_run(cfg_dir: Path, run_table: str) -> Path:
+    """The shipped server.toml in `cfg_dir` with its [run] table's body replaced by `run_table`."""
+    cfg_dir.mkdir(parents=True, exist_ok=True)
+    shipped = (DEFAULT_CONFIG_DIR / "server.toml").read_text()
+    assert "\nserver_wait_s = 600 " in shipped
+    (cfg_dir / "server.toml").write_text(shipped.replace("\nserver_wait_s = 600 ", f"\n{run_table} ", 1))
+    return cfg_dir
+
+
+def test_run_table_sets_server_wait_s_and_the_flag_wins(tmp_path: Path) -> None:
+    from gen_pipeline.cli import build_parser
+    from gen_pipeline.cli.commands import options_from_args
+
+    toml = write(tmp_path, BASE)
+    cfgs = [load_dataset_config(toml)]
+
+    def wait_s(cfg_dir: Path, *flags: str) -> float:
+        args = build_parser().parse_args(["generate", "--dataset", str(toml), "--server-url", "http://gpu1:30000",
+                                          "--config-dir", str(cfg_dir), *flags])
+        return options_from_args(args, cfgs).server_wait_s
+
+    cfg = _with_run(tmp_path / "cfg", "server_wait_s = 900")
+    assert wait_s(cfg) == 900.0
+    assert wait_s(cfg, "--server-wait-s", "30") == 30.0  # the flag wins
+    assert wait_s(cfg, "--server-wait-s", "0") == 0.0  # even when it is 0
+    assert wait_s(DEFAULT_CONFIG_DIR) == 600.0  # the shipped table says the default
+    assert wait_s(tmp_path / "no-server-toml") == 600.0  # attached without a server.toml: the default
+
+
+@pytest.mark.parametrize("run_table, message", [
+    ("server_wait_s = -5", "run.server_wait_s = -5 must be a number of seconds, at least 0 (how long a run waits "
+                           "for an attached server to come back; an SGLang restart takes 60-90 s)."),
+    ("server_wait_s = \"10m\"", "run.server_wait_s = '10m' must be a number (got a string). Remove the quotes."),
+    ("server_wait = 900", "run.server_wait: unknown key. Known keys here: server_wait_s. Did you mean "
+                          "server_wait_s? Check the spelling or remove it."),
+])
+def test_run_table_mistakes_name_the_file_and_key(tmp_path: Path, run_table: str, message: str) -> None:
+    cfg_dir = _with_run(tmp_path / "cfg", run_table)
+    toml = write_dataset(tmp_path / "data")
+    r = run_cli("generate", "--dataset", toml, "--server-url", "http://127.0.0.1:9", "--config-dir", cfg_dir,
                 "--output-dir", tmp_path / "out")
     assert (r.returncode, r.stdout, r.stderr) == (2, "", f"error: {cfg_dir / 'server.toml'}: {message}\n")
     assert not (tmp_path / "out").exists()

@@ -66,7 +66,7 @@ def test_bad_rows_are_counted_rejects_and_context_400_is_final(tmp_path: Path, s
                                         "length (600 tokens)."}]
     seen = httpx.get(sim_url + "/sim/stats").json()["requests_seen"]
     again = gen(toml, out, "--server-url", sim_url)  # refused before any request: nothing left to try
-    assert (again.returncode, again.stdout) == (5, "")
+    assert (again.returncode, again.stdout) == (5, "T: loading the source T.jsonl\n")
     assert again.stderr == (
         f"error: {toml}: the source can give 0 more samples (24 valid rows, 23 done, 1 failed for good), but 1 "
         "are needed to reach target_samples = 24. Add rows to the source or lower target_samples to 23; or pass "

@@ -42,7 +42,8 @@ def test_the_offline_job_runs_to_exact_counts_and_plan_measures_it(tmp_path: Pat
     r = run_cli("generate", "--dataset", "all", "--server", "sim", "--config-dir", OFFLINE, "--output-dir", out)
     assert r.returncode == 0, r.stderr + r.stdout
     lines = r.stdout.splitlines()
-    assert lines[0] == "job: B1, B2, B6, B7; 0/110 samples done"
+    assert lines[:5] == [f"{n}: loading the source data/{n}.jsonl" for n in TARGETS] + [
+        "job: B1, B2, B6, B7; 0/110 samples done"]
     assert lines[-5:] == [
         "B1: 30/30 samples (100.0%), +30 this run in " + lines[-5].split(" in ")[1].split(",")[0]
         + ", 2 invalid rows skipped; target reached.",

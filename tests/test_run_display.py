@@ -41,10 +41,11 @@ def test_log_mode_start_up_first_then_figures_with_load_then_peaks(tmp_path: Pat
     toml = write_dataset(tmp_path / "ds", target=60, max_new_tokens=64)
     lines = merged("generate", "--dataset", toml, "--server", "sim", "--config-dir", slow_sim(tmp_path / "ds"),
                    "--output-dir", tmp_path / "out", "--progress", "log")
-    assert re.fullmatch(r"starting SGLang \(sim\) on http://127\.0\.0\.1:\d+, log: \S+/out/T/server\.log", lines[0])
+    assert lines[0] == "T: loading the source T.jsonl"  # the set-up's one slow step (a hub download: minutes)
+    assert re.fullmatch(r"starting SGLang \(sim\) on http://127\.0\.0\.1:\d+, log: \S+/out/T/server\.log", lines[1])
     assert re.fullmatch(r"SGLang ready after \d+ s, pid \d+: Kimi-K2\.5 tp=8 kv=fp8_e4m3 24,576 KV tokens, max running "
-                        r"\d+, hicache 48 GB", lines[1]), lines
-    figures, summary = lines[2:-1], lines[-1]
+                        r"\d+, hicache 48 GB", lines[2]), lines
+    figures, summary = lines[3:-1], lines[-1]
     # the first line already carries the server's load (it waits for a poll) and the controller
     assert re.fullmatch(rf"T {NUM}/60 \({NUM}%\) {NUM} samples/s, {NUM} tok/s, in flight \d+/\d+, running \d+ "
                         rf"queued \d+, KV \d+%, controller (load|model): .+?(, eta \S+)?", figures[0]), figures
@@ -61,7 +62,8 @@ def test_bar_appears_after_the_start_up_messages(tmp_path: Path) -> None:
                        cwd=REPO, timeout=120)
     assert r.returncode == 0, r.stdout
     before, ready, after = r.stdout.partition("SGLang ready after ")
-    assert ready and before.startswith("starting SGLang (sim) on http://127.0.0.1:") and before.endswith(
+    started = "T: loading the source T.jsonl\nstarting SGLang (sim) on http://127.0.0.1:"
+    assert ready and before.startswith(started) and before.endswith(
         "/out/T/server.log\n"), before  # a whole line, no bar drawn yet
     assert "%|" not in before and "%|" in after
     assert after.rstrip().splitlines()[-1].startswith("T: 20/20 samples (100.0%), +20 this run in ")

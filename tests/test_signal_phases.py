@@ -5,7 +5,10 @@ hides the summary in run.log, never changes the exit code, never ends in a trace
 
 Base (before the fix): SIGTERM during start-up killed the CLI (-15, no summary, the lock file left);
 the third SIGTERM of a drain killed it the same way; Ctrl-C with stdout's reader gone exited 141 with a
-BrokenPipeError (or "--- Logging error ---") traceback."""
+BrokenPipeError (or "--- Logging error ---") traceback. A signal during the set-up's source load (a
+worker thread) was only acted on once the load ended: a source that never ends loading (here a FIFO
+nobody writes: a stalled network file system looks the same) kept the CLI up after SIGTERM for good; a
+signal before the job listened (imports, configs) killed it (-15)."""
 
 from __future__ import annotations
 
@@ -15,12 +18,29 @@ import signal
 import subprocess
 from pathlib import Path
 
+import anyio
 import orjson
+import pytest
 
+from gen_pipeline.config.dataset import load_dataset_config
+from gen_pipeline.run import run_job
+from gen_pipeline.run.setup import run_options
+from gen_pipeline.run.shutdown import hold_signals
 from gen_pipeline.store.lock import read_lock
 from sglang_sim.testing import start_sim
 
-from pipeline_helpers import REPO, SIM_FAST, cli_cmd, make_rows, start_cli, wait_lines, wait_until, write_dataset
+from pipeline_helpers import (
+    REPO,
+    SIM_FAST,
+    assert_exact,
+    cli_cmd,
+    make_rows,
+    run_cli,
+    start_cli,
+    wait_lines,
+    wait_until,
+    write_dataset,
+)
 
 SIM = [*SIM_FAST, "--max-total-tokens", "20000", "--time-scale", "0.3"]  # a run of 300: long enough to interrupt
 
@@ -123,3 +143,61 @@ def test_ctrl_c_with_stdout_and_stderr_reader_gone_exits_130(tmp_path: Path) -> 
     rc, _, out = _interrupt_with_reader_gone(tmp_path, stderr_too=True)
     assert rc == 130
     assert_stopped(out, "", "SIGINT")
+
+
+@pytest.mark.parametrize(("name", "code"), [("SIGTERM", 143), ("SIGINT", 130)])
+def test_signal_while_a_source_loads_abandons_the_load(tmp_path: Path, name: str, code: int) -> None:
+    """A run that wrote 12 of 30, then a resume whose source never finishes loading (a FIFO nobody
+    writes: open() blocks in set-up's worker thread, as a stalled file system or hub download would):
+    the signal ends it at once with the summary, the claim released untouched, and a third run
+    resumes to exactly 30."""
+    rows = make_rows(40)
+    toml = write_dataset(tmp_path / "ds", target=30, rows=rows)
+    data, saved = tmp_path / "ds" / "T.jsonl", tmp_path / "T.jsonl.saved"
+    out, log = tmp_path / "out", tmp_path / "cli.log"
+    with start_sim(SIM_FAST) as sim:
+        args = ("generate", "--dataset", toml, "--server-url", sim.url, "--output-dir", out, "--progress", "log")
+        first = run_cli(*args, "--limit", "12")
+        assert first.returncode == 0, first.stdout + first.stderr
+        shards = {p.name: p.read_bytes() for p in (out / "T").glob("shard-*.jsonl")}
+        manifest = orjson.loads((out / "T" / "manifest.json").read_bytes())
+        data.rename(saved)
+        os.mkfifo(data)
+        proc = start_cli(*args, log=log)
+        wait_until(lambda: "T: loading the source T.jsonl" in log.read_text(), proc, 120)
+        os.kill(proc.pid, getattr(signal, name))
+        try:
+            rc = proc.wait(timeout=30)  # a bound for the hang this test is about; it ends in about a second
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        text = log.read_text()
+        assert rc == code, text[-3000:]
+        assert "during set-up: stopping it (a source still loading is left behind)" in text, text
+        tail = {"SIGTERM": "stopped (SIGTERM)", "SIGINT": "interrupted (SIGINT)"}[name]
+        line = f"T: 12/30 samples (40.0%), +0 this run in 0s; {tail}; run the same command to resume."
+        assert text.rstrip().splitlines()[-1] == line, text[-2000:]
+        assert_stopped(out, text, name)
+        assert {p.name: p.read_bytes() for p in (out / "T").glob("shard-*.jsonl")} == shards  # nothing lost
+        assert orjson.loads((out / "T" / "manifest.json").read_bytes())["runs"] == manifest["runs"]  # no run
+        data.unlink()
+        saved.rename(data)
+        last = run_cli(*args)  # takes the lock, resumes where the first run stopped
+        assert last.returncode == 0, last.stdout + last.stderr
+    assert_exact(out, 30)
+    assert "+18 this run" in last.stdout, last.stdout
+
+
+def test_signal_before_the_job_listens_is_held_and_stops_the_set_up(tmp_path: Path) -> None:
+    """The CLI holds SIGINT/SIGTERM from its start (cli/commands.py): one that came before the job
+    listened (imports, configs) stops the set-up the moment it does: 143, the summary, no folder made."""
+    toml = write_dataset(tmp_path / "ds", target=30)
+    cfg = load_dataset_config(toml)
+    opts, _ = run_options([cfg], output_root=tmp_path / "out", server_urls=["http://127.0.0.1:9"], model="m")
+    with hold_signals():
+        os.kill(os.getpid(), signal.SIGTERM)  # held: without hold_signals it ends pytest
+        summary = anyio.run(run_job, [cfg], opts)
+    assert summary.exit_code == 143
+    assert summary.lines() == ["T: 0/30 samples (0.0%), +0 this run in 0s; stopped (SIGTERM); run the same command "
+                               "to resume."]
+    assert not (tmp_path / "out").exists()

@@ -23,6 +23,16 @@ REFERENCE_DATASETS = ("B1", "B2", "B6", "B7")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from gen_pipeline.run.shutdown import hold_signals
+
+    with hold_signals():  # from here on a SIGINT/SIGTERM ends the run with its summary, never the process
+        code = _cmd_generate(args)
+    if code in (130, 143):
+        exit_past_threads(code)
+    return code
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
     import anyio
 
     from gen_pipeline.cli.logs import console_events, quiet_datasets
@@ -43,6 +53,30 @@ def cmd_generate(args: argparse.Namespace) -> int:
     for line in summary.lines():  # run.log has them too: a reader gone changes nothing (display.write_line)
         write_line(line, sys.stdout)
     return summary.exit_code
+
+
+def exit_past_threads(code: int, join_s: float = 0.5) -> None:
+    """End the process with `code` now when a thread would hold its exit: Python joins every non-daemon
+    thread at exit, and a source load a signal abandoned (run/setup.py: `datasets` cannot be interrupted)
+    may never end. Threads that end within `join_s` (anyio's idle workers) are waited for; the streams
+    and logs are flushed first. Returns when no thread is left."""
+    import contextlib
+    import logging
+    import os
+    import threading
+    import time
+
+    deadline = time.monotonic() + join_s
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    if not any(t.is_alive() and not t.daemon and t is not threading.current_thread() for t in threading.enumerate()):
+        return
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader gone: nothing more to say
+            stream.flush()
+    os._exit(code)
 
 
 def options_from_args(args: argparse.Namespace, cfgs: Sequence[DatasetConfig]) -> RunOptions:

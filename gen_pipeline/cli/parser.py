@@ -59,15 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: %(default)s)")
     g.add_argument("--drain-grace-s", type=float, default=30.0,
                    help="on SIGINT/SIGTERM, seconds to let in-flight requests finish (default: %(default)s)")
-    g.add_argument("--server-wait-s", type=float, default=600.0,
+    g.add_argument("--server-wait-s", type=float, default=None,
                    help="attached servers: when none answers (a restart), pause and wait this long for one to "
-                        "come back before giving up (default: %(default)s; an SGLang restart takes 60-90 s)")
+                        "come back before giving up (default: server_wait_s of server.toml's [run] table, else "
+                        "600; an SGLang restart takes 60-90 s)")
     g.add_argument("--health-interval-s", type=float, default=5.0,
                    help="attached servers: seconds between /health checks of each (default: %(default)s)")
-    g.add_argument("--hang-timeout-s", type=float, default=None,
-                   help="attached servers: one that answers nothing (requests, /health, load) this long with "
-                        "requests in flight is hung: taken out, its requests re-sent to the others "
-                        "(default: two /health timeouts, 40 s at the default interval)")
+    g.add_argument("--hang-timeout-s", type=float, default=5.0,
+                   help="attached servers: one with requests in flight that makes no progress (no stream "
+                        "bytes, no answer, no /health 200) this long and does not answer GET /v1/models is "
+                        "hung: taken out, its requests re-sent to the others; a server that answers is only "
+                        "busy (default: %(default)s)")
     g.add_argument("--proceed-anyway", action="store_true",
                    help="launch even when the source check fails (most rows rejected, too few valid rows)")
     g.add_argument("--rank", type=int, help="this process's rank when several share the dataset (with --world-size; "

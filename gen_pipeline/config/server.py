@@ -15,6 +15,9 @@
 
     [controller]                          # optional: the concurrency controller's tunables
     target_usage = 0.92                   # (gen_pipeline/controller/config.py; the defaults need no tuning)
+
+    [run]                                 # optional: the job's settings that a flag also sets (RunConfig)
+    server_wait_s = 900                   # the flag of the same name (--server-wait-s) wins
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, read_toml
-from gen_pipeline.config.schema import build_section, unknown_key
+from gen_pipeline.config.schema import Range, build_section, check_range, unknown_key
 from gen_pipeline.controller.config import ControllerConfig
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError
@@ -105,7 +108,21 @@ def load_server_profile(name: str = "tuned", path: Path = DEFAULT_SERVER_CONFIG,
     return profile
 
 
-_TOP_LEVEL = ["controller", "profile"]
+_TOP_LEVEL = ["controller", "profile", "run"]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The `[run]` table of server.toml: settings of a job (whichever server it launches or attaches to)
+    that a flag of the same name also sets; the flag wins. None: not set here."""
+
+    # attached servers: when none answers (an operator's restart: 60-90 s for SGLang), how long the run
+    # waits for one to come back before it gives up (exit 3, resumable); 0 gives up at once
+    server_wait_s: float | None = None
+
+
+_RUN_RANGES = {"server_wait_s": Range(0, math.inf, "a number of seconds, at least 0 (how long a run waits for an "
+                                                    "attached server to come back; an SGLang restart takes 60-90 s)")}
 
 
 def _read_server_toml(path: Path) -> dict[str, Any]:
@@ -127,6 +144,19 @@ def load_controller_config(path: Path = DEFAULT_SERVER_CONFIG) -> ControllerConf
     bad = _controller_problem(cfg)
     if bad:
         raise ConfigError(f"{where}{bad}")
+    return cfg
+
+
+def load_run_config(path: Path = DEFAULT_SERVER_CONFIG) -> RunConfig:
+    """The `[run]` table of server.toml (every key optional; no table or no file = nothing set). Raises
+    ConfigError naming the file and key."""
+    if not Path(path).exists():
+        return RunConfig()
+    where = f"{display_path(path)}: run."
+    table = _read_server_toml(path).get("run", {})
+    cfg = build_section(RunConfig, table, where)
+    for key, rng in _RUN_RANGES.items():
+        check_range(where, key, table.get(key), rng)  # the value as written (-5, not -5.0)
     return cfg
 
 

@@ -426,11 +426,15 @@ class ChatClient:
             try:
                 with anyio.fail_after(self.settings.generation.request_timeout_s):
                     async with self._http.open_stream(f"{url}/v1/chat/completions", body) as answer:
-                        fleet.succeeded(url, time.monotonic())
+                        # it answers, but headers are no progress: SGLang sends them before any token,
+                        # a stuck scheduler too (server/hang.py); the events below are
+                        fleet.succeeded(url)
                         if not answer.is_event_stream:  # answered whole: read like an unstreamed turn
+                            fleet.answered(url, time.monotonic())
                             return self._read_whole(await answer.read(), answer.content_type, detector, started,
                                                     token_ids=False)
                         async for data in answer.events():
+                            fleet.answered(url, time.monotonic())  # progress: not hung (server/hang.py)
                             if data == b"[DONE]":
                                 break
                             try:
@@ -441,7 +445,7 @@ class ChatClient:
                             if verdict is not None:
                                 break  # leaving the block closes the stream: the server aborts the request
             except BadStatus as e:
-                fleet.succeeded(url, time.monotonic())
+                fleet.succeeded(url)  # refused by its HTTP side: it answers, no progress of its scheduler
                 classify_status(e.reply)
                 raise _Retryable("bad_response", f"HTTP {e.reply.status}") from None  # not reached: 200 is no BadStatus
             except TimeoutError:

@@ -45,9 +45,10 @@ class Feed:
         self._ahead: list[Prompt] | None = None
 
     async def first(self) -> list[Prompt]:
-        """The first batch, read ahead (it sizes the controller's prior); next_batch() returns it first."""
+        """The first batch, read ahead (it sizes the controller's prior); next_batch() returns it first.
+        Abandoned when cancelled (a signal before the server starts: a streaming source may be slow)."""
         if self._ahead is None:
-            self._ahead = await anyio.to_thread.run_sync(self._read)
+            self._ahead = await anyio.to_thread.run_sync(self._read, abandon_on_cancel=True)
         return self._ahead
 
     async def next_batch(self) -> list[Prompt]:

@@ -40,14 +40,16 @@ from gen_pipeline.controller import Controller, ControllerStats
 from gen_pipeline.errors import GenPipelineError
 from gen_pipeline.http import open_http
 from gen_pipeline.records import Failure, Prompt, RunSnapshot, Sample
+from gen_pipeline.reports.status import read_part_status
 from gen_pipeline.run.chat import ChatClient
 from gen_pipeline.run.connect import ServerPoller, client_settings, max_connections, start_server
 from gen_pipeline.run.dataset_run import BATCH, EVENTS, JOURNAL, DatasetRun
 from gen_pipeline.run.dispatch import Item, produce_in_order
 from gen_pipeline.run.options import JobSummary, RunOptions, RunSummary
-from gen_pipeline.run.setup import OpenedDatasets, open_datasets
+from gen_pipeline.run.setup import OpenedDatasets, SetupStopped, open_datasets
 from gen_pipeline.run.shutdown import Shutdown
 from gen_pipeline.server import ServerHandle
+from gen_pipeline.store.layout import part_folder
 
 REPORT_EVERY_S = 0.5  # RunOptions.on_progress
 
@@ -140,12 +142,12 @@ class Job:
                     r.telemetry.poll(r.snapshot())  # the last row (done = target)
 
     async def _main(self) -> None:
-        firsts = [await r.feed.first() for r in self.runs]
         log_dir = self.runs[0].store.folder  # the job's server.log: in its first dataset's folder
         async with AsyncExitStack() as stack, anyio.create_task_group() as tg:
             self.shutdown.startup_scope = tg.cancel_scope  # a signal now stops the start-up
-            if self.shutdown.signal is not None:  # one came while the first prompts were read
+            if self.shutdown.signal is not None:  # one came once the set-up had ended
                 tg.cancel_scope.cancel()
+            firsts = [await r.feed.first() for r in self.runs]  # a streaming source's read is abandoned
             self.handle = handle = await start_server(tg, self.opts, log_dir, self.http, self.model,
                                                        self.asked)
             self.shutdown.serving = True
@@ -267,32 +269,63 @@ def first_known(group: BaseExceptionGroup) -> BaseException:
 
 # ---------------------------------------------------------------- the entry points
 
+class StoppedJob:
+    """What open_job yields when a signal stopped the set-up (shutdown.py): no server started, every
+    store claimed by then released untouched; `run()` only reports each dataset as stopped."""
+
+    def __init__(self, cfgs: Sequence[DatasetConfig], opts: RunOptions, signal: str, done: dict[str, int]) -> None:
+        self.waived: list[GenPipelineError] = []  # as Job's: nothing was checked to the end
+        self.summary = JobSummary()
+        self.folders: dict[str, Path] = {}
+        rank = opts.rank
+        for cfg in cfgs:
+            folder = part_folder(opts.output_root, cfg.name, rank)
+            target = rank.share(cfg.target_samples)
+            n = done[cfg.name] if cfg.name in done else read_part_status(folder, cfg.name, target).done
+            self.summary.runs.append(RunSummary(cfg.name, n, target, stopped_by=signal,
+                                                rank_label=rank.label if rank.ranked else ""))
+            if folder.is_dir():  # a dataset a run wrote before: its run.log gets the summary too
+                self.folders[cfg.name] = folder
+
+    async def run(self) -> JobSummary:
+        for s in self.summary.runs:
+            JOURNAL.info("%s", s.line(), extra={"dataset": s.dataset})
+        return self.summary
+
+
 @asynccontextmanager
-async def open_job(cfgs: Sequence[DatasetConfig], opts: RunOptions) -> AsyncIterator[Job]:
+async def open_job(cfgs: Sequence[DatasetConfig], opts: RunOptions) -> AsyncIterator[Job | StoppedJob]:
     """A job opened for `job.run()`: the set-up done (setup.py: model, stores, sources, the pre-launch
     check), no server started yet; `job.waived` holds what --proceed-anyway let through. Raises the
-    set-up's errors; every store is committed and unlocked on the way out."""
+    set-up's errors; every store is committed and unlocked on the way out. A signal during the set-up
+    stops it at once: a StoppedJob then stands for the job (its run() reports it stopped)."""
     shutdown = Shutdown(opts.drain_grace_s)
     jobs: list[Job] = []
     error: GenPipelineError | None = None
-    # signals are handled from the set-up to the last store closed (shutdown.py): one during the set-up
-    # is acted on when it ends (the server is then not started); the summary and 130/143 always follow
+    stopped: SetupStopped | None = None
+    # signals are handled from the set-up to the last store closed (shutdown.py), those held before too;
+    # the summary and 130/143 always follow
     def drain() -> None:
         for j in jobs:
             j._drain()
 
     async with anyio.create_task_group() as signals:
-        signals.start_soon(shutdown.handle_signals, lambda: sum(j._in_flight() for j in jobs), drain)
+        await signals.start(shutdown.handle_signals, lambda: sum(j._in_flight() for j in jobs), drain)
         try:
-            async with open_datasets(cfgs, opts) as opened:
+            async with open_datasets(cfgs, opts, shutdown.setup_scope) as opened:
                 jobs.append(Job(opened, opts, shutdown))
                 yield jobs[0]
+        except SetupStopped as e:
+            stopped = e
         except GenPipelineError as e:
             error = e  # raised below: not wrapped in the task group's ExceptionGroup
         finally:
             signals.cancel_scope.cancel()
     if error is not None:
         raise error
+    if stopped is not None:
+        assert shutdown.signal is not None, "only a signal stops the set-up"
+        yield StoppedJob(cfgs, opts, shutdown.signal, stopped.done)
 
 
 async def run_job(cfgs: Sequence[DatasetConfig], opts: RunOptions) -> JobSummary:

@@ -16,9 +16,11 @@ from gen_pipeline.display import format_duration
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.records import RunSnapshot
 from gen_pipeline.server.fleet import ROUTINGS
+from gen_pipeline.server.hang import HANG_AFTER_S
 from gen_pipeline.store.ranks import RankSpec
 
 SnapshotObserver = Callable[[RunSnapshot], None]
+DEFAULT_SERVER_WAIT_S = 600.0  # --server-wait-s, server.toml [run] server_wait_s
 
 
 @dataclass(frozen=True)
@@ -37,11 +39,11 @@ class RunOptions:
     poll_interval_s: Annotated[float, flag("--poll-interval-s", ge=0.05, le=60, unit="seconds")] = 1.0
     commit_interval_s: float = 5.0
     # attached servers: how long a run waits for a server to come back when none answers (an operator's
-    # SGLang restart takes 60-90 s), how often each is health-checked, and how long one may stay silent
-    # with requests in flight before it counts as hung (None: two health-check timeouts, 40 s at 5 s)
-    server_wait_s: Annotated[float, flag("--server-wait-s", ge=0, unit="seconds")] = 600.0
+    # SGLang restart takes 60-90 s), how often each is health-checked, and how long one may make no
+    # progress with requests in flight before it may count as hung (server/hang.py says when it does)
+    server_wait_s: Annotated[float, flag("--server-wait-s", ge=0, unit="seconds")] = DEFAULT_SERVER_WAIT_S
     health_interval_s: Annotated[float, flag("--health-interval-s", ge=0.05, le=60, unit="seconds")] = 5.0
-    hang_timeout_s: Annotated[float | None, flag("--hang-timeout-s", ge=0.1, unit="seconds")] = None
+    hang_timeout_s: Annotated[float, flag("--hang-timeout-s", ge=0.1, unit="seconds")] = HANG_AFTER_S
     proceed_anyway: bool = False  # launch even when the pre-launch source check finds a problem
     file_opener: Callable[[Path, str], BinaryIO] | None = None  # the store's file layer (fault injection)
     on_progress: SnapshotObserver | None = None  # the job's snapshot every 0.5 s (a display), and the final one

@@ -6,6 +6,11 @@ dataset's store (claimed: locked, drift-checked, scanned) and its source (loaded
 check and the run's feed share it). A problem the check finds refuses the launch (unless
 `proceed_anyway`); every claimed store is then released and no trace is left. In a job of several
 datasets a problem names its dataset's TOML.
+
+A signal during the set-up (shutdown.py) cancels the `stop` scope it runs in: a source load under way is
+abandoned in its worker thread (`datasets` cannot be interrupted; the CLI ends the process past it),
+the stores claimed so far are released as a refused launch's are, and `SetupStopped` says what each
+claimed store held.
 """
 
 from __future__ import annotations
@@ -19,18 +24,19 @@ from pathlib import Path
 import anyio
 
 from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR, DatasetConfig
-from gen_pipeline.config.server import load_controller_config, load_server_profile
+from gen_pipeline.config.server import load_controller_config, load_run_config, load_server_profile
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError, GenPipelineError
 from gen_pipeline.http import Http, open_http
 from gen_pipeline.reports.check import check_source, dataset_done
 from gen_pipeline.run.connect import server_model
-from gen_pipeline.run.dataset_run import DatasetRun
+from gen_pipeline.run.dataset_run import EVENTS, DatasetRun
 from gen_pipeline.run.dispatch import Window
-from gen_pipeline.run.options import RunOptions
+from gen_pipeline.run.options import DEFAULT_SERVER_WAIT_S, RunOptions
 from gen_pipeline.server.command import check_launchable
-from gen_pipeline.sources.loading import LoadedSource, load_source
-from gen_pipeline.store.dataset_store import DatasetStore, default_opener
+from gen_pipeline.server.hang import HANG_AFTER_S
+from gen_pipeline.sources.loading import LoadedSource, load_source, source_label
+from gen_pipeline.store.dataset_store import DatasetStore, ResumeState, default_opener
 from gen_pipeline.store.ranks import resolve_rank
 
 
@@ -38,13 +44,15 @@ def run_options(cfgs: Sequence[DatasetConfig], *, config_dir: Path = DEFAULT_CON
                 output_root: Path = DEFAULT_OUTPUT_DIR, server: str = "tuned", server_urls: Sequence[str] = (),
                 model: str = "", limit: int | None = None, window: int | None = None,
                 poll_interval_s: float = 1.0, drain_grace_s: float = 30.0, proceed_anyway: bool = False,
-                server_wait_s: float = 600.0, health_interval_s: float = 5.0, hang_timeout_s: float | None = None,
+                server_wait_s: float | None = None, health_interval_s: float = 5.0,
+                hang_timeout_s: float = HANG_AFTER_S,
                 rank: int | None = None, world_size: int | None = None, routing: str = "affinity",
                 gpus_per_server: int | None = None,
                 environ: Mapping[str, str] = os.environ) -> tuple[RunOptions, list[str]]:
     """`generate`'s settings (each keyword is the flag of that name; `server_urls` may be comma-separated)
-    + the datasets' configs + config_dir/server.toml → (RunOptions, notes for the user). Raises
-    ConfigError naming the flag, or the TOML whose generation.window differs from the others'."""
+    + the datasets' configs + config_dir/server.toml → (RunOptions, notes for the user). A setting both a
+    flag and server.toml's [run] set: the flag when given (not None), else the TOML's, else the default.
+    Raises ConfigError naming the flag, or the TOML (and key) at fault."""
     spec, notes = resolve_rank(rank, world_size, environ)
     urls = tuple(u for arg in server_urls for u in arg.split(",") if u.strip())
     server_toml = config_dir / "server.toml"
@@ -55,6 +63,9 @@ def run_options(cfgs: Sequence[DatasetConfig], *, config_dir: Path = DEFAULT_CON
         raise ConfigError(f"{_where(odd)}: generation.window = {odd.generation.window} differs from the other "
                           "datasets' (the job's datasets share one window); set it the same or pass --window.")
     fixed = window if window is not None else (cfgs[0].generation.window or None)  # the flag wins
+    run = load_run_config(server_toml)
+    if server_wait_s is None:
+        server_wait_s = run.server_wait_s if run.server_wait_s is not None else DEFAULT_SERVER_WAIT_S
     opts = RunOptions(output_root=output_root, profile=profile, server_urls=urls, model=model, limit=limit,
                       window=fixed, controller=load_controller_config(server_toml), drain_grace_s=drain_grace_s,
                       poll_interval_s=poll_interval_s, proceed_anyway=proceed_anyway, rank=spec,
@@ -76,26 +87,36 @@ class OpenedDatasets:
     asked: dict[str, str] = field(default_factory=dict)  # {url: model} server_model asked (not asked again)
 
 
+Claim = tuple[DatasetConfig, DatasetStore, ResumeState, LoadedSource | None]  # a claimed, checked dataset
+
+
+class SetupStopped(Exception):
+    """A signal stopped the set-up before the job began; `done`: {dataset: samples done} of each store
+    claimed (and released) by then."""
+
+    def __init__(self, done: dict[str, int]) -> None:
+        super().__init__("the set-up was stopped by a signal")
+        self.done = done
+
+
 @asynccontextmanager
-async def open_datasets(cfgs: Sequence[DatasetConfig], opts: RunOptions) -> AsyncIterator[OpenedDatasets]:
+async def open_datasets(cfgs: Sequence[DatasetConfig], opts: RunOptions,
+                        stop: anyio.CancelScope | None = None) -> AsyncIterator[OpenedDatasets]:
     """Everything a job needs before its server starts (module doc); closes every store on the way out
-    (the manifest committed under a shield)."""
+    (the manifest committed under a shield). `stop` cancelled (before or during) → SetupStopped."""
     if opts.profile is not None:
         check_launchable(opts.profile)
+    stop = stop or anyio.CancelScope()
     async with AsyncExitStack() as stack:
         http = await stack.enter_async_context(open_http(cfgs[0].generation, 16))  # control traffic
-        asked: dict[str, str] = {}
-        model = await server_model(opts, http, asked)
-        opened = OpenedDatasets([], http, model, asked=asked)
+        opened = OpenedDatasets([], http, "")
         stores: list[DatasetStore] = []
         try:
-            claims = []
-            for cfg in cfgs:  # every lock, drift check and source check before the server starts
-                store = new_store(cfg, opts, model)
-                state = await anyio.to_thread.run_sync(store.claim)
-                stores.append(store)
-                source = await anyio.to_thread.run_sync(_check, cfg, store, opts, len(cfgs) > 1, opened.waived)
-                claims.append((cfg, store, state, source))
+            claims: list[Claim] = []
+            with stop:
+                await _claim_and_check(cfgs, opts, opened, stores, claims)
+            if stop.cancel_called:
+                raise SetupStopped({s.dataset: s.done for s in stores if s.claimed})
             window = Window(fixed=opts.window)  # the job's datasets share one (the KV pool is one pool)
             for cfg, store, state, source in claims:
                 await anyio.to_thread.run_sync(store.begin)
@@ -111,6 +132,28 @@ async def open_datasets(cfgs: Sequence[DatasetConfig], opts: RunOptions) -> Asyn
                     await anyio.to_thread.run_sync(store.close, progress)
                 for run in opened.runs:
                     run.telemetry.close()
+
+
+async def _claim_and_check(cfgs: Sequence[DatasetConfig], opts: RunOptions, opened: OpenedDatasets,
+                           stores: list[DatasetStore], claims: list[Claim]) -> None:
+    """The model, then every lock, drift check and source check, before the server starts. A claim runs to
+    its end (the lock is then released on the way out); a source load is abandoned when cancelled."""
+    opened.model = await server_model(opts, opened.http, opened.asked)
+    for cfg in cfgs:
+        store = new_store(cfg, opts, opened.model)
+        stores.append(store)  # before the claim: a claim that ends while cancelled is released all the same
+        state = await anyio.to_thread.run_sync(store.claim)
+        source = await _check_in_thread(cfg, store, opts, len(cfgs) > 1, opened.waived)
+        claims.append((cfg, store, state, source))
+
+
+async def _check_in_thread(cfg: DatasetConfig, store: DatasetStore, opts: RunOptions, several: bool,
+                           waived: list[GenPipelineError]) -> LoadedSource | None:
+    """_check in a worker thread, abandoned when cancelled; says "NAME: loading the source ..." first
+    (the set-up's slow step: a hub download can take minutes, `datasets` a while even for a local file)."""
+    if store.remaining:
+        EVENTS.info("%s: loading the source %s", cfg.name, source_label(cfg.source), extra={"dataset": cfg.name})
+    return await anyio.to_thread.run_sync(_check, cfg, store, opts, several, waived, abandon_on_cancel=True)
 
 
 def new_store(cfg: DatasetConfig, opts: RunOptions, model: str) -> DatasetStore:

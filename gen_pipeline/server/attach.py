@@ -24,6 +24,7 @@ from gen_pipeline.server.capacity import combine
 from gen_pipeline.server.fleet import Fleet
 from gen_pipeline.server.fleet_watch import FleetWatch, read_fleet_load, worker_urls  # noqa: F401 (worker_urls: its old home)
 from gen_pipeline.server.handle import ServerHandle
+from gen_pipeline.server.hang import HANG_AFTER_S
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ IDENTIFY_TIMEOUT_S = 10.0  # GET /v1/models: a server that takes longer is not o
 async def run_attached(urls: list[str], *, http: Http, first_model: str | None = None,
                        health_interval_s: float = 5.0, unhealthy_after: int = 3,
                        give_up_after_s: float = GIVE_UP_AFTER_S, routing: str = "affinity",
-                       hang_after_s: float | None = None, asked: dict[str, str] | None = None,
+                       hang_after_s: float = HANG_AFTER_S, asked: dict[str, str] | None = None,
                        task_status: TaskStatus[ServerHandle] = anyio.TASK_STATUS_IGNORED) -> None:
     """Check each URL is an SGLang/OpenAI server, report the handle, then watch health until cancelled.
     `urls` are base URLs (config/server.py `normalise_server_url`: ".../v1" or a trailing "/" is fine);

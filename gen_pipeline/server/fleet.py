@@ -42,7 +42,7 @@ class _Server:
     failures: int = 0  # consecutive connection errors / failed health checks
     backoff_s: float = 0.0
     next_probe_s: float = 0.0
-    last_answer_s: float | None = None  # when it last answered anything (a request, /health, load)
+    last_answer_s: float | None = None  # its last progress: stream bytes, an answer, /health 200
 
 
 class Fleet:
@@ -148,13 +148,12 @@ class Fleet:
         self._servers[url].total_tokens = total_tokens or None
 
     def update(self, loads: dict[str, LoadSnapshot | None], now_s: float | None = None) -> None:
-        """One load poll: KV in use per server (None: that server did not answer; its figure is dropped)."""
+        """One load poll: KV in use per server (None: that server did not answer; its figure is dropped).
+        Not progress (`answered`): SGLang's HTTP process answers /v1/loads from a snapshot, scheduler or not."""
         for url, snap in loads.items():
             s = self._servers.get(url)
             if s is None:
                 continue
-            if snap is not None and now_s is not None:
-                s.last_answer_s = now_s
             s.used_tokens = snap.used_tokens if snap is not None else None
             s.in_flight_at_poll = s.in_flight
 
@@ -162,11 +161,11 @@ class Fleet:
         return self._servers[url].in_flight
 
     def answered(self, url: str, now_s: float) -> None:
-        """It answered something (a request, /health, a load read): it is not hung."""
+        """It made progress (a request's stream bytes or answer, /health 200): it is not hung."""
         self._servers[url].last_answer_s = now_s
 
     def silent_s(self, url: str, now_s: float) -> float:
-        """Seconds since it last answered anything (0 before its first answer was awaited)."""
+        """Seconds since its last progress (0 before its first was awaited)."""
         last = self._servers[url].last_answer_s
         return 0.0 if last is None else max(0.0, now_s - last)
 
@@ -199,8 +198,14 @@ class Fleet:
             s.next_probe_s = now_s + s.backoff_s
             self.version += 1
             self.taken_out += 1
-            for cancel_sent in list(self.on_taken_out) if cancel else []:
-                cancel_sent(url)
+            if cancel:
+                self.cancel_sent(url)
+
+    def cancel_sent(self, url: str) -> None:
+        """The clients cancel their requests in flight to `url` and send them again (on_taken_out), whether
+        or not it is up."""
+        for cancel_sent in list(self.on_taken_out):
+            cancel_sent(url)
 
     def mark_up(self, url: str) -> None:
         s = self._servers[url]

@@ -1,14 +1,18 @@
-"""The I/O around a Fleet: per-server health checks with backoff probes, a router's worker list
-re-read every interval, capacity re-summed over what is up, and the load poll per server.
+"""The I/O around a Fleet: per-server health checks with backoff probes, liveness probes of silent
+servers, a router's worker list re-read every interval, capacity re-summed over what is up, and the load
+poll per server. Every check and probe runs in its own task: a server that does not answer never
+delays another's check, nor the tick that follows the fleet.
 
 Direct (several URLs): a server that fails `unhealthy_after` health checks in a row (or connection errors
 in the client) is taken out; the run goes on with the rest; it is probed back in with backoff. A hung
-server (its port open, nothing answering: SIGSTOP, an NCCL hang) is taken out once it has answered
-nothing (requests, /health, load) for `hang_after_s` while requests are in flight to it; the clients
-cancel those requests and send them again at once (run/chat.py), so the live servers never wait out
-request_timeout_s. When no server answers, dispatch pauses (the handle is down) and the run waits up
-to `give_up_after_s` (--server-wait-s) for one to come back: an operator's restart of SGLang takes
-60-90 s; each request re-sent meanwhile is never counted as a failure.
+server is taken out while requests are in flight to it, as hang.py tells hung from busy (what SGLang's
+/health, /v1/models and /v1/loads answer, and when): stopped or frozen (SIGSTOP, a frozen host: no
+progress for `hang_after_s` and no answer to GET /v1/models) within about 5 s at the defaults; a stuck
+scheduler (an NCCL hang: the HTTP process answers, /health does not say 200) once /health fails with no
+progress for `hang_after_s`. The clients cancel its requests and send them again at once (run/chat.py),
+so the live servers never wait out request_timeout_s. When no server answers, dispatch pauses (the
+handle is down) and the run waits up to `give_up_after_s` (--server-wait-s) for one to come back: an
+operator's restart of SGLang takes 60-90 s; each request re-sent meanwhile is never counted as a failure.
 Through sglang-router: `/workers` (sglang-router 0.3: {"workers": [{"url", "is_healthy", ...}]}) is
 re-read every interval; capacity is the sum over its healthy workers, so a worker added raises it and
 a dead one (the router marks it unhealthy) lowers it. The router itself is health-checked like a server.
@@ -18,15 +22,18 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+from anyio.abc import TaskGroup
 
 from gen_pipeline.errors import ServerError
-from gen_pipeline.http import Http, HttpError
+from gen_pipeline.http import Http, HttpError, NoAnswer
 from gen_pipeline.records import Capacity, LoadSnapshot
 from gen_pipeline.server.capacity import combine, json_or_none, probe
 from gen_pipeline.server.handle import ServerHandle
+from gen_pipeline.server.hang import ALIVE_PATH, HANG_AFTER_S, HangWatch
 from gen_pipeline.server.health import check_timeout_s
 from gen_pipeline.server.load import merge, read_load
 
@@ -39,13 +46,15 @@ class FleetWatch:
     """Keeps `handle` (capacity, worker_urls, readiness) in step with the fleet; `run` until cancelled."""
 
     def __init__(self, http: Http, handle: ServerHandle, *, interval_s: float,
-                 give_up_after_s: float, hang_after_s: float | None = None):
+                 give_up_after_s: float, hang_after_s: float = HANG_AFTER_S):
         assert handle.fleet is not None
         self.http, self.handle, self.fleet = http, handle, handle.fleet
         self.interval_s, self.give_up_after_s = interval_s, give_up_after_s
         self.timeout_s = check_timeout_s(interval_s)
-        # silent this long with requests in flight: hung (default: two health checks' timeouts)
-        self.hang_after_s = hang_after_s if hang_after_s is not None else 2 * self.timeout_s
+        self.hangs = HangWatch(hang_after_s)  # no progress this long with requests in flight: hung? (hang.py)
+        self.hang_after_s = hang_after_s
+        self._busy: set[tuple[str, str]] = set()  # (what, url) of the checks and probes under way
+        self._cancelled_down: set[str] = set()  # down servers whose stalled requests were cancelled (this time)
         self.down_since_s: float | None = None  # no server has answered since then
         self.workers: dict[str, list[str]] = {}  # base URL → the servers it stands for ([itself] unless a router)
         self.caps: dict[str, Capacity | None] = {}  # per server (None: it does not say)
@@ -75,25 +84,91 @@ class FleetWatch:
             self.handle.capacity = capacity
 
     async def run(self) -> None:
-        """Every TICK_S: capacity follows what the client took out, a router's workers are re-read (each
-        ROUTERS_EVERY_S), readiness follows the fleet; every interval_s: health checks and due probes.
-        Raises ServerError once no server has answered for give_up_after_s."""
+        """Every TICK_S: capacity follows what the client took out, silent servers are probed and a
+        frozen one taken out, a router's workers are re-read (each ROUTERS_EVERY_S), readiness follows
+        the fleet; every interval_s: health checks and due probes back in (each in its own task). Raises
+        ServerError once no server has answered for give_up_after_s."""
         resummed = self.fleet.version
         next_routers_s = next_health_s = time.monotonic()
-        while True:
-            await anyio.sleep(min(self.interval_s, TICK_S))
-            now_s = time.monotonic()
-            if now_s >= next_routers_s:
-                next_routers_s = now_s + ROUTERS_EVERY_S
-                await self._reread_routers()
-            if now_s >= next_health_s:
-                next_health_s = now_s + self.interval_s
-                await self._check_up()
-                await self._probe_down()
-            self._readiness(time.monotonic())
-            if self.fleet.version != resummed or self._workers_up() != self.handle.worker_urls:
-                resummed = self.fleet.version
-                self.resum()
+        async with anyio.create_task_group() as tg:
+            while True:
+                await anyio.sleep(min(self.interval_s, TICK_S))
+                now_s = time.monotonic()
+                self._watch_hangs(tg, now_s)
+                if now_s >= next_routers_s:
+                    next_routers_s = now_s + ROUTERS_EVERY_S
+                    await self._reread_routers()
+                if now_s >= next_health_s:
+                    next_health_s = now_s + self.interval_s
+                    for url in self.fleet.up_urls:
+                        self._spawn(tg, "health", url, self._check_one)
+                    # all down (dispatch paused): probe every interval, there is nothing to spare them for
+                    due = self.fleet.due_probes(now_s) if self.fleet.up_urls else self.fleet.down_urls
+                    for url in due:
+                        self._spawn(tg, "back", url, self._probe_one)
+                self._readiness(time.monotonic())
+                if self.fleet.version != resummed or self._workers_up() != self.handle.worker_urls:
+                    resummed = self.fleet.version
+                    self.resum()
+
+    def _spawn(self, tg: TaskGroup, what: str, url: str, check: Callable[[str], Awaitable[None]]) -> None:
+        """`check(url)` in its own task, unless the same one is still under way."""
+        key = (what, url)
+        if key in self._busy:
+            return
+        self._busy.add(key)
+
+        async def one() -> None:
+            try:
+                await check(url)
+            finally:
+                self._busy.discard(key)
+        tg.start_soon(one)
+
+    def _watch_hangs(self, tg: TaskGroup, now_s: float) -> None:
+        """Take out an up server that is stopped or frozen (hang.py); probe the silent ones. A server out
+        already (taken out by failed checks or connection errors, its requests left to end by themselves)
+        whose requests make no progress for hang_after_s: those are cancelled and re-sent, once."""
+        for url in self.fleet.down_urls:
+            stuck, silent_s = self.fleet.in_flight(url), self.fleet.silent_s(url, now_s)
+            if stuck and silent_s >= self.hang_after_s and url not in self._cancelled_down:
+                self._cancelled_down.add(url)
+                self.fleet.cancel_sent(url)
+                log.warning("%s is out and its %d in-flight requests made no progress for %.1f s: re-sent%s", url,
+                            stuck, silent_s, " to the others" if self.fleet.up_urls else " once a server answers")
+        self._cancelled_down &= set(self.fleet.down_urls)
+        for url in self.fleet.up_urls:
+            stuck, silent_s = self.fleet.in_flight(url), self.fleet.silent_s(url, now_s)
+            why = self.hangs.frozen(url, now_s, silent_s, stuck)
+            if why is not None:
+                self._take_out_hung(url, now_s, f"no progress for {silent_s:.1f} s on {stuck} in-flight requests "
+                                                f"and {why}: stopped or frozen?", stuck)
+            elif self.hangs.due(url, now_s, silent_s, stuck):
+                self.hangs.sent(url, now_s)
+                tg.start_soon(self._alive, url, now_s)
+
+    async def _alive(self, url: str, sent_s: float) -> None:
+        """GET /v1/models: does the process answer at all (any status)? (hang.py)"""
+        timeout_s = self.hangs.probe_timeout_s
+        try:
+            await self.http.get(url + ALIVE_PATH, timeout_s=timeout_s)
+        except HttpError as e:
+            why = (f"no answer to GET {ALIVE_PATH} within {timeout_s:g} s" if isinstance(e, NoAnswer)
+                   else f"GET {ALIVE_PATH} failed ({e.why})")
+            self.hangs.unanswered(url, sent_s, why)
+            if self.fleet.is_up(url):  # taken out meanwhile: keep the reason it was taken out for
+                self.fleet.why[url] = why
+        else:
+            self.hangs.answered(url)
+
+    def _take_out_hung(self, url: str, now_s: float, why: str, stuck: int) -> None:
+        """Out, its requests in flight cancelled and re-sent (Fleet.mark_down(cancel=True))."""
+        self.fleet.mark_down(url, now_s, cancel=True)
+        self._cancelled_down.add(url)
+        self.hangs.forget(url)
+        where = (f"{stuck} in-flight requests re-sent to the others" if self.fleet.up_urls
+                 else f"{stuck} in-flight requests will be re-sent once a server answers")
+        self.report_taken_out(url, f"{why} {where}")
 
     def _readiness(self, now_s: float) -> None:
         handle = self.handle
@@ -137,27 +212,21 @@ class FleetWatch:
         self.fleet.why[url] = why
         return why
 
-    async def _check_up(self) -> None:
-        """Every up server's /health, at once (a hung one must not delay the others' checks)."""
-        async with anyio.create_task_group() as tg:
-            for url in self.fleet.up_urls:
-                tg.start_soon(self._check_one, url)
-
     async def _check_one(self, url: str) -> None:
+        """One /health check of an up server: a failure with requests in flight and no progress for
+        hang_after_s is a stuck scheduler (hang.py); other failures count toward fail_after."""
         why = await self.health(url)
+        if not self.fleet.is_up(url):  # taken out meanwhile
+            return
         if why is None:
             self.fleet.succeeded(url)
             return
         now_s = time.monotonic()
         silent_s = self.fleet.silent_s(url, now_s)
         stuck = self.fleet.in_flight(url)
-        others = [u for u in self.fleet.up_urls if u != url]
-        if stuck and silent_s >= self.hang_after_s and self.fleet.is_up(url):
-            self.fleet.mark_down(url, now_s, cancel=True)
-            where = ("while the other servers answer: hung? {n} in-flight requests re-sent to the others"
-                     if others else "hung? {n} in-flight requests will be re-sent once a server answers")
-            self.report_taken_out(url, f"no answer for {silent_s:.1f} s (requests, /health, load) "
-                                       + where.format(n=stuck))
+        if stuck and silent_s >= self.hang_after_s:
+            self._take_out_hung(url, now_s, f"no progress for {silent_s:.1f} s on {stuck} in-flight requests and "
+                                            f"/health {_health_words(why)}: scheduler stuck?", stuck)
         elif self.fleet.failed(url, now_s):
             self.report_taken_out(url, f"{self.fleet.fail_after} failed health checks in a row ({why})")
 
@@ -166,14 +235,8 @@ class FleetWatch:
         log.warning("took %s out after %s; %d of %d servers left, probing it back with backoff",
                     url, why, left, len(self.fleet.urls))
 
-    async def _probe_down(self) -> None:
-        # all down (dispatch paused): probe every interval, there is nothing to spare them for
-        due = self.fleet.due_probes(time.monotonic()) if self.fleet.up_urls else self.fleet.down_urls
-        async with anyio.create_task_group() as tg:
-            for url in due:
-                tg.start_soon(self._probe_one, url)
-
     async def _probe_one(self, url: str) -> None:
+        """A down server's /health: back in when it answers 200 (capacity read again), else a longer backoff."""
         if await self.health(url) is not None:
             self.fleet.probe_failed(url, time.monotonic())
             return
@@ -220,6 +283,11 @@ async def worker_urls(http: Http, url: str) -> list[str]:
         if found:
             return found
     return [url]
+
+
+def _health_words(why: str) -> str:
+    """What a failed /health got, as words after "/health": "answered HTTP 503", "failed (...)"."""
+    return why.removeprefix("/health ") if why.startswith("/health ") else f"failed ({why})"
 
 
 def _urls_in(body: Any) -> list[str]:

@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from gen_pipeline.config.dataset import DatasetConfig
+from gen_pipeline.config.dataset import DatasetConfig, SourceConfig
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError, DiskError, StoreError
 from gen_pipeline.records import Message, Prompt, Reject
@@ -197,7 +197,7 @@ def load_source(cfg: DatasetConfig) -> LoadedSource:
     except ConfigError:
         raise
     except Exception as e:  # datasets wraps Arrow/JSON/network errors in many types
-        what = ", ".join(src.files) if src.files else f"{src.hf_id} (split {src.split})"
+        what = source_label(src)
         disk = _disk_error(e, where, what, datasets.config.HF_DATASETS_CACHE)
         if disk is not None:
             raise disk from None
@@ -212,6 +212,11 @@ def load_source(cfg: DatasetConfig) -> LoadedSource:
         ds = ds.shuffle(seed=src.shuffle_seed)
     rows = len(ds) if hasattr(ds, "__len__") else loaded.good_lines  # streaming datasets have no len()
     return LoadedSource(ds, loaded.bad_lines, rows)
+
+
+def source_label(src: SourceConfig) -> str:
+    """The source as messages name it: its files, or its hub id and split."""
+    return ", ".join(src.files) if src.files else f"{src.hf_id} (split {src.split})"
 
 
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)

@@ -130,6 +130,11 @@ class DatasetStore:
         return self._target
 
     @property
+    def claimed(self) -> bool:
+        """claim() succeeded and the store is not closed yet (it holds the lock)."""
+        return self._lock is not None and not self._closed
+
+    @property
     def remaining(self) -> int:
         return max(0, self._target - self.done)
 

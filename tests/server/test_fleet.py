@@ -274,3 +274,33 @@ def test_affinity_invariants(ops, totals, margin):
     for n in range(5):
         f.sample_ended(("D", str(n)))
     assert f.samples_tracked == 0
+
+
+# ---------------------------------------------------------------- hung or busy (server/hang.py)
+
+def test_a_silent_server_is_frozen_only_once_a_probe_sent_in_its_silence_goes_unanswered():
+    from gen_pipeline.server.hang import HangWatch
+
+    w = HangWatch(5.0)  # probes from 1 s of silence, 3 s each
+    assert not w.due(A, 10.0, 0.9, in_flight=4) and not w.due(A, 10.0, 3.0, in_flight=0)  # not silent / idle
+    assert w.due(A, 10.0, 1.0, in_flight=4)
+    w.sent(A, 10.0)
+    assert not w.due(A, 10.5, 1.5, in_flight=4)  # one at a time
+    assert w.frozen(A, 15.0, 6.0, in_flight=4) is None  # silent 6 s, but its probe has not failed (yet)
+    w.unanswered(A, 10.0, "no answer to GET /v1/models within 3 s")
+    assert w.frozen(A, 13.5, 4.5, in_flight=4) is None  # not silent long enough
+    assert w.frozen(A, 15.0, 6.0, in_flight=0) is None  # nothing in flight: nothing to re-send
+    assert w.frozen(A, 15.0, 6.0, in_flight=4) == "no answer to GET /v1/models within 3 s"
+    # progress at 12 s (a stream byte): the probe sent at 10 s predates the silence, whatever it got
+    assert w.frozen(A, 17.5, 5.5, in_flight=4) is None
+    w.answered(A)  # a later probe answered: alive, only busy
+    assert w.frozen(A, 15.0, 6.0, in_flight=4) is None
+    assert not w.due(A, 10.9, 2.0, in_flight=4) and w.due(A, 11.0, 2.0, in_flight=4)  # one a second
+
+
+def test_a_hang_timeout_below_the_probe_timeout_shortens_the_probe():
+    from gen_pipeline.server.hang import HangWatch
+
+    w = HangWatch(1.0)
+    assert (w.probe_after_s, w.probe_timeout_s) == (0.2, 0.6)
+    assert HangWatch().hang_after_s == 5.0 and HangWatch().probe_timeout_s == 3.0
