@@ -52,6 +52,10 @@ class ServerProfile:
     enable_hierarchical_cache: bool = False
     hicache_size_gb: int = 0  # host RAM per rank for evicted prefixes; adds no decode slots
     num_continuous_decode_steps: int = 1
+    # tokens per streamed chunk (None: SGLang's default, 1). Every turn is streamed while the loop gate is
+    # on, and at one token a chunk the client's CPU per token is what limits a fast server (README, "The
+    # client keeps up"); the shipped profiles set 8.
+    stream_interval: int | None = None
     enable_metrics: bool = True
     reasoning_parser: str = ""
     trust_remote_code: bool = False
@@ -257,6 +261,9 @@ def _check_ranges(p: ServerProfile, where_of: Callable[[str], str]) -> None:
         value = getattr(p, key)
         if not math.isfinite(value) or value < 0:
             raise ConfigError(f"{where_of(key)}{key} = {value} must be a non-negative number of seconds.")
+    if p.stream_interval is not None and p.stream_interval < 1:
+        raise ConfigError(f"{where_of('stream_interval')}stream_interval = {p.stream_interval} must be at least 1 "
+                          "(tokens per streamed chunk; leave it out for SGLang's default, 1).")
     for key in ("max_restarts", "hicache_size_gb"):
         if getattr(p, key) < 0:
             raise ConfigError(f"{where_of(key)}{key} = {getattr(p, key)} must not be negative.")

@@ -28,6 +28,7 @@ FLAGS: dict[str, str] = {
     "enable_hierarchical_cache": "--enable-hierarchical-cache",
     "hicache_size_gb": "--hicache-size",
     "num_continuous_decode_steps": "--num-continuous-decode-steps",
+    "stream_interval": "--stream-interval",
     "enable_metrics": "--enable-metrics",
     "reasoning_parser": "--reasoning-parser",
     "trust_remote_code": "--trust-remote-code",

@@ -20,6 +20,7 @@ kv_cache_dtype = "fp8_e4m3"
 enable_hierarchical_cache = true
 hicache_size_gb = 48
 num_continuous_decode_steps = 4
+stream_interval = 8
 enable_metrics = true
 reasoning_parser = "kimi_k2"
 trust_remote_code = true
@@ -54,7 +55,7 @@ def test_every_key_becomes_its_flag(tmp_path):
         "/py", "-m", "sglang.launch_server",
         "--model-path", "/models/m", "--served-model-name", "m", "--tp-size", "8", "--dp-size", "2",
         "--mem-fraction-static", "0.9", "--kv-cache-dtype", "fp8_e4m3", "--enable-hierarchical-cache",
-        "--hicache-size", "48", "--num-continuous-decode-steps", "4", "--enable-metrics",
+        "--hicache-size", "48", "--num-continuous-decode-steps", "4", "--stream-interval", "8", "--enable-metrics",
         "--reasoning-parser", "kimi_k2", "--trust-remote-code", "--max-running-requests", "256",
         "--context-length", "32768", "--host", "0.0.0.0", "--port", "31000",
         "--chunked-prefill-size", "8192", "--disable-cuda-graph",
@@ -112,6 +113,8 @@ def test_unknown_profile_lists_known_ones(tmp_path, monkeypatch):
     ("mem_fraction_static = 1.5", "profile.a.mem_fraction_static = 1.5 must be a number between 0 and 1 "
      "(the share of GPU memory for weights + KV cache, e.g. 0.90)."),
     ("tp_size = 0", "profile.a.tp_size = 0 must be at least 1."),
+    ("stream_interval = 0", "profile.a.stream_interval = 0 must be at least 1 (tokens per streamed chunk; leave it "
+     "out for SGLang's default, 1)."),
     ("enable_metrics = 1", "profile.a.enable_metrics = 1 must be true or false (got an integer)."),
     ("env = { NCCL_DEBUG = 1 }", "profile.a.env.NCCL_DEBUG = 1 must be a string (environment values are text). "
      "Put it in quotes."),
@@ -131,8 +134,8 @@ def test_bad_values_are_named(tmp_path, monkeypatch, line, message):
 def test_shipped_profiles_load():
     tuned = load_server_profile("tuned")
     assert (tuned.tp_size, tuned.mem_fraction_static, tuned.kv_cache_dtype, tuned.hicache_size_gb,
-            tuned.num_continuous_decode_steps, tuned.enable_metrics, tuned.trust_remote_code) == (
-        8, 0.9, "fp8_e4m3", 48, 4, True, True)
+            tuned.num_continuous_decode_steps, tuned.stream_interval, tuned.enable_metrics,
+            tuned.trust_remote_code) == (8, 0.9, "fp8_e4m3", 48, 4, 8, True, True)
     assert "NCCL_NVLS_ENABLE" in tuned.env
     baseline = load_server_profile("baseline")
     assert (baseline.kv_cache_dtype, baseline.mem_fraction_static, baseline.enable_hierarchical_cache) == (
