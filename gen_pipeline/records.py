@@ -180,6 +180,7 @@ class RunSnapshot:
     final: bool = False  # the run has ended: nothing in flight, the last poll's load is stale
     server_wait_s: float | None = None  # attached, no server answers: dispatch paused this long ...
     server_wait_limit_s: float | None = None  # ... of at most this long (--server-wait-s)
+    client_cpu: float | None = None  # cores the CLI process used over the last ~10 s (run/stats.py CpuMeter)
 
     @property
     def eta_s(self) -> float | None:

@@ -151,7 +151,10 @@ def test_telemetry_survives_kill_9_and_resume_appends(tmp_path: Path) -> None:
     assert len(second) >= 1 and len(rows) == len(first) + len(second)
     assert second[-1]["done"] == 150 and {x["run"] for x in rows} == {1, 2}
     assert all(set(x) >= {"window", "in_flight", "running", "queued", "kv_usage", "kv_capacity_tokens", "gen_tok_s",
-                          "retractions", "mode", "reason", "restarts"} for x in rows)
+                          "retractions", "mode", "reason", "restarts", "client_cpu"} for x in rows)
+    # the CLI's own CPU, in cores: a figure once the run is a second old (a poll a second here)
+    assert all(x["client_cpu"] is None or 0 <= x["client_cpu"] < 8 for x in rows)
+    assert any(x["client_cpu"] is not None for x in rows)
     assert_exact(out, 150)
 
 
@@ -288,6 +291,32 @@ def test_rules_are_pure_on_rows() -> None:
             for i in range(30)]
     assert bottleneck.diagnose(flat) == []
     assert bottleneck.diagnose(flat[:3])[0].rule == "too_short"
+
+
+def _h200_streamed(i: int, cpu: float | None, queued: int = 0) -> dict:
+    """A poll of the H200 run that was client-bound (short outputs, SGLang's --stream-interval 1, fixed
+    window 128): 58 running, nothing queued, the generate process at ~0.9 of a core."""
+    return {**_row(i), "window": 128, "in_flight": 128, "running": 58, "queued": queued, "kv_usage": 0.3,
+            "gen_tok_s": 8100.0, "client_tok_s": 8000.0, "client_cpu": cpu, "done": 10 * i}
+
+
+def test_a_client_at_a_core_with_free_server_slots_is_client_bound_and_told_the_fix() -> None:
+    rows = [_h200_streamed(i, 0.92 if i % 2 else 0.9) for i in range(30)]
+    verdicts = [v for v in bottleneck.diagnose(rows) if v.rule == "client_bound"]
+    assert [line for v in verdicts for line in v.lines()] == [
+        "client_bound: the client's own CPU bounds the run",
+        "  the generate process used 0.91 of a core (median of 24 steady polls) while the server ran 58 requests "
+        "of a window of 128 (in flight 100% of it on average) and queued requests in 0% of polls",
+        "  → each streamed chunk costs the client CPU: raise SGLang's --stream-interval (e.g. 8, the shipped "
+        "profiles' stream_interval; a loop is then aborted at most 7 tokens later) or set [generation] on_loop = "
+        '"off" (turns sent whole, no loop gate)']
+
+
+@pytest.mark.parametrize("cpu, queued", [(0.4, 0), (None, 0), (0.95, 20)])
+def test_a_client_with_cpu_to_spare_or_a_server_that_queues_is_not_client_bound(cpu: float | None,
+                                                                                  queued: int) -> None:
+    rows = [_h200_streamed(i, cpu, queued) for i in range(30)]
+    assert "client_bound" not in [v.rule for v in bottleneck.diagnose(rows)]
 
 
 def test_levers_are_plans_arithmetic() -> None:

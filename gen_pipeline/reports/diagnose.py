@@ -15,8 +15,10 @@ idle tail cut off) with its thresholds in THRESHOLDS. The rules, in the order th
   admission_bound    KV free, requests queued, running at max_running_requests
   compute_bound      KV free, requests queued, running below max_running_requests (the scheduler's
                      prefill/step budget holds them, not memory)
-  client_bound       in flight below the window while the server has no queue (the source or the
-                     client cannot keep the window full)
+  client_bound       the generate process uses ~a core (client_cpu) while the server has free slots
+                     (running below the window, no queue): streamed chunks cost the client more CPU than
+                     it has; or in flight below the window while the server has no queue (the source or
+                     the client cannot keep the window full)
   retraction_storm   retractions ≥ storm_per_completion of completions (recompute, stalls)
   idle_tail          the end of the run with in flight far below its steady level takes tail_frac of it
 """
@@ -49,6 +51,9 @@ THRESHOLDS: dict[str, float] = {
     "slots_low": 0.5, "slots_high": 2.5,  # running / (KV tokens / tokens per request): "≈"
     "at_cap": 0.95,  # running / max_running_requests at or above: at the cap
     "client_fill": 0.8,  # mean in_flight / window below: the window is not kept full
+    # the generate process's CPU (cores, median of steady polls) at or above: the client itself is busy. One
+    # event loop is one core; the H200 run that was client-bound (streamed at one token a chunk) read 0.90-0.93.
+    "client_cpu": 0.85,
     "storm_per_completion": 0.25,  # retractions per completed sample at or above: a storm
     "storm_min": 10,  # ... and at least this many retractions
     "tail_level": 0.5,  # in flight below this share of the steady median: the tail
@@ -280,11 +285,26 @@ def _client_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | N
         return None
     fill = statistics.fmean(min(1.0, (r.get("in_flight") or 0) / r["window"]) for r in s)
     queued_share = sum(1 for r in s if (r.get("queued") or 0) > 0) / len(s)
+    cpu = _med(_vals(s, "client_cpu"))
+    running, window = _med(_vals(s, "running")), _med(_vals(s, "window")) or 0
+    # the server has free slots: what runs there stays below the window and nothing waits in its queue
+    slots_free = queued_share < th["queued_share"] and (
+        fill < th["client_fill"] or (running is not None and running < th["client_fill"] * window))
+    if cpu is not None and cpu >= th["client_cpu"] and slots_free:
+        return Verdict("client_bound", "the client's own CPU bounds the run",
+                       (f"the generate process used {cpu:.2f} of a core (median of {len(s)} steady polls)"
+                        + (f" while the server ran {running:.0f} requests" if running is not None else "")
+                        + f" of a window of {window:.0f} (in flight {fill:.0%} of it on average) and queued "
+                        f"requests in {queued_share:.0%} of polls",),
+                       ("each streamed chunk costs the client CPU: raise SGLang's --stream-interval (e.g. 8, the "
+                        "shipped profiles' stream_interval; a loop is then aborted at most 7 tokens later) or set "
+                        '[generation] on_loop = "off" (turns sent whole, no loop gate)',))
     if fill >= th["client_fill"] or queued_share >= th["queued_share"]:
         return None
     return Verdict("client_bound", "the client keeps fewer requests in flight than the window allows",
                    (f"in flight {fill:.0%} of the window on average (median {_med(_vals(s, 'in_flight')):.0f} of "
-                    f"{_med(_vals(s, 'window')):.0f}), the server queued requests in {queued_share:.0%} of polls",),
+                    f"{_med(_vals(s, 'window')):.0f}), the server queued requests in {queued_share:.0%} of polls"
+                    + (f"; the generate process used {cpu:.2f} of a core" if cpu is not None else ""),),
                    ("the source or the client is the limit, not the server: a slow or mostly-rejected source "
                     "(see rejects.jsonl), streaming from the hub, or a CPU-starved client process",))
 

@@ -18,6 +18,29 @@ FAILURE_STREAK_FATAL = 50  # this many failures in a row, none succeeding: the s
 # the streak only when one gave up after --server-wait-s), as against requests it refuses (4xx, model errors)
 GONE_REASONS = frozenset({"connect", "connection", "server_gone"})
 THROUGHPUT_WINDOW_S = 60.0
+CPU_WINDOW_S = 10.0  # the client's CPU share is measured over about this long
+
+
+class CpuMeter:
+    """The share of one core this process used (user + sys, all its threads) over about the last
+    CPU_WINDOW_S: what says the client itself is the limit (reports/diagnose.py, client_bound)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 cpu_clock: Callable[[], float] = time.process_time) -> None:
+        self.clock, self.cpu_clock = clock, cpu_clock
+        self._samples: deque[tuple[float, float]] = deque([(clock(), cpu_clock())])
+
+    def share(self) -> float | None:
+        """Cores in use (1.0 = one core busy) since the oldest sample still in the window; None over less than
+        a second."""
+        now, used = self.clock(), self.cpu_clock()
+        samples = self._samples
+        if now - samples[-1][0] >= 0.5:  # one sample per half second is plenty (callers poll more often)
+            samples.append((now, used))
+        while len(samples) > 1 and now - samples[1][0] >= CPU_WINDOW_S:
+            samples.popleft()
+        t0, c0 = samples[0]
+        return (used - c0) / (now - t0) if now - t0 >= 1.0 else None
 
 
 class RunStats:
@@ -39,6 +62,7 @@ class RunStats:
         self.peak_kv_usage: float | None = None
         self.retractions: int | None = None  # during this run: the server's counter restarts with it
         self._last_counter: int | None = None
+        self.cpu = CpuMeter(clock)
 
     def elapsed_s(self) -> float:
         return self.clock() - self.started

@@ -65,6 +65,7 @@ class TelemetryRow(TypedDict):
     tokens_per_request: float | None
     held_tokens_per_request: float | None
     restarts: int
+    client_cpu: float | None  # cores the CLI process used over the last ~10 s (1.0: one core busy)
 
 
 def build_row(s: RunSnapshot, *, run: int | None) -> TelemetryRow:
@@ -83,7 +84,7 @@ def build_row(s: RunSnapshot, *, run: int | None) -> TelemetryRow:
         "reason": "--window" if s.fixed_window else s.controller_reason,
         "tokens_per_request": _round(s.tokens_per_request, 1),
         "held_tokens_per_request": _round(s.held_tokens_per_request, 1),
-        "restarts": s.restarts,
+        "restarts": s.restarts, "client_cpu": _round(s.client_cpu, 3),
     }
 
 
