@@ -152,7 +152,9 @@ def test_a_fleet_waits_out_an_outage_of_every_server(tmp_path: Path) -> None:
 
 
 def test_an_outage_longer_than_the_wait_ends_the_run_resumable(tmp_path: Path) -> None:
-    with start_sim(SIM) as sim:
+    # SIM_SLOW: the pool holds ~170 of the 300 at once, and the kill must land while the second wave decodes
+    # (at time scale 1 that wave took ~0.4 s, which a loaded machine's poll and writer could miss)
+    with start_sim(SIM_SLOW) as sim:
         toml = dataset(tmp_path, 300)
         proc, log = generate(tmp_path, toml, sim.url, "--server-wait-s", "2")
         wait_lines(tmp_path / "out" / "T", 40, proc)
