@@ -179,6 +179,7 @@ def run_export(opts: ExportOptions) -> ExportSummary:
         if builder.mismatch:  # went exact at a spot check: the splits built before it again
             built = {k: builder.rows(rows) for k, rows in splits.items()}
         splits = built
+        notes += builder.notes()
     for rows in splits.values():
         rows.sort(key=lambda r: seeded_key(opts.seed, r["id"]))
     summary = ExportSummary(opts, counts, rows={k: len(v) for k, v in splits.items()}, warnings=warnings)

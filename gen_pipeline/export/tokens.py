@@ -125,6 +125,16 @@ class TokenRowBuilder:
             if collecting:
                 gc.enable()
 
+    def notes(self) -> list[str]:
+        """What the export says about how the rendered rows were made, when not the fast way."""
+        out = []
+        if self.mismatch:
+            out.append(f"tokens: row {self.mismatch} differed from the plain path (the template and the tokenizer "
+                       "on each turn alone), so every row was made the plain way; please report it")
+        elif self.encoder is not None and not self.encoder.chunked:
+            out.append(f"tokens: each rendered turn was tokenized whole ({self.encoder.why_whole}): exact, slower")
+        return out
+
     def be_exact(self) -> None:
         """Render with apply_chat_template (batch form) and tokenize whole texts from now on."""
         self.exact = True
