@@ -107,7 +107,7 @@ class Renderer:
     def turn_texts(self, turns: list[tuple[list[dict[str, Any]], dict[str, Any]]], *,
                    direct: bool = True) -> list[tuple[str, str]]:
         """`turn_text` of many (history, turn) pairs, the same texts: the template called directly
-        (direct.py) where that is proven the same as apply_chat_template, else in its batch form."""
+        (direct.py) where its probes render as apply_chat_template does, else in its batch form."""
         render = self._fast_render if direct else self.render_many
         prompts = render([h for h, _ in turns], generation_prompt=True)
         fulls = render([[*h, t] for h, t in turns], generation_prompt=False)

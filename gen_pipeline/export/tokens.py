@@ -96,12 +96,18 @@ def _message(m: dict[str, Any]) -> dict[str, Any]:
 
 
 class TokenRowBuilder:
-    """Builds the rows of many samples. Rendered turns go in batches: the template renders a batch's
-    prompts in one call and its turns in another (Renderer.turn_texts), and their texts are
-    tokenized together (encode.TextEncoder: from the ids of recurring chunks where the tokenizer
-    provably allows it). The rows equal, id for id, `renderer.turn_text` then `renderer.encode` of
-    the prompt and of the output (the slow path, `slow_turn_ids`); every SPOT_EVERY-th rendered turn
-    is also tokenized whole and compared, and a difference redoes every row with whole texts."""
+    """Builds the rows of many samples. Rendered turns go in batches of BATCH_TURNS: the template
+    renders their prompts and their turns (Renderer.turn_texts: called directly, direct.py), and
+    their texts are tokenized together (encode.TextEncoder: from the ids of recurring chunks where
+    the tokenizer provably allows it). The rows equal, id for id, the plain path (`slow_turn_ids`:
+    apply_chat_template on each turn alone, the tokenizer on its prompt and on its output); the
+    first and every SPOT_EVERY-th rendered turn is also made the plain way and compared, and a
+    difference (never seen) makes every row the plain way from then on (`mismatch`, `notes`).
+
+    Where the time went before (bench/export_speed's 88K job, 547 s of CPU): ~70 % the tokenizer on
+    each turn's new text (per-word bookkeeping in the Rust tokenizer; the history was already
+    tokenized once, not again per turn), ~10-15 % apply_chat_template's own work around the
+    template, and the garbage collector walking the job's millions of live objects."""
 
     def __init__(self, renderer: Renderer | None, *, exact: bool = False):
         self.renderer = renderer
