@@ -175,7 +175,11 @@ def run_export(opts: ExportOptions) -> ExportSummary:
         splits = {k: [t for r in rows for t in expand_turns(r)] for k, rows in splits.items()}
     if opts.format == "tokens":
         builder = TokenRowBuilder(renderer)
-        splits = {k: builder.rows(rows) for k, rows in splits.items()}
+        built = {k: builder.rows(rows) for k, rows in splits.items()}
+        if builder.mismatch:  # went exact at a spot check: the splits built before it again
+            built = {k: builder.rows(rows) for k, rows in splits.items()}
+        splits = built
+        notes += builder.notes()
     for rows in splits.values():
         rows.sort(key=lambda r: seeded_key(opts.seed, r["id"]))
     summary = ExportSummary(opts, counts, rows={k: len(v) for k, v in splits.items()}, warnings=warnings)

@@ -49,15 +49,28 @@ class Renderer:
     tokenizer: Any
     source: str
     kwargs: dict[str, Any] = field(default_factory=dict)
+    _direct: Any = field(default=None, init=False, repr=False)  # direct.DirectTemplate, False: none (direct_why)
+    direct_why: str = field(default="", init=False)
 
     def render(self, messages: list[dict[str, Any]], *, generation_prompt: bool) -> str:
+        return str(self._apply(messages, generation_prompt))
+
+    def render_many(self, conversations: list[list[dict[str, Any]]], *, generation_prompt: bool) -> list[str]:
+        """`render` of each conversation, in one call of apply_chat_template: its batch form renders
+        each conversation as a call of its own does and pays the call's own work once. (An empty
+        conversation, which apply_chat_template refuses alone, would be taken for a flat list.)"""
+        if not all(conversations):
+            return [self.render(m, generation_prompt=generation_prompt) for m in conversations]
+        return [str(t) for t in self._apply(conversations, generation_prompt)] if conversations else []
+
+    def _apply(self, conversation: Any, generation_prompt: bool) -> Any:
+        """apply_chat_template(conversation, tokenize=False, ...); ConfigError when the template fails."""
         try:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False,
+            return self.tokenizer.apply_chat_template(conversation, tokenize=False,
                                                       add_generation_prompt=generation_prompt, **self.kwargs)
         except Exception as e:  # jinja2's TemplateError and what the template raises itself
             raise ConfigError(f"the chat template of {self.source} failed on a conversation "
                               f"({type(e).__name__}: {e}).") from None
-        return str(text)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -89,6 +102,41 @@ class Renderer:
         not continue its generation prompt (then only the server's own token ids are exact)."""
         prompt = self.render(history, generation_prompt=True)
         full = self.render([*history, turn], generation_prompt=False)
+        return self._split_turn(prompt, full, turn)
+
+    def turn_texts(self, turns: list[tuple[list[dict[str, Any]], dict[str, Any]]], *,
+                   direct: bool = True) -> list[tuple[str, str]]:
+        """`turn_text` of many (history, turn) pairs, the same texts: the template called directly
+        (direct.py) where its probes render as apply_chat_template does, else in its batch form."""
+        render = self._fast_render if direct else self.render_many
+        prompts = render([h for h, _ in turns], generation_prompt=True)
+        fulls = render([[*h, t] for h, t in turns], generation_prompt=False)
+        return [self._split_turn(p, f, t) for p, f, (_, t) in zip(prompts, fulls, turns, strict=True)]
+
+    def _fast_render(self, conversations: list[list[dict[str, Any]]], *, generation_prompt: bool) -> list[str]:
+        if self._direct is None:
+            from gen_pipeline.export.direct import DirectTemplate
+
+            try:
+                source = self.tokenizer.get_chat_template()
+            except Exception:  # apply_chat_template will say what is wrong with it
+                source = None
+            direct, self.direct_why = (DirectTemplate.probe(self._apply, source) if isinstance(source, str)
+                                       else (None, "no chat template source"))
+            self._direct = direct or False
+        direct = self._direct
+        if not direct:
+            return self.render_many(conversations, generation_prompt=generation_prompt)
+        try:
+            texts = direct.render_many(conversations, generation_prompt)
+        except Exception as e:  # what apply_chat_template would have raised: the same message
+            raise ConfigError(f"the chat template of {self.source} failed on a conversation "
+                              f"({type(e).__name__}: {e}).") from None
+        others = iter(self.render_many([m for m, t in zip(conversations, texts, strict=True) if t is None],
+                                       generation_prompt=generation_prompt))
+        return [t if t is not None else next(others) for t in texts]
+
+    def _split_turn(self, prompt: str, full: str, turn: dict[str, Any]) -> tuple[str, str]:
         if not full.startswith(prompt):
             raise ConfigError(f"the chat template of {self.source} renders an assistant turn that does not "
                               "continue its own generation prompt, so the turn's tokens cannot be rebuilt from "

@@ -134,6 +134,7 @@ class TemplateCheck:
         self.r = renderer
         self.header, self.end_of_turn = renderer.markers()
         self._pattern = re.compile(re.escape(self.header) + r"([\s\S]*?(?:" + re.escape(self.end_of_turn) + "|$))")
+        self._tokens = TokenRowBuilder(renderer)  # one for all samples: it keeps what it tokenized
 
     def run(self, samples: list[dict[str, Any]], modes: list[str]) -> list[ModeResult]:
         return [self.run_mode(samples, m) for m in modes]
@@ -172,7 +173,7 @@ class TemplateCheck:
             return [self._specforge(r["conversations"], turns[:r["turn_index"] + 1], last_only=False) for r in rows]
         if mode == "speculators":
             return self._speculators(convs, turns)
-        built = TokenRowBuilder(self.r).rows([{**sample, "conversations": sample["conversations"]}])
+        built = self._tokens.rows([{**sample, "conversations": sample["conversations"]}])
         return [(r["input_ids"].tolist(), r["loss_mask"].tolist(), turns[:r["turn_index"] + 1]) for r in built]
 
     def _specforge(self, convs: list[dict[str, Any]], turns: list[_Turn], *,

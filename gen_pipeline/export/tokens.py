@@ -43,19 +43,24 @@ Then the row is prompt_token_ids + token_ids with the mask 0…0 1…1. The conv
 
 from __future__ import annotations
 
+import gc
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 from gen_pipeline.errors import ConfigError
+from gen_pipeline.export.encode import ID_DTYPE, TextEncoder
 from gen_pipeline.export.render import Renderer
 
 TOKEN_KEYS = ("prompt_token_ids", "token_ids")
 # Rows hold their ids as numpy arrays (orjson writes them with OPT_SERIALIZE_NUMPY): 4 bytes a token
 # instead of a Python int's ~36, so the 88K job's ~130M tokens fit in memory to be shuffled.
-ID_DTYPE, MASK_DTYPE = np.int32, np.int8
-BATCH_TURNS = 2048  # rendered turns tokenized at once (the tokenizer's threads share a batch)
+MASK_DTYPE = np.int8
+BATCH_TURNS = 2048  # rendered turns rendered and tokenized at once
+Turn = tuple[list[dict[str, Any]], dict[str, Any]]  # (the messages before an assistant turn, the turn)
+SPOT_EVERY = 2048  # every so many rendered turns are also tokenized whole and compared
 
 
 def has_server_ids(message: dict[str, Any]) -> bool:
@@ -91,29 +96,73 @@ def _message(m: dict[str, Any]) -> dict[str, Any]:
 
 
 class TokenRowBuilder:
-    """Builds the rows of many samples; rendered turns are tokenized in batches (the tokenizer's own
-    threads), and a text piece between special tokens is tokenized once however many turns repeat
-    it (the history of a multi-turn conversation)."""
+    """Builds the rows of many samples. Rendered turns go in batches of BATCH_TURNS: the template
+    renders their prompts and their turns (Renderer.turn_texts: called directly, direct.py), and
+    their texts are tokenized together (encode.TextEncoder: from the ids of recurring chunks where
+    the tokenizer provably allows it). The rows equal, id for id, the plain path (`slow_turn_ids`:
+    apply_chat_template on each turn alone, the tokenizer on its prompt and on its output); the
+    first and every SPOT_EVERY-th rendered turn is also made the plain way and compared, and a
+    difference (never seen) makes every row the plain way from then on (`mismatch`, `notes`).
 
-    def __init__(self, renderer: Renderer | None):
+    Where the time went before (bench/export_speed's 88K job, 547 s of CPU): ~70 % the tokenizer on
+    each turn's new text (per-word bookkeeping in the Rust tokenizer; the history was already
+    tokenized once, not again per turn), ~10-15 % apply_chat_template's own work around the
+    template, and the garbage collector walking the job's millions of live objects."""
+
+    def __init__(self, renderer: Renderer | None, *, exact: bool = False):
         self.renderer = renderer
+        self.exact = exact  # the plain way: apply_chat_template in its batch form, the tokenizer on whole texts
+        self.encoder: TextEncoder | None = None
+        self.stats: Counter[str] = Counter()
+        self.mismatch = ""  # the row whose spot check differed (then the builder went exact)
 
     def rows(self, samples: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        samples = samples if isinstance(samples, list) else list(samples)
+        collecting = gc.isenabled()
+        gc.disable()  # millions of short-lived lists of chunks and no cycles: the collector found nothing
+        try:          # to free and cost a fifth of the time (bench/export_speed)
+            return self._rows(samples)
+        except _SpotMismatch as e:  # never seen: then every row the plain way
+            self.stats["spot_mismatches"] += 1
+            self.mismatch = str(e)
+            self.be_exact()
+            return self._rows(samples)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def notes(self) -> list[str]:
+        """What the export says about how the rendered rows were made, when not the fast way."""
+        out = []
+        if self.mismatch:
+            out.append(f"tokens: row {self.mismatch} differed from the plain path (the template and the tokenizer "
+                       "on each turn alone), so every row was made the plain way; please report it")
+        elif self.encoder is not None and not self.encoder.chunked:
+            out.append(f"tokens: each rendered turn was tokenized whole ({self.encoder.why_whole}): exact, slower")
+        return out
+
+    def be_exact(self) -> None:
+        """Render with apply_chat_template (batch form) and tokenize whole texts from now on."""
+        self.exact = True
+        if self.encoder is not None:
+            self.encoder.whole("asked to be exact")
+
+    def _rows(self, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        pending: list[tuple[int, str, str]] = []  # (row index, prompt text, output text)
+        pending: list[tuple[int, *Turn]] = []  # (row index, history, turn)
         for sample in samples:
-            for row, texts in self._sample_rows(sample):
-                if texts is not None:
-                    pending.append((len(out), *texts))
+            for row, turn in self._sample_rows(sample):
+                if turn is not None:
+                    pending.append((len(out), *turn))
                 out.append(row)
-            if len(pending) >= BATCH_TURNS:  # at a sample's end: its turns share one batch (and its history)
+            if len(pending) >= BATCH_TURNS:  # at a sample's end: its turns share one batch
                 self._tokenize(out, pending)
                 pending = []
         if pending:
             self._tokenize(out, pending)
         return out
 
-    def _sample_rows(self, sample: dict[str, Any]) -> Iterable[tuple[dict[str, Any], tuple[str, str] | None]]:
+    def _sample_rows(self, sample: dict[str, Any]) -> Iterable[tuple[dict[str, Any], Turn | None]]:
         history: list[dict[str, Any]] = []
         k = 0
         for m in sample["conversations"]:
@@ -122,6 +171,7 @@ class TokenRowBuilder:
                 continue
             row: dict[str, Any] = {"id": f"{sample['id']}#turn{k}", "source_id": sample["id"], "turn_index": k,
                                    "dataset": sample.get("dataset"), "meta": sample.get("meta")}
+            turn = _message(m)
             if has_server_ids(m):
                 row["input_ids"], row["loss_mask"] = _row_arrays(m["prompt_token_ids"], m["token_ids"])
                 row["ids_from"] = "server"
@@ -132,52 +182,45 @@ class TokenRowBuilder:
                                       "on its assistant turns), so the tokens format renders it with the target's "
                                       "chat template: pass --tokenizer PATH or --server NAME.")
                 row["ids_from"] = "template"
-                yield row, self.renderer.turn_text(history, _message(m))
-            history.append(_message(m))
+                yield row, (list(history), turn)
+            history.append(turn)
             k += 1
 
-    def _tokenize(self, out: list[dict[str, Any]], batch: list[tuple[int, str, str]]) -> None:
-        """One batch of rendered turns: the texts are dropped once their ids are in the rows."""
+    def _tokenize(self, out: list[dict[str, Any]], batch: list[tuple[int, *Turn]]) -> None:
+        """One batch of rendered turns: each row's ids are a view of the batch's ids (prompt, then output)."""
         assert self.renderer is not None
-        pieces = _Pieces(self.renderer)
-        pieces.add([t for _, p, o in batch for t in (p, o)])
-        for i, prompt, output in batch:
-            out[i]["input_ids"], out[i]["loss_mask"] = _row_arrays(pieces.ids(prompt), pieces.ids(output))
+        if self.encoder is None:
+            self.encoder = TextEncoder(self.renderer.tokenizer)
+            if self.exact:
+                self.encoder.whole("asked to be exact")
+        texts = self.renderer.turn_texts([(h, t) for _, h, t in batch], direct=not self.exact)
+        ids, starts = self.encoder.encode([x for pair in texts for x in pair])
+        for j, (i, history, turn) in enumerate(batch):
+            begin, middle, end = (int(x) for x in starts[2 * j:2 * j + 3])
+            row = out[i]
+            row["input_ids"] = ids[begin:end]
+            row["loss_mask"] = mask = np.zeros(end - begin, dtype=MASK_DTYPE)
+            mask[middle - begin:] = 1
+            if not self.exact and self.stats["turns_rendered"] % SPOT_EVERY == 0:
+                self._spot_check(row, history, turn)
+            self.stats["turns_rendered"] += 1
+
+    def _spot_check(self, row: dict[str, Any], history: list[dict[str, Any]], turn: dict[str, Any]) -> None:
+        assert self.renderer is not None
+        self.stats["spot_checks"] += 1
+        ids, mask = slow_turn_ids(self.renderer, history, turn)
+        if row["input_ids"].tolist() != ids or row["loss_mask"].tolist() != mask:
+            raise _SpotMismatch(f"{row['id']}")
 
 
-class _Pieces:
-    """Token ids of texts, split at the tokenizer's special tokens: a fast tokenizer matches added
-    tokens before its pre-tokenizer, so the ids of a text are the ids of its pieces in order."""
-
-    def __init__(self, renderer: Renderer):
-        self.encode_batch = renderer.tokenizer
-        specials = sorted(getattr(renderer.tokenizer, "all_special_tokens", []) +
-                          [str(t) for t in (getattr(renderer.tokenizer, "added_tokens_decoder", {}) or {}).values()],
-                          key=len, reverse=True)
-        self.specials = [s for s in dict.fromkeys(specials) if s]
-        self.cache: dict[str, list[int]] = {}
-
-    def split(self, text: str) -> list[str]:
-        parts = [text]
-        for s in self.specials:
-            parts = [q for p in parts for q in _split_keep(p, s)]
-        return [p for p in parts if p]
-
-    def add(self, texts: list[str]) -> None:
-        todo = list(dict.fromkeys(p for t in texts for p in self.split(t) if p not in self.cache))
-        if todo:
-            ids = self.encode_batch(todo, add_special_tokens=False)["input_ids"]
-            self.cache.update(zip(todo, (list(i) for i in ids), strict=True))
-
-    def ids(self, text: str) -> list[int]:
-        return [i for p in self.split(text) for i in self.cache[p]]
+class _SpotMismatch(Exception):
+    pass
 
 
-def _split_keep(text: str, sep: str) -> list[str]:
-    if sep not in text:
-        return [text]
-    parts = text.split(sep)
-    out = [parts[0]]
-    for p in parts[1:]:
-        out += [sep, p]
-    return out
+def slow_turn_ids(renderer: Renderer, history: list[dict[str, Any]],
+                  turn: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """(input_ids, loss_mask) of one rendered turn the plain way: the template on this turn alone, the
+    tokenizer on its prompt and on its output (what TokenRowBuilder's rows equal)."""
+    prompt, output = renderer.turn_text(history, turn)
+    p, o = renderer.encode(prompt), renderer.encode(output)
+    return p + o, [0] * len(p) + [1] * len(o)
