@@ -41,7 +41,8 @@ OPTIONAL = {"transformers": "check's token counts (reports/lengths.py) and a ski
             "bpe_openai": "bench loops' token counts (the bench extra; it falls back to the simulator's tokenizer)"}
 # Which extras each part of the tree is run with.
 SCOPES = {
-    "gen_pipeline (core)": ([], ["gen_pipeline"], {"matplotlib"}),  # matplotlib: the report extra, below
+    # matplotlib: the report extra, below; jinja2: the template extra (export/direct.py, only with transformers)
+    "gen_pipeline (core)": ([], ["gen_pipeline"], {"matplotlib", "jinja2"}),
     "gen_pipeline.reports.page [report]": (["report"], ["gen_pipeline/reports/page.py"], set()),
     "sglang_sim [sim]": (["sim"], ["sglang_sim"], set()),
     # bench/gpu runs on the GPU node with the sglang extra (torch, transformers); tests/contract in its own venv
