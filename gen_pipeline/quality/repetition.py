@@ -71,8 +71,7 @@ class RepetitionDetector:
         self._list_number = 0  # the last line's list number
         self._i = 0  # words seen
         self._gram: deque[str] = deque(maxlen=t.ngram_words)
-        self._gram_letters: deque[bool] = deque(maxlen=t.ngram_words)  # which of its words hold a letter
-        self._letters = 0
+        self._letter_at = 0  # word index of the latest word with a letter
         # the last ngram_words + 1 n-gram hashes: the first and the last make one 2 × ngram_words-gram
         self._hashes: deque[int] = deque(maxlen=t.ngram_words + 1)
         # long n-gram hash -> word index of its latest occurrence
@@ -149,9 +148,9 @@ class RepetitionDetector:
     def _list_number_word(self, word: str) -> str:
         """A number among a line's first words is "#" when it counts on (n + 1) from the last line
         that had one: a numbered list that keeps counting with the same item text is a loop ("12.
-        Check the input.", "Step 13: ..."), while a column of numbers (one a line) keeps its values."""
-        if self._line_words < self.thresholds.line_number_words and word.isdecimal() and len(word) <= 4 \
-                and not self._counted:
+        Check the input.", "Step 13: ..."), while a column of numbers (one a line) keeps its values.
+        `word`: a number among the first line_number_words words of a line that has not had one."""
+        if len(word) <= 4:
             self._counted = True
             n, self._list_number = self._list_number, int(word)
             if self._list_number == n + 1:
@@ -161,7 +160,8 @@ class RepetitionDetector:
     def _word(self, word: str, start: int, stop: int) -> bool:
         t = self.thresholds
         self._ws_run = 0
-        word = self._list_number_word(word)
+        if self._line_words < t.line_number_words and not self._counted and word.isdecimal():
+            word = self._list_number_word(word)
         self._line_words += 1
         self._i += 1
         self._starts.append(start)
@@ -173,11 +173,8 @@ class RepetitionDetector:
             self._seen.add(word)
         gram = self._gram
         gram.append(word)
-        letter = word.isalnum() and not word.isdecimal()
-        if len(self._gram_letters) == t.ngram_words:
-            self._letters -= self._gram_letters[0]
-        self._gram_letters.append(letter)
-        self._letters += letter
+        if word.isalnum() and not word.isdecimal():
+            self._letter_at = self._i
         if len(gram) < t.ngram_words:
             return False
         h = hash(tuple(gram))
@@ -193,7 +190,7 @@ class RepetitionDetector:
         # three files, sibling methods sharing a docstring); a loop goes on repeating.
         period = dist if run >= (t.min_copies if dist <= t.long_period_words else t.min_copies_long) else 0
         self._note_copy(h, i, dist)
-        self._slide(h, period, novel, self._letters == 0)
+        self._slide(h, period, novel, i - self._letter_at >= t.ngram_words)
         if i >= self._prune_at:
             self._prune(i)
         if self._novel > t.max_novel_words:
