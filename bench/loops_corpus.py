@@ -68,15 +68,16 @@ def corpus_roots() -> list[Path]:
     return [Path(sysconfig.get_paths()["purelib"]), Path("/usr/share/doc"), Path("/usr/share/common-licenses")]
 
 
-def _files(roots: list[Path]) -> dict[str, list[Path]]:
-    out: dict[str, list[Path]] = {}
+def _files(roots: list[Path]) -> dict[str, list[tuple[Path, str]]]:
+    """(path, path relative to its root) per corpus, sorted by root then relative path."""
+    out: dict[str, list[tuple[Path, str]]] = {}
     for root in roots:
         if not root.is_dir():
             continue
         for path in sorted(root.rglob("*")):
             kind = _kind(path) if path.is_file() and not path.is_symlink() else None
             if kind is not None:
-                out.setdefault(kind, []).append(path)
+                out.setdefault(kind, []).append((path, path.relative_to(root).as_posix()))
     return out
 
 
@@ -100,17 +101,17 @@ def _pieces(text: str, rng: random.Random) -> Iterator[str]:
 
 
 def natural_corpora(seed: int, max_turns: dict[str, int], roots: list[Path] | None = None) -> dict[str, list[Turn]]:
-    """Turns per corpus (code, docs, licences, html): distinct files in a seeded order, each cut
-    into up to MAX_PIECES_PER_FILE pieces, until max_turns[corpus] turns."""
-    rng = random.Random(seed)
+    """Turns per corpus (code, docs, licences, html): the distinct files in sorted order (root, then
+    path within it), each cut into up to MAX_PIECES_PER_FILE pieces, until max_turns[corpus] turns.
+    A file's pieces depend only on the seed, its path within its root and its text, so installing
+    another package adds that package's turns and leaves every other turn as it was."""
     out: dict[str, list[Turn]] = {}
     for kind, paths in sorted(_files(roots or corpus_roots()).items()):
         if kind not in max_turns:
             continue
-        rng.shuffle(paths)
         seen: set[bytes] = set()
         turns: list[Turn] = []
-        for path in paths:
+        for path, rel in paths:
             text = _read(path)
             if text is None or len(text) < TURN_MIN_CHARS:
                 continue
@@ -118,7 +119,7 @@ def natural_corpora(seed: int, max_turns: dict[str, int], roots: list[Path] | No
             if key in seen:
                 continue
             seen.add(key)
-            for k, piece in enumerate(_pieces(text, rng)):
+            for k, piece in enumerate(_pieces(text, random.Random(f"{seed}:{rel}"))):
                 turns.append(Turn(f"{path}#{k}", piece))
             if len(turns) >= max_turns[kind]:
                 break

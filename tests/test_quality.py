@@ -4,6 +4,8 @@ leak checks of a finished turn (one reason code per case)."""
 
 from __future__ import annotations
 
+import itertools
+import random
 from pathlib import Path
 
 import pytest
@@ -42,8 +44,21 @@ def feed_all(text: str, chunk: int = 7, thresholds: LoopThresholds | None = None
     return det.finish()
 
 
-def counting(n: int, item: str, fmt: str = "{k}. {item}\n") -> str:
-    return "".join(fmt.format(k=k, item=item) for k in range(1, n + 1))
+def counting(n: int, item: str, fmt: str = "{k}. {item}\n", start: int = 1) -> str:
+    return "".join(fmt.format(k=k, item=item) for k in range(start, start + n))
+
+
+def thinking_rounds(n: int, seed: int = 3) -> str:
+    """A thinking loop whose rounds open with one of six sentences of 2-10 words, at random."""
+    rng = random.Random(seed)
+    openers = ("Wait, let me re-check.", "Hmm, let me verify this again.", "Actually, let me double-check.",
+               "Let me re-check this step.", "Wait.", "But wait, let me make sure.")
+    step = " If x = 7, then 3x + 4 = 25, which matches the equation, so x = 7 works. So the answer is 7.\n\n"
+    return "".join(rng.choice(openers) + (" Yes." if rng.random() < 0.2 else "") + step for _ in range(n))
+
+
+LINEAR = ("        self.linear_1 = nn.Linear(config.vision_config.hidden_size, config.text_config.hidden_size)\n"
+          "        self.linear_2 = nn.Linear(config.text_config.hidden_size, config.text_config.hidden_size)\n")
 
 
 LOOPS = [  # (name, natural prefix, loop text, reason, most characters from the loop's start to the abort)
@@ -56,6 +71,11 @@ LOOPS = [  # (name, natural prefix, loop text, reason, most characters from the 
     ("symbols", PROSE, "=" * 20000, LoopReason.PERIOD, 16 * 260),  # 16 "=" are one word (and one BPE token)
     ("no spaces", PROSE, "ha" * 10000, LoopReason.PERIOD, 8 * 260),
     ("CJK", "这是一个自然的开头。", "我们再检查一下这个步骤。" * 400, LoopReason.PERIOD, 12 * 60),
+    # the list's first number does not count on from anything: it keeps its value, the rest are "#"
+    ("counting from 17", PROSE, counting(300, "verify the bound again.", "- Step {k}: {item}\n", 17),
+     LoopReason.PERIOD, 1500),
+    ("a row of numbers", PROSE, "[0, 0, 1, 0, 2, 0, 3],\n" * 400, LoopReason.PERIOD, 500),
+    ("code with a sub-period", PROSE, LINEAR * 60, LoopReason.PERIOD, 1100),
 ]
 
 
@@ -67,6 +87,16 @@ def test_loops_are_caught_near_their_start(name: str, prefix: str, loop: str, re
     assert v.reason is reason
     assert len(prefix) < v.at_char <= len(prefix) + max_chars, (name, v, len(prefix))
     assert abs(v.loop_start_char - len(prefix)) <= 2 * len(loop) // 10 + 80  # the estimate lands near the start
+
+
+def test_thinking_rounds_with_varying_openers_are_caught() -> None:
+    """Rounds of ~35 words opened by one of six sentences of 2-10 words: the opener breaks the
+    steady spacing of the n-grams around it (the first detector, with a slack of 8 words, never
+    fired on 200 rounds). Caught, late: the n-grams that span an opener recur at random spacings,
+    so steady repeats cover ~55 % of the window most of the time (bench/RESULTS.md)."""
+    v = feed_all(PROSE + thinking_rounds(200))
+    assert v is not None and v.reason is LoopReason.PERIOD
+    assert len(PROSE) < v.at_char <= len(PROSE) + 5000
 
 
 def test_the_the_the_is_stopped_within_512_tokens() -> None:
@@ -96,6 +126,35 @@ def test_natural_text_and_code_are_left_alone(path: Path) -> None:
 def test_repetitive_but_not_looping(name: str, text: str) -> None:
     v = feed_all(text)
     assert v is None, (name, v)
+
+
+_rng = random.Random(7)
+_NAMES = ["ada", "babbage", "curie", "davinci", "search", "similarity", "code", "text"]
+_OPS = ["lt", "le", "eq", "ne", "ge", "gt"]
+SEEN_AS_LOOPS_BEFORE = [  # natural text the first detector fired on (bench/RESULTS.md "Loop detector")
+    # pandas test_join: every line's first number was "#", so a column of numbers was "#," at period 2
+    ("a column of numbers", "left = np.array(\n    [\n"
+     + "".join(f"        {_rng.randint(0, 3)},\n" for _ in range(300)) + "    ]\n)\n"),
+    # bpe_openai compat: rows that differ in one name (made of words the text has used: not novel)
+    ("rows that differ in one name", "MODELS = {\n" + "".join(
+        f'    "{a}-{b}-001": _metadata("r50k_base", chunk_limit=2_048, special_tokens={{"<|endoftext|>": 50_256}}),\n'
+        for a, b in itertools.permutations(_NAMES, 2)) + "}\n"),
+    # packaging/version.py: sibling methods that differ in the operator
+    ("sibling methods", "class Version:\n    # " + " ".join(_OPS) + "\n" + "".join(
+        f"    def __{op}__(self, other: Version) -> bool:\n        if not isinstance(other, Version):\n"
+        "            return NotImplemented\n        if self._key is None:\n"
+        "            self._key = _cmpkey(self._epoch, self._release, self._pre, self._post)\n"
+        f"        return self._key.__{op}__(other._key)\n\n" for op in _OPS)),
+    # numpy test_arraypad: a row of numbers quoted a dozen times (few distinct n-grams, all numbers)
+    ("a row of numbers quoted 13 times", "b = np.array(\n    ["
+     + ",\n     ".join(["[5, 6, 6, 5, 4, 4, 5, 6, 6, 5, 4, 4, 5, 6, 6]"] * 13) + "]\n)\n"),
+]
+
+
+@pytest.mark.parametrize(("name", "text"), SEEN_AS_LOOPS_BEFORE, ids=[x[0] for x in SEEN_AS_LOOPS_BEFORE])
+def test_natural_repetition_the_first_detector_fired_on(name: str, text: str) -> None:
+    assert feed_all(text) is None
+    assert feed_all(PROSE + text) is None
 
 
 def test_a_long_block_quoted_three_times_is_a_loop_only_with_more_copies() -> None:
@@ -158,6 +217,7 @@ def test_memory_stays_bounded_on_a_long_natural_stream() -> None:
         assert det.feed(" ".join(words[k:k + 50]) + " ") is None
     t = det.thresholds
     assert len(det._last) <= 2 * t.max_period_words + 1
+    assert len(det._long_last) <= 2 * t.max_period_words + 1
     assert len(det._window) == t.window_words
 
 
@@ -165,6 +225,7 @@ def test_memory_stays_bounded_on_a_long_natural_stream() -> None:
     ({"ngram_words": 0}, "ngram_words >= 1, window_words >= 8 and max_period_words >= 1 are required"),
     ({"period_share": 1.5}, "period_share must be in (0, 1] and distinct_share in (0, 1)"),
     ({"whitespace_run_chars": 0}, "whitespace_run_chars, max_word_chars and max_symbol_run_chars must be >= 1"),
+    ({"low_diversity_numeric_share": -0.1}, "low_diversity_numeric_share must be in [0, 1]"),
 ])
 def test_thresholds_refuse_nonsense(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError) as e:

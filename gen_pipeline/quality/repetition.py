@@ -68,15 +68,26 @@ class RepetitionDetector:
         self._ws_run = 0  # whitespace characters since the last word
         self._line_words = 0  # words since the last newline
         self._counted = False  # this line's list number was seen
+        self._list_number = 0  # the last line's list number
         self._i = 0  # words seen
         self._gram: deque[str] = deque(maxlen=t.ngram_words)
+        self._letter_at = 0  # word index of the latest word with a letter
+        # the last ngram_words + 1 n-gram hashes: the first and the last make one 2 × ngram_words-gram
+        self._hashes: deque[int] = deque(maxlen=t.ngram_words + 1)
+        # long n-gram hash -> word index of its latest occurrence
+        self._long_last: dict[int, int] = {}
+        self._new_at = 0  # word index of the latest long n-gram new within max_period_words
+        self._verbatim_at = -t.window_words - 1  # word index where the latest verbatim copy ended
+        self._verbatim_period = 0  # and its length in words
         # n-gram hash -> (word index of its latest occurrence, its distance to the one before, copies in a row)
         self._last: dict[int, tuple[int, int, int]] = {}
         self._prune_at = 2 * t.max_period_words
-        self._window: deque[tuple[int, int, bool]] = deque()  # (n-gram hash, repeat period, novel) per word
+        # (n-gram hash, repeat period, novel, numeric) per word
+        self._window: deque[tuple[int, int, bool, bool]] = deque()
         self._hash_count: dict[int, int] = {}
         self._repeats = 0  # window words that are a repeat (see _word)
         self._novel = 0  # window words the turn had not used before
+        self._numeric = 0  # window n-grams without a letter
         self._seen: set[str] = set()
         # start offsets of recent words, to place the loop's start when it fires
         self._starts: deque[int] = deque(maxlen=2 * t.max_period_words + t.window_words + t.ngram_words + 1)
@@ -134,11 +145,23 @@ class RepetitionDetector:
             self._verdict = LoopVerdict(LoopReason.WHITESPACE, at, at - need, 0, self._i)
         return self._verdict
 
+    def _list_number_word(self, word: str) -> str:
+        """A number among a line's first words is "#" when it counts on (n + 1) from the last line
+        that had one: a numbered list that keeps counting with the same item text is a loop ("12.
+        Check the input.", "Step 13: ..."), while a column of numbers (one a line) keeps its values.
+        `word`: a number among the first line_number_words words of a line that has not had one."""
+        if len(word) <= 4:
+            self._counted = True
+            n, self._list_number = self._list_number, int(word)
+            if self._list_number == n + 1:
+                return "#"
+        return word
+
     def _word(self, word: str, start: int, stop: int) -> bool:
         t = self.thresholds
         self._ws_run = 0
-        if self._line_words < t.line_number_words and word.isdecimal() and len(word) <= 4 and not self._counted:
-            word, self._counted = "#", True
+        if self._line_words < t.line_number_words and not self._counted and word.isdecimal():
+            word = self._list_number_word(word)
         self._line_words += 1
         self._i += 1
         self._starts.append(start)
@@ -150,6 +173,8 @@ class RepetitionDetector:
             self._seen.add(word)
         gram = self._gram
         gram.append(word)
+        if word.isalnum() and not word.isdecimal():
+            self._letter_at = self._i
         if len(gram) < t.ngram_words:
             return False
         h = hash(tuple(gram))
@@ -158,46 +183,86 @@ class RepetitionDetector:
         dist = i - prev if prev and i - prev <= t.max_period_words else 0
         # run: how many copies in a row this n-gram has had at a steady spacing (the first repeat
         # makes 2; a loop's copies may differ by a word or two, so "steady" has a slack)
-        steady = dist and prev_dist and abs(dist - prev_dist) <= min(
-            t.period_slack_max_words, max(t.period_slack_words, dist * t.period_slack_share))
+        steady = dist and prev_dist and abs(dist - prev_dist) <= self._slack(dist)
         run = prev_run + 1 if steady else (2 if dist else 1)
         self._last[h] = (i, dist, run)
         # One verbatim repeat, even two, is common in natural text (a licence quoted for each of
         # three files, sibling methods sharing a docstring); a loop goes on repeating.
         period = dist if run >= (t.min_copies if dist <= t.long_period_words else t.min_copies_long) else 0
+        self._note_copy(h, i, dist)
+        self._slide(h, period, novel, i - self._letter_at >= t.ngram_words)
+        if i >= self._prune_at:
+            self._prune(i)
+        if self._novel > t.max_novel_words:
+            return False
+        if period and self._repeats >= self._period_need and self._verbatim(i, period):
+            self._fire(LoopReason.PERIOD, stop)
+        elif (len(self._window) == t.window_words and len(self._hash_count) <= self._distinct_max
+              and self._numeric <= t.low_diversity_numeric_share * t.window_words):
+            self._fire(LoopReason.LOW_DIVERSITY, stop)
+        return self._verdict is not None
+
+    def _slack(self, period: int) -> float:
+        """How far two copies' spacings may differ and still count as steady (words)."""
+        t = self.thresholds
+        return min(t.period_slack_max_words, max(t.period_slack_words, period * t.period_slack_share))
+
+    def _note_copy(self, h: int, i: int, dist: int) -> None:
+        """Whether the last `dist` words are a verbatim copy: none of their 2 × ngram_words-grams is
+        new within max_period_words. A table or a run of calls whose rows differ in one value (a
+        name, a code point, an operator) repeats its n-grams at a steady spacing, but every row
+        brings a long n-gram it has not had; a loop's copy brings none (once its variants recur)."""
+        hashes = self._hashes
+        hashes.append(h)
+        if len(hashes) <= self.thresholds.ngram_words:
+            return
+        long_h = hash((hashes[0], h))
+        prev = self._long_last.get(long_h, 0)
+        self._long_last[long_h] = i
+        if not prev or i - prev > self.thresholds.max_period_words:
+            self._new_at = i
+        elif dist and i - self._new_at >= dist:
+            self._verbatim_at, self._verbatim_period = i, dist
+
+    def _verbatim(self, i: int, period: int) -> bool:
+        """A verbatim copy of about `period` words ended within the window. (Of that period: rows
+        that differ in one value repeat each row's n-grams; a block of such rows quoted twice is a
+        verbatim copy, but of the block.)"""
+        t = self.thresholds
+        return i - self._verbatim_at <= t.window_words and max(self._verbatim_period, period) < 2 * min(
+            self._verbatim_period, period)
+
+    def _slide(self, h: int, period: int, novel: bool, numeric: bool) -> None:
+        """Add the word's n-gram to the window and drop the oldest past window_words."""
         window = self._window
-        window.append((h, period, novel))
+        window.append((h, period, novel, numeric))
         hc = self._hash_count
         hc[h] = hc.get(h, 0) + 1
         self._repeats += period > 0
         self._novel += novel
-        if len(window) > t.window_words:
-            old_h, old_period, old_novel = window.popleft()
+        self._numeric += numeric
+        if len(window) > self.thresholds.window_words:
+            old_h, old_period, old_novel, old_numeric = window.popleft()
             if hc[old_h] == 1:
                 del hc[old_h]
             else:
                 hc[old_h] -= 1
             self._repeats -= old_period > 0
             self._novel -= old_novel
-        if i >= self._prune_at:
-            self._prune(i)
-        if period and self._repeats >= self._period_need and self._novel <= t.max_novel_words:
-            self._fire(LoopReason.PERIOD, stop)
-        elif len(window) == t.window_words and len(hc) <= self._distinct_max and self._novel <= t.max_novel_words:
-            self._fire(LoopReason.LOW_DIVERSITY, stop)
-        return self._verdict is not None
+            self._numeric -= old_numeric
 
     def _prune(self, i: int) -> None:
         """Forget n-grams last seen more than max_period_words ago (amortised O(1) per word)."""
         horizon = i - self.thresholds.max_period_words
         self._last = {h: last for h, last in self._last.items() if last[0] >= horizon}
+        self._long_last = {h: last for h, last in self._long_last.items() if last >= horizon}
         self._prune_at = i + self.thresholds.max_period_words
 
     def _fire(self, reason: LoopReason, stop: int) -> None:
         """The first repeat in the window is a third copy; the first copy began two of its
         periods (plus the n-gram's length) before it."""
         t, window = self.thresholds, self._window
-        first = next((k for k, (_, p, _) in enumerate(window) if p), 0)
+        first = next((k for k, (_, p, _, _) in enumerate(window) if p), 0)
         period = window[first][1] or 1
         word_index = self._i - len(window) + first  # 0-based index of that n-gram's last word
         start_index = max(0, word_index - 2 * period - (t.ngram_words - 1))

@@ -21,14 +21,20 @@ class LoopThresholds:
 
     Every `ngram_words`-gram notes the distance in words back to its previous occurrence (up to
     `max_period_words`) and how many copies in a row it has had at a steady spacing (the spacing
-    may drift by `period_slack_*`: a loop's copies can differ by a word). An n-gram in its
-    `min_copies`-th copy (`min_copies_long`-th when the spacing exceeds `long_period_words`) is a
-    repeat. Over the last `window_words` words the detector fires when
-      - repeats cover at least `period_share` of the window, or the window holds at most
-        `distinct_share` × window_words distinct n-grams, and
-      - at most `max_novel_words` of the window's words are new to the turn (a list of names or a
-        table of measurements keeps bringing new words; a loop brings none);
-    or when a run of whitespace reaches `whitespace_run_chars`.
+    may drift by `period_slack_*`: a loop's copies can differ by a word, a thinking loop's by the
+    "Wait, let me re-check." that opens each round). An n-gram in its `min_copies`-th copy
+    (`min_copies_long`-th when the spacing exceeds `long_period_words`) is a repeat. Over the last
+    `window_words` words the detector fires when
+      - repeats cover at least `period_share` of the window and a verbatim copy of about their
+        spacing (more than half, less than twice) ended within the window: a stretch that long in
+        which no 2 × ngram_words-gram is new within max_period_words. Rows or calls that differ in
+        one value each time (a table of names, sibling methods, a run of code points) repeat their
+        n-grams at a steady spacing, but every row brings a long n-gram the text has not had; or
+      - the window holds at most `distinct_share` × window_words distinct n-grams and at most
+        `low_diversity_numeric_share` of its n-grams hold no letter (only numbers and punctuation);
+    and, either way, at most `max_novel_words` of the window's words are new to the turn (a list of
+    names or a table of measurements keeps bringing new words; a loop brings none); or when a run
+    of whitespace reaches `whitespace_run_chars`.
     A loop of period p words fires about max(2p + period_share × window_words, p + window_words)
     words after its first copy starts (3p + … above long_period_words). Measured in bench/RESULTS.md
     ("Loop detector"): false positives on natural text and code, latency per loop kind, CPU.
@@ -37,10 +43,12 @@ class LoopThresholds:
     ngram_words: int = 12
     window_words: int = 256
     period_share: float = 0.65
-    # spacing drift between copies that still counts as steady: max(words, share × spacing), capped
+    # spacing drift between copies that still counts as steady: max(words, share × spacing), capped.
+    # 0.2 / 10 (was 0.125 / 8): a thinking loop's rounds open with sentences of 2-10 words; the same
+    # false positives on the natural set (bench/RESULTS.md "Loop detector").
     period_slack_words: int = 2
-    period_slack_share: float = 0.125
-    period_slack_max_words: int = 8
+    period_slack_share: float = 0.2
+    period_slack_max_words: int = 10
     # One verbatim repeat, even two, is common in natural text (a licence quoted for three files,
     # sibling methods sharing a docstring); a loop goes on. Long blocks need one copy more.
     min_copies: int = 3
@@ -55,10 +63,15 @@ class LoopThresholds:
     max_word_chars: int = 8
     # "=====…" is one word per this many characters (a rule line is a few words, not 80).
     max_symbol_run_chars: int = 16
-    # A number among the first words of a line counts as "#": a numbered list that keeps counting
-    # with the same item text is a loop ("12. Check the input.", "Step 13: ..."), while numbers
-    # inside a line (tables, CSV) keep their value.
+    # A number among the first words of a line that counts on from the previous line's (n + 1)
+    # counts as "#": a numbered list that keeps counting with the same item text is a loop ("12.
+    # Check the input.", "Step 13: ..."), while numbers inside a line (tables, CSV) and a column of
+    # numbers keep their value.
     line_number_words: int = 3
+    # LOW_DIVERSITY leaves alone a window whose n-grams are mostly numbers and punctuation (no
+    # letter): test data repeats a row of numbers verbatim a dozen times; a loop of numbers still
+    # fires by its period.
+    low_diversity_numeric_share: float = 0.5
 
     def __post_init__(self) -> None:
         if self.ngram_words < 1 or self.window_words < 8 or self.max_period_words < 1:
@@ -67,6 +80,8 @@ class LoopThresholds:
             raise ValueError("period_share must be in (0, 1] and distinct_share in (0, 1)")
         if self.whitespace_run_chars < 1 or self.max_word_chars < 1 or self.max_symbol_run_chars < 1:
             raise ValueError("whitespace_run_chars, max_word_chars and max_symbol_run_chars must be >= 1")
+        if not 0.0 <= self.low_diversity_numeric_share <= 1.0:
+            raise ValueError("low_diversity_numeric_share must be in [0, 1]")
 
 
 DEFAULT_LOOP_THRESHOLDS = LoopThresholds()
