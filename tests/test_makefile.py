@@ -119,9 +119,11 @@ def test_make_generate_without_sglang_names_the_make_command(tmp_path: Path) -> 
                        capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
     assert r.returncode == 2  # make's own code for a failed recipe
     python = REPO / ".venv" / "bin" / "python"
+    # the extras this checkout's venv was made with, plus sglang (`make venv EXTRAS=test,bench` for the benches)
+    extras = (REPO / ".venv" / ".installed").read_text().strip() or "test"
     assert (f"error: datasets_cfg/server.toml [profile.tuned] launches SGLang ({python} -m sglang.launch_server), "
             "but sglang is not installed in this Python. Install it into the venv make runs: make venv "
-            "EXTRAS=test,sglang (offline: add PIP_ARGS=\"--no-index --find-links DIR\", DIR holding the wheels; "
+            f"EXTRAS={extras},sglang (offline: add PIP_ARGS=\"--no-index --find-links DIR\", DIR holding the wheels; "
             "README \"On the GPU node\"). Without a GPU, try the pipeline on the simulator: --server sim "
             "(make demo).\n") in r.stderr
     assert not (tmp_path / "out" / "T").exists()
