@@ -33,6 +33,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+import anyio
 import httpx
 import orjson
 
@@ -41,6 +42,7 @@ from gen_pipeline.config.dataset import GenerationConfig
 # SGLang's uvicorn closes a connection idle for 5 s (srt/entrypoints/http_server.py: timeout_keep_alive=5);
 # ours expire first, so a request is never sent on a connection the server is closing at that moment.
 KEEPALIVE_EXPIRY_S = 4.0
+DRAIN_S = 1.0  # Stream.drain: how long the rest of an answer may take after its last event
 # httpcore 1.0's pool checks every idle connection against every connection each time a request starts
 # or ends (connection_pool.py, _assign_requests_to_connections): quadratic in the pool's size. Requests
 # go round robin over pools of at most this many connections each.
@@ -248,6 +250,20 @@ class Stream:
         without data (comments, keep-alives) are skipped. Parsed from the raw bytes: cheaper than
         decoding lines (a stream of one token a chunk is tens of thousands of events a second)."""
         return self._mapped_iter(_sse_events(self._response.aiter_bytes()))
+
+    async def drain(self, limit_s: float = DRAIN_S) -> None:
+        """Read what is left of the answer, unused, so that its connection goes back to the pool: SGLang
+        ends its body right after `data: [DONE]`, and a connection left with its body unread is closed,
+        a new one opened for the next request (a TCP handshake on both sides, ~1.5 ms of client CPU a
+        request at the small-model rate). A server that holds the body open past `limit_s` is left: the
+        connection is closed as before."""
+        with anyio.move_on_after(limit_s):
+            try:
+                for it in self._open:
+                    async for _ in it:
+                        pass
+            except httpx.HTTPError:  # the answer was whole already: only the connection is not kept
+                pass
 
     def _mapped_iter(self, it: AsyncIterator[Any]) -> AsyncIterator[Any]:
         self._open.append(it)

@@ -310,3 +310,65 @@ def test_only_the_seam_imports_an_http_library() -> None:
             if any(name.partition(".")[0] in libraries for name in names):
                 importers.add(str(path.relative_to(package.parent)))
     assert importers == {"gen_pipeline/http.py"}
+
+
+def _sse_server(hold_open: anyio.Event | None = None):
+    """A server answering each POST with a chunked SSE body `data: 1`, `data: [DONE]`, then the body's end
+    (or, with `hold_open`, no end until that event is set). Counts the connections it accepts."""
+    accepted: list[int] = []
+
+    async def serve(stream: anyio.abc.SocketStream) -> None:
+        accepted.append(1)
+        async with stream:
+            while await stream.receive():
+                await stream.send(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                                  b"transfer-encoding: chunked\r\n\r\n")
+                for event in (b"data: 1\n\n", b"data: [DONE]\n\n"):
+                    await stream.send(b"%x\r\n%s\r\n" % (len(event), event))
+                if hold_open is not None:
+                    await hold_open.wait()
+                await stream.send(b"0\r\n\r\n")
+
+    return serve, accepted
+
+
+async def _events_until_done(http, url: str) -> list[bytes]:  # type: ignore[no-untyped-def]
+    seen = []
+    async with http.open_stream(url, b"{}") as answer:
+        async for data in answer.events():
+            seen.append(data)
+            if data == b"[DONE]":
+                await answer.drain(limit_s=0.2)
+                break
+    return seen
+
+
+async def test_a_drained_stream_keeps_its_connection_for_the_next_request() -> None:
+    """Read to [DONE] and drained, three streamed answers travel on one connection (left unread after
+    [DONE], each answer's connection was closed and a new one opened: issue 19's client CPU)."""
+    serve, accepted = _sse_server()
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    url = f"http://127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}/v1/chat/completions"
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        async with open_http(GenerationConfig(), 4) as http:
+            answers = [await _events_until_done(http, url) for _ in range(3)]
+        tg.cancel_scope.cancel()
+    assert answers == [[b"1", b"[DONE]"]] * 3 and len(accepted) == 1
+
+
+async def test_a_server_holding_its_body_open_after_done_costs_the_drain_limit_and_the_connection() -> None:
+    """A body not ended after [DONE] is left after the drain's limit: the answer stands, the next request
+    gets a new connection."""
+    release = anyio.Event()
+    serve, accepted = _sse_server(hold_open=release)
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    url = f"http://127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}/v1/chat/completions"
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        async with open_http(GenerationConfig(), 4) as http:
+            with anyio.fail_after(20):
+                answers = [await _events_until_done(http, url) for _ in range(2)]
+        release.set()
+        tg.cancel_scope.cancel()
+    assert answers == [[b"1", b"[DONE]"]] * 2 and len(accepted) == 2

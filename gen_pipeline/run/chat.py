@@ -436,6 +436,7 @@ class ChatClient:
                         async for data in answer.events():
                             fleet.answered(url, time.monotonic())  # progress: not hung (server/hang.py)
                             if data == b"[DONE]":
+                                await answer.drain()  # the connection is kept for the next request
                                 break
                             try:
                                 chunk = orjson.loads(data)
