@@ -1,7 +1,7 @@
 """`make bench` = `python -m bench [NAME ...]`: runs the benchmarks in turn; each writes its own
 section of bench/results.json and bench/RESULTS.md. Names: calibration, controller, controller_regimes,
 overhead, http_client, resume_speed, sim_capacity, export, ranks, fleet, job, loops, affinity, gate, hang, faults,
-sim_vs_real, gpu_h200
+sim_vs_real, first_overrun, gpu_h200
 (default: all but faults, the long soak `make chaos` runs)."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ BENCHES = {
     "faults": "bench.faults_soak",
     "export": "bench.export_speed",
     "sim_vs_real": "bench.sim_vs_real",
+    "first_overrun": "bench.first_overrun",
     "gpu_h200": "bench.gpu.report",
     "ranks": "bench.ranks_bench",
     "fleet": "bench.fleet_scale",

@@ -173,6 +173,33 @@ def test_sglangs_cautious_first_round_is_not_a_full_server() -> None:
     assert ctrl.statistics().reason == "SGLang's admission warmed up (new_token_ratio 0.098): queue = 50% of running"
 
 
+def test_the_first_cohort_after_a_start_is_capped_at_what_the_pool_holds_at_its_end() -> None:
+    """Issue 19 on the H200 (60,000 KV tokens, every output >= 1,000 tokens): when new_token_ratio reaches
+    its floor SGLang admits a cohort all of one age; flooded it ran 48-56 and overran the pool 4.5-6 s after
+    the start. Until half of u x C / F requests have completed since the (re)start (F: prompt + completion
+    of the completions seen), the window is at most u x C / F, never below running + queue_min."""
+    ctrl = Controller(Capacity(60_000, 3750), initial_tokens_per_request=400 + 2048)
+    ctrl.observe_load(_ratio_snap(1.0, 17, 34, 0.7))
+    assert ctrl.window(1.0, 300) == 51  # warm-up queue 2 x 17; no completion yet: no cap
+    ctrl.observe_completion(2.0, 400, 1000, latency_s=2.0)  # F = 1,400: 0.92 x 60,000 / 1,400 = 39.4
+    assert ctrl.window(2.0, 300) == 39
+    ctrl.observe_load(_ratio_snap(3.0, 40, 11, 0.098))  # warm: the feed would be 40 + 20
+    assert ctrl.window(3.0, 300) == 44  # the cap, but running 40 + queue_min 4 stay fed
+    for _ in range(18):
+        ctrl.observe_completion(3.5, 400, 1000, latency_s=3.0)
+    assert ctrl.window(3.5, 300) == 44  # 19 completed < 0.5 x 39.4
+    ctrl.observe_completion(3.6, 400, 1000, latency_s=3.0)  # 20: the cohort has half turned over
+    assert ctrl.window(3.6, 300) == 60
+    ctrl.update_capacity(Capacity(60_000, 3750))  # a restart: SGLang's next cohort is one age again
+    ctrl.observe_load(_ratio_snap(10.0, 17, 34, 0.7))
+    assert ctrl.window(10.0, 300) == 39
+    off = Controller(Capacity(60_000, 3750), initial_tokens_per_request=2448,
+                     config=ControllerConfig(cohort_turnover=0))
+    off.observe_load(_ratio_snap(1.0, 17, 34, 0.7))
+    off.observe_completion(2.0, 400, 1000, latency_s=2.0)
+    assert off.window(2.0, 300) == 51
+
+
 def test_a_restart_warms_up_again_and_a_retraction_ratio_jump_does_not() -> None:
     ctrl = Controller(Capacity(60_000, 3750), initial_tokens_per_request=2448)
     for t, ratio in enumerate([0.7, 0.3, 0.1, 0.6, 0.45], start=1):  # 0.6: after a retraction

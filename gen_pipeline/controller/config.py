@@ -38,6 +38,12 @@ class ControllerConfig:
     # admission round, and a window that shrank with it left that round an empty queue (the H200's long
     # regime: queued 0 with 30-38 running, issue 19 run 2).
     running_peak_s: float = 5.0
+    # The first cohort (controller/feed.py): from a start or restart until cohort_turnover x the cohort
+    # has completed, the window is at most target_usage x C / F, F the mean prompt + completion tokens
+    # of the completions seen (no cap before the first). 0 turns it off. The requests SGLang admits
+    # when its warm-up ends are all of one age and grow together: flooded, the H200's long regime
+    # overran the pool 4.5-6 s after a start (bench/RESULTS.md, issue 19).
+    cohort_turnover: float = 0.5
     # The model of the pool caps that window while the pool fills (token_usage at or above this
     # share of target_usage) within retraction_cooldown_s of a retraction: SGLang's estimate
     # (new_token_ratio) has just proved optimistic. Without a retraction SGLang's admission decides

@@ -12,8 +12,11 @@ remaining max_new_tokens of every running request); the client's job is to keep 
    round and the client refills at every completion. While SGLang's admission warms up after a start or
    restart (new_token_ratio, read from /metrics, still far above its floor; without that gauge,
    until the first completion) the queue allowed is warm_queue_frac x running: its first cautious
-   round is not a full server. The bound on the server's queue: queued <= window - running -
-   in transit = that queue + (R - running).
+   round is not a full server. Until the first cohort after a (re)start has half turned over
+   (cohort_turnover x u C / F completions), the window is at most u x C / F (F: the mean prompt +
+   completion of the completions seen), never below running + in transit + queue_min: the requests
+   SGLang admits when its warm-up ends are all young together. The bound on the server's queue:
+   queued <= window - running - in transit = that queue + (R - running).
 2. Model of the pool: C / H requests fit, H being the mean KV a request holds over its life
    (length-weighted, learned from completions; see RequestSizes; before the first wave has
    finished, the prior F, a request at its end). gain * u * C / H + a small slack, capped at
@@ -85,6 +88,7 @@ class Controller:
         self._capacity = capacity
         self._climber = self._new_climber(capacity)
         self._warmup = max(1, round(self._uncapped_window()))  # first wave = completions before climbing
+        self._count_at_restart = 0
 
     # -- observations ---------------------------------------------------------------------
     def add_kind(self, kind: str, initial_tokens_per_request: float) -> None:
@@ -158,6 +162,7 @@ class Controller:
         self._ceiling, self._ceiling_until_s = math.inf, -math.inf
         self._warm.restart()
         self._warmup = self._sizes.count + max(1, round(self._uncapped_window()))
+        self._count_at_restart = self._sizes.count
         self._reason = "new capacity: model of the pool"
 
     # -- decision -------------------------------------------------------------------------
@@ -263,10 +268,23 @@ class Controller:
             return model
         running = self._running_peak()
         feed = running + self._transit + self._queue.allowance(running, self._warm.warming)
+        cohort = self._cohort_cap()
+        if cohort is not None:  # never below what keeps SGLang's admission fed (queue_min queued)
+            feed = min(feed, max(int(cohort), load.running + self._transit + self._cfg.queue_min))
         if self._pool_filling(load):  # the model caps; a queue SGLang is not admitting stays fed
             floor = load.running + min(load.queued, self._cfg.queue_min) if load.queued > 0 else 0
             return min(feed, max(model, floor))
         return feed
+
+    def _cohort_cap(self) -> float | None:
+        """u x C / F while the first cohort after a (re)start is young (see controller/feed.py), else None."""
+        f = self._sizes.observed_final_tokens
+        if not self._cfg.cohort_turnover or not f:  # none seen yet (or empty ones): no cap
+            return None
+        cap = self._cfg.target_usage * self._capacity.max_total_num_tokens / f
+        if self._sizes.count - self._count_at_restart >= self._cfg.cohort_turnover * cap:
+            return None
+        return cap
 
     @property
     def warming(self) -> bool:

@@ -50,6 +50,12 @@ class RequestSizes:
         return (self._prior_weight * self._prior + self._sum_final) / (self._prior_weight + n)
 
     @property
+    def observed_final_tokens(self) -> float | None:
+        """Mean prompt + completion tokens of the completions kept (no prior); None before any."""
+        n = len(self._recent)
+        return self._sum_final / n if n else None
+
+    @property
     def held_tokens(self) -> float:
         """Mean KV tokens a running request holds in steady state (prior-blended).
 
