@@ -146,6 +146,7 @@ def summarize_regimes(rows: list[dict]) -> dict:
                 "steady_queued_median": _median([s.get("steady_queued_mean") for s in shapes]),
                 "queued_max": max((s.get("steady_queued_max") or 0) for s in shapes),
                 "retractions_max": max((s.get("retractions") or 0) for s in shapes),
+                "retractions_each": [int(s.get("retractions") or 0) for s in shapes],
                 "client_cpu_ms_per_1k_tokens_median": _median([r.get("client_cpu_ms_per_1k_tokens") for r in mine]),
                 "client_core_share_median": _median([r.get("client_core_share") for r in mine]),
                 "diagnose": mine[-1].get("diagnose")}

@@ -166,7 +166,8 @@ def regimes_markdown(t: dict) -> str:
         for client, c in entry.get("clients", {}).items():
             rows.append([regime, client, c["rounds"], f"{c['tok_s_median']:,.0f}", f"{100 * c['spread']:.0f} %",
                          f"{c['steady_tok_s_median']:,.0f}" if c["steady_tok_s_median"] else "-", c["ramp_s_median"],
-                         c["steady_running_median"], c["steady_queued_median"], c["queued_max"], c["retractions_max"],
+                         c["steady_running_median"], c["steady_queued_median"], c["queued_max"],
+                         " / ".join(str(n) for n in c.get("retractions_each") or [c["retractions_max"]]),
                          c.get("client_cpu_ms_per_1k_tokens_median", "-"), c.get("client_core_share_median", "-"),
                          " ".join(c.get("diagnose") or []) or "-"])
         if entry.get("best_fixed"):
@@ -193,7 +194,7 @@ def regimes_markdown(t: dict) -> str:
         "its run. Per round = adaptive / the best other client of the same round.",
         "",
         md_table(["regime", "client", "rounds", "tok/s (median)", "spread", "steady tok/s", "ramp s",
-                  "steady running", "steady queued", "queued max", "retractions max", "client CPU ms/1K tok",
+                  "steady running", "steady queued", "queued max", "retractions per run", "client CPU ms/1K tok",
                   "client core share", "diagnose"], rows),
         "",
         md_table(["regime", "best of the others", "adaptive / best (whole run)", "adaptive / best (steady)",
