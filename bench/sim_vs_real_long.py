@@ -32,7 +32,7 @@ from sglang_sim.profiles import get_profile
 
 REAL_TRACES = Path(__file__).resolve().parent / "gpu" / "h200_traces.json"
 # Earlier rounds of the same phase (other days, same setup): their first overruns count too.
-REAL_TRACES_MORE = (Path(__file__).resolve().parent / "gpu" / "h200_traces_run2.json",)
+REAL_TRACES_MORE = tuple(Path(__file__).resolve().parent / "gpu" / f"h200_traces_run{n}.json" for n in (3, 2))
 REPLAYS = 10  # seeded submission orders of the real lengths for the first-overrun comparison
 OVERRUN_S = 12.0  # the first overrun (and a second wave) fall within this many seconds of a start
 KV_TOKENS, CHUNK, CONTEXT, MAX_NEW, MIN_TOKENS = 60_000, 8192, 8192, 4096, 1000

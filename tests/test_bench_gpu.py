@@ -163,7 +163,7 @@ def test_the_real_lengths_overrun_the_pool_in_submission_order_not_in_completion
     from bench import sim_vs_real_long as long_regime
     from bench.engine_run import run_traced
 
-    data = json.loads(long_regime.REAL_TRACES.read_text())["long"]
+    data = json.loads((long_regime.REAL_TRACES.parent / "h200_traces_run3.json").read_text())["long"]
     pairs = data["lengths"]
     assert sorted(map(tuple, long_regime.job_of_lengths(pairs, seed=1).lengths)) == sorted(
         map(tuple, long_regime.job_of_lengths(pairs).lengths))

@@ -132,7 +132,7 @@ class Check:
     def regimes(self) -> None:
         """Issue 19: short and long outputs, fixed / all at once / adaptive interleaved, three rounds,
         per-second traces (bench/gpu/regimes.py); resumable across calls within --budget-s."""
-        regimes.run_phase(self)
+        regimes.run_phase(self, getattr(self, "rounds", regimes.ROUNDS))
 
     def tokenids(self) -> None:
         """Issue 21: SGLang's own prompt/output token ids against the rendered tokens path
@@ -358,12 +358,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kill-after-s", type=float, default=8.0, help="kill phase: SIGKILL this long into a run")
     p.add_argument("--regimes", default="short,long",
                    help="regimes phase: which regimes, in the order each round starts with (e.g. long,short)")
+    p.add_argument("--rounds", type=int, default=regimes.ROUNDS, help="phase regimes: interleaved rounds")
     p.add_argument("--short-prompts", type=int, default=regimes.SHORT_PROMPTS,
                    help=f"regimes phase: prompts of a short-regime run (at most {regimes.SHORT_PROMPTS})")
     args = p.parse_args(argv)
     check = Check(args.work, args.sim, args.prompts, time.monotonic() + args.budget_s, args.kill_after_s)
     check.regimes_order = [r for r in args.regimes.split(",") if r]
     check.short_prompts = min(args.short_prompts, regimes.SHORT_PROMPTS)
+    check.rounds = args.rounds
     if args.time_scale:
         check.results["time_scale"] = args.time_scale
     for phase in args.phases:
