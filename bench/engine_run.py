@@ -53,8 +53,9 @@ async def _all_blocked() -> None:
 
 class _EngineRun:
     def __init__(self, job: Job, server: ServerConfig, fixed: int | None,
-                 config: ControllerConfig = ControllerConfig()) -> None:
+                 config: ControllerConfig = ControllerConfig(), trace_phase_s: float | None = None) -> None:
         self.job, self.engine = job, server.engine()
+        self.trace_phase_s = trace_phase_s
         clock = self._now
         self.window = Window(fixed=fixed, clock=clock)
         if fixed is None:
@@ -87,6 +88,7 @@ class _EngineRun:
 
     async def drive(self) -> None:
         engine, next_poll_s, changed = self.engine, POLL_S, True
+        next_trace_s = self.trace_phase_s  # None: the trace rows are the controller's polls
         while True:
             if changed:
                 await _all_blocked()
@@ -107,9 +109,15 @@ class _EngineRun:
                 self.dispatcher.observe_load(snap)
                 if self.window.controller is not None:
                     self.windows.append(self.window.controller.statistics().window)
-                self.trace.append(trace_point(engine, snap, self.window.size))
+                if next_trace_s is None:
+                    self.trace.append(trace_point(engine, snap, self.window.size))
                 next_poll_s += POLL_S
                 changed = True
+            while next_trace_s is not None and engine.now_s >= next_trace_s:
+                # the poll's own time; the state after the iteration (~ms) that spanned it
+                row = trace_point(engine, snapshot(engine), self.window.size)
+                self.trace.append({**row, "t_s": round(next_trace_s, 3)})
+                next_trace_s += POLL_S
 
     async def main(self) -> None:
         send, recv = anyio.create_memory_object_stream[Item](math.inf)
@@ -139,9 +147,15 @@ def run(job: Job, server: ServerConfig, fixed: int | None = None, name: str = ""
 
 
 def run_traced(job: Job, server: ServerConfig, fixed: int | None = None,
-               config: ControllerConfig = ControllerConfig()) -> tuple[RunResult, list[dict]]:
-    """run(), returning the server's per-second trace (bench/gpu/traces.py rows) instead of the windows."""
-    r = _EngineRun(job, server, fixed, config)
+               config: ControllerConfig = ControllerConfig(),
+               trace_phase_s: float | None = None) -> tuple[RunResult, list[dict]]:
+    """run(), returning the server's per-second trace (bench/gpu/traces.py rows) instead of the windows.
+
+    The trace rows are the controller's polls (every POLL_S from POLL_S on), or with `trace_phase_s` a
+    poller of their own at trace_phase_s, + POLL_S, ... (the controller keeps its polls): the GPU check's
+    TracePoller polls at its own offset from the client's start, and a ramp read from once-a-second rows
+    is only comparable at the same offsets."""
+    r = _EngineRun(job, server, fixed, config, trace_phase_s)
     anyio.run(r.main)
     label = "ours" if fixed is None else f"fixed {fixed}"
     return (result_of(label, r.engine, len(job.lengths), r.dispatcher.ok, r.tokens, r.peak_queued, r.running),

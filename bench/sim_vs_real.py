@@ -8,9 +8,10 @@ Target: every window within 10 % of the real throughput, the same best window.
 
 `python -m bench.sim_vs_real` prints and writes section "sim_vs_real" (this short-output regime) and
 section "sim_vs_real_long" (the long-output regime of issue 19, bench/sim_vs_real_long.py);
-`--regime short|long` runs one; `--fit` prints the step-time coefficients that reproduce the real
-sweep (least squares over the fixed windows, non-negative), for recalibrating the profile after a
-new GPU run.
+`--regime short|long` runs one; `--traces PATH` compares the long regime with another GPU run's
+traces (default bench/gpu/h200_traces.json; the section says which file); `--fit` prints the
+step-time coefficients that reproduce the real sweep (least squares over the fixed windows,
+non-negative), for recalibrating the profile after a new GPU run.
 """
 
 from __future__ import annotations
@@ -206,15 +207,28 @@ def markdown(c: dict, profile: HardwareProfile, wall_s: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.sim_vs_real", description=__doc__.splitlines()[0])
     p.add_argument("--fit", action="store_true",
                    help="print coefficients fitted to the real sweep, then compare with them")
     p.add_argument("--results", type=Path, default=REAL_RESULTS)
     p.add_argument("--regime", choices=("short", "long", "both"), default="both")
+    p.add_argument("--traces", type=Path, default=None,
+                   help="the GPU check's traces for the long regime (phase `regimes`; default "
+                        "bench/gpu/h200_traces.json, or issue 19's figures without it)")
     args = p.parse_args(argv)
     if args.regime in ("long", "both"):
+        if args.traces is not None and not args.traces.is_file():
+            p.error(f"--traces {args.traces}: no such file; give a traces file the GPU check wrote "
+                    "(bench/gpu/h200_traces*.json)")
+        try:
+            readable = args.traces is None or sim_vs_real_long.load_real(args.traces) is not None
+        except (ValueError, KeyError, TypeError) as e:
+            p.error(f"--traces {args.traces}: not a traces file the GPU check wrote ({e})")
+        if not readable:
+            p.error(f"--traces {args.traces}: no long-regime runs in it (the GPU check's phase `regimes` "
+                    "writes them under \"long\")")
         long_started = time.monotonic()
-        c_long = sim_vs_real_long.compare()
+        c_long = sim_vs_real_long.compare(args.traces or sim_vs_real_long.REAL_TRACES)
         text_long = sim_vs_real_long.markdown(c_long) + f" Wall {time.monotonic() - long_started:.0f} s."
         print(text_long)
         write_section("sim_vs_real_long", c_long, text_long)

@@ -178,3 +178,88 @@ def test_the_real_lengths_overrun_the_pool_in_submission_order_not_in_completion
     real_all = next(r for r in data["runs"] if r["client"] == "all")
     assert long_regime.first_overrun(real_all["trace"]) == {"peak_running": 52, "peak_usage": 0.991,
                                                             "retractions": 2, "retractions_run": 2}
+
+
+# ---- the long regime's simulator held to the traces at the traced host's speed (bench/sim_vs_real_long.py)
+
+
+def _poll(t_s: float, running: int, queued: int, ratio: float, step_ms: float | None) -> dict:
+    return {"t_s": t_s, "running": running, "queued": queued, "token_usage": 0.01 * running,
+            "new_token_ratio": ratio, "gen_throughput": 1e3 * running / step_ms if step_ms else 0.0,
+            "retractions_total": 0, "gen_tokens_total": 0}
+
+
+def test_decode_speed_reads_the_first_round_and_the_steady_step() -> None:
+    from bench.gpu.traces import decode_speed
+
+    trace = [_poll(0.4, 0, 0, 0.098, None)]  # the ratio the previous run left, nothing running yet
+    trace += [_poll(t + 0.4, 13, 27, 0.7, 2.8) for t in range(1, 4)]  # the first round, 2.8 ms a step
+    trace += [_poll(t + 0.4, 40, 5, 0.098, 3.4) for t in range(4, 17)]  # warm, 3.4 ms a step
+    trace += [_poll(t + 0.4, r, 0, 0.098, 3.0) for t, r in ((17, 20), (18, 10), (19, 0))]  # the drain
+    assert decode_speed(trace) == {"first_batch": 13, "first_step_ms": 2.8, "steady_batch": 40.0,
+                                   "steady_step_ms": 3.4}
+    assert decode_speed(trace[4:]) == {"first_batch": None, "first_step_ms": None, "steady_batch": 40.0,
+                                       "steady_step_ms": 3.4}  # a client that started warm
+
+
+def test_step_line_keeps_both_terms_non_negative() -> None:
+    from bench.sim_vs_real_long import step_line
+
+    base = get_profile("h200")
+    assert step_line([(40, 3.4), (15, 2.4)], base) == pytest.approx((0.0018, 4e-5))
+    assert step_line([(15, 3.3), (40, 3.1)], base) == pytest.approx((0.0032, 0.0))  # the bigger batch faster
+    step_base_s, per_req_s = step_line([(40, 3.6)], base)  # one figure: the profile's line, scaled
+    assert step_base_s + 40 * per_req_s == pytest.approx(0.0036)
+    assert step_base_s / per_req_s == pytest.approx(base.step_base_s / base.decode_per_req_s)
+    assert step_line([], base) == (base.step_base_s, base.decode_per_req_s)
+
+
+def test_fit_speed_finds_a_slower_host_and_ramps_where_its_trace_does() -> None:
+    """A trace the simulator made on a host at 0.7 x the profile's speed, polled at its own offset: the fit
+    finds that host's step at the first round's and the steady batch, and its run ramps at the same poll;
+    the profile's own speed ramps at least a poll earlier."""
+    from dataclasses import replace
+
+    from bench import sim_vs_real_long as long_regime
+    from bench.gpu.traces import decode_speed, summarize
+
+    base = get_profile("h200")
+    slow = replace(base, step_base_s=base.step_base_s / 0.7, decode_per_req_s=base.decode_per_req_s / 0.7)
+    job = long_regime.synthetic_job(120)
+
+    def simulate_with(profile):
+        return long_regime.run_client(job, "fixed-40", long_regime.LongServer(profile=profile), trace_phase_s=0.37)
+
+    _, real_trace = simulate_with(slow)
+    assert [r["t_s"] for r in real_trace[:3]] == [0.37, 1.37, 2.37]
+    fitted, _, trace, info = long_regime.fit_speed(decode_speed(real_trace), base, simulate_with)
+    for batch in (16, 40):
+        assert fitted.step_time_s(batch, 0, 0) == pytest.approx(slow.step_time_s(batch, 0, 0), rel=0.02), batch
+    assert info["max_rel_error"] <= long_regime.FIT_TOLERANCE and info["rounds"] >= 1
+    real_ramp = summarize(real_trace)["ramp_s"]
+    assert summarize(trace)["ramp_s"] == real_ramp
+    assert real_ramp - info["unfitted"]["ramp_s"] >= 1.0
+
+
+def test_sim_vs_real_long_holds_to_the_committed_h200_traces() -> None:
+    """bench/gpu/h200_traces.json (run 3): every figure within its tolerance at the fitted speed."""
+    from bench import sim_vs_real_long as long_regime
+
+    c = long_regime.compare()
+    assert c["source"] == "h200_traces.json (9 runs)"
+    assert c["all_ok"], [r for r in c["rows"] if not r["ok"]]
+    assert set(c["fits"]) == {"fixed-40", "all", "adaptive"}
+    assert all(f["max_rel_error"] <= long_regime.FIT_TOLERANCE for f in c["fits"].values()), c["fits"]
+
+
+def test_sim_vs_real_names_a_traces_file_it_cannot_use(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    missing, short_only = tmp_path / "none.json", tmp_path / "short.json"
+    short_only.write_text('{"short": {"runs": []}}')
+    for path, why in ((missing, "no such file; give a traces file the GPU check wrote "
+                                "(bench/gpu/h200_traces*.json)"),
+                      (short_only, 'no long-regime runs in it (the GPU check\'s phase `regimes` writes them '
+                                   'under "long")')):
+        with pytest.raises(SystemExit) as e:
+            svr.main(["--regime", "long", "--traces", str(path)])
+        assert e.value.code == 2
+        assert f"python -m bench.sim_vs_real: error: --traces {path}: {why}\n" in capsys.readouterr().err

@@ -125,6 +125,31 @@ def summarize(trace: list[dict]) -> dict:
     }
 
 
+def decode_speed(trace: list[dict]) -> dict:
+    """The server's decode step at two batch sizes, from its gen_throughput gauge (SGLang: decode tokens over
+    the wall time of the last 40 decode iterations, prefill iterations included), read the same way from a real
+    and a simulated trace: `first_*` over the first admission round (the polls from the first one with requests
+    running until new_token_ratio reads warm: nothing finishes there, a pure decode batch), `steady_*` over the
+    steady state (`summarize`'s span). Batch in requests, step in ms; None where the trace does not show it."""
+    out: dict = {"first_batch": None, "first_step_ms": None, "steady_batch": None, "steady_step_ms": None}
+    first: list[dict] = []
+    for r in trace:
+        if first or r["running"] > 0:
+            ratio = r.get("new_token_ratio")
+            if ratio is not None and ratio <= RATIO_WARM:
+                break
+            first.append(r)
+    first = [r for r in first if r["running"] > 0 and (r.get("gen_throughput") or 0) > 0]
+    if first:
+        out["first_batch"] = statistics.median(r["running"] for r in first)
+        out["first_step_ms"] = _r(statistics.median(1e3 * r["running"] / r["gen_throughput"] for r in first), 3)
+    s = summarize(trace)
+    if s.get("steady_gen_throughput_mean"):
+        out["steady_batch"] = s["steady_running_mean"]
+        out["steady_step_ms"] = _r(1e3 * s["steady_running_mean"] / s["steady_gen_throughput_mean"], 3)
+    return out
+
+
 def _quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
