@@ -242,11 +242,11 @@ def test_fit_speed_finds_a_slower_host_and_ramps_where_its_trace_does() -> None:
 
 
 def test_sim_vs_real_long_holds_to_the_committed_h200_traces() -> None:
-    """bench/gpu/h200_traces.json (run 3): every figure within its tolerance at the fitted speed."""
+    """bench/gpu/h200_traces.json (run 4): every figure within its tolerance at the fitted speed."""
     from bench import sim_vs_real_long as long_regime
 
     c = long_regime.compare()
-    assert c["source"] == "h200_traces.json (9 runs)"
+    assert c["source"] == "h200_traces.json (15 runs)"
     assert c["all_ok"], [r for r in c["rows"] if not r["ok"]]
     assert set(c["fits"]) == {"fixed-40", "all", "adaptive"}
     assert all(f["max_rel_error"] <= long_regime.FIT_TOLERANCE for f in c["fits"].values()), c["fits"]
