@@ -406,7 +406,8 @@ def markdown(c: dict) -> str:
             f"Real: {c['source']}. Sim: {c['samples']} prompts of 300-500 tokens, outputs mean "
             f"{c['mean_output']:,} (min_tokens 1000, max_new_tokens 4096), 60,000 KV tokens, chunked prefill 8192, "
             f"{speed}; real steady levels: the median over each client's rounds, first round and ramp: the round "
-            f"with the client's median tok/s (the one its speed is fitted to); every figure within its tolerance: {'yes' if c['all_ok'] else 'NO'}. "
+            "with the client's median tok/s (the one its speed is fitted to); "
+            f"every figure within its tolerance: {'yes' if c['all_ok'] else 'NO'}. "
             f"Adaptive / best of fixed 40 and all at once (sim, \"h200\" for all three): "
             f"{c['adaptive_over_best_fixed_sim']}.\n\n"
             + table + fitted + "\n\n" + clients + _overrun_text(c["overruns"]))

@@ -152,10 +152,10 @@ def markdown(r: dict) -> str:
 
 
 TRACES = Path(__file__).resolve().parent / "h200_traces.json"
-REGIMES_COMMAND = ("CHECK_ARGS=\"--regimes long,short\" BUDGET_S=500 bash bench/gpu/run_h200.sh KEEP OUT install model "
-                   "setup serve regimes; CHECK_ARGS=\"--regimes long,short\" BUDGET_S=555 bash bench/gpu/run_h200.sh KEEP OUT "
-                   "regimes; CHECK_ARGS=\"--regimes long,short --rounds 5\" BUDGET_S=540 bash bench/gpu/run_h200.sh KEEP OUT "
-                   "regimes unserve summary")
+REGIMES_COMMAND = ("CHECK_ARGS=\"--regimes long,short\" BUDGET_S=500 bash bench/gpu/run_h200.sh KEEP OUT "
+                   "install model setup serve regimes; CHECK_ARGS=\"--regimes long,short\" BUDGET_S=555 "
+                   "bash bench/gpu/run_h200.sh KEEP OUT regimes; CHECK_ARGS=\"--regimes long,short --rounds 5\" "
+                   "BUDGET_S=540 bash bench/gpu/run_h200.sh KEEP OUT regimes unserve summary")
 
 
 def regimes_markdown(t: dict) -> str:
