@@ -200,7 +200,10 @@ def test_a_hung_server_is_taken_out_within_seconds_and_its_requests_resent(tmp_p
         (tmp_path / "out" / "T").mkdir(parents=True, exist_ok=True)
         wait_lines(tmp_path / "out" / "T", 30, proc)
         hung = sims[2]
-        stuck = stats(hung)["in_flight"]
+        # freeze it while it holds requests (on a busy machine a poll can find it between two of them)
+        seen: list[int] = []
+        wait_until(lambda: seen.append(stats(hung)["in_flight"]) or seen[-1] > 0, proc, 60)
+        stuck = seen[-1]
         freeze_sim(hung)
         stack.callback(thaw_sim, hung)
         lines_at_freeze = count_lines(tmp_path / "out")
