@@ -155,6 +155,27 @@ def test_regime_summary_gives_adaptive_over_the_best_median() -> None:
     assert s["clients"]["all"]["spread"] == round(800 / 10500, 3) and s["clients"]["adaptive"]["rounds"] == 3
 
 
+def test_per_round_ratios_with_the_gpu_speed_factored_out() -> None:
+    """A round where the GPU decoded 20 % slower per running request during adaptive's run reads 0.8 whole-run
+    and 1.0 with the speed factored out; fewer requests kept running at the same speed still count against
+    it; a run without steady figures leaves its round out. Retractions are listed run by run."""
+    from bench.gpu.regimes import summarize_regimes
+
+    def row(client: str, rnd: int, tok_s: float, running: float, per_request: float | None) -> dict:
+        steady = None if per_request is None else running * per_request
+        return {"regime": "long", "client": client, "round": rnd, "rc": 0, "tok_s": tok_s, "steady_tok_s": steady,
+                "trace_summary": {"ramp_s": 3.0, "steady_running_mean": running, "steady_queued_mean": 10.0,
+                                  "steady_queued_max": 20, "retractions": rnd, "steady_gen_throughput_mean": steady},
+                "diagnose": []}
+
+    rows = [row("all", 1, 10_000, 42, 360), row("adaptive", 1, 8_000, 42, 288),  # the GPU, not the client
+            row("all", 2, 10_000, 42, 360), row("adaptive", 2, 9_500, 40, 360),  # fewer running: the client
+            row("all", 3, 10_000, 42, 360), row("adaptive", 3, 10_000, 42, None)]  # no steady figures
+    s = summarize_regimes(rows)["long"]
+    assert s["adaptive_over_best_per_round"] == {"1": 0.8, "2": 0.95, "3": 1.0}
+    assert s["adaptive_over_best_per_round_gpu_normalized"] == {"1": 1.0, "2": 0.95}
+    assert s["clients"]["adaptive"]["retractions_each"] == [1, 2, 3]
+
 def test_the_real_lengths_overrun_the_pool_in_submission_order_not_in_completion_order() -> None:
     """Issue 19: the shards hold the real run's lengths in completion order, so a replay in that order
     starts with the run's first finishers and never overran the pool in the simulator; a seeded order
