@@ -35,17 +35,19 @@ RUN_LOG = """\
 
 
 def telemetry_rows(polls: int = 120, capacity: int = 376_000) -> list[dict]:
-    """Two runs a day apart of a KV-bound job: the pool fills past 0.9 with requests queued."""
+    """Two runs a day apart of a KV-bound job: the pool fills past 0.9 with requests queued, running swings
+    ±15 % as long requests finish and are replaced, and the decode rate follows it (more slots pay)."""
     rows, t = [], 1_772_359_450.0
     for run in (1, 2):
         for i in range(polls):
             ramp = min(1.0, i / 20)
             usage = 0.62 + 0.33 * ramp + 0.02 * math.sin(i / 3)
-            running = int(40 + 100 * ramp)
+            swing = 1 + 0.15 * math.sin(i / 4)
+            running = int((40 + 100 * ramp) * swing)
             rows.append({"t": t, "t_run_s": float(i), "run": run, "window": running + 20, "in_flight": running + 18,
                          "running": running, "queued": 18 if i > 5 else 0, "kv_used_tokens": int(usage * capacity),
                          "kv_usage": round(usage, 4), "kv_capacity_tokens": capacity, "max_running_requests": 2048,
-                         "kv_dtype": "fp8_e4m3", "mem_fraction_static": 0.9, "gen_tok_s": 1300.0 * ramp + 200,
+                         "kv_dtype": "fp8_e4m3", "mem_fraction_static": 0.9, "gen_tok_s": (1300.0 * ramp + 200) * swing,
                          "client_tok_s": 1250.0 * ramp, "samples_per_s": 0.3 * ramp, "retractions_total": i // 40,
                          "retractions": i // 40, "done": i * 2, "target": 18000, "failures": 0, "mode": "load",
                          "reason": "steady", "tokens_per_request": 4400.0, "held_tokens_per_request": 2600.0,

@@ -160,15 +160,20 @@ def _r(x: float, digits: int = 1) -> float:
 
 
 def telemetry_rows(trace: list[dict], *, kv_tokens: int, max_running: int | None, tokens_per_request: float,
-                   window: int | None = None) -> list[dict]:
+                   window: int | None = None, samples: int | None = None) -> list[dict]:
     """A trace as the telemetry rows `gen-pipeline diagnose` reads (gen_pipeline/reports/diagnose.py), so
-    its verdict can be checked on the simulator's and the H200's traces of a regime."""
+    its verdict can be checked on the simulator's and the H200's traces of a regime. Retractions are the
+    run's own (SGLang's counter is the server's lifetime count: its first value in the trace is subtracted).
+    A trace has no completion count: `done` climbs evenly to `samples` (the run's completions, where known;
+    diagnose reads only its rise over the run), else it is the poll's index."""
     rows = []
+    retracted_before = (trace[0].get("retractions_total") or 0) if trace else 0
     for i, r in enumerate(trace):
         in_flight = (r["running"] or 0) + (r["queued"] or 0)
         rows.append({"t_run_s": r["t_s"], "run": 1, "restarts": 0, "running": r["running"], "queued": r["queued"],
                      "in_flight": in_flight, "window": r.get("window") or window or in_flight,
                      "kv_usage": r["token_usage"], "kv_capacity_tokens": kv_tokens, "max_running_requests": max_running,
-                     "tokens_per_request": tokens_per_request, "gen_tok_s": r.get("gen_throughput"), "done": i,
-                     "retractions": r.get("retractions_total") or 0, "kv_dtype": "auto"})
+                     "tokens_per_request": tokens_per_request, "gen_tok_s": r.get("gen_throughput"),
+                     "done": round(samples * i / max(len(trace) - 1, 1)) if samples is not None else i,
+                     "retractions": (r.get("retractions_total") or 0) - retracted_before, "kv_dtype": "auto"})
     return rows

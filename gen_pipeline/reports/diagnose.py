@@ -6,12 +6,15 @@ idle tail cut off) with its thresholds in THRESHOLDS. The rules, in the order th
 
   server_restarts    the server restarted during a run
   kv_bound           SGLang holds requests queued with running ≈ KV tokens / tokens per request, below
-                     max_running_requests, and the decode rate still grows with running (more slots
-                     pay). Read the way real SGLang shows it: its admission reserves new_token_ratio ×
-                     min(max_new_tokens, 4096) per running request, so a KV-bound pool reads only
-                     ~0.63-0.70 token_usage with long outputs (H200, issue 19): usage alone says little
-  step_bound         the same queue and slots, but the decode rate barely grows with running: the
-                     GPU's step time, not KV, bounds the run (the short-output regime on the H200)
+                     max_running_requests ("the slots are held"), and the decode rate confidently grows
+                     with running: more slots pay. Read the way real SGLang shows it: its admission
+                     reserves new_token_ratio × min(max_new_tokens, 4096) per running request, so a
+                     KV-bound pool reads only ~0.63-0.70 token_usage with long outputs (H200, issue 19):
+                     usage alone says little
+  step_bound         the slots are held, but the decode rate confidently grows little with running: the
+                     GPU's step time, not KV, bounds the run
+  kv_or_step         the slots are held, but this run cannot tell the two apart: running moved too little
+                     against the decode rate's noise (or not at all while the pool filled)
   admission_bound    KV free, requests queued, running at max_running_requests
   compute_bound      KV free, requests queued, running below max_running_requests (the scheduler's
                      prefill/step budget holds them, not memory)
@@ -21,6 +24,24 @@ idle tail cut off) with its thresholds in THRESHOLDS. The rules, in the order th
                      the client cannot keep the window full)
   retraction_storm   retractions ≥ storm_per_completion of completions (recompute, stalls)
   idle_tail          the end of the run with in flight far below its steady level takes tail_frac of it
+
+How "the decode rate grows with running" is read (`elasticity`, for kv_bound / step_bound / kv_or_step):
+the least-squares slope of ln(gen tok/s) on ln(running) over the polls after the warm-up (the steady
+polls and the tail), leaving out polls below elastic_floor of their median running, with one-sided
+elastic_confidence bounds (Student's t on the slope's standard error). kv_bound needs the lower bound at
+or above elastic_min, step_bound the upper bound below it; anything between, running that spans less
+than elastic_spread, or too few polls, is kv_or_step (where the pool's 90th percentile usage is below
+kv_full and nothing was read, none of the three). The warm-up is left out because SGLang's
+gen_throughput gauge (decode tokens over the last 40 iterations' wall time, prefill iterations included)
+reads low while running climbs through the first wave's prefills: a slope that more slots would not give.
+Calibrated on the real H200 traces of issue 19 (bench/gpu/h200_traces.json, _run3, _run2: 41 all-at-once /
+adaptive runs; `python -m bench.gpu.verdicts` prints each): short outputs hold running near 150 (114-176
+over the steady polls of all 21 runs) while the gauge swings from half to three times its median with the
+prefills in its window, so the old point estimate over all polls ran from -1.4 to +1.3 and read kv_bound
+on 6 of 21 short runs (the CLI on the GPU machine: 4): noise. Now their lower bounds are -3.9 to -0.19
+(step_bound or kv_or_step). Long outputs move running 29-55 and the rate follows it: slopes 0.56-1.25,
+lower bounds 0.26-0.83, kv_bound on all 20. A full pool alone does not say kv_bound either: the short
+regime's 90th percentile usage reads 0.91-0.93.
 """
 
 from __future__ import annotations
@@ -39,12 +60,23 @@ from gen_pipeline.store.telemetry import read_telemetry
 THRESHOLDS: dict[str, float] = {
     "warmup_frac": 0.2,  # first share of a run's polls: the first wave, not the steady state
     "min_polls": 5,  # fewer steady polls than this: no verdict
-    "kv_full": 0.90,  # no elasticity to read (running never moved): 90th percentile of KV usage at or above
+    # no elasticity read (running never moved) and the 90th percentile of KV usage at or above: the pool
+    # fills, so KV holds the slots, but whether more would pay is not known: kv_or_step, never kv_bound (the
+    # H200's short-output runs read 0.91-0.93 here and are bound by the step time)
+    "kv_full": 0.90,
     "kv_free": 0.70,  # median KV usage below: the pool has room (and no elasticity says KV binds)
-    # d ln(decode tok/s) / d ln(running) over the run's polls (ramp and tail give the spread): at or
-    # above, more decode slots raise throughput. Simulator, H200 profile: long outputs 0.53, 20K-token
-    # pool 0.27-0.32, short outputs at 60K tokens 0.10; the seed's B2 on 116K tokens 0.70.
+    # d ln(decode tok/s) / d ln(running) over the polls after the warm-up (steady polls and the tail give
+    # the spread): more decode slots raise throughput when it is at or above this (10 % more running, 2.4 %
+    # more tok/s). Simulator in simulated time (bench/engine_run), after the warm-up: H200 profile long
+    # outputs 0.52-0.54 (60K tokens) and 0.80 (20K), short outputs at 60K 0.21 (bounds 0.18-0.24); the
+    # seed's B2 on 116K tokens 0.71-0.75. Real H200 (issue 19): long outputs 0.56-1.25.
     "elastic_min": 0.25,
+    # one-sided confidence of the slope's bounds (Student's t, n - 2 degrees of freedom): kv_bound when the
+    # lower bound is at or above elastic_min, step_bound when the upper bound is below it, else kv_or_step.
+    # The usual 95 %, chosen before it was tried on the traces: on the real H200 ones it names every long
+    # all-at-once / adaptive run kv_bound (lower bounds 0.26-0.83: three within 0.05 of elastic_min, a
+    # noisier run would read kv_or_step) and no short one (lower bounds -3.9 to -0.19)
+    "elastic_confidence": 0.95,
     "elastic_spread": 1.25,  # running must span this ratio (max / min over the polls used) to read it
     "elastic_floor": 0.25,  # polls with running below this share of the steady median are left out
     "queued_share": 0.5,  # share of steady polls with requests queued at the server
@@ -105,6 +137,11 @@ class RunView:
     tail: list[dict[str, Any]]
 
     @property
+    def after_warmup(self) -> list[dict[str, Any]]:
+        """The steady polls and the tail: what the elasticity is read on."""
+        return self.steady + self.tail
+
+    @property
     def duration_s(self) -> float:
         return self.rows[-1]["t_run_s"] - self.rows[0]["t_run_s"] if len(self.rows) > 1 else 0.0
 
@@ -137,10 +174,10 @@ def diagnose(all_rows: list[dict[str, Any]], hw: Hardware = Hardware(),
     if len(v.steady) < th["min_polls"]:
         return out + [Verdict("too_short", f"run {runs[-1][0].get('run')} has {len(v.steady)} steady polls "
                               f"(< {th['min_polls']:.0f}): let it run longer")]
-    for rule in (_kv_bound, _step_bound, _free_pool, _client_bound, _retraction_storm, _idle_tail):
+    for rule in (_slots_bound, _free_pool, _client_bound, _retraction_storm, _idle_tail):
         verdict = rule(v, hw, th)
         # a reservation-held pool reads below kv_free: KV or the step time already named the bound
-        if verdict and not (verdict.rule == "compute_bound" and any(o.rule in ("kv_bound", "step_bound") for o in out)):
+        if verdict and not (verdict.rule == "compute_bound" and any(o.rule in SLOT_RULES for o in out)):
             out.append(verdict)
     return out
 
@@ -171,24 +208,73 @@ def _levels(v: RunView) -> dict[str, Any]:
             "per_request": _last(s, "tokens_per_request"), "dtype": _last(s, "kv_dtype") or "auto"}
 
 
-def elasticity(rows: list[dict[str, Any]], th: dict[str, float] = THRESHOLDS) -> float | None:
-    """Least-squares slope of ln(gen tok/s) on ln(running) over the run's polls; None when running did
-    not vary enough (elastic_spread) or the server reports no decode rate."""
+@dataclass(frozen=True)
+class Elasticity:
+    """d ln(gen tok/s) / d ln(running): `slope`, its one-sided elastic_confidence bounds `low` and `high`,
+    over `polls` polls whose running spans `spread` (max / min)."""
+
+    slope: float
+    low: float
+    high: float
+    polls: int
+    spread: float
+
+    def text(self, th: dict[str, float]) -> str:
+        return (f"the decode rate grows {self.slope:.2f}x as fast as running (one-sided {th['elastic_confidence']:.0%} "
+                f"bounds {self.low:.2f} to {self.high:.2f} over {self.polls} polls after the warm-up, running "
+                f"spanning {self.spread:.2f}x)")
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile (Cornish-Fisher expansion about the normal one, Abramowitz & Stegun 26.7.5:
+    within 0.001 of the tables from 3 degrees of freedom)."""
+    z = statistics.NormalDist().inv_cdf(p)
+    terms = ((z ** 3 + z) / 4, (5 * z ** 5 + 16 * z ** 3 + 3 * z) / 96,
+             (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / 384,
+             (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / 92160)
+    return z + sum(g / float(df) ** (k + 1) for k, g in enumerate(terms))
+
+
+def _elastic_points(rows: list[dict[str, Any]], th: dict[str, float]) -> list[tuple[float, float]]:
+    """(ln running, ln gen tok/s) of the polls with a decode rate and running at or above elastic_floor of
+    their median."""
     level = _med(_vals(rows, "running")) or 0
-    pts = [(math.log(r["running"]), math.log(r["gen_tok_s"])) for r in rows
-           if (r.get("running") or 0) >= max(1.0, th["elastic_floor"] * level) and (r.get("gen_tok_s") or 0) > 0]
-    if len(pts) < th["min_polls"]:
+    return [(math.log(r["running"]), math.log(r["gen_tok_s"])) for r in rows
+            if (r.get("running") or 0) >= max(1.0, th["elastic_floor"] * level) and (r.get("gen_tok_s") or 0) > 0]
+
+
+def _unread(rows: list[dict[str, Any]], th: dict[str, float]) -> str:
+    """Why `elasticity` gave None on `rows`."""
+    pts = _elastic_points(rows, th)
+    if len(pts) < max(th["min_polls"], 3):
+        return (f"only {len(pts)} polls after the warm-up report a decode rate with running near its level: too few "
+                "to read how the decode rate grows with running")
+    lo, hi = math.exp(min(x for x, _ in pts)), math.exp(max(x for x, _ in pts))
+    return (f"running stayed within {lo:.0f}-{hi:.0f} ({hi / lo:.2f}x, under the {th['elastic_spread']:.2f}x needed) "
+            f"over {len(pts)} polls after the warm-up: too little to read how the decode rate grows with it")
+
+
+def elasticity(rows: list[dict[str, Any]], th: dict[str, float] = THRESHOLDS) -> Elasticity | None:
+    """Least-squares slope of ln(gen tok/s) on ln(running) over `rows` (the polls after the warm-up: see the
+    module doc) with its confidence bounds; None when fewer than min_polls polls have both, running did not
+    vary enough (elastic_spread) or the server reports no decode rate."""
+    pts = _elastic_points(rows, th)
+    if len(pts) < max(th["min_polls"], 3):
         return None
     xs = [x for x, _ in pts]
-    if max(xs) - min(xs) < math.log(th["elastic_spread"]):
+    if max(xs) - min(xs) < math.log(th["elastic_spread"]) - 1e-9:  # 160 / 128 spans 1.25x
         return None
     mx, my = statistics.fmean(xs), statistics.fmean(y for _, y in pts)
-    return sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x in xs)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sxx
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in pts)
+    margin = t_quantile(th["elastic_confidence"], len(pts) - 2) * math.sqrt(residual / (len(pts) - 2) / sxx)
+    return Elasticity(slope, slope - margin, slope + margin, len(pts), math.exp(max(xs) - min(xs)))
 
 
 def _slots_held(v: RunView, th: dict[str, float]) -> dict[str, Any] | None:
-    """The shape both kv_bound and step_bound need: requests queued at the server in most steady polls,
-    running below max_running_requests and ≈ the pool's slots (KV tokens / tokens per request)."""
+    """The shape kv_bound, step_bound and kv_or_step need: requests queued at the server in most steady
+    polls, running below max_running_requests and ≈ the pool's slots (KV tokens / tokens per request)."""
     x = _levels(v)
     running, cap, per_req = x["running"], x["capacity"], x["per_request"]
     if running is None or not cap or not per_req or x["queued_share"] < th["queued_share"]:
@@ -197,42 +283,47 @@ def _slots_held(v: RunView, th: dict[str, float]) -> dict[str, Any] | None:
     if (x["max_running"] and running >= th["at_cap"] * x["max_running"]) \
             or not th["slots_low"] <= running / slots <= th["slots_high"]:
         return None
-    return {**x, "slots": slots, "elasticity": elasticity(v.rows, th)}
+    return {**x, "slots": slots, "elasticity": elasticity(v.after_warmup, th)}
 
 
-def _kv_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:
+SLOT_RULES = ("kv_bound", "step_bound", "kv_or_step")
+
+
+def _slots_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:
+    """kv_bound, step_bound or kv_or_step where the slots are held (module doc: how each is told)."""
     x = _slots_held(v, th)
     if x is None:
         return None
-    e, usage, usage_p90 = x["elasticity"], x["usage"], x["usage_p90"]
-    if e is None:  # running never moved: only a pool that fills says KV
-        if usage_p90 is None or usage_p90 < th["kv_full"]:
-            return None
-    elif e < th["elastic_min"]:
-        return None
-    running, cap, per_req = x["running"], x["capacity"], x["per_request"]
+    e: Elasticity | None = x["elasticity"]
+    running, cap, per_req, usage, usage_p90 = x["running"], x["capacity"], x["per_request"], x["usage"], x["usage_p90"]
+    if e is None and (usage_p90 is None or usage_p90 < th["kv_full"]):
+        return None  # running never moved and the pool does not fill: nothing says KV holds the slots
+    held = (f"{running:.0f} running ≈ {cap:,} KV tokens / {per_req:,.0f} tokens per request = {x['slots']:.0f} "
+            f"slots, {x['queued']:,.0f} queued at the server (requests waiting in {x['queued_share']:.0%} of "
+            f"{len(v.steady)} steady polls)")
     used = (f"KV {usage:.0%} in use (median; 90th percentile {usage_p90:.0%}), the rest held by SGLang's admission "
             "reservation (new_token_ratio × min(max_new_tokens, 4096) per running request)"
             if usage is not None else "KV usage not reported")
-    evidence = (f"{running:.0f} running ≈ {cap:,} KV tokens / {per_req:,.0f} tokens per request = {x['slots']:.0f} "
-                f"slots, {x['queued']:.0f} queued at the server (requests waiting in {x['queued_share']:.0%} of "
-                f"{len(v.steady)} steady polls); {used}",
-                (f"the decode rate grows {e:.2f}x as fast as running (more slots pay)" if e is not None
-                 else "running did not vary enough to read how the decode rate grows with it")
-                + (f"; generation {x['tok_s']:,.0f} tok/s" if x["tok_s"] is not None else ""))
-    return Verdict("kv_bound", "GPU KV capacity bounds the decode slots",
-                   evidence, tuple(kv_levers(cap, x["dtype"], per_req, running, x["queued"] or 0, hw)))
-
-
-def _step_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:
-    x = _slots_held(v, th)
-    if x is None or x["elasticity"] is None or x["elasticity"] >= th["elastic_min"]:
-        return None
-    e = x["elasticity"]
-    return Verdict("step_bound", "the GPU's step time, not KV, bounds the run",
-                   (f"{x['running']:.0f} running with {x['queued']:.0f} queued, but the decode rate grows only "
-                    f"{e:.2f}x as fast as running (10% more running: {100 * (1.1 ** e - 1):.0f}% more tokens/s)",),
-                   ("more KV (fp8, mem fraction) or a larger window adds little here; more servers add throughput",))
+    tok_s = f"; generation {x['tok_s']:,.0f} tok/s" if x["tok_s"] is not None else ""
+    if e is not None and e.low >= th["elastic_min"]:
+        return Verdict("kv_bound", "GPU KV capacity bounds the decode slots",
+                       (f"{held}; {used}", f"{e.text(th)}: more slots pay{tok_s}"),
+                       tuple(kv_levers(cap, x["dtype"], per_req, running, x["queued"] or 0, hw)))
+    if e is not None and e.high < th["elastic_min"]:
+        return Verdict("step_bound", "the GPU's step time, not KV, bounds the run",
+                       (f"{running:.0f} running with {x['queued']:.0f} queued, but {e.text(th)}: 10% more running "
+                        f"gives at most {100 * (1.1 ** max(e.high, 0) - 1):.0f}% more tokens/s",),
+                       ("more KV (fp8, mem fraction) or a larger window adds little here; more servers add "
+                        "throughput",))
+    why = (f"{e.text(th)}: running moved too little against the decode rate's noise to say whether it grows at "
+           f"least {th['elastic_min']:.2f}x as fast" if e is not None
+           else _unread(v.after_warmup, th))
+    drop = 1 - 0.5 ** th["elastic_min"]
+    return Verdict("kv_or_step", "KV holds the decode slots; whether more slots would pay cannot be read from this run",
+                   (f"{held}; {used}", why + tok_s),
+                   (f"run once with --window {max(1, round(running / 2))} (half the running): if tokens/s falls by "
+                    f"{drop:.0%} or more, KV bounds the run (fp8 KV, mem fraction: more slots pay); if by less, the "
+                    "step time does (more servers add throughput, more KV does not)",))
 
 
 def kv_levers(capacity: int, kv_dtype: str, per_request: float, running: float, queued: float,
