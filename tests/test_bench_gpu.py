@@ -121,6 +121,25 @@ def test_regimes_interleave_regimes_and_rotate_clients() -> None:
     assert [c for r, g, c in p if (r, g) == (3, "short")] == ["adaptive", "fixed-128", "all"]
 
 
+def test_regimes_can_run_some_clients_and_longer_long_runs(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    """--clients all,adaptive leaves the fixed windows out of every round; the long dataset holds 900 prompts
+    (the first 300 the default runs' own); an unknown client name is refused with the known ones."""
+    from bench.gpu import h200_check, regimes, setup
+
+    p = regimes.plan(2, ("long", "short"), frozenset({"all", "adaptive"}))
+    assert p == [(1, "long", "all"), (1, "long", "adaptive"), (1, "short", "all"), (1, "short", "adaptive"),
+                 (2, "short", "adaptive"), (2, "short", "all"), (2, "long", "adaptive"), (2, "long", "all")]
+    cfg = setup.write_configs(tmp_path, "model", sim=True)
+    rows = (cfg / "prompts-long.jsonl").read_text().splitlines()
+    assert len(rows) == setup.LONG_PROMPTS_MAX == 900 and "target_samples = 900" in (cfg / "h200long.toml").read_text()
+    setup.write_long_prompts(tmp_path / "first.jsonl", setup.LONG_PROMPTS)
+    assert (tmp_path / "first.jsonl").read_text().splitlines() == rows[:setup.LONG_PROMPTS]
+    with pytest.raises(SystemExit) as e:
+        h200_check.main(["regimes", "--work", str(tmp_path / "w"), "--sim", "--clients", "all,adaptiv"])
+    assert e.value.code == 2
+    assert "--clients: unknown adaptiv (known: adaptive, all, fixed-128, fixed-40)" in capsys.readouterr().err
+
 def _trace(running: list[int], queued: list[int]) -> list[dict]:
     return [{"t_s": float(t), "running": r, "queued": q, "token_usage": 0.01 * r, "new_token_ratio": 0.7 if t < 3 else
              0.098, "gen_throughput": 250.0 * r, "retractions_total": 0 if t < 10 else 2,

@@ -361,11 +361,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=regimes.ROUNDS, help="phase regimes: interleaved rounds")
     p.add_argument("--short-prompts", type=int, default=regimes.SHORT_PROMPTS,
                    help=f"regimes phase: prompts of a short-regime run (at most {regimes.SHORT_PROMPTS})")
+    p.add_argument("--long-prompts", type=int, default=regimes.LONG_PROMPTS,
+                   help=f"regimes phase: prompts of a long-regime run (at most {regimes.LONG_PROMPTS_MAX})")
+    p.add_argument("--clients", default=None,
+                   help="regimes phase: only these clients, comma-separated (fixed-128, fixed-40, all, adaptive)")
     args = p.parse_args(argv)
+    clients = frozenset(c for c in args.clients.split(",") if c) if args.clients else None
+    known = {c for spec in regimes.REGIMES.values() for c in spec.clients}
+    if clients is not None and not clients <= known:
+        p.error(f"--clients: unknown {', '.join(sorted(clients - known))} (known: {', '.join(sorted(known))})")
     check = Check(args.work, args.sim, args.prompts, time.monotonic() + args.budget_s, args.kill_after_s)
     check.regimes_order = [r for r in args.regimes.split(",") if r]
     check.short_prompts = min(args.short_prompts, regimes.SHORT_PROMPTS)
     check.rounds = args.rounds
+    check.long_prompts = min(args.long_prompts, regimes.LONG_PROMPTS_MAX)
+    check.clients = clients
     if args.time_scale:
         check.results["time_scale"] = args.time_scale
     for phase in args.phases:

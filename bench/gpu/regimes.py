@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.gpu import runs, servers
-from bench.gpu.setup import KV_TOKENS, LONG_DATASET, LONG_PROMPTS, SHORT_DATASET, SHORT_PROMPTS
+from bench.gpu.setup import KV_TOKENS, LONG_DATASET, LONG_PROMPTS, LONG_PROMPTS_MAX, SHORT_DATASET, SHORT_PROMPTS
 from bench.gpu.traces import TracePoller, summarize
 from gen_pipeline.reports.diagnose import diagnose
 from gen_pipeline.store.telemetry import read_telemetry
@@ -46,12 +46,16 @@ REGIMES = {
 }
 
 
-def plan(rounds: int = ROUNDS, order: tuple[str, ...] = ("short", "long")) -> list[tuple[int, str, str]]:
-    """(round, regime, client) in the order they run: regimes alternate, clients rotate."""
+def plan(rounds: int = ROUNDS, order: tuple[str, ...] = ("short", "long"),
+         clients: frozenset[str] | None = None) -> list[tuple[int, str, str]]:
+    """(round, regime, client) in the order they run: regimes alternate, clients rotate; `clients`: only
+    those (names as in REGIMES, e.g. "all", "adaptive")."""
     out = []
     for r in range(1, rounds + 1):
         for regime in (order if r % 2 else order[::-1]):
-            names = list(REGIMES[regime].clients)
+            names = [c for c in REGIMES[regime].clients if clients is None or c in clients]
+            if not names:
+                continue
             k = (r - 1) % len(names)
             out += [(r, regime, c) for c in names[k:] + names[:k]]
     return out
@@ -64,12 +68,16 @@ def run_phase(check: Any, rounds: int = ROUNDS) -> None:
     if short_prompts != SHORT_PROMPTS:
         REGIMES["short"] = Regime(SHORT_DATASET, short_prompts,
                                   {"fixed-128": 128, "all": short_prompts, "adaptive": None}, 35.0)
+    long_prompts = min(getattr(check, "long_prompts", LONG_PROMPTS), LONG_PROMPTS_MAX)
+    if long_prompts != LONG_PROMPTS:  # a longer run: SGLang's start-up and the first cohort weigh less
+        REGIMES["long"] = Regime(LONG_DATASET, long_prompts, {"fixed-40": 40, "all": long_prompts, "adaptive": None},
+                                 45.0 * long_prompts / LONG_PROMPTS)
     server = check.ensure("main", "h200")
     res = check.results.setdefault("regimes", {"runs": []})
     traces_path = check.work / "traces.json"
     traces = json.loads(traces_path.read_text()) if traces_path.exists() else {}
     done = {(r["round"], r["regime"], r["client"]) for r in res["runs"]}
-    for rnd, regime, client in plan(rounds, order):
+    for rnd, regime, client in plan(rounds, order, getattr(check, "clients", None)):
         if (rnd, regime, client) in done:
             continue
         previous = [r["wall_s"] for r in res["runs"] if (r["regime"], r["client"]) == (regime, client)]

@@ -20,7 +20,8 @@ DATASET = "h200"
 # The long-output regime (issue 19): prompts of ~300-500 tokens, every output >= 1,000 tokens (mean
 # ~1,300: the random model's EOS comes with probability ~1/320 a token), ~40 requests fit in 60K tokens.
 LONG_DATASET = "h200long"
-LONG_PROMPTS = 300
+LONG_PROMPTS = 300  # a long-regime run's prompts by default (h200_check --long-prompts: up to LONG_PROMPTS_MAX)
+LONG_PROMPTS_MAX = 900  # what the long dataset holds (the same seed: its first rows are the 300's)
 LONG_MAX_NEW_TOKENS = 4096
 LONG_MIN_TOKENS = 1000
 # The short regime of issue 19's rounds: enough prompts that SGLang's own ramp (~4 s to its steady
@@ -173,7 +174,7 @@ def write_configs(work: Path, model: str, *, sim: bool, time_scale: float = 1.0,
         dataset_toml(cfg / "prompts-short.jsonl").replace(f'name = "{DATASET}"', f'name = "{SHORT_DATASET}"')
         .replace(f"target_samples = {PROMPTS}", f"target_samples = {SHORT_PROMPTS}")
         .replace(f"{PROMPTS} synthetic prompts", f"{SHORT_PROMPTS} synthetic prompts"))
-    write_long_prompts(cfg / "prompts-long.jsonl")
-    (cfg / f"{LONG_DATASET}.toml").write_text(long_dataset_toml(cfg / "prompts-long.jsonl"))
+    write_long_prompts(cfg / "prompts-long.jsonl", LONG_PROMPTS_MAX)
+    (cfg / f"{LONG_DATASET}.toml").write_text(long_dataset_toml(cfg / "prompts-long.jsonl", LONG_PROMPTS_MAX))
     (cfg / "server.toml").write_text(server_toml(model, sim=sim, time_scale=time_scale))
     return cfg
