@@ -39,7 +39,10 @@ class _Server:
     used_tokens: int | None = None  # at the last poll
     in_flight: int = 0  # ours, now
     in_flight_at_poll: int = 0
-    failures: int = 0  # consecutive connection errors / failed health checks
+    failures: int = 0  # consecutive connection errors
+    # consecutive failed health checks: only progress or /health 200 restarts it, not an answer's headers (a
+    # stuck scheduler's HTTP side still sends those, so counted together they never reached fail_after)
+    health_failures: int = 0
     backoff_s: float = 0.0
     next_probe_s: float = 0.0
     last_answer_s: float | None = None  # its last progress: stream bytes, an answer, /health 200
@@ -162,27 +165,37 @@ class Fleet:
 
     def answered(self, url: str, now_s: float) -> None:
         """It made progress (a request's stream bytes or answer, /health 200): it is not hung."""
-        self._servers[url].last_answer_s = now_s
+        s = self._servers[url]
+        s.last_answer_s = now_s
+        s.health_failures = 0
 
     def silent_s(self, url: str, now_s: float) -> float:
         """Seconds since its last progress (0 before its first was awaited)."""
         last = self._servers[url].last_answer_s
         return 0.0 if last is None else max(0.0, now_s - last)
 
-    def succeeded(self, url: str, now_s: float | None = None) -> None:
-        """A request or health check answered: the failure count restarts (and a down server is back)."""
+    def succeeded(self, url: str, now_s: float | None = None, *, healthy: bool = False) -> None:
+        """A request or health check answered: the connection-failure count restarts (and a down server is
+        back); `now_s`: with progress at that time; `healthy`: /health said 200 (the health-check count
+        restarts too, as it does with any progress)."""
         s = self._servers[url]
         s.failures = 0
         if now_s is not None:
             s.last_answer_s = now_s
+        if now_s is not None or healthy:
+            s.health_failures = 0
         if not s.up:
             self.mark_up(url)
 
-    def failed(self, url: str, now_s: float) -> bool:
-        """A connection error or failed health check; True when this one took the server out."""
+    def failed(self, url: str, now_s: float, *, health: bool = False) -> bool:
+        """A connection error, or with `health` a failed health check; True when this one took the server
+        out (fail_after of either kind in a row)."""
         s = self._servers[url]
-        s.failures += 1
-        if s.up and s.failures >= self.fail_after:
+        if health:
+            s.health_failures += 1
+        else:
+            s.failures += 1
+        if s.up and max(s.failures, s.health_failures) >= self.fail_after:
             self.mark_down(url, now_s)
             return True
         return False
@@ -210,7 +223,7 @@ class Fleet:
     def mark_up(self, url: str) -> None:
         s = self._servers[url]
         if not s.up:
-            s.up, s.failures, s.backoff_s, s.last_answer_s = True, 0, 0.0, None
+            s.up, s.failures, s.health_failures, s.backoff_s, s.last_answer_s = True, 0, 0, 0.0, None
             self.version += 1
 
     def due_probes(self, now_s: float) -> list[str]:

@@ -219,7 +219,7 @@ class FleetWatch:
         if not self.fleet.is_up(url):  # taken out meanwhile
             return
         if why is None:
-            self.fleet.succeeded(url)
+            self.fleet.succeeded(url, healthy=True)
             return
         now_s = time.monotonic()
         silent_s = self.fleet.silent_s(url, now_s)
@@ -227,7 +227,7 @@ class FleetWatch:
         if stuck and silent_s >= self.hang_after_s:
             self._take_out_hung(url, now_s, f"no progress for {silent_s:.1f} s on {stuck} in-flight requests and "
                                             f"/health {_health_words(why)}: scheduler stuck?", stuck)
-        elif self.fleet.failed(url, now_s):
+        elif self.fleet.failed(url, now_s, health=True):
             self.report_taken_out(url, f"{self.fleet.fail_after} failed health checks in a row ({why})")
 
     def report_taken_out(self, url: str, why: str) -> None:

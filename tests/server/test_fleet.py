@@ -304,3 +304,26 @@ def test_a_hang_timeout_below_the_probe_timeout_shortens_the_probe():
     w = HangWatch(1.0)
     assert (w.probe_after_s, w.probe_timeout_s) == (0.2, 0.6)
     assert HangWatch().hang_after_s == 5.0 and HangWatch().probe_timeout_s == 3.0
+
+
+def test_an_answers_headers_do_not_restart_the_count_of_failed_health_checks():
+    """A stuck scheduler's HTTP side still answers new requests with headers (SGLang: the stream starts,
+    no token comes). Those restart the count of connection errors, not of failed health checks: three 503s
+    in a row take it out however many headers came between them. Progress or /health 200 restarts it."""
+    f = Fleet([A, B], fail_after=3)
+    for t in (1.0, 2.0):
+        assert not f.failed(A, t, health=True)
+        f.succeeded(A)  # a new request's headers
+    assert f.failed(A, 3.0, health=True) and not f.is_up(A)
+
+    f = Fleet([A, B], fail_after=3)
+    f.failed(A, 1.0, health=True)
+    f.failed(A, 2.0, health=True)
+    f.answered(A, 2.5)  # a token came: not stuck
+    assert not f.failed(A, 3.0, health=True) and f.is_up(A)
+    f.failed(A, 4.0, health=True)
+    f.succeeded(A, healthy=True)  # /health 200
+    assert not f.failed(A, 5.0, health=True) and f.is_up(A)
+    f.failed(A, 6.0)  # connection errors count on their own
+    f.failed(A, 7.0)
+    assert f.failed(A, 8.0) and not f.is_up(A)
