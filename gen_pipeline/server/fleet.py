@@ -176,15 +176,17 @@ class Fleet:
 
     def succeeded(self, url: str, now_s: float | None = None, *, healthy: bool = False) -> None:
         """A request or health check answered: the connection-failure count restarts (and a down server is
-        back); `now_s`: with progress at that time; `healthy`: /health said 200 (the health-check count
-        restarts too, as it does with any progress)."""
+        back, unless failed health checks took it out and neither progress nor /health 200 came); `now_s`: with
+        progress at that time; `healthy`: /health said 200 (the health-check count restarts too, as it does
+        with any progress)."""
         s = self._servers[url]
         s.failures = 0
         if now_s is not None:
             s.last_answer_s = now_s
         if now_s is not None or healthy:
             s.health_failures = 0
-        if not s.up:
+        # out for failed health checks (a stuck scheduler): headers of a request sent before do not bring it back
+        if not s.up and s.health_failures < self.fail_after:
             self.mark_up(url)
 
     def failed(self, url: str, now_s: float, *, health: bool = False) -> bool:

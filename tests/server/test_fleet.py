@@ -315,6 +315,10 @@ def test_an_answers_headers_do_not_restart_the_count_of_failed_health_checks():
         assert not f.failed(A, t, health=True)
         f.succeeded(A)  # a new request's headers
     assert f.failed(A, 3.0, health=True) and not f.is_up(A)
+    f.succeeded(A)  # the headers of a request sent before: still out (it would never leave the fleet again)
+    assert not f.is_up(A)
+    f.succeeded(A, healthy=True)  # /health 200: back
+    assert f.is_up(A)
 
     f = Fleet([A, B], fail_after=3)
     f.failed(A, 1.0, health=True)
