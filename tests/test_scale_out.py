@@ -67,6 +67,13 @@ def telemetry(tmp_path: Path) -> list[dict]:
     return [orjson.loads(x) for x in (tmp_path / "out" / "T" / "telemetry.jsonl").read_bytes().splitlines()]
 
 
+def capacities_so_far(tmp_path: Path) -> list[int]:
+    """kv_capacity_tokens of the telemetry rows written whole so far (the run is still writing)."""
+    path = tmp_path / "out" / "T" / "telemetry.jsonl"
+    lines = path.read_bytes().split(b"\n")[:-1] if path.exists() else []
+    return [orjson.loads(x).get("kv_capacity_tokens") for x in lines if x]
+
+
 # ---------------------------------------------------------------- direct: --server-url A,B,C
 
 def test_direct_one_server_killed_mid_run_the_rest_finish_exactly(tmp_path):
@@ -174,6 +181,9 @@ def test_router_worker_killed_mid_run_and_one_added_the_run_is_exact(tmp_path):
         wait_lines(tmp_path / "out" / "T", 30, proc)
         sigkill(three_sims[0])
         wait_until(lambda: f"-{three_sims[0].url}" in log.read_text(), proc)  # the router marked it unhealthy
+        # a telemetry row has seen the smaller pool before the fourth comes (on a busy machine the two changes
+        # could fall between two polls)
+        wait_until(lambda: 40_000 in capacities_so_far(tmp_path), proc, 60)
         added = httpx.post(url + "/workers", json={"url": fourth.url}, timeout=10)
         assert added.status_code in (200, 202), added.text
         wait_until(lambda: f"+{fourth.url}" in log.read_text(), proc)  # in the router's list, healthy
