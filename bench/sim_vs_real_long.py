@@ -258,9 +258,8 @@ def replay_overruns(pairs: list[list[int]], replays: int = REPLAYS) -> dict[str,
     out: dict[str, list[dict]] = {name: [] for name in CLIENTS}
     for seed in range(replays):
         job = job_of_lengths(pairs, seed)
-        for name, window in CLIENTS.items():
-            fixed = len(job.lengths) if window is None else (window or None)
-            result, trace = run_traced(job, LongServer(), fixed)
+        for name in CLIENTS:
+            result, trace = run_client(job, name, LongServer())
             out[name].append({**first_overrun(trace), "tok_s": round(result.gen_tok_s, 1)})
     return out
 

@@ -243,33 +243,33 @@ def _elastic_points(rows: list[dict[str, Any]], th: dict[str, float]) -> list[tu
             if (r.get("running") or 0) >= max(1.0, th["elastic_floor"] * level) and (r.get("gen_tok_s") or 0) > 0]
 
 
-def _unread(rows: list[dict[str, Any]], th: dict[str, float]) -> str:
-    """Why `elasticity` gave None on `rows`."""
+def _read_elasticity(rows: list[dict[str, Any]], th: dict[str, float]) -> Elasticity | str:
+    """The slope of ln(gen tok/s) on ln(running) over `rows` with its confidence bounds, or why it cannot be
+    read: fewer than min_polls polls with both, or running spanning less than elastic_spread."""
     pts = _elastic_points(rows, th)
     if len(pts) < max(th["min_polls"], 3):
         return (f"only {len(pts)} polls after the warm-up report a decode rate with running near its level: too few "
                 "to read how the decode rate grows with running")
-    lo, hi = math.exp(min(x for x, _ in pts)), math.exp(max(x for x, _ in pts))
-    return (f"running stayed within {lo:.0f}-{hi:.0f} ({hi / lo:.2f}x, under the {th['elastic_spread']:.2f}x needed) "
-            f"over {len(pts)} polls after the warm-up: too little to read how the decode rate grows with it")
-
-
-def elasticity(rows: list[dict[str, Any]], th: dict[str, float] = THRESHOLDS) -> Elasticity | None:
-    """Least-squares slope of ln(gen tok/s) on ln(running) over `rows` (the polls after the warm-up: see the
-    module doc) with its confidence bounds; None when fewer than min_polls polls have both, running did not
-    vary enough (elastic_spread) or the server reports no decode rate."""
-    pts = _elastic_points(rows, th)
-    if len(pts) < max(th["min_polls"], 3):
-        return None
     xs = [x for x, _ in pts]
     if max(xs) - min(xs) < math.log(th["elastic_spread"]) - 1e-9:  # 160 / 128 spans 1.25x
-        return None
+        lo, hi = math.exp(min(xs)), math.exp(max(xs))
+        return (f"running stayed within {lo:.0f}-{hi:.0f} ({hi / lo:.2f}x, under the {th['elastic_spread']:.2f}x "
+                f"needed) over {len(pts)} polls after the warm-up: too little to read how the decode rate grows "
+                "with it")
     mx, my = statistics.fmean(xs), statistics.fmean(y for _, y in pts)
     sxx = sum((x - mx) ** 2 for x in xs)
     slope = sum((x - mx) * (y - my) for x, y in pts) / sxx
     residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in pts)
     margin = t_quantile(th["elastic_confidence"], len(pts) - 2) * math.sqrt(residual / (len(pts) - 2) / sxx)
     return Elasticity(slope, slope - margin, slope + margin, len(pts), math.exp(max(xs) - min(xs)))
+
+
+def elasticity(rows: list[dict[str, Any]], th: dict[str, float] = THRESHOLDS) -> Elasticity | None:
+    """Least-squares slope of ln(gen tok/s) on ln(running) over `rows` (the polls after the warm-up: see the
+    module doc) with its confidence bounds; None when fewer than min_polls polls have both, running did not
+    vary enough (elastic_spread) or the server reports no decode rate."""
+    e = _read_elasticity(rows, th)
+    return e if isinstance(e, Elasticity) else None
 
 
 def _slots_held(v: RunView, th: dict[str, float]) -> dict[str, Any] | None:
@@ -283,7 +283,7 @@ def _slots_held(v: RunView, th: dict[str, float]) -> dict[str, Any] | None:
     if (x["max_running"] and running >= th["at_cap"] * x["max_running"]) \
             or not th["slots_low"] <= running / slots <= th["slots_high"]:
         return None
-    return {**x, "slots": slots, "elasticity": elasticity(v.after_warmup, th)}
+    return {**x, "slots": slots, "elasticity": _read_elasticity(v.after_warmup, th)}
 
 
 SLOT_RULES = ("kv_bound", "step_bound", "kv_or_step")
@@ -294,7 +294,8 @@ def _slots_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | No
     x = _slots_held(v, th)
     if x is None:
         return None
-    e: Elasticity | None = x["elasticity"]
+    read: Elasticity | str = x["elasticity"]  # or why it cannot be read
+    e = read if isinstance(read, Elasticity) else None
     running, cap, per_req, usage, usage_p90 = x["running"], x["capacity"], x["per_request"], x["usage"], x["usage_p90"]
     if e is None and (usage_p90 is None or usage_p90 < th["kv_full"]):
         return None  # running never moved and the pool does not fill: nothing says KV holds the slots
@@ -317,7 +318,7 @@ def _slots_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | No
                         "throughput",))
     why = (f"{e.text(th)}: running moved too little against the decode rate's noise to say whether it grows at "
            f"least {th['elastic_min']:.2f}x as fast" if e is not None
-           else _unread(v.after_warmup, th))
+           else str(read))
     drop = 1 - 0.5 ** th["elastic_min"]
     return Verdict("kv_or_step", "KV holds the decode slots; whether more slots would pay cannot be read from this run",
                    (f"{held}; {used}", why + tok_s),

@@ -164,7 +164,8 @@ class Fleet:
         return self._servers[url].in_flight
 
     def answered(self, url: str, now_s: float) -> None:
-        """It made progress (a request's stream bytes or answer, /health 200): it is not hung."""
+        """It made progress (a request's stream bytes or answer, /health 200): it is not hung, and its count of
+        failed health checks restarts."""
         s = self._servers[url]
         s.last_answer_s = now_s
         s.health_failures = 0
@@ -174,18 +175,14 @@ class Fleet:
         last = self._servers[url].last_answer_s
         return 0.0 if last is None else max(0.0, now_s - last)
 
-    def succeeded(self, url: str, now_s: float | None = None, *, healthy: bool = False) -> None:
-        """A request or health check answered: the connection-failure count restarts (and a down server is
-        back, unless failed health checks took it out and neither progress nor /health 200 came); `now_s`: with
-        progress at that time; `healthy`: /health said 200 (the health-check count restarts too, as it does
-        with any progress)."""
+    def succeeded(self, url: str, now_s: float | None = None) -> None:
+        """A request or health check answered (`now_s`: with progress then, see answered): the connection-
+        failure count restarts, and a down server is back, unless failed health checks took it out and no
+        progress (a /health 200 is one) has come since: a stuck scheduler still sends headers."""
         s = self._servers[url]
         s.failures = 0
         if now_s is not None:
-            s.last_answer_s = now_s
-        if now_s is not None or healthy:
-            s.health_failures = 0
-        # out for failed health checks (a stuck scheduler): headers of a request sent before do not bring it back
+            self.answered(url, now_s)
         if not s.up and s.health_failures < self.fail_after:
             self.mark_up(url)
 

@@ -219,7 +219,7 @@ class FleetWatch:
         if not self.fleet.is_up(url):  # taken out meanwhile
             return
         if why is None:
-            self.fleet.succeeded(url, healthy=True)
+            self.fleet.succeeded(url)  # health() has noted the 200 as progress
             return
         now_s = time.monotonic()
         silent_s = self.fleet.silent_s(url, now_s)

@@ -317,7 +317,8 @@ def test_an_answers_headers_do_not_restart_the_count_of_failed_health_checks():
     assert f.failed(A, 3.0, health=True) and not f.is_up(A)
     f.succeeded(A)  # the headers of a request sent before: still out (it would never leave the fleet again)
     assert not f.is_up(A)
-    f.succeeded(A, healthy=True)  # /health 200: back
+    f.answered(A, 3.5)  # /health 200 (FleetWatch.health notes it as progress, then succeeded): back
+    f.succeeded(A)
     assert f.is_up(A)
 
     f = Fleet([A, B], fail_after=3)
@@ -326,7 +327,8 @@ def test_an_answers_headers_do_not_restart_the_count_of_failed_health_checks():
     f.answered(A, 2.5)  # a token came: not stuck
     assert not f.failed(A, 3.0, health=True) and f.is_up(A)
     f.failed(A, 4.0, health=True)
-    f.succeeded(A, healthy=True)  # /health 200
+    f.answered(A, 4.5)  # /health 200
+    f.succeeded(A)
     assert not f.failed(A, 5.0, health=True) and f.is_up(A)
     f.failed(A, 6.0)  # connection errors count on their own
     f.failed(A, 7.0)
