@@ -57,7 +57,7 @@ from sglang_sim.profiles import HardwareProfile, get_profile
 
 REAL_TRACES = Path(__file__).resolve().parent / "gpu" / "h200_traces.json"
 # Earlier rounds of the same phase (other days, same setup): their first overruns count too.
-REAL_TRACES_MORE = tuple(Path(__file__).resolve().parent / "gpu" / f"h200_traces_run{n}.json" for n in (3, 2))
+REAL_TRACES_MORE = tuple(Path(__file__).resolve().parent / "gpu" / f"h200_traces_run{n}.json" for n in (5, 3, 2))
 REPLAYS = 10  # seeded submission orders of the real lengths for the first-overrun comparison
 OVERRUN_S = 12.0  # the first overrun (and a second wave) fall within this many seconds of a start
 KV_TOKENS, CHUNK, CONTEXT, MAX_NEW, MIN_TOKENS = 60_000, 8192, 8192, 4096, 1000
@@ -356,8 +356,10 @@ def compare(path: Path = REAL_TRACES) -> dict:
     overruns = overrun_rows(real_overruns(), replay_overruns(real["lengths"])) if real and real.get("lengths") else []
     # the clients' own whole-run rates at one profile ("h200"): fitted, each ran at its own run's speed
     tok_s = {n: (fits[n]["unfitted"] if n in fits else s)["tok_s"] for n, s in sim.items()}
-    best = max(tok_s["fixed-40"], tok_s["all"])
+    best = max(v for n, v in tok_s.items() if n != "adaptive")  # the clients the real run had
     return {"source": real["source"] if real else "issue 19's figures (no bench/gpu/h200_traces.json yet)",
+            "command": "python -m bench sim_vs_real" + ("" if path == REAL_TRACES else
+                                                        f" --regime long --traces bench/gpu/{path.name}"),
             "samples": len(job.lengths), "mean_output": round(statistics.fmean(o for _, o, _ in job.lengths)),
             "sim": sim, "real": real["clients"] if real else None, "fits": fits, "rows": rows,
             "all_ok": all(r["ok"] for r in rows), "overruns": overruns,
@@ -401,13 +403,14 @@ def markdown(c: dict) -> str:
         "\n\nThe speed fitted (bench/gpu/traces.py `decode_speed`: the step SGLang's gen_throughput gauge shows over "
         "the first admission round and over the steady state, the same reading of both traces):\n\n"
         + fits_markdown(c["fits"]))
-    return ("## Simulator vs real SGLang, long outputs (`python -m bench sim_vs_real`, issue 19)\n\n"
+    command = c.get("command", "python -m bench sim_vs_real")
+    return (f"## Simulator vs real SGLang, long outputs (`{command}`, issue 19)\n\n"
             f"Real: {c['source']}. Sim: {c['samples']} prompts of 300-500 tokens, outputs mean "
             f"{c['mean_output']:,} (min_tokens 1000, max_new_tokens 4096), 60,000 KV tokens, chunked prefill 8192, "
             f"{speed}; real steady levels: the median over each client's rounds, first round and ramp: the round "
             "with the client's median tok/s (the one its speed is fitted to); "
             f"every figure within its tolerance: {'yes' if c['all_ok'] else 'NO'}. "
-            f"Adaptive / best of fixed 40 and all at once (sim, \"h200\" for all three): "
+            f"Adaptive / the best other client of the real run (sim, \"h200\" for every client): "
             f"{c['adaptive_over_best_fixed_sim']}.\n\n"
             + table + fitted + "\n\n" + clients + _overrun_text(c["overruns"]))
 
@@ -415,8 +418,8 @@ def markdown(c: dict) -> str:
 def _overrun_text(rows: list[list]) -> str:
     if not rows:
         return ""
-    return ("\n\nThe first KV overrun: real runs (h200_traces.json, _run3 and _run2) against the simulator replaying "
-            f"the real lengths in {REPLAYS} seeded orders; peaks within {OVERRUN_S:g} s of the start, "
+    return ("\n\nThe first KV overrun: real runs (h200_traces.json, _run5, _run3 and _run2) against the simulator "
+            f"replaying the real lengths in {REPLAYS} seeded orders; peaks within {OVERRUN_S:g} s of the start, "
             "retractions over the whole run.\n\n"
             + md_table(["client", "source", "runs", "runs that retracted", "retractions per run (mean)",
                         "retractions per run", "peak running (median)", "peak token_usage (median)",

@@ -152,14 +152,21 @@ def markdown(r: dict) -> str:
     ])
 
 
-TRACES = Path(__file__).resolve().parent / "h200_traces.json"
-REGIMES_COMMAND = ("CHECK_ARGS=\"--regimes long,short\" BUDGET_S=500 bash bench/gpu/run_h200.sh KEEP OUT "
-                   "install model setup serve regimes; CHECK_ARGS=\"--regimes long,short\" BUDGET_S=555 "
-                   "bash bench/gpu/run_h200.sh KEEP OUT regimes; CHECK_ARGS=\"--regimes long,short --rounds 5\" "
-                   "BUDGET_S=540 bash bench/gpu/run_h200.sh KEEP OUT regimes unserve summary")
+HERE = Path(__file__).resolve().parent
+# The regimes runs the report renders, newest last: (traces file, section, the commands that made it).
+REGIMES_RUNS = (
+    (HERE / "h200_traces.json", "gpu_h200_regimes",
+     "CHECK_ARGS=\"--regimes long,short\" BUDGET_S=500 bash bench/gpu/run_h200.sh KEEP OUT install model setup "
+     "serve regimes; CHECK_ARGS=\"--regimes long,short\" BUDGET_S=555 bash bench/gpu/run_h200.sh KEEP OUT regimes; "
+     "CHECK_ARGS=\"--regimes long,short --rounds 5\" BUDGET_S=540 bash bench/gpu/run_h200.sh KEEP OUT regimes "
+     "unserve summary"),
+    (HERE / "h200_traces_run5.json", "gpu_h200_regimes_run5",
+     "CHECK_ARGS=\"--regimes long --long-prompts 900 --clients all,adaptive --rounds 8\" BUDGET_S=535 bash "
+     "bench/gpu/run_h200.sh KEEP OUT install model setup serve regimes; the same with BUDGET_S=575 ... regimes"),
+)
 
 
-def regimes_markdown(t: dict) -> str:
+def regimes_markdown(t: dict, source: str = "h200_traces.json", command: str = REGIMES_RUNS[0][2]) -> str:
     """Issue 19's phase `regimes`: per regime each client's median of its rounds, spread, ramp, steady
     state, the largest queue at the server, retractions, diagnose; then adaptive / best per regime."""
     # the summary of the file's own runs, by today's rules
@@ -186,14 +193,15 @@ def regimes_markdown(t: dict) -> str:
     where = "the simulator (dry run)" if t.get("sim") else "the H200"
     counts = {regime: {r["rows"] for r in entry.get("runs", []) if r.get("rc") == 0}
               for regime, entry in t.items() if regime in ("short", "long") and isinstance(entry, dict)}
-    short, long = (f"{max(counts.get(k) or {0}):,}" for k in ("short", "long"))
+    what = {"short": "{:,} prompts, max 512",
+            "long": "{:,} prompts of ~300-500 tokens, max_new_tokens 4096, min_tokens 1000"}
+    regimes_run = "; ".join(f"{k}: {what[k].format(max(counts[k]))}" for k in ("short", "long") if counts.get(k))
     return "\n".join([
-        "## Short and long outputs, interleaved clients (`bench/gpu/` phase `regimes`, issue 19)",
+        f"## Short and long outputs, interleaved clients (`bench/gpu/` phase `regimes`, issue 19): {source}",
         "",
-        f"Run {t.get('date')} on {where}: `{REGIMES_COMMAND}` (bench/gpu/README.md; traces: "
-        f"bench/gpu/h200_traces.json). One server (60,000 bf16 KV tokens, `--stream-interval 8`); "
-        f"short: {short} prompts, max 512; long: "
-        f"{long} prompts of ~300-500 tokens, max_new_tokens 4096, min_tokens 1000. Rounds interleave the regimes and "
+        f"Run {t.get('date')} on {where}: `{command}` (bench/gpu/README.md; traces: "
+        f"bench/gpu/{source}). One server (60,000 bf16 KV tokens, `--stream-interval 8`); "
+        f"{regimes_run}. Rounds interleave the regimes and "
         "rotate the clients; prefix cache flushed before each run. tok/s = completion tokens / (server in hand -> "
         "CLI exit); steady = the server's mean decode rate from 20 % of the run (after the ramp) to the last poll "
         "with requests queued; ramp = seconds to 90 % of the steady running count; client CPU = the CLI's user + "
@@ -219,13 +227,15 @@ def main(argv: list[str] | None = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     path = Path(argv[0]) if argv else RESULTS
     r = json.loads(path.read_text())
-    if TRACES.exists():
-        t = json.loads(TRACES.read_text())
-        regimes_text = regimes_markdown(t)
+    for traces, section, command in REGIMES_RUNS:
+        if not traces.exists():
+            continue
+        t = json.loads(traces.read_text())
+        regimes_text = regimes_markdown(t, traces.name, command)
         print(regimes_text)
         runs = [x for g in ("short", "long") if isinstance(t.get(g), dict) for x in t[g].get("runs", [])]
-        write_section("gpu_h200_regimes", {"summary": regimes.summarize_regimes(runs) if runs else t.get("summary"),
-                                           "date": t.get("date")}, regimes_text)
+        write_section(section, {"summary": regimes.summarize_regimes(runs) if runs else t.get("summary"),
+                                "date": t.get("date")}, regimes_text)
     text = markdown(r)
     print(text)
     summary = {"ratios": ratios(r), "summary": r.get("summary"), "kill": {k: r["kill"][k] for k in

@@ -2,7 +2,7 @@
 `gen-pipeline diagnose` reads (bench/gpu/traces.py telemetry_rows), its verdicts and the elasticity they
 rest on, beside what the CLI's own telemetry said on the GPU machine (the run's `diagnose` field).
 
-    python -m bench.gpu.verdicts [TRACES.json ...]     (default: the three committed files)
+    python -m bench.gpu.verdicts [TRACES.json ...]     (default: the four committed files)
 
 The CLI polled at its own times and sized tokens per request with the controller's estimate, so its
 verdict may differ from the trace's where the elasticity is near a bound; the trace is what is committed.
@@ -19,7 +19,7 @@ from bench.gpu.traces import telemetry_rows
 from gen_pipeline.reports.diagnose import diagnose, elasticity, view
 
 HERE = Path(__file__).resolve().parent
-TRACE_FILES = (HERE / "h200_traces.json", HERE / "h200_traces_run3.json", HERE / "h200_traces_run2.json")
+TRACE_FILES = tuple(HERE / f"h200_traces{s}.json" for s in ("", "_run5", "_run3", "_run2"))
 MAX_RUNNING = 3_750  # SGLang's max_running_requests on the lent H200 with 60,000 KV tokens
 # mean prompt tokens of h200_results.json's 1,500 samples: the short regime's prompts are the same generator
 # and seed (bench/gpu/setup.py write_prompts); its traces carry no lengths, the long regime's do
