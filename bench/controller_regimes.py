@@ -7,9 +7,9 @@ window) against the simulator's engine in simulated time (bench/engine_run.py), 
 1. H200 profile ("h200", 60,000 KV tokens, chunked prefill 8192): short outputs (the issue-9 run's own
    1,500 lengths, max 512); long outputs (issue 19: prompts 300-500, min_tokens 1000, mean ~1,330,
    max_new_tokens 4096), 300 and 900 prompts; long outputs with eager admission
-   (--schedule-conservativeness 0.3: SGLang retracts); a starved pool (20,000 tokens, short outputs),
-   default and eager. Figures: whole-run tok/s, retractions, the largest queue the server held, the
-   seconds to 90 % of the steady batch.
+   (--schedule-conservativeness 0.3: SGLang retracts), 300 and 900 prompts; a starved pool (20,000
+   tokens, short outputs), default and eager. Figures: whole-run tok/s, retractions, the largest queue
+   the server held, the seconds to 90 % of the steady batch.
 2. The 88K job's scale with the seed's profile: B2 (the KV-bound dataset; long reasoning, max_new 8192)
    at a tenth of its 18,000 samples (bench/job_bench.py's scale), on the seed's three pools, three job
    seeds: ours / all at once.
@@ -63,6 +63,8 @@ def _cells() -> dict[str, tuple]:
         "long, 900 prompts": (long_regime.synthetic_job(900), long_regime.LongServer(), (32, 40, 64, 150)),
         "long, eager admission (0.3)": (long_regime.synthetic_job(300), long_regime.LongServer(conservativeness=0.3),
                                         (40, 64)),
+        "long, 900 prompts, eager admission (0.3)": (long_regime.synthetic_job(900),
+                                                     long_regime.LongServer(conservativeness=0.3), (40, 64)),
         "starved (20K, max 512)": (_short_job(1000), _Starved(), (64, 256)),
         "starved, eager admission (0.3)": (_short_job(1000), _Starved(0.3), (64, 256)),
     }

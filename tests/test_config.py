@@ -109,6 +109,9 @@ def test_controller_table_is_read_into_the_run(tmp_path: Path) -> None:
     server.write_text((DEFAULT_CONFIG_DIR / "server.toml").read_text()
                       + "\n[controller]\ntarget_usage = 0.8\nmax_window = 256\n")
     assert load_controller_config(server) == ControllerConfig(target_usage=0.8, max_window=256)
+    guarded = tmp_path / "guarded.toml"
+    guarded.write_text("[controller]\nretraction_guard = true\n")
+    assert load_controller_config(guarded) == ControllerConfig(retraction_guard=True) != ControllerConfig()
     toml = write(tmp_path, BASE)
     args = build_parser().parse_args(["generate", "--dataset", str(toml), "--server", "sim",
                                       "--config-dir", str(tmp_path)])
@@ -124,6 +127,8 @@ def test_controller_table_is_read_into_the_run(tmp_path: Path) -> None:
      "Check the spelling or remove it."),
     ("[controller]\nmax_window = \"64\"\n",
      "controller.max_window = '64' must be an integer (got a string). Remove the quotes."),
+    ("[controller]\nretraction_guard = \"yes\"\n",
+     "controller.retraction_guard = 'yes' must be true or false (got a string)."),
     ("[controller]\ntarget_usage = 1.5\n",
      "controller.target_usage = 1.5 must be above 0 and at most 1 (a share of the KV pool)."),
     ("[controller]\nmin_window = 8\nmax_window = 4\n",

@@ -14,6 +14,7 @@ from gen_pipeline.records import Capacity, LoadSnapshot
 
 POOL = 376_000
 CFG = ControllerConfig()
+GUARDED = ControllerConfig(retraction_guard=True)  # the post-retraction cap of the pool model (off by default)
 
 
 def model_window(capacity: int, held: float, gain: float = 1.0, cap: int | None = None) -> int:
@@ -142,7 +143,8 @@ def test_window_is_running_plus_a_bounded_queue(running: int, queued: int, usage
     ],
 )
 def test_after_a_retraction_a_filling_pool_is_capped_by_the_model(running: int, queued: int, expected: int) -> None:
-    ctrl = Controller(Capacity(POOL, None), initial_tokens_per_request=2000)
+    """With the retraction guard on ([controller] retraction_guard = true)."""
+    ctrl = Controller(Capacity(POOL, None), initial_tokens_per_request=2000, config=GUARDED)
     warm_up(ctrl, 200, 1000, 2000)
     ctrl.observe_load(snap(1.0, running=running, queued=queued, usage=0.8, retractions=5))
     ctrl.observe_load(snap(2.0, running=running, queued=queued, usage=0.8, retractions=6))  # one: not a burst
@@ -238,21 +240,27 @@ def test_never_grows_right_after_a_retraction_burst() -> None:
 
 
 def test_a_few_retractions_are_tolerated() -> None:
-    ctrl = Controller(Capacity(POOL, None), initial_tokens_per_request=2000)
-    warm_up(ctrl, 100, 1000, 2000)
-    w = ctrl.window(0.0, 10**6)
-    for t in range(1, 10):  # up to three a poll among 170 running is below the burst threshold (4)
-        ctrl.observe_load(snap(float(t), running=170, usage=0.9, retractions=3 * t))
-    assert ctrl.window(10.0, 10**6) == w
-    assert ctrl.statistics().gain == 1.0
+    """Three a poll among 170 running, below the burst threshold (4): no step back. By default SGLang's
+    admission stays fed (170 running + a queue of 85); with the retraction guard on, the pool model (180)
+    caps the feed for the cooldown."""
+    for config, expected in ((CFG, 170 + 85), (GUARDED, None)):
+        ctrl = Controller(Capacity(POOL, None), initial_tokens_per_request=2000, config=config)
+        warm_up(ctrl, 100, 1000, 2000)
+        model = ctrl.window(0.0, 10**6)
+        for t in range(1, 10):
+            ctrl.observe_load(snap(float(t), running=170, usage=0.9, retractions=3 * t))
+        assert ctrl.window(10.0, 10**6) == (expected or model) and model == 180
+        assert ctrl.statistics().gain == 1.0
+        assert not ctrl.statistics().reason.startswith("retraction burst")
 
 
 # --- hill climb on goodput ----------------------------------------------------------------------
 
 def _climbing_controller() -> tuple[Controller, int]:
-    """A controller whose pool model caps the window: the pool is full and SGLang has just retracted
-    one request (the loops below keep one retraction every 25 s, below the burst threshold)."""
-    ctrl = Controller(Capacity(POOL, None), initial_tokens_per_request=2000)
+    """A controller whose pool model caps the window (the retraction guard on): the pool is full and SGLang
+    has just retracted one request (the loops below keep one retraction every 25 s, below the burst
+    threshold)."""
+    ctrl = Controller(Capacity(POOL, None), initial_tokens_per_request=2000, config=GUARDED)
     warm_up(ctrl, 200, 1000, 2000)
     w0 = ctrl.window(997.0, 10**6)
     for t, retracted in ((998.0, 1), (999.0, 2)):

@@ -44,10 +44,14 @@ class ControllerConfig:
     # when its warm-up ends are all of one age and grow together: flooded, the H200's long regime
     # overran the pool 4.5-6 s after a start (bench/RESULTS.md, issue 19).
     cohort_turnover: float = 0.5
-    # The model of the pool caps that window while the pool fills (token_usage at or above this
-    # share of target_usage) within retraction_cooldown_s of a retraction: SGLang's estimate
-    # (new_token_ratio) has just proved optimistic. Without a retraction SGLang's admission decides
-    # (a cap there cost ~0.3 % of throughput against flooding on the seed's B2, bench controller_regimes).
+    # The retraction guard (off by default): the model of the pool caps that window while the pool fills
+    # (token_usage at or above guard_usage_frac x target_usage) within retraction_cooldown_s of a
+    # retraction, leaving SGLang at most queue_min to admit. Off because a retraction costs SGLang only a
+    # re-prefill (generated tokens are kept) and the cap starves its admission for the cooldown: with
+    # eager admission (--schedule-conservativeness 0.3, 900 long prompts, simulated) the guard cost 4.5 %
+    # (0.969 x flooding against 1.014 without it), while at the 88K scale it changed no median (issue 19).
+    # With it off, retraction bursts still cap growth (retraction_burst_*) and the climb still runs.
+    retraction_guard: bool = False
     guard_usage_frac: float = 0.8
     min_window: int = 1
     max_window: int = 4096

@@ -20,11 +20,12 @@ remaining max_new_tokens of every running request); the client's job is to keep 
 2. Model of the pool: C / H requests fit, H being the mean KV a request holds over its life
    (length-weighted, learned from completions; see RequestSizes; before the first wave has
    finished, the prior F, a request at its end). gain * u * C / H + a small slack, capped at
-   max_running_requests, is the window before any load is seen, and the cap on the feed while the
-   pool fills (token_usage >= guard_usage_frac x target_usage) within retraction_cooldown_s of a
-   retraction (never below running + queue_min while SGLang leaves that many queued):
-   past it only SGLang's optimistic estimate stands between more requests and a retraction. The
-   live KV per running request (used_tokens / running) is a floor on H.
+   max_running_requests, is the window before any load is seen and, with the retraction guard on
+   (ControllerConfig.retraction_guard, off by default), the cap on the feed while the pool fills
+   (token_usage >= guard_usage_frac x target_usage) within retraction_cooldown_s of a retraction
+   (never below running + queue_min while SGLang leaves that many queued). Off, SGLang's admission
+   decides under load: a retraction costs it a re-prefill, and the cap starved its admission (issue 19).
+   The live KV per running request (used_tokens / running) is a floor on H.
 3. Hill climb of `gain` on measured goodput (the server's live decode rate, see Epoch, over
    epochs of about half a request latency, the first 30% of each discarded as transition): keep
    a step that raised goodput beyond the noise band, go back and halve the step otherwise, and
@@ -262,7 +263,8 @@ class Controller:
 
     def _target_window(self) -> float:
         """The model's window with no load seen; under load, running + the queue SGLang's admission
-        draws on, capped by the model once the pool fills (see the module doc, layer 3)."""
+        draws on; with the retraction guard on, capped by the model once the pool fills after a retraction
+        (see the module doc, layer 2)."""
         model, load = self._uncapped_window(), self._load
         if load is None or self.mode == "gradient":
             return model
@@ -312,7 +314,10 @@ class Controller:
         return max((n for _, n in self._running_seen), default=0)
 
     def _pool_filling(self, snap: LoadSnapshot) -> bool:
-        """The pool fills and SGLang's optimism has just shown: a retraction within the cooldown."""
+        """The pool fills and SGLang's optimism has just shown: a retraction within the cooldown (only with
+        the retraction guard on)."""
+        if not self._cfg.retraction_guard:
+            return False
         if snap.t_s - self._retracted_at_s > self._cfg.retraction_cooldown_s:
             return False
         usage = self._usage(snap)
