@@ -49,15 +49,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.engine_run import run_traced
-from bench.gpu.traces import decode_speed, summarize
+from bench.gpu.traces import COMMITTED, decode_speed, summarize
 from bench.jobs import POLL_S, Job, LengthProfile, RunResult
 from bench.report import md_table
 from sglang_sim.engine import Engine, EngineConfig
 from sglang_sim.profiles import HardwareProfile, get_profile
 
-REAL_TRACES = Path(__file__).resolve().parent / "gpu" / "h200_traces.json"
-# Earlier rounds of the same phase (other days, same setup): their first overruns count too.
-REAL_TRACES_MORE = tuple(Path(__file__).resolve().parent / "gpu" / f"h200_traces_run{n}.json" for n in (5, 3, 2))
+REAL_TRACES = COMMITTED[0]  # the other committed runs (other days, same setup): their first overruns count too
 REPLAYS = 10  # seeded submission orders of the real lengths for the first-overrun comparison
 OVERRUN_S = 12.0  # the first overrun (and a second wave) fall within this many seconds of a start
 KV_TOKENS, CHUNK, CONTEXT, MAX_NEW, MIN_TOKENS = 60_000, 8192, 8192, 4096, 1000
@@ -243,7 +241,7 @@ def first_overrun(trace: list[dict]) -> dict:
             "retractions_run": (trace[-1]["retractions_total"] or 0) - base}
 
 
-def real_overruns(paths: tuple[Path, ...] = (REAL_TRACES, *REAL_TRACES_MORE)) -> dict[str, list[dict]]:
+def real_overruns(paths: tuple[Path, ...] = COMMITTED) -> dict[str, list[dict]]:
     """first_overrun() of every real long run, per client."""
     out: dict[str, list[dict]] = {}
     for path in paths:
@@ -418,7 +416,7 @@ def markdown(c: dict) -> str:
 def _overrun_text(rows: list[list]) -> str:
     if not rows:
         return ""
-    return ("\n\nThe first KV overrun: real runs (h200_traces.json, _run5, _run3 and _run2) against the simulator "
+    return (f"\n\nThe first KV overrun: real runs ({', '.join(p.name for p in COMMITTED)}) against the simulator "
             f"replaying the real lengths in {REPLAYS} seeded orders; peaks within {OVERRUN_S:g} s of the start, "
             "retractions over the whole run.\n\n"
             + md_table(["client", "source", "runs", "runs that retracted", "retractions per run (mean)",

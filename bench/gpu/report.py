@@ -166,7 +166,7 @@ REGIMES_RUNS = (
 )
 
 
-def regimes_markdown(t: dict, source: str = "h200_traces.json", command: str = REGIMES_RUNS[0][2]) -> str:
+def regimes_markdown(t: dict, source: str, command: str) -> str:
     """Issue 19's phase `regimes`: per regime each client's median of its rounds, spread, ramp, steady
     state, the largest queue at the server, retractions, diagnose; then adaptive / best per regime."""
     # the summary of the file's own runs, by today's rules

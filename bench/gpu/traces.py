@@ -14,12 +14,16 @@ import contextlib
 import statistics
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from gen_pipeline.server.load import load_from_loads, metric_values
 
+# The committed traces of phase `regimes` (one file per H200 run), the newest full run first: run 4 (both
+# regimes), run 5 (long outputs, 900 prompts), run 3, run 2.
+COMMITTED = tuple(Path(__file__).resolve().parent / f"h200_traces{s}.json" for s in ("", "_run5", "_run3", "_run2"))
 RATIO_WARM = 0.15  # new_token_ratio at or below this: SGLang's admission has warmed up (floor 0.098)
 STEADY_FROM = 0.2  # the steady state starts at this share of the run (and after the ramp) ...
 RAMP_SHARE = 0.9  # ... the ramp ends when running first reaches this share of the steady median

@@ -15,11 +15,10 @@ import statistics
 import sys
 from pathlib import Path
 
-from bench.gpu.traces import telemetry_rows
+from bench.gpu.traces import COMMITTED, telemetry_rows
 from gen_pipeline.reports.diagnose import diagnose, elasticity, view
 
-HERE = Path(__file__).resolve().parent
-TRACE_FILES = tuple(HERE / f"h200_traces{s}.json" for s in ("", "_run5", "_run3", "_run2"))
+TRACE_FILES = COMMITTED
 MAX_RUNNING = 3_750  # SGLang's max_running_requests on the lent H200 with 60,000 KV tokens
 # mean prompt tokens of h200_results.json's 1,500 samples: the short regime's prompts are the same generator
 # and seed (bench/gpu/setup.py write_prompts); its traces carry no lengths, the long regime's do
