@@ -154,3 +154,10 @@ def test_runs_that_recorded_no_server_print_no_gpu_lines(tmp_path: Path) -> None
     s.write_samples([_sample(i) for i in range(3)])
     s.close({"samples_per_s": 1.0})
     assert "GPU-hours" not in format_status(status_all(tmp_path, {"B1": 10}))
+
+
+def test_runs_that_tie_in_time_sort_whether_or_not_their_gpus_are_known():
+    # one dataset, then the job: the job's "nothing to do" run of that dataset records no GPUs in the same
+    # second as another run (this crashed status with "'<' not supported between 'int' and 'NoneType'")
+    u = job_usage({"": [run(0, 0, 60, 1_000), run(0, 0, 60, 0, gpus=None), run(0, 0, 60, 500, gpus=4)]})
+    assert (round(u.gpu_hours, 6), u.samples, u.unknown_runs) == (0.0, 1_500, 1)

@@ -126,7 +126,9 @@ def job_usage(lanes: Mapping[Any, Sequence[Mapping[str, Any]]]) -> GpuUsage:
     union of its runs' whole times (started_at on) × the GPUs held then (overlaps: the most); lanes add."""
     total = GpuUsage()
     for runs in lanes.values():
-        ivs = sorted(iv for r in runs if (iv := run_interval(r, generating=False)) is not None)
+        # by time only: two runs of one second may tie, and GPUs may be None (a run with nothing to do)
+        ivs = sorted((iv for r in runs if (iv := run_interval(r, generating=False)) is not None),
+                     key=lambda iv: iv[:2])
         merged: list[list[Any]] = []  # [start, end, gpus or None]
         for start, end, gpus in ivs:
             if merged and start <= merged[-1][1]:
