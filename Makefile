@@ -47,7 +47,7 @@ $(STAMP): pyproject.toml
 	$(if $(findstring --no-index,$(PIP_ARGS)),,$(PY) -m pip install -q $(PIP_ARGS) --upgrade pip)
 	$(PY) -m pip install -q $(PIP_ARGS) -e '.[$(EXTRAS)]'
 	# SpecForge's own loader of pre-tokenized rows (specforge/data/prompt_builder.py imports only the
-	# standard library) for tests/test_export_tokens.py; --no-deps: its dependencies are torch, sglang, ...
+	# standard library) for tests/export/test_export_tokens.py; --no-deps: its dependencies are torch, sglang, ...
 	$(if $(filter test,$(subst $(comma), ,$(EXTRAS))),$(PY) -m pip install -q $(PIP_ARGS) --no-deps $(SPECFORGE_PIN))
 	@echo '$(EXTRAS)' > $(STAMP)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.bench, pytest.mark.skipif(shutil.which("make") is None, reason="no make")]
 

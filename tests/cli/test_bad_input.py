@@ -13,7 +13,6 @@ from pathlib import Path
 import orjson
 import pytest
 from mounts import in_tmpfs, require_namespaces
-from test_check import config_dir_with
 
 from gen_pipeline.config.dataset import load_dataset_config
 from gen_pipeline.config.server import load_server_profile
@@ -21,6 +20,7 @@ from gen_pipeline.errors import ConfigError
 from gen_pipeline.records import Sample
 from gen_pipeline.reports.status import status_all
 from gen_pipeline.store.dataset_store import DatasetStore
+from tests.reports.test_check import config_dir_with
 
 from pipeline_helpers import REPO, cli_cmd, make_rows, run_cli, three_samples, write_dataset
 

@@ -6,7 +6,8 @@ import pytest
 
 from gen_pipeline.cli import main
 
-OTHER_CONFIG = str(Path(__file__).parent / "server" / "data" / "kimi-k2.5-config.json")  # not the bundled one
+# not the bundled one
+OTHER_CONFIG = str(Path(__file__).resolve().parents[1] / "server" / "data" / "kimi-k2.5-config.json")
 
 
 def test_plan_needs_the_weight_size(capsys: pytest.CaptureFixture[str]) -> None:

@@ -72,7 +72,7 @@ def test_a_lock_of_pid_1_after_a_container_restart_is_taken_over(tmp_path: Path)
 
 def test_a_holder_on_another_host_on_a_local_disk_is_taken_over(tmp_path: Path) -> None:
     """A local disk's flock is the truth whatever host name the file has (a recreated container). The
-    shared-filesystem case (refused, with what to do) is tests/test_lock.py's."""
+    shared-filesystem case (refused, with what to do) is tests/store/test_lock.py's."""
     if shared_filesystem(tmp_path):
         pytest.skip(f"{tmp_path} is on a filesystem other hosts may share: there a lock of another host is refused")
     toml = write_dataset(tmp_path / "cfg", target=10)

@@ -320,7 +320,7 @@ def test_force_replaces_a_folder_atomically(outputs: Path, tmp_path: Path) -> No
 def test_export_has_help_and_is_in_the_readme() -> None:
     r = run_cli("export", "--help")
     assert r.returncode == 0 and "usage: gen-pipeline export" in r.stdout and "--expand-turns" in r.stdout
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     for text in ("gen-pipeline export --dataset B2 --format specforge", "--format hf", "make export DATASET="):
         assert text in readme
 

@@ -391,7 +391,7 @@ def test_check_template_reads_a_conversation_export(outputs: Path, tmp_path: Pat
 def test_check_template_has_help_and_is_in_the_readme() -> None:
     r = run_cli("check-template", "--help")
     assert r.returncode == 0 and "usage: gen-pipeline check-template" in r.stdout and "--tokenizer" in r.stdout
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     for text in ("gen-pipeline check-template --dataset B2", "--format tokens", "data.prompts_path",
                  ".val.ndjson", "--harmony --no-status"):
         assert text in readme

@@ -30,7 +30,7 @@ from packaging.utils import canonicalize_name
 
 from sglang_sim.testing import SimProcess, free_port, wait_healthy
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 FIRST_PARTY = {"gen_pipeline", "sglang_sim", "bench", "tests"} | {p.stem for p in (ROOT / "tests").rglob("*.py")}
 # Imported only when present, each with a fallback or a skip (not a dependency of any extra):

@@ -19,7 +19,7 @@ import pytest
 
 from pipeline_helpers import write_dataset
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
 

@@ -24,7 +24,7 @@ from gen_pipeline.quality import (
     is_marker_only,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PROSE = (
     "The scheduler admits a request when its prompt fits the pool and reserves room for part of its "
     "output; when the pool fills mid-decode it retracts the newest request, frees its memory and puts it "

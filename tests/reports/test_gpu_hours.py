@@ -52,7 +52,7 @@ def test_gpus_per_server_is_checked_like_every_flag():
     with pytest.raises(ConfigError, match=r"^--gpus-per-server 0 must be at least 1\.$"):
         RunOptions(server_urls=("http://s:1",), gpus_per_server=0)
     assert RunOptions(server_urls=("http://s:1",), gpus_per_server=8).gpus_per_server == 8
-    # generate --gpus-per-server → the run record: tests/test_scale_out.py (two simulators)
+    # generate --gpus-per-server → the run record: tests/server/test_scale_out.py (two simulators)
 
 
 def test_a_datasets_gpu_hours_count_from_its_first_request():

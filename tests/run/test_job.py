@@ -31,7 +31,7 @@ def test_three_datasets_one_server_exact_counts_and_own_sampling(tmp_path: Path)
     r = run_cli(*args)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Traceback" not in r.stderr
-    # the display's last line: the job's samples toward its total (live lines: tests/test_faults_job.py)
+    # the display's last line: the job's samples toward its total (live lines: tests/e2e/test_faults_job.py)
     assert re.search(r"^job \(A, B, C\) 95/95 \(100\.0%\) ", r.stderr, re.M), r.stderr
     # one server for the whole job: one start line, one start in its log (no rotated server.log.1)
     assert len(re.findall(r"^starting SGLang", r.stdout, re.M)) == 1, r.stdout
@@ -107,7 +107,7 @@ def test_dataset_all_takes_every_toml_but_demo(tmp_path: Path) -> None:
     cfg = tmp_path / "cfg"
     _job(cfg, (("A", 6, 16), ("B", 5, 16)))
     write_dataset(cfg, name="demo", target=5, max_new_tokens=16)
-    (cfg / "server.toml").write_text((Path(__file__).parent.parent / "datasets_cfg" / "server.toml").read_text())
+    (cfg / "server.toml").write_text((Path(__file__).resolve().parents[2] / "datasets_cfg" / "server.toml").read_text())
     out = tmp_path / "out"
     r = run_cli("generate", "--dataset", "all", "--server", "sim", "--config-dir", cfg, "--output-dir", out,
                 "--progress", "quiet")

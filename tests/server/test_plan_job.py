@@ -12,7 +12,7 @@ from gen_pipeline.reports import job_time
 from gen_pipeline.server.plan import REFERENCE_GPU, REFERENCE_GPU_MEM_GIB, REFERENCE_OVERHEAD_GIB
 from sglang_sim.profiles import PROFILES
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_reference_node_is_one_set_of_numbers() -> None:

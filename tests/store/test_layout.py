@@ -19,9 +19,9 @@ from gen_pipeline.store.layout import (
     read_jsonl_rows,
     shard_files,
 )
-from tests.test_store import crash
+from tests.store.test_store import crash
 
-PKG = Path(__file__).resolve().parent.parent / "gen_pipeline"
+PKG = Path(__file__).resolve().parents[2] / "gen_pipeline"
 
 
 def sample(i: int) -> Sample:

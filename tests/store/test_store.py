@@ -491,7 +491,7 @@ CHILD = """
 import os, signal, sys
 from pathlib import Path
 sys.path.insert(0, {repo!r})
-from tests.test_store import make, sample
+from tests.store.test_store import make, sample
 s = make(Path({root!r}), fsync_every=100)
 s.open()
 s.write_samples([sample(i) for i in range(6)])
@@ -501,7 +501,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 
 def test_real_sigkill_mid_write_then_resume(tmp_path):
-    repo = str(Path(__file__).resolve().parent.parent)
+    repo = str(Path(__file__).resolve().parents[2])
     p = subprocess.Popen([sys.executable, "-c", CHILD.format(repo=repo, root=str(tmp_path))], cwd=repo)
     assert p.wait(timeout=30) == -9
     with make(tmp_path) as s:
