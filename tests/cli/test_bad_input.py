@@ -75,6 +75,7 @@ def test_generate_refuses_such_a_source_before_any_server_starts(tmp_path: Path)
 # ---------------------------------------------------------------- a full datasets cache
 
 
+@pytest.mark.e2e  # the process is the subject: make e2e
 @pytest.mark.parametrize("command", ["check", "generate"])
 def test_a_full_datasets_cache_is_a_disk_error(tmp_path: Path, command: str) -> None:
     """The cache on a real 256 KiB tmpfs; the source (~1 MB as Arrow) does not fit: exit 4, a disk message."""
@@ -182,6 +183,7 @@ def one_dataset(tmp_path: Path) -> Path:
      "Cannot write the report {dest}/T.html: Read-only file system. Nothing was written; pass --out with a path in "
      "a folder you can write (e.g. --out /tmp/T.html)."),
 ], ids=["export-specforge", "export-hf", "report"])
+@pytest.mark.e2e  # the process is the subject: make e2e
 def test_export_and_report_into_a_read_only_folder(tmp_path: Path, one_dataset: Path, argv: list[str],
                                                    message: str) -> None:
     require_namespaces()

@@ -48,6 +48,7 @@ def lock(folder: Path, pid: int, host: str) -> None:
     (folder / ".lock").write_bytes(orjson.dumps({"pid": pid, "host": host, "started_at": STARTED}))
 
 
+@pytest.mark.e2e  # the process is the subject: make e2e
 def test_a_live_holder_on_this_host_is_named_and_no_deletion_is_asked(tmp_path: Path, holder) -> None:
     toml = write_dataset(tmp_path / "cfg")
     r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", tmp_path / "out")
@@ -83,6 +84,7 @@ def test_a_holder_on_another_host_on_a_local_disk_is_taken_over(tmp_path: Path) 
     assert f"took over the lock of a run that is gone (pid 4242 on host gpu-node-7, started {HMS})" in r.stdout + r.stderr
 
 
+@pytest.mark.e2e  # the process is the subject: make e2e
 def test_a_dead_holders_lock_is_taken_over_without_asking(tmp_path: Path) -> None:
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()

@@ -267,6 +267,7 @@ def test_requests_carry_the_drawn_sampling_and_rows_record_it(tmp_path: Path, si
     assert len(read_samples(out)) == 40
 
 
+@pytest.mark.e2e  # the process is the subject: make e2e
 def test_a_killed_mixed_run_resumes_to_exact_counts_and_the_declared_shares(tmp_path: Path, sim_url: str) -> None:
     target = 500
     toml = _mix_dataset(tmp_path / "cfg", rows=520, target=target)

@@ -223,6 +223,7 @@ def test_filters_and_mix(outputs: Path, tmp_path: Path) -> None:
     assert {i.split("-")[0] for i in ids[:40]} == {"demo", "T"}
 
 
+@pytest.mark.e2e  # the process is the subject: make e2e
 def test_export_during_a_run_reads_only_committed_lines(outputs: Path, tmp_path: Path) -> None:
     root = tmp_path / "live"
     shutil.copytree(outputs / "demo", root / "demo")

@@ -256,6 +256,7 @@ field = "problem"
     ({"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE=1 is set"),
     ({"HF_ENDPOINT": "http://hub.invalid"}, "hub.invalid does not resolve: "),
 ])
+@pytest.mark.e2e  # the process is the subject: make e2e
 def test_hub_unreachable_is_said_at_once_with_what_to_do(tmp_path: Path, env: dict[str, str], reason: str) -> None:
     toml = tmp_path / "H.toml"
     toml.write_text(HUB_TOML)

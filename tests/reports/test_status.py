@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import orjson
+import pytest
 
 from gen_pipeline.records import Failure, Reject, Sample
 from gen_pipeline.reports.status import format_status, read_status, status_all
@@ -41,6 +42,7 @@ def test_status_of_a_live_run(tmp_path):
     assert (st.errors_last_run, st.errors_unresolved) == (2, 1)  # B2-3 has a sample since
 
 
+@pytest.mark.e2e  # the process is the subject: make e2e
 def test_status_of_a_dead_run_with_a_torn_tail(tmp_path):
     s = make(tmp_path)
     s.open()

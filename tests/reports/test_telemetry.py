@@ -126,6 +126,7 @@ def test_unwritable_telemetry_never_fails_a_run(tmp_path: Path) -> None:
     assert_exact(tmp_path / "out", 40)
 
 
+@pytest.mark.e2e  # the process is the subject: make e2e
 def test_telemetry_survives_kill_9_and_resume_appends(tmp_path: Path) -> None:
     # 150 outputs of ~300 tokens take >= 2 simulated s (~1 s real at --time-scale 2) over a 24,576-token
     # pool, far more than the 3 polls (0.15 s) awaited: the run is mid-way when it is frozen, then killed.

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import orjson
+import pytest
 
 from gen_pipeline.records import RunSnapshot
 from gen_pipeline.run.progress import Progress
@@ -37,6 +38,7 @@ def slow_sim(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.e2e  # the process is the subject: make e2e
 def test_log_mode_start_up_first_then_figures_with_load_then_peaks(tmp_path: Path) -> None:
     toml = write_dataset(tmp_path / "ds", target=60, max_new_tokens=64)
     lines = merged("generate", "--dataset", toml, "--server", "sim", "--config-dir", slow_sim(tmp_path / "ds"),
@@ -55,6 +57,7 @@ def test_log_mode_start_up_first_then_figures_with_load_then_peaks(tmp_path: Pat
     assert re.fullmatch(r"T: 60/60 samples \(100\.0%\), \+60 this run in \d+s; target reached\.", summary)
 
 
+@pytest.mark.e2e  # the process is the subject: make e2e
 def test_bar_appears_after_the_start_up_messages(tmp_path: Path) -> None:
     toml = write_dataset(tmp_path / "ds", target=20, max_new_tokens=32)
     r = subprocess.run(cli_cmd("generate", "--dataset", toml, "--server", "sim", "--output-dir", tmp_path / "out",

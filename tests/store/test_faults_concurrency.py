@@ -23,6 +23,7 @@ def sim_url():
         yield sim.url
 
 
+@pytest.mark.e2e  # the process is the subject: make e2e
 def test_second_run_refused_and_status_while_running(tmp_path: Path, sim_url: str) -> None:
     toml = write_dataset(tmp_path / "ds", target=60, max_new_tokens=96, fsync_every=1)
     out = tmp_path / "out"

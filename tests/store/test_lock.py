@@ -74,6 +74,7 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     p.communicate(b"")
 
 
+@pytest.mark.e2e  # the process is the subject: make e2e
 def test_a_real_holder_of_the_flock_is_refused_naming_its_pid(tmp_path: Path, holder) -> None:
     p = holder()
     with pytest.raises(LockedError) as e:
@@ -86,6 +87,7 @@ def test_a_real_holder_of_the_flock_is_refused_naming_its_pid(tmp_path: Path, ho
     assert read_status(tmp_path, "B2", 10).state == f"running (pid {p.pid})"
 
 
+@pytest.mark.e2e  # the process is the subject: make e2e
 def test_a_holder_whose_pid_this_host_cannot_see_is_not_named_for_kill(tmp_path: Path, holder) -> None:
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True)
@@ -100,6 +102,7 @@ def test_a_holder_whose_pid_this_host_cannot_see_is_not_named_for_kill(tmp_path:
     assert "kill" not in str(e.value)
 
 
+@pytest.mark.e2e  # the process is the subject: make e2e
 @pytest.mark.parametrize("who", ["pid 1 (a container restart)", "an unrelated live process (a reused pid)"])
 def test_a_stale_lock_naming_a_live_unrelated_pid_is_taken_over(tmp_path: Path, sleeper, who: str) -> None:
     pid = 1 if who.startswith("pid 1") else sleeper.pid

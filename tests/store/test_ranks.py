@@ -168,6 +168,7 @@ def _generate_env(toml: Path, out: Path, env: dict[str, str], *flags: str) -> su
                           capture_output=True, text=True, timeout=120, cwd=REPO, env=_clean_env(env))
 
 
+@pytest.mark.e2e  # the process is the subject: make e2e
 def test_bad_rank_flags_and_variables_are_refused_by_name(tmp_path):
     toml = write_dataset(tmp_path / "ds", rows=make_rows(20), target=10)
     out = tmp_path / "out"
@@ -195,6 +196,7 @@ def test_bad_rank_flags_and_variables_are_refused_by_name(tmp_path):
 # ---------------------------------------------------------------- three ranks, one simulator
 
 
+@pytest.mark.e2e  # the process is the subject: make e2e
 def test_three_ranks_make_exactly_the_target_then_status_validate_and_refusals(tmp_path, sim_url):
     toml = write_dataset(tmp_path / "ds", rows=make_rows(120, invalid=2), target=TARGET)  # 2 empty-content rows
     out, cfg_dir = tmp_path / "out", tmp_path / "ds"
@@ -295,6 +297,7 @@ def test_ranks_over_a_one_run_dataset_are_refused(tmp_path, sim_url):
     assert sorted(p.name for p in (out / "T").iterdir() if p.is_dir()) == []
 
 
+@pytest.mark.e2e  # the process is the subject: make e2e
 def test_a_killed_rank_is_stale_and_resumes_alone_to_exact(tmp_path, sim_url):
     toml = write_dataset(tmp_path / "ds", rows=make_rows(120), target=TARGET, shard_max_samples=7, fsync_every=2)
     out, cfg_dir = tmp_path / "out", tmp_path / "ds"

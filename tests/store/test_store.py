@@ -500,6 +500,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+@pytest.mark.e2e  # the process is the subject: make e2e
 def test_real_sigkill_mid_write_then_resume(tmp_path):
     repo = str(Path(__file__).resolve().parents[2])
     p = subprocess.Popen([sys.executable, "-c", CHILD.format(repo=repo, root=str(tmp_path))], cwd=repo)
