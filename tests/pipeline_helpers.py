@@ -21,6 +21,9 @@ REPO = Path(__file__).resolve().parent.parent
 LAUNCHER_VARS = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT",
                  "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_MAX", "SLURM_JOB_ID", "SLURM_RESTART_COUNT", "RANK",
                  "WORLD_SIZE")
+# Offline tokenizers with the chat templates of three kinds of target (chatml, qwen3, kimi), as
+# `python -m bench.chat_templates tests/data/tokenizers` writes them: the data, not the bench's code
+TOKENIZERS = REPO / "tests" / "data" / "tokenizers"
 SAMPLE_KEYS = {"id", "dataset", "conversations", "meta"}
 META_KEYS = {"model", "backend", "finish_reason", "prompt_tokens", "completion_tokens", "turns", "sampling",
              "kv_cache_dtype", "generated_at", "per_turn"}
@@ -73,6 +76,22 @@ shard_max_samples = {shard_max_samples}
 fsync_every = {fsync_every}
 """)
     return toml
+
+
+def chat_tokenizers(root: Path) -> dict[str, Path]:
+    """Copies of the committed offline tokenizers under `root` (a test may change its copy): {kind: folder}."""
+    import shutil
+
+    return {p.name: Path(shutil.copytree(p, root / p.name)) for p in sorted(TOKENIZERS.iterdir())}
+
+
+def tokenizer_specials() -> list[str]:
+    """The special tokens of the committed tokenizers, in id order."""
+    return [t["content"] for t in orjson.loads((TOKENIZERS / "qwen3" / "tokenizer.json").read_bytes())["added_tokens"]]
+
+
+def chat_template(kind: str) -> str:
+    return (TOKENIZERS / kind / "chat_template.jinja").read_text()
 
 
 def cli_cmd(*args: str | Path) -> list[str]:

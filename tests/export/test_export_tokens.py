@@ -14,12 +14,11 @@ import orjson
 import pytest
 from datasets import disable_progress_bars, load_dataset
 
-from bench.chat_templates import build_all
 from gen_pipeline.export.render import load_renderer
 from gen_pipeline.records import Sample
 from gen_pipeline.store.dataset_store import DatasetStore
 
-from pipeline_helpers import read_samples, run_cli
+from pipeline_helpers import chat_tokenizers, read_samples, run_cli
 
 disable_progress_bars()
 
@@ -35,7 +34,7 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return build_all(tmp_path_factory.mktemp("tokenizers"))
+    return chat_tokenizers(tmp_path_factory.mktemp("tokenizers"))
 
 
 def jsonl(path: Path) -> list[dict]:

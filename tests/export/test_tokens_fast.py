@@ -17,7 +17,6 @@ import numpy as np
 import orjson
 import pytest
 
-from bench.chat_templates import SPECIAL, TEMPLATES, build_all
 from gen_pipeline.export import encode, tokens
 from gen_pipeline.export.direct import DirectTemplate
 from gen_pipeline.export.encode import SPLIT_REGEXES, TextEncoder
@@ -25,6 +24,8 @@ from gen_pipeline.export.render import Renderer, load_renderer
 from gen_pipeline.export.tokens import TokenRowBuilder, _message, slow_turn_ids
 from gen_pipeline.records import Sample
 from gen_pipeline.store.dataset_store import DatasetStore
+
+from pipeline_helpers import chat_template, chat_tokenizers, tokenizer_specials
 
 WORDS = ["the", "of", "answer", "Reasoning", "x", "don't", "it's", "I'M", "we'll", "12345", "3.14", "1,000", "-",
          "...", "(a)", "[b]", "{c}", "e.g.,", "naïve", "café", "e\u0301tude", "ﬁne", "日本語の文", "한국어",
@@ -98,18 +99,18 @@ def _byte_level_tokenizer(folder: Path, split: str | None, nfc: bool, *, prefix_
             pre_tokenizers.ByteLevel(add_prefix_space=prefix_space, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     rng = random.Random(3)
-    trainer = trainers.BpeTrainer(vocab_size=900, special_tokens=SPECIAL, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=900, special_tokens=tokenizer_specials(), show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([_text(rng, 40) for _ in range(1_500)], trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    fast.chat_template = TEMPLATES["qwen3"]
+    fast.chat_template = chat_template("qwen3")
     fast.save_pretrained(folder)
     return folder
 
 
 @pytest.fixture(scope="module")
 def templates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return build_all(tmp_path_factory.mktemp("tokenizers"))
+    return chat_tokenizers(tmp_path_factory.mktemp("tokenizers"))
 
 
 @pytest.fixture(scope="module")
