@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 import orjson
-import pytest
 
 from gen_pipeline.controller import Controller
 from gen_pipeline.records import Capacity
@@ -137,19 +136,6 @@ def test_controller_mix_shrinks_the_window_as_long_requests_fill_the_pool() -> N
         ctl.observe_completion(1.0, 100, 100, 1.0, "short")
     ctl.set_mix({"short": 0, "long": 10})
     assert ctl.window(1.0, 10_000) == only_long
-
-
-@pytest.mark.bench  # make bench-test
-def test_job_bench_quick_runs_exact_and_the_job_beats_sequential_runs() -> None:
-    """bench/job_bench.py at a small scale: every dataset exact (asserted inside), one start beats four."""
-    from bench.job_bench import run_bench
-
-    r = run_bench(scale=200, startup_s=600.0)
-    a, b = r["a_sequential_runs"], r["b_job"]
-    assert r["counts"] == {"B1": 150, "B2": 90, "B6": 100, "B7": 100}
-    assert b["tokens"] == a["tokens"]  # the same samples, the same completions
-    assert b["makespan_s"] < a["makespan_s"] - 3 * 600.0 + 1e-6  # three starts saved, drains not added
-    assert 0 < b["idle_share"] < a["idle_share"] < 1
 
 
 def test_a_job_of_one_sizes_its_window_as_a_lone_dataset() -> None:
