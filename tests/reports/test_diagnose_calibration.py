@@ -1,39 +1,41 @@
-"""`diagnose` on the two H200 regimes of issue 19, from simulated runs through the production dispatcher
-(bench/engine_run.py, simulated time, hardware profile "h200"): long outputs are KV-bound although
-token_usage reads ~0.68 (SGLang's admission reservation holds the rest); short outputs at the same pool
-are bound by the step time (the best window on the H200 was 128, below what KV admits)."""
+"""`diagnose` calibrated on the two H200 regimes of issue 19 (telemetry rows committed in
+tests/data/diagnose_rows.json.gz, written by tests/bench/test_diagnose_regimes.py from the bench's simulated
+runs and the H200 trace files): long outputs are KV-bound although token_usage reads ~0.68 (SGLang's
+admission reservation holds the rest); short outputs at the same pool are bound by the step time (the
+best window on the H200 was 128, below what KV admits)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import statistics
+from functools import cache
+from pathlib import Path
 
 import pytest
 
-from bench import sim_vs_real as svr
-from bench import sim_vs_real_long as long_regime
-from bench.engine_run import run_traced
-from bench.gpu.traces import telemetry_rows
-from bench.gpu.verdicts import TRACE_FILES, run_rows
-from bench.gpu.verdicts import verdicts as real_verdicts
-from bench.jobs import Job
-from gen_pipeline.reports.diagnose import SLOT_RULES, THRESHOLDS, diagnose, elasticity, format_diagnosis, t_quantile
-from sglang_sim.profiles import get_profile
+from gen_pipeline.reports.diagnose import (
+    SLOT_RULES,
+    THRESHOLDS,
+    diagnose,
+    elasticity,
+    format_diagnosis,
+    t_quantile,
+    view,
+)
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "diagnose_rows.json.gz"
+FIRST_TRACES = "h200_traces.json"  # run 4's file, the first of the committed traces
 
 
-def _rows(job: Job, server, window: int | None) -> list[dict]:
-    engine = server.engine()
-    result, trace = run_traced(job, server, window)
-    assert result.completed == len(job.lengths)
-    per_request = statistics.fmean(p + c for p, c, _ in job.lengths)
-    return telemetry_rows(trace, kv_tokens=engine.config.max_total_num_tokens, max_running=engine.max_running_requests,
-                          tokens_per_request=per_request)
+@cache
+def _data() -> dict:
+    return json.loads(gzip.decompress(DATA.read_bytes()))
 
 
-@pytest.mark.parametrize("window", [None, 300], ids=["adaptive", "all at once"])
-def test_long_outputs_are_kv_bound_at_moderate_token_usage(window: int | None) -> None:
-    job = long_regime.synthetic_job(300)
-    rows = _rows(job, long_regime.LongServer(), window)
+@pytest.mark.parametrize("name", ["long adaptive", "long all at once"])
+def test_long_outputs_are_kv_bound_at_moderate_token_usage(name: str) -> None:
+    rows = _data()["simulated"][name]
     usage = statistics.median(r["kv_usage"] for r in rows)
     assert usage < 0.75  # what the old rule (median >= 0.75 and 90th percentile >= 0.90) missed
     verdicts = diagnose(rows)
@@ -43,9 +45,7 @@ def test_long_outputs_are_kv_bound_at_moderate_token_usage(window: int | None) -
 
 
 def test_short_outputs_at_the_same_pool_are_step_bound() -> None:
-    real = svr.load_real()
-    job = Job(svr.job_of(real).profile, svr.job_of(real).lengths[:800])
-    rows = _rows(job, svr.H200Server(real, get_profile("h200")), None)
+    rows = _data()["simulated"]["short adaptive"]
     verdicts = diagnose(rows)
     assert [v.rule for v in verdicts][:1] == ["step_bound"], format_diagnosis("short", rows, verdicts)
     assert "kv_bound" not in [v.rule for v in verdicts]
@@ -59,7 +59,8 @@ def test_the_real_h200_traces_name_long_outputs_kv_bound_and_short_ones_never() 
     outputs kv_bound (the lower bound of the elasticity clears elastic_min), short outputs step_bound or
     kv_or_step (running pinned at ~150: the gauge's noise decides the slope's sign). Fixed windows hold no
     queue at the server: no slot verdict at all."""
-    runs = real_verdicts()
+    runs = [{**r, "elasticity": elasticity(view(r["rows"]).after_warmup),
+             "rules": [v.rule for v in diagnose(r["rows"])]} for r in _data()["h200"]]
     assert sorted({r["file"] for r in runs}) == ["h200_traces.json", "h200_traces_run2.json", "h200_traces_run3.json",
                                                  "h200_traces_run5.json"]
     flooded = [r for r in runs if r["client"] in ("all", "adaptive")]
@@ -75,9 +76,9 @@ def test_the_real_h200_traces_name_long_outputs_kv_bound_and_short_ones_never() 
 
 
 def _run4_short(client: str, round_: int) -> tuple[dict, list[dict]]:
-    data = json.loads(TRACE_FILES[0].read_text())
-    run = next(r for r in data["short"]["runs"] if (r["client"], r["round"]) == (client, round_))
-    return run, run_rows(data["short"], run)
+    run = next(r for r in _data()["h200"] if (r["file"], r["regime"], r["client"], r["round"])
+               == (FIRST_TRACES, "short", client, round_))
+    return {"diagnose": run["cli"]}, run["rows"]
 
 
 HALF_WINDOW = ("  → run once with --window 75 (half the running): if tokens/s falls by 16% or more, KV bounds the run "
