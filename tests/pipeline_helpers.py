@@ -146,11 +146,17 @@ def _cli_globals() -> Iterator[None]:
 def run_cli(*args: str | Path, timeout_s: float = 280) -> subprocess.CompletedProcess[str]:
     """The CLI in this process (`gen_pipeline.cli.main`), to its end: its exit code, stdout and stderr as
     `python -m gen_pipeline` gives them (an uncaught exception: its traceback on stderr and 1; argparse's
-    exit: its code). `timeout_s` is kept for the callers; pytest-timeout bounds a hung run."""
+    exit: its code). `timeout_s` is kept for the callers; pytest-timeout bounds a hung run. Inside an async
+    test (an event loop running in this thread, where the CLI's anyio.run cannot start) it runs as a process."""
+    import asyncio
     import io
     import traceback
 
     from gen_pipeline.cli import main
+
+    with contextlib.suppress(RuntimeError):
+        asyncio.get_running_loop()
+        return run_cli_process(*args, timeout_s=timeout_s)
 
     out, err = io.StringIO(), io.StringIO()
     with _cli_globals(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
