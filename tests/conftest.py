@@ -19,6 +19,7 @@ import logging
 
 import pytest
 from hypothesis import settings
+from servers import shared_sim  # noqa: F401  (a fixture: tests/servers.py)
 
 # No per-example wall-clock deadline (Hypothesis' default is 200 ms): a loaded machine is not a failure.
 settings.register_profile("suite", deadline=None)

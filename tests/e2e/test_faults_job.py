@@ -10,10 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_sim.testing import start_sim
-
 from pipeline_helpers import (
-    SIM_FAST,
     _shard_lines,
     assert_exact,
     count_output,
@@ -30,9 +27,8 @@ JOB = (("A", 20), ("B", 40), ("C", 20))
 
 
 @pytest.fixture(scope="module")
-def sim_url():
-    with start_sim(SIM_FAST, ready_timeout_s=30) as sim:
-        yield sim.url
+def sim_url(shared_sim):  # tests/servers.py: one simulator per worker
+    return shared_sim.url
 
 
 def _start_job(tmp_path: Path, url: str) -> tuple[tuple, Path, Path, object]:

@@ -11,10 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_sim.testing import start_sim
-
 from pipeline_helpers import (
-    SIM_FAST,
     _shard_lines,
     assert_exact,
     frozen,
@@ -30,10 +27,9 @@ CHAOS_SEEDS = range(100, 125)
 
 
 @pytest.fixture(scope="module")
-def sim_url():
-    """One simulator shared by the module: only the CLI dies, the server lives on (attach mode)."""
-    with start_sim(SIM_FAST, ready_timeout_s=30) as sim:
-        yield sim.url
+def sim_url(shared_sim):
+    """One simulator shared (tests/servers.py): only the CLI dies, the server lives on (attach mode)."""
+    return shared_sim.url
 
 
 def _check_trial(r: dict, target: int = 60, validate: bool = True) -> None:

@@ -21,15 +21,13 @@ from gen_pipeline.probe.core import ProbeOptions
 from gen_pipeline.reports.status import read_status
 from gen_pipeline.server.plan import PlanNumbers
 from gen_pipeline.store.manifest import read_manifest
-from sglang_sim.testing import start_sim
 
-from pipeline_helpers import SIM_FAST, assert_exact, make_rows, run_cli, write_dataset
+from pipeline_helpers import assert_exact, make_rows, run_cli, write_dataset
 
 
 @pytest.fixture(scope="module")
-def sim_url():
-    with start_sim(SIM_FAST, ready_timeout_s=30) as sim:
-        yield sim.url
+def sim_url(shared_sim):  # tests/servers.py: one simulator per worker
+    return shared_sim.url
 
 
 @pytest.mark.parametrize(("options", "message"), [
@@ -117,6 +115,11 @@ async def test_set_up_asks_the_model_once_and_reads_the_source_and_store_once(
 
 async def test_the_library_only_emits_records(tmp_path: Path, sim_url: str, capsys: pytest.CaptureFixture[str],
                                               caplog: pytest.LogCaptureFixture) -> None:
+    import datasets
+
+    # `datasets`' own progress bars (its tqdm on stderr) are not the library's output; they were off here only
+    # when an earlier test in the same process had run the CLI (quiet_datasets): off now whatever ran before
+    datasets.disable_progress_bars()
     cfg = load_dataset_config(write_dataset(tmp_path / "ds", target=6, max_new_tokens=16))
     with caplog.at_level(logging.INFO, logger="gen_pipeline"):
         summary = await run_generate(cfg, RunOptions(output_root=tmp_path / "out", server_urls=(sim_url,)))

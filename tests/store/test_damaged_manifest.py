@@ -25,9 +25,8 @@ from gen_pipeline.errors import GenPipelineError
 from gen_pipeline.reports.status import format_status, read_status, status_all
 from gen_pipeline.run import run_generate
 from gen_pipeline.run.options import RunOptions
-from sglang_sim.testing import start_sim
 
-from pipeline_helpers import SIM_FAST, assert_exact, write_dataset
+from pipeline_helpers import assert_exact, write_dataset
 
 TARGET, FIRST = 12, 7
 
@@ -61,9 +60,8 @@ VARIANTS: list[tuple[str, str, Callable[[dict[str, Any]], None], set[str]]] = [
 
 
 @pytest.fixture(scope="module")
-def sim_url():
-    with start_sim(SIM_FAST, ready_timeout_s=30) as sim:
-        yield sim.url
+def sim_url(shared_sim):  # tests/servers.py: one simulator per worker
+    return shared_sim.url
 
 
 @pytest.fixture(scope="module")

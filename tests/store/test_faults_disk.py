@@ -14,15 +14,13 @@ from gen_pipeline import cli
 from gen_pipeline.config.dataset import find_dataset_config
 from gen_pipeline.errors import DiskError
 from gen_pipeline.run import RunOptions, run_generate
-from sglang_sim.testing import start_sim
 
-from pipeline_helpers import SIM_FAST, assert_exact, read_samples, run_cli, write_dataset
+from pipeline_helpers import assert_exact, read_samples, run_cli, write_dataset
 
 
 @pytest.fixture(scope="module")
-def sim_url():
-    with start_sim(SIM_FAST, ready_timeout_s=30) as sim:
-        yield sim.url
+def sim_url(shared_sim):  # tests/servers.py: one simulator per worker
+    return shared_sim.url
 
 
 class FailingFile(io.RawIOBase):

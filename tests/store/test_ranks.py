@@ -23,13 +23,11 @@ import pytest
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.store.layout import iter_committed_samples
 from gen_pipeline.store.ranks import RankSpec, owner_rank, rank_share, resolve_rank
-from sglang_sim.testing import start_sim
 
 from pipeline_helpers import (
     LAUNCHER_VARS,
     REPO,
     SAMPLE_KEYS,
-    SIM_FAST,
     cli_cmd,
     kill_group,
     make_rows,
@@ -45,9 +43,8 @@ TARGET = 90  # shares 30/30/30; the 120 rows hash 37/45/38 to ranks 0/1/2
 
 
 @pytest.fixture(scope="module")
-def sim_url():
-    with start_sim(SIM_FAST) as sim:
-        yield f"http://127.0.0.1:{sim.port}"
+def sim_url(shared_sim):  # tests/servers.py: one simulator per worker
+    return shared_sim.url
 
 
 def _rank_args(toml: Path, url: str, out: Path, rank: int, world: int = W, *extra: str) -> tuple:
