@@ -118,6 +118,7 @@ def _config_dir(tmp_path: Path, name: str, extra_args: list[str]) -> Path:
     return cfg
 
 
+@pytest.mark.e2e  # the launcher restarting its server process (a real-time /health window): make e2e
 def test_server_crash_mid_run_is_restarted_and_completes(tmp_path: Path) -> None:
     cfg = _config_dir(tmp_path, "crashy", ["--sim-crash-after", "25"])
     out = tmp_path / "out"
@@ -128,6 +129,7 @@ def test_server_crash_mid_run_is_restarted_and_completes(tmp_path: Path) -> None
     assert "restarting SGLang in 0.5 s (restart 1 of 3)" in r.stdout, r.stdout
 
 
+@pytest.mark.e2e  # the launcher restarting its server process (a real-time /health window): make e2e
 def test_health_flapping_completes(tmp_path: Path) -> None:
     # /health answers 503 from 0.5 s to 3 s after each start; stalls keep the run going past that window
     cfg = _config_dir(tmp_path, "flappy", ["--sim-health-503-after-s", "0.5", "--sim-health-503-for-s", "2.5",
