@@ -34,7 +34,7 @@ CONFIG_DIR ?=
 OUTPUT_DIR ?=
 DIRS := $(if $(CONFIG_DIR),--config-dir $(CONFIG_DIR)) $(if $(OUTPUT_DIR),--output-dir $(OUTPUT_DIR))
 
-.PHONY: venv generate status demo demo-job test bench-test chaos slurm-test bench validate plan check export clean probe-kv report diagnose contract FORCE
+.PHONY: venv generate status demo demo-job test e2e bench-test chaos slurm-test bench validate plan check export clean probe-kv report diagnose contract FORCE
 
 venv: $(STAMP)
 
@@ -47,7 +47,7 @@ $(STAMP): pyproject.toml
 	$(if $(findstring --no-index,$(PIP_ARGS)),,$(PY) -m pip install -q $(PIP_ARGS) --upgrade pip)
 	$(PY) -m pip install -q $(PIP_ARGS) -e '.[$(EXTRAS)]'
 	# SpecForge's own loader of pre-tokenized rows (specforge/data/prompt_builder.py imports only the
-	# standard library) for tests/test_export_tokens.py; --no-deps: its dependencies are torch, sglang, ...
+	# standard library) for tests/export/test_export_tokens.py; --no-deps: its dependencies are torch, sglang, ...
 	$(if $(filter test,$(subst $(comma), ,$(EXTRAS))),$(PY) -m pip install -q $(PIP_ARGS) --no-deps $(SPECFORGE_PIN))
 	@echo '$(EXTRAS)' > $(STAMP)
 
@@ -112,15 +112,23 @@ demo-job: $(STAMP)
 	$(PY) -m gen_pipeline generate --dataset all --server sim $(OFFLINE) $(if $(LIMIT),--limit $(LIMIT)) $(ARGS)
 	$(PY) -m gen_pipeline status $(OFFLINE)
 
-# TEST_WORKERS pytest-xdist workers (most tests wait on real processes); TEST_WORKERS=0: one process
-TEST_WORKERS ?= 4
+# TEST_WORKERS pytest-xdist workers for `make test` (the tests run the CLI in-process: 2 fit 2 cores);
+# E2E_WORKERS for `make e2e` (its tests mostly wait on real processes); 0: one process
+TEST_WORKERS ?= 2
+E2E_WORKERS  ?= 4
 # the targets that need the test extra's tools (pytest, ruff, mypy) say how to get them
 need_test = $(if $(filter test,$(subst $(comma), ,$(EXTRAS))),,$(error $(VENV) has the extras $(EXTRAS), without \
 	the test tools: make venv EXTRAS=test$(comma)$(EXTRAS)))
 
 test: $(STAMP)
 	$(need_test)
-	$(PY) -m pytest -q -m "not slow and not bench and not slurm" -n $(TEST_WORKERS) --dist worksteal $(ARGS)
+	$(PY) -m pytest -q -m "not slow and not bench and not slurm and not e2e" -n $(TEST_WORKERS) --dist worksteal $(ARGS)
+
+# the tests whose subject is a real process: signals, SIGKILL and resume, pipes, tmpfs, the launcher,
+# servers that die or freeze, the router (tests/e2e/ and tests marked e2e); CI runs it
+e2e: $(STAMP)
+	$(need_test)
+	$(PY) -m pytest -q -m "e2e and not slow and not bench and not slurm" -n $(E2E_WORKERS) --dist worksteal $(ARGS)
 
 # the benchmarks' harnesses at a small scale (bench/ code paths, the GPU check's dry run) and the
 # controller's throughput through the real pipeline (real-time figures); CI runs it

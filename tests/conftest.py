@@ -19,6 +19,7 @@ import logging
 
 import pytest
 from hypothesis import settings
+from servers import shared_sim  # noqa: F401  (a fixture: tests/servers.py)
 
 # No per-example wall-clock deadline (Hypothesis' default is 200 ms): a loaded machine is not a failure.
 settings.register_profile("suite", deadline=None)
@@ -26,6 +27,19 @@ settings.load_profile("suite")
 
 # tests/contract runs SGLang's own code in its own venv (`make contract`), not in `make test`.
 collect_ignore = [] if os.environ.get("GEN_PIPELINE_CONTRACT") == "1" else ["contract"]
+
+
+# Files whose every test has a real process as its subject (signals, SIGKILL, servers that die or freeze,
+# the router): the `e2e` marker, `make e2e`. Single tests elsewhere carry @pytest.mark.e2e.
+E2E_FILES = ("e2e/", "server/test_outage.py", "server/test_scale_out.py")
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        rel = os.path.relpath(str(item.path), _TESTS).replace(os.sep, "/")
+        if rel.startswith(E2E_FILES):
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture

@@ -21,6 +21,9 @@ REPO = Path(__file__).resolve().parent.parent
 LAUNCHER_VARS = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT",
                  "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_MAX", "SLURM_JOB_ID", "SLURM_RESTART_COUNT", "RANK",
                  "WORLD_SIZE")
+# Offline tokenizers with the chat templates of three kinds of target (chatml, qwen3, kimi), as
+# `python -m bench.chat_templates tests/data/tokenizers` writes them: the data, not the bench's code
+TOKENIZERS = REPO / "tests" / "data" / "tokenizers"
 SAMPLE_KEYS = {"id", "dataset", "conversations", "meta"}
 META_KEYS = {"model", "backend", "finish_reason", "prompt_tokens", "completion_tokens", "turns", "sampling",
              "kv_cache_dtype", "generated_at", "per_turn"}
@@ -75,13 +78,98 @@ fsync_every = {fsync_every}
     return toml
 
 
+def chat_tokenizers(root: Path) -> dict[str, Path]:
+    """Copies of the committed offline tokenizers under `root` (a test may change its copy): {kind: folder}."""
+    import shutil
+
+    return {p.name: Path(shutil.copytree(p, root / p.name)) for p in sorted(TOKENIZERS.iterdir())}
+
+
+def tokenizer_specials() -> list[str]:
+    """The special tokens of the committed tokenizers, in id order."""
+    return [t["content"] for t in orjson.loads((TOKENIZERS / "qwen3" / "tokenizer.json").read_bytes())["added_tokens"]]
+
+
+def chat_template(kind: str) -> str:
+    return (TOKENIZERS / kind / "chat_template.jinja").read_text()
+
+
 def cli_cmd(*args: str | Path) -> list[str]:
     return [sys.executable, "-m", "gen_pipeline", *map(str, args)]
 
 
-def run_cli(*args: str | Path, timeout_s: float = 280) -> subprocess.CompletedProcess[str]:
-    """The CLI as a subprocess, to its end (`timeout_s` is a bound for a hung run, under the test's own)."""
+def run_cli_process(*args: str | Path, timeout_s: float = 280) -> subprocess.CompletedProcess[str]:
+    """The CLI as a subprocess, to its end (`timeout_s` is a bound for a hung run, under the test's own):
+    for tests whose subject is the process (its exit status, its environment, its descriptors)."""
     return subprocess.run(cli_cmd(*args), capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
+
+
+# Python's own warning filters (what `python -m gen_pipeline` runs under), not the suite's "error"
+_PYTHON_WARNINGS = [("default", None, DeprecationWarning, "__main__", 0),
+                    ("ignore", None, DeprecationWarning, None, 0),
+                    ("ignore", None, PendingDeprecationWarning, None, 0),
+                    ("ignore", None, ImportWarning, None, 0),
+                    ("ignore", None, ResourceWarning, None, 0)]
+_CLI_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE)
+
+
+@contextlib.contextmanager
+def _cli_globals() -> Iterator[None]:
+    """What a CLI run changes in its process, put back after: the logging handlers and levels, the
+    signal dispositions (hold_signals), os.environ (quiet_datasets), the working directory, the
+    warning filters; and the exit past stuck threads (os._exit) that only a real process may take."""
+    import logging
+    import warnings
+
+    from gen_pipeline.cli import commands
+
+    loggers = [logging.getLogger(), logging.getLogger("gen_pipeline")]
+    saved_logs = [(lg, list(lg.handlers), lg.level) for lg in loggers]
+    saved_signals = {s: signal.getsignal(s) for s in _CLI_SIGNALS}
+    saved_env, exit_past = dict(os.environ), commands.exit_past_threads
+    commands.exit_past_threads = lambda code, join_s=0.5: None  # type: ignore[assignment]
+    try:
+        with contextlib.chdir(REPO), warnings.catch_warnings():
+            warnings.filters[:] = list(_PYTHON_WARNINGS)  # type: ignore[index]
+            yield
+    finally:
+        commands.exit_past_threads = exit_past
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for s, handler in saved_signals.items():
+            signal.signal(s, handler)
+        for lg, handlers, level in saved_logs:
+            lg.handlers[:] = handlers
+            lg.setLevel(level)
+
+
+def run_cli(*args: str | Path, timeout_s: float = 280) -> subprocess.CompletedProcess[str]:
+    """The CLI in this process (`gen_pipeline.cli.main`), to its end: its exit code, stdout and stderr as
+    `python -m gen_pipeline` gives them (an uncaught exception: its traceback on stderr and 1; argparse's
+    exit: its code). `timeout_s` is kept for the callers; pytest-timeout bounds a hung run. Inside an async
+    test (an event loop running in this thread, where the CLI's anyio.run cannot start) it runs as a process."""
+    import asyncio
+    import io
+    import traceback
+
+    from gen_pipeline.cli import main
+
+    with contextlib.suppress(RuntimeError):
+        asyncio.get_running_loop()
+        return run_cli_process(*args, timeout_s=timeout_s)
+
+    out, err = io.StringIO(), io.StringIO()
+    with _cli_globals(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as e:  # argparse: usage errors (2) and --help (0)
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            if isinstance(e.code, str):
+                print(e.code, file=sys.stderr)
+        except Exception:  # what the interpreter prints for an uncaught exception
+            traceback.print_exc()
+            code = 1
+    return subprocess.CompletedProcess(cli_cmd(*args), code, out.getvalue(), err.getvalue())
 
 
 def start_cli(*args: str | Path, log: Path) -> subprocess.Popen[bytes]:
@@ -260,7 +348,7 @@ def kill_resume_trial(work: Path, url: str, seed: int, *, kills: int = 2, target
 
 
 # ---------------------------------------------------------------- servers that go away
-# (tests/test_scale_out.py, tests/test_outage.py)
+# (tests/server/test_scale_out.py, tests/server/test_outage.py)
 
 def sigkill_sim(sim) -> None:
     """SIGKILL a simulator's group and reap it (sglang_sim.testing.SimProcess)."""

@@ -8,13 +8,13 @@ keeping nothing of them."""
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from pathlib import Path
 
 import orjson
 import pytest
 
-from bench.chat_templates import build_tokenizer
 from gen_pipeline.export.core import ExportOptions, run_export
 from gen_pipeline.export.select import ValSplit
 from gen_pipeline.records import Sample
@@ -44,7 +44,9 @@ def _no_stub_torchvision(monkeypatch: pytest.MonkeyPatch) -> None:
 def export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """(tokenizer folder, export folder, train file): 40 samples, 80 assistant turns, 10% validation."""
     root = tmp_path_factory.mktemp("trainers")
-    tokenizer = build_tokenizer(root / "qwen3", "qwen3")
+    # the committed offline qwen3-style tokenizer (python -m bench.chat_templates tests/data/tokenizers)
+    qwen3 = Path(__file__).resolve().parents[1] / "data" / "tokenizers" / "qwen3"
+    tokenizer = Path(shutil.copytree(qwen3, root / "qwen3"))
     meta = {"model": "m", "backend": "sim", "finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": 1,
             "turns": 1, "sampling": {}, "kv_cache_dtype": "bf16", "generated_at": "x"}
     with DatasetStore(root / "outputs", "T", fingerprint={"model": "m"}, target=40) as store:

@@ -85,6 +85,7 @@ async def test_attach_to_nothing_listening():
                             "running (and listening on that host and port).")
 
 
+@pytest.mark.e2e  # the process is the subject: make e2e
 async def test_attach_through_sglang_router(sims, tmp_path):
     port = free_port()
     # The router tries to fetch a tokenizer from the hub for the worker's model; a dead local proxy

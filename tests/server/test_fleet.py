@@ -278,6 +278,7 @@ def test_affinity_invariants(ops, totals, margin):
 
 # ---------------------------------------------------------------- hung or busy (server/hang.py)
 
+@pytest.mark.e2e  # the process is the subject: make e2e
 def test_a_silent_server_is_frozen_only_once_a_probe_sent_in_its_silence_goes_unanswered():
     from gen_pipeline.server.hang import HangWatch
 

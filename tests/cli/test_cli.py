@@ -1,0 +1,97 @@
+"""The CLI in-process: messages and exit codes for mistakes, `plan` output."""
+
+from pathlib import Path
+
+import pytest
+
+from gen_pipeline.cli import main
+
+# not the bundled one
+OTHER_CONFIG = str(Path(__file__).resolve().parents[1] / "server" / "data" / "kimi-k2.5-config.json")
+
+
+def test_plan_needs_the_weight_size(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model-config", OTHER_CONFIG]) == 2
+    assert capsys.readouterr().err == (
+        "error: plan needs the weight size: pass --weights-gb (the checkpoint's total size in GiB; Kimi-K2.5 INT4: "
+        "594 GB on disk = 553 GiB) or --params-b with --weight-dtype (e.g. --params-b 70 --weight-dtype bf16 = "
+        "130.4 GiB).\n")
+
+
+def test_plan_shows_fp8_doubling_the_kv_tokens(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--gpu-mem-gb", "94", "--weights-gb", "578", "--mem-fraction-static", "0.90"]) == 0
+    out = capsys.readouterr().out
+    assert "MLA attention, 61 layers" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("bf16 ", "fp8_e4m3 "))}
+    bf16, fp8 = (int(rows[k][2].replace(",", "")) for k in ("bf16", "fp8_e4m3"))
+    assert fp8 == 2 * bf16
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "--dataset", "demo", "--limit", "0"], "error: --limit 0 must be at least 1.\n"),
+    (["generate", "--dataset", "demo", "--window", "-3"], "error: --window -3 must be at least 1.\n"),
+    (["generate", "--dataset", "demo", "--server", "nope"], None),
+])
+def test_generate_flag_mistakes(argv: list[str], message: str | None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    if message is not None:
+        assert err == message
+    else:
+        assert "nope" in err and "tuned" in err and "Traceback" not in err
+
+
+def test_validate_of_a_dataset_never_generated(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "--dataset", "B7", "--output-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"error: {tmp_path}/B7: no such output folder. "
+                                       "Generate it first (make generate DATASET=B7).\n")
+
+
+def test_plan_refuses_weights_that_do_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--gpu-mem-gb", "10", "--weights-gb", "594", "--overhead-gb", "0"]) == 2
+    assert capsys.readouterr().err == (
+        "error: Nothing is left for the KV cache: 10 GiB/GPU × mem_fraction_static 0.9 = 9.0 GiB, but the weights "
+        "take 74.2 GiB/GPU. Use more GPUs (tp_size), a larger mem_fraction_static or smaller (quantized) weights.\n")
+
+
+def test_a_near_miss_dataset_name_gets_a_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "--dataset", "b2"]) == 2
+    assert capsys.readouterr().err == (
+        "error: No dataset config 'b2': datasets_cfg/b2.toml does not exist. "
+        "Configs in datasets_cfg: B1, B2, B6, B7, demo. Did you mean B2?\n")
+
+
+def test_a_toml_whose_name_is_not_its_file_name_is_refused_by_every_command(
+        tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One name per dataset (issue 23): `name` picked the folder for generate and validate but not for
+    export; now it must equal the file's name, so every command finds the same folder."""
+    cfg_dir = tmp_path / "cfg"
+    cfg_dir.mkdir()
+    (cfg_dir / "mine.toml").write_text('name = "other"\ntarget_samples = 5\n[source]\nfiles = ["x.jsonl"]\n'
+                                       'schema = "prompt"\nfield = "q"\n')
+    (cfg_dir / "broken.toml").write_text("target_samples = \n")
+    out = tmp_path / "out"
+    refused = (f"{cfg_dir}/mine.toml: name = 'other' differs from the file's name (mine.toml). The name picks the "
+               "output folder (outputs/other/) and the ids (other-...), and every command finds a dataset by its file "
+               "name, so the two must agree: rename the file to other.toml, or set name = 'mine' (or remove name: it "
+               "defaults to the file's name).")
+    for argv in (["generate", "--dataset", "mine", "--server", "sim"], ["validate", "--dataset", "mine"],
+                 ["check", "--dataset", "mine", "--server", "sim"], ["status", "--dataset", "mine"],
+                 ["export", "--dataset", str(cfg_dir / "mine.toml"), "--format", "specforge", "--out",
+                  str(tmp_path / "x.jsonl")]):
+        assert main([*argv, "--config-dir", str(cfg_dir), "--output-dir", str(out)]) == 2, argv
+        assert capsys.readouterr().err == f"error: {refused}\n", argv
+    assert main(["status", "--json", "--config-dir", str(cfg_dir), "--output-dir", str(out)]) == 0
+    captured = capsys.readouterr()
+    import orjson
+    report = orjson.loads(captured.out)["datasets"]
+    assert report["mine"]["target"] is None and report["broken"]["target"] is None
+    assert captured.err.startswith(f"warning: {cfg_dir}/broken.toml: not valid TOML")
+    assert f"warning: {refused}\n" in captured.err
+
+
+def test_server_url_may_end_in_v1() -> None:
+    from gen_pipeline.config.server import normalise_server_url
+
+    assert normalise_server_url(" http://gpu:30000/v1/ ") == "http://gpu:30000"
+    assert normalise_server_url("http://router:8000") == "http://router:8000"

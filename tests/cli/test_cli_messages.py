@@ -1,0 +1,153 @@
+"""What status, validate and the run lock tell a user, through the CLI as a subprocess: the whole
+message and the exit code."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gen_pipeline.records import Sample
+from gen_pipeline.store.dataset_store import DatasetStore
+from gen_pipeline.store.lock import shared_filesystem
+from tests.pipeline_helpers import assert_exact, make_rows, run_cli, write_dataset
+
+STARTED = "2026-03-01T11:02:03+00:00"
+HMS = datetime.fromisoformat(STARTED).astimezone().strftime("%H:%M:%S")
+
+
+# A run as the kernel sees it: it holds the flock of .lock (its file names its pid), until stdin closes.
+HOLDER = """
+import fcntl, os, socket, sys, orjson
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, orjson.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started_at": sys.argv[2]}))
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def holder(tmp_path: Path):
+    (tmp_path / "out" / "T").mkdir(parents=True)
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "out" / "T" / ".lock"), STARTED],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline() == "held\n"
+    yield p
+    p.communicate("")
+
+
+def lock(folder: Path, pid: int, host: str) -> None:
+    folder.mkdir(parents=True)
+    (folder / ".lock").write_bytes(orjson.dumps({"pid": pid, "host": host, "started_at": STARTED}))
+
+
+@pytest.mark.e2e  # the process is the subject: make e2e
+def test_a_live_holder_on_this_host_is_named_and_no_deletion_is_asked(tmp_path: Path, holder) -> None:
+    toml = write_dataset(tmp_path / "cfg")
+    r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", tmp_path / "out")
+    where = tmp_path / "out" / "T"
+    assert (r.returncode, r.stdout) == (4, "")
+    assert r.stderr == (f"error: {where} is being written by another run on this host (pid {holder.pid}, started "
+                        f"{HMS}). Wait for it to finish or stop it (kill {holder.pid}); when a run dies, the next "
+                        "run takes its lock over by itself.\n")
+
+
+def test_a_lock_of_pid_1_after_a_container_restart_is_taken_over(tmp_path: Path) -> None:
+    """The orchestrator was pid 1; after a restart pid 1 is alive again as something else. No `kill 1`."""
+    toml = write_dataset(tmp_path / "cfg", target=10)
+    lock(tmp_path / "out" / "T", 1, socket.gethostname())
+    r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", tmp_path / "out",
+                "--progress", "log")
+    assert r.returncode == 0, r.stderr
+    assert (f"took over the lock of a run that is gone (pid 1, started {HMS}; pid 1 is another process now)"
+            in r.stdout + r.stderr)
+    assert_exact(tmp_path / "out", 10)
+
+
+def test_a_holder_on_another_host_on_a_local_disk_is_taken_over(tmp_path: Path) -> None:
+    """A local disk's flock is the truth whatever host name the file has (a recreated container). The
+    shared-filesystem case (refused, with what to do) is tests/store/test_lock.py's."""
+    if shared_filesystem(tmp_path):
+        pytest.skip(f"{tmp_path} is on a filesystem other hosts may share: there a lock of another host is refused")
+    toml = write_dataset(tmp_path / "cfg", target=10)
+    lock(tmp_path / "out" / "T", 4242, "gpu-node-7")
+    r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", tmp_path / "out",
+                "--progress", "log")
+    assert r.returncode == 0, r.stderr
+    assert f"took over the lock of a run that is gone (pid 4242 on host gpu-node-7, started {HMS})" in r.stdout + r.stderr
+
+
+@pytest.mark.e2e  # the process is the subject: make e2e
+def test_a_dead_holders_lock_is_taken_over_without_asking(tmp_path: Path) -> None:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    toml = write_dataset(tmp_path / "cfg", target=10)
+    lock(tmp_path / "out" / "T", p.pid, socket.gethostname())
+    r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", tmp_path / "out",
+                "--progress", "log")
+    assert r.returncode == 0, r.stderr
+    assert f"took over the lock of a run that is gone (pid {p.pid}, started {HMS})" in r.stdout + r.stderr
+    assert_exact(tmp_path / "out", 10)
+    assert not (tmp_path / "out" / "T" / ".lock").exists()
+
+
+def fake_samples(dataset: str, n: int) -> list[Sample]:
+    return [Sample(f"{dataset}-{i}", dataset, [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+                   {"finish_reason": "stop", "prompt_tokens": 10, "completion_tokens": 90}) for i in range(n)]
+
+
+def test_status_says_demo_is_not_part_of_the_total(tmp_path: Path) -> None:
+    with DatasetStore(tmp_path, "demo", fingerprint={"model": "m"}, target=240, shard_max_samples=100) as s:
+        s.open()
+        s.write_samples(fake_samples("demo", 240))
+        s.close({"samples_per_s": 12.5, "tokens_per_s": 1250.0})
+    r = run_cli("status", "--output-dir", tmp_path)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout == (
+        "dataset  done/target  %       shards  prompt tok  compl tok  trunc  errors  rejects  state                    samples/s  tok/s  ETA\n"
+        "-------  -----------  ------  ------  ----------  ---------  -----  ------  -------  -----------------------  ---------  -----  ----\n"
+        "B1       0/30,000     0.0%    0       0           0          0.0%   0       0        not started              -          -      -\n"
+        "B2       0/18,000     0.0%    0       0           0          0.0%   0       0        not started              -          -      -\n"
+        "B6       0/20,000     0.0%    0       0           0          0.0%   0       0        not started              -          -      -\n"
+        "B7       0/20,000     0.0%    0       0           0          0.0%   0       0        not started              -          -      -\n"
+        "demo     240/240      100.0%  3       2.4k        21.6k      0.0%   0       0        finished (not in total)  12.5       1.2k   done\n"
+        "-------  -----------  ------  ------  ----------  ---------  -----  ------  -------  -----------------------  ---------  -----  ----\n"
+        "total    0/88,000     0.0%\n")
+
+
+def test_status_says_source_exhausted(tmp_path: Path) -> None:
+    toml = write_dataset(tmp_path / "cfg", rows=make_rows(15), target=20)
+    out = tmp_path / "out"
+    r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", out, "--progress", "quiet",
+                "--proceed-anyway")  # past the pre-launch check, which refuses a source short of the target
+    assert r.returncode == 5 and "15/20 samples" in r.stdout and "5 samples short of the target" in r.stdout, r.stdout
+    assert_exact(out, 15)
+    r = run_cli("status", "--dataset", toml, "--output-dir", out, "--config-dir", tmp_path / "cfg")
+    assert (r.returncode, r.stderr) == (0, "")
+    head, rule, row, blank, gpu_head, gpu_row, projection = r.stdout.splitlines()
+    assert (blank, gpu_head) == ("", "GPU-hours (tp × dp × servers × wall time):")
+    assert re.fullmatch(r"  T: \d+\.\d\d GPU-h over \S+ for 15 samples = \d+\.\d\d GPU-h per 1,000 samples "
+                        r"\(tp 8 × dp 1 × 1 server\)", gpu_row), gpu_row
+    assert projection == "  job: no projected completion: T cannot reach its target (source exhausted)"
+    cells = row.split("  ")
+    cells = [c.strip() for c in cells if c.strip()]
+    assert (cells[:4], cells[-4], cells[-1]) == (["T", "15/20", "75.0%", "1"], "source exhausted", "-")
+    j = run_cli("status", "--json", "--dataset", toml, "--output-dir", out, "--config-dir", tmp_path / "cfg")
+    t = orjson.loads(j.stdout)["datasets"]["T"]
+    assert (j.returncode, t["state"], t["done"], t["remaining"], t["eta_s"]) == (0, "source exhausted", 15, 5, None)
+
+
+def test_validate_with_no_samples_says_there_is_nothing_to_validate(tmp_path: Path) -> None:
+    with DatasetStore(tmp_path, "B7", fingerprint={"model": "m"}, target=10) as s:
+        s.open()  # a run that wrote nothing: an empty shard and a manifest
+    r = run_cli("validate", "--dataset", "B7", "--output-dir", tmp_path)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == (f"error: {tmp_path}/B7: nothing to validate: no samples yet (1 shard, all empty). "
+                        "Generate it first (make generate DATASET=B7).\n")

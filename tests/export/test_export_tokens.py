@@ -1,0 +1,424 @@
+"""The target's chat template and the trainers (issue 21): `check-template`, export's reasoning
+warning and refusal, the `tokens` format loaded by SpecForge's own loader, server token ids,
+validation out of a folder glob's reach, gpt-oss (Harmony) roles and the dataset card.
+
+Tokenizers are built offline (bench/chat_templates.py): Kimi-K2.5-style (an empty think block on
+every assistant message), Qwen3-style (reasoning after the last user turn only), plain ChatML."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import orjson
+import pytest
+from datasets import disable_progress_bars, load_dataset
+
+from gen_pipeline.export.render import load_renderer
+from gen_pipeline.records import Sample
+from gen_pipeline.store.dataset_store import DatasetStore
+
+from pipeline_helpers import chat_tokenizers, read_samples, run_cli
+
+disable_progress_bars()
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo: 240 samples, 285 assistant turns (31 multi-turn samples), reasoning kept."""
+    root = tmp_path_factory.mktemp("outputs")
+    r = run_cli("generate", "--dataset", "demo", "--server", "sim", "--output-dir", root)
+    assert r.returncode == 0, r.stderr + r.stdout
+    return root
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return chat_tokenizers(tmp_path_factory.mktemp("tokenizers"))
+
+
+def jsonl(path: Path) -> list[dict]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def turns_of(samples: list[dict]) -> dict[str, dict]:
+    """'<id>#turn<k>' → that assistant message."""
+    return {f"{s['id']}#turn{k}": m for s in samples
+            for k, m in enumerate(m for m in s["conversations"] if m["role"] == "assistant")}
+
+
+# ---------------------------------------------------------------- check-template
+
+ROW = re.compile(r"^  (\S+): (earlier turns|last turn) +([\d,]+) +([\d,]+) +([\d,]+) +([\d.]+%|-) +([\d,]+) +"
+                 r"([\d.]+%|-) +([\d.]+)x$")
+
+# per template: mode → (reasoning under the mask in earlier turns, in last turns)
+EXPECTED = {
+    "kimi": {"specforge": ("0.0%", "0.0%"), "specforge-last": ("0.0%", "0.0%"),
+             "specforge-expanded": ("0.0%", "0.0%"), "speculators": ("0.0%", "0.0%"), "tokens": ("100.0%", "100.0%")},
+    "qwen3": {"specforge": ("0.0%", "100.0%"), "specforge-last": ("0.0%", "100.0%"),
+              "specforge-expanded": ("100.0%", "100.0%"), "speculators": ("100.0%", "100.0%"),
+              "tokens": ("100.0%", "100.0%")},
+    "chatml": {"specforge": ("0.0%", "0.0%"), "specforge-last": ("0.0%", "0.0%"),
+               "specforge-expanded": ("0.0%", "0.0%"), "speculators": ("0.0%", "0.0%"),
+               "tokens": ("100.0%", "100.0%")},
+}
+
+
+@pytest.mark.parametrize("kind", ["kimi", "qwen3", "chatml"])
+def test_check_template_reports_what_each_trainer_trains(outputs: Path, tokenizers: dict[str, Path],
+                                                        kind: str) -> None:
+    r = run_cli("check-template", "--dataset", "demo", "--output-dir", outputs, "--tokenizer", tokenizers[kind],
+                "--samples", "240")
+    assert (r.returncode, r.stderr) == (0, "")
+    lines = r.stdout.splitlines()
+    assert lines[0] == (f"template check: 240 samples (285 assistant turns) of demo, chat template of "
+                        f"{tokenizers[kind]}")
+    header = {"kimi": "'<|im_assistant|>assistant<|im_middle|>', end of turn '<|im_end|>'",
+              "qwen3": "'<|im_start|>assistant\\n', end of turn '<|im_end|>\\n'",
+              "chatml": "'<|im_start|>assistant\\n', end of turn '<|im_end|>\\n'"}[kind]
+    assert lines[1] == f"  assistant header {header} (what a SpecForge ChatTemplate for this target must declare)"
+    rows = {(m[1], m[2]): m.groups()[2:] for m in map(ROW.match, lines) if m}
+    assert len(rows) == 10
+    for mode, (earlier, last) in EXPECTED[kind].items():
+        assert (rows[(mode, "earlier turns")][0], rows[(mode, "last turn")][0]) == ("45", "240")
+        assert (rows[(mode, "earlier turns")][3], rows[(mode, "last turn")][3]) == (earlier, last), mode
+        # the answer is trained in every mode but train_only_last_turn's history
+        answer = "0.0%" if mode == "specforge-last" else "100.0%"
+        assert (rows[(mode, "earlier turns")][5], rows[(mode, "last turn")][5]) == (answer, "100.0%"), mode
+    # --expand-turns rows hold earlier turns again as history: trained more than once
+    assert float(rows[("specforge-expanded", "earlier turns")][6]) > 1.5
+    assert rows[("speculators", "earlier turns")][6] == rows[("tokens", "earlier turns")][6] == "1.0"
+
+
+def test_without_the_template_extra_the_message_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from gen_pipeline.errors import ConfigError
+    from gen_pipeline.export import render
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(render.importlib.util, "find_spec", lambda name: None if name == "jinja2" else real(name))
+    with pytest.raises(ConfigError) as e:
+        render.load_renderer("/models/x")
+    assert str(e.value) == ("rendering chat templates needs transformers and jinja2, which are not installed: "
+                            "pip install 'gen-pipeline[template]' (transformers + jinja2).")
+
+
+def test_check_template_says_what_is_missing(outputs: Path, tmp_path: Path, tokenizers: dict[str, Path]) -> None:
+    r = run_cli("check-template", "--dataset", "demo", "--output-dir", outputs)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == ("error: no tokenizer: pass --tokenizer PATH (the target model's folder, or one with its "
+                        "tokenizer files and chat template), or --server NAME to use that profile's model.\n")
+    r = run_cli("check-template", "--dataset", "demo", "--output-dir", outputs, "--server", "sim")
+    assert r.returncode == 2
+    assert r.stderr.startswith("error: --server sim: its model moonshotai/Kimi-K2.5: the tokenizer does not load "
+                               "offline (")
+    assert r.stderr.endswith("It is neither a folder here nor a hub model in the local cache: pass --tokenizer with "
+                             "the model's folder.\n")
+    tokens = tmp_path / "t.jsonl"
+    assert run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "tokens", "--out", tokens,
+                   "--tokenizer", tokenizers["chatml"]).returncode == 0
+    r = run_cli("check-template", "--export", tokens, "--tokenizer", tokenizers["chatml"])
+    assert r.returncode == 2 and r.stderr == (f"error: --export {tokens}: its rows have no `conversations` (a tokens "
+                                              "export carries no text); check the samples it came from with "
+                                              "--dataset NAME.\n")
+
+
+# ---------------------------------------------------------------- export's warning and refusal
+
+def test_export_warns_when_no_reasoning_would_train_and_the_flag_refuses(outputs: Path, tmp_path: Path,
+                                                                        tokenizers: dict[str, Path]) -> None:
+    kimi = tokenizers["kimi"]
+    out = tmp_path / "k.jsonl"
+    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "specforge", "--out", out,
+                "--tokenizer", kimi)
+    assert (r.returncode, r.stderr) == (0, "")
+    advice = ("Export --format tokens (every turn's reasoning under the mask, loaded by SpecForge's data.prompts_path "
+              "and speculators), or --expand-turns if the template keeps the last turn's reasoning (Qwen3-style), or "
+              "serve a chat template that renders reasoning; `gen-pipeline check-template` shows it per turn.")
+    assert r.stdout.splitlines()[-1] == (
+        "  warning: 0.0% of the reasoning tokens of 32 samples are under the loss mask when SpecForge (thinking "
+        f"parser), every assistant span of a row renders them with the chat template of {kimi}. {advice}")
+    refused = tmp_path / "refused.jsonl"
+    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "speculators", "--out", refused,
+                "--tokenizer", kimi, "--require-trained-reasoning")
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == ("error: --require-trained-reasoning: only 0.0% of the reasoning tokens of 32 samples are "
+                        "under the loss mask when speculators prepare-data (one row per assistant turn) renders them "
+                        f"with the chat template of {kimi}. {advice}\n")
+    assert not refused.exists() and not list(tmp_path.glob(".refused*"))
+    # Qwen3-style: --expand-turns trains every turn's reasoning; the tokens format does for every template
+    qwen = tmp_path / "q.jsonl"
+    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "specforge", "--out", qwen,
+                "--tokenizer", tokenizers["qwen3"], "--expand-turns", "--require-trained-reasoning")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == (
+        "  note: 100.0% of the reasoning tokens of 32 samples are under the loss mask when SpecForge on --expand-turns "
+        f"rows renders them with the chat template of {tokenizers['qwen3']}")
+    for kind in ("kimi", "chatml"):
+        r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "tokens", "--force",
+                    "--out", tmp_path / "t.jsonl", "--tokenizer", tokenizers[kind], "--require-trained-reasoning")
+        assert r.returncode == 0, r.stderr
+
+
+# ---------------------------------------------------------------- the tokens format
+
+@pytest.mark.parametrize("kind", ["kimi", "qwen3", "chatml"])
+def test_tokens_rows_load_in_specforges_prompts_path_with_each_turn_whole_under_the_mask(
+        outputs: Path, tmp_path: Path, tokenizers: dict[str, Path], kind: str) -> None:
+    from specforge.data.prompt_builder import prepare_prompt_tasks  # SpecForge 0.2.0's own loader (--no-deps)
+
+    out = tmp_path / "tokens.jsonl"
+    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "tokens", "--out", out,
+                "--val-share", "0.05", "--tokenizer", tokenizers[kind])
+    assert (r.returncode, r.stderr) == (0, "")
+    assert "  tokens: 240 samples → 285 rows, one per assistant turn" in r.stdout.splitlines()
+    rows = jsonl(out) + jsonl(tmp_path / "tokens.val.ndjson")
+    assert len(rows) == 285 and all(set(row) == {"id", "input_ids", "loss_mask", "ids_from"} for row in rows)
+    # data.prompts_path: SpecForge reads the file itself (prompt_builder.py:57-83, 219-252)
+    tasks = prepare_prompt_tasks(out, None, chat_template=None, max_length=1_000_000, is_preformatted=False,
+                                 train_only_last_turn=False, cache_dir=None, cache_key=None, num_proc=None)
+    train = jsonl(out)
+    assert [t["payload"] for t in tasks] == [{"input_ids": t["input_ids"], "loss_mask": t["loss_mask"]} for t in train]
+    renderer = load_renderer(str(tokenizers[kind]))
+    turns = turns_of(read_samples(outputs, "demo"))
+    for row in rows:
+        mask = row["loss_mask"]
+        first = mask.index(1)
+        assert mask == [0] * first + [1] * (len(mask) - first)  # the history, then exactly this turn
+        turn = turns[row["id"]]
+        trained = renderer.decode(row["input_ids"][first:])
+        reasoning, answer = turn["reasoning_content"].strip(), turn["content"].strip()
+        assert reasoning in trained and answer in trained and trained.index(reasoning) < trained.index(answer)
+        assert trained.endswith("<|im_end|>" if kind == "kimi" else "<|im_end|>\n")
+        assert reasoning not in renderer.decode(row["input_ids"][:first])  # never in its own prompt
+    assert {row["ids_from"] for row in rows} == {"template"}
+
+
+def test_tokens_rows_equal_the_tokenizer_on_prompt_and_turn_text(outputs: Path, tmp_path: Path,
+                                                                 tokenizers: dict[str, Path]) -> None:
+    from gen_pipeline.export.tokens import TokenRowBuilder, _message
+
+    renderer = load_renderer(str(tokenizers["qwen3"]))
+    samples = [s for s in read_samples(outputs, "demo") if s["meta"]["turns"] > 1][:10]
+    rows = TokenRowBuilder(renderer).rows(samples)
+    expected = []
+    for s in samples:
+        history: list[dict] = []
+        for m in s["conversations"]:
+            if m["role"] == "assistant":
+                prompt, output = renderer.turn_text(history, _message(m))
+                expected.append(renderer.encode(prompt) + renderer.encode(output))
+            history.append(_message(m))
+    assert [r["input_ids"].tolist() for r in rows] == expected and len(rows) > len(samples)
+    texts = [renderer.turn_text(h, t) for s in samples for h, t in _turns_with_history(s)]
+    assert [r["loss_mask"].tolist() for r in rows] == [
+        [0] * len(renderer.encode(p)) + [1] * len(renderer.encode(o)) for p, o in texts]
+
+
+def _turns_with_history(sample: dict) -> list[tuple[list[dict], dict]]:
+    from gen_pipeline.export.tokens import _message
+
+    out, history = [], []
+    for m in sample["conversations"]:
+        if m["role"] == "assistant":
+            out.append((list(history), _message(m)))
+        history.append(_message(m))
+    return out
+
+
+def test_server_token_ids_make_the_rows_and_stay_out_of_conversation_formats(tmp_path: Path) -> None:
+    """Samples whose assistant turns carry the server's prompt_token_ids / token_ids (tokens.py)."""
+    root = tmp_path / "out"
+    convs = [{"role": "user", "content": "Hi"},
+             {"role": "assistant", "content": "A1", "reasoning_content": "R1",
+              "prompt_token_ids": [1, 2, 3], "token_ids": [7, 8, 9, 2]},
+             {"role": "user", "content": "More"},
+             {"role": "assistant", "content": "A2", "reasoning_content": "R2",
+              "prompt_token_ids": [1, 2, 3, 4, 5, 6], "token_ids": [10, 11, 2]}]
+    meta = {"model": "m", "backend": "sim", "finish_reason": "stop", "prompt_tokens": 9, "completion_tokens": 7,
+            "turns": 2, "sampling": {"temperature": 0.6}, "kv_cache_dtype": "fp8_e4m3", "generated_at": "x"}
+    with DatasetStore(root, "S", fingerprint={"model": "m"}, target=3) as store:
+        store.open()
+        store.write_samples([Sample(f"S-{i}", "S", convs, meta) for i in range(3)])
+    r = run_cli("export", "--output-dir", root, "--dataset", "S", "--format", "tokens", "--out", tmp_path / "t.jsonl")
+    assert (r.returncode, r.stderr) == (0, "")
+    rows = sorted(jsonl(tmp_path / "t.jsonl"), key=lambda r: r["id"])
+    assert rows[:2] == [
+        {"id": "S-0#turn0", "input_ids": [1, 2, 3, 7, 8, 9, 2], "loss_mask": [0, 0, 0, 1, 1, 1, 1],
+         "ids_from": "server"},
+        {"id": "S-0#turn1", "input_ids": [1, 2, 3, 4, 5, 6, 10, 11, 2], "loss_mask": [0] * 6 + [1] * 3,
+         "ids_from": "server"}]
+    for fmt in ("specforge", "speculators"):
+        r = run_cli("export", "--output-dir", root, "--dataset", "S", "--format", fmt,
+                    "--out", tmp_path / f"{fmt}.jsonl")
+        assert r.returncode == 0, r.stderr
+        assert {tuple(m) for row in jsonl(tmp_path / f"{fmt}.jsonl") for m in row["conversations"]} == {
+            ("role", "content"), ("role", "content", "reasoning_content")}
+
+
+def test_tokens_without_server_ids_or_a_tokenizer_is_refused(outputs: Path, tmp_path: Path) -> None:
+    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "tokens",
+                "--out", tmp_path / "t.jsonl")
+    assert (r.returncode, r.stdout) == (2, "")
+    assert re.fullmatch(r"error: sample demo-\d+ has no server token ids \(prompt_token_ids / token_ids on its "
+                        r"assistant turns\), so the tokens format renders it with the target's chat template: pass "
+                        r"--tokenizer PATH or --server NAME\.\n", r.stderr)
+    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "tokens", "--expand-turns",
+                "--out", tmp_path / "t.jsonl")
+    assert r.stderr == ("error: --expand-turns does not apply to --format tokens: it already writes one row per "
+                        "assistant turn. Drop --expand-turns.\n")
+
+
+# ---------------------------------------------------------------- trainer fit
+
+def test_a_trainer_given_the_export_folder_finds_no_validation_rows(outputs: Path, tmp_path: Path) -> None:
+    """speculators' prepare-data given a folder loads every *.json and *.jsonl under it, recursively
+    (speculators 0.9.0 data_generation/preprocessing.py:755-765): done here as it does it."""
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "speculators",
+                "--out", folder / "demo.jsonl", "--val-share", "0.05")
+    assert r.returncode == 0, r.stderr
+    files = sorted(str(p) for p in (*folder.rglob("*.json"), *folder.rglob("*.jsonl")))
+    loaded = load_dataset("json", data_files=files, split="train")
+    val = load_dataset("json", data_files=str(folder / "demo.val.ndjson"), split="train")
+    assert files == [str(folder / "demo.jsonl")]
+    assert loaded.num_rows + val.num_rows == 240 and 0 < val.num_rows < 30
+    assert set(loaded["id"]).isdisjoint(val["id"])
+
+
+def test_tokens_rows_fit_speculators_pretokenized_contract(outputs: Path, tmp_path: Path,
+                                                           tokenizers: dict[str, Path]) -> None:
+    """speculators needs torch, which is not installable here: its documented contract instead. A
+    .jsonl file is loaded with load_dataset("json") (preprocessing.py:752-753); columns input_ids and
+    loss_mask make the rows pass through without rendering (:603, :609-610, :497-498); each row's two
+    lists must be as long as each other (:472-476) and hold a supervised token (:392-394)."""
+    out = tmp_path / "t.jsonl"
+    assert run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "tokens", "--out", out,
+                   "--tokenizer", tokenizers["kimi"]).returncode == 0
+    ds = load_dataset("json", data_files=str(out), split="train")
+    assert {"input_ids", "loss_mask"} <= set(ds.column_names) and ds.num_rows == 285
+    assert all(len(i) == len(m) and sum(m) > 0 for i, m in zip(ds["input_ids"], ds["loss_mask"], strict=True))
+
+
+HARMONY_ROLES = {"system", "user", "assistant_reasoning_effort", "assistant_analysis", "assistant_commentary",
+                 "assistant_final"}  # SpecForge 0.2.0 HarmonyParser.build_single_turn_prompt, parse.py:365-384
+
+
+def test_harmony_rows_use_the_roles_specforges_gpt_oss_parser_renders(outputs: Path, tmp_path: Path) -> None:
+    """openai-harmony (the official parser) needs the o200k vocabulary from the network at first use,
+    so SpecForge's Harmony parser's contract is checked: its roles, and no column but the ones its
+    preprocessing pops (parse() takes no **kwargs, parse.py:387-394; id is popped, preprocessing.py:259-260)."""
+    out = tmp_path / "h.jsonl"
+    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "specforge", "--out", out,
+                "--harmony")
+    assert r.returncode == 2 and r.stderr == ("error: --harmony needs --no-status: SpecForge's Harmony parser takes no "
+                                              "extra column (its parse() has no **kwargs, "
+                                              "specforge/data/parse.py:387-394).\n")
+    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "specforge", "--out", out,
+                "--harmony", "--no-status")
+    assert r.returncode == 0, r.stderr
+    samples = {s["id"]: s for s in read_samples(outputs, "demo")}
+    for row in jsonl(out):
+        assert set(row) == {"id", "conversations"}
+        assert {m["role"] for m in row["conversations"]} <= HARMONY_ROLES
+        expected = []
+        for m in samples[row["id"]]["conversations"]:
+            if m["role"] == "assistant":
+                expected += [("assistant_analysis", m["reasoning_content"]), ("assistant_final", m["content"])]
+            else:
+                expected.append((m["role"], m["content"]))
+        assert [(m["role"], m["content"]) for m in row["conversations"]] == expected
+
+
+# ---------------------------------------------------------------- the dataset card
+
+def test_the_card_beside_the_data(outputs: Path, tmp_path: Path) -> None:
+    out = tmp_path / "demo.jsonl"
+    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "specforge", "--out", out,
+                "--val-share", "0.05", "--server", "sim")
+    assert r.returncode == 0, r.stderr
+    card = (tmp_path / "README.md").read_text()
+    front, body = card.split("\n---\n", 1)
+    assert front.splitlines()[:3] == ["---", 'gen_pipeline_export: "demo.jsonl"', 'pretty_name: "demo"']
+    assert "- `demo.jsonl`: train, " in body and "- `demo.val.ndjson`: validation, " in body
+    assert "Server: `sim` profile (tp 8 × dp 1 = 8 GPUs)." in body
+    assert ("| demo | moonshotai/Kimi-K2.5 | sim | fp8_e4m3 | `{\"max_new_tokens\": 512, \"temperature\": 0.7, "
+            "\"top_p\": 0.95}` |") in body
+    samples = read_samples(outputs, "demo")
+    truncated = sum(s["meta"]["finish_reason"] == "length" for s in samples)
+    assert (f"| demo | 240 | 0 | 240 | {100 * truncated / 240:.1f}% | 0.0% | 6 |") in body
+    tokens = (sum(s["meta"]["prompt_tokens"] for s in samples), sum(s["meta"]["completion_tokens"] for s in samples))
+    row = next(line for line in body.splitlines() if line.startswith(f"| demo | {tokens[0]:,} | {tokens[1]:,} | "))
+    # measured (the run recorded the sim's tp 8 × dp 1): wall time from the first request, x its 8 GPUs
+    wall_h, gpus, per_1k = re.fullmatch(r"\| demo \| [\d,]+ \| [\d,]+ \| ([\d.]+) h \| (\d+) \(tp 8 × dp 1 × 1 "
+                                        r"server\) \| ([\d.]+) \|", row).groups()
+    # wall time is printed to 3 decimals of an hour: the per-1K figure (from the unrounded time) is within
+    # that rounding (x 8 GPUs / 240 samples x 1000) and its own 2-decimal rounding of it
+    slack = 0.0005 * 8 / 240 * 1000 + 0.005
+    assert gpus == "8" and float(per_1k) == pytest.approx(float(wall_h) * 8 / 240 * 1000, abs=slack)
+    assert "--server sim" in body.split("## Export")[1]
+    lines = body.splitlines()
+    gpu = lines.index("GPU-hours (tp × dp × servers × wall time):")
+    line = re.fullmatch(r"demo: ([\d.]+) GPU-h over \S+ for 240 samples = ([\d.]+) GPU-h per 1,000 samples "
+                        r"\(tp 8 × dp 1 × 1 server\)", lines[gpu + 1])
+    assert line and line[2] == per_1k and float(line[1]) == pytest.approx(float(per_1k) * 0.24, abs=0.006)
+    assert lines[gpu + 2:gpu + 4] == ["job: every dataset is done", "```"]
+    # another export in the same folder gets its own card; no --server: the GPUs the run recorded
+    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "speculators",
+                "--out", tmp_path / "s.jsonl")
+    assert r.returncode == 0 and f"  card: {tmp_path / 's.README.md'}" in r.stdout.splitlines()
+    assert f"| 8 (tp 8 × dp 1 × 1 server) | {per_1k} |" in (tmp_path / "s.README.md").read_text()
+    assert "Server: unknown (export with --server NAME to record it)." in (tmp_path / "s.README.md").read_text()
+
+
+def test_check_template_reads_a_conversation_export(outputs: Path, tmp_path: Path,
+                                                    tokenizers: dict[str, Path]) -> None:
+    out = tmp_path / "s.jsonl"
+    assert run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "specforge",
+                   "--out", out).returncode == 0
+    r = run_cli("check-template", "--export", out, "--tokenizer", tokenizers["qwen3"], "--samples", "40")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.startswith("template check: 40 samples (")
+    assert f"assistant turns) of {out}, chat template of {tokenizers['qwen3']}\n" in r.stdout
+    rows = {(m[1], m[2]): m.groups()[2:] for m in map(ROW.match, r.stdout.splitlines()) if m}
+    assert rows[("specforge", "last turn")][3] == "100.0%" and ("specforge-expanded", "last turn") not in rows
+
+
+def test_check_template_has_help_and_is_in_the_readme() -> None:
+    r = run_cli("check-template", "--help")
+    assert r.returncode == 0 and "usage: gen-pipeline check-template" in r.stdout and "--tokenizer" in r.stdout
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for text in ("gen-pipeline check-template --dataset B2", "--format tokens", "data.prompts_path",
+                 ".val.ndjson", "--harmony --no-status"):
+        assert text in readme
+
+
+def test_check_template_compares_the_servers_ids_with_the_template(tmp_path: Path,
+                                                                   tokenizers: dict[str, Path]) -> None:
+    """What the later step needs to show the rendered path equal to the server's tokenization: turns
+    whose ids the template reproduces, and the first difference where it does not."""
+    renderer = load_renderer(str(tokenizers["chatml"]))
+    eot = renderer.encode("<|im_end|>")
+    samples = []
+    for i in range(4):
+        user = {"role": "user", "content": f"Question {i}"}
+        turn = {"role": "assistant", "content": f" the answer {i}", "reasoning_content": f"think {i}"}
+        prompt, output = renderer.turn_text([user], turn)
+        out_ids = renderer.encode(output)
+        out_ids = out_ids[:out_ids.index(eot[0]) + 1]  # the server stops at the stop token
+        prompt_ids = renderer.encode(prompt) + ([5] if i == 3 else [])  # sample 3: not what the template renders
+        samples.append(Sample(f"S-{i}", "S", [user, {**turn, "prompt_token_ids": prompt_ids, "token_ids": out_ids}],
+                              {"model": "m", "finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": 1}))
+    with DatasetStore(tmp_path / "out", "S", fingerprint={"model": "m"}, target=4) as store:
+        store.open()
+        store.write_samples(samples)
+    r = run_cli("check-template", "--dataset", "S", "--output-dir", tmp_path / "out", "--tokenizer",
+                tokenizers["chatml"])
+    assert (r.returncode, r.stderr) == (0, "")
+    last = r.stdout.splitlines()[-2:]
+    assert last[0] == ("  server token ids vs the template: 4 turns carry them; rendered prompt equal in 3, server "
+                       "output a prefix of the rendered turn in 4")
+    assert last[1].startswith("    first difference: S-3: prompt token ")

@@ -1,0 +1,295 @@
+"""The fast rendered `tokens` rows (issue 21: the 88K job exported in every format under a minute)
+equal the plain path id for id: the chat template on each turn alone (apply_chat_template), then
+the tokenizer on that turn's prompt and on its output (tokens.slow_turn_ids). Checked on the three
+offline templates (bench/chat_templates.py), on byte-level tokenizers with the Qwen2/Qwen3 and
+Llama 3 split regexes and NFC, with hostile text (unicode, whitespace runs, control characters,
+special-token text inside messages, long words); and the fallbacks: a tokenizer whose splits are
+not known is tokenized whole, a spot check that differs makes every row the plain way (counted and
+said), a message the direct template was not probed for goes through apply_chat_template."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from gen_pipeline.export import encode, tokens
+from gen_pipeline.export.direct import DirectTemplate
+from gen_pipeline.export.encode import SPLIT_REGEXES, TextEncoder
+from gen_pipeline.export.render import Renderer, load_renderer
+from gen_pipeline.export.tokens import TokenRowBuilder, _message, slow_turn_ids
+from gen_pipeline.records import Sample
+from gen_pipeline.store.dataset_store import DatasetStore
+
+from pipeline_helpers import chat_template, chat_tokenizers, tokenizer_specials
+
+WORDS = ["the", "of", "answer", "Reasoning", "x", "don't", "it's", "I'M", "we'll", "12345", "3.14", "1,000", "-",
+         "...", "(a)", "[b]", "{c}", "e.g.,", "naïve", "café", "e\u0301tude", "ﬁne", "日本語の文", "한국어",
+         "\u1100\u1161\u11a8", "😀", "Ω≈", "ß", "İstanbul", "مرحبا", "שלום", "ÅÄÖ", "x\u0308", "\u00a0nbsp",
+         "supercalifragilisticexpialidocious", "https://example.com/a/very/long/path?q=1&r=2", "fifteen_bytes_a",
+         "sixteen_bytes_ab", "<|im_end|>", "<think>", "</think>", "<|im_start|>user", "'s", "'", "\"quoted\"",
+         "tab\there", "a\x0bb", "del\x7f", "nul\x00x", "ＡＢＣ"]
+SEPARATORS = [" "] * 12 + ["  ", "   ", "\n", "\n ", " \n", "\n\n", "\t", " \t ", "\r\n", "\u3000", "\u00a0 ", ""]
+
+
+def _text(rng: random.Random, words: int) -> str:
+    out = [rng.choice(["", " ", "\n", "  "]) if rng.random() < 0.2 else ""]
+    for _ in range(words):
+        out += [rng.choice(WORDS), rng.choice(SEPARATORS)]
+    return "".join(out) + rng.choice(["", " ", "\n", ".", "  "])
+
+
+def _samples(seed: int, n: int) -> list[dict[str, Any]]:
+    """Conversations of 1-4 assistant turns: a system prompt or not, tool messages, reasoning or not."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        convs: list[dict[str, Any]] = [{"role": "system", "content": _text(rng, 6)}] if i % 3 == 0 else []
+        for k in range(1 + i % 4):
+            convs.append({"role": "user", "content": _text(rng, rng.randint(0, 30))})
+            if rng.random() < 0.2:
+                convs.append({"role": "tool", "content": _text(rng, 5)})
+            turn = {"role": "assistant", "content": _text(rng, rng.randint(0, 40))}
+            if (i + k) % 3:
+                turn["reasoning_content"] = _text(rng, rng.randint(1, 60))
+            convs.append(turn)
+        out.append({"id": f"s{i}", "dataset": "t", "conversations": convs, "meta": {}})
+    return out
+
+
+def _plain(renderer: Renderer, samples: list[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:
+    out, history = [], []
+    for s in samples:
+        history = []
+        for m in s["conversations"]:
+            if m["role"] == "assistant":
+                out.append(slow_turn_ids(renderer, history, _message(m)))
+            history.append(_message(m))
+    return out
+
+
+def _rows_equal_plain(renderer: Renderer, samples: list[dict[str, Any]], builder: TokenRowBuilder) -> int:
+    rows = builder.rows(samples)
+    plain = _plain(renderer, samples)
+    assert len(rows) == len(plain) > len(samples)
+    for row, (ids, mask) in zip(rows, plain, strict=True):
+        assert row["input_ids"].dtype == np.int32 and row["loss_mask"].dtype == np.int8
+        assert (row["input_ids"].tolist(), row["loss_mask"].tolist()) == (ids, mask), row["id"]
+    return len(rows)
+
+
+def _byte_level_tokenizer(folder: Path, split: str | None, nfc: bool, *, prefix_space: bool = False) -> Path:
+    """A byte-level BPE like bench/chat_templates.py's, with a Split regex (then ByteLevel without its
+    own) and NFC as Qwen2/Qwen3 and Llama 3 tokenizers have them; ChatML template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    if nfc:
+        tok.normalizer = normalizers.NFC()
+    if split is None:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=prefix_space)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=prefix_space, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    rng = random.Random(3)
+    trainer = trainers.BpeTrainer(vocab_size=900, special_tokens=tokenizer_specials(), show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([_text(rng, 40) for _ in range(1_500)], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.chat_template = chat_template("qwen3")
+    fast.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def templates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return chat_tokenizers(tmp_path_factory.mktemp("tokenizers"))
+
+
+@pytest.fixture(scope="module")
+def byte_level(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """name → a tokenizer folder: "qwen2" / "llama3" (Split regex + NFC), "prefix" (ByteLevel with a
+    prefix space); each built once, when first asked for."""
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            folder = tmp_path_factory.mktemp(name)
+            made[name] = (_byte_level_tokenizer(folder, None, nfc=False, prefix_space=True) if name == "prefix"
+                          else _byte_level_tokenizer(folder, SPLIT_REGEXES[name], nfc=True))
+        return made[name]
+
+    return get
+
+
+@pytest.mark.parametrize("kind", ["kimi", "qwen3", "chatml"])
+def test_fast_rows_equal_the_plain_path_on_each_template(templates: dict[str, Path], kind: str) -> None:
+    renderer = load_renderer(str(templates[kind]))
+    builder = TokenRowBuilder(renderer)
+    compared = _rows_equal_plain(renderer, _samples(seed=len(kind), n=90), builder)
+    assert compared >= 200
+    assert builder.encoder is not None and builder.encoder.chunked  # the fast ways, not a fallback
+    assert renderer._direct and not renderer.direct_why
+    assert builder.stats["turns_rendered"] == compared and builder.stats["spot_checks"] == 1
+    assert builder.encoder.stats["texts_chunked"] == 2 * compared and builder.encoder.stats["texts_whole"] == 0
+    assert not builder.mismatch and builder.notes() == []
+
+
+def test_reasoning_kept_or_not_the_template_kwargs_and_many_batches(templates: dict[str, Path],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kimi with thinking off in the generation prompt (--template-kwargs); small batches, groups and
+    slot table (the chunk table's collisions, restarts and the concatenation of groups)."""
+    monkeypatch.setattr(tokens, "BATCH_TURNS", 7)
+    monkeypatch.setattr(encode, "GROUP_BYTES", 300)
+    monkeypatch.setattr(encode, "SLOT_BITS", 3)
+    monkeypatch.setattr(encode, "MAX_CHUNKS", 400)
+    renderer = load_renderer(str(templates["kimi"]), kwargs={"thinking": False})
+    builder = TokenRowBuilder(renderer)
+    assert _rows_equal_plain(renderer, _samples(seed=9, n=60), builder) > 100
+    assert builder.encoder is not None and builder.encoder.chunked
+    assert builder.stats["spot_checks"] == 1
+
+
+@pytest.mark.parametrize("split", sorted(SPLIT_REGEXES))
+def test_qwen2_and_llama3_split_regexes_with_nfc_are_chunked_and_equal(byte_level: Any, split: str) -> None:
+    renderer = load_renderer(str(byte_level(split)))
+    builder = TokenRowBuilder(renderer)
+    assert _rows_equal_plain(renderer, _samples(seed=5, n=60), builder) > 100
+    assert builder.encoder is not None and builder.encoder.chunked
+
+
+def test_the_encoder_equals_the_tokenizer_text_by_text(templates: dict[str, Path], byte_level: Any) -> None:
+    """Edge texts straight through TextEncoder: empty, spaces only, chunks of 15 and 16 bytes, a
+    chunk that is only special tokens, one text over many groups."""
+    rng = random.Random(11)
+    texts = ["", " ", "  ", "a", " a", "a ", "fifteen_bytes_a fifteen_bytes_a", "sixteen_bytes_ab sixteen_bytes_ab",
+             "<|im_end|><|im_start|>", "x <|im_end|> y", "\n \n ", "é é", "e\u0301 e\u0301"]
+    texts += [_text(rng, rng.randint(0, 50)) for _ in range(300)] + [_text(rng, 3_000)]
+    for folder in (templates["qwen3"], byte_level("qwen2"), byte_level("llama3")):
+        renderer = load_renderer(str(folder))
+        encoder = TextEncoder(renderer.tokenizer)
+        for _ in range(2):  # cold, then every chunk known
+            ids, starts = encoder.encode(texts)
+            assert [ids[a:b].tolist() for a, b in zip(starts[:-1], starts[1:], strict=True)] == \
+                [renderer.encode(t) for t in texts]
+
+
+def test_a_tokenizer_whose_splits_are_not_known_is_tokenized_whole(byte_level: Any) -> None:
+    """ByteLevel with a prefix space: each chunk would get one of its own; the fallback is counted."""
+    renderer = load_renderer(str(byte_level("prefix")))
+    builder = TokenRowBuilder(renderer)
+    compared = _rows_equal_plain(renderer, _samples(seed=2, n=30), builder)
+    assert builder.encoder is not None and not builder.encoder.chunked
+    assert builder.encoder.why_whole == "a pre-tokenizer whose splits are not known here"
+    assert builder.encoder.stats["texts_whole"] == 2 * compared and builder.encoder.stats["texts_chunked"] == 0
+    assert builder.notes() == ["tokens: each rendered turn was tokenized whole (a pre-tokenizer whose splits are "
+                               "not known here): exact, slower"]
+
+
+def test_a_spot_check_that_differs_makes_every_row_the_plain_way(templates: dict[str, Path],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrong chunk id (what a wrong proof would give) is caught by the spot check of the first turn:
+    the rows are then made with apply_chat_template and whole texts, equal to the plain path."""
+    renderer = load_renderer(str(templates["chatml"]))
+    original = encode._Chunks.ids
+
+    def wrong(self: Any, entry: Any, text_chunk: Any) -> Any:
+        ids, starts = original(self, entry, text_chunk)
+        return ids + 1, starts
+
+    monkeypatch.setattr(encode._Chunks, "ids", wrong)
+    builder = TokenRowBuilder(renderer)
+    assert _rows_equal_plain(renderer, _samples(seed=4, n=20), builder) > 40
+    assert builder.stats["spot_mismatches"] == 1 and builder.mismatch == "s0#turn0" and builder.exact
+    assert builder.encoder is not None and builder.encoder.why_whole == "asked to be exact"
+    assert builder.notes() == ["tokens: row s0#turn0 differed from the plain path (the template and the tokenizer on "
+                               "each turn alone), so every row was made the plain way; please report it"]
+
+
+def test_export_rebuilds_the_splits_made_before_a_spot_check_differed(templates: dict[str, Path], tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The train split passes its spot checks; a wrong id from the 40th turn on (in the validation
+    split, built second) makes the export build both splits again the plain way, and say so."""
+    import gen_pipeline.export.core as core
+
+    root = tmp_path / "out"
+    with DatasetStore(root, "t", fingerprint={"model": "m", "dataset": "t"}, target=40) as store:
+        store.open()
+        store.write_samples([Sample(s["id"], "t", s["conversations"], {}) for s in _samples(seed=8, n=40)])
+    renderer = load_renderer(str(templates["kimi"]))
+    val = core.ValSplit(share=0.5)
+    validation = core.validation_ids((f"s{i}" for i in range(40)), val)
+    train_turns = sum(1 + i % 4 for i in range(40) if f"s{i}" not in validation)
+    calls = {"turns": 0}
+    original = encode._Chunks.ids
+
+    def wrong_later(self: Any, entry: Any, text_chunk: Any) -> Any:
+        ids, starts = original(self, entry, text_chunk)
+        calls["turns"] += (len(starts) - 1) // 2
+        return (ids + 1 if calls["turns"] > train_turns else ids), starts
+
+    monkeypatch.setattr(encode._Chunks, "ids", wrong_later)
+    monkeypatch.setattr(core, "check_reasoning", lambda *a, **k: ([], []))  # its own rows would count
+    monkeypatch.setattr(tokens, "SPOT_EVERY", 1)
+    monkeypatch.setattr(tokens, "BATCH_TURNS", 1)
+    opts = core.ExportOptions(output_root=root, datasets=("t",), out=tmp_path / "e.jsonl", format="tokens",
+                              tokenizer=str(templates["kimi"]), val=val)
+    summary = core.run_export(opts)
+    assert summary.rows["train"] == train_turns and 0 < summary.rows["validation"] < 100
+    rows = {r["id"]: r for p in (tmp_path / "e.jsonl", tmp_path / "e.val.ndjson")
+            for r in map(orjson.loads, p.read_bytes().splitlines())}
+    plain = _plain(renderer, _samples(seed=8, n=40))
+    ids = [f"s{i}#turn{k}" for i in range(40) for k in range(1 + i % 4)]
+    assert len(rows) == len(plain) == len(ids) == 100
+    assert [(rows[i]["input_ids"], rows[i]["loss_mask"]) for i in ids] == plain
+    assert any(n.startswith("tokens: row ") and n.endswith("made the plain way; please report it")
+               for n in summary.notes)
+
+
+def test_a_message_the_direct_template_was_not_probed_for_goes_through_apply_chat_template(
+        templates: dict[str, Path]) -> None:
+    renderer = load_renderer(str(templates["chatml"]))
+    odd = [{"role": "user", "content": "hi", "name": "x"}]  # a key the probes do not cover
+    plain = [{"role": "user", "content": "hello there"}]
+    texts = renderer.turn_texts([(odd, {"role": "assistant", "content": "a"}),
+                                 (plain, {"role": "assistant", "content": "b"})])
+    assert renderer._direct and texts == [renderer.turn_text(odd, {"role": "assistant", "content": "a"}),
+                                          renderer.turn_text(plain, {"role": "assistant", "content": "b"})]
+    assert renderer._direct.render_many([odd, plain], generation_prompt=True) == [
+        None, renderer.render(plain, generation_prompt=True)]
+
+
+def test_the_direct_template_is_refused_when_apply_does_not_render_it_as_probed(templates: dict[str, Path]) -> None:
+    renderer = load_renderer(str(templates["chatml"]))
+    source = renderer.tokenizer.get_chat_template()
+    assert DirectTemplate.probe(lambda m, g: "no template call", source) == (
+        None, "apply_chat_template does not render through one jinja2 template call")
+    assert DirectTemplate.probe(lambda m, g: renderer._apply(m, g).upper(), source) == (
+        None, "rendering the template directly differs from apply_chat_template")
+    direct, why = DirectTemplate.probe(renderer._apply, source)
+    assert direct is not None and why == ""
+
+
+def test_the_export_writes_the_fast_rows_and_says_nothing_of_them(templates: dict[str, Path],
+                                                                  tmp_path: Path) -> None:
+    import gen_pipeline.export.core as core
+
+    root = tmp_path / "out"
+    samples = _samples(seed=12, n=30)
+    with DatasetStore(root, "t", fingerprint={"model": "m", "dataset": "t"}, target=30) as store:
+        store.open()
+        store.write_samples([Sample(s["id"], "t", s["conversations"], {}) for s in samples])
+    summary = core.run_export(core.ExportOptions(output_root=root, datasets=("t",), out=tmp_path / "e.jsonl",
+                                                 format="tokens", tokenizer=str(templates["qwen3"])))
+    assert summary.rows == {"train": 73} and [n for n in summary.notes if n.startswith("tokens:")] == []
+    rows = {row["id"]: row for row in map(orjson.loads, (tmp_path / "e.jsonl").read_bytes().splitlines())}
+    plain = _plain(load_renderer(str(templates["qwen3"])), samples)
+    ids = [f"s{i}#turn{k}" for i in range(30) for k in range(1 + i % 4)]
+    assert [(rows[i]["input_ids"], rows[i]["loss_mask"]) for i in ids] == plain

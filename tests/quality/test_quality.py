@@ -1,0 +1,276 @@
+"""The quality gate's pure checks (gen_pipeline/quality): the streaming loop detector (loops of every
+kind caught near their start, natural text left alone, the same verdict in any chunking) and the
+leak checks of a finished turn (one reason code per case)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gen_pipeline.quality import (
+    THINK_MARKERS,
+    LeakReason,
+    LoopReason,
+    LoopThresholds,
+    LoopVerdict,
+    RepetitionDetector,
+    check_turn,
+    find_markers,
+    is_marker_only,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+PROSE = (
+    "The scheduler admits a request when its prompt fits the pool and reserves room for part of its "
+    "output; when the pool fills mid-decode it retracts the newest request, frees its memory and puts it "
+    "back in the queue, where it will be prefilled again later. Clients that flood the server therefore see "
+    "stalls of tens of seconds, while clients that send too little leave the cache idle. A controller that "
+    "watches the load and the measured throughput can keep the pool full without storms of retractions. "
+)
+STEP = ("Wait, let me re-check. If x = 7, then 3x + 4 = 25, which matches the equation, so x = 7 works. "
+        "The other root would make the denominator zero. So the answer is 7.\n\n")
+
+
+def feed_all(text: str, chunk: int = 7, thresholds: LoopThresholds | None = None) -> LoopVerdict | None:
+    det = RepetitionDetector(thresholds) if thresholds else RepetitionDetector()
+    for i in range(0, len(text), chunk):
+        if (v := det.feed(text[i:i + chunk])) is not None:
+            return v
+    return det.finish()
+
+
+def counting(n: int, item: str, fmt: str = "{k}. {item}\n", start: int = 1) -> str:
+    return "".join(fmt.format(k=k, item=item) for k in range(start, start + n))
+
+
+def thinking_rounds(n: int, seed: int = 3) -> str:
+    """A thinking loop whose rounds open with one of six sentences of 2-10 words, at random."""
+    rng = random.Random(seed)
+    openers = ("Wait, let me re-check.", "Hmm, let me verify this again.", "Actually, let me double-check.",
+               "Let me re-check this step.", "Wait.", "But wait, let me make sure.")
+    step = " If x = 7, then 3x + 4 = 25, which matches the equation, so x = 7 works. So the answer is 7.\n\n"
+    return "".join(rng.choice(openers) + (" Yes." if rng.random() < 0.2 else "") + step for _ in range(n))
+
+
+LINEAR = ("        self.linear_1 = nn.Linear(config.vision_config.hidden_size, config.text_config.hidden_size)\n"
+          "        self.linear_2 = nn.Linear(config.text_config.hidden_size, config.text_config.hidden_size)\n")
+
+
+LOOPS = [  # (name, natural prefix, loop text, reason, most characters from the loop's start to the abort)
+    ("the the the", PROSE, "The" + " the" * 2366, LoopReason.PERIOD, 1100),  # ~260 words
+    ("paragraph verbatim", STEP, (PROSE.strip() + "\n\n") * 20, LoopReason.PERIOD, 3 * len(PROSE) + 900),
+    ("counting list", PROSE, counting(300, "Check the input file for errors."), LoopReason.PERIOD, 1500),
+    ("step list", PROSE, counting(300, "verify the bound again.", "- Step {k}: {item}\n"), LoopReason.PERIOD, 1500),
+    ("thinking loop", PROSE, STEP * 40, LoopReason.PERIOD, 3 * len(STEP) + 1200),
+    ("blank lines", PROSE, "\n" * 5000, LoopReason.WHITESPACE, 400),
+    ("symbols", PROSE, "=" * 20000, LoopReason.PERIOD, 16 * 260),  # 16 "=" are one word (and one BPE token)
+    ("no spaces", PROSE, "ha" * 10000, LoopReason.PERIOD, 8 * 260),
+    ("CJK", "这是一个自然的开头。", "我们再检查一下这个步骤。" * 400, LoopReason.PERIOD, 12 * 60),
+    # the list's first number does not count on from anything: it keeps its value, the rest are "#"
+    ("counting from 17", PROSE, counting(300, "verify the bound again.", "- Step {k}: {item}\n", 17),
+     LoopReason.PERIOD, 1500),
+    ("a row of numbers", PROSE, "[0, 0, 1, 0, 2, 0, 3],\n" * 400, LoopReason.PERIOD, 500),
+    ("code with a sub-period", PROSE, LINEAR * 60, LoopReason.PERIOD, 1100),
+]
+
+
+@pytest.mark.parametrize(("name", "prefix", "loop", "reason", "max_chars"), LOOPS, ids=[x[0] for x in LOOPS])
+def test_loops_are_caught_near_their_start(name: str, prefix: str, loop: str, reason: LoopReason,
+                                           max_chars: int) -> None:
+    v = feed_all(prefix + loop)
+    assert v is not None, f"{name}: not caught"
+    assert v.reason is reason
+    assert len(prefix) < v.at_char <= len(prefix) + max_chars, (name, v, len(prefix))
+    assert abs(v.loop_start_char - len(prefix)) <= 2 * len(loop) // 10 + 80  # the estimate lands near the start
+
+
+def test_thinking_rounds_with_varying_openers_are_caught() -> None:
+    """Rounds of ~35 words opened by one of six sentences of 2-10 words: the opener breaks the
+    steady spacing of the n-grams around it (the first detector, with a slack of 8 words, never
+    fired on 200 rounds). Caught, late: the n-grams that span an opener recur at random spacings,
+    so steady repeats cover ~55 % of the window most of the time (bench/RESULTS.md)."""
+    v = feed_all(PROSE + thinking_rounds(200))
+    assert v is not None and v.reason is LoopReason.PERIOD
+    assert len(PROSE) < v.at_char <= len(PROSE) + 5000
+
+
+def test_the_the_the_is_stopped_within_512_tokens() -> None:
+    """The report of issue 22: "The the the …" 2,366 times; " the" is one token of any BPE tokenizer."""
+    v = feed_all("The" + " the" * 2366)
+    assert v is not None and v.period_words == 1
+    assert v.at_char // len(" the") <= 512
+
+
+NATURAL = [REPO / "README.md", REPO / "gen_pipeline" / "controller" / "core.py",
+           REPO / "gen_pipeline" / "store" / "dataset_store.py", REPO / "sglang_sim" / "engine.py"]
+
+
+@pytest.mark.parametrize("path", NATURAL, ids=lambda p: p.name)
+def test_natural_text_and_code_are_left_alone(path: Path) -> None:
+    assert feed_all(path.read_text()) is None
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("distinct numbered list", "".join(f"{k}. {w} is item number {k * 7} of the inventory.\n"
+                                       for k, w in enumerate(PROSE.split()[:60], 1))),
+    ("table of numbers", "| a | b | c |\n|---|---|---|\n" + "".join(f"| {k} | {k * k} | {k ** 3 % 97} |\n"
+                                                                     for k in range(200))),
+    ("one repeat is not a loop", (PROSE * 2)),
+    ("two repeats of a long block", (PROSE * 3) * 1),
+], ids=lambda x: x if isinstance(x, str) and len(x) < 40 else "")
+def test_repetitive_but_not_looping(name: str, text: str) -> None:
+    v = feed_all(text)
+    assert v is None, (name, v)
+
+
+_rng = random.Random(7)
+_NAMES = ["ada", "babbage", "curie", "davinci", "search", "similarity", "code", "text"]
+_OPS = ["lt", "le", "eq", "ne", "ge", "gt"]
+SEEN_AS_LOOPS_BEFORE = [  # natural text the first detector fired on (bench/RESULTS.md "Loop detector")
+    # pandas test_join: every line's first number was "#", so a column of numbers was "#," at period 2
+    ("a column of numbers", "left = np.array(\n    [\n"
+     + "".join(f"        {_rng.randint(0, 3)},\n" for _ in range(300)) + "    ]\n)\n"),
+    # bpe_openai compat: rows that differ in one name (made of words the text has used: not novel)
+    ("rows that differ in one name", "MODELS = {\n" + "".join(
+        f'    "{a}-{b}-001": _metadata("r50k_base", chunk_limit=2_048, special_tokens={{"<|endoftext|>": 50_256}}),\n'
+        for a, b in itertools.permutations(_NAMES, 2)) + "}\n"),
+    # packaging/version.py: sibling methods that differ in the operator
+    ("sibling methods", "class Version:\n    # " + " ".join(_OPS) + "\n" + "".join(
+        f"    def __{op}__(self, other: Version) -> bool:\n        if not isinstance(other, Version):\n"
+        "            return NotImplemented\n        if self._key is None:\n"
+        "            self._key = _cmpkey(self._epoch, self._release, self._pre, self._post)\n"
+        f"        return self._key.__{op}__(other._key)\n\n" for op in _OPS)),
+    # numpy test_arraypad: a row of numbers quoted a dozen times (few distinct n-grams, all numbers)
+    ("a row of numbers quoted 13 times", "b = np.array(\n    ["
+     + ",\n     ".join(["[5, 6, 6, 5, 4, 4, 5, 6, 6, 5, 4, 4, 5, 6, 6]"] * 13) + "]\n)\n"),
+]
+
+
+@pytest.mark.parametrize(("name", "text"), SEEN_AS_LOOPS_BEFORE, ids=[x[0] for x in SEEN_AS_LOOPS_BEFORE])
+def test_natural_repetition_the_first_detector_fired_on(name: str, text: str) -> None:
+    assert feed_all(text) is None
+    assert feed_all(PROSE + text) is None
+
+
+def test_a_long_block_quoted_three_times_is_a_loop_only_with_more_copies() -> None:
+    """Three copies of a 90-word block: one copy more than natural text usually has, so it fires
+    only once repeats cover period_share of the window."""
+    assert feed_all(PROSE * 3) is None
+    assert feed_all(PROSE * 6) is not None
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_any_chunking_gives_the_same_verdict(data: st.DataObject) -> None:
+    prefix = data.draw(st.sampled_from(["", PROSE, PROSE[:77], "数据" * 30]))
+    loop = data.draw(st.sampled_from([
+        "The" + " the" * 600, STEP * 12, counting(120, "Check the input."), "\n" * 600, "-=" * 2000,
+        PROSE, "x" * 3000, "ab " * 40 + "end.",
+    ]))
+    text = prefix + loop
+    whole = RepetitionDetector()
+    expected = whole.feed(text) or whole.finish()
+    cuts = sorted(set(data.draw(st.lists(st.integers(0, len(text)), max_size=60))))
+    det, got, before, after = RepetitionDetector(), None, 0, 0
+    for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True):
+        before = det.chars
+        if (got := det.feed(text[a:b])) is not None:
+            after = det.chars
+            break
+    else:
+        got, before, after = det.finish(), len(text), len(text)
+    assert got == expected
+    if got is not None:  # returned by the delta that completed the word that fired (+ the held-back word)
+        assert before <= got.at_char <= after
+        assert after - got.at_char <= max(b - a for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.text(min_size=0, max_size=3000), st.lists(st.integers(1, 40), min_size=1, max_size=20))
+def test_random_text_same_verdict_in_any_chunking(text: str, sizes: list[int]) -> None:
+    whole = RepetitionDetector()
+    expected = whole.feed(text) or whole.finish()
+    det, pos, k, got = RepetitionDetector(), 0, 0, None
+    while pos < len(text) and got is None:
+        got = det.feed(text[pos:pos + sizes[k % len(sizes)]])
+        pos += sizes[k % len(sizes)]
+        k += 1
+    assert (got or det.finish()) == expected
+
+
+def test_after_firing_the_verdict_sticks_and_finish_returns_it() -> None:
+    det = RepetitionDetector()
+    v = det.feed("The" + " the" * 1000)
+    assert v is not None
+    assert det.feed("completely new text") is v and det.finish() is v and det.verdict is v
+
+
+def test_memory_stays_bounded_on_a_long_natural_stream() -> None:
+    det = RepetitionDetector()
+    words = [f"w{k}x{k * 7919 % 104729}" for k in range(60_000)]  # never repeats
+    for k in range(0, len(words), 50):
+        assert det.feed(" ".join(words[k:k + 50]) + " ") is None
+    t = det.thresholds
+    assert len(det._last) <= 2 * t.max_period_words + 1
+    assert len(det._long_last) <= 2 * t.max_period_words + 1
+    assert len(det._window) == t.window_words
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"ngram_words": 0}, "ngram_words >= 1, window_words >= 8 and max_period_words >= 1 are required"),
+    ({"period_share": 1.5}, "period_share must be in (0, 1] and distinct_share in (0, 1)"),
+    ({"whitespace_run_chars": 0}, "whitespace_run_chars, max_word_chars and max_symbol_run_chars must be >= 1"),
+    ({"low_diversity_numeric_share": -0.1}, "low_diversity_numeric_share must be in [0, 1]"),
+])
+def test_thresholds_refuse_nonsense(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError) as e:
+        LoopThresholds(**kwargs)
+    assert str(e.value) == message
+
+
+# -- leaks ---------------------------------------------------------------------------------------
+LEAKS = [  # content, reasoning_content, finish_reason, reasoning expected, reason (None: a plain answer)
+    ("The answer is 4.", "2 + 2 = 4.", "stop", True, None),
+    ("The answer is 4.", None, "stop", False, None),
+    ("The answer is 4.", None, "stop", True, None),  # thinking may be skipped on easy turns
+    ("", None, "stop", False, LeakReason.EMPTY),
+    ("  \n ", "", "stop", True, LeakReason.EMPTY),
+    (None, "Let me think about the carry. 17 + 25 ...", "length", True, LeakReason.CUT_IN_REASONING),
+    ("", "", "length", True, LeakReason.EMPTY),
+    ("</think>", None, "stop", True, LeakReason.MARKER_ONLY),
+    ("<think>\n\n</think>\n\n", None, "stop", False, LeakReason.MARKER_ONLY),
+    ("◁think▷◁/think▷", None, "stop", True, LeakReason.MARKER_ONLY),
+    ("<|channel|>analysis<|message|><|end|>", None, "stop", True, LeakReason.MARKER_ONLY),
+    ("<think>2 + 2 = 4</think>The answer is 4.", None, "stop", False, LeakReason.THINK_MARKER),
+    ("The answer is 4.◁/think▷", "x", "stop", True, LeakReason.THINK_MARKER),
+    ("Okay, the user asks for the sum. Let me add 17 and 25: 7 + 5 = 12, carry", None, "length", True,
+     LeakReason.REASONING_IN_CONTENT),
+    ("A long answer cut by the cap", None, "length", False, None),  # no thinking asked: a plain truncation
+    ("A long answer cut by the cap", "short thought", "length", True, None),
+]
+
+
+@pytest.mark.parametrize(("content", "reasoning", "finish", "expected_reasoning", "reason"), LEAKS)
+def test_leak_checks(content: str | None, reasoning: str | None, finish: str, expected_reasoning: bool,
+                     reason: LeakReason | None) -> None:
+    finding = check_turn(content, reasoning, finish, reasoning_expected=expected_reasoning)
+    assert (finding.reason if finding else None) is reason
+
+
+def test_leak_details_say_what_was_found() -> None:
+    f = check_turn("Sure.</think>The answer.", None, "stop", reasoning_expected=True)
+    assert f is not None and f.detail == "content holds '</think>' at char 5 (1 markers)"
+    f = check_turn(None, "thinking " * 10, "length", reasoning_expected=True)
+    assert f is not None and f.detail == "finish_reason length with 90 chars of reasoning and no content"
+
+
+def test_every_marker_is_found_and_alone_is_marker_only() -> None:
+    for marker in THINK_MARKERS:
+        assert find_markers(f"a {marker} b") == [(2, marker)]
+        assert is_marker_only(f"\n{marker}\n")
+    assert not is_marker_only("plain text") and not is_marker_only("") and not is_marker_only("</think> hi")

@@ -1,0 +1,336 @@
+"""Issue 13: telemetry of every load poll, the report and the diagnosis, on simulator runs built to
+land in each regime (real CLI subprocesses, the simulator over TCP)."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gen_pipeline.errors import ConfigError
+from gen_pipeline.reports import diagnose as bottleneck
+from gen_pipeline.store.telemetry import (
+    ARCHIVE_NAME,
+    TELEMETRY_NAME,
+    Telemetry,
+    append_rows,
+    decimate,
+    read_file,
+    read_telemetry,
+)
+
+from pipeline_helpers import (
+    REPO,
+    assert_exact,
+    freeze,
+    kill_group,
+    make_rows,
+    run_cli,
+    start_cli,
+    wait_for,
+    write_dataset,
+)
+
+FAST = ["--sim-profile", "fast", "--sim-startup-s", "0.2"]
+
+
+def _config(tmp: Path, keys: dict, extra_args: list[str]) -> Path:
+    """A config dir with server.toml + a profile `t` inheriting the small simulator."""
+    cfg = tmp / "cfg"
+    cfg.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "datasets_cfg" / "server.toml", cfg / "server.toml")
+    lines = [f"{k} = {orjson.dumps(v).decode()}" for k, v in keys.items()]
+    with open(cfg / "server.toml", "a") as f:
+        f.write('\n[profile.t]\ninherits = "sim"\n' + "\n".join(lines)
+                + f"\nextra_args = {orjson.dumps(extra_args).decode()}\n")
+    return cfg
+
+
+def scenario(tmp: Path, *, keys: dict | None = None, sim: list[str], target: int, max_new_tokens: int,
+             window: int | None = None, rows: list[dict] | None = None,
+             extra: tuple[str, ...] = ()) -> tuple[str, list[dict]]:
+    """Generate dataset T on profile `t` to its target; (diagnose's output, telemetry rows)."""
+    cfg = _config(tmp, keys or {}, sim)
+    write_dataset(cfg, rows=rows if rows is not None else make_rows(target + 20), target=target,
+                  max_new_tokens=max_new_tokens, shard_max_samples=500, fsync_every=64)
+    out = tmp / "out"
+    gen = run_cli("generate", "--dataset", cfg / "T.toml", "--server", "t", "--config-dir", cfg, "--output-dir", out,
+                  "--progress", "quiet", "--poll-interval-s", "0.25", *(["--window", str(window)] if window else []),
+                  *extra, timeout_s=560)  # a bound for a stuck run only: the slow scenarios take minutes when loaded
+    assert gen.returncode == 0, gen.stdout + gen.stderr
+    d = run_cli("diagnose", "--dataset", "T", "--output-dir", out, "--config-dir", cfg)
+    assert d.returncode == 0, d.stderr
+    return d.stdout, read_telemetry(out / "T")
+
+
+def rules(text: str) -> list[str]:
+    return [line.split(":")[0] for line in text.splitlines() if line and not line.startswith((" ", "T:"))]
+
+
+# ---------------------------------------------------------------- the file
+
+
+def _row(i: int, run: int = 1, restarts: int = 0) -> dict:
+    return {"t": 1000.0 + i, "t_run_s": float(i), "run": run, "restarts": restarts, "in_flight": 4, "window": 4}
+
+
+def test_torn_tail_is_skipped_and_mended(tmp_path: Path) -> None:
+    path = tmp_path / TELEMETRY_NAME
+    append_rows(path, [_row(0), _row(1)])
+    with open(path, "ab") as f:
+        f.write(b'{"t": 1002.0, "t_run_s": 2.0, "ru')  # kill -9 mid-write
+    assert [r["t_run_s"] for r in read_file(path)] == [0.0, 1.0]
+    append_rows(path, [_row(3, run=2)], mend_tail=True)  # the next run's first row is not swallowed
+    assert [(r["run"], r["t_run_s"]) for r in read_telemetry(tmp_path)] == [(1, 0.0), (1, 1.0), (2, 3.0)]
+
+
+def test_rotation_bounds_bytes_and_keeps_boundaries(tmp_path: Path) -> None:
+    path, max_bytes = tmp_path / TELEMETRY_NAME, 4096
+    for i in range(3000):
+        append_rows(path, [_row(i, run=1 + i // 1000, restarts=int(i > 1500))], max_bytes=max_bytes)
+    total = path.stat().st_size + (tmp_path / ARCHIVE_NAME).stat().st_size
+    assert total <= 2 * max_bytes + 200, total
+    rows = read_telemetry(tmp_path)
+    assert rows[-1]["t_run_s"] == 2999.0 and len(rows) < 3000
+    kept = {(r["run"], r["restarts"]) for r in rows}
+    assert kept == {(1, 0), (2, 0), (2, 1), (3, 1)}  # every run and restart still visible
+    assert [r["t"] for r in rows] == sorted(r["t"] for r in rows)
+    assert decimate([_row(i) for i in range(25)], 10) == [_row(0), _row(10), _row(20), _row(24)]
+
+
+def test_disk_error_turns_telemetry_off_once(tmp_path: Path) -> None:
+    (tmp_path / TELEMETRY_NAME).mkdir()  # cannot be opened as a file
+    events: list[str] = []
+    tel = Telemetry(tmp_path, run=1, on_event=events.append)
+    from gen_pipeline.records import RunSnapshot
+    snapshot = RunSnapshot(done=0, target=1, samples_per_s=0.0, tokens_per_s=0.0, in_flight=0, window=1)
+    for _ in range(5):
+        tel.poll(snapshot)
+    tel.close()
+    assert len(events) == 1 and "telemetry off" in events[0] and TELEMETRY_NAME in events[0], events
+    assert tel.enabled is False
+
+
+def test_unwritable_telemetry_never_fails_a_run(tmp_path: Path) -> None:
+    toml = write_dataset(tmp_path / "ds", target=40, max_new_tokens=48)
+    (tmp_path / "out" / "T" / TELEMETRY_NAME).mkdir(parents=True)
+    r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", tmp_path / "out",
+                "--progress", "quiet")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("telemetry off for this run") == 1, r.stdout
+    assert_exact(tmp_path / "out", 40)
+
+
+@pytest.mark.e2e  # the process is the subject: make e2e
+def test_telemetry_survives_kill_9_and_resume_appends(tmp_path: Path) -> None:
+    # 150 outputs of ~300 tokens take >= 2 simulated s (~1 s real at --time-scale 2) over a 24,576-token
+    # pool, far more than the 3 polls (0.15 s) awaited: the run is mid-way when it is frozen, then killed.
+    cfg = _config(tmp_path, {}, FAST + ["--time-scale", "2", "--sim-output-mean", "300"])
+    toml = write_dataset(cfg, rows=make_rows(200), target=150, max_new_tokens=400)
+    out, path = tmp_path / "out", tmp_path / "out" / "T" / TELEMETRY_NAME
+    args = ("generate", "--dataset", toml, "--server", "t", "--config-dir", cfg, "--output-dir", out,
+            "--progress", "log", "--poll-interval-s", "0.05")
+    proc = start_cli(*args, log=tmp_path / "cli.log")
+    wait_for(lambda: path.exists() and path.read_bytes().count(b"\n") >= 3, timeout_s=60, interval_s=0.005)
+    freeze(proc)
+    assert proc.poll() is None  # still running: the kill lands mid-run
+    kill_group(proc, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL
+    first = read_file(path)
+    with open(path, "ab") as f:
+        f.write(b'{"t": 17')  # what a kill inside a write leaves
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = read_telemetry(out / "T")
+    assert rows[:len(first)] == first  # nothing of the killed run lost
+    second = [x for x in rows if x["run"] == 2]
+    assert len(second) >= 1 and len(rows) == len(first) + len(second)
+    assert second[-1]["done"] == 150 and {x["run"] for x in rows} == {1, 2}
+    assert all(set(x) >= {"window", "in_flight", "running", "queued", "kv_usage", "kv_capacity_tokens", "gen_tok_s",
+                          "retractions", "mode", "reason", "restarts", "client_cpu"} for x in rows)
+    # the CLI's own CPU, in cores: a figure once the run is a second old (a poll a second here)
+    assert all(x["client_cpu"] is None or 0 <= x["client_cpu"] < 8 for x in rows)
+    assert any(x["client_cpu"] is not None for x in rows)
+    assert_exact(out, 150)
+
+
+# ---------------------------------------------------------------- report
+
+
+def _png_of(page: str) -> bytes:
+    b64 = page.split("data:image/png;base64,", 1)[1].split('"', 1)[0]
+    return base64.b64decode(b64)
+
+
+def test_report_renders_from_the_demo_run(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    g = run_cli("generate", "--dataset", "demo", "--server", "sim", "--output-dir", out, "--progress", "quiet")
+    assert g.returncode == 0, g.stderr
+    r = run_cli("report", "--dataset", "demo", "--output-dir", out)
+    assert r.returncode == 0, r.stderr
+    page = (out / "demo" / "report.html").read_text()
+    assert _png_of(page)[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "240/240" in page and "finished" in page  # the status table
+    assert "1 run(s), 0 server restart(s)" in page
+    assert r.stdout.startswith(f"{out / 'demo' / 'report.html'}: ")
+
+
+def test_report_and_diagnose_mark_a_server_restart(tmp_path: Path) -> None:
+    text, rows = scenario(tmp_path, sim=FAST + ["--time-scale", "4", "--sim-output-mean", "200", "--sim-crash-after",
+                                                "40"], target=100, max_new_tokens=300)
+    restarts = max(r["restarts"] for r in rows)
+    assert restarts >= 1
+    assert rules(text)[0] == "server_restarts" and f"restarted {restarts} time(s) (run 1: {restarts})" in text, text
+    r = run_cli("report", "--dataset", "T", "--output-dir", tmp_path / "out", "--config-dir", tmp_path / "cfg",
+                "--out", tmp_path / "r.html")
+    assert r.returncode == 0, r.stderr
+    page = (tmp_path / "r.html").read_text()
+    assert f"1 run(s), {restarts} server restart(s)" in page and "server_restarts" in page
+    assert len(_png_of(page)) > 10_000
+    from gen_pipeline.reports.page import timeline
+    assert len(timeline(rows)[2]) == restarts  # a red line per restart
+
+
+def test_report_names_the_missing_extra(monkeypatch) -> None:
+    from gen_pipeline.reports import page as telemetry_report
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(ConfigError, match=r"gen-pipeline\[report\]"):
+        telemetry_report.plot_png([_row(0)], "x")
+
+
+def test_diagnose_without_telemetry_says_so(tmp_path: Path) -> None:
+    (tmp_path / "T").mkdir()
+    r = run_cli("diagnose", "--dataset", "T", "--output-dir", tmp_path)
+    assert r.returncode == 0 and "no telemetry yet" in r.stdout
+    r = run_cli("diagnose", "--dataset", "nope", "--output-dir", tmp_path)
+    assert r.returncode == 2 and "no such output folder" in r.stderr
+
+
+# ---------------------------------------------------------------- one simulator run per verdict
+
+
+@pytest.mark.slow  # 200x simulated time: a CPU-starved client reads as client_bound (make chaos)
+def test_kv_bound_seed_b2(tmp_path: Path) -> None:
+    """The seed's B2: bf16 KV at 0.85 (116K tokens), 4K-token outputs, 150 in flight."""
+    text, rows = scenario(tmp_path, keys={"mem_fraction_static": 0.85, "kv_cache_dtype": "bf16",
+                                          "enable_hierarchical_cache": False, "hicache_size_gb": 0},
+                          sim=["--sim-profile", "seed", "--time-scale", "200", "--sim-startup-s", "0.2",
+                               "--sim-output-mean", "4000", "--sim-output-spread", "0.25"],
+                          target=300, max_new_tokens=8192, window=150)
+    assert rules(text)[0] == "kv_bound", text
+    assert "116,000 KV tokens" in text and "fp8_e4m3: 2x the KV tokens (116,000 → 232,000," in text
+    assert "2.0x decode slots" in text  # more than twice the running requests want a slot
+    assert "hierarchical cache" in text and "adds no decode slots" in text
+    assert rows[0]["kv_capacity_tokens"] == 116_000 and rows[0]["kv_dtype"] == "bf16"
+
+
+@pytest.mark.slow  # ~10-20 s of simulator run each on a loaded machine (make chaos)
+def test_admission_bound(tmp_path: Path) -> None:
+    text, _ = scenario(tmp_path, keys={"max_running_requests": 8},
+                       sim=FAST + ["--time-scale", "2", "--sim-output-mean", "200"], target=150, max_new_tokens=300,
+                       window=64)
+    assert "admission_bound" in rules(text), text
+    assert "of max_running_requests 8" in text and "raise --max-running-requests" in text
+
+
+@pytest.mark.slow  # ~10-20 s of simulator run each on a loaded machine (make chaos)
+def test_compute_bound_by_reservation(tmp_path: Path) -> None:
+    """KV nearly empty yet requests wait: the scheduler reserves for max_new_tokens, not the real outputs."""
+    text, _ = scenario(tmp_path, sim=FAST + ["--time-scale", "2", "--sim-output-mean", "100"], target=150,
+                       max_new_tokens=16384, window=64)
+    assert "compute_bound" in rules(text), text
+
+
+@pytest.mark.slow  # ~10-20 s of simulator run each on a loaded machine (make chaos)
+@pytest.mark.timeout(600)  # 30,100 rows read twice (the pre-launch check, the run): minutes on a loaded machine
+def test_client_bound_by_a_slow_source(tmp_path: Path) -> None:
+    """Most rows are invalid: the producer spends its time filtering, the window is not kept full.
+
+    Sized by work, not by timing: each valid row costs the producer 300 rejected rows while its request
+    (a 2-token output) costs the server three steps, so about one request is in flight of a window of
+    48 and the server has nothing to queue at most polls, on any machine (the producer and the
+    simulator slow down together); 100 valid rows take several times the polls (every 0.05 s) that a
+    verdict needs."""
+    good = make_rows(100)
+    bad = {"id": "x", "messages": [{"role": "user", "content": ""}]}
+    rows = [r for g in good for r in [g] + [{**bad, "id": f"{g['id']}-bad{k}"} for k in range(300)]]
+    text, _ = scenario(tmp_path, sim=FAST + ["--time-scale", "10", "--sim-output-mean", "2", "--sim-output-spread",
+                                             "0"], target=100, max_new_tokens=4, window=48, rows=rows,
+                       extra=("--proceed-anyway",  # the pre-launch check refuses a mostly-rejected source
+                              "--poll-interval-s", "0.05"))
+    assert "client_bound" in rules(text), text
+
+
+@pytest.mark.slow  # ~10-20 s of simulator run each on a loaded machine (make chaos)
+def test_retraction_storm(tmp_path: Path) -> None:
+    """A small pool (24,576 tokens), outputs (~6K) beyond SGLang's 4,096-token reservation clip: it admits
+    more than fit, the pool fills mid-decode and it retracts, again and again."""
+    text, rows = scenario(tmp_path, sim=FAST + ["--time-scale", "20", "--sim-output-mean", "6000",
+                                                "--sim-output-spread", "0.1"], target=40, max_new_tokens=8192,
+                          window=60)
+    assert "retraction_storm" in rules(text), text
+    assert rows[-1]["retractions"] >= 10 and f"{rows[-1]['retractions']} retractions for 40 completed" in text
+
+
+@pytest.mark.slow  # ~10-20 s of simulator run each on a loaded machine (make chaos)
+def test_idle_tail(tmp_path: Path) -> None:
+    """Heavy-tailed output lengths: the last, longest requests run alone."""
+    text, _ = scenario(tmp_path, sim=FAST + ["--time-scale", "2", "--sim-output-mean", "150",
+                                             "--sim-output-spread", "1.4"], target=200, max_new_tokens=6000,
+                       window=40)
+    assert "idle_tail" in rules(text), text
+
+
+def test_rules_are_pure_on_rows() -> None:
+    """Each rule reads only rows: a synthetic flat run fires nothing, a short one says so."""
+    flat = [{**_row(i), "running": 4, "queued": 0, "kv_usage": 0.5, "window": 10, "in_flight": 10, "done": i}
+            for i in range(30)]
+    assert bottleneck.diagnose(flat) == []
+    assert bottleneck.diagnose(flat[:3])[0].rule == "too_short"
+
+
+def _h200_streamed(i: int, cpu: float | None, queued: int = 0) -> dict:
+    """A poll of the H200 run that was client-bound (short outputs, SGLang's --stream-interval 1, fixed
+    window 128): 58 running, nothing queued, the generate process at ~0.9 of a core."""
+    return {**_row(i), "window": 128, "in_flight": 128, "running": 58, "queued": queued, "kv_usage": 0.3,
+            "gen_tok_s": 8100.0, "client_tok_s": 8000.0, "client_cpu": cpu, "done": 10 * i}
+
+
+def test_a_client_at_a_core_with_free_server_slots_is_client_bound_and_told_the_fix() -> None:
+    rows = [_h200_streamed(i, 0.92 if i % 2 else 0.9) for i in range(30)]
+    verdicts = [v for v in bottleneck.diagnose(rows) if v.rule == "client_bound"]
+    assert [line for v in verdicts for line in v.lines()] == [
+        "client_bound: the client's own CPU bounds the run",
+        "  the generate process used 0.91 of a core (median of 24 steady polls) while the server ran 58 requests "
+        "of a window of 128 (in flight 100% of it on average) and queued requests in 0% of polls",
+        "  → each streamed chunk costs the client CPU: raise SGLang's --stream-interval (e.g. 8, the shipped "
+        "profiles' stream_interval; a loop is then aborted at most 7 tokens later) or set [generation] on_loop = "
+        '"off" (turns sent whole, no loop gate)']
+
+
+@pytest.mark.parametrize("cpu, queued", [(0.4, 0), (None, 0), (0.95, 20)])
+def test_a_client_with_cpu_to_spare_or_a_server_that_queues_is_not_client_bound(cpu: float | None,
+                                                                                  queued: int) -> None:
+    rows = [_h200_streamed(i, cpu, queued) for i in range(30)]
+    assert "client_bound" not in [v.rule for v in bottleneck.diagnose(rows)]
+
+
+def test_levers_are_plans_arithmetic() -> None:
+    """The memory-fraction lever is plan's +0.01 figure; fp8 doubles the tokens; hicache adds no slots."""
+    import json
+
+    from gen_pipeline.server.plan import plan
+    cfg = json.loads((REPO / "datasets_cfg" / "models" / "kimi-k2.5-config.json").read_text())
+    p = plan(cfg, gpu_mem_gb=141, tp_size=8, mem_fraction_static=0.85, tokens_per_sample=4000, weights_gb=594)
+    per_001 = p.options[0].tokens_per_0_01
+    levers = bottleneck.kv_levers(116_000, "bf16", 4000, running=30, queued=100,
+                                  hw=bottleneck.Hardware(cfg, 141, 8, "kimi"))
+    assert "(116,000 → 232,000, 58 requests at their end) → ~60 running of the 130 wanting a slot: 2.0x" in levers[0]
+    assert f"+{per_001:,} KV tokens (+{per_001 / 4000:.0f} slots" in levers[1]
+    assert "adds no decode slots" in levers[2]
+    assert not bottleneck.kv_levers(232_000, "fp8_e4m3", 4000, 60, 10)[0].startswith("--kv-cache-dtype")

@@ -1,0 +1,142 @@
+"""Issue 5.2: server faults through the simulator. Each run ends complete and exact, or (every retry
+exhausted) with the failure recorded in errors.jsonl with its reason and retried by the next run."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from sglang_sim.testing import start_sim
+
+from pipeline_helpers import REPO, SIM_FAST, assert_exact, make_rows, run_cli, write_dataset
+
+NO_FAULTS = {"error_rate": 0.0, "error_status": 500, "429_rate": 0.0, "stall_rate": 0.0, "cut_rate": 0.0,
+             "bad_json_rate": 0.0, "wrong_content_type_rate": 0.0, "no_usage_rate": 0.0, "crash_after": 0}
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with start_sim(SIM_FAST, ready_timeout_s=30) as s:
+        yield s
+
+
+def set_faults(url: str, **faults: float) -> None:
+    r = httpx.post(url + "/sim/faults", json={**NO_FAULTS, **faults}, timeout=5)
+    assert r.status_code == 200, r.text
+
+
+def fault_count(url: str, kind: str) -> int:
+    return httpx.get(url + "/sim/stats", timeout=5).json()["faults"][kind]
+
+
+def dataset(folder: Path, *, timeout_s: float = 20, max_attempts: int = 8, rows: int = 80) -> Path:
+    toml = write_dataset(folder, target=60, max_new_tokens=64, shard_max_samples=16, fsync_every=4,
+                         rows=make_rows(rows))
+    text = toml.read_text().replace("request_timeout_s = 20", f"request_timeout_s = {timeout_s}")
+    toml.write_text(text.replace("max_attempts = 8", f"max_attempts = {max_attempts}"))
+    return toml
+
+
+def generate(toml: Path, out: Path, *where: str):
+    return run_cli("generate", "--dataset", toml, *where, "--output-dir", out, "--progress", "quiet")
+
+
+def errors(out: Path) -> list[dict]:
+    path = out / "T" / "errors.jsonl"
+    return [orjson.loads(x) for x in path.read_bytes().splitlines()] if path.exists() else []
+
+
+@pytest.mark.parametrize("faults", [
+    {"error_rate": 0.3},
+    {"error_rate": 0.3, "error_status": 503},
+    {"429_rate": 0.3},
+    {"cut_rate": 0.3},
+    {"bad_json_rate": 0.3},
+    {"wrong_content_type_rate": 0.3},
+    {"no_usage_rate": 0.3},
+], ids=lambda f: "-".join(f"{k}={v}" for k, v in f.items()))
+def test_response_faults_end_exact(tmp_path: Path, sim, faults: dict) -> None:
+    kind = {"error_rate": "error", "429_rate": "429", "cut_rate": "cut", "bad_json_rate": "bad_json",
+            "wrong_content_type_rate": "wrong_content_type", "no_usage_rate": "no_usage"}[next(iter(faults))]
+    before = fault_count(sim.url, kind)
+    set_faults(sim.url, **faults)
+    try:
+        r = generate(dataset(tmp_path / "ds"), tmp_path / "out", "--server-url", sim.url)
+    finally:
+        set_faults(sim.url)
+    assert fault_count(sim.url, kind) - before >= 5  # the faults did hit this run
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stdout.strip().splitlines()[-1].startswith("T: 60/60 samples (100.0%), +60 this run in ")
+    assert_exact(tmp_path / "out", 60)
+
+
+def test_stalled_responses_time_out_and_retry(tmp_path: Path, sim) -> None:
+    before = fault_count(sim.url, "stall")
+    set_faults(sim.url, stall_rate=0.15, stall_s=4.0)
+    try:
+        r = generate(dataset(tmp_path / "ds", timeout_s=1.0), tmp_path / "out", "--server-url", sim.url)
+    finally:
+        set_faults(sim.url)
+    assert fault_count(sim.url, "stall") - before >= 3
+    assert r.returncode == 0, r.stderr
+    assert_exact(tmp_path / "out", 60)
+
+
+def test_exhausted_retries_are_recorded_and_retried_next_run(tmp_path: Path, sim) -> None:
+    toml = dataset(tmp_path / "ds", max_attempts=2, rows=60)
+    out = tmp_path / "out"
+    set_faults(sim.url, error_rate=0.35, seed=7)
+    try:
+        first = generate(toml, out, "--server-url", sim.url)
+    finally:
+        set_faults(sim.url)
+    assert first.returncode == 0, first.stderr
+    failed = errors(out)
+    assert failed, first.stdout
+    assert {e["reason"] for e in failed} == {"http_500"}, failed
+    assert all(e["retryable"] is True and e["run"] == 1 and "gave up after 2 attempts" in e["detail"] for e in failed)
+    assert "the source has no more prompts; run again to retry the failed ones." in first.stdout
+    second = generate(toml, out, "--server-url", sim.url)
+    assert second.returncode == 0, second.stderr
+    ids = {s["id"] for s in assert_exact(out, 60)}
+    assert {e["id"] for e in failed} <= ids
+
+
+def _config_dir(tmp_path: Path, name: str, extra_args: list[str]) -> Path:
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    shutil.copy(REPO / "datasets_cfg" / "server.toml", cfg / "server.toml")
+    base = ["--sim-profile", "fast", "--time-scale", "10", "--sim-startup-s", "0.5", "--sim-output-mean", "160",
+            "--sim-output-spread", "0.6"]
+    with open(cfg / "server.toml", "a") as f:
+        f.write(f'\n[profile.{name}]\ninherits = "sim"\nextra_args = {orjson.dumps(base + extra_args).decode()}\n')
+    return cfg
+
+
+@pytest.mark.e2e  # the launcher restarting its server process (a real-time /health window): make e2e
+def test_server_crash_mid_run_is_restarted_and_completes(tmp_path: Path) -> None:
+    cfg = _config_dir(tmp_path, "crashy", ["--sim-crash-after", "25"])
+    out = tmp_path / "out"
+    r = generate(dataset(tmp_path / "ds"), out, "--server", "crashy", "--config-dir", cfg)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert_exact(out, 60)
+    assert "SGLang exited with code 1; dispatch paused" in r.stdout, r.stdout
+    assert "restarting SGLang in 0.5 s (restart 1 of 3)" in r.stdout, r.stdout
+
+
+@pytest.mark.e2e  # the launcher restarting its server process (a real-time /health window): make e2e
+def test_health_flapping_completes(tmp_path: Path) -> None:
+    # /health answers 503 from 0.5 s to 3 s after each start; stalls keep the run going past that window
+    cfg = _config_dir(tmp_path, "flappy", ["--sim-health-503-after-s", "0.5", "--sim-health-503-for-s", "2.5",
+                                           "--sim-stall-rate", "0.5", "--sim-stall-s", "0.5"])
+    out = tmp_path / "out"
+    r = generate(dataset(tmp_path / "ds"), out, "--server", "flappy", "--config-dir", cfg, "--window", "4")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SGLang failed 3 health checks in a row; dispatch paused" in r.stdout, r.stdout
+    assert "SGLang is back (restart 1)" in r.stdout, r.stdout
+    assert_exact(out, 60)

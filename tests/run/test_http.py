@@ -1,0 +1,374 @@
+"""gen_pipeline/http.py: httpx's failures mapped to ours (in-process, MockTransport), the timeouts told
+apart over real sockets (a black-holed server is a connect failure, a silent one a read timeout), the
+pool not capped below max_connections, and the streaming POST read line by line."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import anyio
+import httpx
+import pytest
+
+from gen_pipeline.config.dataset import GenerationConfig
+from gen_pipeline.http import (
+    CONNECTIONS_PER_POOL,
+    BadBody,
+    BadStatus,
+    CannotConnect,
+    ConnectionLost,
+    HttpError,
+    NoAnswer,
+    open_http,
+)
+
+from mock_http import mock_http
+
+URL = "http://s:30000/v1/chat/completions"
+
+
+def raising(exc: type[Exception], message: str = "") -> object:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise exc(message, request=request)
+    return handler
+
+
+@pytest.mark.parametrize(("exc", "message", "ours", "kind", "text"), [
+    (httpx.ConnectError, "All connection attempts failed", CannotConnect, "connect",
+     "cannot connect to s:30000: All connection attempts failed"),
+    (httpx.ConnectTimeout, "", CannotConnect, "connect",
+     "cannot connect to s:30000: no connection within 10 s (the host is down, or something on the way drops "
+     "the packets)"),
+    (httpx.ReadTimeout, "", NoAnswer, "timeout", "no answer within the request timeout (3600 s)"),
+    (httpx.WriteTimeout, "", NoAnswer, "timeout", "no answer within the request timeout (3600 s)"),
+    (httpx.RemoteProtocolError, "peer closed connection without sending complete message body", ConnectionLost,
+     "connection", "the connection to s:30000 was lost (RemoteProtocolError: peer closed connection without "
+     "sending complete message body)"),
+    (httpx.ReadError, "", ConnectionLost, "connection",
+     "the connection to s:30000 was lost (ReadError: no detail)"),
+    (httpx.DecodingError, "Error -3 while decompressing data", BadBody, "bad_body",
+     f"the body from {URL} cannot be decoded: Error -3 while decompressing data"),
+])
+async def test_each_failure_has_its_kind_and_message(exc, message, ours, kind, text) -> None:
+    async with mock_http(raising(exc, message)) as http:
+        with pytest.raises(HttpError) as e:
+            await http.post_json(URL, {"x": 1})
+    assert type(e.value) is ours
+    assert (e.value.kind, str(e.value), e.value.url) == (kind, text, URL)
+
+
+async def test_a_status_is_an_answer_for_get_and_post_and_an_error_for_get_json() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path == "/busy":
+            return httpx.Response(503, json={"message": "busy"})
+        if request.url.path == "/html":
+            return httpx.Response(200, html="<h1>hi</h1>")
+        return httpx.Response(200, json={"ok": True})
+
+    async with mock_http(handler) as http:
+        reply = await http.post_json("http://s/busy", b'{"pre": "serialised"}')
+        assert (reply.status, reply.reason, reply.json()) == (503, "Service Unavailable", {"message": "busy"})
+        assert seen[0].content == b'{"pre": "serialised"}' and seen[0].headers["content-type"] == "application/json"
+        assert (await http.get("http://s/busy")).status == 503
+        assert await http.get_json("http://s/ok") == {"ok": True}
+        assert await http.get_text("http://s/html") == "<h1>hi</h1>"
+        with pytest.raises(BadStatus) as e:
+            await http.get_bytes("http://s/busy")
+        assert (str(e.value), e.value.reply.status, e.value.kind) == ("HTTP 503 from http://s/busy", 503, "status")
+        with pytest.raises(BadBody) as bad:
+            await http.get_json("http://s/html")
+        assert str(bad.value) == "the body from http://s/html is not JSON (content-type text/html; charset=utf-8)"
+
+
+# ---------------------------------------------------------------- real sockets: the timeouts told apart
+
+@pytest.fixture
+def black_hole() -> Iterator[str]:
+    """A URL whose TCP handshake never completes: the listener's accept queue (backlog 0 holds one
+    connection) is full and never drained, so Linux drops every further SYN, as a firewall that drops
+    packets does. Nothing is accepted, nothing answers."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    fillers = []
+    for _ in range(2):  # the first fills the queue; the second waits in SYN_SENT, as ours will
+        filler = socket.socket()
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):  # non-blocking: the connect goes on in the kernel
+            filler.connect(("127.0.0.1", port))
+        fillers.append(filler)
+    yield f"http://127.0.0.1:{port}"
+    for s in [*fillers, server]:
+        s.close()
+
+
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """A URL where the kernel completes the handshake and takes the request (a listening socket with
+    room in its queue), but no program ever reads it or answers: a server that accepted and hangs."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    server.close()
+
+
+async def test_a_black_holed_server_is_a_connect_failure_after_the_connect_timeout(black_hole) -> None:
+    generation = GenerationConfig(connect_timeout_s=0.3, request_timeout_s=60)
+    async with open_http(generation, 4) as http:
+        started = time.monotonic()
+        with pytest.raises(CannotConnect) as e:
+            await http.post_json(black_hole + "/v1/chat/completions", {"x": 1})
+    assert time.monotonic() - started < 30  # the connect timeout ended it, not the 60 s read timeout
+    assert str(e.value) == (f"cannot connect to {black_hole[7:]}: no connection within 0.3 s (the host is down, "
+                            "or something on the way drops the packets)")
+
+
+async def test_a_server_that_accepts_and_never_answers_is_a_read_timeout(silent_server) -> None:
+    generation = GenerationConfig(connect_timeout_s=30, request_timeout_s=0.3)
+    async with open_http(generation, 4) as http:
+        with pytest.raises(NoAnswer) as e:
+            await http.post_json(silent_server + "/v1/chat/completions", {"x": 1})
+        assert str(e.value) == "no answer within the request timeout (0.3 s)"
+        with pytest.raises(NoAnswer) as control:  # a control call's own timeout
+            await http.get(silent_server + "/health", timeout_s=0.2)
+        assert str(control.value) == "no answer within the request timeout (0.2 s)"
+
+
+async def test_nothing_listening_is_a_connect_failure_with_the_os_reason() -> None:
+    with socket.socket() as s:  # a port nothing listens on (bound, not listening: refused)
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+        async with open_http(GenerationConfig(), 4) as http:
+            with pytest.raises(CannotConnect) as e:
+                await http.get(url + "/health", timeout_s=5)
+    assert (e.value.why, str(e.value)) == ("Connection refused",
+                                          f"cannot connect to {url[7:]}: Connection refused")
+
+
+async def test_the_pool_holds_as_many_connections_as_asked_beyond_httpx_default_of_100() -> None:
+    """120 requests in flight at once, each on its own connection: the server answers none until it
+    holds all 120 (with httpx's default limit, 100, the last 20 would wait forever)."""
+    n, connections = 120, 0
+    all_in = anyio.Event()
+
+    async def serve(stream: anyio.abc.SocketStream) -> None:
+        nonlocal connections
+        async with stream:
+            await stream.receive()
+            connections += 1
+            if connections == n:
+                all_in.set()
+            await all_in.wait()
+            await stream.send(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        async with open_http(GenerationConfig(), n) as http:
+            replies = []
+
+            async def one() -> None:
+                replies.append(await http.get(f"http://127.0.0.1:{port}/x"))
+
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as requests:
+                    for _ in range(n):
+                        requests.start_soon(one)
+        tg.cancel_scope.cancel()
+    assert connections == n and [r.json() for r in replies] == [{}] * n
+
+
+async def test_the_pools_of_a_large_window_share_one_tls_context() -> None:
+    """A window of thousands opens hundreds of connection pools; each building its own TLS context held
+    the first request back 8 s on an H200 host (bench/RESULTS.md, issue 19's regimes)."""
+    async with open_http(GenerationConfig(), 3750) as http:
+        pools = [t._pool for t in http._transports]  # type: ignore[attr-defined]
+    assert len(pools) == -(-3750 // CONNECTIONS_PER_POOL)
+    assert len({id(p._ssl_context) for p in pools}) == 1
+
+
+# ---------------------------------------------------------------- the streaming POST (SSE)
+
+class Chunks(httpx.AsyncByteStream):
+    """A streamed body; `cut` ends it with the connection dropping."""
+
+    def __init__(self, chunks: list[bytes], cut: bool = False):
+        self.chunks, self.cut, self.closed = chunks, cut, False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for c in self.chunks:
+            yield c
+        if self.cut:
+            raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_stream_lines_yields_each_line_as_it_comes() -> None:
+    body = Chunks([b'data: {"a": 1}\n\nda', b'ta: {"a": 2}\n', b"\ndata: [DONE]\n\n"])
+    sent: list[bytes] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request.content)
+        return httpx.Response(200, stream=body, headers={"content-type": "text/event-stream"})
+
+    async with mock_http(handler) as http:
+        async with http.stream_lines(URL, {"stream": True}) as lines:
+            got = [line async for line in lines]
+    assert got == ['data: {"a": 1}', "", 'data: {"a": 2}', "", "data: [DONE]", ""]
+    assert sent == [b'{"stream":true}'] and body.closed
+
+
+async def test_stream_lines_refused_is_bad_status_with_the_error_body() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, json={"message": "too long"})
+
+    async with mock_http(handler) as http:
+        with pytest.raises(BadStatus) as e:
+            async with http.stream_lines(URL, {"stream": True}):
+                raise AssertionError("no lines for a refused request")
+    assert (e.value.reply.status, e.value.reply.json()) == (400, {"message": "too long"})
+
+
+async def test_stream_lines_cut_short_is_connection_lost_inside_the_loop() -> None:
+    body = Chunks([b"data: 1\n", b"data: 2\n"], cut=True)
+    got = []
+    async with mock_http(lambda request: httpx.Response(200, stream=body)) as http:
+        with pytest.raises(ConnectionLost) as e:
+            async with http.stream_lines(URL, b"{}") as lines:
+                async for line in lines:
+                    got.append(line)
+    assert got == ["data: 1", "data: 2"] and body.closed
+    assert str(e.value) == ("the connection to s:30000 was lost (RemoteProtocolError: peer closed connection "
+                            "without sending complete message body)")
+
+
+async def test_leaving_a_stream_early_closes_it() -> None:
+    body = Chunks([b"data: 1\n", b"data: 2\n", b"data: 3\n"])
+    async with mock_http(lambda request: httpx.Response(200, stream=body)) as http:
+        async with http.stream_lines(URL, b"{}") as lines:
+            async for line in lines:
+                assert line == "data: 1"
+                break
+    assert body.closed
+
+
+async def test_a_request_imports_nothing() -> None:
+    """After the first request, sending one looks up no module: httpcore 1.0 imports sniffio whenever it
+    sets up a lock or an event, and an import that fails is not cached, so without sniffio installed
+    each request scanned sys.path several times (pyproject.toml says why sniffio is a dependency)."""
+    looked_up: list[str] = []
+
+    class Spy(importlib.abc.MetaPathFinder):
+        def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+            looked_up.append(name)
+
+    async def serve(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            while await stream.receive():  # keep-alive: one answer per request
+                await stream.send(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    url = f"http://127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}/v1/chat/completions"
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        async with open_http(GenerationConfig(), 4) as http:
+            assert (await http.post_json(url, {"warm": "up"})).status == 200
+            sys.meta_path.insert(0, Spy())
+            try:
+                replies = [await http.post_json(url, {"n": n}) for n in range(3)]
+            finally:
+                sys.meta_path.pop(0)
+        tg.cancel_scope.cancel()
+    assert [r.json() for r in replies] == [{}] * 3 and looked_up == []
+
+
+def test_only_the_seam_imports_an_http_library() -> None:
+    """No product module but gen_pipeline/http.py names an HTTP library (so none has its types in a signature)."""
+    import ast
+    from pathlib import Path
+
+    libraries = {"httpx", "httpx2", "httpcore", "httpcore2", "aiohttp", "requests", "urllib3", "h11"}
+    package = Path(__file__).resolve().parents[2] / "gen_pipeline"
+    importers = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            if any(name.partition(".")[0] in libraries for name in names):
+                importers.add(str(path.relative_to(package.parent)))
+    assert importers == {"gen_pipeline/http.py"}
+
+
+def _sse_server(hold_open: anyio.Event | None = None):
+    """A server answering each POST with a chunked SSE body `data: 1`, `data: [DONE]`, then the body's end
+    (or, with `hold_open`, no end until that event is set). Counts the connections it accepts."""
+    accepted: list[int] = []
+
+    async def serve(stream: anyio.abc.SocketStream) -> None:
+        accepted.append(1)
+        async with stream:
+            while await stream.receive():
+                await stream.send(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                                  b"transfer-encoding: chunked\r\n\r\n")
+                for event in (b"data: 1\n\n", b"data: [DONE]\n\n"):
+                    await stream.send(b"%x\r\n%s\r\n" % (len(event), event))
+                if hold_open is not None:
+                    await hold_open.wait()
+                await stream.send(b"0\r\n\r\n")
+
+    return serve, accepted
+
+
+async def _events_until_done(http, url: str) -> list[bytes]:  # type: ignore[no-untyped-def]
+    seen = []
+    async with http.open_stream(url, b"{}") as answer:
+        async for data in answer.events():
+            seen.append(data)
+            if data == b"[DONE]":
+                await answer.drain(limit_s=0.2)
+                break
+    return seen
+
+
+async def test_a_drained_stream_keeps_its_connection_for_the_next_request() -> None:
+    """Read to [DONE] and drained, three streamed answers travel on one connection (left unread after
+    [DONE], each answer's connection was closed and a new one opened: issue 19's client CPU)."""
+    serve, accepted = _sse_server()
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    url = f"http://127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}/v1/chat/completions"
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        async with open_http(GenerationConfig(), 4) as http:
+            answers = [await _events_until_done(http, url) for _ in range(3)]
+        tg.cancel_scope.cancel()
+    assert answers == [[b"1", b"[DONE]"]] * 3 and len(accepted) == 1
+
+
+async def test_a_server_holding_its_body_open_after_done_costs_the_drain_limit_and_the_connection() -> None:
+    """A body not ended after [DONE] is left after the drain's limit: the answer stands, the next request
+    gets a new connection."""
+    release = anyio.Event()
+    serve, accepted = _sse_server(hold_open=release)
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    url = f"http://127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}/v1/chat/completions"
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        async with open_http(GenerationConfig(), 4) as http:
+            with anyio.fail_after(20):
+                answers = [await _events_until_done(http, url) for _ in range(2)]
+        release.set()
+        tg.cancel_scope.cancel()
+    assert answers == [[b"1", b"[DONE]"]] * 2 and len(accepted) == 2

@@ -1,0 +1,139 @@
+"""What a user sees of a run (issue 14): start-up messages before any progress figure, the progress
+lines with load figures, a final line with the run's peaks (no stale poll), the window-shrink line,
+the run log beside the shards, and errors.jsonl recording the attempts a failure took."""
+
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from gen_pipeline.records import RunSnapshot
+from gen_pipeline.run.progress import Progress
+from sglang_sim.testing import start_sim
+
+from pipeline_helpers import REPO, SIM_FAST, cli_cmd, make_rows, run_cli, write_dataset
+
+NUM = r"[\d,.]+"
+
+
+def merged(*args: str | Path) -> list[str]:
+    """The CLI's stdout and stderr as one stream, in the order written (both go to one pipe)."""
+    r = subprocess.run(cli_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout
+    return r.stdout.splitlines()
+
+
+def slow_sim(folder: Path) -> Path:
+    """A config dir whose "sim" profile is the demo's at a tenth of its speed: a run lasts a few load polls."""
+    text = (REPO / "datasets_cfg" / "server.toml").read_text()
+    (folder / "server.toml").write_text(text.replace('"--time-scale", "10", "--sim-startup-s", "0.5"',
+                                                     '"--time-scale", "1", "--sim-startup-s", "0.5"'))
+    return folder
+
+
+@pytest.mark.e2e  # the process is the subject: make e2e
+def test_log_mode_start_up_first_then_figures_with_load_then_peaks(tmp_path: Path) -> None:
+    toml = write_dataset(tmp_path / "ds", target=60, max_new_tokens=64)
+    lines = merged("generate", "--dataset", toml, "--server", "sim", "--config-dir", slow_sim(tmp_path / "ds"),
+                   "--output-dir", tmp_path / "out", "--progress", "log")
+    assert lines[0] == "T: loading the source T.jsonl"  # the set-up's one slow step (a hub download: minutes)
+    assert re.fullmatch(r"starting SGLang \(sim\) on http://127\.0\.0\.1:\d+, log: \S+/out/T/server\.log", lines[1])
+    assert re.fullmatch(r"SGLang ready after \d+ s, pid \d+: Kimi-K2\.5 tp=8 kv=fp8_e4m3 24,576 KV tokens, max running "
+                        r"\d+, hicache 48 GB", lines[2]), lines
+    figures, summary = lines[3:-1], lines[-1]
+    # the first line already carries the server's load (it waits for a poll) and the controller
+    assert re.fullmatch(rf"T {NUM}/60 \({NUM}%\) {NUM} samples/s, {NUM} tok/s, in flight \d+/\d+, running \d+ "
+                        rf"queued \d+, KV \d+%, controller (load|model): .+?(, eta \S+)?", figures[0]), figures
+    # the last: the run's peaks instead of the last poll's load; nothing in flight, no ETA
+    assert re.fullmatch(rf"T 60/60 \(100\.0%\) {NUM} samples/s, {NUM} tok/s, peak running \d+ queued \d+, "
+                        rf"peak KV \d+%", figures[-1]), figures
+    assert re.fullmatch(r"T: 60/60 samples \(100\.0%\), \+60 this run in \d+s; target reached\.", summary)
+
+
+@pytest.mark.e2e  # the process is the subject: make e2e
+def test_bar_appears_after_the_start_up_messages(tmp_path: Path) -> None:
+    toml = write_dataset(tmp_path / "ds", target=20, max_new_tokens=32)
+    r = subprocess.run(cli_cmd("generate", "--dataset", toml, "--server", "sim", "--output-dir", tmp_path / "out",
+                               "--progress", "bar"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       cwd=REPO, timeout=120)
+    assert r.returncode == 0, r.stdout
+    before, ready, after = r.stdout.partition("SGLang ready after ")
+    started = "T: loading the source T.jsonl\nstarting SGLang (sim) on http://127.0.0.1:"
+    assert ready and before.startswith(started) and before.endswith(
+        "/out/T/server.log\n"), before  # a whole line, no bar drawn yet
+    assert "%|" not in before and "%|" in after
+    assert after.rstrip().splitlines()[-1].startswith("T: 20/20 samples (100.0%), +20 this run in ")
+
+
+def test_run_log_appends_timestamped_events_across_runs(tmp_path: Path) -> None:
+    toml = write_dataset(tmp_path / "ds", target=30, max_new_tokens=32)
+    out = tmp_path / "out"
+    for _ in range(2):
+        assert run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", out, "--limit", "15",
+                       "--progress", "quiet").returncode == 0
+    lines = (out / "T" / "run.log").read_text().splitlines()
+    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO "
+    starts = [i for i, ln in enumerate(lines) if re.fullmatch(stamp + r"run of T: \d+/30 samples done", ln)]
+    assert len(starts) == 2 and re.fullmatch(stamp + "run of T: 0/30 samples done", lines[starts[0]])
+    assert re.fullmatch(stamp + "run of T: 15/30 samples done", lines[starts[1]])
+    assert re.fullmatch(stamp + r"starting SGLang \(sim\) on .+", lines[starts[0] + 1])
+    assert any(re.fullmatch(stamp + r"controller (load|model): .+ \(window \d+\)", ln) for ln in lines)
+    assert re.fullmatch(stamp + r"T: 15/30 samples \(50\.0%\), \+15 this run in \d+s; stopped at --limit; "
+                        r"run again to continue\.", lines[starts[1] - 1])
+    assert re.fullmatch(stamp + r"T: 30/30 samples \(100\.0%\), \+15 this run in \d+s; target reached\.", lines[-1])
+
+
+def test_errors_record_the_attempts_made(tmp_path: Path) -> None:
+    with start_sim(SIM_FAST, ready_timeout_s=30) as sim:
+        r = httpx.post(sim.url + "/sim/faults", json={"error_rate": 1.0, "error_status": 500}, timeout=5)
+        assert r.status_code == 200, r.text
+        toml = write_dataset(tmp_path / "ds", target=6, rows=make_rows(6), max_new_tokens=16)
+        toml.write_text(toml.read_text().replace("max_attempts = 8", "max_attempts = 4"))
+        r = run_cli("generate", "--dataset", toml, "--server-url", sim.url, "--output-dir", tmp_path / "out",
+                    "--progress", "quiet")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1].endswith(", 6 failed (http_500 6; 0 final, 6 retried by the next run); "
+                                              "the source has no more prompts; run again to retry the failed ones.")
+    rows = [orjson.loads(x) for x in (tmp_path / "out" / "T" / "errors.jsonl").read_bytes().splitlines()]
+    assert [(e["reason"], e["attempts"], e["retryable"]) for e in rows] == [("http_500", 4, True)] * 6
+    assert all(e["detail"].startswith("gave up after 4 attempts: ") for e in rows)
+
+
+def test_in_flight_above_a_lowered_window_is_explained() -> None:
+    out = io.StringIO()
+    p = Progress("B2", stream=out, log_every_s=3600)
+    p.update(RunSnapshot(done=900, target=18_000, samples_per_s=0.5, tokens_per_s=1400.0, in_flight=150, window=120,
+                     running=140, queued=10, kv_usage=0.93, controller_mode="load",
+                     controller_reason="retraction burst (6 in one poll): step back, no growth for 30 s"))
+    assert out.getvalue().splitlines() == [
+        "B2 900/18,000 (5.0%) 0.50 samples/s, 1,400 tok/s, in flight 150 (window lowered to 120; 30 finishing "
+        "before new ones), running 140 queued 10, KV 93%, controller load: retraction burst (6 in one poll): "
+        "step back, no growth for 30 s, eta 9h30m"]
+
+
+async def test_load_observers_get_every_poll(tmp_path: Path) -> None:
+    from gen_pipeline.config.dataset import load_dataset_config
+    from gen_pipeline.run import RunOptions, run_generate
+
+    cfg = load_dataset_config(write_dataset(tmp_path / "ds", target=40, max_new_tokens=64))
+    polls: list[RunSnapshot] = []
+    slow = [("1" if a == "10" and prev == "--time-scale" else a)
+            for prev, a in zip(["", *SIM_FAST], SIM_FAST, strict=False)]
+    with start_sim(slow, ready_timeout_s=30) as sim:  # a tenth of the speed: the run lasts several polls
+        opts = RunOptions(output_root=tmp_path / "out", server_urls=(sim.url,),
+                          poll_interval_s=0.05, load_observers=(polls.append,))
+        summary = await run_generate(cfg, opts)
+    assert summary.done == 40 and len(polls) >= 2
+    assert [p.time_s for p in polls] == sorted(p.time_s for p in polls)
+    assert [p.completions for p in polls] == sorted(p.completions for p in polls) and polls[-1].completions <= 40
+    for p in polls:
+        assert p.kv_capacity_tokens and p.kv_capacity_tokens > 0 and p.window >= 1
+        assert p.running is not None and p.queued is not None and 0 <= (p.kv_usage or 0) <= 1
+        assert p.controller_mode in ("load", "model") and p.controller_reason

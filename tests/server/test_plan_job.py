@@ -1,0 +1,106 @@
+"""`plan` for the reference node (8 x RTX PRO 6000 Blackwell, 96 GB) and the job's wall time it prints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gen_pipeline.cli import main
+from gen_pipeline.cli import parser as cli_parser
+from gen_pipeline.reports import job_time
+from gen_pipeline.server.plan import REFERENCE_GPU, REFERENCE_GPU_MEM_GIB, REFERENCE_OVERHEAD_GIB
+from sglang_sim.profiles import PROFILES
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_reference_node_is_one_set_of_numbers() -> None:
+    assert (cli_parser.REFERENCE_GPU, cli_parser.REFERENCE_GPU_MEM_GIB, cli_parser.REFERENCE_OVERHEAD_GIB) == (
+        REFERENCE_GPU, REFERENCE_GPU_MEM_GIB, REFERENCE_OVERHEAD_GIB)
+    seed = PROFILES["seed"]  # the simulator's seed profile is the job's step model
+    model = job_time.StepModel(seed.step_base_s, seed.decode_per_req_s, seed.decode_per_kv_token_s,
+                               seed.prefill_per_token_s)
+    assert model == job_time.REFERENCE_NODE
+
+
+@pytest.mark.parametrize("profile, mem, kv, seen", [
+    ("baseline", "0.85", "bf16", 116_000), (None, "0.88", "bf16", 159_000), ("tuned", "0.9", "fp8_e4m3", 376_000)])
+def test_the_defaults_reproduce_the_seeds_three_pools(profile: str | None, mem: str, kv: str, seen: int,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--server", profile] if profile else ["--mem-fraction-static", mem, "--kv-cache-dtype", kv]
+    assert main(["plan", "--output-dir", "/nonexistent-outputs", *args]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(f"{kv} "))
+    assert int(row.split()[2].replace(",", "")) == pytest.approx(seen, rel=0.01)
+
+
+def test_plan_prints_the_reference_nodes_plan_and_the_88k_jobs_wall_time(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    assert main(["plan", "--output-dir", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == ("weights: 553 GiB (Kimi-K2.5 INT4, 594 GB on disk: the bundled config's default; "
+                        "--weights-gb for another checkpoint)")
+    assert lines[2] == ("MLA attention, 61 layers; tp=8, 95.6 GiB/GPU × mem_fraction_static 0.9 − weights 69.1 "
+                        "GiB/GPU − overhead 4.5 GiB = 12.4 GiB/GPU for the KV cache")
+    assert ("fp8_e4m3             35,136      379,397            84     +29,214  <- the profile's kv_cache_dtype"
+            in lines)
+    job = lines[next(i for i, line in enumerate(lines) if line.startswith("the job ")):]
+    assert job == [
+        "the job (B1, B2, B6, B7 of datasets_cfg/: 88,000 samples to do) with 379,397 KV tokens (fp8_e4m3), at the "
+        "reference node's decode rate (Kimi-K2.5 on 8 x RTX PRO 6000, fitted to the seed's measurements; for "
+        "another model or GPU pass --decode-tok-s with a measured rate: make status shows a run's tok/s):",
+        "dataset     to do      tokens/sample lengths from              running   tok/s  output tokens     time",
+        "B1         30,000          300 + 610 assumed                       627   2,556          18.3M    2h09m",
+        "B2         18,000        790 + 3,630 assumed                       146   1,443          65.3M   12h51m",
+        "B6         20,000          360 + 750 assumed                       516   2,434          15.0M    1h51m",
+        "B7         20,000          100 + 600 assumed                       948   2,775          12.0M    1h14m",
+        "total      88,000                                                                      110.6M   18h16m  "
+        "(with 10m00s of start-up)",
+        "assumptions: tokens/sample = prompt + output, measured once a dataset has 20 samples; running = KV tokens "
+        "/ (prompt + output/2), the KV a request holds on average;",
+        "  the adaptive controller keeps the server at that (bench/RESULTS.md, Job: within 1 % of the ideal); "
+        "prefill at the reference node's cost; one server start for the whole job;",
+        "  the rate was fitted on B2-like long requests (100-150 running): short-output datasets at hundreds "
+        "running are an extrapolation, and SGLang's max_running_requests or CUDA-graph batch sizes may cap them "
+        "lower.",
+    ]
+
+
+def test_a_measured_rate_gives_output_tokens_over_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    (cfg / "server.toml").write_text((REPO / "datasets_cfg" / "server.toml").read_text())
+    (cfg / "B2.toml").write_text((REPO / "datasets_cfg" / "B2.toml").read_text())
+    (cfg / "X.toml").write_text((REPO / "datasets_cfg" / "B2.toml").read_text().replace('"B2"', '"X"'))
+    assert main(["plan", "--config-dir", str(cfg), "--output-dir", str(tmp_path / "out"),
+                 "--decode-tok-s", "1000"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    job = out[next(i for i, line in enumerate(out) if line.startswith("the job ")):]
+    # 18,000 × 3,630 = 65.3M tokens at 1,000 tok/s = 65,340 s = 18h09m, + 10 min of start-up
+    assert job[0].endswith("36,000 samples to do) with 379,397 KV tokens (fp8_e4m3), at a measured 1,000 tok/s "
+                           "(--decode-tok-s):")
+    assert job[2] == ("B2         18,000        790 + 3,630 assumed                       146   1,000          65.3M"
+                      "   18h09m")
+    assert job[3] == "X          18,000                  ? unknown: run LIMIT=100 first"
+    assert job[4] == ("total      18,000                                                                       65.3M"
+                      "   18h19m  (with 10m00s of start-up)")
+    assert job[5] == "  the datasets marked ? are not in the total: no samples to measure and no assumed lengths"
+
+
+def test_a_rate_that_is_not_positive_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--output-dir", "/nonexistent-outputs", "--decode-tok-s", "0"]) == 2
+    assert capsys.readouterr().err == ("error: --decode-tok-s 0 must be above 0 (a measured tokens/s; make status "
+                                       "shows a run's).\n")
+
+
+def test_the_readmes_job_table_is_what_plan_prints(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("```text\ndataset     to do") + len("```text\n"):]
+    table = table[:table.index("```")].splitlines()
+    monkeypatch.chdir(REPO)
+    assert main(["plan", "--output-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    start = out.index(table[0])
+    assert out[start:start + len(table)] == table

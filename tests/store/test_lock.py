@@ -1,0 +1,144 @@
+"""Issue 23, the run lock: the flock decides, not the pid. A real second process holding the flock is
+refused by its pid; a stale lock file naming a live unrelated pid (pid 1 after a container restart, a
+reused pid) is taken over; status tells the two apart the same way."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import orjson
+import pytest
+
+import gen_pipeline.store.lock as lock_mod
+from gen_pipeline.display import display_path
+from gen_pipeline.errors import LockedError
+from gen_pipeline.reports.status import read_status
+from gen_pipeline.store.dataset_store import DatasetStore
+from gen_pipeline.store.lock import shared_filesystem
+
+STARTED = "2026-03-01T11:02:03+00:00"
+HMS = datetime.fromisoformat(STARTED).astimezone().strftime("%H:%M:%S")
+
+# A run as the kernel sees it: holds the flock of .lock, its file names pid argv[2] (0: its own).
+HOLDER = """
+import fcntl, os, sys, orjson
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+pid = int(sys.argv[2]) or os.getpid()
+os.write(fd, orjson.dumps({"pid": pid, "host": sys.argv[3], "started_at": sys.argv[4]}))
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def make(root: Path) -> DatasetStore:
+    return DatasetStore(root, "B2", fingerprint={"model": "m"}, target=10)
+
+
+def write_lock(folder: Path, pid: int, host: str | None = None) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ".lock").write_bytes(orjson.dumps({"pid": pid, "host": host or socket.gethostname(),
+                                                 "started_at": STARTED}))
+
+
+@pytest.fixture
+def holder(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+    """A real second process holding the flock of tmp_path/B2/.lock (started by `hold`)."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def hold(pid: int | None = None) -> subprocess.Popen[str]:
+        (tmp_path / "B2").mkdir(exist_ok=True)
+        args = [str(tmp_path / "B2" / ".lock"), str(pid if pid is not None else 0), socket.gethostname(), STARTED]
+        p = subprocess.Popen([sys.executable, "-c", HOLDER, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+        procs.append(p)
+        assert p.stdout is not None and p.stdout.readline() == "held\n"  # the flock is held from here on
+        return p
+
+    yield hold  # type: ignore[misc]
+    for p in procs:
+        p.communicate("")  # stdin closed: it exits, its flock with it
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """A live process that has nothing to do with any lock (whatever got the dead run's pid)."""
+    p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    yield p
+    p.communicate(b"")
+
+
+@pytest.mark.e2e  # the process is the subject: make e2e
+def test_a_real_holder_of_the_flock_is_refused_naming_its_pid(tmp_path: Path, holder) -> None:
+    p = holder()
+    with pytest.raises(LockedError) as e:
+        make(tmp_path).open()
+    where = display_path(tmp_path / "B2")
+    assert str(e.value) == (f"{where} is being written by another run on this host (pid {p.pid}, started {HMS}). "
+                            f"Wait for it to finish or stop it (kill {p.pid}); when a run dies, the next run takes "
+                            "its lock over by itself.")
+    assert e.value.exit_code == 4
+    assert read_status(tmp_path, "B2", 10).state == f"running (pid {p.pid})"
+
+
+@pytest.mark.e2e  # the process is the subject: make e2e
+def test_a_holder_whose_pid_this_host_cannot_see_is_not_named_for_kill(tmp_path: Path, holder) -> None:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead = int(gone.stdout)
+    holder(pid=dead)  # a run in another pid namespace: its file names a pid that is not it here
+    with pytest.raises(LockedError) as e:
+        make(tmp_path).open()
+    where = display_path(tmp_path / "B2")
+    assert str(e.value) == (f"{where} is locked by a live run, but not by pid {dead} that {where}/.lock names (no such "
+                            "process here): a run in another container or pid namespace on this host shares this "
+                            "folder. Wait for it or stop it there; its lock frees itself when it ends.")
+    assert "kill" not in str(e.value)
+
+
+@pytest.mark.e2e  # the process is the subject: make e2e
+@pytest.mark.parametrize("who", ["pid 1 (a container restart)", "an unrelated live process (a reused pid)"])
+def test_a_stale_lock_naming_a_live_unrelated_pid_is_taken_over(tmp_path: Path, sleeper, who: str) -> None:
+    pid = 1 if who.startswith("pid 1") else sleeper.pid
+    write_lock(tmp_path / "B2", pid)
+    assert read_status(tmp_path, "B2", 10).state == f"died (pid {pid} gone)"
+    with make(tmp_path) as s:
+        state = s.open()
+        assert state.notes == [f"took over the lock of a run that is gone (pid {pid}, started {HMS}; pid {pid} is "
+                               "another process now)"]
+        assert orjson.loads((tmp_path / "B2" / ".lock").read_bytes())["pid"] == os.getpid()
+    assert not (tmp_path / "B2" / ".lock").exists()
+
+
+def test_a_lock_of_another_host_on_a_local_disk_is_taken_over(tmp_path: Path) -> None:
+    if shared_filesystem(tmp_path):
+        pytest.skip(f"{tmp_path} is on a filesystem other hosts may share: there a lock of another host is refused")
+    write_lock(tmp_path / "B2", 1, host="old-container-3f2a")  # a recreated container has a new host name
+    with make(tmp_path) as s:
+        assert s.open().notes == [f"took over the lock of a run that is gone (pid 1 on host old-container-3f2a, "
+                                  f"started {HMS})"]
+
+
+def test_a_lock_of_another_host_on_a_shared_filesystem_is_refused_with_what_to_do(tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    monkeypatch.setattr(lock_mod, "shared_filesystem", lambda folder: True)  # outputs/ on NFS
+    write_lock(tmp_path / "B2", 4242, host="node-17")
+    with pytest.raises(LockedError) as e:
+        make(tmp_path).open()
+    where = display_path(tmp_path / "B2")
+    assert str(e.value) == (f"{where} is being written by a run on host node-17 (pid 4242, started {HMS}); this host "
+                            "cannot tell whether it still runs. Wait for it or stop it there; if it is gone, delete "
+                            f"{where}/.lock.")
+
+
+def test_the_filesystem_of_a_folder_is_read_from_mountinfo(tmp_path: Path) -> None:
+    assert lock_mod.shared_filesystem(Path("/proc")) is True  # proc: not a disk this host owns
+    fstype = next(line.split(" - ")[1].split()[0] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+                  if line.split()[4] == "/")
+    assert lock_mod.shared_filesystem(Path("/")) is (fstype not in lock_mod._LOCAL_FILESYSTEMS)

@@ -1,0 +1,514 @@
+"""The store on real files: exact counts, repair of torn tails, atomic manifest, sidecars,
+lock, drift refusal, injected disk faults, and a Hypothesis crash/resume invariant."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from datetime import datetime
+from pathlib import Path
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import gen_pipeline.store.dataset_store as store_mod
+import gen_pipeline.store.lock as lock_mod
+import gen_pipeline.store.manifest as manifest_mod
+from gen_pipeline.config.dataset import fingerprint_digest
+from gen_pipeline.display import display_path
+from gen_pipeline.errors import ConfigDriftError, DiskError, LockedError, StoreError
+from gen_pipeline.records import Failure, Reject, Sample
+from gen_pipeline.store.dataset_store import DatasetStore
+
+FP = {"model": "m", "sampling": {"temperature": 0.7, "top_p": 0.95}, "truncated": "keep"}
+
+
+def sample(i: int, *, truncated: bool = False) -> Sample:
+    return Sample(f"B2-{i}", "B2", [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}],
+                  {"finish_reason": "length" if truncated else "stop", "prompt_tokens": 10, "completion_tokens": 20})
+
+
+def make(root: Path, **kw) -> DatasetStore:
+    args = {"fingerprint": FP, "target": 100, "shard_max_samples": 4, "fsync_every": 3} | kw
+    return DatasetStore(root, "B2", **args)
+
+
+def shard_ids(folder: Path) -> list[str]:
+    """Every id on disk, in shard then line order."""
+    return [orjson.loads(line)["id"] for p in sorted(folder.glob("shard-*.jsonl"))
+            for line in p.read_bytes().split(b"\n") if line]
+
+
+def crash(store: DatasetStore) -> None:
+    """What kill -9 leaves: open files dropped, the lock file naming a pid that is gone."""
+    store._close_files()
+    os.close(store._lock._fd)
+    store._lock._fd = -1
+    (store.folder / ".lock").write_bytes(orjson.dumps({"pid": dead_pid(), "host": os.uname().nodename,
+                                                       "started_at": "2026-01-01T11:02:03+00:00"}))
+
+
+_DEAD: list[int] = []
+
+
+def dead_pid() -> int:
+    if not _DEAD:
+        p = subprocess.Popen([sys.executable, "-c", "pass"])
+        p.wait()
+        _DEAD.append(p.pid)
+    return _DEAD[0]
+
+
+def test_writes_exactly_up_to_target_and_refuses_duplicates(tmp_path):
+    with make(tmp_path, target=10) as s:
+        assert s.open().done == 0
+        assert s.write_samples([sample(i) for i in range(6)]) == 6
+        assert s.write_samples([sample(5), sample(6), sample(6), sample(7)]) == 2
+        assert s.write_samples([sample(i) for i in range(8, 20)]) == 2
+        assert (s.done, s.remaining) == (10, 0)
+        assert s.write_samples([sample(50)]) == 0
+    assert shard_ids(tmp_path / "B2") == [f"B2-{i}" for i in range(10)]
+    run = orjson.loads((tmp_path / "B2" / "manifest.json").read_bytes())["runs"][0]
+    assert (run["samples_written"], run["duplicates_skipped"], run["over_target_skipped"]) == (10, 2, 11)
+    assert run["ended_at"] is not None
+
+
+def test_rotation_writes_sidecars_and_manifest_records(tmp_path):
+    with make(tmp_path) as s:
+        s.open()
+        s.write_samples([sample(i, truncated=i == 1) for i in range(9)])
+    folder = tmp_path / "B2"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "fingerprint.json", "manifest.json", "shard-00000.ids", "shard-00000.jsonl", "shard-00001.ids",
+        "shard-00001.jsonl", "shard-00002.jsonl"]
+    head, body = (folder / "shard-00001.ids").read_bytes().split(b"\n", 1)
+    assert body == b'"B2-4"\n"B2-5"\n"B2-6"\n"B2-7"\n'
+    assert orjson.loads(head) == {"shard": "shard-00001.jsonl", "bytes": (folder / "shard-00001.jsonl").stat().st_size,
+                                  "samples": 4, "ids_sha256": hashlib.sha256(body).hexdigest()[:16]}
+    assert orjson.loads((folder / "fingerprint.json").read_bytes()) == {"fingerprint": FP,
+                                                                       "digest": fingerprint_digest(FP)}
+    m = orjson.loads((folder / "manifest.json").read_bytes())
+    assert m["sealed"][0] == {"name": "shard-00000.jsonl", "samples": 4,
+                              "bytes": (folder / "shard-00000.jsonl").stat().st_size,
+                              "prompt_tokens": 40, "completion_tokens": 80, "truncated": 1}
+    assert m["open"] == {"name": "shard-00002.jsonl", "committed_bytes": (folder / "shard-00002.jsonl").stat().st_size,
+                         "committed_samples": 1, "prompt_tokens": 10, "completion_tokens": 20, "truncated": 0}
+    assert m["fingerprint"] == FP and len(m["fingerprint_digest"]) == 16
+
+
+def test_torn_last_line_is_cut(tmp_path):
+    with make(tmp_path) as s:
+        s.open()
+        s.write_samples([sample(i) for i in range(6)])
+    shard = tmp_path / "B2" / "shard-00001.jsonl"
+    good = shard.read_bytes()
+    torn = sample(6).to_json()[:25]
+    shard.write_bytes(good + torn)
+    with make(tmp_path) as s:
+        state = s.open()
+        assert (state.done, state.repaired_bytes) == (6, 25)
+        assert state.notes == ["cut 25 bytes (a torn or invalid last line) from shard-00001.jsonl"]
+        assert shard.read_bytes() == good
+        assert s.write_samples([sample(6)]) == 1
+    assert shard_ids(tmp_path / "B2") == [f"B2-{i}" for i in range(7)]
+
+
+def test_complete_but_unparseable_last_line_is_cut(tmp_path):
+    with make(tmp_path) as s:
+        s.open()
+        s.write_samples([sample(i) for i in range(2)])
+    shard = tmp_path / "B2" / "shard-00000.jsonl"
+    good = shard.read_bytes()
+    shard.write_bytes(good + b'{"id": "B2-2", "conv\n')
+    with make(tmp_path) as s:
+        assert s.open().repaired_bytes == 21
+    assert shard.read_bytes() == good
+
+
+def test_corruption_mid_file_is_an_error_naming_file_and_line(tmp_path):
+    with make(tmp_path) as s:
+        s.open()
+        s.write_samples([sample(i) for i in range(3)])
+    shard = tmp_path / "B2" / "shard-00000.jsonl"
+    lines = shard.read_bytes().split(b"\n")
+    lines[1] = b"garbage"
+    shard.write_bytes(b"\n".join(lines))
+    with pytest.raises(StoreError) as e:
+        make(tmp_path).open()
+    assert str(e.value) == (
+        f"{display_path(shard)} line 2 is not valid JSON, and it is not "
+        "the last line, so this is not a torn write: the file is damaged. Fix or delete that line (its "
+        "sample will be generated again), or move the file away, then run again.")
+    assert not (tmp_path / "B2" / ".lock").exists()  # the failed open released the lock
+
+
+def test_manifest_replace_is_atomic(tmp_path, monkeypatch):
+    with make(tmp_path) as s:
+        s.open()
+        s.write_samples([sample(0)])
+    folder = tmp_path / "B2"
+    before = (folder / "manifest.json").read_bytes()
+
+    def crash_before_rename(src, dst):
+        raise KeyboardInterrupt  # the process dies between the tmp write and the rename
+
+    monkeypatch.setattr(manifest_mod.os, "replace", crash_before_rename)
+    s = make(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        s.open()
+    assert (folder / "manifest.json").read_bytes() == before
+    monkeypatch.undo()
+    (folder / "manifest.json.tmp-4242").write_bytes(b'{"half": ')  # what a real crash leaves
+    with make(tmp_path) as s:
+        state = s.open()
+        assert state.done == 1
+        assert "removed a manifest tmp file left by a crash (the manifest itself is intact)" in state.notes
+    assert sorted(p.name for p in folder.glob("manifest*")) == ["manifest.json"]
+
+
+def test_resume_reads_sidecars_not_sealed_shards(tmp_path, monkeypatch):
+    with make(tmp_path) as s:
+        s.open()
+        s.write_samples([sample(i) for i in range(10)])
+    folder = tmp_path / "B2"
+    sidecar = (folder / "shard-00001.ids").read_bytes()
+    scanned: list[int] = []
+    real_scan = store_mod.scan_bytes
+    monkeypatch.setattr(store_mod, "scan_bytes", lambda data: scanned.append(len(data)) or real_scan(data))
+    with make(tmp_path) as s:
+        assert s.open().done == 10
+    assert scanned == [(folder / "shard-00002.jsonl").stat().st_size]  # only the open shard
+    (folder / "shard-00001.ids").unlink()
+    scanned.clear()
+    with make(tmp_path) as s:
+        state = s.open()
+    assert (state.done, len(scanned)) == (10, 2)
+    assert state.notes == ["re-scanned shard-00001.jsonl: its id sidecar is missing or does not match"]
+    assert (folder / "shard-00001.ids").read_bytes() == sidecar
+
+
+def test_sealed_shard_that_grew_is_rescanned(tmp_path):
+    with make(tmp_path) as s:
+        s.open()
+        s.write_samples([sample(i) for i in range(5)])
+    shard0 = tmp_path / "B2" / "shard-00000.jsonl"
+    size = shard0.stat().st_size
+    with open(shard0, "ab") as f:
+        f.write(sample(99).to_json())
+    with make(tmp_path) as s:
+        state = s.open()
+        assert state.done == 6 and "B2-99" in state.done_ids
+        assert state.notes == [f"re-scanned shard-00000.jsonl: its size ({shard0.stat().st_size} bytes) differs "
+                               f"from the manifest's ({size})"]
+
+
+@pytest.mark.parametrize("next_shard_created", [True, False])
+def test_crash_between_sealing_and_manifest_commit(tmp_path, next_shard_created):
+    folder = tmp_path / "B2"
+    s = make(tmp_path, fsync_every=100)
+    s.open()
+    s.write_samples([sample(i) for i in range(3)])
+    s.commit()
+    old_manifest = (folder / "manifest.json").read_bytes()
+    s.write_samples([sample(3)])  # fills shard 0: sidecar, shard 1 created, manifest committed
+    crash(s)
+    (folder / "manifest.json").write_bytes(old_manifest)  # ... but that commit never landed
+    if not next_shard_created:
+        (folder / "shard-00001.jsonl").unlink()
+    with make(tmp_path) as s2:
+        state = s2.open()
+        assert sorted(state.done_ids) == [f"B2-{i}" for i in range(4)]
+        assert s2.write_samples([sample(4)]) == 1
+    m = orjson.loads((folder / "manifest.json").read_bytes())
+    assert [(e["name"], e["samples"]) for e in m["sealed"]] == [("shard-00000.jsonl", 4)]
+    assert (m["open"]["name"], m["open"]["committed_samples"]) == ("shard-00001.jsonl", 1)
+    assert shard_ids(folder) == [f"B2-{i}" for i in range(5)]
+
+
+def test_full_open_shard_is_sealed_on_open(tmp_path):
+    s = make(tmp_path, fsync_every=100)
+    s.open()
+    s.write_samples([sample(i) for i in range(3)])
+    crash(s)
+    with open(tmp_path / "B2" / "shard-00000.jsonl", "ab") as f:
+        f.write(sample(3).to_json())  # a line flushed after the last manifest commit
+    with make(tmp_path) as s2:
+        assert s2.open().done == 4
+        assert s2.write_samples([sample(4)]) == 1
+    assert shard_ids(tmp_path / "B2") == [f"B2-{i}" for i in range(5)]
+    assert (tmp_path / "B2" / "shard-00000.ids").exists()
+
+
+def test_second_store_in_the_same_process_is_refused(tmp_path):
+    with make(tmp_path) as s:
+        s.open()
+        with pytest.raises(LockedError, match=rf"\(pid {os.getpid()}, started "):
+            make(tmp_path).open()
+    with make(tmp_path) as s:
+        s.open()  # released on close
+
+
+def test_stale_lock_is_taken_over(tmp_path):
+    s = make(tmp_path)
+    s.open()
+    s.write_samples([sample(0)])
+    crash(s)
+    with make(tmp_path) as s2:
+        state = s2.open()
+        hms = datetime.fromisoformat("2026-01-01T11:02:03+00:00").astimezone().strftime("%H:%M:%S")
+        assert state.notes[0] == f"took over the lock of a run that is gone (pid {dead_pid()}, started {hms})"
+        assert orjson.loads((tmp_path / "B2" / ".lock").read_bytes())["pid"] == os.getpid()
+        assert state.done == 1
+    assert not (tmp_path / "B2" / ".lock").exists()
+
+
+def test_a_requeued_slurm_job_takes_over_its_own_lock_from_another_host(tmp_path, monkeypatch):
+    """After a node failure SLURM reruns the job (same SLURM_JOB_ID, SLURM_RESTART_COUNT + 1), maybe on
+    another node, whose pid cannot be checked: the lock's job id and restart count tell that its
+    writer's run has ended. Another job, or the same run, is still refused (on a shared filesystem, where
+    a cluster's nodes keep their outputs: on a local disk another host's free flock is taken over anyway)."""
+    monkeypatch.setattr(lock_mod, "shared_filesystem", lambda folder: True)
+    folder = tmp_path / "B2"
+    folder.mkdir()
+    started = "2026-03-01T11:02:03+00:00"
+    hms = datetime.fromisoformat(started).astimezone().strftime("%H:%M:%S")
+    lock = {"pid": 4242, "host": "node-7", "started_at": started, "slurm_job_id": "66", "slurm_restart": 0}
+    (folder / ".lock").write_bytes(orjson.dumps(lock))
+    where = display_path(folder)
+    refused = (f"{where} is being written by a run on host node-7 (pid 4242, SLURM job 66, started {hms}); this "
+               "host cannot tell whether it still runs. Wait for it or stop it there (scancel 66); if it is gone "
+               f"(squeue -j 66 shows nothing), delete {where}/.lock.")
+    for env in ({}, {"SLURM_JOB_ID": "67", "SLURM_RESTART_COUNT": "1"}, {"SLURM_JOB_ID": "66"}):
+        monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+        monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        with pytest.raises(LockedError) as e:
+            make(tmp_path).open()
+        assert str(e.value) == refused, env
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    with make(tmp_path) as s:
+        state = s.open()
+        assert state.notes[0] == (f"took over the lock of SLURM job 66's previous run (pid 4242 on node-7, started "
+                                  f"{hms}): the job was requeued")
+        assert orjson.loads((folder / ".lock").read_bytes()) | {"started_at": "t"} == {
+            "pid": os.getpid(), "host": socket.gethostname(), "started_at": "t", "slurm_job_id": "66",
+            "slurm_restart": 1}
+
+
+def test_config_drift_is_refused_naming_each_key(tmp_path):
+    with make(tmp_path) as s:
+        s.open()
+        s.write_samples([sample(1)])
+    changed = {**FP, "model": "m2", "sampling": {"temperature": 1.0, "top_p": 0.95}}
+    with pytest.raises(ConfigDriftError) as e:
+        make(tmp_path, fingerprint=changed).open()
+    where = display_path(tmp_path / "B2")
+    assert str(e.value) == (
+        f"{where} was written with a different config (2 settings differ):\n"
+        f"  model: 'm' in {where}, 'm2' now\n"
+        f"  sampling.temperature: 0.7 in {where}, 1.0 now\n"
+        "Resuming would mix samples made two ways in one dataset. Restore the old settings to resume, "
+        "or write to a new output folder or dataset name.")
+    assert not (tmp_path / "B2" / ".lock").exists()
+
+
+def test_config_may_change_while_no_sample_exists(tmp_path):
+    with make(tmp_path) as s:  # e.g. a first run that died on a wrong source path
+        s.open()
+    changed = {**FP, "model": "m2"}
+    with make(tmp_path, fingerprint=changed) as s:
+        state = s.open()
+        s.write_samples([sample(1)])
+    assert state.notes == ["the config changed before any sample was written; the new one is recorded"]
+    assert orjson.loads((tmp_path / "B2" / "manifest.json").read_bytes())["fingerprint"]["model"] == "m2"
+    with pytest.raises(ConfigDriftError):
+        make(tmp_path).open()
+
+
+class FullDisk:
+    """file_opener that lets `budget` bytes reach the shards, then writes half a blob and fails."""
+
+    def __init__(self, budget: int, err: int = errno.ENOSPC):
+        self.budget, self.err = budget, err
+
+    def __call__(self, path: Path, mode: str):
+        opener = self
+
+        class Handle:
+            def __init__(self):
+                self.f = open(path, mode)  # noqa: SIM115 - the wrapper owns it: close() below closes it
+
+            def write(self, data: bytes) -> int:
+                if path.name.startswith("shard-"):
+                    if len(data) > opener.budget:
+                        self.f.write(data[: len(data) // 2])
+                        self.f.flush()
+                        raise OSError(opener.err, os.strerror(opener.err))
+                    opener.budget -= len(data)
+                return self.f.write(data)
+
+            def flush(self):
+                self.f.flush()
+
+            def fileno(self):
+                return self.f.fileno()
+
+            def close(self):
+                self.f.close()
+
+        return Handle()
+
+
+def test_enospc_stops_the_run_keeps_committed_data_and_resume_completes(tmp_path):
+    one = len(sample(0).to_json())
+    s = make(tmp_path, target=20, file_opener=FullDisk(budget=7 * one))
+    s.open()
+    assert s.write_samples([sample(i) for i in range(5)]) == 5
+    with pytest.raises(DiskError) as e:
+        s.write_samples([sample(i) for i in range(5, 10)])
+    shard = tmp_path / "B2" / "shard-00001.jsonl"
+    assert str(e.value) == (f"Writing {display_path(shard)} failed: No space left on device. 5 samples are "
+                            "committed and safe; free space and run the same command to resume.")
+    assert shard.read_bytes() == sample(4).to_json()  # the half line was cut back
+    with pytest.raises(StoreError, match="stopped after a failed write"):
+        s.write_samples([sample(11)])
+    s.close()
+    assert not (tmp_path / "B2" / ".lock").exists()
+    with make(tmp_path, target=20) as s2:
+        assert s2.open().done == 5
+        assert s2.write_samples([sample(i) for i in range(30)]) == 15
+    ids = shard_ids(tmp_path / "B2")
+    assert ids == [f"B2-{i}" for i in range(20)]
+
+
+def test_eio_message_suggests_checking_the_disk(tmp_path):
+    s = make(tmp_path, file_opener=FullDisk(budget=0, err=errno.EIO))
+    s.open()
+    with pytest.raises(DiskError, match=r"failed: Input/output error\. 0 samples are committed and safe; "
+                                        r"check the disk and run the same command to resume\.$"):
+        s.write_samples([sample(0)])
+    s.close()
+    assert (tmp_path / "B2" / "shard-00000.jsonl").read_bytes() == b""
+
+
+def test_unwritable_output_folder_fails_before_anything(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StoreError) as e:
+        DatasetStore(tmp_path / "file", "B2", fingerprint=FP, target=1).open()
+    assert str(e.value) == (f"Cannot create {display_path(tmp_path / 'file' / 'B2')}: Not a directory. "
+                            "Fix the path's permissions or choose another output folder.")
+
+
+def test_failures_and_rejects_carry_the_run_number(tmp_path):
+    for run in (1, 2):
+        with make(tmp_path) as s:
+            s.open()
+            s.write_failures([Failure("B2-7", "B2", "http_400", "too long", retryable=False),
+                              Failure("B2-8", "B2", "timeout", "read timeout")])
+            s.write_rejects([Reject("B2", 3, "empty_content")] + [Reject("B2", 5, "bad_type")] * (run == 2))
+            if run == 2:
+                s.write_samples([sample(8)])
+                assert s.final_failure_ids() == {"B2-7"}
+    errors = [orjson.loads(x) for x in (tmp_path / "B2" / "errors.jsonl").read_bytes().splitlines()]
+    assert [(e["id"], e["run"], e["retryable"]) for e in errors] == [
+        ("B2-7", 1, False), ("B2-8", 1, True), ("B2-7", 2, False), ("B2-8", 2, True)]
+    rejects = [orjson.loads(x) for x in (tmp_path / "B2" / "rejects.jsonl").read_bytes().splitlines()]
+    assert rejects == [  # row 3 is met by both runs but recorded once
+        {"dataset": "B2", "row": 3, "reason": "empty_content", "detail": "", "run": 1},
+        {"dataset": "B2", "row": 5, "reason": "bad_type", "detail": "", "run": 2}]
+
+
+def test_target_can_change_between_runs(tmp_path):
+    with make(tmp_path, target=3) as s:
+        s.open()
+        assert s.write_samples([sample(i) for i in range(5)]) == 3
+    with make(tmp_path, target=2) as s:
+        assert (s.open().done, s.remaining) == (3, 0)
+        assert s.write_samples([sample(9)]) == 0
+    with make(tmp_path, target=5) as s:
+        s.open()
+        assert s.write_samples([sample(i) for i in range(9)]) == 2
+
+
+# ---------------------------------------------------------------- crash/resume invariant
+
+ops = st.lists(st.one_of(st.tuples(st.just("write"), st.integers(1, 6)), st.just(("commit", 0)),
+                         st.tuples(st.just("crash"), st.integers(0, 10_000))), max_size=12)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops)
+def test_crash_resume_keeps_a_prefix_without_duplicates(sequence):
+    root = Path(tempfile.mkdtemp())
+    try:
+        _run_ops(root, sequence)
+    finally:
+        shutil.rmtree(root)
+
+
+def _run_ops(root: Path, sequence: list[tuple[str, int]]) -> None:
+    folder = root / "B2"
+    written: list[str] = []  # every id ever accepted, in order; a crash may lose an unsynced tail
+    store = make(root, target=40, shard_max_samples=3, fsync_every=4)
+    store.open()
+    for op, arg in sequence:
+        if op == "write":
+            batch = [sample(len(written) + i) for i in range(arg)]
+            n = store.write_samples(batch)
+            written += [x.id for x in batch[:n]]
+        elif op == "commit":
+            store.commit()
+        else:
+            # Power loss: the open shard may lose anything past its committed (fsynced) length.
+            m = store._manifest
+            committed = m["open"]["committed_bytes"]
+            durable = sum(e["samples"] for e in m["sealed"]) + m["open"]["committed_samples"]
+            shard = folder / m["open"]["name"]
+            crash(store)
+            size = shard.stat().st_size if shard.exists() else 0
+            if shard.exists() and size > committed:
+                os.truncate(shard, committed + arg % (size - committed + 1))
+            store = make(root, target=40, shard_max_samples=3, fsync_every=4)
+            state = store.open()
+            on_disk = shard_ids(folder)
+            assert on_disk == written[: len(on_disk)] and len(on_disk) >= durable
+            assert sorted(state.done_ids) == sorted(on_disk) and state.done == len(on_disk)
+            written = on_disk
+    store.close()
+    assert shard_ids(folder) == written and len(set(written)) == len(written) <= 40
+
+
+CHILD = """
+import os, signal, sys
+from pathlib import Path
+sys.path.insert(0, {repo!r})
+from tests.store.test_store import make, sample
+s = make(Path({root!r}), fsync_every=100)
+s.open()
+s.write_samples([sample(i) for i in range(6)])
+os.write(s._files["shard-00001.jsonl"].fileno(), sample(6).to_json()[:40])  # a torn write in flight
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.e2e  # the process is the subject: make e2e
+def test_real_sigkill_mid_write_then_resume(tmp_path):
+    repo = str(Path(__file__).resolve().parents[2])
+    p = subprocess.Popen([sys.executable, "-c", CHILD.format(repo=repo, root=str(tmp_path))], cwd=repo)
+    assert p.wait(timeout=30) == -9
+    with make(tmp_path) as s:
+        state = s.open()
+        assert (state.done, state.repaired_bytes) == (6, 40)
+        assert state.notes[0].startswith(f"took over the lock of a run that is gone (pid {p.pid}, started ")
+        assert state.notes[1] == "cut 40 bytes (a torn or invalid last line) from shard-00001.jsonl"
+        assert s.write_samples([sample(i) for i in range(10)]) == 4
+    assert shard_ids(tmp_path / "B2") == [f"B2-{i}" for i in range(10)]
