@@ -189,7 +189,8 @@ def cmd_probe_kv(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from gen_pipeline.cli.logs import quiet_datasets
-    from gen_pipeline.export.core import ExportOptions, export_names, run_export
+    from gen_pipeline.export.core import export_names, run_export
+    from gen_pipeline.export.options import ExportOptions
     from gen_pipeline.export.render import parse_template_kwargs
     from gen_pipeline.export.select import Filters, parse_mix, parse_val
 

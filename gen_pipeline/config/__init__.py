@@ -11,13 +11,13 @@ from gen_pipeline.config.dataset import (
     DatasetConfig,
     GenerationConfig,
     OutputConfig,
-    SamplingConfig,
     SourceConfig,
     available_datasets,
     find_dataset_config,
     find_dataset_configs,
     load_dataset_config,
 )
+from gen_pipeline.config.sampling import SamplingConfig
 from gen_pipeline.config.server import (
     DEFAULT_SERVER_CONFIG,
     ServerProfile,

@@ -85,6 +85,16 @@ class ServerProfile:
         """The model name requests carry (SGLang answers to served_model_name, else model_path)."""
         return self.served_model_name or self.model_path
 
+    @property
+    def tokenizer_path(self) -> str:
+        """The tokenizer SGLang loads: its --tokenizer-path when extra_args pass one, else model_path."""
+        for i, a in enumerate(self.extra_args):
+            if a == "--tokenizer-path" and i + 1 < len(self.extra_args):
+                return self.extra_args[i + 1]
+            if a.startswith("--tokenizer-path="):
+                return a.split("=", 1)[1]
+        return self.model_path
+
 
 _POSITIVE = ("tp_size", "dp_size", "num_continuous_decode_steps", "unhealthy_after")
 _NON_NEGATIVE_S = ("startup_timeout_s", "health_interval_s", "restart_backoff_s", "stop_grace_s")

@@ -90,7 +90,7 @@ def strip_token_ids(conversations: list[dict[str, Any]]) -> list[dict[str, Any]]
     return [{k: v for k, v in m.items() if k not in TOKEN_KEYS} for m in conversations]
 
 
-def _message(m: dict[str, Any]) -> dict[str, Any]:
+def sent_message(m: dict[str, Any]) -> dict[str, Any]:
     """A message as the server got it in the request (chat.py sends role, content, reasoning_content)."""
     return {k: v for k, v in m.items() if k in ("role", "content", "reasoning_content") and v is not None}
 
@@ -167,11 +167,11 @@ class TokenRowBuilder:
         k = 0
         for m in sample["conversations"]:
             if m.get("role") != "assistant":
-                history.append(_message(m))
+                history.append(sent_message(m))
                 continue
             row: dict[str, Any] = {"id": f"{sample['id']}#turn{k}", "source_id": sample["id"], "turn_index": k,
                                    "dataset": sample.get("dataset"), "meta": sample.get("meta")}
-            turn = _message(m)
+            turn = sent_message(m)
             if has_server_ids(m):
                 row["input_ids"], row["loss_mask"] = _row_arrays(m["prompt_token_ids"], m["token_ids"])
                 row["ids_from"] = "server"

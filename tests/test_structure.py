@@ -1,0 +1,100 @@
+"""The product's structure, read from its own imports (ast; nothing is imported): no import circles,
+no private name taken from another module, nothing from the bench, one owner per shared helper."""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parent.parent / "gen_pipeline"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def modules() -> dict[str, ast.Module]:
+    return {module_name(p): ast.parse(p.read_text(), str(p)) for p in sorted(PKG.rglob("*.py"))}
+
+
+def imports(tree: ast.Module) -> list[tuple[str, str]]:
+    """(module, name) of every `from X import name` anywhere in the file (TYPE_CHECKING and function
+    bodies included: a lazy import is still an arrow); `import X` gives (X, "")."""
+    out: list[tuple[str, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out += [(node.module, a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            out += [(a.name, "") for a in node.names]
+    return out
+
+
+def arrows() -> dict[str, set[str]]:
+    """Module → the product modules it imports; a package's __init__ (a face that hands names on) is
+    neither end of an arrow, and `from pkg import mod` points at mod."""
+    mods = modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods if not PKG.joinpath(*m.split(".")[1:], "__init__.py").exists()}
+    for m in graph:
+        for target, name in imports(mods[m]):
+            dest = f"{target}.{name}" if f"{target}.{name}" in mods else target
+            if dest in graph and dest != m:
+                graph[m].add(dest)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while (w := stack.pop()) != v:
+                comp.append(w)
+            if comp:
+                out.append(sorted([v, *comp]))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circles() -> None:
+    assert circles(arrows()) == []
+
+
+def test_no_module_takes_another_modules_private_name() -> None:
+    taken = sorted(f"{m} <- {target}.{name}" for m, tree in modules().items() for target, name in imports(tree)
+                   if target.startswith("gen_pipeline") and target != m and name.startswith("_")
+                   and not name.startswith("__"))
+    assert taken == []
+
+
+def test_the_product_does_not_import_the_bench() -> None:
+    assert sorted(m for m, tree in modules().items() for target, _ in imports(tree)
+                  if target == "bench" or target.startswith("bench.")) == []
+
+
+def test_shared_helpers_have_one_owner() -> None:
+    """A helper several modules need is defined once (a copy drifts): where each is defined."""
+    names = ("first_known", "pid_alive", "group_alive", "normalise_server_url", "iter_committed_samples")
+    where = {n: sorted(m for m, tree in modules().items() for node in tree.body
+                       if isinstance(node, ast.FunctionDef) and node.name.lstrip("_") == n) for n in names}
+    assert where == {"first_known": ["gen_pipeline.errors"], "pid_alive": ["gen_pipeline.store.lock"],
+                     "group_alive": [], "normalise_server_url": ["gen_pipeline.config.server"],
+                     "iter_committed_samples": ["gen_pipeline.store.layout"]}
