@@ -98,3 +98,12 @@ def test_shared_helpers_have_one_owner() -> None:
     assert where == {"first_known": ["gen_pipeline.errors"], "pid_alive": ["gen_pipeline.store.lock"],
                      "group_alive": [], "normalise_server_url": ["gen_pipeline.config.server"],
                      "iter_committed_samples": ["gen_pipeline.store.layout"]}
+
+
+def test_server_urls_are_normalised_where_they_come_in() -> None:
+    """The flags' URLs are normalised as options are built (RunOptions, probe-kv's); the server layer
+    takes them as they are."""
+    calls = sorted(m for m, tree in modules().items() for node in ast.walk(tree) if isinstance(node, ast.Call)
+                   and getattr(node.func, "id", "") == "normalise_server_url")
+    assert [m for m in calls if m.startswith("gen_pipeline.server")] == []
+    assert {"gen_pipeline.run.options", "gen_pipeline.probe.core"} <= set(calls)
