@@ -1,9 +1,4 @@
-"""Configs: the dataset TOMLs and server.toml, read into frozen dataclasses and validated.
-
-    dataset.py  datasets_cfg/<NAME>.toml → DatasetConfig (source, sampling, generation, output)
-    server.py   datasets_cfg/server.toml → ServerProfile per [profile.NAME], ControllerConfig; server URLs
-    schema.py   TOML tables → dataclasses (pydantic, strict); option ranges named by their CLI flags
-"""
+"""Configs: the dataset TOMLs and server.toml, read into frozen dataclasses and validated."""
 
 from gen_pipeline.config.dataset import (
     DEFAULT_CONFIG_DIR,

@@ -1,9 +1,4 @@
-"""`export`: committed samples → the files a trainer loads.
-
-    core.py     run_export: read, select, split, write (atomic)
-    formats.py  specforge / speculators JSONL, hf datasets
-    select.py   filters, --mix, the validation split (pure)
-"""
+"""`export`: committed samples → the files a trainer loads."""
 
 from gen_pipeline.export.core import export_names, run_export
 from gen_pipeline.export.options import ExportOptions, ExportSummary
