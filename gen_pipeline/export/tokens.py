@@ -104,10 +104,9 @@ class TokenRowBuilder:
     first and every SPOT_EVERY-th rendered turn is also made the plain way and compared, and a
     difference (never seen) makes every row the plain way from then on (`mismatch`, `notes`).
 
-    Where the time went before (bench/export_speed's 88K job, 547 s of CPU): ~70 % the tokenizer on
-    each turn's new text (per-word bookkeeping in the Rust tokenizer; the history was already
-    tokenized once, not again per turn), ~10-15 % apply_chat_template's own work around the
-    template, and the garbage collector walking the job's millions of live objects."""
+    Where the time went before (docs/measurements.md, "export"): mostly the tokenizer on each turn's new
+    text (per-word bookkeeping in the Rust tokenizer), then apply_chat_template's own work around the
+    template and the garbage collector walking the job's millions of live objects."""
 
     def __init__(self, renderer: Renderer | None, *, exact: bool = False):
         self.renderer = renderer
@@ -120,7 +119,7 @@ class TokenRowBuilder:
         samples = samples if isinstance(samples, list) else list(samples)
         collecting = gc.isenabled()
         gc.disable()  # millions of short-lived lists of chunks and no cycles: the collector found nothing
-        try:          # to free and cost a fifth of the time (bench/export_speed)
+        try:          # to free and cost time (docs/measurements.md, "export")
             return self._rows(samples)
         except _SpotMismatch as e:  # never seen: then every row the plain way
             self.stats["spot_mismatches"] += 1
