@@ -139,7 +139,11 @@ class _MultiRun:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self.drive)
             async with anyio.create_task_group() as requests:
-                await produce_in_order(requests, self.dispatchers, launch, interleave=self.interleave)
+                if self.interleave:  # (c): every producer at once; the product starts each after the last
+                    for d in self.dispatchers:
+                        requests.start_soon(d.produce, requests, *launch(d))
+                else:
+                    await produce_in_order(requests, self.dispatchers, launch)
             tg.cancel_scope.cancel()
 
 

@@ -67,3 +67,11 @@ class RequestError(GenPipelineError):
         self.reason = reason
         self.retryable = retryable
         self.attempts = attempts
+
+
+def first_known(group: BaseExceptionGroup) -> BaseException:
+    """Task groups wrap errors in groups: surface our own error (the CLI has a message for it)."""
+    matched: BaseException | None = group.split(GenPipelineError)[0]
+    while isinstance(matched, BaseExceptionGroup):
+        matched = matched.exceptions[0]
+    return matched if matched is not None else group

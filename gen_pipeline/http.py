@@ -115,8 +115,8 @@ class Http:
 
     Requests go straight to the transport (httpx's connection pool, or a test's MockTransport), not
     through httpx.AsyncClient: we use none of what the client adds (cookies, auth, redirects, event
-    hooks, URL merging), and skipping it took ~11 % of the client's CPU per request at ~65 requests/s
-    (bench/RESULTS.md, "HTTP client library")."""
+    hooks, URL merging), and skipping it saves client CPU on every request (docs/measurements.md,
+    "HTTP client library")."""
 
     def __init__(self, transports: list[httpx.AsyncBaseTransport], timeout: httpx.Timeout):
         self._transports = transports
@@ -334,8 +334,8 @@ async def open_http(generation: GenerationConfig, max_connections: int, *,
     # No proxy from HTTP_PROXY (only httpx.AsyncClient reads it; aiohttp before did not either): a cluster's
     # proxy for the internet must not carry the requests to a server on the next node. HTTP/1.1 (SGLang's
     # uvicorn speaks nothing else), one connection per request in flight.
-    # One TLS context for all pools: httpx builds one per transport otherwise (~35 ms each on an H200 host),
-    # and a window of thousands means hundreds of pools -- 8 s before the first request was measured there.
+    # One TLS context for all pools: httpx builds one per transport otherwise, and a window of thousands
+    # means hundreds of pools, which held the first request back seconds on a GPU host (docs/measurements.md).
     shards = -(-max_connections // CONNECTIONS_PER_POOL)
     tls = httpx.create_ssl_context() if transport is None else True  # True: unused (a test transport)
     http = Http([transport] if transport else

@@ -2,10 +2,6 @@
 exit code. The edge of the program: the only place that configures logging (cli/logs.py) and turns
 the library's errors into messages.
 
-    parser.py    the arguments (argparse)
-    commands.py  one function per command: parse → call → print
-    logs.py      console and run.log handlers; the datasets library kept quiet
-
 A job (several datasets) exits with the worst of its datasets' codes (130/143 over 5 over 0); an error
 ends the whole job with its code.
 

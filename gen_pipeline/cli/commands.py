@@ -9,7 +9,7 @@ import argparse
 import shlex
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import TYPE_CHECKING
 
 from gen_pipeline.config.dataset import DatasetConfig, find_dataset_config, find_dataset_configs
@@ -81,15 +81,12 @@ def exit_past_threads(code: int, join_s: float = 0.5) -> None:
 
 def options_from_args(args: argparse.Namespace, cfgs: Sequence[DatasetConfig]) -> RunOptions:
     """generate's flags → RunOptions (gen_pipeline/run/setup.py); its notes go to stderr."""
+    from gen_pipeline.config.run import RunFlags
     from gen_pipeline.run.setup import run_options
 
+    flags = {f.name: getattr(args, f.name) for f in fields(RunFlags)}
     opts, notes = run_options(cfgs, config_dir=args.config_dir, output_root=args.output_dir, server=args.server,
-                              server_urls=args.server_url, model=args.model, limit=args.limit, window=args.window,
-                              poll_interval_s=args.poll_interval_s, drain_grace_s=args.drain_grace_s,
-                              proceed_anyway=args.proceed_anyway, rank=args.rank, world_size=args.world_size,
-                              routing=args.routing, gpus_per_server=args.gpus_per_server,
-                              server_wait_s=args.server_wait_s, health_interval_s=args.health_interval_s,
-                              hang_timeout_s=args.hang_timeout_s)
+                              server_urls=args.server_url, rank=args.rank, world_size=args.world_size, **flags)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     return opts
@@ -189,7 +186,8 @@ def cmd_probe_kv(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from gen_pipeline.cli.logs import quiet_datasets
-    from gen_pipeline.export.core import ExportOptions, export_names, run_export
+    from gen_pipeline.export.core import export_names, run_export
+    from gen_pipeline.export.options import ExportOptions
     from gen_pipeline.export.render import parse_template_kwargs
     from gen_pipeline.export.select import Filters, parse_mix, parse_val
 

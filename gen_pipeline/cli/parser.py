@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR
+from gen_pipeline.config.run import RunFlags
+from gen_pipeline.config.schema import declared_flags
 
 WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")  # server/plan.py WEIGHT_BYTES, without its import cost
 # server/plan.py's reference node (REFERENCE_GPU*, REFERENCE_OVERHEAD_GIB; tests/test_plan_job.py keeps them equal)
@@ -23,6 +25,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks for handled errors")
 
 
+def _option_flags(p: argparse.ArgumentParser, cls: Any) -> None:
+    """A flag per option `cls` declares (config/schema.py `flag`): name, type, choices and help from the
+    declaration, with the field's default; None when not given (then server.toml's [run] or the default)."""
+    for f in declared_flags(cls):
+        if f.type is bool:
+            p.add_argument(f.name, action="store_true", default=None, help=f.help)
+            continue
+        shown = "" if f.default in (None, "") or "default:" in f.help else f" (default: {f.default})"
+        p.add_argument(f.name, type=f.type, default=None, choices=f.choices or None, help=f.help + shown)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gen-pipeline", description=(
         "Regenerate prompt datasets with a target model on SGLang into EAGLE-3 (SpecForge) training data."))
@@ -31,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate datasets up to their targets (resumes where it stopped)",
                        description="Start (or attach to) one server and generate each DATASET up to its target "
                                    "(several: one job through one server lifetime). Running the same command "
-                                   "again resumes.")
+                                   "again resumes. server.toml's [run] table may set the flags from --model to "
+                                   "--routing under their names with '_' (server_wait_s = 900); a flag wins.")
     g.add_argument("--dataset", required=True, action="append",
                    help="a name from the config dir (B1, B2, B6, B7, demo) or a .toml path; several: repeat or "
                         "comma-separate (B1,B2,B6,B7); all = every dataset TOML of the config dir but demo")
@@ -40,38 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="server.toml profile to launch: tuned (default), baseline, sim (the built-in simulator)")
     where.add_argument("--server-url", action="append", default=[], metavar="URL",
                        help="attach to a running server or sglang-router instead (repeat or comma-separate)")
-    g.add_argument("--routing", choices=("affinity", "free-kv"), default="affinity",
-                   help="with several --server-url servers (no router): affinity (default) sends a sample's later "
-                        "turns to the server that ran its previous turn (its prefix is cached there) unless that "
-                        "server is out or has much less free KV than the best; free-kv sends every request to the "
-                        "server with the most free KV")
-    g.add_argument("--gpus-per-server", type=int, metavar="N",
-                   help="GPUs each server holds, for the GPU-hours status and the report show (default: the "
-                        "server's tp_size × dp_size from /get_server_info; unknown when it has none)")
-    g.add_argument("--limit", type=int, help="stop after this many new samples in this run")
-    g.add_argument("--window", type=int, help="fixed concurrency instead of the adaptive controller "
-                                              "(default: the dataset's generation.window; 0 there = adaptive)")
-    g.add_argument("--model", default="", help="model id for requests (default: from the profile or /v1/models)")
     g.add_argument("--progress", choices=("auto", "bar", "log", "quiet"), default="auto",
                    help="progress display (auto: a bar on a terminal, log lines otherwise)")
-    g.add_argument("--poll-interval-s", type=float, default=1.0,
-                   help="seconds between load polls: the controller's input, a telemetry row each "
-                        "(default: %(default)s)")
-    g.add_argument("--drain-grace-s", type=float, default=30.0,
-                   help="on SIGINT/SIGTERM, seconds to let in-flight requests finish (default: %(default)s)")
-    g.add_argument("--server-wait-s", type=float, default=None,
-                   help="attached servers: when none answers (a restart), pause and wait this long for one to "
-                        "come back before giving up (default: server_wait_s of server.toml's [run] table, else "
-                        "600; an SGLang restart takes 60-90 s)")
-    g.add_argument("--health-interval-s", type=float, default=5.0,
-                   help="attached servers: seconds between /health checks of each (default: %(default)s)")
-    g.add_argument("--hang-timeout-s", type=float, default=5.0,
-                   help="attached servers: one with requests in flight that makes no progress (no stream "
-                        "bytes, no answer, no /health 200) this long and does not answer GET /v1/models is "
-                        "hung: taken out, its requests re-sent to the others; a server that answers is only "
-                        "busy (default: %(default)s)")
-    g.add_argument("--proceed-anyway", action="store_true",
-                   help="launch even when the source check fails (most rows rejected, too few valid rows)")
+    _option_flags(g, RunFlags)
     g.add_argument("--rank", type=int, help="this process's rank when several share the dataset (with --world-size; "
                                             "default: SLURM_ARRAY_TASK_ID and/or SLURM_PROCID, else RANK)")
     g.add_argument("--world-size", type=int, help="how many ranks share the dataset, each writing "

@@ -1,9 +1,4 @@
-"""Configs: the dataset TOMLs and server.toml, read into frozen dataclasses and validated.
-
-    dataset.py  datasets_cfg/<NAME>.toml → DatasetConfig (source, sampling, generation, output)
-    server.py   datasets_cfg/server.toml → ServerProfile per [profile.NAME], ControllerConfig; server URLs
-    schema.py   TOML tables → dataclasses (pydantic, strict); option ranges named by their CLI flags
-"""
+"""Configs: the dataset TOMLs and server.toml, read into frozen dataclasses and validated."""
 
 from gen_pipeline.config.dataset import (
     DEFAULT_CONFIG_DIR,
@@ -11,13 +6,13 @@ from gen_pipeline.config.dataset import (
     DatasetConfig,
     GenerationConfig,
     OutputConfig,
-    SamplingConfig,
     SourceConfig,
     available_datasets,
     find_dataset_config,
     find_dataset_configs,
     load_dataset_config,
 )
+from gen_pipeline.config.sampling import SamplingConfig
 from gen_pipeline.config.server import (
     DEFAULT_SERVER_CONFIG,
     ServerProfile,

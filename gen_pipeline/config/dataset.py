@@ -73,7 +73,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import math
 import tomllib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -83,7 +82,9 @@ from typing import Any, Literal
 import orjson
 
 from gen_pipeline.config.mix import MIX_KEYS, SamplingMix, build_mix
-from gen_pipeline.config.schema import Range, build_section, check_range, unknown_key
+from gen_pipeline.config.sampling import SamplingConfig as SamplingConfig  # a dataset's [sampling], importable here
+from gen_pipeline.config.sampling import check_sampling
+from gen_pipeline.config.schema import build_section, unknown_key
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError
 
@@ -95,9 +96,6 @@ Reasoning = Literal["keep", "disable", "none"]
 Truncated = Literal["keep", "drop"]
 EmptyTurn = Literal["retry", "fail"]  # an empty assistant turn (validate rejects it): retry or fail
 OnLoop = Literal["retry", "drop", "keep", "off"]  # a turn caught looping (gen_pipeline/quality)
-# SGLang 0.5.17 entrypoints/openai/protocol.py ReasoningEffortTier (its float form, an extension for a few
-# models, is left out: meta.sampling records one type per key)
-ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 
 @dataclass(frozen=True)
@@ -114,39 +112,6 @@ class SourceConfig:
     streaming: bool = False
     max_prompt_chars: int = 400_000  # longer prompts are rejected before any request (~100K tokens)
     strict: bool = False  # a .jsonl line that is not JSON: False = a bad_json reject, True = refuse the file
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    """What each request asks the server for. Keys after top_p are sent only when set."""
-
-    max_new_tokens: int = 2048
-    temperature: float = 0.7
-    top_p: float = 0.95
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    reasoning_effort: ReasoningEffort | None = None
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # the chat template's keyword arguments
-    extra_body: dict[str, Any] = field(default_factory=dict)  # merged into the request body verbatim
-
-    def __hash__(self) -> int:  # extra_body is a dict; the client caches per config
-        return hash(orjson.dumps(self.as_dict(), option=orjson.OPT_SORT_KEYS))
-
-    def as_dict(self) -> dict[str, Any]:
-        """The settings that are set: what meta.sampling records and the fingerprint holds (a config
-        without the optional keys keeps the fingerprint it had before they existed)."""
-        d = asdict(self)
-        return {k: v for k, v in d.items() if k in _ALWAYS or v not in (None, (), {})}
-
-
-_ALWAYS = ("max_new_tokens", "temperature", "top_p")
-# Body keys the pipeline sets itself; extra_body must not set them.
-RESERVED_BODY_KEYS = ("model", "messages", "stream", "max_tokens", "max_completion_tokens", "n")
 
 
 @dataclass(frozen=True)
@@ -284,7 +249,7 @@ def load_dataset_config(path: Path) -> DatasetConfig:
     gen: GenerationConfig = sections["generation"]
 
     def check(s: SamplingConfig, where: str) -> None:
-        _check_sampling(s, where)
+        check_sampling(s, where)
         _check_reasoning(s, gen, where)
 
     check(sections["sampling"], f"{name_in}: sampling.")
@@ -322,36 +287,6 @@ class _Target:
     target_samples: int
 
 
-# What SGLang accepts, declared once: SGLang 0.5.17 python/sglang/srt/sampling/sampling_params.py,
-# SamplingParams.verify (run on every request, after the model has loaded: a value out of range
-# fails every request of a run). top_k (-1 or at least 1) and max_new_tokens are checked below.
-SAMPLING_RANGES: dict[str, Range] = {
-    "temperature": Range(0.0, math.inf, "a finite number of at least 0 (0 = greedy)"),
-    "top_p": Range(0.0, 1.0, "above 0 and at most 1", low_open=True),
-    "min_p": Range(0.0, 1.0, "between 0 and 1"),
-    "presence_penalty": Range(-2.0, 2.0, "between -2 and 2"),
-    "frequency_penalty": Range(-2.0, 2.0, "between -2 and 2"),
-    "repetition_penalty": Range(0.0, 2.0, "above 0 and at most 2 (1 = no penalty)", low_open=True),
-}
-
-
-def _check_sampling(s: SamplingConfig, where: str) -> None:
-    """Ranges as SGLang's SamplingParams.verify checks them (SAMPLING_RANGES), before any request."""
-    if s.max_new_tokens <= 0:
-        raise ConfigError(f"{where}max_new_tokens = {s.max_new_tokens} must be positive.")
-    for key, rng in SAMPLING_RANGES.items():
-        check_range(where, key, getattr(s, key), rng)
-    if s.top_k is not None and s.top_k != -1 and s.top_k < 1:
-        raise ConfigError(f"{where}top_k = {s.top_k} must be -1 (no top-k) or at least 1.")
-    if any(not x for x in s.stop):
-        raise ConfigError(f"{where}stop = {list(s.stop)!r} must not contain an empty string.")
-    for key in s.extra_body:
-        if key in RESERVED_BODY_KEYS:
-            raise ConfigError(f"{where}extra_body.{key}: the pipeline sets {key} itself. Remove it.")
-        if key in _SAMPLING_KEYS:
-            raise ConfigError(f"{where}extra_body.{key}: set it as {where.split(': ')[-1]}{key} instead.")
-
-
 def _check_reasoning(s: SamplingConfig, gen: GenerationConfig, where: str) -> None:
     """generation.reasoning = "disable" sends thinking = false: a sampling that asks for thinking contradicts it."""
     if gen.reasoning != "disable":
@@ -364,8 +299,6 @@ def _check_reasoning(s: SamplingConfig, gen: GenerationConfig, where: str) -> No
         raise ConfigError(f"{where}reasoning_effort = {s.reasoning_effort!r} contradicts generation.reasoning = "
                           "\"disable\" (which sends thinking = false). Remove one of them.")
 
-
-_SAMPLING_KEYS = frozenset(f for f in SamplingConfig.__dataclass_fields__ if f != "extra_body") | {"max_tokens"}
 
 
 def available_datasets(config_dir: Path = DEFAULT_CONFIG_DIR) -> list[str]:

@@ -43,13 +43,11 @@ import hashlib
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from gen_pipeline.config.sampling import SamplingConfig
 from gen_pipeline.config.schema import build_section, type_name, unknown_key
 from gen_pipeline.errors import ConfigError
-
-if TYPE_CHECKING:
-    from gen_pipeline.config.dataset import SamplingConfig
 
 MIX_KEYS = ("mix", "mix_seed")  # [sampling] keys of the mix itself (not sent to the server)
 SHARE_SUM_TOLERANCE = 1e-6  # shares written as decimals (0.1 + 0.2 + 0.7) sum to 1 only within rounding

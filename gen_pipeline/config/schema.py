@@ -17,7 +17,7 @@ import functools
 import math
 import typing
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, make_dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, create_model
@@ -144,22 +144,81 @@ def check_range(where: str, key: str, value: float | None, rng: Range) -> None:
 
 
 def flag(name: str, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
-         lt: float | None = None, unit: str = "") -> Any:
-    """The range of an option that a CLI flag sets, declared on the options' dataclass field:
-    `limit: Annotated[int | None, flag("--limit", ge=1)] = None`; `check_flags` enforces it."""
-    return Field(ge=ge, gt=gt, le=le, lt=lt, title=name, description=unit)
+         lt: float | None = None, unit: str = "", help: str = "", choices: tuple[str, ...] = ()) -> Any:
+    """An option that a CLI flag sets, declared on the options' dataclass field: its flag, range, unit,
+    help and choices (`limit: Annotated[int | None, flag("--limit", ge=1, help=...)] = None`);
+    `check_flags` enforces it, and cli/parser.py builds the flag from it."""
+    return Field(ge=ge, gt=gt, le=le, lt=lt, title=name, description=unit,
+                 json_schema_extra={"help": help, "choices": list(choices)})
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One declared option (`flag`), as the CLI parser needs it."""
+
+    field: str
+    name: str  # "--limit"
+    type: type  # int, float, str or bool
+    default: Any
+    help: str
+    unit: str
+    choices: tuple[str, ...]
+
+
+def declared_flags(cls: type[DataclassInstance]) -> list[Flag]:
+    """The options of `cls` that flags set, in field order."""
+    plain = typing.get_type_hints(cls)
+    defaults = {f.name: f.default for f in fields(cls)}
+    out = []
+    for name, (_adapter, info) in _flag_fields(cls).items():
+        tp = next(a for a in _union_args(plain[name]) if a is not type(None))
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        out.append(Flag(name, str(info.title), tp, defaults[name], str(extra.get("help", "")),
+                        info.description or "", tuple(typing.cast(list[str], extra.get("choices", [])))))
+    return out
 
 
 def check_flags(options: DataclassInstance) -> None:
     """Raise ConfigError naming the flag (as the user types it) of the first field of `options` out of
-    its declared range; called by the options' __post_init__, so the CLI and a library caller get
-    the same refusal with the same message."""
+    its declared range or choices; called by the options' __post_init__, so the CLI and a library caller
+    get the same refusal with the same message."""
     for name, (adapter, info) in _flag_fields(type(options)).items():
-        value = getattr(options, name)
-        try:
-            adapter.validate_python(value)
-        except ValidationError:
-            raise ConfigError(_range_message(info, value)) from None
+        problem = _flag_problem(adapter, info, getattr(options, name), str(info.title))
+        if problem:
+            raise ConfigError(problem)
+
+
+def check_table(cls: type[DataclassInstance], table: Any, where: str) -> dict[str, Any]:
+    """A TOML table that sets options of `cls` by their field names (the flags' names with "_") →
+    {name: value} of the keys it sets; ConfigError naming the key (unknown, wrong type, out of range)."""
+    values = build_section(_optional(cls), table, where)
+    flags = _flag_fields(cls)
+    out = {key: getattr(values, key) for key in table}
+    for key, value in out.items():
+        problem = _flag_problem(*flags[key], value, f"{where}{key} =")
+        if problem:
+            raise ConfigError(problem)
+    return out
+
+
+@functools.cache
+def _optional(cls: type[DataclassInstance]) -> type[DataclassInstance]:
+    """`cls`'s flag fields as a dataclass whose every field may be left out (None)."""
+    hints = typing.get_type_hints(cls)
+    return make_dataclass(f"{cls.__name__}Table", [(n, hints[n] | None, None) for n in _flag_fields(cls)],
+                          frozen=True)
+
+
+def _flag_problem(adapter: TypeAdapter[Any], info: FieldInfo, value: Any, label: str) -> str:
+    try:
+        adapter.validate_python(value)
+    except ValidationError:
+        return _range_message(info, value, label)
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    choices = typing.cast(list[str], extra.get("choices", []))
+    if choices and value not in choices:
+        return f"{label} {value} is not one of: {', '.join(choices)}."
+    return ""
 
 
 @functools.cache
@@ -173,15 +232,15 @@ def _flag_fields(cls: type[DataclassInstance]) -> dict[str, tuple[TypeAdapter[An
     return out
 
 
-def _range_message(info: FieldInfo, value: Any) -> str:
+def _range_message(info: FieldInfo, value: Any, label: str) -> str:
     """`--poll-interval-s 0.01 must be between 0.05 and 60 seconds.`, `--limit 0 must be at least 1.`"""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return f"{info.title} {value!r} must be a number."
+        return f"{label} {value!r} must be a number."
     bounds = {type(m).__name__: getattr(m, type(m).__name__.lower(), None) for m in info.metadata}
     shown = f"{value:g}" if isinstance(value, float) else str(value)
     unit = f" {info.description}" if info.description else ""
     if bounds.get("Ge") is not None and bounds.get("Le") is not None:
-        return f"{info.title} {shown} must be between {bounds['Ge']:g} and {bounds['Le']:g}{unit}."
+        return f"{label} {shown} must be between {bounds['Ge']:g} and {bounds['Le']:g}{unit}."
     words = {"Ge": "at least", "Gt": "above", "Le": "at most", "Lt": "below"}
     parts = [f"{words[k]} {bounds[k]:g}" for k in ("Ge", "Gt", "Le", "Lt") if bounds.get(k) is not None]
-    return f"{info.title} {shown} must be {' and '.join(parts)}{unit}."
+    return f"{label} {shown} must be {' and '.join(parts)}{unit}."

@@ -16,8 +16,8 @@
     [controller]                          # optional: the concurrency controller's tunables
     target_usage = 0.92                   # (gen_pipeline/controller/config.py; the defaults need no tuning)
 
-    [run]                                 # optional: the job's settings that a flag also sets (RunConfig)
-    server_wait_s = 900                   # the flag of the same name (--server-wait-s) wins
+    [run]                                 # optional: generate's options, named as its flags (config/run.py)
+    server_wait_s = 900                   # the flag (--server-wait-s) wins
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, read_toml
-from gen_pipeline.config.schema import Range, build_section, check_range, unknown_key
+from gen_pipeline.config.run import run_table
+from gen_pipeline.config.schema import build_section, unknown_key
 from gen_pipeline.controller.config import ControllerConfig
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError
@@ -53,8 +54,8 @@ class ServerProfile:
     hicache_size_gb: int = 0  # host RAM per rank for evicted prefixes; adds no decode slots
     num_continuous_decode_steps: int = 1
     # tokens per streamed chunk (None: SGLang's default, 1). Every turn is streamed while the loop gate is
-    # on, and at one token a chunk the client's CPU per token is what limits a fast server (README, "The
-    # client keeps up"); the shipped profiles set 8.
+    # on, and at one token a chunk the client's CPU per token is what limits a fast server
+    # (docs/measurements.md, "stream interval"); the shipped profiles set 8.
     stream_interval: int | None = None
     enable_metrics: bool = True
     reasoning_parser: str = ""
@@ -85,6 +86,16 @@ class ServerProfile:
         """The model name requests carry (SGLang answers to served_model_name, else model_path)."""
         return self.served_model_name or self.model_path
 
+    @property
+    def tokenizer_path(self) -> str:
+        """The tokenizer SGLang loads: its --tokenizer-path when extra_args pass one, else model_path."""
+        for i, a in enumerate(self.extra_args):
+            if a == "--tokenizer-path" and i + 1 < len(self.extra_args):
+                return self.extra_args[i + 1]
+            if a.startswith("--tokenizer-path="):
+                return a.split("=", 1)[1]
+        return self.model_path
+
 
 _POSITIVE = ("tp_size", "dp_size", "num_continuous_decode_steps", "unhealthy_after")
 _NON_NEGATIVE_S = ("startup_timeout_s", "health_interval_s", "restart_backoff_s", "stop_grace_s")
@@ -96,72 +107,69 @@ def load_server_profile(name: str = "tuned", path: Path = DEFAULT_SERVER_CONFIG,
 
     Raises ConfigError naming the file and key (unknown key, bad type, unknown profile).
     """
-    file = display_path(path)
-    profiles = _read_server_toml(path).get("profile", {})
-    if not isinstance(profiles, dict) or not profiles:
-        raise ConfigError(f"{file}: no [profile.NAME] tables. Add one, e.g. [profile.tuned] with model_path.")
-    table, origin = _resolve_table(name, profiles, file)
+    return read_server_toml(path).profile(name, overrides=overrides)
 
-    def where_of(key: str) -> str:  # a message about a key names the profile that writes it
-        return f"{file}: profile.{origin.get(key, name)}."
 
-    profile = _build(name, table, where_of, file)
-    if overrides:
-        over = f"override of profile.{name}: "
-        profile = _build(name, {**table, **overrides}, lambda k: over if k in overrides else where_of(k), file)
-    return profile
+@dataclass(frozen=True)
+class ServerToml:
+    """server.toml read once (a run reads its profile, [controller] and [run] from this one parse); each
+    part is validated when asked for, so a mistake in one profile does not stop a command using another.
+    A missing file has no profiles, and the defaults of [controller] and [run] (attach mode needs none)."""
+
+    path: Path
+    raw: dict[str, Any]
+    exists: bool = True
+
+    def profile(self, name: str = "tuned", *, overrides: dict[str, Any] | None = None) -> ServerProfile:
+        """Profile `name`, then `overrides` applied; raises ConfigError naming the file and key."""
+        if not self.exists:
+            read_toml(self.path)  # its "no such file" message
+        file = display_path(self.path)
+        profiles = self.raw.get("profile", {})
+        if not isinstance(profiles, dict) or not profiles:
+            raise ConfigError(f"{file}: no [profile.NAME] tables. Add one, e.g. [profile.tuned] with model_path.")
+        table, origin = _resolve_table(name, profiles, file)
+
+        def where_of(key: str) -> str:  # a message about a key names the profile that writes it
+            return f"{file}: profile.{origin.get(key, name)}."
+
+        profile = _build(name, table, where_of, file)
+        if overrides:
+            over = f"override of profile.{name}: "
+            profile = _build(name, {**table, **overrides}, lambda k: over if k in overrides else where_of(k), file)
+        return profile
+
+    def controller(self) -> ControllerConfig:
+        """The `[controller]` table (every key optional; no table = the defaults)."""
+        where = f"{display_path(self.path)}: controller."
+        cfg = build_section(ControllerConfig, self.raw.get("controller", {}), where)
+        bad = _controller_problem(cfg)
+        if bad:
+            raise ConfigError(f"{where}{bad}")
+        return cfg
+
+    def run(self) -> dict[str, Any]:
+        """The `[run]` table: {option: value} of the generate options it sets (config/run.py)."""
+        return run_table(self.raw.get("run", {}), f"{display_path(self.path)}: run.")
+
+
+def read_server_toml(path: Path = DEFAULT_SERVER_CONFIG) -> ServerToml:
+    """Parse server.toml once; raises ConfigError for bad TOML or an unknown top-level key."""
+    if not Path(path).exists():
+        return ServerToml(Path(path), {}, exists=False)
+    raw = read_toml(path)
+    for key in raw:
+        if key not in _TOP_LEVEL:
+            raise unknown_key(f"{display_path(path)}: ", key, _TOP_LEVEL, top_level=True)
+    return ServerToml(Path(path), raw)
 
 
 _TOP_LEVEL = ["controller", "profile", "run"]
 
 
-@dataclass(frozen=True)
-class RunConfig:
-    """The `[run]` table of server.toml: settings of a job (whichever server it launches or attaches to)
-    that a flag of the same name also sets; the flag wins. None: not set here."""
-
-    # attached servers: when none answers (an operator's restart: 60-90 s for SGLang), how long the run
-    # waits for one to come back before it gives up (exit 3, resumable); 0 gives up at once
-    server_wait_s: float | None = None
-
-
-_RUN_RANGES = {"server_wait_s": Range(0, math.inf, "a number of seconds, at least 0 (how long a run waits for an "
-                                                    "attached server to come back; an SGLang restart takes 60-90 s)")}
-
-
-def _read_server_toml(path: Path) -> dict[str, Any]:
-    raw = read_toml(path)
-    for key in raw:
-        if key not in _TOP_LEVEL:
-            raise unknown_key(f"{display_path(path)}: ", key, _TOP_LEVEL, top_level=True)
-    return raw
-
-
 def load_controller_config(path: Path = DEFAULT_SERVER_CONFIG) -> ControllerConfig:
-    """The `[controller]` table of server.toml (every key optional; no table = the defaults).
-    A missing server.toml also gives the defaults (attach mode needs none)."""
-    if not Path(path).exists():
-        return ControllerConfig()
-    table = _read_server_toml(path).get("controller", {})
-    where = f"{display_path(path)}: controller."
-    cfg = build_section(ControllerConfig, table, where)
-    bad = _controller_problem(cfg)
-    if bad:
-        raise ConfigError(f"{where}{bad}")
-    return cfg
-
-
-def load_run_config(path: Path = DEFAULT_SERVER_CONFIG) -> RunConfig:
-    """The `[run]` table of server.toml (every key optional; no table or no file = nothing set). Raises
-    ConfigError naming the file and key."""
-    if not Path(path).exists():
-        return RunConfig()
-    where = f"{display_path(path)}: run."
-    table = _read_server_toml(path).get("run", {})
-    cfg = build_section(RunConfig, table, where)
-    for key, rng in _RUN_RANGES.items():
-        check_range(where, key, table.get(key), rng)  # the value as written (-5, not -5.0)
-    return cfg
+    """The `[controller]` table of server.toml (every key optional; no table or no file = the defaults)."""
+    return read_server_toml(path).controller()
 
 
 def _controller_problem(c: ControllerConfig) -> str:

@@ -35,21 +35,20 @@ class ControllerConfig:
     warm_ratio_factor: float = 1.5
     # The queue is sized on the most requests SGLang ran within the last running_peak_s, not on the last
     # poll alone: a wave of finishes reads as a dip in running for a poll or two before SGLang's next
-    # admission round, and a window that shrank with it left that round an empty queue (the H200's long
-    # regime: queued 0 with 30-38 running, issue 19 run 2).
+    # admission round, and a window that shrank with it left that round an empty queue (seen on a GPU:
+    # docs/measurements.md, "short and long outputs").
     running_peak_s: float = 5.0
     # The first cohort (controller/feed.py): from a start or restart until cohort_turnover x the cohort
     # has completed, the window is at most target_usage x C / F, F the mean prompt + completion tokens
     # of the completions seen (no cap before the first). 0 turns it off. The requests SGLang admits
-    # when its warm-up ends are all of one age and grow together: flooded, the H200's long regime
-    # overran the pool 4.5-6 s after a start (bench/RESULTS.md, issue 19).
+    # when its warm-up ends are all of one age and grow together, and flooded they overrun the pool seconds
+    # after a start (docs/measurements.md, "short and long outputs").
     cohort_turnover: float = 0.5
     # The retraction guard (off by default): the model of the pool caps that window while the pool fills
     # (token_usage at or above guard_usage_frac x target_usage) within retraction_cooldown_s of a
     # retraction, leaving SGLang at most queue_min to admit. Off because a retraction costs SGLang only a
-    # re-prefill (generated tokens are kept) and the cap starves its admission for the cooldown: with
-    # eager admission (--schedule-conservativeness 0.3, 900 long prompts, simulated) the guard cost 4.5 %
-    # (0.969 x flooding against 1.014 without it), while at the 88K scale it changed no median (issue 19).
+    # re-prefill (generated tokens are kept) and the cap starves its admission for the cooldown: it cost
+    # throughput with eager admission and gained none elsewhere (docs/measurements.md, "controller").
     # With it off, retraction bursts still cap growth (retraction_burst_*) and the climb still runs.
     retraction_guard: bool = False
     guard_usage_frac: float = 0.8
@@ -74,8 +73,8 @@ class ControllerConfig:
     gain_max: float = 1.8
     # Retraction guard: a burst (this share of running requests, at least burst_min, in one
     # poll) steps the multiplier back and forbids growth for the cooldown. A few retractions are
-    # SGLang's own optimism at work (flooding the H200 with long requests retracted 0-3 per run) and
-    # cost only their prefill again (generated tokens are kept): not a storm.
+    # SGLang's own optimism at work and cost only their prefill again (generated tokens are kept): not a
+    # storm.
     retraction_burst_frac: float = 0.03
     retraction_burst_min: int = 4
     retraction_backoff: float = 0.9

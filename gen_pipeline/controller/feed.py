@@ -17,10 +17,10 @@ next admission round, and a window shrunk with it left that round an empty queue
 queued at the server <= window - running = queue + (R - running), at most (1 + queue_frac) x R.
 
 Warm-up. After a start or restart new_token_ratio is 0.7 (x --schedule-conservativeness) and
-decays to 0.14 x that over 600 decode steps (~2 s on an H200); SGLang's first round takes only what
+decays to 0.14 x that over 600 decode steps (a few seconds); SGLang's first round takes only what
 fits with every candidate reserving its whole clipped max_new (13 requests of max_new 4096 in
 60,000 tokens), a second round a few more, then nothing until the first request finishes, when it
-admits many at once (16 -> ~40 within a second on the H200). A queue that builds then is SGLang's
+admits many at once (docs/measurements.md shows it on a GPU). A queue that builds then is SGLang's
 caution, not a full server. Until SGLang's admission has warmed up -- the ratio /metrics reports
 (the last prefill round's) has come down to within `warm_ratio_factor` of its floor, or, without
 that gauge, a request has completed since the start -- the queue allowed is warm_frac x running
@@ -29,8 +29,8 @@ window at the slot count.
 
 The first cohort. The requests SGLang admits when its warm-up ends are all of one age: none finishes
 before the shortest output and all grow together, so the pool holds C / F of them at their end (F:
-prompt + completion), not the C / H of a pool of mixed ages. Flooded, the H200's long regime overran the
-pool 4.5-6 s after every start that retracted (48-56 running; bench/RESULTS.md, issue 19). So from a
+prompt + completion), not the C / H of a pool of mixed ages: flooded, they overrun the pool seconds after
+a start (docs/measurements.md, "short and long outputs"). So from a
 start or restart until cohort_turnover x (u x C / F) requests have completed, the window is at most
 u x C / F (F: the mean of the completions seen; no cap before the first), never below running + in
 transit + queue_min. A cap only lowers the window: the bound below holds as stated.

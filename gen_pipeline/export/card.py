@@ -27,7 +27,7 @@ from gen_pipeline.store.layout import dataset_parts
 from gen_pipeline.store.manifest import read_manifest
 
 if TYPE_CHECKING:
-    from gen_pipeline.export.core import ExportOptions, ExportSummary
+    from gen_pipeline.export.options import ExportOptions, ExportSummary
 
 MARK = "gen_pipeline_export"
 

@@ -20,13 +20,11 @@ import difflib
 import errno
 import os
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, find_dataset_config
-from gen_pipeline.config.server import ServerProfile
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError, DiskError, StoreError
 from gen_pipeline.export.card import write_card
@@ -39,12 +37,10 @@ from gen_pipeline.export.formats import (
     write_hf,
     write_jsonl,
 )
+from gen_pipeline.export.options import ExportOptions, ExportSummary
 from gen_pipeline.export.render import Renderer, load_renderer, source_flag, tokenizer_source
 from gen_pipeline.export.select import (
     DatasetCounts,
-    Filters,
-    Mix,
-    ValSplit,
     drop_reason_text,
     mix_counts,
     seeded_key,
@@ -53,93 +49,9 @@ from gen_pipeline.export.select import (
 )
 from gen_pipeline.export.template_check import MODES, TemplateCheck
 from gen_pipeline.export.tokens import TokenRowBuilder, compact_ids
-from gen_pipeline.store.layout import dataset_parts, has_shards, shard_files
-from gen_pipeline.store.shards import iter_lines
+from gen_pipeline.store.layout import has_shards, iter_committed_samples
 
 VAL_SUFFIX = ".val.ndjson"
-
-
-@dataclass(frozen=True)
-class ExportOptions:
-    """What `gen-pipeline export` was asked; `datasets` are folder names under `output_root`."""
-
-    datasets: tuple[str, ...]
-    format: str
-    out: Path
-    output_root: Path
-    hf_layout: str = "disk"
-    mix: Mix | None = None
-    seed: int = 0
-    val: ValSplit = ValSplit()
-    filters: Filters = Filters()
-    expand_turns: bool = False
-    keep_meta: bool = False
-    status: bool = True
-    force: bool = False
-    harmony: bool = False  # specforge: gpt-oss (Harmony) roles
-    tokenizer: str | None = None  # the target's tokenizer + chat template (tokens format, reasoning check)
-    profile: ServerProfile | None = None  # --server NAME: the card's server, and the tokenizer by default
-    template_kwargs: dict[str, Any] = field(default_factory=dict)
-    require_trained_reasoning: bool = False
-    check_samples: int = 32
-    command: str | None = None  # the command line, for the card
-
-
-@dataclass
-class ExportSummary:
-    """What was written: per-dataset counts, rows per split, the files and their size."""
-
-    options: ExportOptions
-    counts: list[DatasetCounts]
-    rows: dict[str, int] = field(default_factory=dict)  # split name → rows written
-    paths: dict[str, Path] = field(default_factory=dict)  # split name → file (jsonl formats)
-    bytes_written: int = 0
-    elapsed_s: float = 0.0
-    notes: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    card: Path | None = None
-
-    def format(self) -> str:
-        o = self.options
-        what = o.format + (f", {o.hf_layout}" if o.format == "hf" else "")
-        total = sum(self.rows.values())
-        out = [f"exported {total:,} rows ({what}) to {display_path(o.out)} in {self.elapsed_s:.1f} s"]
-        for c in self.counts:
-            dropped = ", ".join(f"{n:,} {drop_reason_text(r, o.filters)}" for r, n in sorted(c.dropped.items()))
-            line = f"  {c.dataset}: {c.committed:,} committed samples, {sum(c.dropped.values()):,} dropped"
-            line += f" ({dropped})" if dropped else ""
-            line += f", {c.taken:,} exported"
-            line += f" (of {c.eligible:,} eligible, --mix)" if c.taken < c.eligible else ""
-            out.append(line)
-        if o.expand_turns:
-            out.append(f"  --expand-turns: {sum(c.taken for c in self.counts):,} samples → {total:,} rows, "
-                       "one per assistant turn")
-        where = {k: f" → {display_path(p)}" for k, p in self.paths.items()} if len(self.paths) > 1 else {}
-        if o.format == "tokens":
-            taken = sum(c.taken for c in self.counts)
-            out.append(f"  tokens: {taken:,} samples → {total:,} rows, one per assistant turn")
-        out.append("  split: " + ", ".join(f"{k} {n:,}{where.get(k, '')}" for k, n in self.rows.items()))
-        if self.card is not None:
-            out.append(f"  card: {display_path(self.card)}")
-        return "\n".join(out + [f"  note: {n}" for n in self.notes] + [f"  warning: {w}" for w in self.warnings])
-
-
-def iter_committed_samples(folder: Path) -> Iterator[dict[str, Any]]:
-    """The committed samples of a dataset folder (every part), first of each id, by the store's trust
-    rule (layout.py, that of resume): every whole line of every shard; a torn or invalid last line is
-    a write in progress and is skipped; an invalid line before it is damage: StoreError."""
-    seen: set[str] = set()
-    for part in dataset_parts(folder):
-        for shard in shard_files(part):
-            data = shard.path.read_bytes()  # one snapshot; a live writer only appends after it
-            for number, row, _why, _end in iter_lines(data):
-                if row is None:
-                    raise StoreError(f"{display_path(shard.path)} line {number} is not a sample, and it is not the "
-                                     "last line, so this is not a torn write: the file is damaged. Run `gen-pipeline "
-                                     "validate` on the dataset, fix or delete that line, then export again.")
-                if row["id"] not in seen:
-                    seen.add(row["id"])
-                    yield row
 
 
 # ---------------------------------------------------------------- the export

@@ -30,11 +30,7 @@ def tokenizer_source(tokenizer: str | None, profile: ServerProfile | None) -> st
     """--tokenizer, else the server profile's --tokenizer-path or model_path, else None."""
     if tokenizer:
         return tokenizer
-    if profile is None:
-        return None
-    from gen_pipeline.reports.lengths import _tokenizer_path
-
-    return _tokenizer_path(profile)
+    return profile.tokenizer_path if profile is not None else None
 
 
 def source_flag(tokenizer: str | None, profile: ServerProfile | None) -> str:

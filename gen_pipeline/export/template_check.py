@@ -71,7 +71,8 @@ from gen_pipeline.errors import ConfigError
 from gen_pipeline.export.formats import expand_turns
 from gen_pipeline.export.render import Renderer, load_renderer, source_flag, tokenizer_source
 from gen_pipeline.export.select import take
-from gen_pipeline.export.tokens import TokenRowBuilder, _message, has_server_ids
+from gen_pipeline.export.tokens import TokenRowBuilder, has_server_ids, sent_message
+from gen_pipeline.store.layout import iter_committed_samples
 
 MODES = {
     "specforge": "SpecForge (thinking parser), every assistant span of a row",
@@ -165,7 +166,7 @@ class TemplateCheck:
     # ------------------------------------------------------------ the rows each trainer makes
 
     def _rows(self, sample: dict[str, Any], mode: str, turns: list[_Turn]) -> list[tuple[Any, Any, list[_Turn]]]:
-        convs = [_message(m) for m in sample["conversations"]]
+        convs = [sent_message(m) for m in sample["conversations"]]
         if mode in ("specforge", "specforge-last"):
             return [self._specforge(convs, turns, last_only=mode == "specforge-last")]
         if mode == "specforge-expanded":
@@ -289,7 +290,7 @@ def compare_server_ids(samples: list[dict[str, Any]], renderer: Renderer) -> Ids
         history: list[dict[str, Any]] = []
         for m in s["conversations"]:
             if m.get("role") == "assistant" and has_server_ids(m):
-                prompt, output = renderer.turn_text(history, _message(m))
+                prompt, output = renderer.turn_text(history, sent_message(m))
                 p, o = renderer.encode(prompt), renderer.encode(output)
                 server_p, server_o = [int(i) for i in m["prompt_token_ids"]], [int(i) for i in m["token_ids"]]
                 out.turns += 1
@@ -300,7 +301,7 @@ def compare_server_ids(samples: list[dict[str, Any]], renderer: Renderer) -> Ids
                     at = _common_prefix(ours, theirs)
                     mine, server = renderer.decode(ours[at:at + 8]), renderer.decode(theirs[at:at + 8])
                     out.first_mismatch = f"{s['id']}: {which} token {at}: template {mine!r} vs server {server!r}"
-            history.append(_message(m))
+            history.append(sent_message(m))
     return out
 
 
@@ -328,8 +329,6 @@ def check_template(*, output_root: Path, datasets: list[str], export: Path | Non
 
 
 def _samples(output_root: Path, datasets: list[str], export: Path | None) -> tuple[list[dict[str, Any]], str]:
-    from gen_pipeline.export.core import iter_committed_samples
-
     if export is not None:
         if datasets:
             raise ConfigError("check-template takes --dataset or --export, not both.")

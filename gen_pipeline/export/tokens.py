@@ -90,7 +90,7 @@ def strip_token_ids(conversations: list[dict[str, Any]]) -> list[dict[str, Any]]
     return [{k: v for k, v in m.items() if k not in TOKEN_KEYS} for m in conversations]
 
 
-def _message(m: dict[str, Any]) -> dict[str, Any]:
+def sent_message(m: dict[str, Any]) -> dict[str, Any]:
     """A message as the server got it in the request (chat.py sends role, content, reasoning_content)."""
     return {k: v for k, v in m.items() if k in ("role", "content", "reasoning_content") and v is not None}
 
@@ -104,10 +104,9 @@ class TokenRowBuilder:
     first and every SPOT_EVERY-th rendered turn is also made the plain way and compared, and a
     difference (never seen) makes every row the plain way from then on (`mismatch`, `notes`).
 
-    Where the time went before (bench/export_speed's 88K job, 547 s of CPU): ~70 % the tokenizer on
-    each turn's new text (per-word bookkeeping in the Rust tokenizer; the history was already
-    tokenized once, not again per turn), ~10-15 % apply_chat_template's own work around the
-    template, and the garbage collector walking the job's millions of live objects."""
+    Where the time went before (docs/measurements.md, "export"): mostly the tokenizer on each turn's new
+    text (per-word bookkeeping in the Rust tokenizer), then apply_chat_template's own work around the
+    template and the garbage collector walking the job's millions of live objects."""
 
     def __init__(self, renderer: Renderer | None, *, exact: bool = False):
         self.renderer = renderer
@@ -120,7 +119,7 @@ class TokenRowBuilder:
         samples = samples if isinstance(samples, list) else list(samples)
         collecting = gc.isenabled()
         gc.disable()  # millions of short-lived lists of chunks and no cycles: the collector found nothing
-        try:          # to free and cost a fifth of the time (bench/export_speed)
+        try:          # to free and cost time (docs/measurements.md, "export")
             return self._rows(samples)
         except _SpotMismatch as e:  # never seen: then every row the plain way
             self.stats["spot_mismatches"] += 1
@@ -167,11 +166,11 @@ class TokenRowBuilder:
         k = 0
         for m in sample["conversations"]:
             if m.get("role") != "assistant":
-                history.append(_message(m))
+                history.append(sent_message(m))
                 continue
             row: dict[str, Any] = {"id": f"{sample['id']}#turn{k}", "source_id": sample["id"], "turn_index": k,
                                    "dataset": sample.get("dataset"), "meta": sample.get("meta")}
-            turn = _message(m)
+            turn = sent_message(m)
             if has_server_ids(m):
                 row["input_ids"], row["loss_mask"] = _row_arrays(m["prompt_token_ids"], m["token_ids"])
                 row["ids_from"] = "server"

@@ -26,7 +26,7 @@ import orjson
 from gen_pipeline.config.dataset import DatasetConfig
 from gen_pipeline.config.schema import check_flags, flag
 from gen_pipeline.config.server import ServerProfile, load_server_profile, normalise_server_url
-from gen_pipeline.errors import ConfigError, GenPipelineError, ServerError
+from gen_pipeline.errors import ConfigError, ServerError, first_known
 from gen_pipeline.http import Http, open_http
 from gen_pipeline.probe import metrics as PM
 from gen_pipeline.probe import sglang as PS
@@ -194,7 +194,7 @@ async def run_probe(cfg: DatasetConfig, opts: ProbeOptions, say: Callable[[str],
         try:
             results, failures, servers = await _measure(http, prompts, folder, cfg, opts, say)
         except BaseExceptionGroup as group:
-            raise _first_known(group) from None
+            raise first_known(group) from None
     if not results:
         raise ServerError(f"probe-kv: every prompt failed; the first error: {failures[0]['error']}")
     report = build_report(cfg, opts, servers, results, failures)
@@ -218,14 +218,6 @@ async def _measure(http: Http, prompts: list[Prompt], folder: Path, cfg: Dataset
 
 def _profile_kv(where: ServerProfile | str | None) -> str | None:
     return where.kv_cache_dtype if isinstance(where, ServerProfile) else None
-
-
-def _first_known(group: BaseExceptionGroup) -> BaseException:
-    """Task groups wrap errors in groups: surface our own error (the CLI has a message for it)."""
-    matched: BaseException | None = group.split(GenPipelineError)[0]
-    while isinstance(matched, BaseExceptionGroup):
-        matched = matched.exceptions[0]
-    return matched if matched is not None else group
 
 
 async def _probe_all(http: Http, ref: ServerHandle, cmp: ServerHandle, prompts: list[Prompt],

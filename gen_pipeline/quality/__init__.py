@@ -1,10 +1,6 @@
 """The quality gate's pure checks (issue 22): a streaming loop detector and the checks of a finished
 turn for leaked reasoning and empty or marker-only answers. No I/O and no async library here: the
 run feeds the detector from its stream and applies the policy.
-
-    repetition.py  RepetitionDetector.feed(delta) -> LoopVerdict | None
-    leaks.py       check_turn(content, reasoning, finish_reason, reasoning_expected=) -> LeakFinding | None
-    thresholds.py  LoopThresholds: the one table of numbers, with units
 """
 
 from gen_pipeline.quality.leaks import (

@@ -4,9 +4,8 @@ Units. The loop detector counts **words**: a run of letters/digits (cut every `m
 one CJK/kana/hangul character, or a run of one repeated punctuation character (at most
 `max_symbol_run_chars`); whitespace separates words and is not one. The client sees text deltas,
 not model tokens; the issue's budget is in model tokens ("aborted within ~512 tokens of the loop's
-start"). The assumption that links them, measured: one word ≈ one model token (a real BPE,
-o200k_base: 0.91-1.03 tokens a word on a licence, this README and Python source; 3.7-4.8
-characters a token). Where the stream carries token counts (SGLang's
+start"). The assumption that links them: one word ≈ one model token, as a real BPE counts prose and
+code (docs/measurements.md, "loop detector"). Where the stream carries token counts (SGLang's
 `stream_options.continuous_usage_stats`), the caller can convert exactly.
 """
 
@@ -36,17 +35,16 @@ class LoopThresholds:
     names or a table of measurements keeps bringing new words; a loop brings none); or when a run
     of whitespace reaches `whitespace_run_chars`.
     A loop of period p words fires about max(2p + period_share × window_words, p + window_words)
-    words after its first copy starts (3p + … above long_period_words). Measured in bench/RESULTS.md
-    ("Loop detector"): false positives on natural text and code, latency per loop kind, CPU.
+    words after its first copy starts (3p + … above long_period_words). docs/measurements.md ("loop
+    detector") has its false positives on natural text and code, latency per loop kind and CPU.
     """
 
     ngram_words: int = 12
     window_words: int = 256
     period_share: float = 0.65
     # spacing drift between copies that still counts as steady: max(words, share × spacing), capped.
-    # 0.2 / 10 (was 0.125 / 8): a thinking loop's rounds open with sentences of 2-10 words. A trade:
-    # thinking loops 47 % within 512 tokens instead of 35 %, for 1 more false positive in 20,554
-    # natural turns (bench/RESULTS.md "the first detector's false positives").
+    # 0.2 / 10 (was 0.125 / 8): a thinking loop's rounds open with sentences of 2-10 words. A trade: more
+    # thinking loops caught early for one more false positive (docs/measurements.md, "loop detector").
     period_slack_words: int = 2
     period_slack_share: float = 0.2
     period_slack_max_words: int = 10

@@ -1,11 +1,4 @@
-"""Read-only reports over outputs/: check, status, validate, diagnose, the HTML page.
-
-    check.py     the source read as a run would, before any server (also generate's pre-launch check)
-    status.py    per dataset: done/target, shards, tokens, errors, rate, state
-    validate.py  a dataset's output as a trainer reads it
-    diagnose.py  what bounds a run, from its telemetry
-    page.py      the HTML report; lengths.py: prompt lengths for check
-"""
+"""Read-only reports over outputs/: check, status, validate, diagnose, the HTML page."""
 
 from typing import Any
 

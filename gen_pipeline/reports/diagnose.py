@@ -9,8 +9,8 @@ idle tail cut off) with its thresholds in THRESHOLDS. The rules, in the order th
                      max_running_requests ("the slots are held"), and the decode rate confidently grows
                      with running: more slots pay. Read the way real SGLang shows it: its admission
                      reserves new_token_ratio × min(max_new_tokens, 4096) per running request, so a
-                     KV-bound pool reads only ~0.63-0.70 token_usage with long outputs (H200, issue 19):
-                     usage alone says little
+                     KV-bound pool reads well below full token_usage with long outputs: usage alone says
+                     little
   step_bound         the slots are held, but the decode rate confidently grows little with running: the
                      GPU's step time, not KV, bounds the run
   kv_or_step         the slots are held, but this run cannot tell the two apart: running moved too little
@@ -34,14 +34,10 @@ than elastic_spread, or too few polls, is kv_or_step (where the pool's 90th perc
 kv_full and nothing was read, none of the three). The warm-up is left out because SGLang's
 gen_throughput gauge (decode tokens over the last 40 iterations' wall time, prefill iterations included)
 reads low while running climbs through the first wave's prefills: a slope that more slots would not give.
-Calibrated on the real H200 traces of issue 19 (bench/gpu/h200_traces.json, _run3, _run2: 41 all-at-once /
-adaptive runs; `python -m bench.gpu.verdicts` prints each): short outputs hold running near 150 (114-176
-over the steady polls of all 21 runs) while the gauge swings from half to three times its median with the
-prefills in its window, so the old point estimate over all polls ran from -1.4 to +1.3 and read kv_bound
-on 6 of 21 short runs (the CLI on the GPU machine: 4): noise. Now their lower bounds are -3.9 to -0.19
-(step_bound or kv_or_step). Long outputs move running 29-55 and the rate follows it: slopes 0.56-1.25,
-lower bounds 0.26-0.83, kv_bound on all 20. A full pool alone does not say kv_bound either: the short
-regime's 90th percentile usage reads 0.91-0.93.
+The thresholds were calibrated on real GPU traces (`python -m bench.gpu.verdicts` prints each run's
+verdicts; docs/measurements.md has the figures): the decode-rate gauge swings with the prefills in its
+window, so a point estimate over all polls read noise as kv_bound, and a full pool alone says nothing
+(short outputs fill it and are bound by the step time).
 """
 
 from __future__ import annotations
@@ -61,21 +57,19 @@ THRESHOLDS: dict[str, float] = {
     "warmup_frac": 0.2,  # first share of a run's polls: the first wave, not the steady state
     "min_polls": 5,  # fewer steady polls than this: no verdict
     # no elasticity read (running never moved) and the 90th percentile of KV usage at or above: the pool
-    # fills, so KV holds the slots, but whether more would pay is not known: kv_or_step, never kv_bound (the
-    # H200's short-output runs read 0.91-0.93 here and are bound by the step time)
+    # fills, so KV holds the slots, but whether more would pay is not known: kv_or_step, never kv_bound
+    # (short-output runs on a GPU read above it and are bound by the step time: docs/measurements.md)
     "kv_full": 0.90,
     "kv_free": 0.70,  # median KV usage below: the pool has room (and no elasticity says KV binds)
     # d ln(decode tok/s) / d ln(running) over the polls after the warm-up (steady polls and the tail give
     # the spread): more decode slots raise throughput when it is at or above this (10 % more running, 2.4 %
-    # more tok/s). Simulator in simulated time (bench/engine_run), after the warm-up: H200 profile long
-    # outputs 0.52-0.54 (60K tokens) and 0.80 (20K), short outputs at 60K 0.21 (bounds 0.18-0.24); the
-    # seed's B2 on 116K tokens 0.71-0.75. Real H200 (issue 19): long outputs 0.56-1.25.
+    # more tok/s): between what KV-bound long outputs and step-bound short ones read, simulated and on a
+    # GPU (docs/measurements.md).
     "elastic_min": 0.25,
     # one-sided confidence of the slope's bounds (Student's t, n - 2 degrees of freedom): kv_bound when the
     # lower bound is at or above elastic_min, step_bound when the upper bound is below it, else kv_or_step.
-    # The usual 95 %, chosen before it was tried on the traces: on the real H200 ones it names every long
-    # all-at-once / adaptive run kv_bound (lower bounds 0.26-0.83: three within 0.05 of elastic_min, a
-    # noisier run would read kv_or_step) and no short one (lower bounds -3.9 to -0.19)
+    # The usual 95 %, chosen before it was tried on the GPU traces, where it separates the long runs from
+    # the short ones (docs/measurements.md)
     "elastic_confidence": 0.95,
     "elastic_spread": 1.25,  # running must span this ratio (max / min over the polls used) to read it
     "elastic_floor": 0.25,  # polls with running below this share of the steady median are left out
@@ -84,7 +78,7 @@ THRESHOLDS: dict[str, float] = {
     "at_cap": 0.95,  # running / max_running_requests at or above: at the cap
     "client_fill": 0.8,  # mean in_flight / window below: the window is not kept full
     # the generate process's CPU (cores, median of steady polls) at or above: the client itself is busy. One
-    # event loop is one core; the H200 run that was client-bound (streamed at one token a chunk) read 0.90-0.93.
+    # event loop is one core, and a client-bound run on a GPU read just under it (docs/measurements.md).
     "client_cpu": 0.85,
     "storm_per_completion": 0.25,  # retractions per completed sample at or above: a storm
     "storm_min": 10,  # ... and at least this many retractions
@@ -341,7 +335,7 @@ def kv_levers(capacity: int, kv_dtype: str, per_request: float, running: float, 
         out.append(f"--kv-cache-dtype {FP8}: {factor}x the KV tokens ({capacity:,} → {tokens:,}, "
                    f"{tokens / per_request:.0f} requests at their end) → ~{new_running:.0f} running of the "
                    f"{want:.0f} wanting a slot: {new_running / max(running, 1):.1f}x decode slots (tok/s rises less: "
-                   "a bigger batch steps slower; the seed got ~2x tok/s from 3.2x tokens)")
+                   "a bigger batch steps slower)")
     if hw.model_config is not None:
         per_token = kv_bytes_per_token(hw.model_config, kv_dtype if kv_dtype in KV_BYTES else "bf16", hw.tp_size)[2]
         extra = int(hw.gpu_mem_gb * 0.01 * GIB // per_token)

@@ -6,15 +6,14 @@ Per dataset of the config dir (every TOML but server and demo, as `--dataset all
   reference job's assumed lengths (REFERENCE_LENGTHS, the output at most the TOML's max_new_tokens), else
   unknown (left out of the total, said so);
 - running requests b = KV tokens / (prompt + output/2): a request holds its prompt and on average half
-  its output over its life (the seed: 376K fp8 tokens / ~2.6K = ~145 running; it saw 134-150);
+  its output over its life (the reference node's runs agree: docs/measurements.md);
 - one decode step of b requests takes base + per_request·b + per_kv_token·kv_in_use (attention reads
   every KV token; fp8 reads half the bytes), so the server decodes b / step tokens a second; prefill
   adds prefill_per_token per prompt token (the radix cache makes multi-turn history cheaper: an overestimate);
 - the job = the sum over datasets + one start-up (one server lifetime: `make generate DATASET=all`).
 The step coefficients are the reference node's (Kimi-K2.5 on 8 x RTX PRO 6000, fp8 KV): the simulator's
-"seed" profile (sglang_sim/profiles.py), fitted by bench/calibrate.py to the seed's measured table
-(116K bf16: 600-850 tok/s; 376K fp8: 1,300-1,450). Another model or GPU: pass a measured aggregate
-rate (`decode_tok_s`) instead.
+"seed" profile (sglang_sim/profiles.py), fitted by bench/calibrate.py to that node's measured rates
+(docs/measurements.md). Another model or GPU: pass a measured aggregate rate (`decode_tok_s`) instead.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from gen_pipeline.reports.status import read_status
 from gen_pipeline.server.plan import Plan, kv_bytes_factor, option_in_use
 
 MEASURED_MIN = 20  # samples of a dataset before its own lengths replace the assumed ones
-STARTUP_S = 600.0  # loading ~600 GB of weights + CUDA graphs (bench/RESULTS.md "Job": SGLang PR #27139)
+STARTUP_S = 600.0  # loading ~600 GB of weights + CUDA graphs (SGLang PR #27139; docs/measurements.md, "job")
 
 # Mean prompt and output tokens per sample the reference job is planned with: the benchmarks' length
 # profiles (bench/jobs.py LENGTH_PROFILES, lognormal means), B2 from the seed (4K+ tokens per sample).
@@ -155,7 +154,7 @@ def format_job_time(j: JobTime, config_dir: Path) -> str:
     lines += [
         "assumptions: tokens/sample = prompt + output, measured once a dataset has "
         f"{MEASURED_MIN} samples; running = KV tokens / (prompt + output/2), the KV a request holds on average;",
-        "  the adaptive controller keeps the server at that (bench/RESULTS.md, Job: within 1 % of the ideal); "
+        "  the adaptive controller keeps the server at that (docs/measurements.md, job: within 1 % of the ideal); "
         "prefill at the reference node's cost; one server start for the whole job;",
         "  the rate was fitted on B2-like long requests (100-150 running): short-output datasets at hundreds running "
         "are an extrapolation, and SGLang's max_running_requests or CUDA-graph batch sizes may cap them lower.",

@@ -72,23 +72,13 @@ def measure(prompts: list[Prompt], profile: ServerProfile | None) -> Lengths:
     return Lengths("tokens", why, [len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]])
 
 
-def _tokenizer_path(profile: ServerProfile) -> str:
-    args = list(profile.extra_args)
-    for i, a in enumerate(args):  # SGLang's own --tokenizer-path, when the profile passes one
-        if a == "--tokenizer-path" and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith("--tokenizer-path="):
-            return a.split("=", 1)[1]
-    return profile.model_path
-
-
 def _tokenizer(profile: ServerProfile | None) -> tuple[Any, str]:
     """(tokenizer, "the X tokenizer") or (None, why there is none); never downloads."""
     if profile is None:
         return None, "no server profile, so no tokenizer"
     if importlib.util.find_spec("transformers") is None:
         return None, "transformers is not installed, so no tokenizer"
-    path = _tokenizer_path(profile)
+    path = profile.tokenizer_path
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
         from transformers import AutoTokenizer

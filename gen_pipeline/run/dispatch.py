@@ -172,18 +172,15 @@ class Dispatcher:
 Launch = Callable[[Dispatcher], tuple[Regenerate, MemoryObjectSendStream[Item], PromptFeed]]
 
 
-async def produce_in_order(requests: TaskGroup, dispatchers: list[Dispatcher], launch: Launch, *,
-                           interleave: bool = False) -> None:
+async def produce_in_order(requests: TaskGroup, dispatchers: list[Dispatcher], launch: Launch) -> None:
     """A job's datasets: each dispatcher's producer starts the moment the previous one has sent every
     prompt it needs, so its prompts fill the slots the previous tail frees (`launch(d)` gives its
-    transport, stream and feed when it starts). interleave=True starts them all at once instead: the
-    shared limiter's FIFO then alternates them (benchmarked in bench/job_bench.py)."""
+    transport, stream and feed when it starts)."""
     async with anyio.create_task_group() as producers:
         for d in dispatchers:
             regenerate, send, feed = launch(d)
             producers.start_soon(_produce_marked, d, requests, regenerate, send, feed)
-            if not interleave:
-                await d.all_sent.wait()
+            await d.all_sent.wait()
 
 
 async def _produce_marked(d: Dispatcher, requests: TaskGroup, regenerate: Regenerate,

@@ -37,7 +37,7 @@ from anyio.abc import TaskGroup
 from gen_pipeline.config.dataset import DatasetConfig
 from gen_pipeline.config.mix import declared_lines
 from gen_pipeline.controller import Controller, ControllerStats
-from gen_pipeline.errors import GenPipelineError
+from gen_pipeline.errors import GenPipelineError, first_known
 from gen_pipeline.http import open_http
 from gen_pipeline.records import Failure, Prompt, RunSnapshot, Sample
 from gen_pipeline.reports.status import read_part_status
@@ -257,14 +257,6 @@ class ControllerLog:
             return
         self._said = (stats.mode, stats.reason)
         JOURNAL.info("controller %s: %s (window %d)", stats.mode, stats.reason, window)
-
-
-def first_known(group: BaseExceptionGroup) -> BaseException:
-    """Task groups wrap errors in groups: surface our own error (the CLI has a message for it)."""
-    matched: BaseException | None = group.split(GenPipelineError)[0]
-    while isinstance(matched, BaseExceptionGroup):
-        matched = matched.exceptions[0]
-    return matched if matched is not None else group
 
 
 # ---------------------------------------------------------------- the entry points

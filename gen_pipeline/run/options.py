@@ -6,57 +6,39 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, BinaryIO
+from typing import BinaryIO
 
 from gen_pipeline.config.dataset import DEFAULT_OUTPUT_DIR
-from gen_pipeline.config.schema import check_flags, flag
+from gen_pipeline.config.run import RunFlags
+from gen_pipeline.config.schema import check_flags
 from gen_pipeline.config.server import ServerProfile, normalise_server_url
 from gen_pipeline.controller.config import ControllerConfig
 from gen_pipeline.display import format_duration
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.records import RunSnapshot
-from gen_pipeline.server.fleet import ROUTINGS
-from gen_pipeline.server.hang import HANG_AFTER_S
 from gen_pipeline.store.ranks import RankSpec
 
 SnapshotObserver = Callable[[RunSnapshot], None]
-DEFAULT_SERVER_WAIT_S = 600.0  # --server-wait-s, server.toml [run] server_wait_s
 
 
 @dataclass(frozen=True)
-class RunOptions:
-    """Flags and server settings of a job; ranges are checked when constructed (ConfigError naming the
-    flag), so a library caller gets the refusals `generate` gives. `server_urls` are normalised."""
+class RunOptions(RunFlags):
+    """A job's options: the flags' (RunFlags, config/run.py) and what no flag sets. Ranges are checked
+    when constructed (ConfigError naming the flag), so a library caller gets the refusals `generate`
+    gives. `server_urls` are normalised."""
 
     output_root: Path = DEFAULT_OUTPUT_DIR
     profile: ServerProfile | None = None  # launch this server ...
     server_urls: tuple[str, ...] = ()  # ... or attach to these
-    model: str = ""  # the model id requests carry (and the resume fingerprint records)
-    limit: Annotated[int | None, flag("--limit", ge=1)] = None  # at most this many new samples per dataset
-    window: Annotated[int | None, flag("--window", ge=1)] = None  # fixed concurrency instead of the controller
     controller: ControllerConfig = ControllerConfig()  # server.toml's [controller] table
-    drain_grace_s: Annotated[float, flag("--drain-grace-s", ge=0, unit="seconds")] = 30.0
-    poll_interval_s: Annotated[float, flag("--poll-interval-s", ge=0.05, le=60, unit="seconds")] = 1.0
     commit_interval_s: float = 5.0
-    # attached servers: how long a run waits for a server to come back when none answers (an operator's
-    # SGLang restart takes 60-90 s), how often each is health-checked, and how long one may make no
-    # progress with requests in flight before it may count as hung (server/hang.py says when it does)
-    server_wait_s: Annotated[float, flag("--server-wait-s", ge=0, unit="seconds")] = DEFAULT_SERVER_WAIT_S
-    health_interval_s: Annotated[float, flag("--health-interval-s", ge=0.05, le=60, unit="seconds")] = 5.0
-    hang_timeout_s: Annotated[float, flag("--hang-timeout-s", ge=0.1, unit="seconds")] = HANG_AFTER_S
-    proceed_anyway: bool = False  # launch even when the pre-launch source check finds a problem
     file_opener: Callable[[Path, str], BinaryIO] | None = None  # the store's file layer (fault injection)
     on_progress: SnapshotObserver | None = None  # the job's snapshot every 0.5 s (a display), and the final one
     load_observers: Sequence[SnapshotObserver] = ()  # each active dataset's snapshot after every load poll
     rank: RankSpec = RankSpec()  # this run's rank: its prompts (ranks.py), share and rank-<R>-of-<W>/ part
-    # GPUs each server holds, for GPU-hours when its /get_server_info has no tp_size (reports/gpu_hours.py)
-    gpus_per_server: Annotated[int | None, flag("--gpus-per-server", ge=1)] = None
-    routing: str = "affinity"  # several URLs: a sample's turns stay on one server (server/fleet.py), or free-kv
 
     def __post_init__(self) -> None:
         check_flags(self)
-        if self.routing not in ROUTINGS:
-            raise ConfigError(f"--routing {self.routing} is not one of: {', '.join(ROUTINGS)}.")
         object.__setattr__(self, "server_urls", tuple(normalise_server_url(u) for u in self.server_urls))
         if not self.server_urls and self.profile is None:
             raise ConfigError("RunOptions needs a server: a profile to launch or server_urls to attach to.")

@@ -18,13 +18,15 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import anyio
 
 from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR, DatasetConfig
-from gen_pipeline.config.server import load_controller_config, load_run_config, load_server_profile
+from gen_pipeline.config.run import RunFlags
+from gen_pipeline.config.server import read_server_toml
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError, GenPipelineError
 from gen_pipeline.http import Http, open_http
@@ -32,9 +34,8 @@ from gen_pipeline.reports.check import check_source, dataset_done
 from gen_pipeline.run.connect import server_model
 from gen_pipeline.run.dataset_run import EVENTS, DatasetRun
 from gen_pipeline.run.dispatch import Window
-from gen_pipeline.run.options import DEFAULT_SERVER_WAIT_S, RunOptions
+from gen_pipeline.run.options import RunOptions
 from gen_pipeline.server.command import check_launchable
-from gen_pipeline.server.hang import HANG_AFTER_S
 from gen_pipeline.sources.loading import LoadedSource, load_source, source_label
 from gen_pipeline.store.dataset_store import DatasetStore, ResumeState, default_opener
 from gen_pipeline.store.ranks import resolve_rank
@@ -42,36 +43,31 @@ from gen_pipeline.store.ranks import resolve_rank
 
 def run_options(cfgs: Sequence[DatasetConfig], *, config_dir: Path = DEFAULT_CONFIG_DIR,
                 output_root: Path = DEFAULT_OUTPUT_DIR, server: str = "tuned", server_urls: Sequence[str] = (),
-                model: str = "", limit: int | None = None, window: int | None = None,
-                poll_interval_s: float = 1.0, drain_grace_s: float = 30.0, proceed_anyway: bool = False,
-                server_wait_s: float | None = None, health_interval_s: float = 5.0,
-                hang_timeout_s: float = HANG_AFTER_S,
-                rank: int | None = None, world_size: int | None = None, routing: str = "affinity",
-                gpus_per_server: int | None = None,
-                environ: Mapping[str, str] = os.environ) -> tuple[RunOptions, list[str]]:
-    """`generate`'s settings (each keyword is the flag of that name; `server_urls` may be comma-separated)
-    + the datasets' configs + config_dir/server.toml → (RunOptions, notes for the user). A setting both a
-    flag and server.toml's [run] set: the flag when given (not None), else the TOML's, else the default.
-    Raises ConfigError naming the flag, or the TOML (and key) at fault."""
+                rank: int | None = None, world_size: int | None = None, environ: Mapping[str, str] = os.environ,
+                **flags: Any) -> tuple[RunOptions, list[str]]:
+    """`generate`'s settings + the datasets' configs + config_dir/server.toml (read once) → (RunOptions,
+    notes for the user). `flags` are the options of config/run.py by name (None: not given); each is the
+    flag's value when given, else server.toml's [run] key of that name, else its default (--window: the
+    datasets' generation.window before server.toml's). `server_urls` may be comma-separated. Raises
+    ConfigError naming the flag, or the TOML (and key) at fault."""
+    unknown = set(flags) - {f.name for f in fields(RunFlags)}
+    if unknown:
+        raise TypeError(f"run_options() got unknown options: {', '.join(sorted(unknown))}")
     spec, notes = resolve_rank(rank, world_size, environ)
     urls = tuple(u for arg in server_urls for u in arg.split(",") if u.strip())
-    server_toml = config_dir / "server.toml"
-    profile = None if urls else load_server_profile(server, server_toml)
+    toml = read_server_toml(config_dir / "server.toml")
+    profile = None if urls else toml.profile(server)
+    flagged = {k: v for k, v in flags.items() if v is not None}
+    given = {**toml.run(), **flagged}  # the flag wins
     windows = {cfg.generation.window or None for cfg in cfgs}
-    if window is None and len(windows) > 1:
+    if "window" not in flagged and len(windows) > 1:
         odd = next(c for c in cfgs[1:] if (c.generation.window or None) != (cfgs[0].generation.window or None))
         raise ConfigError(f"{_where(odd)}: generation.window = {odd.generation.window} differs from the other "
                           "datasets' (the job's datasets share one window); set it the same or pass --window.")
-    fixed = window if window is not None else (cfgs[0].generation.window or None)  # the flag wins
-    run = load_run_config(server_toml)
-    if server_wait_s is None:
-        server_wait_s = run.server_wait_s if run.server_wait_s is not None else DEFAULT_SERVER_WAIT_S
-    opts = RunOptions(output_root=output_root, profile=profile, server_urls=urls, model=model, limit=limit,
-                      window=fixed, controller=load_controller_config(server_toml), drain_grace_s=drain_grace_s,
-                      poll_interval_s=poll_interval_s, proceed_anyway=proceed_anyway, rank=spec,
-                      routing=routing, gpus_per_server=gpus_per_server,
-                      server_wait_s=server_wait_s, health_interval_s=health_interval_s,
-                      hang_timeout_s=hang_timeout_s)
+    if "window" not in flagged and cfgs[0].generation.window:
+        given["window"] = cfgs[0].generation.window  # the datasets' own, over server.toml's
+    opts = RunOptions(output_root=output_root, profile=profile, server_urls=urls, controller=toml.controller(),
+                      rank=spec, **given)
     return opts, notes
 
 

@@ -1,20 +1,4 @@
-"""The inference server: launch + supervise (run_server), attach (run_attached), capacity and load.
-
-    profile.py     server.toml → ServerProfile
-    command.py     ServerProfile → argv + env (pure)
-    diagnose.py    fatal log lines → advice (pure)
-    logfile.py     rotation, tail
-    process.py     one process group: start, stop
-    health.py      /health, the start-up wait
-    capacity.py    /server_info, /v1/loads, vLLM metrics → Capacity
-    load.py        /v1/loads, /metrics → LoadSnapshot
-    handle.py      ServerHandle
-    supervisor.py  run_server
-    attach.py      run_attached
-    fleet.py       several servers: which gets the next request, which are out (pure)
-    fleet_watch.py the fleet's health checks, probes, router workers, per-server load
-    plan.py        KV-cache sizing from config.json (pure)
-"""
+"""The inference server: launch + supervise (run_server), attach (run_attached), capacity and load."""
 
 from gen_pipeline.config.server import DEFAULT_SERVER_CONFIG, ServerProfile, load_server_profile
 from gen_pipeline.server.attach import run_attached

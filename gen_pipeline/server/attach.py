@@ -17,7 +17,7 @@ import anyio
 import orjson
 from anyio.abc import TaskStatus
 
-from gen_pipeline.config.server import normalise_server_url
+from gen_pipeline.config.run import RunFlags
 from gen_pipeline.errors import ServerError
 from gen_pipeline.http import Http, HttpError
 from gen_pipeline.server.capacity import combine
@@ -29,7 +29,7 @@ from gen_pipeline.server.hang import HANG_AFTER_S
 log = logging.getLogger(__name__)
 
 ATTACH_READY_TIMEOUT_S = 600.0  # a server still loading its model when we attach
-GIVE_UP_AFTER_S = 600.0  # we cannot restart someone else's server; wait this long for it to return (--server-wait-s)
+GIVE_UP_AFTER_S = RunFlags.server_wait_s  # we cannot restart someone else's server: wait for it (--server-wait-s)
 IDENTIFY_TIMEOUT_S = 10.0  # GET /v1/models: a server that takes longer is not one to send work to
 
 
@@ -39,7 +39,7 @@ async def run_attached(urls: list[str], *, http: Http, first_model: str | None =
                        hang_after_s: float = HANG_AFTER_S, asked: dict[str, str] | None = None,
                        task_status: TaskStatus[ServerHandle] = anyio.TASK_STATUS_IGNORED) -> None:
     """Check each URL is an SGLang/OpenAI server, report the handle, then watch health until cancelled.
-    `urls` are base URLs (config/server.py `normalise_server_url`: ".../v1" or a trailing "/" is fine);
+    `urls` are base URLs as RunOptions normalises them (config/server.py `normalise_server_url`);
     `first_model` is what the caller found already (requests carry it); `asked`: {url: model} the caller
     asked already (not asked twice).
 
@@ -47,7 +47,6 @@ async def run_attached(urls: list[str], *, http: Http, first_model: str | None =
     whichever it is; raises ServerError when none can be reached, one is foreign or they serve different
     models, or when none has answered for give_up_after_s (fleet_watch.py; hang_after_s there too).
     """
-    urls = [normalise_server_url(u) for u in urls]
     models, unreachable = await _identify_all(http, urls, asked or {})
     fleet = Fleet(urls, fail_after=unhealthy_after, probe_initial_s=health_interval_s, routing=routing)
     handle = ServerHandle(base_urls=urls, model=first_model or next(iter(models.values())), capacity=combine([]),

@@ -58,7 +58,7 @@ def capacity_from_loads(body: Any) -> Capacity | None:
 def capacity_from_vllm_metrics(text: str) -> Capacity | None:
     """vLLM: num_gpu_blocks × block_size from the vllm:cache_config_info info-gauge labels."""
     total = 0
-    for family in _families(text):
+    for family in metric_families(text):
         for sample in family.samples:
             if sample.name.startswith("vllm:cache_config_info"):
                 try:
@@ -122,7 +122,8 @@ async def text_or_none(http: Http, url: str) -> str | None:
         return None
 
 
-def _families(text: str) -> list[Metric]:
+def metric_families(text: str) -> list[Metric]:
+    """A Prometheus /metrics text's metric families; [] when it does not parse."""
     try:
         return list(text_string_to_metric_families(text))
     except ValueError:

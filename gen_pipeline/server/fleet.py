@@ -19,14 +19,13 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+from gen_pipeline.config.run import ROUTINGS
 from gen_pipeline.records import LoadSnapshot
 
 DEFAULT_TOKENS_PER_REQUEST = 1024.0  # until the caller knows better (the controller's estimate)
-ROUTINGS = ("affinity", "free-kv")
 # How far below the best server's free KV (as a share of the previous server's capacity) a later turn
-# still goes back to its previous server. On four KV-bound seed-profile simulators (bench/RESULTS.md,
-# "Issue 24") 0.25 moved 2.6 % of the later turns; most misses were prefixes evicted while a turn waited,
-# which a wider margin would not bring back. Only 0.25 was measured.
+# still goes back to its previous server. Only 0.25 was measured (docs/measurements.md, "affinity"): most
+# of the turns it moved had their prefix evicted while they waited, which a wider margin would not bring back.
 AFFINITY_MARGIN = 0.25
 AFFINITY_SLACK_REQUESTS = 2  # without token figures: in flight at most (1 + margin) x the least + this
 

@@ -41,7 +41,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-HANG_AFTER_S = 5.0  # the default --hang-timeout-s
+from gen_pipeline.config.run import RunFlags
+
+HANG_AFTER_S = RunFlags.hang_timeout_s  # the default --hang-timeout-s (config/run.py)
 PROBE_TIMEOUT_S = 3.0  # a GET /v1/models gets this long at most (less when hang_after_s is short)
 PROBE_EVERY_S = 1.0  # while a server stays silent and answers its probes, one probe a second
 ALIVE_PATH = "/v1/models"

@@ -23,7 +23,7 @@ from typing import Any
 
 from gen_pipeline.http import Http
 from gen_pipeline.records import LoadSnapshot
-from gen_pipeline.server.capacity import _families, json_or_none, text_or_none
+from gen_pipeline.server.capacity import json_or_none, metric_families, text_or_none
 
 # Our field ← metric names (SGLang first, then vLLM).
 _GAUGES = {
@@ -133,7 +133,7 @@ def metric_values(text: str) -> dict[str, dict[str, float]]:
     differ only in tp_rank repeat one value (the max is kept); other labels (SGLang 0.5.17's
     is_streaming, cache_source) split a total, so those are added up."""
     per_series: dict[str, dict[str, dict[tuple[tuple[str, str], ...], float]]] = {}
-    for family in _families(text):
+    for family in metric_families(text):
         for s in family.samples:
             if s.name.endswith("_created"):
                 continue

@@ -12,11 +12,10 @@ Against the seed (Kimi-K2.5, MLA: 61 layers, kv_lora_rank 512, qk_rope_head_dim 
 in bf16, 35,136 in fp8; INT4 experts ≈ 594 GB = 553 GiB of weights on 8 GPUs, i.e. --weights-gb 553: its
 ~1.03T parameters are mixed precision, so --params-b × one dtype does not give it). The seed's node is the
 reference node: 8 x NVIDIA RTX PRO 6000 Blackwell on PCIe, 96 GB each (nvidia-smi: 97,887 MiB = 95.6 GiB).
-Its three measured pools fit this formula with 95.6 GiB per GPU and 4.5 GiB per GPU of overhead beside
-the weights (CUDA context, NCCL buffers, activations, CUDA graphs): 0.85 bf16 → 116.7K (seen 116K),
-0.88 bf16 → 160.5K (159K), 0.90 fp8 → 379K (376K). Those are plan's defaults (REFERENCE_GPU_MEM_GIB,
-REFERENCE_OVERHEAD_GIB). With an H200's ~140 GiB the formula gives almost seven times the seed's bf16
-tokens at 0.85: plan for the GPU the job runs on. The overhead differs with the model, the parallelism
+Its three measured pools (docs/measurements.md) fit this formula within 1 % with 95.6 GiB per GPU and 4.5
+GiB per GPU of overhead beside the weights (CUDA context, NCCL buffers, activations, CUDA graphs): plan's
+defaults (REFERENCE_GPU_MEM_GIB, REFERENCE_OVERHEAD_GIB). Another GPU gives very different pools: plan
+for the GPU the job runs on. The overhead differs with the model, the parallelism
 and SGLang's flags: read the real figure from the server's log line or `/server_info` once it runs.
 """
 

@@ -23,6 +23,7 @@ from anyio.abc import Process
 
 from gen_pipeline.server import logfile
 from gen_pipeline.server.log_advice import COMMAND_ECHO
+from gen_pipeline.store.lock import pid_alive
 
 
 class ServerProcess:
@@ -94,19 +95,8 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def group_alive(pgid: int) -> bool:
-    """True while any process of group `pgid` exists."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 async def _wait_group_gone(pgid: int, timeout_s: float) -> None:
     """Killed grandchildren are reaped by init; give it a moment so callers see the group gone."""
     with anyio.move_on_after(timeout_s):
-        while group_alive(pgid):  # noqa: ASYNC110 - nothing signals a process group's end: poll it
+        while pid_alive(pgid, group=True):  # noqa: ASYNC110 - nothing signals a process group's end: poll it
             await anyio.sleep(0.02)

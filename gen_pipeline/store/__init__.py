@@ -1,12 +1,4 @@
-"""A dataset folder on disk: shards, manifest, lock, rank parts, telemetry; exactly-once resume.
-
-    dataset_store.py  DatasetStore: the writer (claim, begin, write, commit, close)
-    manifest.py       manifest.json (typed: Manifest), the run lock, the config-drift check
-    layout.py         the folder's layout and the trust rules every reader follows
-    shards.py         the shard file format and id sidecars
-    ranks.py          several processes sharing a dataset: rank-<R>-of-<W>/ parts
-    telemetry.py      telemetry.jsonl: a row per load poll
-"""
+"""A dataset folder on disk: shards, manifest, lock, rank parts, telemetry; exactly-once resume."""
 
 from gen_pipeline.store.dataset_store import DatasetStore, ResumeState
 from gen_pipeline.store.manifest import Manifest, ProgressRecord, RunRecord, read_manifest

@@ -240,15 +240,20 @@ def committed_shards(folder: Path, *, ids: bool = True) -> list[CommittedShard]:
 
 
 def iter_committed_samples(folder: Path) -> Iterator[dict[str, Any]]:
-    """Every committed sample of a dataset folder (all parts), parsed, in shard and line order."""
+    """The committed samples of a dataset folder (every part), first of each id, by the trust rules
+    above (those of resume): every whole line of every shard; a torn or invalid last line is
+    a write in progress and is skipped; an invalid line before it is damage: StoreError."""
+    seen: set[str] = set()
     for part in dataset_parts(folder):
         for shard in shard_files(part):
-            try:
-                data = shard.path.read_bytes()
-            except OSError:
-                continue
-            for _line, row, _why, _end in iter_lines(data):
-                if row is not None:
+            data = shard.path.read_bytes()  # one snapshot; a live writer only appends after it
+            for number, row, _why, _end in iter_lines(data):
+                if row is None:
+                    raise StoreError(f"{display_path(shard.path)} line {number} is not a sample, and it is not the "
+                                     "last line, so this is not a torn write: the file is damaged. Run `gen-pipeline "
+                                     "validate` on the dataset, fix or delete that line, then export again.")
+                if row["id"] not in seen:
+                    seen.add(row["id"])
                     yield row
 
 

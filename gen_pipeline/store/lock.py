@@ -85,13 +85,16 @@ class LockInfo:
             return self.started_at or "at an unknown time"
 
 
-def pid_alive(pid: int) -> bool:
-    """Is process `pid` running on this host? A zombie (killed, not yet reaped) counts as gone."""
+def pid_alive(pid: int, *, group: bool = False) -> bool:
+    """Is process `pid` (with `group`: any process of process group `pid`) running on this host? A
+    zombie (killed, not yet reaped) counts as gone; a group's leader being one says nothing of the rest."""
     try:
-        os.kill(pid, 0)
+        (os.killpg if group else os.kill)(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
+        return True
+    if group:
         return True
     try:  # /proc/<pid>/stat: "pid (comm) S ..."; state Z = exited, waiting for its parent
         stat = Path(f"/proc/{pid}/stat").read_text()

@@ -151,8 +151,8 @@ def _with_run(cfg_dir: Path, run_table: str) -> Path:
     """The shipped server.toml in `cfg_dir` with its [run] table's body replaced by `run_table`."""
     cfg_dir.mkdir(parents=True, exist_ok=True)
     shipped = (DEFAULT_CONFIG_DIR / "server.toml").read_text()
-    assert "\nserver_wait_s = 600 " in shipped
-    (cfg_dir / "server.toml").write_text(shipped.replace("\nserver_wait_s = 600 ", f"\n{run_table} ", 1))
+    assert "\n[run]\n" in shipped
+    (cfg_dir / "server.toml").write_text(shipped.replace("\n[run]\n", f"\n[run]\n{run_table}\n", 1))
     return cfg_dir
 
 
@@ -177,11 +177,11 @@ def test_run_table_sets_server_wait_s_and_the_flag_wins(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("run_table, message", [
-    ("server_wait_s = -5", "run.server_wait_s = -5 must be a number of seconds, at least 0 (how long a run waits "
-                           "for an attached server to come back; an SGLang restart takes 60-90 s)."),
+    ("server_wait_s = -5", "run.server_wait_s = -5 must be at least 0 seconds."),
     ("server_wait_s = \"10m\"", "run.server_wait_s = '10m' must be a number (got a string). Remove the quotes."),
-    ("server_wait = 900", "run.server_wait: unknown key. Known keys here: server_wait_s. Did you mean "
-                          "server_wait_s? Check the spelling or remove it."),
+    ("server_wait = 900", "run.server_wait: unknown key. Known keys here: drain_grace_s, gpus_per_server, "
+                          "hang_timeout_s, health_interval_s, limit, model, poll_interval_s, proceed_anyway, routing, "
+                          "server_wait_s, window. Did you mean server_wait_s? Check the spelling or remove it."),
 ])
 def test_run_table_mistakes_name_the_file_and_key(tmp_path: Path, run_table: str, message: str) -> None:
     cfg_dir = _with_run(tmp_path / "cfg", run_table)

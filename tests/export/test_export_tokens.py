@@ -198,7 +198,7 @@ def test_tokens_rows_load_in_specforges_prompts_path_with_each_turn_whole_under_
 
 def test_tokens_rows_equal_the_tokenizer_on_prompt_and_turn_text(outputs: Path, tmp_path: Path,
                                                                  tokenizers: dict[str, Path]) -> None:
-    from gen_pipeline.export.tokens import TokenRowBuilder, _message
+    from gen_pipeline.export.tokens import TokenRowBuilder, sent_message
 
     renderer = load_renderer(str(tokenizers["qwen3"]))
     samples = [s for s in read_samples(outputs, "demo") if s["meta"]["turns"] > 1][:10]
@@ -208,9 +208,9 @@ def test_tokens_rows_equal_the_tokenizer_on_prompt_and_turn_text(outputs: Path, 
         history: list[dict] = []
         for m in s["conversations"]:
             if m["role"] == "assistant":
-                prompt, output = renderer.turn_text(history, _message(m))
+                prompt, output = renderer.turn_text(history, sent_message(m))
                 expected.append(renderer.encode(prompt) + renderer.encode(output))
-            history.append(_message(m))
+            history.append(sent_message(m))
     assert [r["input_ids"].tolist() for r in rows] == expected and len(rows) > len(samples)
     texts = [renderer.turn_text(h, t) for s in samples for h, t in _turns_with_history(s)]
     assert [r["loss_mask"].tolist() for r in rows] == [
@@ -218,13 +218,13 @@ def test_tokens_rows_equal_the_tokenizer_on_prompt_and_turn_text(outputs: Path, 
 
 
 def _turns_with_history(sample: dict) -> list[tuple[list[dict], dict]]:
-    from gen_pipeline.export.tokens import _message
+    from gen_pipeline.export.tokens import sent_message
 
     out, history = [], []
     for m in sample["conversations"]:
         if m["role"] == "assistant":
-            out.append((list(history), _message(m)))
-        history.append(_message(m))
+            out.append((list(history), sent_message(m)))
+        history.append(sent_message(m))
     return out
 
 

@@ -21,7 +21,7 @@ from gen_pipeline.export import encode, tokens
 from gen_pipeline.export.direct import DirectTemplate
 from gen_pipeline.export.encode import SPLIT_REGEXES, TextEncoder
 from gen_pipeline.export.render import Renderer, load_renderer
-from gen_pipeline.export.tokens import TokenRowBuilder, _message, slow_turn_ids
+from gen_pipeline.export.tokens import TokenRowBuilder, sent_message, slow_turn_ids
 from gen_pipeline.records import Sample
 from gen_pipeline.store.dataset_store import DatasetStore
 
@@ -67,8 +67,8 @@ def _plain(renderer: Renderer, samples: list[dict[str, Any]]) -> list[tuple[list
         history = []
         for m in s["conversations"]:
             if m["role"] == "assistant":
-                out.append(slow_turn_ids(renderer, history, _message(m)))
-            history.append(_message(m))
+                out.append(slow_turn_ids(renderer, history, sent_message(m)))
+            history.append(sent_message(m))
     return out
 
 
@@ -218,13 +218,14 @@ def test_export_rebuilds_the_splits_made_before_a_spot_check_differed(templates:
     """The train split passes its spot checks; a wrong id from the 40th turn on (in the validation
     split, built second) makes the export build both splits again the plain way, and say so."""
     import gen_pipeline.export.core as core
+    from gen_pipeline.export.select import ValSplit
 
     root = tmp_path / "out"
     with DatasetStore(root, "t", fingerprint={"model": "m", "dataset": "t"}, target=40) as store:
         store.open()
         store.write_samples([Sample(s["id"], "t", s["conversations"], {}) for s in _samples(seed=8, n=40)])
     renderer = load_renderer(str(templates["kimi"]))
-    val = core.ValSplit(share=0.5)
+    val = ValSplit(share=0.5)
     validation = core.validation_ids((f"s{i}" for i in range(40)), val)
     train_turns = sum(1 + i % 4 for i in range(40) if f"s{i}" not in validation)
     calls = {"turns": 0}

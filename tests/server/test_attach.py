@@ -35,7 +35,7 @@ def sims():
 async def test_attach_to_a_running_sim(sims, events):
     async with open_http(GenerationConfig(), 16) as http:
         async with anyio.create_task_group() as tg:
-            handle = await tg.start(partial(run_attached, [sims[0].url + "/"], http=http,
+            handle = await tg.start(partial(run_attached, [sims[0].url], http=http,
                                             health_interval_s=0.2))
             assert handle.base_urls == [sims[0].url]
             assert handle.model == "sim/Kimi-K2.5"

@@ -59,7 +59,7 @@ def test_plan_prints_the_reference_nodes_plan_and_the_88k_jobs_wall_time(
         "(with 10m00s of start-up)",
         "assumptions: tokens/sample = prompt + output, measured once a dataset has 20 samples; running = KV tokens "
         "/ (prompt + output/2), the KV a request holds on average;",
-        "  the adaptive controller keeps the server at that (bench/RESULTS.md, Job: within 1 % of the ideal); "
+        "  the adaptive controller keeps the server at that (docs/measurements.md, job: within 1 % of the ideal); "
         "prefill at the reference node's cost; one server start for the whole job;",
         "  the rate was fitted on B2-like long requests (100-150 running): short-output datasets at hundreds "
         "running are an extrapolation, and SGLang's max_running_requests or CUDA-graph batch sizes may cap them "
