@@ -49,13 +49,14 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 
 from gen_pipeline.config.dataset import GenerationConfig
 from gen_pipeline.config.server import normalise_server_url
-from gen_pipeline.errors import RequestError
+from gen_pipeline.errors import RequestError, ServerError
 from gen_pipeline.http import BadStatus, CannotConnect, ConnectionLost, Http, HttpError, Stream
 from gen_pipeline.quality import RepetitionDetector
 from gen_pipeline.records import Failure, Message, Prompt, Sample, TurnMeta
 from gen_pipeline.run.answer import TurnStats, cut_at_loop, detect_loop, judge, split_think
 from gen_pipeline.run.wire import (
     ClientSettings,
+    OtherModel,
     Retryable,
     TurnResult,
     TurnStream,
@@ -248,6 +249,8 @@ class ChatClient:
             except Retryable as e:  # an empty answer: its tokens were decoded for nothing
                 stats.empty += e.reason == "empty_turn"
                 stats.discarded_tokens += turn.completion_tokens
+                if e.reason == "empty_turn":
+                    state.after_empty(e)
                 raise
         stats.loops += 1
         if turn.aborted:
@@ -301,7 +304,8 @@ class ChatClient:
         it can fail is mapped here, once: a refusal (classify_status), the request timeout, a connection
         that cannot be made or is lost (_ServerGone when the servers are watched), a server taken out."""
         fleet, s = self._fleet, state.settings
-        reading = TurnStream(RepetitionDetector() if s.generation.on_loop != "off" else None)
+        reading = TurnStream(RepetitionDetector() if s.generation.on_loop != "off" else None, s.model,
+                             s.sampling.max_new_tokens)
         url = fleet.pick(state.sample)
         fleet.started(url)
         started = time.monotonic()
@@ -316,6 +320,8 @@ class ChatClient:
                         # a stuck scheduler too (server/hang.py); the events or the body are
                         fleet.succeeded(url)
                         turn = await self._read(url, answer, reading, token_ids=s.token_ids)
+            except OtherModel as e:  # restarted with another model: never written, never sent there again
+                raise self._refuse(url, e.served) from None
             except BadStatus as e:
                 fleet.succeeded(url)  # refused by its HTTP side: it answers, no progress of its scheduler
                 classify_status(e.reply)
@@ -353,7 +359,8 @@ class ChatClient:
         if not answer.is_event_stream:
             body = await answer.read()
             self._fleet.answered(url, time.monotonic())
-            turn = read_whole(body, answer.content_type, token_ids=token_ids)
+            turn = read_whole(body, answer.content_type, token_ids=token_ids, model=reading.model,
+                              max_tokens=reading.max_tokens)
             verdict = detect_loop(turn, detector) if detector is not None else None
             return replace(turn, loop=verdict) if verdict is not None else turn
         verdict = None
@@ -369,6 +376,15 @@ class ChatClient:
         if not aborted and detector is not None and reading.finish_reason is not None:
             verdict = detector.finish()  # the held-back last word
         return reading.result(loop=verdict, aborted=aborted)
+
+    def _refuse(self, url: str, served: str) -> Exception:
+        """`url` answered for another model: out for good; its request is sent again elsewhere (_ServerGone),
+        or the run ends (ServerError) when every server serves another model."""
+        line = self._fleet.refuse(url, served, self.settings.model, time.monotonic())
+        if line is not None:
+            log.warning("%s", line)
+        refusal = self._fleet.refusal(self.settings.model)
+        return ServerError(refusal) if refusal is not None else _ServerGone(url, f"it serves {served!r}")
 
     def _done(self, turn: TurnResult, started: float) -> None:
         """The controller's completion hook: a request that ended (a loop's abort too: it held that much KV)."""
@@ -394,7 +410,18 @@ class _Attempts:
         self._first = body
 
     def reseed(self) -> None:
-        self.body = orjson.dumps({**self.base, "seed": loop_seed(self._first, self.stats.loops)})
+        self.body = orjson.dumps({**self.base, "seed": loop_seed(self._first, self.stats.loops + self.stats.empty)})
+
+    def after_empty(self, e: Retryable) -> None:
+        """Before the attempt after an empty answer. A user who fixed the seed asked for reproducible samples,
+        not for the same empty one again: the retry gets a new seed, drawn reproducibly (as after a loop);
+        with none the server draws anew. At temperature 0 no seed changes a greedy decode: rather than
+        repeat it max_attempts times, a final failure that says why (raises RequestError)."""
+        if self.base.get("temperature") == 0:
+            raise RequestError(f"{e}; not retried: at temperature 0 the model decodes greedily, a retry would "
+                               "repeat it", reason="empty_turn", retryable=False)
+        if "seed" in self.base:
+            self.reseed()
 
 
 def _journal_loops(stats: TurnStats, sample_id: str, dataset: str) -> None:

@@ -33,6 +33,10 @@ from gen_pipeline.quality import LoopVerdict, RepetitionDetector
 # SGLang's stream_options (protocol.py StreamOptions): the usage chunk at the end, and the usage so far on
 # every chunk (the tokens decoded when a loop is aborted, and a stream cut mid-way, are the server's count).
 STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
+# Completion tokens past max_new_tokens by more than this are no count: SGLang stops a request at its cap
+# (speculative decoding may accept a few draft tokens in the step that reaches it). A usage of 10^15 or -7
+# says the server's accounting broke: such an answer is a bad one (retried), never written.
+USAGE_SLACK_TOKENS = 64
 _OPTIONAL_SAMPLING = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "seed",
                       "reasoning_effort", "chat_template_kwargs")
 
@@ -43,6 +47,14 @@ class Retryable(Exception):
     def __init__(self, reason: str, detail: str):
         super().__init__(detail)
         self.reason = reason
+
+
+class OtherModel(Exception):
+    """The answer names `served`, not the model asked for: its server serves another model now."""
+
+    def __init__(self, served: str):
+        super().__init__(served)
+        self.served = served
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,8 +144,8 @@ def build_request(messages: list[Any], s: ClientSettings) -> dict[str, Any]:
 
 
 def loop_seed(body: bytes, loops: int) -> int:
-    """The `seed` of the attempt after the `loops`-th loop of a turn: a new draw (a model that looped
-    once at this seed would loop again), reproducible (a function of the request and the count)."""
+    """The `seed` of the attempt after the `loops`-th loop (or empty answer) of a turn: a new draw (a model
+    that looped once at this seed would loop again), reproducible (a function of the request and the count)."""
     digest = hashlib.blake2b(body + loops.to_bytes(4, "big"), digest_size=4).digest()
     return int.from_bytes(digest, "big") & 0x7FFF_FFFF
 
@@ -184,6 +196,31 @@ def _int(v: Any, default: int = 0) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else default
 
 
+def _check_model(data: dict[str, Any], model: str) -> None:
+    """Raise OtherModel when the answer (or chunk) names a model other than `model` (not checked: "").
+    SGLang names the request's model (serving_chat.py: model=request.model); others (vLLM, a router
+    in front of another server) name the one they serve."""
+    named = data.get("model")
+    if model and named and named != model and isinstance(named, str):
+        raise OtherModel(named)
+
+
+def _count(usage: dict[str, Any], key: str, max_tokens: int | None = None) -> int | None:
+    """usage[key] (None when absent); raises Retryable when it is no count: not an integer, negative, or
+    (with `max_tokens`) past max_new_tokens + USAGE_SLACK_TOKENS."""
+    v = usage.get(key)
+    if v is None:
+        return None
+    if _int(v, -1) < 0 or (max_tokens is not None and v > max_tokens + USAGE_SLACK_TOKENS):
+        cap = f" with max_new_tokens {max_tokens}" if max_tokens is not None else ""
+        raise Retryable("bad_response", f"the answer's usage is impossible: {key} = {v!r}{cap}")
+    return int(v)
+
+
+def _snippet(data: Any) -> str:
+    return orjson.dumps(data)[:200].decode("utf-8", "replace")
+
+
 def _finish(finish: Any) -> str:
     if finish in ("stop", "length"):
         return str(finish)
@@ -196,9 +233,14 @@ class TurnStream:
     comes; `feed` returns its verdict when it fires. Raises Retryable / RequestError for an error chunk."""
 
     __slots__ = ("_reasoning", "_content", "detector", "finish_reason", "usage", "deltas",
-                 "reasoning_deltas", "tokens_at_last_reasoning", "rid")
+                 "reasoning_deltas", "tokens_at_last_reasoning", "rid", "model", "max_tokens", "done", "chunks",
+                 "empty")
 
-    def __init__(self, detector: RepetitionDetector | None) -> None:
+    def __init__(self, detector: RepetitionDetector | None, model: str = "", max_tokens: int | None = None) -> None:
+        self.model, self.max_tokens = model, max_tokens  # what the chunks must name, the request's cap
+        self.done = False  # `[DONE]` came: the server ended the answer
+        self.chunks = 0
+        self.empty: Any = None  # the latest chunk with no choices (what came back, for a message)
         self._reasoning: list[str] = []
         self._content: list[str] = []
         self.detector = detector
@@ -210,7 +252,10 @@ class TurnStream:
         self.rid = ""  # the chunks' `id`: SGLang's request id (its log's rid)
 
     def feed_data(self, data: bytes) -> LoopVerdict | None:
-        """One event's data (JSON bytes), as `feed`."""
+        """One event's data (JSON bytes, or `[DONE]`: sets `done`), as `feed`."""
+        if data == b"[DONE]":
+            self.done = True
+            return None
         try:
             chunk = orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -222,6 +267,8 @@ class TurnStream:
             raise Retryable("bad_response", "a stream chunk is not a JSON object")
         if not self.rid:
             self.rid = str(chunk.get("id") or "")
+        _check_model(chunk, self.model)
+        self.chunks += 1
         usage = chunk.get("usage")
         if usage is not None:
             self.usage = usage
@@ -229,6 +276,7 @@ class TurnStream:
         if not choices:
             if choices is None and (chunk.get("object") == "error" or "error" in chunk):
                 _error_of(chunk)
+            self.empty = chunk
             return None
         try:
             choice = choices[0]
@@ -244,7 +292,7 @@ class TurnStream:
             self.deltas += 1
             self.reasoning_deltas += 1
             if usage is not None:
-                self.tokens_at_last_reasoning = usage.get("completion_tokens")
+                self.tokens_at_last_reasoning = _int(usage.get("completion_tokens"), -1)
             if det is not None:
                 verdict = det.feed(reasoning)
         if content and verdict is None:
@@ -272,6 +320,12 @@ class TurnStream:
         (the controller needs the counts)."""
         reasoning, content = "".join(self._reasoning), "".join(self._content)
         if not aborted:
+            if self.finish_reason is None and self.empty is not None and not self.deltas:
+                raise Retryable("bad_response", f"the server answered 200 with no choices ({self.chunks} chunks; "
+                                                f"the last: {_snippet(self.empty)})")
+            if self.finish_reason is None and self.done:
+                raise Retryable("bad_response", "the answer ended ([DONE]) with no finish_reason "
+                                                f"({self.completion_tokens} tokens decoded)")
             if self.finish_reason is None:
                 raise Retryable("connection", f"the stream ended before the answer did ({self.completion_tokens} "
                                               "tokens decoded)")
@@ -280,29 +334,36 @@ class TurnStream:
             if self.usage is None:
                 raise Retryable("bad_response", "the stream carried no usage (token counts)")
         usage = self.usage or {}
-        prompt_tokens = _int(usage.get("prompt_tokens"))
-        completion = self.completion_tokens
+        prompt_tokens = _count(usage, "prompt_tokens") or 0
+        completion = _count(usage, "completion_tokens", self.max_tokens)
+        completion = completion if completion is not None else self.deltas
         reasoning_tokens = _int(usage.get("reasoning_tokens"), -1)
         if reasoning_tokens < 0:  # not SGLang: counted where the reasoning ended
-            reasoning_tokens = (self.tokens_at_last_reasoning if self.tokens_at_last_reasoning is not None
-                                else self.reasoning_deltas)
+            at = self.tokens_at_last_reasoning
+            reasoning_tokens = at if at is not None and at >= 0 else self.reasoning_deltas
         finish = "length" if aborted else _finish(self.finish_reason)
         return TurnResult(content, reasoning, finish, prompt_tokens, completion, min(reasoning_tokens, completion),
                           loop=loop, aborted=aborted, rid=self.rid)
 
 
-def read_whole(body: bytes, content_type: str, *, token_ids: bool = False) -> TurnResult:
+def read_whole(body: bytes, content_type: str, *, token_ids: bool = False, model: str = "",
+               max_tokens: int | None = None) -> TurnResult:
     """A whole answer's body (JSON bytes), as parse_response."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
         raise Retryable("bad_response", f"body is not JSON (content-type {content_type or '?'})") from None
-    return parse_response(data, token_ids=token_ids)
+    return parse_response(data, token_ids=token_ids, model=model, max_tokens=max_tokens)
 
 
-def parse_response(data: Any, *, token_ids: bool = False) -> TurnResult:
+def parse_response(data: Any, *, token_ids: bool = False, model: str = "", max_tokens: int | None = None) -> TurnResult:
     """The fields we keep from a whole chat completion (token_ids: the server's prompt_token_ids and
-    token_ids too, SGLang's return_token_ids); raises Retryable when it is malformed."""
+    token_ids too, SGLang's return_token_ids); raises Retryable when it is malformed or its usage
+    impossible (`max_tokens`: the request's cap), OtherModel when it names another `model`."""
+    if isinstance(data, dict):
+        _check_model(data, model)
+        if data.get("choices") == []:
+            raise Retryable("bad_response", f"the answer had no choices: {_snippet(data)}")
     try:
         choice = data["choices"][0]
         message = choice["message"]
@@ -312,7 +373,10 @@ def parse_response(data: Any, *, token_ids: bool = False) -> TurnResult:
         usage = data.get("usage")
         if not isinstance(usage, dict):
             raise Retryable("bad_response", "the response has no usage (token counts)")
-        prompt_tokens, completion_tokens = int(usage["prompt_tokens"]), int(usage["completion_tokens"])
+        prompt_tokens = _count(usage, "prompt_tokens")
+        completion_tokens = _count(usage, "completion_tokens", max_tokens)
+        if prompt_tokens is None or completion_tokens is None:
+            raise Retryable("bad_response", f"the answer's usage has no token counts: {_snippet(usage)}")
         ids: tuple[list[int] | None, list[int] | None] = (None, None)
         if token_ids:
             ids = choice.get("prompt_token_ids"), choice.get("token_ids")
