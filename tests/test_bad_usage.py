@@ -14,8 +14,8 @@ import pytest
 
 from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
 from gen_pipeline.records import Failure, Prompt, Sample
-from gen_pipeline.run.chat import ChatClient, ClientSettings
-from gen_pipeline.run.wire import loop_seed
+from gen_pipeline.run.chat import ChatClient
+from gen_pipeline.run.wire import ClientSettings, loop_seed
 
 from mock_http import mock_http
 

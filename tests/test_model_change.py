@@ -18,7 +18,8 @@ import pytest
 
 from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
 from gen_pipeline.errors import ServerError
-from gen_pipeline.run.chat import ChatClient, ClientSettings
+from gen_pipeline.run.chat import ChatClient
+from gen_pipeline.run.wire import ClientSettings
 from gen_pipeline.server.fleet import Fleet
 from sglang_sim.testing import start_sim
 

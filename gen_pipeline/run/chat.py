@@ -1,35 +1,26 @@
 """The HTTP client: one conversation in, one regenerated Sample (or a Failure) out.
 
-Talks to `/v1/chat/completions` (SGLang, an sglang-router, or any OpenAI-compatible
-server). Every assistant turn is regenerated in order, each request carrying the
-regenerated history. Retries (tenacity, exponential backoff with jitter) cover connection
-errors, timeouts, 429, 5xx and unreadable bodies; a 4xx that will fail again (e.g. a prompt
-longer than the context) is not retried and becomes a Failure with the server's message.
+Every assistant turn of a conversation is regenerated in order on `/v1/chat/completions` (SGLang, an
+sglang-router or any OpenAI-compatible server), each request carrying the regenerated history. run/wire.py
+is the wire format (bodies, answers read into a TurnResult, refusals classified); here one exchange path
+(`_exchange`) sends a request, reads its answer as it comes (stream events or a whole body) and maps each
+way it can fail once. Retries (tenacity, backoff with jitter) cover connection errors, timeouts, 408, 429,
+5xx and bad answers; another 4xx (e.g. a prompt longer than the context) is a final Failure with the
+server's message.
 
-The quality gate (issue 22; gen_pipeline/quality, run/answer.py): every turn is streamed (SSE, with
-`stream_options.include_usage` and `continuous_usage_stats`, so the token count at any moment is the
-server's) and one RepetitionDetector per turn is fed the reasoning then the content deltas as they
-arrive. When it fires the stream is closed: SGLang 0.5.17 aborts a request whose client went away
-and frees its KV at once (the cancelled generator's `except BaseException` in
-managers/tokenizer_manager.py generate_request → _discard_pending_req_states sends AbortReq;
-serving_chat.py's create_abort_task repeats it 2 s later). `[generation] on_loop` decides the turn:
-"retry" with a new `seed` at once (no backoff: the server is fine), a final Failure (reason `loop`)
-once max_attempts are spent; "drop" a final Failure at once; "keep" the text cut where the loop began
-(answer.cut_at_loop). A finished turn is judged (answer.judge): empty or marker-only answers follow
-`empty_turn`, reasoning leaks `truncated`. With `[output] token_ids = true` turns are not streamed
-(SGLang refuses return_token_ids on a stream) and the detector reads the finished text. A server
-that answers a streamed request in one piece (JSON) is read the same way.
+The quality gate (gen_pipeline/quality, run/answer.py): a streamed turn feeds one RepetitionDetector per
+turn as the text arrives; when it fires the stream is closed, and SGLang 0.5.17 aborts the request and
+frees its KV at once (tokenizer_manager.py generate_request → _discard_pending_req_states sends AbortReq).
+`[generation] on_loop`: "retry" with a new `seed` at once (no backoff: the server is fine), "drop" a final
+Failure, "keep" the text cut where the loop began, "off" whole answers (so does `[output] token_ids`:
+SGLang refuses return_token_ids on a stream), the detector reading the finished text. A finished turn is
+judged (answer.judge): empty or marker-only answers follow `empty_turn`, reasoning leaks `truncated`.
 
-Requests go through gen_pipeline/http.py (httpx, the product's one HTTP library). A connection that
-cannot be made (refused, unknown host, a black-holed server: connect timeout) or that is lost counts
-toward taking a server out of a fleet; a read timeout does not (the server is there, only busy).
-
-A server that went away (connection refused or lost, or taken out of the fleet as hung, which cancels
-the requests in flight to it) is not a failed request when the servers are watched (a `gate`): the
-request is sent again, to another server at once, or after the pause for one to come back, without
-spending one of its max_attempts and without a Failure. It gives up only when the same request found
-no server for `server_wait_s` outside those pauses (the fleet watch ends the run first when none
-answers that long). A client alone (no gate) counts them as attempts.
+A server that went away (connection refused or lost, or taken out of the fleet as hung or as serving
+another model, which cancels the requests in flight to it) is not a failed request when the servers are
+watched (a `gate`): the request is sent again, to another server at once or after the pause for one to
+come back, without spending an attempt. It gives up only when the same request found no server for
+`server_wait_s` outside those pauses. A read timeout never takes a server out (it is there, only busy).
 """
 
 from __future__ import annotations
@@ -53,7 +44,7 @@ from gen_pipeline.errors import RequestError, ServerError
 from gen_pipeline.http import BadStatus, CannotConnect, ConnectionLost, Http, HttpError, Stream
 from gen_pipeline.quality import RepetitionDetector
 from gen_pipeline.records import Failure, Message, Prompt, Sample, TurnMeta
-from gen_pipeline.run.answer import TurnStats, cut_at_loop, detect_loop, judge, split_think
+from gen_pipeline.run.answer import TurnStats, cut_at_loop, detect_loop, judge
 from gen_pipeline.run.wire import (
     ClientSettings,
     OtherModel,
@@ -62,9 +53,7 @@ from gen_pipeline.run.wire import (
     TurnStream,
     build_request,
     classify_status,
-    error_message,
     loop_seed,
-    parse_response,
     read_whole,
 )
 from gen_pipeline.server.fleet import Fleet
@@ -72,9 +61,6 @@ from gen_pipeline.server.fleet import Fleet
 log = logging.getLogger(__name__)
 JOURNAL = logging.getLogger("gen_pipeline.journal.gate")  # run.log only (cli/logs.py)
 
-_Retryable = Retryable  # the name tests and older callers use
-__all__ = ["ChatClient", "ClientSettings", "RequestDone", "TurnResult", "build_request", "build_sample",
-           "classify_status", "error_message", "parse_response", "split_think"]
 
 
 class _ServerGone(Exception):
