@@ -115,3 +115,13 @@ async def test_an_empty_answer_without_a_seed_is_retried_as_it_was() -> None:
     assert isinstance(got, Failure) and len(sent) == 3 and "seed" not in sent[2]
     assert got.detail == ("gave up after 3 attempts: the assistant turn is empty (5 completion tokens, "
                           "finish_reason stop)")
+
+
+async def test_a_stream_ended_with_no_finish_reason_is_a_bad_answer_not_a_lost_server() -> None:
+    chunk = {"id": "r", "choices": [{"delta": {"content": "hi"}, "finish_reason": None}], "usage": USAGE}
+    data = b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
+    answer = httpx.Response(200, content=data, headers={"content-type": "text/event-stream"})
+    got, _ = await _regenerate(_settings(True), lambda n: answer)
+    assert isinstance(got, Failure)
+    assert (got.reason, got.detail) == ("bad_response", "gave up after 3 attempts: the answer ended ([DONE]) with no "
+                                                        "finish_reason (5 tokens decoded)")

@@ -352,10 +352,10 @@ class ChatClient:
         verdict = None
         async for data in answer.events():
             self._fleet.answered(url, time.monotonic())  # progress: not hung (server/hang.py)
-            if data == b"[DONE]":
+            verdict = reading.feed_data(data)
+            if reading.done:
                 await answer.drain()  # the connection is kept for the next request
                 break
-            verdict = reading.feed_data(data)
             if verdict is not None:
                 break  # leaving the block closes the stream: the server aborts the request
         aborted = verdict is not None
