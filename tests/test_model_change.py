@@ -150,3 +150,20 @@ async def test_the_last_server_answering_for_another_model_ends_the_run(streamed
         "written is lost and nothing the other model answered was written: serve 'm-one' there again and run the "
         "same command to resume.")
     assert len(calls) == 1
+
+
+def test_a_refused_server_never_comes_back() -> None:
+    fleet = Fleet(["http://a", "http://b"], probe_initial_s=1.0)
+    assert fleet.refuse("http://a", "m-two", "m-one", 0.0) == (
+        "stopped sending to http://a: it now serves 'm-two', not 'm-one' (restarted with another model?); 1 of 2 "
+        "servers left")
+    assert fleet.refuse("http://a", "m-two", "m-one", 0.0) is None  # said once
+    fleet.mark_up("http://a")
+    fleet.succeeded("http://a", 5.0)
+    assert (fleet.up_urls, fleet.down_urls, fleet.due_probes(100.0), fleet.refusal("m-one")) == (
+        ["http://b"], [], [], None)
+    fleet.refuse("http://b", "m-three", "m-one", 0.0)
+    assert fleet.refusal("m-one") == (
+        "No server serves 'm-one' any more (http://a now serves 'm-two', http://b now serves 'm-three'): restarted "
+        "with another model? Nothing written is lost and nothing the other model answered was written: serve "
+        "'m-one' there again and run the same command to resume.")
