@@ -230,7 +230,8 @@ def _finish(finish: Any) -> str:
 class TurnStream:
     """A chat completion stream's chunks (parsed JSON), fed in arrival order: the text, the token counts,
     the finish reason. `detector` (None: on_loop = "off") is fed each reasoning and content delta as it
-    comes; `feed` returns its verdict when it fires. Raises Retryable / RequestError for an error chunk."""
+    comes; `feed` returns its verdict when it fires. Raises Retryable / RequestError for an error chunk,
+    OtherModel for one that names another `model`; `result` checks the usage against `max_tokens`."""
 
     __slots__ = ("_reasoning", "_content", "detector", "finish_reason", "usage", "deltas",
                  "reasoning_deltas", "tokens_at_last_reasoning", "rid", "model", "max_tokens", "done", "chunks",
@@ -307,8 +308,7 @@ class TurnStream:
     @property
     def completion_tokens(self) -> int:
         """Tokens decoded so far: the usage's count when the server sends it, else the deltas counted."""
-        n = self.usage.get("completion_tokens") if self.usage else None
-        return n if isinstance(n, int) and not isinstance(n, bool) else self.deltas
+        return _int(self.usage.get("completion_tokens"), self.deltas) if self.usage else self.deltas
 
     def seen(self) -> str:
         """" after N tokens" once text came (a message's tail), else ""."""
