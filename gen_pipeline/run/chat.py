@@ -1,46 +1,36 @@
 """The HTTP client: one conversation in, one regenerated Sample (or a Failure) out.
 
-Talks to `/v1/chat/completions` (SGLang, an sglang-router, or any OpenAI-compatible
-server). Every assistant turn is regenerated in order, each request carrying the
-regenerated history. Retries (tenacity, exponential backoff with jitter) cover connection
-errors, timeouts, 429, 5xx and unreadable bodies; a 4xx that will fail again (e.g. a prompt
-longer than the context) is not retried and becomes a Failure with the server's message.
+Every assistant turn of a conversation is regenerated in order on `/v1/chat/completions` (SGLang, an
+sglang-router or any OpenAI-compatible server), each request carrying the regenerated history. run/wire.py
+is the wire format (bodies, answers read into a TurnResult, refusals classified); here one exchange path
+(`_exchange`) sends a request, reads its answer as it comes (stream events or a whole body) and maps each
+way it can fail once. Retries (tenacity, backoff with jitter) cover connection errors, timeouts, 408, 429,
+5xx and bad answers; another 4xx (e.g. a prompt longer than the context) is a final Failure with the
+server's message.
 
-The quality gate (issue 22; gen_pipeline/quality, run/answer.py): every turn is streamed (SSE, with
-`stream_options.include_usage` and `continuous_usage_stats`, so the token count at any moment is the
-server's) and one RepetitionDetector per turn is fed the reasoning then the content deltas as they
-arrive. When it fires the stream is closed: SGLang 0.5.17 aborts a request whose client went away
-and frees its KV at once (the cancelled generator's `except BaseException` in
-managers/tokenizer_manager.py generate_request → _discard_pending_req_states sends AbortReq;
-serving_chat.py's create_abort_task repeats it 2 s later). `[generation] on_loop` decides the turn:
-"retry" with a new `seed` at once (no backoff: the server is fine), a final Failure (reason `loop`)
-once max_attempts are spent; "drop" a final Failure at once; "keep" the text cut where the loop began
-(answer.cut_at_loop). A finished turn is judged (answer.judge): empty or marker-only answers follow
-`empty_turn`, reasoning leaks `truncated`. With `[output] token_ids = true` turns are not streamed
-(SGLang refuses return_token_ids on a stream) and the detector reads the finished text. A server
-that answers a streamed request in one piece (JSON) is read the same way.
+The quality gate (gen_pipeline/quality, run/answer.py): a streamed turn feeds one RepetitionDetector per
+turn as the text arrives; when it fires the stream is closed, and SGLang 0.5.17 aborts the request and
+frees its KV at once (tokenizer_manager.py generate_request → _discard_pending_req_states sends AbortReq).
+`[generation] on_loop`: "retry" with a new `seed` at once (no backoff: the server is fine), "drop" a final
+Failure, "keep" the text cut where the loop began, "off" whole answers (so does `[output] token_ids`:
+SGLang refuses return_token_ids on a stream), the detector reading the finished text. A finished turn is
+judged (answer.judge): empty or marker-only answers follow `empty_turn`, reasoning leaks `truncated`.
 
-Requests go through gen_pipeline/http.py (httpx, the product's one HTTP library). A connection that
-cannot be made (refused, unknown host, a black-holed server: connect timeout) or that is lost counts
-toward taking a server out of a fleet; a read timeout does not (the server is there, only busy).
-
-A server that went away (connection refused or lost, or taken out of the fleet as hung, which cancels
-the requests in flight to it) is not a failed request when the servers are watched (a `gate`): the
-request is sent again, to another server at once, or after the pause for one to come back, without
-spending one of its max_attempts and without a Failure. It gives up only when the same request found
-no server for `server_wait_s` outside those pauses (the fleet watch ends the run first when none
-answers that long). A client alone (no gate) counts them as attempts.
+A server that went away (connection refused or lost, or taken out of the fleet as hung or as serving
+another model, which cancels the requests in flight to it) is not a failed request when the servers are
+watched (a `gate`): the request is sent again, to another server at once or after the pause for one to
+come back, without spending an attempt. It gives up only when the same request found no server for
+`server_wait_s` outside those pauses. A read timeout never takes a server out (it is there, only busy).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Hashable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -48,35 +38,29 @@ import anyio
 import orjson
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
-from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
-from gen_pipeline.config.mix import SamplingMix
+from gen_pipeline.config.dataset import GenerationConfig
 from gen_pipeline.config.server import normalise_server_url
-from gen_pipeline.errors import RequestError
-from gen_pipeline.http import BadStatus, CannotConnect, ConnectionLost, Http, HttpError, Reply
+from gen_pipeline.errors import RequestError, ServerError
+from gen_pipeline.http import BadStatus, CannotConnect, ConnectionLost, Http, HttpError, Stream
 from gen_pipeline.quality import RepetitionDetector
 from gen_pipeline.records import Failure, Message, Prompt, Sample, TurnMeta
-from gen_pipeline.run.answer import (
+from gen_pipeline.run.answer import TurnStats, cut_at_loop, detect_loop, judge
+from gen_pipeline.run.wire import (
+    ClientSettings,
+    OtherModel,
     Retryable,
     TurnResult,
-    TurnStats,
     TurnStream,
-    cut_at_loop,
-    detect_loop,
-    judge,
-    parse_response,
-    split_think,
+    build_request,
+    classify_status,
+    loop_seed,
+    read_whole,
 )
 from gen_pipeline.server.fleet import Fleet
 
 log = logging.getLogger(__name__)
 JOURNAL = logging.getLogger("gen_pipeline.journal.gate")  # run.log only (cli/logs.py)
 
-_Retryable = Retryable  # the name tests and older callers use
-__all__ = ["ChatClient", "ClientSettings", "RequestDone", "TurnResult", "build_request", "build_sample",
-           "classify_status", "error_message", "parse_response", "split_think"]
-# SGLang's stream_options (protocol.py StreamOptions): the usage chunk at the end, and the usage so far on
-# every chunk (the tokens decoded when a loop is aborted, and a stream cut mid-way, are the server's count).
-STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
 
 
 class _ServerGone(Exception):
@@ -88,61 +72,10 @@ class _ServerGone(Exception):
 
 
 GONE_PAUSE_S = 0.5  # before sending again to a server that went away (its health checks then pause dispatch)
-
-
-@dataclass(frozen=True, slots=True)
-class ClientSettings:
-    model: str
-    backend: str  # "sglang" | "sim" | "openai" (recorded in meta.backend)
-    sampling: SamplingConfig
-    generation: GenerationConfig
-    kv_cache_dtype: str = "unknown"
-    token_ids: bool = False  # [output] token_ids: record the server's ids (turns go unstreamed)
-    mix: SamplingMix | None = None  # per-sample variants of `sampling` (config/mix.py); see for_prompt
-    variant: int = 0  # which of mix's variants `sampling` is (meta.sampling_variant)
-
-    @property
-    def sampling_dict(self) -> dict[str, Any]:
-        return _sampling_dict(self.sampling)
-
-    @property
-    def streamed(self) -> bool:
-        """Turns are streamed (and aborted on a loop) while the loop gate is on, unless the server's token
-        ids are recorded. With on_loop = "off" nothing watches the stream, so turns come whole: a stream
-        costs the client ~50 ms of CPU per 1,000 tokens at SGLang's default stream interval
-        (bench/RESULTS.md, issue 22)."""
-        return not self.token_ids and self.generation.on_loop != "off"
-
-
 RequestDone = Callable[[int, int, float], None]  # (prompt_tokens, completion_tokens, latency_s)
 
 
-# ---------------------------------------------------------------- pure request/response handling
-
-@functools.lru_cache(maxsize=8)
-def _sampling_dict(sampling: SamplingConfig) -> dict[str, Any]:
-    return sampling.as_dict()  # once per config, not per sample (asdict is slow on a hot path)
-
-
-@functools.lru_cache(maxsize=8)
-def _sampling_body(sampling: SamplingConfig, reasoning: str) -> dict[str, Any]:
-    """The body keys a config adds to every request: the optional sampling keys that are set (as
-    SGLang's ChatCompletionRequest names them), then extra_body verbatim; cached per config."""
-    d = sampling.as_dict()
-    body: dict[str, Any] = {k: d[k] for k in _OPTIONAL_SAMPLING if k in d}
-    if "stop" in body:
-        body["stop"] = list(body["stop"])
-    body.update(sampling.extra_body)
-    if reasoning == "disable":
-        # Kimi/DeepSeek templates read `thinking`, Qwen3's `enable_thinking`; unknown keys are ignored.
-        body["chat_template_kwargs"] = {**(body.get("chat_template_kwargs") or {}),
-                                        "thinking": False, "enable_thinking": False}
-    return body
-
-
-_OPTIONAL_SAMPLING = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "seed",
-                      "reasoning_effort", "chat_template_kwargs")
-
+# ---------------------------------------------------------------- a sample's settings and row
 
 def for_prompt(s: ClientSettings, prompt: Prompt) -> ClientSettings:
     """The settings of one sample: its variant of the sampling mix, drawn from its place in the source."""
@@ -161,61 +94,6 @@ def thinks(s: ClientSettings) -> bool:
         if isinstance(kwargs, dict) and (kwargs.get("thinking") is False or kwargs.get("enable_thinking") is False):
             return False
     return True
-
-
-def build_request(messages: list[Message], s: ClientSettings) -> dict[str, Any]:
-    """The JSON body for one chat completion: streamed with the usage on every chunk, or (token_ids)
-    whole with the server's prompt and output token ids. A pure function of its arguments."""
-    body: dict[str, Any] = {
-        "model": s.model,
-        "messages": messages,
-        "max_tokens": s.sampling.max_new_tokens,
-        "temperature": s.sampling.temperature,
-        "top_p": s.sampling.top_p,
-        "stream": s.streamed,
-    }
-    if s.streamed:
-        body["stream_options"] = STREAM_OPTIONS
-    else:  # SGLang 0.5.17 protocol.py:778-779 (refused with stream=true, serving_chat.py:914-924)
-        body["return_prompt_token_ids"] = body["return_token_ids"] = True
-    extra = _sampling_body(s.sampling, s.generation.reasoning)
-    if extra:
-        body.update(extra)  # copied: a nested table in extra_body is shared, never mutated
-    return body
-
-
-def loop_seed(body: bytes, loops: int) -> int:
-    """The `seed` of the attempt after the `loops`-th loop of a turn: a new draw (a model that looped
-    once at this seed would loop again), reproducible (a function of the request and the count)."""
-    digest = hashlib.blake2b(body + loops.to_bytes(4, "big"), digest_size=4).digest()
-    return int.from_bytes(digest, "big") & 0x7FFF_FFFF
-
-
-def error_message(response: Reply) -> str:
-    """The server's own error text (OpenAI/SGLang error JSON or the raw body)."""
-    text = response.body[:500].decode("utf-8", "replace").strip()
-    try:
-        data = orjson.loads(response.body)
-    except orjson.JSONDecodeError:
-        return text or response.reason
-    if isinstance(data, dict):
-        err = data.get("error", data)
-        if isinstance(err, dict) and isinstance(err.get("message"), str):
-            return str(err["message"])
-        if isinstance(err, str):
-            return err
-    return text
-
-
-def classify_status(response: Reply) -> None:
-    """Raise _Retryable for 408/429/5xx, RequestError (final) for other 4xx; pass on 2xx."""
-    code = response.status
-    if code < 300:
-        return
-    message = error_message(response)
-    if code in (408, 429) or code >= 500:
-        raise _Retryable(f"http_{code}", message)
-    raise RequestError(f"HTTP {code}: {message}", reason=f"http_{code}", retryable=False)
 
 
 def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turns: list[TurnResult],
@@ -327,20 +205,17 @@ class ChatClient:
         base = build_request(messages, s)
         state = _Attempts(s, orjson.dumps(base), base, stats, sample)
         try:
-            return await self._attempt(state)  # the common case pays nothing for the retry machinery
-        except _Retryable as e:
-            if g.max_attempts == 1:
-                raise _gave_up(e, 1) from None
-        except RequestError as e:
-            e.attempts = stats.attempts
-            raise
-        retrying = AsyncRetrying(stop=stop_after_attempt(g.max_attempts - 1), wait=functools.partial(_wait, g),
-                                 retry=retry_if_exception_type(_Retryable), reraise=True)
-        try:
+            try:
+                return await self._attempt(state)  # the common case pays nothing for the retry machinery
+            except Retryable:
+                if g.max_attempts == 1:
+                    raise
+            retrying = AsyncRetrying(stop=stop_after_attempt(g.max_attempts - 1), wait=functools.partial(_wait, g),
+                                     retry=retry_if_exception_type(Retryable), reraise=True)
             async for attempt in retrying:
                 with attempt:
                     return await self._attempt(state)
-        except _Retryable as e:
+        except Retryable as e:
             raise _gave_up(e, stats.attempts) from None
         except RequestError as e:
             e.attempts = stats.attempts
@@ -357,9 +232,11 @@ class ChatClient:
         if turn.loop is None:
             try:
                 return judge(turn, g, thinks(s))
-            except _Retryable as e:  # an empty answer: its tokens were decoded for nothing
+            except Retryable as e:  # an empty answer: its tokens were decoded for nothing
                 stats.empty += e.reason == "empty_turn"
                 stats.discarded_tokens += turn.completion_tokens
+                if e.reason == "empty_turn":
+                    state.after_empty(e)
                 raise
         stats.loops += 1
         if turn.aborted:
@@ -371,7 +248,7 @@ class ChatClient:
         if g.on_loop == "keep":
             try:  # the text before the loop, judged as any answer (think markers split off, leaks flagged)
                 kept = judge(cut_at_loop(turn, v), g, thinks(s))
-            except (_Retryable, RequestError) as e:
+            except (Retryable, RequestError) as e:
                 stats.discarded_tokens += turn.completion_tokens
                 if isinstance(e, RequestError) and e.reason != "empty_turn":
                     raise  # a leak and truncated = "drop"
@@ -384,7 +261,7 @@ class ChatClient:
             tries = "" if g.on_loop == "drop" else f" (after {stats.attempts} attempts)"
             raise RequestError(f"{what}{tries}", reason="loop", retryable=False)
         state.reseed()
-        raise _Retryable("loop", what)
+        raise Retryable("loop", what)
 
     async def _send(self, state: _Attempts) -> TurnResult:
         """One attempt, sent again while its server went away (not an attempt spent, not a failure)."""
@@ -396,100 +273,51 @@ class ChatClient:
                 if gone_since is not None:  # a pause the watch bounds itself is not this request's wait
                     gone_since += time.monotonic() - paused
             try:
-                detector = RepetitionDetector() if state.settings.generation.on_loop != "off" else None
-                if state.settings.streamed:
-                    return await self._streamed(state.body, detector, state.sample)
-                return await self._whole(state.body, detector, state.sample, token_ids=state.settings.token_ids)
+                return await self._exchange(state)
             except _ServerGone as e:
                 now = time.monotonic()
                 gone_since = gone_since if gone_since is not None else now
                 if now - gone_since >= self.server_wait_s:
-                    raise _Retryable("server_gone", f"no server took it for {self.server_wait_s:g} s "
+                    raise Retryable("server_gone", f"no server took it for {self.server_wait_s:g} s "
                                                     f"(latest: {e.why})") from None
                 self.resent += 1
                 if self._fleet.is_up(e.url) or not self._fleet.up_urls:
                     # no other server to send it to: pause (jittered) while the health checks catch up
                     await anyio.sleep(random.uniform(0.5, 1.0) * GONE_PAUSE_S)
 
-    async def _streamed(self, body: bytes, detector: RepetitionDetector | None,
-                        sample: Hashable | None) -> TurnResult:
-        """A streamed attempt, watched as it arrives; closed at once when the detector fires."""
-        fleet = self._fleet
-        url = fleet.pick(sample)
+    async def _exchange(self, state: _Attempts) -> TurnResult:
+        """One request to the server the fleet picks, its answer read as it arrives (`_read`). Every way
+        it can fail is mapped here, once: a refusal (classify_status), the request timeout, a connection
+        that cannot be made or is lost (_ServerGone when the servers are watched), a server taken out."""
+        fleet, s = self._fleet, state.settings
+        reading = TurnStream(RepetitionDetector() if s.generation.on_loop != "off" else None, s.model,
+                             s.sampling.max_new_tokens)
+        url = fleet.pick(state.sample)
         fleet.started(url)
         started = time.monotonic()
-        parser = TurnStream(detector)
-        verdict = None
+        turn: TurnResult | None = None
         scopes = self._sent.setdefault(url, set())
         with anyio.CancelScope() as scope:  # cancelled when the server is taken out (hung)
             scopes.add(scope)
             try:
-                with anyio.fail_after(self.settings.generation.request_timeout_s):
-                    async with self._http.open_stream(f"{url}/v1/chat/completions", body) as answer:
+                with anyio.fail_after(s.generation.request_timeout_s):
+                    async with self._http.open_stream(f"{url}/v1/chat/completions", state.body) as answer:
                         # it answers, but headers are no progress: SGLang sends them before any token,
-                        # a stuck scheduler too (server/hang.py); the events below are
+                        # a stuck scheduler too (server/hang.py); the events or the body are
                         fleet.succeeded(url)
-                        if not answer.is_event_stream:  # answered whole: read like an unstreamed turn
-                            fleet.answered(url, time.monotonic())
-                            return self._read_whole(await answer.read(), answer.content_type, detector, started,
-                                                    token_ids=False)
-                        async for data in answer.events():
-                            fleet.answered(url, time.monotonic())  # progress: not hung (server/hang.py)
-                            if data == b"[DONE]":
-                                await answer.drain()  # the connection is kept for the next request
-                                break
-                            try:
-                                chunk = orjson.loads(data)
-                            except orjson.JSONDecodeError:
-                                raise _Retryable("bad_response", "a stream chunk is not JSON") from None
-                            verdict = parser.feed(chunk)
-                            if verdict is not None:
-                                break  # leaving the block closes the stream: the server aborts the request
+                        turn = await self._read(url, answer, reading, token_ids=s.token_ids)
+            except OtherModel as e:  # restarted with another model: never written, never sent there again
+                raise self._refuse(url, e.served) from None
             except BadStatus as e:
                 fleet.succeeded(url)  # refused by its HTTP side: it answers, no progress of its scheduler
                 classify_status(e.reply)
-                raise _Retryable("bad_response", f"HTTP {e.reply.status}") from None  # not reached: 200 is no BadStatus
+                raise Retryable("bad_response", f"HTTP {e.reply.status}") from None  # a 2xx other than 200
             except TimeoutError:
-                limit = self.settings.generation.request_timeout_s
-                if not parser.deltas:
-                    raise _Retryable("timeout", f"no answer within the request timeout ({limit:g} s)") from None
-                raise _Retryable("timeout", f"no complete answer within the request timeout ({limit:g} s; "
-                                            f"{parser.completion_tokens} tokens decoded)") from None
-            except HttpError as e:
-                seen = f" after {parser.completion_tokens} tokens" if parser.deltas else ""
-                if isinstance(e, CannotConnect | ConnectionLost):  # not NoAnswer: a slow server is still there
-                    fleet.why[url] = e.why
-                    self._connection_failed(url)
-                    # the servers are watched: wait for one, not an attempt (as in _whole)
-                    if self._gate is not None and (isinstance(e, CannotConnect) or not fleet.is_up(url)):
-                        raise _ServerGone(url, f"{e.why}{seen}") from None
-                raise _Retryable(e.kind, f"{e}{seen}") from None
-            finally:
-                fleet.finished(url)
-                scopes.discard(scope)
-        if scope.cancelled_caught:  # taken out meanwhile (hung): the rest of its stream will never come
-            if self._gate is None:
-                raise _Retryable("server_gone", f"{url} was taken out of the fleet")
-            raise _ServerGone(url, "taken out of the fleet")
-        aborted = verdict is not None
-        if not aborted and detector is not None and parser.finish_reason is not None:
-            verdict = detector.finish()  # the held-back last word
-        turn = parser.result(loop=verdict, aborted=aborted)
-        self._done(turn, started)
-        return turn
-
-    async def _whole(self, body: bytes, detector: RepetitionDetector | None, sample: Hashable | None, *,
-                     token_ids: bool) -> TurnResult:
-        """An unstreamed attempt ([output] token_ids): the detector reads the finished text."""
-        fleet = self._fleet
-        url = fleet.pick(sample)
-        fleet.started(url)
-        started = time.monotonic()
-        scopes = self._sent.setdefault(url, set())
-        with anyio.CancelScope() as scope:
-            scopes.add(scope)
-            try:
-                response = await self._http.post_json(f"{url}/v1/chat/completions", body)
+                limit = s.generation.request_timeout_s
+                if not reading.deltas:
+                    raise Retryable("timeout", f"no answer within the request timeout ({limit:g} s)") from None
+                raise Retryable("timeout", f"no complete answer within the request timeout ({limit:g} s; "
+                                           f"{reading.completion_tokens} tokens decoded)") from None
             except HttpError as e:
                 if isinstance(e, CannotConnect | ConnectionLost):  # not NoAnswer: a slow server is still there
                     fleet.why[url] = e.why
@@ -497,29 +325,52 @@ class ChatClient:
                     # the servers are watched: wait for one, not an attempt; a connection cut (a flaky
                     # server or proxy cuts one answer) only once the server is out (cut again and again)
                     if self._gate is not None and (isinstance(e, CannotConnect) or not fleet.is_up(url)):
-                        raise _ServerGone(url, e.why) from None
-                raise _Retryable(e.kind, str(e)) from None
+                        raise _ServerGone(url, f"{e.why}{reading.seen()}") from None
+                raise Retryable(e.kind, f"{e}{reading.seen()}") from None
             finally:
                 fleet.finished(url)
                 scopes.discard(scope)
-        if scope.cancelled_caught:  # taken out meanwhile (hung): its answer will never be read
+        if turn is None:  # taken out meanwhile (hung): the rest of its answer will never come
             if self._gate is None:
-                raise _Retryable("server_gone", f"{url} was taken out of the fleet")
+                raise Retryable("server_gone", f"{url} was taken out of the fleet")
             raise _ServerGone(url, "taken out of the fleet")
-        fleet.succeeded(url, time.monotonic())
-        classify_status(response)
-        return self._read_whole(response.body, response.content_type, detector, started, token_ids=token_ids)
-
-    def _read_whole(self, body: bytes, content_type: str, detector: RepetitionDetector | None, started: float, *,
-                    token_ids: bool) -> TurnResult:
-        try:
-            data = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            raise _Retryable("bad_response", f"body is not JSON (content-type {content_type or '?'})") from None
-        turn = parse_response(data, token_ids=token_ids)
         self._done(turn, started)
-        verdict = detect_loop(turn, detector) if detector is not None else None
-        return replace(turn, loop=verdict) if verdict is not None else turn
+        return turn
+
+    async def _read(self, url: str, answer: Stream, reading: TurnStream, *, token_ids: bool) -> TurnResult:
+        """The answer's events as they arrive, the detector fed (the stream closed at once when it fires);
+        or a whole answer (unstreamed, or a server that answered a stream in one piece): the detector
+        reads the finished text."""
+        detector = reading.detector
+        if not answer.is_event_stream:
+            body = await answer.read()
+            self._fleet.answered(url, time.monotonic())
+            turn = read_whole(body, answer.content_type, token_ids=token_ids, model=reading.model,
+                              max_tokens=reading.max_tokens)
+            verdict = detect_loop(turn, detector) if detector is not None else None
+            return replace(turn, loop=verdict) if verdict is not None else turn
+        verdict = None
+        async for data in answer.events():
+            self._fleet.answered(url, time.monotonic())  # progress: not hung (server/hang.py)
+            verdict = reading.feed_data(data)
+            if reading.done:
+                await answer.drain()  # the connection is kept for the next request
+                break
+            if verdict is not None:
+                break  # leaving the block closes the stream: the server aborts the request
+        aborted = verdict is not None
+        if not aborted and detector is not None and reading.finish_reason is not None:
+            verdict = detector.finish()  # the held-back last word
+        return reading.result(loop=verdict, aborted=aborted)
+
+    def _refuse(self, url: str, served: str) -> Exception:
+        """`url` answered for another model: out for good; its request is sent again elsewhere (_ServerGone),
+        or the run ends (ServerError) when every server serves another model."""
+        line = self._fleet.refuse(url, served, self.settings.model, time.monotonic())
+        if line is not None:
+            log.warning("%s", line)
+        refusal = self._fleet.refusal(self.settings.model)
+        return ServerError(refusal) if refusal is not None else _ServerGone(url, f"it serves {served!r}")
 
     def _done(self, turn: TurnResult, started: float) -> None:
         """The controller's completion hook: a request that ended (a loop's abort too: it held that much KV)."""
@@ -545,7 +396,18 @@ class _Attempts:
         self._first = body
 
     def reseed(self) -> None:
-        self.body = orjson.dumps({**self.base, "seed": loop_seed(self._first, self.stats.loops)})
+        self.body = orjson.dumps({**self.base, "seed": loop_seed(self._first, self.stats.loops + self.stats.empty)})
+
+    def after_empty(self, e: Retryable) -> None:
+        """Before the attempt after an empty answer. A user who fixed the seed asked for reproducible samples,
+        not for the same empty one again: the retry gets a new seed, drawn reproducibly (as after a loop);
+        with none the server draws anew. At temperature 0 no seed changes a greedy decode: rather than
+        repeat it max_attempts times, a final failure that says why (raises RequestError)."""
+        if self.base.get("temperature") == 0:
+            raise RequestError(f"{e}; not retried: at temperature 0 the model decodes greedily, a retry would "
+                               "repeat it", reason="empty_turn", retryable=False)
+        if "seed" in self.base:
+            self.reseed()
 
 
 def _journal_loops(stats: TurnStats, sample_id: str, dataset: str) -> None:
@@ -560,12 +422,12 @@ def _wait(g: GenerationConfig, state: RetryCallState) -> float:
     a burst of retries out."""
     outcome = state.outcome
     exc = outcome.exception() if outcome is not None else None
-    if isinstance(exc, _Retryable) and exc.reason == "loop":
+    if isinstance(exc, Retryable) and exc.reason == "loop":
         return 0.0
     n = state.attempt_number  # tenacity counts from the second attempt here: the first ran outside it
     return random.uniform(0, min(g.retry_max_wait_s, g.retry_initial_wait_s * 2 ** (n - 1)))
 
 
-def _gave_up(e: _Retryable, attempts: int) -> RequestError:
+def _gave_up(e: Retryable, attempts: int) -> RequestError:
     plural = "attempt" if attempts == 1 else "attempts"
     return RequestError(f"gave up after {attempts} {plural}: {e}", reason=e.reason, attempts=attempts)

@@ -16,9 +16,9 @@ from anyio.abc import TaskGroup
 from gen_pipeline.config.dataset import DatasetConfig
 from gen_pipeline.http import Http
 from gen_pipeline.records import LoadSnapshot
-from gen_pipeline.run.chat import ClientSettings
 from gen_pipeline.run.dispatch import Window
 from gen_pipeline.run.options import RunOptions
+from gen_pipeline.run.wire import ClientSettings
 from gen_pipeline.server import ServerHandle, run_attached, run_server
 from gen_pipeline.server.attach import Unreachable, identify
 from gen_pipeline.server.fleet_watch import read_fleet_load

@@ -10,6 +10,7 @@ while that one is not overloaded: `routing`), a dead one is taken out and probed
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -53,6 +54,7 @@ async def run_attached(urls: list[str], *, http: Http, first_model: str | None =
                           fleet=fleet, wait_limit_s=give_up_after_s)
     watch = FleetWatch(http, handle, interval_s=health_interval_s, give_up_after_s=give_up_after_s,
                        hang_after_s=hang_after_s)
+    watch.served = next(iter(models.values())), functools.partial(identify, http)  # checked again when back
     for url in urls:
         if url in unreachable:
             fleet.mark_down(url, time.monotonic())

@@ -71,6 +71,7 @@ class Fleet:
         # and send them again (to another server, or to it once it is back); see run/chat.py
         self.on_taken_out: list[Callable[[str], None]] = []
         self.why: dict[str, str] = {}  # url → why it last failed to answer (a log line's words)
+        self.refused: dict[str, str] = {}  # url → the other model it serves now: out for good (`refuse`)
 
     @property
     def urls(self) -> list[str]:
@@ -82,7 +83,8 @@ class Fleet:
 
     @property
     def down_urls(self) -> list[str]:
-        return [s.url for s in self._servers.values() if not s.up]
+        """The servers out that may come back (not refused)."""
+        return [s.url for s in self._servers.values() if not s.up and s.url not in self.refused]
 
     def is_up(self, url: str) -> bool:
         return self._servers[url].up
@@ -94,7 +96,7 @@ class Fleet:
         flight. With `sample`, records the choice until `sample_ended(sample)`."""
         up = [s for s in self._servers.values() if s.up]
         if not up:  # none up: the one probed back first (its request waits for it; affinity follows it)
-            url = min(self._servers.values(), key=lambda s: s.next_probe_s).url
+            url = min(self._servers.values(), key=lambda s: (s.url in self.refused, s.next_probe_s)).url
             if sample is not None and self.routing == "affinity":
                 self._last[sample] = url
             return url
@@ -218,15 +220,34 @@ class Fleet:
         for cancel_sent in list(self.on_taken_out):
             cancel_sent(url)
 
+    def refuse(self, url: str, served: str, model: str, now_s: float) -> str | None:
+        """`url` serves `served`, not the run's `model`: out for good (never probed or marked back up), its
+        requests in flight cancelled and re-sent. The log line to say so the first time, else None."""
+        if url in self.refused:
+            return None
+        self.refused[url] = served
+        self.mark_down(url, now_s, cancel=True)
+        return (f"stopped sending to {url}: it now serves {served!r}, not {model!r} (restarted with another "
+                f"model?); {len(self.up_urls)} of {len(self._servers)} servers left")
+
+    def refusal(self, model: str) -> str | None:
+        """The run's error once every server serves another model than `model`, else None."""
+        if len(self.refused) < len(self._servers):
+            return None
+        said = ", ".join(f"{url} now serves {served!r}" for url, served in self.refused.items())
+        return (f"No server serves {model!r} any more ({said}): restarted with another model? Nothing written is "
+                f"lost and nothing the other model answered was written: serve {model!r} there again and run "
+                "the same command to resume.")
+
     def mark_up(self, url: str) -> None:
         s = self._servers[url]
-        if not s.up:
+        if not s.up and url not in self.refused:
             s.up, s.failures, s.health_failures, s.backoff_s, s.last_answer_s = True, 0, 0, 0.0, None
             self.version += 1
 
     def due_probes(self, now_s: float) -> list[str]:
         """Down servers whose backoff has run out: probe these now."""
-        return [s.url for s in self._servers.values() if not s.up and now_s >= s.next_probe_s]
+        return [url for url in self.down_urls if now_s >= self._servers[url].next_probe_s]
 
     def probe_failed(self, url: str, now_s: float) -> None:
         """A down server still does not answer: wait twice as long (up to probe_max_s) before the next probe."""

@@ -58,6 +58,8 @@ class FleetWatch:
         self.down_since_s: float | None = None  # no server has answered since then
         self.workers: dict[str, list[str]] = {}  # base URL → the servers it stands for ([itself] unless a router)
         self.caps: dict[str, Capacity | None] = {}  # per server (None: it does not say)
+        # what a server back from an outage must serve, and how to ask it (attach.identify); unchecked: None
+        self.served: tuple[str, Callable[[str], Awaitable[str]]] | None = None
 
     async def refresh(self, url: str) -> None:
         """(Re-)read which servers `url` stands for and their capacity and info."""
@@ -172,6 +174,10 @@ class FleetWatch:
 
     def _readiness(self, now_s: float) -> None:
         handle = self.handle
+        refusal = self.fleet.refusal(handle.model)
+        if refusal is not None:  # every server serves another model now: none will come back
+            handle.mark_failed(ServerError(refusal))
+            raise ServerError(refusal)
         if self.fleet.up_urls:
             if self.down_since_s is not None:
                 log.info("server is back after %.0f s: %s", now_s - self.down_since_s, handle.summary_line())
@@ -236,14 +242,21 @@ class FleetWatch:
                     url, why, left, len(self.fleet.urls))
 
     async def _probe_one(self, url: str) -> None:
-        """A down server's /health: back in when it answers 200 (capacity read again), else a longer backoff."""
+        """A down server's /health: back in when it answers 200 (capacity read again) and serves the model it
+        served at start (else out for good), else a longer backoff."""
         if await self.health(url) is not None:
             self.fleet.probe_failed(url, time.monotonic())
             return
         try:
+            served = await self.served[1](url) if self.served is not None else ""
             await self.refresh(url)  # it may have come back with another capacity
         except ServerError:
             self.fleet.probe_failed(url, time.monotonic())
+            return
+        if self.served is not None and served != self.served[0]:  # restarted with another model
+            line = self.fleet.refuse(url, served, self.handle.model, time.monotonic())
+            if line is not None:
+                log.warning("%s", line)
             return
         self.fleet.mark_up(url)
         self.fleet.answered(url, time.monotonic())

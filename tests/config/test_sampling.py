@@ -12,7 +12,8 @@ import pytest
 from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig, load_dataset_config
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.records import Prompt, Sample
-from gen_pipeline.run.chat import ChatClient, ClientSettings, build_request
+from gen_pipeline.run.chat import ChatClient
+from gen_pipeline.run.wire import ClientSettings, build_request
 from tests.pipeline_helpers import META_KEYS, assert_exact, read_samples, run_cli, write_dataset
 
 from mock_http import mock_http

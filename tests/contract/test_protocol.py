@@ -179,7 +179,7 @@ def test_the_clients_requests_are_sglangs():
     from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 
     from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
-    from gen_pipeline.run.chat import ClientSettings, build_request
+    from gen_pipeline.run.wire import ClientSettings, build_request
 
     settings = ClientSettings(model="sim", backend="sglang", sampling=SamplingConfig(max_new_tokens=60),
                               generation=GenerationConfig(reasoning="keep"))

@@ -10,7 +10,8 @@ import pytest
 from gen_pipeline.config.dataset import GenerationConfig
 from gen_pipeline.errors import RequestError
 from gen_pipeline.quality import RepetitionDetector
-from gen_pipeline.run.answer import Retryable, TurnResult, TurnStats, TurnStream, cut_at_loop, judge
+from gen_pipeline.run.answer import TurnStats, cut_at_loop, judge
+from gen_pipeline.run.wire import Retryable, TurnResult, TurnStream
 
 KEEP = GenerationConfig(reasoning="keep")
 DROP = GenerationConfig(reasoning="keep", truncated="drop")

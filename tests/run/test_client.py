@@ -10,8 +10,9 @@ import pytest
 
 from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
 from gen_pipeline.records import Failure, Prompt, Sample
-from gen_pipeline.run.answer import judge
-from gen_pipeline.run.chat import ChatClient, ClientSettings, build_request, parse_response, split_think
+from gen_pipeline.run.answer import judge, split_think
+from gen_pipeline.run.chat import ChatClient
+from gen_pipeline.run.wire import ClientSettings, build_request, parse_response
 
 from mock_http import mock_http
 

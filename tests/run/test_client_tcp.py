@@ -16,7 +16,8 @@ import pytest
 from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
 from gen_pipeline.errors import RequestError
 from gen_pipeline.http import open_http
-from gen_pipeline.run.chat import ChatClient, ClientSettings
+from gen_pipeline.run.chat import ChatClient
+from gen_pipeline.run.wire import ClientSettings
 from gen_pipeline.server.fleet import Fleet
 from sglang_sim.testing import free_port, start_sim
 
@@ -38,7 +39,9 @@ async def complete(urls: str | list[str], fleet: Fleet | None = None, **gen) -> 
 
 @pytest.fixture(scope="module")
 def sim():
-    with start_sim(["--sim-profile", "fast", "--time-scale", "1000", "--sim-startup-s", "0"]) as s:
+    # serving "m", the model the requests name (an answer naming another is refused: issue 31 item 2)
+    with start_sim(["--sim-profile", "fast", "--time-scale", "1000", "--sim-startup-s", "0",
+                    "--served-model-name", "m"]) as s:
         yield s
 
 
@@ -93,7 +96,7 @@ async def test_stall_is_a_timeout() -> None:
 
 async def test_cut_mid_body_is_a_lost_connection() -> None:
     with start_sim(["--sim-profile", "fast", "--time-scale", "1000", "--sim-startup-s", "0",
-                    "--sim-cut-rate", "1"]) as s:
+                    "--sim-cut-rate", "1", "--served-model-name", "m"]) as s:
         with pytest.raises(RequestError) as e:
             await complete(s.url)
     assert e.value.reason == "connection" and e.value.attempts == 1

@@ -136,11 +136,11 @@ def test_router_worker_lists(body, expected):
 def test_the_routers_error_for_a_dead_worker_is_retried():
     """sglang-router 0.3.2's answer while a worker it still routes to is dead (captured from the binary)."""
     from gen_pipeline.http import Reply
-    from gen_pipeline.run.chat import _Retryable, classify_status
+    from gen_pipeline.run.wire import Retryable, classify_status
     body = (b'{"error":{"type":"Internal Server Error","code":"call_upstream_request_error","message":"error '
             b'sending request for url (http://127.0.0.1:51175/v1/chat/completions). URL: '
             b'http://127.0.0.1:51175/v1/chat/completions"}}')
-    with pytest.raises(_Retryable) as e:
+    with pytest.raises(Retryable) as e:
         classify_status(Reply("http://router/v1/chat/completions", 500, "application/json", body))
     assert e.value.reason == "http_500" and str(e.value).startswith("error sending request for url (http://127.0.0.1")
 

@@ -1,0 +1,400 @@
+"""The chat completion wire format: pure functions and records, no I/O (run/chat.py sends and reads).
+
+What a request's body is (`build_request`), and what an answer comes back as (`TurnResult`), read from a
+chat stream chunk by chunk (`TurnStream`, the loop detector fed as the text arrives) or from a whole
+completion (`parse_response`); a refusal's status and text (`classify_status`). Everything that cannot
+be written is raised here, once for both ways of reading: `Retryable` (the next attempt may do better)
+or RequestError (final).
+
+What SGLang 0.5.17 streams (python/sglang/srt/entrypoints/openai/serving_chat.py, _generate_chat_stream):
+a first chunk with the role and empty content, then per step a reasoning chunk and a content chunk
+(the reasoning parser splits the text; all reasoning comes before the answer), a chunk with the
+finish_reason, the usage chunk (choices empty) when stream_options.include_usage, then `[DONE]`; with
+stream_options.continuous_usage_stats every content chunk carries the usage so far. A graceful abort
+ends with finish_reason "abort"; an abort with a status code writes an error object
+(`{"object": "error", "message", "code"}`) as a data line and stops.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
+from gen_pipeline.config.mix import SamplingMix
+from gen_pipeline.errors import RequestError
+from gen_pipeline.http import Reply
+from gen_pipeline.quality import LoopVerdict, RepetitionDetector
+
+# SGLang's stream_options (protocol.py StreamOptions): the usage chunk at the end, and the usage so far on
+# every chunk (the tokens decoded when a loop is aborted, and a stream cut mid-way, are the server's count).
+STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
+# Completion tokens past max_new_tokens by more than this are no count: SGLang stops a request at its cap
+# (speculative decoding may accept a few draft tokens in the step that reaches it). A usage of 10^15 or -7
+# says the server's accounting broke: such an answer is a bad one (retried), never written.
+USAGE_SLACK_TOKENS = 64
+_OPTIONAL_SAMPLING = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "seed",
+                      "reasoning_effort", "chat_template_kwargs")
+
+
+class Retryable(Exception):
+    """An attempt failed in a way the next attempt may not: reason + detail for the Failure."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+
+
+class OtherModel(Exception):
+    """The answer names `served`, not the model asked for: its server serves another model now."""
+
+    def __init__(self, served: str):
+        super().__init__(served)
+        self.served = served
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    """What one attempt came back with (after answer.judge: what is written)."""
+
+    content: str
+    reasoning: str
+    finish_reason: str  # "stop" | "length" | "loop" (cut where a loop began: on_loop = "keep")
+    prompt_tokens: int
+    completion_tokens: int  # decoded when the answer ended (or was aborted)
+    reasoning_tokens: int = 0
+    prompt_token_ids: list[int] | None = None  # [output] token_ids: the server's, as it returned them
+    token_ids: list[int] | None = None
+    loop: LoopVerdict | None = None  # the detector fired on this attempt
+    rid: str = ""  # the server's request id (the stream chunks' `id`)
+    aborted: bool = False  # the stream was closed on the verdict (the server stopped decoding it)
+    leak: str = ""  # a LeakReason value: the answer was repaired and kept, flagged
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    model: str
+    backend: str  # "sglang" | "sim" | "openai" (recorded in meta.backend)
+    sampling: SamplingConfig
+    generation: GenerationConfig
+    kv_cache_dtype: str = "unknown"
+    token_ids: bool = False  # [output] token_ids: record the server's ids (turns go unstreamed)
+    mix: SamplingMix | None = None  # per-sample variants of `sampling` (config/mix.py); see chat.for_prompt
+    variant: int = 0  # which of mix's variants `sampling` is (meta.sampling_variant)
+
+    @property
+    def sampling_dict(self) -> dict[str, Any]:
+        return _sampling_dict(self.sampling)
+
+    @property
+    def streamed(self) -> bool:
+        """Turns are streamed (and aborted on a loop) while the loop gate is on, unless the server's token
+        ids are recorded. With on_loop = "off" nothing watches the stream, so turns come whole: a stream
+        costs the client ~50 ms of CPU per 1,000 tokens at SGLang's default stream interval
+        (bench/RESULTS.md, issue 22)."""
+        return not self.token_ids and self.generation.on_loop != "off"
+
+
+# ---------------------------------------------------------------- the request
+
+@functools.lru_cache(maxsize=8)
+def _sampling_dict(sampling: SamplingConfig) -> dict[str, Any]:
+    return sampling.as_dict()  # once per config, not per sample (asdict is slow on a hot path)
+
+
+@functools.lru_cache(maxsize=8)
+def _sampling_body(sampling: SamplingConfig, reasoning: str) -> dict[str, Any]:
+    """The body keys a config adds to every request: the optional sampling keys that are set (as
+    SGLang's ChatCompletionRequest names them), then extra_body verbatim; cached per config."""
+    d = sampling.as_dict()
+    body: dict[str, Any] = {k: d[k] for k in _OPTIONAL_SAMPLING if k in d}
+    if "stop" in body:
+        body["stop"] = list(body["stop"])
+    body.update(sampling.extra_body)
+    if reasoning == "disable":
+        # Kimi/DeepSeek templates read `thinking`, Qwen3's `enable_thinking`; unknown keys are ignored.
+        body["chat_template_kwargs"] = {**(body.get("chat_template_kwargs") or {}),
+                                        "thinking": False, "enable_thinking": False}
+    return body
+
+
+def build_request(messages: list[Any], s: ClientSettings) -> dict[str, Any]:
+    """The JSON body for one chat completion: streamed with the usage on every chunk, or (token_ids)
+    whole with the server's prompt and output token ids. A pure function of its arguments."""
+    body: dict[str, Any] = {
+        "model": s.model,
+        "messages": messages,
+        "max_tokens": s.sampling.max_new_tokens,
+        "temperature": s.sampling.temperature,
+        "top_p": s.sampling.top_p,
+        "stream": s.streamed,
+    }
+    if s.streamed:
+        body["stream_options"] = STREAM_OPTIONS
+    else:  # SGLang 0.5.17 protocol.py:778-779 (refused with stream=true, serving_chat.py:914-924)
+        body["return_prompt_token_ids"] = body["return_token_ids"] = True
+    extra = _sampling_body(s.sampling, s.generation.reasoning)
+    if extra:
+        body.update(extra)  # copied: a nested table in extra_body is shared, never mutated
+    return body
+
+
+def loop_seed(body: bytes, loops: int) -> int:
+    """The `seed` of the attempt after the `loops`-th loop (or empty answer) of a turn: a new draw (a model
+    that looped once at this seed would loop again), reproducible (a function of the request and the count)."""
+    digest = hashlib.blake2b(body + loops.to_bytes(4, "big"), digest_size=4).digest()
+    return int.from_bytes(digest, "big") & 0x7FFF_FFFF
+
+
+# ---------------------------------------------------------------- a refusal
+
+def error_message(response: Reply) -> str:
+    """The server's own error text (OpenAI/SGLang error JSON or the raw body)."""
+    text = response.body[:500].decode("utf-8", "replace").strip()
+    try:
+        data = orjson.loads(response.body)
+    except orjson.JSONDecodeError:
+        return text or response.reason
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+    return text
+
+
+def classify_status(response: Reply) -> None:
+    """Raise Retryable for 408/429/5xx, RequestError (final) for other 4xx; pass on 2xx."""
+    if response.status < 300:
+        return
+    _refused(response.status, error_message(response), "")
+
+
+def _refused(code: int, message: str, retry_words: str) -> None:
+    """A refusal with status `code`: 408, 429 and 5xx are retryable, the rest (a 4xx) final."""
+    if code in (408, 429) or code >= 500:
+        raise Retryable(f"http_{code}", f"{retry_words}{message}")
+    raise RequestError(f"HTTP {code}: {message}", reason=f"http_{code}", retryable=False)
+
+
+def _error_of(chunk: dict[str, Any]) -> None:
+    """A data line that is SGLang's error object (no code: a 500)."""
+    err = chunk.get("error", chunk)
+    message = str(err.get("message") if isinstance(err, dict) else err)
+    code = err.get("code") if isinstance(err, dict) else None
+    _refused(_int(code, 500), message, "the server ended the stream with an error: ")
+
+
+# ---------------------------------------------------------------- the answer
+
+def _int(v: Any, default: int = 0) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else default
+
+
+def _check_model(data: dict[str, Any], model: str) -> None:
+    """Raise OtherModel when the answer (or chunk) names a model other than `model` (not checked: "").
+    SGLang names the request's model (serving_chat.py: model=request.model); others (vLLM, a router
+    in front of another server) name the one they serve."""
+    named = data.get("model")
+    if model and named and named != model and isinstance(named, str):
+        raise OtherModel(named)
+
+
+def _count(usage: dict[str, Any], key: str, max_tokens: int | None = None) -> int | None:
+    """usage[key] (None when absent); raises Retryable when it is no count: not an integer, negative, or
+    (with `max_tokens`) past max_new_tokens + USAGE_SLACK_TOKENS."""
+    v = usage.get(key)
+    if v is None:
+        return None
+    if _int(v, -1) < 0 or (max_tokens is not None and v > max_tokens + USAGE_SLACK_TOKENS):
+        cap = f" with max_new_tokens {max_tokens}" if max_tokens is not None else ""
+        raise Retryable("bad_response", f"the answer's usage is impossible: {key} = {v!r}{cap}")
+    return int(v)
+
+
+def _snippet(data: Any) -> str:
+    return orjson.dumps(data)[:200].decode("utf-8", "replace")
+
+
+def _finish(finish: Any) -> str:
+    if finish in ("stop", "length"):
+        return str(finish)
+    return "length" if finish == "max_tokens" else "stop"
+
+
+class TurnStream:
+    """A chat completion stream's chunks (parsed JSON), fed in arrival order: the text, the token counts,
+    the finish reason. `detector` (None: on_loop = "off") is fed each reasoning and content delta as it
+    comes; `feed` returns its verdict when it fires. Raises Retryable / RequestError for an error chunk,
+    OtherModel for one that names another `model`; `result` checks the usage against `max_tokens`."""
+
+    __slots__ = ("_reasoning", "_content", "detector", "finish_reason", "usage", "deltas",
+                 "reasoning_deltas", "tokens_at_last_reasoning", "rid", "model", "max_tokens", "done", "chunks",
+                 "empty")
+
+    def __init__(self, detector: RepetitionDetector | None, model: str = "", max_tokens: int | None = None) -> None:
+        self.model, self.max_tokens = model, max_tokens  # what the chunks must name, the request's cap
+        self.done = False  # `[DONE]` came: the server ended the answer
+        self.chunks = 0
+        self.empty: Any = None  # the latest chunk with no choices (what came back, for a message)
+        self._reasoning: list[str] = []
+        self._content: list[str] = []
+        self.detector = detector
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None  # the latest usage seen (continuous or final)
+        self.deltas = 0  # text deltas seen (one per token or per stream_interval tokens)
+        self.reasoning_deltas = 0
+        self.tokens_at_last_reasoning: int | None = None  # completion tokens when the last reasoning came
+        self.rid = ""  # the chunks' `id`: SGLang's request id (its log's rid)
+
+    def feed_data(self, data: bytes) -> LoopVerdict | None:
+        """One event's data (JSON bytes, or `[DONE]`: sets `done`), as `feed`."""
+        if data == b"[DONE]":
+            self.done = True
+            return None
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise Retryable("bad_response", "a stream chunk is not JSON") from None
+        return self.feed(chunk)
+
+    def feed(self, chunk: Any) -> LoopVerdict | None:
+        if not isinstance(chunk, dict):
+            raise Retryable("bad_response", "a stream chunk is not a JSON object")
+        if not self.rid:
+            self.rid = str(chunk.get("id") or "")
+        _check_model(chunk, self.model)
+        self.chunks += 1
+        usage = chunk.get("usage")
+        if usage is not None:
+            self.usage = usage
+        choices = chunk.get("choices")
+        if not choices:
+            if choices is None and (chunk.get("object") == "error" or "error" in chunk):
+                _error_of(chunk)
+            self.empty = chunk
+            return None
+        try:
+            choice = choices[0]
+            delta = choice.get("delta") or {}
+            reasoning, content = delta.get("reasoning_content"), delta.get("content")
+            finish = choice.get("finish_reason")
+        except (AttributeError, IndexError, KeyError, TypeError):
+            raise Retryable("bad_response", "a stream chunk has no choices[0].delta") from None
+        verdict = None
+        det = self.detector
+        if reasoning:
+            self._reasoning.append(reasoning)
+            self.deltas += 1
+            self.reasoning_deltas += 1
+            if usage is not None:
+                self.tokens_at_last_reasoning = _int(usage.get("completion_tokens"), -1)
+            if det is not None:
+                verdict = det.feed(reasoning)
+        if content and verdict is None:
+            self._content.append(content)
+            self.deltas += 1
+            if det is not None:
+                verdict = det.feed(content)
+        if finish:
+            self.finish_reason = finish
+        return verdict
+
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens decoded so far: the usage's count when the server sends it, else the deltas counted."""
+        return _int(self.usage.get("completion_tokens"), self.deltas) if self.usage else self.deltas
+
+    def seen(self) -> str:
+        """" after N tokens" once text came (a message's tail), else ""."""
+        return f" after {self.completion_tokens} tokens" if self.deltas else ""
+
+    def result(self, *, loop: LoopVerdict | None = None, aborted: bool = False) -> TurnResult:
+        """The attempt's answer (`aborted`: the stream was closed on `loop`). A stream that ended without a
+        finish reason was cut (unless it was closed); "abort" is the server's; no usage is a bad answer
+        (the controller needs the counts)."""
+        reasoning, content = "".join(self._reasoning), "".join(self._content)
+        if not aborted:
+            if self.finish_reason is None and self.empty is not None and not self.deltas:
+                raise Retryable("bad_response", f"the server answered 200 with no choices ({self.chunks} chunks; "
+                                                f"the last: {_snippet(self.empty)})")
+            if self.finish_reason is None and self.done:
+                raise Retryable("bad_response", "the answer ended ([DONE]) with no finish_reason "
+                                                f"({self.completion_tokens} tokens decoded)")
+            if self.finish_reason is None:
+                raise Retryable("connection", f"the stream ended before the answer did ({self.completion_tokens} "
+                                              "tokens decoded)")
+            if self.finish_reason == "abort":
+                raise Retryable("aborted", f"the server aborted the request after {self.completion_tokens} tokens")
+            if self.usage is None:
+                raise Retryable("bad_response", "the stream carried no usage (token counts)")
+        usage = self.usage or {}
+        prompt_tokens = _count(usage, "prompt_tokens") or 0
+        completion = _count(usage, "completion_tokens", self.max_tokens)
+        completion = completion if completion is not None else self.deltas
+        reasoning_tokens = _int(usage.get("reasoning_tokens"), -1)
+        if reasoning_tokens < 0:  # not SGLang: counted where the reasoning ended
+            at = self.tokens_at_last_reasoning
+            reasoning_tokens = at if at is not None and at >= 0 else self.reasoning_deltas
+        finish = "length" if aborted else _finish(self.finish_reason)
+        return TurnResult(content, reasoning, finish, prompt_tokens, completion, min(reasoning_tokens, completion),
+                          loop=loop, aborted=aborted, rid=self.rid)
+
+
+def read_whole(body: bytes, content_type: str, *, token_ids: bool = False, model: str = "",
+               max_tokens: int | None = None) -> TurnResult:
+    """A whole answer's body (JSON bytes), as parse_response."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise Retryable("bad_response", f"body is not JSON (content-type {content_type or '?'})") from None
+    return parse_response(data, token_ids=token_ids, model=model, max_tokens=max_tokens)
+
+
+def parse_response(data: Any, *, token_ids: bool = False, model: str = "", max_tokens: int | None = None) -> TurnResult:
+    """The fields we keep from a whole chat completion (token_ids: the server's prompt_token_ids and
+    token_ids too, SGLang's return_token_ids); raises Retryable when it is malformed or its usage
+    impossible (`max_tokens`: the request's cap), OtherModel when it names another `model`."""
+    if isinstance(data, dict):
+        _check_model(data, model)
+        if data.get("choices") == []:
+            raise Retryable("bad_response", f"the answer had no choices: {_snippet(data)}")
+    try:
+        choice = data["choices"][0]
+        message = choice["message"]
+        content = message.get("content") or ""
+        reasoning = message.get("reasoning_content") or ""
+        finish = choice.get("finish_reason")
+        usage = data.get("usage")
+        if not isinstance(usage, dict):
+            raise Retryable("bad_response", "the response has no usage (token counts)")
+        prompt_tokens = _count(usage, "prompt_tokens")
+        completion_tokens = _count(usage, "completion_tokens", max_tokens)
+        if prompt_tokens is None or completion_tokens is None:
+            raise Retryable("bad_response", f"the answer's usage has no token counts: {_snippet(usage)}")
+        ids: tuple[list[int] | None, list[int] | None] = (None, None)
+        if token_ids:
+            ids = choice.get("prompt_token_ids"), choice.get("token_ids")
+            if not all(isinstance(x, list) for x in ids):
+                raise Retryable("bad_response", "the response has no prompt_token_ids / token_ids (return_token_ids "
+                                                "needs SGLang 0.5.13 or later)")
+    except Retryable:
+        raise
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+        raise Retryable("bad_response", f"unexpected response shape ({type(e).__name__}: {e})") from None
+    if not isinstance(content, str) or not isinstance(reasoning, str):
+        raise Retryable("bad_response", "message content is not a string")
+    if finish == "abort":
+        raise Retryable("aborted", "the server aborted the request")
+    reasoning_tokens = _int(usage.get("reasoning_tokens"), -1)
+    if reasoning_tokens < 0:  # not SGLang: the reasoning's share of the text
+        chars = len(reasoning) + len(content)
+        reasoning_tokens = round(completion_tokens * len(reasoning) / chars) if chars else 0
+    return TurnResult(content, reasoning, _finish(finish), prompt_tokens, completion_tokens,
+                      min(reasoning_tokens, completion_tokens), prompt_token_ids=ids[0], token_ids=ids[1],
+                      rid=str(data.get("id") or ""))

@@ -1,0 +1,169 @@
+"""Issue 31 item 2: a server that comes back serving another model is refused by name, never written from.
+
+Attach mode over real TCP: a simulator killed mid-run and restarted on its port with another
+--served-model-name. The model is checked again when a server comes back from an outage, and every
+answer's `model` (whole answers and stream chunks, in-process with MockTransport) is checked; a
+mismatch stops dispatch to that server, and with none left the run, naming both models. Base (b3e1e46):
+the rest of the run was written by the other model, labelled with the first one, exit 0."""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
+from gen_pipeline.errors import ServerError
+from gen_pipeline.run.chat import ChatClient
+from gen_pipeline.run.wire import ClientSettings
+from gen_pipeline.server.fleet import Fleet
+from sglang_sim.testing import start_sim
+
+from mock_http import mock_http
+from pipeline_helpers import (
+    SIM_FAST,
+    finish_cli,
+    make_rows,
+    read_samples,
+    restart_sim_on_same_port,
+    sigkill_sim,
+    start_cli,
+    wait_lines,
+    wait_until,
+    write_dataset,
+)
+
+SIM = [*SIM_FAST, "--max-total-tokens", "20000", "--time-scale", "1"]  # a run of 300 lasts a few seconds
+
+
+def _generate(tmp_path: Path, urls: str):
+    toml = write_dataset(tmp_path / "ds", target=300, max_new_tokens=64, rows=make_rows(340))
+    log = tmp_path / "cli.log"
+    proc = start_cli("generate", "--dataset", toml, "--server-url", urls, "--output-dir", tmp_path / "out",
+                     "--progress", "log", "--health-interval-s", "0.3", "--server-wait-s", "60", log=log)
+    (tmp_path / "out" / "T").mkdir(parents=True, exist_ok=True)
+    return proc, log
+
+
+def _completed(url: str) -> int:
+    return httpx.get(url + "/sim/stats", timeout=5).json()["requests_completed"]
+
+
+def test_a_server_back_with_another_model_stops_the_run_naming_both(tmp_path: Path) -> None:
+    with ExitStack() as stack:
+        sim = stack.enter_context(start_sim([*SIM, "--served-model-name", "m-one"]))
+        proc, log = _generate(tmp_path, sim.url)
+        wait_lines(tmp_path / "out" / "T", 40, proc)
+        sigkill_sim(sim)
+        wait_until(lambda: "no server answers" in log.read_text(), proc)
+        other = restart_sim_on_same_port(sim, [*SIM, "--served-model-name", "other-org/Other-7B"])
+        stack.callback(other.stop)
+        rc = proc.wait(timeout=60)
+        text = log.read_text()
+        served_by_other = _completed(other.url)
+    assert rc == 3, text[-2000:]
+    assert (
+        f"error: No server serves 'm-one' any more ({sim.url} now serves 'other-org/Other-7B'): restarted with "
+        "another model? Nothing written is lost and nothing the other model answered was written: serve "
+        "'m-one' there again and run the same command to resume.") in text.splitlines(), text[-2000:]
+    assert "Traceback" not in text
+    samples = read_samples(tmp_path / "out")
+    assert len(samples) >= 40 and {s["meta"]["model"] for s in samples} == {"m-one"}
+    assert served_by_other == 0  # refused when it came back: not one request was sent to it
+
+
+def test_a_fleet_member_back_with_another_model_is_left_out(tmp_path: Path) -> None:
+    with ExitStack() as stack:
+        # time scale 0.3: the run outlasts the restart and the probe that finds it back (~15 s)
+        sims = [stack.enter_context(start_sim([*SIM, "--time-scale", "0.3", "--served-model-name", "m-one"]))
+                for _ in range(2)]
+        proc, log = _generate(tmp_path, ",".join(s.url for s in sims))
+        wait_lines(tmp_path / "out" / "T", 40, proc)
+        sigkill_sim(sims[1])
+        wait_until(lambda: f"took {sims[1].url} out" in log.read_text(), proc)  # before it answers again
+        other = restart_sim_on_same_port(sims[1], [*SIM, "--served-model-name", "m-two"])
+        stack.callback(other.stop)
+        wait_until(lambda: f"stopped sending to {other.url}" in log.read_text(), proc)
+        text = finish_cli(proc, log, 120)
+        served_by_other = _completed(other.url)
+    samples = read_samples(tmp_path / "out")
+    assert len(samples) == 300 and {s["meta"]["model"] for s in samples} == {"m-one"}
+    assert (f"stopped sending to {other.url}: it now serves 'm-two', not 'm-one' (restarted with another model?); "
+            "1 of 2 servers left") in text, text[-3000:]
+    assert served_by_other == 0
+
+
+# ---------------------------------------------------------------- every answer's model (in-process)
+
+def _settings(**gen) -> ClientSettings:
+    return ClientSettings(model="m-one", backend="sim", sampling=SamplingConfig(max_new_tokens=64),
+                          generation=GenerationConfig(max_attempts=3, retry_initial_wait_s=0.001, **gen))
+
+
+def _answer(model: str, streamed: bool) -> httpx.Response:
+    usage = {"prompt_tokens": 10, "completion_tokens": 5}
+    if not streamed:
+        return httpx.Response(200, json={"model": model, "usage": usage, "choices": [
+            {"message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]})
+    chunks = [{"id": "r", "model": model, "choices": [{"delta": {"content": "hi"}, "finish_reason": None}]},
+              {"id": "r", "model": model, "choices": [{"delta": {}, "finish_reason": "stop"}], "usage": usage}]
+    body = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+    return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+
+
+@pytest.mark.parametrize("streamed", [True, False], ids=["chunks", "whole"])
+async def test_an_answer_naming_another_model_moves_the_request_and_leaves_its_server_out(streamed: bool) -> None:
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.host)
+        return _answer("m-two" if request.url.host == "a" else "m-one", streamed)
+
+    fleet = Fleet(["http://a", "http://b"])
+    async with mock_http(handler) as http:
+        client = ChatClient(http, fleet.urls, _settings(on_loop="retry" if streamed else "off"), fleet=fleet)
+        turn = await client.complete([{"role": "user", "content": "q"}])
+        fleet.succeeded("http://a")  # an answer's headers later: still out
+        assert (turn.content, fleet.up_urls, fleet.refused) == ("hi", ["http://b"], {"http://a": "m-two"})
+        await client.complete([{"role": "user", "content": "q"}])
+    assert seen == ["a", "b", "b"]
+
+
+@pytest.mark.parametrize("streamed", [True, False], ids=["chunks", "whole"])
+async def test_the_last_server_answering_for_another_model_ends_the_run(streamed: bool) -> None:
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(time.monotonic())
+        return _answer("m-two", streamed)
+
+    async with mock_http(handler) as http:
+        client = ChatClient(http, ["http://a"], _settings(on_loop="retry" if streamed else "off"))
+        with pytest.raises(ServerError) as e:
+            await client.complete([{"role": "user", "content": "q"}])
+    assert str(e.value) == (
+        "No server serves 'm-one' any more (http://a now serves 'm-two'): restarted with another model? Nothing "
+        "written is lost and nothing the other model answered was written: serve 'm-one' there again and run the "
+        "same command to resume.")
+    assert len(calls) == 1
+
+
+def test_a_refused_server_never_comes_back() -> None:
+    fleet = Fleet(["http://a", "http://b"], probe_initial_s=1.0)
+    assert fleet.refuse("http://a", "m-two", "m-one", 0.0) == (
+        "stopped sending to http://a: it now serves 'm-two', not 'm-one' (restarted with another model?); 1 of 2 "
+        "servers left")
+    assert fleet.refuse("http://a", "m-two", "m-one", 0.0) is None  # said once
+    fleet.mark_up("http://a")
+    fleet.succeeded("http://a", 5.0)
+    assert (fleet.up_urls, fleet.down_urls, fleet.due_probes(100.0), fleet.refusal("m-one")) == (
+        ["http://b"], [], [], None)
+    fleet.refuse("http://b", "m-three", "m-one", 0.0)
+    assert fleet.refusal("m-one") == (
+        "No server serves 'm-one' any more (http://a now serves 'm-two', http://b now serves 'm-three'): restarted "
+        "with another model? Nothing written is lost and nothing the other model answered was written: serve "
+        "'m-one' there again and run the same command to resume.")
