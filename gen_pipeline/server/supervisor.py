@@ -22,6 +22,7 @@ from gen_pipeline.server.capacity import capacity_from_log, probe
 from gen_pipeline.server.command import build_command, build_env
 from gen_pipeline.server.handle import ServerHandle
 from gen_pipeline.server.health import check_timeout_s, is_healthy, wait_healthy
+from gen_pipeline.server.leftover import stop_leftover
 from gen_pipeline.server.process import ServerProcess
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,16 @@ def pick_free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+def _listening(host: str, port: int) -> bool:
+    """Something accepts connections on host:port now (a server started there would fail to bind, and its
+    health check would pass against the other one)."""
+    try:
+        with socket.create_connection((host, port), timeout=2.0):
+            return True
+    except OSError:
+        return False
+
+
 def connect_host(host: str) -> str:
     return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
 
@@ -43,9 +54,15 @@ async def run_server(profile: ServerProfile, *, log_dir: Path, http: Http,
                      task_status: TaskStatus[ServerHandle] = anyio.TASK_STATUS_IGNORED) -> None:
     """Start the server, report the ServerHandle once healthy, supervise until cancelled.
 
-    Raises ServerStartupError if the first start fails, ServerError once restarts are exhausted.
+    Raises ServerStartupError if the first start fails (or a server an earlier run left in `log_dir`
+    cannot be stopped: server/leftover.py), ServerError once restarts are exhausted.
     On exit (cancellation included) the process group is stopped: SIGTERM, stop_grace_s, SIGKILL.
     """
+    await stop_leftover(log_dir, profile.stop_grace_s)
+    if profile.port and await anyio.to_thread.run_sync(_listening, connect_host(profile.host), profile.port):
+        raise ServerStartupError(
+            f"Port {profile.port} on {connect_host(profile.host)} is already in use by another process (not a server "
+            f"this job started). Stop it, or set port = 0 in {profile.where} (a free port is then picked).")
     port = profile.port or pick_free_port(connect_host(profile.host))
     sup = _Supervisor(profile, log_dir / "server.log", http, port)
     try:
@@ -75,7 +92,8 @@ class _Supervisor:
     async def _start(self) -> None:
         """Spawn and wait for /health; raises ServerStartupError (the group is already stopped then)."""
         try:
-            self.proc = await ServerProcess.start(self.command, build_env(self.profile), self.log_path)
+            self.proc = await ServerProcess.start(self.command, build_env(self.profile), self.log_path,
+                                                  stop_grace_s=self.profile.stop_grace_s, url=self.url)
         except OSError as e:
             raise ServerStartupError(
                 f"Could not run {self.command[0]!r}: {e}. Check command in {self.profile.where} "
