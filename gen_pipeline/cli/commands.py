@@ -23,11 +23,11 @@ REFERENCE_DATASETS = ("B1", "B2", "B6", "B7")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from gen_pipeline.run.shutdown import hold_signals
+    from gen_pipeline.signals import EXIT_CODES, hold_signals
 
-    with hold_signals():  # from here on a SIGINT/SIGTERM ends the run with its summary, never the process
+    with hold_signals():  # a SIGINT/SIGTERM/SIGHUP ends the run with its summary, never the process
         code = _cmd_generate(args)
-    if code in (130, 143):
+    if code in EXIT_CODES.values():
         exit_past_threads(code)
     return code
 

@@ -7,7 +7,7 @@
     dispatch.py     Window + Dispatcher: exactly-target dispatch through the controller's window
     writer.py       results → the store, in batches, with periodic commits
     stats.py        throughput, failures by reason, the fatal streak, the load seen
-    shutdown.py     SIGINT/SIGTERM: drain, then cancel
+    shutdown.py     SIGINT/SIGTERM/SIGHUP: drain, then cancel
     progress.py     the display of a RunSnapshot: a tqdm bar or log lines
     chat.py         the chat client: one conversation in, a Sample or Failure out
     options.py      RunOptions, RunSummary, JobSummary

@@ -17,6 +17,7 @@ from gen_pipeline.errors import ConfigError
 from gen_pipeline.records import RunSnapshot
 from gen_pipeline.server.fleet import ROUTINGS
 from gen_pipeline.server.hang import HANG_AFTER_S
+from gen_pipeline.signals import EXIT_CODES
 from gen_pipeline.store.ranks import RankSpec
 
 SnapshotObserver = Callable[[RunSnapshot], None]
@@ -71,7 +72,7 @@ class RunSummary:
     failures: int = 0
     rejects: int = 0
     elapsed_s: float = 0.0
-    stopped_by: str = "target"  # target | limit | source_exhausted | nothing_to_do | SIGINT | SIGTERM
+    stopped_by: str = "target"  # target | limit | source_exhausted | nothing_to_do | SIGINT | SIGTERM | SIGHUP
     failure_reasons: dict[str, int] = field(default_factory=dict)
     final_failures: int = 0  # failures a retry would repeat (HTTP 400, truncated + drop): not sent again
     rank_label: str = ""  # "rank 1 of 4" when the run is one rank of several (done/target are its share)
@@ -87,7 +88,7 @@ class RunSummary:
     def exit_code(self) -> int:
         if self.short:
             return 5  # SourceShortError's code: the source has too few valid rows for the target
-        return {"SIGINT": 130, "SIGTERM": 143}.get(self.stopped_by, 0)
+        return EXIT_CODES.get(self.stopped_by, 0)
 
     def line(self) -> str:
         pct = 100.0 * self.done / self.target if self.target else 100.0
@@ -114,6 +115,7 @@ class RunSummary:
                                    "lower target_samples." if self.short and not self.rank_label else "."),
             "SIGINT": "interrupted (SIGINT); run the same command to resume.",
             "SIGTERM": "stopped (SIGTERM); run the same command to resume.",
+            "SIGHUP": "stopped (SIGHUP: the terminal closed); run the same command to resume.",
         }[self.stopped_by]
         return f"{head}, {', '.join(parts)}; {tail}"
 
@@ -126,7 +128,7 @@ class JobSummary:
 
     @property
     def exit_code(self) -> int:
-        """The worst dataset's: 143/130 (interrupted) over 5 (source short) over 0."""
+        """The worst dataset's: 143/130/129 (interrupted) over 5 (source short) over 0."""
         return max((r.exit_code for r in self.runs), default=0)
 
     def lines(self) -> list[str]:
