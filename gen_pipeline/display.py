@@ -18,6 +18,11 @@ def display_path(path: Path) -> str:
         return str(path)
 
 
+def count(n: int) -> str:
+    """A count as every line a user reads shows it: 1,538 (one formatter, so no line says 1538)."""
+    return f"{n:,}"
+
+
 def format_duration(seconds: float | None) -> str:
     """Seconds as a user reads them: 5s, 1m05s, 27h01m ("?" when unknown)."""
     if seconds is None:

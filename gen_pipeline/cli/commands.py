@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from gen_pipeline.config.dataset import DatasetConfig, find_dataset_config, find_dataset_configs
-from gen_pipeline.display import write_line
+from gen_pipeline.display import count, write_line
 
 if TYPE_CHECKING:
     from gen_pipeline.config.server import ServerProfile
@@ -245,7 +245,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     targets, _ = config_targets(args.config_dir, args.output_dir, [args.dataset])
     page = build_report(args.output_dir, args.dataset, found.rows, found.text, targets.get(args.dataset))
     path = write_report(args.out or found.folder / "report.html", page)
-    print(f"{path}: {len(found.rows)} polls, {path.stat().st_size:,} bytes")
+    print(f"{path}: {count(len(found.rows))} polls, {count(path.stat().st_size)} bytes")
     return 0
 
 

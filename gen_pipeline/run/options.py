@@ -12,7 +12,7 @@ from gen_pipeline.config.dataset import DEFAULT_OUTPUT_DIR
 from gen_pipeline.config.schema import check_flags, flag
 from gen_pipeline.config.server import ServerProfile, normalise_server_url
 from gen_pipeline.controller.config import ControllerConfig
-from gen_pipeline.display import format_duration
+from gen_pipeline.display import count, format_duration
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.records import RunSnapshot
 from gen_pipeline.server.fleet import ROUTINGS
@@ -93,17 +93,17 @@ class RunSummary:
     def line(self) -> str:
         pct = 100.0 * self.done / self.target if self.target else 100.0
         who = f"{self.dataset} ({self.rank_label})" if self.rank_label else self.dataset
-        head = f"{who}: {self.done:,}/{self.target:,} samples ({pct:.1f}%)"
+        head = f"{who}: {count(self.done)}/{count(self.target)} samples ({pct:.1f}%)"
         if self.stopped_by == "nothing_to_do":
             return f"{head}; the target is already reached, nothing to do."
-        parts = [f"+{self.written:,} this run in {format_duration(self.elapsed_s)}"]
+        parts = [f"+{count(self.written)} this run in {format_duration(self.elapsed_s)}"]
         retryable = self.failures - self.final_failures
         if self.failures:
-            reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.failure_reasons.items()))
-            parts.append(f"{self.failures} failed ({reasons}; {self.final_failures} final, "
-                         f"{retryable} retried by the next run)")
+            reasons = ", ".join(f"{k} {count(v)}" for k, v in sorted(self.failure_reasons.items()))
+            parts.append(f"{count(self.failures)} failed ({reasons}; {count(self.final_failures)} final, "
+                         f"{count(retryable)} retried by the next run)")
         if self.rejects:
-            parts.append(f"{self.rejects} invalid rows skipped")
+            parts.append(f"{count(self.rejects)} invalid rows skipped")
         tail = {
             "target": "target reached.",
             "limit": "stopped at --limit; run again to continue.",
