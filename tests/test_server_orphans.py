@@ -66,8 +66,8 @@ def members(pgid: int) -> list[int]:
     return found
 
 
-def sigkill_mid_run(tmp_path: Path, cfg: Path, toml: Path, out: Path) -> tuple[int, list[int]]:
-    """Launch `stubborn`, wait for samples, SIGKILL the CLI; returns the server's group and its pids."""
+def sigkill_mid_run(tmp_path: Path, cfg: Path, toml: Path | str, out: Path) -> tuple[int, list[int]]:
+    """Launch `stubborn`, wait for samples of T, SIGKILL the CLI; returns the server's group and its pids."""
     log = tmp_path / "cli.log"
     proc = start_cli("generate", "--dataset", toml, "--server", "stubborn", "--config-dir", cfg, "--output-dir", out,
                      "--progress", "log", log=log)
@@ -122,6 +122,27 @@ def test_rerun_stops_the_server_an_earlier_run_left_before_starting_its_own(tmp_
 
 def _row(i: int) -> dict:
     return {"id": f"r{i}", "messages": [{"role": "user", "content": f"Question number {i}: tell me more."}]}
+
+
+def test_rerun_with_another_first_dataset_finds_the_server_the_job_left(tmp_path: Path) -> None:
+    """A job T,U killed (its server recorded in T's folder, the job's first), rerun as U,T: the record in
+    T's folder is read all the same, the survivor stopped before the new server starts."""
+    cfg = stubborn_config(tmp_path, stop_grace_s=60)
+    for name in ("T", "U"):
+        write_dataset(cfg, name=name, target=30, rows=[*map(_row, range(40))])
+    out = tmp_path / "out"
+    pgid, pids = sigkill_mid_run(tmp_path, cfg, "T,U", out)
+    with open(cfg / "server.toml", "a") as f:  # the rerun: the same server, its own 1 s grace
+        f.write("\n[profile.stubborn2]\ninherits = \"stubborn\"\nstop_grace_s = 1\n")
+    r = run_cli("generate", "--dataset", "U,T", "--server", "stubborn2", "--config-dir", cfg, "--output-dir", out,
+                "--progress", "log")
+    text = r.stdout + r.stderr
+    assert r.returncode == 0, text[-3000:]
+    assert f"stopped the server pid {pgid} an earlier run left behind" in text, text[-3000:]
+    assert text.index(f"stopped the server pid {pgid}") < text.index("starting SGLang")
+    assert not group_alive(pgid) and all(not Path(f"/proc/{pid}").exists() for pid in pids)
+    assert_exact(out, 30, "T")
+    assert_exact(out, 30, "U")
 
 
 def test_fixed_port_held_by_another_process_is_refused_before_launching(tmp_path: Path) -> None:

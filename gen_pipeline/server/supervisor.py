@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import socket
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,15 +51,16 @@ def connect_host(host: str) -> str:
     return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
 
 
-async def run_server(profile: ServerProfile, *, log_dir: Path, http: Http,
+async def run_server(profile: ServerProfile, *, log_dir: Path, http: Http, leftover_dirs: Sequence[Path] = (),
                      task_status: TaskStatus[ServerHandle] = anyio.TASK_STATUS_IGNORED) -> None:
     """Start the server, report the ServerHandle once healthy, supervise until cancelled.
 
-    Raises ServerStartupError if the first start fails (or a server an earlier run left in `log_dir`
-    cannot be stopped: server/leftover.py), ServerError once restarts are exhausted.
+    Raises ServerStartupError if the first start fails (or a server an earlier run recorded in `log_dir`
+    or one of `leftover_dirs` cannot be stopped: server/leftover.py), ServerError once restarts are exhausted.
     On exit (cancellation included) the process group is stopped: SIGTERM, stop_grace_s, SIGKILL.
     """
-    await stop_leftover(log_dir, profile.stop_grace_s)
+    for folder in dict.fromkeys([log_dir, *leftover_dirs]):  # a job's earlier run may have had another first dataset
+        await stop_leftover(folder, profile.stop_grace_s)
     if profile.port and await anyio.to_thread.run_sync(_listening, connect_host(profile.host), profile.port):
         raise ServerStartupError(
             f"Port {profile.port} on {connect_host(profile.host)} is already in use by another process (not a server "
