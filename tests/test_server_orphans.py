@@ -26,7 +26,7 @@ from gen_pipeline.config.dataset import GenerationConfig
 from gen_pipeline.errors import ServerStartupError
 from gen_pipeline.http import open_http
 from gen_pipeline.server import load_server_profile, run_server
-from gen_pipeline.server.leftover import RECORD_NAME, ServerRecord, process_started, stop_leftover
+from gen_pipeline.server.leftover import RECORD_NAME, ServerRecord, group_alive, process_started, stop_leftover
 from sglang_sim.testing import free_port
 
 from pipeline_helpers import REPO, assert_exact, run_cli, start_cli, wait_lines, write_dataset
@@ -42,14 +42,6 @@ def stubborn_config(tmp_path: Path, *, stop_grace_s: float, port: int = 0) -> Pa
         f.write(f'\n[profile.stubborn]\ninherits = "sim"\nextra_args = {orjson.dumps(args).decode()}\n'
                 f"stop_grace_s = {stop_grace_s}\nport = {port}\n")
     return cfg
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def members(pgid: int) -> list[int]:

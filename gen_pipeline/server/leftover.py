@@ -74,7 +74,8 @@ def read_record(folder: Path) -> ServerRecord | None:
         return None  # none, or unreadable: nothing to go by
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
+    """True while any process of group `pgid` exists."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -105,7 +106,7 @@ async def stop_leftover(folder: Path, grace_s: float) -> None:
     if rec is None:
         return
     where = display_path(folder / RECORD_NAME)
-    if not _group_alive(rec.pid):
+    if not group_alive(rec.pid):
         remove_record(folder, rec.pid)
         return
     ours = _ours(rec)
@@ -125,7 +126,7 @@ async def stop_leftover(folder: Path, grace_s: float) -> None:
     log.warning("a server an earlier run started (pid %d, %s) is still running since that run was killed: "
                 "stopping it before starting a new one (SIGTERM, SIGKILL after %g s)", rec.pid, rec.url, grace_s)
     await _stop_group(rec.pid, grace_s)
-    if _group_alive(rec.pid):
+    if group_alive(rec.pid):
         raise ServerStartupError(
             f"The server pid {rec.pid} an earlier run left behind did not end on SIGKILL within "
             f"{GONE_AFTER_KILL_S:.0f} s (stuck in the kernel: a GPU driver call?). Check ps -o pid,stat,args "
@@ -141,7 +142,7 @@ async def _stop_group(pgid: int, grace_s: float) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
         with anyio.move_on_after(wait_s):
-            while _group_alive(pgid):  # noqa: ASYNC110 - nothing signals another session's end: poll it
+            while group_alive(pgid):  # noqa: ASYNC110 - nothing signals another session's end: poll it
                 await anyio.sleep(0.05)
-        if not _group_alive(pgid):
+        if not group_alive(pgid):
             return

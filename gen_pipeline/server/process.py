@@ -22,7 +22,7 @@ import anyio
 from anyio.abc import Process
 
 from gen_pipeline.server import logfile, parent_watch
-from gen_pipeline.server.leftover import remove_record, write_record
+from gen_pipeline.server.leftover import group_alive, remove_record, write_record
 from gen_pipeline.server.log_advice import COMMAND_ECHO
 
 
@@ -99,17 +99,6 @@ def _watched(command: list[str], stop_grace_s: float) -> list[str]:
 def _killpg(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-
-
-def group_alive(pgid: int) -> bool:
-    """True while any process of group `pgid` exists."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 async def _wait_group_gone(pgid: int, timeout_s: float) -> None:
