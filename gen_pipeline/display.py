@@ -4,6 +4,7 @@ may have gone."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from pathlib import Path
 from typing import TextIO
@@ -15,6 +16,11 @@ def display_path(path: Path) -> str:
         return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(path)
+
+
+def count(n: int) -> str:
+    """A count as every line a user reads shows it: 1,538 (one formatter, so no line says 1538)."""
+    return f"{n:,}"
 
 
 def format_duration(seconds: float | None) -> str:
@@ -29,15 +35,23 @@ def format_duration(seconds: float | None) -> str:
 
 def write_line(line: str, stream: TextIO) -> bool:
     """`line` and a newline to `stream`, flushed; False (and the stream's descriptor pointed at /dev/null)
-    when its reader has gone: `generate ... | tee log` after Ctrl-C killed tee. A summary that cannot be
-    shown must not change the exit code nor end in a traceback (run.log keeps every line anyway)."""
+    when its reader has gone: `generate ... | tee log` after Ctrl-C killed tee, a terminal closed. A summary
+    that cannot be shown must not change the exit code nor end in a traceback (run.log keeps every line)."""
     try:
         stream.write(line + "\n")
         stream.flush()
         return True
-    except BrokenPipeError:
+    except OSError as e:
+        if not reader_gone(e):
+            raise
         to_devnull(stream)
         return False
+
+
+def reader_gone(error: BaseException | None) -> bool:
+    """`error` says the console's reader has gone: a pipe without reader (EPIPE), or a terminal hung up
+    (EIO: the ssh session dropped, the window closed: SIGHUP's case)."""
+    return isinstance(error, OSError) and error.errno in (errno.EPIPE, errno.EIO)
 
 
 def to_devnull(stream: TextIO) -> None:

@@ -40,6 +40,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("%s", ns.sim_fail_startup)
         return 1
     server = SimServer(ns, engine, info)
+    if ns.sim_ignore_sigterm:  # uvicorn installs its own handler for the signals it lists: take SIGTERM out
+        import signal
+
+        from uvicorn import server as uvicorn_server
+        uvicorn_server.HANDLED_SIGNALS = (signal.SIGINT,)  # type: ignore[assignment]
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     uvicorn.run(build_app(server), host=ns.host, port=ns.port, log_level=ns.log_level_http or "warning",
                 access_log=ns.log_level_http is not None, timeout_keep_alive=5, lifespan="on")
     return 0

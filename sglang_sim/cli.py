@@ -91,6 +91,8 @@ def _sim_flags(p: argparse.ArgumentParser) -> None:
     f.add_argument("--sim-startup-log", metavar="LINE", action="append", default=[],
                    help="log LINE at start-up and carry on (e.g. a warning real SGLang prints)")
     f.add_argument("--sim-never-healthy", action="store_true")
+    f.add_argument("--sim-ignore-sigterm", action="store_true",
+                   help="SIGTERM does nothing (a server hung in its shutdown): only SIGKILL stops it")
     f.add_argument("--sim-scheduler-hung", action="store_true",
                    help="the scheduler stops (an NCCL hang); usually set mid-run: POST /sim/faults")
     f.add_argument("--sim-health-check-timeout-s", type=float, default=20.0,

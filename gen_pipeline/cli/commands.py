@@ -13,7 +13,7 @@ from dataclasses import fields, replace
 from typing import TYPE_CHECKING
 
 from gen_pipeline.config.dataset import DatasetConfig, find_dataset_config, find_dataset_configs
-from gen_pipeline.display import write_line
+from gen_pipeline.display import count, write_line
 
 if TYPE_CHECKING:
     from gen_pipeline.config.server import ServerProfile
@@ -23,11 +23,11 @@ REFERENCE_DATASETS = ("B1", "B2", "B6", "B7")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from gen_pipeline.run.shutdown import hold_signals
+    from gen_pipeline.signals import EXIT_CODES, hold_signals
 
-    with hold_signals():  # from here on a SIGINT/SIGTERM ends the run with its summary, never the process
+    with hold_signals():  # a SIGINT/SIGTERM/SIGHUP ends the run with its summary, never the process
         code = _cmd_generate(args)
-    if code in (130, 143):
+    if code in EXIT_CODES.values():
         exit_past_threads(code)
     return code
 
@@ -243,7 +243,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     targets, _ = config_targets(args.config_dir, args.output_dir, [args.dataset])
     page = build_report(args.output_dir, args.dataset, found.rows, found.text, targets.get(args.dataset))
     path = write_report(args.out or found.folder / "report.html", page)
-    print(f"{path}: {len(found.rows)} polls, {path.stat().st_size:,} bytes")
+    print(f"{path}: {count(len(found.rows))} polls, {count(path.stat().st_size)} bytes")
     return 0
 
 

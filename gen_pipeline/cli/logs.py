@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from gen_pipeline.display import to_devnull
+from gen_pipeline.display import reader_gone, to_devnull
 
 RUN_LOG_NAME = "run.log"
 _ROOT = "gen_pipeline"
@@ -29,10 +29,11 @@ _JOURNAL = "gen_pipeline.journal"
 
 
 class _ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """A console whose reader may go (`generate ... | tee log`, Ctrl-C): then silent, never a traceback."""
+    """A console whose reader may go (`generate ... | tee log`, Ctrl-C; a closed terminal): then silent,
+    never a traceback."""
 
     def handleError(self, record: logging.LogRecord) -> None:
-        if isinstance(sys.exc_info()[1], BrokenPipeError):
+        if reader_gone(sys.exc_info()[1]):
             to_devnull(self.stream)
             return
         super().handleError(record)

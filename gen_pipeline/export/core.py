@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, find_dataset_config
-from gen_pipeline.display import display_path
+from gen_pipeline.display import count, display_path
 from gen_pipeline.errors import ConfigError, DiskError, StoreError
 from gen_pipeline.export.card import write_card
 from gen_pipeline.export.formats import (
@@ -140,7 +140,7 @@ def check_reasoning(opts: ExportOptions, chosen: list[dict[str, Any]], renderer:
     mode = {"specforge": "specforge-expanded" if opts.expand_turns else "specforge"}.get(opts.format, opts.format)
     sample = take(chosen, opts.check_samples, opts.seed)
     share = TemplateCheck(renderer).run_mode(sample, mode).reasoning_share or 0.0
-    what = (f"{100 * share:.1f}% of the reasoning tokens of {len(sample)} samples are under the loss mask when "
+    what = (f"{100 * share:.1f}% of the reasoning tokens of {count(len(sample))} samples are under the loss mask when "
             f"{MODES[mode]} renders them with the chat template of {renderer.source}")
     if share >= 1.0:
         return [what], []

@@ -66,7 +66,7 @@ from typing import Any
 import orjson
 
 from gen_pipeline.config.server import ServerProfile
-from gen_pipeline.display import display_path
+from gen_pipeline.display import count, display_path
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.export.formats import expand_turns
 from gen_pipeline.export.render import Renderer, load_renderer, source_flag, tokenizer_source
@@ -370,7 +370,7 @@ def format_report(results: list[ModeResult], *, renderer: Renderer, header: str,
             lines.append(f"  {name:<52} {n:>6,} {res.rows:>5,} {rt:>13,} {_pct(rs, rt):>7} {at:>10,} "
                          f"{_pct(as_, at):>7} {ax:>6.1f}x")
         if res.skipped_rows:
-            lines.append(f"  {res.mode}: {res.skipped_rows} rows dropped (renders diverge inside history)")
+            lines.append(f"  {res.mode}: {count(res.skipped_rows)} rows dropped (renders diverge inside history)")
     lines += [f"  {m:<18} {d}" for m, d in MODES.items() if any(r.mode == m for r in results)]
     lines.append("  masked: share of the turn's tokens under the loss mask in the best row that holds it; "
                  "trained: answer tokens trained per answer token over all rows")

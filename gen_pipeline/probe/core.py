@@ -26,6 +26,7 @@ import orjson
 from gen_pipeline.config.dataset import DatasetConfig
 from gen_pipeline.config.schema import check_flags, flag
 from gen_pipeline.config.server import ServerProfile, load_server_profile, normalise_server_url
+from gen_pipeline.display import count
 from gen_pipeline.errors import ConfigError, ServerError, first_known
 from gen_pipeline.http import Http, open_http
 from gen_pipeline.probe import metrics as PM
@@ -206,7 +207,7 @@ async def _measure(http: Http, prompts: list[Prompt], folder: Path, cfg: Dataset
                    opts: ProbeOptions, say: Callable[[str], None]) -> tuple[Any, Any, dict[str, Any]]:
     async with _servers(opts, folder, http, say) as (ref, cmp):
         check_servers(opts, ref, cmp, say)
-        say(f"probing {len(prompts)} prompts of {cfg.name}: greedy, max_new_tokens {opts.max_new_tokens}, "
+        say(f"probing {count(len(prompts))} prompts of {cfg.name}: greedy, max_new_tokens {opts.max_new_tokens}, "
             f"top-{opts.top_k} logprobs, teacher forcing in chunks of {opts.chunk or 'all'} tokens")
         results, failures = await _probe_all(http, ref, cmp, prompts, cfg, opts)
         servers = {role: {"url": h.base_urls[0], "model": h.model, "kv_cache_dtype": kv_dtype(h, fb),

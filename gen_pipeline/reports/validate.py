@@ -14,7 +14,7 @@ import orjson
 
 from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, find_dataset_config
 from gen_pipeline.config.mix import recorded_sampling
-from gen_pipeline.display import display_path
+from gen_pipeline.display import count, display_path
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.quality.accounting import add_meta, format_gate
 from gen_pipeline.store.layout import dataset_parts, part_name, shard_files
@@ -86,7 +86,7 @@ class ValidationReport:
         """For humans: a summary line, then each problem kind with its first examples."""
         verdict = "OK" if self.ok else f"{sum(self.counts.values())} problems"
         ranks = f" of {self.ranks} ranks" if self.ranks else ""
-        out = [f"{self.folder}: {self.rows:,} rows in {self.files} shards{ranks}: {verdict} "
+        out = [f"{self.folder}: {count(self.rows)} rows in {count(self.files)} shards{ranks}: {verdict} "
                f"({self.truncated:,} truncated, policy {self.truncated_policy})"]
         gate = format_gate(self.gate)
         if gate:

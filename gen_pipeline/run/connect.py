@@ -7,6 +7,7 @@ The HTTP session is passed through as an opaque value: gen_pipeline/run/chat.py 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,16 +50,18 @@ async def server_model(opts: RunOptions, http: Http, asked: dict[str, str] | Non
 
 
 async def start_server(tg: TaskGroup, opts: RunOptions, log_dir: Path, http: Http,
-                       model: str, asked: dict[str, str] | None = None) -> ServerHandle:
+                       model: str, asked: dict[str, str] | None = None,
+                       leftover_dirs: Sequence[Path] = ()) -> ServerHandle:
     """Attach to opts.server_urls or launch opts.profile in `tg`; returns once the server answers /health.
-    `model`: what server_model() found (the first attached URL is not asked again)."""
+    `model`: what server_model() found (the first attached URL is not asked again); `leftover_dirs`: the
+    job's dataset folders, where a server an earlier run left may be recorded (server/leftover.py)."""
     handle: ServerHandle
     if opts.server_urls:
         known = None if opts.model else model  # --model overrides; the server was not asked then
         handle = await tg.start(_attached, opts, http, known, asked or {})
         return handle
     assert opts.profile is not None
-    handle = await tg.start(_launched, opts, log_dir, http)
+    handle = await tg.start(_launched, opts, log_dir, http, leftover_dirs)
     return handle
 
 
@@ -70,9 +73,10 @@ async def _attached(opts: RunOptions, http: Http, model: str | None, asked: dict
                        hang_after_s=opts.hang_timeout_s)
 
 
-async def _launched(opts: RunOptions, log_dir: Path, http: Http, *, task_status: Any) -> None:
+async def _launched(opts: RunOptions, log_dir: Path, http: Http, leftover_dirs: Sequence[Path], *,
+                    task_status: Any) -> None:
     assert opts.profile is not None
-    await run_server(opts.profile, log_dir=log_dir, http=http, task_status=task_status)
+    await run_server(opts.profile, log_dir=log_dir, http=http, leftover_dirs=leftover_dirs, task_status=task_status)
 
 
 def max_connections(opts: RunOptions, handle: ServerHandle) -> int:

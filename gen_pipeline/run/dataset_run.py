@@ -76,6 +76,7 @@ class DatasetRun:
         self.log = logging.LoggerAdapter(EVENTS, {"dataset": self.name})
         self.journal = logging.LoggerAdapter(JOURNAL, {"dataset": self.name})
         self.feed = Feed(cfg, skip_ids, opts.rank, source)
+        self.done_at_start = store.done
         self.stats = RunStats()
         goal = store.remaining if opts.limit is None else min(store.remaining, opts.limit)
         self.dispatch = Dispatcher(goal, window, self.stats, self.name)
@@ -182,7 +183,9 @@ class DatasetRun:
         s = self.stats
         rank = self.opts.rank
         elapsed_s = self.elapsed_s if self.elapsed_s is not None else s.elapsed_s() if self.started else 0.0
-        return RunSummary(self.name, self.store.done, self.store.target, written=self.dispatch.ok,
+        # written: what the store holds now less what it held: a result the dispatcher counted but a second
+        # signal cancelled before the writer took it (or a duplicate the store skipped) is not in it
+        return RunSummary(self.name, self.store.done, self.store.target, written=self.store.done - self.done_at_start,
                           failures=s.failures, rejects=s.rejects, elapsed_s=elapsed_s,
                           stopped_by=stopped_by, failure_reasons=dict(s.failure_reasons),
                           final_failures=s.final_failures, rank_label=rank.label if rank.ranked else "")

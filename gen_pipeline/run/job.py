@@ -148,8 +148,8 @@ class Job:
             if self.shutdown.signal is not None:  # one came once the set-up had ended
                 tg.cancel_scope.cancel()
             firsts = [await r.feed.first() for r in self.runs]  # a streaming source's read is abandoned
-            self.handle = handle = await start_server(tg, self.opts, log_dir, self.http, self.model,
-                                                       self.asked)
+            self.handle = handle = await start_server(tg, self.opts, log_dir, self.http, self.model, self.asked,
+                                                       [r.store.folder for r in self.all_runs])
             self.shutdown.serving = True
             # with a fixed --window the controller still observes: its tokens-per-request estimate
             # goes to the telemetry (diagnose's C/F), its window is not used

@@ -13,9 +13,10 @@ from gen_pipeline.config.run import RunFlags
 from gen_pipeline.config.schema import check_flags
 from gen_pipeline.config.server import ServerProfile, normalise_server_url
 from gen_pipeline.controller.config import ControllerConfig
-from gen_pipeline.display import format_duration
+from gen_pipeline.display import count, format_duration
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.records import RunSnapshot
+from gen_pipeline.signals import EXIT_CODES
 from gen_pipeline.store.ranks import RankSpec
 
 SnapshotObserver = Callable[[RunSnapshot], None]
@@ -53,7 +54,7 @@ class RunSummary:
     failures: int = 0
     rejects: int = 0
     elapsed_s: float = 0.0
-    stopped_by: str = "target"  # target | limit | source_exhausted | nothing_to_do | SIGINT | SIGTERM
+    stopped_by: str = "target"  # target | limit | source_exhausted | nothing_to_do | SIGINT | SIGTERM | SIGHUP
     failure_reasons: dict[str, int] = field(default_factory=dict)
     final_failures: int = 0  # failures a retry would repeat (HTTP 400, truncated + drop): not sent again
     rank_label: str = ""  # "rank 1 of 4" when the run is one rank of several (done/target are its share)
@@ -69,22 +70,22 @@ class RunSummary:
     def exit_code(self) -> int:
         if self.short:
             return 5  # SourceShortError's code: the source has too few valid rows for the target
-        return {"SIGINT": 130, "SIGTERM": 143}.get(self.stopped_by, 0)
+        return EXIT_CODES.get(self.stopped_by, 0)
 
     def line(self) -> str:
         pct = 100.0 * self.done / self.target if self.target else 100.0
         who = f"{self.dataset} ({self.rank_label})" if self.rank_label else self.dataset
-        head = f"{who}: {self.done:,}/{self.target:,} samples ({pct:.1f}%)"
+        head = f"{who}: {count(self.done)}/{count(self.target)} samples ({pct:.1f}%)"
         if self.stopped_by == "nothing_to_do":
             return f"{head}; the target is already reached, nothing to do."
-        parts = [f"+{self.written:,} this run in {format_duration(self.elapsed_s)}"]
+        parts = [f"+{count(self.written)} this run in {format_duration(self.elapsed_s)}"]
         retryable = self.failures - self.final_failures
         if self.failures:
-            reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.failure_reasons.items()))
-            parts.append(f"{self.failures} failed ({reasons}; {self.final_failures} final, "
-                         f"{retryable} retried by the next run)")
+            reasons = ", ".join(f"{k} {count(v)}" for k, v in sorted(self.failure_reasons.items()))
+            parts.append(f"{count(self.failures)} failed ({reasons}; {count(self.final_failures)} final, "
+                         f"{count(retryable)} retried by the next run)")
         if self.rejects:
-            parts.append(f"{self.rejects} invalid rows skipped")
+            parts.append(f"{count(self.rejects)} invalid rows skipped")
         tail = {
             "target": "target reached.",
             "limit": "stopped at --limit; run again to continue.",
@@ -96,6 +97,7 @@ class RunSummary:
                                    "lower target_samples." if self.short and not self.rank_label else "."),
             "SIGINT": "interrupted (SIGINT); run the same command to resume.",
             "SIGTERM": "stopped (SIGTERM); run the same command to resume.",
+            "SIGHUP": "stopped (SIGHUP: the terminal closed); run the same command to resume.",
         }[self.stopped_by]
         return f"{head}, {', '.join(parts)}; {tail}"
 
@@ -108,7 +110,7 @@ class JobSummary:
 
     @property
     def exit_code(self) -> int:
-        """The worst dataset's: 143/130 (interrupted) over 5 (source short) over 0."""
+        """The worst dataset's: 143/130/129 (interrupted) over 5 (source short) over 0."""
         return max((r.exit_code for r in self.runs), default=0)
 
     def lines(self) -> list[str]:

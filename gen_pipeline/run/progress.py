@@ -15,7 +15,7 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-from gen_pipeline.display import format_duration, write_line
+from gen_pipeline.display import count, format_duration, write_line
 from gen_pipeline.records import RunSnapshot
 
 
@@ -24,7 +24,7 @@ def postfix(s: RunSnapshot) -> str:
     parts = [f"{s.tokens_per_s:,.0f} tok/s"]
     if s.final:  # the last poll's load is from before the end: the run's peaks instead
         if s.peak_running is not None:
-            parts.append(f"peak running {s.peak_running} queued {s.peak_queued}")
+            parts.append(f"peak running {count(s.peak_running)} queued {count(s.peak_queued or 0)}")
         if s.peak_kv_usage is not None:
             parts.append(f"peak KV {s.peak_kv_usage:.0%}")
         if s.retractions_run:  # this run's, not an attached server's lifetime count
@@ -34,12 +34,12 @@ def postfix(s: RunSnapshot) -> str:
         limit = f" of {format_duration(s.server_wait_limit_s)}" if s.server_wait_limit_s is not None else ""
         parts.insert(0, f"no server answers: waiting {format_duration(s.server_wait_s)}{limit}")
     if s.in_flight > s.window:  # the window shrank; requests already sent still finish
-        parts.append(f"in flight {s.in_flight} (window lowered to {s.window}; "
-                     f"{s.in_flight - s.window} finishing before new ones)")
+        parts.append(f"in flight {count(s.in_flight)} (window lowered to {count(s.window)}; "
+                     f"{count(s.in_flight - s.window)} finishing before new ones)")
     else:
-        parts.append(f"in flight {s.in_flight}/{s.window}")
+        parts.append(f"in flight {count(s.in_flight)}/{count(s.window)}")
     if s.running is not None:
-        parts.append(f"running {s.running} queued {s.queued}")
+        parts.append(f"running {count(s.running)} queued {count(s.queued or 0)}")
     if s.kv_usage is not None:
         parts.append(f"KV {s.kv_usage:.0%}")
     if s.retractions_run:

@@ -10,6 +10,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from gen_pipeline.display import count
 from gen_pipeline.errors import ServerError
 from gen_pipeline.records import Failure, LoadSnapshot
 
@@ -103,12 +104,12 @@ class RunStats:
             latest = f"latest: {failure.reason}: {failure.detail}"
             if failure.reason in GONE_REASONS:
                 self.fatal = ServerError(
-                    f"The last {streak} requests all failed because the server went away ({latest}). Check "
+                    f"The last {count(streak)} requests all failed because the server went away ({latest}). Check "
                     "SERVER_URL and that the server is running; nothing written is lost, run the same command "
                     "to resume.")
             else:
                 self.fatal = ServerError(
-                    f"The last {streak} requests were all refused by the server, which answers /health "
+                    f"The last {count(streak)} requests were all refused by the server, which answers /health "
                     f"({latest}). Check the model name, the sampling settings and the server log; nothing "
                     "written is lost, run the same command to resume.")
 

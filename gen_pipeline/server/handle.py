@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 
+from gen_pipeline.display import count
 from gen_pipeline.errors import ServerError
 from gen_pipeline.records import Capacity
 from gen_pipeline.server.fleet import Fleet
@@ -102,11 +103,22 @@ class ServerHandle:
         if info.get("kv_cache_dtype"):
             parts.append(f"kv={info['kv_cache_dtype']}")
         cap = self.capacity
-        tokens = f"{cap.max_total_num_tokens:,} KV tokens" if cap.max_total_num_tokens else "KV tokens unknown"
-        running = f"max running {cap.max_running_requests}" if cap.max_running_requests else "max running unknown"
+        tokens = f"{count(cap.max_total_num_tokens)} KV tokens" if cap.max_total_num_tokens else "KV tokens unknown"
+        running = (f"max running {count(cap.max_running_requests)}" if cap.max_running_requests
+                   else "max running unknown")
         line = f"{' '.join(parts)} {tokens}, {running}"
         if info.get("enable_hierarchical_cache") and info.get("hicache_size"):
             line += f", hicache {info['hicache_size']} GB"
-        if len(self.base_urls) > 1 or cap.servers > 1:
-            line = f"{max(len(self.base_urls), cap.servers)} servers: {line}"
+        up, down = self.server_counts()
+        if down:
+            line = f"{count(up)} of {count(up + down)} servers up: {line}"
+        elif up > 1:
+            line = f"{count(up)} servers: {line}"
         return line
+
+    def server_counts(self) -> tuple[int, int]:
+        """(servers answering, servers out): attached, the fleet's URLs taken out (one that could not be
+        reached at start among them) are not counted as up; a router's workers count one each."""
+        down = len(self.fleet.down_urls) if self.fleet is not None else 0
+        listed = len(self.base_urls) - down
+        return max(listed, len(self.worker_urls), self.capacity.servers if down == 0 else 0), down

@@ -1,40 +1,114 @@
-"""`python -m gen_pipeline.server.parent_watch CMD...`: exec CMD so that it gets SIGTERM when its
-parent (the pipeline) dies, even by SIGKILL, which the pipeline cannot catch to stop its server.
+"""`python -I .../gen_pipeline/server/parent_watch.py PARENT_PID GRACE_S CMD...`: run CMD so that it is stopped
+when its parent (the pipeline) dies, even by SIGKILL, which the pipeline cannot catch to stop its server.
 
-Without this a killed orchestrator leaves the server (its own session) holding the GPUs, and the
-next run starts a second one beside it. Linux prctl(PR_SET_PDEATHSIG) survives execve; elsewhere
-CMD is exec'd unchanged. SGLang stops its process tree on SIGTERM (TokenizerManager.sigterm_watchdog
-→ kill_process_tree, sglang PRs #1838/#16484); the simulator is one process that exits on it.
+Without this a killed orchestrator leaves the server (its own session) holding the GPUs, and the next
+run starts a second one beside it. On Linux this process stays as CMD's parent, in CMD's process group
+(it leads it: the pipeline starts it with start_new_session): the kernel tells it when the pipeline dies
+(prctl PR_SET_PDEATHSIG), and it then does what the pipeline's own stop does (server/process.py):
+SIGTERM the group, wait GRACE_S for CMD, SIGKILL the group. SGLang stops its process tree on SIGTERM
+(TokenizerManager.sigterm_watchdog → kill_process_tree, sglang PRs #1838/#16484), but a server that
+ignores SIGTERM, or hangs in its shutdown, is only stopped by the SIGKILL. While the pipeline lives,
+CMD's exit is this process's exit (same code, same signal), so the supervisor reads the server's.
+Elsewhere CMD is exec'd unchanged. Run as a script (stdlib only), not `-m`: it lives as long as the
+server, and the package's imports would cost it ~0.2 s and tens of MB for nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import sys
+import time
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+PARENT_DIED = signal.SIGUSR1  # what the kernel sends this process when the pipeline dies
+SCRIPT = os.path.abspath(__file__)
 
 
-def arm(parent_pid: int) -> None:
-    """Ask the kernel for SIGTERM when the parent dies; exit at once if it already has."""
-    if not sys.platform.startswith("linux"):
-        return
+def arm(parent_pid: int, sig: int) -> None:
+    """Ask the kernel for `sig` when the parent dies; exit at once if it already has."""
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before prctl: nobody would stop us
-        sys.exit(143)
+        os._exit(143)
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) < 2 or not argv[0].isdigit():
-        sys.exit("usage: python -m gen_pipeline.server.parent_watch PARENT_PID CMD [ARGS...]")
-    arm(int(argv[0]))
+    if len(argv) < 3 or not argv[0].isdigit():
+        sys.exit(f"usage: python -I {SCRIPT} PARENT_PID GRACE_S CMD [ARGS...]")
+    parent_pid, grace_s, cmd = int(argv[0]), float(argv[1]), argv[2:]
+    if not sys.platform.startswith("linux"):
+        _exec(cmd)
+    watched = (PARENT_DIED, signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    signal.pthread_sigmask(signal.SIG_BLOCK, watched)  # taken one at a time by sigwaitinfo below
+    arm(parent_pid, PARENT_DIED)
+    child = os.fork()
+    if child == 0:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, watched)
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these; CMD gets the defaults (as subprocess does)
+            signal.signal(sig, signal.SIG_DFL)
+        arm(os.getppid(), signal.SIGKILL)  # this watcher SIGKILLed: nothing must outlive it
+        _exec(cmd)
+    _watch(child, parent_pid, grace_s)
+
+
+def _exec(cmd: list[str]) -> None:
     try:
-        os.execvp(argv[1], argv[1:])
+        os.execvp(cmd[0], cmd)
     except OSError as e:
-        sys.exit(f"parent_watch: cannot run {argv[1]!r}: {e.strerror or e}")
+        sys.stderr.write(f"parent_watch: cannot run {cmd[0]!r}: {e.strerror or e}\n")
+        os._exit(127)
+
+
+def _watch(child: int, parent_pid: int, grace_s: float) -> None:
+    """Relay until CMD ends (then end the same way), or stop it if the pipeline dies."""
+    while True:
+        info = signal.sigwaitinfo({PARENT_DIED, signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+        status = _reap(child)
+        if status is not None:
+            _exit_like(status)
+        if info.si_signo == PARENT_DIED or os.getppid() != parent_pid:
+            _stop_group(child, grace_s)
+        elif info.si_signo != signal.SIGCHLD and info.si_pid != parent_pid:
+            # Sent to this process alone (the pipeline's stop signals the whole group): pass it on.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, info.si_signo)
+
+
+def _reap(child: int) -> int | None:
+    with contextlib.suppress(ChildProcessError):
+        pid, status = os.waitpid(child, os.WNOHANG)
+        if pid == child:
+            return status
+    return None
+
+
+def _stop_group(child: int, grace_s: float) -> None:
+    """The pipeline died: SIGTERM the group, wait up to `grace_s` for CMD, then SIGKILL the group (this
+    process included: nothing of the server may outlive it)."""
+    pgid = os.getpgrp()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)  # this process has SIGTERM blocked: it goes on
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if signal.sigtimedwait({signal.SIGCHLD}, max(0.0, deadline - time.monotonic())) is None:
+            break
+        if _reap(child) is not None:
+            break
+    os.killpg(pgid, signal.SIGKILL)  # the leader too: the group ends here
+
+
+def _exit_like(status: int) -> None:
+    """End this process the way CMD ended: its exit code, or death by its signal."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)  # a signal that does not kill (SIGCHLD...): its conventional code
+    os._exit(os.waitstatus_to_exitcode(status))
 
 
 if __name__ == "__main__":

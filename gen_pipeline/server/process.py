@@ -21,7 +21,8 @@ from typing import BinaryIO
 import anyio
 from anyio.abc import Process
 
-from gen_pipeline.server import logfile
+from gen_pipeline.server import logfile, parent_watch
+from gen_pipeline.server.leftover import group_alive, remove_record, write_record
 from gen_pipeline.server.log_advice import COMMAND_ECHO
 from gen_pipeline.store.lock import pid_alive
 
@@ -48,8 +49,11 @@ class ServerProcess:
         return time.monotonic() - self.started_s
 
     @classmethod
-    async def start(cls, command: list[str], env: dict[str, str], log_path: Path) -> ServerProcess:
-        """Rotate the log, spawn `command` writing to it; raises OSError if it cannot be executed."""
+    async def start(cls, command: list[str], env: dict[str, str], log_path: Path, *,
+                    stop_grace_s: float = 30.0, url: str = "") -> ServerProcess:
+        """Rotate the log, spawn `command` writing to it and record it beside the log (server/leftover.py);
+        raises OSError if it cannot be executed. `stop_grace_s`: what its watcher gives it between SIGTERM
+        and SIGKILL if we die (server/parent_watch.py)."""
         def open_log() -> BinaryIO:
             logfile.rotate(log_path)
             f = open(log_path, "ab")  # noqa: SIM115 - returned to the caller, which closes it after the spawn
@@ -59,10 +63,11 @@ class ServerProcess:
 
         log = await anyio.to_thread.run_sync(open_log)
         try:
-            proc = await anyio.open_process(_watched(command), stdin=subprocess.DEVNULL, stdout=log,
+            proc = await anyio.open_process(_watched(command, stop_grace_s), stdin=subprocess.DEVNULL, stdout=log,
                                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
         finally:
             log.close()  # the child holds its own descriptor
+        await anyio.to_thread.run_sync(write_record, log_path.parent, proc.pid, url)
         return cls(proc, log_path, command)
 
     async def wait(self) -> int:
@@ -79,15 +84,17 @@ class ServerProcess:
             _killpg(self.pgid, signal.SIGKILL)  # also reaches children that outlive the leader
             await self.proc.wait()
             await _wait_group_gone(self.pgid, timeout_s=2.0)
+            remove_record(self.log_path.parent, self.pgid)
         return self.returncode
 
 
-def _watched(command: list[str]) -> list[str]:
-    """`command` behind parent_watch: the server gets SIGTERM if we die by SIGKILL (see that module).
-    A command that cannot be found is left bare, so spawning it raises OSError here as before."""
+def _watched(command: list[str], stop_grace_s: float) -> list[str]:
+    """`command` behind parent_watch: the server is stopped (SIGTERM, `stop_grace_s`, SIGKILL) if we die
+    by SIGKILL (see that module). A command that cannot be found is left bare, so spawning it raises
+    OSError here as before. `-I`: the watcher imports nothing of the working directory's."""
     if shutil.which(command[0]) is None:
         return command
-    return [sys.executable, "-m", "gen_pipeline.server.parent_watch", str(os.getpid()), *command]
+    return [sys.executable, "-I", parent_watch.SCRIPT, str(os.getpid()), f"{stop_grace_s:g}", *command]
 
 
 def _killpg(pgid: int, sig: int) -> None:

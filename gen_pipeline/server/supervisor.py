@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import socket
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from gen_pipeline.server.capacity import capacity_from_log, probe
 from gen_pipeline.server.command import build_command, build_env
 from gen_pipeline.server.handle import ServerHandle
 from gen_pipeline.server.health import check_timeout_s, is_healthy, wait_healthy
+from gen_pipeline.server.leftover import stop_leftover
 from gen_pipeline.server.process import ServerProcess
 
 log = logging.getLogger(__name__)
@@ -35,17 +37,34 @@ def pick_free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+def _listening(host: str, port: int) -> bool:
+    """Something accepts connections on host:port now (a server started there would fail to bind, and its
+    health check would pass against the other one)."""
+    try:
+        with socket.create_connection((host, port), timeout=2.0):
+            return True
+    except OSError:
+        return False
+
+
 def connect_host(host: str) -> str:
     return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
 
 
-async def run_server(profile: ServerProfile, *, log_dir: Path, http: Http,
+async def run_server(profile: ServerProfile, *, log_dir: Path, http: Http, leftover_dirs: Sequence[Path] = (),
                      task_status: TaskStatus[ServerHandle] = anyio.TASK_STATUS_IGNORED) -> None:
     """Start the server, report the ServerHandle once healthy, supervise until cancelled.
 
-    Raises ServerStartupError if the first start fails, ServerError once restarts are exhausted.
+    Raises ServerStartupError if the first start fails (or a server an earlier run recorded in `log_dir`
+    or one of `leftover_dirs` cannot be stopped: server/leftover.py), ServerError once restarts are exhausted.
     On exit (cancellation included) the process group is stopped: SIGTERM, stop_grace_s, SIGKILL.
     """
+    for folder in dict.fromkeys([log_dir, *leftover_dirs]):  # a job's earlier run may have had another first dataset
+        await stop_leftover(folder, profile.stop_grace_s)
+    if profile.port and await anyio.to_thread.run_sync(_listening, connect_host(profile.host), profile.port):
+        raise ServerStartupError(
+            f"Port {profile.port} on {connect_host(profile.host)} is already in use by another process (not a server "
+            f"this job started). Stop it, or set port = 0 in {profile.where} (a free port is then picked).")
     port = profile.port or pick_free_port(connect_host(profile.host))
     sup = _Supervisor(profile, log_dir / "server.log", http, port)
     try:
@@ -75,7 +94,8 @@ class _Supervisor:
     async def _start(self) -> None:
         """Spawn and wait for /health; raises ServerStartupError (the group is already stopped then)."""
         try:
-            self.proc = await ServerProcess.start(self.command, build_env(self.profile), self.log_path)
+            self.proc = await ServerProcess.start(self.command, build_env(self.profile), self.log_path,
+                                                  stop_grace_s=self.profile.stop_grace_s, url=self.url)
         except OSError as e:
             raise ServerStartupError(
                 f"Could not run {self.command[0]!r}: {e}. Check command in {self.profile.where} "

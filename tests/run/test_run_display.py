@@ -46,7 +46,7 @@ def test_log_mode_start_up_first_then_figures_with_load_then_peaks(tmp_path: Pat
     assert lines[0] == "T: loading the source T.jsonl"  # the set-up's one slow step (a hub download: minutes)
     assert re.fullmatch(r"starting SGLang \(sim\) on http://127\.0\.0\.1:\d+, log: \S+/out/T/server\.log", lines[1])
     assert re.fullmatch(r"SGLang ready after \d+ s, pid \d+: Kimi-K2\.5 tp=8 kv=fp8_e4m3 24,576 KV tokens, max running "
-                        r"\d+, hicache 48 GB", lines[2]), lines
+                        r"[\d,]+, hicache 48 GB", lines[2]), lines
     figures, summary = lines[3:-1], lines[-1]
     # the first line already carries the server's load (it waits for a poll) and the controller
     assert re.fullmatch(rf"T {NUM}/60 \({NUM}%\) {NUM} samples/s, {NUM} tok/s, in flight \d+/\d+, running \d+ "

@@ -129,3 +129,16 @@ def _wait_up(url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
             pass
         time.sleep(0.1)
     return False
+
+
+async def test_attach_with_a_dead_url_counts_the_servers_that_answer(sims, events):
+    """Issue 31 item 6: one of three URLs dead at start: "2 of 3 servers up", not "3 servers"."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    urls = [sims[0].url, dead, sims[1].url]
+    async with open_http(GenerationConfig(), 16) as http:
+        async with anyio.create_task_group() as tg:
+            handle = await tg.start(partial(run_attached, urls, http=http))
+            line = handle.summary_line()
+            tg.cancel_scope.cancel()
+    assert line == "2 of 3 servers up: Kimi-K2.5 tp=1 kv=auto 40,000 KV tokens, max running 4,096"
+    assert f"attached to {', '.join(urls)}: {line}" in events

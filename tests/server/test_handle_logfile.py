@@ -47,7 +47,7 @@ def test_summary_line():
     handle = ServerHandle(base_urls=["http://a"], model="m", capacity=Capacity(376_000, 1024),
                           info={"model_path": "moonshotai/Kimi-K2.5", "tp_size": 8, "kv_cache_dtype": "fp8_e4m3",
                                 "enable_hierarchical_cache": True, "hicache_size": 48})
-    assert handle.summary_line() == "Kimi-K2.5 tp=8 kv=fp8_e4m3 376,000 KV tokens, max running 1024, hicache 48 GB"
+    assert handle.summary_line() == "Kimi-K2.5 tp=8 kv=fp8_e4m3 376,000 KV tokens, max running 1,024, hicache 48 GB"
     handle.capacity = Capacity(0, None, source="unknown")
     handle.info = {}
     assert handle.summary_line() == "m KV tokens unknown, max running unknown"

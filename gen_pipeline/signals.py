@@ -1,0 +1,65 @@
+"""The signals that stop a run (SIGINT, SIGTERM, SIGHUP), held from the CLI's first line until a job
+listens (run/shutdown.py takes them then). Standard library only: the CLI enters `hold_signals` before it
+imports anything else, so a signal in the first second of a run (imports, configs) is not the default
+action that kills the process without its summary, and its lock left behind.
+
+SIGHUP is a closed terminal or an ssh session dropped without nohup: the run stops as on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143, "SIGHUP": 129}  # 128 + the signal's number, as a shell reports it
+_held: list[str] = []  # signals received while held and no job listened yet (oldest first)
+_depth = 0  # hold_signals scopes entered
+
+
+def _hold(signum: int, frame: FrameType | None) -> None:
+    _held.append(signal.Signals(signum).name)
+
+
+def install_hold() -> None:
+    for signum in SIGNALS:
+        signal.signal(signum, _hold)
+
+
+def holding() -> bool:
+    return _depth > 0
+
+
+def take_held() -> str | None:
+    """The oldest signal held and not yet taken (None when none is)."""
+    return _held.pop(0) if _held else None
+
+
+@contextmanager
+def hold_signals(*, redeliver: bool = False) -> Iterator[None]:
+    """While inside, SIGINT/SIGTERM/SIGHUP are held instead of ending the process: a job's Shutdown takes
+    them when it starts listening, and holds again once it stops (anyio resets the dispositions to the
+    defaults when its receiver closes). On the way out the previous handlers are back; a signal still held
+    is dropped (a job ended: its summary said how), or with `redeliver` sent again to those handlers (the
+    CLI's outermost scope: a command that is not `generate` gets the usual default actions). Off the main
+    thread (signals cannot be handled there) it does nothing."""
+    global _depth
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    install_hold()
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+        pending = list(_held) if redeliver else []
+        _held.clear()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for name in pending:
+            signal.raise_signal(getattr(signal, name))
