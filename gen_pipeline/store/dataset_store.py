@@ -45,7 +45,7 @@ from gen_pipeline.store.layout import (
     sealed_records,
     shard_files,
 )
-from gen_pipeline.store.lock import RunLock
+from gen_pipeline.store.lock import FolderGone, RunLock
 from gen_pipeline.store.manifest import (
     Manifest,
     OpenShardRecord,
@@ -69,6 +69,9 @@ from gen_pipeline.store.shards import (
     write_atomic,
     write_sidecar,
 )
+
+# How often lock() makes the folder again when runs giving up keep removing it (each removes it once).
+_FOLDER_RETRIES = 20
 
 
 def default_opener(path: Path, mode: str) -> BinaryIO:
@@ -117,6 +120,7 @@ class DatasetStore:
         self._progress: ProgressRecord | None = None
         self._failed = False
         self._closed = False
+        self._scanned = False  # claim() got to its end
         self._loaded = False  # done_ids holds every shard's ids (open() got past _load_shards)
 
     # ------------------------------------------------------------ figures
@@ -132,7 +136,7 @@ class DatasetStore:
     @property
     def claimed(self) -> bool:
         """claim() succeeded and the store is not closed yet (it holds the lock)."""
-        return self._lock is not None and not self._closed
+        return self._scanned and not self._closed
 
     @property
     def remaining(self) -> int:
@@ -186,23 +190,40 @@ class DatasetStore:
         return state
 
     def claim(self) -> ResumeState:
-        """Lock the folder, check drift, repair and scan. Nothing of this run is written yet: a launch
-        refused now `release()`s the claim and leaves no trace. Raises as open()."""
-        dataset = self.folder.parent if self.rank.ranked else self.folder
-        check_world(dataset, self.rank)  # before creating anything
-        self._created = [p for p in (self.folder, *self.folder.parents) if not p.exists()]
+        """Lock the folder (unless lock() did), check drift, repair and scan. Nothing of this run is written
+        yet: a launch refused now `release()`s the claim and leaves no trace. Raises as open()."""
+        self.lock()
+        assert self._lock is not None
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise StoreError(f"Cannot create {display_path(self.folder)}: {e.strerror or e}. "
-                             "Fix the path's permissions or choose another output folder.") from None
-        self._lock = RunLock.acquire(self.folder)
-        try:
-            check_world(dataset, self.rank)  # again, now that our folder and lock exist (a run starting with us)
+            check_world(self._dataset_folder(), self.rank)  # again, now that our folder and lock exist
             return self._scan_locked(self._lock.note)
         except BaseException:
             self.release()
             raise
+
+    def lock(self) -> None:
+        """Make the folder and take its lock (idempotent); raises LockedError, StoreError. A job takes every
+        lock before anything slow, in one order (run/setup.py); a folder that another run, refused, removes
+        between our mkdir and our lock's create is made again."""
+        if self._lock is not None:
+            return
+        check_world(self._dataset_folder(), self.rank)  # before creating anything
+        for _ in range(_FOLDER_RETRIES):
+            self._created = [p for p in (self.folder, *self.folder.parents) if not p.exists()]
+            try:
+                self.folder.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise StoreError(f"Cannot create {display_path(self.folder)}: {e.strerror or e}. "
+                                 "Fix the path's permissions or choose another output folder.") from None
+            try:
+                self._lock = RunLock.acquire(self.folder)
+                return
+            except FolderGone as e:
+                gone = e
+        raise gone
+
+    def _dataset_folder(self) -> Path:
+        return self.folder.parent if self.rank.ranked else self.folder
 
     def _scan_locked(self, lock_note: str | None) -> ResumeState:
         notes = self._notes = [lock_note] if lock_note else []
@@ -230,6 +251,7 @@ class DatasetStore:
         for name in (ERRORS_NAME, REJECTS_NAME):
             self._repaired += self._cut_torn_tail(self.folder / name, notes)
         self._rejected_rows = rejected_rows(self.folder)
+        self._scanned = True
         return ResumeState(set(self.done_ids), self.done, self._repaired, notes)
 
     def begin(self) -> None:
