@@ -124,10 +124,11 @@ class ExportSummary:
         return "\n".join(out + [f"  note: {n}" for n in self.notes] + [f"  warning: {w}" for w in self.warnings])
 
 
-def iter_committed_samples(folder: Path) -> Iterator[dict[str, Any]]:
+def iter_committed_samples(folder: Path, duplicates: list[str] | None = None) -> Iterator[dict[str, Any]]:
     """The committed samples of a dataset folder (every part), first of each id, by the store's trust
     rule (layout.py, that of resume): every whole line of every shard; a torn or invalid last line is
-    a write in progress and is skipped; an invalid line before it is damage: StoreError."""
+    a write in progress and is skipped; an invalid line before it is damage: StoreError. The id of each
+    later line with an id already met (damage too: the store never writes an id twice) goes to `duplicates`."""
     seen: set[str] = set()
     for part in dataset_parts(folder):
         for shard in shard_files(part):
@@ -140,6 +141,8 @@ def iter_committed_samples(folder: Path) -> Iterator[dict[str, Any]]:
                 if row["id"] not in seen:
                     seen.add(row["id"])
                     yield row
+                elif duplicates is not None:
+                    duplicates.append(row["id"])
 
 
 # ---------------------------------------------------------------- the export
@@ -334,7 +337,8 @@ def _read_dataset(opts: ExportOptions, name: str) -> tuple[DatasetCounts, list[d
     if not folder.is_dir():
         raise _missing(opts.output_root, name, folder)
     counts, rows = DatasetCounts(name), []
-    for row in iter_committed_samples(folder):
+    duplicates: list[str] = []
+    for row in iter_committed_samples(folder, duplicates):
         if opts.format == "tokens":
             compact_ids(row)
         counts.committed += 1
@@ -343,6 +347,9 @@ def _read_dataset(opts: ExportOptions, name: str) -> tuple[DatasetCounts, list[d
             counts.dropped[reason] += 1
         else:
             rows.append(row)
+    if duplicates:  # lines of the shards, like the committed count status shows
+        counts.committed += len(duplicates)
+        counts.dropped["duplicate"] += len(duplicates)
     if not counts.committed:
         raise ConfigError(f"{name} has no committed samples yet (no whole line in the shards of "
                           f"{display_path(folder)}). Generate some first (make generate DATASET=" + name + ").")

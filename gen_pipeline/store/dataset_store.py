@@ -61,7 +61,9 @@ from gen_pipeline.store.manifest import (
 from gen_pipeline.store.ranks import RankSpec
 from gen_pipeline.store.shards import (
     ShardScan,
+    first_changed_line,
     iter_lines,
+    parse_line,
     remove_tmp_files,
     scan_bytes,
     shard_name,
@@ -379,6 +381,7 @@ class DatasetStore:
         if shard.record is not None:
             found = committed_shard(shard)
             if not found.parsed:
+                self._check_sealed_ids(shard.path, found.scan.ids)
                 return shard.record, found.scan
             why = "its id sidecar is missing or does not match"
         elif shard.listed_record is not None:
@@ -389,6 +392,25 @@ class DatasetStore:
         scan = self._repair(shard.path, notes)
         self._io(shard.path, write_sidecar, sidecar_path(shard.path), shard.path, scan.ids, scan.good_bytes)
         return scan.entry(shard.path.name), scan
+
+    def _check_sealed_ids(self, path: Path, ids: list[str]) -> None:
+        """Refuse a sealed shard whose lines no longer carry the ids its sidecar recorded when it was sealed:
+        a bit flip inside an id keeps the size (the record is trusted) and may make two lines share one id,
+        or a line name a sample it does not hold. Raises StoreError naming the line and what to do."""
+        data = self._io(path, path.read_bytes)
+        number = first_changed_line(data, ids)
+        if number is None:
+            return
+        line = data.split(b"\n")[number - 1] if number <= data.count(b"\n") else b""
+        row, _why = parse_line(line)
+        seen = f"id {orjson.dumps(row['id']).decode()}" if row is not None else "no readable id"
+        recorded = f"id {orjson.dumps(ids[number - 1]).decode()}" if number <= len(ids) else "no line there"
+        raise StoreError(
+            f"{display_path(path)} line {number} has {seen}, but the shard's id sidecar {sidecar_path(path).name} "
+            f"recorded {recorded} when the shard was sealed: the file changed on disk since (a bit flip or an edit), "
+            "so that line may hold another sample than its id says. Delete that line (its sample will be "
+            "generated again) or restore the file, then run again; `gen-pipeline validate` lists what else is "
+            "damaged.")
 
     def _repair(self, path: Path, notes: list[str]) -> ShardScan:
         """Parse a shard and cut a torn or invalid last line; raises StoreError on mid-file corruption."""
