@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,7 +14,7 @@ import pytest
 import gen_pipeline.sources.loading as loading
 from gen_pipeline.cli import main
 
-from pipeline_helpers import write_dataset
+from pipeline_helpers import REPO, write_dataset
 
 # ---------------------------------------------------------------- item 9: a full datasets cache, EFBIG
 
@@ -57,3 +58,59 @@ def test_a_full_or_too_large_datasets_cache_says_which_folder(tmp_path: Path, mo
     code = main(["check", "--dataset", str(toml), "--server", "sim", "--output-dir", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert (code, err) == (4, f"error: {toml}: could not load source T.jsonl: {says.format(cache=cache)}\n")
+
+
+# ---------------------------------------------------------------- item 13: a bad file in the config folder
+
+
+def _config_dir_with_bad_files(tmp_path: Path) -> Path:
+    """T.toml (and its data) beside a Latin-1 `bad.toml` and a folder `old.toml`; server.toml copied."""
+    cfg = tmp_path / "cfg"
+    write_dataset(cfg, target=3)
+    shutil.copy(REPO / "datasets_cfg" / "server.toml", cfg / "server.toml")
+    (cfg / "bad.toml").write_bytes('name = "caf\u00e9"\n'.encode("latin-1"))
+    (cfg / "old.toml").mkdir()
+    return cfg
+
+
+def _warnings(cfg: Path) -> str:
+    return (f"warning: {cfg}/bad.toml: not UTF-8 text (byte 0xe9 at offset 11); a TOML file must be UTF-8. Save it "
+            "as UTF-8, or move it out of the config folder if it is no config. (skipped)\n"
+            f"warning: {cfg}/old.toml is a folder, not a TOML file. Rename it (only config files may end in .toml) "
+            "or move it out of the config folder. (skipped)\n")
+
+
+def test_status_warns_for_each_bad_file_and_shows_the_rest(tmp_path: Path, capsys) -> None:
+    cfg = _config_dir_with_bad_files(tmp_path)
+    code = main(["status", "--config-dir", str(cfg), "--output-dir", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert err == _warnings(cfg).replace(" (skipped)", "")
+    assert "T " in out and "not started" in out, out
+
+
+def test_plan_warns_for_each_bad_file_and_plans_the_rest(tmp_path: Path, capsys) -> None:
+    cfg = _config_dir_with_bad_files(tmp_path)
+    code = main(["plan", "--config-dir", str(cfg), "--output-dir", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert (code, err) == (0, _warnings(cfg))
+    assert f"the job (T of {cfg}/: 3 samples to do)" in out, out
+
+
+def test_check_of_a_bad_file_names_it(tmp_path: Path, capsys) -> None:
+    cfg = _config_dir_with_bad_files(tmp_path)
+    code = main(["check", "--dataset", "bad", "--config-dir", str(cfg), "--server", "sim"])
+    err = capsys.readouterr().err
+    assert (code, err) == (2, "error: " + _warnings(cfg).splitlines()[0].removeprefix("warning: ")
+                           .removesuffix(" (skipped)") + "\n")
+
+
+def test_generate_all_warns_for_each_bad_file_and_runs_the_rest(tmp_path: Path, capsys, monkeypatch) -> None:
+    cfg = _config_dir_with_bad_files(tmp_path)
+    out = tmp_path / "out"
+    code = main(["generate", "--dataset", "all", "--config-dir", str(cfg), "--server", "sim", "--output-dir", str(out),
+                 "--progress", "quiet"])
+    text = capsys.readouterr()
+    assert code == 0, text
+    assert text.err.startswith(_warnings(cfg)), text.err
+    assert len((out / "T" / "shard-00000.jsonl").read_bytes().splitlines()) == 3

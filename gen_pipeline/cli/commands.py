@@ -39,7 +39,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from gen_pipeline.run.progress import Progress
 
     quiet_datasets()
-    cfgs = find_dataset_configs(args.dataset, args.config_dir)
+    skipped: list[str] = []
+    cfgs = find_dataset_configs(args.dataset, args.config_dir, skipped)
+    for warning in skipped:
+        print(f"warning: {warning}", file=sys.stderr)
     opts = options_from_args(args, cfgs)
     if opts.rank.ranked:  # which part this process writes, and why (a launcher's variables are easy to miss)
         for cfg in cfgs:
@@ -162,7 +165,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
                        weights_gb=args.weights_gb, params_b=args.params_b, weight_dtype=args.weight_dtype,
                        overhead_gb=args.overhead_gb, inputs_note=note, **inputs)
     print(format_plan(p))
-    job = plan_job_time(p, args.config_dir, args.output_dir, decode_tok_s=args.decode_tok_s)
+    skipped: list[str] = []
+    job = plan_job_time(p, args.config_dir, args.output_dir, decode_tok_s=args.decode_tok_s, skipped=skipped)
+    for warning in skipped:
+        print(f"warning: {warning}", file=sys.stderr)
     if job:
         print("\n" + job)
     return 0
