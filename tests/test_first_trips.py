@@ -13,6 +13,8 @@ import pytest
 
 import gen_pipeline.sources.loading as loading
 from gen_pipeline.cli import main
+from gen_pipeline.records import Sample
+from gen_pipeline.store.dataset_store import DatasetStore
 
 from pipeline_helpers import REPO, write_dataset
 
@@ -114,3 +116,24 @@ def test_generate_all_warns_for_each_bad_file_and_runs_the_rest(tmp_path: Path, 
     assert code == 0, text
     assert text.err.startswith(_warnings(cfg)), text.err
     assert len((out / "T" / "shard-00000.jsonl").read_bytes().splitlines()) == 3
+
+
+# ---------------------------------------------------------------- item 14: export --format tokens --server NAME
+
+
+def test_tokens_export_says_why_the_servers_tokenizer_is_not_there(tmp_path: Path, capsys) -> None:
+    """--server sim was passed: the message names its model's tokenizer and the load's error, never "pass
+    --tokenizer PATH or --server NAME" (the model is a hub id this machine has not cached)."""
+    with DatasetStore(tmp_path, "B2", fingerprint={"model": "m"}, target=3) as store:
+        store.open()
+        store.write_samples([Sample("B2-0", "B2", [{"role": "user", "content": "q"},
+                                                   {"role": "assistant", "content": "a"}],
+                                    {"finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": 1})])
+    code = main(["export", "--dataset", "B2", "--output-dir", str(tmp_path), "--format", "tokens",
+                 "--out", str(tmp_path / "x.jsonl"), "--server", "sim", "--config-dir", str(REPO / "datasets_cfg")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("error: sample B2-0 has no server token ids (prompt_token_ids / token_ids on its assistant "
+                          "turns), so the tokens format renders it with the target's chat template: --server sim: "
+                          "its model moonshotai/Kimi-K2.5"), err
+    assert "pass --tokenizer PATH or --server NAME" not in err

@@ -52,7 +52,7 @@ from gen_pipeline.export.select import (
     validation_ids,
 )
 from gen_pipeline.export.template_check import MODES, TemplateCheck
-from gen_pipeline.export.tokens import TokenRowBuilder, compact_ids
+from gen_pipeline.export.tokens import NO_TOKENIZER, TokenRowBuilder, compact_ids
 from gen_pipeline.store.layout import dataset_parts, has_shards, shard_files
 from gen_pipeline.store.shards import iter_lines
 
@@ -177,7 +177,7 @@ def run_export(opts: ExportOptions) -> ExportSummary:
     if opts.expand_turns:
         splits = {k: [t for r in rows for t in expand_turns(r)] for k, rows in splits.items()}
     if opts.format == "tokens":
-        builder = TokenRowBuilder(renderer)
+        builder = TokenRowBuilder(renderer, why=why)
         built = {k: builder.rows(rows) for k, rows in splits.items()}
         if builder.mismatch:  # went exact at a spot check: the splits built before it again
             built = {k: builder.rows(rows) for k, rows in splits.items()}
@@ -204,15 +204,16 @@ def _renderer(opts: ExportOptions) -> tuple[Renderer | None, str]:
     unless every turn carries the server's token ids."""
     source = tokenizer_source(opts.tokenizer, opts.profile)
     if source is None:
-        return None, "pass --tokenizer PATH or --server NAME"
+        return None, NO_TOKENIZER
     trust = bool(opts.profile and opts.profile.trust_remote_code)
+    flag = source_flag(opts.tokenizer, opts.profile)
     try:
-        return load_renderer(source, kwargs=opts.template_kwargs, trust_remote_code=trust,
-                             flag=source_flag(opts.tokenizer, opts.profile)), ""
+        return load_renderer(source, kwargs=opts.template_kwargs, trust_remote_code=trust, flag=flag), ""
     except ConfigError as e:
         if opts.tokenizer:
             raise
-        return None, str(e).rstrip(".")
+        why = str(e).rstrip(".")  # names the profile's tokenizer path unless it is the missing extra
+        return None, why if source in why else f"{flag} {source} cannot be loaded: {why}"
 
 
 def check_reasoning(opts: ExportOptions, chosen: list[dict[str, Any]], renderer: Renderer | None,
