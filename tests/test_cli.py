@@ -80,6 +80,7 @@ def test_a_toml_whose_name_is_not_its_file_name_is_refused_by_every_command(
                   str(tmp_path / "x.jsonl")]):
         assert main([*argv, "--config-dir", str(cfg_dir), "--output-dir", str(out)]) == 2, argv
         assert capsys.readouterr().err == f"error: {refused}\n", argv
+    out.mkdir()  # status refuses an output folder that does not exist (issue 31 item 15)
     assert main(["status", "--json", "--config-dir", str(cfg_dir), "--output-dir", str(out)]) == 0
     captured = capsys.readouterr()
     import orjson

@@ -84,6 +84,7 @@ def _warnings(cfg: Path) -> str:
 
 def test_status_warns_for_each_bad_file_and_shows_the_rest(tmp_path: Path, capsys) -> None:
     cfg = _config_dir_with_bad_files(tmp_path)
+    (tmp_path / "out").mkdir()
     code = main(["status", "--config-dir", str(cfg), "--output-dir", str(tmp_path / "out")])
     out, err = capsys.readouterr()
     assert code == 0, err
@@ -137,3 +138,24 @@ def test_tokens_export_says_why_the_servers_tokenizer_is_not_there(tmp_path: Pat
                           "turns), so the tokens format renders it with the target's chat template: --server sim: "
                           "its model moonshotai/Kimi-K2.5"), err
     assert "pass --tokenizer PATH or --server NAME" not in err
+
+
+# ---------------------------------------------------------------- item 15: status --output-dir
+
+
+def test_status_of_a_folder_that_does_not_exist_says_so(tmp_path: Path, capsys) -> None:
+    missing = tmp_path / "nonexistent" / "out"
+    assert main(["status", "--output-dir", str(missing)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --output-dir {missing}: no such folder, so no dataset has output there. Pass the folder generate "
+        "wrote to (default: outputs), or run generate first: it makes the folder.\n")
+
+
+@pytest.mark.parametrize("command", [["status"], ["validate", "--dataset", "T"], ["plan"]])
+def test_an_empty_output_dir_is_refused(capsys, command: list[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main([*command, "--output-dir", ""])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.endswith(
+        f"gen-pipeline {command[0]}: error: argument --output-dir: is empty, which would mean the current folder: "
+        "name the folder (e.g. outputs), or leave the flag out for its default\n")

@@ -125,9 +125,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from gen_pipeline.reports.status import config_targets, format_status, status_all
+    from gen_pipeline.reports.status import check_output_root, config_targets, format_status, status_all
 
     targets, warnings = config_targets(args.config_dir, args.output_dir, args.dataset)
+    check_output_root(args.output_dir)  # after the configs: a config named and wrong is the first thing to fix
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     # the total is the reference job's (88,000 over B1, B2, B6, B7), over the ones asked for

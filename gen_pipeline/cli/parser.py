@@ -15,10 +15,18 @@ REFERENCE_GPU_MEM_GIB = 95.6
 REFERENCE_OVERHEAD_GIB = 4.5
 
 
+def folder(value: str) -> Path:
+    """A folder flag's value; an empty one is refused (as Path("") it would be the current folder)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("is empty, which would mean the current folder: name the folder "
+                                         "(e.g. outputs), or leave the flag out for its default")
+    return Path(value)
+
+
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR,
+    p.add_argument("--output-dir", type=folder, default=DEFAULT_OUTPUT_DIR,
                    help="where outputs/<DATASET>/ live (default: %(default)s)")
-    p.add_argument("--config-dir", type=Path, default=DEFAULT_CONFIG_DIR,
+    p.add_argument("--config-dir", type=folder, default=DEFAULT_CONFIG_DIR,
                    help="folder of dataset TOMLs and server.toml (default: %(default)s)")
     p.add_argument("--debug", action="store_true", help="show tracebacks for handled errors")
 
@@ -111,9 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--server", default="tuned", metavar="PROFILE",
                     help="server.toml profile whose tp_size, mem_fraction_static, kv_cache_dtype and hicache_size_gb "
                          "are the defaults below (default: %(default)s)")
-    pl.add_argument("--config-dir", type=Path, default=DEFAULT_CONFIG_DIR,
+    pl.add_argument("--config-dir", type=folder, default=DEFAULT_CONFIG_DIR,
                     help="folder of server.toml and the job's dataset TOMLs (default: %(default)s)")
-    pl.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR,
+    pl.add_argument("--output-dir", type=folder, default=DEFAULT_OUTPUT_DIR,
                     help="where the job's samples so far are (default: %(default)s): the time left, and each "
                          "dataset's own lengths once it has 20 samples")
     pl.add_argument("--gpu-mem-gb", type=float, default=REFERENCE_GPU_MEM_GIB,
