@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -159,3 +160,73 @@ def test_an_empty_output_dir_is_refused(capsys, command: list[str]) -> None:
     assert capsys.readouterr().err.endswith(
         f"gen-pipeline {command[0]}: error: argument --output-dir: is empty, which would mean the current folder: "
         "name the folder (e.g. outputs), or leave the flag out for its default\n")
+
+
+# ---------------------------------------------------------------- item 16: small ones
+
+
+def test_window_0_means_adaptive_on_the_command_line_as_in_the_toml(tmp_path: Path) -> None:
+    from gen_pipeline.config.dataset import load_dataset_config
+    from gen_pipeline.run.setup import run_options
+
+    cfg = load_dataset_config(write_dataset(tmp_path, extra="window = 4"))  # a fixed window in the TOML
+    config_dir = REPO / "datasets_cfg"
+    assert run_options([cfg], config_dir=config_dir, server="sim")[0].window == 4
+    assert run_options([cfg], config_dir=config_dir, server="sim", window=0)[0].window is None  # adaptive
+    assert run_options([cfg], config_dir=config_dir, server="sim", window=7)[0].window == 7
+
+
+def test_plan_names_a_missing_model_config_file(tmp_path: Path, capsys) -> None:
+    missing = tmp_path / "config.json"
+    assert main(["plan", "--model-config", str(missing), "--output-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"error: --model-config {missing}: no such file (pass the model's "
+                                       "config.json).\n")
+
+
+def test_plan_into_a_closed_pipe_exits_0_quietly() -> None:
+    """`plan | head -1`: the reader gone before plan writes (its end closed at once), so every write fails."""
+    import subprocess
+
+    from pipeline_helpers import cli_cmd
+
+    proc = subprocess.Popen(cli_cmd("plan"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    with proc.stderr:
+        err = proc.stderr.read()
+    assert (proc.wait(timeout=120), err) == (0, b"")
+
+
+def test_a_rerun_with_nothing_to_do_is_not_a_run_in_gpu_hours_and_the_report_counts_runs(tmp_path: Path,
+                                                                                        capsys) -> None:
+    pytest.importorskip("matplotlib")
+    toml = write_dataset(tmp_path / "cfg", target=3)
+    out = tmp_path / "out"
+    argv = ["generate", "--dataset", str(toml), "--server", "sim", "--output-dir", str(out), "--progress", "quiet"]
+    for _ in range(3):  # the run, then two reruns with nothing to do
+        assert main(argv) == 0
+    capsys.readouterr()
+    assert main(["status", "--dataset", str(toml), "--output-dir", str(out)]) == 0
+    gpu = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  T: ")]
+    assert len(gpu) == 1 and re.fullmatch(r"  T: \d+\.\d\d GPU-h over \S+ for 3 samples = \d+\.\d\d GPU-h per "
+                                          r"1,000 samples \(tp 8 × dp 1 × 1 server\)", gpu[0]), gpu
+    page = tmp_path / "r.html"
+    assert main(["report", "--dataset", "T", "--output-dir", str(out), "--out", str(page)]) == 0
+    text = page.read_text()
+    assert "<p>3 runs, 0 server restarts, " in text, text[:3000]
+    assert "nothing to do (the target was already reached)" in text and "nothing_to_do" not in text
+
+
+def test_validate_says_a_torn_last_line_is_cut_by_the_next_run(tmp_path: Path, capsys) -> None:
+    with DatasetStore(tmp_path, "B2", fingerprint={"model": "m"}, target=3) as store:
+        store.open()
+        store.write_samples([Sample(f"B2-{i}", "B2", [{"role": "user", "content": "q"},
+                                                      {"role": "assistant", "content": "a"}],
+                                    {"finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": 1})
+                             for i in range(2)])
+    with open(tmp_path / "B2" / "shard-00000.jsonl", "ab") as f:
+        f.write(b'{"id":"B2-2","data')  # what a SIGKILL mid-write leaves
+    assert main(["validate", "--dataset", "B2", "--output-dir", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert ("    shard-00000.jsonl:3: not valid JSON; it is the last line, a write cut short (a crash, or a run "
+            "writing now): the next generate run cuts it off, and export skips it") in out.splitlines(), out

@@ -44,9 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         write_line("interrupted; run the same command to resume.", sys.stderr)
         return 130
-    except BrokenPipeError:  # `gen-pipeline status | head`: the reader left; not an error to report
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+    except BrokenPipeError:  # `gen-pipeline plan | head -1`: the reader left, having read what it wanted; no
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # error (nor 141, which a shell's
+        return 0  # pipefail would take for one): stdout goes to /dev/null, so the exit's flush is quiet too
 
 
 if __name__ == "__main__":

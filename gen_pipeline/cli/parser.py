@@ -57,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPUs each server holds, for the GPU-hours status and the report show (default: the "
                         "server's tp_size × dp_size from /get_server_info; unknown when it has none)")
     g.add_argument("--limit", type=int, help="stop after this many new samples in this run")
-    g.add_argument("--window", type=int, help="fixed concurrency instead of the adaptive controller "
-                                              "(default: the dataset's generation.window; 0 there = adaptive)")
+    g.add_argument("--window", type=int, help="fixed concurrency instead of the adaptive controller; 0 = "
+                                              "adaptive, as in the TOML (default: the dataset's generation.window)")
     g.add_argument("--model", default="", help="model id for requests (default: from the profile or /v1/models)")
     g.add_argument("--progress", choices=("auto", "bar", "log", "quiet"), default="auto",
                    help="progress display (auto: a bar on a terminal, log lines otherwise)")

@@ -62,7 +62,11 @@ def run_options(cfgs: Sequence[DatasetConfig], *, config_dir: Path = DEFAULT_CON
         odd = next(c for c in cfgs[1:] if (c.generation.window or None) != (cfgs[0].generation.window or None))
         raise ConfigError(f"{_where(odd)}: generation.window = {odd.generation.window} differs from the other "
                           "datasets' (the job's datasets share one window); set it the same or pass --window.")
-    fixed = window if window is not None else (cfgs[0].generation.window or None)  # the flag wins
+    if window is not None and window < 0:
+        raise ConfigError(f"--window {window} must be 0 (the adaptive controller) or a fixed number of requests "
+                          "in flight.")
+    # the flag wins; 0 means adaptive, as generation.window = 0 does (so --window 0 overrides a TOML's fixed one)
+    fixed = (window or None) if window is not None else (cfgs[0].generation.window or None)
     run = load_run_config(server_toml)
     if server_wait_s is None:
         server_wait_s = run.server_wait_s if run.server_wait_s is not None else DEFAULT_SERVER_WAIT_S
