@@ -39,10 +39,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from gen_pipeline.run.progress import Progress
 
     quiet_datasets()
-    skipped: list[str] = []
-    cfgs = find_dataset_configs(args.dataset, args.config_dir, skipped)
-    for warning in skipped:
-        print(f"warning: {warning}", file=sys.stderr)
+    cfgs = _generate_configs(args)
     opts = options_from_args(args, cfgs)
     if opts.rank.ranked:  # which part this process writes, and why (a launcher's variables are easy to miss)
         for cfg in cfgs:
@@ -56,6 +53,24 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     for line in summary.lines():  # run.log has them too: a reader gone changes nothing (display.write_line)
         write_line(line, sys.stdout)
     return summary.exit_code
+
+
+def _generate_configs(args: argparse.Namespace) -> list[DatasetConfig]:
+    """--dataset's configs (a warning for each file of `all` that is no TOML), or --input's, inferred."""
+    from gen_pipeline.config.from_input import input_dataset, sampling_flags
+
+    flags = sampling_flags(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                           input_given=args.input is not None)
+    if args.input is not None:
+        cfg, note = input_dataset(args.input, args.output_dir, command="gen-pipeline " + shlex.join(args.argv),
+                                  **flags)
+        print(f"{cfg.name}: {note}", flush=True)
+        return [cfg]
+    skipped: list[str] = []
+    cfgs = find_dataset_configs(args.dataset, args.config_dir, skipped)
+    for warning in skipped:
+        print(f"warning: {warning}", file=sys.stderr)
+    return cfgs
 
 
 def exit_past_threads(code: int, join_s: float = 0.5) -> None:

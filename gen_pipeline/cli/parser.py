@@ -40,9 +40,16 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Start (or attach to) one server and generate each DATASET up to its target "
                                    "(several: one job through one server lifetime). Running the same command "
                                    "again resumes.")
-    g.add_argument("--dataset", required=True, action="append",
-                   help="a name from the config dir (B1, B2, B6, B7, demo) or a .toml path; several: repeat or "
-                        "comma-separate (B1,B2,B6,B7); all = every dataset TOML of the config dir but demo")
+    what = g.add_mutually_exclusive_group(required=True)
+    what.add_argument("--dataset", action="append",
+                      help="a name from the config dir (B1, B2, B6, B7, demo) or a .toml path; several: repeat or "
+                           "comma-separate (B1,B2,B6,B7); all = every dataset TOML of the config dir but demo")
+    what.add_argument("--input", type=Path, metavar="FILE.jsonl",
+                      help="a prompt file instead of a dataset TOML: its schema is inferred and the TOML used is "
+                           "written to --output-dir/<name>.toml (the same command, or --dataset on it, resumes)")
+    g.add_argument("--max-new-tokens", type=int, help="with --input: sampling.max_new_tokens (default: 2048)")
+    g.add_argument("--temperature", type=float, help="with --input: sampling.temperature (default: 0.7)")
+    g.add_argument("--top-p", type=float, help="with --input: sampling.top_p (default: 0.95)")
     where = g.add_mutually_exclusive_group()
     where.add_argument("--server", default="tuned", metavar="PROFILE",
                        help="server.toml profile to launch: tuned (default), baseline, sim (the built-in simulator)")
