@@ -29,6 +29,7 @@ from gen_pipeline.config.dataset import DatasetConfig, SamplingConfig, load_data
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.sources.loading import InvalidRow, check_roles, content_id, parse_row
+from gen_pipeline.store.layout import read_jsonl_rows
 
 # Columns tried, in order: conversations first (a list of turns), then a prompt's text.
 TURN_COLUMNS = ("messages", "conversations", "conversation", "turns", "chat", "dialog")
@@ -45,19 +46,6 @@ class Inferred:
     id_field: str
     valid: int  # rows that parse under it, each id once
     rows: int
-
-
-def _rows(path: Path) -> list[dict[str, Any]]:
-    """The JSON object lines of a .jsonl file (others are left to the run, which rejects them)."""
-    out = []
-    for line in path.read_bytes().splitlines():
-        try:
-            row = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            out.append(row)
-    return out
 
 
 def _schema_of(rows: list[dict[str, Any]]) -> tuple[str, str] | None:
@@ -88,10 +76,10 @@ def infer_input(path: Path) -> Inferred:
     if path.suffix != ".jsonl":
         raise ConfigError(f"--input {where}: only a .jsonl file (one JSON object a line) is read without a dataset "
                           "TOML. For .json/.parquet or a hub dataset, write one (datasets_cfg/B2.toml shows how).")
+    if not path.is_file():
+        raise ConfigError(f"--input {where}: no such file.")
     try:
-        rows = _rows(path)
-    except FileNotFoundError:
-        raise ConfigError(f"--input {where}: no such file.") from None
+        rows = read_jsonl_rows(path)  # the JSON object lines; the run rejects the others
     except OSError as e:
         raise ConfigError(f"--input {where}: cannot be read ({e.strerror or e}).") from None
     found = _schema_of(rows[:INFER_ROWS])
