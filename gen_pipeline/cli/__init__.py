@@ -56,11 +56,11 @@ def _run(args: argparse.Namespace) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         return _interrupted()
-    except OSError as e:  # `gen-pipeline status | head`: the reader left; not an error to report
-        if not reader_gone(e):
-            raise
+    except OSError as e:  # `gen-pipeline plan | head -1`: the reader left, having read what it wanted; no
+        if not reader_gone(e):  # error (nor 141, which a shell's pipefail would take for one): stdout goes
+            raise  # to /dev/null, so the exit's flush is quiet too
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+        return 0
 
 
 def _interrupted() -> int:

@@ -39,7 +39,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from gen_pipeline.run.progress import Progress
 
     quiet_datasets()
-    cfgs = find_dataset_configs(args.dataset, args.config_dir)
+    cfgs = _generate_configs(args)
     opts = options_from_args(args, cfgs)
     if opts.rank.ranked:  # which part this process writes, and why (a launcher's variables are easy to miss)
         for cfg in cfgs:
@@ -53,6 +53,24 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     for line in summary.lines():  # run.log has them too: a reader gone changes nothing (display.write_line)
         write_line(line, sys.stdout)
     return summary.exit_code
+
+
+def _generate_configs(args: argparse.Namespace) -> list[DatasetConfig]:
+    """--dataset's configs (a warning for each file of `all` that is no TOML), or --input's, inferred."""
+    from gen_pipeline.config.from_input import input_dataset, sampling_flags
+
+    flags = sampling_flags(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                           input_given=args.input is not None)
+    if args.input is not None:
+        cfg, note = input_dataset(args.input, args.output_dir, command="gen-pipeline " + shlex.join(args.argv),
+                                  **flags)
+        print(f"{cfg.name}: {note}", flush=True)
+        return [cfg]
+    skipped: list[str] = []
+    cfgs = find_dataset_configs(args.dataset, args.config_dir, skipped)
+    for warning in skipped:
+        print(f"warning: {warning}", file=sys.stderr)
+    return cfgs
 
 
 def exit_past_threads(code: int, join_s: float = 0.5) -> None:
@@ -119,9 +137,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from gen_pipeline.reports.status import config_targets, format_status, status_all
+    from gen_pipeline.reports.status import check_output_root, config_targets, format_status, status_all
 
     targets, warnings = config_targets(args.config_dir, args.output_dir, args.dataset)
+    check_output_root(args.output_dir)  # after the configs: a config named and wrong is the first thing to fix
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     # the total is the reference job's (88,000 over B1, B2, B6, B7), over the ones asked for
@@ -159,7 +178,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
                        weights_gb=args.weights_gb, params_b=args.params_b, weight_dtype=args.weight_dtype,
                        overhead_gb=args.overhead_gb, inputs_note=note, **inputs)
     print(format_plan(p))
-    job = plan_job_time(p, args.config_dir, args.output_dir, decode_tok_s=args.decode_tok_s)
+    skipped: list[str] = []
+    job = plan_job_time(p, args.config_dir, args.output_dir, decode_tok_s=args.decode_tok_s, skipped=skipped)
+    for warning in skipped:
+        print(f"warning: {warning}", file=sys.stderr)
     if job:
         print("\n" + job)
     return 0

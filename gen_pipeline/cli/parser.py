@@ -17,10 +17,18 @@ REFERENCE_GPU_MEM_GIB = 95.6
 REFERENCE_OVERHEAD_GIB = 4.5
 
 
+def folder(value: str) -> Path:
+    """A folder flag's value; an empty one is refused (as Path("") it would be the current folder)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("is empty, which would mean the current folder: name the folder "
+                                         "(e.g. outputs), or leave the flag out for its default")
+    return Path(value)
+
+
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR,
+    p.add_argument("--output-dir", type=folder, default=DEFAULT_OUTPUT_DIR,
                    help="where outputs/<DATASET>/ live (default: %(default)s)")
-    p.add_argument("--config-dir", type=Path, default=DEFAULT_CONFIG_DIR,
+    p.add_argument("--config-dir", type=folder, default=DEFAULT_CONFIG_DIR,
                    help="folder of dataset TOMLs and server.toml (default: %(default)s)")
     p.add_argument("--debug", action="store_true", help="show tracebacks for handled errors")
 
@@ -46,9 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(several: one job through one server lifetime). Running the same command "
                                    "again resumes. server.toml's [run] table may set the flags from --model to "
                                    "--routing under their names with '_' (server_wait_s = 900); a flag wins.")
-    g.add_argument("--dataset", required=True, action="append",
-                   help="a name from the config dir (B1, B2, B6, B7, demo) or a .toml path; several: repeat or "
-                        "comma-separate (B1,B2,B6,B7); all = every dataset TOML of the config dir but demo")
+    what = g.add_mutually_exclusive_group(required=True)
+    what.add_argument("--dataset", action="append",
+                      help="a name from the config dir (B1, B2, B6, B7, demo) or a .toml path; several: repeat or "
+                           "comma-separate (B1,B2,B6,B7); all = every dataset TOML of the config dir but demo")
+    what.add_argument("--input", type=Path, metavar="FILE.jsonl",
+                      help="a prompt file instead of a dataset TOML: its schema is inferred and the TOML used is "
+                           "written to --output-dir/<name>.toml (the same command, or --dataset on it, resumes)")
+    g.add_argument("--max-new-tokens", type=int, help="with --input: sampling.max_new_tokens (default: 2048)")
+    g.add_argument("--temperature", type=float, help="with --input: sampling.temperature (default: 0.7)")
+    g.add_argument("--top-p", type=float, help="with --input: sampling.top_p (default: 0.95)")
     where = g.add_mutually_exclusive_group()
     where.add_argument("--server", default="tuned", metavar="PROFILE",
                        help="server.toml profile to launch: tuned (default), baseline, sim (the built-in simulator)")
@@ -96,9 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--server", default="tuned", metavar="PROFILE",
                     help="server.toml profile whose tp_size, mem_fraction_static, kv_cache_dtype and hicache_size_gb "
                          "are the defaults below (default: %(default)s)")
-    pl.add_argument("--config-dir", type=Path, default=DEFAULT_CONFIG_DIR,
+    pl.add_argument("--config-dir", type=folder, default=DEFAULT_CONFIG_DIR,
                     help="folder of server.toml and the job's dataset TOMLs (default: %(default)s)")
-    pl.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR,
+    pl.add_argument("--output-dir", type=folder, default=DEFAULT_OUTPUT_DIR,
                     help="where the job's samples so far are (default: %(default)s): the time left, and each "
                          "dataset's own lengths once it has 20 samples")
     pl.add_argument("--gpu-mem-gb", type=float, default=REFERENCE_GPU_MEM_GIB,

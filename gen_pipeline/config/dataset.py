@@ -203,8 +203,14 @@ _SECTIONS: dict[str, type] = {
 }
 
 
+class UnreadableConfig(ConfigError):
+    """A `.toml` that is no TOML text at all: a folder, not UTF-8, unreadable. `--dataset all` (and the
+    listings of status and plan) skip such a file with a warning rather than take the other datasets down."""
+
+
 def read_toml(path: Path) -> dict[str, Any]:
-    """Parse a TOML file; raises ConfigError naming the file and the line."""
+    """Parse a TOML file; raises ConfigError naming the file and the line (UnreadableConfig when it is
+    no text file at all)."""
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
@@ -212,6 +218,16 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: no such file.") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML ({e}). Fix the syntax and run again.") from None
+    except IsADirectoryError:
+        raise UnreadableConfig(f"{path} is a folder, not a TOML file. Rename it (only config files may end in "
+                               ".toml) or move it out of the config folder.") from None
+    except UnicodeDecodeError as e:  # tomllib decodes the bytes as UTF-8 (TOML is UTF-8 by its spec)
+        raise UnreadableConfig(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); a TOML "
+                               "file must be UTF-8. Save it as UTF-8, or move it out of the config folder if it is "
+                               "no config.") from None
+    except OSError as e:
+        raise UnreadableConfig(f"{path}: cannot be read ({e.strerror or e}). Fix its permissions, or move it out "
+                               "of the config folder if it is no config.") from None
 
 
 def load_dataset_config(path: Path) -> DatasetConfig:
@@ -322,9 +338,11 @@ def find_dataset_config(name: str, config_dir: Path = DEFAULT_CONFIG_DIR) -> Dat
     return load_dataset_config(path)
 
 
-def find_dataset_configs(names: Sequence[str], config_dir: Path = DEFAULT_CONFIG_DIR) -> list[DatasetConfig]:
+def find_dataset_configs(names: Sequence[str], config_dir: Path = DEFAULT_CONFIG_DIR,
+                         skipped: list[str] | None = None) -> list[DatasetConfig]:
     """`--dataset B1,B2` / repeated / `all` (every dataset TOML of config_dir but server and demo) →
-    the configs, in order, each once; ConfigError names the TOML."""
+    the configs, in order, each once; ConfigError names the TOML. With `skipped`, a file of `all` that
+    is no TOML text (UnreadableConfig) is left out and its message added there."""
     wanted = [n.strip() for arg in names for n in arg.split(",") if n.strip()]
     if not wanted:
         raise ConfigError("--dataset is empty: name a dataset (B2), several (B1,B2,B6,B7) or all.")
@@ -339,9 +357,17 @@ def find_dataset_configs(names: Sequence[str], config_dir: Path = DEFAULT_CONFIG
             expanded.append(n)
     cfgs: dict[str, DatasetConfig] = {}
     for n in expanded:
-        cfg = find_dataset_config(n, config_dir)
+        try:
+            cfg = find_dataset_config(n, config_dir)
+        except UnreadableConfig as e:
+            if skipped is None or n in wanted:  # one named on the command line is an error
+                raise
+            skipped.append(f"{e} (skipped)")
+            continue
         if cfg.name in cfgs and cfgs[cfg.name].path != cfg.path:
             raise ConfigError(f"{cfg.path} and {cfgs[cfg.name].path} both name dataset {cfg.name!r}: one "
                               "output folder each; rename one.")
         cfgs.setdefault(cfg.name, cfg)
+    if not cfgs:
+        raise ConfigError(f"--dataset all: no dataset TOML in {config_dir} that can be read: {' '.join(skipped or [])}")
     return list(cfgs.values())

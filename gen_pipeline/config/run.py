@@ -21,8 +21,8 @@ class RunFlags:
     model: Annotated[str, flag("--model", help="model id for requests (default: from the profile or /v1/models)")] = ""
     limit: Annotated[int | None, flag("--limit", ge=1, help="stop after this many new samples in this run")] = None
     window: Annotated[int | None, flag(
-        "--window", ge=1, help="fixed concurrency instead of the adaptive controller (default: the dataset's "
-                               "generation.window; 0 there = adaptive)")] = None
+        "--window", ge=0, help="fixed concurrency instead of the adaptive controller; 0 = adaptive, as in a "
+                               "dataset TOML (default: the datasets' generation.window)")] = None
     poll_interval_s: Annotated[float, flag(
         "--poll-interval-s", ge=0.05, le=60, unit="seconds",
         help="seconds between load polls: the controller's input, a telemetry row each")] = 1.0

@@ -48,7 +48,7 @@ from gen_pipeline.export.select import (
     validation_ids,
 )
 from gen_pipeline.export.template_check import MODES, TemplateCheck
-from gen_pipeline.export.tokens import TokenRowBuilder, compact_ids
+from gen_pipeline.export.tokens import NO_TOKENIZER, TokenRowBuilder, compact_ids
 from gen_pipeline.store.layout import has_shards, iter_committed_samples
 
 VAL_SUFFIX = ".val.ndjson"
@@ -86,7 +86,7 @@ def run_export(opts: ExportOptions) -> ExportSummary:
     if opts.expand_turns:
         splits = {k: [t for r in rows for t in expand_turns(r)] for k, rows in splits.items()}
     if opts.format == "tokens":
-        builder = TokenRowBuilder(renderer)
+        builder = TokenRowBuilder(renderer, why=why)
         built = {k: builder.rows(rows) for k, rows in splits.items()}
         if builder.mismatch:  # went exact at a spot check: the splits built before it again
             built = {k: builder.rows(rows) for k, rows in splits.items()}
@@ -113,15 +113,16 @@ def _renderer(opts: ExportOptions) -> tuple[Renderer | None, str]:
     unless every turn carries the server's token ids."""
     source = tokenizer_source(opts.tokenizer, opts.profile)
     if source is None:
-        return None, "pass --tokenizer PATH or --server NAME"
+        return None, NO_TOKENIZER
     trust = bool(opts.profile and opts.profile.trust_remote_code)
+    flag = source_flag(opts.tokenizer, opts.profile)
     try:
-        return load_renderer(source, kwargs=opts.template_kwargs, trust_remote_code=trust,
-                             flag=source_flag(opts.tokenizer, opts.profile)), ""
+        return load_renderer(source, kwargs=opts.template_kwargs, trust_remote_code=trust, flag=flag), ""
     except ConfigError as e:
         if opts.tokenizer:
             raise
-        return None, str(e).rstrip(".")
+        why = str(e).rstrip(".")  # names the profile's tokenizer path unless it is the missing extra
+        return None, why if source in why else f"{flag} {source} cannot be loaded: {why}"
 
 
 def check_reasoning(opts: ExportOptions, chosen: list[dict[str, Any]], renderer: Renderer | None,
@@ -246,7 +247,8 @@ def _read_dataset(opts: ExportOptions, name: str) -> tuple[DatasetCounts, list[d
     if not folder.is_dir():
         raise _missing(opts.output_root, name, folder)
     counts, rows = DatasetCounts(name), []
-    for row in iter_committed_samples(folder):
+    duplicates: list[str] = []
+    for row in iter_committed_samples(folder, duplicates):
         if opts.format == "tokens":
             compact_ids(row)
         counts.committed += 1
@@ -255,6 +257,9 @@ def _read_dataset(opts: ExportOptions, name: str) -> tuple[DatasetCounts, list[d
             counts.dropped[reason] += 1
         else:
             rows.append(row)
+    if duplicates:  # lines of the shards, like the committed count status shows
+        counts.committed += len(duplicates)
+        counts.dropped["duplicate"] += len(duplicates)
     if not counts.committed:
         raise ConfigError(f"{name} has no committed samples yet (no whole line in the shards of "
                           f"{display_path(folder)}). Generate some first (make generate DATASET=" + name + ").")

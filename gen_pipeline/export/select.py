@@ -60,7 +60,8 @@ class Filters:
         return None
 
 
-DROP_REASONS = {"truncated": "truncated (finish_reason length)", "malformed": "no conversations list"}
+DROP_REASONS = {"truncated": "truncated (finish_reason length)", "malformed": "no conversations list",
+                "duplicate": "with an id already exported: a damaged line, see `gen-pipeline validate`"}
 
 
 def drop_reason_text(reason: str, filters: Filters) -> str:

@@ -95,6 +95,9 @@ def sent_message(m: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in m.items() if k in ("role", "content", "reasoning_content") and v is not None}
 
 
+NO_TOKENIZER = "pass --tokenizer PATH or --server NAME"
+
+
 class TokenRowBuilder:
     """Builds the rows of many samples. Rendered turns go in batches of BATCH_TURNS: the template
     renders their prompts and their turns (Renderer.turn_texts: called directly, direct.py), and
@@ -108,8 +111,9 @@ class TokenRowBuilder:
     text (per-word bookkeeping in the Rust tokenizer), then apply_chat_template's own work around the
     template and the garbage collector walking the job's millions of live objects."""
 
-    def __init__(self, renderer: Renderer | None, *, exact: bool = False):
+    def __init__(self, renderer: Renderer | None, *, exact: bool = False, why: str = NO_TOKENIZER):
         self.renderer = renderer
+        self.why = why  # why there is no renderer (export/core.py _renderer)
         self.exact = exact  # the plain way: apply_chat_template in its batch form, the tokenizer on whole texts
         self.encoder: TextEncoder | None = None
         self.stats: Counter[str] = Counter()
@@ -179,7 +183,7 @@ class TokenRowBuilder:
                 if self.renderer is None:
                     raise ConfigError(f"sample {sample['id']} has no server token ids (prompt_token_ids / token_ids "
                                       "on its assistant turns), so the tokens format renders it with the target's "
-                                      "chat template: pass --tokenizer PATH or --server NAME.")
+                                      f"chat template: {self.why.rstrip('.')}.")
                 row["ids_from"] = "template"
                 yield row, (list(history), turn)
             history.append(turn)

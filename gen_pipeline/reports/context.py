@@ -59,8 +59,20 @@ def _runs(manifest: Manifest) -> str:
     first, last = runs[0], runs[-1]
     end = last.get("ended_at") or last.get("updated_at")
     ended = f"last ended {_when(end)}" if last.get("ended_at") else f"last updated {_when(end)}"
-    stopped = f", stopped by {last['stopped_by']}" if last.get("stopped_by") else ""
+    how = last.get("stopped_by")
+    stopped = f", {STOPPED.get(str(how), f'stopped by {how}')}" if how else ""
     return f"{len(runs)}, first started {_when(first.get('started_at'))}, {ended}{stopped}"
+
+
+# a run record's stopped_by (RunSummary.stopped_by) in words
+STOPPED = {"target": "target reached", "limit": "stopped at --limit", "source_exhausted": "the source ran out",
+           "nothing_to_do": "nothing to do (the target was already reached)", "SIGINT": "interrupted (SIGINT)",
+           "SIGTERM": "stopped (SIGTERM)"}
+
+
+def run_count(folder: Path) -> int:
+    """How many runs the manifest of `folder` records (every run, also one that had nothing to do)."""
+    return len((read_manifest(folder)[0] or {}).get("runs", []))
 
 
 def _server(folder: Path) -> str:

@@ -38,7 +38,10 @@ def _ts(iso: Any) -> float | None:
 
 def run_interval(run: Mapping[str, Any], *, generating: bool) -> Interval | None:
     """A run record's (start, end, GPUs); `generating`: from its dataset's first request (else from
-    the run's start). None when the record has no usable times."""
+    the run's start). None when the record has no usable times, or the run had nothing to do (it held
+    no server of its own: not a run in GPU-hours, however often it is repeated)."""
+    if run.get("stopped_by") == "nothing_to_do":
+        return None
     start = _ts(run.get("generating_at")) if generating else None
     start = start if start is not None else _ts(run.get("started_at"))
     end = _ts(run.get("ended_at") or run.get("updated_at"))

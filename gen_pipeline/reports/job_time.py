@@ -93,10 +93,12 @@ class JobTime:
         return sum(d.seconds for d in self.known) + (self.startup_s if any(d.to_do for d in self.known) else 0.0)
 
 
-def dataset_lengths(config_dir: Path, output_dir: Path) -> list[tuple[str, int, Lengths | None]]:
-    """(name, samples to do, lengths) of every job dataset of config_dir; raises ConfigError for a bad TOML."""
+def dataset_lengths(config_dir: Path, output_dir: Path,
+                    skipped: list[str] | None = None) -> list[tuple[str, int, Lengths | None]]:
+    """(name, samples to do, lengths) of every job dataset of config_dir; raises ConfigError for a bad TOML
+    (with `skipped`, a file that is no TOML text is left out there: find_dataset_configs)."""
     out = []
-    for cfg in find_dataset_configs(["all"], config_dir):
+    for cfg in find_dataset_configs(["all"], config_dir, skipped):
         st = read_status(output_dir, cfg.name, cfg.target_samples)
         if st.done >= MEASURED_MIN:
             lengths: Lengths | None = Lengths(st.prompt_tokens / st.done, st.completion_tokens / st.done,
@@ -163,7 +165,8 @@ def format_job_time(j: JobTime, config_dir: Path) -> str:
 
 
 
-def plan_job_time(p: Plan, config_dir: Path, output_dir: Path, *, decode_tok_s: float | None = None) -> str:
+def plan_job_time(p: Plan, config_dir: Path, output_dir: Path, *, decode_tok_s: float | None = None,
+                  skipped: list[str] | None = None) -> str:
     """`plan`'s job section: the job of config_dir's dataset TOMLs at the KV tokens of p's KV dtype in use;
     "" when config_dir holds no dataset TOML. ConfigError for a bad TOML or a rate that is not positive."""
     if decode_tok_s is not None and not decode_tok_s > 0:
@@ -172,6 +175,6 @@ def plan_job_time(p: Plan, config_dir: Path, output_dir: Path, *, decode_tok_s: 
     if not any(f.stem not in ("server", "demo") for f in config_dir.glob("*.toml")):
         return ""
     o = option_in_use(p)
-    j = job_time(dataset_lengths(config_dir, output_dir), kv_tokens=o.kv_tokens, kv_dtype=o.kv_dtype,
+    j = job_time(dataset_lengths(config_dir, output_dir, skipped), kv_tokens=o.kv_tokens, kv_dtype=o.kv_dtype,
                  kv_bytes_factor=kv_bytes_factor(p, o), decode_tok_s=decode_tok_s)
     return format_job_time(j, Path(display_path(config_dir)))

@@ -20,7 +20,7 @@ from typing import Any
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError, StoreError
 from gen_pipeline.quality.accounting import SAVED_FORMULA, format_gate
-from gen_pipeline.reports.context import run_context
+from gen_pipeline.reports.context import run_context, run_count
 from gen_pipeline.reports.diagnose import THRESHOLDS
 from gen_pipeline.reports.status import STATUS_HEAD, StatusReport, gpu_lines, status_all, status_rows
 from gen_pipeline.store.layout import dataset_folder
@@ -172,12 +172,13 @@ def _status_html(status: StatusReport | str) -> str:
 
 
 def render_html(dataset: str, rows: list[dict[str, Any]], status: StatusReport | str, diagnosis_text: str,
-                context: list[tuple[str, str]] | None = None) -> str:
+                context: list[tuple[str, str]] | None = None, run_total: int | None = None) -> str:
     """The page: what the runs were, the status of this dataset, the diagnosis, the plots (all inline; no
-    network needed to view it)."""
+    network needed to view it). `run_total`: the manifest's runs (default: those with telemetry)."""
     runs = runs_of(rows)
     if rows:
-        png = base64.b64encode(plot_png(rows, f"{dataset}: {len(rows)} polls over {len(runs)} run(s)")).decode()
+        title = f"{dataset}: {_count(len(rows), 'poll')} over {_count(len(runs), 'run')} with telemetry"
+        png = base64.b64encode(plot_png(rows, title)).decode()
         plots = f'<img alt="{html.escape(dataset)} telemetry" src="data:image/png;base64,{png}">'
     else:
         plots = "<p>No telemetry yet: generate writes telemetry.jsonl on every load poll.</p>"
@@ -187,7 +188,8 @@ def render_html(dataset: str, rows: list[dict[str, Any]], status: StatusReport |
 <html><head><meta charset="utf-8"><title>{html.escape(dataset)} report</title>
 <style>{_CSS}</style></head>
 <body><h1>{html.escape(dataset)}</h1>
-<p>{len(runs)} run(s), {restarts} server restart(s), {len(rows)} load polls.</p>
+<p>{_count(len(runs) if run_total is None else run_total, "run")}, {_count(restarts, "server restart")}, \
+{_count(len(rows), "load poll")}.</p>
 {f'<table class="context">{facts}</table>' if facts else ""}
 <h2>Status</h2>{_status_html(status)}
 <h2>Diagnosis</h2><pre>{html.escape(diagnosis_text)}</pre>
@@ -201,7 +203,11 @@ def build_report(output_root: Path, dataset: str, rows: list[dict[str, Any]], di
     """The report page of `output_root/dataset`: its run context and its own status (no other dataset)."""
     folder = dataset_folder(output_root, dataset)
     status = status_all(output_root, {dataset: target}, total_of=[], others=False)
-    return render_html(dataset, rows, status, diagnosis_text, run_context(folder, rows))
+    return render_html(dataset, rows, status, diagnosis_text, run_context(folder, rows), run_count(folder))
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n:,} {what}{'' if n == 1 else 's'}"
 
 
 def write_report(path: Path, page: str) -> Path:

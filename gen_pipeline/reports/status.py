@@ -293,6 +293,17 @@ def config_targets(config_dir: Path, output_dir: Path, only: Sequence[str] = ())
     return targets, warnings
 
 
+def check_output_root(root: Path) -> None:
+    """Refuse an output folder that does not exist (every dataset would read "not started", exit 0, for a
+    mistyped --output-dir); ConfigError naming it and what to do."""
+    if not Path(root).exists():
+        raise ConfigError(f"--output-dir {root}: no such folder, so no dataset has output there. Pass the folder "
+                          "generate wrote to (default: outputs), or run generate first: it makes the folder.")
+    if not Path(root).is_dir():
+        raise ConfigError(f"--output-dir {root} is a file, not a folder. Pass the folder generate wrote to "
+                          "(default: outputs).")
+
+
 def status_all(root: Path, targets: dict[str, int | None], *, total_of: list[str] | None = None,
                others: bool = True) -> StatusReport:
     """Status of every dataset in `targets` plus (`others`) any other folder of `root` with shards; the

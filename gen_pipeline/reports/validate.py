@@ -38,6 +38,9 @@ KINDS = {
     "mix_sampling": "meta.sampling is not what the declared sampling mix gives its meta.sampling_variant",
 }
 THINK_MARKERS = ("<think>", "</think>")
+# an invalid last line is a torn write by the store's trust rule (store/layout.py): not a sample, and cut
+TORN = ("; it is the last line, a write cut short (a crash, or a run writing now): the next generate run cuts "
+        "it off, and export skips it")
 EXAMPLES_PER_KIND = 20  # keep memory bounded when every row of 88,000 has the same problem
 
 
@@ -264,16 +267,18 @@ def validate_dataset(folder: Path) -> ValidationReport:
         path, name, owner = shard.path, part_name(folder, shard.path), parse_rank_folder(part.name)
         report.files += 1
         data = path.read_bytes()
+        last = data.count(b"\n") + (not data.endswith(b"\n"))  # the last line's number
         for n, line in enumerate(data.split(b"\n"), start=1):
             if not line and n > data.count(b"\n"):
                 break  # the empty string after the final newline
             try:
                 row = orjson.loads(line)
             except orjson.JSONDecodeError:
-                report.add("unparseable", name, n, "not valid JSON")
+                report.add("unparseable", name, n, "not valid JSON" + (TORN if n == last else ""))
                 continue
             if not isinstance(row, dict):
-                report.add("unparseable", name, n, f"a JSON {type(row).__name__}, not an object")
+                report.add("unparseable", name, n, f"a JSON {type(row).__name__}, not an object"
+                           + (TORN if n == last else ""))
                 continue
             checker.row(name, n, row)
             if owner is not None and isinstance(row.get("id"), str) and owner_rank(row["id"], owner[1]) != owner[0]:

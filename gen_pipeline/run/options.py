@@ -40,6 +40,8 @@ class RunOptions(RunFlags):
 
     def __post_init__(self) -> None:
         check_flags(self)
+        if self.window == 0:  # 0 means the adaptive controller, as generation.window = 0 does
+            object.__setattr__(self, "window", None)
         object.__setattr__(self, "server_urls", tuple(normalise_server_url(u) for u in self.server_urls))
         if not self.server_urls and self.profile is None:
             raise ConfigError("RunOptions needs a server: a profile to launch or server_urls to attach to.")

@@ -132,12 +132,16 @@ async def open_datasets(cfgs: Sequence[DatasetConfig], opts: RunOptions,
 
 async def _claim_and_check(cfgs: Sequence[DatasetConfig], opts: RunOptions, opened: OpenedDatasets,
                            stores: list[DatasetStore], claims: list[Claim]) -> None:
-    """The model, then every lock, drift check and source check, before the server starts. A claim runs to
-    its end (the lock is then released on the way out); a source load is abandoned when cancelled."""
+    """The model, then every lock, then each drift check and source check, before the server starts. A claim
+    runs to its end (the lock is then released on the way out); a source load is abandoned when cancelled."""
     opened.model = await server_model(opts, opened.http, opened.asked)
-    for cfg in cfgs:
-        store = new_store(cfg, opts, opened.model)
-        stores.append(store)  # before the claim: a claim that ends while cancelled is released all the same
+    mine = [new_store(cfg, opts, opened.model) for cfg in cfgs]
+    stores += mine  # before the claims: a claim that ends while cancelled is released all the same
+    # Every lock first, in one order for every job: two jobs started with their datasets crossed (T,U and
+    # U,T) cannot each hold one and both be refused the other; the first lock decides which one runs.
+    for store in sorted(mine, key=lambda s: str(s.folder)):
+        await anyio.to_thread.run_sync(store.lock)
+    for cfg, store in zip(cfgs, mine, strict=True):
         state = await anyio.to_thread.run_sync(store.claim)
         source = await _check_in_thread(cfg, store, opts, len(cfgs) > 1, opened.waived)
         claims.append((cfg, store, state, source))

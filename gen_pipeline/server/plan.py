@@ -226,6 +226,17 @@ def plan_from_args(model_config: Path, *, gpu_mem_gb: float, tp_size: int, mem_f
                    kv_in_use: str = "") -> Plan:
     """`plan`'s flags (each keyword is the flag of that name) → the Plan (format_plan prints it);
     ConfigError for a missing weight size or an unreadable config, naming the flag."""
+    try:  # the file first: a missing one is the first thing to fix, whatever else is missing
+        cfg = json.loads(Path(model_config).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--model-config {model_config}: no such file (pass the model's config.json).") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{model_config}: not valid JSON ({e}).") from None
+    except OSError as e:
+        raise ConfigError(f"--model-config {model_config}: cannot be read ({e.strerror or e}); pass the model's "
+                          "config.json.") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{model_config}: expected a JSON object (a Hugging Face config.json).")
     bundled = weights_gb is None and params_b is None and Path(model_config).resolve() == BUNDLED_CONFIG.resolve()
     if bundled:
         weights_gb = BUNDLED_WEIGHTS_GIB
@@ -234,14 +245,6 @@ def plan_from_args(model_config: Path, *, gpu_mem_gb: float, tp_size: int, mem_f
     if params_b is not None and weights_gb is None and weight_dtype is None:
         raise ConfigError(f"--params-b {params_b:g} needs --weight-dtype ({', '.join(WEIGHT_BYTES)}): the "
                           "bytes per parameter. For a mixed-precision checkpoint (Kimi-K2.5 INT4) pass --weights-gb.")
-    try:
-        cfg = json.loads(Path(model_config).read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{model_config}: no such file (pass the model's config.json).") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{model_config}: not valid JSON ({e}).") from None
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"{model_config}: expected a JSON object (a Hugging Face config.json).")
     p = plan(cfg, gpu_mem_gb=gpu_mem_gb, tp_size=tp_size, mem_fraction_static=mem_fraction_static,
              tokens_per_sample=tokens_per_sample, weights_gb=weights_gb, params_b=params_b,
              weight_dtype=weight_dtype, kv_dtypes=kv_dtypes, hicache_gb=hicache_gb, overhead_gb=overhead_gb)

@@ -220,7 +220,14 @@ def source_label(src: SourceConfig) -> str:
 
 
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+_TOO_LARGE = (errno.EFBIG,)
 _NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def _no_room(e: OSError) -> bool:
+    """The datasets library's own check before it writes its cache (builder.py, download_and_prepare):
+    OSError("Not enough disk space. Needed: ...") with no errno, raised when the cache's disk is full."""
+    return e.errno is None and str(e).startswith("Not enough disk space")
 
 
 def _disk_error(exc: BaseException, where: str, what: str, cache: Any) -> StoreError | None:
@@ -231,7 +238,7 @@ def _disk_error(exc: BaseException, where: str, what: str, cache: Any) -> StoreE
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:  # the OSError is often a cause or context of what datasets raises
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in _DISK_FULL + _NOT_WRITABLE:
+        if isinstance(e, OSError) and (e.errno in _DISK_FULL + _TOO_LARGE + _NOT_WRITABLE or _no_room(e)):
             break
         e = e.__cause__ or e.__context__
     if not isinstance(e, OSError):
@@ -244,8 +251,13 @@ def _disk_error(exc: BaseException, where: str, what: str, cache: Any) -> StoreE
         role, fix = (f"the datasets cache {display_path(Path(cache))}, where the source is converted to Arrow "
                      "before a run reads it", "set HF_DATASETS_CACHE to a folder on a disk with room")
     place = display_path(written if written.is_dir() else written.parent)
-    if e.errno in _DISK_FULL:
-        return DiskError(f"{where}: could not load source {what}: the disk of {place} is full ({e.strerror}; {role}). "
+    if e.errno in _TOO_LARGE:
+        return DiskError(f"{where}: could not load source {what}: a file in {place} grew past the largest size allowed "
+                         f"({e.strerror}: the filesystem's limit or the shell's ulimit -f; {role}). Raise the limit, "
+                         f"or {fix.replace('with room', 'without that limit')}, then run again.")
+    if e.errno in _DISK_FULL or _no_room(e):
+        return DiskError(f"{where}: could not load source {what}: the disk of {place} is full "
+                         f"({e.strerror or 'datasets: ' + str(e).split('.')[0]}; {role}). "
                          f"Free space there, or {fix}, then run again.")
     return StoreError(f"{where}: could not load source {what}: cannot write in {place} ({e.strerror}; {role}). "
                       f"Make it writable, or {fix.replace(' on a disk with room', ' this user can write')}, then "

@@ -45,7 +45,7 @@ from gen_pipeline.store.layout import (
     sealed_records,
     shard_files,
 )
-from gen_pipeline.store.lock import RunLock
+from gen_pipeline.store.lock import FolderGone, RunLock
 from gen_pipeline.store.manifest import (
     Manifest,
     OpenShardRecord,
@@ -61,7 +61,9 @@ from gen_pipeline.store.manifest import (
 from gen_pipeline.store.ranks import RankSpec
 from gen_pipeline.store.shards import (
     ShardScan,
+    first_changed_line,
     iter_lines,
+    parse_line,
     remove_tmp_files,
     scan_bytes,
     shard_name,
@@ -69,6 +71,9 @@ from gen_pipeline.store.shards import (
     write_atomic,
     write_sidecar,
 )
+
+# How often lock() makes the folder again when runs giving up keep removing it (each removes it once).
+_FOLDER_RETRIES = 20
 
 
 def default_opener(path: Path, mode: str) -> BinaryIO:
@@ -117,6 +122,7 @@ class DatasetStore:
         self._progress: ProgressRecord | None = None
         self._failed = False
         self._closed = False
+        self._scanned = False  # claim() got to its end
         self._loaded = False  # done_ids holds every shard's ids (open() got past _load_shards)
 
     # ------------------------------------------------------------ figures
@@ -132,7 +138,7 @@ class DatasetStore:
     @property
     def claimed(self) -> bool:
         """claim() succeeded and the store is not closed yet (it holds the lock)."""
-        return self._lock is not None and not self._closed
+        return self._scanned and not self._closed
 
     @property
     def remaining(self) -> int:
@@ -186,23 +192,40 @@ class DatasetStore:
         return state
 
     def claim(self) -> ResumeState:
-        """Lock the folder, check drift, repair and scan. Nothing of this run is written yet: a launch
-        refused now `release()`s the claim and leaves no trace. Raises as open()."""
-        dataset = self.folder.parent if self.rank.ranked else self.folder
-        check_world(dataset, self.rank)  # before creating anything
-        self._created = [p for p in (self.folder, *self.folder.parents) if not p.exists()]
+        """Lock the folder (unless lock() did), check drift, repair and scan. Nothing of this run is written
+        yet: a launch refused now `release()`s the claim and leaves no trace. Raises as open()."""
+        self.lock()
+        assert self._lock is not None
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise StoreError(f"Cannot create {display_path(self.folder)}: {e.strerror or e}. "
-                             "Fix the path's permissions or choose another output folder.") from None
-        self._lock = RunLock.acquire(self.folder)
-        try:
-            check_world(dataset, self.rank)  # again, now that our folder and lock exist (a run starting with us)
+            check_world(self._dataset_folder(), self.rank)  # again, now that our folder and lock exist
             return self._scan_locked(self._lock.note)
         except BaseException:
             self.release()
             raise
+
+    def lock(self) -> None:
+        """Make the folder and take its lock (idempotent); raises LockedError, StoreError. A job takes every
+        lock before anything slow, in one order (run/setup.py); a folder that another run, refused, removes
+        between our mkdir and our lock's create is made again."""
+        if self._lock is not None:
+            return
+        check_world(self._dataset_folder(), self.rank)  # before creating anything
+        for _ in range(_FOLDER_RETRIES):
+            self._created = [p for p in (self.folder, *self.folder.parents) if not p.exists()]
+            try:
+                self.folder.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise StoreError(f"Cannot create {display_path(self.folder)}: {e.strerror or e}. "
+                                 "Fix the path's permissions or choose another output folder.") from None
+            try:
+                self._lock = RunLock.acquire(self.folder)
+                return
+            except FolderGone as e:
+                gone = e
+        raise gone
+
+    def _dataset_folder(self) -> Path:
+        return self.folder.parent if self.rank.ranked else self.folder
 
     def _scan_locked(self, lock_note: str | None) -> ResumeState:
         notes = self._notes = [lock_note] if lock_note else []
@@ -230,6 +253,7 @@ class DatasetStore:
         for name in (ERRORS_NAME, REJECTS_NAME):
             self._repaired += self._cut_torn_tail(self.folder / name, notes)
         self._rejected_rows = rejected_rows(self.folder)
+        self._scanned = True
         return ResumeState(set(self.done_ids), self.done, self._repaired, notes)
 
     def begin(self) -> None:
@@ -357,6 +381,7 @@ class DatasetStore:
         if shard.record is not None:
             found = committed_shard(shard)
             if not found.parsed:
+                self._check_sealed_ids(shard.path, found.scan.ids)
                 return shard.record, found.scan
             why = "its id sidecar is missing or does not match"
         elif shard.listed_record is not None:
@@ -367,6 +392,25 @@ class DatasetStore:
         scan = self._repair(shard.path, notes)
         self._io(shard.path, write_sidecar, sidecar_path(shard.path), shard.path, scan.ids, scan.good_bytes)
         return scan.entry(shard.path.name), scan
+
+    def _check_sealed_ids(self, path: Path, ids: list[str]) -> None:
+        """Refuse a sealed shard whose lines no longer carry the ids its sidecar recorded when it was sealed:
+        a bit flip inside an id keeps the size (the record is trusted) and may make two lines share one id,
+        or a line name a sample it does not hold. Raises StoreError naming the line and what to do."""
+        data = self._io(path, path.read_bytes)
+        number = first_changed_line(data, ids)
+        if number is None:
+            return
+        line = data.split(b"\n")[number - 1] if number <= data.count(b"\n") else b""
+        row, _why = parse_line(line)
+        seen = f"id {orjson.dumps(row['id']).decode()}" if row is not None else "no readable id"
+        recorded = f"id {orjson.dumps(ids[number - 1]).decode()}" if number <= len(ids) else "no line there"
+        raise StoreError(
+            f"{display_path(path)} line {number} has {seen}, but the shard's id sidecar {sidecar_path(path).name} "
+            f"recorded {recorded} when the shard was sealed: the file changed on disk since (a bit flip or an edit), "
+            "so that line may hold another sample than its id says. Delete that line (its sample will be "
+            "generated again) or restore the file, then run again; `gen-pipeline validate` lists what else is "
+            "damaged.")
 
     def _repair(self, path: Path, notes: list[str]) -> ShardScan:
         """Parse a shard and cut a torn or invalid last line; raises StoreError on mid-file corruption."""

@@ -239,10 +239,11 @@ def committed_shards(folder: Path, *, ids: bool = True) -> list[CommittedShard]:
     return out
 
 
-def iter_committed_samples(folder: Path) -> Iterator[dict[str, Any]]:
+def iter_committed_samples(folder: Path, duplicates: list[str] | None = None) -> Iterator[dict[str, Any]]:
     """The committed samples of a dataset folder (every part), first of each id, by the trust rules
     above (those of resume): every whole line of every shard; a torn or invalid last line is
-    a write in progress and is skipped; an invalid line before it is damage: StoreError."""
+    a write in progress and is skipped; an invalid line before it is damage: StoreError. The id of each
+    later line with an id already met (damage too: the store never writes an id twice) goes to `duplicates`."""
     seen: set[str] = set()
     for part in dataset_parts(folder):
         for shard in shard_files(part):
@@ -255,6 +256,8 @@ def iter_committed_samples(folder: Path) -> Iterator[dict[str, Any]]:
                 if row["id"] not in seen:
                     seen.add(row["id"])
                     yield row
+                elif duplicates is not None:
+                    duplicates.append(row["id"])
 
 
 # ---------------------------------------------------------------- errors.jsonl / rejects.jsonl

@@ -164,6 +164,11 @@ def locked_message(folder: Path, info: LockInfo) -> str:
             "over by itself.")
 
 
+class FolderGone(StoreError):
+    """The dataset folder vanished before its lock was created: a run refused elsewhere removed the (empty)
+    folder it had made just as this run found it there. The caller makes the folder again and retries."""
+
+
 class RunLock:
     """The `.lock` of one dataset folder, held by this process until `release()`.
 
@@ -186,6 +191,9 @@ class RunLock:
                 if taken is not None:
                     return taken
                 continue
+            except FileNotFoundError:
+                raise FolderGone(f"{display_path(folder)} vanished while its lock was being taken: another run "
+                                 "removed it as it gave up. Run again.") from None
             except OSError as e:
                 raise _unusable(folder, e) from None
             while not _flock(fd):  # another run checking this new lock holds it for a moment

@@ -176,7 +176,7 @@ def test_report_renders_from_the_demo_run(tmp_path: Path) -> None:
     page = (out / "demo" / "report.html").read_text()
     assert _png_of(page)[:8] == b"\x89PNG\r\n\x1a\n"
     assert "240/240" in page and "finished" in page  # the status table
-    assert "1 run(s), 0 server restart(s)" in page
+    assert "1 run, 0 server restarts" in page
     assert r.stdout.startswith(f"{out / 'demo' / 'report.html'}: ")
 
 
@@ -190,7 +190,7 @@ def test_report_and_diagnose_mark_a_server_restart(tmp_path: Path) -> None:
                 "--out", tmp_path / "r.html")
     assert r.returncode == 0, r.stderr
     page = (tmp_path / "r.html").read_text()
-    assert f"1 run(s), {restarts} server restart(s)" in page and "server_restarts" in page
+    assert f"1 run, {restarts} server restart{'s' if restarts > 1 else ''}" in page and "server_restarts" in page
     assert len(_png_of(page)) > 10_000
     from gen_pipeline.reports.page import timeline
     assert len(timeline(rows)[2]) == restarts  # a red line per restart
