@@ -2,7 +2,7 @@
 turn for leaked reasoning and empty or marker-only answers. No I/O and no async library here: the
 run feeds the detector from its stream and applies the policy.
 
-    repetition.py  RepetitionDetector.feed(delta) -> LoopVerdict | None
+    repetition.py  RepetitionDetector.feed(delta) -> LoopVerdict | None; tail_loop(text) at max_new_tokens
     leaks.py       check_turn(content, reasoning, finish_reason, reasoning_expected=) -> LeakFinding | None
     thresholds.py  LoopThresholds: the one table of numbers, with units
 """
@@ -16,10 +16,10 @@ from gen_pipeline.quality.leaks import (
     is_marker_only,
     strip_markers,
 )
-from gen_pipeline.quality.repetition import LoopReason, LoopVerdict, RepetitionDetector
+from gen_pipeline.quality.repetition import LoopReason, LoopVerdict, RepetitionDetector, tail_loop
 from gen_pipeline.quality.thresholds import DEFAULT_LOOP_THRESHOLDS, LoopThresholds
 
 __all__ = [
     "DEFAULT_LOOP_THRESHOLDS", "THINK_MARKERS", "LeakFinding", "LeakReason", "LoopReason", "LoopThresholds",
-    "LoopVerdict", "RepetitionDetector", "check_turn", "find_markers", "is_marker_only", "strip_markers",
+    "LoopVerdict", "RepetitionDetector", "check_turn", "find_markers", "is_marker_only", "strip_markers", "tail_loop",
 ]

@@ -20,7 +20,7 @@ from typing import Any
 
 from gen_pipeline.config.dataset import GenerationConfig
 from gen_pipeline.errors import RequestError
-from gen_pipeline.quality import LeakReason, LoopVerdict, RepetitionDetector, check_turn, strip_markers
+from gen_pipeline.quality import LeakReason, LoopVerdict, RepetitionDetector, check_turn, strip_markers, tail_loop
 from gen_pipeline.records import TurnMeta
 
 # The think markers a reasoning parser strips, in pairs (gen_pipeline/quality/leaks.py lists them all):
@@ -184,6 +184,8 @@ class TurnStream:
             reasoning_tokens = (self.tokens_at_last_reasoning if self.tokens_at_last_reasoning is not None
                                 else self.reasoning_deltas)
         finish = "length" if aborted else _finish(self.finish_reason)
+        if loop is None and finish == "length" and self.detector is not None:  # at the cap: the tail once more
+            loop = tail_loop(reasoning + content, self.detector.thresholds)
         return TurnResult(content, reasoning, finish, prompt_tokens, completion, min(reasoning_tokens, completion),
                           loop=loop, aborted=aborted, rid=self.rid)
 
@@ -240,7 +242,10 @@ def detect_loop(turn: TurnResult, detector: RepetitionDetector) -> LoopVerdict |
         detector.feed(turn.reasoning)
     if turn.content:
         detector.feed(turn.content)
-    return detector.finish()
+    verdict = detector.finish()
+    if verdict is None and turn.finish_reason == "length":  # at the cap: the tail once more
+        verdict = tail_loop(turn.reasoning + turn.content, detector.thresholds)
+    return verdict
 
 
 # ---------------------------------------------------------------- the quality gate's policies
