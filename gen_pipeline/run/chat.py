@@ -140,6 +140,15 @@ def _sampling_body(sampling: SamplingConfig, reasoning: str) -> dict[str, Any]:
     return body
 
 
+@functools.lru_cache(maxsize=8)
+def _template_kwargs_text(sampling: SamplingConfig, reasoning: str) -> str:
+    """meta.chat_template_kwargs: the request's chat_template_kwargs (what SGLang passes to the chat template)
+    as JSON text with sorted keys, "{}" when none; text, so every row has one Arrow type whatever its keys
+    (export/tokens.py renders each row with its own)."""
+    kwargs = _sampling_body(sampling, reasoning).get("chat_template_kwargs") or {}
+    return orjson.dumps(kwargs, option=orjson.OPT_SORT_KEYS).decode()
+
+
 _OPTIONAL_SAMPLING = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "seed",
                       "reasoning_effort", "chat_template_kwargs")
 
@@ -235,6 +244,7 @@ def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turn
         "kv_cache_dtype": s.kv_cache_dtype,
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "per_turn": per_turn if per_turn is not None else [TurnStats(attempts=1).meta(t) for t in turns],
+        "chat_template_kwargs": _template_kwargs_text(s.sampling, s.generation.reasoning),
     }
     if s.mix is not None:  # only under a mix (part of the fingerprint): rows without one keep their keys
         meta["sampling_variant"] = s.variant
