@@ -21,7 +21,7 @@ from sglang_sim import logprobs as LP
 from sglang_sim import responses as R
 from sglang_sim.faults import Fault, OutputFault, decide_output
 from sglang_sim.lengths import cap_length, draw_length, request_seed
-from sglang_sim.tokenizer import decode, decode_output, draw_output_ids, encode, render_chat
+from sglang_sim.tokenizer import decode_output, draw_output_ids, encode, render_chat
 from sglang_sim.transport import ChunkedResponse, one_chunk, wait_or_disconnect
 
 if TYPE_CHECKING:
@@ -128,6 +128,9 @@ def _plan(server: SimServer, rid: str, prompt_key: str | list[int], prompt_ids: 
     # the same way in every run. Not with logprobs (their tokens come from the logprob model).
     output_fault = OutputFault.NONE if empty or lp_plan else decide_output(server.faults, seed)
     gen = _degenerate(server, gen, output_fault, seed, drawn, max_new)
+    if gen.finish_reason == "stop" and not lp_plan:  # the model's last token is the stop token (SGLang's ids hold it)
+        ids = gen.output_ids if output_fault is OutputFault.MARKER_ONLY else gen.output_ids[:-1]
+        gen = replace(gen, output_ids=[*ids, R.EOS_TOKEN_ID])
     return Plan(gen, max_new, stream, fault, logprobs=lp_plan, output_fault=output_fault)
 
 
@@ -371,7 +374,7 @@ def _chat_whole(server: SimServer, plan: Plan, fin: Any) -> dict[str, Any]:
 
 
 def _generate_whole(server: SimServer, plan: Plan, fin: Any) -> dict[str, Any]:
-    text = "" if plan.gen.empty else decode(plan.gen.output_ids[: fin.completion_tokens])
+    text = "" if plan.gen.empty else decode_output(plan.gen.output_ids[: fin.completion_tokens])
     body = R.generate_body(plan.gen, fin, text=text, with_ids=True)
     if plan.logprobs is not None:
         body["meta_info"].update(LP.meta_info(plan.logprobs, plan.gen.output_ids[: fin.completion_tokens]))

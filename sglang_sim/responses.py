@@ -10,12 +10,12 @@ from typing import Any
 import orjson
 
 from sglang_sim.engine import FinishedRequest
-from sglang_sim.tokenizer import decode_output
+from sglang_sim.tokenizer import STOP_TOKEN_ID, decode_output
 
 REASONING_SHARE = 0.4  # first 40% of the output tokens are "thinking" when reasoning is on
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-# The token id SGLang reports as matched_stop on a normal stop (an EOS id of a Kimi-like model).
-EOS_TOKEN_ID = 163586
+# The token id SGLang reports as matched_stop on a normal stop, the last of the output ids.
+EOS_TOKEN_ID = STOP_TOKEN_ID
 
 
 def error_body(message: str, status: int = 400, type_: str = "BadRequestError") -> dict[str, Any]:

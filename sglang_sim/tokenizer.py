@@ -165,7 +165,14 @@ def draw_output_ids(seed: int, n_tokens: int) -> list[int]:
 _FAST_TEXT = dict(zip(_POOL_IDS, _POOL_TEXTS, strict=True)) | {i: _decode_one(i) for i in _FIRST_IDS}
 
 
+# The stop token a turn that ends normally ends with (an EOS id of a Kimi-like model): SGLang 0.5.17 returns it
+# in the output ids (output_ids_through_stop, gen_pipeline/export/tokens.py) and counts it in completion_tokens,
+# and its detokenizer leaves it out of the text (skip_special_tokens).
+STOP_TOKEN_ID = 163586
+
+
 def decode_output(ids: Iterable[int]) -> str:
-    """decode() with a fast path for ids from draw_output_ids (no arithmetic per token)."""
+    """decode() with a fast path for ids from draw_output_ids (no arithmetic per token); the stop token
+    decodes to nothing, as SGLang's detokenizer skips it."""
     fast = _FAST_TEXT
-    return "".join(fast.get(t) or _decode_one(t) for t in ids)
+    return "".join(fast.get(t) or _decode_one(t) for t in ids if t != STOP_TOKEN_ID)

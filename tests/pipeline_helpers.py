@@ -26,7 +26,7 @@ LAUNCHER_VARS = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_ARRAY_TASK_ID", "SLURM_A
 TOKENIZERS = REPO / "tests" / "data" / "tokenizers"
 SAMPLE_KEYS = {"id", "dataset", "conversations", "meta"}
 META_KEYS = {"model", "backend", "finish_reason", "prompt_tokens", "completion_tokens", "turns", "sampling",
-             "kv_cache_dtype", "generated_at", "per_turn"}
+             "kv_cache_dtype", "generated_at", "per_turn", "chat_template_kwargs"}
 TURN_META_KEYS = {"finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens", "attempts", "loops",
                   "empty", "leak", "tokens_not_decoded", "discarded_tokens"}
 MIX_META_KEYS = META_KEYS | {"sampling_variant"}  # under a sampling mix (config/mix.py)

@@ -221,7 +221,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                          force=args.force, filters=Filters(args.drop_truncated, args.min_completion_tokens),
                          harmony=args.harmony, tokenizer=args.tokenizer, profile=_profile(args),
                          template_kwargs=parse_template_kwargs(args.template_kwargs),
-                         require_trained_reasoning=args.require_trained_reasoning,
+                         require_trained_reasoning=args.require_trained_reasoning, max_length=args.max_length,
                          command="gen-pipeline " + shlex.join(args.argv))
     print(run_export(opts).format(), flush=True)
     return 0
@@ -236,7 +236,8 @@ def cmd_check_template(args: argparse.Namespace) -> int:
     names = [n.strip() for arg in args.dataset for n in arg.split(",") if n.strip()]
     print(check_template(output_root=args.output_dir, datasets=names, export=args.export, samples=args.samples,
                          seed=args.seed, tokenizer=args.tokenizer, profile=_profile(args),
-                         template_kwargs=parse_template_kwargs(args.template_kwargs)), flush=True)
+                         template_kwargs=parse_template_kwargs(args.template_kwargs), max_length=args.max_length),
+          flush=True)
     return 0
 
 

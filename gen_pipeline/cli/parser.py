@@ -214,12 +214,28 @@ def _export_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     _common(e)
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number of tokens, 1 or more (e.g. 8192)")
+    return value
+
+
 def _tokenizer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", metavar="PATH",
                    help="the target's tokenizer with its chat template: a model folder (or a cached hub id); "
                         "needs the `template` extra (transformers + jinja2)")
+    p.add_argument("--max-length", type=_positive_int, default=2048, metavar="N",
+                   help="the trainer's length limit (SpecForge data.max_length) the tokens rows are checked against: "
+                        "rows and trained tokens it keeps (default: SpecForge's 2048)")
     p.add_argument("--template-kwargs", metavar="JSON", default="{}",
-                   help='chat_template_kwargs for every render, e.g. \'{"thinking": true}\' (default: {})')
+                   help='chat_template_kwargs of the trainers\' renders, e.g. \'{"thinking": true}\', and of the '
+                        'tokens rows of samples that recorded none (written before meta.chat_template_kwargs); '
+                        'a sample that recorded its requests\' chat_template_kwargs is rendered with them '
+                        '(default: {})')
 
 
 def _check_template_parser(sub: Any) -> None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from gen_pipeline.config.mix import produced_shares
 from gen_pipeline.quality.accounting import SAVED_FORMULA, decoded_tokens, gpu_s_per_token, saved_gpu_s
-from gen_pipeline.reports.status import gpu_lines, read_status, status_all
+from gen_pipeline.reports.status import DatasetStatus, gpu_lines, read_status, status_all
 from gen_pipeline.store.layout import dataset_parts
 from gen_pipeline.store.manifest import read_manifest
 
@@ -88,6 +88,7 @@ def _dataset_rows(opts: ExportOptions, summary: ExportSummary,
         mine = [r for r in chosen if r.get("dataset", c.dataset) == c.dataset]
         metas = [r["meta"] if isinstance(r.get("meta"), dict) else {} for r in mine]
         st = read_status(opts.output_root, c.dataset, None)
+        store_count(st)
         attempted = st.done + st.errors_unresolved
         measured = st.gpu.known
         gpus: int | str | None = f"{st.gpu.gpus} ({st.gpu.how})" if measured else (
@@ -101,7 +102,7 @@ def _dataset_rows(opts: ExportOptions, summary: ExportSummary,
             "model": _most(m.get("model") for m in metas), "backend": _most(m.get("backend") for m in metas),
             "kv_cache_dtype": _most(m.get("kv_cache_dtype") for m in metas),
             "sampling": _most(json.dumps(m.get("sampling"), sort_keys=True) for m in metas if m.get("sampling")),
-            "truncated_share": st.truncated / st.done if st.done else 0.0,
+            "truncated_share": sum(m.get("finish_reason") == "length" for m in metas) / len(metas) if metas else 0.0,
             "failed_share": st.errors_unresolved / attempted if attempted else 0.0,
             "rejected_rows": st.rejects,
             "prompt_tokens": sum(int(m.get("prompt_tokens") or 0) for m in metas),
@@ -116,6 +117,17 @@ def _dataset_rows(opts: ExportOptions, summary: ExportSummary,
                 decoded_tokens(st.gate, st.completion_tokens))),
         })
     return rows
+
+
+def store_count(st: DatasetStatus) -> int:
+    """The dataset's GPU-hours counted over the samples in its store when every run's GPUs are known: a run
+    killed (kill -9) after writing samples its manifest had not yet recorded (samples_written) undercounts
+    them. Changes `st.gpu` in place; returns the samples added."""
+    u = st.gpu
+    if not u.known or u.unknown_runs or st.done <= u.samples:
+        return 0
+    added, u.samples = st.done - u.samples, st.done
+    return added
 
 
 def _most(values: Any) -> str:
@@ -175,6 +187,7 @@ def render_card(opts: ExportOptions, summary: ExportSummary, chosen: list[dict[s
              "wall time from each dataset's first request), else every run's wall time, start-up included, "
              "× the --server profile's tp × dp.", ""]
     status = status_all(opts.output_root, {r["dataset"]: None for r in rows}, others=False)
+    status.gpu.samples += sum(store_count(d) for d in status.datasets)
     if any(d.gpu.recorded for d in status.datasets):
         body += ["```", *(line.removeprefix("  ") for line in gpu_lines(status)), "```", ""]
     body += ["## Quality gate", "", "| dataset | loops caught | loops kept (cut) | empty answers retried | leaks "

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, find_dataset_config
-from gen_pipeline.display import count, display_path
+from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError, DiskError, StoreError
 from gen_pipeline.export.card import write_card
 from gen_pipeline.export.formats import (
@@ -41,14 +41,21 @@ from gen_pipeline.export.options import ExportOptions, ExportSummary
 from gen_pipeline.export.render import Renderer, load_renderer, source_flag, tokenizer_source
 from gen_pipeline.export.select import (
     DatasetCounts,
+    covering,
     drop_reason_text,
     mix_counts,
     seeded_key,
     take,
     validation_ids,
 )
-from gen_pipeline.export.template_check import MODES, TemplateCheck
-from gen_pipeline.export.tokens import NO_TOKENIZER, TokenRowBuilder, compact_ids
+from gen_pipeline.export.template_check import REASONING_ADVICE, TemplateCheck, reasoning_verdict
+from gen_pipeline.export.tokens import (
+    NO_TOKENIZER,
+    TokenRowBuilder,
+    compact_ids,
+    has_server_ids,
+    length_fit,
+)
 from gen_pipeline.store.layout import has_shards, iter_committed_samples
 
 VAL_SUFFIX = ".val.ndjson"
@@ -92,6 +99,8 @@ def run_export(opts: ExportOptions) -> ExportSummary:
             built = {k: builder.rows(rows) for k, rows in splits.items()}
         splits = built
         notes += builder.notes()
+        fits, fit = length_fit((r for rows in splits.values() for r in rows), opts.max_length)
+        (notes if fits else warnings).append(fit)
     for rows in splits.values():
         rows.sort(key=lambda r: seeded_key(opts.seed, r["id"]))
     summary = ExportSummary(opts, counts, rows={k: len(v) for k, v in splits.items()}, warnings=warnings)
@@ -133,24 +142,27 @@ def check_reasoning(opts: ExportOptions, chosen: list[dict[str, Any]], renderer:
     kept = any(m.get("reasoning_content") for r in chosen for m in r["conversations"] if m.get("role") == "assistant")
     if not kept or opts.format == "hf" or opts.harmony:
         return [], []
+    if opts.format == "tokens":  # a turn with the server's ids is its row as the model produced it: nothing to check
+        chosen = [r for r in chosen if not all(has_server_ids(m) for m in r["conversations"]
+                                               if m.get("role") == "assistant")]
+        if not chosen:
+            return ["tokens: every turn's row is the server's token ids, its reasoning and answer whole under the "
+                    "loss mask"], []
     if renderer is None:
         note = f"the samples keep reasoning; whether the trainer's chat template trains it was not checked ({why})"
         if opts.require_trained_reasoning:
             raise ConfigError(f"--require-trained-reasoning: {note}.")
         return [note], []
     mode = {"specforge": "specforge-expanded" if opts.expand_turns else "specforge"}.get(opts.format, opts.format)
-    sample = take(chosen, opts.check_samples, opts.seed)
+    sample = covering(chosen, opts.check_samples, opts.seed)
     share = TemplateCheck(renderer).run_mode(sample, mode).reasoning_share or 0.0
-    what = (f"{100 * share:.1f}% of the reasoning tokens of {count(len(sample))} samples are under the loss mask when "
-            f"{MODES[mode]} renders them with the chat template of {renderer.source}")
-    if share >= 1.0:
+    trained, what = reasoning_verdict(share, len(sample), mode, renderer.source)
+    if trained:
         return [what], []
-    advice = ("Export --format tokens (every turn's reasoning under the mask, loaded by SpecForge's data.prompts_path "
-              "and speculators), or --expand-turns if the template keeps the last turn's reasoning (Qwen3-style), or "
-              "serve a chat template that renders reasoning; `gen-pipeline check-template` shows it per turn.")
     if opts.require_trained_reasoning:
-        raise ConfigError(f"--require-trained-reasoning: only {what}. {advice}")
-    return [], [f"{what}. {advice}" if share == 0.0 else what]
+        raise ConfigError(f"--require-trained-reasoning: only {what}"
+                          + ("" if what.endswith(REASONING_ADVICE) else f". {REASONING_ADVICE}"))
+    return [], [what]
 
 
 def _check_options(opts: ExportOptions) -> None:

@@ -115,7 +115,13 @@ LINE_WRITERS: dict[str, Callable[..., bytes]] = {"specforge": specforge_line, "s
 
 HF_META = {"model": "string", "backend": "string", "finish_reason": "string", "prompt_tokens": "int64",
            "completion_tokens": "int64", "turns": "int64", "sampling": "string", "sampling_variant": "int64",
-           "kv_cache_dtype": "string", "generated_at": "string"}
+           "kv_cache_dtype": "string", "generated_at": "string", "chat_template_kwargs": "string"}
+
+
+# meta.per_turn: each assistant turn's quality flags and counts (records.TurnMeta), null where a row has none
+HF_TURN_META = {"finish_reason": "string", "prompt_tokens": "int64", "completion_tokens": "int64",
+                "reasoning_tokens": "int64", "attempts": "int64", "loops": "int64", "empty": "int64", "leak": "string",
+                "tokens_not_decoded": "int64", "discarded_tokens": "int64"}
 
 
 def hf_features() -> Any:
@@ -123,8 +129,10 @@ def hf_features() -> Any:
     from datasets import Features, Value
 
     turn = {"role": Value("string"), "content": Value("string"), "reasoning_content": Value("string")}
+    meta: dict[str, Any] = {k: Value(t) for k, t in HF_META.items()}
+    meta["per_turn"] = [{k: Value(t) for k, t in HF_TURN_META.items()}]
     return Features({"id": Value("string"), "source_id": Value("string"), "dataset": Value("string"),
-                     "conversations": [turn], "meta": {k: Value(t) for k, t in HF_META.items()}})
+                     "conversations": [turn], "meta": meta})
 
 
 def _hf_value(value: Any, kind: str) -> Any:
@@ -140,7 +148,9 @@ def hf_row(row: dict[str, Any]) -> dict[str, Any]:
     return {"id": row["id"], "source_id": row.get("source_id", row["id"]), "dataset": row.get("dataset"),
             "conversations": [{"role": m.get("role"), "content": m.get("content"),
                                "reasoning_content": m.get("reasoning_content")} for m in row["conversations"]],
-            "meta": {k: _hf_value(meta.get(k), t) for k, t in HF_META.items()}}
+            "meta": {**{k: _hf_value(meta.get(k), t) for k, t in HF_META.items()},
+                     "per_turn": [{k: _hf_value(t.get(k), kind) for k, kind in HF_TURN_META.items()}
+                                  for t in meta.get("per_turn") or [] if isinstance(t, dict)]}}
 
 
 # ---------------------------------------------------------------- atomic writers

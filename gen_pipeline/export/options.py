@@ -10,6 +10,7 @@ from typing import Any
 from gen_pipeline.config.server import ServerProfile
 from gen_pipeline.display import display_path
 from gen_pipeline.export.select import DatasetCounts, Filters, Mix, ValSplit, drop_reason_text
+from gen_pipeline.export.tokens import SPECFORGE_MAX_LENGTH
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class ExportOptions:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     require_trained_reasoning: bool = False
     check_samples: int = 32
+    max_length: int = SPECFORGE_MAX_LENGTH  # the trainer's length limit the tokens rows are checked against
     command: str | None = None  # the command line, for the card
 
 

@@ -23,6 +23,7 @@ from gen_pipeline.errors import ConfigError
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"  # the markers of SGLang's qwen3 / kimi_k2 / deepseek-r1 parsers
 INSTALL_HINT = "pip install 'gen-pipeline[template]' (transformers + jinja2)"
+KWARGS_KEY = "chat_template_kwargs"  # meta key: what a sample's requests sent to the template (run/chat.py)
 _PROBE_USER, _PROBE_ANSWER = "U\u2063probe", "A\u2063probe"  # text no template adds on its own
 
 
@@ -47,6 +48,8 @@ class Renderer:
     kwargs: dict[str, Any] = field(default_factory=dict)
     _direct: Any = field(default=None, init=False, repr=False)  # direct.DirectTemplate, False: none (direct_why)
     direct_why: str = field(default="", init=False)
+    _end_of_turn: str | None = field(default=None, init=False, repr=False)  # markers()[1], once
+    _others: dict[bytes, Renderer] = field(default_factory=dict, init=False, repr=False)  # for_kwargs
 
     def render(self, messages: list[dict[str, Any]], *, generation_prompt: bool) -> str:
         return str(self._apply(messages, generation_prompt))
@@ -90,6 +93,20 @@ class Renderer:
         common = os.path.commonprefix([turn_head, gen_head])
         header = common[:-len(THINK_OPEN)] if common.endswith(THINK_OPEN) else common
         return header or turn_head, full[at + len(_PROBE_ANSWER):]
+
+    def cut_end(self, output: str, turn: dict[str, Any]) -> str:
+        """The text of a turn the model did not end (max_new_tokens, a loop cut) up to where it stopped:
+        without the end of turn the template writes after an answer, and, when the turn has no answer (cut
+        while thinking), without the think block's close."""
+        if self._end_of_turn is None:
+            self._end_of_turn = self.markers()[1]
+        end = self._end_of_turn
+        output = output[:-len(end)] if end and output.endswith(end) else output
+        if turn.get("reasoning_content") and not (turn.get("content") or "").strip():
+            close = output.rfind(THINK_CLOSE)
+            output = output[:close].rstrip("\n") if close >= 0 and not output[close + len(THINK_CLOSE):].strip() \
+                else output
+        return output
 
     def turn_text(self, history: list[dict[str, Any]], turn: dict[str, Any]) -> tuple[str, str]:
         """(prompt, output): the prompt the server rendered for `turn` (history + generation prompt)
@@ -137,17 +154,60 @@ class Renderer:
             raise ConfigError(f"the chat template of {self.source} renders an assistant turn that does not "
                               "continue its own generation prompt, so the turn's tokens cannot be rebuilt from "
                               "text: record the server's token ids at generation time instead.")
-        out = full[len(prompt):]
-        reasoning = turn.get("reasoning_content") or ""
-        if not reasoning or reasoning in out:
-            return prompt, out
-        if prompt.rstrip().endswith(THINK_OPEN) and out.startswith(THINK_CLOSE):  # the prompt opened thinking
-            return prompt, reasoning + out
-        empty = out.find(THINK_OPEN)
-        close = out.find(THINK_CLOSE, empty)
-        if empty >= 0 and close >= 0 and not out[empty + len(THINK_OPEN):close].strip():  # an empty block: fill it
-            return prompt, out[:empty + len(THINK_OPEN)] + reasoning + out[close:]
-        return prompt, THINK_OPEN + reasoning + THINK_CLOSE + out
+        return prompt, with_reasoning(prompt, full[len(prompt):], turn.get("reasoning_content") or "")
+
+    def for_kwargs(self, kwargs: dict[str, Any] | None) -> Renderer:
+        """This tokenizer rendering with `kwargs` (a sample's recorded chat_template_kwargs); None: this
+        renderer's own (--template-kwargs). One renderer per distinct value, kept."""
+        if kwargs is None or kwargs == self.kwargs:
+            return self
+        key = orjson.dumps(kwargs, option=orjson.OPT_SORT_KEYS)
+        other = self._others.get(key)
+        if other is None:
+            other = self._others[key] = Renderer(self.tokenizer, self.source, dict(kwargs))
+        return other
+
+    def for_sample(self, sample: dict[str, Any]) -> Renderer:
+        """The renderer of one sample: with the chat_template_kwargs its requests carried (meta), else
+        (rows written before they were recorded) this renderer's own."""
+        return self.for_kwargs(recorded_kwargs(sample))
+
+
+def with_reasoning(prompt: str, out: str, reasoning: str) -> str:
+    """The turn's text after `prompt` with its reasoning in the model's think block, decided by position:
+    the think block the prompt opened or the turn's first one holds it when the template rendered it
+    (left as is), is filled when the template rendered it empty, and is added before the turn when the
+    template renders none. Never by searching for the reasoning's text, which the answer may repeat."""
+    if not reasoning:
+        return out
+    if prompt.rstrip().endswith(THINK_OPEN):  # the prompt opened thinking: the block starts the turn
+        start = 0
+    else:
+        opened = out.find(THINK_OPEN)
+        start = opened + len(THINK_OPEN) if opened >= 0 else -1
+    close = out.find(THINK_CLOSE, start) if start >= 0 else -1
+    if close < 0:  # no think block in the turn: the model wrote one before its answer
+        return THINK_OPEN + reasoning + THINK_CLOSE + out
+    if out[start:close].strip():  # the template rendered the reasoning there
+        return out
+    return out[:start] + reasoning + out[close:]  # an empty block (or the prompt's, closed at once): fill it
+
+
+def recorded_kwargs(sample: dict[str, Any]) -> dict[str, Any] | None:
+    """meta.chat_template_kwargs of a sample (JSON text: what its requests sent to the chat template), None
+    when the row has none (written before they were recorded); ConfigError naming the sample if unreadable."""
+    meta = sample.get("meta")
+    value = meta.get(KWARGS_KEY) if isinstance(meta, dict) else None
+    if value is None:
+        return None
+    try:
+        kwargs = orjson.loads(value) if isinstance(value, str) else value
+    except orjson.JSONDecodeError:
+        kwargs = None
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f"sample {sample.get('id')}: meta.{KWARGS_KEY} = {value!r} is not a JSON object; the "
+                          "row is damaged. Run `gen-pipeline validate` on its dataset.")
+    return kwargs
 
 
 def load_renderer(source: str | None, *, kwargs: dict[str, Any] | None = None, trust_remote_code: bool = False,

@@ -136,6 +136,32 @@ def take(rows: Sequence[dict[str, Any]], n: int, seed: int) -> list[dict[str, An
     return sorted(rows, key=lambda r: seeded_key(seed, r["id"]))[:n]
 
 
+def covering(rows: Sequence[dict[str, Any]], n: int, seed: int) -> list[dict[str, Any]]:
+    """At least `n` of `rows` (all when fewer) covering every kind of conversation: one of each kind (its
+    number of assistant turns, 1 or more, and the chat_template_kwargs it recorded), then every multi-turn
+    conversation (their earlier turns are where templates drop reasoning), then single-turn ones, each
+    group in a seeded order (`take`). A check of what a trainer trains (export --require-trained-reasoning)
+    reads these, so a few multi-turn samples among many are never left out by chance."""
+    if n >= len(rows):
+        return list(rows)
+    ordered = sorted(rows, key=lambda r: seeded_key(seed, r["id"]))
+
+    def multi(r: dict[str, Any]) -> bool:
+        return sum(1 for m in r.get("conversations") or [] if m.get("role") == "assistant") > 1
+
+    def kind(r: dict[str, Any]) -> tuple[bool, str]:
+        meta = r.get("meta") if isinstance(r.get("meta"), dict) else {}
+        return multi(r), str((meta or {}).get("chat_template_kwargs"))
+
+    firsts = list({kind(r): r for r in reversed(ordered)}.values())  # the first of each kind
+    chosen = {r["id"]: r for r in sorted(firsts, key=lambda r: not multi(r))}
+    for r in [r for r in ordered if multi(r)] + [r for r in ordered if not multi(r)]:
+        if len(chosen) >= n:
+            break
+        chosen.setdefault(r["id"], r)
+    return list(chosen.values())
+
+
 # ---------------------------------------------------------------- the split
 
 

@@ -70,8 +70,8 @@ from gen_pipeline.display import count, display_path
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.export.formats import expand_turns
 from gen_pipeline.export.render import Renderer, load_renderer, source_flag, tokenizer_source
-from gen_pipeline.export.select import take
-from gen_pipeline.export.tokens import TokenRowBuilder, has_server_ids, sent_message
+from gen_pipeline.export.select import covering
+from gen_pipeline.export.tokens import SPECFORGE_MAX_LENGTH, TokenRowBuilder, has_server_ids, length_fit, sent_message
 from gen_pipeline.store.layout import iter_committed_samples
 
 MODES = {
@@ -81,6 +81,22 @@ MODES = {
     "speculators": "speculators prepare-data (one row per assistant turn)",
     "tokens": "--format tokens (SpecForge prompts_path, speculators pre-tokenized)",
 }
+
+
+REASONING_ADVICE = (
+    "Export --format tokens (every turn's reasoning under the mask, loaded by SpecForge's data.prompts_path and "
+    "speculators), or --expand-turns if the template keeps the last turn's reasoning (Qwen3-style), or serve a chat "
+    "template that renders reasoning; `gen-pipeline check-template` shows it per turn.")
+
+
+def reasoning_verdict(share: float, samples: int, mode: str, source: str) -> tuple[bool, str]:
+    """(all trained, what to say) about the share of kept reasoning under the loss mask of `mode`: the words
+    `export` (its note, warning or --require-trained-reasoning refusal) and `check-template` both print."""
+    what = (f"{100 * share:.1f}% of the reasoning tokens of {samples:,} samples are under the loss mask when "
+            f"{MODES[mode]} renders them with the chat template of {source}")
+    if share >= 1.0:
+        return True, what
+    return False, f"{what}. {REASONING_ADVICE}" if share == 0.0 else what
 
 
 @dataclass
@@ -288,10 +304,11 @@ def compare_server_ids(samples: list[dict[str, Any]], renderer: Renderer) -> Ids
     out = IdsAgreement()
     for s in samples:
         history: list[dict[str, Any]] = []
+        r = renderer.for_sample(s)  # with the chat_template_kwargs the server rendered it with
         for m in s["conversations"]:
             if m.get("role") == "assistant" and has_server_ids(m):
-                prompt, output = renderer.turn_text(history, sent_message(m))
-                p, o = renderer.encode(prompt), renderer.encode(output)
+                prompt, output = r.turn_text(history, sent_message(m))
+                p, o = r.encode(prompt), r.encode(output)
                 server_p, server_o = [int(i) for i in m["prompt_token_ids"]], [int(i) for i in m["token_ids"]]
                 out.turns += 1
                 out.prompt_equal += p == server_p
@@ -309,23 +326,29 @@ def compare_server_ids(samples: list[dict[str, Any]], renderer: Renderer) -> Ids
 
 
 def check_template(*, output_root: Path, datasets: list[str], export: Path | None, samples: int, seed: int,
-                   tokenizer: str | None, profile: ServerProfile | None, template_kwargs: dict[str, Any]) -> str:
+                   tokenizer: str | None, profile: ServerProfile | None, template_kwargs: dict[str, Any],
+                   max_length: int = SPECFORGE_MAX_LENGTH) -> str:
     """The report of `gen-pipeline check-template`; raises ConfigError (no samples, no tokenizer)."""
     if samples < 1:
         raise ConfigError(f"--samples {samples} must be 1 or more.")
     rows, what = _samples(output_root, datasets, export)
-    chosen = take(rows, samples, seed)
+    chosen = covering(rows, samples, seed)
     renderer = load_renderer(tokenizer_source(tokenizer, profile), kwargs=template_kwargs,
                              flag=source_flag(tokenizer, profile),
                              trust_remote_code=bool(profile and profile.trust_remote_code))
     check = TemplateCheck(renderer)
     modes = [m for m in MODES if export is None or m != "specforge-expanded"]
     turns = sum(1 for r in chosen for m in r["conversations"] if m.get("role") == "assistant")
-    report = format_report(check.run(chosen, modes), renderer=renderer, header=check.header,
+    results = check.run(chosen, modes)
+    report = format_report(results, renderer=renderer, header=check.header,
                            end_of_turn=check.end_of_turn, what=f"{len(chosen):,} samples ({turns:,} assistant turns) "
                                                                 f"of {what}")
+    warnings = [f"  warning: {reasoning_verdict(r.reasoning_share, len(chosen), r.mode, renderer.source)[1]}"
+                for r in results if r.reasoning_share is not None and r.reasoning_share < 1.0]
+    fits, fit = length_fit(TokenRowBuilder(renderer).rows(chosen), max_length)
+    warnings.append(f"  {'note' if fits else 'warning'}: --format tokens, {fit}")
     agreement = compare_server_ids(chosen, renderer)
-    return report + ("\n" + agreement.format() if agreement.turns else "")
+    return "\n".join([report, *warnings] + ([agreement.format()] if agreement.turns else []))
 
 
 def _samples(output_root: Path, datasets: list[str], export: Path | None) -> tuple[list[dict[str, Any]], str]:

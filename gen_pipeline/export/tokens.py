@@ -49,10 +49,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+import orjson
 
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.export.encode import ID_DTYPE, TextEncoder
-from gen_pipeline.export.render import Renderer
+from gen_pipeline.export.render import KWARGS_KEY, Renderer, recorded_kwargs
 
 TOKEN_KEYS = ("prompt_token_ids", "token_ids")
 # Rows hold their ids as numpy arrays (orjson writes them with OPT_SERIALIZE_NUMPY): 4 bytes a token
@@ -60,7 +61,14 @@ TOKEN_KEYS = ("prompt_token_ids", "token_ids")
 MASK_DTYPE = np.int8
 BATCH_TURNS = 2048  # rendered turns rendered and tokenized at once
 Turn = tuple[list[dict[str, Any]], dict[str, Any]]  # (the messages before an assistant turn, the turn)
+_Rendered = tuple[Renderer, list[dict[str, Any]], dict[str, Any], bool]  # (renderer, history, turn, cut)
+_Pending = tuple[int, Renderer, list[dict[str, Any]], dict[str, Any], bool]  # the row's index, then _Rendered
+CUT = ("length", "loop")  # a turn's finish_reason when the model did not end it (max_new_tokens, a loop kept cut)
 SPOT_EVERY = 2048  # every so many rendered turns are also tokenized whole and compared
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def has_server_ids(message: dict[str, Any]) -> bool:
@@ -142,6 +150,13 @@ class TokenRowBuilder:
                        "on each turn alone), so every row was made the plain way; please report it")
         elif self.encoder is not None and not self.encoder.chunked:
             out.append(f"tokens: each rendered turn was tokenized whole ({self.encoder.why_whole}): exact, slower")
+        old, flag = self.stats["rendered_flag_kwargs"], self.renderer.kwargs if self.renderer is not None else {}
+        if old and (flag or self.stats["rendered_own_kwargs"]):  # a store from before them, alone: as ever
+            out.append(f"tokens: {old:,} rendered samples recorded no chat_template_kwargs (written before "
+                       f"meta.{KWARGS_KEY}): rendered with --template-kwargs {_json(flag)}")
+        elif flag and self.stats["rendered_own_kwargs"]:
+            out.append(f"tokens: --template-kwargs {_json(flag)} was not used: every rendered sample recorded the "
+                       f"chat_template_kwargs its requests sent (meta.{KWARGS_KEY}) and is rendered with them")
         return out
 
     def be_exact(self) -> None:
@@ -152,7 +167,7 @@ class TokenRowBuilder:
 
     def _rows(self, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        pending: list[tuple[int, *Turn]] = []  # (row index, history, turn)
+        pending: list[_Pending] = []
         for sample in samples:
             for row, turn in self._sample_rows(sample):
                 if turn is not None:
@@ -165,9 +180,13 @@ class TokenRowBuilder:
             self._tokenize(out, pending)
         return out
 
-    def _sample_rows(self, sample: dict[str, Any]) -> Iterable[tuple[dict[str, Any], Turn | None]]:
+    def _sample_rows(self, sample: dict[str, Any]) -> Iterable[tuple[dict[str, Any], _Rendered | None]]:
         history: list[dict[str, Any]] = []
         k = 0
+        recorded = recorded_kwargs(sample)
+        renderer = self.renderer.for_kwargs(recorded) if self.renderer is not None else None
+        cut = cut_turns(sample)
+        counted = False
         for m in sample["conversations"]:
             if m.get("role") != "assistant":
                 history.append(sent_message(m))
@@ -185,33 +204,46 @@ class TokenRowBuilder:
                                       "on its assistant turns), so the tokens format renders it with the target's "
                                       f"chat template: {self.why.rstrip('.')}.")
                 row["ids_from"] = "template"
-                yield row, (list(history), turn)
+                assert renderer is not None
+                if not counted:
+                    self.stats["rendered_own_kwargs" if recorded is not None else "rendered_flag_kwargs"] += 1
+                    counted = True
+                yield row, (renderer, list(history), turn, k in cut)
             history.append(turn)
             k += 1
 
-    def _tokenize(self, out: list[dict[str, Any]], batch: list[tuple[int, *Turn]]) -> None:
-        """One batch of rendered turns: each row's ids are a view of the batch's ids (prompt, then output)."""
+    def _tokenize(self, out: list[dict[str, Any]], batch: list[_Pending]) -> None:
+        """One batch of rendered turns: each row's ids are a view of the batch's ids (prompt, then output).
+        Each renderer (one per distinct chat_template_kwargs) renders its own turns."""
         assert self.renderer is not None
         if self.encoder is None:
             self.encoder = TextEncoder(self.renderer.tokenizer)
             if self.exact:
                 self.encoder.whole("asked to be exact")
-        texts = self.renderer.turn_texts([(h, t) for _, h, t in batch], direct=not self.exact)
+        texts: list[tuple[str, str]] = [("", "")] * len(batch)
+        groups: dict[int, list[int]] = {}
+        for j, (_, renderer, *_rest) in enumerate(batch):
+            groups.setdefault(id(renderer), []).append(j)
+        for js in groups.values():
+            renderer = batch[js[0]][1]
+            made = renderer.turn_texts([(batch[j][2], batch[j][3]) for j in js], direct=not self.exact)
+            for j, (prompt, output) in zip(js, made, strict=True):
+                texts[j] = (prompt, renderer.cut_end(output, batch[j][3]) if batch[j][4] else output)
         ids, starts = self.encoder.encode([x for pair in texts for x in pair])
-        for j, (i, history, turn) in enumerate(batch):
+        for j, (i, renderer, history, turn, cut) in enumerate(batch):
             begin, middle, end = (int(x) for x in starts[2 * j:2 * j + 3])
             row = out[i]
             row["input_ids"] = ids[begin:end]
             row["loss_mask"] = mask = np.zeros(end - begin, dtype=MASK_DTYPE)
             mask[middle - begin:] = 1
             if not self.exact and self.stats["turns_rendered"] % SPOT_EVERY == 0:
-                self._spot_check(row, history, turn)
+                self._spot_check(row, renderer, history, turn, cut)
             self.stats["turns_rendered"] += 1
 
-    def _spot_check(self, row: dict[str, Any], history: list[dict[str, Any]], turn: dict[str, Any]) -> None:
-        assert self.renderer is not None
+    def _spot_check(self, row: dict[str, Any], renderer: Renderer, history: list[dict[str, Any]],
+                    turn: dict[str, Any], cut: bool) -> None:
         self.stats["spot_checks"] += 1
-        ids, mask = slow_turn_ids(self.renderer, history, turn)
+        ids, mask = slow_turn_ids(renderer, history, turn, cut=cut)
         if row["input_ids"].tolist() != ids or row["loss_mask"].tolist() != mask:
             raise _SpotMismatch(f"{row['id']}")
 
@@ -220,10 +252,51 @@ class _SpotMismatch(Exception):
     pass
 
 
+
+def cut_turns(sample: dict[str, Any]) -> set[int]:
+    """The assistant turns (by index) the model did not end: meta.per_turn's finish_reason, else (rows
+    without it) the last turn when the sample's finish_reason says one was cut (a cut ends the sample)."""
+    meta = sample.get("meta")
+    if not isinstance(meta, dict):
+        return set()
+    per_turn = meta.get("per_turn")
+    if isinstance(per_turn, list) and per_turn:
+        return {k for k, t in enumerate(per_turn) if isinstance(t, dict) and t.get("finish_reason") in CUT}
+    if meta.get("finish_reason") in CUT:
+        return {sum(1 for m in sample["conversations"] if m.get("role") == "assistant") - 1}
+    return set()
+
+
 def slow_turn_ids(renderer: Renderer, history: list[dict[str, Any]],
-                  turn: dict[str, Any]) -> tuple[list[int], list[int]]:
+                  turn: dict[str, Any], *, cut: bool = False) -> tuple[list[int], list[int]]:
     """(input_ids, loss_mask) of one rendered turn the plain way: the template on this turn alone, the
-    tokenizer on its prompt and on its output (what TokenRowBuilder's rows equal)."""
+    tokenizer on its prompt and on its output (what TokenRowBuilder's rows equal); a `cut` turn (the
+    model did not end it) without the template's end of turn."""
     prompt, output = renderer.turn_text(history, turn)
+    output = renderer.cut_end(output, turn) if cut else output
     p, o = renderer.encode(prompt), renderer.encode(output)
     return p + o, [0] * len(p) + [1] * len(o)
+
+
+SPECFORGE_MAX_LENGTH = 2048  # SpecForge 0.2.0's data.max_length default (specforge/config/schema.py)
+
+
+def length_fit(rows: Iterable[dict[str, Any]], max_length: int) -> tuple[bool, str]:
+    """What SpecForge's pre-tokenized loader (data.prompts_path) keeps of these tokens rows at data.max_length
+    `max_length`: each row's ids and mask cut to max_length, a row with no trained token left dropped
+    (specforge/data/prompt_builder.py:243-246, min_loss_tokens 1). (all kept, one line saying so)."""
+    n = kept = trained = trained_kept = 0
+    for r in rows:
+        mask = np.asarray(r["loss_mask"])
+        whole, cut = int(mask.sum()), int(mask[:max_length].sum())
+        n += 1
+        kept += cut >= 1
+        trained += whole
+        trained_kept += cut
+    share = f"{100 * trained_kept / trained:.1f}%" if trained else "-"
+    line = (f"SpecForge data.max_length {max_length:,}: {kept:,} of {n:,} rows kept, {trained_kept:,} of "
+            f"{trained:,} trained tokens ({share})")
+    if kept == n and trained_kept == trained:
+        return True, line
+    return False, (line + "; rows are cut at max_length and those left with no trained token are dropped: raise "
+            "data.max_length to the longest row (see --max-length N) or leave the long rows out")

@@ -12,10 +12,10 @@ from gen_pipeline.quality.leaks import (
     is_marker_only,
     strip_markers,
 )
-from gen_pipeline.quality.repetition import LoopReason, LoopVerdict, RepetitionDetector
+from gen_pipeline.quality.repetition import LoopReason, LoopVerdict, RepetitionDetector, tail_loop
 from gen_pipeline.quality.thresholds import DEFAULT_LOOP_THRESHOLDS, LoopThresholds
 
 __all__ = [
     "DEFAULT_LOOP_THRESHOLDS", "THINK_MARKERS", "LeakFinding", "LeakReason", "LoopReason", "LoopThresholds",
-    "LoopVerdict", "RepetitionDetector", "check_turn", "find_markers", "is_marker_only", "strip_markers",
+    "LoopVerdict", "RepetitionDetector", "check_turn", "find_markers", "is_marker_only", "strip_markers", "tail_loop",
 ]

@@ -53,12 +53,21 @@ def add_meta(counts: dict[str, int], meta: Mapping[str, Any]) -> None:
             counts["leaks"] = counts.get("leaks", 0) + 1
 
 
+_LEAK_DETAILS = ("think_marker:", "reasoning_in_content:", "cut_in_reasoning:")  # quality.LeakReason's leaks
+
+
 def add_failure(counts: dict[str, int], row: Mapping[str, Any]) -> None:
-    """A failed sample's record (errors.jsonl): the loops and empty answers of its turns."""
+    """A failed sample's record (errors.jsonl): the loops and empty answers of its turns, and the leak that
+    failed it (truncated = "drop": reason "leak", or "truncated" for a leak cut by max_new_tokens, its detail
+    naming the leak, run/answer.judge)."""
     for key in FAILURE_KEYS:
         n = _int(row.get(key))
         if n:
             counts[key] = counts.get(key, 0) + n
+    detail = row.get("detail")
+    if row.get("reason") == "leak" or (row.get("reason") == "truncated" and isinstance(detail, str)
+                                       and detail.startswith(_LEAK_DETAILS)):
+        counts["leaks"] = counts.get("leaks", 0) + 1
 
 
 def merged(parts: Iterable[Mapping[str, int]]) -> dict[str, int]:

@@ -269,3 +269,24 @@ class RepetitionDetector:
         oldest = self._i - len(self._starts)  # 0-based index of self._starts[0]
         start_char = self._starts[max(0, start_index - oldest)]
         self._verdict = LoopVerdict(reason, stop, start_char, window[-1][1] or period, self._i)
+
+
+def tail_loop(text: str, thresholds: LoopThresholds = DEFAULT_LOOP_THRESHOLDS) -> LoopVerdict | None:
+    """The loop a turn cut at max_new_tokens ends in, if any: its last words are copies of one block of
+    p words, verbatim (each word equal to the one p before it, case aside), at least min_copies copies
+    (min_copies_long for p past long_period_words) and tail_loop_words words in all (LoopThresholds).
+    The streaming detector needs a window of words to fire; a loop that began less than that before
+    the cap is caught here. The verdict's offsets count characters of `text`; O(words) for a text
+    without such a tail (each period stops at its first differing word)."""
+    t = thresholds
+    spans = [(m.start(), m.end()) for m in _word_re(t).finditer(text)]
+    words = [text[a:b].lower() for a, b in spans]
+    n = len(words)
+    for p in range(1, min(t.max_period_words, n // t.min_copies) + 1):
+        i = n - 1
+        while i >= p and words[i] == words[i - p]:
+            i -= 1
+        span = n - 1 - i + p  # words of the periodic tail: the first copy, then the repeats
+        if span >= t.tail_loop_words and span >= p * (t.min_copies if p <= t.long_period_words else t.min_copies_long):
+            return LoopVerdict(LoopReason.PERIOD, spans[-1][1], spans[n - span][0], p, n)
+    return None

@@ -71,6 +71,11 @@ class LoopThresholds:
     # letter): test data repeats a row of numbers verbatim a dozen times; a loop of numbers still
     # fires by its period.
     low_diversity_numeric_share: float = 0.5
+    # At max_new_tokens a loop that began less than a window before the cap has not fired yet (162 words
+    # of " of" up to a 512-token cap): the turn's text is checked once more (repetition.tail_loop), and it
+    # ends in a loop when its last words are copies of one block, verbatim, min_copies of them or more
+    # (min_copies_long past long_period_words) and tail_loop_words words or more in all.
+    tail_loop_words: int = 64
 
     def __post_init__(self) -> None:
         if self.ngram_words < 1 or self.window_words < 8 or self.max_period_words < 1:

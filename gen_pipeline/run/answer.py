@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from gen_pipeline.config.dataset import GenerationConfig
 from gen_pipeline.errors import RequestError
-from gen_pipeline.quality import LeakReason, LoopVerdict, RepetitionDetector, check_turn, strip_markers
+from gen_pipeline.quality import LeakReason, LoopVerdict, RepetitionDetector, check_turn, strip_markers, tail_loop
 from gen_pipeline.records import TurnMeta
 from gen_pipeline.run.wire import Retryable, TurnResult
 
@@ -57,7 +57,10 @@ def detect_loop(turn: TurnResult, detector: RepetitionDetector) -> LoopVerdict |
         detector.feed(turn.reasoning)
     if turn.content:
         detector.feed(turn.content)
-    return detector.finish()
+    verdict = detector.finish()
+    if verdict is None and turn.finish_reason == "length":  # at the cap: the tail once more
+        verdict = tail_loop(turn.reasoning + turn.content, detector.thresholds)
+    return verdict
 
 
 # ---------------------------------------------------------------- the quality gate's policies

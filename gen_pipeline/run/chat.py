@@ -55,6 +55,7 @@ from gen_pipeline.run.wire import (
     classify_status,
     loop_seed,
     read_whole,
+    template_kwargs_text,
 )
 from gen_pipeline.server.fleet import Fleet
 
@@ -113,6 +114,7 @@ def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turn
         "kv_cache_dtype": s.kv_cache_dtype,
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "per_turn": per_turn if per_turn is not None else [TurnStats(attempts=1).meta(t) for t in turns],
+        "chat_template_kwargs": template_kwargs_text(s.sampling, s.generation.reasoning),
     }
     if s.mix is not None:  # only under a mix (part of the fingerprint): rows without one keep their keys
         meta["sampling_variant"] = s.variant

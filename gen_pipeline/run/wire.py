@@ -28,7 +28,7 @@ from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
 from gen_pipeline.config.mix import SamplingMix
 from gen_pipeline.errors import RequestError
 from gen_pipeline.http import Reply
-from gen_pipeline.quality import LoopVerdict, RepetitionDetector
+from gen_pipeline.quality import LoopVerdict, RepetitionDetector, tail_loop
 
 # SGLang's stream_options (protocol.py StreamOptions): the usage chunk at the end, and the usage so far on
 # every chunk (the tokens decoded when a loop is aborted, and a stream cut mid-way, are the server's count).
@@ -120,6 +120,15 @@ def _sampling_body(sampling: SamplingConfig, reasoning: str) -> dict[str, Any]:
         body["chat_template_kwargs"] = {**(body.get("chat_template_kwargs") or {}),
                                         "thinking": False, "enable_thinking": False}
     return body
+
+
+@functools.lru_cache(maxsize=8)
+def template_kwargs_text(sampling: SamplingConfig, reasoning: str) -> str:
+    """meta.chat_template_kwargs: the request's chat_template_kwargs (what SGLang passes to the chat template)
+    as JSON text with sorted keys, "{}" when none; text, so every row has one Arrow type whatever its keys
+    (export/tokens.py renders each row with its own)."""
+    kwargs = _sampling_body(sampling, reasoning).get("chat_template_kwargs") or {}
+    return orjson.dumps(kwargs, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def build_request(messages: list[Any], s: ClientSettings) -> dict[str, Any]:
@@ -342,6 +351,8 @@ class TurnStream:
             at = self.tokens_at_last_reasoning
             reasoning_tokens = at if at is not None and at >= 0 else self.reasoning_deltas
         finish = "length" if aborted else _finish(self.finish_reason)
+        if loop is None and finish == "length" and self.detector is not None:  # at the cap: the tail once more
+            loop = tail_loop(reasoning + content, self.detector.thresholds)
         return TurnResult(content, reasoning, finish, prompt_tokens, completion, min(reasoning_tokens, completion),
                           loop=loop, aborted=aborted, rid=self.rid)
 

@@ -22,7 +22,7 @@ import anyio
 from anyio.abc import Process
 
 from gen_pipeline.server import logfile, parent_watch
-from gen_pipeline.server.leftover import group_alive, remove_record, write_record
+from gen_pipeline.server.leftover import remove_record, write_record
 from gen_pipeline.server.log_advice import COMMAND_ECHO
 from gen_pipeline.store.lock import pid_alive
 

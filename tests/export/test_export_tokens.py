@@ -25,7 +25,7 @@ disable_progress_bars()
 
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo: 240 samples, 285 assistant turns (31 multi-turn samples), reasoning kept."""
+    """The demo: 240 samples, 286 assistant turns (46 earlier turns), reasoning kept."""
     root = tmp_path_factory.mktemp("outputs")
     r = run_cli("generate", "--dataset", "demo", "--server", "sim", "--output-dir", root)
     assert r.returncode == 0, r.stderr + r.stdout
@@ -72,7 +72,7 @@ def test_check_template_reports_what_each_trainer_trains(outputs: Path, tokenize
                 "--samples", "240")
     assert (r.returncode, r.stderr) == (0, "")
     lines = r.stdout.splitlines()
-    assert lines[0] == (f"template check: 240 samples (285 assistant turns) of demo, chat template of "
+    assert lines[0] == (f"template check: 240 samples (286 assistant turns) of demo, chat template of "
                         f"{tokenizers[kind]}")
     header = {"kimi": "'<|im_assistant|>assistant<|im_middle|>', end of turn '<|im_end|>'",
               "qwen3": "'<|im_start|>assistant\\n', end of turn '<|im_end|>\\n'",
@@ -81,7 +81,7 @@ def test_check_template_reports_what_each_trainer_trains(outputs: Path, tokenize
     rows = {(m[1], m[2]): m.groups()[2:] for m in map(ROW.match, lines) if m}
     assert len(rows) == 10
     for mode, (earlier, last) in EXPECTED[kind].items():
-        assert (rows[(mode, "earlier turns")][0], rows[(mode, "last turn")][0]) == ("45", "240")
+        assert (rows[(mode, "earlier turns")][0], rows[(mode, "last turn")][0]) == ("46", "240")
         assert (rows[(mode, "earlier turns")][3], rows[(mode, "last turn")][3]) == (earlier, last), mode
         # the answer is trained in every mode but train_only_last_turn's history
         answer = "0.0%" if mode == "specforge-last" else "100.0%"
@@ -173,9 +173,9 @@ def test_tokens_rows_load_in_specforges_prompts_path_with_each_turn_whole_under_
     r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "tokens", "--out", out,
                 "--val-share", "0.05", "--tokenizer", tokenizers[kind])
     assert (r.returncode, r.stderr) == (0, "")
-    assert "  tokens: 240 samples → 285 rows, one per assistant turn" in r.stdout.splitlines()
+    assert "  tokens: 240 samples → 286 rows, one per assistant turn" in r.stdout.splitlines()
     rows = jsonl(out) + jsonl(tmp_path / "tokens.val.ndjson")
-    assert len(rows) == 285 and all(set(row) == {"id", "input_ids", "loss_mask", "ids_from"} for row in rows)
+    assert len(rows) == 286 and all(set(row) == {"id", "input_ids", "loss_mask", "ids_from"} for row in rows)
     # data.prompts_path: SpecForge reads the file itself (prompt_builder.py:57-83, 219-252)
     tasks = prepare_prompt_tasks(out, None, chat_template=None, max_length=1_000_000, is_preformatted=False,
                                  train_only_last_turn=False, cache_dir=None, cache_key=None, num_proc=None)
@@ -183,6 +183,8 @@ def test_tokens_rows_load_in_specforges_prompts_path_with_each_turn_whole_under_
     assert [t["payload"] for t in tasks] == [{"input_ids": t["input_ids"], "loss_mask": t["loss_mask"]} for t in train]
     renderer = load_renderer(str(tokenizers[kind]))
     turns = turns_of(read_samples(outputs, "demo"))
+    finish = {s["id"]: [t["finish_reason"] for t in s["meta"]["per_turn"]] for s in read_samples(outputs, "demo")}
+    assert "length" in {f for fs in finish.values() for f in fs}
     for row in rows:
         mask = row["loss_mask"]
         first = mask.index(1)
@@ -191,7 +193,10 @@ def test_tokens_rows_load_in_specforges_prompts_path_with_each_turn_whole_under_
         trained = renderer.decode(row["input_ids"][first:])
         reasoning, answer = turn["reasoning_content"].strip(), turn["content"].strip()
         assert reasoning in trained and answer in trained and trained.index(reasoning) < trained.index(answer)
-        assert trained.endswith("<|im_end|>" if kind == "kimi" else "<|im_end|>\n")
+        # a turn the model did not end (max_new_tokens) ends where it stopped (issue 33)
+        sample_id, k = row["id"].split("#turn")
+        cut = finish[sample_id][int(k)] != "stop"
+        assert trained.endswith("<|im_end|>" if kind == "kimi" else "<|im_end|>\n") != cut
         assert reasoning not in renderer.decode(row["input_ids"][:first])  # never in its own prompt
     assert {row["ids_from"] for row in rows} == {"template"}
 
@@ -299,7 +304,7 @@ def test_tokens_rows_fit_speculators_pretokenized_contract(outputs: Path, tmp_pa
     assert run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "tokens", "--out", out,
                    "--tokenizer", tokenizers["kimi"]).returncode == 0
     ds = load_dataset("json", data_files=str(out), split="train")
-    assert {"input_ids", "loss_mask"} <= set(ds.column_names) and ds.num_rows == 285
+    assert {"input_ids", "loss_mask"} <= set(ds.column_names) and ds.num_rows == 286
     assert all(len(i) == len(m) and sum(m) > 0 for i, m in zip(ds["input_ids"], ds["loss_mask"], strict=True))
 
 

@@ -83,7 +83,8 @@ def test_chat_completion_shape_with_reasoning(client: httpx.Client) -> None:
     usage = body["usage"]
     assert usage["prompt_tokens"] == len(encode(render_chat(USER)))
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
-    assert len(encode(msg["reasoning_content"] + msg["content"])) == usage["completion_tokens"]
+    # the stop token counts (SGLang 0.5.17 returns it in the output ids) and is not in the text
+    assert len(encode(msg["reasoning_content"] + msg["content"])) + 1 == usage["completion_tokens"]
     details = usage["prompt_tokens_details"]  # SGLang 0.5.17: null when nothing was cached, else the count
     assert details is None or (details.keys() == {"cached_tokens"} and details["cached_tokens"] > 0)
 
@@ -129,7 +130,8 @@ def test_second_turn_hits_the_prefix_cache(client: httpx.Client) -> None:
                {"role": "user", "content": "And turn two?"}]
     two = chat(client, chat_template_kwargs=off, messages=history).json()
     cached = two["usage"]["prompt_tokens_details"]["cached_tokens"]
-    assert cached >= one["usage"]["prompt_tokens"] + one["usage"]["completion_tokens"]
+    # all of turn one but its stop token, which the rendered history does not hold
+    assert cached >= one["usage"]["prompt_tokens"] + one["usage"]["completion_tokens"] - 1
     assert two["usage"]["prompt_tokens"] == len(encode(render_chat(history)))
     stats = client.get("/sim/stats").json()
     assert after_one < stats["last_completed_sim_s"] <= stats["sim_time_s"]  # the simulated time of the last answer

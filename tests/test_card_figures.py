@@ -1,0 +1,117 @@
+"""Issue 33, defect 6: the dataset card's figures and what the export says about itself. The truncated
+share is over the exported samples; GPU-hours count the store's samples after a kill -9 left the
+manifest a few behind; "leaks flagged" counts leak failures; the hf format keeps meta.per_turn; a
+tokens export of server token ids does not warn about its own reasoning with a mismatched tokenizer."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import orjson
+import pytest
+from datasets import load_from_disk
+from template_tokenizers import build_tokenizer
+
+from gen_pipeline.cli import main
+from gen_pipeline.quality.accounting import add_failure
+from gen_pipeline.records import Failure, Sample
+from gen_pipeline.store.dataset_store import DatasetStore
+from sglang_sim.testing import start_sim
+
+from pipeline_helpers import SIM_FAST, make_rows, write_dataset
+
+
+def _turn_meta(finish: str, leak: str = "") -> dict:
+    return {"finish_reason": finish, "prompt_tokens": 5, "completion_tokens": 9, "reasoning_tokens": 3,
+            "attempts": 2 if leak else 1, "loops": 0, "empty": 0, "leak": leak, "tokens_not_decoded": 0,
+            "discarded_tokens": 0}
+
+
+def _store(root: Path, n: int = 10, *, truncated: int = 2, ids: bool = False) -> Path:
+    samples = []
+    for i in range(n):
+        finish = "length" if i < truncated else "stop"
+        turn = {"role": "assistant", "content": f"answer {i}", "reasoning_content": f"think {i}"}
+        if ids:
+            turn |= {"prompt_token_ids": [1, 2, 3], "token_ids": [7, 8, 9] + ([2] if finish == "stop" else [])}
+        samples.append(Sample(f"S-{i}", "S", [{"role": "user", "content": f"q {i}"}, turn],
+                              {"model": "m", "backend": "sim", "finish_reason": finish, "prompt_tokens": 5,
+                               "completion_tokens": 9, "turns": 1, "sampling": {"temperature": 0.7},
+                               "kv_cache_dtype": "fp8_e4m3", "generated_at": "x", "chat_template_kwargs": "{}",
+                               "per_turn": [_turn_meta(finish, "think_marker" if i == 5 else "")]}))
+    with DatasetStore(root, "S", fingerprint={"model": "m"}, target=n) as store:
+        store.open()
+        store.write_samples(samples)
+        store.write_failures([Failure("S-x", "S", "leak", "think_marker: the answer holds <think>", attempts=1,
+                                      retryable=False)])
+    return root
+
+
+def test_the_truncated_share_is_over_the_exported_samples(tmp_path: Path) -> None:
+    root = _store(tmp_path / "out")
+    out = tmp_path / "e" / "s.jsonl"
+    assert main(["export", "--output-dir", str(root), "--dataset", "S", "--format", "specforge", "--out", str(out),
+                 "--drop-truncated"]) == 0
+    card = (out.parent / "README.md").read_text()
+    assert "| S | 10 | 2 truncated | 8 | 0.0% |" in card
+    # the leak failure counts beside the written turn's flag
+    assert re.search(r"^\| S \| 0 \| 0 \| 0 \| 2 \| 0 \| ", card, re.M), card
+
+
+def test_leak_failures_count_as_leaks() -> None:
+    counts: dict[str, int] = {}
+    for row in ({"reason": "leak", "detail": "think_marker: x"},
+                {"reason": "truncated", "detail": "cut_in_reasoning: the thinking was cut"},
+                {"reason": "truncated", "detail": "turn 1 hit max_new_tokens=512"}, {"reason": "loop"}):
+        add_failure(counts, row)
+    assert counts == {"leaks": 2}
+
+
+def test_hf_keeps_the_per_turn_quality_flags(tmp_path: Path) -> None:
+    root = _store(tmp_path / "out")
+    out = tmp_path / "hf"
+    assert main(["export", "--output-dir", str(root), "--dataset", "S", "--format", "hf", "--out", str(out)]) == 0
+    ds = load_from_disk(str(out))["train"]
+    by_id = {r["id"]: r["meta"] for r in ds}
+    assert by_id["S-5"]["per_turn"] == [_turn_meta("stop", "think_marker")]
+    assert by_id["S-0"]["per_turn"][0]["finish_reason"] == "length"
+    assert by_id["S-5"]["chat_template_kwargs"] == "{}"
+
+
+def test_server_ids_with_another_tokenizer_do_not_warn_about_themselves(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    root = _store(tmp_path / "out", ids=True)
+    chatml = build_tokenizer(tmp_path / "chatml", "chatml")
+    out = tmp_path / "t.jsonl"
+    capsys.readouterr()
+    assert main(["export", "--output-dir", str(root), "--dataset", "S", "--format", "tokens", "--out", str(out),
+                 "--tokenizer", str(chatml)]) == 0
+    printed = capsys.readouterr().out
+    assert not [x for x in printed.splitlines() if x.startswith("  warning:") or "of the reasoning tokens" in x]
+    assert ("  note: tokens: every turn's row is the server's token ids, its reasoning and answer whole under the "
+            "loss mask") in printed.splitlines()
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with start_sim([*SIM_FAST, "--sim-seed", "5"], ready_timeout_s=30) as s:
+        yield s
+
+
+def test_gpu_hours_count_the_stores_samples_after_a_kill(sim, tmp_path: Path) -> None:
+    """A run killed (kill -9) after writing a sample but before its manifest recorded it: the store has
+    1 more sample than the run's samples_written. The card's GPU-hours are over the store's count."""
+    toml = write_dataset(tmp_path / "ds", target=12, rows=make_rows(12), max_new_tokens=64)
+    root = tmp_path / "out"
+    assert main(["generate", "--dataset", str(toml), "--server-url", sim.url, "--output-dir", str(root),
+                 "--progress", "quiet"]) == 0
+    shard = sorted((root / "T").glob("shard-*.jsonl"))[-1]
+    last = orjson.loads(shard.read_bytes().splitlines()[-1])
+    with open(shard, "ab") as f:  # the line a killed run wrote after its last manifest commit
+        f.write(orjson.dumps({**last, "id": "T-extra"}) + b"\n")
+    out = tmp_path / "e" / "s.jsonl"
+    assert main(["export", "--output-dir", str(root), "--dataset", "T", "--format", "specforge", "--out",
+                 str(out)]) == 0
+    card = (out.parent / "README.md").read_text()
+    assert re.search(r"^T: [\d.]+ GPU-h over .+ for 13 samples = ", card, re.M), card

@@ -1,0 +1,217 @@
+"""Issue 33, defects 1-3: the `tokens` export's rendered rows are what the target saw and produced.
+
+Each row is checked against an independent render (transformers' apply_chat_template with the test
+templates of tests/data/chat_templates, the turn's text written out by hand per template), for a store
+generated with `reasoning = "disable"` and one under a sampling mix whose variants send different
+chat_template_kwargs: each sample records what its requests sent to the template (meta.chat_template_kwargs)
+and is rendered with it. A turn the model did not end (max_new_tokens) ends where the model stopped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+from datasets import disable_progress_bars, load_dataset
+from template_tokenizers import END_OF_TURN, KINDS, build_all
+
+from gen_pipeline.cli import main
+from gen_pipeline.export.render import load_renderer
+from gen_pipeline.export.tokens import TokenRowBuilder
+from gen_pipeline.records import Sample
+from gen_pipeline.store.dataset_store import DatasetStore
+from sglang_sim.responses import EOS_TOKEN_ID
+from sglang_sim.testing import start_sim
+
+from pipeline_helpers import SIM_FAST, make_rows, read_samples, write_dataset
+
+disable_progress_bars()
+OFF = '{"enable_thinking":false,"thinking":false}'  # what reasoning = "disable" sends (run/chat.py)
+MIX = """chat_template_kwargs = { thinking = true, enable_thinking = true }
+[[sampling.mix]]
+share = 0.5
+[[sampling.mix]]
+share = 0.5
+chat_template_kwargs = { thinking = false, enable_thinking = false }
+"""
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with start_sim([*SIM_FAST, "--reasoning-parser", "kimi_k2", "--sim-seed", "3"], ready_timeout_s=30) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return build_all(tmp_path_factory.mktemp("tokenizers"))
+
+
+def _generate(sim, folder: Path, name: str, *, reasoning: str = "keep", sampling: str = "",
+              output: str = "") -> Path:
+    toml = write_dataset(folder, name=name, target=24, rows=make_rows(24), max_new_tokens=120,
+                         extra='on_loop = "off"')
+    text = toml.read_text().replace('reasoning = "keep"', f'reasoning = "{reasoning}"')
+    text = text.replace("top_p = 0.95\n", "top_p = 0.95\n" + sampling).replace("[output]\n", "[output]\n" + output)
+    toml.write_text(text)
+    out = folder / "out"
+    assert main(["generate", "--dataset", str(toml), "--server-url", sim.url, "--output-dir", str(out),
+                 "--progress", "quiet"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def disabled(sim, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _generate(sim, tmp_path_factory.mktemp("disabled"), "D", reasoning="disable")
+
+
+@pytest.fixture(scope="module")
+def mixed(sim, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _generate(sim, tmp_path_factory.mktemp("mixed"), "M", sampling=MIX)
+
+
+def expected_turn(kind: str, prompt: str, turn: dict, cut: bool) -> str:
+    """What the model wrote after `prompt`, written out per template: its reasoning in its think block
+    (opened by the prompt or not), its answer, the template's end of turn unless the turn was cut."""
+    r, c = turn.get("reasoning_content") or "", turn["content"]
+    if kind == "kimi":
+        text = (r + "</think>" if prompt.endswith("<think>") else "") + c
+    elif kind == "qwen3":
+        text = c if prompt.endswith("</think>\n\n") else f"<think>\n{r}\n</think>\n\n{c}"
+    else:
+        text = (f"<think>{r}</think>" if r else "") + c
+    return text if cut else text + END_OF_TURN[kind]
+
+
+def independent_rows(tokenizer_path: Path, kind: str, samples: list[dict]) -> dict[str, tuple[list, list]]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_path), local_files_only=True)
+    rows = {}
+    for s in samples:
+        kwargs = orjson.loads(s["meta"]["chat_template_kwargs"])
+        history: list[dict] = []
+        k = 0
+        for m in s["conversations"]:
+            msg = {key: m[key] for key in ("role", "content", "reasoning_content") if key in m}
+            if m["role"] == "assistant":
+                prompt = tok.apply_chat_template(history, tokenize=False, add_generation_prompt=True, **kwargs)
+                cut = s["meta"]["per_turn"][k]["finish_reason"] != "stop"
+                output = expected_turn(kind, prompt, msg, cut)
+                if kind == "qwen3" and not cut:  # this template renders the last turn whole: the same text
+                    assert tok.apply_chat_template([*history, msg], tokenize=False, **kwargs) == prompt + output
+                p, o = tok(prompt, add_special_tokens=False)["input_ids"], tok(output, add_special_tokens=False)[
+                    "input_ids"]
+                rows[f"{s['id']}#turn{k}"] = (p + o, [0] * len(p) + [1] * len(o))
+                k += 1
+            history.append(msg)
+    return rows
+
+
+def _export_tokens(root: Path, name: str, out: Path, tokenizer: Path | None, *extra: str) -> list[dict]:
+    flags = ["--tokenizer", str(tokenizer)] if tokenizer else []
+    assert main(["export", "--output-dir", str(root), "--dataset", name, "--format", "tokens", "--out", str(out),
+                 "--force", *flags, *extra]) == 0
+    return [orjson.loads(line) for line in out.read_bytes().splitlines()]
+
+
+def _mismatches(rows: list[dict], expected: dict[str, tuple[list, list]]) -> list[str]:
+    assert sorted(r["id"] for r in rows) == sorted(expected)
+    return [r["id"] for r in rows if (r["input_ids"], r["loss_mask"]) != expected[r["id"]]]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_reasoning_disable_store_renders_each_row_as_the_server_did(disabled: Path, tmp_path: Path,
+                                                                     tokenizers: dict[str, Path], kind: str) -> None:
+    samples = read_samples(disabled, "D")
+    assert {s["meta"]["chat_template_kwargs"] for s in samples} == {OFF}
+    assert any(s["meta"]["turns"] > 1 for s in samples) and any(s["meta"]["finish_reason"] == "length"
+                                                               for s in samples)
+    rows = _export_tokens(disabled, "D", tmp_path / "t.jsonl", tokenizers[kind])
+    assert _mismatches(rows, independent_rows(tokenizers[kind], kind, samples)) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_mixed_kwargs_store_renders_each_row_with_its_variants_kwargs(mixed: Path, tmp_path: Path,
+                                                                       tokenizers: dict[str, Path], kind: str,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    samples = read_samples(mixed, "M")
+    assert {s["meta"]["chat_template_kwargs"] for s in samples} == {
+        OFF, '{"enable_thinking":true,"thinking":true}'}
+    assert {bool(m.get("reasoning_content")) for s in samples for m in s["conversations"]
+            if m["role"] == "assistant"} == {True, False}
+    expected = independent_rows(tokenizers[kind], kind, samples)
+    capsys.readouterr()
+    rows = _export_tokens(mixed, "M", tmp_path / "t.jsonl", tokenizers[kind], "--template-kwargs",
+                          '{"thinking": true}')
+    assert _mismatches(rows, expected) == []
+    assert ('  note: tokens: --template-kwargs {"thinking":true} was not used: every rendered sample recorded the '
+            "chat_template_kwargs its requests sent (meta.chat_template_kwargs) and is rendered with them"
+            ) in capsys.readouterr().out.splitlines()
+
+
+def test_rows_without_recorded_kwargs_take_the_flag(disabled: Path, tmp_path: Path, tokenizers: dict[str, Path],
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A store written before meta.chat_template_kwargs: --template-kwargs fills those rows, and says so."""
+    samples = read_samples(disabled, "D")
+    expected = independent_rows(tokenizers["qwen3"], "qwen3", samples)
+    old = tmp_path / "old"
+    with DatasetStore(old, "D", fingerprint={"model": "m"}, target=len(samples)) as store:
+        store.open()
+        store.write_samples([Sample(s["id"], "D", s["conversations"],
+                                    {k: v for k, v in s["meta"].items() if k != "chat_template_kwargs"})
+                             for s in samples])
+    assert all("chat_template_kwargs" not in s["meta"] for s in read_samples(old, "D"))
+    capsys.readouterr()
+    rows = _export_tokens(old, "D", tmp_path / "t.jsonl", tokenizers["qwen3"], "--template-kwargs", OFF)
+    assert _mismatches(rows, expected) == []
+    assert ("  note: tokens: 24 rendered samples recorded no chat_template_kwargs (written before "
+            'meta.chat_template_kwargs): rendered with --template-kwargs {"enable_thinking":false,"thinking":false}'
+            ) in capsys.readouterr().out.splitlines()
+
+
+def test_mixed_kwargs_rows_load_in_datasets_with_one_schema(mixed: Path, tmp_path: Path) -> None:
+    """meta.chat_template_kwargs is JSON text: one Arrow type whatever keys each variant sends."""
+    out = tmp_path / "s.jsonl"
+    assert main(["export", "--output-dir", str(mixed), "--dataset", "M", "--format", "specforge", "--out", str(out),
+                 "--keep-meta"]) == 0
+    ds = load_dataset("json", data_files=str(out), split="train")
+    assert ds.num_rows == 24 and len({m["chat_template_kwargs"] for m in ds["meta"]}) == 2
+
+
+# ---------------------------------------------------------------- defect 2: reasoning placed by position
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_reasoning_the_answer_repeats_is_kept(tokenizers: dict[str, Path], kind: str) -> None:
+    renderer = load_renderer(str(tokenizers[kind]))
+    user = {"role": "user", "content": "Say hello"}
+    turn = {"role": "assistant", "content": "Hello there!", "reasoning_content": "Hello"}
+    sample = {"id": "S-0", "conversations": [user, turn], "meta": {"finish_reason": "stop",
+                                                                   "chat_template_kwargs": "{}"}}
+    row = TokenRowBuilder(renderer).rows([sample])[0]
+    trained = renderer.decode(row["input_ids"][row["loss_mask"].tolist().index(1):].tolist())
+    prompt = renderer.render([user], generation_prompt=True)
+    assert trained == expected_turn(kind, prompt, turn, cut=False)
+
+
+# ---------------------------------------------------------------- defect 3: the end of a cut turn
+
+
+def test_server_ids_end_with_the_stop_token_only_when_the_model_stopped(sim, tmp_path: Path) -> None:
+    """The simulator returns the matched stop token in token_ids as SGLang 0.5.17 does (tokens.py); a turn cut
+    at max_new_tokens ends without one, and so does its tokens row."""
+    out = _generate(sim, tmp_path, "I", output="token_ids = true\n")
+    samples = read_samples(out, "I")
+    ends = {(t["finish_reason"], m["token_ids"][-1] == EOS_TOKEN_ID)
+            for s in samples for t, m in zip(s["meta"]["per_turn"],
+                                             [m for m in s["conversations"] if m["role"] == "assistant"], strict=True)}
+    assert ends == {("stop", True), ("length", False)}
+    assert all(len(m["token_ids"]) == t["completion_tokens"] for s in samples
+               for t, m in zip(s["meta"]["per_turn"], [m for m in s["conversations"] if m["role"] == "assistant"],
+                               strict=True))
+    rows = _export_tokens(out, "I", tmp_path / "t.jsonl", None)
+    by_id = {r["id"]: r for r in rows}
+    for s in samples:
+        for k, t in enumerate(s["meta"]["per_turn"]):
+            assert (by_id[f"{s['id']}#turn{k}"]["input_ids"][-1] == EOS_TOKEN_ID) == (t["finish_reason"] == "stop")
