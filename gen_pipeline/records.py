@@ -118,6 +118,9 @@ class Capacity:
     max_running_requests: int | None  # effective decode slots limit; None = unknown
     servers: int = 1
     source: str = ""  # where it was read: "server_info", "loads", "vllm_metrics", "config", ...
+    # The largest decode batch the server(s) replay a CUDA graph for (SGLang's cuda_graph_max_bs, summed
+    # over DP ranks and servers): a batch above it decodes eagerly, ~2x slower a step. None = unknown.
+    cuda_graph_max_bs: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
