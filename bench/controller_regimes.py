@@ -49,6 +49,21 @@ class _Starved:
                                    schedule_conservativeness=self.conservativeness), get_profile("h200"))
 
 
+class _OverCeiling:
+    """Issue 34's short regime past SGLang's CUDA-graph ceiling: 120,000 fp8 KV tokens on one GPU (decode
+    graphs up to batch 256, SGLang's default there), so SGLang's own admission runs ~300 short requests."""
+
+    def engine(self) -> Engine:
+        return Engine(EngineConfig(max_total_num_tokens=120_000, chunked_prefill_size=8192, context_length=4096,
+                                   cuda_graph_max_bs=256), get_profile("h200", "fp8_e4m3"))
+
+
+def _over_ceiling_job() -> Job:
+    """3,000 short requests: the issue-9 run's 1,500 lengths twice (max 512, EOS honoured)."""
+    job = _short_job()
+    return Job(job.profile, (job.lengths * 2)[:3000])
+
+
 def _short_job(n: int | None = None) -> Job:
     job = svr.job_of(svr.load_real())
     return Job(job.profile, job.lengths[:n]) if n else job
@@ -65,6 +80,8 @@ def _cells() -> dict[str, tuple]:
                                         (40, 64)),
         "long, 900 prompts, eager admission (0.3)": (long_regime.synthetic_job(900),
                                                      long_regime.LongServer(conservativeness=0.3), (40, 64)),
+        "short over the graph ceiling (120K fp8, 3,000, max 512)": (_over_ceiling_job(), _OverCeiling(),
+                                                                   (64, 128, 192, 256)),
         "starved (20K, max 512)": (_short_job(1000), _Starved(), (64, 256)),
         "starved, eager admission (0.3)": (_short_job(1000), _Starved(0.3), (64, 256)),
     }
@@ -135,13 +152,14 @@ def markdown(cells: list[dict], b2: list[dict], wall_s: float) -> str:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="the long 300-prompt cell only, nothing written")
+    p.add_argument("--cell", action="append", default=[], help="run only this cell (repeatable), nothing written")
     p.add_argument("--workers", type=int, default=None)
     args = p.parse_args(argv)
     started = time.monotonic()
-    if args.quick:
-        cell = run_cell("long, 300 prompts")
-        print(markdown([cell], [], time.monotonic() - started))
-        return {"cells": [cell]}
+    if args.quick or args.cell:
+        cells = [run_cell(name) for name in args.cell or ["long, 300 prompts"]]
+        print(markdown(cells, [], time.monotonic() - started))
+        return {"cells": cells}
     workers = args.workers or max(1, min(2, os.cpu_count() or 1))
     with ProcessPoolExecutor(workers) as pool:
         cells_f = [pool.submit(run_cell, name) for name in _cells()]

@@ -60,7 +60,7 @@ class _EngineRun:
         self.window = Window(fixed=fixed, clock=clock)
         if fixed is None:
             capacity = Capacity(self.engine.config.max_total_num_tokens, self.engine.max_running_requests,
-                                source="sim")
+                                source="sim", cuda_graph_max_bs=self.engine.config.cuda_graph_max_bs)
             self.window.controller = Controller(capacity, initial_tokens_per_request=job.initial_tokens_per_request(),
                                                 config=config)
         self.dispatcher = Dispatcher(len(job.lengths), self.window, RunStats(clock))

@@ -130,9 +130,9 @@ class _Recorder(HardwareProfile):
         object.__setattr__(self, "_sums", np.zeros(4))
         super().__init__(**{f: getattr(base, f) for f in base.__dataclass_fields__})
 
-    def step_time_s(self, batch_size: int, kv_tokens: int, prefill_tokens: int) -> float:
+    def step_time_s(self, batch_size: int, kv_tokens: int, prefill_tokens: int, graph: bool = True) -> float:
         self._sums += (1.0, batch_size, kv_tokens, prefill_tokens)
-        return super().step_time_s(batch_size, kv_tokens, prefill_tokens)
+        return super().step_time_s(batch_size, kv_tokens, prefill_tokens, graph)
 
 
 def fit(real: RealRun, base: HardwareProfile) -> tuple[HardwareProfile, dict[str, float]]:

@@ -118,6 +118,9 @@ class Capacity:
     max_running_requests: int | None  # effective decode slots limit; None = unknown
     servers: int = 1
     source: str = ""  # where it was read: "server_info", "loads", "vllm_metrics", "config", ...
+    # The largest decode batch the server(s) replay a CUDA graph for (SGLang's cuda_graph_max_bs, summed
+    # over DP ranks and servers): a batch above it decodes eagerly, ~2x slower a step. None = unknown.
+    cuda_graph_max_bs: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +166,7 @@ class RunSnapshot:
     kv_usage: float | None = None  # 0..1 of kv_capacity_tokens
     kv_capacity_tokens: int | None = None
     max_running_requests: int | None = None
+    cuda_graph_max_bs: int | None = None  # the server's CUDA-graph ceiling (Capacity.cuda_graph_max_bs)
     gen_tokens_per_s: float | None = None  # the server's own generation throughput
     retractions_total: int | None = None  # the server's cumulative counter (a restart resets it)
     retractions_run: int | None = None  # retractions during this run (restarts counted through)

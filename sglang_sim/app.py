@@ -121,7 +121,8 @@ class SimServer:
         load = self.load()
         # SGLang sets the gauge from the PrefillAdder at each prefill stats log (metrics_reporter.py:553)
         gauges = {"new_token_ratio": engine.reported_new_token_ratio, "num_paused_reqs": load["queues"]["paused"],
-                  "num_retracted_reqs": load["queues"]["retracted"]}
+                  "num_retracted_reqs": load["queues"]["retracted"],
+                  "is_cuda_graph": int(self.loop.stats.last_cuda_graph)}
         return [load | gauges], engine.counters()
 
     async def run_startup(self) -> None:
@@ -160,8 +161,24 @@ async def server_info(request: Request) -> Response:
         "version": SIM_VERSION,
         "sim_time_s": sim.loop.now_s(),
         "sim_hicache_tokens": sim.info["hicache_tokens"],
+        "cuda_graph_config": cuda_graph_config(sim.info["cuda_graph_max_bs"]),
     }
     return JSONResponse(body)
+
+
+def cuda_graph_config(max_bs: int) -> dict[str, Any]:
+    """SGLang 0.5.17's resolved `cuda_graph_config` as /server_info dumps it (dataclasses.asdict of
+    model_executor/cuda_graph_config.py CudaGraphConfig): the decode ceiling is `decode.max_bs`."""
+    decode = ({"backend": "full", "max_bs": max_bs, "bs": capture_batch_sizes(max_bs)} if max_bs > 0
+              else {"backend": "disabled", "max_bs": None, "bs": None})
+    return {"decode": decode | {"tc_compiler": "eager"},
+            "prefill": {"backend": "breakable", "max_bs": 8192, "bs": None, "tc_compiler": "eager"}}
+
+
+def capture_batch_sizes(max_bs: int) -> list[int]:
+    """server_args.py _generate_decode_cuda_graph_batch_sizes (no speculative decoding, padding on)."""
+    bs = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
+    return [b for b in bs if b <= max_bs]
 
 
 async def model_info(request: Request) -> Response:

@@ -385,7 +385,7 @@ class Engine:
         else:
             retracted = self._retract(k, finished)
         need = decode_need(self._running, k)
-        new_tokens, dt = self._generate(k)
+        new_tokens, dt, graph = self._generate(k)
         self._advance(dt)
         self._stats.count_decode(need)
         done = [r for r in self._running if r.generated == r.out_len]
@@ -394,10 +394,12 @@ class Engine:
             self._unfull_at_decode = True
             finished.extend(self._finish(r) for r in done)
         self._stats.add("decode_steps_total")
-        return StepResult(dt, new_tokens, finished, [r.rid for r in retracted], 0, len(new_tokens))
+        self._stats.add("decode_cuda_graph_passes_total" if graph else "decode_none_passes_total")
+        return StepResult(dt, new_tokens, finished, [r.rid for r in retracted], 0, len(new_tokens), graph)
 
-    def _generate(self, k: int) -> tuple[dict[str, int], float]:
-        """Give every running request up to k tokens; returns them and the time of k passes."""
+    def _generate(self, k: int) -> tuple[dict[str, int], float, bool]:
+        """Give every running request up to k tokens; returns them, the time of k passes and whether the
+        first pass (the whole batch) ran on a CUDA graph."""
         new_tokens: dict[str, int] = {}
         active_per_pass = [0] * k
         kv_tokens = 0
@@ -409,11 +411,13 @@ class Engine:
             new_tokens[r.rid] = t
             active_per_pass[t - 1] += 1
         dt, active, batch = 0.0, 0, len(self._running)
+        ceiling = self.config.cuda_graph_max_bs
         for j in range(k - 1, -1, -1):  # pass j runs the requests with more than j tokens to go
             active += active_per_pass[j]
             kv_j = kv_tokens * active / batch + (j + 1) * active if batch else 0
-            dt += self.profile.step_time_s(active, int(kv_j), 0) if active else 0.0
-        return new_tokens, dt
+            graph = ceiling is None or active <= ceiling  # cuda_graph_runner.can_run: bs <= max captured bs
+            dt += self.profile.step_time_s(active, int(kv_j), 0, graph) if active else 0.0
+        return new_tokens, dt, ceiling is None or batch <= ceiling
 
     def _retract(self, k: int, finished: list[FinishedRequest]) -> list[SchedReq]:
         """SGLang retract_decode: fewest generated (then longest prompt) go first."""

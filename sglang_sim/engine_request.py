@@ -58,6 +58,9 @@ class EngineConfig:
     new_token_ratio_decay_steps: int = 600  # environ.py:397 SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
     clip_max_new_tokens: int = CLIP_MAX_NEW_TOKENS
     context_length: int = 131072
+    # Largest decode batch SGLang replays a CUDA graph for (cuda_graph_config.decode.max_bs); a larger
+    # batch runs eagerly, slower (profiles.NO_GRAPH_STEP_FACTOR). None: every batch has a graph.
+    cuda_graph_max_bs: int | None = None
 
 
 def derive_max_running_requests(max_total_num_tokens: int, context_length: int) -> int:
@@ -87,6 +90,7 @@ class StepResult:
     retracted: list[str]  # rids retracted this iteration (re-queued)
     prefill_tokens: int
     decode_batch: int
+    cuda_graph: bool = True  # the decode ran on a CUDA graph (SGLang's can_run_cuda_graph); True for prefill
 
 
 @dataclass(slots=True, eq=False)

@@ -31,6 +31,9 @@ COUNTERS = (
     "prefill_steps_total",
     "prefill_busy_us_total",  # simulated microseconds spent in prefill iterations
     "decode_steps_total",
+    # SGLang's sglang:cuda_graph_passes_total{mode="decode_cuda_graph"|"decode_none"} (0.5.17)
+    "decode_cuda_graph_passes_total",
+    "decode_none_passes_total",
 )
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_sim.engine import Engine, EngineConfig, FinishedRequest, StepResult
-from sglang_sim.profiles import get_profile, hicache_capacity_tokens, kv_capacity_tokens
+from sglang_sim.profiles import default_cuda_graph_max_bs, get_profile, hicache_capacity_tokens, kv_capacity_tokens
 
 log = logging.getLogger("sglang_sim")
 
@@ -38,8 +38,10 @@ def build_engine(ns: argparse.Namespace) -> tuple[Engine, dict[str, Any]]:
         # --hicache-size is GB per rank; 0 means hicache_ratio x the device pool (SGLang's rule).
         hicache = (hicache_capacity_tokens(ns.sim_profile, ns.hicache_size, ns.kv_cache_dtype)
                    if ns.hicache_size > 0 else int(pool * ns.hicache_ratio))
+    profile = get_profile(ns.sim_profile, ns.kv_cache_dtype)
     config = EngineConfig(
         max_total_num_tokens=pool,
+        cuda_graph_max_bs=cuda_graph_max_bs(ns, profile.gpu_mem_gb),
         max_running_requests=ns.max_running_requests or 0,
         chunked_prefill_size=ns.chunked_prefill_size,
         max_prefill_tokens=ns.max_prefill_tokens,
@@ -49,7 +51,7 @@ def build_engine(ns: argparse.Namespace) -> tuple[Engine, dict[str, Any]]:
         schedule_conservativeness=ns.schedule_conservativeness,
         context_length=ns.context_length,
     )
-    engine = Engine(config, get_profile(ns.sim_profile, ns.kv_cache_dtype))
+    engine = Engine(config, profile)
     info = {
         "max_total_num_tokens": pool,
         "max_running_requests": engine.max_running_requests,
@@ -58,8 +60,17 @@ def build_engine(ns: argparse.Namespace) -> tuple[Engine, dict[str, Any]]:
         "context_len": ns.context_length,
         "max_req_input_len": ns.context_length - 1,
         "hicache_tokens": hicache,
+        "cuda_graph_max_bs": config.cuda_graph_max_bs,
     }
     return engine, info
+
+
+def cuda_graph_max_bs(ns: argparse.Namespace, gpu_mem_gb: float) -> int:
+    """The decode CUDA-graph ceiling SGLang 0.5.17 resolves: --cuda-graph-max-bs(-decode), else its default
+    for the GPU's memory and TP size; 0 with --disable-cuda-graph (every decode step runs eagerly)."""
+    if ns.disable_cuda_graph:
+        return 0
+    return ns.cuda_graph_max_bs_decode or default_cuda_graph_max_bs(gpu_mem_gb, ns.tp_size)
 
 
 @dataclass(eq=False)
@@ -89,6 +100,7 @@ class LoopStats:
     max_step_real_s: float = 0.0
     last_gen_throughput: float = 0.0
     retraction_events: int = 0
+    last_cuda_graph: bool = True  # the last decode batch ran on a CUDA graph (sglang:is_cuda_graph)
     # (simulated s, running) after each prefill round, the first ADMISSIONS_KEPT: a run's ramp in the
     # simulator's own clock (tests compare the controller's ramp with a fixed window's on it)
     admissions: list[tuple[float, int]] = field(default_factory=list)
@@ -229,6 +241,7 @@ class EngineLoop:
                      len(result.retracted), ratio_before, self.engine.new_token_ratio)
         if not result.decode_batch:
             return
+        self.stats.last_cuda_graph = result.cuda_graph
         self._decode_steps += 1
         self._log_tokens += sum(result.new_tokens.values())
         if self._decode_steps % self.decode_log_interval:
@@ -237,7 +250,9 @@ class EngineLoop:
         self.stats.last_gen_throughput = self._log_tokens / dt if dt > 0 else 0.0
         self._log_tokens, self._log_sim_s = 0, self.engine.now_s
         loads = self.engine.loads()
-        log.info("Decode batch, #running-req: %d, #token: %d, token usage: %.2f, cuda graph: True, "
+        # SGLang 0.5.17 managers/scheduler_components/metrics_reporter.py report_decode_stats: the flag is
+        # can_run_cuda_graph of the batch that logged
+        log.info("Decode batch, #running-req: %d, #token: %d, token usage: %.2f, cuda graph: %s, "
                  "gen throughput (token/s): %.2f, #queue-req: %d",
-                 loads["num_running_reqs"], loads["num_used_tokens"], loads["token_usage"],
+                 loads["num_running_reqs"], loads["num_used_tokens"], loads["token_usage"], result.cuda_graph,
                  self.stats.last_gen_throughput, loads["num_waiting_reqs"])

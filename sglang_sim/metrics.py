@@ -28,6 +28,7 @@ _GAUGES = (
     ("sglang:num_paused_reqs", "num_paused_reqs", "The number of paused requests by async weight sync."),
     # Requests taken back by the latest retraction since the previous stats log (reset at each).
     ("sglang:num_retracted_reqs", "num_retracted_reqs", "The number of retracted requests."),
+    ("sglang:is_cuda_graph", "is_cuda_graph", "Whether the batch is using CUDA graph."),
 )
 # Scheduler-side counters: labelled, so SGLang serves no sample before the first increment.
 _RANK_COUNTERS = (
@@ -70,6 +71,12 @@ class SimCollector:
                 c = CounterMetricFamily(name, doc, labels=rank_labels)
                 c.add_metric(rank_values(loads[0]), float(counters[key]))
                 yield c
+        passes = CounterMetricFamily("sglang:cuda_graph_passes", "Total number of forward passes categorized by "
+                                     "CUDA graph.", labels=[*rank_labels, "mode"])
+        for mode in ("decode_cuda_graph", "decode_none"):  # SGLang: a sample once a pass of that mode ran
+            if counters.get(f"{mode}_passes_total", 0) > 0:
+                passes.add_metric([*rank_values(loads[0]), mode], float(counters[f"{mode}_passes_total"]))
+        yield passes
         for name, key, doc, (label, value) in _COUNTERS:
             c = CounterMetricFamily(name, doc, labels=["model_name", label])
             c.add_metric([self.model_name, value], float(counters.get(key, 0)))

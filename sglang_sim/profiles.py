@@ -18,8 +18,10 @@ import bisect
 from dataclasses import dataclass, replace
 
 __all__ = [
+    "NO_GRAPH_STEP_FACTOR",
     "HardwareProfile",
     "KV_DTYPE_BYTES_FACTOR",
+    "default_cuda_graph_max_bs",
     "PROFILES",
     "get_profile",
     "hicache_capacity_tokens",
@@ -36,6 +38,26 @@ KV_DTYPE_BYTES_FACTOR: dict[str, float] = {
     "fp8_e5m2": 0.5,
 }
 
+# A decode step SGLang runs without a CUDA graph (batch above cuda_graph_max_bs) against one that
+# replays a graph, at the same batch: issue 34 measured 15.4K tok/s at 224-255 running with graphs and
+# 7.5-8.5K at 256-320 without on one H100 (1.2B Llama, SGLang 0.5.17): ~1.8-2x the step time.
+NO_GRAPH_STEP_FACTOR = 1.9
+
+
+def default_cuda_graph_max_bs(gpu_mem_gb: float, tp_size: int) -> int:
+    """SGLang 0.5.17's default decode CUDA-graph ceiling (server_args.py, _handle_gpu_memory_settings:
+    `cuda_graph_config.decode.max_bs` by GPU memory and TP size, when no --cuda-graph-max-bs is given)."""
+    mib = gpu_mem_gb * 1024
+    if mib < 20 * 1024:
+        return 8
+    if mib < 35 * 1024:
+        return 24 if tp_size < 4 else 80
+    if mib < 60 * 1024:
+        return 32 if tp_size < 4 else 160
+    if mib < 160 * 1024:  # H100 / A100 80GB, H20 / H200
+        return 256 if tp_size < 4 else 512
+    return 512  # B200, MI300
+
 
 @dataclass(frozen=True)
 class HardwareProfile:
@@ -51,15 +73,19 @@ class HardwareProfile:
     # (mem_fraction_static, bf16 KV tokens) points the pool is interpolated from.
     pool_points: tuple[tuple[float, int], ...] = ()
     fixed_pool_tokens: int = 0  # when > 0 the pool ignores mem fraction and dtype
+    gpu_mem_gb: float = 141.0  # per GPU: SGLang's default cuda_graph_max_bs follows it
+    no_graph_step_factor: float = NO_GRAPH_STEP_FACTOR  # step time x this above the graph ceiling
 
-    def step_time_s(self, batch_size: int, kv_tokens: int, prefill_tokens: int) -> float:
-        """Simulated seconds of one forward pass (one token per request for decode)."""
-        return (
+    def step_time_s(self, batch_size: int, kv_tokens: int, prefill_tokens: int, graph: bool = True) -> float:
+        """Simulated seconds of one forward pass (one token per request for decode); `graph` False: a
+        decode step run eagerly (its batch is above the CUDA-graph ceiling), no_graph_step_factor x slower."""
+        t = (
             self.step_base_s
             + self.decode_per_req_s * batch_size
             + self.decode_per_kv_token_s * kv_tokens
             + self.prefill_per_token_s * prefill_tokens
         )
+        return t if graph else t * self.no_graph_step_factor
 
     def with_kv_dtype(self, kv_cache_dtype: str) -> HardwareProfile:
         """The same machine with attention cost scaled to the KV dtype's bytes.

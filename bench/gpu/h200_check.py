@@ -363,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"regimes phase: prompts of a short-regime run (at most {regimes.SHORT_PROMPTS})")
     p.add_argument("--long-prompts", type=int, default=regimes.LONG_PROMPTS,
                    help=f"regimes phase: prompts of a long-regime run (at most {regimes.LONG_PROMPTS_MAX})")
+    p.add_argument("--server-profile", default="h200", choices=("h200", "h200-ceiling"),
+                   help="regimes phase: the server.toml profile it runs on (h200-ceiling: 120K fp8 KV tokens, "
+                        "issue 34's short regime past the CUDA-graph ceiling)")
     p.add_argument("--clients", default=None,
                    help="regimes phase: only these clients, comma-separated (fixed-128, fixed-40, all, adaptive)")
     args = p.parse_args(argv)
@@ -376,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     check.rounds = args.rounds
     check.long_prompts = min(args.long_prompts, regimes.LONG_PROMPTS_MAX)
     check.clients = clients
+    check.server_profile = args.server_profile
     if args.time_scale:
         check.results["time_scale"] = args.time_scale
     for phase in args.phases:

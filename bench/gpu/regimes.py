@@ -23,7 +23,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.gpu import runs, servers
-from bench.gpu.setup import KV_TOKENS, LONG_DATASET, LONG_PROMPTS, LONG_PROMPTS_MAX, SHORT_DATASET, SHORT_PROMPTS
+from bench.gpu.setup import (
+    LONG_DATASET,
+    LONG_PROMPTS,
+    LONG_PROMPTS_MAX,
+    PROFILE_KV_TOKENS,
+    SHORT_DATASET,
+    SHORT_PROMPTS,
+)
 from bench.gpu.traces import TracePoller, summarize
 from gen_pipeline.reports.diagnose import diagnose
 from gen_pipeline.store.telemetry import read_telemetry
@@ -72,7 +79,8 @@ def run_phase(check: Any, rounds: int = ROUNDS) -> None:
     if long_prompts != LONG_PROMPTS:  # a longer run: SGLang's start-up and the first cohort weigh less
         REGIMES["long"] = Regime(LONG_DATASET, long_prompts, {"fixed-40": 40, "all": long_prompts, "adaptive": None},
                                  45.0 * long_prompts / LONG_PROMPTS)
-    server = check.ensure("main", "h200")
+    profile = getattr(check, "server_profile", "h200")
+    server = check.ensure("main" if profile == "h200" else profile, profile)
     res = check.results.setdefault("regimes", {"runs": []})
     traces_path = check.work / "traces.json"
     traces = json.loads(traces_path.read_text()) if traces_path.exists() else {}
@@ -88,7 +96,7 @@ def run_phase(check: Any, rounds: int = ROUNDS) -> None:
             break
         row, trace, lengths = measure(check, server, rnd, regime, client)
         res["runs"].append(row)
-        entry = traces.setdefault(regime, {"kv_tokens": KV_TOKENS, "runs": []})
+        entry = traces.setdefault(regime, {"kv_tokens": PROFILE_KV_TOKENS[profile], "profile": profile, "runs": []})
         entry["runs"].append({**row, "trace": trace})
         if lengths and "lengths" not in entry:
             entry["lengths"] = lengths
@@ -108,10 +116,12 @@ def measure(check: Any, server: servers.Server, rnd: int, regime: str,
     out = check.out / name
     servers.flush_cache(server)
     poller = TracePoller(server.url)
+    row_start = _log_size(server)
     args = ["--server-url", server.url, "--limit", str(spec.prompts)] + (["--window", str(window)] if window else [])
     run = runs.run_cli(name, runs.cli_argv(check.cfg, out, *args, dataset=spec.dataset), check.logs)
     trace = poller.stop(run.ready_mono if run.ready_mono is not None else 0.0)
     figures = runs.read_outputs(out / spec.dataset)
+    verdicts = diagnose(read_telemetry(out / spec.dataset))
     shape = summarize(trace)
     steady_tok_s = shape.get("steady_gen_throughput_mean")
     row = {"round": rnd, "regime": regime, "client": client, "rc": run.rc, "rows": figures["rows"],
@@ -122,7 +132,8 @@ def measure(check: Any, server: servers.Server, rnd: int, regime: str,
            "client_cpu_ms_per_1k_tokens": round(1e6 * run.cpu_s / max(figures["completion_tokens"], 1), 2),
            "client_core_share": round(run.cpu_s / max(run.wall_s, 1e-6), 3),
            "trace_summary": shape, "controller": run.controller_figures(),
-           "diagnose": [v.rule for v in diagnose(read_telemetry(out / spec.dataset))]}
+           "diagnose": [v.rule for v in verdicts], "diagnose_text": [v.lines() for v in verdicts],
+           "cuda_graph": _graph_share(server, row_start)}
     if figures["rows"] != spec.prompts:
         row["warning"] = f"{figures['rows']} rows, expected {spec.prompts}"
     check.log(f"{name}: {row['rows']} rows, {row['tok_s']:.0f} tok/s (steady {steady_tok_s}) in "
@@ -130,6 +141,37 @@ def measure(check: Any, server: servers.Server, rnd: int, regime: str,
               f"{shape.get('steady_running_mean')} queued {shape.get('steady_queued_mean')} (rc {run.rc})")
     lengths = runs.lengths(out / spec.dataset) if regime == "long" else []
     return row, trace, lengths
+
+
+def _log_size(server: servers.Server) -> int:
+    try:
+        return server.log.stat().st_size
+    except OSError:
+        return 0
+
+
+def _graph_share(server: servers.Server, start: int) -> dict:
+    """The server's decode log lines written during a run: how many said `cuda graph: True` / `False`
+    (SGLang 0.5.17 metrics_reporter.py report_decode_stats), and the running counts of each."""
+    try:
+        with server.log.open("rb") as f:
+            f.seek(start)
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return {}
+    out: dict[str, Any] = {"true": 0, "false": 0, "running_true": [], "running_false": []}
+    for line in text.splitlines():
+        if "Decode batch" not in line or "cuda graph: " not in line:
+            continue
+        flag = "true" if "cuda graph: True" in line else "false"
+        out[flag] += 1
+        running = line.split("#running-req: ", 1)[1].split(",", 1)[0] if "#running-req: " in line else ""
+        if running.isdigit():
+            out[f"running_{flag}"].append(int(running))
+    for flag in ("true", "false"):
+        xs = out.pop(f"running_{flag}")
+        out[f"running_{flag}_median"] = statistics.median(xs) if xs else None
+    return out
 
 
 def summarize_regimes(rows: list[dict]) -> dict:

@@ -16,6 +16,10 @@ PROMPTS = 1500
 MAX_NEW_TOKENS = 512
 KV_TOKENS = 60_000
 STARVED_KV_TOKENS = 20_000
+# Issue 34: a pool where SGLang's own admission runs the short regime past its CUDA-graph ceiling (256 on
+# one GPU): 120,000 fp8 KV tokens hold ~300 short requests. Profile "h200-ceiling".
+CEILING_KV_TOKENS = 120_000
+PROFILE_KV_TOKENS = {"h200": KV_TOKENS, "h200-ceiling": CEILING_KV_TOKENS}
 DATASET = "h200"
 # The long-output regime (issue 19): prompts of ~300-500 tokens, every output >= 1,000 tokens (mean
 # ~1,300: the random model's EOS comes with probability ~1/320 a token), ~40 requests fit in 60K tokens.
@@ -153,6 +157,7 @@ def server_toml(model: str, sim: bool = False, time_scale: float = 1.0) -> str:
     return ("# Written by bench/gpu/setup.py for the GPU check (bench/gpu/README.md).\n"
             + _profile("h200", kv_dtype="auto", mem=0.85, kv_tokens=KV_TOKENS, **kw)
             + _profile("h200-fp8", kv_dtype="fp8_e4m3", mem=0.85, kv_tokens=None, **kw)
+            + _profile("h200-ceiling", kv_dtype="fp8_e4m3", mem=0.85, kv_tokens=CEILING_KV_TOKENS, **kw)
             + _profile("h200-starved", kv_dtype="auto", mem=0.85, kv_tokens=STARVED_KV_TOKENS, **kw)
             # SGLang's optimistic admission (new_token_ratio from 0.21, not 0.7): retractions come sooner
             + _profile("h200-starved-eager", kv_dtype="auto", mem=0.85, kv_tokens=STARVED_KV_TOKENS,

@@ -169,7 +169,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from gen_pipeline.config.server import load_server_profile
     from gen_pipeline.reports.job_time import plan_job_time
-    from gen_pipeline.server.plan import format_plan, plan_from_args, profile_inputs
+    from gen_pipeline.server.plan import format_plan, plan_from_args, profile_cuda_graph_max_bs, profile_inputs
 
     profile = load_server_profile(args.server, args.config_dir / "server.toml")
     inputs, note = profile_inputs(profile, tp_size=args.tp_size, mem_fraction_static=args.mem_fraction_static,
@@ -177,6 +177,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     p = plan_from_args(args.model_config, gpu_mem_gb=args.gpu_mem_gb, tokens_per_sample=args.tokens_per_sample,
                        weights_gb=args.weights_gb, params_b=args.params_b, weight_dtype=args.weight_dtype,
                        overhead_gb=args.overhead_gb, inputs_note=note, **inputs)
+    if (graphs := profile_cuda_graph_max_bs(profile.extra_args)) is not None:
+        p = replace(p, cuda_graph_max_bs=graphs, cuda_graph_note=f"--cuda-graph-max-bs of {profile.where}")
     print(format_plan(p))
     skipped: list[str] = []
     job = plan_job_time(p, args.config_dir, args.output_dir, decode_tok_s=args.decode_tok_s, skipped=skipped)

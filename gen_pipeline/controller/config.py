@@ -81,6 +81,14 @@ class ControllerConfig:
     retraction_cooldown_s: float = 30.0
     # A probe up is rejected when more requests were retracted than this share of completions.
     retraction_max_share: float = 0.1
+    # The batch ceiling (controller/batch.py): requests in flight stay at or below the server's CUDA-graph
+    # ceiling (cuda_graph_max_bs), or below a knee seen in the polls (the decode rate at a higher running
+    # count knee_drop below the best at a lower one, each bin seen knee_polls times; the cap may climb back
+    # to knee_headroom x the knee). Goodput then moves the cap by batch_cap_step per probe, down first.
+    batch_cap_step: float = 0.05
+    knee_drop: float = 0.25
+    knee_polls: int = 5
+    knee_headroom: float = 1.5
     # Latency-gradient mode (no capacity known): start, and back off when the time per output
     # token of recent completions exceeds tolerance x that of the best epoch (Gradient2's rule).
     gradient_initial_window: int = 32

@@ -35,6 +35,11 @@ remaining max_new_tokens of every running request); the client's job is to keep 
    was for a cooldown (SGLang's own admission also turns conservative then: new_token_ratio jumps
    in scheduler.py retract_decode); a few retractions are SGLang's optimism and cost a re-prefill.
 
+4. The batch ceiling (controller/batch.py): past SGLang's CUDA-graph ceiling (cuda_graph_max_bs, read
+   from /server_info) a decode step takes ~2x as long, so requests in flight never exceed it; without the
+   field, a knee in the polled decode rate (falling as running grows) sets the cap. Goodput then moves
+   the cap (probing down first) while it is what holds the batch.
+
 With no capacity known (a plain OpenAI-compatible server) the climb runs on the window itself
 with goodput from Little's law, window / TPOT (see Epoch), and Gradient2's guard: TPOT beyond
 `gradient_tolerance` x the reference epoch's backs off at once. Near the end of a job the
@@ -54,6 +59,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from gen_pipeline.controller.batch import BatchCap
 from gen_pipeline.controller.climb import HillClimber
 from gen_pipeline.controller.config import ControllerConfig, ControllerStats
 from gen_pipeline.controller.epoch import Epoch
@@ -88,6 +94,9 @@ class Controller:
         self._reason = "start: model of the pool"
         self._capacity = capacity
         self._climber = self._new_climber(capacity)
+        self._batch = self._new_batch_cap(capacity)
+        if self._batch.in_force:
+            self._reason = f"start: model of the pool, at most {self._batch.value:.0f} ({self._batch.source})"
         self._warmup = max(1, round(self._uncapped_window()))  # first wave = completions before climbing
         self._count_at_restart = 0
 
@@ -146,6 +155,8 @@ class Controller:
             self._epoch.add_load(snap, retracted)
         was_warming = self._warm.warming
         self._warm.observe_ratio(snap.new_token_ratio)
+        if knee := self._batch.observe(snap.running, snap.gen_throughput):
+            self._epoch, self._reason = None, knee
         if retracted >= max(self._cfg.retraction_burst_min, self._cfg.retraction_burst_frac * snap.running):
             self._on_retraction_burst(snap.t_s, retracted, in_effect)
         elif was_warming and not self._warm.warming:
@@ -157,6 +168,7 @@ class Controller:
         """New or restarted server(s): new pool, counters start again, the climb starts over."""
         self._capacity = capacity
         self._climber = self._new_climber(capacity)
+        self._batch = self._new_batch_cap(capacity)
         self._load, self._live_held, self._epoch, self._transit = None, None, None, 0
         self._running_seen.clear()
         self._retracted_at_s = -math.inf
@@ -173,6 +185,7 @@ class Controller:
         w = self._target_window()
         if now_s < self._ceiling_until_s:
             w = min(w, self._ceiling)
+        w = min(w, self._batch.value)
         w = min(self._cfg.max_window, max(self._cfg.min_window, int(w)))
         self._last_window = max(0, min(w, remaining))
         return self._last_window
@@ -208,6 +221,12 @@ class Controller:
         return HillClimber(float(start), step=cfg.gradient_step, step_min=cfg.climb_step_min,
                            noise=cfg.climb_noise, reprobe_epochs=cfg.reprobe_epochs,
                            low=float(cfg.min_window), high=float(cfg.max_window))
+
+    def _new_batch_cap(self, capacity: Capacity) -> BatchCap:
+        cfg = self._cfg
+        return BatchCap(capacity.cuda_graph_max_bs, step=cfg.batch_cap_step, step_min=cfg.climb_step_min,
+                        noise=cfg.climb_noise, reprobe_epochs=cfg.reprobe_epochs, knee_drop=cfg.knee_drop,
+                        knee_polls=cfg.knee_polls, knee_headroom=cfg.knee_headroom)
 
     def _held_tokens(self) -> float:
         return max(self._model_held_tokens(), self._live_held or 0.0)
@@ -342,7 +361,7 @@ class Controller:
     def _tick(self, now_s: float) -> None:
         if self._sizes.count < self._warmup and self.mode != "gradient":
             return
-        if self._remaining is not None and self._remaining < self._uncapped_window():
+        if self._remaining is not None and self._remaining < min(self._uncapped_window(), self._batch.value):
             self._epoch = None  # the job is draining: goodput falls whatever the window
             return
         if self._epoch is None:
@@ -366,6 +385,11 @@ class Controller:
             return
         self._goodput = goodput
         in_cooldown = now_s < self._ceiling_until_s
+        if self._batch.binds(self._running_peak()):  # the cap holds the batch: goodput moves the cap
+            verdict = self._batch.conclude(goodput, may_grow=not in_cooldown)
+            self._reason = f"{goodput:.0f} tok/s: at most {verdict.value:.0f} running, {verdict.reason}"
+            self._start_epoch(now_s)
+            return
         penalised = epoch.retractions > self._cfg.retraction_max_share * max(1, epoch.finished)
         verdict = self._climber.conclude(goodput, may_grow=not in_cooldown and not self._at_running_cap(),
                                          penalised=penalised)

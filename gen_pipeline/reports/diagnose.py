@@ -5,6 +5,13 @@ Each verdict is a named rule over the run's steady polls (the first `warmup_frac
 idle tail cut off) with its thresholds in THRESHOLDS. The rules, in the order they are reported:
 
   server_restarts    the server restarted during a run
+  graph_ceiling      running crossed SGLang's CUDA-graph ceiling (cuda_graph_max_bs, from /server_info) and
+                     the decode rate per running request fell past it, or running stayed above it (no polls
+                     below to compare: SGLang fed everything at once on the H200); a decode batch above the
+                     ceiling runs without a CUDA graph, ~2x the step time (issue 34). Not without the field:
+                     the real H200 short-output traces (running 114-176, far below 256) read slopes with upper
+                     bounds below 0 on 9 of 28 runs, the gauge swinging with the prefills in its window. It
+                     replaces the slot rules: a bigger batch is what costs here, more slots or KV cost more
   kv_bound           SGLang holds requests queued with running ≈ KV tokens / tokens per request, below
                      max_running_requests ("the slots are held"), and the decode rate confidently grows
                      with running: more slots pay. Read the way real SGLang shows it: its admission
@@ -84,6 +91,11 @@ THRESHOLDS: dict[str, float] = {
     "storm_min": 10,  # ... and at least this many retractions
     "tail_level": 0.5,  # in flight below this share of the steady median: the tail
     "tail_frac": 0.15,  # the tail's share of the run's time at or above: an idle tail
+    # graph_ceiling: at least this share of the polls after the warm-up ran above cuda_graph_max_bs, and the
+    # decode rate per running request there at least graph_drop below the polls at or under it (one H100,
+    # issue 34: 15.4K tok/s at 224-255 running with graphs, 7.5-8.5K at 256-320 without: per request ~0.45x)
+    "graph_over_share": 0.25,
+    "graph_drop": 0.15,
 }
 FP8 = "fp8_e4m3"
 
@@ -168,10 +180,12 @@ def diagnose(all_rows: list[dict[str, Any]], hw: Hardware = Hardware(),
     if len(v.steady) < th["min_polls"]:
         return out + [Verdict("too_short", f"run {runs[-1][0].get('run')} has {len(v.steady)} steady polls "
                               f"(< {th['min_polls']:.0f}): let it run longer")]
-    for rule in (_slots_bound, _free_pool, _client_bound, _retraction_storm, _idle_tail):
+    for rule in (_graph_ceiling, _slots_bound, _free_pool, _client_bound, _retraction_storm, _idle_tail):
         verdict = rule(v, hw, th)
-        # a reservation-held pool reads below kv_free: KV or the step time already named the bound
-        if verdict and not (verdict.rule == "compute_bound" and any(o.rule in SLOT_RULES for o in out)):
+        # a reservation-held pool reads below kv_free: KV or the step time already named the bound; past the
+        # graph ceiling a bigger batch is the cost, so the slot rules' "more slots" reading does not apply
+        named = {o.rule for o in out}
+        if verdict and not (verdict.rule in ("compute_bound", *SLOT_RULES) and named & {"graph_ceiling", *SLOT_RULES}):
             out.append(verdict)
     return out
 
@@ -264,6 +278,44 @@ def elasticity(rows: list[dict[str, Any]], th: dict[str, float] = THRESHOLDS) ->
     vary enough (elastic_spread) or the server reports no decode rate."""
     e = _read_elasticity(rows, th)
     return e if isinstance(e, Elasticity) else None
+
+
+def _graph_ceiling(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:
+    """graph_ceiling (module doc): the server's ceiling crossed with the per-request rate falling past it, or
+    with no ceiling reported, a decode rate that confidently falls as running grows."""
+    rows = [r for r in v.after_warmup if (r.get("running") or 0) > 0 and (r.get("gen_tok_s") or 0) > 0]
+    ceiling = _last(v.rows, "cuda_graph_max_bs")
+    if not ceiling:  # a falling rate alone is no ceiling: the short regime's gauge swings with prefills
+        return None
+    above = [r for r in rows if r["running"] > ceiling]
+    below = [r for r in rows if r["running"] <= ceiling]
+    if len(above) < max(th["min_polls"], th["graph_over_share"] * len(rows)):
+        return None
+    per_above = statistics.median(r["gen_tok_s"] / r["running"] for r in above)
+    crossed = (f"{statistics.median(r['running'] for r in above):.0f} running (median) in {len(above)} of {len(rows)} "
+               f"polls after the warm-up, above cuda_graph_max_bs {ceiling}: each decode step of more than {ceiling} "
+               "requests runs without a CUDA graph")
+    if len(below) >= 3:
+        per_below = statistics.median(r["gen_tok_s"] / r["running"] for r in below)
+        if per_above > (1 - th["graph_drop"]) * per_below:
+            return None  # crossed, but the rate per request held: no slower step to name
+        measured = (f"decode rate per running request {per_below:,.1f} tok/s at or below {ceiling} running "
+                    f"({len(below)} polls), {per_above:,.1f} above: {per_above / per_below:.2f}x; generation "
+                    f"{statistics.median(r['gen_tok_s'] for r in below):,.0f} tok/s below against "
+                    f"{statistics.median(r['gen_tok_s'] for r in above):,.0f} above (medians)")
+        title = f"running crossed SGLang's CUDA-graph ceiling ({ceiling}) and the decode slowed past it"
+    else:
+        measured = (f"decode rate per running request {per_above:,.1f} tok/s above it (generation "
+                    f"{statistics.median(r['gen_tok_s'] for r in above):,.0f} tok/s, median); no polls at or below "
+                    f"it to compare with: on one H100 (issue 34) a batch past the ceiling stepped ~2x slower, "
+                    "15.4K tok/s at 224-255 running against 7.5-8.5K at 256-320")
+        title = f"running stayed above SGLang's CUDA-graph ceiling ({ceiling}): its decode steps ran without a graph"
+    return Verdict(
+        "graph_ceiling", title, (crossed, measured),
+        (f"keep the batch at or below {ceiling}: --window {ceiling} or fewer (the adaptive controller holds requests "
+         "in flight at the ceiling when the server reports cuda_graph_max_bs in /server_info)",
+         f'or raise the ceiling in the server profile: extra_args = ["--cuda-graph-max-bs", "{2 * ceiling}"] '
+         "(SGLang captures decode graphs up to that batch: more GPU memory for them, a longer start-up)"))
 
 
 def _slots_held(v: RunView, th: dict[str, float]) -> dict[str, Any] | None:

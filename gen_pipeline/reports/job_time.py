@@ -18,7 +18,7 @@ The step coefficients are the reference node's (Kimi-K2.5 on 8 x RTX PRO 6000, f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gen_pipeline.config.dataset import find_dataset_configs
@@ -83,6 +83,8 @@ class JobTime:
     kv_dtype: str
     rate_note: str
     startup_s: float = STARTUP_S
+    cuda_graph_max_bs: int = 0  # the node's CUDA-graph ceiling (0: unknown)
+    cuda_graph_note: str = ""
 
     @property
     def known(self) -> tuple[DatasetTime, ...]:
@@ -161,7 +163,23 @@ def format_job_time(j: JobTime, config_dir: Path) -> str:
         "  the rate was fitted on B2-like long requests (100-150 running): short-output datasets at hundreds running "
         "are an extrapolation, and SGLang's max_running_requests or CUDA-graph batch sizes may cap them lower.",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + _graph_warning(j))
+
+
+def _graph_warning(j: JobTime) -> list[str]:
+    """A warning when a dataset's predicted running exceeds the node's CUDA-graph ceiling (issue 34)."""
+    over = [d for d in j.known if j.cuda_graph_max_bs and d.running > j.cuda_graph_max_bs]
+    if not over:
+        return []
+    c = j.cuda_graph_max_bs
+    names = ", ".join(d.name for d in over)
+    runs = " / ".join(f"{d.running:,.0f}" for d in over)
+    return [f"WARNING: {names} would run {runs} requests at once, above SGLang's CUDA-graph ceiling of {c} on this "
+            f"node ({j.cuda_graph_note}): a decode batch above it runs without a CUDA graph, ~2x the step time. The "
+            f"adaptive controller holds the batch at {c} (it reads cuda_graph_max_bs from the server), so these "
+            f"datasets run at most {c} at once and their times above are optimistic; to use the KV for more, raise "
+            f'it in the server profile: extra_args = ["--cuda-graph-max-bs", "{2 * c}"] (more GPU memory for graphs, '
+            "a longer start-up)."]
 
 
 
@@ -177,4 +195,5 @@ def plan_job_time(p: Plan, config_dir: Path, output_dir: Path, *, decode_tok_s: 
     o = option_in_use(p)
     j = job_time(dataset_lengths(config_dir, output_dir, skipped), kv_tokens=o.kv_tokens, kv_dtype=o.kv_dtype,
                  kv_bytes_factor=kv_bytes_factor(p, o), decode_tok_s=decode_tok_s)
+    j = replace(j, cuda_graph_max_bs=p.cuda_graph_max_bs, cuda_graph_note=p.cuda_graph_note)
     return format_job_time(j, Path(display_path(config_dir)))

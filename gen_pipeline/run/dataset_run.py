@@ -107,7 +107,7 @@ class DatasetRun:
         s, handle = self.stats, self.handle
         ctl = self.window.controller_stats()
         deciding = None if self.opts.window else ctl  # a fixed --window: the controller only observes
-        sps, tps = s.throughput()
+        sps, tps = s.average() if final else s.throughput()  # the final line: the whole run's average
         cap = handle.capacity if handle is not None else None
         info = handle.info if handle is not None else {}
         return RunSnapshot(
@@ -118,6 +118,7 @@ class DatasetRun:
             kv_used_tokens=load.used_tokens if load else None, kv_usage=load.token_usage if load else None,
             kv_capacity_tokens=(cap.max_total_num_tokens or None) if cap else None,
             max_running_requests=cap.max_running_requests if cap else None,
+            cuda_graph_max_bs=cap.cuda_graph_max_bs if cap else None,
             gen_tokens_per_s=load.gen_throughput if load else None,
             retractions_total=load.retractions_total if load else None, retractions_run=s.retractions,
             controller_mode=deciding.mode if deciding else None,

@@ -88,7 +88,12 @@ class Job:
         names = [r.name for r in self.runs]
         label = (f"job ({', '.join(names)})" if final
                  else f"job {current.name} ({names.index(current.name) + 1}/{len(names)})")
-        rates = [r.stats.throughput() for r in self.started]
+        if final:  # the whole job's average: its datasets ran one after another, their rates do not add
+            span = max((r.stats.elapsed_s() for r in self.started), default=0.0) or 1e-6
+            rates = [(sum(r.stats.samples_total for r in self.started) / span,
+                      sum(r.stats.tokens_total for r in self.started) / span)]
+        else:
+            rates = [r.stats.throughput() for r in self.started]
         return replace(s, label=label, done=sum(r.store.done for r in self.all_runs),
                        target=sum(r.store.target for r in self.all_runs), samples_per_s=sum(x[0] for x in rates),
                        tokens_per_s=sum(x[1] for x in rates), in_flight=sum(r.dispatch.in_flight for r in self.runs),

@@ -5,6 +5,10 @@ Sources, best first (shapes from SGLang's python/sglang/srt/entrypoints/http_ser
 + `internal_states[i]` per DP rank (`effective_max_running_requests_per_dp`); each DP rank has its own
 KV pool, so tokens = max_total_num_tokens × ranks. Then `/v1/loads` (per rank `max_total_num_tokens`),
 then vLLM's `/metrics` (`vllm:cache_config_info{num_gpu_blocks, block_size}`).
+
+The CUDA-graph ceiling (the largest decode batch SGLang replays a graph for) comes from /server_info too:
+SGLang 0.5.17 dumps the resolved `cuda_graph_config` (`decode.max_bs`; `decode.backend` "disabled" when
+graphs are off), older releases a flat `cuda_graph_max_bs` (and `disable_cuda_graph`).
 """
 
 from __future__ import annotations
@@ -39,7 +43,28 @@ def capacity_from_server_info(info: dict[str, Any]) -> Capacity | None:
         max_running = info["max_running_requests"]  # the CLI value; null when SGLang chose it
     else:
         max_running = None
-    return Capacity(tokens * ranks, max_running, servers=1, source="server_info")
+    return Capacity(tokens * ranks, max_running, servers=1, source="server_info",
+                    cuda_graph_max_bs=_times(cuda_graph_max_bs(info), ranks))
+
+
+def cuda_graph_max_bs(info: dict[str, Any]) -> int | None:
+    """One DP rank's decode CUDA-graph ceiling from /server_info, None when absent or graphs are off
+    (then no batch size is faster than its neighbours for want of a graph)."""
+    config = info.get("cuda_graph_config")
+    decode = config.get("decode") if isinstance(config, dict) else None
+    if isinstance(decode, dict):  # SGLang 0.5.17: server_args.cuda_graph_config (resolved)
+        if decode.get("backend") == "disabled":
+            return None
+        value = decode.get("max_bs")
+    elif info.get("disable_cuda_graph") is True:
+        return None
+    else:  # older SGLang: a flat server arg
+        value = info.get("cuda_graph_max_bs")
+    return value if _is_int(value) and value > 0 else None
+
+
+def _times(value: int | None, ranks: int) -> int | None:
+    return None if value is None else value * ranks
 
 
 def capacity_from_loads(body: Any) -> Capacity | None:
@@ -83,10 +108,12 @@ def combine(caps: list[Capacity | None]) -> Capacity:
         return Capacity(0, None, servers=len(caps), source="unknown")
     known = [c for c in caps if c is not None]
     running = [c.max_running_requests for c in known]
+    graphs = [c.cuda_graph_max_bs for c in known]
     sources = sorted({c.source for c in known})
     return Capacity(sum(c.max_total_num_tokens for c in known),
                     None if any(r is None for r in running) else sum(r for r in running if r is not None),
-                    servers=len(known), source="+".join(sources))
+                    servers=len(known), source="+".join(sources),
+                    cuda_graph_max_bs=None if any(g is None for g in graphs) else sum(g for g in graphs if g))
 
 
 async def probe(http: Http, url: str) -> tuple[Capacity | None, dict[str, Any]]:

@@ -75,6 +75,10 @@ class Plan:
     weights_note: str = ""  # how the weight size was obtained
     inputs_note: str = ""  # where tp / memory fraction / KV dtype / hicache came from
     kv_in_use: str = ""  # the profile's KV dtype (marked in the table)
+    # The largest decode batch SGLang replays a CUDA graph for on this node (cuda_graph_max_bs): the
+    # profile's --cuda-graph-max-bs, else SGLang's default for the GPU's memory and tp_size
+    cuda_graph_max_bs: int = 0
+    cuda_graph_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,28 @@ class PlanNumbers:
 
     def __post_init__(self) -> None:
         check_flags(self)
+
+
+def sglang_cuda_graph_max_bs(gpu_mem_gb: float, tp_size: int) -> int:
+    """SGLang 0.5.17's default decode CUDA-graph ceiling (server_args.py _handle_gpu_memory_settings:
+    `cuda_graph_config.decode.max_bs` by GPU memory in MiB and tp_size). A decode batch above it runs
+    without a graph, ~2x the step time (issue 34)."""
+    mib = gpu_mem_gb * 1024
+    for below_gib, small, large in ((20, 8, 8), (35, 24, 80), (60, 32, 160), (160, 256, 512)):
+        if mib < below_gib * 1024:
+            return small if tp_size < 4 else large
+    return 512  # B200, MI300
+
+
+def profile_cuda_graph_max_bs(extra_args: tuple[str, ...]) -> int | None:
+    """--cuda-graph-max-bs / --cuda-graph-max-bs-decode N (or =N) in a profile's extra_args, else None."""
+    names = ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode")
+    for i, arg in enumerate(extra_args):
+        name, _, value = arg.partition("=")
+        if name in names:
+            value = value or (extra_args[i + 1] if i + 1 < len(extra_args) else "")
+            return int(value) if value.isdigit() else None
+    return None
 
 
 def kv_bytes_per_token(model_config: dict[str, Any], kv_dtype: str, tp_size: int) -> tuple[str, int, int]:
@@ -149,8 +175,10 @@ def plan(model_config: dict[str, Any], *, gpu_mem_gb: float, tp_size: int, mem_f
         tokens = max(0, int(kv_gb * GIB // per_token))
         options.append(KvOption(dtype, per_token, tokens, tokens // tokens_per_sample,
                                  int(gpu_mem_gb * 0.01 * GIB // per_token), int(hicache_gb * GIB // per_token)))
+    ceiling = sglang_cuda_graph_max_bs(gpu_mem_gb, tp_size)
     return Plan(kind, layers, gpu_mem_gb, tp_size, mem_fraction_static, weights_per_gpu, overhead_gb, kv_gb,
-                tokens_per_sample, hicache_gb, tuple(options), weights_note)
+                tokens_per_sample, hicache_gb, tuple(options), weights_note, cuda_graph_max_bs=ceiling,
+                cuda_graph_note=f"SGLang's default for {gpu_mem_gb:g} GiB GPUs at tp {tp_size}")
 
 
 def profile_inputs(profile: ServerProfile, *, tp_size: int | None = None, mem_fraction_static: float | None = None,

@@ -50,6 +50,7 @@ class TelemetryRow(TypedDict):
     kv_usage: float | None
     kv_capacity_tokens: int | None
     max_running_requests: int | None
+    cuda_graph_max_bs: int | None  # the server's CUDA-graph ceiling (largest decode batch with a graph)
     kv_dtype: str | None
     mem_fraction_static: float | None
     gen_tok_s: float | None
@@ -75,7 +76,7 @@ def build_row(s: RunSnapshot, *, run: int | None) -> TelemetryRow:
         "window": s.window, "in_flight": s.in_flight, "running": s.running, "queued": s.queued,
         "kv_used_tokens": s.kv_used_tokens, "kv_usage": _round(s.kv_usage, 4),
         "kv_capacity_tokens": s.kv_capacity_tokens, "max_running_requests": s.max_running_requests,
-        "kv_dtype": s.kv_dtype, "mem_fraction_static": s.mem_fraction_static,
+        "cuda_graph_max_bs": s.cuda_graph_max_bs, "kv_dtype": s.kv_dtype, "mem_fraction_static": s.mem_fraction_static,
         "gen_tok_s": _round(s.gen_tokens_per_s, 1),
         "client_tok_s": round(s.tokens_per_s, 1), "samples_per_s": round(s.samples_per_s, 4),
         "retractions_total": s.retractions_total, "retractions": s.retractions_run,

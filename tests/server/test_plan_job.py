@@ -64,6 +64,13 @@ def test_plan_prints_the_reference_nodes_plan_and_the_88k_jobs_wall_time(
         "  the rate was fitted on B2-like long requests (100-150 running): short-output datasets at hundreds "
         "running are an extrapolation, and SGLang's max_running_requests or CUDA-graph batch sizes may cap them "
         "lower.",
+        # issue 34: past SGLang's CUDA-graph ceiling (512 on the 8-GPU reference node) a decode step is ~2x slower
+        "WARNING: B1, B6, B7 would run 627 / 516 / 948 requests at once, above SGLang's CUDA-graph ceiling of 512 "
+        "on this node (SGLang's default for 95.6 GiB GPUs at tp 8): a decode batch above it runs without a CUDA "
+        "graph, ~2x the step time. The adaptive controller holds the batch at 512 (it reads cuda_graph_max_bs from "
+        "the server), so these datasets run at most 512 at once and their times above are optimistic; to use the "
+        'KV for more, raise it in the server profile: extra_args = ["--cuda-graph-max-bs", "1024"] (more GPU '
+        "memory for graphs, a longer start-up).",
     ]
 
 
