@@ -286,7 +286,7 @@ def test_the_tuned_profile_without_sglang_says_what_to_install(tmp_path: Path) -
     assert r.stderr == (
         f"error: datasets_cfg/server.toml [profile.tuned] launches SGLang ({sys.executable} -m "
         f"sglang.launch_server), but sglang is not installed in this Python. Install it into this Python: "
-        f"{sys.executable} -m pip install -e '.[sglang]' (from the checkout), or make venv EXTRAS=test,sglang and "
+        f"{sys.executable} -m pip install -e '.[gpu]' (from the checkout), or make venv EXTRAS=gpu and "
         "run through make. Without a GPU, try the pipeline on the simulator: --server sim (make demo).\n")
     assert not (tmp_path / "out" / "T").exists()
 

@@ -103,7 +103,9 @@ def test_without_the_template_extra_the_message_says_how_to_install_it(monkeypat
     with pytest.raises(ConfigError) as e:
         render.load_renderer("/models/x")
     assert str(e.value) == ("rendering chat templates needs transformers and jinja2, which are not installed: "
-                            "pip install 'gen-pipeline[template]' (transformers + jinja2).")
+                            "make venv EXTRAS=gpu on the GPU node (the one install that every make target runs "
+                            "with); into another Python: pip install -e '.[template]' from the checkout "
+                            "(transformers + jinja2).")
 
 
 def test_check_template_says_what_is_missing(outputs: Path, tmp_path: Path, tokenizers: dict[str, Path]) -> None:

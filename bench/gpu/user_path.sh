@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU user's path (issue 23), as README "On the GPU node" writes it, on one GPU with no network:
-# install with SGLang (make venv EXTRAS=sglang, offline), the weights on local disk (the small random model
+# install with SGLang (make venv EXTRAS=gpu, offline), the weights on local disk (the small random model
 # of bench/gpu/make_model.py stands in for Kimi-K2.5's ~600 GB), plan, a short job of the four offline
 # datasets (datasets_cfg/offline/) launched by `make generate` and run detached (nohup, log kept),
 # status, validate, export.
@@ -29,7 +29,7 @@ step() { echo "[user_path $(date -u +%H:%M:%S)] $*" | tee -a "$log"; }
 fail() { step "FAILED: $*"; tail -n 30 "$log" >&2; exit 1; }
 run() { step "\$ $*"; "$@" >>"$log" 2>&1 || fail "$*"; }
 
-# 1. install: SGLang's wheels into a venv that sees the image's torch, then make venv EXTRAS=sglang
+# 1. install: SGLang's wheels into a venv that sees the image's torch, then make venv EXTRAS=gpu
 #    (README "Install with SGLang", the offline node). make records the extras: later targets keep them.
 if [ $sim = 0 ]; then
   if [ ! -d "$keep/wheels" ]; then
@@ -47,7 +47,7 @@ if [ $sim = 0 ]; then
   if [ -f "$venv/pyvenv.cfg" ] && ! grep -q "include-system-site-packages = true" "$venv/pyvenv.cfg"; then
     fail "$venv exists without --system-site-packages (it cannot see the image's torch): remove it or set VENV"
   fi
-  run make venv EXTRAS=sglang VENV="$venv" PYTHON="$py" VENV_ARGS="$venv_args" \
+  run make venv EXTRAS=gpu VENV="$venv" PYTHON="$py" VENV_ARGS="$venv_args" \
       PIP_ARGS="--no-index --no-deps --no-build-isolation"
   run "$venv/bin/python" -m pip install -q --no-index --no-deps --no-compile "$keep"/wheels/*.whl
   # SGLang on the GPU, and every runtime dependency of ours (the image's or the wheels'): a missing one is named here
