@@ -116,7 +116,7 @@ class Http:
     Requests go straight to the transport (httpx's connection pool, or a test's MockTransport), not
     through httpx.AsyncClient: we use none of what the client adds (cookies, auth, redirects, event
     hooks, URL merging), and skipping it took ~11 % of the client's CPU per request at ~65 requests/s
-    (bench/RESULTS.md, "HTTP client library")."""
+    (docs/measurements.md, "HTTP client library")."""
 
     def __init__(self, transports: list[httpx.AsyncBaseTransport], timeout: httpx.Timeout):
         self._transports = transports

@@ -53,8 +53,8 @@ class ServerProfile:
     hicache_size_gb: int = 0  # host RAM per rank for evicted prefixes; adds no decode slots
     num_continuous_decode_steps: int = 1
     # tokens per streamed chunk (None: SGLang's default, 1). Every turn is streamed while the loop gate is
-    # on, and at one token a chunk the client's CPU per token is what limits a fast server (README, "The
-    # client keeps up"); the shipped profiles set 8.
+    # on, and at one token a chunk the client's CPU per token is what limits a fast server
+    # (docs/measurements.md#http_client_streaming); the shipped profiles set 8.
     stream_interval: int | None = None
     enable_metrics: bool = True
     reasoning_parser: str = ""

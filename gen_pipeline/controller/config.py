@@ -42,7 +42,7 @@ class ControllerConfig:
     # has completed, the window is at most target_usage x C / F, F the mean prompt + completion tokens
     # of the completions seen (no cap before the first). 0 turns it off. The requests SGLang admits
     # when its warm-up ends are all of one age and grow together: flooded, the H200's long regime
-    # overran the pool 4.5-6 s after a start (bench/RESULTS.md, issue 19).
+    # overran the pool 4.5-6 s after a start (docs/measurements.md, issue 19).
     cohort_turnover: float = 0.5
     # The retraction guard (off by default): the model of the pool caps that window while the pool fills
     # (token_usage at or above guard_usage_frac x target_usage) within retraction_cooldown_s of a

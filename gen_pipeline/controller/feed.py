@@ -30,7 +30,7 @@ window at the slot count.
 The first cohort. The requests SGLang admits when its warm-up ends are all of one age: none finishes
 before the shortest output and all grow together, so the pool holds C / F of them at their end (F:
 prompt + completion), not the C / H of a pool of mixed ages. Flooded, the H200's long regime overran the
-pool 4.5-6 s after every start that retracted (48-56 running; bench/RESULTS.md, issue 19). So from a
+pool 4.5-6 s after every start that retracted (48-56 running; docs/measurements.md, issue 19). So from a
 start or restart until cohort_turnover x (u x C / F) requests have completed, the window is at most
 u x C / F (F: the mean of the completions seen; no cap before the first), never below running + in
 transit + queue_min. A cap only lowers the window: the bound below holds as stated.

@@ -194,7 +194,7 @@ def write_hf(target: Path, splits: dict[str, list[dict[str, Any]]], layout: str)
         features = hf_features()
         built = DatasetDict()
         for name, rows in splits.items():
-            # pyarrow builds the table ~5x faster than Dataset.from_list (bench/RESULTS.md, export_speed)
+            # pyarrow builds the table ~5x faster than Dataset.from_list (docs/measurements.md, export_speed)
             table = pa.Table.from_pylist([hf_row(r) for r in rows], schema=features.arrow_schema)
             # a fingerprint from the ids: without one, datasets hashes the whole table to make it
             ids_digest = hashlib.blake2b(b"\n".join(r["id"].encode() for r in rows), digest_size=8).hexdigest()

@@ -36,7 +36,7 @@ class LoopThresholds:
     names or a table of measurements keeps bringing new words; a loop brings none); or when a run
     of whitespace reaches `whitespace_run_chars`.
     A loop of period p words fires about max(2p + period_share × window_words, p + window_words)
-    words after its first copy starts (3p + … above long_period_words). Measured in bench/RESULTS.md
+    words after its first copy starts (3p + … above long_period_words). Measured in docs/measurements.md
     ("Loop detector"): false positives on natural text and code, latency per loop kind, CPU.
     """
 
@@ -46,7 +46,7 @@ class LoopThresholds:
     # spacing drift between copies that still counts as steady: max(words, share × spacing), capped.
     # 0.2 / 10 (was 0.125 / 8): a thinking loop's rounds open with sentences of 2-10 words. A trade:
     # thinking loops 47 % within 512 tokens instead of 35 %, for 1 more false positive in 20,554
-    # natural turns (bench/RESULTS.md "the first detector's false positives").
+    # natural turns (docs/measurements.md "the first detector's false positives").
     period_slack_words: int = 2
     period_slack_share: float = 0.2
     period_slack_max_words: int = 10

@@ -24,7 +24,7 @@ from gen_pipeline.records import LoadSnapshot
 DEFAULT_TOKENS_PER_REQUEST = 1024.0  # until the caller knows better (the controller's estimate)
 ROUTINGS = ("affinity", "free-kv")
 # How far below the best server's free KV (as a share of the previous server's capacity) a later turn
-# still goes back to its previous server. On four KV-bound seed-profile simulators (bench/RESULTS.md,
+# still goes back to its previous server. On four KV-bound seed-profile simulators (docs/measurements.md,
 # "Issue 24") 0.25 moved 2.6 % of the later turns; most misses were prefixes evicted while a turn waited,
 # which a wider margin would not bring back. Only 0.25 was measured.
 AFFINITY_MARGIN = 0.25
