@@ -341,7 +341,7 @@ def kv_levers(capacity: int, kv_dtype: str, per_request: float, running: float, 
         out.append(f"--kv-cache-dtype {FP8}: {factor}x the KV tokens ({capacity:,} → {tokens:,}, "
                    f"{tokens / per_request:.0f} requests at their end) → ~{new_running:.0f} running of the "
                    f"{want:.0f} wanting a slot: {new_running / max(running, 1):.1f}x decode slots (tok/s rises less: "
-                   "a bigger batch steps slower; the seed got ~2x tok/s from 3.2x tokens)")
+                   "a bigger batch steps slower; the reference node got ~2x tok/s from 3.2x tokens)")
     if hw.model_config is not None:
         per_token = kv_bytes_per_token(hw.model_config, kv_dtype if kv_dtype in KV_BYTES else "bf16", hw.tp_size)[2]
         extra = int(hw.gpu_mem_gb * 0.01 * GIB // per_token)

@@ -29,7 +29,7 @@ from gen_pipeline.reports.status import read_status
 from gen_pipeline.server.plan import Plan, kv_bytes_factor, option_in_use
 
 MEASURED_MIN = 20  # samples of a dataset before its own lengths replace the assumed ones
-STARTUP_S = 600.0  # loading ~600 GB of weights + CUDA graphs (bench/RESULTS.md "Job": SGLang PR #27139)
+STARTUP_S = 600.0  # loading ~600 GB of weights + CUDA graphs (docs/measurements.md "Job": SGLang PR #27139)
 
 # Mean prompt and output tokens per sample the reference job is planned with: the benchmarks' length
 # profiles (bench/jobs.py LENGTH_PROFILES, lognormal means), B2 from the seed (4K+ tokens per sample).
@@ -126,7 +126,7 @@ def job_time(datasets: list[tuple[str, int, Lengths | None]], *, kv_tokens: int,
         prefill_s = 0.0 if decode_tok_s else to_do * lengths.prompt * step.prefill_per_token_s
         rows.append(DatasetTime(name, to_do, lengths, running, rate, output, output / rate + prefill_s))
     note = (f"at a measured {decode_tok_s:,.0f} tok/s (--decode-tok-s)" if decode_tok_s else
-            "at the reference node's decode rate (Kimi-K2.5 on 8 x RTX PRO 6000, fitted to the seed's measurements; "
+            "at the reference node's decode rate (Kimi-K2.5 on 8 x RTX PRO 6000, fitted to its measured B2 runs; "
             "for another model or GPU pass --decode-tok-s with a measured rate: make status shows a run's tok/s)")
     return JobTime(tuple(rows), kv_tokens, kv_dtype, note)
 
@@ -155,7 +155,7 @@ def format_job_time(j: JobTime, config_dir: Path) -> str:
     lines += [
         "assumptions: tokens/sample = prompt + output, measured once a dataset has "
         f"{MEASURED_MIN} samples; running = KV tokens / (prompt + output/2), the KV a request holds on average;",
-        "  the adaptive controller keeps the server at that (bench/RESULTS.md, Job: within 1 % of the ideal); "
+        "  the adaptive controller keeps the server at that (docs/measurements.md, Job: within 1 % of the ideal); "
         "prefill at the reference node's cost; one server start for the whole job;",
         "  the rate was fitted on B2-like long requests (100-150 running): short-output datasets at hundreds running "
         "are an extrapolation, and SGLang's max_running_requests or CUDA-graph batch sizes may cap them lower.",

@@ -64,7 +64,7 @@ def check_launchable(profile: ServerProfile, python: str = sys.executable,
     via_make = (os.environ if environ is None else environ).get(MAKE_SGLANG_VAR, "")
     if via_make:
         how = (f"Install it into the venv make runs: {via_make} (offline: add PIP_ARGS=\"--no-index "
-               "--find-links DIR\", DIR holding the wheels; README \"On the GPU node\").")
+               "--find-links DIR\", DIR holding the wheels; docs/install.md, \"On the GPU node\").")
     else:
         how = (f"Install it into this Python: {python} -m pip install -e '.[gpu]' (from the checkout), or "
                "make venv EXTRAS=gpu and run through make.")
