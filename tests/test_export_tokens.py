@@ -20,6 +20,7 @@ from gen_pipeline.records import Sample
 from gen_pipeline.store.dataset_store import DatasetStore
 
 from pipeline_helpers import read_samples, run_cli
+from user_docs import user_docs
 
 disable_progress_bars()
 
@@ -393,7 +394,7 @@ def test_check_template_reads_a_conversation_export(outputs: Path, tmp_path: Pat
 def test_check_template_has_help_and_is_in_the_readme() -> None:
     r = run_cli("check-template", "--help")
     assert r.returncode == 0 and "usage: gen-pipeline check-template" in r.stdout and "--tokenizer" in r.stdout
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = user_docs()
     for text in ("gen-pipeline check-template --dataset B2", "--format tokens", "data.prompts_path",
                  ".val.ndjson", "--harmony --no-status"):
         assert text in readme

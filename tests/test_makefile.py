@@ -126,13 +126,13 @@ def test_make_generate_without_sglang_names_the_make_command(tmp_path: Path) -> 
             "but sglang is not installed in this Python. Install it into the venv make runs: make venv "
             f"EXTRAS={extras + ',' if extras else ''}gpu (offline: add PIP_ARGS=\"--no-index --find-links DIR\", "
             "DIR holding the wheels; "
-            "README \"On the GPU node\"). Without a GPU, try the pipeline on the simulator: --server sim "
+            "docs/install.md, \"On the GPU node\"). Without a GPU, try the pipeline on the simulator: --server sim "
             "(make demo).\n") in r.stderr
     assert not (tmp_path / "out" / "T").exists()
 
 
 def test_the_offline_no_deps_install_and_demo_job_run_the_readmes_commands(tmp_path: Path) -> None:
-    # README "Install with SGLang", a wheel set of only what the image lacks (bench/gpu/user_path.sh)
+    # docs/install.md "On the GPU node", a wheel set of only what the image lacks (bench/gpu/user_path.sh)
     python3 = fake_python(tmp_path / "system" / "python3")
     r, calls = make(tmp_path, "venv", f"PYTHON={python3}", f"VENV={tmp_path}/gpu", "EXTRAS=gpu",
                     "VENV_ARGS=--system-site-packages", "PIP_ARGS=--no-index --no-deps --no-build-isolation")

@@ -1,5 +1,5 @@
 """The reference job's shape offline: datasets_cfg/offline/ (B1/B2/B6/B7-shaped local sources in the hub
-sources' schemas) through the simulator, as README "Try the job without a GPU" runs it."""
+sources' schemas) through the simulator, as docs/simulator.md "Try the job without a GPU" runs it."""
 
 from __future__ import annotations
 
