@@ -1,6 +1,6 @@
 # gen_pipeline: every target sets up its own venv on first use (Python 3.11+).
 #
-# Which venv and what goes into it (README "Install with SGLang"):
+# Which venv and what goes into it (docs/install.md):
 #   VENV=DIR        the venv every target runs (default .venv); `export VENV=...` to keep one for a shell
 #   EXTRAS=a,b      the pyproject extras `make venv` installs (default: what the venv was made with, else
 #                   test); on the GPU node: make venv EXTRAS=gpu (SGLang 0.5.17 and what every target needs)
@@ -38,7 +38,7 @@ CONFIG_DIR ?=
 OUTPUT_DIR ?=
 DIRS := $(if $(CONFIG_DIR),--config-dir $(CONFIG_DIR)) $(if $(OUTPUT_DIR),--output-dir $(OUTPUT_DIR))
 
-.PHONY: venv generate status demo demo-job test bench-test chaos slurm-test bench validate plan check export clean probe-kv report diagnose contract FORCE
+.PHONY: venv generate status demo demo-job test bench-test chaos slurm-test bench validate plan check export clean probe-kv report diagnose contract docs FORCE
 
 venv: $(STAMP)
 
@@ -131,6 +131,12 @@ test: $(STAMP)
 bench-test: $(STAMP)
 	$(need_test)
 	$(PY) -m pytest -q -m "bench and not slow" $(ARGS)
+
+# the docs site (mkdocs.yml, docs/) into site/; --strict: a dead link or anchor fails the build. mkdocs comes with
+# the test extra (through its docs extra).
+docs: $(STAMP)
+	$(if $(filter test docs,$(subst $(comma), ,$(EXTRAS))),,$(error $(VENV) has the extras $(EXTRAS), without 	mkdocs: make venv EXTRAS=docs$(comma)$(EXTRAS)))
+	$(PY) -m mkdocs build --strict --quiet
 
 # ruff + mypy with the project's own config only (pyproject.toml explains the rules and strict modules)
 .PHONY: lint
