@@ -1,13 +1,13 @@
 # gen_pipeline: every target sets up its own venv on first use (Python 3.11+).
 #
-# Which venv and what goes into it (README "Install with SGLang"):
+# Which venv and what goes into it (docs/install.md):
 #   VENV=DIR        the venv every target runs (default .venv); `export VENV=...` to keep one for a shell
 #   EXTRAS=a,b      the pyproject extras `make venv` installs (default: what the venv was made with, else
-#                   test); on the GPU node: make venv EXTRAS=test,sglang (SGLang 0.5.17 in the same Python)
+#                   test); on the GPU node: make venv EXTRAS=gpu (SGLang 0.5.17 and what every target needs)
 #   PIP_ARGS=...    extra pip options, e.g. an offline node: PIP_ARGS="--no-index --find-links /data/wheels"
 #   VENV_ARGS=...   options of `python -m venv`, e.g. --system-site-packages to use the image's own torch
 # The extras installed are recorded in $(VENV)/.installed: asking for others reinstalls, and every later
-# target keeps them (make generate after make venv EXTRAS=test,sglang does not reinstall without sglang).
+# target keeps them (make generate after make venv EXTRAS=gpu does not reinstall without sglang).
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -19,8 +19,12 @@ INSTALLED := $(if $(wildcard $(STAMP)),$(or $(strip $(shell cat $(STAMP))),test)
 EXTRAS    ?= $(or $(INSTALLED),test)
 PIP_ARGS  ?=
 VENV_ARGS ?=
-# the exact command that adds SGLang to the venv make runs: the launcher's "sglang is not installed" names it
-generate probe-kv: export GEN_PIPELINE_MAKE_SGLANG := make venv $(if $(filter-out .venv,$(VENV)),VENV=$(VENV) )EXTRAS=$(if $(filter sglang,$(subst $(comma), ,$(EXTRAS))),$(EXTRAS),$(EXTRAS)$(comma)sglang)
+# the exact command that adds the GPU install to the venv make runs, keeping its other extras (test,sglang ->
+# test,gpu): the launcher's "sglang is not installed" names it
+empty :=
+space := $(empty) $(empty)
+GPU_EXTRAS := $(subst $(space),$(comma),$(strip $(filter-out sglang gpu,$(subst $(comma), ,$(EXTRAS))) gpu))
+generate probe-kv: export GEN_PIPELINE_MAKE_SGLANG := make venv $(if $(filter-out .venv,$(VENV)),VENV=$(VENV) )EXTRAS=$(GPU_EXTRAS)
 
 DATASET    ?=
 SERVER_URL ?=
@@ -34,7 +38,7 @@ CONFIG_DIR ?=
 OUTPUT_DIR ?=
 DIRS := $(if $(CONFIG_DIR),--config-dir $(CONFIG_DIR)) $(if $(OUTPUT_DIR),--output-dir $(OUTPUT_DIR))
 
-.PHONY: venv generate status demo demo-job test e2e bench-test chaos slurm-test bench validate plan check export clean probe-kv report diagnose contract FORCE
+.PHONY: venv generate status demo demo-job test e2e bench-test chaos slurm-test bench validate plan check export clean probe-kv report diagnose contract docs FORCE
 
 venv: $(STAMP)
 
@@ -135,6 +139,12 @@ e2e: $(STAMP)
 bench-test: $(STAMP)
 	$(need_test)
 	$(PY) -m pytest -q -m "bench and not slow" $(ARGS)
+
+# the docs site (mkdocs.yml, docs/) into site/; --strict: a dead link or anchor fails the build. mkdocs comes with
+# the test extra (through its docs extra).
+docs: $(STAMP)
+	$(if $(filter test docs,$(subst $(comma), ,$(EXTRAS))),,$(error $(VENV) has the extras $(EXTRAS), without 	mkdocs: make venv EXTRAS=docs$(comma)$(EXTRAS)))
+	$(PY) -m mkdocs build --strict --quiet
 
 # ruff + mypy with the project's own config only (pyproject.toml explains the rules and strict modules)
 .PHONY: lint

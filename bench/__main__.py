@@ -1,5 +1,5 @@
 """`make bench` = `python -m bench [NAME ...]`: runs the benchmarks in turn; each writes its own
-section of bench/results.json and bench/RESULTS.md. Names: calibration, controller, controller_regimes,
+section of bench/results.json and docs/measurements.md. Names: calibration, controller, controller_regimes,
 overhead, http_client, resume_speed, sim_capacity, export, ranks, fleet, job, loops, affinity, gate, hang, faults,
 sim_vs_real, first_overrun, gpu_h200
 (default: all but faults, the long soak `make chaos` runs)."""
@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
         # benchmarks take their own flags when run alone (python -m bench.X --help); here, the defaults
         main_fn([]) if inspect.signature(main_fn).parameters else main_fn()
         print(f"== {name}: {time.monotonic() - started:.0f} s ==\n", flush=True)
-    print("Results: bench/RESULTS.md, bench/results.json")
+    print("Results: docs/measurements.md, bench/results.json")
     return 0
 
 

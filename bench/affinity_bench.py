@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kv-tokens", type=int, default=KV_TOKENS, help="each simulator's KV pool (default: %(default)s)")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of: " + ", ".join(MODES))
     p.add_argument("--no-single-turn", action="store_true", help="skip the single-turn comparison")
-    p.add_argument("--no-write", action="store_true", help="print only (no results.json / RESULTS.md)")
+    p.add_argument("--no-write", action="store_true", help="print only (no results.json / docs/measurements.md)")
     args = p.parse_args(argv or [])
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # killed: the ExitStack still stops the simulators
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]

@@ -6,7 +6,7 @@ lognormal with mean ~3500 tokens, max_new_tokens 8192), num_continuous_decode_st
 4 and chunked_prefill_size 8192, for each of the seed's three server configs.
 After a warm-up it samples 10-second windows and compares the median running
 requests and generation tokens/s with the seed table (PASS = within 10% of the
-range). Writes section "calibration" of bench/results.json and bench/RESULTS.md.
+range). Writes section "calibration" of bench/results.json and docs/measurements.md.
 
 Output spread: the seed's 134-150 running requests on a 376K pool mean ~2.5K tokens
 held per running request, i.e. outputs of similar length (a wide spread makes long

@@ -261,7 +261,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.loops_bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=SEED)
     p.add_argument("--scale", type=float, default=1.0, help="multiply the corpus sizes (0.1: a quick look)")
-    p.add_argument("--no-write", action="store_true", help="print only; leave bench/results.json and RESULTS.md")
+    p.add_argument("--no-write", action="store_true",
+                   help="print only; leave bench/results.json and docs/measurements.md alone")
     args = p.parse_args(argv)
     r = measure(args.seed, {k: max(1, int(v * args.scale)) for k, v in MAX_TURNS.items()},
                 max(2, int(LEGIT_PER_KIND * args.scale)), max(2, int(LOOPS_PER_KIND * args.scale)))

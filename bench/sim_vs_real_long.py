@@ -113,7 +113,7 @@ def job_of_lengths(pairs: list[list[int]], seed: int | None = None) -> Job:
     bench/gpu/runs.lengths reads them from the shards, which are written as requests finish: in that
     order the replay's first round is the real run's first finishers (outputs 1,001-1,986 tokens,
     spread), which never overran the pool in the simulator, while most shuffles of the same lengths
-    do, as the real runs often did (bench/RESULTS.md, issue 19). The submission order is not
+    do, as the real runs often did (docs/measurements.md, issue 19). The submission order is not
     recorded; a shuffle stands for it."""
     if seed is not None:
         pairs = list(pairs)

@@ -1,4 +1,4 @@
-"""Rebuild docs/report.png and the README's diagnose output: the seed's B2 situation on the simulator.
+"""Rebuild docs/report.png and the diagnose output in docs/status.md: B2 at bf16 KV on the simulator.
 
 The seed-calibrated simulator at the baseline flags (bf16 KV at mem_fraction_static 0.85: 116K KV
 tokens), the bundled demo prompts with B2-like ~4K-token outputs, a fixed 150 in flight as the seed

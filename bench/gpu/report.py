@@ -1,8 +1,8 @@
-"""The GPU check's tables for bench/RESULTS.md, from the committed results of a real run.
+"""The GPU check's tables for docs/measurements.md, from the committed results of a real run.
 
 `python -m bench gpu_h200` (or `python -m bench.gpu.report [RESULTS_JSON]`) reads
 bench/gpu/h200_results.json (bench/gpu/run_h200.sh writes it as OUT/h200_results.json) and writes
-section "gpu_h200" of bench/RESULTS.md and bench/results.json. Nothing here needs a GPU.
+section "gpu_h200" of docs/measurements.md and bench/results.json. Nothing here needs a GPU.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU user's path (issue 23), as README "On the GPU node" writes it, on one GPU with no network:
-# install with SGLang (make venv EXTRAS=sglang, offline), the weights on local disk (the small random model
+# The GPU user's path (issue 23), as docs/gpu-node.md and docs/install.md write it, on one GPU with no network:
+# install with SGLang (make venv EXTRAS=gpu, offline), the weights on local disk (the small random model
 # of bench/gpu/make_model.py stands in for Kimi-K2.5's ~600 GB), plan, a short job of the four offline
 # datasets (datasets_cfg/offline/) launched by `make generate` and run detached (nohup, log kept),
 # status, validate, export.
@@ -29,8 +29,8 @@ step() { echo "[user_path $(date -u +%H:%M:%S)] $*" | tee -a "$log"; }
 fail() { step "FAILED: $*"; tail -n 30 "$log" >&2; exit 1; }
 run() { step "\$ $*"; "$@" >>"$log" 2>&1 || fail "$*"; }
 
-# 1. install: SGLang's wheels into a venv that sees the image's torch, then make venv EXTRAS=sglang
-#    (README "Install with SGLang", the offline node). make records the extras: later targets keep them.
+# 1. install: SGLang's wheels into a venv that sees the image's torch, then make venv EXTRAS=gpu
+#    (docs/install.md, "On the GPU node": the offline node). make records the extras: later targets keep them.
 if [ $sim = 0 ]; then
   if [ ! -d "$keep/wheels" ]; then
     step "unpacking the wheels"
@@ -47,7 +47,7 @@ if [ $sim = 0 ]; then
   if [ -f "$venv/pyvenv.cfg" ] && ! grep -q "include-system-site-packages = true" "$venv/pyvenv.cfg"; then
     fail "$venv exists without --system-site-packages (it cannot see the image's torch): remove it or set VENV"
   fi
-  run make venv EXTRAS=sglang VENV="$venv" PYTHON="$py" VENV_ARGS="$venv_args" \
+  run make venv EXTRAS=gpu VENV="$venv" PYTHON="$py" VENV_ARGS="$venv_args" \
       PIP_ARGS="--no-index --no-deps --no-build-isolation"
   run "$venv/bin/python" -m pip install -q --no-index --no-deps --no-compile "$keep"/wheels/*.whl
   # SGLang on the GPU, and every runtime dependency of ours (the image's or the wheels'): a missing one is named here
@@ -80,7 +80,7 @@ else
   extra='["--sim-profile", "h200", "--time-scale", "10", "--sim-startup-s", "1", "--sim-output-mean", "128"]'
 fi
 cat >"$cfg/server.toml" <<EOF
-# bench/gpu/user_path.sh: one GPU, the model on local disk (README "Weights on local disk")
+# bench/gpu/user_path.sh: one GPU, the model on local disk (docs/gpu-node.md "Weights on local disk")
 [profile.gpu]
 model_path = "$model"
 tp_size = 1
@@ -96,7 +96,7 @@ $server_cmd
 EOF
 dirs=(CONFIG_DIR="$cfg" OUTPUT_DIR="$outputs")
 
-# 4. plan, then the job detached with its log kept (README "Run it detached"), waited for here
+# 4. plan, then the job detached with its log kept (docs/gpu-node.md "Run it detached"), waited for here
 run make plan "${dirs[@]}" ARGS="--server gpu --model-config $model/config.json --params-b 1.16 \
 --weight-dtype bf16 --overhead-gb 2 --gpu-mem-gb ${GPU_MEM_GB:-140.4}"
 step "\$ nohup make generate DATASET=all SERVER=gpu ${dirs[*]} > $outputs/generate.log 2>&1 &"

@@ -22,7 +22,8 @@ from gen_pipeline.config.server import ServerProfile
 from gen_pipeline.errors import ConfigError
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"  # the markers of SGLang's qwen3 / kimi_k2 / deepseek-r1 parsers
-INSTALL_HINT = "pip install 'gen-pipeline[template]' (transformers + jinja2)"
+INSTALL_HINT = ("make venv EXTRAS=gpu on the GPU node (the one install that every make target runs with); into "
+                "another Python: pip install -e '.[template]' from the checkout (transformers + jinja2)")
 KWARGS_KEY = "chat_template_kwargs"  # meta key: what a sample's requests sent to the template (run/chat.py)
 _PROBE_USER, _PROBE_ANSWER = "U\u2063probe", "A\u2063probe"  # text no template adds on its own
 

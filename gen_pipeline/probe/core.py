@@ -1,13 +1,17 @@
 """`gen-pipeline probe-kv`: what a KV-cache dtype (fp8_e4m3) does to the target model's outputs.
 
-Two servers that differ only in KV dtype (two server.toml profiles launched in one task group and
-stopped at the end, or two attached URLs) get the same prompts: the first N valid prompts of the
-dataset's source, each cut after its first user turn, tokenized once by the reference server's
-chat template (/tokenize). Both decode greedily (free run: exact match, first divergent token),
-then both score the reference output teacher-forced (top-1 agreement, |Δ logprob|, a KL lower
-bound), so a divergence does not compound. SGLang only: see probe_sglang.py for the request
-shapes. vLLM is refused with a message (its /v1/completions takes token-id prompts with
-`logprobs` and `prompt_logprobs`, which would do, but is not implemented here).
+Two servers that differ only in KV dtype (two server.toml profiles, or two attached URLs) get the
+same prompts: the first N valid prompts of the dataset's source, each cut after its first user
+turn, tokenized once by the reference server's chat template (/tokenize). The reference side runs
+first: it decodes greedily and scores its own output teacher-forced; then the compare side decodes
+the same ids (free run: exact match, first divergent token) and scores the reference output
+teacher-forced (top-1 agreement, |Δ logprob|, a KL lower bound), so a divergence does not compound.
+Two launched profiles run one after the other (the reference stopped before the compare starts):
+two copies of the target model rarely fit one node. Every refusal the configs can decide (equal KV
+dtypes, a backend other than SGLang, SGLang not installed) comes before anything is launched.
+An attached compare server is checked before the reference side starts. SGLang only: see
+probe/sglang.py for the request shapes. vLLM is refused with a message (its /v1/completions takes
+token-id prompts with `logprobs` and `prompt_logprobs`, which would do, but is not implemented here).
 """
 
 from __future__ import annotations
@@ -15,10 +19,10 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import anyio
 import orjson
@@ -33,10 +37,13 @@ from gen_pipeline.probe import metrics as PM
 from gen_pipeline.probe import sglang as PS
 from gen_pipeline.records import Prompt
 from gen_pipeline.server.attach import run_attached
+from gen_pipeline.server.command import check_launchable
 from gen_pipeline.server.handle import ServerHandle
 from gen_pipeline.server.supervisor import run_server
 from gen_pipeline.sources.loading import SourceStats, iter_prompts
 
+T = TypeVar("T")
+R = TypeVar("R")
 _SAME_KV = {"bfloat16": "bf16", "auto": "auto"}
 _IGNORED_DIFFS = {"name", "kv_cache_dtype", "port", "source", "startup_timeout_s", "health_interval_s",
                   "unhealthy_after", "max_restarts", "restart_backoff_s", "stop_grace_s"}
@@ -77,7 +84,24 @@ def probe_servers(config_dir: Path, *, server: str | None = None, server_url: st
     if isinstance(ref, str) and ref == cmp and not allow_same_kv:
         raise ConfigError(f"--server-url and --compare-url are the same server ({ref}); give two servers "
                           "that differ in KV dtype (or add --allow-same-kv for a noise-floor run against itself).")
+    check_profiles(ref, cmp, allow_same_kv)
     return ref, cmp
+
+
+def check_profiles(ref: ServerProfile | str, cmp: ServerProfile | str, allow_same_kv: bool) -> None:
+    """The refusals the profiles decide before anything is launched: a backend other than SGLang, SGLang
+    not installed (ServerError), both profiles with one KV dtype (ConfigError)."""
+    profiles = [(role, p) for role, p in (("reference", ref), ("compare", cmp)) if isinstance(p, ServerProfile)]
+    for role, p in profiles:
+        if p.backend not in ("sglang", "sim"):
+            raise ConfigError(f"The {role} profile {p.where} is a {p.backend} server (backend = {p.backend!r}). "
+                              f"{_NEEDS_SGLANG}")
+        check_launchable(p)
+    if isinstance(ref, ServerProfile) and isinstance(cmp, ServerProfile) and not allow_same_kv:
+        a, b = _SAME_KV.get(ref.kv_cache_dtype, ref.kv_cache_dtype), _SAME_KV.get(cmp.kv_cache_dtype,
+                                                                                  cmp.kv_cache_dtype)
+        if a == b:
+            raise ConfigError(f"Both servers use KV dtype {a} ({ref.where} and [profile.{cmp.name}]). {_SAME_KV_HELP}")
 
 
 def first_turn(prompt: Prompt) -> list[dict[str, str]]:
@@ -113,45 +137,45 @@ def kv_dtype(handle: ServerHandle, fallback: str | None) -> str | None:
     return _SAME_KV.get(value, value) if value else None
 
 
+_NEEDS_SGLANG = ("probe-kv needs SGLang's native /generate with input_ids, return_logprob and logprob_start_len; "
+                 "run it against two SGLang servers. (vLLM's /v1/completions with token-id prompts, logprobs and "
+                 "prompt_logprobs could serve, but is not implemented.)")
+_SAME_KV_HELP = ("probe-kv compares two KV dtypes (e.g. --server baseline --compare tuned, or bf16 and fp8_e4m3 "
+                 "servers with --server-url/--compare-url). To measure the noise floor of two equal servers on "
+                 "purpose, add --allow-same-kv.")
+
+
 @contextlib.asynccontextmanager
-async def _servers(opts: ProbeOptions, folder: Path, http: Http,
-                   say: Callable[[str], None]) -> AsyncIterator[tuple[ServerHandle, ServerHandle]]:
-    """Start (one after the other: they may share a GPU) or attach both; stop them on exit."""
+async def _server(where: ServerProfile | str | None, role: str, folder: Path,
+                  http: Http) -> AsyncIterator[ServerHandle]:
+    """Launch a profile (stopped on exit) or attach a URL; refuse a server that is not SGLang."""
     async with anyio.create_task_group() as tg:
-        handles = []
-        for role, where in (("reference", opts.reference), ("compare", opts.compare)):
-            if isinstance(where, ServerProfile):
-                h = await tg.start(lambda task_status, p=where, r=role: run_server(
-                    p, log_dir=folder / "probe-kv" / r, http=http, task_status=task_status))
-            else:
-                h = await tg.start(lambda task_status, u=where: run_attached(
-                    [u], http=http, task_status=task_status))
-            handles.append(h)
+        if isinstance(where, ServerProfile):
+            h = await tg.start(lambda task_status: run_server(
+                where, log_dir=folder / "probe-kv" / role, http=http, task_status=task_status))
+        else:
+            h = await tg.start(lambda task_status: run_attached([str(where)], http=http, task_status=task_status))
         try:
-            yield handles[0], handles[1]
+            if h.info.get("backend") not in (None, "sglang"):
+                raise ServerError(f"The {role} server {h.base_urls[0]} is not SGLang (it has no /server_info; "
+                                  f"looks like {h.info.get('backend')}). {_NEEDS_SGLANG}")
+            yield h
         finally:
             tg.cancel_scope.cancel()
 
 
-def check_servers(opts: ProbeOptions, ref: ServerHandle, cmp: ServerHandle, say: Callable[[str], None]) -> None:
-    """Refuse non-SGLang servers and equal KV dtypes; warn about other differences."""
-    for role, h in (("reference", ref), ("compare", cmp)):
-        if h.info.get("backend") not in (None, "sglang"):
-            raise ServerError(
-                f"The {role} server {h.base_urls[0]} is not SGLang (it has no /server_info; looks like "
-                f"{h.info.get('backend')}). probe-kv needs SGLang's native /generate with input_ids, "
-                "return_logprob and logprob_start_len; run it against two SGLang servers. (vLLM's "
-                "/v1/completions with token-id prompts, logprobs and prompt_logprobs could serve, but is "
-                "not implemented.)")
-    a, b = kv_dtype(ref, _profile_kv(opts.reference)), kv_dtype(cmp, _profile_kv(opts.compare))
-    if a is None or b is None:
-        say("warning: cannot tell the KV dtype of "
-            f"{ref.base_urls[0] if a is None else cmp.base_urls[0]} (no kv_cache_dtype in /server_info).")
-    elif a == b and not opts.allow_same_kv:
-        raise ConfigError(
-            f"Both servers use KV dtype {a}; probe-kv compares two KV dtypes (e.g. --server baseline "
-            "--compare tuned, or bf16 and fp8_e4m3 servers with --server-url/--compare-url). To measure "
-            "the noise floor of two equal servers on purpose, add --allow-same-kv.")
+def check_kv(opts: ProbeOptions, ref: ServerHandle, ref_kv: str | None, cmp_url: str, cmp_kv: str | None,
+             say: Callable[[str], None]) -> None:
+    """Refuse one KV dtype on both servers (ConfigError), once the reference answers and before any
+    request; warn when either dtype is unknown."""
+    if ref_kv is None or cmp_kv is None:
+        say(f"warning: cannot tell the KV dtype of {ref.base_urls[0] if ref_kv is None else cmp_url} "
+            "(no kv_cache_dtype in /server_info).")
+    elif ref_kv == cmp_kv and not opts.allow_same_kv:
+        raise ConfigError(f"Both servers use KV dtype {cmp_kv}; {_SAME_KV_HELP}")
+
+
+def warn_differences(opts: ProbeOptions, say: Callable[[str], None]) -> None:
     if isinstance(opts.reference, ServerProfile) and isinstance(opts.compare, ServerProfile):
         diff = profile_differences(opts.reference, opts.compare)
         if diff:
@@ -160,29 +184,32 @@ def check_servers(opts: ProbeOptions, ref: ServerHandle, cmp: ServerHandle, say:
                 "model keys (extra_args, model_path) would.")
 
 
-async def _probe_one(http: Http, ref: ServerHandle, cmp: ServerHandle, prompt: Prompt,
-                     cfg: DatasetConfig, opts: ProbeOptions) -> PM.PromptResult:
+@dataclass
+class _RefSide:
+    """What the reference server gave for one prompt: the prompt ids, its greedy output, its own scores."""
+
+    prompt: Prompt
+    ids: list[int]
+    free: list[PM.Position]
+    forced: list[PM.Position]
+
+
+async def _reference_side(http: Http, ref: ServerHandle, prompt: Prompt, cfg: DatasetConfig,
+                          opts: ProbeOptions) -> _RefSide:
     kwargs = {"thinking": False, "enable_thinking": False} if cfg.generation.reasoning == "disable" else None
     ids = await PS.prompt_ids(http, ref.base_urls[0], ref.model, first_turn(prompt), kwargs)
-    runs: dict[str, Any] = {}
+    free = await PS.free_run(http, ref.base_urls[0], ids, opts.max_new_tokens, opts.top_k)
+    forced = await PS.score(http, ref.base_urls[0], ids, [p.token for p in free], opts.top_k, opts.chunk)
+    return _RefSide(prompt, ids, free, forced[0])
 
-    async def run(role: str, h: ServerHandle) -> None:
-        runs[role] = await PS.free_run(http, h.base_urls[0], ids, opts.max_new_tokens, opts.top_k)
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(run, "ref", ref)
-        tg.start_soon(run, "cmp", cmp)
-    reference = [p.token for p in runs["ref"]]
-
-    async def forced(role: str, h: ServerHandle) -> None:
-        runs[role + "_tf"] = await PS.score(http, h.base_urls[0], ids, reference, opts.top_k, opts.chunk)
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(forced, "ref", ref)
-        tg.start_soon(forced, "cmp", cmp)
-    result = PM.compare_prompt(prompt.id, len(ids), reference, [p.token for p in runs["cmp"]],
-                               runs["ref_tf"][0], runs["cmp_tf"][0])
-    result.cache = runs["cmp_tf"][1:]
+async def _compare_side(http: Http, cmp: ServerHandle, side: _RefSide, opts: ProbeOptions) -> PM.PromptResult:
+    reference = [p.token for p in side.free]
+    free = await PS.free_run(http, cmp.base_urls[0], side.ids, opts.max_new_tokens, opts.top_k)
+    forced = await PS.score(http, cmp.base_urls[0], side.ids, reference, opts.top_k, opts.chunk)
+    result = PM.compare_prompt(side.prompt.id, len(side.ids), reference, [p.token for p in free],
+                               side.forced, forced[0])
+    result.cache = forced[1:]
     return result
 
 
@@ -205,38 +232,62 @@ async def run_probe(cfg: DatasetConfig, opts: ProbeOptions, say: Callable[[str],
 
 async def _measure(http: Http, prompts: list[Prompt], folder: Path, cfg: DatasetConfig,
                    opts: ProbeOptions, say: Callable[[str], None]) -> tuple[Any, Any, dict[str, Any]]:
-    async with _servers(opts, folder, http, say) as (ref, cmp):
-        check_servers(opts, ref, cmp, say)
-        say(f"probing {count(len(prompts))} prompts of {cfg.name}: greedy, max_new_tokens {opts.max_new_tokens}, "
-            f"top-{opts.top_k} logprobs, teacher forcing in chunks of {opts.chunk or 'all'} tokens")
-        results, failures = await _probe_all(http, ref, cmp, prompts, cfg, opts)
-        servers = {role: {"url": h.base_urls[0], "model": h.model, "kv_cache_dtype": kv_dtype(h, fb),
-                          "version": h.info.get("version")}
-                   for role, h, fb in (("reference", ref, _profile_kv(opts.reference)),
-                                       ("compare", cmp, _profile_kv(opts.compare)))}
-    return results, failures, servers
+    """The reference side over every prompt, then the compare side. A launched compare server starts
+    only once the reference is stopped; an attached one (already running) is checked first."""
+    warn_differences(opts, say)
+    say(f"probing {count(len(prompts))} prompts of {cfg.name}: greedy, max_new_tokens {opts.max_new_tokens}, "
+        f"top-{opts.top_k} logprobs, teacher forcing in chunks of {opts.chunk or 'all'} tokens")
+    attached = not isinstance(opts.compare, ServerProfile)
+    async with _server(opts.reference, "reference", folder, http) as ref:
+        ref_kv = kv_dtype(ref, _profile_kv(opts.reference))
+        servers = {"reference": _server_entry(ref, ref_kv)}
+        async with contextlib.AsyncExitStack() as stack:
+            early = await stack.enter_async_context(_server(opts.compare, "compare", folder, http)) if attached \
+                else None
+            cmp_kv = kv_dtype(early, None) if early else _profile_kv(opts.compare)
+            check_kv(opts, ref, ref_kv, early.base_urls[0] if early else "", cmp_kv, say)
+            sides, failures = await _each(prompts, [p.id for p in prompts], opts,
+                                          lambda p: _reference_side(http, ref, p, cfg, opts))
+            if early is not None:
+                return await _compare_all(http, early, sides, failures, servers, opts)
+    async with _server(opts.compare, "compare", folder, http) as cmp:
+        return await _compare_all(http, cmp, sides, failures, servers, opts)
+
+
+async def _compare_all(http: Http, cmp: ServerHandle, sides: list[_RefSide], failures: list[dict[str, str]],
+                       servers: dict[str, Any], opts: ProbeOptions) -> tuple[Any, Any, dict[str, Any]]:
+    servers["compare"] = _server_entry(cmp, kv_dtype(cmp, _profile_kv(opts.compare)))
+    results, more = await _each(sides, [x.prompt.id for x in sides], opts,
+                                lambda side: _compare_side(http, cmp, side, opts))
+    return results, failures + more, servers
+
+
+def _server_entry(h: ServerHandle, kv: str | None) -> dict[str, Any]:
+    return {"url": h.base_urls[0], "model": h.model, "kv_cache_dtype": kv, "version": h.info.get("version")}
 
 
 def _profile_kv(where: ServerProfile | str | None) -> str | None:
-    return where.kv_cache_dtype if isinstance(where, ServerProfile) else None
+    return _SAME_KV.get(where.kv_cache_dtype, where.kv_cache_dtype) if isinstance(where, ServerProfile) else None
 
 
-async def _probe_all(http: Http, ref: ServerHandle, cmp: ServerHandle, prompts: list[Prompt],
-                     cfg: DatasetConfig, opts: ProbeOptions) -> tuple[list[PM.PromptResult], list[dict[str, str]]]:
+async def _each(items: list[T], ids: list[str], opts: ProbeOptions,
+                one: Callable[[T], Awaitable[R]]) -> tuple[list[R], list[dict[str, str]]]:
+    """`one` over every item, opts.concurrency at a time: the results in item order, and a failure
+    record per item whose request failed (the probe goes on without it)."""
     limiter = anyio.CapacityLimiter(opts.concurrency)
-    done: dict[int, PM.PromptResult] = {}
+    done: dict[int, R] = {}
     failures: list[dict[str, str]] = []
 
-    async def one(i: int, p: Prompt) -> None:
+    async def run(i: int, item: T) -> None:
         async with limiter:
             try:
-                done[i] = await _probe_one(http, ref, cmp, p, cfg, opts)
+                done[i] = await one(item)
             except PS.ProbeRequestError as e:
-                failures.append({"id": p.id, "error": str(e)})
+                failures.append({"id": ids[i], "error": str(e)})
 
     async with anyio.create_task_group() as tg:
-        for i, p in enumerate(prompts):
-            tg.start_soon(one, i, p)
+        for i, item in enumerate(items):
+            tg.start_soon(run, i, item)
     return [done[i] for i in sorted(done)], failures
 
 

@@ -129,7 +129,7 @@ def job_time(datasets: list[tuple[str, int, Lengths | None]], *, kv_tokens: int,
         prefill_s = 0.0 if decode_tok_s else to_do * lengths.prompt * step.prefill_per_token_s
         rows.append(DatasetTime(name, to_do, lengths, running, rate, output, output / rate + prefill_s))
     note = (f"at a measured {decode_tok_s:,.0f} tok/s (--decode-tok-s)" if decode_tok_s else
-            "at the reference node's decode rate (Kimi-K2.5 on 8 x RTX PRO 6000, fitted to the seed's measurements; "
+            "at the reference node's decode rate (Kimi-K2.5 on 8 x RTX PRO 6000, fitted to its measured B2 runs; "
             "for another model or GPU pass --decode-tok-s with a measured rate: make status shows a run's tok/s)")
     return JobTime(tuple(rows), kv_tokens, kv_dtype, note)
 

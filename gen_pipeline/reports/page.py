@@ -33,8 +33,9 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise ConfigError("report needs matplotlib: pip install 'gen-pipeline[report]' "
-                          "(make report installs it).") from None
+        raise ConfigError("report needs matplotlib, which is not installed in this Python. On the GPU node: "
+                          "make venv EXTRAS=gpu (the one install that every make target runs with); into "
+                          "another Python: pip install -e '.[report]' from the checkout.") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt

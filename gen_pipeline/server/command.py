@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from gen_pipeline.config.server import SGLANG_COMMAND, ServerProfile
 from gen_pipeline.errors import ServerError
 
-# set by the Makefile: the `make venv ... EXTRAS=...,sglang` that adds SGLang to the venv make runs
+# set by the Makefile: the `make venv ... EXTRAS=...,gpu` that adds SGLang to the venv make runs
 MAKE_SGLANG_VAR = "GEN_PIPELINE_MAKE_SGLANG"
 
 # Profile key → SGLang flag. Booleans become bare flags when true; None / "" / 0 (hicache) are left out.
@@ -64,10 +64,10 @@ def check_launchable(profile: ServerProfile, python: str = sys.executable,
     via_make = (os.environ if environ is None else environ).get(MAKE_SGLANG_VAR, "")
     if via_make:
         how = (f"Install it into the venv make runs: {via_make} (offline: add PIP_ARGS=\"--no-index "
-               "--find-links DIR\", DIR holding the wheels; README \"On the GPU node\").")
+               "--find-links DIR\", DIR holding the wheels; docs/install.md, \"On the GPU node\").")
     else:
-        how = (f"Install it into this Python: {python} -m pip install -e '.[sglang]' (from the checkout), or "
-               "make venv EXTRAS=test,sglang and run through make.")
+        how = (f"Install it into this Python: {python} -m pip install -e '.[gpu]' (from the checkout), or "
+               "make venv EXTRAS=gpu and run through make.")
     raise ServerError(
         f"{profile.where} launches SGLang ({python} -m sglang.launch_server), but sglang is not installed "
         f"in this Python. {how} Without a GPU, try the pipeline on the simulator: --server sim (make demo).")

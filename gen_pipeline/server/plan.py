@@ -166,8 +166,8 @@ def plan(model_config: dict[str, Any], *, gpu_mem_gb: float, tp_size: int, mem_f
         raise ConfigError(
             f"Nothing is left for the KV cache: {gpu_mem_gb:g} GiB/GPU × mem_fraction_static {mem_fraction_static:g} "
             f"= {gpu_mem_gb * mem_fraction_static:.1f} GiB, but the weights take {weights_per_gpu:.1f} GiB/GPU"
-            f"{f' and overhead {overhead_gb:g} GiB' if overhead_gb else ''}. Use more GPUs (tp_size), a larger "
-            "mem_fraction_static or smaller (quantized) weights.")
+            f"{f' and overhead {overhead_gb:g} GiB' if overhead_gb else ''}. "
+            + _what_fits(gpu_mem_gb, tp_size, mem_fraction_static, weights_gb, overhead_gb))
     options = []
     kind, layers = "", 0
     for dtype in kv_dtypes:
@@ -179,6 +179,28 @@ def plan(model_config: dict[str, Any], *, gpu_mem_gb: float, tp_size: int, mem_f
     return Plan(kind, layers, gpu_mem_gb, tp_size, mem_fraction_static, weights_per_gpu, overhead_gb, kv_gb,
                 tokens_per_sample, hicache_gb, tuple(options), weights_note, cuda_graph_max_bs=ceiling,
                 cuda_graph_note=f"SGLang's default for {gpu_mem_gb:g} GiB GPUs at tp {tp_size}")
+
+
+# GPUs a node commonly has, by memory per GPU as nvidia-smi reports it (MiB / 1024): the refusal names the
+# smallest one that leaves room for a KV cache.
+KNOWN_GPUS = ((79.6, "H100/A100 80 GB"), (REFERENCE_GPU_MEM_GIB, REFERENCE_GPU), (140.4, "H200 141 GB"))
+
+
+def _what_fits(gpu_mem_gb: float, tp_size: int, fraction: float, weights_gb: float, overhead_gb: float) -> str:
+    """What would leave room for a KV cache: the GPU memory needed at this tp_size and fraction (and the
+    smallest known GPU with it), and the tp_size these GPUs need (a power of two: TP splits the heads)."""
+    need_gb = (weights_gb / tp_size + overhead_gb) / fraction
+    fits = next((f"{tp_size} x {name} ({mem:g} GiB/GPU)" for mem, name in KNOWN_GPUS if mem > need_gb), None)
+    per_gpu = gpu_mem_gb * fraction - overhead_gb
+    tp = 1 if per_gpu > 0 else 0
+    while tp and weights_gb / tp >= per_gpu:
+        tp *= 2
+    nodes = f" ({tp // 8} nodes of 8 GPUs)" if tp > 8 else ""
+    out = (f"At tp_size {tp_size} and this fraction each GPU needs more than {need_gb:.1f} GiB, so {tp_size} x "
+           f"{gpu_mem_gb:g} GiB GPUs cannot hold the model with a KV cache. ")
+    out += f"The smallest node that can: {fits}. " if fits else ""
+    out += f"Or use tp_size {tp} on these GPUs{nodes}, " if tp else "Or use GPUs with more memory, "
+    return out + "a larger mem_fraction_static or smaller (quantized) weights."
 
 
 def profile_inputs(profile: ServerProfile, *, tp_size: int | None = None, mem_fraction_static: float | None = None,

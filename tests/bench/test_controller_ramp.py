@@ -35,7 +35,7 @@ async def _admissions(window: int | None, folder: Path) -> list[list[float]]:
     rows = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"Story {i}: " + " ".join(
         _WORDS[(i + k) % len(_WORDS)] for k in range(300))}]} for i in range(SAMPLES)]
     # whole answers (on_loop off): streamed at 4x the H200's rate (~48K tokens/s of SSE events) the client
-    # on 2 shared cores, not the controller, would set the ramp (bench/RESULTS.md, issue 22's stream CPU)
+    # on 2 shared cores, not the controller, would set the ramp (docs/measurements.md, issue 22's stream CPU)
     cfg = load_dataset_config(write_dataset(folder / "ds", rows=rows, target=SAMPLES, max_new_tokens=4096,
                                             extra="on_loop = \"off\"\n[sampling.extra_body]\nmin_tokens = 1000\n",
                                             shard_max_samples=10_000, fsync_every=1_000))

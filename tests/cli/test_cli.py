@@ -52,7 +52,22 @@ def test_plan_refuses_weights_that_do_not_fit(capsys: pytest.CaptureFixture[str]
     assert main(["plan", "--gpu-mem-gb", "10", "--weights-gb", "594", "--overhead-gb", "0"]) == 2
     assert capsys.readouterr().err == (
         "error: Nothing is left for the KV cache: 10 GiB/GPU × mem_fraction_static 0.9 = 9.0 GiB, but the weights "
-        "take 74.2 GiB/GPU. Use more GPUs (tp_size), a larger mem_fraction_static or smaller (quantized) weights.\n")
+        "take 74.2 GiB/GPU. At tp_size 8 and this fraction each GPU needs more than 82.5 GiB, so 8 x 10 GiB GPUs "
+        "cannot hold the model with a KV cache. The smallest node that can: 8 x RTX PRO 6000 Blackwell, 96 GB "
+        "(95.6 GiB/GPU). Or use tp_size 128 on these GPUs (16 nodes of 8 GPUs), a larger mem_fraction_static or "
+        "smaller (quantized) weights.\n")
+
+
+def test_plan_on_an_h100_node_says_what_fits(capsys: pytest.CaptureFixture[str]) -> None:
+    """Kimi-K2.5 (the bundled config) on 8 x H100 80 GB at the profile's fraction: no room for a KV cache;
+    the refusal names the smallest node that has it and the tp_size these GPUs would need."""
+    assert main(["plan", "--gpu-mem-gb", "79.6"]) == 2
+    assert capsys.readouterr().err == (
+        "error: Nothing is left for the KV cache: 79.6 GiB/GPU × mem_fraction_static 0.9 = 71.6 GiB, but the weights "
+        "take 69.1 GiB/GPU and overhead 4.5 GiB. At tp_size 8 and this fraction each GPU needs more than 81.8 GiB, "
+        "so 8 x 79.6 GiB GPUs cannot hold the model with a KV cache. The smallest node that can: 8 x RTX PRO 6000 "
+        "Blackwell, 96 GB (95.6 GiB/GPU). Or use tp_size 16 on these GPUs (2 nodes of 8 GPUs), a larger "
+        "mem_fraction_static or smaller (quantized) weights.\n")
 
 
 def test_a_near_miss_dataset_name_gets_a_suggestion(capsys: pytest.CaptureFixture[str]) -> None:

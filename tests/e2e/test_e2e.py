@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -9,10 +10,12 @@ from pathlib import Path
 
 import httpx
 import orjson
+import pytest
 
 from sglang_sim.testing import start_sim
 
 from pipeline_helpers import REPO, SIM_FAST, assert_exact, kill_group, run_cli, start_cli, wait_for, write_dataset
+from user_docs import user_docs
 
 
 def status_json(out: Path, name: str) -> dict:
@@ -100,14 +103,23 @@ def test_status_of_a_run_that_died(tmp_path: Path) -> None:
     assert "died" in text and "/400" in text
 
 
-def test_every_command_has_help_and_is_in_the_readme() -> None:
-    readme = (REPO / "README.md").read_text()
-    for command in ("generate", "status", "validate", "plan"):
-        r = run_cli(command, "--help")
-        assert r.returncode == 0 and "usage: gen-pipeline " + command in r.stdout
-        assert f"gen-pipeline {command}" in readme
+def test_every_command_has_help_and_is_in_the_docs(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every command of the parser has --help text and is shown in the docs (README + docs site)."""
+    from gen_pipeline.cli import main
+    from gen_pipeline.cli.parser import build_parser
+
+    docs = user_docs()
+    commands = next(a for a in build_parser()._actions if a.dest == "command").choices
+    assert len(commands) >= 10
+    for command in commands:
+        with pytest.raises(SystemExit) as e:
+            main([command, "--help"])
+        assert e.value.code == 0 and capsys.readouterr().out.startswith("usage: gen-pipeline " + command)
+        assert re.search(rf"gen-pipeline {command}(?![\w-])", docs), command
     sim = subprocess.run([sys.executable, "-m", "sglang_sim", "--help"], capture_output=True, text=True,
                          cwd=REPO, timeout=60)
-    assert sim.returncode == 0 and "--time-scale" in sim.stdout and "python -m sglang_sim --help" in readme
-    for target in ("make demo", "make test", "make generate DATASET=B2", "make status", "make bench"):
+    assert sim.returncode == 0 and "--time-scale" in sim.stdout and "python -m sglang_sim --help" in docs
+    readme = (REPO / "README.md").read_text()
+    for target in ("make demo", "make test", "make generate DATASET=", "make status", "make venv EXTRAS=gpu"):
         assert target in readme
+    assert "make bench" in docs and len(readme.splitlines()) <= 200

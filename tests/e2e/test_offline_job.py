@@ -1,5 +1,5 @@
 """The reference job's shape offline: datasets_cfg/offline/ (B1/B2/B6/B7-shaped local sources in the hub
-sources' schemas) through the simulator, as README "Try the job without a GPU" runs it."""
+sources' schemas) through the simulator, as docs/simulator.md "Try the job without a GPU" runs it."""
 
 from __future__ import annotations
 
@@ -66,3 +66,24 @@ def test_the_offline_job_runs_to_exact_counts_and_plan_measures_it(tmp_path: Pat
     assert job[1].split()[:2] == ["B1", "0"] and "measured on 30 samples" in job[1]
     assert job[2].split()[:2] == ["B2", "0"] and "measured on 20 samples" in job[2]
     assert job[3].split() == ["total", "0", "0.0M", "0s"]  # nothing to do: no start-up either
+
+
+def test_the_offline_b2_has_the_reference_jobs_shape_without_leaks(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The offline sim profile is the reference server's shape: its reasoning parser splits B2's thinking
+    into reasoning_content, so no turn is flagged as a leak (without it, 20 of 20 were)."""
+    from gen_pipeline.cli import main
+    from gen_pipeline.config.server import load_server_profile
+
+    offline, tuned = load_server_profile("sim", OFFLINE / "server.toml"), load_server_profile("tuned")
+    shape = ("reasoning_parser", "stream_interval", "num_continuous_decode_steps", "enable_hierarchical_cache",
+             "hicache_size_gb", "kv_cache_dtype", "tp_size", "mem_fraction_static", "trust_remote_code")
+    assert {k: getattr(offline, k) for k in shape} == {k: getattr(tuned, k) for k in shape}
+    out = tmp_path / "out"
+    assert main(["generate", "--dataset", "B2", "--server", "sim", "--config-dir", str(OFFLINE),
+                 "--output-dir", str(out)]) == 0
+    samples = assert_exact(out, TARGETS["B2"], "B2")
+    leaks = [t["leak"] for s in samples for t in s["meta"]["per_turn"]]
+    assert leaks == [""] * TARGETS["B2"]
+    assert all(s["conversations"][-1]["reasoning_content"] for s in samples)
+    assert "leaks flagged" not in capsys.readouterr().out

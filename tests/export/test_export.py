@@ -16,6 +16,7 @@ from gen_pipeline.export.formats import hf_features
 from gen_pipeline.export.select import Mix, ValSplit, mix_counts, validation_ids
 
 from pipeline_helpers import kill_group, read_samples, run_cli, start_cli, wait_for, write_dataset
+from user_docs import user_docs
 
 # The keys of a row SpecForge's regeneration script writes on success, from its source
 # (github.com/sgl-project/SpecForge at a6b6b0230009d15ec2a97a57384e6f53f0f96946):
@@ -324,7 +325,7 @@ def test_force_replaces_a_folder_atomically(outputs: Path, tmp_path: Path) -> No
 def test_export_has_help_and_is_in_the_readme() -> None:
     r = run_cli("export", "--help")
     assert r.returncode == 0 and "usage: gen-pipeline export" in r.stdout and "--expand-turns" in r.stdout
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = user_docs()
     for text in ("gen-pipeline export --dataset B2 --format specforge", "--format hf", "make export DATASET="):
         assert text in readme
 

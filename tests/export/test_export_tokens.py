@@ -19,6 +19,7 @@ from gen_pipeline.records import Sample
 from gen_pipeline.store.dataset_store import DatasetStore
 
 from pipeline_helpers import chat_tokenizers, read_samples, run_cli
+from user_docs import user_docs
 
 disable_progress_bars()
 
@@ -102,7 +103,9 @@ def test_without_the_template_extra_the_message_says_how_to_install_it(monkeypat
     with pytest.raises(ConfigError) as e:
         render.load_renderer("/models/x")
     assert str(e.value) == ("rendering chat templates needs transformers and jinja2, which are not installed: "
-                            "pip install 'gen-pipeline[template]' (transformers + jinja2).")
+                            "make venv EXTRAS=gpu on the GPU node (the one install that every make target runs "
+                            "with); into another Python: pip install -e '.[template]' from the checkout "
+                            "(transformers + jinja2).")
 
 
 def test_check_template_says_what_is_missing(outputs: Path, tmp_path: Path, tokenizers: dict[str, Path]) -> None:
@@ -395,7 +398,7 @@ def test_check_template_reads_a_conversation_export(outputs: Path, tmp_path: Pat
 def test_check_template_has_help_and_is_in_the_readme() -> None:
     r = run_cli("check-template", "--help")
     assert r.returncode == 0 and "usage: gen-pipeline check-template" in r.stdout and "--tokenizer" in r.stdout
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = user_docs()
     for text in ("gen-pipeline check-template --dataset B2", "--format tokens", "data.prompts_path",
                  ".val.ndjson", "--harmony --no-status"):
         assert text in readme

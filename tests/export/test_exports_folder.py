@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from pipeline_helpers import REPO, run_cli, three_samples
+from user_docs import user_docs
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ def test_export_under_a_file_is_refused_naming_it(tmp_path: Path, one_dataset: P
 
 @pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="not a git checkout")
 def test_git_ignores_the_readmes_export_folders() -> None:
-    readme = (REPO / "README.md").read_text()
+    readme = user_docs()
     outs = sorted(set(re.findall(r"(?:--out |OUT=)((?:exports|outputs)/[^\s`\"']+)", readme)))
     assert any(o.startswith("exports/") for o in outs)
     r = subprocess.run(["git", "check-ignore", "--no-index", *outs], capture_output=True, text=True, cwd=REPO)

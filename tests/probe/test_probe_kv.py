@@ -240,3 +240,61 @@ def test_probe_accepts_sglangs_clipped_last_vocab_id_but_not_a_shift() -> None:
 
     assert echoes([5, 319, 7], [5, 0, 7])
     assert not echoes([5, 319, 7], [319, 7, 8]) and not echoes([5, 6], [5, 6, 7])
+
+
+# ---------------------------------------------------------------- launched profiles: one server at a time
+
+def _record_launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Wrap probe-kv's run_server: (start|up|stopped, role) in the order they happen."""
+    from gen_pipeline.probe import core
+
+    events: list[tuple[str, str]] = []
+    real = core.run_server
+
+    async def recording(profile, *, log_dir, http, task_status):
+        role = log_dir.name
+        events.append(("start", role))
+
+        class Status:
+            def started(self, handle):
+                events.append(("up", role))
+                task_status.started(handle)
+
+        try:
+            await real(profile, log_dir=log_dir, http=http, task_status=Status())
+        finally:
+            events.append(("stopped", role))  # run_server returns once the process group is gone
+
+    monkeypatch.setattr(core, "run_server", recording)
+    return events
+
+
+def test_two_launched_profiles_run_one_after_the_other(tmp_path, monkeypatch, capsys):
+    """Two copies of the target model do not fit one node: the compare server starts only after the
+    reference server stopped, and the figures are the same as side by side (a known injected rate)."""
+    from gen_pipeline.cli import main
+
+    events = _record_launches(monkeypatch)
+    assert main(["probe-kv", "--dataset", "demo", "--server", "sim-bf16", "--compare", "sim-fp8",
+                 "--samples", "6", "--max-new-tokens", "24", "--output-dir", str(tmp_path)]) == 0
+    assert events == [("start", "reference"), ("up", "reference"), ("stopped", "reference"),
+                      ("start", "compare"), ("up", "compare"), ("stopped", "compare")]
+    rep = _report(tmp_path)
+    assert rep["aggregate"]["prompts"] == 6 and rep["failed_prompts"] == []
+    assert [rep["servers"][r]["kv_cache_dtype"] for r in ("reference", "compare")] == ["bf16", "fp8_e4m3"]
+    assert rep["verdict_line"] in capsys.readouterr().out
+
+
+def test_equal_kv_profiles_are_refused_before_anything_launches(tmp_path, monkeypatch, capsys):
+    from gen_pipeline.cli import main
+
+    events = _record_launches(monkeypatch)
+    assert main(["probe-kv", "--dataset", "demo", "--server", "sim-bf16", "--compare", "sim-bf16",
+                 "--output-dir", str(tmp_path)]) == 2
+    assert events == []
+    assert capsys.readouterr().err == (
+        "error: Both servers use KV dtype bf16 (datasets_cfg/server.toml [profile.sim-bf16] and "
+        "[profile.sim-bf16]). probe-kv compares two KV dtypes (e.g. --server baseline --compare tuned, or bf16 "
+        "and fp8_e4m3 servers with --server-url/--compare-url). To measure the noise floor of two equal servers "
+        "on purpose, add --allow-same-kv.\n")
+    assert not (tmp_path / "demo" / "probe-kv.json").exists()

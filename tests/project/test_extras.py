@@ -199,3 +199,72 @@ def test_the_simulator_runs_with_only_the_sim_extra(sim_with_only_its_extra: Sim
     assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] > 0
     assert "sglang:num_running_reqs" in httpx.get(sim.url + "/metrics", timeout=30).text
     assert "not installed by gen-pipeline[sim]" not in sim.log_text()
+
+
+# ---------------------------------------------------------------- the GPU node's one install
+
+GPU_INSTALL = "make venv EXTRAS=gpu"
+# What each make target a user runs on the GPU node needs beyond the core install (top-level modules; the
+# distributions are named alike): SGLang for the servers it launches, matplotlib for report's plots, the
+# chat-template tools for check's token counts and export --format tokens, the simulator for the demos.
+TARGET_NEEDS = {
+    "generate": {"sglang"}, "probe-kv": {"sglang"}, "report": {"matplotlib"},
+    "check": {"transformers", "jinja2"}, "export": {"transformers", "jinja2"},
+    "demo": {"starlette", "uvicorn"}, "demo-job": {"starlette", "uvicorn"},
+    "status": set(), "validate": set(), "plan": set(), "diagnose": set(), "venv": set(),
+}
+# The developer's targets: the test extra (make venv EXTRAS=test), or their own venv (contract, docs).
+DEV_TARGETS = {"test", "e2e", "bench-test", "lint", "chaos", "slurm-test", "contract", "bench", "docs", "clean"}
+
+
+def user_docs() -> dict[str, str]:
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    return {str(p.relative_to(ROOT)): p.read_text() for p in pages}
+
+
+def gpu_requirements() -> set[str]:
+    return {canonicalize_name(Requirement(r).name) for r in requirements(["gpu"])}
+
+
+def test_every_documented_make_target_has_what_it_needs_in_the_gpu_install() -> None:
+    documented = {t for text in user_docs().values() for t in re.findall(r"(?:^|`)make ([a-z][\w-]*)", text, re.M)}
+    makefile = set(re.findall(r"^([a-z][\w-]*):", (ROOT / "Makefile").read_text(), re.M))
+    assert documented - makefile == set(), "documented make targets the Makefile lacks"
+    assert sorted(documented - DEV_TARGETS - set(TARGET_NEEDS)) == [], "say what these targets need (TARGET_NEEDS)"
+    missing = {t: sorted(TARGET_NEEDS[t] - gpu_requirements()) for t in documented - DEV_TARGETS}
+    assert {t: m for t, m in missing.items() if m} == {}, f"not brought by {GPU_INSTALL}"
+
+
+def test_the_gpu_install_brings_every_optional_import_of_the_product() -> None:
+    """Whatever gen_pipeline or the simulator imports beyond the core install comes with the gpu extra."""
+    core, by_module = closure([]), providers()
+    optional = {m for m in imports(["gen_pipeline", "sglang_sim"])
+                if m not in sys.stdlib_module_names and m not in FIRST_PARTY
+                and not by_module.get(m, set()) & core and m != "_typeshed"}
+    assert optional == {"jinja2", "matplotlib", "starlette", "transformers", "uvicorn"}
+    assert optional - gpu_requirements() == set()
+
+
+def test_the_docs_and_the_messages_name_one_install_command() -> None:
+    """Every `make venv EXTRAS=` a user reads (docs, the tool's messages) is the GPU install's, and every
+    `pip install -e '.[X]'` a message names installs a part of it."""
+    seen = {f"{where}: {m}" for where, text in user_docs().items() for m in re.findall(r"make venv [^`\n]*", text)
+            if "EXTRAS=" in m and "EXTRAS=gpu" not in m and "EXTRAS=test" not in m}
+    assert seen == set()
+    gpu_extras = set(PROJECT["optional-dependencies"]["gpu"][0].partition("[")[2].rstrip("]").split(","))
+    for path in sorted((ROOT / "gen_pipeline").rglob("*.py")):
+        text = path.read_text()
+        assert set(re.findall(r"EXTRAS=([\w,]+)", text)) <= {"gpu", "...,gpu"}, path
+        assert set(re.findall(r"pip install -e '\.\[(\w+)\]'", text)) <= gpu_extras | {"gpu"}, path
+
+
+def test_report_without_matplotlib_names_the_gpu_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gen_pipeline.errors import ConfigError
+    from gen_pipeline.reports import page
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    with pytest.raises(ConfigError) as e:
+        page._pyplot()
+    assert str(e.value) == ("report needs matplotlib, which is not installed in this Python. On the GPU node: "
+                            "make venv EXTRAS=gpu (the one install that every make target runs with); into "
+                            "another Python: pip install -e '.[report]' from the checkout.")

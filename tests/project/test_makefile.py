@@ -80,7 +80,7 @@ def test_make_venv_with_extras_then_every_target_runs_that_venv(tmp_path: Path) 
     r, calls = make(tmp_path, "generate", f"VENV={tmp_path}/gpu", "DATASET=B2", "LIMIT=5")
     assert r.returncode == 0, r.stderr
     assert calls == ["TMP/gpu/bin/python -m gen_pipeline generate --dataset B2 --limit 5 "
-                     "[GEN_PIPELINE_MAKE_SGLANG=make venv VENV=TMP/gpu EXTRAS=test,sglang]"]
+                     "[GEN_PIPELINE_MAKE_SGLANG=make venv VENV=TMP/gpu EXTRAS=test,gpu]"]
     r, calls = make(tmp_path, "status", f"VENV={tmp_path}/gpu", "CONFIG_DIR=datasets_cfg/offline",
                     "OUTPUT_DIR=outputs/offline", "ARGS=--json")
     assert r.returncode == 0, r.stderr
@@ -119,28 +119,30 @@ def test_make_generate_without_sglang_names_the_make_command(tmp_path: Path) -> 
                        capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
     assert r.returncode == 2  # make's own code for a failed recipe
     python = REPO / ".venv" / "bin" / "python"
-    # the extras this checkout's venv was made with, plus sglang (`make venv EXTRAS=test,bench` for the benches)
-    extras = (REPO / ".venv" / ".installed").read_text().strip() or "test"
+    # the extras this checkout's venv was made with, plus gpu (`make venv EXTRAS=test,bench` for the benches)
+    extras = ",".join(e for e in ((REPO / ".venv" / ".installed").read_text().strip() or "test").split(",")
+                      if e not in ("sglang", "gpu"))
     assert (f"error: datasets_cfg/server.toml [profile.tuned] launches SGLang ({python} -m sglang.launch_server), "
             "but sglang is not installed in this Python. Install it into the venv make runs: make venv "
-            f"EXTRAS={extras},sglang (offline: add PIP_ARGS=\"--no-index --find-links DIR\", DIR holding the wheels; "
-            "README \"On the GPU node\"). Without a GPU, try the pipeline on the simulator: --server sim "
+            f"EXTRAS={extras + ',' if extras else ''}gpu (offline: add PIP_ARGS=\"--no-index --find-links DIR\", "
+            "DIR holding the wheels; "
+            "docs/install.md, \"On the GPU node\"). Without a GPU, try the pipeline on the simulator: --server sim "
             "(make demo).\n") in r.stderr
     assert not (tmp_path / "out" / "T").exists()
 
 
 def test_the_offline_no_deps_install_and_demo_job_run_the_readmes_commands(tmp_path: Path) -> None:
-    # README "Install with SGLang", a wheel set of only what the image lacks (bench/gpu/user_path.sh)
+    # docs/install.md "On the GPU node", a wheel set of only what the image lacks (bench/gpu/user_path.sh)
     python3 = fake_python(tmp_path / "system" / "python3")
-    r, calls = make(tmp_path, "venv", f"PYTHON={python3}", f"VENV={tmp_path}/gpu", "EXTRAS=sglang",
+    r, calls = make(tmp_path, "venv", f"PYTHON={python3}", f"VENV={tmp_path}/gpu", "EXTRAS=gpu",
                     "VENV_ARGS=--system-site-packages", "PIP_ARGS=--no-index --no-deps --no-build-isolation")
     assert r.returncode == 0, r.stderr
     assert calls == [
         "TMP/system/python3 -m venv --system-site-packages TMP/gpu",
         *CHAIN,
-        "TMP/gpu/bin/python -m pip install -q --no-index --no-deps --no-build-isolation -e .[sglang]",
+        "TMP/gpu/bin/python -m pip install -q --no-index --no-deps --no-build-isolation -e .[gpu]",
     ]
-    assert (tmp_path / "gpu" / ".installed").read_text() == "sglang\n"
+    assert (tmp_path / "gpu" / ".installed").read_text() == "gpu\n"
     r, calls = make(tmp_path, "demo-job", f"VENV={tmp_path}/gpu")
     assert r.returncode == 0, r.stderr
     assert calls == [

@@ -93,7 +93,7 @@ def test_thinking_rounds_with_varying_openers_are_caught() -> None:
     """Rounds of ~35 words opened by one of six sentences of 2-10 words: the opener breaks the
     steady spacing of the n-grams around it (the first detector, with a slack of 8 words, never
     fired on 200 rounds). Caught, late: the n-grams that span an opener recur at random spacings,
-    so steady repeats cover ~55 % of the window most of the time (bench/RESULTS.md)."""
+    so steady repeats cover ~55 % of the window most of the time (docs/measurements.md)."""
     v = feed_all(PROSE + thinking_rounds(200))
     assert v is not None and v.reason is LoopReason.PERIOD
     assert len(PROSE) < v.at_char <= len(PROSE) + 5000
@@ -131,7 +131,7 @@ def test_repetitive_but_not_looping(name: str, text: str) -> None:
 _rng = random.Random(7)
 _NAMES = ["ada", "babbage", "curie", "davinci", "search", "similarity", "code", "text"]
 _OPS = ["lt", "le", "eq", "ne", "ge", "gt"]
-SEEN_AS_LOOPS_BEFORE = [  # natural text the first detector fired on (bench/RESULTS.md "Loop detector")
+SEEN_AS_LOOPS_BEFORE = [  # natural text the first detector fired on (docs/measurements.md "Loop detector")
     # pandas test_join: every line's first number was "#", so a column of numbers was "#," at period 2
     ("a column of numbers", "left = np.array(\n    [\n"
      + "".join(f"        {_rng.randint(0, 3)},\n" for _ in range(300)) + "    ]\n)\n"),

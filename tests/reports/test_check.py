@@ -16,6 +16,7 @@ import pytest
 from gen_pipeline.server.plan import GIB
 
 from pipeline_helpers import REPO, assert_exact, cli_cmd, make_rows, run_cli, write_dataset
+from user_docs import user_docs
 
 LOADING = "T: loading the source T.jsonl\n"  # what generate says before the source check refuses
 
@@ -129,8 +130,8 @@ def test_context_length_from_a_local_models_config_json(tmp_path: Path) -> None:
 
 
 def test_check_is_a_make_target_and_in_the_readme() -> None:
-    assert "make check DATASET=" in (REPO / "README.md").read_text()
-    assert "gen-pipeline check --dataset" in (REPO / "README.md").read_text()
+    assert "make check DATASET=" in user_docs()
+    assert "gen-pipeline check --dataset" in user_docs()
     r = run_cli("check", "--help")
     assert r.returncode == 0 and "usage: gen-pipeline check" in r.stdout
 
@@ -287,7 +288,7 @@ def test_the_tuned_profile_without_sglang_says_what_to_install(tmp_path: Path) -
     assert r.stderr == (
         f"error: datasets_cfg/server.toml [profile.tuned] launches SGLang ({sys.executable} -m "
         f"sglang.launch_server), but sglang is not installed in this Python. Install it into this Python: "
-        f"{sys.executable} -m pip install -e '.[sglang]' (from the checkout), or make venv EXTRAS=test,sglang and "
+        f"{sys.executable} -m pip install -e '.[gpu]' (from the checkout), or make venv EXTRAS=gpu and "
         "run through make. Without a GPU, try the pipeline on the simulator: --server sim (make demo).\n")
     assert not (tmp_path / "out" / "T").exists()
 
@@ -334,4 +335,4 @@ def test_plan_weight_examples_agree_with_the_arithmetic() -> None:
         "error: --params-b 70 needs --weight-dtype (bf16, fp16, fp8, int8, int4): the bytes per parameter. For a "
         "mixed-precision checkpoint (Kimi-K2.5 INT4) pass --weights-gb.\n"))
     assert "553, Kimi-K2.5 INT4 = 594 GB on disk" in " ".join(run_cli("plan", "--help").stdout.split())
-    assert 'make plan ARGS="--gpu-mem-gb 140.4"' in (REPO / "README.md").read_text()
+    assert 'make plan ARGS="--gpu-mem-gb 140.4"' in user_docs()

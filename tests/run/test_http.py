@@ -191,7 +191,7 @@ async def test_the_pool_holds_as_many_connections_as_asked_beyond_httpx_default_
 
 async def test_the_pools_of_a_large_window_share_one_tls_context() -> None:
     """A window of thousands opens hundreds of connection pools; each building its own TLS context held
-    the first request back 8 s on an H200 host (bench/RESULTS.md, issue 19's regimes)."""
+    the first request back 8 s on an H200 host (docs/measurements.md, issue 19's regimes)."""
     async with open_http(GenerationConfig(), 3750) as http:
         pools = [t._pool for t in http._transports]  # type: ignore[attr-defined]
     assert len(pools) == -(-3750 // CONNECTIONS_PER_POOL)

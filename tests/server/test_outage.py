@@ -35,7 +35,7 @@ from pipeline_helpers import (
 
 SIM = [*SIM_FAST, "--max-total-tokens", "20000", "--time-scale", "1"]  # a run of 300 lasts a few seconds
 SIM_SLOW = [*SIM, "--time-scale", "0.2"]
-# The real case is a 90 s SGLang restart against the default --server-wait-s 600 (bench/RESULTS.md,
+# The real case is a 90 s SGLang restart against the default --server-wait-s 600 (docs/measurements.md,
 # "Outages"); here the same run at a smaller scale: a 6 s outage against an 8 s wait (base: the run
 # ended 3.8 s into it, exit 3), with health checks every 0.3 s instead of 2 s.
 OUTAGE_S, WAIT_S, HEALTH_S = 6.0, 8.0, 0.3

@@ -12,6 +12,8 @@ from gen_pipeline.reports import job_time
 from gen_pipeline.server.plan import REFERENCE_GPU, REFERENCE_GPU_MEM_GIB, REFERENCE_OVERHEAD_GIB
 from sglang_sim.profiles import PROFILES
 
+from user_docs import user_docs
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -48,7 +50,7 @@ def test_plan_prints_the_reference_nodes_plan_and_the_88k_jobs_wall_time(
     job = lines[next(i for i, line in enumerate(lines) if line.startswith("the job ")):]
     assert job == [
         "the job (B1, B2, B6, B7 of datasets_cfg/: 88,000 samples to do) with 379,397 KV tokens (fp8_e4m3), at the "
-        "reference node's decode rate (Kimi-K2.5 on 8 x RTX PRO 6000, fitted to the seed's measurements; for "
+        "reference node's decode rate (Kimi-K2.5 on 8 x RTX PRO 6000, fitted to its measured B2 runs; for "
         "another model or GPU pass --decode-tok-s with a measured rate: make status shows a run's tok/s):",
         "dataset     to do      tokens/sample lengths from              running   tok/s  output tokens     time",
         "B1         30,000          300 + 610 assumed                       627   2,556          18.3M    2h09m",
@@ -103,7 +105,7 @@ def test_a_rate_that_is_not_positive_is_refused(capsys: pytest.CaptureFixture[st
 
 def test_the_readmes_job_table_is_what_plan_prints(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    readme = (REPO / "README.md").read_text()
+    readme = user_docs()
     table = readme[readme.index("```text\ndataset     to do") + len("```text\n"):]
     table = table[:table.index("```")].splitlines()
     monkeypatch.chdir(REPO)

@@ -22,7 +22,7 @@
 #   only cleared by the main scheduling loop (sched_interval, default 60 s): 1 s here, and
 #   bf_interval=1 (default 30 s), so a requeued task starts about a second after it may.
 # - ProctrackType=proctrack/linuxproc, TaskPlugin=task/none: no cgroup or systemd needed (containers).
-# - Gres=gpu:32 without device files: the README's script asks --gpus-per-node=8; four array tasks fit
+# - Gres=gpu:32 without device files: the docs' sbatch script asks --gpus-per-node=8; four array tasks fit
 #   on this one node as they would on four GPU nodes (nothing here touches a GPU).
 # - OverSubscribe=FORCE:8 on the partition: 2 CPUs here, yet all ranks of a test run at once.
 # - ReturnToService=2, JobRequeue=1, MinJobAge=3600 (a finished job stays in `scontrol show job`).

@@ -3,7 +3,7 @@ four array tasks = four ranks → exactly the target with no duplicate; a rank c
 (`scancel`) and requeued (`scontrol requeue`) → exact; another world size, and an array that is
 not numbered 0..W-1, refused with the messages the user reads in the task's log.
 
-The script (examples/slurm/generate.sbatch, shown in the README) runs as written. The test changes
+The script (examples/slurm/generate.sbatch, shown in docs/fleets.md) runs as written. The test changes
 only what a user changes at submission, the same way every time:
     DATASET=<tmp>/ds/T.toml GEN_PIPELINE_ARGS="--server sim --output-dir <tmp>/out" \\
     sbatch --oversubscribe --output=<tmp>/slurm-%A_%a.log [--array=...] examples/slurm/generate.sbatch
@@ -71,7 +71,7 @@ def slurm_env(request):
 
 
 def sbatch(env: dict[str, str], logs: Path, dataset: Path, args: str, *options: str) -> str:
-    """Submit the README's script; returns the (array) job id."""
+    """Submit the docs' sbatch script (docs/fleets.md); returns the (array) job id."""
     res = subprocess.run(["sbatch", "--parsable", "--oversubscribe", f"--output={logs}/slurm-%A_%a.log", *options,
                           SCRIPT], cwd=REPO, env={**env, "DATASET": str(dataset), "GEN_PIPELINE_ARGS": args},
                          capture_output=True, text=True, timeout=60)

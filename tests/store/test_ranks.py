@@ -36,6 +36,7 @@ from pipeline_helpers import (
     wait_for,
     write_dataset,
 )
+from user_docs import user_docs
 
 AGO = r"(?:\d+s|\dm\d\ds) ago"  # a commit's age in the status duration format (5s, 1m05s)
 W = 3
@@ -418,7 +419,7 @@ def test_ranks_of_one_dataset_must_share_its_config(tmp_path, sim_url):
 
 
 def test_the_readme_shows_the_sbatch_script_that_make_slurm_test_runs():
-    """tests/slurm/test_slurm.py submits examples/slurm/generate.sbatch; the README shows that file whole."""
+    """tests/slurm/test_slurm.py submits examples/slurm/generate.sbatch; docs/fleets.md shows that file whole."""
     script = (REPO / "examples" / "slurm" / "generate.sbatch").read_text()
-    assert f"```bash\n{script}```\n" in (REPO / "README.md").read_text()
+    assert f"```bash\n{script}```\n" in user_docs()
     assert os.access(REPO / "tests" / "slurm" / "cluster.sh", os.X_OK)
