@@ -94,8 +94,7 @@ class ClientSettings:
     def streamed(self) -> bool:
         """Turns are streamed (and aborted on a loop) while the loop gate is on, unless the server's token
         ids are recorded. With on_loop = "off" nothing watches the stream, so turns come whole: a stream
-        costs the client ~50 ms of CPU per 1,000 tokens at SGLang's default stream interval
-        (bench/RESULTS.md, issue 22)."""
+        costs the client CPU on every chunk (docs/measurements.md, "HTTP client library")."""
         return not self.token_ids and self.generation.on_loop != "off"
 
 

@@ -199,7 +199,7 @@ def test_report_and_diagnose_mark_a_server_restart(tmp_path: Path) -> None:
 def test_report_names_the_missing_extra(monkeypatch) -> None:
     from gen_pipeline.reports import page as telemetry_report
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(ConfigError, match=r"gen-pipeline\[report\]"):
+    with pytest.raises(ConfigError, match=r"make venv EXTRAS=gpu .*pip install -e '\.\[report\]'"):
         telemetry_report.plot_png([_row(0)], "x")
 
 

@@ -32,7 +32,7 @@ def sim_url(shared_sim):  # tests/servers.py: one simulator per worker
 
 @pytest.mark.parametrize(("options", "message"), [
     (lambda: RunOptions(server_urls=("http://s:1",), limit=0), "--limit 0 must be at least 1."),
-    (lambda: RunOptions(server_urls=("http://s:1",), window=-3), "--window -3 must be at least 1."),
+    (lambda: RunOptions(server_urls=("http://s:1",), window=-3), "--window -3 must be at least 0."),
     (lambda: RunOptions(server_urls=("http://s:1",), drain_grace_s=-5),
      "--drain-grace-s -5 must be at least 0 seconds."),
     (lambda: RunOptions(server_urls=("http://s:1",), poll_interval_s=0.01),

@@ -78,10 +78,13 @@ async def test_metrics_and_log_line_say_when_the_decode_ran_without_a_graph(
         caplog: pytest.LogCaptureFixture) -> None:
     sim = _sim("--decode-log-interval", "1")
     for i in range(300):
-        sim.loop.engine.add_request(f"r{i}", list(range(100)), list(range(50)), "stop", max_new_tokens=512)
+        # outputs of 200 tokens: none finishes while the others are still being admitted
+        sim.loop.engine.add_request(f"r{i}", list(range(100)), list(range(200)), "stop", max_new_tokens=200)
     with caplog.at_level(logging.INFO, logger="sglang_sim"):
-        while sim.loop.engine.num_running < 300 or not sim.loop.engine.step().decode_batch:
-            pass
+        for _ in range(400):  # steps until all 300 run and a step decodes them (a bound, not a wait)
+            if sim.loop.engine.step().decode_batch and sim.loop.engine.num_running == 300:
+                break
+        assert sim.loop.engine.num_running == 300
         result = sim.loop.engine.step()
         sim.loop._log_step(result, sim.loop.engine.new_token_ratio)
     decode_lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Decode batch")]

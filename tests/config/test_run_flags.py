@@ -15,7 +15,7 @@ from gen_pipeline.config.run import RunFlags
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.run.options import RunOptions
 from gen_pipeline.run.setup import run_options
-from tests.test_config import BASE, write
+from tests.config.test_config import BASE, write
 
 FLAGS = {f.name: "--" + f.name.replace("_", "-") for f in fields(RunFlags)}
 

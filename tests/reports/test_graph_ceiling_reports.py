@@ -16,7 +16,7 @@ from gen_pipeline.run.progress import Progress
 from gen_pipeline.run.stats import RunStats
 from gen_pipeline.server.plan import profile_cuda_graph_max_bs, sglang_cuda_graph_max_bs
 
-REAL = Path(__file__).resolve().parent.parent / "bench" / "gpu" / "h200_ceiling_telemetry.json"
+REAL = Path(__file__).resolve().parents[1] / "data" / "h200_ceiling_telemetry.json"
 
 
 def _rows(polls: list[tuple[int, float]], ceiling: int | None = 256) -> list[dict[str, Any]]:
@@ -61,7 +61,7 @@ def test_no_ceiling_verdict_without_the_field() -> None:
 
 
 def test_the_real_h200_runs_past_the_ceiling() -> None:
-    """bench/gpu/h200_ceiling_telemetry.json: the CLI's telemetry of the H200 runs (120K fp8 KV, 3,000 short
+    """tests/data/h200_ceiling_telemetry.json: the CLI's telemetry of the H200 runs (120K fp8 KV, 3,000 short
     prompts, 4 rounds; SGLang 0.5.17 reported cuda_graph_max_bs 256). All at once sat at ~300 running."""
     runs = json.loads(REAL.read_text())
     rules = {name: [v.rule for v in diagnose(rows)] for name, rows in runs.items()}

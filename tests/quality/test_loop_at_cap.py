@@ -14,12 +14,13 @@ import pytest
 from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
 from gen_pipeline.quality import LoopReason, RepetitionDetector, tail_loop
 from gen_pipeline.records import Prompt, Sample
-from gen_pipeline.run.answer import TurnStream, detect_loop, parse_response
+from gen_pipeline.run.answer import detect_loop
+from gen_pipeline.run.wire import TurnStream, parse_response
 from gen_pipeline.run.chat import ChatClient, ClientSettings
 
 from mock_http import mock_http
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 NATURAL = ("The pool holds the prompt and the answer of every running request, so the server admits a new one "
            "only when the tokens it may still need fit beside those already there. ") * 1
 ANSWER = NATURAL * 2 + "The answer is the sum" + " of" * 162
