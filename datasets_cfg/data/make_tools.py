@@ -37,6 +37,10 @@ def directive(name: str, args: dict) -> str:
     return f"[[call {name} {json.dumps(args)}]]"
 
 
+def result(i: int, k: int, value: dict, tail: str = "") -> dict:
+    return {"role": "tool", "tool_call_id": f"call_{i}_{k}", "content": json.dumps(value) + tail}
+
+
 def call(i: int, k: int, name: str, args: dict) -> dict:
     return {"id": f"call_{i}_{k}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
 
@@ -51,15 +55,14 @@ def conversation(i: int) -> dict:
     if i % 3 == 0:  # two calls at once, then the answer
         msgs.append({"role": "assistant", "content": "",
                      "tool_calls": [call(i, 0, "get_weather", weather), call(i, 1, "get_time", time_)]})
-        msgs.append({"role": "tool", "tool_call_id": f"call_{i}_0", "content": json.dumps({"temp": 10 + i, "sky": "clear"})})
-        msgs.append({"role": "tool", "tool_call_id": f"call_{i}_1", "content": json.dumps({"time": f"{8 + i % 12}:15"})})
+        msgs.append(result(i, 0, {"temp": 10 + i, "sky": "clear"}))
+        msgs.append(result(i, 1, {"time": f"{8 + i % 12}:15"}))
         msgs.append({"role": "assistant", "content": f"It is {10 + i} degrees and clear in {city}."})
     else:  # one call, its result asks for the next
         msgs.append({"role": "assistant", "content": "", "tool_calls": [call(i, 0, "get_weather", weather)]})
-        msgs.append({"role": "tool", "tool_call_id": f"call_{i}_0",
-                     "content": json.dumps({"temp": 10 + i, "sky": "rain"}) + " " + directive("get_time", time_)})
+        msgs.append(result(i, 0, {"temp": 10 + i, "sky": "rain"}, " " + directive("get_time", time_)))
         msgs.append({"role": "assistant", "content": "", "tool_calls": [call(i, 1, "get_time", time_)]})
-        msgs.append({"role": "tool", "tool_call_id": f"call_{i}_1", "content": json.dumps({"time": f"{8 + i % 12}:40"})})
+        msgs.append(result(i, 1, {"time": f"{8 + i % 12}:40"}))
         msgs.append({"role": "assistant", "content": f"It is raining in {city}, {10 + i} degrees."})
     if i % 2 == 0:  # a second user turn with a third tool turn
         src, dst = CURRENCIES[i % len(CURRENCIES)]
@@ -67,7 +70,7 @@ def conversation(i: int) -> dict:
         msgs.append({"role": "user", "content": f"How much is {100 + i} {src} in {dst}? And then {other}? "
                                                 f"{directive('convert_currency', conv)}"})
         msgs.append({"role": "assistant", "content": "", "tool_calls": [call(i, 2, "convert_currency", conv)]})
-        msgs.append({"role": "tool", "tool_call_id": f"call_{i}_2", "content": json.dumps({"result": 1.1 * (100 + i)})})
+        msgs.append(result(i, 2, {"result": 1.1 * (100 + i)}))
         msgs.append({"role": "assistant", "content": f"That is about {1.1 * (100 + i):.2f} {dst}."})
     return {"id": f"t{i:02d}", "tools": json.dumps(TOOLS), "messages": msgs}
 
