@@ -16,7 +16,8 @@ CALL = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arg
 
 
 def cfg(schema: str = "messages", field: str = "messages") -> DatasetConfig:
-    return DatasetConfig(name="T", target_samples=1, source=SourceConfig(files=("x.jsonl",), schema=schema, field=field))
+    return DatasetConfig(name="T", target_samples=1,
+                         source=SourceConfig(files=("x.jsonl",), schema=schema, field=field))
 
 
 def test_messages_rows_keep_tools_calls_and_results() -> None:
