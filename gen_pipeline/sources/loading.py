@@ -8,9 +8,10 @@ Three row schemas (config `source.schema`), all read from the column `source.fie
 
 Agentic (tool-use) conversations, under "messages" and "sharegpt" (role/content turns; from/value turns
 with "function_call" / "observation", LLaMA-Factory's names, too):
-- the row's column `tools` (source.TOOLS_COLUMN): OpenAI function schemas, a list or its JSON text
+- the row's column `tools` (TOOLS_COLUMN): OpenAI function schemas, a list or its JSON text
   ([{"type": "function", "function": {"name", "description", "parameters"}}, ...]), kept as JSON text
-  (Prompt.tools);
+  (Prompt.tools); a list (or call arguments as objects) loses its null-valued keys (`drop_nulls`: what
+  `datasets` adds when the rows' schemas differ), so JSON text is the form to prefer;
 - an assistant turn may carry `tool_calls` (OpenAI shape: [{"id", "type": "function", "function":
   {"name", "arguments"}}], arguments an object or its JSON text, kept as JSON text) and then empty
   content; a from/value "function_call" turn's value is {"name", "arguments"} (or a list of them);
@@ -134,7 +135,9 @@ def _tool_calls(value: Any, i: int) -> list[dict[str, Any]]:
         if not isinstance(name, str) or not name:
             raise InvalidRow("bad_tool_call", f"turn {i}: tool call {k} has no function name")
         args = fn.get("arguments", {}) if isinstance(fn, dict) else {}
-        if isinstance(args, str):
+        if isinstance(args, dict):  # `datasets` read an object column: keys of other rows' objects came as null
+            args = drop_nulls(args)
+        elif isinstance(args, str):
             try:
                 args = orjson.loads(args) if args.strip() else {}
             except orjson.JSONDecodeError:
@@ -173,9 +176,23 @@ def parse_tools(row: dict[str, Any]) -> str:
             value = orjson.loads(value)
         except orjson.JSONDecodeError:
             raise InvalidRow("bad_tools", f"column {TOOLS_COLUMN!r} is not JSON: {value[:80]!r}") from None
+    elif isinstance(value, list):  # `datasets` made one Arrow struct of all rows' schemas: their keys came as null
+        value = drop_nulls(value)
     if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
         raise InvalidRow("bad_tools", f"column {TOOLS_COLUMN!r} must be a list of tool schemas (objects)")
     return orjson.dumps(value).decode() if value else ""
+
+
+def drop_nulls(value: Any) -> Any:
+    """`value` without the null-valued keys of its objects, at every depth. `datasets` loads a JSON column of
+    objects as one Arrow struct, the union of every row's keys, the missing ones null: a tools list or call
+    arguments given as objects come back with the keys of other rows' schemas. (As JSON text they come back
+    as written: the form to prefer.)"""
+    if isinstance(value, dict):
+        return {k: drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [drop_nulls(v) for v in value]
+    return value
 
 
 def _turn_keys(turn: dict[str, Any], schema: str, i: int) -> tuple[str, str]:

@@ -75,3 +75,24 @@ def test_bad_tools_column_is_a_reject_and_plain_ids_do_not_change() -> None:
     plain = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     assert content_id(plain) == content_id(plain, "")  # conversations without tools keep their ids
     assert to_prompt({"messages": plain}, 0, cfg()).tools == ""
+
+
+def test_object_columns_read_by_datasets_lose_the_nulls_of_other_rows(tmp_path) -> None:
+    from gen_pipeline.sources.loading import SourceStats, iter_prompts
+
+    other = {"type": "function", "function": {"name": "convert", "parameters": {
+        "type": "object", "properties": {"amount": {"type": "number"}}}}}
+    rows = [{"id": str(i), "tools": [TOOLS[0], other][i:i + 1], "messages": [
+        {"role": "user", "content": f"q{i}"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": {
+            "name": ["get_weather", "convert"][i], "arguments": [{"city": "Oslo"}, {"amount": 3}][i]}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "r"}, {"role": "assistant", "content": "a"}]}
+        for i in range(2)]
+    data = tmp_path / "t.jsonl"
+    data.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    c = DatasetConfig(name="T", target_samples=2, path=tmp_path / "T.toml",
+                      source=SourceConfig(files=("t.jsonl",), schema="messages", field="messages", id_field="id"))
+    prompts = list(iter_prompts(c, set(), SourceStats(), []))
+    assert [orjson.loads(p.tools) for p in prompts] == [[TOOLS[0]], [other]]
+    assert [p.messages[1]["tool_calls"][0]["function"]["arguments"] for p in prompts] == ['{"city":"Oslo"}',
+                                                                                         '{"amount":3}']
