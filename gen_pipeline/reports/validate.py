@@ -241,7 +241,7 @@ def _roles_ok(roles: list[Any], turns: list[Any] | None = None) -> bool:
             check_roles(turns)
         except InvalidRow:
             return False
-        return roles[-1] == "assistant"
+        return bool(roles[-1] == "assistant")
     body = roles[1:] if roles[:1] == ["system"] else roles
     return (len(body) >= 2 and len(body) % 2 == 0
             and all(r == ("user" if i % 2 == 0 else "assistant") for i, r in enumerate(body)))
