@@ -196,3 +196,36 @@ def test_validate_takes_tool_turns_as_they_are(outputs: Path) -> None:
     r = run_cli("validate", "--dataset", "tools", "--output-dir", outputs)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.splitlines()[0].endswith("tools: 20 rows in 1 shards: OK (1 truncated, policy keep)")
+
+
+def test_whole_answers_with_server_ids_store_the_calls_and_their_tokens(tmp_path: Path) -> None:
+    """[output] token_ids: turns come whole (message.tool_calls), and the tokens rows are the server's ids,
+    the call's text (what the model wrote before the parser took it out) under the loss mask."""
+    import shutil
+
+    from sglang_sim.tokenizer import decode
+
+    repo = Path(__file__).resolve().parents[2] / "datasets_cfg"
+    cfg = tmp_path / "cfg"
+    (cfg / "data").mkdir(parents=True)
+    shutil.copy(repo / "data" / "tools.jsonl", cfg / "data")
+    shutil.copy(repo / "server.toml", cfg)
+    (cfg / "tools.toml").write_text((repo / "tools.toml").read_text() + "token_ids = true\n")
+    out = tmp_path / "out"
+    r = run_cli("generate", "--dataset", "tools", "--config-dir", cfg, "--server", "sim-tools", "--output-dir", out,
+                "--progress", "quiet")
+    assert r.returncode == 0, r.stderr
+    samples = {s["id"]: s for s in read_samples(out, "tools")}
+    assert len(samples) == 20 and {k for k, s in samples.items() if s["meta"]["tool_divergence"]} == {
+        "tools-t07", "tools-t15"}
+    rows = tmp_path / "tokens.jsonl"
+    r = run_cli("export", "--output-dir", out, "--dataset", "tools", "--format", "tokens", "--out", rows,
+                "--config-dir", cfg, "--keep-meta")
+    assert r.returncode == 0, r.stderr
+    for row in jsonl(rows):
+        turn = [m for m in samples[row["meta"]["source_id"]]["conversations"]
+                if m["role"] == "assistant"][row["meta"]["assistant_turn_index"]]
+        trained = decode([i for i, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m])
+        assert row["ids_from"] == "server"
+        for c in turn.get("tool_calls") or []:
+            assert f'{{"name": "{c["function"]["name"]}", "arguments": {c["function"]["arguments"]}}}' in trained
