@@ -96,3 +96,14 @@ def test_object_columns_read_by_datasets_lose_the_nulls_of_other_rows(tmp_path) 
     assert [orjson.loads(p.tools) for p in prompts] == [[TOOLS[0]], [other]]
     assert [p.messages[1]["tool_calls"][0]["function"]["arguments"] for p in prompts] == ['{"city":"Oslo"}',
                                                                                          '{"amount":3}']
+
+
+def test_the_bundled_tool_set_is_what_make_tools_writes(tmp_path) -> None:
+    import runpy
+    import shutil
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[2] / "datasets_cfg" / "data"
+    script = Path(shutil.copy(data / "make_tools.py", tmp_path))
+    runpy.run_path(str(script), run_name="__main__")  # in-process: it writes beside itself
+    assert (tmp_path / "tools.jsonl").read_bytes() == (data / "tools.jsonl").read_bytes()
