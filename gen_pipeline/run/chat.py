@@ -16,6 +16,10 @@ Failure, "keep" the text cut where the loop began, "off" whole answers (so does 
 SGLang refuses return_token_ids on a stream), the detector reading the finished text. A finished turn is
 judged (answer.judge): empty or marker-only answers follow `empty_turn`, reasoning leaks `truncated`.
 
+Tool-use samples (a source with `tools`, assistant tool_calls and tool results; sources/loading.py) send
+their tools with every turn (tool_choice "auto") and the source's tool results as history while the
+target's calls match the source's: TOOL POLICY below says what happens when they differ.
+
 A server that went away (connection refused or lost, or taken out of the fleet as hung or as serving
 another model, which cancels the requests in flight to it) is not a failed request when the servers are
 watched (a `gate`): the request is sent again, to another server at once or after the pause for one to
