@@ -206,6 +206,9 @@ class ChatClient:
         keep_reasoning = s.generation.reasoning == "keep"
         tools = orjson.loads(prompt.tools) if prompt.tools else None
         source = prompt.messages
+        # the policy holds for any conversation with tool turns (with no `tools`, a target answers in text where
+        # the source called: it diverges there, never followed by results of calls it did not make)
+        tool_use = tools is not None or any(m["role"] == "tool" for m in source)
         ids: dict[str, str] = {}  # the source's tool call ids → the regenerated calls' (tool results follow them)
         diverged = 0
         for i, m in enumerate(source):
@@ -246,7 +249,7 @@ class ChatClient:
                                retryable=False, extra=spent.failure_extra())
             if turn.finish_reason not in ("stop", "tool_calls"):
                 break  # a cut answer ends the conversation: later turns would build on it
-            if tools is not None:
+            if tool_use:
                 answered = source[i + 1] if i + 1 < len(source) and source[i + 1]["role"] == "assistant" else None
                 if not same_calls(turn.tool_calls, answered.get("tool_calls") if answered else None):
                     diverged = len(turns)  # TOOL POLICY: the sample ends at its first divergence
@@ -255,7 +258,7 @@ class ChatClient:
                                     strict=True):
                     ids[old["id"]] = new["id"] or old["id"]
         sample = build_sample(prompt, dataset, conversation, turns, s, per_turn)
-        if tools is not None:  # only on tool-use samples: rows without tools keep their keys
+        if tool_use:  # only on tool-use samples: rows without tools keep their keys
             sample.meta["tools"] = prompt.tools
             sample.meta["tool_divergence"] = diverged
         return sample
