@@ -42,6 +42,7 @@ from typing import Any
 
 import orjson
 
+from gen_pipeline.errors import ConfigError
 from gen_pipeline.export.tokens import strip_token_ids
 from gen_pipeline.store.lock import pid_alive
 
@@ -100,6 +101,10 @@ def row_tools(row: dict[str, Any]) -> str:
 
 def specforge_line(row: dict[str, Any], *, keep_meta: bool, status: bool, harmony: bool = False) -> bytes:
     convs = strip_token_ids(row["conversations"])
+    if harmony and (row_tools(row) or any(m.get("tool_calls") or m.get("role") == "tool" for m in convs)):
+        raise ConfigError(f"sample {row['id']} is a tool-use conversation, and --harmony writes only the analysis "
+                          "and final channels of each assistant turn: its tool calls would be lost. Export it "
+                          "without --harmony (or --format tokens), or leave its dataset out of this export.")
     out: dict[str, Any] = {"id": row["id"], "conversations": harmony_messages(convs) if harmony else convs}
     if tools := row_tools(row):
         out["tools"] = tools

@@ -235,3 +235,12 @@ def test_whole_answers_with_server_ids_store_the_calls_and_their_tokens(tmp_path
         assert row["ids_from"] == "server"
         for c in turn.get("tool_calls") or []:
             assert f'{{"name": "{c["function"]["name"]}", "arguments": {c["function"]["arguments"]}}}' in trained
+
+
+def test_harmony_refuses_tool_use_rows_instead_of_losing_the_calls(outputs: Path, tmp_path: Path) -> None:
+    out = tmp_path / "h.jsonl"
+    r = run_cli("export", "--output-dir", outputs, "--dataset", "tools", "--format", "specforge", "--harmony",
+                "--no-status", "--out", out)
+    assert r.returncode == 2 and not out.exists()
+    assert r.stderr.startswith("error: sample tools-t")
+    assert "is a tool-use conversation, and --harmony writes only the analysis and final channels" in r.stderr
