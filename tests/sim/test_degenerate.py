@@ -51,11 +51,15 @@ def test_loop_outputs_run_to_the_cap_and_retokenize_to_themselves(seed: int) -> 
     assert encode(decode(plan.ids)) == plan.ids
 
 
-def test_every_loop_kind_is_written_and_caught_within_512_tokens() -> None:
+@pytest.mark.parametrize("seeds", [
+    pytest.param(range(0, 100), id="seeds-0-99"),
+    # the rest of the 400 seeds: ~7 CPU-s of detector feeding, in make chaos (the default suite's budget)
+    pytest.param(range(100, 400), id="seeds-100-399", marks=pytest.mark.slow)])
+def test_every_loop_kind_is_written_and_caught_within_512_tokens(seeds: range) -> None:
     """The done-when of issue 22 on the simulator's own loops: caught, aborted within ~512 tokens
     of the start (tokens here are the sim tokenizer's)."""
     kinds = {}
-    for seed in range(400):
+    for seed in seeds:
         plan = degenerate.loop_output(seed, natural_tokens=4000, max_new_tokens=8192)
         det, fired_at = RepetitionDetector(), None
         for k in range(0, len(plan.ids), 4):  # four tokens a delta, as a stream with stream_interval 4
