@@ -161,12 +161,14 @@ def test_a_closed_stream_frees_the_looping_turn_at_once(client: httpx.Client, fa
                 break  # leaving the with-block closes the connection
     assert det.verdict is not None and tokens < 8192
     running = client.get("/v1/loads").json()["loads"][0]
+    stats = client.get("/sim/stats").json()
     deadline = time.monotonic() + 60  # the abort lands within a few engine steps; a bound, not a wait
-    while running["num_running_reqs"] and time.monotonic() < deadline:
+    # both states: the engine frees the request first, its ticket (in_flight) goes at the loop's next dispatch
+    while (running["num_running_reqs"] or stats["in_flight"]) and time.monotonic() < deadline:
         running = client.get("/v1/loads").json()["loads"][0]
+        stats = client.get("/sim/stats").json()
     assert running["num_running_reqs"] == 0 and running["num_waiting_reqs"] == 0
     assert running["num_used_tokens"] <= before["num_used_tokens"] + tokens + 200  # only the cached prefix stays
-    stats = client.get("/sim/stats").json()
     assert stats["in_flight"] == 0
     # the engine stopped decoding it: far fewer than the 8,192 tokens it would have run to
     assert stats["counters"]["decode_tokens_total"] - decoded_before < tokens + 400
