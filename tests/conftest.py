@@ -30,8 +30,9 @@ collect_ignore = [] if os.environ.get("GEN_PIPELINE_CONTRACT") == "1" else ["con
 
 
 # Files whose every test has a real process as its subject (signals, SIGKILL, servers that die or freeze,
-# the router): the `e2e` marker, `make e2e`. Single tests elsewhere carry @pytest.mark.e2e.
-E2E_FILES = ("e2e/", "server/test_outage.py", "server/test_scale_out.py")
+# the router, the launcher's supervision): the `e2e` marker, `make e2e`. Single tests elsewhere carry @pytest.mark.e2e.
+E2E_FILES = ("e2e/", "server/test_outage.py", "server/test_scale_out.py",
+             "server/test_supervisor.py")  # the launcher's server processes: crashes, SIGTERM ignored, restarts
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -7,15 +7,14 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
-
-from sglang_sim.testing import start_sim
+from servers import sim_in_thread
 
 from pipeline_helpers import SIM_FAST, assert_exact, make_rows, run_cli, write_dataset
 
 
 @pytest.fixture(scope="module")
 def sim_url():
-    with start_sim(SIM_FAST + ["--context-length", "600"], ready_timeout_s=30) as sim:
+    with sim_in_thread(SIM_FAST + ["--context-length", "600"], ready_timeout_s=30) as sim:
         yield sim.url
 
 

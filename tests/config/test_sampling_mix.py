@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
+from servers import sim_in_thread
 
 from gen_pipeline.config.dataset import load_dataset_config
 from gen_pipeline.config.mix import SamplingMix
@@ -19,7 +20,6 @@ from gen_pipeline.errors import ConfigDriftError, ConfigError
 from gen_pipeline.reports.page import _status_html
 from gen_pipeline.reports.status import DatasetStatus, StatusReport, read_status
 from gen_pipeline.store.fingerprint import check_rows
-from sglang_sim.testing import start_sim
 
 from pipeline_helpers import (
     MIX_META_KEYS,
@@ -162,7 +162,8 @@ def test_the_draw_depends_only_on_the_seed_and_the_row(tmp_path: Path) -> None:
 def test_a_prompt_without_a_source_row_is_placed_by_its_id(tmp_path: Path) -> None:
     mix = mix_of(tmp_path)
     draws = [mix.pick(f"id-{k}") for k in range(3000)]
-    assert draws == [mix_of(tmp_path).pick(f"id-{k}") for k in range(3000)]
+    again = mix_of(tmp_path)  # the same config loaded again draws the same (loaded once, not per id)
+    assert draws == [again.pick(f"id-{k}") for k in range(3000)]
     counts = Counter(draws)
     for i, share in enumerate(SHARES):
         assert abs(counts[i] / 3000 - share) < 0.03, counts  # independent draws: ±3 sd at 3,000
@@ -174,7 +175,7 @@ def test_a_prompt_without_a_source_row_is_placed_by_its_id(tmp_path: Path) -> No
 @pytest.fixture(scope="module")
 def sim_url():
     """One simulator (with a reasoning parser: thinking on gives reasoning_content, off none) for the module."""
-    with start_sim([*SIM_FAST, "--reasoning-parser", "kimi_k2"], ready_timeout_s=30) as sim:
+    with sim_in_thread([*SIM_FAST, "--reasoning-parser", "kimi_k2"], ready_timeout_s=30) as sim:
         yield sim.url
 
 

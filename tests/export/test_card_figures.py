@@ -11,13 +11,13 @@ from pathlib import Path
 import orjson
 import pytest
 from datasets import load_from_disk
+from servers import sim_in_thread
 from template_tokenizers import build_tokenizer
 
 from gen_pipeline.cli import main
 from gen_pipeline.quality.accounting import add_failure
 from gen_pipeline.records import Failure, Sample
 from gen_pipeline.store.dataset_store import DatasetStore
-from sglang_sim.testing import start_sim
 
 from pipeline_helpers import SIM_FAST, make_rows, write_dataset
 
@@ -95,7 +95,7 @@ def test_server_ids_with_another_tokenizer_do_not_warn_about_themselves(tmp_path
 
 @pytest.fixture(scope="module")
 def sim():
-    with start_sim([*SIM_FAST, "--sim-seed", "5"], ready_timeout_s=30) as s:
+    with sim_in_thread([*SIM_FAST, "--sim-seed", "5"], ready_timeout_s=30) as s:
         yield s
 
 

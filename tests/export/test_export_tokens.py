@@ -70,10 +70,10 @@ EXPECTED = {
 def test_check_template_reports_what_each_trainer_trains(outputs: Path, tokenizers: dict[str, Path],
                                                         kind: str) -> None:
     r = run_cli("check-template", "--dataset", "demo", "--output-dir", outputs, "--tokenizer", tokenizers[kind],
-                "--samples", "240")
+                "--samples", "40")  # the covering choice keeps every multi-turn sample: all 46 earlier turns
     assert (r.returncode, r.stderr) == (0, "")
     lines = r.stdout.splitlines()
-    assert lines[0] == (f"template check: 240 samples (286 assistant turns) of demo, chat template of "
+    assert lines[0] == (f"template check: 40 samples (86 assistant turns) of demo, chat template of "
                         f"{tokenizers[kind]}")
     header = {"kimi": "'<|im_assistant|>assistant<|im_middle|>', end of turn '<|im_end|>'",
               "qwen3": "'<|im_start|>assistant\\n', end of turn '<|im_end|>\\n'",
@@ -82,7 +82,7 @@ def test_check_template_reports_what_each_trainer_trains(outputs: Path, tokenize
     rows = {(m[1], m[2]): m.groups()[2:] for m in map(ROW.match, lines) if m}
     assert len(rows) == 10
     for mode, (earlier, last) in EXPECTED[kind].items():
-        assert (rows[(mode, "earlier turns")][0], rows[(mode, "last turn")][0]) == ("46", "240")
+        assert (rows[(mode, "earlier turns")][0], rows[(mode, "last turn")][0]) == ("46", "40")
         assert (rows[(mode, "earlier turns")][3], rows[(mode, "last turn")][3]) == (earlier, last), mode
         # the answer is trained in every mode but train_only_last_turn's history
         answer = "0.0%" if mode == "specforge-last" else "100.0%"

@@ -13,6 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 from datasets import disable_progress_bars, load_dataset
+from servers import sim_in_thread
 from template_tokenizers import END_OF_TURN, KINDS, build_all
 
 from gen_pipeline.cli import main
@@ -21,7 +22,6 @@ from gen_pipeline.export.tokens import TokenRowBuilder
 from gen_pipeline.records import Sample
 from gen_pipeline.store.dataset_store import DatasetStore
 from sglang_sim.responses import EOS_TOKEN_ID
-from sglang_sim.testing import start_sim
 
 from pipeline_helpers import SIM_FAST, make_rows, read_samples, write_dataset
 
@@ -38,7 +38,7 @@ chat_template_kwargs = { thinking = false, enable_thinking = false }
 
 @pytest.fixture(scope="module")
 def sim():
-    with start_sim([*SIM_FAST, "--reasoning-parser", "kimi_k2", "--sim-seed", "3"], ready_timeout_s=30) as s:
+    with sim_in_thread([*SIM_FAST, "--reasoning-parser", "kimi_k2", "--sim-seed", "3"], ready_timeout_s=30) as s:
         yield s
 
 

@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
+from servers import sim_in_thread
 
 from gen_pipeline.probe.metrics import (
     Position,
@@ -20,7 +21,7 @@ from gen_pipeline.probe.metrics import (
     percentile,
     verdict,
 )
-from sglang_sim.testing import free_port, start_sim
+from sglang_sim.testing import free_port
 from tests.pipeline_helpers import SIM_FAST, run_cli
 
 from mock_http import mock_http
@@ -55,8 +56,8 @@ def test_probe_recovers_injected_rate_through_launched_profiles(tmp_path):
 
 
 def test_probe_rate_zero_is_exact_match_through_attached_urls(tmp_path):
-    with start_sim([*SIM_FAST, "--kv-cache-dtype", "bf16"]) as a, \
-         start_sim([*SIM_FAST, "--kv-cache-dtype", "fp8_e4m3", "--sim-kv-perturb", "0"]) as b:
+    with sim_in_thread([*SIM_FAST, "--kv-cache-dtype", "bf16"]) as a, \
+         sim_in_thread([*SIM_FAST, "--kv-cache-dtype", "fp8_e4m3", "--sim-kv-perturb", "0"]) as b:
         r = run_cli("probe-kv", "--dataset", "demo", "--server-url", a.url, "--compare-url", b.url,
                     "--samples", "8", "--max-new-tokens", "40", "--tf-chunk", "0", "--output-dir", tmp_path)
     assert r.returncode == 0, r.stderr + r.stdout
@@ -92,8 +93,8 @@ def test_unreachable_url_names_it(tmp_path):
 
 
 def test_same_kv_dtype_refused_then_allowed_as_noise_floor(tmp_path):
-    with (start_sim([*SIM_FAST, "--kv-cache-dtype", "bf16"]) as a,
-          start_sim([*SIM_FAST, "--kv-cache-dtype", "bfloat16"]) as b):
+    with (sim_in_thread([*SIM_FAST, "--kv-cache-dtype", "bf16"]) as a,
+          sim_in_thread([*SIM_FAST, "--kv-cache-dtype", "bfloat16"]) as b):
         r = run_cli("probe-kv", "--dataset", "demo", "--server-url", a.url, "--compare-url", b.url,
                     "--samples", "4", "--max-new-tokens", "16", "--output-dir", tmp_path)
         assert r.returncode == 2
@@ -119,7 +120,7 @@ def test_bad_numbers_are_flag_errors(tmp_path, flag, value):
 
 
 def test_sim_generate_logprob_shapes_match_sglang():
-    with start_sim([*SIM_FAST, "--kv-cache-dtype", "bf16"]) as sim, httpx.Client(timeout=30) as c:
+    with sim_in_thread([*SIM_FAST, "--kv-cache-dtype", "bf16"]) as sim, httpx.Client(timeout=30) as c:
         tok = c.post(sim.url + "/tokenize", json={"messages": [{"role": "user", "content": "Hi there"}]}).json()
         assert set(tok) == {"tokens", "count", "max_model_len"} and tok["count"] == len(tok["tokens"])
         ids = tok["tokens"]
@@ -182,7 +183,7 @@ def test_non_sglang_server_is_refused_with_what_to_use(tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     other = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        with start_sim([*SIM_FAST, "--kv-cache-dtype", "bf16"]) as a:
+        with sim_in_thread([*SIM_FAST, "--kv-cache-dtype", "bf16"]) as a:
             r = run_cli("probe-kv", "--dataset", "demo", "--server-url", a.url, "--compare-url", other,
                         "--samples", "2", "--output-dir", tmp_path)
     finally:

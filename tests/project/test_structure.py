@@ -96,7 +96,8 @@ def test_shared_helpers_have_one_owner() -> None:
     where = {n: sorted(m for m, tree in modules().items() for node in tree.body
                        if isinstance(node, ast.FunctionDef) and node.name.lstrip("_") == n) for n in names}
     assert where == {"first_known": ["gen_pipeline.errors"], "pid_alive": ["gen_pipeline.store.lock"],
-                     "group_alive": ["gen_pipeline.server.leftover"], "normalise_server_url": ["gen_pipeline.config.server"],
+                     "group_alive": ["gen_pipeline.server.leftover"],
+                     "normalise_server_url": ["gen_pipeline.config.server"],
                      "iter_committed_samples": ["gen_pipeline.store.layout"]}
 
 

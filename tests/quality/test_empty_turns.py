@@ -9,17 +9,17 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
+from servers import sim_in_thread
 
 from gen_pipeline.config.dataset import load_dataset_config
 from gen_pipeline.errors import ConfigError
-from sglang_sim.testing import start_sim
 
 from pipeline_helpers import SIM_FAST, assert_exact, make_rows, read_samples, run_cli, write_dataset
 
 
 @pytest.fixture(scope="module")
 def sim():
-    with start_sim([*SIM_FAST, "--sim-empty-turn-rate", "0.25", "--sim-seed", "3"], ready_timeout_s=30) as s:
+    with sim_in_thread([*SIM_FAST, "--sim-empty-turn-rate", "0.25", "--sim-seed", "3"], ready_timeout_s=30) as s:
         yield s
 
 

@@ -15,8 +15,8 @@ from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
 from gen_pipeline.quality import LoopReason, RepetitionDetector, tail_loop
 from gen_pipeline.records import Prompt, Sample
 from gen_pipeline.run.answer import detect_loop
-from gen_pipeline.run.wire import TurnStream, parse_response
 from gen_pipeline.run.chat import ChatClient, ClientSettings
+from gen_pipeline.run.wire import TurnStream, parse_response
 
 from mock_http import mock_http
 

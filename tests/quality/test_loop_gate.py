@@ -13,10 +13,10 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
+from servers import sim_in_thread
 
 from gen_pipeline.config.dataset import load_dataset_config
 from gen_pipeline.errors import ConfigError
-from sglang_sim.testing import start_sim
 
 from pipeline_helpers import SIM_FAST, assert_exact, make_rows, read_samples, run_cli, write_dataset
 
@@ -33,7 +33,7 @@ def sim():
     # when the client hangs up, so the abort lands before the cap however busy the machine is
     args = [*SIM_FAST, "--time-scale", "2", "--reasoning-parser", "kimi_k2", "--sim-loop-rate", "0.2",
             "--sim-seed", "5"]
-    with start_sim(args, ready_timeout_s=30) as s:
+    with sim_in_thread(args, ready_timeout_s=30) as s:
         yield s
 
 

@@ -180,6 +180,7 @@ def test_report_renders_from_the_demo_run(tmp_path: Path) -> None:
     assert r.stdout.startswith(f"{out / 'demo' / 'report.html'}: ")
 
 
+@pytest.mark.e2e  # a launched simulator crashes (--sim-crash-after) and is restarted: make e2e
 def test_report_and_diagnose_mark_a_server_restart(tmp_path: Path) -> None:
     text, rows = scenario(tmp_path, sim=FAST + ["--time-scale", "4", "--sim-output-mean", "200", "--sim-crash-after",
                                                 "40"], target=100, max_new_tokens=300)

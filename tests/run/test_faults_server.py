@@ -9,8 +9,7 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
-
-from sglang_sim.testing import start_sim
+from servers import sim_in_thread
 
 from pipeline_helpers import REPO, SIM_FAST, assert_exact, make_rows, run_cli, write_dataset
 
@@ -20,7 +19,7 @@ NO_FAULTS = {"error_rate": 0.0, "error_status": 500, "429_rate": 0.0, "stall_rat
 
 @pytest.fixture(scope="module")
 def sim():
-    with start_sim(SIM_FAST, ready_timeout_s=30) as s:
+    with sim_in_thread(SIM_FAST, ready_timeout_s=30) as s:
         yield s
 
 

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import orjson
+from servers import SimThread
 
 from gen_pipeline.controller import Controller
 from gen_pipeline.records import Capacity
@@ -62,16 +63,17 @@ def test_three_datasets_one_server_exact_counts_and_own_sampling(tmp_path: Path)
         assert_exact(out, target, name)
 
 
-def test_finished_dataset_is_skipped_and_the_others_resume(tmp_path: Path) -> None:
+def test_finished_dataset_is_skipped_and_the_others_resume(tmp_path: Path, shared_sim: SimThread) -> None:
+    # attached to the session's simulator: the subject is the job's skip and resume, not the launch (above)
     a, b, c = _job(tmp_path / "ds")
     out = tmp_path / "out"
-    first = run_cli("generate", "--dataset", b, "--server", "sim", "--output-dir", out, "--progress", "quiet",
-                    "--limit", "12")
+    first = run_cli("generate", "--dataset", b, "--server-url", shared_sim.url, "--output-dir", out,
+                    "--progress", "quiet", "--limit", "12")
     assert first.returncode == 0, first.stderr
     assert len(read_samples(out, "B")) == 12
-    assert run_cli("generate", "--dataset", a, "--server", "sim", "--output-dir", out,
+    assert run_cli("generate", "--dataset", a, "--server-url", shared_sim.url, "--output-dir", out,
                    "--progress", "quiet").returncode == 0
-    r = run_cli("generate", "--dataset", f"{a},{b},{c}", "--server", "sim", "--output-dir", out,
+    r = run_cli("generate", "--dataset", f"{a},{b},{c}", "--server-url", shared_sim.url, "--output-dir", out,
                 "--progress", "quiet")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "A: 40/40 samples (100.0%); the target is already reached, nothing to do." in r.stdout

@@ -8,6 +8,7 @@ import importlib.util
 import logging
 from pathlib import Path
 
+import anyio
 import orjson
 import pytest
 
@@ -68,13 +69,14 @@ def test_urls_are_normalised_once_in_the_options() -> None:
     assert opts.server_urls == ("http://gpu:30000", "http://gpu2:30000")
 
 
-async def test_the_pre_launch_check_refuses_through_the_library_and_leaves_no_trace(tmp_path: Path) -> None:
+def test_the_pre_launch_check_refuses_through_the_library_and_leaves_no_trace(tmp_path: Path) -> None:
+    # a sync test: the CLI below runs in this process (in an async test run_cli starts a process)
     toml = write_dataset(tmp_path, target=30, rows=make_rows(20, invalid=2))
     cfg, out = load_dataset_config(toml), tmp_path / "out"
     # no server at that URL: the check refuses before any request (the model is given)
     opts = RunOptions(output_root=out, server_urls=("http://127.0.0.1:9",), model="m")
     with pytest.raises(SourceShortError) as e:
-        await run_generate(cfg, opts)
+        anyio.run(run_generate, cfg, opts)
     cli = run_cli("generate", "--dataset", toml, "--server-url", "http://127.0.0.1:9", "--model", "m",
                   "--output-dir", out)
     assert (cli.returncode, cli.stderr) == (5, f"error: {e.value}\n")

@@ -53,6 +53,7 @@ def _completed(url: str) -> int:
     return httpx.get(url + "/sim/stats", timeout=5).json()["requests_completed"]
 
 
+@pytest.mark.e2e  # a simulator SIGKILLed and restarted under a CLI process: make e2e
 def test_a_server_back_with_another_model_stops_the_run_naming_both(tmp_path: Path) -> None:
     with ExitStack() as stack:
         sim = stack.enter_context(start_sim([*SIM, "--served-model-name", "m-one"]))
@@ -76,6 +77,7 @@ def test_a_server_back_with_another_model_stops_the_run_naming_both(tmp_path: Pa
     assert served_by_other == 0  # refused when it came back: not one request was sent to it
 
 
+@pytest.mark.e2e  # a simulator SIGKILLed and restarted under a CLI process: make e2e
 def test_a_fleet_member_back_with_another_model_is_left_out(tmp_path: Path) -> None:
     with ExitStack() as stack:
         # time scale 0.3: the run outlasts the restart and the probe that finds it back (~15 s)

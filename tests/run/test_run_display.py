@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
+from servers import sim_in_thread
 
 from gen_pipeline.records import RunSnapshot
 from gen_pipeline.run.progress import Progress
-from sglang_sim.testing import start_sim
 
 from pipeline_helpers import REPO, SIM_FAST, cli_cmd, make_rows, run_cli, write_dataset
 
@@ -91,7 +91,7 @@ def test_run_log_appends_timestamped_events_across_runs(tmp_path: Path) -> None:
 
 
 def test_errors_record_the_attempts_made(tmp_path: Path) -> None:
-    with start_sim(SIM_FAST, ready_timeout_s=30) as sim:
+    with sim_in_thread(SIM_FAST, ready_timeout_s=30) as sim:
         r = httpx.post(sim.url + "/sim/faults", json={"error_rate": 1.0, "error_status": 500}, timeout=5)
         assert r.status_code == 200, r.text
         toml = write_dataset(tmp_path / "ds", target=6, rows=make_rows(6), max_new_tokens=16)
@@ -126,7 +126,7 @@ async def test_load_observers_get_every_poll(tmp_path: Path) -> None:
     polls: list[RunSnapshot] = []
     slow = [("1" if a == "10" and prev == "--time-scale" else a)
             for prev, a in zip(["", *SIM_FAST], SIM_FAST, strict=False)]
-    with start_sim(slow, ready_timeout_s=30) as sim:  # a tenth of the speed: the run lasts several polls
+    with sim_in_thread(slow, ready_timeout_s=30) as sim:  # a tenth of the speed: the run lasts several polls
         opts = RunOptions(output_root=tmp_path / "out", server_urls=(sim.url,),
                           poll_interval_s=0.05, load_observers=(polls.append,))
         summary = await run_generate(cfg, opts)

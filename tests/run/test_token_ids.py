@@ -10,10 +10,10 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
+from servers import sim_in_thread
 
 from gen_pipeline.config.dataset import load_dataset_config
 from gen_pipeline.errors import ConfigError
-from sglang_sim.testing import start_sim
 from sglang_sim.tokenizer import decode, encode, render_chat
 
 from pipeline_helpers import SIM_FAST, make_rows, read_samples, run_cli, write_dataset
@@ -23,7 +23,7 @@ ROWS = 12
 
 @pytest.fixture(scope="module")
 def sim():
-    with start_sim([*SIM_FAST, "--reasoning-parser", "kimi_k2", "--sim-seed", "7"], ready_timeout_s=30) as s:
+    with sim_in_thread([*SIM_FAST, "--reasoning-parser", "kimi_k2", "--sim-seed", "7"], ready_timeout_s=30) as s:
         yield s
 
 

@@ -104,8 +104,9 @@ async def test_attach_through_sglang_router(sims, tmp_path):
             async with anyio.create_task_group() as tg:
                 handle = await tg.start(partial(run_attached, [url], http=http))
                 assert handle.base_urls == [url] and handle.model == "sim/Kimi-K2.5"
+                # the CUDA-graph ceiling of the router's two servers is summed as their KV pools are (256 each)
                 assert handle.capacity == Capacity(40_000, handle.capacity.max_running_requests, servers=2,
-                                                   source="server_info")
+                                                   source="server_info", cuda_graph_max_bs=512)
                 body = {"model": handle.model, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
                 r = await http.post_json(url + "/v1/chat/completions", body, timeout_s=30)
                 assert r.status == 200

@@ -51,11 +51,15 @@ def test_loop_outputs_run_to_the_cap_and_retokenize_to_themselves(seed: int) -> 
     assert encode(decode(plan.ids)) == plan.ids
 
 
-def test_every_loop_kind_is_written_and_caught_within_512_tokens() -> None:
+@pytest.mark.parametrize("seeds", [
+    pytest.param(range(0, 100), id="seeds-0-99"),
+    # the rest of the 400 seeds: ~7 CPU-s of detector feeding, in make chaos (the default suite's budget)
+    pytest.param(range(100, 400), id="seeds-100-399", marks=pytest.mark.slow)])
+def test_every_loop_kind_is_written_and_caught_within_512_tokens(seeds: range) -> None:
     """The done-when of issue 22 on the simulator's own loops: caught, aborted within ~512 tokens
     of the start (tokens here are the sim tokenizer's)."""
     kinds = {}
-    for seed in range(400):
+    for seed in seeds:
         plan = degenerate.loop_output(seed, natural_tokens=4000, max_new_tokens=8192)
         det, fired_at = RepetitionDetector(), None
         for k in range(0, len(plan.ids), 4):  # four tokens a delta, as a stream with stream_interval 4
@@ -157,12 +161,14 @@ def test_a_closed_stream_frees_the_looping_turn_at_once(client: httpx.Client, fa
                 break  # leaving the with-block closes the connection
     assert det.verdict is not None and tokens < 8192
     running = client.get("/v1/loads").json()["loads"][0]
+    stats = client.get("/sim/stats").json()
     deadline = time.monotonic() + 60  # the abort lands within a few engine steps; a bound, not a wait
-    while running["num_running_reqs"] and time.monotonic() < deadline:
+    # both states: the engine frees the request first, its ticket (in_flight) goes at the loop's next dispatch
+    while (running["num_running_reqs"] or stats["in_flight"]) and time.monotonic() < deadline:
         running = client.get("/v1/loads").json()["loads"][0]
+        stats = client.get("/sim/stats").json()
     assert running["num_running_reqs"] == 0 and running["num_waiting_reqs"] == 0
     assert running["num_used_tokens"] <= before["num_used_tokens"] + tokens + 200  # only the cached prefix stays
-    stats = client.get("/sim/stats").json()
     assert stats["in_flight"] == 0
     # the engine stopped decoding it: far fewer than the 8,192 tokens it would have run to
     assert stats["counters"]["decode_tokens_total"] - decoded_before < tokens + 400

@@ -7,15 +7,14 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
-
-from sglang_sim.testing import start_sim
+from servers import sim_in_thread
 
 from pipeline_helpers import SIM_FAST, _shard_lines, assert_exact, frozen, run_cli, start_cli, wait_for, write_dataset
 
 
 @pytest.fixture(scope="module")
 def sim_url():
-    with start_sim(SIM_FAST, ready_timeout_s=30) as sim:
+    with sim_in_thread(SIM_FAST, ready_timeout_s=30) as sim:
         # 0.1 s stalls on half the requests: with a window of 2, the 60 samples take >= 1.5 s, so the run
         # cannot finish in the moment between seeing a line count and freezing it
         r = httpx.post(sim.url + "/sim/faults", json={"stall_rate": 0.5, "stall_s": 0.1}, timeout=5)

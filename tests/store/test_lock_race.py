@@ -70,6 +70,7 @@ def test_a_job_takes_every_lock_before_it_loads_a_source(tmp_path: Path, capsys,
     assert not (out / "U").exists()
 
 
+@pytest.mark.e2e  # two real CLI processes race for the same locks: make e2e
 @pytest.mark.parametrize("trial", range(3))
 def test_two_jobs_with_crossed_datasets_one_runs_the_other_names_the_holder(tmp_path: Path, trial: int) -> None:
     t, u = _two(tmp_path, target=40)
