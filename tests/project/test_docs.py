@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from pathlib import Path
 
 from gen_pipeline.config.server import load_server_profile
 from gen_pipeline.server.command import build_command
@@ -31,3 +32,46 @@ def test_no_page_speaks_the_projects_history() -> None:
     found = [f"{p.name}: {m.group(0)}" for p in PAGES for m in
              re.finditer(r"\bissue \d+|\bthe seed\b|\bseed-calibrated|\bseed's", p.read_text())]
     assert found == []
+
+
+MEASURED = REPO / "docs" / "measurements.md"
+# a pointer to a section of the measurements page, in code or a comment: the page with a #anchor, or the page
+# followed by a quoted heading name (`docs/measurements.md, "name"`, `("name")`, `(section "name")`); a
+# comment or docstring may break it over lines
+_ANCHOR = re.compile(r"docs/measurements\.md#([\w-]+)")
+_NAMED = re.compile(r"docs/measurements\.md`?[\s,(]*(?:section\s+)?\"([^\"]+)\"")
+_BARE = re.compile(r"docs/measurements\.md, (\w[\w ]*):")  # in a message: (docs/measurements.md, job: ...)
+
+
+def _pointers() -> list[tuple[str, str, str]]:
+    """(file, kind, target) of every pointer to the measurements page in the product, the simulator, the bench
+    and the tests (this file's patterns excluded)."""
+    found = []
+    files = [p for d in ("gen_pipeline", "sglang_sim", "bench", "tests") for p in sorted((REPO / d).rglob("*"))
+             if p.suffix in (".py", ".md", ".sh") and p.resolve() != Path(__file__).resolve()]
+    for path in files:
+        text = re.sub(r"\n\s*(?:#\s*)?", " ", path.read_text())  # a name broken over comment or docstring lines
+        rel = str(path.relative_to(REPO))
+        found += [(rel, "anchor", m.group(1)) for m in _ANCHOR.finditer(text)]
+        found += [(rel, "name", m.group(1)) for m in (*_NAMED.finditer(text), *_BARE.finditer(text))]
+    return found
+
+
+def test_every_pointer_to_the_measurements_page_names_a_section_it_has() -> None:
+    """Code says why and points at the measured figure by the heading's name (or its anchor): a renamed or
+    dropped heading leaves a pointer nobody can follow. A name is the start of a heading (case aside)."""
+    text = MEASURED.read_text()
+    anchors = set(re.findall(r'<a id="([\w-]+)"></a>', text))
+    headings = [h.strip().lower() for h in re.findall(r"^#{2,4} (.+)$", text, re.M)]
+    pointers = _pointers()
+    assert len([p for p in pointers if p[1] == "name"]) >= 10  # the pattern still finds the product's pointers
+    broken = [p for p in pointers
+              if (p[1] == "anchor" and p[2] not in anchors)
+              or (p[1] == "name" and p[2] not in anchors and not any(h.startswith(p[2].lower()) for h in headings))]
+    assert broken == []
+
+
+def test_the_measurements_page_speaks_no_project_history_in_its_headings() -> None:
+    """Headings say what was measured, not which issue asked for it."""
+    headings = re.findall(r"^#{1,4} (.+)$", MEASURED.read_text(), re.M)
+    assert [h for h in headings if re.search(r"\bissue\b|\bthe seed\b", h, re.I)] == []
