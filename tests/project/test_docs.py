@@ -3,6 +3,7 @@ measurement names a section the benchmarks write, and no page speaks the project
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 from pathlib import Path
@@ -75,3 +76,42 @@ def test_the_measurements_page_speaks_no_project_history_in_its_headings() -> No
     """Headings say what was measured, not which issue asked for it."""
     headings = re.findall(r"^#{1,4} (.+)$", MEASURED.read_text(), re.M)
     assert [h for h in headings if re.search(r"\bissue\b|\bthe seed\b", h, re.I)] == []
+
+
+def _code(text: str) -> list[str]:
+    """The lines of fenced code blocks and the inline code spans of a page: where commands are written."""
+    fenced = re.findall(r"^```[^\n]*\n(.*?)^```", text, re.M | re.S)
+    rest = re.sub(r"^```[^\n]*\n.*?^```", "", text, flags=re.M | re.S)
+    indented = re.findall(r"^    (\S.*)$", rest, re.M)
+    inline = re.findall(r"`([^`\n]+)`", re.sub(r"\n(?!\n)", " ", rest))  # a span may wrap a line
+    return [line for block in fenced for line in block.splitlines()] + indented + inline
+
+
+def test_every_documented_command_and_flag_exists() -> None:
+    """`gen-pipeline CMD --flag` in the README and the docs: CMD is a command and each flag is one of its own."""
+    from gen_pipeline.cli.parser import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    commands = {name: set(p._option_string_actions) for name, p in sub.choices.items()}
+    seen, wrong = 0, []
+    for page in PAGES:
+        for line in _code(page.read_text()):
+            # a command line: gen-pipeline first (after $, VAR=value, srun, a venv's bin/), or python's -m anywhere
+            for m in re.finditer(r"(?:^(?:\$ )?(?:[A-Z_]+=\S+ )*(?:srun |exec |nohup )?(?:\S*/)?gen-pipeline"
+                                 r"|-m gen_pipeline) ([a-z][\w-]*)([^#;&]*)", line.strip()):
+                cmd, rest = m.group(1), m.group(2)
+                seen += 1
+                if cmd not in commands:
+                    wrong.append(f"{page.name}: gen-pipeline {cmd}")
+                    continue
+                wrong += [f"{page.name}: gen-pipeline {cmd} {flag}"
+                          for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", rest) if flag not in commands[cmd]]
+    assert seen >= 30 and wrong == []
+
+
+def test_every_file_the_docs_name_exists() -> None:
+    """A path into the repository named in the README or the docs (a test, a bench module, an example) is there."""
+    named = {m.group(1).rstrip(".") for page in PAGES for m in
+             re.finditer(r"(?<![\w/.-])((?:tests|bench|gen_pipeline|sglang_sim|examples|datasets_cfg)/[\w./-]*[\w/])",
+                          page.read_text())}
+    assert len(named) >= 20 and sorted(p for p in named if not (REPO / p).exists()) == []
