@@ -72,10 +72,13 @@ def test_every_pointer_to_the_measurements_page_names_a_section_it_has() -> None
     assert broken == []
 
 
-def test_the_measurements_page_speaks_no_project_history_in_its_headings() -> None:
-    """Headings say what was measured, not which issue asked for it."""
-    headings = re.findall(r"^#{1,4} (.+)$", MEASURED.read_text(), re.M)
+def test_the_measurements_page_speaks_no_project_history() -> None:
+    """Headings say what was measured, not which issue asked for it; no page names an issue, a branch or "the
+    seed" (the simulator's profile is "the seed profile")."""
+    text = MEASURED.read_text()
+    headings = re.findall(r"^#{1,4} (.+)$", text, re.M)
     assert [h for h in headings if re.search(r"\bissue\b|\bthe seed\b", h, re.I)] == []
+    assert re.findall(r"\bissue \d+|\bbranch h-\w+|\bskeleton\b|\bthe seed\b(?![- ]profile)", text, re.I) == []
 
 
 def _code(text: str) -> list[str]:
