@@ -269,13 +269,13 @@ def main(argv: list[str] | None = None) -> dict:
         print(regimes_text)
         runs = [x for g in ("short", "long") if isinstance(t.get(g), dict) for x in t[g].get("runs", [])]
         write_section(section, {"summary": regimes.summarize_regimes(runs) if runs else t.get("summary"),
-                                "date": t.get("date")}, regimes_text)
+                                "date": t.get("date")}, regimes_text, stamped=False)
     text = markdown(r)
     print(text)
     summary = {"ratios": ratios(r), "summary": r.get("summary"), "kill": {k: r["kill"][k] for k in
                ("rows", "duplicates", "missing", "unparseable", "empty_assistant_turns")},
                "launch_ready_s": r.get("launch", {}).get("ready_s"), "date": r.get("date")}
-    write_section("gpu_h200", summary, text)
+    write_section("gpu_h200", summary, text, stamped=False)
     return summary
 
 

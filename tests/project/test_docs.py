@@ -118,3 +118,13 @@ def test_every_file_the_docs_name_exists() -> None:
              re.finditer(r"(?<![\w/.-])((?:tests|bench|gen_pipeline|sglang_sim|examples|datasets_cfg)/[\w./-]*[\w/])",
                           page.read_text())}
     assert len(named) >= 20 and sorted(p for p in named if not (REPO / p).exists()) == []
+
+
+def test_every_measurement_names_its_date_and_command() -> None:
+    """Each section of the measurements page (a ## heading and what follows) says when it was measured and the
+    command that measured it (a benchmark's line under its heading, or the run's own words)."""
+    sections = re.split(r"^(?=## )", MEASURED.read_text(), flags=re.M)[1:]
+    command = r"`[^`\n]*(?:python -m |bash bench/|gen-pipeline |pytest)[^`\n]*`"
+    assert len(sections) >= 30
+    assert [s.splitlines()[0] for s in sections
+            if not (re.search(r"\b20\d\d-\d\d-\d\d\b", s) and re.search(command, s))] == []
