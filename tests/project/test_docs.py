@@ -128,3 +128,14 @@ def test_every_measurement_names_its_date_and_command() -> None:
     assert len(sections) >= 30
     assert [s.splitlines()[0] for s in sections
             if not (re.search(r"\b20\d\d-\d\d-\d\d\b", s) and re.search(command, s))] == []
+
+
+def test_every_benchmark_command_the_docs_name_exists() -> None:
+    """`python -m bench NAME` names a benchmark of bench/__main__.py, `python -m bench.X` a module of bench/."""
+    # read, not imported: the default tests import nothing of bench/
+    benches = set(re.findall(r'^    "(\w+)": "bench\.', (REPO / "bench" / "__main__.py").read_text(), re.M))
+    text = "\n".join(p.read_text() for p in (*PAGES, MEASURED))
+    names = set(re.findall(r"python -m bench ([a-z]\w*)", text))
+    modules = set(re.findall(r"python -m (bench\.[\w.]+)", text))
+    assert len(names) >= 10 and sorted(names - benches) == []
+    assert sorted(m for m in modules if not (REPO / (m.replace(".", "/") + ".py")).exists()) == []
