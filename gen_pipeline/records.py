@@ -8,7 +8,10 @@ from typing import Any, TypedDict
 
 import orjson
 
-Message = dict[str, str]  # {"role": "system"|"user"|"assistant", "content": str, ["reasoning_content": str]}
+# {"role": "system"|"user"|"assistant"|"tool", "content": str, ["reasoning_content": str]}; an assistant message
+# may carry "tool_calls" (OpenAI shape: [{"id", "type": "function", "function": {"name", "arguments": JSON text}}]),
+# a "tool" message "tool_call_id" (sources/loading.py reads them; run/chat.py sends and writes them)
+Message = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +26,7 @@ class Prompt:
     id: str
     messages: tuple[Message, ...]
     source_index: int = -1
+    tools: str = ""  # the conversation's `tools` (OpenAI function schemas) as JSON text; "" when it has none
 
     @property
     def user_turns(self) -> int:
@@ -30,7 +34,7 @@ class Prompt:
 
     @property
     def prompt_chars(self) -> int:
-        return sum(len(m["content"]) for m in self.messages if m["role"] != "assistant")
+        return sum(len(m["content"]) for m in self.messages if m["role"] != "assistant") + len(self.tools)
 
 
 class TurnMeta(TypedDict):

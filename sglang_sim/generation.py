@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from sglang_sim import degenerate
 from sglang_sim import logprobs as LP
 from sglang_sim import responses as R
+from sglang_sim import tools as T
 from sglang_sim.faults import Fault, OutputFault, decide_output
 from sglang_sim.lengths import cap_length, draw_length, request_seed
 from sglang_sim.tokenizer import decode_output, draw_output_ids, encode, render_chat
@@ -175,7 +176,10 @@ def _chat_plan(server: SimServer, body: dict[str, Any]) -> Plan:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content", ""), str):
             raise BadRequest(f"messages[{i}] must be an object with a string role and string content.")
-    prompt = render_chat(messages)
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise BadRequest("tools must be a list of tool objects.")
+    prompt = render_chat(messages, tools=tools)
     sampling = {k: body[k] for k in _SAMPLING_KEYS if k in body}
     seen = {k: body[k] for k in ("temperature", "top_p", "reasoning_effort", "chat_template_kwargs") if k in body}
     server.chat_sampling[orjson.dumps(seen, option=orjson.OPT_SORT_KEYS).decode()] += 1
@@ -197,7 +201,16 @@ def _chat_plan(server: SimServer, body: dict[str, Any]) -> Plan:
     plan.user_turns = sum(m.get("role") == "user" for m in messages)
     answered = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
     if plan.user_turns >= 2 and answered:  # the previous turn's request was everything before its answer
-        plan.previous_prompt_tokens = len(encode(render_chat(messages[:answered[-1]])))
+        plan.previous_prompt_tokens = len(encode(render_chat(messages[:answered[-1]], tools=tools)))
+    calls = T.requested_calls(body, getattr(server.ns, "tool_call_parser", None), plan.gen.rid)
+    if calls and plan.fault is not Fault.EMPTY_TURN and plan.logprobs is None:
+        # the model writes its calls then EOS (cut at max_new_tokens: the text so far, no calls parsed)
+        ids = encode(T.call_text(calls)) + [R.EOS_TOKEN_ID]
+        cut = len(ids) > plan.max_new_tokens
+        plan.gen = replace(plan.gen, output_ids=ids[:plan.max_new_tokens], finish_reason="length" if cut else "stop",
+                           reasoning="none", reasoning_end=None, tool_calls=() if cut else calls)
+        plan.output_fault = OutputFault.NONE
+        server.looping.pop(plan.gen.rid, None)
     return plan
 
 
@@ -331,16 +344,23 @@ async def _chat_stream(server: SimServer, plan: Plan, ticket: Ticket) -> AsyncIt
     first tokens arrive, then reasoning and content chunks, a finish chunk, the usage chunk when
     stream_options.include_usage, and [DONE]."""
     gen, first = plan.gen, True
+    named: set[int] = set()  # tool calls whose first piece went out
     async for ev in _token_events(ticket, getattr(server.ns, "stream_interval", 1)):
         if isinstance(ev, tuple):
             if first:
                 yield R.sse(R.role_chunk(gen))
                 first = False
             usage = R.running_usage(gen, ev[1]) if plan.continuous_usage else None
+            if gen.tool_calls:  # the parser turns the call's text into tool_calls pieces
+                for piece in T.stream_pieces(gen.tool_calls, ev[0], ev[1], len(gen.output_ids), named):
+                    yield R.sse(R.chat_chunk(gen, {"tool_calls": [piece]}, usage=usage))
+                continue
             for chunk in R.delta_chunks(gen, ev[0], ev[1], usage):
                 yield R.sse(chunk)
             continue
         reason = ev.finish_reason if ev.finish_reason in ("stop", "length") else "abort"
+        if reason == "stop" and gen.tool_calls:  # serving_chat.py: a natural stop after calls
+            reason = "tool_calls"
         server.count_turn(plan.user_turns, plan.previous_prompt_tokens, ev)
         yield R.sse(R.chat_chunk(gen, {}, reason))
         if plan.include_usage and plan.fault is not Fault.NO_USAGE:

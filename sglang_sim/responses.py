@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from sglang_sim import tools as T
 from sglang_sim.engine import FinishedRequest
 from sglang_sim.tokenizer import STOP_TOKEN_ID, decode_output
 
@@ -38,6 +39,7 @@ class Generation:
     reasoning: str = "none"
     empty: bool = False  # the EOS came first (fault empty_turn): no text at all
     reasoning_end: int | None = None  # output tokens of thinking; None: REASONING_SHARE of the output
+    tool_calls: tuple[T.Call, ...] = ()  # the answer is these calls (sglang_sim/tools.py): output_ids are their text
 
     @property
     def reasoning_tokens(self) -> int:
@@ -86,6 +88,9 @@ def chat_completion(gen: Generation, fin: FinishedRequest, *, with_usage: bool, 
     """The non-streaming /v1/chat/completions body."""
     reasoning, content = gen.split_text(0, fin.completion_tokens)
     reason = _finish_reason(fin)
+    calls = None
+    if gen.tool_calls and reason == "stop":  # the parser took the calls out of the text (serving_chat.py)
+        content, calls, reason = "", T.message_calls(gen.tool_calls), "tool_calls"
     body: dict[str, Any] = {
         "id": gen.rid,
         "object": "chat.completion",
@@ -95,7 +100,7 @@ def chat_completion(gen: Generation, fin: FinishedRequest, *, with_usage: bool, 
             "index": 0,
             "message": {"role": "assistant", "content": content,
                         "reasoning_content": reasoning if gen.reasoning == "separate" else None,
-                        "tool_calls": None},
+                        "tool_calls": calls},
             "logprobs": None,
             "finish_reason": reason,
             "matched_stop": EOS_TOKEN_ID if reason == "stop" else None,

@@ -14,9 +14,11 @@ hits the radix cache with turn one's prompt + output).
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 _PIECE_RE = re.compile(r"( ?)([a-z]{1,5}|[A-Z][a-z]{0,4}|[0-9]{1,3}|[^\sa-zA-Z0-9])|(\s)")
 
@@ -129,12 +131,32 @@ def decode(ids: Iterable[int]) -> str:
     return "".join(_decode_one(t) for t in ids)
 
 
-def render_chat(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
-    """The sim's chat template (reasoning_content of earlier turns is dropped, as real templates do)."""
-    parts = [f"<|{m['role']}|>\n{m.get('content') or ''}\n" for m in messages]
+def render_chat(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+                tools: Any = None) -> str:
+    """The sim's chat template (reasoning_content of earlier turns is dropped, as real templates do); a
+    request's tools as a "<|tools|>" turn first, an assistant turn's tool calls after its content as the
+    model wrote them (sglang_sim/tools.py call_text)."""
+    from sglang_sim.tools import Call, call_text
+
+    parts = [f"<|tools|>\n{json.dumps(tools, ensure_ascii=False)}\n"] if tools else []
+    for m in messages:
+        calls = tuple(Call(str(c.get("id") or ""), str((c.get("function") or {}).get("name") or ""),
+                           _arguments((c.get("function") or {}).get("arguments")))
+                      for c in m.get("tool_calls") or () if isinstance(c, dict))
+        parts.append(f"<|{m['role']}|>\n{m.get('content') or ''}{call_text(calls)}\n")
     if add_generation_prompt:
         parts.append("<|assistant|>\n")
     return "".join(parts)
+
+
+def _arguments(args: Any) -> str:
+    """A call's arguments as the model wrote them (JSON text, as json.dumps writes it)."""
+    if isinstance(args, str):
+        try:
+            return json.dumps(json.loads(args), ensure_ascii=False)
+        except ValueError:
+            return args
+    return json.dumps(args if args is not None else {}, ensure_ascii=False)
 
 
 def _output_pool(size: int = 4096) -> tuple[list[int], list[str]]:

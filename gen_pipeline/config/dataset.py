@@ -340,7 +340,7 @@ def find_dataset_config(name: str, config_dir: Path = DEFAULT_CONFIG_DIR) -> Dat
 
 def find_dataset_configs(names: Sequence[str], config_dir: Path = DEFAULT_CONFIG_DIR,
                          skipped: list[str] | None = None) -> list[DatasetConfig]:
-    """`--dataset B1,B2` / repeated / `all` (every dataset TOML of config_dir but server and demo) →
+    """`--dataset B1,B2` / repeated / `all` (every dataset TOML of config_dir but server, demo and tools) →
     the configs, in order, each once; ConfigError names the TOML. With `skipped`, a file of `all` that
     is no TOML text (UnreadableConfig) is left out and its message added there."""
     wanted = [n.strip() for arg in names for n in arg.split(",") if n.strip()]
@@ -349,7 +349,7 @@ def find_dataset_configs(names: Sequence[str], config_dir: Path = DEFAULT_CONFIG
     expanded: list[str] = []
     for n in wanted:
         if n == "all":
-            found = [str(p) for p in sorted(config_dir.glob("*.toml")) if p.stem not in ("server", "demo")]
+            found = [str(p) for p in sorted(config_dir.glob("*.toml")) if p.stem not in ("server", "demo", "tools")]
             if not found:
                 raise ConfigError(f"--dataset all: no dataset TOML in {config_dir}.")
             expanded += found

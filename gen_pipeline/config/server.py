@@ -59,6 +59,9 @@ class ServerProfile:
     stream_interval: int | None = None
     enable_metrics: bool = True
     reasoning_parser: str = ""
+    # SGLang's --tool-call-parser (e.g. "kimi_k2" for Kimi-K2.5, "qwen25" for Qwen2.5/Qwen3, "qwen3_coder"):
+    # turns the target's tool-call text into message.tool_calls for requests with `tools` (tool-use datasets)
+    tool_call_parser: str = ""
     trust_remote_code: bool = False
     host: str = "127.0.0.1"
     port: int = 0  # 0 = pick a free port at start (kept across restarts)
@@ -261,6 +264,15 @@ def _env_table(where_of: Callable[[str], str], value: Any) -> dict[str, str]:
     return dict(value)
 
 
+# SGLang 0.5.17's --tool-call-parser names (python/sglang/srt/function_call/function_call_parser.py,
+# FunctionCallParser.ToolCallParserEnum)
+TOOL_CALL_PARSERS = ("apertus2509", "cohere_command4", "deepseekv3", "deepseekv31", "deepseekv32", "deepseekv4",
+                     "gemma4", "gigachat3", "glm", "glm45", "glm47", "gpt-oss", "hermes", "hunyuan", "inkling",
+                     "interns1", "kimi_k2", "kimi_k3", "lfm2", "llama3", "mimo", "minicpm5", "minimax-m2",
+                     "minimax-m3", "mistral", "pythonic", "poolside_v1", "qwen", "qwen25", "qwen3_coder", "step3",
+                     "step3p5", "trinity")
+
+
 def _check_ranges(p: ServerProfile, where_of: Callable[[str], str]) -> None:
     for key in _POSITIVE:
         if getattr(p, key) < 1:
@@ -279,6 +291,10 @@ def _check_ranges(p: ServerProfile, where_of: Callable[[str], str]) -> None:
         raise ConfigError(f"{where_of('port')}port = {p.port} must be 0 (pick a free one) or a TCP port up to 65535.")
     if not p.command:
         raise ConfigError(f"{where_of('command')}command must not be empty (default: {list(SGLANG_COMMAND)}).")
+    if p.tool_call_parser and p.tool_call_parser not in TOOL_CALL_PARSERS:
+        raise ConfigError(f"{where_of('tool_call_parser')}tool_call_parser = {p.tool_call_parser!r} is not one of "
+                          f"SGLang 0.5.17's parsers: {', '.join(TOOL_CALL_PARSERS)}. Pick the target model's (kimi_k2 "
+                          "for Kimi-K2.5, qwen25 for Qwen2.5/Qwen3, qwen3_coder for Qwen3-Coder) or leave it out.")
 
 
 def normalise_server_url(url: str, flag: str = "--server-url") -> str:

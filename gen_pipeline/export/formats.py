@@ -15,6 +15,13 @@
                  (tokens.py): SpecForge's data.prompts_path and speculators' pre-tokenized rows.
 
 The conversation formats leave out the per-turn server token ids (tokens.py) a sample may carry.
+Tool-use samples (meta.tools, run/chat.py): specforge and speculators rows carry a top-level `tools` column,
+the tool schemas as JSON text, which both loaders read (SpecForge 0.2.0 data/preprocessing.py parses the
+JSON text and passes the list as apply_chat_template(tools=...); speculators 0.9.0 preprocessing.py
+_parse_conv_tools the same), and the messages keep `tool_calls` (OpenAI shape, arguments as JSON text:
+SpecForge's parse.py _sanitize_message parses them) and the tool turns their `tool_call_id`; rows without
+tools have no `tools` key. hf: `tools`, each turn's `tool_calls` and `tool_call_id` as JSON text / text
+columns (one Arrow type whatever the schemas), null where a row has none.
 --harmony (specforge, for gpt-oss): each assistant turn becomes an "assistant_analysis" message
 (its reasoning) and an "assistant_final" one (its answer), the roles SpecForge's HarmonyParser
 renders (specforge/data/parse.py:358-384: it refuses "assistant" with `Unknown role`), and it
@@ -35,6 +42,7 @@ from typing import Any
 
 import orjson
 
+from gen_pipeline.errors import ConfigError
 from gen_pipeline.export.tokens import strip_token_ids
 from gen_pipeline.store.lock import pid_alive
 
@@ -84,9 +92,22 @@ def harmony_messages(conversations: list[dict[str, Any]]) -> list[dict[str, Any]
     return out
 
 
+def row_tools(row: dict[str, Any]) -> str:
+    """A sample's tools as JSON text (meta.tools, written by run/chat.py for tool-use samples), "" when none."""
+    meta = row.get("meta")
+    tools = meta.get("tools") if isinstance(meta, dict) else None
+    return tools if isinstance(tools, str) else ""
+
+
 def specforge_line(row: dict[str, Any], *, keep_meta: bool, status: bool, harmony: bool = False) -> bytes:
     convs = strip_token_ids(row["conversations"])
+    if harmony and (row_tools(row) or any(m.get("tool_calls") or m.get("role") == "tool" for m in convs)):
+        raise ConfigError(f"sample {row['id']} is a tool-use conversation, and --harmony writes only the analysis "
+                          "and final channels of each assistant turn: its tool calls would be lost. Export it "
+                          "without --harmony (or --format tokens), or leave its dataset out of this export.")
     out: dict[str, Any] = {"id": row["id"], "conversations": harmony_messages(convs) if harmony else convs}
+    if tools := row_tools(row):
+        out["tools"] = tools
     if status:
         out["status"] = "success"
     if keep_meta:
@@ -96,6 +117,8 @@ def specforge_line(row: dict[str, Any], *, keep_meta: bool, status: bool, harmon
 
 def speculators_line(row: dict[str, Any], *, keep_meta: bool, status: bool = False, harmony: bool = False) -> bytes:
     out: dict[str, Any] = {"id": row["id"], "conversations": strip_token_ids(row["conversations"])}
+    if tools := row_tools(row):
+        out["tools"] = tools
     if keep_meta:
         out["meta"] = _meta(row)
     return orjson.dumps(out, option=orjson.OPT_APPEND_NEWLINE)
@@ -115,7 +138,8 @@ LINE_WRITERS: dict[str, Callable[..., bytes]] = {"specforge": specforge_line, "s
 
 HF_META = {"model": "string", "backend": "string", "finish_reason": "string", "prompt_tokens": "int64",
            "completion_tokens": "int64", "turns": "int64", "sampling": "string", "sampling_variant": "int64",
-           "kv_cache_dtype": "string", "generated_at": "string", "chat_template_kwargs": "string"}
+           "kv_cache_dtype": "string", "generated_at": "string", "chat_template_kwargs": "string",
+           "tool_divergence": "int64"}
 
 
 # meta.per_turn: each assistant turn's quality flags and counts (records.TurnMeta), null where a row has none
@@ -128,11 +152,12 @@ def hf_features() -> Any:
     """The fixed schema of the hf format (meta.sampling is JSON text: its keys differ by dataset)."""
     from datasets import Features, Value
 
-    turn = {"role": Value("string"), "content": Value("string"), "reasoning_content": Value("string")}
+    turn = {"role": Value("string"), "content": Value("string"), "reasoning_content": Value("string"),
+            "tool_calls": Value("string"), "tool_call_id": Value("string")}
     meta: dict[str, Any] = {k: Value(t) for k, t in HF_META.items()}
     meta["per_turn"] = [{k: Value(t) for k, t in HF_TURN_META.items()}]
     return Features({"id": Value("string"), "source_id": Value("string"), "dataset": Value("string"),
-                     "conversations": [turn], "meta": meta})
+                     "tools": Value("string"), "conversations": [turn], "meta": meta})
 
 
 def _hf_value(value: Any, kind: str) -> Any:
@@ -146,8 +171,11 @@ def _hf_value(value: Any, kind: str) -> Any:
 def hf_row(row: dict[str, Any]) -> dict[str, Any]:
     meta = row["meta"] if isinstance(row.get("meta"), dict) else {}
     return {"id": row["id"], "source_id": row.get("source_id", row["id"]), "dataset": row.get("dataset"),
+            "tools": row_tools(row) or None,
             "conversations": [{"role": m.get("role"), "content": m.get("content"),
-                               "reasoning_content": m.get("reasoning_content")} for m in row["conversations"]],
+                               "reasoning_content": m.get("reasoning_content"),
+                               "tool_calls": _hf_value(m.get("tool_calls"), "string"),
+                               "tool_call_id": m.get("tool_call_id")} for m in row["conversations"]],
             "meta": {**{k: _hf_value(meta.get(k), t) for k, t in HF_META.items()},
                      "per_turn": [{k: _hf_value(t.get(k), kind) for k, kind in HF_TURN_META.items()}
                                   for t in meta.get("per_turn") or [] if isinstance(t, dict)]}}

@@ -122,7 +122,8 @@ class Renderer:
                    direct: bool = True) -> list[tuple[str, str]]:
         """`turn_text` of many (history, turn) pairs, the same texts: the template called directly
         (direct.py) where its probes render as apply_chat_template does, else in its batch form."""
-        render = self._fast_render if direct else self.render_many
+        # with tools (a tool-use sample's): apply_chat_template itself, the direct path's probes know no tools
+        render = self._fast_render if direct and "tools" not in self.kwargs else self.render_many
         prompts = render([h for h, _ in turns], generation_prompt=True)
         fulls = render([[*h, t] for h, t in turns], generation_prompt=False)
         return [self._split_turn(p, f, t) for p, f, (_, t) in zip(prompts, fulls, turns, strict=True)]

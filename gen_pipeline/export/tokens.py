@@ -98,9 +98,28 @@ def strip_token_ids(conversations: list[dict[str, Any]]) -> list[dict[str, Any]]
     return [{k: v for k, v in m.items() if k not in TOKEN_KEYS} for m in conversations]
 
 
+SENT_KEYS = ("role", "content", "reasoning_content", "tool_calls", "tool_call_id")
+
+
 def sent_message(m: dict[str, Any]) -> dict[str, Any]:
-    """A message as the server got it in the request (chat.py sends role, content, reasoning_content)."""
-    return {k: v for k, v in m.items() if k in ("role", "content", "reasoning_content") and v is not None}
+    """A message as the server got it in the request (chat.py sends role, content, reasoning_content, and on
+    tool-use samples an assistant's tool_calls and a tool result's tool_call_id)."""
+    return {k: v for k, v in m.items() if k in SENT_KEYS and v is not None}
+
+
+def sample_tools(sample: dict[str, Any]) -> list[Any] | None:
+    """A tool-use sample's tools (meta.tools, JSON text), rendered as its requests were: the chat template's
+    `tools` (apply_chat_template(tools=...), as SGLang passes them); None when it has none."""
+    meta = sample.get("meta")
+    text = meta.get("tools") if isinstance(meta, dict) else None
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        tools = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raise ConfigError(f"sample {sample.get('id')}: meta.tools is not JSON text ({text[:60]!r}); the row "
+                          "was not written by gen-pipeline or was edited. Fix or remove it.") from None
+    return tools if isinstance(tools, list) and tools else None
 
 
 NO_TOKENIZER = "pass --tokenizer PATH or --server NAME"
@@ -185,6 +204,9 @@ class TokenRowBuilder:
         k = 0
         recorded = recorded_kwargs(sample)
         renderer = self.renderer.for_kwargs(recorded) if self.renderer is not None else None
+        tools = sample_tools(sample)
+        if renderer is not None and tools is not None:  # rendered with its tools, as SGLang rendered its requests
+            renderer = renderer.for_kwargs({**renderer.kwargs, "tools": tools})
         cut = cut_turns(sample)
         counted = False
         for m in sample["conversations"]:

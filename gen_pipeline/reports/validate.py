@@ -207,13 +207,13 @@ class _Checker:
 
     def _turns(self, file: str, line: int, turns: list[Any]) -> None:
         roles = [t.get("role") if isinstance(t, dict) else None for t in turns]
-        if not _roles_ok(roles):
+        if not _roles_ok(roles, turns):
             self.r.add("roles", file, line, f"roles are {roles}")
         for i, t in enumerate(turns):
             if not isinstance(t, dict) or not isinstance(t.get("content"), str):
                 self.r.add("schema", file, line, f"conversations[{i}].content is not a string")
                 continue
-            if not t["content"].strip():
+            if not t["content"].strip() and not t.get("tool_calls") and t.get("role") != "tool":
                 self.r.add("empty_content", file, line, f"conversations[{i}] ({t.get('role')}) has empty content")
             if t.get("role") == "assistant":
                 self._assistant(file, line, i, t)
@@ -230,7 +230,18 @@ class _Checker:
                        f"reasoning_content, unlike the first assistant turn of the dataset")
 
 
-def _roles_ok(roles: list[Any]) -> bool:
+def _roles_ok(roles: list[Any], turns: list[Any] | None = None) -> bool:
+    """Optional system, then user/assistant alternating, ending with an assistant; a tool-use sample
+    (tool turns): the order sources/loading.py accepts (a call's results, then an assistant), ending with
+    an assistant (whose calls may be unanswered: a sample that ended at a divergence)."""
+    if "tool" in roles and turns is not None and all(isinstance(t, dict) for t in turns):
+        from gen_pipeline.sources.loading import InvalidRow, check_roles
+
+        try:
+            check_roles(turns)
+        except InvalidRow:
+            return False
+        return bool(roles[-1] == "assistant")
     body = roles[1:] if roles[:1] == ["system"] else roles
     return (len(body) >= 2 and len(body) % 2 == 0
             and all(r == ("user" if i % 2 == 0 else "assistant") for i, r in enumerate(body)))

@@ -108,9 +108,12 @@ def judge(turn: TurnResult, g: GenerationConfig, reasoning_expected: bool | None
       think_marker          markers removed; the text inside a marker pair becomes the reasoning
       reasoning_in_content  the text (the cut thinking) moved to reasoning, the answer empty
       cut_in_reasoning      (no answer)
+A turn whose answer is tool calls with no text (finish_reason "tool_calls") is a valid answer as it is.
     A kept turn with no answer left is never written (validate rejects a turn with empty content): a final
     failure, reason "truncated", when the thinking ran to max_new_tokens (a retry would run to the same
     cap), else an empty answer (`empty_turn`)."""
+    if turn.tool_calls and not turn.content.strip():
+        return turn  # a tool call is the answer (content empty, as SGLang's tool parser leaves it): not empty
     expected = g.reasoning == "keep" if reasoning_expected is None else reasoning_expected
     finding = check_turn(turn.content, turn.reasoning, turn.finish_reason, reasoning_expected=expected)
     if finding is None:

@@ -16,6 +16,10 @@ Failure, "keep" the text cut where the loop began, "off" whole answers (so does 
 SGLang refuses return_token_ids on a stream), the detector reading the finished text. A finished turn is
 judged (answer.judge): empty or marker-only answers follow `empty_turn`, reasoning leaks `truncated`.
 
+Tool-use samples (a source with `tools`, assistant tool_calls and tool results; sources/loading.py) send
+their tools with every turn (tool_choice "auto") and the source's tool results as history while the
+target's calls match the source's: TOOL POLICY below says what happens when they differ.
+
 A server that went away (connection refused or lost, or taken out of the fleet as hung or as serving
 another model, which cancels the requests in flight to it) is not a failed request when the servers are
 watched (a `gate`): the request is sent again, to another server at once or after the pause for one to
@@ -121,6 +125,46 @@ def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turn
     return Sample(id=prompt.id, dataset=dataset, conversations=conversation, meta=meta)
 
 
+# ---------------------------------------------------------------- tool-use samples
+# TOOL POLICY (agentic conversations: the source carries `tools`, assistant tool_calls and tool results).
+# Every assistant position of the source is regenerated in order, each request carrying the sample's tools
+# (tool_choice "auto") and the history so far: the regenerated assistant turns, the source's user turns and
+# the source's tool results. A regenerated turn is kept as the target produced it (its tool calls, or its
+# text). The source's tool results answer the source's calls, so the next turns use them only while the
+# regenerated calls equal the source's (`same_calls`: the same function names with the same arguments as
+# JSON, in order; each result's tool_call_id then names the regenerated call). At the first divergence
+# (other calls, calls where the source answered in text, or text where it called) the sample ends with
+# that turn: its later turns are dropped and meta.tool_divergence says which assistant turn (1-based; 0:
+# none). A turn of tool calls with no text is a valid answer (finish_reason "tool_calls").
+
+def _answer_due(source: tuple[Message, ...], i: int) -> bool:
+    """Whether an assistant answer is regenerated after source message i: after a user turn, and after the
+    last of a run of tool results."""
+    role = source[i]["role"]
+    if role == "user":
+        return True
+    return role == "tool" and (i + 1 == len(source) or source[i + 1]["role"] != "tool")
+
+
+def _calls_key(calls: list[dict[str, Any]] | None) -> list[tuple[Any, Any]]:
+    out = []
+    for c in calls or []:
+        fn = c.get("function") or {}
+        args = fn.get("arguments")
+        try:
+            parsed = orjson.loads(args) if isinstance(args, str) else args
+        except orjson.JSONDecodeError:
+            parsed = args
+        out.append((fn.get("name"), parsed))
+    return out
+
+
+def same_calls(regenerated: list[dict[str, Any]] | None, source: list[dict[str, Any]] | None) -> bool:
+    """The regenerated turn's tool calls equal the source's: the same function names and arguments (compared
+    as JSON values, not as text), in order; none on both sides is equal too."""
+    return _calls_key(regenerated) == _calls_key(source)
+
+
 # ---------------------------------------------------------------- the async client
 
 class ChatClient:
@@ -160,16 +204,26 @@ class ChatClient:
         per_turn: list[TurnMeta] = []
         spent = TurnStats()  # the turns so far, for a Failure's record
         keep_reasoning = s.generation.reasoning == "keep"
-        for m in prompt.messages:
+        tools = orjson.loads(prompt.tools) if prompt.tools else None
+        source = prompt.messages
+        # the policy holds for any conversation with tool turns (with no `tools`, a target answers in text where
+        # the source called: it diverges there, never followed by results of calls it did not make)
+        tool_use = tools is not None or any(m["role"] == "tool" for m in source)
+        ids: dict[str, str] = {}  # the source's tool call ids → the regenerated calls' (tool results follow them)
+        diverged = 0
+        for i, m in enumerate(source):
             if m["role"] == "assistant":
                 continue  # source answers are replaced by the target model's
-            conversation.append({"role": m["role"], "content": m["content"]})
-            history.append(conversation[-1])
-            if m["role"] != "user":
+            message: Message = {"role": m["role"], "content": m["content"]}
+            if m["role"] == "tool":
+                message["tool_call_id"] = ids.get(m["tool_call_id"], m["tool_call_id"])
+            conversation.append(message)
+            history.append(message)
+            if not _answer_due(source, i):
                 continue
             stats = TurnStats()
             try:
-                turn = await self.complete(history, s, stats, sample=(dataset, prompt.id))
+                turn = await self.complete(history, s, stats, sample=(dataset, prompt.id), tools=tools)
             except RequestError as e:
                 _journal_loops(stats, prompt.id, dataset)
                 spent.add(stats)
@@ -180,10 +234,12 @@ class ChatClient:
             reply: Message = {"role": "assistant", "content": turn.content}
             if keep_reasoning:
                 reply["reasoning_content"] = turn.reasoning
+            if turn.tool_calls:
+                reply["tool_calls"] = turn.tool_calls
             history.append(reply)
             if s.token_ids and turn.prompt_token_ids is not None and turn.token_ids is not None:
                 # the server's ids on the written turn (export/tokens.py reads them); not sent back
-                reply = {**reply, "prompt_token_ids": turn.prompt_token_ids, "token_ids": turn.token_ids}  # type: ignore[dict-item]
+                reply = {**reply, "prompt_token_ids": turn.prompt_token_ids, "token_ids": turn.token_ids}
             conversation.append(reply)
             turns.append(turn)
             per_turn.append(stats.meta(turn))
@@ -191,20 +247,33 @@ class ChatClient:
                 return Failure(prompt.id, dataset, "truncated",
                                f"turn {len(turns)} hit max_new_tokens={s.sampling.max_new_tokens}",
                                retryable=False, extra=spent.failure_extra())
-            if turn.finish_reason != "stop":
+            if turn.finish_reason not in ("stop", "tool_calls"):
                 break  # a cut answer ends the conversation: later turns would build on it
-        return build_sample(prompt, dataset, conversation, turns, s, per_turn)
+            if tool_use:
+                answered = source[i + 1] if i + 1 < len(source) and source[i + 1]["role"] == "assistant" else None
+                if not same_calls(turn.tool_calls, answered.get("tool_calls") if answered else None):
+                    diverged = len(turns)  # TOOL POLICY: the sample ends at its first divergence
+                    break
+                for old, new in zip(answered.get("tool_calls") or [] if answered else [], turn.tool_calls or [],
+                                    strict=True):
+                    ids[old["id"]] = new["id"] or old["id"]
+        sample = build_sample(prompt, dataset, conversation, turns, s, per_turn)
+        if tool_use:  # only on tool-use samples: rows without tools keep their keys
+            sample.meta["tools"] = prompt.tools
+            sample.meta["tool_divergence"] = diverged
+        return sample
 
     async def complete(self, messages: list[Message], settings: ClientSettings | None = None,
-                       stats: TurnStats | None = None, sample: Hashable | None = None) -> TurnResult:
+                       stats: TurnStats | None = None, sample: Hashable | None = None,
+                       tools: list[Any] | None = None) -> TurnResult:
         """One assistant turn: attempts with retries and the gate's policies; raises RequestError (with the
         attempts made) when it will not succeed. `stats` (filled in place) counts the attempts, loops,
         empty answers and the tokens they decoded or saved. `sample`: the conversation it belongs to (the
-        fleet keeps its turns together)."""
+        fleet keeps its turns together). `tools`: a tool-use sample's, sent with every turn."""
         s = settings or self.settings
         stats = stats if stats is not None else TurnStats()
         g = s.generation
-        base = build_request(messages, s)
+        base = build_request(messages, s, tools)
         state = _Attempts(s, orjson.dumps(base), base, stats, sample)
         try:
             try:

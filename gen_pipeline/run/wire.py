@@ -13,6 +13,13 @@ finish_reason, the usage chunk (choices empty) when stream_options.include_usage
 stream_options.continuous_usage_stats every content chunk carries the usage so far. A graceful abort
 ends with finish_reason "abort"; an abort with a status code writes an error object
 (`{"object": "error", "message", "code"}`) as a data line and stops.
+
+Tool calls (a request with `tools`, a server started with --tool-call-parser; serving_chat.py
+_process_tool_call_stream): each call streams as delta.tool_calls = [{"id", "index", "type": "function",
+"function": {"name", "arguments": ""|text}}] first (id and name set), then chunks with the same index, id
+and name null, and `arguments` pieces to concatenate (_check_for_unstreamed_tool_args sends the rest at the
+end); the finish chunk says "tool_calls" where the model stopped after a call. Whole: message.tool_calls
+(the same objects, arguments whole) with content "" and finish_reason "tool_calls" (_process_tool_calls).
 """
 
 from __future__ import annotations
@@ -73,6 +80,8 @@ class TurnResult:
     rid: str = ""  # the server's request id (the stream chunks' `id`)
     aborted: bool = False  # the stream was closed on the verdict (the server stopped decoding it)
     leak: str = ""  # a LeakReason value: the answer was repaired and kept, flagged
+    # the server's parsed tool calls (OpenAI shape, arguments as JSON text: `tool_call_list`); None: none
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,9 +139,10 @@ def template_kwargs_text(sampling: SamplingConfig, reasoning: str) -> str:
     return orjson.dumps(kwargs, option=orjson.OPT_SORT_KEYS).decode()
 
 
-def build_request(messages: list[Any], s: ClientSettings) -> dict[str, Any]:
+def build_request(messages: list[Any], s: ClientSettings, tools: list[Any] | None = None) -> dict[str, Any]:
     """The JSON body for one chat completion: streamed with the usage on every chunk, or (token_ids)
-    whole with the server's prompt and output token ids. A pure function of its arguments."""
+    whole with the server's prompt and output token ids; `tools` (a tool-use sample's) with tool_choice
+    "auto" on every turn. A pure function of its arguments."""
     body: dict[str, Any] = {
         "model": s.model,
         "messages": messages,
@@ -148,7 +158,29 @@ def build_request(messages: list[Any], s: ClientSettings) -> dict[str, Any]:
     extra = _sampling_body(s.sampling, s.generation.reasoning)
     if extra:
         body.update(extra)  # copied: a nested table in extra_body is shared, never mutated
+    if tools:
+        body["tools"], body["tool_choice"] = tools, "auto"
     return body
+
+
+def tool_call_list(calls: Any) -> list[dict[str, Any]] | None:
+    """The tool calls of an answer in OpenAI's shape, [{"id", "type": "function", "function": {"name",
+    "arguments": JSON text}}] (SGLang may send arguments as an object: made JSON text); None when there
+    are none; raises Retryable for a malformed one."""
+    if not calls:
+        return None
+    if not isinstance(calls, list):
+        raise Retryable("bad_response", f"tool_calls is not a list: {_snippet(calls)}")
+    out = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not name:
+            raise Retryable("bad_response", f"a tool call has no function name: {_snippet(call)}")
+        args = fn.get("arguments") if isinstance(fn, dict) else None
+        args = args if isinstance(args, str) else orjson.dumps(args if args is not None else {}).decode()
+        out.append({"id": str(call.get("id") or ""), "type": "function", "function": {"name": name, "arguments": args}})
+    return out
 
 
 def loop_seed(body: bytes, loops: int) -> int:
@@ -230,7 +262,7 @@ def _snippet(data: Any) -> str:
 
 
 def _finish(finish: Any) -> str:
-    if finish in ("stop", "length"):
+    if finish in ("stop", "length", "tool_calls"):
         return str(finish)
     return "length" if finish == "max_tokens" else "stop"
 
@@ -243,7 +275,7 @@ class TurnStream:
 
     __slots__ = ("_reasoning", "_content", "detector", "finish_reason", "usage", "deltas",
                  "reasoning_deltas", "tokens_at_last_reasoning", "rid", "model", "max_tokens", "done", "chunks",
-                 "empty")
+                 "empty", "calls")
 
     def __init__(self, detector: RepetitionDetector | None, model: str = "", max_tokens: int | None = None) -> None:
         self.model, self.max_tokens = model, max_tokens  # what the chunks must name, the request's cap
@@ -259,6 +291,7 @@ class TurnStream:
         self.reasoning_deltas = 0
         self.tokens_at_last_reasoning: int | None = None  # completion tokens when the last reasoning came
         self.rid = ""  # the chunks' `id`: SGLang's request id (its log's rid)
+        self.calls: dict[int, dict[str, Any]] = {}  # streamed tool calls by index: id, name, argument pieces
 
     def feed_data(self, data: bytes) -> LoopVerdict | None:
         """One event's data (JSON bytes, or `[DONE]`: sets `done`), as `feed`."""
@@ -292,6 +325,8 @@ class TurnStream:
             delta = choice.get("delta") or {}
             reasoning, content = delta.get("reasoning_content"), delta.get("content")
             finish = choice.get("finish_reason")
+            if delta.get("tool_calls"):
+                self._feed_calls(delta["tool_calls"])
         except (AttributeError, IndexError, KeyError, TypeError):
             raise Retryable("bad_response", "a stream chunk has no choices[0].delta") from None
         verdict = None
@@ -312,6 +347,20 @@ class TurnStream:
         if finish:
             self.finish_reason = finish
         return verdict
+
+    def _feed_calls(self, pieces: Any) -> None:
+        """delta.tool_calls: the first piece of a call names it (id, function.name), the next ones (same
+        index, id and name null) carry more of its arguments."""
+        for piece in pieces:
+            fn = piece.get("function") or {}
+            index = _int(piece.get("index"), len(self.calls))
+            call = self.calls.setdefault(index, {"id": "", "name": "", "arguments": []})
+            call["id"] = call["id"] or str(piece.get("id") or "")
+            call["name"] = call["name"] or str(fn.get("name") or "")
+            args = fn.get("arguments")
+            if args:
+                call["arguments"].append(args if isinstance(args, str) else orjson.dumps(args).decode())
+            self.deltas += 1
 
     @property
     def completion_tokens(self) -> int:
@@ -352,8 +401,10 @@ class TurnStream:
         finish = "length" if aborted else _finish(self.finish_reason)
         if loop is None and finish == "length" and self.detector is not None:  # at the cap: the tail once more
             loop = tail_loop(reasoning + content, self.detector.thresholds)
+        calls = tool_call_list([{"id": c["id"], "function": {"name": c["name"], "arguments": "".join(c["arguments"])}}
+                                for _, c in sorted(self.calls.items())])
         return TurnResult(content, reasoning, finish, prompt_tokens, completion, min(reasoning_tokens, completion),
-                          loop=loop, aborted=aborted, rid=self.rid)
+                          loop=loop, aborted=aborted, rid=self.rid, tool_calls=calls)
 
 
 def read_whole(body: bytes, content_type: str, *, token_ids: bool = False, model: str = "",
@@ -379,6 +430,7 @@ def parse_response(data: Any, *, token_ids: bool = False, model: str = "", max_t
         message = choice["message"]
         content = message.get("content") or ""
         reasoning = message.get("reasoning_content") or ""
+        calls = tool_call_list(message.get("tool_calls"))
         finish = choice.get("finish_reason")
         usage = data.get("usage")
         if not isinstance(usage, dict):
@@ -407,4 +459,4 @@ def parse_response(data: Any, *, token_ids: bool = False, model: str = "", max_t
         reasoning_tokens = round(completion_tokens * len(reasoning) / chars) if chars else 0
     return TurnResult(content, reasoning, _finish(finish), prompt_tokens, completion_tokens,
                       min(reasoning_tokens, completion_tokens), prompt_token_ids=ids[0], token_ids=ids[1],
-                      rid=str(data.get("id") or ""))
+                      rid=str(data.get("id") or ""), tool_calls=calls)

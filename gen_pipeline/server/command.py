@@ -31,6 +31,7 @@ FLAGS: dict[str, str] = {
     "stream_interval": "--stream-interval",
     "enable_metrics": "--enable-metrics",
     "reasoning_parser": "--reasoning-parser",
+    "tool_call_parser": "--tool-call-parser",
     "trust_remote_code": "--trust-remote-code",
     "max_running_requests": "--max-running-requests",
     "context_length": "--context-length",

@@ -6,6 +6,20 @@ Three row schemas (config `source.schema`), all read from the column `source.fie
 - "messages": [{"role": "user"|"assistant"|"system", "content": str}, ...]
 - "prompt":   a single user prompt string
 
+Agentic (tool-use) conversations, under "messages" and "sharegpt" (role/content turns; from/value turns
+with "function_call" / "observation", LLaMA-Factory's names, too):
+- the row's column `tools` (TOOLS_COLUMN): OpenAI function schemas, a list or its JSON text
+  ([{"type": "function", "function": {"name", "description", "parameters"}}, ...]), kept as JSON text
+  (Prompt.tools); a list (or call arguments as objects) loses its null-valued keys (`drop_nulls`: what
+  `datasets` adds when the rows' schemas differ), so JSON text is the form to prefer;
+- an assistant turn may carry `tool_calls` (OpenAI shape: [{"id", "type": "function", "function":
+  {"name", "arguments"}}], arguments an object or its JSON text, kept as JSON text) and then empty
+  content; a from/value "function_call" turn's value is {"name", "arguments"} (or a list of them);
+- a "tool" turn (from "tool"/"observation") is a result: `content` (a string, may be empty) and
+  `tool_call_id` (else the id of the call it answers, in order).
+The order then: user → assistant; an assistant with tool_calls → one tool turn per call → assistant;
+an assistant without tool_calls → user. Conversations without tools validate as before.
+
 Validation follows SpecForge's: an optional leading system message, then turns that alternate
 user/assistant starting with user, every content a non-empty string. Rows that fail are not
 fatal: they become `Reject`s with a reason, counted and written to the dataset's rejects file.
@@ -37,7 +51,9 @@ _SHAREGPT_ROLES = {
     "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant", "bard": "assistant", "model": "assistant",
     "system": "system",
 }
-_MESSAGE_ROLES = {"user", "assistant", "system"}
+_SHAREGPT_ROLES.update({"tool": "tool", "observation": "tool", "function_call": "assistant"})
+_MESSAGE_ROLES = {"user", "assistant", "system", "tool"}
+TOOLS_COLUMN = "tools"  # the row's column with the conversation's tool schemas
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
@@ -89,8 +105,94 @@ def parse_row(row: dict[str, Any], schema: str, cfg_field: str) -> list[Message]
             raw_role if raw_role in _MESSAGE_ROLES else None)
         if role is None:
             raise InvalidRow("unknown_role", f"turn {i} has role {raw_role!r}")
-        messages.append({"role": role, "content": _content(turn[content_key], i)})
+        if raw_role == "function_call" and content_key == "value":  # LLaMA-Factory: the call as JSON text
+            messages.append({"role": "assistant", "content": "", "tool_calls": _tool_calls(turn[content_key], i)})
+        elif role == "tool":
+            messages.append(_tool_result(turn, content_key, i, messages))
+        elif role == "assistant" and turn.get("tool_calls"):
+            content = turn[content_key]
+            if content is not None and not isinstance(content, str):
+                raise InvalidRow("bad_type", f"turn {i} content must be a string, got {type(content).__name__}")
+            messages.append({"role": "assistant", "content": content or "",
+                             "tool_calls": _tool_calls(turn["tool_calls"], i)})
+        else:
+            messages.append({"role": role, "content": _content(turn[content_key], i)})
     return messages
+
+
+def _tool_calls(value: Any, i: int) -> list[dict[str, Any]]:
+    """A turn's tool calls in OpenAI's shape, arguments as JSON text; raises InvalidRow (bad_tool_call)."""
+    if isinstance(value, str):
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            raise InvalidRow("bad_tool_call", f"turn {i}: the tool call is not JSON: {value[:80]!r}") from None
+    calls = value if isinstance(value, list) else [value]
+    out = []
+    for k, call in enumerate(calls):
+        fn = call.get("function", call) if isinstance(call, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not name:
+            raise InvalidRow("bad_tool_call", f"turn {i}: tool call {k} has no function name")
+        args = fn.get("arguments", {}) if isinstance(fn, dict) else {}
+        if isinstance(args, dict):  # `datasets` read an object column: keys of other rows' objects came as null
+            args = drop_nulls(args)
+        elif isinstance(args, str):
+            try:
+                args = orjson.loads(args) if args.strip() else {}
+            except orjson.JSONDecodeError:
+                raise InvalidRow("bad_tool_call", f"turn {i}: the arguments of tool call {k} ({name}) are not "
+                                                  f"JSON: {args[:80]!r}") from None
+        cid = call.get("id") if isinstance(call, dict) and "function" in call else None
+        out.append({"id": cid if isinstance(cid, str) and cid else f"call_{i}_{k}", "type": "function",
+                    "function": {"name": name, "arguments": orjson.dumps(args).decode()}})
+    return out
+
+
+def _tool_result(turn: dict[str, Any], content_key: str, i: int, before: list[Message]) -> Message:
+    """A tool turn: its content (a string, may be empty) and the id of the call it answers."""
+    content = turn[content_key]
+    if not isinstance(content, str):
+        content = orjson.dumps(content).decode() if isinstance(content, dict | list) else None
+        if content is None:
+            raise InvalidRow("bad_type", f"turn {i} (tool) content must be a string")
+    cid = turn.get("tool_call_id")
+    if not isinstance(cid, str) or not cid:  # the next call of the assistant turn before without a result
+        for answered, m in enumerate(reversed(before)):
+            if m["role"] != "tool":
+                calls = m.get("tool_calls") or []
+                cid = calls[answered]["id"] if answered < len(calls) else f"call_{i}"
+                break
+    return {"role": "tool", "content": content, "tool_call_id": cid or f"call_{i}"}
+
+
+def parse_tools(row: dict[str, Any]) -> str:
+    """The row's `tools` column as JSON text ("" when none); raises InvalidRow (bad_tools)."""
+    value = row.get(TOOLS_COLUMN)
+    if value is None or value == "" or value == []:
+        return ""
+    if isinstance(value, str):
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            raise InvalidRow("bad_tools", f"column {TOOLS_COLUMN!r} is not JSON: {value[:80]!r}") from None
+    elif isinstance(value, list):  # `datasets` made one Arrow struct of all rows' schemas: their keys came as null
+        value = drop_nulls(value)
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise InvalidRow("bad_tools", f"column {TOOLS_COLUMN!r} must be a list of tool schemas (objects)")
+    return orjson.dumps(value).decode() if value else ""
+
+
+def drop_nulls(value: Any) -> Any:
+    """`value` without the null-valued keys of its objects, at every depth. `datasets` loads a JSON column of
+    objects as one Arrow struct, the union of every row's keys, the missing ones null: a tools list or call
+    arguments given as objects come back with the keys of other rows' schemas. (As JSON text they come back
+    as written: the form to prefer.)"""
+    if isinstance(value, dict):
+        return {k: drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [drop_nulls(v) for v in value]
+    return value
 
 
 def _turn_keys(turn: dict[str, Any], schema: str, i: int) -> tuple[str, str]:
@@ -116,10 +218,14 @@ def _content(value: Any, i: int) -> str:
 
 
 def check_roles(messages: list[Message]) -> None:
-    """Optional leading system, then user/assistant alternating from user; raises InvalidRow."""
+    """Optional leading system, then user/assistant alternating from user; raises InvalidRow. With tool
+    turns: an assistant with tool_calls is answered by one tool turn per call, then an assistant."""
     body = messages[1:] if messages and messages[0]["role"] == "system" else messages
     if not body:
         raise InvalidRow("no_user_turn", "no user turn")
+    if any(m["role"] == "tool" or m.get("tool_calls") for m in body):
+        _check_tool_roles(body, len(messages) - len(body))
+        return
     for i, m in enumerate(body):
         expected = "user" if i % 2 == 0 else "assistant"
         if m["role"] != expected:
@@ -127,9 +233,36 @@ def check_roles(messages: list[Message]) -> None:
                              f"turn {i + len(messages) - len(body)} is {m['role']!r}, expected {expected!r}")
 
 
-def content_id(messages: list[Message]) -> str:
-    """A stable hash of the conversation's system and user turns (assistant turns get regenerated)."""
-    kept = [(m["role"], m["content"]) for m in messages if m["role"] != "assistant"]
+def _check_tool_roles(body: list[Message], offset: int) -> None:
+    """The order of a conversation with tool turns (what SpecForge's parser and chat templates accept)."""
+    expected: tuple[str, ...] = ("user",)
+    pending = 0  # results still owed to the last assistant's calls
+    for i, m in enumerate(body):
+        role = m["role"]
+        if role not in expected:
+            raise InvalidRow("roles_not_alternating", f"turn {i + offset} is {role!r}, expected "
+                                                      f"{' or '.join(map(repr, expected))}")
+        if role == "assistant" and m.get("tool_calls"):
+            pending = len(m["tool_calls"])
+            expected = ("tool",)
+        elif role == "assistant":
+            expected = ("user",)
+        elif role == "tool":
+            pending -= 1
+            expected = ("tool",) if pending > 0 else ("assistant",)
+        else:
+            expected = ("assistant",)
+    if pending > 0 and body[-1]["role"] == "tool":
+        raise InvalidRow("tool_results_missing", f"the last assistant turn made more tool calls than the "
+                                                 f"{len(body)} turns answer")
+
+
+def content_id(messages: list[Message], tools: str = "") -> str:
+    """A stable hash of the conversation's system, user and tool turns (assistant turns get regenerated;
+    with tools, the source's tool calls and the tools too: they shape the history sent)."""
+    kept: list[Any] = [(m["role"], m["content"]) for m in messages if m["role"] != "assistant"]
+    if tools or any(m.get("tool_calls") for m in messages):
+        kept += [tools, [m.get("tool_calls") for m in messages if m["role"] == "assistant"]]
     return hashlib.sha1(orjson.dumps(kept)).hexdigest()[:16]
 
 
@@ -137,10 +270,11 @@ def to_prompt(row: dict[str, Any], index: int, cfg: DatasetConfig) -> Prompt:
     """One row → Prompt (validated, with its stable id); raises InvalidRow."""
     src = cfg.source
     messages = parse_row(row, src.schema, src.field)
+    tools = parse_tools(row) if src.schema != "prompt" or TOOLS_COLUMN in row else ""
     if src.system_prompt and messages[0]["role"] != "system":
         messages.insert(0, {"role": "system", "content": src.system_prompt})
     check_roles(messages)
-    chars = sum(len(m["content"]) for m in messages if m["role"] != "assistant")
+    chars = sum(len(m["content"]) for m in messages if m["role"] != "assistant") + len(tools)
     if chars > src.max_prompt_chars:
         raise InvalidRow("prompt_too_long", f"{chars} characters > source.max_prompt_chars = {src.max_prompt_chars}")
     if src.id_field:
@@ -149,8 +283,8 @@ def to_prompt(row: dict[str, Any], index: int, cfg: DatasetConfig) -> Prompt:
             raise InvalidRow("missing_id", f"column {src.id_field!r} is missing or not a string/integer")
         sid = str(raw)
     else:
-        sid = content_id(messages)
-    return Prompt(id=f"{cfg.name}-{sid}", messages=tuple(messages), source_index=index)
+        sid = content_id(messages, tools)
+    return Prompt(id=f"{cfg.name}-{sid}", messages=tuple(messages), source_index=index, tools=tools)
 
 
 # ---------------------------------------------------------------- loading (datasets)

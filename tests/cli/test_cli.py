@@ -74,7 +74,7 @@ def test_a_near_miss_dataset_name_gets_a_suggestion(capsys: pytest.CaptureFixtur
     assert main(["generate", "--dataset", "b2"]) == 2
     assert capsys.readouterr().err == (
         "error: No dataset config 'b2': datasets_cfg/b2.toml does not exist. "
-        "Configs in datasets_cfg: B1, B2, B6, B7, demo. Did you mean B2?\n")
+        "Configs in datasets_cfg: B1, B2, B6, B7, demo, tools. Did you mean B2?\n")
 
 
 def test_a_toml_whose_name_is_not_its_file_name_is_refused_by_every_command(
