@@ -267,7 +267,7 @@ conversation's cached prefix was evicted to make room (the rest of the misses). 
 2.6 % moved and ~6 % found their prefix evicted, so a wider margin would recover little: the rule stays at
 25 % (an earlier run at 30,000 KV tokens, 240 samples, the CLI as a subprocess: 98.6 % prefix hits,
 1.087 × free-kv). The gain is the prefill saved (~400 prefilled tokens a sample at
-the seed's 70 µs a token, in steps every running request waits for). sglang-router's cache_aware keeps
+the seed profile's 70 µs a token, in steps every running request waits for). sglang-router's cache_aware keeps
 the prefixes too and comes close; it is one more process and hop. Single-turn: the same choices as
 free-kv (nothing to keep together); the spread is run-to-run noise on the busy machine.
 """
@@ -307,7 +307,7 @@ def markdown(table: list[dict[str, Any]], args: argparse.Namespace, bench_s: flo
     command = (f"python -m bench.affinity_bench --repeats {args.repeats} --samples {args.samples} --single-samples "
                f"{args.single_samples} --time-scale {args.time_scale:g} --kv-tokens {args.kv_tokens} "
                f"--output-mean {args.output_mean}")
-    return f"""## Issue 24: conversation affinity, a sample's turns on one server (`python -m bench affinity`)
+    return f"""## Conversation affinity: a sample's turns on one server (`python -m bench affinity`)
 
 `python -m bench affinity` (= `{command}`; {bench_s:.0f} s of wall time, load average {load:.1f} on the 2
 cores at the end): `generate` over {SERVERS} simulator processes (seed profile: its prefill and decode

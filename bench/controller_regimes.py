@@ -134,7 +134,7 @@ def markdown(cells: list[dict], b2: list[dict], wall_s: float) -> str:
                         " / ".join(str(x["ours"]["retractions"]) for x in mine),
                         " / ".join(str(x["all at once"]["retractions"]) for x in mine),
                         " / ".join(str(x["ours"]["peak_queued"]) for x in mine)])
-    return ("## Controller in SGLang's regimes (issue 19, `python -m bench controller_regimes`, simulated time)\n\n"
+    return ("## Controller in SGLang's regimes (`python -m bench controller_regimes`, simulated time)\n\n"
             "The production dispatcher against the simulator's scheduler (SGLang 0.5.17's admission, "
             "sglang_sim/engine.py). H200 profile: adaptive / the best of the fixed windows and all at once; "
             "ramp = seconds to 90 % of the steady running count. Wall "

@@ -85,7 +85,7 @@ def markdown(rows: list[dict], seeds: int, replays: int, wall_s: float) -> str:
           r["runs_le_all"], f"{r['tok_s_median']:,}",
           f"{r['over_all_mean']:.4f} ({r['over_all_median']:.4f}, {r['over_all_min']:.3f})",
           f"{r['over_all_90_mean']:.4f}", r["peak_running_median"], r["peak_queued_max"]] for r in rows])
-    return ("## The first KV overrun, long outputs (`python -m bench first_overrun`, issue 19, simulated time)\n\n"
+    return ("## The first KV overrun, long outputs (`python -m bench first_overrun`, simulated time)\n\n"
             f"{seeds} synthetic jobs (seeds 0-{seeds - 1}, 300 prompts) and {replays} seeded orders of the real run's "
             "lengths (bench/gpu/h200_traces.json), H200 profile, 60,000 KV tokens; ratios are paired (the same "
             f"job's all at once). Wall {wall_s:.0f} s.\n\n" + table)

@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
                      [[r["mode"], r["servers"], r["samples"], r["sim_s"], r["samples_per_sim_s"], r["vs_linear"],
                        r["wall_s"], " / ".join(map(str, r["requests_per_server"])), r["busiest_vs_mean"]]
                       for r in rows])
-    md = f"""## Scale-out: servers behind sglang-router and direct (issue 11.1)
+    md = f"""## Scale-out: servers behind sglang-router and direct (`python -m bench fleet`)
 
 `python -m bench fleet` (= `python -m bench.fleet_scale --target-per-server {args.target_per_server}
 --time-scale {args.time_scale:g}`):

@@ -221,7 +221,7 @@ def write(modes: list[dict[str, Any]], cpu: list[dict[str, Any]], rows: int) -> 
           "" if off is None or m is off else f"{off['decoded_tokens'] - m['decoded_tokens']:+,}",
           "" if off is None or m is off else f"{off['sim_busy_s'] - m['sim_busy_s']:+.1f}",
           f"{m['gate'].get('tokens_not_decoded', 0):,}", _est_sim_s(m), m["wall_s"]] for m in modes])
-    md = (f"## Issue 22: the quality gate in a run (`python -m bench gate`)\n\n"
+    md = (f"## Quality gate in a run: loops aborted, decode saved (`python -m bench gate`)\n\n"
           f"B2-like simulator run: `python -m sglang_sim {' '.join(GATE_SIM)} --time-scale 6 (12 for off) "
           f"--sim-loop-rate {LOOP_RATE} --sim-seed {SEED}` (seed profile = a one-GPU server; outputs scaled to a "
           f"mean of 400 tokens so a run takes < 2 min here), {rows} one-turn prompts of ~700 tokens, "
@@ -237,7 +237,8 @@ def write(modes: list[dict[str, Any]], cpu: list[dict[str, Any]], rows: int) -> 
           "(quality/accounting.py; × GPUs for GPU-seconds), shown on the simulator's clock (status reports real "
           "seconds: × the time scale).\n\n" + table + _verdict(modes, off))
     if cpu:
-        md += ("\n\nStreaming client CPU (the whole `generate` process, user + sys from wait4, marginal between "
+        md += ("\n\n### Stream interval: the streaming client's CPU\n\n"
+               "Streaming client CPU (the whole `generate` process, user + sys from wait4, marginal between "
                f"{CPU_ROWS[0]} and {CPU_ROWS[1]} one-turn samples of ~400 tokens, window {WINDOW}, median of "
                f"{cpu[0].get('repeats', 1)} pairs; `python -m "
                f"sglang_sim {' '.join(CPU_SIM)} --stream-interval N`; loop detector on, every delta fed):\n\n"

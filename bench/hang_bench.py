@@ -147,8 +147,8 @@ def main(argv: list[str] | None = None) -> None:
         "## A hung fleet member (`python -m bench hang`)\n\n"
         "1 of 3 simulators SIGSTOPped once 30 of 300 samples are written, the shipped defaults "
         "(--health-interval-s 5, --hang-timeout-s 5, request_timeout_s 600); bench/hang_bench.py says how each "
-        "time is read. Every trial ended exact (300 samples, 0 duplicates). Before issue 23's fix (same "
-        "scenario, tests/test_outage.py) the server was taken out after 44 s of silence (two 20 s /health "
+        "time is read. Every trial ended exact (300 samples, 0 duplicates). Before hung servers were detected (same "
+        "scenario, tests/server/test_outage.py) the server was taken out after 44 s of silence (two 20 s /health "
         "timeouts).\n\n" + table)
 
 

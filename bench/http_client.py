@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{WINDOW}, one-turn samples of `max_new_tokens = 32` (~24-token answers); CPU of the whole client process "
           "(HTTP, dispatch, parsing, writing) from wait4(); marginal = "
           f"(CPU of a {LONG}-request run − CPU of a {SHORT}-request run) / {LONG - SHORT}. Streamed = the default "
-          "since issue 22 (SSE, one chunk a token at the simulator's stream interval of 1, each fed to the loop "
-          "detector); whole = `[generation] on_loop = \"off\"` (one JSON answer a turn, as before issue 22); the two "
+          "(SSE, one chunk a token at the simulator's stream interval of 1, each fed to the loop "
+          "detector); whole = `[generation] on_loop = \"off\"` (one JSON answer a turn, no loop detector); the two "
           f"alternate run by run. Streamed / whole, marginal, pair by pair (median): "
           f"{r['streamed_over_whole_marginal']}x. Shared 2-core machine: "
           "the section \"HTTP client library\" below pairs runs for the comparisons with aiohttp.\n\n" + table)

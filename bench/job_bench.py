@@ -250,7 +250,7 @@ def markdown(r: dict, elapsed_s: float, command: str) -> str:
                 s["steady_running"], f"{s['idle_s']:,.0f}"] for n, s in r["singles"].items()]
     checks = " ".join(("ok:" if v else "FAIL:") + k for k, v in r["checks"].items())
     p = r["projection_full_scale"]
-    return (f"## Job: four datasets through one server lifetime (issue 10, simulated seconds)\n\n"
+    return (f"## Job: four datasets through one server lifetime (`python -m bench job`, simulated seconds)\n\n"
             f"`{command}` (wall {elapsed_s:.0f} s). The 88K reference mix divided by {r['scale']}: {counts}; "
             f"seed hardware profile, fp8_e4m3 KV {r['server']}, num_continuous_decode_steps 4; a server start "
             f"costs {r['startup_s']:.0f} s (SGLang PR #27139: 3-6+ min for large models, Qwen3-235B FP8 ~6.5 "

@@ -236,7 +236,7 @@ def markdown(r: dict) -> str:
                       f"{f['period_words']} words): `{' '.join(f['excerpt'][-90:].split())}`"
                       for f in r["natural_fired_turns"]) or "- none"
     return (
-        "## Loop detector: false positives, detection latency, CPU (`python -m bench loops`, issue 22)\n\n"
+        "## Loop detector: false positives, detection latency, CPU (`python -m bench loops`)\n\n"
         "Natural text and code that installed packages ship (the venv's site-packages, /usr/share/doc, "
         "/usr/share/common-licenses; every distinct file in sorted order, cut into 300-8,000-token turns), fed in "
         "random 1-24-character deltas; thresholds: `gen_pipeline/quality/thresholds.py` (defaults). Tokens below are "

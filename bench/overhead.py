@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     md = (f"## Orchestrator CPU per sample\n\n`python -m bench overhead`: the CLI attached to the simulator "
           f"answering with ~zero latency (fast profile, time scale 1e6, ~24-token outputs); CPU from wait4() of the "
           f"CLI process; marginal = (CPU of a {LONG}-sample run − CPU of a {SHORT}-sample run) / {LONG - SHORT}. "
-          "Streamed = the default since issue 22 (SSE chunks, each fed to the loop detector); whole = "
-          "`[generation] on_loop = \"off\"` (one JSON answer a turn, as before issue 22); the two alternate run by "
+          "Streamed = the default (SSE chunks, each fed to the loop detector); whole = "
+          "`[generation] on_loop = \"off\"` (one JSON answer a turn, no loop detector); the two alternate run by "
           "run.\n\n" + table)
     print(md)
     write_section("overhead", r, md)

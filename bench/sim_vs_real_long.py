@@ -355,7 +355,8 @@ def compare(path: Path = REAL_TRACES) -> dict:
     # the clients' own whole-run rates at one profile ("h200"): fitted, each ran at its own run's speed
     tok_s = {n: (fits[n]["unfitted"] if n in fits else s)["tok_s"] for n, s in sim.items()}
     best = max(v for n, v in tok_s.items() if n != "adaptive")  # the clients the real run had
-    return {"source": real["source"] if real else "issue 19's figures (no bench/gpu/h200_traces.json yet)",
+    return {"source": real["source"] if real else ("the figures of the first long-output H200 runs "
+                                               "(no bench/gpu/h200_traces.json yet)"),
             "command": "python -m bench sim_vs_real" + ("" if path == REAL_TRACES else
                                                         f" --regime long --traces bench/gpu/{path.name}"),
             "samples": len(job.lengths), "mean_output": round(statistics.fmean(o for _, o, _ in job.lengths)),
@@ -402,7 +403,7 @@ def markdown(c: dict) -> str:
         "the first admission round and over the steady state, the same reading of both traces):\n\n"
         + fits_markdown(c["fits"]))
     command = c.get("command", "python -m bench sim_vs_real")
-    return (f"## Simulator vs real SGLang, long outputs (`{command}`, issue 19)\n\n"
+    return (f"## Simulator vs real SGLang, long outputs (`{command}`)\n\n"
             f"Real: {c['source']}. Sim: {c['samples']} prompts of 300-500 tokens, outputs mean "
             f"{c['mean_output']:,} (min_tokens 1000, max_new_tokens 4096), 60,000 KV tokens, chunked prefill 8192, "
             f"{speed}; real steady levels: the median over each client's rounds, first round and ramp: the round "

@@ -63,7 +63,7 @@ def main() -> None:
     cli(*gen)
     print(cli("diagnose", "--dataset", "B2", "--output-dir", out, "--config-dir", cfg), end="")
     png = plot_png(read_telemetry(out / "B2"),
-                   "B2 on the seed-calibrated simulator: bf16 KV, 116K tokens, 150 in flight", dpi=60)
+                   "B2 on the simulator calibrated to the reference node: bf16 KV, 116K tokens, 150 in flight", dpi=60)
     (REPO / "docs" / "report.png").write_bytes(png)
     page = cli("report", "--dataset", "B2", "--output-dir", out, "--config-dir", cfg).strip()
     print(f"docs/report.png: {len(png):,} bytes; the whole report: {page}")

@@ -103,7 +103,7 @@ def markdown(r: dict) -> str:
     probe = r.get("probe") or {}
     probe_line = _probe_line(probe)
     return "\n".join([
-        "## Real SGLang 0.5.17 on one H200 (`bench/gpu/`, issue 9)",
+        "## Real SGLang 0.5.17 on one H200 (`python -m bench gpu_h200`, runs of `bench/gpu/`)",
         "",
         f"Run {r.get('date')}: `{COMMAND}` (bench/gpu/README.md; results: bench/gpu/h200_results.json). "
         f"Random-weight Llama, {model.get('params', 0) / 1e9:.2f}B parameters (hidden {model.get('hidden')}, "
@@ -139,7 +139,7 @@ def markdown(r: dict) -> str:
         "",
         starved_table(r.get("starved", {})),
         "",
-        f"- probe-kv (issue 16): two servers side by side on the GPU (mem 0.4 each, 60,000 KV tokens), 200 "
+        f"- probe-kv: two servers side by side on the GPU (mem 0.4 each, 60,000 KV tokens), 200 "
         f"prompts, greedy, 256 new tokens, teacher forcing in chunks of 32; {probe_line}",
         "",
         probe_table(r),
@@ -163,7 +163,37 @@ REGIMES_RUNS = (
     (HERE / "h200_traces_run5.json", "gpu_h200_regimes_run5",
      "CHECK_ARGS=\"--regimes long --long-prompts 900 --clients all,adaptive --rounds 8\" BUDGET_S=535 bash "
      "bench/gpu/run_h200.sh KEEP OUT install model setup serve regimes; the same with BUDGET_S=575 ... regimes"),
+    # profile h200-ceiling: a pool where SGLang's own admission runs the short regime past its CUDA-graph ceiling
+    (HERE / "h200_traces_ceiling.json", "gpu_h200_ceiling",
+     "CHECK_ARGS='--server-profile h200-ceiling --regimes short --rounds 4' bash bench/gpu/run_h200.sh KEEP OUT "
+     "install model setup regimes (the command as reconstructed: the run did not record it)"),
+    (HERE / "h200_traces_ceiling_run2.json", "gpu_h200_ceiling_run2",
+     "CHECK_ARGS='--server-profile h200-ceiling --regimes short --clients adaptive,fixed-256,fixed-128 --rounds 4' "
+     "bash bench/gpu/run_h200.sh KEEP OUT install model setup regimes (two calls)"),
 )
+# the heading of a regimes section (the words docs and code point at), by the server profile of its run
+TITLES = {"h200-ceiling": "Short outputs past SGLang's CUDA-graph ceiling, interleaved clients"}
+SERVERS = {"h200": "60,000 bf16 KV tokens", "h200-ceiling": "120,000 fp8_e4m3 KV tokens, CUDA-graph ceiling 256"}
+
+
+def _graph_line(runs: list[dict]) -> str:
+    """Per client, the share of decode steps SGLang's log marked `cuda graph: False` and the running count then."""
+    steps: dict[str, list[int]] = {}
+    running: dict[str, list[float]] = {}
+    for r in runs:
+        g = r.get("cuda_graph") or {}
+        if "false" not in g:
+            continue
+        s = steps.setdefault(r["client"], [0, 0])
+        s[0], s[1] = s[0] + g["false"], s[1] + g["false"] + g.get("true", 0)
+        if g.get("running_false_median") is not None:
+            running.setdefault(r["client"], []).append(g["running_false_median"])
+    if not steps:
+        return ""
+    parts = [f"{c} {100 * f / n:.0f} %" + (f" (at {statistics.median(running[c]):.0f} running)" if c in running else "")
+             for c, (f, n) in steps.items() if n]
+    return ("Decode steps SGLang ran without a CUDA graph (its decode log's `cuda graph: False`, all rounds): "
+            + ", ".join(parts) + ".")
 
 
 def regimes_markdown(t: dict, source: str, command: str) -> str:
@@ -196,11 +226,15 @@ def regimes_markdown(t: dict, source: str, command: str) -> str:
     what = {"short": "{:,} prompts, max 512",
             "long": "{:,} prompts of ~300-500 tokens, max_new_tokens 4096, min_tokens 1000"}
     regimes_run = "; ".join(f"{k}: {what[k].format(max(counts[k]))}" for k in ("short", "long") if counts.get(k))
+    profile = next((t[g].get("profile") for g in ("short", "long") if isinstance(t.get(g), dict)), None) or "h200"
+    title = TITLES.get(profile, "Short and long outputs, interleaved clients")
+    graphs = _graph_line(runs)
     return "\n".join([
-        f"## Short and long outputs, interleaved clients (`bench/gpu/` phase `regimes`, issue 19): {source}",
+        f"## {title} (`bench/gpu/` phase `regimes`): {source}",
         "",
-        f"Run {t.get('date')} on {where}: `{command}` (bench/gpu/README.md; traces: "
-        f"bench/gpu/{source}). One server (60,000 bf16 KV tokens, `--stream-interval 8`); "
+        f"Run {t.get('date')} on {where} (SGLang 0.5.17, the random-weight 1.16B Llama of bench/gpu/make_model.py): "
+        f"`{command}` (bench/gpu/README.md; traces: bench/gpu/{source}). One server (profile {profile}: "
+        f"{SERVERS.get(profile, SERVERS['h200'])}, `--stream-interval 8`); "
         f"{regimes_run}. Rounds interleave the regimes and "
         "rotate the clients; prefix cache flushed before each run. tok/s = completion tokens / (server in hand -> "
         "CLI exit); steady = the server's mean decode rate from 20 % of the run (after the ramp) to the last poll "
@@ -219,7 +253,7 @@ def regimes_markdown(t: dict, source: str, command: str) -> str:
         "The GPU's speed factored out: each run's whole-run tok/s over its decode rate per running request in "
         "steady state (bench/gpu/regimes.py `_slot_seconds`): back-to-back runs of one client decoded 280-375 "
         "tokens/s per running request at the same batch on run 4's host; what the client decides (running over "
-        "time, ramp, tail) stays in the figure.",
+        "time, ramp, tail) stays in the figure." + (f"\n\n{graphs}" if graphs else ""),
     ])
 
 
@@ -235,13 +269,13 @@ def main(argv: list[str] | None = None) -> dict:
         print(regimes_text)
         runs = [x for g in ("short", "long") if isinstance(t.get(g), dict) for x in t[g].get("runs", [])]
         write_section(section, {"summary": regimes.summarize_regimes(runs) if runs else t.get("summary"),
-                                "date": t.get("date")}, regimes_text)
+                                "date": t.get("date")}, regimes_text, stamped=False)
     text = markdown(r)
     print(text)
     summary = {"ratios": ratios(r), "summary": r.get("summary"), "kill": {k: r["kill"][k] for k in
                ("rows", "duplicates", "missing", "unparseable", "empty_assistant_turns")},
                "launch_ready_s": r.get("launch", {}).get("ready_s"), "date": r.get("date")}
-    write_section("gpu_h200", summary, text)
+    write_section("gpu_h200", summary, text, stamped=False)
     return summary
 
 
