@@ -396,15 +396,10 @@ def gpu_lines(report: StatusReport) -> list[str]:
 
 
 # ---------------------------------------------------------------- datasets written by ranks
-# `status` of a dataset written by ranks: each rank's part read like a one-run folder, then
-# summed into one DatasetStatus, with the ranks that are stale (unfinished and nobody writing them).
-#
-# A rank is stale when it is short of its share, not "source exhausted" (another run would not
-# help), and either no live run holds its lock (died, stopped, never started) or its manifest has
-# not been committed for STALE_AFTER_S (a run commits every few seconds while it lives: one that
-# does not is hung, or on a host this one cannot check). A run that has written nothing yet may be
-# loading the model (no commits until its server answers): it gets STARTING_GRACE_S first.
-# Rerunning a stale rank resumes it alone.
+# Each rank's part is read like a one-run folder, then summed. A rank is stale (rerun it: it resumes
+# alone) when it is short of its share, not exhausted, and no live run holds its lock or its manifest
+# has not been committed for STALE_AFTER_S (a live run commits every few seconds); STARTING_GRACE_S
+# first while a run has written nothing (its server may be loading the model).
 
 STALE_AFTER_S = 120.0  # runs commit their manifest every ~5 s (RunOptions.commit_interval_s)
 STARTING_GRACE_S = 1800.0 + STALE_AFTER_S  # the tuned profile's startup_timeout_s, then the usual
