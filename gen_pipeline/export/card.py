@@ -1,13 +1,11 @@
 """The dataset card `export` writes beside the data: README.md with YAML front matter (what the HF
-hub reads) and markdown: the target, server profile and KV dtype, sampling, counts, truncation and
-failure shares, token totals, GPU-hours per 1,000 samples, the tool's version and the command.
+hub reads) and markdown: target, server profile, sampling, counts, failure shares, token totals,
+GPU-hours per 1,000 samples, the tool's version and the command.
 
-Where: inside the folder for `hf`; beside the JSONL file otherwise, as README.md unless that folder
-already holds a README.md that is not this export's card (another export's, or the user's), then
-as <out stem>.README.md. Figures come from the samples (meta), the manifests (runs' wall time) and
-`status` (failures, rejects). GPU-hours are measured (reports/gpu_hours.py: the GPUs each run recorded,
-tp × dp × servers, over its generating time); for runs that recorded no server (older versions), wall
-time × tp × dp of the --server profile when given, else "unknown".
+Inside the folder for `hf`; beside the JSONL file otherwise, as README.md unless that folder already
+holds a README.md that is not this export's card, then as <out stem>.README.md. GPU-hours are measured
+(reports/gpu_hours.py); runs that recorded no server count wall time x tp x dp of the --server
+profile when given, else "unknown".
 """
 
 from __future__ import annotations
