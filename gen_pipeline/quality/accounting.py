@@ -1,7 +1,6 @@
-"""The quality gate's figures over a dataset (issue 22): what `status`, `validate`, `report` and the
-dataset card show. Counted per shard from the rows' meta.per_turn (records.TurnMeta) as they are written
-(store/shards.py; the manifest keeps a sealed shard's counts, so `status` reads no row), plus the failed
-samples' counts from errors.jsonl (Failure.extra: run/answer.TurnStats.failure_extra).
+"""The quality gate's figures over a dataset: what `status`, `validate`, `report` and the card show.
+Counted per shard from the rows' meta.per_turn as they are written (the manifest keeps a sealed
+shard's counts, so `status` reads no row), plus the failed samples' counts from errors.jsonl.
 
 GPU-seconds saved by early aborts (an estimate, stated as such wherever it is shown):
 
@@ -9,10 +8,7 @@ GPU-seconds saved by early aborts (an estimate, stated as such wherever it is sh
     tokens_not_decoded = Σ over aborted attempts of (max_new_tokens − tokens decoded when the stream closed)
     gpu_s_per_token = run wall seconds × GPUs ÷ every token the runs decoded (written + discarded)
 
-i.e. each token a looping turn would still have decoded up to its max_new_tokens cap costs what a token
-cost on average in this run (a decode slot's share of the batch step). It assumes the loop would have
-run to the cap (it does on the simulator and in the loops users report) and ignores the KV the loop
-would have held, which lowers everyone's batch: the saving is a lower bound in that sense.
+It assumes a loop would have run to its cap and ignores the KV it would have held: a lower bound.
 """
 
 from __future__ import annotations

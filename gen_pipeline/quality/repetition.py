@@ -1,13 +1,9 @@
 """The loop detector: fed a turn's text as the stream delivers it, it says when the text has
 become a loop (see LoopThresholds for the rule). Pure: no I/O, no clock, no async library.
 
-Cost: a delta is scanned once by one regex; each completed word costs O(1) (a hash of the last
-n words, two counters and one dict look-up), so `feed` is amortised O(len(delta)) plus at most one
-held-back word (≤ max_word_chars). Memory: O(max_period_words + window_words) plus the set of
-distinct words the turn has used (for the novelty gate).
-Chunking does not matter: words are cut from the text alone (a word that reaches the end of a
-delta waits for the next one), the rule is evaluated word by word, so every way of splitting a
-text into deltas gives the same verdict at the same character.
+Each completed word costs O(1), so `feed` is amortised O(len(delta)); memory is
+O(max_period_words + window_words) plus the turn's distinct words. Words are cut from the text alone
+and the rule runs word by word, so every way of splitting a text into deltas gives the same verdict.
 """
 
 from __future__ import annotations
@@ -45,10 +41,6 @@ class LoopVerdict:
     loop_start_char: int
     period_words: int  # the spacing of the repeats when it fired, in words (0: whitespace)
     words: int  # words seen when it fired
-
-    @property
-    def loop_chars(self) -> int:
-        return self.at_char - self.loop_start_char
 
 
 class RepetitionDetector:
@@ -186,8 +178,7 @@ class RepetitionDetector:
         steady = dist and prev_dist and abs(dist - prev_dist) <= self._slack(dist)
         run = prev_run + 1 if steady else (2 if dist else 1)
         self._last[h] = (i, dist, run)
-        # One verbatim repeat, even two, is common in natural text (a licence quoted for each of
-        # three files, sibling methods sharing a docstring); a loop goes on repeating.
+        # One verbatim repeat, even two, is common in natural text; a loop goes on repeating.
         period = dist if run >= (t.min_copies if dist <= t.long_period_words else t.min_copies_long) else 0
         self._note_copy(h, i, dist)
         self._slide(h, period, novel, i - self._letter_at >= t.ngram_words)
