@@ -1,17 +1,11 @@
 """`gen-pipeline probe-kv`: what a KV-cache dtype (fp8_e4m3) does to the target model's outputs.
 
-Two servers that differ only in KV dtype (two server.toml profiles, or two attached URLs) get the
-same prompts: the first N valid prompts of the dataset's source, each cut after its first user
-turn, tokenized once by the reference server's chat template (/tokenize). The reference side runs
-first: it decodes greedily and scores its own output teacher-forced; then the compare side decodes
-the same ids (free run: exact match, first divergent token) and scores the reference output
-teacher-forced (top-1 agreement, |Δ logprob|, a KL lower bound), so a divergence does not compound.
-Two launched profiles run one after the other (the reference stopped before the compare starts):
-two copies of the target model rarely fit one node. Every refusal the configs can decide (equal KV
-dtypes, a backend other than SGLang, SGLang not installed) comes before anything is launched.
-An attached compare server is checked before the reference side starts. SGLang only: see
-probe/sglang.py for the request shapes. vLLM is refused with a message (its /v1/completions takes
-token-id prompts with `logprobs` and `prompt_logprobs`, which would do, but is not implemented here).
+Two servers that differ only in KV dtype get the first N valid prompts of the dataset (first user turn,
+tokenized once by the reference's chat template). The reference decodes greedily and scores its own
+output teacher-forced; the compare side decodes the same ids (exact match, first divergence) and scores
+the reference output teacher-forced, so a divergence does not compound. Two launched profiles run one
+after the other (two copies of the model rarely fit one node); every refusal the configs can decide
+comes before anything is launched. SGLang only (probe/sglang.py); vLLM is refused with a message.
 """
 
 from __future__ import annotations
