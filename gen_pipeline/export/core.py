@@ -209,9 +209,8 @@ def validation_path(out: Path) -> Path:
 
 
 def _remove_stale_validation(opts: ExportOptions) -> list[str]:
-    """--force: an earlier export's validation file that this one does not replace would overlap the
-    new train file (no --val-share now), or sit where a *.jsonl glob finds it (the .val.jsonl of
-    exports before .val.ndjson), so it goes."""
+    """--force: an earlier export's validation file that this one does not replace would overlap the new
+    train file or sit where a *.jsonl glob finds it (an old .val.jsonl), so it goes."""
     if opts.format == "hf" or not opts.force:
         return []
     notes = []

@@ -18,9 +18,6 @@ from typing import Any
 
 SAVED_FORMULA = ("tokens not decoded up to max_new_tokens × the runs' wall time × GPUs ÷ every token they "
                  "decoded")
-# the counters; every one an int, summed over turns (failures' turns too where errors.jsonl has them)
-GATE_KEYS = ("turns", "retried_turns", "loops", "loops_kept", "empty", "leaks", "tokens_not_decoded",
-             "discarded_tokens")
 FAILURE_KEYS = ("loops", "empty", "tokens_not_decoded", "discarded_tokens")  # what Failure.extra records
 
 

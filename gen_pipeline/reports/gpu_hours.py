@@ -59,7 +59,7 @@ class GpuUsage:
 
     @property
     def recorded(self) -> bool:
-        """Some run recorded its server (runs of versions before issue 24 did not)."""
+        """Some run recorded its server (older versions did not)."""
         return bool(self.how)
 
     @property

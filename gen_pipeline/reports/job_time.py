@@ -159,7 +159,7 @@ def format_job_time(j: JobTime, config_dir: Path) -> str:
 
 
 def _graph_warning(j: JobTime) -> list[str]:
-    """A warning when a dataset's predicted running exceeds the node's CUDA-graph ceiling (issue 34)."""
+    """A warning when a dataset's predicted running exceeds the node's CUDA-graph ceiling."""
     over = [d for d in j.known if j.cuda_graph_max_bs and d.running > j.cuda_graph_max_bs]
     if not over:
         return []

@@ -271,10 +271,9 @@ def _run_rate(run: RunRecord) -> float | None:
 
 def config_targets(config_dir: Path, output_dir: Path, only: Sequence[str] = ()) -> tuple[dict[str, int | None],
                                                                                         list[str]]:
-    """({dataset name: target}, warnings) from the configs of `only` (default: every TOML of config_dir);
-    the name inside a TOML wins over its file name. A named dataset with outputs but no config gets
-    None (status reads the target its run recorded); a config that does not load is a warning (shown
-    without a target) unless it was named (then its ConfigError is raised)."""
+    """({dataset name: target}, warnings) from the configs of `only` (default: every TOML of config_dir; the
+    name inside a TOML wins). A dataset with outputs but no config gets None; a config that does not load is a
+    warning unless it was named (then its ConfigError is raised)."""
     targets: dict[str, int | None] = {}
     warnings: list[str] = []
     for n in list(only) or [str(p) for p in sorted(config_dir.glob("*.toml")) if p.stem != "server"]:

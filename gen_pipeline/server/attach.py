@@ -38,8 +38,7 @@ async def run_attached(urls: list[str], *, http: Http, first_model: str | None =
                        task_status: TaskStatus[ServerHandle] = anyio.TASK_STATUS_IGNORED) -> None:
     """Check each URL is an SGLang/OpenAI server, report the handle, then watch health until cancelled.
     A URL unreachable at start is taken out and probed back in later; raises ServerError when none can be
-    reached, one is foreign, they serve different models, or none has answered for give_up_after_s.
-    """
+    reached, one is foreign, they serve different models, or none has answered for give_up_after_s."""
     models, unreachable = await _identify_all(http, urls, asked or {})
     fleet = Fleet(urls, fail_after=unhealthy_after, probe_initial_s=health_interval_s, routing=routing)
     handle = ServerHandle(base_urls=urls, model=first_model or next(iter(models.values())), capacity=combine([]),

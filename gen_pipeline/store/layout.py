@@ -105,12 +105,9 @@ def _samples(parts: list[Path]) -> int:
 
 
 def check_world(folder: Path, spec: RankSpec) -> None:
-    """Refuse a run whose layout differs from what the dataset folder holds: ranks over a one-run
-    dataset, a one-run over ranks, or another world size. Raises StoreError saying what exists,
-    what was asked and what to do. (Refused rather than re-split: which rank owns a prompt depends
-    on the world size, so the samples already written would belong to other ranks.) Any rank folder
-    counts, even an empty one: the store checks again once its own folder and lock exist, so two
-    runs that start together with different layouts cannot both pass."""
+    """Refuse a run whose layout differs from what the dataset folder holds (ranks over a one-run dataset,
+    the reverse, or another world size: the owner of a prompt depends on it), raising StoreError saying
+    what exists, what was asked and what to do. Any rank folder counts, even an empty one."""
     where = display_path(folder)
     others = {rw: p for rw, p in rank_parts(folder).items() if rw[1] != spec.world}
     env = spec.source not in ("default", "--rank/--world-size")  # say which variables, when they decided
