@@ -11,7 +11,6 @@ comes before anything is launched. SGLang only (probe/sglang.py); vLLM is refuse
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, fields
@@ -35,6 +34,7 @@ from gen_pipeline.server.command import check_launchable
 from gen_pipeline.server.handle import ServerHandle
 from gen_pipeline.server.supervisor import run_server
 from gen_pipeline.sources.loading import SourceStats, iter_prompts
+from gen_pipeline.store.shards import write_atomic
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -220,7 +220,7 @@ async def run_probe(cfg: DatasetConfig, opts: ProbeOptions, say: Callable[[str],
     if not results:
         raise ServerError(f"probe-kv: every prompt failed; the first error: {failures[0]['error']}")
     report = build_report(cfg, opts, servers, results, failures)
-    write_json_atomic(folder / "probe-kv.json", report)
+    write_atomic(folder / "probe-kv.json", orjson.dumps(report, option=orjson.OPT_INDENT_2))
     return report
 
 
@@ -300,16 +300,6 @@ def build_report(cfg: DatasetConfig, opts: ProbeOptions, servers: dict[str, Any]
         "aggregate": agg, "verdict": level, "verdict_line": line,
         "failed_prompts": failures, "per_prompt": [r.to_dict() for r in results],
     }
-
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """tmp file + fsync + rename: a reader sees the old file or the new one, never half of one."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(orjson.dumps(data, option=orjson.OPT_INDENT_2))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def format_report(report: dict[str, Any], path: Path) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from gen_pipeline.quality.accounting import add_meta
-from gen_pipeline.store.manifest import ShardRecord
+from gen_pipeline.store.manifest import ShardRecord, fsync_dir
 
 SHARD_RE = re.compile(r"^shard-(\d{5,})\.jsonl$")
 
@@ -210,11 +210,7 @@ def write_atomic(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(path.parent)
 
 
 TMP_SUFFIX = ".tmp"
