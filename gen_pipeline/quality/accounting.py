@@ -21,7 +21,8 @@ SAVED_FORMULA = ("tokens not decoded up to max_new_tokens × the runs' wall time
 FAILURE_KEYS = ("loops", "empty", "tokens_not_decoded", "discarded_tokens")  # what Failure.extra records
 
 
-def _int(v: Any) -> int:
+def int_or_zero(v: Any) -> int:
+    """An integer field of a row, 0 when absent or not an integer (booleans are not)."""
     return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
@@ -35,10 +36,10 @@ def add_meta(counts: dict[str, int], meta: Mapping[str, Any]) -> None:
             continue
         counts["turns"] = counts.get("turns", 0) + 1
         for key in ("loops", "empty", "tokens_not_decoded", "discarded_tokens"):
-            n = _int(t.get(key))
+            n = int_or_zero(t.get(key))
             if n:
                 counts[key] = counts.get(key, 0) + n
-        if _int(t.get("attempts")) > 1:
+        if int_or_zero(t.get("attempts")) > 1:
             counts["retried_turns"] = counts.get("retried_turns", 0) + 1
         if t.get("finish_reason") == "loop":
             counts["loops_kept"] = counts.get("loops_kept", 0) + 1
@@ -54,7 +55,7 @@ def add_failure(counts: dict[str, int], row: Mapping[str, Any]) -> None:
     failed it (truncated = "drop": reason "leak", or "truncated" for a leak cut by max_new_tokens, its detail
     naming the leak, run/answer.judge)."""
     for key in FAILURE_KEYS:
-        n = _int(row.get(key))
+        n = int_or_zero(row.get(key))
         if n:
             counts[key] = counts.get(key, 0) + n
     detail = row.get("detail")
@@ -67,7 +68,7 @@ def merged(parts: Iterable[Mapping[str, int]]) -> dict[str, int]:
     out: dict[str, int] = {}
     for p in parts:
         for k, v in p.items():
-            out[k] = out.get(k, 0) + _int(v)
+            out[k] = out.get(k, 0) + int_or_zero(v)
     return out
 
 

@@ -6,7 +6,7 @@ shards' figures come from the manifest, the open shard (and any the manifest doe
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -221,7 +221,7 @@ def _add_errors(st: DatasetStatus, manifest: Manifest, rows: list[dict[str, Any]
 def _add_run(st: DatasetStatus, folder: Path, manifest: Manifest) -> None:
     runs = manifest.get("runs", [])
     st.runs = len(runs)
-    st.run_wall_s = sum(_run_wall_s(r) or 0.0 for r in runs)
+    st.run_wall_s = sum(run_wall_s(r) or 0.0 for r in runs)
     lock = read_lock(folder)
     if lock is not None and lock.problem:
         st.state = f"lock unreadable ({lock.problem})"
@@ -254,7 +254,8 @@ def _age_s(iso: Any) -> float | None:
         return None
 
 
-def _run_wall_s(run: RunRecord) -> float | None:
+def run_wall_s(run: Mapping[str, Any]) -> float | None:
+    """Seconds a run record spans (started_at to ended_at, else its last update); None without them."""
     try:
         t0 = datetime.fromisoformat(run["started_at"])
         t1 = datetime.fromisoformat(run.get("ended_at") or run["updated_at"])
@@ -265,7 +266,7 @@ def _run_wall_s(run: RunRecord) -> float | None:
 
 def _run_rate(run: RunRecord) -> float | None:
     """samples/s of a run from its manifest record, when the pipeline passed no progress."""
-    elapsed_s = _run_wall_s(run)
+    elapsed_s = run_wall_s(run)
     return run.get("samples_written", 0) / elapsed_s if elapsed_s else None
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from gen_pipeline.quality.accounting import add_meta
+from gen_pipeline.quality.accounting import add_meta, int_or_zero
 from gen_pipeline.store.manifest import ShardRecord, fsync_dir
 
 SHARD_RE = re.compile(r"^shard-(\d{5,})\.jsonl$")
@@ -85,17 +85,13 @@ class ShardScan:
         meta = row.get("meta")
         if not isinstance(meta, dict):
             meta = {}
-        self.prompt_tokens += _int(meta.get("prompt_tokens"))
-        self.completion_tokens += _int(meta.get("completion_tokens"))
+        self.prompt_tokens += int_or_zero(meta.get("prompt_tokens"))
+        self.completion_tokens += int_or_zero(meta.get("completion_tokens"))
         self.truncated += meta.get("finish_reason") == "length"
         add_meta(self.gate, meta)
         variant = meta.get("sampling_variant")
         if isinstance(variant, int) and not isinstance(variant, bool):
             self.variants[str(variant)] = self.variants.get(str(variant), 0) + 1
-
-
-def _int(v: Any) -> int:
-    return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
 def parse_line(line: bytes) -> tuple[dict[str, Any] | None, str]:
