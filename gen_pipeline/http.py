@@ -11,16 +11,14 @@ Every failure to get an answer becomes one of these (`kind` is the short key a F
      │                   (a black-holed server): nothing is there; the fleet takes such a server out
      ├── NoAnswer        "timeout": connected and sent, but no answer within the read timeout (a busy
      │                   or stalled server: it is there, so it stays in the fleet)
-     ├── ConnectionLost  "connection": the connection dropped mid-request or mid-response (reset, a
-     │                   body cut short, a server that closed without answering)
+     ├── ConnectionLost  "connection": the connection dropped mid-request or mid-response
      ├── BadBody         "bad_body": an answer whose body is not what was asked for (not JSON, bad encoding)
      └── BadStatus       "status": get_json/get_text/get_bytes/open_stream got a status other than 200
                          (`reply` holds the answer); `get` and `post_json` return any status as a Reply
 
-Timeouts (`httpx.Timeout`, per phase, not per request): connect = [generation] connect_timeout_s, read
-and write = request_timeout_s (a long generation is one read that waits for the whole answer), pool =
-none (the pool holds one connection per request the window allows, so a wait for one is the window's
-doing, not the server's). Control calls (health, loads, metrics) pass their own shorter `timeout_s`.
+Timeouts, per phase: connect = [generation] connect_timeout_s, read and write = request_timeout_s (a
+long generation is one read), pool = none (one connection per request the window allows, so a wait for
+one is the window's doing). Control calls (health, loads, metrics) pass their own `timeout_s`.
 """
 
 from __future__ import annotations
