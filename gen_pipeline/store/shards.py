@@ -2,14 +2,12 @@
 shards. Read through layout.py (the trust rules); the store repairs with it.
 
     shard-00003.jsonl   one Sample JSON object a line, "\\n"-terminated; a torn write leaves a partial last line
-    shard-00003.ids     the ids of a sealed shard, so resume need not parse the shard: a header line
-                        {"shard", "bytes", "samples", "ids_sha256"} (the shard it was made from, its size, and a
-                        digest of the id lines that follow), then one JSON string a line
+    shard-00003.ids     the ids of a sealed shard: a header {"shard", "bytes", "samples", "ids_sha256"},
+                        then one JSON string a line
 
-A sidecar is trusted only when it fits its shard (`read_sidecar`): same name and size, the digest of
-its ids, and the shard's first line starting with its first id. One that does not (a copied or damaged
-sidecar, one from a version without the header) makes the store parse the shard and write it anew, so
-a sidecar with the right count and the wrong ids can never make a resume write a sample twice.
+A sidecar is trusted only when it fits its shard (`read_sidecar`: same name and size, the digest of its
+ids, the shard's first line starting with its first id); otherwise the store parses the shard and writes
+it anew, so a wrong sidecar can never make a resume write a sample twice.
 """
 
 from __future__ import annotations
