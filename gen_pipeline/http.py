@@ -11,16 +11,14 @@ Every failure to get an answer becomes one of these (`kind` is the short key a F
      │                   (a black-holed server): nothing is there; the fleet takes such a server out
      ├── NoAnswer        "timeout": connected and sent, but no answer within the read timeout (a busy
      │                   or stalled server: it is there, so it stays in the fleet)
-     ├── ConnectionLost  "connection": the connection dropped mid-request or mid-response (reset, a
-     │                   body cut short, a server that closed without answering)
+     ├── ConnectionLost  "connection": the connection dropped mid-request or mid-response
      ├── BadBody         "bad_body": an answer whose body is not what was asked for (not JSON, bad encoding)
      └── BadStatus       "status": get_json/get_text/get_bytes/open_stream got a status other than 200
                          (`reply` holds the answer); `get` and `post_json` return any status as a Reply
 
-Timeouts (`httpx.Timeout`, per phase, not per request): connect = [generation] connect_timeout_s, read
-and write = request_timeout_s (a long generation is one read that waits for the whole answer), pool =
-none (the pool holds one connection per request the window allows, so a wait for one is the window's
-doing, not the server's). Control calls (health, loads, metrics) pass their own shorter `timeout_s`.
+Timeouts, per phase: connect = [generation] connect_timeout_s, read and write = request_timeout_s (a
+long generation is one read), pool = none (one connection per request the window allows, so a wait for
+one is the window's doing). Control calls (health, loads, metrics) pass their own `timeout_s`.
 """
 
 from __future__ import annotations
@@ -111,12 +109,9 @@ class Reply:
 
 
 class Http:
-    """GETs and POSTs with the errors above; made by `open_http`, closed with it.
-
-    Requests go straight to the transport (httpx's connection pool, or a test's MockTransport), not
-    through httpx.AsyncClient: we use none of what the client adds (cookies, auth, redirects, event
-    hooks, URL merging), and skipping it saves client CPU on every request (docs/measurements.md,
-    "HTTP client library")."""
+    """GETs and POSTs with the errors above; made by `open_http`, closed with it. Requests go straight to the
+    transport, not through httpx.AsyncClient, whose extras we do not use and whose cost is client CPU on
+    every request (docs/measurements.md, "HTTP client library")."""
 
     def __init__(self, transports: list[httpx.AsyncBaseTransport], timeout: httpx.Timeout):
         self._transports = transports
@@ -245,18 +240,14 @@ class Stream:
         return self._mapped_iter(self._response.aiter_lines())
 
     def events(self) -> AsyncIterator[bytes]:
-        """The data of each server-sent event, as bytes (orjson reads them without a decode): the `data:`
-        lines of an event joined by newlines, one leading space removed, as the SSE spec says; events
-        without data (comments, keep-alives) are skipped. Parsed from the raw bytes: cheaper than
-        decoding lines (a stream of one token a chunk is tens of thousands of events a second)."""
+        """The data of each server-sent event, as bytes: its `data:` lines joined by newlines, one leading space
+        removed (the SSE spec); events without data are skipped. Parsed from the raw bytes: cheaper than lines."""
         return self._mapped_iter(_sse_events(self._response.aiter_bytes()))
 
     async def drain(self, limit_s: float = DRAIN_S) -> None:
-        """Read what is left of the answer, unused, so that its connection goes back to the pool: SGLang
-        ends its body right after `data: [DONE]`, and a connection left with its body unread is closed,
-        a new one opened for the next request (a TCP handshake on both sides, ~1.5 ms of client CPU a
-        request at the small-model rate). A server that holds the body open past `limit_s` is left: the
-        connection is closed as before."""
+        """Read what is left of the answer, unused, so that its connection goes back to the pool (an unread
+        body closes it, and the next request pays a new handshake). A server that holds the body open past
+        `limit_s` is left: the connection is closed."""
         with anyio.move_on_after(limit_s):
             try:
                 for it in self._open:
@@ -331,11 +322,9 @@ async def open_http(generation: GenerationConfig, max_connections: int, *,
                             write=generation.request_timeout_s, pool=None)
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
                           keepalive_expiry=KEEPALIVE_EXPIRY_S)
-    # No proxy from HTTP_PROXY (only httpx.AsyncClient reads it; aiohttp before did not either): a cluster's
-    # proxy for the internet must not carry the requests to a server on the next node. HTTP/1.1 (SGLang's
-    # uvicorn speaks nothing else), one connection per request in flight.
-    # One TLS context for all pools: httpx builds one per transport otherwise, and a window of thousands
-    # means hundreds of pools, which held the first request back seconds on a GPU host (docs/measurements.md).
+    # No proxy from HTTP_PROXY: a cluster's proxy for the internet must not carry requests to the next node.
+    # HTTP/1.1 (all SGLang's uvicorn speaks), one connection per request in flight. One TLS context for all
+    # pools: one per transport held the first request back seconds on a GPU host (docs/measurements.md).
     shards = -(-max_connections // CONNECTIONS_PER_POOL)
     tls = httpx.create_ssl_context() if transport is None else True  # True: unused (a test transport)
     http = Http([transport] if transport else

@@ -40,12 +40,10 @@ def take_held() -> str | None:
 
 @contextmanager
 def hold_signals(*, redeliver: bool = False) -> Iterator[None]:
-    """While inside, SIGINT/SIGTERM/SIGHUP are held instead of ending the process: a job's Shutdown takes
-    them when it starts listening, and holds again once it stops (anyio resets the dispositions to the
-    defaults when its receiver closes). On the way out the previous handlers are back; a signal still held
-    is dropped (a job ended: its summary said how), or with `redeliver` sent again to those handlers (the
-    CLI's outermost scope: a command that is not `generate` gets the usual default actions). Off the main
-    thread (signals cannot be handled there) it does nothing."""
+    """While inside, SIGINT/SIGTERM/SIGHUP are held instead of ending the process: a job's Shutdown takes them
+    when it listens, and they are held again once it stops. On the way out the previous handlers are back and a
+    held signal is dropped, or with `redeliver` sent again to them (the CLI's outermost scope). Off the main
+    thread: nothing."""
     global _depth
     if threading.current_thread() is not threading.main_thread():
         yield

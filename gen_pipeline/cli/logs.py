@@ -1,14 +1,10 @@
 """Where `generate`'s log records go: the only place that configures logging (the library only emits).
 
-The console (stdout): records of level INFO and up under the `gen_pipeline` logger, except the
-journal's (`gen_pipeline.journal`: the run's start line, the controller's decisions, how it ended,
-which the summary printed at the end says on the console anyway). While a progress bar is drawn the
-console handler goes through tqdm's `logging_redirect_tqdm`, so an event never lands on the bar's line.
-
-run.log: each dataset's folder (a rank's: its part) gets a FileHandler on `run.log`, appended across
-runs, UTC timestamps: every record of INFO and up, the journal's included, that is about that dataset
-or about none (the job's and the server's); a record about another dataset (its `dataset`
-attribute, run/dataset_run.py) goes to that one's run.log only.
+The console (stdout): INFO and up under `gen_pipeline`, except the journal's (`gen_pipeline.journal`,
+which the final summary says anyway), through tqdm's `logging_redirect_tqdm` while a bar is drawn.
+run.log in each dataset's folder (a rank's: its part), appended, UTC timestamps: INFO and up, the
+journal's included, about that dataset or about none; a record about another dataset (its `dataset`
+attribute) goes to that one's run.log only.
 """
 
 from __future__ import annotations

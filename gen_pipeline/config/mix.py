@@ -22,17 +22,13 @@ overriding the base's value. It may only change keys the base sets (chat_templat
 base's table has, values of the same type), so every row records the same keys in meta.sampling (one
 Arrow schema); variants are numbered from 0 in the order written (meta.sampling_variant).
 
-The draw: a sample's place u in [0, 1), its variant the one whose cumulative share first exceeds u. u
-is the sample's source position k (Prompt.source_index: the row's index in the source, which the
-resume fingerprint pins) times the golden ratio, mod 1, shifted by the seed: Knuth's Fibonacci hashing
-in 64-bit integers, exact on every machine. So a sample's variant depends on nothing but the seed and
-its row: not on the run, the rank, a resume or a retry. And because {k·φ} is a low-discrepancy
-sequence, any N consecutive rows get each variant's share within about log(N)/N (rows k, k+m, k+2m,
-... too, with a constant that grows with m), where an independent draw per id would be off by
-~sqrt(share·(1 − share)/N): ±2.2 % (1 sd) for a 50 % share at 500 samples, ±0.7 % at 5,000. A rank of a
-ranked run gets the rows whose ids hash to it (store/ranks.py): its own shares are those of independent
-draws; the ranks together hold every row, so the dataset's are exact again. A prompt without a source position (made in
-code) is placed by a hash of (seed, its id) instead: independent, unbiased, stable.
+The draw: a sample's place u in [0, 1) is its source position k (Prompt.source_index, pinned by the
+resume fingerprint) times the golden ratio, mod 1, shifted by the seed (Fibonacci hashing in 64-bit
+integers), and its variant the one whose cumulative share first exceeds u. So a sample's variant
+depends only on the seed and its row, never on the run, rank, resume or retry; and {k·φ} being
+low-discrepancy, any N consecutive rows get each share within about log(N)/N, where independent
+draws would be off by ~sqrt(share·(1 − share)/N). A prompt without a source position (made in code)
+is placed by a hash of (seed, its id) instead.
 
 Pure; no async library.
 """

@@ -29,9 +29,6 @@ class RunFlags:
     drain_grace_s: Annotated[float, flag(
         "--drain-grace-s", ge=0, unit="seconds",
         help="on SIGINT/SIGTERM, seconds to let in-flight requests finish")] = 30.0
-    # attached servers: how long a run waits for a server to come back when none answers (an operator's
-    # SGLang restart takes 60-90 s), how often each is health-checked, and how long one may make no
-    # progress with requests in flight before it may count as hung (server/hang.py says when it does)
     server_wait_s: Annotated[float, flag(
         "--server-wait-s", ge=0, unit="seconds",
         help="attached servers: when none answers (a restart), pause and wait this long for one to come back "
@@ -47,7 +44,6 @@ class RunFlags:
     proceed_anyway: Annotated[bool, flag(
         "--proceed-anyway", help="launch even when the source check fails (most rows rejected, too few valid "
                                  "rows)")] = False
-    # GPUs each server holds, for GPU-hours when its /get_server_info has no tp_size (reports/gpu_hours.py)
     gpus_per_server: Annotated[int | None, flag(
         "--gpus-per-server", ge=1, help="GPUs each server holds, for the GPU-hours status and the report show "
                                         "(default: the server's tp_size × dp_size from /get_server_info; "

@@ -1,13 +1,9 @@
 """TOML tables → frozen config dataclasses, type-checked by pydantic from the dataclass's own
 annotations, with messages that name the file, the key and the value, and say what to do.
 
-pydantic (not msgspec) because its errors are structured (`type`, `loc`, `input`), so each one maps
-to our wording without parsing message text; strict mode refuses "0.7" for a number and 1 for a
-boolean, as the hand-written checks it replaces did. The dataclasses stay plain (constructed in
-code without validation); only what comes from a file goes through here.
-
-Options that CLI flags set (RunOptions, ProbeOptions, export's Filters) declare their ranges once, on
-their fields (`flag`), and check them when constructed (`check_flags`): the messages name the flag.
+pydantic because its errors are structured (`type`, `loc`, `input`), so each maps to our wording, and
+strict mode refuses "0.7" for a number. Only what comes from a file goes through here. Options that CLI
+flags set declare their ranges once, on their fields (`flag`), checked by `check_flags`.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """The batch ceiling: the most requests worth running at once, where the server's decode step gets slower.
 
-SGLang replays a captured CUDA graph for a decode batch of at most `cuda_graph_max_bs` requests (256 on
-one H100/H200, 512 at TP >= 4 by default: server_args.py); a larger batch decodes eagerly, about twice
-the step time at the same batch (issue 34: 15.4K tok/s at 224-255 running, 7.5-8.5K at 256-320 on one
-H100). Past that point more running requests lose throughput, and neither SGLang's admission nor a
-window that feeds it knows: the client must hold the batch below it.
-
-The cap is on requests in flight (running <= in flight), so the server's queue never lifts the batch
-past it. Where it comes from:
-- the server's `cuda_graph_max_bs` (gen_pipeline/server/capacity.py), the cap's start and its top;
-- else a knee seen in the load polls: the decode rate (gen_throughput) at a higher running count fell
-  `knee_drop` below the best seen at a lower one; the cap starts at the best's running and may climb back
-  up to `knee_headroom` x it (a false knee costs a few epochs, not the run).
-Once in force, measured goodput moves the cap both ways (controller/climb.py), down first from the top.
+Past SGLang's CUDA-graph ceiling (`cuda_graph_max_bs`) a decode batch runs eagerly at about twice the
+step time, and neither SGLang's admission nor the feed knows, so the cap is on requests in flight. It
+starts at the server's `cuda_graph_max_bs`, else at a knee seen in the load polls (the decode rate at a
+higher running count `knee_drop` below the best at a lower one; it may climb back to `knee_headroom` x
+it). Once in force, measured goodput moves it both ways (controller/climb.py), down first.
 """
 
 from __future__ import annotations

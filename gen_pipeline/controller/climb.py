@@ -1,10 +1,8 @@
 """Hill climb of one positive value on a measured objective, one measurement per epoch.
 
-Measure at the reference value, probe one step away, keep the probe if the objective rose by
-more than the noise band, otherwise go back and try the other way with half the step. When
-the step falls below `step_min` the climb has converged: it holds for `reprobe_epochs` epochs
-and then probes again with a small step, so it follows a slowly moving optimum. A flat
-objective (a plateau, a noisy trace) sends it back to the reference: it stays put.
+Probe one step away from the reference; keep it if the objective rose beyond the noise band, else go
+back and try the other way with half the step. Below `step_min` it holds for `reprobe_epochs`, then
+probes again, so it follows a slowly moving optimum; a flat objective leaves it put.
 """
 
 from __future__ import annotations

@@ -16,50 +16,35 @@ class ControllerConfig:
         max_window = 4096
     """
 
-    # Share of the KV pool the model-based window aims to fill with running requests. Below 1
-    # because request lengths vary: the sum of live KV fluctuates around its mean and SGLang
-    # retracts the moment it touches the pool (scheduler.py update_running_batch).
+    # Share of the KV pool the model aims to fill: below 1 because the live KV fluctuates around its
+    # mean and SGLang retracts the moment it touches the pool (scheduler.py update_running_batch).
     target_usage: float = 0.92
-    # The model's window adds requests queued beyond its decode slots, so a freed slot refills on
-    # the next scheduler step instead of after a client round trip: a share of the slots, clamped.
+    # The model's window adds a queue of a share of its slots, so a freed slot refills on the next step.
     queue_slack_frac: float = 0.05
     queue_slack_min: int = 2
     queue_slack_max: int = 32
-    # Under live load the window is running + a queue for SGLang's admission (controller/feed.py):
-    # queue_frac x running, warm_queue_frac x running while SGLang warms up (until new_token_ratio is
-    # within warm_ratio_factor x its floor), clamped to [queue_min, queue_max].
+    # Under load: running + a queue for SGLang's admission, warm_queue_frac while it warms up (controller/feed.py).
     queue_frac: float = 0.5
     warm_queue_frac: float = 2.0
     queue_min: int = 4
     queue_max: int = 512
     warm_ratio_factor: float = 1.5
-    # The queue is sized on the most requests SGLang ran within the last running_peak_s, not on the last
-    # poll alone: a wave of finishes reads as a dip in running for a poll or two before SGLang's next
-    # admission round, and a window that shrank with it left that round an empty queue (seen on a GPU:
-    # docs/measurements.md, "short and long outputs").
+    # The queue is sized on the peak running within this span, not the last poll (a wave of finishes dips it).
     running_peak_s: float = 5.0
-    # The first cohort (controller/feed.py): from a start or restart until cohort_turnover x the cohort
-    # has completed, the window is at most target_usage x C / F, F the mean prompt + completion tokens
-    # of the completions seen (no cap before the first). 0 turns it off. The requests SGLang admits
-    # when its warm-up ends are all of one age and grow together, and flooded they overrun the pool seconds
-    # after a start (docs/measurements.md, "short and long outputs").
+    # The first-cohort cap after a (re)start lasts until this share of the cohort completed (controller/feed.py);
+    # 0 turns it off.
     cohort_turnover: float = 0.5
-    # The retraction guard (off by default): the model of the pool caps that window while the pool fills
-    # (token_usage at or above guard_usage_frac x target_usage) within retraction_cooldown_s of a
-    # retraction, leaving SGLang at most queue_min to admit. Off because a retraction costs SGLang only a
-    # re-prefill (generated tokens are kept) and the cap starves its admission for the cooldown: it cost
-    # throughput with eager admission and gained none elsewhere (docs/measurements.md, "controller").
-    # With it off, retraction bursts still cap growth (retraction_burst_*) and the climb still runs.
+    # The retraction guard caps the window by the model while the pool fills after a retraction. Off: a
+    # retraction costs SGLang only a re-prefill and the cap starved its admission (docs/measurements.md,
+    # "controller"); bursts still cap growth (retraction_burst_*).
     retraction_guard: bool = False
     guard_usage_frac: float = 0.8
     min_window: int = 1
     max_window: int = 4096
-    # The initial tokens-per-request estimate counts as this many completions in the running
-    # estimate, so the first (short-biased: short requests finish first) completions move it slowly.
+    # The prior counts as this many completions, so the first (short-biased) completions move it slowly.
     prior_weight: float = 32.0
     history: int = 512  # completions kept for the running length estimates
-    # Hill climb on measured goodput: one epoch per probe; its length follows the request
-    # latency (a window change shows in the KV only as the requests it admits grow).
+    # Hill climb on measured goodput, one epoch per probe; an epoch's length follows the request latency.
     epoch_latency_frac: float = 0.5
     epoch_min_s: float = 20.0
     epoch_max_s: float = 300.0
@@ -71,26 +56,20 @@ class ControllerConfig:
     reprobe_epochs: int = 8  # epochs held after converging before probing again
     gain_min: float = 0.6  # bounds of the multiplier on the model's slots
     gain_max: float = 1.8
-    # Retraction guard: a burst (this share of running requests, at least burst_min, in one
-    # poll) steps the multiplier back and forbids growth for the cooldown. A few retractions are
-    # SGLang's own optimism at work and cost only their prefill again (generated tokens are kept): not a
-    # storm.
+    # A burst (this share of running, at least burst_min, in one poll) steps the gain back and forbids
+    # growth for the cooldown; a few retractions are SGLang's own optimism.
     retraction_burst_frac: float = 0.03
     retraction_burst_min: int = 4
     retraction_backoff: float = 0.9
     retraction_cooldown_s: float = 30.0
     # A probe up is rejected when more requests were retracted than this share of completions.
     retraction_max_share: float = 0.1
-    # The batch ceiling (controller/batch.py): requests in flight stay at or below the server's CUDA-graph
-    # ceiling (cuda_graph_max_bs), or below a knee seen in the polls (the decode rate at a higher running
-    # count knee_drop below the best at a lower one, each bin seen knee_polls times; the cap may climb back
-    # to knee_headroom x the knee). Goodput then moves the cap by batch_cap_step per probe, down first.
+    # The batch ceiling (controller/batch.py): the knee's drop, polls per bin, headroom, and the climb's step.
     batch_cap_step: float = 0.05
     knee_drop: float = 0.25
     knee_polls: int = 5
     knee_headroom: float = 1.5
-    # Latency-gradient mode (no capacity known): start, and back off when the time per output
-    # token of recent completions exceeds tolerance x that of the best epoch (Gradient2's rule).
+    # No capacity known: the start window, and Gradient2's back-off when TPOT exceeds tolerance x the best's.
     gradient_initial_window: int = 32
     gradient_tolerance: float = 2.0
     gradient_step: float = 0.5

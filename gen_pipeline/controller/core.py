@@ -1,57 +1,21 @@
 """The concurrency controller: how many requests to keep in flight (pure policy, time is a parameter).
 
-Objective: completed tokens per second of a batch job, with the server's queue bounded. SGLang's
-own scheduler decides how many requests run (its admission reserves new_token_ratio x the clipped
-remaining max_new_tokens of every running request); the client's job is to keep that admission fed
--- never the reason a slot waits -- without queueing the whole job at the server. Three layers:
+Objective: completed tokens per second with the server's queue bounded. SGLang's scheduler decides
+what runs; the client keeps its admission fed without queueing the whole job at the server
+(docs/concurrency.md). The layers:
 
-1. Feed, every poll (controller/feed.py): the window is R + a queue of queue_frac x R (clamped to
-   [queue_min, queue_max]) + what is in transit (sent, neither running nor queued yet), R being the
-   most requests running at the polls of the last running_peak_s (a wave of finishes dips running
-   for a poll before SGLang admits again), so SGLang always has candidates at its next admission
-   round and the client refills at every completion. While SGLang's admission warms up after a start or
-   restart (new_token_ratio, read from /metrics, still far above its floor; without that gauge,
-   until the first completion) the queue allowed is warm_queue_frac x running: its first cautious
-   round is not a full server. Until the first cohort after a (re)start has half turned over
-   (cohort_turnover x u C / F completions), the window is at most u x C / F (F: the mean prompt +
-   completion of the completions seen), never below running + in transit + queue_min: the requests
-   SGLang admits when its warm-up ends are all young together. The bound on the server's queue:
-   queued <= window - running - in transit = that queue + (R - running).
-2. Model of the pool: C / H requests fit, H being the mean KV a request holds over its life
-   (length-weighted, learned from completions; see RequestSizes; before the first wave has
-   finished, the prior F, a request at its end). gain * u * C / H + a small slack, capped at
-   max_running_requests, is the window before any load is seen and, with the retraction guard on
-   (ControllerConfig.retraction_guard, off by default), the cap on the feed while the pool fills
-   (token_usage >= guard_usage_frac x target_usage) within retraction_cooldown_s of a retraction
-   (never below running + queue_min while SGLang leaves that many queued). Off, SGLang's admission
-   decides under load: a retraction costs it a re-prefill, and the cap starved its admission (issue 19).
-   The live KV per running request (used_tokens / running) is a floor on H.
-3. Hill climb of `gain` on measured goodput (the server's live decode rate, see Epoch, over
-   epochs of about half a request latency, the first 30% of each discarded as transition): keep
-   a step that raised goodput beyond the noise band, go back and halve the step otherwise, and
-   hold once the step is small. A probe up that retracted more than `retraction_max_share` of its
-   completions is rejected. A retraction burst (retraction_burst_frac of running, at least
-   retraction_burst_min, in one poll) steps the gain back and holds the window at most at what it
-   was for a cooldown (SGLang's own admission also turns conservative then: new_token_ratio jumps
-   in scheduler.py retract_decode); a few retractions are SGLang's optimism and cost a re-prefill.
+1. Feed (controller/feed.py): running + a bounded queue + what is in transit, with a warm-up and a
+   first-cohort cap after every (re)start.
+2. Model of the pool: gain x u x C / H requests fit (H: the mean KV a request holds over its life,
+   RequestSizes), capped at max_running_requests; the window before load is seen and, with the
+   optional retraction guard, the cap while the pool fills after a retraction.
+3. Hill climb of `gain` on measured goodput (Epoch, HillClimber); a retraction burst steps it back.
+4. The batch ceiling (controller/batch.py): in flight never exceeds the CUDA-graph batch ceiling.
 
-4. The batch ceiling (controller/batch.py): past SGLang's CUDA-graph ceiling (cuda_graph_max_bs, read
-   from /server_info) a decode step takes ~2x as long, so requests in flight never exceed it; without the
-   field, a knee in the polled decode rate (falling as running grows) sets the cap. Goodput then moves
-   the cap (probing down first) while it is what holds the batch.
-
-With no capacity known (a plain OpenAI-compatible server) the climb runs on the window itself
-with goodput from Little's law, window / TPOT (see Epoch), and Gradient2's guard: TPOT beyond
-`gradient_tolerance` x the reference epoch's backs off at once. Near the end of a job the
-window never exceeds what the target still needs, and the climb pauses (a draining job's
-goodput falls for reasons the window does not cause).
-
-Several datasets through one pool (a job, gen_pipeline/run/job.py): each dataset is a `kind` with its
-own RequestSizes (its prior from its own prompts and max_new_tokens); H is the mix of their held
-sizes weighted by the requests of each kind in flight (`set_mix`), so B2's 4K+ requests filling
-the slots B1's ~700-token tail frees shrink the window as they are admitted, not after the rolling
-history has caught up. A change of the kinds in flight restarts the epoch (goodput changes for
-reasons the window does not cause).
+With no capacity known (a plain OpenAI-compatible server) the climb runs on the window itself with
+Gradient2's latency guard. Near the end of a job the window never exceeds what the target still needs.
+Several datasets through one pool: each is a `kind` with its own RequestSizes, and H is their mix
+weighted by the requests in flight (`set_mix`).
 """
 
 from __future__ import annotations

@@ -8,12 +8,8 @@ from gen_pipeline.records import LoadSnapshot
 class Epoch:
     """Goodput measured between `measure_from_s` and the end of the epoch.
 
-    Goodput, in order of preference: the mean of the server's live decode rate (SGLang's
-    gen_throughput: every decoded token counts, and retracted requests keep theirs, so it is
-    goodput and smooth); the cumulative generated-tokens counter (SGLang counts a request's
-    tokens when it finishes: noisy with long requests); else, by Little's law, window / TPOT
-    over the completions of requests that started inside the epoch:
-    window * sum(completion tokens) / sum(latency).
+    In order of preference: the mean of the server's live decode rate (gen_throughput, smooth); the
+    generated-tokens counter (counted at finish: noisy); else Little's law, window x sum(tokens) / sum(latency).
     """
 
     def __init__(self, start_s: float, length_s: float, settle_frac: float, min_completions: int) -> None:

@@ -8,10 +8,8 @@ from collections import deque
 class RequestSizes:
     """Tokens per request, from the last `history` completions blended with a prior.
 
-    Two sizes matter. `final_tokens` (F) is what a request holds at its end; `held_tokens` is the
-    mean KV a running request holds over its life, weighted by how long it runs (decode time is
-    ~ its completion tokens): sum c*(p + c/2) / sum c. A pool in steady state holds requests at
-    all ages, so C / held_tokens requests fit, more than C / F (twice as many at equal lengths).
+    `final_tokens` (F) is what a request holds at its end; `held_tokens` the mean KV a running request
+    holds over its life, weighted by its decode time: sum c*(p + c/2) / sum c (a steady pool holds all ages).
     """
 
     def __init__(self, prior_tokens: float, prior_weight: float, history: int) -> None:
@@ -40,9 +38,6 @@ class RequestSizes:
         self._sum_weight += sign * weight
         self._sum_latency_s += sign * latency_s
 
-    def set_prior(self, prior_tokens: float) -> None:
-        self._prior = max(1.0, float(prior_tokens))
-
     @property
     def final_tokens(self) -> float:
         """F: prompt + completion tokens per request (prior-blended mean)."""
@@ -57,11 +52,7 @@ class RequestSizes:
 
     @property
     def held_tokens(self) -> float:
-        """Mean KV tokens a running request holds in steady state (prior-blended).
-
-        The prior is F itself (a request at its end): safe while the first wave, all of one
-        age, grows towards F together.
-        """
+        """Mean KV tokens a running request holds in steady state (prior-blended; the prior is F)."""
         n = len(self._recent)
         if n == 0:
             return self._prior

@@ -1,43 +1,17 @@
 """Feeding SGLang's admission: the queue the client keeps at the server (pure arithmetic).
 
-SGLang decides how many requests run. Each prefill round it admits waiting requests while
-prompt + min(max_new_tokens, 4096) + 1 still fits under free KV minus new_token_ratio x the clipped
-remaining max_new_tokens of every running request (schedule_policy.py PrefillAdder), and after a
-refusal it admits nothing more until a request finishes (scheduler.py batch_is_full). A request it
-could admit that is not there is a decode slot lost; a queue beyond what it admits before the
-client refills is only waiting (timeouts, client memory, retried on a restart). So the client keeps
-a bounded queue at the server:
+A request SGLang could admit that is not there is a decode slot lost; a queue beyond what it admits
+before the client refills is only waiting. So the client keeps a bounded queue:
 
     window = R + queue,   queue = clamp(queue_frac x R, queue_min, queue_max)
 
-R being the most requests SGLang ran within the last few seconds (ControllerConfig.running_peak_s),
-which SGLang draws on at every admission round and the client refills at every completion and poll.
-Not the last poll's running alone: a wave of finishes shows as a dip for a poll or two before SGLang's
-next admission round, and a window shrunk with it left that round an empty queue. That is the bound:
-queued at the server <= window - running = queue + (R - running), at most (1 + queue_frac) x R.
-
-Warm-up. After a start or restart new_token_ratio is 0.7 (x --schedule-conservativeness) and
-decays to 0.14 x that over 600 decode steps (a few seconds); SGLang's first round takes only what
-fits with every candidate reserving its whole clipped max_new (13 requests of max_new 4096 in
-60,000 tokens), a second round a few more, then nothing until the first request finishes, when it
-admits many at once (docs/measurements.md shows it on a GPU). A queue that builds then is SGLang's
-caution, not a full server. Until SGLang's admission has warmed up -- the ratio /metrics reports
-(the last prefill round's) has come down to within `warm_ratio_factor` of its floor, or, without
-that gauge, a request has completed since the start -- the queue allowed is warm_frac x running
-(2 x running by default): the first admission bursts find candidates waiting, as with a fixed
-window at the slot count.
-
-The first cohort. The requests SGLang admits when its warm-up ends are all of one age: none finishes
-before the shortest output and all grow together, so the pool holds C / F of them at their end (F:
-prompt + completion), not the C / H of a pool of mixed ages: flooded, they overrun the pool seconds after
-a start (docs/measurements.md, "short and long outputs"). So from a
-start or restart until cohort_turnover x (u x C / F) requests have completed, the window is at most
-u x C / F (F: the mean of the completions seen; no cap before the first), never below running + in
-transit + queue_min. A cap only lowers the window: the bound below holds as stated.
-
-The bound, stated: queued <= R - running + max(queue_min, queue_frac x R)
-once warm, R - running + max(queue_min, warm_frac x R) for the few seconds of a warm-up, the queue
-part never above queue_max.
+R being the most requests running within the last running_peak_s (a wave of finishes dips running
+for a poll before SGLang admits again). Warm-up: after a (re)start SGLang's new_token_ratio starts
+high and its first rounds admit few; until it has come down (or a request has completed) the queue is
+warm_frac x running, so that caution is not read as a full server. The first cohort: requests admitted
+together grow together, so until cohort_turnover of them have completed the window is at most
+u x C / F, never below running + in transit + queue_min (docs/measurements.md, "short and long outputs").
+Bound: queued <= R - running + the queue part, which never exceeds queue_max.
 """
 
 from __future__ import annotations

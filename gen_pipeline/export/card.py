@@ -1,13 +1,11 @@
 """The dataset card `export` writes beside the data: README.md with YAML front matter (what the HF
-hub reads) and markdown: the target, server profile and KV dtype, sampling, counts, truncation and
-failure shares, token totals, GPU-hours per 1,000 samples, the tool's version and the command.
+hub reads) and markdown: target, server profile, sampling, counts, failure shares, token totals,
+GPU-hours per 1,000 samples, the tool's version and the command.
 
-Where: inside the folder for `hf`; beside the JSONL file otherwise, as README.md unless that folder
-already holds a README.md that is not this export's card (another export's, or the user's), then
-as <out stem>.README.md. Figures come from the samples (meta), the manifests (runs' wall time) and
-`status` (failures, rejects). GPU-hours are measured (reports/gpu_hours.py: the GPUs each run recorded,
-tp × dp × servers, over its generating time); for runs that recorded no server (older versions), wall
-time × tp × dp of the --server profile when given, else "unknown".
+Inside the folder for `hf`; beside the JSONL file otherwise, as README.md unless that folder already
+holds a README.md that is not this export's card, then as <out stem>.README.md. GPU-hours are measured
+(reports/gpu_hours.py); runs that recorded no server count wall time x tp x dp of the --server
+profile when given, else "unknown".
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from gen_pipeline.config.mix import produced_shares
 from gen_pipeline.quality.accounting import SAVED_FORMULA, decoded_tokens, gpu_s_per_token, saved_gpu_s
-from gen_pipeline.reports.status import DatasetStatus, gpu_lines, read_status, status_all
+from gen_pipeline.reports.status import DatasetStatus, gpu_lines, read_status, run_wall_s, status_all
 from gen_pipeline.store.layout import dataset_parts
 from gen_pipeline.store.manifest import read_manifest
 
@@ -67,18 +65,9 @@ def _version() -> str:
 
 def _wall_h(root: Path, dataset: str) -> float | None:
     """Hours the dataset's runs took (every rank's part), from the manifests' run records."""
-    total, seen = 0.0, False
-    for part in dataset_parts(root / dataset):
-        manifest = read_manifest(part)[0] or {}
-        for run in manifest.get("runs") or []:
-            try:
-                start = datetime.fromisoformat(run["started_at"])
-                end = datetime.fromisoformat(run.get("ended_at") or run["updated_at"])
-            except (KeyError, TypeError, ValueError):
-                continue
-            total += max(0.0, (end - start).total_seconds()) / 3600
-            seen = True
-    return total if seen else None
+    walls = [w for part in dataset_parts(root / dataset) for run in (read_manifest(part)[0] or {}).get("runs") or []
+             if (w := run_wall_s(run)) is not None]
+    return sum(walls) / 3600 if walls else None
 
 
 def _dataset_rows(opts: ExportOptions, summary: ExportSummary,

@@ -4,14 +4,10 @@
         ─► [--expand-turns | tokens rows] ─► reasoning check ─► seeded order
         ─► specforge / speculators / tokens JSONL, or hf (atomic) ─► README.md card
 
-Reads only what a resume would trust, takes no lock, writes nothing in outputs/, so it is safe
-while a run writes. Formats: formats.py; filters, mix and split: select.py; the tokens rows:
-tokens.py; the reasoning check: template_check.py; the card: card.py.
-
-Validation rows of the JSONL formats go to <out stem>.val.ndjson: the same JSON lines, under a
-name no `*.json` / `*.jsonl` glob matches, so a trainer given the export's folder never trains on
-them (speculators loads every *.json and *.jsonl under a folder, recursively:
-data_generation/preprocessing.py:755-765; a `val/` subfolder would be found too).
+Reads only what a resume would trust, takes no lock, writes nothing in outputs/: safe while a run writes.
+Validation rows of the JSONL formats go to <out stem>.val.ndjson, a name no `*.json` / `*.jsonl` glob
+matches, so a trainer given the export's folder never trains on them (speculators loads every
+*.json and *.jsonl under a folder, recursively).
 """
 
 from __future__ import annotations
@@ -213,9 +209,8 @@ def validation_path(out: Path) -> Path:
 
 
 def _remove_stale_validation(opts: ExportOptions) -> list[str]:
-    """--force: an earlier export's validation file that this one does not replace would overlap the
-    new train file (no --val-share now), or sit where a *.jsonl glob finds it (the .val.jsonl of
-    exports before .val.ndjson), so it goes."""
+    """--force: an earlier export's validation file that this one does not replace would overlap the new
+    train file or sit where a *.jsonl glob finds it (an old .val.jsonl), so it goes."""
     if opts.format == "hf" or not opts.force:
         return []
     notes = []

@@ -1,18 +1,12 @@
-"""The chat template called as apply_chat_template calls it, without apply_chat_template's work
-per call: the `tokens` export renders every assistant turn twice (its prompt, and the conversation
-up to it), and apply_chat_template spends about as long re-checking and copying the messages and
-building the call as the template spends rendering (bench/export_speed).
+"""The chat template called as apply_chat_template calls it, without apply_chat_template's per-call
+work (re-checking and copying the messages costs about as long as rendering; bench/export_speed).
 
-`DirectTemplate.probe` finds what apply_chat_template hands the template by watching it render
-probe conversations (jinja2's Template.render, wrapped for those calls only): the compiled template,
-the variables besides `messages` and `add_generation_prompt` (special tokens, --template-kwargs, as
-transformers builds them), and what it makes of a message of each shape this module renders (the
-keys it adds, e.g. transformers 5's reasoning aliases; the values it copies). It is used only when
-rendering the probes directly gives apply_chat_template's text exactly; a message of another shape,
-or with a value that is not a string, goes through apply_chat_template. The template is compiled
-again from its source in an overlay of its own environment whose sandbox check of an attribute is
-remembered per (type, attribute): jinja2's check depends on nothing else, and costs a fifth of a
-render.
+`DirectTemplate.probe` watches apply_chat_template render probe conversations to learn what it hands
+the template (the compiled template, the other variables, the keys it adds to a message of each shape
+this module renders). It is used only when rendering the probes directly gives apply_chat_template's
+text exactly; any other message goes through apply_chat_template. The template is recompiled in an
+overlay environment that remembers jinja2's sandbox check per (type, attribute): it depends on nothing
+else and costs a fifth of a render.
 """
 
 from __future__ import annotations

@@ -2,10 +2,8 @@
 fast: from the ids of the text's chunks, each distinct chunk tokenized once, where the tokenizer
 provably tokenizes the chunks of a text independently; else from the whole text.
 
-Why (docs/measurements.md, "export"): a fast (Rust) tokenizer spends most of its time on per-word
-bookkeeping (alignments, offsets, token strings), ~2.5 MB of text a CPU-second with a byte-level
-BPE, so tokenizing each turn's new text once is still minutes for the job; most chunks (a word with
-its leading space) recur, and looking them up costs a few numpy passes over the text's bytes.
+Why: a fast tokenizer spends most of its time on per-word bookkeeping, and most chunks (a word with
+its leading space) recur (docs/measurements.md, "Export speed").
 
 The cut rule: a text is cut before every ' ' whose preceding character is printable ASCII ([!-~];
 in UTF-8, the byte before the space is in 0x21-0x7e). The ids of a text are then the ids of its

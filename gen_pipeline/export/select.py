@@ -137,11 +137,9 @@ def take(rows: Sequence[dict[str, Any]], n: int, seed: int) -> list[dict[str, An
 
 
 def covering(rows: Sequence[dict[str, Any]], n: int, seed: int) -> list[dict[str, Any]]:
-    """At least `n` of `rows` (all when fewer) covering every kind of conversation: one of each kind (its
-    number of assistant turns, 1 or more, and the chat_template_kwargs it recorded), then every multi-turn
-    conversation (their earlier turns are where templates drop reasoning), then single-turn ones, each
-    group in a seeded order (`take`). A check of what a trainer trains (export --require-trained-reasoning)
-    reads these, so a few multi-turn samples among many are never left out by chance."""
+    """At least `n` of `rows` (all when fewer) covering every kind of conversation (its assistant turns and
+    chat_template_kwargs), then the multi-turn ones, then single-turn ones, each group in a seeded order:
+    a check of what a trainer trains never misses the few multi-turn samples by chance."""
     if n >= len(rows):
         return list(rows)
     ordered = sorted(rows, key=lambda r: seeded_key(seed, r["id"]))

@@ -1,58 +1,27 @@
 """`check-template`: how much of each assistant turn's reasoning and answer a trainer puts under its
 loss mask, rendering the samples the way each trainer does with the target's own chat template.
 
-What the trainers do (read from their source: SpecForge 0.2.0, the PyPI wheel, whose specforge/data
-files are those of github sgl-project/SpecForge at a6b6b023, where scripts/ are read; speculators
-0.9.0, the PyPI wheel; tests/contract/test_trainers.py runs both loaders on an export):
+What the trainers do (read from SpecForge 0.2.0 at a6b6b023 and speculators 0.9.0;
+tests/contract/test_trainers.py runs both loaders on an export):
 
-SpecForge, online (`data.train_data_path`, one JSON/JSONL file: specforge/config/schema.py:129-143,
-loaded by data/prompt_builder.py:116-141 with load_dataset("json")) and offline
-(scripts/prepare_hidden_states.py --data-path, read by utils.safe_conversations_generator, which
-keeps only `conversations` and `tools`: specforge/utils.py:195-250, then build_eagle3_dataset,
-prepare_hidden_states.py:820-853) build input_ids + loss_mask in data/preprocessing.py:109-169 →
-data/parse.py. The parser follows the registered ChatTemplate's parser_type (data/template.py):
-- "general" keeps only role/content/tool_calls of a message (parse.py:24, 47): reasoning_content is
-  dropped before rendering, so no reasoning is ever trained (e.g. "qwen", "kimi-k2-instruct").
-- "thinking" keeps reasoning_content (parse.py:470-477) and passes enable_thinking=True
-  (parse.py:503-504) ("qwen3-thinking", "kimi-k2-thinking", "qwen3.5", ...).
-Both render the whole row once with tokenizer.apply_chat_template(tokenize=False,
-add_generation_prompt=False) (parse.py:136-144, 479-491), tokenize it, and set the mask on every
-span from the template's assistant_header to its end_of_turn_token inclusive (regex parse.py:179-185,
-token indices by prefix encoding parse.py:286-314); `train_only_last_turn` keeps only the last span
-(parse.py:283-284). So what the chat template does with reasoning in history decides what trains:
-a Qwen3-style template renders reasoning only after the last user turn (the last turn's), a
-Kimi-K2.5-style one renders an empty think block for every assistant message (none). The data
-columns besides `conversations`, `id` and `tools` are passed to the chat template as keywords
-(preprocessing.py:258-294). Offline mode has no train_only_last_turn (prepare_hidden_states.py:843-853
-does not pass it), and it cannot take pre-tokenized rows: --data-path goes through
-safe_conversations_generator and the chat template; its .ckpt files (input_ids, loss_mask, hidden
-states: preprocessing.py:426-443) are written by prepare_hidden_states from the target model. The
-online path does take them: `data.prompts_path` (config/schema.py:132-133), a JSONL whose first record has
-input_ids and loss_mask (prompt_builder.py:57-83, each row checked by _prompt_from_record :219-252).
-Evaluation: `data.eval_data_path` is refused (config/schema.py:748-752); only offline
-`data.eval_hidden_states_path` evaluates, with training.eval_interval (schema.py:753-763).
+SpecForge (online `data.train_data_path` and offline prepare_hidden_states.py, which keeps only
+`conversations` and `tools`) builds input_ids + loss_mask in data/preprocessing.py -> data/parse.py,
+following the ChatTemplate's parser_type: "general" drops reasoning_content before rendering (no
+reasoning ever trains); "thinking" keeps it and passes enable_thinking=True. Both render the whole row
+once (add_generation_prompt=False) and mask every span from the template's assistant_header to its
+end_of_turn_token; `train_only_last_turn` keeps the last span. So the chat template decides what
+trains: a Qwen3-style one renders reasoning only after the last user turn, a Kimi-K2.5-style one an
+empty think block for every assistant message. Other data columns reach the template as keywords;
+pre-tokenized rows (input_ids + loss_mask) go through `data.prompts_path`, online only.
 
-speculators (`speculators prepare-data --data FILE|DIR`, cli/prepare_data.py) loads a .json/.jsonl
-file or every *.json and *.jsonl under a folder, recursively (data_generation/preprocessing.py:751-765);
-rows with input_ids + loss_mask columns pass through as they are (preprocessing.py:458-498, 603,
-609-610: truncated to --seq-length, rows with no supervised token dropped); other rows need
-`conversations`, whose messages it normalizes (role/content, reasoning_content also as `thinking`,
-preprocessing.py:104-152) and renders through the target's vLLM /render endpoint, one row per
-assistant turn j: prompt = render(conv[:j], add_generation_prompt=True), full =
-render(conv[:j+1]), mask 1 from the prompt's end (or their common prefix) to the end of full
-(preprocessing.py:244-321). So turn j is the last message of its own row, and a template that
-renders the last assistant message's reasoning trains it; Kimi-K2.5-style still renders none.
-Validation: the last 1 - train_data_ratio (default 0.1) of the prepared rows (train/data.py:165-182,
-train/config/schema.py:213-217); there is no separate validation input.
+speculators (`prepare-data`) loads .json/.jsonl files (recursively under a folder), passes rows with
+input_ids + loss_mask through, and renders `conversations` one row per assistant turn j: mask from
+render(conv[:j], add_generation_prompt=True)'s end to the end of render(conv[:j+1]). So each turn is
+the last message of its own row, and a template that renders the last message's reasoning trains it.
 
-SpecForge before its unified runtime (commit d5883d5b, 2026-07-13) trained from scripts/train_eagle3.py:
-the same build_eagle3_dataset with --train-only-last-turn (train_eagle3.py:583-601 at d5883d5b^) and
-an --eval-data-path rendered the same way (:631-646); the rendering and masks above are unchanged.
-
-This module models SpecForge's "thinking" parser (the best case: the "general" one trains no
-reasoning at all) with the header and end of turn read from the template itself (Renderer.markers),
-and no default system prompt added (SpecForge adds its template's system_prompt when a row has none,
-parse.py:202-212: it shifts tokens, not what is masked).
+This module models SpecForge's "thinking" parser (the best case) with the header and end of turn read
+from the template itself (Renderer.markers), and no default system prompt added (it shifts tokens,
+not what is masked).
 """
 
 from __future__ import annotations

@@ -1,23 +1,16 @@
 """`gen-pipeline probe-kv`: what a KV-cache dtype (fp8_e4m3) does to the target model's outputs.
 
-Two servers that differ only in KV dtype (two server.toml profiles, or two attached URLs) get the
-same prompts: the first N valid prompts of the dataset's source, each cut after its first user
-turn, tokenized once by the reference server's chat template (/tokenize). The reference side runs
-first: it decodes greedily and scores its own output teacher-forced; then the compare side decodes
-the same ids (free run: exact match, first divergent token) and scores the reference output
-teacher-forced (top-1 agreement, |Δ logprob|, a KL lower bound), so a divergence does not compound.
-Two launched profiles run one after the other (the reference stopped before the compare starts):
-two copies of the target model rarely fit one node. Every refusal the configs can decide (equal KV
-dtypes, a backend other than SGLang, SGLang not installed) comes before anything is launched.
-An attached compare server is checked before the reference side starts. SGLang only: see
-probe/sglang.py for the request shapes. vLLM is refused with a message (its /v1/completions takes
-token-id prompts with `logprobs` and `prompt_logprobs`, which would do, but is not implemented here).
+Two servers that differ only in KV dtype get the first N valid prompts of the dataset (first user turn,
+tokenized once by the reference's chat template). The reference decodes greedily and scores its own
+output teacher-forced; the compare side decodes the same ids (exact match, first divergence) and scores
+the reference output teacher-forced, so a divergence does not compound. Two launched profiles run one
+after the other (two copies of the model rarely fit one node); every refusal the configs can decide
+comes before anything is launched. SGLang only (probe/sglang.py); vLLM is refused with a message.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, fields
@@ -41,6 +34,7 @@ from gen_pipeline.server.command import check_launchable
 from gen_pipeline.server.handle import ServerHandle
 from gen_pipeline.server.supervisor import run_server
 from gen_pipeline.sources.loading import SourceStats, iter_prompts
+from gen_pipeline.store.shards import write_atomic
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -226,7 +220,7 @@ async def run_probe(cfg: DatasetConfig, opts: ProbeOptions, say: Callable[[str],
     if not results:
         raise ServerError(f"probe-kv: every prompt failed; the first error: {failures[0]['error']}")
     report = build_report(cfg, opts, servers, results, failures)
-    write_json_atomic(folder / "probe-kv.json", report)
+    write_atomic(folder / "probe-kv.json", orjson.dumps(report, option=orjson.OPT_INDENT_2))
     return report
 
 
@@ -306,16 +300,6 @@ def build_report(cfg: DatasetConfig, opts: ProbeOptions, servers: dict[str, Any]
         "aggregate": agg, "verdict": level, "verdict_line": line,
         "failed_prompts": failures, "per_prompt": [r.to_dict() for r in results],
     }
-
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """tmp file + fsync + rename: a reader sees the old file or the new one, never half of one."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(orjson.dumps(data, option=orjson.OPT_INDENT_2))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def format_report(report: dict[str, Any], path: Path) -> str:

@@ -1,19 +1,12 @@
 """The KV-dtype probe's arithmetic (pure): per-prompt comparison, aggregate, thresholds, verdict.
 
-KL estimator: KL(P_ref || Q_cmp) per teacher-forced position over the reference's top-k tokens
-plus one tail bucket (the rest of the vocabulary). Merging tokens into a bucket never raises KL
-(log-sum inequality), so with exact values this is a lower bound of the true KL. A reference
-top-k token missing from the compare top-k gets the compare's k-th probability, an upper bound
-of its true q: that term is biased low, the tail bucket's slightly high. On the simulator's
-distributions (tests/test_probe_kv.py) the estimate at k=5 stays below the true KL (median ~0.94
-of it): read the figure as "at least this much".
+KL estimator: KL(P_ref || Q_cmp) per teacher-forced position over the reference's top-k tokens plus
+one tail bucket. Merging tokens never raises KL (log-sum inequality), so read it as "at least this much".
 
-Thresholds: under greedy verification a drafted token is accepted when it equals the target's
-top-1, so a drafter trained on fp8-KV outputs learns a different token than the bf16 target
-would pick at about the top-1 change share d of positions; its per-token accept rate against
-a bf16 target drops by at most about d. d <= 1 % (<= 1 point, under the spread between draft
-training runs) is fine; d <= 3 % is measurable on a 70-80 % accept rate: caution; above that
-prefer bf16 KV. Mean KL limits of 0.01 / 0.05 nats play the same part for sampled data.
+Thresholds: a drafter trained on fp8-KV outputs learns a different token than the bf16 target would
+pick at about the top-1 change share d of positions, so its accept rate drops by at most about d:
+d <= 1 % is fine, d <= 3 % caution, above that prefer bf16 KV. Mean KL limits of 0.01 / 0.05 nats
+play the same part for sampled data.
 """
 
 from __future__ import annotations

@@ -1,29 +1,21 @@
 """The probe's requests to SGLang (read from SGLang 0.5.17's source, python/sglang/srt/):
 
-- Prompt ids: POST /tokenize {"model", "messages"} runs the server's own chat template with the
-  generation prompt (entrypoints/openai/serving_tokenize.py) → {"tokens": [...], "count", ...};
-  both servers then get the same ids, so the prompt side cannot differ between them. Without
-  /tokenize (404), /v1/chat/completions with "return_prompt_token_ids" (0.5.13+) gives
-  choices[0].prompt_token_ids.
-- Free run: POST /generate {"input_ids", "sampling_params": {"temperature": 0, "max_new_tokens"},
-  "return_logprob": true, "top_logprobs_num": k, "logprob_start_len": -1} → "output_ids" and
-  meta_info "output_token_logprobs" ([logprob, token_id, text|None] per token) and
-  "output_top_logprobs" (k such entries per token).
-- Teacher forcing: input_ids = prompt + reference[:b], max_new_tokens 1, logprob_start_len =
-  P + a - 1 → meta_info "input_token_logprobs"/"input_top_logprobs" for positions P+a-1 .. end;
-  SGLang puts None at the first of them (managers/scheduler_components/logprob_result_processor.py:
-  [None] + computed[:-1]), so entry j >= 1 scores reference token a + j - 1.
+- Prompt ids: POST /tokenize {"model", "messages"} runs the server's own chat template, so both servers
+  get the same ids; without it (404), /v1/chat/completions with "return_prompt_token_ids" (0.5.13+).
+- Free run: POST /generate {"input_ids", greedy "sampling_params", "return_logprob": true,
+  "top_logprobs_num": k, "logprob_start_len": -1} → "output_ids", meta_info "output_token_logprobs"
+  ([logprob, token_id, text|None] per token) and "output_top_logprobs".
+- Teacher forcing: input_ids = prompt + reference[:b], max_new_tokens 1, logprob_start_len = P + a - 1
+  → meta_info "input_token_logprobs"/"input_top_logprobs"; SGLang puts None at the first position
+  (logprob_result_processor.py), so entry j >= 1 scores reference token a + j - 1.
 
-Why chunks: SGLang's extend (prefill) attention reads the K/V of the tokens being extended as
-computed, in the model dtype (layers/attention/triton_backend.py forward_extend), and only the
-cached prefix from the (fp8) KV pool. One prefill of the whole reference would hide most of fp8's
-effect; scoring `chunk` tokens per request, each request reusing the previous one's cached prefix
-(the radix cache matches up to logprob_start_len), makes every position read at most chunk-1
-fresh K/V and the rest from the pool, as in decode. cached_tokens tells whether the reuse happened.
+Why chunks: SGLang's prefill attention reads the tokens being extended in the model dtype and only
+the cached prefix from the (fp8) KV pool, so one prefill of the whole reference would hide fp8's
+effect; scoring `chunk` tokens per request on the previous one's cached prefix reads the rest from
+the pool, as decode does (cached_tokens tells whether the reuse happened).
 
-Run the probe on servers with no other traffic: in a batch that mixes greedy and sampled requests
-SGLang takes the logprobs after top-k/top-p filtering (layers/sampler.py); an all-greedy batch
-gets log_softmax of the raw logits.
+Run the probe on servers with no other traffic: a batch that mixes greedy and sampled requests takes
+the logprobs after top-k/top-p filtering (layers/sampler.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The quality gate's pure checks (issue 22): a streaming loop detector and the checks of a finished
+"""The quality gate's pure checks: a streaming loop detector and the checks of a finished
 turn for leaked reasoning and empty or marker-only answers. No I/O and no async library here: the
 run feeds the detector from its stream and applies the policy.
 """

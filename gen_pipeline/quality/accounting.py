@@ -1,7 +1,6 @@
-"""The quality gate's figures over a dataset (issue 22): what `status`, `validate`, `report` and the
-dataset card show. Counted per shard from the rows' meta.per_turn (records.TurnMeta) as they are written
-(store/shards.py; the manifest keeps a sealed shard's counts, so `status` reads no row), plus the failed
-samples' counts from errors.jsonl (Failure.extra: run/answer.TurnStats.failure_extra).
+"""The quality gate's figures over a dataset: what `status`, `validate`, `report` and the card show.
+Counted per shard from the rows' meta.per_turn as they are written (the manifest keeps a sealed
+shard's counts, so `status` reads no row), plus the failed samples' counts from errors.jsonl.
 
 GPU-seconds saved by early aborts (an estimate, stated as such wherever it is shown):
 
@@ -9,10 +8,7 @@ GPU-seconds saved by early aborts (an estimate, stated as such wherever it is sh
     tokens_not_decoded = Σ over aborted attempts of (max_new_tokens − tokens decoded when the stream closed)
     gpu_s_per_token = run wall seconds × GPUs ÷ every token the runs decoded (written + discarded)
 
-i.e. each token a looping turn would still have decoded up to its max_new_tokens cap costs what a token
-cost on average in this run (a decode slot's share of the batch step). It assumes the loop would have
-run to the cap (it does on the simulator and in the loops users report) and ignores the KV the loop
-would have held, which lowers everyone's batch: the saving is a lower bound in that sense.
+It assumes a loop would have run to its cap and ignores the KV it would have held: a lower bound.
 """
 
 from __future__ import annotations
@@ -22,13 +18,11 @@ from typing import Any
 
 SAVED_FORMULA = ("tokens not decoded up to max_new_tokens × the runs' wall time × GPUs ÷ every token they "
                  "decoded")
-# the counters; every one an int, summed over turns (failures' turns too where errors.jsonl has them)
-GATE_KEYS = ("turns", "retried_turns", "loops", "loops_kept", "empty", "leaks", "tokens_not_decoded",
-             "discarded_tokens")
 FAILURE_KEYS = ("loops", "empty", "tokens_not_decoded", "discarded_tokens")  # what Failure.extra records
 
 
-def _int(v: Any) -> int:
+def int_or_zero(v: Any) -> int:
+    """An integer field of a row, 0 when absent or not an integer (booleans are not)."""
     return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
@@ -42,10 +36,10 @@ def add_meta(counts: dict[str, int], meta: Mapping[str, Any]) -> None:
             continue
         counts["turns"] = counts.get("turns", 0) + 1
         for key in ("loops", "empty", "tokens_not_decoded", "discarded_tokens"):
-            n = _int(t.get(key))
+            n = int_or_zero(t.get(key))
             if n:
                 counts[key] = counts.get(key, 0) + n
-        if _int(t.get("attempts")) > 1:
+        if int_or_zero(t.get("attempts")) > 1:
             counts["retried_turns"] = counts.get("retried_turns", 0) + 1
         if t.get("finish_reason") == "loop":
             counts["loops_kept"] = counts.get("loops_kept", 0) + 1
@@ -61,7 +55,7 @@ def add_failure(counts: dict[str, int], row: Mapping[str, Any]) -> None:
     failed it (truncated = "drop": reason "leak", or "truncated" for a leak cut by max_new_tokens, its detail
     naming the leak, run/answer.judge)."""
     for key in FAILURE_KEYS:
-        n = _int(row.get(key))
+        n = int_or_zero(row.get(key))
         if n:
             counts[key] = counts.get(key, 0) + n
     detail = row.get("detail")
@@ -74,7 +68,7 @@ def merged(parts: Iterable[Mapping[str, int]]) -> dict[str, int]:
     out: dict[str, int] = {}
     for p in parts:
         for k, v in p.items():
-            out[k] = out.get(k, 0) + _int(v)
+            out[k] = out.get(k, 0) + int_or_zero(v)
     return out
 
 

@@ -1,13 +1,9 @@
 """The loop detector: fed a turn's text as the stream delivers it, it says when the text has
 become a loop (see LoopThresholds for the rule). Pure: no I/O, no clock, no async library.
 
-Cost: a delta is scanned once by one regex; each completed word costs O(1) (a hash of the last
-n words, two counters and one dict look-up), so `feed` is amortised O(len(delta)) plus at most one
-held-back word (≤ max_word_chars). Memory: O(max_period_words + window_words) plus the set of
-distinct words the turn has used (for the novelty gate).
-Chunking does not matter: words are cut from the text alone (a word that reaches the end of a
-delta waits for the next one), the rule is evaluated word by word, so every way of splitting a
-text into deltas gives the same verdict at the same character.
+Each completed word costs O(1), so `feed` is amortised O(len(delta)); memory is
+O(max_period_words + window_words) plus the turn's distinct words. Words are cut from the text alone
+and the rule runs word by word, so every way of splitting a text into deltas gives the same verdict.
 """
 
 from __future__ import annotations
@@ -45,10 +41,6 @@ class LoopVerdict:
     loop_start_char: int
     period_words: int  # the spacing of the repeats when it fired, in words (0: whitespace)
     words: int  # words seen when it fired
-
-    @property
-    def loop_chars(self) -> int:
-        return self.at_char - self.loop_start_char
 
 
 class RepetitionDetector:
@@ -146,10 +138,8 @@ class RepetitionDetector:
         return self._verdict
 
     def _list_number_word(self, word: str) -> str:
-        """A number among a line's first words is "#" when it counts on (n + 1) from the last line
-        that had one: a numbered list that keeps counting with the same item text is a loop ("12.
-        Check the input.", "Step 13: ..."), while a column of numbers (one a line) keeps its values.
-        `word`: a number among the first line_number_words words of a line that has not had one."""
+        """A number among a line's first words is "#" when it counts on (n + 1) from the last line that had one
+        (LoopThresholds.line_number_words); `word`: such a number of a line that has not had one."""
         if len(word) <= 4:
             self._counted = True
             n, self._list_number = self._list_number, int(word)
@@ -186,8 +176,7 @@ class RepetitionDetector:
         steady = dist and prev_dist and abs(dist - prev_dist) <= self._slack(dist)
         run = prev_run + 1 if steady else (2 if dist else 1)
         self._last[h] = (i, dist, run)
-        # One verbatim repeat, even two, is common in natural text (a licence quoted for each of
-        # three files, sibling methods sharing a docstring); a loop goes on repeating.
+        # One verbatim repeat, even two, is common in natural text; a loop goes on repeating.
         period = dist if run >= (t.min_copies if dist <= t.long_period_words else t.min_copies_long) else 0
         self._note_copy(h, i, dist)
         self._slide(h, period, novel, i - self._letter_at >= t.ngram_words)
@@ -208,10 +197,8 @@ class RepetitionDetector:
         return min(t.period_slack_max_words, max(t.period_slack_words, period * t.period_slack_share))
 
     def _note_copy(self, h: int, i: int, dist: int) -> None:
-        """Whether the last `dist` words are a verbatim copy: none of their 2 × ngram_words-grams is
-        new within max_period_words. A table or a run of calls whose rows differ in one value (a
-        name, a code point, an operator) repeats its n-grams at a steady spacing, but every row
-        brings a long n-gram it has not had; a loop's copy brings none (once its variants recur)."""
+        """Whether the last `dist` words are a verbatim copy: none of their 2 × ngram_words-grams is new within
+        max_period_words (rows that differ in one value bring a new long n-gram each; a loop's copy none)."""
         hashes = self._hashes
         hashes.append(h)
         if len(hashes) <= self.thresholds.ngram_words:
@@ -272,12 +259,9 @@ class RepetitionDetector:
 
 
 def tail_loop(text: str, thresholds: LoopThresholds = DEFAULT_LOOP_THRESHOLDS) -> LoopVerdict | None:
-    """The loop a turn cut at max_new_tokens ends in, if any: its last words are copies of one block of
-    p words, verbatim (each word equal to the one p before it, case aside), at least min_copies copies
-    (min_copies_long for p past long_period_words) and tail_loop_words words in all (LoopThresholds).
-    The streaming detector needs a window of words to fire; a loop that began less than that before
-    the cap is caught here. The verdict's offsets count characters of `text`; O(words) for a text
-    without such a tail (each period stops at its first differing word)."""
+    """The loop a turn cut at max_new_tokens ends in, if any (LoopThresholds: tail_loop_words, min_copies):
+    its last words are verbatim copies of one block of p words, case aside. Catches a loop younger than the
+    streaming detector's window; offsets count characters of `text`; O(words) for a text without one."""
     t = thresholds
     spans = [(m.start(), m.end()) for m in _word_re(t).finditer(text)]
     words = [text[a:b].lower() for a, b in spans]

@@ -1,12 +1,8 @@
 """The quality gate's thresholds: one table, every unit in the name.
 
-Units. The loop detector counts **words**: a run of letters/digits (cut every `max_word_chars`),
-one CJK/kana/hangul character, or a run of one repeated punctuation character (at most
-`max_symbol_run_chars`); whitespace separates words and is not one. The client sees text deltas,
-not model tokens; the issue's budget is in model tokens ("aborted within ~512 tokens of the loop's
-start"). The assumption that links them: one word ≈ one model token, as a real BPE counts prose and
-code (docs/measurements.md, "loop detector"). Where the stream carries token counts (SGLang's
-`stream_options.continuous_usage_stats`), the caller can convert exactly.
+The loop detector counts **words** (a run of letters/digits, one CJK/kana/hangul character, or a run of
+one repeated punctuation character), not model tokens: one word ≈ one model token, as a real BPE counts
+prose and code (docs/measurements.md, "loop detector").
 """
 
 from __future__ import annotations
@@ -42,14 +38,12 @@ class LoopThresholds:
     ngram_words: int = 12
     window_words: int = 256
     period_share: float = 0.65
-    # spacing drift between copies that still counts as steady: max(words, share × spacing), capped.
-    # 0.2 / 10 (was 0.125 / 8): a thinking loop's rounds open with sentences of 2-10 words. A trade: more
-    # thinking loops caught early for one more false positive (docs/measurements.md, "loop detector").
+    # spacing drift between copies that still counts as steady: max(words, share × spacing), capped; a
+    # thinking loop's rounds open with sentences of 2-10 words (docs/measurements.md, "loop detector").
     period_slack_words: int = 2
     period_slack_share: float = 0.2
     period_slack_max_words: int = 10
-    # One verbatim repeat, even two, is common in natural text (a licence quoted for three files,
-    # sibling methods sharing a docstring); a loop goes on. Long blocks need one copy more.
+    # One verbatim repeat, even two, is common in natural text; a loop goes on. Long blocks need one more.
     min_copies: int = 3
     long_period_words: int = 160
     min_copies_long: int = 4
@@ -62,19 +56,15 @@ class LoopThresholds:
     max_word_chars: int = 8
     # "=====…" is one word per this many characters (a rule line is a few words, not 80).
     max_symbol_run_chars: int = 16
-    # A number among the first words of a line that counts on from the previous line's (n + 1)
-    # counts as "#": a numbered list that keeps counting with the same item text is a loop ("12.
-    # Check the input.", "Step 13: ..."), while numbers inside a line (tables, CSV) and a column of
-    # numbers keep their value.
+    # A line-leading number that counts on from the previous line's (n + 1) counts as "#": a numbered
+    # list that keeps counting with the same item text is a loop; numbers inside a line keep their value.
     line_number_words: int = 3
-    # LOW_DIVERSITY leaves alone a window whose n-grams are mostly numbers and punctuation (no
-    # letter): test data repeats a row of numbers verbatim a dozen times; a loop of numbers still
-    # fires by its period.
+    # LOW_DIVERSITY leaves alone a window of mostly letterless n-grams (test data repeats rows of
+    # numbers); a loop of numbers still fires by its period.
     low_diversity_numeric_share: float = 0.5
-    # At max_new_tokens a loop that began less than a window before the cap has not fired yet (162 words
-    # of " of" up to a 512-token cap): the turn's text is checked once more (repetition.tail_loop), and it
-    # ends in a loop when its last words are copies of one block, verbatim, min_copies of them or more
-    # (min_copies_long past long_period_words) and tail_loop_words words or more in all.
+    # At max_new_tokens a loop younger than a window has not fired yet: repetition.tail_loop checks the
+    # text once more; it ends in a loop when its last tail_loop_words or more words are min_copies
+    # (min_copies_long past long_period_words) verbatim copies of one block.
     tail_loop_words: int = 64
 
     def __post_init__(self) -> None:

@@ -1,50 +1,18 @@
 """`diagnose`: what bounds a run, from its telemetry rows (pure: rows in, verdicts out; only
 `diagnose_dataset` reads files: the telemetry and the model's config.json).
 
-Each verdict is a named rule over the run's steady polls (the first `warmup_frac` of polls and the
-idle tail cut off) with its thresholds in THRESHOLDS. The rules, in the order they are reported:
+Each verdict is a named rule over the run's steady polls (warm-up and idle tail cut off), its
+thresholds in THRESHOLDS, reported in this order (docs/status.md describes each to users):
+server_restarts, graph_ceiling (running past cuda_graph_max_bs with the per-request decode rate
+falling), kv_bound / step_bound / kv_or_step (the slots are held; more slots pay, do not, or this run
+cannot tell), admission_bound and compute_bound (KV free, requests queued, at or below
+max_running_requests), client_bound, retraction_storm, idle_tail.
 
-  server_restarts    the server restarted during a run
-  graph_ceiling      running crossed SGLang's CUDA-graph ceiling (cuda_graph_max_bs, from /server_info) and
-                     the decode rate per running request fell past it, or running stayed above it (no polls
-                     below to compare: SGLang fed everything at once on the H200); a decode batch above the
-                     ceiling runs without a CUDA graph, ~2x the step time (issue 34). Not without the field:
-                     the real H200 short-output traces (running 114-176, far below 256) read slopes with upper
-                     bounds below 0 on 9 of 28 runs, the gauge swinging with the prefills in its window. It
-                     replaces the slot rules: a bigger batch is what costs here, more slots or KV cost more
-  kv_bound           SGLang holds requests queued with running ≈ KV tokens / tokens per request, below
-                     max_running_requests ("the slots are held"), and the decode rate confidently grows
-                     with running: more slots pay. Read the way real SGLang shows it: its admission
-                     reserves new_token_ratio × min(max_new_tokens, 4096) per running request, so a
-                     KV-bound pool reads well below full token_usage with long outputs: usage alone says
-                     little
-  step_bound         the slots are held, but the decode rate confidently grows little with running: the
-                     GPU's step time, not KV, bounds the run
-  kv_or_step         the slots are held, but this run cannot tell the two apart: running moved too little
-                     against the decode rate's noise (or not at all while the pool filled)
-  admission_bound    KV free, requests queued, running at max_running_requests
-  compute_bound      KV free, requests queued, running below max_running_requests (the scheduler's
-                     prefill/step budget holds them, not memory)
-  client_bound       the generate process uses ~a core (client_cpu) while the server has free slots
-                     (running below the window, no queue): streamed chunks cost the client more CPU than
-                     it has; or in flight below the window while the server has no queue (the source or
-                     the client cannot keep the window full)
-  retraction_storm   retractions ≥ storm_per_completion of completions (recompute, stalls)
-  idle_tail          the end of the run with in flight far below its steady level takes tail_frac of it
-
-How "the decode rate grows with running" is read (`elasticity`, for kv_bound / step_bound / kv_or_step):
-the least-squares slope of ln(gen tok/s) on ln(running) over the polls after the warm-up (the steady
-polls and the tail), leaving out polls below elastic_floor of their median running, with one-sided
-elastic_confidence bounds (Student's t on the slope's standard error). kv_bound needs the lower bound at
-or above elastic_min, step_bound the upper bound below it; anything between, running that spans less
-than elastic_spread, or too few polls, is kv_or_step (where the pool's 90th percentile usage is below
-kv_full and nothing was read, none of the three). The warm-up is left out because SGLang's
-gen_throughput gauge (decode tokens over the last 40 iterations' wall time, prefill iterations included)
-reads low while running climbs through the first wave's prefills: a slope that more slots would not give.
-The thresholds were calibrated on real GPU traces (`python -m bench.gpu.verdicts` prints each run's
-verdicts; docs/measurements.md has the figures): the decode-rate gauge swings with the prefills in its
-window, so a point estimate over all polls read noise as kv_bound, and a full pool alone says nothing
-(short outputs fill it and are bound by the step time).
+Whether more slots pay is read as the elasticity: the least-squares slope of ln(gen tok/s) on
+ln(running) after the warm-up, with one-sided Student's t bounds. The warm-up is left out because
+SGLang's gen_throughput gauge reads low through the first wave's prefills, and a full pool alone says
+nothing: short outputs fill it and are bound by the step time. The thresholds were calibrated on real
+GPU traces (`python -m bench.gpu.verdicts`; docs/measurements.md).
 """
 
 from __future__ import annotations
@@ -63,20 +31,15 @@ from gen_pipeline.store.telemetry import read_telemetry
 THRESHOLDS: dict[str, float] = {
     "warmup_frac": 0.2,  # first share of a run's polls: the first wave, not the steady state
     "min_polls": 5,  # fewer steady polls than this: no verdict
-    # no elasticity read (running never moved) and the 90th percentile of KV usage at or above: the pool
-    # fills, so KV holds the slots, but whether more would pay is not known: kv_or_step, never kv_bound
-    # (short-output runs on a GPU read above it and are bound by the step time: docs/measurements.md)
+    # no elasticity read and the 90th percentile of KV usage at or above: kv_or_step, never kv_bound
+    # (short outputs fill the pool and are bound by the step time)
     "kv_full": 0.90,
     "kv_free": 0.70,  # median KV usage below: the pool has room (and no elasticity says KV binds)
-    # d ln(decode tok/s) / d ln(running) over the polls after the warm-up (steady polls and the tail give
-    # the spread): more decode slots raise throughput when it is at or above this (10 % more running, 2.4 %
-    # more tok/s): between what KV-bound long outputs and step-bound short ones read, simulated and on a
-    # GPU (docs/measurements.md).
+    # the elasticity at or above which more decode slots pay: between what KV-bound long outputs and
+    # step-bound short ones read (docs/measurements.md)
     "elastic_min": 0.25,
-    # one-sided confidence of the slope's bounds (Student's t, n - 2 degrees of freedom): kv_bound when the
-    # lower bound is at or above elastic_min, step_bound when the upper bound is below it, else kv_or_step.
-    # The usual 95 %, chosen before it was tried on the GPU traces, where it separates the long runs from
-    # the short ones (docs/measurements.md)
+    # one-sided confidence of the slope's bounds: kv_bound when the lower bound is at or above
+    # elastic_min, step_bound when the upper bound is below it, else kv_or_step
     "elastic_confidence": 0.95,
     "elastic_spread": 1.25,  # running must span this ratio (max / min over the polls used) to read it
     "elastic_floor": 0.25,  # polls with running below this share of the steady median are left out
@@ -84,16 +47,15 @@ THRESHOLDS: dict[str, float] = {
     "slots_low": 0.5, "slots_high": 2.5,  # running / (KV tokens / tokens per request): "≈"
     "at_cap": 0.95,  # running / max_running_requests at or above: at the cap
     "client_fill": 0.8,  # mean in_flight / window below: the window is not kept full
-    # the generate process's CPU (cores, median of steady polls) at or above: the client itself is busy. One
-    # event loop is one core, and a client-bound run on a GPU read just under it (docs/measurements.md).
+    # the generate process's CPU (cores, median of steady polls) at or above: the client is busy (one event
+    # loop is one core)
     "client_cpu": 0.85,
     "storm_per_completion": 0.25,  # retractions per completed sample at or above: a storm
     "storm_min": 10,  # ... and at least this many retractions
     "tail_level": 0.5,  # in flight below this share of the steady median: the tail
     "tail_frac": 0.15,  # the tail's share of the run's time at or above: an idle tail
-    # graph_ceiling: at least this share of the polls after the warm-up ran above cuda_graph_max_bs, and the
-    # decode rate per running request there at least graph_drop below the polls at or under it (one H100,
-    # issue 34: 15.4K tok/s at 224-255 running with graphs, 7.5-8.5K at 256-320 without: per request ~0.45x)
+    # graph_ceiling: this share of the polls ran above cuda_graph_max_bs, with the decode rate per running
+    # request there at least graph_drop below the polls under it
     "graph_over_share": 0.25,
     "graph_drop": 0.15,
 }
@@ -234,8 +196,7 @@ class Elasticity:
 
 
 def t_quantile(p: float, df: int) -> float:
-    """Student's t quantile (Cornish-Fisher expansion about the normal one, Abramowitz & Stegun 26.7.5:
-    within 0.001 of the tables from 3 degrees of freedom)."""
+    """Student's t quantile (Cornish-Fisher expansion, Abramowitz & Stegun 26.7.5)."""
     z = statistics.NormalDist().inv_cdf(p)
     terms = ((z ** 3 + z) / 4, (5 * z ** 5 + 16 * z ** 3 + 3 * z) / 96,
              (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / 384,

@@ -1,19 +1,11 @@
-"""Measured GPU-hours and the projected end of a job (issue 24), from the manifests' run records.
+"""Measured GPU-hours and the projected end of a job, from the manifests' run records (pure functions).
 
-Each run records the GPUs it held (`gpus`: tp_size × dp_size × servers, from /get_server_info or the
-launched profile, or `--gpus-per-server` × servers; absent = unknown; server/handle.py server_gpus)
-and when its dataset began generating (`generating_at`: its producer's start; the job's datasets run
-one after another on one server, so a later dataset's run waits while an earlier one generates).
-A dataset's GPU-hours are GPUs × its generating time, from `generating_at` (else `started_at`) to
-`ended_at` (else the last commit). The job's are GPUs × the union of its runs' whole times, from
-`started_at` (the model load counts: the GPUs are held), so a hand-over's overlap counts once. Ranks
-hold their own servers: each rank's runs are a lane of their own, and lanes add up. Pure functions.
-
-The projection: every unfinished dataset's remaining samples at its own measured rate (a dataset not
-started yet: the job's rate, samples over generating time), one after another; a clock time when a
-run is live now, else the generating time still needed.
-
-`plan`'s pre-run estimate is reports/job_time.py: predicted; these figures are measured.
+A dataset's GPU-hours are its runs' GPUs x their generating time (from `generating_at`: the job's
+datasets share one server one after another, so a later one's run waits while an earlier one
+generates). The job's are GPUs x the union of its runs' whole times (the model load holds the GPUs),
+so a hand-over's overlap counts once; each rank's runs are a lane of their own. The projection runs the
+unfinished datasets one after another at their own measured rate (else the job's). `plan`'s pre-run
+estimate is reports/job_time.py: predicted; these figures are measured.
 """
 
 from __future__ import annotations
@@ -67,7 +59,7 @@ class GpuUsage:
 
     @property
     def recorded(self) -> bool:
-        """Some run recorded its server (runs of versions before issue 24 did not)."""
+        """Some run recorded its server (older versions did not)."""
         return bool(self.how)
 
     @property

@@ -1,19 +1,11 @@
 """How long the job takes, for `plan`: tokens to decode / the rate a KV-bound server decodes them.
 
-Per dataset of the config dir (every TOML but server and demo, as `--dataset all`):
-- samples to do: target_samples − the samples already in outputs/<DATASET>;
-- tokens per sample: measured on the dataset's own samples once it has MEASURED_MIN of them, else the
-  reference job's assumed lengths (REFERENCE_LENGTHS, the output at most the TOML's max_new_tokens), else
-  unknown (left out of the total, said so);
-- running requests b = KV tokens / (prompt + output/2): a request holds its prompt and on average half
-  its output over its life (the reference node's runs agree: docs/measurements.md);
-- one decode step of b requests takes base + per_request·b + per_kv_token·kv_in_use (attention reads
-  every KV token; fp8 reads half the bytes), so the server decodes b / step tokens a second; prefill
-  adds prefill_per_token per prompt token (the radix cache makes multi-turn history cheaper: an overestimate);
-- the job = the sum over datasets + one start-up (one server lifetime: `make generate DATASET=all`).
-The step coefficients are the reference node's (Kimi-K2.5 on 8 x RTX PRO 6000, fp8 KV): the simulator's
-"seed" profile (sglang_sim/profiles.py), fitted by bench/calibrate.py to that node's measured rates
-(docs/measurements.md). Another model or GPU: pass a measured aggregate rate (`decode_tok_s`) instead.
+Per dataset: the samples still to do x tokens per sample (measured once MEASURED_MIN samples exist,
+else REFERENCE_LENGTHS, else unknown and left out of the total). A request holds its prompt and on
+average half its output over its life, so b = KV tokens / (prompt + output/2) run at once, and one
+decode step of b takes base + per_request·b + per_kv_token·kv_in_use (attention reads every KV token).
+The coefficients are the reference node's (the simulator's "seed" profile, fitted by bench/calibrate.py:
+docs/measurements.md); another model or GPU: pass a measured aggregate rate (`decode_tok_s`).
 """
 
 from __future__ import annotations
@@ -167,7 +159,7 @@ def format_job_time(j: JobTime, config_dir: Path) -> str:
 
 
 def _graph_warning(j: JobTime) -> list[str]:
-    """A warning when a dataset's predicted running exceeds the node's CUDA-graph ceiling (issue 34)."""
+    """A warning when a dataset's predicted running exceeds the node's CUDA-graph ceiling."""
     over = [d for d in j.known if j.cuda_graph_max_bs and d.running > j.cuda_graph_max_bs]
     if not over:
         return []

@@ -26,8 +26,6 @@ from gen_pipeline.reports.status import STATUS_HEAD, StatusReport, gpu_lines, st
 from gen_pipeline.store.layout import dataset_folder
 from gen_pipeline.store.telemetry import runs_of
 
-PANELS = ("throughput", "kv", "load", "retractions")
-
 
 def _pyplot() -> Any:
     try:

@@ -6,7 +6,7 @@ shards' figures come from the manifest, the open shard (and any the manifest doe
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -221,7 +221,7 @@ def _add_errors(st: DatasetStatus, manifest: Manifest, rows: list[dict[str, Any]
 def _add_run(st: DatasetStatus, folder: Path, manifest: Manifest) -> None:
     runs = manifest.get("runs", [])
     st.runs = len(runs)
-    st.run_wall_s = sum(_run_wall_s(r) or 0.0 for r in runs)
+    st.run_wall_s = sum(run_wall_s(r) or 0.0 for r in runs)
     lock = read_lock(folder)
     if lock is not None and lock.problem:
         st.state = f"lock unreadable ({lock.problem})"
@@ -254,7 +254,8 @@ def _age_s(iso: Any) -> float | None:
         return None
 
 
-def _run_wall_s(run: RunRecord) -> float | None:
+def run_wall_s(run: Mapping[str, Any]) -> float | None:
+    """Seconds a run record spans (started_at to ended_at, else its last update); None without them."""
     try:
         t0 = datetime.fromisoformat(run["started_at"])
         t1 = datetime.fromisoformat(run.get("ended_at") or run["updated_at"])
@@ -265,16 +266,15 @@ def _run_wall_s(run: RunRecord) -> float | None:
 
 def _run_rate(run: RunRecord) -> float | None:
     """samples/s of a run from its manifest record, when the pipeline passed no progress."""
-    elapsed_s = _run_wall_s(run)
+    elapsed_s = run_wall_s(run)
     return run.get("samples_written", 0) / elapsed_s if elapsed_s else None
 
 
 def config_targets(config_dir: Path, output_dir: Path, only: Sequence[str] = ()) -> tuple[dict[str, int | None],
                                                                                         list[str]]:
-    """({dataset name: target}, warnings) from the configs of `only` (default: every TOML of config_dir);
-    the name inside a TOML wins over its file name. A named dataset with outputs but no config gets
-    None (status reads the target its run recorded); a config that does not load is a warning (shown
-    without a target) unless it was named (then its ConfigError is raised)."""
+    """({dataset name: target}, warnings) from the configs of `only` (default: every TOML of config_dir; the
+    name inside a TOML wins). A dataset with outputs but no config gets None; a config that does not load is a
+    warning unless it was named (then its ConfigError is raised)."""
     targets: dict[str, int | None] = {}
     warnings: list[str] = []
     for n in list(only) or [str(p) for p in sorted(config_dir.glob("*.toml")) if p.stem != "server"]:
@@ -396,15 +396,10 @@ def gpu_lines(report: StatusReport) -> list[str]:
 
 
 # ---------------------------------------------------------------- datasets written by ranks
-# `status` of a dataset written by ranks: each rank's part read like a one-run folder, then
-# summed into one DatasetStatus, with the ranks that are stale (unfinished and nobody writing them).
-#
-# A rank is stale when it is short of its share, not "source exhausted" (another run would not
-# help), and either no live run holds its lock (died, stopped, never started) or its manifest has
-# not been committed for STALE_AFTER_S (a run commits every few seconds while it lives: one that
-# does not is hung, or on a host this one cannot check). A run that has written nothing yet may be
-# loading the model (no commits until its server answers): it gets STARTING_GRACE_S first.
-# Rerunning a stale rank resumes it alone.
+# Each rank's part is read like a one-run folder, then summed. A rank is stale (rerun it: it resumes
+# alone) when it is short of its share, not exhausted, and no live run holds its lock or its manifest
+# has not been committed for STALE_AFTER_S (a live run commits every few seconds); STARTING_GRACE_S
+# first while a run has written nothing (its server may be loading the model).
 
 STALE_AFTER_S = 120.0  # runs commit their manifest every ~5 s (RunOptions.commit_interval_s)
 STARTING_GRACE_S = 1800.0 + STALE_AFTER_S  # the tuned profile's startup_timeout_s, then the usual

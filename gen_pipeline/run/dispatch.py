@@ -1,13 +1,10 @@
 """Dispatch: the concurrency window and the exactly-target accounting of one dataset.
 
 `Window` is a CapacityLimiter sized by the controller (or a fixed --window); `Dispatcher` sends a
-prompt only while `ok + in_flight < goal` (`ok`: samples produced this run, `goal`: what the store
-still needs, capped by --limit), so a run never produces more than its target; a failure frees its
-place and the producer sends another prompt. Time comes from the clock they are given (the
-controller benchmark drives them in simulated time). The caller owns the task group: run/job.py
-opens it and passes it to `Dispatcher.produce`. Several datasets sharing one server (a job,
-gen_pipeline/run/job.py) share one Window, each with its own Dispatcher (`Window.members`): the window is
-retuned with the sum of their needs and tells the controller how many requests of each are in flight.
+prompt only while `ok + in_flight < goal`, so a run never produces more than its target, and a failure
+frees its place for another prompt. Time comes from the clock they are given. The caller (run/job.py)
+owns the task group. The datasets of a job share one Window, each with its own Dispatcher
+(`Window.members`), and the window tells the controller how many requests of each are in flight.
 """
 
 from __future__ import annotations

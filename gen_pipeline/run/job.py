@@ -1,26 +1,16 @@
 """The job: one anyio task group that owns the server (started with `tg.start`: the job proceeds once
 /health answers), the load poller, the progress reporter, the signal handler, the datasets' producers
 and their writers. A single dataset is a job of one; this is the only module that opens a run's task
-groups. Each dataset's own part (store, feed, dispatcher, writer, stats, telemetry) is a DatasetRun
-(dataset_run.py); set-up (setup.py) opens them before the server starts.
+groups. Each dataset's own part is a DatasetRun (dataset_run.py), opened by setup.py.
 
-Dispatch order: one dataset after another, overlapped. The datasets share one Window (the KV pool is
-one pool) and one request task group; dataset k+1's producer starts the moment dataset k has sent
-every prompt it needs, so the slots k's tail frees are refilled with k+1's prompts and the server
-never drains between datasets. The window is retuned with the sum of the datasets' needs, and the
-controller sizes it from the length estimate of each dataset weighted by its requests in flight
-(controller/core.py `set_mix`). Each dataset has its own ChatClient: its own sampling, timeouts and
-retries. A retry of dataset k (a failed request) still goes out while k+1 runs.
+Dispatch: one dataset after another, overlapped. The datasets share one Window (one KV pool) and one
+request task group; dataset k+1's producer starts the moment k has sent every prompt it needs, so the
+slots k's tail frees are refilled and the server never drains between datasets.
 
-Shutdown: a dataset's writer commits and unlocks its store as soon as its last request has ended
-(status shows it done while the others go on). Every target reached → the producers stop once
-nothing is in flight, the writers drain, then the server, poller and reporter are cancelled. First
-SIGINT or SIGTERM → stop dispatching, let in-flight requests finish for `drain_grace_s`, then cancel
-them (the writers still write every finished sample); a second signal cancels at once. A fatal error
-(server gone for good, disk full) cancels everything; every store is committed under a shield.
-
-Exit code (JobSummary.exit_code): the worst of the datasets' (a signal's 130/143 over a short
-source's 5 over 0); a fatal error ends the whole job with its own code.
+Shutdown: a dataset's writer commits and unlocks its store as soon as its last request has ended.
+Every target reached → producers stop, writers drain, then the server, poller and reporter are
+cancelled. Signals: shutdown.py. A fatal error cancels everything; every store is committed under a
+shield. Exit code (JobSummary.exit_code): the worst of the datasets', or the fatal error's own.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Set-up of a job, before any server starts: configs → options → checks → opened datasets.
 
-`run_options` turns `generate`'s settings (the flags, server.toml) into RunOptions. `open_datasets`
-then reads each thing once: the model the server serves (GET /v1/models once, when attached), each
-dataset's store (claimed: locked, drift-checked, scanned) and its source (loaded once: the pre-launch
-check and the run's feed share it). A problem the check finds refuses the launch (unless
-`proceed_anyway`); every claimed store is then released and no trace is left. In a job of several
-datasets a problem names its dataset's TOML.
-
-A signal during the set-up (shutdown.py) cancels the `stop` scope it runs in: a source load under way is
-abandoned in its worker thread (`datasets` cannot be interrupted; the CLI ends the process past it),
-the stores claimed so far are released as a refused launch's are, and `SetupStopped` says what each
-claimed store held.
+`run_options` turns `generate`'s settings into RunOptions. `open_datasets` then reads each thing once:
+the served model (when attached), each dataset's store (locked, drift-checked, scanned) and its source
+(shared by the pre-launch check and the feed). A problem the check finds refuses the launch (unless
+`proceed_anyway`) and releases every claimed store. A signal cancels the `stop` scope: a source load is
+abandoned in its worker thread, the stores claimed so far are released, and `SetupStopped` says what
+each held.
 """
 
 from __future__ import annotations

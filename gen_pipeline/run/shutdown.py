@@ -1,16 +1,11 @@
 """Signals, for the whole of a job (job.py `open_job` to its last store closed), and before it.
 
-SIGHUP (a closed terminal, an ssh drop without nohup) is one of them, handled as SIGTERM is.
-From the CLI's first line (`hold_signals`, gen_pipeline/signals.py) a SIGINT/SIGTERM/SIGHUP never kills
-the process: until a job listens it is held, and the job acts on it the moment it does (the set-up
-then stops at once). During the set-up (run/setup.py: the model asked, the stores claimed, the sources
-loaded) the first signal stops it: a source load in a worker thread (`datasets` cannot be interrupted)
-is abandoned, every store claimed so far is released, and the summary follows. Before the server
-answers (launch mode: SGLang loading), the first stops the start-up (the server's process group is
-stopped on the way out); once requests go, the first drains (no new requests, in-flight ones get
-drain_grace_s) and the second cancels the requests at once. Any later one (the server being stopped,
-the stores being committed) is noted and ignored: the run always ends with its summary, 130/143/129 and
-its locks released. The scopes are entered by setup.py and job.py."""
+SIGINT, SIGTERM and SIGHUP (a closed terminal) never kill the process: from the CLI's first line they
+are held (gen_pipeline/signals.py) until a job listens. The first one stops the set-up or the server's
+start-up, or, once requests go, drains (no new requests, in-flight ones get drain_grace_s); the second
+cancels the requests at once; any later one is noted and ignored, so the run always ends with its
+summary, exit 130/143/129 and its locks released. The scopes are entered by setup.py and job.py.
+"""
 
 from __future__ import annotations
 

@@ -118,8 +118,8 @@ class RunStats:
                     "written is lost, run the same command to resume.")
 
     def average(self) -> tuple[float, float]:
-        """(samples/s, completion tokens/s) over the whole run: what the final progress line reports (the last
-        minute's rate, or the last 512 completions', said 21,668 tok/s of a run that averaged 9,282: issue 34)."""
+        """(samples/s, completion tokens/s) over the whole run, for the final progress line (a recent rate can
+        be far from the run's average)."""
         span = max(self.elapsed_s(), 1e-6)
         return self.samples_total / span, self.tokens_total / span
 

@@ -1,11 +1,8 @@
 """Attach mode (SERVER_URL): no process; the same health checks and capacity reading as a launch.
 
-An sglang-router in front of several servers is recognised by its worker list (`/workers`, old
-`/list_workers`); capacity and load are then read from the workers themselves and summed, while
-requests go through the router. Several URLs without a router form a Fleet (server/fleet.py): each
-request goes to the server with the most free KV (a sample's later turns to its previous turn's server
-while that one is not overloaded: `routing`), a dead one is taken out and probed back in
-(server/fleet_watch.py).
+An sglang-router is recognised by its worker list (`/workers`, old `/list_workers`): capacity and load
+are summed over the workers while requests go through the router. Several URLs without a router form
+a Fleet (server/fleet.py, server/fleet_watch.py).
 """
 
 from __future__ import annotations
@@ -40,14 +37,8 @@ async def run_attached(urls: list[str], *, http: Http, first_model: str | None =
                        hang_after_s: float = HANG_AFTER_S, asked: dict[str, str] | None = None,
                        task_status: TaskStatus[ServerHandle] = anyio.TASK_STATUS_IGNORED) -> None:
     """Check each URL is an SGLang/OpenAI server, report the handle, then watch health until cancelled.
-    `urls` are base URLs as RunOptions normalises them (config/server.py `normalise_server_url`);
-    `first_model` is what the caller found already (requests carry it); `asked`: {url: model} the caller
-    asked already (not asked twice).
-
-    Every URL is equal: one that cannot be reached at start is taken out (and probed back in later),
-    whichever it is; raises ServerError when none can be reached, one is foreign or they serve different
-    models, or when none has answered for give_up_after_s (fleet_watch.py; hang_after_s there too).
-    """
+    A URL unreachable at start is taken out and probed back in later; raises ServerError when none can be
+    reached, one is foreign, they serve different models, or none has answered for give_up_after_s."""
     models, unreachable = await _identify_all(http, urls, asked or {})
     fleet = Fleet(urls, fail_after=unhealthy_after, probe_initial_s=health_interval_s, routing=routing)
     handle = ServerHandle(base_urls=urls, model=first_model or next(iter(models.values())), capacity=combine([]),

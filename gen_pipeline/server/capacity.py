@@ -1,14 +1,11 @@
 """What a server can hold: KV tokens and decode slots, read from its HTTP API.
 
-Sources, best first (shapes from SGLang's python/sglang/srt/entrypoints/http_server.py and v1_loads.py):
-`/server_info` (old `/get_server_info`): ServerArgs + scheduler_info of DP rank 0 (`max_total_num_tokens`)
-+ `internal_states[i]` per DP rank (`effective_max_running_requests_per_dp`); each DP rank has its own
-KV pool, so tokens = max_total_num_tokens × ranks. Then `/v1/loads` (per rank `max_total_num_tokens`),
-then vLLM's `/metrics` (`vllm:cache_config_info{num_gpu_blocks, block_size}`).
-
-The CUDA-graph ceiling (the largest decode batch SGLang replays a graph for) comes from /server_info too:
-SGLang 0.5.17 dumps the resolved `cuda_graph_config` (`decode.max_bs`; `decode.backend` "disabled" when
-graphs are off), older releases a flat `cuda_graph_max_bs` (and `disable_cuda_graph`).
+Sources, best first (SGLang's srt/entrypoints/http_server.py, v1_loads.py): `/server_info` (old
+`/get_server_info`): `max_total_num_tokens` of DP rank 0 × the ranks (each has its own pool) and
+`internal_states[i].effective_max_running_requests_per_dp`; then `/v1/loads`; then vLLM's `/metrics`
+(`vllm:cache_config_info`). The CUDA-graph ceiling comes from /server_info too: 0.5.17's resolved
+`cuda_graph_config` (`decode.max_bs`, `decode.backend` "disabled"), older releases' flat
+`cuda_graph_max_bs` (and `disable_cuda_graph`).
 """
 
 from __future__ import annotations

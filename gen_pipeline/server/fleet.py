@@ -1,17 +1,10 @@
 """Fleet: which of several directly attached servers gets the next request, and which are out.
 
-Pure policy (no I/O, no async library): the load poll feeds `update`, the client reports each request's
-start/end and connection errors, the health watcher marks servers down and probes them back in with
-exponential backoff. The choice is the server with the most free KV tokens (max_total_num_tokens − used
-at the last poll, less what we sent it since), or the fewest requests in flight when tokens are unknown.
-
-Conversation affinity (`routing="affinity"`, the default): turn k+1 of a multi-turn sample is turn k's
-prompt plus its answer, which the server that ran turn k holds in its prefix cache; elsewhere it is
-prefilled again. So a sample's later turn goes back to the server that ran its previous turn while that
-server is up and not overloaded: its free KV is within AFFINITY_MARGIN of its own capacity of the best
-server's (tokens unknown: its requests in flight at most a quarter, plus 2, above the least loaded's).
-Otherwise the turn goes by free KV like a first turn, and the sample follows it there. The state is one
-entry per sample in flight (`pick(sample)` records it, `sample_ended` drops it).
+Pure policy (no I/O, no async library). The choice is the server with the most free KV tokens (at the
+last poll, less what we sent it since), or the fewest requests in flight when tokens are unknown.
+Conversation affinity (`routing="affinity"`, the default): a sample's later turn goes back to the server
+holding its previous turn's prefix while that one is within AFFINITY_MARGIN of the best; otherwise it
+goes by free KV and the sample follows it. One entry per sample in flight (`pick`, `sample_ended`).
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """The I/O around a Fleet: per-server health checks with backoff probes, liveness probes of silent
 servers, a router's worker list re-read every interval, capacity re-summed over what is up, and the load
 poll per server. Every check and probe runs in its own task: a server that does not answer never
-delays another's check, nor the tick that follows the fleet.
+delays another's check.
 
-Direct (several URLs): a server that fails `unhealthy_after` health checks in a row (or connection errors
-in the client) is taken out; the run goes on with the rest; it is probed back in with backoff. A hung
-server is taken out while requests are in flight to it, as hang.py tells hung from busy (what SGLang's
-/health, /v1/models and /v1/loads answer, and when): stopped or frozen (SIGSTOP, a frozen host: no
-progress for `hang_after_s` and no answer to GET /v1/models) within about 5 s at the defaults; a stuck
-scheduler (an NCCL hang: the HTTP process answers, /health does not say 200) once /health fails with no
-progress for `hang_after_s`. The clients cancel its requests and send them again at once (run/chat.py),
-so the live servers never wait out request_timeout_s. When no server answers, dispatch pauses (the
-handle is down) and the run waits up to `give_up_after_s` (--server-wait-s) for one to come back: an
-operator's restart of SGLang takes 60-90 s; each request re-sent meanwhile is never counted as a failure.
-Through sglang-router: `/workers` (sglang-router 0.3: {"workers": [{"url", "is_healthy", ...}]}) is
-re-read every interval; capacity is the sum over its healthy workers, so a worker added raises it and
-a dead one (the router marks it unhealthy) lowers it. The router itself is health-checked like a server.
+Direct (several URLs): a server that fails `unhealthy_after` checks in a row is taken out and probed
+back in with backoff; a hung one (hang.py) is taken out and its requests re-sent at once (run/chat.py).
+When no server answers, dispatch pauses for up to `give_up_after_s` (--server-wait-s: an operator's
+restart of SGLang takes 60-90 s); requests re-sent meanwhile never count as failures. Through
+sglang-router: `/workers` is re-read every interval and capacity is the sum over its healthy workers;
+the router itself is health-checked like a server.
 """
 
 from __future__ import annotations

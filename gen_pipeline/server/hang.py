@@ -1,40 +1,22 @@
 """Telling a hung server from a busy one: pure policy (no I/O, no async library); fleet_watch.py sends
 the probes and acts on the verdicts.
 
-What SGLang answers, and when (read in SGLang 0.5.17, the pinned version: srt/entrypoints/http_server.py,
-srt/managers/tokenizer_manager.py, srt/managers/load_snapshot.py):
-- GET /health and GET /health_generate are one handler, in the HTTP (tokenizer manager) process. It
-  answers 503 at once while the server starts or shuts down. Otherwise (SGLANG_ENABLE_HEALTH_ENDPOINT_
-  GENERATION, on by default) it submits a one-token generate request, then checks once a second whether
-  the tokenizer manager has received anything from the scheduler since the check began: 200 as soon as
-  it has (a busy server: at the first check, ~1 s; a server inside one long forward pass with nothing
-  else to emit, a long prefill: once that pass ends), 503 after SGLANG_HEALTH_CHECK_TIMEOUT (20 s) when
-  it has not (a stuck scheduler: an NCCL hang). With that variable off, /health is 200 at once from the
-  HTTP process alone. So /health 200 means the scheduler made progress; it is not an instant liveness
-  check, and a live server in a long prefill leaves it unanswered for seconds.
-- GET /v1/models is answered by the HTTP process alone (the served name and context length): within
-  milliseconds however busy the scheduler is. A stopped process (SIGSTOP, a frozen host) answers nothing:
-  the kernel still accepts the TCP connection, nothing reads it.
-- GET /v1/loads reads a shared-memory snapshot the scheduler writes: the HTTP process answers it alone
-  too, so a load answer says nothing about the scheduler's progress.
+What SGLang answers, and when (read in 0.5.17: srt/entrypoints/http_server.py, tokenizer_manager.py):
+- GET /health (= /health_generate) is 503 while starting or shutting down; otherwise it submits a
+  one-token request and answers 200 once the scheduler has emitted anything, 503 after
+  SGLANG_HEALTH_CHECK_TIMEOUT (20 s) without. So 200 means the scheduler made progress; a live server
+  inside a long prefill leaves it unanswered for seconds.
+- GET /v1/models and /v1/loads, and a stream's headers, come from the HTTP process alone: they say the
+  process answers, not that the scheduler works. A stopped process (SIGSTOP, a frozen host) answers nothing.
 
-- A streamed request's headers come from the HTTP process before any token (a stuck scheduler still
-  accepts requests and answers their headers); only its events carry the scheduler's work.
-
-Progress (the scheduler works) is therefore: events of a request's stream, a whole answer, /health 200
-(Fleet.answered; headers, refusals and load answers do not count). Liveness (the process answers) is
-GET /v1/models. A server with requests in flight is hung, taken out and its requests re-sent to the
-live servers:
-- stopped or frozen: no progress for `hang_after_s` and a GET /v1/models sent after the silence began got
-  no answer within `probe_timeout_s` (connect or read timeout). With the defaults (5 s; probes from 1 s of
-  silence, 3 s each) about 5 s after the server stopped.
-- stuck scheduler (the HTTP process answers): /health not 200 (SGLang's own 503 after 20 s, or no answer
-  within the check timeout) with no progress for `hang_after_s` (fleet_watch.py `_check_one`): about
-  20-25 s, since until SGLang says 503 it looks like a long prefill.
-- busy or slow: progress, or /v1/models answers: never taken out for it, however long its silence.
-A server taken out otherwise (failed checks, connection errors) keeps its requests in flight, since a
-dead server's connections are cut; those that make no progress for `hang_after_s` are re-sent too
-(a partition: new connections time out, the open ones stall).
+Progress is a stream's events, a whole answer, /health 200 (Fleet.answered); liveness is GET /v1/models.
+A server with requests in flight is hung, taken out and its requests re-sent, when:
+- stopped or frozen: no progress for `hang_after_s` and a /v1/models probe sent after the silence
+  began got no answer within `probe_timeout_s` (about 5 s at the defaults);
+- stuck scheduler (an NCCL hang): /health not 200 with no progress for `hang_after_s` (20-25 s: until
+  SGLang says 503 it looks like a long prefill).
+Busy or slow (progress, or /v1/models answers) is never taken out. A server taken out otherwise keeps its
+requests in flight; those with no progress for `hang_after_s` are re-sent too (a partition).
 """
 
 from __future__ import annotations

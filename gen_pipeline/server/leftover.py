@@ -1,15 +1,10 @@
 """A launched server's record (`server.pid.json` beside its server.log) and the check at the next start:
-a server an earlier run left behind must not get a second one beside it (on a GPU node: two model
-loads, the second one out of memory).
+a server an earlier run left behind must not get a second one beside it (two model loads on one GPU).
 
-The record says which process group is the server (the parent_watch process leads it), when that process
-started, and which gen-pipeline process started it (and when). A later start reads it: a group that is gone
-is forgotten; a group that is provably ours and orphaned (the same process by its pid and start time, the
-gen-pipeline that started it gone) is stopped before the new one starts (SIGTERM,
-stop_grace_s, SIGKILL), as the run that started it would have done. It is ours and nobody uses it, so
-stopping it is what the user wants done, and the rerun goes on by itself. Anything else (the run that
-started it is still alive, or the process cannot be proven ours) is refused with its pid and what to do.
-Linux reads /proc; elsewhere a live recorded group is always refused.
+A later start reads the record: a group that is gone is forgotten; one provably ours and orphaned (same
+pid and start time, the gen-pipeline that started it gone) is stopped (SIGTERM, stop_grace_s, SIGKILL)
+as its run would have done; anything else is refused with its pid and what to do. Linux reads /proc;
+elsewhere a live recorded group is always refused.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Live load: running/queued requests, KV tokens in use, retractions, summed over DP ranks and servers.
 
-`/v1/loads` (SGLang, no flag needed; python/sglang/srt/entrypoints/v1_loads.py) gives the gauges;
-`/metrics` (SGLang with --enable-metrics, or vLLM) gives them too plus the retraction signal and
-the cumulative token counter. SGLang names appear as `sglang:x` and `sglang_x`; both are read.
-Which sources a URL has, and the retraction tally, are remembered per URL.
-
-Retractions, by SGLang version (srt/metrics/collector.py, srt/observability/metrics_collector.py
-from 0.5.1x on; read in the 0.4.10.post2, 0.5.4 and 0.5.17 wheels):
-- 0.4.7 .. 0.4.10: gauge `sglang:total_retracted_reqs`, a cumulative count.
-- 0.5.x (0.5.4 .. 0.5.17 at least): gauge `sglang:num_retracted_reqs` = the size of the latest
-  retraction since the previous scheduler stats log (every prefill batch, every
-  decode_log_interval decode steps), then reset to 0. Not cumulative: we tally it (below).
-- later 0.5.x (0.5.17, not 0.5.4): also counter `sglang:num_retracted_requests_total`, labelled,
-  so it is absent from /metrics until the first retraction (prometheus_client has no sample yet).
+`/v1/loads` (SGLang, no flag needed) gives the gauges; `/metrics` (--enable-metrics, or vLLM) gives
+them too plus retractions and the token counter, as `sglang:x` or `sglang_x`. What a URL has, and the
+retraction tally, are remembered per URL. Retractions by SGLang version (srt/metrics/collector.py):
+- 0.4.7 .. 0.4.10: gauge `sglang:total_retracted_reqs`, cumulative.
+- 0.5.x: gauge `sglang:num_retracted_reqs`, the latest retraction's size, reset to 0: tallied here.
+- 0.5.17: also the labelled counter `sglang:num_retracted_requests_total`, absent until the first one.
 - vLLM: counter `vllm:num_preemptions_total`.
 """
 

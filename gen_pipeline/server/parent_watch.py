@@ -1,16 +1,12 @@
 """`python -I .../gen_pipeline/server/parent_watch.py PARENT_PID GRACE_S CMD...`: run CMD so that it is stopped
 when its parent (the pipeline) dies, even by SIGKILL, which the pipeline cannot catch to stop its server.
 
-Without this a killed orchestrator leaves the server (its own session) holding the GPUs, and the next
-run starts a second one beside it. On Linux this process stays as CMD's parent, in CMD's process group
-(it leads it: the pipeline starts it with start_new_session): the kernel tells it when the pipeline dies
-(prctl PR_SET_PDEATHSIG), and it then does what the pipeline's own stop does (server/process.py):
-SIGTERM the group, wait GRACE_S for CMD, SIGKILL the group. SGLang stops its process tree on SIGTERM
-(TokenizerManager.sigterm_watchdog → kill_process_tree, sglang PRs #1838/#16484), but a server that
-ignores SIGTERM, or hangs in its shutdown, is only stopped by the SIGKILL. While the pipeline lives,
-CMD's exit is this process's exit (same code, same signal), so the supervisor reads the server's.
-Elsewhere CMD is exec'd unchanged. Run as a script (stdlib only), not `-m`: it lives as long as the
-server, and the package's imports would cost it ~0.2 s and tens of MB for nothing.
+Without this a killed orchestrator leaves the server holding the GPUs and the next run starts a second
+one. On Linux this process leads CMD's process group, the kernel tells it when the pipeline dies
+(PR_SET_PDEATHSIG), and it does what the pipeline's own stop does (server/process.py): SIGTERM the
+group, wait GRACE_S, SIGKILL it. While the pipeline lives, CMD's exit is this process's exit.
+Elsewhere CMD is exec'd unchanged. A script (stdlib only), not `-m`: it lives as long as the server,
+and the package's imports would cost it time and memory for nothing.
 """
 
 from __future__ import annotations

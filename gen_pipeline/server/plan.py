@@ -1,22 +1,13 @@
 """`gen-pipeline plan`: predict KV tokens and decode slots from a model's config.json (pure).
 
-Per-token KV bytes on one GPU, as SGLang sizes its pools (python/sglang/srt/mem_cache/memory_pool.py,
-model_runner.py `cell_size`):
+Per-token KV bytes on one GPU, as SGLang sizes its pools (srt/mem_cache/memory_pool.py, model_runner.py
+`cell_size`):
   MHA/GQA  2 × layers × ceil(kv_heads / tp) × head_dim × bytes      (K and V, heads split across TP)
-  MLA      (kv_lora_rank + qk_rope_head_dim) × layers × bytes       (one latent per token, replicated
-           on every TP rank: more GPUs do not shrink the bytes per token, only free memory for it)
-KV tokens = (gpu_mem × mem_fraction_static − weights / tp − overhead) / bytes per token, the same
-for the whole server (every TP rank holds every token). Decode slots ≈ KV tokens / tokens per sample.
-
-Against the seed (Kimi-K2.5, MLA: 61 layers, kv_lora_rank 512, qk_rope_head_dim 64 → 70,272 B/token
-in bf16, 35,136 in fp8; INT4 experts ≈ 594 GB = 553 GiB of weights on 8 GPUs, i.e. --weights-gb 553: its
-~1.03T parameters are mixed precision, so --params-b × one dtype does not give it). The seed's node is the
-reference node: 8 x NVIDIA RTX PRO 6000 Blackwell on PCIe, 96 GB each (nvidia-smi: 97,887 MiB = 95.6 GiB).
-Its three measured pools (docs/measurements.md) fit this formula within 1 % with 95.6 GiB per GPU and 4.5
-GiB per GPU of overhead beside the weights (CUDA context, NCCL buffers, activations, CUDA graphs): plan's
-defaults (REFERENCE_GPU_MEM_GIB, REFERENCE_OVERHEAD_GIB). Another GPU gives very different pools: plan
-for the GPU the job runs on. The overhead differs with the model, the parallelism
-and SGLang's flags: read the real figure from the server's log line or `/server_info` once it runs.
+  MLA      (kv_lora_rank + qk_rope_head_dim) × layers × bytes       (one latent, replicated on every rank)
+KV tokens = (gpu_mem × mem_fraction_static − weights / tp − overhead) / bytes per token.
+The defaults (REFERENCE_GPU_MEM_GIB, REFERENCE_OVERHEAD_GIB) are the reference node's, where this
+formula fits the three measured pools within 1 % (docs/measurements.md); the overhead varies with the
+model, parallelism and flags: read the real pool from the server's log or `/server_info` once it runs.
 """
 
 from __future__ import annotations
@@ -33,8 +24,7 @@ from gen_pipeline.config.server import ServerProfile
 from gen_pipeline.errors import ConfigError
 
 GIB = 1 << 30  # SGLang's "GB" in its memory logs is GiB
-# The reference node (the seed's): 8 x RTX PRO 6000 Blackwell, 96 GB = 97,887 MiB each; the overhead that
-# fits the seed's three measured pools (the module docstring). cli/parser.py's defaults (a test keeps them equal).
+# The reference node and the overhead that fits its measured pools (module doc); cli/parser.py's defaults too.
 REFERENCE_GPU = "RTX PRO 6000 Blackwell, 96 GB"
 REFERENCE_GPU_MEM_GIB = 95.6
 REFERENCE_OVERHEAD_GIB = 4.5
@@ -99,8 +89,7 @@ class PlanNumbers:
 
 def sglang_cuda_graph_max_bs(gpu_mem_gb: float, tp_size: int) -> int:
     """SGLang 0.5.17's default decode CUDA-graph ceiling (server_args.py _handle_gpu_memory_settings:
-    `cuda_graph_config.decode.max_bs` by GPU memory in MiB and tp_size). A decode batch above it runs
-    without a graph, ~2x the step time (issue 34)."""
+    `cuda_graph_config.decode.max_bs` by GPU memory in MiB and tp_size); a larger batch runs without a graph."""
     mib = gpu_mem_gb * 1024
     for below_gib, small, large in ((20, 8, 8), (35, 24, 80), (60, 32, 160), (160, 256, 512)):
         if mib < below_gib * 1024:

@@ -1,10 +1,5 @@
 """The dataset store: sharded JSONL writer with exactly-once resume by id. Sync; the pipeline
-calls it through `anyio.to_thread.run_sync` in batches.
-
-    outputs/B2/shard-00000.jsonl  one Sample per line; appended, flushed per batch, fsynced per group
-    outputs/B2/shard-00000.ids    sidecar of a sealed shard: its ids, one JSON string a line
-    outputs/B2/manifest.json      sealed shards + committed length of the open one (see manifest.py)
-    outputs/B2/errors.jsonl       Failure lines with their "run"; rejects.jsonl: Reject lines
+calls it through `anyio.to_thread.run_sync` in batches. The folder's layout and trust rules: layout.py.
 
 The shards are the source of truth. open() cuts a torn last line, keeps every complete line
 (flushed lines past the manifest's committed length are valid samples), and reads the done ids

@@ -18,7 +18,6 @@ import orjson
 
 from gen_pipeline.config.dataset import fingerprint_digest
 from gen_pipeline.config.mix import recorded_sampling
-from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigDriftError
 from gen_pipeline.store.manifest import check_drift
 from gen_pipeline.store.shards import write_atomic
@@ -64,8 +63,3 @@ def check_rows(folder: Path, configs: list[tuple[str, bytes, int]], fp: dict[str
             raise ConfigDriftError(
                 f"{e}\n(Its manifest.json and {FINGERPRINT_NAME} are gone: the settings were read from the rows, "
                 f"{shard} line {line}.)") from None
-
-
-def drift_source_note(folder: Path) -> str:
-    return (f"{display_path(folder / 'manifest.json')} holds no config: the drift check used "
-            f"{FINGERPRINT_NAME}")

@@ -4,26 +4,15 @@ status, validate and export alike. Nothing here writes.
     outputs/B2/                   the dataset folder (`dataset_folder(root, "B2")`)
       shard-00000.jsonl           one Sample a line (shards.py: format, parsing, id sidecars)
       shard-00000.ids             ids of a sealed shard
-      manifest.json               manifest.py: sealed shards, open shard's committed length, runs
+      manifest.json               manifest.py: sealed shards, open shard's committed length, runs (atomic)
       fingerprint.json            fingerprint.py: the config that wrote the samples (the manifest's copy)
       .lock                       lock.py: the run lock
       errors.jsonl, rejects.jsonl Failure / Reject lines, each with its "run"
+      rank-<R>-of-<W>/            with W ranks (ranks.py): each rank's part, laid out as above
 
-manifest.json (written by the store only, atomically; its fields: manifest.py `Manifest`): the
-fingerprint, the sealed shards' records, the open shard's committed length, the runs, the last
-run's progress.
-
-A folder is read through its *parts*: the folders each written by one run at a time, with their
-own manifest, lock, errors, rejects and logs. A dataset written by one run (world size 1) has one
-part, the folder itself; one written by W ranks (ranks.py) has the parts `rank-<R>-of-<W>/`:
-
-    outputs/B2/rank-0-of-4/       rank 0's part: shards, manifest.json, .lock, errors, rejects, logs
-    outputs/B2/rank-1-of-4/ ...
-
-(a rank's manifest also records "rank" and "world_size", and its "target" is the rank's share).
-
-Every reader here (status, validate, export) reads all parts as one dataset; `check_world` keeps
-the two layouts and two world sizes from mixing in one folder.
+A folder is read through its *parts*, each written by one run at a time: the folder itself, or its
+rank folders. Every reader reads all parts as one dataset; `check_world` keeps the two layouts and two
+world sizes from mixing in one folder.
 
 Trust rules (which shard lines are committed samples):
 - every complete line (ending in "\\n") that is a JSON object with a string "id" is a sample, also
@@ -116,12 +105,9 @@ def _samples(parts: list[Path]) -> int:
 
 
 def check_world(folder: Path, spec: RankSpec) -> None:
-    """Refuse a run whose layout differs from what the dataset folder holds: ranks over a one-run
-    dataset, a one-run over ranks, or another world size. Raises StoreError saying what exists,
-    what was asked and what to do. (Refused rather than re-split: which rank owns a prompt depends
-    on the world size, so the samples already written would belong to other ranks.) Any rank folder
-    counts, even an empty one: the store checks again once its own folder and lock exist, so two
-    runs that start together with different layouts cannot both pass."""
+    """Refuse a run whose layout differs from what the dataset folder holds (ranks over a one-run dataset,
+    the reverse, or another world size: the owner of a prompt depends on it), raising StoreError saying
+    what exists, what was asked and what to do. Any rank folder counts, even an empty one."""
     where = display_path(folder)
     others = {rw: p for rw, p in rank_parts(folder).items() if rw[1] != spec.world}
     env = spec.source not in ("default", "--rank/--world-size")  # say which variables, when they decided

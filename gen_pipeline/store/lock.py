@@ -3,14 +3,11 @@
     outputs/B2/.lock   {"pid", "host", "started_at"[, "slurm_job_id", "slurm_restart"]}; flock()ed by the
                        writing run while it lives
 
-The flock is the truth, not the pid: the kernel drops it when its holder dies, whatever has the pid
-now (a container restart gives the orchestrator's pid 1 to another process; pids wrap). A lock whose
-flock is free is therefore taken over; one whose flock is held is refused, naming the holder. The one
-exception: a lock written by another host on a shared filesystem (NFS, Lustre, ...), where a flock
-may be visible only on the host that took it; that one is refused with what to do there. (On a
-local disk another host name means a recreated container: its flock is the truth too.) A later run
-of the holder's own SLURM job (requeued after a node failure, possibly on another node: SLURM starts
-a job's next run only once the previous one ended) takes such a lock over too.
+The flock is the truth, not the pid (the kernel drops it when its holder dies; pids wrap and containers
+reuse them): a free flock is taken over, a held one refused, naming the holder. Except a lock from
+another host on a shared filesystem, where a flock may be visible only on the host that took it: refused
+with what to do there, unless a later run of the holder's own SLURM job takes it (SLURM starts a job's
+next run only once the previous one ended).
 """
 
 from __future__ import annotations

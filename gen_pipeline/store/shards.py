@@ -2,14 +2,12 @@
 shards. Read through layout.py (the trust rules); the store repairs with it.
 
     shard-00003.jsonl   one Sample JSON object a line, "\\n"-terminated; a torn write leaves a partial last line
-    shard-00003.ids     the ids of a sealed shard, so resume need not parse the shard: a header line
-                        {"shard", "bytes", "samples", "ids_sha256"} (the shard it was made from, its size, and a
-                        digest of the id lines that follow), then one JSON string a line
+    shard-00003.ids     the ids of a sealed shard: a header {"shard", "bytes", "samples", "ids_sha256"},
+                        then one JSON string a line
 
-A sidecar is trusted only when it fits its shard (`read_sidecar`): same name and size, the digest of
-its ids, and the shard's first line starting with its first id. One that does not (a copied or damaged
-sidecar, one from a version without the header) makes the store parse the shard and write it anew, so
-a sidecar with the right count and the wrong ids can never make a resume write a sample twice.
+A sidecar is trusted only when it fits its shard (`read_sidecar`: same name and size, the digest of its
+ids, the shard's first line starting with its first id); otherwise the store parses the shard and writes
+it anew, so a wrong sidecar can never make a resume write a sample twice.
 """
 
 from __future__ import annotations
@@ -24,8 +22,8 @@ from typing import Any
 
 import orjson
 
-from gen_pipeline.quality.accounting import add_meta
-from gen_pipeline.store.manifest import ShardRecord
+from gen_pipeline.quality.accounting import add_meta, int_or_zero
+from gen_pipeline.store.manifest import ShardRecord, fsync_dir
 
 SHARD_RE = re.compile(r"^shard-(\d{5,})\.jsonl$")
 
@@ -85,17 +83,13 @@ class ShardScan:
         meta = row.get("meta")
         if not isinstance(meta, dict):
             meta = {}
-        self.prompt_tokens += _int(meta.get("prompt_tokens"))
-        self.completion_tokens += _int(meta.get("completion_tokens"))
+        self.prompt_tokens += int_or_zero(meta.get("prompt_tokens"))
+        self.completion_tokens += int_or_zero(meta.get("completion_tokens"))
         self.truncated += meta.get("finish_reason") == "length"
         add_meta(self.gate, meta)
         variant = meta.get("sampling_variant")
         if isinstance(variant, int) and not isinstance(variant, bool):
             self.variants[str(variant)] = self.variants.get(str(variant), 0) + 1
-
-
-def _int(v: Any) -> int:
-    return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
 def parse_line(line: bytes) -> tuple[dict[str, Any] | None, str]:
@@ -210,11 +204,7 @@ def write_atomic(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(path.parent)
 
 
 TMP_SUFFIX = ".tmp"

@@ -1,15 +1,10 @@
 """Telemetry: one JSON line per load poll of a run in outputs/<DATASET>/telemetry.jsonl.
 
-Off the hot path: `Telemetry.poll` builds a row from the run's RunSnapshot and puts it on a bounded queue; a daemon
-thread appends batches and flushes (no fsync: a row lost to a power cut costs nothing, a row
-lost to kill -9 is already in the page cache). Never fails a run: a full queue drops the row
-(counted), a disk error is reported once and turns telemetry off for the rest of the run.
-
-Bounded for a multi-day run: telemetry.jsonl keeps full resolution up to `max_bytes` (8 MiB,
-~17K rows ≈ 5 h at one poll a second); then its rows are decimated 10:1 into telemetry.1.jsonl
-(run boundaries and restarts are always kept), and when that archive passes `max_bytes` it is
-decimated 2:1 in place. On disk: at most 2 × max_bytes + one batch (~16 MiB); older history
-gets coarser, never lost as a whole. Readers skip a torn or unparseable line (kill -9 mid-write).
+Off the hot path: `Telemetry.poll` queues a row (bounded) and a daemon thread appends batches, with no
+fsync (a lost row costs nothing). Never fails a run: a full queue drops the row (counted), a disk error
+is reported once and turns telemetry off. Bounded for a multi-day run: past `max_bytes` the rows are
+decimated 10:1 into telemetry.1.jsonl (run boundaries and restarts kept), which is decimated 2:1 in
+place past `max_bytes` in turn: history gets coarser, never lost. Readers skip a torn line.
 """
 
 from __future__ import annotations
