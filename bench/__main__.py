@@ -31,8 +31,10 @@ BENCHES = {
     "affinity": "bench.affinity_bench",
     "gate": "bench.gate_bench",
     "hang": "bench.hang_bench",
+    "kill_storm": "bench.kill_storm",
 }
-DEFAULT = [n for n in BENCHES if n != "faults"]
+# soaks: minutes of SIGKILLs, run by name (python -m bench faults kill_storm)
+DEFAULT = [n for n in BENCHES if n not in ("faults", "kill_storm")]
 
 
 def main(argv: list[str]) -> int:

@@ -121,11 +121,11 @@ def markdown(res: dict, command: str) -> str:
             f"{res['final_export_rc']} ({res['exported_rows']} rows).\n\n{table}\n")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     res = run(args.rounds, args.seed)
     command = f"python -m bench.kill_storm --rounds {args.rounds} --seed {args.seed}"
     text = markdown(res, command)

@@ -338,6 +338,11 @@ def find_dataset_config(name: str, config_dir: Path = DEFAULT_CONFIG_DIR) -> Dat
     return load_dataset_config(path)
 
 
+# the TOMLs of a config folder that `--dataset all` leaves out: the server profiles and the bundled examples
+EXAMPLES = ("demo", "tools")
+NOT_IN_ALL = ("server", *EXAMPLES)
+
+
 def find_dataset_configs(names: Sequence[str], config_dir: Path = DEFAULT_CONFIG_DIR,
                          skipped: list[str] | None = None) -> list[DatasetConfig]:
     """`--dataset B1,B2` / repeated / `all` (every dataset TOML of config_dir but server, demo and tools) →
@@ -349,7 +354,7 @@ def find_dataset_configs(names: Sequence[str], config_dir: Path = DEFAULT_CONFIG
     expanded: list[str] = []
     for n in wanted:
         if n == "all":
-            found = [str(p) for p in sorted(config_dir.glob("*.toml")) if p.stem not in ("server", "demo", "tools")]
+            found = [str(p) for p in sorted(config_dir.glob("*.toml")) if p.stem not in NOT_IN_ALL]
             if not found:
                 raise ConfigError(f"--dataset all: no dataset TOML in {config_dir}.")
             expanded += found

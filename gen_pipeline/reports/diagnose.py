@@ -268,8 +268,8 @@ def _graph_ceiling(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | 
     else:
         measured = (f"decode rate per running request {per_above:,.1f} tok/s above it (generation "
                     f"{statistics.median(r['gen_tok_s'] for r in above):,.0f} tok/s, median); no polls at or below "
-                    f"it to compare with: on one H100 (issue 34) a batch past the ceiling stepped ~2x slower, "
-                    "15.4K tok/s at 224-255 running against 7.5-8.5K at 256-320")
+                    f"it to compare with: past the ceiling a decode step takes about twice as long "
+                    '(docs/measurements.md, "The CUDA-graph ceiling")')
         title = f"running stayed above SGLang's CUDA-graph ceiling ({ceiling}): its decode steps ran without a graph"
     return Verdict(
         "graph_ceiling", title, (crossed, measured),

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gen_pipeline.config.dataset import find_dataset_configs
+from gen_pipeline.config.dataset import NOT_IN_ALL, find_dataset_configs
 from gen_pipeline.display import display_path, format_duration
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.reports.status import read_status
@@ -182,7 +182,7 @@ def plan_job_time(p: Plan, config_dir: Path, output_dir: Path, *, decode_tok_s: 
     if decode_tok_s is not None and not decode_tok_s > 0:
         raise ConfigError(f"--decode-tok-s {decode_tok_s:g} must be above 0 (a measured tokens/s; make status "
                           "shows a run's).")
-    if not any(f.stem not in ("server", "demo") for f in config_dir.glob("*.toml")):
+    if not any(f.stem not in NOT_IN_ALL for f in config_dir.glob("*.toml")):
         return ""
     o = option_in_use(p)
     j = job_time(dataset_lengths(config_dir, output_dir, skipped), kv_tokens=o.kv_tokens, kv_dtype=o.kv_dtype,

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gen_pipeline.config.dataset import find_dataset_config
+from gen_pipeline.config.dataset import EXAMPLES, find_dataset_config
 from gen_pipeline.config.mix import declared_mix, produced_shares
 from gen_pipeline.display import format_duration
 from gen_pipeline.errors import ConfigError
@@ -274,10 +274,12 @@ def config_targets(config_dir: Path, output_dir: Path, only: Sequence[str] = ())
                                                                                         list[str]]:
     """({dataset name: target}, warnings) from the configs of `only` (default: every TOML of config_dir; the
     name inside a TOML wins). A dataset with outputs but no config gets None; a config that does not load is a
-    warning unless it was named (then its ConfigError is raised)."""
+    warning unless it was named (then its ConfigError is raised). The bundled examples (demo, tools) are
+    listed only when named or when they have output."""
     targets: dict[str, int | None] = {}
     warnings: list[str] = []
-    for n in list(only) or [str(p) for p in sorted(config_dir.glob("*.toml")) if p.stem != "server"]:
+    for n in list(only) or [str(p) for p in sorted(config_dir.glob("*.toml")) if p.stem != "server"
+                            and (p.stem not in EXAMPLES or (output_dir / p.stem).is_dir())]:
         if not n.endswith(".toml") and not (config_dir / f"{n}.toml").exists() and (output_dir / n).is_dir():
             targets[n] = None
             continue

@@ -88,7 +88,7 @@ def test_missing_dataset_config_lists_existing(tmp_path: Path) -> None:
     r = gen(Path("NOPE"), tmp_path / "out", "--server", "sim")
     assert r.returncode == 2
     assert r.stderr == ("error: No dataset config 'NOPE': datasets_cfg/NOPE.toml does not exist. "
-                        "Configs in datasets_cfg: B1, B2, B6, B7, demo.\n")
+                        "Configs in datasets_cfg: B1, B2, B6, B7, demo, tools.\n")
 
 
 def test_server_url_not_a_url(tmp_path: Path) -> None:
