@@ -173,7 +173,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     profile = load_server_profile(args.server, args.config_dir / "server.toml")
     inputs, note = profile_inputs(profile, tp_size=args.tp_size, mem_fraction_static=args.mem_fraction_static,
-                                  kv_cache_dtype=args.kv_cache_dtype, hicache_gb=args.hicache_gb)
+                                  kv_cache_dtype=args.kv_cache_dtype, hicache_gb=args.hicache_gb,
+                                  dcp_size=args.dcp_size)
     p = plan_from_args(args.model_config, gpu_mem_gb=args.gpu_mem_gb, tokens_per_sample=args.tokens_per_sample,
                        weights_gb=args.weights_gb, params_b=args.params_b, weight_dtype=args.weight_dtype,
                        overhead_gb=args.overhead_gb, inputs_note=note, **inputs)

@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"memory per GPU in GiB as nvidia-smi's total (MiB / 1024) (default: %(default)s, the "
                          f"reference node's {REFERENCE_GPU}; H200: 140.4, H100 80 GB: 79.6)")
     pl.add_argument("--tp-size", type=int, help="tensor parallel size (default: the profile's)")
+    pl.add_argument("--dcp-size", type=int,
+                    help="decode context parallel size: d x the KV tokens where TP copies the KV (MLA) "
+                         "(default: the profile's --dcp-size, else 1)")
     pl.add_argument("--mem-fraction-static", type=float,
                     help="SGLang's static memory fraction (default: the profile's)")
     pl.add_argument("--kv-cache-dtype", help="KV dtype planned besides bf16 and fp8_e4m3 (default: the profile's)")

@@ -1,7 +1,9 @@
 """What a server can hold: KV tokens and decode slots, read from its HTTP API.
 
 Sources, best first (SGLang's srt/entrypoints/http_server.py, v1_loads.py): `/server_info` (old
-`/get_server_info`): `max_total_num_tokens` of DP rank 0 × the ranks (each has its own pool) and
+`/get_server_info`): `max_total_num_tokens` of DP rank 0 × the ranks (each has its own pool) × dcp_size
+(decode context parallelism: each rank holds 1/d of every token, and the scheduler admits against the
+pool × dcp_size, scheduler.py) and
 `internal_states[i].effective_max_running_requests_per_dp`; then `/v1/loads`; then vLLM's `/metrics`
 (`vllm:cache_config_info`). The CUDA-graph ceiling comes from /server_info too: 0.5.17's resolved
 `cuda_graph_config` (`decode.max_bs`, `decode.backend` "disabled"), older releases' flat
@@ -21,7 +23,7 @@ from gen_pipeline.records import Capacity
 
 INFO_KEYS = ("model_path", "served_model_name", "tp_size", "dp_size", "kv_cache_dtype", "mem_fraction_static",
              "enable_hierarchical_cache", "hicache_size", "num_continuous_decode_steps", "context_length",
-             "max_running_requests", "reasoning_parser", "enable_metrics", "version")
+             "max_running_requests", "reasoning_parser", "enable_metrics", "version", "dcp_size")
 _LOG_CAPACITY = re.compile(r"max_total_num_tokens=(\d+)(?:.*?max_running_requests=(\d+))?")
 PROBE_TIMEOUT_S = 10.0
 
@@ -40,7 +42,9 @@ def capacity_from_server_info(info: dict[str, Any]) -> Capacity | None:
         max_running = info["max_running_requests"]  # the CLI value; null when SGLang chose it
     else:
         max_running = None
-    return Capacity(tokens * ranks, max_running, servers=1, source="server_info",
+    dcp = info.get("dcp_size")
+    dcp = dcp if _is_int(dcp) and dcp > 1 else 1
+    return Capacity(tokens * ranks * dcp, max_running, servers=1, source="server_info",
                     cuda_graph_max_bs=_times(cuda_graph_max_bs(info), ranks))
 
 

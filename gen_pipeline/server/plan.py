@@ -4,7 +4,11 @@ Per-token KV bytes on one GPU, as SGLang sizes its pools (srt/mem_cache/memory_p
 `cell_size`):
   MHA/GQA  2 × layers × ceil(kv_heads / tp) × head_dim × bytes      (K and V, heads split across TP)
   MLA      (kv_lora_rank + qk_rope_head_dim) × layers × bytes       (one latent, replicated on every rank)
-KV tokens = (gpu_mem × mem_fraction_static − weights / tp − overhead) / bytes per token.
+KV tokens = (gpu_mem × mem_fraction_static − weights / tp − overhead) / bytes per token × dcp.
+Decode context parallelism (`--dcp-size d`, SGLang 0.5.17) keeps each token's KV on one of d ranks among
+those that hold the same heads: the pool holds d x the tokens (scheduler.py sizes admission with
+max_total_num_tokens × dcp_size). d is at most the copies TP makes of each KV head: tp for MLA,
+tp / kv_heads for MHA/GQA (1 when TP splits the heads without copies).
 The defaults (REFERENCE_GPU_MEM_GIB, REFERENCE_OVERHEAD_GIB) are the reference node's, where this
 formula fits the three measured pools within 1 % (docs/measurements.md); the overhead varies with the
 model, parallelism and flags: read the real pool from the server's log or `/server_info` once it runs.
@@ -69,6 +73,8 @@ class Plan:
     # profile's --cuda-graph-max-bs, else SGLang's default for the GPU's memory and tp_size
     cuda_graph_max_bs: int = 0
     cuda_graph_note: str = ""
+    dcp_size: int = 1  # --dcp-size: KV tokens x dcp_size (module doc)
+    dcp_max: int = 1  # the copies TP makes of each KV head: the largest dcp_size that splits tokens
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,7 @@ class PlanNumbers:
     weights_gb: Annotated[float, flag("--weights-gb", gt=0)]
     hicache_gb: Annotated[float, flag("--hicache-gb", ge=0)] = 0.0
     overhead_gb: Annotated[float, flag("--overhead-gb", ge=0)] = 0.0
+    dcp_size: Annotated[int, flag("--dcp-size", ge=1)] = 1
 
     def __post_init__(self) -> None:
         check_flags(self)
@@ -99,7 +106,15 @@ def sglang_cuda_graph_max_bs(gpu_mem_gb: float, tp_size: int) -> int:
 
 def profile_cuda_graph_max_bs(extra_args: tuple[str, ...]) -> int | None:
     """--cuda-graph-max-bs / --cuda-graph-max-bs-decode N (or =N) in a profile's extra_args, else None."""
-    names = ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode")
+    return _extra_int(extra_args, ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"))
+
+
+def profile_dcp_size(extra_args: tuple[str, ...]) -> int | None:
+    """--dcp-size / --decode-context-parallel-size N (or =N) in a profile's extra_args, else None."""
+    return _extra_int(extra_args, ("--dcp-size", "--decode-context-parallel-size"))
+
+
+def _extra_int(extra_args: tuple[str, ...], names: tuple[str, ...]) -> int | None:
     for i, arg in enumerate(extra_args):
         name, _, value = arg.partition("=")
         if name in names:
@@ -110,6 +125,12 @@ def profile_cuda_graph_max_bs(extra_args: tuple[str, ...]) -> int | None:
 
 def kv_bytes_per_token(model_config: dict[str, Any], kv_dtype: str, tp_size: int) -> tuple[str, int, int]:
     """(attention kind, layers, KV bytes per token on one GPU); ConfigError if the config lacks a field."""
+    kind, layers, per_token, _ = _kv_layout(model_config, kv_dtype, tp_size)
+    return kind, layers, per_token
+
+
+def _kv_layout(model_config: dict[str, Any], kv_dtype: str, tp_size: int) -> tuple[str, int, int, int]:
+    """kv_bytes_per_token's figures and the copies TP makes of each KV head (module doc: DCP's limit)."""
     cfg = model_config.get("text_config", model_config)  # multimodal wrappers (Kimi-K2.5) nest it
     if kv_dtype not in KV_BYTES:
         raise ConfigError(f"kv_cache_dtype {kv_dtype!r} is not one of {', '.join(KV_BYTES)}.")
@@ -117,12 +138,12 @@ def kv_bytes_per_token(model_config: dict[str, Any], kv_dtype: str, tp_size: int
     layers = _field(cfg, "num_hidden_layers")
     if cfg.get("kv_lora_rank"):
         latent = _field(cfg, "kv_lora_rank") + _field(cfg, "qk_rope_head_dim")
-        return "MLA", layers, latent * layers * elem
+        return "MLA", layers, latent * layers * elem, tp_size
     heads = _field(cfg, "num_attention_heads")
     kv_heads = cfg.get("num_key_value_heads") or heads
     head_dim = cfg.get("head_dim") or _field(cfg, "hidden_size") // heads
     per_gpu_heads = math.ceil(kv_heads / tp_size)  # fewer heads than GPUs: each GPU keeps one copy
-    return "MHA", layers, 2 * layers * per_gpu_heads * head_dim * elem
+    return "MHA", layers, 2 * layers * per_gpu_heads * head_dim * elem, max(1, tp_size // kv_heads)
 
 
 def _field(cfg: dict[str, Any], key: str) -> int:
@@ -136,7 +157,7 @@ def _field(cfg: dict[str, Any], key: str) -> int:
 def plan(model_config: dict[str, Any], *, gpu_mem_gb: float, tp_size: int, mem_fraction_static: float,
          tokens_per_sample: int, weights_gb: float | None = None, params_b: float | None = None,
          weight_dtype: str | None = None, kv_dtypes: tuple[str, ...] = COMPARED_KV,
-         hicache_gb: float = 0.0, overhead_gb: float = 0.0) -> Plan:
+         hicache_gb: float = 0.0, overhead_gb: float = 0.0, dcp_size: int = 1) -> Plan:
     """Predicted KV tokens and decode slots per KV dtype. Memory in GiB; weights_gb is the whole model
     (or params_b billions × weight_dtype bytes). Raises ConfigError on missing or impossible inputs."""
     if weights_gb is None:
@@ -148,7 +169,8 @@ def plan(model_config: dict[str, Any], *, gpu_mem_gb: float, tp_size: int, mem_f
                         f"= {weights_gb:.1f} GiB")
     else:
         weights_note = f"weights: {weights_gb:g} GiB (--weights-gb)"
-    PlanNumbers(gpu_mem_gb, tp_size, mem_fraction_static, tokens_per_sample, weights_gb, hicache_gb, overhead_gb)
+    PlanNumbers(gpu_mem_gb, tp_size, mem_fraction_static, tokens_per_sample, weights_gb, hicache_gb, overhead_gb,
+                dcp_size)
     weights_per_gpu = weights_gb / tp_size
     kv_gb = gpu_mem_gb * mem_fraction_static - weights_per_gpu - overhead_gb
     if kv_gb <= 0:
@@ -158,16 +180,23 @@ def plan(model_config: dict[str, Any], *, gpu_mem_gb: float, tp_size: int, mem_f
             f"{f' and overhead {overhead_gb:g} GiB' if overhead_gb else ''}. "
             + _what_fits(gpu_mem_gb, tp_size, mem_fraction_static, weights_gb, overhead_gb))
     options = []
-    kind, layers = "", 0
+    kind, layers, copies = "", 0, 1
     for dtype in kv_dtypes:
-        kind, layers, per_token = kv_bytes_per_token(model_config, dtype, tp_size)
-        tokens = max(0, int(kv_gb * GIB // per_token))
+        kind, layers, per_token, copies = _kv_layout(model_config, dtype, tp_size)
+        tokens = max(0, int(kv_gb * GIB // per_token)) * dcp_size
         options.append(KvOption(dtype, per_token, tokens, tokens // tokens_per_sample,
-                                 int(gpu_mem_gb * 0.01 * GIB // per_token), int(hicache_gb * GIB // per_token)))
+                                 int(gpu_mem_gb * 0.01 * GIB // per_token) * dcp_size,
+                                 int(hicache_gb * GIB // per_token)))
+    if dcp_size > 1 and (copies % dcp_size or tp_size % dcp_size):
+        heads = "its latent KV is on every rank" if kind == "MLA" else f"each KV head is on {copies} rank(s)"
+        raise ConfigError(f"--dcp-size {dcp_size}: at tp_size {tp_size} {heads}, and decode context parallelism "
+                          f"splits tokens only over ranks holding the same heads: pass a divisor of {copies}"
+                          + (" (or 1: this model's heads are already split without copies)." if copies == 1 else "."))
     ceiling = sglang_cuda_graph_max_bs(gpu_mem_gb, tp_size)
     return Plan(kind, layers, gpu_mem_gb, tp_size, mem_fraction_static, weights_per_gpu, overhead_gb, kv_gb,
                 tokens_per_sample, hicache_gb, tuple(options), weights_note, cuda_graph_max_bs=ceiling,
-                cuda_graph_note=f"SGLang's default for {gpu_mem_gb:g} GiB GPUs at tp {tp_size}")
+                cuda_graph_note=f"SGLang's default for {gpu_mem_gb:g} GiB GPUs at tp {tp_size}", dcp_size=dcp_size,
+                dcp_max=copies)
 
 
 # GPUs a node commonly has, by memory per GPU as nvidia-smi reports it (MiB / 1024): the refusal names the
@@ -193,15 +222,17 @@ def _what_fits(gpu_mem_gb: float, tp_size: int, fraction: float, weights_gb: flo
 
 
 def profile_inputs(profile: ServerProfile, *, tp_size: int | None = None, mem_fraction_static: float | None = None,
-                   kv_cache_dtype: str | None = None, hicache_gb: float | None = None) -> tuple[dict[str, Any], str]:
-    """The plan's tp_size, mem_fraction_static, kv_dtypes and hicache_gb: each flag (None = not given)
-    over the profile's key; and a line saying where each value came from."""
+                   kv_cache_dtype: str | None = None, hicache_gb: float | None = None,
+                   dcp_size: int | None = None) -> tuple[dict[str, Any], str]:
+    """The plan's tp_size, mem_fraction_static, kv_dtypes, hicache_gb and dcp_size: each flag (None = not
+    given) over the profile's key (dcp_size: its extra_args); and a line saying where each value came from."""
     hicache = float(profile.hicache_size_gb) if profile.enable_hierarchical_cache else 0.0
     picked = {  # name: (flag value, profile value, fallback when the profile leaves it to SGLang)
         "tp_size": (tp_size, profile.tp_size, 1),
         "mem_fraction_static": (mem_fraction_static, profile.mem_fraction_static, 0.90),
         "kv_cache_dtype": (kv_cache_dtype, profile.kv_cache_dtype, "auto"),
         "hicache_gb": (hicache_gb, hicache, 0.0),
+        "dcp_size": (dcp_size, profile_dcp_size(profile.extra_args), 1),
     }
     values: dict[str, Any] = {}
     notes = []
@@ -209,6 +240,8 @@ def profile_inputs(profile: ServerProfile, *, tp_size: int | None = None, mem_fr
         value, whence = (given, "flag") if given is not None else (own, "profile") if own is not None else (
             fallback, "default")
         values[name] = value
+        if name == "dcp_size" and whence == "default":
+            continue  # no DCP: not worth a word
         notes.append(f"{name} {value:g} ({whence})" if isinstance(value, float) else f"{name} {value} ({whence})")
     kv = values.pop("kv_cache_dtype")
     values["kv_dtypes"] = COMPARED_KV + (() if kv in COMPARED_KV or kv == "auto" else (kv,))
@@ -219,7 +252,9 @@ def profile_inputs(profile: ServerProfile, *, tp_size: int | None = None, mem_fr
 def format_plan(p: Plan) -> str:
     """The prediction and the three levers side by side, as text for a terminal."""
     lines = [
-        f"{p.attention} attention, {p.layers} layers; tp={p.tp_size}, {p.gpu_mem_gb:g} GiB/GPU × "
+        f"{p.attention} attention, {p.layers} layers; tp={p.tp_size}"
+        + (f", dcp={p.dcp_size} (KV tokens x {p.dcp_size})" if p.dcp_size > 1 else "")
+        + f", {p.gpu_mem_gb:g} GiB/GPU × "
         f"mem_fraction_static {p.mem_fraction_static:g} − weights {p.weights_gb_per_gpu:.1f} GiB/GPU"
         + (f" − overhead {p.overhead_gb:g} GiB" if p.overhead_gb else "")
         + f" = {p.kv_gb_per_gpu:.1f} GiB/GPU for the KV cache",
@@ -252,9 +287,19 @@ def _levers(p: Plan) -> list[str]:
     host = ", ".join(f"{o.hicache_tokens:,} tokens ({o.kv_dtype})" for o in p.options)
     out.append(f"  3. hierarchical cache ({p.hicache_gb:g} GB host RAM per rank: {host}): keeps evicted prefixes "
                "for later prefix hits; it adds no decode slots (running requests live in GPU KV).")
+    if p.dcp_max > 1:  # DCP splits what TP copies
+        o = option_in_use(p)
+        per_rank = o.kv_tokens // p.dcp_size
+        sizes = [d for d in (2, 4, 8, 16) if p.dcp_max % d == 0 and d != p.dcp_size]
+        what = "the latent KV is" if p.attention == "MLA" else "each KV head is"
+        out.append(f"  4. decode context parallelism (--dcp-size d): {what} copied on {p.dcp_max} ranks at tp "
+                   f"{p.tp_size}; d keeps each token on one of d of them → d x the KV tokens: "
+                   + ", ".join(f"d={d} {per_rank * d:,} ({o.kv_dtype})" for d in sizes)
+                   + "; each decode step pays communication growing with d, so measure the speed"
+                   + (" (MLA needs --attention-backend flashinfer)." if p.attention == "MLA" else "."))
     if p.attention == "MLA":
         out.append("  MLA: the latent KV is replicated on every TP rank, so KV tokens grow with memory per GPU, "
-                   "not with tp_size.")
+                   "not with tp_size" + (" (unless lever 4 splits it)." if p.dcp_max > 1 else "."))
     return out
 
 
@@ -262,7 +307,7 @@ def plan_from_args(model_config: Path, *, gpu_mem_gb: float, tp_size: int, mem_f
                    tokens_per_sample: int, weights_gb: float | None = None, params_b: float | None = None,
                    weight_dtype: str | None = None, kv_dtypes: tuple[str, ...] = COMPARED_KV,
                    hicache_gb: float = 0.0, overhead_gb: float = 0.0, inputs_note: str = "",
-                   kv_in_use: str = "") -> Plan:
+                   kv_in_use: str = "", dcp_size: int = 1) -> Plan:
     """`plan`'s flags (each keyword is the flag of that name) → the Plan (format_plan prints it);
     ConfigError for a missing weight size or an unreadable config, naming the flag."""
     try:  # the file first: a missing one is the first thing to fix, whatever else is missing
@@ -286,7 +331,8 @@ def plan_from_args(model_config: Path, *, gpu_mem_gb: float, tp_size: int, mem_f
                           "bytes per parameter. For a mixed-precision checkpoint (Kimi-K2.5 INT4) pass --weights-gb.")
     p = plan(cfg, gpu_mem_gb=gpu_mem_gb, tp_size=tp_size, mem_fraction_static=mem_fraction_static,
              tokens_per_sample=tokens_per_sample, weights_gb=weights_gb, params_b=params_b,
-             weight_dtype=weight_dtype, kv_dtypes=kv_dtypes, hicache_gb=hicache_gb, overhead_gb=overhead_gb)
+             weight_dtype=weight_dtype, kv_dtypes=kv_dtypes, hicache_gb=hicache_gb, overhead_gb=overhead_gb,
+             dcp_size=dcp_size)
     if bundled:
         p = replace(p, weights_note=f"weights: {BUNDLED_WEIGHTS_GIB:g} GiB (Kimi-K2.5 INT4, 594 GB on disk: the "
                                     "bundled config's default; --weights-gb for another checkpoint)")

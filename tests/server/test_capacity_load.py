@@ -148,3 +148,12 @@ async def test_load_none_when_not_exposed_and_remembers_sources():
     assert calls == ["/v1/loads", "/metrics", "/v1/loads"]  # /metrics written off after the first poll
     async with client({}) as http:
         assert await read_load(http, ["http://none"], now_s=0) is None
+
+
+async def test_capacity_under_decode_context_parallelism_is_the_logical_pool():
+    """SGLang 0.5.17 reports one rank's max_total_num_tokens; with --dcp-size d each rank holds 1/d of every
+    token and the scheduler admits against the pool x d: the controller must size against that."""
+    info = {**SERVER_INFO_DP2, "dp_size": 1, "internal_states": [{"effective_max_running_requests_per_dp": 512}],
+            "dcp_size": 4}
+    async with client({"http://a/server_info": info}) as http:
+        assert await read_capacity(http, ["http://a"]) == Capacity(4 * 188_000, 512, servers=1, source="server_info")

@@ -107,3 +107,39 @@ def test_advice_names_the_key():
                               "SGLang), then run again.")
     choice = find_fatal(["x.py: error: argument --kv-cache-dtype: invalid choice: 'fp9'"])
     assert "(--kv-cache-dtype comes from kv_cache_dtype)" in advice(choice, p)
+
+
+def test_dcp_multiplies_the_mla_pool_and_is_refused_where_tp_makes_no_copies():
+    """--dcp-size d keeps each token's KV on one of d ranks holding the same heads: d x the tokens
+    (SGLang 0.5.17 admits against max_total_num_tokens x dcp_size). MLA's latent is on all tp ranks;
+    Llama-8B's 8 KV heads at tp 8 are split without copies, so no d > 1 can split its tokens."""
+    def fp8(**kw):
+        return plan(KIMI, gpu_mem_gb=94, tp_size=8, mem_fraction_static=0.9, tokens_per_sample=4500,
+                    weights_gb=72.3 * 8, kv_dtypes=("fp8_e4m3",), **kw)
+    one, four = fp8(), fp8(dcp_size=4)
+    assert four.options[0].kv_tokens == 4 * one.options[0].kv_tokens
+    assert four.options[0].decode_slots == 4 * one.options[0].kv_tokens // 4500
+    text = format_plan(four)
+    assert "tp=8, dcp=4 (KV tokens x 4)" in text
+    per_rank = one.options[0].kv_tokens
+    assert (f"d=2 {2 * per_rank:,} (fp8_e4m3), d=8 {8 * per_rank:,} (fp8_e4m3)") in text
+    with pytest.raises(ConfigError) as e:
+        plan(LLAMA_8B, gpu_mem_gb=80, tp_size=8, mem_fraction_static=0.9, tokens_per_sample=1000, weights_gb=16,
+             dcp_size=2)
+    assert str(e.value) == ("--dcp-size 2: at tp_size 8 each KV head is on 1 rank(s), and decode context "
+                            "parallelism splits tokens only over ranks holding the same heads: pass a divisor of 1 "
+                            "(or 1: this model's heads are already split without copies).")
+    with pytest.raises(ConfigError, match=r"^--dcp-size 3: at tp_size 8 its latent KV is on every rank.*"
+                                          r"pass a divisor of 8\.$"):
+        fp8(dcp_size=3)
+
+
+def test_dcp_from_the_profile_and_the_flag():
+    from gen_pipeline.server.plan import profile_inputs
+    prof = ServerProfile(name="p", model_path="m", extra_args=("--dcp-size", "4"))
+    values, note = profile_inputs(prof)
+    assert values["dcp_size"] == 4 and "dcp_size 4 (profile)" in note
+    values, note = profile_inputs(prof, dcp_size=2)
+    assert values["dcp_size"] == 2 and "dcp_size 2 (flag)" in note
+    long_form = ServerProfile(name="q", model_path="m", extra_args=("--decode-context-parallel-size=8",))
+    assert profile_inputs(long_form)[0]["dcp_size"] == 8
