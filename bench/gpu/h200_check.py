@@ -25,13 +25,13 @@ from pathlib import Path
 
 import httpx
 
-from bench.gpu import regimes, runs, servers, tokenids
+from bench.gpu import ceiling, regimes, runs, servers, tokenids
 from bench.gpu.setup import DATASET, PROMPTS, write_configs
 from gen_pipeline.server.load import metric_values
 
 FIXED_WINDOWS = (32, 64, 128, 256)
-PHASES = ("setup", "serve", "sweep", "adaptive", "regimes", "tokenids", "kill", "unserve", "launch", "starved", "probe",
-          "summary")
+PHASES = ("setup", "serve", "sweep", "adaptive", "regimes", "ceiling", "tokenids", "kill", "unserve", "launch",
+          "starved", "probe", "summary")
 
 
 class Check:
@@ -133,6 +133,11 @@ class Check:
         """Issue 19: short and long outputs, fixed / all at once / adaptive interleaved, three rounds,
         per-second traces (bench/gpu/regimes.py); resumable across calls within --budget-s."""
         regimes.run_phase(self, getattr(self, "rounds", regimes.ROUNDS))
+
+    def ceiling(self) -> None:
+        """Issue 34: gen_pipeline against SGLang's own HTTP client at full rate and its offline engine on the
+        regimes' server, prompts and sampling, interleaved rounds (bench/gpu/ceiling.py); resumable."""
+        ceiling.run_phase(self, getattr(self, "rounds", ceiling.ROUNDS))
 
     def tokenids(self) -> None:
         """Issue 21: SGLang's own prompt/output token ids against the rendered tokens path
@@ -311,6 +316,8 @@ def summarize(r: dict) -> dict:
         out["launch_ready_s"] = r["launch"].get("ready_s")
     if r.get("regimes"):
         out["regimes"] = regimes.summarize_regimes(r["regimes"]["runs"])
+    if r.get("ceiling", {}).get("runs"):
+        out["ceiling"] = ceiling.headline(ceiling.summarize_ceiling(r["ceiling"]["runs"]))
     return out
 
 
@@ -367,10 +374,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="regimes phase: the server.toml profile it runs on (h200-ceiling: 120K fp8 KV tokens, "
                         "issue 34's short regime past the CUDA-graph ceiling)")
     p.add_argument("--clients", default=None,
-                   help="regimes phase: only these clients, comma-separated (fixed-128, fixed-40, all, adaptive)")
+                   help="regimes phase: only these clients, comma-separated (fixed-128, fixed-40, all, adaptive); "
+                        "ceiling phase: gen_pipeline, bench_serving, offline (each phase runs the ones it knows)")
     args = p.parse_args(argv)
     clients = frozenset(c for c in args.clients.split(",") if c) if args.clients else None
-    known = {c for spec in regimes.REGIMES.values() for c in spec.clients}
+    known = {c for spec in regimes.REGIMES.values() for c in spec.clients} | set(ceiling.CLIENTS)
     if clients is not None and not clients <= known:
         p.error(f"--clients: unknown {', '.join(sorted(clients - known))} (known: {', '.join(sorted(known))})")
     check = Check(args.work, args.sim, args.prompts, time.monotonic() + args.budget_s, args.kill_after_s)
