@@ -275,6 +275,9 @@ def run_phase(check: Any, rounds: int = ROUNDS) -> None:
                         continue
                     res.setdefault("engine_ready_s", []).append(round(engine.ready_s, 1))
                 row = measure_offline(check, engine, rnd, regime, prompts[regime], sampling)
+                if engine.proc.poll() is not None:  # it died: the rest of the call goes on without it
+                    res["offline_failed"] = row.get("error") or f"the offline engine exited; see {engine.log}"
+                    engine = None
             check.log(f"ceiling {regime}/{client} round {rnd}: {row['rows']} rows, {row['tok_s']:.0f} tok/s, slots "
                       f"(log) {row.get('slots_log')}, (trace) {row.get('slots_trace')} (rc {row['rc']})")
             res["runs"].append(row)

@@ -4,7 +4,8 @@
 
 Phases, in order: setup (configs + prompts), serve (start the bf16 server of profile "h200" with the
 launcher's command builder, detached), sweep (fixed windows on it, attach mode), adaptive, regimes
-(issue 19: short and long outputs, interleaved clients, three rounds, traces.json), kill
+(issue 19: short and long outputs, interleaved clients, three rounds, traces.json), ceiling (issue 34:
+gen_pipeline against SGLang's bench_serving and offline engine on the regimes' prompts), kill
 (kill -9 twice + resume), unserve, launch (full launcher, fp8_e4m3 KV profile), starved
 (--max-total-tokens 20000: fixed 256 and adaptive), probe (issue 16: bf16 and fp8 servers side by
 side, `gen-pipeline probe-kv`), summary. Results accumulate in DIR/results.json across calls, so the
@@ -364,14 +365,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=570.0, help="optional runs are skipped past this")
     p.add_argument("--kill-after-s", type=float, default=8.0, help="kill phase: SIGKILL this long into a run")
     p.add_argument("--regimes", default="short,long",
-                   help="regimes phase: which regimes, in the order each round starts with (e.g. long,short)")
-    p.add_argument("--rounds", type=int, default=regimes.ROUNDS, help="phase regimes: interleaved rounds")
+                   help="regimes/ceiling: which regimes, in the order each round starts with (e.g. long,short)")
+    p.add_argument("--rounds", type=int, default=regimes.ROUNDS, help="regimes/ceiling: interleaved rounds")
     p.add_argument("--short-prompts", type=int, default=regimes.SHORT_PROMPTS,
-                   help=f"regimes phase: prompts of a short-regime run (at most {regimes.SHORT_PROMPTS})")
+                   help=f"regimes/ceiling: prompts of a short-regime run (at most {regimes.SHORT_PROMPTS})")
     p.add_argument("--long-prompts", type=int, default=regimes.LONG_PROMPTS,
-                   help=f"regimes phase: prompts of a long-regime run (at most {regimes.LONG_PROMPTS_MAX})")
+                   help=f"regimes/ceiling: prompts of a long-regime run (at most {regimes.LONG_PROMPTS_MAX})")
     p.add_argument("--server-profile", default="h200", choices=("h200", "h200-ceiling"),
-                   help="regimes phase: the server.toml profile it runs on (h200-ceiling: 120K fp8 KV tokens, "
+                   help="regimes/ceiling: the server.toml profile they run on (h200-ceiling: 120K fp8 KV tokens, "
                         "issue 34's short regime past the CUDA-graph ceiling)")
     p.add_argument("--clients", default=None,
                    help="regimes phase: only these clients, comma-separated (fixed-128, fixed-40, all, adaptive); "

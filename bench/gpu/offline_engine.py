@@ -51,14 +51,14 @@ def _count(items: Any) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     flags = json.loads((argv or sys.argv[1:])[0])
-    import sglang
+    from sglang.srt.entrypoints.engine import Engine as SGLangEngine  # as bench_offline_throughput imports it
     from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     server_args = ServerArgs.from_cli_args(parser.parse_args(flags))
     started = time.monotonic()
-    engine = sglang.Engine(**dataclasses.asdict(server_args))
+    engine = SGLangEngine(**dataclasses.asdict(server_args))
     warmed = False
     print(f"ceiling-offline: engine ready after {time.monotonic() - started:.1f} s", flush=True)
     for line in sys.stdin:

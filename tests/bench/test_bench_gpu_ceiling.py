@@ -46,7 +46,8 @@ def test_sampling_is_the_regimes_as_sglang_native_params(tmp_path: Path) -> None
 def test_bench_serving_runs_at_full_rate_on_our_prompts_and_sampling(tmp_path: Path) -> None:
     prompts = {"sharegpt": tmp_path / "p.json", "prompts": 1200}
     sampling = {"max_new_tokens": 4096, "temperature": 1.0, "top_p": 1.0, "ignore_eos": False, "min_new_tokens": 1000}
-    argv = ceiling.bench_serving_argv("py", False, "http://h:1", prompts, sampling, tmp_path / "tok", tmp_path / "o.jsonl")
+    argv = ceiling.bench_serving_argv("py", False, "http://h:1", prompts, sampling, tmp_path / "tok",
+                                      tmp_path / "o.jsonl")
     assert argv == ["py", "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", "http://h:1",
                     "--dataset-name", "sharegpt", "--dataset-path", str(tmp_path / "p.json"), "--num-prompts", "1200",
                     "--sharegpt-output-len", "4096", "--request-rate", "inf", "--temperature", "1.0", "--top-p", "1.0",
@@ -55,7 +56,8 @@ def test_bench_serving_runs_at_full_rate_on_our_prompts_and_sampling(tmp_path: P
                     '"ignore_eos": false, "min_new_tokens": 1000}}',
                     "--tokenizer", str(tmp_path / "tok"), "--flush-cache", "--disable-tqdm",
                     "--output-file", str(tmp_path / "o.jsonl")]
-    assert ceiling.bench_serving_argv("py", True, "u", prompts, sampling, tmp_path, tmp_path)[2] == "bench.gpu.sglang_client"
+    dry = ceiling.bench_serving_argv("py", True, "u", prompts, sampling, tmp_path, tmp_path)
+    assert dry[2] == "bench.gpu.sglang_client"
 
 
 def test_the_engine_gets_the_servers_flags_without_metrics(tmp_path: Path) -> None:
@@ -125,5 +127,6 @@ def test_dry_run_skips_the_offline_engine_with_a_line_and_runs_no_client_when_no
     out = capsys.readouterr().out
     r = json.loads((tmp_path / "results.json").read_text())
     assert rc == 0 and "errors" not in r and r["ceiling"]["runs"] == []
-    assert "ceiling: offline engine skipped (dry run: SGLang's offline engine needs a GPU (sglang.Engine); not run)" in out
+    assert ("ceiling: offline engine skipped (dry run: SGLang's offline engine needs a GPU (sglang.Engine); "
+            "not run)") in out
     assert "ceiling: no client to run (--clients names none of gen_pipeline, bench_serving, offline)" in out
