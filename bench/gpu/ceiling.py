@@ -206,6 +206,9 @@ def measure_bench_serving(check: Any, server: servers.Server, rnd: int, regime: 
 def measure_offline(check: Any, engine: offline.Engine, rnd: int, regime: str, prompts: dict,
                     sampling: dict) -> dict:
     name = f"ceiling-{regime}-offline-{rnd}"
+    if not engine.warmed:
+        warm, _ = engine.run(prompts["ids"], sampling, check.out / f"{name}-warmup.json", warmup=True)
+        engine.warmed = "error" not in warm
     start = _log_size(engine.log)
     result, wall_s = engine.run(prompts["ids"], sampling, check.out / f"{name}.json")
     row = {"round": rnd, "regime": regime, "client": "offline", "rc": 0 if "error" not in result else 1,

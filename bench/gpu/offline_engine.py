@@ -9,13 +9,15 @@ start, ~1 min, is paid once): each line on stdin is a JSON job {"prompts": FILE 
 "sampling": SGLang sampling params, "result": FILE}; the engine's prefix cache is flushed, then all prompts go
 in one `Engine.generate` call, timed as bench_offline_throughput's throughput_test_once times it
 (perf_counter around generate), and the result is written to "result" (output_throughput = completion
-tokens / that time). A job {"quit": true} shuts the engine down. Warm-up as bench_offline_throughput's: the
-first 16 prompts with 16 new tokens, once, before the first job.
+tokens / that time). A job with "warmup": true warms up as bench_offline_throughput does (the first 16
+prompts, 16 new tokens; the driver sends it once, before the first measured job, so its decode lines stay
+out of that job's); {"quit": true} shuts the engine down.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -59,19 +61,19 @@ def main(argv: list[str] | None = None) -> int:
     server_args = ServerArgs.from_cli_args(parser.parse_args(flags))
     started = time.monotonic()
     engine = SGLangEngine(**dataclasses.asdict(server_args))
-    warmed = False
     print(f"ceiling-offline: engine ready after {time.monotonic() - started:.1f} s", flush=True)
     for line in sys.stdin:
         job = json.loads(line)
         if job.get("quit"):
             break
-        if not warmed:
-            ids = json.loads(Path(job["prompts"]).read_text())[:WARMUP_PROMPTS]
-            engine.generate(input_ids=ids, sampling_params={**job["sampling"], "max_new_tokens": WARMUP_TOKENS,
-                                                             "min_new_tokens": 0})
-            warmed = True
         try:
-            result = run_job(engine, job)
+            if job.get("warmup"):
+                ids = json.loads(Path(job["prompts"]).read_text())[:WARMUP_PROMPTS]
+                warm = {**job["sampling"], "max_new_tokens": WARMUP_TOKENS, "min_new_tokens": 0}
+                engine.generate(input_ids=ids, sampling_params=[dict(warm) for _ in ids])
+                result = {"warmed": len(ids)}
+            else:
+                result = run_job(engine, job)
         except Exception as e:  # the driver records it and goes on with the other clients
             result = {"error": f"{type(e).__name__}: {e}"[:2000]}
         Path(job["result"]).write_text(json.dumps(result) + "\n")
@@ -98,6 +100,7 @@ class Engine:
     proc: Any
     log: Path
     ready_s: float = 0.0
+    warmed: bool = False
 
     @classmethod
     def start(cls, cfg_dir: Path, profile_name: str, log_dir: Path, timeout_s: float = 900.0) -> Engine:
@@ -131,12 +134,13 @@ class Engine:
         engine.ready_s = time.monotonic() - started
         return engine
 
-    def run(self, ids: Path, sampling: dict, result: Path, timeout_s: float = 900.0) -> tuple[dict, float]:
-        """One job (see the module docstring): its result and wall seconds."""
+    def run(self, ids: Path, sampling: dict, result: Path, timeout_s: float = 900.0,
+            warmup: bool = False) -> tuple[dict, float]:
+        """One job (see the module docstring): its result and wall seconds; `warmup`: the warm-up instead."""
         result.unlink(missing_ok=True)
         started = time.monotonic()
-        self.proc.stdin.write((json.dumps({"prompts": str(ids), "sampling": sampling, "result": str(result)})
-                               + "\n").encode())
+        job = {"prompts": str(ids), "sampling": sampling, "result": str(result), "warmup": warmup}
+        self.proc.stdin.write((json.dumps(job) + "\n").encode())
         self.proc.stdin.flush()
         while not (result.exists() and result.read_text().endswith("\n")):
             if self.proc.poll() is not None:
@@ -155,9 +159,13 @@ class Engine:
                 self.proc.stdin.write(b'{"quit": true}\n')
                 self.proc.stdin.flush()
                 self.proc.wait(timeout=grace_s)
-        except (OSError, ValueError, Exception):
+        except Exception:  # a broken pipe or a timeout: the process group goes below
             pass
         servers.stop(servers.Server("offline-engine", "", self.proc.pid, self.log), grace_s=20.0)
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        with contextlib.suppress(Exception):
+            self.proc.wait(timeout=5)
 
 
 def _read_from(path: Path, start: int) -> str:

@@ -4,6 +4,7 @@ from SGLang's decode log, and its result shape through the report, on a syntheti
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,88 @@ def test_dry_run_skips_the_offline_engine_with_a_line_and_runs_no_client_when_no
     assert ("ceiling: offline engine skipped (dry run: SGLang's offline engine needs a GPU (sglang.Engine); "
             "not run)") in out
     assert "ceiling: no client to run (--clients names none of gen_pipeline, bench_serving, offline)" in out
+
+
+FAKE_ENGINE = '''
+import sys
+
+
+class Engine:
+    """sglang.srt.entrypoints.engine.Engine as bench/gpu/offline_engine.py calls it, on no GPU."""
+
+    def __init__(self, **server_args):
+        self.argv = server_args["argv"]
+        print("fake engine flags", " ".join(self.argv), flush=True)
+
+    def flush_cache(self):
+        print("fake engine flush", flush=True)
+
+    def generate(self, input_ids, sampling_params):
+        print(f"fake engine generate {len(input_ids)} {sampling_params[0]}", flush=True)
+        for running, queued in ((len(input_ids), 1), (len(input_ids), 0)):
+            print(f"Decode batch, #running-req: {running}, #token: 9, token usage: 0.01, cuda graph: True, "
+                  f"gen throughput (token/s): {100.0 * running:.2f}, #queue-req: {queued}", file=sys.stderr, flush=True)
+        return [{"meta_info": {"completion_tokens": 7, "finish_reason": {"type": "stop"}}} for _ in input_ids]
+
+    def get_server_info(self):
+        return {"internal_states": [{"last_gen_throughput": 123.0}]}
+
+    def shutdown(self):
+        print("fake engine shutdown", flush=True)
+'''
+FAKE_SERVER_ARGS = '''
+import argparse
+import dataclasses
+
+
+@dataclasses.dataclass
+class ServerArgs:
+    argv: list
+
+    @staticmethod
+    def add_cli_args(parser):
+        parser.parse_args = lambda args=None, namespace=None: argparse.Namespace(argv=list(args))
+
+    @classmethod
+    def from_cli_args(cls, args):
+        return cls(argv=args.argv)
+'''
+
+
+def test_the_offline_engine_process_runs_jobs_and_shuts_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/gpu/offline_engine.py as its own process against a stand-in of SGLang's Engine: started with the
+    server profile's flags, warmed once, one job per line (flush, one generate of every prompt), the result
+    file, the decode log, and a clean shutdown."""
+    from bench.gpu import offline_engine
+
+    fake = tmp_path / "fake"
+    for pkg in ("sglang", "sglang/srt", "sglang/srt/entrypoints"):
+        (fake / pkg).mkdir(parents=True)
+        (fake / pkg / "__init__.py").write_text("")
+    (fake / "sglang/srt/entrypoints/engine.py").write_text(FAKE_ENGINE)
+    (fake / "sglang/srt/server_args.py").write_text(FAKE_SERVER_ARGS)
+    monkeypatch.setenv("PYTHONPATH", f"{fake}{os.pathsep}{Path(__file__).resolve().parents[2]}")
+    cfg = write_configs(tmp_path / "work", "/models/rand", sim=False)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    engine = offline_engine.Engine.start(cfg, "h200", logs, timeout_s=120)
+    ids = tmp_path / "ids.json"
+    ids.write_text(json.dumps([[1, 2, 3]] * 20))
+    sampling = {"max_new_tokens": 512, "temperature": 1.0, "top_p": 1.0, "ignore_eos": False}
+    warm, _ = engine.run(ids, sampling, tmp_path / "w.json", timeout_s=60, warmup=True)
+    start = engine.log.stat().st_size
+    result, wall_s = engine.run(ids, sampling, tmp_path / "r.json", timeout_s=60)
+    speed = ceiling.decode_speed(engine.log, start)
+    engine.stop()
+    assert engine.proc.returncode == 0 and wall_s > 0 and warm == {"warmed": 16}
+    assert {k: v for k, v in result.items() if k not in ("duration", "output_throughput", "request_throughput")} == {
+        "completed": 20, "total_output_tokens": 140, "total_input_tokens": 60, "finish_reasons": {"stop": 20},
+        "last_gen_throughput": 123.0}
+    assert result["output_throughput"] == pytest.approx(140 / result["duration"])
+    assert speed == {"lines": 2, "steady_lines": 1, "running_mean": 20.0, "gen_tok_s_mean": 2000.0,
+                     "tok_s_per_running": 100.0}
+    log = engine.log.read_text()
+    assert "fake engine flags --model-path /models/rand --tp-size 1" in log and "--enable-metrics" not in log
+    assert "fake engine generate 16 {'max_new_tokens': 16, 'temperature': 1.0, 'top_p': 1.0, 'ignore_eos': False, " \
+           "'min_new_tokens': 0}" in log  # the warm-up
+    assert log.count("fake engine flush") == 1 and log.rstrip().endswith("fake engine shutdown")
