@@ -206,6 +206,7 @@ def measure_bench_serving(check: Any, server: servers.Server, rnd: int, regime: 
 def measure_offline(check: Any, engine: offline.Engine, rnd: int, regime: str, prompts: dict,
                     sampling: dict) -> dict:
     name = f"ceiling-{regime}-offline-{rnd}"
+    check.out.mkdir(parents=True, exist_ok=True)
     if not engine.warmed:
         warm, _ = engine.run(prompts["ids"], sampling, check.out / f"{name}-warmup.json", warmup=True)
         engine.warmed = "error" not in warm
@@ -222,6 +223,49 @@ def measure_offline(check: Any, engine: offline.Engine, rnd: int, regime: str, p
     return _normalize(row)
 
 
+def offline_skip_reason(check: Any) -> str | None:
+    """Why this call cannot run SGLang's offline engine (None: it can)."""
+    return "dry run: SGLang's offline engine needs a GPU (sglang.Engine); not run" if check.sim else None
+
+
+class OfflineSlot:
+    """The call's offline engine: started at its first run, stopped at the end of the phase; once it fails to
+    start or dies, the rest of the call goes on without it (the next call tries again)."""
+
+    def __init__(self, check: Any, profile: str, res: dict):
+        self.check, self.profile, self.res = check, profile, res
+        self.engine: offline.Engine | None = None
+        self.failed = False
+
+    def start_s(self) -> float:
+        return offline.START_S if self.engine is None else 0.0
+
+    def measure(self, rnd: int, regime: str, prompts: dict, sampling: dict) -> dict | None:
+        if self.engine is None:
+            try:
+                self.engine = offline.Engine.start(self.check.cfg, self.profile, self.check.logs)
+            except RuntimeError as e:
+                self._failed(str(e))
+                return None
+            self.res.setdefault("engine_ready_s", []).append(round(self.engine.ready_s, 1))
+        row = measure_offline(self.check, self.engine, rnd, regime, prompts, sampling)
+        if self.engine.proc.poll() is not None:
+            self._failed(row.get("error") or f"the offline engine exited; see {self.engine.log}")
+            self.engine = None
+        return row
+
+    def _failed(self, error: str) -> None:
+        self.failed = True
+        self.res.setdefault("offline_errors", []).append(error[:2000])
+        self.check.log(f"ceiling: the offline engine failed; going on without it: {error[:300]}")
+        self.check.save()
+
+    def stop(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()
+            self.engine = None
+
+
 def run_phase(check: Any, rounds: int = ROUNDS) -> None:
     """Run what is missing of plan(rounds) while the budget lasts; then summarize."""
     regimes.configure(check)
@@ -229,10 +273,10 @@ def run_phase(check: Any, rounds: int = ROUNDS) -> None:
     wanted = getattr(check, "clients", None)
     clients = tuple(c for c in CLIENTS if wanted is None or c in wanted)
     res = check.results.setdefault("ceiling", {"runs": []})
-    if check.sim and "offline" in clients:
+    if "offline" in clients and (reason := offline_skip_reason(check)):
         clients = tuple(c for c in clients if c != "offline")
-        res["offline_skipped"] = "dry run: SGLang's offline engine needs a GPU (sglang.Engine); not run"
-        check.log(f"ceiling: offline engine skipped ({res['offline_skipped']})")
+        res["offline_skipped"] = reason
+        check.log(f"ceiling: offline engine skipped ({reason})")
         check.save()
     if not clients:
         check.log("ceiling: no client to run (--clients names none of gen_pipeline, bench_serving, offline)")
@@ -240,18 +284,14 @@ def run_phase(check: Any, rounds: int = ROUNDS) -> None:
     profile = getattr(check, "server_profile", "h200")
     server = check.ensure("main" if profile == "h200" else profile, profile)
     tokenizer_dir = tokenizer_for(check)
-    traces_path = check.work / "traces.json"
-    traces = json.loads(traces_path.read_text()) if traces_path.exists() else {}
-    entry = traces.setdefault("ceiling", {"profile": profile, "kv_tokens": PROFILE_KV_TOKENS[profile]})
     done = {(r["round"], r["regime"], r["client"]) for r in res["runs"]}
-    engine: offline.Engine | None = None
+    engine = OfflineSlot(check, profile, res)
     prompts: dict[str, dict] = {}
     try:
         for rnd, regime, client in plan(rounds, order, clients):
-            if (rnd, regime, client) in done or (client == "offline" and res.get("offline_failed")):
+            if (rnd, regime, client) in done or (client == "offline" and engine.failed):
                 continue
-            expect = _expect_s(res["runs"], regime, client) + (offline.START_S if client == "offline" and engine is None
-                                                               else 0.0)
+            expect = _expect_s(res["runs"], regime, client) + (engine.start_s() if client == "offline" else 0.0)
             if check.left_s() < expect:
                 check.log(f"ceiling: {check.left_s():.0f} s left, {regime}/{client} round {rnd} needs ~{expect:.0f} s: "
                           "stopping here (call the phase again to go on)")
@@ -267,33 +307,30 @@ def run_phase(check: Any, rounds: int = ROUNDS) -> None:
                 row, trace = measure_gen_pipeline(check, server, rnd, regime)
             elif client == "bench_serving":
                 row, trace = measure_bench_serving(check, server, rnd, regime, prompts[regime], sampling, tokenizer_dir)
+            elif (offline_row := engine.measure(rnd, regime, prompts[regime], sampling)) is not None:
+                row = offline_row
             else:
-                if engine is None:
-                    try:
-                        engine = offline.Engine.start(check.cfg, profile, check.logs)
-                    except RuntimeError as e:
-                        res["offline_failed"] = str(e)[:2000]
-                        check.log(f"ceiling: the offline engine did not start; going on without it: {str(e)[:300]}")
-                        check.save()
-                        continue
-                    res.setdefault("engine_ready_s", []).append(round(engine.ready_s, 1))
-                row = measure_offline(check, engine, rnd, regime, prompts[regime], sampling)
-                if engine.proc.poll() is not None:  # it died: the rest of the call goes on without it
-                    res["offline_failed"] = row.get("error") or f"the offline engine exited; see {engine.log}"
-                    engine = None
-            check.log(f"ceiling {regime}/{client} round {rnd}: {row['rows']} rows, {row['tok_s']:.0f} tok/s, slots "
-                      f"(log) {row.get('slots_log')}, (trace) {row.get('slots_trace')} (rc {row['rc']})")
-            res["runs"].append(row)
-            entry.setdefault(regime, {"runs": []})["runs"].append({**row, "trace": trace})
-            res["summary"] = entry["summary"] = summarize_ceiling(res["runs"])
-            entry["date"], entry["sim"] = time.strftime("%Y-%m-%d", time.gmtime()), check.sim
-            entry["offline_skipped"] = res.get("offline_skipped")
-            entry["prompts"] = res.get("prompts")
-            traces_path.write_text(json.dumps(traces) + "\n")
-            check.save()
+                continue
+            _record(check, profile, row, trace)
     finally:
-        if engine is not None:
-            engine.stop()
+        engine.stop()
+
+
+def _record(check: Any, profile: str, row: dict, trace: list[dict]) -> None:
+    """One run into results.json ("ceiling") and traces.json ("ceiling", with its trace), the summary anew."""
+    res = check.results["ceiling"]
+    check.log(f"ceiling {row['regime']}/{row['client']} round {row['round']}: {row['rows']} rows, {row['tok_s']:.0f} "
+              f"tok/s, slots (log) {row.get('slots_log')}, (trace) {row.get('slots_trace')} (rc {row['rc']})")
+    res["runs"].append(row)
+    traces_path = check.work / "traces.json"
+    traces = json.loads(traces_path.read_text()) if traces_path.exists() else {}
+    entry = traces.setdefault("ceiling", {"profile": profile, "kv_tokens": PROFILE_KV_TOKENS[profile]})
+    entry.setdefault(row["regime"], {"runs": []})["runs"].append({**row, "trace": trace})
+    res["summary"] = entry["summary"] = summarize_ceiling(res["runs"])
+    entry.update(date=time.strftime("%Y-%m-%d", time.gmtime()), sim=check.sim, prompts=res.get("prompts"),
+                 offline_skipped=res.get("offline_skipped"), offline_errors=res.get("offline_errors"))
+    traces_path.write_text(json.dumps(traces) + "\n")
+    check.save()
 
 
 def tokenizer_for(check: Any) -> Path:

@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                 result = run_job(engine, job)
         except Exception as e:  # the driver records it and goes on with the other clients
             result = {"error": f"{type(e).__name__}: {e}"[:2000]}
+        Path(job["result"]).parent.mkdir(parents=True, exist_ok=True)
         Path(job["result"]).write_text(json.dumps(result) + "\n")
         print(f"ceiling-offline: {job['result']} written", flush=True)
     engine.shutdown()
@@ -140,8 +141,11 @@ class Engine:
         result.unlink(missing_ok=True)
         started = time.monotonic()
         job = {"prompts": str(ids), "sampling": sampling, "result": str(result), "warmup": warmup}
-        self.proc.stdin.write((json.dumps(job) + "\n").encode())
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write((json.dumps(job) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError as e:  # it exited: a broken pipe
+            return {"error": f"the offline engine took no job ({e}); see {self.log}"}, 0.0
         while not (result.exists() and result.read_text().endswith("\n")):
             if self.proc.poll() is not None:
                 return {"error": f"the offline engine exited (rc {self.proc.returncode}); see {self.log}"}, 0.0

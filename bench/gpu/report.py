@@ -297,6 +297,9 @@ def ceiling_markdown(c: dict, source: str, command: str) -> str:
     prompts = "; ".join(f"{k}: {v['prompts']:,} prompts, {v['prompt_tokens']:,} prompt tokens through the chat "
                         f"template" for k, v in (c.get("prompts") or {}).items())
     skipped = f" Offline engine not run: {c['offline_skipped']}." if c.get("offline_skipped") else ""
+    if c.get("offline_errors"):
+        skipped += (f" The offline engine failed {len(c['offline_errors'])} time(s), first: "
+                    f"`{c['offline_errors'][0].splitlines()[0][:200]}`.")
     return "\n".join([
         f"## gen_pipeline against SGLang's own ceiling (`bench/gpu/` phase `ceiling`): {source}",
         "",

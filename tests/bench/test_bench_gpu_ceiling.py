@@ -119,7 +119,11 @@ def test_summary_and_report_on_a_synthetic_result() -> None:
     assert "| short | SGLang offline engine | 2 | 11,500 | 9 % | 105.0 | 110.0 | - | 1,000 | - |" in text
     assert ("| short | the better of the two | SGLang offline engine | **0.839** | 0.882 / 0.8 | 0.841 | "
             "0.97 / 0.8 | 0.885 | - | None |") in text
-    assert "Offline engine not run" not in text
+    assert "Offline engine not run" not in text and "failed" not in text
+    failed = report.ceiling_markdown({**c, "offline_errors": ["the offline engine exited before it was ready; last "
+                                                              "lines of x.log:\nOOM"]}, "f.json", "CMD")
+    assert ("The offline engine failed 1 time(s), first: `the offline engine exited before it was ready; last lines "
+            "of x.log:`.") in failed
 
 
 def test_dry_run_skips_the_offline_engine_with_a_line_and_runs_no_client_when_none_is_named(
@@ -179,12 +183,8 @@ class ServerArgs:
 '''
 
 
-def test_the_offline_engine_process_runs_jobs_and_shuts_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """bench/gpu/offline_engine.py as its own process against a stand-in of SGLang's Engine: started with the
-    server profile's flags, warmed once, one job per line (flush, one generate of every prompt), the result
-    file, the decode log, and a clean shutdown."""
-    from bench.gpu import offline_engine
-
+def _fake_sglang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in `sglang` package (Engine, ServerArgs) first on the PYTHONPATH of the processes started."""
     fake = tmp_path / "fake"
     for pkg in ("sglang", "sglang/srt", "sglang/srt/entrypoints"):
         (fake / pkg).mkdir(parents=True)
@@ -192,6 +192,15 @@ def test_the_offline_engine_process_runs_jobs_and_shuts_down(tmp_path: Path, mon
     (fake / "sglang/srt/entrypoints/engine.py").write_text(FAKE_ENGINE)
     (fake / "sglang/srt/server_args.py").write_text(FAKE_SERVER_ARGS)
     monkeypatch.setenv("PYTHONPATH", f"{fake}{os.pathsep}{Path(__file__).resolve().parents[2]}")
+
+
+def test_the_offline_engine_process_runs_jobs_and_shuts_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/gpu/offline_engine.py as its own process against a stand-in of SGLang's Engine: started with the
+    server profile's flags, warmed once, one job per line (flush, one generate of every prompt), the result
+    file, the decode log, and a clean shutdown."""
+    from bench.gpu import offline_engine
+
+    _fake_sglang(tmp_path, monkeypatch)
     cfg = write_configs(tmp_path / "work", "/models/rand", sim=False)
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -216,3 +225,29 @@ def test_the_offline_engine_process_runs_jobs_and_shuts_down(tmp_path: Path, mon
     assert "fake engine generate 16 {'max_new_tokens': 16, 'temperature': 1.0, 'top_p': 1.0, 'ignore_eos': False, " \
            "'min_new_tokens': 0}" in log  # the warm-up
     assert log.count("fake engine flush") == 1 and log.rstrip().endswith("fake engine shutdown")
+
+
+def test_the_phase_runs_the_offline_engine_once_per_call_and_records_its_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Phase ceiling with --clients offline on the simulator's configs, the stand-in engine in SGLang's place:
+    one engine for both rounds, warmed once, each run's figures, GPU speed and traces entry; stopped at the end."""
+    _fake_sglang(tmp_path, monkeypatch)
+    monkeypatch.setattr(ceiling, "offline_skip_reason", lambda check: None)
+    work = tmp_path / "work"
+    rc = h200_check.main(["--work", str(work), "--sim", "--regimes", "short", "--short-prompts", "40", "--rounds", "2",
+                          "--clients", "offline", "setup", "ceiling", "unserve"])
+    r = json.loads((work / "results.json").read_text())
+    assert rc == 0 and "errors" not in r
+    c = r["ceiling"]
+    assert len(c["engine_ready_s"]) == 1 and "offline_errors" not in c
+    assert [(x["round"], x["regime"], x["client"], x["rc"], x["rows"], x["completion_tokens"]) for x in c["runs"]] == [
+        (1, "short", "offline", 0, 40, 280), (2, "short", "offline", 0, 40, 280)]
+    assert c["prompts"]["short"]["prompts"] == 40 and c["prompts"]["short"]["retokenized_differ"] == 0
+    for x in c["runs"]:
+        assert x["decode_log"]["tok_s_per_running"] == 100.0 and x["slots_log"] == round(x["tok_s"] / 100.0, 1)
+    log = (work / "logs" / "offline-engine.log").read_text()
+    assert log.count("fake engine generate 16 ") == 1 and log.count("fake engine generate 40 ") == 2
+    assert log.count("fake engine flags") == 1 and log.rstrip().endswith("fake engine shutdown")
+    t = json.loads((work / "traces.json").read_text())["ceiling"]
+    assert [x["round"] for x in t["short"]["runs"]] == [1, 2]
+    assert t["summary"]["short"]["clients"]["offline"]["rounds"] == 2
