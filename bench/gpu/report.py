@@ -261,7 +261,7 @@ def regimes_markdown(t: dict, source: str, command: str) -> str:
 CEILING_RUNS = (
     (HERE / "h200_traces_vs_sglang.json", "gpu_h200_vs_sglang",
      "bash bench/gpu/run_h200.sh KEEP OUT install model setup serve; CHECK_ARGS=\"--regimes short --short-prompts "
-     "1200 --rounds 3\" BUDGET_S=540 bash bench/gpu/run_h200.sh KEEP OUT ceiling unserve summary"),
+     "1200 --rounds 3\" BUDGET_S=500 bash bench/gpu/run_h200.sh KEEP OUT ceiling unserve summary"),
 )
 CLIENT_NAMES = {"gen_pipeline": "gen_pipeline (adaptive)", "bench_serving": "SGLang bench_serving, rate inf",
                 "offline": "SGLang offline engine"}
