@@ -36,6 +36,7 @@ from bench.gpu.traces import TracePoller, summarize
 
 CLIENTS = ("gen_pipeline", "bench_serving", "offline")
 ROUNDS = 3
+SERVER_START_S = 120.0  # the server's start again after an offline run alone (--offline-alone; ~80 s on the H200)
 # bench_serving sleeps 1 s after this line, then sends every request (sglang/benchmark/serving.py, 0.5.17)
 WARMED = re.compile(r"^Warmup completed")
 WARMUP_SLEEP_S = 1.0
@@ -47,13 +48,16 @@ _DECODE = re.compile(r"#running-req: (\d+),.*gen throughput \(token/s\): ([\d.]+
 
 
 def plan(rounds: int = ROUNDS, order: tuple[str, ...] = ("short", "long"),
-         clients: tuple[str, ...] = CLIENTS) -> list[tuple[int, str, str]]:
-    """(round, regime, client) in the order they run: regimes alternate, clients rotate."""
+         clients: tuple[str, ...] = CLIENTS, offline_first: bool = False) -> list[tuple[int, str, str]]:
+    """(round, regime, client) in the order they run: regimes alternate, clients rotate; `offline_first`:
+    the offline engine first in each round and regime, the others rotating after it (--offline-alone)."""
     out = []
     for r in range(1, rounds + 1):
         for regime in (order if r % 2 else order[::-1]):
-            k = (r - 1) % len(clients)
-            out += [(r, regime, c) for c in clients[k:] + clients[:k]]
+            rest = tuple(c for c in clients if not (offline_first and c == "offline"))
+            k = (r - 1) % len(rest)
+            head = [(r, regime, "offline")] if offline_first and "offline" in clients else []
+            out += head + [(r, regime, c) for c in rest[k:] + rest[:k]]
     return out
 
 
@@ -232,8 +236,8 @@ class OfflineSlot:
     """The call's offline engine: started at its first run, stopped at the end of the phase; once it fails to
     start or dies, the rest of the call goes on without it (the next call tries again)."""
 
-    def __init__(self, check: Any, profile: str, res: dict):
-        self.check, self.profile, self.res = check, profile, res
+    def __init__(self, check: Any, profile: str, res: dict, alone: bool = False):
+        self.check, self.profile, self.res, self.alone = check, profile, res, alone
         self.engine: offline.Engine | None = None
         self.failed = False
 
@@ -241,6 +245,16 @@ class OfflineSlot:
         return offline.START_S if self.engine is None else 0.0
 
     def measure(self, rnd: int, regime: str, prompts: dict, sampling: dict) -> dict | None:
+        """One offline run; `alone`: the server stopped first, the engine stopped after it."""
+        try:
+            if self.alone:
+                _stop_server(self.check, self.profile)
+            return self._measure(rnd, regime, prompts, sampling)
+        finally:
+            if self.alone:
+                self.stop()
+
+    def _measure(self, rnd: int, regime: str, prompts: dict, sampling: dict) -> dict | None:
         if self.engine is None:
             try:
                 self.engine = offline.Engine.start(self.check.cfg, self.profile, self.check.logs)
@@ -266,6 +280,20 @@ class OfflineSlot:
             self.engine = None
 
 
+def _server_key(profile: str) -> str:
+    return "main" if profile == "h200" else profile
+
+
+def _stop_server(check: Any, profile: str) -> None:
+    """Stop the phase's server (it is started again before the next HTTP run), as phase unserve does."""
+    key = _server_key(profile)
+    s = check.server(key)
+    if s is not None:
+        check.log(f"ceiling: stopping {profile} for the offline engine (--offline-alone)")
+        servers.stop(s)
+    check.keep(key, None)
+
+
 def run_phase(check: Any, rounds: int = ROUNDS) -> None:
     """Run what is missing of plan(rounds) while the budget lasts; then summarize."""
     regimes.configure(check)
@@ -282,16 +310,16 @@ def run_phase(check: Any, rounds: int = ROUNDS) -> None:
         check.log("ceiling: no client to run (--clients names none of gen_pipeline, bench_serving, offline)")
         return
     profile = getattr(check, "server_profile", "h200")
-    server = check.ensure("main" if profile == "h200" else profile, profile)
+    alone = bool(getattr(check, "offline_alone", False)) and "offline" in clients
     tokenizer_dir = tokenizer_for(check)
     done = {(r["round"], r["regime"], r["client"]) for r in res["runs"]}
-    engine = OfflineSlot(check, profile, res)
+    engine = OfflineSlot(check, profile, res, alone)
     prompts: dict[str, dict] = {}
     try:
-        for rnd, regime, client in plan(rounds, order, clients):
+        for rnd, regime, client in plan(rounds, order, clients, offline_first=alone):
             if (rnd, regime, client) in done or (client == "offline" and engine.failed):
                 continue
-            expect = _expect_s(res["runs"], regime, client) + (engine.start_s() if client == "offline" else 0.0)
+            expect = _expect_s(res["runs"], regime, client) + _start_s(check, profile, engine, client)
             if check.left_s() < expect:
                 check.log(f"ceiling: {check.left_s():.0f} s left, {regime}/{client} round {rnd} needs ~{expect:.0f} s: "
                           "stopping here (call the phase again to go on)")
@@ -303,6 +331,8 @@ def run_phase(check: Any, rounds: int = ROUNDS) -> None:
                 res.setdefault("prompts", {})[regime] = {k: v for k, v in prompts[regime].items()
                                                          if k in ("prompts", "prompt_tokens", "retokenized_differ")}
             trace: list[dict] = []
+            if client != "offline":  # started here: after an offline run alone it was stopped
+                server = check.ensure(_server_key(profile), profile)
             if client == "gen_pipeline":
                 row, trace = measure_gen_pipeline(check, server, rnd, regime)
             elif client == "bench_serving":
@@ -343,6 +373,13 @@ def tokenizer_for(check: Any) -> Path:
         from bench.gpu.make_model import build_tokenizer
         build_tokenizer(folder)
     return folder
+
+
+def _start_s(check: Any, profile: str, engine: OfflineSlot, client: str) -> float:
+    """What a run must start first: the engine, or the server again after an offline run alone."""
+    if client == "offline":
+        return engine.start_s()
+    return SERVER_START_S if check.server(_server_key(profile)) is None else 0.0
 
 
 def _expect_s(rows: list[dict], regime: str, client: str) -> float:

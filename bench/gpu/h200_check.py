@@ -377,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", default=None,
                    help="regimes phase: only these clients, comma-separated (fixed-128, fixed-40, all, adaptive); "
                         "ceiling phase: gen_pipeline, bench_serving, offline (each phase runs the ones it knows)")
+    p.add_argument("--offline-alone", action="store_true",
+                   help="ceiling phase: stop the server for each offline-engine run (first in each round) instead of "
+                        "running the engine beside the idle server")
     args = p.parse_args(argv)
     clients = frozenset(c for c in args.clients.split(",") if c) if args.clients else None
     known = {c for spec in regimes.REGIMES.values() for c in spec.clients} | set(ceiling.CLIENTS)
@@ -389,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     check.long_prompts = min(args.long_prompts, regimes.LONG_PROMPTS_MAX)
     check.clients = clients
     check.server_profile = args.server_profile
+    check.offline_alone = args.offline_alone
     if args.time_scale:
         check.results["time_scale"] = args.time_scale
     for phase in args.phases:

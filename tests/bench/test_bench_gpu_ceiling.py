@@ -251,3 +251,25 @@ def test_the_phase_runs_the_offline_engine_once_per_call_and_records_its_runs(
     t = json.loads((work / "traces.json").read_text())["ceiling"]
     assert [x["round"] for x in t["short"]["runs"]] == [1, 2]
     assert t["summary"]["short"]["clients"]["offline"]["rounds"] == 2
+
+
+def test_offline_alone_stops_the_server_for_each_engine_run_and_starts_it_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--offline-alone: the engine first in each round, the server stopped for it and started again after."""
+    assert ceiling.plan(2, ("short",), offline_first=True) == [
+        (1, "short", "offline"), (1, "short", "gen_pipeline"), (1, "short", "bench_serving"),
+        (2, "short", "offline"), (2, "short", "bench_serving"), (2, "short", "gen_pipeline")]
+    _fake_sglang(tmp_path, monkeypatch)
+    monkeypatch.setattr(ceiling, "offline_skip_reason", lambda check: None)
+    work = tmp_path / "work"
+    rc = h200_check.main(["--work", str(work), "--sim", "--regimes", "short", "--short-prompts", "40", "--rounds", "2",
+                          "--clients", "offline,gen_pipeline", "--offline-alone", "setup", "ceiling", "unserve"])
+    r = json.loads((work / "results.json").read_text())
+    assert rc == 0 and "errors" not in r and "offline_errors" not in r["ceiling"]
+    assert [(x["round"], x["client"], x["rc"], x["rows"]) for x in r["ceiling"]["runs"]] == [
+        (1, "offline", 0, 40), (1, "gen_pipeline", 0, 40), (2, "offline", 0, 40), (2, "gen_pipeline", 0, 40)]
+    log = (work / "logs" / "offline-engine.log").read_text()
+    assert log.count("fake engine flags") == 2 and log.count("fake engine shutdown") == 2  # one engine per run
+    starts = [ln for ln in (work / "logs" / "h200.log").read_text().splitlines() if ln.startswith("$ ")]
+    assert len(starts) == 2  # after each offline run (the offline run comes first: no start before it)
+    assert all(v is None for v in r["servers"].values())
