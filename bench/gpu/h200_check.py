@@ -4,7 +4,8 @@
 
 Phases, in order: setup (configs + prompts), serve (start the bf16 server of profile "h200" with the
 launcher's command builder, detached), sweep (fixed windows on it, attach mode), adaptive, regimes
-(issue 19: short and long outputs, interleaved clients, three rounds, traces.json), kill
+(issue 19: short and long outputs, interleaved clients, three rounds, traces.json), ceiling (issue 34:
+gen_pipeline against SGLang's bench_serving and offline engine on the regimes' prompts), kill
 (kill -9 twice + resume), unserve, launch (full launcher, fp8_e4m3 KV profile), starved
 (--max-total-tokens 20000: fixed 256 and adaptive), probe (issue 16: bf16 and fp8 servers side by
 side, `gen-pipeline probe-kv`), summary. Results accumulate in DIR/results.json across calls, so the
@@ -25,13 +26,13 @@ from pathlib import Path
 
 import httpx
 
-from bench.gpu import regimes, runs, servers, tokenids
+from bench.gpu import ceiling, regimes, runs, servers, tokenids
 from bench.gpu.setup import DATASET, PROMPTS, write_configs
 from gen_pipeline.server.load import metric_values
 
 FIXED_WINDOWS = (32, 64, 128, 256)
-PHASES = ("setup", "serve", "sweep", "adaptive", "regimes", "tokenids", "kill", "unserve", "launch", "starved", "probe",
-          "summary")
+PHASES = ("setup", "serve", "sweep", "adaptive", "regimes", "ceiling", "tokenids", "kill", "unserve", "launch",
+          "starved", "probe", "summary")
 
 
 class Check:
@@ -133,6 +134,11 @@ class Check:
         """Issue 19: short and long outputs, fixed / all at once / adaptive interleaved, three rounds,
         per-second traces (bench/gpu/regimes.py); resumable across calls within --budget-s."""
         regimes.run_phase(self, getattr(self, "rounds", regimes.ROUNDS))
+
+    def ceiling(self) -> None:
+        """Issue 34: gen_pipeline against SGLang's own HTTP client at full rate and its offline engine on the
+        regimes' server, prompts and sampling, interleaved rounds (bench/gpu/ceiling.py); resumable."""
+        ceiling.run_phase(self, getattr(self, "rounds", ceiling.ROUNDS))
 
     def tokenids(self) -> None:
         """Issue 21: SGLang's own prompt/output token ids against the rendered tokens path
@@ -311,6 +317,8 @@ def summarize(r: dict) -> dict:
         out["launch_ready_s"] = r["launch"].get("ready_s")
     if r.get("regimes"):
         out["regimes"] = regimes.summarize_regimes(r["regimes"]["runs"])
+    if r.get("ceiling", {}).get("runs"):
+        out["ceiling"] = ceiling.headline(ceiling.summarize_ceiling(r["ceiling"]["runs"]))
     return out
 
 
@@ -357,20 +365,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=570.0, help="optional runs are skipped past this")
     p.add_argument("--kill-after-s", type=float, default=8.0, help="kill phase: SIGKILL this long into a run")
     p.add_argument("--regimes", default="short,long",
-                   help="regimes phase: which regimes, in the order each round starts with (e.g. long,short)")
-    p.add_argument("--rounds", type=int, default=regimes.ROUNDS, help="phase regimes: interleaved rounds")
+                   help="regimes/ceiling: which regimes, in the order each round starts with (e.g. long,short)")
+    p.add_argument("--rounds", type=int, default=regimes.ROUNDS, help="regimes/ceiling: interleaved rounds")
     p.add_argument("--short-prompts", type=int, default=regimes.SHORT_PROMPTS,
-                   help=f"regimes phase: prompts of a short-regime run (at most {regimes.SHORT_PROMPTS})")
+                   help=f"regimes/ceiling: prompts of a short-regime run (at most {regimes.SHORT_PROMPTS})")
     p.add_argument("--long-prompts", type=int, default=regimes.LONG_PROMPTS,
-                   help=f"regimes phase: prompts of a long-regime run (at most {regimes.LONG_PROMPTS_MAX})")
+                   help=f"regimes/ceiling: prompts of a long-regime run (at most {regimes.LONG_PROMPTS_MAX})")
     p.add_argument("--server-profile", default="h200", choices=("h200", "h200-ceiling"),
-                   help="regimes phase: the server.toml profile it runs on (h200-ceiling: 120K fp8 KV tokens, "
+                   help="regimes/ceiling: the server.toml profile they run on (h200-ceiling: 120K fp8 KV tokens, "
                         "issue 34's short regime past the CUDA-graph ceiling)")
     p.add_argument("--clients", default=None,
-                   help="regimes phase: only these clients, comma-separated (fixed-128, fixed-40, all, adaptive)")
+                   help="regimes phase: only these clients, comma-separated (fixed-128, fixed-40, all, adaptive); "
+                        "ceiling phase: gen_pipeline, bench_serving, offline (each phase runs the ones it knows)")
+    p.add_argument("--offline-alone", action="store_true",
+                   help="ceiling phase: stop the server for each offline-engine run (first in each round) instead of "
+                        "running the engine beside the idle server")
     args = p.parse_args(argv)
     clients = frozenset(c for c in args.clients.split(",") if c) if args.clients else None
-    known = {c for spec in regimes.REGIMES.values() for c in spec.clients}
+    known = {c for spec in regimes.REGIMES.values() for c in spec.clients} | set(ceiling.CLIENTS)
     if clients is not None and not clients <= known:
         p.error(f"--clients: unknown {', '.join(sorted(clients - known))} (known: {', '.join(sorted(known))})")
     check = Check(args.work, args.sim, args.prompts, time.monotonic() + args.budget_s, args.kill_after_s)
@@ -380,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     check.long_prompts = min(args.long_prompts, regimes.LONG_PROMPTS_MAX)
     check.clients = clients
     check.server_profile = args.server_profile
+    check.offline_alone = args.offline_alone
     if args.time_scale:
         check.results["time_scale"] = args.time_scale
     for phase in args.phases:

@@ -77,9 +77,8 @@ def plan(rounds: int = ROUNDS, order: tuple[str, ...] = ("short", "long"),
     return out
 
 
-def run_phase(check: Any, rounds: int = ROUNDS) -> None:
-    """Run what is missing of plan(rounds) while the budget lasts; then summarize."""
-    order = tuple(getattr(check, "regimes_order", None) or ("short", "long"))
+def configure(check: Any) -> None:
+    """The prompts of a run of each regime, from the check's --short-prompts / --long-prompts."""
     short_prompts = getattr(check, "short_prompts", SHORT_PROMPTS)
     if short_prompts != SHORT_PROMPTS:
         REGIMES["short"] = Regime(SHORT_DATASET, short_prompts, _short_clients(short_prompts), 35.0)
@@ -87,6 +86,12 @@ def run_phase(check: Any, rounds: int = ROUNDS) -> None:
     if long_prompts != LONG_PROMPTS:  # a longer run: SGLang's start-up and the first cohort weigh less
         REGIMES["long"] = Regime(LONG_DATASET, long_prompts, {"fixed-40": 40, "all": long_prompts, "adaptive": None},
                                  45.0 * long_prompts / LONG_PROMPTS)
+
+
+def run_phase(check: Any, rounds: int = ROUNDS) -> None:
+    """Run what is missing of plan(rounds) while the budget lasts; then summarize."""
+    order = tuple(getattr(check, "regimes_order", None) or ("short", "long"))
+    configure(check)
     profile = getattr(check, "server_profile", "h200")
     server = check.ensure("main" if profile == "h200" else profile, profile)
     res = check.results.setdefault("regimes", {"runs": []})
@@ -116,11 +121,12 @@ def run_phase(check: Any, rounds: int = ROUNDS) -> None:
 
 
 def measure(check: Any, server: servers.Server, rnd: int, regime: str,
-            client: str) -> tuple[dict, list[dict], list[list[int]]]:
-    """One run: its figures, its server trace and (prompt, completion) tokens per sample."""
+            client: str, name: str | None = None) -> tuple[dict, list[dict], list[list[int]]]:
+    """One run: its figures, its server trace and (prompt, completion) tokens per sample; `name`: its
+    output folder and log (default REGIME-CLIENT-ROUND)."""
     spec = REGIMES[regime]
     window = spec.clients[client]
-    name = f"{regime}-{client}-{rnd}"
+    name = name or f"{regime}-{client}-{rnd}"
     out = check.out / name
     servers.flush_cache(server)
     poller = TracePoller(server.url)
@@ -134,6 +140,7 @@ def measure(check: Any, server: servers.Server, rnd: int, regime: str,
     steady_tok_s = shape.get("steady_gen_throughput_mean")
     row = {"round": rnd, "regime": regime, "client": client, "rc": run.rc, "rows": figures["rows"],
            "duplicates": figures["duplicates"], "completion_tokens": figures["completion_tokens"],
+           "prompt_tokens": figures["prompt_tokens"],
            "dispatch_s": round(run.dispatch_s, 2), "wall_s": round(run.wall_s, 1),
            "tok_s": round(figures["completion_tokens"] / max(run.dispatch_s, 1e-6), 1),
            "steady_tok_s": steady_tok_s, "client_cpu_s": round(run.cpu_s, 2),

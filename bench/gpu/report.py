@@ -12,7 +12,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from bench.gpu import regimes
+from bench.gpu import ceiling, regimes
 from bench.report import md_table, write_section
 
 RESULTS = Path(__file__).resolve().parent / "h200_results.json"
@@ -257,6 +257,79 @@ def regimes_markdown(t: dict, source: str, command: str) -> str:
     ])
 
 
+# The ceiling runs (issue 34, phase `ceiling`) the report renders: (traces file, section, the commands that made it).
+CEILING_RUNS = (
+    (HERE / "h200_traces_vs_sglang.json", "gpu_h200_vs_sglang",
+     "bash bench/gpu/run_h200.sh KEEP OUT install model setup serve; CHECK_ARGS=\"--regimes short --short-prompts "
+     "1200 --rounds 3\" BUDGET_S=500 bash bench/gpu/run_h200.sh KEEP OUT ceiling unserve summary"),
+)
+CLIENT_NAMES = {"gen_pipeline": "gen_pipeline (adaptive)", "bench_serving": "SGLang bench_serving, rate inf",
+                "offline": "SGLang offline engine"}
+
+
+def _joined(values: dict | None) -> str:
+    return " / ".join(str(v) for v in (values or {}).values()) or "-"
+
+
+def ceiling_markdown(c: dict, source: str, command: str) -> str:
+    """Issue 34's phase `ceiling`: per regime each client's medians, then gen_pipeline over each of SGLang's
+    clients and the better of them: by medians, per round, and per round with the GPU's speed factored out."""
+    runs = [r for regime in ("short", "long") if isinstance(c.get(regime), dict) for r in c[regime].get("runs", [])]
+    summary = ceiling.summarize_ceiling(runs) if runs else (c.get("summary") or {})
+    rows, ratio_rows = [], []
+    for regime, entry in summary.items():
+        for client, v in entry["clients"].items():
+            rows.append([regime, CLIENT_NAMES.get(client, client), v["rounds"], f"{v['tok_s_median']:,.0f}",
+                         f"{100 * v['spread']:.0f} %" if v["spread"] is not None else "-",
+                         v["tok_s_per_running_median"] or "-", v["slots_log_median"] or "-",
+                         v["slots_trace_median"] or "-", " / ".join(f"{t:,}" for t in v["prompt_tokens"]),
+                         v["client_cpu_ms_per_1k_tokens_median"] or "-"])
+        for key in ("over_bench_serving", "over_offline", "over_better"):
+            q = entry.get(key)
+            if not q:
+                continue
+            against = "the better of the two" if key == "over_better" else CLIENT_NAMES[key[5:]]
+            ratio_rows.append([regime, against, CLIENT_NAMES[q["of"]] if key == "over_better" else "",
+                               f"**{q['median']}**", _joined(q["per_round"]), q["per_round_median"],
+                               _joined(q["per_round_log"]), q["per_round_log_median"],
+                               _joined(q["per_round_trace"]), q["per_round_trace_median"]])
+    where = "the simulator (dry run)" if c.get("sim") else "the H200"
+    prompts = "; ".join(f"{k}: {v['prompts']:,} prompts, {v['prompt_tokens']:,} prompt tokens through the chat "
+                        f"template" for k, v in (c.get("prompts") or {}).items())
+    skipped = f" Offline engine not run: {c['offline_skipped']}." if c.get("offline_skipped") else ""
+    if c.get("offline_errors"):
+        skipped += (f" The offline engine failed {len(c['offline_errors'])} time(s), first: "
+                    f"`{c['offline_errors'][0].splitlines()[0][:200]}`.")
+    return "\n".join([
+        f"## gen_pipeline against SGLang's own ceiling (`bench/gpu/` phase `ceiling`): {source}",
+        "",
+        f"Run {c.get('date')} on {where} (SGLang 0.5.17, the random-weight 1.16B Llama of bench/gpu/make_model.py): "
+        f"`{command}` (traces: bench/gpu/{source}, key `ceiling`). On the regimes phase's server (profile "
+        f"{c.get('profile', 'h200')}: {SERVERS.get(c.get('profile') or 'h200', SERVERS['h200'])}, `--stream-interval "
+        f"8`), prompts and sampling ({prompts}): gen_pipeline's adaptive client; SGLang's own HTTP client "
+        "`python -m sglang.bench_serving --backend sglang --request-rate inf` over the same prompts (rendered "
+        "through the model's chat template, as the server's chat endpoint renders them) with the same native "
+        "sampling_params; SGLang's offline engine (`sglang.Engine`, no HTTP) on the same token ids, started once "
+        "per call with the server's flags beside the idle server. Rounds interleave the regimes and rotate the "
+        "clients; prefix cache flushed before each run. tok/s as each tool reports it: gen_pipeline completion "
+        "tokens / (server in hand -> CLI exit), bench_serving its output_throughput, the engine completion tokens "
+        f"/ its generate call.{skipped}",
+        "",
+        md_table(["regime", "client", "rounds", "tok/s (median)", "spread", "decode tok/s per running request",
+                  "slots (decode log)", "slots (trace)", "prompt tokens", "client CPU ms/1K tok"], rows),
+        "",
+        md_table(["regime", "gen_pipeline over", "(the better)", "by medians", "per round", "per-round median",
+                  "per round, GPU factored out (decode log)", "its median", "per round, GPU factored out (trace)",
+                  "its median"], ratio_rows),
+        "",
+        "The GPU's speed factored out (bench/gpu/ceiling.py): each run's tok/s over its decode rate per running "
+        "request in steady state (slots: the requests kept decoding, on average), as the regimes phase's "
+        "`_slot_seconds`; read from SGLang's `Decode batch` log lines for all three clients (the engine has no "
+        "/metrics) and from the per-second trace for the two HTTP clients. A client that runs a smaller batch "
+        "gets a faster step, so slots compare clients best at similar running counts (the table shows them).",
+    ])
+
+
 def main(argv: list[str] | None = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     path = Path(argv[0]) if argv else RESULTS
@@ -265,11 +338,19 @@ def main(argv: list[str] | None = None) -> dict:
         if not traces.exists():
             continue
         t = json.loads(traces.read_text())
+        if not any(isinstance(t.get(g), dict) for g in ("short", "long")):
+            continue  # a file of another phase (ceiling) only
         regimes_text = regimes_markdown(t, traces.name, command)
         print(regimes_text)
         runs = [x for g in ("short", "long") if isinstance(t.get(g), dict) for x in t[g].get("runs", [])]
         write_section(section, {"summary": regimes.summarize_regimes(runs) if runs else t.get("summary"),
                                 "date": t.get("date")}, regimes_text, stamped=False)
+    for traces, section, command in CEILING_RUNS:
+        c = json.loads(traces.read_text()).get("ceiling") if traces.exists() else None
+        if c:
+            ceiling_text = ceiling_markdown(c, traces.name, command)
+            print(ceiling_text)
+            write_section(section, {"summary": c.get("summary"), "date": c.get("date")}, ceiling_text, stamped=False)
     text = markdown(r)
     print(text)
     summary = {"ratios": ratios(r), "summary": r.get("summary"), "kill": {k: r["kill"][k] for k in

@@ -59,8 +59,9 @@ def cli_argv(cfg_dir: Path, out_dir: Path, *args: str, dataset: str = DATASET) -
 
 
 def run_cli(name: str, argv: list[str], log_dir: Path, *, kill_after_s: float | None = None,
-            timeout_s: float = 900.0) -> CliRun:
-    """Run the CLI; with kill_after_s, SIGKILL it that many seconds after it has a server."""
+            timeout_s: float = 900.0, ready: re.Pattern[str] = _READY) -> CliRun:
+    """Run the CLI (or another client: `ready` is the line that says it has its server and starts); with
+    kill_after_s, SIGKILL it that many seconds after it has a server."""
     run = CliRun(name, argv)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
@@ -73,7 +74,7 @@ def run_cli(name: str, argv: list[str], log_dir: Path, *, kill_after_s: float | 
         for raw in proc.stdout:
             now = time.monotonic()
             line = raw.decode(errors="replace").rstrip()
-            if not ready_at and _READY.search(line):
+            if not ready_at and ready.search(line):
                 ready_at.append(now)
             run.lines.append((now - started, line))
 

@@ -138,7 +138,7 @@ def test_regimes_can_run_some_clients_and_longer_long_runs(tmp_path: Path,
     with pytest.raises(SystemExit) as e:
         h200_check.main(["regimes", "--work", str(tmp_path / "w"), "--sim", "--clients", "all,adaptiv"])
     assert e.value.code == 2
-    known = "adaptive, all, fixed-128, fixed-256, fixed-40"
+    known = "adaptive, all, bench_serving, fixed-128, fixed-256, fixed-40, gen_pipeline, offline"
     assert f"--clients: unknown adaptiv (known: {known})" in capsys.readouterr().err
 
 def _trace(running: list[int], queued: list[int]) -> list[dict]:
