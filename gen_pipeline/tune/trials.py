@@ -1,0 +1,157 @@
+"""`tune`'s trials: each candidate launched (probe-kv's open_server, the launcher), its prefix cache
+flushed, the job's next N prompts generated through the normal run path (attached, a fixed window of N:
+every trial sends the same prompts at once), completion tok/s measured; in the first round each
+candidate's greedy answers on a few prompts are compared with the shipped profile's as probe-kv does
+(probe/core.py, probe/metrics.py). The shipped profile's first trial writes into the dataset's store
+(exactly-once: a later generate skips those ids); every other trial writes into a copy of the store taken
+before it (the same prompts), dropped once measured.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from gen_pipeline.config.dataset import DatasetConfig
+from gen_pipeline.errors import ConfigError, ServerError, first_known
+from gen_pipeline.http import Http, open_http
+from gen_pipeline.probe import metrics as PM
+from gen_pipeline.probe.core import (
+    ProbeOptions,
+    RefSide,
+    compare_side,
+    each_prompt,
+    load_prompts,
+    open_server,
+    reference_side,
+)
+from gen_pipeline.records import Prompt
+from gen_pipeline.reports.status import read_status
+from gen_pipeline.run.job import run_generate
+from gen_pipeline.run.options import RunOptions
+from gen_pipeline.store.layout import dataset_folder
+from gen_pipeline.tune.plan import Candidate, TuneOptions, TunePlan
+
+NOISE_SHARE = 0.03  # one round: a candidate must beat the shipped profile by more than this (issue 34: 3 %)
+REFUSED_LEVEL = "prefer-bf16"  # probe-kv's verdict past its caution thresholds (probe/metrics.py)
+
+
+@dataclass
+class Outcome:
+    candidate: Candidate
+    tok_s: list[float] = field(default_factory=list)
+    check: str = "reference"  # probe-kv's verdict line on this candidate's answers
+    refused: bool = False
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.tok_s) if self.tok_s else 0.0
+
+
+@dataclass
+class TuneResult:
+    outcomes: list[Outcome]
+    winner: Outcome
+    noise: float
+    kept: int  # samples the shipped profile's first trial wrote into the store
+
+
+async def run_trials(cfg: DatasetConfig, tp: TunePlan, opts: TuneOptions,
+                     say: Callable[[str], None] = print) -> TuneResult:
+    """Every trial of `tp`; the outcomes and the winner. Raises ConfigError when the dataset has no prompt
+    left, ServerError when a trial writes nothing."""
+    before = read_status(opts.output_root, cfg.name, cfg.target_samples)
+    if before.done >= cfg.target_samples:
+        raise ConfigError(f"tune: {cfg.name} is already at its target ({before.done:,} samples); tune measures on "
+                          "the job's next prompts, so there is nothing left to measure on.")
+    work = dataset_folder(opts.output_root, cfg.name) / "tune"
+    seed = work / "trials" / "seed"
+    shutil.rmtree(work / "trials", ignore_errors=True)
+    src = dataset_folder(opts.output_root, cfg.name)
+    if src.is_dir():  # the store as it is before the first trial: every trial then does the same prompts
+        shutil.copytree(src, seed / cfg.name, ignore=shutil.ignore_patterns(".lock", "tune"))
+    trial_cfg = replace(cfg, target_samples=min(cfg.target_samples, before.done + tp.prompts))
+    outcomes = [Outcome(c) for c in (tp.shipped, *tp.candidates)]
+    probe = ProbeOptions(output_root=opts.output_root, samples=opts.probe_prompts,
+                         max_new_tokens=opts.probe_max_new_tokens)
+    sides: list[RefSide] = []
+    probe_set = load_prompts(cfg, probe.samples)  # also loads the source once before the first trial's clock
+    async with open_http(cfg.generation, 2 * tp.prompts + 2 * probe.concurrency + 8) as http:
+        try:
+            for r in range(tp.rounds):
+                order = outcomes[r % len(outcomes):] + outcomes[:r % len(outcomes)]  # round 0: shipped first
+                for o in (o for o in order if not o.refused):
+                    into = opts.output_root if r == 0 and o is outcomes[0] else _scratch(seed, work / "trials" / "run")
+                    await _trial(http, o, r, into, trial_cfg, cfg, probe, probe_set, sides, work, say)
+        except BaseExceptionGroup as group:
+            raise first_known(group) from None
+    shutil.rmtree(work / "trials", ignore_errors=True)
+    kept = read_status(opts.output_root, cfg.name, cfg.target_samples).done - before.done
+    return _result(outcomes, kept)
+
+
+async def _trial(http: Http, o: Outcome, r: int, root: Path, trial_cfg: DatasetConfig, cfg: DatasetConfig,
+                 probe: ProbeOptions, probe_set: list[Prompt], sides: list[RefSide], work: Path,
+                 say: Callable[[str], None]) -> None:
+    """One candidate's trial in round r: launch, flush, generate, measure; round 0 also checks its answers."""
+    c = o.candidate
+    async with open_server(c.profile, c.name, work / "logs" / c.name, http) as h:
+        url = h.base_urls[0]
+        await http.post_json(url + "/flush_cache", {})  # SGLang's: the prefix cache empty, as for every trial
+        tokens0 = read_status(root, cfg.name, None).completion_tokens
+        started = time.monotonic()
+        opts = RunOptions(output_root=root, server_urls=(url,), window=trial_cfg.target_samples)
+        summary = await run_generate(trial_cfg, opts)
+        elapsed = time.monotonic() - started
+        tokens = read_status(root, cfg.name, None).completion_tokens - tokens0
+        if summary.written == 0 or tokens <= 0:
+            raise ServerError(f"tune: the trial of {c.name} wrote no sample ({summary.line()}); see its server log "
+                              f"in {work / 'logs' / c.name}.")
+        o.tok_s.append(tokens / elapsed)
+        if r == 0:
+            await _check(http, h, o, cfg, probe, probe_set, sides)
+    say(f"  round {r + 1}: {c.name}: {tokens:,} completion tokens in {elapsed:.1f} s = {tokens / elapsed:,.0f} tok/s"
+        + (f"; refused: {o.check}" if o.refused else ""))
+
+
+async def _check(http: Http, h: Any, o: Outcome, cfg: DatasetConfig, probe: ProbeOptions, prompts: list[Prompt],
+                 sides: list[RefSide]) -> None:
+    """The shipped profile: its greedy answers (the reference). A candidate: probe-kv's comparison with
+    them; refused past probe-kv's caution thresholds."""
+    if not sides:
+        done, _ = await each_prompt(prompts, [p.id for p in prompts], probe,
+                                    lambda p: reference_side(http, h, p, cfg, probe))
+        if not done:
+            raise ServerError(f"tune: the shipped profile {o.candidate.name} answered none of the probe prompts.")
+        sides.extend(done)
+        return
+    results, _ = await each_prompt(sides, [s.prompt.id for s in sides], probe,
+                                   lambda side: compare_side(http, h, side, probe))
+    level, line = PM.verdict(PM.aggregate(results), o.candidate.name)
+    o.check, o.refused = line, level == REFUSED_LEVEL
+
+
+def _scratch(seed: Path, root: Path) -> Path:
+    """A fresh copy of the store as it was before the first trial (empty when there was none)."""
+    shutil.rmtree(root, ignore_errors=True)
+    if seed.is_dir():
+        shutil.copytree(seed, root)
+    else:
+        root.mkdir(parents=True)
+    return root
+
+
+def _result(outcomes: list[Outcome], kept: int) -> TuneResult:
+    """The winner: the fastest accepted candidate when it beats the shipped profile by more than the noise
+    (its own spread over rounds, at least NOISE_SHARE), else the shipped profile."""
+    shipped = outcomes[0]
+    spread = (max(shipped.tok_s) - min(shipped.tok_s)) / shipped.median if len(shipped.tok_s) > 1 else 0.0
+    noise = max(NOISE_SHARE, spread)
+    best = max((o for o in outcomes[1:] if not o.refused), key=lambda o: o.median, default=shipped)
+    winner = best if best.median > shipped.median * (1 + noise) else shipped
+    return TuneResult(outcomes, winner, noise, kept)

@@ -1,0 +1,93 @@
+"""`tune` on the simulator: the candidate the sim is told is fastest wins (its CUDA-graph ceiling raised
+above the trial's batch: SGLang's eager step above it is ~1.9x slower, sglang_sim/profiles.py), the one
+whose answers change is refused (fp8 KV on a sim told to flip 30 % of fp8 top-1 tokens), the budget is
+stated first, the shipped trial's samples stay in the store exactly once; bad input exits 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.pipeline_helpers import assert_exact, run_cli, write_dataset
+
+PROMPTS = 12
+# The shipped profile: bf16 KV, CUDA graphs up to batch 6 (a trial of 12 at once runs without them),
+# slow enough (time scale 0.25) that the step, not the client, sets the pace.
+SERVER_TOML = """
+[profile.t]
+model_path = "sim/Kimi-K2.5"
+command = ["{python}", "-m", "sglang_sim"]
+backend = "sim"
+kv_cache_dtype = "bf16"
+tp_size = 8
+mem_fraction_static = 0.90
+stream_interval = 8
+extra_args = ["--sim-profile", "fast", "--time-scale", "0.25", "--sim-startup-s", "0", "--sim-output-mean", "40",
+              "--sim-output-spread", "0.3", "--cuda-graph-max-bs", "6", "--sim-kv-perturb", "0.3"]
+startup_timeout_s = 30
+health_interval_s = 0.5
+restart_backoff_s = 0.5
+stop_grace_s = 3
+"""
+
+
+def _config(tmp_path: Path) -> tuple[Path, Path]:
+    cfg = tmp_path / "cfg"
+    write_dataset(cfg, target=20, max_new_tokens=64)
+    (cfg / "server.toml").write_text(SERVER_TOML)
+    return cfg, tmp_path / "out"
+
+
+def _tune(cfg: Path, out: Path, *args: str):
+    return run_cli("tune", "--dataset", "T", "--server-profile", "t", "--config-dir", cfg, "--output-dir", out,
+                   "--prompts", str(PROMPTS), "--probe-prompts", "6", *args)
+
+
+def test_tune_picks_the_fastest_refuses_changed_answers_and_keeps_its_samples(tmp_path: Path) -> None:
+    cfg, out = _config(tmp_path)
+    r = _tune(cfg, out, "--levers", "kv_cache_dtype,cuda_graph_max_bs", "--budget-s", "3600", "--rounds", "1")
+    assert r.returncode == 0, r.stderr + r.stdout
+    lines = r.stdout.splitlines()
+    assert lines[0] == ("tune budget: 1h00m (--budget-s); 1 round(s) x 3 trials (the shipped t + 2 candidates) of "
+                        "the first 12 prompts, predicted " + lines[0].rsplit("predicted ", 1)[1])
+    assert lines.index(lines[0]) < min(i for i, line in enumerate(lines) if line.startswith("  round 1:"))
+    refused = next(line for line in lines if line.startswith("t+kv_cache_dtype=fp8_e4m3 "))
+    assert refused.endswith("refused: t+kv_cache_dtype=fp8_e4m3 KV changes top-1 on "
+                            + refused.split(" KV changes top-1 on ")[1].split(" %")[0] + " %"
+                            + refused.split(" %", 1)[1])
+    assert ": prefer bf16 KV for training data (the drafter would learn a shifted distribution)." in refused
+    winner = next(line for line in lines if line.endswith(" <- winner"))
+    assert winner.startswith("t+cuda_graph_max_bs=12 "), r.stdout
+    written = (out / "T" / "tune" / "t-tuned.toml").read_text()
+    assert "\n[profile.t-tuned]\ninherits = \"t\"\nextra_args = [" in written
+    assert '"--cuda-graph-max-bs", "12"]' in written and "# t+kv_cache_dtype=fp8_e4m3" in written
+    assert f"kept {PROMPTS} samples of the t trial in the store (the other trials did the same prompts: dropped)" \
+        in lines
+    assert not (out / "T" / "tune" / "trials").exists()
+    assert len(assert_exact(out, PROMPTS)) == PROMPTS
+    g = run_cli("generate", "--dataset", "T", "--server", "t", "--config-dir", cfg, "--output-dir", out)
+    assert g.returncode == 0, g.stderr + g.stdout
+    assert len(assert_exact(out, 20)) == 20
+
+
+def test_unknown_lever_is_a_flag_error(tmp_path: Path) -> None:
+    cfg, out = _config(tmp_path)
+    r = _tune(cfg, out, "--levers", "kv_cache_dtype,turbo", "--budget-s", "60")
+    assert r.returncode == 2
+    assert r.stderr == ("error: --levers turbo: no such lever; choose from kv_cache_dtype, mem_fraction_static, "
+                        "cuda_graph_max_bs, schedule_conservativeness, num_continuous_decode_steps, "
+                        "chunked_prefill_size, stream_interval (comma-separated).\n")
+    r = _tune(cfg, out, "--levers", "dcp_size", "--budget-s", "60")
+    assert r.returncode == 2
+    assert r.stderr.startswith("error: --levers dcp_size: --dcp-size (decode context parallelism: splits the MLA "
+                               "cache over TP ranks) needs several GPUs or a draft; tune tries single-GPU levers only")
+
+
+def test_a_budget_one_round_cannot_fit_is_refused_before_any_launch(tmp_path: Path) -> None:
+    cfg, out = _config(tmp_path)
+    r = _tune(cfg, out, "--levers", "cuda_graph_max_bs", "--budget-s", "2")
+    assert r.returncode == 2 and r.stdout == ""
+    head = r.stderr.split(" a trial with its start-up)")[0]
+    assert head.startswith("error: tune: one round of 2 trials (t + 1 candidates, 12 prompts each, predicted ")
+    assert r.stderr.endswith(", more than the budget of 2s (--budget-s). Raise --budget-share or --budget-s, "
+                             "lower --prompts, or name fewer --levers.\n")
+    assert not out.exists() or not any(out.rglob("*.jsonl"))
