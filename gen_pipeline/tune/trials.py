@@ -108,6 +108,8 @@ async def _trial(http: Http, o: Outcome, r: int, root: Path, trial_cfg: DatasetC
         opts = RunOptions(output_root=root, server_urls=(url,), window=trial_cfg.target_samples)
         summary = await run_generate(trial_cfg, opts)
         elapsed = time.monotonic() - started
+        if summary.stopped_by in ("SIGINT", "SIGTERM", "SIGHUP"):  # the job drained on a signal: tune stops too
+            raise KeyboardInterrupt
         tokens = read_status(root, cfg.name, None).completion_tokens - tokens0
         if summary.written == 0 or tokens <= 0:
             raise ServerError(f"tune: the trial of {c.name} wrote no sample ({summary.line()}); see its server log "
