@@ -7,7 +7,7 @@ candidates x rounds; refused when one round does not fit).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -128,7 +128,6 @@ class TunePlan:
     budget_s: float
     budget_note: str
     trial_s: float  # predicted seconds of one trial (start-up + the prompts)
-    notes: list[str] = field(default_factory=list)
 
     @property
     def trials(self) -> int:
@@ -217,7 +216,7 @@ def make_plan(cfg: DatasetConfig, shipped: ServerProfile, opts: TuneOptions) -> 
         try:
             p = plan_profile(c.profile, opts, per_sample)
         except ConfigError as e:
-            skipped.append((c.name, str(e)))
+            skipped.append((c.name, f"plan refuses it: {e}"))
             continue
         c = _planned(c, p)
         if c.slots < 1:

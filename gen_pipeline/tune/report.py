@@ -4,6 +4,7 @@ as a server.toml profile `[profile.<P>-tuned]` that inherits the shipped one (ou
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +18,14 @@ def table(tp: TunePlan, res: TuneResult) -> list[str]:
     """One line per candidate: median tok/s over its trials, against the shipped profile, its output check."""
     ships = res.outcomes[0].median
     width = max(len(o.candidate.name) for o in res.outcomes)
-    out = [f"{'candidate':<{width}} {'tok/s':>9} {'trials':>6} {'vs shipped':>10}  output check"]
+    out = [f"{'candidate':<{width}} {'tok/s':>9} {'server':>9} {'trials':>6} {'vs shipped':>10}  output check"]
     for o in res.outcomes:
         ratio = f"{o.median / ships:.2f}x" if o.tok_s and ships else "-"
+        server = f"{statistics.median(o.server_tok_s):,.0f}" if o.server_tok_s else "-"
         mark = " <- winner" if o is res.winner else ""
         check = ("refused: " if o.refused else "") + o.check
-        out.append(f"{o.candidate.name:<{width}} {o.median:>9,.0f} {len(o.tok_s):>6} {ratio:>10}  {check}{mark}")
+        out.append(f"{o.candidate.name:<{width}} {o.median:>9,.0f} {server:>9} {len(o.tok_s):>6} {ratio:>10}  "
+                   f"{check}{mark}")
     out += [f"skipped {name}: {why}" for name, why in tp.skipped]
     return out
 
@@ -41,7 +44,8 @@ def write_result(tp: TunePlan, res: TuneResult, folder: Path, config_dir: Path) 
     name = tp.shipped.name
     lines = table(tp, res)
     head = [f"# gen-pipeline tune: {len(res.outcomes)} profiles, {tp.rounds} round(s) of the same first "
-            f"{tp.prompts:,} prompts, completion tok/s (median over rounds); noise {100 * res.noise:.0f} %"]
+            f"{tp.prompts:,} prompts, completion tok/s (median over rounds; server: its decode rate as its load "
+            f"polls read it); noise {100 * res.noise:.0f} %"]
     body = ["# " + line for line in lines]
     won = res.winner.candidate
     if res.winner is res.outcomes[0]:

@@ -35,6 +35,7 @@ from gen_pipeline.reports.status import read_status
 from gen_pipeline.run.job import run_generate
 from gen_pipeline.run.options import RunOptions
 from gen_pipeline.store.layout import dataset_folder
+from gen_pipeline.store.telemetry import read_telemetry, runs_of
 from gen_pipeline.tune.plan import Candidate, TuneOptions, TunePlan
 
 NOISE_SHARE = 0.03  # one round: a candidate must beat the shipped profile by more than this (issue 34: 3 %)
@@ -44,7 +45,8 @@ REFUSED_LEVEL = "prefer-bf16"  # probe-kv's verdict past its caution thresholds 
 @dataclass
 class Outcome:
     candidate: Candidate
-    tok_s: list[float] = field(default_factory=list)
+    tok_s: list[float] = field(default_factory=list)  # completion tokens / wall time, one per trial
+    server_tok_s: list[float] = field(default_factory=list)  # the server's decode rate (median of its polls)
     check: str = "reference"  # probe-kv's verdict line on this candidate's answers
     refused: bool = False
 
@@ -115,6 +117,7 @@ async def _trial(http: Http, o: Outcome, r: int, root: Path, trial_cfg: DatasetC
             raise ServerError(f"tune: the trial of {c.name} wrote no sample ({summary.line()}); see its server log "
                               f"in {work / 'logs' / c.name}.")
         o.tok_s.append(tokens / elapsed)
+        o.server_tok_s += _server_rate(dataset_folder(root, cfg.name))
         if r == 0:
             await _check(http, h, o, cfg, probe, probe_set, sides)
     say(f"  round {r + 1}: {c.name}: {tokens:,} completion tokens in {elapsed:.1f} s = {tokens / elapsed:,.0f} tok/s"
@@ -136,6 +139,14 @@ async def _check(http: Http, h: Any, o: Outcome, cfg: DatasetConfig, probe: Prob
                                    lambda side: compare_side(http, h, side, probe))
     level, line = PM.verdict(PM.aggregate(results), o.candidate.name)
     o.check, o.refused = line, level == REFUSED_LEVEL
+
+
+def _server_rate(folder: Path) -> list[float]:
+    """The server's steady decode rate over the last run in `folder`: the median of the gen_tok_s its load
+    polls read (telemetry.jsonl; SGLang's gen_throughput), [] when no poll saw one."""
+    runs = runs_of(read_telemetry(folder))
+    rates = [r["gen_tok_s"] for r in (runs[-1] if runs else []) if r.get("gen_tok_s")]
+    return [statistics.median(rates)] if rates else []
 
 
 def _scratch(seed: Path, root: Path) -> Path:

@@ -91,3 +91,38 @@ def test_a_budget_one_round_cannot_fit_is_refused_before_any_launch(tmp_path: Pa
     assert r.stderr.endswith(", more than the budget of 2s (--budget-s). Raise --budget-share or --budget-s, "
                              "lower --prompts, or name fewer --levers.\n")
     assert not out.exists() or not any(out.rglob("*.jsonl"))
+
+
+def _plan(tmp_path: Path, toml: str = SERVER_TOML, **kw):
+    from gen_pipeline.config.dataset import find_dataset_config
+    from gen_pipeline.tune import TuneOptions, make_plan, shipped_profile
+
+    cfg, out = _config(tmp_path)
+    (cfg / "server.toml").write_text(toml)
+    opts = TuneOptions(output_root=out, config_dir=cfg, budget_s=3600, prompts=PROMPTS, **kw)
+    return make_plan(find_dataset_config("T", cfg), shipped_profile(cfg, "t"), opts)
+
+
+def test_every_candidate_is_the_shipped_profile_with_one_change(tmp_path: Path) -> None:
+    from dataclasses import fields
+
+    tp = _plan(tmp_path)
+    assert [c.name for c in tp.candidates] == [
+        "t+kv_cache_dtype=fp8_e4m3", "t+mem_fraction_static=0.92", "t+cuda_graph_max_bs=12",
+        "t+schedule_conservativeness=0.5", "t+num_continuous_decode_steps=2", "t+chunked_prefill_size=16384",
+        "t+stream_interval=16"]
+    for c in tp.candidates:
+        differ = [f.name for f in fields(c.profile) if f.name != "name"
+                  and getattr(c.profile, f.name) != getattr(tp.shipped.profile, f.name)]
+        assert differ == list(c.change), (c.name, differ)
+    assert abs(tp.candidates[0].kv_tokens - 2 * tp.shipped.kv_tokens) <= 1  # plan: fp8 halves the bytes per token
+    assert tp.skipped == ()
+
+
+def test_a_candidate_plan_says_cannot_start_is_skipped_and_named(tmp_path: Path) -> None:
+    tp = _plan(tmp_path, SERVER_TOML.replace("mem_fraction_static = 0.90", "mem_fraction_static = 0.99"),
+               levers=("mem_fraction_static", "stream_interval"))
+    assert [c.name for c in tp.candidates] == ["t+stream_interval=16"]
+    why = "plan refuses it: --mem-fraction-static 1.01 must be above 0 and below 1."
+    assert tp.skipped == (("t+mem_fraction_static=1.01", why),)
+    assert f"  skipped t+mem_fraction_static=1.01: {why}" in tp.lines()
