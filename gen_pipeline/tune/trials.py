@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from gen_pipeline.config.dataset import DatasetConfig
 from gen_pipeline.errors import ConfigError, ServerError, first_known
@@ -30,10 +29,10 @@ from gen_pipeline.probe.core import (
     open_server,
     reference_side,
 )
-from gen_pipeline.records import Prompt
 from gen_pipeline.reports.status import read_status
 from gen_pipeline.run.job import run_generate
 from gen_pipeline.run.options import RunOptions
+from gen_pipeline.server.handle import ServerHandle
 from gen_pipeline.store.layout import dataset_folder
 from gen_pipeline.store.telemetry import read_telemetry, runs_of
 from gen_pipeline.tune.plan import Candidate, TuneOptions, TunePlan
@@ -77,19 +76,18 @@ async def run_trials(cfg: DatasetConfig, tp: TunePlan, opts: TuneOptions,
     src = dataset_folder(opts.output_root, cfg.name)
     if src.is_dir():  # the store as it is before the first trial: every trial then does the same prompts
         shutil.copytree(src, seed / cfg.name, ignore=shutil.ignore_patterns(".lock", "tune"))
-    trial_cfg = replace(cfg, target_samples=min(cfg.target_samples, before.done + tp.prompts))
     outcomes = [Outcome(c) for c in (tp.shipped, *tp.candidates)]
     probe = ProbeOptions(output_root=opts.output_root, samples=opts.probe_prompts,
                          max_new_tokens=opts.probe_max_new_tokens)
-    sides: list[RefSide] = []
-    probe_set = load_prompts(cfg, probe.samples)  # also loads the source once before the first trial's clock
     async with open_http(cfg.generation, 2 * tp.prompts + 2 * probe.concurrency + 8) as http:
+        trials = _Trials(http, cfg, replace(cfg, target_samples=min(cfg.target_samples, before.done + tp.prompts)),
+                         probe, work, tp.shipped.name, say)
         try:
             for r in range(tp.rounds):
                 order = outcomes[r % len(outcomes):] + outcomes[:r % len(outcomes)]  # round 0: shipped first
                 for o in (o for o in order if not o.refused):
                     into = opts.output_root if r == 0 and o is outcomes[0] else _scratch(seed, work / "trials" / "run")
-                    await _trial(http, o, r, into, trial_cfg, cfg, probe, probe_set, sides, work, say)
+                    await trials.run(o, r, into)
         except BaseExceptionGroup as group:
             raise first_known(group) from None
     shutil.rmtree(work / "trials", ignore_errors=True)
@@ -97,48 +95,63 @@ async def run_trials(cfg: DatasetConfig, tp: TunePlan, opts: TuneOptions,
     return _result(outcomes, kept)
 
 
-async def _trial(http: Http, o: Outcome, r: int, root: Path, trial_cfg: DatasetConfig, cfg: DatasetConfig,
-                 probe: ProbeOptions, probe_set: list[Prompt], sides: list[RefSide], work: Path,
-                 say: Callable[[str], None]) -> None:
-    """One candidate's trial in round r: launch, flush, generate, measure; round 0 also checks its answers."""
-    c = o.candidate
-    async with open_server(c.profile, c.name, work / "logs" / c.name, http) as h:
-        url = h.base_urls[0]
-        await http.post_json(url + "/flush_cache", {})  # SGLang's: the prefix cache empty, as for every trial
-        tokens0 = read_status(root, cfg.name, None).completion_tokens
-        started = time.monotonic()
-        opts = RunOptions(output_root=root, server_urls=(url,), window=trial_cfg.target_samples)
-        summary = await run_generate(trial_cfg, opts)
-        elapsed = time.monotonic() - started
-        if summary.stopped_by in ("SIGINT", "SIGTERM", "SIGHUP"):  # the job drained on a signal: tune stops too
-            raise KeyboardInterrupt
-        tokens = read_status(root, cfg.name, None).completion_tokens - tokens0
-        if summary.written == 0 or tokens <= 0:
-            raise ServerError(f"tune: the trial of {c.name} wrote no sample ({summary.line()}); see its server log "
-                              f"in {work / 'logs' / c.name}.")
-        o.tok_s.append(tokens / elapsed)
-        o.server_tok_s += _server_rate(dataset_folder(root, cfg.name))
-        if r == 0:
-            await _check(http, h, o, cfg, probe, probe_set, sides)
-    say(f"  round {r + 1}: {c.name}: {tokens:,} completion tokens in {elapsed:.1f} s = {tokens / elapsed:,.0f} tok/s"
-        + (f"; refused: {o.check}" if o.refused else ""))
+class _Trials:
+    """What every trial shares: the HTTP session, the trial's dataset config (its target: the next N
+    prompts), the probe settings and prompts, the shipped profile's greedy answers once it has run."""
 
+    def __init__(self, http: Http, cfg: DatasetConfig, trial_cfg: DatasetConfig, probe: ProbeOptions, work: Path,
+                 shipped: str, say: Callable[[str], None]) -> None:
+        self.http, self.cfg, self.trial_cfg, self.probe, self.work, self.shipped, self.say = (
+            http, cfg, trial_cfg, probe, work, shipped, say)
+        self.prompts = load_prompts(cfg, probe.samples)  # also loads the source before the first trial's clock
+        self.sides: list[RefSide] = []
 
-async def _check(http: Http, h: Any, o: Outcome, cfg: DatasetConfig, probe: ProbeOptions, prompts: list[Prompt],
-                 sides: list[RefSide]) -> None:
-    """The shipped profile: its greedy answers (the reference). A candidate: probe-kv's comparison with
-    them; refused past probe-kv's caution thresholds."""
-    if not sides:
-        done, _ = await each_prompt(prompts, [p.id for p in prompts], probe,
-                                    lambda p: reference_side(http, h, p, cfg, probe))
-        if not done:
-            raise ServerError(f"tune: the shipped profile {o.candidate.name} answered none of the probe prompts.")
-        sides.extend(done)
-        return
-    results, _ = await each_prompt(sides, [s.prompt.id for s in sides], probe,
-                                   lambda side: compare_side(http, h, side, probe))
-    level, line = PM.verdict(PM.aggregate(results), o.candidate.name)
-    o.check, o.refused = line, level == REFUSED_LEVEL
+    async def run(self, o: Outcome, r: int, root: Path) -> None:
+        """One candidate's trial in round r: launch, flush, generate, measure; round 0 also checks its answers."""
+        c, name = o.candidate, self.cfg.name
+        async with open_server(c.profile, c.name, self.work / "logs" / c.name, self.http) as h:
+            url = h.base_urls[0]
+            await self.http.post_json(url + "/flush_cache", {})  # SGLang's: the prefix cache empty for each trial
+            tokens0 = read_status(root, name, None).completion_tokens
+            started = time.monotonic()
+            summary = await run_generate(self.trial_cfg, RunOptions(output_root=root, server_urls=(url,),
+                                                                     window=self.trial_cfg.target_samples))
+            elapsed = time.monotonic() - started
+            if summary.stopped_by in ("SIGINT", "SIGTERM", "SIGHUP"):  # the job drained on a signal: so does tune
+                raise KeyboardInterrupt
+            tokens = read_status(root, name, None).completion_tokens - tokens0
+            if summary.written == 0 or tokens <= 0:
+                raise ServerError(f"tune: the trial of {c.name} wrote no sample ({summary.line()}); see its server "
+                                  f"log in {self.work / 'logs' / c.name}.")
+            o.tok_s.append(tokens / elapsed)
+            o.server_tok_s += _server_rate(dataset_folder(root, name))
+            if r == 0:
+                await self._check(h, o)
+        self.say(f"  round {r + 1}: {c.name}: {tokens:,} completion tokens in {elapsed:.1f} s = "
+                 f"{tokens / elapsed:,.0f} tok/s" + (f"; refused: {o.check}" if o.refused else ""))
+
+    async def _check(self, h: ServerHandle, o: Outcome) -> None:
+        """The shipped profile: its greedy answers (the reference). A candidate: probe-kv's comparison with
+        them; refused past probe-kv's caution thresholds."""
+        http, probe = self.http, self.probe
+        if not self.sides:
+            done, _ = await each_prompt(self.prompts, [p.id for p in self.prompts], probe,
+                                        lambda p: reference_side(http, h, p, self.cfg, probe))
+            if not done:
+                raise ServerError(f"tune: the shipped profile {o.candidate.name} answered none of the probe prompts.")
+            self.sides.extend(done)
+            return
+        results, _ = await each_prompt(self.sides, [s.prompt.id for s in self.sides], probe,
+                                       lambda side: compare_side(http, h, side, probe))
+        agg = PM.aggregate(results)
+        level, _ = PM.verdict(agg)  # probe-kv's thresholds decide; the line names the candidate, not a KV dtype
+        o.refused = level == REFUSED_LEVEL
+        figures = (f"top-1 changes on {100 * agg['top1_change_share']:.2f} % of {agg['positions']:,} positions, "
+                   f"mean KL >= {agg['kl_mean']:.4f} nats, {100 * agg['exact_match_share']:.0f} % of "
+                   f"{agg['prompts']} greedy answers equal")
+        o.check = (f"its answers differ from {self.shipped}'s: {figures} (probe-kv's limits: top-1 change <= "
+                   f"{100 * PM.TOP1_CAUTION:g} %, mean KL <= {PM.KL_CAUTION:g} nats)" if o.refused
+                   else f"{level}: {figures}")
 
 
 def _server_rate(folder: Path) -> list[float]:

@@ -50,11 +50,13 @@ def test_tune_picks_the_fastest_refuses_changed_answers_and_keeps_its_samples(tm
     assert lines[0] == ("tune budget: 1h00m (--budget-s); 1 round(s) x 3 trials (the shipped t + 2 candidates) of "
                         "the first 12 prompts, predicted " + lines[0].rsplit("predicted ", 1)[1])
     assert lines.index(lines[0]) < min(i for i, line in enumerate(lines) if line.startswith("  round 1:"))
+    # the sim's perturbation is seeded by the prompt, so the figures repeat exactly
+    why = ("its answers differ from t's: top-1 changes on 26.61 % of 248 positions, mean KL >= 0.2545 nats, 0 % of "
+           "6 greedy answers equal (probe-kv's limits: top-1 change <= 3 %, mean KL <= 0.05 nats)")
+    trial = next(line for line in lines if line.startswith("  round 1: t+kv_cache_dtype=fp8_e4m3: "))
+    assert trial.endswith(f" tok/s; refused: {why}")
     refused = next(line for line in lines if line.startswith("t+kv_cache_dtype=fp8_e4m3 "))
-    assert refused.endswith("refused: t+kv_cache_dtype=fp8_e4m3 KV changes top-1 on "
-                            + refused.split(" KV changes top-1 on ")[1].split(" %")[0] + " %"
-                            + refused.split(" %", 1)[1])
-    assert ": prefer bf16 KV for training data (the drafter would learn a shifted distribution)." in refused
+    assert refused.endswith(f"  refused: {why}")
     winner = next(line for line in lines if line.endswith(" <- winner"))
     assert winner.startswith("t+cuda_graph_max_bs=12 "), r.stdout
     written = (out / "T" / "tune" / "t-tuned.toml").read_text()
