@@ -9,7 +9,8 @@ from pathlib import Path
 
 from gen_pipeline.config.dataset import DatasetConfig
 from gen_pipeline.config.server import ServerProfile, load_server_profile
-from gen_pipeline.probe.core import check_profiles
+from gen_pipeline.errors import ConfigError
+from gen_pipeline.server.command import check_launchable
 from gen_pipeline.store.layout import dataset_folder
 from gen_pipeline.tune.plan import LEVERS, NOT_ON_ONE_GPU, TuneOptions, TunePlan, make_plan
 from gen_pipeline.tune.report import write_result
@@ -31,7 +32,12 @@ async def run_tune(cfg: DatasetConfig, tp: TunePlan, opts: TuneOptions,
 
 
 def shipped_profile(config_dir: Path, name: str) -> ServerProfile:
-    """The shipped profile to tune (server.toml of config_dir), refused unless it launches SGLang or the sim."""
+    """The shipped profile to tune (server.toml of config_dir). ConfigError unless it launches SGLang or the
+    simulator (the output check needs SGLang's /generate), ServerError when SGLang is not installed."""
     p = load_server_profile(name, config_dir / "server.toml")
-    check_profiles(p, p, allow_same_kv=True)
+    if p.backend not in ("sglang", "sim"):
+        raise ConfigError(f"tune: {p.where} launches a {p.backend} server (backend = {p.backend!r}); tune checks "
+                          "each candidate's answers through SGLang's native /generate (as probe-kv does): tune an "
+                          "SGLang profile.")
+    check_launchable(p)
     return p

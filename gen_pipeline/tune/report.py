@@ -10,7 +10,7 @@ from typing import Any
 
 from gen_pipeline.display import display_path
 from gen_pipeline.store.shards import write_atomic
-from gen_pipeline.tune.plan import TunePlan
+from gen_pipeline.tune.plan import NOT_ON_ONE_GPU, TunePlan
 from gen_pipeline.tune.trials import TuneResult
 
 
@@ -46,7 +46,7 @@ def write_result(tp: TunePlan, res: TuneResult, folder: Path, config_dir: Path) 
     head = [f"# gen-pipeline tune: {len(res.outcomes)} profiles, {tp.rounds} round(s) of the same first "
             f"{tp.prompts:,} prompts, completion tok/s (median over rounds; server: its decode rate as its load "
             f"polls read it); noise {100 * res.noise:.0f} %"]
-    body = ["# " + line for line in lines]
+    body = ["# " + line for line in lines] + ["# not tried on one GPU: " + "; ".join(NOT_ON_ONE_GPU.values())]
     won = res.winner.candidate
     if res.winner is res.outcomes[0]:
         verdict = (f"no candidate beat {name} by more than the noise ({100 * res.noise:.0f} %): the shipped profile "

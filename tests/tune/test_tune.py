@@ -128,3 +128,13 @@ def test_a_candidate_plan_says_cannot_start_is_skipped_and_named(tmp_path: Path)
     why = "plan refuses it: --mem-fraction-static 1.01 must be above 0 and below 1."
     assert tp.skipped == (("t+mem_fraction_static=1.01", why),)
     assert f"  skipped t+mem_fraction_static=1.01: {why}" in tp.lines()
+
+
+def test_a_profile_that_is_not_sglang_is_refused(tmp_path: Path) -> None:
+    cfg, out = _config(tmp_path)
+    (cfg / "server.toml").write_text(SERVER_TOML.replace('backend = "sim"', 'backend = "vllm"'))
+    r = _tune(cfg, out, "--budget-s", "60")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == (f"error: tune: {cfg / 'server.toml'} [profile.t] launches a vllm server (backend = 'vllm'); "
+                        "tune checks each candidate's answers through SGLang's native /generate (as probe-kv does): "
+                        "tune an SGLang profile.\n")
