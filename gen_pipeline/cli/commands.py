@@ -215,8 +215,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from gen_pipeline.tune import TuneOptions, make_plan, run_tune, shipped_profile
 
     quiet_datasets()
-    given = {k: getattr(args, k) for k in ("budget_share", "budget_s", "prompts", "rounds", "probe_prompts",
-                                           "probe_max_new_tokens", "model_config", "gpu_mem_gb", "weights_gb")}
+    given = {k: getattr(args, k) for k in ("budget_share", "budget_s", "prompts", "startup_s", "rounds",
+                                           "probe_prompts", "probe_max_new_tokens", "model_config", "gpu_mem_gb",
+                                           "weights_gb")}
     if args.levers is not None:
         given["levers"] = tuple(n.strip() for n in args.levers.split(",") if n.strip())
     opts = TuneOptions(output_root=args.output_dir, config_dir=args.config_dir,

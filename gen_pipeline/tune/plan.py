@@ -6,6 +6,7 @@ candidates x rounds; refused when one round does not fit).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -80,6 +81,9 @@ class TuneOptions:
     prompts: Annotated[int | None, flag("--prompts", ge=1, help=(
         "prompts per trial, the same first ones for every candidate (default: twice the decode slots plan "
         "predicts, at least 8)"))] = None
+    startup_s: Annotated[float | None, flag("--startup-s", ge=0, unit="seconds", help=(
+        "seconds one server start takes, counted per trial in the budget (default: 600 for SGLang, the "
+        "reference job's ~600 GB of weights; 5 for the simulator): a small model starts in a minute"))] = None
     rounds: Annotated[int, flag("--rounds", ge=1, help=(
         "most rounds (every candidate once each, rotated), as the budget allows (default: 3)"))] = 3
     probe_prompts: Annotated[int, flag("--probe-prompts", ge=1, help=(
@@ -138,7 +142,7 @@ class TunePlan:
         total_s = self.rounds * self.trials * self.trial_s
         out = [f"tune budget: {format_duration(self.budget_s)} ({self.budget_note}); {self.rounds} round(s) x "
                f"{self.trials} trials (the shipped {self.shipped.name} + {len(self.candidates)} candidates) of "
-               f"the first {self.prompts:,} prompts, predicted {format_duration(total_s)}"]
+               f"the job's next {self.prompts:,} prompts (the same for each), predicted {format_duration(total_s)}"]
         for c in (self.shipped, *self.candidates):
             out.append(f"  {c.name}: plan {c.kv_tokens:,} KV tokens, {c.slots:,} decode slots")
         out += [f"  skipped {name}: {why}" for name, why in self.skipped]
@@ -225,21 +229,27 @@ def make_plan(cfg: DatasetConfig, shipped: ServerProfile, opts: TuneOptions) -> 
             continue
         candidates.append(c)
     o = option_in_use(base)
-    running = o.kv_tokens / max(1.0, own.prompt + own.output / 2)
-    prompts = opts.prompts or max(8, round(2 * running))
-    trial = job_time([(cfg.name, prompts, own)], kv_tokens=o.kv_tokens, kv_dtype=o.kv_dtype,
-                     kv_bytes_factor=kv_bytes_factor(base, o)).total_s - STARTUP_S
-    trial_s = trial + (SIM_STARTUP_S if shipped.backend == "sim" else STARTUP_S)
+    fill = max(8, math.ceil(o.kv_tokens / max(1.0, own.prompt + own.output / 2)))  # the slots, all filled once
+    per_prompt_s = job_time([(cfg.name, 1, own)], kv_tokens=o.kv_tokens, kv_dtype=o.kv_dtype,
+                            kv_bytes_factor=kv_bytes_factor(base, o)).total_s - STARTUP_S
+    startup_s = opts.startup_s if opts.startup_s is not None else SIM_STARTUP_S if shipped.backend == "sim" \
+        else STARTUP_S
     budget_s, note = _budget(opts, base)
-    rounds = min(opts.rounds, int(budget_s // (trial_s * (1 + len(candidates)))))
-    if rounds < 1:
-        raise ConfigError(
-            f"tune: one round of {1 + len(candidates)} trials ({shipped.name} + {len(candidates)} candidates, "
-            f"{prompts:,} prompts each, predicted {format_duration(trial_s)} a trial with its start-up) takes "
-            f"{format_duration(trial_s * (1 + len(candidates)))}, more than the budget of "
-            f"{format_duration(budget_s)} ({note}). Raise --budget-share or --budget-s, lower --prompts, or "
-            "name fewer --levers.")
-    return TunePlan(ships, tuple(candidates), tuple(skipped), prompts, rounds, budget_s, note, trial_s)
+    trials = 1 + len(candidates)
+    least = opts.prompts or fill
+    for rounds in range(opts.rounds, 0, -1):  # the most rounds whose trials hold at least `least` prompts
+        room = budget_s / (trials * rounds) - startup_s
+        prompts = opts.prompts or min(2 * fill, int(room // per_prompt_s))
+        if prompts >= least and prompts * per_prompt_s <= room:
+            return TunePlan(ships, tuple(candidates), tuple(skipped), prompts, rounds, budget_s, note,
+                            startup_s + prompts * per_prompt_s)
+    why = "" if opts.prompts else " (the decode slots plan predicts: fewer never fill the server)"
+    raise ConfigError(
+        f"tune: one round of {trials} trials ({shipped.name} + {len(candidates)} candidates) takes "
+        f"{format_duration(trials * (startup_s + least * per_prompt_s))}: each a start-up of "
+        f"{format_duration(startup_s)} and {least:,} prompts{why}, predicted {format_duration(least * per_prompt_s)}. "
+        f"That is more than the budget of {format_duration(budget_s)} ({note}). Raise --budget-share or "
+        "--budget-s, lower --prompts, or name fewer --levers.")
 
 
 def _budget(opts: TuneOptions, base: Plan) -> tuple[float, str]:

@@ -48,7 +48,7 @@ def test_tune_picks_the_fastest_refuses_changed_answers_and_keeps_its_samples(tm
     assert r.returncode == 0, r.stderr + r.stdout
     lines = r.stdout.splitlines()
     assert lines[0] == ("tune budget: 1h00m (--budget-s); 1 round(s) x 3 trials (the shipped t + 2 candidates) of "
-                        "the first 12 prompts, predicted " + lines[0].rsplit("predicted ", 1)[1])
+                        "the job's next 12 prompts (the same for each), predicted 16s")
     assert lines.index(lines[0]) < min(i for i, line in enumerate(lines) if line.startswith("  round 1:"))
     # the sim's perturbation is seeded by the prompt, so the figures repeat exactly
     why = ("its answers differ from t's: top-1 changes on 26.61 % of 248 positions, mean KL >= 0.2545 nats, 0 % of "
@@ -88,10 +88,9 @@ def test_a_budget_one_round_cannot_fit_is_refused_before_any_launch(tmp_path: Pa
     cfg, out = _config(tmp_path)
     r = _tune(cfg, out, "--levers", "cuda_graph_max_bs", "--budget-s", "2")
     assert r.returncode == 2 and r.stdout == ""
-    head = r.stderr.split(" a trial with its start-up)")[0]
-    assert head.startswith("error: tune: one round of 2 trials (t + 1 candidates, 12 prompts each, predicted ")
-    assert r.stderr.endswith(", more than the budget of 2s (--budget-s). Raise --budget-share or --budget-s, "
-                             "lower --prompts, or name fewer --levers.\n")
+    assert r.stderr == ("error: tune: one round of 2 trials (t + 1 candidates) takes 11s: each a start-up of 5s and 12 "
+                        "prompts, predicted 0s. That is more than the budget of 2s (--budget-s). Raise --budget-share "
+                        "or --budget-s, lower --prompts, or name fewer --levers.\n")
     assert not out.exists() or not any(out.rglob("*.jsonl"))
 
 
@@ -101,7 +100,7 @@ def _plan(tmp_path: Path, toml: str = SERVER_TOML, **kw):
 
     cfg, out = _config(tmp_path)
     (cfg / "server.toml").write_text(toml)
-    opts = TuneOptions(output_root=out, config_dir=cfg, budget_s=3600, prompts=PROMPTS, **kw)
+    opts = TuneOptions(output_root=out, config_dir=cfg, **{"budget_s": 3600, "prompts": PROMPTS, **kw})
     return make_plan(find_dataset_config("T", cfg), shipped_profile(cfg, "t"), opts)
 
 
@@ -138,3 +137,14 @@ def test_a_profile_that_is_not_sglang_is_refused(tmp_path: Path) -> None:
     assert r.stderr == (f"error: tune: {cfg / 'server.toml'} [profile.t] launches a vllm server (backend = 'vllm'); "
                         "tune checks each candidate's answers through SGLang's native /generate (as probe-kv does): "
                         "tune an SGLang profile.\n")
+
+
+def test_without_prompts_each_trial_fills_the_slots_and_takes_its_share_of_the_budget(tmp_path: Path) -> None:
+    tp = _plan(tmp_path, prompts=None)
+    fill = tp.shipped.kv_tokens // (300 + 64 // 2) + 1  # T's assumed lengths: 300 prompt tokens + max_new_tokens 64
+    assert (tp.rounds, tp.trials, tp.prompts) == (3, 8, 2 * fill)  # an hour is plenty: twice the slots, 3 rounds
+    per_prompt_s = (tp.trial_s - 5.0) / tp.prompts
+    tight = 8 * (5.0 + fill * per_prompt_s) * 1.5  # one round of trials that fill the slots, not two
+    tp = _plan(tmp_path / "tight", prompts=None, budget_s=tight)
+    assert tp.rounds == 1 and fill <= tp.prompts < 2 * fill
+    assert tp.rounds * tp.trials * tp.trial_s <= tight
