@@ -79,8 +79,8 @@ class TuneOptions:
     budget_s: Annotated[float | None, flag("--budget-s", gt=0, unit="seconds", help=(
         "the tune run's budget in seconds instead of --budget-share of the job's predicted time"))] = None
     prompts: Annotated[int | None, flag("--prompts", ge=1, help=(
-        "prompts per trial, the same first ones for every candidate (default: twice the decode slots plan "
-        "predicts, at least 8)"))] = None
+        "prompts per trial, the job's next ones, the same for every candidate (default: the trial's share of the "
+        "budget, from the decode slots plan predicts to twice that)"))] = None
     startup_s: Annotated[float | None, flag("--startup-s", ge=0, unit="seconds", help=(
         "seconds one server start takes, counted per trial in the budget (default: 600 for SGLang, the "
         "reference job's ~600 GB of weights; 5 for the simulator): a small model starts in a minute"))] = None
