@@ -43,9 +43,9 @@ def write_result(tp: TunePlan, res: TuneResult, folder: Path, config_dir: Path) 
     returns its path and the lines to print."""
     name = tp.shipped.name
     lines = table(tp, res)
-    head = [f"# gen-pipeline tune: {len(res.outcomes)} profiles, {tp.rounds} round(s) of the same first "
-            f"{tp.prompts:,} prompts, completion tok/s (median over rounds; server: its decode rate as its load "
-            f"polls read it); noise {100 * res.noise:.0f} %"]
+    head = [f"# gen-pipeline tune: {len(res.outcomes)} profiles, {tp.rounds} round(s) of the job's next "
+            f"{tp.prompts:,} prompts (the same for each), completion tok/s (median over rounds; server: its "
+            f"decode rate as its load polls read it); noise {100 * res.noise:.0f} %"]
     body = ["# " + line for line in lines] + ["# not tried on one GPU: " + "; ".join(NOT_ON_ONE_GPU.values())]
     won = res.winner.candidate
     if res.winner is res.outcomes[0]:

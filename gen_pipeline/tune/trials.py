@@ -46,7 +46,7 @@ class Outcome:
     candidate: Candidate
     tok_s: list[float] = field(default_factory=list)  # completion tokens / wall time, one per trial
     server_tok_s: list[float] = field(default_factory=list)  # the server's decode rate (median of its polls)
-    check: str = "reference"  # probe-kv's verdict line on this candidate's answers
+    check: str = "reference"  # the output check: probe-kv's figures on this candidate's greedy answers
     refused: bool = False
 
     @property
@@ -92,7 +92,7 @@ async def run_trials(cfg: DatasetConfig, tp: TunePlan, opts: TuneOptions,
             raise first_known(group) from None
     shutil.rmtree(work / "trials", ignore_errors=True)
     kept = read_status(opts.output_root, cfg.name, cfg.target_samples).done - before.done
-    return _result(outcomes, kept)
+    return pick_winner(outcomes, kept)
 
 
 class _Trials:
@@ -172,7 +172,7 @@ def _scratch(seed: Path, root: Path) -> Path:
     return root
 
 
-def _result(outcomes: list[Outcome], kept: int) -> TuneResult:
+def pick_winner(outcomes: list[Outcome], kept: int) -> TuneResult:
     """The winner: the fastest accepted candidate when it beats the shipped profile by more than the noise
     (its own spread over rounds, at least NOISE_SHARE), else the shipped profile."""
     shipped = outcomes[0]

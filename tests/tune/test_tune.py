@@ -148,3 +148,20 @@ def test_without_prompts_each_trial_fills_the_slots_and_takes_its_share_of_the_b
     tp = _plan(tmp_path / "tight", prompts=None, budget_s=tight)
     assert tp.rounds == 1 and fill <= tp.prompts < 2 * fill
     assert tp.rounds * tp.trials * tp.trial_s <= tight
+
+
+def test_the_shipped_profile_stays_unless_an_accepted_candidate_beats_it_by_more_than_the_noise(tmp_path: Path) -> None:
+    from gen_pipeline.tune.report import write_result
+    from gen_pipeline.tune.trials import Outcome, pick_winner
+
+    tp = _plan(tmp_path, levers=("cuda_graph_max_bs", "stream_interval"))
+    shipped = Outcome(tp.shipped, [100.0, 104.0])  # its own spread over two rounds: 3.9 %, above the 3 % floor
+    close = Outcome(tp.candidates[0], [105.0, 106.0], check="fine: ...")  # 3.4 % faster: within the noise
+    refused = Outcome(tp.candidates[1], [200.0], check="its answers differ ...", refused=True)
+    res = pick_winner([shipped, close, refused], kept=12)
+    assert res.winner is shipped and round(res.noise, 4) == 0.0392
+    path, lines = write_result(tp, res, tmp_path / "tune", tmp_path / "cfg")
+    assert lines[-2] == "no candidate beat t by more than the noise (4 %): the shipped profile stays."
+    assert "[profile." not in path.read_text() and path.read_text().endswith(f"# {lines[-2]}\n")
+    res = pick_winner([shipped, Outcome(tp.candidates[0], [107.0], check="fine: ...")], kept=12)
+    assert res.winner.candidate.name == "t+cuda_graph_max_bs=12"
