@@ -4,7 +4,8 @@ every trial sends the same prompts at once), completion tok/s measured; in the f
 candidate's greedy answers on a few prompts are compared with the shipped profile's as probe-kv does
 (probe/core.py, probe/metrics.py). The shipped profile's first trial writes into the dataset's store
 (exactly-once: a later generate skips those ids); every other trial writes into a copy of the store taken
-before it (the same prompts), dropped once measured.
+before it (the same prompts), dropped once measured. Each measured trial is recorded (state.py): a
+second run of the same plan measures only what is missing.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from gen_pipeline.config.dataset import DatasetConfig
 from gen_pipeline.errors import ConfigError, ServerError, first_known
@@ -36,6 +38,7 @@ from gen_pipeline.server.handle import ServerHandle
 from gen_pipeline.store.layout import dataset_folder
 from gen_pipeline.store.telemetry import read_telemetry, runs_of
 from gen_pipeline.tune.plan import Candidate, TuneOptions, TunePlan
+from gen_pipeline.tune.state import STATE_NAME, dump_sides, load_sides, load_state, save_state
 
 NOISE_SHARE = 0.03  # one round: a candidate must beat the shipped profile by more than this (issue 34: 3 %)
 REFUSED_LEVEL = "prefer-bf16"  # probe-kv's verdict past its caution thresholds (probe/metrics.py)
@@ -66,33 +69,65 @@ async def run_trials(cfg: DatasetConfig, tp: TunePlan, opts: TuneOptions,
                      say: Callable[[str], None] = print) -> TuneResult:
     """Every trial of `tp`; the outcomes and the winner. Raises ConfigError when the dataset has no prompt
     left, ServerError when a trial writes nothing."""
+    work = dataset_folder(opts.output_root, cfg.name) / "tune"
+    state = _open_state(cfg, tp, opts, work)
+    outcomes = [Outcome(c) for c in (tp.shipped, *tp.candidates)]
+    by_name = {o.candidate.name: o for o in outcomes}
+    measured = set()
+    for t in state["trials"]:  # what an earlier run of this plan measured: not done again
+        o = by_name[t["name"]]
+        o.tok_s.append(t["tok_s"])
+        o.server_tok_s += t["server_tok_s"]
+        o.check, o.refused = (t["check"], t["refused"]) if t["round"] == 0 else (o.check, o.refused)
+        measured.add((t["round"], t["name"]))
+    if measured:
+        say(f"  resuming: {len(measured)} trials of this plan measured before ({work / STATE_NAME})")
+    probe = ProbeOptions(output_root=opts.output_root, samples=opts.probe_prompts,
+                         max_new_tokens=opts.probe_max_new_tokens)
+    target = min(cfg.target_samples, state["seed_done"] + tp.prompts)
+    async with open_http(cfg.generation, 2 * tp.prompts + 2 * probe.concurrency + 8) as http:
+        trials = _Trials(http, cfg, replace(cfg, target_samples=target), probe, work, tp.shipped.name, say)
+        trials.sides = load_sides(state["reference"], trials.prompts)
+        try:
+            for r in range(tp.rounds):
+                order = outcomes[r % len(outcomes):] + outcomes[:r % len(outcomes)]  # round 0: shipped first
+                for o in (o for o in order if not o.refused and (r, o.candidate.name) not in measured):
+                    into = opts.output_root if r == 0 and o is outcomes[0] and _unchanged(opts, cfg, state) \
+                        else _scratch(work / "seed", work / "run")
+                    await trials.run(o, r, into)
+                    state["trials"].append({"round": r, "name": o.candidate.name, "tok_s": o.tok_s[-1],
+                                            "server_tok_s": o.server_tok_s[-1:], "check": o.check,
+                                            "refused": o.refused})
+                    state["reference"] = dump_sides(trials.sides)
+                    save_state(work, state)
+        except BaseExceptionGroup as group:
+            raise first_known(group) from None
+    for done in ("seed", "run"):  # every trial measured: the copies are not needed again
+        shutil.rmtree(work / done, ignore_errors=True)
+    kept = read_status(opts.output_root, cfg.name, cfg.target_samples).done - state["seed_done"]
+    return pick_winner(outcomes, kept)
+
+
+def _open_state(cfg: DatasetConfig, tp: TunePlan, opts: TuneOptions, work: Path) -> dict[str, Any]:
+    """This plan's state from an earlier run (state.py), or a fresh one with the store copied to seed/.
+    ConfigError when a fresh run finds the dataset at its target."""
+    key = {"shipped": tp.shipped.name, "candidates": [c.name for c in tp.candidates], "prompts": tp.prompts,
+           "rounds": tp.rounds, "probe_prompts": opts.probe_prompts, "probe_max_new_tokens": opts.probe_max_new_tokens}
+    state = load_state(work, key)
+    if state is not None:
+        return state
     before = read_status(opts.output_root, cfg.name, cfg.target_samples)
     if before.done >= cfg.target_samples:
         raise ConfigError(f"tune: {cfg.name} is already at its target ({before.done:,} samples); tune measures on "
                           "the job's next prompts, so there is nothing left to measure on.")
-    work = dataset_folder(opts.output_root, cfg.name) / "tune"
-    seed = work / "trials" / "seed"
-    shutil.rmtree(work / "trials", ignore_errors=True)
+    for stale in ("seed", "run"):
+        shutil.rmtree(work / stale, ignore_errors=True)
     src = dataset_folder(opts.output_root, cfg.name)
     if src.is_dir():  # the store as it is before the first trial: every trial then does the same prompts
-        shutil.copytree(src, seed / cfg.name, ignore=shutil.ignore_patterns(".lock", "tune"))
-    outcomes = [Outcome(c) for c in (tp.shipped, *tp.candidates)]
-    probe = ProbeOptions(output_root=opts.output_root, samples=opts.probe_prompts,
-                         max_new_tokens=opts.probe_max_new_tokens)
-    async with open_http(cfg.generation, 2 * tp.prompts + 2 * probe.concurrency + 8) as http:
-        trials = _Trials(http, cfg, replace(cfg, target_samples=min(cfg.target_samples, before.done + tp.prompts)),
-                         probe, work, tp.shipped.name, say)
-        try:
-            for r in range(tp.rounds):
-                order = outcomes[r % len(outcomes):] + outcomes[:r % len(outcomes)]  # round 0: shipped first
-                for o in (o for o in order if not o.refused):
-                    into = opts.output_root if r == 0 and o is outcomes[0] else _scratch(seed, work / "trials" / "run")
-                    await trials.run(o, r, into)
-        except BaseExceptionGroup as group:
-            raise first_known(group) from None
-    shutil.rmtree(work / "trials", ignore_errors=True)
-    kept = read_status(opts.output_root, cfg.name, cfg.target_samples).done - before.done
-    return pick_winner(outcomes, kept)
+        shutil.copytree(src, work / "seed" / cfg.name, ignore=shutil.ignore_patterns(".lock", "tune"))
+    state = {"key": key, "seed_done": before.done, "trials": [], "reference": []}
+    save_state(work, state)
+    return state
 
 
 class _Trials:
@@ -160,6 +195,12 @@ def _server_rate(folder: Path) -> list[float]:
     runs = runs_of(read_telemetry(folder))
     rates = [r["gen_tok_s"] for r in (runs[-1] if runs else []) if r.get("gen_tok_s")]
     return [statistics.median(rates)] if rates else []
+
+
+def _unchanged(opts: TuneOptions, cfg: DatasetConfig, state: dict[str, Any]) -> bool:
+    """The store holds what it held before the first trial (an interrupted shipped trial may have written
+    some: then the shipped trial runs in a copy too, so it measures the same prompts as the others)."""
+    return bool(read_status(opts.output_root, cfg.name, cfg.target_samples).done == state["seed_done"])
 
 
 def _scratch(seed: Path, root: Path) -> Path:

@@ -5,6 +5,7 @@ stated first, the shipped trial's samples stay in the store exactly once; bad in
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tests.pipeline_helpers import assert_exact, run_cli, write_dataset
@@ -64,7 +65,21 @@ def test_tune_picks_the_fastest_refuses_changed_answers_and_keeps_its_samples(tm
     assert '"--cuda-graph-max-bs", "12"]' in written and "# t+kv_cache_dtype=fp8_e4m3" in written
     assert f"kept {PROMPTS} samples of the t trial in the store (the other trials did the same prompts: dropped)" \
         in lines
-    assert not (out / "T" / "tune" / "trials").exists()
+    assert sorted(p.name for p in (out / "T" / "tune").iterdir()) == ["logs", "state.json", "t-tuned.toml"]
+    again = _tune(cfg, out, "--levers", "kv_cache_dtype,cuda_graph_max_bs", "--budget-s", "3600", "--rounds", "1")
+    assert again.returncode == 0, again.stderr + again.stdout
+    assert "  resuming: 3 trials of this plan measured before (" in again.stdout and "round 1:" not in again.stdout
+    assert [line for line in again.stdout.splitlines() if line.startswith("t")] == \
+        [line for line in lines if line.startswith("t")]  # the same table, nothing launched
+    # a run stopped before its last trial (the store was empty before the first, as seed/ would hold)
+    state = json.loads((out / "T" / "tune" / "state.json").read_text())
+    last = state["trials"].pop()
+    (out / "T" / "tune" / "state.json").write_text(json.dumps(state))
+    resumed = _tune(cfg, out, "--levers", "kv_cache_dtype,cuda_graph_max_bs", "--budget-s", "3600", "--rounds", "1")
+    assert resumed.returncode == 0, resumed.stderr + resumed.stdout
+    assert "  resuming: 2 trials of this plan measured before (" in resumed.stdout
+    assert [line.split(":")[1] for line in resumed.stdout.splitlines() if line.startswith("  round 1:")] == \
+        [f" {last['name']}"]
     assert len(assert_exact(out, PROMPTS)) == PROMPTS
     g = run_cli("generate", "--dataset", "T", "--server", "t", "--config-dir", cfg, "--output-dir", out)
     assert g.returncode == 0, g.stderr + g.stdout
