@@ -57,6 +57,7 @@ LEVERS: tuple[Lever, ...] = (
     Lever("schedule_conservativeness", "--schedule-conservativeness", "", lambda cur, p: (cur or 1.0) / 2),
     Lever("num_continuous_decode_steps", "--num-continuous-decode-steps", "num_continuous_decode_steps",
           lambda cur, p: 2 * (cur or 1)),
+    # unset: 8192, what the seed's server ran (SGLang picks 2048..16384 by GPU memory, server_args.py)
     Lever("chunked_prefill_size", "--chunked-prefill-size", "", lambda cur, p: 2 * int(cur or 8192)),
     Lever("stream_interval", "--stream-interval", "stream_interval", lambda cur, p: 2 * (cur or 1)),
 )
