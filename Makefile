@@ -24,7 +24,7 @@ VENV_ARGS ?=
 empty :=
 space := $(empty) $(empty)
 GPU_EXTRAS := $(subst $(space),$(comma),$(strip $(filter-out sglang gpu,$(subst $(comma), ,$(EXTRAS))) gpu))
-generate probe-kv: export GEN_PIPELINE_MAKE_SGLANG := make venv $(if $(filter-out .venv,$(VENV)),VENV=$(VENV) )EXTRAS=$(GPU_EXTRAS)
+generate probe-kv tune: export GEN_PIPELINE_MAKE_SGLANG := make venv $(if $(filter-out .venv,$(VENV)),VENV=$(VENV) )EXTRAS=$(GPU_EXTRAS)
 
 DATASET    ?=
 SERVER_URL ?=
@@ -38,7 +38,7 @@ CONFIG_DIR ?=
 OUTPUT_DIR ?=
 DIRS := $(if $(CONFIG_DIR),--config-dir $(CONFIG_DIR)) $(if $(OUTPUT_DIR),--output-dir $(OUTPUT_DIR))
 
-.PHONY: venv generate status demo demo-job test e2e bench-test chaos slurm-test bench validate plan check export clean probe-kv report diagnose contract docs FORCE
+.PHONY: venv generate status demo demo-job test e2e bench-test chaos slurm-test bench validate plan check export clean probe-kv tune report diagnose contract docs FORCE
 
 venv: $(STAMP)
 
@@ -91,6 +91,10 @@ check: $(STAMP)
 probe-kv: $(STAMP)
 	@test -n "$(DATASET)" || { echo "usage: make probe-kv DATASET=B2 [ARGS='--server-url A --compare-url B --samples 200']"; exit 2; }
 	$(PY) -m gen_pipeline probe-kv --dataset $(DATASET) $(DIRS) $(ARGS)
+
+tune: $(STAMP)
+	@test -n "$(DATASET)" || { echo "usage: make tune DATASET=B2 [SERVER=tuned] [ARGS='--levers kv_cache_dtype,cuda_graph_max_bs --budget-share 0.05']"; exit 2; }
+	$(PY) -m gen_pipeline tune --dataset $(DATASET) $(if $(SERVER),--server-profile $(SERVER)) $(DIRS) $(ARGS)
 
 export: $(STAMP)
 	@test -n "$(OUT)" || { echo "usage: make export DATASET=B2 [DATASET='B1 B2'] OUT=exports/B2.jsonl [FORMAT=specforge|speculators|hf] [ARGS='--val-share 0.02 --expand-turns']"; exit 2; }

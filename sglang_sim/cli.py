@@ -64,6 +64,9 @@ def _sim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sim-output-mean", type=float, default=512.0, help="mean output tokens")
     g.add_argument("--sim-output-spread", type=float, default=0.6, help="lognormal sigma of output length")
     g.add_argument("--sim-seed", type=int, default=0)
+    g.add_argument("--sim-no-graph-factor", type=float, default=None, metavar="X",
+                   help="a decode step above the CUDA-graph ceiling takes X times a graphed one (default: the "
+                        "profile's, 1.9 as measured on an H100); tests widen it to make one candidate clearly fastest")
     g.add_argument("--sim-kv-perturb", type=float, default=0.0, metavar="RATE",
                    help="with an fp8 --kv-cache-dtype: share of positions whose top-1 token flips, plus small "
                         "logprob noise everywhere, in /generate's return_logprob path (sglang_sim/logprob_model.py)")
@@ -120,6 +123,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ns.served_model_name = ns.model_path
     if not 0.0 <= ns.sim_kv_perturb <= 1.0:
         parser.error(f"--sim-kv-perturb must be in [0, 1] (got {ns.sim_kv_perturb})")
+    if ns.sim_no_graph_factor is not None and ns.sim_no_graph_factor < 1.0:
+        parser.error(f"--sim-no-graph-factor must be >= 1 (got {ns.sim_no_graph_factor})")
     if ns.kv_cache_dtype == "bfloat16":
         ns.kv_cache_dtype = "bf16"
     try:

@@ -9,7 +9,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sglang_sim.engine import Engine, EngineConfig, FinishedRequest, StepResult
@@ -39,6 +39,8 @@ def build_engine(ns: argparse.Namespace) -> tuple[Engine, dict[str, Any]]:
         hicache = (hicache_capacity_tokens(ns.sim_profile, ns.hicache_size, ns.kv_cache_dtype)
                    if ns.hicache_size > 0 else int(pool * ns.hicache_ratio))
     profile = get_profile(ns.sim_profile, ns.kv_cache_dtype)
+    if getattr(ns, "sim_no_graph_factor", None) is not None:
+        profile = replace(profile, no_graph_step_factor=ns.sim_no_graph_factor)
     config = EngineConfig(
         max_total_num_tokens=pool,
         cuda_graph_max_bs=cuda_graph_max_bs(ns, profile.gpu_mem_gb),

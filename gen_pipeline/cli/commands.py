@@ -209,6 +209,28 @@ def cmd_probe_kv(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    import anyio
+
+    from gen_pipeline.cli.logs import console_events, quiet_datasets
+    from gen_pipeline.tune import TuneOptions, make_plan, run_tune, shipped_profile
+
+    quiet_datasets()
+    given = {k: getattr(args, k) for k in ("budget_share", "budget_s", "prompts", "startup_s", "rounds",
+                                           "probe_prompts", "probe_max_new_tokens", "model_config", "gpu_mem_gb",
+                                           "weights_gb")}
+    if args.levers is not None:
+        given["levers"] = tuple(n.strip() for n in args.levers.split(",") if n.strip())
+    opts = TuneOptions(output_root=args.output_dir, config_dir=args.config_dir,
+                       **{k: v for k, v in given.items() if v is not None})
+    cfg = find_dataset_config(args.dataset, args.config_dir)
+    tp = make_plan(cfg, shipped_profile(args.config_dir, args.server), opts)
+    print("\n".join(tp.lines()), flush=True)
+    with console_events(bar=False):
+        anyio.run(run_tune, cfg, tp, opts, lambda line: print(line, flush=True))
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from gen_pipeline.cli.logs import quiet_datasets
     from gen_pipeline.export.core import export_names, run_export
@@ -275,6 +297,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "generate": cmd_generate, "status": cmd_status, "validate": cmd_validate, "plan": cmd_plan,
-    "check": cmd_check, "probe-kv": cmd_probe_kv, "export": cmd_export, "check-template": cmd_check_template,
-    "report": cmd_report, "diagnose": cmd_diagnose,
+    "check": cmd_check, "probe-kv": cmd_probe_kv, "tune": cmd_tune, "export": cmd_export,
+    "check-template": cmd_check_template, "report": cmd_report, "diagnose": cmd_diagnose,
 }

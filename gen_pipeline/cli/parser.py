@@ -147,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--debug", action="store_true", help="show tracebacks for handled errors")
 
     _probe_kv_parser(sub)
+    _tune_parser(sub)
     _export_parser(sub)
     _check_template_parser(sub)
     _telemetry_parsers(sub)
@@ -172,6 +173,31 @@ def _probe_kv_parser(sub: Any) -> None:
     pk.add_argument("--concurrency", type=int, default=32, help="prompts in flight (default: %(default)s)")
     pk.add_argument("--allow-same-kv", action="store_true", help="allow equal KV dtypes (a noise-floor run)")
     _common(pk)
+
+
+def _tune_parser(sub: Any) -> None:
+    from gen_pipeline.tune.plan import LEVERS, TuneOptions
+
+    t = sub.add_parser("tune", help="measure one-lever variants of a server profile on the job's prompts; write the "
+                                    "fastest whose answers match",
+                       description="Launch the shipped profile and one candidate per single-GPU lever one after "
+                                   "another on the job's next prompts (the same for each, prefix cache flushed), "
+                                   "within a share of the job's predicted time; refuse a candidate whose greedy "
+                                   "answers differ as probe-kv measures; write the winner to "
+                                   "outputs/<DATASET>/tune/<PROFILE>-tuned.toml.")
+    t.add_argument("--dataset", required=True, help="the dataset whose prompts the trials generate (B2, a .toml)")
+    t.add_argument("--server-profile", "--server", dest="server", default="tuned", metavar="PROFILE",
+                   help="the shipped profile of server.toml to tune (default: %(default)s)")
+    t.add_argument("--levers", help="comma-separated levers to try (default: all: "
+                                    f"{', '.join(lv.name for lv in LEVERS)})")
+    _option_flags(t, TuneOptions)
+    t.add_argument("--model-config", type=Path, help="config.json `plan` sizes each candidate with (default: the "
+                                                     "bundled Kimi-K2.5)")
+    t.add_argument("--gpu-mem-gb", type=float, help=f"GiB per GPU for plan (default: {REFERENCE_GPU_MEM_GIB}, "
+                                                    f"{REFERENCE_GPU})")
+    t.add_argument("--weights-gb", type=float, help="total weight size in GiB for plan (default with the bundled "
+                                                    "config: 553)")
+    _common(t)
 
 
 def _export_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

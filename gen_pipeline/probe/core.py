@@ -140,13 +140,14 @@ _SAME_KV_HELP = ("probe-kv compares two KV dtypes (e.g. --server baseline --comp
 
 
 @contextlib.asynccontextmanager
-async def _server(where: ServerProfile | str | None, role: str, folder: Path,
-                  http: Http) -> AsyncIterator[ServerHandle]:
-    """Launch a profile (stopped on exit) or attach a URL; refuse a server that is not SGLang."""
+async def open_server(where: ServerProfile | str | None, role: str, log_dir: Path,
+                      http: Http) -> AsyncIterator[ServerHandle]:
+    """Launch a profile (its log in log_dir; stopped on exit) or attach a URL; refuse a server that is not
+    SGLang (probe-kv and tune)."""
     async with anyio.create_task_group() as tg:
         if isinstance(where, ServerProfile):
             h = await tg.start(lambda task_status: run_server(
-                where, log_dir=folder / "probe-kv" / role, http=http, task_status=task_status))
+                where, log_dir=log_dir, http=http, task_status=task_status))
         else:
             h = await tg.start(lambda task_status: run_attached([str(where)], http=http, task_status=task_status))
         try:
@@ -179,7 +180,7 @@ def warn_differences(opts: ProbeOptions, say: Callable[[str], None]) -> None:
 
 
 @dataclass
-class _RefSide:
+class RefSide:
     """What the reference server gave for one prompt: the prompt ids, its greedy output, its own scores."""
 
     prompt: Prompt
@@ -188,16 +189,16 @@ class _RefSide:
     forced: list[PM.Position]
 
 
-async def _reference_side(http: Http, ref: ServerHandle, prompt: Prompt, cfg: DatasetConfig,
-                          opts: ProbeOptions) -> _RefSide:
+async def reference_side(http: Http, ref: ServerHandle, prompt: Prompt, cfg: DatasetConfig,
+                          opts: ProbeOptions) -> RefSide:
     kwargs = {"thinking": False, "enable_thinking": False} if cfg.generation.reasoning == "disable" else None
     ids = await PS.prompt_ids(http, ref.base_urls[0], ref.model, first_turn(prompt), kwargs)
     free = await PS.free_run(http, ref.base_urls[0], ids, opts.max_new_tokens, opts.top_k)
     forced = await PS.score(http, ref.base_urls[0], ids, [p.token for p in free], opts.top_k, opts.chunk)
-    return _RefSide(prompt, ids, free, forced[0])
+    return RefSide(prompt, ids, free, forced[0])
 
 
-async def _compare_side(http: Http, cmp: ServerHandle, side: _RefSide, opts: ProbeOptions) -> PM.PromptResult:
+async def compare_side(http: Http, cmp: ServerHandle, side: RefSide, opts: ProbeOptions) -> PM.PromptResult:
     reference = [p.token for p in side.free]
     free = await PS.free_run(http, cmp.base_urls[0], side.ids, opts.max_new_tokens, opts.top_k)
     forced = await PS.score(http, cmp.base_urls[0], side.ids, reference, opts.top_k, opts.chunk)
@@ -232,27 +233,27 @@ async def _measure(http: Http, prompts: list[Prompt], folder: Path, cfg: Dataset
     say(f"probing {count(len(prompts))} prompts of {cfg.name}: greedy, max_new_tokens {opts.max_new_tokens}, "
         f"top-{opts.top_k} logprobs, teacher forcing in chunks of {opts.chunk or 'all'} tokens")
     attached = not isinstance(opts.compare, ServerProfile)
-    async with _server(opts.reference, "reference", folder, http) as ref:
+    async with open_server(opts.reference, "reference", folder / "probe-kv" / "reference", http) as ref:
         ref_kv = kv_dtype(ref, _profile_kv(opts.reference))
         servers = {"reference": _server_entry(ref, ref_kv)}
         async with contextlib.AsyncExitStack() as stack:
-            early = await stack.enter_async_context(_server(opts.compare, "compare", folder, http)) if attached \
-                else None
+            early = await stack.enter_async_context(open_server(
+                opts.compare, "compare", folder / "probe-kv" / "compare", http)) if attached else None
             cmp_kv = kv_dtype(early, None) if early else _profile_kv(opts.compare)
             check_kv(opts, ref, ref_kv, early.base_urls[0] if early else "", cmp_kv, say)
-            sides, failures = await _each(prompts, [p.id for p in prompts], opts,
-                                          lambda p: _reference_side(http, ref, p, cfg, opts))
+            sides, failures = await each_prompt(prompts, [p.id for p in prompts], opts,
+                                                lambda p: reference_side(http, ref, p, cfg, opts))
             if early is not None:
                 return await _compare_all(http, early, sides, failures, servers, opts)
-    async with _server(opts.compare, "compare", folder, http) as cmp:
+    async with open_server(opts.compare, "compare", folder / "probe-kv" / "compare", http) as cmp:
         return await _compare_all(http, cmp, sides, failures, servers, opts)
 
 
-async def _compare_all(http: Http, cmp: ServerHandle, sides: list[_RefSide], failures: list[dict[str, str]],
+async def _compare_all(http: Http, cmp: ServerHandle, sides: list[RefSide], failures: list[dict[str, str]],
                        servers: dict[str, Any], opts: ProbeOptions) -> tuple[Any, Any, dict[str, Any]]:
     servers["compare"] = _server_entry(cmp, kv_dtype(cmp, _profile_kv(opts.compare)))
-    results, more = await _each(sides, [x.prompt.id for x in sides], opts,
-                                lambda side: _compare_side(http, cmp, side, opts))
+    results, more = await each_prompt(sides, [x.prompt.id for x in sides], opts,
+                                      lambda side: compare_side(http, cmp, side, opts))
     return results, failures + more, servers
 
 
@@ -264,7 +265,7 @@ def _profile_kv(where: ServerProfile | str | None) -> str | None:
     return _SAME_KV.get(where.kv_cache_dtype, where.kv_cache_dtype) if isinstance(where, ServerProfile) else None
 
 
-async def _each(items: list[T], ids: list[str], opts: ProbeOptions,
+async def each_prompt(items: list[T], ids: list[str], opts: ProbeOptions,
                 one: Callable[[T], Awaitable[R]]) -> tuple[list[R], list[dict[str, str]]]:
     """`one` over every item, opts.concurrency at a time: the results in item order, and a failure
     record per item whose request failed (the probe goes on without it)."""

@@ -116,3 +116,14 @@ def test_simulators_sglang_flags_are_sglangs():
     assert sorted(f for f in flags if f not in theirs) == []
     assert {f: ours._option_string_actions[f].dest for f in flags} == {f: theirs[f].dest for f in flags}
     assert set(sim_cli.KV_CACHE_DTYPES) <= set(theirs["--kv-cache-dtype"].choices)
+
+
+def test_every_tune_candidate_of_the_tuned_profile_parses_with_sglangs_parser(tmp_path):
+    """tune's LEVERS (gen_pipeline/tune/plan.py) applied to the tuned profile: each launch command parses."""
+    from gen_pipeline.tune.plan import LEVERS, TuneOptions, candidate, plan_profile
+
+    tuned = load_server_profile("tuned")
+    base = plan_profile(tuned, TuneOptions(output_root=tmp_path, config_dir=DEFAULT_SERVER_CONFIG.parent), 4500)
+    for lever in LEVERS:
+        c = candidate(tuned, lever, base)
+        parse(c.profile, c.name, "tune")

@@ -96,3 +96,13 @@ async def test_metrics_and_log_line_say_when_the_decode_ran_without_a_graph(
     assert samples[("sglang:is_cuda_graph", None)] == 0.0
     assert samples[("sglang:cuda_graph_passes_total", "decode_none")] >= 1.0
     assert ("sglang:cuda_graph_passes_total", "decode_cuda_graph") not in samples
+
+
+def test_sim_no_graph_factor_sets_the_eager_steps_cost_and_refuses_below_one(capsys) -> None:
+    engine, _ = build_engine(parse_args(["--sim-profile", "h200", "--sim-no-graph-factor", "4"]))
+    assert engine.profile.no_graph_step_factor == 4.0
+    assert build_engine(parse_args(["--sim-profile", "h200"]))[0].profile.no_graph_step_factor == NO_GRAPH_STEP_FACTOR
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--sim-no-graph-factor", "0.5"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.endswith("error: --sim-no-graph-factor must be >= 1 (got 0.5)\n")

@@ -1,0 +1,185 @@
+"""`tune` on the simulator: the candidate the sim is told is fastest wins (its CUDA-graph ceiling raised
+above the trial's batch: SGLang's eager step above it is ~1.9x slower, sglang_sim/profiles.py), the one
+whose answers change is refused (fp8 KV on a sim told to flip 30 % of fp8 top-1 tokens), the budget is
+stated first, the shipped trial's samples stay in the store exactly once; bad input exits 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.pipeline_helpers import assert_exact, run_cli, write_dataset
+
+PROMPTS = 12
+# The shipped profile: bf16 KV, CUDA graphs up to batch 6, so a trial of 12 at once runs without them, each
+# step 4x slower than with (the sim told so: a gap no load spike on a shared CI machine closes), slow enough
+# (time scale 0.25) that the step, not the client, sets the pace.
+SERVER_TOML = """
+[profile.t]
+model_path = "sim/Kimi-K2.5"
+command = ["{python}", "-m", "sglang_sim"]
+backend = "sim"
+kv_cache_dtype = "bf16"
+tp_size = 8
+mem_fraction_static = 0.90
+stream_interval = 8
+extra_args = ["--sim-profile", "fast", "--time-scale", "0.25", "--sim-startup-s", "0", "--sim-output-mean", "40",
+              "--sim-output-spread", "0.3", "--cuda-graph-max-bs", "6", "--sim-kv-perturb", "0.3",
+              "--sim-no-graph-factor", "4"]
+startup_timeout_s = 30
+health_interval_s = 0.5
+restart_backoff_s = 0.5
+stop_grace_s = 3
+"""
+
+
+def _config(tmp_path: Path) -> tuple[Path, Path]:
+    cfg = tmp_path / "cfg"
+    write_dataset(cfg, target=20, max_new_tokens=64)
+    (cfg / "server.toml").write_text(SERVER_TOML)
+    return cfg, tmp_path / "out"
+
+
+def _tune(cfg: Path, out: Path, *args: str):
+    return run_cli("tune", "--dataset", "T", "--server-profile", "t", "--config-dir", cfg, "--output-dir", out,
+                   "--prompts", str(PROMPTS), "--probe-prompts", "6", *args)
+
+
+def test_tune_picks_the_fastest_refuses_changed_answers_and_keeps_its_samples(tmp_path: Path) -> None:
+    cfg, out = _config(tmp_path)
+    r = _tune(cfg, out, "--levers", "kv_cache_dtype,cuda_graph_max_bs", "--budget-s", "3600", "--rounds", "1")
+    assert r.returncode == 0, r.stderr + r.stdout
+    lines = r.stdout.splitlines()
+    assert lines[0] == ("tune budget: 1h00m (--budget-s); 1 round(s) x 3 trials (the shipped t + 2 candidates) of "
+                        "the job's next 12 prompts (the same for each), predicted 16s")
+    assert lines.index(lines[0]) < min(i for i, line in enumerate(lines) if line.startswith("  round 1:"))
+    # the sim's perturbation is seeded by the prompt, so the figures repeat exactly
+    why = ("its answers differ from t's: top-1 changes on 26.61 % of 248 positions, mean KL >= 0.2545 nats, 0 % of "
+           "6 greedy answers equal (probe-kv's limits: top-1 change <= 3 %, mean KL <= 0.05 nats)")
+    trial = next(line for line in lines if line.startswith("  round 1: t+kv_cache_dtype=fp8_e4m3: "))
+    assert trial.endswith(f" tok/s; refused: {why}")
+    refused = next(line for line in lines if line.startswith("t+kv_cache_dtype=fp8_e4m3 "))
+    assert refused.endswith(f"  refused: {why}")
+    winner = next(line for line in lines if line.endswith(" <- winner"))
+    assert winner.startswith("t+cuda_graph_max_bs=12 "), r.stdout
+    written = (out / "T" / "tune" / "t-tuned.toml").read_text()
+    assert "\n[profile.t-tuned]\ninherits = \"t\"\nextra_args = [" in written
+    assert '"--sim-no-graph-factor", "4", "--cuda-graph-max-bs", "12"]' in written
+    assert "# t+kv_cache_dtype=fp8_e4m3" in written
+    assert f"kept {PROMPTS} samples of the t trial in the store (the other trials did the same prompts: dropped)" \
+        in lines
+    assert sorted(p.name for p in (out / "T" / "tune").iterdir()) == ["logs", "state.json", "t-tuned.toml"]
+    again = _tune(cfg, out, "--levers", "kv_cache_dtype,cuda_graph_max_bs", "--budget-s", "3600", "--rounds", "1")
+    assert again.returncode == 0, again.stderr + again.stdout
+    assert "  resuming: 3 trials of this plan measured before (" in again.stdout and "round 1:" not in again.stdout
+    assert [line for line in again.stdout.splitlines() if line.startswith("t")] == \
+        [line for line in lines if line.startswith("t")]  # the same table, nothing launched
+    # a run stopped before its last trial (the store was empty before the first, as seed/ would hold)
+    state = json.loads((out / "T" / "tune" / "state.json").read_text())
+    last = state["trials"].pop()
+    (out / "T" / "tune" / "state.json").write_text(json.dumps(state))
+    resumed = _tune(cfg, out, "--levers", "kv_cache_dtype,cuda_graph_max_bs", "--budget-s", "3600", "--rounds", "1")
+    assert resumed.returncode == 0, resumed.stderr + resumed.stdout
+    assert "  resuming: 2 trials of this plan measured before (" in resumed.stdout
+    assert [line.split(":")[1] for line in resumed.stdout.splitlines() if line.startswith("  round 1:")] == \
+        [f" {last['name']}"]
+    assert len(assert_exact(out, PROMPTS)) == PROMPTS
+    g = run_cli("generate", "--dataset", "T", "--server", "t", "--config-dir", cfg, "--output-dir", out)
+    assert g.returncode == 0, g.stderr + g.stdout
+    assert len(assert_exact(out, 20)) == 20
+
+
+def test_unknown_lever_is_a_flag_error(tmp_path: Path) -> None:
+    cfg, out = _config(tmp_path)
+    r = _tune(cfg, out, "--levers", "kv_cache_dtype,turbo", "--budget-s", "60")
+    assert r.returncode == 2
+    assert r.stderr == ("error: --levers turbo: no such lever; choose from kv_cache_dtype, mem_fraction_static, "
+                        "cuda_graph_max_bs, schedule_conservativeness, num_continuous_decode_steps, "
+                        "chunked_prefill_size, stream_interval (comma-separated).\n")
+    r = _tune(cfg, out, "--levers", "dcp_size", "--budget-s", "60")
+    assert r.returncode == 2
+    assert r.stderr.startswith("error: --levers dcp_size: --dcp-size (decode context parallelism: splits the MLA "
+                               "cache over TP ranks) needs several GPUs or a draft; tune tries single-GPU levers only")
+
+
+def test_a_budget_one_round_cannot_fit_is_refused_before_any_launch(tmp_path: Path) -> None:
+    cfg, out = _config(tmp_path)
+    r = _tune(cfg, out, "--levers", "cuda_graph_max_bs", "--budget-s", "2")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == ("error: tune: one round of 2 trials (t + 1 candidates) takes 11s: each a start-up of 5s and 12 "
+                        "prompts, predicted 0s. That is more than the budget of 2s (--budget-s). Raise --budget-share "
+                        "or --budget-s, lower --prompts, or name fewer --levers.\n")
+    assert not out.exists() or not any(out.rglob("*.jsonl"))
+
+
+def _plan(tmp_path: Path, toml: str = SERVER_TOML, **kw):
+    from gen_pipeline.config.dataset import find_dataset_config
+    from gen_pipeline.tune import TuneOptions, make_plan, shipped_profile
+
+    cfg, out = _config(tmp_path)
+    (cfg / "server.toml").write_text(toml)
+    opts = TuneOptions(output_root=out, config_dir=cfg, **{"budget_s": 3600, "prompts": PROMPTS, **kw})
+    return make_plan(find_dataset_config("T", cfg), shipped_profile(cfg, "t"), opts)
+
+
+def test_every_candidate_is_the_shipped_profile_with_one_change(tmp_path: Path) -> None:
+    from dataclasses import fields
+
+    tp = _plan(tmp_path)
+    assert [c.name for c in tp.candidates] == [
+        "t+kv_cache_dtype=fp8_e4m3", "t+mem_fraction_static=0.92", "t+cuda_graph_max_bs=12",
+        "t+schedule_conservativeness=0.5", "t+num_continuous_decode_steps=2", "t+chunked_prefill_size=16384",
+        "t+stream_interval=16"]
+    for c in tp.candidates:
+        differ = [f.name for f in fields(c.profile) if f.name != "name"
+                  and getattr(c.profile, f.name) != getattr(tp.shipped.profile, f.name)]
+        assert differ == list(c.change), (c.name, differ)
+    assert abs(tp.candidates[0].kv_tokens - 2 * tp.shipped.kv_tokens) <= 1  # plan: fp8 halves the bytes per token
+    assert tp.skipped == ()
+
+
+def test_a_candidate_plan_says_cannot_start_is_skipped_and_named(tmp_path: Path) -> None:
+    tp = _plan(tmp_path, SERVER_TOML.replace("mem_fraction_static = 0.90", "mem_fraction_static = 0.99"),
+               levers=("mem_fraction_static", "stream_interval"))
+    assert [c.name for c in tp.candidates] == ["t+stream_interval=16"]
+    why = "plan refuses it: --mem-fraction-static 1.01 must be above 0 and below 1."
+    assert tp.skipped == (("t+mem_fraction_static=1.01", why),)
+    assert f"  skipped t+mem_fraction_static=1.01: {why}" in tp.lines()
+
+
+def test_a_profile_that_is_not_sglang_is_refused(tmp_path: Path) -> None:
+    cfg, out = _config(tmp_path)
+    (cfg / "server.toml").write_text(SERVER_TOML.replace('backend = "sim"', 'backend = "vllm"'))
+    r = _tune(cfg, out, "--budget-s", "60")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == (f"error: tune: {cfg / 'server.toml'} [profile.t] launches a vllm server (backend = 'vllm'); "
+                        "tune checks each candidate's answers through SGLang's native /generate (as probe-kv does): "
+                        "tune an SGLang profile.\n")
+
+
+def test_without_prompts_each_trial_fills_the_slots_and_takes_its_share_of_the_budget(tmp_path: Path) -> None:
+    tp = _plan(tmp_path, prompts=None)
+    fill = tp.shipped.kv_tokens // (300 + 64 // 2) + 1  # T's assumed lengths: 300 prompt tokens + max_new_tokens 64
+    assert (tp.rounds, tp.trials, tp.prompts) == (3, 8, 2 * fill)  # an hour is plenty: twice the slots, 3 rounds
+    per_prompt_s = (tp.trial_s - 5.0) / tp.prompts
+    tight = 8 * (5.0 + fill * per_prompt_s) * 1.5  # one round of trials that fill the slots, not two
+    tp = _plan(tmp_path / "tight", prompts=None, budget_s=tight)
+    assert tp.rounds == 1 and fill <= tp.prompts < 2 * fill
+    assert tp.rounds * tp.trials * tp.trial_s <= tight
+
+
+def test_the_shipped_profile_stays_unless_an_accepted_candidate_beats_it_by_more_than_the_noise(tmp_path: Path) -> None:
+    from gen_pipeline.tune.report import write_result
+    from gen_pipeline.tune.trials import Outcome, pick_winner
+
+    tp = _plan(tmp_path, levers=("cuda_graph_max_bs", "stream_interval"))
+    shipped = Outcome(tp.shipped, [100.0, 104.0])  # its own spread over two rounds: 3.9 %, above the 3 % floor
+    close = Outcome(tp.candidates[0], [105.0, 106.0], check="fine: ...")  # 3.4 % faster: within the noise
+    refused = Outcome(tp.candidates[1], [200.0], check="its answers differ ...", refused=True)
+    res = pick_winner([shipped, close, refused], kept=12)
+    assert res.winner is shipped and round(res.noise, 4) == 0.0392
+    path, lines = write_result(tp, res, tmp_path / "tune", tmp_path / "cfg")
+    assert lines[-2] == "no candidate beat t by more than the noise (4 %): the shipped profile stays."
+    assert "[profile." not in path.read_text() and path.read_text().endswith(f"# {lines[-2]}\n")
+    res = pick_winner([shipped, Outcome(tp.candidates[0], [107.0], check="fine: ...")], kept=12)
+    assert res.winner.candidate.name == "t+cuda_graph_max_bs=12"
