@@ -208,7 +208,7 @@ GPU_INSTALL = "make venv EXTRAS=gpu"
 # distributions are named alike): SGLang for the servers it launches, matplotlib for report's plots, the
 # chat-template tools for check's token counts and export --format tokens, the simulator for the demos.
 TARGET_NEEDS = {
-    "generate": {"sglang"}, "probe-kv": {"sglang"}, "report": {"matplotlib"},
+    "generate": {"sglang"}, "probe-kv": {"sglang"}, "tune": {"sglang"}, "report": {"matplotlib"},
     "check": {"transformers", "jinja2"}, "export": {"transformers", "jinja2"},
     "demo": {"starlette", "uvicorn"}, "demo-job": {"starlette", "uvicorn"},
     "status": set(), "validate": set(), "plan": set(), "diagnose": set(), "venv": set(),
