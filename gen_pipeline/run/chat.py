@@ -430,8 +430,8 @@ class ChatClient:
             if verdict is not None:
                 break  # leaving the block closes the stream: the server aborts the request
         aborted = verdict is not None
-        if not aborted and detector is not None and reading.finish_reason is not None:
-            verdict = detector.finish()  # the held-back last word
+        if not aborted and reading.finish_reason is not None:
+            verdict = reading.detect_end()  # the deltas not read yet, the held-back last word
         return reading.result(loop=verdict, aborted=aborted)
 
     def _refuse(self, url: str, served: str) -> Exception:
