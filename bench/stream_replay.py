@@ -94,7 +94,7 @@ async def _read_all(url: str, streams: int, requests: int, tokens: int, detect_e
         nonlocal seen
         for _ in range(requests):
             reading = TurnStream(RepetitionDetector(), "replay", tokens, detect_every=detect_every)
-            async with http.open_stream(f"{url}/v1/chat/completions", body) as answer:
+            async with http.open_stream(f"{url}/v1/chat/completions", body, bounded=True) as answer:
                 async for data in answer.events():  # as run/chat.py _read
                     time.monotonic()  # fleet.answered's clock read
                     verdict = reading.feed_data(data)
