@@ -5,8 +5,9 @@ On an H200 the generate process took 42-48 ms of CPU per 1K tokens streamed at S
 CUDA-graph ceiling"): one core follows ~20K tok/s, where an 8B target on 8 GPUs makes 50-100K.
 Goal: <= 10 ms per 1K tokens at interval 8, <= 25 ms at interval 1.
 
-Here: the CLI as a real subprocess against two simulators answering as fast as they can (time scale 1e6),
-one at each stream interval, outputs of the H200 short regime (a few hundred tokens, max_new_tokens 512),
+Here: the CLI as a real subprocess against two simulators at time scale 1 (paced: each event mostly arrives
+alone, as from a GPU; at time scale 1e6 several share a read and the figures drop to 12 / 28 ms), one at
+each stream interval, outputs of the H200 short regime (a few hundred tokens, max_new_tokens 512),
 a fixed window. CPU = user + system time of the CLI process from wait4() (the simulator's is not counted).
 A run also pays fixed costs (imports, start-up, per-request work), so the figure is the marginal one:
 (CPU of a LONG-request run − CPU of a SHORT-request run) / (their difference in completion tokens, read
@@ -26,7 +27,7 @@ from typing import Any
 import orjson
 
 from bench.overhead import cli_cpu
-from bench.report import md_table, write_section
+from bench.report import RESULTS_JSON, md_table, write_section
 from sglang_sim.testing import start_sim
 
 TIME_SCALE = "1"
@@ -127,21 +128,25 @@ def render(r: dict[str, Any]) -> str:
         ["on the H200 (issue 34, ms per 1K)", *[H200_MS.get(n, "–") for n in names]],
     ])
     return (f"## Client CPU per 1K streamed tokens\n\n`python -m bench client_cpu`: the CLI attached to two "
-            f"simulators answering as fast as they can (`{' '.join(SIM_ARGS)}`, `--stream-interval` 8 and 1), fixed "
+            f"simulators, paced (`{' '.join(SIM_ARGS)}`, `--stream-interval` 8 and 1), fixed "
             f"window {r['window']}, one-turn samples of `max_new_tokens = {r['max_new_tokens']}` (~{r['output_mean']}-"
             "token answers, the H200 short regime); CPU of the whole client process from wait4() (the simulators' not "
             f"counted); marginal = (CPU of a {r['requests_long']}-request run − CPU of a {r['requests_short']}-"
-            "request run) / their difference in completion tokens written. Streamed = the default (SSE, each chunk "
-            "fed to the loop detector); whole = `[generation] on_loop = \"off\"` (one JSON answer a turn). Variants "
-            "alternate run by run.\n\n" + table)
+            "request run) / their difference in completion tokens written. Streamed = the default (SSE, the loop "
+            "detector reading the text every 16 tokens); whole = `[generation] on_loop = \"off\"` (one JSON answer a "
+            "turn). Variants alternate run by run. On a shared machine the simulator's pacing wavers with the load "
+            "(a late simulator writes several events at once: a cheaper read), interval 1 most: runs of one variant "
+            "spread ±20 %; `python -m bench.stream_replay` measures the streamed path alone against a replay server "
+            "that costs ~nothing, for A/B work.\n\n" + table)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.client_cpu", description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=REPEATS)
     ap.add_argument("--no-write", action="store_true", help="print the table only (no results.json/docs)")
+    ap.add_argument("--from-results", action="store_true", help="render the section from bench/results.json")
     args = ap.parse_args(argv)
-    r = measure(args.repeats)
+    r = orjson.loads(RESULTS_JSON.read_bytes())["client_cpu"] if args.from_results else measure(args.repeats)
     md = render(r)
     print(md)
     if not args.no_write:
