@@ -1,7 +1,7 @@
 """`make bench` = `python -m bench [NAME ...]`: runs the benchmarks in turn; each writes its own
 section of bench/results.json and docs/measurements.md. Names: calibration, controller, controller_regimes,
-overhead, http_client, resume_speed, sim_capacity, export, ranks, fleet, job, loops, affinity, gate, hang, faults,
-sim_vs_real, first_overrun, gpu_h200
+overhead, http_client, client_cpu, resume_speed, sim_capacity, export, ranks, fleet, job, loops, affinity, gate, hang,
+faults, sim_vs_real, first_overrun, gpu_h200
 (default: all but faults, the long soak `make chaos` runs)."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ BENCHES = {
     "controller_regimes": "bench.controller_regimes",
     "overhead": "bench.overhead",
     "http_client": "bench.http_client",
+    "client_cpu": "bench.client_cpu",
     "resume_speed": "bench.resume_speed",
     "sim_capacity": "bench.sim_capacity",
     "faults": "bench.faults_soak",

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import anyio
+import httpcore
 import httpx
 import orjson
 
@@ -148,8 +149,8 @@ class Http:
         return reply.json()
 
     @asynccontextmanager
-    async def open_stream(self, url: str, body: bytes | Mapping[str, Any], *,
-                          timeout_s: float | None = None) -> AsyncIterator[Stream]:
+    async def open_stream(self, url: str, body: bytes | Mapping[str, Any], *, timeout_s: float | None = None,
+                          bounded: bool = False) -> AsyncIterator[Stream]:
         """POST a JSON body and read the 200 answer as it comes:
 
             async with http.open_stream(url, body) as answer:
@@ -158,11 +159,15 @@ class Http:
                 else:
                     whole = await answer.read()               # a server that answered in one piece
 
-        The read timeout applies between two reads, not to the whole answer. Raises BadStatus (the error
+        The read timeout applies between two reads, not to the whole answer; `bounded`: none, the caller
+        bounds the whole answer (anyio.fail_after), and each read costs less CPU (no timeout scope per
+        read: docs/measurements.md, "Client CPU per 1K streamed tokens"). Raises BadStatus (the error
         body read) for a status other than 200, HttpError when the answer stops short (also from inside
         the loop). Leaving the block early closes the connection: the server sees the client go (SGLang
         aborts the request and frees its KV)."""
         timeout, extensions = self._timeouts(timeout_s)
+        if bounded:
+            extensions = {"timeout": {**extensions["timeout"], "read": None}}
         content = body if isinstance(body, bytes) else orjson.dumps(body)
         request = httpx.Request("POST", url, content=content, headers=_POST_HEADERS, extensions=extensions)
         with _mapped(url, timeout):
@@ -327,14 +332,76 @@ async def open_http(generation: GenerationConfig, max_connections: int, *,
     # pools: one per transport held the first request back seconds on a GPU host (docs/measurements.md).
     shards = -(-max_connections // CONNECTIONS_PER_POOL)
     tls = httpx.create_ssl_context() if transport is None else True  # True: unused (a test transport)
-    http = Http([transport] if transport else
-                [httpx.AsyncHTTPTransport(limits=limits, trust_env=False, verify=tls if tls is not None else True)
-                 for _ in range(shards)],
-                timeout)
+    http = Http([transport] if transport else [_transport(limits, tls) for _ in range(shards)], timeout)
     try:
         yield http
     finally:
         await http.aclose()
+
+
+def _transport(limits: httpx.Limits, tls: Any) -> httpx.AsyncHTTPTransport:
+    """httpx's transport with no proxy (trust_env off), its pool's connections made by _Backend."""
+    transport = httpx.AsyncHTTPTransport(limits=limits, trust_env=False, verify=tls)
+    if hasattr(transport, "_pool"):  # the pool httpx made with these limits (httpx 0.2x), on _Backend's streams
+        transport._pool = httpcore.AsyncConnectionPool(
+            ssl_context=tls, max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections, keepalive_expiry=limits.keepalive_expiry,
+            http1=True, http2=False, network_backend=_Backend())
+    return transport
+
+
+class _Backend(httpcore.AsyncNetworkBackend):
+    """httpcore's AnyIO backend, whose connections read without a timeout scope when no read timeout is set
+    (Http.open_stream's `bounded`): each read of httpcore's opens a cancel scope with a timer, ~15 % of the
+    client's CPU on a streamed answer (docs/measurements.md, "Client CPU per 1K streamed tokens")."""
+
+    def __init__(self) -> None:
+        self._inner = httpcore.AnyIOBackend()
+
+    # httpcore's interface: its `timeout` arguments (noqa ASYNC109)
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,  # noqa: ASYNC109
+                          local_address: str | None = None, socket_options: Any = None) -> httpcore.AsyncNetworkStream:
+        return _UntimedReads(await self._inner.connect_tcp(host, port, timeout, local_address, socket_options))
+
+    async def connect_unix_socket(self, path: str, timeout: float | None = None,  # noqa: ASYNC109
+                                  socket_options: Any = None) -> httpcore.AsyncNetworkStream:
+        return _UntimedReads(await self._inner.connect_unix_socket(path, timeout, socket_options))
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+class _UntimedReads(httpcore.AsyncNetworkStream):
+    """An httpcore connection whose reads without a timeout go straight to the anyio stream (the same
+    errors as httpcore's read); the rest as httpcore does it."""
+
+    def __init__(self, inner: httpcore.AsyncNetworkStream) -> None:
+        self._inner = inner
+        self._anyio: Any = getattr(inner, "_stream", None)  # httpcore's AnyIOStream keeps it there (1.0)
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
+        if timeout is not None or self._anyio is None:
+            return await self._inner.read(max_bytes, timeout)
+        try:
+            data: bytes = await self._anyio.receive(max_bytes)
+            return data
+        except anyio.EndOfStream:
+            return b""
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as e:
+            raise httpcore.ReadError(str(e) or type(e).__name__) from e
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        await self._inner.write(buffer, timeout)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
+                        timeout: float | None = None) -> httpcore.AsyncNetworkStream:  # noqa: ASYNC109
+        return _UntimedReads(await self._inner.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
 
 
 # ---------------------------------------------------------------- httpx's errors → ours

@@ -371,8 +371,9 @@ class ChatClient:
         with anyio.CancelScope() as scope:  # cancelled when the server is taken out (hung)
             scopes.add(scope)
             try:
-                with anyio.fail_after(s.generation.request_timeout_s):
-                    async with self._http.open_stream(f"{url}/v1/chat/completions", state.body) as answer:
+                with anyio.fail_after(s.generation.request_timeout_s):  # the whole answer: no read timeout
+                    async with self._http.open_stream(f"{url}/v1/chat/completions", state.body,
+                                                      bounded=True) as answer:
                         # it answers, but headers are no progress: SGLang sends them before any token,
                         # a stuck scheduler too (server/hang.py); the events or the body are
                         fleet.succeeded(url)
@@ -430,8 +431,8 @@ class ChatClient:
             if verdict is not None:
                 break  # leaving the block closes the stream: the server aborts the request
         aborted = verdict is not None
-        if not aborted and detector is not None and reading.finish_reason is not None:
-            verdict = detector.finish()  # the held-back last word
+        if not aborted and reading.finish_reason is not None:
+            verdict = reading.detect_end()  # the deltas not read yet, the held-back last word
         return reading.result(loop=verdict, aborted=aborted)
 
     def _refuse(self, url: str, served: str) -> Exception:

@@ -44,6 +44,11 @@ STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
 # (speculative decoding may accept a few draft tokens in the step that reaches it). A usage of 10^15 or -7
 # says the server's accounting broke: such an answer is a bad one (retried), never written.
 USAGE_SLACK_TOKENS = 64
+# The loop detector reads a stream's text every this many tokens (and at its end), not every chunk: its
+# verdict is the same (RepetitionDetector cuts words from the text alone, however it is split), found up to
+# this many tokens later; each call costs client CPU on top of its per-word work (docs/measurements.md,
+# "Client CPU per 1K streamed tokens").
+DETECT_EVERY_TOKENS = 16
 _OPTIONAL_SAMPLING = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "seed",
                       "reasoning_effort", "chat_template_kwargs")
 
@@ -269,16 +274,22 @@ def _finish(finish: Any) -> str:
 
 class TurnStream:
     """A chat completion stream's chunks (parsed JSON), fed in arrival order: the text, the token counts,
-    the finish reason. `detector` (None: on_loop = "off") is fed each reasoning and content delta as it
-    comes; `feed` returns its verdict when it fires. Raises Retryable / RequestError for an error chunk,
-    OtherModel for one that names another `model`; `result` checks the usage against `max_tokens`."""
+    the finish reason. `detector` (None: on_loop = "off") reads the reasoning and content deltas in arrival
+    order, every `detect_every` tokens (the server's count, else the deltas) and at the finish; `feed`
+    returns its verdict when it fires, `detect_end` once the stream ended. Raises Retryable / RequestError
+    for an error chunk, OtherModel for one that names another `model`; `result` checks the usage against
+    `max_tokens`."""
 
     __slots__ = ("_reasoning", "_content", "detector", "finish_reason", "usage", "deltas",
                  "reasoning_deltas", "tokens_at_last_reasoning", "rid", "model", "max_tokens", "done", "chunks",
-                 "empty", "calls")
+                 "empty", "calls", "detect_every", "_unread", "_read_at")
 
-    def __init__(self, detector: RepetitionDetector | None, model: str = "", max_tokens: int | None = None) -> None:
+    def __init__(self, detector: RepetitionDetector | None, model: str = "", max_tokens: int | None = None, *,
+                 detect_every: int = DETECT_EVERY_TOKENS) -> None:
         self.model, self.max_tokens = model, max_tokens  # what the chunks must name, the request's cap
+        self.detect_every = detect_every
+        self._unread: list[str] = []  # text deltas the detector has not read yet
+        self._read_at = 0  # completion tokens when it last read
         self.done = False  # `[DONE]` came: the server ended the answer
         self.chunks = 0
         self.empty: Any = None  # the latest chunk with no choices (what came back, for a message)
@@ -329,24 +340,39 @@ class TurnStream:
                 self._feed_calls(delta["tool_calls"])
         except (AttributeError, IndexError, KeyError, TypeError):
             raise Retryable("bad_response", "a stream chunk has no choices[0].delta") from None
-        verdict = None
-        det = self.detector
         if reasoning:
             self._reasoning.append(reasoning)
             self.deltas += 1
             self.reasoning_deltas += 1
             if usage is not None:
                 self.tokens_at_last_reasoning = _int(usage.get("completion_tokens"), -1)
-            if det is not None:
-                verdict = det.feed(reasoning)
-        if content and verdict is None:
+            if self.detector is not None:
+                self._unread.append(reasoning)
+        if content:
             self._content.append(content)
             self.deltas += 1
-            if det is not None:
-                verdict = det.feed(content)
+            if self.detector is not None:
+                self._unread.append(content)
         if finish:
             self.finish_reason = finish
-        return verdict
+        if self._unread and (finish or self.completion_tokens - self._read_at >= self.detect_every):
+            return self._detect()
+        return None
+
+    def _detect(self) -> LoopVerdict | None:
+        """The detector reads the deltas that came since it last did."""
+        assert self.detector is not None
+        unread, self._unread = self._unread, []
+        self._read_at = self.completion_tokens
+        return self.detector.feed(unread[0] if len(unread) == 1 else "".join(unread))
+
+    def detect_end(self) -> LoopVerdict | None:
+        """The stream ended: the detector reads what is left, and the held-back last word (None: no loop,
+        or no detector)."""
+        if self.detector is None:
+            return None
+        verdict = self._detect() if self._unread else None
+        return verdict if verdict is not None else self.detector.finish()
 
     def _feed_calls(self, pieces: Any) -> None:
         """delta.tool_calls: the first piece of a call names it (id, function.name), the next ones (same

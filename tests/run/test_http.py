@@ -372,3 +372,34 @@ async def test_a_server_holding_its_body_open_after_done_costs_the_drain_limit_a
         release.set()
         tg.cancel_scope.cancel()
     assert answers == [[b"1", b"[DONE]"]] * 2 and len(accepted) == 2
+
+
+def _cut_server():
+    """A server answering each POST with a chunked SSE body's first event, then closing the connection."""
+    async def serve(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            await stream.receive()
+            event = b"data: 1\n\n"
+            await stream.send(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked"
+                              b"\r\n\r\n%x\r\n%s\r\n" % (len(event), event))
+    return serve
+
+
+@pytest.mark.parametrize("bounded", [False, True])
+async def test_a_bounded_stream_reads_as_one_with_a_read_timeout_and_fails_the_same(bounded: bool) -> None:
+    """Issue 34: a stream whose caller bounds the whole answer reads without a timeout scope per read (client
+    CPU); what it reads, and how a cut connection fails, is the same."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    url = f"http://127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}/v1/chat/completions"
+    seen: list[bytes] = []
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, _cut_server())
+        async with open_http(GenerationConfig(), 4) as http:
+            with anyio.fail_after(20), pytest.raises(ConnectionLost) as e:
+                async with http.open_stream(url, b"{}", bounded=bounded) as answer:
+                    async for data in answer.events():
+                        seen.append(data)
+        tg.cancel_scope.cancel()
+    assert seen == [b"1"]
+    assert str(e.value) == (f"the connection to {url[7:].partition('/')[0]} was lost (RemoteProtocolError: peer "
+                            "closed connection without sending complete message body (incomplete chunked read))")
