@@ -260,8 +260,9 @@ def regimes_markdown(t: dict, source: str, command: str) -> str:
 # The ceiling runs (issue 34, phase `ceiling`) the report renders: (traces file, section, the commands that made it).
 CEILING_RUNS = (
     (HERE / "h200_traces_vs_sglang.json", "gpu_h200_vs_sglang",
-     "bash bench/gpu/run_h200.sh KEEP OUT install model setup serve; CHECK_ARGS=\"--regimes short --short-prompts "
-     "1200 --rounds 3\" BUDGET_S=500 bash bench/gpu/run_h200.sh KEEP OUT ceiling unserve summary"),
+     "CHECK_ARGS=\"--regimes short --short-prompts 1000 --rounds 2 --clients gen_pipeline,bench_serving,offline\" "
+     "BUDGET_S=400 bash bench/gpu/run_h200.sh KEEP OUT install model setup serve ceiling unserve summary, then the "
+     "same with --rounds 3, BUDGET_S=265 and the phases serve ceiling unserve summary (two calls)"),
 )
 CLIENT_NAMES = {"gen_pipeline": "gen_pipeline (adaptive)", "bench_serving": "SGLang bench_serving, rate inf",
                 "offline": "SGLang offline engine"}
@@ -293,7 +294,7 @@ def ceiling_markdown(c: dict, source: str, command: str) -> str:
                                f"**{q['median']}**", _joined(q["per_round"]), q["per_round_median"],
                                _joined(q["per_round_log"]), q["per_round_log_median"],
                                _joined(q["per_round_trace"]), q["per_round_trace_median"]])
-    where = "the simulator (dry run)" if c.get("sim") else "the H200"
+    where = "the simulator (dry run)" if c.get("sim") else f"one {c['device']}" if c.get("device") else "the H200"
     prompts = "; ".join(f"{k}: {v['prompts']:,} prompts, {v['prompt_tokens']:,} prompt tokens through the chat "
                         f"template" for k, v in (c.get("prompts") or {}).items())
     skipped = f" Offline engine not run: {c['offline_skipped']}." if c.get("offline_skipped") else ""
