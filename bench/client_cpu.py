@@ -125,7 +125,7 @@ def render(r: dict[str, Any]) -> str:
         [f"completion tokens of the {r['requests_long']}-request run", *[r[n]["median_tokens_long"] for n in names]],
         ["goal (ms per 1K)", *[f"≤ {GOALS_MS[n]:g}: " + ("PASS" if r[n]["pass"] else "FAIL") if n in GOALS_MS
                               else "–" for n in names]],
-        ["on the H200 (issue 34, ms per 1K)", *[H200_MS.get(n, "–") for n in names]],
+        ["on the H200 (real SGLang, ms per 1K)", *[H200_MS.get(n, "–") for n in names]],
     ])
     return (f"## Client CPU per 1K streamed tokens\n\n`python -m bench client_cpu`: the CLI attached to two "
             f"simulators, paced (`{' '.join(SIM_ARGS)}`, `--stream-interval` 8 and 1), fixed "
