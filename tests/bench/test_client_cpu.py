@@ -29,4 +29,4 @@ def test_a_tiny_run_gives_every_variant_its_medians_and_the_table_its_rows() -> 
     assert rows == ["| marginal client CPU per 1K completion tokens (ms)", "| client CPU per 1K tokens, start-up "
                     "included (ms)", "| tokens one core follows (marginal, tok/s)",
                     "| completion tokens of the 6-request run", "| goal (ms per 1K)",
-                    "| on the H200 (issue 34, ms per 1K)"]
+                    "| on the H200 (real SGLang, ms per 1K)"]
