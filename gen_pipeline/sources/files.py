@@ -1,15 +1,7 @@
-"""Local JSON Lines sources: find the lines that are not JSON objects before `datasets` reads them.
-
-`datasets`' json loader refuses a whole file for one bad line (and names a 0-based row). A run
-instead skips such lines: a file with bad lines is handed to `datasets` as a cleaned copy (kept
-under the temp folder, named by the original's path, size and mtime so `datasets` caches it), and
-each bad line becomes a `bad_json` reject with its file name and 1-based line number. Files
-without bad lines are handed over untouched.
-
-A file that cannot be a source at all (a directory, an empty file, binary data, text that is not
-UTF-8, a .jsonl without one JSON object line) is refused before `datasets` sees it: `datasets`
-would say `StopIteration` or `IsADirectoryError`. `file_problem` and `no_rows_problem` say what
-it is instead, and what to do.
+"""Local source files checked before `datasets` reads them. A file that cannot be a source at all is
+refused with what it is and what to do (`datasets` would say `StopIteration` or `IsADirectoryError`).
+A .jsonl line that is not a JSON object becomes a `bad_json` reject (file, 1-based line) and the file is
+handed over as a cleaned copy: `datasets` refuses a whole file for one bad line.
 """
 
 from __future__ import annotations
@@ -77,6 +69,7 @@ def scan_jsonl(path: Path, shown_as: str) -> ScannedFile:
 
 
 def _clean_copy(path: Path, bad_lines: set[int]) -> Path:
+    """Named by the original's path, size and mtime, so `datasets` caches it."""
     st = path.stat()
     key = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
     dest = CLEAN_DIR / key / path.name

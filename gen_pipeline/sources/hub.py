@@ -1,11 +1,6 @@
 """Is the Hugging Face hub reachable? Asked before `datasets` is, which would retry for ~25 s and
-then report "not cached in None".
-
-Offline when HF_HUB_OFFLINE / HF_DATASETS_OFFLINE say so, or when the endpoint (HF_ENDPOINT,
-default https://huggingface.co) does not resolve or accept a TCP connection within a few seconds
-(not probed when a proxy is configured).
-When offline, `datasets` is switched to offline mode too, so a dataset already in the local cache
-still loads.
+then report "not cached in None". When offline, `datasets` is switched to offline mode too, so a
+dataset already in the local cache still loads.
 """
 
 from __future__ import annotations
@@ -22,7 +17,8 @@ _TRUE = {"1", "on", "yes", "true"}
 
 
 def offline_reason(timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
-    """Why the hub cannot be used ("HF_HUB_OFFLINE=1 is set", "huggingface.co does not resolve"), or None."""
+    """Why the hub cannot be used ("HF_HUB_OFFLINE=1 is set", "huggingface.co does not resolve"), or None:
+    HF_HUB_OFFLINE / HF_DATASETS_OFFLINE, or HF_ENDPOINT not resolving or connecting (unless a proxy is set)."""
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         if os.environ.get(var, "").strip().lower() in _TRUE:
             return f"{var}={os.environ[var]} is set"

@@ -1,31 +1,9 @@
 """Dataset loading: Hugging Face hub or local files (through `datasets`) → validated Prompts.
 
-Three row schemas (config `source.schema`), all read from the column `source.field`:
-- "sharegpt": [{"from": "human"|"gpt"|"system"|..., "value": str}, ...]; turns in the
-  role/content style (SpecForge's own files) are accepted too, turn by turn
-- "messages": [{"role": "user"|"assistant"|"system", "content": str}, ...]
-- "prompt":   a single user prompt string
-
-Agentic (tool-use) conversations, under "messages" and "sharegpt" (role/content turns; from/value turns
-with "function_call" / "observation", LLaMA-Factory's names, too):
-- the row's column `tools` (TOOLS_COLUMN): OpenAI function schemas, a list or its JSON text
-  ([{"type": "function", "function": {"name", "description", "parameters"}}, ...]), kept as JSON text
-  (Prompt.tools); a list (or call arguments as objects) loses its null-valued keys (`drop_nulls`: what
-  `datasets` adds when the rows' schemas differ), so JSON text is the form to prefer;
-- an assistant turn may carry `tool_calls` (OpenAI shape: [{"id", "type": "function", "function":
-  {"name", "arguments"}}], arguments an object or its JSON text, kept as JSON text) and then empty
-  content; a from/value "function_call" turn's value is {"name", "arguments"} (or a list of them);
-- a "tool" turn (from "tool"/"observation") is a result: `content` (a string, may be empty) and
-  `tool_call_id` (else the id of the call it answers, in order).
-The order then: user → assistant; an assistant with tool_calls → one tool turn per call → assistant;
-an assistant without tool_calls → user. Conversations without tools validate as before.
-
-Validation follows SpecForge's: an optional leading system message, then turns that alternate
-user/assistant starting with user, every content a non-empty string. Rows that fail are not
-fatal: they become `Reject`s with a reason, counted and written to the dataset's rejects file.
-Ids are stable across runs: "<DATASET>-<source id>" from `source.id_field`, else a content hash.
-A .jsonl line that is not a JSON object is a `bad_json` reject (file + 1-based line), unless
-`source.strict`; a hub source is refused at once, with what to do, when the hub is unreachable.
+The row schemas (`source.schema`) and tool-use conversations are described in docs/datasets.md.
+Validation follows SpecForge's; a row that fails is not fatal but a `Reject` with a reason, counted
+and written to the dataset's rejects file. Ids are stable across runs: "<DATASET>-<source id>" from
+`source.id_field`, else a content hash.
 """
 
 from __future__ import annotations
@@ -49,9 +27,8 @@ from gen_pipeline.sources.files import CLEAN_DIR, BadLine, file_problem, no_rows
 _SHAREGPT_ROLES = {
     "human": "user", "user": "user",
     "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant", "bard": "assistant", "model": "assistant",
-    "system": "system",
+    "system": "system", "tool": "tool", "observation": "tool", "function_call": "assistant",
 }
-_SHAREGPT_ROLES.update({"tool": "tool", "observation": "tool", "function_call": "assistant"})
 _MESSAGE_ROLES = {"user", "assistant", "system", "tool"}
 TOOLS_COLUMN = "tools"  # the row's column with the conversation's tool schemas
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -184,10 +161,8 @@ def parse_tools(row: dict[str, Any]) -> str:
 
 
 def drop_nulls(value: Any) -> Any:
-    """`value` without the null-valued keys of its objects, at every depth. `datasets` loads a JSON column of
-    objects as one Arrow struct, the union of every row's keys, the missing ones null: a tools list or call
-    arguments given as objects come back with the keys of other rows' schemas. (As JSON text they come back
-    as written: the form to prefer.)"""
+    """`value` without the null-valued keys of its objects, at every depth: `datasets` loads a JSON column of
+    objects as one Arrow struct, every row's keys, the missing ones null (JSON text comes back as written)."""
     if isinstance(value, dict):
         return {k: drop_nulls(v) for k, v in value.items() if v is not None}
     if isinstance(value, list):
@@ -201,12 +176,10 @@ def _turn_keys(turn: dict[str, Any], schema: str, i: int) -> tuple[str, str]:
         return "from", "value"
     if "role" in turn and "content" in turn:
         return "role", "content"
-    if schema == "sharegpt":
-        raise InvalidRow("missing_field", f"turn {i} needs 'from' and 'value' (or 'role' and 'content'); "
-                                          f"it has {', '.join(map(repr, sorted(turn))) or 'no keys'}")
-    hint = "; set source.schema = \"sharegpt\" for from/value turns" if "from" in turn else ""
-    raise InvalidRow("missing_field", f"turn {i} needs 'role' and 'content'; "
-                                      f"it has {', '.join(map(repr, sorted(turn))) or 'no keys'}{hint}")
+    needs = "'from' and 'value' (or 'role' and 'content')" if schema == "sharegpt" else "'role' and 'content'"
+    hint = "; set source.schema = \"sharegpt\" for from/value turns" if schema != "sharegpt" and "from" in turn else ""
+    has = ", ".join(map(repr, sorted(turn))) or "no keys"
+    raise InvalidRow("missing_field", f"turn {i} needs {needs}; it has {has}{hint}")
 
 
 def _content(value: Any, i: int) -> str:
@@ -304,11 +277,6 @@ class LoadedSource:
     rows: Any
     bad_lines: tuple[BadLine, ...] = ()
     good_lines: int = 0  # rows of the scanned .jsonl files (the bad lines' reject rows are numbered after them)
-
-
-def load_rows(cfg: DatasetConfig) -> Any:
-    """The source as a `datasets` Dataset/IterableDataset (shuffled when asked); raises ConfigError."""
-    return load_source(cfg).rows
 
 
 def load_source(cfg: DatasetConfig) -> LoadedSource:
@@ -459,13 +427,9 @@ def add_bad_lines(cfg: DatasetConfig, loaded: LoadedSource, stats: SourceStats, 
 def iter_prompts(cfg: DatasetConfig, skip_ids: set[str] | frozenset[str], stats: SourceStats,
                  rejects: list[Reject], rows: Any = None,
                  owns: Callable[[str], bool] | None = None, loaded: LoadedSource | None = None) -> Iterator[Prompt]:
-    """Valid prompts not in `skip_ids` (and, given `owns`, only the ids it owns), in source order, each id once.
-    The rows: `rows` as given, else those of `loaded` (a source loaded once, e.g. by the pre-launch
-    check), else the source is loaded here.
-
-    Invalid rows are appended to `rejects` (the caller writes them) and counted in `stats`; every
-    rank sees and records all of them (status counts each row once).
-    """
+    """Valid prompts not in `skip_ids` (given `owns`, only the ids it owns), in source order, each id once, from
+    `rows`, else `loaded`, else the source loaded here. Invalid rows go to `rejects` (the caller writes them)
+    and `stats` on every rank (status counts each row once)."""
     seen: set[str] = set()
     if rows is None:
         loaded = loaded or load_source(cfg)
@@ -475,13 +439,11 @@ def iter_prompts(cfg: DatasetConfig, skip_ids: set[str] | frozenset[str], stats:
         stats.rows += 1
         try:
             prompt = to_prompt(row, index, cfg)
+            if prompt.id in seen:
+                raise InvalidRow("duplicate", f"id {prompt.id} appeared earlier in the source")
         except InvalidRow as e:
             stats.reject(e.reason)
             rejects.append(Reject(cfg.name, index, e.reason, e.detail))
-            continue
-        if prompt.id in seen:
-            stats.reject("duplicate")
-            rejects.append(Reject(cfg.name, index, "duplicate", f"id {prompt.id} appeared earlier in the source"))
             continue
         seen.add(prompt.id)
         if owns is not None and not owns(prompt.id):
