@@ -1,7 +1,5 @@
-"""The quality gate's pure checks: a streaming loop detector and the checks of a finished
-turn for leaked reasoning and empty or marker-only answers. No I/O and no async library here: the
-run feeds the detector from its stream and applies the policy.
-"""
+"""The quality gate's pure checks (no I/O, no async library): a streaming loop detector and the
+checks of a finished turn for leaked reasoning and empty or marker-only answers."""
 
 from gen_pipeline.quality.leaks import (
     THINK_MARKERS,

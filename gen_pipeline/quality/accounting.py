@@ -1,6 +1,5 @@
-"""The quality gate's figures over a dataset: what `status`, `validate`, `report` and the card show.
-Counted per shard from the rows' meta.per_turn as they are written (the manifest keeps a sealed
-shard's counts, so `status` reads no row), plus the failed samples' counts from errors.jsonl.
+"""The quality gate's figures over a dataset (`status`, `validate`, `report`, the card), from the
+rows' meta.per_turn as they are written (kept per sealed shard in the manifest) and errors.jsonl.
 
 GPU-seconds saved by early aborts (an estimate, stated as such wherever it is shown):
 
@@ -34,17 +33,17 @@ def add_meta(counts: dict[str, int], meta: Mapping[str, Any]) -> None:
     for t in per_turn:
         if not isinstance(t, dict):
             continue
-        counts["turns"] = counts.get("turns", 0) + 1
-        for key in ("loops", "empty", "tokens_not_decoded", "discarded_tokens"):
-            n = int_or_zero(t.get(key))
-            if n:
-                counts[key] = counts.get(key, 0) + n
-        if int_or_zero(t.get("attempts")) > 1:
-            counts["retried_turns"] = counts.get("retried_turns", 0) + 1
-        if t.get("finish_reason") == "loop":
-            counts["loops_kept"] = counts.get("loops_kept", 0) + 1
-        if t.get("leak"):
-            counts["leaks"] = counts.get("leaks", 0) + 1
+        _add(counts, "turns", 1)
+        for key in FAILURE_KEYS:
+            _add(counts, key, int_or_zero(t.get(key)))
+        _add(counts, "retried_turns", int_or_zero(t.get("attempts")) > 1)
+        _add(counts, "loops_kept", t.get("finish_reason") == "loop")
+        _add(counts, "leaks", bool(t.get("leak")))
+
+
+def _add(counts: dict[str, int], key: str, n: int) -> None:
+    if n:
+        counts[key] = counts.get(key, 0) + int(n)
 
 
 _LEAK_DETAILS = ("think_marker:", "reasoning_in_content:", "cut_in_reasoning:")  # quality.LeakReason's leaks
@@ -55,13 +54,10 @@ def add_failure(counts: dict[str, int], row: Mapping[str, Any]) -> None:
     failed it (truncated = "drop": reason "leak", or "truncated" for a leak cut by max_new_tokens, its detail
     naming the leak, run/answer.judge)."""
     for key in FAILURE_KEYS:
-        n = int_or_zero(row.get(key))
-        if n:
-            counts[key] = counts.get(key, 0) + n
+        _add(counts, key, int_or_zero(row.get(key)))
     detail = row.get("detail")
-    if row.get("reason") == "leak" or (row.get("reason") == "truncated" and isinstance(detail, str)
-                                       and detail.startswith(_LEAK_DETAILS)):
-        counts["leaks"] = counts.get("leaks", 0) + 1
+    _add(counts, "leaks", row.get("reason") == "leak" or (row.get("reason") == "truncated" and isinstance(detail, str)
+                                                          and detail.startswith(_LEAK_DETAILS)))
 
 
 def merged(parts: Iterable[Mapping[str, int]]) -> dict[str, int]:

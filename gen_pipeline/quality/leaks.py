@@ -1,12 +1,7 @@
 """Answers that are not answers: reasoning leaked into `content`, think markers left in it, and
-empty or marker-only content. Pure functions of one finished assistant turn; each finding has a
-reason code (LeakReason) that the run records and `validate` counts.
-
-What SGLang 0.5.17 does, which these checks assume: with `--reasoning-parser` and
-`separate_reasoning` (the default) the thinking goes to `reasoning_content` and the markers are
-stripped; a turn cut by max_tokens inside its thinking has reasoning and no content. A parser that
-misses the end marker (a known vLLM bug with Kimi's parser) returns the whole reasoning in
-`content`; a server without a parser leaves the markers in it.
+empty or marker-only content; pure functions of one finished assistant turn. With SGLang 0.5.17's
+`--reasoning-parser` the thinking goes to `reasoning_content`, markers stripped; a parser that misses
+the end marker returns it all in `content`; a server without a parser leaves the markers in it.
 """
 
 from __future__ import annotations
@@ -60,11 +55,8 @@ def is_marker_only(text: str) -> bool:
 
 def check_turn(content: str | None, reasoning: str | None, finish_reason: str | None, *,
                reasoning_expected: bool) -> LeakFinding | None:
-    """The one finding for a finished assistant turn, or None when it is a plain answer.
-
-    `reasoning_expected`: the request asked for separate reasoning (thinking on, a parser on the
-    server), so a turn without `reasoning_content` is suspect. Order: the most specific reason wins.
-    """
+    """The one finding (the most specific) for a finished assistant turn, or None when it is a plain answer.
+    `reasoning_expected`: the request asked for separate reasoning, so a turn without it is suspect."""
     content = content or ""
     reasoning = reasoning or ""
     cut = finish_reason == "length"

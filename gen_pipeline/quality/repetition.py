@@ -1,9 +1,7 @@
 """The loop detector: fed a turn's text as the stream delivers it, it says when the text has
 become a loop (see LoopThresholds for the rule). Pure: no I/O, no clock, no async library.
-
-Each completed word costs O(1), so `feed` is amortised O(len(delta)); memory is
-O(max_period_words + window_words) plus the turn's distinct words. Words are cut from the text alone
-and the rule runs word by word, so every way of splitting a text into deltas gives the same verdict.
+`feed` is amortised O(len(delta)); words are cut from the text alone and the rule runs word by word,
+so every way of splitting a text into deltas gives the same verdict.
 """
 
 from __future__ import annotations
@@ -92,10 +90,6 @@ class RepetitionDetector:
     def chars(self) -> int:
         return self._chars
 
-    @property
-    def words(self) -> int:
-        return self._i
-
     def feed(self, delta: str) -> LoopVerdict | None:
         """Take the next text delta; the verdict when the text is a loop, else None."""
         if self._verdict is not None or not delta:
@@ -176,7 +170,6 @@ class RepetitionDetector:
         steady = dist and prev_dist and abs(dist - prev_dist) <= self._slack(dist)
         run = prev_run + 1 if steady else (2 if dist else 1)
         self._last[h] = (i, dist, run)
-        # One verbatim repeat, even two, is common in natural text; a loop goes on repeating.
         period = dist if run >= (t.min_copies if dist <= t.long_period_words else t.min_copies_long) else 0
         self._note_copy(h, i, dist)
         self._slide(h, period, novel, i - self._letter_at >= t.ngram_words)
@@ -230,10 +223,9 @@ class RepetitionDetector:
         self._numeric += numeric
         if len(window) > self.thresholds.window_words:
             old_h, old_period, old_novel, old_numeric = window.popleft()
-            if hc[old_h] == 1:
+            hc[old_h] -= 1
+            if not hc[old_h]:
                 del hc[old_h]
-            else:
-                hc[old_h] -= 1
             self._repeats -= old_period > 0
             self._novel -= old_novel
             self._numeric -= old_numeric

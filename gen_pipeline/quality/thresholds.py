@@ -12,27 +12,21 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class LoopThresholds:
-    """When the repetition detector (gen_pipeline/quality/repetition.py) fires.
+    """When the repetition detector (quality/repetition.py) fires; docs/measurements.md ("loop detector")
+    has its false positives, latency and CPU.
 
     Every `ngram_words`-gram notes the distance in words back to its previous occurrence (up to
-    `max_period_words`) and how many copies in a row it has had at a steady spacing (the spacing
-    may drift by `period_slack_*`: a loop's copies can differ by a word, a thinking loop's by the
-    "Wait, let me re-check." that opens each round). An n-gram in its `min_copies`-th copy
-    (`min_copies_long`-th when the spacing exceeds `long_period_words`) is a repeat. Over the last
-    `window_words` words the detector fires when
-      - repeats cover at least `period_share` of the window and a verbatim copy of about their
-        spacing (more than half, less than twice) ended within the window: a stretch that long in
-        which no 2 × ngram_words-gram is new within max_period_words. Rows or calls that differ in
-        one value each time (a table of names, sibling methods, a run of code points) repeat their
-        n-grams at a steady spacing, but every row brings a long n-gram the text has not had; or
-      - the window holds at most `distinct_share` × window_words distinct n-grams and at most
-        `low_diversity_numeric_share` of its n-grams hold no letter (only numbers and punctuation);
-    and, either way, at most `max_novel_words` of the window's words are new to the turn (a list of
-    names or a table of measurements keeps bringing new words; a loop brings none); or when a run
-    of whitespace reaches `whitespace_run_chars`.
-    A loop of period p words fires about max(2p + period_share × window_words, p + window_words)
-    words after its first copy starts (3p + … above long_period_words). docs/measurements.md ("loop
-    detector") has its false positives on natural text and code, latency per loop kind and CPU.
+    `max_period_words`) and its copies in a row at a steady spacing (drifting by `period_slack_*`); in
+    its `min_copies`-th copy (`min_copies_long`-th past `long_period_words`) it is a repeat. Over the
+    last `window_words` words the detector fires when
+      - repeats cover `period_share` of the window and a verbatim copy of about their spacing ended in
+        it (no 2 × ngram_words-gram new within max_period_words: rows that differ in one value repeat
+        their n-grams steadily, but each brings a long n-gram the text has not had); or
+      - at most `distinct_share` × window_words distinct n-grams, at most `low_diversity_numeric_share`
+        of them without a letter;
+    either way with at most `max_novel_words` words new to the turn (a loop brings none); or when a
+    whitespace run reaches `whitespace_run_chars`. A loop of period p words fires about
+    max(2p + period_share × window_words, p + window_words) words after its first copy starts.
     """
 
     ngram_words: int = 12
