@@ -1,11 +1,6 @@
 """The dataset card `export` writes beside the data: README.md with YAML front matter (what the HF
-hub reads) and markdown: target, server profile, sampling, counts, failure shares, token totals,
-GPU-hours per 1,000 samples, the tool's version and the command.
-
-Inside the folder for `hf`; beside the JSONL file otherwise, as README.md unless that folder already
-holds a README.md that is not this export's card, then as <out stem>.README.md. GPU-hours are measured
-(reports/gpu_hours.py); runs that recorded no server count wall time x tp x dp of the --server
-profile when given, else "unknown".
+hub reads) and markdown (docs/export.md lists what it holds). Inside the folder for `hf`; beside the
+JSONL file otherwise, as <out stem>.README.md when that folder holds another README.md.
 """
 
 from __future__ import annotations

@@ -5,9 +5,8 @@
         ─► specforge / speculators / tokens JSONL, or hf (atomic) ─► README.md card
 
 Reads only what a resume would trust, takes no lock, writes nothing in outputs/: safe while a run writes.
-Validation rows of the JSONL formats go to <out stem>.val.ndjson, a name no `*.json` / `*.jsonl` glob
-matches, so a trainer given the export's folder never trains on them (speculators loads every
-*.json and *.jsonl under a folder, recursively).
+Validation rows of the JSONL formats go to <out stem>.val.ndjson, which no `*.json` / `*.jsonl` glob matches
+(docs/export.md).
 """
 
 from __future__ import annotations
@@ -75,7 +74,7 @@ def run_export(opts: ExportOptions) -> ExportSummary:
     for t in targets.values():
         _check_target(t, opts.force)
     counts, samples = [], {}
-    for name in _datasets(opts):
+    for name in dict.fromkeys(opts.mix.datasets if opts.mix is not None else opts.datasets):
         c, rows = _read_dataset(opts, name)
         counts.append(c)
         samples[name] = rows
@@ -102,7 +101,7 @@ def run_export(opts: ExportOptions) -> ExportSummary:
     summary = ExportSummary(opts, counts, rows={k: len(v) for k, v in splits.items()}, warnings=warnings)
     try:
         opts.out.parent.mkdir(parents=True, exist_ok=True)
-        summary.bytes_written = _write(opts, splits, targets)
+        _write(opts, splits, targets)
     except OSError as e:
         raise write_error(opts.out, e) from None
     summary.paths = targets if opts.format != "hf" else {}
@@ -188,10 +187,6 @@ def _check_options(opts: ExportOptions) -> None:
     if opts.mix is not None and opts.datasets and set(opts.datasets) != set(opts.mix.datasets):
         raise ConfigError(f"--dataset {', '.join(opts.datasets)} and --mix {', '.join(opts.mix.datasets)} name "
                           "different datasets; --mix alone is enough.")
-
-
-def _datasets(opts: ExportOptions) -> list[str]:
-    return list(dict.fromkeys(opts.mix.datasets if opts.mix is not None else opts.datasets))
 
 
 def _targets(opts: ExportOptions) -> dict[str, Path]:
@@ -298,11 +293,10 @@ def _select(opts: ExportOptions, counts: list[DatasetCounts],
     return chosen
 
 
-def _write(opts: ExportOptions, splits: dict[str, list[dict[str, Any]]], targets: dict[str, Path]) -> int:
+def _write(opts: ExportOptions, splits: dict[str, list[dict[str, Any]]], targets: dict[str, Path]) -> None:
     if opts.format == "hf":
         return write_hf(opts.out, splits, opts.hf_layout)
     line = LINE_WRITERS[opts.format]
     kw = {"keep_meta": opts.keep_meta, "status": opts.status, "harmony": opts.harmony}
-    # validation first: the train file is the one a trainer is pointed at, so it appears last
-    return sum(write_jsonl(targets[k], [line(r, **kw) for r in splits[k]])
-               for k in sorted(splits, key=lambda k: k == "train"))
+    for k in sorted(splits, key=lambda k: k == "train"):  # the train file, the one a trainer is pointed at, last
+        write_jsonl(targets[k], [line(r, **kw) for r in splits[k]])

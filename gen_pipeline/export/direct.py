@@ -1,12 +1,7 @@
 """The chat template called as apply_chat_template calls it, without apply_chat_template's per-call
 work (re-checking and copying the messages costs about as long as rendering; bench/export_speed).
-
 `DirectTemplate.probe` watches apply_chat_template render probe conversations to learn what it hands
-the template (the compiled template, the other variables, the keys it adds to a message of each shape
-this module renders). It is used only when rendering the probes directly gives apply_chat_template's
-text exactly; any other message goes through apply_chat_template. The template is recompiled in an
-overlay environment that remembers jinja2's sandbox check per (type, attribute): it depends on nothing
-else and costs a fifth of a render.
+the template, and is used only when rendering the probes directly gives apply_chat_template's text exactly.
 """
 
 from __future__ import annotations

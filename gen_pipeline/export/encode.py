@@ -1,26 +1,17 @@
 """Token ids of many texts, exactly `tokenizer(text, add_special_tokens=False)["input_ids"]` of each,
 fast: from the ids of the text's chunks, each distinct chunk tokenized once, where the tokenizer
-provably tokenizes the chunks of a text independently; else from the whole text.
+provably tokenizes the chunks of a text independently; else from the whole text. A fast tokenizer
+spends most of its time on per-word bookkeeping, and most chunks recur (docs/measurements.md).
 
-Why: a fast tokenizer spends most of its time on per-word bookkeeping, and most chunks (a word with
-its leading space) recur (docs/measurements.md, "Export speed").
-
-The cut rule: a text is cut before every ' ' whose preceding character is printable ASCII ([!-~];
-in UTF-8, the byte before the space is in 0x21-0x7e). The ids of a text are then the ids of its
-chunks in order when (checked in `additive_config`):
-  - no added token contains ' ' or strips/matches whole words (lstrip, rstrip, single_word): an added
-    token never spans a cut, and the segments between added tokens are what the pre-tokenizer sees;
-  - the normalizer is none or NFC: NFC composes a character only with combining characters after
-    it, and ' ' combines with nothing before it, so NFC(a + b) = NFC(a) + NFC(b) at a cut;
+A text is cut before every ' ' that follows printable ASCII ([!-~]). Its ids are its chunks' ids in
+order when (checked in `additive_config`):
+  - no added token contains ' ' or strips/matches whole words: none spans a cut;
+  - the normalizer is none or NFC: ' ' combines with nothing before it, so NFC(a + b) = NFC(a) + NFC(b);
   - the pre-tokenizer is byte-level without a prefix space, splitting with the GPT-2 regex (ByteLevel
-    use_regex) or with the Qwen2/Qwen3 or Llama 3 regex (Split, then ByteLevel without its regex):
-    in each of them no alternative matches a non-space character followed by ' ' (the space of
-    `' ?'` / `[^\\r\\n\\p{L}\\p{N}]?` only starts a match), so a pre-token ends at every cut; and
-    none looks behind, so the pre-tokens after a cut are those of the text from the cut on; the one
-    lookahead, `\\s+(?!\\S)`, cannot end at a cut (the character before it is not whitespace);
+    use_regex) or a regex of SPLIT_REGEXES (Split, then ByteLevel without its regex): no alternative
+    matches a non-space character followed by ' ', none looks behind, and the one lookahead,
+    `\\s+(?!\\S)`, cannot end at a cut (the character before it is not whitespace);
   - the model works on each pre-token alone (BPE without dropout).
-Any other tokenizer takes whole texts: exact, as slow as before. `TextEncoder.stats` counts.
-
 A chunk of up to 15 bytes is known by its bytes and length packed in two 64-bit words (exact, no
 hash to collide); a longer one by its bytes in a dict.
 """
@@ -92,7 +83,7 @@ def _byte_level(pre: Any, *, regex: bool) -> bool:
             and bool(pre.get("use_regex", True)) == regex)
 
 
-def _ends(lengths: list[int]) -> np.ndarray[Any, Any]:
+def _ends(lengths: Any) -> np.ndarray[Any, Any]:
     starts = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=starts[1:])
     return starts
@@ -262,8 +253,7 @@ class _Chunks:
         """The ids of chunks `entry` end to end, and where each text starts (`text_chunk`: the
         index of each text's first chunk, and the number of chunks last)."""
         count = self.token_count[entry]
-        ends = np.zeros(len(count) + 1, dtype=np.int64)
-        np.cumsum(count, out=ends[1:])
+        ends = _ends(count)
         total = int(ends[-1])
         take = count > 0
         start, count, at = self.token_start[entry[take]], count[take], ends[:-1][take]

@@ -1,33 +1,15 @@
-"""The layouts `export` writes, each read from the trainer's source (late 2026):
+"""The layouts `export` writes, each read from the trainer's source (late 2026; docs/export.md says
+what each row holds and why):
 
-    specforge    one JSONL: {"id", "conversations", "status": "success"}, the keys SpecForge's
-                 scripts/regenerate_train_data.py leaves on a regenerated row (it sets
-                 data["status"] = "success" on the id + conversations rows prepare_data.py writes).
-                 Its validate_regenerated_data.py and expand_reasoning_conversations.py reject a
-                 row without that status; its preprocessing passes every other column into the
-                 chat template as a keyword, so nothing else goes in unless asked (--keep-meta).
-    speculators  one JSONL: {"id", "conversations"}: vLLM speculators' prepare_data.py reads the
-                 `conversations` column (role/content/reasoning_content) and fans out one row per
-                 assistant turn itself; a folder would also pull in errors.jsonl (it globs *.jsonl).
-    hf           a `datasets` DatasetDict (save_to_disk) or train/validation parquet files, with
-                 the fixed schema HF_FEATURES whatever the datasets in the export.
-    tokens       one JSONL row per assistant turn: {"id", "input_ids", "loss_mask", "ids_from"}
-                 (tokens.py): SpecForge's data.prompts_path and speculators' pre-tokenized rows.
+    specforge    {"id", "conversations", "status": "success"}: what scripts/regenerate_train_data.py leaves
+                 on a row; its preprocessing passes any other column to the chat template as a keyword.
+    speculators  {"id", "conversations"}: prepare_data.py reads `conversations`, one row per turn itself.
+    hf           a DatasetDict (save_to_disk) or <split>.parquet files, the fixed schema of hf_features().
+    tokens       {"id", "input_ids", "loss_mask", "ids_from"}, one row per assistant turn (tokens.py).
 
-The conversation formats leave out the per-turn server token ids (tokens.py) a sample may carry.
-Tool-use samples (meta.tools, run/chat.py): specforge and speculators rows carry a top-level `tools` column,
-the tool schemas as JSON text, which both loaders read (SpecForge 0.2.0 data/preprocessing.py parses the
-JSON text and passes the list as apply_chat_template(tools=...); speculators 0.9.0 preprocessing.py
-_parse_conv_tools the same), and the messages keep `tool_calls` (OpenAI shape, arguments as JSON text:
-SpecForge's parse.py _sanitize_message parses them) and the tool turns their `tool_call_id`; rows without
-tools have no `tools` key. hf: `tools`, each turn's `tool_calls` and `tool_call_id` as JSON text / text
-columns (one Arrow type whatever the schemas), null where a row has none.
---harmony (specforge, for gpt-oss): each assistant turn becomes an "assistant_analysis" message
-(its reasoning) and an "assistant_final" one (its answer), the roles SpecForge's HarmonyParser
-renders (specforge/data/parse.py:358-384: it refuses "assistant" with `Unknown role`), and it
-renders both on their channels, so every turn's reasoning is under its mask.
-
-Writers are atomic: a hidden temporary name beside the target, then a rename.
+Tool-use samples carry a top-level `tools` column, JSON text (SpecForge 0.2.0 data/preprocessing.py and
+speculators 0.9.0 preprocessing.py parse it for apply_chat_template(tools=...)), and the messages keep
+`tool_calls` and `tool_call_id`. Writers are atomic: a hidden temporary name beside the target, a rename.
 """
 
 from __future__ import annotations
@@ -80,7 +62,8 @@ def _meta(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def harmony_messages(conversations: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Assistant turns as SpecForge's HarmonyParser roles: analysis (reasoning) then final (answer)."""
+    """Assistant turns as SpecForge's HarmonyParser roles: analysis (reasoning) then final (answer), each on
+    its channel and masked (specforge/data/parse.py:358-384 refuses "assistant" with `Unknown role`)."""
     out = []
     for m in conversations:
         if m.get("role") != "assistant":
@@ -116,12 +99,7 @@ def specforge_line(row: dict[str, Any], *, keep_meta: bool, status: bool, harmon
 
 
 def speculators_line(row: dict[str, Any], *, keep_meta: bool, status: bool = False, harmony: bool = False) -> bytes:
-    out: dict[str, Any] = {"id": row["id"], "conversations": strip_token_ids(row["conversations"])}
-    if tools := row_tools(row):
-        out["tools"] = tools
-    if keep_meta:
-        out["meta"] = _meta(row)
-    return orjson.dumps(out, option=orjson.OPT_APPEND_NEWLINE)
+    return specforge_line(row, keep_meta=keep_meta, status=False)
 
 
 def tokens_line(row: dict[str, Any], *, keep_meta: bool, status: bool = False, harmony: bool = False) -> bytes:
@@ -196,16 +174,14 @@ def sweep_stale_tmp(target: Path) -> None:
             _remove(p)
 
 
-
-
 def _remove(p: Path) -> None:
     """Best effort: a temporary that cannot be removed (a read-only folder) must not hide why the export failed."""
     with contextlib.suppress(OSError):
         shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
-def write_jsonl(target: Path, lines: Sequence[bytes]) -> int:
-    """Write `lines` to `target` atomically (tmp + fsync + rename); returns bytes written."""
+def write_jsonl(target: Path, lines: Sequence[bytes]) -> None:
+    """Write `lines` to `target` atomically (tmp + fsync + rename)."""
     tmp = tmp_path(target)
     try:
         with open(tmp, "wb") as f:
@@ -213,16 +189,14 @@ def write_jsonl(target: Path, lines: Sequence[bytes]) -> int:
                 f.write(b"".join(lines[start:start + 4096]))
             f.flush()
             os.fsync(f.fileno())
-        size = tmp.stat().st_size
         _install(tmp, target)
     finally:
         _remove(tmp)
-    return size
 
 
-def write_hf(target: Path, splits: dict[str, list[dict[str, Any]]], layout: str) -> int:
+def write_hf(target: Path, splits: dict[str, list[dict[str, Any]]], layout: str) -> None:
     """A DatasetDict folder (layout "disk") or <split>.parquet files ("parquet") at `target`,
-    built in a temporary folder and renamed into place; returns bytes written."""
+    built in a temporary folder and renamed into place."""
     import pyarrow as pa
     from datasets import Dataset, DatasetDict, DatasetInfo
 
@@ -242,11 +216,9 @@ def write_hf(target: Path, splits: dict[str, list[dict[str, Any]]], layout: str)
         else:
             for name, ds in built.items():
                 ds.to_parquet(str(tmp / f"{name}.parquet"))
-        size = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
         _install(tmp, target)
     finally:
         _remove(tmp)
-    return size
 
 
 def _install(tmp: Path, target: Path) -> None:

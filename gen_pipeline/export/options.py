@@ -42,13 +42,12 @@ class ExportOptions:
 
 @dataclass
 class ExportSummary:
-    """What was written: per-dataset counts, rows per split, the files and their size."""
+    """What was written: per-dataset counts, rows per split, the files."""
 
     options: ExportOptions
     counts: list[DatasetCounts]
     rows: dict[str, int] = field(default_factory=dict)  # split name → rows written
     paths: dict[str, Path] = field(default_factory=dict)  # split name → file (jsonl formats)
-    bytes_written: int = 0
     elapsed_s: float = 0.0
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -57,7 +56,7 @@ class ExportSummary:
     def format(self) -> str:
         o = self.options
         what = o.format + (f", {o.hf_layout}" if o.format == "hf" else "")
-        total = sum(self.rows.values())
+        total, taken = sum(self.rows.values()), sum(c.taken for c in self.counts)
         out = [f"exported {total:,} rows ({what}) to {display_path(o.out)} in {self.elapsed_s:.1f} s"]
         for c in self.counts:
             dropped = ", ".join(f"{n:,} {drop_reason_text(r, o.filters)}" for r, n in sorted(c.dropped.items()))
@@ -67,11 +66,10 @@ class ExportSummary:
             line += f" (of {c.eligible:,} eligible, --mix)" if c.taken < c.eligible else ""
             out.append(line)
         if o.expand_turns:
-            out.append(f"  --expand-turns: {sum(c.taken for c in self.counts):,} samples → {total:,} rows, "
+            out.append(f"  --expand-turns: {taken:,} samples → {total:,} rows, "
                        "one per assistant turn")
         where = {k: f" → {display_path(p)}" for k, p in self.paths.items()} if len(self.paths) > 1 else {}
         if o.format == "tokens":
-            taken = sum(c.taken for c in self.counts)
             out.append(f"  tokens: {taken:,} samples → {total:,} rows, one per assistant turn")
         out.append("  split: " + ", ".join(f"{k} {n:,}{where.get(k, '')}" for k, n in self.rows.items()))
         if self.card is not None:

@@ -1,11 +1,7 @@
 """The target's tokenizer and chat template, loaded offline, rendering messages as the trainers and
 the server do: `apply_chat_template(messages, tokenize=False, ...)`, then the tokenizer on the text
-without special tokens added (SpecForge's GeneralParser, specforge/data/parse.py:136-144 and
-272-278; speculators and SGLang ask the same template through their own servers).
-
-transformers (+ jinja2, which renders the template) is the optional `template` extra:
-`pip install 'gen-pipeline[template]'`. Nothing here downloads: the tokenizer is a local folder
-(or an already cached hub id).
+without special tokens added (SpecForge's GeneralParser, specforge/data/parse.py:136-144 and 272-278).
+transformers + jinja2 are the optional `template` extra; nothing here downloads.
 """
 
 from __future__ import annotations
@@ -110,10 +106,9 @@ class Renderer:
         return output
 
     def turn_text(self, history: list[dict[str, Any]], turn: dict[str, Any]) -> tuple[str, str]:
-        """(prompt, output): the prompt the server rendered for `turn` (history + generation prompt)
-        and the turn's own text after it, with its reasoning in the model's think block whatever
-        the template does with a turn's reasoning. Raises ConfigError when the template's turn does
-        not continue its generation prompt (then only the server's own token ids are exact)."""
+        """(prompt, output): the prompt the server rendered for `turn` and the turn's own text after it, its
+        reasoning in the model's think block whatever the template does with it. Raises ConfigError when
+        the template's turn does not continue its generation prompt."""
         prompt = self.render(history, generation_prompt=True)
         full = self.render([*history, turn], generation_prompt=False)
         return self._split_turn(prompt, full, turn)
@@ -169,17 +164,11 @@ class Renderer:
             other = self._others[key] = Renderer(self.tokenizer, self.source, dict(kwargs))
         return other
 
-    def for_sample(self, sample: dict[str, Any]) -> Renderer:
-        """The renderer of one sample: with the chat_template_kwargs its requests carried (meta), else
-        (rows written before they were recorded) this renderer's own."""
-        return self.for_kwargs(recorded_kwargs(sample))
-
 
 def with_reasoning(prompt: str, out: str, reasoning: str) -> str:
-    """The turn's text after `prompt` with its reasoning in the model's think block, decided by position:
-    the think block the prompt opened or the turn's first one holds it when the template rendered it
-    (left as is), is filled when the template rendered it empty, and is added before the turn when the
-    template renders none. Never by searching for the reasoning's text, which the answer may repeat."""
+    """The turn's text after `prompt` with its reasoning in the model's think block (the prompt's or the
+    turn's first: kept, or filled when empty; else one added before the turn), decided by position, never
+    by searching for the reasoning's text, which the answer may repeat."""
     if not reasoning:
         return out
     if prompt.rstrip().endswith(THINK_OPEN):  # the prompt opened thinking: the block starts the turn

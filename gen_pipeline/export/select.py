@@ -1,9 +1,6 @@
-"""What an export takes: filters, the --mix of datasets, the train/validation split, the order.
-Pure functions over sample rows (dicts as the shards hold them); no I/O.
-
-Every choice is a hash of the sample id (blake2b), never of the input order, so an export is the
-same whatever order the shards were read in, and a sample keeps its side of the split when the
-dataset grows (with --val-share as a fraction).
+"""What an export takes: filters, the --mix of datasets, the train/validation split, the order; pure
+functions over sample rows. Every choice is a hash of the sample id, never of the input order, so an
+export is the same whatever order the shards were read in, and a sample keeps its side of the split.
 """
 
 from __future__ import annotations

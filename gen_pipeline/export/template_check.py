@@ -1,31 +1,21 @@
 """`check-template`: how much of each assistant turn's reasoning and answer a trainer puts under its
-loss mask, rendering the samples the way each trainer does with the target's own chat template.
+loss mask, rendering the samples as each trainer does with the target's own chat template (read from
+SpecForge 0.2.0 at a6b6b023 and speculators 0.9.0; tests/contract/test_trainers.py runs both loaders).
 
-What the trainers do (read from SpecForge 0.2.0 at a6b6b023 and speculators 0.9.0;
-tests/contract/test_trainers.py runs both loaders on an export):
-
-SpecForge (online `data.train_data_path` and offline prepare_hidden_states.py, which keeps only
-`conversations` and `tools`) builds input_ids + loss_mask in data/preprocessing.py -> data/parse.py,
-following the ChatTemplate's parser_type: "general" drops reasoning_content before rendering (no
-reasoning ever trains); "thinking" keeps it and passes enable_thinking=True. Both render the whole row
-once (add_generation_prompt=False) and mask every span from the template's assistant_header to its
-end_of_turn_token; `train_only_last_turn` keeps the last span. So the chat template decides what
-trains: a Qwen3-style one renders reasoning only after the last user turn, a Kimi-K2.5-style one an
-empty think block for every assistant message. Other data columns reach the template as keywords;
-pre-tokenized rows (input_ids + loss_mask) go through `data.prompts_path`, online only.
-
-speculators (`prepare-data`) loads .json/.jsonl files (recursively under a folder), passes rows with
-input_ids + loss_mask through, and renders `conversations` one row per assistant turn j: mask from
-render(conv[:j], add_generation_prompt=True)'s end to the end of render(conv[:j+1]). So each turn is
-the last message of its own row, and a template that renders the last message's reasoning trains it.
-
-This module models SpecForge's "thinking" parser (the best case) with the header and end of turn read
-from the template itself (Renderer.markers), and no default system prompt added (it shifts tokens,
+SpecForge (data/preprocessing.py -> data/parse.py) renders the whole row once and masks every span from
+the template's assistant header to its end of turn (`train_only_last_turn`: the last span); its "general"
+parser drops reasoning_content first, its "thinking" parser (modelled here: the best case) keeps it.
+speculators renders one row per assistant turn j, masked from render(conv[:j], add_generation_prompt=True)'s
+end to the end of render(conv[:j+1]). So the chat template decides what trains. The header and end of
+turn are read from the template (Renderer.markers); no default system prompt is added (it shifts tokens,
 not what is masked).
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,7 +28,7 @@ from gen_pipeline.config.server import ServerProfile
 from gen_pipeline.display import count, display_path
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.export.formats import expand_turns
-from gen_pipeline.export.render import Renderer, load_renderer, source_flag, tokenizer_source
+from gen_pipeline.export.render import Renderer, load_renderer, recorded_kwargs, source_flag, tokenizer_source
 from gen_pipeline.export.select import covering
 from gen_pipeline.export.tokens import SPECFORGE_MAX_LENGTH, TokenRowBuilder, has_server_ids, length_fit, sent_message
 from gen_pipeline.store.layout import iter_committed_samples
@@ -185,7 +175,7 @@ class TemplateCheck:
             norm = [{**c, "thinking": c["reasoning_content"]} if c.get("reasoning_content") else c for c in convs]
             prompt = self.r.encode(self.r.render(norm[:j], generation_prompt=True))
             full = self.r.encode(self.r.render(norm[:j + 1], generation_prompt=False))
-            boundary = len(prompt) if full[:len(prompt)] == prompt else _common_prefix(prompt, full)
+            boundary = len(prompt) if full[:len(prompt)] == prompt else len(os.path.commonprefix([prompt, full]))
             if boundary < len(prompt):
                 hist = self.r.encode(self.r.render(norm[:j], generation_prompt=False))
                 if full[:len(hist)] != hist or boundary < len(hist):
@@ -214,38 +204,17 @@ class TemplateCheck:
                 cursor = a + len(t.answer)
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 class _CharIndex:
     """Character offset → token index by binary search over decoded prefix lengths (works for any
     tokenizer that decodes; fast tokenizers' offset mappings are not universal)."""
 
     def __init__(self, ids: list[int], decode: Callable[[list[int]], str]):
-        self.ids, self.decode = ids, decode
-        self._lengths: dict[int, int] = {}
-
-    def _len(self, i: int) -> int:
-        if i not in self._lengths:
-            self._lengths[i] = len(self.decode(self.ids[:i]))
-        return self._lengths[i]
+        self.ids = ids
+        self._len = functools.cache(lambda i: len(decode(ids[:i])))
 
     def first_ending_after(self, c: int) -> int:
         """The smallest i with len(decode(ids[:i])) > c, minus one: the token holding character c."""
-        lo, hi = 0, len(self.ids)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self._len(mid + 1) > c:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
+        return bisect.bisect_right(range(len(self.ids)), c, key=lambda i: self._len(i + 1))
 
     def masked(self, mask: list[int], start: int, end: int) -> float:
         """Share of the tokens covering characters [start, end) whose mask is 1."""
@@ -273,7 +242,7 @@ def compare_server_ids(samples: list[dict[str, Any]], renderer: Renderer) -> Ids
     out = IdsAgreement()
     for s in samples:
         history: list[dict[str, Any]] = []
-        r = renderer.for_sample(s)  # with the chat_template_kwargs the server rendered it with
+        r = renderer.for_kwargs(recorded_kwargs(s))  # with the chat_template_kwargs the server rendered it with
         for m in s["conversations"]:
             if m.get("role") == "assistant" and has_server_ids(m):
                 prompt, output = r.turn_text(history, sent_message(m))
@@ -284,7 +253,7 @@ def compare_server_ids(samples: list[dict[str, Any]], renderer: Renderer) -> Ids
                 out.output_prefix += o[:len(server_o)] == server_o
                 if not out.first_mismatch and (p != server_p or o[:len(server_o)] != server_o):
                     which, ours, theirs = ("prompt", p, server_p) if p != server_p else ("output", o, server_o)
-                    at = _common_prefix(ours, theirs)
+                    at = len(os.path.commonprefix([ours, theirs]))
                     mine, server = renderer.decode(ours[at:at + 8]), renderer.decode(theirs[at:at + 8])
                     out.first_mismatch = f"{s['id']}: {which} token {at}: template {mine!r} vs server {server!r}"
             history.append(sent_message(m))

@@ -1,20 +1,11 @@
-"""The `tokens` export: one row per assistant turn, `input_ids` + `loss_mask`, made from exactly
-what the target saw and produced where the sample carries the server's token ids, else rendered
-with the target's tokenizer and chat template (render.py) the way the server rendered the request.
+"""The `tokens` export: one row per assistant turn, `input_ids` + `loss_mask`, made from exactly what
+the target saw and produced where the sample carries the server's token ids, else rendered with the
+target's tokenizer and chat template (render.py) the way the server rendered the request. The mask is
+1 on exactly that turn's reasoning, answer and end of turn (server ids: the stop token the model emitted;
+rendered: the template's end-of-turn text, what SpecForge's ChatTemplate.end_of_turn_token and
+speculators' render boundary both train). docs/export.md says why a row per turn.
 
-    {"id": "<sample id>#turn<k>", "input_ids": [...], "loss_mask": [...], "ids_from": "server"|"template"}
-
-`loss_mask` is 1 on exactly that turn's tokens: its reasoning (in the model's think block, whatever
-the template does with reasoning in history) and answer, and the end of turn (server ids: the stop
-token the model emitted; rendered: the template's end-of-turn text, e.g. "<|im_end|>\\n", which is
-what SpecForge's ChatTemplate.end_of_turn_token and speculators' render boundary both train). The
-history before it (the prompt) is 0. One row per turn, not per conversation: a template that drops
-earlier turns' reasoning (Qwen3, Kimi) gives each turn a different prefix, so one sequence cannot
-hold every turn's reasoning without feeding the target a context it never saw; and neither trainer
-needs conversation rows (speculators makes per-turn rows itself; SpecForge's prompts_path takes
-rows as they come).
-
-## Server token ids: the per-turn schema (recorded at generation time by a later step)
+## Server token ids: the per-turn schema
 Each assistant message of a sample may carry, both or neither:
     "prompt_token_ids": [int]  the request's prompt as the server tokenized it (template applied)
     "token_ids":        [int]  the completion's token ids: reasoning, think markers, answer, and the
@@ -60,7 +51,6 @@ TOKEN_KEYS = ("prompt_token_ids", "token_ids")
 # instead of a Python int's ~36, so the 88K job's ~130M tokens fit in memory to be shuffled.
 MASK_DTYPE = np.int8
 BATCH_TURNS = 2048  # rendered turns rendered and tokenized at once
-Turn = tuple[list[dict[str, Any]], dict[str, Any]]  # (the messages before an assistant turn, the turn)
 _Rendered = tuple[Renderer, list[dict[str, Any]], dict[str, Any], bool]  # (renderer, history, turn, cut)
 _Pending = tuple[int, Renderer, list[dict[str, Any]], dict[str, Any], bool]  # the row's index, then _Rendered
 CUT = ("length", "loop")  # a turn's finish_reason when the model did not end it (max_new_tokens, a loop kept cut)
@@ -75,13 +65,12 @@ def has_server_ids(message: dict[str, Any]) -> bool:
     return all(isinstance(message.get(k), list | np.ndarray) for k in TOKEN_KEYS)
 
 
-def compact_ids(sample: dict[str, Any]) -> dict[str, Any]:
-    """The sample with its per-turn server token ids as int32 arrays (in place; see ID_DTYPE)."""
+def compact_ids(sample: dict[str, Any]) -> None:
+    """The sample's per-turn server token ids as int32 arrays, in place (see ID_DTYPE)."""
     for m in sample.get("conversations") or []:
         if isinstance(m, dict) and has_server_ids(m):
             for k in TOKEN_KEYS:
                 m[k] = np.asarray(m[k], dtype=ID_DTYPE)
-    return sample
 
 
 def _row_arrays(prompt: Any, output: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
@@ -126,17 +115,10 @@ NO_TOKENIZER = "pass --tokenizer PATH or --server NAME"
 
 
 class TokenRowBuilder:
-    """Builds the rows of many samples. Rendered turns go in batches of BATCH_TURNS: the template
-    renders their prompts and their turns (Renderer.turn_texts: called directly, direct.py), and
-    their texts are tokenized together (encode.TextEncoder: from the ids of recurring chunks where
-    the tokenizer provably allows it). The rows equal, id for id, the plain path (`slow_turn_ids`:
-    apply_chat_template on each turn alone, the tokenizer on its prompt and on its output); the
-    first and every SPOT_EVERY-th rendered turn is also made the plain way and compared, and a
-    difference (never seen) makes every row the plain way from then on (`mismatch`, `notes`).
-
-    Where the time went before (docs/measurements.md, "export"): mostly the tokenizer on each turn's new
-    text (per-word bookkeeping in the Rust tokenizer), then apply_chat_template's own work around the
-    template and the garbage collector walking the job's millions of live objects."""
+    """The rows of many samples, rendered turns in batches of BATCH_TURNS (Renderer.turn_texts, then
+    encode.TextEncoder on their texts together), equal id for id to the plain path's (`slow_turn_ids`).
+    The first and every SPOT_EVERY-th rendered turn is checked against it; a difference (never seen)
+    makes every row the plain way from then on (`mismatch`, `notes`)."""
 
     def __init__(self, renderer: Renderer | None, *, exact: bool = False, why: str = NO_TOKENIZER):
         self.renderer = renderer
@@ -272,7 +254,6 @@ class TokenRowBuilder:
 
 class _SpotMismatch(Exception):
     pass
-
 
 
 def cut_turns(sample: dict[str, Any]) -> set[int]:
