@@ -21,7 +21,7 @@ _PROBES = [  # every value distinct, so that a normalized message shows which in
 
 
 class DirectTemplate:
-    """Renders a list of message lists; `render` equals apply_chat_template(..., tokenize=False)."""
+    """Renders a list of message lists; `render_many` equals apply_chat_template(..., tokenize=False)."""
 
     def __init__(self, template: Any, context: dict[str, Any],
                  shapes: dict[tuple[str, ...], list[tuple[str, str]]]):
@@ -77,12 +77,6 @@ class DirectTemplate:
             if direct.render_many([messages], generation_prompt) != [text]:
                 return None, "rendering the template directly differs from apply_chat_template"
         return direct, ""
-
-    def render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
-        """The text of messages of the probed shapes (see `render_many`)."""
-        text = self.render_many([messages], generation_prompt)[0]
-        assert text is not None, "a message of a shape the probes did not cover"
-        return text
 
     def render_many(self, conversations: list[list[dict[str, Any]]], generation_prompt: bool) -> list[str | None]:
         """Each conversation's text, None for one with a message of a shape the probes did not cover

@@ -112,9 +112,6 @@ class TemplateCheck:
         self._pattern = re.compile(re.escape(self.header) + r"([\s\S]*?(?:" + re.escape(self.end_of_turn) + "|$))")
         self._tokens = TokenRowBuilder(renderer)  # one for all samples: it keeps what it tokenized
 
-    def run(self, samples: list[dict[str, Any]], modes: list[str]) -> list[ModeResult]:
-        return [self.run_mode(samples, m) for m in modes]
-
     def run_mode(self, samples: list[dict[str, Any]], mode: str) -> ModeResult:
         result = ModeResult(mode)
         for s in samples:
@@ -277,7 +274,7 @@ def check_template(*, output_root: Path, datasets: list[str], export: Path | Non
     check = TemplateCheck(renderer)
     modes = [m for m in MODES if export is None or m != "specforge-expanded"]
     turns = sum(1 for r in chosen for m in r["conversations"] if m.get("role") == "assistant")
-    results = check.run(chosen, modes)
+    results = [check.run_mode(chosen, m) for m in modes]
     report = format_report(results, renderer=renderer, header=check.header,
                            end_of_turn=check.end_of_turn, what=f"{len(chosen):,} samples ({turns:,} assistant turns) "
                                                                 f"of {what}")

@@ -41,7 +41,6 @@ class SourceStats:
     rows: int = 0
     prompts: int = 0
     skipped_done: int = 0
-    other_ranks: int = 0  # valid prompts owned by other ranks (ranks.py), not sent by this one
     rejects: dict[str, int] = field(default_factory=dict)
 
     def reject(self, reason: str) -> None:
@@ -100,10 +99,7 @@ def parse_row(row: dict[str, Any], schema: str, cfg_field: str) -> list[Message]
 def _tool_calls(value: Any, i: int) -> list[dict[str, Any]]:
     """A turn's tool calls in OpenAI's shape, arguments as JSON text; raises InvalidRow (bad_tool_call)."""
     if isinstance(value, str):
-        try:
-            value = orjson.loads(value)
-        except orjson.JSONDecodeError:
-            raise InvalidRow("bad_tool_call", f"turn {i}: the tool call is not JSON: {value[:80]!r}") from None
+        value = _json(value, "bad_tool_call", f"turn {i}: the tool call is not JSON")
     calls = value if isinstance(value, list) else [value]
     out = []
     for k, call in enumerate(calls):
@@ -115,15 +111,20 @@ def _tool_calls(value: Any, i: int) -> list[dict[str, Any]]:
         if isinstance(args, dict):  # `datasets` read an object column: keys of other rows' objects came as null
             args = drop_nulls(args)
         elif isinstance(args, str):
-            try:
-                args = orjson.loads(args) if args.strip() else {}
-            except orjson.JSONDecodeError:
-                raise InvalidRow("bad_tool_call", f"turn {i}: the arguments of tool call {k} ({name}) are not "
-                                                  f"JSON: {args[:80]!r}") from None
+            what = f"turn {i}: the arguments of tool call {k} ({name}) are not JSON"
+            args = _json(args, "bad_tool_call", what) if args.strip() else {}
         cid = call.get("id") if isinstance(call, dict) and "function" in call else None
         out.append({"id": cid if isinstance(cid, str) and cid else f"call_{i}_{k}", "type": "function",
                     "function": {"name": name, "arguments": orjson.dumps(args).decode()}})
     return out
+
+
+def _json(text: str, reason: str, what: str) -> Any:
+    """`text` parsed as JSON; raises InvalidRow(reason) quoting its start."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raise InvalidRow(reason, f"{what}: {text[:80]!r}") from None
 
 
 def _tool_result(turn: dict[str, Any], content_key: str, i: int, before: list[Message]) -> Message:
@@ -149,10 +150,7 @@ def parse_tools(row: dict[str, Any]) -> str:
     if value is None or value == "" or value == []:
         return ""
     if isinstance(value, str):
-        try:
-            value = orjson.loads(value)
-        except orjson.JSONDecodeError:
-            raise InvalidRow("bad_tools", f"column {TOOLS_COLUMN!r} is not JSON: {value[:80]!r}") from None
+        value = _json(value, "bad_tools", f"column {TOOLS_COLUMN!r} is not JSON")
     elif isinstance(value, list):  # `datasets` made one Arrow struct of all rows' schemas: their keys came as null
         value = drop_nulls(value)
     if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
@@ -446,8 +444,7 @@ def iter_prompts(cfg: DatasetConfig, skip_ids: set[str] | frozenset[str], stats:
             rejects.append(Reject(cfg.name, index, e.reason, e.detail))
             continue
         seen.add(prompt.id)
-        if owns is not None and not owns(prompt.id):
-            stats.other_ranks += 1
+        if owns is not None and not owns(prompt.id):  # another rank sends it
             continue
         if prompt.id in skip_ids:
             stats.skipped_done += 1
