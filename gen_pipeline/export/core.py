@@ -56,9 +56,6 @@ from gen_pipeline.store.layout import has_shards, iter_committed_samples
 VAL_SUFFIX = ".val.ndjson"
 
 
-# ---------------------------------------------------------------- the export
-
-
 def export_names(datasets: Sequence[str], config_dir: Path = DEFAULT_CONFIG_DIR) -> tuple[str, ...]:
     """`--dataset` values (repeated or comma-separated) → folder names; a TOML path gives its `name`."""
     names = [n.strip() for arg in datasets for n in arg.split(",") if n.strip()]

@@ -33,9 +33,6 @@ HF_LAYOUTS = ("disk", "parquet")
 TMP_MARK = ".export-tmp-"
 
 
-# ---------------------------------------------------------------- rows
-
-
 def expand_turns(row: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per assistant turn: the history up to it with the reasoning of earlier assistant
     turns removed, the turn itself whole (as SpecForge's expand_reasoning_conversations.py does;
@@ -157,9 +154,6 @@ def hf_row(row: dict[str, Any]) -> dict[str, Any]:
             "meta": {**{k: _hf_value(meta.get(k), t) for k, t in HF_META.items()},
                      "per_turn": [{k: _hf_value(t.get(k), kind) for k, kind in HF_TURN_META.items()}
                                   for t in meta.get("per_turn") or [] if isinstance(t, dict)]}}
-
-
-# ---------------------------------------------------------------- atomic writers
 
 
 def tmp_path(target: Path) -> Path:

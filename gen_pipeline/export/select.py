@@ -28,9 +28,6 @@ def seeded_key(seed: int, sample_id: str) -> float:
     return id_hash(f"{seed}\x00{sample_id}")
 
 
-# ---------------------------------------------------------------- filters
-
-
 @dataclass(frozen=True)
 class Filters:
     """--drop-truncated and --min-completion-tokens N (0 = no minimum)."""
@@ -65,9 +62,6 @@ def drop_reason_text(reason: str, filters: Filters) -> str:
     if reason == "short":
         return f"under {filters.min_completion_tokens} completion tokens"
     return DROP_REASONS[reason]
-
-
-# ---------------------------------------------------------------- --mix
 
 
 @dataclass(frozen=True)
@@ -155,9 +149,6 @@ def covering(rows: Sequence[dict[str, Any]], n: int, seed: int) -> list[dict[str
             break
         chosen.setdefault(r["id"], r)
     return list(chosen.values())
-
-
-# ---------------------------------------------------------------- the split
 
 
 @dataclass(frozen=True)

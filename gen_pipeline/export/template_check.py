@@ -135,8 +135,6 @@ class TemplateCheck:
             out.append(t)
         return out
 
-    # ------------------------------------------------------------ the rows each trainer makes
-
     def _rows(self, sample: dict[str, Any], mode: str, turns: list[_Turn]) -> list[tuple[Any, Any, list[_Turn]]]:
         convs = [sent_message(m) for m in sample["conversations"]]
         if mode in ("specforge", "specforge-last"):
@@ -180,8 +178,6 @@ class TemplateCheck:
                     continue
             out.append((full, [0] * boundary + [1] * (len(full) - boundary), turns[:k]))
         return out
-
-    # ------------------------------------------------------------ measuring a row
 
     def _measure(self, ids: list[int], mask: list[int], present: list[_Turn], result: ModeResult) -> None:
         text = self.r.decode(ids)
@@ -255,9 +251,6 @@ def compare_server_ids(samples: list[dict[str, Any]], renderer: Renderer) -> Ids
                     out.first_mismatch = f"{s['id']}: {which} token {at}: template {mine!r} vs server {server!r}"
             history.append(sent_message(m))
     return out
-
-
-# ---------------------------------------------------------------- the report
 
 
 def check_template(*, output_root: Path, datasets: list[str], export: Path | None, samples: int, seed: int,

@@ -18,11 +18,9 @@ Then the row is prompt_token_ids + token_ids with the mask 0…0 1…1. The conv
   `return_prompt_token_ids`, :778) → `choices[i].prompt_token_ids` and `choices[i].token_ids`
   (protocol.py:1097-1098; serving_chat.py:1819-1827: token_ids = ret_item["output_ids"],
   prompt_token_ids when either flag is set, serving_chat.py:1016-1017 asks the tokenizer manager).
-- The reasoning parser does not touch them: it splits only the decoded text (serving_chat.py:1779-1797),
-  so token_ids hold the whole completion, think markers included, while message.reasoning_content
-  and .content are the split text (the parser drops the markers; the text is decoded with
-  skip_special_tokens and cannot be re-tokenized exactly: re-tokenizing text need not give the ids
-  the model sampled).
+- The reasoning parser splits only the decoded text (serving_chat.py:1779-1797): token_ids hold the
+  whole completion, think markers included; the split text, decoded with skip_special_tokens, need
+  not re-tokenize to the ids the model sampled.
 - output_ids are `output_ids_through_stop` (managers/scheduler_components/output_streamer.py:399-401,
   schedule_batch.py:1463-1465 sets finished_len past the matched stop token): the stop token is in
   them; the detokenizer trims the stop only from the text (detokenizer_manager.py:176-205, 444).

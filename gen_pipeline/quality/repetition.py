@@ -116,7 +116,6 @@ class RepetitionDetector:
             self._word(word, self._chars - len(word), self._chars)
         return self._verdict
 
-    # -- internals -------------------------------------------------------------------------
     def _gap(self, buf: str, start: int, stop: int, base: int) -> LoopVerdict | None:
         """Whitespace buf[start:stop]."""
         if stop <= start:

@@ -54,8 +54,6 @@ class InvalidRow(Exception):
         self.detail = detail
 
 
-# ---------------------------------------------------------------- row → messages (pure)
-
 def _turns(row: dict[str, Any], cfg_field: str) -> Any:
     if cfg_field not in row:
         raise InvalidRow("missing_field", f"no column {cfg_field!r} (columns: {', '.join(sorted(row))})")
@@ -257,8 +255,6 @@ def to_prompt(row: dict[str, Any], index: int, cfg: DatasetConfig) -> Prompt:
         sid = content_id(messages, tools)
     return Prompt(id=f"{cfg.name}-{sid}", messages=tuple(messages), source_index=index, tools=tools)
 
-
-# ---------------------------------------------------------------- loading (datasets)
 
 def _datasets() -> Any:
     """The `datasets` module, imported lazily: it takes ~1 s and status/validate don't need it. Its
