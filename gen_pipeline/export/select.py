@@ -43,9 +43,7 @@ class Filters:
         convs = row.get("conversations")
         if not isinstance(convs, list) or not convs or not all(isinstance(m, dict) for m in convs):
             return "malformed"
-        meta = row.get("meta")
-        if not isinstance(meta, dict):
-            meta = {}
+        meta = row["meta"] if isinstance(row.get("meta"), dict) else {}
         if self.drop_truncated and meta.get("finish_reason") == "length":
             return "truncated"
         tokens = meta.get("completion_tokens")
