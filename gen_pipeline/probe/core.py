@@ -1,11 +1,8 @@
 """`gen-pipeline probe-kv`: what a KV-cache dtype (fp8_e4m3) does to the target model's outputs.
 
-Two servers that differ only in KV dtype get the first N valid prompts of the dataset (first user turn,
-tokenized once by the reference's chat template). The reference decodes greedily and scores its own
-output teacher-forced; the compare side decodes the same ids (exact match, first divergence) and scores
-the reference output teacher-forced, so a divergence does not compound. Two launched profiles run one
-after the other (two copies of the model rarely fit one node); every refusal the configs can decide
-comes before anything is launched. SGLang only (probe/sglang.py); vLLM is refused with a message.
+Two servers that differ only in KV dtype get the same prompt ids. Each decodes greedily (exact match, first
+divergence) and scores the reference's output teacher-forced, so a divergence does not compound. Two launched
+profiles run one after the other (two copies of the model rarely fit one node). SGLang only.
 """
 
 from __future__ import annotations

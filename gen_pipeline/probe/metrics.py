@@ -3,10 +3,9 @@
 KL estimator: KL(P_ref || Q_cmp) per teacher-forced position over the reference's top-k tokens plus
 one tail bucket. Merging tokens never raises KL (log-sum inequality), so read it as "at least this much".
 
-Thresholds: a drafter trained on fp8-KV outputs learns a different token than the bf16 target would
-pick at about the top-1 change share d of positions, so its accept rate drops by at most about d:
-d <= 1 % is fine, d <= 3 % caution, above that prefer bf16 KV. Mean KL limits of 0.01 / 0.05 nats
-play the same part for sampled data.
+Thresholds: a drafter trained on fp8-KV outputs learns another token than the bf16 target picks at about
+the top-1 change share d of positions, so its accept rate drops by at most about d; mean KL plays the same
+part for sampled data.
 """
 
 from __future__ import annotations

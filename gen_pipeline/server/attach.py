@@ -1,9 +1,5 @@
 """Attach mode (SERVER_URL): no process; the same health checks and capacity reading as a launch.
-
-An sglang-router is recognised by its worker list (`/workers`, old `/list_workers`): capacity and load
-are summed over the workers while requests go through the router. Several URLs without a router form
-a Fleet (server/fleet.py, server/fleet_watch.py).
-"""
+Behind an sglang-router (its `/workers` list), capacity and load are summed over the workers."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""The I/O around a Fleet: per-server health checks with backoff probes, liveness probes of silent
-servers, a router's worker list re-read every interval, capacity re-summed over what is up, and the load
-poll per server. Every check and probe runs in its own task: a server that does not answer never
-delays another's check.
-
-Direct (several URLs): a server that fails `unhealthy_after` checks in a row is taken out and probed
-back in with backoff; a hung one (hang.py) is taken out and its requests re-sent at once (run/chat.py).
-When no server answers, dispatch pauses for up to `give_up_after_s` (--server-wait-s: an operator's
-restart of SGLang takes 60-90 s); requests re-sent meanwhile never count as failures. Through
-sglang-router: `/workers` is re-read every interval and capacity is the sum over its healthy workers;
-the router itself is health-checked like a server.
+"""The I/O around a Fleet: health checks, backoff probes back in, liveness probes of silent servers (hang.py),
+a router's `/workers` re-read, capacity re-summed over what is up, the load poll per server. Every check
+runs in its own task: a server that does not answer never delays another's check. When no server answers,
+dispatch pauses for up to `give_up_after_s` (--server-wait-s: an operator's restart of SGLang takes 60-90 s).
 """
 
 from __future__ import annotations
@@ -69,8 +62,7 @@ class FleetWatch:
 
     def resum(self) -> None:
         """Capacity and worker_urls over the servers that are up now (a new Capacity object when it changed)."""
-        up = [w for u in self.fleet.up_urls for w in self.workers.get(u, [])]
-        self.handle.worker_urls = up
+        up = self.handle.worker_urls = self._workers_up()
         for url in self.fleet.urls:
             cap = self.caps.get(url) if self.workers.get(url) == [url] else None  # a router's is its workers'
             self.fleet.set_capacity(url, cap.max_total_num_tokens if cap is not None else None)

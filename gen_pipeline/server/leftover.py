@@ -1,10 +1,7 @@
 """A launched server's record (`server.pid.json` beside its server.log) and the check at the next start:
 a server an earlier run left behind must not get a second one beside it (two model loads on one GPU).
-
-A later start reads the record: a group that is gone is forgotten; one provably ours and orphaned (same
-pid and start time, the gen-pipeline that started it gone) is stopped (SIGTERM, stop_grace_s, SIGKILL)
-as its run would have done; anything else is refused with its pid and what to do. Linux reads /proc;
-elsewhere a live recorded group is always refused.
+Only one provably ours and orphaned (same pid and start time in /proc, its gen-pipeline gone) is stopped;
+anything else alive is refused (always, off Linux).
 """
 
 from __future__ import annotations
@@ -21,6 +18,7 @@ import anyio
 
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ServerStartupError
+from gen_pipeline.store.lock import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +69,7 @@ def read_record(folder: Path) -> ServerRecord | None:
 
 def group_alive(pgid: int) -> bool:
     """True while any process of group `pgid` exists."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_alive(pgid, group=True)
 
 
 def _ours(rec: ServerRecord) -> bool | None:

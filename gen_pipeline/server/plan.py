@@ -1,17 +1,13 @@
 """`gen-pipeline plan`: predict KV tokens and decode slots from a model's config.json (pure).
 
-Per-token KV bytes on one GPU, as SGLang sizes its pools (srt/mem_cache/memory_pool.py, model_runner.py
-`cell_size`):
+Per-token KV bytes on one GPU, as SGLang sizes its pools (srt/mem_cache/memory_pool.py, model_runner.py):
   MHA/GQA  2 × layers × ceil(kv_heads / tp) × head_dim × bytes      (K and V, heads split across TP)
   MLA      (kv_lora_rank + qk_rope_head_dim) × layers × bytes       (one latent, replicated on every rank)
 KV tokens = (gpu_mem × mem_fraction_static − weights / tp − overhead) / bytes per token × dcp.
-Decode context parallelism (`--dcp-size d`, SGLang 0.5.17) keeps each token's KV on one of d ranks among
-those that hold the same heads: the pool holds d x the tokens (scheduler.py sizes admission with
-max_total_num_tokens × dcp_size). d is at most the copies TP makes of each KV head: tp for MLA,
-tp / kv_heads for MHA/GQA (1 when TP splits the heads without copies).
-The defaults (REFERENCE_GPU_MEM_GIB, REFERENCE_OVERHEAD_GIB) are the reference node's, where this
-formula fits the three measured pools within 1 % (docs/measurements.md); the overhead varies with the
-model, parallelism and flags: read the real pool from the server's log or `/server_info` once it runs.
+Decode context parallelism (`--dcp-size d`) keeps each token's KV on one of d ranks that hold the same heads
+(scheduler.py admits against max_total_num_tokens × dcp_size), so d is at most the copies TP makes of each
+KV head: tp for MLA, tp / kv_heads for MHA/GQA. The overhead varies with model, parallelism and flags: the
+server's log or `/server_info` has the real pool once it runs.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """`tune`'s plan, decided before anything is launched (pure): the candidates (the shipped profile + one
-lever each, from the LEVERS table), what `plan` predicts for each (KV tokens, decode slots; one it says
-cannot start is skipped, named), and the budget (a share of the job's predicted time, split over
-candidates x rounds; refused when one round does not fit).
-"""
+lever each), what `plan` predicts for each, and the budget (a share of the job's predicted time)."""
 
 from __future__ import annotations
 
@@ -36,9 +33,8 @@ ASSUMED_PROMPT_TOKENS = 300  # a dataset with no measured or reference lengths: 
 
 @dataclass(frozen=True)
 class Lever:
-    """One single-GPU SGLang lever: its `--levers` name, SGLang's flag, the server.toml key that sets it
-    ("" = passed in extra_args) and the value tried, from the profile's current one (None: SGLang's default)
-    and the plan of the shipped profile."""
+    """One single-GPU SGLang lever: its `--levers` name, SGLang's flag, the server.toml key ("" = extra_args)
+    and `pick`: the value tried, from the profile's current one (None: SGLang's default) and the shipped plan."""
 
     name: str
     flag: str
