@@ -109,9 +109,8 @@ def percentile(xs: Sequence[float], q: float) -> float:
 
 def _divergence(results: Sequence[PromptResult]) -> dict[str, Any]:
     at = [r.first_divergence for r in results if r.first_divergence is not None]
-    hist = {}
-    for lo, hi in DIVERGENCE_BUCKETS:
-        hist[f"{lo}-{hi - 1}" if hi else f"{lo}+"] = sum(1 for x in at if x >= lo and (hi is None or x < hi))
+    hist = {f"{lo}-{hi - 1}" if hi else f"{lo}+": sum(1 for x in at if x >= lo and (hi is None or x < hi))
+            for lo, hi in DIVERGENCE_BUCKETS}
     return {"diverged_prompts": len(at), "median": statistics.median(at) if at else None,
             "p10": percentile(at, 10) if at else None, "p90": percentile(at, 90) if at else None,
             "histogram": hist}

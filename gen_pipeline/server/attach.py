@@ -16,7 +16,7 @@ from gen_pipeline.errors import ServerError
 from gen_pipeline.http import Http, HttpError
 from gen_pipeline.server.capacity import combine
 from gen_pipeline.server.fleet import Fleet
-from gen_pipeline.server.fleet_watch import FleetWatch, read_fleet_load, worker_urls  # noqa: F401 (worker_urls: its old home)
+from gen_pipeline.server.fleet_watch import FleetWatch, read_fleet_load
 from gen_pipeline.server.handle import ServerHandle
 from gen_pipeline.server.hang import HANG_AFTER_S
 

@@ -71,10 +71,9 @@ class FleetWatch:
             self.handle.capacity = capacity
 
     async def run(self) -> None:
-        """Every TICK_S: capacity follows what the client took out, silent servers are probed and a
-        frozen one taken out, a router's workers are re-read (each ROUTERS_EVERY_S), readiness follows
-        the fleet; every interval_s: health checks and due probes back in (each in its own task). Raises
-        ServerError once no server has answered for give_up_after_s."""
+        """Every TICK_S: hangs, routers' workers (each ROUTERS_EVERY_S), readiness and capacity follow the fleet;
+        every interval_s: health checks and due probes back in. Raises ServerError once no server has answered
+        for give_up_after_s."""
         resummed = self.fleet.version
         next_routers_s = next_health_s = time.monotonic()
         async with anyio.create_task_group() as tg:
@@ -128,8 +127,7 @@ class FleetWatch:
             stuck, silent_s = self.fleet.in_flight(url), self.fleet.silent_s(url, now_s)
             why = self.hangs.frozen(url, now_s, silent_s, stuck)
             if why is not None:
-                self._take_out_hung(url, now_s, f"no progress for {silent_s:.1f} s on {stuck} in-flight requests "
-                                                f"and {why}: stopped or frozen?", stuck)
+                self._take_out_hung(url, now_s, silent_s, stuck, f"{why}: stopped or frozen?")
             elif self.hangs.due(url, now_s, silent_s, stuck):
                 self.hangs.sent(url, now_s)
                 tg.start_soon(self._alive, url, now_s)
@@ -148,8 +146,9 @@ class FleetWatch:
         else:
             self.hangs.answered(url)
 
-    def _take_out_hung(self, url: str, now_s: float, why: str, stuck: int) -> None:
+    def _take_out_hung(self, url: str, now_s: float, silent_s: float, stuck: int, why: str) -> None:
         """Out, its requests in flight cancelled and re-sent (Fleet.mark_down(cancel=True))."""
+        why = f"no progress for {silent_s:.1f} s on {stuck} in-flight requests and {why}"
         self.fleet.mark_down(url, now_s, cancel=True)
         self._cancelled_down.add(url)
         self.hangs.forget(url)
@@ -216,8 +215,7 @@ class FleetWatch:
         silent_s = self.fleet.silent_s(url, now_s)
         stuck = self.fleet.in_flight(url)
         if stuck and silent_s >= self.hang_after_s:
-            self._take_out_hung(url, now_s, f"no progress for {silent_s:.1f} s on {stuck} in-flight requests and "
-                                            f"/health {_health_words(why)}: scheduler stuck?", stuck)
+            self._take_out_hung(url, now_s, silent_s, stuck, f"/health {_health_words(why)}: scheduler stuck?")
         elif self.fleet.failed(url, now_s, health=True):
             self.report_taken_out(url, f"{self.fleet.fail_after} failed health checks in a row ({why})")
 

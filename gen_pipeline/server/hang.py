@@ -10,20 +10,12 @@ frozen), or when /health is not 200 (a stuck scheduler); busy or slow is never t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from gen_pipeline.config.run import RunFlags
 
 HANG_AFTER_S = RunFlags.hang_timeout_s  # the default --hang-timeout-s (config/run.py)
 PROBE_TIMEOUT_S = 3.0  # a GET /v1/models gets this long at most (less when hang_after_s is short)
 PROBE_EVERY_S = 1.0  # while a server stays silent and answers its probes, one probe a second
 ALIVE_PATH = "/v1/models"
-
-
-@dataclass
-class _Probe:
-    sent_s: float
-    why: str  # what the unanswered one got ("no answer within ...", "Connection refused")
 
 
 class HangWatch:
@@ -35,7 +27,7 @@ class HangWatch:
         self.probe_timeout_s = min(PROBE_TIMEOUT_S, 0.6 * hang_after_s)
         self._pending: set[str] = set()
         self._next_s: dict[str, float] = {}
-        self._unanswered: dict[str, _Probe] = {}  # the latest probe got no answer
+        self._unanswered: dict[str, tuple[float, str]] = {}  # url → (sent_s, why) of its unanswered latest probe
 
     def due(self, url: str, now_s: float, silent_s: float, in_flight: int) -> bool:
         """Send `url` a liveness probe now? (requests in flight, silent long enough, none pending, and
@@ -54,16 +46,15 @@ class HangWatch:
 
     def unanswered(self, url: str, sent_s: float, why: str) -> None:
         self._pending.discard(url)
-        self._unanswered[url] = _Probe(sent_s, why)
+        self._unanswered[url] = (sent_s, why)
 
     def frozen(self, url: str, now_s: float, silent_s: float, in_flight: int) -> str | None:
         """Why `url` counts as stopped or frozen now (module doc), or None."""
         probe = self._unanswered.get(url)
         if in_flight == 0 or silent_s < self.hang_after_s or probe is None:
             return None
-        if probe.sent_s < now_s - silent_s:  # sent before the silence began: progress came since
-            return None
-        return probe.why
+        sent_s, why = probe
+        return None if sent_s < now_s - silent_s else why  # sent before the silence began: progress came since
 
     def forget(self, url: str) -> None:
         """`url` was taken out: its probes start over once it is back."""

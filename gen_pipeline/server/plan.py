@@ -65,9 +65,7 @@ class Plan:
     weights_note: str = ""  # how the weight size was obtained
     inputs_note: str = ""  # where tp / memory fraction / KV dtype / hicache came from
     kv_in_use: str = ""  # the profile's KV dtype (marked in the table)
-    # The largest decode batch SGLang replays a CUDA graph for on this node (cuda_graph_max_bs): the
-    # profile's --cuda-graph-max-bs, else SGLang's default for the GPU's memory and tp_size
-    cuda_graph_max_bs: int = 0
+    cuda_graph_max_bs: int = 0  # the largest decode batch SGLang replays a CUDA graph for (the profile's or default)
     cuda_graph_note: str = ""
     dcp_size: int = 1  # --dcp-size: KV tokens x dcp_size (module doc)
     dcp_max: int = 1  # the copies TP makes of each KV head: the largest dcp_size that splits tokens
@@ -195,8 +193,7 @@ def plan(model_config: dict[str, Any], *, gpu_mem_gb: float, tp_size: int, mem_f
                 dcp_max=copies)
 
 
-# GPUs a node commonly has, by memory per GPU as nvidia-smi reports it (MiB / 1024): the refusal names the
-# smallest one that leaves room for a KV cache.
+# GPUs by memory as nvidia-smi reports it (MiB / 1024): the refusal names the smallest one that fits.
 KNOWN_GPUS = ((79.6, "H100/A100 80 GB"), (REFERENCE_GPU_MEM_GIB, REFERENCE_GPU), (140.4, "H200 141 GB"))
 
 

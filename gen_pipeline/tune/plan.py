@@ -159,14 +159,12 @@ def flag_value(extra_args: tuple[str, ...], flag_name: str) -> str | None:
 def with_flag(extra_args: tuple[str, ...], flag_name: str, value: Any) -> tuple[str, ...]:
     """extra_args with `flag_name` set to `value` (an earlier setting removed)."""
     out: list[str] = []
-    skip = False
-    for arg in extra_args:
-        if skip:
-            skip = False
-            continue
+    args = iter(extra_args)
+    for arg in args:
         name, eq, _ = arg.partition("=")
         if name == flag_name:
-            skip = not eq
+            if not eq:
+                next(args, None)  # its value
             continue
         out.append(arg)
     return (*out, flag_name, f"{value:g}" if isinstance(value, float) else str(value))
