@@ -14,13 +14,14 @@ the logprobs after top-k/top-p filtering (layers/sampler.py).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from typing import Any
 
 import anyio
 
 from gen_pipeline.errors import ServerError
-from gen_pipeline.http import Http, HttpError, Reply
+from gen_pipeline.http import Http, HttpError
 from gen_pipeline.probe.metrics import Position
 
 ATTEMPTS = 3
@@ -43,9 +44,9 @@ async def _post(http: Http, url: str, body: dict[str, Any]) -> dict[str, Any]:
             err = str(e)
         else:
             if reply.status == 200:
-                data = _json_object(reply)
-                if data is not None:
-                    return data
+                with contextlib.suppress(HttpError):
+                    if isinstance(data := reply.json(), dict):
+                        return data
                 raise ProbeRequestError(f"{url} answered 200 with a body that is not a JSON object: "
                                         f"{reply.text[:200]!r}")
             err = f"HTTP {reply.status}: {' '.join(reply.text[:300].split())}"
@@ -56,14 +57,6 @@ async def _post(http: Http, url: str, body: dict[str, Any]) -> dict[str, Any]:
         if attempt + 1 < ATTEMPTS:
             await anyio.sleep(0.5 * 2**attempt)
     raise ProbeRequestError(f"{url}: {err} (after {ATTEMPTS} attempts)")
-
-
-def _json_object(reply: Reply) -> dict[str, Any] | None:
-    try:
-        data = reply.json()
-    except HttpError:
-        return None
-    return data if isinstance(data, dict) else None
 
 
 async def prompt_ids(http: Http, url: str, model: str, messages: list[dict[str, str]],

@@ -32,11 +32,10 @@ def capacity_from_server_info(info: dict[str, Any]) -> Capacity | None:
     states = [s for s in info.get("internal_states") or [] if isinstance(s, dict)]
     ranks = len(states) or (info.get("dp_size") if _is_int(info.get("dp_size")) else 1) or 1
     per_dp = _positive_ints([s.get("effective_max_running_requests_per_dp") for s in states])
+    max_running = info.get("max_running_requests")  # the CLI value; null when SGLang chose it
     if states and per_dp is not None:
-        max_running: int | None = sum(per_dp)
-    elif _is_int(info.get("max_running_requests")):
-        max_running = info["max_running_requests"]  # the CLI value; null when SGLang chose it
-    else:
+        max_running = sum(per_dp)
+    elif not _is_int(max_running):
         max_running = None
     dcp = info.get("dcp_size")
     dcp = dcp if _is_int(dcp) and dcp > 1 else 1
