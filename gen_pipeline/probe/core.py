@@ -1,16 +1,14 @@
 """`gen-pipeline probe-kv`: what a KV-cache dtype (fp8_e4m3) does to the target model's outputs.
 
-Two servers that differ only in KV dtype get the first N valid prompts of the dataset (first user turn,
-tokenized once by the reference's chat template). The reference decodes greedily and scores its own
-output teacher-forced; the compare side decodes the same ids (exact match, first divergence) and scores
-the reference output teacher-forced, so a divergence does not compound. Two launched profiles run one
-after the other (two copies of the model rarely fit one node); every refusal the configs can decide
-comes before anything is launched. SGLang only (probe/sglang.py); vLLM is refused with a message.
+Two servers that differ only in KV dtype get the same prompt ids. Each decodes greedily (exact match, first
+divergence) and scores the reference's output teacher-forced, so a divergence does not compound. Two launched
+profiles run one after the other (two copies of the model rarely fit one node). SGLang only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, fields
@@ -91,11 +89,9 @@ def check_profiles(ref: ServerProfile | str, cmp: ServerProfile | str, allow_sam
             raise ConfigError(f"The {role} profile {p.where} is a {p.backend} server (backend = {p.backend!r}). "
                               f"{_NEEDS_SGLANG}")
         check_launchable(p)
-    if isinstance(ref, ServerProfile) and isinstance(cmp, ServerProfile) and not allow_same_kv:
-        a, b = _SAME_KV.get(ref.kv_cache_dtype, ref.kv_cache_dtype), _SAME_KV.get(cmp.kv_cache_dtype,
-                                                                                  cmp.kv_cache_dtype)
-        if a == b:
-            raise ConfigError(f"Both servers use KV dtype {a} ({ref.where} and [profile.{cmp.name}]). {_SAME_KV_HELP}")
+    if (isinstance(ref, ServerProfile) and isinstance(cmp, ServerProfile) and not allow_same_kv
+            and (a := _profile_kv(ref)) == _profile_kv(cmp)):
+        raise ConfigError(f"Both servers use KV dtype {a} ({ref.where} and [profile.{cmp.name}]). {_SAME_KV_HELP}")
 
 
 def first_turn(prompt: Prompt) -> list[dict[str, str]]:
@@ -110,20 +106,10 @@ def first_turn(prompt: Prompt) -> list[dict[str, str]]:
 
 def load_prompts(cfg: DatasetConfig, n: int) -> list[Prompt]:
     """The first `n` valid prompts of the source, in source order (deterministic)."""
-    prompts: list[Prompt] = []
-    for p in iter_prompts(cfg, frozenset(), SourceStats(), []):
-        prompts.append(p)
-        if len(prompts) >= n:
-            break
+    prompts = list(itertools.islice(iter_prompts(cfg, frozenset(), SourceStats(), []), n))
     if not prompts:
         raise ConfigError(f"Dataset {cfg.name}: its source has no valid prompt to probe with.")
     return prompts
-
-
-def profile_differences(a: ServerProfile, b: ServerProfile) -> list[str]:
-    """Keys other than the KV dtype (and supervision timings) in which two profiles differ."""
-    return [f.name for f in fields(ServerProfile)
-            if f.name not in _IGNORED_DIFFS and getattr(a, f.name) != getattr(b, f.name)]
 
 
 def kv_dtype(handle: ServerHandle, fallback: str | None) -> str | None:
@@ -171,10 +157,13 @@ def check_kv(opts: ProbeOptions, ref: ServerHandle, ref_kv: str | None, cmp_url:
 
 
 def warn_differences(opts: ProbeOptions, say: Callable[[str], None]) -> None:
-    if isinstance(opts.reference, ServerProfile) and isinstance(opts.compare, ServerProfile):
-        diff = profile_differences(opts.reference, opts.compare)
+    """Warn when the two profiles differ in keys other than the KV dtype (and supervision timings)."""
+    ref, cmp = opts.reference, opts.compare
+    if isinstance(ref, ServerProfile) and isinstance(cmp, ServerProfile):
+        diff = [f.name for f in fields(ServerProfile)
+                if f.name not in _IGNORED_DIFFS and getattr(ref, f.name) != getattr(cmp, f.name)]
         if diff:
-            say(f"warning: profiles {opts.reference.name} and {opts.compare.name} also differ in "
+            say(f"warning: profiles {ref.name} and {cmp.name} also differ in "
                 f"{', '.join(diff)}; capacity and speed keys do not change the numbers, attention or "
                 "model keys (extra_args, model_path) would.")
 

@@ -3,10 +3,9 @@
 KL estimator: KL(P_ref || Q_cmp) per teacher-forced position over the reference's top-k tokens plus
 one tail bucket. Merging tokens never raises KL (log-sum inequality), so read it as "at least this much".
 
-Thresholds: a drafter trained on fp8-KV outputs learns a different token than the bf16 target would
-pick at about the top-1 change share d of positions, so its accept rate drops by at most about d:
-d <= 1 % is fine, d <= 3 % caution, above that prefer bf16 KV. Mean KL limits of 0.01 / 0.05 nats
-play the same part for sampled data.
+Thresholds: a drafter trained on fp8-KV outputs learns another token than the bf16 target picks at about
+the top-1 change share d of positions, so its accept rate drops by at most about d; mean KL plays the same
+part for sampled data.
 """
 
 from __future__ import annotations
@@ -110,9 +109,8 @@ def percentile(xs: Sequence[float], q: float) -> float:
 
 def _divergence(results: Sequence[PromptResult]) -> dict[str, Any]:
     at = [r.first_divergence for r in results if r.first_divergence is not None]
-    hist = {}
-    for lo, hi in DIVERGENCE_BUCKETS:
-        hist[f"{lo}-{hi - 1}" if hi else f"{lo}+"] = sum(1 for x in at if x >= lo and (hi is None or x < hi))
+    hist = {f"{lo}-{hi - 1}" if hi else f"{lo}+": sum(1 for x in at if x >= lo and (hi is None or x < hi))
+            for lo, hi in DIVERGENCE_BUCKETS}
     return {"diverged_prompts": len(at), "median": statistics.median(at) if at else None,
             "p10": percentile(at, 10) if at else None, "p90": percentile(at, 90) if at else None,
             "histogram": hist}

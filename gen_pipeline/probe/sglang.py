@@ -1,13 +1,7 @@
-"""The probe's requests to SGLang (read from SGLang 0.5.17's source, python/sglang/srt/):
+"""The probe's requests to SGLang (read from SGLang 0.5.17's source, python/sglang/srt/).
 
-- Prompt ids: POST /tokenize {"model", "messages"} runs the server's own chat template, so both servers
-  get the same ids; without it (404), /v1/chat/completions with "return_prompt_token_ids" (0.5.13+).
-- Free run: POST /generate {"input_ids", greedy "sampling_params", "return_logprob": true,
-  "top_logprobs_num": k, "logprob_start_len": -1} → "output_ids", meta_info "output_token_logprobs"
-  ([logprob, token_id, text|None] per token) and "output_top_logprobs".
-- Teacher forcing: input_ids = prompt + reference[:b], max_new_tokens 1, logprob_start_len = P + a - 1
-  → meta_info "input_token_logprobs"/"input_top_logprobs"; SGLang puts None at the first position
-  (logprob_result_processor.py), so entry j >= 1 scores reference token a + j - 1.
+Teacher forcing sends prompt + reference[:b] with logprob_start_len = P + a - 1; SGLang puts None at the
+first input position (logprob_result_processor.py), so entry j >= 1 scores reference token a + j - 1.
 
 Why chunks: SGLang's prefill attention reads the tokens being extended in the model dtype and only
 the cached prefix from the (fp8) KV pool, so one prefill of the whole reference would hide fp8's
@@ -20,13 +14,14 @@ the logprobs after top-k/top-p filtering (layers/sampler.py).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from typing import Any
 
 import anyio
 
 from gen_pipeline.errors import ServerError
-from gen_pipeline.http import Http, HttpError, Reply
+from gen_pipeline.http import Http, HttpError
 from gen_pipeline.probe.metrics import Position
 
 ATTEMPTS = 3
@@ -49,9 +44,9 @@ async def _post(http: Http, url: str, body: dict[str, Any]) -> dict[str, Any]:
             err = str(e)
         else:
             if reply.status == 200:
-                data = _json_object(reply)
-                if data is not None:
-                    return data
+                with contextlib.suppress(HttpError):
+                    if isinstance(data := reply.json(), dict):
+                        return data
                 raise ProbeRequestError(f"{url} answered 200 with a body that is not a JSON object: "
                                         f"{reply.text[:200]!r}")
             err = f"HTTP {reply.status}: {' '.join(reply.text[:300].split())}"
@@ -62,14 +57,6 @@ async def _post(http: Http, url: str, body: dict[str, Any]) -> dict[str, Any]:
         if attempt + 1 < ATTEMPTS:
             await anyio.sleep(0.5 * 2**attempt)
     raise ProbeRequestError(f"{url}: {err} (after {ATTEMPTS} attempts)")
-
-
-def _json_object(reply: Reply) -> dict[str, Any] | None:
-    try:
-        data = reply.json()
-    except HttpError:
-        return None
-    return data if isinstance(data, dict) else None
 
 
 async def prompt_ids(http: Http, url: str, model: str, messages: list[dict[str, str]],

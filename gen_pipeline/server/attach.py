@@ -1,9 +1,5 @@
 """Attach mode (SERVER_URL): no process; the same health checks and capacity reading as a launch.
-
-An sglang-router is recognised by its worker list (`/workers`, old `/list_workers`): capacity and load
-are summed over the workers while requests go through the router. Several URLs without a router form
-a Fleet (server/fleet.py, server/fleet_watch.py).
-"""
+Behind an sglang-router (its `/workers` list), capacity and load are summed over the workers."""
 
 from __future__ import annotations
 
@@ -20,7 +16,7 @@ from gen_pipeline.errors import ServerError
 from gen_pipeline.http import Http, HttpError
 from gen_pipeline.server.capacity import combine
 from gen_pipeline.server.fleet import Fleet
-from gen_pipeline.server.fleet_watch import FleetWatch, read_fleet_load, worker_urls  # noqa: F401 (worker_urls: its old home)
+from gen_pipeline.server.fleet_watch import FleetWatch, read_fleet_load
 from gen_pipeline.server.handle import ServerHandle
 from gen_pipeline.server.hang import HANG_AFTER_S
 

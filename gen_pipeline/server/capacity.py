@@ -1,13 +1,9 @@
 """What a server can hold: KV tokens and decode slots, read from its HTTP API.
 
 Sources, best first (SGLang's srt/entrypoints/http_server.py, v1_loads.py): `/server_info` (old
-`/get_server_info`): `max_total_num_tokens` of DP rank 0 × the ranks (each has its own pool) × dcp_size
-(decode context parallelism: each rank holds 1/d of every token, and the scheduler admits against the
-pool × dcp_size, scheduler.py) and
-`internal_states[i].effective_max_running_requests_per_dp`; then `/v1/loads`; then vLLM's `/metrics`
-(`vllm:cache_config_info`). The CUDA-graph ceiling comes from /server_info too: 0.5.17's resolved
-`cuda_graph_config` (`decode.max_bs`, `decode.backend` "disabled"), older releases' flat
-`cuda_graph_max_bs` (and `disable_cuda_graph`).
+`/get_server_info`), then `/v1/loads`, then vLLM's `/metrics` (`vllm:cache_config_info`). Every DP rank has
+its own pool, and the scheduler admits against the pool × dcp_size (scheduler.py: each decode-context-parallel
+rank holds 1/d of every token).
 """
 
 from __future__ import annotations
@@ -36,16 +32,16 @@ def capacity_from_server_info(info: dict[str, Any]) -> Capacity | None:
     states = [s for s in info.get("internal_states") or [] if isinstance(s, dict)]
     ranks = len(states) or (info.get("dp_size") if _is_int(info.get("dp_size")) else 1) or 1
     per_dp = _positive_ints([s.get("effective_max_running_requests_per_dp") for s in states])
+    max_running = info.get("max_running_requests")  # the CLI value; null when SGLang chose it
     if states and per_dp is not None:
-        max_running: int | None = sum(per_dp)
-    elif _is_int(info.get("max_running_requests")):
-        max_running = info["max_running_requests"]  # the CLI value; null when SGLang chose it
-    else:
+        max_running = sum(per_dp)
+    elif not _is_int(max_running):
         max_running = None
     dcp = info.get("dcp_size")
     dcp = dcp if _is_int(dcp) and dcp > 1 else 1
+    graphs = cuda_graph_max_bs(info)
     return Capacity(tokens * ranks * dcp, max_running, servers=1, source="server_info",
-                    cuda_graph_max_bs=_times(cuda_graph_max_bs(info), ranks))
+                    cuda_graph_max_bs=None if graphs is None else graphs * ranks)
 
 
 def cuda_graph_max_bs(info: dict[str, Any]) -> int | None:
@@ -62,10 +58,6 @@ def cuda_graph_max_bs(info: dict[str, Any]) -> int | None:
     else:  # older SGLang: a flat server arg
         value = info.get("cuda_graph_max_bs")
     return value if _is_int(value) and value > 0 else None
-
-
-def _times(value: int | None, ranks: int) -> int | None:
-    return None if value is None else value * ranks
 
 
 def capacity_from_loads(body: Any) -> Capacity | None:
@@ -134,8 +126,7 @@ async def probe(http: Http, url: str) -> tuple[Capacity | None, dict[str, Any]]:
 
 
 async def json_or_none(http: Http, url: str) -> Any:
-    """GET → parsed JSON, or None on any failure (no answer, non-200, not JSON): a probe asks what a
-    server offers, and "nothing there" is an answer."""
+    """GET → parsed JSON, or None on any failure (no answer, non-200, not JSON): "nothing there" is an answer."""
     try:
         return await http.get_json(url, timeout_s=PROBE_TIMEOUT_S)
     except HttpError:

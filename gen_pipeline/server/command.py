@@ -56,10 +56,9 @@ def build_command(profile: ServerProfile, *, port: int, python: str = sys.execut
 
 def check_launchable(profile: ServerProfile, python: str = sys.executable,
                      environ: Mapping[str, str] | None = None) -> None:
-    """Raise ServerError before launching SGLang's own launcher when sglang is not installed here
-    (it would die at import with a ModuleNotFoundError in server.log, after the start-up wait). The
-    message names the command that installs it into this very Python: make's when make started us
-    (the Makefile exports GEN_PIPELINE_MAKE_SGLANG), else pip run by this interpreter."""
+    """Raise ServerError when the profile launches SGLang and sglang is not installed in this Python (it
+    would die at import, after the start-up wait), naming the command that installs it here (make's, when
+    make started us)."""
     if tuple(profile.command[:3]) != SGLANG_COMMAND or importlib.util.find_spec("sglang") is not None:
         return
     via_make = (os.environ if environ is None else environ).get(MAKE_SGLANG_VAR, "")
@@ -93,9 +92,4 @@ def flag_origin(profile: ServerProfile, flag: str) -> str | None:
     bare = flag.split("=", 1)[0]
     if bare in profile.extra_args or flag in profile.extra_args:
         return "extra_args"
-    for key, known in FLAGS.items():
-        if known == bare:
-            return key
-    if bare == "--port":
-        return "port"
-    return None
+    return next((key for key, known in FLAGS.items() if known == bare), "port" if bare == "--port" else None)

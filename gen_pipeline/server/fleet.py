@@ -60,8 +60,7 @@ class Fleet:
         self.tokens_per_request = tokens_per_request
         self.version = 0  # bumped whenever a server goes out or comes back (capacity must be re-summed)
         self.taken_out = 0  # how many times a server was taken out (for the summary)
-        # called with a URL the moment it is taken out as hung: the clients cancel their requests in flight to it
-        # and send them again (to another server, or to it once it is back); see run/chat.py
+        # called with a URL taken out as hung: the clients cancel their requests to it and re-send them (run/chat.py)
         self.on_taken_out: list[Callable[[str], None]] = []
         self.why: dict[str, str] = {}  # url → why it last failed to answer (a log line's words)
         self.refused: dict[str, str] = {}  # url → the other model it serves now: out for good (`refuse`)

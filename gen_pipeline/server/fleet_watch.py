@@ -1,14 +1,7 @@
-"""The I/O around a Fleet: per-server health checks with backoff probes, liveness probes of silent
-servers, a router's worker list re-read every interval, capacity re-summed over what is up, and the load
-poll per server. Every check and probe runs in its own task: a server that does not answer never
-delays another's check.
-
-Direct (several URLs): a server that fails `unhealthy_after` checks in a row is taken out and probed
-back in with backoff; a hung one (hang.py) is taken out and its requests re-sent at once (run/chat.py).
-When no server answers, dispatch pauses for up to `give_up_after_s` (--server-wait-s: an operator's
-restart of SGLang takes 60-90 s); requests re-sent meanwhile never count as failures. Through
-sglang-router: `/workers` is re-read every interval and capacity is the sum over its healthy workers;
-the router itself is health-checked like a server.
+"""The I/O around a Fleet: health checks, backoff probes back in, liveness probes of silent servers (hang.py),
+a router's `/workers` re-read, capacity re-summed over what is up, the load poll per server. Every check
+runs in its own task: a server that does not answer never delays another's check. When no server answers,
+dispatch pauses for up to `give_up_after_s` (--server-wait-s: an operator's restart of SGLang takes 60-90 s).
 """
 
 from __future__ import annotations
@@ -69,8 +62,7 @@ class FleetWatch:
 
     def resum(self) -> None:
         """Capacity and worker_urls over the servers that are up now (a new Capacity object when it changed)."""
-        up = [w for u in self.fleet.up_urls for w in self.workers.get(u, [])]
-        self.handle.worker_urls = up
+        up = self.handle.worker_urls = self._workers_up()
         for url in self.fleet.urls:
             cap = self.caps.get(url) if self.workers.get(url) == [url] else None  # a router's is its workers'
             self.fleet.set_capacity(url, cap.max_total_num_tokens if cap is not None else None)
@@ -79,10 +71,9 @@ class FleetWatch:
             self.handle.capacity = capacity
 
     async def run(self) -> None:
-        """Every TICK_S: capacity follows what the client took out, silent servers are probed and a
-        frozen one taken out, a router's workers are re-read (each ROUTERS_EVERY_S), readiness follows
-        the fleet; every interval_s: health checks and due probes back in (each in its own task). Raises
-        ServerError once no server has answered for give_up_after_s."""
+        """Every TICK_S: hangs, routers' workers (each ROUTERS_EVERY_S), readiness and capacity follow the fleet;
+        every interval_s: health checks and due probes back in. Raises ServerError once no server has answered
+        for give_up_after_s."""
         resummed = self.fleet.version
         next_routers_s = next_health_s = time.monotonic()
         async with anyio.create_task_group() as tg:
@@ -136,8 +127,7 @@ class FleetWatch:
             stuck, silent_s = self.fleet.in_flight(url), self.fleet.silent_s(url, now_s)
             why = self.hangs.frozen(url, now_s, silent_s, stuck)
             if why is not None:
-                self._take_out_hung(url, now_s, f"no progress for {silent_s:.1f} s on {stuck} in-flight requests "
-                                                f"and {why}: stopped or frozen?", stuck)
+                self._take_out_hung(url, now_s, silent_s, stuck, f"{why}: stopped or frozen?")
             elif self.hangs.due(url, now_s, silent_s, stuck):
                 self.hangs.sent(url, now_s)
                 tg.start_soon(self._alive, url, now_s)
@@ -156,8 +146,9 @@ class FleetWatch:
         else:
             self.hangs.answered(url)
 
-    def _take_out_hung(self, url: str, now_s: float, why: str, stuck: int) -> None:
+    def _take_out_hung(self, url: str, now_s: float, silent_s: float, stuck: int, why: str) -> None:
         """Out, its requests in flight cancelled and re-sent (Fleet.mark_down(cancel=True))."""
+        why = f"no progress for {silent_s:.1f} s on {stuck} in-flight requests and {why}"
         self.fleet.mark_down(url, now_s, cancel=True)
         self._cancelled_down.add(url)
         self.hangs.forget(url)
@@ -224,8 +215,7 @@ class FleetWatch:
         silent_s = self.fleet.silent_s(url, now_s)
         stuck = self.fleet.in_flight(url)
         if stuck and silent_s >= self.hang_after_s:
-            self._take_out_hung(url, now_s, f"no progress for {silent_s:.1f} s on {stuck} in-flight requests and "
-                                            f"/health {_health_words(why)}: scheduler stuck?", stuck)
+            self._take_out_hung(url, now_s, silent_s, stuck, f"/health {_health_words(why)}: scheduler stuck?")
         elif self.fleet.failed(url, now_s, health=True):
             self.report_taken_out(url, f"{self.fleet.fail_after} failed health checks in a row ({why})")
 

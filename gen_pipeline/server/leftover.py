@@ -1,10 +1,7 @@
 """A launched server's record (`server.pid.json` beside its server.log) and the check at the next start:
 a server an earlier run left behind must not get a second one beside it (two model loads on one GPU).
-
-A later start reads the record: a group that is gone is forgotten; one provably ours and orphaned (same
-pid and start time, the gen-pipeline that started it gone) is stopped (SIGTERM, stop_grace_s, SIGKILL)
-as its run would have done; anything else is refused with its pid and what to do. Linux reads /proc;
-elsewhere a live recorded group is always refused.
+Only one provably ours and orphaned (same pid and start time in /proc, its gen-pipeline gone) is stopped;
+anything else alive is refused (always, off Linux).
 """
 
 from __future__ import annotations
@@ -21,6 +18,7 @@ import anyio
 
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ServerStartupError
+from gen_pipeline.store.lock import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +69,7 @@ def read_record(folder: Path) -> ServerRecord | None:
 
 def group_alive(pgid: int) -> bool:
     """True while any process of group `pgid` exists."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_alive(pgid, group=True)
 
 
 def _ours(rec: ServerRecord) -> bool | None:
@@ -131,13 +123,23 @@ async def stop_leftover(folder: Path, grace_s: float) -> None:
 
 
 async def _stop_group(pgid: int, grace_s: float) -> None:
-    """SIGTERM the group, wait up to `grace_s` for it to end, SIGKILL it, wait for it to be gone. Not our
-    child: nothing wakes us when it ends, so this polls."""
+    """SIGTERM the group, wait up to `grace_s` for it to end, SIGKILL it, wait for it to be gone."""
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, GONE_AFTER_KILL_S)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
-        with anyio.move_on_after(wait_s):
-            while group_alive(pgid):  # noqa: ASYNC110 - nothing signals another session's end: poll it
-                await anyio.sleep(0.05)
-        if not group_alive(pgid):
+        killpg(pgid, sig)
+        if not await wait_group_gone(pgid, wait_s, poll_s=0.05):
             return
+
+
+def killpg(pgid: int, sig: int) -> None:
+    """Signal process group `pgid`; one gone (or no longer ours) is left alone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+async def wait_group_gone(pgid: int, timeout_s: float, poll_s: float) -> bool:
+    """Wait up to `timeout_s` for group `pgid` to end; whether it is still alive then. Killed grandchildren
+    are reaped by init, not us: nothing signals their end, so this polls."""
+    with anyio.move_on_after(timeout_s):
+        while group_alive(pgid):  # noqa: ASYNC110 - nothing signals a process group's end: poll it
+            await anyio.sleep(poll_s)
+    return group_alive(pgid)

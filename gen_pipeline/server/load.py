@@ -1,8 +1,7 @@
 """Live load: running/queued requests, KV tokens in use, retractions, summed over DP ranks and servers.
 
 `/v1/loads` (SGLang, no flag needed) gives the gauges; `/metrics` (--enable-metrics, or vLLM) gives
-them too plus retractions and the token counter, as `sglang:x` or `sglang_x`. What a URL has, and the
-retraction tally, are remembered per URL. Retractions by SGLang version (srt/metrics/collector.py):
+them too plus retractions and the token counter. Retractions by SGLang version (srt/metrics/collector.py):
 - 0.4.7 .. 0.4.10: gauge `sglang:total_retracted_reqs`, cumulative.
 - 0.5.x: gauge `sglang:num_retracted_reqs`, the latest retraction's size, reset to 0: tallied here.
 - 0.5.17: also the labelled counter `sglang:num_retracted_requests_total`, absent until the first one.
@@ -11,6 +10,7 @@ retraction tally, are remembered per URL. Retractions by SGLang version (srt/met
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -26,7 +26,6 @@ _GAUGES = {
     "total_tokens": ("sglang:max_total_num_tokens",),
     "token_usage": ("sglang:token_usage", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     "gen_throughput": ("sglang:gen_throughput",),
-    # cumulative retraction counts (see the module doc for which version serves which)
     "retractions_total": ("sglang:num_retracted_requests_total", "sglang:total_retracted_reqs",
                           "vllm:num_preemptions_total"),
     "retracted_recent": ("sglang:num_retracted_reqs",),  # per stats-log window, reset each log
@@ -37,11 +36,8 @@ _GAUGES = {
 
 
 class RetractionTally:
-    """Cumulative retractions from the per-window gauge `sglang:num_retracted_reqs`.
-
-    A reading that is positive and differs from the rank's previous one is a new retraction
-    (a window held over two polls is counted once; two equal retractions back to back in
-    consecutive polls are counted once, so the tally may run low, never high)."""
+    """Cumulative retractions from the per-window gauge `sglang:num_retracted_reqs`: a positive reading that
+    differs from the rank's previous one is new (two equal ones in consecutive polls count once: low, never high)."""
 
     def __init__(self) -> None:
         self.total = 0
@@ -91,16 +87,16 @@ def load_from_metrics(text: str, now_s: float, tally: RetractionTally | None = N
     """One server's load from Prometheus text; None without running/queued gauges.
     `tally` carries the retraction gauge's readings from poll to poll (one URL's)."""
     values = metric_values(text)
-    def pick(field: str) -> float | None:
+    def pick(field: str, of: Callable[[list[float]], float | None] = sum) -> float | None:
         for name in _GAUGES[field]:
             if name in values:
-                return sum(values[name].values())
+                return of(list(values[name].values()))
         return None
     running, queued = pick("running"), pick("queued")
     if running is None or queued is None:
         return None
     used, cap = pick("used_tokens"), pick("total_tokens")
-    usage = used / cap if used is not None and cap else _mean_of(values, _GAUGES["token_usage"])
+    usage = used / cap if used is not None and cap else pick("token_usage", _mean)
     retr, gen = _retractions(values, pick("retractions_total"), tally or RetractionTally()), pick("gen_tokens_total")
     ratios = values.get("sglang:new_token_ratio")
     return LoadSnapshot(t_s=now_s, running=int(running), queued=int(queued),
@@ -182,10 +178,3 @@ async def _load_of(http: Http, url: str, now_s: float) -> LoadSnapshot | None:
 def _mean(vals: list[Any]) -> float | None:
     nums = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
     return sum(nums) / len(nums) if nums and len(nums) == len(vals) else None
-
-
-def _mean_of(values: dict[str, dict[str, float]], names: tuple[str, ...]) -> float | None:
-    for name in names:
-        if name in values:
-            return _mean(list(values[name].values()))
-    return None

@@ -1,8 +1,5 @@
-"""Recognise fatal SGLang log lines and turn them into advice a user can act on (pure).
-
-The patterns mirror what SGLang prints: "Not enough memory. Please try to increase
---mem-fraction-static." (python/sglang/srt/mem_cache/memory_pool.py / model_runner.py), torch's
-"CUDA out of memory" / torch.OutOfMemoryError, NCCL errors, and argparse's "error: ..." lines.
+"""Recognise fatal SGLang log lines and turn them into advice a user can act on (pure). The patterns mirror
+SGLang's (srt/mem_cache/memory_pool.py, model_runner.py), torch's out-of-memory, NCCL's and argparse's lines.
 """
 
 from __future__ import annotations

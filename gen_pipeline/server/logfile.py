@@ -25,9 +25,7 @@ def tail(log_path: Path, n: int = 15) -> list[str]:
     """The last `n` non-empty lines of the file ([] if it does not exist)."""
     try:
         with open(log_path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - _TAIL_BYTES))
+            f.seek(max(0, f.seek(0, 2) - _TAIL_BYTES))
             data = f.read()
     except FileNotFoundError:
         return []

@@ -1,12 +1,10 @@
 """`python -I .../gen_pipeline/server/parent_watch.py PARENT_PID GRACE_S CMD...`: run CMD so that it is stopped
 when its parent (the pipeline) dies, even by SIGKILL, which the pipeline cannot catch to stop its server.
 
-Without this a killed orchestrator leaves the server holding the GPUs and the next run starts a second
-one. On Linux this process leads CMD's process group, the kernel tells it when the pipeline dies
-(PR_SET_PDEATHSIG), and it does what the pipeline's own stop does (server/process.py): SIGTERM the
-group, wait GRACE_S, SIGKILL it. While the pipeline lives, CMD's exit is this process's exit.
-Elsewhere CMD is exec'd unchanged. A script (stdlib only), not `-m`: it lives as long as the server,
-and the package's imports would cost it time and memory for nothing.
+Without this a killed pipeline leaves the server holding the GPUs. On Linux this process leads CMD's group,
+hears of the pipeline's death from the kernel (PR_SET_PDEATHSIG) and stops the group as the pipeline would
+(SIGTERM, GRACE_S, SIGKILL); elsewhere CMD is exec'd unchanged. A stdlib-only script, not `-m`: it lives as
+long as the server, and the package's imports would cost it time and memory for nothing.
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
 """`gen-pipeline plan`: predict KV tokens and decode slots from a model's config.json (pure).
 
-Per-token KV bytes on one GPU, as SGLang sizes its pools (srt/mem_cache/memory_pool.py, model_runner.py
-`cell_size`):
+Per-token KV bytes on one GPU, as SGLang sizes its pools (srt/mem_cache/memory_pool.py, model_runner.py):
   MHA/GQA  2 × layers × ceil(kv_heads / tp) × head_dim × bytes      (K and V, heads split across TP)
   MLA      (kv_lora_rank + qk_rope_head_dim) × layers × bytes       (one latent, replicated on every rank)
 KV tokens = (gpu_mem × mem_fraction_static − weights / tp − overhead) / bytes per token × dcp.
-Decode context parallelism (`--dcp-size d`, SGLang 0.5.17) keeps each token's KV on one of d ranks among
-those that hold the same heads: the pool holds d x the tokens (scheduler.py sizes admission with
-max_total_num_tokens × dcp_size). d is at most the copies TP makes of each KV head: tp for MLA,
-tp / kv_heads for MHA/GQA (1 when TP splits the heads without copies).
-The defaults (REFERENCE_GPU_MEM_GIB, REFERENCE_OVERHEAD_GIB) are the reference node's, where this
-formula fits the three measured pools within 1 % (docs/measurements.md); the overhead varies with the
-model, parallelism and flags: read the real pool from the server's log or `/server_info` once it runs.
+Decode context parallelism (`--dcp-size d`) keeps each token's KV on one of d ranks that hold the same heads
+(scheduler.py admits against max_total_num_tokens × dcp_size), so d is at most the copies TP makes of each
+KV head: tp for MLA, tp / kv_heads for MHA/GQA. The overhead varies with model, parallelism and flags: the
+server's log or `/server_info` has the real pool once it runs.
 """
 
 from __future__ import annotations
@@ -69,9 +65,7 @@ class Plan:
     weights_note: str = ""  # how the weight size was obtained
     inputs_note: str = ""  # where tp / memory fraction / KV dtype / hicache came from
     kv_in_use: str = ""  # the profile's KV dtype (marked in the table)
-    # The largest decode batch SGLang replays a CUDA graph for on this node (cuda_graph_max_bs): the
-    # profile's --cuda-graph-max-bs, else SGLang's default for the GPU's memory and tp_size
-    cuda_graph_max_bs: int = 0
+    cuda_graph_max_bs: int = 0  # the largest decode batch SGLang replays a CUDA graph for (the profile's or default)
     cuda_graph_note: str = ""
     dcp_size: int = 1  # --dcp-size: KV tokens x dcp_size (module doc)
     dcp_max: int = 1  # the copies TP makes of each KV head: the largest dcp_size that splits tokens
@@ -199,8 +193,7 @@ def plan(model_config: dict[str, Any], *, gpu_mem_gb: float, tp_size: int, mem_f
                 dcp_max=copies)
 
 
-# GPUs a node commonly has, by memory per GPU as nvidia-smi reports it (MiB / 1024): the refusal names the
-# smallest one that leaves room for a KV cache.
+# GPUs by memory as nvidia-smi reports it (MiB / 1024): the refusal names the smallest one that fits.
 KNOWN_GPUS = ((79.6, "H100/A100 80 GB"), (REFERENCE_GPU_MEM_GIB, REFERENCE_GPU), (140.4, "H200 141 GB"))
 
 

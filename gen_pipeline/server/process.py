@@ -1,13 +1,10 @@
 """One server process: spawned in its own session with output to a file, stopped as a group.
 
-SGLang forks schedulers and detokenizers; `Process.aclose()` alone leaves them behind, so every
-stop signals the whole process group (the child is its leader: start_new_session=True). Output goes
-to a file, never a pipe: a grandchild holding a pipe open would hang us.
-"""
+SGLang forks schedulers and detokenizers that `Process.aclose()` leaves behind, so every stop signals the
+whole group; output goes to a file, never a pipe, which a grandchild holding it open would hang."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import shutil
@@ -22,9 +19,8 @@ import anyio
 from anyio.abc import Process
 
 from gen_pipeline.server import logfile, parent_watch
-from gen_pipeline.server.leftover import remove_record, write_record
+from gen_pipeline.server.leftover import killpg, remove_record, wait_group_gone, write_record
 from gen_pipeline.server.log_advice import COMMAND_ECHO
-from gen_pipeline.store.lock import pid_alive
 
 
 class ServerProcess:
@@ -78,12 +74,12 @@ class ServerProcess:
         # Shielded: this runs while the caller is being cancelled and must finish anyway.
         with anyio.CancelScope(shield=True):
             if self.returncode is None:
-                _killpg(self.pgid, signal.SIGTERM)
+                killpg(self.pgid, signal.SIGTERM)
                 with anyio.move_on_after(grace_s):
                     await self.proc.wait()
-            _killpg(self.pgid, signal.SIGKILL)  # also reaches children that outlive the leader
+            killpg(self.pgid, signal.SIGKILL)  # also reaches children that outlive the leader
             await self.proc.wait()
-            await _wait_group_gone(self.pgid, timeout_s=2.0)
+            await wait_group_gone(self.pgid, 2.0, poll_s=0.02)  # so callers see the group gone
             remove_record(self.log_path.parent, self.pgid)
         return self.returncode
 
@@ -96,14 +92,3 @@ def _watched(command: list[str], stop_grace_s: float) -> list[str]:
         return command
     return [sys.executable, "-I", parent_watch.SCRIPT, str(os.getpid()), f"{stop_grace_s:g}", *command]
 
-
-def _killpg(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-async def _wait_group_gone(pgid: int, timeout_s: float) -> None:
-    """Killed grandchildren are reaped by init; give it a moment so callers see the group gone."""
-    with anyio.move_on_after(timeout_s):
-        while pid_alive(pgid, group=True):  # noqa: ASYNC110 - nothing signals a process group's end: poll it
-            await anyio.sleep(0.02)

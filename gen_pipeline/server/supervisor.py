@@ -53,12 +53,9 @@ def connect_host(host: str) -> str:
 
 async def run_server(profile: ServerProfile, *, log_dir: Path, http: Http, leftover_dirs: Sequence[Path] = (),
                      task_status: TaskStatus[ServerHandle] = anyio.TASK_STATUS_IGNORED) -> None:
-    """Start the server, report the ServerHandle once healthy, supervise until cancelled.
-
-    Raises ServerStartupError if the first start fails (or a server an earlier run recorded in `log_dir`
-    or one of `leftover_dirs` cannot be stopped: server/leftover.py), ServerError once restarts are exhausted.
-    On exit (cancellation included) the process group is stopped: SIGTERM, stop_grace_s, SIGKILL.
-    """
+    """Start the server, report the ServerHandle once healthy, supervise until cancelled; the process group
+    is always stopped on exit. Raises ServerStartupError if the first start fails (or a server an earlier run
+    left in `log_dir` or `leftover_dirs` cannot be stopped), ServerError once restarts are exhausted."""
     for folder in dict.fromkeys([log_dir, *leftover_dirs]):  # a job's earlier run may have had another first dataset
         await stop_leftover(folder, profile.stop_grace_s)
     if profile.port and await anyio.to_thread.run_sync(_listening, connect_host(profile.host), profile.port):

@@ -1,6 +1,5 @@
 """`gen-pipeline tune`: the shipped server profile against one-lever candidates, measured on the job's own
-prompts within a share of its predicted time; the winner written as a profile (plan.py: candidates and
-budget; trials.py: the trials and output check; report.py: the table and the profile)."""
+prompts within a share of its predicted time; the winner written as a profile."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
 """`tune`'s plan, decided before anything is launched (pure): the candidates (the shipped profile + one
-lever each, from the LEVERS table), what `plan` predicts for each (KV tokens, decode slots; one it says
-cannot start is skipped, named), and the budget (a share of the job's predicted time, split over
-candidates x rounds; refused when one round does not fit).
-"""
+lever each), what `plan` predicts for each, and the budget (a share of the job's predicted time)."""
 
 from __future__ import annotations
 
@@ -36,9 +33,8 @@ ASSUMED_PROMPT_TOKENS = 300  # a dataset with no measured or reference lengths: 
 
 @dataclass(frozen=True)
 class Lever:
-    """One single-GPU SGLang lever: its `--levers` name, SGLang's flag, the server.toml key that sets it
-    ("" = passed in extra_args) and the value tried, from the profile's current one (None: SGLang's default)
-    and the plan of the shipped profile."""
+    """One single-GPU SGLang lever: its `--levers` name, SGLang's flag, the server.toml key ("" = extra_args)
+    and `pick`: the value tried, from the profile's current one (None: SGLang's default) and the shipped plan."""
 
     name: str
     flag: str
@@ -163,14 +159,12 @@ def flag_value(extra_args: tuple[str, ...], flag_name: str) -> str | None:
 def with_flag(extra_args: tuple[str, ...], flag_name: str, value: Any) -> tuple[str, ...]:
     """extra_args with `flag_name` set to `value` (an earlier setting removed)."""
     out: list[str] = []
-    skip = False
-    for arg in extra_args:
-        if skip:
-            skip = False
-            continue
+    args = iter(extra_args)
+    for arg in args:
         name, eq, _ = arg.partition("=")
         if name == flag_name:
-            skip = not eq
+            if not eq:
+                next(args, None)  # its value
             continue
         out.append(arg)
     return (*out, flag_name, f"{value:g}" if isinstance(value, float) else str(value))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
-from typing import Any
 
 from gen_pipeline.display import display_path
 from gen_pipeline.store.shards import write_atomic
@@ -30,14 +29,6 @@ def table(tp: TunePlan, res: TuneResult) -> list[str]:
     return out
 
 
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return json.dumps(value) if isinstance(value, str) else repr(value)
-
-
 def write_result(tp: TunePlan, res: TuneResult, folder: Path, config_dir: Path) -> tuple[Path, list[str]]:
     """Write folder/<P>-tuned.toml (the winner's profile, or only the table when the shipped one stays);
     returns its path and the lines to print."""
@@ -57,7 +48,8 @@ def write_result(tp: TunePlan, res: TuneResult, folder: Path, config_dir: Path) 
                    f"[profile.{name}-tuned] of this file to {display_path(config_dir / 'server.toml')} and run "
                    f"generate --server {name}-tuned.")
         profile = ["", f"[profile.{name}-tuned]", f'inherits = "{name}"']
-        profile += [f"{key} = {_toml(value)}" for key, value in won.change.items()]
+        # a lever's value is a string, number, bool or list of strings: their JSON is their TOML
+    profile += [f"{key} = {json.dumps(value)}" for key, value in won.change.items()]
     path = folder / f"{name}-tuned.toml"
     folder.mkdir(parents=True, exist_ok=True)
     write_atomic(path, ("\n".join(head + body + profile) + "\n").encode())

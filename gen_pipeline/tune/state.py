@@ -1,13 +1,6 @@
-"""What a tune run has measured, kept so a second run does not redo it: outputs/<D>/tune/state.json
-(written atomically after every trial) and outputs/<D>/tune/seed/ (the store as it was before the first
-trial, so a resumed run's trials do the same prompts; removed once every trial is measured).
-
-    {"key": {...},            # the plan it belongs to: another plan starts afresh
-     "seed_done": 120,        # samples the store held before the first trial
-     "trials": [{"round": 0, "name": "tuned", "tok_s": 1234.5, "server_tok_s": [1300.0],
-                 "check": "reference", "refused": false}, ...],
-     "reference": [{"id": ..., "ids": [...], "free": [[token, logprob, [[logprob, token], ...]], ...],
-                    "forced": [...]}, ...]}   # the shipped profile's greedy answers (the output check's)
+"""What a tune run has measured, kept so a second run of the same plan (`key`) does not redo it:
+outputs/<D>/tune/state.json, written atomically after every trial, holds the trials measured, `seed_done`
+(samples the store held before the first trial) and the shipped profile's greedy answers (`reference`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""`tune`'s trials: each candidate launched (probe-kv's open_server, the launcher), its prefix cache
-flushed, the job's next N prompts generated through the normal run path (attached, a fixed window of N:
-every trial sends the same prompts at once), completion tok/s measured; in the first round each
-candidate's greedy answers on a few prompts are compared with the shipped profile's as probe-kv does
-(probe/core.py, probe/metrics.py). The shipped profile's first trial writes into the dataset's store
-(exactly-once: a later generate skips those ids); every other trial writes into a copy of the store taken
-before it (the same prompts), dropped once measured. Each measured trial is recorded (state.py): a
-second run of the same plan measures only what is missing.
+"""`tune`'s trials: each candidate launched with an empty prefix cache, the job's next N prompts sent at once
+through the normal run path, completion tok/s measured; in the first round its greedy answers are checked
+against the shipped profile's as probe-kv does. Only the shipped profile's first trial writes into the
+dataset's store (a later generate skips those ids); the others write into a copy taken before it (the same
+prompts), dropped once measured.
 """
 
 from __future__ import annotations
