@@ -3,9 +3,7 @@
 A dataset's GPU-hours are its runs' GPUs x their generating time (from `generating_at`: the job's
 datasets share one server one after another, so a later one's run waits while an earlier one
 generates). The job's are GPUs x the union of its runs' whole times (the model load holds the GPUs),
-so a hand-over's overlap counts once; each rank's runs are a lane of their own. The projection runs the
-unfinished datasets one after another at their own measured rate (else the job's). `plan`'s pre-run
-estimate is reports/job_time.py: predicted; these figures are measured.
+so a hand-over's overlap counts once. `plan`'s estimate before any run is reports/job_time.py.
 """
 
 from __future__ import annotations

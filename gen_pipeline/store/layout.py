@@ -1,17 +1,8 @@
-"""The dataset folder: its layout, file names and the trust rules, read by the store (writer),
-status, validate and export alike. Nothing here writes.
-
-    outputs/B2/                   the dataset folder (`dataset_folder(root, "B2")`)
-      shard-00000.jsonl           one Sample a line (shards.py: format, parsing, id sidecars)
-      shard-00000.ids             ids of a sealed shard
-      manifest.json               manifest.py: sealed shards, open shard's committed length, runs (atomic)
-      fingerprint.json            fingerprint.py: the config that wrote the samples (the manifest's copy)
-      .lock                       lock.py: the run lock
-      errors.jsonl, rejects.jsonl Failure / Reject lines, each with its "run"
-      rank-<R>-of-<W>/            with W ranks (ranks.py): each rank's part, laid out as above
+"""The dataset folder (its files: docs/datasets.md): layout, file names and the trust rules, read by the
+store (writer), status, validate and export alike. Nothing here writes.
 
 A folder is read through its *parts*, each written by one run at a time: the folder itself, or its
-rank folders. Every reader reads all parts as one dataset; `check_world` keeps the two layouts and two
+rank-<R>-of-<W>/ folders. Every reader reads all parts as one dataset; `check_world` keeps the two layouts and two
 world sizes from mixing in one folder.
 
 Trust rules (which shard lines are committed samples):
@@ -226,10 +217,9 @@ def committed_shards(folder: Path, *, ids: bool = True) -> list[CommittedShard]:
 
 
 def iter_committed_samples(folder: Path, duplicates: list[str] | None = None) -> Iterator[dict[str, Any]]:
-    """The committed samples of a dataset folder (every part), first of each id, by the trust rules
-    above (those of resume): every whole line of every shard; a torn or invalid last line is
-    a write in progress and is skipped; an invalid line before it is damage: StoreError. The id of each
-    later line with an id already met (damage too: the store never writes an id twice) goes to `duplicates`."""
+    """The committed samples of a dataset folder (every part), first of each id, by the trust rules above;
+    an invalid line before the last is damage: StoreError. The id of each later line with an id already met
+    (damage too: the store never writes an id twice) goes to `duplicates`."""
     seen: set[str] = set()
     for part in dataset_parts(folder):
         for shard in shard_files(part):

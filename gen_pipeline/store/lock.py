@@ -167,11 +167,8 @@ class FolderGone(StoreError):
 
 
 class RunLock:
-    """The `.lock` of one dataset folder, held by this process until `release()`.
-
-    Created with O_CREAT|O_EXCL and flock()ed; two runs taking over one stale lock at the same time
-    cannot both win (only one gets the flock).
-    """
+    """The `.lock` of one dataset folder, held by this process until `release()`. Created with O_CREAT|O_EXCL
+    and flock()ed: two runs taking over one stale lock at the same time cannot both win."""
 
     def __init__(self, folder: Path, fd: int, note: str | None):
         self.folder, self._fd, self.note = folder, fd, note
