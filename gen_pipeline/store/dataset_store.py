@@ -23,7 +23,6 @@ from gen_pipeline.records import Failure, Reject, Sample
 from gen_pipeline.store.fingerprint import FINGERPRINT_NAME, check_rows, read_fingerprint, write_fingerprint
 from gen_pipeline.store.layout import (
     ERRORS_NAME,
-    MANIFEST_NAME,
     REJECTS_NAME,
     ShardFile,
     check_other_ranks,
@@ -39,6 +38,7 @@ from gen_pipeline.store.layout import (
 )
 from gen_pipeline.store.lock import FolderGone, RunLock
 from gen_pipeline.store.manifest import (
+    MANIFEST_NAME,
     Manifest,
     OpenShardRecord,
     ProgressRecord,

@@ -30,11 +30,6 @@ from gen_pipeline.store.manifest import MANIFEST_NAME, Manifest, ShardRecord, ch
 from gen_pipeline.store.ranks import RankSpec, parse_rank_folder
 from gen_pipeline.store.shards import ShardScan, iter_lines, list_shards, read_sidecar, scan_bytes, sidecar_path
 
-__all__ = ["ERRORS_NAME", "LOCK_NAME", "MANIFEST_NAME", "REJECTS_NAME", "CommittedShard", "ShardFile",
-           "check_other_ranks", "check_world", "committed_shards", "dataset_folder", "dataset_parts", "display_path",
-           "final_failure_ids", "has_samples", "has_shards", "iter_committed_samples", "part_folder", "part_name",
-           "rank_parts", "read_jsonl_rows", "rejected_rows", "sealed_records", "shard_files", "trusted_record"]
-
 ERRORS_NAME = "errors.jsonl"
 REJECTS_NAME = "rejects.jsonl"
 
@@ -143,11 +138,6 @@ def sealed_records(manifest: Manifest | None) -> dict[str, ShardRecord]:
     return {e["name"]: e for e in (manifest or {}).get("sealed", [])}
 
 
-def trusted_record(record: ShardRecord | None, size: int) -> ShardRecord | None:
-    """The manifest record of a sealed shard when the file still matches it (same size), else None."""
-    return record if record is not None and record.get("bytes") == size else None
-
-
 @dataclass(frozen=True)
 class ShardFile:
     """One shard file of a part and the manifest's record of it (None: not listed as sealed)."""
@@ -159,8 +149,9 @@ class ShardFile:
 
     @property
     def record(self) -> ShardRecord | None:
-        """The manifest's record when it can be trusted for this file (the trust rule)."""
-        return trusted_record(self.listed_record, self.size)
+        """The manifest's record when the file still matches it (same size: the trust rule), else None."""
+        rec = self.listed_record
+        return rec if rec is not None and rec.get("bytes") == self.size else None
 
 
 def shard_files(folder: Path, manifest: Manifest | None = None) -> list[ShardFile]:
