@@ -1,10 +1,7 @@
-"""`gen-pipeline check`: read the source as a run would, before any server (or model) starts.
-
-A local source of up to WHOLE_SOURCE_ROWS rows is read whole; a larger or hub source is judged
-from its first SAMPLE_ROWS rows (after the configured shuffle) and the row count `datasets`
-reports. Refused (and `generate` refuses to launch, unless --proceed-anyway): a missing column
-(ConfigError), most rows rejected (ConfigError), fewer valid rows than the remaining target
-(SourceShortError, exit 5). Prompt lengths are tokens when a tokenizer loads offline, else characters.
+"""`gen-pipeline check`: read the source as a run would, before any server (or model) starts, so that
+`generate` refuses to launch (unless --proceed-anyway) on what would fail the run. A local source of up to
+WHOLE_SOURCE_ROWS rows is read whole; a larger or hub source is judged from its first SAMPLE_ROWS rows
+(after the configured shuffle) and the row count `datasets` reports.
 """
 
 from __future__ import annotations
@@ -21,8 +18,9 @@ from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError, GenPipelineError, SourceShortError
 from gen_pipeline.records import Prompt, Reject
 from gen_pipeline.reports.lengths import Lengths, context_length, measure
-from gen_pipeline.reports.status import final_failure_ids, read_status
+from gen_pipeline.reports.status import read_status
 from gen_pipeline.sources.loading import LoadedSource, SourceStats, add_bad_lines, iter_prompts, load_source
+from gen_pipeline.store.layout import final_failure_ids
 
 WHOLE_SOURCE_ROWS = 50_000  # a local source up to this many rows is read whole
 SAMPLE_ROWS = 2_000  # otherwise: its first rows

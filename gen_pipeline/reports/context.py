@@ -1,9 +1,6 @@
 """What a dataset's runs were, for the report page: dates, model, server, KV capacity, sampling.
 Read from the dataset folder only (manifest or fingerprint.json, telemetry rows, run.log); nothing here
 raises for a damaged folder: what cannot be read is left out.
-
-The server's profile name and summary line are read back from run.log (the run's own events:
-"starting SGLang (PROFILE) on URL", "SGLang ready after N s: SUMMARY", "attached to URL: SUMMARY").
 """
 
 from __future__ import annotations

@@ -2,17 +2,11 @@
 `diagnose_dataset` reads files: the telemetry and the model's config.json).
 
 Each verdict is a named rule over the run's steady polls (warm-up and idle tail cut off), its
-thresholds in THRESHOLDS, reported in this order (docs/status.md describes each to users):
-server_restarts, graph_ceiling (running past cuda_graph_max_bs with the per-request decode rate
-falling), kv_bound / step_bound / kv_or_step (the slots are held; more slots pay, do not, or this run
-cannot tell), admission_bound and compute_bound (KV free, requests queued, at or below
-max_running_requests), client_bound, retraction_storm, idle_tail.
-
-Whether more slots pay is read as the elasticity: the least-squares slope of ln(gen tok/s) on
-ln(running) after the warm-up, with one-sided Student's t bounds. The warm-up is left out because
-SGLang's gen_throughput gauge reads low through the first wave's prefills, and a full pool alone says
-nothing: short outputs fill it and are bound by the step time. The thresholds were calibrated on real
-GPU traces (`python -m bench.gpu.verdicts`; docs/measurements.md).
+thresholds in THRESHOLDS; docs/status.md describes each to users. Whether more slots pay is read as the
+elasticity: the least-squares slope of ln(gen tok/s) on ln(running) after the warm-up (SGLang's
+gen_throughput gauge reads low through the first wave's prefills), with one-sided Student's t bounds; a
+full pool alone says nothing: short outputs fill it and are bound by the step time. Thresholds calibrated
+on GPU traces: docs/measurements.md.
 """
 
 from __future__ import annotations
@@ -26,7 +20,7 @@ from typing import Any
 
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.server.plan import GIB, KV_BYTES, REFERENCE_GPU_MEM_GIB, kv_bytes_per_token
-from gen_pipeline.store.telemetry import read_telemetry
+from gen_pipeline.store.telemetry import read_telemetry, runs_of
 
 THRESHOLDS: dict[str, float] = {
     "warmup_frac": 0.2,  # first share of a run's polls: the first wave, not the steady state
@@ -130,11 +124,7 @@ def view(rows: list[dict[str, Any]], th: dict[str, float] = THRESHOLDS) -> RunVi
 def diagnose(all_rows: list[dict[str, Any]], hw: Hardware = Hardware(),
              th: dict[str, float] = THRESHOLDS) -> list[Verdict]:
     """Verdicts for the last run of `all_rows` (telemetry rows, oldest first) plus restarts of any run."""
-    runs: list[list[dict[str, Any]]] = []
-    for row in all_rows:
-        if not runs or runs[-1][-1].get("run") != row.get("run"):
-            runs.append([])
-        runs[-1].append(row)
+    runs = runs_of(all_rows)
     out = [v for v in [_restarts(runs)] if v]
     if not runs:
         return out
@@ -234,16 +224,15 @@ def _read_elasticity(rows: list[dict[str, Any]], th: dict[str, float]) -> Elasti
 
 
 def elasticity(rows: list[dict[str, Any]], th: dict[str, float] = THRESHOLDS) -> Elasticity | None:
-    """Least-squares slope of ln(gen tok/s) on ln(running) over `rows` (the polls after the warm-up: see the
-    module doc) with its confidence bounds; None when fewer than min_polls polls have both, running did not
-    vary enough (elastic_spread) or the server reports no decode rate."""
+    """The elasticity over `rows` (the polls after the warm-up) with its confidence bounds; None when it
+    cannot be read (too few polls, running too steady, no decode rate)."""
     e = _read_elasticity(rows, th)
     return e if isinstance(e, Elasticity) else None
 
 
 def _graph_ceiling(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:
-    """graph_ceiling (module doc): the server's ceiling crossed with the per-request rate falling past it, or
-    with no ceiling reported, a decode rate that confidently falls as running grows."""
+    """graph_ceiling: running past the server's cuda_graph_max_bs with the per-request decode rate falling
+    there (or nothing below it to compare with)."""
     rows = [r for r in v.after_warmup if (r.get("running") or 0) > 0 and (r.get("gen_tok_s") or 0) > 0]
     ceiling = _last(v.rows, "cuda_graph_max_bs")
     if not ceiling:  # a falling rate alone is no ceiling: the short regime's gauge swings with prefills
@@ -297,7 +286,8 @@ SLOT_RULES = ("kv_bound", "step_bound", "kv_or_step")
 
 
 def _slots_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:
-    """kv_bound, step_bound or kv_or_step where the slots are held (module doc: how each is told)."""
+    """kv_bound, step_bound or kv_or_step where the slots are held: more slots pay, do not, or this run
+    cannot tell (the elasticity's bounds against elastic_min)."""
     x = _slots_held(v, th)
     if x is None:
         return None

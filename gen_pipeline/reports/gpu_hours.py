@@ -3,9 +3,7 @@
 A dataset's GPU-hours are its runs' GPUs x their generating time (from `generating_at`: the job's
 datasets share one server one after another, so a later one's run waits while an earlier one
 generates). The job's are GPUs x the union of its runs' whole times (the model load holds the GPUs),
-so a hand-over's overlap counts once; each rank's runs are a lane of their own. The projection runs the
-unfinished datasets one after another at their own measured rate (else the job's). `plan`'s pre-run
-estimate is reports/job_time.py: predicted; these figures are measured.
+so a hand-over's overlap counts once. `plan`'s estimate before any run is reports/job_time.py.
 """
 
 from __future__ import annotations
@@ -72,6 +70,15 @@ class GpuUsage:
         """GPU-hours per 1,000 samples (None: no run with known GPUs wrote any)."""
         return 1000 * self.gpu_hours / self.samples if self.known and self.samples else None
 
+    def add_time(self, wall_s: float, gpus: int | None) -> None:
+        """`wall_s` seconds held on `gpus` GPUs (None: unknown, counted apart)."""
+        self.wall_s += wall_s
+        if gpus is None:
+            self.unknown_runs += 1
+            self.unknown_s += wall_s
+        else:
+            self.gpu_hours += gpus * wall_s / 3600
+
     def to_dict(self) -> dict[str, Any]:
         return {"gpu_hours": round(self.gpu_hours, 4) if self.known else None, "wall_s": round(self.wall_s, 1),
                 "samples": self.samples, "gpu_hours_per_1k": round(p, 4) if (p := self.per_1k) is not None else None,
@@ -85,14 +92,9 @@ def dataset_usage(runs: Sequence[Mapping[str, Any]]) -> GpuUsage:
         iv = run_interval(run, generating=True)
         if iv is None:
             continue
-        wall = iv[1] - iv[0]
-        u.wall_s += wall
+        u.add_time(iv[1] - iv[0], iv[2])
         u.all_samples += int(run.get("samples_written") or 0)
-        if iv[2] is None:
-            u.unknown_runs += 1
-            u.unknown_s += wall
-        else:
-            u.gpu_hours += iv[2] * wall / 3600
+        if iv[2] is not None:
             u.samples += int(run.get("samples_written") or 0)
             u.gpus = iv[2]
         u.how = str(run.get("gpus_how") or u.how)
@@ -133,12 +135,7 @@ def job_usage(lanes: Mapping[Any, Sequence[Mapping[str, Any]]]) -> GpuUsage:
             else:
                 merged.append([start, end, gpus])
         for start, end, gpus in merged:
-            total.wall_s += end - start
-            if gpus is None:
-                total.unknown_runs += 1
-                total.unknown_s += end - start
-            else:
-                total.gpu_hours += gpus * (end - start) / 3600
+            total.add_time(end - start, gpus)
         total.samples += sum(int(r.get("samples_written") or 0) for r in runs
                              if (iv := run_interval(r, generating=False)) is not None and iv[2] is not None)
         total.how = next((str(r["gpus_how"]) for r in reversed(runs) if r.get("gpus_how")), total.how)

@@ -1,11 +1,9 @@
 """How long the job takes, for `plan`: tokens to decode / the rate a KV-bound server decodes them.
 
-Per dataset: the samples still to do x tokens per sample (measured once MEASURED_MIN samples exist,
-else REFERENCE_LENGTHS, else unknown and left out of the total). A request holds its prompt and on
-average half its output over its life, so b = KV tokens / (prompt + output/2) run at once, and one
-decode step of b takes base + per_request·b + per_kv_token·kv_in_use (attention reads every KV token).
-The coefficients are the reference node's (the simulator's "seed" profile, fitted by bench/calibrate.py:
-docs/measurements.md); another model or GPU: pass a measured aggregate rate (`decode_tok_s`).
+A request holds its prompt and on average half its output over its life, so b = KV tokens / (prompt +
+output/2) run at once, and one decode step of b takes base + per_request·b + per_kv_token·kv_in_use
+(attention reads every KV token). The coefficients are the reference node's (the simulator's "seed"
+profile: docs/measurements.md); another model or GPU: pass a measured aggregate rate (`decode_tok_s`).
 """
 
 from __future__ import annotations
@@ -172,7 +170,6 @@ def _graph_warning(j: JobTime) -> list[str]:
             f"datasets run at most {c} at once and their times above are optimistic; to use the KV for more, raise "
             f'it in the server profile: extra_args = ["--cuda-graph-max-bs", "{2 * c}"] (more GPU memory for graphs, '
             "a longer start-up)."]
-
 
 
 def plan_job_time(p: Plan, config_dir: Path, output_dir: Path, *, decode_tok_s: float | None = None,

@@ -1,9 +1,6 @@
-"""`report`: one self-contained HTML page per dataset from its telemetry (PNG plots inlined as
-base64): what the runs were (dates, model, server, KV capacity, sampling), the dataset's own
-`status` row, the diagnosis, the plots. matplotlib (Agg) is the optional `report` extra.
-
-The time axis is run time with the gaps between runs removed (a resume days later does not squash
-the plots); dashed lines mark where each run starts, red lines where the server restarted.
+"""`report`: one self-contained HTML page per dataset (PNG plots inlined as base64: it opens offline);
+matplotlib (Agg) is the optional `report` extra. The time axis is run time with the gaps between runs
+removed, so a resume days later does not squash the plots.
 """
 
 from __future__ import annotations

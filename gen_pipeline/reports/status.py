@@ -39,7 +39,6 @@ from gen_pipeline.store.layout import (
     REJECTS_NAME,
     committed_shards,
     dataset_folder,
-    final_failure_ids,
     has_shards,
     rank_parts,
     read_jsonl_rows,
@@ -47,9 +46,6 @@ from gen_pipeline.store.layout import (
 from gen_pipeline.store.lock import read_lock
 from gen_pipeline.store.manifest import Manifest, RunRecord, read_manifest
 from gen_pipeline.store.ranks import rank_folder_name, rank_share
-
-__all__ = ["ERRORS_NAME", "REJECTS_NAME", "DatasetStatus", "StatusReport", "config_targets", "final_failure_ids",
-           "format_status", "read_status", "status_all"]
 
 
 @dataclass
@@ -201,8 +197,7 @@ def _add_shards(st: DatasetStatus, folder: Path, *, ids: bool) -> set[str]:
         st.truncated += scan.truncated
         st.gate = merged([st.gate, scan.gate])
         st.corrupt_lines += len(scan.corrupt)
-        for k, n in scan.variants.items():
-            st.variants[k] = st.variants.get(k, 0) + n
+        st.variants = merged([st.variants, scan.variants])
         done.update(scan.ids)
     return done
 
@@ -272,10 +267,9 @@ def _run_rate(run: RunRecord) -> float | None:
 
 def config_targets(config_dir: Path, output_dir: Path, only: Sequence[str] = ()) -> tuple[dict[str, int | None],
                                                                                         list[str]]:
-    """({dataset name: target}, warnings) from the configs of `only` (default: every TOML of config_dir; the
-    name inside a TOML wins). A dataset with outputs but no config gets None; a config that does not load is a
-    warning unless it was named (then its ConfigError is raised). The bundled examples (demo, tools) are
-    listed only when named or when they have output."""
+    """({dataset name: target}, warnings) from the configs of `only` (default: every TOML of config_dir but
+    the bundled examples without output). A dataset with outputs but no config gets None; a config that does
+    not load is a warning unless it was named (then its ConfigError is raised)."""
     targets: dict[str, int | None] = {}
     warnings: list[str] = []
     for n in list(only) or [str(p) for p in sorted(config_dir.glob("*.toml")) if p.stem != "server"
@@ -340,10 +334,22 @@ def _duration(s: float | None) -> str:
     return "done" if s == 0 else format_duration(s)
 
 
+def _progress(done: int, target: int | None) -> list[str]:
+    """The "done/target" and "%" cells."""
+    return [f"{done:,}/{target:,}" if target is not None else f"{done:,}/?",
+            f"{100 * done / target:.1f}%" if target else "-"]
+
+
+def _table(head: list[str], rows: list[list[str]], *, rule: bool = False) -> list[str]:
+    """Columns padded to their widest cell, two spaces apart; `rule`: dashes under the head."""
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in [head, *rows]]
+    return lines[:1] + ["  ".join("-" * w for w in widths)] * rule + lines[1:]
+
+
 def _row(d: DatasetStatus, in_total: bool) -> list[str]:
     errors = f"{d.errors_last_run}/{d.errors_unresolved}" if d.errors_last_run or d.errors_unresolved else "0"
-    return [d.dataset, f"{d.done:,}/{d.target:,}" if d.target is not None else f"{d.done:,}/?",
-            f"{100 * d.done / d.target:.1f}%" if d.target else "-", str(d.shards), _si(d.prompt_tokens),
+    return [d.dataset, *_progress(d.done, d.target), str(d.shards), _si(d.prompt_tokens),
             _si(d.completion_tokens), f"{100 * d.truncated_share:.1f}%", errors, str(d.rejects),
             d.state if in_total else f"{d.state} (not in total)",
             _si(d.samples_per_s), _si(d.tokens_per_s), _duration(d.eta_s)]
@@ -358,17 +364,13 @@ def status_rows(report: StatusReport) -> list[list[str]]:
     counted = set(report.total_of) if report.total_target else {d.dataset for d in report.datasets}
     rows = [_row(d, d.dataset in counted) for d in report.datasets]
     if report.total_target:  # no total row when none of the datasets it sums is shown
-        pct = f"{100 * report.total_done / report.total_target:.1f}%"
-        rows.append(["total", f"{report.total_done:,}/{report.total_target:,}", pct] + [""] * (len(STATUS_HEAD) - 3))
+        rows.append(["total", *_progress(report.total_done, report.total_target)] + [""] * (len(STATUS_HEAD) - 3))
     return rows
 
 
 def format_status(report: StatusReport) -> str:
     """A compact table: one row per dataset plus the total."""
-    head, rows = STATUS_HEAD, status_rows(report)
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in [head, *rows]]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = _table(STATUS_HEAD, status_rows(report), rule=True)
     if report.total_target:
         lines.insert(-1, lines[1])
     notes = [f"{d.dataset}: {d.corrupt_lines} unreadable lines in the shards; run validate"
@@ -448,9 +450,7 @@ def read_ranked_status(folder: Path, dataset: str, target: int | None) -> Datase
         for lane, runs in r.lanes.items():
             st.lanes.setdefault(lane, []).extend(runs)
     st.mix = next((r.mix for r in ranks if r.mix), [])
-    for r in ranks:
-        for k, n in r.variants.items():
-            st.variants[k] = st.variants.get(k, 0) + n
+    st.variants = merged(r.variants for r in ranks)
     _add_rejects(st, list(parts.values()))
     live = [r for r in ranks if r.state.startswith("running") and not r.stale_ranks]
     # while ranks run, the dataset's rate is theirs; after, the sum of each rank's last rate
@@ -493,9 +493,7 @@ def format_ranks(datasets: list[DatasetStatus]) -> list[str]:
         stale = f"; stale: rank {', '.join(map(str, d.stale_ranks))}" if d.stale_ranks else ""
         out += ["", f"{d.dataset}: {len(d.ranks)} ranks{stale}"]
         head = ["rank", "done/share", "%", "state", "last commit", "samples/s", ""]
-        rows = [[r.dataset.split("/", 1)[1], f"{r.done:,}/{r.target:,}" if r.target is not None else f"{r.done:,}/?",
-                 f"{100 * r.done / r.target:.1f}%" if r.target else "-", r.state, _ago(r.heartbeat_age_s),
+        rows = [[r.dataset.split("/", 1)[1], *_progress(r.done, r.target), r.state, _ago(r.heartbeat_age_s),
                  _si(r.samples_per_s), "stale: run it" if r.stale_ranks else ""] for r in d.ranks]
-        widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-        out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in [head, *rows]]
+        out += ["  " + line for line in _table(head, rows)]
     return out

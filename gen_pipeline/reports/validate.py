@@ -6,7 +6,7 @@ and value types (in "meta" too), and "reasoning_content" on every assistant turn
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -81,9 +81,7 @@ class ValidationReport:
     def to_dict(self) -> dict[str, Any]:
         return {"folder": self.folder, "ok": self.ok, "rows": self.rows, "files": self.files, "ranks": self.ranks,
                 "truncated": self.truncated, "truncated_policy": self.truncated_policy, "gate": self.gate,
-                "problems": dict(self.counts),
-                "examples": [{"kind": p.kind, "file": p.file, "line": p.line, "message": p.message}
-                             for p in self.examples]}
+                "problems": dict(self.counts), "examples": [asdict(p) for p in self.examples]}
 
     def format(self) -> str:
         """For humans: a summary line, then each problem kind with its first examples."""

@@ -1,9 +1,6 @@
-"""The dataset store: sharded JSONL writer with exactly-once resume by id. Sync; the pipeline
-calls it through `anyio.to_thread.run_sync` in batches. The folder's layout and trust rules: layout.py.
-
-The shards are the source of truth. open() cuts a torn last line, keeps every complete line
-(flushed lines past the manifest's committed length are valid samples), and reads the done ids
-back from the sidecars plus the open shard, so sealed shards are never parsed.
+"""The dataset store: sharded JSONL writer with exactly-once resume by id. Sync; the pipeline calls it
+through `anyio.to_thread.run_sync` in batches. The shards are the source of truth, read back under
+layout.py's trust rules (a sealed shard's ids come from its sidecar: it is not parsed).
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ from gen_pipeline.records import Failure, Reject, Sample
 from gen_pipeline.store.fingerprint import FINGERPRINT_NAME, check_rows, read_fingerprint, write_fingerprint
 from gen_pipeline.store.layout import (
     ERRORS_NAME,
-    MANIFEST_NAME,
     REJECTS_NAME,
     ShardFile,
     check_other_ranks,
@@ -42,6 +38,7 @@ from gen_pipeline.store.layout import (
 )
 from gen_pipeline.store.lock import FolderGone, RunLock
 from gen_pipeline.store.manifest import (
+    MANIFEST_NAME,
     Manifest,
     OpenShardRecord,
     ProgressRecord,
@@ -429,10 +426,8 @@ class DatasetStore:
     # ------------------------------------------------------------ writing
 
     def write_samples(self, samples: Sequence[Sample]) -> int:
-        """Append new samples (flushed); skips done ids and anything past the target.
-
-        Returns how many were written. Raises DiskError when a write fails.
-        """
+        """Append new samples (flushed), skipping done ids and anything past the target; returns how many
+        were written. Raises DiskError when a write fails."""
         batch = self._admit(samples)
         start = 0
         while start < len(batch):

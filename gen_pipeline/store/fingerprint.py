@@ -1,12 +1,6 @@
-"""The config-drift guard when the manifest is lost: a second copy of the fingerprint, and the rows.
-
-    outputs/B2/fingerprint.json   {"fingerprint": {...}, "digest": "..."}: the config that wrote the samples,
-                                  written atomically by the store whenever it records a new one
-
-The manifest holds the fingerprint too; this file is what is left when manifest.json is deleted
-or damaged. When both are gone, the rows still say which model and sampling made them (meta.model,
-meta.sampling): a store that had to parse its shards refuses rows of another model or sampling.
-Sync, no async library.
+"""The config-drift guard when the manifest is lost: fingerprint.json ({"fingerprint", "digest"}) is a
+second copy of the manifest's fingerprint; with both gone, the rows' meta.model and meta.sampling still
+say which config made them.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
-"""The dataset folder: its layout, file names and the trust rules, read by the store (writer),
-status, validate and export alike. Nothing here writes.
-
-    outputs/B2/                   the dataset folder (`dataset_folder(root, "B2")`)
-      shard-00000.jsonl           one Sample a line (shards.py: format, parsing, id sidecars)
-      shard-00000.ids             ids of a sealed shard
-      manifest.json               manifest.py: sealed shards, open shard's committed length, runs (atomic)
-      fingerprint.json            fingerprint.py: the config that wrote the samples (the manifest's copy)
-      .lock                       lock.py: the run lock
-      errors.jsonl, rejects.jsonl Failure / Reject lines, each with its "run"
-      rank-<R>-of-<W>/            with W ranks (ranks.py): each rank's part, laid out as above
+"""The dataset folder (its files: docs/datasets.md): layout, file names and the trust rules, read by the
+store (writer), status, validate and export alike. Nothing here writes.
 
 A folder is read through its *parts*, each written by one run at a time: the folder itself, or its
-rank folders. Every reader reads all parts as one dataset; `check_world` keeps the two layouts and two
+rank-<R>-of-<W>/ folders. Every reader reads all parts as one dataset; `check_world` keeps the two layouts and two
 world sizes from mixing in one folder.
 
 Trust rules (which shard lines are committed samples):
@@ -38,11 +29,6 @@ from gen_pipeline.store.lock import LOCK_NAME
 from gen_pipeline.store.manifest import MANIFEST_NAME, Manifest, ShardRecord, check_drift, read_manifest
 from gen_pipeline.store.ranks import RankSpec, parse_rank_folder
 from gen_pipeline.store.shards import ShardScan, iter_lines, list_shards, read_sidecar, scan_bytes, sidecar_path
-
-__all__ = ["ERRORS_NAME", "LOCK_NAME", "MANIFEST_NAME", "REJECTS_NAME", "CommittedShard", "ShardFile",
-           "check_other_ranks", "check_world", "committed_shards", "dataset_folder", "dataset_parts", "display_path",
-           "final_failure_ids", "has_samples", "has_shards", "iter_committed_samples", "part_folder", "part_name",
-           "rank_parts", "read_jsonl_rows", "rejected_rows", "sealed_records", "shard_files", "trusted_record"]
 
 ERRORS_NAME = "errors.jsonl"
 REJECTS_NAME = "rejects.jsonl"
@@ -152,11 +138,6 @@ def sealed_records(manifest: Manifest | None) -> dict[str, ShardRecord]:
     return {e["name"]: e for e in (manifest or {}).get("sealed", [])}
 
 
-def trusted_record(record: ShardRecord | None, size: int) -> ShardRecord | None:
-    """The manifest record of a sealed shard when the file still matches it (same size), else None."""
-    return record if record is not None and record.get("bytes") == size else None
-
-
 @dataclass(frozen=True)
 class ShardFile:
     """One shard file of a part and the manifest's record of it (None: not listed as sealed)."""
@@ -168,8 +149,9 @@ class ShardFile:
 
     @property
     def record(self) -> ShardRecord | None:
-        """The manifest's record when it can be trusted for this file (the trust rule)."""
-        return trusted_record(self.listed_record, self.size)
+        """The manifest's record when the file still matches it (same size: the trust rule), else None."""
+        rec = self.listed_record
+        return rec if rec is not None and rec.get("bytes") == self.size else None
 
 
 def shard_files(folder: Path, manifest: Manifest | None = None) -> list[ShardFile]:
@@ -226,10 +208,9 @@ def committed_shards(folder: Path, *, ids: bool = True) -> list[CommittedShard]:
 
 
 def iter_committed_samples(folder: Path, duplicates: list[str] | None = None) -> Iterator[dict[str, Any]]:
-    """The committed samples of a dataset folder (every part), first of each id, by the trust rules
-    above (those of resume): every whole line of every shard; a torn or invalid last line is
-    a write in progress and is skipped; an invalid line before it is damage: StoreError. The id of each
-    later line with an id already met (damage too: the store never writes an id twice) goes to `duplicates`."""
+    """The committed samples of a dataset folder (every part), first of each id, by the trust rules above;
+    an invalid line before the last is damage: StoreError. The id of each later line with an id already met
+    (damage too: the store never writes an id twice) goes to `duplicates`."""
     seen: set[str] = set()
     for part in dataset_parts(folder):
         for shard in shard_files(part):

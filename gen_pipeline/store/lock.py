@@ -129,10 +129,7 @@ def _probe(path: Path) -> bool | None:
     except OSError:
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
+        return not _flock(fd, fcntl.LOCK_SH)
     except OSError:
         return None
     finally:
@@ -167,11 +164,8 @@ class FolderGone(StoreError):
 
 
 class RunLock:
-    """The `.lock` of one dataset folder, held by this process until `release()`.
-
-    Created with O_CREAT|O_EXCL and flock()ed; two runs taking over one stale lock at the same time
-    cannot both win (only one gets the flock).
-    """
+    """The `.lock` of one dataset folder, held by this process until `release()`. Created with O_CREAT|O_EXCL
+    and flock()ed: two runs taking over one stale lock at the same time cannot both win."""
 
     def __init__(self, folder: Path, fd: int, note: str | None):
         self.folder, self._fd, self.note = folder, fd, note
@@ -283,9 +277,9 @@ def _unusable(folder: Path, e: OSError) -> StoreError:
                       "Fix the folder's permissions or choose another output folder.")
 
 
-def _flock(fd: int) -> bool:
+def _flock(fd: int, how: int = fcntl.LOCK_EX) -> bool:
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
         return True
     except BlockingIOError:
         return False

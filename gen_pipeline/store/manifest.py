@@ -1,8 +1,6 @@
 """A dataset folder's metadata on disk: the manifest (written atomically, typed by `Manifest` and
 checked field by field when read) and the config-drift check (the run lock is lock.py). Sync, no
 async library: the store calls it from a thread.
-
-    outputs/B2/manifest.json   Manifest: {"fingerprint", "sealed": [...], "open": {...}, "runs": [...], "progress"}
 """
 
 from __future__ import annotations
@@ -170,10 +168,8 @@ def _field_problem(e: ValidationError) -> str:
 
 
 def write_manifest(folder: Path, manifest: Manifest) -> None:
-    """Replace manifest.json atomically: tmp file in the folder, fsync, rename, fsync the folder.
-
-    A crash at any point leaves either the old or the new manifest. Raises OSError.
-    """
+    """Replace manifest.json atomically (tmp file, fsync, rename, fsync the folder): a crash at any point
+    leaves either the old or the new manifest. Raises OSError."""
     tmp = folder / f"{_TMP_PREFIX}{os.getpid()}"
     try:
         with open(tmp, "wb") as f:

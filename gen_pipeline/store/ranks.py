@@ -3,9 +3,8 @@ share of the target. Pure (no I/O beyond reading the environment it is handed).
 
 Rank R of W owns the prompts whose id hashes to R: blake2b of the id (not Python's `hash()`,
 which is salted per process), so ownership is the same on every machine, in every run, and in
-any source order. Shares: `target // W`, plus one for the first `target % W` ranks; they sum to
-the target. A rank never takes over another rank's prompts, so a rank whose slice of the source
-has fewer valid prompts than its share stops short ("source exhausted") and says so.
+any source order. A rank never takes over another rank's prompts, so a rank whose slice of the
+source has fewer valid prompts than its share stops short ("source exhausted") and says so.
 """
 
 from __future__ import annotations
@@ -117,10 +116,9 @@ def _from_env(env: Mapping[str, str], rank_var: str, world_var: str) -> RankSpec
 
 
 def resolve_rank(rank: int | None, world: int | None, env: Mapping[str, str]) -> tuple[RankSpec, list[str]]:
-    """This process's rank: --rank/--world-size, else SLURM's (SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT
-    and/or SLURM_PROCID/SLURM_NTASKS), else RANK/WORLD_SIZE, else rank 0 of 1. Returns the spec and notes
-    for the user (both SLURM's and torchrun's set and disagreeing).
-    Raises ConfigError naming the flag or variable."""
+    """This process's rank: --rank/--world-size, else SLURM's (array task and/or srun task), else
+    RANK/WORLD_SIZE, else rank 0 of 1; with notes for the user (SLURM's and torchrun's disagree). Raises
+    ConfigError naming the flag or variable."""
     if rank is not None or world is not None:
         if rank is None or world is None:
             given, missing = ("--rank", "--world-size") if world is None else ("--world-size", "--rank")

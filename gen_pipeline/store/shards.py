@@ -1,13 +1,7 @@
-"""The shard file format: names, parsing a shard's lines (pure), and the id sidecars of sealed
-shards. Read through layout.py (the trust rules); the store repairs with it.
-
-    shard-00003.jsonl   one Sample JSON object a line, "\\n"-terminated; a torn write leaves a partial last line
-    shard-00003.ids     the ids of a sealed shard: a header {"shard", "bytes", "samples", "ids_sha256"},
-                        then one JSON string a line
-
-A sidecar is trusted only when it fits its shard (`read_sidecar`: same name and size, the digest of its
-ids, the shard's first line starting with its first id); otherwise the store parses the shard and writes
-it anew, so a wrong sidecar can never make a resume write a sample twice.
+"""The shard file format: names, parsing a shard's lines (pure), and the id sidecars of sealed shards
+(shard-00003.ids: a header {"shard", "bytes", "samples", "ids_sha256"}, then one JSON id a line). A
+sidecar is trusted only when it fits its shard (`read_sidecar`); otherwise the store parses the shard and
+writes it anew, so a wrong sidecar can never make a resume write a sample twice.
 """
 
 from __future__ import annotations
