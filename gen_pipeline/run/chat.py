@@ -271,7 +271,9 @@ class ChatClient:
                 with attempt:
                     return await self._attempt(state)
         except Retryable as e:
-            raise _gave_up(e, stats.attempts) from None
+            n = stats.attempts
+            raise RequestError(f"gave up after {n} attempt{'' if n == 1 else 's'}: {e}", reason=e.reason,
+                               attempts=n) from None
         except RequestError as e:
             e.attempts = stats.attempts
             raise
@@ -480,7 +482,3 @@ def _wait(g: GenerationConfig, state: RetryCallState) -> float:
     n = state.attempt_number  # tenacity counts from the second attempt here: the first ran outside it
     return random.uniform(0, min(g.retry_max_wait_s, g.retry_initial_wait_s * 2 ** (n - 1)))
 
-
-def _gave_up(e: Retryable, attempts: int) -> RequestError:
-    plural = "attempt" if attempts == 1 else "attempts"
-    return RequestError(f"gave up after {attempts} {plural}: {e}", reason=e.reason, attempts=attempts)
