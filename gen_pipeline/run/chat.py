@@ -391,7 +391,8 @@ class ChatClient:
             if self._gate is None:
                 raise Retryable("server_gone", f"{url} was taken out of the fleet")
             raise _ServerGone(url, "taken out of the fleet")
-        self._done(turn, started)
+        if self._on_done is not None:  # the controller's hook (a loop's abort too: it held that much KV)
+            self._on_done(turn.prompt_tokens, turn.completion_tokens, time.monotonic() - started)
         return turn
 
     async def _read(self, url: str, answer: Stream, reading: TurnStream, *, token_ids: bool) -> TurnResult:
@@ -428,11 +429,6 @@ class ChatClient:
             log.warning("%s", line)
         refusal = self._fleet.refusal(self.settings.model)
         return ServerError(refusal) if refusal is not None else _ServerGone(url, f"it serves {served!r}")
-
-    def _done(self, turn: TurnResult, started: float) -> None:
-        """The controller's completion hook: a request that ended (a loop's abort too: it held that much KV)."""
-        if self._on_done is not None:
-            self._on_done(turn.prompt_tokens, turn.completion_tokens, time.monotonic() - started)
 
     def _connection_failed(self, url: str) -> None:
         """After fail_after connection failures in a row the server is taken out of the fleet (a server

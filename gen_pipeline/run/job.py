@@ -203,13 +203,6 @@ class Job:
             on_progress(self.snapshot())
             await anyio.sleep(REPORT_EVERY_S)
 
-    def _in_flight(self) -> int:
-        return sum(r.dispatch.in_flight for r in self.runs)
-
-    def _drain(self) -> None:
-        for r in self.runs:
-            r.dispatch.draining = True
-
     async def _work(self, clients: list[ChatClient]) -> None:
         """Writers outside the requests' group (every finished sample is written, and a drain deadline
         cancels only requests); the producers in dataset order (dispatch.produce_in_order)."""
@@ -276,11 +269,12 @@ async def open_job(cfgs: Sequence[DatasetConfig], opts: RunOptions) -> AsyncIter
     # signals are handled from the set-up to the last store closed (shutdown.py), those held before too;
     # the summary and 130/143 always follow
     def drain() -> None:
-        for j in jobs:
-            j._drain()
+        for run in (r for j in jobs for r in j.runs):
+            run.dispatch.draining = True
 
     async with anyio.create_task_group() as signals:
-        await signals.start(shutdown.handle_signals, lambda: sum(j._in_flight() for j in jobs), drain)
+        await signals.start(shutdown.handle_signals, lambda: sum(r.dispatch.in_flight for j in jobs for r in j.runs),
+                            drain)
         try:
             async with open_datasets(cfgs, opts, shutdown.setup_scope) as opened:
                 jobs.append(Job(opened, opts, shutdown))

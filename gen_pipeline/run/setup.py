@@ -53,7 +53,8 @@ def run_options(cfgs: Sequence[DatasetConfig], *, config_dir: Path = DEFAULT_CON
     windows = {cfg.generation.window or None for cfg in cfgs}
     if "window" not in flagged and len(windows) > 1:
         odd = next(c for c in cfgs[1:] if (c.generation.window or None) != (cfgs[0].generation.window or None))
-        raise ConfigError(f"{_where(odd)}: generation.window = {odd.generation.window} differs from the other "
+        where = display_path(odd.path) if odd.path else odd.name
+        raise ConfigError(f"{where}: generation.window = {odd.generation.window} differs from the other "
                           "datasets' (the job's datasets share one window); set it the same or pass --window.")
     if "window" not in flagged and cfgs[0].generation.window:
         given["window"] = cfgs[0].generation.window  # the datasets' own, over server.toml's
@@ -169,10 +170,6 @@ def _check(cfg: DatasetConfig, store: DatasetStore, opts: RunOptions, several: b
         raise _named(e, cfg) if several else e from None
     waived += [_named(p, cfg) if several else p for p in report.problems]
     return source
-
-
-def _where(cfg: DatasetConfig) -> str:
-    return display_path(cfg.path) if cfg.path else cfg.name
 
 
 def _named(e: GenPipelineError, cfg: DatasetConfig) -> GenPipelineError:
