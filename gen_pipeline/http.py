@@ -334,9 +334,8 @@ def _transport(limits: httpx.Limits, tls: Any) -> httpx.AsyncHTTPTransport:
 
 
 class _Backend(httpcore.AsyncNetworkBackend):
-    """httpcore's AnyIO backend, whose connections read without a timeout scope when no read timeout is set
-    (Http.open_stream's `bounded`): each read of httpcore's opens a cancel scope with a timer, ~15 % of the
-    client's CPU on a streamed answer (docs/measurements.md, "Client CPU per 1K streamed tokens")."""
+    """httpcore's AnyIO backend, whose reads skip httpcore's timer scope when no read timeout is set (Http.open_stream's
+    `bounded`): client CPU, docs/measurements.md, "Client CPU per 1K streamed tokens"."""
 
     def __init__(self) -> None:
         self._inner = httpcore.AnyIOBackend()

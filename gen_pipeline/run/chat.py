@@ -396,9 +396,8 @@ class ChatClient:
         return turn
 
     async def _read(self, url: str, answer: Stream, reading: TurnStream, *, token_ids: bool) -> TurnResult:
-        """The answer's events as they arrive, the detector fed (the stream closed at once when it fires);
-        or a whole answer (unstreamed, or a server that answered a stream in one piece): the detector
-        reads the finished text."""
+        """The answer's events as they arrive, the detector fed (the stream closed when it fires); or a whole
+        answer, the detector reading the finished text."""
         detector = reading.detector
         if not answer.is_event_stream:
             body = await answer.read()
@@ -431,9 +430,8 @@ class ChatClient:
         return ServerError(refusal) if refusal is not None else _ServerGone(url, f"it serves {served!r}")
 
     def _connection_failed(self, url: str) -> None:
-        """After fail_after connection failures in a row the server is taken out of the fleet (a server
-        alone too when the servers are watched, `gate`: none up pauses dispatch until its health checks
-        bring it back)."""
+        """After fail_after connection failures in a row the server is taken out of the fleet (a lone server
+        too when the servers are watched: none up pauses dispatch until its health checks bring it back)."""
         fleet = self._fleet
         if (len(fleet.urls) > 1 or self._gate is not None) and fleet.failed(url, time.monotonic()):
             log.warning("took %s out after %d connection errors in a row; %d of %d servers left, probing it "

@@ -162,9 +162,8 @@ Launch = Callable[[Dispatcher], tuple[Regenerate, MemoryObjectSendStream[Item], 
 
 
 async def produce_in_order(requests: TaskGroup, dispatchers: list[Dispatcher], launch: Launch) -> None:
-    """A job's datasets: each dispatcher's producer starts the moment the previous one has sent every
-    prompt it needs, so its prompts fill the slots the previous tail frees (`launch(d)` gives its
-    transport, stream and feed when it starts)."""
+    """Each dispatcher's producer starts the moment the previous one has sent every prompt it needs (its
+    prompts fill the slots the previous tail frees); `launch(d)` gives its transport, stream and feed."""
     async with anyio.create_task_group() as producers:
         for d in dispatchers:
             regenerate, send, feed = launch(d)

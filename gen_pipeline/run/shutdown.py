@@ -33,9 +33,8 @@ class Shutdown:
 
     async def handle_signals(self, in_flight: Callable[[], int], on_drain: Callable[[], None], *,
                              task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-        """Until cancelled: first signal → stop the set-up or the start-up, or `on_drain()` and a drain
-        deadline; second → cancel requests; later ones are only logged. Started with `tg.start`: it
-        listens once started, and has acted on the signals held before (hold_signals)."""
+        """Until cancelled: the signals as the module doc says, those held before (hold_signals) first; started
+        with `tg.start`, it listens once started."""
         try:
             with anyio.open_signal_receiver(*SIGNALS) as signals:
                 while (held := take_held()) is not None:
