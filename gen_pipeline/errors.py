@@ -11,8 +11,7 @@
      │    └── DiskError           a write failed (ENOSPC, EIO); committed data is intact
      └── RequestError           one request failed for good (becomes a Failure record, never escapes a run)
 
-Messages are complete sentences a user can act on: what failed, where, the value seen,
-the likely cause and the next step. The CLI prints `str(exc)` without a traceback.
+Messages are sentences a user can act on; the CLI prints `str(exc)` without a traceback.
 """
 
 from __future__ import annotations

@@ -1,24 +1,20 @@
 """The product's one HTTP seam: `open_http` makes an `Http`; every request of the product goes through it.
-
 httpx is imported here and in no other product module, and no httpx type appears in another module's
-signatures: they see `Http`, `Reply` and the errors below. Tests swap the transport in-process:
-`open_http(generation, 8, transport=httpx.MockTransport(handler))`.
+signatures. Tests swap the transport in-process: `open_http(generation, 8, transport=httpx.MockTransport(h))`.
 
 Every failure to get an answer becomes one of these (`kind` is the short key a Failure records):
 
     HttpError            the URL and what happened
-     ├── CannotConnect   "connect": refused, unknown host, or no connection within connect_timeout_s
-     │                   (a black-holed server): nothing is there; the fleet takes such a server out
-     ├── NoAnswer        "timeout": connected and sent, but no answer within the read timeout (a busy
-     │                   or stalled server: it is there, so it stays in the fleet)
+     ├── CannotConnect   "connect": refused, unknown host, or no connection within connect_timeout_s (a
+     │                   black-holed server): nothing is there; the fleet takes such a server out
+     ├── NoAnswer        "timeout": no answer within the read timeout (busy or stalled: it stays in the fleet)
      ├── ConnectionLost  "connection": the connection dropped mid-request or mid-response
      ├── BadBody         "bad_body": an answer whose body is not what was asked for (not JSON, bad encoding)
      └── BadStatus       "status": get_json/get_text/get_bytes/open_stream got a status other than 200
                          (`reply` holds the answer); `get` and `post_json` return any status as a Reply
 
-Timeouts, per phase: connect = [generation] connect_timeout_s, read and write = request_timeout_s (a
-long generation is one read), pool = none (one connection per request the window allows, so a wait for
-one is the window's doing). Control calls (health, loads, metrics) pass their own `timeout_s`.
+Timeouts: connect = [generation] connect_timeout_s, read and write = request_timeout_s (a long generation
+is one read), pool = none (a wait for a connection is the window's doing); control calls pass `timeout_s`.
 """
 
 from __future__ import annotations
@@ -151,20 +147,12 @@ class Http:
     @asynccontextmanager
     async def open_stream(self, url: str, body: bytes | Mapping[str, Any], *, timeout_s: float | None = None,
                           bounded: bool = False) -> AsyncIterator[Stream]:
-        """POST a JSON body and read the 200 answer as it comes:
-
-            async with http.open_stream(url, body) as answer:
-                if answer.is_event_stream:
-                    async for data in answer.events(): ...   # server-sent events
-                else:
-                    whole = await answer.read()               # a server that answered in one piece
-
-        The read timeout applies between two reads, not to the whole answer; `bounded`: none, the caller
-        bounds the whole answer (anyio.fail_after), and each read costs less CPU (no timeout scope per
-        read: docs/measurements.md, "Client CPU per 1K streamed tokens"). Raises BadStatus (the error
-        body read) for a status other than 200, HttpError when the answer stops short (also from inside
-        the loop). Leaving the block early closes the connection: the server sees the client go (SGLang
-        aborts the request and frees its KV)."""
+        """POST a JSON body and read the 200 answer as it comes: `answer.events()` when
+        `answer.is_event_stream`, else `await answer.read()`. The read timeout applies between two reads;
+        `bounded`: none, the caller bounds the whole answer (no timeout scope per read: less client CPU,
+        docs/measurements.md, "Client CPU per 1K streamed tokens"). Raises BadStatus (the error body read)
+        for a status other than 200, HttpError when the answer stops short (also inside the loop). Leaving
+        the block early closes the connection: SGLang aborts the request and frees its KV."""
         timeout, extensions = self._timeouts(timeout_s)
         if bounded:
             extensions = {"timeout": {**extensions["timeout"], "read": None}}
@@ -186,13 +174,8 @@ class Http:
     @asynccontextmanager
     async def stream_lines(self, url: str, body: bytes | Mapping[str, Any], *,
                            timeout_s: float | None = None) -> AsyncIterator[AsyncIterator[str]]:
-        """POST a JSON body and read the answer line by line as it comes (server-sent events):
-
-            async with http.stream_lines(url, body) as lines:
-                async for line in lines: ...
-
-        Lines come without their line break; SSE's blank separator lines included. Errors and timeouts
-        as open_stream's."""
+        """POST a JSON body and read the answer's lines as they come (without their line breaks, SSE's blank
+        separators included); raises as open_stream."""
         async with self.open_stream(url, body, timeout_s=timeout_s) as stream:
             yield stream.lines()
 
@@ -351,9 +334,8 @@ def _transport(limits: httpx.Limits, tls: Any) -> httpx.AsyncHTTPTransport:
 
 
 class _Backend(httpcore.AsyncNetworkBackend):
-    """httpcore's AnyIO backend, whose connections read without a timeout scope when no read timeout is set
-    (Http.open_stream's `bounded`): each read of httpcore's opens a cancel scope with a timer, ~15 % of the
-    client's CPU on a streamed answer (docs/measurements.md, "Client CPU per 1K streamed tokens")."""
+    """httpcore's AnyIO backend, whose reads skip httpcore's timer scope when no read timeout is set (Http.open_stream's
+    `bounded`): client CPU, docs/measurements.md, "Client CPU per 1K streamed tokens"."""
 
     def __init__(self) -> None:
         self._inner = httpcore.AnyIOBackend()
@@ -454,9 +436,8 @@ def _os_reason(e: BaseException) -> str:
     return reason
 
 
-def _reply(url: str, response: httpx.Response, body: bytes | None = None) -> Reply:
-    return Reply(url, response.status_code, response.headers.get("content-type", ""),
-                 response.content if body is None else body, response.reason_phrase)
+def _reply(url: str, response: httpx.Response, body: bytes) -> Reply:
+    return Reply(url, response.status_code, response.headers.get("content-type", ""), body, response.reason_phrase)
 
 
 async def _read_at_most(response: httpx.Response, limit: int) -> bytes:

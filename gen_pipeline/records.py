@@ -16,12 +16,8 @@ Message = dict[str, Any]
 
 @dataclass(frozen=True, slots=True)
 class Prompt:
-    """One validated conversation from a source.
-
-    `messages` keeps the source's assistant turns only as positions: the pipeline sends each
-    user turn (with the regenerated history) and replaces every assistant turn.
-    `id` is stable across runs: "<DATASET>-<source id or content hash>".
-    """
+    """One validated conversation from a source; its assistant turns are only positions (each is regenerated).
+    `id` is stable across runs: "<DATASET>-<source id or content hash>"."""
 
     id: str
     messages: tuple[Message, ...]
@@ -139,19 +135,15 @@ class LoadSnapshot:
     retractions_total: int | None = None  # cumulative counter (sglang) / preemptions (vllm)
     gen_tokens_total: int | None = None  # cumulative generated tokens
     gen_throughput: float | None = None  # tok/s as the server reports it
-    # SGLang's admission estimate (/metrics sglang:new_token_ratio: the last prefill round's); the
-    # highest over servers
+    # SGLang's admission estimate (/metrics sglang:new_token_ratio), the highest over servers
     new_token_ratio: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class RunSnapshot:
-    """One moment of a run (one dataset, or a job's datasets summed), made by the run on every load
-    poll and progress tick. Everything shown of a run derives from it: the progress display
-    (run/progress.py), the manifest's progress record (store/manifest.py `progress_record`), a
-    telemetry row (store/telemetry.py `build_row`) and `RunOptions.load_observers`.
-
-    Server figures are None when the last poll failed or the server does not expose them."""
+    """One moment of a run (one dataset, or a job's datasets summed): what the progress display, the
+    manifest's progress record, a telemetry row and `RunOptions.load_observers` show. Server figures are
+    None when the last poll failed or the server does not expose them."""
 
     done: int  # samples in the store (committed or about to be)
     target: int

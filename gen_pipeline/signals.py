@@ -1,9 +1,6 @@
-"""The signals that stop a run (SIGINT, SIGTERM, SIGHUP), held from the CLI's first line until a job
-listens (run/shutdown.py takes them then). Standard library only: the CLI enters `hold_signals` before it
-imports anything else, so a signal in the first second of a run (imports, configs) is not the default
-action that kills the process without its summary, and its lock left behind.
-
-SIGHUP is a closed terminal or an ssh session dropped without nohup: the run stops as on SIGTERM.
+"""The signals that stop a run (SIGINT, SIGTERM, SIGHUP: a closed terminal), held from the CLI's first line
+until a job listens (run/shutdown.py). Standard library only: the CLI enters `hold_signals` before it imports
+anything else, so a signal during the imports does not kill the process without its summary, its lock left.
 """
 
 from __future__ import annotations
@@ -40,10 +37,9 @@ def take_held() -> str | None:
 
 @contextmanager
 def hold_signals(*, redeliver: bool = False) -> Iterator[None]:
-    """While inside, SIGINT/SIGTERM/SIGHUP are held instead of ending the process: a job's Shutdown takes them
-    when it listens, and they are held again once it stops. On the way out the previous handlers are back and a
-    held signal is dropped, or with `redeliver` sent again to them (the CLI's outermost scope). Off the main
-    thread: nothing."""
+    """While inside, the signals are held (a job's Shutdown takes them while it listens). On the way out the
+    previous handlers are back and a held signal is dropped, or with `redeliver` sent again to them (the
+    CLI's outermost scope). Off the main thread: nothing."""
     global _depth
     if threading.current_thread() is not threading.main_thread():
         yield

@@ -1,10 +1,8 @@
 """The batch ceiling: the most requests worth running at once, where the server's decode step gets slower.
 
 Past SGLang's CUDA-graph ceiling (`cuda_graph_max_bs`) a decode batch runs eagerly at about twice the
-step time, and neither SGLang's admission nor the feed knows, so the cap is on requests in flight. It
-starts at the server's `cuda_graph_max_bs`, else at a knee seen in the load polls (the decode rate at a
-higher running count `knee_drop` below the best at a lower one; it may climb back to `knee_headroom` x
-it). Once in force, measured goodput moves it both ways (controller/climb.py), down first.
+step time, and neither SGLang's admission nor the feed knows. The cap starts at that ceiling, else at a
+knee seen in the load polls; once in force, measured goodput moves it both ways (controller/climb.py).
 """
 
 from __future__ import annotations

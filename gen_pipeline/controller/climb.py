@@ -40,10 +40,8 @@ class HillClimber:
         self.phase = "measure"
 
     def conclude(self, objective: float, *, may_grow: bool, penalised: bool = False) -> ClimbVerdict:
-        """End of an epoch measured at `self.value`; returns the value for the next epoch.
-
-        `penalised`: the epoch was bad for another reason (retraction share too high); a probe up is rejected.
-        """
+        """End of an epoch measured at `self.value`; returns the value for the next epoch. `penalised`: the
+        epoch was bad for another reason (retraction share too high); a probe up is rejected."""
         if self.phase == "hold":
             self._held += 1
             self.ref_objective = objective

@@ -1,21 +1,12 @@
 """The concurrency controller: how many requests to keep in flight (pure policy, time is a parameter).
 
-Objective: completed tokens per second with the server's queue bounded. SGLang's scheduler decides
-what runs; the client keeps its admission fed without queueing the whole job at the server
-(docs/concurrency.md). The layers:
-
-1. Feed (controller/feed.py): running + a bounded queue + what is in transit, with a warm-up and a
-   first-cohort cap after every (re)start.
-2. Model of the pool: gain x u x C / H requests fit (H: the mean KV a request holds over its life,
-   RequestSizes), capped at max_running_requests; the window before load is seen and, with the
-   optional retraction guard, the cap while the pool fills after a retraction.
-3. Hill climb of `gain` on measured goodput (Epoch, HillClimber); a retraction burst steps it back.
-4. The batch ceiling (controller/batch.py): in flight never exceeds the CUDA-graph batch ceiling.
-
-With no capacity known (a plain OpenAI-compatible server) the climb runs on the window itself with
-Gradient2's latency guard. Near the end of a job the window never exceeds what the target still needs.
-Several datasets through one pool: each is a `kind` with its own RequestSizes, and H is their mix
-weighted by the requests in flight (`set_mix`).
+Objective: completed tokens per second with the server's queue bounded (docs/concurrency.md). The window
+is the feed (controller/feed.py: running + a bounded queue + what is in transit) under the model of the
+pool (gain x u x C / H requests fit, H the mean KV a request holds; capped at max_running_requests), the
+gain hill-climbed on measured goodput (a retraction burst steps it back), never above the batch ceiling
+(controller/batch.py) nor what the target still needs. With no capacity known the climb runs on the
+window itself with Gradient2's latency guard. A job's datasets are `kind`s with their own RequestSizes, H
+their mix weighted by the requests in flight (`set_mix`).
 """
 
 from __future__ import annotations
@@ -159,7 +150,7 @@ class Controller:
         return ControllerStats(
             window=self._last_window,
             mode=self.mode, tokens_per_request=self._sizes.final_tokens,
-            held_tokens_per_request=self._held_tokens(), gain=self._gain if self.mode != "gradient" else 1.0,
+            held_tokens_per_request=self._held_tokens(), gain=self._climber.value if self.mode != "gradient" else 1.0,
             goodput_tok_s=self._goodput, running=load.running if load else None,
             queued=load.queued if load else None, token_usage=self._usage(load) if load else None,
             retractions=load.retractions_total if load else None, completions=self._sizes.count,
@@ -172,10 +163,6 @@ class Controller:
         return "load" if self._load is not None and self._usage(self._load) is not None else "model"
 
     # -- the model ------------------------------------------------------------------------
-    @property
-    def _gain(self) -> float:
-        return self._climber.value
-
     def _new_climber(self, capacity: Capacity) -> HillClimber:
         cfg = self._cfg
         if capacity.max_total_num_tokens > 0:
@@ -207,7 +194,7 @@ class Controller:
         """Decode slots the climbed model asks for (before the queue slack)."""
         if self.mode == "gradient":
             return self._climber.value
-        slots = self._gain * self._cfg.target_usage * self._capacity.max_total_num_tokens / self._held_tokens()
+        slots = self._climber.value * self._cfg.target_usage * self._capacity.max_total_num_tokens / self._held_tokens()
         cap = self._capacity.max_running_requests
         return min(slots, cap) if cap else slots
 

@@ -6,11 +6,8 @@ from gen_pipeline.records import LoadSnapshot
 
 
 class Epoch:
-    """Goodput measured between `measure_from_s` and the end of the epoch.
-
-    In order of preference: the mean of the server's live decode rate (gen_throughput, smooth); the
-    generated-tokens counter (counted at finish: noisy); else Little's law, window x sum(tokens) / sum(latency).
-    """
+    """Goodput measured between `measure_from_s` and the end of the epoch: the server's mean decode rate
+    (gen_throughput, smooth), else its generated-tokens counter (noisy), else Little's law."""
 
     def __init__(self, start_s: float, length_s: float, settle_frac: float, min_completions: int) -> None:
         self.start_s = start_s
@@ -52,7 +49,7 @@ class Epoch:
     def ready(self, now_s: float) -> bool:
         if now_s < self.start_s + self.length_s:
             return False
-        return self._rate_polls >= 2 or self._has_counter() or self.completions >= self._min_completions
+        return self._rate_polls >= 2 or self._counter_span() is not None or self.completions >= self._min_completions
 
     def tokens_per_s_per_request(self) -> float | None:
         """1 / TPOT over the epoch's own completions (queue time included), None if none."""
@@ -67,9 +64,6 @@ class Epoch:
             return (g1 - g0) / (t1 - t0)
         rate = self.tokens_per_s_per_request()
         return window * rate if rate is not None else None
-
-    def _has_counter(self) -> bool:
-        return self._counter_span() is not None
 
     def _counter_span(self) -> tuple[tuple[float, int], tuple[float, int]] | None:
         """The first and last (time, generated tokens) counter points, if they span some time."""

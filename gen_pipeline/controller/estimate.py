@@ -6,11 +6,8 @@ from collections import deque
 
 
 class RequestSizes:
-    """Tokens per request, from the last `history` completions blended with a prior.
-
-    `final_tokens` (F) is what a request holds at its end; `held_tokens` the mean KV a running request
-    holds over its life, weighted by its decode time: sum c*(p + c/2) / sum c (a steady pool holds all ages).
-    """
+    """Tokens per request, from the last `history` completions blended with a prior: `final_tokens` (F) at
+    its end, `held_tokens` the mean KV over its life, weighted by decode time: sum c*(p + c/2) / sum c."""
 
     def __init__(self, prior_tokens: float, prior_weight: float, history: int) -> None:
         self._prior = max(1.0, float(prior_tokens))

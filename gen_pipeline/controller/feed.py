@@ -1,17 +1,13 @@
 """Feeding SGLang's admission: the queue the client keeps at the server (pure arithmetic).
 
 A request SGLang could admit that is not there is a decode slot lost; a queue beyond what it admits
-before the client refills is only waiting. So the client keeps a bounded queue:
+before the client refills is only waiting. So:
 
     window = R + queue,   queue = clamp(queue_frac x R, queue_min, queue_max)
 
-R being the most requests running within the last running_peak_s (a wave of finishes dips running
-for a poll before SGLang admits again). Warm-up: after a (re)start SGLang's new_token_ratio starts
-high and its first rounds admit few; until it has come down (or a request has completed) the queue is
-warm_frac x running, so that caution is not read as a full server. The first cohort: requests admitted
-together grow together, so until cohort_turnover of them have completed the window is at most
-u x C / F, never below running + in transit + queue_min (docs/measurements.md, "short and long outputs").
-Bound: queued <= R - running + the queue part, which never exceeds queue_max.
+R being the most requests running within the last running_peak_s (a wave of finishes dips running for a
+poll). While SGLang warms up the queue is warm_frac x running; until cohort_turnover of the first cohort
+have completed, the window is at most u x C / F (docs/measurements.md, "short and long outputs").
 """
 
 from __future__ import annotations
@@ -39,12 +35,9 @@ class QueueBound:
 
 
 class WarmUp:
-    """Is SGLang's admission still in its cautious start (new_token_ratio far above its floor)?
-
-    Starts warming at construction and at `restart()`; ends for good (until the next restart) once the
-    reported ratio has fallen to `factor` x its floor (0.14 x the highest ratio seen since the
-    restart), or, while no ratio is reported, at the first completion since the restart. A ratio
-    that jumps up after a retraction is SGLang turning careful on purpose, not a warm-up."""
+    """Is SGLang's admission still in its cautious start? Warming from construction and `restart()` until
+    the reported new_token_ratio falls to `factor` x its floor (or, with no ratio reported, the first
+    completion); a ratio that jumps up after a retraction is SGLang turning careful, not a warm-up."""
 
     def __init__(self, factor: float) -> None:
         self._factor = factor

@@ -86,32 +86,21 @@ def cut_at_loop(turn: TurnResult, verdict: LoopVerdict) -> TurnResult:
     return replace(turn, reasoning=reasoning.rstrip(), content=content.rstrip(), finish_reason="loop")
 
 
-def empty_detail(turn: TurnResult, what: str = "empty") -> str:
-    return (f"the assistant turn is {what} ({turn.completion_tokens} completion tokens, "
-            f"finish_reason {turn.finish_reason})")
-
-
 def reject_empty(turn: TurnResult, policy: str, what: str = "empty") -> None:
     """An empty (or marker-only) assistant turn is never written (validate rejects it): "retry" makes it
     a retryable attempt (RequestError once max_attempts are spent), "fail" a failure at once."""
-    detail = empty_detail(turn, what)
+    detail = (f"the assistant turn is {what} ({turn.completion_tokens} completion tokens, "
+              f"finish_reason {turn.finish_reason})")
     if policy == "fail":
         raise RequestError(detail, reason="empty_turn", retryable=False)
     raise Retryable("empty_turn", detail)
 
 
 def judge(turn: TurnResult, g: GenerationConfig, reasoning_expected: bool | None = None) -> TurnResult:
-    """The answer to write, by the gate's checks of a finished turn (quality/leaks.py `check_turn` on the
-    server's text): empty and marker-only answers follow `empty_turn` (raise Retryable or RequestError);
-    a leak follows `truncated`: "drop" is a final failure (reason "truncated" for a turn cut by
-    max_new_tokens, else "leak"), "keep" writes it repaired and flagged (`leak`):
-      think_marker          markers removed; the text inside a marker pair becomes the reasoning
-      reasoning_in_content  the text (the cut thinking) moved to reasoning, the answer empty
-      cut_in_reasoning      (no answer)
-A turn whose answer is tool calls with no text (finish_reason "tool_calls") is a valid answer as it is.
-    A kept turn with no answer left is never written (validate rejects a turn with empty content): a final
-    failure, reason "truncated", when the thinking ran to max_new_tokens (a retry would run to the same
-    cap), else an empty answer (`empty_turn`)."""
+    """The answer to write, by quality/leaks.py `check_turn`: empty and marker-only answers follow `empty_turn`
+    (raise Retryable or RequestError); a leak follows `truncated`: "drop" is a final failure (reason "truncated"
+    for a turn cut by max_new_tokens, else "leak"), "keep" writes it repaired and flagged (`leak`). A kept turn
+    with no answer left fails: "truncated" when the thinking ran to the cap, else as an empty answer."""
     if turn.tool_calls and not turn.content.strip():
         return turn  # a tool call is the answer (content empty, as SGLang's tool parser leaves it): not empty
     expected = g.reasoning == "keep" if reasoning_expected is None else reasoning_expected

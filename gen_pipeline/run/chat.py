@@ -1,30 +1,17 @@
 """The HTTP client: one conversation in, one regenerated Sample (or a Failure) out.
 
-Every assistant turn of a conversation is regenerated in order on `/v1/chat/completions` (SGLang, an
-sglang-router or any OpenAI-compatible server), each request carrying the regenerated history. run/wire.py
-is the wire format (bodies, answers read into a TurnResult, refusals classified); here one exchange path
-(`_exchange`) sends a request, reads its answer as it comes (stream events or a whole body) and maps each
-way it can fail once. Retries (tenacity, backoff with jitter) cover connection errors, timeouts, 408, 429,
-5xx and bad answers; another 4xx (e.g. a prompt longer than the context) is a final Failure with the
-server's message.
+Every assistant turn is regenerated in order on `/v1/chat/completions`, each request carrying the
+regenerated history (run/wire.py is the wire format). One exchange path (`_exchange`) sends a request,
+reads its answer as it comes and maps each way it can fail once. Retries (tenacity, backoff with jitter)
+cover connection errors, timeouts, 408, 429, 5xx and bad answers; another 4xx is a final Failure.
 
-The quality gate (gen_pipeline/quality, run/answer.py): a streamed turn feeds one RepetitionDetector per
-turn as the text arrives; when it fires the stream is closed, and SGLang 0.5.17 aborts the request and
-frees its KV at once (tokenizer_manager.py generate_request → _discard_pending_req_states sends AbortReq).
-`[generation] on_loop`: "retry" with a new `seed` at once (no backoff: the server is fine), "drop" a final
-Failure, "keep" the text cut where the loop began, "off" whole answers (so does `[output] token_ids`:
-SGLang refuses return_token_ids on a stream), the detector reading the finished text. A finished turn is
-judged (answer.judge): empty or marker-only answers follow `empty_turn`, reasoning leaks `truncated`.
+A streamed turn feeds a RepetitionDetector as the text arrives; when it fires the stream is closed, and
+SGLang 0.5.17 aborts the request and frees its KV at once (tokenizer_manager.py generate_request →
+_discard_pending_req_states sends AbortReq). `[generation] on_loop` says what follows.
 
-Tool-use samples (a source with `tools`, assistant tool_calls and tool results; sources/loading.py) send
-their tools with every turn (tool_choice "auto") and the source's tool results as history while the
-target's calls match the source's: TOOL POLICY below says what happens when they differ.
-
-A server that went away (connection refused or lost, or taken out of the fleet as hung or as serving
-another model, which cancels the requests in flight to it) is not a failed request when the servers are
-watched (a `gate`): the request is sent again, to another server at once or after the pause for one to
-come back, without spending an attempt. It gives up only when the same request found no server for
-`server_wait_s` outside those pauses. A read timeout never takes a server out (it is there, only busy).
+A server that went away is not a failed request when the servers are watched (a `gate`): the request is
+sent again, to another server or after the pause for one to come back, without spending an attempt, until
+it found no server for `server_wait_s`. A read timeout never takes a server out (it is there, only busy).
 """
 
 from __future__ import annotations
@@ -67,7 +54,6 @@ log = logging.getLogger(__name__)
 JOURNAL = logging.getLogger("gen_pipeline.journal.gate")  # run.log only (cli/logs.py)
 
 
-
 class _ServerGone(Exception):
     """The server went away under a request (refused, lost, taken out): send it again; `why` says how."""
 
@@ -102,7 +88,7 @@ def thinks(s: ClientSettings) -> bool:
 
 
 def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turns: list[TurnResult],
-                 s: ClientSettings, per_turn: list[TurnMeta] | None = None) -> Sample:
+                 s: ClientSettings, per_turn: list[TurnMeta]) -> Sample:
     """The sample's row. meta.finish_reason: "loop" when a turn was cut where a loop began (on_loop =
     "keep"), else "length" when one hit max_new_tokens, else "stop"; meta.per_turn: records.TurnMeta."""
     reasons = {t.finish_reason for t in turns}
@@ -117,7 +103,7 @@ def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turn
         "sampling": s.sampling_dict,
         "kv_cache_dtype": s.kv_cache_dtype,
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "per_turn": per_turn if per_turn is not None else [TurnStats(attempts=1).meta(t) for t in turns],
+        "per_turn": per_turn,
         "chat_template_kwargs": template_kwargs_text(s.sampling, s.generation.reasoning),
     }
     if s.mix is not None:  # only under a mix (part of the fingerprint): rows without one keep their keys
@@ -179,7 +165,6 @@ class ChatClient:
         self._gate = gate
         self._on_done = on_request_done
         self.server_wait_s = server_wait_s
-        self.resent = 0  # requests sent again because their server went away
         self._sent: dict[str, set[anyio.CancelScope]] = {}  # url → its requests in flight
         self._fleet.on_taken_out.append(self._cancel_sent_to)
 
@@ -267,9 +252,8 @@ class ChatClient:
                        stats: TurnStats | None = None, sample: Hashable | None = None,
                        tools: list[Any] | None = None) -> TurnResult:
         """One assistant turn: attempts with retries and the gate's policies; raises RequestError (with the
-        attempts made) when it will not succeed. `stats` (filled in place) counts the attempts, loops,
-        empty answers and the tokens they decoded or saved. `sample`: the conversation it belongs to (the
-        fleet keeps its turns together). `tools`: a tool-use sample's, sent with every turn."""
+        attempts made) when it will not succeed. `stats` (filled in place) counts the attempts, loops and
+        empty answers; `sample` (the fleet keeps its turns together); `tools`, sent with every turn."""
         s = settings or self.settings
         stats = stats if stats is not None else TurnStats()
         g = s.generation
@@ -287,7 +271,9 @@ class ChatClient:
                 with attempt:
                     return await self._attempt(state)
         except Retryable as e:
-            raise _gave_up(e, stats.attempts) from None
+            n = stats.attempts
+            raise RequestError(f"gave up after {n} attempt{'' if n == 1 else 's'}: {e}", reason=e.reason,
+                               attempts=n) from None
         except RequestError as e:
             e.attempts = stats.attempts
             raise
@@ -351,7 +337,6 @@ class ChatClient:
                 if now - gone_since >= self.server_wait_s:
                     raise Retryable("server_gone", f"no server took it for {self.server_wait_s:g} s "
                                                     f"(latest: {e.why})") from None
-                self.resent += 1
                 if self._fleet.is_up(e.url) or not self._fleet.up_urls:
                     # no other server to send it to: pause (jittered) while the health checks catch up
                     await anyio.sleep(random.uniform(0.5, 1.0) * GONE_PAUSE_S)
@@ -406,13 +391,13 @@ class ChatClient:
             if self._gate is None:
                 raise Retryable("server_gone", f"{url} was taken out of the fleet")
             raise _ServerGone(url, "taken out of the fleet")
-        self._done(turn, started)
+        if self._on_done is not None:  # the controller's hook (a loop's abort too: it held that much KV)
+            self._on_done(turn.prompt_tokens, turn.completion_tokens, time.monotonic() - started)
         return turn
 
     async def _read(self, url: str, answer: Stream, reading: TurnStream, *, token_ids: bool) -> TurnResult:
-        """The answer's events as they arrive, the detector fed (the stream closed at once when it fires);
-        or a whole answer (unstreamed, or a server that answered a stream in one piece): the detector
-        reads the finished text."""
+        """The answer's events as they arrive, the detector fed (the stream closed when it fires); or a whole
+        answer, the detector reading the finished text."""
         detector = reading.detector
         if not answer.is_event_stream:
             body = await answer.read()
@@ -444,15 +429,9 @@ class ChatClient:
         refusal = self._fleet.refusal(self.settings.model)
         return ServerError(refusal) if refusal is not None else _ServerGone(url, f"it serves {served!r}")
 
-    def _done(self, turn: TurnResult, started: float) -> None:
-        """The controller's completion hook: a request that ended (a loop's abort too: it held that much KV)."""
-        if self._on_done is not None:
-            self._on_done(turn.prompt_tokens, turn.completion_tokens, time.monotonic() - started)
-
     def _connection_failed(self, url: str) -> None:
-        """After fail_after connection failures in a row the server is taken out of the fleet (a server
-        alone too when the servers are watched, `gate`: none up pauses dispatch until its health checks
-        bring it back)."""
+        """After fail_after connection failures in a row the server is taken out of the fleet (a lone server
+        too when the servers are watched: none up pauses dispatch until its health checks bring it back)."""
         fleet = self._fleet
         if (len(fleet.urls) > 1 or self._gate is not None) and fleet.failed(url, time.monotonic()):
             log.warning("took %s out after %d connection errors in a row; %d of %d servers left, probing it "
@@ -471,10 +450,8 @@ class _Attempts:
         self.body = orjson.dumps({**self.base, "seed": loop_seed(self._first, self.stats.loops + self.stats.empty)})
 
     def after_empty(self, e: Retryable) -> None:
-        """Before the attempt after an empty answer. A user who fixed the seed asked for reproducible samples,
-        not for the same empty one again: the retry gets a new seed, drawn reproducibly (as after a loop);
-        with none the server draws anew. At temperature 0 no seed changes a greedy decode: rather than
-        repeat it max_attempts times, a final failure that says why (raises RequestError)."""
+        """Before the attempt after an empty answer: a fixed seed is redrawn reproducibly (as after a loop).
+        At temperature 0 no seed changes a greedy decode: a final failure instead (raises RequestError)."""
         if self.base.get("temperature") == 0:
             raise RequestError(f"{e}; not retried: at temperature 0 the model decodes greedily, a retry would "
                                "repeat it", reason="empty_turn", retryable=False)
@@ -499,7 +476,3 @@ def _wait(g: GenerationConfig, state: RetryCallState) -> float:
     n = state.attempt_number  # tenacity counts from the second attempt here: the first ran outside it
     return random.uniform(0, min(g.retry_max_wait_s, g.retry_initial_wait_s * 2 ** (n - 1)))
 
-
-def _gave_up(e: Retryable, attempts: int) -> RequestError:
-    plural = "attempt" if attempts == 1 else "attempts"
-    return RequestError(f"gave up after {attempts} {plural}: {e}", reason=e.reason, attempts=attempts)

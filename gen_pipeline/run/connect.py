@@ -1,15 +1,13 @@
 """The job's side of the server: which model it serves (asked once), start or attach (`start_server`,
 for `tg.start`), the load poller, and what each dataset's chat client is given.
-
-The HTTP session is passed through as an opaque value: gen_pipeline/run/chat.py makes it.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
@@ -29,9 +27,8 @@ FIRST_POLL_S = 0.25  # a short run still gets a load poll while its requests are
 
 async def server_model(opts: RunOptions, http: Http, asked: dict[str, str] | None = None) -> str:
     """The model id requests carry (and the stores' fingerprints record): --model, else what the first
-    attached server that answers serves (GET /v1/models; every URL is equal: the first may be down, the
-    attach takes it out), else the profile's. `asked` gets {url: model} of the URL asked (the attach
-    does not ask it again)."""
+    attached server that answers serves (GET /v1/models), else the profile's. `asked` gets {url: model}
+    of the URL asked (the attach does not ask it again)."""
     if opts.model:
         return opts.model
     if opts.server_urls:
@@ -55,28 +52,16 @@ async def start_server(tg: TaskGroup, opts: RunOptions, log_dir: Path, http: Htt
     """Attach to opts.server_urls or launch opts.profile in `tg`; returns once the server answers /health.
     `model`: what server_model() found (the first attached URL is not asked again); `leftover_dirs`: the
     job's dataset folders, where a server an earlier run left may be recorded (server/leftover.py)."""
-    handle: ServerHandle
     if opts.server_urls:
         known = None if opts.model else model  # --model overrides; the server was not asked then
-        handle = await tg.start(_attached, opts, http, known, asked or {})
-        return handle
-    assert opts.profile is not None
-    handle = await tg.start(_launched, opts, log_dir, http, leftover_dirs)
+        start = partial(run_attached, list(opts.server_urls), http=http, first_model=known, asked=asked or {},
+                        routing=opts.routing, health_interval_s=opts.health_interval_s,
+                        give_up_after_s=opts.server_wait_s, hang_after_s=opts.hang_timeout_s)
+    else:
+        assert opts.profile is not None
+        start = partial(run_server, opts.profile, log_dir=log_dir, http=http, leftover_dirs=leftover_dirs)
+    handle: ServerHandle = await tg.start(start)
     return handle
-
-
-async def _attached(opts: RunOptions, http: Http, model: str | None, asked: dict[str, str], *,
-                    task_status: Any) -> None:
-    await run_attached(list(opts.server_urls), http=http, first_model=model, asked=asked, task_status=task_status,
-                       routing=opts.routing,
-                       health_interval_s=opts.health_interval_s, give_up_after_s=opts.server_wait_s,
-                       hang_after_s=opts.hang_timeout_s)
-
-
-async def _launched(opts: RunOptions, log_dir: Path, http: Http, leftover_dirs: Sequence[Path], *,
-                    task_status: Any) -> None:
-    assert opts.profile is not None
-    await run_server(opts.profile, log_dir=log_dir, http=http, leftover_dirs=leftover_dirs, task_status=task_status)
 
 
 def max_connections(opts: RunOptions, handle: ServerHandle) -> int:

@@ -1,8 +1,6 @@
 """One dataset's part of a job: its store, feed, dispatcher, writer, stats and telemetry. It has no loop
-of its own: the job (job.py) starts its producer and writer, and tells it every load poll.
-
-Its records carry the dataset's name (`extra={"dataset": name}`, through `log` and `journal`), so the
-CLI can file each dataset's events in its own run.log (package docstring: logging).
+of its own: the job (job.py) starts its producer and writer, and tells it every load poll. Its records
+carry the dataset's name (`extra={"dataset": name}`), so the CLI files them in the dataset's run.log.
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from gen_pipeline.config.dataset import DatasetConfig
-from gen_pipeline.controller import ControllerStats
 from gen_pipeline.records import LoadSnapshot, Prompt, Reject, RunSnapshot
 from gen_pipeline.run.dispatch import Dispatcher, Item, Window
 from gen_pipeline.run.options import RunOptions, RunSummary
@@ -87,11 +84,6 @@ class DatasetRun:
         self.telemetry = Telemetry(store.folder, run=store.run_number,
                                    on_event=lambda message: self.log.warning("%s", message))
 
-    @property
-    def keep_last_figures(self) -> bool:
-        """Nothing written this run: the manifest keeps the last real run's figures (status shows them)."""
-        return self.dispatch.ok == 0
-
     def start(self) -> None:
         """Its producer begins: its throughput and elapsed time count from now."""
         self.started = True
@@ -144,9 +136,6 @@ class DatasetRun:
         self.telemetry.poll(snapshot)
         for observe in self.opts.load_observers:
             observe(snapshot)
-
-    def controller_stats(self) -> ControllerStats | None:
-        return self.window.controller_stats()
 
     def initial_tokens(self, first: list[Prompt]) -> float:
         """Tokens a request holds at its end, before any completion: errs low (half the output cap, over

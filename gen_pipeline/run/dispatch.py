@@ -1,10 +1,8 @@
 """Dispatch: the concurrency window and the exactly-target accounting of one dataset.
 
-`Window` is a CapacityLimiter sized by the controller (or a fixed --window); `Dispatcher` sends a
-prompt only while `ok + in_flight < goal`, so a run never produces more than its target, and a failure
-frees its place for another prompt. Time comes from the clock they are given. The caller (run/job.py)
-owns the task group. The datasets of a job share one Window, each with its own Dispatcher
-(`Window.members`), and the window tells the controller how many requests of each are in flight.
+`Window` is a CapacityLimiter sized by the controller (or a fixed --window), shared by a job's datasets;
+`Dispatcher` sends a prompt only while `ok + in_flight < goal`, so a run never produces more than its
+target, and a failure frees its place for another prompt. The caller (run/job.py) owns the task group.
 """
 
 from __future__ import annotations
@@ -103,12 +101,6 @@ class Dispatcher:
     def retune(self) -> None:
         self.window.retune(self.need())
 
-    def observe_load(self, snap: LoadSnapshot | None) -> None:
-        """One load poll (None when it failed): feed the controller, then resize the window."""
-        if snap is not None:
-            self.window.observe_load(snap)
-        self.retune()
-
     async def produce(self, tg: TaskGroup, regenerate: Regenerate, send: MemoryObjectSendStream[Item],
                       feed: PromptFeed) -> None:
         """Send prompts until the goal is met (nothing in flight), the source ends or draining starts."""
@@ -170,9 +162,8 @@ Launch = Callable[[Dispatcher], tuple[Regenerate, MemoryObjectSendStream[Item], 
 
 
 async def produce_in_order(requests: TaskGroup, dispatchers: list[Dispatcher], launch: Launch) -> None:
-    """A job's datasets: each dispatcher's producer starts the moment the previous one has sent every
-    prompt it needs, so its prompts fill the slots the previous tail frees (`launch(d)` gives its
-    transport, stream and feed when it starts)."""
+    """Each dispatcher's producer starts the moment the previous one has sent every prompt it needs (its
+    prompts fill the slots the previous tail frees); `launch(d)` gives its transport, stream and feed."""
     async with anyio.create_task_group() as producers:
         for d in dispatchers:
             regenerate, send, feed = launch(d)

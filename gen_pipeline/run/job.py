@@ -1,16 +1,11 @@
 """The job: one anyio task group that owns the server (started with `tg.start`: the job proceeds once
 /health answers), the load poller, the progress reporter, the signal handler, the datasets' producers
-and their writers. A single dataset is a job of one; this is the only module that opens a run's task
-groups. Each dataset's own part is a DatasetRun (dataset_run.py), opened by setup.py.
+and their writers; the only module that opens a run's task groups. A single dataset is a job of one.
 
-Dispatch: one dataset after another, overlapped. The datasets share one Window (one KV pool) and one
-request task group; dataset k+1's producer starts the moment k has sent every prompt it needs, so the
-slots k's tail frees are refilled and the server never drains between datasets.
-
-Shutdown: a dataset's writer commits and unlocks its store as soon as its last request has ended.
-Every target reached → producers stop, writers drain, then the server, poller and reporter are
-cancelled. Signals: shutdown.py. A fatal error cancels everything; every store is committed under a
-shield. Exit code (JobSummary.exit_code): the worst of the datasets', or the fatal error's own.
+The datasets share one Window (one KV pool) and one request task group; dataset k+1's producer starts
+the moment k has sent every prompt it needs, so the server never drains between datasets. A dataset's
+writer commits and unlocks its store as soon as its last request has ended; a fatal error cancels
+everything, every store committed under a shield.
 """
 
 from __future__ import annotations
@@ -18,6 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +22,7 @@ from anyio.abc import TaskGroup
 
 from gen_pipeline.config.dataset import DatasetConfig
 from gen_pipeline.config.mix import declared_lines
-from gen_pipeline.controller import Controller, ControllerStats
+from gen_pipeline.controller import Controller
 from gen_pipeline.errors import GenPipelineError, first_known
 from gen_pipeline.http import open_http
 from gen_pipeline.records import Failure, Prompt, RunSnapshot, Sample
@@ -60,7 +56,7 @@ class Job:
         self.started: list[DatasetRun] = []
         self.handle: ServerHandle | None = None
         self._first_poll = anyio.Event()  # the display waits for it: its first line carries load figures
-        self._controller_log = ControllerLog()
+        self._said: tuple[str, str] | None = None  # the controller's mode and reason last journaled
 
     @property
     def folders(self) -> dict[str, Path]:
@@ -164,7 +160,8 @@ class Job:
                 session = await stack.enter_async_context(
                     open_http(r.cfg.generation, max_connections(self.opts, handle)))
                 clients.append(ChatClient(session, handle.base_urls, client_settings(handle, self.opts, r.cfg),
-                                          gate=handle.wait_ready, on_request_done=self._observer(r.name),
+                                          gate=handle.wait_ready,
+                                          on_request_done=partial(self.window.observe_completion, kind=r.name),
                                           fleet=handle.fleet, server_wait_s=self.opts.server_wait_s))
             tg.start_soon(self._poll_load)
             if self.opts.on_progress is not None:
@@ -192,7 +189,12 @@ class Job:
                 r.observe_poll(snap)
 
     def _log_controller(self) -> None:
-        self._controller_log.note(None if self.opts.window else self.window.controller_stats(), self.window.size)
+        """The controller's mode and last decision, into the journal (run.log) when they change."""
+        stats = None if self.opts.window else self.window.controller_stats()
+        if stats is None or (stats.mode, stats.reason) == self._said:
+            return
+        self._said = (stats.mode, stats.reason)
+        JOURNAL.info("controller %s: %s (window %d)", stats.mode, stats.reason, self.window.size)
 
     async def _report_progress(self, on_progress: Callable[[RunSnapshot], None]) -> None:
         """The job's snapshot every REPORT_EVERY_S, from the first load poll on (its first has load figures)."""
@@ -200,18 +202,6 @@ class Job:
         while True:
             on_progress(self.snapshot())
             await anyio.sleep(REPORT_EVERY_S)
-
-    def _observer(self, name: str) -> Callable[[int, int, float], None]:
-        def observe(prompt_tokens: int, completion_tokens: int, latency_s: float) -> None:
-            self.window.observe_completion(prompt_tokens, completion_tokens, latency_s, name)
-        return observe
-
-    def _in_flight(self) -> int:
-        return sum(r.dispatch.in_flight for r in self.runs)
-
-    def _drain(self) -> None:
-        for r in self.runs:
-            r.dispatch.draining = True
 
     async def _work(self, clients: list[ChatClient]) -> None:
         """Writers outside the requests' group (every finished sample is written, and a drain deadline
@@ -239,19 +229,6 @@ class Job:
 
         work.start_soon(r.write, recv, lambda: self.shutdown.signal)
         return regenerate, send, r.feed
-
-
-class ControllerLog:
-    """The controller's mode and last decision, into the journal (run.log) when they change."""
-
-    def __init__(self) -> None:
-        self._said: tuple[str, str] | None = None
-
-    def note(self, stats: ControllerStats | None, window: int) -> None:
-        if stats is None or (stats.mode, stats.reason) == self._said:
-            return
-        self._said = (stats.mode, stats.reason)
-        JOURNAL.info("controller %s: %s (window %d)", stats.mode, stats.reason, window)
 
 
 # ---------------------------------------------------------------- the entry points
@@ -282,10 +259,9 @@ class StoppedJob:
 
 @asynccontextmanager
 async def open_job(cfgs: Sequence[DatasetConfig], opts: RunOptions) -> AsyncIterator[Job | StoppedJob]:
-    """A job opened for `job.run()`: the set-up done (setup.py: model, stores, sources, the pre-launch
-    check), no server started yet; `job.waived` holds what --proceed-anyway let through. Raises the
-    set-up's errors; every store is committed and unlocked on the way out. A signal during the set-up
-    stops it at once: a StoppedJob then stands for the job (its run() reports it stopped)."""
+    """A job opened for `job.run()`: set up (setup.py), no server started yet; `job.waived` holds what
+    --proceed-anyway let through. Raises the set-up's errors; every store is committed and unlocked on the
+    way out. A signal during the set-up yields a StoppedJob (its run() reports the datasets stopped)."""
     shutdown = Shutdown(opts.drain_grace_s)
     jobs: list[Job] = []
     error: GenPipelineError | None = None
@@ -293,11 +269,12 @@ async def open_job(cfgs: Sequence[DatasetConfig], opts: RunOptions) -> AsyncIter
     # signals are handled from the set-up to the last store closed (shutdown.py), those held before too;
     # the summary and 130/143 always follow
     def drain() -> None:
-        for j in jobs:
-            j._drain()
+        for run in (r for j in jobs for r in j.runs):
+            run.dispatch.draining = True
 
     async with anyio.create_task_group() as signals:
-        await signals.start(shutdown.handle_signals, lambda: sum(j._in_flight() for j in jobs), drain)
+        await signals.start(shutdown.handle_signals, lambda: sum(r.dispatch.in_flight for j in jobs for r in j.runs),
+                            drain)
         try:
             async with open_datasets(cfgs, opts, shutdown.setup_scope) as opened:
                 jobs.append(Job(opened, opts, shutdown))

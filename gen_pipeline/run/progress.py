@@ -1,9 +1,6 @@
 """What the user sees while a run goes: a tqdm bar on a terminal, plain log lines otherwise, both drawn
-from the job's RunSnapshot (`RunOptions.on_progress = Progress(...).update`).
-
-The display prints figures only; a run's events are log records, which the CLI shows through tqdm's
-`logging_redirect_tqdm` so that none lands on the bar's line (gen_pipeline/cli/logs.py). The bar
-appears with the first snapshot, once the server is up: start-up messages come before it.
+from the job's RunSnapshot (`RunOptions.on_progress = Progress(...).update`). A run's events are log
+records, which the CLI keeps off the bar's line (gen_pipeline/cli/logs.py).
 """
 
 from __future__ import annotations
@@ -23,30 +20,26 @@ def postfix(s: RunSnapshot) -> str:
     """The figures after done/target: throughput, in flight, the server's load, the controller."""
     parts = [f"{s.tokens_per_s:,.0f} tok/s"]
     if s.final:  # the last poll's load is from before the end: the run's peaks instead
-        if s.peak_running is not None:
-            parts.append(f"peak running {count(s.peak_running)} queued {count(s.peak_queued or 0)}")
-        if s.peak_kv_usage is not None:
-            parts.append(f"peak KV {s.peak_kv_usage:.0%}")
-        if s.retractions_run:  # this run's, not an attached server's lifetime count
-            parts.append(f"retracted {s.retractions_run}")
-        return ", ".join(parts + ([f"failed {s.failures}"] if s.failures else []))
-    if s.server_wait_s is not None:  # an outage: the figures below are from before it
-        limit = f" of {format_duration(s.server_wait_limit_s)}" if s.server_wait_limit_s is not None else ""
-        parts.insert(0, f"no server answers: waiting {format_duration(s.server_wait_s)}{limit}")
-    if s.in_flight > s.window:  # the window shrank; requests already sent still finish
-        parts.append(f"in flight {count(s.in_flight)} (window lowered to {count(s.window)}; "
-                     f"{count(s.in_flight - s.window)} finishing before new ones)")
+        peak, running, queued, kv = "peak ", s.peak_running, s.peak_queued, s.peak_kv_usage
     else:
-        parts.append(f"in flight {count(s.in_flight)}/{count(s.window)}")
-    if s.running is not None:
-        parts.append(f"running {count(s.running)} queued {count(s.queued or 0)}")
-    if s.kv_usage is not None:
-        parts.append(f"KV {s.kv_usage:.0%}")
-    if s.retractions_run:
+        peak, running, queued, kv = "", s.running, s.queued, s.kv_usage
+        if s.server_wait_s is not None:  # an outage: the figures below are from before it
+            limit = f" of {format_duration(s.server_wait_limit_s)}" if s.server_wait_limit_s is not None else ""
+            parts.insert(0, f"no server answers: waiting {format_duration(s.server_wait_s)}{limit}")
+        if s.in_flight > s.window:  # the window shrank; requests already sent still finish
+            parts.append(f"in flight {count(s.in_flight)} (window lowered to {count(s.window)}; "
+                         f"{count(s.in_flight - s.window)} finishing before new ones)")
+        else:
+            parts.append(f"in flight {count(s.in_flight)}/{count(s.window)}")
+    if running is not None:
+        parts.append(f"{peak}running {count(running)} queued {count(queued or 0)}")
+    if kv is not None:
+        parts.append(f"{peak}KV {kv:.0%}")
+    if s.retractions_run:  # this run's, not an attached server's lifetime count
         parts.append(f"retracted {s.retractions_run}")
     if s.failures:
         parts.append(f"failed {s.failures}")
-    if s.controller_mode is not None:
+    if s.controller_mode is not None and not s.final:
         parts.append(f"controller {s.controller_mode}: {s.controller_reason}")
     return ", ".join(parts)
 

@@ -1,11 +1,7 @@
-"""Set-up of a job, before any server starts: configs → options → checks → opened datasets.
-
-`run_options` turns `generate`'s settings into RunOptions. `open_datasets` then reads each thing once:
-the served model (when attached), each dataset's store (locked, drift-checked, scanned) and its source
-(shared by the pre-launch check and the feed). A problem the check finds refuses the launch (unless
-`proceed_anyway`) and releases every claimed store. A signal cancels the `stop` scope: a source load is
-abandoned in its worker thread, the stores claimed so far are released, and `SetupStopped` says what
-each held.
+"""Set-up of a job, before any server starts: `run_options` turns `generate`'s settings into RunOptions;
+`open_datasets` reads each thing once (the served model, each dataset's store and its source, shared by the
+pre-launch check and the feed). A check's problem refuses the launch (unless `proceed_anyway`); a signal
+cancels the `stop` scope (SetupStopped); either way every claimed store is released.
 """
 
 from __future__ import annotations
@@ -57,7 +53,8 @@ def run_options(cfgs: Sequence[DatasetConfig], *, config_dir: Path = DEFAULT_CON
     windows = {cfg.generation.window or None for cfg in cfgs}
     if "window" not in flagged and len(windows) > 1:
         odd = next(c for c in cfgs[1:] if (c.generation.window or None) != (cfgs[0].generation.window or None))
-        raise ConfigError(f"{_where(odd)}: generation.window = {odd.generation.window} differs from the other "
+        where = display_path(odd.path) if odd.path else odd.name
+        raise ConfigError(f"{where}: generation.window = {odd.generation.window} differs from the other "
                           "datasets' (the job's datasets share one window); set it the same or pass --window.")
     if "window" not in flagged and cfgs[0].generation.window:
         given["window"] = cfgs[0].generation.window  # the datasets' own, over server.toml's
@@ -119,7 +116,8 @@ async def open_datasets(cfgs: Sequence[DatasetConfig], opts: RunOptions,
                 runs = {id(r.store): r for r in opened.runs}
                 for store in stores:
                     run = runs.get(id(store))
-                    progress = None if run is None or run.keep_last_figures else run.progress_record()
+                    # nothing written this run: the manifest keeps the last real run's figures (status shows them)
+                    progress = None if run is None or run.dispatch.ok == 0 else run.progress_record()
                     await anyio.to_thread.run_sync(store.close, progress)
                 for run in opened.runs:
                     run.telemetry.close()
@@ -138,17 +136,11 @@ async def _claim_and_check(cfgs: Sequence[DatasetConfig], opts: RunOptions, open
         await anyio.to_thread.run_sync(store.lock)
     for cfg, store in zip(cfgs, mine, strict=True):
         state = await anyio.to_thread.run_sync(store.claim)
-        source = await _check_in_thread(cfg, store, opts, len(cfgs) > 1, opened.waived)
+        if store.remaining:  # the set-up's slow step: a hub download can take minutes
+            EVENTS.info("%s: loading the source %s", cfg.name, source_label(cfg.source), extra={"dataset": cfg.name})
+        source = await anyio.to_thread.run_sync(_check, cfg, store, opts, len(cfgs) > 1, opened.waived,
+                                                abandon_on_cancel=True)
         claims.append((cfg, store, state, source))
-
-
-async def _check_in_thread(cfg: DatasetConfig, store: DatasetStore, opts: RunOptions, several: bool,
-                           waived: list[GenPipelineError]) -> LoadedSource | None:
-    """_check in a worker thread, abandoned when cancelled; says "NAME: loading the source ..." first
-    (the set-up's slow step: a hub download can take minutes, `datasets` a while even for a local file)."""
-    if store.remaining:
-        EVENTS.info("%s: loading the source %s", cfg.name, source_label(cfg.source), extra={"dataset": cfg.name})
-    return await anyio.to_thread.run_sync(_check, cfg, store, opts, several, waived, abandon_on_cancel=True)
 
 
 def new_store(cfg: DatasetConfig, opts: RunOptions, model: str) -> DatasetStore:
@@ -178,10 +170,6 @@ def _check(cfg: DatasetConfig, store: DatasetStore, opts: RunOptions, several: b
         raise _named(e, cfg) if several else e from None
     waived += [_named(p, cfg) if several else p for p in report.problems]
     return source
-
-
-def _where(cfg: DatasetConfig) -> str:
-    return display_path(cfg.path) if cfg.path else cfg.name
 
 
 def _named(e: GenPipelineError, cfg: DatasetConfig) -> GenPipelineError:

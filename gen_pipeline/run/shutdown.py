@@ -1,10 +1,7 @@
-"""Signals, for the whole of a job (job.py `open_job` to its last store closed), and before it.
-
-SIGINT, SIGTERM and SIGHUP (a closed terminal) never kill the process: from the CLI's first line they
-are held (gen_pipeline/signals.py) until a job listens. The first one stops the set-up or the server's
-start-up, or, once requests go, drains (no new requests, in-flight ones get drain_grace_s); the second
-cancels the requests at once; any later one is noted and ignored, so the run always ends with its
-summary, exit 130/143/129 and its locks released. The scopes are entered by setup.py and job.py.
+"""Signals, for the whole of a job (job.py `open_job` to its last store closed); gen_pipeline/signals.py
+holds them before. The first one stops the set-up or the server's start-up, or, once requests go, drains
+(in-flight ones get drain_grace_s); the second cancels the requests; later ones are noted and ignored, so
+the run always ends with its summary, exit 130/143/129 and its locks released.
 """
 
 from __future__ import annotations
@@ -36,9 +33,8 @@ class Shutdown:
 
     async def handle_signals(self, in_flight: Callable[[], int], on_drain: Callable[[], None], *,
                              task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-        """Until cancelled: first signal → stop the set-up or the start-up, or `on_drain()` and a drain
-        deadline; second → cancel requests; later ones are only logged. Started with `tg.start`: it
-        listens once started, and has acted on the signals held before (hold_signals)."""
+        """Until cancelled: the signals as the module doc says, those held before (hold_signals) first; started
+        with `tg.start`, it listens once started."""
         try:
             with anyio.open_signal_receiver(*SIGNALS) as signals:
                 while (held := take_held()) is not None:

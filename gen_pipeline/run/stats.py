@@ -84,12 +84,8 @@ class RunStats:
         if value is None:
             return
         prev, self._last_counter = self._last_counter, value
-        if prev is None:
-            self.retractions = self.retractions or 0
-        elif value < prev:
-            self.retractions = (self.retractions or 0) + value
-        else:
-            self.retractions = (self.retractions or 0) + value - prev
+        added = 0 if prev is None else value if value < prev else value - prev
+        self.retractions = (self.retractions or 0) + added
 
     def count_sample(self, completion_tokens: int) -> None:
         self.failure_streak = 0

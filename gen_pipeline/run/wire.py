@@ -1,25 +1,16 @@
 """The chat completion wire format: pure functions and records, no I/O (run/chat.py sends and reads).
 
-What a request's body is (`build_request`), and what an answer comes back as (`TurnResult`), read from a
-chat stream chunk by chunk (`TurnStream`, the loop detector fed as the text arrives) or from a whole
-completion (`parse_response`); a refusal's status and text (`classify_status`). Everything that cannot
-be written is raised here, once for both ways of reading: `Retryable` (the next attempt may do better)
-or RequestError (final).
+`build_request` makes a request's body; an answer is read into a `TurnResult` from a stream chunk by chunk
+(`TurnStream`, the loop detector fed as the text arrives) or whole (`parse_response`). Everything that
+cannot be written is raised here, once for both ways: `Retryable` (the next attempt may do better) or
+RequestError (final).
 
-What SGLang 0.5.17 streams (python/sglang/srt/entrypoints/openai/serving_chat.py, _generate_chat_stream):
-a first chunk with the role and empty content, then per step a reasoning chunk and a content chunk
-(the reasoning parser splits the text; all reasoning comes before the answer), a chunk with the
-finish_reason, the usage chunk (choices empty) when stream_options.include_usage, then `[DONE]`; with
-stream_options.continuous_usage_stats every content chunk carries the usage so far. A graceful abort
-ends with finish_reason "abort"; an abort with a status code writes an error object
-(`{"object": "error", "message", "code"}`) as a data line and stops.
-
-Tool calls (a request with `tools`, a server started with --tool-call-parser; serving_chat.py
-_process_tool_call_stream): each call streams as delta.tool_calls = [{"id", "index", "type": "function",
-"function": {"name", "arguments": ""|text}}] first (id and name set), then chunks with the same index, id
-and name null, and `arguments` pieces to concatenate (_check_for_unstreamed_tool_args sends the rest at the
-end); the finish chunk says "tool_calls" where the model stopped after a call. Whole: message.tool_calls
-(the same objects, arguments whole) with content "" and finish_reason "tool_calls" (_process_tool_calls).
+SGLang 0.5.17's stream (serving_chat.py _generate_chat_stream): a role chunk, reasoning then content
+chunks, a chunk with the finish_reason, the usage chunk (choices empty), `[DONE]`; continuous_usage_stats
+puts the usage so far on every chunk. An abort ends with finish_reason "abort", or with an error object
+(`{"object": "error", "message", "code"}`) as a data line. A tool call streams as delta.tool_calls: its
+first piece names it (id, name), the next ones (same index) carry pieces of its arguments
+(_process_tool_call_stream); whole, message.tool_calls with finish_reason "tool_calls".
 """
 
 from __future__ import annotations
@@ -37,17 +28,14 @@ from gen_pipeline.errors import RequestError
 from gen_pipeline.http import Reply
 from gen_pipeline.quality import LoopVerdict, RepetitionDetector, tail_loop
 
-# SGLang's stream_options (protocol.py StreamOptions): the usage chunk at the end, and the usage so far on
-# every chunk (the tokens decoded when a loop is aborted, and a stream cut mid-way, are the server's count).
+# SGLang's stream_options (protocol.py StreamOptions): the usage so far on every chunk (an aborted stream's
+# tokens are the server's count) and at the end.
 STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
-# Completion tokens past max_new_tokens by more than this are no count: SGLang stops a request at its cap
-# (speculative decoding may accept a few draft tokens in the step that reaches it). A usage of 10^15 or -7
-# says the server's accounting broke: such an answer is a bad one (retried), never written.
+# Completion tokens past max_new_tokens by more than this are no count (speculative decoding may accept a
+# few draft tokens in the step that reaches the cap): the server's accounting broke, the answer is retried.
 USAGE_SLACK_TOKENS = 64
-# The loop detector reads a stream's text every this many tokens (and at its end), not every chunk: its
-# verdict is the same (RepetitionDetector cuts words from the text alone, however it is split), found up to
-# this many tokens later; each call costs client CPU on top of its per-word work (docs/measurements.md,
-# "Client CPU per 1K streamed tokens").
+# The loop detector reads a stream's text every this many tokens (and at its end): the same verdict, up to
+# this many tokens later, for less client CPU (docs/measurements.md, "Client CPU per 1K streamed tokens").
 DETECT_EVERY_TOKENS = 16
 _OPTIONAL_SAMPLING = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "seed",
                       "reasoning_effort", "chat_template_kwargs")
@@ -273,12 +261,9 @@ def _finish(finish: Any) -> str:
 
 
 class TurnStream:
-    """A chat completion stream's chunks (parsed JSON), fed in arrival order: the text, the token counts,
-    the finish reason. `detector` (None: on_loop = "off") reads the reasoning and content deltas in arrival
-    order, every `detect_every` tokens (the server's count, else the deltas) and at the finish; `feed`
-    returns its verdict when it fires, `detect_end` once the stream ended. Raises Retryable / RequestError
-    for an error chunk, OtherModel for one that names another `model`; `result` checks the usage against
-    `max_tokens`."""
+    """A chat completion stream's chunks, fed in arrival order; `detector` (None: on_loop = "off") reads the
+    text every `detect_every` tokens, and `feed` returns its verdict when it fires. Raises Retryable /
+    RequestError for an error chunk, OtherModel for one that names another `model`."""
 
     __slots__ = ("_reasoning", "_content", "detector", "finish_reason", "usage", "deltas",
                  "reasoning_deltas", "tokens_at_last_reasoning", "rid", "model", "max_tokens", "done", "chunks",
