@@ -18,7 +18,8 @@ from gen_pipeline.display import format_duration
 Interval = tuple[float, float, int | None]  # (start, end) as POSIX seconds, GPUs (None: unknown)
 
 
-def _ts(iso: Any) -> float | None:
+def timestamp(iso: Any) -> float | None:
+    """POSIX seconds of an ISO time (a naive one read as UTC, as the store writes them); None if unreadable."""
     try:
         t = datetime.fromisoformat(iso)
     except (TypeError, ValueError):
@@ -32,9 +33,9 @@ def run_interval(run: Mapping[str, Any], *, generating: bool) -> Interval | None
     no server of its own: not a run in GPU-hours, however often it is repeated)."""
     if run.get("stopped_by") == "nothing_to_do":
         return None
-    start = _ts(run.get("generating_at")) if generating else None
-    start = start if start is not None else _ts(run.get("started_at"))
-    end = _ts(run.get("ended_at") or run.get("updated_at"))
+    start = timestamp(run.get("generating_at")) if generating else None
+    start = start if start is not None else timestamp(run.get("started_at"))
+    end = timestamp(run.get("ended_at") or run.get("updated_at"))
     if start is None or end is None or end < start:
         return None
     gpus = run.get("gpus")

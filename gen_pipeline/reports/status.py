@@ -5,10 +5,10 @@ shards' figures come from the manifest, the open shard (and any the manifest doe
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from gen_pipeline.reports.gpu_hours import (
     job_rate,
     job_usage,
     project,
+    timestamp,
 )
 from gen_pipeline.store.layout import (
     ERRORS_NAME,
@@ -243,20 +244,15 @@ def _add_run(st: DatasetStatus, folder: Path, manifest: Manifest) -> None:
 
 
 def _age_s(iso: Any) -> float | None:
-    try:
-        return max(0.0, (datetime.now(UTC) - datetime.fromisoformat(iso)).total_seconds())
-    except (TypeError, ValueError):
-        return None
+    t = timestamp(iso)
+    return None if t is None else max(0.0, time.time() - t)
 
 
 def run_wall_s(run: Mapping[str, Any]) -> float | None:
     """Seconds a run record spans (started_at to ended_at, else its last update); None without them."""
-    try:
-        t0 = datetime.fromisoformat(run["started_at"])
-        t1 = datetime.fromisoformat(run.get("ended_at") or run["updated_at"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    return max(0.0, (t1 - t0).total_seconds())
+    t0 = timestamp(run.get("started_at"))
+    t1 = timestamp(run.get("ended_at") or run.get("updated_at"))
+    return None if t0 is None or t1 is None else max(0.0, t1 - t0)
 
 
 def _run_rate(run: RunRecord) -> float | None:

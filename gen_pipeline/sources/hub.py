@@ -30,7 +30,10 @@ def offline_reason(timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
     host = parts.hostname
     if not host:
         return f"HF_ENDPOINT={endpoint!r} is not a URL"
-    port = parts.port or (80 if parts.scheme == "http" else 443)
+    try:
+        port = parts.port or (80 if parts.scheme == "http" else 443)
+    except ValueError:  # urlsplit reads the port lazily: "host:abc" or one past 65535
+        return f"HF_ENDPOINT={endpoint!r} has no valid port: give a number from 1 to 65535, or none"
     addr = _resolve(host, port, timeout_s)
     if isinstance(addr, str):
         return f"{host} does not resolve: {addr}"
