@@ -74,10 +74,9 @@ def _generate_configs(args: argparse.Namespace) -> list[DatasetConfig]:
 
 
 def exit_past_threads(code: int, join_s: float = 0.5) -> None:
-    """End the process with `code` now when a thread would hold its exit: Python joins every non-daemon
-    thread at exit, and a source load a signal abandoned (run/setup.py: `datasets` cannot be interrupted)
-    may never end. Threads that end within `join_s` (anyio's idle workers) are waited for; the streams
-    and logs are flushed first. Returns when no thread is left."""
+    """End the process with `code` now (logs and streams flushed) when a non-daemon thread still runs after
+    `join_s`: Python joins them at exit, and a source load a signal abandoned (run/setup.py: `datasets`
+    cannot be interrupted) may never end. Returns when no thread is left."""
     import contextlib
     import logging
     import os

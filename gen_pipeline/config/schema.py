@@ -68,11 +68,9 @@ def _model(cls: type[DataclassInstance]) -> type[BaseModel]:
 
 
 def build_section(cls: type[T], table: Any, where: str, *, key_where: Callable[[str], str] | None = None) -> T:
-    """Instantiate config dataclass `cls` from a TOML table; raises ConfigError naming the key.
-
-    `where` prefixes messages, e.g. "datasets_cfg/B2.toml: sampling."; `key_where(key)`, when given, is the
-    prefix for a message about `key` (a key an inherited table wrote is named where it is written).
-    """
+    """Instantiate config dataclass `cls` from a TOML table; raises ConfigError naming the key, prefixed
+    by `where` ("datasets_cfg/B2.toml: sampling.") or by `key_where(key)` when given (a key an inherited
+    table wrote is named where it is written)."""
     if not isinstance(table, dict):
         raise ConfigError(f"{where.rstrip('.')} must be a table ([section]), got {type_name(table)}.")
     try:

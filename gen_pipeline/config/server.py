@@ -2,22 +2,14 @@
 
     [profile.tuned]
     model_path = "moonshotai/Kimi-K2.5"   # keys are SGLang's flag names with "_" (build_command maps them)
-    tp_size = 8
-    mem_fraction_static = 0.90
-    kv_cache_dtype = "fp8_e4m3"
     extra_args = ["--chunked-prefill-size", "8192"]   # passed through verbatim
     [profile.tuned.env]
     NCCL_IB_DISABLE = "0"
-
     [profile.sim]
     inherits = "tuned"                    # start from another profile's keys, then override
-    command = ["{python}", "-m", "sglang_sim"]
 
-    [controller]                          # optional: the concurrency controller's tunables
-    target_usage = 0.92                   # (gen_pipeline/controller/config.py; the defaults need no tuning)
-
-    [run]                                 # optional: generate's options, named as its flags (config/run.py)
-    server_wait_s = 900                   # the flag (--server-wait-s) wins
+server.toml may also hold `[controller]` (controller/config.py) and `[run]` (generate's options,
+config/run.py; the flag wins).
 """
 
 from __future__ import annotations
@@ -106,10 +98,8 @@ _NON_NEGATIVE_S = ("startup_timeout_s", "health_interval_s", "restart_backoff_s"
 
 def load_server_profile(name: str = "tuned", path: Path = DEFAULT_SERVER_CONFIG, *,
                         overrides: dict[str, Any] | None = None) -> ServerProfile:
-    """Read profile `name` from `path`, then apply `overrides` (e.g. from the CLI).
-
-    Raises ConfigError naming the file and key (unknown key, bad type, unknown profile).
-    """
+    """Read profile `name` from `path`, then apply `overrides` (e.g. from the CLI); raises ConfigError
+    naming the file and key (unknown key, bad type, unknown profile)."""
     return read_server_toml(path).profile(name, overrides=overrides)
 
 
