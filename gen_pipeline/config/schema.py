@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import math
 import typing
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields, make_dataclass
@@ -113,27 +112,6 @@ def _union_args(tp: Any) -> tuple[Any, ...]:
     return typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, type(int | str)) else (tp,)
 
 
-@dataclass(frozen=True)
-class Range:
-    """The values a numeric key accepts: finite, above (or at) `low`, below (or at) `high`; `words` says
-    it in the message ("must be {words}.")."""
-
-    low: float
-    high: float
-    words: str
-    low_open: bool = False  # True: `low` itself is refused
-    high_open: bool = False
-
-    def accepts(self, v: float) -> bool:
-        above = v > self.low if self.low_open else v >= self.low
-        below = v < self.high if self.high_open else v <= self.high
-        return math.isfinite(v) and above and below
-
-
-def check_range(where: str, key: str, value: float | None, rng: Range) -> None:
-    """Raise ConfigError "{where}{key} = {value} must be {words}." when a set value is out of range."""
-    if value is not None and not rng.accepts(value):
-        raise ConfigError(f"{where}{key} = {value} must be {rng.words}.")
 # ---------------------------------------------------------------- options set by CLI flags
 
 
