@@ -212,12 +212,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     import anyio
 
     from gen_pipeline.cli.logs import console_events, quiet_datasets
+    from gen_pipeline.config.schema import declared_flags
     from gen_pipeline.tune import TuneOptions, make_plan, run_tune, shipped_profile
 
     quiet_datasets()
-    given = {k: getattr(args, k) for k in ("budget_share", "budget_s", "prompts", "startup_s", "rounds",
-                                           "probe_prompts", "probe_max_new_tokens", "model_config", "gpu_mem_gb",
-                                           "weights_gb")}
+    names = [f.field for f in declared_flags(TuneOptions)] + ["model_config", "gpu_mem_gb", "weights_gb"]
+    given = {k: getattr(args, k) for k in names}
     if args.levers is not None:
         given["levers"] = tuple(n.strip() for n in args.levers.split(",") if n.strip())
     opts = TuneOptions(output_root=args.output_dir, config_dir=args.config_dir,
