@@ -133,7 +133,6 @@ class Flag:
     type: type  # int, float, str or bool
     default: Any
     help: str
-    unit: str
     choices: tuple[str, ...]
 
 
@@ -146,7 +145,7 @@ def declared_flags(cls: type[DataclassInstance]) -> list[Flag]:
         tp = next(a for a in _union_args(plain[name]) if a is not type(None))
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
         out.append(Flag(name, str(info.title), tp, defaults[name], str(extra.get("help", "")),
-                        info.description or "", tuple(typing.cast(list[str], extra.get("choices", [])))))
+                        tuple(typing.cast(list[str], extra.get("choices", [])))))
     return out
 
 

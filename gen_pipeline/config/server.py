@@ -45,14 +45,12 @@ class ServerProfile:
     enable_hierarchical_cache: bool = False
     hicache_size_gb: int = 0  # host RAM per rank for evicted prefixes; adds no decode slots
     num_continuous_decode_steps: int = 1
-    # tokens per streamed chunk (None: SGLang's default, 1). Every turn is streamed while the loop gate is
-    # on, and at one token a chunk the client's CPU per token is what limits a fast server
-    # (docs/measurements.md, "stream interval"); the shipped profiles set 8.
+    # tokens per streamed chunk (None: SGLang's, 1): every turn is streamed, and at one token a chunk the
+    # client's CPU limits a fast server (docs/measurements.md, "stream interval")
     stream_interval: int | None = None
     enable_metrics: bool = True
     reasoning_parser: str = ""
-    # SGLang's --tool-call-parser (e.g. "kimi_k2" for Kimi-K2.5, "qwen25" for Qwen2.5/Qwen3, "qwen3_coder"):
-    # turns the target's tool-call text into message.tool_calls for requests with `tools` (tool-use datasets)
+    # SGLang's --tool-call-parser (TOOL_CALL_PARSERS): the tool-call text → message.tool_calls (tool-use datasets)
     tool_call_parser: str = ""
     trust_remote_code: bool = False
     host: str = "127.0.0.1"
