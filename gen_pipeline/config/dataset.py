@@ -172,12 +172,9 @@ class DatasetConfig:
 
 
 def _source_identity(src: SourceConfig) -> dict[str, Any]:
-    d = asdict(src)
-    d.pop("streaming")
-    d.pop("max_prompt_chars")
-    d.pop("strict")  # how bad lines are handled, not which rows: outputs stay resumable either way
-    d["files"] = list(src.files)
-    return d
+    # strict: how bad lines are handled, not which rows: outputs stay resumable either way
+    d = {k: v for k, v in asdict(src).items() if k not in ("streaming", "max_prompt_chars", "strict")}
+    return {**d, "files": list(src.files)}
 
 
 def fingerprint_digest(fp: dict[str, Any]) -> str:

@@ -56,13 +56,11 @@ def _model(cls: type[DataclassInstance]) -> type[BaseModel]:
         tp = hints[f.name]
         if typing.get_origin(tp) is tuple:
             tp = Annotated[tp, BeforeValidator(_listify)]
+        default = {"default": f.default} if f.default is not MISSING else {}
+        if f.default_factory is not MISSING:
+            default = {"default_factory": f.default_factory}
         # Fields are named k_<key> with the key as alias: a key like "schema" would shadow BaseModel's.
-        if f.default is not MISSING:
-            spec[f"k_{f.name}"] = (tp, Field(f.default, alias=f.name))
-        elif f.default_factory is not MISSING:
-            spec[f"k_{f.name}"] = (tp, Field(default_factory=f.default_factory, alias=f.name))
-        else:
-            spec[f"k_{f.name}"] = (tp, Field(alias=f.name))
+        spec[f"k_{f.name}"] = (tp, Field(alias=f.name, **default))
     return create_model(f"{cls.__name__}Schema", __config__=ConfigDict(strict=True, extra="forbid"), **spec)
 
 

@@ -203,8 +203,8 @@ def _resolve_table(name: str, profiles: dict[str, Any], file: str) -> tuple[dict
         if isinstance(own.get("env"), dict):
             for key in own["env"]:
                 origin.setdefault(f"env.{key}", current)
-        if isinstance(own.get("env"), dict) and isinstance(parent_env, dict):
-            table["env"] = {**own["env"], **parent_env}  # env tables merge key by key
+            if isinstance(parent_env, dict):
+                table["env"] = {**own["env"], **parent_env}  # env tables merge key by key
         inherits = own.get("inherits")
         if inherits is not None and not isinstance(inherits, str):
             raise ConfigError(f"{file}: profile.{current}.inherits = {inherits!r} must be a profile name (a string).")
