@@ -118,10 +118,8 @@ def input_dataset(path: Path, output_root: Path, *, max_new_tokens: int | None =
     """(the dataset config of `--input path`, a line saying where its TOML is): inferred and written to
     output_root/<name>.toml, or read back from there when an earlier run wrote the same settings.
     Raises ConfigError when the file cannot be used or the TOML there says otherwise."""
-    defaults = SamplingConfig()
-    sampling = SamplingConfig(max_new_tokens=defaults.max_new_tokens if max_new_tokens is None else max_new_tokens,
-                              temperature=defaults.temperature if temperature is None else temperature,
-                              top_p=defaults.top_p if top_p is None else top_p)
+    given: dict[str, Any] = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}
+    sampling = SamplingConfig(**{k: v for k, v in given.items() if v is not None})  # else SamplingConfig's defaults
     text = input_toml(path, infer_input(path), sampling, command)
     toml = output_root / f"{input_name(path)}.toml"
     if toml.exists():

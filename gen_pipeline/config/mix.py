@@ -134,9 +134,8 @@ def _variant(table: dict[str, Any], base: SamplingConfig, where: str,
             raise unknown_key(where, key, ["share", *names])
     merged = {k: getattr(base, k) for k in names if k not in overrides}
     merged.update(extra_body=base.extra_body, **overrides)
-    for k in ("stop",):
-        if isinstance(merged.get(k), tuple):
-            merged[k] = list(merged[k])  # the base's value, back in TOML's form for the strict schema
+    if isinstance(merged.get("stop"), tuple):
+        merged["stop"] = list(merged["stop"])  # the base's value, back in TOML's form for the strict schema
     kwargs = overrides.get("chat_template_kwargs")
     if kwargs is not None:
         if not isinstance(kwargs, dict):
