@@ -74,10 +74,9 @@ def _generate_configs(args: argparse.Namespace) -> list[DatasetConfig]:
 
 
 def exit_past_threads(code: int, join_s: float = 0.5) -> None:
-    """End the process with `code` now when a thread would hold its exit: Python joins every non-daemon
-    thread at exit, and a source load a signal abandoned (run/setup.py: `datasets` cannot be interrupted)
-    may never end. Threads that end within `join_s` (anyio's idle workers) are waited for; the streams
-    and logs are flushed first. Returns when no thread is left."""
+    """End the process with `code` now (logs and streams flushed) when a non-daemon thread still runs after
+    `join_s`: Python joins them at exit, and a source load a signal abandoned (run/setup.py: `datasets`
+    cannot be interrupted) may never end. Returns when no thread is left."""
     import contextlib
     import logging
     import os
@@ -213,12 +212,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     import anyio
 
     from gen_pipeline.cli.logs import console_events, quiet_datasets
+    from gen_pipeline.config.schema import declared_flags
     from gen_pipeline.tune import TuneOptions, make_plan, run_tune, shipped_profile
 
     quiet_datasets()
-    given = {k: getattr(args, k) for k in ("budget_share", "budget_s", "prompts", "startup_s", "rounds",
-                                           "probe_prompts", "probe_max_new_tokens", "model_config", "gpu_mem_gb",
-                                           "weights_gb")}
+    names = [f.field for f in declared_flags(TuneOptions)] + ["model_config", "gpu_mem_gb", "weights_gb"]
+    given = {k: getattr(args, k) for k in names}
     if args.levers is not None:
         given["levers"] = tuple(n.strip() for n in args.levers.split(",") if n.strip())
     opts = TuneOptions(output_root=args.output_dir, config_dir=args.config_dir,

@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -35,20 +35,9 @@ class _ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg]
         super().handleError(record)
 
 
-class _NotJournal(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.name.startswith(_JOURNAL)
-
-
-class _OfDataset(logging.Filter):
+def _of_dataset(name: str) -> Callable[[logging.LogRecord], bool]:
     """Records about `name` or about no dataset."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__()
-        self.dataset = name
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return getattr(record, "dataset", self.dataset) == self.dataset
+    return lambda record: getattr(record, "dataset", name) == name
 
 
 @contextmanager
@@ -59,7 +48,7 @@ def console_events(*, bar: bool) -> Iterator[None]:
     logger = logging.getLogger(_ROOT)
     handler = _ConsoleHandler(sys.stdout)
     handler.setLevel(logging.INFO)
-    handler.addFilter(_NotJournal())
+    handler.addFilter(lambda record: not record.name.startswith(_JOURNAL))
     level = logger.level
     logger.setLevel(logging.INFO)
     logger.addHandler(handler)
@@ -85,7 +74,7 @@ def run_logs(folders: Mapping[str, Path]) -> Iterator[None]:
             handler = logging.FileHandler(folder / RUN_LOG_NAME, mode="a", encoding="utf-8", delay=True)
             handler.setLevel(logging.INFO)
             handler.setFormatter(formatter)
-            handler.addFilter(_OfDataset(name))
+            handler.addFilter(_of_dataset(name))
             logger.addHandler(handler)
             stack.callback(handler.close)
             stack.callback(logger.removeHandler, handler)

@@ -8,13 +8,9 @@ from typing import Any
 
 from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR
 from gen_pipeline.config.run import RunFlags
+from gen_pipeline.config.sampling import SamplingConfig
 from gen_pipeline.config.schema import declared_flags
-
-WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")  # server/plan.py WEIGHT_BYTES, without its import cost
-# server/plan.py's reference node (REFERENCE_GPU*, REFERENCE_OVERHEAD_GIB; tests/test_plan_job.py keeps them equal)
-REFERENCE_GPU = "RTX PRO 6000 Blackwell, 96 GB"
-REFERENCE_GPU_MEM_GIB = 95.6
-REFERENCE_OVERHEAD_GIB = 4.5
+from gen_pipeline.server.plan import REFERENCE_GPU, REFERENCE_GPU_MEM_GIB, REFERENCE_OVERHEAD_GIB, WEIGHT_BYTES
 
 
 def folder(value: str) -> Path:
@@ -61,9 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--input", type=Path, metavar="FILE.jsonl",
                       help="a prompt file instead of a dataset TOML: its schema is inferred and the TOML used is "
                            "written to --output-dir/<name>.toml (the same command, or --dataset on it, resumes)")
-    g.add_argument("--max-new-tokens", type=int, help="with --input: sampling.max_new_tokens (default: 2048)")
-    g.add_argument("--temperature", type=float, help="with --input: sampling.temperature (default: 0.7)")
-    g.add_argument("--top-p", type=float, help="with --input: sampling.top_p (default: 0.95)")
+    for key, tp in (("max_new_tokens", int), ("temperature", float), ("top_p", float)):  # SamplingConfig's defaults
+        g.add_argument(f"--{key.replace('_', '-')}", type=tp,
+                       help=f"with --input: sampling.{key} (default: {getattr(SamplingConfig, key)})")
     where = g.add_mutually_exclusive_group()
     where.add_argument("--server", default="tuned", metavar="PROFILE",
                        help="server.toml profile to launch: tuned (default), baseline, sim (the built-in simulator)")
@@ -133,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "on disk); or give --params-b")
     pl.add_argument("--params-b", type=float,
                     help="parameter count in billions, with --weight-dtype (single-dtype checkpoints only)")
-    pl.add_argument("--weight-dtype", choices=sorted(WEIGHT_DTYPES),
+    pl.add_argument("--weight-dtype", choices=sorted(WEIGHT_BYTES),
                     help="bytes per parameter for --params-b: bf16/fp16 2, fp8/int8 1, int4 0.5 (required with it)")
     pl.add_argument("--hicache-gb", type=float,
                     help="hierarchical cache per rank in GB (default: the profile's hicache_size_gb when it "

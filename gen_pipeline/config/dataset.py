@@ -42,11 +42,8 @@ A dataset config, `datasets_cfg/B2.toml`:
     reasoning = "keep"               # "keep" reasoning_content | "disable" thinking | "none"
     truncated = "keep"               # finish_reason == "length": "keep" or "drop"
     empty_turn = "retry"             # empty or marker-only content: "retry" (then a failure) or "fail"
-    on_loop = "retry"                # a turn caught looping (its stream is closed at once, the server
-                                     # frees the slot): "retry" with a new seed (then a final failure,
-                                     # reason loop), "drop" (a final failure at once), "keep" (the text cut
-                                     # where the loop began, the conversation ends there: finish_reason
-                                     # "loop"), or "off" (no loop detector: loops run to max_new_tokens)
+    on_loop = "retry"                # a turn caught looping: "retry" with a new seed, "drop" (a failure),
+                                     # "keep" (cut where the loop began), "off" (no loop detector)
     request_timeout_s = 3600
     max_attempts = 6
     window = 0                       # 0 = the adaptive controller; N = fixed concurrency (--window wins)
@@ -57,16 +54,10 @@ A dataset config, `datasets_cfg/B2.toml`:
     token_ids = false                # true: each assistant turn records the server's prompt_token_ids
                                      # and token_ids (the `tokens` export then uses them as they are)
 
-Reasoning leaks (think markers in content, the thinking cut by max_new_tokens and returned as the
-answer) are flagged per turn and follow `truncated` ("keep": repaired, written, flagged in
-meta.per_turn; "drop": a final failure); a turn left with no answer (its thinking ran to
-max_new_tokens) is never written: a final failure, reason truncated. `token_ids = true` costs disk
-(every turn's prompt and output ids as JSON integers; not yet measured on the 88K job) and the early
-loop abort: SGLang 0.5.17 refuses return_token_ids / return_prompt_token_ids on a stream
-(python/sglang/srt/entrypoints/openai/serving_chat.py:914-924, HTTP 400), so those turns are sent
-whole and the loop detector reads the finished text (loops are still caught and handled by on_loop,
-but only after max_new_tokens were decoded); on_loop = "keep" is refused with it (the text would be
-cut, the server's ids not).
+A turn left with no answer (its thinking ran to max_new_tokens) is never written. `token_ids = true`
+turns are sent whole, since SGLang 0.5.17 refuses return_token_ids on a stream (serving_chat.py:914-924,
+HTTP 400): the loop detector then reads the finished text, and on_loop = "keep" is refused with it (the
+text would be cut, the server's ids not).
 """
 
 from __future__ import annotations
@@ -181,12 +172,9 @@ class DatasetConfig:
 
 
 def _source_identity(src: SourceConfig) -> dict[str, Any]:
-    d = asdict(src)
-    d.pop("streaming")
-    d.pop("max_prompt_chars")
-    d.pop("strict")  # how bad lines are handled, not which rows: outputs stay resumable either way
-    d["files"] = list(src.files)
-    return d
+    # strict: how bad lines are handled, not which rows: outputs stay resumable either way
+    d = {k: v for k, v in asdict(src).items() if k not in ("streaming", "max_prompt_chars", "strict")}
+    return {**d, "files": list(src.files)}
 
 
 def fingerprint_digest(fp: dict[str, Any]) -> str:

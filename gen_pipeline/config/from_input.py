@@ -1,24 +1,14 @@
 """`generate --input prompts.jsonl --output-dir out`: a run without a dataset TOML. The schema is
 inferred from the file's rows (parsed as a run parses them: sources/loading.py), and the TOML this run
-uses is written beside its output, `out/prompts.toml`, so that the same command, or `--dataset
-out/prompts.toml`, resumes. A later command whose settings differ from that TOML's is refused (the
-samples written so far were made with it).
-
-    # written by gen-pipeline generate --input ...
-    name = "prompts"
-    target_samples = 1200            # the rows of the file that parse (a run skips the others)
-    [source]
-    files = ["/abs/path/prompts.jsonl"]
-    schema = "messages"              # inferred: "messages" (role/content), "sharegpt" (from/value), "prompt"
-    field = "messages"               # inferred: the column holding the conversation or the prompt text
-    id_field = "id"                  # when every row has one, unique; else ids are content hashes
-    [sampling]
-    max_new_tokens = 2048            # --max-new-tokens, --temperature, --top-p (else SamplingConfig's defaults)
+uses (input_toml) is written beside its output, `out/prompts.toml`, so that the same command, or
+`--dataset out/prompts.toml`, resumes. A later command whose settings differ from that TOML's is refused
+(the samples written so far were made with it).
 """
 
 from __future__ import annotations
 
 import re
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,7 +94,7 @@ def input_name(path: Path) -> str:
 
 
 def input_toml(path: Path, inferred: Inferred, sampling: SamplingConfig, command: str) -> str:
-    """The dataset TOML of an input file (module doc)."""
+    """The dataset TOML of an input file: the inferred [source], the sampling flags' [sampling]."""
     def q(v: object) -> str:
         return orjson.dumps(v).decode()
 
@@ -128,14 +118,12 @@ def input_dataset(path: Path, output_root: Path, *, max_new_tokens: int | None =
     """(the dataset config of `--input path`, a line saying where its TOML is): inferred and written to
     output_root/<name>.toml, or read back from there when an earlier run wrote the same settings.
     Raises ConfigError when the file cannot be used or the TOML there says otherwise."""
-    defaults = SamplingConfig()
-    sampling = SamplingConfig(max_new_tokens=defaults.max_new_tokens if max_new_tokens is None else max_new_tokens,
-                              temperature=defaults.temperature if temperature is None else temperature,
-                              top_p=defaults.top_p if top_p is None else top_p)
+    given: dict[str, Any] = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}
+    sampling = SamplingConfig(**{k: v for k, v in given.items() if v is not None})  # else SamplingConfig's defaults
     text = input_toml(path, infer_input(path), sampling, command)
     toml = output_root / f"{input_name(path)}.toml"
     if toml.exists():
-        old, new = read_toml(toml), _parsed(text)
+        old, new = read_toml(toml), tomllib.loads(text)
         if old != new:
             differs = ", ".join(_differences(old, new))
             raise ConfigError(f"{display_path(toml)} was written by an earlier run with other settings ({differs}); "
@@ -166,12 +154,6 @@ def sampling_flags(*, max_new_tokens: int | None, temperature: float | None, top
         raise ConfigError(f"{', '.join(named)} {'goes' if len(named) == 1 else 'go'} with --input only: with "
                           "--dataset, the TOML's [sampling] table sets them. Edit it there.")
     return given
-
-
-def _parsed(text: str) -> dict[str, Any]:
-    import tomllib
-
-    return tomllib.loads(text)
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:

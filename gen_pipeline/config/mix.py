@@ -1,36 +1,13 @@
-"""A sampling mix: each sample's sampling drawn from declared variants of the dataset's [sampling].
+"""A sampling mix: each sample's sampling drawn from declared variants of the dataset's [sampling]
+([[sampling.mix]] tables: a share and the [sampling] keys it changes; docs/datasets.md shows one).
+A variant may only change keys the base sets, so every row records the same keys in meta.sampling
+(one Arrow schema).
 
-    [sampling]                       # the base: what every variant sends unless it names the key
-    max_new_tokens = 4096
-    temperature = 0.7
-    top_p = 0.95
-    chat_template_kwargs = { thinking = true }
-    mix_seed = 0                     # optional: another seed, another draw
-
-    [[sampling.mix]]                 # variant 0
-    share = 0.5
-    temperature = 0.0
-    [[sampling.mix]]                 # variant 1: the base as it is
-    share = 0.3
-    [[sampling.mix]]                 # variant 2
-    share = 0.2
-    temperature = 1.0
-    chat_template_kwargs = { thinking = false }   # merged key by key over the base's
-
-A variant is a share (above 0, at most 1; the shares sum to 1) and any [sampling] key but extra_body,
-overriding the base's value. It may only change keys the base sets (chat_template_kwargs: keys the
-base's table has, values of the same type), so every row records the same keys in meta.sampling (one
-Arrow schema); variants are numbered from 0 in the order written (meta.sampling_variant).
-
-The draw: a sample's place u in [0, 1) is its source position k (Prompt.source_index, pinned by the
-resume fingerprint) times the golden ratio, mod 1, shifted by the seed (Fibonacci hashing in 64-bit
-integers), and its variant the one whose cumulative share first exceeds u. So a sample's variant
-depends only on the seed and its row, never on the run, rank, resume or retry; and {k·φ} being
-low-discrepancy, any N consecutive rows get each share within about log(N)/N, where independent
-draws would be off by ~sqrt(share·(1 − share)/N). A prompt without a source position (made in code)
-is placed by a hash of (seed, its id) instead.
-
-Pure; no async library.
+The draw: a sample's place u in [0, 1) is its source position k times the golden ratio, mod 1, shifted
+by the seed (Fibonacci hashing), and its variant the one whose cumulative share first exceeds u. So a
+sample's variant depends only on the seed and its row, never on the run, rank, resume or retry, and
+{k·φ} being low-discrepancy, any N consecutive rows get each share within about log(N)/N. A prompt
+without a source position (made in code) is placed by a hash of (seed, its id) instead. Pure.
 """
 
 from __future__ import annotations
@@ -157,9 +134,8 @@ def _variant(table: dict[str, Any], base: SamplingConfig, where: str,
             raise unknown_key(where, key, ["share", *names])
     merged = {k: getattr(base, k) for k in names if k not in overrides}
     merged.update(extra_body=base.extra_body, **overrides)
-    for k in ("stop",):
-        if isinstance(merged.get(k), tuple):
-            merged[k] = list(merged[k])  # the base's value, back in TOML's form for the strict schema
+    if isinstance(merged.get("stop"), tuple):
+        merged["stop"] = list(merged["stop"])  # the base's value, back in TOML's form for the strict schema
     kwargs = overrides.get("chat_template_kwargs")
     if kwargs is not None:
         if not isinstance(kwargs, dict):

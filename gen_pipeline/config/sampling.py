@@ -4,12 +4,12 @@ SGLang accepts (checked before any request). Pure; no async library."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import orjson
 
-from gen_pipeline.config.schema import Range, check_range
 from gen_pipeline.errors import ConfigError
 
 # SGLang 0.5.17 entrypoints/openai/protocol.py ReasoningEffortTier (its float form, an extension for a few
@@ -53,13 +53,13 @@ RESERVED_BODY_KEYS = ("model", "messages", "stream", "max_tokens", "max_completi
 # What SGLang accepts, declared once: SGLang 0.5.17 python/sglang/srt/sampling/sampling_params.py,
 # SamplingParams.verify (run on every request, after the model has loaded: a value out of range
 # fails every request of a run). top_k (-1 or at least 1) and max_new_tokens are checked below.
-SAMPLING_RANGES: dict[str, Range] = {
-    "temperature": Range(0.0, math.inf, "a finite number of at least 0 (0 = greedy)"),
-    "top_p": Range(0.0, 1.0, "above 0 and at most 1", low_open=True),
-    "min_p": Range(0.0, 1.0, "between 0 and 1"),
-    "presence_penalty": Range(-2.0, 2.0, "between -2 and 2"),
-    "frequency_penalty": Range(-2.0, 2.0, "between -2 and 2"),
-    "repetition_penalty": Range(0.0, 2.0, "above 0 and at most 2 (1 = no penalty)", low_open=True),
+SAMPLING_RANGES: dict[str, tuple[Callable[[float], bool], str]] = {  # (accepts a finite value, words)
+    "temperature": (lambda v: v >= 0, "a finite number of at least 0 (0 = greedy)"),
+    "top_p": (lambda v: 0 < v <= 1, "above 0 and at most 1"),
+    "min_p": (lambda v: 0 <= v <= 1, "between 0 and 1"),
+    "presence_penalty": (lambda v: -2 <= v <= 2, "between -2 and 2"),
+    "frequency_penalty": (lambda v: -2 <= v <= 2, "between -2 and 2"),
+    "repetition_penalty": (lambda v: 0 < v <= 2, "above 0 and at most 2 (1 = no penalty)"),
 }
 
 
@@ -67,8 +67,10 @@ def check_sampling(s: SamplingConfig, where: str) -> None:
     """Ranges as SGLang's SamplingParams.verify checks them (SAMPLING_RANGES), before any request."""
     if s.max_new_tokens <= 0:
         raise ConfigError(f"{where}max_new_tokens = {s.max_new_tokens} must be positive.")
-    for key, rng in SAMPLING_RANGES.items():
-        check_range(where, key, getattr(s, key), rng)
+    for key, (accepts, words) in SAMPLING_RANGES.items():
+        value = getattr(s, key)
+        if value is not None and not (math.isfinite(value) and accepts(value)):
+            raise ConfigError(f"{where}{key} = {value} must be {words}.")
     if s.top_k is not None and s.top_k != -1 and s.top_k < 1:
         raise ConfigError(f"{where}top_k = {s.top_k} must be -1 (no top-k) or at least 1.")
     if any(not x for x in s.stop):

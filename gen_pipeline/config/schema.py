@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import math
 import typing
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields, make_dataclass
@@ -57,22 +56,18 @@ def _model(cls: type[DataclassInstance]) -> type[BaseModel]:
         tp = hints[f.name]
         if typing.get_origin(tp) is tuple:
             tp = Annotated[tp, BeforeValidator(_listify)]
+        default = {"default": f.default} if f.default is not MISSING else {}
+        if f.default_factory is not MISSING:
+            default = {"default_factory": f.default_factory}
         # Fields are named k_<key> with the key as alias: a key like "schema" would shadow BaseModel's.
-        if f.default is not MISSING:
-            spec[f"k_{f.name}"] = (tp, Field(f.default, alias=f.name))
-        elif f.default_factory is not MISSING:
-            spec[f"k_{f.name}"] = (tp, Field(default_factory=f.default_factory, alias=f.name))
-        else:
-            spec[f"k_{f.name}"] = (tp, Field(alias=f.name))
+        spec[f"k_{f.name}"] = (tp, Field(alias=f.name, **default))
     return create_model(f"{cls.__name__}Schema", __config__=ConfigDict(strict=True, extra="forbid"), **spec)
 
 
 def build_section(cls: type[T], table: Any, where: str, *, key_where: Callable[[str], str] | None = None) -> T:
-    """Instantiate config dataclass `cls` from a TOML table; raises ConfigError naming the key.
-
-    `where` prefixes messages, e.g. "datasets_cfg/B2.toml: sampling."; `key_where(key)`, when given, is the
-    prefix for a message about `key` (a key an inherited table wrote is named where it is written).
-    """
+    """Instantiate config dataclass `cls` from a TOML table; raises ConfigError naming the key, prefixed
+    by `where` ("datasets_cfg/B2.toml: sampling.") or by `key_where(key)` when given (a key an inherited
+    table wrote is named where it is written)."""
     if not isinstance(table, dict):
         raise ConfigError(f"{where.rstrip('.')} must be a table ([section]), got {type_name(table)}.")
     try:
@@ -115,27 +110,6 @@ def _union_args(tp: Any) -> tuple[Any, ...]:
     return typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, type(int | str)) else (tp,)
 
 
-@dataclass(frozen=True)
-class Range:
-    """The values a numeric key accepts: finite, above (or at) `low`, below (or at) `high`; `words` says
-    it in the message ("must be {words}.")."""
-
-    low: float
-    high: float
-    words: str
-    low_open: bool = False  # True: `low` itself is refused
-    high_open: bool = False
-
-    def accepts(self, v: float) -> bool:
-        above = v > self.low if self.low_open else v >= self.low
-        below = v < self.high if self.high_open else v <= self.high
-        return math.isfinite(v) and above and below
-
-
-def check_range(where: str, key: str, value: float | None, rng: Range) -> None:
-    """Raise ConfigError "{where}{key} = {value} must be {words}." when a set value is out of range."""
-    if value is not None and not rng.accepts(value):
-        raise ConfigError(f"{where}{key} = {value} must be {rng.words}.")
 # ---------------------------------------------------------------- options set by CLI flags
 
 
@@ -157,7 +131,6 @@ class Flag:
     type: type  # int, float, str or bool
     default: Any
     help: str
-    unit: str
     choices: tuple[str, ...]
 
 
@@ -170,7 +143,7 @@ def declared_flags(cls: type[DataclassInstance]) -> list[Flag]:
         tp = next(a for a in _union_args(plain[name]) if a is not type(None))
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
         out.append(Flag(name, str(info.title), tp, defaults[name], str(extra.get("help", "")),
-                        info.description or "", tuple(typing.cast(list[str], extra.get("choices", [])))))
+                        tuple(typing.cast(list[str], extra.get("choices", [])))))
     return out
 
 

@@ -2,22 +2,14 @@
 
     [profile.tuned]
     model_path = "moonshotai/Kimi-K2.5"   # keys are SGLang's flag names with "_" (build_command maps them)
-    tp_size = 8
-    mem_fraction_static = 0.90
-    kv_cache_dtype = "fp8_e4m3"
     extra_args = ["--chunked-prefill-size", "8192"]   # passed through verbatim
     [profile.tuned.env]
     NCCL_IB_DISABLE = "0"
-
     [profile.sim]
     inherits = "tuned"                    # start from another profile's keys, then override
-    command = ["{python}", "-m", "sglang_sim"]
 
-    [controller]                          # optional: the concurrency controller's tunables
-    target_usage = 0.92                   # (gen_pipeline/controller/config.py; the defaults need no tuning)
-
-    [run]                                 # optional: generate's options, named as its flags (config/run.py)
-    server_wait_s = 900                   # the flag (--server-wait-s) wins
+server.toml may also hold `[controller]` (controller/config.py) and `[run]` (generate's options,
+config/run.py; the flag wins).
 """
 
 from __future__ import annotations
@@ -53,14 +45,12 @@ class ServerProfile:
     enable_hierarchical_cache: bool = False
     hicache_size_gb: int = 0  # host RAM per rank for evicted prefixes; adds no decode slots
     num_continuous_decode_steps: int = 1
-    # tokens per streamed chunk (None: SGLang's default, 1). Every turn is streamed while the loop gate is
-    # on, and at one token a chunk the client's CPU per token is what limits a fast server
-    # (docs/measurements.md, "stream interval"); the shipped profiles set 8.
+    # tokens per streamed chunk (None: SGLang's, 1): every turn is streamed, and at one token a chunk the
+    # client's CPU limits a fast server (docs/measurements.md, "stream interval")
     stream_interval: int | None = None
     enable_metrics: bool = True
     reasoning_parser: str = ""
-    # SGLang's --tool-call-parser (e.g. "kimi_k2" for Kimi-K2.5, "qwen25" for Qwen2.5/Qwen3, "qwen3_coder"):
-    # turns the target's tool-call text into message.tool_calls for requests with `tools` (tool-use datasets)
+    # SGLang's --tool-call-parser (TOOL_CALL_PARSERS): the tool-call text → message.tool_calls (tool-use datasets)
     tool_call_parser: str = ""
     trust_remote_code: bool = False
     host: str = "127.0.0.1"
@@ -106,10 +96,8 @@ _NON_NEGATIVE_S = ("startup_timeout_s", "health_interval_s", "restart_backoff_s"
 
 def load_server_profile(name: str = "tuned", path: Path = DEFAULT_SERVER_CONFIG, *,
                         overrides: dict[str, Any] | None = None) -> ServerProfile:
-    """Read profile `name` from `path`, then apply `overrides` (e.g. from the CLI).
-
-    Raises ConfigError naming the file and key (unknown key, bad type, unknown profile).
-    """
+    """Read profile `name` from `path`, then apply `overrides` (e.g. from the CLI); raises ConfigError
+    naming the file and key (unknown key, bad type, unknown profile)."""
     return read_server_toml(path).profile(name, overrides=overrides)
 
 
@@ -215,8 +203,8 @@ def _resolve_table(name: str, profiles: dict[str, Any], file: str) -> tuple[dict
         if isinstance(own.get("env"), dict):
             for key in own["env"]:
                 origin.setdefault(f"env.{key}", current)
-        if isinstance(own.get("env"), dict) and isinstance(parent_env, dict):
-            table["env"] = {**own["env"], **parent_env}  # env tables merge key by key
+            if isinstance(parent_env, dict):
+                table["env"] = {**own["env"], **parent_env}  # env tables merge key by key
         inherits = own.get("inherits")
         if inherits is not None and not isinstance(inherits, str):
             raise ConfigError(f"{file}: profile.{current}.inherits = {inherits!r} must be a profile name (a string).")
