@@ -1,5 +1,5 @@
-"""`gen-pipeline export` end to end: a real demo run against the simulator (once per module), the
-CLI as a subprocess, every format loaded back with the real `datasets` library."""
+"""`gen-pipeline export` end to end on a real demo run (the `outputs` fixture, conftest.py): every format
+loaded back with the real `datasets` library."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 from datasets import load_dataset, load_from_disk
+from export_helpers import jsonl
 
 from gen_pipeline.export.formats import hf_features
 from gen_pipeline.export.select import Mix, ValSplit, mix_counts, validation_ids
@@ -32,18 +33,6 @@ SPECFORGE_SUCCESS_ROW = {"id": "opc-0", "status": "success",
                                            {"role": "assistant", "content": "Hello", "reasoning_content": "greet"}]}
 
 
-@pytest.fixture(scope="module")
-def outputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """outputs/ with the demo (240 samples, 5 truncated, multi-turn, reasoning kept) and T (60)."""
-    root = tmp_path_factory.mktemp("outputs")
-    r = run_cli("generate", "--dataset", "demo", "--server", "sim", "--output-dir", root)
-    assert r.returncode == 0, r.stderr + r.stdout
-    toml = write_dataset(tmp_path_factory.mktemp("cfg"), name="T", target=60)
-    r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", root)
-    assert r.returncode == 0, r.stderr + r.stdout
-    return root
-
-
 UNCHECKED_REASONING = ("  note: the samples keep reasoning; whether the trainer's chat template trains it was not "
                        "checked (pass --tokenizer PATH or --server NAME)")
 
@@ -59,10 +48,6 @@ def fail(outputs: Path, *args: str | Path) -> tuple[int, str]:
     r = run_cli("export", "--output-dir", outputs, *args)
     assert r.stdout == "" and "Traceback" not in r.stderr
     return r.returncode, r.stderr
-
-
-def jsonl(path: Path) -> list[dict]:
-    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
 
 
 def by_id(rows: list[dict]) -> dict[str, dict]:
@@ -322,12 +307,15 @@ def test_force_replaces_a_folder_atomically(outputs: Path, tmp_path: Path) -> No
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
 
 
-def test_export_has_help_and_is_in_the_readme() -> None:
-    r = run_cli("export", "--help")
-    assert r.returncode == 0 and "usage: gen-pipeline export" in r.stdout and "--expand-turns" in r.stdout
-    readme = user_docs()
-    for text in ("gen-pipeline export --dataset B2 --format specforge", "--format hf", "make export DATASET="):
-        assert text in readme
+@pytest.mark.parametrize("command, flag, texts", [
+    ("export", "--expand-turns", ("gen-pipeline export --dataset B2 --format specforge", "--format hf",
+                                  "make export DATASET=")),
+    ("check-template", "--tokenizer", ("gen-pipeline check-template --dataset B2", "--format tokens",
+                                       "data.prompts_path", ".val.ndjson", "--harmony --no-status"))])
+def test_the_command_has_help_and_is_in_the_readme(command: str, flag: str, texts: tuple[str, ...]) -> None:
+    r = run_cli(command, "--help")
+    assert r.returncode == 0 and f"usage: gen-pipeline {command}" in r.stdout and flag in r.stdout
+    assert [text for text in texts if text not in user_docs()] == []
 
 
 def test_a_sample_keeps_its_side_of_the_split_when_the_dataset_grows() -> None:

@@ -1,45 +1,22 @@
-"""The target's chat template and the trainers (issue 21): `check-template`, export's reasoning
-warning and refusal, the `tokens` format loaded by SpecForge's own loader, server token ids,
-validation out of a folder glob's reach, gpt-oss (Harmony) roles and the dataset card.
-
-Tokenizers are built offline (bench/chat_templates.py): Kimi-K2.5-style (an empty think block on
-every assistant message), Qwen3-style (reasoning after the last user turn only), plain ChatML."""
+"""The target's chat template and the trainers: `check-template`, export's reasoning warning and refusal,
+the `tokens` format loaded by SpecForge's own loader, server token ids, Harmony roles and the dataset card.
+Tokenizers (conftest.py): Kimi-K2.5-style, Qwen3-style and plain ChatML templates, offline."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-import orjson
 import pytest
 from datasets import disable_progress_bars, load_dataset
+from export_helpers import jsonl, write_store
 
 from gen_pipeline.export.render import load_renderer
 from gen_pipeline.records import Sample
-from gen_pipeline.store.dataset_store import DatasetStore
 
-from pipeline_helpers import chat_tokenizers, read_samples, run_cli
-from user_docs import user_docs
+from pipeline_helpers import read_samples, run_cli
 
 disable_progress_bars()
-
-
-@pytest.fixture(scope="module")
-def outputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo: 240 samples, 286 assistant turns (46 earlier turns), reasoning kept."""
-    root = tmp_path_factory.mktemp("outputs")
-    r = run_cli("generate", "--dataset", "demo", "--server", "sim", "--output-dir", root)
-    assert r.returncode == 0, r.stderr + r.stdout
-    return root
-
-
-@pytest.fixture(scope="module")
-def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return chat_tokenizers(tmp_path_factory.mktemp("tokenizers"))
-
-
-def jsonl(path: Path) -> list[dict]:
-    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
 
 
 def turns_of(samples: list[dict]) -> dict[str, dict]:
@@ -179,6 +156,11 @@ def test_tokens_rows_load_in_specforges_prompts_path_with_each_turn_whole_under_
     assert "  tokens: 240 samples → 286 rows, one per assistant turn" in r.stdout.splitlines()
     rows = jsonl(out) + jsonl(tmp_path / "tokens.val.ndjson")
     assert len(rows) == 286 and all(set(row) == {"id", "input_ids", "loss_mask", "ids_from"} for row in rows)
+    # speculators (its torch is not installable here) loads a .jsonl with load_dataset("json"); columns input_ids
+    # and loss_mask pass through unrendered, as long as each other, with a trained token (preprocessing.py:392-394,
+    # :472-476, :497-498, :603-610, :752-753)
+    ds = load_dataset("json", data_files=str(out), split="train")
+    assert {"input_ids", "loss_mask"} <= set(ds.column_names) and ds.num_rows == len(jsonl(out))
     # data.prompts_path: SpecForge reads the file itself (prompt_builder.py:57-83, 219-252)
     tasks = prepare_prompt_tasks(out, None, chat_template=None, max_length=1_000_000, is_preformatted=False,
                                  train_only_last_turn=False, cache_dir=None, cache_key=None, num_proc=None)
@@ -191,6 +173,7 @@ def test_tokens_rows_load_in_specforges_prompts_path_with_each_turn_whole_under_
     for row in rows:
         mask = row["loss_mask"]
         first = mask.index(1)
+        assert len(mask) == len(row["input_ids"])
         assert mask == [0] * first + [1] * (len(mask) - first)  # the history, then exactly this turn
         turn = turns[row["id"]]
         trained = renderer.decode(row["input_ids"][first:])
@@ -204,36 +187,23 @@ def test_tokens_rows_load_in_specforges_prompts_path_with_each_turn_whole_under_
     assert {row["ids_from"] for row in rows} == {"template"}
 
 
-def test_tokens_rows_equal_the_tokenizer_on_prompt_and_turn_text(outputs: Path, tmp_path: Path,
-                                                                 tokenizers: dict[str, Path]) -> None:
+def test_tokens_rows_equal_the_tokenizer_on_prompt_and_turn_text(outputs: Path, tokenizers: dict[str, Path]) -> None:
     from gen_pipeline.export.tokens import TokenRowBuilder, sent_message
 
     renderer = load_renderer(str(tokenizers["qwen3"]))
     samples = [s for s in read_samples(outputs, "demo") if s["meta"]["turns"] > 1][:10]
     rows = TokenRowBuilder(renderer).rows(samples)
-    expected = []
+    texts = []  # (prompt, output) of each assistant turn after its history
     for s in samples:
         history: list[dict] = []
         for m in s["conversations"]:
             if m["role"] == "assistant":
-                prompt, output = renderer.turn_text(history, sent_message(m))
-                expected.append(renderer.encode(prompt) + renderer.encode(output))
+                texts.append(renderer.turn_text(history, sent_message(m)))
             history.append(sent_message(m))
-    assert [r["input_ids"].tolist() for r in rows] == expected and len(rows) > len(samples)
-    texts = [renderer.turn_text(h, t) for s in samples for h, t in _turns_with_history(s)]
-    assert [r["loss_mask"].tolist() for r in rows] == [
-        [0] * len(renderer.encode(p)) + [1] * len(renderer.encode(o)) for p, o in texts]
-
-
-def _turns_with_history(sample: dict) -> list[tuple[list[dict], dict]]:
-    from gen_pipeline.export.tokens import sent_message
-
-    out, history = [], []
-    for m in sample["conversations"]:
-        if m["role"] == "assistant":
-            out.append((list(history), sent_message(m)))
-        history.append(sent_message(m))
-    return out
+    assert len(rows) == len(texts) > len(samples)
+    assert [(r["input_ids"].tolist(), r["loss_mask"].tolist()) for r in rows] == [
+        (renderer.encode(p) + renderer.encode(o), [0] * len(renderer.encode(p)) + [1] * len(renderer.encode(o)))
+        for p, o in texts]
 
 
 def test_server_token_ids_make_the_rows_and_stay_out_of_conversation_formats(tmp_path: Path) -> None:
@@ -247,9 +217,7 @@ def test_server_token_ids_make_the_rows_and_stay_out_of_conversation_formats(tmp
               "prompt_token_ids": [1, 2, 3, 4, 5, 6], "token_ids": [10, 11, 2]}]
     meta = {"model": "m", "backend": "sim", "finish_reason": "stop", "prompt_tokens": 9, "completion_tokens": 7,
             "turns": 2, "sampling": {"temperature": 0.6}, "kv_cache_dtype": "fp8_e4m3", "generated_at": "x"}
-    with DatasetStore(root, "S", fingerprint={"model": "m"}, target=3) as store:
-        store.open()
-        store.write_samples([Sample(f"S-{i}", "S", convs, meta) for i in range(3)])
+    write_store(root, "S", [Sample(f"S-{i}", "S", convs, meta) for i in range(3)])
     r = run_cli("export", "--output-dir", root, "--dataset", "S", "--format", "tokens", "--out", tmp_path / "t.jsonl")
     assert (r.returncode, r.stderr) == (0, "")
     rows = sorted(jsonl(tmp_path / "t.jsonl"), key=lambda r: r["id"])
@@ -295,20 +263,6 @@ def test_a_trainer_given_the_export_folder_finds_no_validation_rows(outputs: Pat
     assert files == [str(folder / "demo.jsonl")]
     assert loaded.num_rows + val.num_rows == 240 and 0 < val.num_rows < 30
     assert set(loaded["id"]).isdisjoint(val["id"])
-
-
-def test_tokens_rows_fit_speculators_pretokenized_contract(outputs: Path, tmp_path: Path,
-                                                           tokenizers: dict[str, Path]) -> None:
-    """speculators needs torch, which is not installable here: its documented contract instead. A
-    .jsonl file is loaded with load_dataset("json") (preprocessing.py:752-753); columns input_ids and
-    loss_mask make the rows pass through without rendering (:603, :609-610, :497-498); each row's two
-    lists must be as long as each other (:472-476) and hold a supervised token (:392-394)."""
-    out = tmp_path / "t.jsonl"
-    assert run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "tokens", "--out", out,
-                   "--tokenizer", tokenizers["kimi"]).returncode == 0
-    ds = load_dataset("json", data_files=str(out), split="train")
-    assert {"input_ids", "loss_mask"} <= set(ds.column_names) and ds.num_rows == 286
-    assert all(len(i) == len(m) and sum(m) > 0 for i, m in zip(ds["input_ids"], ds["loss_mask"], strict=True))
 
 
 HARMONY_ROLES = {"system", "user", "assistant_reasoning_effort", "assistant_analysis", "assistant_commentary",
@@ -395,15 +349,6 @@ def test_check_template_reads_a_conversation_export(outputs: Path, tmp_path: Pat
     assert rows[("specforge", "last turn")][3] == "100.0%" and ("specforge-expanded", "last turn") not in rows
 
 
-def test_check_template_has_help_and_is_in_the_readme() -> None:
-    r = run_cli("check-template", "--help")
-    assert r.returncode == 0 and "usage: gen-pipeline check-template" in r.stdout and "--tokenizer" in r.stdout
-    readme = user_docs()
-    for text in ("gen-pipeline check-template --dataset B2", "--format tokens", "data.prompts_path",
-                 ".val.ndjson", "--harmony --no-status"):
-        assert text in readme
-
-
 def test_check_template_compares_the_servers_ids_with_the_template(tmp_path: Path,
                                                                    tokenizers: dict[str, Path]) -> None:
     """What the later step needs to show the rendered path equal to the server's tokenization: turns
@@ -420,9 +365,7 @@ def test_check_template_compares_the_servers_ids_with_the_template(tmp_path: Pat
         prompt_ids = renderer.encode(prompt) + ([5] if i == 3 else [])  # sample 3: not what the template renders
         samples.append(Sample(f"S-{i}", "S", [user, {**turn, "prompt_token_ids": prompt_ids, "token_ids": out_ids}],
                               {"model": "m", "finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": 1}))
-    with DatasetStore(tmp_path / "out", "S", fingerprint={"model": "m"}, target=4) as store:
-        store.open()
-        store.write_samples(samples)
+    write_store(tmp_path / "out", "S", samples)
     r = run_cli("check-template", "--dataset", "S", "--output-dir", tmp_path / "out", "--tokenizer",
                 tokenizers["chatml"])
     assert (r.returncode, r.stderr) == (0, "")

@@ -1,8 +1,5 @@
-"""Agentic (tool-use) conversations end to end on the simulator (issue 33 item 8): the bundled tool-use set
-(datasets_cfg/tools.toml) regenerates to its exact count with the target's tool calls stored, and every
-export format carries tools and tool calls the way its trainer reads them: SpecForge's preprocessing and its
-pre-tokenized loader, speculators' columns, the hf schema; the `tokens` rows render through the chat template
-with the tools (apply_chat_template(tools=...)) and train the tool-call tokens."""
+"""Tool-use conversations end to end on the simulator: the bundled set regenerates exactly with the target's
+calls, and every export format carries tools and calls the way its trainer reads them."""
 
 from __future__ import annotations
 
@@ -13,9 +10,9 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
-import orjson
 import pytest
 from datasets import disable_progress_bars, load_dataset, load_from_disk
+from export_helpers import jsonl
 
 from pipeline_helpers import chat_tokenizers, read_samples, run_cli
 
@@ -51,14 +48,6 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = chat_tokenizers(tmp_path_factory.mktemp("tokenizers"))["chatml"]
     (folder / "chat_template.jinja").write_text(TOOL_TEMPLATE)
     return folder
-
-
-def _has(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
-
-
-def jsonl(path: Path) -> list[dict]:
-    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
 
 
 def test_the_tool_use_set_regenerates_with_the_targets_calls(outputs: Path) -> None:
@@ -136,7 +125,7 @@ def test_speculators_and_hf_keep_tools_and_calls(outputs: Path, tmp_path: Path) 
     # speculators 0.9.0's own reading where it is installed (the contract venv; not an extra of this project):
     # the tools parsed, the calls and ids kept
     spec = None
-    if _has("speculators"):
+    if importlib.util.find_spec("speculators") is not None:
         with warnings.catch_warnings():  # torch's deprecation notes on import
             warnings.simplefilter("ignore")
             spec = importlib.import_module("speculators.data_generation.preprocessing")

@@ -1,0 +1,23 @@
+"""Builders the export tests share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+
+from gen_pipeline.records import Failure, Sample
+from gen_pipeline.store.dataset_store import DatasetStore
+
+
+def jsonl(path: Path) -> list[dict]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def write_store(root: Path, name: str, samples: list[Sample], failures: list[Failure] | None = None) -> Path:
+    """A dataset `name` under `root` holding exactly `samples` (and `failures` in errors.jsonl): root."""
+    with DatasetStore(root, name, fingerprint={"model": "m"}, target=len(samples)) as store:
+        store.open()
+        store.write_samples(samples)
+        store.write_failures(failures or [])
+    return root
