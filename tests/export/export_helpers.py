@@ -9,6 +9,15 @@ import orjson
 from gen_pipeline.records import Failure, Sample
 from gen_pipeline.store.dataset_store import DatasetStore
 
+from pipeline_helpers import run_cli
+
+
+def export(root: Path, *args: str | Path) -> str:
+    """`gen-pipeline export --output-dir root ARGS`, which must succeed with nothing on stderr: its stdout."""
+    r = run_cli("export", "--output-dir", root, *args)
+    assert (r.returncode, r.stderr) == (0, ""), r.stdout
+    return r.stdout
+
 
 def jsonl(path: Path) -> list[dict]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines()]

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 from datasets import load_dataset, load_from_disk
-from export_helpers import jsonl
+from export_helpers import export, jsonl
 
 from gen_pipeline.export.formats import hf_features
 from gen_pipeline.export.select import Mix, ValSplit, mix_counts, validation_ids
@@ -35,13 +35,6 @@ SPECFORGE_SUCCESS_ROW = {"id": "opc-0", "status": "success",
 
 UNCHECKED_REASONING = ("  note: the samples keep reasoning; whether the trainer's chat template trains it was not "
                        "checked (pass --tokenizer PATH or --server NAME)")
-
-
-def export(outputs: Path, *args: str | Path) -> str:
-    r = run_cli("export", "--output-dir", outputs, *args)
-    assert r.returncode == 0, r.stderr + r.stdout
-    assert r.stderr == ""
-    return r.stdout
 
 
 def fail(outputs: Path, *args: str | Path) -> tuple[int, str]:
@@ -244,30 +237,41 @@ def test_export_during_a_run_reads_only_committed_lines(outputs: Path, tmp_path:
     assert len(exported[0]) <= len(exported[-1]) <= len(final)
 
 
+@pytest.mark.parametrize("args, message", [
+    (("--dataset", "dmeo"), "No dataset 'dmeo': {outputs}/dmeo does not exist. Datasets with samples in {outputs}: "
+     "T, demo. Did you mean demo? Generate it first (make generate DATASET=dmeo) or pass --output-dir."),
+    (("--mix", "demo=0.7,T=0.2"), "--mix 'demo=0.7,T=0.2': the shares sum to 0.9, not 1. Make them add up to 1 "
+     "(e.g. B1=0.6,B2=0.4), or give sample counts instead (B1=1000,B2=500)."),
+    (("--mix", "demo=0.5,T=30"), "--mix 'demo=0.5,T=30' mixes shares and counts: give every dataset a share (0.3, "
+     "summing to 1) or every dataset a sample count (1000)."),
+    (("--mix", "demo=100,T=61"), "--mix: T asks for 61 but has 60 eligible samples (after filters). Lower those "
+     "counts or generate more."),
+    (("--dataset", "T", "--min-completion-tokens", "100000"), "T: every one of its 60 samples was dropped (60 under "
+     "100000 completion tokens). Relax --drop-truncated / --min-completion-tokens."),
+    (("--dataset", "T", "--val-share", "1.5"), "--val-share '1.5' must be a fraction below 1 (0.02 = 2% of the "
+     "samples) or a whole number of samples (500)."),
+    (("--dataset", "T", "--out", "{tmp}/x.json"), "--out {tmp}/x.json: the specforge format writes one JSONL file; "
+     "give a path ending in .jsonl (e.g. --out exports/B2.jsonl)."),
+    (("--dataset", "T", "--format", "hf", "--out", "{tmp}/h", "--no-status"), "--no-status applies to --format "
+     "specforge only (the hf format has no status)."),
+])
+def test_bad_flags_get_one_clear_message_and_exit_2(outputs: Path, tmp_path: Path, args: tuple[str, ...],
+                                                    message: str) -> None:
+    args = tuple(a.format(tmp=tmp_path) for a in args)
+    out = () if "--out" in args else ("--out", tmp_path / "x.jsonl")
+    expected = f"error: {message.format(outputs=outputs, tmp=tmp_path)}\n"
+    assert fail(outputs, "--format", "specforge", *out, *args) == (2, expected)
+    assert not (tmp_path / "x.jsonl").exists() and not list(tmp_path.glob(".*export-tmp*"))
+
+
 def test_bad_input_gets_one_clear_message_and_a_nonzero_exit(outputs: Path, tmp_path: Path) -> None:
     sf = ("--format", "specforge")
-    code, err = fail(outputs, "--dataset", "dmeo", *sf, "--out", tmp_path / "x.jsonl")
-    assert (code, err) == (2, f"error: No dataset 'dmeo': {outputs / 'dmeo'} does not exist. Datasets with samples in "
-                              f"{outputs}: T, demo. Did you mean demo? Generate it first (make generate DATASET=dmeo) "
-                              "or pass --output-dir.\n")
     empty = tmp_path / "empty"
     (empty / "E").mkdir(parents=True)
     (empty / "E" / "shard-00000.jsonl").write_bytes(b'{"id": "E-1", "conv')  # only a torn line
     code, err = fail(empty, "--dataset", "E", *sf, "--out", tmp_path / "x.jsonl")
     assert (code, err) == (2, f"error: E has no committed samples yet (no whole line in the shards of {empty / 'E'}). "
                               "Generate some first (make generate DATASET=E).\n")
-    code, err = fail(outputs, "--mix", "demo=0.7,T=0.2", *sf, "--out", tmp_path / "x.jsonl")
-    assert (code, err) == (2, "error: --mix 'demo=0.7,T=0.2': the shares sum to 0.9, not 1. Make them add up to 1 "
-                              "(e.g. B1=0.6,B2=0.4), or give sample counts instead (B1=1000,B2=500).\n")
-    code, err = fail(outputs, "--mix", "demo=0.5,T=30", *sf, "--out", tmp_path / "x.jsonl")
-    assert (code, err) == (2, "error: --mix 'demo=0.5,T=30' mixes shares and counts: give every dataset a share "
-                              "(0.3, summing to 1) or every dataset a sample count (1000).\n")
-    code, err = fail(outputs, "--mix", "demo=100,T=61", *sf, "--out", tmp_path / "x.jsonl")
-    assert (code, err) == (2, "error: --mix: T asks for 61 but has 60 eligible samples (after filters). "
-                              "Lower those counts or generate more.\n")
-    code, err = fail(outputs, "--dataset", "T", *sf, "--out", tmp_path / "x.jsonl", "--min-completion-tokens", "100000")
-    assert (code, err) == (2, "error: T: every one of its 60 samples was dropped (60 under 100000 completion tokens). "
-                              "Relax --drop-truncated / --min-completion-tokens.\n")
     existing = tmp_path / "old.jsonl"
     existing.write_bytes(b"keep me\n")
     code, err = fail(outputs, "--dataset", "T", *sf, "--out", existing)
@@ -276,14 +280,6 @@ def test_bad_input_gets_one_clear_message_and_a_nonzero_exit(outputs: Path, tmp_
     assert existing.read_bytes() == b"keep me\n"
     code, err = fail(outputs, "--dataset", "T", "--format", "hf", "--out", existing)
     assert code == 4 and existing.read_bytes() == b"keep me\n"
-    code, err = fail(outputs, "--dataset", "T", *sf, "--out", tmp_path / "x.json")
-    assert (code, err) == (2, f"error: --out {tmp_path / 'x.json'}: the specforge format writes one JSONL file; give "
-                              "a path ending in .jsonl (e.g. --out exports/B2.jsonl).\n")
-    code, err = fail(outputs, "--dataset", "T", "--format", "hf", "--out", tmp_path / "h", "--no-status")
-    assert (code, err) == (2, "error: --no-status applies to --format specforge only (the hf format has no status).\n")
-    code, err = fail(outputs, "--dataset", "T", *sf, "--out", tmp_path / "x.jsonl", "--val-share", "1.5")
-    assert (code, err) == (2, "error: --val-share '1.5' must be a fraction below 1 (0.02 = 2% of the samples) or a "
-                              "whole number of samples (500).\n")
     broken = tmp_path / "broken"
     shutil.copytree(outputs / "T", broken / "T")
     shard = sorted((broken / "T").glob("shard-*.jsonl"))[0]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from datasets import disable_progress_bars, load_dataset
-from export_helpers import jsonl, write_store
+from export_helpers import export, jsonl, write_store
 
 from gen_pipeline.export.render import load_renderer
 from gen_pipeline.records import Sample
@@ -97,8 +97,7 @@ def test_check_template_says_what_is_missing(outputs: Path, tmp_path: Path, toke
     assert r.stderr.endswith("It is neither a folder here nor a hub model in the local cache: pass --tokenizer with "
                              "the model's folder.\n")
     tokens = tmp_path / "t.jsonl"
-    assert run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "tokens", "--out", tokens,
-                   "--tokenizer", tokenizers["chatml"]).returncode == 0
+    export(outputs, "--dataset", "demo", "--format", "tokens", "--out", tokens, "--tokenizer", tokenizers["chatml"])
     r = run_cli("check-template", "--export", tokens, "--tokenizer", tokenizers["chatml"])
     assert r.returncode == 2 and r.stderr == (f"error: --export {tokens}: its rows have no `conversations` (a tokens "
                                               "export carries no text); check the samples it came from with "
@@ -111,13 +110,11 @@ def test_export_warns_when_no_reasoning_would_train_and_the_flag_refuses(outputs
                                                                         tokenizers: dict[str, Path]) -> None:
     kimi = tokenizers["kimi"]
     out = tmp_path / "k.jsonl"
-    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "specforge", "--out", out,
-                "--tokenizer", kimi)
-    assert (r.returncode, r.stderr) == (0, "")
+    stdout = export(outputs, "--dataset", "demo", "--format", "specforge", "--out", out, "--tokenizer", kimi)
     advice = ("Export --format tokens (every turn's reasoning under the mask, loaded by SpecForge's data.prompts_path "
               "and speculators), or --expand-turns if the template keeps the last turn's reasoning (Qwen3-style), or "
               "serve a chat template that renders reasoning; `gen-pipeline check-template` shows it per turn.")
-    assert r.stdout.splitlines()[-1] == (
+    assert stdout.splitlines()[-1] == (
         "  warning: 0.0% of the reasoning tokens of 32 samples are under the loss mask when SpecForge (thinking "
         f"parser), every assistant span of a row renders them with the chat template of {kimi}. {advice}")
     refused = tmp_path / "refused.jsonl"
@@ -130,16 +127,14 @@ def test_export_warns_when_no_reasoning_would_train_and_the_flag_refuses(outputs
     assert not refused.exists() and not list(tmp_path.glob(".refused*"))
     # Qwen3-style: --expand-turns trains every turn's reasoning; the tokens format does for every template
     qwen = tmp_path / "q.jsonl"
-    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "specforge", "--out", qwen,
-                "--tokenizer", tokenizers["qwen3"], "--expand-turns", "--require-trained-reasoning")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[-1] == (
+    stdout = export(outputs, "--dataset", "demo", "--format", "specforge", "--out", qwen,
+                    "--tokenizer", tokenizers["qwen3"], "--expand-turns", "--require-trained-reasoning")
+    assert stdout.splitlines()[-1] == (
         "  note: 100.0% of the reasoning tokens of 32 samples are under the loss mask when SpecForge on --expand-turns "
         f"rows renders them with the chat template of {tokenizers['qwen3']}")
     for kind in ("kimi", "chatml"):
-        r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "tokens", "--force",
-                    "--out", tmp_path / "t.jsonl", "--tokenizer", tokenizers[kind], "--require-trained-reasoning")
-        assert r.returncode == 0, r.stderr
+        export(outputs, "--dataset", "demo", "--format", "tokens", "--force", "--out", tmp_path / "t.jsonl",
+               "--tokenizer", tokenizers[kind], "--require-trained-reasoning")
 
 
 # ---------------------------------------------------------------- the tokens format
@@ -150,10 +145,9 @@ def test_tokens_rows_load_in_specforges_prompts_path_with_each_turn_whole_under_
     from specforge.data.prompt_builder import prepare_prompt_tasks  # SpecForge 0.2.0's own loader (--no-deps)
 
     out = tmp_path / "tokens.jsonl"
-    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "tokens", "--out", out,
-                "--val-share", "0.05", "--tokenizer", tokenizers[kind])
-    assert (r.returncode, r.stderr) == (0, "")
-    assert "  tokens: 240 samples → 286 rows, one per assistant turn" in r.stdout.splitlines()
+    stdout = export(outputs, "--dataset", "demo", "--format", "tokens", "--out", out, "--val-share", "0.05",
+                    "--tokenizer", tokenizers[kind])
+    assert "  tokens: 240 samples → 286 rows, one per assistant turn" in stdout.splitlines()
     rows = jsonl(out) + jsonl(tmp_path / "tokens.val.ndjson")
     assert len(rows) == 286 and all(set(row) == {"id", "input_ids", "loss_mask", "ids_from"} for row in rows)
     # speculators (its torch is not installable here) loads a .jsonl with load_dataset("json"); columns input_ids
@@ -218,8 +212,7 @@ def test_server_token_ids_make_the_rows_and_stay_out_of_conversation_formats(tmp
     meta = {"model": "m", "backend": "sim", "finish_reason": "stop", "prompt_tokens": 9, "completion_tokens": 7,
             "turns": 2, "sampling": {"temperature": 0.6}, "kv_cache_dtype": "fp8_e4m3", "generated_at": "x"}
     write_store(root, "S", [Sample(f"S-{i}", "S", convs, meta) for i in range(3)])
-    r = run_cli("export", "--output-dir", root, "--dataset", "S", "--format", "tokens", "--out", tmp_path / "t.jsonl")
-    assert (r.returncode, r.stderr) == (0, "")
+    export(root, "--dataset", "S", "--format", "tokens", "--out", tmp_path / "t.jsonl")
     rows = sorted(jsonl(tmp_path / "t.jsonl"), key=lambda r: r["id"])
     assert rows[:2] == [
         {"id": "S-0#turn0", "input_ids": [1, 2, 3, 7, 8, 9, 2], "loss_mask": [0, 0, 0, 1, 1, 1, 1],
@@ -227,9 +220,7 @@ def test_server_token_ids_make_the_rows_and_stay_out_of_conversation_formats(tmp
         {"id": "S-0#turn1", "input_ids": [1, 2, 3, 4, 5, 6, 10, 11, 2], "loss_mask": [0] * 6 + [1] * 3,
          "ids_from": "server"}]
     for fmt in ("specforge", "speculators"):
-        r = run_cli("export", "--output-dir", root, "--dataset", "S", "--format", fmt,
-                    "--out", tmp_path / f"{fmt}.jsonl")
-        assert r.returncode == 0, r.stderr
+        export(root, "--dataset", "S", "--format", fmt, "--out", tmp_path / f"{fmt}.jsonl")
         assert {tuple(m) for row in jsonl(tmp_path / f"{fmt}.jsonl") for m in row["conversations"]} == {
             ("role", "content"), ("role", "content", "reasoning_content")}
 
@@ -254,9 +245,8 @@ def test_a_trainer_given_the_export_folder_finds_no_validation_rows(outputs: Pat
     (speculators 0.9.0 data_generation/preprocessing.py:755-765): done here as it does it."""
     folder = tmp_path / "exports"
     folder.mkdir()
-    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "speculators",
-                "--out", folder / "demo.jsonl", "--val-share", "0.05")
-    assert r.returncode == 0, r.stderr
+    export(outputs, "--dataset", "demo", "--format", "speculators", "--out", folder / "demo.jsonl",
+           "--val-share", "0.05")
     files = sorted(str(p) for p in (*folder.rglob("*.json"), *folder.rglob("*.jsonl")))
     loaded = load_dataset("json", data_files=files, split="train")
     val = load_dataset("json", data_files=str(folder / "demo.val.ndjson"), split="train")
@@ -279,9 +269,7 @@ def test_harmony_rows_use_the_roles_specforges_gpt_oss_parser_renders(outputs: P
     assert r.returncode == 2 and r.stderr == ("error: --harmony needs --no-status: SpecForge's Harmony parser takes no "
                                               "extra column (its parse() has no **kwargs, "
                                               "specforge/data/parse.py:387-394).\n")
-    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "specforge", "--out", out,
-                "--harmony", "--no-status")
-    assert r.returncode == 0, r.stderr
+    export(outputs, "--dataset", "demo", "--format", "specforge", "--out", out, "--harmony", "--no-status")
     samples = {s["id"]: s for s in read_samples(outputs, "demo")}
     for row in jsonl(out):
         assert set(row) == {"id", "conversations"}
@@ -299,9 +287,8 @@ def test_harmony_rows_use_the_roles_specforges_gpt_oss_parser_renders(outputs: P
 
 def test_the_card_beside_the_data(outputs: Path, tmp_path: Path) -> None:
     out = tmp_path / "demo.jsonl"
-    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "specforge", "--out", out,
-                "--val-share", "0.05", "--server", "sim")
-    assert r.returncode == 0, r.stderr
+    export(outputs, "--dataset", "demo", "--format", "specforge", "--out", out, "--val-share", "0.05",
+           "--server", "sim")
     card = (tmp_path / "README.md").read_text()
     front, body = card.split("\n---\n", 1)
     assert front.splitlines()[:3] == ["---", 'gen_pipeline_export: "demo.jsonl"', 'pretty_name: "demo"']
@@ -329,9 +316,8 @@ def test_the_card_beside_the_data(outputs: Path, tmp_path: Path) -> None:
     assert line and line[2] == per_1k and float(line[1]) == pytest.approx(float(per_1k) * 0.24, abs=0.006)
     assert lines[gpu + 2:gpu + 4] == ["job: every dataset is done", "```"]
     # another export in the same folder gets its own card; no --server: the GPUs the run recorded
-    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "speculators",
-                "--out", tmp_path / "s.jsonl")
-    assert r.returncode == 0 and f"  card: {tmp_path / 's.README.md'}" in r.stdout.splitlines()
+    stdout = export(outputs, "--dataset", "demo", "--format", "speculators", "--out", tmp_path / "s.jsonl")
+    assert f"  card: {tmp_path / 's.README.md'}" in stdout.splitlines()
     assert f"| 8 (tp 8 × dp 1 × 1 server) | {per_1k} |" in (tmp_path / "s.README.md").read_text()
     assert "Server: unknown (export with --server NAME to record it)." in (tmp_path / "s.README.md").read_text()
 
@@ -339,8 +325,7 @@ def test_the_card_beside_the_data(outputs: Path, tmp_path: Path) -> None:
 def test_check_template_reads_a_conversation_export(outputs: Path, tmp_path: Path,
                                                     tokenizers: dict[str, Path]) -> None:
     out = tmp_path / "s.jsonl"
-    assert run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "specforge",
-                   "--out", out).returncode == 0
+    export(outputs, "--dataset", "demo", "--format", "specforge", "--out", out)
     r = run_cli("check-template", "--export", out, "--tokenizer", tokenizers["qwen3"], "--samples", "40")
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout.startswith("template check: 40 samples (")

@@ -191,13 +191,12 @@ def test_server_ids_end_with_the_stop_token_only_when_the_model_stopped(sim, tmp
     at max_new_tokens ends without one, and so does its tokens row."""
     out = _generate(sim, tmp_path, "I", output="token_ids = true\n")
     samples = read_samples(out, "I")
-    ends = {(t["finish_reason"], m["token_ids"][-1] == EOS_TOKEN_ID)
-            for s in samples for t, m in zip(s["meta"]["per_turn"],
-                                             [m for m in s["conversations"] if m["role"] == "assistant"], strict=True)}
-    assert ends == {("stop", True), ("length", False)}
-    assert all(len(m["token_ids"]) == t["completion_tokens"] for s in samples
-               for t, m in zip(s["meta"]["per_turn"], [m for m in s["conversations"] if m["role"] == "assistant"],
-                               strict=True))
+    turns = [(t, m) for s in samples for t, m in zip(s["meta"]["per_turn"],
+                                                     [m for m in s["conversations"] if m["role"] == "assistant"],
+                                                     strict=True)]
+    assert {(t["finish_reason"], m["token_ids"][-1] == EOS_TOKEN_ID) for t, m in turns} == {("stop", True),
+                                                                                           ("length", False)}
+    assert all(len(m["token_ids"]) == t["completion_tokens"] for t, m in turns)
     rows = _export_tokens(out, "I", tmp_path / "t.jsonl", None)
     by_id = {r["id"]: r for r in rows}
     for s in samples:
