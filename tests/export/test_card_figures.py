@@ -1,7 +1,5 @@
-"""Issue 33, defect 6: the dataset card's figures and what the export says about itself. The truncated
-share is over the exported samples; GPU-hours count the store's samples after a kill -9 left the
-manifest a few behind; "leaks flagged" counts leak failures; the hf format keeps meta.per_turn; a
-tokens export of server token ids does not warn about its own reasoning with a mismatched tokenizer."""
+"""The dataset card's figures and what the export says about itself: shares over the exported samples,
+GPU-hours over the store's samples, leak failures counted, per-turn flags kept, no warning about server ids."""
 
 from __future__ import annotations
 
@@ -11,13 +9,13 @@ from pathlib import Path
 import orjson
 import pytest
 from datasets import load_from_disk
+from export_helpers import write_store
 from servers import sim_in_thread
 from template_tokenizers import build_tokenizer
 
 from gen_pipeline.cli import main
 from gen_pipeline.quality.accounting import add_failure
 from gen_pipeline.records import Failure, Sample
-from gen_pipeline.store.dataset_store import DatasetStore
 
 from pipeline_helpers import SIM_FAST, make_rows, write_dataset
 
@@ -40,12 +38,8 @@ def _store(root: Path, n: int = 10, *, truncated: int = 2, ids: bool = False) ->
                                "completion_tokens": 9, "turns": 1, "sampling": {"temperature": 0.7},
                                "kv_cache_dtype": "fp8_e4m3", "generated_at": "x", "chat_template_kwargs": "{}",
                                "per_turn": [_turn_meta(finish, "think_marker" if i == 5 else "")]}))
-    with DatasetStore(root, "S", fingerprint={"model": "m"}, target=n) as store:
-        store.open()
-        store.write_samples(samples)
-        store.write_failures([Failure("S-x", "S", "leak", "think_marker: the answer holds <think>", attempts=1,
-                                      retryable=False)])
-    return root
+    return write_store(root, "S", samples, [Failure("S-x", "S", "leak", "think_marker: the answer holds <think>",
+                                                    attempts=1, retryable=False)])
 
 
 def test_the_truncated_share_is_over_the_exported_samples(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
-"""`gen-pipeline export` end to end: a real demo run against the simulator (once per module), the
-CLI as a subprocess, every format loaded back with the real `datasets` library."""
+"""`gen-pipeline export` end to end on a real demo run (the `outputs` fixture, conftest.py): every format
+loaded back with the real `datasets` library."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 from datasets import load_dataset, load_from_disk
+from export_helpers import export, jsonl
 
 from gen_pipeline.export.formats import hf_features
 from gen_pipeline.export.select import Mix, ValSplit, mix_counts, validation_ids
@@ -32,37 +33,14 @@ SPECFORGE_SUCCESS_ROW = {"id": "opc-0", "status": "success",
                                            {"role": "assistant", "content": "Hello", "reasoning_content": "greet"}]}
 
 
-@pytest.fixture(scope="module")
-def outputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """outputs/ with the demo (240 samples, 5 truncated, multi-turn, reasoning kept) and T (60)."""
-    root = tmp_path_factory.mktemp("outputs")
-    r = run_cli("generate", "--dataset", "demo", "--server", "sim", "--output-dir", root)
-    assert r.returncode == 0, r.stderr + r.stdout
-    toml = write_dataset(tmp_path_factory.mktemp("cfg"), name="T", target=60)
-    r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", root)
-    assert r.returncode == 0, r.stderr + r.stdout
-    return root
-
-
 UNCHECKED_REASONING = ("  note: the samples keep reasoning; whether the trainer's chat template trains it was not "
                        "checked (pass --tokenizer PATH or --server NAME)")
-
-
-def export(outputs: Path, *args: str | Path) -> str:
-    r = run_cli("export", "--output-dir", outputs, *args)
-    assert r.returncode == 0, r.stderr + r.stdout
-    assert r.stderr == ""
-    return r.stdout
 
 
 def fail(outputs: Path, *args: str | Path) -> tuple[int, str]:
     r = run_cli("export", "--output-dir", outputs, *args)
     assert r.stdout == "" and "Traceback" not in r.stderr
     return r.returncode, r.stderr
-
-
-def jsonl(path: Path) -> list[dict]:
-    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
 
 
 def by_id(rows: list[dict]) -> dict[str, dict]:
@@ -259,30 +237,41 @@ def test_export_during_a_run_reads_only_committed_lines(outputs: Path, tmp_path:
     assert len(exported[0]) <= len(exported[-1]) <= len(final)
 
 
+@pytest.mark.parametrize("args, message", [
+    (("--dataset", "dmeo"), "No dataset 'dmeo': {outputs}/dmeo does not exist. Datasets with samples in {outputs}: "
+     "T, demo. Did you mean demo? Generate it first (make generate DATASET=dmeo) or pass --output-dir."),
+    (("--mix", "demo=0.7,T=0.2"), "--mix 'demo=0.7,T=0.2': the shares sum to 0.9, not 1. Make them add up to 1 "
+     "(e.g. B1=0.6,B2=0.4), or give sample counts instead (B1=1000,B2=500)."),
+    (("--mix", "demo=0.5,T=30"), "--mix 'demo=0.5,T=30' mixes shares and counts: give every dataset a share (0.3, "
+     "summing to 1) or every dataset a sample count (1000)."),
+    (("--mix", "demo=100,T=61"), "--mix: T asks for 61 but has 60 eligible samples (after filters). Lower those "
+     "counts or generate more."),
+    (("--dataset", "T", "--min-completion-tokens", "100000"), "T: every one of its 60 samples was dropped (60 under "
+     "100000 completion tokens). Relax --drop-truncated / --min-completion-tokens."),
+    (("--dataset", "T", "--val-share", "1.5"), "--val-share '1.5' must be a fraction below 1 (0.02 = 2% of the "
+     "samples) or a whole number of samples (500)."),
+    (("--dataset", "T", "--out", "{tmp}/x.json"), "--out {tmp}/x.json: the specforge format writes one JSONL file; "
+     "give a path ending in .jsonl (e.g. --out exports/B2.jsonl)."),
+    (("--dataset", "T", "--format", "hf", "--out", "{tmp}/h", "--no-status"), "--no-status applies to --format "
+     "specforge only (the hf format has no status)."),
+])
+def test_bad_flags_get_one_clear_message_and_exit_2(outputs: Path, tmp_path: Path, args: tuple[str, ...],
+                                                    message: str) -> None:
+    args = tuple(a.format(tmp=tmp_path) for a in args)
+    out = () if "--out" in args else ("--out", tmp_path / "x.jsonl")
+    expected = f"error: {message.format(outputs=outputs, tmp=tmp_path)}\n"
+    assert fail(outputs, "--format", "specforge", *out, *args) == (2, expected)
+    assert not (tmp_path / "x.jsonl").exists() and not list(tmp_path.glob(".*export-tmp*"))
+
+
 def test_bad_input_gets_one_clear_message_and_a_nonzero_exit(outputs: Path, tmp_path: Path) -> None:
     sf = ("--format", "specforge")
-    code, err = fail(outputs, "--dataset", "dmeo", *sf, "--out", tmp_path / "x.jsonl")
-    assert (code, err) == (2, f"error: No dataset 'dmeo': {outputs / 'dmeo'} does not exist. Datasets with samples in "
-                              f"{outputs}: T, demo. Did you mean demo? Generate it first (make generate DATASET=dmeo) "
-                              "or pass --output-dir.\n")
     empty = tmp_path / "empty"
     (empty / "E").mkdir(parents=True)
     (empty / "E" / "shard-00000.jsonl").write_bytes(b'{"id": "E-1", "conv')  # only a torn line
     code, err = fail(empty, "--dataset", "E", *sf, "--out", tmp_path / "x.jsonl")
     assert (code, err) == (2, f"error: E has no committed samples yet (no whole line in the shards of {empty / 'E'}). "
                               "Generate some first (make generate DATASET=E).\n")
-    code, err = fail(outputs, "--mix", "demo=0.7,T=0.2", *sf, "--out", tmp_path / "x.jsonl")
-    assert (code, err) == (2, "error: --mix 'demo=0.7,T=0.2': the shares sum to 0.9, not 1. Make them add up to 1 "
-                              "(e.g. B1=0.6,B2=0.4), or give sample counts instead (B1=1000,B2=500).\n")
-    code, err = fail(outputs, "--mix", "demo=0.5,T=30", *sf, "--out", tmp_path / "x.jsonl")
-    assert (code, err) == (2, "error: --mix 'demo=0.5,T=30' mixes shares and counts: give every dataset a share "
-                              "(0.3, summing to 1) or every dataset a sample count (1000).\n")
-    code, err = fail(outputs, "--mix", "demo=100,T=61", *sf, "--out", tmp_path / "x.jsonl")
-    assert (code, err) == (2, "error: --mix: T asks for 61 but has 60 eligible samples (after filters). "
-                              "Lower those counts or generate more.\n")
-    code, err = fail(outputs, "--dataset", "T", *sf, "--out", tmp_path / "x.jsonl", "--min-completion-tokens", "100000")
-    assert (code, err) == (2, "error: T: every one of its 60 samples was dropped (60 under 100000 completion tokens). "
-                              "Relax --drop-truncated / --min-completion-tokens.\n")
     existing = tmp_path / "old.jsonl"
     existing.write_bytes(b"keep me\n")
     code, err = fail(outputs, "--dataset", "T", *sf, "--out", existing)
@@ -291,14 +280,6 @@ def test_bad_input_gets_one_clear_message_and_a_nonzero_exit(outputs: Path, tmp_
     assert existing.read_bytes() == b"keep me\n"
     code, err = fail(outputs, "--dataset", "T", "--format", "hf", "--out", existing)
     assert code == 4 and existing.read_bytes() == b"keep me\n"
-    code, err = fail(outputs, "--dataset", "T", *sf, "--out", tmp_path / "x.json")
-    assert (code, err) == (2, f"error: --out {tmp_path / 'x.json'}: the specforge format writes one JSONL file; give "
-                              "a path ending in .jsonl (e.g. --out exports/B2.jsonl).\n")
-    code, err = fail(outputs, "--dataset", "T", "--format", "hf", "--out", tmp_path / "h", "--no-status")
-    assert (code, err) == (2, "error: --no-status applies to --format specforge only (the hf format has no status).\n")
-    code, err = fail(outputs, "--dataset", "T", *sf, "--out", tmp_path / "x.jsonl", "--val-share", "1.5")
-    assert (code, err) == (2, "error: --val-share '1.5' must be a fraction below 1 (0.02 = 2% of the samples) or a "
-                              "whole number of samples (500).\n")
     broken = tmp_path / "broken"
     shutil.copytree(outputs / "T", broken / "T")
     shard = sorted((broken / "T").glob("shard-*.jsonl"))[0]
@@ -322,12 +303,15 @@ def test_force_replaces_a_folder_atomically(outputs: Path, tmp_path: Path) -> No
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
 
 
-def test_export_has_help_and_is_in_the_readme() -> None:
-    r = run_cli("export", "--help")
-    assert r.returncode == 0 and "usage: gen-pipeline export" in r.stdout and "--expand-turns" in r.stdout
-    readme = user_docs()
-    for text in ("gen-pipeline export --dataset B2 --format specforge", "--format hf", "make export DATASET="):
-        assert text in readme
+@pytest.mark.parametrize("command, flag, texts", [
+    ("export", "--expand-turns", ("gen-pipeline export --dataset B2 --format specforge", "--format hf",
+                                  "make export DATASET=")),
+    ("check-template", "--tokenizer", ("gen-pipeline check-template --dataset B2", "--format tokens",
+                                       "data.prompts_path", ".val.ndjson", "--harmony --no-status"))])
+def test_the_command_has_help_and_is_in_the_readme(command: str, flag: str, texts: tuple[str, ...]) -> None:
+    r = run_cli(command, "--help")
+    assert r.returncode == 0 and f"usage: gen-pipeline {command}" in r.stdout and flag in r.stdout
+    assert [text for text in texts if text not in user_docs()] == []
 
 
 def test_a_sample_keeps_its_side_of_the_split_when_the_dataset_grows() -> None:

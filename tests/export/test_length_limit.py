@@ -1,7 +1,5 @@
-"""Issue 33, item 7: the trainers' length limits. `export --format tokens` and `check-template` say, for a
-trainer setting (--max-length N, default SpecForge's data.max_length 2,048), how many rows and trained
-tokens SpecForge's pre-tokenized loader keeps; checked against that loader (SpecForge 0.2.0,
-specforge/data/prompt_builder.py, installed --no-deps) at 2,048 and 8,192."""
+"""`export --format tokens` and `check-template` say how many rows and trained tokens SpecForge's pre-tokenized
+loader keeps at a data.max_length (--max-length, default 2,048): checked against that loader itself."""
 
 from __future__ import annotations
 
@@ -9,11 +7,11 @@ import re
 from pathlib import Path
 
 import pytest
+from export_helpers import write_store
 from template_tokenizers import build_tokenizer
 
 from gen_pipeline.cli import main
 from gen_pipeline.records import Sample
-from gen_pipeline.store.dataset_store import DatasetStore
 
 # (prompt tokens, output tokens) per sample: fits both; cut at 2,048; nothing trained before 2,048; long
 LENGTHS = [(100, 200), (1500, 1000), (2100, 50), (3000, 4000), (7000, 2000), (300, 20)]
@@ -29,10 +27,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         samples.append(Sample(f"S-{i}", "S", [{"role": "user", "content": "q"}, turn],
                               {"model": "m", "finish_reason": "stop", "prompt_tokens": p, "completion_tokens": o,
                                "turns": 1, "chat_template_kwargs": "{}"}))
-    with DatasetStore(root, "S", fingerprint={"model": "m"}, target=len(samples)) as s:
-        s.open()
-        s.write_samples(samples)
-    return root
+    return write_store(root, "S", samples)
 
 
 def _specforge(path: Path, max_length: int) -> tuple[int, int]:

@@ -1,18 +1,17 @@
-"""Issue 33, defect 5: export's reasoning check (--require-trained-reasoning) reads every kind of conversation
-(multi-turn ones first), not 32 drawn by chance; check-template warns in the words export uses."""
+"""Export's reasoning check reads every kind of conversation (multi-turn ones first), not 32 drawn by chance;
+check-template warns in the words export uses."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from template_tokenizers import build_all
+from export_helpers import write_store
 
 from gen_pipeline.cli import main
 from gen_pipeline.export.select import covering
 from gen_pipeline.export.template_check import REASONING_ADVICE
 from gen_pipeline.records import Sample
-from gen_pipeline.store.dataset_store import DatasetStore
 
 SINGLE, MULTI = 209, 3  # 3 multi-turn samples in 212, as in the issue
 
@@ -33,15 +32,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         samples.append(Sample(f"S-{i:03d}", "S", convs, {"model": "m", "finish_reason": "stop", "prompt_tokens": 5,
                                                          "completion_tokens": 9, "turns": len(convs) // 2,
                                                          "chat_template_kwargs": "{}"}))
-    with DatasetStore(root, "S", fingerprint={"model": "m"}, target=len(samples)) as s:
-        s.open()
-        s.write_samples(samples)
-    return root
-
-
-@pytest.fixture(scope="module")
-def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return build_all(tmp_path_factory.mktemp("tokenizers"))
+    return write_store(root, "S", samples)
 
 
 def test_the_check_covers_every_multi_turn_sample(store: Path) -> None:
@@ -54,21 +45,21 @@ def test_the_check_covers_every_multi_turn_sample(store: Path) -> None:
 
 @pytest.mark.parametrize("seed", range(10))
 def test_require_trained_reasoning_refuses_whatever_the_seed(store: Path, tmp_path: Path, seed: int,
-                                                             tokenizers: dict[str, Path],
+                                                             built: dict[str, Path],
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     """Qwen3-style: SpecForge trains the last turn's reasoning only; the 3 multi-turn samples' first turns
     are untrained, so the export must refuse for every seed (it passed for 3 seeds of 10)."""
     out = tmp_path / "s.jsonl"
     rc = main(["export", "--output-dir", str(store), "--dataset", "S", "--format", "specforge", "--out", str(out),
-               "--tokenizer", str(tokenizers["qwen3"]), "--require-trained-reasoning", "--seed", str(seed)])
+               "--tokenizer", str(built["qwen3"]), "--require-trained-reasoning", "--seed", str(seed)])
     err = capsys.readouterr().err
     assert rc == 2 and not out.exists()
     assert err.startswith("error: --require-trained-reasoning: only ") and "% of the reasoning tokens of 32 " in err
 
 
-def test_check_template_warns_in_exports_words(store: Path, tmp_path: Path, tokenizers: dict[str, Path],
+def test_check_template_warns_in_exports_words(store: Path, tmp_path: Path, built: dict[str, Path],
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    kimi = tokenizers["kimi"]
+    kimi = built["kimi"]
     assert main(["export", "--output-dir", str(store), "--dataset", "S", "--format", "specforge",
                  "--out", str(tmp_path / "s.jsonl"), "--tokenizer", str(kimi)]) == 0
     warning = capsys.readouterr().out.splitlines()[-1]

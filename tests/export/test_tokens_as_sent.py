@@ -1,10 +1,6 @@
-"""Issue 33, defects 1-3: the `tokens` export's rendered rows are what the target saw and produced.
-
-Each row is checked against an independent render (transformers' apply_chat_template with the test
-templates of tests/data/chat_templates, the turn's text written out by hand per template), for a store
-generated with `reasoning = "disable"` and one under a sampling mix whose variants send different
-chat_template_kwargs: each sample records what its requests sent to the template (meta.chat_template_kwargs)
-and is rendered with it. A turn the model did not end (max_new_tokens) ends where the model stopped."""
+"""The `tokens` export's rendered rows are what the target saw and produced: each row against an independent
+render (apply_chat_template, the turn written out by hand per template) with the chat_template_kwargs its
+requests sent; a turn cut at max_new_tokens ends where the model stopped."""
 
 from __future__ import annotations
 
@@ -13,14 +9,14 @@ from pathlib import Path
 import orjson
 import pytest
 from datasets import disable_progress_bars, load_dataset
+from export_helpers import write_store
 from servers import sim_in_thread
-from template_tokenizers import END_OF_TURN, KINDS, build_all
+from template_tokenizers import END_OF_TURN, KINDS
 
 from gen_pipeline.cli import main
 from gen_pipeline.export.render import load_renderer
 from gen_pipeline.export.tokens import TokenRowBuilder
 from gen_pipeline.records import Sample
-from gen_pipeline.store.dataset_store import DatasetStore
 from sglang_sim.responses import EOS_TOKEN_ID
 
 from pipeline_helpers import SIM_FAST, make_rows, read_samples, write_dataset
@@ -40,11 +36,6 @@ chat_template_kwargs = { thinking = false, enable_thinking = false }
 def sim():
     with sim_in_thread([*SIM_FAST, "--reasoning-parser", "kimi_k2", "--sim-seed", "3"], ready_timeout_s=30) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return build_all(tmp_path_factory.mktemp("tokenizers"))
 
 
 def _generate(sim, folder: Path, name: str, *, reasoning: str = "keep", sampling: str = "",
@@ -122,27 +113,27 @@ def _mismatches(rows: list[dict], expected: dict[str, tuple[list, list]]) -> lis
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_reasoning_disable_store_renders_each_row_as_the_server_did(disabled: Path, tmp_path: Path,
-                                                                     tokenizers: dict[str, Path], kind: str) -> None:
+                                                                     built: dict[str, Path], kind: str) -> None:
     samples = read_samples(disabled, "D")
     assert {s["meta"]["chat_template_kwargs"] for s in samples} == {OFF}
     assert any(s["meta"]["turns"] > 1 for s in samples) and any(s["meta"]["finish_reason"] == "length"
                                                                for s in samples)
-    rows = _export_tokens(disabled, "D", tmp_path / "t.jsonl", tokenizers[kind])
-    assert _mismatches(rows, independent_rows(tokenizers[kind], kind, samples)) == []
+    rows = _export_tokens(disabled, "D", tmp_path / "t.jsonl", built[kind])
+    assert _mismatches(rows, independent_rows(built[kind], kind, samples)) == []
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_mixed_kwargs_store_renders_each_row_with_its_variants_kwargs(mixed: Path, tmp_path: Path,
-                                                                       tokenizers: dict[str, Path], kind: str,
+                                                                       built: dict[str, Path], kind: str,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     samples = read_samples(mixed, "M")
     assert {s["meta"]["chat_template_kwargs"] for s in samples} == {
         OFF, '{"enable_thinking":true,"thinking":true}'}
     assert {bool(m.get("reasoning_content")) for s in samples for m in s["conversations"]
             if m["role"] == "assistant"} == {True, False}
-    expected = independent_rows(tokenizers[kind], kind, samples)
+    expected = independent_rows(built[kind], kind, samples)
     capsys.readouterr()
-    rows = _export_tokens(mixed, "M", tmp_path / "t.jsonl", tokenizers[kind], "--template-kwargs",
+    rows = _export_tokens(mixed, "M", tmp_path / "t.jsonl", built[kind], "--template-kwargs",
                           '{"thinking": true}')
     assert _mismatches(rows, expected) == []
     assert ('  note: tokens: --template-kwargs {"thinking":true} was not used: every rendered sample recorded the '
@@ -150,20 +141,17 @@ def test_a_mixed_kwargs_store_renders_each_row_with_its_variants_kwargs(mixed: P
             ) in capsys.readouterr().out.splitlines()
 
 
-def test_rows_without_recorded_kwargs_take_the_flag(disabled: Path, tmp_path: Path, tokenizers: dict[str, Path],
+def test_rows_without_recorded_kwargs_take_the_flag(disabled: Path, tmp_path: Path, built: dict[str, Path],
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """A store written before meta.chat_template_kwargs: --template-kwargs fills those rows, and says so."""
     samples = read_samples(disabled, "D")
-    expected = independent_rows(tokenizers["qwen3"], "qwen3", samples)
+    expected = independent_rows(built["qwen3"], "qwen3", samples)
     old = tmp_path / "old"
-    with DatasetStore(old, "D", fingerprint={"model": "m"}, target=len(samples)) as store:
-        store.open()
-        store.write_samples([Sample(s["id"], "D", s["conversations"],
-                                    {k: v for k, v in s["meta"].items() if k != "chat_template_kwargs"})
-                             for s in samples])
+    write_store(old, "D", [Sample(s["id"], "D", s["conversations"], {k: v for k, v in s["meta"].items()
+                                                                     if k != "chat_template_kwargs"}) for s in samples])
     assert all("chat_template_kwargs" not in s["meta"] for s in read_samples(old, "D"))
     capsys.readouterr()
-    rows = _export_tokens(old, "D", tmp_path / "t.jsonl", tokenizers["qwen3"], "--template-kwargs", OFF)
+    rows = _export_tokens(old, "D", tmp_path / "t.jsonl", built["qwen3"], "--template-kwargs", OFF)
     assert _mismatches(rows, expected) == []
     assert ("  note: tokens: 24 rendered samples recorded no chat_template_kwargs (written before "
             'meta.chat_template_kwargs): rendered with --template-kwargs {"enable_thinking":false,"thinking":false}'
@@ -183,8 +171,8 @@ def test_mixed_kwargs_rows_load_in_datasets_with_one_schema(mixed: Path, tmp_pat
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_reasoning_the_answer_repeats_is_kept(tokenizers: dict[str, Path], kind: str) -> None:
-    renderer = load_renderer(str(tokenizers[kind]))
+def test_reasoning_the_answer_repeats_is_kept(built: dict[str, Path], kind: str) -> None:
+    renderer = load_renderer(str(built[kind]))
     user = {"role": "user", "content": "Say hello"}
     turn = {"role": "assistant", "content": "Hello there!", "reasoning_content": "Hello"}
     sample = {"id": "S-0", "conversations": [user, turn], "meta": {"finish_reason": "stop",
@@ -203,13 +191,12 @@ def test_server_ids_end_with_the_stop_token_only_when_the_model_stopped(sim, tmp
     at max_new_tokens ends without one, and so does its tokens row."""
     out = _generate(sim, tmp_path, "I", output="token_ids = true\n")
     samples = read_samples(out, "I")
-    ends = {(t["finish_reason"], m["token_ids"][-1] == EOS_TOKEN_ID)
-            for s in samples for t, m in zip(s["meta"]["per_turn"],
-                                             [m for m in s["conversations"] if m["role"] == "assistant"], strict=True)}
-    assert ends == {("stop", True), ("length", False)}
-    assert all(len(m["token_ids"]) == t["completion_tokens"] for s in samples
-               for t, m in zip(s["meta"]["per_turn"], [m for m in s["conversations"] if m["role"] == "assistant"],
-                               strict=True))
+    turns = [(t, m) for s in samples for t, m in zip(s["meta"]["per_turn"],
+                                                     [m for m in s["conversations"] if m["role"] == "assistant"],
+                                                     strict=True)]
+    assert {(t["finish_reason"], m["token_ids"][-1] == EOS_TOKEN_ID) for t, m in turns} == {("stop", True),
+                                                                                           ("length", False)}
+    assert all(len(m["token_ids"]) == t["completion_tokens"] for t, m in turns)
     rows = _export_tokens(out, "I", tmp_path / "t.jsonl", None)
     by_id = {r["id"]: r for r in rows}
     for s in samples:

@@ -1,11 +1,5 @@
-"""The fast rendered `tokens` rows (issue 21: the 88K job exported in every format under a minute)
-equal the plain path id for id: the chat template on each turn alone (apply_chat_template), then
-the tokenizer on that turn's prompt and on its output (tokens.slow_turn_ids). Checked on the three
-offline templates (bench/chat_templates.py), on byte-level tokenizers with the Qwen2/Qwen3 and
-Llama 3 split regexes and NFC, with hostile text (unicode, whitespace runs, control characters,
-special-token text inside messages, long words); and the fallbacks: a tokenizer whose splits are
-not known is tokenized whole, a spot check that differs makes every row the plain way (counted and
-said), a message the direct template was not probed for goes through apply_chat_template."""
+"""The fast rendered `tokens` rows equal the plain path (apply_chat_template on each turn alone, then the
+tokenizer: tokens.slow_turn_ids) id for id, on hostile text and several pre-tokenizers; and its fallbacks."""
 
 from __future__ import annotations
 
@@ -14,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 import pytest
+from export_helpers import jsonl, write_store
 
 from gen_pipeline.export import encode, tokens
 from gen_pipeline.export.direct import DirectTemplate
@@ -23,9 +17,8 @@ from gen_pipeline.export.encode import SPLIT_REGEXES, TextEncoder
 from gen_pipeline.export.render import Renderer, load_renderer
 from gen_pipeline.export.tokens import TokenRowBuilder, sent_message, slow_turn_ids
 from gen_pipeline.records import Sample
-from gen_pipeline.store.dataset_store import DatasetStore
 
-from pipeline_helpers import chat_template, chat_tokenizers, tokenizer_specials
+from pipeline_helpers import chat_template, tokenizer_specials
 
 WORDS = ["the", "of", "answer", "Reasoning", "x", "don't", "it's", "I'M", "we'll", "12345", "3.14", "1,000", "-",
          "...", "(a)", "[b]", "{c}", "e.g.,", "naïve", "café", "e\u0301tude", "ﬁne", "日本語の文", "한국어",
@@ -82,6 +75,22 @@ def _rows_equal_plain(renderer: Renderer, samples: list[dict[str, Any]], builder
     return len(rows)
 
 
+def _export_equals_plain(tmp_path: Path, tokenizer: Path, seed: int, n: int, **opts: Any) -> Any:
+    """Store n samples of _samples(seed), export them as tokens rows (through core.run_export) and check every
+    row, train and validation, against the plain path; the export's summary."""
+    import gen_pipeline.export.core as core
+
+    samples = _samples(seed, n)
+    write_store(tmp_path / "out", "t", [Sample(s["id"], "t", s["conversations"], {}) for s in samples])
+    summary = core.run_export(core.ExportOptions(output_root=tmp_path / "out", datasets=("t",), format="tokens",
+                                                 out=tmp_path / "e.jsonl", tokenizer=str(tokenizer), **opts))
+    rows = {r["id"]: r for p in (tmp_path / "e.jsonl", tmp_path / "e.val.ndjson") if p.exists() for r in jsonl(p)}
+    ids = [f"s{i}#turn{k}" for i in range(n) for k in range(1 + i % 4)]
+    assert sorted(rows) == sorted(ids)
+    assert [(rows[i]["input_ids"], rows[i]["loss_mask"]) for i in ids] == _plain(load_renderer(str(tokenizer)), samples)
+    return summary
+
+
 def _byte_level_tokenizer(folder: Path, split: str | None, nfc: bool, *, prefix_space: bool = False) -> Path:
     """A byte-level BPE like bench/chat_templates.py's, with a Split regex (then ByteLevel without its
     own) and NFC as Qwen2/Qwen3 and Llama 3 tokenizers have them; ChatML template."""
@@ -109,11 +118,6 @@ def _byte_level_tokenizer(folder: Path, split: str | None, nfc: bool, *, prefix_
 
 
 @pytest.fixture(scope="module")
-def templates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return chat_tokenizers(tmp_path_factory.mktemp("tokenizers"))
-
-
-@pytest.fixture(scope="module")
 def byte_level(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """name → a tokenizer folder: "qwen2" / "llama3" (Split regex + NFC), "prefix" (ByteLevel with a
     prefix space); each built once, when first asked for."""
@@ -130,8 +134,8 @@ def byte_level(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 @pytest.mark.parametrize("kind", ["kimi", "qwen3", "chatml"])
-def test_fast_rows_equal_the_plain_path_on_each_template(templates: dict[str, Path], kind: str) -> None:
-    renderer = load_renderer(str(templates[kind]))
+def test_fast_rows_equal_the_plain_path_on_each_template(tokenizers: dict[str, Path], kind: str) -> None:
+    renderer = load_renderer(str(tokenizers[kind]))
     builder = TokenRowBuilder(renderer)
     compared = _rows_equal_plain(renderer, _samples(seed=len(kind), n=90), builder)
     assert compared >= 200
@@ -142,7 +146,7 @@ def test_fast_rows_equal_the_plain_path_on_each_template(templates: dict[str, Pa
     assert not builder.mismatch and builder.notes() == []
 
 
-def test_reasoning_kept_or_not_the_template_kwargs_and_many_batches(templates: dict[str, Path],
+def test_reasoning_kept_or_not_the_template_kwargs_and_many_batches(tokenizers: dict[str, Path],
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Kimi with thinking off in the generation prompt (--template-kwargs); small batches, groups and
     slot table (the chunk table's collisions, restarts and the concatenation of groups)."""
@@ -150,7 +154,7 @@ def test_reasoning_kept_or_not_the_template_kwargs_and_many_batches(templates: d
     monkeypatch.setattr(encode, "GROUP_BYTES", 300)
     monkeypatch.setattr(encode, "SLOT_BITS", 3)
     monkeypatch.setattr(encode, "MAX_CHUNKS", 400)
-    renderer = load_renderer(str(templates["kimi"]), kwargs={"thinking": False})
+    renderer = load_renderer(str(tokenizers["kimi"]), kwargs={"thinking": False})
     builder = TokenRowBuilder(renderer)
     assert _rows_equal_plain(renderer, _samples(seed=9, n=60), builder) > 100
     assert builder.encoder is not None and builder.encoder.chunked
@@ -165,14 +169,14 @@ def test_qwen2_and_llama3_split_regexes_with_nfc_are_chunked_and_equal(byte_leve
     assert builder.encoder is not None and builder.encoder.chunked
 
 
-def test_the_encoder_equals_the_tokenizer_text_by_text(templates: dict[str, Path], byte_level: Any) -> None:
+def test_the_encoder_equals_the_tokenizer_text_by_text(tokenizers: dict[str, Path], byte_level: Any) -> None:
     """Edge texts straight through TextEncoder: empty, spaces only, chunks of 15 and 16 bytes, a
     chunk that is only special tokens, one text over many groups."""
     rng = random.Random(11)
     texts = ["", " ", "  ", "a", " a", "a ", "fifteen_bytes_a fifteen_bytes_a", "sixteen_bytes_ab sixteen_bytes_ab",
              "<|im_end|><|im_start|>", "x <|im_end|> y", "\n \n ", "é é", "e\u0301 e\u0301"]
     texts += [_text(rng, rng.randint(0, 50)) for _ in range(300)] + [_text(rng, 3_000)]
-    for folder in (templates["qwen3"], byte_level("qwen2"), byte_level("llama3")):
+    for folder in (tokenizers["qwen3"], byte_level("qwen2"), byte_level("llama3")):
         renderer = load_renderer(str(folder))
         encoder = TextEncoder(renderer.tokenizer)
         for _ in range(2):  # cold, then every chunk known
@@ -193,11 +197,11 @@ def test_a_tokenizer_whose_splits_are_not_known_is_tokenized_whole(byte_level: A
                                "not known here): exact, slower"]
 
 
-def test_a_spot_check_that_differs_makes_every_row_the_plain_way(templates: dict[str, Path],
+def test_a_spot_check_that_differs_makes_every_row_the_plain_way(tokenizers: dict[str, Path],
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A wrong chunk id (what a wrong proof would give) is caught by the spot check of the first turn:
     the rows are then made with apply_chat_template and whole texts, equal to the plain path."""
-    renderer = load_renderer(str(templates["chatml"]))
+    renderer = load_renderer(str(tokenizers["chatml"]))
     original = encode._Chunks.ids
 
     def wrong(self: Any, entry: Any, text_chunk: Any) -> Any:
@@ -213,18 +217,13 @@ def test_a_spot_check_that_differs_makes_every_row_the_plain_way(templates: dict
                                "each turn alone), so every row was made the plain way; please report it"]
 
 
-def test_export_rebuilds_the_splits_made_before_a_spot_check_differed(templates: dict[str, Path], tmp_path: Path,
+def test_export_rebuilds_the_splits_made_before_a_spot_check_differed(tokenizers: dict[str, Path], tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The train split passes its spot checks; a wrong id from the 40th turn on (in the validation
     split, built second) makes the export build both splits again the plain way, and say so."""
     import gen_pipeline.export.core as core
     from gen_pipeline.export.select import ValSplit
 
-    root = tmp_path / "out"
-    with DatasetStore(root, "t", fingerprint={"model": "m", "dataset": "t"}, target=40) as store:
-        store.open()
-        store.write_samples([Sample(s["id"], "t", s["conversations"], {}) for s in _samples(seed=8, n=40)])
-    renderer = load_renderer(str(templates["kimi"]))
     val = ValSplit(share=0.5)
     validation = core.validation_ids((f"s{i}" for i in range(40)), val)
     train_turns = sum(1 + i % 4 for i in range(40) if f"s{i}" not in validation)
@@ -240,23 +239,15 @@ def test_export_rebuilds_the_splits_made_before_a_spot_check_differed(templates:
     monkeypatch.setattr(core, "check_reasoning", lambda *a, **k: ([], []))  # its own rows would count
     monkeypatch.setattr(tokens, "SPOT_EVERY", 1)
     monkeypatch.setattr(tokens, "BATCH_TURNS", 1)
-    opts = core.ExportOptions(output_root=root, datasets=("t",), out=tmp_path / "e.jsonl", format="tokens",
-                              tokenizer=str(templates["kimi"]), val=val)
-    summary = core.run_export(opts)
-    assert summary.rows["train"] == train_turns and 0 < summary.rows["validation"] < 100
-    rows = {r["id"]: r for p in (tmp_path / "e.jsonl", tmp_path / "e.val.ndjson")
-            for r in map(orjson.loads, p.read_bytes().splitlines())}
-    plain = _plain(renderer, _samples(seed=8, n=40))
-    ids = [f"s{i}#turn{k}" for i in range(40) for k in range(1 + i % 4)]
-    assert len(rows) == len(plain) == len(ids) == 100
-    assert [(rows[i]["input_ids"], rows[i]["loss_mask"]) for i in ids] == plain
+    summary = _export_equals_plain(tmp_path, tokenizers["kimi"], 8, 40, val=val)
+    assert summary.rows["train"] == train_turns and summary.rows["validation"] == 100 - train_turns
     assert any(n.startswith("tokens: row ") and n.endswith("made the plain way; please report it")
                for n in summary.notes)
 
 
 def test_a_message_the_direct_template_was_not_probed_for_goes_through_apply_chat_template(
-        templates: dict[str, Path]) -> None:
-    renderer = load_renderer(str(templates["chatml"]))
+        tokenizers: dict[str, Path]) -> None:
+    renderer = load_renderer(str(tokenizers["chatml"]))
     odd = [{"role": "user", "content": "hi", "name": "x"}]  # a key the probes do not cover
     plain = [{"role": "user", "content": "hello there"}]
     texts = renderer.turn_texts([(odd, {"role": "assistant", "content": "a"}),
@@ -267,8 +258,8 @@ def test_a_message_the_direct_template_was_not_probed_for_goes_through_apply_cha
         None, renderer.render(plain, generation_prompt=True)]
 
 
-def test_the_direct_template_is_refused_when_apply_does_not_render_it_as_probed(templates: dict[str, Path]) -> None:
-    renderer = load_renderer(str(templates["chatml"]))
+def test_the_direct_template_is_refused_when_apply_does_not_render_it_as_probed(tokenizers: dict[str, Path]) -> None:
+    renderer = load_renderer(str(tokenizers["chatml"]))
     source = renderer.tokenizer.get_chat_template()
     assert DirectTemplate.probe(lambda m, g: "no template call", source) == (
         None, "apply_chat_template does not render through one jinja2 template call")
@@ -278,19 +269,6 @@ def test_the_direct_template_is_refused_when_apply_does_not_render_it_as_probed(
     assert direct is not None and why == ""
 
 
-def test_the_export_writes_the_fast_rows_and_says_nothing_of_them(templates: dict[str, Path],
-                                                                  tmp_path: Path) -> None:
-    import gen_pipeline.export.core as core
-
-    root = tmp_path / "out"
-    samples = _samples(seed=12, n=30)
-    with DatasetStore(root, "t", fingerprint={"model": "m", "dataset": "t"}, target=30) as store:
-        store.open()
-        store.write_samples([Sample(s["id"], "t", s["conversations"], {}) for s in samples])
-    summary = core.run_export(core.ExportOptions(output_root=root, datasets=("t",), out=tmp_path / "e.jsonl",
-                                                 format="tokens", tokenizer=str(templates["qwen3"])))
+def test_the_export_writes_the_fast_rows_and_says_nothing_of_them(tokenizers: dict[str, Path], tmp_path: Path) -> None:
+    summary = _export_equals_plain(tmp_path, tokenizers["qwen3"], 12, 30)
     assert summary.rows == {"train": 73} and [n for n in summary.notes if n.startswith("tokens:")] == []
-    rows = {row["id"]: row for row in map(orjson.loads, (tmp_path / "e.jsonl").read_bytes().splitlines())}
-    plain = _plain(load_renderer(str(templates["qwen3"])), samples)
-    ids = [f"s{i}#turn{k}" for i in range(30) for k in range(1 + i % 4)]
-    assert [(rows[i]["input_ids"], rows[i]["loss_mask"]) for i in ids] == plain

@@ -1,8 +1,5 @@
-"""Agentic (tool-use) conversations end to end on the simulator (issue 33 item 8): the bundled tool-use set
-(datasets_cfg/tools.toml) regenerates to its exact count with the target's tool calls stored, and every
-export format carries tools and tool calls the way its trainer reads them: SpecForge's preprocessing and its
-pre-tokenized loader, speculators' columns, the hf schema; the `tokens` rows render through the chat template
-with the tools (apply_chat_template(tools=...)) and train the tool-call tokens."""
+"""Tool-use conversations end to end on the simulator: the bundled set regenerates exactly with the target's
+calls, and every export format carries tools and calls the way its trainer reads them."""
 
 from __future__ import annotations
 
@@ -13,9 +10,9 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
-import orjson
 import pytest
 from datasets import disable_progress_bars, load_dataset, load_from_disk
+from export_helpers import export, jsonl
 
 from pipeline_helpers import chat_tokenizers, read_samples, run_cli
 
@@ -51,14 +48,6 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = chat_tokenizers(tmp_path_factory.mktemp("tokenizers"))["chatml"]
     (folder / "chat_template.jinja").write_text(TOOL_TEMPLATE)
     return folder
-
-
-def _has(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
-
-
-def jsonl(path: Path) -> list[dict]:
-    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
 
 
 def test_the_tool_use_set_regenerates_with_the_targets_calls(outputs: Path) -> None:
@@ -100,8 +89,7 @@ def test_specforge_rows_carry_tools_and_train_the_calls(outputs: Path, tokenizer
     from transformers import AutoTokenizer
 
     out = tmp_path / "sf.jsonl"
-    r = run_cli("export", "--output-dir", outputs, "--dataset", "tools", "--format", "specforge", "--out", out)
-    assert r.returncode == 0, r.stderr
+    export(outputs, "--dataset", "tools", "--format", "specforge", "--out", out)
     ds = load_dataset("json", data_files=str(out), split="train")
     assert len(ds) == 20 and set(ds.column_names) == {"id", "conversations", "tools", "status"}
     tok = AutoTokenizer.from_pretrained(tokenizer)
@@ -128,15 +116,14 @@ def test_specforge_rows_carry_tools_and_train_the_calls(outputs: Path, tokenizer
 def test_speculators_and_hf_keep_tools_and_calls(outputs: Path, tmp_path: Path) -> None:
     samples = {s["id"]: s for s in read_samples(outputs, "tools")}
     out = tmp_path / "sp.jsonl"
-    assert run_cli("export", "--output-dir", outputs, "--dataset", "tools", "--format", "speculators",
-                   "--out", out).returncode == 0
+    export(outputs, "--dataset", "tools", "--format", "speculators", "--out", out)
     for row in jsonl(out):
         assert row["tools"] == samples[row["id"]]["meta"]["tools"]
         assert row["conversations"] == [{k: v for k, v in m.items()} for m in samples[row["id"]]["conversations"]]
     # speculators 0.9.0's own reading where it is installed (the contract venv; not an extra of this project):
     # the tools parsed, the calls and ids kept
     spec = None
-    if _has("speculators"):
+    if importlib.util.find_spec("speculators") is not None:
         with warnings.catch_warnings():  # torch's deprecation notes on import
             warnings.simplefilter("ignore")
             spec = importlib.import_module("speculators.data_generation.preprocessing")
@@ -146,8 +133,7 @@ def test_speculators_and_hf_keep_tools_and_calls(outputs: Path, tmp_path: Path) 
         assert [(m["role"], m.get("tool_calls"), m.get("tool_call_id")) for m in normal] == [
             (m["role"], m.get("tool_calls"), m.get("tool_call_id")) for m in row["conversations"]]
     hf = tmp_path / "hf"
-    r = run_cli("export", "--output-dir", outputs, "--dataset", "tools", "--format", "hf", "--out", hf)
-    assert r.returncode == 0, r.stderr
+    export(outputs, "--dataset", "tools", "--format", "hf", "--out", hf)
     ds = load_from_disk(str(hf))["train"]
     for row in ds:
         s = samples[row["id"]]
@@ -163,9 +149,7 @@ def test_tokens_rows_render_with_the_tools_and_train_the_calls(outputs: Path, to
     from transformers import AutoTokenizer
 
     out = tmp_path / "tokens.jsonl"
-    r = run_cli("export", "--output-dir", outputs, "--dataset", "tools", "--format", "tokens", "--out", out,
-                "--tokenizer", tokenizer, "--keep-meta")
-    assert r.returncode == 0, r.stderr
+    export(outputs, "--dataset", "tools", "--format", "tokens", "--out", out, "--tokenizer", tokenizer, "--keep-meta")
     rows = jsonl(out)
     samples = {s["id"]: s for s in read_samples(outputs, "tools")}
     assert len(rows) == sum(s["meta"]["turns"] for s in samples.values())
@@ -225,9 +209,7 @@ def test_whole_answers_with_server_ids_store_the_calls_and_their_tokens(tmp_path
     assert len(samples) == 20 and {k for k, s in samples.items() if s["meta"]["tool_divergence"]} == {
         "tools-t07", "tools-t15"}
     rows = tmp_path / "tokens.jsonl"
-    r = run_cli("export", "--output-dir", out, "--dataset", "tools", "--format", "tokens", "--out", rows,
-                "--config-dir", cfg, "--keep-meta")
-    assert r.returncode == 0, r.stderr
+    export(out, "--dataset", "tools", "--format", "tokens", "--out", rows, "--config-dir", cfg, "--keep-meta")
     for row in jsonl(rows):
         turn = [m for m in samples[row["meta"]["source_id"]]["conversations"]
                 if m["role"] == "assistant"][row["meta"]["assistant_turn_index"]]

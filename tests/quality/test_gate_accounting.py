@@ -1,4 +1,4 @@
-"""Issue 22: the gate's counts over rows and failures (quality/accounting.py) and where they are shown
+"""The gate's counts over rows and failures (quality/accounting.py) and where they are shown
 (status's note line, the report page), with the saved estimate's formula."""
 
 from __future__ import annotations

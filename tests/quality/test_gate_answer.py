@@ -1,7 +1,5 @@
-"""Issue 22, pure: what the gate makes of one attempt (gen_pipeline/run/answer.py). The stream parser
-(chunks as SGLang 0.5.17 writes them, the detector fed as they come, the server's request id and token
-counts), `judge` per policy (leaks repaired and flagged, or dropped; empty and marker-only answers;
-a thinking cut before any answer), `cut_at_loop`, and the turn's accounting in meta.per_turn."""
+"""What the gate makes of one attempt (run/answer.py, run/wire.py): the stream parser on chunks as SGLang
+0.5.17 writes them, `judge` per policy, `cut_at_loop`, and the turn's accounting in meta.per_turn."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Issue 33, defect 4: a loop that starts near max_new_tokens. The streaming detector needs a window of
-words to fire, so 162 words of " of" up to a 512-token cap were stored as finish_reason "length" with
-0 loops; at the cap the turn's tail is checked once more (quality.tail_loop) before it is judged."""
+"""A loop that starts near max_new_tokens is too young for the streaming detector's window: at the cap the
+turn's tail is checked once more (quality.tail_loop) before it is judged."""
 
 from __future__ import annotations
 

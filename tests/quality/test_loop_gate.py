@@ -1,9 +1,6 @@
-"""Issue 22: the quality gate against the simulator process (loop_rate): every looping turn is caught
-on its stream and aborted within ~512 tokens of the loop's start (the sim says where each loop began
-and how far it decoded, /sim/stats "loops"), and `[generation] on_loop` is honoured with exact counts:
-"retry" (a new seed; every sample written), "drop" (a final failure, reason loop), "keep" (the text
-cut where the loop began, finish_reason "loop"). The rows' meta.per_turn and errors.jsonl account for
-every loop the sim wrote; `status` and `validate` report them."""
+"""The loop gate against a simulator that loops: every loop caught on its stream within ~512 tokens of its
+start (/sim/stats "loops" says where each began), `[generation] on_loop` honoured with exact counts, and
+meta.per_turn, errors.jsonl, `status` and `validate` accounting for every loop."""
 
 from __future__ import annotations
 
@@ -158,8 +155,10 @@ def test_keep_cuts_the_turn_where_the_loop_began(sim, tmp_path):
     assert v.returncode == 0, v.stdout + v.stderr
 
 
-def test_unknown_policy_is_a_config_error(tmp_path):
-    toml = _dataset(tmp_path / "ds", "maybe")
+@pytest.mark.parametrize("key, choices", [("on_loop", "'retry', 'drop', 'keep', 'off'"),
+                                         ("empty_turn", "'retry', 'fail'")])
+def test_an_unknown_policy_is_a_config_error(tmp_path, key: str, choices: str):
+    toml = write_dataset(tmp_path / "ds", extra=f'{key} = "maybe"')
     with pytest.raises(ConfigError) as e:
         load_dataset_config(toml)
-    assert str(e.value) == f"{toml}: generation.on_loop = 'maybe' is not one of 'retry', 'drop', 'keep', 'off'."
+    assert str(e.value) == f"{toml}: generation.{key} = 'maybe' is not one of {choices}."

@@ -90,10 +90,8 @@ def test_loops_are_caught_near_their_start(name: str, prefix: str, loop: str, re
 
 
 def test_thinking_rounds_with_varying_openers_are_caught() -> None:
-    """Rounds of ~35 words opened by one of six sentences of 2-10 words: the opener breaks the
-    steady spacing of the n-grams around it (the first detector, with a slack of 8 words, never
-    fired on 200 rounds). Caught, late: the n-grams that span an opener recur at random spacings,
-    so steady repeats cover ~55 % of the window most of the time (docs/measurements.md)."""
+    """Rounds of ~35 words opened by one of six sentences: the opener breaks the steady spacing of the n-grams
+    around it, so they are caught late (docs/measurements.md)."""
     v = feed_all(PROSE + thinking_rounds(200))
     assert v is not None and v.reason is LoopReason.PERIOD
     assert len(PROSE) < v.at_char <= len(PROSE) + 5000

@@ -1,5 +1,4 @@
-"""Issue 14: `check`, and `generate` refusing before it launches; the new user's stumbles, each through
-the real CLI (subprocesses), local files through the real `datasets`, the simulator via --server sim."""
+"""`check`, and `generate` refusing before it launches: a new user's stumbles, each through the CLI."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""`diagnose` calibrated on the two H200 regimes of issue 19 (telemetry rows committed in
-tests/data/diagnose_rows.json.gz, written by tests/bench/test_diagnose_regimes.py from the bench's simulated
-runs and the H200 trace files): long outputs are KV-bound although token_usage reads ~0.68 (SGLang's
-admission reservation holds the rest); short outputs at the same pool are bound by the step time (the
-best window on the H200 was 128, below what KV admits)."""
+"""`diagnose` calibrated on the two H200 regimes (rows in tests/data/diagnose_rows.json.gz, written by
+tests/bench/test_diagnose_regimes.py): long outputs are KV-bound at token_usage ~0.68, short ones step-bound."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""GPU-hours and the projected completion (issue 24): the arithmetic over run records, and the lines
-`status`, the report page and the dataset card print, whole."""
+"""GPU-hours and the projected completion: the arithmetic over run records, and the lines status and the
+report page print, whole."""
 
 from __future__ import annotations
 

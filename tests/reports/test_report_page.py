@@ -1,7 +1,5 @@
-"""Issue 23, the report page as a user sees it: rendered by headless Chromium (Debian's `chromium`),
-its text read back from the DOM, a layout check run in the page (no text past its box or the window's
-right edge), a screenshot that is not blank; and the plot's legends outside the panels, its threshold
-labelled. The dataset folder is real (a store-written manifest, telemetry rows of two runs, run.log)."""
+"""The report page as a user sees it in headless Chromium: its text from the DOM, nothing past its box or the
+window's edge, a screenshot that is not blank; the plot's legends outside the panels."""
 
 from __future__ import annotations
 

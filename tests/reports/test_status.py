@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
-import orjson
 import pytest
 
 from gen_pipeline.records import Failure, Reject, Sample
 from gen_pipeline.reports.status import format_status, read_status, status_all
 from gen_pipeline.store.dataset_store import DatasetStore
+from tests.store.store_helpers import crash, dead_pid
 
 FP = {"model": "m", "truncated": "keep"}
 
@@ -47,18 +45,12 @@ def test_status_of_a_dead_run_with_a_torn_tail(tmp_path):
     s = make(tmp_path)
     s.open()
     s.write_samples([sample(i) for i in range(6)])
-    s._close_files()  # the process dies: no close(), the lock file stays, its flock goes with the process
-    os.close(s._lock._fd)
-    s._lock._fd = -1
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
-    p.wait()
-    (tmp_path / "B2" / ".lock").write_bytes(orjson.dumps({"pid": p.pid, "host": os.uname().nodename,
-                                                          "started_at": "2026-01-01T00:00:00+00:00"}))
+    crash(s)  # the process dies: no close(), the lock file stays, its flock goes with the process
     with open(tmp_path / "B2" / "shard-00001.jsonl", "ab") as f:
         f.write(sample(6).to_json()[:30])
     st = read_status(tmp_path, "B2", None)
     assert (st.done, st.target, st.shards, st.corrupt_lines) == (6, 20, 2, 0)
-    assert st.state == f"died (pid {p.pid} gone)"
+    assert st.state == f"died (pid {dead_pid()} gone)"
     assert (tmp_path / "B2" / ".lock").exists()  # status only reads
 
 

@@ -1,5 +1,4 @@
-"""Issue 13: telemetry of every load poll, the report and the diagnosis, on simulator runs built to
-land in each regime (real CLI subprocesses, the simulator over TCP)."""
+"""Telemetry of every load poll, the report and the diagnosis, on simulator runs built to land in each regime."""
 
 from __future__ import annotations
 
@@ -231,32 +230,26 @@ def test_kv_bound_seed_b2(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # ~10-20 s of simulator run each on a loaded machine (make chaos)
-def test_admission_bound(tmp_path: Path) -> None:
-    text, _ = scenario(tmp_path, keys={"max_running_requests": 8},
-                       sim=FAST + ["--time-scale", "2", "--sim-output-mean", "200"], target=150, max_new_tokens=300,
-                       window=64)
-    assert "admission_bound" in rules(text), text
-    assert "of max_running_requests 8" in text and "raise --max-running-requests" in text
-
-
-@pytest.mark.slow  # ~10-20 s of simulator run each on a loaded machine (make chaos)
-def test_compute_bound_by_reservation(tmp_path: Path) -> None:
-    """KV nearly empty yet requests wait: the scheduler reserves for max_new_tokens, not the real outputs."""
-    text, _ = scenario(tmp_path, sim=FAST + ["--time-scale", "2", "--sim-output-mean", "100"], target=150,
-                       max_new_tokens=16384, window=64)
-    assert "compute_bound" in rules(text), text
+@pytest.mark.parametrize("keys, sim, target, max_new_tokens, window, rule, said", [
+    ({"max_running_requests": 8}, ["--sim-output-mean", "200"], 150, 300, 64, "admission_bound",
+     ["of max_running_requests 8", "raise --max-running-requests"]),
+    # KV nearly empty yet requests wait: the scheduler reserves for max_new_tokens, not the real outputs
+    ({}, ["--sim-output-mean", "100"], 150, 16384, 64, "compute_bound", []),
+    # heavy-tailed output lengths: the last, longest requests run alone
+    ({}, ["--sim-output-mean", "150", "--sim-output-spread", "1.4"], 200, 6000, 40, "idle_tail", []),
+], ids=["admission_bound", "compute_bound", "idle_tail"])
+def test_a_run_in_each_regime_gets_its_verdict(tmp_path: Path, keys: dict, sim: list[str], target: int,
+                                               max_new_tokens: int, window: int, rule: str, said: list[str]) -> None:
+    text, _ = scenario(tmp_path, keys=keys, sim=FAST + ["--time-scale", "2", *sim], target=target,
+                       max_new_tokens=max_new_tokens, window=window)
+    assert rule in rules(text) and [s for s in said if s not in text] == [], text
 
 
 @pytest.mark.slow  # ~10-20 s of simulator run each on a loaded machine (make chaos)
 @pytest.mark.timeout(600)  # 30,100 rows read twice (the pre-launch check, the run): minutes on a loaded machine
 def test_client_bound_by_a_slow_source(tmp_path: Path) -> None:
-    """Most rows are invalid: the producer spends its time filtering, the window is not kept full.
-
-    Sized by work, not by timing: each valid row costs the producer 300 rejected rows while its request
-    (a 2-token output) costs the server three steps, so about one request is in flight of a window of
-    48 and the server has nothing to queue at most polls, on any machine (the producer and the
-    simulator slow down together); 100 valid rows take several times the polls (every 0.05 s) that a
-    verdict needs."""
+    """Most rows are invalid: the producer spends its time filtering, the window is not kept full. Sized by
+    work, not timing: each valid row costs the producer 300 rejected rows, its request three server steps."""
     good = make_rows(100)
     bad = {"id": "x", "messages": [{"role": "user", "content": ""}]}
     rows = [r for g in good for r in [g] + [{**bad, "id": f"{g['id']}-bad{k}"} for k in range(300)]]
@@ -276,15 +269,6 @@ def test_retraction_storm(tmp_path: Path) -> None:
                           window=60)
     assert "retraction_storm" in rules(text), text
     assert rows[-1]["retractions"] >= 10 and f"{rows[-1]['retractions']} retractions for 40 completed" in text
-
-
-@pytest.mark.slow  # ~10-20 s of simulator run each on a loaded machine (make chaos)
-def test_idle_tail(tmp_path: Path) -> None:
-    """Heavy-tailed output lengths: the last, longest requests run alone."""
-    text, _ = scenario(tmp_path, sim=FAST + ["--time-scale", "2", "--sim-output-mean", "150",
-                                             "--sim-output-spread", "1.4"], target=200, max_new_tokens=6000,
-                       window=40)
-    assert "idle_tail" in rules(text), text
 
 
 def test_rules_are_pure_on_rows() -> None:

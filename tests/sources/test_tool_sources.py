@@ -1,7 +1,5 @@
-"""Tool-use rows in the sources (issue 33 item 8): the `tools` column (a list or its JSON text), assistant
-turns with `tool_calls` (OpenAI shape; LLaMA-Factory's from/value "function_call" / "observation" turns
-under sharegpt) and `tool` results are kept, in the order chat templates accept; rows out of order are
-rejects with a reason. Before, a tool-call turn's empty content was rejected as empty_content."""
+"""Tool-use rows in the sources: the `tools` column, assistant `tool_calls` (OpenAI shape, or sharegpt's
+function_call / observation turns) and `tool` results are kept in the order chat templates accept."""
 
 from __future__ import annotations
 

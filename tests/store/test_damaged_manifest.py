@@ -1,14 +1,6 @@
-"""Issue 23: a manifest.json with a field of the wrong type (11 variants), through the library entry
-points `status` and `generate` use (read_status / status_all, run_generate against the simulator).
-
-What must hold for each: status shows the samples on disk (the shards are the truth) without raising;
-generate either finishes the dataset exactly (rebuilding the manifest from the shards, with a note
-naming manifest.json and the field) or stops with a store error (exit 4) naming manifest.json and the
-field. A traceback (TypeError, AttributeError, KeyError, ...) is a failure.
-
-The typed manifest (store/manifest.py: read_manifest validating every field) is another helper's; the
-variants marked `LEAD` fail until it lands (strict xfail: the mark must go once they pass).
-"""
+"""A manifest.json with a field of the wrong type, through the entry points status and generate use: status
+shows the samples on disk (the shards are the truth); generate finishes exactly (a note naming manifest.json
+and the field) or stops with exit 4 naming them. A traceback is a failure."""
 
 from __future__ import annotations
 
@@ -41,27 +33,20 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
     return damage
 
 
-LEAD = "read_manifest does not validate field types yet (the typed manifest is another helper's)"
-S, G, N = "status", "generate", "note"  # where a variant fails today: a status traceback, a generate
-# traceback, or generate finishing without a word on the damage (its note must name manifest.json and the field)
-VARIANTS: list[tuple[str, str, Callable[[dict[str, Any]], None], set[str]]] = [
-    ("sealed-a-string", "sealed", _set("sealed", "shard-00000.jsonl"), {N}),
-    ("sealed-a-number", "sealed", _set("sealed", 7), {N}),
-    ("sealed-samples-a-string", "samples", _set("sealed.0.samples", "5"), {N}),
-    ("sealed-bytes-null", "bytes", _set("sealed.0.bytes", None), {N}),
-    ("open-a-list", "open", _set("open", ["shard-00001.jsonl"]), {N}),
-    ("open-committed-bytes-a-string", "committed_bytes", _set("open.committed_bytes", "99"), {N}),
-    ("runs-an-object", "runs", _set("runs", {"run": 1}), {S, G, N}),
-    ("runs-entry-a-string", "runs", _set("runs", ["run 1"]), {S, N}),
-    ("fingerprint-a-string", "fingerprint", _set("fingerprint", "sim-model"), {N}),
-    ("progress-a-list", "progress", _set("progress", [1.5, 2]), {S, N}),
-    ("target-a-string", "target", _set("target", "12"), {S, N}),
+VARIANTS: list[tuple[str, str, Callable[[dict[str, Any]], None]]] = [  # (id, the field named, the damage)
+    ("sealed-a-string", "sealed", _set("sealed", "shard-00000.jsonl")),
+    ("sealed-a-number", "sealed", _set("sealed", 7)),
+    ("sealed-samples-a-string", "samples", _set("sealed.0.samples", "5")),
+    ("sealed-bytes-null", "bytes", _set("sealed.0.bytes", None)),
+    ("open-a-list", "open", _set("open", ["shard-00001.jsonl"])),
+    ("open-committed-bytes-a-string", "committed_bytes", _set("open.committed_bytes", "99")),
+    ("runs-an-object", "runs", _set("runs", {"run": 1})),
+    ("runs-entry-a-string", "runs", _set("runs", ["run 1"])),
+    ("fingerprint-a-string", "fingerprint", _set("fingerprint", "sim-model")),
+    ("progress-a-list", "progress", _set("progress", [1.5, 2])),
+    ("target-a-string", "target", _set("target", "12")),
 ]
-
-
-@pytest.fixture(scope="module")
-def sim_url(shared_sim):  # tests/servers.py: one simulator per worker
-    return shared_sim.url
+PARAMS = [pytest.param(field, damage, id=name) for name, field, damage in VARIANTS]
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +61,6 @@ def written(tmp_path_factory, sim_url: str) -> tuple[Path, Path]:
     return toml, work / "out"
 
 
-def _mark(fails: set[str], part: str) -> Any:
-    return pytest.mark.xfail(False, reason="every variant is handled (the manifest is typed and checked on read)")
-
-
 def _damaged(tmp_path: Path, written: tuple[Path, Path], damage: Callable[[dict[str, Any]], None]) -> Path:
     out = tmp_path / "out"
     shutil.copytree(written[1], out)
@@ -90,8 +71,7 @@ def _damaged(tmp_path: Path, written: tuple[Path, Path], damage: Callable[[dict[
     return out
 
 
-@pytest.mark.parametrize(("field", "damage"), [
-    pytest.param(f, d, id=i, marks=_mark(fails, S)) for i, f, d, fails in VARIANTS])
+@pytest.mark.parametrize(("field", "damage"), PARAMS)
 def test_status_of_a_damaged_manifest_shows_the_shards(tmp_path: Path, written, field: str, damage) -> None:
     out = _damaged(tmp_path, written, damage)
     st = read_status(out, "T", TARGET)
@@ -101,32 +81,17 @@ def test_status_of_a_damaged_manifest_shows_the_shards(tmp_path: Path, written, 
     assert st.target in (TARGET, None)
 
 
-async def _generate(tmp_path: Path, written: tuple[Path, Path], sim_url: str, damage) -> tuple[Path, Any]:
+@pytest.mark.parametrize(("field", "damage"), PARAMS)
+async def test_generate_over_a_damaged_manifest_finishes_exactly_or_refuses_naming_the_field(
+        tmp_path: Path, written, sim_url: str, events, field: str, damage) -> None:
     out = _damaged(tmp_path, written, damage)
-    opts = RunOptions(output_root=out, server_urls=(sim_url,), window=4)
     try:
-        return out, await run_generate(find_dataset_config(str(written[0])), opts)
-    except GenPipelineError as e:
-        return out, e
-
-
-@pytest.mark.parametrize(("field", "damage"), [
-    pytest.param(f, d, id=i, marks=_mark(fails, G)) for i, f, d, fails in VARIANTS])
-async def test_generate_over_a_damaged_manifest_finishes_exactly_or_refuses(tmp_path: Path, written, sim_url: str,
-                                                                            field: str, damage) -> None:
-    out, result = await _generate(tmp_path, written, sim_url, damage)
-    if isinstance(result, GenPipelineError):  # refused: the message names the file and the field, exit 4
-        assert "manifest.json" in str(result) and field in str(result), str(result)
-        assert result.exit_code == 4
-    else:
+        result = await run_generate(find_dataset_config(str(written[0])),
+                                    RunOptions(output_root=out, server_urls=(sim_url,), window=4))
+    except GenPipelineError as e:  # refused: the message names the file and the field, exit 4
+        assert "manifest.json" in str(e) and field in str(e), str(e)
+        assert e.exit_code == 4
+    else:  # finished: a note (an event) names the file and the field
         assert result.done == TARGET
         assert_exact(out, TARGET)
-
-
-@pytest.mark.parametrize(("field", "damage"), [
-    pytest.param(f, d, id=i, marks=_mark(fails, N)) for i, f, d, fails in VARIANTS])
-async def test_generate_over_a_damaged_manifest_says_which_field(tmp_path: Path, written, sim_url: str, events,
-                                                                 field: str, damage) -> None:
-    _, result = await _generate(tmp_path, written, sim_url, damage)
-    said = [str(result)] if isinstance(result, GenPipelineError) else events
-    assert any("manifest.json" in m and field in m for m in said), said
+        assert any("manifest.json" in m and field in m for m in events), events

@@ -1,77 +1,46 @@
-"""Issue 23, damaged state: a sidecar that lies, duplicate lines on disk, a `.lock` that is a folder, a
-lost manifest (the config-drift guard must survive it), rows of two models in one dataset. Real files."""
+"""Damaged state: a sidecar that lies, duplicate lines on disk, a `.lock` that is a folder, rows of two
+models in one dataset, a disk full while a start-up repairs. Real files."""
 
 from __future__ import annotations
 
-from collections import Counter
+import errno
+import os
 from pathlib import Path
 
 import orjson
 import pytest
+from store_helpers import make, sample, shard_ids, write
 
+import gen_pipeline.store.dataset_store as store_mod
 from gen_pipeline.display import display_path
-from gen_pipeline.errors import ConfigDriftError, StoreError
-from gen_pipeline.records import Sample
+from gen_pipeline.errors import DiskError, StoreError
 from gen_pipeline.reports.status import read_status
 from gen_pipeline.reports.validate import validate_dataset
-from gen_pipeline.store.dataset_store import DatasetStore
-
-FP = {"model": "m", "source": {"files": ["a.jsonl"]}, "sampling": {"max_new_tokens": 64, "temperature": 0.7,
-                                                                     "top_p": 0.95},
-      "reasoning": "keep", "truncated": "keep"}
 
 
-def sample(i: int, model: str = "m", temperature: float = 0.7) -> Sample:
-    return Sample(f"B2-{i}", "B2", [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}],
-                  {"model": model, "finish_reason": "stop", "prompt_tokens": 10, "completion_tokens": 20,
-                   "sampling": {"max_new_tokens": 64, "temperature": temperature, "top_p": 0.95}})
+def _same_count_other_ids(folder: Path) -> None:
+    """What a bit flip leaves: the same count and length, other ids."""
+    lines = (folder / "shard-00000.ids").read_bytes().splitlines()
+    (folder / "shard-00000.ids").write_bytes(b"\n".join(lines[:-4] + [b'"B2-9%d"' % k for k in range(4)]) + b"\n")
 
 
-def make(root: Path, **kw) -> DatasetStore:
-    args = {"fingerprint": FP, "target": 100, "shard_max_samples": 4, "fsync_every": 3} | kw
-    return DatasetStore(root, "B2", **args)
+def _another_shards(folder: Path) -> None:
+    (folder / "shard-00000.ids").write_bytes((folder / "shard-00001.ids").read_bytes())
 
 
-def write(root: Path, ids: range, **kw) -> None:
-    with make(root, **kw) as s:
-        s.open()
-        s.write_samples([sample(i) for i in ids])
-
-
-def disk_ids(folder: Path) -> list[str]:
-    return [orjson.loads(line)["id"] for p in sorted(folder.glob("shard-*.jsonl"))
-            for line in p.read_bytes().splitlines()]
-
-
-# ---------------------------------------------------------------- the id sidecar
-
-
-def test_a_sidecar_with_the_right_count_and_wrong_ids_is_rebuilt_before_it_is_trusted(tmp_path: Path) -> None:
+@pytest.mark.parametrize("damage", [_same_count_other_ids, _another_shards])
+def test_a_sidecar_that_does_not_match_its_shard_is_rebuilt_before_it_is_trusted(tmp_path: Path, damage) -> None:
     write(tmp_path, range(10))  # shard 0 and 1 sealed (4 each), shard 2 open (2)
     folder = tmp_path / "B2"
-    sidecar = folder / "shard-00000.ids"
-    good = sidecar.read_bytes()
-    lines = good.splitlines()
-    # same count, same length, other ids: what a bit flip or a copied sidecar leaves
-    sidecar.write_bytes(b"\n".join(lines[:-4] + [b'"B2-90"', b'"B2-91"', b'"B2-92"', b'"B2-93"']) + b"\n")
+    good = (folder / "shard-00000.ids").read_bytes()
+    damage(folder)
     with make(tmp_path) as s:
         state = s.open()
         assert state.notes == ["re-scanned shard-00000.jsonl: its id sidecar is missing or does not match"]
         assert sorted(state.done_ids) == sorted(f"B2-{i}" for i in range(10))
         assert s.write_samples([sample(i) for i in range(12)]) == 2  # only the two new ones
-    assert Counter(disk_ids(folder)).most_common(1)[0][1] == 1
-    assert disk_ids(folder) == [f"B2-{i}" for i in range(12)]
-    assert sidecar.read_bytes() == good  # rebuilt from the shard
-
-
-def test_a_sidecar_of_another_shard_is_not_trusted(tmp_path: Path) -> None:
-    write(tmp_path, range(9))
-    folder = tmp_path / "B2"
-    (folder / "shard-00000.ids").write_bytes((folder / "shard-00001.ids").read_bytes())
-    with make(tmp_path) as s:
-        state = s.open()
-        assert state.notes == ["re-scanned shard-00000.jsonl: its id sidecar is missing or does not match"]
-        assert sorted(state.done_ids) == sorted(f"B2-{i}" for i in range(9))
+    assert shard_ids(folder) == [f"B2-{i}" for i in range(12)]
+    assert (folder / "shard-00000.ids").read_bytes() == good  # rebuilt from the shard
 
 
 # ---------------------------------------------------------------- duplicates on disk
@@ -92,7 +61,7 @@ def test_duplicate_lines_on_disk_are_removed_in_a_committed_rewrite(tmp_path: Pa
         assert state.done == 10
         assert state.notes[-1] == (f"removed 2 duplicate lines from {target.name} (ids already written in "
                                    "shard-00000.jsonl; kept the first line of each)")
-    assert disk_ids(folder) == [f"B2-{i}" for i in range(10)]
+    assert shard_ids(folder) == [f"B2-{i}" for i in range(10)]
     assert validate_dataset(folder).ok
     assert read_status(tmp_path, "B2", 10).done == 10
     manifest = orjson.loads((folder / "manifest.json").read_bytes())
@@ -118,7 +87,7 @@ def test_a_duplicate_within_one_shard_keeps_the_first_line(tmp_path: Path) -> No
         assert state.notes[-1] == ("removed 1 duplicate line from shard-00000.jsonl (ids already written in "
                                    "shard-00000.jsonl; kept the first line of each)")
         assert s.write_samples([sample(3)]) == 1
-    assert disk_ids(folder) == ["B2-0", "B2-1", "B2-2", "B2-3"]
+    assert shard_ids(folder) == ["B2-0", "B2-1", "B2-2", "B2-3"]
 
 
 # ---------------------------------------------------------------- the lock file
@@ -136,47 +105,6 @@ def test_a_lock_that_is_a_folder_is_a_message_for_generate_and_a_state_for_statu
     assert e.value.exit_code == 4
     st = read_status(tmp_path, "B2", 10)
     assert (st.done, st.state) == (2, "lock unreadable (.lock is a directory)")
-
-
-# ---------------------------------------------------------------- a lost manifest keeps the drift guard
-
-
-def test_a_lost_manifest_keeps_the_config_drift_guard(tmp_path: Path) -> None:
-    write(tmp_path, range(6))
-    folder = tmp_path / "B2"
-    (folder / "manifest.json").unlink()
-    with pytest.raises(ConfigDriftError) as e:
-        make(tmp_path, fingerprint={**FP, "model": "other"}).open()
-    where = display_path(folder)
-    assert str(e.value) == (
-        f"{where} was written with a different config (1 setting differs):\n"
-        f"  model: 'm' in {where}, 'other' now\n"
-        "Resuming would mix samples made two ways in one dataset. Restore the old setting to resume, "
-        "or write to a new output folder or dataset name.")
-    assert disk_ids(folder) == [f"B2-{i}" for i in range(6)]
-    with make(tmp_path) as s:  # the same config resumes
-        assert s.open().done == 6
-
-
-def test_lost_manifest_and_fingerprint_file_the_rows_still_refuse_another_model(tmp_path: Path) -> None:
-    write(tmp_path, range(6))
-    folder = tmp_path / "B2"
-    for name in ("manifest.json", "fingerprint.json"):
-        (folder / name).unlink(missing_ok=True)
-    other = {**FP, "model": "other", "sampling": {**FP["sampling"], "temperature": 1.0}}
-    with pytest.raises(ConfigDriftError) as e:
-        make(tmp_path, fingerprint=other).open()
-    where = display_path(folder)
-    assert str(e.value) == (
-        f"{where} was written with a different config (2 settings differ):\n"
-        f"  model: 'm' in {where}, 'other' now\n"
-        f"  sampling.temperature: 0.7 in {where}, 1.0 now\n"
-        "Resuming would mix samples made two ways in one dataset. Restore the old settings to resume, "
-        "or write to a new output folder or dataset name.\n"
-        f"(Its manifest.json and fingerprint.json are gone: the settings were read from the rows, "
-        "shard-00000.jsonl line 1.)")
-    with make(tmp_path) as s:
-        assert s.open().done == 6
 
 
 def test_validate_finds_rows_of_two_models_or_two_samplings(tmp_path: Path) -> None:
@@ -199,12 +127,6 @@ def test_a_disk_full_start_up_counts_every_committed_sample(tmp_path: Path, monk
     """A first run died of a full disk between sealing shard 1 and committing the manifest; the next
     start-up must rewrite shard 1's sidecar and the disk is still full: its message counts all the
     samples on disk, not those loaded before the failed write."""
-    import errno
-    import os
-
-    import gen_pipeline.store.dataset_store as store_mod
-    from gen_pipeline.errors import DiskError
-
     s = make(tmp_path, fsync_every=100)
     s.open()
     s.write_samples([sample(i) for i in range(6)])

@@ -1,13 +1,13 @@
-"""Issue 5.3: ENOSPC / EIO on write through the store's file layer; an output folder that cannot be created."""
+"""ENOSPC / EIO on write through the store's file layer; an output folder that cannot be created."""
 
 from __future__ import annotations
 
 import errno
-import io
 import os
 from pathlib import Path
 
 import pytest
+from store_helpers import FullDisk
 
 import gen_pipeline.run.setup as setup
 from gen_pipeline import cli
@@ -18,45 +18,6 @@ from gen_pipeline.run import RunOptions, run_generate
 from pipeline_helpers import assert_exact, read_samples, run_cli, write_dataset
 
 
-@pytest.fixture(scope="module")
-def sim_url(shared_sim):  # tests/servers.py: one simulator per worker
-    return shared_sim.url
-
-
-class FailingFile(io.RawIOBase):
-    """A binary append file that raises OSError(code) once `budget` shard bytes are used up."""
-
-    def __init__(self, path: Path, mode: str, budget: list[int], code: int):
-        self._f = open(path, mode)  # noqa: SIM115 - the wrapper owns it: close() below closes it
-        self._budget, self._code, self._shard = budget, code, path.name.startswith("shard-")
-
-    def write(self, blob) -> int:
-        if self._shard:
-            if self._budget[0] < len(blob):
-                raise OSError(self._code, os.strerror(self._code))
-            self._budget[0] -= len(blob)
-        return self._f.write(blob)
-
-    def flush(self) -> None:
-        self._f.flush()
-
-    def fileno(self) -> int:
-        return self._f.fileno()
-
-    def close(self) -> None:
-        if not self.closed:
-            super().close()  # flushes through self.flush first
-            self._f.close()
-
-    def writable(self) -> bool:
-        return True
-
-
-def opener(budget_bytes: int, code: int):
-    budget = [budget_bytes]
-    return lambda path, mode: FailingFile(path, mode, budget, code)
-
-
 @pytest.mark.parametrize(("code", "hint"), [(errno.ENOSPC, "free space and run the same command to resume"),
                                             (errno.EIO, "check the disk and run the same command to resume")])
 async def test_write_error_stops_run_keeps_committed_and_resumes(tmp_path: Path, sim_url: str, code: int,
@@ -65,7 +26,7 @@ async def test_write_error_stops_run_keeps_committed_and_resumes(tmp_path: Path,
                                                 shard_max_samples=7, fsync_every=3)))
     out = tmp_path / "out"
     opts = RunOptions(output_root=out, server_urls=(sim_url,), window=4,
-                      file_opener=opener(20_000, code))
+                      file_opener=FullDisk(20_000, code))
     with pytest.raises(DiskError) as info:
         await run_generate(cfg, opts)
     msg = str(info.value)
@@ -80,7 +41,7 @@ async def test_write_error_stops_run_keeps_committed_and_resumes(tmp_path: Path,
 
 def test_cli_disk_full_exits_4(tmp_path: Path, sim_url: str, monkeypatch, capsys) -> None:
     toml = write_dataset(tmp_path / "ds", target=60, max_new_tokens=64)
-    monkeypatch.setattr(setup, "default_opener", opener(5_000, errno.ENOSPC))  # the CLI has no such flag
+    monkeypatch.setattr(setup, "default_opener", FullDisk(5_000))  # the CLI has no such flag
     code = cli.main(["generate", "--dataset", str(toml), "--server-url", sim_url, "--output-dir",
                      str(tmp_path / "out"), "--progress", "quiet"])
     err = capsys.readouterr().err

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from store_helpers import crash
 
 from gen_pipeline.errors import StoreError
 from gen_pipeline.records import Failure, Sample
@@ -21,7 +22,6 @@ from gen_pipeline.store.layout import (
     read_jsonl_rows,
     shard_files,
 )
-from tests.store.test_store import crash
 
 PKG = Path(__file__).resolve().parents[2] / "gen_pipeline"
 

@@ -1,6 +1,5 @@
-"""Issue 23, the run lock: the flock decides, not the pid. A real second process holding the flock is
-refused by its pid; a stale lock file naming a live unrelated pid (pid 1 after a container restart, a
-reused pid) is taken over; status tells the two apart the same way."""
+"""The run lock: the flock decides, not the pid. A real holder of the flock is refused by its pid; a stale
+lock file naming a live unrelated pid is taken over; status tells the two apart the same way."""
 
 from __future__ import annotations
 
@@ -14,12 +13,12 @@ from pathlib import Path
 
 import orjson
 import pytest
+from store_helpers import make
 
 import gen_pipeline.store.lock as lock_mod
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import LockedError
 from gen_pipeline.reports.status import read_status
-from gen_pipeline.store.dataset_store import DatasetStore
 from gen_pipeline.store.lock import shared_filesystem
 
 STARTED = "2026-03-01T11:02:03+00:00"
@@ -35,10 +34,6 @@ os.write(fd, orjson.dumps({"pid": pid, "host": sys.argv[3], "started_at": sys.ar
 print("held", flush=True)
 sys.stdin.read()
 """
-
-
-def make(root: Path) -> DatasetStore:
-    return DatasetStore(root, "B2", fingerprint={"model": "m"}, target=10)
 
 
 def write_lock(folder: Path, pid: int, host: str | None = None) -> None:

@@ -1,7 +1,5 @@
-"""Issue 31 item 3: two jobs started together with their datasets crossed (`--dataset T,U` and
-`--dataset U,T`). One runs, the other is refused naming the holder; never a permissions message for a
-race. The locks of a job are taken first, in one order (by folder) for every job; a folder a refused run
-removes between another run's mkdir and its lock's create is made again."""
+"""Two jobs started together with their datasets crossed (`--dataset T,U` and `--dataset U,T`): one runs,
+the other is refused naming the holder, never a permissions message. A job takes its locks first."""
 
 from __future__ import annotations
 
@@ -9,17 +7,13 @@ import re
 from pathlib import Path
 
 import pytest
+from store_helpers import make
 
 from gen_pipeline.cli import main
-from gen_pipeline.store.dataset_store import DatasetStore
 from gen_pipeline.store.lock import RunLock
 from sglang_sim.testing import start_sim
 
 from pipeline_helpers import SIM_FAST, assert_exact, make_rows, start_cli, write_dataset
-
-
-def make(root: Path) -> DatasetStore:
-    return DatasetStore(root, "B2", fingerprint={"model": "m"}, target=10)
 
 
 def test_a_folder_removed_between_mkdir_and_lock_is_made_again(tmp_path: Path, monkeypatch) -> None:

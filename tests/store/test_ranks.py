@@ -1,9 +1,5 @@
-"""Many orchestrators, one dataset: ranks as real CLI processes over one simulator (real TCP).
-
-Three ranks write outputs/T/rank-<R>-of-3/ concurrently; their union is exactly the target with
-no duplicate and no id in two ranks; one rank SIGKILLed and rerun alone ends exact; a world-size
-change, mixing with the one-run layout and bad rank flags/variables are refused with whole
-messages; status and validate read the ranks as one dataset."""
+"""Ranks of one dataset as real CLI processes over one simulator: their union is exactly the target, a killed
+rank reruns alone to exact, layouts and world sizes are not mixed, status and validate read the ranks as one."""
 
 from __future__ import annotations
 
@@ -43,11 +39,6 @@ W = 3
 TARGET = 90  # shares 30/30/30; the 120 rows hash 37/45/38 to ranks 0/1/2
 
 
-@pytest.fixture(scope="module")
-def sim_url(shared_sim):  # tests/servers.py: one simulator per worker
-    return shared_sim.url
-
-
 def _rank_args(toml: Path, url: str, out: Path, rank: int, world: int = W, *extra: str) -> tuple:
     return ("generate", "--dataset", toml, "--server-url", url, "--output-dir", out, "--progress", "log",
             "--rank", str(rank), "--world-size", str(world), *extra)
@@ -82,8 +73,8 @@ def _ranks_block(lines: list[str]) -> list[str]:
     return lines[next(i for i, line in enumerate(lines) if re.match(r"T: \d+ ranks", line)):]
 
 
-def _rank_line(lines: list[str], rank: int) -> str:
-    return next(line for line in lines if line.startswith(f"  rank-{rank}-of-{W}"))
+def _rank_line(lines: list[str], rank: int, world: int = W) -> str:
+    return next(line for line in lines if line.startswith(f"  rank-{rank}-of-{world}"))
 
 
 # ---------------------------------------------------------------- the pure parts
@@ -352,12 +343,9 @@ def test_a_rank_whose_slice_of_the_source_is_short_says_source_exhausted(tmp_pat
                      r"take over its prompts\)\.$", res.stdout, re.M), res.stdout
     lines = _status_lines(out, cfg_dir)
     assert _ranks_block(lines)[0] == "T: 4 ranks; stale: rank 0, 2, 3"  # never started: they need a run
-    assert re.fullmatch(r"  rank-1-of-4  15/18\s+83\.3%\s+source exhausted\s+" + AGO + r"\s+\S+", _rank_line2(lines, 1))
-    assert re.fullmatch(r"  rank-0-of-4  0/18\s+0\.0%\s+not started\s+-\s+-\s+stale: run it", _rank_line2(lines, 0))
-
-
-def _rank_line2(lines: list[str], rank: int, world: int = 4) -> str:
-    return next(line for line in lines if line.startswith(f"  rank-{rank}-of-{world}"))
+    assert re.fullmatch(r"  rank-1-of-4  15/18\s+83\.3%\s+source exhausted\s+" + AGO + r"\s+\S+",
+                        _rank_line(lines, 1, 4))
+    assert re.fullmatch(r"  rank-0-of-4  0/18\s+0\.0%\s+not started\s+-\s+-\s+stale: run it", _rank_line(lines, 0, 4))
 
 
 def test_a_rank_on_another_host_is_stale_once_its_manifest_stops_moving(tmp_path, sim_url):
@@ -378,7 +366,7 @@ def test_a_rank_on_another_host_is_stale_once_its_manifest_stops_moving(tmp_path
         started = time.monotonic()
         updated_at = (datetime.now(UTC) - timedelta(seconds=age_s)).isoformat(timespec="seconds")
         (part / "manifest.json").write_bytes(orjson.dumps({**manifest, "updated_at": updated_at, "runs": runs}))
-        line = _rank_line2(_status_lines(out, cfg_dir), 0, 2)
+        line = _rank_line(_status_lines(out, cfg_dir), 0, 2)
         return line, range(age_s, age_s + math.ceil(time.monotonic() - started) + 2)
 
     def shown_age(line: str) -> int:

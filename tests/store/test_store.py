@@ -1,5 +1,5 @@
-"""The store on real files: exact counts, repair of torn tails, atomic manifest, sidecars,
-lock, drift refusal, injected disk faults, and a Hypothesis crash/resume invariant."""
+"""The store on real files: exact counts, torn tails, the atomic manifest, sidecars, locks, drift, disk
+faults, and a Hypothesis crash/resume invariant."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from store_helpers import FP, FullDisk, crash, dead_pid, make, sample, shard_ids, write
 
 import gen_pipeline.store.dataset_store as store_mod
 import gen_pipeline.store.lock as lock_mod
@@ -25,46 +26,8 @@ import gen_pipeline.store.manifest as manifest_mod
 from gen_pipeline.config.dataset import fingerprint_digest
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigDriftError, DiskError, LockedError, StoreError
-from gen_pipeline.records import Failure, Reject, Sample
+from gen_pipeline.records import Failure, Reject
 from gen_pipeline.store.dataset_store import DatasetStore
-
-FP = {"model": "m", "sampling": {"temperature": 0.7, "top_p": 0.95}, "truncated": "keep"}
-
-
-def sample(i: int, *, truncated: bool = False) -> Sample:
-    return Sample(f"B2-{i}", "B2", [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}],
-                  {"finish_reason": "length" if truncated else "stop", "prompt_tokens": 10, "completion_tokens": 20})
-
-
-def make(root: Path, **kw) -> DatasetStore:
-    args = {"fingerprint": FP, "target": 100, "shard_max_samples": 4, "fsync_every": 3} | kw
-    return DatasetStore(root, "B2", **args)
-
-
-def shard_ids(folder: Path) -> list[str]:
-    """Every id on disk, in shard then line order."""
-    return [orjson.loads(line)["id"] for p in sorted(folder.glob("shard-*.jsonl"))
-            for line in p.read_bytes().split(b"\n") if line]
-
-
-def crash(store: DatasetStore) -> None:
-    """What kill -9 leaves: open files dropped, the lock file naming a pid that is gone."""
-    store._close_files()
-    os.close(store._lock._fd)
-    store._lock._fd = -1
-    (store.folder / ".lock").write_bytes(orjson.dumps({"pid": dead_pid(), "host": os.uname().nodename,
-                                                       "started_at": "2026-01-01T11:02:03+00:00"}))
-
-
-_DEAD: list[int] = []
-
-
-def dead_pid() -> int:
-    if not _DEAD:
-        p = subprocess.Popen([sys.executable, "-c", "pass"])
-        p.wait()
-        _DEAD.append(p.pid)
-    return _DEAD[0]
 
 
 def test_writes_exactly_up_to_target_and_refuses_duplicates(tmp_path):
@@ -104,39 +67,23 @@ def test_rotation_writes_sidecars_and_manifest_records(tmp_path):
     assert m["fingerprint"] == FP and len(m["fingerprint_digest"]) == 16
 
 
-def test_torn_last_line_is_cut(tmp_path):
-    with make(tmp_path) as s:
-        s.open()
-        s.write_samples([sample(i) for i in range(6)])
+@pytest.mark.parametrize("tail", [sample(6).to_json()[:25], b'{"id": "B2-6", "conv\n'], ids=["torn", "unparseable"])
+def test_a_torn_or_unparseable_last_line_is_cut(tmp_path, tail):
+    write(tmp_path, range(6))
     shard = tmp_path / "B2" / "shard-00001.jsonl"
     good = shard.read_bytes()
-    torn = sample(6).to_json()[:25]
-    shard.write_bytes(good + torn)
+    shard.write_bytes(good + tail)
     with make(tmp_path) as s:
         state = s.open()
-        assert (state.done, state.repaired_bytes) == (6, 25)
-        assert state.notes == ["cut 25 bytes (a torn or invalid last line) from shard-00001.jsonl"]
+        assert (state.done, state.repaired_bytes) == (6, len(tail))
+        assert state.notes == [f"cut {len(tail)} bytes (a torn or invalid last line) from shard-00001.jsonl"]
         assert shard.read_bytes() == good
         assert s.write_samples([sample(6)]) == 1
     assert shard_ids(tmp_path / "B2") == [f"B2-{i}" for i in range(7)]
 
 
-def test_complete_but_unparseable_last_line_is_cut(tmp_path):
-    with make(tmp_path) as s:
-        s.open()
-        s.write_samples([sample(i) for i in range(2)])
-    shard = tmp_path / "B2" / "shard-00000.jsonl"
-    good = shard.read_bytes()
-    shard.write_bytes(good + b'{"id": "B2-2", "conv\n')
-    with make(tmp_path) as s:
-        assert s.open().repaired_bytes == 21
-    assert shard.read_bytes() == good
-
-
 def test_corruption_mid_file_is_an_error_naming_file_and_line(tmp_path):
-    with make(tmp_path) as s:
-        s.open()
-        s.write_samples([sample(i) for i in range(3)])
+    write(tmp_path, range(3))
     shard = tmp_path / "B2" / "shard-00000.jsonl"
     lines = shard.read_bytes().split(b"\n")
     lines[1] = b"garbage"
@@ -175,9 +122,7 @@ def test_manifest_replace_is_atomic(tmp_path, monkeypatch):
 
 
 def test_resume_reads_sidecars_not_sealed_shards(tmp_path, monkeypatch):
-    with make(tmp_path) as s:
-        s.open()
-        s.write_samples([sample(i) for i in range(10)])
+    write(tmp_path, range(10))
     folder = tmp_path / "B2"
     sidecar = (folder / "shard-00001.ids").read_bytes()
     scanned: list[int] = []
@@ -196,9 +141,7 @@ def test_resume_reads_sidecars_not_sealed_shards(tmp_path, monkeypatch):
 
 
 def test_sealed_shard_that_grew_is_rescanned(tmp_path):
-    with make(tmp_path) as s:
-        s.open()
-        s.write_samples([sample(i) for i in range(5)])
+    write(tmp_path, range(5))
     shard0 = tmp_path / "B2" / "shard-00000.jsonl"
     size = shard0.stat().st_size
     with open(shard0, "ab") as f:
@@ -304,21 +247,27 @@ def test_a_requeued_slurm_job_takes_over_its_own_lock_from_another_host(tmp_path
             "slurm_restart": 1}
 
 
-def test_config_drift_is_refused_naming_each_key(tmp_path):
-    with make(tmp_path) as s:
-        s.open()
-        s.write_samples([sample(1)])
-    changed = {**FP, "model": "m2", "sampling": {"temperature": 1.0, "top_p": 0.95}}
-    with pytest.raises(ConfigDriftError) as e:
-        make(tmp_path, fingerprint=changed).open()
-    where = display_path(tmp_path / "B2")
+@pytest.mark.parametrize("lost", [(), ("manifest.json",), ("manifest.json", "fingerprint.json")])
+def test_config_drift_is_refused_naming_each_key_whatever_files_were_lost(tmp_path, lost):
+    write(tmp_path, range(6))
+    folder = tmp_path / "B2"
+    for name in lost:
+        (folder / name).unlink()
+    with pytest.raises(ConfigDriftError) as e:  # with both files gone the settings are read from the rows
+        make(tmp_path, fingerprint={**FP, "model": "m2", "sampling": {**FP["sampling"], "temperature": 1.0}}).open()
+    where = display_path(folder)
     assert str(e.value) == (
         f"{where} was written with a different config (2 settings differ):\n"
         f"  model: 'm' in {where}, 'm2' now\n"
         f"  sampling.temperature: 0.7 in {where}, 1.0 now\n"
         "Resuming would mix samples made two ways in one dataset. Restore the old settings to resume, "
-        "or write to a new output folder or dataset name.")
-    assert not (tmp_path / "B2" / ".lock").exists()
+        "or write to a new output folder or dataset name." + (
+            "\n(Its manifest.json and fingerprint.json are gone: the settings were read from the rows, "
+            "shard-00000.jsonl line 1.)" if len(lost) == 2 else ""))
+    assert not (folder / ".lock").exists()
+    assert shard_ids(folder) == [f"B2-{i}" for i in range(6)]
+    with make(tmp_path) as s:  # the same config resumes
+        assert s.open().done == 6
 
 
 def test_config_may_change_while_no_sample_exists(tmp_path):
@@ -332,40 +281,6 @@ def test_config_may_change_while_no_sample_exists(tmp_path):
     assert orjson.loads((tmp_path / "B2" / "manifest.json").read_bytes())["fingerprint"]["model"] == "m2"
     with pytest.raises(ConfigDriftError):
         make(tmp_path).open()
-
-
-class FullDisk:
-    """file_opener that lets `budget` bytes reach the shards, then writes half a blob and fails."""
-
-    def __init__(self, budget: int, err: int = errno.ENOSPC):
-        self.budget, self.err = budget, err
-
-    def __call__(self, path: Path, mode: str):
-        opener = self
-
-        class Handle:
-            def __init__(self):
-                self.f = open(path, mode)  # noqa: SIM115 - the wrapper owns it: close() below closes it
-
-            def write(self, data: bytes) -> int:
-                if path.name.startswith("shard-"):
-                    if len(data) > opener.budget:
-                        self.f.write(data[: len(data) // 2])
-                        self.f.flush()
-                        raise OSError(opener.err, os.strerror(opener.err))
-                    opener.budget -= len(data)
-                return self.f.write(data)
-
-            def flush(self):
-                self.f.flush()
-
-            def fileno(self):
-                return self.f.fileno()
-
-            def close(self):
-                self.f.close()
-
-        return Handle()
 
 
 def test_enospc_stops_the_run_keeps_committed_data_and_resume_completes(tmp_path):
@@ -491,7 +406,7 @@ CHILD = """
 import os, signal, sys
 from pathlib import Path
 sys.path.insert(0, {repo!r})
-from tests.store.test_store import make, sample
+from tests.store.store_helpers import make, sample
 s = make(Path({root!r}), fsync_every=100)
 s.open()
 s.write_samples([sample(i) for i in range(6)])

@@ -1,37 +1,21 @@
-"""Issue 31 item 4: a damaged id in a sealed shard. A bit flip inside an id keeps the shard's size, so
-its manifest record and id sidecar were trusted: 120 lines, 119 unique ids, and every count said 120.
-The start rescan compares each line's id with the sidecar's and refuses, naming the line; export counts
-a line whose id it already exported as dropped."""
+"""A bit flip inside an id of a sealed shard keeps the shard's size, so its record and sidecar were trusted:
+the start rescan compares each line's id with the sidecar's and refuses; export drops an id it already wrote."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from store_helpers import make, write
 
 from gen_pipeline.cli import main
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import StoreError
-from gen_pipeline.records import Sample
-from gen_pipeline.store.dataset_store import DatasetStore
-
-FP = {"model": "m"}
-
-
-def sample(i: int) -> Sample:
-    return Sample(f"B2-{i}", "B2", [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}],
-                  {"finish_reason": "stop", "prompt_tokens": 10, "completion_tokens": 20})
-
-
-def make(root: Path) -> DatasetStore:
-    return DatasetStore(root, "B2", fingerprint=FP, target=10, shard_max_samples=4, fsync_every=3)
 
 
 def flipped(tmp_path: Path) -> Path:
     """10 samples (shards 0 and 1 sealed, 2 open), then one bit of shard 0's third id flipped: B2-2 → B2-3."""
-    with make(tmp_path) as s:
-        s.open()
-        s.write_samples([sample(i) for i in range(10)])
+    write(tmp_path, range(10), target=10)
     shard = tmp_path / "B2" / "shard-00000.jsonl"
     data = shard.read_bytes()
     at = data.index(b'{"id":"B2-2",') + len(b'{"id":"B2-')
@@ -41,7 +25,7 @@ def flipped(tmp_path: Path) -> Path:
 
 def test_a_bit_flip_inside_an_id_of_a_sealed_shard_is_refused_at_start(tmp_path: Path) -> None:
     shard = flipped(tmp_path)
-    store = make(tmp_path)
+    store = make(tmp_path, target=10)
     with pytest.raises(StoreError) as e:
         store.open()
     assert str(e.value) == (
@@ -52,7 +36,7 @@ def test_a_bit_flip_inside_an_id_of_a_sealed_shard_is_refused_at_start(tmp_path:
     assert not store.claimed and not (tmp_path / "B2" / ".lock").exists()
     lines = shard.read_bytes().splitlines(keepends=True)
     shard.write_bytes(b"".join(lines[:2] + lines[3:]))  # what the message says to do
-    with make(tmp_path) as s:
+    with make(tmp_path, target=10) as s:
         state = s.open()
         assert (state.done, s.remaining) == (9, 1)
         assert "B2-2" not in state.done_ids

@@ -1,12 +1,12 @@
-"""`tune` on the simulator: the candidate the sim is told is fastest wins (its CUDA-graph ceiling raised
-above the trial's batch: SGLang's eager step above it is ~1.9x slower, sglang_sim/profiles.py), the one
-whose answers change is refused (fp8 KV on a sim told to flip 30 % of fp8 top-1 tokens), the budget is
-stated first, the shipped trial's samples stay in the store exactly once; bad input exits 2."""
+"""`tune` on the simulator: the candidate the sim is told is fastest wins, the one whose answers change is
+refused, the budget is stated first, the shipped trial's samples stay in the store once; bad input exits 2."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import pytest
 
 from tests.pipeline_helpers import assert_exact, run_cli, write_dataset
 
@@ -89,26 +89,30 @@ def test_tune_picks_the_fastest_refuses_changed_answers_and_keeps_its_samples(tm
     assert len(assert_exact(out, 20)) == 20
 
 
-def test_unknown_lever_is_a_flag_error(tmp_path: Path) -> None:
-    cfg, out = _config(tmp_path)
-    r = _tune(cfg, out, "--levers", "kv_cache_dtype,turbo", "--budget-s", "60")
-    assert r.returncode == 2
-    assert r.stderr == ("error: --levers turbo: no such lever; choose from kv_cache_dtype, mem_fraction_static, "
-                        "cuda_graph_max_bs, schedule_conservativeness, num_continuous_decode_steps, "
-                        "chunked_prefill_size, stream_interval (comma-separated).\n")
-    r = _tune(cfg, out, "--levers", "dcp_size", "--budget-s", "60")
-    assert r.returncode == 2
-    assert r.stderr.startswith("error: --levers dcp_size: --dcp-size (decode context parallelism: splits the MLA "
-                               "cache over TP ranks) needs several GPUs or a draft; tune tries single-GPU levers only")
+LEVERS = ("kv_cache_dtype, mem_fraction_static, cuda_graph_max_bs, schedule_conservativeness, "
+          "num_continuous_decode_steps, chunked_prefill_size, stream_interval")
 
 
-def test_a_budget_one_round_cannot_fit_is_refused_before_any_launch(tmp_path: Path) -> None:
+@pytest.mark.parametrize("args, backend, message", [
+    (("--levers", "kv_cache_dtype,turbo", "--budget-s", "60"), "sim",
+     f"--levers turbo: no such lever; choose from {LEVERS} (comma-separated)."),
+    (("--levers", "dcp_size", "--budget-s", "60"), "sim",
+     "--levers dcp_size: --dcp-size (decode context parallelism: splits the MLA cache over TP ranks) needs several "
+     f"GPUs or a draft; tune tries single-GPU levers only: {LEVERS}."),
+    (("--levers", "cuda_graph_max_bs", "--budget-s", "2"), "sim",
+     "tune: one round of 2 trials (t + 1 candidates) takes 11s: each a start-up of 5s and 12 prompts, predicted 0s. "
+     "That is more than the budget of 2s (--budget-s). Raise --budget-share or --budget-s, lower --prompts, or name "
+     "fewer --levers."),
+    (("--budget-s", "60"), "vllm",
+     "tune: {cfg}/server.toml [profile.t] launches a vllm server (backend = 'vllm'); tune checks each candidate's "
+     "answers through SGLang's native /generate (as probe-kv does): tune an SGLang profile."),
+], ids=["unknown-lever", "multi-gpu-lever", "budget-too-small", "not-sglang"])
+def test_bad_input_is_refused_before_any_launch(tmp_path: Path, args: tuple[str, ...], backend: str,
+                                                message: str) -> None:
     cfg, out = _config(tmp_path)
-    r = _tune(cfg, out, "--levers", "cuda_graph_max_bs", "--budget-s", "2")
-    assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr == ("error: tune: one round of 2 trials (t + 1 candidates) takes 11s: each a start-up of 5s and 12 "
-                        "prompts, predicted 0s. That is more than the budget of 2s (--budget-s). Raise --budget-share "
-                        "or --budget-s, lower --prompts, or name fewer --levers.\n")
+    (cfg / "server.toml").write_text(SERVER_TOML.replace('backend = "sim"', f'backend = "{backend}"'))
+    r = _tune(cfg, out, *args)
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"error: {message.format(cfg=cfg)}\n")
     assert not out.exists() or not any(out.rglob("*.jsonl"))
 
 
@@ -145,16 +149,6 @@ def test_a_candidate_plan_says_cannot_start_is_skipped_and_named(tmp_path: Path)
     why = "plan refuses it: --mem-fraction-static 1.01 must be above 0 and below 1."
     assert tp.skipped == (("t+mem_fraction_static=1.01", why),)
     assert f"  skipped t+mem_fraction_static=1.01: {why}" in tp.lines()
-
-
-def test_a_profile_that_is_not_sglang_is_refused(tmp_path: Path) -> None:
-    cfg, out = _config(tmp_path)
-    (cfg / "server.toml").write_text(SERVER_TOML.replace('backend = "sim"', 'backend = "vllm"'))
-    r = _tune(cfg, out, "--budget-s", "60")
-    assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr == (f"error: tune: {cfg / 'server.toml'} [profile.t] launches a vllm server (backend = 'vllm'); "
-                        "tune checks each candidate's answers through SGLang's native /generate (as probe-kv does): "
-                        "tune an SGLang profile.\n")
 
 
 def test_without_prompts_each_trial_fills_the_slots_and_takes_its_share_of_the_budget(tmp_path: Path) -> None:

@@ -1,0 +1,32 @@
+"""Builders the export tests share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+
+from gen_pipeline.records import Failure, Sample
+from gen_pipeline.store.dataset_store import DatasetStore
+
+from pipeline_helpers import run_cli
+
+
+def export(root: Path, *args: str | Path) -> str:
+    """`gen-pipeline export --output-dir root ARGS`, which must succeed with nothing on stderr: its stdout."""
+    r = run_cli("export", "--output-dir", root, *args)
+    assert (r.returncode, r.stderr) == (0, ""), r.stdout
+    return r.stdout
+
+
+def jsonl(path: Path) -> list[dict]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def write_store(root: Path, name: str, samples: list[Sample], failures: list[Failure] | None = None) -> Path:
+    """A dataset `name` under `root` holding exactly `samples` (and `failures` in errors.jsonl): root."""
+    with DatasetStore(root, name, fingerprint={"model": "m"}, target=len(samples)) as store:
+        store.open()
+        store.write_samples(samples)
+        store.write_failures(failures or [])
+    return root
