@@ -78,6 +78,21 @@ fsync_every = {fsync_every}
     return toml
 
 
+def sim_profile(tmp_path: Path, name: str, extra_args: list[str], **keys: object) -> Path:
+    """tmp_path/cfg: the repository's server.toml plus a profile `name` (inherits "sim") with `extra_args`
+    and `keys` (TOML values as written)."""
+    import shutil
+
+    cfg = tmp_path / "cfg"
+    cfg.mkdir(exist_ok=True)
+    shutil.copy(REPO / "datasets_cfg" / "server.toml", cfg / "server.toml")
+    lines = [f"\n[profile.{name}]", 'inherits = "sim"', f"extra_args = {orjson.dumps(extra_args).decode()}",
+             *(f"{k} = {v}" for k, v in keys.items())]
+    with open(cfg / "server.toml", "a") as f:
+        f.write("\n".join(lines) + "\n")
+    return cfg
+
+
 def chat_tokenizers(root: Path) -> dict[str, Path]:
     """Copies of the committed offline tokenizers under `root` (a test may change its copy): {kind: folder}."""
     import shutil

@@ -176,9 +176,8 @@ def test_regime_summary_gives_adaptive_over_the_best_median() -> None:
 
 
 def test_per_round_ratios_with_the_gpu_speed_factored_out() -> None:
-    """A round where the GPU decoded 20 % slower per running request during adaptive's run reads 0.8 whole-run
-    and 1.0 with the speed factored out; fewer requests kept running at the same speed still count against
-    it; a run without steady figures leaves its round out. Retractions are listed run by run."""
+    """A GPU 20 % slower per running request during adaptive's run reads 0.8 whole-run and 1.0 factored out;
+    fewer requests running at the same speed still counts; a run without steady figures leaves its round out."""
     from bench.gpu.regimes import summarize_regimes
 
     def row(client: str, rnd: int, tok_s: float, running: float, per_request: float | None) -> dict:
@@ -197,10 +196,8 @@ def test_per_round_ratios_with_the_gpu_speed_factored_out() -> None:
     assert s["clients"]["adaptive"]["retractions_each"] == [1, 2, 3]
 
 def test_the_real_lengths_overrun_the_pool_in_submission_order_not_in_completion_order() -> None:
-    """Issue 19: the shards hold the real run's lengths in completion order, so a replay in that order
-    starts with the run's first finishers and never overran the pool in the simulator; a seeded order
-    (the submission order is not recorded) overruns at the first cohort as the H200 did (4.5-6 s after
-    the start, 48-56 running with flooding), and SGLang retracts. first_overrun() reads a real trace."""
+    """The shards hold the real lengths in completion order, whose replay never overruns the pool; a seeded order
+    overruns at the first cohort as the H200 did, and SGLang retracts. first_overrun() reads a real trace."""
     from bench import sim_vs_real_long as long_regime
     from bench.engine_run import run_traced
 
@@ -256,9 +253,8 @@ def test_step_line_keeps_both_terms_non_negative() -> None:
 
 
 def test_fit_speed_finds_a_slower_host_and_ramps_where_its_trace_does() -> None:
-    """A trace the simulator made on a host at 0.7 x the profile's speed, polled at its own offset: the fit
-    finds that host's step at the first round's and the steady batch, and its run ramps at the same poll;
-    the profile's own speed ramps at least a poll earlier."""
+    """A trace made on a host at 0.7 x the profile's speed: the fit finds that host's step times, and its run
+    ramps at the same poll; the profile's own speed ramps at least a poll earlier."""
     from dataclasses import replace
 
     from bench import sim_vs_real_long as long_regime

@@ -195,9 +195,8 @@ def _fake_sglang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_offline_engine_process_runs_jobs_and_shuts_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """bench/gpu/offline_engine.py as its own process against a stand-in of SGLang's Engine: started with the
-    server profile's flags, warmed once, one job per line (flush, one generate of every prompt), the result
-    file, the decode log, and a clean shutdown."""
+    """bench/gpu/offline_engine.py as a process against a stand-in of SGLang's Engine: the profile's flags,
+    one warm-up, one job per line (flush, one generate), the result file, the decode log, a clean shutdown."""
     from bench.gpu import offline_engine
 
     _fake_sglang(tmp_path, monkeypatch)

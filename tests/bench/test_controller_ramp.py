@@ -1,13 +1,8 @@
-"""Issue 19 through the real path: pipeline -> HTTP -> a simulator process -> /v1/loads + /metrics ->
-Controller. After a start SGLang admits only ~16 long requests (each candidate reserves its whole
-clipped max_new_tokens while new_token_ratio is 0.7), then nothing until the first finishes, then many
-at once; a fixed window at the slot count has them queued already. The adaptive window must reach 90 %
-of that batch as fast (the old rule read the first round as a full server and took ~10 s on the H200).
-
-Measured on the simulator's own clock: /sim/stats "admissions" lists (simulated s, running) after each
-prefill round. The test waits for each run to end (an event), never for time; the client's polls are
-real time, so a loaded machine slows the simulator's clock and gives the adaptive client more polls
-per simulated second, never fewer."""
+"""The first round through the real path (pipeline -> HTTP -> a simulator process -> Controller): after a
+start SGLang admits only ~16 long requests (each reserves its whole clipped max_new_tokens at
+new_token_ratio 0.7), then nothing until the first finishes. The adaptive window must reach 90 % of that
+batch as fast as a fixed window at the slot count, on the simulator's clock (/sim/stats "admissions");
+a loaded machine only gives the adaptive client more polls per simulated second, never fewer."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Fixtures for the simulator's contract tests: one sim process per test module.
-
-A module sets `SIM_ARGS = [...]` to choose the flags of its `sim` fixture."""
+"""One sim process per test module; a module sets `SIM_ARGS = [...]` for its `sim` fixture's flags."""
 
 from __future__ import annotations
 

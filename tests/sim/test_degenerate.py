@@ -1,7 +1,6 @@
-"""The simulator's degenerate outputs (faults loop_rate, leak_rate, marker_only_rate): seeded by the
-request, in whole and streamed answers alike; a looping turn runs to its max_tokens cap unless the
-client goes away, and then its slot and KV are freed at once; the loop detector catches every
-kind of loop the simulator writes within 512 tokens of its start."""
+"""The simulator's degenerate outputs (loop_rate, leak_rate, marker_only_rate): seeded by the request, whole
+and streamed alike; a loop runs to max_tokens unless the client goes (then its slot and KV are freed at
+once); the loop detector catches every loop the simulator writes within 512 tokens."""
 
 from __future__ import annotations
 

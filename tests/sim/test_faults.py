@@ -1,6 +1,5 @@
-"""Every fault does what it says, over real TCP; plus start-up behaviour, aborts and client
-disconnects. One shared sim changes its faults at runtime through POST /sim/faults; crash,
-start-up and flag tests run their own (short-lived) processes."""
+"""Every fault does what it says, over real TCP; start-up, aborts and client disconnects. One shared sim
+changes its faults through POST /sim/faults; crash, start-up and flag tests run their own processes."""
 
 from __future__ import annotations
 

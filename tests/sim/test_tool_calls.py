@@ -1,6 +1,5 @@
-"""The simulator's tool calls (sglang_sim/tools.py) over real TCP, in SGLang 0.5.17's shapes: whole
-(message.tool_calls, content "", finish_reason "tool_calls") and streamed (delta.tool_calls pieces:
-the first names the call, the next ones carry argument pieces), and text as before without tools."""
+"""The simulator's tool calls (sglang_sim/tools.py) over real TCP, in SGLang 0.5.17's shapes, whole and
+streamed (the first piece names the call, the next ones carry arguments), and plain text without tools."""
 
 from __future__ import annotations
 
