@@ -159,13 +159,18 @@ def test_a_trace_summary_reads_first_round_ramp_and_steady_state() -> None:
     assert s["ratio_warm_s"] == 3.0 and s["retractions"] == 2 and s["steady_gen_throughput_mean"] == 250 * 39.75
 
 
+def _regime_row(client: str, rnd: int, tok_s: float, steady: float | None, diagnose: tuple[str, ...] = (),
+                **summary: object) -> dict:
+    return {"regime": "long", "client": client, "round": rnd, "rc": 0, "tok_s": tok_s, "steady_tok_s": steady,
+            "trace_summary": {"ramp_s": 3.0, "steady_running_mean": 39.0, "steady_queued_mean": 10.0,
+                              "steady_queued_max": 20, "retractions": 1, **summary}, "diagnose": list(diagnose)}
+
+
 def test_regime_summary_gives_adaptive_over_the_best_median() -> None:
     from bench.gpu.regimes import summarize_regimes
 
     def row(client: str, rnd: int, tok_s: float) -> dict:
-        return {"regime": "long", "client": client, "round": rnd, "rc": 0, "tok_s": tok_s, "steady_tok_s": tok_s,
-                "trace_summary": {"ramp_s": 3.0, "steady_running_mean": 39.0, "steady_queued_mean": 10.0,
-                                  "steady_queued_max": 20, "retractions": 1}, "diagnose": ["kv_bound"]}
+        return _regime_row(client, rnd, tok_s, tok_s, ("kv_bound",))
 
     rows = [row("fixed-40", 1, 9800), row("fixed-40", 2, 10000), row("fixed-40", 3, 10400),
             row("all", 1, 10500), row("all", 2, 10200), row("all", 3, 11000),
@@ -182,10 +187,8 @@ def test_per_round_ratios_with_the_gpu_speed_factored_out() -> None:
 
     def row(client: str, rnd: int, tok_s: float, running: float, per_request: float | None) -> dict:
         steady = None if per_request is None else running * per_request
-        return {"regime": "long", "client": client, "round": rnd, "rc": 0, "tok_s": tok_s, "steady_tok_s": steady,
-                "trace_summary": {"ramp_s": 3.0, "steady_running_mean": running, "steady_queued_mean": 10.0,
-                                  "steady_queued_max": 20, "retractions": rnd, "steady_gen_throughput_mean": steady},
-                "diagnose": []}
+        return _regime_row(client, rnd, tok_s, steady, steady_running_mean=running, retractions=rnd,
+                           steady_gen_throughput_mean=steady)
 
     rows = [row("all", 1, 10_000, 42, 360), row("adaptive", 1, 8_000, 42, 288),  # the GPU, not the client
             row("all", 2, 10_000, 42, 360), row("adaptive", 2, 9_500, 40, 360),  # fewer running: the client

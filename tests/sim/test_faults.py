@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from sglang_sim.faults import Fault, FaultSettings, decide, health_ok
-from sglang_sim.testing import SimProcess, start_sim
+from sglang_sim.testing import start_sim
 
 # Long outputs (~2000 tokens at ~2 ms a step) so aborts and disconnects land mid-request.
 SIM_ARGS = ["--sim-output-mean", "2000", "--sim-output-spread", "0", "--sim-seed", "7"]
@@ -234,33 +234,22 @@ def test_startup_delay_then_ready(tmp_path) -> None:
         assert "The server is fired up and ready to roll!" in sim.log_text()
 
 
-def test_never_healthy(sim_never: SimProcess) -> None:
-    with httpx.Client(base_url=sim_never.url, timeout=2) as c:
-        codes = {c.get("/health").status_code for _ in range(5)}
-        assert codes == {503}
-        assert c.get("/server_info").status_code == 200
-
-
-@pytest.fixture
-def sim_never(tmp_path) -> Iterator[SimProcess]:
+def test_never_healthy(tmp_path) -> None:
     with start_sim(["--sim-never-healthy"], wait_ready=False, log_path=tmp_path / "n.log") as sim:
         deadline = time.monotonic() + 20
         while "ready to roll" not in sim.log_text():
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        yield sim
+        with httpx.Client(base_url=sim.url, timeout=2) as c:
+            assert {c.get("/health").status_code for _ in range(5)} == {503}
+            assert c.get("/server_info").status_code == 200
 
 
-def test_unknown_flag_exits_2_fast() -> None:
-    r = subprocess.run([sys.executable, "-m", "sglang_sim", "--tp-size", "8", "--no-such-flag"],
-                       capture_output=True, text=True, timeout=30)
+@pytest.mark.parametrize(("args", "error"), [
+    (["--tp-size", "8", "--no-such-flag"], "error: unrecognized arguments: --no-such-flag"),
+    (["--sim-error-rate", "1.5"], "error: fault error_rate must be within [0, 1] (got 1.5)")])
+def test_bad_flags_exit_2_before_starting_up(args: list[str], error: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "sglang_sim", *args], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
-    assert "error: unrecognized arguments: --no-such-flag" in r.stderr
-    assert "SGLang simulator (not SGLang): profile=" not in r.stdout + r.stderr  # refused before starting up
-
-
-def test_bad_fault_flag_value_exits_2() -> None:
-    r = subprocess.run([sys.executable, "-m", "sglang_sim", "--sim-error-rate", "1.5"],
-                       capture_output=True, text=True, timeout=30)
-    assert r.returncode == 2
-    assert "error: fault error_rate must be within [0, 1] (got 1.5)" in r.stderr
+    assert error in r.stderr
+    assert "SGLang simulator (not SGLang): profile=" not in r.stdout + r.stderr
