@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -19,19 +18,6 @@ from sglang_sim.testing import start_sim
 SIM_ARGS = ["--sim-output-mean", "2000", "--sim-output-spread", "0", "--sim-seed", "7"]
 SHORT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 NO_FAULTS = FaultSettings().to_json() | {"seed": 7}
-
-
-@pytest.fixture
-def faults(client: httpx.Client) -> Iterator[callable]:
-    """Set faults on the shared sim for one test; always restored afterwards."""
-
-    def set_faults(**changes: object) -> dict:
-        r = client.post("/sim/faults", json=changes)
-        assert r.status_code == 200, r.text
-        return r.json()
-
-    yield set_faults
-    client.post("/sim/faults", json=NO_FAULTS)
 
 
 def next_seq(client: httpx.Client) -> int:
