@@ -49,10 +49,15 @@ def test_long_outputs_are_kv_bound_at_moderate_token_usage(window: int | None) -
     assert "the rest held by SGLang's admission reservation" in verdicts[0].evidence[0]
 
 
-def test_short_outputs_at_the_same_pool_are_step_bound() -> None:
+def _short_rows() -> list[dict]:
+    """The first 800 lengths of the committed H200 short run, replayed adaptively."""
     real = svr.load_real()
     job = Job(svr.job_of(real).profile, svr.job_of(real).lengths[:800])
-    rows = _rows(job, svr.H200Server(real, get_profile("h200")), None)
+    return _rows(job, svr.H200Server(real, get_profile("h200")), None)
+
+
+def test_short_outputs_at_the_same_pool_are_step_bound() -> None:
+    rows = _short_rows()
     verdicts = diagnose(rows)
     assert [v.rule for v in verdicts][:1] == ["step_bound"], format_diagnosis("short", rows, verdicts)
     assert "kv_bound" not in [v.rule for v in verdicts]
@@ -86,12 +91,10 @@ def _compact(rows: list[dict]) -> list[dict]:
 def diagnose_rows() -> dict:
     """The telemetry rows of the simulated regimes and of every run of the committed H200 traces."""
     long_job = long_regime.synthetic_job(300)
-    real = svr.load_real()
-    short_job = Job(svr.job_of(real).profile, svr.job_of(real).lengths[:800])
     out: dict = {"simulated": {
         "long adaptive": _compact(_rows(long_job, long_regime.LongServer(), None)),
         "long all at once": _compact(_rows(long_job, long_regime.LongServer(), 300)),
-        "short adaptive": _compact(_rows(short_job, svr.H200Server(real, get_profile("h200")), None))}, "h200": []}
+        "short adaptive": _compact(_short_rows())}, "h200": []}
     for path in TRACE_FILES:
         data = json.loads(path.read_text())
         for regime in ("short", "long"):
