@@ -47,9 +47,8 @@ class LengthProfile:
     plateau: int  # quick test: a window past the knee
 
 
-# Short: ~55 prompt + 150 output tokens, F ~ 205 -> C/F ~ 120. Long: ~360 + 1500, F ~ 1860 ->
-# C/F ~ 13. Measured, the server admits ~97 and ~13 running (SGLang's new_token_ratio reservation
-# binds before the pool does): the knees differ ~7x, so one fixed window cannot suit both.
+# The server admits ~97 short and ~13 long requests (SGLang's new_token_ratio reservation binds before the
+# pool does): the knees differ ~7x, so one fixed window cannot suit both.
 SHORT = LengthProfile("short", prompt_words=40, output_mean=150, max_new_tokens=256, samples=1200,
                       time_scale=2.0, sweep=(32, 64, 128, 256, 512), under=64, plateau=256)
 LONG = LengthProfile("long", prompt_words=300, output_mean=1500, max_new_tokens=4096, samples=150,
