@@ -107,7 +107,7 @@ def test_committed_h200_results_give_the_tables() -> None:
     assert c["all_within_10pct"], c["rows"]
 
 
-# ---- issue 19: phase `regimes` and the traces it records
+# ---- phase `regimes` and the traces it records
 
 
 def test_regimes_interleave_regimes_and_rotate_clients() -> None:

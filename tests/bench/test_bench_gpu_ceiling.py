@@ -1,4 +1,4 @@
-"""The GPU check's phase `ceiling` (issue 34): its plan, the commands it gives SGLang's two clients, what it reads
+"""The GPU check's phase `ceiling`: its plan, the commands it gives SGLang's two clients, what it reads
 from SGLang's decode log, and its result shape through the report, on a synthetic result."""
 
 from __future__ import annotations

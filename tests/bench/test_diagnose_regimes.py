@@ -63,7 +63,7 @@ def test_short_outputs_at_the_same_pool_are_step_bound() -> None:
     assert "kv_bound" not in [v.rule for v in verdicts]
 
 
-# ---------------------------------------------------------------- the real H200 traces (issue 19)
+# ---------------------------------------------------------------- the real H200 traces
 
 
 def test_the_real_h200_traces_name_long_outputs_kv_bound_and_short_ones_never() -> None:

@@ -46,8 +46,7 @@ def test_loop_outputs_run_to_the_cap_and_retokenize_to_themselves(seed: int) -> 
     # the rest of the 400 seeds: ~7 CPU-s of detector feeding, in make chaos (the default suite's budget)
     pytest.param(range(100, 400), id="seeds-100-399", marks=pytest.mark.slow)])
 def test_every_loop_kind_is_written_and_caught_within_512_tokens(seeds: range) -> None:
-    """The done-when of issue 22 on the simulator's own loops: caught, aborted within ~512 tokens
-    of the start (tokens here are the sim tokenizer's)."""
+    """The simulator's own loops are caught within ~512 tokens of their start (the sim tokenizer's)."""
     kinds = {}
     for seed in seeds:
         plan = degenerate.loop_output(seed, natural_tokens=4000, max_new_tokens=8192)
