@@ -4,13 +4,15 @@ output, the engine round trip, and the injected faults."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import collections
 import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 from starlette.requests import Request
@@ -20,14 +22,12 @@ from sglang_sim import degenerate
 from sglang_sim import logprobs as LP
 from sglang_sim import responses as R
 from sglang_sim import tools as T
-from sglang_sim.faults import Fault, OutputFault, decide_output
+from sglang_sim.engine import FinishedRequest
+from sglang_sim.faults import Fault, FaultSettings, OutputFault, decide_output
 from sglang_sim.lengths import cap_length, draw_length, request_seed
+from sglang_sim.loop import EngineLoop, Ticket
 from sglang_sim.tokenizer import decode_output, draw_output_ids, encode, render_chat
 from sglang_sim.transport import ChunkedResponse, one_chunk, wait_or_disconnect
-
-if TYPE_CHECKING:
-    from sglang_sim.app import SimServer
-    from sglang_sim.loop import Ticket
 
 log = logging.getLogger("sglang_sim")
 # Starlette sends whichever ASGI app an endpoint returns; ChunkedResponse is a raw one.
@@ -35,6 +35,25 @@ Reply = Response | ChunkedResponse
 _HTML_PAGE = b"<html><head><title>502 Bad Gateway</title></head><body><h1>502 Bad Gateway</h1></body></html>"
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
                   "repetition_penalty", "stop", "seed", "min_tokens")
+
+
+class SimServer(Protocol):
+    """What a request reads and counts on the server (sglang_sim/app.py SimServer), named here so that
+    this module does not import the app that imports it."""
+
+    ns: argparse.Namespace
+    info: dict[str, Any]
+    loop: EngineLoop
+    faults: FaultSettings
+    looping: dict[str, tuple[str, int]]
+    output_fault_counts: collections.Counter[str]
+    chat_sampling: collections.Counter[str]
+
+    def next_fault(self) -> Fault: ...
+
+    def count_turn(self, user_turns: int, previous_prompt_tokens: int, fin: FinishedRequest) -> None: ...
+
+    def request_completed(self) -> None: ...
 
 
 class BadRequest(Exception):

@@ -78,6 +78,21 @@ fsync_every = {fsync_every}
     return toml
 
 
+def sim_profile(tmp_path: Path, name: str, extra_args: list[str], **keys: object) -> Path:
+    """tmp_path/cfg: the repository's server.toml plus a profile `name` (inherits "sim") with `extra_args`
+    and `keys` (TOML values as written)."""
+    import shutil
+
+    cfg = tmp_path / "cfg"
+    cfg.mkdir(exist_ok=True)
+    shutil.copy(REPO / "datasets_cfg" / "server.toml", cfg / "server.toml")
+    lines = [f"\n[profile.{name}]", 'inherits = "sim"', f"extra_args = {orjson.dumps(extra_args).decode()}",
+             *(f"{k} = {v}" for k, v in keys.items())]
+    with open(cfg / "server.toml", "a") as f:
+        f.write("\n".join(lines) + "\n")
+    return cfg
+
+
 def chat_tokenizers(root: Path) -> dict[str, Path]:
     """Copies of the committed offline tokenizers under `root` (a test may change its copy): {kind: folder}."""
     import shutil
@@ -144,10 +159,9 @@ def _cli_globals() -> Iterator[None]:
 
 
 def run_cli(*args: str | Path, timeout_s: float = 280) -> subprocess.CompletedProcess[str]:
-    """The CLI in this process (`gen_pipeline.cli.main`), to its end: its exit code, stdout and stderr as
-    `python -m gen_pipeline` gives them (an uncaught exception: its traceback on stderr and 1; argparse's
-    exit: its code). `timeout_s` is kept for the callers; pytest-timeout bounds a hung run. Inside an async
-    test (an event loop running in this thread, where the CLI's anyio.run cannot start) it runs as a process."""
+    """The CLI in this process (`gen_pipeline.cli.main`), to its end: exit code, stdout and stderr as
+    `python -m gen_pipeline` gives them (a traceback and 1 for an uncaught exception). Inside an async test
+    (where the CLI's anyio.run cannot start) it runs as a process; pytest-timeout bounds a hung run."""
     import asyncio
     import io
     import traceback
@@ -199,10 +213,8 @@ def kill_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None
 
 
 def freeze(proc: subprocess.Popen[bytes]) -> None:
-    """Stop the process's group (SIGSTOP): what the test saw when it froze the run (still running,
-    mid-dataset, N lines) holds however long the test then takes to look (status, a second run) or
-    to signal it (SIGKILL lands at once; another signal is handled on thaw). Freeze right after the
-    event the test waits for, so the run cannot finish in between."""
+    """SIGSTOP the process's group right after the event a test waits for: what it saw (still running, N
+    lines) holds however long the test takes (SIGKILL lands at once; another signal is handled on thaw)."""
     os.killpg(proc.pid, signal.SIGSTOP)
 
 
@@ -260,8 +272,7 @@ def wait_for(pred, timeout_s: float = 30.0, interval_s: float = 0.05) -> None:
         time.sleep(interval_s)
 
 
-# ---------------------------------------------------------------- fault injection
-# (used by tests/test_faults_*.py and bench/faults_soak.py)
+# ---------------------------------------------------------------- fault injection (tests/e2e, bench/faults_soak.py)
 
 SIM_FAST = ["--sim-profile", "fast", "--time-scale", "10", "--sim-startup-s", "0", "--sim-output-mean", "160",
             "--sim-output-spread", "0.6"]
@@ -293,10 +304,8 @@ def _mtime_ns(path: Path) -> int:
 
 
 def wait_for_aim(proc: subprocess.Popen[bytes], folder: Path, aim: str, rng, timeout_s: float = 30.0) -> bool:
-    """Block until the moment `aim` names (polling every ~2 ms); False if the process ended first.
-
-    time: a random delay; write: k more lines in the shards; rotation: a new shard file;
-    manifest: the manifest replaced k more times."""
+    """Until the moment `aim` names (polling every ~2 ms); False if the process ended first. time: a random
+    delay; write: k more shard lines; rotation: a new shard; manifest: the manifest replaced k more times."""
     if aim == "time":
         deadline = time.monotonic() + rng.uniform(0.3, 3.0)
         while time.monotonic() < deadline and proc.poll() is None:
@@ -322,9 +331,8 @@ def wait_for_aim(proc: subprocess.Popen[bytes], folder: Path, aim: str, rng, tim
 
 def kill_resume_trial(work: Path, url: str, seed: int, *, kills: int = 2, target: int = 60,
                       sig: int = signal.SIGKILL) -> dict:
-    """SIGKILL the CLI (attached to `url`) `kills` times at seeded moments, then resume to the end.
-
-    Returns what happened: aims, kills that landed, final rc, lines/unique/unparseable."""
+    """SIGKILL the CLI (attached to `url`) `kills` times at seeded moments, then resume to the end; what
+    happened: aims, kills that landed, final rc, lines/unique/unparseable."""
     import random
     rng = random.Random(seed)
     toml = write_dataset(work / "ds", target=target, max_new_tokens=64, shard_max_samples=rng.choice([4, 7, 11]),
@@ -347,8 +355,7 @@ def kill_resume_trial(work: Path, url: str, seed: int, *, kills: int = 2, target
             "lost": max(0, target - unique), "duplicated": lines - bad - unique, "out": out}
 
 
-# ---------------------------------------------------------------- servers that go away
-# (tests/server/test_scale_out.py, tests/server/test_outage.py)
+# ---------------------------------------------------------------- servers that go away (tests/server)
 
 def sigkill_sim(sim) -> None:
     """SIGKILL a simulator's group and reap it (sglang_sim.testing.SimProcess)."""

@@ -107,7 +107,7 @@ def test_committed_h200_results_give_the_tables() -> None:
     assert c["all_within_10pct"], c["rows"]
 
 
-# ---- issue 19: phase `regimes` and the traces it records
+# ---- phase `regimes` and the traces it records
 
 
 def test_regimes_interleave_regimes_and_rotate_clients() -> None:
@@ -159,13 +159,18 @@ def test_a_trace_summary_reads_first_round_ramp_and_steady_state() -> None:
     assert s["ratio_warm_s"] == 3.0 and s["retractions"] == 2 and s["steady_gen_throughput_mean"] == 250 * 39.75
 
 
+def _regime_row(client: str, rnd: int, tok_s: float, steady: float | None, diagnose: tuple[str, ...] = (),
+                **summary: object) -> dict:
+    return {"regime": "long", "client": client, "round": rnd, "rc": 0, "tok_s": tok_s, "steady_tok_s": steady,
+            "trace_summary": {"ramp_s": 3.0, "steady_running_mean": 39.0, "steady_queued_mean": 10.0,
+                              "steady_queued_max": 20, "retractions": 1, **summary}, "diagnose": list(diagnose)}
+
+
 def test_regime_summary_gives_adaptive_over_the_best_median() -> None:
     from bench.gpu.regimes import summarize_regimes
 
     def row(client: str, rnd: int, tok_s: float) -> dict:
-        return {"regime": "long", "client": client, "round": rnd, "rc": 0, "tok_s": tok_s, "steady_tok_s": tok_s,
-                "trace_summary": {"ramp_s": 3.0, "steady_running_mean": 39.0, "steady_queued_mean": 10.0,
-                                  "steady_queued_max": 20, "retractions": 1}, "diagnose": ["kv_bound"]}
+        return _regime_row(client, rnd, tok_s, tok_s, ("kv_bound",))
 
     rows = [row("fixed-40", 1, 9800), row("fixed-40", 2, 10000), row("fixed-40", 3, 10400),
             row("all", 1, 10500), row("all", 2, 10200), row("all", 3, 11000),
@@ -176,17 +181,14 @@ def test_regime_summary_gives_adaptive_over_the_best_median() -> None:
 
 
 def test_per_round_ratios_with_the_gpu_speed_factored_out() -> None:
-    """A round where the GPU decoded 20 % slower per running request during adaptive's run reads 0.8 whole-run
-    and 1.0 with the speed factored out; fewer requests kept running at the same speed still count against
-    it; a run without steady figures leaves its round out. Retractions are listed run by run."""
+    """A GPU 20 % slower per running request during adaptive's run reads 0.8 whole-run and 1.0 factored out;
+    fewer requests running at the same speed still counts; a run without steady figures leaves its round out."""
     from bench.gpu.regimes import summarize_regimes
 
     def row(client: str, rnd: int, tok_s: float, running: float, per_request: float | None) -> dict:
         steady = None if per_request is None else running * per_request
-        return {"regime": "long", "client": client, "round": rnd, "rc": 0, "tok_s": tok_s, "steady_tok_s": steady,
-                "trace_summary": {"ramp_s": 3.0, "steady_running_mean": running, "steady_queued_mean": 10.0,
-                                  "steady_queued_max": 20, "retractions": rnd, "steady_gen_throughput_mean": steady},
-                "diagnose": []}
+        return _regime_row(client, rnd, tok_s, steady, steady_running_mean=running, retractions=rnd,
+                           steady_gen_throughput_mean=steady)
 
     rows = [row("all", 1, 10_000, 42, 360), row("adaptive", 1, 8_000, 42, 288),  # the GPU, not the client
             row("all", 2, 10_000, 42, 360), row("adaptive", 2, 9_500, 40, 360),  # fewer running: the client
@@ -197,10 +199,8 @@ def test_per_round_ratios_with_the_gpu_speed_factored_out() -> None:
     assert s["clients"]["adaptive"]["retractions_each"] == [1, 2, 3]
 
 def test_the_real_lengths_overrun_the_pool_in_submission_order_not_in_completion_order() -> None:
-    """Issue 19: the shards hold the real run's lengths in completion order, so a replay in that order
-    starts with the run's first finishers and never overran the pool in the simulator; a seeded order
-    (the submission order is not recorded) overruns at the first cohort as the H200 did (4.5-6 s after
-    the start, 48-56 running with flooding), and SGLang retracts. first_overrun() reads a real trace."""
+    """The shards hold the real lengths in completion order, whose replay never overruns the pool; a seeded order
+    overruns at the first cohort as the H200 did, and SGLang retracts. first_overrun() reads a real trace."""
     from bench import sim_vs_real_long as long_regime
     from bench.engine_run import run_traced
 
@@ -256,9 +256,8 @@ def test_step_line_keeps_both_terms_non_negative() -> None:
 
 
 def test_fit_speed_finds_a_slower_host_and_ramps_where_its_trace_does() -> None:
-    """A trace the simulator made on a host at 0.7 x the profile's speed, polled at its own offset: the fit
-    finds that host's step at the first round's and the steady batch, and its run ramps at the same poll;
-    the profile's own speed ramps at least a poll earlier."""
+    """A trace made on a host at 0.7 x the profile's speed: the fit finds that host's step times, and its run
+    ramps at the same poll; the profile's own speed ramps at least a poll earlier."""
     from dataclasses import replace
 
     from bench import sim_vs_real_long as long_regime

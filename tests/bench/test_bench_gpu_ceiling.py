@@ -1,4 +1,4 @@
-"""The GPU check's phase `ceiling` (issue 34): its plan, the commands it gives SGLang's two clients, what it reads
+"""The GPU check's phase `ceiling`: its plan, the commands it gives SGLang's two clients, what it reads
 from SGLang's decode log, and its result shape through the report, on a synthetic result."""
 
 from __future__ import annotations
@@ -195,9 +195,8 @@ def _fake_sglang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_offline_engine_process_runs_jobs_and_shuts_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """bench/gpu/offline_engine.py as its own process against a stand-in of SGLang's Engine: started with the
-    server profile's flags, warmed once, one job per line (flush, one generate of every prompt), the result
-    file, the decode log, and a clean shutdown."""
+    """bench/gpu/offline_engine.py as a process against a stand-in of SGLang's Engine: the profile's flags,
+    one warm-up, one job per line (flush, one generate), the result file, the decode log, a clean shutdown."""
     from bench.gpu import offline_engine
 
     _fake_sglang(tmp_path, monkeypatch)
@@ -227,17 +226,24 @@ def test_the_offline_engine_process_runs_jobs_and_shuts_down(tmp_path: Path, mon
     assert log.count("fake engine flush") == 1 and log.rstrip().endswith("fake engine shutdown")
 
 
-def test_the_phase_runs_the_offline_engine_once_per_call_and_records_its_runs(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Phase ceiling with --clients offline on the simulator's configs, the stand-in engine in SGLang's place:
-    one engine for both rounds, warmed once, each run's figures, GPU speed and traces entry; stopped at the end."""
+def _ceiling_phase(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clients: str, *flags: str) -> tuple[Path, dict]:
+    """Phase ceiling (2 rounds of 40 short prompts) on the simulator's configs, the stand-in engine in SGLang's
+    place; its work folder and results, asserted clean."""
     _fake_sglang(tmp_path, monkeypatch)
     monkeypatch.setattr(ceiling, "offline_skip_reason", lambda check: None)
     work = tmp_path / "work"
     rc = h200_check.main(["--work", str(work), "--sim", "--regimes", "short", "--short-prompts", "40", "--rounds", "2",
-                          "--clients", "offline", "setup", "ceiling", "unserve"])
+                          "--clients", clients, *flags, "setup", "ceiling", "unserve"])
     r = json.loads((work / "results.json").read_text())
     assert rc == 0 and "errors" not in r
+    return work, r
+
+
+def test_the_phase_runs_the_offline_engine_once_per_call_and_records_its_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Phase ceiling with --clients offline on the simulator's configs, the stand-in engine in SGLang's place:
+    one engine for both rounds, warmed once, each run's figures, GPU speed and traces entry; stopped at the end."""
+    work, r = _ceiling_phase(tmp_path, monkeypatch, "offline")
     c = r["ceiling"]
     assert len(c["engine_ready_s"]) == 1 and "offline_errors" not in c
     assert [(x["round"], x["regime"], x["client"], x["rc"], x["rows"], x["completion_tokens"]) for x in c["runs"]] == [
@@ -259,13 +265,8 @@ def test_offline_alone_stops_the_server_for_each_engine_run_and_starts_it_again(
     assert ceiling.plan(2, ("short",), offline_first=True) == [
         (1, "short", "offline"), (1, "short", "gen_pipeline"), (1, "short", "bench_serving"),
         (2, "short", "offline"), (2, "short", "bench_serving"), (2, "short", "gen_pipeline")]
-    _fake_sglang(tmp_path, monkeypatch)
-    monkeypatch.setattr(ceiling, "offline_skip_reason", lambda check: None)
-    work = tmp_path / "work"
-    rc = h200_check.main(["--work", str(work), "--sim", "--regimes", "short", "--short-prompts", "40", "--rounds", "2",
-                          "--clients", "offline,gen_pipeline", "--offline-alone", "setup", "ceiling", "unserve"])
-    r = json.loads((work / "results.json").read_text())
-    assert rc == 0 and "errors" not in r and "offline_errors" not in r["ceiling"]
+    work, r = _ceiling_phase(tmp_path, monkeypatch, "offline,gen_pipeline", "--offline-alone")
+    assert "offline_errors" not in r["ceiling"]
     assert [(x["round"], x["client"], x["rc"], x["rows"]) for x in r["ceiling"]["runs"]] == [
         (1, "offline", 0, 40), (1, "gen_pipeline", 0, 40), (2, "offline", 0, 40), (2, "gen_pipeline", 0, 40)]
     log = (work / "logs" / "offline-engine.log").read_text()

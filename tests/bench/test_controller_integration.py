@@ -1,17 +1,8 @@
-"""The controller through the real path (issue 6): pipeline -> httpx -> simulator over TCP ->
-/v1/loads + /metrics poller -> Controller -> CapacityLimiter, for two length profiles.
-
-Each run gets a fresh simulator (the prefix cache would otherwise favour later runs) and the same
-prompts, so every client serves the same job (output lengths are seeded by prompt + sampling).
-Throughput is generated tokens per *simulated* second from /sim/stats, from the first request the
-sim sees to the last completion: the pipeline's own start-up and shutdown are not counted.
-
-The slow test sweeps fixed windows and checks the adaptive run against the sweep's best; the
-quick test compares the adaptive run with one window that underfills the pool and one on the plateau
-(the slow test reuses those runs when both run). Runs last 3-7 s real, shorter than the controller's
-goodput epochs (epoch_min_s, real seconds), so what is exercised here is the pool model and the
-live-load rules, not the hill climb (bench/controller_bench.py covers that in simulated time).
-"""
+"""The controller through the real path: pipeline -> httpx -> simulator over TCP -> /v1/loads + /metrics
+poller -> Controller -> CapacityLimiter, for two length profiles. Each run gets a fresh simulator and the
+same prompts; throughput is generated tokens per *simulated* second (/sim/stats), first request to last
+completion. Runs are shorter than the controller's goodput epochs: this exercises the pool model and the
+live-load rules, not the hill climb (bench/controller_bench.py covers that)."""
 
 from __future__ import annotations
 
@@ -56,9 +47,8 @@ class LengthProfile:
     plateau: int  # quick test: a window past the knee
 
 
-# Short: ~55 prompt + 150 output tokens, F ~ 205 -> C/F ~ 120. Long: ~360 + 1500, F ~ 1860 ->
-# C/F ~ 13. Measured, the server admits ~97 and ~13 running (SGLang's new_token_ratio reservation
-# binds before the pool does): the knees differ ~7x, so one fixed window cannot suit both.
+# The server admits ~97 short and ~13 long requests (SGLang's new_token_ratio reservation binds before the
+# pool does): the knees differ ~7x, so one fixed window cannot suit both.
 SHORT = LengthProfile("short", prompt_words=40, output_mean=150, max_new_tokens=256, samples=1200,
                       time_scale=2.0, sweep=(32, 64, 128, 256, 512), under=64, plateau=256)
 LONG = LengthProfile("long", prompt_words=300, output_mean=1500, max_new_tokens=4096, samples=150,
@@ -175,15 +165,10 @@ def _report(profile: LengthProfile, runs: list[RunFigures]) -> None:
 
 def _assert_window_in_band(ours: RunFigures, samples: int, underfilling: int, admitted: float,
                            knee: float) -> None:
-    """The adaptive run's median window (steady middle) lies in the band around the plateau's onset.
-
-    Low: above `underfilling` (a window measured below 90% of the plateau; a 97% cut sits inside the
-    +-3% run-to-run noise, so on the short job it fell on 128 or on 256 from run to run) and above
-    80% of `admitted` (the server's median running requests on the plateau: a window below it leaves
-    slots idle; 80% because that median of ~5 polls moves by +-2 of ~13 on the long job). High: past
-    the knee more window only waits in the server's queue (same throughput, more latency, more
-    exposure to retraction), so 3x the knee plus the controller's own queue slack is where "near the
-    best" ends."""
+    """The adaptive run's median window (steady middle) lies in the band around the plateau's onset:
+    above `underfilling` (a window below 90% of the plateau) and 80% of `admitted` (the server's median
+    running requests on the plateau: ~5 polls move it by +-2 of ~13), at most 3x the knee plus the
+    controller's queue slack (past the knee more window only waits in the server's queue)."""
     window = ours.median_window(samples)
     low, high = max(underfilling, 0.8 * admitted), 3 * knee + _QUEUE_SLACK_MAX
     assert low < window <= high, f"median window {window} outside ({low:.0f}, {high:.0f}]"

@@ -1,13 +1,8 @@
-"""Issue 19 through the real path: pipeline -> HTTP -> a simulator process -> /v1/loads + /metrics ->
-Controller. After a start SGLang admits only ~16 long requests (each candidate reserves its whole
-clipped max_new_tokens while new_token_ratio is 0.7), then nothing until the first finishes, then many
-at once; a fixed window at the slot count has them queued already. The adaptive window must reach 90 %
-of that batch as fast (the old rule read the first round as a full server and took ~10 s on the H200).
-
-Measured on the simulator's own clock: /sim/stats "admissions" lists (simulated s, running) after each
-prefill round. The test waits for each run to end (an event), never for time; the client's polls are
-real time, so a loaded machine slows the simulator's clock and gives the adaptive client more polls
-per simulated second, never fewer."""
+"""The first round through the real path (pipeline -> HTTP -> a simulator process -> Controller): after a
+start SGLang admits only ~16 long requests (each reserves its whole clipped max_new_tokens at
+new_token_ratio 0.7), then nothing until the first finishes. The adaptive window must reach 90 % of that
+batch as fast as a fixed window at the slot count, on the simulator's clock (/sim/stats "admissions");
+a loaded machine only gives the adaptive client more polls per simulated second, never fewer."""
 
 from __future__ import annotations
 
@@ -22,20 +17,19 @@ from sglang_sim.testing import start_sim
 
 from pipeline_helpers import write_dataset
 
-# the adaptive window's ramp against a fixed window's: a comparison of speeds, with the benchmarks
-# (make bench-test); it failed make test under load (issue 32)
+# a comparison of speeds: with the benchmarks (make bench-test), not under make test's load
 pytestmark = pytest.mark.bench
 
 SAMPLES, SLOTS_WINDOW, TIME_SCALE, POLL_S = 120, 40, 4.0, 0.1
-WITHIN_S = 1.0  # simulated seconds (issue 19: the ramp within a second of a fixed window's)
+WITHIN_S = 1.0  # simulated seconds: the ramp within a second of a fixed window's
 _WORDS = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega".split()
 
 
 async def _admissions(window: int | None, folder: Path) -> list[list[float]]:
     rows = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"Story {i}: " + " ".join(
         _WORDS[(i + k) % len(_WORDS)] for k in range(300))}]} for i in range(SAMPLES)]
-    # whole answers (on_loop off): streamed at 4x the H200's rate (~48K tokens/s of SSE events) the client
-    # on 2 shared cores, not the controller, would set the ramp (docs/measurements.md, issue 22's stream CPU)
+    # whole answers (on_loop off): streamed at 4x the H200's rate, the client on 2 shared cores, not the
+    # controller, would set the ramp
     cfg = load_dataset_config(write_dataset(folder / "ds", rows=rows, target=SAMPLES, max_new_tokens=4096,
                                             extra="on_loop = \"off\"\n[sampling.extra_body]\nmin_tokens = 1000\n",
                                             shard_max_samples=10_000, fsync_every=1_000))

@@ -1,12 +1,7 @@
-"""The bench's side of `diagnose`'s calibration (make bench-test): the two H200 regimes of issue 19, from
-simulated runs through the production dispatcher
-(bench/engine_run.py, simulated time, hardware profile "h200"): long outputs are KV-bound although
-token_usage reads ~0.68 (SGLang's admission reservation holds the rest); short outputs at the same pool
-are bound by the step time (the best window on the H200 was 128, below what KV admits).
-
-The rows these runs and the committed H200 traces give are data of the default tests
-(tests/data/diagnose_rows.json.gz, read by tests/reports/test_diagnose_calibration.py); the last test here
-checks they are still what the bench computes, and rewrites them with GEN_PIPELINE_WRITE_DATA=1."""
+"""The bench's side of `diagnose`'s calibration: the two H200 regimes from simulated runs (bench/engine_run.py,
+profile "h200"): long outputs are KV-bound although token_usage reads ~0.68 (the admission reservation holds
+the rest); short outputs are step-bound. The last test checks tests/data/diagnose_rows.json.gz (data of
+tests/reports/test_diagnose_calibration.py) is what the bench computes; GEN_PIPELINE_WRITE_DATA=1 rewrites it."""
 
 from __future__ import annotations
 
@@ -54,23 +49,26 @@ def test_long_outputs_are_kv_bound_at_moderate_token_usage(window: int | None) -
     assert "the rest held by SGLang's admission reservation" in verdicts[0].evidence[0]
 
 
-def test_short_outputs_at_the_same_pool_are_step_bound() -> None:
+def _short_rows() -> list[dict]:
+    """The first 800 lengths of the committed H200 short run, replayed adaptively."""
     real = svr.load_real()
     job = Job(svr.job_of(real).profile, svr.job_of(real).lengths[:800])
-    rows = _rows(job, svr.H200Server(real, get_profile("h200")), None)
+    return _rows(job, svr.H200Server(real, get_profile("h200")), None)
+
+
+def test_short_outputs_at_the_same_pool_are_step_bound() -> None:
+    rows = _short_rows()
     verdicts = diagnose(rows)
     assert [v.rule for v in verdicts][:1] == ["step_bound"], format_diagnosis("short", rows, verdicts)
     assert "kv_bound" not in [v.rule for v in verdicts]
 
 
-# ---------------------------------------------------------------- the real H200 traces (issue 19)
+# ---------------------------------------------------------------- the real H200 traces
 
 
 def test_the_real_h200_traces_name_long_outputs_kv_bound_and_short_ones_never() -> None:
-    """Every all-at-once and adaptive run of the four committed H200 trace files (runs 2-5): long
-    outputs kv_bound (the lower bound of the elasticity clears elastic_min), short outputs step_bound or
-    kv_or_step (running pinned at ~150: the gauge's noise decides the slope's sign). Fixed windows hold no
-    queue at the server: no slot verdict at all."""
+    """The committed H200 traces (runs 2-5), all-at-once and adaptive runs: long outputs kv_bound, short ones
+    step_bound or kv_or_step; fixed windows hold no queue at the server, so no slot verdict."""
     runs = real_verdicts()
     assert sorted({r["file"] for r in runs}) == ["h200_traces.json", "h200_traces_run2.json", "h200_traces_run3.json",
                                                  "h200_traces_run5.json"]
@@ -93,12 +91,10 @@ def _compact(rows: list[dict]) -> list[dict]:
 def diagnose_rows() -> dict:
     """The telemetry rows of the simulated regimes and of every run of the committed H200 traces."""
     long_job = long_regime.synthetic_job(300)
-    real = svr.load_real()
-    short_job = Job(svr.job_of(real).profile, svr.job_of(real).lengths[:800])
     out: dict = {"simulated": {
         "long adaptive": _compact(_rows(long_job, long_regime.LongServer(), None)),
         "long all at once": _compact(_rows(long_job, long_regime.LongServer(), 300)),
-        "short adaptive": _compact(_rows(short_job, svr.H200Server(real, get_profile("h200")), None))}, "h200": []}
+        "short adaptive": _compact(_short_rows())}, "h200": []}
     for path in TRACE_FILES:
         data = json.loads(path.read_text())
         for regime in ("short", "long"):

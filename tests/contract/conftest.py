@@ -1,6 +1,5 @@
-"""The contract suite (make contract): SGLang's own code checks what gen_pipeline and the
-simulator say and send. Runs only in the contract venv; tests/conftest.py skips this folder
-elsewhere."""
+"""The contract suite (make contract): SGLang's own code checks what gen_pipeline and the simulator say and
+send; only in the contract venv (tests/conftest.py skips this folder elsewhere)."""
 
 import pytest
 from sglang_contract import PIN, SGLANG, installed_version

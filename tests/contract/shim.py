@@ -1,13 +1,7 @@
-"""What SGLang 0.5.17 imports and a CPU machine cannot load, replaced before `import sglang`.
-
-One thing is stubbed: `torchvision`. PyPI's Linux torchvision wheels are CUDA builds (they ship
-libcudart/libnvjpeg), whose ops library does not load against the CPU torch the contract venv
-uses ("operator torchvision::nms does not exist"). SGLang imports `torchvision.io.decode_jpeg`
-at module level (srt/utils/common.py) and registers transformers' fast image processors, which
-import torchvision.transforms*; nothing the contract checks calls them. The stub answers any
-`torchvision.*` module and any attribute with an inert placeholder that raises when called.
-Everything else (torch CPU, triton, transformers, pydantic, fastapi, ...) is the real package.
-"""
+"""What SGLang 0.5.17 imports and a CPU machine cannot load, replaced before `import sglang`: only
+`torchvision`, whose PyPI wheels are CUDA builds that do not load against the CPU torch. SGLang imports it
+at module level and nothing the contract checks calls it: the stub answers any `torchvision.*` module and
+attribute with an inert placeholder that raises when called."""
 
 from __future__ import annotations
 

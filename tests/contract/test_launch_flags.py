@@ -5,8 +5,8 @@ not know names the profile and the TOML key that produced it."""
 from __future__ import annotations
 
 import argparse
+import re
 import tomllib
-from pathlib import Path
 
 import pytest
 from sglang_contract import PIN, ParsedArgs, ParseError, installed_version, sglang_parser
@@ -78,32 +78,19 @@ def test_tuned_means_the_reference_settings():
             args.trust_remote_code) == (8, 0.9, "fp8_e4m3", True, 48, 4, True, "kimi_k2", True)
 
 
-def _toml(tmp_path: Path, body: str) -> Path:
+@pytest.mark.parametrize(("key", "renamed", "message"), [
+    ('extra_args = ["--enable-metrix"]', False,
+     "{path}: profile 'p', key 'extra_args' produced --enable-metrix, which SGLang {pin}'s parser does not know"),
+    ('kv_cache_dtype = "fp8_e4m3"', True, ".*profile 'p', key 'kv_cache_dtype' produced --kv-cache-type,.*"),
+    ('kv_cache_dtype = "fp3"', False, ".*profile 'p', key 'kv_cache_dtype': .*invalid choice: 'fp3'.*")])
+def test_a_flag_sglang_refuses_names_the_profile_and_key(tmp_path, monkeypatch, key, renamed, message):
+    if renamed:  # as if SGLang renamed --kv-cache-dtype: our FLAGS table still says the old spelling
+        monkeypatch.setitem(command.FLAGS, "kv_cache_dtype", "--kv-cache-type")
     path = tmp_path / "server.toml"
-    path.write_text('[profile.base]\nmodel_path = "m"\n' + body)
-    return path
-
-
-def test_unknown_flag_in_extra_args_names_profile_and_key(tmp_path):
-    path = _toml(tmp_path, '[profile.bad]\ninherits = "base"\nextra_args = ["--enable-metrix"]\n')
+    path.write_text(f'[profile.base]\nmodel_path = "m"\n[profile.p]\ninherits = "base"\n{key}\n')
     with pytest.raises(AssertionError) as e:
-        parse(load_server_profile("bad", path), "bad", str(path))
-    assert str(e.value) == (f"{path}: profile 'bad', key 'extra_args' produced --enable-metrix, "
-                            f"which SGLang {PIN}'s parser does not know")
-
-
-def test_renamed_flag_names_the_key_that_produced_it(tmp_path, monkeypatch):
-    # As if SGLang renamed --kv-cache-dtype: our FLAGS table still says the old spelling.
-    monkeypatch.setitem(command.FLAGS, "kv_cache_dtype", "--kv-cache-type")
-    path = _toml(tmp_path, '[profile.fp8]\ninherits = "base"\nkv_cache_dtype = "fp8_e4m3"\n')
-    with pytest.raises(AssertionError, match=r"profile 'fp8', key 'kv_cache_dtype' produced --kv-cache-type,"):
-        parse(load_server_profile("fp8", path), "fp8", str(path))
-
-
-def test_bad_value_names_the_key(tmp_path):
-    path = _toml(tmp_path, '[profile.q]\ninherits = "base"\nkv_cache_dtype = "fp3"\n')
-    with pytest.raises(AssertionError, match=r"profile 'q', key 'kv_cache_dtype': .*invalid choice: 'fp3'"):
-        parse(load_server_profile("q", path), "q", str(path))
+        parse(load_server_profile("p", path), "p", str(path))
+    assert re.fullmatch(message.format(path=re.escape(str(path)), pin=re.escape(PIN)), str(e.value), re.S)
 
 
 def test_simulators_sglang_flags_are_sglangs():

@@ -174,8 +174,8 @@ def test_token_ids_of_a_chat_completion_are_where_the_tokens_export_expects_them
 
 
 def test_the_clients_requests_are_sglangs():
-    """Issue 22: every turn streamed with the usage on each chunk (StreamOptions.continuous_usage_stats);
-    with [output] token_ids the turn is sent whole with both token-id flags (refused on a stream)."""
+    """Every turn streamed with the usage on each chunk (continuous_usage_stats); with [output] token_ids
+    sent whole with both token-id flags (refused on a stream)."""
     from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 
     from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig

@@ -1,9 +1,6 @@
-"""The metric names, /v1/loads and /server_info fields gen_pipeline reads exist in SGLang's
-source with the types we assume, and the simulator serves exactly SGLang's names and shapes.
-
-Metric definitions come from SGLang's own collectors, instantiated; /v1/loads from its
-LoadSnapshot struct; /server_info from ServerArgs plus the dicts the scheduler and
-http_server.py build (read with `ast`: building them needs a running scheduler)."""
+"""The metric names, /v1/loads and /server_info fields gen_pipeline reads exist in SGLang's source with the
+types we assume, and the simulator serves exactly those: metrics from SGLang's collectors, /v1/loads from
+LoadSnapshot, /server_info from ServerArgs and the dicts http_server.py builds (read with `ast`)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The trainers' own loaders read what `export` writes (issue 21): speculators 0.9.0's prepare-data
-path (data_generation/preprocessing.py: load_and_preprocess_dataset → load_raw_dataset →
-build_speculator_training_dataset, pre-tokenized rows passed through) and SpecForge 0.2.0's
-data.prompts_path (data/prompt_builder.py: prepare_prompt_tasks), both installed --no-deps in the
-contract venv (requirements.txt). SpecForge's offline path cannot take the tokens rows: its
-prepare_hidden_states.py reads --data-path through utils.safe_conversations_generator, shown here
-keeping nothing of them."""
+"""The trainers' own loaders read what `export` writes: speculators 0.9.0's prepare-data path (pre-tokenized
+rows passed through) and SpecForge 0.2.0's data.prompts_path, both installed --no-deps in the contract venv;
+SpecForge's offline path (utils.safe_conversations_generator) keeps nothing of the tokens rows."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 10: a job of three datasets killed (SIGKILL, SIGINT, SIGTERM) in the middle of its second
+"""A job of three datasets killed (SIGKILL, SIGINT, SIGTERM) in the middle of its second
 dataset: the first is intact, the second resumes exactly, the third starts from zero."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pipeline_helpers import (
     freeze,
     kill_group,
     run_cli,
+    sim_profile,
     start_cli,
     thaw,
     wait_for,
@@ -95,20 +96,9 @@ def test_signal_in_second_dataset_drains_then_exact_resume(tmp_path: Path, sim_u
 
 def test_server_crash_in_second_dataset_is_restarted_and_the_job_completes(tmp_path: Path) -> None:
     """The supervisor works for a job as for one dataset: a crash in B restarts the server; all exact."""
-    import shutil
-
-    import orjson
-
-    from pipeline_helpers import REPO
-
-    cfg = tmp_path / "cfg"
-    cfg.mkdir()
-    shutil.copy(REPO / "datasets_cfg" / "server.toml", cfg / "server.toml")
     extra = ["--sim-profile", "fast", "--time-scale", "10", "--sim-startup-s", "0.5", "--sim-output-mean", "160",
              "--sim-output-spread", "0.6", "--sim-crash-after", "30"]
-    # A takes ~25 requests (multi-turn rows): the crash lands in B
-    with open(cfg / "server.toml", "a") as f:
-        f.write(f'\n[profile.crashy]\ninherits = "sim"\nextra_args = {orjson.dumps(extra).decode()}\n')
+    cfg = sim_profile(tmp_path, "crashy", extra)  # A takes ~25 requests (multi-turn rows): the crash lands in B
     tomls = [write_dataset(tmp_path / "ds", name=n, target=t, max_new_tokens=64) for n, t in JOB]
     out = tmp_path / "out"
     r = run_cli("generate", "--dataset", ",".join(map(str, tomls)), "--server", "crashy", "--config-dir", cfg,

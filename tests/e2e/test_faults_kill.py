@@ -1,4 +1,4 @@
-"""Issue 5.1: the orchestrator killed (SIGKILL at seeded moments aimed at writes, shard rotation and
+"""The orchestrator killed (SIGKILL at seeded moments aimed at writes, shard rotation and
 manifest commits; SIGINT/SIGTERM), then resumed: exactly the target, no duplicate, every line parses."""
 
 from __future__ import annotations

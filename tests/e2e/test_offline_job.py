@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline_helpers import assert_exact, run_cli
+from pipeline_helpers import REPO, assert_exact, run_cli
 
-REPO = Path(__file__).resolve().parents[2]
 OFFLINE = REPO / "datasets_cfg" / "offline"
 TARGETS = {"B1": 30, "B2": 20, "B6": 30, "B7": 30}
 

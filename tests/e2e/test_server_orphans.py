@@ -1,11 +1,6 @@
-"""Issue 31 item 7: a launched server that ignores SIGTERM must not outlive a SIGKILLed orchestrator, and
-a rerun must not start a second server beside one an earlier run left. Real processes: the CLI, the
-simulator with --sim-ignore-sigterm (a server hung in its shutdown) launched through a profile, the
-parent watch between them (gen_pipeline/server/parent_watch.py).
-
-Base (before the fix): the watch sent SIGTERM only, so the simulator was still up after the CLI's SIGKILL
-for good; the rerun started a second one beside it, whose bind on the fixed port failed, and the rerun's
-health check passed against the survivor, which then served the whole run."""
+"""A launched server that ignores SIGTERM must not outlive a SIGKILLed orchestrator, and a rerun must not start
+a second server beside one an earlier run left. Real processes: the CLI, the simulator with
+--sim-ignore-sigterm launched through a profile, the parent watch (gen_pipeline/server/parent_watch.py)."""
 
 from __future__ import annotations
 
@@ -29,19 +24,13 @@ from gen_pipeline.server import load_server_profile, run_server
 from gen_pipeline.server.leftover import RECORD_NAME, ServerRecord, group_alive, process_started, stop_leftover
 from sglang_sim.testing import free_port
 
-from pipeline_helpers import REPO, assert_exact, run_cli, start_cli, wait_lines, write_dataset
+from pipeline_helpers import assert_exact, run_cli, sim_profile, start_cli, wait_lines, write_dataset
 
 
 def stubborn_config(tmp_path: Path, *, stop_grace_s: float, port: int = 0) -> Path:
-    """The repository's server.toml plus a profile `stubborn`: the simulator, deaf to SIGTERM."""
-    cfg = tmp_path / "cfg"
-    cfg.mkdir(exist_ok=True)
-    shutil.copy(REPO / "datasets_cfg" / "server.toml", cfg / "server.toml")
+    """A profile `stubborn`: the simulator, deaf to SIGTERM."""
     args = ["--sim-profile", "fast", "--time-scale", "1", "--sim-output-mean", "160", "--sim-ignore-sigterm"]
-    with open(cfg / "server.toml", "a") as f:
-        f.write(f'\n[profile.stubborn]\ninherits = "sim"\nextra_args = {orjson.dumps(args).decode()}\n'
-                f"stop_grace_s = {stop_grace_s}\nport = {port}\n")
-    return cfg
+    return sim_profile(tmp_path, "stubborn", args, stop_grace_s=stop_grace_s, port=port)
 
 
 def members(pgid: int) -> list[int]:

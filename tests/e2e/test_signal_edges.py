@@ -1,10 +1,6 @@
-"""Issue 31 item 8: SIGHUP (a closed terminal, an ssh drop without nohup) stops a run as SIGTERM does; a
-signal in the CLI's first second (its imports) is held, not the default kill; a second signal right after
-the first leaves the summary's "+N this run" equal to what was committed. Real processes (the CLI, the
-simulator), synchronised on what they write or import, never on sleeps.
-
-Base (before the fix): SIGHUP killed the CLI (-1: no summary, the lock left); a SIGTERM while the CLI
-imported its modules killed it (-15); a second SIGTERM within 50 ms made "+N" higher than the lines written."""
+"""SIGHUP (a closed terminal) stops a run as SIGTERM does; a signal during the CLI's imports is held; a
+second signal right after the first leaves "+N this run" equal to what was committed. Real processes,
+synchronised on what they write or import, never on sleeps."""
 
 from __future__ import annotations
 

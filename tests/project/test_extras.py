@@ -1,14 +1,6 @@
-"""Every extra installs what its package imports.
-
-`pip install gen-pipeline[sim]` must bring every library `sglang_sim` imports, `[report]` matplotlib, `[test]`
-what the tests and benchmarks import. Resolving with pip would need the network; instead the closure of
-an extra is followed through the installed distributions' own metadata (Requires-Dist, markers evaluated
-here, extras followed), from pyproject.toml of this checkout. Then:
-- every import statement of a package (read with `ast`, lazy imports inside functions included) is
-  provided by the standard library, this project, or a distribution in that closure;
-- the simulator is started for real with only that closure importable (an import hook refuses every
-  other top-level module, as a venv with only `gen-pipeline[sim]` would) and answers a chat completion.
-"""
+"""Every extra installs what its package imports, followed through the installed distributions' metadata
+(no network): every import (read with `ast`) is the standard library's, this project's or a distribution in
+its extra's closure; the simulator runs with only the [sim] closure importable (an import hook)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Which Python `make` runs and what `make venv` installs into it (VENV, EXTRAS, PIP_ARGS, VENV_ARGS).
-
-A fake interpreter stands in for the venv's python: it logs every command line it is given (and creates
-a venv's bin/python when asked for `-m venv`), so make's real recipes run end to end without pip, the
-network or SGLang.
-"""
+"""Which Python `make` runs and what `make venv` installs into it (VENV, EXTRAS, PIP_ARGS, VENV_ARGS). A fake
+interpreter logs every command line (and makes a venv on `-m venv`): make's real recipes run without pip."""
 
 from __future__ import annotations
 
@@ -155,10 +151,8 @@ PURELIB = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
 
 
 def test_a_venv_made_from_a_venvs_python_still_sees_its_packages(tmp_path: Path) -> None:
-    """The lent H200's image: python3 is /opt/torch/.venv/bin/python3, itself a venv holding torch and numpy.
-    `python -m venv --system-site-packages` links to the *base* interpreter's site-packages, so SGLang
-    failed to import numpy in `make venv EXTRAS=sglang VENV_ARGS=--system-site-packages`. make adds the
-    parent venv's site-packages with a .pth, after the new venv's own."""
+    """A python3 that is itself a venv (the lent H200's image): `--system-site-packages` links the *base*
+    interpreter's site-packages, so make adds the parent venv's with a .pth, after the new venv's own."""
     base = tmp_path / "image-venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(base)], check=True, timeout=60)
     purelib = subprocess.run([str(base / "bin" / "python"), "-c", PURELIB], capture_output=True, text=True,

@@ -3,8 +3,6 @@ every field the pipeline reads, streaming and not, reasoning on/off, errors, det
 
 from __future__ import annotations
 
-import json
-
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -20,13 +18,6 @@ USER = [{"role": "user", "content": "Explain the radix cache in two sentences."}
 
 def chat(client: httpx.Client, **body: object) -> httpx.Response:
     return client.post("/v1/chat/completions", json={"model": "kimi-sim", "messages": USER, **body})
-
-
-def sse_events(client: httpx.Client, path: str, body: dict) -> list[str]:
-    with client.stream("POST", path, json=body) as r:
-        assert r.status_code == 200
-        assert r.headers["content-type"].startswith("text/event-stream")
-        return [line.removeprefix("data: ") for line in r.iter_lines() if line]
 
 
 def test_health_endpoints(client: httpx.Client) -> None:
@@ -117,7 +108,7 @@ def test_same_request_same_output(client: httpx.Client) -> None:
     assert c["choices"][0]["message"] != a["choices"][0]["message"]
 
 
-def test_second_turn_hits_the_prefix_cache(client: httpx.Client) -> None:
+def test_second_turn_hits_the_prefix_cache(client: httpx.Client, sse) -> None:
     off = {"thinking": False}
     assert client.post("/flush_cache").status_code == 200  # nothing cached: turn one finds nothing
     before = client.get("/sim/stats").json()["turns"]
@@ -140,19 +131,14 @@ def test_second_turn_hits_the_prefix_cache(client: httpx.Client) -> None:
     assert grew == {"first_turns": 1, "first_prompt_tokens": one["usage"]["prompt_tokens"], "first_cached_tokens": 0,
                     "later_turns": 1, "later_prompt_tokens": two["usage"]["prompt_tokens"],
                     "later_cached_tokens": cached, "later_prefix_hits": 1}
-    events = sse_events(client, "/v1/chat/completions", {"model": "kimi-sim", "messages": history, "stream": True,
-                                                         "chat_template_kwargs": off})  # streamed: counted too
-    assert events[-1] == "[DONE]"
+    sse({"model": "kimi-sim", "messages": history, "chat_template_kwargs": off})  # streamed: counted too
     assert client.get("/sim/stats").json()["turns"]["later_prefix_hits"] == turns["later_prefix_hits"] + 1
 
 
-def test_streaming_matches_the_whole_response(client: httpx.Client) -> None:
+def test_streaming_matches_the_whole_response(client: httpx.Client, sse) -> None:
     body = {"model": "kimi-sim", "messages": USER, "temperature": 0.3, "max_tokens": 500}
     whole = client.post("/v1/chat/completions", json=body).json()
-    events = sse_events(client, "/v1/chat/completions",
-                        {**body, "stream": True, "stream_options": {"include_usage": True}})
-    assert events[-1] == "[DONE]"
-    chunks = [json.loads(e) for e in events[:-1]]
+    chunks = sse({**body, "stream_options": {"include_usage": True}})
     assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
     # SGLang 0.5.17 (sse_utils.py): a role chunk with empty content first; every delta carries
     # reasoning_content (null or text); role and content only when set
@@ -169,9 +155,8 @@ def test_streaming_matches_the_whole_response(client: httpx.Client) -> None:
     assert chunks[-1]["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"]
 
 
-def test_streaming_without_include_usage_has_no_usage_chunk(client: httpx.Client) -> None:
-    events = sse_events(client, "/v1/chat/completions", {"messages": USER, "stream": True})
-    chunks = [json.loads(e) for e in events[:-1]]
+def test_streaming_without_include_usage_has_no_usage_chunk(sse) -> None:
+    chunks = sse({"messages": USER})
     assert all(c["choices"] and "usage" not in c for c in chunks)  # msgspec omit_defaults drops usage=None
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
@@ -217,12 +202,10 @@ def test_generate_native_meta_info(client: httpx.Client) -> None:
         assert isinstance(meta["cached_tokens"], int)
 
 
-def test_generate_streams_cumulative_text(client: httpx.Client) -> None:
+def test_generate_streams_cumulative_text(client: httpx.Client, sse) -> None:
     body = {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 30}}
     whole = client.post("/generate", json=body).json()
-    events = sse_events(client, "/generate", {**body, "stream": True})
-    assert events[-1] == "[DONE]"
-    last = json.loads(events[-2])
+    last = sse(body, "/generate")[-1]
     assert last["text"] == whole["text"]
     assert last["meta_info"]["finish_reason"] == whole["meta_info"]["finish_reason"]
 

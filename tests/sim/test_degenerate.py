@@ -1,7 +1,6 @@
-"""The simulator's degenerate outputs (faults loop_rate, leak_rate, marker_only_rate): seeded by the
-request, in whole and streamed answers alike; a looping turn runs to its max_tokens cap unless the
-client goes away, and then its slot and KV are freed at once; the loop detector catches every
-kind of loop the simulator writes within 512 tokens of its start."""
+"""The simulator's degenerate outputs (loop_rate, leak_rate, marker_only_rate): seeded by the request, whole
+and streamed alike; a loop runs to max_tokens unless the client goes (then its slot and KV are freed at
+once); the loop detector catches every loop the simulator writes within 512 tokens."""
 
 from __future__ import annotations
 
@@ -34,15 +33,6 @@ def seed_of(text: str, max_tokens: int, **sampling: object) -> int:
     return request_seed(SIM_SEED, render_chat(messages(text)), {**sampling, "max_new_tokens": max_tokens})
 
 
-@pytest.fixture
-def faults(client: httpx.Client):
-    def set_faults(**changes: object) -> None:
-        assert client.post("/sim/faults", json=changes).status_code == 200
-
-    yield set_faults
-    client.post("/sim/faults", json=NO_FAULTS)
-
-
 # -- pure ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("seed", range(40))
 def test_loop_outputs_run_to_the_cap_and_retokenize_to_themselves(seed: int) -> None:
@@ -56,8 +46,7 @@ def test_loop_outputs_run_to_the_cap_and_retokenize_to_themselves(seed: int) -> 
     # the rest of the 400 seeds: ~7 CPU-s of detector feeding, in make chaos (the default suite's budget)
     pytest.param(range(100, 400), id="seeds-100-399", marks=pytest.mark.slow)])
 def test_every_loop_kind_is_written_and_caught_within_512_tokens(seeds: range) -> None:
-    """The done-when of issue 22 on the simulator's own loops: caught, aborted within ~512 tokens
-    of the start (tokens here are the sim tokenizer's)."""
+    """The simulator's own loops are caught within ~512 tokens of their start (the sim tokenizer's)."""
     kinds = {}
     for seed in seeds:
         plan = degenerate.loop_output(seed, natural_tokens=4000, max_new_tokens=8192)
@@ -91,30 +80,16 @@ def test_output_rates_are_checked() -> None:
 
 
 # -- over TCP -----------------------------------------------------------------------------------
-def stream_chat(client: httpx.Client, body: dict, stop_after_tokens: int | None = None) -> tuple[list[dict], bool]:
-    """The stream's JSON chunks; with stop_after_tokens, hang up once that many tokens came."""
-    chunks: list[dict] = []
-    with client.stream("POST", "/v1/chat/completions", json=body | {"stream": True}) as s:
-        for line in s.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunks.append(json.loads(line.removeprefix("data: ")))
-            usage = chunks[-1].get("usage") or {}
-            if stop_after_tokens is not None and usage.get("completion_tokens", 0) >= stop_after_tokens:
-                return chunks, True
-    return chunks, False
-
-
 def text_of(chunks: list[dict], field: str) -> str:
     return "".join(c["choices"][0]["delta"].get(field) or "" for c in chunks if c["choices"])
 
 
-def test_a_loop_is_the_same_whole_or_streamed_and_runs_to_the_cap(client: httpx.Client, faults) -> None:
+def test_a_loop_is_the_same_whole_or_streamed_and_runs_to_the_cap(client: httpx.Client, faults, sse) -> None:
     faults(loop_rate=1.0)
     body = {"messages": messages("loop, whole and streamed"), "max_tokens": 600}
     whole = client.post("/v1/chat/completions", json=body).json()
     assert whole["choices"][0]["finish_reason"] == "length" and whole["usage"]["completion_tokens"] == 600
-    chunks, _ = stream_chat(client, body | {"stream_options": {"include_usage": True}})
+    chunks = sse(body | {"stream_options": {"include_usage": True}})
     message = whole["choices"][0]["message"]
     assert text_of(chunks, "reasoning_content") == (message["reasoning_content"] or "")
     assert text_of(chunks, "content") == message["content"]
@@ -174,7 +149,7 @@ def test_a_closed_stream_frees_the_looping_turn_at_once(client: httpx.Client, fa
     assert stats["counters"]["decode_tokens_total"] - decoded_before < tokens + 400
 
 
-def test_leaks_and_marker_only_answers(client: httpx.Client, faults) -> None:
+def test_leaks_and_marker_only_answers(client: httpx.Client, faults, sse) -> None:
     faults(leak_rate=0.5, marker_only_rate=0.5)
     s = FaultSettings(leak_rate=0.5, marker_only_rate=0.5, seed=SIM_SEED)
     found: dict[str, dict] = {}
@@ -186,7 +161,7 @@ def test_leaks_and_marker_only_answers(client: httpx.Client, faults) -> None:
             continue
         body = {"messages": messages(text), "max_tokens": 400}
         whole = client.post("/v1/chat/completions", json=body).json()
-        chunks, _ = stream_chat(client, body)
+        chunks = sse(body)
         message = whole["choices"][0]["message"]
         assert text_of(chunks, "content") == message["content"]
         assert text_of(chunks, "reasoning_content") == (message["reasoning_content"] or "")
@@ -207,10 +182,10 @@ def test_leaks_and_marker_only_answers(client: httpx.Client, faults) -> None:
     assert cut["choices"][0]["message"]["reasoning_content"] is None
 
 
-def test_continuous_usage_counts_tokens_and_reasoning(client: httpx.Client) -> None:
+def test_continuous_usage_counts_tokens_and_reasoning(sse) -> None:
     body = {"messages": messages("usage as it goes"), "max_tokens": 200,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
-    chunks, _ = stream_chat(client, body)
+    chunks = sse(body)
     running = [c["usage"] for c in chunks if c["choices"] and c.get("usage")]
     assert running and [u["completion_tokens"] for u in running] == sorted(u["completion_tokens"] for u in running)
     final = chunks[-1]["usage"]

@@ -26,9 +26,8 @@ def run_until_idle(engine: Engine, max_steps: int = 100_000) -> list[FinishedReq
 
 
 def tight_pair(pool: int) -> Engine:
-    """A running (prompt 10) and B (prompt 20), 60 tokens each, admitted one step apart.
-
-    A low init ratio lets B in although both cannot finish in the pool."""
+    """A running (prompt 10) and B (prompt 20), 60 tokens each, admitted one step apart (a low init
+        ratio lets B in although both cannot finish in the pool)."""
     engine = Engine(EngineConfig(max_total_num_tokens=pool, init_new_token_ratio=0.1), FAST)
     engine.add_request("A", toks(0, 10), toks(1000, 60))
     assert engine.step().prefill_tokens == 10

@@ -92,17 +92,13 @@ def test_reset_empties_device_and_host_but_keeps_locked() -> None:
 
 
 @pytest.mark.parametrize(
-    ("mem", "dtype", "tokens"),
-    [(0.85, "auto", 116_000), (0.85, "bf16", 116_000), (0.88, "bf16", 159_000), (0.90, "fp8_e4m3", 376_000),
-     (0.90, "fp8_e5m2", 376_000), (0.90, "bf16", 188_000)],
+    ("profile", "mem", "dtype", "tokens"),
+    [("seed", 0.85, "auto", 116_000), ("seed", 0.85, "bf16", 116_000), ("seed", 0.88, "bf16", 159_000),
+     ("seed", 0.90, "fp8_e4m3", 376_000), ("seed", 0.90, "fp8_e5m2", 376_000), ("seed", 0.90, "bf16", 188_000),
+     ("fast", 0.5, "bf16", 24_576), ("fast", 0.9, "fp8_e4m3", 24_576)],  # the fast pool is fixed
 )
-def test_seed_pool_matches_the_seed_servers(mem: float, dtype: str, tokens: int) -> None:
-    assert kv_capacity_tokens("seed", mem, dtype) == tokens
-
-
-def test_fast_pool_is_fixed() -> None:
-    assert kv_capacity_tokens("fast", 0.5, "bf16") == 24_576
-    assert kv_capacity_tokens("fast", 0.9, "fp8_e4m3") == 24_576
+def test_pool_matches_the_seed_servers_and_fast_is_fixed(profile: str, mem: float, dtype: str, tokens: int) -> None:
+    assert kv_capacity_tokens(profile, mem, dtype) == tokens
 
 
 def test_unknown_dtype_and_profile_are_refused() -> None:

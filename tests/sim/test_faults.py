@@ -1,6 +1,5 @@
-"""Every fault does what it says, over real TCP; plus start-up behaviour, aborts and client
-disconnects. One shared sim changes its faults at runtime through POST /sim/faults; crash,
-start-up and flag tests run their own (short-lived) processes."""
+"""Every fault does what it says, over real TCP; start-up, aborts and client disconnects. One shared sim
+changes its faults through POST /sim/faults; crash, start-up and flag tests run their own processes."""
 
 from __future__ import annotations
 
@@ -8,31 +7,17 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from sglang_sim.faults import Fault, FaultSettings, decide, health_ok
-from sglang_sim.testing import SimProcess, start_sim
+from sglang_sim.testing import start_sim
 
 # Long outputs (~2000 tokens at ~2 ms a step) so aborts and disconnects land mid-request.
 SIM_ARGS = ["--sim-output-mean", "2000", "--sim-output-spread", "0", "--sim-seed", "7"]
 SHORT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 NO_FAULTS = FaultSettings().to_json() | {"seed": 7}
-
-
-@pytest.fixture
-def faults(client: httpx.Client) -> Iterator[callable]:
-    """Set faults on the shared sim for one test; always restored afterwards."""
-
-    def set_faults(**changes: object) -> dict:
-        r = client.post("/sim/faults", json=changes)
-        assert r.status_code == 200, r.text
-        return r.json()
-
-    yield set_faults
-    client.post("/sim/faults", json=NO_FAULTS)
 
 
 def next_seq(client: httpx.Client) -> int:
@@ -215,8 +200,7 @@ def test_fail_startup_prints_line_after_capacity_and_exits_1() -> None:
 
 
 def test_startup_delay_then_ready(tmp_path) -> None:
-    # 3 s of start-up: the port opens while it runs, and the first poll must land inside it (1 s was
-    # missed on a machine loaded 9x over its cores)
+    # 3 s of start-up (long enough on a loaded machine): the port opens while it runs; a poll lands inside it
     with start_sim(["--sim-startup-s", "3.0"], wait_ready=False, log_path=tmp_path / "s.log") as sim:
         codes = set()
         with httpx.Client(base_url=sim.url, timeout=2) as c:
@@ -235,33 +219,22 @@ def test_startup_delay_then_ready(tmp_path) -> None:
         assert "The server is fired up and ready to roll!" in sim.log_text()
 
 
-def test_never_healthy(sim_never: SimProcess) -> None:
-    with httpx.Client(base_url=sim_never.url, timeout=2) as c:
-        codes = {c.get("/health").status_code for _ in range(5)}
-        assert codes == {503}
-        assert c.get("/server_info").status_code == 200
-
-
-@pytest.fixture
-def sim_never(tmp_path) -> Iterator[SimProcess]:
+def test_never_healthy(tmp_path) -> None:
     with start_sim(["--sim-never-healthy"], wait_ready=False, log_path=tmp_path / "n.log") as sim:
         deadline = time.monotonic() + 20
         while "ready to roll" not in sim.log_text():
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        yield sim
+        with httpx.Client(base_url=sim.url, timeout=2) as c:
+            assert {c.get("/health").status_code for _ in range(5)} == {503}
+            assert c.get("/server_info").status_code == 200
 
 
-def test_unknown_flag_exits_2_fast() -> None:
-    r = subprocess.run([sys.executable, "-m", "sglang_sim", "--tp-size", "8", "--no-such-flag"],
-                       capture_output=True, text=True, timeout=30)
+@pytest.mark.parametrize(("args", "error"), [
+    (["--tp-size", "8", "--no-such-flag"], "error: unrecognized arguments: --no-such-flag"),
+    (["--sim-error-rate", "1.5"], "error: fault error_rate must be within [0, 1] (got 1.5)")])
+def test_bad_flags_exit_2_before_starting_up(args: list[str], error: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "sglang_sim", *args], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
-    assert "error: unrecognized arguments: --no-such-flag" in r.stderr
-    assert "SGLang simulator (not SGLang): profile=" not in r.stdout + r.stderr  # refused before starting up
-
-
-def test_bad_fault_flag_value_exits_2() -> None:
-    r = subprocess.run([sys.executable, "-m", "sglang_sim", "--sim-error-rate", "1.5"],
-                       capture_output=True, text=True, timeout=30)
-    assert r.returncode == 2
-    assert "error: fault error_rate must be within [0, 1] (got 1.5)" in r.stderr
+    assert error in r.stderr
+    assert "SGLang simulator (not SGLang): profile=" not in r.stdout + r.stderr

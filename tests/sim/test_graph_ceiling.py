@@ -1,4 +1,4 @@
-"""The simulator's CUDA-graph ceiling (issue 34): SGLang's default cuda_graph_max_bs, a slower decode step above
+"""The simulator's CUDA-graph ceiling: SGLang's default cuda_graph_max_bs, a slower decode step above
 it, the field in /server_info, the decode log line's flag and the metrics, all in-process."""
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""The simulator's tool calls (sglang_sim/tools.py) over real TCP, in SGLang 0.5.17's shapes: whole
-(message.tool_calls, content "", finish_reason "tool_calls") and streamed (delta.tool_calls pieces:
-the first names the call, the next ones carry argument pieces), and text as before without tools."""
+"""The simulator's tool calls (sglang_sim/tools.py) over real TCP, in SGLang 0.5.17's shapes, whole and
+streamed (the first piece names the call, the next ones carry arguments), and plain text without tools."""
 
 from __future__ import annotations
 
@@ -21,14 +20,6 @@ ASK = (f'Weather and time in Paris? {DIRECTIVE}get_weather {{"city": "Paris", "u
 MESSAGES = [{"role": "user", "content": ASK}]
 
 
-def _events(client: httpx.Client, body: dict) -> list[dict]:
-    with client.stream("POST", "/v1/chat/completions", json=body) as r:
-        assert r.status_code == 200
-        lines = [line.removeprefix("data: ") for line in r.iter_lines() if line]
-    assert lines[-1] == "[DONE]"
-    return [json.loads(x) for x in lines[:-1]]
-
-
 def test_whole_answer_carries_the_calls(client: httpx.Client) -> None:
     body = {"model": "tool-sim", "messages": MESSAGES, "tools": TOOLS, "tool_choice": "auto", "max_tokens": 200}
     choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
@@ -42,10 +33,10 @@ def test_whole_answer_carries_the_calls(client: httpx.Client) -> None:
     assert all(c["id"].startswith("call_") and len(c["id"]) == 29 for c in message["tool_calls"])
 
 
-def test_streamed_pieces_rebuild_the_whole_calls(client: httpx.Client) -> None:
+def test_streamed_pieces_rebuild_the_whole_calls(client: httpx.Client, sse) -> None:
     body = {"model": "tool-sim", "messages": MESSAGES, "tools": TOOLS, "max_tokens": 200}
     whole = client.post("/v1/chat/completions", json=body).json()
-    chunks = _events(client, {**body, "stream": True, "stream_options": {"include_usage": True}})
+    chunks = sse({**body, "stream_options": {"include_usage": True}})
     pieces = [p for c in chunks if c["choices"] for p in c["choices"][0]["delta"].get("tool_calls") or []]
     firsts = [p for p in pieces if p["id"] is not None]
     assert [(p["index"], p["function"]["name"], p["function"]["arguments"]) for p in firsts] == [

@@ -1,19 +1,9 @@
-"""The README's sbatch script under a real single-node SLURM (slurm-wlm, started by cluster.sh):
-four array tasks = four ranks → exactly the target with no duplicate; a rank cancelled mid-run
-(`scancel`) and requeued (`scontrol requeue`) → exact; another world size, and an array that is
-not numbered 0..W-1, refused with the messages the user reads in the task's log.
-
-The script (examples/slurm/generate.sbatch, shown in docs/fleets.md) runs as written. The test changes
-only what a user changes at submission, the same way every time:
-    DATASET=<tmp>/ds/T.toml GEN_PIPELINE_ARGS="--server sim --output-dir <tmp>/out" \\
-    sbatch --oversubscribe --output=<tmp>/slurm-%A_%a.log [--array=...] examples/slurm/generate.sbatch
-(sbatch's command-line options win over the script's #SBATCH lines: --oversubscribe undoes
---exclusive so that four tasks share this 2-CPU node; --output keeps the logs out of the checkout).
-
-Run by `make slurm-test` (GEN_PIPELINE_SLURM=1: skip with the reason when no cluster can start;
-=require, as in CI: fail instead). Every wait is on an event: a job state in `scontrol show job`
-(no accounting database here, so no sacct), lines appearing in the shards, the rank's own log line.
-"""
+"""The README's sbatch script (examples/slurm/generate.sbatch) under a real single-node SLURM (cluster.sh):
+four array tasks = four ranks -> exactly the target; a rank cancelled (`scancel`) and requeued -> exact;
+another world size, or an array not numbered 0..W-1, refused with the messages in the task's log. The test
+changes only what a user does at submission (DATASET, GEN_PIPELINE_ARGS; sbatch --oversubscribe so four
+tasks share this node, --output out of the checkout). `make slurm-test` (GEN_PIPELINE_SLURM=1 skips without
+a cluster, =require fails); every wait is on an event (`scontrol show job`, shard lines, the rank's log)."""
 
 from __future__ import annotations
 
