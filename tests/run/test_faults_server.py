@@ -1,5 +1,5 @@
-"""Issue 5.2: server faults through the simulator. Each run ends complete and exact, or (every retry
-exhausted) with the failure recorded in errors.jsonl with its reason and retried by the next run."""
+"""Server faults through the simulator: each run ends exact, or with its failures in errors.jsonl, retried
+by the next run."""
 
 from __future__ import annotations
 

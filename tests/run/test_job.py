@@ -1,6 +1,5 @@
-"""Issue 10: several datasets in one command through one server lifetime (gen_pipeline/run/job.py), through
-the real CLI and the simulator: exact counts per dataset, one server start, each dataset's own sampling,
-resume, the pre-launch check naming the dataset's TOML."""
+"""Several datasets in one command through one server lifetime (run/job.py), through the CLI and the
+simulator."""
 
 from __future__ import annotations
 

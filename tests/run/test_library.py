@@ -1,6 +1,5 @@
-"""Issue 20: the library does the work and refuses what the CLI refuses, with the same messages; the
-set-up reads the model, the store and the source once; the library only emits log records; the
-manifest is checked field by field when read."""
+"""The library refuses what the CLI refuses, with the same messages; set-up reads the model, the store and
+the source once; the library only emits log records; the manifest is checked field by field."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Issue 31 item 2: a server that comes back serving another model is refused by name, never written from.
-
-Attach mode over real TCP: a simulator killed mid-run and restarted on its port with another
---served-model-name. The model is checked again when a server comes back from an outage, and every
-answer's `model` (whole answers and stream chunks, in-process with MockTransport) is checked; a
-mismatch stops dispatch to that server, and with none left the run, naming both models. Base (b3e1e46):
-the rest of the run was written by the other model, labelled with the first one, exit 0."""
+"""A server that comes back serving another model is refused by name, never written from: checked when it
+comes back from an outage (real TCP) and on every answer's `model` (in-process, whole and streamed)."""
 
 from __future__ import annotations
 

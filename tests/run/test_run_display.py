@@ -1,6 +1,4 @@
-"""What a user sees of a run (issue 14): start-up messages before any progress figure, the progress
-lines with load figures, a final line with the run's peaks (no stale poll), the window-shrink line,
-the run log beside the shards, and errors.jsonl recording the attempts a failure took."""
+"""What a user sees of a run: start-up messages, progress lines, run.log, errors.jsonl."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Issue 19: the progress line counts the run's own retractions (not an attached server's lifetime
-count), and no load is read -- so no controller decision is made -- while the server is down."""
+"""The run counts its own retractions, and reads no load while the server is down."""
 
 from __future__ import annotations
 

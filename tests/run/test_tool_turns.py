@@ -1,8 +1,5 @@
-"""Tool-use conversations through the client (issue 33 item 8), in-process with recorded answers in SGLang
-0.5.17's shapes (serving_chat.py: message.tool_calls whole; delta.tool_calls pieces streamed; finish_reason
-"tool_calls"): a turn of tool calls with empty content is an answer (not empty_turn), requests carry the
-sample's tools with tool_choice "auto" and the source's tool results as history, and the tool policy (the
-sample ends at the first regenerated call that differs from the source's: meta.tool_divergence)."""
+"""Tool-use conversations through the client, with answers in SGLang 0.5.17's shapes (serving_chat.py):
+the sample ends at the first regenerated call that differs from the source's (meta.tool_divergence)."""
 
 from __future__ import annotations
 
