@@ -1,7 +1,4 @@
-"""Issue 23, bad input that got through or got the wrong message: sources that cannot be sources, a full
-datasets cache, prompts that cannot fit the context, sampling values SGLang refuses, export and report
-into a read-only folder, server.toml keys named where they are written, status of one dataset. Each
-through the real CLI where the user meets it (the whole message and the exit code)."""
+"""Bad input, each where the user meets it: the whole message and the exit code."""
 
 from __future__ import annotations
 

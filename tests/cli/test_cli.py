@@ -59,8 +59,7 @@ def test_plan_refuses_weights_that_do_not_fit(capsys: pytest.CaptureFixture[str]
 
 
 def test_plan_on_an_h100_node_says_what_fits(capsys: pytest.CaptureFixture[str]) -> None:
-    """Kimi-K2.5 (the bundled config) on 8 x H100 80 GB at the profile's fraction: no room for a KV cache;
-    the refusal names the smallest node that has it and the tp_size these GPUs would need."""
+    """Kimi-K2.5 on 8 x H100 80 GB: the refusal names the smallest node that fits and the tp_size needed."""
     assert main(["plan", "--gpu-mem-gb", "79.6"]) == 2
     assert capsys.readouterr().err == (
         "error: Nothing is left for the KV cache: 79.6 GiB/GPU × mem_fraction_static 0.9 = 71.6 GiB, but the weights "
@@ -79,8 +78,7 @@ def test_a_near_miss_dataset_name_gets_a_suggestion(capsys: pytest.CaptureFixtur
 
 def test_a_toml_whose_name_is_not_its_file_name_is_refused_by_every_command(
         tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
-    """One name per dataset (issue 23): `name` picked the folder for generate and validate but not for
-    export; now it must equal the file's name, so every command finds the same folder."""
+    """`name` must equal the file's name, so every command finds the same folder."""
     cfg_dir = tmp_path / "cfg"
     cfg_dir.mkdir()
     (cfg_dir / "mine.toml").write_text('name = "other"\ntarget_samples = 5\n[source]\nfiles = ["x.jsonl"]\n'
@@ -97,7 +95,7 @@ def test_a_toml_whose_name_is_not_its_file_name_is_refused_by_every_command(
                   str(tmp_path / "x.jsonl")]):
         assert main([*argv, "--config-dir", str(cfg_dir), "--output-dir", str(out)]) == 2, argv
         assert capsys.readouterr().err == f"error: {refused}\n", argv
-    out.mkdir()  # status refuses an output folder that does not exist (issue 31 item 15)
+    out.mkdir()  # status refuses an output folder that does not exist
     assert main(["status", "--json", "--config-dir", str(cfg_dir), "--output-dir", str(out)]) == 0
     captured = capsys.readouterr()
     import orjson

@@ -1,4 +1,4 @@
-"""Issue 5.4: bad input through the CLI: messages that name the file/key, counted rejects, no tracebacks."""
+"""Bad input through the CLI: messages that name the file/key, counted rejects, no tracebacks."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Issue 31 items 9, 13, 14, 15, 16: what a new user trips on, in-process through `cli.main`. Each test
-asserts the whole message the user sees."""
+"""What a new user trips on, in-process through `cli.main`: the whole message the user sees."""
 
 from __future__ import annotations
 
@@ -124,8 +123,7 @@ def test_generate_all_warns_for_each_bad_file_and_runs_the_rest(tmp_path: Path, 
 
 
 def test_tokens_export_says_why_the_servers_tokenizer_is_not_there(tmp_path: Path, capsys) -> None:
-    """--server sim was passed: the message names its model's tokenizer and the load's error, never "pass
-    --tokenizer PATH or --server NAME" (the model is a hub id this machine has not cached)."""
+    """--server sim was passed: the message names its model's tokenizer, never "pass --tokenizer or --server"."""
     with DatasetStore(tmp_path, "B2", fingerprint={"model": "m"}, target=3) as store:
         store.open()
         store.write_samples([Sample("B2-0", "B2", [{"role": "user", "content": "q"},

@@ -18,7 +18,7 @@ from tests.pipeline_helpers import META_KEYS, assert_exact, read_samples, run_cl
 
 from mock_http import mock_http
 
-STREAM = {"include_usage": True, "continuous_usage_stats": True}  # every turn is streamed (issue 22)
+STREAM = {"include_usage": True, "continuous_usage_stats": True}  # every turn is streamed
 
 ALL_KEYS = """[sampling]
 max_new_tokens = 64

@@ -1,7 +1,5 @@
-"""Issue 21.4, a sampling mix: [[sampling.mix]] variants validated from TOML (whole messages), each sample's
-variant drawn from (mix_seed, its source row) so a resume draws the same, the variant's sampling sent (the
-simulator counts what it received) and recorded per row, the mix part of the resume fingerprint, the
-declared and produced shares in check / status / the card, validate checking each row against its variant."""
+"""A sampling mix ([[sampling.mix]]): validated, each sample's variant drawn from (mix_seed, its source row) so a
+resume draws the same, sent, recorded, fingerprinted, and its shares shown."""
 
 from __future__ import annotations
 

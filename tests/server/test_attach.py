@@ -83,7 +83,6 @@ async def test_attach_through_sglang_router(http, sims, tmp_path):
 
 
 async def test_attach_with_a_dead_url_counts_the_servers_that_answer(http, sims, events):
-    """Issue 31 item 6: one of three URLs dead at start: "2 of 3 servers up", not "3 servers"."""
     dead = f"http://127.0.0.1:{free_port()}"
     urls = [sims[0].url, dead, sims[1].url]
     async with started(run_attached, urls, http=http) as handle:
