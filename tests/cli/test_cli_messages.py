@@ -12,9 +12,8 @@ from pathlib import Path
 
 import orjson
 import pytest
+from cli_helpers import stored
 
-from gen_pipeline.records import Sample
-from gen_pipeline.store.dataset_store import DatasetStore
 from gen_pipeline.store.lock import shared_filesystem
 from tests.pipeline_helpers import assert_exact, make_rows, run_cli, write_dataset
 
@@ -98,16 +97,9 @@ def test_a_dead_holders_lock_is_taken_over_without_asking(tmp_path: Path) -> Non
     assert not (tmp_path / "out" / "T" / ".lock").exists()
 
 
-def fake_samples(dataset: str, n: int) -> list[Sample]:
-    return [Sample(f"{dataset}-{i}", dataset, [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
-                   {"finish_reason": "stop", "prompt_tokens": 10, "completion_tokens": 90}) for i in range(n)]
-
-
 def test_status_says_demo_is_not_part_of_the_total(tmp_path: Path) -> None:
-    with DatasetStore(tmp_path, "demo", fingerprint={"model": "m"}, target=240, shard_max_samples=100) as s:
-        s.open()
-        s.write_samples(fake_samples("demo", 240))
-        s.close({"samples_per_s": 12.5, "tokens_per_s": 1250.0})
+    stored(tmp_path, "demo", 240, target=240, shard_max_samples=100, stats={"samples_per_s": 12.5, "tokens_per_s": 1250.0},
+           meta={"finish_reason": "stop", "prompt_tokens": 10, "completion_tokens": 90})
     r = run_cli("status", "--output-dir", tmp_path)
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout == (
@@ -145,8 +137,7 @@ def test_status_says_source_exhausted(tmp_path: Path) -> None:
 
 
 def test_validate_with_no_samples_says_there_is_nothing_to_validate(tmp_path: Path) -> None:
-    with DatasetStore(tmp_path, "B7", fingerprint={"model": "m"}, target=10) as s:
-        s.open()  # a run that wrote nothing: an empty shard and a manifest
+    stored(tmp_path, "B7", 0, target=10)  # a run that wrote nothing: an empty shard and a manifest
     r = run_cli("validate", "--dataset", "B7", "--output-dir", tmp_path)
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == (f"error: {tmp_path}/B7: nothing to validate: no samples yet (1 shard, all empty). "
