@@ -18,6 +18,7 @@ from gen_pipeline.errors import ConfigDriftError, ConfigError
 from gen_pipeline.reports.page import _status_html
 from gen_pipeline.reports.status import DatasetStatus, StatusReport, read_status
 from gen_pipeline.store.fingerprint import check_rows
+from tests.config.test_config import load
 
 from pipeline_helpers import (
     MIX_META_KEYS,
@@ -33,7 +34,6 @@ from pipeline_helpers import (
     write_dataset,
 )
 
-BASE = 'target_samples = 10\n[source]\nfiles = ["a.jsonl"]\nschema = "messages"\nfield = "messages"\n'
 SAMPLING = ("[sampling]\nmax_new_tokens = 16\ntemperature = 0.7\ntop_p = 0.95\n"
             "chat_template_kwargs = { thinking = true }\n")
 # three variants: greedy, the base as it is, hot without thinking
@@ -48,12 +48,6 @@ temperature = 1.0
 chat_template_kwargs = { thinking = false }
 """
 SHARES = (0.5, 0.3, 0.2)
-
-
-def load(tmp_path: Path, text: str):
-    p = tmp_path / "X.toml"
-    p.write_text(BASE + text)
-    return load_dataset_config(p)
 
 
 def mix_of(tmp_path: Path, seed: int = 0) -> SamplingMix:
