@@ -93,9 +93,3 @@ def test_a_toml_whose_name_is_not_its_file_name_is_refused_by_every_command(
     assert captured.err.startswith(f"warning: {cfg_dir}/broken.toml: not valid TOML")
     assert f"warning: {refused}\n" in captured.err
 
-
-def test_server_url_may_end_in_v1() -> None:
-    from gen_pipeline.config.server import normalise_server_url
-
-    assert normalise_server_url(" http://gpu:30000/v1/ ") == "http://gpu:30000"
-    assert normalise_server_url("http://router:8000") == "http://router:8000"
