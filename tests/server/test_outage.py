@@ -16,6 +16,7 @@ import pytest
 from sglang_sim.testing import SimProcess, free_port, start_sim
 
 from pipeline_helpers import (
+    _shard_lines,
     assert_exact,
     finish_cli,
     restart_sim_on_same_port,
@@ -175,9 +176,9 @@ def test_a_hung_server_is_taken_out_within_seconds_and_its_requests_resent(tmp_p
         stuck = seen[-1]
         freeze_sim(hung)
         stack.callback(thaw_sim, hung)
-        lines_at_freeze = count_lines(tmp_path / "out")
+        lines_at_freeze = _shard_lines(tmp_path / "out" / "T")
         wait_until(lambda: f"took {hung.url} out" in log.read_text(), proc, 120)
-        lines_at_take_out = count_lines(tmp_path / "out")
+        lines_at_take_out = _shard_lines(tmp_path / "out" / "T")
         text = finish_cli(proc, log, 120)
     assert_no_failures(tmp_path, text, 300)
     line = next(x for x in text.splitlines() if f"took {hung.url} out" in x)
@@ -249,10 +250,6 @@ def test_requests_stalled_on_a_server_out_already_are_resent(tmp_path: Path) -> 
                      "re-sent to the others$", text, re.M), text[-3000:]
 
 
-def count_lines(out: Path) -> int:
-    return sum(p.read_bytes().count(b"\n") for p in (out / "T").glob("shard-*.jsonl"))
-
-
 # ---------------------------------------------------------------- item 3: every URL is equal at start
 
 def test_the_first_url_down_at_start_is_taken_out_not_fatal(tmp_path: Path) -> None:
@@ -276,7 +273,7 @@ def test_servers_of_different_models_are_refused_naming_both(tmp_path: Path) -> 
     assert r.stderr.strip().splitlines()[-1] == (
         f"error: The servers serve different models: {one.url} serves 'm-one', {two.url} serves 'm-two'. "
         "Every --server-url must serve the same model (or put an sglang-router in front of the ones that do).")
-    assert sum(p.read_bytes().count(b"\n") for p in (tmp_path / "out").glob("T/shard-*")) == 0  # nothing written
+    assert _shard_lines(tmp_path / "out" / "T") == 0  # nothing written
 
 
 # ---------------------------------------------------------------- the words (pure)
