@@ -17,6 +17,8 @@ from gen_pipeline.server.fleet import Fleet
 from sglang_sim.testing import free_port, start_sim
 
 MESSAGES = [{"role": "user", "content": "hello"}]
+# serving "m", the model the requests name (an answer naming another is refused)
+FAST = ["--sim-profile", "fast", "--time-scale", "1000", "--sim-startup-s", "0", "--served-model-name", "m"]
 
 
 def generation(**kw) -> GenerationConfig:
@@ -34,9 +36,7 @@ async def complete(urls: str | list[str], fleet: Fleet | None = None, **gen) -> 
 
 @pytest.fixture(scope="module")
 def sim():
-    # serving "m", the model the requests name (an answer naming another is refused: issue 31 item 2)
-    with start_sim(["--sim-profile", "fast", "--time-scale", "1000", "--sim-startup-s", "0",
-                    "--served-model-name", "m"]) as s:
+    with start_sim(FAST) as s:
         yield s
 
 
@@ -63,8 +63,7 @@ async def test_stall_is_a_timeout() -> None:
 
 
 async def test_cut_mid_body_is_a_lost_connection() -> None:
-    with start_sim(["--sim-profile", "fast", "--time-scale", "1000", "--sim-startup-s", "0",
-                    "--sim-cut-rate", "1", "--served-model-name", "m"]) as s:
+    with start_sim([*FAST, "--sim-cut-rate", "1"]) as s:
         with pytest.raises(RequestError) as e:
             await complete(s.url)
     assert e.value.reason == "connection" and e.value.attempts == 1

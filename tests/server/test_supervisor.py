@@ -118,19 +118,17 @@ async def test_fatal_startup_line_gives_advice(tmp_path, http, spawned):
 
 
 async def test_never_healthy_times_out_naming_the_log(tmp_path, http, spawned):
-    with anyio.fail_after(15):
-        with pytest.raises(ServerStartupError) as e:
-            await run_server(sim_profile("--sim-never-healthy", startup_timeout_s=1.5), log_dir=tmp_path,
-                             http=http)
+    profile = sim_profile("--sim-never-healthy", startup_timeout_s=1.5)
+    with anyio.fail_after(15), pytest.raises(ServerStartupError) as e:
+        await run_server(profile, log_dir=tmp_path, http=http)
     assert str(e.value).startswith(
         f"SGLang did not answer /health within 1.5 s; see {tmp_path / 'server.log'}. The server was stopped.")
     assert group_gone(spawned[0])
 
 
 async def test_unknown_flag_shows_argparse_message_fast(tmp_path, http, spawned):
-    with anyio.fail_after(10):
-        with pytest.raises(ServerStartupError) as e:
-            await run_server(sim_profile("--no-such-flag", "1"), log_dir=tmp_path, http=http)
+    with anyio.fail_after(10), pytest.raises(ServerStartupError) as e:
+        await run_server(sim_profile("--no-such-flag", "1"), log_dir=tmp_path, http=http)
     msg = str(e.value)
     assert msg.startswith("SGLang rejected its command line (")
     assert "error: unrecognized arguments: --no-such-flag 1" in msg.splitlines()[0]
