@@ -121,8 +121,7 @@ def test_status_says_source_exhausted(tmp_path: Path) -> None:
     assert re.fullmatch(r"  T: \d+\.\d\d GPU-h over \S+ for 15 samples = \d+\.\d\d GPU-h per 1,000 samples "
                         r"\(tp 8 × dp 1 × 1 server\)", gpu_row), gpu_row
     assert projection == "  job: no projected completion: T cannot reach its target (source exhausted)"
-    cells = row.split("  ")
-    cells = [c.strip() for c in cells if c.strip()]
+    cells = [c.strip() for c in row.split("  ") if c.strip()]
     assert (cells[:4], cells[-4], cells[-1]) == (["T", "15/20", "75.0%", "1"], "source exhausted", "-")
     j = run_cli("status", "--json", "--dataset", toml, "--output-dir", out, "--config-dir", tmp_path / "cfg")
     t = orjson.loads(j.stdout)["datasets"]["T"]
