@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from gen_pipeline.cli import build_parser
+from gen_pipeline.cli.commands import options_from_args
 from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, available_datasets, find_dataset_config, load_dataset_config
+from gen_pipeline.config.server import load_controller_config
 from gen_pipeline.controller import ControllerConfig
 from gen_pipeline.errors import ConfigError
 from tests.pipeline_helpers import run_cli, write_dataset
@@ -86,8 +89,6 @@ def test_fingerprint_changes_with_sampling() -> None:
 
 
 def test_generation_window_is_the_default_for_the_window_flag(tmp_path: Path) -> None:
-    from gen_pipeline.cli import build_parser
-    from gen_pipeline.cli.commands import options_from_args
     shutil.copy(DEFAULT_CONFIG_DIR / "server.toml", tmp_path / "server.toml")
     toml = write(tmp_path, BASE + "[generation]\nwindow = 7\n")
     cfg = load_dataset_config(toml)
@@ -106,10 +107,6 @@ def test_generation_window_is_the_default_for_the_window_flag(tmp_path: Path) ->
 
 
 def test_controller_table_is_read_into_the_run(tmp_path: Path) -> None:
-    from gen_pipeline.cli import build_parser
-    from gen_pipeline.cli.commands import options_from_args
-    from gen_pipeline.config.server import load_controller_config
-    from gen_pipeline.controller import ControllerConfig
     server = tmp_path / "server.toml"
     server.write_text((DEFAULT_CONFIG_DIR / "server.toml").read_text()
                       + "\n[controller]\ntarget_usage = 0.8\nmax_window = 256\n")
@@ -172,9 +169,6 @@ def _with_run(cfg_dir: Path, run_table: str) -> Path:
 
 
 def test_run_table_sets_server_wait_s_and_the_flag_wins(tmp_path: Path) -> None:
-    from gen_pipeline.cli import build_parser
-    from gen_pipeline.cli.commands import options_from_args
-
     toml = write(tmp_path, BASE)
     cfgs = [load_dataset_config(toml)]
 
