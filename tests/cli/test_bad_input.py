@@ -1,7 +1,4 @@
-"""Issue 23, bad input that got through or got the wrong message: sources that cannot be sources, a full
-datasets cache, prompts that cannot fit the context, sampling values SGLang refuses, export and report
-into a read-only folder, server.toml keys named where they are written, status of one dataset. Each
-through the real CLI where the user meets it (the whole message and the exit code)."""
+"""Bad input, each where the user meets it: the whole message and the exit code."""
 
 from __future__ import annotations
 
@@ -12,14 +9,13 @@ from pathlib import Path
 
 import orjson
 import pytest
+from cli_helpers import stored
 from mounts import in_tmpfs, require_namespaces
 
 from gen_pipeline.config.dataset import load_dataset_config
 from gen_pipeline.config.server import load_server_profile
 from gen_pipeline.errors import ConfigError
-from gen_pipeline.records import Sample
 from gen_pipeline.reports.status import status_all
-from gen_pipeline.store.dataset_store import DatasetStore
 from tests.reports.test_check import config_dir_with
 
 from pipeline_helpers import REPO, cli_cmd, make_rows, run_cli, three_samples, write_dataset
@@ -228,10 +224,7 @@ def test_a_bad_key_of_the_profile_itself_is_still_named_under_it(tmp_path: Path)
 
 def _two_datasets(root: Path) -> None:
     for name in ("T", "U"):
-        with DatasetStore(root, name, fingerprint={"model": "m"}, target=2) as s:
-            s.open()
-            s.write_samples([Sample(f"{name}-0", name, [{"role": "user", "content": "q"},
-                                                        {"role": "assistant", "content": "a"}], {})])
+        stored(root, name, 1, target=2, meta={})
 
 
 def test_status_of_one_dataset_shows_that_dataset_alone(tmp_path: Path) -> None:

@@ -32,8 +32,23 @@ def test_plan_shows_fp8_doubling_the_kv_tokens(capsys: pytest.CaptureFixture[str
     (["generate", "--dataset", "demo", "--window", "-3"],
      "error: --window -3 must be at least 0.\n"),
     (["generate", "--dataset", "demo", "--server", "nope"], None),
+    (["generate", "--dataset", "b2"], "error: No dataset config 'b2': datasets_cfg/b2.toml does not exist. "
+                                      "Configs in datasets_cfg: B1, B2, B6, B7, demo, tools. Did you mean B2?\n"),
+    (["plan", "--gpu-mem-gb", "10", "--weights-gb", "594", "--overhead-gb", "0"],
+     "error: Nothing is left for the KV cache: 10 GiB/GPU × mem_fraction_static 0.9 = 9.0 GiB, but the weights "
+     "take 74.2 GiB/GPU. At tp_size 8 and this fraction each GPU needs more than 82.5 GiB, so 8 x 10 GiB GPUs "
+     "cannot hold the model with a KV cache. The smallest node that can: 8 x RTX PRO 6000 Blackwell, 96 GB "
+     "(95.6 GiB/GPU). Or use tp_size 128 on these GPUs (16 nodes of 8 GPUs), a larger mem_fraction_static or "
+     "smaller (quantized) weights.\n"),
+    # Kimi-K2.5 on 8 x H100 80 GB: the refusal names the smallest node that fits and the tp_size needed
+    (["plan", "--gpu-mem-gb", "79.6"],
+     "error: Nothing is left for the KV cache: 79.6 GiB/GPU × mem_fraction_static 0.9 = 71.6 GiB, but the weights "
+     "take 69.1 GiB/GPU and overhead 4.5 GiB. At tp_size 8 and this fraction each GPU needs more than 81.8 GiB, "
+     "so 8 x 79.6 GiB GPUs cannot hold the model with a KV cache. The smallest node that can: 8 x RTX PRO 6000 "
+     "Blackwell, 96 GB (95.6 GiB/GPU). Or use tp_size 16 on these GPUs (2 nodes of 8 GPUs), a larger "
+     "mem_fraction_static or smaller (quantized) weights.\n"),
 ])
-def test_generate_flag_mistakes(argv: list[str], message: str | None, capsys: pytest.CaptureFixture[str]) -> None:
+def test_flag_mistakes(argv: list[str], message: str | None, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err
     if message is not None:
@@ -48,39 +63,11 @@ def test_validate_of_a_dataset_never_generated(tmp_path, capsys: pytest.CaptureF
                                        "Generate it first (make generate DATASET=B7).\n")
 
 
-def test_plan_refuses_weights_that_do_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "--gpu-mem-gb", "10", "--weights-gb", "594", "--overhead-gb", "0"]) == 2
-    assert capsys.readouterr().err == (
-        "error: Nothing is left for the KV cache: 10 GiB/GPU × mem_fraction_static 0.9 = 9.0 GiB, but the weights "
-        "take 74.2 GiB/GPU. At tp_size 8 and this fraction each GPU needs more than 82.5 GiB, so 8 x 10 GiB GPUs "
-        "cannot hold the model with a KV cache. The smallest node that can: 8 x RTX PRO 6000 Blackwell, 96 GB "
-        "(95.6 GiB/GPU). Or use tp_size 128 on these GPUs (16 nodes of 8 GPUs), a larger mem_fraction_static or "
-        "smaller (quantized) weights.\n")
-
-
-def test_plan_on_an_h100_node_says_what_fits(capsys: pytest.CaptureFixture[str]) -> None:
-    """Kimi-K2.5 (the bundled config) on 8 x H100 80 GB at the profile's fraction: no room for a KV cache;
-    the refusal names the smallest node that has it and the tp_size these GPUs would need."""
-    assert main(["plan", "--gpu-mem-gb", "79.6"]) == 2
-    assert capsys.readouterr().err == (
-        "error: Nothing is left for the KV cache: 79.6 GiB/GPU × mem_fraction_static 0.9 = 71.6 GiB, but the weights "
-        "take 69.1 GiB/GPU and overhead 4.5 GiB. At tp_size 8 and this fraction each GPU needs more than 81.8 GiB, "
-        "so 8 x 79.6 GiB GPUs cannot hold the model with a KV cache. The smallest node that can: 8 x RTX PRO 6000 "
-        "Blackwell, 96 GB (95.6 GiB/GPU). Or use tp_size 16 on these GPUs (2 nodes of 8 GPUs), a larger "
-        "mem_fraction_static or smaller (quantized) weights.\n")
-
-
-def test_a_near_miss_dataset_name_gets_a_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["generate", "--dataset", "b2"]) == 2
-    assert capsys.readouterr().err == (
-        "error: No dataset config 'b2': datasets_cfg/b2.toml does not exist. "
-        "Configs in datasets_cfg: B1, B2, B6, B7, demo, tools. Did you mean B2?\n")
 
 
 def test_a_toml_whose_name_is_not_its_file_name_is_refused_by_every_command(
         tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
-    """One name per dataset (issue 23): `name` picked the folder for generate and validate but not for
-    export; now it must equal the file's name, so every command finds the same folder."""
+    """`name` must equal the file's name, so every command finds the same folder."""
     cfg_dir = tmp_path / "cfg"
     cfg_dir.mkdir()
     (cfg_dir / "mine.toml").write_text('name = "other"\ntarget_samples = 5\n[source]\nfiles = ["x.jsonl"]\n'
@@ -97,7 +84,7 @@ def test_a_toml_whose_name_is_not_its_file_name_is_refused_by_every_command(
                   str(tmp_path / "x.jsonl")]):
         assert main([*argv, "--config-dir", str(cfg_dir), "--output-dir", str(out)]) == 2, argv
         assert capsys.readouterr().err == f"error: {refused}\n", argv
-    out.mkdir()  # status refuses an output folder that does not exist (issue 31 item 15)
+    out.mkdir()  # status refuses an output folder that does not exist
     assert main(["status", "--json", "--config-dir", str(cfg_dir), "--output-dir", str(out)]) == 0
     captured = capsys.readouterr()
     import orjson
@@ -106,9 +93,3 @@ def test_a_toml_whose_name_is_not_its_file_name_is_refused_by_every_command(
     assert captured.err.startswith(f"warning: {cfg_dir}/broken.toml: not valid TOML")
     assert f"warning: {refused}\n" in captured.err
 
-
-def test_server_url_may_end_in_v1() -> None:
-    from gen_pipeline.config.server import normalise_server_url
-
-    assert normalise_server_url(" http://gpu:30000/v1/ ") == "http://gpu:30000"
-    assert normalise_server_url("http://router:8000") == "http://router:8000"

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import orjson
 import pytest
+from cli_helpers import stored
 
-from gen_pipeline.records import Sample
-from gen_pipeline.store.dataset_store import DatasetStore
 from gen_pipeline.store.lock import shared_filesystem
 from tests.pipeline_helpers import assert_exact, make_rows, run_cli, write_dataset
 
@@ -43,9 +42,15 @@ def holder(tmp_path: Path):
     p.communicate("")
 
 
-def lock(folder: Path, pid: int, host: str) -> None:
-    folder.mkdir(parents=True)
-    (folder / ".lock").write_bytes(orjson.dumps({"pid": pid, "host": host, "started_at": STARTED}))
+def generate_over_lock(tmp_path: Path, pid: int, host: str) -> str:
+    """What a run of 10 says, once it exited 0, started where T's lock names `pid` on `host`."""
+    toml = write_dataset(tmp_path / "cfg", target=10)
+    (tmp_path / "out" / "T").mkdir(parents=True)
+    (tmp_path / "out" / "T" / ".lock").write_bytes(orjson.dumps({"pid": pid, "host": host, "started_at": STARTED}))
+    r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", tmp_path / "out",
+                "--progress", "log")
+    assert r.returncode == 0, r.stderr
+    return r.stdout + r.stderr
 
 
 @pytest.mark.e2e  # the process is the subject: make e2e
@@ -61,13 +66,8 @@ def test_a_live_holder_on_this_host_is_named_and_no_deletion_is_asked(tmp_path: 
 
 def test_a_lock_of_pid_1_after_a_container_restart_is_taken_over(tmp_path: Path) -> None:
     """The orchestrator was pid 1; after a restart pid 1 is alive again as something else. No `kill 1`."""
-    toml = write_dataset(tmp_path / "cfg", target=10)
-    lock(tmp_path / "out" / "T", 1, socket.gethostname())
-    r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", tmp_path / "out",
-                "--progress", "log")
-    assert r.returncode == 0, r.stderr
-    assert (f"took over the lock of a run that is gone (pid 1, started {HMS}; pid 1 is another process now)"
-            in r.stdout + r.stderr)
+    said = generate_over_lock(tmp_path, 1, socket.gethostname())
+    assert f"took over the lock of a run that is gone (pid 1, started {HMS}; pid 1 is another process now)" in said
     assert_exact(tmp_path / "out", 10)
 
 
@@ -76,38 +76,23 @@ def test_a_holder_on_another_host_on_a_local_disk_is_taken_over(tmp_path: Path) 
     shared-filesystem case (refused, with what to do) is tests/store/test_lock.py's."""
     if shared_filesystem(tmp_path):
         pytest.skip(f"{tmp_path} is on a filesystem other hosts may share: there a lock of another host is refused")
-    toml = write_dataset(tmp_path / "cfg", target=10)
-    lock(tmp_path / "out" / "T", 4242, "gpu-node-7")
-    r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", tmp_path / "out",
-                "--progress", "log")
-    assert r.returncode == 0, r.stderr
-    assert f"took over the lock of a run that is gone (pid 4242 on host gpu-node-7, started {HMS})" in r.stdout + r.stderr
+    said = generate_over_lock(tmp_path, 4242, "gpu-node-7")
+    assert f"took over the lock of a run that is gone (pid 4242 on host gpu-node-7, started {HMS})" in said
 
 
 @pytest.mark.e2e  # the process is the subject: make e2e
 def test_a_dead_holders_lock_is_taken_over_without_asking(tmp_path: Path) -> None:
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
-    toml = write_dataset(tmp_path / "cfg", target=10)
-    lock(tmp_path / "out" / "T", p.pid, socket.gethostname())
-    r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", tmp_path / "out",
-                "--progress", "log")
-    assert r.returncode == 0, r.stderr
-    assert f"took over the lock of a run that is gone (pid {p.pid}, started {HMS})" in r.stdout + r.stderr
+    said = generate_over_lock(tmp_path, p.pid, socket.gethostname())
+    assert f"took over the lock of a run that is gone (pid {p.pid}, started {HMS})" in said
     assert_exact(tmp_path / "out", 10)
     assert not (tmp_path / "out" / "T" / ".lock").exists()
 
 
-def fake_samples(dataset: str, n: int) -> list[Sample]:
-    return [Sample(f"{dataset}-{i}", dataset, [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
-                   {"finish_reason": "stop", "prompt_tokens": 10, "completion_tokens": 90}) for i in range(n)]
-
-
 def test_status_says_demo_is_not_part_of_the_total(tmp_path: Path) -> None:
-    with DatasetStore(tmp_path, "demo", fingerprint={"model": "m"}, target=240, shard_max_samples=100) as s:
-        s.open()
-        s.write_samples(fake_samples("demo", 240))
-        s.close({"samples_per_s": 12.5, "tokens_per_s": 1250.0})
+    stored(tmp_path, "demo", 240, target=240, shard_max_samples=100, stats={"samples_per_s": 12.5, "tokens_per_s": 1250.0},
+           meta={"finish_reason": "stop", "prompt_tokens": 10, "completion_tokens": 90})
     r = run_cli("status", "--output-dir", tmp_path)
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout == (
@@ -136,8 +121,7 @@ def test_status_says_source_exhausted(tmp_path: Path) -> None:
     assert re.fullmatch(r"  T: \d+\.\d\d GPU-h over \S+ for 15 samples = \d+\.\d\d GPU-h per 1,000 samples "
                         r"\(tp 8 × dp 1 × 1 server\)", gpu_row), gpu_row
     assert projection == "  job: no projected completion: T cannot reach its target (source exhausted)"
-    cells = row.split("  ")
-    cells = [c.strip() for c in cells if c.strip()]
+    cells = [c.strip() for c in row.split("  ") if c.strip()]
     assert (cells[:4], cells[-4], cells[-1]) == (["T", "15/20", "75.0%", "1"], "source exhausted", "-")
     j = run_cli("status", "--json", "--dataset", toml, "--output-dir", out, "--config-dir", tmp_path / "cfg")
     t = orjson.loads(j.stdout)["datasets"]["T"]
@@ -145,8 +129,7 @@ def test_status_says_source_exhausted(tmp_path: Path) -> None:
 
 
 def test_validate_with_no_samples_says_there_is_nothing_to_validate(tmp_path: Path) -> None:
-    with DatasetStore(tmp_path, "B7", fingerprint={"model": "m"}, target=10) as s:
-        s.open()  # a run that wrote nothing: an empty shard and a manifest
+    stored(tmp_path, "B7", 0, target=10)  # a run that wrote nothing: an empty shard and a manifest
     r = run_cli("validate", "--dataset", "B7", "--output-dir", tmp_path)
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == (f"error: {tmp_path}/B7: nothing to validate: no samples yet (1 shard, all empty). "

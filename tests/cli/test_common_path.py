@@ -1,7 +1,5 @@
-"""The most common sequence of a user, through the CLI in-process and the launcher's simulator: one
-dataset, then the job with it and another, `status`, `status --json`, then one export of both datasets
-with its card. Every step exits 0 (status and export crashed here until gpu_hours sorted a job's run
-intervals by time only: the job's 'nothing to do' run of T records gpus None)."""
+"""A user's most common sequence: one dataset, the job with it and another, status, an export of both. The
+job's 'nothing to do' run of T records gpus None, which status and export must sort among the runs."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Issue 31 item 6: every count in a line a user reads has the thousands separator (display.count), as
-done/target always had: the summary's failures and skipped rows, the progress line's in flight and load,
-the fatal streak's message. Base (before): "1538 failed (http_500 1538; ...)", "in flight 1500/2048"."""
+"""Every count in a line a user reads has the thousands separator (display.count)."""
 
 from gen_pipeline.display import count
 from gen_pipeline.records import RunSnapshot

@@ -1,4 +1,4 @@
-"""Issue 5.4: bad input through the CLI: messages that name the file/key, counted rejects, no tracebacks."""
+"""Bad input through the CLI: messages that name the file/key, counted rejects, no tracebacks."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import httpx
 import orjson
 import pytest
 from servers import sim_in_thread
+
+from sglang_sim.testing import free_port
 
 from pipeline_helpers import SIM_FAST, assert_exact, make_rows, run_cli, write_dataset
 
@@ -74,34 +76,20 @@ def test_bad_rows_are_counted_rejects_and_context_400_is_final(tmp_path: Path, s
     assert len(assert_exact(out, 23)) == 23
 
 
-def test_unknown_config_key(tmp_path: Path) -> None:
-    toml = write_dataset(tmp_path, target=10, extra="bogus_key = 3")
-    r = gen(toml, tmp_path / "out", "--server", "sim")
-    assert (r.returncode, r.stdout) == (2, "")
-    assert r.stderr == (f"error: {toml}: generation.bogus_key: unknown key. Known keys here: connect_timeout_s, "
-                        "empty_turn, max_attempts, on_loop, reasoning, request_timeout_s, retry_initial_wait_s, "
-                        "retry_max_wait_s, "
-                        "truncated, window. Check the spelling or remove it.\n")
-
-
-def test_missing_dataset_config_lists_existing(tmp_path: Path) -> None:
-    r = gen(Path("NOPE"), tmp_path / "out", "--server", "sim")
-    assert r.returncode == 2
-    assert r.stderr == ("error: No dataset config 'NOPE': datasets_cfg/NOPE.toml does not exist. "
-                        "Configs in datasets_cfg: B1, B2, B6, B7, demo, tools.\n")
-
-
-def test_server_url_not_a_url(tmp_path: Path) -> None:
-    r = gen(write_dataset(tmp_path, target=10), tmp_path / "out", "--server-url", "not-a-url")
-    assert r.returncode == 2
-    assert r.stderr == ("error: --server-url 'not-a-url' must start with http:// or https:// "
-                        "(e.g. http://gpu-node:30000).\n")
-
-
-def test_server_url_nothing_listening(tmp_path: Path) -> None:
-    from sglang_sim.testing import free_port
-    url = f"http://127.0.0.1:{free_port()}"
-    r = gen(write_dataset(tmp_path, target=10), tmp_path / "out", "--server-url", url)
-    assert r.returncode == 3
-    assert r.stderr == (f"error: Cannot reach {url}: Connection refused. Check SERVER_URL and that the "
-                        "server is running (and listening on that host and port).\n")
+@pytest.mark.parametrize(("extra", "where", "code", "message"), [
+    ("bogus_key = 3", ["{toml}", "--server", "sim"], 2,
+     "{toml}: generation.bogus_key: unknown key. Known keys here: connect_timeout_s, empty_turn, max_attempts, "
+     "on_loop, reasoning, request_timeout_s, retry_initial_wait_s, retry_max_wait_s, truncated, window. Check the "
+     "spelling or remove it."),
+    ("", ["NOPE", "--server", "sim"], 2, "No dataset config 'NOPE': datasets_cfg/NOPE.toml does not exist. "
+                                         "Configs in datasets_cfg: B1, B2, B6, B7, demo, tools."),
+    ("", ["{toml}", "--server-url", "not-a-url"], 2,
+     "--server-url 'not-a-url' must start with http:// or https:// (e.g. http://gpu-node:30000)."),
+    ("", ["{toml}", "--server-url", "{url}"], 3, "Cannot reach {url}: Connection refused. Check SERVER_URL and that "
+                                                 "the server is running (and listening on that host and port)."),
+], ids=["unknown-key", "no-such-dataset", "not-a-url", "nothing-listening"])
+def test_a_mistake_names_what_to_fix(tmp_path: Path, extra: str, where: list[str], code: int, message: str) -> None:
+    names = {"toml": write_dataset(tmp_path, target=10, extra=extra), "url": f"http://127.0.0.1:{free_port()}"}
+    toml, *flags = [w.format(**names) for w in where]
+    r = gen(Path(toml), tmp_path / "out", *flags)
+    assert (r.returncode, r.stdout, r.stderr) == (code, "", f"error: {message.format(**names)}\n")

@@ -1,5 +1,4 @@
-"""Issue 31 items 9, 13, 14, 15, 16: what a new user trips on, in-process through `cli.main`. Each test
-asserts the whole message the user sees."""
+"""What a new user trips on, in-process through `cli.main`: the whole message the user sees."""
 
 from __future__ import annotations
 
@@ -11,11 +10,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from cli_helpers import stored
 
 import gen_pipeline.sources.loading as loading
 from gen_pipeline.cli import main
-from gen_pipeline.records import Sample
-from gen_pipeline.store.dataset_store import DatasetStore
 
 from pipeline_helpers import REPO, write_dataset
 
@@ -124,13 +122,8 @@ def test_generate_all_warns_for_each_bad_file_and_runs_the_rest(tmp_path: Path, 
 
 
 def test_tokens_export_says_why_the_servers_tokenizer_is_not_there(tmp_path: Path, capsys) -> None:
-    """--server sim was passed: the message names its model's tokenizer and the load's error, never "pass
-    --tokenizer PATH or --server NAME" (the model is a hub id this machine has not cached)."""
-    with DatasetStore(tmp_path, "B2", fingerprint={"model": "m"}, target=3) as store:
-        store.open()
-        store.write_samples([Sample("B2-0", "B2", [{"role": "user", "content": "q"},
-                                                   {"role": "assistant", "content": "a"}],
-                                    {"finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": 1})])
+    """--server sim was passed: the message names its model's tokenizer, never "pass --tokenizer or --server"."""
+    stored(tmp_path, "B2", 1, target=3)
     code = main(["export", "--dataset", "B2", "--output-dir", str(tmp_path), "--format", "tokens",
                  "--out", str(tmp_path / "x.jsonl"), "--server", "sim", "--config-dir", str(REPO / "datasets_cfg")])
     err = capsys.readouterr().err
@@ -218,12 +211,7 @@ def test_a_rerun_with_nothing_to_do_is_not_a_run_in_gpu_hours_and_the_report_cou
 
 
 def test_validate_says_a_torn_last_line_is_cut_by_the_next_run(tmp_path: Path, capsys) -> None:
-    with DatasetStore(tmp_path, "B2", fingerprint={"model": "m"}, target=3) as store:
-        store.open()
-        store.write_samples([Sample(f"B2-{i}", "B2", [{"role": "user", "content": "q"},
-                                                      {"role": "assistant", "content": "a"}],
-                                    {"finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": 1})
-                             for i in range(2)])
+    stored(tmp_path, "B2", 2, target=3)
     with open(tmp_path / "B2" / "shard-00000.jsonl", "ab") as f:
         f.write(b'{"id":"B2-2","data')  # what a SIGKILL mid-write leaves
     assert main(["validate", "--dataset", "B2", "--output-dir", str(tmp_path)]) == 1

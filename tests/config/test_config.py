@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from gen_pipeline.cli import build_parser
+from gen_pipeline.cli.commands import options_from_args
 from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, available_datasets, find_dataset_config, load_dataset_config
+from gen_pipeline.config.server import load_controller_config
 from gen_pipeline.controller import ControllerConfig
 from gen_pipeline.errors import ConfigError
 from tests.pipeline_helpers import run_cli, write_dataset
@@ -30,6 +33,11 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 BASE = 'target_samples = 10\n[source]\nfiles = ["a.jsonl"]\nschema = "messages"\nfield = "messages"\n'
+
+
+def load(tmp_path: Path, text: str):
+    """BASE with `text` after it, loaded from tmp_path / X.toml."""
+    return load_dataset_config(write(tmp_path, BASE + text))
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -81,8 +89,6 @@ def test_fingerprint_changes_with_sampling() -> None:
 
 
 def test_generation_window_is_the_default_for_the_window_flag(tmp_path: Path) -> None:
-    from gen_pipeline.cli import build_parser
-    from gen_pipeline.cli.commands import options_from_args
     shutil.copy(DEFAULT_CONFIG_DIR / "server.toml", tmp_path / "server.toml")
     toml = write(tmp_path, BASE + "[generation]\nwindow = 7\n")
     cfg = load_dataset_config(toml)
@@ -92,19 +98,15 @@ def test_generation_window_is_the_default_for_the_window_flag(tmp_path: Path) ->
     args = build_parser().parse_args(["generate", "--dataset", str(toml), "--window", "3",
                                       "--config-dir", str(tmp_path)])
     assert options_from_args(args, [cfg]).window == 3  # the flag wins
-    adaptive = load_dataset_config(write(tmp_path, BASE))
+    adaptive = load(tmp_path, "")
     assert options_from_args(args.__class__(**{**vars(args), "window": None}), [adaptive]).window is None
     with pytest.raises(ConfigError) as e:
-        load_dataset_config(write(tmp_path, BASE + "[generation]\nwindow = -1\n"))
+        load(tmp_path, "[generation]\nwindow = -1\n")
     assert str(e.value).endswith("X.toml: generation.window = -1 must be 0 (the adaptive controller) or a fixed "
                                  "number of requests in flight.")
 
 
 def test_controller_table_is_read_into_the_run(tmp_path: Path) -> None:
-    from gen_pipeline.cli import build_parser
-    from gen_pipeline.cli.commands import options_from_args
-    from gen_pipeline.config.server import load_controller_config
-    from gen_pipeline.controller import ControllerConfig
     server = tmp_path / "server.toml"
     server.write_text((DEFAULT_CONFIG_DIR / "server.toml").read_text()
                       + "\n[controller]\ntarget_usage = 0.8\nmax_window = 256\n")
@@ -122,6 +124,12 @@ def test_controller_table_is_read_into_the_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("table, message", [
+    ("[run]\nserver_wait_s = -5", "run.server_wait_s = -5 must be at least 0 seconds."),
+    ("[run]\nserver_wait_s = \"10m\"", "run.server_wait_s = '10m' must be a number (got a string). Remove the quotes."),
+    ("[run]\nserver_wait = 900", "run.server_wait: unknown key. Known keys here: drain_grace_s, gpus_per_server, "
+                                 "hang_timeout_s, health_interval_s, limit, model, poll_interval_s, proceed_anyway, "
+                                 "routing, server_wait_s, window. Did you mean server_wait_s? Check the spelling or "
+                                 "remove it."),
     ("[controller]\ntarget_usag = 0.8\n", "controller.target_usag: unknown key. Known keys here: "
      + ", ".join(sorted(f.name for f in fields(ControllerConfig))) + ". Did you mean target_usage? "
      "Check the spelling or remove it."),
@@ -136,10 +144,14 @@ def test_controller_table_is_read_into_the_run(tmp_path: Path) -> None:
     ("[controler]\n", "controler: unknown key. Known top-level keys: controller, profile, run. Did you mean "
                       "controller? Check the spelling or remove it."),
 ])
-def test_controller_mistakes_stop_generate_before_anything_starts(tmp_path: Path, table: str, message: str) -> None:
-    cfg_dir = tmp_path / "cfg"
-    cfg_dir.mkdir()
-    (cfg_dir / "server.toml").write_text((DEFAULT_CONFIG_DIR / "server.toml").read_text() + "\n" + table)
+def test_server_toml_mistakes_stop_generate_before_anything_starts(tmp_path: Path, table: str, message: str) -> None:
+    """A [controller] table is added to the shipped server.toml; a [run] table's body replaces the shipped one's."""
+    if table.startswith("[run]"):
+        cfg_dir = _with_run(tmp_path / "cfg", table.removeprefix("[run]\n"))
+    else:
+        cfg_dir = tmp_path / "cfg"
+        cfg_dir.mkdir()
+        (cfg_dir / "server.toml").write_text((DEFAULT_CONFIG_DIR / "server.toml").read_text() + "\n" + table)
     toml = write_dataset(tmp_path / "data")
     r = run_cli("generate", "--dataset", toml, "--server", "sim", "--config-dir", cfg_dir,
                 "--output-dir", tmp_path / "out")
@@ -157,9 +169,6 @@ def _with_run(cfg_dir: Path, run_table: str) -> Path:
 
 
 def test_run_table_sets_server_wait_s_and_the_flag_wins(tmp_path: Path) -> None:
-    from gen_pipeline.cli import build_parser
-    from gen_pipeline.cli.commands import options_from_args
-
     toml = write(tmp_path, BASE)
     cfgs = [load_dataset_config(toml)]
 
@@ -174,19 +183,3 @@ def test_run_table_sets_server_wait_s_and_the_flag_wins(tmp_path: Path) -> None:
     assert wait_s(cfg, "--server-wait-s", "0") == 0.0  # even when it is 0
     assert wait_s(DEFAULT_CONFIG_DIR) == 600.0  # the shipped table says the default
     assert wait_s(tmp_path / "no-server-toml") == 600.0  # attached without a server.toml: the default
-
-
-@pytest.mark.parametrize("run_table, message", [
-    ("server_wait_s = -5", "run.server_wait_s = -5 must be at least 0 seconds."),
-    ("server_wait_s = \"10m\"", "run.server_wait_s = '10m' must be a number (got a string). Remove the quotes."),
-    ("server_wait = 900", "run.server_wait: unknown key. Known keys here: drain_grace_s, gpus_per_server, "
-                          "hang_timeout_s, health_interval_s, limit, model, poll_interval_s, proceed_anyway, routing, "
-                          "server_wait_s, window. Did you mean server_wait_s? Check the spelling or remove it."),
-])
-def test_run_table_mistakes_name_the_file_and_key(tmp_path: Path, run_table: str, message: str) -> None:
-    cfg_dir = _with_run(tmp_path / "cfg", run_table)
-    toml = write_dataset(tmp_path / "data")
-    r = run_cli("generate", "--dataset", toml, "--server-url", "http://127.0.0.1:9", "--config-dir", cfg_dir,
-                "--output-dir", tmp_path / "out")
-    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"error: {cfg_dir / 'server.toml'}: {message}\n")
-    assert not (tmp_path / "out").exists()

@@ -1,6 +1,5 @@
-"""Issue 31 item 18: `generate --input prompts.jsonl --output-dir out` without a dataset TOML. The schema
-is inferred from the rows, the TOML used is written beside the output, and the same command (or
-`--dataset` on that TOML) resumes; other settings later are refused, naming what differs."""
+"""`generate --input prompts.jsonl` without a dataset TOML: the schema inferred, the TOML written beside the
+output, the same command resuming."""
 
 from __future__ import annotations
 

@@ -9,16 +9,17 @@ import httpx
 import orjson
 import pytest
 
-from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig, load_dataset_config
+from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.records import Prompt, Sample
 from gen_pipeline.run.chat import ChatClient
 from gen_pipeline.run.wire import ClientSettings, build_request
+from tests.config.test_config import load
 from tests.pipeline_helpers import META_KEYS, assert_exact, read_samples, run_cli, write_dataset
 
 from mock_http import mock_http
 
-STREAM = {"include_usage": True, "continuous_usage_stats": True}  # every turn is streamed (issue 22)
+STREAM = {"include_usage": True, "continuous_usage_stats": True}  # every turn is streamed
 
 ALL_KEYS = """[sampling]
 max_new_tokens = 64
@@ -39,17 +40,10 @@ skip_special_tokens = false
 EXPECTED_BODY = {"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.05, "presence_penalty": 0.5,
                  "frequency_penalty": -0.25, "stop": ["</answer>", "STOP"], "seed": 1234, "min_tokens": 2,
                  "skip_special_tokens": False, "chat_template_kwargs": {"enable_thinking": True}}
-BASE = 'target_samples = 10\n[source]\nfiles = ["a.jsonl"]\nschema = "messages"\nfield = "messages"\n'
-
-
-def load(tmp_path: Path, sampling: str) -> SamplingConfig:
-    p = tmp_path / "X.toml"
-    p.write_text(BASE + sampling)
-    return load_dataset_config(p).sampling
 
 
 async def test_every_key_is_in_the_request_body_and_meta(tmp_path: Path) -> None:
-    sampling = load(tmp_path, ALL_KEYS)
+    sampling = load(tmp_path, ALL_KEYS).sampling
     seen: list[dict] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -116,7 +110,7 @@ def test_bad_sampling_values_are_named(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_a_lone_stop_string_is_a_list_of_one(tmp_path: Path) -> None:
-    assert load(tmp_path, '[sampling]\nstop = "END"\n').stop == ("END",)
+    assert load(tmp_path, '[sampling]\nstop = "END"\n').sampling.stop == ("END",)
 
 
 def test_through_the_simulator_then_a_changed_key_is_refused(tmp_path: Path) -> None:

@@ -160,10 +160,8 @@ def _ratio_snap(t_s: float, running: int, queued: int, ratio: float | None, usag
 
 
 def test_sglangs_cautious_first_round_is_not_a_full_server() -> None:
-    """Issue 19 on the H200: 60,000 KV tokens, max_new_tokens 4096; SGLang's first rounds take 16 and
-    hold them while new_token_ratio (0.7 at the start, /metrics shows the last prefill round's) decays.
-    The old rule read that as "queue building, running flat at 16" and sent running + 2; here the
-    queue allowed is 2 x running until the ratio reaches 1.5 x its floor (0.14 x 0.7), then half."""
+    """SGLang's first rounds run 16 while new_token_ratio decays: the queue allowed is 2 x running until the
+    ratio reaches 1.5 x its floor (0.14 x 0.7), then half."""
     ctrl = Controller(Capacity(60_000, 3750), initial_tokens_per_request=400 + 2048)
     assert ctrl.window(0.0, 300) == 24  # the model's prior: 0.92 x 60,000 / 2,448 + 2
     windows = []
@@ -176,10 +174,8 @@ def test_sglangs_cautious_first_round_is_not_a_full_server() -> None:
 
 
 def test_the_first_cohort_after_a_start_is_capped_at_what_the_pool_holds_at_its_end() -> None:
-    """Issue 19 on the H200 (60,000 KV tokens, every output >= 1,000 tokens): when new_token_ratio reaches
-    its floor SGLang admits a cohort all of one age; flooded it ran 48-56 and overran the pool 4.5-6 s after
-    the start. Until half of u x C / F requests have completed since the (re)start (F: prompt + completion
-    of the completions seen), the window is at most u x C / F, never below running + queue_min."""
+    """A cohort of one age, flooded, overruns the pool together: until half of u x C / F requests have
+    completed since the (re)start, the window is at most u x C / F, never below running + queue_min."""
     ctrl = Controller(Capacity(60_000, 3750), initial_tokens_per_request=400 + 2048)
     ctrl.observe_load(_ratio_snap(1.0, 17, 34, 0.7))
     assert ctrl.window(1.0, 300) == 51  # warm-up queue 2 x 17; no completion yet: no cap
@@ -375,9 +371,8 @@ polls = st.lists(
 
 
 def test_a_dip_in_running_after_a_wave_of_finishes_keeps_the_queue() -> None:
-    """Issue 19 run 2 on the H200 (long regime): running read 44, then 30 after a wave of finishes,
-    then 38 with nothing queued -- the window had shrunk with the dip and SGLang's next admission
-    round found an empty queue. The window follows the peak of the last running_peak_s instead."""
+    """The window follows the peak running of the last running_peak_s, not a dip after a wave of finishes
+    (SGLang's next admission round would find an empty queue)."""
     ctrl = Controller(Capacity(60_000, 3750), initial_tokens_per_request=2448)
     for t, (running, queued, ratio) in enumerate([(16, 8, 0.7), (44, 27, 0.098), (44, 22, 0.098), (30, 14, 0.098)]):
         ctrl.observe_load(_ratio_snap(float(t), running, queued, ratio, usage=0.7))

@@ -1,6 +1,5 @@
-"""The controller and SGLang's CUDA-graph ceiling (issue 34): the ceiling read from /server_info, requests in flight
-held at or below it, and goodput moving the cap both ways, a knee in the polled decode rate standing in for the
-field. Pure tables: the controller's clock is a parameter."""
+"""The controller and SGLang's CUDA-graph ceiling: read from /server_info (or a knee in the decode rate), requests
+in flight held at or below it, goodput moving the cap both ways."""
 
 from __future__ import annotations
 
@@ -34,7 +33,7 @@ def test_ceiling_sums_over_dp_ranks_and_servers() -> None:
 
 
 def _rate(running: int, ceiling: int = 256) -> float:
-    """One H100 of issue 34: ~60 tok/s per request with graphs, less than half past the ceiling."""
+    """~60 tok/s per request with graphs, less than half past the ceiling (an H100)."""
     return 60.0 * running if running <= ceiling else 27.0 * running
 
 

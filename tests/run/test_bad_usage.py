@@ -1,10 +1,5 @@
-"""Issue 31 item 5: answers that cannot be written as they came, in-process (httpx.MockTransport).
-
-Impossible usage (negative, past max_new_tokens + slack, not an integer) is a bad answer, retried and
-counted, its message saying what came back (base: written into meta as-is, `status` showed 78000000.0G).
-A 200 with no choices says so (base, streamed: "the stream ended before the answer did", counted as the
-server going away). An empty answer is not retried as the same request: at temperature 0 not at all, at
-a fixed seed with another seed (base: the identical request again, max_attempts times)."""
+"""Answers that cannot be written as they came (impossible usage, no choices, empty), in-process: each is a
+bad answer saying what came back; an empty one is not retried as the same request."""
 
 from __future__ import annotations
 

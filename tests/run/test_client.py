@@ -95,14 +95,6 @@ def test_request_fields() -> None:
     assert "chat_template_kwargs" not in build_request([], settings(reasoning="keep"))
 
 
-async def test_503_and_429_are_retried_then_succeed(mock) -> None:
-    codes = {1: 503, 2: 429}
-    client, seen = client_with(mock, lambda r, n: httpx.Response(codes[n], json={"message": "busy"}) if n in codes
-                               else httpx.Response(200, json=completion("ok")))
-    sample = await client.regenerate(Prompt("T-2", ({"role": "user", "content": "q"},)), "T")
-    assert isinstance(sample, Sample) and len(seen) == 3
-
-
 async def test_400_is_final_with_the_server_message(mock) -> None:
     msg = "The input (9000 tokens) is longer than the model's context length (8192 tokens)."
     client, seen = client_with(mock, lambda r, n: httpx.Response(
@@ -120,28 +112,25 @@ async def test_retries_exhausted_is_a_retryable_failure(mock) -> None:
     assert failure.detail == "gave up after 3 attempts: Internal Server Error"
 
 
-@pytest.mark.parametrize("bad", [
-    lambda: httpx.Response(200, content=b"{not json", headers={"content-type": "application/json"}),
-    lambda: httpx.Response(200, content=b"<html>hi</html>", headers={"content-type": "text/html"}),
-    lambda: httpx.Response(200, json=completion("x", usage=False)),
-    lambda: httpx.Response(200, json={"choices": []}),
-])
-async def test_malformed_bodies_are_retried(mock, bad) -> None:
-    client, seen = client_with(mock, lambda r, n: bad() if n == 1 else httpx.Response(200, json=completion("fine")))
+def raising(exc: type[Exception], message: str) -> object:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise exc(message, request=request)
+    return handler
+
+
+@pytest.mark.parametrize("faults", [
+    [lambda r: httpx.Response(503, json={"message": "busy"}), lambda r: httpx.Response(429, json={"message": "busy"})],
+    [raising(httpx.ReadTimeout, "slow"), raising(httpx.RemoteProtocolError, "peer closed connection")],
+    [lambda r: httpx.Response(200, content=b"{not json", headers={"content-type": "application/json"})],
+    [lambda r: httpx.Response(200, content=b"<html>hi</html>", headers={"content-type": "text/html"})],
+    [lambda r: httpx.Response(200, json=completion("x", usage=False))],
+    [lambda r: httpx.Response(200, json={"choices": []})],
+], ids=["503-then-429", "timeout-then-cut", "not-json", "html", "no-usage", "no-choices"])
+async def test_retryable_failures_and_malformed_bodies_are_retried_then_succeed(mock, faults) -> None:
+    client, seen = client_with(mock, lambda r, n: faults[n - 1](r) if n <= len(faults)
+                               else httpx.Response(200, json=completion("fine")))
     sample = await client.regenerate(Prompt("T-5", ({"role": "user", "content": "q"},)), "T")
-    assert isinstance(sample, Sample) and len(seen) == 2
-
-
-async def test_timeouts_and_connection_errors_are_retried(mock) -> None:
-    def handler(request: httpx.Request, n: int) -> httpx.Response:
-        if n == 1:
-            raise httpx.ReadTimeout("slow", request=request)
-        if n == 2:
-            raise httpx.RemoteProtocolError("peer closed connection", request=request)
-        return httpx.Response(200, json=completion("done"))
-    client, seen = client_with(mock, handler)
-    assert isinstance(await client.regenerate(Prompt("T-6", ({"role": "user", "content": "q"},)), "T"), Sample)
-    assert len(seen) == 3
+    assert isinstance(sample, Sample) and len(seen) == len(faults) + 1
 
 
 @pytest.mark.parametrize(("exc", "reason", "detail"), [

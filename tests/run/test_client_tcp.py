@@ -1,14 +1,9 @@
-"""The client over real TCP against the simulator: a good answer, a final 4xx, and every transport
-failure mapped onto the kinds it retries (connect, timeout, connection), with the attempts recorded;
-in a fleet, a server that cannot be connected to (refused or black-holed) is taken out, a server that
-accepted and is slow to answer is not."""
+"""The client over real TCP: transport failures mapped onto the kinds it retries; in a fleet, a server that
+cannot be connected to is taken out, one slow to answer is not."""
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import time
-from collections.abc import Iterator
 
 import orjson
 import pytest
@@ -22,6 +17,8 @@ from gen_pipeline.server.fleet import Fleet
 from sglang_sim.testing import free_port, start_sim
 
 MESSAGES = [{"role": "user", "content": "hello"}]
+# serving "m", the model the requests name (an answer naming another is refused)
+FAST = ["--sim-profile", "fast", "--time-scale", "1000", "--sim-startup-s", "0", "--served-model-name", "m"]
 
 
 def generation(**kw) -> GenerationConfig:
@@ -39,37 +36,8 @@ async def complete(urls: str | list[str], fleet: Fleet | None = None, **gen) -> 
 
 @pytest.fixture(scope="module")
 def sim():
-    # serving "m", the model the requests name (an answer naming another is refused: issue 31 item 2)
-    with start_sim(["--sim-profile", "fast", "--time-scale", "1000", "--sim-startup-s", "0",
-                    "--served-model-name", "m"]) as s:
+    with start_sim(FAST) as s:
         yield s
-
-
-@pytest.fixture
-def black_hole() -> Iterator[str]:
-    """A server whose TCP handshake never completes (what a dead host or a dropping firewall looks like):
-    its listener's accept queue (backlog 0: one connection) is full and never drained, so Linux drops
-    every further SYN."""
-    with contextlib.ExitStack() as stack:
-        server = stack.enter_context(socket.socket())
-        server.bind(("127.0.0.1", 0))
-        server.listen(0)
-        port = server.getsockname()[1]
-        for _ in range(2):  # the first fills the queue, the second waits in SYN_SENT as ours will
-            filler = stack.enter_context(socket.socket())
-            filler.setblocking(False)
-            with contextlib.suppress(BlockingIOError):
-                filler.connect(("127.0.0.1", port))
-        yield f"http://127.0.0.1:{port}"
-
-
-@pytest.fixture
-def silent() -> Iterator[str]:
-    """A server that accepted (the kernel completes the handshake and takes the request) and never answers."""
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(8)
-        yield f"http://127.0.0.1:{server.getsockname()[1]}"
 
 
 async def test_answer_comes_back_parsed(sim) -> None:
@@ -95,8 +63,7 @@ async def test_stall_is_a_timeout() -> None:
 
 
 async def test_cut_mid_body_is_a_lost_connection() -> None:
-    with start_sim(["--sim-profile", "fast", "--time-scale", "1000", "--sim-startup-s", "0",
-                    "--sim-cut-rate", "1", "--served-model-name", "m"]) as s:
+    with start_sim([*FAST, "--sim-cut-rate", "1"]) as s:
         with pytest.raises(RequestError) as e:
             await complete(s.url)
     assert e.value.reason == "connection" and e.value.attempts == 1
@@ -119,13 +86,13 @@ async def test_a_black_holed_server_is_taken_out_of_the_fleet(sim, black_hole, e
     assert time.monotonic() - started < 10  # two connect timeouts of 0.3 s, not the 10 s read timeout
 
 
-async def test_a_server_that_accepted_and_does_not_answer_stays_in_the_fleet(sim, silent, events) -> None:
+async def test_a_server_that_accepted_and_does_not_answer_stays_in_the_fleet(sim, silent_server, events) -> None:
     """A read timeout says the server is there and busy: it is retried, never taken out."""
-    fleet = Fleet([silent, sim.url], fail_after=2)
+    fleet = Fleet([silent_server, sim.url], fail_after=2)
     with pytest.raises(RequestError) as e:
-        await complete([silent, sim.url], fleet, max_attempts=3, request_timeout_s=0.3)
+        await complete([silent_server, sim.url], fleet, max_attempts=3, request_timeout_s=0.3)
     assert (e.value.reason, e.value.attempts) == ("timeout", 3)
-    assert (fleet.up_urls, fleet.taken_out, events) == ([silent, sim.url], 0, [])
+    assert (fleet.up_urls, fleet.taken_out, events) == ([silent_server, sim.url], 0, [])
 
 
 async def test_stream_lines_reads_the_simulators_server_sent_events(sim) -> None:

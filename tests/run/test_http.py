@@ -1,6 +1,5 @@
-"""gen_pipeline/http.py: httpx's failures mapped to ours (in-process, MockTransport), the timeouts told
-apart over real sockets (a black-holed server is a connect failure, a silent one a read timeout), the
-pool not capped below max_connections, and the streaming POST read line by line."""
+"""gen_pipeline/http.py: httpx's failures mapped to ours, the timeouts told apart over real sockets, the pool
+size, the streaming POST."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import importlib.abc
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import anyio
 import httpx
@@ -22,6 +21,7 @@ from gen_pipeline.http import (
     BadStatus,
     CannotConnect,
     ConnectionLost,
+    Http,
     HttpError,
     NoAnswer,
     open_http,
@@ -30,6 +30,18 @@ from gen_pipeline.http import (
 from mock_http import mock_http
 
 URL = "http://s:30000/v1/chat/completions"
+
+
+@contextlib.asynccontextmanager
+async def tcp_server(serve, connections: int = 4) -> AsyncIterator[tuple[str, Http]]:
+    """`serve` (a raw TCP handler) on a local port: its chat URL, and a client of `connections`."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    url = f"http://127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}/v1/chat/completions"
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        async with open_http(GenerationConfig(), connections) as http:
+            yield url, http
+        tg.cancel_scope.cancel()
 
 
 def raising(exc: type[Exception], message: str = "") -> object:
@@ -90,38 +102,6 @@ async def test_a_status_is_an_answer_for_get_and_post_and_an_error_for_get_json(
 
 # ---------------------------------------------------------------- real sockets: the timeouts told apart
 
-@pytest.fixture
-def black_hole() -> Iterator[str]:
-    """A URL whose TCP handshake never completes: the listener's accept queue (backlog 0 holds one
-    connection) is full and never drained, so Linux drops every further SYN, as a firewall that drops
-    packets does. Nothing is accepted, nothing answers."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(0)
-    port = server.getsockname()[1]
-    fillers = []
-    for _ in range(2):  # the first fills the queue; the second waits in SYN_SENT, as ours will
-        filler = socket.socket()
-        filler.setblocking(False)
-        with contextlib.suppress(BlockingIOError):  # non-blocking: the connect goes on in the kernel
-            filler.connect(("127.0.0.1", port))
-        fillers.append(filler)
-    yield f"http://127.0.0.1:{port}"
-    for s in [*fillers, server]:
-        s.close()
-
-
-@pytest.fixture
-def silent_server() -> Iterator[str]:
-    """A URL where the kernel completes the handshake and takes the request (a listening socket with
-    room in its queue), but no program ever reads it or answers: a server that accepted and hangs."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    server.close()
-
-
 async def test_a_black_holed_server_is_a_connect_failure_after_the_connect_timeout(black_hole) -> None:
     generation = GenerationConfig(connect_timeout_s=0.3, request_timeout_s=60)
     async with open_http(generation, 4) as http:
@@ -156,8 +136,7 @@ async def test_nothing_listening_is_a_connect_failure_with_the_os_reason() -> No
 
 
 async def test_the_pool_holds_as_many_connections_as_asked_beyond_httpx_default_of_100() -> None:
-    """120 requests in flight at once, each on its own connection: the server answers none until it
-    holds all 120 (with httpx's default limit, 100, the last 20 would wait forever)."""
+    """The server answers none of 120 requests until it holds all 120 (httpx's default limit is 100)."""
     n, connections = 120, 0
     all_in = anyio.Event()
 
@@ -171,27 +150,21 @@ async def test_the_pool_holds_as_many_connections_as_asked_beyond_httpx_default_
             await all_in.wait()
             await stream.send(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
 
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    port = listener.extra(anyio.abc.SocketAttribute.local_port)
-    async with listener, anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, serve)
-        async with open_http(GenerationConfig(), n) as http:
-            replies = []
+    async with tcp_server(serve, n) as (url, http):
+        replies = []
 
-            async def one() -> None:
-                replies.append(await http.get(f"http://127.0.0.1:{port}/x"))
+        async def one() -> None:
+            replies.append(await http.get(url))
 
-            with anyio.fail_after(30):
-                async with anyio.create_task_group() as requests:
-                    for _ in range(n):
-                        requests.start_soon(one)
-        tg.cancel_scope.cancel()
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as requests:
+                for _ in range(n):
+                    requests.start_soon(one)
     assert connections == n and [r.json() for r in replies] == [{}] * n
 
 
 async def test_the_pools_of_a_large_window_share_one_tls_context() -> None:
-    """A window of thousands opens hundreds of connection pools; each building its own TLS context held
-    the first request back 8 s on an H200 host (docs/measurements.md, issue 19's regimes)."""
+    """Each pool building its own TLS context held the first request back 8 s (docs/measurements.md)."""
     async with open_http(GenerationConfig(), 3750) as http:
         pools = [t._pool for t in http._transports]  # type: ignore[attr-defined]
     assert len(pools) == -(-3750 // CONNECTIONS_PER_POOL)
@@ -266,9 +239,7 @@ async def test_leaving_a_stream_early_closes_it() -> None:
 
 
 async def test_a_request_imports_nothing() -> None:
-    """After the first request, sending one looks up no module: httpcore 1.0 imports sniffio whenever it
-    sets up a lock or an event, and an import that fails is not cached, so without sniffio installed
-    each request scanned sys.path several times (pyproject.toml says why sniffio is a dependency)."""
+    """After the first request, sending one looks up no module (httpcore imports sniffio per lock: pyproject.toml)."""
     looked_up: list[str] = []
 
     class Spy(importlib.abc.MetaPathFinder):
@@ -280,18 +251,13 @@ async def test_a_request_imports_nothing() -> None:
             while await stream.receive():  # keep-alive: one answer per request
                 await stream.send(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
 
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    url = f"http://127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}/v1/chat/completions"
-    async with listener, anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, serve)
-        async with open_http(GenerationConfig(), 4) as http:
-            assert (await http.post_json(url, {"warm": "up"})).status == 200
-            sys.meta_path.insert(0, Spy())
-            try:
-                replies = [await http.post_json(url, {"n": n}) for n in range(3)]
-            finally:
-                sys.meta_path.pop(0)
-        tg.cancel_scope.cancel()
+    async with tcp_server(serve) as (url, http):
+        assert (await http.post_json(url, {"warm": "up"})).status == 200
+        sys.meta_path.insert(0, Spy())
+        try:
+            replies = [await http.post_json(url, {"n": n}) for n in range(3)]
+        finally:
+            sys.meta_path.pop(0)
     assert [r.json() for r in replies] == [{}] * 3 and looked_up == []
 
 
@@ -344,33 +310,19 @@ async def _events_until_done(http, url: str) -> list[bytes]:  # type: ignore[no-
 
 
 async def test_a_drained_stream_keeps_its_connection_for_the_next_request() -> None:
-    """Read to [DONE] and drained, three streamed answers travel on one connection (left unread after
-    [DONE], each answer's connection was closed and a new one opened: issue 19's client CPU)."""
+    """Read to [DONE] and drained, three streamed answers travel on one connection."""
     serve, accepted = _sse_server()
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    url = f"http://127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}/v1/chat/completions"
-    async with listener, anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, serve)
-        async with open_http(GenerationConfig(), 4) as http:
-            answers = [await _events_until_done(http, url) for _ in range(3)]
-        tg.cancel_scope.cancel()
+    async with tcp_server(serve) as (url, http):
+        answers = [await _events_until_done(http, url) for _ in range(3)]
     assert answers == [[b"1", b"[DONE]"]] * 3 and len(accepted) == 1
 
 
 async def test_a_server_holding_its_body_open_after_done_costs_the_drain_limit_and_the_connection() -> None:
-    """A body not ended after [DONE] is left after the drain's limit: the answer stands, the next request
-    gets a new connection."""
-    release = anyio.Event()
-    serve, accepted = _sse_server(hold_open=release)
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    url = f"http://127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}/v1/chat/completions"
-    async with listener, anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, serve)
-        async with open_http(GenerationConfig(), 4) as http:
-            with anyio.fail_after(20):
-                answers = [await _events_until_done(http, url) for _ in range(2)]
-        release.set()
-        tg.cancel_scope.cancel()
+    """A body not ended after [DONE] is left after the drain's limit; the next request gets a new connection."""
+    serve, accepted = _sse_server(hold_open=anyio.Event())  # never set: the server's end is cancelled
+    async with tcp_server(serve) as (url, http):
+        with anyio.fail_after(20):
+            answers = [await _events_until_done(http, url) for _ in range(2)]
     assert answers == [[b"1", b"[DONE]"]] * 2 and len(accepted) == 2
 
 
@@ -387,19 +339,13 @@ def _cut_server():
 
 @pytest.mark.parametrize("bounded", [False, True])
 async def test_a_bounded_stream_reads_as_one_with_a_read_timeout_and_fails_the_same(bounded: bool) -> None:
-    """Issue 34: a stream whose caller bounds the whole answer reads without a timeout scope per read (client
-    CPU); what it reads, and how a cut connection fails, is the same."""
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    url = f"http://127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}/v1/chat/completions"
+    """A stream bounded as a whole (no timeout scope per read) reads and fails as one with a read timeout."""
     seen: list[bytes] = []
-    async with listener, anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, _cut_server())
-        async with open_http(GenerationConfig(), 4) as http:
-            with anyio.fail_after(20), pytest.raises(ConnectionLost) as e:
-                async with http.open_stream(url, b"{}", bounded=bounded) as answer:
-                    async for data in answer.events():
-                        seen.append(data)
-        tg.cancel_scope.cancel()
+    async with tcp_server(_cut_server()) as (url, http):
+        with anyio.fail_after(20), pytest.raises(ConnectionLost) as e:
+            async with http.open_stream(url, b"{}", bounded=bounded) as answer:
+                async for data in answer.events():
+                    seen.append(data)
     assert seen == [b"1"]
     assert str(e.value) == (f"the connection to {url[7:].partition('/')[0]} was lost (RemoteProtocolError: peer "
                             "closed connection without sending complete message body (incomplete chunked read))")

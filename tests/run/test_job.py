@@ -1,6 +1,5 @@
-"""Issue 10: several datasets in one command through one server lifetime (gen_pipeline/run/job.py), through
-the real CLI and the simulator: exact counts per dataset, one server start, each dataset's own sampling,
-resume, the pre-launch check naming the dataset's TOML."""
+"""Several datasets in one command through one server lifetime (run/job.py), through the CLI and the
+simulator."""
 
 from __future__ import annotations
 
@@ -8,6 +7,7 @@ import re
 from pathlib import Path
 
 import orjson
+import pytest
 from servers import SimThread
 
 from gen_pipeline.controller import Controller
@@ -83,25 +83,21 @@ def test_finished_dataset_is_skipped_and_the_others_resume(tmp_path: Path, share
         assert_exact(out, target, name)
 
 
-def test_bad_source_stops_the_job_before_the_server_starts(tmp_path: Path) -> None:
-    a, b, c = _job(tmp_path / "ds")
-    c.write_text(c.read_text().replace('files = ["C.jsonl"]', 'files = ["missing.jsonl"]'))
+@pytest.mark.parametrize(("bad", "old", "new", "named"), [
+    (2, 'files = ["C.jsonl"]', 'files = ["missing.jsonl"]', "missing.jsonl"),  # a source
+    (1, "max_new_tokens = 160", "max_new_tokens = -1", "max_new_tokens"),  # a config
+], ids=["source", "config"])
+def test_a_bad_dataset_stops_the_job_naming_its_toml_before_the_server_starts(tmp_path: Path, bad: int, old: str,
+                                                                               new: str, named: str) -> None:
+    tomls = _job(tmp_path / "ds")
+    tomls[bad].write_text(tomls[bad].read_text().replace(old, new))
     out = tmp_path / "out"
-    r = run_cli("generate", "--dataset", f"{a},{b},{c}", "--server", "sim", "--output-dir", out)
+    r = run_cli("generate", "--dataset", ",".join(map(str, tomls)), "--server", "sim", "--output-dir", out)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr
-    assert str(c) in r.stderr and "missing.jsonl" in r.stderr, r.stderr
+    assert str(tomls[bad]) in r.stderr and named in r.stderr, r.stderr
     assert "starting SGLang" not in r.stdout
     assert not list(out.rglob("server.log*")) and not list(out.rglob("shard-*.jsonl"))
-
-
-def test_bad_config_names_its_toml(tmp_path: Path) -> None:
-    a, b, _ = _job(tmp_path / "ds")
-    b.write_text(b.read_text().replace("max_new_tokens = 160", "max_new_tokens = -1"))
-    r = run_cli("generate", "--dataset", f"{a},{b}", "--server", "sim", "--output-dir", tmp_path / "out")
-    assert r.returncode == 2
-    assert "B.toml" in r.stderr and "max_new_tokens" in r.stderr, r.stderr
-    assert "starting SGLang" not in r.stdout
 
 
 def test_dataset_all_takes_every_toml_but_demo(tmp_path: Path) -> None:

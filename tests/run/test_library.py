@@ -1,6 +1,5 @@
-"""Issue 20: the library does the work and refuses what the CLI refuses, with the same messages; the
-set-up reads the model, the store and the source once; the library only emits log records; the
-manifest is checked field by field when read."""
+"""The library refuses what the CLI refuses, with the same messages; set-up reads the model, the store and
+the source once; the library only emits log records; the manifest is checked field by field."""
 
 from __future__ import annotations
 
@@ -155,8 +154,6 @@ def test_a_manifest_field_of_the_wrong_type_is_named_and_the_folder_rebuilt(tmp_
 
 @pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="sglang is installed here")
 def test_server_profile_of_the_options_is_checked_launchable_in_the_library(tmp_path: Path) -> None:
-    import anyio
-
     from gen_pipeline import ServerError
     profile = load_server_profile("tuned")
     toml = write_dataset(tmp_path, target=5)

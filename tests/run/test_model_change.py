@@ -1,10 +1,5 @@
-"""Issue 31 item 2: a server that comes back serving another model is refused by name, never written from.
-
-Attach mode over real TCP: a simulator killed mid-run and restarted on its port with another
---served-model-name. The model is checked again when a server comes back from an outage, and every
-answer's `model` (whole answers and stream chunks, in-process with MockTransport) is checked; a
-mismatch stops dispatch to that server, and with none left the run, naming both models. Base (b3e1e46):
-the rest of the run was written by the other model, labelled with the first one, exit 0."""
+"""A server that comes back serving another model is refused by name, never written from: checked when it
+comes back from an outage (real TCP) and on every answer's `model` (in-process, whole and streamed)."""
 
 from __future__ import annotations
 
@@ -22,31 +17,14 @@ from gen_pipeline.run.chat import ChatClient
 from gen_pipeline.run.wire import ClientSettings
 from gen_pipeline.server.fleet import Fleet
 from sglang_sim.testing import start_sim
+from tests.server.server_helpers import SIM, dataset, generate
 
 from mock_http import mock_http
-from pipeline_helpers import (
-    SIM_FAST,
-    finish_cli,
-    make_rows,
-    read_samples,
-    restart_sim_on_same_port,
-    sigkill_sim,
-    start_cli,
-    wait_lines,
-    wait_until,
-    write_dataset,
-)
-
-SIM = [*SIM_FAST, "--max-total-tokens", "20000", "--time-scale", "1"]  # a run of 300 lasts a few seconds
+from pipeline_helpers import finish_cli, read_samples, restart_sim_on_same_port, sigkill_sim, wait_lines, wait_until
 
 
 def _generate(tmp_path: Path, urls: str):
-    toml = write_dataset(tmp_path / "ds", target=300, max_new_tokens=64, rows=make_rows(340))
-    log = tmp_path / "cli.log"
-    proc = start_cli("generate", "--dataset", toml, "--server-url", urls, "--output-dir", tmp_path / "out",
-                     "--progress", "log", "--health-interval-s", "0.3", "--server-wait-s", "60", log=log)
-    (tmp_path / "out" / "T").mkdir(parents=True, exist_ok=True)
-    return proc, log
+    return generate(tmp_path, dataset(tmp_path, 300), urls, "--health-interval-s", "0.3", "--server-wait-s", "60")
 
 
 def _completed(url: str) -> int:

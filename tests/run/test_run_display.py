@@ -1,6 +1,4 @@
-"""What a user sees of a run (issue 14): start-up messages before any progress figure, the progress
-lines with load figures, a final line with the run's peaks (no stale poll), the window-shrink line,
-the run log beside the shards, and errors.jsonl recording the attempts a failure took."""
+"""What a user sees of a run: start-up messages, progress lines, run.log, errors.jsonl."""
 
 from __future__ import annotations
 
@@ -124,9 +122,8 @@ async def test_load_observers_get_every_poll(tmp_path: Path) -> None:
 
     cfg = load_dataset_config(write_dataset(tmp_path / "ds", target=40, max_new_tokens=64))
     polls: list[RunSnapshot] = []
-    slow = [("1" if a == "10" and prev == "--time-scale" else a)
-            for prev, a in zip(["", *SIM_FAST], SIM_FAST, strict=False)]
-    with sim_in_thread(slow, ready_timeout_s=30) as sim:  # a tenth of the speed: the run lasts several polls
+    # a tenth of the speed (the last --time-scale wins): the run lasts several polls
+    with sim_in_thread([*SIM_FAST, "--time-scale", "1"], ready_timeout_s=30) as sim:
         opts = RunOptions(output_root=tmp_path / "out", server_urls=(sim.url,),
                           poll_interval_s=0.05, load_observers=(polls.append,))
         summary = await run_generate(cfg, opts)

@@ -1,15 +1,13 @@
-"""Issue 19: the progress line counts the run's own retractions (not an attached server's lifetime
-count), and no load is read -- so no controller decision is made -- while the server is down."""
+"""The run counts its own retractions, and reads no load while the server is down."""
 
 from __future__ import annotations
 
 import anyio
 
 from gen_pipeline.controller import Controller
-from gen_pipeline.records import Capacity, LoadSnapshot, RunSnapshot
+from gen_pipeline.records import Capacity, LoadSnapshot
 from gen_pipeline.run.connect import ServerPoller
 from gen_pipeline.run.dispatch import Window
-from gen_pipeline.run.progress import postfix
 from gen_pipeline.run.stats import RunStats
 from gen_pipeline.server.handle import ServerHandle
 
@@ -20,13 +18,6 @@ def test_the_run_counts_its_own_retractions_across_a_restart() -> None:
     for total in (500, 500, 503, None, 2, 6):
         stats.note_load(LoadSnapshot(t_s=0.0, running=1, queued=0, retractions_total=total))
     assert stats.retractions == 3 + 2 + 4
-
-
-def test_the_progress_line_shows_the_runs_retractions() -> None:
-    snap = RunSnapshot(done=5, target=10, samples_per_s=1.0, tokens_per_s=100.0, in_flight=4, window=8,
-                       running=4, queued=0, retractions_total=503, retractions_run=3)
-    line = postfix(snap)
-    assert "retracted 3" in line and "503" not in line
 
 
 def test_no_load_is_read_while_the_server_restarts() -> None:

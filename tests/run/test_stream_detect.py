@@ -1,6 +1,5 @@
-"""Issue 34: the loop detector reads a stream every DETECT_EVERY_TOKENS tokens, not every chunk
-(gen_pipeline/run/wire.py TurnStream). Its verdict is the one a chunk-by-chunk reading gives, found at most
-that many tokens later; a loop in the last tokens before the finish is still caught."""
+"""The loop detector reads a stream every DETECT_EVERY_TOKENS tokens: the chunk-by-chunk verdict, at most
+that many tokens later."""
 
 from __future__ import annotations
 

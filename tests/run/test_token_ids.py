@@ -1,7 +1,5 @@
-"""Issue 21.1: `[output] token_ids = true` records the server's prompt and output token ids on every
-assistant turn (SGLang's return_token_ids: whole answers only, SGLang 0.5.17 refuses it on a stream,
-and so does the simulator), keeps them out of the history sent back, and the `tokens` export makes its
-rows from them with no tokenizer."""
+"""`[output] token_ids = true`: the server's token ids on every assistant turn, kept out of the history sent
+back, and the `tokens` export built from them."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Tool-use conversations through the client (issue 33 item 8), in-process with recorded answers in SGLang
-0.5.17's shapes (serving_chat.py: message.tool_calls whole; delta.tool_calls pieces streamed; finish_reason
-"tool_calls"): a turn of tool calls with empty content is an answer (not empty_turn), requests carry the
-sample's tools with tool_choice "auto" and the source's tool results as history, and the tool policy (the
-sample ends at the first regenerated call that differs from the source's: meta.tool_divergence)."""
+"""Tool-use conversations through the client, with answers in SGLang 0.5.17's shapes (serving_chat.py):
+the sample ends at the first regenerated call that differs from the source's (meta.tool_divergence)."""
 
 from __future__ import annotations
 
@@ -87,7 +84,7 @@ def test_same_calls_compares_arguments_as_json() -> None:
     assert same_calls(None, None) and not same_calls(None, [call("a", "{}")])
 
 
-async def _regenerate(answers: list[dict]) -> tuple[Sample, list[dict]]:
+async def _regenerate(answers: list[dict], prompt: Prompt = SOURCE) -> tuple[Sample, list[dict]]:
     seen: list[dict] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -95,7 +92,7 @@ async def _regenerate(answers: list[dict]) -> tuple[Sample, list[dict]]:
         return httpx.Response(200, json=answers[len(seen) - 1])
 
     async with mock_http(handler) as http:
-        sample = await ChatClient(http, ["http://s"], settings()).regenerate(SOURCE, "T")
+        sample = await ChatClient(http, ["http://s"], settings()).regenerate(prompt, "T")
     assert isinstance(sample, Sample), sample
     return sample, seen
 
@@ -131,30 +128,14 @@ async def test_the_sample_ends_at_the_first_divergence(answers: list[dict], turn
 
 
 async def test_samples_without_tools_send_none() -> None:
-    seen: list[dict] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(orjson.loads(request.content))
-        return httpx.Response(200, json=whole("hi"))
-
-    async with mock_http(handler) as http:
-        sample = await ChatClient(http, ["http://s"], settings()).regenerate(
-            Prompt("T-2", ({"role": "user", "content": "q"},)), "T")
-    assert isinstance(sample, Sample) and "tools" not in seen[0] and "tool_choice" not in seen[0]
+    sample, seen = await _regenerate([whole("hi")], Prompt("T-2", ({"role": "user", "content": "q"},)))
+    assert "tools" not in seen[0] and "tool_choice" not in seen[0]
     assert "tools" not in sample.meta and "tool_divergence" not in sample.meta
 
 
 async def test_tool_turns_without_tools_diverge_where_the_target_answers_in_text() -> None:
     # a source with tool turns but no `tools` column: nothing to send, the target answers in text, and the
     # source's results (of calls the target did not make) are never sent after it
-    seen: list[dict] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(orjson.loads(request.content))
-        return httpx.Response(200, json=whole("It is probably mild."))
-
-    async with mock_http(handler) as http:
-        sample = await ChatClient(http, ["http://s"], settings()).regenerate(
-            Prompt("T-3", SOURCE.messages), "T")
-    assert isinstance(sample, Sample) and len(seen) == 1 and "tools" not in seen[0]
+    sample, seen = await _regenerate([whole("It is probably mild.")] * 4, Prompt("T-3", SOURCE.messages))
+    assert len(seen) == 1 and "tools" not in seen[0]
     assert (sample.meta["tool_divergence"], sample.meta["tools"], sample.meta["turns"]) == (1, "", 1)

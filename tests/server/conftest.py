@@ -1,6 +1,10 @@
 import pytest
 
+from gen_pipeline.config.dataset import GenerationConfig
+from gen_pipeline.http import open_http
+
 
 @pytest.fixture
-def anyio_backend():
-    return "asyncio"  # run_server uses anyio; the sim (uvicorn) runs on asyncio here
+async def http():
+    async with open_http(GenerationConfig(), 16) as session:
+        yield session

@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-from functools import partial
-
 import anyio
-import httpx
 import pytest
 import uvicorn
 from starlette.applications import Starlette
 from starlette.responses import HTMLResponse
 from starlette.routing import Route
 
-from gen_pipeline.config.dataset import GenerationConfig
 from gen_pipeline.errors import ServerError
-from gen_pipeline.http import open_http
 from gen_pipeline.records import Capacity
 from gen_pipeline.server import read_load, run_attached
 from sglang_sim.testing import free_port, start_sim
+
+from server_helpers import router, started
 
 SIM = ["--max-total-tokens", "20000", "--enable-metrics", "--time-scale", "20"]
 
@@ -32,32 +25,25 @@ def sims():
         yield a, b
 
 
-async def test_attach_to_a_running_sim(sims, events):
-    async with open_http(GenerationConfig(), 16) as http:
-        async with anyio.create_task_group() as tg:
-            handle = await tg.start(partial(run_attached, [sims[0].url], http=http,
-                                            health_interval_s=0.2))
-            assert handle.base_urls == [sims[0].url]
-            assert handle.model == "sim/Kimi-K2.5"
-            assert handle.capacity.max_total_num_tokens == 20_000 and handle.capacity.source == "server_info"
-            assert handle.metrics and handle.pid is None and handle.log_path is None
-            snap = await read_load(http, handle.base_urls, now_s=1.0)
-            assert (snap.running, snap.queued, snap.retractions_total) == (0, 0, 0)
-            await handle.wait_ready()
-            tg.cancel_scope.cancel()
+async def test_attach_to_a_running_sim(http, sims, events):
+    async with started(run_attached, [sims[0].url], http=http, health_interval_s=0.2) as handle:
+        assert handle.base_urls == [sims[0].url]
+        assert handle.model == "sim/Kimi-K2.5"
+        assert handle.capacity.max_total_num_tokens == 20_000 and handle.capacity.source == "server_info"
+        assert handle.metrics and handle.pid is None and handle.log_path is None
+        snap = await read_load(http, handle.base_urls, now_s=1.0)
+        assert (snap.running, snap.queued, snap.retractions_total) == (0, 0, 0)
+        await handle.wait_ready()
     assert events == [f"attached to {sims[0].url}: {handle.summary_line()}"]
 
 
-async def test_attach_to_several_servers_sums_capacity(sims):
-    async with open_http(GenerationConfig(), 16) as http:
-        async with anyio.create_task_group() as tg:
-            handle = await tg.start(partial(run_attached, [s.url for s in sims], http=http))
-            assert handle.capacity.max_total_num_tokens == 40_000 and handle.capacity.servers == 2
-            assert handle.summary_line().startswith("2 servers: ")
-            tg.cancel_scope.cancel()
+async def test_attach_to_several_servers_sums_capacity(http, sims):
+    async with started(run_attached, [s.url for s in sims], http=http) as handle:
+        assert handle.capacity.max_total_num_tokens == 40_000 and handle.capacity.servers == 2
+        assert handle.summary_line().startswith("2 servers: ")
 
 
-async def test_attach_to_a_non_sglang_server_says_what_answered():
+async def test_attach_to_a_non_sglang_server_says_what_answered(http):
     app = Starlette(routes=[Route("/{path:path}", lambda request: HTMLResponse("<html><h1>Welcome</h1></html>"))])
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="off"))
@@ -66,9 +52,8 @@ async def test_attach_to_a_non_sglang_server_says_what_answered():
         with anyio.fail_after(10):
             while not server.started:
                 await anyio.sleep(0.02)
-        async with open_http(GenerationConfig(), 16) as http:
-            with pytest.raises(ServerError) as e:
-                await run_attached([f"http://127.0.0.1:{port}"], http=http)
+        with pytest.raises(ServerError) as e:
+            await run_attached([f"http://127.0.0.1:{port}"], http=http)
         server.should_exit = True
     assert str(e.value) == (
         f"http://127.0.0.1:{port} does not look like an SGLang or OpenAI-compatible server: GET /v1/models "
@@ -76,70 +61,31 @@ async def test_attach_to_a_non_sglang_server_says_what_answered():
         "server's base URL (e.g. http://host:30000, without /v1).")
 
 
-async def test_attach_to_nothing_listening():
+async def test_attach_to_nothing_listening(http):
     url = f"http://127.0.0.1:{free_port()}"
-    async with open_http(GenerationConfig(), 16) as http:
-        with pytest.raises(ServerError) as e:
-            await run_attached([url], http=http)
+    with pytest.raises(ServerError) as e:
+        await run_attached([url], http=http)
     assert str(e.value) == (f"Cannot reach {url}: Connection refused. Check SERVER_URL and that the server is "
                             "running (and listening on that host and port).")
 
 
 @pytest.mark.e2e  # the process is the subject: make e2e
-async def test_attach_through_sglang_router(sims, tmp_path):
-    port = free_port()
-    # The router tries to fetch a tokenizer from the hub for the worker's model; a dead local proxy
-    # keeps that attempt on this machine (it fails and the router carries on without one).
-    env = {**os.environ, "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
-           "NO_PROXY": "127.0.0.1,localhost", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *[s.url for s in sims],
-           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warn"]
-    with open(tmp_path / "router.log", "wb") as log:
-        router = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        if not _wait_up(url, router, timeout_s=20):
-            pytest.skip(f"sglang-router did not start here: {(tmp_path / 'router.log').read_text()[-500:]}")
-        async with open_http(GenerationConfig(), 16) as http:
-            async with anyio.create_task_group() as tg:
-                handle = await tg.start(partial(run_attached, [url], http=http))
-                assert handle.base_urls == [url] and handle.model == "sim/Kimi-K2.5"
-                # the CUDA-graph ceiling of the router's two servers is summed as their KV pools are (256 each)
-                assert handle.capacity == Capacity(40_000, handle.capacity.max_running_requests, servers=2,
-                                                   source="server_info", cuda_graph_max_bs=512)
-                body = {"model": handle.model, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
-                r = await http.post_json(url + "/v1/chat/completions", body, timeout_s=30)
-                assert r.status == 200
-                tg.cancel_scope.cancel()
-    finally:
-        router.terminate()
-        router.wait(10)
+async def test_attach_through_sglang_router(http, sims, tmp_path):
+    with router(list(sims), tmp_path, on_failure=pytest.skip) as url:
+        async with started(run_attached, [url], http=http) as handle:
+            assert handle.base_urls == [url] and handle.model == "sim/Kimi-K2.5"
+            # the CUDA-graph ceiling of the router's two servers is summed as their KV pools are (256 each)
+            assert handle.capacity == Capacity(40_000, handle.capacity.max_running_requests, servers=2,
+                                               source="server_info", cuda_graph_max_bs=512)
+            body = {"model": handle.model, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+            r = await http.post_json(url + "/v1/chat/completions", body, timeout_s=30)
+            assert r.status == 200
 
 
-def _wait_up(url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
-    """The router answers /health and has health-checked every worker (it lists a worker with
-    is_healthy false until its first check passes; attach counts healthy workers only)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                workers = httpx.get(url + "/workers", timeout=1).json().get("workers", [])
-                if workers and all(w.get("is_healthy") for w in workers):
-                    return True
-        except (httpx.HTTPError, ValueError, AttributeError):
-            pass
-        time.sleep(0.1)
-    return False
-
-
-async def test_attach_with_a_dead_url_counts_the_servers_that_answer(sims, events):
-    """Issue 31 item 6: one of three URLs dead at start: "2 of 3 servers up", not "3 servers"."""
+async def test_attach_with_a_dead_url_counts_the_servers_that_answer(http, sims, events):
     dead = f"http://127.0.0.1:{free_port()}"
     urls = [sims[0].url, dead, sims[1].url]
-    async with open_http(GenerationConfig(), 16) as http:
-        async with anyio.create_task_group() as tg:
-            handle = await tg.start(partial(run_attached, urls, http=http))
-            line = handle.summary_line()
-            tg.cancel_scope.cancel()
+    async with started(run_attached, urls, http=http) as handle:
+        line = handle.summary_line()
     assert line == "2 of 3 servers up: Kimi-K2.5 tp=1 kv=auto 40,000 KV tokens, max running 4,096"
     assert f"attached to {', '.join(urls)}: {line}" in events

@@ -79,26 +79,26 @@ async def read_capacity(http, urls: list[str]) -> Capacity:
     return combine([(await probe(http, url))[0] for url in urls])
 
 
-async def test_capacity_from_server_info_sums_dp_ranks():
-    async with client({"http://a/server_info": SERVER_INFO_DP2}) as http:
-        assert await read_capacity(http, ["http://a"]) == Capacity(376_000, 1024, servers=1, source="server_info")
+OLD_INFO = {"max_total_num_tokens": 24_576, "max_running_requests": 64, "internal_states": [{}]}
+# --dcp-size d: SGLang 0.5.17 reports one rank's pool; each rank holds 1/d of every token, the scheduler admits d x
+DCP_INFO = {**SERVER_INFO_DP2, "dp_size": 1, "internal_states": [{"effective_max_running_requests_per_dp": 512}],
+            "dcp_size": 4}
 
 
-async def test_capacity_old_endpoint_and_several_servers():
-    one = {"max_total_num_tokens": 24_576, "max_running_requests": 64, "internal_states": [{}]}
-    async with client({"http://a/get_server_info": one, "http://b/server_info": SERVER_INFO_DP2}) as http:
-        # a has no per-dp effective value: the CLI max_running_requests is used
-        assert await read_capacity(http, ["http://a", "http://b"]) == Capacity(
-            24_576 + 376_000, 64 + 1024, servers=2, source="server_info")
-
-
-async def test_capacity_falls_back_to_loads_then_vllm_then_unknown():
-    async with client({"http://a/v1/loads": LOADS_DP2}) as http:
-        assert await read_capacity(http, ["http://a"]) == Capacity(376_000, None, servers=1, source="loads")
-    async with client({"http://v/metrics": VLLM_METRICS}) as http:
-        assert await read_capacity(http, ["http://v"]) == Capacity(320_000, None, servers=1, source="vllm_metrics")
-    async with client({}) as http:
-        assert await read_capacity(http, ["http://x"]) == Capacity(0, None, servers=1, source="unknown")
+@pytest.mark.parametrize("routes, expected", [
+    ({"http://a/server_info": SERVER_INFO_DP2}, Capacity(376_000, 1024, servers=1, source="server_info")),
+    # a (the old endpoint) has no per-dp effective value: the CLI max_running_requests is used
+    ({"http://a/get_server_info": OLD_INFO, "http://b/server_info": SERVER_INFO_DP2},
+     Capacity(24_576 + 376_000, 64 + 1024, servers=2, source="server_info")),
+    ({"http://a/v1/loads": LOADS_DP2}, Capacity(376_000, None, servers=1, source="loads")),
+    ({"http://a/metrics": VLLM_METRICS}, Capacity(320_000, None, servers=1, source="vllm_metrics")),
+    ({}, Capacity(0, None, servers=1, source="unknown")),
+    ({"http://a/server_info": DCP_INFO}, Capacity(4 * 188_000, 512, servers=1, source="server_info")),
+], ids=["server_info", "old-endpoint-and-two", "loads", "vllm", "unknown", "dcp"])
+async def test_capacity_sums_dp_ranks_and_servers_and_falls_back(routes: dict, expected: Capacity):
+    urls = sorted({url.rpartition("/")[0].removesuffix("/v1") for url in routes}) or ["http://a"]
+    async with client(routes) as http:
+        assert await read_capacity(http, urls) == expected
 
 
 def test_capacity_from_log_line():
@@ -149,11 +149,3 @@ async def test_load_none_when_not_exposed_and_remembers_sources():
     async with client({}) as http:
         assert await read_load(http, ["http://none"], now_s=0) is None
 
-
-async def test_capacity_under_decode_context_parallelism_is_the_logical_pool():
-    """SGLang 0.5.17 reports one rank's max_total_num_tokens; with --dcp-size d each rank holds 1/d of every
-    token and the scheduler admits against the pool x d: the controller must size against that."""
-    info = {**SERVER_INFO_DP2, "dp_size": 1, "internal_states": [{"effective_max_running_requests_per_dp": 512}],
-            "dcp_size": 4}
-    async with client({"http://a/server_info": info}) as http:
-        assert await read_capacity(http, ["http://a"]) == Capacity(4 * 188_000, 512, servers=1, source="server_info")

@@ -15,19 +15,16 @@ KIMI = json.loads((Path(__file__).parent / "data" / "kimi-k2.5-config.json").rea
 LLAMA_8B = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096}
 
 
-def test_mla_bytes_per_token_are_replicated_across_tp():
-    # (512 + 64) latent × 61 layers × 2 bytes, the same on 1 or 8 GPUs
-    assert kv_bytes_per_token(KIMI, "bf16", 8) == ("MLA", 61, 70_272)
-    assert kv_bytes_per_token(KIMI, "bf16", 1) == ("MLA", 61, 70_272)
-    assert kv_bytes_per_token(KIMI, "fp8_e4m3", 8) == ("MLA", 61, 35_136)
-
-
-def test_mha_bytes_per_token_split_across_tp():
-    # 2 (K,V) × 32 layers × 8 kv heads × 128 head_dim × 2 bytes = 131,072 on one GPU
-    assert kv_bytes_per_token(LLAMA_8B, "bf16", 1) == ("MHA", 32, 131_072)
-    assert kv_bytes_per_token(LLAMA_8B, "bf16", 2) == ("MHA", 32, 65_536)
-    # 16 GPUs > 8 kv heads: each GPU still keeps one head
-    assert kv_bytes_per_token(LLAMA_8B, "fp8_e4m3", 16) == ("MHA", 32, 8_192)
+@pytest.mark.parametrize("config, dtype, tp, expected", [
+    (KIMI, "bf16", 8, ("MLA", 61, 70_272)),  # (512 + 64) latent × 61 layers × 2 bytes, replicated on every GPU
+    (KIMI, "bf16", 1, ("MLA", 61, 70_272)),
+    (KIMI, "fp8_e4m3", 8, ("MLA", 61, 35_136)),
+    (LLAMA_8B, "bf16", 1, ("MHA", 32, 131_072)),  # 2 (K,V) × 32 layers × 8 kv heads × 128 head_dim × 2 bytes
+    (LLAMA_8B, "bf16", 2, ("MHA", 32, 65_536)),  # split across tp
+    (LLAMA_8B, "fp8_e4m3", 16, ("MHA", 32, 8_192)),  # 16 GPUs > 8 kv heads: each GPU still keeps one head
+])
+def test_kv_bytes_per_token(config: dict, dtype: str, tp: int, expected: tuple) -> None:
+    assert kv_bytes_per_token(config, dtype, tp) == expected
 
 
 def test_mha_plan_numbers():

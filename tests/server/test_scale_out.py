@@ -1,17 +1,10 @@
-"""Issue 11.1, many servers and one orchestrator, with real processes: simulators over TCP, the CLI as a
-subprocess, and the real sglang-router binary. A server SIGKILLed mid-run costs only its in-flight
+"""Many servers, one orchestrator, with real processes: a server SIGKILLed mid-run costs only its in-flight
 requests (retried elsewhere): every run ends exact with 0 duplicates."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
-from functools import partial
+from contextlib import ExitStack
 from pathlib import Path
 
 import anyio
@@ -19,25 +12,14 @@ import httpx
 import orjson
 import pytest
 
-from gen_pipeline.config.dataset import GenerationConfig
-from gen_pipeline.http import open_http
 from gen_pipeline.server import run_attached
 from sglang_sim.testing import SimProcess, free_port, start_sim
 
-from pipeline_helpers import (
-    SIM_FAST,
-    assert_exact,
-    finish_cli,
-    make_rows,
-    start_cli,
-    wait_lines,
-    wait_until,
-    write_dataset,
-)
+from pipeline_helpers import SIM_FAST, assert_exact, finish_cli, wait_lines, wait_until, write_dataset
 from pipeline_helpers import restart_sim_on_same_port as restart_on_same_port
 from pipeline_helpers import sigkill_sim as sigkill
+from server_helpers import SIM, dataset, generate, router, started
 
-SIM = [*SIM_FAST, "--max-total-tokens", "20000", "--time-scale", "1"]  # a run lasts a few seconds
 SIM_SLOW = [*SIM, "--time-scale", "0.1"]  # long enough for a death to be seen mid-run (the router: ~2 s)
 
 
@@ -49,18 +31,6 @@ def three_sims() -> Iterator[list[SimProcess]]:
 
 def requests_seen(sim: SimProcess) -> int:
     return httpx.get(sim.url + "/sim/stats", timeout=5).json()["requests_seen"]
-
-
-def dataset(tmp_path: Path, target: int) -> Path:
-    return write_dataset(tmp_path / "ds", target=target, max_new_tokens=64, rows=make_rows(target + 40))
-
-
-def generate(tmp_path: Path, toml: Path, url: str, *extra: str) -> tuple[subprocess.Popen[bytes], Path]:
-    log = tmp_path / "cli.log"
-    proc = start_cli("generate", "--dataset", toml, "--server-url", url, "--output-dir", tmp_path / "out",
-                     "--progress", "log", *extra, log=log)
-    (tmp_path / "out" / "T").mkdir(parents=True, exist_ok=True)
-    return proc, log
 
 
 def telemetry(tmp_path: Path) -> list[dict]:
@@ -106,10 +76,9 @@ def test_direct_requests_go_to_the_server_with_the_most_free_kv(tmp_path):
     assert on_big + on_small >= 80 and on_big >= 4 * on_small, (on_big, on_small)
 
 
-async def test_a_dead_server_is_taken_out_and_probed_back_in_when_it_returns(three_sims):
-    async with open_http(GenerationConfig(), 16) as http, anyio.create_task_group() as tg:
-        handle = await tg.start(partial(run_attached, [s.url for s in three_sims], http=http,
-                                        health_interval_s=0.1, unhealthy_after=2))
+async def test_a_dead_server_is_taken_out_and_probed_back_in_when_it_returns(http, three_sims):
+    urls = [s.url for s in three_sims]
+    async with started(run_attached, urls, http=http, health_interval_s=0.1, unhealthy_after=2) as handle:
         fleet = handle.fleet
         assert handle.capacity.max_total_num_tokens == 60_000 and fleet.up_urls == [s.url for s in three_sims]
         sigkill(three_sims[1])
@@ -124,58 +93,25 @@ async def test_a_dead_server_is_taken_out_and_probed_back_in_when_it_returns(thr
                 while back.url not in fleet.up_urls or handle.capacity.max_total_num_tokens != 60_000:
                     await anyio.sleep(0.05)
             assert handle.capacity.servers == 3 and fleet.taken_out == 1
-            tg.cancel_scope.cancel()
         finally:
             back.stop()
 
 
-async def test_a_server_down_at_start_is_taken_out_not_fatal(three_sims):
+async def test_a_server_down_at_start_is_taken_out_not_fatal(http, three_sims):
     gone = f"http://127.0.0.1:{free_port()}"
-    async with open_http(GenerationConfig(), 16) as http, anyio.create_task_group() as tg:
-        handle = await tg.start(partial(run_attached, [three_sims[0].url, gone], http=http, health_interval_s=0.1))
+    async with started(run_attached, [three_sims[0].url, gone], http=http, health_interval_s=0.1) as handle:
         assert handle.fleet.up_urls == [three_sims[0].url] and handle.fleet.down_urls == [gone]
         assert handle.capacity.max_total_num_tokens == 20_000
-        tg.cancel_scope.cancel()
 
 
 # ---------------------------------------------------------------- through sglang-router
-
-@contextmanager
-def router(workers: list[SimProcess], tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    # The router fetches a tokenizer from the hub for the worker's model: a dead local proxy keeps that
-    # attempt on this machine (it fails and the router carries on without one).
-    env = {**os.environ, "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
-           "NO_PROXY": "127.0.0.1,localhost", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *[s.url for s in workers],
-           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warn",
-           "--prometheus-port", str(free_port()),  # its default 29000 collides between parallel tests
-           "--health-check-interval-secs", "1", "--health-failure-threshold", "2"]
-    with open(tmp_path / "router.log", "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        else:
-            pytest.fail(f"sglang-router did not start: {(tmp_path / 'router.log').read_text()[-800:]}")
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(10)
-
 
 def test_router_worker_killed_mid_run_and_one_added_the_run_is_exact(tmp_path):
     with ExitStack() as stack:
         three_sims = [stack.enter_context(start_sim(SIM_SLOW, ready_timeout_s=30)) for _ in range(3)]
         fourth = stack.enter_context(start_sim(SIM_SLOW, ready_timeout_s=30))
-        url = stack.enter_context(router(three_sims, tmp_path))
+        url = stack.enter_context(router(three_sims, tmp_path, "--health-check-interval-secs", "1",
+                                         "--health-failure-threshold", "2"))
         toml = dataset(tmp_path, target=500)
         proc, log = generate(tmp_path, toml, url)
         wait_lines(tmp_path / "out" / "T", 30, proc)
@@ -204,9 +140,8 @@ def _turns(sim: SimProcess) -> dict[str, int]:
 
 
 def test_a_samples_later_turns_run_where_its_previous_turn_did(tmp_path: Path) -> None:
-    """Two simulators, 12 samples of 3 user turns, `--routing affinity` (the default): each of the 24
-    later turns runs on the server of its previous turn, so it finds that turn's whole prompt cached
-    there (/sim/stats turns: later_prefix_hits); KV to spare, so no turn is moved for load."""
+    """`--routing affinity` (the default): each of the 24 later turns runs where its previous turn did and
+    finds its prompt cached there; KV to spare, so no turn is moved for load."""
     rows = [{"id": f"m{i}", "messages": [m for t in range(3) for m in (
         {"role": "user", "content": f"Sample {i}, question {t}: tell me about topic {i * 3 + t}."},
         {"role": "assistant", "content": "A source answer that is regenerated."})]} for i in range(12)]

@@ -9,13 +9,12 @@ from functools import partial
 import anyio
 import pytest
 
-from gen_pipeline.config.dataset import GenerationConfig
 from gen_pipeline.errors import ServerError, ServerStartupError
-from gen_pipeline.http import Http, open_http
+from gen_pipeline.http import Http
 from gen_pipeline.server import run_server
 from gen_pipeline.server import supervisor as supervisor_mod
 
-from server_helpers import group_gone, sim_profile
+from server_helpers import group_gone, sim_profile, started
 
 
 async def chat(http: Http, url: str) -> None:
@@ -44,19 +43,16 @@ def spawned(monkeypatch) -> list[int]:
     return pids
 
 
-async def test_start_reads_capacity_then_cancel_stops_the_group(tmp_path, spawned, events):
+async def test_start_reads_capacity_then_cancel_stops_the_group(tmp_path, http, spawned, events):
     (tmp_path / "server.log").write_text("previous run\n")
-    async with open_http(GenerationConfig(), 16) as http:
-        async with anyio.create_task_group() as tg:
-            handle = await tg.start(partial(run_server, sim_profile(), log_dir=tmp_path, http=http))
-            assert handle.capacity.max_total_num_tokens == 20_000
-            assert handle.capacity.source == "server_info"
-            assert handle.summary_line().startswith("Kimi-K2.5 tp=8 kv=fp8_e4m3 20,000 KV tokens, max running ")
-            assert handle.summary_line().endswith(", hicache 48 GB")
-            assert handle.model == "moonshotai/Kimi-K2.5" and handle.restarts == 0
-            await handle.wait_ready()
-            await chat(http, handle.base_urls[0])
-            tg.cancel_scope.cancel()
+    async with started(run_server, sim_profile(), log_dir=tmp_path, http=http) as handle:
+        assert handle.capacity.max_total_num_tokens == 20_000
+        assert handle.capacity.source == "server_info"
+        assert handle.summary_line().startswith("Kimi-K2.5 tp=8 kv=fp8_e4m3 20,000 KV tokens, max running ")
+        assert handle.summary_line().endswith(", hicache 48 GB")
+        assert handle.model == "moonshotai/Kimi-K2.5" and handle.restarts == 0
+        await handle.wait_ready()
+        await chat(http, handle.base_urls[0])
     assert spawned == [handle.pid]
     assert group_gone(handle.pid)
     assert (tmp_path / "server.log.1").read_text() == "previous run\n"
@@ -64,38 +60,33 @@ async def test_start_reads_capacity_then_cancel_stops_the_group(tmp_path, spawne
     assert not any(e.startswith("warning") for e in events), events
 
 
-async def test_crash_mid_traffic_restarts_and_is_ready_again(tmp_path, spawned, events):
-    async with open_http(GenerationConfig(), 16) as http:
-        async with anyio.create_task_group() as tg:
-            handle = await tg.start(partial(run_server, sim_profile("--sim-crash-after", "2"), log_dir=tmp_path,
-                                            http=http))
-            first_pid = handle.pid
-            url = handle.base_urls[0]
-            await chat(http, url)
-            await chat(http, url)  # the sim exits(1) right after this one
-            await until(lambda: handle.restarts == 1 and handle.ready)
-            await handle.wait_ready()
-            assert handle.pid != first_pid and group_gone(first_pid)
-            assert handle.base_urls == [url] and handle.capacity.max_total_num_tokens == 20_000
-            await chat(http, url)
-            tg.cancel_scope.cancel()
+async def test_crash_mid_traffic_restarts_and_is_ready_again(tmp_path, http, spawned, events):
+    profile = sim_profile("--sim-crash-after", "2")
+    async with started(run_server, profile, log_dir=tmp_path, http=http) as handle:
+        first_pid = handle.pid
+        url = handle.base_urls[0]
+        await chat(http, url)
+        await chat(http, url)  # the sim exits(1) right after this one
+        await until(lambda: handle.restarts == 1 and handle.ready)
+        await handle.wait_ready()
+        assert handle.pid != first_pid and group_gone(first_pid)
+        assert handle.base_urls == [url] and handle.capacity.max_total_num_tokens == 20_000
+        await chat(http, url)
     assert len(spawned) == 2 and group_gone(spawned[1])
     assert "SGLang exited with code 1; dispatch paused" in " ".join(events)
     assert any(e.startswith("SGLang is back (restart 1)") for e in events)
 
 
-async def test_gives_up_after_max_restarts(tmp_path, spawned):
+async def test_gives_up_after_max_restarts(tmp_path, http, spawned):
     profile = sim_profile("--sim-crash-after", "1", max_restarts=1)
-    async with open_http(GenerationConfig(), 16) as http:
-        handle_box = []
-        with pytest.raises((ServerError, BaseExceptionGroup)) as e:
-            async with anyio.create_task_group() as tg:
-                handle = await tg.start(partial(run_server, profile, log_dir=tmp_path, http=http))
-                handle_box.append(handle)
-                await chat(http, handle.base_urls[0])
-                await until(lambda: handle.restarts == 1 and handle.ready)
-                await chat(http, handle.base_urls[0])
-                await anyio.sleep_forever()  # run_server raises and cancels this
+    handle_box = []
+    with pytest.raises((ServerError, BaseExceptionGroup)) as e:
+        async with started(run_server, profile, log_dir=tmp_path, http=http) as handle:
+            handle_box.append(handle)
+            await chat(http, handle.base_urls[0])
+            await until(lambda: handle.restarts == 1 and handle.ready)
+            await chat(http, handle.base_urls[0])
+            await anyio.sleep_forever()  # run_server raises and cancels this
     expected = (f"SGLang crashed 2 times (last exit code 1); giving up. The run is resumable: fix the cause "
                 f"(see {tmp_path / 'server.log'}) and run the same command.")
     assert type(_only(e.value)) is ServerError and str(_only(e.value)) == expected
@@ -112,11 +103,10 @@ def _only(exc: BaseException) -> BaseException:
     return exc
 
 
-async def test_fatal_startup_line_gives_advice(tmp_path, spawned):
+async def test_fatal_startup_line_gives_advice(tmp_path, http, spawned):
     line = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
-    async with open_http(GenerationConfig(), 16) as http:
-        with pytest.raises(ServerStartupError) as e:
-            await run_server(sim_profile("--sim-fail-startup", line), log_dir=tmp_path, http=http)
+    with pytest.raises(ServerStartupError) as e:
+        await run_server(sim_profile("--sim-fail-startup", line), log_dir=tmp_path, http=http)
     msg = str(e.value)
     assert msg.splitlines()[0].startswith("SGLang ")
     assert f"Last lines of {tmp_path / 'server.log'}:" in msg
@@ -127,22 +117,18 @@ async def test_fatal_startup_line_gives_advice(tmp_path, spawned):
     assert group_gone(spawned[0])
 
 
-async def test_never_healthy_times_out_naming_the_log(tmp_path, spawned):
-    async with open_http(GenerationConfig(), 16) as http:
-        with anyio.fail_after(15):
-            with pytest.raises(ServerStartupError) as e:
-                await run_server(sim_profile("--sim-never-healthy", startup_timeout_s=1.5), log_dir=tmp_path,
-                                 http=http)
+async def test_never_healthy_times_out_naming_the_log(tmp_path, http, spawned):
+    profile = sim_profile("--sim-never-healthy", startup_timeout_s=1.5)
+    with anyio.fail_after(15), pytest.raises(ServerStartupError) as e:
+        await run_server(profile, log_dir=tmp_path, http=http)
     assert str(e.value).startswith(
         f"SGLang did not answer /health within 1.5 s; see {tmp_path / 'server.log'}. The server was stopped.")
     assert group_gone(spawned[0])
 
 
-async def test_unknown_flag_shows_argparse_message_fast(tmp_path, spawned):
-    async with open_http(GenerationConfig(), 16) as http:
-        with anyio.fail_after(10):
-            with pytest.raises(ServerStartupError) as e:
-                await run_server(sim_profile("--no-such-flag", "1"), log_dir=tmp_path, http=http)
+async def test_unknown_flag_shows_argparse_message_fast(tmp_path, http, spawned):
+    with anyio.fail_after(10), pytest.raises(ServerStartupError) as e:
+        await run_server(sim_profile("--no-such-flag", "1"), log_dir=tmp_path, http=http)
     msg = str(e.value)
     assert msg.startswith("SGLang rejected its command line (")
     assert "error: unrecognized arguments: --no-such-flag 1" in msg.splitlines()[0]
@@ -151,29 +137,25 @@ async def test_unknown_flag_shows_argparse_message_fast(tmp_path, spawned):
         "[profile.sim]. Fix or remove that key (or upgrade SGLang), then run again.")
 
 
-async def test_exit_before_healthy_reports_code(tmp_path):
+async def test_exit_before_healthy_reports_code(tmp_path, http):
     profile = sim_profile(command=["{python}", "-c", "import sys; print('loading weights'); sys.exit(3)"])
-    async with open_http(GenerationConfig(), 16) as http:
-        with pytest.raises(ServerStartupError) as e:
-            await run_server(profile, log_dir=tmp_path, http=http)
+    with pytest.raises(ServerStartupError) as e:
+        await run_server(profile, log_dir=tmp_path, http=http)
     lines = str(e.value).splitlines()
     assert lines[0].startswith("SGLang exited with code 3 before /health answered (")
     assert lines[-2] == "  loading weights"
     assert lines[-1] == "Fix the cause shown above, then run the same command again."
 
 
-async def test_unhealthy_server_is_restarted(tmp_path, spawned, events):
+async def test_unhealthy_server_is_restarted(tmp_path, http, spawned, events):
     profile = sim_profile("--sim-health-503-after-s", "0.5", "--sim-health-503-for-s", "60")
-    async with open_http(GenerationConfig(), 16) as http:
-        async with anyio.create_task_group() as tg:
-            handle = await tg.start(partial(run_server, profile, log_dir=tmp_path, http=http))
-            await until(lambda: handle.restarts == 1)
-            tg.cancel_scope.cancel()
+    async with started(run_server, profile, log_dir=tmp_path, http=http) as handle:
+        await until(lambda: handle.restarts == 1)
     assert "SGLang failed 3 health checks in a row; dispatch paused" in " ".join(events)
     assert all(group_gone(p) for p in spawned)
 
 
-async def test_sigterm_ignoring_server_is_killed(tmp_path, spawned):
+async def test_sigterm_ignoring_server_is_killed(tmp_path, http, spawned):
     # A server that ignores SIGTERM is SIGKILLed after stop_grace_s.
     code = ("import signal, sys, time, http.server, threading\n"
             "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
@@ -184,22 +166,18 @@ async def test_sigterm_ignoring_server_is_killed(tmp_path, spawned):
             "    def log_message(self, *a): pass\n"
             "http.server.HTTPServer(('127.0.0.1', port), H).serve_forever()\n")
     profile = sim_profile(command=["{python}", "-c", code], stop_grace_s=0.5)
-    async with open_http(GenerationConfig(), 16) as http:
-        async with anyio.create_task_group() as tg:
-            handle = await tg.start(partial(run_server, profile, log_dir=tmp_path, http=http))
-            assert handle.capacity.source == "unknown"
-            tg.cancel_scope.cancel()
+    async with started(run_server, profile, log_dir=tmp_path, http=http) as handle:
+        assert handle.capacity.source == "unknown"
     assert group_gone(spawned[0])
 
 
-async def test_cancel_during_startup_stops_the_group(tmp_path, spawned):
+async def test_cancel_during_startup_stops_the_group(tmp_path, http, spawned):
     profile = sim_profile(extra_args=["--sim-profile", "fast", "--sim-startup-s", "30"])
-    async with open_http(GenerationConfig(), 16) as http:
-        with anyio.CancelScope() as scope:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(partial(run_server, profile, log_dir=tmp_path, http=http))
-                await until(lambda: len(spawned) == 1)  # started; /health stays 503 for 30 s
-                scope.cancel()
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(run_server, profile, log_dir=tmp_path, http=http))
+            await until(lambda: len(spawned) == 1)  # started; /health stays 503 for 30 s
+            scope.cancel()
     assert scope.cancelled_caught
     assert len(spawned) == 1 and group_gone(spawned[0])
 
@@ -208,15 +186,12 @@ FP8_WARNING = ("Using FP8 KV cache but no scaling factors provided. Defaulting t
                "This may lead to less accurate results!")
 
 
-async def test_fp8_kv_warning_is_surfaced_once_and_not_fatal(tmp_path, spawned, caplog):
+async def test_fp8_kv_warning_is_surfaced_once_and_not_fatal(tmp_path, http, spawned, caplog):
     # SGLang 0.5.17 logs this with --kv-cache-dtype fp8_e4m3 (issue 9); once per TP rank, here twice.
     caplog.set_level(logging.INFO, logger="gen_pipeline")
     profile = sim_profile("--sim-startup-log", FP8_WARNING, "--sim-startup-log", FP8_WARNING)
-    async with open_http(GenerationConfig(), 16) as http:
-        async with anyio.create_task_group() as tg:
-            handle = await tg.start(partial(run_server, profile, log_dir=tmp_path, http=http))
-            await handle.wait_ready()
-            tg.cancel_scope.cancel()
+    async with started(run_server, profile, log_dir=tmp_path, http=http) as handle:
+        await handle.wait_ready()
     warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("SGLang warning:")]
     assert warnings == [
         "SGLang warning: fp8 KV cache without scaling factors (SGLang uses 1.0): the outputs may be less accurate; "
