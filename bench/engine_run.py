@@ -5,7 +5,7 @@ The transport is a coroutine that adds the request to the engine and waits for i
 task steps the engine. Before each step the driver lets every other task run until all are blocked
 (the dispatcher has refilled the window: a client with no network delay), so the run is
 deterministic. The clock of the window, the controller and the statistics is the engine's
-simulated time; every simulated second the dispatcher gets a LoadSnapshot (`observe_load`, as the
+simulated time; every simulated second the window gets a LoadSnapshot (`observe_load`, as the
 pipeline's poller calls it) and the client's per-request hook reports each completion
 (`Window.observe_completion`), both exactly as in a run.
 """
@@ -106,7 +106,8 @@ class _EngineRun:
             while engine.now_s >= next_poll_s:
                 snap = snapshot(engine)
                 self.running.append(snap.running)
-                self.dispatcher.observe_load(snap)
+                self.window.observe_load(snap)  # as the job's poller does (run/job.py _poll_load)
+                self.dispatcher.retune()
                 if self.window.controller is not None:
                     self.windows.append(self.window.controller.statistics().window)
                 if next_trace_s is None:

@@ -151,12 +151,12 @@ def _recorded(job: Job, server: ServerConfig, fixed: int | None) -> tuple[_Engin
     """One dataset alone through engine_run's single-dataset path; every poll's (t, running, decode tokens)."""
     r = _EngineRun(job, server, fixed)
     polls: list[tuple[float, int, int]] = []
-    observe = r.dispatcher.observe_load
+    observe = r.window.observe_load
 
     def record(snap):
         polls.append((snap.t_s, snap.running, r.engine.counters()["decode_tokens_total"]))
         observe(snap)
-    r.dispatcher.observe_load = record  # type: ignore[method-assign]
+    r.window.observe_load = record  # type: ignore[method-assign]
     anyio.run(r.main)
     assert r.dispatcher.ok == len(job.lengths)
     return r, polls
