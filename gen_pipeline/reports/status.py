@@ -446,6 +446,8 @@ def read_ranked_status(folder: Path, dataset: str, target: int | None) -> Datase
     for name in _SUMMED:
         setattr(st, name, sum(getattr(r, name) for r in ranks))
     st.gate = merged(r.gate for r in ranks)
+    served = [r.spec_server for r in ranks if r.spec_server is not None]  # each rank's own server's gauge
+    st.spec_server = sum(served) / len(served) if served else None
     st.stale_ranks = [n for r in ranks for n in r.stale_ranks]
     st.gpu = add([r.gpu for r in ranks])
     for r in ranks:

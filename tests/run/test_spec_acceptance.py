@@ -47,7 +47,9 @@ def _run(url: str, folder: Path, on_loop: str) -> tuple[Path, Path, list[dict], 
 
 
 def test_whole_answers_record_each_turns_acceptance(draft_sim, tmp_path: Path) -> None:
-    _, _, samples, status, js, card = _run(draft_sim.url, tmp_path, "off")
+    toml, out, samples, status, js, card = _run(draft_sim.url, tmp_path, "off")
+    v = run_cli("validate", "--dataset", toml, "--output-dir", out)
+    assert v.returncode == 0, v.stdout + v.stderr
     turns = [t for s in samples for t in s["meta"]["per_turn"]]
     assert len(turns) == sum(s["meta"]["turns"] for s in samples) > ROWS
     # SGLang's figure: completion_tokens / spec_verify_ct, capped by the draft's 4 tokens a step
@@ -89,3 +91,15 @@ def test_nothing_shown_without_a_draft(tmp_path: Path) -> None:
     assert not any("spec_verify_ct" in t for s in samples for t in s["meta"]["per_turn"])
     assert "draft acceptance" not in status and "Draft acceptance" not in card
     assert js["spec_acceptance"] is None
+
+
+def test_ranks_show_the_mean_of_their_servers_figures(draft_sim, tmp_path: Path) -> None:
+    toml, out = write_dataset(tmp_path, target=ROWS, rows=make_rows(ROWS)), tmp_path / "out"
+    for rank in (0, 1):
+        r = run_cli("generate", "--dataset", toml, "--server-url", draft_sim.url, "--output-dir", out, "--progress",
+                    "quiet", "--window", "1", "--poll-interval-s", "0.05", "--rank", str(rank), "--world-size", "2")
+        assert r.returncode == 0, r.stdout + r.stderr
+    figures = [orjson.loads((out / "T" / f"rank-{r}-of-2" / "manifest.json").read_bytes())["progress"]
+               ["spec_accept_length"] for r in (0, 1)]
+    st = run_cli("status", "--dataset", "T", "--output-dir", out, "--config-dir", toml.parent)
+    assert f"T: draft acceptance: {sum(figures) / 2:.2f} {SERVER_WIDE}\n" in st.stdout + "\n", st.stdout
