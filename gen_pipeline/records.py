@@ -4,7 +4,7 @@ Capacity and LoadSnapshot; a run's RunSnapshot (what progress, the manifest and 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import orjson
 
@@ -47,6 +47,10 @@ class TurnMeta(TypedDict):
     leak: str  # "" or the leak the written answer was repaired of (quality.LeakReason)
     tokens_not_decoded: int  # sum over aborted attempts of max_new_tokens − tokens decoded at the abort
     discarded_tokens: int  # tokens decoded by attempts that were not written (loops, empty answers)
+    # the server's draft, on every turn when one runs and turns come whole (0.0 / 0: the server sent none):
+    # meta_info's completion_tokens / spec_verify_ct (SGLang 0.5.17 tokenizer_manager.py), and spec_verify_ct
+    spec_accept_length: NotRequired[float]
+    spec_verify_ct: NotRequired[int]
 
 
 @dataclass(slots=True)
@@ -137,6 +141,7 @@ class LoadSnapshot:
     gen_throughput: float | None = None  # tok/s as the server reports it
     # SGLang's admission estimate (/metrics sglang:new_token_ratio), the highest over servers
     new_token_ratio: float | None = None
+    spec_accept_length: float | None = None  # /metrics sglang:spec_accept_length (None: 0 or absent, no draft)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +186,7 @@ class RunSnapshot:
     server_wait_s: float | None = None  # attached, no server answers: dispatch paused this long ...
     server_wait_limit_s: float | None = None  # ... of at most this long (--server-wait-s)
     client_cpu: float | None = None  # cores the CLI process used over the last ~10 s (run/stats.py CpuMeter)
+    spec_accept_length: float | None = None  # the server-wide draft acceptance, as the last poll read it
 
     @property
     def eta_s(self) -> float | None:

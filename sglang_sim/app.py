@@ -27,6 +27,7 @@ from sglang_sim.engine import Engine, FinishedRequest
 from sglang_sim.faults import Fault, FaultSettings, decide, health_ok
 from sglang_sim.loop import EngineLoop
 from sglang_sim.metrics import SimCollector, make_registry, render
+from sglang_sim.spec import Speculation
 
 log = logging.getLogger("sglang_sim")
 SIM_VERSION = "0.5.6+sim"  # the SGLang API generation it mimics, marked as the simulator
@@ -62,6 +63,7 @@ class SimServer:
         # chat requests per sampling asked ({temperature, top_p, reasoning_effort, chat_template_kwargs} as sorted
         # JSON): what a client's per-sample sampling (a sampling mix) really sent
         self.chat_sampling: collections.Counter[str] = collections.Counter()
+        self.spec = Speculation(ns)
         self.registry = make_registry(SimCollector(ns.served_model_name, self._metrics_snapshot))
 
     def _finished(self, fin: FinishedRequest) -> None:
@@ -122,7 +124,7 @@ class SimServer:
         # SGLang sets the gauge from the PrefillAdder at each prefill stats log (metrics_reporter.py:553)
         gauges = {"new_token_ratio": engine.reported_new_token_ratio, "num_paused_reqs": load["queues"]["paused"],
                   "num_retracted_reqs": load["queues"]["retracted"],
-                  "is_cuda_graph": int(self.loop.stats.last_cuda_graph)}
+                  "is_cuda_graph": int(self.loop.stats.last_cuda_graph), **self.spec.gauges()}
         return [load | gauges], engine.counters()
 
     async def run_startup(self) -> None:

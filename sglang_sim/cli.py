@@ -54,6 +54,11 @@ def _sglang_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-dp-attention", action="store_true")
     p.add_argument("--attention-backend", default=None)
     p.add_argument("--watchdog-timeout", type=float, default=300.0)
+    p.add_argument("--speculative-algorithm", default=None)  # EAGLE, EAGLE3, NEXTN, ... (no speed effect here)
+    p.add_argument("--speculative-draft-model-path", "--speculative-draft-model", default=None)
+    p.add_argument("--speculative-num-steps", type=int, default=None)
+    p.add_argument("--speculative-eagle-topk", type=int, default=None)
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
 
 
 def _sim_flags(p: argparse.ArgumentParser) -> None:
@@ -70,6 +75,8 @@ def _sim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sim-kv-perturb", type=float, default=0.0, metavar="RATE",
                    help="with an fp8 --kv-cache-dtype: share of positions whose top-1 token flips, plus small "
                         "logprob noise everywhere, in /generate's return_logprob path (sglang_sim/logprob_model.py)")
+    g.add_argument("--sim-accept-length", type=float, default=2.5, metavar="L",
+                   help="with --speculative-algorithm: mean tokens accepted per verify step (sglang_sim/spec.py)")
     f = p.add_argument_group("simulator faults (see sglang_sim/faults.py)")
     f.add_argument("--sim-crash-after", type=int, default=0)
     f.add_argument("--sim-error-rate", type=float, default=0.0)
@@ -125,6 +132,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--sim-kv-perturb must be in [0, 1] (got {ns.sim_kv_perturb})")
     if ns.sim_no_graph_factor is not None and ns.sim_no_graph_factor < 1.0:
         parser.error(f"--sim-no-graph-factor must be >= 1 (got {ns.sim_no_graph_factor})")
+    if ns.sim_accept_length < 1.0:
+        parser.error(f"--sim-accept-length must be >= 1 (got {ns.sim_accept_length})")
     if ns.kv_cache_dtype == "bfloat16":
         ns.kv_cache_dtype = "bf16"
     try:

@@ -26,6 +26,7 @@ from sglang_sim.engine import FinishedRequest
 from sglang_sim.faults import Fault, FaultSettings, OutputFault, decide_output
 from sglang_sim.lengths import cap_length, draw_length, request_seed
 from sglang_sim.loop import EngineLoop, Ticket
+from sglang_sim.spec import Speculation
 from sglang_sim.tokenizer import decode_output, draw_output_ids, encode, render_chat
 from sglang_sim.transport import ChunkedResponse, one_chunk, wait_or_disconnect
 
@@ -48,6 +49,7 @@ class SimServer(Protocol):
     looping: dict[str, tuple[str, int]]
     output_fault_counts: collections.Counter[str]
     chat_sampling: collections.Counter[str]
+    spec: Speculation
 
     def next_fault(self) -> Fault: ...
 
@@ -57,7 +59,11 @@ class SimServer(Protocol):
 
 
 class BadRequest(Exception):
-    """A 400 with SGLang's error body."""
+    """A 400 with SGLang's error body (`type_`: its "type")."""
+
+    def __init__(self, message: str, type_: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.type_ = type_
 
 
 def error_response(message: str, status: int = 400, type_: str = "BadRequestError") -> JSONResponse:
@@ -90,6 +96,7 @@ class Plan:
     previous_prompt_tokens: int = 0  # chat, turn >= 2: the prompt of the turn before (to its last answer)
     return_prompt_ids: bool = False  # return_prompt_token_ids or return_token_ids (whole answers only)
     return_output_ids: bool = False  # return_token_ids
+    return_meta_info: bool = False  # chat, whole answers only
 
 
 def _check_context(server: SimServer, n_prompt: int, max_new: int | None) -> None:
@@ -212,6 +219,10 @@ def _chat_plan(server: SimServer, body: dict[str, Any]) -> Plan:
     if plan.stream and body.get("return_token_ids"):
         raise BadRequest("return_token_ids is not supported with streaming on /v1/chat/completions. "
                          "Please set stream=false when using return_token_ids=true.")
+    if plan.stream and body.get("return_meta_info"):  # a ValueError there: serving_base.py handle_request's 400
+        raise BadRequest("return_meta_info is not supported with streaming. "
+                         "Please set stream=false when using return_meta_info=true.", "BadRequest")
+    plan.return_meta_info = bool(body.get("return_meta_info"))
     plan.return_output_ids = bool(body.get("return_token_ids"))
     plan.return_prompt_ids = plan.return_output_ids or bool(body.get("return_prompt_token_ids"))
     options = body.get("stream_options") or {}
@@ -269,7 +280,7 @@ async def _serve(request: Request, make_plan: Any, streamer: Any, whole: Any) ->
     try:
         plan = make_plan(server, await json_body(request))
     except BadRequest as e:
-        return error_response(str(e))
+        return error_response(str(e), type_=e.type_)
     early = await _early_fault(server, request, plan)
     if early is not None:
         return early
@@ -381,6 +392,7 @@ async def _chat_stream(server: SimServer, plan: Plan, ticket: Ticket) -> AsyncIt
         if reason == "stop" and gen.tool_calls:  # serving_chat.py: a natural stop after calls
             reason = "tool_calls"
         server.count_turn(plan.user_turns, plan.previous_prompt_tokens, ev)
+        server.spec.meta_info(gen.prompt_ids, ev.completion_tokens)  # for the gauge: a stream carries no meta_info
         yield R.sse(R.chat_chunk(gen, {}, reason))
         if plan.include_usage and plan.fault is not Fault.NO_USAGE:
             yield R.sse(R.usage_chunk(gen, ev, server.ns.enable_cache_report))
@@ -409,12 +421,16 @@ def _chat_whole(server: SimServer, plan: Plan, fin: Any) -> dict[str, Any]:
         choice["prompt_token_ids"] = list(plan.gen.prompt_ids)
     if plan.return_output_ids:
         choice["token_ids"] = list(plan.gen.output_ids[:fin.completion_tokens])
+    spec = server.spec.meta_info(plan.gen.prompt_ids, fin.completion_tokens)
+    if plan.return_meta_info:  # serving_chat.py _build_chat_response: the request's whole meta_info
+        choice["meta_info"] = R.generate_body(plan.gen, fin, text="", with_ids=False)["meta_info"] | spec
     return body
 
 
 def _generate_whole(server: SimServer, plan: Plan, fin: Any) -> dict[str, Any]:
     text = "" if plan.gen.empty else decode_output(plan.gen.output_ids[: fin.completion_tokens])
     body = R.generate_body(plan.gen, fin, text=text, with_ids=True)
+    body["meta_info"].update(server.spec.meta_info(plan.gen.prompt_ids, fin.completion_tokens))
     if plan.logprobs is not None:
         body["meta_info"].update(LP.meta_info(plan.logprobs, plan.gen.output_ids[: fin.completion_tokens]))
     return body

@@ -29,6 +29,10 @@ _GAUGES = (
     # Requests taken back by the latest retraction since the previous stats log (reset at each).
     ("sglang:num_retracted_reqs", "num_retracted_reqs", "The number of retracted requests."),
     ("sglang:is_cuda_graph", "is_cuda_graph", "Whether the batch is using CUDA graph."),
+    ("sglang:spec_accept_length", "spec_accept_length", "Mean acceptance length of speculative decoding "
+     "(accepted drafts + bonus token per forward)."),
+    ("sglang:spec_accept_rate", "spec_accept_rate", "Speculative acceptance rate (`accepted drafts / proposed "
+     "drafts` in batch)."),
 )
 # Scheduler-side counters: labelled, so SGLang serves no sample before the first increment.
 _RANK_COUNTERS = (

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gen_pipeline.config.mix import produced_shares
-from gen_pipeline.quality.accounting import SAVED_FORMULA, decoded_tokens, gpu_s_per_token, saved_gpu_s
+from gen_pipeline.quality.accounting import SAVED_FORMULA, decoded_tokens, format_spec, gpu_s_per_token, saved_gpu_s
 from gen_pipeline.reports.status import DatasetStatus, gpu_lines, read_status, run_wall_s, status_all
 from gen_pipeline.store.layout import dataset_parts
 from gen_pipeline.store.manifest import read_manifest
@@ -94,7 +94,7 @@ def _dataset_rows(opts: ExportOptions, summary: ExportSummary,
             "mix": produced_shares(st.mix, dict(Counter(str(m["sampling_variant"]) for m in metas
                                                         if isinstance(m.get("sampling_variant"), int)))),
             "wall_h": wall_h, "gpus": gpus, "gpu_h_per_1k": per_1k, "measured": measured,
-            "gate": st.gate,
+            "gate": st.gate, "spec": format_spec(st.gate, st.spec_server),
             "gpu_s_saved": saved_gpu_s(st.gate, gpu_s_per_token(
                 wall_h * 3600 if wall_h is not None else None,
                 st.gpu.gpus if measured else (gpus if isinstance(gpus, int) else None),
@@ -179,8 +179,10 @@ def render_card(opts: ExportOptions, summary: ExportSummary, chosen: list[dict[s
     body += [f"| {r['dataset']} | {r['gate'].get('loops', 0):,} | {r['gate'].get('loops_kept', 0):,} | "
              f"{r['gate'].get('empty', 0):,} | {r['gate'].get('leaks', 0):,} | "
              f"{r['gate'].get('tokens_not_decoded', 0):,} | {_gpu_h(_h(r['gpu_s_saved']))} |" for r in rows]
+    spec = [f"- {r['dataset']}: {r['spec']}" for r in rows if r["spec"]]  # the server ran a draft
     body += ["", "Loops are stopped on the stream as they begin (the server aborts the request); failed samples' "
              f"loops included. GPU-hours saved = {SAVED_FORMULA}.", "",
+             *(["## Draft acceptance", "", *spec, ""] if spec else []),
              "## Export", "", "```", opts.command or f"gen-pipeline export --format {opts.format} --out {opts.out}",
              "```", ""]
     return "\n".join(front + body)

@@ -39,6 +39,10 @@ def add_meta(counts: dict[str, int], meta: Mapping[str, Any]) -> None:
         _add(counts, "retried_turns", int_or_zero(t.get("attempts")) > 1)
         _add(counts, "loops_kept", t.get("finish_reason") == "loop")
         _add(counts, "leaks", bool(t.get("leak")))
+        if (verify_ct := int_or_zero(t.get("spec_verify_ct"))) > 0:  # a draft's acceptance (run/answer.py)
+            _add(counts, "spec_turns", 1)
+            _add(counts, "spec_tokens", int_or_zero(t.get("completion_tokens")))
+            _add(counts, "spec_verify_ct", verify_ct)
 
 
 def _add(counts: dict[str, int], key: str, n: int) -> None:
@@ -99,6 +103,28 @@ def format_gate(counts: Mapping[str, int], saved: float | None = None, unit: str
     if saved is not None:
         tail += f" (~{format_gpu_s(saved, unit)} saved)"
     return f"quality gate: {', '.join(parts)}; {tail}, {discarded:,} decoded and discarded"
+
+
+def spec_figure(counts: Mapping[str, int], server_wide: float | None) -> dict[str, Any] | None:
+    """The server's draft acceptance: over the turns that recorded one (completion tokens ÷ verify steps,
+    SGLang's spec_accept_length pooled), else the server-wide gauge (scope "server"); None: no draft ran."""
+    turns, verify_ct = counts.get("spec_turns", 0), counts.get("spec_verify_ct", 0)
+    if turns and verify_ct:
+        return {"accept_length": round(counts.get("spec_tokens", 0) / verify_ct, 3), "turns": turns, "scope": "turns"}
+    return None if server_wide is None else {"accept_length": server_wide, "turns": 0, "scope": "server"}
+
+
+def format_spec(counts: Mapping[str, int], server_wide: float | None) -> str:
+    """One line on spec_figure (status, the card); "" when no draft ran."""
+    fig = spec_figure(counts, server_wide)
+    if fig is None:
+        return ""
+    head = f"draft acceptance: {fig['accept_length']:.2f} tokens per verify step"
+    if fig["scope"] == "turns":
+        return f"{head} over {fig['turns']:,} turn{'' if fig['turns'] == 1 else 's'}"
+    return (f"{head}, server-wide (sglang:spec_accept_length); per turn needs whole answers: SGLang 0.5.17 "
+            "returns meta_info only without streaming (generation.on_loop = \"off\" gives it, without the loop "
+            "gate's early stop)")
 
 
 def format_gpu_s(s: float, unit: str = "GPU") -> str:

@@ -20,9 +20,11 @@ from gen_pipeline.quality.accounting import (
     add_failure,
     decoded_tokens,
     format_gate,
+    format_spec,
     gpu_s_per_token,
     merged,
     saved_gpu_s,
+    spec_figure,
 )
 from gen_pipeline.reports.gpu_hours import (
     GpuUsage,
@@ -79,6 +81,7 @@ class DatasetStatus:
     lanes: dict[str, list[RunRecord]] = field(default_factory=dict, repr=False)  # runs by rank: the job's union
     gate: dict[str, int] = field(default_factory=dict)  # the quality gate's counts (quality/accounting.py)
     run_wall_s: float = 0.0  # every run's wall time (every rank's: server-seconds)
+    spec_server: float | None = None  # the last run's server-wide draft acceptance (manifest progress)
 
     @property
     def server_s_saved(self) -> float | None:
@@ -120,6 +123,7 @@ class DatasetStatus:
         saved = self.server_s_saved
         return {**d, "truncated_share": round(self.truncated_share, 4),
                 "server_s_saved": None if saved is None else round(saved, 1),
+                "spec_acceptance": spec_figure(self.gate, self.spec_server),
                 "remaining": self.remaining, "eta_s": self.eta_s, "ranks": [r.to_dict() for r in self.ranks],
                 "gpu": self.gpu.to_dict()}
 
@@ -235,6 +239,7 @@ def _add_run(st: DatasetStatus, folder: Path, manifest: Manifest) -> None:
     progress = manifest.get("progress", {})
     st.samples_per_s = progress.get("samples_per_s")
     st.tokens_per_s = progress.get("tokens_per_s")
+    st.spec_server = progress.get("spec_accept_length")
     st.updated_at = progress.get("updated_at") or manifest.get("updated_at")
     st.heartbeat_age_s = _age_s(manifest.get("updated_at"))
     st.gpu = dataset_usage(runs)
@@ -373,6 +378,7 @@ def format_status(report: StatusReport) -> str:
              for d in report.datasets if d.corrupt_lines]
     notes += [f"{d.dataset}: {line}" for d in report.datasets
               if (line := format_gate(d.gate, d.server_s_saved, unit="server"))]
+    notes += [f"{d.dataset}: {line}" for d in report.datasets if (line := format_spec(d.gate, d.spec_server))]
     for d in report.datasets:
         if d.mix:
             notes += ["", f"{d.dataset}: sampling mix, samples committed per variant:"]
@@ -440,6 +446,8 @@ def read_ranked_status(folder: Path, dataset: str, target: int | None) -> Datase
     for name in _SUMMED:
         setattr(st, name, sum(getattr(r, name) for r in ranks))
     st.gate = merged(r.gate for r in ranks)
+    served = [r.spec_server for r in ranks if r.spec_server is not None]  # each rank's own server's gauge
+    st.spec_server = sum(served) / len(served) if served else None
     st.stale_ranks = [n for r in ranks for n in r.stale_ranks]
     st.gpu = add([r.gpu for r in ranks])
     for r in ranks:

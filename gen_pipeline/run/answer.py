@@ -31,11 +31,15 @@ class TurnStats:
     discarded_tokens: int = 0
     caught: list[str] = field(default_factory=list)  # one line per loop caught (run.log)
 
-    def meta(self, turn: TurnResult) -> TurnMeta:
-        return {"finish_reason": turn.finish_reason, "prompt_tokens": turn.prompt_tokens,
-                "completion_tokens": turn.completion_tokens, "reasoning_tokens": turn.reasoning_tokens,
-                "attempts": self.attempts, "loops": self.loops, "empty": self.empty, "leak": turn.leak,
-                "tokens_not_decoded": self.tokens_not_decoded, "discarded_tokens": self.discarded_tokens}
+    def meta(self, turn: TurnResult, spec: bool = False) -> TurnMeta:
+        """`spec`: the draft's acceptance is recorded on every turn (ClientSettings.spec_per_turn)."""
+        meta: TurnMeta = {"finish_reason": turn.finish_reason, "prompt_tokens": turn.prompt_tokens,
+                          "completion_tokens": turn.completion_tokens, "reasoning_tokens": turn.reasoning_tokens,
+                          "attempts": self.attempts, "loops": self.loops, "empty": self.empty, "leak": turn.leak,
+                          "tokens_not_decoded": self.tokens_not_decoded, "discarded_tokens": self.discarded_tokens}
+        if spec:
+            meta["spec_accept_length"], meta["spec_verify_ct"] = turn.spec
+        return meta
 
     def add(self, other: TurnStats) -> None:
         self.attempts += other.attempts

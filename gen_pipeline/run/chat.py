@@ -227,7 +227,7 @@ class ChatClient:
                 reply = {**reply, "prompt_token_ids": turn.prompt_token_ids, "token_ids": turn.token_ids}
             conversation.append(reply)
             turns.append(turn)
-            per_turn.append(stats.meta(turn))
+            per_turn.append(stats.meta(turn, s.spec_per_turn))
             if turn.finish_reason == "length" and not turn.leak and s.generation.truncated == "drop":
                 return Failure(prompt.id, dataset, "truncated",
                                f"turn {len(turns)} hit max_new_tokens={s.sampling.max_new_tokens}",

@@ -78,7 +78,7 @@ def client_settings(handle: ServerHandle, opts: RunOptions, cfg: DatasetConfig) 
     return ClientSettings(model=handle.model or opts.model, backend=backend,
                           sampling=cfg.sampling, generation=cfg.generation, mix=cfg.mix,
                           kv_cache_dtype=str(info.get("kv_cache_dtype") or "unknown"),
-                          token_ids=cfg.output.token_ids)
+                          token_ids=cfg.output.token_ids, speculative=info.get("speculative_algorithm") is not None)
 
 
 class ServerPoller:

@@ -122,7 +122,8 @@ class DatasetRun:
             peak_running=s.peak_running, peak_queued=s.peak_queued, peak_kv_usage=s.peak_kv_usage, final=final,
             server_wait_s=(time.monotonic() - handle.down_since_s
                            if handle is not None and handle.down_since_s is not None else None),
-            server_wait_limit_s=handle.wait_limit_s if handle is not None else None, client_cpu=s.cpu.share())
+            server_wait_limit_s=handle.wait_limit_s if handle is not None else None, client_cpu=s.cpu.share(),
+            spec_accept_length=load.spec_accept_length if load else None)
 
     def progress_record(self) -> ProgressRecord:
         return progress_record(self.snapshot())

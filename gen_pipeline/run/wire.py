@@ -75,6 +75,7 @@ class TurnResult:
     leak: str = ""  # a LeakReason value: the answer was repaired and kept, flagged
     # the server's parsed tool calls (OpenAI shape, arguments as JSON text: `tool_call_list`); None: none
     tool_calls: list[dict[str, Any]] | None = None
+    spec: tuple[float, int] = (0.0, 0)  # meta_info's (spec_accept_length, spec_verify_ct); 0s: none sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +88,7 @@ class ClientSettings:
     token_ids: bool = False  # [output] token_ids: record the server's ids (turns go unstreamed)
     mix: SamplingMix | None = None  # per-sample variants of `sampling` (config/mix.py); see chat.for_prompt
     variant: int = 0  # which of mix's variants `sampling` is (meta.sampling_variant)
+    speculative: bool = False  # the server runs a draft (/server_info speculative_algorithm is set)
 
     @property
     def sampling_dict(self) -> dict[str, Any]:
@@ -98,6 +100,12 @@ class ClientSettings:
         ids are recorded. With on_loop = "off" nothing watches the stream, so turns come whole: a stream
         costs the client CPU on every chunk (docs/measurements.md, "HTTP client library")."""
         return not self.token_ids and self.generation.on_loop != "off"
+
+    @property
+    def spec_per_turn(self) -> bool:
+        """Each turn records its draft's acceptance: a draft runs and answers come whole (SGLang 0.5.17
+        refuses return_meta_info with stream=true, serving_chat.py _convert_to_internal_request)."""
+        return self.speculative and not self.streamed
 
 
 # ---------------------------------------------------------------- the request
@@ -148,6 +156,8 @@ def build_request(messages: list[Any], s: ClientSettings, tools: list[Any] | Non
         body["stream_options"] = STREAM_OPTIONS
     else:  # SGLang 0.5.17 protocol.py:778-779 (refused with stream=true, serving_chat.py:914-924)
         body["return_prompt_token_ids"] = body["return_token_ids"] = True
+        if s.speculative:  # protocol.py ChatCompletionRequest.return_meta_info: choices[i].meta_info
+            body["return_meta_info"] = True
     extra = _sampling_body(s.sampling, s.generation.reasoning)
     if extra:
         body.update(extra)  # copied: a nested table in extra_body is shared, never mutated
@@ -470,4 +480,13 @@ def parse_response(data: Any, *, token_ids: bool = False, model: str = "", max_t
         reasoning_tokens = round(completion_tokens * len(reasoning) / chars) if chars else 0
     return TurnResult(content, reasoning, _finish(finish), prompt_tokens, completion_tokens,
                       min(reasoning_tokens, completion_tokens), prompt_token_ids=ids[0], token_ids=ids[1],
-                      rid=str(data.get("id") or ""), tool_calls=calls)
+                      rid=str(data.get("id") or ""), tool_calls=calls, spec=_spec(choice.get("meta_info")))
+
+
+def _spec(meta: Any) -> tuple[float, int]:
+    """(spec_accept_length, spec_verify_ct) of a finished request's meta_info (SGLang 0.5.17 tokenizer_manager.py
+    _calculate_spec_decoding_metrics sets them only when spec_verify_ct > 0); (0.0, 0) otherwise."""
+    meta = meta if isinstance(meta, dict) else {}
+    length, verify_ct = meta.get("spec_accept_length"), _int(meta.get("spec_verify_ct"))
+    ok = isinstance(length, int | float) and not isinstance(length, bool) and verify_ct > 0
+    return (float(length), verify_ct) if ok else (0.0, 0)

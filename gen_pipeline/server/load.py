@@ -30,6 +30,8 @@ _GAUGES = {
                           "vllm:num_preemptions_total"),
     "retracted_recent": ("sglang:num_retracted_reqs",),  # per stats-log window, reset each log
     "gen_tokens_total": ("sglang:generation_tokens_total", "vllm:generation_tokens_total"),
+    # a draft's tokens per verify step over the scheduler's last decode log interval (0 without a draft)
+    "spec_accept_length": ("sglang:spec_accept_length",),
 }
 # Also read: sglang:new_token_ratio, the admission estimate of the last prefill round (the
 # controller's warm-up signal, gen_pipeline/controller/feed.py); the highest over ranks.
@@ -103,7 +105,8 @@ def load_from_metrics(text: str, now_s: float, tally: RetractionTally | None = N
                         used_tokens=None if used is None else int(used), token_usage=usage,
                         retractions_total=None if retr is None else int(retr),
                         gen_tokens_total=None if gen is None else int(gen), gen_throughput=pick("gen_throughput"),
-                        new_token_ratio=max(ratios.values()) if ratios else None)
+                        new_token_ratio=max(ratios.values()) if ratios else None,
+                        spec_accept_length=pick("spec_accept_length", _mean) or None)
 
 
 def _retractions(values: dict[str, dict[str, float]], counted: float | None,
@@ -146,7 +149,8 @@ def merge(snaps: list[LoadSnapshot]) -> LoadSnapshot:
                         queued=sum(s.queued for s in snaps), used_tokens=used,
                         token_usage=_mean(usages), retractions_total=total("retractions_total"),
                         gen_tokens_total=total("gen_tokens_total"), gen_throughput=total("gen_throughput"),
-                        new_token_ratio=max((r for s in snaps if (r := s.new_token_ratio) is not None), default=None))
+                        new_token_ratio=max((r for s in snaps if (r := s.new_token_ratio) is not None), default=None),
+                        spec_accept_length=_mean([s.spec_accept_length for s in snaps]))
 
 
 async def read_load(http: Http, urls: list[str], now_s: float) -> LoadSnapshot | None:
@@ -171,7 +175,8 @@ async def _load_of(http: Http, url: str, now_s: float) -> LoadSnapshot | None:
         known.metrics = from_metrics is not None if known.metrics is None else known.metrics
     if from_loads and from_metrics:  # gauges from /v1/loads, cumulative counters from /metrics
         return replace(from_loads, retractions_total=from_metrics.retractions_total,
-                       gen_tokens_total=from_metrics.gen_tokens_total, new_token_ratio=from_metrics.new_token_ratio)
+                       gen_tokens_total=from_metrics.gen_tokens_total, new_token_ratio=from_metrics.new_token_ratio,
+                       spec_accept_length=from_metrics.spec_accept_length)
     return from_loads or from_metrics
 
 

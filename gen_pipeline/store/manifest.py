@@ -104,6 +104,7 @@ class ProgressRecord(TypedDict, total=False):
     written_this_run: int
     elapsed_s: float
     updated_at: float | str  # time.time() (an ISO time is read too)
+    spec_accept_length: float  # the server-wide sglang:spec_accept_length of the last poll (a draft runs)
 
 
 class Manifest(TypedDict, total=False):
@@ -133,7 +134,8 @@ def progress_record(s: RunSnapshot) -> ProgressRecord:
     """The manifest's progress record of a run's snapshot."""
     return {"samples_per_s": round(s.samples_per_s, 4), "tokens_per_s": round(s.tokens_per_s, 1),
             "in_flight": s.in_flight, "window": s.window, "failures": s.failures,
-            "written_this_run": s.completions, "elapsed_s": round(s.elapsed_s, 1), "updated_at": s.time_s}
+            "written_this_run": s.completions, "elapsed_s": round(s.elapsed_s, 1), "updated_at": s.time_s,
+            **({"spec_accept_length": round(s.spec_accept_length, 3)} if s.spec_accept_length else {})}
 
 
 def read_manifest(folder: Path) -> tuple[Manifest | None, str | None]:

@@ -114,3 +114,17 @@ def test_every_tune_candidate_of_the_tuned_profile_parses_with_sglangs_parser(tm
     for lever in LEVERS:
         c = candidate(tuned, lever, base)
         parse(c.profile, c.name, "tune")
+
+
+def test_a_profiles_speculative_extra_args_reach_sglang(tmp_path):
+    """A draft is set through extra_args (issue 34 part 3): the flags reach the launch line verbatim, SGLang's
+    parser takes them, and /get_server_info's speculative_algorithm (what run/connect.py reads) is that field."""
+    path = tmp_path / "server.toml"
+    spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "d", "--speculative-num-steps",
+            "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+    path.write_text(f'[profile.p]\nmodel_path = "m"\nextra_args = {spec!r}\n'.replace("'", '"'))
+    profile = load_server_profile("p", path)
+    assert command.build_command(profile, port=30000, python="python")[-len(spec):] == spec
+    args = parse(profile, "p", str(path))
+    assert (args.speculative_algorithm, args.speculative_draft_model_path, args.speculative_num_steps,
+            args.speculative_eagle_topk, args.speculative_num_draft_tokens) == ("EAGLE3", "d", 3, 1, 4)

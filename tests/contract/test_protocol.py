@@ -203,3 +203,32 @@ def test_the_sims_token_ids_answer_is_sglangs(sim):
     refused = httpx.post(sim.url + "/v1/chat/completions", json=CHAT | {"return_token_ids": True, "stream": True},
                          timeout=60)
     assert refused.status_code == 400
+
+
+def test_draft_acceptance_is_where_the_client_reads_it():
+    """run/wire.py: return_meta_info on a whole request (refused on a stream), choices[i].meta_info on the
+    answer with tokenizer_manager's spec_* keys; the sim's draft answer validates and has only SGLang's keys."""
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, ChatCompletionResponse
+
+    from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
+    from gen_pipeline.run.wire import ClientSettings, build_request
+    from sglang_sim.testing import start_sim
+
+    settings = ClientSettings(model="sim", backend="sglang", sampling=SamplingConfig(max_new_tokens=60),
+                              generation=GenerationConfig(on_loop="off"), speculative=True)
+    request = build_request(CHAT["messages"], settings)
+    assert ChatCompletionRequest.model_validate(request).return_meta_info
+    assert ChatCompletionRequest.model_fields["return_meta_info"].default is False
+    assert {"spec_accept_length", "spec_verify_ct", "spec_accept_rate", "spec_num_correct_drafts",
+            "spec_num_proposed_drafts"} <= _meta_info_keys()
+    serving = source("srt/entrypoints/openai/serving_chat.py")
+    assert ('"return_meta_info is not supported with streaming. "\n                    "Please set stream=false when '
+            'using return_meta_info=true."') in serving
+    assert 'ret_item["meta_info"] if request.return_meta_info else None' in serving
+    with start_sim(["--speculative-algorithm", "EAGLE3", "--speculative-num-draft-tokens", "4", "--log-level",
+                    "warning"], ready_timeout_s=30) as sim:
+        body = httpx.post(sim.url + "/v1/chat/completions", json=request, timeout=60).json()
+    ChatCompletionResponse.model_validate(body)
+    only_known_fields(ChatCompletionResponse, body, "chat.completion")
+    meta = body["choices"][0]["meta_info"]
+    assert sorted(set(meta) - _meta_info_keys()) == [] and meta["spec_verify_ct"] > 0

@@ -113,3 +113,20 @@ def test_the_readmes_job_table_is_what_plan_prints(tmp_path: Path, capsys: pytes
     out = capsys.readouterr().out.splitlines()
     start = out.index(table[0])
     assert out[start:start + len(table)] == table
+
+
+def test_a_draft_in_extra_args_plans_as_its_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--speculative-* flags pass through extra_args (the draft's own memory is not modelled): the plan is the
+    target's, as without them."""
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    spec = ('["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "d", '
+            '"--speculative-num-draft-tokens", "4"]')
+    (cfg / "server.toml").write_text((REPO / "datasets_cfg" / "server.toml").read_text()
+                                     + f'\n[profile.draft]\ninherits = "tuned"\nextra_args = {spec}\n')
+    plans = []
+    for name in ("tuned", "draft"):
+        assert main(["plan", "--config-dir", str(cfg), "--server", name, "--output-dir", str(tmp_path / "o")]) == 0
+        plans.append(capsys.readouterr().out.splitlines()[1:])
+    assert plans[0] == plans[1]
+    assert any(line.startswith("fp8_e4m3             35,136      379,397") for line in plans[1])
