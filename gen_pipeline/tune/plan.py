@@ -23,6 +23,7 @@ from gen_pipeline.server.plan import (
     kv_bytes_factor,
     option_in_use,
     plan_from_args,
+    profile_cuda_graph_max_bs,
     profile_inputs,
 )
 
@@ -40,6 +41,7 @@ class Lever:
     flag: str
     key: str
     pick: Callable[[Any, Plan], Any]
+    aliases: tuple[str, ...] = ()  # other spellings of the flag, replaced with it
 
 
 # The levers tune tries, one candidate each (SGLang 0.5.17 server_args.py spellings). Values: one step
@@ -49,7 +51,9 @@ LEVERS: tuple[Lever, ...] = (
           lambda cur, p: "bf16" if cur in FP8 else "fp8_e4m3"),
     Lever("mem_fraction_static", "--mem-fraction-static", "mem_fraction_static",
           lambda cur, p: round((cur or p.mem_fraction_static) + 0.02, 2)),
-    Lever("cuda_graph_max_bs", "--cuda-graph-max-bs", "", lambda cur, p: 2 * int(cur or p.cuda_graph_max_bs)),
+    # 0.5.17: --cuda-graph-max-bs is the deprecated alias of --cuda-graph-max-bs-decode (one dest)
+    Lever("cuda_graph_max_bs", "--cuda-graph-max-bs", "", lambda cur, p: 2 * int(cur or p.cuda_graph_max_bs),
+          ("--cuda-graph-max-bs-decode",)),
     Lever("schedule_conservativeness", "--schedule-conservativeness", "", lambda cur, p: (cur or 1.0) / 2),
     Lever("num_continuous_decode_steps", "--num-continuous-decode-steps", "num_continuous_decode_steps",
           lambda cur, p: 2 * (cur or 1)),
@@ -156,13 +160,14 @@ def flag_value(extra_args: tuple[str, ...], flag_name: str) -> str | None:
     return None
 
 
-def with_flag(extra_args: tuple[str, ...], flag_name: str, value: Any) -> tuple[str, ...]:
-    """extra_args with `flag_name` set to `value` (an earlier setting removed)."""
+def with_flag(extra_args: tuple[str, ...], flag_name: str, value: Any,
+              aliases: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """extra_args with `flag_name` set to `value` (an earlier setting of it or its aliases removed)."""
     out: list[str] = []
     args = iter(extra_args)
     for arg in args:
         name, eq, _ = arg.partition("=")
-        if name == flag_name:
+        if name == flag_name or name in aliases:
             if not eq:
                 next(args, None)  # its value
             continue
@@ -177,9 +182,9 @@ def candidate(shipped: ServerProfile, lever: Lever, p: Plan) -> Candidate:
         change: dict[str, Any] = {lever.key: value}
         profile = replace(shipped, **change)
     else:
-        raw = flag_value(shipped.extra_args, lever.flag)
+        raw = next((v for f in (lever.flag, *lever.aliases) if (v := flag_value(shipped.extra_args, f))), None)
         value = lever.pick(float(raw) if raw else None, p)
-        change = {"extra_args": list(with_flag(shipped.extra_args, lever.flag, value))}
+        change = {"extra_args": list(with_flag(shipped.extra_args, lever.flag, value, lever.aliases))}
         profile = replace(shipped, extra_args=tuple(change["extra_args"]))
     shown = f"{value:g}" if isinstance(value, float) else value
     name = f"{shipped.name}+{lever.name}={shown}"
@@ -189,10 +194,10 @@ def candidate(shipped: ServerProfile, lever: Lever, p: Plan) -> Candidate:
 def plan_profile(profile: ServerProfile, opts: TuneOptions, tokens_per_sample: int) -> Plan:
     """`plan` of one profile with tune's model flags; ConfigError when it cannot start."""
     inputs, note = profile_inputs(profile)
-    graphs = flag_value(profile.extra_args, "--cuda-graph-max-bs")
+    graphs = profile_cuda_graph_max_bs(profile.extra_args)
     p = plan_from_args(opts.model_config, gpu_mem_gb=opts.gpu_mem_gb, tokens_per_sample=tokens_per_sample,
                        weights_gb=opts.weights_gb, overhead_gb=REFERENCE_OVERHEAD_GIB, inputs_note=note, **inputs)
-    return replace(p, cuda_graph_max_bs=int(graphs)) if graphs and graphs.isdigit() else p
+    return replace(p, cuda_graph_max_bs=graphs) if graphs else p
 
 
 def _planned(c: Candidate, p: Plan) -> Candidate:

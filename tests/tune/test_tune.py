@@ -177,3 +177,11 @@ def test_the_shipped_profile_stays_unless_an_accepted_candidate_beats_it_by_more
     assert "[profile." not in path.read_text() and path.read_text().endswith(f"# {lines[-2]}\n")
     res = pick_winner([shipped, Outcome(tp.candidates[0], [107.0], check="fine: ...")], kept=12)
     assert res.winner.candidate.name == "t+cuda_graph_max_bs=12"
+
+
+def test_a_profile_with_the_decode_spelling_doubles_its_own_ceiling(tmp_path: Path) -> None:
+    toml = SERVER_TOML.replace('"--cuda-graph-max-bs", "6"', '"--cuda-graph-max-bs-decode", "6"')
+    graphs = next(c for c in _plan(tmp_path, toml).candidates if c.name.startswith("t+cuda_graph_max_bs="))
+    assert graphs.name == "t+cuda_graph_max_bs=12"  # 2 x the profile's 6, not 2 x SGLang's default
+    assert graphs.profile.extra_args[-2:] == ("--cuda-graph-max-bs", "12")
+    assert "--cuda-graph-max-bs-decode" not in graphs.profile.extra_args  # one spelling: no two settings
