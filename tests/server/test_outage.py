@@ -34,6 +34,18 @@ POLL = ("--health-interval-s", "0.3")
 SUMMARY = re.compile(r"^T: (\d+)/(\d+) samples \(100\.0%\), \+(\d+) this run in [\dms]+; target reached\.$", re.M)
 
 
+# A fixed window for the tests that hang a scheduler mid-run: most of the 300 are still to be sent when the
+# hang lands (an adaptive window sends all 300 at once and a quick machine ends the run first)
+WINDOW = ("--window", "48")
+
+
+def hang_holding_requests(sim: SimProcess, proc) -> None:
+    """Stop `sim`'s scheduler (an NCCL hang), then wait until it holds requests that can no longer end: the
+    run keeps sending while work remains, so the fault has landed on requests once in_flight > 0."""
+    assert httpx.post(sim.url + "/sim/faults", json={"scheduler_hung": True}, timeout=5).status_code == 200
+    wait_until(lambda: stats(sim)["in_flight"] > 0, proc, 60)
+
+
 def freeze_sim(sim: SimProcess) -> None:
     os.killpg(sim.process.pid, signal.SIGSTOP)  # port open, nothing answers: a hung server
 
@@ -218,10 +230,10 @@ def test_a_stuck_scheduler_is_taken_out_once_health_says_so(tmp_path: Path) -> N
     with ExitStack() as stack:
         sims = [stack.enter_context(start_sim([*SIM_SLOW, "--sim-health-check-timeout-s", "2"])) for _ in range(3)]
         toml = dataset(tmp_path, 300, request_timeout_s=600)
-        proc, log = generate(tmp_path, toml, ",".join(s.url for s in sims), "--health-interval-s", "1")
+        proc, log = generate(tmp_path, toml, ",".join(s.url for s in sims), "--health-interval-s", "1", *WINDOW)
         wait_lines(tmp_path / "out" / "T", 30, proc)
         hung = sims[2]
-        assert httpx.post(hung.url + "/sim/faults", json={"scheduler_hung": True}, timeout=5).status_code == 200
+        hang_holding_requests(hung, proc)
         wait_until(lambda: f"took {hung.url} out" in log.read_text(), proc, 120)
         assert httpx.get(hung.url + "/v1/loads", timeout=5).status_code == 200  # its HTTP side still answers
         text = finish_cli(proc, log, 120)
@@ -238,10 +250,10 @@ def test_requests_stalled_on_a_server_out_already_are_resent(tmp_path: Path) -> 
     with ExitStack() as stack:
         sims = [stack.enter_context(start_sim([*SIM_SLOW, "--sim-health-check-timeout-s", "0"])) for _ in range(2)]
         toml = dataset(tmp_path, 300, request_timeout_s=600)
-        proc, log = generate(tmp_path, toml, ",".join(s.url for s in sims), *POLL)
+        proc, log = generate(tmp_path, toml, ",".join(s.url for s in sims), *POLL, *WINDOW)
         wait_lines(tmp_path / "out" / "T", 30, proc)
         hung = sims[1]
-        assert httpx.post(hung.url + "/sim/faults", json={"scheduler_hung": True}, timeout=5).status_code == 200
+        hang_holding_requests(hung, proc)
         text = finish_cli(proc, log, 120)
     assert_no_failures(tmp_path, text, 300)
     assert (f"took {hung.url} out after 3 failed health checks in a row (/health answered HTTP 503); 1 of 2 "
