@@ -98,8 +98,9 @@ def _exit_like(status: int) -> None:
     """End this process the way CMD ended: its exit code, or death by its signal."""
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # these two have no handler to reset (EINVAL)
+            signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
         os.kill(os.getpid(), sig)
         os._exit(128 + sig)  # a signal that does not kill (SIGCHLD...): its conventional code
     os._exit(os.waitstatus_to_exitcode(status))

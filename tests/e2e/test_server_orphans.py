@@ -168,3 +168,13 @@ def test_server_of_a_run_still_alive_is_refused_with_both_pids(tmp_path: Path) -
         for p in (server, owner):
             p.kill()
             p.wait()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_the_parent_watch_ends_the_way_its_server_did(sig: signal.Signals) -> None:
+    """SGLang kills its own tree with SIGKILL when a child fails (kill_process_tree): the watch must die the same
+    way, not trace back on a signal it cannot reset (SIGKILL has no handler: EINVAL, seen on the H100)."""
+    from gen_pipeline.server.parent_watch import SCRIPT
+    p = subprocess.run([sys.executable, "-I", SCRIPT, str(os.getpid()), "5", "sh", "-c", f"kill -{int(sig)} $$"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == -sig and p.stderr == "", (p.returncode, p.stderr)
