@@ -23,7 +23,6 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
 import tomllib
@@ -360,19 +359,9 @@ def _record(check: Any, profile: str, row: dict, trace: list[dict]) -> None:
     res["summary"] = entry["summary"] = summarize_ceiling(res["runs"])
     entry.update(date=time.strftime("%Y-%m-%d", time.gmtime()), sim=check.sim, prompts=res.get("prompts"),
                  offline_skipped=res.get("offline_skipped"), offline_errors=res.get("offline_errors"),
-                 device=None if check.sim else gpu_name())
+                 device=None if check.sim else servers.gpu_name())
     traces_path.write_text(json.dumps(traces) + "\n")
     check.save()
-
-
-def gpu_name() -> str | None:
-    """The GPU the runs had (nvidia-smi's name), for the report: the lent machine may be an H100 or an H200."""
-    try:
-        p = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                           text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return p.stdout.splitlines()[0].strip() if p.returncode == 0 and p.stdout.strip() else None
 
 
 def tokenizer_for(check: Any) -> Path:

@@ -27,12 +27,12 @@ from pathlib import Path
 import httpx
 
 from bench.gpu import ceiling, regimes, runs, servers, tokenids
-from bench.gpu.setup import DATASET, PROMPTS, write_configs
+from bench.gpu.setup import DATASET, PROMPTS, SPEC_DATASET, SPEC_STEPS, write_configs
 from gen_pipeline.server.load import metric_values
 
 FIXED_WINDOWS = (32, 64, 128, 256)
 PHASES = ("setup", "serve", "sweep", "adaptive", "regimes", "ceiling", "tokenids", "kill", "unserve", "launch",
-          "starved", "probe", "summary")
+          "spec", "starved", "probe", "summary")
 
 
 class Check:
@@ -184,6 +184,35 @@ class Check:
             "leftover_processes": self.leftovers(), "gpu_apps": gpu_apps(),
             "summary": r.lines[-1][1] if r.lines else ""}
         self.log(f"launch: {self.results['launch']['ready_line']}; rows {figures['rows']}/{limit}")
+        self.save()
+
+    def spec(self) -> None:
+        """Issue 34: speculative decoding through the launcher (profile h200-spec: STANDALONE, the target as its
+        own draft, greedy whole answers): each turn's acceptance as written, and what `status --json` says."""
+        out = self.out / "spec"
+        r = runs.run_cli("spec", runs.cli_argv(self.cfg, out, "--server", "h200-spec", dataset=SPEC_DATASET),
+                         self.logs)
+        turns = [t for row in runs.sample_rows(out / SPEC_DATASET) for t in row["meta"]["per_turn"]]
+        accept = [t["spec_accept_length"] for t in turns if "spec_accept_length" in t]
+        status = subprocess.run([os.environ.get("BENCH_PYTHON", sys.executable), "-m", "gen_pipeline", "status",
+                                 "--json", "--output-dir", str(out), "--config-dir", str(self.cfg)],
+                                capture_output=True, text=True, timeout=120)
+        try:
+            shown = json.loads(status.stdout)["datasets"][SPEC_DATASET].get("spec_acceptance")
+        except (ValueError, KeyError, TypeError):
+            shown = {"status_rc": status.returncode, "stderr": status.stderr[-500:]}
+        log = out / SPEC_DATASET / "server.log"
+        self.results["spec"] = {
+            "rc": r.rc, "rows": len(turns), "turns_with_acceptance": len(accept), "expected_accept_length":
+            SPEC_STEPS + 1, "accept_length_median": statistics.median(accept) if accept else None,
+            "accept_length_min": min(accept, default=None), "accept_length_max": max(accept, default=None),
+            "verify_ct_total": sum(t.get("spec_verify_ct", 0) for t in turns),
+            "completion_tokens_total": sum(t["completion_tokens"] for t in turns), "status_spec_acceptance": shown,
+            "ready_line": next((ln for _, ln in r.lines if ln.startswith("SGLang ready after")), None),
+            "server_log_accept": grep(log, "accept len", limit=3), "summary": r.lines[-1][1] if r.lines else "",
+            "leftover_processes": self.leftovers()}
+        self.log(f"spec: rc {r.rc}, {len(accept)}/{len(turns)} turns with an acceptance, median "
+                 f"{self.results['spec']['accept_length_median']}, status: {shown}")
         self.save()
 
     def starved(self, limit: int = 1000) -> None:

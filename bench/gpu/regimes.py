@@ -116,6 +116,7 @@ def run_phase(check: Any, rounds: int = ROUNDS) -> None:
         res["summary"] = traces["summary"] = summarize_regimes(res["runs"])
         traces["date"] = time.strftime("%Y-%m-%d", time.gmtime())
         traces["sim"] = check.sim
+        traces.setdefault("device", servers.gpu_name() if not check.sim else None)
         traces_path.write_text(json.dumps(traces) + "\n")
         check.save()
 
@@ -132,7 +133,9 @@ def measure(check: Any, server: servers.Server, rnd: int, regime: str,
     poller = TracePoller(server.url)
     row_start = _log_size(server)
     args = ["--server-url", server.url, "--limit", str(spec.prompts)] + (["--window", str(window)] if window else [])
+    server_cpu = servers.group_cpu_s(server.pid)
     run = runs.run_cli(name, runs.cli_argv(check.cfg, out, *args, dataset=spec.dataset), check.logs)
+    server_cpu = {k: v - server_cpu.get(k, 0.0) for k, v in servers.group_cpu_s(server.pid).items()}
     trace = poller.stop(run.ready_mono if run.ready_mono is not None else 0.0)
     figures = runs.read_outputs(out / spec.dataset)
     verdicts = diagnose(read_telemetry(out / spec.dataset))
@@ -146,6 +149,8 @@ def measure(check: Any, server: servers.Server, rnd: int, regime: str,
            "steady_tok_s": steady_tok_s, "client_cpu_s": round(run.cpu_s, 2),
            "client_cpu_ms_per_1k_tokens": round(1e6 * run.cpu_s / max(figures["completion_tokens"], 1), 2),
            "client_core_share": round(run.cpu_s / max(run.wall_s, 1e-6), 3),
+           # the server's processes over the same run: a share near 1 is a Python process that binds
+           "server_core_share": {k: round(v / max(run.wall_s, 1e-6), 3) for k, v in sorted(server_cpu.items())},
            "trace_summary": shape, "controller": run.controller_figures(),
            "diagnose": [v.rule for v in verdicts], "diagnose_text": [v.lines() for v in verdicts],
            "cuda_graph": _graph_share(server, row_start)}

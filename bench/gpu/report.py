@@ -170,6 +170,10 @@ REGIMES_RUNS = (
     (HERE / "h200_traces_ceiling_run2.json", "gpu_h200_ceiling_run2",
      "CHECK_ARGS='--server-profile h200-ceiling --regimes short --clients adaptive,fixed-256,fixed-128 --rounds 4' "
      "bash bench/gpu/run_h200.sh KEEP OUT install model setup regimes (two calls)"),
+    (HERE / "h100_traces_ceiling_run3.json", "gpu_h100_ceiling_run3",
+     "CHECK_ARGS='--server-profile h200-ceiling --regimes short --clients adaptive,fixed-256 --rounds 6' "
+     "BUDGET_S=400 bash bench/gpu/run_h200.sh KEEP OUT install model setup spec regimes, then BUDGET_S=520 ... "
+     "regimes (two calls)"),
 )
 # the heading of a regimes section (the words docs and code point at), by the server profile of its run
 TITLES = {"h200-ceiling": "Short outputs past SGLang's CUDA-graph ceiling, interleaved clients"}
@@ -196,6 +200,27 @@ def _graph_line(runs: list[dict]) -> str:
             + ", ".join(parts) + ".")
 
 
+# SGLang's processes by the names /proc gives them (bench/gpu/servers.py group_cpu_s)
+PROCESS_NAMES = {"sglang::schedul": "scheduler", "leader": "HTTP server + tokenizer manager",
+                 "sglang::detoken": "detokenizer"}
+
+
+def _cpu_line(runs: list[dict]) -> str:
+    """The median share of one core each of SGLang's processes and the client took over the runs."""
+    shares: dict[str, list[float]] = {}
+    for r in runs:
+        for name, share in (r.get("server_core_share") or {}).items():
+            if name in PROCESS_NAMES:
+                shares.setdefault(name, []).append(share)
+    if not shares:
+        return ""
+    client = [r["client_core_share"] for r in runs if r.get("client_core_share") is not None]
+    parts = [f"{PROCESS_NAMES[n]} {statistics.median(v):.2f}" for n, v in shares.items()]
+    return (f"CPU over each run, as a share of one core (medians of {len(runs)} runs): SGLang's "
+            + ", ".join(parts) + (f"; gen_pipeline's client {statistics.median(client):.2f}" if client else "")
+            + ". A process at 1.00 is a Python loop that binds: the batch the client keeps cannot go faster than it.")
+
+
 def regimes_markdown(t: dict, source: str, command: str) -> str:
     """Issue 19's phase `regimes`: per regime each client's median of its rounds, spread, ramp, steady
     state, the largest queue at the server, retractions, diagnose; then adaptive / best per regime."""
@@ -220,7 +245,7 @@ def regimes_markdown(t: dict, source: str, command: str) -> str:
                                " / ".join(str(v) for v in (entry.get("adaptive_over_best_per_round_gpu_normalized")
                                                            or {}).values()) or "-",
                                entry.get("adaptive_over_best_per_round_gpu_normalized_median", "-")])
-    where = "the simulator (dry run)" if t.get("sim") else "the H200"
+    where = "the simulator (dry run)" if t.get("sim") else f"one {t['device']}" if t.get("device") else "the H200"
     counts = {regime: {r["rows"] for r in entry.get("runs", []) if r.get("rc") == 0}
               for regime, entry in t.items() if regime in ("short", "long") and isinstance(entry, dict)}
     what = {"short": "{:,} prompts, max 512",
@@ -228,7 +253,7 @@ def regimes_markdown(t: dict, source: str, command: str) -> str:
     regimes_run = "; ".join(f"{k}: {what[k].format(max(counts[k]))}" for k in ("short", "long") if counts.get(k))
     profile = next((t[g].get("profile") for g in ("short", "long") if isinstance(t.get(g), dict)), None) or "h200"
     title = TITLES.get(profile, "Short and long outputs, interleaved clients")
-    graphs = _graph_line(runs)
+    graphs = "\n\n".join(x for x in (_graph_line(runs), _cpu_line(runs)) if x)
     return "\n".join([
         f"## {title} (`bench/gpu/` phase `regimes`): {source}",
         "",
@@ -331,6 +356,52 @@ def ceiling_markdown(c: dict, source: str, command: str) -> str:
     ])
 
 
+SPEC_RUNS = (
+    (HERE / "h100_spec_results.json", "gpu_h100_spec",
+     "BUDGET_S=380 bash bench/gpu/run_h200.sh KEEP OUT install model setup spec"),
+)
+
+
+def spec_markdown(r: dict, source: str, command: str) -> str:
+    """Issue 34: speculative decoding through the launcher, each turn's acceptance against the server's log."""
+    s = r["spec"]
+    logged = [float(x.split("accept len: ", 1)[1].split(",", 1)[0]) for x in s.get("server_log_accept", [])
+              if "accept len: " in x]
+    shown = s.get("status_spec_acceptance") or {}
+    return "\n".join([
+        f"## Speculative decoding through the launcher (`bench/gpu/` phase `spec`): {source}",
+        "",
+        f"Run {r.get('date')} on one {r.get('device')} (SGLang 0.5.17, the random-weight 1.16B Llama): `{command}`. "
+        "Profile h200-spec: `--speculative-algorithm STANDALONE` with the target itself as its draft (the same "
+        f"weights and tokenizer), {SPEC_STEPS_WORDS}, `--disable-cuda-graph` (0.5.17's draft-graph capture imports "
+        "deep_gemm, which the offline wheel set lacks); greedy, whole answers (`on_loop = \"off\"`: meta_info comes "
+        "only to a request that does not stream).",
+        "",
+        md_table(["figure", "value"], [
+            ["exit code of `generate --server h200-spec`", s["rc"]],
+            ["SGLang ready line", s.get("ready_line") or "-"],
+            ["turns written / with an acceptance", f"{s['rows']} / {s['turns_with_acceptance']}"],
+            ["accept length per turn: median (min-max)",
+             f"{s['accept_length_median']:.2f} ({s['accept_length_min']:.2f}-{s['accept_length_max']:.2f})"],
+            ["completion tokens / verify steps, all turns",
+             f"{s['completion_tokens_total']:,} / {s['verify_ct_total']:,} = "
+             f"{s['completion_tokens_total'] / max(1, s['verify_ct_total']):.2f}"],
+            ["`status --json` spec_acceptance", f"{shown.get('accept_length')} over {shown.get('turns')} "
+                                                f"{shown.get('scope')}"],
+            ["SGLang's decode log `accept len` (first lines)", " / ".join(f"{x:.2f}" for x in logged) or "-"],
+        ]),
+        "",
+        f"The expected length with a perfect draft is {s['expected_accept_length']} (3 steps + the bonus token). "
+        "The random model's next-token distribution is near-uniform (tiny top-1 margins, as probe-kv found), so "
+        "the draft's argmax, "
+        "computed in another batch shape, differs from the target's on most positions and SGLang itself logs accept "
+        "lengths of 1.2-1.3: what the rows record is what the server measured. The gain needs a trained draft.",
+    ])
+
+
+SPEC_STEPS_WORDS = "3 draft steps, top-k 1, 4 draft tokens"
+
+
 def main(argv: list[str] | None = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     path = Path(argv[0]) if argv else RESULTS
@@ -352,6 +423,11 @@ def main(argv: list[str] | None = None) -> dict:
             ceiling_text = ceiling_markdown(c, traces.name, command)
             print(ceiling_text)
             write_section(section, {"summary": c.get("summary"), "date": c.get("date")}, ceiling_text, stamped=False)
+    for source, section, command in SPEC_RUNS:
+        if source.exists():
+            spec_text = spec_markdown(json.loads(source.read_text()), source.name, command)
+            print(spec_text)
+            write_section(section, {"spec": json.loads(source.read_text())["spec"]}, spec_text, stamped=False)
     text = markdown(r)
     print(text)
     summary = {"ratios": ratios(r), "summary": r.get("summary"), "kill": {k: r["kill"][k] for k in

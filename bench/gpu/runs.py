@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,17 +137,21 @@ def read_outputs(folder: Path, expected_ids: set[str] | None = None) -> dict:
     return out
 
 
-def lengths(folder: Path) -> list[list[int]]:
-    """[prompt_tokens, completion_tokens] per sample, for replaying the job in the simulator."""
-    pairs = []
+def sample_rows(folder: Path) -> Iterator[dict]:
+    """The rows of the shards on disk that parse and have a meta."""
     for shard in sorted(folder.glob("shard-*.jsonl")):
         for line in shard.read_bytes().splitlines():
             try:
-                meta = orjson.loads(line)["meta"]
-            except (orjson.JSONDecodeError, KeyError):
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError:
                 continue
-            pairs.append([int(meta["prompt_tokens"]), int(meta["completion_tokens"])])
-    return pairs
+            if isinstance(row, dict) and "meta" in row:
+                yield row
+
+
+def lengths(folder: Path) -> list[list[int]]:
+    """[prompt_tokens, completion_tokens] per sample, for replaying the job in the simulator."""
+    return [[int(r["meta"]["prompt_tokens"]), int(r["meta"]["completion_tokens"])] for r in sample_rows(folder)]
 
 
 def validate(cfg_dir: Path, out_dir: Path) -> dict:

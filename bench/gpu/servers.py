@@ -121,6 +121,36 @@ def _group_alive(pgid: int) -> bool:
         return False
 
 
+def group_cpu_s(pgid: int) -> dict[str, float]:
+    """CPU seconds (user + system) so far of each process in the group, by its name (SGLang names its
+    processes: the HTTP server and tokenizer manager run in the group's leader, `sglang::scheduler` and
+    `sglang::detokenizer` beside it; /proc/PID/comm keeps 15 characters). Same-named processes add up."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone since the listing
+            continue
+        name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        if int(fields[2]) == pgid:  # fields[0] is the state: pgrp is the 5th field of stat, here the 3rd
+            key = "leader" if int(entry.name) == pgid else name
+            out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def gpu_name() -> str | None:
+    """The GPU the runs had (nvidia-smi's name), for the report: the lent machine may be an H100 or an H200."""
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                           text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return p.stdout.splitlines()[0].strip() if p.returncode == 0 and p.stdout.strip() else None
+
+
 def flush_cache(server: Server) -> bool:
     """Empty the prefix cache between measured runs (SGLang POST /flush_cache; refused while busy)."""
     for _ in range(20):

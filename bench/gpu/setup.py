@@ -36,6 +36,12 @@ SHORT_PROMPTS = 3000
 # took 0.9 of a core at ~9K tok/s on the lent H200's host and was the bottleneck (issue 22).
 SGLANG_FLAGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--dtype", "bfloat16",
                 "--stream-interval", "8"]
+# Issue 34: speculative decoding through the launcher. STANDALONE (a plain LLM as the draft) with the target
+# itself as its draft: the same weights and greedy sampling, so every drafted token is the target's own and a
+# verify step should accept all of them (num_steps + 1 = 4 tokens): a known answer for the recorded figures.
+SPEC_DATASET = "h200spec"
+SPEC_SAMPLES = 300
+SPEC_STEPS = 3
 SIM_FLAGS = ["--sim-profile", "h200", "--sim-startup-s", "1", "--sim-output-mean", "255",
              "--sim-output-spread", "0.9", "--stream-interval", "8"]
 
@@ -124,6 +130,24 @@ fsync_every = 64
 """
 
 
+def spec_toml(prompts: Path) -> str:
+    """The speculative run's dataset: the short prompts, greedy, whole answers (`on_loop = "off"`: SGLang 0.5.17
+    returns meta_info, hence each turn's acceptance, only to a request that does not stream)."""
+    return (dataset_toml(prompts).replace(f'name = "{DATASET}"', f'name = "{SPEC_DATASET}"')
+            .replace(f"target_samples = {PROMPTS}", f"target_samples = {SPEC_SAMPLES}")
+            .replace("temperature = 1.0", "temperature = 0.0")
+            .replace('truncated = "keep"', 'truncated = "keep"\non_loop = "off"'))
+
+
+def spec_flags(model: str, sim: bool) -> tuple[str, ...]:
+    flags = ("--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", model,
+             "--speculative-num-steps", str(SPEC_STEPS), "--speculative-eagle-topk", "1",
+             "--speculative-num-draft-tokens", str(SPEC_STEPS + 1),
+             # 0.5.17's draft-graph capture imports deep_gemm (dsa_backend), which the wheel set lacks: eager
+             "--disable-cuda-graph")
+    return (*flags, "--sim-accept-length", str(SPEC_STEPS + 1)) if sim else flags
+
+
 def _profile(name: str, model: str, *, kv_dtype: str, mem: float, kv_tokens: int | None, sim: bool,
              time_scale: float, more: tuple[str, ...] = ()) -> str:
     extra = list(SIM_FLAGS) + ["--time-scale", f"{time_scale:g}"] if sim else list(SGLANG_FLAGS)
@@ -162,13 +186,14 @@ def server_toml(model: str, sim: bool = False, time_scale: float = 1.0) -> str:
             # SGLang's optimistic admission (new_token_ratio from 0.21, not 0.7): retractions come sooner
             + _profile("h200-starved-eager", kv_dtype="auto", mem=0.85, kv_tokens=STARVED_KV_TOKENS,
                        more=("--schedule-conservativeness", "0.3"), **kw)
+            + _profile("h200-spec", kv_dtype="auto", mem=0.85, kv_tokens=KV_TOKENS, more=spec_flags(model, sim), **kw)
             + _profile("probe-bf16", kv_dtype="auto", mem=0.4, kv_tokens=KV_TOKENS, **kw)
             + _profile("probe-fp8", kv_dtype="fp8_e4m3", mem=0.4, kv_tokens=KV_TOKENS, **kw))
 
 
 def write_configs(work: Path, model: str, *, sim: bool, time_scale: float = 1.0, prompts: int = PROMPTS) -> Path:
-    """WORK/cfg/{server.toml, h200.toml, prompts.jsonl, h200short.toml, prompts-short.jsonl, h200long.toml,
-    prompts-long.jsonl}; returns the config dir."""
+    """WORK/cfg/{server.toml, h200.toml, prompts.jsonl, h200short.toml, prompts-short.jsonl, h200spec.toml,
+    h200long.toml, prompts-long.jsonl}; returns the config dir."""
     cfg = work / "cfg"
     cfg.mkdir(parents=True, exist_ok=True)
     write_prompts(cfg / "prompts.jsonl", prompts)
@@ -179,6 +204,7 @@ def write_configs(work: Path, model: str, *, sim: bool, time_scale: float = 1.0,
         dataset_toml(cfg / "prompts-short.jsonl").replace(f'name = "{DATASET}"', f'name = "{SHORT_DATASET}"')
         .replace(f"target_samples = {PROMPTS}", f"target_samples = {SHORT_PROMPTS}")
         .replace(f"{PROMPTS} synthetic prompts", f"{SHORT_PROMPTS} synthetic prompts"))
+    (cfg / f"{SPEC_DATASET}.toml").write_text(spec_toml(cfg / "prompts-short.jsonl"))
     write_long_prompts(cfg / "prompts-long.jsonl", LONG_PROMPTS_MAX)
     (cfg / f"{LONG_DATASET}.toml").write_text(long_dataset_toml(cfg / "prompts-long.jsonl", LONG_PROMPTS_MAX))
     (cfg / "server.toml").write_text(server_toml(model, sim=sim, time_scale=time_scale))

@@ -303,3 +303,39 @@ def test_sim_vs_real_names_a_traces_file_it_cannot_use(tmp_path: Path, capsys: p
             svr.main(["--regime", "long", "--traces", str(path)])
         assert e.value.code == 2
         assert f"python -m bench.sim_vs_real: error: --traces {path}: {why}\n" in capsys.readouterr().err
+
+
+def test_the_spec_profile_runs_the_target_as_its_own_draft_and_parses_with_sglang(tmp_path: Path) -> None:
+    from bench.gpu.setup import SPEC_DATASET, SPEC_SAMPLES
+    cfg = write_configs(tmp_path, "/models/rand", sim=False)
+    argv = build_command(load_server_profile("h200-spec", cfg / "server.toml"), port=1, python="py")
+    spec = " ".join(argv)
+    assert ("--speculative-algorithm STANDALONE --speculative-draft-model-path /models/rand --speculative-num-steps 3 "
+            "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --disable-cuda-graph") in spec, spec
+    ds = find_dataset_config(str(cfg / f"{SPEC_DATASET}.toml"), cfg)
+    # greedy and whole answers: 0.5.17 returns meta_info (the acceptance) only to a request that does not stream
+    assert ds.target_samples == SPEC_SAMPLES and ds.sampling.temperature == 0.0 and ds.generation.on_loop == "off"
+
+
+def test_the_spec_dry_run_records_each_turns_acceptance_through_the_launcher(tmp_path: Path) -> None:
+    rc = h200_check.main(["--work", str(tmp_path), "--sim", "--time-scale", "10", "setup", "spec"])
+    r = json.loads((tmp_path / "results.json").read_text())
+    assert rc == 0 and "errors" not in r, r.get("errors")
+    s = r["spec"]
+    assert s["rc"] == 0 and s["rows"] == s["turns_with_acceptance"] == 300, s
+    assert s["ready_line"].startswith("SGLang ready after") and s["leftover_processes"] == []
+    # each turn's figure is its completion tokens over its verify steps, and status shows the turns' mean
+    assert s["verify_ct_total"] > 0 and 1.0 <= s["accept_length_min"] <= s["accept_length_median"]
+    assert s["status_spec_acceptance"]["turns"] == 300 and s["status_spec_acceptance"]["scope"] == "turns"
+
+
+def test_the_committed_h100_runs_render_what_the_server_measured() -> None:
+    spec = json.loads((report.HERE / "h100_spec_results.json").read_text())
+    text = report.spec_markdown(spec, "h100_spec_results.json", "cmd")
+    assert "| turns written / with an acceptance | 300 / 300 |" in text
+    assert "| `status --json` spec_acceptance | 1.254 over 300 turns |" in text
+    assert "| SGLang's decode log `accept len` (first lines) | 1.20 / 1.20 / 1.26 |" in text
+    runs = [r for r in json.loads((report.HERE / "h100_traces_ceiling_run3.json").read_text())["short"]["runs"]]
+    assert report._cpu_line(runs).startswith(
+        "CPU over each run, as a share of one core (medians of 12 runs): SGLang's HTTP server + tokenizer manager "
+        "0.69, detokenizer 0.16, scheduler 1.02; gen_pipeline's client 0.71.")
