@@ -120,7 +120,9 @@ HF_META = {"model": "string", "backend": "string", "finish_reason": "string", "p
 # meta.per_turn: each assistant turn's quality flags and counts (records.TurnMeta), null where a row has none
 HF_TURN_META = {"finish_reason": "string", "prompt_tokens": "int64", "completion_tokens": "int64",
                 "reasoning_tokens": "int64", "attempts": "int64", "loops": "int64", "empty": "int64", "leak": "string",
-                "tokens_not_decoded": "int64", "discarded_tokens": "int64"}
+                "tokens_not_decoded": "int64", "discarded_tokens": "int64",
+                # a draft's acceptance (SGLang's meta_info; only on a server with a speculative algorithm)
+                "spec_accept_length": "float64", "spec_verify_ct": "int64"}
 
 
 def hf_features() -> Any:
@@ -138,6 +140,8 @@ def hf_features() -> Any:
 def _hf_value(value: Any, kind: str) -> Any:
     if kind == "int64":
         return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if kind == "float64":
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
     if value is None or isinstance(value, str):
         return value
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()

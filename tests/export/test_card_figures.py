@@ -23,7 +23,7 @@ from pipeline_helpers import SIM_FAST, make_rows, write_dataset
 def _turn_meta(finish: str, leak: str = "") -> dict:
     return {"finish_reason": finish, "prompt_tokens": 5, "completion_tokens": 9, "reasoning_tokens": 3,
             "attempts": 2 if leak else 1, "loops": 0, "empty": 0, "leak": leak, "tokens_not_decoded": 0,
-            "discarded_tokens": 0}
+            "discarded_tokens": 0} | ({"spec_accept_length": 2.25, "spec_verify_ct": 4} if leak else {})
 
 
 def _store(root: Path, n: int = 10, *, truncated: int = 2, ids: bool = False) -> Path:
@@ -68,8 +68,11 @@ def test_hf_keeps_the_per_turn_quality_flags(tmp_path: Path) -> None:
     assert main(["export", "--output-dir", str(root), "--dataset", "S", "--format", "hf", "--out", str(out)]) == 0
     ds = load_from_disk(str(out))["train"]
     by_id = {r["id"]: r["meta"] for r in ds}
+    # S-5's turn also carries a draft's acceptance (a server with a speculative algorithm): kept, typed
     assert by_id["S-5"]["per_turn"] == [_turn_meta("stop", "think_marker")]
     assert by_id["S-0"]["per_turn"][0]["finish_reason"] == "length"
+    assert (by_id["S-0"]["per_turn"][0]["spec_accept_length"], by_id["S-0"]["per_turn"][0]["spec_verify_ct"]) == \
+        (None, None)
     assert by_id["S-5"]["chat_template_kwargs"] == "{}"
 
 
