@@ -33,6 +33,9 @@ REFERENCE_OVERHEAD_GIB = 4.5
 BUNDLED_CONFIG = DEFAULT_CONFIG_DIR / "models" / "kimi-k2.5-config.json"
 BUNDLED_WEIGHTS_GIB = 553.0
 KV_BYTES = {"auto": 2, "bf16": 2, "bfloat16": 2, "float16": 2, "fp16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1}
+# Drafts whose KV SGLang 0.5.17 pools with the target's: it sizes the pool as if the target had the draft's
+# layers too (pool_configurator.py: cell size x (1 + draft layers / layers)); NEXTN is EAGLE's alias.
+DRAFT_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
 WEIGHT_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 COMPARED_KV = ("bf16", "fp8_e4m3")  # always shown side by side (lever 1); the profile's own is added
 WEIGHTS_EXAMPLE = ("--weights-gb (the checkpoint's total size in GiB; Kimi-K2.5 INT4: 594 GB on disk = 553 GiB) "
@@ -69,6 +72,7 @@ class Plan:
     cuda_graph_note: str = ""
     dcp_size: int = 1  # --dcp-size: KV tokens x dcp_size (module doc)
     dcp_max: int = 1  # the copies TP makes of each KV head: the largest dcp_size that splits tokens
+    draft_note: str = ""  # a speculative draft's share of the pool and of the memory (profile_draft)
 
 
 @dataclass(frozen=True)
@@ -109,12 +113,50 @@ def profile_dcp_size(extra_args: tuple[str, ...]) -> int | None:
 
 
 def _extra_int(extra_args: tuple[str, ...], names: tuple[str, ...]) -> int | None:
+    value = _extra_str(extra_args, names)
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def _extra_str(extra_args: tuple[str, ...], names: tuple[str, ...]) -> str | None:
+    """The value of the first of `names` in a profile's extra_args (`--name V` or `--name=V`), else None."""
     for i, arg in enumerate(extra_args):
         name, _, value = arg.partition("=")
         if name in names:
-            value = value or (extra_args[i + 1] if i + 1 < len(extra_args) else "")
-            return int(value) if value.isdigit() else None
+            return value or (extra_args[i + 1] if i + 1 < len(extra_args) else "")
     return None
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A speculative draft the profile runs, as plan sizes it."""
+
+    algorithm: str
+    layers: int
+    weights_gb: float  # the whole draft checkpoint in GiB; 0: not known here
+    note: str
+
+
+def profile_draft(extra_args: tuple[str, ...]) -> Draft | None:
+    """The draft of a profile whose extra_args run one whose KV SGLang pools with the target's
+    (--speculative-algorithm EAGLE, EAGLE3, NEXTN or STANDALONE); its layers and weights from
+    --speculative-draft-model-path when that is a local folder, else one layer (an EAGLE-family draft's) and
+    weights not counted, said in the note. None without a draft."""
+    algorithm = (_extra_str(extra_args, ("--speculative-algorithm",)) or "").upper()
+    if algorithm not in DRAFT_ALGORITHMS:
+        return None
+    path = _extra_str(extra_args, ("--speculative-draft-model-path", "--speculative-draft-model"))
+    folder = Path(path) if path else None
+    try:
+        cfg = json.loads((folder / "config.json").read_text()) if folder is not None else None
+    except (OSError, ValueError):
+        cfg = None
+    layers = cfg.get("text_config", cfg).get("num_hidden_layers") if isinstance(cfg, dict) else None
+    if folder is None or not isinstance(layers, int) or layers < 1:
+        where = f"{path} is not a local folder with a config.json here" if path else "no draft path given"
+        return Draft(algorithm, 1, 0.0, f"draft ({algorithm}): 1 layer assumed and its weights not counted ({where})")
+    weights = sum(f.stat().st_size for f in folder.iterdir() if f.suffix in (".safetensors", ".bin")) / GIB
+    return Draft(algorithm, layers, weights, f"draft ({algorithm}): {layers} layer(s) and {weights:.1f} GiB of "
+                                             f"weights from {folder}")
 
 
 def kv_bytes_per_token(model_config: dict[str, Any], kv_dtype: str, tp_size: int) -> tuple[str, int, int]:
@@ -151,9 +193,10 @@ def _field(cfg: dict[str, Any], key: str) -> int:
 def plan(model_config: dict[str, Any], *, gpu_mem_gb: float, tp_size: int, mem_fraction_static: float,
          tokens_per_sample: int, weights_gb: float | None = None, params_b: float | None = None,
          weight_dtype: str | None = None, kv_dtypes: tuple[str, ...] = COMPARED_KV,
-         hicache_gb: float = 0.0, overhead_gb: float = 0.0, dcp_size: int = 1) -> Plan:
+         hicache_gb: float = 0.0, overhead_gb: float = 0.0, dcp_size: int = 1, draft: Draft | None = None) -> Plan:
     """Predicted KV tokens and decode slots per KV dtype. Memory in GiB; weights_gb is the whole model
-    (or params_b billions × weight_dtype bytes). Raises ConfigError on missing or impossible inputs."""
+    (or params_b billions × weight_dtype bytes); a draft adds its weights and its layers' KV. Raises
+    ConfigError on missing or impossible inputs."""
     if weights_gb is None:
         if params_b is None or weight_dtype not in WEIGHT_BYTES:
             raise ConfigError("plan needs weights_gb, or params_b with weight_dtype in "
@@ -165,7 +208,7 @@ def plan(model_config: dict[str, Any], *, gpu_mem_gb: float, tp_size: int, mem_f
         weights_note = f"weights: {weights_gb:g} GiB (--weights-gb)"
     PlanNumbers(gpu_mem_gb, tp_size, mem_fraction_static, tokens_per_sample, weights_gb, hicache_gb, overhead_gb,
                 dcp_size)
-    weights_per_gpu = weights_gb / tp_size
+    weights_per_gpu = (weights_gb + (draft.weights_gb if draft else 0.0)) / tp_size
     kv_gb = gpu_mem_gb * mem_fraction_static - weights_per_gpu - overhead_gb
     if kv_gb <= 0:
         raise ConfigError(
@@ -177,6 +220,8 @@ def plan(model_config: dict[str, Any], *, gpu_mem_gb: float, tp_size: int, mem_f
     kind, layers, copies = "", 0, 1
     for dtype in kv_dtypes:
         kind, layers, per_token, copies = _kv_layout(model_config, dtype, tp_size)
+        if draft is not None:
+            per_token = int(per_token * (1 + draft.layers / layers))
         tokens = max(0, int(kv_gb * GIB // per_token)) * dcp_size
         options.append(KvOption(dtype, per_token, tokens, tokens // tokens_per_sample,
                                  int(gpu_mem_gb * 0.01 * GIB // per_token) * dcp_size,
@@ -190,7 +235,15 @@ def plan(model_config: dict[str, Any], *, gpu_mem_gb: float, tp_size: int, mem_f
     return Plan(kind, layers, gpu_mem_gb, tp_size, mem_fraction_static, weights_per_gpu, overhead_gb, kv_gb,
                 tokens_per_sample, hicache_gb, tuple(options), weights_note, cuda_graph_max_bs=ceiling,
                 cuda_graph_note=f"SGLang's default for {gpu_mem_gb:g} GiB GPUs at tp {tp_size}", dcp_size=dcp_size,
-                dcp_max=copies)
+                dcp_max=copies, draft_note=_draft_note(draft, layers, tp_size))
+
+
+def _draft_note(draft: Draft | None, layers: int, tp_size: int) -> str:
+    if draft is None:
+        return ""
+    weights = f"; weights +{draft.weights_gb / tp_size:.1f} GiB/GPU" if draft.weights_gb else ""
+    return (f"{draft.note}: KV bytes per token x (1 + {draft.layers}/{layers}), as SGLang pools the draft's KV with "
+            f"the target's{weights}")
 
 
 # GPUs by memory as nvidia-smi reports it (MiB / 1024): the refusal names the smallest one that fits.
@@ -227,6 +280,7 @@ def profile_inputs(profile: ServerProfile, *, tp_size: int | None = None, mem_fr
         "hicache_gb": (hicache_gb, hicache, 0.0),
         "dcp_size": (dcp_size, profile_dcp_size(profile.extra_args), 1),
     }
+    draft = profile_draft(profile.extra_args)
     values: dict[str, Any] = {}
     notes = []
     for name, (given, own, fallback) in picked.items():
@@ -239,6 +293,7 @@ def profile_inputs(profile: ServerProfile, *, tp_size: int | None = None, mem_fr
     kv = values.pop("kv_cache_dtype")
     values["kv_dtypes"] = COMPARED_KV + (() if kv in COMPARED_KV or kv == "auto" else (kv,))
     values["kv_in_use"] = "bf16" if kv == "auto" else kv
+    values["draft"] = draft
     return values, f"inputs from {profile.where}, flags override: " + ", ".join(notes)
 
 
@@ -254,7 +309,7 @@ def format_plan(p: Plan) -> str:
         "",
         f"{'kv dtype':<10} {'bytes/token/GPU':>16} {'KV tokens':>12} {'decode slots':>13} {'+0.01 mem':>11}",
     ]
-    lines[:0] = [n for n in (p.inputs_note, p.weights_note) if n]
+    lines[:0] = [n for n in (p.inputs_note, p.weights_note, p.draft_note) if n]
     for o in p.options:
         mark = "  <- the profile's kv_cache_dtype" if o.kv_dtype == p.kv_in_use else ""
         lines.append(f"{o.kv_dtype:<10} {o.bytes_per_token:>16,} {o.kv_tokens:>12,} {o.decode_slots:>13,} "
@@ -300,7 +355,7 @@ def plan_from_args(model_config: Path, *, gpu_mem_gb: float, tp_size: int, mem_f
                    tokens_per_sample: int, weights_gb: float | None = None, params_b: float | None = None,
                    weight_dtype: str | None = None, kv_dtypes: tuple[str, ...] = COMPARED_KV,
                    hicache_gb: float = 0.0, overhead_gb: float = 0.0, inputs_note: str = "",
-                   kv_in_use: str = "", dcp_size: int = 1) -> Plan:
+                   kv_in_use: str = "", dcp_size: int = 1, draft: Draft | None = None) -> Plan:
     """`plan`'s flags (each keyword is the flag of that name) → the Plan (format_plan prints it);
     ConfigError for a missing weight size or an unreadable config, naming the flag."""
     try:  # the file first: a missing one is the first thing to fix, whatever else is missing
@@ -325,7 +380,7 @@ def plan_from_args(model_config: Path, *, gpu_mem_gb: float, tp_size: int, mem_f
     p = plan(cfg, gpu_mem_gb=gpu_mem_gb, tp_size=tp_size, mem_fraction_static=mem_fraction_static,
              tokens_per_sample=tokens_per_sample, weights_gb=weights_gb, params_b=params_b,
              weight_dtype=weight_dtype, kv_dtypes=kv_dtypes, hicache_gb=hicache_gb, overhead_gb=overhead_gb,
-             dcp_size=dcp_size)
+             dcp_size=dcp_size, draft=draft)
     if bundled:
         p = replace(p, weights_note=f"weights: {BUNDLED_WEIGHTS_GIB:g} GiB (Kimi-K2.5 INT4, 594 GB on disk: the "
                                     "bundled config's default; --weights-gb for another checkpoint)")

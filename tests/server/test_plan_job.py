@@ -115,18 +115,49 @@ def test_the_readmes_job_table_is_what_plan_prints(tmp_path: Path, capsys: pytes
     assert out[start:start + len(table)] == table
 
 
-def test_a_draft_in_extra_args_plans_as_its_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """--speculative-* flags pass through extra_args (the draft's own memory is not modelled): the plan is the
-    target's, as without them."""
+def _plans(tmp_path: Path, capsys: pytest.CaptureFixture[str], extra_args: str) -> list[list[str]]:
+    """`plan` of the tuned profile, then of the same with `extra_args` (a TOML array)."""
     cfg = tmp_path / "cfg"
-    cfg.mkdir()
-    spec = ('["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "d", '
-            '"--speculative-num-draft-tokens", "4"]')
+    cfg.mkdir(exist_ok=True)
     (cfg / "server.toml").write_text((REPO / "datasets_cfg" / "server.toml").read_text()
-                                     + f'\n[profile.draft]\ninherits = "tuned"\nextra_args = {spec}\n')
+                                     + f'\n[profile.draft]\ninherits = "tuned"\nextra_args = {extra_args}\n')
     plans = []
     for name in ("tuned", "draft"):
         assert main(["plan", "--config-dir", str(cfg), "--server", name, "--output-dir", str(tmp_path / "o")]) == 0
-        plans.append(capsys.readouterr().out.splitlines()[1:])
-    assert plans[0] == plans[1]
-    assert any(line.startswith("fp8_e4m3             35,136      379,397") for line in plans[1])
+        plans.append(capsys.readouterr().out.splitlines())
+    return plans
+
+
+def _fp8(lines: list[str]) -> tuple[int, int]:
+    row = next(x for x in lines if x.startswith("fp8_e4m3 "))
+    return int(row.split()[1].replace(",", "")), int(row.split()[2].replace(",", ""))
+
+
+def test_an_eagle_draft_not_on_this_machine_counts_one_layer_of_kv(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """SGLang pools an EAGLE-family draft's KV with the target's (cell size x (1 + 1/61) for Kimi-K2.5's 61
+    layers); a draft path that is not a local folder: one layer assumed, its weights not counted, said."""
+    tuned, draft = _plans(tmp_path, capsys, '["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", '
+                                            '"org/kimi-eagle3", "--speculative-num-draft-tokens", "4"]')
+    assert _fp8(tuned) == (35_136, 379_397)
+    per_token, tokens = _fp8(draft)
+    assert per_token == 35_136 * 62 // 61 == 35_712 and abs(tokens - 379_397 * 35_136 / 35_712) < 1
+    assert ("draft (EAGLE3): 1 layer assumed and its weights not counted (org/kimi-eagle3 is not a local folder with "
+            "a config.json here): KV bytes per token x (1 + 1/61), as SGLang pools the draft's KV with the target's"
+            ) in draft
+
+
+def test_a_local_draft_adds_its_layers_and_weights(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "draft"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"num_hidden_layers": 2}')
+    with (folder / "model.safetensors").open("wb") as f:
+        f.truncate(8 << 30)  # 8 GiB, sparse: 1 GiB on each of the 8 GPUs
+    tuned, draft = _plans(tmp_path, capsys, f'["--speculative-algorithm", "STANDALONE", '
+                                            f'"--speculative-draft-model-path", "{folder}"]')
+    assert (f"draft (STANDALONE): 2 layer(s) and 8.0 GiB of weights from {folder}: KV bytes per token x (1 + 2/61), as "
+            "SGLang pools the draft's KV with the target's; weights +1.0 GiB/GPU") in draft
+    kv_gb = [float(next(x for x in lines if x.endswith("GiB/GPU for the KV cache")).split("= ")[-1].split(" GiB")[0])
+             for lines in (tuned, draft)]
+    assert round(kv_gb[0] - kv_gb[1], 1) == 1.0, kv_gb
+    assert _fp8(draft)[0] == 35_136 * 63 // 61
