@@ -34,8 +34,8 @@ POLL = ("--health-interval-s", "0.3")
 SUMMARY = re.compile(r"^T: (\d+)/(\d+) samples \(100\.0%\), \+(\d+) this run in [\dms]+; target reached\.$", re.M)
 
 
-# A fixed window for the tests that hang a scheduler mid-run: most of the 300 are still to be sent when the
-# hang lands (an adaptive window sends all 300 at once and a quick machine ends the run first)
+# A fixed window for the tests that break a server mid-run: most of the 300 are still to be sent when the
+# fault lands (an adaptive window sends all 300 at once and a quick machine ends the run first)
 WINDOW = ("--window", "48")
 
 
@@ -73,7 +73,7 @@ def test_an_attached_run_waits_out_an_outage_of_its_server(tmp_path: Path, how: 
     with ExitStack() as stack:
         sim = stack.enter_context(start_sim(SIM))
         toml = dataset(tmp_path, 300)
-        proc, log = generate(tmp_path, toml, sim.url, *POLL, "--server-wait-s", str(WAIT_S))
+        proc, log = generate(tmp_path, toml, sim.url, *POLL, "--server-wait-s", str(WAIT_S), *WINDOW)
         wait_lines(tmp_path / "out" / "T", 40, proc)
         if how == "restarted":
             sigkill_sim(sim)  # an operator restart: connections refused until it is back
@@ -125,7 +125,7 @@ def test_a_fleet_waits_out_an_outage_of_every_server(tmp_path: Path) -> None:
         sims = [stack.enter_context(start_sim(SIM)) for _ in range(2)]
         toml = dataset(tmp_path, 300)
         proc, log = generate(tmp_path, toml, ",".join(s.url for s in sims), *POLL, "--server-wait-s",
-                             str(WAIT_S))
+                             str(WAIT_S), *WINDOW)
         wait_lines(tmp_path / "out" / "T", 40, proc)
         for sim in sims:
             sigkill_sim(sim)
@@ -143,7 +143,7 @@ def test_an_outage_longer_than_the_wait_ends_the_run_resumable(tmp_path: Path) -
     # (at time scale 1 that wave took ~0.4 s, which a loaded machine's poll and writer could miss)
     with start_sim(SIM_SLOW) as sim:
         toml = dataset(tmp_path, 300)
-        proc, log = generate(tmp_path, toml, sim.url, *POLL, "--server-wait-s", "2")
+        proc, log = generate(tmp_path, toml, sim.url, *POLL, "--server-wait-s", "2", *WINDOW)
         wait_lines(tmp_path / "out" / "T", 40, proc)
         sigkill_sim(sim)
         rc = proc.wait(timeout=60)
