@@ -116,7 +116,8 @@ def run_phase(check: Any, rounds: int = ROUNDS) -> None:
         res["summary"] = traces["summary"] = summarize_regimes(res["runs"])
         traces["date"] = time.strftime("%Y-%m-%d", time.gmtime())
         traces["sim"] = check.sim
-        traces.setdefault("device", servers.gpu_name() if not check.sim else None)
+        if "device" not in traces:  # once a file: nvidia-smi is a process
+            traces["device"] = None if check.sim else servers.gpu_name()
         traces_path.write_text(json.dumps(traces) + "\n")
         check.save()
 

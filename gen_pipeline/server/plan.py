@@ -208,7 +208,8 @@ def plan(model_config: dict[str, Any], *, gpu_mem_gb: float, tp_size: int, mem_f
         weights_note = f"weights: {weights_gb:g} GiB (--weights-gb)"
     PlanNumbers(gpu_mem_gb, tp_size, mem_fraction_static, tokens_per_sample, weights_gb, hicache_gb, overhead_gb,
                 dcp_size)
-    weights_per_gpu = (weights_gb + (draft.weights_gb if draft else 0.0)) / tp_size
+    weights_gb += draft.weights_gb if draft else 0.0  # the draft's weights sit beside the target's
+    weights_per_gpu = weights_gb / tp_size
     kv_gb = gpu_mem_gb * mem_fraction_static - weights_per_gpu - overhead_gb
     if kv_gb <= 0:
         raise ConfigError(
