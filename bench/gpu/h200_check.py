@@ -84,9 +84,9 @@ class Check:
                       prompts=self.prompts)
         self.results.update({"prompts": self.prompts, "sim": self.sim, "dataset": DATASET, "model_path": model,
                              "date": time.strftime("%Y-%m-%d", time.gmtime())})
-        model_info = self.work / "model" / "bench_model.json"
-        if model_info.exists():
-            self.results["model"] = json.loads(model_info.read_text())
+        for key, folder in (("model", "model"), ("small_model", "model-small")):
+            if (info := self.work / folder / "bench_model.json").exists():
+                self.results[key] = json.loads(info.read_text())
         self.save()
 
     def serve(self) -> None:
@@ -400,9 +400,9 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"regimes/ceiling: prompts of a short-regime run (at most {regimes.SHORT_PROMPTS})")
     p.add_argument("--long-prompts", type=int, default=regimes.LONG_PROMPTS,
                    help=f"regimes/ceiling: prompts of a long-regime run (at most {regimes.LONG_PROMPTS_MAX})")
-    p.add_argument("--server-profile", default="h200", choices=("h200", "h200-ceiling"),
+    p.add_argument("--server-profile", default="h200", choices=("h200", "h200-ceiling", "h200-small"),
                    help="regimes/ceiling: the server.toml profile they run on (h200-ceiling: 120K fp8 KV tokens, "
-                        "issue 34's short regime past the CUDA-graph ceiling)")
+                        "issue 34's short regime past the CUDA-graph ceiling; h200-small: the small, fast model)")
     p.add_argument("--clients", default=None,
                    help="regimes phase: only these clients, comma-separated (fixed-128, fixed-40, all, adaptive); "
                         "ceiling phase: gen_pipeline, bench_serving, offline (each phase runs the ones it knows)")

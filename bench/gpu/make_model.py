@@ -32,6 +32,8 @@ WORDS = ("the of and to in is that for it as with was on be by at this are from 
 SHAPES = {  # name: (hidden, layers, heads, kv heads, intermediate)
     "1.2b": (2048, 24, 16, 4, 6144),
     "tiny": (64, 2, 4, 2, 128),
+    # issue 34's small, fast model: a step short enough that the clients, not the GPU, set the pace
+    "small": (512, 4, 4, 2, 1024),
 }
 
 

@@ -32,12 +32,15 @@ for phase in "$@"; do
       "$py" -c "import sglang, torch; print('sglang', sglang.__version__, 'torch', torch.__version__, torch.cuda.get_device_name())" >>"$log" 2>&1
       ;;
     model)
-      if [ -f "$keep/work/model/config.json" ] && grep -q '"max_position_embeddings": 8192' "$keep/work/model/config.json"; then
-        stamp "model already built"; continue
-      fi
-      stamp "building the random-weight model"
-      (cd "$here" && "$py" -m bench.gpu.make_model "$keep/work/model") >>"$log" 2>&1 || { stamp "model build failed"; tail -20 "$log"; exit 3; }
-      tail -1 "$log"
+      for shape in 1.2b small; do
+        dir="$keep/work/model"; [ "$shape" = small ] && dir="$keep/work/model-small"
+        if [ -f "$dir/config.json" ] && grep -q '"max_position_embeddings": 8192' "$dir/config.json"; then
+          stamp "model $shape already built"; continue
+        fi
+        stamp "building the random-weight model ($shape)"
+        (cd "$here" && "$py" -m bench.gpu.make_model "$dir" --shape "$shape") >>"$log" 2>&1 || { stamp "model build failed"; tail -20 "$log"; exit 3; }
+        tail -1 "$log"
+      done
       ;;
     *) check+=("$phase") ;;
   esac

@@ -19,7 +19,11 @@ STARVED_KV_TOKENS = 20_000
 # Issue 34: a pool where SGLang's own admission runs the short regime past its CUDA-graph ceiling (256 on
 # one GPU): 120,000 fp8 KV tokens hold ~300 short requests. Profile "h200-ceiling".
 CEILING_KV_TOKENS = 120_000
-PROFILE_KV_TOKENS = {"h200": KV_TOKENS, "h200-ceiling": CEILING_KV_TOKENS}
+# Issue 34's small-model case: make_model's "small" shape (work/model-small), a step short enough for >= 50K tok/s,
+# where the client's CPU, not the GPU, would bind; CUDA graphs up to the whole batch, so the window does not matter.
+SMALL_KV_TOKENS = 400_000
+SMALL_MAX_RUNNING = 512
+PROFILE_KV_TOKENS = {"h200": KV_TOKENS, "h200-ceiling": CEILING_KV_TOKENS, "h200-small": SMALL_KV_TOKENS}
 DATASET = "h200"
 # The long-output regime (issue 19): prompts of ~300-500 tokens, every output >= 1,000 tokens (mean
 # ~1,300: the random model's EOS comes with probability ~1/320 a token), ~40 requests fit in 60K tokens.
@@ -176,8 +180,14 @@ stop_grace_s = 20{command}
 """
 
 
+def small_model(model: str, sim: bool) -> str:
+    """The small model's folder beside the main one (run_h200.sh's `model` phase builds both)."""
+    return model if sim else str(Path(model).with_name(Path(model).name + "-small"))
+
+
 def server_toml(model: str, sim: bool = False, time_scale: float = 1.0) -> str:
-    """Profiles: h200 (bf16, 60K KV tokens), h200-fp8 (launch mode), h200-starved(-eager) (20K), probe-bf16/-fp8."""
+    """Profiles: h200 (bf16, 60K KV tokens), h200-fp8 (launch mode), h200-ceiling (120K fp8), h200-starved(-eager)
+    (20K), h200-small (the small model), h200-spec, probe-bf16/-fp8."""
     kw = {"sim": sim, "time_scale": time_scale, "model": model}
     return ("# Written by bench/gpu/setup.py for the GPU check (bench/gpu/README.md).\n"
             + _profile("h200", kv_dtype="auto", mem=0.85, kv_tokens=KV_TOKENS, **kw)
@@ -187,6 +197,10 @@ def server_toml(model: str, sim: bool = False, time_scale: float = 1.0) -> str:
             # SGLang's optimistic admission (new_token_ratio from 0.21, not 0.7): retractions come sooner
             + _profile("h200-starved-eager", kv_dtype="auto", mem=0.85, kv_tokens=STARVED_KV_TOKENS,
                        more=("--schedule-conservativeness", "0.3"), **kw)
+            + _profile("h200-small", kv_dtype="auto", mem=0.85, kv_tokens=SMALL_KV_TOKENS,
+                       more=("--max-running-requests", str(SMALL_MAX_RUNNING),
+                             "--cuda-graph-max-bs", str(SMALL_MAX_RUNNING)),
+                       **{**kw, "model": small_model(model, sim)})
             + _profile("h200-spec", kv_dtype="auto", mem=0.85, kv_tokens=KV_TOKENS, more=spec_flags(model, sim), **kw)
             + _profile("probe-bf16", kv_dtype="auto", mem=0.4, kv_tokens=KV_TOKENS, **kw)
             + _profile("probe-fp8", kv_dtype="fp8_e4m3", mem=0.4, kv_tokens=KV_TOKENS, **kw))

@@ -317,6 +317,14 @@ def test_the_spec_profile_runs_the_target_as_its_own_draft_and_parses_with_sglan
     assert ds.target_samples == SPEC_SAMPLES and ds.sampling.temperature == 0.0 and ds.generation.on_loop == "off"
 
 
+def test_the_small_model_profile_serves_the_small_shape_with_graphs_over_its_whole_batch(tmp_path: Path) -> None:
+    from bench.gpu.make_model import SHAPES
+    cfg = write_configs(tmp_path, "/models/rand", sim=False)
+    argv = " ".join(build_command(load_server_profile("h200-small", cfg / "server.toml"), port=1, python="py"))
+    assert "--model-path /models/rand-small " in argv and "--max-total-tokens 400000" in argv, argv
+    assert "--max-running-requests 512 --cuda-graph-max-bs 512" in argv and SHAPES["small"][0] == 512
+
+
 def test_the_spec_dry_run_records_each_turns_acceptance_through_the_launcher(tmp_path: Path) -> None:
     rc = h200_check.main(["--work", str(tmp_path), "--sim", "--time-scale", "10", "setup", "spec"])
     r = json.loads((tmp_path / "results.json").read_text())
