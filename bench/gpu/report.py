@@ -177,7 +177,11 @@ REGIMES_RUNS = (
 )
 # the heading of a regimes section (the words docs and code point at), by the server profile of its run
 TITLES = {"h200-ceiling": "Short outputs past SGLang's CUDA-graph ceiling, interleaved clients"}
-SERVERS = {"h200": "60,000 bf16 KV tokens", "h200-ceiling": "120,000 fp8_e4m3 KV tokens, CUDA-graph ceiling 256"}
+SERVERS = {"h200": "60,000 bf16 KV tokens", "h200-ceiling": "120,000 fp8_e4m3 KV tokens, CUDA-graph ceiling 256",
+           "h200-small": "400,000 bf16 KV tokens, 512 running, CUDA graphs up to 512"}
+# the model each profile serves (bench/gpu/make_model.py SHAPES)
+MODELS = {"h200-small": "the random-weight 9.8M Llama (shape `small`: hidden 512, 4 layers)"}
+MODEL_1_2B = "the random-weight 1.16B Llama"
 
 
 def _graph_line(runs: list[dict]) -> str:
@@ -288,6 +292,13 @@ CEILING_RUNS = (
      "CHECK_ARGS=\"--regimes short --short-prompts 1000 --rounds 2 --clients gen_pipeline,bench_serving,offline\" "
      "BUDGET_S=400 bash bench/gpu/run_h200.sh KEEP OUT install model setup serve ceiling unserve summary, then the "
      "same with --rounds 3, BUDGET_S=265 and the phases serve ceiling unserve summary (two calls)"),
+    (HERE / "h100_traces_vs_sglang_small.json", "gpu_h100_vs_sglang_small",
+     "CHECK_ARGS=\"--server-profile h200-small --regimes short --rounds 3\" BUDGET_S=400 bash bench/gpu/run_h200.sh "
+     "KEEP OUT install model setup ceiling unserve summary (the budget ended before bench_serving's third round)"),
+    (HERE / "h100_traces_vs_sglang_long.json", "gpu_h100_vs_sglang_long",
+     "CHECK_ARGS=\"--regimes long --rounds 3\" BUDGET_S=470 bash bench/gpu/run_h200.sh KEEP OUT ceiling unserve "
+     "summary, right after the small-model call on the same machine (the budget ended before bench_serving's third "
+     "round)"),
 )
 CLIENT_NAMES = {"gen_pipeline": "gen_pipeline (adaptive)", "bench_serving": "SGLang bench_serving, rate inf",
                 "offline": "SGLang offline engine"}
@@ -329,7 +340,8 @@ def ceiling_markdown(c: dict, source: str, command: str) -> str:
     return "\n".join([
         f"## gen_pipeline against SGLang's own ceiling (`bench/gpu/` phase `ceiling`): {source}",
         "",
-        f"Run {c.get('date')} on {where} (SGLang 0.5.17, the random-weight 1.16B Llama of bench/gpu/make_model.py): "
+        f"Run {c.get('date')} on {where} (SGLang 0.5.17, {MODELS.get(c.get('profile') or 'h200', MODEL_1_2B)} of "
+        "bench/gpu/make_model.py): "
         f"`{command}` (traces: bench/gpu/{source}, key `ceiling`). On the regimes phase's server (profile "
         f"{c.get('profile', 'h200')}: {SERVERS.get(c.get('profile') or 'h200', SERVERS['h200'])}, `--stream-interval "
         f"8`), prompts and sampling ({prompts}): gen_pipeline's adaptive client; SGLang's own HTTP client "

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from bench import sim_vs_real as svr
-from bench.gpu import h200_check, report, runs
+from bench.gpu import ceiling, h200_check, report, runs
 from bench.gpu.setup import KV_TOKENS, PROMPTS, STARVED_KV_TOKENS, write_configs
 from gen_pipeline.config.dataset import find_dataset_config
 from gen_pipeline.config.server import load_server_profile
@@ -347,3 +347,16 @@ def test_the_committed_h100_runs_render_what_the_server_measured() -> None:
     assert report._cpu_line(runs).startswith(
         "CPU over each run, as a share of one core (medians of 12 runs): SGLang's HTTP server + tokenizer manager "
         "0.69, detokenizer 0.16, scheduler 1.02; gen_pipeline's client 0.71.")
+
+
+def test_the_committed_h100_ceiling_runs_give_the_ratios_the_run_printed() -> None:
+    """The small-model and long-regime calls of 2026-12-06: the summary recomputed from the runs is the one
+    the device printed, and the small model's case names the diagnose verdict it got on a real run."""
+    small = json.loads((report.HERE / "h100_traces_vs_sglang_small.json").read_text())["ceiling"]
+    long_ = json.loads((report.HERE / "h100_traces_vs_sglang_long.json").read_text())["ceiling"]
+    heads = {k: ceiling.headline(ceiling.summarize_ceiling(c[k]["runs"]))[k] for k, c in
+             (("short", small), ("long", long_))}
+    assert heads["short"]["over_bench_serving"]["median"] == 1.245 and heads["short"]["over_offline"]["median"] == 0.98
+    assert heads["long"]["over_bench_serving"]["median"] == 0.978 and heads["long"]["over_better"]["median"] == 0.956
+    verdicts = [r.get("diagnose") for r in small["short"]["runs"] if r["client"] == "gen_pipeline"]
+    assert verdicts.count(["client_bound"]) == 1 and len(verdicts) == 3

@@ -120,6 +120,9 @@ def test_summary_and_report_on_a_synthetic_result() -> None:
     assert ("| short | the better of the two | SGLang offline engine | **0.839** | 0.882 / 0.8 | 0.841 | "
             "0.97 / 0.8 | 0.885 | - | None |") in text
     assert "Offline engine not run" not in text and "failed" not in text
+    small = report.ceiling_markdown({**c, "profile": "h200-small"}, "f.json", "CMD")
+    assert "the random-weight 9.8M Llama (shape `small`: hidden 512, 4 layers) of bench/gpu/make_model.py" in small
+    assert "profile h200-small: 400,000 bf16 KV tokens, 512 running, CUDA graphs up to 512" in small
     failed = report.ceiling_markdown({**c, "offline_errors": ["the offline engine exited before it was ready; last "
                                                               "lines of x.log:\nOOM"]}, "f.json", "CMD")
     assert ("The offline engine failed 1 time(s), first: `the offline engine exited before it was ready; last lines "
