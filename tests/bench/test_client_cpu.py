@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.client_cpu import GOALS_MS, VARIANTS, measure, render
+from bench.client_cpu import GOALS_MS, VARIANTS, measure, render, summarise
 
 pytestmark = pytest.mark.bench
 
@@ -30,3 +30,10 @@ def test_a_tiny_run_gives_every_variant_its_medians_and_the_table_its_rows() -> 
                     "included (ms)", "| tokens one core follows (marginal, tok/s)",
                     "| completion tokens of the 6-request run", "| goal (ms per 1K)",
                     "| on the H200 (real SGLang, ms per 1K)"]
+
+
+def test_a_marginal_below_the_noise_gives_no_rate_one_core_follows() -> None:
+    def run(marginal: float) -> dict:
+        return {"marginal_ms_per_1k": marginal, "total_ms_per_1k": 5.0, "tokens_long": 900, "wall_long_s": 1.0}
+    assert summarise([run(-0.6), run(-0.2), run(3.0)])["median_tokens_per_cpu_s"] is None
+    assert summarise([run(8.0), run(10.0), run(12.0)])["median_tokens_per_cpu_s"] == 100_000  # 1e6 / 10 ms per 1K
