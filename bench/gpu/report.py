@@ -261,7 +261,8 @@ def regimes_markdown(t: dict, source: str, command: str) -> str:
     return "\n".join([
         f"## {title} (`bench/gpu/` phase `regimes`): {source}",
         "",
-        f"Run {t.get('date')} on {where} (SGLang 0.5.17, the random-weight 1.16B Llama of bench/gpu/make_model.py): "
+        f"Run {t.get('date')} on {where} (SGLang 0.5.17, {MODELS.get(profile, MODEL_1_2B)} of "
+        "bench/gpu/make_model.py): "
         f"`{command}` (bench/gpu/README.md; traces: bench/gpu/{source}). One server (profile {profile}: "
         f"{SERVERS.get(profile, SERVERS['h200'])}, `--stream-interval 8`); "
         f"{regimes_run}. Rounds interleave the regimes and "
@@ -383,7 +384,7 @@ def spec_markdown(r: dict, source: str, command: str) -> str:
     return "\n".join([
         f"## Speculative decoding through the launcher (`bench/gpu/` phase `spec`): {source}",
         "",
-        f"Run {r.get('date')} on one {r.get('device')} (SGLang 0.5.17, the random-weight 1.16B Llama): `{command}`. "
+        f"Run {r.get('date')} on one {r.get('device')} (SGLang 0.5.17, {MODEL_1_2B}): `{command}`. "
         "Profile h200-spec: `--speculative-algorithm STANDALONE` with the target itself as its draft (the same "
         f"weights and tokenizer), {SPEC_STEPS_WORDS}, `--disable-cuda-graph` (0.5.17's draft-graph capture imports "
         "deep_gemm, which the offline wheel set lacks); greedy, whole answers (`on_loop = \"off\"`: meta_info comes "
