@@ -12,7 +12,7 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO, Literal, cast
 
 import orjson
 
@@ -20,22 +20,9 @@ from gen_pipeline.config.dataset import fingerprint_digest
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import DiskError, StoreError
 from gen_pipeline.records import Failure, Reject, Sample
+from gen_pipeline.store import layout, shards
 from gen_pipeline.store.fingerprint import FINGERPRINT_NAME, check_rows, read_fingerprint, write_fingerprint
-from gen_pipeline.store.layout import (
-    ERRORS_NAME,
-    REJECTS_NAME,
-    ShardFile,
-    check_other_ranks,
-    check_world,
-    committed_shard,
-    committed_shards,
-    final_failure_ids,
-    has_samples,
-    part_folder,
-    rejected_rows,
-    sealed_records,
-    shard_files,
-)
+from gen_pipeline.store.layout import ShardFile
 from gen_pipeline.store.lock import FolderGone, RunLock
 from gen_pipeline.store.manifest import (
     MANIFEST_NAME,
@@ -51,18 +38,7 @@ from gen_pipeline.store.manifest import (
     write_manifest,
 )
 from gen_pipeline.store.ranks import RankSpec
-from gen_pipeline.store.shards import (
-    ShardScan,
-    first_changed_line,
-    iter_lines,
-    parse_line,
-    remove_tmp_files,
-    scan_bytes,
-    shard_name,
-    sidecar_path,
-    write_atomic,
-    write_sidecar,
-)
+from gen_pipeline.store.shards import ShardScan
 
 # How often lock() makes the folder again when runs giving up keep removing it (each removes it once).
 _FOLDER_RETRIES = 20
@@ -93,7 +69,7 @@ class DatasetStore:
                  shard_max_samples: int = 2000, fsync_every: int = 64,
                  file_opener: Callable[[Path, str], BinaryIO] = default_opener, rank: RankSpec = RankSpec()):
         self.rank = rank
-        self.folder = part_folder(root, dataset, rank)
+        self.folder = layout.part_folder(root, dataset, rank)
         self.dataset, self.fingerprint, self._target = dataset, fingerprint, rank.share(target)
         self.shard_max_samples, self.fsync_every = shard_max_samples, fsync_every
         self._opener = file_opener
@@ -103,17 +79,14 @@ class DatasetStore:
         self._sizes: dict[str, int] = {}  # bytes known good per file name (flushed, whole lines)
         self._manifest: Manifest = {}
         self._sealed: list[ShardRecord] = []
-        self._open_index = 0
         self._open = ShardScan()
-        self._unsynced = 0
+        self._open_index = self._unsynced = self._repaired = 0
         self._run: RunRecord | None = None  # this run's record, from begin() on
         self._notes: list[str] = []
-        self._repaired = 0
         self._created: list[Path] = []  # the folders claim() made, innermost first
         self._rejected_rows: set[int] = set()  # source rows already in rejects.jsonl
         self._progress: ProgressRecord | None = None
-        self._failed = False
-        self._closed = False
+        self._failed = self._closed = False
         self._scanned = False  # claim() got to its end
         self._loaded = False  # done_ids holds every shard's ids (open() got past _load_shards)
 
@@ -168,7 +141,7 @@ class DatasetStore:
 
     def final_failure_ids(self) -> set[str]:
         """Ids whose failure a retry cannot fix (`retryable: false` in errors.jsonl) and not done."""
-        return final_failure_ids(self.folder) - self.done_ids
+        return layout.final_failure_ids(self.folder) - self.done_ids
 
     # ------------------------------------------------------------ open / resume
 
@@ -189,7 +162,7 @@ class DatasetStore:
         self.lock()
         assert self._lock is not None
         try:
-            check_world(self._dataset_folder(), self.rank)  # again, now that our folder and lock exist
+            layout.check_world(self._dataset_folder(), self.rank)  # again, now that our folder and lock exist
             return self._scan_locked(self._lock.note)
         except BaseException:
             self.release()
@@ -201,7 +174,7 @@ class DatasetStore:
         between our mkdir and our lock's create is made again."""
         if self._lock is not None:
             return
-        check_world(self._dataset_folder(), self.rank)  # before creating anything
+        layout.check_world(self._dataset_folder(), self.rank)  # before creating anything
         for _ in range(_FOLDER_RETRIES):
             self._created = [p for p in (self.folder, *self.folder.parents) if not p.exists()]
             try:
@@ -223,7 +196,7 @@ class DatasetStore:
         notes = self._notes = [lock_note] if lock_note else []
         if remove_stale_tmp(self.folder):
             notes.append("removed a manifest tmp file left by a crash (the manifest itself is intact)")
-        if remove_tmp_files(self.folder):
+        if shards.remove_tmp_files(self.folder):
             notes.append("removed tmp files of a rewrite a crash interrupted (the files themselves are intact)")
         manifest, why = read_manifest(self.folder)
         if why:
@@ -232,19 +205,19 @@ class DatasetStore:
         if stored is not None and stored != self.fingerprint:
             # Drift only matters once samples exist: a first run that died on a config or source
             # error must not lock its mistake in.
-            if has_samples(self.folder):
+            if layout.has_samples(self.folder):
                 check_drift(self.folder, stored, self.fingerprint)
             notes.append("the config changed before any sample was written; the new one is recorded")
         if self.rank.ranked:  # every rank of a dataset writes with one config
-            check_other_ranks(self.folder.parent, self.rank, self.fingerprint)
+            layout.check_other_ranks(self.folder.parent, self.rank, self.fingerprint)
         self._manifest = manifest or {"created_at": now_iso(), "runs": []}
         configs: list[tuple[str, bytes, int]] = []
         self._repaired = self._load_shards(notes, configs)
         if stored is None:  # manifest and fingerprint.json both lost: the rows say which config made them
             check_rows(self.folder, configs, self.fingerprint)
-        for name in (ERRORS_NAME, REJECTS_NAME):
+        for name in (layout.ERRORS_NAME, layout.REJECTS_NAME):
             self._repaired += self._cut_torn_tail(self.folder / name, notes)
-        self._rejected_rows = rejected_rows(self.folder)
+        self._rejected_rows = layout.rejected_rows(self.folder)
         self._scanned = True
         return ResumeState(set(self.done_ids), self.done, self._repaired, notes)
 
@@ -297,18 +270,18 @@ class DatasetStore:
     def _load_shards(self, notes: list[str], configs: list[tuple[str, bytes, int]]) -> int:
         """Rebuild sealed list, open shard and done ids from the files; returns bytes cut. Duplicate ids
         on disk are removed (the later lines); `configs` gets the row configs of every shard parsed."""
-        shards = shard_files(self.folder, self._manifest)
-        present = {sh.path.name for sh in shards}
-        for name, e in sealed_records(self._manifest).items():
+        files = layout.shard_files(self.folder, self._manifest)
+        present = {sh.path.name for sh in files}
+        for name, e in layout.sealed_records(self._manifest).items():
             if name not in present:
                 notes.append(f"{name} is listed in the manifest but missing: its {e.get('samples', '?')} "
                              "samples will be generated again")
-        last = shards[-1] if shards else None
+        last = files[-1] if files else None
         self._open_index = (last.index if last is not None and last.listed_record is None
                             else (last.index + 1 if last else 0))
         repaired = 0
         ids_of: dict[str, list[str]] = {}  # shard name: its ids, to say where a duplicate's first line is
-        for shard in shards:
+        for shard in files:
             entry: ShardRecord | None = None
             if shard.index == self._open_index:
                 scan = self._load_open(shard, notes)
@@ -347,7 +320,7 @@ class DatasetStore:
         keep_ids: set[str] = set()
         firsts: set[str] = set()
         start = 0
-        for _line, row, _why, end in iter_lines(data):
+        for _line, row, _why, end in shards.iter_lines(data):
             rid = row["id"] if row is not None else ""  # "": damage in a trusted shard, kept for validate to show
             if rid in self.done_ids:
                 firsts.add(next(name for name, ids in ids_of.items() if rid in ids))
@@ -358,10 +331,10 @@ class DatasetStore:
                 keep_ids.add(rid)
             start = end
         body = b"".join(kept)
-        self._io(shard.path, write_atomic, shard.path, body)
-        new = scan_bytes(body)
+        self._io(shard.path, shards.write_atomic, shard.path, body)
+        new = shards.scan_bytes(body)
         if shard.index != self._open_index:
-            self._io(shard.path, write_sidecar, sidecar_path(shard.path), shard.path, new.ids, new.good_bytes)
+            self._io(shard.path, shards.write_sidecar, shard.path, new.ids, new.good_bytes)
         n = scan.samples - new.samples
         notes.append(f"removed {n} duplicate line{'s' if n != 1 else ''} from {shard.path.name} (ids already "
                      f"written in {', '.join(sorted(firsts))}; kept the first line of each)")
@@ -371,7 +344,7 @@ class DatasetStore:
         """A sealed shard's record and scan: from the manifest and sidecar when layout trusts them, else parsed
         (and its sidecar written anew)."""
         if shard.record is not None:
-            found = committed_shard(shard)
+            found = layout.committed_shard(shard)
             if not found.parsed:
                 self._check_sealed_ids(shard.path, found.scan.ids)
                 return shard.record, found.scan
@@ -382,7 +355,7 @@ class DatasetStore:
             why = "it is not in the manifest"
         notes.append(f"re-scanned {shard.path.name}: {why}")
         scan = self._repair(shard.path, notes)
-        self._io(shard.path, write_sidecar, sidecar_path(shard.path), shard.path, scan.ids, scan.good_bytes)
+        self._io(shard.path, shards.write_sidecar, shard.path, scan.ids, scan.good_bytes)
         return scan.entry(shard.path.name), scan
 
     def _check_sealed_ids(self, path: Path, ids: list[str]) -> None:
@@ -390,23 +363,23 @@ class DatasetStore:
         a bit flip inside an id keeps the size (the record is trusted) and may make two lines share one id,
         or a line name a sample it does not hold. Raises StoreError naming the line and what to do."""
         data = self._io(path, path.read_bytes)
-        number = first_changed_line(data, ids)
+        number = shards.first_changed_line(data, ids)
         if number is None:
             return
         line = data.split(b"\n")[number - 1] if number <= data.count(b"\n") else b""
-        row, _why = parse_line(line)
+        row, _why = shards.parse_line(line)
         seen = f"id {orjson.dumps(row['id']).decode()}" if row is not None else "no readable id"
         recorded = f"id {orjson.dumps(ids[number - 1]).decode()}" if number <= len(ids) else "no line there"
         raise StoreError(
-            f"{display_path(path)} line {number} has {seen}, but the shard's id sidecar {sidecar_path(path).name} "
-            f"recorded {recorded} when the shard was sealed: the file changed on disk since (a bit flip or an edit), "
-            "so that line may hold another sample than its id says. Delete that line (its sample will be "
-            "generated again) or restore the file, then run again; `gen-pipeline validate` lists what else is "
-            "damaged.")
+            f"{display_path(path)} line {number} has {seen}, but the shard's id sidecar "
+            f"{shards.sidecar_path(path).name} recorded {recorded} when the shard was sealed: the file changed on "
+            "disk since (a bit flip or an edit), so that line may hold another sample than its id says. Delete that "
+            "line (its sample will be generated again) or restore the file, then run again; `gen-pipeline validate` "
+            "lists what else is damaged.")
 
     def _repair(self, path: Path, notes: list[str]) -> ShardScan:
         """Parse a shard and cut a torn or invalid last line; raises StoreError on mid-file corruption."""
-        scan = scan_bytes(path.read_bytes())
+        scan = shards.scan_bytes(path.read_bytes())
         if scan.corrupt:
             line, why = scan.corrupt[0]
             raise StoreError(
@@ -419,7 +392,7 @@ class DatasetStore:
         return scan
 
     def _start_shard(self) -> None:
-        name = shard_name(self._open_index)
+        name = shards.shard_name(self._open_index)
         self._sizes[name] = self._open.good_bytes
         self._files[name] = self._io(self.folder / name, self._opener, self.folder / name, "ab")
 
@@ -455,33 +428,34 @@ class DatasetStore:
         return batch
 
     def _append_samples(self, chunk: list[Sample]) -> None:
-        self._append(shard_name(self._open_index), b"".join(s.to_json() for s in chunk))
+        self._append(shards.shard_name(self._open_index), b"".join(s.to_json() for s in chunk))
         for s in chunk:
             self._open.add({"id": s.id, "meta": s.meta})
         self.done_ids.update(s.id for s in chunk)
-        self._open.good_bytes = self._sizes[shard_name(self._open_index)]
+        self._open.good_bytes = self._sizes[shards.shard_name(self._open_index)]
         self._unsynced += len(chunk)
         run = self._record()
         run["samples_written"] = run.get("samples_written", 0) + len(chunk)
 
     def write_failures(self, failures: Sequence[Failure]) -> None:
         """Append Failure lines (with this run's number) to errors.jsonl; raises DiskError."""
-        run = self._check_usable()
-        if failures:
-            self._append(ERRORS_NAME, b"".join(orjson.dumps({**orjson.loads(f.to_json()), "run": run["run"]},
-                                                            option=orjson.OPT_APPEND_NEWLINE) for f in failures))
-            run["failures"] = run.get("failures", 0) + len(failures)
+        self._append_records(layout.ERRORS_NAME, "failures", failures)
 
     def write_rejects(self, rejects: Sequence[Reject]) -> None:
         """Append Reject lines (with this run's number) to rejects.jsonl, each source row once
         across runs (every run re-reads the source and meets the same bad rows); raises DiskError."""
-        run = self._check_usable()
+        self._check_usable()
         rejects = [r for r in rejects if r.source_index not in self._rejected_rows]
         self._rejected_rows.update(r.source_index for r in rejects)
-        if rejects:
-            self._append(REJECTS_NAME, b"".join(orjson.dumps({**orjson.loads(r.to_json()), "run": run["run"]},
-                                                             option=orjson.OPT_APPEND_NEWLINE) for r in rejects))
-            run["rejects"] = run.get("rejects", 0) + len(rejects)
+        self._append_records(layout.REJECTS_NAME, "rejects", rejects)
+
+    def _append_records(self, name: str, count: Literal["failures", "rejects"],
+                        records: Sequence[Failure | Reject]) -> None:
+        run = self._check_usable()
+        if records:
+            self._append(name, b"".join(orjson.dumps({**orjson.loads(r.to_json()), "run": run["run"]},
+                                                     option=orjson.OPT_APPEND_NEWLINE) for r in records))
+            run[count] = run.get(count, 0) + len(records)
 
     def _append(self, name: str, blob: bytes) -> None:
         """Write + flush one blob of whole lines; on failure cut the file back and raise DiskError."""
@@ -498,12 +472,12 @@ class DatasetStore:
 
     def _rotate(self) -> None:
         """Seal the open shard (fsync, sidecar, manifest record) and start the next one."""
-        name = shard_name(self._open_index)
+        name = shards.shard_name(self._open_index)
         path = self.folder / name
         self._sync(name)
         with contextlib.suppress(OSError):  # flushed and fsynced above: nothing left to lose
             self._files.pop(name).close()
-        self._io(path, write_sidecar, sidecar_path(path), path, self._open.ids, self._sizes[name])
+        self._io(path, shards.write_sidecar, path, self._open.ids, self._sizes[name])
         self._sealed.append(self._open.entry(name))
         self._open_index += 1
         self._open = ShardScan()
@@ -522,14 +496,9 @@ class DatasetStore:
             self._sync(name)
         self._unsynced = 0
         run["updated_at"] = now_iso()
-        open_record: OpenShardRecord = {
-            "name": shard_name(self._open_index), "committed_bytes": self._open.good_bytes,
-            "committed_samples": self._open.samples, "prompt_tokens": self._open.prompt_tokens,
-            "completion_tokens": self._open.completion_tokens, "truncated": self._open.truncated}
-        if self._open.variants:
-            open_record["variants"] = dict(self._open.variants)
-        if self._open.gate:
-            open_record["gate"] = dict(self._open.gate)
+        open_record: OpenShardRecord = {"name": shards.shard_name(self._open_index),
+                                        "committed_bytes": self._open.good_bytes,
+                                        "committed_samples": self._open.samples, **self._open.figures()}
         self._manifest.update({
             "dataset": self.dataset, "target": self._target, "fingerprint": self.fingerprint,
             "fingerprint_digest": fingerprint_digest(self.fingerprint), "sealed": self._sealed,
@@ -608,7 +577,7 @@ class DatasetStore:
         if self._loaded:
             return self.done
         with contextlib.suppress(OSError):
-            return sum(c.samples for c in committed_shards(self.folder, ids=False))
+            return sum(c.samples for c in layout.committed_shards(self.folder, ids=False))
         return self.done
 
     def _close_files(self) -> None:

@@ -1,17 +1,10 @@
-"""The dataset folder (its files: docs/datasets.md): layout, file names and the trust rules, read by the
-store (writer), status, validate and export alike. Nothing here writes.
+"""The dataset folder (docs/datasets.md) and its trust rules, read by the store, status, validate and export
+alike; nothing here writes. A folder's *parts* (itself, or its rank-<R>-of-<W>/ folders) are read as one dataset.
 
-A folder is read through its *parts*, each written by one run at a time: the folder itself, or its
-rank-<R>-of-<W>/ folders. Every reader reads all parts as one dataset; `check_world` keeps the two layouts and two
-world sizes from mixing in one folder.
-
-Trust rules (which shard lines are committed samples):
-- every complete line (ending in "\\n") that is a JSON object with a string "id" is a sample, also
-  past the manifest's committed length (it was flushed; the manifest lags by design);
-- bytes after the last "\\n" are a torn write, and an invalid last line is one too: not samples;
-- an invalid line before the last one is damage, not a sample (the store refuses to resume over it);
-- a sealed shard whose size equals its manifest record is trusted without parsing: its figures come
-  from the record and its ids from the sidecar (`ShardFile.record`).
+Trust rules: every complete line that is a JSON object with a string "id" is a sample, also past the manifest's
+committed length (the manifest lags by design); bytes after the last newline, and an invalid last line, are a torn
+write; an invalid line before the last is damage; a sealed shard whose size equals its manifest record is trusted
+without parsing (`ShardFile.record`: figures from the record, ids from the sidecar).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""The run lock of a dataset folder: one writer at a time. Sync, no async library.
-
-    outputs/B2/.lock   {"pid", "host", "started_at"[, "slurm_job_id", "slurm_restart"]}; flock()ed by the
-                       writing run while it lives
-
-The flock is the truth, not the pid (the kernel drops it when its holder dies; pids wrap and containers
-reuse them): a free flock is taken over, a held one refused, naming the holder. Except a lock from
-another host on a shared filesystem, where a flock may be visible only on the host that took it: refused
-with what to do there, unless a later run of the holder's own SLURM job takes it (SLURM starts a job's
-next run only once the previous one ended).
+"""The run lock of a dataset folder, outputs/B2/.lock ({"pid", "host", "started_at"[, "slurm_job_id",
+"slurm_restart"]}), flock()ed by the writing run. Sync. The flock is the truth, not the pid (pids wrap and containers
+reuse them): a free flock is taken over, a held one refused naming the holder. A lock of another host on a shared
+filesystem, whose flock this host may not see, is refused, unless a later run of the holder's own SLURM job takes it
+(SLURM starts a job's next run only once the previous one ended).
 """
 
 from __future__ import annotations

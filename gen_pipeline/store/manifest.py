@@ -40,12 +40,9 @@ def fsync_dir(folder: Path) -> None:
 # ---------------------------------------------------------------- manifest
 
 
-class ShardRecord(TypedDict):
-    """A sealed shard as the manifest lists it (layout.py trusts it while the file keeps its size)."""
+class ShardFigures(TypedDict):
+    """What the records of sealed and open shards both hold."""
 
-    name: str
-    samples: int
-    bytes: int
     prompt_tokens: int
     completion_tokens: int
     truncated: int
@@ -53,17 +50,20 @@ class ShardRecord(TypedDict):
     variants: NotRequired[dict[str, int]]  # samples per meta.sampling_variant ("0": n, ...); older shards lack it
 
 
-class OpenShardRecord(TypedDict):
+class ShardRecord(ShardFigures):
+    """A sealed shard as the manifest lists it (layout.py trusts it while the file keeps its size)."""
+
+    name: str
+    samples: int
+    bytes: int
+
+
+class OpenShardRecord(ShardFigures):
     """The shard being written: its committed length (flushed lines past it are kept on resume too)."""
 
     name: str
     committed_bytes: int
     committed_samples: int
-    prompt_tokens: int
-    completion_tokens: int
-    truncated: int
-    gate: NotRequired[dict[str, int]]
-    variants: NotRequired[dict[str, int]]
 
 
 class RunRecord(TypedDict, total=False):

@@ -1,10 +1,6 @@
-"""Many orchestrators, one dataset: which rank this process is, which prompts it owns, and its
-share of the target. Pure (no I/O beyond reading the environment it is handed).
-
-Rank R of W owns the prompts whose id hashes to R: blake2b of the id (not Python's `hash()`,
-which is salted per process), so ownership is the same on every machine, in every run, and in
-any source order. A rank never takes over another rank's prompts, so a rank whose slice of the
-source has fewer valid prompts than its share stops short ("source exhausted") and says so.
+"""Many orchestrators, one dataset: which rank this process is, which prompts it owns, its share of the target.
+Pure. Rank R of W owns the ids whose blake2b (not `hash()`, salted per process) is R mod W: the same on every machine
+and run. A rank never takes over another's prompts: a short slice of the source stops at "source exhausted".
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""The shard file format: names, parsing a shard's lines (pure), and the id sidecars of sealed shards
-(shard-00003.ids: a header {"shard", "bytes", "samples", "ids_sha256"}, then one JSON id a line). A
-sidecar is trusted only when it fits its shard (`read_sidecar`); otherwise the store parses the shard and
-writes it anew, so a wrong sidecar can never make a resume write a sample twice.
+"""The shard file format: names, parsing lines (pure), and the id sidecars of sealed shards (shard-00003.ids: a header
+{"shard", "bytes", "samples", "ids_sha256"}, then one JSON id a line). A sidecar is trusted only when it fits its shard
+(`read_sidecar`), else the shard is parsed and it is written anew: a wrong one never makes a resume write twice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from gen_pipeline.quality.accounting import add_meta, int_or_zero
-from gen_pipeline.store.manifest import ShardRecord, fsync_dir
+from gen_pipeline.store.manifest import ShardFigures, ShardRecord, fsync_dir
 
 SHARD_RE = re.compile(r"^shard-(\d{5,})\.jsonl$")
 
@@ -32,12 +32,7 @@ def sidecar_path(shard: Path) -> Path:
 
 def list_shards(folder: Path) -> dict[int, Path]:
     """{index: path} of the shard files in `folder`."""
-    out = {}
-    for p in folder.glob("shard-*.jsonl"):
-        m = SHARD_RE.match(p.name)
-        if m:
-            out[int(m.group(1))] = p
-    return dict(sorted(out.items()))
+    return dict(sorted((int(m.group(1)), p) for p in folder.glob("shard-*.jsonl") if (m := SHARD_RE.match(p.name))))
 
 
 @dataclass
@@ -63,14 +58,17 @@ class ShardScan:
 
     def entry(self, name: str) -> ShardRecord:
         """The manifest's record of this shard."""
-        entry: ShardRecord = {"name": name, "samples": self.samples, "bytes": self.good_bytes,
-                              "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                              "truncated": self.truncated}
+        return {"name": name, "samples": self.samples, "bytes": self.good_bytes, **self.figures()}
+
+    def figures(self) -> ShardFigures:
+        """The token and quality figures a shard's manifest record holds (sealed or open)."""
+        out: ShardFigures = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                             "truncated": self.truncated}
         if self.variants:
-            entry["variants"] = dict(self.variants)
+            out["variants"] = dict(self.variants)
         if self.gate:
-            entry["gate"] = dict(self.gate)
-        return entry
+            out["gate"] = dict(self.gate)
+        return out
 
     def add(self, row: dict[str, Any]) -> None:
         self.ids.append(row["id"])
@@ -135,10 +133,6 @@ def _digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()[:16]
 
 
-def _id_lines(ids: Sequence[str]) -> bytes:
-    return b"".join(orjson.dumps(i) + b"\n" for i in ids)
-
-
 def read_sidecar(path: Path, shard: Path, size: int) -> list[str] | None:
     """The ids of the sealed shard `shard` (`size` bytes now) from its sidecar `path`, or None when the
     sidecar is missing, damaged, or made from another shard or another state of this one."""
@@ -182,11 +176,11 @@ def first_changed_line(data: bytes, ids: Sequence[str]) -> int | None:
     return None if pos == len(data) else len(ids) + 1
 
 
-def write_sidecar(path: Path, shard: Path, ids: Sequence[str], size: int) -> None:
+def write_sidecar(shard: Path, ids: Sequence[str], size: int) -> None:
     """Write the sidecar of `shard` (`size` bytes, holding `ids`) atomically (tmp + fsync + rename); raises OSError."""
-    body = _id_lines(ids)
+    body = b"".join(orjson.dumps(i) + b"\n" for i in ids)
     header = orjson.dumps({"shard": shard.name, "bytes": size, "samples": len(ids), "ids_sha256": _digest(body)})
-    write_atomic(path, header + b"\n" + body)
+    write_atomic(sidecar_path(shard), header + b"\n" + body)
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -207,11 +201,9 @@ TMP_SUFFIX = ".tmp"
 def remove_tmp_files(folder: Path) -> int:
     """Delete the tmp files of shard, sidecar and fingerprint rewrites a crash left; returns how many."""
     n = 0
-    for pattern in ("shard-*.jsonl" + TMP_SUFFIX, "shard-*.ids" + TMP_SUFFIX, "*.json" + TMP_SUFFIX):
-        for p in folder.glob(pattern):
-            try:
+    for pattern in ("shard-*.jsonl", "shard-*.ids", "*.json"):
+        for p in folder.glob(pattern + TMP_SUFFIX):
+            with contextlib.suppress(OSError):
                 p.unlink()
                 n += 1
-            except OSError:
-                continue
     return n

@@ -1,10 +1,6 @@
-"""Telemetry: one JSON line per load poll of a run in outputs/<DATASET>/telemetry.jsonl.
-
-Off the hot path: `Telemetry.poll` queues a row (bounded) and a daemon thread appends batches, with no
-fsync (a lost row costs nothing). Never fails a run: a full queue drops the row (counted), a disk error
-is reported once and turns telemetry off. Bounded for a multi-day run: past `max_bytes` the rows are
-decimated 10:1 into telemetry.1.jsonl (run boundaries and restarts kept), which is decimated 2:1 in
-place past `max_bytes` in turn: history gets coarser, never lost. Readers skip a torn line.
+"""Telemetry: one JSON line per load poll of a run in outputs/<DATASET>/telemetry.jsonl (docs/status.md), appended
+by a daemon thread from a bounded queue without fsync (a lost row costs nothing); it never fails a run. Past
+`max_bytes` rows are decimated 10:1 into telemetry.1.jsonl, itself decimated 2:1 in place. Readers skip a torn line.
 """
 
 from __future__ import annotations

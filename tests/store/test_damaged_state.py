@@ -11,7 +11,7 @@ import orjson
 import pytest
 from store_helpers import make, sample, shard_ids, write
 
-import gen_pipeline.store.dataset_store as store_mod
+import gen_pipeline.store.shards as shards_mod
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import DiskError, StoreError
 from gen_pipeline.reports.status import read_status
@@ -142,7 +142,7 @@ def test_a_disk_full_start_up_counts_every_committed_sample(tmp_path: Path, monk
     def full(*args):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(store_mod, "write_sidecar", full)
+    monkeypatch.setattr(shards_mod, "write_sidecar", full)
     with pytest.raises(DiskError) as e:
         make(tmp_path).open()
     assert str(e.value) == (f"Writing {display_path(folder / 'shard-00001.jsonl')} failed: No space left on device. "

@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from store_helpers import FP, FullDisk, crash, dead_pid, make, sample, shard_ids, write
 
-import gen_pipeline.store.dataset_store as store_mod
 import gen_pipeline.store.lock as lock_mod
 import gen_pipeline.store.manifest as manifest_mod
+import gen_pipeline.store.shards as shards_mod
 from gen_pipeline.config.dataset import fingerprint_digest
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigDriftError, DiskError, LockedError, StoreError
@@ -126,8 +126,8 @@ def test_resume_reads_sidecars_not_sealed_shards(tmp_path, monkeypatch):
     folder = tmp_path / "B2"
     sidecar = (folder / "shard-00001.ids").read_bytes()
     scanned: list[int] = []
-    real_scan = store_mod.scan_bytes
-    monkeypatch.setattr(store_mod, "scan_bytes", lambda data: scanned.append(len(data)) or real_scan(data))
+    real_scan = shards_mod.scan_bytes
+    monkeypatch.setattr(shards_mod, "scan_bytes", lambda data: scanned.append(len(data)) or real_scan(data))
     with make(tmp_path) as s:
         assert s.open().done == 10
     assert scanned == [(folder / "shard-00002.jsonl").stat().st_size]  # only the open shard
