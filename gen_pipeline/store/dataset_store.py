@@ -58,9 +58,6 @@ class ResumeState:
     notes: list[str]
 
 
-# ---------------------------------------------------------------- the store
-
-
 class DatasetStore:
     """Writer of one dataset's folder `root/dataset`, or for a rank its `rank-<R>-of-<W>/` part, whose
     target is the rank's share of the dataset's `target`; use as a context manager after open()."""
@@ -89,8 +86,6 @@ class DatasetStore:
         self._failed = self._closed = False
         self._scanned = False  # claim() got to its end
         self._loaded = False  # done_ids holds every shard's ids (open() got past _load_shards)
-
-    # ------------------------------------------------------------ figures
 
     @property
     def done(self) -> int:
@@ -142,8 +137,6 @@ class DatasetStore:
     def final_failure_ids(self) -> set[str]:
         """Ids whose failure a retry cannot fix (`retryable: false` in errors.jsonl) and not done."""
         return layout.final_failure_ids(self.folder) - self.done_ids
-
-    # ------------------------------------------------------------ open / resume
 
     def open(self) -> ResumeState:
         """claim() and begin(): lock, check drift, repair and scan, then record this run; raises
@@ -201,7 +194,8 @@ class DatasetStore:
         manifest, why = read_manifest(self.folder)
         if why:
             notes.append(why)
-        stored = self._stored_fingerprint(manifest)
+        # the config that wrote this folder: the manifest's, else fingerprint.json's (None: neither)
+        stored = manifest["fingerprint"] if manifest and "fingerprint" in manifest else read_fingerprint(self.folder)
         if stored is not None and stored != self.fingerprint:
             # Drift only matters once samples exist: a first run that died on a config or source
             # error must not lock its mistake in.
@@ -262,11 +256,6 @@ class DatasetStore:
             notes.append(f"cut {cut} bytes (a torn last line) from {path.name}")
         return cut
 
-    def _stored_fingerprint(self, manifest: Manifest | None) -> dict[str, Any] | None:
-        """The config that wrote this folder: the manifest's, else fingerprint.json's (None: neither)."""
-        fp = (manifest or {}).get("fingerprint")
-        return fp if isinstance(fp, dict) else read_fingerprint(self.folder)
-
     def _load_shards(self, notes: list[str], configs: list[tuple[str, bytes, int]]) -> int:
         """Rebuild sealed list, open shard and done ids from the files; returns bytes cut. Duplicate ids
         on disk are removed (the later lines); `configs` gets the row configs of every shard parsed."""
@@ -276,17 +265,13 @@ class DatasetStore:
             if name not in present:
                 notes.append(f"{name} is listed in the manifest but missing: its {e.get('samples', '?')} "
                              "samples will be generated again")
-        last = files[-1] if files else None
-        self._open_index = (last.index if last is not None and last.listed_record is None
-                            else (last.index + 1 if last else 0))
+        # the last shard is the open one unless the manifest lists it as sealed
+        self._open_index = files[-1].index + (files[-1].listed_record is not None) if files else 0
         repaired = 0
         ids_of: dict[str, list[str]] = {}  # shard name: its ids, to say where a duplicate's first line is
         for shard in files:
-            entry: ShardRecord | None = None
-            if shard.index == self._open_index:
-                scan = self._load_open(shard, notes)
-            else:
-                entry, scan = self._load_sealed(shard, notes)
+            is_open = shard.index == self._open_index
+            entry, scan = (None, self._load_open(shard, notes)) if is_open else self._load_sealed(shard, notes)
             repaired += scan.cut_bytes
             configs += [(shard.path.name, key, line) for key, line in scan.configs.items()]
             if len(set(scan.ids)) != len(scan.ids) or not self.done_ids.isdisjoint(scan.ids):
@@ -294,7 +279,7 @@ class DatasetStore:
                 entry = scan.entry(shard.path.name)
             self.done_ids.update(scan.ids)
             ids_of[shard.path.name] = scan.ids
-            if shard.index == self._open_index:
+            if is_open:
                 self._open = scan
             elif entry is not None:
                 self._sealed.append(entry)
@@ -303,10 +288,9 @@ class DatasetStore:
 
     def _load_open(self, shard: ShardFile, notes: list[str]) -> ShardScan:
         scan = self._repair(shard.path, notes)
-        committed = self._manifest.get("open")
-        length = committed.get("committed_bytes") if isinstance(committed, dict) else None
-        if isinstance(committed, dict) and committed.get("name") == shard.path.name and isinstance(length, int) \
-                and scan.good_bytes < length:
+        committed = self._manifest.get("open")  # read_manifest checked its types
+        if committed is not None and committed["name"] == shard.path.name and scan.good_bytes < (
+                length := committed["committed_bytes"]):
             notes.append(f"{shard.path.name} is shorter than its committed length ({scan.good_bytes} < {length} "
                          "bytes): the disk lost fsynced data; the lost samples will be generated again")
         return scan
@@ -396,8 +380,6 @@ class DatasetStore:
         self._sizes[name] = self._open.good_bytes
         self._files[name] = self._io(self.folder / name, self._opener, self.folder / name, "ab")
 
-    # ------------------------------------------------------------ writing
-
     def write_samples(self, samples: Sequence[Sample]) -> int:
         """Append new samples (flushed), skipping done ids and anything past the target; returns how many
         were written. Raises DiskError when a write fails."""
@@ -484,8 +466,6 @@ class DatasetStore:
         self._start_shard()
         self.commit()
 
-    # ------------------------------------------------------------ durability
-
     def commit(self, progress: ProgressRecord | None = None) -> None:
         """fsync the files, then replace the manifest atomically (with the run's live figures when
         given); raises DiskError."""
@@ -539,8 +519,6 @@ class DatasetStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # ------------------------------------------------------------ failure handling
 
     def _check_usable(self) -> RunRecord:
         """This run's record; StoreError when the store is not open (or has not begun) or a write failed."""

@@ -123,9 +123,6 @@ def check_other_ranks(folder: Path, spec: RankSpec, fingerprint: dict[str, Any])
             check_drift(part, theirs, fingerprint)
 
 
-# ---------------------------------------------------------------- the trust rule
-
-
 def sealed_records(manifest: Manifest | None) -> dict[str, ShardRecord]:
     """{shard name: its record} of the shards the manifest lists as sealed."""
     return {e["name"]: e for e in (manifest or {}).get("sealed", [])}
@@ -220,15 +217,16 @@ def iter_committed_samples(folder: Path, duplicates: list[str] | None = None) ->
                     duplicates.append(row["id"])
 
 
-# ---------------------------------------------------------------- errors.jsonl / rejects.jsonl
-
-
 def read_jsonl_rows(path: Path) -> list[dict[str, Any]]:
     """The JSON object lines of a file (a torn or unparseable line is skipped); [] when absent."""
     try:
-        data = Path(path).read_bytes()
+        return jsonl_rows(Path(path).read_bytes())
     except FileNotFoundError:
         return []
+
+
+def jsonl_rows(data: bytes) -> list[dict[str, Any]]:
+    """The JSON object lines of `data` (a torn or unparseable line is skipped)."""
     rows = []
     for line in data.split(b"\n"):
         try:

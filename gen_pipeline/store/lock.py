@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import math
 import os
 import socket
 import time
@@ -121,14 +122,12 @@ def _probe(path: Path) -> bool | None:
     """Is the flock of `path` held? Takes a shared flock for an instant (see _PROBE_RACE_S)."""
     try:
         fd = os.open(path, os.O_RDONLY)
+        try:
+            return not _flock(fd, fcntl.LOCK_SH)
+        finally:
+            os.close(fd)  # drops the probe's flock
     except OSError:
         return None
-    try:
-        return not _flock(fd, fcntl.LOCK_SH)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)  # drops the probe's flock
 
 
 def locked_message(folder: Path, info: LockInfo) -> str:
@@ -182,8 +181,7 @@ class RunLock:
                                  "removed it as it gave up. Run again.") from None
             except OSError as e:
                 raise _unusable(folder, e) from None
-            while not _flock(fd):  # another run checking this new lock holds it for a moment
-                time.sleep(0.005)
+            _flock_within(fd, math.inf)  # another run checking this new lock holds it for a moment
             _write_lock(fd)
             return cls(folder, fd, None)
         raise LockedError(f"Could not take {display_path(path)}: it keeps changing. Is another run starting?")

@@ -37,9 +37,6 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-# ---------------------------------------------------------------- manifest
-
-
 class ShardFigures(TypedDict):
     """What the records of sealed and open shards both hold."""
 
@@ -194,9 +191,6 @@ def remove_stale_tmp(folder: Path) -> int:
             p.unlink()
             n += 1
     return n
-
-
-# ---------------------------------------------------------------- config drift
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

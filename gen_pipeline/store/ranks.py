@@ -75,9 +75,6 @@ def parse_rank_folder(name: str) -> tuple[int, int] | None:
     return (rank, world) if 0 <= rank < world else None
 
 
-# ---------------------------------------------------------------- flags and environment
-
-
 def _check(rank: int, world: int, rank_name: str, world_name: str, sep: str = " ") -> None:
     """0 <= rank < world, world >= 1; `sep` shows a value as a flag's (" ") or a variable's ("=")."""
     if world < 1:

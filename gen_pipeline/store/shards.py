@@ -150,17 +150,14 @@ def read_sidecar(path: Path, shard: Path, size: int) -> list[str] | None:
             and header.get("samples") == len(ids) and header.get("ids_sha256") == _digest(body)
             and all(isinstance(i, str) for i in ids)):
         return None
-    return ids if not ids or _first_line_is(shard, ids[0]) else None
-
-
-def _first_line_is(shard: Path, first_id: str) -> bool:
-    """Does the shard's first line start with `{"id":<first_id>,` (as Sample.to_json writes it)?"""
-    prefix = b'{"id":' + orjson.dumps(first_id) + b","
+    if not ids:
+        return ids
+    prefix = b'{"id":' + orjson.dumps(ids[0]) + b","  # the shard's first line, as Sample.to_json writes it
     try:
         with open(shard, "rb") as f:
-            return f.read(len(prefix)) == prefix
+            return ids if f.read(len(prefix)) == prefix else None
     except OSError:
-        return False
+        return None
 
 
 def first_changed_line(data: bytes, ids: Sequence[str]) -> int | None:

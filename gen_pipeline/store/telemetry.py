@@ -16,7 +16,7 @@ from typing import Any, TypedDict
 import orjson
 
 from gen_pipeline.records import RunSnapshot
-from gen_pipeline.store.layout import read_jsonl_rows
+from gen_pipeline.store.layout import jsonl_rows, read_jsonl_rows
 
 TELEMETRY_NAME = "telemetry.jsonl"
 ARCHIVE_NAME = "telemetry.1.jsonl"
@@ -209,15 +209,8 @@ def last_run(folder: Path) -> int:
                 tail = f.read()
         except OSError:
             continue
-        runs = []
-        for line in tail.split(b"\n")[1:] if len(tail) == 65536 else tail.split(b"\n"):
-            try:
-                run = orjson.loads(line).get("run")
-            except (orjson.JSONDecodeError, AttributeError):
-                continue
-            if isinstance(run, int):
-                runs.append(run)
-        if runs:
+        rows = jsonl_rows(tail.partition(b"\n")[2] if len(tail) == 65536 else tail)  # skip a cut first line
+        if runs := [run for r in rows if isinstance(run := r.get("run"), int)]:
             return max(runs)
     return 0
 

@@ -85,13 +85,7 @@ class FullDisk:
                     opener.budget -= len(data)
                 return self.f.write(data)
 
-            def flush(self):
-                self.f.flush()
-
-            def fileno(self):
-                return self.f.fileno()
-
-            def close(self):
-                self.f.close()
+            def __getattr__(self, name: str):  # flush, fileno, close: the real file's
+                return getattr(self.f, name)
 
         return Handle()

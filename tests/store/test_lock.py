@@ -19,7 +19,6 @@ import gen_pipeline.store.lock as lock_mod
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import LockedError
 from gen_pipeline.reports.status import read_status
-from gen_pipeline.store.lock import shared_filesystem
 
 STARTED = "2026-03-01T11:02:03+00:00"
 HMS = datetime.fromisoformat(STARTED).astimezone().strftime("%H:%M:%S")
@@ -109,15 +108,6 @@ def test_a_stale_lock_naming_a_live_unrelated_pid_is_taken_over(tmp_path: Path, 
                                "another process now)"]
         assert orjson.loads((tmp_path / "B2" / ".lock").read_bytes())["pid"] == os.getpid()
     assert not (tmp_path / "B2" / ".lock").exists()
-
-
-def test_a_lock_of_another_host_on_a_local_disk_is_taken_over(tmp_path: Path) -> None:
-    if shared_filesystem(tmp_path):
-        pytest.skip(f"{tmp_path} is on a filesystem other hosts may share: there a lock of another host is refused")
-    write_lock(tmp_path / "B2", 1, host="old-container-3f2a")  # a recreated container has a new host name
-    with make(tmp_path) as s:
-        assert s.open().notes == [f"took over the lock of a run that is gone (pid 1 on host old-container-3f2a, "
-                                  f"started {HMS})"]
 
 
 def test_a_lock_of_another_host_on_a_shared_filesystem_is_refused_with_what_to_do(tmp_path: Path,

@@ -16,6 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from gen_pipeline.cli import main
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.store.layout import iter_committed_samples
 from gen_pipeline.store.ranks import RankSpec, owner_rank, rank_share, resolve_rank
@@ -151,14 +152,7 @@ def _start_env(args: tuple, env: dict[str, str], log: Path) -> subprocess.Popen[
                                 start_new_session=True)
 
 
-def _generate_env(toml: Path, out: Path, env: dict[str, str], *flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cli_cmd("generate", "--dataset", toml, "--server-url", "http://127.0.0.1:9", "--output-dir",
-                                  out, *flags),
-                          capture_output=True, text=True, timeout=120, cwd=REPO, env=_clean_env(env))
-
-
-@pytest.mark.e2e  # the process is the subject: make e2e
-def test_bad_rank_flags_and_variables_are_refused_by_name(tmp_path):
+def test_bad_rank_flags_and_variables_are_refused_by_name(tmp_path, monkeypatch, capsys):
     toml = write_dataset(tmp_path / "ds", rows=make_rows(20), target=10)
     out = tmp_path / "out"
     cases = [
@@ -177,8 +171,12 @@ def test_bad_rank_flags_and_variables_are_refused_by_name(tmp_path):
                                                  "environment."),
     ]
     for env, flags, message in cases:
-        res = _generate_env(toml, out, env, *flags)
-        assert (res.returncode, res.stderr.strip()) == (2, message), (env, flags)
+        with monkeypatch.context() as m:
+            for k, v in env.items():
+                m.setenv(k, v)
+            code = main(["generate", "--dataset", str(toml), "--server-url", "http://127.0.0.1:9", "--output-dir",
+                         str(out), *flags])
+        assert (code, capsys.readouterr().err.strip()) == (2, message), (env, flags)
     assert not out.exists()  # nothing was written for a refused run
 
 
