@@ -139,8 +139,7 @@ class DatasetStore:
         return layout.final_failure_ids(self.folder) - self.done_ids
 
     def open(self) -> ResumeState:
-        """claim() and begin(): lock, check drift, repair and scan, then record this run; raises
-        StoreError, LockedError, ConfigDriftError."""
+        """claim(), then begin() (records this run); raises StoreError, LockedError, ConfigDriftError."""
         state = self.claim()
         try:
             self.begin()
@@ -162,9 +161,8 @@ class DatasetStore:
             raise
 
     def lock(self) -> None:
-        """Make the folder and take its lock (idempotent); raises LockedError, StoreError. A job takes every
-        lock before anything slow, in one order (run/setup.py); a folder that another run, refused, removes
-        between our mkdir and our lock's create is made again."""
+        """Make the folder and take its lock (idempotent; a job takes all first, in one order: run/setup.py); a folder
+        a refused run removes between our mkdir and our lock's create is made again. Raises LockedError, StoreError."""
         if self._lock is not None:
             return
         layout.check_world(self._dataset_folder(), self.rank)  # before creating anything
@@ -232,8 +230,7 @@ class DatasetStore:
         self.commit()
 
     def release(self) -> None:
-        """Give up a claim without recording a run (idempotent): unlock, and remove the folder when
-        claim() created it and nothing else was put there."""
+        """Give up a claim without recording a run (idempotent): unlock, remove the folders claim() made if empty."""
         if self._closed or self._lock is None:
             return
         self._closed = True
@@ -325,8 +322,7 @@ class DatasetStore:
         return new
 
     def _load_sealed(self, shard: ShardFile, notes: list[str]) -> tuple[ShardRecord, ShardScan]:
-        """A sealed shard's record and scan: from the manifest and sidecar when layout trusts them, else parsed
-        (and its sidecar written anew)."""
+        """A sealed shard's record and scan: manifest's and sidecar's when trusted, else parsed (sidecar rewritten)."""
         if shard.record is not None:
             found = layout.committed_shard(shard)
             if not found.parsed:
@@ -343,9 +339,8 @@ class DatasetStore:
         return scan.entry(shard.path.name), scan
 
     def _check_sealed_ids(self, path: Path, ids: list[str]) -> None:
-        """Refuse a sealed shard whose lines no longer carry the ids its sidecar recorded when it was sealed:
-        a bit flip inside an id keeps the size (the record is trusted) and may make two lines share one id,
-        or a line name a sample it does not hold. Raises StoreError naming the line and what to do."""
+        """Raise StoreError (naming the line) when a sealed shard's lines no longer carry the ids its sidecar recorded:
+        a bit flip inside an id keeps the size (the record is trusted): a line may name a sample it does not hold."""
         data = self._io(path, path.read_bytes)
         number = shards.first_changed_line(data, ids)
         if number is None:
@@ -381,8 +376,7 @@ class DatasetStore:
         self._files[name] = self._io(self.folder / name, self._opener, self.folder / name, "ab")
 
     def write_samples(self, samples: Sequence[Sample]) -> int:
-        """Append new samples (flushed), skipping done ids and anything past the target; returns how many
-        were written. Raises DiskError when a write fails."""
+        """Append new samples (flushed), skipping done ids and any past the target; returns how many; DiskError."""
         batch = self._admit(samples)
         start = 0
         while start < len(batch):
@@ -467,8 +461,7 @@ class DatasetStore:
         self.commit()
 
     def commit(self, progress: ProgressRecord | None = None) -> None:
-        """fsync the files, then replace the manifest atomically (with the run's live figures when
-        given); raises DiskError."""
+        """fsync the files, then replace the manifest atomically (with the live figures if given); raises DiskError."""
         run = self._check_usable()
         if progress is not None:
             self._progress = progress
@@ -498,8 +491,7 @@ class DatasetStore:
             self._fail(self.folder / name, e, self._sizes[name])
 
     def close(self, progress: ProgressRecord | None = None) -> None:
-        """Commit (unless a write failed), then release the lock; a claim never begun is released.
-        Idempotent."""
+        """Commit (unless a write failed), then release the lock; a claim never begun is released. Idempotent."""
         if self._closed or self._lock is None:
             return
         if self._run is None:

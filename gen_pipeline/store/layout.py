@@ -52,8 +52,7 @@ def _has_own_output(folder: Path) -> bool:
 
 
 def dataset_parts(folder: Path) -> list[Path]:
-    """The folders written by one run each that make up this dataset: the folder itself, or its rank
-    folders (both when a folder mixes them, so that readers hide nothing)."""
+    """The parts of a dataset: the folder itself, or its rank folders (both when a folder mixes them: hide nothing)."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
@@ -84,9 +83,8 @@ def _samples(parts: list[Path]) -> int:
 
 
 def check_world(folder: Path, spec: RankSpec) -> None:
-    """Refuse a run whose layout differs from what the dataset folder holds (ranks over a one-run dataset,
-    the reverse, or another world size: the owner of a prompt depends on it), raising StoreError saying
-    what exists, what was asked and what to do. Any rank folder counts, even an empty one."""
+    """Raise StoreError (what exists, what was asked, what to do) when a run's layout differs from the folder's: ranks
+    over a one-run dataset, the reverse, or another world size. Any rank folder counts, even an empty one."""
     where = display_path(folder)
     others = {rw: p for rw, p in rank_parts(folder).items() if rw[1] != spec.world}
     env = spec.source not in ("default", "--rank/--world-size")  # say which variables, when they decided
@@ -115,8 +113,7 @@ def check_world(folder: Path, spec: RankSpec) -> None:
 
 
 def check_other_ranks(folder: Path, spec: RankSpec, fingerprint: dict[str, Any]) -> None:
-    """Raise ConfigDriftError when another rank of `folder` wrote samples with a different config
-    (the dataset would mix samples made two ways, as a resumed run with another config would)."""
+    """Raise ConfigDriftError when another rank of `folder` wrote samples with a different config."""
     for (rank, _), part in rank_parts(folder).items():
         theirs = (read_manifest(part)[0] or {}).get("fingerprint")
         if rank != spec.rank and theirs is not None and theirs != fingerprint and has_samples(part):
@@ -145,8 +142,7 @@ class ShardFile:
 
 
 def shard_files(folder: Path, manifest: Manifest | None = None) -> list[ShardFile]:
-    """The shards of one part in index order, each with its trusted record (manifest read if not given).
-    A shard that vanishes while being listed (a live run owns the folder) is left out."""
+    """A part's shards in index order with their manifest records (read if not given); one that vanishes is left out."""
     if manifest is None:
         manifest = read_manifest(folder)[0]
     records = sealed_records(manifest)
@@ -198,9 +194,8 @@ def committed_shards(folder: Path, *, ids: bool = True) -> list[CommittedShard]:
 
 
 def iter_committed_samples(folder: Path, duplicates: list[str] | None = None) -> Iterator[dict[str, Any]]:
-    """The committed samples of a dataset folder (every part), first of each id, by the trust rules above;
-    an invalid line before the last is damage: StoreError. The id of each later line with an id already met
-    (damage too: the store never writes an id twice) goes to `duplicates`."""
+    """A dataset's committed samples (every part), the first of each id; raises StoreError on a damaged line. The id
+    of each later line with an id already met (damage: the store never writes an id twice) goes to `duplicates`."""
     seen: set[str] = set()
     for part in dataset_parts(folder):
         for shard in shard_files(part):

@@ -32,8 +32,7 @@ _PROBE_RACE_S = 0.25
 
 
 def slurm_run() -> tuple[str, int] | None:
-    """(SLURM_JOB_ID, SLURM_RESTART_COUNT) when this process runs in a SLURM job, else None. A
-    requeued job keeps its id (an array task's own id too) and counts up its restarts."""
+    """(SLURM_JOB_ID, SLURM_RESTART_COUNT) in a SLURM job, else None: a requeued job keeps its id, counts restarts."""
     job = os.environ.get("SLURM_JOB_ID", "").strip()
     restart = os.environ.get("SLURM_RESTART_COUNT", "").strip()
     return (job, int(restart) if restart.isdigit() else 0) if job else None
@@ -172,8 +171,7 @@ class RunLock:
             try:
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
             except FileExistsError:
-                taken = cls._take_over(folder, path)
-                if taken is not None:
+                if (taken := cls._take_over(folder, path)) is not None:
                     return taken
                 continue
             except FileNotFoundError:
@@ -197,8 +195,7 @@ class RunLock:
             raise _unusable(folder, e) from None
         if not _flock_within(fd, _PROBE_RACE_S):
             os.close(fd)
-            holder = read_lock(folder) or LockInfo(None, "", "", 0.0)
-            raise LockedError(locked_message(folder, holder))
+            raise LockedError(locked_message(folder, read_lock(folder) or LockInfo(None, "", "", 0.0)))
         if not _same_file(fd, path):
             os.close(fd)
             return None

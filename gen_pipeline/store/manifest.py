@@ -22,6 +22,7 @@ from gen_pipeline.records import RunSnapshot
 
 MANIFEST_NAME = "manifest.json"
 _TMP_PREFIX = MANIFEST_NAME + ".tmp-"
+TMP_SUFFIX = ".tmp"
 
 
 def now_iso() -> str:
@@ -90,8 +91,7 @@ class RunRecord(TypedDict, total=False):
 
 
 class ProgressRecord(TypedDict, total=False):
-    """The live figures of the last commit (status shows a running run's rate from them); every key is
-    optional: older runs wrote fewer."""
+    """The live figures of the last commit (status shows a running run's rate); all optional: older runs wrote fewer."""
 
     samples_per_s: float
     tokens_per_s: float
@@ -167,20 +167,26 @@ def _field_problem(e: ValidationError) -> str:
 
 
 def write_manifest(folder: Path, manifest: Manifest) -> None:
-    """Replace manifest.json atomically (tmp file, fsync, rename, fsync the folder): a crash at any point
-    leaves either the old or the new manifest. Raises OSError."""
+    """Replace manifest.json atomically (write_atomic; a failed write removes its tmp file); raises OSError."""
     tmp = folder / f"{_TMP_PREFIX}{os.getpid()}"
     try:
-        with open(tmp, "wb") as f:
-            f.write(orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, folder / MANIFEST_NAME)
+        write_atomic(folder / MANIFEST_NAME, orjson.dumps(manifest, option=orjson.OPT_INDENT_2), tmp)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-    fsync_dir(folder)
+
+
+def write_atomic(path: Path, data: bytes, tmp: Path | None = None) -> None:
+    """Replace `path` with `data`: a tmp file beside it (`<name>.tmp` unless given), fsync, rename, fsync the folder;
+    raises OSError. A crash leaves the old file or the new one (and maybe the tmp, which `remove_tmp_files` clears)."""
+    tmp = tmp or path.with_name(path.name + TMP_SUFFIX)
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
 def remove_stale_tmp(folder: Path) -> int:

@@ -109,9 +109,8 @@ def _from_env(env: Mapping[str, str], rank_var: str, world_var: str) -> RankSpec
 
 
 def resolve_rank(rank: int | None, world: int | None, env: Mapping[str, str]) -> tuple[RankSpec, list[str]]:
-    """This process's rank: --rank/--world-size, else SLURM's (array task and/or srun task), else
-    RANK/WORLD_SIZE, else rank 0 of 1; with notes for the user (SLURM's and torchrun's disagree). Raises
-    ConfigError naming the flag or variable."""
+    """This process's rank: --rank/--world-size, else SLURM's (array and/or srun task), else RANK/WORLD_SIZE, else 0
+    of 1; with notes (SLURM's and torchrun's disagree). Raises ConfigError naming the flag or variable."""
     if rank is not None or world is not None:
         if rank is None or world is None:
             given, missing = ("--rank", "--world-size") if world is None else ("--world-size", "--rank")

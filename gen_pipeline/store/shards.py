@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +16,8 @@ from typing import Any
 import orjson
 
 from gen_pipeline.quality.accounting import add_meta, int_or_zero
-from gen_pipeline.store.manifest import ShardFigures, ShardRecord, fsync_dir
+from gen_pipeline.store.manifest import TMP_SUFFIX, ShardFigures, ShardRecord
+from gen_pipeline.store.manifest import write_atomic as write_atomic  # re-exported: the tool's one atomic write
 
 SHARD_RE = re.compile(r"^shard-(\d{5,})\.jsonl$")
 
@@ -95,9 +95,8 @@ def parse_line(line: bytes) -> tuple[dict[str, Any] | None, str]:
 
 
 def iter_lines(data: bytes) -> Iterator[tuple[int, dict[str, Any] | None, str, int]]:
-    """(1-based line, row or None, why, byte offset after the line) of every line of a shard except a
-    torn write: the bytes after the last newline and an invalid last line (layout.py's trust rule).
-    `why` is "" for a sample."""
+    """(1-based line, row or None, why ("" for a sample), byte offset after the line) of every line of a shard but a
+    torn write: the bytes after the last newline and an invalid last line (layout.py's trust rule)."""
     lines = data[:data.rfind(b"\n") + 1].split(b"\n")[:-1]
     last, pos = len(lines) - 1, 0
     for i, line in enumerate(lines):
@@ -161,9 +160,8 @@ def read_sidecar(path: Path, shard: Path, size: int) -> list[str] | None:
 
 
 def first_changed_line(data: bytes, ids: Sequence[str]) -> int | None:
-    """The first line (1-based) of a sealed shard's bytes `data` that does not start with the id its sidecar
-    recorded there (or is one line too many or too few), None when every line does. Compares bytes, parses
-    nothing: the store runs it on every sealed shard at start (a bit flip inside an id keeps the size)."""
+    """The first line (1-based) of a sealed shard's `data` not starting with the id its sidecar recorded (or one line
+    too many or too few), else None. Bytes only, no parsing: the store runs it on every sealed shard at start."""
     pos = 0
     for number, rid in enumerate(ids, 1):  # no split: a sealed shard is ~40 MB, its ids a few bytes a line
         end = data.find(b"\n", pos)
@@ -178,21 +176,6 @@ def write_sidecar(shard: Path, ids: Sequence[str], size: int) -> None:
     body = b"".join(orjson.dumps(i) + b"\n" for i in ids)
     header = orjson.dumps({"shard": shard.name, "bytes": size, "samples": len(ids), "ids_sha256": _digest(body)})
     write_atomic(sidecar_path(shard), header + b"\n" + body)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace `path` with `data`: a tmp file beside it, fsync, rename, fsync the folder; raises OSError.
-    A crash leaves the old file or the new one (and maybe `<name>.tmp`, which `remove_tmp_files` clears)."""
-    tmp = path.with_name(path.name + TMP_SUFFIX)
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-TMP_SUFFIX = ".tmp"
 
 
 def remove_tmp_files(folder: Path) -> int:

@@ -184,18 +184,14 @@ def rotate(path: Path, max_bytes: int = MAX_BYTES) -> None:
 
 def decimate(rows: list[dict[str, Any]], every: int) -> list[dict[str, Any]]:
     """Every `every`-th row, plus each row where the run or the restart count changes (and the last)."""
-    out: list[dict[str, Any]] = []
-    for i, row in enumerate(rows):
-        prev = rows[i - 1] if i else None
-        boundary = prev is None or (row.get("run"), row.get("restarts")) != (prev.get("run"), prev.get("restarts"))
-        if boundary or i % every == 0 or i == len(rows) - 1:
-            out.append(row)
-    return out
+    def key(row: dict[str, Any]) -> tuple[Any, Any]:
+        return row.get("run"), row.get("restarts")
+
+    return [row for i, row in enumerate(rows) if i % every == 0 or i == len(rows) - 1 or key(row) != key(rows[i - 1])]
 
 
 def read_file(path: Path) -> list[dict[str, Any]]:
-    """The telemetry rows of one file (object lines with a time "t"); torn or unparseable lines are
-    skipped (layout.read_jsonl_rows); [] when absent."""
+    """The telemetry rows (object lines with a time "t") of one file, torn lines skipped; [] when absent."""
     return [row for row in read_jsonl_rows(path) if isinstance(row.get("t"), (int, float))]
 
 
