@@ -59,8 +59,7 @@ class ResumeState:
 
 
 class DatasetStore:
-    """Writer of one dataset's folder `root/dataset`, or for a rank its `rank-<R>-of-<W>/` part, whose
-    target is the rank's share of the dataset's `target`; use as a context manager after open()."""
+    """Writer of `root/dataset` (a rank: its rank-<R>-of-<W>/ part, to its share of `target`); `with` after open()."""
 
     def __init__(self, root: Path, dataset: str, *, fingerprint: dict[str, Any], target: int,
                  shard_max_samples: int = 2000, fsync_every: int = 64,
@@ -377,11 +376,18 @@ class DatasetStore:
 
     def write_samples(self, samples: Sequence[Sample]) -> int:
         """Append new samples (flushed), skipping done ids and any past the target; returns how many; DiskError."""
-        batch = self._admit(samples)
+        batch, run = self._admit(samples), self._record()
         start = 0
         while start < len(batch):
             chunk = batch[start:start + self.shard_max_samples - self._open.samples]
-            self._append_samples(chunk)
+            name = shards.shard_name(self._open_index)
+            self._append(name, b"".join(s.to_json() for s in chunk))
+            for s in chunk:
+                self._open.add({"id": s.id, "meta": s.meta})
+            self.done_ids.update(s.id for s in chunk)
+            self._open.good_bytes = self._sizes[name]
+            self._unsynced += len(chunk)
+            run["samples_written"] = run.get("samples_written", 0) + len(chunk)
             start += len(chunk)
             if self._open.samples >= self.shard_max_samples:
                 self._rotate()
@@ -402,16 +408,6 @@ class DatasetStore:
                 batch.append(s)
                 seen.add(s.id)
         return batch
-
-    def _append_samples(self, chunk: list[Sample]) -> None:
-        self._append(shards.shard_name(self._open_index), b"".join(s.to_json() for s in chunk))
-        for s in chunk:
-            self._open.add({"id": s.id, "meta": s.meta})
-        self.done_ids.update(s.id for s in chunk)
-        self._open.good_bytes = self._sizes[shards.shard_name(self._open_index)]
-        self._unsynced += len(chunk)
-        run = self._record()
-        run["samples_written"] = run.get("samples_written", 0) + len(chunk)
 
     def write_failures(self, failures: Sequence[Failure]) -> None:
         """Append Failure lines (with this run's number) to errors.jsonl; raises DiskError."""
@@ -491,20 +487,15 @@ class DatasetStore:
             self._fail(self.folder / name, e, self._sizes[name])
 
     def close(self, progress: ProgressRecord | None = None) -> None:
-        """Commit (unless a write failed), then release the lock; a claim never begun is released. Idempotent."""
+        """Commit (unless a write failed or no run began), then release() (a begun run's folder is not empty)."""
         if self._closed or self._lock is None:
             return
-        if self._run is None:
-            self.release()
-            return
         try:
-            if not self._failed:
+            if self._run is not None and not self._failed:
                 self._run["ended_at"] = now_iso()
                 self.commit(progress)
         finally:
-            self._closed = True
-            self._close_files()
-            self._lock.release()
+            self.release()
 
     def __enter__(self) -> DatasetStore:
         return self

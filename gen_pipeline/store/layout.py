@@ -167,8 +167,7 @@ class CommittedShard:
 
 
 def committed_shard(shard: ShardFile, *, ids: bool = True) -> CommittedShard:
-    """One shard under the trust rule; `ids=False` skips the sidecar when the record is trusted (status
-    needs only the figures). Raises OSError if the shard cannot be read."""
+    """One shard under the trust rule (`ids=False`: figures only, no sidecar read when trusted); raises OSError."""
     rec = shard.record
     if rec is not None:
         found = read_sidecar(sidecar_path(shard.path), shard.path, shard.size) if ids else []

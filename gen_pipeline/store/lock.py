@@ -152,8 +152,7 @@ def locked_message(folder: Path, info: LockInfo) -> str:
 
 
 class FolderGone(StoreError):
-    """The dataset folder vanished before its lock was created: a run refused elsewhere removed the (empty)
-    folder it had made just as this run found it there. The caller makes the folder again and retries."""
+    """The folder vanished before its lock was created (a refused run removed the empty folder it made): remake it."""
 
 
 class RunLock:

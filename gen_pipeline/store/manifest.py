@@ -136,8 +136,7 @@ def progress_record(s: RunSnapshot) -> ProgressRecord:
 
 
 def read_manifest(folder: Path) -> tuple[Manifest | None, str | None]:
-    """(manifest, None), (None, None) when absent, or (None, why) when it cannot be read or a field
-    has the wrong type (`why` names the file and the field)."""
+    """(manifest, None); (None, None) when absent; (None, why naming file and field) when unreadable or mistyped."""
     path = folder / MANIFEST_NAME
     try:
         data = orjson.loads(path.read_bytes())
@@ -191,8 +190,13 @@ def write_atomic(path: Path, data: bytes, tmp: Path | None = None) -> None:
 
 def remove_stale_tmp(folder: Path) -> int:
     """Delete manifest tmp files left by a crash between write and rename; returns how many."""
+    return remove_matching(folder, _TMP_PREFIX + "*")
+
+
+def remove_matching(folder: Path, *patterns: str) -> int:
+    """Delete the files of `folder` matching any glob pattern (those that can be); returns how many."""
     n = 0
-    for p in folder.glob(_TMP_PREFIX + "*"):
+    for p in [p for pattern in patterns for p in folder.glob(pattern)]:
         with contextlib.suppress(OSError):
             p.unlink()
             n += 1

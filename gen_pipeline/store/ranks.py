@@ -85,9 +85,8 @@ def _check(rank: int, world: int, rank_name: str, world_name: str, sep: str = " 
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int:
-    raw = env[name].strip()
     try:
-        return int(raw)
+        return int(env[name].strip())
     except ValueError:
         raise ConfigError(f"The environment variable {name}={env[name]!r} is not an integer. Fix or unset it, "
                           "or pass --rank and --world-size, which win over the environment.") from None
@@ -121,12 +120,11 @@ def resolve_rank(rank: int | None, world: int | None, env: Mapping[str, str]) ->
     found = [spec for spec in (_from_slurm(env), _from_env(env, *TORCHRUN)) if spec is not None]
     if not found:
         return RankSpec(), []
-    notes = []
-    if len(found) > 1 and (found[0].rank, found[0].world) != (found[1].rank, found[1].world):
-        notes.append(f"both {found[0].source} ({found[0].rank} of {found[0].world}) and RANK/WORLD_SIZE "
-                     f"({found[1].rank} of {found[1].world}) are set; using SLURM's (pass --rank/--world-size "
-                     "to choose).")
-    return found[0], notes
+    if len(found) == 1 or (found[0].rank, found[0].world) == (found[1].rank, found[1].world):
+        return found[0], []
+    return found[0], [f"both {found[0].source} ({found[0].rank} of {found[0].world}) and RANK/WORLD_SIZE "
+                      f"({found[1].rank} of {found[1].world}) are set; using SLURM's (pass --rank/--world-size "
+                      "to choose)."]
 
 
 def _from_slurm(env: Mapping[str, str]) -> RankSpec | None:

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import re
 from collections.abc import Iterator, Sequence
@@ -16,7 +15,7 @@ from typing import Any
 import orjson
 
 from gen_pipeline.quality.accounting import add_meta, int_or_zero
-from gen_pipeline.store.manifest import TMP_SUFFIX, ShardFigures, ShardRecord
+from gen_pipeline.store.manifest import TMP_SUFFIX, ShardFigures, ShardRecord, remove_matching
 from gen_pipeline.store.manifest import write_atomic as write_atomic  # re-exported: the tool's one atomic write
 
 SHARD_RE = re.compile(r"^shard-(\d{5,})\.jsonl$")
@@ -108,8 +107,7 @@ def iter_lines(data: bytes) -> Iterator[tuple[int, dict[str, Any] | None, str, i
 
 
 def scan_bytes(data: bytes) -> ShardScan:
-    """Parse a shard: bytes after the last newline are a torn write and are cut, so is an invalid
-    last line; invalid lines before it are listed in `corrupt` (the caller decides)."""
+    """Parse a shard, cutting a torn write (as iter_lines); earlier invalid lines go to `corrupt` (caller decides)."""
     scan = ShardScan()
     pos = 0
     for line_no, row, why, pos in iter_lines(data):  # noqa: B007 - the last line's end is read after the loop
@@ -180,10 +178,4 @@ def write_sidecar(shard: Path, ids: Sequence[str], size: int) -> None:
 
 def remove_tmp_files(folder: Path) -> int:
     """Delete the tmp files of shard, sidecar and fingerprint rewrites a crash left; returns how many."""
-    n = 0
-    for pattern in ("shard-*.jsonl", "shard-*.ids", "*.json"):
-        for p in folder.glob(pattern + TMP_SUFFIX):
-            with contextlib.suppress(OSError):
-                p.unlink()
-                n += 1
-    return n
+    return remove_matching(folder, *(pattern + TMP_SUFFIX for pattern in ("shard-*.jsonl", "shard-*.ids", "*.json")))

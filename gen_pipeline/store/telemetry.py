@@ -114,13 +114,10 @@ class Telemetry:
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Flush what is queued (waits at most timeout_s) and stop the thread."""
-        if self._thread is None:
-            return
-        try:
-            self._queue.put(_STOP, timeout=timeout_s)
-        except queue.Full:
-            return
-        self._thread.join(timeout_s)
+        if self._thread is not None:
+            with contextlib.suppress(queue.Full):
+                self._queue.put(_STOP, timeout=timeout_s)
+                self._thread.join(timeout_s)
 
     def _disable(self, message: str) -> None:
         if self.enabled:
@@ -132,11 +129,9 @@ class Telemetry:
         fresh = True
         while True:
             rows = [self._queue.get()]
-            while len(rows) < 256:
-                try:
+            with contextlib.suppress(queue.Empty):
+                while len(rows) < 256:
                     rows.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
             stop = any(r is _STOP for r in rows)
             rows = [r for r in rows if r is not _STOP]
             if rows and self.enabled:
@@ -196,8 +191,7 @@ def read_file(path: Path) -> list[dict[str, Any]]:
 
 
 def last_run(folder: Path) -> int:
-    """The highest run id in the last rows of the telemetry (0 when none): a run killed before its
-    manifest was committed left no number there, but its rows are here."""
+    """The highest run id in the telemetry's last rows (0: none): a run killed before its manifest commit has rows."""
     for name in (TELEMETRY_NAME, ARCHIVE_NAME):
         try:
             with open(folder / name, "rb") as f:
@@ -213,9 +207,7 @@ def last_run(folder: Path) -> int:
 
 def read_telemetry(folder: Path) -> list[dict[str, Any]]:
     """Every telemetry row of a dataset folder (archive first), oldest first."""
-    folder = Path(folder)
-    rows = read_file(folder / ARCHIVE_NAME) + read_file(folder / TELEMETRY_NAME)
-    return sorted(rows, key=lambda r: r["t"])
+    return sorted(read_file(Path(folder, ARCHIVE_NAME)) + read_file(Path(folder, TELEMETRY_NAME)), key=lambda r: r["t"])
 
 
 def runs_of(rows: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
