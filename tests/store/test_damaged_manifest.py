@@ -4,6 +4,8 @@ and the field) or stops with exit 4 naming them. A traceback is a failure."""
 
 from __future__ import annotations
 
+import functools
+import operator
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -24,13 +26,8 @@ TARGET, FIRST = 12, 7
 
 
 def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
-    def damage(m: dict[str, Any]) -> None:
-        *parents, key = path.split(".")
-        target: Any = m
-        for p in parents:
-            target = target[int(p)] if p.isdigit() else target[p]
-        target[int(key) if key.isdigit() else key] = value
-    return damage
+    *parents, key = [int(p) if p.isdigit() else p for p in path.split(".")]
+    return lambda m: functools.reduce(operator.getitem, parents, m).__setitem__(key, value)
 
 
 VARIANTS: list[tuple[str, str, Callable[[dict[str, Any]], None]]] = [  # (id, the field named, the damage)

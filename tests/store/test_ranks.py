@@ -142,14 +142,10 @@ def test_a_job_array_task_is_a_rank_and_srun_tasks_inside_it_split_it():
         resolve_rank(None, None, {"SLURM_ARRAY_TASK_ID": "1"})
 
 
-def _clean_env(env: dict[str, str]) -> dict[str, str]:
-    return {**{k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}, **env}
-
-
 def _start_env(args: tuple, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with open(log, "ab") as f:
-        return subprocess.Popen(cli_cmd(*args), stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=_clean_env(env),
-                                start_new_session=True)
+        return subprocess.Popen(cli_cmd(*args), stdout=f, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                                env={**{k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}, **env})
 
 
 def test_bad_rank_flags_and_variables_are_refused_by_name(tmp_path, monkeypatch, capsys):
