@@ -218,11 +218,10 @@ _MISSING = object()
 
 def fingerprint_diff(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """[(dotted key, old value, new value)] for every setting that differs; absent = `_MISSING`."""
-    a, b = _flatten(old), _flatten(new)
     # JSON round trip makes tuples lists: compare the stored form with the stored form.
-    b = {k: orjson.loads(orjson.dumps(v)) for k, v in b.items()}
-    keys = sorted(set(a) | set(b))
-    return [(k, a.get(k, _MISSING), b.get(k, _MISSING)) for k in keys if a.get(k, _MISSING) != b.get(k, _MISSING)]
+    a, b = _flatten(old), {k: orjson.loads(orjson.dumps(v)) for k, v in _flatten(new).items()}
+    return [(k, a.get(k, _MISSING), b.get(k, _MISSING)) for k in sorted(set(a) | set(b))
+            if a.get(k, _MISSING) != b.get(k, _MISSING)]
 
 
 def _show(v: Any) -> str:

@@ -71,9 +71,7 @@ class ShardScan:
 
     def add(self, row: dict[str, Any]) -> None:
         self.ids.append(row["id"])
-        meta = row.get("meta")
-        if not isinstance(meta, dict):
-            meta = {}
+        meta = row["meta"] if isinstance(row.get("meta"), dict) else {}
         self.prompt_tokens += int_or_zero(meta.get("prompt_tokens"))
         self.completion_tokens += int_or_zero(meta.get("completion_tokens"))
         self.truncated += meta.get("finish_reason") == "length"
@@ -117,11 +115,9 @@ def scan_bytes(data: bytes) -> ShardScan:
             scan.add(row)
             meta = row.get("meta")
             if isinstance(meta, dict) and "model" in meta:
-                config = {"model": meta["model"], "sampling": meta.get("sampling")}
-                if "sampling_variant" in meta:
-                    config["sampling_variant"] = meta["sampling_variant"]
-                key = orjson.dumps(config, option=orjson.OPT_SORT_KEYS)
-                scan.configs.setdefault(key, line_no)
+                config = {"model": meta["model"], "sampling": meta.get("sampling"),
+                          **({"sampling_variant": meta["sampling_variant"]} if "sampling_variant" in meta else {})}
+                scan.configs.setdefault(orjson.dumps(config, option=orjson.OPT_SORT_KEYS), line_no)
     scan.good_bytes, scan.cut_bytes = pos, len(data) - pos
     return scan
 
