@@ -344,8 +344,7 @@ class DatasetStore:
         number = shards.first_changed_line(data, ids)
         if number is None:
             return
-        line = data.split(b"\n")[number - 1] if number <= data.count(b"\n") else b""
-        row, _why = shards.parse_line(line)
+        row, _why = shards.parse_line(data.split(b"\n")[number - 1] if number <= data.count(b"\n") else b"")
         seen = f"id {orjson.dumps(row['id']).decode()}" if row is not None else "no readable id"
         recorded = f"id {orjson.dumps(ids[number - 1]).decode()}" if number <= len(ids) else "no line there"
         raise StoreError(

@@ -143,9 +143,7 @@ class ShardFile:
 
 def shard_files(folder: Path, manifest: Manifest | None = None) -> list[ShardFile]:
     """A part's shards in index order with their manifest records (read if not given); one that vanishes is left out."""
-    if manifest is None:
-        manifest = read_manifest(folder)[0]
-    records = sealed_records(manifest)
+    records = sealed_records(read_manifest(folder)[0] if manifest is None else manifest)
     out = []
     for index, path in list_shards(folder).items():
         try:

@@ -295,7 +295,6 @@ def _write_lock(fd: int) -> None:
     lock: dict[str, object] = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": now_iso()}
     if (job := slurm_run()) is not None:
         lock |= {"slurm_job_id": job[0], "slurm_restart": job[1]}
-    body = orjson.dumps(lock)
     os.ftruncate(fd, 0)
-    os.pwrite(fd, body, 0)
+    os.pwrite(fd, orjson.dumps(lock), 0)
     os.fsync(fd)

@@ -53,8 +53,7 @@ def owner_rank(sample_id: str, world: int) -> int:
     """The rank (0..world-1) that owns `sample_id`: the first 8 bytes of its blake2b digest, mod world."""
     if world <= 1:
         return 0
-    digest = hashlib.blake2b(sample_id.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % world
+    return int.from_bytes(hashlib.blake2b(sample_id.encode("utf-8"), digest_size=8).digest(), "big") % world
 
 
 def rank_share(target: int, rank: int, world: int) -> int:

@@ -165,9 +165,8 @@ def append_rows(path: Path, rows: list[dict[str, Any]], *, mend_tail: bool = Fal
 def rotate(path: Path, max_bytes: int = MAX_BYTES) -> None:
     """telemetry.jsonl → 1 row in 10 appended to the archive; the archive over max_bytes → 1 in 2."""
     archive = path.with_name(ARCHIVE_NAME)
-    kept = decimate(read_file(path), ROTATE_KEEP_EVERY)
     with open(archive, "ab") as f:
-        f.write(b"".join(orjson.dumps(r) + b"\n" for r in kept))
+        f.write(b"".join(orjson.dumps(r) + b"\n" for r in decimate(read_file(path), ROTATE_KEEP_EVERY)))
         size = f.tell()
     os.truncate(path, 0)
     if size > max_bytes:
