@@ -1,5 +1,5 @@
-"""The run lock: the flock decides, not the pid. A real holder of the flock is refused by its pid; a stale
-lock file naming a live unrelated pid is taken over; status tells the two apart the same way."""
+"""The run lock: the flock decides, not the pid. A holder of the flock is refused (by its pid: tests/cli's
+test_a_live_holder_on_this_host_...); a stale lock naming a live unrelated pid is taken over, as status says."""
 
 from __future__ import annotations
 
@@ -66,19 +66,6 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     yield p
     p.communicate(b"")
-
-
-@pytest.mark.e2e  # the process is the subject: make e2e
-def test_a_real_holder_of_the_flock_is_refused_naming_its_pid(tmp_path: Path, holder) -> None:
-    p = holder()
-    with pytest.raises(LockedError) as e:
-        make(tmp_path).open()
-    where = display_path(tmp_path / "B2")
-    assert str(e.value) == (f"{where} is being written by another run on this host (pid {p.pid}, started {HMS}). "
-                            f"Wait for it to finish or stop it (kill {p.pid}); when a run dies, the next run takes "
-                            "its lock over by itself.")
-    assert e.value.exit_code == 4
-    assert read_status(tmp_path, "B2", 10).state == f"running (pid {p.pid})"
 
 
 @pytest.mark.e2e  # the process is the subject: make e2e

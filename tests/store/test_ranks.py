@@ -29,7 +29,6 @@ from pipeline_helpers import (
     kill_group,
     make_rows,
     run_cli,
-    start_cli,
     wait_for,
     write_dataset,
 )
@@ -180,27 +179,56 @@ def test_bad_rank_flags_and_variables_are_refused_by_name(tmp_path, monkeypatch,
 
 
 @pytest.mark.e2e  # the process is the subject: make e2e
-def test_three_ranks_make_exactly_the_target_then_status_validate_and_refusals(tmp_path, sim_url):
-    toml = write_dataset(tmp_path / "ds", rows=make_rows(120, invalid=2), target=TARGET)  # 2 empty-content rows
+def test_three_ranks_one_killed_and_rerun_make_exactly_the_target_then_status_validate_and_refusals(tmp_path, sim_url):
+    toml = write_dataset(tmp_path / "ds", rows=make_rows(120, invalid=2), target=TARGET, shard_max_samples=7,
+                         fsync_every=2)  # 2 empty-content rows
     out, cfg_dir = tmp_path / "out", tmp_path / "ds"
-    # rank 0 from the flags, rank 1 from RANK/WORLD_SIZE (torchrun), rank 2 from SLURM_PROCID/SLURM_NTASKS (srun)
+    # rank 0 from the flags, rank 1 from RANK/WORLD_SIZE (torchrun), rank 2 from SLURM_PROCID/SLURM_NTASKS (srun);
+    # a window of 2 keeps each rank running for a few seconds, so the kill of rank 1 lands mid-run
     envs = [{}, {"RANK": "1", "WORLD_SIZE": "3"}, {"SLURM_PROCID": "2", "SLURM_NTASKS": "3"}]
-    procs = [_start_env(_rank_args(toml, sim_url, out, 0) if r == 0 else _rank_args(toml, sim_url, out, r)[:-4],
-                        envs[r], tmp_path / f"rank{r}.log") for r in range(W)]
-    for p in procs:
+    base = _rank_args(toml, sim_url, out, 0, W, "--window", "2")
+    procs = [_start_env(base if r == 0 else base[:9] + base[13:], envs[r], tmp_path / f"rank{r}.log") for r in range(W)]
+    victim = procs[1]
+    wait_for(lambda: len(_rank_ids(out, 1)) >= 4 if (out / "T" / "rank-1-of-3").is_dir() else False, timeout_s=90,
+             interval_s=0.01)
+    kill_group(victim, signal.SIGKILL)
+    assert victim.returncode == -signal.SIGKILL  # it died by the signal, not by finishing
+    for p in (procs[0], procs[2]):
         p.wait(timeout=180)
     logs = [(tmp_path / f"rank{r}.log").read_text() for r in range(W)]
-    assert [p.returncode for p in procs] == [0] * W, logs
+    assert [procs[0].returncode, procs[2].returncode] == [0, 0], logs
     sources = ["--rank/--world-size", "RANK/WORLD_SIZE", "SLURM_PROCID/SLURM_NTASKS"]
     for r in range(W):
         assert logs[r].splitlines()[0] == (f"T: rank {r} of 3 (from {sources[r]}), share 30 of 90, "
                                            f"writing {out}/T/rank-{r}-of-3/")
-        assert re.search(rf"^T \(rank {r} of 3\): 30/30 samples \(100\.0%\), \+30 this run in \S+, 2 invalid rows "
-                         r"skipped; target reached\.$", logs[r], re.M), logs[r]
+        assert r == 1 or re.search(rf"^T \(rank {r} of 3\): 30/30 samples \(100\.0%\), \+30 this run in \S+, 2 invalid "
+                                   r"rows skipped; target reached\.$", logs[r], re.M), logs[r]
+    short = len(set(_rank_ids(out, 1)))
+    assert 4 <= short < 30, short  # the kill landed: rank 1 is short of its share
+    assert [len(_rank_ids(out, r)) for r in (0, 2)] == [30, 30]
+
+    lines = _status_lines(out, cfg_dir)
+    assert re.search(rf"\s+{60 + short}/90\s+.*\s+stopped, 1 stale\s+", lines[2]), lines[2]
+    assert _ranks_block(lines)[0] == "T: 3 ranks; stale: rank 1"
+    assert re.fullmatch(rf"  rank-1-of-3  {short}/30\s+{100 * short / 30:.1f}%\s+died \(pid {victim.pid} gone\)\s+"
+                        r"(?:\d+s|\dm\d\ds) ago\s+\S+\s+stale: run it", _rank_line(lines, 1)), lines
+    assert re.fullmatch(r"  rank-0-of-3  30/30\s+100\.0%\s+finished\s+" + AGO + r"\s+\S+", _rank_line(lines, 0))
+    js = orjson.loads(run_cli("status", "--json", "--output-dir", out, "--config-dir", cfg_dir).stdout)["datasets"]["T"]
+    assert (js["done"], js["stale_ranks"]) == (60 + short, [1])
+
+    # rerun rank 1 alone: it takes over its own lock and finishes its share; the others are untouched
+    before = {r: (out / "T" / f"rank-{r}-of-3" / "manifest.json").read_bytes() for r in (0, 2)}
+    res = run_cli(*_rank_args(toml, sim_url, out, 1))
+    assert res.returncode == 0, res.stderr
+    assert f"took over the lock of a run that is gone (pid {victim.pid}" in res.stdout
+    assert re.search(rf"^T \(rank 1 of 3\): 30/30 samples \(100\.0%\), \+{30 - short} this run in \S+, 2 invalid rows "
+                     r"skipped; target reached\.$", res.stdout, re.M), res.stdout
+    assert {r: (out / "T" / f"rank-{r}-of-3" / "manifest.json").read_bytes() for r in (0, 2)} == before
     per_rank = _assert_union_exact(out)
     # the layout's reader (what export reads through) yields every rank's samples, each once
-    read = [s["id"] for s in iter_committed_samples(out / "T")]
-    assert sorted(read) == sorted(i for ids in per_rank.values() for i in ids)
+    read = list(iter_committed_samples(out / "T"))
+    assert sorted(s["id"] for s in read) == sorted(i for ids in per_rank.values() for i in ids)
+    assert {frozenset(s) for s in read} == {frozenset(SAMPLE_KEYS)}
     for r in range(W):
         part = out / "T" / f"rank-{r}-of-3"
         manifest = orjson.loads((part / "manifest.json").read_bytes())
@@ -209,7 +237,7 @@ def test_three_ranks_make_exactly_the_target_then_status_validate_and_refusals(t
     assert not (out / "T" / "manifest.json").exists()  # no flat part next to the ranks
 
     lines = _status_lines(out, cfg_dir)
-    assert re.fullmatch(r"T\s+90/90\s+100\.0%\s+6\s+\S+\s+\S+\s+\S+%\s+0\s+2\s+finished\s+\S+\s+\S+\s+done", lines[2])
+    assert re.fullmatch(r"T\s+90/90\s+100\.0%\s+15\s+\S+\s+\S+\s+\S+%\s+0\s+2\s+finished\s+\S+\s+\S+\s+done", lines[2])
     block = _ranks_block(lines)
     assert block[:2] == ["T: 3 ranks", "  rank         done/share  %       state     last commit  samples/s"]
     for r in range(W):
@@ -224,7 +252,7 @@ def test_three_ranks_make_exactly_the_target_then_status_validate_and_refusals(t
 
     res = run_cli("validate", "--dataset", "T", "--output-dir", out, "--config-dir", cfg_dir)
     assert res.returncode == 0, res.stdout
-    assert re.match(rf"{re.escape(str(out / 'T'))}: 90 rows in 6 shards of 3 ranks: OK \(\d+ truncated, "
+    assert re.match(rf"{re.escape(str(out / 'T'))}: 90 rows in 15 shards of 3 ranks: OK \(\d+ truncated, "
                     r"policy keep\)(\n|$)", res.stdout)  # the quality gate's line may follow
 
     # a second world size over the same dataset is refused, and so is the one-run layout
@@ -256,13 +284,13 @@ def test_three_ranks_make_exactly_the_target_then_status_validate_and_refusals(t
     res = run_cli("validate", "--dataset", "T", "--output-dir", out, "--config-dir", cfg_dir)
     assert res.returncode == 1
     lines = res.stdout.splitlines()
-    assert re.fullmatch(rf"{re.escape(str(out / 'T'))}: 91 rows in 6 shards of 3 ranks: 2 problems \(\d+ truncated, "
+    assert re.fullmatch(rf"{re.escape(str(out / 'T'))}: 91 rows in 15 shards of 3 ranks: 2 problems \(\d+ truncated, "
                         r"policy keep\)", lines[0])
     assert sorted(line for line in lines[1:] if "quality gate" not in line) == sorted([
         "  duplicate_id: 1 (id already seen)",
-        f"    rank-1-of-3/shard-00001.jsonl:6: id '{sid}' already at rank-0-of-3/shard-00000.jsonl:1",
+        f"    rank-1-of-3/shard-00001.jsonl:8: id '{sid}' already at rank-0-of-3/shard-00000.jsonl:1",
         "  wrong_rank: 1 (a rank's folder holds a sample whose id hashes to another rank)",
-        f"    rank-1-of-3/shard-00001.jsonl:6: id '{sid}' belongs to rank 0 of 3, not rank 1"])
+        f"    rank-1-of-3/shard-00001.jsonl:8: id '{sid}' belongs to rank 0 of 3, not rank 1"])
 
 
 def test_ranks_over_a_one_run_dataset_are_refused(tmp_path, sim_url):
@@ -278,50 +306,6 @@ def test_ranks_over_a_one_run_dataset_are_refused(tmp_path, sim_url):
         "outside a SLURM job array or multi-task srun, RANK/WORLD_SIZE unset), or write to another --output-dir or "
         f"dataset name (or move {out / 'T'} away to start over).")
     assert sorted(p.name for p in (out / "T").iterdir() if p.is_dir()) == []
-
-
-@pytest.mark.e2e  # the process is the subject: make e2e
-def test_a_killed_rank_is_stale_and_resumes_alone_to_exact(tmp_path, sim_url):
-    toml = write_dataset(tmp_path / "ds", rows=make_rows(120), target=TARGET, shard_max_samples=7, fsync_every=2)
-    out, cfg_dir = tmp_path / "out", tmp_path / "ds"
-    # a window of 2 keeps each rank running for a few seconds, so the kill lands mid-run
-    procs = [start_cli(*_rank_args(toml, sim_url, out, r, W, "--window", "2"), log=tmp_path / f"rank{r}.log")
-             for r in range(W)]
-    victim = procs[1]
-    wait_for(lambda: len(_rank_ids(out, 1)) >= 4 if (out / "T" / "rank-1-of-3").is_dir() else False, timeout_s=90,
-             interval_s=0.01)
-    kill_group(victim, signal.SIGKILL)
-    assert victim.returncode == -signal.SIGKILL  # it died by the signal, not by finishing
-    for p in (procs[0], procs[2]):
-        p.wait(timeout=180)
-        assert p.returncode == 0
-    short = len(set(_rank_ids(out, 1)))
-    assert 4 <= short < 30, short  # the kill landed: rank 1 is short of its share
-    assert [len(_rank_ids(out, r)) for r in (0, 2)] == [30, 30]
-
-    lines = _status_lines(out, cfg_dir)
-    assert re.search(rf"\s+{60 + short}/90\s+.*\s+stopped, 1 stale\s+", lines[2]), lines[2]
-    assert _ranks_block(lines)[0] == "T: 3 ranks; stale: rank 1"
-    assert re.fullmatch(rf"  rank-1-of-3  {short}/30\s+{100 * short / 30:.1f}%\s+died \(pid {victim.pid} gone\)\s+"
-                        r"(?:\d+s|\dm\d\ds) ago\s+\S+\s+stale: run it", _rank_line(lines, 1)), lines
-    assert re.fullmatch(r"  rank-0-of-3  30/30\s+100\.0%\s+finished\s+" + AGO + r"\s+\S+", _rank_line(lines, 0))
-    js = orjson.loads(run_cli("status", "--json", "--output-dir", out, "--config-dir", cfg_dir).stdout)["datasets"]["T"]
-    assert (js["done"], js["stale_ranks"]) == (60 + short, [1])
-
-    # rerun rank 1 alone: it takes over its own lock and finishes its share; the others are untouched
-    before = {r: (out / "T" / f"rank-{r}-of-3" / "manifest.json").read_bytes() for r in (0, 2)}
-    res = run_cli(*_rank_args(toml, sim_url, out, 1))
-    assert res.returncode == 0, res.stderr
-    assert f"took over the lock of a run that is gone (pid {victim.pid}" in res.stdout
-    assert re.search(rf"^T \(rank 1 of 3\): 30/30 samples \(100\.0%\), \+{30 - short} this run in \S+; target "
-                     r"reached\.$", res.stdout, re.M), res.stdout
-    assert {r: (out / "T" / f"rank-{r}-of-3" / "manifest.json").read_bytes() for r in (0, 2)} == before
-    _assert_union_exact(out)
-    for s in iter_committed_samples(out / "T"):
-        assert set(s) == SAMPLE_KEYS
-    lines = _status_lines(out, cfg_dir)
-    assert _ranks_block(lines)[0] == "T: 3 ranks"
-    assert re.fullmatch(r"  rank-1-of-3  30/30\s+100\.0%\s+finished\s+" + AGO + r"\s+\S+", _rank_line(lines, 1))
 
 
 def test_a_rank_whose_slice_of_the_source_is_short_says_source_exhausted(tmp_path, sim_url):
