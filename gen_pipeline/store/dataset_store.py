@@ -65,7 +65,7 @@ class DatasetStore:
                  shard_max_samples: int = 2000, fsync_every: int = 64,
                  file_opener: Callable[[Path, str], BinaryIO] = default_opener, rank: RankSpec = RankSpec()):
         self.rank = rank
-        self.folder = layout.part_folder(root, dataset, rank)
+        self.folder, self._dataset_dir = layout.part_folder(root, dataset, rank), layout.dataset_folder(root, dataset)
         self.dataset, self.fingerprint, self._target = dataset, fingerprint, rank.share(target)
         self.shard_max_samples, self.fsync_every = shard_max_samples, fsync_every
         self._opener = file_opener
@@ -153,7 +153,7 @@ class DatasetStore:
         self.lock()
         assert self._lock is not None
         try:
-            layout.check_world(self._dataset_folder(), self.rank)  # again, now that our folder and lock exist
+            layout.check_world(self._dataset_dir, self.rank)  # again, now that our folder and lock exist
             return self._scan_locked(self._lock.note)
         except BaseException:
             self.release()
@@ -164,7 +164,7 @@ class DatasetStore:
         a refused run removes between our mkdir and our lock's create is made again. Raises LockedError, StoreError."""
         if self._lock is not None:
             return
-        layout.check_world(self._dataset_folder(), self.rank)  # before creating anything
+        layout.check_world(self._dataset_dir, self.rank)  # before creating anything
         for _ in range(_FOLDER_RETRIES):
             self._created = [p for p in (self.folder, *self.folder.parents) if not p.exists()]
             try:
@@ -178,9 +178,6 @@ class DatasetStore:
             except FolderGone as e:
                 gone = e
         raise gone
-
-    def _dataset_folder(self) -> Path:
-        return self.folder.parent if self.rank.ranked else self.folder
 
     def _scan_locked(self, lock_note: str | None) -> ResumeState:
         notes = self._notes = [lock_note] if lock_note else []

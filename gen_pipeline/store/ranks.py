@@ -12,10 +12,9 @@ from dataclasses import dataclass
 
 from gen_pipeline.errors import ConfigError
 
-# SLURM first (a job array's task, and/or an `srun` task), then torchrun-style RANK/WORLD_SIZE
-# (both set: see resolve_rank). SLURM sets SLURM_PROCID=0 (and SLURM_NTASKS with --ntasks) in the
-# batch script's own shell too, so an array task's script is "task 0 of 1" of its job: the array
-# gives the rank, and an `srun` with several tasks inside an array task splits that rank further.
+# SLURM first (a job array's task and/or an `srun` task), then torchrun's RANK/WORLD_SIZE (both set: resolve_rank).
+# SLURM sets SLURM_PROCID=0 (and SLURM_NTASKS with --ntasks) in the batch script's own shell too: an array task's
+# script is "task 0 of 1" of its job, the array gives the rank, and an `srun` with several tasks splits it further.
 SLURM_TASKS = ("SLURM_PROCID", "SLURM_NTASKS")
 SLURM_ARRAY = ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT")
 TORCHRUN = ("RANK", "WORLD_SIZE")

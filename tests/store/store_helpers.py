@@ -26,9 +26,9 @@ def sample(i: int, *, truncated: bool = False, model: str = "m", temperature: fl
                                                          "top_p": 0.95}})
 
 
-def make(root: Path, **kw) -> DatasetStore:
+def make(root: Path, dataset: str = "B2", **kw) -> DatasetStore:
     args = {"fingerprint": FP, "target": 100, "shard_max_samples": 4, "fsync_every": 3} | kw
-    return DatasetStore(root, "B2", **args)
+    return DatasetStore(root, dataset, **args)
 
 
 def write(root: Path, ids: range, **kw) -> None:

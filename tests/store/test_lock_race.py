@@ -49,8 +49,7 @@ def _two(tmp_path: Path, target: int = 8) -> tuple[Path, Path]:
 def test_a_job_takes_every_lock_before_it_loads_a_source(tmp_path: Path, capsys, events: list[str]) -> None:
     t, u = _two(tmp_path)
     out = tmp_path / "out"
-    held = make(out)
-    held.folder = out / "T"  # another run writing T
+    held = make(out, "T")  # another run writing T
     held.claim()
     try:
         code = main(["generate", "--dataset", f"{u},{t}", "--server", "sim", "--output-dir", str(out),
