@@ -1,9 +1,6 @@
-"""`gen-pipeline probe-kv`: what a KV-cache dtype (fp8_e4m3) does to the target model's outputs.
-
-Two servers that differ only in KV dtype get the same prompt ids. Each decodes greedily (exact match, first
-divergence) and scores the reference's output teacher-forced, so a divergence does not compound. Two launched
-profiles run one after the other (two copies of the model rarely fit one node). SGLang only.
-"""
+"""`gen-pipeline probe-kv`: two SGLang servers that differ only in KV dtype get the same prompt ids; each decodes
+greedily and scores the reference's output teacher-forced (a divergence does not compound). Launched profiles run
+one after the other: two copies of the model rarely fit one node."""
 
 from __future__ import annotations
 
@@ -12,6 +9,7 @@ import itertools
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, fields
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -96,12 +94,8 @@ def check_profiles(ref: ServerProfile | str, cmp: ServerProfile | str, allow_sam
 
 def first_turn(prompt: Prompt) -> list[dict[str, str]]:
     """The conversation up to and including its first user turn (system message kept)."""
-    out = []
-    for m in prompt.messages:
-        out.append({"role": m["role"], "content": m["content"]})
-        if m["role"] == "user":
-            break
-    return out
+    end = next((i for i, m in enumerate(prompt.messages) if m["role"] == "user"), len(prompt.messages) - 1)
+    return [{"role": m["role"], "content": m["content"]} for m in prompt.messages[:end + 1]]
 
 
 def load_prompts(cfg: DatasetConfig, n: int) -> list[Prompt]:
@@ -131,11 +125,9 @@ async def open_server(where: ServerProfile | str | None, role: str, log_dir: Pat
     """Launch a profile (its log in log_dir; stopped on exit) or attach a URL; refuse a server that is not
     SGLang (probe-kv and tune)."""
     async with anyio.create_task_group() as tg:
-        if isinstance(where, ServerProfile):
-            h = await tg.start(lambda task_status: run_server(
-                where, log_dir=log_dir, http=http, task_status=task_status))
-        else:
-            h = await tg.start(lambda task_status: run_attached([str(where)], http=http, task_status=task_status))
+        run = partial(run_server, where, log_dir=log_dir) if isinstance(where, ServerProfile) else partial(
+            run_attached, [str(where)])
+        h = await tg.start(partial(run, http=http))
         try:
             if h.info.get("backend") not in (None, "sglang"):
                 raise ServerError(f"The {role} server {h.base_urls[0]} is not SGLang (it has no /server_info; "

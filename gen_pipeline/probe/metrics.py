@@ -1,12 +1,6 @@
-"""The KV-dtype probe's arithmetic (pure): per-prompt comparison, aggregate, thresholds, verdict.
-
-KL estimator: KL(P_ref || Q_cmp) per teacher-forced position over the reference's top-k tokens plus
-one tail bucket. Merging tokens never raises KL (log-sum inequality), so read it as "at least this much".
-
-Thresholds: a drafter trained on fp8-KV outputs learns another token than the bf16 target picks at about
-the top-1 change share d of positions, so its accept rate drops by at most about d; mean KL plays the same
-part for sampled data.
-"""
+"""The KV-dtype probe's arithmetic (pure). Why the thresholds: a drafter trained on fp8-KV outputs learns another
+token than the bf16 target picks at about the top-1 change share d of positions, so its accept rate drops by at
+most about d; mean KL plays the same part for sampled data."""
 
 from __future__ import annotations
 
@@ -67,7 +61,8 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 
 def kl_topk(p_top: Sequence[tuple[float, int]], q_top: Sequence[tuple[float, int]]) -> float:
-    """The bucketed KL estimate of one position (see the module docstring)."""
+    """KL(P_ref || Q_cmp) over the reference's top-k tokens plus one tail bucket: merging tokens never raises KL
+    (log-sum inequality), so read it as "at least this much"."""
     if not p_top or not q_top:
         return 0.0
     q_lp = {t: lp for lp, t in q_top}

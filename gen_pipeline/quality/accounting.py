@@ -1,14 +1,6 @@
-"""The quality gate's figures over a dataset (`status`, `validate`, `report`, the card), from the
-rows' meta.per_turn as they are written (kept per sealed shard in the manifest) and errors.jsonl.
-
-GPU-seconds saved by early aborts (an estimate, stated as such wherever it is shown):
-
-    saved_gpu_s = tokens_not_decoded × gpu_s_per_token
-    tokens_not_decoded = Σ over aborted attempts of (max_new_tokens − tokens decoded when the stream closed)
-    gpu_s_per_token = run wall seconds × GPUs ÷ every token the runs decoded (written + discarded)
-
-It assumes a loop would have run to its cap and ignores the KV it would have held: a lower bound.
-"""
+"""The quality gate's figures over a dataset, from the rows' meta.per_turn and errors.jsonl. The GPU-seconds saved
+by early aborts (SAVED_FORMULA) assume a loop would have run to its cap and ignore the KV it would have held: an
+estimate, a lower bound, stated as such wherever it is shown."""
 
 from __future__ import annotations
 
@@ -89,8 +81,8 @@ def decoded_tokens(counts: Mapping[str, int], written_completion_tokens: int) ->
 
 
 def format_gate(counts: Mapping[str, int], saved: float | None = None, unit: str = "GPU") -> str:
-    """One line: `quality gate: 12 loops caught (3 kept cut), 4 empty answers retried, 2 leaks flagged;
-    48,512 tokens not decoded (~0.41 GPU-h saved), 6,020 discarded`; "" when the gate saw nothing."""
+    """One line: `quality gate: 12 loops caught (3 kept cut), 4 empty answers retried, 2 leaks flagged; 48,512
+    tokens not decoded (~0.41 GPU-h saved), 6,020 decoded and discarded`; "" when the gate saw nothing."""
     loops, empty, leaks = counts.get("loops", 0), counts.get("empty", 0), counts.get("leaks", 0)
     not_decoded, discarded = counts.get("tokens_not_decoded", 0), counts.get("discarded_tokens", 0)
     if not (loops or empty or leaks or not_decoded or discarded):

@@ -1,8 +1,6 @@
-"""Answers that are not answers: reasoning leaked into `content`, think markers left in it, and
-empty or marker-only content; pure functions of one finished assistant turn. With SGLang 0.5.17's
-`--reasoning-parser` the thinking goes to `reasoning_content`, markers stripped; a parser that misses
-the end marker returns it all in `content`; a server without a parser leaves the markers in it.
-"""
+"""Answers that are not answers (leaked reasoning, think markers, empty or marker-only content) in one finished
+turn. SGLang 0.5.17's `--reasoning-parser` puts the thinking in `reasoning_content`; a parser that misses the end
+marker returns it all in `content`; a server without a parser leaves the markers in it."""
 
 from __future__ import annotations
 

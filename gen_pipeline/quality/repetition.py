@@ -1,8 +1,5 @@
-"""The loop detector: fed a turn's text as the stream delivers it, it says when the text has
-become a loop (see LoopThresholds for the rule). Pure: no I/O, no clock, no async library.
-`feed` is amortised O(len(delta)); words are cut from the text alone and the rule runs word by word,
-so every way of splitting a text into deltas gives the same verdict.
-"""
+"""The loop detector, fed a turn's text as the stream delivers it (the rule: LoopThresholds). Pure; `feed` is
+amortised O(len(delta)); words are cut from the text alone, so any split into deltas gives the same verdict."""
 
 from __future__ import annotations
 
@@ -30,21 +27,18 @@ class LoopReason(enum.StrEnum):
 
 @dataclass(frozen=True)
 class LoopVerdict:
-    """The detector fired. Offsets count characters of the text fed so far (all deltas joined).
-
-    `loop_start_char` is an estimate: where the first copy of the repeated text began."""
+    """The detector fired. Offsets count characters of the text fed so far (all deltas joined)."""
 
     reason: LoopReason
     at_char: int  # the end of the word (or whitespace character) that made it fire
-    loop_start_char: int
+    loop_start_char: int  # an estimate: where the first copy of the repeated text began
     period_words: int  # the spacing of the repeats when it fired, in words (0: whitespace)
     words: int  # words seen when it fired
 
 
 class RepetitionDetector:
-    """One per turn: `feed(delta)` each text delta in order; a non-None result means abort.
-
-    After it fired, every call returns the same verdict without looking at the text."""
+    """One per turn: `feed(delta)` each text delta in order; a non-None result means abort. After it fired,
+    every call returns the same verdict without looking at the text."""
 
     def __init__(self, thresholds: LoopThresholds = DEFAULT_LOOP_THRESHOLDS) -> None:
         t = thresholds
@@ -64,22 +58,20 @@ class RepetitionDetector:
         self._letter_at = 0  # word index of the latest word with a letter
         # the last ngram_words + 1 n-gram hashes: the first and the last make one 2 × ngram_words-gram
         self._hashes: deque[int] = deque(maxlen=t.ngram_words + 1)
-        # long n-gram hash -> word index of its latest occurrence
-        self._long_last: dict[int, int] = {}
+        self._long_last: dict[int, int] = {}  # long n-gram hash -> word index of its latest occurrence
         self._new_at = 0  # word index of the latest long n-gram new within max_period_words
         self._verbatim_at = -t.window_words - 1  # word index where the latest verbatim copy ended
         self._verbatim_period = 0  # and its length in words
         # n-gram hash -> (word index of its latest occurrence, its distance to the one before, copies in a row)
         self._last: dict[int, tuple[int, int, int]] = {}
         self._prune_at = 2 * t.max_period_words
-        # (n-gram hash, repeat period, novel, numeric) per word
-        self._window: deque[tuple[int, int, bool, bool]] = deque()
+        self._window: deque[tuple[int, int, bool, bool]] = deque()  # (n-gram hash, repeat period, novel, numeric)
         self._hash_count: dict[int, int] = {}
         self._repeats = 0  # window words that are a repeat (see _word)
         self._novel = 0  # window words the turn had not used before
         self._numeric = 0  # window n-grams without a letter
         self._seen: set[str] = set()
-        # start offsets of recent words, to place the loop's start when it fires
+        # start offsets of recent words, to place the loop's start
         self._starts: deque[int] = deque(maxlen=2 * t.max_period_words + t.window_words + t.ngram_words + 1)
 
     @property

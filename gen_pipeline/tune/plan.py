@@ -144,8 +144,8 @@ class TunePlan:
         out = [f"tune budget: {format_duration(self.budget_s)} ({self.budget_note}); {self.rounds} round(s) x "
                f"{self.trials} trials (the shipped {self.shipped.name} + {len(self.candidates)} candidates) of "
                f"the job's next {self.prompts:,} prompts (the same for each), predicted {format_duration(total_s)}"]
-        for c in (self.shipped, *self.candidates):
-            out.append(f"  {c.name}: plan {c.kv_tokens:,} KV tokens, {c.slots:,} decode slots")
+        out += [f"  {c.name}: plan {c.kv_tokens:,} KV tokens, {c.slots:,} decode slots"
+                for c in (self.shipped, *self.candidates)]
         out += [f"  skipped {name}: {why}" for name, why in self.skipped]
         out.append("  not tried on one GPU: " + "; ".join(NOT_ON_ONE_GPU.values()))
         return out

@@ -1,7 +1,5 @@
-"""What a tune run has measured, kept so a second run of the same plan (`key`) does not redo it:
-outputs/<D>/tune/state.json, written atomically after every trial, holds the trials measured, `seed_done`
-(samples the store held before the first trial) and the shipped profile's greedy answers (`reference`).
-"""
+"""What a tune run has measured (outputs/<D>/tune/state.json, written atomically after every trial), so a second
+run of the same plan (`key`) does not redo it."""
 
 from __future__ import annotations
 

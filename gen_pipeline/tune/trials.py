@@ -1,9 +1,6 @@
-"""`tune`'s trials: each candidate launched with an empty prefix cache, the job's next N prompts sent at once
-through the normal run path, completion tok/s measured; in the first round its greedy answers are checked
-against the shipped profile's as probe-kv does. Only the shipped profile's first trial writes into the
-dataset's store (a later generate skips those ids); the others write into a copy taken before it (the same
-prompts), dropped once measured.
-"""
+"""`tune`'s trials: each candidate launched with an empty prefix cache, the job's next N prompts sent at once, its
+greedy answers checked in round 1 as probe-kv does. Only the shipped profile's first trial writes into the store;
+the others write into a copy taken before it (the same prompts), dropped once measured."""
 
 from __future__ import annotations
 
@@ -18,16 +15,8 @@ from typing import Any
 from gen_pipeline.config.dataset import DatasetConfig
 from gen_pipeline.errors import ConfigError, ServerError, first_known
 from gen_pipeline.http import Http, open_http
+from gen_pipeline.probe import core as PC
 from gen_pipeline.probe import metrics as PM
-from gen_pipeline.probe.core import (
-    ProbeOptions,
-    RefSide,
-    compare_side,
-    each_prompt,
-    load_prompts,
-    open_server,
-    reference_side,
-)
 from gen_pipeline.reports.status import read_status
 from gen_pipeline.run.job import run_generate
 from gen_pipeline.run.options import RunOptions
@@ -79,8 +68,8 @@ async def run_trials(cfg: DatasetConfig, tp: TunePlan, opts: TuneOptions,
         measured.add((t["round"], t["name"]))
     if measured:
         say(f"  resuming: {len(measured)} trials of this plan measured before ({work / STATE_NAME})")
-    probe = ProbeOptions(output_root=opts.output_root, samples=opts.probe_prompts,
-                         max_new_tokens=opts.probe_max_new_tokens)
+    probe = PC.ProbeOptions(output_root=opts.output_root, samples=opts.probe_prompts,
+                            max_new_tokens=opts.probe_max_new_tokens)
     target = min(cfg.target_samples, state["seed_done"] + tp.prompts)
     async with open_http(cfg.generation, 2 * tp.prompts + 2 * probe.concurrency + 8) as http:
         trials = _Trials(http, cfg, replace(cfg, target_samples=target), probe, work, tp.shipped.name, say)
@@ -131,17 +120,17 @@ class _Trials:
     """What every trial shares: the HTTP session, the trial's dataset config (its target: the next N
     prompts), the probe settings and prompts, the shipped profile's greedy answers once it has run."""
 
-    def __init__(self, http: Http, cfg: DatasetConfig, trial_cfg: DatasetConfig, probe: ProbeOptions, work: Path,
+    def __init__(self, http: Http, cfg: DatasetConfig, trial_cfg: DatasetConfig, probe: PC.ProbeOptions, work: Path,
                  shipped: str, say: Callable[[str], None]) -> None:
         self.http, self.cfg, self.trial_cfg, self.probe, self.work, self.shipped, self.say = (
             http, cfg, trial_cfg, probe, work, shipped, say)
-        self.prompts = load_prompts(cfg, probe.samples)  # also loads the source before the first trial's clock
-        self.sides: list[RefSide] = []
+        self.prompts = PC.load_prompts(cfg, probe.samples)  # also loads the source before the first trial's clock
+        self.sides: list[PC.RefSide] = []
 
     async def run(self, o: Outcome, r: int, root: Path) -> None:
         """One candidate's trial in round r: launch, flush, generate, measure; round 0 also checks its answers."""
         c, name = o.candidate, self.cfg.name
-        async with open_server(c.profile, c.name, self.work / "logs" / c.name, self.http) as h:
+        async with PC.open_server(c.profile, c.name, self.work / "logs" / c.name, self.http) as h:
             url = h.base_urls[0]
             await self.http.post_json(url + "/flush_cache", {})  # SGLang's: the prefix cache empty for each trial
             tokens0 = read_status(root, name, None).completion_tokens
@@ -167,14 +156,14 @@ class _Trials:
         them; refused past probe-kv's caution thresholds."""
         http, probe = self.http, self.probe
         if not self.sides:
-            done, _ = await each_prompt(self.prompts, [p.id for p in self.prompts], probe,
-                                        lambda p: reference_side(http, h, p, self.cfg, probe))
+            done, _ = await PC.each_prompt(self.prompts, [p.id for p in self.prompts], probe,
+                                           lambda p: PC.reference_side(http, h, p, self.cfg, probe))
             if not done:
                 raise ServerError(f"tune: the shipped profile {o.candidate.name} answered none of the probe prompts.")
             self.sides.extend(done)
             return
-        results, _ = await each_prompt(self.sides, [s.prompt.id for s in self.sides], probe,
-                                       lambda side: compare_side(http, h, side, probe))
+        results, _ = await PC.each_prompt(self.sides, [s.prompt.id for s in self.sides], probe,
+                                          lambda side: PC.compare_side(http, h, side, probe))
         agg = PM.aggregate(results)
         level, _ = PM.verdict(agg)  # probe-kv's thresholds decide; the line names the candidate, not a KV dtype
         o.refused = level == REFUSED_LEVEL
