@@ -27,8 +27,7 @@ def format_duration(seconds: float | None) -> str:
     """Seconds as a user reads them: 5s, 1m05s, 27h01m ("?" when unknown)."""
     if seconds is None:
         return "?"
-    seconds = int(seconds)
-    h, rem = divmod(seconds, 3600)
+    h, rem = divmod(int(seconds), 3600)
     m, s = divmod(rem, 60)
     return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 

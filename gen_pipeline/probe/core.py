@@ -67,8 +67,7 @@ def probe_servers(config_dir: Path, *, server: str | None = None, server_url: st
         raise ConfigError("probe-kv needs a compare server: add --compare-url URL (a second server that differs "
                           "only in KV dtype, e.g. fp8_e4m3) or --compare PROFILE to launch one.")
     toml = config_dir / "server.toml"
-    ref = (normalise_server_url(server_url) if server_url
-           else load_server_profile(server or "baseline", toml))
+    ref = normalise_server_url(server_url) if server_url else load_server_profile(server or "baseline", toml)
     cmp = (normalise_server_url(compare_url, "--compare-url") if compare_url
            else load_server_profile(compare or "tuned", toml))
     if isinstance(ref, str) and ref == cmp and not allow_same_kv:

@@ -96,13 +96,11 @@ def parse_positions(entries: Any, tops: Any, where: str) -> list[Position]:
     return out
 
 
-async def free_run(http: Http, url: str, ids: list[int], max_new_tokens: int,
-                   top_k: int) -> list[Position]:
+async def free_run(http: Http, url: str, ids: list[int], max_new_tokens: int, top_k: int) -> list[Position]:
     """Greedy decode from `ids`: the output tokens with their logprobs and top-k."""
     data = await _post(http, url + "/generate", _generate_body(ids, max_new_tokens, top_k, -1))
     meta = data.get("meta_info") or {}
-    return parse_positions(meta.get("output_token_logprobs"), meta.get("output_top_logprobs"),
-                           f"{url}/generate output")
+    return parse_positions(meta.get("output_token_logprobs"), meta.get("output_top_logprobs"), f"{url}/generate output")
 
 
 async def score(http: Http, url: str, prompt: list[int], reference: list[int], top_k: int,

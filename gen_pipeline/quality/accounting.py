@@ -7,8 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-SAVED_FORMULA = ("tokens not decoded up to max_new_tokens × the runs' wall time × GPUs ÷ every token they "
-                 "decoded")
+SAVED_FORMULA = "tokens not decoded up to max_new_tokens × the runs' wall time × GPUs ÷ every token they decoded"
 FAILURE_KEYS = ("loops", "empty", "tokens_not_decoded", "discarded_tokens")  # what Failure.extra records
 
 

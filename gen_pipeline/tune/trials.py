@@ -78,7 +78,10 @@ async def run_trials(cfg: DatasetConfig, tp: TunePlan, opts: TuneOptions,
             for r in range(tp.rounds):
                 order = outcomes[r % len(outcomes):] + outcomes[:r % len(outcomes)]  # round 0: shipped first
                 for o in (o for o in order if not o.refused and (r, o.candidate.name) not in measured):
-                    into = opts.output_root if r == 0 and o is outcomes[0] and _unchanged(opts, cfg, state) \
+                    # into the store unless an interrupted shipped trial wrote some: then into a copy too, so it
+                    # measures the same prompts as the others
+                    into = opts.output_root if r == 0 and o is outcomes[0] and read_status(
+                        opts.output_root, cfg.name, cfg.target_samples).done == state["seed_done"] \
                         else _scratch(work / "seed", work / "run")
                     await trials.run(o, r, into)
                     state["trials"].append({"round": r, "name": o.candidate.name, "tok_s": o.tok_s[-1],
@@ -181,12 +184,6 @@ def _server_rate(folder: Path) -> list[float]:
     runs = runs_of(read_telemetry(folder))
     rates = [r["gen_tok_s"] for r in (runs[-1] if runs else []) if r.get("gen_tok_s")]
     return [statistics.median(rates)] if rates else []
-
-
-def _unchanged(opts: TuneOptions, cfg: DatasetConfig, state: dict[str, Any]) -> bool:
-    """The store holds what it held before the first trial (an interrupted shipped trial may have written
-    some: then the shipped trial runs in a copy too, so it measures the same prompts as the others)."""
-    return bool(read_status(opts.output_root, cfg.name, cfg.target_samples).done == state["seed_done"])
 
 
 def _scratch(seed: Path, root: Path) -> Path:

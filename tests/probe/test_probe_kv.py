@@ -103,10 +103,17 @@ def test_probe_rate_zero_is_exact_match_through_attached_urls(tmp_path, bf16):
     (("--samples", "0"), "--samples 0 must be at least 1."),
     (("--top-k", "0"), "--top-k 0 must be at least 1."),
     (("--tf-chunk", "-1"), "--tf-chunk -1 must be at least 0."),
+    (("--server", "sim-bf16", "--compare", "sim-bf16"), "Both servers use KV dtype bf16 (datasets_cfg/server.toml "
+     "[profile.sim-bf16] and [profile.sim-bf16]). probe-kv compares two KV dtypes (e.g. --server baseline --compare "
+     "tuned, or bf16 and fp8_e4m3 servers with --server-url/--compare-url). To measure the noise floor of two equal "
+     "servers on purpose, add --allow-same-kv."),
 ])
-def test_bad_flags_are_refused_by_name(tmp_path, args: tuple[str, ...], message: str) -> None:
+def test_bad_flags_are_refused_by_name_before_anything_launches(tmp_path, monkeypatch, args: tuple[str, ...],
+                                                                message: str) -> None:
+    events = _record_launches(monkeypatch)
     r = run_cli("probe-kv", "--dataset", "demo", *args, "--output-dir", tmp_path)
-    assert (r.returncode, r.stderr.strip()) == (2, f"error: {message}")
+    assert (r.returncode, r.stderr, events) == (2, f"error: {message}\n", [])
+    assert not (tmp_path / "demo" / "probe-kv.json").exists()
 
 
 def test_unreachable_url_names_it(tmp_path):
@@ -260,18 +267,3 @@ def test_probe_accepts_sglangs_clipped_last_vocab_id_but_not_a_shift() -> None:
 
     assert echoes([5, 319, 7], [5, 0, 7])
     assert not echoes([5, 319, 7], [319, 7, 8]) and not echoes([5, 6], [5, 6, 7])
-
-
-def test_equal_kv_profiles_are_refused_before_anything_launches(tmp_path, monkeypatch, capsys):
-    from gen_pipeline.cli import main
-
-    events = _record_launches(monkeypatch)
-    assert main(["probe-kv", "--dataset", "demo", "--server", "sim-bf16", "--compare", "sim-bf16",
-                 "--output-dir", str(tmp_path)]) == 2
-    assert events == []
-    assert capsys.readouterr().err == (
-        "error: Both servers use KV dtype bf16 (datasets_cfg/server.toml [profile.sim-bf16] and "
-        "[profile.sim-bf16]). probe-kv compares two KV dtypes (e.g. --server baseline --compare tuned, or bf16 "
-        "and fp8_e4m3 servers with --server-url/--compare-url). To measure the noise floor of two equal servers "
-        "on purpose, add --allow-same-kv.\n")
-    assert not (tmp_path / "demo" / "probe-kv.json").exists()

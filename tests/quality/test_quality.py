@@ -27,10 +27,10 @@ STEP = ("Wait, let me re-check. If x = 7, then 3x + 4 = 25, which matches the eq
         "The other root would make the denominator zero. So the answer is 7.\n\n")
 
 
-def feed_all(text: str, chunk: int = 7, thresholds: LoopThresholds | None = None) -> LoopVerdict | None:
-    det = RepetitionDetector(thresholds) if thresholds else RepetitionDetector()
-    for i in range(0, len(text), chunk):
-        if (v := det.feed(text[i:i + chunk])) is not None:
+def feed_all(text: str) -> LoopVerdict | None:
+    det = RepetitionDetector()
+    for i in range(0, len(text), 7):
+        if (v := det.feed(text[i:i + 7])) is not None:
             return v
     return det.finish()
 
