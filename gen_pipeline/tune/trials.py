@@ -12,22 +12,27 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from gen_pipeline.config.dataset import DatasetConfig
 from gen_pipeline.errors import ConfigError, ServerError, first_known
 from gen_pipeline.http import Http, open_http
 from gen_pipeline.probe import core as PC
 from gen_pipeline.probe import metrics as PM
+from gen_pipeline.records import Prompt
 from gen_pipeline.reports.status import read_status
 from gen_pipeline.run.job import run_generate
 from gen_pipeline.run.options import RunOptions
 from gen_pipeline.server.handle import ServerHandle
 from gen_pipeline.store.layout import dataset_folder
+from gen_pipeline.store.shards import write_atomic
 from gen_pipeline.store.telemetry import read_telemetry, runs_of
 from gen_pipeline.tune.plan import Candidate, TuneOptions, TunePlan
-from gen_pipeline.tune.state import STATE_NAME, dump_sides, load_sides, load_state, save_state
 
 NOISE_SHARE = 0.03  # one round: a candidate must beat the shipped profile by more than this (issue 34: 3 %)
 REFUSED_LEVEL = "prefer-bf16"  # probe-kv's verdict past its caution thresholds (probe/metrics.py)
+# what a tune run has measured (atomically after every trial), so a second run of the same plan does not redo it
+STATE_NAME = "state.json"
 
 
 @dataclass
@@ -98,12 +103,15 @@ async def run_trials(cfg: DatasetConfig, tp: TunePlan, opts: TuneOptions,
 
 
 def _open_state(cfg: DatasetConfig, tp: TunePlan, opts: TuneOptions, work: Path) -> dict[str, Any]:
-    """This plan's state from an earlier run (state.py), or a fresh one with the store copied to seed/.
-    ConfigError when a fresh run finds the dataset at its target."""
+    """This plan's state from an earlier run (STATE_NAME: the trials measured, seed_done, the shipped profile's
+    greedy answers), or a fresh one with the store copied to seed/. ConfigError when the dataset is at its target."""
     key = {"shipped": tp.shipped.name, "candidates": [c.name for c in tp.candidates], "prompts": tp.prompts,
            "rounds": tp.rounds, "probe_prompts": opts.probe_prompts, "probe_max_new_tokens": opts.probe_max_new_tokens}
-    state = load_state(work, key)
-    if state is not None:
+    try:
+        state = orjson.loads((work / STATE_NAME).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        state = None
+    if isinstance(state, dict) and state.get("key") == orjson.loads(orjson.dumps(key)):  # not another plan's
         return state
     before = read_status(opts.output_root, cfg.name, cfg.target_samples)
     if before.done >= cfg.target_samples:
@@ -117,6 +125,26 @@ def _open_state(cfg: DatasetConfig, tp: TunePlan, opts: TuneOptions, work: Path)
     state = {"key": key, "seed_done": before.done, "trials": [], "reference": []}
     save_state(work, state)
     return state
+
+
+def save_state(folder: Path, state: dict[str, Any]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomic(folder / STATE_NAME, orjson.dumps(state, option=orjson.OPT_INDENT_2))
+
+
+def dump_sides(sides: list[PC.RefSide]) -> list[dict[str, Any]]:
+    def pos(ps: list[PM.Position]) -> list[Any]:
+        return [[p.token, p.logprob, [list(t) for t in p.top]] for p in ps]
+    return [{"id": s.prompt.id, "ids": s.ids, "free": pos(s.free), "forced": pos(s.forced)} for s in sides]
+
+
+def load_sides(rows: list[dict[str, Any]], prompts: list[Prompt]) -> list[PC.RefSide]:
+    """dump_sides' rows back, each with its prompt of `prompts` (the probe's, loaded again by id)."""
+    by_id = {p.id: p for p in prompts}
+
+    def pos(rows: list[Any]) -> list[PM.Position]:
+        return [PM.Position(t, lp, tuple((float(a), int(b)) for a, b in top)) for t, lp, top in rows]
+    return [PC.RefSide(by_id[r["id"]], r["ids"], pos(r["free"]), pos(r["forced"])) for r in rows if r["id"] in by_id]
 
 
 class _Trials:
