@@ -136,29 +136,6 @@ async def open_server(where: ServerProfile | str | None, role: str, log_dir: Pat
             tg.cancel_scope.cancel()
 
 
-def check_kv(opts: ProbeOptions, ref: ServerHandle, ref_kv: str | None, cmp_url: str, cmp_kv: str | None,
-             say: Callable[[str], None]) -> None:
-    """Refuse one KV dtype on both servers (ConfigError), once the reference answers and before any
-    request; warn when either dtype is unknown."""
-    if ref_kv is None or cmp_kv is None:
-        say(f"warning: cannot tell the KV dtype of {ref.base_urls[0] if ref_kv is None else cmp_url} "
-            "(no kv_cache_dtype in /server_info).")
-    elif ref_kv == cmp_kv and not opts.allow_same_kv:
-        raise ConfigError(f"Both servers use KV dtype {cmp_kv}; {_SAME_KV_HELP}")
-
-
-def warn_differences(opts: ProbeOptions, say: Callable[[str], None]) -> None:
-    """Warn when the two profiles differ in keys other than the KV dtype (and supervision timings)."""
-    ref, cmp = opts.reference, opts.compare
-    if isinstance(ref, ServerProfile) and isinstance(cmp, ServerProfile):
-        diff = [f.name for f in fields(ServerProfile)
-                if f.name not in _IGNORED_DIFFS and getattr(ref, f.name) != getattr(cmp, f.name)]
-        if diff:
-            say(f"warning: profiles {ref.name} and {cmp.name} also differ in "
-                f"{', '.join(diff)}; capacity and speed keys do not change the numbers, attention or "
-                "model keys (extra_args, model_path) would.")
-
-
 @dataclass
 class RefSide:
     """What the reference server gave for one prompt: the prompt ids, its greedy output, its own scores."""
@@ -209,7 +186,12 @@ async def _measure(http: Http, prompts: list[Prompt], folder: Path, cfg: Dataset
                    opts: ProbeOptions, say: Callable[[str], None]) -> tuple[Any, Any, dict[str, Any]]:
     """The reference side over every prompt, then the compare side. A launched compare server starts
     only once the reference is stopped; an attached one (already running) is checked first."""
-    warn_differences(opts, say)
+    ref_p, cmp_p = opts.reference, opts.compare  # two profiles that differ in more than the KV dtype: warned
+    if isinstance(ref_p, ServerProfile) and isinstance(cmp_p, ServerProfile) and (diff := [
+            f.name for f in fields(ServerProfile)
+            if f.name not in _IGNORED_DIFFS and getattr(ref_p, f.name) != getattr(cmp_p, f.name)]):
+        say(f"warning: profiles {ref_p.name} and {cmp_p.name} also differ in {', '.join(diff)}; capacity and speed "
+            "keys do not change the numbers, attention or model keys (extra_args, model_path) would.")
     say(f"probing {count(len(prompts))} prompts of {cfg.name}: greedy, max_new_tokens {opts.max_new_tokens}, "
         f"top-{opts.top_k} logprobs, teacher forcing in chunks of {opts.chunk or 'all'} tokens")
     attached = not isinstance(opts.compare, ServerProfile)
@@ -220,7 +202,11 @@ async def _measure(http: Http, prompts: list[Prompt], folder: Path, cfg: Dataset
             early = await stack.enter_async_context(open_server(
                 opts.compare, "compare", folder / "probe-kv" / "compare", http)) if attached else None
             cmp_kv = kv_dtype(early, None) if early else _profile_kv(opts.compare)
-            check_kv(opts, ref, ref_kv, early.base_urls[0] if early else "", cmp_kv, say)
+            if ref_kv is None or cmp_kv is None:  # checked once the reference answers, before any request
+                unknown = ref.base_urls[0] if ref_kv is None else early.base_urls[0] if early else ""
+                say(f"warning: cannot tell the KV dtype of {unknown} (no kv_cache_dtype in /server_info).")
+            elif ref_kv == cmp_kv and not opts.allow_same_kv:
+                raise ConfigError(f"Both servers use KV dtype {cmp_kv}; {_SAME_KV_HELP}")
             sides, failures = await each_prompt(prompts, [p.id for p in prompts], opts,
                                                 lambda p: reference_side(http, ref, p, cfg, opts))
             if early is not None:
@@ -277,15 +263,14 @@ def build_report(cfg: DatasetConfig, opts: ProbeOptions, servers: dict[str, Any]
         "dataset": cfg.name,
         "settings": {"samples": opts.samples, "max_new_tokens": opts.max_new_tokens, "top_logprobs_num": opts.top_k,
                      "teacher_forcing_chunk": opts.chunk, "temperature": 0.0},
-        "servers": servers, "thresholds": PM.thresholds(), "kl_estimator": PM.KL_ESTIMATOR,
+        "servers": servers, "thresholds": dict(PM.THRESHOLDS), "kl_estimator": PM.KL_ESTIMATOR,
         "aggregate": agg, "verdict": level, "verdict_line": line,
         "failed_prompts": failures, "per_prompt": [r.to_dict() for r in results],
     }
 
 
 def format_report(report: dict[str, Any], path: Path) -> str:
-    a = report["aggregate"]
-    s = report["servers"]
+    a, s = report["aggregate"], report["servers"]
     d = a["first_divergence"]
     med = "-" if d["median"] is None else f"{d['median']:g}"
     lines = [

@@ -12,6 +12,8 @@ from typing import Any
 
 TOP1_FINE, TOP1_CAUTION = 0.01, 0.03
 KL_FINE, KL_CAUTION = 0.01, 0.05
+THRESHOLDS = {"top1_change_fine": TOP1_FINE, "top1_change_caution": TOP1_CAUTION, "kl_mean_fine": KL_FINE,
+              "kl_mean_caution": KL_CAUTION}
 KL_ESTIMATOR = ("KL(P_ref || Q_cmp) over the reference top-k tokens plus one tail bucket; a lower bound "
                 "(bucketing never raises KL; a token missing from the compare top-k gets its k-th probability)")
 DIVERGENCE_BUCKETS = ((0, 1), (1, 10), (10, 50), (50, 100), (100, 200), (200, 500), (500, None))
@@ -141,7 +143,3 @@ def verdict(agg: dict[str, Any], kv_label: str = "fp8") -> tuple[str, str]:
              ": prefer bf16 KV for training data (the drafter would learn a shifted distribution).")
     return ("fine", "caution", "prefer-bf16")[level], head + tails[level]
 
-
-def thresholds() -> dict[str, Any]:
-    return {"top1_change_fine": TOP1_FINE, "top1_change_caution": TOP1_CAUTION,
-            "kl_mean_fine": KL_FINE, "kl_mean_caution": KL_CAUTION}

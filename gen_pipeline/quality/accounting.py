@@ -65,9 +65,7 @@ def merged(parts: Iterable[Mapping[str, int]]) -> dict[str, int]:
 
 def gpu_s_per_token(wall_s: float | None, gpus: int | None, decoded_tokens: int) -> float | None:
     """GPU-seconds one decoded token cost on average over the runs (None when unknown)."""
-    if not wall_s or not gpus or decoded_tokens <= 0:
-        return None
-    return wall_s * gpus / decoded_tokens
+    return wall_s * gpus / decoded_tokens if wall_s and gpus and decoded_tokens > 0 else None
 
 
 def saved_gpu_s(counts: Mapping[str, int], per_token: float | None) -> float | None:
