@@ -33,9 +33,8 @@ def format_duration(seconds: float | None) -> str:
 
 
 def write_line(line: str, stream: TextIO) -> bool:
-    """`line` and a newline to `stream`, flushed; False (and the stream's descriptor pointed at /dev/null)
-    when its reader has gone: `generate ... | tee log` after Ctrl-C killed tee, a terminal closed. A summary
-    that cannot be shown must not change the exit code nor end in a traceback (run.log keeps every line)."""
+    """`line` and a newline to `stream`, flushed; False (its descriptor pointed at /dev/null) when its reader has
+    gone (tee killed by Ctrl-C, a terminal closed): a summary not shown changes no exit code and raises nothing."""
     try:
         stream.write(line + "\n")
         stream.flush()

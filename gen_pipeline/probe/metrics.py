@@ -98,19 +98,8 @@ def _mean(xs: Sequence[float]) -> float:
 
 def percentile(xs: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (q in [0, 100]); 0.0 for no data."""
-    if not xs:
-        return 0.0
     s = sorted(xs)
-    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
-
-
-def _divergence(results: Sequence[PromptResult]) -> dict[str, Any]:
-    at = [r.first_divergence for r in results if r.first_divergence is not None]
-    hist = {f"{lo}-{hi - 1}" if hi else f"{lo}+": sum(1 for x in at if x >= lo and (hi is None or x < hi))
-            for lo, hi in DIVERGENCE_BUCKETS}
-    return {"diverged_prompts": len(at), "median": statistics.median(at) if at else None,
-            "p10": percentile(at, 10) if at else None, "p90": percentile(at, 90) if at else None,
-            "histogram": hist}
+    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))] if s else 0.0
 
 
 def aggregate(results: Sequence[PromptResult]) -> dict[str, Any]:
@@ -119,10 +108,15 @@ def aggregate(results: Sequence[PromptResult]) -> dict[str, Any]:
     kls = [x for r in results for x in r.kls]
     positions = sum(r.positions for r in results)
     agree = sum(r.top1_agree for r in results)
+    at = [r.first_divergence for r in results if r.first_divergence is not None]
+    hist = {f"{lo}-{hi - 1}" if hi else f"{lo}+": sum(1 for x in at if x >= lo and (hi is None or x < hi))
+            for lo, hi in DIVERGENCE_BUCKETS}
     return {
         "prompts": len(results),
         "exact_match_share": sum(r.exact_match for r in results) / len(results) if results else 0.0,
-        "first_divergence": _divergence(results),
+        "first_divergence": {"diverged_prompts": len(at), "median": statistics.median(at) if at else None,
+                             "p10": percentile(at, 10) if at else None, "p90": percentile(at, 90) if at else None,
+                             "histogram": hist},
         "positions": positions,
         "top1_agreement_share": agree / positions if positions else 1.0,
         "top1_change_share": 1.0 - agree / positions if positions else 0.0,

@@ -35,25 +35,18 @@ def bf16():
 
 
 def _record_launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    """Wrap probe-kv's run_server: (start|up|stopped, role) in the order they happen."""
+    """Wrap probe-kv's run_server: (start|stopped, role) in the order they happen."""
     from gen_pipeline.probe import core
 
     events: list[tuple[str, str]] = []
     real = core.run_server
 
-    async def recording(profile, *, log_dir, http, task_status):
-        role = log_dir.name
-        events.append(("start", role))
-
-        class Status:
-            def started(self, handle):
-                events.append(("up", role))
-                task_status.started(handle)
-
+    async def recording(profile, *, log_dir, **kw):
+        events.append(("start", log_dir.name))
         try:
-            await real(profile, log_dir=log_dir, http=http, task_status=Status())
+            await real(profile, log_dir=log_dir, **kw)
         finally:
-            events.append(("stopped", role))  # run_server returns once the process group is gone
+            events.append(("stopped", log_dir.name))  # run_server returns once the process group is gone
 
     monkeypatch.setattr(core, "run_server", recording)
     return events
@@ -66,8 +59,7 @@ def test_probe_recovers_injected_rate_through_launched_profiles_one_after_the_ot
     r = run_cli("probe-kv", "--dataset", "demo", "--server", "sim-bf16", "--compare", "sim-fp8",
                 "--samples", "30", "--max-new-tokens", "96", "--output-dir", tmp_path, timeout_s=240)
     assert r.returncode == 0, r.stderr + r.stdout
-    assert events == [("start", "reference"), ("up", "reference"), ("stopped", "reference"),
-                      ("start", "compare"), ("up", "compare"), ("stopped", "compare")]
+    assert events == [("start", "reference"), ("stopped", "reference"), ("start", "compare"), ("stopped", "compare")]
     rep = _report(tmp_path)
     agg = rep["aggregate"]
     assert agg["prompts"] == 30 and len(rep["per_prompt"]) == 30 and rep["failed_prompts"] == []
