@@ -60,9 +60,9 @@ class ProbeOptions:
 def probe_servers(config_dir: Path, *, server: str | None = None, server_url: str | None = None,
                   compare: str | None = None, compare_url: str | None = None,
                   allow_same_kv: bool = False) -> tuple[ServerProfile | str, ServerProfile | str]:
-    """probe-kv's two servers from its flags (each keyword is the flag of that name): a profile of
-    config_dir/server.toml to launch (reference: baseline, compare: tuned by default) or a URL to
-    attach. Raises ConfigError for a missing compare server or the same URL twice."""
+    """probe-kv's two servers from its flags (each keyword is the flag of that name): a profile of server.toml to launch
+    (reference: baseline, compare: tuned by default) or a URL. Refused before any launch (ConfigError; ServerError:
+    SGLang not installed): no compare server, one URL twice, a backend not SGLang, one KV dtype in both profiles."""
     if server_url and not (compare_url or compare):
         raise ConfigError("probe-kv needs a compare server: add --compare-url URL (a second server that differs "
                           "only in KV dtype, e.g. fp8_e4m3) or --compare PROFILE to launch one.")
@@ -73,13 +73,6 @@ def probe_servers(config_dir: Path, *, server: str | None = None, server_url: st
     if isinstance(ref, str) and ref == cmp and not allow_same_kv:
         raise ConfigError(f"--server-url and --compare-url are the same server ({ref}); give two servers "
                           "that differ in KV dtype (or add --allow-same-kv for a noise-floor run against itself).")
-    check_profiles(ref, cmp, allow_same_kv)
-    return ref, cmp
-
-
-def check_profiles(ref: ServerProfile | str, cmp: ServerProfile | str, allow_same_kv: bool) -> None:
-    """The refusals the profiles decide before anything is launched: a backend other than SGLang, SGLang
-    not installed (ServerError), both profiles with one KV dtype (ConfigError)."""
     profiles = [(role, p) for role, p in (("reference", ref), ("compare", cmp)) if isinstance(p, ServerProfile)]
     for role, p in profiles:
         if p.backend not in ("sglang", "sim"):
@@ -89,6 +82,7 @@ def check_profiles(ref: ServerProfile | str, cmp: ServerProfile | str, allow_sam
     if (isinstance(ref, ServerProfile) and isinstance(cmp, ServerProfile) and not allow_same_kv
             and (a := _profile_kv(ref)) == _profile_kv(cmp)):
         raise ConfigError(f"Both servers use KV dtype {a} ({ref.where} and [profile.{cmp.name}]). {_SAME_KV_HELP}")
+    return ref, cmp
 
 
 def first_turn(prompt: Prompt) -> list[dict[str, str]]:

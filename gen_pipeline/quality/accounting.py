@@ -19,9 +19,7 @@ def int_or_zero(v: Any) -> int:
 def add_meta(counts: dict[str, int], meta: Mapping[str, Any]) -> None:
     """A written row's turns (meta.per_turn; rows written before the gate have none: nothing added)."""
     per_turn = meta.get("per_turn")
-    if not isinstance(per_turn, list):
-        return
-    for t in per_turn:
+    for t in per_turn if isinstance(per_turn, list) else ():
         if not isinstance(t, dict):
             continue
         _add(counts, "turns", 1)
@@ -88,9 +86,7 @@ def format_gate(counts: Mapping[str, int], saved: float | None = None, unit: str
     parts = [f"{loops:,} loop{'' if loops == 1 else 's'} caught" + (f" ({kept:,} kept cut)" if kept else ""),
              f"{empty:,} empty answer{'' if empty == 1 else 's'} retried", f"{leaks:,} leak{'' if leaks == 1 else 's'} "
              "flagged"]
-    tail = f"{not_decoded:,} tokens not decoded"
-    if saved is not None:
-        tail += f" (~{format_gpu_s(saved, unit)} saved)"
+    tail = f"{not_decoded:,} tokens not decoded" + ("" if saved is None else f" (~{format_gpu_s(saved, unit)} saved)")
     return f"quality gate: {', '.join(parts)}; {tail}, {discarded:,} decoded and discarded"
 
 
@@ -105,8 +101,7 @@ def spec_figure(counts: Mapping[str, int], server_wide: float | None) -> dict[st
 
 def format_spec(counts: Mapping[str, int], server_wide: float | None) -> str:
     """One line on spec_figure (status, the card); "" when no draft ran."""
-    fig = spec_figure(counts, server_wide)
-    if fig is None:
+    if (fig := spec_figure(counts, server_wide)) is None:
         return ""
     head = f"draft acceptance: {fig['accept_length']:.2f} tokens per verify step"
     if fig["scope"] == "turns":

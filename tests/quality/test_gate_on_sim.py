@@ -35,11 +35,6 @@ def sim():
         yield s
 
 
-def _dataset(folder: Path, policy: str, rows: int = ROWS) -> Path:
-    return write_dataset(folder, target=rows, max_new_tokens=MAX_NEW, shard_max_samples=16, fsync_every=4,
-                         rows=make_rows(rows), extra=f'on_loop = "{policy}"')
-
-
 def _loops(url: str) -> list[dict]:
     return httpx.get(url + "/sim/stats", timeout=5).json()["loops"]
 
@@ -55,7 +50,8 @@ def _run(url: str, toml: Path, out: Path):
 
 def _generate(sim, policy: str, tmp_path: Path, rc: int | None = 0) -> tuple[Path, Path, list[dict], str]:
     """One run; the loops the sim wrote during it (each checked: aborted within ABORT_WITHIN)."""
-    toml, out = _dataset(tmp_path / "ds", policy), tmp_path / "out"
+    toml, out = write_dataset(tmp_path / "ds", target=ROWS, max_new_tokens=MAX_NEW, shard_max_samples=16, fsync_every=4,
+                              rows=make_rows(ROWS), extra=f'on_loop = "{policy}"'), tmp_path / "out"
     before = len(_loops(sim.url))
     r = _run(sim.url, toml, out)
     failed = _errors(out)
