@@ -130,8 +130,7 @@ class RepetitionDetector:
         # A word the turn has not used before means the text still brings something new: a list of
         # names, a licence with another holder, a table of measurements.
         novel = word not in self._seen
-        if novel:
-            self._seen.add(word)
+        self._seen.add(word)
         gram = self._gram
         gram.append(word)
         if word.isalnum() and not word.isdecimal():
