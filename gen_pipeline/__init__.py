@@ -1,18 +1,9 @@
-"""gen_pipeline: regenerate prompt datasets with a target model on SGLang into EAGLE-3
-(SpecForge) training data. The CLI is `gen-pipeline` (gen_pipeline.cli); the library does the work
-and refuses what the CLI refuses, with the same messages:
+"""gen_pipeline: regenerate prompt datasets with a target model on SGLang into EAGLE-3 (SpecForge) training
+data. The CLI is `gen-pipeline`; the library refuses what it refuses, with the same messages:
 
-    import anyio
-    from gen_pipeline import RunOptions, find_dataset_config, run_generate
     summary = anyio.run(run_generate, find_dataset_config("B2"), RunOptions(server_urls=("http://gpu:30000",)))
 
-Several datasets through one server: `run_job(find_dataset_configs(["B1,B2"]), opts)`; `generate`'s
-flags → RunOptions: `run_options(cfgs, limit=..., ...)`. Read-only: `status_all`, `validate_dataset`,
-`run_check`, `run_export`.
-
-Logging: the library only emits records under the `gen_pipeline` logger (a dataset's carry its name in
-`record.dataset`; `gen_pipeline.journal` is a run's record) and shows nothing until you configure logging.
-A progress display is an observer: `RunOptions(on_progress=gen_pipeline.run.Progress().update)`.
+It emits log records under the `gen_pipeline` logger only and shows nothing until you configure logging.
 """
 
 from __future__ import annotations

@@ -27,16 +27,14 @@ def format_duration(seconds: float | None) -> str:
     """Seconds as a user reads them: 5s, 1m05s, 27h01m ("?" when unknown)."""
     if seconds is None:
         return "?"
-    seconds = int(seconds)
-    h, rem = divmod(seconds, 3600)
+    h, rem = divmod(int(seconds), 3600)
     m, s = divmod(rem, 60)
     return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
 def write_line(line: str, stream: TextIO) -> bool:
-    """`line` and a newline to `stream`, flushed; False (and the stream's descriptor pointed at /dev/null)
-    when its reader has gone: `generate ... | tee log` after Ctrl-C killed tee, a terminal closed. A summary
-    that cannot be shown must not change the exit code nor end in a traceback (run.log keeps every line)."""
+    """`line` and a newline to `stream`, flushed; False (its descriptor pointed at /dev/null) when its reader has
+    gone (tee killed by Ctrl-C, a terminal closed): a summary not shown changes no exit code and raises nothing."""
     try:
         stream.write(line + "\n")
         stream.flush()

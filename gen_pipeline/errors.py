@@ -27,9 +27,7 @@ class ConfigError(GenPipelineError):
     exit_code = 2
 
 
-class SourceShortError(GenPipelineError):
-    """`check` (and `generate` before it launches) found fewer valid rows than the remaining target."""
-
+class SourceShortError(GenPipelineError):  # raised by `check`, and by `generate` before it launches
     exit_code = 5
 
 

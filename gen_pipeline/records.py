@@ -68,10 +68,8 @@ class Sample:
 
     def to_json(self) -> bytes:
         """One JSON line, newline included."""
-        return orjson.dumps(
-            {"id": self.id, "dataset": self.dataset, "conversations": self.conversations, "meta": self.meta},
-            option=orjson.OPT_APPEND_NEWLINE,
-        )
+        return orjson.dumps({"id": self.id, "dataset": self.dataset, "conversations": self.conversations,
+                             "meta": self.meta}, option=orjson.OPT_APPEND_NEWLINE)
 
 
 @dataclass(slots=True)
@@ -87,11 +85,9 @@ class Failure:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
-        return orjson.dumps(
-            {"id": self.id, "dataset": self.dataset, "reason": self.reason, "detail": self.detail,
-             "attempts": self.attempts, "retryable": self.retryable, **self.extra},
-            option=orjson.OPT_APPEND_NEWLINE,
-        )
+        return orjson.dumps({"id": self.id, "dataset": self.dataset, "reason": self.reason, "detail": self.detail,
+                             "attempts": self.attempts, "retryable": self.retryable, **self.extra},
+                            option=orjson.OPT_APPEND_NEWLINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,11 +103,8 @@ class Reject:
 
     def to_json(self) -> bytes:
         where = {"file": self.file, "line": self.line} if self.file else {}
-        return orjson.dumps(
-            {"dataset": self.dataset, "row": self.source_index, "reason": self.reason, "detail": self.detail,
-             **where},
-            option=orjson.OPT_APPEND_NEWLINE,
-        )
+        return orjson.dumps({"dataset": self.dataset, "row": self.source_index, "reason": self.reason,
+                             "detail": self.detail, **where}, option=orjson.OPT_APPEND_NEWLINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,9 +139,8 @@ class LoadSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class RunSnapshot:
-    """One moment of a run (one dataset, or a job's datasets summed): what the progress display, the
-    manifest's progress record, a telemetry row and `RunOptions.load_observers` show. Server figures are
-    None when the last poll failed or the server does not expose them."""
+    """One moment of a run (one dataset, or a job's datasets summed): what progress, the manifest, telemetry and
+    `RunOptions.load_observers` show. Server figures are None when the last poll failed or is not exposed."""
 
     done: int  # samples in the store (committed or about to be)
     target: int

@@ -1,7 +1,6 @@
-"""The signals that stop a run (SIGINT, SIGTERM, SIGHUP: a closed terminal), held from the CLI's first line
-until a job listens (run/shutdown.py). Standard library only: the CLI enters `hold_signals` before it imports
-anything else, so a signal during the imports does not kill the process without its summary, its lock left.
-"""
+"""The signals that stop a run (SIGINT, SIGTERM, SIGHUP), held from the CLI's first line until a job listens
+(run/shutdown.py). Standard library only: a signal during the imports must not kill the process without its
+summary, its lock left."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""`gen-pipeline probe-kv`: what a KV-cache dtype (fp8_e4m3) does to the target model's outputs.
-
-Two servers that differ only in KV dtype get the same prompt ids. Each decodes greedily (exact match, first
-divergence) and scores the reference's output teacher-forced, so a divergence does not compound. Two launched
-profiles run one after the other (two copies of the model rarely fit one node). SGLang only.
-"""
+"""`gen-pipeline probe-kv`: two SGLang servers that differ only in KV dtype get the same prompt ids; each decodes
+greedily and scores the reference's output teacher-forced (a divergence does not compound). Launched profiles run
+one after the other: two copies of the model rarely fit one node."""
 
 from __future__ import annotations
 
@@ -12,6 +9,7 @@ import itertools
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, fields
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -62,27 +60,19 @@ class ProbeOptions:
 def probe_servers(config_dir: Path, *, server: str | None = None, server_url: str | None = None,
                   compare: str | None = None, compare_url: str | None = None,
                   allow_same_kv: bool = False) -> tuple[ServerProfile | str, ServerProfile | str]:
-    """probe-kv's two servers from its flags (each keyword is the flag of that name): a profile of
-    config_dir/server.toml to launch (reference: baseline, compare: tuned by default) or a URL to
-    attach. Raises ConfigError for a missing compare server or the same URL twice."""
+    """probe-kv's two servers from its flags (each keyword is the flag of that name): a profile of server.toml to launch
+    (reference: baseline, compare: tuned by default) or a URL. Refused before any launch (ConfigError; ServerError:
+    SGLang not installed): no compare server, one URL twice, a backend not SGLang, one KV dtype in both profiles."""
     if server_url and not (compare_url or compare):
         raise ConfigError("probe-kv needs a compare server: add --compare-url URL (a second server that differs "
                           "only in KV dtype, e.g. fp8_e4m3) or --compare PROFILE to launch one.")
     toml = config_dir / "server.toml"
-    ref = (normalise_server_url(server_url) if server_url
-           else load_server_profile(server or "baseline", toml))
+    ref = normalise_server_url(server_url) if server_url else load_server_profile(server or "baseline", toml)
     cmp = (normalise_server_url(compare_url, "--compare-url") if compare_url
            else load_server_profile(compare or "tuned", toml))
     if isinstance(ref, str) and ref == cmp and not allow_same_kv:
         raise ConfigError(f"--server-url and --compare-url are the same server ({ref}); give two servers "
                           "that differ in KV dtype (or add --allow-same-kv for a noise-floor run against itself).")
-    check_profiles(ref, cmp, allow_same_kv)
-    return ref, cmp
-
-
-def check_profiles(ref: ServerProfile | str, cmp: ServerProfile | str, allow_same_kv: bool) -> None:
-    """The refusals the profiles decide before anything is launched: a backend other than SGLang, SGLang
-    not installed (ServerError), both profiles with one KV dtype (ConfigError)."""
     profiles = [(role, p) for role, p in (("reference", ref), ("compare", cmp)) if isinstance(p, ServerProfile)]
     for role, p in profiles:
         if p.backend not in ("sglang", "sim"):
@@ -92,16 +82,13 @@ def check_profiles(ref: ServerProfile | str, cmp: ServerProfile | str, allow_sam
     if (isinstance(ref, ServerProfile) and isinstance(cmp, ServerProfile) and not allow_same_kv
             and (a := _profile_kv(ref)) == _profile_kv(cmp)):
         raise ConfigError(f"Both servers use KV dtype {a} ({ref.where} and [profile.{cmp.name}]). {_SAME_KV_HELP}")
+    return ref, cmp
 
 
 def first_turn(prompt: Prompt) -> list[dict[str, str]]:
     """The conversation up to and including its first user turn (system message kept)."""
-    out = []
-    for m in prompt.messages:
-        out.append({"role": m["role"], "content": m["content"]})
-        if m["role"] == "user":
-            break
-    return out
+    end = next((i for i, m in enumerate(prompt.messages) if m["role"] == "user"), len(prompt.messages) - 1)
+    return [{"role": m["role"], "content": m["content"]} for m in prompt.messages[:end + 1]]
 
 
 def load_prompts(cfg: DatasetConfig, n: int) -> list[Prompt]:
@@ -131,11 +118,9 @@ async def open_server(where: ServerProfile | str | None, role: str, log_dir: Pat
     """Launch a profile (its log in log_dir; stopped on exit) or attach a URL; refuse a server that is not
     SGLang (probe-kv and tune)."""
     async with anyio.create_task_group() as tg:
-        if isinstance(where, ServerProfile):
-            h = await tg.start(lambda task_status: run_server(
-                where, log_dir=log_dir, http=http, task_status=task_status))
-        else:
-            h = await tg.start(lambda task_status: run_attached([str(where)], http=http, task_status=task_status))
+        run = partial(run_server, where, log_dir=log_dir) if isinstance(where, ServerProfile) else partial(
+            run_attached, [str(where)])
+        h = await tg.start(partial(run, http=http))
         try:
             if h.info.get("backend") not in (None, "sglang"):
                 raise ServerError(f"The {role} server {h.base_urls[0]} is not SGLang (it has no /server_info; "
@@ -143,29 +128,6 @@ async def open_server(where: ServerProfile | str | None, role: str, log_dir: Pat
             yield h
         finally:
             tg.cancel_scope.cancel()
-
-
-def check_kv(opts: ProbeOptions, ref: ServerHandle, ref_kv: str | None, cmp_url: str, cmp_kv: str | None,
-             say: Callable[[str], None]) -> None:
-    """Refuse one KV dtype on both servers (ConfigError), once the reference answers and before any
-    request; warn when either dtype is unknown."""
-    if ref_kv is None or cmp_kv is None:
-        say(f"warning: cannot tell the KV dtype of {ref.base_urls[0] if ref_kv is None else cmp_url} "
-            "(no kv_cache_dtype in /server_info).")
-    elif ref_kv == cmp_kv and not opts.allow_same_kv:
-        raise ConfigError(f"Both servers use KV dtype {cmp_kv}; {_SAME_KV_HELP}")
-
-
-def warn_differences(opts: ProbeOptions, say: Callable[[str], None]) -> None:
-    """Warn when the two profiles differ in keys other than the KV dtype (and supervision timings)."""
-    ref, cmp = opts.reference, opts.compare
-    if isinstance(ref, ServerProfile) and isinstance(cmp, ServerProfile):
-        diff = [f.name for f in fields(ServerProfile)
-                if f.name not in _IGNORED_DIFFS and getattr(ref, f.name) != getattr(cmp, f.name)]
-        if diff:
-            say(f"warning: profiles {ref.name} and {cmp.name} also differ in "
-                f"{', '.join(diff)}; capacity and speed keys do not change the numbers, attention or "
-                "model keys (extra_args, model_path) would.")
 
 
 @dataclass
@@ -218,7 +180,12 @@ async def _measure(http: Http, prompts: list[Prompt], folder: Path, cfg: Dataset
                    opts: ProbeOptions, say: Callable[[str], None]) -> tuple[Any, Any, dict[str, Any]]:
     """The reference side over every prompt, then the compare side. A launched compare server starts
     only once the reference is stopped; an attached one (already running) is checked first."""
-    warn_differences(opts, say)
+    ref_p, cmp_p = opts.reference, opts.compare  # two profiles that differ in more than the KV dtype: warned
+    if isinstance(ref_p, ServerProfile) and isinstance(cmp_p, ServerProfile) and (diff := [
+            f.name for f in fields(ServerProfile)
+            if f.name not in _IGNORED_DIFFS and getattr(ref_p, f.name) != getattr(cmp_p, f.name)]):
+        say(f"warning: profiles {ref_p.name} and {cmp_p.name} also differ in {', '.join(diff)}; capacity and speed "
+            "keys do not change the numbers, attention or model keys (extra_args, model_path) would.")
     say(f"probing {count(len(prompts))} prompts of {cfg.name}: greedy, max_new_tokens {opts.max_new_tokens}, "
         f"top-{opts.top_k} logprobs, teacher forcing in chunks of {opts.chunk or 'all'} tokens")
     attached = not isinstance(opts.compare, ServerProfile)
@@ -229,7 +196,11 @@ async def _measure(http: Http, prompts: list[Prompt], folder: Path, cfg: Dataset
             early = await stack.enter_async_context(open_server(
                 opts.compare, "compare", folder / "probe-kv" / "compare", http)) if attached else None
             cmp_kv = kv_dtype(early, None) if early else _profile_kv(opts.compare)
-            check_kv(opts, ref, ref_kv, early.base_urls[0] if early else "", cmp_kv, say)
+            if ref_kv is None or cmp_kv is None:  # checked once the reference answers, before any request
+                unknown = ref.base_urls[0] if ref_kv is None else early.base_urls[0] if early else ""
+                say(f"warning: cannot tell the KV dtype of {unknown} (no kv_cache_dtype in /server_info).")
+            elif ref_kv == cmp_kv and not opts.allow_same_kv:
+                raise ConfigError(f"Both servers use KV dtype {cmp_kv}; {_SAME_KV_HELP}")
             sides, failures = await each_prompt(prompts, [p.id for p in prompts], opts,
                                                 lambda p: reference_side(http, ref, p, cfg, opts))
             if early is not None:
@@ -286,15 +257,14 @@ def build_report(cfg: DatasetConfig, opts: ProbeOptions, servers: dict[str, Any]
         "dataset": cfg.name,
         "settings": {"samples": opts.samples, "max_new_tokens": opts.max_new_tokens, "top_logprobs_num": opts.top_k,
                      "teacher_forcing_chunk": opts.chunk, "temperature": 0.0},
-        "servers": servers, "thresholds": PM.thresholds(), "kl_estimator": PM.KL_ESTIMATOR,
+        "servers": servers, "thresholds": dict(PM.THRESHOLDS), "kl_estimator": PM.KL_ESTIMATOR,
         "aggregate": agg, "verdict": level, "verdict_line": line,
         "failed_prompts": failures, "per_prompt": [r.to_dict() for r in results],
     }
 
 
 def format_report(report: dict[str, Any], path: Path) -> str:
-    a = report["aggregate"]
-    s = report["servers"]
+    a, s = report["aggregate"], report["servers"]
     d = a["first_divergence"]
     med = "-" if d["median"] is None else f"{d['median']:g}"
     lines = [

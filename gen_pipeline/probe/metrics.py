@@ -1,12 +1,6 @@
-"""The KV-dtype probe's arithmetic (pure): per-prompt comparison, aggregate, thresholds, verdict.
-
-KL estimator: KL(P_ref || Q_cmp) per teacher-forced position over the reference's top-k tokens plus
-one tail bucket. Merging tokens never raises KL (log-sum inequality), so read it as "at least this much".
-
-Thresholds: a drafter trained on fp8-KV outputs learns another token than the bf16 target picks at about
-the top-1 change share d of positions, so its accept rate drops by at most about d; mean KL plays the same
-part for sampled data.
-"""
+"""The KV-dtype probe's arithmetic (pure). Why the thresholds: a drafter trained on fp8-KV outputs learns another
+token than the bf16 target picks at about the top-1 change share d of positions, so its accept rate drops by at
+most about d; mean KL plays the same part for sampled data."""
 
 from __future__ import annotations
 
@@ -18,6 +12,8 @@ from typing import Any
 
 TOP1_FINE, TOP1_CAUTION = 0.01, 0.03
 KL_FINE, KL_CAUTION = 0.01, 0.05
+THRESHOLDS = {"top1_change_fine": TOP1_FINE, "top1_change_caution": TOP1_CAUTION, "kl_mean_fine": KL_FINE,
+              "kl_mean_caution": KL_CAUTION}
 KL_ESTIMATOR = ("KL(P_ref || Q_cmp) over the reference top-k tokens plus one tail bucket; a lower bound "
                 "(bucketing never raises KL; a token missing from the compare top-k gets its k-th probability)")
 DIVERGENCE_BUCKETS = ((0, 1), (1, 10), (10, 50), (50, 100), (100, 200), (200, 500), (500, None))
@@ -67,7 +63,8 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 
 def kl_topk(p_top: Sequence[tuple[float, int]], q_top: Sequence[tuple[float, int]]) -> float:
-    """The bucketed KL estimate of one position (see the module docstring)."""
+    """KL(P_ref || Q_cmp) over the reference's top-k tokens plus one tail bucket: merging tokens never raises KL
+    (log-sum inequality), so read it as "at least this much"."""
     if not p_top or not q_top:
         return 0.0
     q_lp = {t: lp for lp, t in q_top}
@@ -101,19 +98,8 @@ def _mean(xs: Sequence[float]) -> float:
 
 def percentile(xs: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (q in [0, 100]); 0.0 for no data."""
-    if not xs:
-        return 0.0
     s = sorted(xs)
-    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
-
-
-def _divergence(results: Sequence[PromptResult]) -> dict[str, Any]:
-    at = [r.first_divergence for r in results if r.first_divergence is not None]
-    hist = {f"{lo}-{hi - 1}" if hi else f"{lo}+": sum(1 for x in at if x >= lo and (hi is None or x < hi))
-            for lo, hi in DIVERGENCE_BUCKETS}
-    return {"diverged_prompts": len(at), "median": statistics.median(at) if at else None,
-            "p10": percentile(at, 10) if at else None, "p90": percentile(at, 90) if at else None,
-            "histogram": hist}
+    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))] if s else 0.0
 
 
 def aggregate(results: Sequence[PromptResult]) -> dict[str, Any]:
@@ -122,10 +108,15 @@ def aggregate(results: Sequence[PromptResult]) -> dict[str, Any]:
     kls = [x for r in results for x in r.kls]
     positions = sum(r.positions for r in results)
     agree = sum(r.top1_agree for r in results)
+    at = [r.first_divergence for r in results if r.first_divergence is not None]
+    hist = {f"{lo}-{hi - 1}" if hi else f"{lo}+": sum(1 for x in at if x >= lo and (hi is None or x < hi))
+            for lo, hi in DIVERGENCE_BUCKETS}
     return {
         "prompts": len(results),
         "exact_match_share": sum(r.exact_match for r in results) / len(results) if results else 0.0,
-        "first_divergence": _divergence(results),
+        "first_divergence": {"diverged_prompts": len(at), "median": statistics.median(at) if at else None,
+                             "p10": percentile(at, 10) if at else None, "p90": percentile(at, 90) if at else None,
+                             "histogram": hist},
         "positions": positions,
         "top1_agreement_share": agree / positions if positions else 1.0,
         "top1_change_share": 1.0 - agree / positions if positions else 0.0,
@@ -146,7 +137,3 @@ def verdict(agg: dict[str, Any], kv_label: str = "fp8") -> tuple[str, str]:
              ": prefer bf16 KV for training data (the drafter would learn a shifted distribution).")
     return ("fine", "caution", "prefer-bf16")[level], head + tails[level]
 
-
-def thresholds() -> dict[str, Any]:
-    return {"top1_change_fine": TOP1_FINE, "top1_change_caution": TOP1_CAUTION,
-            "kl_mean_fine": KL_FINE, "kl_mean_caution": KL_CAUTION}

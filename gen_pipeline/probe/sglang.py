@@ -1,16 +1,6 @@
-"""The probe's requests to SGLang (read from SGLang 0.5.17's source, python/sglang/srt/).
-
-Teacher forcing sends prompt + reference[:b] with logprob_start_len = P + a - 1; SGLang puts None at the
-first input position (logprob_result_processor.py), so entry j >= 1 scores reference token a + j - 1.
-
-Why chunks: SGLang's prefill attention reads the tokens being extended in the model dtype and only
-the cached prefix from the (fp8) KV pool, so one prefill of the whole reference would hide fp8's
-effect; scoring `chunk` tokens per request on the previous one's cached prefix reads the rest from
-the pool, as decode does (cached_tokens tells whether the reuse happened).
-
-Run the probe on servers with no other traffic: a batch that mixes greedy and sampled requests takes
-the logprobs after top-k/top-p filtering (layers/sampler.py).
-"""
+"""The probe's requests to SGLang (read from SGLang 0.5.17's python/sglang/srt/). Run it on servers with no other
+traffic: a batch that mixes greedy and sampled requests takes the logprobs after top-k/top-p filtering
+(layers/sampler.py)."""
 
 from __future__ import annotations
 
@@ -106,19 +96,20 @@ def parse_positions(entries: Any, tops: Any, where: str) -> list[Position]:
     return out
 
 
-async def free_run(http: Http, url: str, ids: list[int], max_new_tokens: int,
-                   top_k: int) -> list[Position]:
+async def free_run(http: Http, url: str, ids: list[int], max_new_tokens: int, top_k: int) -> list[Position]:
     """Greedy decode from `ids`: the output tokens with their logprobs and top-k."""
     data = await _post(http, url + "/generate", _generate_body(ids, max_new_tokens, top_k, -1))
     meta = data.get("meta_info") or {}
-    return parse_positions(meta.get("output_token_logprobs"), meta.get("output_top_logprobs"),
-                           f"{url}/generate output")
+    return parse_positions(meta.get("output_token_logprobs"), meta.get("output_top_logprobs"), f"{url}/generate output")
 
 
 async def score(http: Http, url: str, prompt: list[int], reference: list[int], top_k: int,
                 chunk: int) -> tuple[list[Position], int, int]:
     """Teacher-forced scoring of `reference` after `prompt`, `chunk` tokens per request (0: one
     request). Returns (positions, cached tokens reported, prefix tokens that could have been cached)."""
+    # Why chunks: SGLang's prefill attention reads the tokens being extended in the model dtype and only the
+    # cached prefix from the (fp8) KV pool; each chunk scored on the previous one's cached prefix reads the
+    # rest from the pool, as decode does.
     step = chunk if chunk > 0 else max(1, len(reference))
     out: list[Position] = []
     cached = reusable = 0
@@ -132,6 +123,8 @@ async def score(http: Http, url: str, prompt: list[int], reference: list[int], t
             got_n = len(entries) if isinstance(entries, list) else entries
             raise ProbeRequestError(f"{url}/generate: expected {b - a + 1} input logprobs from "
                                     f"logprob_start_len={start}, got {got_n!r}")
+        # SGLang puts None at the first input position (logprob_result_processor.py): entry j >= 1 scores
+        # reference token a + j - 1
         got = parse_positions(entries[1:], tops[1:], f"{url}/generate input")
         if not echoes(reference[a:b], [p.token for p in got]):
             raise ProbeRequestError(f"{url}/generate: input logprobs are not for the tokens sent")

@@ -1,22 +1,13 @@
-"""The quality gate's figures over a dataset (`status`, `validate`, `report`, the card), from the
-rows' meta.per_turn as they are written (kept per sealed shard in the manifest) and errors.jsonl.
-
-GPU-seconds saved by early aborts (an estimate, stated as such wherever it is shown):
-
-    saved_gpu_s = tokens_not_decoded × gpu_s_per_token
-    tokens_not_decoded = Σ over aborted attempts of (max_new_tokens − tokens decoded when the stream closed)
-    gpu_s_per_token = run wall seconds × GPUs ÷ every token the runs decoded (written + discarded)
-
-It assumes a loop would have run to its cap and ignores the KV it would have held: a lower bound.
-"""
+"""The quality gate's figures over a dataset, from the rows' meta.per_turn and errors.jsonl. The GPU-seconds saved
+by early aborts (SAVED_FORMULA) assume a loop would have run to its cap and ignore the KV it would have held: an
+estimate, a lower bound, stated as such wherever it is shown."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-SAVED_FORMULA = ("tokens not decoded up to max_new_tokens × the runs' wall time × GPUs ÷ every token they "
-                 "decoded")
+SAVED_FORMULA = "tokens not decoded up to max_new_tokens × the runs' wall time × GPUs ÷ every token they decoded"
 FAILURE_KEYS = ("loops", "empty", "tokens_not_decoded", "discarded_tokens")  # what Failure.extra records
 
 
@@ -28,9 +19,7 @@ def int_or_zero(v: Any) -> int:
 def add_meta(counts: dict[str, int], meta: Mapping[str, Any]) -> None:
     """A written row's turns (meta.per_turn; rows written before the gate have none: nothing added)."""
     per_turn = meta.get("per_turn")
-    if not isinstance(per_turn, list):
-        return
-    for t in per_turn:
+    for t in per_turn if isinstance(per_turn, list) else ():
         if not isinstance(t, dict):
             continue
         _add(counts, "turns", 1)
@@ -74,9 +63,7 @@ def merged(parts: Iterable[Mapping[str, int]]) -> dict[str, int]:
 
 def gpu_s_per_token(wall_s: float | None, gpus: int | None, decoded_tokens: int) -> float | None:
     """GPU-seconds one decoded token cost on average over the runs (None when unknown)."""
-    if not wall_s or not gpus or decoded_tokens <= 0:
-        return None
-    return wall_s * gpus / decoded_tokens
+    return wall_s * gpus / decoded_tokens if wall_s and gpus and decoded_tokens > 0 else None
 
 
 def saved_gpu_s(counts: Mapping[str, int], per_token: float | None) -> float | None:
@@ -89,8 +76,8 @@ def decoded_tokens(counts: Mapping[str, int], written_completion_tokens: int) ->
 
 
 def format_gate(counts: Mapping[str, int], saved: float | None = None, unit: str = "GPU") -> str:
-    """One line: `quality gate: 12 loops caught (3 kept cut), 4 empty answers retried, 2 leaks flagged;
-    48,512 tokens not decoded (~0.41 GPU-h saved), 6,020 discarded`; "" when the gate saw nothing."""
+    """One line: `quality gate: 12 loops caught (3 kept cut), 4 empty answers retried, 2 leaks flagged; 48,512
+    tokens not decoded (~0.41 GPU-h saved), 6,020 decoded and discarded`; "" when the gate saw nothing."""
     loops, empty, leaks = counts.get("loops", 0), counts.get("empty", 0), counts.get("leaks", 0)
     not_decoded, discarded = counts.get("tokens_not_decoded", 0), counts.get("discarded_tokens", 0)
     if not (loops or empty or leaks or not_decoded or discarded):
@@ -99,9 +86,7 @@ def format_gate(counts: Mapping[str, int], saved: float | None = None, unit: str
     parts = [f"{loops:,} loop{'' if loops == 1 else 's'} caught" + (f" ({kept:,} kept cut)" if kept else ""),
              f"{empty:,} empty answer{'' if empty == 1 else 's'} retried", f"{leaks:,} leak{'' if leaks == 1 else 's'} "
              "flagged"]
-    tail = f"{not_decoded:,} tokens not decoded"
-    if saved is not None:
-        tail += f" (~{format_gpu_s(saved, unit)} saved)"
+    tail = f"{not_decoded:,} tokens not decoded" + ("" if saved is None else f" (~{format_gpu_s(saved, unit)} saved)")
     return f"quality gate: {', '.join(parts)}; {tail}, {discarded:,} decoded and discarded"
 
 
@@ -116,8 +101,7 @@ def spec_figure(counts: Mapping[str, int], server_wide: float | None) -> dict[st
 
 def format_spec(counts: Mapping[str, int], server_wide: float | None) -> str:
     """One line on spec_figure (status, the card); "" when no draft ran."""
-    fig = spec_figure(counts, server_wide)
-    if fig is None:
+    if (fig := spec_figure(counts, server_wide)) is None:
         return ""
     head = f"draft acceptance: {fig['accept_length']:.2f} tokens per verify step"
     if fig["scope"] == "turns":

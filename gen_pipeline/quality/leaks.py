@@ -1,8 +1,6 @@
-"""Answers that are not answers: reasoning leaked into `content`, think markers left in it, and
-empty or marker-only content; pure functions of one finished assistant turn. With SGLang 0.5.17's
-`--reasoning-parser` the thinking goes to `reasoning_content`, markers stripped; a parser that misses
-the end marker returns it all in `content`; a server without a parser leaves the markers in it.
-"""
+"""Answers that are not answers (leaked reasoning, think markers, empty or marker-only content) in one finished
+turn. SGLang 0.5.17's `--reasoning-parser` puts the thinking in `reasoning_content`; a parser that misses the end
+marker returns it all in `content`; a server without a parser leaves the markers in it."""
 
 from __future__ import annotations
 
@@ -57,9 +55,7 @@ def check_turn(content: str | None, reasoning: str | None, finish_reason: str | 
                reasoning_expected: bool) -> LeakFinding | None:
     """The one finding (the most specific) for a finished assistant turn, or None when it is a plain answer.
     `reasoning_expected`: the request asked for separate reasoning, so a turn without it is suspect."""
-    content = content or ""
-    reasoning = reasoning or ""
-    cut = finish_reason == "length"
+    content, reasoning, cut = content or "", reasoning or "", finish_reason == "length"
     if not content.strip():
         if cut and reasoning.strip():
             return LeakFinding(LeakReason.CUT_IN_REASONING,
@@ -67,8 +63,7 @@ def check_turn(content: str | None, reasoning: str | None, finish_reason: str | 
         return LeakFinding(LeakReason.EMPTY, f"content is empty (finish_reason {finish_reason})")
     if is_marker_only(content):
         return LeakFinding(LeakReason.MARKER_ONLY, f"content is only think markers: {content.strip()[:60]!r}")
-    markers = find_markers(content)
-    if markers:
+    if markers := find_markers(content):
         at, marker = markers[0]
         return LeakFinding(LeakReason.THINK_MARKER, f"content holds {marker!r} at char {at} ({len(markers)} markers)")
     if cut and reasoning_expected and not reasoning.strip():

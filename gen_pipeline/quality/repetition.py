@@ -1,8 +1,5 @@
-"""The loop detector: fed a turn's text as the stream delivers it, it says when the text has
-become a loop (see LoopThresholds for the rule). Pure: no I/O, no clock, no async library.
-`feed` is amortised O(len(delta)); words are cut from the text alone and the rule runs word by word,
-so every way of splitting a text into deltas gives the same verdict.
-"""
+"""The loop detector, fed a turn's text as the stream delivers it (the rule: LoopThresholds). Pure; `feed` is
+amortised O(len(delta)); words are cut from the text alone, so any split into deltas gives the same verdict."""
 
 from __future__ import annotations
 
@@ -30,21 +27,18 @@ class LoopReason(enum.StrEnum):
 
 @dataclass(frozen=True)
 class LoopVerdict:
-    """The detector fired. Offsets count characters of the text fed so far (all deltas joined).
-
-    `loop_start_char` is an estimate: where the first copy of the repeated text began."""
+    """The detector fired. Offsets count characters of the text fed so far (all deltas joined)."""
 
     reason: LoopReason
     at_char: int  # the end of the word (or whitespace character) that made it fire
-    loop_start_char: int
+    loop_start_char: int  # an estimate: where the first copy of the repeated text began
     period_words: int  # the spacing of the repeats when it fired, in words (0: whitespace)
     words: int  # words seen when it fired
 
 
 class RepetitionDetector:
-    """One per turn: `feed(delta)` each text delta in order; a non-None result means abort.
-
-    After it fired, every call returns the same verdict without looking at the text."""
+    """One per turn: `feed(delta)` each text delta in order; a non-None result means abort. After it fired,
+    every call returns the same verdict without looking at the text."""
 
     def __init__(self, thresholds: LoopThresholds = DEFAULT_LOOP_THRESHOLDS) -> None:
         t = thresholds
@@ -52,9 +46,9 @@ class RepetitionDetector:
         self._re = _word_re(t)
         self._period_need = max(1, round(t.period_share * t.window_words))
         self._distinct_max = int(t.distinct_share * t.window_words)
-        self._verdict: LoopVerdict | None = None
+        self.verdict: LoopVerdict | None = None
         self._pending = ""  # a word that reached the end of the last delta
-        self._chars = 0  # characters fed
+        self.chars = 0  # characters fed (read-only, as `verdict`)
         self._ws_run = 0  # whitespace characters since the last word
         self._line_words = 0  # words since the last newline
         self._counted = False  # this line's list number was seen
@@ -64,39 +58,29 @@ class RepetitionDetector:
         self._letter_at = 0  # word index of the latest word with a letter
         # the last ngram_words + 1 n-gram hashes: the first and the last make one 2 × ngram_words-gram
         self._hashes: deque[int] = deque(maxlen=t.ngram_words + 1)
-        # long n-gram hash -> word index of its latest occurrence
-        self._long_last: dict[int, int] = {}
+        self._long_last: dict[int, int] = {}  # long n-gram hash -> word index of its latest occurrence
         self._new_at = 0  # word index of the latest long n-gram new within max_period_words
         self._verbatim_at = -t.window_words - 1  # word index where the latest verbatim copy ended
         self._verbatim_period = 0  # and its length in words
         # n-gram hash -> (word index of its latest occurrence, its distance to the one before, copies in a row)
         self._last: dict[int, tuple[int, int, int]] = {}
         self._prune_at = 2 * t.max_period_words
-        # (n-gram hash, repeat period, novel, numeric) per word
-        self._window: deque[tuple[int, int, bool, bool]] = deque()
+        self._window: deque[tuple[int, int, bool, bool]] = deque()  # (n-gram hash, repeat period, novel, numeric)
         self._hash_count: dict[int, int] = {}
         self._repeats = 0  # window words that are a repeat (see _word)
         self._novel = 0  # window words the turn had not used before
         self._numeric = 0  # window n-grams without a letter
         self._seen: set[str] = set()
-        # start offsets of recent words, to place the loop's start when it fires
+        # start offsets of recent words, to place the loop's start
         self._starts: deque[int] = deque(maxlen=2 * t.max_period_words + t.window_words + t.ngram_words + 1)
-
-    @property
-    def verdict(self) -> LoopVerdict | None:
-        return self._verdict
-
-    @property
-    def chars(self) -> int:
-        return self._chars
 
     def feed(self, delta: str) -> LoopVerdict | None:
         """Take the next text delta; the verdict when the text is a loop, else None."""
-        if self._verdict is not None or not delta:
-            return self._verdict
+        if self.verdict is not None or not delta:
+            return self.verdict
         buf = self._pending + delta
-        base = self._chars - len(self._pending)  # offset of buf[0] in the whole text
-        self._chars += len(delta)
+        base = self.chars - len(self._pending)  # offset of buf[0] in the whole text
+        self.chars += len(delta)
         pos, end = 0, len(buf)
         for m in self._re.finditer(buf):
             start, stop = m.span()
@@ -104,17 +88,17 @@ class RepetitionDetector:
                 self._pending = buf[start:]
                 return self._gap(buf, pos, start, base)
             if (start > pos and self._gap(buf, pos, start, base)) or self._word(m.group(), base + start, base + stop):
-                return self._verdict
+                return self.verdict
             pos = stop
         self._pending = ""
         return self._gap(buf, pos, end, base)
 
     def finish(self) -> LoopVerdict | None:
         """The stream ended: count the held-back word too. The final verdict (None: no loop)."""
-        if self._verdict is None and self._pending:
+        if self.verdict is None and self._pending:
             word, self._pending = self._pending, ""
-            self._word(word, self._chars - len(word), self._chars)
-        return self._verdict
+            self._word(word, self.chars - len(word), self.chars)
+        return self.verdict
 
     def _gap(self, buf: str, start: int, stop: int, base: int) -> LoopVerdict | None:
         """Whitespace buf[start:stop]."""
@@ -127,24 +111,18 @@ class RepetitionDetector:
         need = self.thresholds.whitespace_run_chars
         if self._ws_run >= need:
             at = base + start + (need - before)
-            self._verdict = LoopVerdict(LoopReason.WHITESPACE, at, at - need, 0, self._i)
-        return self._verdict
-
-    def _list_number_word(self, word: str) -> str:
-        """A number among a line's first words is "#" when it counts on (n + 1) from the last line that had one
-        (LoopThresholds.line_number_words); `word`: such a number of a line that has not had one."""
-        if len(word) <= 4:
-            self._counted = True
-            n, self._list_number = self._list_number, int(word)
-            if self._list_number == n + 1:
-                return "#"
-        return word
+            self.verdict = LoopVerdict(LoopReason.WHITESPACE, at, at - need, 0, self._i)
+        return self.verdict
 
     def _word(self, word: str, start: int, stop: int) -> bool:
         t = self.thresholds
         self._ws_run = 0
-        if self._line_words < t.line_number_words and not self._counted and word.isdecimal():
-            word = self._list_number_word(word)
+        if self._line_words < t.line_number_words and not self._counted and word.isdecimal() and len(word) <= 4:
+            # a number among a line's first words is "#" when it counts on (n + 1) from the last line that had one
+            self._counted = True
+            n, self._list_number = self._list_number, int(word)
+            if self._list_number == n + 1:
+                word = "#"
         self._line_words += 1
         self._i += 1
         self._starts.append(start)
@@ -152,8 +130,7 @@ class RepetitionDetector:
         # A word the turn has not used before means the text still brings something new: a list of
         # names, a licence with another holder, a table of measurements.
         novel = word not in self._seen
-        if novel:
-            self._seen.add(word)
+        self._seen.add(word)
         gram = self._gram
         gram.append(word)
         if word.isalnum() and not word.isdecimal():
@@ -166,7 +143,8 @@ class RepetitionDetector:
         dist = i - prev if prev and i - prev <= t.max_period_words else 0
         # run: how many copies in a row this n-gram has had at a steady spacing (the first repeat
         # makes 2; a loop's copies may differ by a word or two, so "steady" has a slack)
-        steady = dist and prev_dist and abs(dist - prev_dist) <= self._slack(dist)
+        steady = dist and prev_dist and abs(dist - prev_dist) <= min(
+            t.period_slack_max_words, max(t.period_slack_words, dist * t.period_slack_share))
         run = prev_run + 1 if steady else (2 if dist else 1)
         self._last[h] = (i, dist, run)
         period = dist if run >= (t.min_copies if dist <= t.long_period_words else t.min_copies_long) else 0
@@ -176,17 +154,16 @@ class RepetitionDetector:
             self._prune(i)
         if self._novel > t.max_novel_words:
             return False
-        if period and self._repeats >= self._period_need and self._verbatim(i, period):
+        # PERIOD needs a verbatim copy of about `period` words ended within the window (of that period: rows that
+        # differ in one value repeat each row's n-grams; a block of such rows quoted twice is a copy of the block)
+        vp = self._verbatim_period
+        if (period and self._repeats >= self._period_need and i - self._verbatim_at <= t.window_words
+                and max(vp, period) < 2 * min(vp, period)):
             self._fire(LoopReason.PERIOD, stop)
         elif (len(self._window) == t.window_words and len(self._hash_count) <= self._distinct_max
               and self._numeric <= t.low_diversity_numeric_share * t.window_words):
             self._fire(LoopReason.LOW_DIVERSITY, stop)
-        return self._verdict is not None
-
-    def _slack(self, period: int) -> float:
-        """How far two copies' spacings may differ and still count as steady (words)."""
-        t = self.thresholds
-        return min(t.period_slack_max_words, max(t.period_slack_words, period * t.period_slack_share))
+        return self.verdict is not None
 
     def _note_copy(self, h: int, i: int, dist: int) -> None:
         """Whether the last `dist` words are a verbatim copy: none of their 2 × ngram_words-grams is new within
@@ -202,14 +179,6 @@ class RepetitionDetector:
             self._new_at = i
         elif dist and i - self._new_at >= dist:
             self._verbatim_at, self._verbatim_period = i, dist
-
-    def _verbatim(self, i: int, period: int) -> bool:
-        """A verbatim copy of about `period` words ended within the window. (Of that period: rows
-        that differ in one value repeat each row's n-grams; a block of such rows quoted twice is a
-        verbatim copy, but of the block.)"""
-        t = self.thresholds
-        return i - self._verbatim_at <= t.window_words and max(self._verbatim_period, period) < 2 * min(
-            self._verbatim_period, period)
 
     def _slide(self, h: int, period: int, novel: bool, numeric: bool) -> None:
         """Add the word's n-gram to the window and drop the oldest past window_words."""
@@ -246,7 +215,7 @@ class RepetitionDetector:
         start_index = max(0, word_index - 2 * period - (t.ngram_words - 1))
         oldest = self._i - len(self._starts)  # 0-based index of self._starts[0]
         start_char = self._starts[max(0, start_index - oldest)]
-        self._verdict = LoopVerdict(reason, stop, start_char, window[-1][1] or period, self._i)
+        self.verdict = LoopVerdict(reason, stop, start_char, window[-1][1] or period, self._i)
 
 
 def tail_loop(text: str, thresholds: LoopThresholds = DEFAULT_LOOP_THRESHOLDS) -> LoopVerdict | None:

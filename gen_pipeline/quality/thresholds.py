@@ -1,9 +1,5 @@
-"""The quality gate's thresholds: one table, every unit in the name.
-
-The loop detector counts **words** (a run of letters/digits, one CJK/kana/hangul character, or a run of
-one repeated punctuation character), not model tokens: one word ≈ one model token, as a real BPE counts
-prose and code (docs/measurements.md, "loop detector").
-"""
+"""The quality gate's thresholds: one table, every unit in the name. Words (letters/digits, one CJK character,
+a run of one punctuation character), not model tokens: one word ≈ one BPE token (docs/measurements.md)."""
 
 from __future__ import annotations
 
@@ -12,22 +8,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class LoopThresholds:
-    """When the repetition detector (quality/repetition.py) fires; docs/measurements.md ("loop detector")
-    has its false positives, latency and CPU.
-
-    Every `ngram_words`-gram notes the distance in words back to its previous occurrence (up to
-    `max_period_words`) and its copies in a row at a steady spacing (drifting by `period_slack_*`); in
-    its `min_copies`-th copy (`min_copies_long`-th past `long_period_words`) it is a repeat. Over the
-    last `window_words` words the detector fires when
-      - repeats cover `period_share` of the window and a verbatim copy of about their spacing ended in
-        it (no 2 × ngram_words-gram new within max_period_words: rows that differ in one value repeat
-        their n-grams steadily, but each brings a long n-gram the text has not had); or
-      - at most `distinct_share` × window_words distinct n-grams, at most `low_diversity_numeric_share`
-        of them without a letter;
-    either way with at most `max_novel_words` words new to the turn (a loop brings none); or when a
-    whitespace run reaches `whitespace_run_chars`. A loop of period p words fires about
-    max(2p + period_share × window_words, p + window_words) words after its first copy starts.
-    """
+    """When the repetition detector fires (docs/measurements.md, "loop detector": false positives, latency, CPU).
+    An `ngram_words`-gram in its `min_copies`-th copy in a row at a steady spacing (<= `max_period_words`) is a
+    repeat. Over the last `window_words` words it fires when repeats cover `period_share` and a verbatim copy
+    of about their spacing ended there (rows that differ in one value each bring a new 2 × ngram_words-gram),
+    or at most `distinct_share` × window_words distinct n-grams (at most `low_diversity_numeric_share` without
+    a letter); either way with at most `max_novel_words` words new to the turn (a loop brings none); or at a
+    whitespace run of `whitespace_run_chars`. A loop of period p fires about max(2p + period_share ×
+    window_words, p + window_words) words after its first copy starts."""
 
     ngram_words: int = 12
     window_words: int = 256

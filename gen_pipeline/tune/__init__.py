@@ -18,8 +18,7 @@ from gen_pipeline.tune.trials import run_trials
 __all__ = ["LEVERS", "NOT_ON_ONE_GPU", "TuneOptions", "TunePlan", "make_plan", "run_tune", "shipped_profile"]
 
 
-async def run_tune(cfg: DatasetConfig, tp: TunePlan, opts: TuneOptions,
-                   say: Callable[[str], None] = print) -> Path:
+async def run_tune(cfg: DatasetConfig, tp: TunePlan, opts: TuneOptions, say: Callable[[str], None] = print) -> Path:
     """Run the trials of `tp` (make_plan's, already stated), print the table, write the profile; its path."""
     res = await run_trials(cfg, tp, opts, say)
     path, lines = write_result(tp, res, dataset_folder(opts.output_root, cfg.name) / "tune", opts.config_dir)

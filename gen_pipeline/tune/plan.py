@@ -98,20 +98,15 @@ class TuneOptions:
 
     def __post_init__(self) -> None:
         check_flags(self)
-        check_levers(self.levers)
-
-
-def check_levers(names: tuple[str, ...]) -> None:
-    """Refuse (ConfigError) a --levers name tune does not know or cannot try on one GPU."""
-    known = [lv.name for lv in LEVERS]
-    for name in names:
-        if name in NOT_ON_ONE_GPU:
-            raise ConfigError(f"--levers {name}: {NOT_ON_ONE_GPU[name]} needs several GPUs or a draft; tune tries "
-                              f"single-GPU levers only: {', '.join(known)}.")
-        if name not in known:
-            raise ConfigError(f"--levers {name}: no such lever; choose from {', '.join(known)} (comma-separated).")
-    if not names:
-        raise ConfigError(f"--levers is empty; choose from {', '.join(known)} (comma-separated).")
+        known = [lv.name for lv in LEVERS]  # refused: a --levers name tune does not know or cannot try on one GPU
+        for name in self.levers:
+            if name in NOT_ON_ONE_GPU:
+                raise ConfigError(f"--levers {name}: {NOT_ON_ONE_GPU[name]} needs several GPUs or a draft; tune "
+                                  f"tries single-GPU levers only: {', '.join(known)}.")
+            if name not in known:
+                raise ConfigError(f"--levers {name}: no such lever; choose from {', '.join(known)} (comma-separated).")
+        if not self.levers:
+            raise ConfigError(f"--levers is empty; choose from {', '.join(known)} (comma-separated).")
 
 
 @dataclass(frozen=True)
@@ -144,8 +139,8 @@ class TunePlan:
         out = [f"tune budget: {format_duration(self.budget_s)} ({self.budget_note}); {self.rounds} round(s) x "
                f"{self.trials} trials (the shipped {self.shipped.name} + {len(self.candidates)} candidates) of "
                f"the job's next {self.prompts:,} prompts (the same for each), predicted {format_duration(total_s)}"]
-        for c in (self.shipped, *self.candidates):
-            out.append(f"  {c.name}: plan {c.kv_tokens:,} KV tokens, {c.slots:,} decode slots")
+        out += [f"  {c.name}: plan {c.kv_tokens:,} KV tokens, {c.slots:,} decode slots"
+                for c in (self.shipped, *self.candidates)]
         out += [f"  skipped {name}: {why}" for name, why in self.skipped]
         out.append("  not tried on one GPU: " + "; ".join(NOT_ON_ONE_GPU.values()))
         return out
@@ -200,11 +195,6 @@ def plan_profile(profile: ServerProfile, opts: TuneOptions, tokens_per_sample: i
     return replace(p, cuda_graph_max_bs=graphs) if graphs else p
 
 
-def _planned(c: Candidate, p: Plan) -> Candidate:
-    o = option_in_use(p)
-    return replace(c, kv_tokens=o.kv_tokens, slots=o.decode_slots)
-
-
 def make_plan(cfg: DatasetConfig, shipped: ServerProfile, opts: TuneOptions) -> TunePlan:
     """The candidates, their plans and the budget; ConfigError when the shipped profile cannot start, the
     job's time is unknown without --budget-s, or one round does not fit the budget."""
@@ -213,7 +203,8 @@ def make_plan(cfg: DatasetConfig, shipped: ServerProfile, opts: TuneOptions) -> 
                                                          "assumed: max_new_tokens")
     per_sample = int(own.prompt + own.output)
     base = plan_profile(shipped, opts, per_sample)
-    ships = _planned(Candidate(shipped.name, shipped, {}), base)
+    o = option_in_use(base)
+    ships = Candidate(shipped.name, shipped, {}, o.kv_tokens, o.decode_slots)
     candidates, skipped = [], []
     for lever in (lv for lv in LEVERS if lv.name in opts.levers):
         c = candidate(shipped, lever, base)
@@ -222,13 +213,12 @@ def make_plan(cfg: DatasetConfig, shipped: ServerProfile, opts: TuneOptions) -> 
         except ConfigError as e:
             skipped.append((c.name, f"plan refuses it: {e}"))
             continue
-        c = _planned(c, p)
+        c = replace(c, kv_tokens=(q := option_in_use(p)).kv_tokens, slots=q.decode_slots)
         if c.slots < 1:
             skipped.append((c.name, f"plan predicts {c.kv_tokens:,} KV tokens: no decode slot for "
                                     f"{per_sample:,} tokens a sample"))
             continue
         candidates.append(c)
-    o = option_in_use(base)
     fill = max(8, math.ceil(o.kv_tokens / max(1.0, own.prompt + own.output / 2)))  # the slots, all filled once
     per_prompt_s = job_time([(cfg.name, 1, own)], kv_tokens=o.kv_tokens, kv_dtype=o.kv_dtype,
                             kv_bytes_factor=kv_bytes_factor(base, o)).total_s - STARTUP_S

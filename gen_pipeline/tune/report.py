@@ -13,27 +13,19 @@ from gen_pipeline.tune.plan import NOT_ON_ONE_GPU, TunePlan
 from gen_pipeline.tune.trials import TuneResult
 
 
-def table(tp: TunePlan, res: TuneResult) -> list[str]:
-    """One line per candidate: median tok/s over its trials, against the shipped profile, its output check."""
-    ships = res.outcomes[0].median
+def write_result(tp: TunePlan, res: TuneResult, folder: Path, config_dir: Path) -> tuple[Path, list[str]]:
+    """Write folder/<P>-tuned.toml (the winner's profile, or only the table when the shipped one stays);
+    returns its path and the lines to print: the table (per candidate: median tok/s, against the shipped one)."""
+    name, ships = tp.shipped.name, res.outcomes[0].median
     width = max(len(o.candidate.name) for o in res.outcomes)
-    out = [f"{'candidate':<{width}} {'tok/s':>9} {'server':>9} {'trials':>6} {'vs shipped':>10}  output check"]
+    lines = [f"{'candidate':<{width}} {'tok/s':>9} {'server':>9} {'trials':>6} {'vs shipped':>10}  output check"]
     for o in res.outcomes:
         ratio = f"{o.median / ships:.2f}x" if o.tok_s and ships else "-"
         server = f"{statistics.median(o.server_tok_s):,.0f}" if o.server_tok_s else "-"
-        mark = " <- winner" if o is res.winner else ""
-        check = ("refused: " if o.refused else "") + o.check
-        out.append(f"{o.candidate.name:<{width}} {o.median:>9,.0f} {server:>9} {len(o.tok_s):>6} {ratio:>10}  "
-                   f"{check}{mark}")
-    out += [f"skipped {name}: {why}" for name, why in tp.skipped]
-    return out
-
-
-def write_result(tp: TunePlan, res: TuneResult, folder: Path, config_dir: Path) -> tuple[Path, list[str]]:
-    """Write folder/<P>-tuned.toml (the winner's profile, or only the table when the shipped one stays);
-    returns its path and the lines to print."""
-    name = tp.shipped.name
-    lines = table(tp, res)
+        check = ("refused: " if o.refused else "") + o.check + (" <- winner" if o is res.winner else "")
+        lines.append(f"{o.candidate.name:<{width}} {o.median:>9,.0f} {server:>9} {len(o.tok_s):>6} {ratio:>10}  "
+                     f"{check}")
+    lines += [f"skipped {c}: {why}" for c, why in tp.skipped]
     head = [f"# gen-pipeline tune: {len(res.outcomes)} profiles, {tp.rounds} round(s) of the job's next "
             f"{tp.prompts:,} prompts (the same for each), completion tok/s (median over rounds; server: its "
             f"decode rate as its load polls read it); noise {100 * res.noise:.0f} %"]

@@ -1,9 +1,6 @@
-"""`tune`'s trials: each candidate launched with an empty prefix cache, the job's next N prompts sent at once
-through the normal run path, completion tok/s measured; in the first round its greedy answers are checked
-against the shipped profile's as probe-kv does. Only the shipped profile's first trial writes into the
-dataset's store (a later generate skips those ids); the others write into a copy taken before it (the same
-prompts), dropped once measured.
-"""
+"""`tune`'s trials: each candidate launched with an empty prefix cache, the job's next N prompts sent at once, its
+greedy answers checked in round 1 as probe-kv does. Only the shipped profile's first trial writes into the store;
+the others write into a copy taken before it (the same prompts), dropped once measured."""
 
 from __future__ import annotations
 
@@ -15,30 +12,27 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from gen_pipeline.config.dataset import DatasetConfig
 from gen_pipeline.errors import ConfigError, ServerError, first_known
 from gen_pipeline.http import Http, open_http
+from gen_pipeline.probe import core as PC
 from gen_pipeline.probe import metrics as PM
-from gen_pipeline.probe.core import (
-    ProbeOptions,
-    RefSide,
-    compare_side,
-    each_prompt,
-    load_prompts,
-    open_server,
-    reference_side,
-)
+from gen_pipeline.records import Prompt
 from gen_pipeline.reports.status import read_status
 from gen_pipeline.run.job import run_generate
 from gen_pipeline.run.options import RunOptions
 from gen_pipeline.server.handle import ServerHandle
 from gen_pipeline.store.layout import dataset_folder
+from gen_pipeline.store.shards import write_atomic
 from gen_pipeline.store.telemetry import read_telemetry, runs_of
 from gen_pipeline.tune.plan import Candidate, TuneOptions, TunePlan
-from gen_pipeline.tune.state import STATE_NAME, dump_sides, load_sides, load_state, save_state
 
 NOISE_SHARE = 0.03  # one round: a candidate must beat the shipped profile by more than this (issue 34: 3 %)
 REFUSED_LEVEL = "prefer-bf16"  # probe-kv's verdict past its caution thresholds (probe/metrics.py)
+# what a tune run has measured (atomically after every trial), so a second run of the same plan does not redo it
+STATE_NAME = "state.json"
 
 
 @dataclass
@@ -79,8 +73,8 @@ async def run_trials(cfg: DatasetConfig, tp: TunePlan, opts: TuneOptions,
         measured.add((t["round"], t["name"]))
     if measured:
         say(f"  resuming: {len(measured)} trials of this plan measured before ({work / STATE_NAME})")
-    probe = ProbeOptions(output_root=opts.output_root, samples=opts.probe_prompts,
-                         max_new_tokens=opts.probe_max_new_tokens)
+    probe = PC.ProbeOptions(output_root=opts.output_root, samples=opts.probe_prompts,
+                            max_new_tokens=opts.probe_max_new_tokens)
     target = min(cfg.target_samples, state["seed_done"] + tp.prompts)
     async with open_http(cfg.generation, 2 * tp.prompts + 2 * probe.concurrency + 8) as http:
         trials = _Trials(http, cfg, replace(cfg, target_samples=target), probe, work, tp.shipped.name, say)
@@ -89,7 +83,10 @@ async def run_trials(cfg: DatasetConfig, tp: TunePlan, opts: TuneOptions,
             for r in range(tp.rounds):
                 order = outcomes[r % len(outcomes):] + outcomes[:r % len(outcomes)]  # round 0: shipped first
                 for o in (o for o in order if not o.refused and (r, o.candidate.name) not in measured):
-                    into = opts.output_root if r == 0 and o is outcomes[0] and _unchanged(opts, cfg, state) \
+                    # into the store unless an interrupted shipped trial wrote some: then into a copy too, so it
+                    # measures the same prompts as the others
+                    into = opts.output_root if r == 0 and o is outcomes[0] and read_status(
+                        opts.output_root, cfg.name, cfg.target_samples).done == state["seed_done"] \
                         else _scratch(work / "seed", work / "run")
                     await trials.run(o, r, into)
                     state["trials"].append({"round": r, "name": o.candidate.name, "tok_s": o.tok_s[-1],
@@ -106,12 +103,15 @@ async def run_trials(cfg: DatasetConfig, tp: TunePlan, opts: TuneOptions,
 
 
 def _open_state(cfg: DatasetConfig, tp: TunePlan, opts: TuneOptions, work: Path) -> dict[str, Any]:
-    """This plan's state from an earlier run (state.py), or a fresh one with the store copied to seed/.
-    ConfigError when a fresh run finds the dataset at its target."""
+    """This plan's state from an earlier run (STATE_NAME: the trials measured, seed_done, the shipped profile's
+    greedy answers), or a fresh one with the store copied to seed/. ConfigError when the dataset is at its target."""
     key = {"shipped": tp.shipped.name, "candidates": [c.name for c in tp.candidates], "prompts": tp.prompts,
            "rounds": tp.rounds, "probe_prompts": opts.probe_prompts, "probe_max_new_tokens": opts.probe_max_new_tokens}
-    state = load_state(work, key)
-    if state is not None:
+    try:
+        state = orjson.loads((work / STATE_NAME).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        state = None
+    if isinstance(state, dict) and state.get("key") == orjson.loads(orjson.dumps(key)):  # not another plan's
         return state
     before = read_status(opts.output_root, cfg.name, cfg.target_samples)
     if before.done >= cfg.target_samples:
@@ -127,21 +127,41 @@ def _open_state(cfg: DatasetConfig, tp: TunePlan, opts: TuneOptions, work: Path)
     return state
 
 
+def save_state(folder: Path, state: dict[str, Any]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomic(folder / STATE_NAME, orjson.dumps(state, option=orjson.OPT_INDENT_2))
+
+
+def dump_sides(sides: list[PC.RefSide]) -> list[dict[str, Any]]:
+    def pos(ps: list[PM.Position]) -> list[Any]:
+        return [[p.token, p.logprob, [list(t) for t in p.top]] for p in ps]
+    return [{"id": s.prompt.id, "ids": s.ids, "free": pos(s.free), "forced": pos(s.forced)} for s in sides]
+
+
+def load_sides(rows: list[dict[str, Any]], prompts: list[Prompt]) -> list[PC.RefSide]:
+    """dump_sides' rows back, each with its prompt of `prompts` (the probe's, loaded again by id)."""
+    by_id = {p.id: p for p in prompts}
+
+    def pos(rows: list[Any]) -> list[PM.Position]:
+        return [PM.Position(t, lp, tuple((float(a), int(b)) for a, b in top)) for t, lp, top in rows]
+    return [PC.RefSide(by_id[r["id"]], r["ids"], pos(r["free"]), pos(r["forced"])) for r in rows if r["id"] in by_id]
+
+
 class _Trials:
     """What every trial shares: the HTTP session, the trial's dataset config (its target: the next N
     prompts), the probe settings and prompts, the shipped profile's greedy answers once it has run."""
 
-    def __init__(self, http: Http, cfg: DatasetConfig, trial_cfg: DatasetConfig, probe: ProbeOptions, work: Path,
+    def __init__(self, http: Http, cfg: DatasetConfig, trial_cfg: DatasetConfig, probe: PC.ProbeOptions, work: Path,
                  shipped: str, say: Callable[[str], None]) -> None:
         self.http, self.cfg, self.trial_cfg, self.probe, self.work, self.shipped, self.say = (
             http, cfg, trial_cfg, probe, work, shipped, say)
-        self.prompts = load_prompts(cfg, probe.samples)  # also loads the source before the first trial's clock
-        self.sides: list[RefSide] = []
+        self.prompts = PC.load_prompts(cfg, probe.samples)  # also loads the source before the first trial's clock
+        self.sides: list[PC.RefSide] = []
 
     async def run(self, o: Outcome, r: int, root: Path) -> None:
         """One candidate's trial in round r: launch, flush, generate, measure; round 0 also checks its answers."""
         c, name = o.candidate, self.cfg.name
-        async with open_server(c.profile, c.name, self.work / "logs" / c.name, self.http) as h:
+        async with PC.open_server(c.profile, c.name, self.work / "logs" / c.name, self.http) as h:
             url = h.base_urls[0]
             await self.http.post_json(url + "/flush_cache", {})  # SGLang's: the prefix cache empty for each trial
             tokens0 = read_status(root, name, None).completion_tokens
@@ -167,14 +187,14 @@ class _Trials:
         them; refused past probe-kv's caution thresholds."""
         http, probe = self.http, self.probe
         if not self.sides:
-            done, _ = await each_prompt(self.prompts, [p.id for p in self.prompts], probe,
-                                        lambda p: reference_side(http, h, p, self.cfg, probe))
+            done, _ = await PC.each_prompt(self.prompts, [p.id for p in self.prompts], probe,
+                                           lambda p: PC.reference_side(http, h, p, self.cfg, probe))
             if not done:
                 raise ServerError(f"tune: the shipped profile {o.candidate.name} answered none of the probe prompts.")
             self.sides.extend(done)
             return
-        results, _ = await each_prompt(self.sides, [s.prompt.id for s in self.sides], probe,
-                                       lambda side: compare_side(http, h, side, probe))
+        results, _ = await PC.each_prompt(self.sides, [s.prompt.id for s in self.sides], probe,
+                                          lambda side: PC.compare_side(http, h, side, probe))
         agg = PM.aggregate(results)
         level, _ = PM.verdict(agg)  # probe-kv's thresholds decide; the line names the candidate, not a KV dtype
         o.refused = level == REFUSED_LEVEL
@@ -192,12 +212,6 @@ def _server_rate(folder: Path) -> list[float]:
     runs = runs_of(read_telemetry(folder))
     rates = [r["gen_tok_s"] for r in (runs[-1] if runs else []) if r.get("gen_tok_s")]
     return [statistics.median(rates)] if rates else []
-
-
-def _unchanged(opts: TuneOptions, cfg: DatasetConfig, state: dict[str, Any]) -> bool:
-    """The store holds what it held before the first trial (an interrupted shipped trial may have written
-    some: then the shipped trial runs in a copy too, so it measures the same prompts as the others)."""
-    return bool(read_status(opts.output_root, cfg.name, cfg.target_samples).done == state["seed_done"])
 
 
 def _scratch(seed: Path, root: Path) -> Path:

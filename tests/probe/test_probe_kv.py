@@ -12,15 +12,7 @@ import httpx
 import pytest
 from servers import sim_in_thread
 
-from gen_pipeline.probe.metrics import (
-    Position,
-    aggregate,
-    compare_prompt,
-    first_divergence,
-    kl_topk,
-    percentile,
-    verdict,
-)
+from gen_pipeline.probe import metrics as PM
 from sglang_sim.testing import free_port
 from tests.pipeline_helpers import SIM_FAST, run_cli
 
@@ -36,10 +28,38 @@ def _report(out) -> dict:
     return json.loads((out / "demo" / "probe-kv.json").read_text())
 
 
-def test_probe_recovers_injected_rate_through_launched_profiles(tmp_path):
+@pytest.fixture(scope="module")
+def bf16():
+    with sim_in_thread([*SIM_FAST, "--kv-cache-dtype", "bf16"]) as sim:
+        yield sim
+
+
+def _record_launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Wrap probe-kv's run_server: (start|stopped, role) in the order they happen."""
+    from gen_pipeline.probe import core
+
+    events: list[tuple[str, str]] = []
+    real = core.run_server
+
+    async def recording(profile, *, log_dir, **kw):
+        events.append(("start", log_dir.name))
+        try:
+            await real(profile, log_dir=log_dir, **kw)
+        finally:
+            events.append(("stopped", log_dir.name))  # run_server returns once the process group is gone
+
+    monkeypatch.setattr(core, "run_server", recording)
+    return events
+
+
+def test_probe_recovers_injected_rate_through_launched_profiles_one_after_the_other(tmp_path, monkeypatch):
+    """Two copies of the target model do not fit one node: the compare server starts only after the
+    reference server stopped."""
+    events = _record_launches(monkeypatch)
     r = run_cli("probe-kv", "--dataset", "demo", "--server", "sim-bf16", "--compare", "sim-fp8",
                 "--samples", "30", "--max-new-tokens", "96", "--output-dir", tmp_path, timeout_s=240)
     assert r.returncode == 0, r.stderr + r.stdout
+    assert events == [("start", "reference"), ("stopped", "reference"), ("start", "compare"), ("stopped", "compare")]
     rep = _report(tmp_path)
     agg = rep["aggregate"]
     assert agg["prompts"] == 30 and len(rep["per_prompt"]) == 30 and rep["failed_prompts"] == []
@@ -55,10 +75,9 @@ def test_probe_recovers_injected_rate_through_launched_profiles(tmp_path):
     assert not (tmp_path / "demo" / "probe-kv.json.tmp").exists()
 
 
-def test_probe_rate_zero_is_exact_match_through_attached_urls(tmp_path):
-    with sim_in_thread([*SIM_FAST, "--kv-cache-dtype", "bf16"]) as a, \
-         sim_in_thread([*SIM_FAST, "--kv-cache-dtype", "fp8_e4m3", "--sim-kv-perturb", "0"]) as b:
-        r = run_cli("probe-kv", "--dataset", "demo", "--server-url", a.url, "--compare-url", b.url,
+def test_probe_rate_zero_is_exact_match_through_attached_urls(tmp_path, bf16):
+    with sim_in_thread([*SIM_FAST, "--kv-cache-dtype", "fp8_e4m3", "--sim-kv-perturb", "0"]) as b:
+        r = run_cli("probe-kv", "--dataset", "demo", "--server-url", bf16.url, "--compare-url", b.url,
                     "--samples", "8", "--max-new-tokens", "40", "--tf-chunk", "0", "--output-dir", tmp_path)
     assert r.returncode == 0, r.stderr + r.stdout
     agg = _report(tmp_path)["aggregate"]
@@ -76,10 +95,17 @@ def test_probe_rate_zero_is_exact_match_through_attached_urls(tmp_path):
     (("--samples", "0"), "--samples 0 must be at least 1."),
     (("--top-k", "0"), "--top-k 0 must be at least 1."),
     (("--tf-chunk", "-1"), "--tf-chunk -1 must be at least 0."),
+    (("--server", "sim-bf16", "--compare", "sim-bf16"), "Both servers use KV dtype bf16 (datasets_cfg/server.toml "
+     "[profile.sim-bf16] and [profile.sim-bf16]). probe-kv compares two KV dtypes (e.g. --server baseline --compare "
+     "tuned, or bf16 and fp8_e4m3 servers with --server-url/--compare-url). To measure the noise floor of two equal "
+     "servers on purpose, add --allow-same-kv."),
 ])
-def test_bad_flags_are_refused_by_name(tmp_path, args: tuple[str, ...], message: str) -> None:
+def test_bad_flags_are_refused_by_name_before_anything_launches(tmp_path, monkeypatch, args: tuple[str, ...],
+                                                                message: str) -> None:
+    events = _record_launches(monkeypatch)
     r = run_cli("probe-kv", "--dataset", "demo", *args, "--output-dir", tmp_path)
-    assert (r.returncode, r.stderr.strip()) == (2, f"error: {message}")
+    assert (r.returncode, r.stderr, events) == (2, f"error: {message}\n", [])
+    assert not (tmp_path / "demo" / "probe-kv.json").exists()
 
 
 def test_unreachable_url_names_it(tmp_path):
@@ -91,28 +117,29 @@ def test_unreachable_url_names_it(tmp_path):
                         "and that the server is running (and listening on that host and port).\n")
 
 
-def test_same_kv_dtype_refused_then_allowed_as_noise_floor(tmp_path):
-    with (sim_in_thread([*SIM_FAST, "--kv-cache-dtype", "bf16"]) as a,
-          sim_in_thread([*SIM_FAST, "--kv-cache-dtype", "bfloat16"]) as b):
-        r = run_cli("probe-kv", "--dataset", "demo", "--server-url", a.url, "--compare-url", b.url,
-                    "--samples", "4", "--max-new-tokens", "16", "--output-dir", tmp_path)
+def test_same_kv_dtype_refused_then_allowed_as_noise_floor(tmp_path, bf16):
+    def probe(ref: str, cmp: str, *more: str):
+        return run_cli("probe-kv", "--dataset", "demo", "--server-url", ref, "--compare-url", cmp,
+                       "--samples", "4", "--max-new-tokens", "16", *more, "--output-dir", tmp_path)
+
+    with sim_in_thread([*SIM_FAST, "--kv-cache-dtype", "bfloat16"]) as b:
+        r = probe(bf16.url, b.url)
         assert r.returncode == 2
         assert ("error: Both servers use KV dtype bf16; probe-kv compares two KV dtypes (e.g. --server baseline "
                 "--compare tuned, or bf16 and fp8_e4m3 servers with --server-url/--compare-url). To measure the "
                 "noise floor of two equal servers on purpose, add --allow-same-kv.") in r.stderr
         assert not (tmp_path / "demo" / "probe-kv.json").exists()
-        r = run_cli("probe-kv", "--dataset", "demo", "--server-url", a.url, "--compare-url", b.url,
-                    "--samples", "4", "--max-new-tokens", "16", "--allow-same-kv", "--output-dir", tmp_path)
+        r = probe(bf16.url, b.url, "--allow-same-kv")
         assert r.returncode == 0, r.stderr
         assert _report(tmp_path)["aggregate"]["top1_agreement_share"] == 1.0
-        r = run_cli("probe-kv", "--dataset", "demo", "--server-url", a.url, "--compare-url", a.url,
-                    "--samples", "4", "--max-new-tokens", "16", "--allow-same-kv", "--output-dir", tmp_path)
+    r = probe(bf16.url, bf16.url, "--allow-same-kv")
     assert r.returncode == 0, r.stderr
     assert _report(tmp_path)["aggregate"]["exact_match_share"] == 1.0
 
 
-def test_sim_generate_logprob_shapes_match_sglang():
-    with sim_in_thread([*SIM_FAST, "--kv-cache-dtype", "bf16"]) as sim, httpx.Client(timeout=30) as c:
+def test_sim_generate_logprob_shapes_match_sglang(bf16):
+    sim = bf16
+    with httpx.Client(timeout=30) as c:
         tok = c.post(sim.url + "/tokenize", json={"messages": [{"role": "user", "content": "Hi there"}]}).json()
         assert set(tok) == {"tokens", "count", "max_model_len"} and tok["count"] == len(tok["tokens"])
         ids = tok["tokens"]
@@ -133,25 +160,25 @@ def test_sim_generate_logprob_shapes_match_sglang():
 
 
 def test_estimators():
-    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
-    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1 and first_divergence([1, 2], [1, 2, 3]) == 2
+    assert PM.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert PM.first_divergence([1, 2, 3], [1, 5, 3]) == 1 and PM.first_divergence([1, 2], [1, 2, 3]) == 2
     p = [(math.log(0.6), 1), (math.log(0.3), 2)]
-    assert kl_topk(p, p) == pytest.approx(0.0, abs=1e-15)
+    assert PM.kl_topk(p, p) == pytest.approx(0.0, abs=1e-15)
     q = [(math.log(0.3), 1), (math.log(0.6), 2)]
     expect = 0.6 * math.log(2) + 0.3 * math.log(0.5)  # tail buckets are equal (0.1 each)
-    assert kl_topk(p, q) == pytest.approx(expect)
-    ref = [Position(1, -0.1, ((-0.1, 1), (-2.5, 2))), Position(2, -0.2, ((-0.2, 2), (-1.9, 1)))]
-    cmp = [Position(1, -0.3, ((-0.3, 1), (-1.5, 2))), Position(2, -1.0, ((-0.7, 1), (-1.0, 2)))]
-    r = compare_prompt("x", 5, [1, 2], [1, 3], ref, cmp)
+    assert PM.kl_topk(p, q) == pytest.approx(expect)
+    ref = [PM.Position(1, -0.1, ((-0.1, 1), (-2.5, 2))), PM.Position(2, -0.2, ((-0.2, 2), (-1.9, 1)))]
+    cmp = [PM.Position(1, -0.3, ((-0.3, 1), (-1.5, 2))), PM.Position(2, -1.0, ((-0.7, 1), (-1.0, 2)))]
+    r = PM.compare_prompt("x", 5, [1, 2], [1, 3], ref, cmp)
     assert (r.exact_match, r.first_divergence, r.positions, r.top1_agree) == (False, 1, 2, 1)
     assert r.abs_dlogprob_mean == pytest.approx(0.5) and r.abs_dlogprob_max == pytest.approx(0.8)
-    agg = aggregate([r])
+    agg = PM.aggregate([r])
     assert agg["top1_change_share"] == 0.5 and agg["first_divergence"]["histogram"]["1-9"] == 1
-    assert percentile([1, 2, 3, 4], 50) == 2 and percentile(list(range(1, 101)), 99) == 99
-    level, line = verdict({"top1_change_share": 0.004, "kl_mean": 0.001, "positions": 1000}, "fp8_e4m3")
+    assert PM.percentile([1, 2, 3, 4], 50) == 2 and PM.percentile(list(range(1, 101)), 99) == 99
+    level, line = PM.verdict({"top1_change_share": 0.004, "kl_mean": 0.001, "positions": 1000}, "fp8_e4m3")
     assert level == "fine" and line.startswith("fp8_e4m3 KV changes top-1 on 0.40 % of 1,000 positions")
-    assert verdict({"top1_change_share": 0.02, "kl_mean": 0.001, "positions": 10})[0] == "caution"
-    assert verdict({"top1_change_share": 0.001, "kl_mean": 0.2, "positions": 10})[0] == "prefer-bf16"
+    assert PM.verdict({"top1_change_share": 0.02, "kl_mean": 0.001, "positions": 10})[0] == "caution"
+    assert PM.verdict({"top1_change_share": 0.001, "kl_mean": 0.2, "positions": 10})[0] == "prefer-bf16"
 
 
 class _OpenAIOnly(BaseHTTPRequestHandler):
@@ -170,14 +197,13 @@ class _OpenAIOnly(BaseHTTPRequestHandler):
         pass
 
 
-def test_non_sglang_server_is_refused_with_what_to_use(tmp_path):
+def test_non_sglang_server_is_refused_with_what_to_use(tmp_path, bf16):
     server = ThreadingHTTPServer(("127.0.0.1", 0), _OpenAIOnly)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     other = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        with sim_in_thread([*SIM_FAST, "--kv-cache-dtype", "bf16"]) as a:
-            r = run_cli("probe-kv", "--dataset", "demo", "--server-url", a.url, "--compare-url", other,
-                        "--samples", "2", "--output-dir", tmp_path)
+        r = run_cli("probe-kv", "--dataset", "demo", "--server-url", bf16.url, "--compare-url", other,
+                    "--samples", "2", "--output-dir", tmp_path)
     finally:
         server.shutdown()
         server.server_close()
@@ -221,7 +247,7 @@ def test_kl_estimate_stays_below_true_kl_on_sim_distributions():
         p, q = M.distribution(h, 0.0), M.distribution(h, 0.3)
         q_lp = dict(zip(q.ids, q.logprobs, strict=True))  # same candidates; the uniform tail is equal in both
         true = sum(math.exp(lp) * (lp - q_lp[t]) for lp, t in zip(p.logprobs, p.ids, strict=True))
-        est = kl_topk(p.top(5), q.top(5))
+        est = PM.kl_topk(p.top(5), q.top(5))
         assert est <= true + 1e-12
         ratios.append(est / true)
     assert 0.8 < sorted(ratios)[len(ratios) // 2] <= 1.0  # a useful bound, not a vacuous one
@@ -233,61 +259,3 @@ def test_probe_accepts_sglangs_clipped_last_vocab_id_but_not_a_shift() -> None:
 
     assert echoes([5, 319, 7], [5, 0, 7])
     assert not echoes([5, 319, 7], [319, 7, 8]) and not echoes([5, 6], [5, 6, 7])
-
-
-# ---------------------------------------------------------------- launched profiles: one server at a time
-
-def _record_launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    """Wrap probe-kv's run_server: (start|up|stopped, role) in the order they happen."""
-    from gen_pipeline.probe import core
-
-    events: list[tuple[str, str]] = []
-    real = core.run_server
-
-    async def recording(profile, *, log_dir, http, task_status):
-        role = log_dir.name
-        events.append(("start", role))
-
-        class Status:
-            def started(self, handle):
-                events.append(("up", role))
-                task_status.started(handle)
-
-        try:
-            await real(profile, log_dir=log_dir, http=http, task_status=Status())
-        finally:
-            events.append(("stopped", role))  # run_server returns once the process group is gone
-
-    monkeypatch.setattr(core, "run_server", recording)
-    return events
-
-
-def test_two_launched_profiles_run_one_after_the_other(tmp_path, monkeypatch, capsys):
-    """Two copies of the target model do not fit one node: the compare server starts only after the
-    reference server stopped, and the figures are the same as side by side (a known injected rate)."""
-    from gen_pipeline.cli import main
-
-    events = _record_launches(monkeypatch)
-    assert main(["probe-kv", "--dataset", "demo", "--server", "sim-bf16", "--compare", "sim-fp8",
-                 "--samples", "6", "--max-new-tokens", "24", "--output-dir", str(tmp_path)]) == 0
-    assert events == [("start", "reference"), ("up", "reference"), ("stopped", "reference"),
-                      ("start", "compare"), ("up", "compare"), ("stopped", "compare")]
-    rep = _report(tmp_path)
-    assert rep["aggregate"]["prompts"] == 6 and rep["failed_prompts"] == []
-    assert [rep["servers"][r]["kv_cache_dtype"] for r in ("reference", "compare")] == ["bf16", "fp8_e4m3"]
-    assert rep["verdict_line"] in capsys.readouterr().out
-
-
-def test_equal_kv_profiles_are_refused_before_anything_launches(tmp_path, monkeypatch, capsys):
-    from gen_pipeline.cli import main
-
-    events = _record_launches(monkeypatch)
-    assert main(["probe-kv", "--dataset", "demo", "--server", "sim-bf16", "--compare", "sim-bf16",
-                 "--output-dir", str(tmp_path)]) == 2
-    assert events == []
-    assert capsys.readouterr().err == (
-        "error: Both servers use KV dtype bf16 (datasets_cfg/server.toml [profile.sim-bf16] and "
-        "[profile.sim-bf16]). probe-kv compares two KV dtypes (e.g. --server baseline --compare tuned, or bf16 "
-        "and fp8_e4m3 servers with --server-url/--compare-url). To measure the noise floor of two equal servers "
-        "on purpose, add --allow-same-kv.\n")
-    assert not (tmp_path / "demo" / "probe-kv.json").exists()

@@ -1,15 +1,30 @@
 """What the gate makes of one attempt (run/answer.py, run/wire.py): the stream parser on chunks as SGLang
-0.5.17 writes them, `judge` per policy, `cut_at_loop`, and the turn's accounting in meta.per_turn."""
+0.5.17 writes them, `judge` per policy, `cut_at_loop`, the turn's accounting in meta.per_turn, and a loop too
+young for the streaming detector's window found in the tail at max_new_tokens (quality.tail_loop); the gate's
+counts over rows and failures (quality/accounting.py) where status and the report page show them."""
 
 from __future__ import annotations
 
+import html
+import re
+from pathlib import Path
+
+import httpx
+import orjson
 import pytest
 
-from gen_pipeline.config.dataset import GenerationConfig
+from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
 from gen_pipeline.errors import RequestError
-from gen_pipeline.quality import RepetitionDetector
-from gen_pipeline.run.answer import TurnStats, cut_at_loop, judge
-from gen_pipeline.run.wire import Retryable, TurnResult, TurnStream
+from gen_pipeline.quality import LoopReason, RepetitionDetector, tail_loop
+from gen_pipeline.quality.accounting import add_failure, add_meta, format_gate, merged
+from gen_pipeline.records import Prompt, Sample
+from gen_pipeline.reports.page import render_html
+from gen_pipeline.reports.status import DatasetStatus, StatusReport, format_status
+from gen_pipeline.run.answer import TurnStats, cut_at_loop, detect_loop, judge
+from gen_pipeline.run.chat import ChatClient, ClientSettings
+from gen_pipeline.run.wire import Retryable, TurnResult, TurnStream, parse_response
+
+from mock_http import mock_http
 
 KEEP = GenerationConfig(reasoning="keep")
 DROP = GenerationConfig(reasoning="keep", truncated="drop")
@@ -82,32 +97,28 @@ def test_keep_repairs_and_flags_a_leak(content: str, reasoning: str, finish: str
     assert (t.reasoning, t.content, t.leak) == written
 
 
-def test_drop_fails_a_leak_at_once() -> None:
-    with pytest.raises(RequestError) as e:
-        judge(turn("<think>plan</think>The answer."), DROP)
-    assert (e.value.reason, e.value.retryable) == ("leak", False)
-    with pytest.raises(RequestError) as e:
-        judge(turn("Okay, the user asks for a sum. Let me add", "", "length"), DROP)
-    assert (e.value.reason, e.value.retryable) == ("truncated", False)
+CUT = "the thinking was cut by max_new_tokens (20 tokens) before any answer"
+FAIL_EMPTY = GenerationConfig(reasoning="keep", empty_turn="fail")
 
 
-def test_a_thinking_cut_before_any_answer_is_never_written() -> None:
-    """Returned as content (a parser bug) or as reasoning with no content: either way no answer."""
-    for t in (turn("Okay, the user asks for a sum. Let me add", "", "length"), turn("", "Let me add 17", "length")):
-        with pytest.raises(RequestError) as e:
-            judge(t, KEEP)
-        assert (e.value.reason, e.value.retryable) == ("truncated", False)
-        assert str(e.value).endswith("the thinking was cut by max_new_tokens (20 tokens) before any answer")
-
-
-def test_empty_and_marker_only_answers_follow_empty_turn() -> None:
-    for content in ("", "<think></think>"):
-        with pytest.raises(Retryable) as r:
-            judge(turn(content, "plan"), KEEP)
-        assert r.value.reason == "empty_turn"
-        with pytest.raises(RequestError) as e:
-            judge(turn(content, "plan"), GenerationConfig(reasoning="keep", empty_turn="fail"))
-        assert (e.value.reason, e.value.retryable) == ("empty_turn", False)
+@pytest.mark.parametrize(("t", "cfg", "error", "retryable", "ends"), [
+    (turn("<think>plan</think>The answer."), DROP, RequestError, ("leak", False), ""),  # drop fails a leak at once
+    (turn("Okay, the user asks for a sum. Let me add", "", "length"), DROP, RequestError, ("truncated", False), ""),
+    # a thinking cut before any answer, returned as content (a parser bug) or as reasoning: never written
+    (turn("Okay, the user asks for a sum. Let me add", "", "length"), KEEP, RequestError, ("truncated", False), CUT),
+    (turn("", "Let me add 17", "length"), KEEP, RequestError, ("truncated", False), CUT),
+    # empty and marker-only answers follow empty_turn
+    (turn("", "plan"), KEEP, Retryable, ("empty_turn", None), ""),
+    (turn("<think></think>", "plan"), KEEP, Retryable, ("empty_turn", None), ""),
+    (turn("", "plan"), FAIL_EMPTY, RequestError, ("empty_turn", False), ""),
+    (turn("<think></think>", "plan"), FAIL_EMPTY, RequestError, ("empty_turn", False), ""),
+])
+def test_judge_fails_or_retries(t: TurnResult, cfg: GenerationConfig, error: type[Exception], retryable: tuple,
+                                ends: str) -> None:
+    with pytest.raises(error) as e:
+        judge(t, cfg)
+    assert (e.value.reason, getattr(e.value, "retryable", None)) == retryable
+    assert str(e.value).endswith(ends)
 
 
 def test_a_turns_accounting_has_the_same_keys_every_time() -> None:
@@ -117,3 +128,115 @@ def test_a_turns_accounting_has_the_same_keys_every_time() -> None:
                     "attempts": 3, "loops": 1, "empty": 1, "leak": "", "tokens_not_decoded": 7000,
                     "discarded_tokens": 1200}
     assert stats.failure_extra() == {"loops": 1, "empty": 1, "tokens_not_decoded": 7000, "discarded_tokens": 1200}
+
+
+# ---------------------------------------------------------------- a loop at the cap
+REPO = Path(__file__).resolve().parents[2]
+NATURAL = ("The pool holds the prompt and the answer of every running request, so the server admits a new one "
+           "only when the tokens it may still need fit beside those already there. ")
+ANSWER = NATURAL * 2 + "The answer is the sum" + " of" * 162
+
+
+def test_a_loop_too_young_for_the_window_is_found_in_the_tail() -> None:
+    detector = RepetitionDetector()
+    assert detector.feed(ANSWER) is None and detector.finish() is None  # what the stream alone sees
+    verdict = tail_loop(ANSWER)
+    assert verdict is not None
+    start = ANSWER.index(" of" * 162) + 1
+    assert (verdict.reason, verdict.loop_start_char, verdict.at_char, verdict.period_words) == (
+        LoopReason.PERIOD, start, len(ANSWER), 1)
+
+
+@pytest.mark.parametrize("copies, found", [(2, False), (3, True)])
+def test_a_block_repeated_at_the_end_needs_min_copies_and_tail_loop_words(copies: int, found: bool) -> None:
+    block = " Check the value of the input and then go back to the first step of the list, as the manual says"
+    words = len(re.findall(r"\w+|[^\w\s]", block))  # 22: three copies are 66 words
+    text = NATURAL + block * copies
+    verdict = tail_loop(text)
+    assert (verdict is not None) == found
+    if verdict is not None:
+        assert (verdict.period_words, verdict.loop_start_char) == (words, len(NATURAL) + 1)
+    assert tail_loop(NATURAL + " of" * 63) is None  # fewer than tail_loop_words words
+
+
+@pytest.mark.parametrize("path", ["README.md", "gen_pipeline/quality/repetition.py", "gen_pipeline/run/chat.py"])
+def test_natural_text_cut_anywhere_ends_in_no_loop(path: str) -> None:
+    text = (REPO / path).read_text()
+    for end in range(2_000, len(text), max(1, len(text) // 40)):
+        assert tail_loop(text[:end]) is None, (path, end, text[end - 200:end])
+
+
+@pytest.mark.parametrize("finish, caught", [("length", True), ("stop", False)])
+def test_a_streamed_turn_at_the_cap_is_judged_on_its_tail(finish: str, caught: bool) -> None:
+    stream = TurnStream(RepetitionDetector())
+    for word in ANSWER.split(" "):
+        assert stream.feed(chunk("r", content=word + " ")) is None
+    stream.feed(chunk("r", finish=finish, tokens=512))
+    turn = stream.result()
+    assert (turn.loop is not None) == caught and turn.finish_reason == finish
+    whole = parse_response({"choices": [{"message": {"content": ANSWER}, "finish_reason": finish}],
+                            "usage": {"prompt_tokens": 9, "completion_tokens": 512}})
+    assert (detect_loop(whole, RepetitionDetector()) is not None) == caught
+
+
+async def test_the_client_retries_a_turn_that_loops_up_to_the_cap() -> None:
+    seen: list[dict] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        seen.append(orjson.loads(request.content))
+        looped = len(seen) == 1
+        return httpx.Response(200, json={
+            "id": "r", "choices": [{"index": 0, "message": {"role": "assistant", "content": ANSWER if looped else
+                                                            "Fine."}, "finish_reason": "length" if looped else "stop"}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 512 if looped else 2, "total_tokens": 0}})
+
+    settings = ClientSettings(model="m", backend="sim", sampling=SamplingConfig(max_new_tokens=512),
+                              generation=GenerationConfig(max_attempts=3, on_loop="retry"))
+    async with mock_http(server) as http:
+        sample = await ChatClient(http, ["http://s"], settings).regenerate(
+            Prompt("T-1", ({"role": "user", "content": "q"},)), "T")
+    assert isinstance(sample, Sample)
+    assert len(seen) == 2 and "seed" in seen[1] and "seed" not in seen[0]
+    turn = sample.meta["per_turn"][0]
+    assert (sample.meta["finish_reason"], turn["loops"], turn["attempts"], sample.conversations[-1]["content"]) == (
+        "stop", 1, 2, "Fine.")
+
+
+# ---------------------------------------------------------------- the gate's counts
+def per_turn(**kw: object) -> dict:
+    return {"finish_reason": "stop", "prompt_tokens": 10, "completion_tokens": 100, "reasoning_tokens": 40,
+            "attempts": 1, "loops": 0, "empty": 0, "leak": "", "tokens_not_decoded": 0, "discarded_tokens": 0} | kw
+
+
+def test_counts_over_rows_and_failures() -> None:
+    counts: dict[str, int] = {}
+    add_meta(counts, {"per_turn": [per_turn(), per_turn(attempts=3, loops=1, empty=1, tokens_not_decoded=7800,
+                                                            discarded_tokens=500)]})
+    add_meta(counts, {"per_turn": [per_turn(finish_reason="loop", loops=1, tokens_not_decoded=7900)]})
+    add_meta(counts, {"per_turn": [per_turn(leak="think_marker")]})
+    add_meta(counts, {"finish_reason": "stop"})  # a row written before the gate: nothing
+    add_failure(counts, {"id": "x", "reason": "loop", "loops": 2, "tokens_not_decoded": 15000,
+                         "discarded_tokens": 700})
+    assert counts == {"turns": 4, "retried_turns": 1, "loops": 4, "loops_kept": 1, "empty": 1, "leaks": 1,
+                      "tokens_not_decoded": 30700, "discarded_tokens": 1200}
+    assert merged([counts, {"loops": 1}])["loops"] == 5
+    assert format_gate(counts, 5400.0) == (
+        "quality gate: 4 loops caught (1 kept cut), 1 empty answer retried, 1 leak flagged; 30,700 tokens not "
+        "decoded (~1.50 GPU-h saved), 1,200 decoded and discarded")
+    assert format_gate({"turns": 9}) == ""
+
+
+def test_status_and_the_report_show_the_gate_with_the_estimate() -> None:
+    d = DatasetStatus("B2", 100, done=100, completion_tokens=390_000, state="finished",
+                      gate={"turns": 100, "loops": 2, "tokens_not_decoded": 15_000, "discarded_tokens": 10_000},
+                      run_wall_s=800.0)
+    # tokens not decoded × the runs' server-seconds per decoded token (written + discarded)
+    assert d.server_s_saved == pytest.approx(15_000 * 800.0 / 400_000)
+    assert d.to_dict()["server_s_saved"] == 30.0
+    report = StatusReport([d], 100, 100, ["B2"])
+    line = ("quality gate: 2 loops caught, 0 empty answers retried, 0 leaks flagged; 15,000 tokens not decoded "
+            "(~30.0 server-s saved), 10,000 decoded and discarded")
+    assert f"B2: {line}" in format_status(report).splitlines()
+    page = render_html("B2", [], report, "no diagnosis")
+    assert html.escape(f"B2: {line} (saved: an estimate, tokens not decoded up to max_new_tokens × the runs' wall "
+                       "time × GPUs ÷ every token they decoded)") in page

@@ -12,17 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gen_pipeline.quality import (
-    THINK_MARKERS,
-    LeakReason,
-    LoopReason,
-    LoopThresholds,
-    LoopVerdict,
-    RepetitionDetector,
-    check_turn,
-    find_markers,
-    is_marker_only,
-)
+from gen_pipeline import quality as Q
+from gen_pipeline.quality import LeakReason, LoopReason, LoopThresholds, LoopVerdict, RepetitionDetector
 
 REPO = Path(__file__).resolve().parents[2]
 PROSE = (
@@ -36,10 +27,10 @@ STEP = ("Wait, let me re-check. If x = 7, then 3x + 4 = 25, which matches the eq
         "The other root would make the denominator zero. So the answer is 7.\n\n")
 
 
-def feed_all(text: str, chunk: int = 7, thresholds: LoopThresholds | None = None) -> LoopVerdict | None:
-    det = RepetitionDetector(thresholds) if thresholds else RepetitionDetector()
-    for i in range(0, len(text), chunk):
-        if (v := det.feed(text[i:i + chunk])) is not None:
+def feed_all(text: str) -> LoopVerdict | None:
+    det = RepetitionDetector()
+    for i in range(0, len(text), 7):
+        if (v := det.feed(text[i:i + 7])) is not None:
             return v
     return det.finish()
 
@@ -100,59 +91,48 @@ def test_thinking_rounds_with_varying_openers_are_caught() -> None:
 def test_the_the_the_is_stopped_within_512_tokens() -> None:
     """The report of issue 22: "The the the …" 2,366 times; " the" is one token of any BPE tokenizer."""
     v = feed_all("The" + " the" * 2366)
-    assert v is not None and v.period_words == 1
-    assert v.at_char // len(" the") <= 512
+    assert v is not None and v.period_words == 1 and v.at_char // len(" the") <= 512
 
 
-NATURAL = [REPO / "README.md", REPO / "gen_pipeline" / "controller" / "core.py",
-           REPO / "gen_pipeline" / "store" / "dataset_store.py", REPO / "sglang_sim" / "engine.py"]
-
-
-@pytest.mark.parametrize("path", NATURAL, ids=lambda p: p.name)
-def test_natural_text_and_code_are_left_alone(path: Path) -> None:
-    assert feed_all(path.read_text()) is None
-
-
-@pytest.mark.parametrize(("name", "text"), [
-    ("distinct numbered list", "".join(f"{k}. {w} is item number {k * 7} of the inventory.\n"
-                                       for k, w in enumerate(PROSE.split()[:60], 1))),
-    ("table of numbers", "| a | b | c |\n|---|---|---|\n" + "".join(f"| {k} | {k * k} | {k ** 3 % 97} |\n"
-                                                                     for k in range(200))),
-    ("one repeat is not a loop", (PROSE * 2)),
-    ("two repeats of a long block", (PROSE * 3) * 1),
-], ids=lambda x: x if isinstance(x, str) and len(x) < 40 else "")
-def test_repetitive_but_not_looping(name: str, text: str) -> None:
-    v = feed_all(text)
-    assert v is None, (name, v)
+@pytest.mark.parametrize("path", ["README.md", "gen_pipeline/controller/core.py", "gen_pipeline/store/dataset_store.py",
+                                  "sglang_sim/engine.py"])
+def test_natural_text_and_code_are_left_alone(path: str) -> None:
+    assert feed_all((REPO / path).read_text()) is None
 
 
 _rng = random.Random(7)
 _NAMES = ["ada", "babbage", "curie", "davinci", "search", "similarity", "code", "text"]
 _OPS = ["lt", "le", "eq", "ne", "ge", "gt"]
-SEEN_AS_LOOPS_BEFORE = [  # natural text the first detector fired on (docs/measurements.md "Loop detector")
+NOT_LOOPS = [  # (name, text, also after PROSE): repetitive, not looping
+    ("distinct numbered list", "".join(f"{k}. {w} is item number {k * 7} of the inventory.\n"
+                                       for k, w in enumerate(PROSE.split()[:60], 1)), False),
+    ("table of numbers", "| a | b | c |\n|---|---|---|\n" + "".join(f"| {k} | {k * k} | {k ** 3 % 97} |\n"
+                                                                     for k in range(200)), False),
+    ("one repeat is not a loop", PROSE * 2, False),
+    # natural text the first detector fired on (docs/measurements.md "Loop detector")
     # pandas test_join: every line's first number was "#", so a column of numbers was "#," at period 2
     ("a column of numbers", "left = np.array(\n    [\n"
-     + "".join(f"        {_rng.randint(0, 3)},\n" for _ in range(300)) + "    ]\n)\n"),
+     + "".join(f"        {_rng.randint(0, 3)},\n" for _ in range(300)) + "    ]\n)\n", True),
     # bpe_openai compat: rows that differ in one name (made of words the text has used: not novel)
     ("rows that differ in one name", "MODELS = {\n" + "".join(
         f'    "{a}-{b}-001": _metadata("r50k_base", chunk_limit=2_048, special_tokens={{"<|endoftext|>": 50_256}}),\n'
-        for a, b in itertools.permutations(_NAMES, 2)) + "}\n"),
+        for a, b in itertools.permutations(_NAMES, 2)) + "}\n", True),
     # packaging/version.py: sibling methods that differ in the operator
     ("sibling methods", "class Version:\n    # " + " ".join(_OPS) + "\n" + "".join(
         f"    def __{op}__(self, other: Version) -> bool:\n        if not isinstance(other, Version):\n"
         "            return NotImplemented\n        if self._key is None:\n"
         "            self._key = _cmpkey(self._epoch, self._release, self._pre, self._post)\n"
-        f"        return self._key.__{op}__(other._key)\n\n" for op in _OPS)),
+        f"        return self._key.__{op}__(other._key)\n\n" for op in _OPS), True),
     # numpy test_arraypad: a row of numbers quoted a dozen times (few distinct n-grams, all numbers)
     ("a row of numbers quoted 13 times", "b = np.array(\n    ["
-     + ",\n     ".join(["[5, 6, 6, 5, 4, 4, 5, 6, 6, 5, 4, 4, 5, 6, 6]"] * 13) + "]\n)\n"),
+     + ",\n     ".join(["[5, 6, 6, 5, 4, 4, 5, 6, 6, 5, 4, 4, 5, 6, 6]"] * 13) + "]\n)\n", True),
 ]
 
 
-@pytest.mark.parametrize(("name", "text"), SEEN_AS_LOOPS_BEFORE, ids=[x[0] for x in SEEN_AS_LOOPS_BEFORE])
-def test_natural_repetition_the_first_detector_fired_on(name: str, text: str) -> None:
+@pytest.mark.parametrize(("name", "text", "prefixed"), NOT_LOOPS, ids=[x[0] for x in NOT_LOOPS])
+def test_repetitive_but_not_looping(name: str, text: str, prefixed: bool) -> None:
     assert feed_all(text) is None
-    assert feed_all(PROSE + text) is None
+    assert not prefixed or feed_all(PROSE + text) is None
 
 
 def test_a_long_block_quoted_three_times_is_a_loop_only_with_more_copies() -> None:
@@ -256,19 +236,19 @@ LEAKS = [  # content, reasoning_content, finish_reason, reasoning expected, reas
 @pytest.mark.parametrize(("content", "reasoning", "finish", "expected_reasoning", "reason"), LEAKS)
 def test_leak_checks(content: str | None, reasoning: str | None, finish: str, expected_reasoning: bool,
                      reason: LeakReason | None) -> None:
-    finding = check_turn(content, reasoning, finish, reasoning_expected=expected_reasoning)
+    finding = Q.check_turn(content, reasoning, finish, reasoning_expected=expected_reasoning)
     assert (finding.reason if finding else None) is reason
 
 
 def test_leak_details_say_what_was_found() -> None:
-    f = check_turn("Sure.</think>The answer.", None, "stop", reasoning_expected=True)
+    f = Q.check_turn("Sure.</think>The answer.", None, "stop", reasoning_expected=True)
     assert f is not None and f.detail == "content holds '</think>' at char 5 (1 markers)"
-    f = check_turn(None, "thinking " * 10, "length", reasoning_expected=True)
+    f = Q.check_turn(None, "thinking " * 10, "length", reasoning_expected=True)
     assert f is not None and f.detail == "finish_reason length with 90 chars of reasoning and no content"
 
 
 def test_every_marker_is_found_and_alone_is_marker_only() -> None:
-    for marker in THINK_MARKERS:
-        assert find_markers(f"a {marker} b") == [(2, marker)]
-        assert is_marker_only(f"\n{marker}\n")
-    assert not is_marker_only("plain text") and not is_marker_only("") and not is_marker_only("</think> hi")
+    for marker in Q.THINK_MARKERS:
+        assert Q.find_markers(f"a {marker} b") == [(2, marker)]
+        assert Q.is_marker_only(f"\n{marker}\n")
+    assert not Q.is_marker_only("plain text") and not Q.is_marker_only("") and not Q.is_marker_only("</think> hi")

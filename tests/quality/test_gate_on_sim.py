@@ -1,6 +1,7 @@
-"""The loop gate against a simulator that loops: every loop caught on its stream within ~512 tokens of its
-start (/sim/stats "loops" says where each began), `[generation] on_loop` honoured with exact counts, and
-meta.per_turn, errors.jsonl, `status` and `validate` accounting for every loop."""
+"""The gate against a simulator that loops or ends turns at once. Every loop is caught on its stream within ~512
+tokens of its start (/sim/stats "loops" says where each began) and `[generation] on_loop` is honoured with exact
+counts in meta.per_turn, errors.jsonl, `status` and `validate`; an empty turn is never written as done:
+`empty_turn` retries it (then records a failure) or fails it at once."""
 
 from __future__ import annotations
 
@@ -34,11 +35,6 @@ def sim():
         yield s
 
 
-def _dataset(folder: Path, policy: str, rows: int = ROWS) -> Path:
-    return write_dataset(folder, target=rows, max_new_tokens=MAX_NEW, shard_max_samples=16, fsync_every=4,
-                         rows=make_rows(rows), extra=f'on_loop = "{policy}"')
-
-
 def _loops(url: str) -> list[dict]:
     return httpx.get(url + "/sim/stats", timeout=5).json()["loops"]
 
@@ -48,11 +44,16 @@ def _errors(out: Path) -> list[dict]:
     return [orjson.loads(x) for x in path.read_bytes().splitlines()] if path.exists() else []
 
 
+def _run(url: str, toml: Path, out: Path):
+    return run_cli("generate", "--dataset", toml, "--server-url", url, "--output-dir", out, "--progress", "quiet")
+
+
 def _generate(sim, policy: str, tmp_path: Path, rc: int | None = 0) -> tuple[Path, Path, list[dict], str]:
     """One run; the loops the sim wrote during it (each checked: aborted within ABORT_WITHIN)."""
-    toml, out = _dataset(tmp_path / "ds", policy), tmp_path / "out"
+    toml, out = write_dataset(tmp_path / "ds", target=ROWS, max_new_tokens=MAX_NEW, shard_max_samples=16, fsync_every=4,
+                              rows=make_rows(ROWS), extra=f'on_loop = "{policy}"'), tmp_path / "out"
     before = len(_loops(sim.url))
-    r = run_cli("generate", "--dataset", toml, "--server-url", sim.url, "--output-dir", out, "--progress", "quiet")
+    r = _run(sim.url, toml, out)
     failed = _errors(out)
     if rc is None:  # 5 when rows were dropped: the source ran out short of the target
         rc = 5 if failed else 0
@@ -162,3 +163,65 @@ def test_an_unknown_policy_is_a_config_error(tmp_path, key: str, choices: str):
     with pytest.raises(ConfigError) as e:
         load_dataset_config(toml)
     assert str(e.value) == f"{toml}: generation.{key} = 'maybe' is not one of {choices}."
+
+
+# ---------------------------------------------------------------- a model that ends its turn at once
+
+@pytest.fixture(scope="module")
+def empty_sim():
+    with sim_in_thread([*SIM_FAST, "--sim-empty-turn-rate", "0.25", "--sim-seed", "3"], ready_timeout_s=30) as s:
+        yield s
+
+
+def _empty_dataset(folder: Path, policy: str | None, rows: int = 60) -> Path:
+    return write_dataset(folder, target=40, max_new_tokens=64, shard_max_samples=16, fsync_every=4,
+                         rows=make_rows(rows), extra=f'empty_turn = "{policy}"' if policy else "")
+
+
+def _empty_faults(url: str) -> int:
+    return httpx.get(url + "/sim/stats", timeout=5).json()["faults"]["empty_turn"]
+
+
+def test_empty_turns_are_retried_by_default(tmp_path, empty_sim):
+    toml, out = _empty_dataset(tmp_path / "ds", None), tmp_path / "out"
+    before = _empty_faults(empty_sim.url)
+    r = _run(empty_sim.url, toml, out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _empty_faults(empty_sim.url) - before >= 5  # the model did end turns at once in this run
+    samples = assert_exact(out, 40)
+    assert all(t["content"].strip() for s in samples for t in s["conversations"])
+    assert _errors(out) == []
+    v = run_cli("validate", "--dataset", toml, "--output-dir", out)
+    assert v.returncode == 0, v.stdout + v.stderr
+
+
+def test_empty_turns_fail_at_once_when_configured(tmp_path, empty_sim):
+    toml, out = _empty_dataset(tmp_path / "ds", "fail"), tmp_path / "out"
+    r = _run(empty_sim.url, toml, out)
+    failed = _errors(out)
+    assert failed, r.stdout
+    assert {(e["reason"], e["retryable"]) for e in failed} == {("empty_turn", False)}
+    assert all(e["detail"].startswith("the assistant turn is empty (1 completion tokens, finish_reason stop)")
+               for e in failed)
+    assert r.returncode == 0, r.stdout + r.stderr
+    samples = assert_exact(out, 40)  # 60 prompts: the target is met past the failed ones
+    assert not {e["id"] for e in failed} & {s["id"] for s in samples}
+    v = run_cli("validate", "--dataset", toml, "--output-dir", out)
+    assert v.returncode == 0, v.stdout + v.stderr
+
+
+def test_retries_spent_record_a_retryable_failure(tmp_path, empty_sim):
+    toml, out = _empty_dataset(tmp_path / "ds", "retry", rows=40), tmp_path / "out"
+    toml.write_text(toml.read_text().replace("max_attempts = 8", "max_attempts = 2"))
+    httpx.post(empty_sim.url + "/sim/faults", json={"empty_turn_rate": 1.0}, timeout=5).raise_for_status()
+    try:
+        r = _run(empty_sim.url, toml, out)
+    finally:
+        httpx.post(empty_sim.url + "/sim/faults", json={"empty_turn_rate": 0.25}, timeout=5).raise_for_status()
+    failed = _errors(out)
+    assert len(failed) == 40 and read_samples(out, "T") == []
+    assert r.returncode == 0, r.stderr  # as for any retryable failure: the next run retries them
+    assert "40 failed (empty_turn 40; 0 final, 40 retried by the next run)" in r.stdout
+    assert {(e["reason"], e["retryable"]) for e in failed} == {("empty_turn", True)}
+    assert all(e["detail"].startswith("gave up after 2 attempts: the assistant turn is empty") for e in failed)
+    assert "Traceback" not in r.stderr
