@@ -1,8 +1,6 @@
-"""`gen-pipeline check`: read the source as a run would, before any server (or model) starts, so that
-`generate` refuses to launch (unless --proceed-anyway) on what would fail the run. A local source of up to
-WHOLE_SOURCE_ROWS rows is read whole; a larger or hub source is judged from its first SAMPLE_ROWS rows
-(after the configured shuffle) and the row count `datasets` reports.
-"""
+"""`gen-pipeline check`: read the source as a run would, before any server starts, so that `generate` refuses to
+launch (unless --proceed-anyway) on what would fail the run. A larger or hub source is judged from its first
+SAMPLE_ROWS rows (after the configured shuffle) and the row count `datasets` reports."""
 
 from __future__ import annotations
 
@@ -100,7 +98,11 @@ def check_source(cfg: DatasetConfig, loaded: LoadedSource, *, done: int, final_f
     where = display_path(cfg.path) if cfg.path else cfg.name
     total = len(loaded.rows) if hasattr(loaded.rows, "__len__") else None
     columns = _columns(loaded.rows)
-    _check_columns(cfg, where, columns)
+    for key, name, what in (("field", cfg.source.field, "the conversations or prompts"),
+                            ("id_field", cfg.source.id_field, "ids")):
+        if columns and name and name not in columns:  # no columns: an empty source, which _problems says
+            raise ConfigError(f"{where}: source.{key} = {name!r}: the source has no such column. Its columns: "
+                              f"{', '.join(columns)}. Set source.{key} to the column holding {what}.")
     whole = bool(cfg.source.files) and total is not None and total <= WHOLE_SOURCE_ROWS
     stats = SourceStats()
     rejects: list[Reject] = []
@@ -128,21 +130,10 @@ def _columns(rows: Any) -> list[str]:
     return sorted(first) if isinstance(first, dict) else []
 
 
-def _check_columns(cfg: DatasetConfig, where: str, columns: list[str]) -> None:
-    src = cfg.source
-    if not columns:
-        return  # an empty source: _problems says so
-    for key, name, what in (("field", src.field, "the conversations or prompts"), ("id_field", src.id_field, "ids")):
-        if name and name not in columns:
-            raise ConfigError(f"{where}: source.{key} = {name!r}: the source has no such column. Its columns: "
-                              f"{', '.join(columns)}. Set source.{key} to the column holding {what}.")
-
-
 def _describe(cfg: DatasetConfig) -> str:
     src = cfg.source
-    if src.files:
-        return f"local files {', '.join(src.files)}"
-    return f"hub {src.hf_id}{f' ({src.hf_subset})' if src.hf_subset else ''}, split {src.split}"
+    subset = f" ({src.hf_subset})" if src.hf_subset else ""
+    return f"local files {', '.join(src.files)}" if src.files else f"hub {src.hf_id}{subset}, split {src.split}"
 
 
 def _problems(r: CheckReport, cfg: DatasetConfig, where: str, needed: int) -> list[GenPipelineError]:
@@ -156,8 +147,7 @@ def _problems(r: CheckReport, cfg: DatasetConfig, where: str, needed: int) -> li
             f"{where}: {r.rejected:,} of {read:,} {scope} are rejected ({_reasons(r.stats)}); the first, row "
             f"{first.source_index}: {first.detail}. Check source.schema = {src.schema!r} and source.field = "
             f"{src.field!r} (gen-pipeline check --dataset {cfg.name} shows the parsed rows)."))
-    overflow = _overflow_problem(r, cfg, where)
-    if overflow is not None:
+    if (overflow := _overflow_problem(r, cfg, where)) is not None:
         out.append(overflow)
     available = r.available()
     if needed > 0 and available is not None and available < needed:
@@ -209,11 +199,10 @@ def format_report(r: CheckReport) -> str:
     lines = [f"check {r.dataset} ({r.toml}): {r.source}", f"  {scope}",
              f"  columns: {', '.join(r.columns) or 'none'}",
              f"  valid: {r.valid:,}; rejected: {r.rejected:,}" + (f" ({_reasons(r.stats)})" if r.rejected else "")]
-    shown: set[str] = set()
+    firsts: dict[str, Reject] = {}
     for rej in r.rejects:
-        if rej.reason not in shown:
-            shown.add(rej.reason)
-            lines.append(f"    {rej.reason}, e.g. row {rej.source_index}: {rej.detail}")
+        firsts.setdefault(rej.reason, rej)
+    lines += [f"    {rej.reason}, e.g. row {rej.source_index}: {rej.detail}" for rej in firsts.values()]
     lines.append(f"  parsed prompts ({len(r.prompts)} shown, cut at {PREVIEW_CHARS} characters):")
     lines += [f"    {p.id}: {_preview(p)}" for p in r.prompts]
     lines += r.lengths.format(r.max_new_tokens, r.context)

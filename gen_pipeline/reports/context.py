@@ -1,7 +1,5 @@
-"""What a dataset's runs were, for the report page: dates, model, server, KV capacity, sampling.
-Read from the dataset folder only (manifest or fingerprint.json, telemetry rows, run.log); nothing here
-raises for a damaged folder: what cannot be read is left out.
-"""
+"""What a dataset's runs were, for the report page, read from its folder only; nothing here raises for a
+damaged folder: what cannot be read is left out."""
 
 from __future__ import annotations
 
@@ -25,21 +23,11 @@ def run_context(folder: Path, rows: list[dict[str, Any]]) -> list[tuple[str, str
     manifest = read_manifest(folder)[0] or {}
     fp = manifest.get("fingerprint")
     fp = fp if isinstance(fp, dict) else (read_fingerprint(folder) or {})
-    out = [("Runs", _runs(manifest))]
-    if fp.get("model"):
-        out.append(("Model", str(fp["model"])))
-    server = _server(folder)
-    if server:
-        out.append(("Server", server))
-    kv = _kv(rows)
-    if kv:
-        out.append(("KV capacity", kv))
-    if isinstance(fp.get("sampling"), dict):
-        out.append(("Sampling", _sampling(fp)))
-    source = fp.get("source")
-    if isinstance(source, dict):
-        out.append(("Source", _source(source)))
-    return out
+    sampling, source = fp.get("sampling"), fp.get("source")
+    out = [("Runs", _runs(manifest)), ("Model", str(fp.get("model") or "")), ("Server", _server(folder)),
+           ("KV capacity", _kv(rows)), ("Sampling", _sampling(fp) if isinstance(sampling, dict) else ""),
+           ("Source", _source(source) if isinstance(source, dict) else "")]
+    return [(label, value) for label, value in out if value]
 
 
 def _when(iso: Any) -> str:
@@ -95,14 +83,10 @@ def _kv(rows: list[dict[str, Any]]) -> str:
     last = next((r for r in reversed(rows) if r.get("kv_capacity_tokens")), None)
     if last is None:
         return ""
-    parts = [f"{last['kv_capacity_tokens']:,} tokens"]
-    if last.get("kv_dtype"):
-        parts.append(f"KV dtype {last['kv_dtype']}")
-    if last.get("mem_fraction_static") is not None:
-        parts.append(f"mem_fraction_static {last['mem_fraction_static']}")
-    if last.get("max_running_requests"):
-        parts.append(f"max running requests {last['max_running_requests']:,}")
-    return ", ".join(parts)
+    parts = [f"{last['kv_capacity_tokens']:,} tokens", f"KV dtype {last['kv_dtype']}" if last.get("kv_dtype") else "",
+             "" if last.get("mem_fraction_static") is None else f"mem_fraction_static {last['mem_fraction_static']}",
+             f"max running requests {last['max_running_requests']:,}" if last.get("max_running_requests") else ""]
+    return ", ".join(p for p in parts if p)
 
 
 def _sampling(fp: dict[str, Any]) -> str:

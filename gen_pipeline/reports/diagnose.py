@@ -1,12 +1,8 @@
-"""`diagnose`: what bounds a run, from its telemetry rows (pure: rows in, verdicts out; only
-`diagnose_dataset` reads files: the telemetry and the model's config.json).
-
-Each verdict is a named rule over the run's steady polls (warm-up and idle tail cut off), its
-thresholds in THRESHOLDS; docs/status.md describes each to users. Whether more slots pay is read as the
-elasticity: the least-squares slope of ln(gen tok/s) on ln(running) after the warm-up (SGLang's
-gen_throughput gauge reads low through the first wave's prefills), with one-sided Student's t bounds; a
-full pool alone says nothing: short outputs fill it and are bound by the step time. Thresholds calibrated
-on GPU traces: docs/measurements.md.
+"""`diagnose`: what bounds a run, from its telemetry rows (pure; only `diagnose_dataset` reads files). Each
+verdict is a named rule over the steady polls, thresholds in THRESHOLDS (docs/status.md tells users, calibration:
+docs/measurements.md). Whether more slots pay is the elasticity: the least-squares slope of ln(gen tok/s) on
+ln(running) after the warm-up, with one-sided Student's t bounds; a full pool alone says nothing (short outputs
+fill it and are bound by the step time).
 """
 
 from __future__ import annotations
@@ -86,8 +82,7 @@ def _vals(rows: list[dict[str, Any]], key: str) -> list[float]:
 
 
 def _last(rows: list[dict[str, Any]], key: str) -> Any:
-    vals = [r[key] for r in rows if r.get(key) is not None]
-    return vals[-1] if vals else None
+    return next((r[key] for r in reversed(rows) if r.get(key) is not None), None)
 
 
 @dataclass(frozen=True)
@@ -110,15 +105,11 @@ class RunView:
 
 def view(rows: list[dict[str, Any]], th: dict[str, float] = THRESHOLDS) -> RunView:
     """Cut the warm-up and the tail (from the last poll where in flight was at its steady level)."""
-    body = rows[int(len(rows) * th["warmup_frac"]):]
-    level = _med(_vals(body, "in_flight")) or 0
-    end = len(rows)
-    for i in range(len(rows) - 1, -1, -1):
-        if (rows[i].get("in_flight") or 0) >= th["tail_level"] * level:
-            end = i + 1
-            break
-    start = min(int(len(rows) * th["warmup_frac"]), end)
-    return RunView(rows, rows[start:end], rows[end:])
+    warm = int(len(rows) * th["warmup_frac"])
+    level = _med(_vals(rows[warm:], "in_flight")) or 0
+    busy = [i + 1 for i, r in enumerate(rows) if (r.get("in_flight") or 0) >= th["tail_level"] * level]
+    end = busy[-1] if busy else len(rows)
+    return RunView(rows, rows[min(warm, end):end], rows[end:])
 
 
 def diagnose(all_rows: list[dict[str, Any]], hw: Hardware = Hardware(),
@@ -143,8 +134,7 @@ def diagnose(all_rows: list[dict[str, Any]], hw: Hardware = Hardware(),
 
 
 def _restarts(runs: list[list[dict[str, Any]]]) -> Verdict | None:
-    per_run = [(r[0].get("run"), max(_vals(r, "restarts") or [0])) for r in runs]
-    hit = [(run, n) for run, n in per_run if n]
+    hit = [(r[0].get("run"), n) for r in runs if (n := max(_vals(r, "restarts") or [0]))]
     if not hit:
         return None
     total = sum(n for _, n in hit)
@@ -154,13 +144,10 @@ def _restarts(runs: list[list[dict[str, Any]]]) -> Verdict | None:
                            "fatal lines: OOM, NCCL, CUDA); work in flight at a restart is sent again",))
 
 
-def _p90(xs: list[float]) -> float | None:
-    return statistics.quantiles(xs, n=10, method="inclusive")[8] if len(xs) > 1 else (xs[0] if xs else None)
-
-
 def _levels(v: RunView) -> dict[str, Any]:
-    s = v.steady
-    return {"usage": _med(_vals(s, "kv_usage")), "usage_p90": _p90(_vals(s, "kv_usage")),
+    s, usage = v.steady, _vals(v.steady, "kv_usage")
+    p90 = statistics.quantiles(usage, n=10, method="inclusive")[8] if len(usage) > 1 else _med(usage)
+    return {"usage": _med(usage), "usage_p90": p90,
             "running": _med(_vals(s, "running")),
             "queued": _med(_vals(s, "queued")), "tok_s": _med(_vals(s, "gen_tok_s") or _vals(s, "client_tok_s")),
             "queued_share": sum(1 for r in s if (r.get("queued") or 0) > 0) / len(s),
@@ -224,10 +211,8 @@ def _read_elasticity(rows: list[dict[str, Any]], th: dict[str, float]) -> Elasti
 
 
 def elasticity(rows: list[dict[str, Any]], th: dict[str, float] = THRESHOLDS) -> Elasticity | None:
-    """The elasticity over `rows` (the polls after the warm-up) with its confidence bounds; None when it
-    cannot be read (too few polls, running too steady, no decode rate)."""
-    e = _read_elasticity(rows, th)
-    return e if isinstance(e, Elasticity) else None
+    """The elasticity over `rows` (the polls after the warm-up); None when it cannot be read."""
+    return e if isinstance(e := _read_elasticity(rows, th), Elasticity) else None
 
 
 def _graph_ceiling(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:
@@ -268,35 +253,25 @@ def _graph_ceiling(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | 
          "(SGLang captures decode graphs up to that batch: more GPU memory for them, a longer start-up)"))
 
 
-def _slots_held(v: RunView, th: dict[str, float]) -> dict[str, Any] | None:
-    """The shape kv_bound, step_bound and kv_or_step need: requests queued at the server in most steady
-    polls, running below max_running_requests and ≈ the pool's slots (KV tokens / tokens per request)."""
+SLOT_RULES = ("kv_bound", "step_bound", "kv_or_step")
+
+
+def _slots_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:
+    """Where the slots are held (requests queued in most steady polls, running below max_running_requests and
+    ≈ KV tokens / tokens per request): kv_bound, step_bound or kv_or_step by the elasticity's bounds."""
     x = _levels(v)
-    running, cap, per_req = x["running"], x["capacity"], x["per_request"]
+    running, cap, per_req, usage, usage_p90 = x["running"], x["capacity"], x["per_request"], x["usage"], x["usage_p90"]
     if running is None or not cap or not per_req or x["queued_share"] < th["queued_share"]:
         return None
     slots = cap / per_req
     if (x["max_running"] and running >= th["at_cap"] * x["max_running"]) \
             or not th["slots_low"] <= running / slots <= th["slots_high"]:
         return None
-    return {**x, "slots": slots, "elasticity": _read_elasticity(v.after_warmup, th)}
-
-
-SLOT_RULES = ("kv_bound", "step_bound", "kv_or_step")
-
-
-def _slots_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:
-    """kv_bound, step_bound or kv_or_step where the slots are held: more slots pay, do not, or this run
-    cannot tell (the elasticity's bounds against elastic_min)."""
-    x = _slots_held(v, th)
-    if x is None:
-        return None
-    read: Elasticity | str = x["elasticity"]  # or why it cannot be read
+    read = _read_elasticity(v.after_warmup, th)  # or why it cannot be read
     e = read if isinstance(read, Elasticity) else None
-    running, cap, per_req, usage, usage_p90 = x["running"], x["capacity"], x["per_request"], x["usage"], x["usage_p90"]
     if e is None and (usage_p90 is None or usage_p90 < th["kv_full"]):
         return None  # running never moved and the pool does not fill: nothing says KV holds the slots
-    held = (f"{running:.0f} running ≈ {cap:,} KV tokens / {per_req:,.0f} tokens per request = {x['slots']:.0f} "
+    held = (f"{running:.0f} running ≈ {cap:,} KV tokens / {per_req:,.0f} tokens per request = {slots:.0f} "
             f"slots, {x['queued']:,.0f} queued at the server (requests waiting in {x['queued_share']:.0%} of "
             f"{len(v.steady)} steady polls)")
     used = (f"KV {usage:.0%} in use (median; 90th percentile {usage_p90:.0%}), the rest held by SGLang's admission "

@@ -1,7 +1,5 @@
-"""`report`: one self-contained HTML page per dataset (PNG plots inlined as base64: it opens offline);
-matplotlib (Agg) is the optional `report` extra. The time axis is run time with the gaps between runs
-removed, so a resume days later does not squash the plots.
-"""
+"""`report`: one self-contained HTML page per dataset (PNG plots inlined: it opens offline; matplotlib is the
+`report` extra). The time axis leaves out the gaps between runs, so a resume days later does not squash the plots."""
 
 from __future__ import annotations
 
@@ -75,7 +73,8 @@ def plot_figure(rows: list[dict[str, Any]], title: str) -> Any:
     """The four panels as a matplotlib Figure: legends right of the panels, thresholds labelled."""
     plt = _pyplot()
     xs, starts, restarts = timeline(rows)
-    unit, per = _time_unit(max(xs, default=0.0))
+    span_min = max(xs, default=0.0)
+    unit, per = ("seconds", 1 / 60) if span_min < 2 else ("hours", 60.0) if span_min > 180 else ("minutes", 1.0)
     xs, starts, restarts = [x / per for x in xs], [(x / per, r) for x, r in starts], [x / per for x in restarts]
     fig, axes = plt.subplots(4, 1, figsize=(11, 9.5), sharex=True, layout="constrained")
     ax = axes[0]
@@ -112,8 +111,8 @@ def plot_figure(rows: list[dict[str, Any]], title: str) -> Any:
         for x in restarts:
             ax.axvline(x, color="red", lw=1.0)
         ax.grid(alpha=0.3)
-    for ax in axes[1:]:
-        _legend_outside(ax)
+        if ax is not axes[0]:
+            _legend_outside(ax)
     for x, run in starts:
         axes[0].annotate(f"run {run}", (x, 1.0), xycoords=("data", "axes fraction"), fontsize=8,
                          xytext=(2, -10), textcoords="offset points")
@@ -121,13 +120,6 @@ def plot_figure(rows: list[dict[str, Any]], title: str) -> Any:
         axes[1].annotate("restart", (x, 0.05), color="red", fontsize=8, xytext=(2, 0), textcoords="offset points")
     fig.suptitle(title)
     return fig
-
-
-def _time_unit(span_min: float) -> tuple[str, float]:
-    """The x axis unit for a span of `span_min` minutes: (name, minutes per unit)."""
-    if span_min < 2:
-        return "seconds", 1 / 60
-    return ("hours", 60.0) if span_min > 180 else ("minutes", 1.0)
 
 
 def plot_png(rows: list[dict[str, Any]], title: str, *, dpi: int = 100) -> bytes:

@@ -89,8 +89,7 @@ class ValidationReport:
         ranks = f" of {self.ranks} ranks" if self.ranks else ""
         out = [f"{self.folder}: {count(self.rows)} rows in {count(self.files)} shards{ranks}: {verdict} "
                f"({self.truncated:,} truncated, policy {self.truncated_policy})"]
-        gate = format_gate(self.gate)
-        if gate:
+        if gate := format_gate(self.gate):
             out.append(f"  {gate} (written rows only; errors.jsonl holds the failed samples)")
         for kind, n in self.counts.most_common():
             out.append(f"  {kind}: {n:,} ({KINDS[kind]})")
@@ -113,10 +112,8 @@ def _shape_diff(first: dict[str, Any], row: dict[str, Any], prefix: str, deep: b
     for k in sorted(a):
         if type(row[k]) is not type(first[k]):
             return f"{prefix}{k} is {_tname(row[k])} here, {_tname(first[k])} in the first row"
-        if deep and isinstance(row[k], dict):
-            diff = _shape_diff(first[k], row[k], f"{prefix}{k}.", deep)
-            if diff:
-                return diff
+        if deep and isinstance(row[k], dict) and (diff := _shape_diff(first[k], row[k], f"{prefix}{k}.", deep)):
+            return diff
     return ""
 
 
@@ -124,8 +121,7 @@ def _value_diff(first: Any, here: Any, name: str) -> str:
     """"name is X here, Y in the first row" for the first differing value ("" when equal), into objects."""
     if isinstance(first, dict) and isinstance(here, dict):
         for k in sorted(set(first) | set(here)):
-            diff = _value_diff(first.get(k), here.get(k), f"{name}.{k}")
-            if diff:
+            if diff := _value_diff(first.get(k), here.get(k), f"{name}.{k}"):
                 return diff
         return ""
     return "" if first == here else f"{name} is {here!r} here, {first!r} in the first row"
@@ -145,13 +141,11 @@ class _Checker:
         self.r.rows += 1
         if self.first is None:
             self.first = row
-        diff = _shape_diff(self.first, row, "", deep=False)
-        if diff:
+        if diff := _shape_diff(self.first, row, "", deep=False):
             self.r.add("schema", file, line, diff)
         meta, first_meta = row.get("meta"), self.first.get("meta")
         if isinstance(meta, dict) and isinstance(first_meta, dict):
-            diff = _shape_diff(first_meta, meta, "meta.", deep=True)
-            if diff:
+            if diff := _shape_diff(first_meta, meta, "meta.", deep=True):
                 self.r.add("meta_schema", file, line, diff)
             else:  # a row of another shape is reported as that
                 self._config(file, line, meta, first_meta)
@@ -190,8 +184,7 @@ class _Checker:
             self.r.add("mix_sampling", file, line, f"meta.sampling_variant is {variant!r}: the declared mix has "
                        f"variants 0 to {declared - 1}")
             return
-        diff = _value_diff(expected, sampling, "meta.sampling")
-        if diff:
+        if diff := _value_diff(expected, sampling, "meta.sampling"):
             self.r.add("mix_sampling", file, line, diff.replace(
                 "in the first row", f"in the declared mix for sampling_variant {variant}"))
 
@@ -217,8 +210,7 @@ class _Checker:
                 self._assistant(file, line, i, t)
 
     def _assistant(self, file: str, line: int, i: int, turn: dict[str, Any]) -> None:
-        marker = next((m for m in THINK_MARKERS if m in turn["content"]), None)
-        if marker:
+        if marker := next((m for m in THINK_MARKERS if m in turn["content"]), None):
             self.r.add("think_marker", file, line, f"conversations[{i}].content contains {marker!r}")
         has = "reasoning_content" in turn
         if self.reasoning is None:
@@ -248,11 +240,8 @@ def _roles_ok(roles: list[Any], turns: list[Any] | None = None) -> bool:
 def validate_named(name: str, output_root: Path, config_dir: Path = DEFAULT_CONFIG_DIR) -> ValidationReport:
     """`validate --dataset NAME`: the folder of a dataset name (a TOML's `name` when NAME is a config),
     validated; ConfigError when it has no folder or no sample yet."""
-    if name.endswith(".toml") or (config_dir / f"{name}.toml").exists():
-        name_in_toml = find_dataset_config(name, config_dir).name  # the TOML's `name` picks the folder
-    else:
-        name_in_toml = name
-    folder = output_root / name_in_toml
+    is_config = name.endswith(".toml") or (config_dir / f"{name}.toml").exists()
+    folder = output_root / (find_dataset_config(name, config_dir).name if is_config else name)  # the TOML's `name`
     if not folder.is_dir():
         raise ConfigError(f"{folder}: no such output folder. Generate it first (make generate DATASET={name}).")
     report = validate_dataset(folder)
@@ -282,12 +271,11 @@ def validate_dataset(folder: Path) -> ValidationReport:
                 break  # the empty string after the final newline
             try:
                 row = orjson.loads(line)
+                bad = "" if isinstance(row, dict) else f"a JSON {type(row).__name__}, not an object"
             except orjson.JSONDecodeError:
-                report.add("unparseable", name, n, "not valid JSON" + (TORN if n == last else ""))
-                continue
-            if not isinstance(row, dict):
-                report.add("unparseable", name, n, f"a JSON {type(row).__name__}, not an object"
-                           + (TORN if n == last else ""))
+                bad = "not valid JSON"
+            if bad:
+                report.add("unparseable", name, n, bad + (TORN if n == last else ""))
                 continue
             checker.row(name, n, row)
             if owner is not None and isinstance(row.get("id"), str) and owner_rank(row["id"], owner[1]) != owner[0]:
