@@ -73,8 +73,7 @@ class CheckReport:
 
 def run_check(cfg: DatasetConfig, *, output_root: Path, profile: ServerProfile | None,
               limit: int | None = None, sample_rows: int = SAMPLE_ROWS) -> CheckReport:
-    """`gen-pipeline check`: load the source and compare it with what the dataset's folder still needs
-    (all ranks as one; at most `limit`). Raises ConfigError for a missing column or an unloadable source."""
+    """Load the source and check it against what the dataset still needs; ConfigError for an unloadable source."""
     loaded = load_source(cfg)
     done, final_failed = dataset_done(output_root, cfg)
     return check_source(cfg, loaded, done=done, final_failed=final_failed, profile=profile, limit=limit,
@@ -82,8 +81,7 @@ def run_check(cfg: DatasetConfig, *, output_root: Path, profile: ServerProfile |
 
 
 def dataset_done(output_root: Path, cfg: DatasetConfig) -> tuple[int, int]:
-    """(samples done, ids failed for good) of a dataset's folder, all ranks as one, read once so that
-    done and needed agree while other runs (ranks) write."""
+    """(samples done, ids failed for good) of a dataset, all ranks as one, read once while other ranks write."""
     status = read_status(output_root, cfg.name, cfg.target_samples)
     final_failed = len(final_failure_ids(output_root / cfg.name)) if status.done or status.runs else 0
     return status.done, final_failed
@@ -92,9 +90,8 @@ def dataset_done(output_root: Path, cfg: DatasetConfig) -> tuple[int, int]:
 def check_source(cfg: DatasetConfig, loaded: LoadedSource, *, done: int, final_failed: int,
                  profile: ServerProfile | None, limit: int | None = None,
                  sample_rows: int = SAMPLE_ROWS) -> CheckReport:
-    """Parse a loaded source as a run would, measure prompts, compare with the target given `done`
-    samples and `final_failed` ids (at most `limit` needed). Raises ConfigError for a missing column;
-    `problems` lists what `generate` refuses to launch for."""
+    """Parse a loaded source as a run would, measure prompts, compare with the target (at most `limit` needed).
+    Raises ConfigError for a missing column; `problems` lists what `generate` refuses to launch for."""
     where = display_path(cfg.path) if cfg.path else cfg.name
     total = len(loaded.rows) if hasattr(loaded.rows, "__len__") else None
     columns = _columns(loaded.rows)

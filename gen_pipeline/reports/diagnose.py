@@ -21,33 +21,24 @@ from gen_pipeline.store.telemetry import read_telemetry, runs_of
 THRESHOLDS: dict[str, float] = {
     "warmup_frac": 0.2,  # first share of a run's polls: the first wave, not the steady state
     "min_polls": 5,  # fewer steady polls than this: no verdict
-    # no elasticity read and the 90th percentile of KV usage at or above: kv_or_step, never kv_bound
-    # (short outputs fill the pool and are bound by the step time)
-    "kv_full": 0.90,
+    "kv_full": 0.90,  # no elasticity read, p90 KV usage at or above: kv_or_step (short outputs fill the pool too)
     "kv_free": 0.70,  # median KV usage below: the pool has room (and no elasticity says KV binds)
-    # the elasticity at or above which more decode slots pay: between what KV-bound long outputs and
-    # step-bound short ones read (docs/measurements.md)
+    # more slots pay at this elasticity: between KV-bound long outputs and step-bound short ones (docs/measurements.md)
     "elastic_min": 0.25,
-    # one-sided confidence of the slope's bounds: kv_bound when the lower bound is at or above
-    # elastic_min, step_bound when the upper bound is below it, else kv_or_step
-    "elastic_confidence": 0.95,
+    "elastic_confidence": 0.95,  # kv_bound: the lower bound at or above elastic_min; step_bound: the upper below
     "elastic_spread": 1.25,  # running must span this ratio (max / min over the polls used) to read it
     "elastic_floor": 0.25,  # polls with running below this share of the steady median are left out
     "queued_share": 0.5,  # share of steady polls with requests queued at the server
     "slots_low": 0.5, "slots_high": 2.5,  # running / (KV tokens / tokens per request): "≈"
     "at_cap": 0.95,  # running / max_running_requests at or above: at the cap
     "client_fill": 0.8,  # mean in_flight / window below: the window is not kept full
-    # the generate process's CPU (cores, median of steady polls) at or above: the client is busy (one event
-    # loop is one core)
-    "client_cpu": 0.85,
+    "client_cpu": 0.85,  # the generate process's cores (steady median) at or above: busy (one event loop: one core)
     "storm_per_completion": 0.25,  # retractions per completed sample at or above: a storm
     "storm_min": 10,  # ... and at least this many retractions
     "tail_level": 0.5,  # in flight below this share of the steady median: the tail
     "tail_frac": 0.15,  # the tail's share of the run's time at or above: an idle tail
-    # graph_ceiling: this share of the polls ran above cuda_graph_max_bs, with the decode rate per running
-    # request there at least graph_drop below the polls under it
-    "graph_over_share": 0.25,
-    "graph_drop": 0.15,
+    # graph_ceiling: this share of the polls above cuda_graph_max_bs, their rate per request graph_drop lower
+    "graph_over_share": 0.25, "graph_drop": 0.15,
 }
 FP8 = "fp8_e4m3"
 
@@ -182,16 +173,14 @@ def t_quantile(p: float, df: int) -> float:
 
 
 def _elastic_points(rows: list[dict[str, Any]], th: dict[str, float]) -> list[tuple[float, float]]:
-    """(ln running, ln gen tok/s) of the polls with a decode rate and running at or above elastic_floor of
-    their median."""
+    """(ln running, ln gen tok/s) of the polls with a decode rate and running at or above elastic_floor."""
     level = _med(_vals(rows, "running")) or 0
     return [(math.log(r["running"]), math.log(r["gen_tok_s"])) for r in rows
             if (r.get("running") or 0) >= max(1.0, th["elastic_floor"] * level) and (r.get("gen_tok_s") or 0) > 0]
 
 
 def _read_elasticity(rows: list[dict[str, Any]], th: dict[str, float]) -> Elasticity | str:
-    """The slope of ln(gen tok/s) on ln(running) over `rows` with its confidence bounds, or why it cannot be
-    read: fewer than min_polls polls with both, or running spanning less than elastic_spread."""
+    """The slope of ln(gen tok/s) on ln(running) with its confidence bounds, or why it cannot be read."""
     pts = _elastic_points(rows, th)
     if len(pts) < max(th["min_polls"], 3):
         return (f"only {len(pts)} polls after the warm-up report a decode rate with running near its level: too few "
@@ -403,8 +392,7 @@ def format_diagnosis(dataset: str, rows: list[dict[str, Any]], verdicts: list[Ve
     """A few lines for a terminal: which run, then each verdict with its numbers and levers."""
     if not rows:
         return f"{dataset}: no telemetry yet (telemetry.jsonl is written by generate; run it first)."
-    last = rows[-1]
-    runs = len({r.get("run") for r in rows})
+    last, runs = rows[-1], len({r.get("run") for r in rows})
     head = f"{dataset}: run {last.get('run')} ({len(rows)} polls over {runs} run(s); mode {last.get('mode')})"
     if not verdicts:
         verdicts = [Verdict("balanced", "no bottleneck rule fired: neither KV, admission, client nor retractions "

@@ -1,10 +1,6 @@
-"""How long the job takes, for `plan`: tokens to decode / the rate a KV-bound server decodes them.
-
-A request holds its prompt and on average half its output over its life, so b = KV tokens / (prompt +
-output/2) run at once, and one decode step of b takes base + per_request·b + per_kv_token·kv_in_use
-(attention reads every KV token). The coefficients are the reference node's (the simulator's "seed"
-profile: docs/measurements.md); another model or GPU: pass a measured aggregate rate (`decode_tok_s`).
-"""
+"""How long the job takes, for `plan`: tokens to decode / the rate a KV-bound server decodes them. A decode step
+of b running takes base + per_request·b + per_kv_token·kv_in_use (attention reads every KV token), with the
+reference node's coefficients (docs/measurements.md); another model or GPU: a measured rate (`decode_tok_s`)."""
 
 from __future__ import annotations
 

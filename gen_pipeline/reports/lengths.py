@@ -1,6 +1,5 @@
-"""Prompt lengths for `check`: tokens with the served model's tokenizer when `transformers` can load
-it offline, else characters (and a ~4 characters/token estimate); the server's context length
-when the profile or a local model folder says it."""
+"""Prompt lengths for `check`: tokens with the served model's tokenizer when `transformers` loads it offline, else
+characters; the context length when the profile or a local model folder says it."""
 
 from __future__ import annotations
 
@@ -54,14 +53,10 @@ class Lengths:
                          f"max_new_tokens {max_new_tokens:,} = {approx}{longest + max_new_tokens:,}")
             return lines
         over = self.overflowing(max_new_tokens, ctx)
-        head = (f"  context length {ctx:,} tokens ({where}): longest prompt {approx}{longest:,} tokens + "
-                f"max_new_tokens {max_new_tokens:,} = {approx}{longest + max_new_tokens:,}")
-        if not over:
-            lines.append(head + ": fits")
-        else:
-            lines.append(head + f": {over:,} of {len(v):,} prompts do not fit; SGLang refuses those requests "
-                                "(HTTP 400, recorded as final failures). Lower max_new_tokens or raise context_length.")
-        return lines
+        return [*lines, f"  context length {ctx:,} tokens ({where}): longest prompt {approx}{longest:,} tokens + "
+                f"max_new_tokens {max_new_tokens:,} = {approx}{longest + max_new_tokens:,}" + (
+                    f": {over:,} of {len(v):,} prompts do not fit; SGLang refuses those requests (HTTP 400, recorded "
+                    "as final failures). Lower max_new_tokens or raise context_length." if over else ": fits")]
 
 
 def measure(prompts: list[Prompt], profile: ServerProfile | None) -> Lengths:

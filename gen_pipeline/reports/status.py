@@ -133,9 +133,8 @@ class StatusReport:
 
 
 def read_status(root: Path, dataset: str, target: int | None) -> DatasetStatus:
-    """Figures of `root/dataset` (target None = the one the last run recorded), all ranks as one when
-    ranks wrote it. Never raises for a damaged folder: unreadable parts are skipped and counted in
-    `corrupt_lines`."""
+    """Figures of `root/dataset` (target None: the last run's), all ranks as one. Never raises for a damaged
+    folder: unreadable parts are skipped and counted in `corrupt_lines`."""
     folder = layout.dataset_folder(root, dataset)
     if layout.rank_parts(folder):
         return read_ranked_status(folder, dataset, target)
@@ -248,8 +247,7 @@ def config_targets(config_dir: Path, output_dir: Path, only: Sequence[str] = ())
 
 
 def check_output_root(root: Path) -> None:
-    """Refuse an output folder that does not exist (every dataset would read "not started", exit 0, for a
-    mistyped --output-dir); ConfigError naming it and what to do."""
+    """ConfigError for an --output-dir that is no folder (a typo would read "not started" everywhere, exit 0)."""
     if not Path(root).exists():
         raise ConfigError(f"--output-dir {root}: no such folder, so no dataset has output there. Pass the folder "
                           "generate wrote to (default: outputs), or run generate first: it makes the folder.")
@@ -261,8 +259,7 @@ def check_output_root(root: Path) -> None:
 def status_all(root: Path, targets: dict[str, int | None], *, total_of: list[str] | None = None,
                others: bool = True) -> StatusReport:
     """Status of every dataset in `targets` plus (`others`) any other folder of `root` with shards; the
-    total sums `total_of` (default: every dataset in `targets`). `status --dataset X` and the report page
-    of X pass others=False: they are about X alone."""
+    total sums `total_of` (default: every dataset in `targets`)."""
     names = list(targets)
     if others and Path(root).is_dir():
         names += sorted(p.name for p in Path(root).iterdir()

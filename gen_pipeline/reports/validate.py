@@ -152,13 +152,11 @@ class _Checker:
             leaks_before = self.r.gate.get("leaks", 0)
             add_meta(self.r.gate, meta)
             if self.r.gate.get("leaks", 0) > leaks_before and self.r.truncated_policy == "drop":
-                self.r.add("leak", file, line, "meta.per_turn flags a reasoning leak but generation.truncated = "
-                           "\"drop\"")
+                self.r.add("leak", file, line, 'meta.per_turn flags a reasoning leak but generation.truncated = "drop"')
             if meta.get("finish_reason") == "length":
                 self.r.truncated += 1
                 if self.r.truncated_policy == "drop":
-                    self.r.add("truncated", file, line,
-                               "finish_reason is \"length\" but generation.truncated = \"drop\"")
+                    self.r.add("truncated", file, line, 'finish_reason is "length" but generation.truncated = "drop"')
         self._id(file, line, row.get("id"))
         if isinstance(row.get("conversations"), list):
             self._turns(file, line, row["conversations"])
@@ -189,12 +187,9 @@ class _Checker:
                 "in the first row", f"in the declared mix for sampling_variant {variant}"))
 
     def _id(self, file: str, line: int, rid: Any) -> None:
-        if not isinstance(rid, str):
-            return  # reported by the schema check
-        if rid in self.seen:
-            self.r.add("duplicate_id", file, line, f"id {rid!r} already at {self.seen[rid]}")
-        else:
-            self.seen[rid] = f"{file}:{line}"
+        here = f"{file}:{line}"
+        if isinstance(rid, str) and (at := self.seen.setdefault(rid, here)) != here:  # not a str: the schema check's
+            self.r.add("duplicate_id", file, line, f"id {rid!r} already at {at}")
 
     def _turns(self, file: str, line: int, turns: list[Any]) -> None:
         roles = [t.get("role") if isinstance(t, dict) else None for t in turns]
