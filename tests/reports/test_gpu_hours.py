@@ -13,7 +13,7 @@ from gen_pipeline import ConfigError, RunOptions
 from gen_pipeline.records import Sample
 from gen_pipeline.reports.gpu_hours import dataset_usage, format_usage, job_usage, project
 from gen_pipeline.reports.page import render_html
-from gen_pipeline.reports.status import format_status, status_all
+from gen_pipeline.reports.status import format_status, run_wall_s, status_all
 from gen_pipeline.server.handle import server_gpus
 from gen_pipeline.store.dataset_store import DatasetStore
 
@@ -161,3 +161,11 @@ def test_runs_that_tie_in_time_sort_whether_or_not_their_gpus_are_known():
     # second as another run (this crashed status with "'<' not supported between 'int' and 'NoneType'")
     u = job_usage({"": [run(0, 0, 60, 1_000), run(0, 0, 60, 0, gpus=None), run(0, 0, 60, 500, gpus=4)]})
     assert (round(u.gpu_hours, 6), u.samples, u.unknown_runs) == (0.0, 1_500, 1)
+
+
+def test_mixed_naive_and_aware_times_span_their_seconds() -> None:
+    """A hand-edited manifest's naive times are read as UTC, as GPU-hours reads them: no TypeError."""
+    assert run_wall_s({"started_at": "2026-01-01T00:00:00", "ended_at": "2026-01-01T01:00:00+00:00"}) == 3600.0
+    assert run_wall_s({"started_at": "2026-01-01T00:00:00+01:00", "updated_at": "2026-01-01T00:30:00"}) == 5400.0
+    assert run_wall_s({"started_at": "2026-01-01T00:00:00"}) is None
+    assert run_wall_s({"started_at": "not a time", "ended_at": "2026-01-01T01:00:00"}) is None
