@@ -107,8 +107,10 @@ def check_source(cfg: DatasetConfig, loaded: LoadedSource, *, done: int, final_f
     rows = loaded.rows if whole else islice(loaded.rows, sample_rows)
     prompts = list(iter_prompts(cfg, frozenset(), stats, rejects, rows=rows))
     max_new = max(s.max_new_tokens for _, s in cfg.variants)  # a sampling mix: its largest must fit too
+    src, subset = cfg.source, f" ({cfg.source.hf_subset})" if cfg.source.hf_subset else ""
+    described = f"local files {', '.join(src.files)}" if src.files else f"hub {src.hf_id}{subset}, split {src.split}"
     report = CheckReport(
-        cfg.name, where, _describe(cfg), columns, total, whole, stats, rejects, prompts[:SHOWN_PROMPTS],
+        cfg.name, where, described, columns, total, whole, stats, rejects, prompts[:SHOWN_PROMPTS],
         measure(prompts[:sample_rows], profile), max_new, context_length(profile),
         done, cfg.target_samples, final_failed)
     if cfg.mix is not None:
@@ -125,12 +127,6 @@ def _columns(rows: Any) -> list[str]:
         return list(names)
     first = next(iter(rows), None)  # a streaming source may not know its columns before a row is read
     return sorted(first) if isinstance(first, dict) else []
-
-
-def _describe(cfg: DatasetConfig) -> str:
-    src = cfg.source
-    subset = f" ({src.hf_subset})" if src.hf_subset else ""
-    return f"local files {', '.join(src.files)}" if src.files else f"hub {src.hf_id}{subset}, split {src.split}"
 
 
 def _problems(r: CheckReport, cfg: DatasetConfig, where: str, needed: int) -> list[GenPipelineError]:

@@ -24,8 +24,11 @@ def run_context(folder: Path, rows: list[dict[str, Any]]) -> list[tuple[str, str
     fp = manifest.get("fingerprint")
     fp = fp if isinstance(fp, dict) else (read_fingerprint(folder) or {})
     sampling, source = fp.get("sampling"), fp.get("source")
+    extra = [f"{k} {fp[k]}" for k in ("reasoning", "truncated") if fp.get(k)]
+    sampled = "; ".join([", ".join(f"{k} {v}" for k, v in sampling.items()), *extra]) if isinstance(sampling, dict) \
+        else ""
     out = [("Runs", _runs(manifest)), ("Model", str(fp.get("model") or "")), ("Server", _server(folder)),
-           ("KV capacity", _kv(rows)), ("Sampling", _sampling(fp) if isinstance(sampling, dict) else ""),
+           ("KV capacity", _kv(rows)), ("Sampling", sampled),
            ("Source", _source(source) if isinstance(source, dict) else "")]
     return [(label, value) for label, value in out if value]
 
@@ -87,12 +90,6 @@ def _kv(rows: list[dict[str, Any]]) -> str:
              "" if last.get("mem_fraction_static") is None else f"mem_fraction_static {last['mem_fraction_static']}",
              f"max running requests {last['max_running_requests']:,}" if last.get("max_running_requests") else ""]
     return ", ".join(p for p in parts if p)
-
-
-def _sampling(fp: dict[str, Any]) -> str:
-    s = ", ".join(f"{k} {v}" for k, v in fp["sampling"].items())
-    extra = [f"{k} {fp[k]}" for k in ("reasoning", "truncated") if fp.get(k)]
-    return "; ".join([s, *extra])
 
 
 def _source(source: dict[str, Any]) -> str:

@@ -172,16 +172,12 @@ def t_quantile(p: float, df: int) -> float:
     return z + sum(g / float(df) ** (k + 1) for k, g in enumerate(terms))
 
 
-def _elastic_points(rows: list[dict[str, Any]], th: dict[str, float]) -> list[tuple[float, float]]:
-    """(ln running, ln gen tok/s) of the polls with a decode rate and running at or above elastic_floor."""
-    level = _med(_vals(rows, "running")) or 0
-    return [(math.log(r["running"]), math.log(r["gen_tok_s"])) for r in rows
-            if (r.get("running") or 0) >= max(1.0, th["elastic_floor"] * level) and (r.get("gen_tok_s") or 0) > 0]
-
-
 def _read_elasticity(rows: list[dict[str, Any]], th: dict[str, float]) -> Elasticity | str:
-    """The slope of ln(gen tok/s) on ln(running) with its confidence bounds, or why it cannot be read."""
-    pts = _elastic_points(rows, th)
+    """The slope of ln(gen tok/s) on ln(running) with its confidence bounds, or why it cannot be read; over the
+    polls with a decode rate and running at or above elastic_floor."""
+    floor = max(1.0, th["elastic_floor"] * (_med(_vals(rows, "running")) or 0))
+    pts = [(math.log(r["running"]), math.log(r["gen_tok_s"])) for r in rows
+           if (r.get("running") or 0) >= floor and (r.get("gen_tok_s") or 0) > 0]
     if len(pts) < max(th["min_polls"], 3):
         return (f"only {len(pts)} polls after the warm-up report a decode rate with running near its level: too few "
                 "to read how the decode rate grows with running")

@@ -149,23 +149,16 @@ def format_job_time(j: JobTime, config_dir: Path) -> str:
         "  the rate was fitted on B2-like long requests (100-150 running): short-output datasets at hundreds running "
         "are an extrapolation, and SGLang's max_running_requests or CUDA-graph batch sizes may cap them lower.",
     ]
-    return "\n".join(lines + _graph_warning(j))
-
-
-def _graph_warning(j: JobTime) -> list[str]:
-    """A warning when a dataset's predicted running exceeds the node's CUDA-graph ceiling."""
-    over = [d for d in j.known if j.cuda_graph_max_bs and d.running > j.cuda_graph_max_bs]
-    if not over:
-        return []
-    c = j.cuda_graph_max_bs
-    names = ", ".join(d.name for d in over)
-    runs = " / ".join(f"{d.running:,.0f}" for d in over)
-    return [f"WARNING: {names} would run {runs} requests at once, above SGLang's CUDA-graph ceiling of {c} on this "
-            f"node ({j.cuda_graph_note}): a decode batch above it runs without a CUDA graph, ~2x the step time. The "
-            f"adaptive controller holds the batch at {c} (it reads cuda_graph_max_bs from the server), so these "
-            f"datasets run at most {c} at once and their times above are optimistic; to use the KV for more, raise "
-            f'it in the server profile: extra_args = ["--cuda-graph-max-bs", "{2 * c}"] (more GPU memory for graphs, '
-            "a longer start-up)."]
+    c = j.cuda_graph_max_bs  # a warning when a dataset's predicted running exceeds the node's CUDA-graph ceiling
+    if over := [d for d in known if c and d.running > c]:
+        lines.append(
+            f"WARNING: {', '.join(d.name for d in over)} would run {' / '.join(f'{d.running:,.0f}' for d in over)} "
+            f"requests at once, above SGLang's CUDA-graph ceiling of {c} on this node ({j.cuda_graph_note}): a "
+            f"decode batch above it runs without a CUDA graph, ~2x the step time. The adaptive controller holds the "
+            f"batch at {c} (it reads cuda_graph_max_bs from the server), so these datasets run at most {c} at once "
+            "and their times above are optimistic; to use the KV for more, raise it in the server profile: "
+            f'extra_args = ["--cuda-graph-max-bs", "{2 * c}"] (more GPU memory for graphs, a longer start-up).')
+    return "\n".join(lines)
 
 
 def plan_job_time(p: Plan, config_dir: Path, output_dir: Path, *, decode_tok_s: float | None = None,

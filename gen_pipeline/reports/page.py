@@ -61,9 +61,8 @@ def _series(rows: list[dict[str, Any]], key: str) -> list[float]:
 def _legend_outside(ax: Any, extra: Any = None) -> None:
     """One legend to the right of the panel (never over its lines), with `extra` axes' entries (a twin)."""
     handles, labels = ax.get_legend_handles_labels()
-    if extra is not None:
-        more = extra.get_legend_handles_labels()
-        handles, labels = handles + more[0], labels + more[1]
+    more = extra.get_legend_handles_labels() if extra is not None else ([], [])
+    handles, labels = handles + more[0], labels + more[1]
     if handles:
         ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.09 if extra is not None else 1.01, 1.0),
                   borderaxespad=0.0, fontsize=8, frameon=False)
@@ -124,11 +123,10 @@ def plot_figure(rows: list[dict[str, Any]], title: str) -> Any:
 
 def plot_png(rows: list[dict[str, Any]], title: str, *, dpi: int = 100) -> bytes:
     """The four panels as one PNG."""
-    plt = _pyplot()
     fig = plot_figure(rows, title)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
-    plt.close(fig)
+    _pyplot().close(fig)
     return buf.getvalue()
 
 

@@ -283,10 +283,6 @@ def _si(n: float | None) -> str:
     return f"{n:.0f}" if float(n).is_integer() else f"{n:.1f}"
 
 
-def _duration(s: float | None) -> str:
-    return "-" if s is None else "done" if s == 0 else format_duration(s)
-
-
 def _progress(done: int, target: int | None) -> list[str]:
     """The "done/target" and "%" cells."""
     return [f"{done:,}/{target:,}" if target is not None else f"{done:,}/?",
@@ -305,7 +301,8 @@ def _row(d: DatasetStatus, in_total: bool) -> list[str]:
     return [d.dataset, *_progress(d.done, d.target), str(d.shards), _si(d.prompt_tokens),
             _si(d.completion_tokens), f"{100 * d.truncated_share:.1f}%", errors, str(d.rejects),
             d.state if in_total else f"{d.state} (not in total)",
-            _si(d.samples_per_s), _si(d.tokens_per_s), _duration(d.eta_s)]
+            _si(d.samples_per_s), _si(d.tokens_per_s),
+            "-" if (eta := d.eta_s) is None else "done" if eta == 0 else format_duration(eta)]
 
 
 STATUS_HEAD = ["dataset", "done/target", "%", "shards", "prompt tok", "compl tok", "trunc", "errors",
@@ -374,17 +371,14 @@ def _rank_status(part: Path | None, dataset: str, rank: int, world: int, target:
     st.world_size = world
     running = st.state.startswith("running")
     unfinished = st.target is None or st.done < st.target
-    heartbeat_old = st.heartbeat_age_s is not None and st.heartbeat_age_s > _stale_after_s(part)
+    # how long a live-looking run may go without a commit: longer while its last run has written nothing
+    runs = (read_manifest(part)[0] or {}).get("runs", []) if part is not None else []
+    starting = not runs or (runs[-1].get("ended_at") is None and not runs[-1].get("samples_written"))
+    heartbeat_old = st.heartbeat_age_s is not None and st.heartbeat_age_s > (
+        STARTING_GRACE_S if starting else STALE_AFTER_S)
     if unfinished and st.state != "source exhausted" and (not running or heartbeat_old):
         st.stale_ranks = [rank]
     return st
-
-
-def _stale_after_s(part: Path | None) -> float:
-    """How long a live-looking run may go without a commit: longer while its last run has written nothing."""
-    runs = (read_manifest(part)[0] or {}).get("runs", []) if part is not None else []
-    starting = not runs or (runs[-1].get("ended_at") is None and not runs[-1].get("samples_written"))
-    return STARTING_GRACE_S if starting else STALE_AFTER_S
 
 
 def read_ranked_status(folder: Path, dataset: str, target: int | None) -> DatasetStatus:
@@ -444,10 +438,6 @@ def _state(ranks: list[DatasetStatus], live: int) -> str:
     return f"stopped{tail}" if any(r.runs or r.done for r in ranks) else f"not started{tail}"
 
 
-def _ago(age_s: float | None) -> str:
-    return "-" if age_s is None else f"{format_duration(max(age_s, 0.0))} ago"
-
-
 def format_ranks(datasets: list[DatasetStatus]) -> list[str]:
     """Per ranked dataset: a line, then one row per rank (what to rerun is marked "stale: run it")."""
     out: list[str] = []
@@ -455,7 +445,8 @@ def format_ranks(datasets: list[DatasetStatus]) -> list[str]:
         stale = f"; stale: rank {', '.join(map(str, d.stale_ranks))}" if d.stale_ranks else ""
         out += ["", f"{d.dataset}: {len(d.ranks)} ranks{stale}"]
         head = ["rank", "done/share", "%", "state", "last commit", "samples/s", ""]
-        rows = [[r.dataset.split("/", 1)[1], *_progress(r.done, r.target), r.state, _ago(r.heartbeat_age_s),
+        rows = [[r.dataset.split("/", 1)[1], *_progress(r.done, r.target), r.state,
+                 "-" if (age := r.heartbeat_age_s) is None else f"{format_duration(max(age, 0.0))} ago",
                  _si(r.samples_per_s), "stale: run it" if r.stale_ranks else ""] for r in d.ranks]
         out += ["  " + line for line in _table(head, rows)]
     return out

@@ -157,7 +157,9 @@ class _Checker:
                 self.r.truncated += 1
                 if self.r.truncated_policy == "drop":
                     self.r.add("truncated", file, line, 'finish_reason is "length" but generation.truncated = "drop"')
-        self._id(file, line, row.get("id"))
+        here, rid = f"{file}:{line}", row.get("id")
+        if isinstance(rid, str) and (at := self.seen.setdefault(rid, here)) != here:  # not a str: the schema check's
+            self.r.add("duplicate_id", file, line, f"id {rid!r} already at {at}")
         if isinstance(row.get("conversations"), list):
             self._turns(file, line, row["conversations"])
 
@@ -186,11 +188,6 @@ class _Checker:
             self.r.add("mix_sampling", file, line, diff.replace(
                 "in the first row", f"in the declared mix for sampling_variant {variant}"))
 
-    def _id(self, file: str, line: int, rid: Any) -> None:
-        here = f"{file}:{line}"
-        if isinstance(rid, str) and (at := self.seen.setdefault(rid, here)) != here:  # not a str: the schema check's
-            self.r.add("duplicate_id", file, line, f"id {rid!r} already at {at}")
-
     def _turns(self, file: str, line: int, turns: list[Any]) -> None:
         roles = [t.get("role") if isinstance(t, dict) else None for t in turns]
         if not _roles_ok(roles, turns):
@@ -201,18 +198,16 @@ class _Checker:
                 continue
             if not t["content"].strip() and not t.get("tool_calls") and t.get("role") != "tool":
                 self.r.add("empty_content", file, line, f"conversations[{i}] ({t.get('role')}) has empty content")
-            if t.get("role") == "assistant":
-                self._assistant(file, line, i, t)
-
-    def _assistant(self, file: str, line: int, i: int, turn: dict[str, Any]) -> None:
-        if marker := next((m for m in THINK_MARKERS if m in turn["content"]), None):
-            self.r.add("think_marker", file, line, f"conversations[{i}].content contains {marker!r}")
-        has = "reasoning_content" in turn
-        if self.reasoning is None:
-            self.reasoning = has
-        elif has != self.reasoning:
-            self.r.add("reasoning_mixed", file, line, f"conversations[{i}] {'has' if has else 'lacks'} "
-                       f"reasoning_content, unlike the first assistant turn of the dataset")
+            if t.get("role") != "assistant":
+                continue
+            if marker := next((m for m in THINK_MARKERS if m in t["content"]), None):
+                self.r.add("think_marker", file, line, f"conversations[{i}].content contains {marker!r}")
+            has = "reasoning_content" in t
+            if self.reasoning is None:
+                self.reasoning = has
+            elif has != self.reasoning:
+                self.r.add("reasoning_mixed", file, line, f"conversations[{i}] {'has' if has else 'lacks'} "
+                           f"reasoning_content, unlike the first assistant turn of the dataset")
 
 
 def _roles_ok(roles: list[Any], turns: list[Any] | None = None) -> bool:
