@@ -116,14 +116,12 @@ def check_source(cfg: DatasetConfig, loaded: LoadedSource, *, done: int, final_f
     if cfg.mix is not None:
         report.mix = [f"sampling mix ({len(cfg.mix.variants)} variants, mix_seed {cfg.mix.seed}; a sample's "
                       "variant is drawn from the seed and its source row):", *declared_lines(cfg.mix)]
-    needed = report.remaining if limit is None else min(report.remaining, limit)
-    report.problems = _problems(report, cfg, where, needed)
+    report.problems = _problems(report, cfg, where, report.remaining if limit is None else min(report.remaining, limit))
     return report
 
 
 def _columns(rows: Any) -> list[str]:
-    names = getattr(rows, "column_names", None)
-    if names:
+    if names := getattr(rows, "column_names", None):
         return list(names)
     first = next(iter(rows), None)  # a streaming source may not know its columns before a row is read
     return sorted(first) if isinstance(first, dict) else []
@@ -134,8 +132,7 @@ def _problems(r: CheckReport, cfg: DatasetConfig, where: str, needed: int) -> li
     read = r.stats.rows
     scope = "rows" if r.whole else "sampled rows"
     if read and r.rejected * 2 > read:
-        src = cfg.source
-        first = r.rejects[0]
+        src, first = cfg.source, r.rejects[0]
         out.append(ConfigError(
             f"{where}: {r.rejected:,} of {read:,} {scope} are rejected ({_reasons(r.stats)}); the first, row "
             f"{first.source_index}: {first.detail}. Check source.schema = {src.schema!r} and source.field = "
@@ -164,8 +161,7 @@ def _overflow_problem(r: CheckReport, cfg: DatasetConfig, where: str) -> ConfigE
     over = r.lengths.overflowing(r.max_new_tokens, ctx)
     if over * 2 <= n:
         return None
-    approx = "" if r.lengths.unit == "tokens" else "~"
-    median = r.lengths.median_tokens()
+    approx, median = "" if r.lengths.unit == "tokens" else "~", r.lengths.median_tokens()
     room = ctx - median
     fix = (f"lower sampling.max_new_tokens (at most {room:,} lets the median prompt fit), raise context_length"
            if room > 0 else "raise context_length")

@@ -47,8 +47,7 @@ def _runs(manifest: Manifest) -> str:
     first, last = runs[0], runs[-1]
     end = last.get("ended_at") or last.get("updated_at")
     ended = f"last ended {_when(end)}" if last.get("ended_at") else f"last updated {_when(end)}"
-    how = last.get("stopped_by")
-    stopped = f", {STOPPED.get(str(how), f'stopped by {how}')}" if how else ""
+    stopped = f", {STOPPED.get(str(how), f'stopped by {how}')}" if (how := last.get("stopped_by")) else ""
     return f"{len(runs)}, first started {_when(first.get('started_at'))}, {ended}{stopped}"
 
 
@@ -56,11 +55,6 @@ def _runs(manifest: Manifest) -> str:
 STOPPED = {"target": "target reached", "limit": "stopped at --limit", "source_exhausted": "the source ran out",
            "nothing_to_do": "nothing to do (the target was already reached)", "SIGINT": "interrupted (SIGINT)",
            "SIGTERM": "stopped (SIGTERM)"}
-
-
-def run_count(folder: Path) -> int:
-    """How many runs the manifest of `folder` records (every run, also one that had nothing to do)."""
-    return len((read_manifest(folder)[0] or {}).get("runs", []))
 
 
 def _server(folder: Path) -> str:
@@ -71,8 +65,7 @@ def _server(folder: Path) -> str:
         return ""
     where = summary = ""
     for line in text.splitlines():
-        m = _LOG_LINE.match(line)
-        msg = m.group(1) if m else ""
+        msg = m.group(1) if (m := _LOG_LINE.match(line)) else ""
         if s := _STARTING.match(msg):
             where, summary = f"profile {s['profile']} (launched, {s['url']})", ""
         elif r := _READY.match(msg):

@@ -2,8 +2,7 @@
 verdict is a named rule over the steady polls, thresholds in THRESHOLDS (docs/status.md tells users, calibration:
 docs/measurements.md). Whether more slots pay is the elasticity: the least-squares slope of ln(gen tok/s) on
 ln(running) after the warm-up, with one-sided Student's t bounds; a full pool alone says nothing (short outputs
-fill it and are bound by the step time).
-"""
+fill it and are bound by the step time)."""
 
 from __future__ import annotations
 
@@ -128,9 +127,8 @@ def _restarts(runs: list[list[dict[str, Any]]]) -> Verdict | None:
     hit = [(r[0].get("run"), n) for r in runs if (n := max(_vals(r, "restarts") or [0]))]
     if not hit:
         return None
-    total = sum(n for _, n in hit)
     where = ", ".join(f"run {run}: {n:.0f}" for run, n in hit)
-    return Verdict("server_restarts", f"the server restarted {total:.0f} time(s) ({where})",
+    return Verdict("server_restarts", f"the server restarted {sum(n for _, n in hit):.0f} time(s) ({where})",
                    advice=("read server.log in the dataset folder (gen_pipeline's server diagnosis names known "
                            "fatal lines: OOM, NCCL, CUDA); work in flight at a restart is sent again",))
 
@@ -138,8 +136,7 @@ def _restarts(runs: list[list[dict[str, Any]]]) -> Verdict | None:
 def _levels(v: RunView) -> dict[str, Any]:
     s, usage = v.steady, _vals(v.steady, "kv_usage")
     p90 = statistics.quantiles(usage, n=10, method="inclusive")[8] if len(usage) > 1 else _med(usage)
-    return {"usage": _med(usage), "usage_p90": p90,
-            "running": _med(_vals(s, "running")),
+    return {"usage": _med(usage), "usage_p90": p90, "running": _med(_vals(s, "running")),
             "queued": _med(_vals(s, "queued")), "tok_s": _med(_vals(s, "gen_tok_s") or _vals(s, "client_tok_s")),
             "queued_share": sum(1 for r in s if (r.get("queued") or 0) > 0) / len(s),
             "capacity": _last(s, "kv_capacity_tokens"), "max_running": _last(s, "max_running_requests"),
@@ -274,8 +271,7 @@ def _slots_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | No
                        ("more KV (fp8, mem fraction) or a larger window adds little here; more servers add "
                         "throughput",))
     why = (f"{e.text(th)}: running moved too little against the decode rate's noise to say whether it grows at "
-           f"least {th['elastic_min']:.2f}x as fast" if e is not None
-           else str(read))
+           f"least {th['elastic_min']:.2f}x as fast" if e is not None else str(read))
     drop = 1 - 0.5 ** th["elastic_min"]
     return Verdict("kv_or_step", "KV holds the decode slots; whether more slots would pay cannot be read from this run",
                    (f"{held}; {used}", why + tok_s),
@@ -287,10 +283,8 @@ def _slots_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | No
 def kv_levers(capacity: int, kv_dtype: str, per_request: float, running: float, queued: float,
               hw: Hardware = Hardware()) -> list[str]:
     """The three levers priced with plan's arithmetic: KV dtype, memory fraction, hicache."""
-    out = []
-    want = running + queued
-    cur = KV_BYTES.get(kv_dtype, 2)
-    if cur > KV_BYTES[FP8]:
+    out, want = [], running + queued
+    if (cur := KV_BYTES.get(kv_dtype, 2)) > KV_BYTES[FP8]:
         factor = cur // KV_BYTES[FP8]
         tokens = capacity * factor
         # the pool holds `running` requests of every age now: factor x the pool holds factor x as many
@@ -377,9 +371,8 @@ def _idle_tail(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None
     tail_s = v.rows[-1]["t_run_s"] - v.tail[0]["t_run_s"]
     if tail_s < th["tail_frac"] * v.duration_s:
         return None
-    level = _med(_vals(v.steady, "in_flight")) or 0
     return Verdict("idle_tail", f"the last {tail_s:.0f} s ({tail_s / v.duration_s:.0%} of the run) ran below "
-                   f"{th['tail_level']:.0%} of the steady {level:.0f} in flight",
+                   f"{th['tail_level']:.0%} of the steady {_med(_vals(v.steady, 'in_flight')) or 0:.0f} in flight",
                    ("the last, longest requests finish alone while the server idles",),
                    ("run the datasets as one job so the next dataset fills the tail, or cap max_new_tokens",))
 

@@ -135,9 +135,8 @@ def format_job_time(j: JobTime, config_dir: Path) -> str:
         lines.append(f"{d.name:<8} {d.to_do:>8,} {lengths:>18} {d.lengths.source:<24} {d.running:>8,.0f} "
                      f"{d.tok_s:>7,.0f} {d.output_tokens / 1e6:>13,.1f}M {format_duration(d.seconds):>8}")
     known = j.known
-    output = sum(d.output_tokens for d in known)
     lines.append(f"{'total':<8} {sum(d.to_do for d in known):>8,} {'':>18} {'':<24} {'':>8} {'':>7} "
-                 f"{output / 1e6:>13,.1f}M {format_duration(j.total_s):>8}"
+                 f"{sum(d.output_tokens for d in known) / 1e6:>13,.1f}M {format_duration(j.total_s):>8}"
                  + (f"  (with {format_duration(j.startup_s)} of start-up)" if j.total_s else ""))
     if len(known) < len(j.datasets):
         lines.append("  the datasets marked ? are not in the total: no samples to measure and no assumed lengths")

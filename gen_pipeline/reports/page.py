@@ -12,13 +12,15 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gen_pipeline.config.mix import produced_shares
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError, StoreError
 from gen_pipeline.quality.accounting import SAVED_FORMULA, format_gate
-from gen_pipeline.reports.context import run_context, run_count
+from gen_pipeline.reports.context import run_context
 from gen_pipeline.reports.diagnose import THRESHOLDS
 from gen_pipeline.reports.status import STATUS_HEAD, StatusReport, gpu_lines, status_all, status_rows
 from gen_pipeline.store.layout import dataset_folder
+from gen_pipeline.store.manifest import read_manifest
 from gen_pipeline.store.telemetry import runs_of
 
 
@@ -151,7 +153,7 @@ def _status_html(status: StatusReport | str) -> str:
             f"{html.escape(SAVED_FORMULA)})</p>"
             for d in status.datasets if (line := format_gate(d.gate, d.server_s_saved, unit="server"))]
     mixes = [f"<p>{html.escape(d.dataset)}: sampling mix, samples committed per variant:</p><pre>"
-             + html.escape("\n".join(d.mix_lines())) + "</pre>" for d in status.datasets if d.mix]
+             + html.escape("\n".join(produced_shares(d.mix, d.variants))) + "</pre>" for d in status.datasets if d.mix]
     if any(d.gpu.recorded for d in status.datasets):
         mixes.append('<pre class="gpu">' + html.escape("\n".join(gpu_lines(status))) + "</pre>")
     return table + "".join(gate) + "".join(mixes)
@@ -189,7 +191,8 @@ def build_report(output_root: Path, dataset: str, rows: list[dict[str, Any]], di
     """The report page of `output_root/dataset`: its run context and its own status (no other dataset)."""
     folder = dataset_folder(output_root, dataset)
     status = status_all(output_root, {dataset: target}, total_of=[], others=False)
-    return render_html(dataset, rows, status, diagnosis_text, run_context(folder, rows), run_count(folder))
+    runs = len((read_manifest(folder)[0] or {}).get("runs", []))  # every run, also one that had nothing to do
+    return render_html(dataset, rows, status, diagnosis_text, run_context(folder, rows), runs)
 
 
 def _count(n: int, what: str) -> str:
@@ -197,8 +200,7 @@ def _count(n: int, what: str) -> str:
 
 
 def write_report(path: Path, page: str) -> Path:
-    """Write the page atomically (a tmp file beside it, then a rename); raises StoreError (exit 4) when the
-    folder cannot be written."""
+    """Write the page atomically (a tmp file, then a rename); StoreError (exit 4) when the folder cannot be written."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

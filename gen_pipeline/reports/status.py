@@ -74,10 +74,6 @@ class DatasetStatus:
     def remaining(self) -> int:
         return max(0, (self.target or 0) - self.done)
 
-    def mix_lines(self) -> list[str]:
-        """The produced shares of a sampling mix beside the declared ones; [] without a mix."""
-        return produced_shares(self.mix, self.variants)
-
     @property
     def eta_s(self) -> float | None:
         if self.remaining == 0:
@@ -92,9 +88,8 @@ class DatasetStatus:
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if k not in ("gpu", "lanes")}
-        saved = self.server_s_saved
         return {**d, "truncated_share": round(self.truncated_share, 4),
-                "server_s_saved": None if saved is None else round(saved, 1),
+                "server_s_saved": None if (saved := self.server_s_saved) is None else round(saved, 1),
                 "spec_acceptance": accounting.spec_figure(self.gate, self.spec_server),
                 "remaining": self.remaining, "eta_s": self.eta_s, "ranks": [r.to_dict() for r in self.ranks],
                 "gpu": self.gpu.to_dict()}
@@ -133,12 +128,10 @@ class StatusReport:
 
 
 def read_status(root: Path, dataset: str, target: int | None) -> DatasetStatus:
-    """Figures of `root/dataset` (target None: the last run's), all ranks as one. Never raises for a damaged
-    folder: unreadable parts are skipped and counted in `corrupt_lines`."""
+    """Figures of `root/dataset` (target None: the last run's), all ranks as one; unreadable parts are counted in
+    `corrupt_lines`, never raised."""
     folder = layout.dataset_folder(root, dataset)
-    if layout.rank_parts(folder):
-        return read_ranked_status(folder, dataset, target)
-    return read_part_status(folder, dataset, target)
+    return (read_ranked_status if layout.rank_parts(folder) else read_part_status)(folder, dataset, target)
 
 
 def read_part_status(folder: Path, dataset: str, target: int | None) -> DatasetStatus:
@@ -149,7 +142,12 @@ def read_part_status(folder: Path, dataset: str, target: int | None) -> DatasetS
         return st
     errors = layout.read_jsonl_rows(folder / layout.ERRORS_NAME)
     done_ids = _add_shards(st, folder, ids=bool(errors))  # ids only to tell which failures have a sample since
-    _add_errors(st, manifest, errors, done_ids)
+    for r in errors:  # every failure record: the loops its turns had (a later run's retry adds its own)
+        accounting.add_failure(st.gate, r)
+    if errors:
+        last = runs[-1]["run"] if (runs := manifest.get("runs")) else max(r.get("run", 0) for r in errors)
+        st.errors_last_run = sum(1 for r in errors if r.get("run") == last)
+        st.errors_unresolved = len({r.get("id") for r in errors} - done_ids - {None})
     st.mix = declared_mix(manifest.get("fingerprint") or {})
     _add_rejects(st, [folder])
     _add_run(st, folder, manifest)
@@ -173,17 +171,6 @@ def _add_shards(st: DatasetStatus, folder: Path, *, ids: bool) -> set[str]:
     return done
 
 
-def _add_errors(st: DatasetStatus, manifest: Manifest, rows: list[dict[str, Any]], done: set[str]) -> None:
-    if not rows:
-        return
-    for r in rows:  # every failure record: the loops its turns had (a later run's retry adds its own)
-        accounting.add_failure(st.gate, r)
-    runs = manifest.get("runs")
-    last = runs[-1]["run"] if runs else max((r.get("run", 0) for r in rows), default=0)
-    st.errors_last_run = sum(1 for r in rows if r.get("run") == last)
-    st.errors_unresolved = len({r.get("id") for r in rows} - done - {None})
-
-
 def _add_run(st: DatasetStatus, folder: Path, manifest: Manifest) -> None:
     runs = manifest.get("runs", [])
     st.runs = len(runs)
@@ -203,11 +190,10 @@ def _add_run(st: DatasetStatus, folder: Path, manifest: Manifest) -> None:
     elif runs or st.done:
         st.state = "stopped"
     progress = manifest.get("progress", {})
-    st.samples_per_s = progress.get("samples_per_s")
-    st.tokens_per_s = progress.get("tokens_per_s")
+    st.samples_per_s, st.tokens_per_s = progress.get("samples_per_s"), progress.get("tokens_per_s")
     st.spec_server = progress.get("spec_accept_length")
     st.updated_at = progress.get("updated_at") or manifest.get("updated_at")
-    committed = timestamp(manifest.get("updated_at"))
+    committed = timestamp(manifest.get("updated_at"))  # the last commit: how long ago the run was heard from
     st.heartbeat_age_s = None if committed is None else max(0.0, time.time() - committed)
     st.gpu = gpu_hours.dataset_usage(runs)
     st.lanes = {folder.name if manifest.get("world_size") else "": list(runs)}
@@ -331,9 +317,8 @@ def format_status(report: StatusReport) -> str:
     for d in report.datasets:
         if d.mix:
             notes += ["", f"{d.dataset}: sampling mix, samples committed per variant:"]
-            notes += [f"  {line}" for line in d.mix_lines()]
-    if any(d.ranks for d in report.datasets):
-        notes += format_ranks([d for d in report.datasets if d.ranks])
+            notes += [f"  {line}" for line in produced_shares(d.mix, d.variants)]
+    notes += format_ranks([d for d in report.datasets if d.ranks])
     if any(d.gpu.recorded for d in report.datasets):  # runs that recorded their server (older ones did not)
         notes += ["", *gpu_lines(report)]
     return "\n".join(lines + (["", "errors = failures in the last run / ids still without a sample"]
@@ -364,19 +349,16 @@ _SUMMED = ("done", "shards", "prompt_tokens", "completion_tokens", "truncated", 
 
 def _rank_status(part: Path | None, dataset: str, rank: int, world: int, target: int | None) -> DatasetStatus:
     share = rank_share(target, rank, world) if target is not None else None
-    if part is None:
-        st = DatasetStatus(f"{dataset}/{rank_folder_name(rank, world)}", share)
-    else:
-        st = read_part_status(part, f"{dataset}/{part.name}", share)
+    st = (DatasetStatus(f"{dataset}/{rank_folder_name(rank, world)}", share) if part is None
+          else read_part_status(part, f"{dataset}/{part.name}", share))
     st.world_size = world
-    running = st.state.startswith("running")
     unfinished = st.target is None or st.done < st.target
     # how long a live-looking run may go without a commit: longer while its last run has written nothing
     runs = (read_manifest(part)[0] or {}).get("runs", []) if part is not None else []
     starting = not runs or (runs[-1].get("ended_at") is None and not runs[-1].get("samples_written"))
     heartbeat_old = st.heartbeat_age_s is not None and st.heartbeat_age_s > (
         STARTING_GRACE_S if starting else STALE_AFTER_S)
-    if unfinished and st.state != "source exhausted" and (not running or heartbeat_old):
+    if unfinished and st.state != "source exhausted" and (not st.state.startswith("running") or heartbeat_old):
         st.stale_ranks = [rank]
     return st
 
@@ -427,8 +409,7 @@ def _add_rejects(st: DatasetStatus, parts: list[Path]) -> None:
 
 
 def _state(ranks: list[DatasetStatus], live: int) -> str:
-    stale = sum(1 for r in ranks if r.stale_ranks)
-    tail = f", {stale} stale" if stale else ""
+    tail = f", {stale} stale" if (stale := sum(1 for r in ranks if r.stale_ranks)) else ""
     if all(r.state == "finished" for r in ranks):
         return "finished"
     if live:

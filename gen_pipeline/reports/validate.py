@@ -1,7 +1,6 @@
 """`validate`: check a dataset folder's shards the way a trainer will read them. SpecForge loads
 them with `load_dataset("json")`, which infers one Arrow schema: every row needs the same keys
-and value types (in "meta" too), and "reasoning_content" on every assistant turn or on none.
-"""
+and value types (in "meta" too), and "reasoning_content" on every assistant turn or on none."""
 
 from __future__ import annotations
 
@@ -183,8 +182,7 @@ class _Checker:
         if expected is None:
             self.r.add("mix_sampling", file, line, f"meta.sampling_variant is {variant!r}: the declared mix has "
                        f"variants 0 to {declared - 1}")
-            return
-        if diff := _value_diff(expected, sampling, "meta.sampling"):
+        elif diff := _value_diff(expected, sampling, "meta.sampling"):
             self.r.add("mix_sampling", file, line, diff.replace(
                 "in the first row", f"in the declared mix for sampling_variant {variant}"))
 
