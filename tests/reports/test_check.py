@@ -116,29 +116,23 @@ def test_prompt_lengths_in_tokens_with_a_local_tokenizer(tmp_path: Path) -> None
 
 # ---------------------------------------------------------------- refused before launch
 
-def test_a_wrong_column_is_refused_before_launch_and_names_the_columns(tmp_path: Path) -> None:
-    toml = write_dataset(tmp_path, target=10)
-    toml.write_text(toml.read_text().replace('field = "messages"', 'field = "msgs"'))
-    message = (f"error: {toml}: source.field = 'msgs': the source has no such column. Its columns: id, messages. "
-               "Set source.field to the column holding the conversations or prompts.\n")
+@pytest.mark.parametrize("rows, field, message", [
+    (None, "msgs", "source.field = 'msgs': the source has no such column. Its columns: id, messages. Set "
+     "source.field to the column holding the conversations or prompts."),
+    ([{"id": f"r{i}", "messages": [{"from": "human", "value": "hi"}]} for i in range(12)], "messages",
+     "12 of 12 rows are rejected (missing_field 12); the first, row 0: turn 0 needs 'role' and 'content'; it has "
+     "'from', 'value'; set source.schema = \"sharegpt\" for from/value turns. Check source.schema = 'messages' and "
+     "source.field = 'messages' (gen-pipeline check --dataset T shows the parsed rows)."),
+], ids=["a_wrong_column_names_the_columns", "most_rows_rejected_says_the_first_reason"])
+def test_refused_before_launch(tmp_path: Path, rows: list[dict] | None, field: str, message: str) -> None:
+    toml = write_dataset(tmp_path, target=10, rows=rows)
+    toml.write_text(toml.read_text().replace('field = "messages"', f'field = "{field}"'))
+    message = f"error: {toml}: {message}\n"
     r = run_cli("check", "--dataset", toml, "--output-dir", tmp_path / "out")
     assert (r.returncode, r.stderr) == (2, message)
     r = gen(toml, tmp_path / "out")
     assert (r.returncode, r.stdout, r.stderr) == (2, LOADING, message)
     assert not (tmp_path / "out" / "T").exists()  # no server.log: nothing was launched
-
-
-def test_most_rows_rejected_is_refused_with_the_first_reason(tmp_path: Path) -> None:
-    toml = write_dataset(tmp_path, target=10, rows=[{"id": f"r{i}", "messages": [{"from": "human", "value": "hi"}]}
-                                                     for i in range(12)])
-    r = gen(toml, tmp_path / "out")
-    assert (r.returncode, r.stdout) == (2, LOADING)
-    assert r.stderr == (
-        f"error: {toml}: 12 of 12 rows are rejected (missing_field 12); the first, row 0: turn 0 needs 'role' and "
-        "'content'; it has 'from', 'value'; set source.schema = \"sharegpt\" for from/value turns. Check "
-        "source.schema = 'messages' and source.field = 'messages' (gen-pipeline check --dataset T shows the "
-        "parsed rows).\n")
-    assert not (tmp_path / "out" / "T").exists()
 
 
 def test_too_few_valid_rows_is_refused_then_proceeds_and_ends_short_with_exit_5(tmp_path: Path) -> None:
@@ -281,7 +275,7 @@ def test_make_status_json_is_pipeable(tmp_path: Path) -> None:
     assert orjson.loads(r.stdout)["datasets"]["demo"]["done"] == 0
 
 
-def test_plan_takes_the_profiles_hicache_and_says_where_inputs_came_from() -> None:
+def test_plan_says_where_its_inputs_came_from_and_its_weight_examples_add_up() -> None:
     r = run_cli("plan", "--weights-gb", "553", "--gpu-mem-gb", "141", "--overhead-gb", "0")
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[:2] == [
@@ -296,9 +290,7 @@ def test_plan_takes_the_profiles_hicache_and_says_where_inputs_came_from() -> No
     assert r.stdout.splitlines()[0] == (
         "inputs from datasets_cfg/server.toml [profile.baseline], flags override: tp_size 16 (flag), "
         "mem_fraction_static 0.85 (profile), kv_cache_dtype bf16 (profile), hicache_gb 8 (flag)")
-
-
-def test_plan_weight_examples_agree_with_the_arithmetic() -> None:
+    # the weight examples agree with the arithmetic
     assert round(594e9 / GIB) == 553 and round(70e9 * 2 / GIB, 1) == 130.4  # the message: tests/cli/test_cli.py
     r = run_cli("plan", "--params-b", "70", "--weight-dtype", "bf16", "--tp-size", "2")
     assert r.returncode == 0, r.stderr
