@@ -30,9 +30,7 @@ def config_dir_with(tmp_path: Path, profile: str) -> Path:
     """datasets_cfg's server.toml plus one more profile (TOML text)."""
     cfg = tmp_path / "cfg"
     cfg.mkdir()
-    shutil.copy(REPO / "datasets_cfg" / "server.toml", cfg / "server.toml")
-    with open(cfg / "server.toml", "a") as f:
-        f.write("\n" + profile)
+    (cfg / "server.toml").write_text((REPO / "datasets_cfg" / "server.toml").read_text() + "\n" + profile)
     return cfg
 
 
