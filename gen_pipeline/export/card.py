@@ -1,10 +1,10 @@
-"""The dataset card `export` writes beside the data: README.md with YAML front matter (what the HF
-hub reads) and markdown (docs/export.md lists what it holds). Inside the folder for `hf`; beside the
-JSONL file otherwise, as <out stem>.README.md when that folder holds another README.md.
-"""
+"""The dataset card `export` writes: README.md, YAML front matter (what the HF hub reads) and markdown (docs/export.md
+lists what it holds). Inside the folder for `hf`; beside the JSONL file otherwise, as <out stem>.README.md when that
+folder holds another README.md."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections import Counter
@@ -35,27 +35,23 @@ def card_path(opts: ExportOptions) -> Path:
 
 
 def _ours(path: Path, name: str) -> bool:
-    try:
-        head = path.read_text(errors="replace")[:2000]
-    except OSError:
-        return False
-    return f"{MARK}: {json.dumps(name)}" in head
+    with contextlib.suppress(OSError):
+        return f"{MARK}: {json.dumps(name)}" in path.read_text(errors="replace")[:2000]
+    return False
 
 
 def write_card(opts: ExportOptions, summary: ExportSummary, chosen: list[dict[str, Any]]) -> Path:
     path = card_path(opts)
-    text = render_card(opts, summary, chosen)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
+    tmp.write_text(render_card(opts, summary, chosen))
     os.replace(tmp, path)
     return path
 
 
 def _version() -> str:
-    try:
+    with contextlib.suppress(metadata.PackageNotFoundError):
         return metadata.version("gen-pipeline")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    return "unknown"
 
 
 def _wall_h(root: Path, dataset: str) -> float | None:
@@ -80,6 +76,9 @@ def _dataset_rows(opts: ExportOptions, summary: ExportSummary,
         wall_h = st.gpu.wall_s / 3600 if measured else _wall_h(opts.output_root, c.dataset)
         per_1k = st.gpu.per_1k if measured else (
             wall_h * gpus / st.done * 1000 if wall_h is not None and isinstance(gpus, int) and st.done else None)
+        counted = st.gpu.gpus if measured else (gpus if isinstance(gpus, int) else None)
+        saved = saved_gpu_s(st.gate, gpu_s_per_token(None if wall_h is None else wall_h * 3600, counted,
+                                                     decoded_tokens(st.gate, st.completion_tokens)))
         rows.append({
             "dataset": c.dataset, "committed": c.committed, "exported": c.taken,
             "dropped": dict(c.dropped),
@@ -93,12 +92,9 @@ def _dataset_rows(opts: ExportOptions, summary: ExportSummary,
             "completion_tokens": sum(int(m.get("completion_tokens") or 0) for m in metas),
             "mix": produced_shares(st.mix, dict(Counter(str(m["sampling_variant"]) for m in metas
                                                         if isinstance(m.get("sampling_variant"), int)))),
-            "wall_h": wall_h, "gpus": gpus, "gpu_h_per_1k": per_1k, "measured": measured,
+            "wall_h": wall_h, "gpus": gpus, "gpu_h_per_1k": per_1k,
             "gate": st.gate, "spec": format_spec(st.gate, st.spec_server),
-            "gpu_s_saved": saved_gpu_s(st.gate, gpu_s_per_token(
-                wall_h * 3600 if wall_h is not None else None,
-                st.gpu.gpus if measured else (gpus if isinstance(gpus, int) else None),
-                decoded_tokens(st.gate, st.completion_tokens))),
+            "gpu_h_saved": None if saved is None else saved / 3600,
         })
     return rows
 
@@ -164,8 +160,7 @@ def render_card(opts: ExportOptions, summary: ExportSummary, chosen: list[dict[s
     body += ["", "## Tokens and cost", "", "| dataset | prompt tokens | completion tokens | run wall time | GPUs "
              "| GPU-hours per 1,000 samples |", "|---|---|---|---|---|---|"]
     body += [f"| {r['dataset']} | {r['prompt_tokens']:,} | {r['completion_tokens']:,} | "
-             f"{_hours(r['wall_h'])} | {r['gpus'] or 'unknown'} | "
-             f"{_gpu_h(r['gpu_h_per_1k'])} |" for r in rows]
+             f"{_hours(r['wall_h'])} | {r['gpus'] or 'unknown'} | {_gpu_h(r['gpu_h_per_1k'])} |" for r in rows]
     body += ["", "Token totals are over the exported samples (their meta). GPU-hours = GPUs × wall time ÷ "
              "committed samples × 1,000: measured where the runs recorded their server (tp × dp × servers, "
              "wall time from each dataset's first request), else every run's wall time, start-up included, "
@@ -178,7 +173,7 @@ def render_card(opts: ExportOptions, summary: ExportSummary, chosen: list[dict[s
              "flagged | tokens not decoded | GPU-hours saved (estimate) |", "|---|---|---|---|---|---|---|"]
     body += [f"| {r['dataset']} | {r['gate'].get('loops', 0):,} | {r['gate'].get('loops_kept', 0):,} | "
              f"{r['gate'].get('empty', 0):,} | {r['gate'].get('leaks', 0):,} | "
-             f"{r['gate'].get('tokens_not_decoded', 0):,} | {_gpu_h(_h(r['gpu_s_saved']))} |" for r in rows]
+             f"{r['gate'].get('tokens_not_decoded', 0):,} | {_gpu_h(r['gpu_h_saved'])} |" for r in rows]
     spec = [f"- {r['dataset']}: {r['spec']}" for r in rows if r["spec"]]  # the server ran a draft
     body += ["", "Loops are stopped on the stream as they begin (the server aborts the request); failed samples' "
              f"loops included. GPU-hours saved = {SAVED_FORMULA}.", "",
@@ -190,10 +185,6 @@ def render_card(opts: ExportOptions, summary: ExportSummary, chosen: list[dict[s
 
 def _dropped(d: dict[str, int]) -> str:
     return ", ".join(f"{n:,} {k}" for k, n in sorted(d.items())) or "0"
-
-
-def _h(s: float | None) -> float | None:
-    return None if s is None else s / 3600
 
 
 def _gpu_h(x: float | None) -> str:

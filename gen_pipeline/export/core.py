@@ -1,13 +1,8 @@
-"""`export`: from a dataset folder's shards to the one file (or folder) a trainer loads.
-
-    outputs/B2/shard-*.jsonl ─► committed samples ─► filters ─► --mix ─► split by id hash
-        ─► [--expand-turns | tokens rows] ─► reasoning check ─► seeded order
-        ─► specforge / speculators / tokens JSONL, or hf (atomic) ─► README.md card
-
-Reads only what a resume would trust, takes no lock, writes nothing in outputs/: safe while a run writes.
-Validation rows of the JSONL formats go to <out stem>.val.ndjson, which no `*.json` / `*.jsonl` glob matches
-(docs/export.md).
-"""
+"""`export`: a dataset folder's shards → committed samples → filters → --mix → split by id hash
+→ [--expand-turns | tokens rows] → reasoning check → seeded order → the file (or hf folder) a trainer loads, and
+its README.md card. Reads only what a resume would trust, takes no lock, writes nothing in outputs/: safe while a
+run writes. Validation rows of the JSONL formats go to <out stem>.val.ndjson, which no *.json / *.jsonl glob
+matches (docs/export.md)."""
 
 from __future__ import annotations
 
@@ -22,35 +17,12 @@ from typing import Any
 from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, find_dataset_config
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError, DiskError, StoreError
+from gen_pipeline.export import formats, select
 from gen_pipeline.export.card import write_card
-from gen_pipeline.export.formats import (
-    FORMATS,
-    HF_LAYOUTS,
-    LINE_WRITERS,
-    expand_turns,
-    sweep_stale_tmp,
-    write_hf,
-    write_jsonl,
-)
 from gen_pipeline.export.options import ExportOptions, ExportSummary
 from gen_pipeline.export.render import Renderer, load_renderer, source_flag, tokenizer_source
-from gen_pipeline.export.select import (
-    DatasetCounts,
-    covering,
-    drop_reason_text,
-    mix_counts,
-    seeded_key,
-    take,
-    validation_ids,
-)
 from gen_pipeline.export.template_check import REASONING_ADVICE, TemplateCheck, reasoning_verdict
-from gen_pipeline.export.tokens import (
-    NO_TOKENIZER,
-    TokenRowBuilder,
-    compact_ids,
-    has_server_ids,
-    length_fit,
-)
+from gen_pipeline.export.tokens import NO_TOKENIZER, TokenRowBuilder, compact_ids, has_server_ids, length_fit
 from gen_pipeline.store.layout import has_shards, iter_committed_samples
 
 VAL_SUFFIX = ".val.ndjson"
@@ -70,20 +42,16 @@ def run_export(opts: ExportOptions) -> ExportSummary:
     targets = _targets(opts)
     for t in targets.values():
         _check_target(t, opts.force)
-    counts, samples = [], {}
-    for name in dict.fromkeys(opts.mix.datasets if opts.mix is not None else opts.datasets):
-        c, rows = _read_dataset(opts, name)
-        counts.append(c)
-        samples[name] = rows
-    chosen = _select(opts, counts, samples)
+    read = [_read_dataset(opts, n) for n in dict.fromkeys(opts.mix.datasets if opts.mix else opts.datasets)]
+    counts, chosen = [c for c, _ in read], _select(opts, read)
     renderer, why = _renderer(opts)
     notes, warnings = check_reasoning(opts, chosen, renderer, why)  # before writing: the flag refuses
-    val_ids = validation_ids((r["id"] for r in chosen), opts.val)
+    val_ids = select.validation_ids((r["id"] for r in chosen), opts.val)
     splits = {"train": [r for r in chosen if r["id"] not in val_ids]}
     if opts.val.enabled:
         splits["validation"] = [r for r in chosen if r["id"] in val_ids]
     if opts.expand_turns:
-        splits = {k: [t for r in rows for t in expand_turns(r)] for k, rows in splits.items()}
+        splits = {k: [t for r in rows for t in formats.expand_turns(r)] for k, rows in splits.items()}
     if opts.format == "tokens":
         builder = TokenRowBuilder(renderer, why=why)
         built = {k: builder.rows(rows) for k, rows in splits.items()}
@@ -94,7 +62,7 @@ def run_export(opts: ExportOptions) -> ExportSummary:
         fits, fit = length_fit((r for rows in splits.values() for r in rows), opts.max_length)
         (notes if fits else warnings).append(fit)
     for rows in splits.values():
-        rows.sort(key=lambda r: seeded_key(opts.seed, r["id"]))
+        rows.sort(key=lambda r: select.seeded_key(opts.seed, r["id"]))
     summary = ExportSummary(opts, counts, rows={k: len(v) for k, v in splits.items()}, warnings=warnings)
     try:
         opts.out.parent.mkdir(parents=True, exist_ok=True)
@@ -146,7 +114,7 @@ def check_reasoning(opts: ExportOptions, chosen: list[dict[str, Any]], renderer:
             raise ConfigError(f"--require-trained-reasoning: {note}.")
         return [note], []
     mode = {"specforge": "specforge-expanded" if opts.expand_turns else "specforge"}.get(opts.format, opts.format)
-    sample = covering(chosen, opts.check_samples, opts.seed)
+    sample = select.covering(chosen, opts.check_samples, opts.seed)
     share = TemplateCheck(renderer).run_mode(sample, mode).reasoning_share or 0.0
     trained, what = reasoning_verdict(share, len(sample), mode, renderer.source)
     if trained:
@@ -158,10 +126,10 @@ def check_reasoning(opts: ExportOptions, chosen: list[dict[str, Any]], renderer:
 
 
 def _check_options(opts: ExportOptions) -> None:
-    if opts.format not in FORMATS:
-        raise ConfigError(f"--format {opts.format!r} is not one of {', '.join(FORMATS)}.")
-    if opts.hf_layout not in HF_LAYOUTS:
-        raise ConfigError(f"--hf-layout {opts.hf_layout!r} is not one of {', '.join(HF_LAYOUTS)}.")
+    if opts.format not in formats.FORMATS:
+        raise ConfigError(f"--format {opts.format!r} is not one of {', '.join(formats.FORMATS)}.")
+    if opts.hf_layout not in formats.HF_LAYOUTS:
+        raise ConfigError(f"--hf-layout {opts.hf_layout!r} is not one of {', '.join(formats.HF_LAYOUTS)}.")
     if opts.format != "hf" and opts.out.suffix != ".jsonl":
         raise ConfigError(f"--out {opts.out}: the {opts.format} format writes one JSONL file; give a path "
                           "ending in .jsonl (e.g. --out exports/B2.jsonl).")
@@ -235,17 +203,17 @@ def _check_target(path: Path, force: bool) -> None:
     if not os.access(folder, os.W_OK):  # before reading the datasets (EACCES, EROFS; root ignores modes)
         code = errno.EROFS if os.statvfs(folder).f_flag & os.ST_RDONLY else errno.EACCES
         raise write_error(path, OSError(code, os.strerror(code)))
-    sweep_stale_tmp(path)
+    formats.sweep_stale_tmp(path)
     if path.exists() and not force:
         raise StoreError(f"{display_path(path)} already exists. Pass --force to replace it (the new export is "
                          "written beside it and swapped in), or choose another --out.")
 
 
-def _read_dataset(opts: ExportOptions, name: str) -> tuple[DatasetCounts, list[dict[str, Any]]]:
+def _read_dataset(opts: ExportOptions, name: str) -> tuple[select.DatasetCounts, list[dict[str, Any]]]:
     folder = opts.output_root / name
     if not folder.is_dir():
         raise _missing(opts.output_root, name, folder)
-    counts, rows = DatasetCounts(name), []
+    counts, rows = select.DatasetCounts(name), []
     duplicates: list[str] = []
     for row in iter_committed_samples(folder, duplicates):
         if opts.format == "tokens":
@@ -263,7 +231,7 @@ def _read_dataset(opts: ExportOptions, name: str) -> tuple[DatasetCounts, list[d
         raise ConfigError(f"{name} has no committed samples yet (no whole line in the shards of "
                           f"{display_path(folder)}). Generate some first (make generate DATASET=" + name + ").")
     if not rows:
-        why = ", ".join(f"{n:,} {drop_reason_text(r, opts.filters)}" for r, n in sorted(counts.dropped.items()))
+        why = select.dropped_text(counts.dropped, opts.filters)
         raise ConfigError(f"{name}: every one of its {counts.committed:,} samples was dropped ({why}). "
                           "Relax --drop-truncated / --min-completion-tokens.")
     return counts, rows
@@ -278,22 +246,20 @@ def _missing(root: Path, name: str, folder: Path) -> ConfigError:
                        f"(make generate DATASET={name}) or pass --output-dir.")
 
 
-def _select(opts: ExportOptions, counts: list[DatasetCounts],
-            samples: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def _select(opts: ExportOptions, read: list[tuple[select.DatasetCounts, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
     """The samples the export takes: all eligible ones, or the --mix quota of each dataset."""
-    wanted = mix_counts(opts.mix, {c.dataset: c.eligible for c in counts}) if opts.mix else {}
+    wanted = select.mix_counts(opts.mix, {c.dataset: c.eligible for c, _ in read}) if opts.mix else {}
     chosen = []
-    for c in counts:
-        rows = take(samples[c.dataset], wanted.get(c.dataset, c.eligible), opts.seed)
-        c.taken = len(rows)
-        chosen += rows
+    for c, rows in read:
+        chosen += (taken := select.take(rows, wanted.get(c.dataset, c.eligible), opts.seed))
+        c.taken = len(taken)
     return chosen
 
 
 def _write(opts: ExportOptions, splits: dict[str, list[dict[str, Any]]], targets: dict[str, Path]) -> None:
     if opts.format == "hf":
-        return write_hf(opts.out, splits, opts.hf_layout)
-    line = LINE_WRITERS[opts.format]
+        return formats.write_hf(opts.out, splits, opts.hf_layout)
+    line = formats.LINE_WRITERS[opts.format]
     kw = {"keep_meta": opts.keep_meta, "status": opts.status, "harmony": opts.harmony}
     for k in sorted(splits, key=lambda k: k == "train"):  # the train file, the one a trainer is pointed at, last
-        write_jsonl(targets[k], [line(r, **kw) for r in splits[k]])
+        formats.write_jsonl(targets[k], [line(r, **kw) for r in splits[k]])

@@ -1,16 +1,10 @@
-"""The layouts `export` writes, each read from the trainer's source (late 2026; docs/export.md says
-what each row holds and why):
-
-    specforge    {"id", "conversations", "status": "success"}: what scripts/regenerate_train_data.py leaves
-                 on a row; its preprocessing passes any other column to the chat template as a keyword.
-    speculators  {"id", "conversations"}: prepare_data.py reads `conversations`, one row per turn itself.
-    hf           a DatasetDict (save_to_disk) or <split>.parquet files, the fixed schema of hf_features().
-    tokens       {"id", "input_ids", "loss_mask", "ids_from"}, one row per assistant turn (tokens.py).
-
-Tool-use samples carry a top-level `tools` column, JSON text (SpecForge 0.2.0 data/preprocessing.py and
-speculators 0.9.0 preprocessing.py parse it for apply_chat_template(tools=...)), and the messages keep
-`tool_calls` and `tool_call_id`. Writers are atomic: a hidden temporary name beside the target, a rename.
-"""
+"""The layouts `export` writes, each read from the trainer's source (docs/export.md says what a row holds and why):
+specforge {"id", "conversations", "status": "success"} (what scripts/regenerate_train_data.py leaves; any other
+column goes to the chat template as a keyword), speculators {"id", "conversations"} (prepare_data.py makes a row
+per turn itself), hf (a DatasetDict or <split>.parquet files, hf_features()), tokens (tokens.py). Tool-use samples
+carry a `tools` column, JSON text (SpecForge 0.2.0 data/preprocessing.py and speculators 0.9.0 preprocessing.py
+pass it to apply_chat_template(tools=...)) and keep tool_calls / tool_call_id. Writers are atomic: a hidden
+temporary beside the target, then a rename."""
 
 from __future__ import annotations
 

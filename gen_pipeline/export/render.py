@@ -1,8 +1,6 @@
-"""The target's tokenizer and chat template, loaded offline, rendering messages as the trainers and
-the server do: `apply_chat_template(messages, tokenize=False, ...)`, then the tokenizer on the text
-without special tokens added (SpecForge's GeneralParser, specforge/data/parse.py:136-144 and 272-278).
-transformers + jinja2 are the optional `template` extra; nothing here downloads.
-"""
+"""The target's tokenizer and chat template (the optional `template` extra), loaded offline, rendering as the
+trainers and the server do: apply_chat_template(messages, tokenize=False, ...), then the tokenizer on the text
+without special tokens (SpecForge's GeneralParser, specforge/data/parse.py:136-144 and 272-278)."""
 
 from __future__ import annotations
 
@@ -65,8 +63,10 @@ class Renderer:
             return self.tokenizer.apply_chat_template(conversation, tokenize=False,
                                                       add_generation_prompt=generation_prompt, **self.kwargs)
         except Exception as e:  # jinja2's TemplateError and what the template raises itself
-            raise ConfigError(f"the chat template of {self.source} failed on a conversation "
-                              f"({type(e).__name__}: {e}).") from None
+            raise self._failed(e) from None
+
+    def _failed(self, e: Exception) -> ConfigError:
+        return ConfigError(f"the chat template of {self.source} failed on a conversation ({type(e).__name__}: {e}).")
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -140,8 +140,7 @@ class Renderer:
         try:
             texts = direct.render_many(conversations, generation_prompt)
         except Exception as e:  # what apply_chat_template would have raised: the same message
-            raise ConfigError(f"the chat template of {self.source} failed on a conversation "
-                              f"({type(e).__name__}: {e}).") from None
+            raise self._failed(e) from None
         others = iter(self.render_many([m for m, t in zip(conversations, texts, strict=True) if t is None],
                                        generation_prompt=generation_prompt))
         return [t if t is not None else next(others) for t in texts]

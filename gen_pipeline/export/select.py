@@ -62,6 +62,11 @@ def drop_reason_text(reason: str, filters: Filters) -> str:
     return DROP_REASONS[reason]
 
 
+def dropped_text(dropped: Counter[str], filters: Filters) -> str:
+    """"3 truncated (finish_reason length), 2 under 40 completion tokens": the dropped samples by reason."""
+    return ", ".join(f"{n:,} {drop_reason_text(r, filters)}" for r, n in sorted(dropped.items()))
+
+
 @dataclass(frozen=True)
 class Mix:
     """--mix B1=0.3,B2=0.7 (shares of the output, summing to 1) or B1=1000,B2=500 (sample counts)."""

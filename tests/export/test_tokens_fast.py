@@ -222,10 +222,10 @@ def test_export_rebuilds_the_splits_made_before_a_spot_check_differed(tokenizers
     """The train split passes its spot checks; a wrong id from the 40th turn on (in the validation
     split, built second) makes the export build both splits again the plain way, and say so."""
     import gen_pipeline.export.core as core
-    from gen_pipeline.export.select import ValSplit
+    from gen_pipeline.export.select import ValSplit, validation_ids
 
     val = ValSplit(share=0.5)
-    validation = core.validation_ids((f"s{i}" for i in range(40)), val)
+    validation = validation_ids((f"s{i}" for i in range(40)), val)
     train_turns = sum(1 + i % 4 for i in range(40) if f"s{i}" not in validation)
     calls = {"turns": 0}
     original = encode._Chunks.ids
