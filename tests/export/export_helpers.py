@@ -19,6 +19,13 @@ def export(root: Path, *args: str | Path) -> str:
     return r.stdout
 
 
+def fail(root: Path, *args: str | Path) -> tuple[int, str]:
+    """`gen-pipeline export --output-dir root ARGS`, which must fail with nothing on stdout, no traceback."""
+    r = run_cli("export", "--output-dir", root, *args)
+    assert r.stdout == "" and "Traceback" not in r.stderr
+    return r.returncode, r.stderr
+
+
 def jsonl(path: Path) -> list[dict]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines()]
 

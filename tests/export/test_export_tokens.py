@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from datasets import disable_progress_bars, load_dataset
-from export_helpers import export, jsonl, write_store
+from export_helpers import export, fail, jsonl, write_store
 
 from gen_pipeline.export.render import load_renderer
 from gen_pipeline.records import Sample
@@ -30,17 +30,13 @@ def turns_of(samples: list[dict]) -> dict[str, dict]:
 ROW = re.compile(r"^  (\S+): (earlier turns|last turn) +([\d,]+) +([\d,]+) +([\d,]+) +([\d.]+%|-) +([\d,]+) +"
                  r"([\d.]+%|-) +([\d.]+)x$")
 
-# per template: mode → (reasoning under the mask in earlier turns, in last turns)
-EXPECTED = {
-    "kimi": {"specforge": ("0.0%", "0.0%"), "specforge-last": ("0.0%", "0.0%"),
-             "specforge-expanded": ("0.0%", "0.0%"), "speculators": ("0.0%", "0.0%"), "tokens": ("100.0%", "100.0%")},
-    "qwen3": {"specforge": ("0.0%", "100.0%"), "specforge-last": ("0.0%", "100.0%"),
-              "specforge-expanded": ("100.0%", "100.0%"), "speculators": ("100.0%", "100.0%"),
-              "tokens": ("100.0%", "100.0%")},
-    "chatml": {"specforge": ("0.0%", "0.0%"), "specforge-last": ("0.0%", "0.0%"),
-               "specforge-expanded": ("0.0%", "0.0%"), "speculators": ("0.0%", "0.0%"),
-               "tokens": ("100.0%", "100.0%")},
-}
+# per template: mode → (reasoning under the mask in earlier turns, in last turns); kimi and chatml render none
+NONE, ALL, LAST = ("0.0%", "0.0%"), ("100.0%", "100.0%"), ("0.0%", "100.0%")
+NO_REASONING = {"specforge": NONE, "specforge-last": NONE, "specforge-expanded": NONE, "speculators": NONE,
+                "tokens": ALL}
+EXPECTED = {"kimi": NO_REASONING, "chatml": NO_REASONING,
+            "qwen3": {"specforge": LAST, "specforge-last": LAST, "specforge-expanded": ALL, "speculators": ALL,
+                      "tokens": ALL}}
 
 
 @pytest.mark.parametrize("kind", ["kimi", "qwen3", "chatml"])
@@ -106,24 +102,18 @@ def test_check_template_says_what_is_missing(outputs: Path, tmp_path: Path, toke
 
 # ---------------------------------------------------------------- export's warning and refusal
 
-def test_export_warns_when_no_reasoning_would_train_and_the_flag_refuses(outputs: Path, tmp_path: Path,
-                                                                        tokenizers: dict[str, Path]) -> None:
-    kimi = tokenizers["kimi"]
-    out = tmp_path / "k.jsonl"
-    stdout = export(outputs, "--dataset", "demo", "--format", "specforge", "--out", out, "--tokenizer", kimi)
+def test_require_trained_reasoning_refuses_unless_every_turn_trains(outputs: Path, tmp_path: Path,
+                                                                    tokenizers: dict[str, Path]) -> None:
+    """(The specforge warning in the same words: test_reasoning_check.py.)"""
+    kimi, refused = tokenizers["kimi"], tmp_path / "refused.jsonl"
     advice = ("Export --format tokens (every turn's reasoning under the mask, loaded by SpecForge's data.prompts_path "
               "and speculators), or --expand-turns if the template keeps the last turn's reasoning (Qwen3-style), or "
               "serve a chat template that renders reasoning; `gen-pipeline check-template` shows it per turn.")
-    assert stdout.splitlines()[-1] == (
-        "  warning: 0.0% of the reasoning tokens of 32 samples are under the loss mask when SpecForge (thinking "
-        f"parser), every assistant span of a row renders them with the chat template of {kimi}. {advice}")
-    refused = tmp_path / "refused.jsonl"
-    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "speculators", "--out", refused,
-                "--tokenizer", kimi, "--require-trained-reasoning")
-    assert (r.returncode, r.stdout) == (2, "")
-    assert r.stderr == ("error: --require-trained-reasoning: only 0.0% of the reasoning tokens of 32 samples are "
-                        "under the loss mask when speculators prepare-data (one row per assistant turn) renders them "
-                        f"with the chat template of {kimi}. {advice}\n")
+    assert fail(outputs, "--dataset", "demo", "--format", "speculators", "--out", refused, "--tokenizer", kimi,
+                "--require-trained-reasoning") == (
+        2, "error: --require-trained-reasoning: only 0.0% of the reasoning tokens of 32 samples are under the loss "
+        f"mask when speculators prepare-data (one row per assistant turn) renders them with the chat template of "
+        f"{kimi}. {advice}\n")
     assert not refused.exists() and not list(tmp_path.glob(".refused*"))
     # Qwen3-style: --expand-turns trains every turn's reasoning; the tokens format does for every template
     qwen = tmp_path / "q.jsonl"
@@ -181,25 +171,6 @@ def test_tokens_rows_load_in_specforges_prompts_path_with_each_turn_whole_under_
     assert {row["ids_from"] for row in rows} == {"template"}
 
 
-def test_tokens_rows_equal_the_tokenizer_on_prompt_and_turn_text(outputs: Path, tokenizers: dict[str, Path]) -> None:
-    from gen_pipeline.export.tokens import TokenRowBuilder, sent_message
-
-    renderer = load_renderer(str(tokenizers["qwen3"]))
-    samples = [s for s in read_samples(outputs, "demo") if s["meta"]["turns"] > 1][:10]
-    rows = TokenRowBuilder(renderer).rows(samples)
-    texts = []  # (prompt, output) of each assistant turn after its history
-    for s in samples:
-        history: list[dict] = []
-        for m in s["conversations"]:
-            if m["role"] == "assistant":
-                texts.append(renderer.turn_text(history, sent_message(m)))
-            history.append(sent_message(m))
-    assert len(rows) == len(texts) > len(samples)
-    assert [(r["input_ids"].tolist(), r["loss_mask"].tolist()) for r in rows] == [
-        (renderer.encode(p) + renderer.encode(o), [0] * len(renderer.encode(p)) + [1] * len(renderer.encode(o)))
-        for p, o in texts]
-
-
 def test_server_token_ids_make_the_rows_and_stay_out_of_conversation_formats(tmp_path: Path) -> None:
     """Samples whose assistant turns carry the server's prompt_token_ids / token_ids (tokens.py)."""
     root = tmp_path / "out"
@@ -226,16 +197,13 @@ def test_server_token_ids_make_the_rows_and_stay_out_of_conversation_formats(tmp
 
 
 def test_tokens_without_server_ids_or_a_tokenizer_is_refused(outputs: Path, tmp_path: Path) -> None:
-    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "tokens",
-                "--out", tmp_path / "t.jsonl")
-    assert (r.returncode, r.stdout) == (2, "")
-    assert re.fullmatch(r"error: sample demo-\d+ has no server token ids \(prompt_token_ids / token_ids on its "
-                        r"assistant turns\), so the tokens format renders it with the target's chat template: pass "
-                        r"--tokenizer PATH or --server NAME\.\n", r.stderr)
-    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "tokens", "--expand-turns",
-                "--out", tmp_path / "t.jsonl")
-    assert r.stderr == ("error: --expand-turns does not apply to --format tokens: it already writes one row per "
-                        "assistant turn. Drop --expand-turns.\n")
+    code, err = fail(outputs, "--dataset", "demo", "--format", "tokens", "--out", tmp_path / "t.jsonl")
+    assert code == 2 and re.fullmatch(r"error: sample demo-\d+ has no server token ids \(prompt_token_ids / token_ids "
+                                      r"on its assistant turns\), so the tokens format renders it with the target's "
+                                      r"chat template: pass --tokenizer PATH or --server NAME\.\n", err)
+    assert fail(outputs, "--dataset", "demo", "--format", "tokens", "--expand-turns", "--out", tmp_path / "t.jsonl") \
+        == (2, "error: --expand-turns does not apply to --format tokens: it already writes one row per assistant "
+            "turn. Drop --expand-turns.\n")
 
 
 # ---------------------------------------------------------------- trainer fit
@@ -264,11 +232,9 @@ def test_harmony_rows_use_the_roles_specforges_gpt_oss_parser_renders(outputs: P
     so SpecForge's Harmony parser's contract is checked: its roles, and no column but the ones its
     preprocessing pops (parse() takes no **kwargs, parse.py:387-394; id is popped, preprocessing.py:259-260)."""
     out = tmp_path / "h.jsonl"
-    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "specforge", "--out", out,
-                "--harmony")
-    assert r.returncode == 2 and r.stderr == ("error: --harmony needs --no-status: SpecForge's Harmony parser takes no "
-                                              "extra column (its parse() has no **kwargs, "
-                                              "specforge/data/parse.py:387-394).\n")
+    assert fail(outputs, "--dataset", "demo", "--format", "specforge", "--out", out, "--harmony") == (
+        2, "error: --harmony needs --no-status: SpecForge's Harmony parser takes no extra column (its parse() has no "
+        "**kwargs, specforge/data/parse.py:387-394).\n")
     export(outputs, "--dataset", "demo", "--format", "specforge", "--out", out, "--harmony", "--no-status")
     samples = {s["id"]: s for s in read_samples(outputs, "demo")}
     for row in jsonl(out):

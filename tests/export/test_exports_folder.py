@@ -32,15 +32,6 @@ def test_export_makes_its_missing_folders(tmp_path: Path, one_dataset: Path, fmt
         assert (dest / "train").is_dir() and (dest / "validation").is_dir()
 
 
-def test_export_under_a_file_is_refused_naming_it(tmp_path: Path, one_dataset: Path) -> None:
-    (tmp_path / "exports").write_text("not a folder")
-    r = run_cli("export", "--dataset", "T", "--format", "specforge", "--out", tmp_path / "exports" / "T.jsonl",
-                "--output-dir", one_dataset)
-    assert (r.returncode, r.stdout) == (2, "")
-    assert r.stderr == (f"error: --out {tmp_path}/exports/T.jsonl: {tmp_path}/exports is a file, not a folder. "
-                        "Choose another --out.\n")
-
-
 @pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="not a git checkout")
 def test_git_ignores_the_readmes_export_folders() -> None:
     readme = user_docs()

@@ -112,33 +112,29 @@ def _mismatches(rows: list[dict], expected: dict[str, tuple[list, list]]) -> lis
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_reasoning_disable_store_renders_each_row_as_the_server_did(disabled: Path, tmp_path: Path,
-                                                                     built: dict[str, Path], kind: str) -> None:
-    samples = read_samples(disabled, "D")
-    assert {s["meta"]["chat_template_kwargs"] for s in samples} == {OFF}
-    assert any(s["meta"]["turns"] > 1 for s in samples) and any(s["meta"]["finish_reason"] == "length"
-                                                               for s in samples)
-    rows = _export_tokens(disabled, "D", tmp_path / "t.jsonl", built[kind])
-    assert _mismatches(rows, independent_rows(built[kind], kind, samples)) == []
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_mixed_kwargs_store_renders_each_row_with_its_variants_kwargs(mixed: Path, tmp_path: Path,
-                                                                       built: dict[str, Path], kind: str,
-                                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    samples = read_samples(mixed, "M")
-    assert {s["meta"]["chat_template_kwargs"] for s in samples} == {
-        OFF, '{"enable_thinking":true,"thinking":true}'}
-    assert {bool(m.get("reasoning_content")) for s in samples for m in s["conversations"]
-            if m["role"] == "assistant"} == {True, False}
+@pytest.mark.parametrize("store", ["disabled", "mixed"])
+def test_each_rendered_row_is_what_the_server_rendered_with_its_samples_kwargs(
+        request: pytest.FixtureRequest, store: str, tmp_path: Path, built: dict[str, Path], kind: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A reasoning = "disable" store, and one whose variants send their own chat_template_kwargs: each row
+    with its own (--template-kwargs is then not used, and the export says so)."""
+    root, name = request.getfixturevalue(store), store[0].upper()
+    samples = read_samples(root, name)
+    kwargs = {s["meta"]["chat_template_kwargs"] for s in samples}
+    if store == "disabled":
+        assert kwargs == {OFF} and any(s["meta"]["turns"] > 1 for s in samples)
+        assert any(s["meta"]["finish_reason"] == "length" for s in samples)
+    else:
+        assert kwargs == {OFF, '{"enable_thinking":true,"thinking":true}'}
+        assert {bool(m.get("reasoning_content")) for s in samples for m in s["conversations"]
+                if m["role"] == "assistant"} == {True, False}
     expected = independent_rows(built[kind], kind, samples)
     capsys.readouterr()
-    rows = _export_tokens(mixed, "M", tmp_path / "t.jsonl", built[kind], "--template-kwargs",
-                          '{"thinking": true}')
-    assert _mismatches(rows, expected) == []
+    flags = ["--template-kwargs", '{"thinking": true}'] if store == "mixed" else []
+    assert _mismatches(_export_tokens(root, name, tmp_path / "t.jsonl", built[kind], *flags), expected) == []
     assert ('  note: tokens: --template-kwargs {"thinking":true} was not used: every rendered sample recorded the '
             "chat_template_kwargs its requests sent (meta.chat_template_kwargs) and is rendered with them"
-            ) in capsys.readouterr().out.splitlines()
+            in capsys.readouterr().out.splitlines()) == (store == "mixed")
 
 
 def test_rows_without_recorded_kwargs_take_the_flag(disabled: Path, tmp_path: Path, built: dict[str, Path],
