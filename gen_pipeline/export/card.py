@@ -81,7 +81,7 @@ def _dataset_rows(opts: ExportOptions, summary: ExportSummary,
                                                      decoded_tokens(st.gate, st.completion_tokens)))
         rows.append({
             "dataset": c.dataset, "committed": c.committed, "exported": c.taken,
-            "dropped": dict(c.dropped),
+            "dropped": ", ".join(f"{n:,} {k}" for k, n in sorted(c.dropped.items())) or "0",
             "model": _most(m.get("model") for m in metas), "backend": _most(m.get("backend") for m in metas),
             "kv_cache_dtype": _most(m.get("kv_cache_dtype") for m in metas),
             "sampling": _most(json.dumps(m.get("sampling"), sort_keys=True) for m in metas if m.get("sampling")),
@@ -92,7 +92,7 @@ def _dataset_rows(opts: ExportOptions, summary: ExportSummary,
             "completion_tokens": sum(int(m.get("completion_tokens") or 0) for m in metas),
             "mix": produced_shares(st.mix, dict(Counter(str(m["sampling_variant"]) for m in metas
                                                         if isinstance(m.get("sampling_variant"), int)))),
-            "wall_h": wall_h, "gpus": gpus, "gpu_h_per_1k": per_1k,
+            "wall": "unknown" if wall_h is None else f"{wall_h:.3f} h", "gpus": gpus, "gpu_h_per_1k": per_1k,
             "gate": st.gate, "spec": format_spec(st.gate, st.spec_server),
             "gpu_h_saved": None if saved is None else saved / 3600,
         })
@@ -154,13 +154,13 @@ def render_card(opts: ExportOptions, summary: ExportSummary, chosen: list[dict[s
             body += [f"- {line}" for line in r["mix"]]
     body += ["", "## Counts", "", "| dataset | committed samples | dropped | exported | truncated | failed requests "
              "| rejected source rows |", "|---|---|---|---|---|---|---|"]
-    body += [f"| {r['dataset']} | {r['committed']:,} | {_dropped(r['dropped'])} | {r['exported']:,} | "
+    body += [f"| {r['dataset']} | {r['committed']:,} | {r['dropped']} | {r['exported']:,} | "
              f"{100 * r['truncated_share']:.1f}% | {100 * r['failed_share']:.1f}% | {r['rejected_rows']:,} |"
              for r in rows]
     body += ["", "## Tokens and cost", "", "| dataset | prompt tokens | completion tokens | run wall time | GPUs "
              "| GPU-hours per 1,000 samples |", "|---|---|---|---|---|---|"]
     body += [f"| {r['dataset']} | {r['prompt_tokens']:,} | {r['completion_tokens']:,} | "
-             f"{_hours(r['wall_h'])} | {r['gpus'] or 'unknown'} | {_gpu_h(r['gpu_h_per_1k'])} |" for r in rows]
+             f"{r['wall']} | {r['gpus'] or 'unknown'} | {_gpu_h(r['gpu_h_per_1k'])} |" for r in rows]
     body += ["", "Token totals are over the exported samples (their meta). GPU-hours = GPUs × wall time ÷ "
              "committed samples × 1,000: measured where the runs recorded their server (tp × dp × servers, "
              "wall time from each dataset's first request), else every run's wall time, start-up included, "
@@ -183,13 +183,6 @@ def render_card(opts: ExportOptions, summary: ExportSummary, chosen: list[dict[s
     return "\n".join(front + body)
 
 
-def _dropped(d: dict[str, int]) -> str:
-    return ", ".join(f"{n:,} {k}" for k, n in sorted(d.items())) or "0"
-
-
 def _gpu_h(x: float | None) -> str:
     return "unknown" if x is None else f"{x:.2f}"
 
-
-def _hours(h: float | None) -> str:
-    return "unknown" if h is None else f"{h:.3f} h"

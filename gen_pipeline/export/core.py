@@ -20,7 +20,7 @@ from gen_pipeline.errors import ConfigError, DiskError, StoreError
 from gen_pipeline.export import formats, select
 from gen_pipeline.export.card import write_card
 from gen_pipeline.export.options import ExportOptions, ExportSummary
-from gen_pipeline.export.render import Renderer, load_renderer, source_flag, tokenizer_source
+from gen_pipeline.export.render import Renderer, load_renderer, tokenizer_source
 from gen_pipeline.export.template_check import REASONING_ADVICE, TemplateCheck, reasoning_verdict
 from gen_pipeline.export.tokens import NO_TOKENIZER, TokenRowBuilder, compact_ids, has_server_ids, length_fit
 from gen_pipeline.store.layout import has_shards, iter_committed_samples
@@ -55,9 +55,8 @@ def run_export(opts: ExportOptions) -> ExportSummary:
     if opts.format == "tokens":
         builder = TokenRowBuilder(renderer, why=why)
         built = {k: builder.rows(rows) for k, rows in splits.items()}
-        if builder.mismatch:  # went exact at a spot check: the splits built before it again
-            built = {k: builder.rows(rows) for k, rows in splits.items()}
-        splits = built
+        # went exact at a spot check: the splits built before it again
+        splits = {k: builder.rows(rows) for k, rows in splits.items()} if builder.mismatch else built
         notes += builder.notes()
         fits, fit = length_fit((r for rows in splits.values() for r in rows), opts.max_length)
         (notes if fits else warnings).append(fit)
@@ -80,11 +79,9 @@ def _renderer(opts: ExportOptions) -> tuple[Renderer | None, str]:
     """(the target's tokenizer, or None and why): --tokenizer must load; the --server profile's model
     is tried and may be absent here (a hub id on a machine without it). The tokens format needs one
     unless every turn carries the server's token ids."""
-    source = tokenizer_source(opts.tokenizer, opts.profile)
+    source, flag, trust = tokenizer_source(opts.tokenizer, opts.profile)
     if source is None:
         return None, NO_TOKENIZER
-    trust = bool(opts.profile and opts.profile.trust_remote_code)
-    flag = source_flag(opts.tokenizer, opts.profile)
     try:
         return load_renderer(source, kwargs=opts.template_kwargs, trust_remote_code=trust, flag=flag), ""
     except ConfigError as e:
@@ -158,10 +155,7 @@ def _targets(opts: ExportOptions) -> dict[str, Path]:
     """split name → path: the JSONL formats put validation beside train as <stem>.val.ndjson."""
     if opts.format == "hf":
         return {"all": opts.out}
-    targets = {"train": opts.out}
-    if opts.val.enabled:
-        targets["validation"] = validation_path(opts.out)
-    return targets
+    return {"train": opts.out} | ({"validation": validation_path(opts.out)} if opts.val.enabled else {})
 
 
 def validation_path(out: Path) -> Path:

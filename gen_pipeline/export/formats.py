@@ -89,10 +89,6 @@ def specforge_line(row: dict[str, Any], *, keep_meta: bool, status: bool, harmon
     return orjson.dumps(out, option=orjson.OPT_APPEND_NEWLINE)
 
 
-def speculators_line(row: dict[str, Any], *, keep_meta: bool, status: bool = False, harmony: bool = False) -> bytes:
-    return specforge_line(row, keep_meta=keep_meta, status=False)
-
-
 def tokens_line(row: dict[str, Any], *, keep_meta: bool, status: bool = False, harmony: bool = False) -> bytes:
     """A tokens row (tokens.py); the ids as JSON arrays, which SpecForge and datasets read as-is."""
     out: dict[str, Any] = {"id": row["id"], "input_ids": row["input_ids"], "loss_mask": row["loss_mask"],
@@ -102,8 +98,9 @@ def tokens_line(row: dict[str, Any], *, keep_meta: bool, status: bool = False, h
     return orjson.dumps(out, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY)
 
 
-LINE_WRITERS: dict[str, Callable[..., bytes]] = {"specforge": specforge_line, "speculators": speculators_line,
-                                                 "tokens": tokens_line}
+LINE_WRITERS: dict[str, Callable[..., bytes]] = {  # speculators: specforge's row without status
+    "specforge": specforge_line, "tokens": tokens_line,
+    "speculators": lambda row, *, keep_meta, **_: specforge_line(row, keep_meta=keep_meta, status=False)}
 
 HF_META = {"model": "string", "backend": "string", "finish_reason": "string", "prompt_tokens": "int64",
            "completion_tokens": "int64", "turns": "int64", "sampling": "string", "sampling_variant": "int64",

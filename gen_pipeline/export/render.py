@@ -22,16 +22,13 @@ KWARGS_KEY = "chat_template_kwargs"  # meta key: what a sample's requests sent t
 _PROBE_USER, _PROBE_ANSWER = "U\u2063probe", "A\u2063probe"  # text no template adds on its own
 
 
-def tokenizer_source(tokenizer: str | None, profile: ServerProfile | None) -> str | None:
-    """--tokenizer, else the server profile's --tokenizer-path or model_path, else None."""
-    if tokenizer:
-        return tokenizer
-    return profile.tokenizer_path if profile is not None else None
-
-
-def source_flag(tokenizer: str | None, profile: ServerProfile | None) -> str:
-    """How messages name where the tokenizer came from."""
-    return "--tokenizer" if tokenizer or profile is None else f"--server {profile.name}: its model"
+def tokenizer_source(tokenizer: str | None, profile: ServerProfile | None) -> tuple[str | None, str, bool]:
+    """(--tokenizer, else the --server profile's --tokenizer-path or model_path, else None; how messages name
+    where it came from; the profile's trust_remote_code)."""
+    trust = bool(profile and profile.trust_remote_code)
+    if tokenizer or profile is None:
+        return tokenizer or None, "--tokenizer", trust
+    return profile.tokenizer_path, f"--server {profile.name}: its model", trust
 
 
 @dataclass

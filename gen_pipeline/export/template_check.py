@@ -25,7 +25,7 @@ from gen_pipeline.config.server import ServerProfile
 from gen_pipeline.display import count, display_path
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.export.formats import expand_turns
-from gen_pipeline.export.render import Renderer, load_renderer, recorded_kwargs, source_flag, tokenizer_source
+from gen_pipeline.export.render import Renderer, load_renderer, recorded_kwargs, tokenizer_source
 from gen_pipeline.export.select import covering
 from gen_pipeline.export.tokens import SPECFORGE_MAX_LENGTH, TokenRowBuilder, has_server_ids, length_fit, sent_message
 from gen_pipeline.store.layout import iter_committed_samples
@@ -251,8 +251,8 @@ def check_template(*, output_root: Path, datasets: list[str], export: Path | Non
         raise ConfigError(f"--samples {samples} must be 1 or more.")
     rows, what = _samples(output_root, datasets, export)
     chosen = covering(rows, samples, seed)
-    renderer = load_renderer(tokenizer_source(tokenizer, profile), kwargs=template_kwargs, flag=source_flag(
-        tokenizer, profile), trust_remote_code=bool(profile and profile.trust_remote_code))
+    source, flag, trust = tokenizer_source(tokenizer, profile)
+    renderer = load_renderer(source, kwargs=template_kwargs, flag=flag, trust_remote_code=trust)
     check = TemplateCheck(renderer)
     modes = [m for m in MODES if export is None or m != "specforge-expanded"]
     turns = sum(1 for r in chosen for m in r["conversations"] if m.get("role") == "assistant")

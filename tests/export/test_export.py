@@ -4,7 +4,9 @@ loaded back with the real `datasets` library."""
 from __future__ import annotations
 
 import itertools
+import re
 import shutil
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from export_helpers import export, fail, jsonl
 from gen_pipeline.export.formats import hf_features
 from gen_pipeline.export.select import Mix, ValSplit, mix_counts, validation_ids
 
-from pipeline_helpers import kill_group, read_samples, run_cli, start_cli, wait_for, write_dataset
+from pipeline_helpers import REPO, kill_group, read_samples, run_cli, start_cli, three_samples, wait_for, write_dataset
 from user_docs import user_docs
 
 # The keys of a row SpecForge's regeneration script writes on success, from its source
@@ -320,3 +322,32 @@ def test_a_sample_keeps_its_side_of_the_split_when_the_dataset_grows_and_mix_cou
     counts = mix_counts(shares, {"B1": 30_000, "B2": 18_000, "B6": 20_000, "B7": 20_000})
     assert counts == {"B1": 24_000, "B2": 16_000, "B6": 20_000, "B7": 20_000}  # B6 and B7 are the limit
     assert mix_counts(Mix("count", {"B1": 10, "B2": 5}), {"B1": 10, "B2": 99}) == {"B1": 10, "B2": 5}
+
+
+# ---------------------------------------------------------------- exports/ in a fresh clone: made, git-ignored
+
+@pytest.fixture
+def one_dataset(tmp_path: Path) -> Path:
+    return three_samples(tmp_path / "outputs")
+
+
+@pytest.mark.parametrize("fmt, out", [("specforge", "exports/sub/T.jsonl"), ("hf", "exports/chat")])
+def test_export_makes_its_missing_folders(tmp_path: Path, one_dataset: Path, fmt: str, out: str) -> None:
+    dest = tmp_path / out
+    r = run_cli("export", "--dataset", "T", "--format", fmt, "--out", dest, "--output-dir", one_dataset,
+                "--val-share", "1")
+    assert (r.returncode, r.stderr) == (0, "")
+    if fmt == "specforge":
+        assert len(dest.read_bytes().splitlines()) == 2
+        assert len(dest.with_name("T.val.ndjson").read_bytes().splitlines()) == 1
+    else:
+        assert (dest / "train").is_dir() and (dest / "validation").is_dir()
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="not a git checkout")
+def test_git_ignores_the_readmes_export_folders() -> None:
+    readme = user_docs()
+    outs = sorted(set(re.findall(r"(?:--out |OUT=)((?:exports|outputs)/[^\s`\"']+)", readme)))
+    assert any(o.startswith("exports/") for o in outs)
+    r = subprocess.run(["git", "check-ignore", "--no-index", *outs], capture_output=True, text=True, cwd=REPO)
+    assert sorted(r.stdout.split()) == outs, orjson.dumps(outs).decode()

@@ -10,8 +10,12 @@ from pathlib import Path
 import pytest
 from datasets import disable_progress_bars, load_dataset
 from export_helpers import export, fail, jsonl, write_store
+from template_tokenizers import build_tokenizer
 
+from gen_pipeline.cli import main
 from gen_pipeline.export.render import load_renderer
+from gen_pipeline.export.select import covering
+from gen_pipeline.export.template_check import REASONING_ADVICE
 from gen_pipeline.records import Sample
 
 from pipeline_helpers import read_samples, run_cli
@@ -324,3 +328,130 @@ def test_check_template_compares_the_servers_ids_with_the_template(tmp_path: Pat
     assert last[0] == ("  server token ids vs the template: 4 turns carry them; rendered prompt equal in 3, server "
                        "output a prefix of the rendered turn in 4")
     assert last[1].startswith("    first difference: S-3: prompt token ")
+
+
+# ---------------------------------------------------------------- the reasoning check reads every kind of conversation
+
+SINGLE, MULTI = 209, 3  # 3 multi-turn samples in 212, as in the issue
+
+
+def _turn(i: int, k: int) -> dict:
+    return {"role": "assistant", "content": f"the answer {i} to part {k} is here",
+            "reasoning_content": f"first think about part {k} of question {i} then answer"}
+
+
+@pytest.fixture(scope="module")
+def multi(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("out")
+    samples = []
+    for i in range(SINGLE + MULTI):
+        convs = [{"role": "user", "content": f"question {i}"}, _turn(i, 0)]
+        if i >= SINGLE:
+            convs += [{"role": "user", "content": f"and then {i}?"}, _turn(i, 1)]
+        samples.append(Sample(f"S-{i:03d}", "S", convs, {"model": "m", "finish_reason": "stop", "prompt_tokens": 5,
+                                                         "completion_tokens": 9, "turns": len(convs) // 2,
+                                                         "chat_template_kwargs": "{}"}))
+    return write_store(root, "S", samples)
+
+
+def test_the_check_covers_every_multi_turn_sample() -> None:
+    rows = [{"id": f"S-{i}", "conversations": [{"role": "assistant"}] * (2 if i >= SINGLE else 1), "meta": {}}
+            for i in range(SINGLE + MULTI)]
+    for seed in range(10):
+        chosen = covering(rows, 32, seed)
+        assert len(chosen) == 32 and sum(len(r["conversations"]) > 1 for r in chosen) == MULTI
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_require_trained_reasoning_refuses_whatever_the_seed(multi: Path, tmp_path: Path, seed: int,
+                                                             built: dict[str, Path],
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Qwen3-style: SpecForge trains the last turn's reasoning only; the 3 multi-turn samples' first turns
+    are untrained, so the export must refuse for every seed (it passed for 3 seeds of 10)."""
+    out = tmp_path / "s.jsonl"
+    rc = main(["export", "--output-dir", str(multi), "--dataset", "S", "--format", "specforge", "--out", str(out),
+               "--tokenizer", str(built["qwen3"]), "--require-trained-reasoning", "--seed", str(seed)])
+    err = capsys.readouterr().err
+    assert rc == 2 and not out.exists()
+    assert err.startswith("error: --require-trained-reasoning: only ") and "% of the reasoning tokens of 32 " in err
+
+
+def test_check_template_warns_in_exports_words(multi: Path, tmp_path: Path, built: dict[str, Path],
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    kimi = built["kimi"]
+    assert main(["export", "--output-dir", str(multi), "--dataset", "S", "--format", "specforge",
+                 "--out", str(tmp_path / "s.jsonl"), "--tokenizer", str(kimi)]) == 0
+    warning = capsys.readouterr().out.splitlines()[-1]
+    assert warning == ("  warning: 0.0% of the reasoning tokens of 32 samples are under the loss mask when SpecForge "
+                       f"(thinking parser), every assistant span of a row renders them with the chat template of "
+                       f"{kimi}. {REASONING_ADVICE}")
+    assert main(["check-template", "--output-dir", str(multi), "--dataset", "S", "--tokenizer", str(kimi),
+                 "--samples", "32"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert warning in lines
+    assert [line.split(" when ")[1].split(" renders ")[0] for line in lines if line.startswith("  warning: ")] == [
+        "SpecForge (thinking parser), every assistant span of a row", "SpecForge with data.train_only_last_turn: true",
+        "SpecForge on --expand-turns rows", "speculators prepare-data (one row per assistant turn)"]
+
+
+# ---------------------------------------------------------------- what SpecForge's loader keeps at data.max_length
+
+# (prompt tokens, output tokens) per sample: fits both; cut at 2,048; nothing trained before 2,048; long
+LENGTHS = [(100, 200), (1500, 1000), (2100, 50), (3000, 4000), (7000, 2000), (300, 20)]
+
+
+@pytest.fixture(scope="module")
+def longs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("out")
+    samples = []
+    for i, (p, o) in enumerate(LENGTHS):
+        turn = {"role": "assistant", "content": "a", "reasoning_content": "r",
+                "prompt_token_ids": [5 + i % 7] * p, "token_ids": [9] * o}
+        samples.append(Sample(f"S-{i}", "S", [{"role": "user", "content": "q"}, turn],
+                              {"model": "m", "finish_reason": "stop", "prompt_tokens": p, "completion_tokens": o,
+                               "turns": 1, "chat_template_kwargs": "{}"}))
+    return write_store(root, "S", samples)
+
+
+def _specforge(path: Path, max_length: int) -> tuple[int, int]:
+    from specforge.data.prompt_builder import prepare_prompt_tasks
+
+    tasks = prepare_prompt_tasks(path, None, chat_template=None, max_length=max_length, is_preformatted=False,
+                                 train_only_last_turn=False, cache_dir=None, cache_key=None, num_proc=None)
+    return len(tasks), sum(sum(t["payload"]["loss_mask"]) for t in tasks)
+
+
+@pytest.mark.parametrize("max_length", [2048, 8192])
+def test_export_reports_what_specforges_loader_keeps(longs: Path, tmp_path: Path, max_length: int,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "t.jsonl"
+    flags = [] if max_length == 2048 else ["--max-length", str(max_length)]
+    assert main(["export", "--output-dir", str(longs), "--dataset", "S", "--format", "tokens", "--out", str(out),
+                 *flags]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "SpecForge data.max_length" in x)
+    m = re.fullmatch(r"  (note|warning): SpecForge data\.max_length ([\d,]+): ([\d,]+) of 6 rows kept, ([\d,]+) of "
+                     r"([\d,]+) trained tokens \(([\d.]+)%\)(.*)", line)
+    assert m, line
+    kind, limit, rows, kept, total, _, rest = m.groups()
+    total_trained = sum(o for _, o in LENGTHS)
+    assert (int(limit.replace(",", "")), int(total.replace(",", ""))) == (max_length, total_trained)
+    assert (int(rows), int(kept.replace(",", ""))) == _specforge(out, max_length)
+    # 2,048: the second row cut to 548 trained tokens, three rows with none left; 8,192: the fifth row cut
+    assert (kind, int(rows), kept, bool(rest)) == {2048: ("warning", 3, "768", True),
+                                                   8192: ("warning", 6, "6,462", True)}[max_length]
+
+
+def test_check_template_reports_it_too(longs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    chatml = build_tokenizer(tmp_path / "chatml", "chatml")
+    assert main(["check-template", "--output-dir", str(longs), "--dataset", "S", "--tokenizer", str(chatml),
+                 "--max-length", "8192"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert ("  warning: --format tokens, SpecForge data.max_length 8,192: 6 of 6 rows kept, 6,462 of 7,270 trained "
+            "tokens (88.9%); rows are cut at max_length and those left with no trained token are dropped: raise "
+            "data.max_length to the longest row (see --max-length N) or leave the long rows out") in lines
+    with pytest.raises(SystemExit) as e:  # argparse's usage error
+        main(["export", "--output-dir", str(longs), "--dataset", "S", "--format", "tokens",
+              "--out", str(tmp_path / "t.jsonl"), "--max-length", "0"])
+    assert e.value.code == 2
+    assert "argument --max-length: '0' must be a whole number of tokens, 1 or more (e.g. 8192)" in \
+        capsys.readouterr().err
