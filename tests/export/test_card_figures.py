@@ -42,7 +42,7 @@ def _store(root: Path, n: int = 10, *, truncated: int = 2, ids: bool = False) ->
                                                     attempts=1, retryable=False)])
 
 
-def test_the_truncated_share_is_over_the_exported_samples(tmp_path: Path) -> None:
+def test_the_truncated_share_is_over_the_exported_samples_and_hf_keeps_the_per_turn_flags(tmp_path: Path) -> None:
     root = _store(tmp_path / "out")
     out = tmp_path / "e" / "s.jsonl"
     assert main(["export", "--output-dir", str(root), "--dataset", "S", "--format", "specforge", "--out", str(out),
@@ -51,6 +51,15 @@ def test_the_truncated_share_is_over_the_exported_samples(tmp_path: Path) -> Non
     assert "| S | 10 | 2 truncated | 8 | 0.0% |" in card
     # the leak failure counts beside the written turn's flag
     assert re.search(r"^\| S \| 0 \| 0 \| 0 \| 2 \| 0 \| ", card, re.M), card
+    out = tmp_path / "hf"
+    assert main(["export", "--output-dir", str(root), "--dataset", "S", "--format", "hf", "--out", str(out)]) == 0
+    by_id = {r["id"]: r["meta"] for r in load_from_disk(str(out))["train"]}
+    # S-5's turn also carries a draft's acceptance (a server with a speculative algorithm): kept, typed
+    assert by_id["S-5"]["per_turn"] == [_turn_meta("stop", "think_marker")]
+    assert by_id["S-0"]["per_turn"][0]["finish_reason"] == "length"
+    assert (by_id["S-0"]["per_turn"][0]["spec_accept_length"], by_id["S-0"]["per_turn"][0]["spec_verify_ct"]) == \
+        (None, None)
+    assert by_id["S-5"]["chat_template_kwargs"] == "{}"
 
 
 def test_leak_failures_count_as_leaks() -> None:
@@ -60,20 +69,6 @@ def test_leak_failures_count_as_leaks() -> None:
                 {"reason": "truncated", "detail": "turn 1 hit max_new_tokens=512"}, {"reason": "loop"}):
         add_failure(counts, row)
     assert counts == {"leaks": 2}
-
-
-def test_hf_keeps_the_per_turn_quality_flags(tmp_path: Path) -> None:
-    root = _store(tmp_path / "out")
-    out = tmp_path / "hf"
-    assert main(["export", "--output-dir", str(root), "--dataset", "S", "--format", "hf", "--out", str(out)]) == 0
-    ds = load_from_disk(str(out))["train"]
-    by_id = {r["id"]: r["meta"] for r in ds}
-    # S-5's turn also carries a draft's acceptance (a server with a speculative algorithm): kept, typed
-    assert by_id["S-5"]["per_turn"] == [_turn_meta("stop", "think_marker")]
-    assert by_id["S-0"]["per_turn"][0]["finish_reason"] == "length"
-    assert (by_id["S-0"]["per_turn"][0]["spec_accept_length"], by_id["S-0"]["per_turn"][0]["spec_verify_ct"]) == \
-        (None, None)
-    assert by_id["S-5"]["chat_template_kwargs"] == "{}"
 
 
 def test_server_ids_with_another_tokenizer_do_not_warn_about_themselves(tmp_path: Path,

@@ -250,10 +250,7 @@ def test_a_message_the_direct_template_was_not_probed_for_goes_through_apply_cha
                                           renderer.turn_text(plain, {"role": "assistant", "content": "b"})]
     assert renderer._direct.render_many([odd, plain], generation_prompt=True) == [
         None, renderer.render(plain, generation_prompt=True)]
-
-
-def test_the_direct_template_is_refused_when_apply_does_not_render_it_as_probed(tokenizers: dict[str, Path]) -> None:
-    renderer = load_renderer(str(tokenizers["chatml"]))
+    # refused when apply_chat_template does not render it as probed
     source = renderer.tokenizer.get_chat_template()
     assert DirectTemplate.probe(lambda m, g: "no template call", source) == (
         None, "apply_chat_template does not render through one jinja2 template call")
