@@ -1,8 +1,6 @@
-"""`export`: a dataset folder's shards → committed samples → filters → --mix → split by id hash
-→ [--expand-turns | tokens rows] → reasoning check → seeded order → the file (or hf folder) a trainer loads, and
-its README.md card. Reads only what a resume would trust, takes no lock, writes nothing in outputs/: safe while a
-run writes. Validation rows of the JSONL formats go to <out stem>.val.ndjson, which no *.json / *.jsonl glob
-matches (docs/export.md)."""
+"""`export`: committed samples → filters → --mix → split by id hash → [--expand-turns | tokens rows] → reasoning
+check → seeded order → the file (or hf folder) and its card. Reads only what a resume would trust, takes no lock:
+safe while a run writes. Validation rows go to <out stem>.val.ndjson, which no *.json / *.jsonl glob matches."""
 
 from __future__ import annotations
 
@@ -76,9 +74,8 @@ def run_export(opts: ExportOptions) -> ExportSummary:
 
 
 def _renderer(opts: ExportOptions) -> tuple[Renderer | None, str]:
-    """(the target's tokenizer, or None and why): --tokenizer must load; the --server profile's model
-    is tried and may be absent here (a hub id on a machine without it). The tokens format needs one
-    unless every turn carries the server's token ids."""
+    """(the target's tokenizer, or None and why): --tokenizer must load; the --server profile's model is tried
+    and may be absent here (a hub id on a machine without it)."""
     source, flag, trust = tokenizer_source(opts.tokenizer, opts.profile)
     if source is None:
         return None, NO_TOKENIZER
@@ -93,9 +90,8 @@ def _renderer(opts: ExportOptions) -> tuple[Renderer | None, str]:
 
 def check_reasoning(opts: ExportOptions, chosen: list[dict[str, Any]], renderer: Renderer | None,
                     why: str = "") -> tuple[list[str], list[str]]:
-    """(notes, warnings) about the reasoning kept in the samples and how much of it the trainer of
-    this format would put under its loss mask; raises ConfigError with --require-trained-reasoning
-    when that is not all of it."""
+    """(notes, warnings) on how much of the samples' reasoning this format's trainer puts under its loss mask;
+    ConfigError with --require-trained-reasoning when not all of it."""
     kept = any(m.get("reasoning_content") for r in chosen for m in r["conversations"] if m.get("role") == "assistant")
     if not kept or opts.format == "hf" or opts.harmony:
         return [], []
@@ -123,32 +119,30 @@ def check_reasoning(opts: ExportOptions, chosen: list[dict[str, Any]], renderer:
 
 
 def _check_options(opts: ExportOptions) -> None:
-    if opts.format not in formats.FORMATS:
-        raise ConfigError(f"--format {opts.format!r} is not one of {', '.join(formats.FORMATS)}.")
-    if opts.hf_layout not in formats.HF_LAYOUTS:
-        raise ConfigError(f"--hf-layout {opts.hf_layout!r} is not one of {', '.join(formats.HF_LAYOUTS)}.")
-    if opts.format != "hf" and opts.out.suffix != ".jsonl":
-        raise ConfigError(f"--out {opts.out}: the {opts.format} format writes one JSONL file; give a path "
-                          "ending in .jsonl (e.g. --out exports/B2.jsonl).")
-    if opts.format == "tokens" and opts.expand_turns:
-        raise ConfigError("--expand-turns does not apply to --format tokens: it already writes one row per "
-                          "assistant turn. Drop --expand-turns.")
-    if opts.harmony and opts.format != "specforge":
-        raise ConfigError(f"--harmony applies to --format specforge only (SpecForge's gpt-oss parser), "
-                          f"not to {opts.format}.")
-    if opts.harmony and opts.status:
-        raise ConfigError("--harmony needs --no-status: SpecForge's Harmony parser takes no extra column "
-                          "(its parse() has no **kwargs, specforge/data/parse.py:387-394).")
-    if opts.format == "speculators" and opts.expand_turns:
-        raise ConfigError("--expand-turns does not apply to --format speculators: its prepare_data.py already "
-                          "makes one training row per assistant turn. Drop --expand-turns.")
-    if not opts.status and opts.format != "specforge":
-        raise ConfigError(f"--no-status applies to --format specforge only (the {opts.format} format has no status).")
-    if not opts.datasets and opts.mix is None:
-        raise ConfigError("export needs --dataset NAME (repeatable) or --mix NAME=SHARE,....")
-    if opts.mix is not None and opts.datasets and set(opts.datasets) != set(opts.mix.datasets):
-        raise ConfigError(f"--dataset {', '.join(opts.datasets)} and --mix {', '.join(opts.mix.datasets)} name "
-                          "different datasets; --mix alone is enough.")
+    fmt, mixed = opts.format, opts.mix.datasets if opts.mix else []
+    rules = [
+        (fmt not in formats.FORMATS, f"--format {fmt!r} is not one of {', '.join(formats.FORMATS)}."),
+        (opts.hf_layout not in formats.HF_LAYOUTS,
+         f"--hf-layout {opts.hf_layout!r} is not one of {', '.join(formats.HF_LAYOUTS)}."),
+        (fmt != "hf" and opts.out.suffix != ".jsonl", f"--out {opts.out}: the {fmt} format writes one JSONL file; "
+         "give a path ending in .jsonl (e.g. --out exports/B2.jsonl)."),
+        (fmt == "tokens" and opts.expand_turns, "--expand-turns does not apply to --format tokens: it already "
+         "writes one row per assistant turn. Drop --expand-turns."),
+        (opts.harmony and fmt != "specforge", "--harmony applies to --format specforge only (SpecForge's gpt-oss "
+         f"parser), not to {fmt}."),
+        (opts.harmony and opts.status, "--harmony needs --no-status: SpecForge's Harmony parser takes no extra "
+         "column (its parse() has no **kwargs, specforge/data/parse.py:387-394)."),
+        (fmt == "speculators" and opts.expand_turns, "--expand-turns does not apply to --format speculators: its "
+         "prepare_data.py already makes one training row per assistant turn. Drop --expand-turns."),
+        (not opts.status and fmt != "specforge",
+         f"--no-status applies to --format specforge only (the {fmt} format has no status)."),
+        (not opts.datasets and opts.mix is None, "export needs --dataset NAME (repeatable) or --mix NAME=SHARE,...."),
+        (bool(mixed and opts.datasets and set(opts.datasets) != set(mixed)), f"--dataset {', '.join(opts.datasets)} "
+         f"and --mix {', '.join(mixed)} name different datasets; --mix alone is enough."),
+    ]
+    for bad, message in rules:
+        if bad:
+            raise ConfigError(message)
 
 
 def _targets(opts: ExportOptions) -> dict[str, Path]:

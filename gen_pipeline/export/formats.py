@@ -1,10 +1,8 @@
-"""The layouts `export` writes, each read from the trainer's source (docs/export.md says what a row holds and why):
-specforge {"id", "conversations", "status": "success"} (what scripts/regenerate_train_data.py leaves; any other
-column goes to the chat template as a keyword), speculators {"id", "conversations"} (prepare_data.py makes a row
-per turn itself), hf (a DatasetDict or <split>.parquet files, hf_features()), tokens (tokens.py). Tool-use samples
-carry a `tools` column, JSON text (SpecForge 0.2.0 data/preprocessing.py and speculators 0.9.0 preprocessing.py
-pass it to apply_chat_template(tools=...)) and keep tool_calls / tool_call_id. Writers are atomic: a hidden
-temporary beside the target, then a rename."""
+"""The layouts `export` writes, read from each trainer's source (docs/export.md): specforge {"id", "conversations",
+"status"} (any other column goes to its chat template as a keyword), speculators {"id", "conversations"}, hf
+(hf_features()), tokens (tokens.py). Tool-use rows carry `tools` as JSON text (SpecForge 0.2.0 data/preprocessing.py
+and speculators 0.9.0 preprocessing.py pass it to apply_chat_template(tools=...)) and keep tool_calls / tool_call_id.
+Writers are atomic: a hidden temporary beside the target, then a rename."""
 
 from __future__ import annotations
 

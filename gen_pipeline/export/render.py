@@ -47,9 +47,8 @@ class Renderer:
         return str(self._apply(messages, generation_prompt))
 
     def render_many(self, conversations: list[list[dict[str, Any]]], *, generation_prompt: bool) -> list[str]:
-        """`render` of each conversation, in one call of apply_chat_template: its batch form renders
-        each conversation as a call of its own does and pays the call's own work once. (An empty
-        conversation, which apply_chat_template refuses alone, would be taken for a flat list.)"""
+        """`render` of each conversation in one call of apply_chat_template (its batch form pays the call's own work
+        once); an empty conversation would be taken for a flat list, so then one call each."""
         if not all(conversations):
             return [self.render(m, generation_prompt=generation_prompt) for m in conversations]
         return [str(t) for t in self._apply(conversations, generation_prompt)] if conversations else []
@@ -89,9 +88,8 @@ class Renderer:
         return header or turn_head, full[at + len(_PROBE_ANSWER):]
 
     def cut_end(self, output: str, turn: dict[str, Any]) -> str:
-        """The text of a turn the model did not end (max_new_tokens, a loop cut) up to where it stopped:
-        without the end of turn the template writes after an answer, and, when the turn has no answer (cut
-        while thinking), without the think block's close."""
+        """A turn the model did not end (max_new_tokens, a loop cut) up to where it stopped: without the template's
+        end of turn, and, with no answer (cut while thinking), without the think block's close."""
         if self._end_of_turn is None:
             self._end_of_turn = self.markers()[1]
         end = self._end_of_turn
@@ -103,9 +101,8 @@ class Renderer:
         return output
 
     def turn_text(self, history: list[dict[str, Any]], turn: dict[str, Any]) -> tuple[str, str]:
-        """(prompt, output): the prompt the server rendered for `turn` and the turn's own text after it, its
-        reasoning in the model's think block whatever the template does with it. Raises ConfigError when
-        the template's turn does not continue its generation prompt."""
+        """(the prompt the server rendered for `turn`, the turn's text after it with its reasoning in the model's
+        think block); ConfigError when the turn does not continue its generation prompt."""
         prompt = self.render(history, generation_prompt=True)
         full = self.render([*history, turn], generation_prompt=False)
         return self._split_turn(prompt, full, turn)
@@ -155,8 +152,7 @@ class Renderer:
         if kwargs is None or kwargs == self.kwargs:
             return self
         key = orjson.dumps(kwargs, option=orjson.OPT_SORT_KEYS)
-        other = self._others.get(key)
-        if other is None:
+        if (other := self._others.get(key)) is None:
             other = self._others[key] = Renderer(self.tokenizer, self.source, dict(kwargs))
         return other
 

@@ -1,12 +1,9 @@
 """`check-template`: how much of each assistant turn's reasoning and answer a trainer puts under its loss mask,
-rendering the samples as each trainer does with the target's chat template (SpecForge 0.2.0 at a6b6b023 and
-speculators 0.9.0; tests/contract/test_trainers.py runs both loaders). SpecForge (data/preprocessing.py ->
-data/parse.py) renders the whole row once and masks every span from the template's assistant header to its end of
-turn (`train_only_last_turn`: the last span); its "general" parser drops reasoning_content first, its "thinking"
-parser (modelled here: the best case) keeps it. speculators renders one row per assistant turn j, masked from
-render(conv[:j], add_generation_prompt=True)'s end to the end of render(conv[:j+1]). Header and end of turn are
-read from the template (Renderer.markers); no default system prompt is added (it shifts tokens, not the mask).
-"""
+rendering the samples as SpecForge 0.2.0 (a6b6b023) and speculators 0.9.0 do (tests/contract/test_trainers.py runs
+both). SpecForge (data/preprocessing.py -> data/parse.py) masks every span from the template's assistant header to
+its end of turn (`train_only_last_turn`: the last); its "thinking" parser, modelled here, keeps reasoning_content.
+speculators masks each assistant turn j from render(conv[:j], add_generation_prompt=True)'s end to the end of
+render(conv[:j+1]). No default system prompt is added (it shifts tokens, not the mask)."""
 
 from __future__ import annotations
 
@@ -14,7 +11,6 @@ import bisect
 import functools
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,37 +168,28 @@ class TemplateCheck:
 
     def _measure(self, ids: list[int], mask: list[int], present: list[TurnFigures]) -> None:
         text = self.r.decode(ids)
-        at = _CharIndex(ids, self.r.decode)
+        # character offset → token by binary search over decoded prefix lengths: any tokenizer that decodes
+        # (fast tokenizers' offset mappings are not universal)
+        prefix_chars = functools.cache(lambda i: len(self.r.decode(ids[:i])))
+
+        def masked(start: int, end: int) -> float:
+            """Share of the tokens covering characters [start, end) whose mask is 1."""
+            i0, last = (bisect.bisect_right(range(len(ids)), c, key=lambda i: prefix_chars(i + 1))
+                        for c in (start, end - 1))  # the tokens holding the first and the last character
+            return sum(mask[i0:last + 1]) / (last + 1 - i0) if last + 1 > i0 else 0.0
+
         cursor = 0
         for t in present:
             a = text.find(t.answer, cursor) if t.answer else -1
             if t.reasoning:
                 r = text.find(t.reasoning, cursor, a if a >= 0 else len(text))
                 if r >= 0:
-                    t.reasoning_masked = max(t.reasoning_masked, at.masked(mask, r, r + len(t.reasoning)))
+                    t.reasoning_masked = max(t.reasoning_masked, masked(r, r + len(t.reasoning)))
             if a >= 0:
-                share = at.masked(mask, a, a + len(t.answer))
+                share = masked(a, a + len(t.answer))
                 t.answer_masked = max(t.answer_masked, share)
                 t.answer_trained += share
                 cursor = a + len(t.answer)
-
-
-class _CharIndex:
-    """Character offset → token index by binary search over decoded prefix lengths (works for any
-    tokenizer that decodes; fast tokenizers' offset mappings are not universal)."""
-
-    def __init__(self, ids: list[int], decode: Callable[[list[int]], str]):
-        self.ids = ids
-        self._len = functools.cache(lambda i: len(decode(ids[:i])))
-
-    def first_ending_after(self, c: int) -> int:
-        """The smallest i with len(decode(ids[:i])) > c, minus one: the token holding character c."""
-        return bisect.bisect_right(range(len(self.ids)), c, key=lambda i: self._len(i + 1))
-
-    def masked(self, mask: list[int], start: int, end: int) -> float:
-        """Share of the tokens covering characters [start, end) whose mask is 1."""
-        i0, i1 = self.first_ending_after(start), self.first_ending_after(end - 1) + 1
-        return sum(mask[i0:i1]) / (i1 - i0) if i1 > i0 else 0.0
 
 
 @dataclass

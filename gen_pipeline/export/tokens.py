@@ -1,25 +1,18 @@
-"""The `tokens` export: one row per assistant turn, `input_ids` + `loss_mask`, from exactly what the target saw
-and produced where the sample carries the server's token ids, else rendered with the target's chat template
-(render.py) as the server rendered the request. The mask is 1 on exactly that turn's reasoning, answer and end of
-turn (server ids: the stop token the model emitted; rendered: the template's end-of-turn text, what SpecForge's
-ChatTemplate.end_of_turn_token and speculators' render boundary train). docs/export.md says why a row per turn.
+"""The `tokens` export: one row per assistant turn, `input_ids` + `loss_mask` (1 on exactly that turn's reasoning,
+answer and end of turn, what SpecForge's ChatTemplate.end_of_turn_token and speculators' render boundary train),
+from the server's token ids where the turn carries them, else rendered with the target's chat template (render.py).
 
-Server token ids: each assistant message may carry both or neither (the conversation formats leave them out) of
-    "prompt_token_ids": [int]  the request's prompt as the server tokenized it (template applied)
-    "token_ids":        [int]  the completion: reasoning, think markers, answer, and the matched stop token
-                               when finish_reason is "stop"
-and the row is then prompt_token_ids + token_ids, masked 0…0 1…1. Where SGLang 0.5.17 returns them (sglang/srt/):
+Server ids: an assistant message carries both or neither of "prompt_token_ids" (the prompt as the server tokenized
+it) and "token_ids" (reasoning, think markers, answer, and the matched stop token when finish_reason is "stop");
+the row is the two end to end, masked 0…0 1…1. Where SGLang 0.5.17 returns them (sglang/srt/):
 - /v1/chat/completions `return_token_ids: true` (entrypoints/openai/protocol.py:779; `return_prompt_token_ids`
-  :778) → choices[i].prompt_token_ids and .token_ids (protocol.py:1097-1098; serving_chat.py:1819-1827 and
-  1016-1017). The reasoning parser splits only the decoded text (serving_chat.py:1779-1797): token_ids hold the
-  whole completion, think markers included; the split text need not re-tokenize to the sampled ids.
-- output_ids are `output_ids_through_stop` (managers/scheduler_components/output_streamer.py:399-401,
-  schedule_batch.py:1463-1465): the stop token is in them; the detokenizer trims it from the text only
-  (detokenizer_manager.py:176-205, 444).
-- Streaming: /v1/chat/completions refuses both flags (serving_chat.py:914-924, HTTP 400). Native /generate always
-  returns "output_ids" (tokenizer_manager.py:2327-2338, 2356-2360), "prompt_token_ids" with
-  "return_prompt_token_ids": true (io_struct.py:299, tokenizer_manager.py:2365); logprobs carry token ids too.
-"""
+  :778) → choices[i].prompt_token_ids and .token_ids (protocol.py:1097-1098; serving_chat.py:1016-1017,
+  1819-1827); the reasoning parser splits only the decoded text (serving_chat.py:1779-1797).
+- output_ids run through the stop token (managers/scheduler_components/output_streamer.py:399-401,
+  schedule_batch.py:1463-1465); the detokenizer trims it from the text only (detokenizer_manager.py:176-205, 444).
+- Streaming refuses both flags (serving_chat.py:914-924, HTTP 400); native /generate returns "output_ids"
+  (tokenizer_manager.py:2327-2338, 2356-2360), "prompt_token_ids" when asked (io_struct.py:299,
+  tokenizer_manager.py:2365)."""
 
 from __future__ import annotations
 
@@ -44,10 +37,6 @@ _Rendered = tuple[Renderer, list[dict[str, Any]], dict[str, Any], bool]  # (rend
 _Pending = tuple[int, Renderer, list[dict[str, Any]], dict[str, Any], bool]  # the row's index, then _Rendered
 CUT = ("length", "loop")  # a turn's finish_reason when the model did not end it (max_new_tokens, a loop kept cut)
 SPOT_EVERY = 2048  # every so many rendered turns are also tokenized whole and compared
-
-
-def _json(value: Any) -> str:
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def has_server_ids(message: dict[str, Any]) -> bool:
@@ -104,9 +93,8 @@ NO_TOKENIZER = "pass --tokenizer PATH or --server NAME"
 
 
 class TokenRowBuilder:
-    """The rows of many samples, rendered turns in batches (Renderer.turn_texts, then encode.TextEncoder), equal id
-    for id to `slow_turn_ids`'s. The first and every SPOT_EVERY-th rendered turn is checked against it; a difference
-    (never seen) makes every row the plain way from then on (`mismatch`, `notes`)."""
+    """The rows of many samples, rendered turns in batches, equal id for id to `slow_turn_ids`'s: the first and every
+    SPOT_EVERY-th is checked against it; a difference (never seen) makes every row the plain way (`mismatch`)."""
 
     def __init__(self, renderer: Renderer | None, *, why: str = NO_TOKENIZER):
         self.renderer = renderer
@@ -139,11 +127,12 @@ class TokenRowBuilder:
         elif self.encoder is not None and not self.encoder.chunked:
             out.append(f"tokens: each rendered turn was tokenized whole ({self.encoder.why_whole}): exact, slower")
         old, flag = self.stats["rendered_flag_kwargs"], self.renderer.kwargs if self.renderer is not None else {}
+        flag_json = orjson.dumps(flag, option=orjson.OPT_SORT_KEYS).decode()
         if old and (flag or self.stats["rendered_own_kwargs"]):  # a store from before them, alone: as ever
             out.append(f"tokens: {old:,} rendered samples recorded no chat_template_kwargs (written before "
-                       f"meta.{KWARGS_KEY}): rendered with --template-kwargs {_json(flag)}")
+                       f"meta.{KWARGS_KEY}): rendered with --template-kwargs {flag_json}")
         elif flag and self.stats["rendered_own_kwargs"]:
-            out.append(f"tokens: --template-kwargs {_json(flag)} was not used: every rendered sample recorded the "
+            out.append(f"tokens: --template-kwargs {flag_json} was not used: every rendered sample recorded the "
                        f"chat_template_kwargs its requests sent (meta.{KWARGS_KEY}) and is rendered with them")
         return out
 
@@ -251,9 +240,8 @@ def cut_turns(sample: dict[str, Any]) -> set[int]:
 
 def slow_turn_ids(renderer: Renderer, history: list[dict[str, Any]],
                   turn: dict[str, Any], *, cut: bool = False) -> tuple[list[int], list[int]]:
-    """(input_ids, loss_mask) of one rendered turn the plain way: the template on this turn alone, the
-    tokenizer on its prompt and on its output (what TokenRowBuilder's rows equal); a `cut` turn (the
-    model did not end it) without the template's end of turn."""
+    """(input_ids, loss_mask) of one rendered turn the plain way: the template on this turn alone, the tokenizer
+    on its prompt and its output; a `cut` turn (the model did not end it) without the end of turn."""
     prompt, output = renderer.turn_text(history, turn)
     output = renderer.cut_end(output, turn) if cut else output
     p, o = renderer.encode(prompt), renderer.encode(output)
@@ -264,17 +252,12 @@ SPECFORGE_MAX_LENGTH = 2048  # SpecForge 0.2.0's data.max_length default (specfo
 
 
 def length_fit(rows: Iterable[dict[str, Any]], max_length: int) -> tuple[bool, str]:
-    """What SpecForge's pre-tokenized loader (data.prompts_path) keeps of these tokens rows at data.max_length
-    `max_length`: each row's ids and mask cut to max_length, a row with no trained token left dropped
-    (specforge/data/prompt_builder.py:243-246, min_loss_tokens 1). (all kept, one line saying so)."""
-    n = kept = trained = trained_kept = 0
-    for r in rows:
-        mask = np.asarray(r["loss_mask"])
-        whole, cut = int(mask.sum()), int(mask[:max_length].sum())
-        n += 1
-        kept += cut >= 1
-        trained += whole
-        trained_kept += cut
+    """(all kept, the line saying so): what SpecForge's data.prompts_path loader keeps of these rows at data.max_length:
+    each row cut to it, one with no trained token left dropped (specforge/data/prompt_builder.py:243-246)."""
+    masks = [np.asarray(r["loss_mask"]) for r in rows]
+    n, trained = len(masks), sum(int(m.sum()) for m in masks)
+    cut = [int(m[:max_length].sum()) for m in masks]
+    kept, trained_kept = sum(c >= 1 for c in cut), sum(cut)
     share = f"{100 * trained_kept / trained:.1f}%" if trained else "-"
     line = (f"SpecForge data.max_length {max_length:,}: {kept:,} of {n:,} rows kept, {trained_kept:,} of "
             f"{trained:,} trained tokens ({share})")

@@ -26,6 +26,16 @@ def fail(root: Path, *args: str | Path) -> tuple[int, str]:
     return r.returncode, r.stderr
 
 
+def specforge_payloads(path: Path, max_length: int = 1_000_000) -> list[dict]:
+    """The rows SpecForge 0.2.0's own loader (data.prompts_path: prompt_builder.py:57-83, 219-252) keeps of a
+    tokens file at data.max_length `max_length`, as it hands them to training: {"input_ids", "loss_mask"}."""
+    from specforge.data.prompt_builder import prepare_prompt_tasks  # installed --no-deps (Makefile)
+
+    return [t["payload"] for t in prepare_prompt_tasks(path, None, chat_template=None, max_length=max_length,
+                                                       is_preformatted=False, train_only_last_turn=False,
+                                                       cache_dir=None, cache_key=None, num_proc=None)]
+
+
 def jsonl(path: Path) -> list[dict]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines()]
 

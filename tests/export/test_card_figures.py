@@ -10,14 +10,14 @@ import orjson
 import pytest
 from datasets import load_from_disk
 from export_helpers import write_store
-from servers import sim_in_thread
+from servers import SimThread
 from template_tokenizers import build_tokenizer
 
 from gen_pipeline.cli import main
 from gen_pipeline.quality.accounting import add_failure
 from gen_pipeline.records import Failure, Sample
 
-from pipeline_helpers import SIM_FAST, make_rows, write_dataset
+from pipeline_helpers import make_rows, write_dataset
 
 
 def _turn_meta(finish: str, leak: str = "") -> dict:
@@ -85,18 +85,12 @@ def test_server_ids_with_another_tokenizer_do_not_warn_about_themselves(tmp_path
             "loss mask") in printed.splitlines()
 
 
-@pytest.fixture(scope="module")
-def sim():
-    with sim_in_thread([*SIM_FAST, "--sim-seed", "5"], ready_timeout_s=30) as s:
-        yield s
-
-
-def test_gpu_hours_count_the_stores_samples_after_a_kill(sim, tmp_path: Path) -> None:
+def test_gpu_hours_count_the_stores_samples_after_a_kill(shared_sim: SimThread, tmp_path: Path) -> None:
     """A run killed (kill -9) after writing a sample but before its manifest recorded it: the store has
     1 more sample than the run's samples_written. The card's GPU-hours are over the store's count."""
     toml = write_dataset(tmp_path / "ds", target=12, rows=make_rows(12), max_new_tokens=64)
     root = tmp_path / "out"
-    assert main(["generate", "--dataset", str(toml), "--server-url", sim.url, "--output-dir", str(root),
+    assert main(["generate", "--dataset", str(toml), "--server-url", shared_sim.url, "--output-dir", str(root),
                  "--progress", "quiet"]) == 0
     shard = sorted((root / "T").glob("shard-*.jsonl"))[-1]
     last = orjson.loads(shard.read_bytes().splitlines()[-1])

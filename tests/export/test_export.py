@@ -326,16 +326,11 @@ def test_a_sample_keeps_its_side_of_the_split_when_the_dataset_grows_and_mix_cou
 
 # ---------------------------------------------------------------- exports/ in a fresh clone: made, git-ignored
 
-@pytest.fixture
-def one_dataset(tmp_path: Path) -> Path:
-    return three_samples(tmp_path / "outputs")
-
-
 @pytest.mark.parametrize("fmt, out", [("specforge", "exports/sub/T.jsonl"), ("hf", "exports/chat")])
-def test_export_makes_its_missing_folders(tmp_path: Path, one_dataset: Path, fmt: str, out: str) -> None:
+def test_export_makes_its_missing_folders(tmp_path: Path, fmt: str, out: str) -> None:
     dest = tmp_path / out
-    r = run_cli("export", "--dataset", "T", "--format", fmt, "--out", dest, "--output-dir", one_dataset,
-                "--val-share", "1")
+    r = run_cli("export", "--dataset", "T", "--format", fmt, "--out", dest, "--output-dir",
+                three_samples(tmp_path / "outputs"), "--val-share", "1")
     assert (r.returncode, r.stderr) == (0, "")
     if fmt == "specforge":
         assert len(dest.read_bytes().splitlines()) == 2

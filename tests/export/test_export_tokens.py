@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from datasets import disable_progress_bars, load_dataset
-from export_helpers import export, fail, jsonl, write_store
+from export_helpers import export, fail, jsonl, specforge_payloads, write_store
 from template_tokenizers import build_tokenizer
 
 from gen_pipeline.cli import main
@@ -21,12 +21,6 @@ from gen_pipeline.records import Sample
 from pipeline_helpers import read_samples, run_cli
 
 disable_progress_bars()
-
-
-def turns_of(samples: list[dict]) -> dict[str, dict]:
-    """'<id>#turn<k>' → that assistant message."""
-    return {f"{s['id']}#turn{k}": m for s in samples
-            for k, m in enumerate(m for m in s["conversations"] if m["role"] == "assistant")}
 
 
 # ---------------------------------------------------------------- check-template
@@ -85,7 +79,8 @@ def test_without_the_template_extra_the_message_says_how_to_install_it(monkeypat
                             "(transformers + jinja2).")
 
 
-def test_check_template_says_what_is_missing(outputs: Path, tmp_path: Path, tokenizers: dict[str, Path]) -> None:
+def test_check_template_says_what_is_missing_and_reads_an_export(outputs: Path, tmp_path: Path,
+                                                                 tokenizers: dict[str, Path]) -> None:
     r = run_cli("check-template", "--dataset", "demo", "--output-dir", outputs)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr == ("error: no tokenizer: pass --tokenizer PATH (the target model's folder, or one with its "
@@ -102,6 +97,15 @@ def test_check_template_says_what_is_missing(outputs: Path, tmp_path: Path, toke
     assert r.returncode == 2 and r.stderr == (f"error: --export {tokens}: its rows have no `conversations` (a tokens "
                                               "export carries no text); check the samples it came from with "
                                               "--dataset NAME.\n")
+    # a conversation export is read (no --expand-turns rows: it has its rows as they are)
+    out = tmp_path / "s.jsonl"
+    export(outputs, "--dataset", "demo", "--format", "specforge", "--out", out)
+    r = run_cli("check-template", "--export", out, "--tokenizer", tokenizers["qwen3"], "--samples", "40")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.startswith("template check: 40 samples (")
+    assert f"assistant turns) of {out}, chat template of {tokenizers['qwen3']}\n" in r.stdout
+    rows = {(m[1], m[2]): m.groups()[2:] for m in map(ROW.match, r.stdout.splitlines()) if m}
+    assert rows[("specforge", "last turn")][3] == "100.0%" and ("specforge-expanded", "last turn") not in rows
 
 
 # ---------------------------------------------------------------- export's warning and refusal
@@ -136,8 +140,6 @@ def test_require_trained_reasoning_refuses_unless_every_turn_trains(outputs: Pat
 @pytest.mark.parametrize("kind", ["kimi", "qwen3", "chatml"])
 def test_tokens_rows_load_in_specforges_prompts_path_with_each_turn_whole_under_the_mask(
         outputs: Path, tmp_path: Path, tokenizers: dict[str, Path], kind: str) -> None:
-    from specforge.data.prompt_builder import prepare_prompt_tasks  # SpecForge 0.2.0's own loader (--no-deps)
-
     out = tmp_path / "tokens.jsonl"
     stdout = export(outputs, "--dataset", "demo", "--format", "tokens", "--out", out, "--val-share", "0.05",
                     "--tokenizer", tokenizers[kind])
@@ -149,14 +151,12 @@ def test_tokens_rows_load_in_specforges_prompts_path_with_each_turn_whole_under_
     # :472-476, :497-498, :603-610, :752-753)
     ds = load_dataset("json", data_files=str(out), split="train")
     assert {"input_ids", "loss_mask"} <= set(ds.column_names) and ds.num_rows == len(jsonl(out))
-    # data.prompts_path: SpecForge reads the file itself (prompt_builder.py:57-83, 219-252)
-    tasks = prepare_prompt_tasks(out, None, chat_template=None, max_length=1_000_000, is_preformatted=False,
-                                 train_only_last_turn=False, cache_dir=None, cache_key=None, num_proc=None)
-    train = jsonl(out)
-    assert [t["payload"] for t in tasks] == [{"input_ids": t["input_ids"], "loss_mask": t["loss_mask"]} for t in train]
-    renderer = load_renderer(str(tokenizers[kind]))
-    turns = turns_of(read_samples(outputs, "demo"))
-    finish = {s["id"]: [t["finish_reason"] for t in s["meta"]["per_turn"]] for s in read_samples(outputs, "demo")}
+    # data.prompts_path: SpecForge reads the file itself
+    assert specforge_payloads(out) == [{"input_ids": t["input_ids"], "loss_mask": t["loss_mask"]} for t in jsonl(out)]
+    renderer, samples = load_renderer(str(tokenizers[kind])), read_samples(outputs, "demo")
+    turns = {f"{s['id']}#turn{k}": m for s in samples  # '<id>#turn<k>' → that assistant message
+             for k, m in enumerate(m for m in s["conversations"] if m["role"] == "assistant")}
+    finish = {s["id"]: [t["finish_reason"] for t in s["meta"]["per_turn"]] for s in samples}
     assert "length" in {f for fs in finish.values() for f in fs}
     for row in rows:
         mask = row["loss_mask"]
@@ -292,18 +292,6 @@ def test_the_card_beside_the_data(outputs: Path, tmp_path: Path) -> None:
     assert "Server: unknown (export with --server NAME to record it)." in (tmp_path / "s.README.md").read_text()
 
 
-def test_check_template_reads_a_conversation_export(outputs: Path, tmp_path: Path,
-                                                    tokenizers: dict[str, Path]) -> None:
-    out = tmp_path / "s.jsonl"
-    export(outputs, "--dataset", "demo", "--format", "specforge", "--out", out)
-    r = run_cli("check-template", "--export", out, "--tokenizer", tokenizers["qwen3"], "--samples", "40")
-    assert (r.returncode, r.stderr) == (0, "")
-    assert r.stdout.startswith("template check: 40 samples (")
-    assert f"assistant turns) of {out}, chat template of {tokenizers['qwen3']}\n" in r.stdout
-    rows = {(m[1], m[2]): m.groups()[2:] for m in map(ROW.match, r.stdout.splitlines()) if m}
-    assert rows[("specforge", "last turn")][3] == "100.0%" and ("specforge-expanded", "last turn") not in rows
-
-
 def test_check_template_compares_the_servers_ids_with_the_template(tmp_path: Path,
                                                                    tokenizers: dict[str, Path]) -> None:
     """What the later step needs to show the rendered path equal to the server's tokenization: turns
@@ -354,26 +342,22 @@ def multi(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_store(root, "S", samples)
 
 
-def test_the_check_covers_every_multi_turn_sample() -> None:
+def test_require_trained_reasoning_refuses_whatever_the_seed(multi: Path, tmp_path: Path, built: dict[str, Path],
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Qwen3-style: SpecForge trains the last turn's reasoning only; the 3 multi-turn samples' first turns
+    are untrained, so the export must refuse for every seed (it passed for 3 seeds of 10): the check's
+    samples cover every multi-turn one."""
     rows = [{"id": f"S-{i}", "conversations": [{"role": "assistant"}] * (2 if i >= SINGLE else 1), "meta": {}}
             for i in range(SINGLE + MULTI)]
+    out = tmp_path / "s.jsonl"
     for seed in range(10):
         chosen = covering(rows, 32, seed)
         assert len(chosen) == 32 and sum(len(r["conversations"]) > 1 for r in chosen) == MULTI
-
-
-@pytest.mark.parametrize("seed", range(10))
-def test_require_trained_reasoning_refuses_whatever_the_seed(multi: Path, tmp_path: Path, seed: int,
-                                                             built: dict[str, Path],
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
-    """Qwen3-style: SpecForge trains the last turn's reasoning only; the 3 multi-turn samples' first turns
-    are untrained, so the export must refuse for every seed (it passed for 3 seeds of 10)."""
-    out = tmp_path / "s.jsonl"
-    rc = main(["export", "--output-dir", str(multi), "--dataset", "S", "--format", "specforge", "--out", str(out),
-               "--tokenizer", str(built["qwen3"]), "--require-trained-reasoning", "--seed", str(seed)])
-    err = capsys.readouterr().err
-    assert rc == 2 and not out.exists()
-    assert err.startswith("error: --require-trained-reasoning: only ") and "% of the reasoning tokens of 32 " in err
+        rc = main(["export", "--output-dir", str(multi), "--dataset", "S", "--format", "specforge", "--out", str(out),
+                   "--tokenizer", str(built["qwen3"]), "--require-trained-reasoning", "--seed", str(seed)])
+        err = capsys.readouterr().err
+        assert rc == 2 and not out.exists(), seed
+        assert err.startswith("error: --require-trained-reasoning: only ") and "% of the reasoning tokens of 32 " in err
 
 
 def test_check_template_warns_in_exports_words(multi: Path, tmp_path: Path, built: dict[str, Path],
@@ -413,14 +397,6 @@ def longs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_store(root, "S", samples)
 
 
-def _specforge(path: Path, max_length: int) -> tuple[int, int]:
-    from specforge.data.prompt_builder import prepare_prompt_tasks
-
-    tasks = prepare_prompt_tasks(path, None, chat_template=None, max_length=max_length, is_preformatted=False,
-                                 train_only_last_turn=False, cache_dir=None, cache_key=None, num_proc=None)
-    return len(tasks), sum(sum(t["payload"]["loss_mask"]) for t in tasks)
-
-
 @pytest.mark.parametrize("max_length", [2048, 8192])
 def test_export_reports_what_specforges_loader_keeps(longs: Path, tmp_path: Path, max_length: int,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
@@ -435,7 +411,8 @@ def test_export_reports_what_specforges_loader_keeps(longs: Path, tmp_path: Path
     kind, limit, rows, kept, total, _, rest = m.groups()
     total_trained = sum(o for _, o in LENGTHS)
     assert (int(limit.replace(",", "")), int(total.replace(",", ""))) == (max_length, total_trained)
-    assert (int(rows), int(kept.replace(",", ""))) == _specforge(out, max_length)
+    loaded = specforge_payloads(out, max_length)
+    assert (int(rows), int(kept.replace(",", ""))) == (len(loaded), sum(sum(t["loss_mask"]) for t in loaded))
     # 2,048: the second row cut to 548 trained tokens, three rows with none left; 8,192: the fifth row cut
     assert (kind, int(rows), kept, bool(rest)) == {2048: ("warning", 3, "768", True),
                                                    8192: ("warning", 6, "6,462", True)}[max_length]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from datasets import disable_progress_bars, load_dataset, load_from_disk
-from export_helpers import export, jsonl
+from export_helpers import export, jsonl, specforge_payloads
 
 from pipeline_helpers import chat_tokenizers, read_samples, run_cli
 
@@ -145,7 +145,6 @@ def test_speculators_and_hf_keep_tools_and_calls(outputs: Path, tmp_path: Path) 
 
 def test_tokens_rows_render_with_the_tools_and_train_the_calls(outputs: Path, tokenizer: Path,
                                                                tmp_path: Path) -> None:
-    from specforge.data.prompt_builder import prepare_prompt_tasks
     from transformers import AutoTokenizer
 
     out = tmp_path / "tokens.jsonl"
@@ -153,9 +152,7 @@ def test_tokens_rows_render_with_the_tools_and_train_the_calls(outputs: Path, to
     rows = jsonl(out)
     samples = {s["id"]: s for s in read_samples(outputs, "tools")}
     assert len(rows) == sum(s["meta"]["turns"] for s in samples.values())
-    tasks = prepare_prompt_tasks(out, None, chat_template=None, max_length=1_000_000, is_preformatted=False,
-                                 train_only_last_turn=False, cache_dir=None, cache_key=None, num_proc=None)
-    assert [t["payload"] for t in tasks] == [{"input_ids": r["input_ids"], "loss_mask": r["loss_mask"]} for r in rows]
+    assert specforge_payloads(out) == [{"input_ids": r["input_ids"], "loss_mask": r["loss_mask"]} for r in rows]
     tok = AutoTokenizer.from_pretrained(tokenizer)
     call_rows = 0
     for row in rows:
