@@ -4,6 +4,7 @@ folder holds another README.md."""
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import os
@@ -123,8 +124,7 @@ def _most(values: Any) -> str:
 def render_card(opts: ExportOptions, summary: ExportSummary, chosen: list[dict[str, Any]]) -> str:
     rows = _dataset_rows(opts, summary, chosen)
     total = sum(summary.rows.values())
-    size = ("n<1K" if total < 1_000 else "1K<n<10K" if total < 10_000 else "10K<n<100K" if total < 100_000
-            else "100K<n<1M")
+    size = ("n<1K", "1K<n<10K", "10K<n<100K", "100K<n<1M")[bisect.bisect_right((1_000, 10_000, 100_000), total)]
     files = {k: p.name for k, p in summary.paths.items()}
     front = ["---", f"{MARK}: {json.dumps(opts.out.name)}", f"pretty_name: {json.dumps(opts.out.stem)}",
              "task_categories:", "- text-generation", "tags:", "- speculative-decoding", "- eagle3", "- synthetic",

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from gen_pipeline.errors import ConfigError
-from gen_pipeline.export.tokens import strip_token_ids
+from gen_pipeline.export.tokens import row_tools, strip_token_ids
 from gen_pipeline.store.lock import pid_alive
 
 FORMATS = ("specforge", "speculators", "hf", "tokens")
@@ -62,13 +62,6 @@ def harmony_messages(conversations: list[dict[str, Any]]) -> list[dict[str, Any]
             out.append({"role": "assistant_analysis", "content": m["reasoning_content"]})
         out.append({"role": "assistant_final", "content": m["content"]})
     return out
-
-
-def row_tools(row: dict[str, Any]) -> str:
-    """A sample's tools as JSON text (meta.tools, written by run/chat.py for tool-use samples), "" when none."""
-    meta = row.get("meta")
-    tools = meta.get("tools") if isinstance(meta, dict) else None
-    return tools if isinstance(tools, str) else ""
 
 
 def specforge_line(row: dict[str, Any], *, keep_meta: bool, status: bool, harmony: bool = False) -> bytes:

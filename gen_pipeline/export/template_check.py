@@ -241,11 +241,9 @@ def check_template(*, output_root: Path, datasets: list[str], export: Path | Non
     source, flag, trust = tokenizer_source(tokenizer, profile)
     renderer = load_renderer(source, kwargs=template_kwargs, flag=flag, trust_remote_code=trust)
     check = TemplateCheck(renderer)
-    modes = [m for m in MODES if export is None or m != "specforge-expanded"]
+    results = [check.run_mode(chosen, m) for m in MODES if export is None or m != "specforge-expanded"]
     turns = sum(1 for r in chosen for m in r["conversations"] if m.get("role") == "assistant")
-    results = [check.run_mode(chosen, m) for m in modes]
-    report = format_report(results, renderer=renderer, header=check.header, end_of_turn=check.end_of_turn,
-                           what=f"{len(chosen):,} samples ({turns:,} assistant turns) of {what}")
+    report = format_report(results, check, f"{len(chosen):,} samples ({turns:,} assistant turns) of {what}")
     warnings = [f"  warning: {reasoning_verdict(r.reasoning_share, len(chosen), r.mode, renderer.source)[1]}"
                 for r in results if r.reasoning_share is not None and r.reasoning_share < 1.0]
     fits, fit = length_fit(TokenRowBuilder(renderer).rows(chosen), max_length)
@@ -280,11 +278,10 @@ def _samples(output_root: Path, datasets: list[str], export: Path | None) -> tup
     return rows, ", ".join(datasets)
 
 
-def format_report(results: list[ModeResult], *, renderer: Renderer, header: str, end_of_turn: str,
-                  what: str) -> str:
-    lines = [f"template check: {what}, chat template of {renderer.source}",
-             f"  assistant header {header!r}, end of turn {end_of_turn!r} (what a SpecForge ChatTemplate for this "
-             "target must declare)",
+def format_report(results: list[ModeResult], check: TemplateCheck, what: str) -> str:
+    lines = [f"template check: {what}, chat template of {check.r.source}",
+             f"  assistant header {check.header!r}, end of turn {check.end_of_turn!r} (what a SpecForge ChatTemplate "
+             "for this target must declare)",
              f"  {'how it trains':<52} {'turns':>6} {'rows':>5} {'reasoning tok':>13} {'masked':>7} "
              f"{'answer tok':>10} {'masked':>7} {'trained':>7}"]
     for res in results:

@@ -74,12 +74,18 @@ def sent_message(m: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in m.items() if k in SENT_KEYS and v is not None}
 
 
+def row_tools(row: dict[str, Any]) -> str:
+    """A sample's tools as JSON text (meta.tools, written by run/chat.py for tool-use samples), "" when none."""
+    meta = row.get("meta")
+    tools = meta.get("tools") if isinstance(meta, dict) else None
+    return tools if isinstance(tools, str) else ""
+
+
 def sample_tools(sample: dict[str, Any]) -> list[Any] | None:
     """A tool-use sample's tools (meta.tools, JSON text), rendered as its requests were: the chat template's
     `tools` (apply_chat_template(tools=...), as SGLang passes them); None when it has none."""
-    meta = sample.get("meta")
-    text = meta.get("tools") if isinstance(meta, dict) else None
-    if not isinstance(text, str) or not text:
+    text = row_tools(sample)
+    if not text:
         return None
     try:
         tools = orjson.loads(text)

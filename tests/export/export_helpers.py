@@ -6,6 +6,7 @@ from pathlib import Path
 
 import orjson
 
+from gen_pipeline.cli import main
 from gen_pipeline.records import Failure, Sample
 from gen_pipeline.store.dataset_store import DatasetStore
 
@@ -17,6 +18,11 @@ def export(root: Path, *args: str | Path) -> str:
     r = run_cli("export", "--output-dir", root, *args)
     assert (r.returncode, r.stderr) == (0, ""), r.stdout
     return r.stdout
+
+
+def export_here(root: Path, *args: str | Path) -> int:
+    """`gen-pipeline export --output-dir root ARGS` in this process (main()): its exit code."""
+    return main(["export", "--output-dir", str(root), *map(str, args)])
 
 
 def fail(root: Path, *args: str | Path) -> tuple[int, str]:

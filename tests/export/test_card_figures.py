@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 from datasets import load_from_disk
-from export_helpers import write_store
+from export_helpers import export_here, write_store
 from servers import SimThread
 from template_tokenizers import build_tokenizer
 
@@ -45,14 +45,13 @@ def _store(root: Path, n: int = 10, *, truncated: int = 2, ids: bool = False) ->
 def test_the_truncated_share_is_over_the_exported_samples_and_hf_keeps_the_per_turn_flags(tmp_path: Path) -> None:
     root = _store(tmp_path / "out")
     out = tmp_path / "e" / "s.jsonl"
-    assert main(["export", "--output-dir", str(root), "--dataset", "S", "--format", "specforge", "--out", str(out),
-                 "--drop-truncated"]) == 0
+    assert export_here(root, "--dataset", "S", "--format", "specforge", "--out", out, "--drop-truncated") == 0
     card = (out.parent / "README.md").read_text()
     assert "| S | 10 | 2 truncated | 8 | 0.0% |" in card
     # the leak failure counts beside the written turn's flag
     assert re.search(r"^\| S \| 0 \| 0 \| 0 \| 2 \| 0 \| ", card, re.M), card
     out = tmp_path / "hf"
-    assert main(["export", "--output-dir", str(root), "--dataset", "S", "--format", "hf", "--out", str(out)]) == 0
+    assert export_here(root, "--dataset", "S", "--format", "hf", "--out", out) == 0
     by_id = {r["id"]: r["meta"] for r in load_from_disk(str(out))["train"]}
     # S-5's turn also carries a draft's acceptance (a server with a speculative algorithm): kept, typed
     assert by_id["S-5"]["per_turn"] == [_turn_meta("stop", "think_marker")]
@@ -77,8 +76,7 @@ def test_server_ids_with_another_tokenizer_do_not_warn_about_themselves(tmp_path
     chatml = build_tokenizer(tmp_path / "chatml", "chatml")
     out = tmp_path / "t.jsonl"
     capsys.readouterr()
-    assert main(["export", "--output-dir", str(root), "--dataset", "S", "--format", "tokens", "--out", str(out),
-                 "--tokenizer", str(chatml)]) == 0
+    assert export_here(root, "--dataset", "S", "--format", "tokens", "--out", out, "--tokenizer", chatml) == 0
     printed = capsys.readouterr().out
     assert not [x for x in printed.splitlines() if x.startswith("  warning:") or "of the reasoning tokens" in x]
     assert ("  note: tokens: every turn's row is the server's token ids, its reasoning and answer whole under the "
@@ -97,7 +95,6 @@ def test_gpu_hours_count_the_stores_samples_after_a_kill(shared_sim: SimThread, 
     with open(shard, "ab") as f:  # the line a killed run wrote after its last manifest commit
         f.write(orjson.dumps({**last, "id": "T-extra"}) + b"\n")
     out = tmp_path / "e" / "s.jsonl"
-    assert main(["export", "--output-dir", str(root), "--dataset", "T", "--format", "specforge", "--out",
-                 str(out)]) == 0
+    assert export_here(root, "--dataset", "T", "--format", "specforge", "--out", out) == 0
     card = (out.parent / "README.md").read_text()
     assert re.search(r"^T: [\d.]+ GPU-h over .+ for 13 samples = ", card, re.M), card

@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 import pytest
-from datasets import disable_progress_bars, load_dataset
-from export_helpers import export, fail, jsonl, specforge_payloads, write_store
+from datasets import load_dataset
+from export_helpers import export, export_here, fail, jsonl, specforge_payloads, write_store
 from template_tokenizers import build_tokenizer
 
 from gen_pipeline.cli import main
@@ -19,9 +19,6 @@ from gen_pipeline.export.template_check import REASONING_ADVICE
 from gen_pipeline.records import Sample
 
 from pipeline_helpers import read_samples, run_cli
-
-disable_progress_bars()
-
 
 # ---------------------------------------------------------------- check-template
 
@@ -353,8 +350,8 @@ def test_require_trained_reasoning_refuses_whatever_the_seed(multi: Path, tmp_pa
     for seed in range(10):
         chosen = covering(rows, 32, seed)
         assert len(chosen) == 32 and sum(len(r["conversations"]) > 1 for r in chosen) == MULTI
-        rc = main(["export", "--output-dir", str(multi), "--dataset", "S", "--format", "specforge", "--out", str(out),
-                   "--tokenizer", str(built["qwen3"]), "--require-trained-reasoning", "--seed", str(seed)])
+        rc = export_here(multi, "--dataset", "S", "--format", "specforge", "--out", out, "--tokenizer", built["qwen3"],
+                         "--require-trained-reasoning", "--seed", str(seed))
         err = capsys.readouterr().err
         assert rc == 2 and not out.exists(), seed
         assert err.startswith("error: --require-trained-reasoning: only ") and "% of the reasoning tokens of 32 " in err
@@ -363,8 +360,8 @@ def test_require_trained_reasoning_refuses_whatever_the_seed(multi: Path, tmp_pa
 def test_check_template_warns_in_exports_words(multi: Path, tmp_path: Path, built: dict[str, Path],
                                                capsys: pytest.CaptureFixture[str]) -> None:
     kimi = built["kimi"]
-    assert main(["export", "--output-dir", str(multi), "--dataset", "S", "--format", "specforge",
-                 "--out", str(tmp_path / "s.jsonl"), "--tokenizer", str(kimi)]) == 0
+    assert export_here(multi, "--dataset", "S", "--format", "specforge", "--out", tmp_path / "s.jsonl",
+                       "--tokenizer", kimi) == 0
     warning = capsys.readouterr().out.splitlines()[-1]
     assert warning == ("  warning: 0.0% of the reasoning tokens of 32 samples are under the loss mask when SpecForge "
                        f"(thinking parser), every assistant span of a row renders them with the chat template of "
@@ -402,8 +399,7 @@ def test_export_reports_what_specforges_loader_keeps(longs: Path, tmp_path: Path
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "t.jsonl"
     flags = [] if max_length == 2048 else ["--max-length", str(max_length)]
-    assert main(["export", "--output-dir", str(longs), "--dataset", "S", "--format", "tokens", "--out", str(out),
-                 *flags]) == 0
+    assert export_here(longs, "--dataset", "S", "--format", "tokens", "--out", out, *flags) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if "SpecForge data.max_length" in x)
     m = re.fullmatch(r"  (note|warning): SpecForge data\.max_length ([\d,]+): ([\d,]+) of 6 rows kept, ([\d,]+) of "
                      r"([\d,]+) trained tokens \(([\d.]+)%\)(.*)", line)
@@ -427,8 +423,7 @@ def test_check_template_reports_it_too(longs: Path, tmp_path: Path, capsys: pyte
             "tokens (88.9%); rows are cut at max_length and those left with no trained token are dropped: raise "
             "data.max_length to the longest row (see --max-length N) or leave the long rows out") in lines
     with pytest.raises(SystemExit) as e:  # argparse's usage error
-        main(["export", "--output-dir", str(longs), "--dataset", "S", "--format", "tokens",
-              "--out", str(tmp_path / "t.jsonl"), "--max-length", "0"])
+        export_here(longs, "--dataset", "S", "--format", "tokens", "--out", tmp_path / "t.jsonl", "--max-length", "0")
     assert e.value.code == 2
     assert "argument --max-length: '0' must be a whole number of tokens, 1 or more (e.g. 8192)" in \
         capsys.readouterr().err

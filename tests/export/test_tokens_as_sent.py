@@ -8,8 +8,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-from datasets import disable_progress_bars, load_dataset
-from export_helpers import write_store
+from datasets import load_dataset
+from export_helpers import export_here, write_store
 from servers import sim_in_thread
 from template_tokenizers import END_OF_TURN, KINDS
 
@@ -21,7 +21,6 @@ from sglang_sim.responses import EOS_TOKEN_ID
 
 from pipeline_helpers import SIM_FAST, make_rows, read_samples, write_dataset
 
-disable_progress_bars()
 OFF = '{"enable_thinking":false,"thinking":false}'  # what reasoning = "disable" sends (run/chat.py)
 MIX = """chat_template_kwargs = { thinking = true, enable_thinking = true }
 [[sampling.mix]]
@@ -100,8 +99,7 @@ def independent_rows(tokenizer_path: Path, kind: str, samples: list[dict]) -> di
 
 def _export_tokens(root: Path, name: str, out: Path, tokenizer: Path | None, *extra: str) -> list[dict]:
     flags = ["--tokenizer", str(tokenizer)] if tokenizer else []
-    assert main(["export", "--output-dir", str(root), "--dataset", name, "--format", "tokens", "--out", str(out),
-                 "--force", *flags, *extra]) == 0
+    assert export_here(root, "--dataset", name, "--format", "tokens", "--out", out, "--force", *flags, *extra) == 0
     return [orjson.loads(line) for line in out.read_bytes().splitlines()]
 
 
@@ -155,8 +153,7 @@ def test_each_rendered_row_is_what_the_server_rendered_with_its_samples_kwargs(
 def test_mixed_kwargs_rows_load_in_datasets_with_one_schema(mixed: Path, tmp_path: Path) -> None:
     """meta.chat_template_kwargs is JSON text: one Arrow type whatever keys each variant sends."""
     out = tmp_path / "s.jsonl"
-    assert main(["export", "--output-dir", str(mixed), "--dataset", "M", "--format", "specforge", "--out", str(out),
-                 "--keep-meta"]) == 0
+    assert export_here(mixed, "--dataset", "M", "--format", "specforge", "--out", out, "--keep-meta") == 0
     ds = load_dataset("json", data_files=str(out), split="train")
     assert ds.num_rows == 24 and len({m["chat_template_kwargs"] for m in ds["meta"]}) == 2
 

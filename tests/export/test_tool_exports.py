@@ -11,12 +11,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from datasets import disable_progress_bars, load_dataset, load_from_disk
+from datasets import load_dataset, load_from_disk
 from export_helpers import export, jsonl, specforge_payloads
 
 from pipeline_helpers import chat_tokenizers, read_samples, run_cli
-
-disable_progress_bars()
 
 # A Qwen2.5-style tool template on ChatML markers: the tools in the system turn, each call as
 # <tool_call>{"name", "arguments"}</tool_call> in the assistant turn, tool results as user turns.
