@@ -1,5 +1,5 @@
 """The dataset card's figures and what the export says about itself: shares over the exported samples,
-GPU-hours over the store's samples, leak failures counted, per-turn flags kept, no warning about server ids."""
+GPU-hours over the store's samples, leak failures counted, per-turn flags kept."""
 
 from __future__ import annotations
 
@@ -7,11 +7,9 @@ import re
 from pathlib import Path
 
 import orjson
-import pytest
 from datasets import load_from_disk
 from export_helpers import export_here, write_store
 from servers import SimThread
-from template_tokenizers import build_tokenizer
 
 from gen_pipeline.cli import main
 from gen_pipeline.quality.accounting import add_failure
@@ -26,14 +24,14 @@ def _turn_meta(finish: str, leak: str = "") -> dict:
             "discarded_tokens": 0} | ({"spec_accept_length": 2.25, "spec_verify_ct": 4} if leak else {})
 
 
-def _store(root: Path, n: int = 10, *, truncated: int = 2, ids: bool = False) -> Path:
+def _store(root: Path) -> Path:
+    """10 samples, S-0 and S-1 truncated, S-5's turn flagged as a leak; one leak failure."""
     samples = []
-    for i in range(n):
-        finish = "length" if i < truncated else "stop"
-        turn = {"role": "assistant", "content": f"answer {i}", "reasoning_content": f"think {i}"}
-        if ids:
-            turn |= {"prompt_token_ids": [1, 2, 3], "token_ids": [7, 8, 9] + ([2] if finish == "stop" else [])}
-        samples.append(Sample(f"S-{i}", "S", [{"role": "user", "content": f"q {i}"}, turn],
+    for i in range(10):
+        finish = "length" if i < 2 else "stop"
+        samples.append(Sample(f"S-{i}", "S", [{"role": "user", "content": f"q {i}"},
+                                              {"role": "assistant", "content": f"answer {i}",
+                                               "reasoning_content": f"think {i}"}],
                               {"model": "m", "backend": "sim", "finish_reason": finish, "prompt_tokens": 5,
                                "completion_tokens": 9, "turns": 1, "sampling": {"temperature": 0.7},
                                "kv_cache_dtype": "fp8_e4m3", "generated_at": "x", "chat_template_kwargs": "{}",
@@ -68,19 +66,6 @@ def test_leak_failures_count_as_leaks() -> None:
                 {"reason": "truncated", "detail": "turn 1 hit max_new_tokens=512"}, {"reason": "loop"}):
         add_failure(counts, row)
     assert counts == {"leaks": 2}
-
-
-def test_server_ids_with_another_tokenizer_do_not_warn_about_themselves(tmp_path: Path,
-                                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    root = _store(tmp_path / "out", ids=True)
-    chatml = build_tokenizer(tmp_path / "chatml", "chatml")
-    out = tmp_path / "t.jsonl"
-    capsys.readouterr()
-    assert export_here(root, "--dataset", "S", "--format", "tokens", "--out", out, "--tokenizer", chatml) == 0
-    printed = capsys.readouterr().out
-    assert not [x for x in printed.splitlines() if x.startswith("  warning:") or "of the reasoning tokens" in x]
-    assert ("  note: tokens: every turn's row is the server's token ids, its reasoning and answer whole under the "
-            "loss mask") in printed.splitlines()
 
 
 def test_gpu_hours_count_the_stores_samples_after_a_kill(shared_sim: SimThread, tmp_path: Path) -> None:

@@ -172,8 +172,10 @@ def test_tokens_rows_load_in_specforges_prompts_path_with_each_turn_whole_under_
     assert {row["ids_from"] for row in rows} == {"template"}
 
 
-def test_server_token_ids_make_the_rows_and_stay_out_of_conversation_formats(tmp_path: Path) -> None:
-    """Samples whose assistant turns carry the server's prompt_token_ids / token_ids (tokens.py)."""
+def test_server_token_ids_make_the_rows_and_stay_out_of_conversation_formats(tmp_path: Path,
+                                                                            tokenizers: dict[str, Path]) -> None:
+    """Samples whose assistant turns carry the server's prompt_token_ids / token_ids (tokens.py): with another
+    tokenizer given too, the export says nothing of that tokenizer's reasoning check."""
     root = tmp_path / "out"
     convs = [{"role": "user", "content": "Hi"},
              {"role": "assistant", "content": "A1", "reasoning_content": "R1",
@@ -184,7 +186,11 @@ def test_server_token_ids_make_the_rows_and_stay_out_of_conversation_formats(tmp
     meta = {"model": "m", "backend": "sim", "finish_reason": "stop", "prompt_tokens": 9, "completion_tokens": 7,
             "turns": 2, "sampling": {"temperature": 0.6}, "kv_cache_dtype": "fp8_e4m3", "generated_at": "x"}
     write_store(root, "S", [Sample(f"S-{i}", "S", convs, meta) for i in range(3)])
-    export(root, "--dataset", "S", "--format", "tokens", "--out", tmp_path / "t.jsonl")
+    printed = export(root, "--dataset", "S", "--format", "tokens", "--out", tmp_path / "t.jsonl",
+                     "--tokenizer", tokenizers["chatml"]).splitlines()
+    assert not [x for x in printed if x.startswith("  warning:") or "of the reasoning tokens" in x]
+    assert ("  note: tokens: every turn's row is the server's token ids, its reasoning and answer whole under the "
+            "loss mask") in printed
     rows = sorted(jsonl(tmp_path / "t.jsonl"), key=lambda r: r["id"])
     assert rows[:2] == [
         {"id": "S-0#turn0", "input_ids": [1, 2, 3, 7, 8, 9, 2], "loss_mask": [0, 0, 0, 1, 1, 1, 1],

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from datasets import load_dataset, load_from_disk
-from export_helpers import export, jsonl, specforge_payloads
+from export_helpers import export, fail, jsonl, specforge_payloads
 
 from pipeline_helpers import chat_tokenizers, read_samples, run_cli
 
@@ -117,7 +117,7 @@ def test_speculators_and_hf_keep_tools_and_calls(outputs: Path, tmp_path: Path) 
     export(outputs, "--dataset", "tools", "--format", "speculators", "--out", out)
     for row in jsonl(out):
         assert row["tools"] == samples[row["id"]]["meta"]["tools"]
-        assert row["conversations"] == [{k: v for k, v in m.items()} for m in samples[row["id"]]["conversations"]]
+        assert row["conversations"] == samples[row["id"]]["conversations"]
     # speculators 0.9.0's own reading where it is installed (the contract venv; not an extra of this project):
     # the tools parsed, the calls and ids kept
     spec = None
@@ -216,8 +216,6 @@ def test_whole_answers_with_server_ids_store_the_calls_and_their_tokens(tmp_path
 
 def test_harmony_refuses_tool_use_rows_instead_of_losing_the_calls(outputs: Path, tmp_path: Path) -> None:
     out = tmp_path / "h.jsonl"
-    r = run_cli("export", "--output-dir", outputs, "--dataset", "tools", "--format", "specforge", "--harmony",
-                "--no-status", "--out", out)
-    assert r.returncode == 2 and not out.exists()
-    assert r.stderr.startswith("error: sample tools-t")
-    assert "is a tool-use conversation, and --harmony writes only the analysis and final channels" in r.stderr
+    code, err = fail(outputs, "--dataset", "tools", "--format", "specforge", "--harmony", "--no-status", "--out", out)
+    assert code == 2 and not out.exists() and err.startswith("error: sample tools-t")
+    assert "is a tool-use conversation, and --harmony writes only the analysis and final channels" in err
