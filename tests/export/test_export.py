@@ -249,6 +249,14 @@ def test_export_during_a_run_reads_only_committed_lines(outputs: Path, tmp_path:
      "specforge only (the hf format has no status)."),
     (("--dataset", "T", "--out", "{tmp}/file/T.jsonl"), "--out {tmp}/file/T.jsonl: {tmp}/file is a file, not a "
      "folder. Choose another --out."),
+    (("--dataset", "T", "--format", "tokens", "--expand-turns"), "--expand-turns does not apply to --format tokens: "
+     "it already writes one row per assistant turn. Drop --expand-turns."),
+    (("--dataset", "T", "--format", "speculators", "--expand-turns"), "--expand-turns does not apply to --format "
+     "speculators: its prepare_data.py already makes one training row per assistant turn. Drop --expand-turns."),
+    (("--dataset", "T", "--format", "speculators", "--harmony"), "--harmony applies to --format specforge only "
+     "(SpecForge's gpt-oss parser), not to speculators."),
+    (("--dataset", "T", "--mix", "demo=0.5,T=0.5"), "--dataset T and --mix demo, T name different datasets; --mix "
+     "alone is enough."),
 ])
 def test_bad_flags_get_one_clear_message_and_exit_2(outputs: Path, tmp_path: Path, args: tuple[str, ...],
                                                     message: str) -> None:

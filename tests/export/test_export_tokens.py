@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from datasets import load_dataset
 from export_helpers import export, export_here, fail, jsonl, specforge_payloads, write_store
-from template_tokenizers import build_tokenizer
 
 from gen_pipeline.cli import main
 from gen_pipeline.export.render import load_renderer
@@ -208,9 +207,6 @@ def test_tokens_without_server_ids_or_a_tokenizer_is_refused(outputs: Path, tmp_
     assert code == 2 and re.fullmatch(r"error: sample demo-\d+ has no server token ids \(prompt_token_ids / token_ids "
                                       r"on its assistant turns\), so the tokens format renders it with the target's "
                                       r"chat template: pass --tokenizer PATH or --server NAME\.\n", err)
-    assert fail(outputs, "--dataset", "demo", "--format", "tokens", "--expand-turns", "--out", tmp_path / "t.jsonl") \
-        == (2, "error: --expand-turns does not apply to --format tokens: it already writes one row per assistant "
-            "turn. Drop --expand-turns.\n")
 
 
 # ---------------------------------------------------------------- trainer fit
@@ -420,9 +416,9 @@ def test_export_reports_what_specforges_loader_keeps(longs: Path, tmp_path: Path
                                                    8192: ("warning", 6, "6,462", True)}[max_length]
 
 
-def test_check_template_reports_it_too(longs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    chatml = build_tokenizer(tmp_path / "chatml", "chatml")
-    assert main(["check-template", "--output-dir", str(longs), "--dataset", "S", "--tokenizer", str(chatml),
+def test_check_template_reports_it_too(longs: Path, tmp_path: Path, built: dict[str, Path],
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-template", "--output-dir", str(longs), "--dataset", "S", "--tokenizer", str(built["chatml"]),
                  "--max-length", "8192"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert ("  warning: --format tokens, SpecForge data.max_length 8,192: 6 of 6 rows kept, 6,462 of 7,270 trained "
