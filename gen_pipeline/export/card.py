@@ -1,10 +1,11 @@
-"""The dataset card `export` writes beside the data: README.md with YAML front matter (what the HF
-hub reads) and markdown (docs/export.md lists what it holds). Inside the folder for `hf`; beside the
-JSONL file otherwise, as <out stem>.README.md when that folder holds another README.md.
-"""
+"""The dataset card `export` writes: README.md, YAML front matter (what the HF hub reads) and markdown (docs/export.md
+lists what it holds). Inside the folder for `hf`; beside the JSONL file otherwise, as <out stem>.README.md when that
+folder holds another README.md."""
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import json
 import os
 from collections import Counter
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from gen_pipeline.export.options import ExportOptions, ExportSummary
 
 MARK = "gen_pipeline_export"
+GATE_COLUMNS = {"loops caught": "loops", "loops kept (cut)": "loops_kept", "empty answers retried": "empty",
+                "leaks flagged": "leaks", "tokens not decoded": "tokens_not_decoded"}  # column → DatasetStatus.gate key
 
 
 def card_path(opts: ExportOptions) -> Path:
@@ -35,27 +38,23 @@ def card_path(opts: ExportOptions) -> Path:
 
 
 def _ours(path: Path, name: str) -> bool:
-    try:
-        head = path.read_text(errors="replace")[:2000]
-    except OSError:
-        return False
-    return f"{MARK}: {json.dumps(name)}" in head
+    with contextlib.suppress(OSError):
+        return f"{MARK}: {json.dumps(name)}" in path.read_text(errors="replace")[:2000]
+    return False
 
 
 def write_card(opts: ExportOptions, summary: ExportSummary, chosen: list[dict[str, Any]]) -> Path:
     path = card_path(opts)
-    text = render_card(opts, summary, chosen)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
+    tmp.write_text(render_card(opts, summary, chosen))
     os.replace(tmp, path)
     return path
 
 
 def _version() -> str:
-    try:
+    with contextlib.suppress(metadata.PackageNotFoundError):
         return metadata.version("gen-pipeline")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    return "unknown"
 
 
 def _wall_h(root: Path, dataset: str) -> float | None:
@@ -80,33 +79,33 @@ def _dataset_rows(opts: ExportOptions, summary: ExportSummary,
         wall_h = st.gpu.wall_s / 3600 if measured else _wall_h(opts.output_root, c.dataset)
         per_1k = st.gpu.per_1k if measured else (
             wall_h * gpus / st.done * 1000 if wall_h is not None and isinstance(gpus, int) and st.done else None)
-        rows.append({
-            "dataset": c.dataset, "committed": c.committed, "exported": c.taken,
-            "dropped": dict(c.dropped),
+        counted = st.gpu.gpus if measured else (gpus if isinstance(gpus, int) else None)
+        saved = saved_gpu_s(st.gate, gpu_s_per_token(None if wall_h is None else wall_h * 3600, counted,
+                                                     decoded_tokens(st.gate, st.completion_tokens)))
+        rows.append({  # keyed by the card's column names, the cells as printed
+            "dataset": c.dataset, "committed samples": f"{c.committed:,}", "exported": f"{c.taken:,}",
+            "dropped": ", ".join(f"{n:,} {k}" for k, n in sorted(c.dropped.items())) or "0",
             "model": _most(m.get("model") for m in metas), "backend": _most(m.get("backend") for m in metas),
-            "kv_cache_dtype": _most(m.get("kv_cache_dtype") for m in metas),
-            "sampling": _most(json.dumps(m.get("sampling"), sort_keys=True) for m in metas if m.get("sampling")),
-            "truncated_share": sum(m.get("finish_reason") == "length" for m in metas) / len(metas) if metas else 0.0,
-            "failed_share": st.errors_unresolved / attempted if attempted else 0.0,
-            "rejected_rows": st.rejects,
-            "prompt_tokens": sum(int(m.get("prompt_tokens") or 0) for m in metas),
-            "completion_tokens": sum(int(m.get("completion_tokens") or 0) for m in metas),
+            "KV cache dtype": _most(m.get("kv_cache_dtype") for m in metas),
+            "sampling": f"`{_most(json.dumps(m['sampling'], sort_keys=True) for m in metas if m.get('sampling'))}`",
+            "truncated": _pct(sum(m.get("finish_reason") == "length" for m in metas), len(metas)),
+            "failed requests": _pct(st.errors_unresolved, attempted),
+            "rejected source rows": f"{st.rejects:,}",
+            "prompt tokens": f"{sum(int(m.get('prompt_tokens') or 0) for m in metas):,}",
+            "completion tokens": f"{sum(int(m.get('completion_tokens') or 0) for m in metas):,}",
             "mix": produced_shares(st.mix, dict(Counter(str(m["sampling_variant"]) for m in metas
                                                         if isinstance(m.get("sampling_variant"), int)))),
-            "wall_h": wall_h, "gpus": gpus, "gpu_h_per_1k": per_1k, "measured": measured,
-            "gate": st.gate, "spec": format_spec(st.gate, st.spec_server),
-            "gpu_s_saved": saved_gpu_s(st.gate, gpu_s_per_token(
-                wall_h * 3600 if wall_h is not None else None,
-                st.gpu.gpus if measured else (gpus if isinstance(gpus, int) else None),
-                decoded_tokens(st.gate, st.completion_tokens))),
+            "run wall time": "unknown" if wall_h is None else f"{wall_h:.3f} h", "GPUs": gpus or "unknown",
+            "GPU-hours per 1,000 samples": _gpu_h(per_1k), "spec": format_spec(st.gate, st.spec_server),
+            **{column: f"{st.gate.get(k, 0):,}" for column, k in GATE_COLUMNS.items()},
+            "GPU-hours saved (estimate)": _gpu_h(None if saved is None else saved / 3600),
         })
     return rows
 
 
 def store_count(st: DatasetStatus) -> int:
-    """The dataset's GPU-hours counted over the samples in its store when every run's GPUs are known: a run
-    killed (kill -9) after writing samples its manifest had not yet recorded (samples_written) undercounts
-    them. Changes `st.gpu` in place; returns the samples added."""
+    """Count `st.gpu` over the store's samples (every run's GPUs known): a run killed after writing samples its
+    manifest had not recorded (samples_written) undercounts them. In place; returns the samples added."""
     u = st.gpu
     if not u.known or u.unknown_runs or st.done <= u.samples:
         return 0
@@ -125,8 +124,7 @@ def _most(values: Any) -> str:
 def render_card(opts: ExportOptions, summary: ExportSummary, chosen: list[dict[str, Any]]) -> str:
     rows = _dataset_rows(opts, summary, chosen)
     total = sum(summary.rows.values())
-    size = ("n<1K" if total < 1_000 else "1K<n<10K" if total < 10_000 else "10K<n<100K" if total < 100_000
-            else "100K<n<1M")
+    size = ("n<1K", "1K<n<10K", "10K<n<100K", "100K<n<1M")[bisect.bisect_right((1_000, 10_000, 100_000), total)]
     files = {k: p.name for k, p in summary.paths.items()}
     front = ["---", f"{MARK}: {json.dumps(opts.out.name)}", f"pretty_name: {json.dumps(opts.out.stem)}",
              "task_categories:", "- text-generation", "tags:", "- speculative-decoding", "- eagle3", "- synthetic",
@@ -147,26 +145,18 @@ def render_card(opts: ExportOptions, summary: ExportSummary, chosen: list[dict[s
         body += [f"- `{opts.out.name}/`: {', '.join(f'{k} {n:,} rows' for k, n in summary.rows.items())}"]
     body += ["", f"Format `{opts.format}`" + (" with `--expand-turns`" if opts.expand_turns else "") + ". Server: "
              + server + ".", "", "## Target and sampling", "",
-             "| dataset | model | backend | KV cache dtype | sampling |", "|---|---|---|---|---|"]
-    body += [f"| {r['dataset']} | {r['model']} | {r['backend']} | {r['kv_cache_dtype']} | `{r['sampling']}` |"
-             for r in rows]
+             *_table(rows, "dataset", "model", "backend", "KV cache dtype", "sampling")]
     for r in rows:
         if r["mix"]:
             body += ["", f"Sampling mix of {r['dataset']} (each sample's variant drawn from the mix seed and its "
                      "source row; its sampling is in meta.sampling, its variant in meta.sampling_variant), exported "
                      "samples per variant:", ""]
             body += [f"- {line}" for line in r["mix"]]
-    body += ["", "## Counts", "", "| dataset | committed samples | dropped | exported | truncated | failed requests "
-             "| rejected source rows |", "|---|---|---|---|---|---|---|"]
-    body += [f"| {r['dataset']} | {r['committed']:,} | {_dropped(r['dropped'])} | {r['exported']:,} | "
-             f"{100 * r['truncated_share']:.1f}% | {100 * r['failed_share']:.1f}% | {r['rejected_rows']:,} |"
-             for r in rows]
-    body += ["", "## Tokens and cost", "", "| dataset | prompt tokens | completion tokens | run wall time | GPUs "
-             "| GPU-hours per 1,000 samples |", "|---|---|---|---|---|---|"]
-    body += [f"| {r['dataset']} | {r['prompt_tokens']:,} | {r['completion_tokens']:,} | "
-             f"{_hours(r['wall_h'])} | {r['gpus'] or 'unknown'} | "
-             f"{_gpu_h(r['gpu_h_per_1k'])} |" for r in rows]
-    body += ["", "Token totals are over the exported samples (their meta). GPU-hours = GPUs × wall time ÷ "
+    body += ["", "## Counts", "", *_table(rows, "dataset", "committed samples", "dropped", "exported", "truncated",
+                                          "failed requests", "rejected source rows"),
+             "", "## Tokens and cost", "", *_table(rows, "dataset", "prompt tokens", "completion tokens",
+                                                   "run wall time", "GPUs", "GPU-hours per 1,000 samples"),
+             "", "Token totals are over the exported samples (their meta). GPU-hours = GPUs × wall time ÷ "
              "committed samples × 1,000: measured where the runs recorded their server (tp × dp × servers, "
              "wall time from each dataset's first request), else every run's wall time, start-up included, "
              "× the --server profile's tp × dp.", ""]
@@ -174,11 +164,7 @@ def render_card(opts: ExportOptions, summary: ExportSummary, chosen: list[dict[s
     status.gpu.samples += sum(store_count(d) for d in status.datasets)
     if any(d.gpu.recorded for d in status.datasets):
         body += ["```", *(line.removeprefix("  ") for line in gpu_lines(status)), "```", ""]
-    body += ["## Quality gate", "", "| dataset | loops caught | loops kept (cut) | empty answers retried | leaks "
-             "flagged | tokens not decoded | GPU-hours saved (estimate) |", "|---|---|---|---|---|---|---|"]
-    body += [f"| {r['dataset']} | {r['gate'].get('loops', 0):,} | {r['gate'].get('loops_kept', 0):,} | "
-             f"{r['gate'].get('empty', 0):,} | {r['gate'].get('leaks', 0):,} | "
-             f"{r['gate'].get('tokens_not_decoded', 0):,} | {_gpu_h(_h(r['gpu_s_saved']))} |" for r in rows]
+    body += ["## Quality gate", "", *_table(rows, "dataset", *GATE_COLUMNS, "GPU-hours saved (estimate)")]
     spec = [f"- {r['dataset']}: {r['spec']}" for r in rows if r["spec"]]  # the server ran a draft
     body += ["", "Loops are stopped on the stream as they begin (the server aborts the request); failed samples' "
              f"loops included. GPU-hours saved = {SAVED_FORMULA}.", "",
@@ -188,17 +174,16 @@ def render_card(opts: ExportOptions, summary: ExportSummary, chosen: list[dict[s
     return "\n".join(front + body)
 
 
-def _dropped(d: dict[str, int]) -> str:
-    return ", ".join(f"{n:,} {k}" for k, n in sorted(d.items())) or "0"
+def _table(rows: list[dict[str, Any]], *columns: str) -> list[str]:
+    """A markdown table of `columns` (keys of each row): header, rule, a line per row."""
+    return [f"| {' | '.join(columns)} |", "|" + "---|" * len(columns),
+            *(f"| {' | '.join(str(r[c]) for c in columns)} |" for r in rows)]
 
 
-def _h(s: float | None) -> float | None:
-    return None if s is None else s / 3600
+def _pct(part: int, whole: int) -> str:
+    return f"{100 * (part / whole if whole else 0.0):.1f}%"
 
 
 def _gpu_h(x: float | None) -> str:
     return "unknown" if x is None else f"{x:.2f}"
 
-
-def _hours(h: float | None) -> str:
-    return "unknown" if h is None else f"{h:.3f} h"

@@ -1,13 +1,6 @@
-"""`export`: from a dataset folder's shards to the one file (or folder) a trainer loads.
-
-    outputs/B2/shard-*.jsonl ─► committed samples ─► filters ─► --mix ─► split by id hash
-        ─► [--expand-turns | tokens rows] ─► reasoning check ─► seeded order
-        ─► specforge / speculators / tokens JSONL, or hf (atomic) ─► README.md card
-
-Reads only what a resume would trust, takes no lock, writes nothing in outputs/: safe while a run writes.
-Validation rows of the JSONL formats go to <out stem>.val.ndjson, which no `*.json` / `*.jsonl` glob matches
-(docs/export.md).
-"""
+"""`export`: committed samples → filters → --mix → split by id hash → [--expand-turns | tokens rows] → reasoning
+check → seeded order → the file (or hf folder) and its card. Reads only what a resume would trust, takes no lock:
+safe while a run writes. Validation rows go to <out stem>.val.ndjson, which no *.json / *.jsonl glob matches."""
 
 from __future__ import annotations
 
@@ -22,35 +15,12 @@ from typing import Any
 from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, find_dataset_config
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError, DiskError, StoreError
+from gen_pipeline.export import formats, select
 from gen_pipeline.export.card import write_card
-from gen_pipeline.export.formats import (
-    FORMATS,
-    HF_LAYOUTS,
-    LINE_WRITERS,
-    expand_turns,
-    sweep_stale_tmp,
-    write_hf,
-    write_jsonl,
-)
 from gen_pipeline.export.options import ExportOptions, ExportSummary
-from gen_pipeline.export.render import Renderer, load_renderer, source_flag, tokenizer_source
-from gen_pipeline.export.select import (
-    DatasetCounts,
-    covering,
-    drop_reason_text,
-    mix_counts,
-    seeded_key,
-    take,
-    validation_ids,
-)
+from gen_pipeline.export.render import Renderer, load_renderer, tokenizer_source
 from gen_pipeline.export.template_check import REASONING_ADVICE, TemplateCheck, reasoning_verdict
-from gen_pipeline.export.tokens import (
-    NO_TOKENIZER,
-    TokenRowBuilder,
-    compact_ids,
-    has_server_ids,
-    length_fit,
-)
+from gen_pipeline.export.tokens import NO_TOKENIZER, TokenRowBuilder, compact_ids, has_server_ids, length_fit
 from gen_pipeline.store.layout import has_shards, iter_committed_samples
 
 VAL_SUFFIX = ".val.ndjson"
@@ -70,31 +40,26 @@ def run_export(opts: ExportOptions) -> ExportSummary:
     targets = _targets(opts)
     for t in targets.values():
         _check_target(t, opts.force)
-    counts, samples = [], {}
-    for name in dict.fromkeys(opts.mix.datasets if opts.mix is not None else opts.datasets):
-        c, rows = _read_dataset(opts, name)
-        counts.append(c)
-        samples[name] = rows
-    chosen = _select(opts, counts, samples)
+    read = [_read_dataset(opts, n) for n in dict.fromkeys(opts.mix.datasets if opts.mix else opts.datasets)]
+    counts, chosen = [c for c, _ in read], _select(opts, read)
     renderer, why = _renderer(opts)
     notes, warnings = check_reasoning(opts, chosen, renderer, why)  # before writing: the flag refuses
-    val_ids = validation_ids((r["id"] for r in chosen), opts.val)
+    val_ids = select.validation_ids((r["id"] for r in chosen), opts.val)
     splits = {"train": [r for r in chosen if r["id"] not in val_ids]}
     if opts.val.enabled:
         splits["validation"] = [r for r in chosen if r["id"] in val_ids]
     if opts.expand_turns:
-        splits = {k: [t for r in rows for t in expand_turns(r)] for k, rows in splits.items()}
+        splits = {k: [t for r in rows for t in formats.expand_turns(r)] for k, rows in splits.items()}
     if opts.format == "tokens":
         builder = TokenRowBuilder(renderer, why=why)
         built = {k: builder.rows(rows) for k, rows in splits.items()}
-        if builder.mismatch:  # went exact at a spot check: the splits built before it again
-            built = {k: builder.rows(rows) for k, rows in splits.items()}
-        splits = built
+        # went exact at a spot check: the splits built before it again
+        splits = {k: builder.rows(rows) for k, rows in splits.items()} if builder.mismatch else built
         notes += builder.notes()
         fits, fit = length_fit((r for rows in splits.values() for r in rows), opts.max_length)
         (notes if fits else warnings).append(fit)
     for rows in splits.values():
-        rows.sort(key=lambda r: seeded_key(opts.seed, r["id"]))
+        rows.sort(key=lambda r: select.seeded_key(opts.seed, r["id"]))
     summary = ExportSummary(opts, counts, rows={k: len(v) for k, v in splits.items()}, warnings=warnings)
     try:
         opts.out.parent.mkdir(parents=True, exist_ok=True)
@@ -109,14 +74,11 @@ def run_export(opts: ExportOptions) -> ExportSummary:
 
 
 def _renderer(opts: ExportOptions) -> tuple[Renderer | None, str]:
-    """(the target's tokenizer, or None and why): --tokenizer must load; the --server profile's model
-    is tried and may be absent here (a hub id on a machine without it). The tokens format needs one
-    unless every turn carries the server's token ids."""
-    source = tokenizer_source(opts.tokenizer, opts.profile)
+    """(the target's tokenizer, or None and why): --tokenizer must load; the --server profile's model is tried
+    and may be absent here (a hub id on a machine without it)."""
+    source, flag, trust = tokenizer_source(opts.tokenizer, opts.profile)
     if source is None:
         return None, NO_TOKENIZER
-    trust = bool(opts.profile and opts.profile.trust_remote_code)
-    flag = source_flag(opts.tokenizer, opts.profile)
     try:
         return load_renderer(source, kwargs=opts.template_kwargs, trust_remote_code=trust, flag=flag), ""
     except ConfigError as e:
@@ -128,9 +90,8 @@ def _renderer(opts: ExportOptions) -> tuple[Renderer | None, str]:
 
 def check_reasoning(opts: ExportOptions, chosen: list[dict[str, Any]], renderer: Renderer | None,
                     why: str = "") -> tuple[list[str], list[str]]:
-    """(notes, warnings) about the reasoning kept in the samples and how much of it the trainer of
-    this format would put under its loss mask; raises ConfigError with --require-trained-reasoning
-    when that is not all of it."""
+    """(notes, warnings) on how much of the samples' reasoning this format's trainer puts under its loss mask;
+    ConfigError with --require-trained-reasoning when not all of it."""
     kept = any(m.get("reasoning_content") for r in chosen for m in r["conversations"] if m.get("role") == "assistant")
     if not kept or opts.format == "hf" or opts.harmony:
         return [], []
@@ -146,7 +107,7 @@ def check_reasoning(opts: ExportOptions, chosen: list[dict[str, Any]], renderer:
             raise ConfigError(f"--require-trained-reasoning: {note}.")
         return [note], []
     mode = {"specforge": "specforge-expanded" if opts.expand_turns else "specforge"}.get(opts.format, opts.format)
-    sample = covering(chosen, opts.check_samples, opts.seed)
+    sample = select.covering(chosen, opts.check_samples, opts.seed)
     share = TemplateCheck(renderer).run_mode(sample, mode).reasoning_share or 0.0
     trained, what = reasoning_verdict(share, len(sample), mode, renderer.source)
     if trained:
@@ -158,42 +119,37 @@ def check_reasoning(opts: ExportOptions, chosen: list[dict[str, Any]], renderer:
 
 
 def _check_options(opts: ExportOptions) -> None:
-    if opts.format not in FORMATS:
-        raise ConfigError(f"--format {opts.format!r} is not one of {', '.join(FORMATS)}.")
-    if opts.hf_layout not in HF_LAYOUTS:
-        raise ConfigError(f"--hf-layout {opts.hf_layout!r} is not one of {', '.join(HF_LAYOUTS)}.")
-    if opts.format != "hf" and opts.out.suffix != ".jsonl":
-        raise ConfigError(f"--out {opts.out}: the {opts.format} format writes one JSONL file; give a path "
-                          "ending in .jsonl (e.g. --out exports/B2.jsonl).")
-    if opts.format == "tokens" and opts.expand_turns:
-        raise ConfigError("--expand-turns does not apply to --format tokens: it already writes one row per "
-                          "assistant turn. Drop --expand-turns.")
-    if opts.harmony and opts.format != "specforge":
-        raise ConfigError(f"--harmony applies to --format specforge only (SpecForge's gpt-oss parser), "
-                          f"not to {opts.format}.")
-    if opts.harmony and opts.status:
-        raise ConfigError("--harmony needs --no-status: SpecForge's Harmony parser takes no extra column "
-                          "(its parse() has no **kwargs, specforge/data/parse.py:387-394).")
-    if opts.format == "speculators" and opts.expand_turns:
-        raise ConfigError("--expand-turns does not apply to --format speculators: its prepare_data.py already "
-                          "makes one training row per assistant turn. Drop --expand-turns.")
-    if not opts.status and opts.format != "specforge":
-        raise ConfigError(f"--no-status applies to --format specforge only (the {opts.format} format has no status).")
-    if not opts.datasets and opts.mix is None:
-        raise ConfigError("export needs --dataset NAME (repeatable) or --mix NAME=SHARE,....")
-    if opts.mix is not None and opts.datasets and set(opts.datasets) != set(opts.mix.datasets):
-        raise ConfigError(f"--dataset {', '.join(opts.datasets)} and --mix {', '.join(opts.mix.datasets)} name "
-                          "different datasets; --mix alone is enough.")
+    fmt, mixed = opts.format, opts.mix.datasets if opts.mix else []
+    rules = [
+        (fmt not in formats.FORMATS, f"--format {fmt!r} is not one of {', '.join(formats.FORMATS)}."),
+        (opts.hf_layout not in formats.HF_LAYOUTS,
+         f"--hf-layout {opts.hf_layout!r} is not one of {', '.join(formats.HF_LAYOUTS)}."),
+        (fmt != "hf" and opts.out.suffix != ".jsonl", f"--out {opts.out}: the {fmt} format writes one JSONL file; "
+         "give a path ending in .jsonl (e.g. --out exports/B2.jsonl)."),
+        (fmt == "tokens" and opts.expand_turns, "--expand-turns does not apply to --format tokens: it already "
+         "writes one row per assistant turn. Drop --expand-turns."),
+        (opts.harmony and fmt != "specforge", "--harmony applies to --format specforge only (SpecForge's gpt-oss "
+         f"parser), not to {fmt}."),
+        (opts.harmony and opts.status, "--harmony needs --no-status: SpecForge's Harmony parser takes no extra "
+         "column (its parse() has no **kwargs, specforge/data/parse.py:387-394)."),
+        (fmt == "speculators" and opts.expand_turns, "--expand-turns does not apply to --format speculators: its "
+         "prepare_data.py already makes one training row per assistant turn. Drop --expand-turns."),
+        (not opts.status and fmt != "specforge",
+         f"--no-status applies to --format specforge only (the {fmt} format has no status)."),
+        (not opts.datasets and opts.mix is None, "export needs --dataset NAME (repeatable) or --mix NAME=SHARE,...."),
+        (bool(mixed and opts.datasets and set(opts.datasets) != set(mixed)), f"--dataset {', '.join(opts.datasets)} "
+         f"and --mix {', '.join(mixed)} name different datasets; --mix alone is enough."),
+    ]
+    for bad, message in rules:
+        if bad:
+            raise ConfigError(message)
 
 
 def _targets(opts: ExportOptions) -> dict[str, Path]:
     """split name → path: the JSONL formats put validation beside train as <stem>.val.ndjson."""
     if opts.format == "hf":
         return {"all": opts.out}
-    targets = {"train": opts.out}
-    if opts.val.enabled:
-        targets["validation"] = validation_path(opts.out)
-    return targets
+    return {"train": opts.out} | ({"validation": validation_path(opts.out)} if opts.val.enabled else {})
 
 
 def validation_path(out: Path) -> Path:
@@ -235,17 +191,17 @@ def _check_target(path: Path, force: bool) -> None:
     if not os.access(folder, os.W_OK):  # before reading the datasets (EACCES, EROFS; root ignores modes)
         code = errno.EROFS if os.statvfs(folder).f_flag & os.ST_RDONLY else errno.EACCES
         raise write_error(path, OSError(code, os.strerror(code)))
-    sweep_stale_tmp(path)
+    formats.sweep_stale_tmp(path)
     if path.exists() and not force:
         raise StoreError(f"{display_path(path)} already exists. Pass --force to replace it (the new export is "
                          "written beside it and swapped in), or choose another --out.")
 
 
-def _read_dataset(opts: ExportOptions, name: str) -> tuple[DatasetCounts, list[dict[str, Any]]]:
+def _read_dataset(opts: ExportOptions, name: str) -> tuple[select.DatasetCounts, list[dict[str, Any]]]:
     folder = opts.output_root / name
     if not folder.is_dir():
         raise _missing(opts.output_root, name, folder)
-    counts, rows = DatasetCounts(name), []
+    counts, rows = select.DatasetCounts(name), []
     duplicates: list[str] = []
     for row in iter_committed_samples(folder, duplicates):
         if opts.format == "tokens":
@@ -263,7 +219,7 @@ def _read_dataset(opts: ExportOptions, name: str) -> tuple[DatasetCounts, list[d
         raise ConfigError(f"{name} has no committed samples yet (no whole line in the shards of "
                           f"{display_path(folder)}). Generate some first (make generate DATASET=" + name + ").")
     if not rows:
-        why = ", ".join(f"{n:,} {drop_reason_text(r, opts.filters)}" for r, n in sorted(counts.dropped.items()))
+        why = select.dropped_text(counts.dropped, opts.filters)
         raise ConfigError(f"{name}: every one of its {counts.committed:,} samples was dropped ({why}). "
                           "Relax --drop-truncated / --min-completion-tokens.")
     return counts, rows
@@ -278,22 +234,20 @@ def _missing(root: Path, name: str, folder: Path) -> ConfigError:
                        f"(make generate DATASET={name}) or pass --output-dir.")
 
 
-def _select(opts: ExportOptions, counts: list[DatasetCounts],
-            samples: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def _select(opts: ExportOptions, read: list[tuple[select.DatasetCounts, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
     """The samples the export takes: all eligible ones, or the --mix quota of each dataset."""
-    wanted = mix_counts(opts.mix, {c.dataset: c.eligible for c in counts}) if opts.mix else {}
+    wanted = select.mix_counts(opts.mix, {c.dataset: c.eligible for c, _ in read}) if opts.mix else {}
     chosen = []
-    for c in counts:
-        rows = take(samples[c.dataset], wanted.get(c.dataset, c.eligible), opts.seed)
-        c.taken = len(rows)
-        chosen += rows
+    for c, rows in read:
+        chosen += (taken := select.take(rows, wanted.get(c.dataset, c.eligible), opts.seed))
+        c.taken = len(taken)
     return chosen
 
 
 def _write(opts: ExportOptions, splits: dict[str, list[dict[str, Any]]], targets: dict[str, Path]) -> None:
     if opts.format == "hf":
-        return write_hf(opts.out, splits, opts.hf_layout)
-    line = LINE_WRITERS[opts.format]
+        return formats.write_hf(opts.out, splits, opts.hf_layout)
+    line = formats.LINE_WRITERS[opts.format]
     kw = {"keep_meta": opts.keep_meta, "status": opts.status, "harmony": opts.harmony}
     for k in sorted(splits, key=lambda k: k == "train"):  # the train file, the one a trainer is pointed at, last
-        write_jsonl(targets[k], [line(r, **kw) for r in splits[k]])
+        formats.write_jsonl(targets[k], [line(r, **kw) for r in splits[k]])

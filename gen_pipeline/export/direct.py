@@ -1,8 +1,6 @@
-"""The chat template called as apply_chat_template calls it, without apply_chat_template's per-call
-work (re-checking and copying the messages costs about as long as rendering; bench/export_speed).
-`DirectTemplate.probe` watches apply_chat_template render probe conversations to learn what it hands
-the template, and is used only when rendering the probes directly gives apply_chat_template's text exactly.
-"""
+"""The chat template called as apply_chat_template calls it, without its per-call work (re-checking and copying the
+messages costs about as long as rendering; bench/export_speed). `DirectTemplate.probe` learns what apply_chat_template
+hands the template, and is used only when rendering its probes directly gives apply_chat_template's text exactly."""
 
 from __future__ import annotations
 
@@ -72,7 +70,7 @@ class DirectTemplate:
                     return None, "apply_chat_template makes different messages of one shape"
         if set(shapes) != set(SHAPES):
             return None, "the probes do not cover the message shapes"
-        direct = cls(_remembering(template, source), context, {k: v for k, v in shapes.items()})
+        direct = cls(_remembering(template, source), context, shapes)
         for messages, generation_prompt, text in expected:
             if direct.render_many([messages], generation_prompt) != [text]:
                 return None, "rendering the template directly differs from apply_chat_template"
@@ -84,19 +82,9 @@ class DirectTemplate:
         made: dict[int, dict[str, Any] | None] = {}  # id(message) → as the template gets it (alive for this call)
         out: list[str | None] = []
         for messages in conversations:
-            normalized = []
-            for m in messages:
-                if id(m) not in made:
-                    made[id(m)] = self._normalized(m)
-                g = made[id(m)]
-                if g is None:
-                    break
-                normalized.append(g)
-            else:
-                if normalized:
-                    out.append(self._given(normalized, generation_prompt))
-                    continue
-            out.append(None)
+            given = [made[id(m)] if id(m) in made else made.setdefault(id(m), self._normalized(m)) for m in messages]
+            out.append(None if not given or None in given else str(self.template.render(
+                messages=given, add_generation_prompt=generation_prompt, **self.context)))
         return out
 
     def _normalized(self, message: dict[str, Any]) -> dict[str, Any] | None:
@@ -104,9 +92,6 @@ class DirectTemplate:
         if shape is None or any(type(v) is not str for v in message.values()):
             return None
         return {key: message[source] for key, source in shape}
-
-    def _given(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
-        return str(self.template.render(messages=messages, add_generation_prompt=generation_prompt, **self.context))
 
 
 def _remembering(template: Any, source: str) -> Any:

@@ -1,20 +1,17 @@
-"""Token ids of many texts, exactly `tokenizer(text, add_special_tokens=False)["input_ids"]` of each,
-fast: from the ids of the text's chunks, each distinct chunk tokenized once, where the tokenizer
-provably tokenizes the chunks of a text independently; else from the whole text. A fast tokenizer
-spends most of its time on per-word bookkeeping, and most chunks recur (docs/measurements.md).
-
-A text is cut before every ' ' that follows printable ASCII ([!-~]). Its ids are its chunks' ids in
-order when (checked in `additive_config`):
+"""Token ids of many texts, exactly `tokenizer(text, add_special_tokens=False)["input_ids"]` of each, fast: from the
+ids of the text's chunks, each distinct chunk tokenized once, where the tokenizer provably tokenizes the chunks of a
+text independently; else from the whole text (a fast tokenizer spends most of its time on per-word bookkeeping, and
+most chunks recur: docs/measurements.md). A text is cut before every ' ' that follows printable ASCII ([!-~]). Its
+ids are its chunks' ids in order when (checked in `additive_config`):
   - no added token contains ' ' or strips/matches whole words: none spans a cut;
   - the normalizer is none or NFC: ' ' combines with nothing before it, so NFC(a + b) = NFC(a) + NFC(b);
-  - the pre-tokenizer is byte-level without a prefix space, splitting with the GPT-2 regex (ByteLevel
-    use_regex) or a regex of SPLIT_REGEXES (Split, then ByteLevel without its regex): no alternative
-    matches a non-space character followed by ' ', none looks behind, and the one lookahead,
-    `\\s+(?!\\S)`, cannot end at a cut (the character before it is not whitespace);
+  - the pre-tokenizer is byte-level without a prefix space, splitting with the GPT-2 regex (ByteLevel use_regex) or
+    a regex of SPLIT_REGEXES (Split, then ByteLevel without its regex): no alternative matches a non-space character
+    followed by ' ', none looks behind, and the one lookahead, `\\s+(?!\\S)`, cannot end at a cut (the character
+    before it is not whitespace);
   - the model works on each pre-token alone (BPE without dropout).
-A chunk of up to 15 bytes is known by its bytes and length packed in two 64-bit words (exact, no
-hash to collide); a longer one by its bytes in a dict.
-"""
+A chunk of up to 15 bytes is known by its bytes and length packed in two 64-bit words (exact, no hash to collide); a
+longer one by its bytes in a dict."""
 
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
-"""The layouts `export` writes, each read from the trainer's source (late 2026; docs/export.md says
-what each row holds and why):
-
-    specforge    {"id", "conversations", "status": "success"}: what scripts/regenerate_train_data.py leaves
-                 on a row; its preprocessing passes any other column to the chat template as a keyword.
-    speculators  {"id", "conversations"}: prepare_data.py reads `conversations`, one row per turn itself.
-    hf           a DatasetDict (save_to_disk) or <split>.parquet files, the fixed schema of hf_features().
-    tokens       {"id", "input_ids", "loss_mask", "ids_from"}, one row per assistant turn (tokens.py).
-
-Tool-use samples carry a top-level `tools` column, JSON text (SpecForge 0.2.0 data/preprocessing.py and
-speculators 0.9.0 preprocessing.py parse it for apply_chat_template(tools=...)), and the messages keep
-`tool_calls` and `tool_call_id`. Writers are atomic: a hidden temporary name beside the target, a rename.
-"""
+"""The layouts `export` writes, read from each trainer's source (docs/export.md): specforge {"id", "conversations",
+"status"} (any other column goes to its chat template as a keyword), speculators {"id", "conversations"}, hf
+(hf_features()), tokens (tokens.py). Tool-use rows carry `tools` as JSON text (SpecForge 0.2.0 data/preprocessing.py
+and speculators 0.9.0 preprocessing.py pass it to apply_chat_template(tools=...)) and keep tool_calls / tool_call_id.
+Writers are atomic: a hidden temporary beside the target, then a rename."""
 
 from __future__ import annotations
 
@@ -25,7 +17,7 @@ from typing import Any
 import orjson
 
 from gen_pipeline.errors import ConfigError
-from gen_pipeline.export.tokens import strip_token_ids
+from gen_pipeline.export.tokens import row_tools, strip_token_ids
 from gen_pipeline.store.lock import pid_alive
 
 FORMATS = ("specforge", "speculators", "hf", "tokens")
@@ -72,13 +64,6 @@ def harmony_messages(conversations: list[dict[str, Any]]) -> list[dict[str, Any]
     return out
 
 
-def row_tools(row: dict[str, Any]) -> str:
-    """A sample's tools as JSON text (meta.tools, written by run/chat.py for tool-use samples), "" when none."""
-    meta = row.get("meta")
-    tools = meta.get("tools") if isinstance(meta, dict) else None
-    return tools if isinstance(tools, str) else ""
-
-
 def specforge_line(row: dict[str, Any], *, keep_meta: bool, status: bool, harmony: bool = False) -> bytes:
     convs = strip_token_ids(row["conversations"])
     if harmony and (row_tools(row) or any(m.get("tool_calls") or m.get("role") == "tool" for m in convs)):
@@ -95,10 +80,6 @@ def specforge_line(row: dict[str, Any], *, keep_meta: bool, status: bool, harmon
     return orjson.dumps(out, option=orjson.OPT_APPEND_NEWLINE)
 
 
-def speculators_line(row: dict[str, Any], *, keep_meta: bool, status: bool = False, harmony: bool = False) -> bytes:
-    return specforge_line(row, keep_meta=keep_meta, status=False)
-
-
 def tokens_line(row: dict[str, Any], *, keep_meta: bool, status: bool = False, harmony: bool = False) -> bytes:
     """A tokens row (tokens.py); the ids as JSON arrays, which SpecForge and datasets read as-is."""
     out: dict[str, Any] = {"id": row["id"], "input_ids": row["input_ids"], "loss_mask": row["loss_mask"],
@@ -108,8 +89,9 @@ def tokens_line(row: dict[str, Any], *, keep_meta: bool, status: bool = False, h
     return orjson.dumps(out, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY)
 
 
-LINE_WRITERS: dict[str, Callable[..., bytes]] = {"specforge": specforge_line, "speculators": speculators_line,
-                                                 "tokens": tokens_line}
+LINE_WRITERS: dict[str, Callable[..., bytes]] = {  # speculators: specforge's row without status
+    "specforge": specforge_line, "tokens": tokens_line,
+    "speculators": lambda row, *, keep_meta, **_: specforge_line(row, keep_meta=keep_meta, status=False)}
 
 HF_META = {"model": "string", "backend": "string", "finish_reason": "string", "prompt_tokens": "int64",
            "completion_tokens": "int64", "turns": "int64", "sampling": "string", "sampling_variant": "int64",

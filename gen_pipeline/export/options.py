@@ -1,5 +1,4 @@
-"""What `export` is asked (ExportOptions) and what it wrote (ExportSummary), as run/options.py is
-for `generate`: core.py runs the export, card.py describes it."""
+"""What `export` is asked (ExportOptions) and what it wrote (ExportSummary), as run/options.py is for `generate`."""
 
 from __future__ import annotations
 
@@ -9,7 +8,8 @@ from typing import Any
 
 from gen_pipeline.config.server import ServerProfile
 from gen_pipeline.display import display_path
-from gen_pipeline.export.select import DatasetCounts, Filters, Mix, ValSplit, drop_reason_text
+from gen_pipeline.export import select
+from gen_pipeline.export.select import DatasetCounts, Filters, Mix, ValSplit
 from gen_pipeline.export.tokens import SPECFORGE_MAX_LENGTH
 
 
@@ -59,18 +59,14 @@ class ExportSummary:
         total, taken = sum(self.rows.values()), sum(c.taken for c in self.counts)
         out = [f"exported {total:,} rows ({what}) to {display_path(o.out)} in {self.elapsed_s:.1f} s"]
         for c in self.counts:
-            dropped = ", ".join(f"{n:,} {drop_reason_text(r, o.filters)}" for r, n in sorted(c.dropped.items()))
-            line = f"  {c.dataset}: {c.committed:,} committed samples, {sum(c.dropped.values()):,} dropped"
-            line += f" ({dropped})" if dropped else ""
-            line += f", {c.taken:,} exported"
-            line += f" (of {c.eligible:,} eligible, --mix)" if c.taken < c.eligible else ""
-            out.append(line)
-        if o.expand_turns:
-            out.append(f"  --expand-turns: {taken:,} samples → {total:,} rows, "
-                       "one per assistant turn")
+            dropped = select.dropped_text(c.dropped, o.filters)
+            out.append(f"  {c.dataset}: {c.committed:,} committed samples, {sum(c.dropped.values()):,} dropped"
+                       + (f" ({dropped})" if dropped else "") + f", {c.taken:,} exported"
+                       + (f" (of {c.eligible:,} eligible, --mix)" if c.taken < c.eligible else ""))
+        if o.expand_turns or o.format == "tokens":  # one row per assistant turn (the two never go together)
+            how = "--expand-turns" if o.expand_turns else "tokens"
+            out.append(f"  {how}: {taken:,} samples → {total:,} rows, one per assistant turn")
         where = {k: f" → {display_path(p)}" for k, p in self.paths.items()} if len(self.paths) > 1 else {}
-        if o.format == "tokens":
-            out.append(f"  tokens: {taken:,} samples → {total:,} rows, one per assistant turn")
         out.append("  split: " + ", ".join(f"{k} {n:,}{where.get(k, '')}" for k, n in self.rows.items()))
         if self.card is not None:
             out.append(f"  card: {display_path(self.card)}")

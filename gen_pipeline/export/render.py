@@ -1,8 +1,6 @@
-"""The target's tokenizer and chat template, loaded offline, rendering messages as the trainers and
-the server do: `apply_chat_template(messages, tokenize=False, ...)`, then the tokenizer on the text
-without special tokens added (SpecForge's GeneralParser, specforge/data/parse.py:136-144 and 272-278).
-transformers + jinja2 are the optional `template` extra; nothing here downloads.
-"""
+"""The target's tokenizer and chat template (the optional `template` extra), loaded offline, rendering as the
+trainers and the server do: apply_chat_template(messages, tokenize=False, ...), then the tokenizer on the text
+without special tokens (SpecForge's GeneralParser, specforge/data/parse.py:136-144 and 272-278)."""
 
 from __future__ import annotations
 
@@ -24,16 +22,13 @@ KWARGS_KEY = "chat_template_kwargs"  # meta key: what a sample's requests sent t
 _PROBE_USER, _PROBE_ANSWER = "U\u2063probe", "A\u2063probe"  # text no template adds on its own
 
 
-def tokenizer_source(tokenizer: str | None, profile: ServerProfile | None) -> str | None:
-    """--tokenizer, else the server profile's --tokenizer-path or model_path, else None."""
-    if tokenizer:
-        return tokenizer
-    return profile.tokenizer_path if profile is not None else None
-
-
-def source_flag(tokenizer: str | None, profile: ServerProfile | None) -> str:
-    """How messages name where the tokenizer came from."""
-    return "--tokenizer" if tokenizer or profile is None else f"--server {profile.name}: its model"
+def tokenizer_source(tokenizer: str | None, profile: ServerProfile | None) -> tuple[str | None, str, bool]:
+    """(--tokenizer, else the --server profile's --tokenizer-path or model_path, else None; how messages name
+    where it came from; the profile's trust_remote_code)."""
+    trust = bool(profile and profile.trust_remote_code)
+    if tokenizer or profile is None:
+        return tokenizer or None, "--tokenizer", trust
+    return profile.tokenizer_path, f"--server {profile.name}: its model", trust
 
 
 @dataclass
@@ -52,9 +47,8 @@ class Renderer:
         return str(self._apply(messages, generation_prompt))
 
     def render_many(self, conversations: list[list[dict[str, Any]]], *, generation_prompt: bool) -> list[str]:
-        """`render` of each conversation, in one call of apply_chat_template: its batch form renders
-        each conversation as a call of its own does and pays the call's own work once. (An empty
-        conversation, which apply_chat_template refuses alone, would be taken for a flat list.)"""
+        """`render` of each conversation in one call of apply_chat_template (its batch form pays the call's own work
+        once); an empty conversation would be taken for a flat list, so then one call each."""
         if not all(conversations):
             return [self.render(m, generation_prompt=generation_prompt) for m in conversations]
         return [str(t) for t in self._apply(conversations, generation_prompt)] if conversations else []
@@ -65,8 +59,10 @@ class Renderer:
             return self.tokenizer.apply_chat_template(conversation, tokenize=False,
                                                       add_generation_prompt=generation_prompt, **self.kwargs)
         except Exception as e:  # jinja2's TemplateError and what the template raises itself
-            raise ConfigError(f"the chat template of {self.source} failed on a conversation "
-                              f"({type(e).__name__}: {e}).") from None
+            raise self._failed(e) from None
+
+    def _failed(self, e: Exception) -> ConfigError:
+        return ConfigError(f"the chat template of {self.source} failed on a conversation ({type(e).__name__}: {e}).")
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -92,9 +88,8 @@ class Renderer:
         return header or turn_head, full[at + len(_PROBE_ANSWER):]
 
     def cut_end(self, output: str, turn: dict[str, Any]) -> str:
-        """The text of a turn the model did not end (max_new_tokens, a loop cut) up to where it stopped:
-        without the end of turn the template writes after an answer, and, when the turn has no answer (cut
-        while thinking), without the think block's close."""
+        """A turn the model did not end (max_new_tokens, a loop cut) up to where it stopped: without the template's
+        end of turn, and, with no answer (cut while thinking), without the think block's close."""
         if self._end_of_turn is None:
             self._end_of_turn = self.markers()[1]
         end = self._end_of_turn
@@ -106,9 +101,8 @@ class Renderer:
         return output
 
     def turn_text(self, history: list[dict[str, Any]], turn: dict[str, Any]) -> tuple[str, str]:
-        """(prompt, output): the prompt the server rendered for `turn` and the turn's own text after it, its
-        reasoning in the model's think block whatever the template does with it. Raises ConfigError when
-        the template's turn does not continue its generation prompt."""
+        """(the prompt the server rendered for `turn`, the turn's text after it with its reasoning in the model's
+        think block); ConfigError when the turn does not continue its generation prompt."""
         prompt = self.render(history, generation_prompt=True)
         full = self.render([*history, turn], generation_prompt=False)
         return self._split_turn(prompt, full, turn)
@@ -140,8 +134,7 @@ class Renderer:
         try:
             texts = direct.render_many(conversations, generation_prompt)
         except Exception as e:  # what apply_chat_template would have raised: the same message
-            raise ConfigError(f"the chat template of {self.source} failed on a conversation "
-                              f"({type(e).__name__}: {e}).") from None
+            raise self._failed(e) from None
         others = iter(self.render_many([m for m, t in zip(conversations, texts, strict=True) if t is None],
                                        generation_prompt=generation_prompt))
         return [t if t is not None else next(others) for t in texts]
@@ -159,8 +152,7 @@ class Renderer:
         if kwargs is None or kwargs == self.kwargs:
             return self
         key = orjson.dumps(kwargs, option=orjson.OPT_SORT_KEYS)
-        other = self._others.get(key)
-        if other is None:
+        if (other := self._others.get(key)) is None:
             other = self._others[key] = Renderer(self.tokenizer, self.source, dict(kwargs))
         return other
 

@@ -56,10 +56,10 @@ DROP_REASONS = {"truncated": "truncated (finish_reason length)", "malformed": "n
                 "duplicate": "with an id already exported: a damaged line, see `gen-pipeline validate`"}
 
 
-def drop_reason_text(reason: str, filters: Filters) -> str:
-    if reason == "short":
-        return f"under {filters.min_completion_tokens} completion tokens"
-    return DROP_REASONS[reason]
+def dropped_text(dropped: Counter[str], filters: Filters) -> str:
+    """"3 truncated (finish_reason length), 2 under 40 completion tokens": the dropped samples by reason."""
+    text = {**DROP_REASONS, "short": f"under {filters.min_completion_tokens} completion tokens"}
+    return ", ".join(f"{n:,} {text[r]}" for r, n in sorted(dropped.items()))
 
 
 @dataclass(frozen=True)

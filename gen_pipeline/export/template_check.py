@@ -1,15 +1,9 @@
-"""`check-template`: how much of each assistant turn's reasoning and answer a trainer puts under its
-loss mask, rendering the samples as each trainer does with the target's own chat template (read from
-SpecForge 0.2.0 at a6b6b023 and speculators 0.9.0; tests/contract/test_trainers.py runs both loaders).
-
-SpecForge (data/preprocessing.py -> data/parse.py) renders the whole row once and masks every span from
-the template's assistant header to its end of turn (`train_only_last_turn`: the last span); its "general"
-parser drops reasoning_content first, its "thinking" parser (modelled here: the best case) keeps it.
-speculators renders one row per assistant turn j, masked from render(conv[:j], add_generation_prompt=True)'s
-end to the end of render(conv[:j+1]). So the chat template decides what trains. The header and end of
-turn are read from the template (Renderer.markers); no default system prompt is added (it shifts tokens,
-not what is masked).
-"""
+"""`check-template`: how much of each assistant turn's reasoning and answer a trainer puts under its loss mask,
+rendering the samples as SpecForge 0.2.0 (a6b6b023) and speculators 0.9.0 do (tests/contract/test_trainers.py runs
+both). SpecForge (data/preprocessing.py -> data/parse.py) masks every span from the template's assistant header to
+its end of turn (`train_only_last_turn`: the last); its "thinking" parser, modelled here, keeps reasoning_content.
+speculators masks each assistant turn j from render(conv[:j], add_generation_prompt=True)'s end to the end of
+render(conv[:j+1]). No default system prompt is added (it shifts tokens, not the mask)."""
 
 from __future__ import annotations
 
@@ -17,7 +11,6 @@ import bisect
 import functools
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +21,7 @@ from gen_pipeline.config.server import ServerProfile
 from gen_pipeline.display import count, display_path
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.export.formats import expand_turns
-from gen_pipeline.export.render import Renderer, load_renderer, recorded_kwargs, source_flag, tokenizer_source
+from gen_pipeline.export.render import Renderer, load_renderer, recorded_kwargs, tokenizer_source
 from gen_pipeline.export.select import covering
 from gen_pipeline.export.tokens import SPECFORGE_MAX_LENGTH, TokenRowBuilder, has_server_ids, length_fit, sent_message
 from gen_pipeline.store.layout import iter_committed_samples
@@ -60,8 +53,10 @@ def reasoning_verdict(share: float, samples: int, mode: str, source: str) -> tup
 
 @dataclass
 class TurnFigures:
-    """One source assistant turn: its token counts and the best share of it under any row's mask."""
+    """One source assistant turn: its text, token counts and the best share of it under any row's mask."""
 
+    reasoning: str
+    answer: str
     reasoning_tokens: int
     answer_tokens: int
     last: bool
@@ -92,15 +87,11 @@ class ModeResult:
         return share if rt else None
 
 
+_Row = tuple[Any, Any, list[TurnFigures]]  # (ids, loss mask; both None: a row skipped), the turns it holds
+
+
 def _share(x: float, total: int) -> float:
     return x / total if total else 0.0
-
-
-@dataclass
-class _Turn:
-    key: tuple[str, int]
-    reasoning: str
-    answer: str
 
 
 class TemplateCheck:
@@ -121,21 +112,18 @@ class TemplateCheck:
                 if ids is None:
                     result.skipped_rows += 1
                     continue
-                self._measure(ids, mask, present, result)
+                self._measure(ids, mask, present)
         return result
 
-    def _turns(self, sample: dict[str, Any], result: ModeResult) -> list[_Turn]:
+    def _turns(self, sample: dict[str, Any], result: ModeResult) -> list[TurnFigures]:
         answers = [m for m in sample["conversations"] if m.get("role") == "assistant"]
-        out = []
         for k, m in enumerate(answers):
-            key = (sample["id"], k)
-            t = _Turn(key, (m.get("reasoning_content") or "").strip(), (m.get("content") or "").strip())
-            result.turns[key] = TurnFigures(len(self.r.encode(t.reasoning)) if t.reasoning else 0,
-                                            len(self.r.encode(t.answer)) if t.answer else 0, k == len(answers) - 1)
-            out.append(t)
-        return out
+            r, a = (m.get("reasoning_content") or "").strip(), (m.get("content") or "").strip()
+            result.turns[(sample["id"], k)] = TurnFigures(r, a, len(self.r.encode(r)) if r else 0,
+                                                          len(self.r.encode(a)) if a else 0, k == len(answers) - 1)
+        return [result.turns[(sample["id"], k)] for k in range(len(answers))]
 
-    def _rows(self, sample: dict[str, Any], mode: str, turns: list[_Turn]) -> list[tuple[Any, Any, list[_Turn]]]:
+    def _rows(self, sample: dict[str, Any], mode: str, turns: list[TurnFigures]) -> list[_Row]:
         convs = [sent_message(m) for m in sample["conversations"]]
         if mode in ("specforge", "specforge-last"):
             return [self._specforge(convs, turns, last_only=mode == "specforge-last")]
@@ -147,8 +135,7 @@ class TemplateCheck:
         built = self._tokens.rows([{**sample, "conversations": sample["conversations"]}])
         return [(r["input_ids"].tolist(), r["loss_mask"].tolist(), turns[:r["turn_index"] + 1]) for r in built]
 
-    def _specforge(self, convs: list[dict[str, Any]], turns: list[_Turn], *,
-                   last_only: bool) -> tuple[list[int], list[int], list[_Turn]]:
+    def _specforge(self, convs: list[dict[str, Any]], turns: list[TurnFigures], *, last_only: bool) -> _Row:
         text = self.r.render(convs, generation_prompt=False)
         ids = self.r.encode(text)
         mask = [0] * len(ids)
@@ -158,8 +145,8 @@ class TemplateCheck:
             mask[min(start, len(ids)):min(end, len(ids))] = [1] * (min(end, len(ids)) - min(start, len(ids)))
         return ids, mask, turns
 
-    def _speculators(self, convs: list[dict[str, Any]], turns: list[_Turn]) -> list[tuple[Any, Any, list[_Turn]]]:
-        out: list[tuple[Any, Any, list[_Turn]]] = []
+    def _speculators(self, convs: list[dict[str, Any]], turns: list[TurnFigures]) -> list[_Row]:
+        out: list[_Row] = []
         k = 0
         for j, m in enumerate(convs):
             if m["role"] != "assistant":
@@ -179,40 +166,30 @@ class TemplateCheck:
             out.append((full, [0] * boundary + [1] * (len(full) - boundary), turns[:k]))
         return out
 
-    def _measure(self, ids: list[int], mask: list[int], present: list[_Turn], result: ModeResult) -> None:
+    def _measure(self, ids: list[int], mask: list[int], present: list[TurnFigures]) -> None:
         text = self.r.decode(ids)
-        at = _CharIndex(ids, self.r.decode)
+        # character offset → token by binary search over decoded prefix lengths: any tokenizer that decodes
+        # (fast tokenizers' offset mappings are not universal)
+        prefix_chars = functools.cache(lambda i: len(self.r.decode(ids[:i])))
+
+        def masked(start: int, end: int) -> float:
+            """Share of the tokens covering characters [start, end) whose mask is 1."""
+            i0, last = (bisect.bisect_right(range(len(ids)), c, key=lambda i: prefix_chars(i + 1))
+                        for c in (start, end - 1))  # the tokens holding the first and the last character
+            return sum(mask[i0:last + 1]) / (last + 1 - i0) if last + 1 > i0 else 0.0
+
         cursor = 0
         for t in present:
-            fig = result.turns[t.key]
             a = text.find(t.answer, cursor) if t.answer else -1
             if t.reasoning:
                 r = text.find(t.reasoning, cursor, a if a >= 0 else len(text))
                 if r >= 0:
-                    fig.reasoning_masked = max(fig.reasoning_masked, at.masked(mask, r, r + len(t.reasoning)))
+                    t.reasoning_masked = max(t.reasoning_masked, masked(r, r + len(t.reasoning)))
             if a >= 0:
-                share = at.masked(mask, a, a + len(t.answer))
-                fig.answer_masked = max(fig.answer_masked, share)
-                fig.answer_trained += share
+                share = masked(a, a + len(t.answer))
+                t.answer_masked = max(t.answer_masked, share)
+                t.answer_trained += share
                 cursor = a + len(t.answer)
-
-
-class _CharIndex:
-    """Character offset → token index by binary search over decoded prefix lengths (works for any
-    tokenizer that decodes; fast tokenizers' offset mappings are not universal)."""
-
-    def __init__(self, ids: list[int], decode: Callable[[list[int]], str]):
-        self.ids = ids
-        self._len = functools.cache(lambda i: len(decode(ids[:i])))
-
-    def first_ending_after(self, c: int) -> int:
-        """The smallest i with len(decode(ids[:i])) > c, minus one: the token holding character c."""
-        return bisect.bisect_right(range(len(self.ids)), c, key=lambda i: self._len(i + 1))
-
-    def masked(self, mask: list[int], start: int, end: int) -> float:
-        """Share of the tokens covering characters [start, end) whose mask is 1."""
-        i0, i1 = self.first_ending_after(start), self.first_ending_after(end - 1) + 1
-        return sum(mask[i0:i1]) / (i1 - i0) if i1 > i0 else 0.0
 
 
 @dataclass
@@ -261,16 +238,12 @@ def check_template(*, output_root: Path, datasets: list[str], export: Path | Non
         raise ConfigError(f"--samples {samples} must be 1 or more.")
     rows, what = _samples(output_root, datasets, export)
     chosen = covering(rows, samples, seed)
-    renderer = load_renderer(tokenizer_source(tokenizer, profile), kwargs=template_kwargs,
-                             flag=source_flag(tokenizer, profile),
-                             trust_remote_code=bool(profile and profile.trust_remote_code))
+    source, flag, trust = tokenizer_source(tokenizer, profile)
+    renderer = load_renderer(source, kwargs=template_kwargs, flag=flag, trust_remote_code=trust)
     check = TemplateCheck(renderer)
-    modes = [m for m in MODES if export is None or m != "specforge-expanded"]
+    results = [check.run_mode(chosen, m) for m in MODES if export is None or m != "specforge-expanded"]
     turns = sum(1 for r in chosen for m in r["conversations"] if m.get("role") == "assistant")
-    results = [check.run_mode(chosen, m) for m in modes]
-    report = format_report(results, renderer=renderer, header=check.header,
-                           end_of_turn=check.end_of_turn, what=f"{len(chosen):,} samples ({turns:,} assistant turns) "
-                                                                f"of {what}")
+    report = format_report(results, check, f"{len(chosen):,} samples ({turns:,} assistant turns) of {what}")
     warnings = [f"  warning: {reasoning_verdict(r.reasoning_share, len(chosen), r.mode, renderer.source)[1]}"
                 for r in results if r.reasoning_share is not None and r.reasoning_share < 1.0]
     fits, fit = length_fit(TokenRowBuilder(renderer).rows(chosen), max_length)
@@ -305,11 +278,10 @@ def _samples(output_root: Path, datasets: list[str], export: Path | None) -> tup
     return rows, ", ".join(datasets)
 
 
-def format_report(results: list[ModeResult], *, renderer: Renderer, header: str, end_of_turn: str,
-                  what: str) -> str:
-    lines = [f"template check: {what}, chat template of {renderer.source}",
-             f"  assistant header {header!r}, end of turn {end_of_turn!r} (what a SpecForge ChatTemplate for this "
-             "target must declare)",
+def format_report(results: list[ModeResult], check: TemplateCheck, what: str) -> str:
+    lines = [f"template check: {what}, chat template of {check.r.source}",
+             f"  assistant header {check.header!r}, end of turn {check.end_of_turn!r} (what a SpecForge ChatTemplate "
+             "for this target must declare)",
              f"  {'how it trains':<52} {'turns':>6} {'rows':>5} {'reasoning tok':>13} {'masked':>7} "
              f"{'answer tok':>10} {'masked':>7} {'trained':>7}"]
     for res in results:

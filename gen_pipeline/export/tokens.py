@@ -1,34 +1,18 @@
-"""The `tokens` export: one row per assistant turn, `input_ids` + `loss_mask`, made from exactly what
-the target saw and produced where the sample carries the server's token ids, else rendered with the
-target's tokenizer and chat template (render.py) the way the server rendered the request. The mask is
-1 on exactly that turn's reasoning, answer and end of turn (server ids: the stop token the model emitted;
-rendered: the template's end-of-turn text, what SpecForge's ChatTemplate.end_of_turn_token and
-speculators' render boundary both train). docs/export.md says why a row per turn.
+"""The `tokens` export: one row per assistant turn, `input_ids` + `loss_mask` (1 on exactly that turn's reasoning,
+answer and end of turn, what SpecForge's ChatTemplate.end_of_turn_token and speculators' render boundary train),
+from the server's token ids where the turn carries them, else rendered with the target's chat template (render.py).
 
-## Server token ids: the per-turn schema
-Each assistant message of a sample may carry, both or neither:
-    "prompt_token_ids": [int]  the request's prompt as the server tokenized it (template applied)
-    "token_ids":        [int]  the completion's token ids: reasoning, think markers, answer, and the
-                               matched stop token when finish_reason is "stop"
-Then the row is prompt_token_ids + token_ids with the mask 0…0 1…1. The conversation formats
-(specforge, speculators, hf) leave both keys out.
-
-## Where SGLang 0.5.17 returns them (read from its wheel, sglang/srt/...)
-- /v1/chat/completions request `return_token_ids: true` (entrypoints/openai/protocol.py:779; also
-  `return_prompt_token_ids`, :778) → `choices[i].prompt_token_ids` and `choices[i].token_ids`
-  (protocol.py:1097-1098; serving_chat.py:1819-1827: token_ids = ret_item["output_ids"],
-  prompt_token_ids when either flag is set, serving_chat.py:1016-1017 asks the tokenizer manager).
-- The reasoning parser splits only the decoded text (serving_chat.py:1779-1797): token_ids hold the
-  whole completion, think markers included; the split text, decoded with skip_special_tokens, need
-  not re-tokenize to the ids the model sampled.
-- output_ids are `output_ids_through_stop` (managers/scheduler_components/output_streamer.py:399-401,
-  schedule_batch.py:1463-1465 sets finished_len past the matched stop token): the stop token is in
-  them; the detokenizer trims the stop only from the text (detokenizer_manager.py:176-205, 444).
-- Streaming: /v1/chat/completions refuses both flags with stream=true (serving_chat.py:914-924,
-  HTTP 400). Native /generate always returns "output_ids" (tokenizer_manager.py:2356-2360; per
-  chunk when streaming, :2327-2338) and "prompt_token_ids" with "return_prompt_token_ids": true
-  (io_struct.py:299, tokenizer_manager.py:2365); logprobs (return_logprob) also carry token ids.
-"""
+Server ids: an assistant message carries both or neither of "prompt_token_ids" (the prompt as the server tokenized
+it) and "token_ids" (reasoning, think markers, answer, and the matched stop token when finish_reason is "stop");
+the row is the two end to end, masked 0…0 1…1. Where SGLang 0.5.17 returns them (sglang/srt/):
+- /v1/chat/completions `return_token_ids: true` (entrypoints/openai/protocol.py:779; `return_prompt_token_ids`
+  :778) → choices[i].prompt_token_ids and .token_ids (protocol.py:1097-1098; serving_chat.py:1016-1017,
+  1819-1827); the reasoning parser splits only the decoded text (serving_chat.py:1779-1797).
+- output_ids run through the stop token (managers/scheduler_components/output_streamer.py:399-401,
+  schedule_batch.py:1463-1465); the detokenizer trims it from the text only (detokenizer_manager.py:176-205, 444).
+- Streaming refuses both flags (serving_chat.py:914-924, HTTP 400); native /generate returns "output_ids"
+  (tokenizer_manager.py:2327-2338, 2356-2360), "prompt_token_ids" when asked (io_struct.py:299,
+  tokenizer_manager.py:2365)."""
 
 from __future__ import annotations
 
@@ -55,10 +39,6 @@ CUT = ("length", "loop")  # a turn's finish_reason when the model did not end it
 SPOT_EVERY = 2048  # every so many rendered turns are also tokenized whole and compared
 
 
-def _json(value: Any) -> str:
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
-
-
 def has_server_ids(message: dict[str, Any]) -> bool:
     return all(isinstance(message.get(k), list | np.ndarray) for k in TOKEN_KEYS)
 
@@ -71,11 +51,11 @@ def compact_ids(sample: dict[str, Any]) -> None:
                 m[k] = np.asarray(m[k], dtype=ID_DTYPE)
 
 
-def _row_arrays(prompt: Any, output: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    p, o = np.asarray(prompt, dtype=ID_DTYPE), np.asarray(output, dtype=ID_DTYPE)
-    mask = np.zeros(len(p) + len(o), dtype=MASK_DTYPE)
-    mask[len(p):] = 1
-    return np.concatenate([p, o]), mask
+def _mask(n: int, first: int) -> np.ndarray[Any, Any]:
+    """The loss mask of a row of `n` ids whose turn starts at `first`."""
+    mask = np.zeros(n, dtype=MASK_DTYPE)
+    mask[first:] = 1
+    return mask
 
 
 def strip_token_ids(conversations: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -94,12 +74,18 @@ def sent_message(m: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in m.items() if k in SENT_KEYS and v is not None}
 
 
+def row_tools(row: dict[str, Any]) -> str:
+    """A sample's tools as JSON text (meta.tools, written by run/chat.py for tool-use samples), "" when none."""
+    meta = row.get("meta")
+    tools = meta.get("tools") if isinstance(meta, dict) else None
+    return tools if isinstance(tools, str) else ""
+
+
 def sample_tools(sample: dict[str, Any]) -> list[Any] | None:
     """A tool-use sample's tools (meta.tools, JSON text), rendered as its requests were: the chat template's
     `tools` (apply_chat_template(tools=...), as SGLang passes them); None when it has none."""
-    meta = sample.get("meta")
-    text = meta.get("tools") if isinstance(meta, dict) else None
-    if not isinstance(text, str) or not text:
+    text = row_tools(sample)
+    if not text:
         return None
     try:
         tools = orjson.loads(text)
@@ -113,15 +99,13 @@ NO_TOKENIZER = "pass --tokenizer PATH or --server NAME"
 
 
 class TokenRowBuilder:
-    """The rows of many samples, rendered turns in batches of BATCH_TURNS (Renderer.turn_texts, then
-    encode.TextEncoder on their texts together), equal id for id to the plain path's (`slow_turn_ids`).
-    The first and every SPOT_EVERY-th rendered turn is checked against it; a difference (never seen)
-    makes every row the plain way from then on (`mismatch`, `notes`)."""
+    """The rows of many samples, rendered turns in batches, equal id for id to `slow_turn_ids`'s: the first and every
+    SPOT_EVERY-th is checked against it; a difference (never seen) makes every row the plain way (`mismatch`)."""
 
-    def __init__(self, renderer: Renderer | None, *, exact: bool = False, why: str = NO_TOKENIZER):
+    def __init__(self, renderer: Renderer | None, *, why: str = NO_TOKENIZER):
         self.renderer = renderer
         self.why = why  # why there is no renderer (export/core.py _renderer)
-        self.exact = exact  # the plain way: apply_chat_template in its batch form, the tokenizer on whole texts
+        self.exact = False  # the plain way: apply_chat_template in its batch form, the tokenizer on whole texts
         self.encoder: TextEncoder | None = None
         self.stats: Counter[str] = Counter()
         self.mismatch = ""  # the row whose spot check differed (then the builder went exact)
@@ -134,8 +118,7 @@ class TokenRowBuilder:
             return self._rows(samples)
         except _SpotMismatch as e:  # never seen: then every row the plain way
             self.stats["spot_mismatches"] += 1
-            self.mismatch = str(e)
-            self.be_exact()
+            self.mismatch, self.exact = str(e), True
             return self._rows(samples)
         finally:
             if collecting:
@@ -150,19 +133,14 @@ class TokenRowBuilder:
         elif self.encoder is not None and not self.encoder.chunked:
             out.append(f"tokens: each rendered turn was tokenized whole ({self.encoder.why_whole}): exact, slower")
         old, flag = self.stats["rendered_flag_kwargs"], self.renderer.kwargs if self.renderer is not None else {}
+        flag_json = orjson.dumps(flag, option=orjson.OPT_SORT_KEYS).decode()
         if old and (flag or self.stats["rendered_own_kwargs"]):  # a store from before them, alone: as ever
             out.append(f"tokens: {old:,} rendered samples recorded no chat_template_kwargs (written before "
-                       f"meta.{KWARGS_KEY}): rendered with --template-kwargs {_json(flag)}")
+                       f"meta.{KWARGS_KEY}): rendered with --template-kwargs {flag_json}")
         elif flag and self.stats["rendered_own_kwargs"]:
-            out.append(f"tokens: --template-kwargs {_json(flag)} was not used: every rendered sample recorded the "
+            out.append(f"tokens: --template-kwargs {flag_json} was not used: every rendered sample recorded the "
                        f"chat_template_kwargs its requests sent (meta.{KWARGS_KEY}) and is rendered with them")
         return out
-
-    def be_exact(self) -> None:
-        """Render with apply_chat_template (batch form) and tokenize whole texts from now on."""
-        self.exact = True
-        if self.encoder is not None:
-            self.encoder.whole("asked to be exact")
 
     def _rows(self, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -197,16 +175,16 @@ class TokenRowBuilder:
                                    "dataset": sample.get("dataset"), "meta": sample.get("meta")}
             turn = sent_message(m)
             if has_server_ids(m):
-                row["input_ids"], row["loss_mask"] = _row_arrays(m["prompt_token_ids"], m["token_ids"])
-                row["ids_from"] = "server"
+                p = np.asarray(m["prompt_token_ids"], dtype=ID_DTYPE)
+                ids = np.concatenate([p, np.asarray(m["token_ids"], dtype=ID_DTYPE)])
+                row.update(input_ids=ids, loss_mask=_mask(len(ids), len(p)), ids_from="server")
                 yield row, None
+            elif renderer is None:
+                raise ConfigError(f"sample {sample['id']} has no server token ids (prompt_token_ids / token_ids on "
+                                  "its assistant turns), so the tokens format renders it with the target's chat "
+                                  f"template: {self.why.rstrip('.')}.")
             else:
-                if self.renderer is None:
-                    raise ConfigError(f"sample {sample['id']} has no server token ids (prompt_token_ids / token_ids "
-                                      "on its assistant turns), so the tokens format renders it with the target's "
-                                      f"chat template: {self.why.rstrip('.')}.")
                 row["ids_from"] = "template"
-                assert renderer is not None
                 if not counted:
                     self.stats["rendered_own_kwargs" if recorded is not None else "rendered_flag_kwargs"] += 1
                     counted = True
@@ -220,8 +198,8 @@ class TokenRowBuilder:
         assert self.renderer is not None
         if self.encoder is None:
             self.encoder = TextEncoder(self.renderer.tokenizer)
-            if self.exact:
-                self.encoder.whole("asked to be exact")
+        if self.exact:  # apply_chat_template in its batch form, and whole texts
+            self.encoder.whole("asked to be exact")
         texts: list[tuple[str, str]] = [("", "")] * len(batch)
         groups: dict[int, list[int]] = {}
         for j, (_, renderer, *_rest) in enumerate(batch):
@@ -235,9 +213,7 @@ class TokenRowBuilder:
         for j, (i, renderer, history, turn, cut) in enumerate(batch):
             begin, middle, end = (int(x) for x in starts[2 * j:2 * j + 3])
             row = out[i]
-            row["input_ids"] = ids[begin:end]
-            row["loss_mask"] = mask = np.zeros(end - begin, dtype=MASK_DTYPE)
-            mask[middle - begin:] = 1
+            row["input_ids"], row["loss_mask"] = ids[begin:end], _mask(end - begin, middle - begin)
             if not self.exact and self.stats["turns_rendered"] % SPOT_EVERY == 0:
                 self._spot_check(row, renderer, history, turn, cut)
             self.stats["turns_rendered"] += 1
@@ -270,9 +246,8 @@ def cut_turns(sample: dict[str, Any]) -> set[int]:
 
 def slow_turn_ids(renderer: Renderer, history: list[dict[str, Any]],
                   turn: dict[str, Any], *, cut: bool = False) -> tuple[list[int], list[int]]:
-    """(input_ids, loss_mask) of one rendered turn the plain way: the template on this turn alone, the
-    tokenizer on its prompt and on its output (what TokenRowBuilder's rows equal); a `cut` turn (the
-    model did not end it) without the template's end of turn."""
+    """(input_ids, loss_mask) of one rendered turn the plain way: the template on this turn alone, the tokenizer
+    on its prompt and its output; a `cut` turn (the model did not end it) without the end of turn."""
     prompt, output = renderer.turn_text(history, turn)
     output = renderer.cut_end(output, turn) if cut else output
     p, o = renderer.encode(prompt), renderer.encode(output)
@@ -283,17 +258,12 @@ SPECFORGE_MAX_LENGTH = 2048  # SpecForge 0.2.0's data.max_length default (specfo
 
 
 def length_fit(rows: Iterable[dict[str, Any]], max_length: int) -> tuple[bool, str]:
-    """What SpecForge's pre-tokenized loader (data.prompts_path) keeps of these tokens rows at data.max_length
-    `max_length`: each row's ids and mask cut to max_length, a row with no trained token left dropped
-    (specforge/data/prompt_builder.py:243-246, min_loss_tokens 1). (all kept, one line saying so)."""
-    n = kept = trained = trained_kept = 0
-    for r in rows:
-        mask = np.asarray(r["loss_mask"])
-        whole, cut = int(mask.sum()), int(mask[:max_length].sum())
-        n += 1
-        kept += cut >= 1
-        trained += whole
-        trained_kept += cut
+    """(all kept, the line saying so): what SpecForge's data.prompts_path loader keeps of these rows at data.max_length:
+    each row cut to it, one with no trained token left dropped (specforge/data/prompt_builder.py:243-246)."""
+    masks = [np.asarray(r["loss_mask"]) for r in rows]
+    n, trained = len(masks), sum(int(m.sum()) for m in masks)
+    cut = [int(m[:max_length].sum()) for m in masks]
+    kept, trained_kept = sum(c >= 1 for c in cut), sum(cut)
     share = f"{100 * trained_kept / trained:.1f}%" if trained else "-"
     line = (f"SpecForge data.max_length {max_length:,}: {kept:,} of {n:,} rows kept, {trained_kept:,} of "
             f"{trained:,} trained tokens ({share})")

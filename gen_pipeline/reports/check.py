@@ -1,8 +1,6 @@
-"""`gen-pipeline check`: read the source as a run would, before any server (or model) starts, so that
-`generate` refuses to launch (unless --proceed-anyway) on what would fail the run. A local source of up to
-WHOLE_SOURCE_ROWS rows is read whole; a larger or hub source is judged from its first SAMPLE_ROWS rows
-(after the configured shuffle) and the row count `datasets` reports.
-"""
+"""`gen-pipeline check`: read the source as a run would, before any server starts, so that `generate` refuses to
+launch (unless --proceed-anyway) on what would fail the run. A larger or hub source is judged from its first
+SAMPLE_ROWS rows (after the configured shuffle) and the row count `datasets` reports."""
 
 from __future__ import annotations
 
@@ -75,8 +73,7 @@ class CheckReport:
 
 def run_check(cfg: DatasetConfig, *, output_root: Path, profile: ServerProfile | None,
               limit: int | None = None, sample_rows: int = SAMPLE_ROWS) -> CheckReport:
-    """`gen-pipeline check`: load the source and compare it with what the dataset's folder still needs
-    (all ranks as one; at most `limit`). Raises ConfigError for a missing column or an unloadable source."""
+    """Load the source and check it against what the dataset still needs; ConfigError for an unloadable source."""
     loaded = load_source(cfg)
     done, final_failed = dataset_done(output_root, cfg)
     return check_source(cfg, loaded, done=done, final_failed=final_failed, profile=profile, limit=limit,
@@ -84,8 +81,7 @@ def run_check(cfg: DatasetConfig, *, output_root: Path, profile: ServerProfile |
 
 
 def dataset_done(output_root: Path, cfg: DatasetConfig) -> tuple[int, int]:
-    """(samples done, ids failed for good) of a dataset's folder, all ranks as one, read once so that
-    done and needed agree while other runs (ranks) write."""
+    """(samples done, ids failed for good) of a dataset, all ranks as one, read once while other ranks write."""
     status = read_status(output_root, cfg.name, cfg.target_samples)
     final_failed = len(final_failure_ids(output_root / cfg.name)) if status.done or status.runs else 0
     return status.done, final_failed
@@ -94,13 +90,16 @@ def dataset_done(output_root: Path, cfg: DatasetConfig) -> tuple[int, int]:
 def check_source(cfg: DatasetConfig, loaded: LoadedSource, *, done: int, final_failed: int,
                  profile: ServerProfile | None, limit: int | None = None,
                  sample_rows: int = SAMPLE_ROWS) -> CheckReport:
-    """Parse a loaded source as a run would, measure prompts, compare with the target given `done`
-    samples and `final_failed` ids (at most `limit` needed). Raises ConfigError for a missing column;
-    `problems` lists what `generate` refuses to launch for."""
+    """Parse a loaded source as a run would, measure prompts, compare with the target (at most `limit` needed).
+    Raises ConfigError for a missing column; `problems` lists what `generate` refuses to launch for."""
     where = display_path(cfg.path) if cfg.path else cfg.name
     total = len(loaded.rows) if hasattr(loaded.rows, "__len__") else None
     columns = _columns(loaded.rows)
-    _check_columns(cfg, where, columns)
+    for key, name, what in (("field", cfg.source.field, "the conversations or prompts"),
+                            ("id_field", cfg.source.id_field, "ids")):
+        if columns and name and name not in columns:  # no columns: an empty source, which _problems says
+            raise ConfigError(f"{where}: source.{key} = {name!r}: the source has no such column. Its columns: "
+                              f"{', '.join(columns)}. Set source.{key} to the column holding {what}.")
     whole = bool(cfg.source.files) and total is not None and total <= WHOLE_SOURCE_ROWS
     stats = SourceStats()
     rejects: list[Reject] = []
@@ -108,41 +107,24 @@ def check_source(cfg: DatasetConfig, loaded: LoadedSource, *, done: int, final_f
     rows = loaded.rows if whole else islice(loaded.rows, sample_rows)
     prompts = list(iter_prompts(cfg, frozenset(), stats, rejects, rows=rows))
     max_new = max(s.max_new_tokens for _, s in cfg.variants)  # a sampling mix: its largest must fit too
+    src, subset = cfg.source, f" ({cfg.source.hf_subset})" if cfg.source.hf_subset else ""
+    described = f"local files {', '.join(src.files)}" if src.files else f"hub {src.hf_id}{subset}, split {src.split}"
     report = CheckReport(
-        cfg.name, where, _describe(cfg), columns, total, whole, stats, rejects, prompts[:SHOWN_PROMPTS],
+        cfg.name, where, described, columns, total, whole, stats, rejects, prompts[:SHOWN_PROMPTS],
         measure(prompts[:sample_rows], profile), max_new, context_length(profile),
         done, cfg.target_samples, final_failed)
     if cfg.mix is not None:
         report.mix = [f"sampling mix ({len(cfg.mix.variants)} variants, mix_seed {cfg.mix.seed}; a sample's "
                       "variant is drawn from the seed and its source row):", *declared_lines(cfg.mix)]
-    needed = report.remaining if limit is None else min(report.remaining, limit)
-    report.problems = _problems(report, cfg, where, needed)
+    report.problems = _problems(report, cfg, where, report.remaining if limit is None else min(report.remaining, limit))
     return report
 
 
 def _columns(rows: Any) -> list[str]:
-    names = getattr(rows, "column_names", None)
-    if names:
+    if names := getattr(rows, "column_names", None):
         return list(names)
     first = next(iter(rows), None)  # a streaming source may not know its columns before a row is read
     return sorted(first) if isinstance(first, dict) else []
-
-
-def _check_columns(cfg: DatasetConfig, where: str, columns: list[str]) -> None:
-    src = cfg.source
-    if not columns:
-        return  # an empty source: _problems says so
-    for key, name, what in (("field", src.field, "the conversations or prompts"), ("id_field", src.id_field, "ids")):
-        if name and name not in columns:
-            raise ConfigError(f"{where}: source.{key} = {name!r}: the source has no such column. Its columns: "
-                              f"{', '.join(columns)}. Set source.{key} to the column holding {what}.")
-
-
-def _describe(cfg: DatasetConfig) -> str:
-    src = cfg.source
-    if src.files:
-        return f"local files {', '.join(src.files)}"
-    return f"hub {src.hf_id}{f' ({src.hf_subset})' if src.hf_subset else ''}, split {src.split}"
 
 
 def _problems(r: CheckReport, cfg: DatasetConfig, where: str, needed: int) -> list[GenPipelineError]:
@@ -150,14 +132,12 @@ def _problems(r: CheckReport, cfg: DatasetConfig, where: str, needed: int) -> li
     read = r.stats.rows
     scope = "rows" if r.whole else "sampled rows"
     if read and r.rejected * 2 > read:
-        src = cfg.source
-        first = r.rejects[0]
+        src, first = cfg.source, r.rejects[0]
         out.append(ConfigError(
             f"{where}: {r.rejected:,} of {read:,} {scope} are rejected ({_reasons(r.stats)}); the first, row "
             f"{first.source_index}: {first.detail}. Check source.schema = {src.schema!r} and source.field = "
             f"{src.field!r} (gen-pipeline check --dataset {cfg.name} shows the parsed rows)."))
-    overflow = _overflow_problem(r, cfg, where)
-    if overflow is not None:
+    if (overflow := _overflow_problem(r, cfg, where)) is not None:
         out.append(overflow)
     available = r.available()
     if needed > 0 and available is not None and available < needed:
@@ -181,8 +161,7 @@ def _overflow_problem(r: CheckReport, cfg: DatasetConfig, where: str) -> ConfigE
     over = r.lengths.overflowing(r.max_new_tokens, ctx)
     if over * 2 <= n:
         return None
-    approx = "" if r.lengths.unit == "tokens" else "~"
-    median = r.lengths.median_tokens()
+    approx, median = "" if r.lengths.unit == "tokens" else "~", r.lengths.median_tokens()
     room = ctx - median
     fix = (f"lower sampling.max_new_tokens (at most {room:,} lets the median prompt fit), raise context_length"
            if room > 0 else "raise context_length")
@@ -209,11 +188,10 @@ def format_report(r: CheckReport) -> str:
     lines = [f"check {r.dataset} ({r.toml}): {r.source}", f"  {scope}",
              f"  columns: {', '.join(r.columns) or 'none'}",
              f"  valid: {r.valid:,}; rejected: {r.rejected:,}" + (f" ({_reasons(r.stats)})" if r.rejected else "")]
-    shown: set[str] = set()
+    firsts: dict[str, Reject] = {}
     for rej in r.rejects:
-        if rej.reason not in shown:
-            shown.add(rej.reason)
-            lines.append(f"    {rej.reason}, e.g. row {rej.source_index}: {rej.detail}")
+        firsts.setdefault(rej.reason, rej)
+    lines += [f"    {rej.reason}, e.g. row {rej.source_index}: {rej.detail}" for rej in firsts.values()]
     lines.append(f"  parsed prompts ({len(r.prompts)} shown, cut at {PREVIEW_CHARS} characters):")
     lines += [f"    {p.id}: {_preview(p)}" for p in r.prompts]
     lines += r.lengths.format(r.max_new_tokens, r.context)

@@ -1,7 +1,5 @@
-"""What a dataset's runs were, for the report page: dates, model, server, KV capacity, sampling.
-Read from the dataset folder only (manifest or fingerprint.json, telemetry rows, run.log); nothing here
-raises for a damaged folder: what cannot be read is left out.
-"""
+"""What a dataset's runs were, for the report page, read from its folder only; nothing here raises for a
+damaged folder: what cannot be read is left out."""
 
 from __future__ import annotations
 
@@ -25,21 +23,14 @@ def run_context(folder: Path, rows: list[dict[str, Any]]) -> list[tuple[str, str
     manifest = read_manifest(folder)[0] or {}
     fp = manifest.get("fingerprint")
     fp = fp if isinstance(fp, dict) else (read_fingerprint(folder) or {})
-    out = [("Runs", _runs(manifest))]
-    if fp.get("model"):
-        out.append(("Model", str(fp["model"])))
-    server = _server(folder)
-    if server:
-        out.append(("Server", server))
-    kv = _kv(rows)
-    if kv:
-        out.append(("KV capacity", kv))
-    if isinstance(fp.get("sampling"), dict):
-        out.append(("Sampling", _sampling(fp)))
-    source = fp.get("source")
-    if isinstance(source, dict):
-        out.append(("Source", _source(source)))
-    return out
+    sampling, source = fp.get("sampling"), fp.get("source")
+    extra = [f"{k} {fp[k]}" for k in ("reasoning", "truncated") if fp.get(k)]
+    sampled = "; ".join([", ".join(f"{k} {v}" for k, v in sampling.items()), *extra]) if isinstance(sampling, dict) \
+        else ""
+    out = [("Runs", _runs(manifest)), ("Model", str(fp.get("model") or "")), ("Server", _server(folder)),
+           ("KV capacity", _kv(rows)), ("Sampling", sampled),
+           ("Source", _source(source) if isinstance(source, dict) else "")]
+    return [(label, value) for label, value in out if value]
 
 
 def _when(iso: Any) -> str:
@@ -56,8 +47,7 @@ def _runs(manifest: Manifest) -> str:
     first, last = runs[0], runs[-1]
     end = last.get("ended_at") or last.get("updated_at")
     ended = f"last ended {_when(end)}" if last.get("ended_at") else f"last updated {_when(end)}"
-    how = last.get("stopped_by")
-    stopped = f", {STOPPED.get(str(how), f'stopped by {how}')}" if how else ""
+    stopped = f", {STOPPED.get(str(how), f'stopped by {how}')}" if (how := last.get("stopped_by")) else ""
     return f"{len(runs)}, first started {_when(first.get('started_at'))}, {ended}{stopped}"
 
 
@@ -65,11 +55,6 @@ def _runs(manifest: Manifest) -> str:
 STOPPED = {"target": "target reached", "limit": "stopped at --limit", "source_exhausted": "the source ran out",
            "nothing_to_do": "nothing to do (the target was already reached)", "SIGINT": "interrupted (SIGINT)",
            "SIGTERM": "stopped (SIGTERM)"}
-
-
-def run_count(folder: Path) -> int:
-    """How many runs the manifest of `folder` records (every run, also one that had nothing to do)."""
-    return len((read_manifest(folder)[0] or {}).get("runs", []))
 
 
 def _server(folder: Path) -> str:
@@ -80,8 +65,7 @@ def _server(folder: Path) -> str:
         return ""
     where = summary = ""
     for line in text.splitlines():
-        m = _LOG_LINE.match(line)
-        msg = m.group(1) if m else ""
+        msg = m.group(1) if (m := _LOG_LINE.match(line)) else ""
         if s := _STARTING.match(msg):
             where, summary = f"profile {s['profile']} (launched, {s['url']})", ""
         elif r := _READY.match(msg):
@@ -95,20 +79,10 @@ def _kv(rows: list[dict[str, Any]]) -> str:
     last = next((r for r in reversed(rows) if r.get("kv_capacity_tokens")), None)
     if last is None:
         return ""
-    parts = [f"{last['kv_capacity_tokens']:,} tokens"]
-    if last.get("kv_dtype"):
-        parts.append(f"KV dtype {last['kv_dtype']}")
-    if last.get("mem_fraction_static") is not None:
-        parts.append(f"mem_fraction_static {last['mem_fraction_static']}")
-    if last.get("max_running_requests"):
-        parts.append(f"max running requests {last['max_running_requests']:,}")
-    return ", ".join(parts)
-
-
-def _sampling(fp: dict[str, Any]) -> str:
-    s = ", ".join(f"{k} {v}" for k, v in fp["sampling"].items())
-    extra = [f"{k} {fp[k]}" for k in ("reasoning", "truncated") if fp.get(k)]
-    return "; ".join([s, *extra])
+    parts = [f"{last['kv_capacity_tokens']:,} tokens", f"KV dtype {last['kv_dtype']}" if last.get("kv_dtype") else "",
+             "" if last.get("mem_fraction_static") is None else f"mem_fraction_static {last['mem_fraction_static']}",
+             f"max running requests {last['max_running_requests']:,}" if last.get("max_running_requests") else ""]
+    return ", ".join(p for p in parts if p)
 
 
 def _source(source: dict[str, Any]) -> str:

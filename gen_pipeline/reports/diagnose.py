@@ -1,13 +1,8 @@
-"""`diagnose`: what bounds a run, from its telemetry rows (pure: rows in, verdicts out; only
-`diagnose_dataset` reads files: the telemetry and the model's config.json).
-
-Each verdict is a named rule over the run's steady polls (warm-up and idle tail cut off), its
-thresholds in THRESHOLDS; docs/status.md describes each to users. Whether more slots pay is read as the
-elasticity: the least-squares slope of ln(gen tok/s) on ln(running) after the warm-up (SGLang's
-gen_throughput gauge reads low through the first wave's prefills), with one-sided Student's t bounds; a
-full pool alone says nothing: short outputs fill it and are bound by the step time. Thresholds calibrated
-on GPU traces: docs/measurements.md.
-"""
+"""`diagnose`: what bounds a run, from its telemetry rows (pure; only `diagnose_dataset` reads files). Each
+verdict is a named rule over the steady polls, thresholds in THRESHOLDS (docs/status.md tells users, calibration:
+docs/measurements.md). Whether more slots pay is the elasticity: the least-squares slope of ln(gen tok/s) on
+ln(running) after the warm-up, with one-sided Student's t bounds; a full pool alone says nothing (short outputs
+fill it and are bound by the step time)."""
 
 from __future__ import annotations
 
@@ -25,33 +20,24 @@ from gen_pipeline.store.telemetry import read_telemetry, runs_of
 THRESHOLDS: dict[str, float] = {
     "warmup_frac": 0.2,  # first share of a run's polls: the first wave, not the steady state
     "min_polls": 5,  # fewer steady polls than this: no verdict
-    # no elasticity read and the 90th percentile of KV usage at or above: kv_or_step, never kv_bound
-    # (short outputs fill the pool and are bound by the step time)
-    "kv_full": 0.90,
+    "kv_full": 0.90,  # no elasticity read, p90 KV usage at or above: kv_or_step (short outputs fill the pool too)
     "kv_free": 0.70,  # median KV usage below: the pool has room (and no elasticity says KV binds)
-    # the elasticity at or above which more decode slots pay: between what KV-bound long outputs and
-    # step-bound short ones read (docs/measurements.md)
+    # more slots pay at this elasticity: between KV-bound long outputs and step-bound short ones (docs/measurements.md)
     "elastic_min": 0.25,
-    # one-sided confidence of the slope's bounds: kv_bound when the lower bound is at or above
-    # elastic_min, step_bound when the upper bound is below it, else kv_or_step
-    "elastic_confidence": 0.95,
+    "elastic_confidence": 0.95,  # kv_bound: the lower bound at or above elastic_min; step_bound: the upper below
     "elastic_spread": 1.25,  # running must span this ratio (max / min over the polls used) to read it
     "elastic_floor": 0.25,  # polls with running below this share of the steady median are left out
     "queued_share": 0.5,  # share of steady polls with requests queued at the server
     "slots_low": 0.5, "slots_high": 2.5,  # running / (KV tokens / tokens per request): "≈"
     "at_cap": 0.95,  # running / max_running_requests at or above: at the cap
     "client_fill": 0.8,  # mean in_flight / window below: the window is not kept full
-    # the generate process's CPU (cores, median of steady polls) at or above: the client is busy (one event
-    # loop is one core)
-    "client_cpu": 0.85,
+    "client_cpu": 0.85,  # the generate process's cores (steady median) at or above: busy (one event loop: one core)
     "storm_per_completion": 0.25,  # retractions per completed sample at or above: a storm
     "storm_min": 10,  # ... and at least this many retractions
     "tail_level": 0.5,  # in flight below this share of the steady median: the tail
     "tail_frac": 0.15,  # the tail's share of the run's time at or above: an idle tail
-    # graph_ceiling: this share of the polls ran above cuda_graph_max_bs, with the decode rate per running
-    # request there at least graph_drop below the polls under it
-    "graph_over_share": 0.25,
-    "graph_drop": 0.15,
+    # graph_ceiling: this share of the polls above cuda_graph_max_bs, their rate per request graph_drop lower
+    "graph_over_share": 0.25, "graph_drop": 0.15,
 }
 FP8 = "fp8_e4m3"
 
@@ -86,8 +72,7 @@ def _vals(rows: list[dict[str, Any]], key: str) -> list[float]:
 
 
 def _last(rows: list[dict[str, Any]], key: str) -> Any:
-    vals = [r[key] for r in rows if r.get(key) is not None]
-    return vals[-1] if vals else None
+    return next((r[key] for r in reversed(rows) if r.get(key) is not None), None)
 
 
 @dataclass(frozen=True)
@@ -110,15 +95,11 @@ class RunView:
 
 def view(rows: list[dict[str, Any]], th: dict[str, float] = THRESHOLDS) -> RunView:
     """Cut the warm-up and the tail (from the last poll where in flight was at its steady level)."""
-    body = rows[int(len(rows) * th["warmup_frac"]):]
-    level = _med(_vals(body, "in_flight")) or 0
-    end = len(rows)
-    for i in range(len(rows) - 1, -1, -1):
-        if (rows[i].get("in_flight") or 0) >= th["tail_level"] * level:
-            end = i + 1
-            break
-    start = min(int(len(rows) * th["warmup_frac"]), end)
-    return RunView(rows, rows[start:end], rows[end:])
+    warm = int(len(rows) * th["warmup_frac"])
+    level = _med(_vals(rows[warm:], "in_flight")) or 0
+    busy = [i + 1 for i, r in enumerate(rows) if (r.get("in_flight") or 0) >= th["tail_level"] * level]
+    end = busy[-1] if busy else len(rows)
+    return RunView(rows, rows[min(warm, end):end], rows[end:])
 
 
 def diagnose(all_rows: list[dict[str, Any]], hw: Hardware = Hardware(),
@@ -143,25 +124,19 @@ def diagnose(all_rows: list[dict[str, Any]], hw: Hardware = Hardware(),
 
 
 def _restarts(runs: list[list[dict[str, Any]]]) -> Verdict | None:
-    per_run = [(r[0].get("run"), max(_vals(r, "restarts") or [0])) for r in runs]
-    hit = [(run, n) for run, n in per_run if n]
+    hit = [(r[0].get("run"), n) for r in runs if (n := max(_vals(r, "restarts") or [0]))]
     if not hit:
         return None
-    total = sum(n for _, n in hit)
     where = ", ".join(f"run {run}: {n:.0f}" for run, n in hit)
-    return Verdict("server_restarts", f"the server restarted {total:.0f} time(s) ({where})",
+    return Verdict("server_restarts", f"the server restarted {sum(n for _, n in hit):.0f} time(s) ({where})",
                    advice=("read server.log in the dataset folder (gen_pipeline's server diagnosis names known "
                            "fatal lines: OOM, NCCL, CUDA); work in flight at a restart is sent again",))
 
 
-def _p90(xs: list[float]) -> float | None:
-    return statistics.quantiles(xs, n=10, method="inclusive")[8] if len(xs) > 1 else (xs[0] if xs else None)
-
-
 def _levels(v: RunView) -> dict[str, Any]:
-    s = v.steady
-    return {"usage": _med(_vals(s, "kv_usage")), "usage_p90": _p90(_vals(s, "kv_usage")),
-            "running": _med(_vals(s, "running")),
+    s, usage = v.steady, _vals(v.steady, "kv_usage")
+    p90 = statistics.quantiles(usage, n=10, method="inclusive")[8] if len(usage) > 1 else _med(usage)
+    return {"usage": _med(usage), "usage_p90": p90, "running": _med(_vals(s, "running")),
             "queued": _med(_vals(s, "queued")), "tok_s": _med(_vals(s, "gen_tok_s") or _vals(s, "client_tok_s")),
             "queued_share": sum(1 for r in s if (r.get("queued") or 0) > 0) / len(s),
             "capacity": _last(s, "kv_capacity_tokens"), "max_running": _last(s, "max_running_requests"),
@@ -194,18 +169,12 @@ def t_quantile(p: float, df: int) -> float:
     return z + sum(g / float(df) ** (k + 1) for k, g in enumerate(terms))
 
 
-def _elastic_points(rows: list[dict[str, Any]], th: dict[str, float]) -> list[tuple[float, float]]:
-    """(ln running, ln gen tok/s) of the polls with a decode rate and running at or above elastic_floor of
-    their median."""
-    level = _med(_vals(rows, "running")) or 0
-    return [(math.log(r["running"]), math.log(r["gen_tok_s"])) for r in rows
-            if (r.get("running") or 0) >= max(1.0, th["elastic_floor"] * level) and (r.get("gen_tok_s") or 0) > 0]
-
-
 def _read_elasticity(rows: list[dict[str, Any]], th: dict[str, float]) -> Elasticity | str:
-    """The slope of ln(gen tok/s) on ln(running) over `rows` with its confidence bounds, or why it cannot be
-    read: fewer than min_polls polls with both, or running spanning less than elastic_spread."""
-    pts = _elastic_points(rows, th)
+    """The slope of ln(gen tok/s) on ln(running) with its confidence bounds, or why it cannot be read; over the
+    polls with a decode rate and running at or above elastic_floor."""
+    floor = max(1.0, th["elastic_floor"] * (_med(_vals(rows, "running")) or 0))
+    pts = [(math.log(r["running"]), math.log(r["gen_tok_s"])) for r in rows
+           if (r.get("running") or 0) >= floor and (r.get("gen_tok_s") or 0) > 0]
     if len(pts) < max(th["min_polls"], 3):
         return (f"only {len(pts)} polls after the warm-up report a decode rate with running near its level: too few "
                 "to read how the decode rate grows with running")
@@ -224,10 +193,8 @@ def _read_elasticity(rows: list[dict[str, Any]], th: dict[str, float]) -> Elasti
 
 
 def elasticity(rows: list[dict[str, Any]], th: dict[str, float] = THRESHOLDS) -> Elasticity | None:
-    """The elasticity over `rows` (the polls after the warm-up) with its confidence bounds; None when it
-    cannot be read (too few polls, running too steady, no decode rate)."""
-    e = _read_elasticity(rows, th)
-    return e if isinstance(e, Elasticity) else None
+    """The elasticity over `rows` (the polls after the warm-up); None when it cannot be read."""
+    return e if isinstance(e := _read_elasticity(rows, th), Elasticity) else None
 
 
 def _graph_ceiling(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:
@@ -268,35 +235,25 @@ def _graph_ceiling(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | 
          "(SGLang captures decode graphs up to that batch: more GPU memory for them, a longer start-up)"))
 
 
-def _slots_held(v: RunView, th: dict[str, float]) -> dict[str, Any] | None:
-    """The shape kv_bound, step_bound and kv_or_step need: requests queued at the server in most steady
-    polls, running below max_running_requests and ≈ the pool's slots (KV tokens / tokens per request)."""
+SLOT_RULES = ("kv_bound", "step_bound", "kv_or_step")
+
+
+def _slots_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:
+    """Where the slots are held (requests queued in most steady polls, running below max_running_requests and
+    ≈ KV tokens / tokens per request): kv_bound, step_bound or kv_or_step by the elasticity's bounds."""
     x = _levels(v)
-    running, cap, per_req = x["running"], x["capacity"], x["per_request"]
+    running, cap, per_req, usage, usage_p90 = x["running"], x["capacity"], x["per_request"], x["usage"], x["usage_p90"]
     if running is None or not cap or not per_req or x["queued_share"] < th["queued_share"]:
         return None
     slots = cap / per_req
     if (x["max_running"] and running >= th["at_cap"] * x["max_running"]) \
             or not th["slots_low"] <= running / slots <= th["slots_high"]:
         return None
-    return {**x, "slots": slots, "elasticity": _read_elasticity(v.after_warmup, th)}
-
-
-SLOT_RULES = ("kv_bound", "step_bound", "kv_or_step")
-
-
-def _slots_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:
-    """kv_bound, step_bound or kv_or_step where the slots are held: more slots pay, do not, or this run
-    cannot tell (the elasticity's bounds against elastic_min)."""
-    x = _slots_held(v, th)
-    if x is None:
-        return None
-    read: Elasticity | str = x["elasticity"]  # or why it cannot be read
+    read = _read_elasticity(v.after_warmup, th)  # or why it cannot be read
     e = read if isinstance(read, Elasticity) else None
-    running, cap, per_req, usage, usage_p90 = x["running"], x["capacity"], x["per_request"], x["usage"], x["usage_p90"]
     if e is None and (usage_p90 is None or usage_p90 < th["kv_full"]):
         return None  # running never moved and the pool does not fill: nothing says KV holds the slots
-    held = (f"{running:.0f} running ≈ {cap:,} KV tokens / {per_req:,.0f} tokens per request = {x['slots']:.0f} "
+    held = (f"{running:.0f} running ≈ {cap:,} KV tokens / {per_req:,.0f} tokens per request = {slots:.0f} "
             f"slots, {x['queued']:,.0f} queued at the server (requests waiting in {x['queued_share']:.0%} of "
             f"{len(v.steady)} steady polls)")
     used = (f"KV {usage:.0%} in use (median; 90th percentile {usage_p90:.0%}), the rest held by SGLang's admission "
@@ -314,8 +271,7 @@ def _slots_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | No
                        ("more KV (fp8, mem fraction) or a larger window adds little here; more servers add "
                         "throughput",))
     why = (f"{e.text(th)}: running moved too little against the decode rate's noise to say whether it grows at "
-           f"least {th['elastic_min']:.2f}x as fast" if e is not None
-           else str(read))
+           f"least {th['elastic_min']:.2f}x as fast" if e is not None else str(read))
     drop = 1 - 0.5 ** th["elastic_min"]
     return Verdict("kv_or_step", "KV holds the decode slots; whether more slots would pay cannot be read from this run",
                    (f"{held}; {used}", why + tok_s),
@@ -327,10 +283,8 @@ def _slots_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | No
 def kv_levers(capacity: int, kv_dtype: str, per_request: float, running: float, queued: float,
               hw: Hardware = Hardware()) -> list[str]:
     """The three levers priced with plan's arithmetic: KV dtype, memory fraction, hicache."""
-    out = []
-    want = running + queued
-    cur = KV_BYTES.get(kv_dtype, 2)
-    if cur > KV_BYTES[FP8]:
+    out, want = [], running + queued
+    if (cur := KV_BYTES.get(kv_dtype, 2)) > KV_BYTES[FP8]:
         factor = cur // KV_BYTES[FP8]
         tokens = capacity * factor
         # the pool holds `running` requests of every age now: factor x the pool holds factor x as many
@@ -417,9 +371,8 @@ def _idle_tail(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None
     tail_s = v.rows[-1]["t_run_s"] - v.tail[0]["t_run_s"]
     if tail_s < th["tail_frac"] * v.duration_s:
         return None
-    level = _med(_vals(v.steady, "in_flight")) or 0
     return Verdict("idle_tail", f"the last {tail_s:.0f} s ({tail_s / v.duration_s:.0%} of the run) ran below "
-                   f"{th['tail_level']:.0%} of the steady {level:.0f} in flight",
+                   f"{th['tail_level']:.0%} of the steady {_med(_vals(v.steady, 'in_flight')) or 0:.0f} in flight",
                    ("the last, longest requests finish alone while the server idles",),
                    ("run the datasets as one job so the next dataset fills the tail, or cap max_new_tokens",))
 
@@ -428,8 +381,7 @@ def format_diagnosis(dataset: str, rows: list[dict[str, Any]], verdicts: list[Ve
     """A few lines for a terminal: which run, then each verdict with its numbers and levers."""
     if not rows:
         return f"{dataset}: no telemetry yet (telemetry.jsonl is written by generate; run it first)."
-    last = rows[-1]
-    runs = len({r.get("run") for r in rows})
+    last, runs = rows[-1], len({r.get("run") for r in rows})
     head = f"{dataset}: run {last.get('run')} ({len(rows)} polls over {runs} run(s); mode {last.get('mode')})"
     if not verdicts:
         verdicts = [Verdict("balanced", "no bottleneck rule fired: neither KV, admission, client nor retractions "

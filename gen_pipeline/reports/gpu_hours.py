@@ -1,10 +1,6 @@
 """Measured GPU-hours and the projected end of a job, from the manifests' run records (pure functions).
-
-A dataset's GPU-hours are its runs' GPUs x their generating time (from `generating_at`: the job's
-datasets share one server one after another, so a later one's run waits while an earlier one
-generates). The job's are GPUs x the union of its runs' whole times (the model load holds the GPUs),
-so a hand-over's overlap counts once. `plan`'s estimate before any run is reports/job_time.py.
-"""
+A dataset's GPU-hours count from `generating_at` (the job's datasets share one server in turn); the job's are the
+union of its runs' whole times (the model load holds the GPUs), so a hand-over's overlap counts once."""
 
 from __future__ import annotations
 
@@ -28,9 +24,8 @@ def timestamp(iso: Any) -> float | None:
 
 
 def run_interval(run: Mapping[str, Any], *, generating: bool) -> Interval | None:
-    """A run record's (start, end, GPUs); `generating`: from its dataset's first request (else from
-    the run's start). None when the record has no usable times, or the run had nothing to do (it held
-    no server of its own: not a run in GPU-hours, however often it is repeated)."""
+    """A run record's (start, end, GPUs), from its dataset's first request when `generating`; None without usable
+    times or for a run with nothing to do (it held no server of its own)."""
     if run.get("stopped_by") == "nothing_to_do":
         return None
     start = timestamp(run.get("generating_at")) if generating else None
@@ -104,19 +99,11 @@ def dataset_usage(runs: Sequence[Mapping[str, Any]]) -> GpuUsage:
 
 def add(parts: Sequence[GpuUsage]) -> GpuUsage:
     """Parts that held different GPUs at once (a ranked dataset's ranks): their sum."""
-    u = GpuUsage()
-    for p in parts:
-        u.gpu_hours += p.gpu_hours
-        u.wall_s = max(u.wall_s, p.wall_s)
-        u.samples += p.samples
-        u.all_samples += p.all_samples
-        u.unknown_runs += p.unknown_runs
-        u.unknown_s = max(u.unknown_s, p.unknown_s)
-        u.how = p.how or u.how
-        u.gpus = (u.gpus or 0) + p.gpus if p.gpus is not None else u.gpus
-    if len({p.how for p in parts if p.how}) > 1:
-        u.how = "mixed"
-    return u
+    hows, gpus = [p.how for p in parts if p.how], [p.gpus for p in parts if p.gpus is not None]
+    return GpuUsage(sum((p.gpu_hours for p in parts), 0.0), max([0.0, *(p.wall_s for p in parts)]),
+                    sum(p.samples for p in parts), sum(p.all_samples for p in parts),
+                    sum(p.unknown_runs for p in parts), max([0.0, *(p.unknown_s for p in parts)]),
+                    "mixed" if len(set(hows)) > 1 else (hows[-1] if hows else ""), sum(gpus) if gpus else None)
 
 
 def job_usage(lanes: Mapping[Any, Sequence[Mapping[str, Any]]]) -> GpuUsage:
@@ -195,16 +182,10 @@ def project(datasets: Sequence[tuple[int, float | None, float | None]], job_rate
     dataset's slowest rank), else at `job_rate`. `blocked`: those that cannot finish (no projection)."""
     if blocked:
         return Projection(None, None, live, tuple(blocked))
-    left = 0.0
-    for remaining, rate, eta_s in datasets:
-        if remaining <= 0:
-            continue
-        if eta_s is not None:
-            left += eta_s
-        elif rate or job_rate:
-            left += remaining / float(rate or job_rate or 1)
-        else:
-            return Projection(None, None, live)
+    todo = [(remaining, rate, eta_s) for remaining, rate, eta_s in datasets if remaining > 0]
+    if any(eta_s is None and not (rate or job_rate) for _, rate, eta_s in todo):
+        return Projection(None, None, live)
+    left = sum(remaining / float(rate or job_rate or 1) if eta_s is None else eta_s for remaining, rate, eta_s in todo)
     at = (now or datetime.now(UTC)) + timedelta(seconds=left) if live and left else None
     return Projection(left, at, live)
 

@@ -1,10 +1,6 @@
-"""How long the job takes, for `plan`: tokens to decode / the rate a KV-bound server decodes them.
-
-A request holds its prompt and on average half its output over its life, so b = KV tokens / (prompt +
-output/2) run at once, and one decode step of b takes base + per_request·b + per_kv_token·kv_in_use
-(attention reads every KV token). The coefficients are the reference node's (the simulator's "seed"
-profile: docs/measurements.md); another model or GPU: pass a measured aggregate rate (`decode_tok_s`).
-"""
+"""How long the job takes, for `plan`: tokens to decode / the rate a KV-bound server decodes them. A decode step
+of b running takes base + per_request·b + per_kv_token·kv_in_use (attention reads every KV token), with the
+reference node's coefficients (docs/measurements.md); another model or GPU: a measured rate (`decode_tok_s`)."""
 
 from __future__ import annotations
 
@@ -139,9 +135,8 @@ def format_job_time(j: JobTime, config_dir: Path) -> str:
         lines.append(f"{d.name:<8} {d.to_do:>8,} {lengths:>18} {d.lengths.source:<24} {d.running:>8,.0f} "
                      f"{d.tok_s:>7,.0f} {d.output_tokens / 1e6:>13,.1f}M {format_duration(d.seconds):>8}")
     known = j.known
-    output = sum(d.output_tokens for d in known)
     lines.append(f"{'total':<8} {sum(d.to_do for d in known):>8,} {'':>18} {'':<24} {'':>8} {'':>7} "
-                 f"{output / 1e6:>13,.1f}M {format_duration(j.total_s):>8}"
+                 f"{sum(d.output_tokens for d in known) / 1e6:>13,.1f}M {format_duration(j.total_s):>8}"
                  + (f"  (with {format_duration(j.startup_s)} of start-up)" if j.total_s else ""))
     if len(known) < len(j.datasets):
         lines.append("  the datasets marked ? are not in the total: no samples to measure and no assumed lengths")
@@ -153,23 +148,16 @@ def format_job_time(j: JobTime, config_dir: Path) -> str:
         "  the rate was fitted on B2-like long requests (100-150 running): short-output datasets at hundreds running "
         "are an extrapolation, and SGLang's max_running_requests or CUDA-graph batch sizes may cap them lower.",
     ]
-    return "\n".join(lines + _graph_warning(j))
-
-
-def _graph_warning(j: JobTime) -> list[str]:
-    """A warning when a dataset's predicted running exceeds the node's CUDA-graph ceiling."""
-    over = [d for d in j.known if j.cuda_graph_max_bs and d.running > j.cuda_graph_max_bs]
-    if not over:
-        return []
-    c = j.cuda_graph_max_bs
-    names = ", ".join(d.name for d in over)
-    runs = " / ".join(f"{d.running:,.0f}" for d in over)
-    return [f"WARNING: {names} would run {runs} requests at once, above SGLang's CUDA-graph ceiling of {c} on this "
-            f"node ({j.cuda_graph_note}): a decode batch above it runs without a CUDA graph, ~2x the step time. The "
-            f"adaptive controller holds the batch at {c} (it reads cuda_graph_max_bs from the server), so these "
-            f"datasets run at most {c} at once and their times above are optimistic; to use the KV for more, raise "
-            f'it in the server profile: extra_args = ["--cuda-graph-max-bs", "{2 * c}"] (more GPU memory for graphs, '
-            "a longer start-up)."]
+    c = j.cuda_graph_max_bs  # a warning when a dataset's predicted running exceeds the node's CUDA-graph ceiling
+    if over := [d for d in known if c and d.running > c]:
+        lines.append(
+            f"WARNING: {', '.join(d.name for d in over)} would run {' / '.join(f'{d.running:,.0f}' for d in over)} "
+            f"requests at once, above SGLang's CUDA-graph ceiling of {c} on this node ({j.cuda_graph_note}): a "
+            f"decode batch above it runs without a CUDA graph, ~2x the step time. The adaptive controller holds the "
+            f"batch at {c} (it reads cuda_graph_max_bs from the server), so these datasets run at most {c} at once "
+            "and their times above are optimistic; to use the KV for more, raise it in the server profile: "
+            f'extra_args = ["--cuda-graph-max-bs", "{2 * c}"] (more GPU memory for graphs, a longer start-up).')
+    return "\n".join(lines)
 
 
 def plan_job_time(p: Plan, config_dir: Path, output_dir: Path, *, decode_tok_s: float | None = None,

@@ -1,6 +1,5 @@
-"""Prompt lengths for `check`: tokens with the served model's tokenizer when `transformers` can load
-it offline, else characters (and a ~4 characters/token estimate); the server's context length
-when the profile or a local model folder says it."""
+"""Prompt lengths for `check`: tokens with the served model's tokenizer when `transformers` loads it offline, else
+characters; the context length when the profile or a local model folder says it."""
 
 from __future__ import annotations
 
@@ -45,23 +44,17 @@ class Lengths:
         lines = [f"  prompt length in {self.unit} ({self.how}), over {len(v):,} prompts: min {v[0]:,}, "
                  f"median {pick[50]:,}, p90 {pick[90]:,}, p99 {pick[99]:,}, max {v[-1]:,}"]
         ctx, where = context
-        approx = "" if self.unit == "tokens" else "~"
-        longest = self.tokens(v[-1])
+        approx, longest = "" if self.unit == "tokens" else "~", self.tokens(v[-1])
         if approx:
             lines.append(f"  tokens below are estimates at {CHARS_PER_TOKEN} characters per token")
+        need = (f"longest prompt {approx}{longest:,} tokens + max_new_tokens {max_new_tokens:,} = "
+                f"{approx}{longest + max_new_tokens:,}")
         if ctx is None:
-            lines.append(f"  context length: unknown ({where}); longest prompt {approx}{longest:,} tokens + "
-                         f"max_new_tokens {max_new_tokens:,} = {approx}{longest + max_new_tokens:,}")
-            return lines
+            return [*lines, f"  context length: unknown ({where}); {need}"]
         over = self.overflowing(max_new_tokens, ctx)
-        head = (f"  context length {ctx:,} tokens ({where}): longest prompt {approx}{longest:,} tokens + "
-                f"max_new_tokens {max_new_tokens:,} = {approx}{longest + max_new_tokens:,}")
-        if not over:
-            lines.append(head + ": fits")
-        else:
-            lines.append(head + f": {over:,} of {len(v):,} prompts do not fit; SGLang refuses those requests "
-                                "(HTTP 400, recorded as final failures). Lower max_new_tokens or raise context_length.")
-        return lines
+        return [*lines, f"  context length {ctx:,} tokens ({where}): {need}" + (
+            f": {over:,} of {len(v):,} prompts do not fit; SGLang refuses those requests (HTTP 400, recorded as final "
+            "failures). Lower max_new_tokens or raise context_length." if over else ": fits")]
 
 
 def measure(prompts: list[Prompt], profile: ServerProfile | None) -> Lengths:

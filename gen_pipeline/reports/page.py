@@ -1,7 +1,5 @@
-"""`report`: one self-contained HTML page per dataset (PNG plots inlined as base64: it opens offline);
-matplotlib (Agg) is the optional `report` extra. The time axis is run time with the gaps between runs
-removed, so a resume days later does not squash the plots.
-"""
+"""`report`: one self-contained HTML page per dataset (PNG plots inlined: it opens offline; matplotlib is the
+`report` extra). The time axis leaves out the gaps between runs, so a resume days later does not squash the plots."""
 
 from __future__ import annotations
 
@@ -14,13 +12,15 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gen_pipeline.config.mix import produced_shares
 from gen_pipeline.display import display_path
 from gen_pipeline.errors import ConfigError, StoreError
 from gen_pipeline.quality.accounting import SAVED_FORMULA, format_gate
-from gen_pipeline.reports.context import run_context, run_count
+from gen_pipeline.reports.context import run_context
 from gen_pipeline.reports.diagnose import THRESHOLDS
 from gen_pipeline.reports.status import STATUS_HEAD, StatusReport, gpu_lines, status_all, status_rows
 from gen_pipeline.store.layout import dataset_folder
+from gen_pipeline.store.manifest import read_manifest
 from gen_pipeline.store.telemetry import runs_of
 
 
@@ -63,9 +63,8 @@ def _series(rows: list[dict[str, Any]], key: str) -> list[float]:
 def _legend_outside(ax: Any, extra: Any = None) -> None:
     """One legend to the right of the panel (never over its lines), with `extra` axes' entries (a twin)."""
     handles, labels = ax.get_legend_handles_labels()
-    if extra is not None:
-        more = extra.get_legend_handles_labels()
-        handles, labels = handles + more[0], labels + more[1]
+    more = extra.get_legend_handles_labels() if extra is not None else ([], [])
+    handles, labels = handles + more[0], labels + more[1]
     if handles:
         ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.09 if extra is not None else 1.01, 1.0),
                   borderaxespad=0.0, fontsize=8, frameon=False)
@@ -75,7 +74,8 @@ def plot_figure(rows: list[dict[str, Any]], title: str) -> Any:
     """The four panels as a matplotlib Figure: legends right of the panels, thresholds labelled."""
     plt = _pyplot()
     xs, starts, restarts = timeline(rows)
-    unit, per = _time_unit(max(xs, default=0.0))
+    span_min = max(xs, default=0.0)
+    unit, per = ("seconds", 1 / 60) if span_min < 2 else ("hours", 60.0) if span_min > 180 else ("minutes", 1.0)
     xs, starts, restarts = [x / per for x in xs], [(x / per, r) for x, r in starts], [x / per for x in restarts]
     fig, axes = plt.subplots(4, 1, figsize=(11, 9.5), sharex=True, layout="constrained")
     ax = axes[0]
@@ -112,8 +112,8 @@ def plot_figure(rows: list[dict[str, Any]], title: str) -> Any:
         for x in restarts:
             ax.axvline(x, color="red", lw=1.0)
         ax.grid(alpha=0.3)
-    for ax in axes[1:]:
-        _legend_outside(ax)
+        if ax is not axes[0]:
+            _legend_outside(ax)
     for x, run in starts:
         axes[0].annotate(f"run {run}", (x, 1.0), xycoords=("data", "axes fraction"), fontsize=8,
                          xytext=(2, -10), textcoords="offset points")
@@ -123,20 +123,12 @@ def plot_figure(rows: list[dict[str, Any]], title: str) -> Any:
     return fig
 
 
-def _time_unit(span_min: float) -> tuple[str, float]:
-    """The x axis unit for a span of `span_min` minutes: (name, minutes per unit)."""
-    if span_min < 2:
-        return "seconds", 1 / 60
-    return ("hours", 60.0) if span_min > 180 else ("minutes", 1.0)
-
-
 def plot_png(rows: list[dict[str, Any]], title: str, *, dpi: int = 100) -> bytes:
     """The four panels as one PNG."""
-    plt = _pyplot()
     fig = plot_figure(rows, title)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
-    plt.close(fig)
+    _pyplot().close(fig)
     return buf.getvalue()
 
 
@@ -161,7 +153,7 @@ def _status_html(status: StatusReport | str) -> str:
             f"{html.escape(SAVED_FORMULA)})</p>"
             for d in status.datasets if (line := format_gate(d.gate, d.server_s_saved, unit="server"))]
     mixes = [f"<p>{html.escape(d.dataset)}: sampling mix, samples committed per variant:</p><pre>"
-             + html.escape("\n".join(d.mix_lines())) + "</pre>" for d in status.datasets if d.mix]
+             + html.escape("\n".join(produced_shares(d.mix, d.variants))) + "</pre>" for d in status.datasets if d.mix]
     if any(d.gpu.recorded for d in status.datasets):
         mixes.append('<pre class="gpu">' + html.escape("\n".join(gpu_lines(status))) + "</pre>")
     return table + "".join(gate) + "".join(mixes)
@@ -199,7 +191,8 @@ def build_report(output_root: Path, dataset: str, rows: list[dict[str, Any]], di
     """The report page of `output_root/dataset`: its run context and its own status (no other dataset)."""
     folder = dataset_folder(output_root, dataset)
     status = status_all(output_root, {dataset: target}, total_of=[], others=False)
-    return render_html(dataset, rows, status, diagnosis_text, run_context(folder, rows), run_count(folder))
+    runs = len((read_manifest(folder)[0] or {}).get("runs", []))  # every run, also one that had nothing to do
+    return render_html(dataset, rows, status, diagnosis_text, run_context(folder, rows), runs)
 
 
 def _count(n: int, what: str) -> str:
@@ -207,8 +200,7 @@ def _count(n: int, what: str) -> str:
 
 
 def write_report(path: Path, page: str) -> Path:
-    """Write the page atomically (a tmp file beside it, then a rename); raises StoreError (exit 4) when the
-    folder cannot be written."""
+    """Write the page atomically (a tmp file, then a rename); StoreError (exit 4) when the folder cannot be written."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

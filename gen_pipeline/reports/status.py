@@ -1,7 +1,5 @@
-"""`status`: figures of each dataset folder, read from outputs/ only, without the lock, so it
-works while a run writes and after one died. Which lines count is layout.py's trust rule: sealed
-shards' figures come from the manifest, the open shard (and any the manifest does not match) is parsed.
-"""
+"""`status`: each dataset folder's figures, read from outputs/ without the lock (it works while a run writes and
+after one died); which lines count is layout.py's trust rule."""
 
 from __future__ import annotations
 
@@ -16,36 +14,11 @@ from gen_pipeline.config.dataset import EXAMPLES, find_dataset_config
 from gen_pipeline.config.mix import declared_mix, produced_shares
 from gen_pipeline.display import format_duration
 from gen_pipeline.errors import ConfigError
-from gen_pipeline.quality.accounting import (
-    add_failure,
-    decoded_tokens,
-    format_gate,
-    format_spec,
-    gpu_s_per_token,
-    merged,
-    saved_gpu_s,
-    spec_figure,
-)
-from gen_pipeline.reports.gpu_hours import (
-    GpuUsage,
-    Projection,
-    add,
-    dataset_usage,
-    format_usage,
-    job_rate,
-    job_usage,
-    project,
-    timestamp,
-)
-from gen_pipeline.store.layout import (
-    ERRORS_NAME,
-    REJECTS_NAME,
-    committed_shards,
-    dataset_folder,
-    has_shards,
-    rank_parts,
-    read_jsonl_rows,
-)
+from gen_pipeline.quality import accounting
+from gen_pipeline.quality.accounting import format_gate, format_spec, merged
+from gen_pipeline.reports import gpu_hours
+from gen_pipeline.reports.gpu_hours import GpuUsage, Projection, format_usage, timestamp
+from gen_pipeline.store import layout
 from gen_pipeline.store.lock import read_lock
 from gen_pipeline.store.manifest import Manifest, RunRecord, read_manifest
 from gen_pipeline.store.ranks import rank_folder_name, rank_share
@@ -85,10 +58,9 @@ class DatasetStatus:
 
     @property
     def server_s_saved(self) -> float | None:
-        """Server-seconds saved by early loop aborts (quality/accounting.py's estimate; × the server's GPUs
-        for GPU-seconds)."""
-        per_token = gpu_s_per_token(self.run_wall_s, 1, decoded_tokens(self.gate, self.completion_tokens))
-        return saved_gpu_s(self.gate, per_token)
+        """Server-seconds saved by early loop aborts (quality/accounting.py's estimate; × GPUs for GPU-seconds)."""
+        decoded = accounting.decoded_tokens(self.gate, self.completion_tokens)
+        return accounting.saved_gpu_s(self.gate, accounting.gpu_s_per_token(self.run_wall_s, 1, decoded))
     # a sampling mix (config/mix.py): the declared [share, what it changes] per variant, and the samples
     # committed per meta.sampling_variant ("0": n); both empty without one
     mix: list[tuple[float, str]] = field(default_factory=list)
@@ -101,10 +73,6 @@ class DatasetStatus:
     @property
     def remaining(self) -> int:
         return max(0, (self.target or 0) - self.done)
-
-    def mix_lines(self) -> list[str]:
-        """The produced shares of a sampling mix beside the declared ones; [] without a mix."""
-        return produced_shares(self.mix, self.variants)
 
     @property
     def eta_s(self) -> float | None:
@@ -120,10 +88,9 @@ class DatasetStatus:
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if k not in ("gpu", "lanes")}
-        saved = self.server_s_saved
         return {**d, "truncated_share": round(self.truncated_share, 4),
-                "server_s_saved": None if saved is None else round(saved, 1),
-                "spec_acceptance": spec_figure(self.gate, self.spec_server),
+                "server_s_saved": None if (saved := self.server_s_saved) is None else round(saved, 1),
+                "spec_acceptance": accounting.spec_figure(self.gate, self.spec_server),
                 "remaining": self.remaining, "eta_s": self.eta_s, "ranks": [r.to_dict() for r in self.ranks],
                 "gpu": self.gpu.to_dict()}
 
@@ -144,19 +111,15 @@ class StatusReport:
     @property
     def gpu(self) -> GpuUsage:
         """The job's GPU-hours: per rank, the union of its datasets' runs (reports/gpu_hours.py)."""
-        lanes: dict[str, list[RunRecord]] = {}
-        for d in self._job():
-            for lane, runs in d.lanes.items():
-                lanes.setdefault(lane, []).extend(runs)
-        return job_usage(lanes)
+        return gpu_hours.job_usage(_lanes(self._job()))
 
     @property
     def projection(self) -> Projection:
         job = self._job()
-        live = any(d.state.startswith("running") for d in job)
-        return project([(d.remaining if d.target is not None else 0, d.samples_per_s, d.eta_s) for d in job],
-                       job_rate([d.gpu for d in job]), live=live,
-                       blocked=[d.dataset for d in job if d.state == "source exhausted" and d.remaining])
+        return gpu_hours.project([(d.remaining if d.target is not None else 0, d.samples_per_s, d.eta_s) for d in job],
+                                 gpu_hours.job_rate([d.gpu for d in job]),
+                                 live=any(d.state.startswith("running") for d in job),
+                                 blocked=[d.dataset for d in job if d.state == "source exhausted" and d.remaining])
 
     def to_dict(self) -> dict[str, Any]:
         return {"datasets": {d.dataset: d.to_dict() for d in self.datasets},
@@ -165,25 +128,26 @@ class StatusReport:
 
 
 def read_status(root: Path, dataset: str, target: int | None) -> DatasetStatus:
-    """Figures of `root/dataset` (target None = the one the last run recorded), all ranks as one when
-    ranks wrote it. Never raises for a damaged folder: unreadable parts are skipped and counted in
-    `corrupt_lines`."""
-    folder = dataset_folder(root, dataset)
-    if rank_parts(folder):
-        return read_ranked_status(folder, dataset, target)
-    return read_part_status(folder, dataset, target)
+    """Figures of `root/dataset` (target None: the last run's), all ranks as one; unreadable parts are counted in
+    `corrupt_lines`, never raised."""
+    folder = layout.dataset_folder(root, dataset)
+    return (read_ranked_status if layout.rank_parts(folder) else read_part_status)(folder, dataset, target)
 
 
 def read_part_status(folder: Path, dataset: str, target: int | None) -> DatasetStatus:
     """Figures of one folder written by one run at a time (a one-run dataset, or one rank's part)."""
-    manifest = read_manifest(folder)[0] if folder.is_dir() else None
-    manifest = manifest or {}
+    manifest = (read_manifest(folder)[0] if folder.is_dir() else None) or {}
     st = DatasetStatus(dataset, target if target is not None else manifest.get("target"))
     if not folder.is_dir():
         return st
-    errors = read_jsonl_rows(folder / ERRORS_NAME)
+    errors = layout.read_jsonl_rows(folder / layout.ERRORS_NAME)
     done_ids = _add_shards(st, folder, ids=bool(errors))  # ids only to tell which failures have a sample since
-    _add_errors(st, manifest, errors, done_ids)
+    for r in errors:  # every failure record: the loops its turns had (a later run's retry adds its own)
+        accounting.add_failure(st.gate, r)
+    if errors:
+        last = runs[-1]["run"] if (runs := manifest.get("runs")) else max(r.get("run", 0) for r in errors)
+        st.errors_last_run = sum(1 for r in errors if r.get("run") == last)
+        st.errors_unresolved = len({r.get("id") for r in errors} - done_ids - {None})
     st.mix = declared_mix(manifest.get("fingerprint") or {})
     _add_rejects(st, [folder])
     _add_run(st, folder, manifest)
@@ -193,9 +157,9 @@ def read_part_status(folder: Path, dataset: str, target: int | None) -> DatasetS
 def _add_shards(st: DatasetStatus, folder: Path, *, ids: bool) -> set[str]:
     """Shard figures into `st` under layout's trust rule; returns the committed ids when asked."""
     done: set[str] = set()
-    for shard in committed_shards(folder, ids=ids):
-        st.shards += 1
+    for shard in layout.committed_shards(folder, ids=ids):
         scan = shard.scan
+        st.shards += 1
         st.done += shard.samples
         st.prompt_tokens += scan.prompt_tokens
         st.completion_tokens += scan.completion_tokens
@@ -205,17 +169,6 @@ def _add_shards(st: DatasetStatus, folder: Path, *, ids: bool) -> set[str]:
         st.variants = merged([st.variants, scan.variants])
         done.update(scan.ids)
     return done
-
-
-def _add_errors(st: DatasetStatus, manifest: Manifest, rows: list[dict[str, Any]], done: set[str]) -> None:
-    if not rows:
-        return
-    for r in rows:  # every failure record: the loops its turns had (a later run's retry adds its own)
-        add_failure(st.gate, r)
-    runs = manifest.get("runs")
-    last = runs[-1]["run"] if runs else max((r.get("run", 0) for r in rows), default=0)
-    st.errors_last_run = sum(1 for r in rows if r.get("run") == last)
-    st.errors_unresolved = len({r.get("id") for r in rows} - done - {None})
 
 
 def _add_run(st: DatasetStatus, folder: Path, manifest: Manifest) -> None:
@@ -237,20 +190,15 @@ def _add_run(st: DatasetStatus, folder: Path, manifest: Manifest) -> None:
     elif runs or st.done:
         st.state = "stopped"
     progress = manifest.get("progress", {})
-    st.samples_per_s = progress.get("samples_per_s")
-    st.tokens_per_s = progress.get("tokens_per_s")
+    st.samples_per_s, st.tokens_per_s = progress.get("samples_per_s"), progress.get("tokens_per_s")
     st.spec_server = progress.get("spec_accept_length")
     st.updated_at = progress.get("updated_at") or manifest.get("updated_at")
-    st.heartbeat_age_s = _age_s(manifest.get("updated_at"))
-    st.gpu = dataset_usage(runs)
+    committed = timestamp(manifest.get("updated_at"))  # the last commit: how long ago the run was heard from
+    st.heartbeat_age_s = None if committed is None else max(0.0, time.time() - committed)
+    st.gpu = gpu_hours.dataset_usage(runs)
     st.lanes = {folder.name if manifest.get("world_size") else "": list(runs)}
-    if st.samples_per_s is None and runs:
-        st.samples_per_s = _run_rate(runs[-1])
-
-
-def _age_s(iso: Any) -> float | None:
-    t = timestamp(iso)
-    return None if t is None else max(0.0, time.time() - t)
+    if st.samples_per_s is None and runs:  # no progress passed: the last run's record
+        st.samples_per_s = runs[-1].get("samples_written", 0) / wall if (wall := run_wall_s(runs[-1])) else None
 
 
 def run_wall_s(run: Mapping[str, Any]) -> float | None:
@@ -258,12 +206,6 @@ def run_wall_s(run: Mapping[str, Any]) -> float | None:
     t0 = timestamp(run.get("started_at"))
     t1 = timestamp(run.get("ended_at") or run.get("updated_at"))
     return None if t0 is None or t1 is None else max(0.0, t1 - t0)
-
-
-def _run_rate(run: RunRecord) -> float | None:
-    """samples/s of a run from its manifest record, when the pipeline passed no progress."""
-    elapsed_s = run_wall_s(run)
-    return run.get("samples_written", 0) / elapsed_s if elapsed_s else None
 
 
 def config_targets(config_dir: Path, output_dir: Path, only: Sequence[str] = ()) -> tuple[dict[str, int | None],
@@ -291,8 +233,7 @@ def config_targets(config_dir: Path, output_dir: Path, only: Sequence[str] = ())
 
 
 def check_output_root(root: Path) -> None:
-    """Refuse an output folder that does not exist (every dataset would read "not started", exit 0, for a
-    mistyped --output-dir); ConfigError naming it and what to do."""
+    """ConfigError for an --output-dir that is no folder (a typo would read "not started" everywhere, exit 0)."""
     if not Path(root).exists():
         raise ConfigError(f"--output-dir {root}: no such folder, so no dataset has output there. Pass the folder "
                           "generate wrote to (default: outputs), or run generate first: it makes the folder.")
@@ -304,12 +245,11 @@ def check_output_root(root: Path) -> None:
 def status_all(root: Path, targets: dict[str, int | None], *, total_of: list[str] | None = None,
                others: bool = True) -> StatusReport:
     """Status of every dataset in `targets` plus (`others`) any other folder of `root` with shards; the
-    total sums `total_of` (default: every dataset in `targets`). `status --dataset X` and the report page
-    of X pass others=False: they are about X alone."""
+    total sums `total_of` (default: every dataset in `targets`)."""
     names = list(targets)
     if others and Path(root).is_dir():
         names += sorted(p.name for p in Path(root).iterdir()
-                        if p.is_dir() and p.name not in targets and has_shards(p))
+                        if p.is_dir() and p.name not in targets and layout.has_shards(p))
     datasets = [read_status(root, n, targets.get(n)) for n in names]
     counted = set(targets if total_of is None else total_of)
     return StatusReport(datasets, sum(d.done for d in datasets if d.dataset in counted),
@@ -327,12 +267,6 @@ def _si(n: float | None) -> str:
         if abs(n) >= div:
             return f"{n / div:.1f}{unit}"
     return f"{n:.0f}" if float(n).is_integer() else f"{n:.1f}"
-
-
-def _duration(s: float | None) -> str:
-    if s is None:
-        return "-"
-    return "done" if s == 0 else format_duration(s)
 
 
 def _progress(done: int, target: int | None) -> list[str]:
@@ -353,7 +287,8 @@ def _row(d: DatasetStatus, in_total: bool) -> list[str]:
     return [d.dataset, *_progress(d.done, d.target), str(d.shards), _si(d.prompt_tokens),
             _si(d.completion_tokens), f"{100 * d.truncated_share:.1f}%", errors, str(d.rejects),
             d.state if in_total else f"{d.state} (not in total)",
-            _si(d.samples_per_s), _si(d.tokens_per_s), _duration(d.eta_s)]
+            _si(d.samples_per_s), _si(d.tokens_per_s),
+            "-" if (eta := d.eta_s) is None else "done" if eta == 0 else format_duration(eta)]
 
 
 STATUS_HEAD = ["dataset", "done/target", "%", "shards", "prompt tok", "compl tok", "trunc", "errors",
@@ -382,9 +317,8 @@ def format_status(report: StatusReport) -> str:
     for d in report.datasets:
         if d.mix:
             notes += ["", f"{d.dataset}: sampling mix, samples committed per variant:"]
-            notes += [f"  {line}" for line in d.mix_lines()]
-    if any(d.ranks for d in report.datasets):
-        notes += format_ranks([d for d in report.datasets if d.ranks])
+            notes += [f"  {line}" for line in produced_shares(d.mix, d.variants)]
+    notes += format_ranks([d for d in report.datasets if d.ranks])
     if any(d.gpu.recorded for d in report.datasets):  # runs that recorded their server (older ones did not)
         notes += ["", *gpu_lines(report)]
     return "\n".join(lines + (["", "errors = failures in the last run / ids still without a sample"]
@@ -415,29 +349,23 @@ _SUMMED = ("done", "shards", "prompt_tokens", "completion_tokens", "truncated", 
 
 def _rank_status(part: Path | None, dataset: str, rank: int, world: int, target: int | None) -> DatasetStatus:
     share = rank_share(target, rank, world) if target is not None else None
-    if part is None:
-        st = DatasetStatus(f"{dataset}/{rank_folder_name(rank, world)}", share)
-    else:
-        st = read_part_status(part, f"{dataset}/{part.name}", share)
+    st = (DatasetStatus(f"{dataset}/{rank_folder_name(rank, world)}", share) if part is None
+          else read_part_status(part, f"{dataset}/{part.name}", share))
     st.world_size = world
-    running = st.state.startswith("running")
     unfinished = st.target is None or st.done < st.target
-    heartbeat_old = st.heartbeat_age_s is not None and st.heartbeat_age_s > _stale_after_s(part)
-    if unfinished and st.state != "source exhausted" and (not running or heartbeat_old):
+    # how long a live-looking run may go without a commit: longer while its last run has written nothing
+    runs = (read_manifest(part)[0] or {}).get("runs", []) if part is not None else []
+    starting = not runs or (runs[-1].get("ended_at") is None and not runs[-1].get("samples_written"))
+    heartbeat_old = st.heartbeat_age_s is not None and st.heartbeat_age_s > (
+        STARTING_GRACE_S if starting else STALE_AFTER_S)
+    if unfinished and st.state != "source exhausted" and (not st.state.startswith("running") or heartbeat_old):
         st.stale_ranks = [rank]
     return st
 
 
-def _stale_after_s(part: Path | None) -> float:
-    """How long a live-looking run may go without a commit: longer while its last run has written nothing."""
-    runs = (read_manifest(part)[0] or {}).get("runs", []) if part is not None else []
-    starting = not runs or (runs[-1].get("ended_at") is None and not runs[-1].get("samples_written"))
-    return STARTING_GRACE_S if starting else STALE_AFTER_S
-
-
 def read_ranked_status(folder: Path, dataset: str, target: int | None) -> DatasetStatus:
     """All ranks of `folder` as one dataset; ranks missing from a world size seen are "not started"."""
-    parts = rank_parts(folder)
+    parts = layout.rank_parts(folder)
     worlds = sorted({w for _, w in parts})
     ranks = [_rank_status(parts.get((r, w)), dataset, r, w, target) for w in worlds for r in range(w)]
     if target is None:  # no config: the shares the ranks recorded
@@ -449,34 +377,39 @@ def read_ranked_status(folder: Path, dataset: str, target: int | None) -> Datase
     served = [r.spec_server for r in ranks if r.spec_server is not None]  # each rank's own server's gauge
     st.spec_server = sum(served) / len(served) if served else None
     st.stale_ranks = [n for r in ranks for n in r.stale_ranks]
-    st.gpu = add([r.gpu for r in ranks])
-    for r in ranks:
-        for lane, runs in r.lanes.items():
-            st.lanes.setdefault(lane, []).extend(runs)
+    st.gpu = gpu_hours.add([r.gpu for r in ranks])
+    st.lanes = _lanes(ranks)
     st.mix = next((r.mix for r in ranks if r.mix), [])
     st.variants = merged(r.variants for r in ranks)
     _add_rejects(st, list(parts.values()))
     live = [r for r in ranks if r.state.startswith("running") and not r.stale_ranks]
-    # while ranks run, the dataset's rate is theirs; after, the sum of each rank's last rate
-    rated = [r.samples_per_s for r in (live or ranks) if r.samples_per_s is not None]
-    st.samples_per_s = sum(rated) if rated else None
-    tok = [r.tokens_per_s for r in (live or ranks) if r.tokens_per_s is not None]
-    st.tokens_per_s = sum(tok) if tok else None
+    for rate in ("samples_per_s", "tokens_per_s"):  # while ranks run, theirs; after, each rank's last rate
+        rated = [getattr(r, rate) for r in (live or ranks) if getattr(r, rate) is not None]
+        setattr(st, rate, sum(rated) if rated else None)
     st.heartbeat_age_s = min((r.heartbeat_age_s for r in ranks if r.heartbeat_age_s is not None), default=None)
     st.state = _state(ranks, len(live))
     return st
 
 
+def _lanes(statuses: list[DatasetStatus]) -> dict[str, list[RunRecord]]:
+    """The runs of `statuses` by lane (rank), in one list per lane."""
+    lanes: dict[str, list[RunRecord]] = {}
+    for d in statuses:
+        for lane, runs in d.lanes.items():
+            lanes.setdefault(lane, []).extend(runs)
+    return lanes
+
+
 def _add_rejects(st: DatasetStatus, parts: list[Path]) -> None:
     # every run (and every rank) re-reads the source and rejects the same rows again: count each once
-    latest = {r.get("row"): r.get("reason", "?") for p in parts for r in read_jsonl_rows(p / REJECTS_NAME)}
+    rows = [r for p in parts for r in layout.read_jsonl_rows(p / layout.REJECTS_NAME)]
+    latest = {r.get("row"): r.get("reason", "?") for r in rows}
     st.rejects = len(latest)
     st.rejects_by_reason = dict(Counter(latest.values()).most_common())
 
 
 def _state(ranks: list[DatasetStatus], live: int) -> str:
-    stale = sum(1 for r in ranks if r.stale_ranks)
-    tail = f", {stale} stale" if stale else ""
+    tail = f", {stale} stale" if (stale := sum(1 for r in ranks if r.stale_ranks)) else ""
     if all(r.state == "finished" for r in ranks):
         return "finished"
     if live:
@@ -486,10 +419,6 @@ def _state(ranks: list[DatasetStatus], live: int) -> str:
     return f"stopped{tail}" if any(r.runs or r.done for r in ranks) else f"not started{tail}"
 
 
-def _ago(age_s: float | None) -> str:
-    return "-" if age_s is None else f"{format_duration(max(age_s, 0.0))} ago"
-
-
 def format_ranks(datasets: list[DatasetStatus]) -> list[str]:
     """Per ranked dataset: a line, then one row per rank (what to rerun is marked "stale: run it")."""
     out: list[str] = []
@@ -497,7 +426,8 @@ def format_ranks(datasets: list[DatasetStatus]) -> list[str]:
         stale = f"; stale: rank {', '.join(map(str, d.stale_ranks))}" if d.stale_ranks else ""
         out += ["", f"{d.dataset}: {len(d.ranks)} ranks{stale}"]
         head = ["rank", "done/share", "%", "state", "last commit", "samples/s", ""]
-        rows = [[r.dataset.split("/", 1)[1], *_progress(r.done, r.target), r.state, _ago(r.heartbeat_age_s),
+        rows = [[r.dataset.split("/", 1)[1], *_progress(r.done, r.target), r.state,
+                 "-" if (age := r.heartbeat_age_s) is None else f"{format_duration(max(age, 0.0))} ago",
                  _si(r.samples_per_s), "stale: run it" if r.stale_ranks else ""] for r in d.ranks]
         out += ["  " + line for line in _table(head, rows)]
     return out

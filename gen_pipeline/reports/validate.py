@@ -1,7 +1,6 @@
 """`validate`: check a dataset folder's shards the way a trainer will read them. SpecForge loads
 them with `load_dataset("json")`, which infers one Arrow schema: every row needs the same keys
-and value types (in "meta" too), and "reasoning_content" on every assistant turn or on none.
-"""
+and value types (in "meta" too), and "reasoning_content" on every assistant turn or on none."""
 
 from __future__ import annotations
 
@@ -89,8 +88,7 @@ class ValidationReport:
         ranks = f" of {self.ranks} ranks" if self.ranks else ""
         out = [f"{self.folder}: {count(self.rows)} rows in {count(self.files)} shards{ranks}: {verdict} "
                f"({self.truncated:,} truncated, policy {self.truncated_policy})"]
-        gate = format_gate(self.gate)
-        if gate:
+        if gate := format_gate(self.gate):
             out.append(f"  {gate} (written rows only; errors.jsonl holds the failed samples)")
         for kind, n in self.counts.most_common():
             out.append(f"  {kind}: {n:,} ({KINDS[kind]})")
@@ -113,10 +111,8 @@ def _shape_diff(first: dict[str, Any], row: dict[str, Any], prefix: str, deep: b
     for k in sorted(a):
         if type(row[k]) is not type(first[k]):
             return f"{prefix}{k} is {_tname(row[k])} here, {_tname(first[k])} in the first row"
-        if deep and isinstance(row[k], dict):
-            diff = _shape_diff(first[k], row[k], f"{prefix}{k}.", deep)
-            if diff:
-                return diff
+        if deep and isinstance(row[k], dict) and (diff := _shape_diff(first[k], row[k], f"{prefix}{k}.", deep)):
+            return diff
     return ""
 
 
@@ -124,8 +120,7 @@ def _value_diff(first: Any, here: Any, name: str) -> str:
     """"name is X here, Y in the first row" for the first differing value ("" when equal), into objects."""
     if isinstance(first, dict) and isinstance(here, dict):
         for k in sorted(set(first) | set(here)):
-            diff = _value_diff(first.get(k), here.get(k), f"{name}.{k}")
-            if diff:
+            if diff := _value_diff(first.get(k), here.get(k), f"{name}.{k}"):
                 return diff
         return ""
     return "" if first == here else f"{name} is {here!r} here, {first!r} in the first row"
@@ -145,27 +140,25 @@ class _Checker:
         self.r.rows += 1
         if self.first is None:
             self.first = row
-        diff = _shape_diff(self.first, row, "", deep=False)
-        if diff:
+        if diff := _shape_diff(self.first, row, "", deep=False):
             self.r.add("schema", file, line, diff)
         meta, first_meta = row.get("meta"), self.first.get("meta")
         if isinstance(meta, dict) and isinstance(first_meta, dict):
-            diff = _shape_diff(first_meta, meta, "meta.", deep=True)
-            if diff:
+            if diff := _shape_diff(first_meta, meta, "meta.", deep=True):
                 self.r.add("meta_schema", file, line, diff)
             else:  # a row of another shape is reported as that
                 self._config(file, line, meta, first_meta)
             leaks_before = self.r.gate.get("leaks", 0)
             add_meta(self.r.gate, meta)
             if self.r.gate.get("leaks", 0) > leaks_before and self.r.truncated_policy == "drop":
-                self.r.add("leak", file, line, "meta.per_turn flags a reasoning leak but generation.truncated = "
-                           "\"drop\"")
+                self.r.add("leak", file, line, 'meta.per_turn flags a reasoning leak but generation.truncated = "drop"')
             if meta.get("finish_reason") == "length":
                 self.r.truncated += 1
                 if self.r.truncated_policy == "drop":
-                    self.r.add("truncated", file, line,
-                               "finish_reason is \"length\" but generation.truncated = \"drop\"")
-        self._id(file, line, row.get("id"))
+                    self.r.add("truncated", file, line, 'finish_reason is "length" but generation.truncated = "drop"')
+        here, rid = f"{file}:{line}", row.get("id")
+        if isinstance(rid, str) and (at := self.seen.setdefault(rid, here)) != here:  # not a str: the schema check's
+            self.r.add("duplicate_id", file, line, f"id {rid!r} already at {at}")
         if isinstance(row.get("conversations"), list):
             self._turns(file, line, row["conversations"])
 
@@ -189,19 +182,9 @@ class _Checker:
         if expected is None:
             self.r.add("mix_sampling", file, line, f"meta.sampling_variant is {variant!r}: the declared mix has "
                        f"variants 0 to {declared - 1}")
-            return
-        diff = _value_diff(expected, sampling, "meta.sampling")
-        if diff:
+        elif diff := _value_diff(expected, sampling, "meta.sampling"):
             self.r.add("mix_sampling", file, line, diff.replace(
                 "in the first row", f"in the declared mix for sampling_variant {variant}"))
-
-    def _id(self, file: str, line: int, rid: Any) -> None:
-        if not isinstance(rid, str):
-            return  # reported by the schema check
-        if rid in self.seen:
-            self.r.add("duplicate_id", file, line, f"id {rid!r} already at {self.seen[rid]}")
-        else:
-            self.seen[rid] = f"{file}:{line}"
 
     def _turns(self, file: str, line: int, turns: list[Any]) -> None:
         roles = [t.get("role") if isinstance(t, dict) else None for t in turns]
@@ -213,19 +196,16 @@ class _Checker:
                 continue
             if not t["content"].strip() and not t.get("tool_calls") and t.get("role") != "tool":
                 self.r.add("empty_content", file, line, f"conversations[{i}] ({t.get('role')}) has empty content")
-            if t.get("role") == "assistant":
-                self._assistant(file, line, i, t)
-
-    def _assistant(self, file: str, line: int, i: int, turn: dict[str, Any]) -> None:
-        marker = next((m for m in THINK_MARKERS if m in turn["content"]), None)
-        if marker:
-            self.r.add("think_marker", file, line, f"conversations[{i}].content contains {marker!r}")
-        has = "reasoning_content" in turn
-        if self.reasoning is None:
-            self.reasoning = has
-        elif has != self.reasoning:
-            self.r.add("reasoning_mixed", file, line, f"conversations[{i}] {'has' if has else 'lacks'} "
-                       f"reasoning_content, unlike the first assistant turn of the dataset")
+            if t.get("role") != "assistant":
+                continue
+            if marker := next((m for m in THINK_MARKERS if m in t["content"]), None):
+                self.r.add("think_marker", file, line, f"conversations[{i}].content contains {marker!r}")
+            has = "reasoning_content" in t
+            if self.reasoning is None:
+                self.reasoning = has
+            elif has != self.reasoning:
+                self.r.add("reasoning_mixed", file, line, f"conversations[{i}] {'has' if has else 'lacks'} "
+                           f"reasoning_content, unlike the first assistant turn of the dataset")
 
 
 def _roles_ok(roles: list[Any], turns: list[Any] | None = None) -> bool:
@@ -248,11 +228,8 @@ def _roles_ok(roles: list[Any], turns: list[Any] | None = None) -> bool:
 def validate_named(name: str, output_root: Path, config_dir: Path = DEFAULT_CONFIG_DIR) -> ValidationReport:
     """`validate --dataset NAME`: the folder of a dataset name (a TOML's `name` when NAME is a config),
     validated; ConfigError when it has no folder or no sample yet."""
-    if name.endswith(".toml") or (config_dir / f"{name}.toml").exists():
-        name_in_toml = find_dataset_config(name, config_dir).name  # the TOML's `name` picks the folder
-    else:
-        name_in_toml = name
-    folder = output_root / name_in_toml
+    is_config = name.endswith(".toml") or (config_dir / f"{name}.toml").exists()
+    folder = output_root / (find_dataset_config(name, config_dir).name if is_config else name)  # the TOML's `name`
     if not folder.is_dir():
         raise ConfigError(f"{folder}: no such output folder. Generate it first (make generate DATASET={name}).")
     report = validate_dataset(folder)
@@ -282,12 +259,11 @@ def validate_dataset(folder: Path) -> ValidationReport:
                 break  # the empty string after the final newline
             try:
                 row = orjson.loads(line)
+                bad = "" if isinstance(row, dict) else f"a JSON {type(row).__name__}, not an object"
             except orjson.JSONDecodeError:
-                report.add("unparseable", name, n, "not valid JSON" + (TORN if n == last else ""))
-                continue
-            if not isinstance(row, dict):
-                report.add("unparseable", name, n, f"a JSON {type(row).__name__}, not an object"
-                           + (TORN if n == last else ""))
+                bad = "not valid JSON"
+            if bad:
+                report.add("unparseable", name, n, bad + (TORN if n == last else ""))
                 continue
             checker.row(name, n, row)
             if owner is not None and isinstance(row.get("id"), str) and owner_rank(row["id"], owner[1]) != owner[0]:

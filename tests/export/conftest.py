@@ -1,9 +1,12 @@
 from pathlib import Path
 
 import pytest
+from datasets import disable_progress_bars
 from template_tokenizers import build_all
 
 from pipeline_helpers import chat_tokenizers, run_cli, write_dataset
+
+disable_progress_bars()  # every export test loads with datasets
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import orjson
 
+from gen_pipeline.cli import main
 from gen_pipeline.records import Failure, Sample
 from gen_pipeline.store.dataset_store import DatasetStore
 
@@ -17,6 +18,28 @@ def export(root: Path, *args: str | Path) -> str:
     r = run_cli("export", "--output-dir", root, *args)
     assert (r.returncode, r.stderr) == (0, ""), r.stdout
     return r.stdout
+
+
+def export_here(root: Path, *args: str | Path) -> int:
+    """`gen-pipeline export --output-dir root ARGS` in this process (main()): its exit code."""
+    return main(["export", "--output-dir", str(root), *map(str, args)])
+
+
+def fail(root: Path, *args: str | Path) -> tuple[int, str]:
+    """`gen-pipeline export --output-dir root ARGS`, which must fail with nothing on stdout, no traceback."""
+    r = run_cli("export", "--output-dir", root, *args)
+    assert r.stdout == "" and "Traceback" not in r.stderr
+    return r.returncode, r.stderr
+
+
+def specforge_payloads(path: Path, max_length: int = 1_000_000) -> list[dict]:
+    """The rows SpecForge 0.2.0's own loader (data.prompts_path: prompt_builder.py:57-83, 219-252) keeps of a
+    tokens file at data.max_length `max_length`, as it hands them to training: {"input_ids", "loss_mask"}."""
+    from specforge.data.prompt_builder import prepare_prompt_tasks  # installed --no-deps (Makefile)
+
+    return [t["payload"] for t in prepare_prompt_tasks(path, None, chat_template=None, max_length=max_length,
+                                                       is_preformatted=False, train_only_last_turn=False,
+                                                       cache_dir=None, cache_key=None, num_proc=None)]
 
 
 def jsonl(path: Path) -> list[dict]:

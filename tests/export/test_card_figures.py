@@ -1,5 +1,5 @@
 """The dataset card's figures and what the export says about itself: shares over the exported samples,
-GPU-hours over the store's samples, leak failures counted, per-turn flags kept, no warning about server ids."""
+GPU-hours over the store's samples, leak failures counted, per-turn flags kept."""
 
 from __future__ import annotations
 
@@ -7,17 +7,15 @@ import re
 from pathlib import Path
 
 import orjson
-import pytest
 from datasets import load_from_disk
-from export_helpers import write_store
-from servers import sim_in_thread
-from template_tokenizers import build_tokenizer
+from export_helpers import export_here, write_store
+from servers import SimThread
 
 from gen_pipeline.cli import main
 from gen_pipeline.quality.accounting import add_failure
 from gen_pipeline.records import Failure, Sample
 
-from pipeline_helpers import SIM_FAST, make_rows, write_dataset
+from pipeline_helpers import make_rows, write_dataset
 
 
 def _turn_meta(finish: str, leak: str = "") -> dict:
@@ -26,14 +24,14 @@ def _turn_meta(finish: str, leak: str = "") -> dict:
             "discarded_tokens": 0} | ({"spec_accept_length": 2.25, "spec_verify_ct": 4} if leak else {})
 
 
-def _store(root: Path, n: int = 10, *, truncated: int = 2, ids: bool = False) -> Path:
+def _store(root: Path) -> Path:
+    """10 samples, S-0 and S-1 truncated, S-5's turn flagged as a leak; one leak failure."""
     samples = []
-    for i in range(n):
-        finish = "length" if i < truncated else "stop"
-        turn = {"role": "assistant", "content": f"answer {i}", "reasoning_content": f"think {i}"}
-        if ids:
-            turn |= {"prompt_token_ids": [1, 2, 3], "token_ids": [7, 8, 9] + ([2] if finish == "stop" else [])}
-        samples.append(Sample(f"S-{i}", "S", [{"role": "user", "content": f"q {i}"}, turn],
+    for i in range(10):
+        finish = "length" if i < 2 else "stop"
+        samples.append(Sample(f"S-{i}", "S", [{"role": "user", "content": f"q {i}"},
+                                              {"role": "assistant", "content": f"answer {i}",
+                                               "reasoning_content": f"think {i}"}],
                               {"model": "m", "backend": "sim", "finish_reason": finish, "prompt_tokens": 5,
                                "completion_tokens": 9, "turns": 1, "sampling": {"temperature": 0.7},
                                "kv_cache_dtype": "fp8_e4m3", "generated_at": "x", "chat_template_kwargs": "{}",
@@ -42,15 +40,23 @@ def _store(root: Path, n: int = 10, *, truncated: int = 2, ids: bool = False) ->
                                                     attempts=1, retryable=False)])
 
 
-def test_the_truncated_share_is_over_the_exported_samples(tmp_path: Path) -> None:
+def test_the_truncated_share_is_over_the_exported_samples_and_hf_keeps_the_per_turn_flags(tmp_path: Path) -> None:
     root = _store(tmp_path / "out")
     out = tmp_path / "e" / "s.jsonl"
-    assert main(["export", "--output-dir", str(root), "--dataset", "S", "--format", "specforge", "--out", str(out),
-                 "--drop-truncated"]) == 0
+    assert export_here(root, "--dataset", "S", "--format", "specforge", "--out", out, "--drop-truncated") == 0
     card = (out.parent / "README.md").read_text()
     assert "| S | 10 | 2 truncated | 8 | 0.0% |" in card
     # the leak failure counts beside the written turn's flag
     assert re.search(r"^\| S \| 0 \| 0 \| 0 \| 2 \| 0 \| ", card, re.M), card
+    out = tmp_path / "hf"
+    assert export_here(root, "--dataset", "S", "--format", "hf", "--out", out) == 0
+    by_id = {r["id"]: r["meta"] for r in load_from_disk(str(out))["train"]}
+    # S-5's turn also carries a draft's acceptance (a server with a speculative algorithm): kept, typed
+    assert by_id["S-5"]["per_turn"] == [_turn_meta("stop", "think_marker")]
+    assert by_id["S-0"]["per_turn"][0]["finish_reason"] == "length"
+    assert (by_id["S-0"]["per_turn"][0]["spec_accept_length"], by_id["S-0"]["per_turn"][0]["spec_verify_ct"]) == \
+        (None, None)
+    assert by_id["S-5"]["chat_template_kwargs"] == "{}"
 
 
 def test_leak_failures_count_as_leaks() -> None:
@@ -62,53 +68,18 @@ def test_leak_failures_count_as_leaks() -> None:
     assert counts == {"leaks": 2}
 
 
-def test_hf_keeps_the_per_turn_quality_flags(tmp_path: Path) -> None:
-    root = _store(tmp_path / "out")
-    out = tmp_path / "hf"
-    assert main(["export", "--output-dir", str(root), "--dataset", "S", "--format", "hf", "--out", str(out)]) == 0
-    ds = load_from_disk(str(out))["train"]
-    by_id = {r["id"]: r["meta"] for r in ds}
-    # S-5's turn also carries a draft's acceptance (a server with a speculative algorithm): kept, typed
-    assert by_id["S-5"]["per_turn"] == [_turn_meta("stop", "think_marker")]
-    assert by_id["S-0"]["per_turn"][0]["finish_reason"] == "length"
-    assert (by_id["S-0"]["per_turn"][0]["spec_accept_length"], by_id["S-0"]["per_turn"][0]["spec_verify_ct"]) == \
-        (None, None)
-    assert by_id["S-5"]["chat_template_kwargs"] == "{}"
-
-
-def test_server_ids_with_another_tokenizer_do_not_warn_about_themselves(tmp_path: Path,
-                                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    root = _store(tmp_path / "out", ids=True)
-    chatml = build_tokenizer(tmp_path / "chatml", "chatml")
-    out = tmp_path / "t.jsonl"
-    capsys.readouterr()
-    assert main(["export", "--output-dir", str(root), "--dataset", "S", "--format", "tokens", "--out", str(out),
-                 "--tokenizer", str(chatml)]) == 0
-    printed = capsys.readouterr().out
-    assert not [x for x in printed.splitlines() if x.startswith("  warning:") or "of the reasoning tokens" in x]
-    assert ("  note: tokens: every turn's row is the server's token ids, its reasoning and answer whole under the "
-            "loss mask") in printed.splitlines()
-
-
-@pytest.fixture(scope="module")
-def sim():
-    with sim_in_thread([*SIM_FAST, "--sim-seed", "5"], ready_timeout_s=30) as s:
-        yield s
-
-
-def test_gpu_hours_count_the_stores_samples_after_a_kill(sim, tmp_path: Path) -> None:
+def test_gpu_hours_count_the_stores_samples_after_a_kill(shared_sim: SimThread, tmp_path: Path) -> None:
     """A run killed (kill -9) after writing a sample but before its manifest recorded it: the store has
     1 more sample than the run's samples_written. The card's GPU-hours are over the store's count."""
     toml = write_dataset(tmp_path / "ds", target=12, rows=make_rows(12), max_new_tokens=64)
     root = tmp_path / "out"
-    assert main(["generate", "--dataset", str(toml), "--server-url", sim.url, "--output-dir", str(root),
+    assert main(["generate", "--dataset", str(toml), "--server-url", shared_sim.url, "--output-dir", str(root),
                  "--progress", "quiet"]) == 0
     shard = sorted((root / "T").glob("shard-*.jsonl"))[-1]
     last = orjson.loads(shard.read_bytes().splitlines()[-1])
     with open(shard, "ab") as f:  # the line a killed run wrote after its last manifest commit
         f.write(orjson.dumps({**last, "id": "T-extra"}) + b"\n")
     out = tmp_path / "e" / "s.jsonl"
-    assert main(["export", "--output-dir", str(root), "--dataset", "T", "--format", "specforge", "--out",
-                 str(out)]) == 0
+    assert export_here(root, "--dataset", "T", "--format", "specforge", "--out", out) == 0
     card = (out.parent / "README.md").read_text()
     assert re.search(r"^T: [\d.]+ GPU-h over .+ for 13 samples = ", card, re.M), card

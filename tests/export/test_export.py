@@ -4,19 +4,21 @@ loaded back with the real `datasets` library."""
 from __future__ import annotations
 
 import itertools
+import re
 import shutil
+import subprocess
 from collections import Counter
 from pathlib import Path
 
 import orjson
 import pytest
 from datasets import load_dataset, load_from_disk
-from export_helpers import export, jsonl
+from export_helpers import export, fail, jsonl
 
 from gen_pipeline.export.formats import hf_features
 from gen_pipeline.export.select import Mix, ValSplit, mix_counts, validation_ids
 
-from pipeline_helpers import kill_group, read_samples, run_cli, start_cli, wait_for, write_dataset
+from pipeline_helpers import REPO, kill_group, read_samples, run_cli, start_cli, three_samples, wait_for, write_dataset
 from user_docs import user_docs
 
 # The keys of a row SpecForge's regeneration script writes on success, from its source
@@ -35,12 +37,6 @@ SPECFORGE_SUCCESS_ROW = {"id": "opc-0", "status": "success",
 
 UNCHECKED_REASONING = ("  note: the samples keep reasoning; whether the trainer's chat template trains it was not "
                        "checked (pass --tokenizer PATH or --server NAME)")
-
-
-def fail(outputs: Path, *args: str | Path) -> tuple[int, str]:
-    r = run_cli("export", "--output-dir", outputs, *args)
-    assert r.stdout == "" and "Traceback" not in r.stderr
-    return r.returncode, r.stderr
 
 
 def by_id(rows: list[dict]) -> dict[str, dict]:
@@ -75,11 +71,8 @@ def test_specforge_rows_have_exactly_the_keys_of_a_regenerated_success_row(outpu
     ds = load_dataset("json", data_files=str(out), split="train")
     assert ds.num_rows == 240 and sorted(ds.column_names) == sorted(SPECFORGE_SUCCESS_ROW)
     assert set(ds[0]["conversations"][-1]) == {"role", "content", "reasoning_content"}
-
-
-def test_keep_meta_and_no_status(outputs: Path, tmp_path: Path) -> None:
+    # --keep-meta, --no-status
     export(outputs, "--dataset", "demo", "--format", "specforge", "--out", tmp_path / "m.jsonl", "--keep-meta")
-    shards = by_id(read_samples(outputs, "demo"))
     rows = jsonl(tmp_path / "m.jsonl")
     assert all(list(r) == ["id", "conversations", "status", "meta"] for r in rows)
     assert all(r["meta"] == {**shards[r["id"]]["meta"], "dataset": "demo"} for r in rows)
@@ -254,10 +247,21 @@ def test_export_during_a_run_reads_only_committed_lines(outputs: Path, tmp_path:
      "give a path ending in .jsonl (e.g. --out exports/B2.jsonl)."),
     (("--dataset", "T", "--format", "hf", "--out", "{tmp}/h", "--no-status"), "--no-status applies to --format "
      "specforge only (the hf format has no status)."),
+    (("--dataset", "T", "--out", "{tmp}/file/T.jsonl"), "--out {tmp}/file/T.jsonl: {tmp}/file is a file, not a "
+     "folder. Choose another --out."),
+    (("--dataset", "T", "--format", "tokens", "--expand-turns"), "--expand-turns does not apply to --format tokens: "
+     "it already writes one row per assistant turn. Drop --expand-turns."),
+    (("--dataset", "T", "--format", "speculators", "--expand-turns"), "--expand-turns does not apply to --format "
+     "speculators: its prepare_data.py already makes one training row per assistant turn. Drop --expand-turns."),
+    (("--dataset", "T", "--format", "speculators", "--harmony"), "--harmony applies to --format specforge only "
+     "(SpecForge's gpt-oss parser), not to speculators."),
+    (("--dataset", "T", "--mix", "demo=0.5,T=0.5"), "--dataset T and --mix demo, T name different datasets; --mix "
+     "alone is enough."),
 ])
 def test_bad_flags_get_one_clear_message_and_exit_2(outputs: Path, tmp_path: Path, args: tuple[str, ...],
                                                     message: str) -> None:
     args = tuple(a.format(tmp=tmp_path) for a in args)
+    (tmp_path / "file").write_text("not a folder")
     out = () if "--out" in args else ("--out", tmp_path / "x.jsonl")
     expected = f"error: {message.format(outputs=outputs, tmp=tmp_path)}\n"
     assert fail(outputs, "--format", "specforge", *out, *args) == (2, expected)
@@ -314,17 +318,39 @@ def test_the_command_has_help_and_is_in_the_readme(command: str, flag: str, text
     assert [text for text in texts if text not in user_docs()] == []
 
 
-def test_a_sample_keeps_its_side_of_the_split_when_the_dataset_grows() -> None:
+def test_a_sample_keeps_its_side_of_the_split_when_the_dataset_grows_and_mix_counts() -> None:
     small = [f"B2-{i:05d}" for i in range(2_000)]
     grown = small + [f"B2-{i:05d}" for i in range(2_000, 10_000)]
     val_small, val_grown = validation_ids(small, ValSplit(share=0.02)), validation_ids(grown, ValSplit(share=0.02))
     assert val_grown & set(small) == val_small
     assert 0.015 < len(val_grown) / len(grown) < 0.025
     assert len(validation_ids(grown, ValSplit(count=123))) == 123
-
-
-def test_shares_fill_the_largest_output_in_proportion() -> None:
+    # --mix shares fill the largest output in proportion
     shares = Mix("share", {"B1": 0.3, "B2": 0.2, "B6": 0.25, "B7": 0.25})
     counts = mix_counts(shares, {"B1": 30_000, "B2": 18_000, "B6": 20_000, "B7": 20_000})
     assert counts == {"B1": 24_000, "B2": 16_000, "B6": 20_000, "B7": 20_000}  # B6 and B7 are the limit
     assert mix_counts(Mix("count", {"B1": 10, "B2": 5}), {"B1": 10, "B2": 99}) == {"B1": 10, "B2": 5}
+
+
+# ---------------------------------------------------------------- exports/ in a fresh clone: made, git-ignored
+
+@pytest.mark.parametrize("fmt, out", [("specforge", "exports/sub/T.jsonl"), ("hf", "exports/chat")])
+def test_export_makes_its_missing_folders(tmp_path: Path, fmt: str, out: str) -> None:
+    dest = tmp_path / out
+    r = run_cli("export", "--dataset", "T", "--format", fmt, "--out", dest, "--output-dir",
+                three_samples(tmp_path / "outputs"), "--val-share", "1")
+    assert (r.returncode, r.stderr) == (0, "")
+    if fmt == "specforge":
+        assert len(dest.read_bytes().splitlines()) == 2
+        assert len(dest.with_name("T.val.ndjson").read_bytes().splitlines()) == 1
+    else:
+        assert (dest / "train").is_dir() and (dest / "validation").is_dir()
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="not a git checkout")
+def test_git_ignores_the_readmes_export_folders() -> None:
+    readme = user_docs()
+    outs = sorted(set(re.findall(r"(?:--out |OUT=)((?:exports|outputs)/[^\s`\"']+)", readme)))
+    assert any(o.startswith("exports/") for o in outs)
+    r = subprocess.run(["git", "check-ignore", "--no-index", *outs], capture_output=True, text=True, cwd=REPO)
+    assert sorted(r.stdout.split()) == outs, orjson.dumps(outs).decode()

@@ -8,39 +8,29 @@ import re
 from pathlib import Path
 
 import pytest
-from datasets import disable_progress_bars, load_dataset
-from export_helpers import export, jsonl, write_store
+from datasets import load_dataset
+from export_helpers import export, export_here, fail, jsonl, specforge_payloads, write_store
 
+from gen_pipeline.cli import main
 from gen_pipeline.export.render import load_renderer
+from gen_pipeline.export.select import covering
+from gen_pipeline.export.template_check import REASONING_ADVICE
 from gen_pipeline.records import Sample
 
 from pipeline_helpers import read_samples, run_cli
-
-disable_progress_bars()
-
-
-def turns_of(samples: list[dict]) -> dict[str, dict]:
-    """'<id>#turn<k>' → that assistant message."""
-    return {f"{s['id']}#turn{k}": m for s in samples
-            for k, m in enumerate(m for m in s["conversations"] if m["role"] == "assistant")}
-
 
 # ---------------------------------------------------------------- check-template
 
 ROW = re.compile(r"^  (\S+): (earlier turns|last turn) +([\d,]+) +([\d,]+) +([\d,]+) +([\d.]+%|-) +([\d,]+) +"
                  r"([\d.]+%|-) +([\d.]+)x$")
 
-# per template: mode → (reasoning under the mask in earlier turns, in last turns)
-EXPECTED = {
-    "kimi": {"specforge": ("0.0%", "0.0%"), "specforge-last": ("0.0%", "0.0%"),
-             "specforge-expanded": ("0.0%", "0.0%"), "speculators": ("0.0%", "0.0%"), "tokens": ("100.0%", "100.0%")},
-    "qwen3": {"specforge": ("0.0%", "100.0%"), "specforge-last": ("0.0%", "100.0%"),
-              "specforge-expanded": ("100.0%", "100.0%"), "speculators": ("100.0%", "100.0%"),
-              "tokens": ("100.0%", "100.0%")},
-    "chatml": {"specforge": ("0.0%", "0.0%"), "specforge-last": ("0.0%", "0.0%"),
-               "specforge-expanded": ("0.0%", "0.0%"), "speculators": ("0.0%", "0.0%"),
-               "tokens": ("100.0%", "100.0%")},
-}
+# per template: mode → (reasoning under the mask in earlier turns, in last turns); kimi and chatml render none
+NONE, ALL, LAST = ("0.0%", "0.0%"), ("100.0%", "100.0%"), ("0.0%", "100.0%")
+NO_REASONING = {"specforge": NONE, "specforge-last": NONE, "specforge-expanded": NONE, "speculators": NONE,
+                "tokens": ALL}
+EXPECTED = {"kimi": NO_REASONING, "chatml": NO_REASONING,
+            "qwen3": {"specforge": LAST, "specforge-last": LAST, "specforge-expanded": ALL, "speculators": ALL,
+                      "tokens": ALL}}
 
 
 @pytest.mark.parametrize("kind", ["kimi", "qwen3", "chatml"])
@@ -85,7 +75,8 @@ def test_without_the_template_extra_the_message_says_how_to_install_it(monkeypat
                             "(transformers + jinja2).")
 
 
-def test_check_template_says_what_is_missing(outputs: Path, tmp_path: Path, tokenizers: dict[str, Path]) -> None:
+def test_check_template_says_what_is_missing_and_reads_an_export(outputs: Path, tmp_path: Path,
+                                                                 tokenizers: dict[str, Path]) -> None:
     r = run_cli("check-template", "--dataset", "demo", "--output-dir", outputs)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr == ("error: no tokenizer: pass --tokenizer PATH (the target model's folder, or one with its "
@@ -102,28 +93,31 @@ def test_check_template_says_what_is_missing(outputs: Path, tmp_path: Path, toke
     assert r.returncode == 2 and r.stderr == (f"error: --export {tokens}: its rows have no `conversations` (a tokens "
                                               "export carries no text); check the samples it came from with "
                                               "--dataset NAME.\n")
+    # a conversation export is read (no --expand-turns rows: it has its rows as they are)
+    out = tmp_path / "s.jsonl"
+    export(outputs, "--dataset", "demo", "--format", "specforge", "--out", out)
+    r = run_cli("check-template", "--export", out, "--tokenizer", tokenizers["qwen3"], "--samples", "40")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.startswith("template check: 40 samples (")
+    assert f"assistant turns) of {out}, chat template of {tokenizers['qwen3']}\n" in r.stdout
+    rows = {(m[1], m[2]): m.groups()[2:] for m in map(ROW.match, r.stdout.splitlines()) if m}
+    assert rows[("specforge", "last turn")][3] == "100.0%" and ("specforge-expanded", "last turn") not in rows
 
 
 # ---------------------------------------------------------------- export's warning and refusal
 
-def test_export_warns_when_no_reasoning_would_train_and_the_flag_refuses(outputs: Path, tmp_path: Path,
-                                                                        tokenizers: dict[str, Path]) -> None:
-    kimi = tokenizers["kimi"]
-    out = tmp_path / "k.jsonl"
-    stdout = export(outputs, "--dataset", "demo", "--format", "specforge", "--out", out, "--tokenizer", kimi)
+def test_require_trained_reasoning_refuses_unless_every_turn_trains(outputs: Path, tmp_path: Path,
+                                                                    tokenizers: dict[str, Path]) -> None:
+    """(The specforge warning in the same words: test_reasoning_check.py.)"""
+    kimi, refused = tokenizers["kimi"], tmp_path / "refused.jsonl"
     advice = ("Export --format tokens (every turn's reasoning under the mask, loaded by SpecForge's data.prompts_path "
               "and speculators), or --expand-turns if the template keeps the last turn's reasoning (Qwen3-style), or "
               "serve a chat template that renders reasoning; `gen-pipeline check-template` shows it per turn.")
-    assert stdout.splitlines()[-1] == (
-        "  warning: 0.0% of the reasoning tokens of 32 samples are under the loss mask when SpecForge (thinking "
-        f"parser), every assistant span of a row renders them with the chat template of {kimi}. {advice}")
-    refused = tmp_path / "refused.jsonl"
-    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "speculators", "--out", refused,
-                "--tokenizer", kimi, "--require-trained-reasoning")
-    assert (r.returncode, r.stdout) == (2, "")
-    assert r.stderr == ("error: --require-trained-reasoning: only 0.0% of the reasoning tokens of 32 samples are "
-                        "under the loss mask when speculators prepare-data (one row per assistant turn) renders them "
-                        f"with the chat template of {kimi}. {advice}\n")
+    assert fail(outputs, "--dataset", "demo", "--format", "speculators", "--out", refused, "--tokenizer", kimi,
+                "--require-trained-reasoning") == (
+        2, "error: --require-trained-reasoning: only 0.0% of the reasoning tokens of 32 samples are under the loss "
+        f"mask when speculators prepare-data (one row per assistant turn) renders them with the chat template of "
+        f"{kimi}. {advice}\n")
     assert not refused.exists() and not list(tmp_path.glob(".refused*"))
     # Qwen3-style: --expand-turns trains every turn's reasoning; the tokens format does for every template
     qwen = tmp_path / "q.jsonl"
@@ -142,8 +136,6 @@ def test_export_warns_when_no_reasoning_would_train_and_the_flag_refuses(outputs
 @pytest.mark.parametrize("kind", ["kimi", "qwen3", "chatml"])
 def test_tokens_rows_load_in_specforges_prompts_path_with_each_turn_whole_under_the_mask(
         outputs: Path, tmp_path: Path, tokenizers: dict[str, Path], kind: str) -> None:
-    from specforge.data.prompt_builder import prepare_prompt_tasks  # SpecForge 0.2.0's own loader (--no-deps)
-
     out = tmp_path / "tokens.jsonl"
     stdout = export(outputs, "--dataset", "demo", "--format", "tokens", "--out", out, "--val-share", "0.05",
                     "--tokenizer", tokenizers[kind])
@@ -155,14 +147,12 @@ def test_tokens_rows_load_in_specforges_prompts_path_with_each_turn_whole_under_
     # :472-476, :497-498, :603-610, :752-753)
     ds = load_dataset("json", data_files=str(out), split="train")
     assert {"input_ids", "loss_mask"} <= set(ds.column_names) and ds.num_rows == len(jsonl(out))
-    # data.prompts_path: SpecForge reads the file itself (prompt_builder.py:57-83, 219-252)
-    tasks = prepare_prompt_tasks(out, None, chat_template=None, max_length=1_000_000, is_preformatted=False,
-                                 train_only_last_turn=False, cache_dir=None, cache_key=None, num_proc=None)
-    train = jsonl(out)
-    assert [t["payload"] for t in tasks] == [{"input_ids": t["input_ids"], "loss_mask": t["loss_mask"]} for t in train]
-    renderer = load_renderer(str(tokenizers[kind]))
-    turns = turns_of(read_samples(outputs, "demo"))
-    finish = {s["id"]: [t["finish_reason"] for t in s["meta"]["per_turn"]] for s in read_samples(outputs, "demo")}
+    # data.prompts_path: SpecForge reads the file itself
+    assert specforge_payloads(out) == [{"input_ids": t["input_ids"], "loss_mask": t["loss_mask"]} for t in jsonl(out)]
+    renderer, samples = load_renderer(str(tokenizers[kind])), read_samples(outputs, "demo")
+    turns = {f"{s['id']}#turn{k}": m for s in samples  # '<id>#turn<k>' → that assistant message
+             for k, m in enumerate(m for m in s["conversations"] if m["role"] == "assistant")}
+    finish = {s["id"]: [t["finish_reason"] for t in s["meta"]["per_turn"]] for s in samples}
     assert "length" in {f for fs in finish.values() for f in fs}
     for row in rows:
         mask = row["loss_mask"]
@@ -181,27 +171,10 @@ def test_tokens_rows_load_in_specforges_prompts_path_with_each_turn_whole_under_
     assert {row["ids_from"] for row in rows} == {"template"}
 
 
-def test_tokens_rows_equal_the_tokenizer_on_prompt_and_turn_text(outputs: Path, tokenizers: dict[str, Path]) -> None:
-    from gen_pipeline.export.tokens import TokenRowBuilder, sent_message
-
-    renderer = load_renderer(str(tokenizers["qwen3"]))
-    samples = [s for s in read_samples(outputs, "demo") if s["meta"]["turns"] > 1][:10]
-    rows = TokenRowBuilder(renderer).rows(samples)
-    texts = []  # (prompt, output) of each assistant turn after its history
-    for s in samples:
-        history: list[dict] = []
-        for m in s["conversations"]:
-            if m["role"] == "assistant":
-                texts.append(renderer.turn_text(history, sent_message(m)))
-            history.append(sent_message(m))
-    assert len(rows) == len(texts) > len(samples)
-    assert [(r["input_ids"].tolist(), r["loss_mask"].tolist()) for r in rows] == [
-        (renderer.encode(p) + renderer.encode(o), [0] * len(renderer.encode(p)) + [1] * len(renderer.encode(o)))
-        for p, o in texts]
-
-
-def test_server_token_ids_make_the_rows_and_stay_out_of_conversation_formats(tmp_path: Path) -> None:
-    """Samples whose assistant turns carry the server's prompt_token_ids / token_ids (tokens.py)."""
+def test_server_token_ids_make_the_rows_and_stay_out_of_conversation_formats(tmp_path: Path,
+                                                                            tokenizers: dict[str, Path]) -> None:
+    """Samples whose assistant turns carry the server's prompt_token_ids / token_ids (tokens.py): with another
+    tokenizer given too, the export says nothing of that tokenizer's reasoning check."""
     root = tmp_path / "out"
     convs = [{"role": "user", "content": "Hi"},
              {"role": "assistant", "content": "A1", "reasoning_content": "R1",
@@ -212,7 +185,11 @@ def test_server_token_ids_make_the_rows_and_stay_out_of_conversation_formats(tmp
     meta = {"model": "m", "backend": "sim", "finish_reason": "stop", "prompt_tokens": 9, "completion_tokens": 7,
             "turns": 2, "sampling": {"temperature": 0.6}, "kv_cache_dtype": "fp8_e4m3", "generated_at": "x"}
     write_store(root, "S", [Sample(f"S-{i}", "S", convs, meta) for i in range(3)])
-    export(root, "--dataset", "S", "--format", "tokens", "--out", tmp_path / "t.jsonl")
+    printed = export(root, "--dataset", "S", "--format", "tokens", "--out", tmp_path / "t.jsonl",
+                     "--tokenizer", tokenizers["chatml"]).splitlines()
+    assert not [x for x in printed if x.startswith("  warning:") or "of the reasoning tokens" in x]
+    assert ("  note: tokens: every turn's row is the server's token ids, its reasoning and answer whole under the "
+            "loss mask") in printed
     rows = sorted(jsonl(tmp_path / "t.jsonl"), key=lambda r: r["id"])
     assert rows[:2] == [
         {"id": "S-0#turn0", "input_ids": [1, 2, 3, 7, 8, 9, 2], "loss_mask": [0, 0, 0, 1, 1, 1, 1],
@@ -226,16 +203,10 @@ def test_server_token_ids_make_the_rows_and_stay_out_of_conversation_formats(tmp
 
 
 def test_tokens_without_server_ids_or_a_tokenizer_is_refused(outputs: Path, tmp_path: Path) -> None:
-    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "tokens",
-                "--out", tmp_path / "t.jsonl")
-    assert (r.returncode, r.stdout) == (2, "")
-    assert re.fullmatch(r"error: sample demo-\d+ has no server token ids \(prompt_token_ids / token_ids on its "
-                        r"assistant turns\), so the tokens format renders it with the target's chat template: pass "
-                        r"--tokenizer PATH or --server NAME\.\n", r.stderr)
-    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "tokens", "--expand-turns",
-                "--out", tmp_path / "t.jsonl")
-    assert r.stderr == ("error: --expand-turns does not apply to --format tokens: it already writes one row per "
-                        "assistant turn. Drop --expand-turns.\n")
+    code, err = fail(outputs, "--dataset", "demo", "--format", "tokens", "--out", tmp_path / "t.jsonl")
+    assert code == 2 and re.fullmatch(r"error: sample demo-\d+ has no server token ids \(prompt_token_ids / token_ids "
+                                      r"on its assistant turns\), so the tokens format renders it with the target's "
+                                      r"chat template: pass --tokenizer PATH or --server NAME\.\n", err)
 
 
 # ---------------------------------------------------------------- trainer fit
@@ -264,11 +235,9 @@ def test_harmony_rows_use_the_roles_specforges_gpt_oss_parser_renders(outputs: P
     so SpecForge's Harmony parser's contract is checked: its roles, and no column but the ones its
     preprocessing pops (parse() takes no **kwargs, parse.py:387-394; id is popped, preprocessing.py:259-260)."""
     out = tmp_path / "h.jsonl"
-    r = run_cli("export", "--output-dir", outputs, "--dataset", "demo", "--format", "specforge", "--out", out,
-                "--harmony")
-    assert r.returncode == 2 and r.stderr == ("error: --harmony needs --no-status: SpecForge's Harmony parser takes no "
-                                              "extra column (its parse() has no **kwargs, "
-                                              "specforge/data/parse.py:387-394).\n")
+    assert fail(outputs, "--dataset", "demo", "--format", "specforge", "--out", out, "--harmony") == (
+        2, "error: --harmony needs --no-status: SpecForge's Harmony parser takes no extra column (its parse() has no "
+        "**kwargs, specforge/data/parse.py:387-394).\n")
     export(outputs, "--dataset", "demo", "--format", "specforge", "--out", out, "--harmony", "--no-status")
     samples = {s["id"]: s for s in read_samples(outputs, "demo")}
     for row in jsonl(out):
@@ -322,18 +291,6 @@ def test_the_card_beside_the_data(outputs: Path, tmp_path: Path) -> None:
     assert "Server: unknown (export with --server NAME to record it)." in (tmp_path / "s.README.md").read_text()
 
 
-def test_check_template_reads_a_conversation_export(outputs: Path, tmp_path: Path,
-                                                    tokenizers: dict[str, Path]) -> None:
-    out = tmp_path / "s.jsonl"
-    export(outputs, "--dataset", "demo", "--format", "specforge", "--out", out)
-    r = run_cli("check-template", "--export", out, "--tokenizer", tokenizers["qwen3"], "--samples", "40")
-    assert (r.returncode, r.stderr) == (0, "")
-    assert r.stdout.startswith("template check: 40 samples (")
-    assert f"assistant turns) of {out}, chat template of {tokenizers['qwen3']}\n" in r.stdout
-    rows = {(m[1], m[2]): m.groups()[2:] for m in map(ROW.match, r.stdout.splitlines()) if m}
-    assert rows[("specforge", "last turn")][3] == "100.0%" and ("specforge-expanded", "last turn") not in rows
-
-
 def test_check_template_compares_the_servers_ids_with_the_template(tmp_path: Path,
                                                                    tokenizers: dict[str, Path]) -> None:
     """What the later step needs to show the rendered path equal to the server's tokenization: turns
@@ -358,3 +315,117 @@ def test_check_template_compares_the_servers_ids_with_the_template(tmp_path: Pat
     assert last[0] == ("  server token ids vs the template: 4 turns carry them; rendered prompt equal in 3, server "
                        "output a prefix of the rendered turn in 4")
     assert last[1].startswith("    first difference: S-3: prompt token ")
+
+
+# ---------------------------------------------------------------- the reasoning check reads every kind of conversation
+
+SINGLE, MULTI = 209, 3  # 3 multi-turn samples in 212, as in the issue
+
+
+def _turn(i: int, k: int) -> dict:
+    return {"role": "assistant", "content": f"the answer {i} to part {k} is here",
+            "reasoning_content": f"first think about part {k} of question {i} then answer"}
+
+
+@pytest.fixture(scope="module")
+def multi(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("out")
+    samples = []
+    for i in range(SINGLE + MULTI):
+        convs = [{"role": "user", "content": f"question {i}"}, _turn(i, 0)]
+        if i >= SINGLE:
+            convs += [{"role": "user", "content": f"and then {i}?"}, _turn(i, 1)]
+        samples.append(Sample(f"S-{i:03d}", "S", convs, {"model": "m", "finish_reason": "stop", "prompt_tokens": 5,
+                                                         "completion_tokens": 9, "turns": len(convs) // 2,
+                                                         "chat_template_kwargs": "{}"}))
+    return write_store(root, "S", samples)
+
+
+def test_require_trained_reasoning_refuses_whatever_the_seed(multi: Path, tmp_path: Path, built: dict[str, Path],
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Qwen3-style: SpecForge trains the last turn's reasoning only; the 3 multi-turn samples' first turns
+    are untrained, so the export must refuse for every seed (it passed for 3 seeds of 10): the check's
+    samples cover every multi-turn one."""
+    rows = [{"id": f"S-{i}", "conversations": [{"role": "assistant"}] * (2 if i >= SINGLE else 1), "meta": {}}
+            for i in range(SINGLE + MULTI)]
+    out = tmp_path / "s.jsonl"
+    for seed in range(10):
+        chosen = covering(rows, 32, seed)
+        assert len(chosen) == 32 and sum(len(r["conversations"]) > 1 for r in chosen) == MULTI
+        rc = export_here(multi, "--dataset", "S", "--format", "specforge", "--out", out, "--tokenizer", built["qwen3"],
+                         "--require-trained-reasoning", "--seed", str(seed))
+        err = capsys.readouterr().err
+        assert rc == 2 and not out.exists(), seed
+        assert err.startswith("error: --require-trained-reasoning: only ") and "% of the reasoning tokens of 32 " in err
+
+
+def test_check_template_warns_in_exports_words(multi: Path, tmp_path: Path, built: dict[str, Path],
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    kimi = built["kimi"]
+    assert export_here(multi, "--dataset", "S", "--format", "specforge", "--out", tmp_path / "s.jsonl",
+                       "--tokenizer", kimi) == 0
+    warning = capsys.readouterr().out.splitlines()[-1]
+    assert warning == ("  warning: 0.0% of the reasoning tokens of 32 samples are under the loss mask when SpecForge "
+                       f"(thinking parser), every assistant span of a row renders them with the chat template of "
+                       f"{kimi}. {REASONING_ADVICE}")
+    assert main(["check-template", "--output-dir", str(multi), "--dataset", "S", "--tokenizer", str(kimi),
+                 "--samples", "32"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert warning in lines
+    assert [line.split(" when ")[1].split(" renders ")[0] for line in lines if line.startswith("  warning: ")] == [
+        "SpecForge (thinking parser), every assistant span of a row", "SpecForge with data.train_only_last_turn: true",
+        "SpecForge on --expand-turns rows", "speculators prepare-data (one row per assistant turn)"]
+
+
+# ---------------------------------------------------------------- what SpecForge's loader keeps at data.max_length
+
+# (prompt tokens, output tokens) per sample: fits both; cut at 2,048; nothing trained before 2,048; long
+LENGTHS = [(100, 200), (1500, 1000), (2100, 50), (3000, 4000), (7000, 2000), (300, 20)]
+
+
+@pytest.fixture(scope="module")
+def longs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("out")
+    samples = []
+    for i, (p, o) in enumerate(LENGTHS):
+        turn = {"role": "assistant", "content": "a", "reasoning_content": "r",
+                "prompt_token_ids": [5 + i % 7] * p, "token_ids": [9] * o}
+        samples.append(Sample(f"S-{i}", "S", [{"role": "user", "content": "q"}, turn],
+                              {"model": "m", "finish_reason": "stop", "prompt_tokens": p, "completion_tokens": o,
+                               "turns": 1, "chat_template_kwargs": "{}"}))
+    return write_store(root, "S", samples)
+
+
+@pytest.mark.parametrize("max_length", [2048, 8192])
+def test_export_reports_what_specforges_loader_keeps(longs: Path, tmp_path: Path, max_length: int,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "t.jsonl"
+    flags = [] if max_length == 2048 else ["--max-length", str(max_length)]
+    assert export_here(longs, "--dataset", "S", "--format", "tokens", "--out", out, *flags) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "SpecForge data.max_length" in x)
+    m = re.fullmatch(r"  (note|warning): SpecForge data\.max_length ([\d,]+): ([\d,]+) of 6 rows kept, ([\d,]+) of "
+                     r"([\d,]+) trained tokens \(([\d.]+)%\)(.*)", line)
+    assert m, line
+    kind, limit, rows, kept, total, _, rest = m.groups()
+    total_trained = sum(o for _, o in LENGTHS)
+    assert (int(limit.replace(",", "")), int(total.replace(",", ""))) == (max_length, total_trained)
+    loaded = specforge_payloads(out, max_length)
+    assert (int(rows), int(kept.replace(",", ""))) == (len(loaded), sum(sum(t["loss_mask"]) for t in loaded))
+    # 2,048: the second row cut to 548 trained tokens, three rows with none left; 8,192: the fifth row cut
+    assert (kind, int(rows), kept, bool(rest)) == {2048: ("warning", 3, "768", True),
+                                                   8192: ("warning", 6, "6,462", True)}[max_length]
+
+
+def test_check_template_reports_it_too(longs: Path, tmp_path: Path, built: dict[str, Path],
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-template", "--output-dir", str(longs), "--dataset", "S", "--tokenizer", str(built["chatml"]),
+                 "--max-length", "8192"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert ("  warning: --format tokens, SpecForge data.max_length 8,192: 6 of 6 rows kept, 6,462 of 7,270 trained "
+            "tokens (88.9%); rows are cut at max_length and those left with no trained token are dropped: raise "
+            "data.max_length to the longest row (see --max-length N) or leave the long rows out") in lines
+    with pytest.raises(SystemExit) as e:  # argparse's usage error
+        export_here(longs, "--dataset", "S", "--format", "tokens", "--out", tmp_path / "t.jsonl", "--max-length", "0")
+    assert e.value.code == 2
+    assert "argument --max-length: '0' must be a whole number of tokens, 1 or more (e.g. 8192)" in \
+        capsys.readouterr().err

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-from datasets import disable_progress_bars, load_dataset
-from export_helpers import write_store
+from datasets import load_dataset
+from export_helpers import export_here, write_store
 from servers import sim_in_thread
 from template_tokenizers import END_OF_TURN, KINDS
 
@@ -21,7 +21,6 @@ from sglang_sim.responses import EOS_TOKEN_ID
 
 from pipeline_helpers import SIM_FAST, make_rows, read_samples, write_dataset
 
-disable_progress_bars()
 OFF = '{"enable_thinking":false,"thinking":false}'  # what reasoning = "disable" sends (run/chat.py)
 MIX = """chat_template_kwargs = { thinking = true, enable_thinking = true }
 [[sampling.mix]]
@@ -91,8 +90,7 @@ def independent_rows(tokenizer_path: Path, kind: str, samples: list[dict]) -> di
                 output = expected_turn(kind, prompt, msg, cut)
                 if kind == "qwen3" and not cut:  # this template renders the last turn whole: the same text
                     assert tok.apply_chat_template([*history, msg], tokenize=False, **kwargs) == prompt + output
-                p, o = tok(prompt, add_special_tokens=False)["input_ids"], tok(output, add_special_tokens=False)[
-                    "input_ids"]
+                p, o = (tok(text, add_special_tokens=False)["input_ids"] for text in (prompt, output))
                 rows[f"{s['id']}#turn{k}"] = (p + o, [0] * len(p) + [1] * len(o))
                 k += 1
             history.append(msg)
@@ -101,8 +99,7 @@ def independent_rows(tokenizer_path: Path, kind: str, samples: list[dict]) -> di
 
 def _export_tokens(root: Path, name: str, out: Path, tokenizer: Path | None, *extra: str) -> list[dict]:
     flags = ["--tokenizer", str(tokenizer)] if tokenizer else []
-    assert main(["export", "--output-dir", str(root), "--dataset", name, "--format", "tokens", "--out", str(out),
-                 "--force", *flags, *extra]) == 0
+    assert export_here(root, "--dataset", name, "--format", "tokens", "--out", out, "--force", *flags, *extra) == 0
     return [orjson.loads(line) for line in out.read_bytes().splitlines()]
 
 
@@ -111,58 +108,52 @@ def _mismatches(rows: list[dict], expected: dict[str, tuple[list, list]]) -> lis
     return [r["id"] for r in rows if (r["input_ids"], r["loss_mask"]) != expected[r["id"]]]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_reasoning_disable_store_renders_each_row_as_the_server_did(disabled: Path, tmp_path: Path,
-                                                                     built: dict[str, Path], kind: str) -> None:
-    samples = read_samples(disabled, "D")
-    assert {s["meta"]["chat_template_kwargs"] for s in samples} == {OFF}
-    assert any(s["meta"]["turns"] > 1 for s in samples) and any(s["meta"]["finish_reason"] == "length"
-                                                               for s in samples)
-    rows = _export_tokens(disabled, "D", tmp_path / "t.jsonl", built[kind])
-    assert _mismatches(rows, independent_rows(built[kind], kind, samples)) == []
+NOT_USED = ('  note: tokens: --template-kwargs {"thinking":true} was not used: every rendered sample recorded the '
+            "chat_template_kwargs its requests sent (meta.chat_template_kwargs) and is rendered with them")
+FILLED = ("  note: tokens: 24 rendered samples recorded no chat_template_kwargs (written before "
+          'meta.chat_template_kwargs): rendered with --template-kwargs {"enable_thinking":false,"thinking":false}')
+
+
+@pytest.fixture(scope="module")
+def old(disabled: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The disabled store as written before meta.chat_template_kwargs."""
+    return write_store(tmp_path_factory.mktemp("old"), "D", [
+        Sample(s["id"], "D", s["conversations"], {k: v for k, v in s["meta"].items() if k != "chat_template_kwargs"})
+        for s in read_samples(disabled, "D")])
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_mixed_kwargs_store_renders_each_row_with_its_variants_kwargs(mixed: Path, tmp_path: Path,
-                                                                       built: dict[str, Path], kind: str,
-                                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    samples = read_samples(mixed, "M")
-    assert {s["meta"]["chat_template_kwargs"] for s in samples} == {
-        OFF, '{"enable_thinking":true,"thinking":true}'}
-    assert {bool(m.get("reasoning_content")) for s in samples for m in s["conversations"]
-            if m["role"] == "assistant"} == {True, False}
+@pytest.mark.parametrize("store, flags, note", [
+    ("disabled", [], None),
+    ("mixed", ["--template-kwargs", '{"thinking": true}'], NOT_USED),  # each row with its own: the flag not used
+    ("old", ["--template-kwargs", OFF], FILLED)])  # no recorded kwargs: the flag fills them
+def test_each_rendered_row_is_what_the_server_rendered_with_its_samples_kwargs(
+        request: pytest.FixtureRequest, store: str, flags: list[str], note: str | None, tmp_path: Path,
+        disabled: Path, built: dict[str, Path], kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A reasoning = "disable" store, one whose variants send their own chat_template_kwargs, and the first as
+    written before they were recorded: each row rendered with what its requests sent, and the export says how."""
+    root, name = request.getfixturevalue(store), "M" if store == "mixed" else "D"
+    samples = read_samples(disabled if store == "old" else root, name)  # with the kwargs the requests sent
+    kwargs = {s["meta"]["chat_template_kwargs"] for s in samples}
+    if store == "mixed":
+        assert kwargs == {OFF, '{"enable_thinking":true,"thinking":true}'}
+        assert {bool(m.get("reasoning_content")) for s in samples for m in s["conversations"]
+                if m["role"] == "assistant"} == {True, False}
+    else:
+        assert kwargs == {OFF} and any(s["meta"]["turns"] > 1 for s in samples)
+        assert any(s["meta"]["finish_reason"] == "length" for s in samples)
+    assert all(("chat_template_kwargs" in s["meta"]) == (store != "old") for s in read_samples(root, name))
     expected = independent_rows(built[kind], kind, samples)
     capsys.readouterr()
-    rows = _export_tokens(mixed, "M", tmp_path / "t.jsonl", built[kind], "--template-kwargs",
-                          '{"thinking": true}')
-    assert _mismatches(rows, expected) == []
-    assert ('  note: tokens: --template-kwargs {"thinking":true} was not used: every rendered sample recorded the '
-            "chat_template_kwargs its requests sent (meta.chat_template_kwargs) and is rendered with them"
-            ) in capsys.readouterr().out.splitlines()
-
-
-def test_rows_without_recorded_kwargs_take_the_flag(disabled: Path, tmp_path: Path, built: dict[str, Path],
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    """A store written before meta.chat_template_kwargs: --template-kwargs fills those rows, and says so."""
-    samples = read_samples(disabled, "D")
-    expected = independent_rows(built["qwen3"], "qwen3", samples)
-    old = tmp_path / "old"
-    write_store(old, "D", [Sample(s["id"], "D", s["conversations"], {k: v for k, v in s["meta"].items()
-                                                                     if k != "chat_template_kwargs"}) for s in samples])
-    assert all("chat_template_kwargs" not in s["meta"] for s in read_samples(old, "D"))
-    capsys.readouterr()
-    rows = _export_tokens(old, "D", tmp_path / "t.jsonl", built["qwen3"], "--template-kwargs", OFF)
-    assert _mismatches(rows, expected) == []
-    assert ("  note: tokens: 24 rendered samples recorded no chat_template_kwargs (written before "
-            'meta.chat_template_kwargs): rendered with --template-kwargs {"enable_thinking":false,"thinking":false}'
-            ) in capsys.readouterr().out.splitlines()
+    assert _mismatches(_export_tokens(root, name, tmp_path / "t.jsonl", built[kind], *flags), expected) == []
+    lines = capsys.readouterr().out.splitlines()
+    assert [n for n in (NOT_USED, FILLED) if n in lines] == ([note] if note else [])
 
 
 def test_mixed_kwargs_rows_load_in_datasets_with_one_schema(mixed: Path, tmp_path: Path) -> None:
     """meta.chat_template_kwargs is JSON text: one Arrow type whatever keys each variant sends."""
     out = tmp_path / "s.jsonl"
-    assert main(["export", "--output-dir", str(mixed), "--dataset", "M", "--format", "specforge", "--out", str(out),
-                 "--keep-meta"]) == 0
+    assert export_here(mixed, "--dataset", "M", "--format", "specforge", "--out", out, "--keep-meta") == 0
     ds = load_dataset("json", data_files=str(out), split="train")
     assert ds.num_rows == 24 and len({m["chat_template_kwargs"] for m in ds["meta"]}) == 2
 

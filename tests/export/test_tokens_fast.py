@@ -3,6 +3,7 @@ tokenizer: tokens.slow_turn_ids) id for id, on hostile text and several pre-toke
 
 from __future__ import annotations
 
+import functools
 import random
 from pathlib import Path
 from typing import Any
@@ -11,10 +12,11 @@ import numpy as np
 import pytest
 from export_helpers import jsonl, write_store
 
-from gen_pipeline.export import encode, tokens
+from gen_pipeline.export import core, encode, tokens
 from gen_pipeline.export.direct import DirectTemplate
 from gen_pipeline.export.encode import SPLIT_REGEXES, TextEncoder
 from gen_pipeline.export.render import Renderer, load_renderer
+from gen_pipeline.export.select import ValSplit, validation_ids
 from gen_pipeline.export.tokens import TokenRowBuilder, sent_message, slow_turn_ids
 from gen_pipeline.records import Sample
 
@@ -55,9 +57,9 @@ def _samples(seed: int, n: int) -> list[dict[str, Any]]:
 
 
 def _plain(renderer: Renderer, samples: list[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:
-    out, history = [], []
+    out = []
     for s in samples:
-        history = []
+        history: list[dict[str, Any]] = []
         for m in s["conversations"]:
             if m["role"] == "assistant":
                 out.append(slow_turn_ids(renderer, history, sent_message(m)))
@@ -65,21 +67,22 @@ def _plain(renderer: Renderer, samples: list[dict[str, Any]]) -> list[tuple[list
     return out
 
 
-def _rows_equal_plain(renderer: Renderer, samples: list[dict[str, Any]], builder: TokenRowBuilder) -> int:
-    rows = builder.rows(samples)
-    plain = _plain(renderer, samples)
+def _rows_equal_plain(tokenizer: Path, seed: int, n: int, **kwargs: Any) -> tuple[TokenRowBuilder, int]:
+    """The rows of n samples of _samples(seed), built by a new TokenRowBuilder: each equal to the plain
+    path; (the builder, how many rows)."""
+    renderer, samples = load_renderer(str(tokenizer), **kwargs), _samples(seed, n)
+    builder = TokenRowBuilder(renderer)
+    rows, plain = builder.rows(samples), _plain(renderer, samples)
     assert len(rows) == len(plain) > len(samples)
     for row, (ids, mask) in zip(rows, plain, strict=True):
         assert row["input_ids"].dtype == np.int32 and row["loss_mask"].dtype == np.int8
         assert (row["input_ids"].tolist(), row["loss_mask"].tolist()) == (ids, mask), row["id"]
-    return len(rows)
+    return builder, len(rows)
 
 
 def _export_equals_plain(tmp_path: Path, tokenizer: Path, seed: int, n: int, **opts: Any) -> Any:
     """Store n samples of _samples(seed), export them as tokens rows (through core.run_export) and check every
     row, train and validation, against the plain path; the export's summary."""
-    import gen_pipeline.export.core as core
-
     samples = _samples(seed, n)
     write_store(tmp_path / "out", "t", [Sample(s["id"], "t", s["conversations"], {}) for s in samples])
     summary = core.run_export(core.ExportOptions(output_root=tmp_path / "out", datasets=("t",), format="tokens",
@@ -91,21 +94,20 @@ def _export_equals_plain(tmp_path: Path, tokenizer: Path, seed: int, n: int, **o
     return summary
 
 
-def _byte_level_tokenizer(folder: Path, split: str | None, nfc: bool, *, prefix_space: bool = False) -> Path:
-    """A byte-level BPE like bench/chat_templates.py's, with a Split regex (then ByteLevel without its
-    own) and NFC as Qwen2/Qwen3 and Llama 3 tokenizers have them; ChatML template."""
+def _byte_level_tokenizer(folder: Path, split: str | None) -> Path:
+    """A byte-level BPE like bench/chat_templates.py's, ChatML template: NFC and a Split regex (then ByteLevel
+    without its own) as Qwen2/Qwen3 and Llama 3 tokenizers have them; no `split`: ByteLevel with a prefix space."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    if nfc:
-        tok.normalizer = normalizers.NFC()
     if split is None:
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=prefix_space)
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     else:
+        tok.normalizer = normalizers.NFC()
         tok.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=prefix_space, use_regex=False)])
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     rng = random.Random(3)
     trainer = trainers.BpeTrainer(vocab_size=900, special_tokens=tokenizer_specials(), show_progress=False,
@@ -119,28 +121,19 @@ def _byte_level_tokenizer(folder: Path, split: str | None, nfc: bool, *, prefix_
 
 @pytest.fixture(scope="module")
 def byte_level(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """name → a tokenizer folder: "qwen2" / "llama3" (Split regex + NFC), "prefix" (ByteLevel with a
+    """name → a tokenizer folder: "qwen2" / "llama3" (their Split regex + NFC), "prefix" (ByteLevel with a
     prefix space); each built once, when first asked for."""
-    made: dict[str, Path] = {}
-
-    def get(name: str) -> Path:
-        if name not in made:
-            folder = tmp_path_factory.mktemp(name)
-            made[name] = (_byte_level_tokenizer(folder, None, nfc=False, prefix_space=True) if name == "prefix"
-                          else _byte_level_tokenizer(folder, SPLIT_REGEXES[name], nfc=True))
-        return made[name]
-
-    return get
+    return functools.cache(lambda name: _byte_level_tokenizer(tmp_path_factory.mktemp(name), SPLIT_REGEXES.get(name)))
 
 
-@pytest.mark.parametrize("kind", ["kimi", "qwen3", "chatml"])
-def test_fast_rows_equal_the_plain_path_on_each_template(tokenizers: dict[str, Path], kind: str) -> None:
-    renderer = load_renderer(str(tokenizers[kind]))
-    builder = TokenRowBuilder(renderer)
-    compared = _rows_equal_plain(renderer, _samples(seed=len(kind), n=90), builder)
-    assert compared >= 200
+@pytest.mark.parametrize("kind", ["kimi", "qwen3", "chatml", *sorted(SPLIT_REGEXES)])
+def test_fast_rows_equal_the_plain_path_on_each_template(tokenizers: dict[str, Path], byte_level: Any,
+                                                         kind: str) -> None:
+    """Each template; and the qwen2 and llama3 Split regexes with NFC: chunked too."""
+    builder, compared = _rows_equal_plain(tokenizers[kind] if kind in tokenizers else byte_level(kind), len(kind), 90)
+    assert compared >= 200 and builder.renderer is not None
     assert builder.encoder is not None and builder.encoder.chunked  # the fast ways, not a fallback
-    assert renderer._direct and not renderer.direct_why
+    assert builder.renderer._direct and not builder.renderer.direct_why
     assert builder.stats["turns_rendered"] == compared and builder.stats["spot_checks"] == 1
     assert builder.encoder.stats["texts_chunked"] == 2 * compared and builder.encoder.stats["texts_whole"] == 0
     assert not builder.mismatch and builder.notes() == []
@@ -154,19 +147,10 @@ def test_reasoning_kept_or_not_the_template_kwargs_and_many_batches(tokenizers: 
     monkeypatch.setattr(encode, "GROUP_BYTES", 300)
     monkeypatch.setattr(encode, "SLOT_BITS", 3)
     monkeypatch.setattr(encode, "MAX_CHUNKS", 400)
-    renderer = load_renderer(str(tokenizers["kimi"]), kwargs={"thinking": False})
-    builder = TokenRowBuilder(renderer)
-    assert _rows_equal_plain(renderer, _samples(seed=9, n=60), builder) > 100
+    builder, compared = _rows_equal_plain(tokenizers["kimi"], 9, 60, kwargs={"thinking": False})
+    assert compared > 100
     assert builder.encoder is not None and builder.encoder.chunked
     assert builder.stats["spot_checks"] == 1
-
-
-@pytest.mark.parametrize("split", sorted(SPLIT_REGEXES))
-def test_qwen2_and_llama3_split_regexes_with_nfc_are_chunked_and_equal(byte_level: Any, split: str) -> None:
-    renderer = load_renderer(str(byte_level(split)))
-    builder = TokenRowBuilder(renderer)
-    assert _rows_equal_plain(renderer, _samples(seed=5, n=60), builder) > 100
-    assert builder.encoder is not None and builder.encoder.chunked
 
 
 def test_the_encoder_equals_the_tokenizer_text_by_text(tokenizers: dict[str, Path], byte_level: Any) -> None:
@@ -187,9 +171,7 @@ def test_the_encoder_equals_the_tokenizer_text_by_text(tokenizers: dict[str, Pat
 
 def test_a_tokenizer_whose_splits_are_not_known_is_tokenized_whole(byte_level: Any) -> None:
     """ByteLevel with a prefix space: each chunk would get one of its own; the fallback is counted."""
-    renderer = load_renderer(str(byte_level("prefix")))
-    builder = TokenRowBuilder(renderer)
-    compared = _rows_equal_plain(renderer, _samples(seed=2, n=30), builder)
+    builder, compared = _rows_equal_plain(byte_level("prefix"), 2, 30)
     assert builder.encoder is not None and not builder.encoder.chunked
     assert builder.encoder.why_whole == "a pre-tokenizer whose splits are not known here"
     assert builder.encoder.stats["texts_whole"] == 2 * compared and builder.encoder.stats["texts_chunked"] == 0
@@ -201,7 +183,6 @@ def test_a_spot_check_that_differs_makes_every_row_the_plain_way(tokenizers: dic
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A wrong chunk id (what a wrong proof would give) is caught by the spot check of the first turn:
     the rows are then made with apply_chat_template and whole texts, equal to the plain path."""
-    renderer = load_renderer(str(tokenizers["chatml"]))
     original = encode._Chunks.ids
 
     def wrong(self: Any, entry: Any, text_chunk: Any) -> Any:
@@ -209,8 +190,8 @@ def test_a_spot_check_that_differs_makes_every_row_the_plain_way(tokenizers: dic
         return ids + 1, starts
 
     monkeypatch.setattr(encode._Chunks, "ids", wrong)
-    builder = TokenRowBuilder(renderer)
-    assert _rows_equal_plain(renderer, _samples(seed=4, n=20), builder) > 40
+    builder, compared = _rows_equal_plain(tokenizers["chatml"], 4, 20)
+    assert compared > 40
     assert builder.stats["spot_mismatches"] == 1 and builder.mismatch == "s0#turn0" and builder.exact
     assert builder.encoder is not None and builder.encoder.why_whole == "asked to be exact"
     assert builder.notes() == ["tokens: row s0#turn0 differed from the plain path (the template and the tokenizer on "
@@ -221,11 +202,8 @@ def test_export_rebuilds_the_splits_made_before_a_spot_check_differed(tokenizers
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The train split passes its spot checks; a wrong id from the 40th turn on (in the validation
     split, built second) makes the export build both splits again the plain way, and say so."""
-    import gen_pipeline.export.core as core
-    from gen_pipeline.export.select import ValSplit
-
     val = ValSplit(share=0.5)
-    validation = core.validation_ids((f"s{i}" for i in range(40)), val)
+    validation = validation_ids((f"s{i}" for i in range(40)), val)
     train_turns = sum(1 + i % 4 for i in range(40) if f"s{i}" not in validation)
     calls = {"turns": 0}
     original = encode._Chunks.ids
@@ -256,10 +234,7 @@ def test_a_message_the_direct_template_was_not_probed_for_goes_through_apply_cha
                                           renderer.turn_text(plain, {"role": "assistant", "content": "b"})]
     assert renderer._direct.render_many([odd, plain], generation_prompt=True) == [
         None, renderer.render(plain, generation_prompt=True)]
-
-
-def test_the_direct_template_is_refused_when_apply_does_not_render_it_as_probed(tokenizers: dict[str, Path]) -> None:
-    renderer = load_renderer(str(tokenizers["chatml"]))
+    # refused when apply_chat_template does not render it as probed
     source = renderer.tokenizer.get_chat_template()
     assert DirectTemplate.probe(lambda m, g: "no template call", source) == (
         None, "apply_chat_template does not render through one jinja2 template call")

@@ -11,12 +11,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from datasets import disable_progress_bars, load_dataset, load_from_disk
-from export_helpers import export, jsonl
+from datasets import load_dataset, load_from_disk
+from export_helpers import export, fail, jsonl, specforge_payloads
 
 from pipeline_helpers import chat_tokenizers, read_samples, run_cli
-
-disable_progress_bars()
 
 # A Qwen2.5-style tool template on ChatML markers: the tools in the system turn, each call as
 # <tool_call>{"name", "arguments"}</tool_call> in the assistant turn, tool results as user turns.
@@ -119,7 +117,7 @@ def test_speculators_and_hf_keep_tools_and_calls(outputs: Path, tmp_path: Path) 
     export(outputs, "--dataset", "tools", "--format", "speculators", "--out", out)
     for row in jsonl(out):
         assert row["tools"] == samples[row["id"]]["meta"]["tools"]
-        assert row["conversations"] == [{k: v for k, v in m.items()} for m in samples[row["id"]]["conversations"]]
+        assert row["conversations"] == samples[row["id"]]["conversations"]
     # speculators 0.9.0's own reading where it is installed (the contract venv; not an extra of this project):
     # the tools parsed, the calls and ids kept
     spec = None
@@ -145,7 +143,6 @@ def test_speculators_and_hf_keep_tools_and_calls(outputs: Path, tmp_path: Path) 
 
 def test_tokens_rows_render_with_the_tools_and_train_the_calls(outputs: Path, tokenizer: Path,
                                                                tmp_path: Path) -> None:
-    from specforge.data.prompt_builder import prepare_prompt_tasks
     from transformers import AutoTokenizer
 
     out = tmp_path / "tokens.jsonl"
@@ -153,9 +150,7 @@ def test_tokens_rows_render_with_the_tools_and_train_the_calls(outputs: Path, to
     rows = jsonl(out)
     samples = {s["id"]: s for s in read_samples(outputs, "tools")}
     assert len(rows) == sum(s["meta"]["turns"] for s in samples.values())
-    tasks = prepare_prompt_tasks(out, None, chat_template=None, max_length=1_000_000, is_preformatted=False,
-                                 train_only_last_turn=False, cache_dir=None, cache_key=None, num_proc=None)
-    assert [t["payload"] for t in tasks] == [{"input_ids": r["input_ids"], "loss_mask": r["loss_mask"]} for r in rows]
+    assert specforge_payloads(out) == [{"input_ids": r["input_ids"], "loss_mask": r["loss_mask"]} for r in rows]
     tok = AutoTokenizer.from_pretrained(tokenizer)
     call_rows = 0
     for row in rows:
@@ -221,8 +216,6 @@ def test_whole_answers_with_server_ids_store_the_calls_and_their_tokens(tmp_path
 
 def test_harmony_refuses_tool_use_rows_instead_of_losing_the_calls(outputs: Path, tmp_path: Path) -> None:
     out = tmp_path / "h.jsonl"
-    r = run_cli("export", "--output-dir", outputs, "--dataset", "tools", "--format", "specforge", "--harmony",
-                "--no-status", "--out", out)
-    assert r.returncode == 2 and not out.exists()
-    assert r.stderr.startswith("error: sample tools-t")
-    assert "is a tool-use conversation, and --harmony writes only the analysis and final channels" in r.stderr
+    code, err = fail(outputs, "--dataset", "tools", "--format", "specforge", "--harmony", "--no-status", "--out", out)
+    assert code == 2 and not out.exists() and err.startswith("error: sample tools-t")
+    assert "is a tool-use conversation, and --harmony writes only the analysis and final channels" in err

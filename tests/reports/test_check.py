@@ -26,25 +26,11 @@ def gen(toml: Path, out: Path, *extra: str | Path) -> subprocess.CompletedProces
     return r
 
 
-def sharegpt_rows(n: int) -> list[dict]:
-    """SpecForge's own style: `conversations` of role/content turns (half of them), from/value the rest."""
-    rows = []
-    for i in range(n):
-        if i % 2:
-            turns = [{"role": "user", "content": f"Question {i}?"}, {"role": "assistant", "content": "old"}]
-        else:
-            turns = [{"from": "human", "value": f"Question {i}?"}, {"from": "gpt", "value": "old"}]
-        rows.append({"id": f"s{i}", "conversations": turns})
-    return rows
-
-
 def config_dir_with(tmp_path: Path, profile: str) -> Path:
     """datasets_cfg's server.toml plus one more profile (TOML text)."""
     cfg = tmp_path / "cfg"
     cfg.mkdir()
-    shutil.copy(REPO / "datasets_cfg" / "server.toml", cfg / "server.toml")
-    with open(cfg / "server.toml", "a") as f:
-        f.write("\n" + profile)
+    (cfg / "server.toml").write_text((REPO / "datasets_cfg" / "server.toml").read_text() + "\n" + profile)
     return cfg
 
 
@@ -82,18 +68,28 @@ max_new_tokens 96 = ~113: fits
   target: 0/15 done, 15 to go; the source can give 19 more
   OK
 """.replace("\\\n", "")
+    assert "make check DATASET=" in user_docs() and "gen-pipeline check --dataset" in user_docs()
+    r = run_cli("check", "--help")
+    assert r.returncode == 0 and "usage: gen-pipeline check" in r.stdout
 
 
-def test_prompts_that_do_not_fit_the_context_are_counted(tmp_path: Path) -> None:
-    toml = write_dataset(tmp_path, target=15, rows=make_rows(20), max_new_tokens=100)
-    cfg = config_dir_with(tmp_path, '[profile.ctx]\ninherits = "sim"\ncontext_length = 111\n')
-    r = run_cli("check", "--dataset", toml, "--server", "ctx", "--config-dir", cfg, "--output-dir", tmp_path / "out")
-    assert r.returncode == 0, r.stderr
-    assert (f"  context length 111 tokens ({cfg}/server.toml [profile.ctx] context_length): longest prompt ~17 "
-            "tokens + max_new_tokens 100 = ~117: 10 of 20 prompts do not fit; SGLang refuses those requests (HTTP 400, "
-            "recorded as final failures). Lower max_new_tokens or raise context_length.\n") in r.stdout
+@pytest.mark.parametrize("profile, max_new_tokens, line", [
     # ~tokens = ceil(characters / 4); 12 + 100 exceeds 111: the 10 prompts of 45+ characters (half: still OK)
-    assert r.stdout.endswith("  OK\n")
+    ("context_length = 111", 100, "  context length 111 tokens ({cfg}/server.toml [profile.p] context_length): "
+     "longest prompt ~17 tokens + max_new_tokens 100 = ~117: 10 of 20 prompts do not fit; SGLang refuses those "
+     "requests (HTTP 400, recorded as final failures). Lower max_new_tokens or raise context_length.\n"),
+    ('model_path = "{model}"', 96, "  context length 4,096 tokens ({model}/config.json max_position_embeddings): "
+     "longest prompt ~17 tokens + max_new_tokens 96 = ~113: fits\n"),
+], ids=["prompts_that_do_not_fit", "from_a_local_models_config_json"])
+def test_the_context_length_check(tmp_path: Path, profile: str, max_new_tokens: int, line: str) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"text_config": {"max_position_embeddings": 4096}}')
+    toml = write_dataset(tmp_path, target=15, rows=make_rows(20), max_new_tokens=max_new_tokens)
+    cfg = config_dir_with(tmp_path, f'[profile.p]\ninherits = "sim"\n{profile.format(model=model)}\n')
+    r = run_cli("check", "--dataset", toml, "--server", "p", "--config-dir", cfg, "--output-dir", tmp_path / "out")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert line.format(cfg=cfg, model=model) in r.stdout and r.stdout.endswith("  OK\n")
 
 
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed (not a dependency)")
@@ -116,50 +112,25 @@ def test_prompt_lengths_in_tokens_with_a_local_tokenizer(tmp_path: Path) -> None
             "recorded as final failures). Lower max_new_tokens or raise context_length.\n") in r.stdout
 
 
-def test_context_length_from_a_local_models_config_json(tmp_path: Path) -> None:
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text('{"text_config": {"max_position_embeddings": 4096}}')
-    toml = write_dataset(tmp_path, target=15, rows=make_rows(20))
-    cfg = config_dir_with(tmp_path, f'[profile.local]\ninherits = "sim"\nmodel_path = "{model}"\n')
-    r = run_cli("check", "--dataset", toml, "--server", "local", "--config-dir", cfg, "--output-dir", tmp_path / "out")
-    assert r.returncode == 0, r.stderr
-    assert (f"  context length 4,096 tokens ({model}/config.json max_position_embeddings): longest prompt ~17 "
-            "tokens + max_new_tokens 96 = ~113: fits\n") in r.stdout
-
-
-def test_check_is_a_make_target_and_in_the_readme() -> None:
-    assert "make check DATASET=" in user_docs()
-    assert "gen-pipeline check --dataset" in user_docs()
-    r = run_cli("check", "--help")
-    assert r.returncode == 0 and "usage: gen-pipeline check" in r.stdout
-
-
 # ---------------------------------------------------------------- refused before launch
 
-def test_a_wrong_column_is_refused_before_launch_and_names_the_columns(tmp_path: Path) -> None:
-    toml = write_dataset(tmp_path, target=10)
-    toml.write_text(toml.read_text().replace('field = "messages"', 'field = "msgs"'))
-    message = (f"error: {toml}: source.field = 'msgs': the source has no such column. Its columns: id, messages. "
-               "Set source.field to the column holding the conversations or prompts.\n")
+@pytest.mark.parametrize("rows, field, message", [
+    (None, "msgs", "source.field = 'msgs': the source has no such column. Its columns: id, messages. Set "
+     "source.field to the column holding the conversations or prompts."),
+    ([{"id": f"r{i}", "messages": [{"from": "human", "value": "hi"}]} for i in range(12)], "messages",
+     "12 of 12 rows are rejected (missing_field 12); the first, row 0: turn 0 needs 'role' and 'content'; it has "
+     "'from', 'value'; set source.schema = \"sharegpt\" for from/value turns. Check source.schema = 'messages' and "
+     "source.field = 'messages' (gen-pipeline check --dataset T shows the parsed rows)."),
+], ids=["a_wrong_column_names_the_columns", "most_rows_rejected_says_the_first_reason"])
+def test_refused_before_launch(tmp_path: Path, rows: list[dict] | None, field: str, message: str) -> None:
+    toml = write_dataset(tmp_path, target=10, rows=rows)
+    toml.write_text(toml.read_text().replace('field = "messages"', f'field = "{field}"'))
+    message = f"error: {toml}: {message}\n"
     r = run_cli("check", "--dataset", toml, "--output-dir", tmp_path / "out")
     assert (r.returncode, r.stderr) == (2, message)
     r = gen(toml, tmp_path / "out")
     assert (r.returncode, r.stdout, r.stderr) == (2, LOADING, message)
     assert not (tmp_path / "out" / "T").exists()  # no server.log: nothing was launched
-
-
-def test_most_rows_rejected_is_refused_with_the_first_reason(tmp_path: Path) -> None:
-    toml = write_dataset(tmp_path, target=10, rows=[{"id": f"r{i}", "messages": [{"from": "human", "value": "hi"}]}
-                                                     for i in range(12)])
-    r = gen(toml, tmp_path / "out")
-    assert (r.returncode, r.stdout) == (2, LOADING)
-    assert r.stderr == (
-        f"error: {toml}: 12 of 12 rows are rejected (missing_field 12); the first, row 0: turn 0 needs 'role' and "
-        "'content'; it has 'from', 'value'; set source.schema = \"sharegpt\" for from/value turns. Check "
-        "source.schema = 'messages' and source.field = 'messages' (gen-pipeline check --dataset T shows the "
-        "parsed rows).\n")
-    assert not (tmp_path / "out" / "T").exists()
 
 
 def test_too_few_valid_rows_is_refused_then_proceeds_and_ends_short_with_exit_5(tmp_path: Path) -> None:
@@ -181,6 +152,9 @@ def test_too_few_valid_rows_is_refused_then_proceeds_and_ends_short_with_exit_5(
     assert last.endswith(", 2 invalid rows skipped; the source has no more prompts: 10 samples short of the target; "
                          "add rows to the source or lower target_samples.")
     assert len(assert_exact(out, 20)) == 20
+    r = gen(toml, tmp_path / "limited", "--limit", "5")  # a --limit within the source is not refused
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1].endswith("stopped at --limit; run again to continue.")
 
 
 def test_a_large_source_is_sampled_and_its_shortfall_estimated(tmp_path: Path) -> None:
@@ -199,17 +173,14 @@ def test_a_large_source_is_sampled_and_its_shortfall_estimated(tmp_path: Path) -
         in r.stdout
 
 
-def test_a_limit_within_the_source_is_not_refused(tmp_path: Path) -> None:
-    toml, out = write_dataset(tmp_path, target=30, rows=make_rows(20)), tmp_path / "out"
-    r = gen(toml, out, "--limit", "5")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[-1].endswith("stopped at --limit; run again to continue.")
-
-
 # ---------------------------------------------------------------- sources
 
 def test_specforge_role_content_turns_under_sharegpt(tmp_path: Path) -> None:
-    toml = write_dataset(tmp_path, target=12, rows=sharegpt_rows(12))
+    # SpecForge's own style: `conversations` of role/content turns (half of them), from/value the rest
+    rows = [{"id": f"s{i}", "conversations": [{"role": "user", "content": f"Question {i}?"},
+                                              {"role": "assistant", "content": "old"}] if i % 2 else
+             [{"from": "human", "value": f"Question {i}?"}, {"from": "gpt", "value": "old"}]} for i in range(12)]
+    toml = write_dataset(tmp_path, target=12, rows=rows)
     toml.write_text(toml.read_text().replace('schema = "messages"', 'schema = "sharegpt"')
                     .replace('field = "messages"', 'field = "conversations"'))
     r = gen(toml, tmp_path / "out")
@@ -302,7 +273,7 @@ def test_make_status_json_is_pipeable(tmp_path: Path) -> None:
     assert orjson.loads(r.stdout)["datasets"]["demo"]["done"] == 0
 
 
-def test_plan_takes_the_profiles_hicache_and_says_where_inputs_came_from() -> None:
+def test_plan_says_where_its_inputs_came_from_and_its_weight_examples_add_up() -> None:
     r = run_cli("plan", "--weights-gb", "553", "--gpu-mem-gb", "141", "--overhead-gb", "0")
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[:2] == [
@@ -317,15 +288,8 @@ def test_plan_takes_the_profiles_hicache_and_says_where_inputs_came_from() -> No
     assert r.stdout.splitlines()[0] == (
         "inputs from datasets_cfg/server.toml [profile.baseline], flags override: tp_size 16 (flag), "
         "mem_fraction_static 0.85 (profile), kv_cache_dtype bf16 (profile), hicache_gb 8 (flag)")
-
-
-def test_plan_weight_examples_agree_with_the_arithmetic() -> None:
-    assert round(594e9 / GIB) == 553 and round(70e9 * 2 / GIB, 1) == 130.4
-    r = run_cli("plan", "--model-config", REPO / "tests" / "server" / "data" / "kimi-k2.5-config.json")
-    assert (r.returncode, r.stderr) == (2, (
-        "error: plan needs the weight size: pass --weights-gb (the checkpoint's total size in GiB; Kimi-K2.5 INT4: "
-        "594 GB on disk = 553 GiB) or --params-b with --weight-dtype (e.g. --params-b 70 --weight-dtype bf16 = "
-        "130.4 GiB).\n"))
+    # the weight examples agree with the arithmetic
+    assert round(594e9 / GIB) == 553 and round(70e9 * 2 / GIB, 1) == 130.4  # the message: tests/cli/test_cli.py
     r = run_cli("plan", "--params-b", "70", "--weight-dtype", "bf16", "--tp-size", "2")
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[1] == "weights: 70B parameters × 2 bytes (bf16) = 130.4 GiB"

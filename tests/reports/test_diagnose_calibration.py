@@ -11,15 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gen_pipeline.reports.diagnose import (
-    SLOT_RULES,
-    THRESHOLDS,
-    diagnose,
-    elasticity,
-    format_diagnosis,
-    t_quantile,
-    view,
-)
+from gen_pipeline.reports.diagnose import SLOT_RULES, THRESHOLDS, diagnose, elasticity, format_diagnosis, view
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "diagnose_rows.json.gz"
 FIRST_TRACES = "h200_traces.json"  # run 4's file, the first of the committed traces
@@ -128,4 +120,5 @@ def test_a_slope_is_trusted_only_within_its_confidence_bounds() -> None:
 
 @pytest.mark.parametrize("df, table", [(3, 2.353), (5, 2.015), (10, 1.812), (20, 1.725), (30, 1.697)])
 def test_t_quantile_matches_the_tables(df: int, table: float) -> None:
+    from gen_pipeline.reports.diagnose import t_quantile
     assert abs(t_quantile(0.95, df) - table) < 1e-3

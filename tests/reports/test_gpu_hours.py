@@ -13,7 +13,7 @@ from gen_pipeline import ConfigError, RunOptions
 from gen_pipeline.records import Sample
 from gen_pipeline.reports.gpu_hours import dataset_usage, format_usage, job_usage, project
 from gen_pipeline.reports.page import render_html
-from gen_pipeline.reports.status import format_status, status_all
+from gen_pipeline.reports.status import format_status, run_wall_s, status_all
 from gen_pipeline.server.handle import server_gpus
 from gen_pipeline.store.dataset_store import DatasetStore
 
@@ -82,6 +82,11 @@ def test_the_jobs_gpu_hours_count_an_overlap_once_and_ranks_add_up():
     # the datasets' own figures: B6 counts from its first request (35 min); the parts sum to 12.67 (their
     # 5-minute hand-over twice), not 8 + 12
     assert round(dataset_usage([b1]).gpu_hours + dataset_usage([b6]).gpu_hours, 2) == 12.67
+    # runs that tie in time sort whether or not their GPUs are known: the job's "nothing to do" run of a dataset
+    # records no GPUs in the same second as another run (this crashed status with "'<' not supported between
+    # 'int' and 'NoneType'")
+    u = job_usage({"": [run(0, 0, 60, 1_000), run(0, 0, 60, 0, gpus=None), run(0, 0, 60, 500, gpus=4)]})
+    assert (round(u.gpu_hours, 6), u.samples, u.unknown_runs) == (0.0, 1_500, 1)
 
 
 def test_the_projection_runs_the_unfinished_datasets_one_after_another():
@@ -146,18 +151,17 @@ def test_status_prints_the_gpu_hours_and_the_projection(tmp_path: Path) -> None:
     assert ('<pre class="gpu">GPU-hours (tp × dp × servers × wall time):\n'
             "  B6: 4.00 GPU-h over 30m00s for 100 samples = 40.00 GPU-h per 1,000 samples (tp 8 × dp 1 × 1 server)\n"
             "  job: 10m00s of generating left at the measured rates (no run is live)</pre>") in page
-
-
-def test_runs_that_recorded_no_server_print_no_gpu_lines(tmp_path: Path) -> None:
-    s = DatasetStore(tmp_path, "B1", fingerprint={"model": "m"}, target=10)
+    # runs that recorded no server (older versions) print no GPU lines
+    s = DatasetStore(tmp_path / "older", "B1", fingerprint={"model": "m"}, target=10)
     s.open()
     s.write_samples([_sample(i) for i in range(3)])
     s.close({"samples_per_s": 1.0})
-    assert "GPU-hours" not in format_status(status_all(tmp_path, {"B1": 10}))
+    assert "GPU-hours" not in format_status(status_all(tmp_path / "older", {"B1": 10}))
 
 
-def test_runs_that_tie_in_time_sort_whether_or_not_their_gpus_are_known():
-    # one dataset, then the job: the job's "nothing to do" run of that dataset records no GPUs in the same
-    # second as another run (this crashed status with "'<' not supported between 'int' and 'NoneType'")
-    u = job_usage({"": [run(0, 0, 60, 1_000), run(0, 0, 60, 0, gpus=None), run(0, 0, 60, 500, gpus=4)]})
-    assert (round(u.gpu_hours, 6), u.samples, u.unknown_runs) == (0.0, 1_500, 1)
+def test_mixed_naive_and_aware_times_span_their_seconds() -> None:
+    """A hand-edited manifest's naive times are read as UTC, as GPU-hours reads them: no TypeError."""
+    assert run_wall_s({"started_at": "2026-01-01T00:00:00", "ended_at": "2026-01-01T01:00:00+00:00"}) == 3600.0
+    assert run_wall_s({"started_at": "2026-01-01T00:00:00+01:00", "updated_at": "2026-01-01T00:30:00"}) == 5400.0
+    assert run_wall_s({"started_at": "2026-01-01T00:00:00"}) is None
+    assert run_wall_s({"started_at": "not a time", "ended_at": "2026-01-01T01:00:00"}) is None

@@ -47,17 +47,13 @@ def test_diagnose_names_the_ceiling_with_the_fix() -> None:
     ]
 
 
-@pytest.mark.parametrize("polls", [
-    [(100, 5000.0)] * 5 + [(240, 15_400.0)] * 20,  # below the ceiling throughout
-    [(100, 5000.0)] * 5 + [(240, 15_400.0)] * 8 + [(300, 19_000.0)] * 12,  # crossed, the rate per request held
+@pytest.mark.parametrize("polls, ceiling", [
+    ([(100, 5000.0)] * 5 + [(240, 15_400.0)] * 20, 256),  # below the ceiling throughout
+    ([(100, 5000.0)] * 5 + [(240, 15_400.0)] * 8 + [(300, 19_000.0)] * 12, 256),  # crossed, the rate per request held
+    (CROSSING, None),  # a falling decode rate alone is no ceiling: the real short-regime gauge swings with prefills
 ])
-def test_no_ceiling_verdict_where_the_batch_did_not_slow(polls: list[tuple[int, float]]) -> None:
-    assert "graph_ceiling" not in [v.rule for v in diagnose(_rows(polls))]
-
-
-def test_no_ceiling_verdict_without_the_field() -> None:
-    """A falling decode rate alone is no ceiling: the real short-regime gauge swings with its prefills."""
-    assert "graph_ceiling" not in [v.rule for v in diagnose(_rows(CROSSING, ceiling=None))]
+def test_no_ceiling_verdict_where_the_batch_did_not_slow(polls: list[tuple[int, float]], ceiling: int | None) -> None:
+    assert "graph_ceiling" not in [v.rule for v in diagnose(_rows(polls, ceiling))]
 
 
 def test_the_real_h200_runs_past_the_ceiling() -> None:

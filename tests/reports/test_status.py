@@ -81,19 +81,16 @@ def test_states_rejects_and_totals(tmp_path):
     assert lines[-1].split() == ["total", "4/88,000", "0.0%"]
 
 
-def test_unknown_folder_with_shards_is_listed(tmp_path):
+def test_unknown_folders_are_listed_and_a_dataset_without_config_counts_its_recorded_target(tmp_path):
     with DatasetStore(tmp_path, "X9", fingerprint=FP, target=3) as s:
         s.open()
         s.write_samples([sample(0)])
     report = status_all(tmp_path, {"B2": 10})
     assert [(d.dataset, d.done, d.target) for d in report.datasets] == [("B2", 0, 10), ("X9", 1, 3)]
     assert (report.total_done, report.total_target) == (0, 10)
-
-
-def test_total_counts_the_recorded_target_of_a_dataset_without_config(tmp_path):
     with make(tmp_path, target=20) as s:  # `status --dataset B2` with outputs/B2 but no B2.toml: target None
         s.open()
         s.write_samples([sample(i) for i in range(3)])
     report = status_all(tmp_path, {"B2": None}, total_of=["B2"])
-    assert [(d.dataset, d.done, d.target) for d in report.datasets] == [("B2", 3, 20)]
+    assert [(d.dataset, d.done, d.target) for d in report.datasets] == [("B2", 3, 20), ("X9", 1, 3)]
     assert (report.total_done, report.total_target) == (3, 20)

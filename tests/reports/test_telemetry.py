@@ -3,51 +3,27 @@
 from __future__ import annotations
 
 import base64
-import shutil
+import json
 import signal
-import sys
 from pathlib import Path
 
 import orjson
 import pytest
 
-from gen_pipeline.errors import ConfigError
 from gen_pipeline.reports import diagnose as bottleneck
-from gen_pipeline.store.telemetry import (
-    ARCHIVE_NAME,
-    TELEMETRY_NAME,
-    Telemetry,
-    append_rows,
-    decimate,
-    read_file,
-    read_telemetry,
-)
+from gen_pipeline.store import telemetry
+from gen_pipeline.store.telemetry import TELEMETRY_NAME, append_rows, read_file, read_telemetry
+from tests.reports.test_check import config_dir_with
 
-from pipeline_helpers import (
-    REPO,
-    assert_exact,
-    freeze,
-    kill_group,
-    make_rows,
-    run_cli,
-    start_cli,
-    wait_for,
-    write_dataset,
-)
+from pipeline_helpers import assert_exact, freeze, kill_group, make_rows, run_cli, start_cli, wait_for, write_dataset
 
 FAST = ["--sim-profile", "fast", "--sim-startup-s", "0.2"]
 
 
 def _config(tmp: Path, keys: dict, extra_args: list[str]) -> Path:
     """A config dir with server.toml + a profile `t` inheriting the small simulator."""
-    cfg = tmp / "cfg"
-    cfg.mkdir(parents=True, exist_ok=True)
-    shutil.copy(REPO / "datasets_cfg" / "server.toml", cfg / "server.toml")
-    lines = [f"{k} = {orjson.dumps(v).decode()}" for k, v in keys.items()]
-    with open(cfg / "server.toml", "a") as f:
-        f.write('\n[profile.t]\ninherits = "sim"\n' + "\n".join(lines)
-                + f"\nextra_args = {orjson.dumps(extra_args).decode()}\n")
-    return cfg
+    lines = [f"{k} = {orjson.dumps(v).decode()}" for k, v in {**keys, "extra_args": extra_args}.items()]
+    return config_dir_with(tmp, '[profile.t]\ninherits = "sim"\n' + "\n".join(lines) + "\n")
 
 
 def scenario(tmp: Path, *, keys: dict | None = None, sim: list[str], target: int, max_new_tokens: int,
@@ -92,20 +68,20 @@ def test_rotation_bounds_bytes_and_keeps_boundaries(tmp_path: Path) -> None:
     path, max_bytes = tmp_path / TELEMETRY_NAME, 4096
     for i in range(3000):
         append_rows(path, [_row(i, run=1 + i // 1000, restarts=int(i > 1500))], max_bytes=max_bytes)
-    total = path.stat().st_size + (tmp_path / ARCHIVE_NAME).stat().st_size
+    total = path.stat().st_size + (tmp_path / telemetry.ARCHIVE_NAME).stat().st_size
     assert total <= 2 * max_bytes + 200, total
     rows = read_telemetry(tmp_path)
     assert rows[-1]["t_run_s"] == 2999.0 and len(rows) < 3000
     kept = {(r["run"], r["restarts"]) for r in rows}
     assert kept == {(1, 0), (2, 0), (2, 1), (3, 1)}  # every run and restart still visible
     assert [r["t"] for r in rows] == sorted(r["t"] for r in rows)
-    assert decimate([_row(i) for i in range(25)], 10) == [_row(0), _row(10), _row(20), _row(24)]
+    assert telemetry.decimate([_row(i) for i in range(25)], 10) == [_row(0), _row(10), _row(20), _row(24)]
 
 
 def test_disk_error_turns_telemetry_off_once(tmp_path: Path) -> None:
     (tmp_path / TELEMETRY_NAME).mkdir()  # cannot be opened as a file
     events: list[str] = []
-    tel = Telemetry(tmp_path, run=1, on_event=events.append)
+    tel = telemetry.Telemetry(tmp_path, run=1, on_event=events.append)
     from gen_pipeline.records import RunSnapshot
     snapshot = RunSnapshot(done=0, target=1, samples_per_s=0.0, tokens_per_s=0.0, in_flight=0, window=1)
     for _ in range(5):
@@ -194,13 +170,6 @@ def test_report_and_diagnose_mark_a_server_restart(tmp_path: Path) -> None:
     assert len(_png_of(page)) > 10_000
     from gen_pipeline.reports.page import timeline
     assert len(timeline(rows)[2]) == restarts  # a red line per restart
-
-
-def test_report_names_the_missing_extra(monkeypatch) -> None:
-    from gen_pipeline.reports import page as telemetry_report
-    monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(ConfigError, match=r"make venv EXTRAS=gpu .*pip install -e '\.\[report\]'"):
-        telemetry_report.plot_png([_row(0)], "x")
 
 
 def test_diagnose_without_telemetry_says_so(tmp_path: Path) -> None:
@@ -307,10 +276,8 @@ def test_a_client_with_cpu_to_spare_or_a_server_that_queues_is_not_client_bound(
 
 def test_levers_are_plans_arithmetic() -> None:
     """The memory-fraction lever is plan's +0.01 figure; fp8 doubles the tokens; hicache adds no slots."""
-    import json
-
     from gen_pipeline.server.plan import plan
-    cfg = json.loads((REPO / "datasets_cfg" / "models" / "kimi-k2.5-config.json").read_text())
+    cfg = json.loads((Path(__file__).parents[2] / "datasets_cfg/models/kimi-k2.5-config.json").read_text())
     p = plan(cfg, gpu_mem_gb=141, tp_size=8, mem_fraction_static=0.85, tokens_per_sample=4000, weights_gb=594)
     per_001 = p.options[0].tokens_per_0_01
     levers = bottleneck.kv_levers(116_000, "bf16", 4000, running=30, queued=100,
