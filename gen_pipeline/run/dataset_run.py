@@ -1,7 +1,5 @@
-"""One dataset's part of a job: its store, feed, dispatcher, writer, stats and telemetry. It has no loop
-of its own: the job (job.py) starts its producer and writer, and tells it every load poll. Its records
-carry the dataset's name (`extra={"dataset": name}`), so the CLI files them in the dataset's run.log.
-"""
+"""One dataset's part of a job: its store, feed, dispatcher, writer, stats and telemetry; its log records carry
+`extra={"dataset": name}`, so the CLI files them in the dataset's run.log."""
 
 from __future__ import annotations
 
@@ -9,7 +7,6 @@ import logging
 import time
 from collections.abc import Callable
 from itertools import islice
-from typing import Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
@@ -42,8 +39,7 @@ class Feed:
         self._ahead: list[Prompt] | None = None
 
     async def first(self) -> list[Prompt]:
-        """The first batch, read ahead (it sizes the controller's prior); next_batch() returns it first.
-        Abandoned when cancelled (a signal before the server starts: a streaming source may be slow)."""
+        """The first batch, read ahead (it sizes the controller's prior); abandoned when cancelled."""
         if self._ahead is None:
             self._ahead = await anyio.to_thread.run_sync(self._read, abandon_on_cancel=True)
         return self._ahead
@@ -90,9 +86,8 @@ class DatasetRun:
         self.stats.started = time.monotonic()
         self.store.record_generating()
 
-    # ------------------------------------------------------------ one moment of it
     def snapshot(self, *, final: bool = False) -> RunSnapshot:
-        """Now, with the server's load as the last successful poll saw it (the display's)."""
+        """Now, with the server's load as the last successful poll saw it."""
         return self._snapshot(self.stats.last_load, final)
 
     def _snapshot(self, load: LoadSnapshot | None, final: bool = False) -> RunSnapshot:
@@ -117,8 +112,9 @@ class DatasetRun:
             controller_reason=deciding.reason if deciding else None, fixed_window=bool(self.opts.window),
             tokens_per_request=ctl.tokens_per_request if ctl else None,
             held_tokens_per_request=ctl.held_tokens_per_request if ctl else None,
-            kv_dtype=_str_or_none(info.get("kv_cache_dtype")), mem_fraction_static=_float_or_none(
-                info.get("mem_fraction_static")), restarts=handle.restarts if handle is not None else 0,
+            kv_dtype=None if (dtype := info.get("kv_cache_dtype")) is None else str(dtype),
+            mem_fraction_static=_float_or_none(info.get("mem_fraction_static")),
+            restarts=handle.restarts if handle is not None else 0,
             peak_running=s.peak_running, peak_queued=s.peak_queued, peak_kv_usage=s.peak_kv_usage, final=final,
             server_wait_s=(time.monotonic() - handle.down_since_s
                            if handle is not None and handle.down_since_s is not None else None),
@@ -129,8 +125,7 @@ class DatasetRun:
         return progress_record(self.snapshot())
 
     def observe_poll(self, snap: LoadSnapshot | None) -> None:
-        """One load poll while it is active: its stats, a telemetry row and the load observers, with
-        this poll's server figures (None when it failed)."""
+        """One load poll while it is active (None: it failed): its stats, telemetry and the load observers."""
         if snap is not None:
             self.stats.note_load(snap)
         snapshot = self._snapshot(snap)
@@ -139,15 +134,12 @@ class DatasetRun:
             observe(snapshot)
 
     def initial_tokens(self, first: list[Prompt]) -> float:
-        """Tokens a request holds at its end, before any completion: errs low (half the output cap, over
-        the sampling mix's variants by their shares)."""
+        """Tokens a request holds at its end, before any completion: errs low (half the output cap)."""
         cap = sum(share * min(s.max_new_tokens, 4096) for share, s in self.cfg.variants)
         return max(64.0, estimate_prompt_tokens(first) + 0.5 * cap)
 
-    # ------------------------------------------------------------ writing and the end
     async def write(self, recv: MemoryObjectReceiveStream[Item], signal: Callable[[], str | None]) -> None:
-        """Its writer task: every result to the store; once its last request has ended, commit and unlock
-        it (status shows it done while the job's other datasets go on). `signal()`: the job's, if any."""
+        """Its writer task: every result to the store, then commit and unlock it as soon as its last request ended."""
         await self.writer.run(recv)
         self.elapsed_s = self.stats.elapsed_s()
         self.store.record_stop(self.stopped_by(signal()))
@@ -182,9 +174,5 @@ class DatasetRun:
                           final_failures=s.final_failures, rank_label=rank.label if rank.ranked else "")
 
 
-def _str_or_none(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
-def _float_or_none(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+def _float_or_none(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None

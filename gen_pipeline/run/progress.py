@@ -1,7 +1,5 @@
-"""What the user sees while a run goes: a tqdm bar on a terminal, plain log lines otherwise, both drawn
-from the job's RunSnapshot (`RunOptions.on_progress = Progress(...).update`). A run's events are log
-records, which the CLI keeps off the bar's line (gen_pipeline/cli/logs.py).
-"""
+"""What the user sees while a run goes: a tqdm bar on a terminal, plain log lines otherwise, both drawn from the
+job's RunSnapshot (`RunOptions.on_progress = Progress(...).update`)."""
 
 from __future__ import annotations
 
@@ -45,8 +43,8 @@ def postfix(s: RunSnapshot) -> str:
 
 
 class Progress:
-    """`update()` as often as you like; it redraws the bar or prints a line every `log_every_s`.
-    `close()` ends the bar (log mode: prints the last figures a short run may never have shown)."""
+    """`update()` redraws the bar or prints a line every `log_every_s`; `close()` ends the bar (log mode: prints
+    the last figures a short run may never have shown)."""
 
     def __init__(self, label: str = "", *, mode: str = "auto", stream: TextIO | None = None,
                  log_every_s: float = 10.0):

@@ -1,8 +1,4 @@
-"""Run statistics: the throughput window, failure counts by reason, the fatal-streak rule and the
-server's load as the polls saw it (the last poll, the run's peaks and its retractions).
-
-Pure bookkeeping (no async library); time comes from the clock it is given.
-"""
+"""Run statistics (no async library): throughput, failures by reason, the fatal streak and the polled load."""
 
 from __future__ import annotations
 
@@ -23,8 +19,7 @@ CPU_WINDOW_S = 10.0  # the client's CPU share is measured over about this long
 
 
 class CpuMeter:
-    """The share of one core this process used (user + sys, all its threads) over about the last
-    CPU_WINDOW_S: what says the client itself is the limit (reports/diagnose.py, client_bound)."""
+    """The share of one core this process used over about the last CPU_WINDOW_S (reports/diagnose.py, client_bound)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic,
                  cpu_clock: Callable[[], float] = time.process_time) -> None:
@@ -32,8 +27,7 @@ class CpuMeter:
         self._samples: deque[tuple[float, float]] = deque([(clock(), cpu_clock())])
 
     def share(self) -> float | None:
-        """Cores in use (1.0 = one core busy) since the oldest sample still in the window; None over less than
-        a second."""
+        """Cores in use (1.0 = one core busy) over the window; None over less than a second."""
         now, used = self.clock(), self.cpu_clock()
         samples = self._samples
         if now - samples[-1][0] >= 0.5:  # one sample per half second is plenty (callers poll more often)
@@ -101,21 +95,16 @@ class RunStats:
         self.failure_streak += 1
         streak = self.failure_streak
         if (ok_so_far == 0 and streak >= FAILURE_STREAK_FATAL) or streak >= 4 * FAILURE_STREAK_FATAL:
-            latest = f"latest: {failure.reason}: {failure.detail}"
-            if failure.reason in GONE_REASONS:
-                self.fatal = ServerError(
-                    f"The last {count(streak)} requests all failed because the server went away ({latest}). Check "
-                    "SERVER_URL and that the server is running; nothing written is lost, run the same command "
-                    "to resume.")
-            else:
-                self.fatal = ServerError(
-                    f"The last {count(streak)} requests were all refused by the server, which answers /health "
-                    f"({latest}). Check the model name, the sampling settings and the server log; nothing "
-                    "written is lost, run the same command to resume.")
+            what, check = (("all failed because the server went away", "SERVER_URL and that the server is running")
+                           if failure.reason in GONE_REASONS else
+                           ("were all refused by the server, which answers /health",
+                            "the model name, the sampling settings and the server log"))
+            self.fatal = ServerError(f"The last {count(streak)} requests {what} (latest: {failure.reason}: "
+                                     f"{failure.detail}). Check {check}; nothing written is lost, run the same "
+                                     "command to resume.")
 
     def average(self) -> tuple[float, float]:
-        """(samples/s, completion tokens/s) over the whole run, for the final progress line (a recent rate can
-        be far from the run's average)."""
+        """(samples/s, completion tokens/s) over the whole run, for the final progress line."""
         span = max(self.elapsed_s(), 1e-6)
         return self.samples_total / span, self.tokens_total / span
 

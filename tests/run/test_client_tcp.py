@@ -95,16 +95,13 @@ async def test_a_server_that_accepted_and_does_not_answer_stays_in_the_fleet(sim
     assert (fleet.up_urls, fleet.taken_out, events) == ([silent_server, sim.url], 0, [])
 
 
-async def test_stream_lines_reads_the_simulators_server_sent_events(sim) -> None:
+async def test_events_read_the_simulators_server_sent_events(sim) -> None:
     """The streaming POST over real TCP: SGLang's SSE framing (data: {chunk}, a blank line, data: [DONE])."""
     body = {"model": "m", "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True},
             "messages": MESSAGES}
-    async with open_http(generation(), 8) as http:
-        async with http.stream_lines(sim.url + "/v1/chat/completions", body) as lines:
-            got = [line async for line in lines]
-    events = [line.removeprefix("data: ") for line in got if line]
-    assert all(line.startswith("data: ") for line in got if line) and set(got[1::2]) == {""}
-    assert events[-1] == "[DONE]"
+    async with open_http(generation(), 8) as http, http.open_stream(sim.url + "/v1/chat/completions", body) as answer:
+        events = [data async for data in answer.events()]
+    assert events[-1] == b"[DONE]"
     chunks = [orjson.loads(e) for e in events[:-1]]
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert text and chunks[-1]["usage"]["completion_tokens"] > 0

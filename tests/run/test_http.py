@@ -93,7 +93,7 @@ async def test_a_status_is_an_answer_for_get_and_post_and_an_error_for_get_json(
         assert await http.get_json("http://s/ok") == {"ok": True}
         assert await http.get_text("http://s/html") == "<h1>hi</h1>"
         with pytest.raises(BadStatus) as e:
-            await http.get_bytes("http://s/busy")
+            await http.get_text("http://s/busy")
         assert (str(e.value), e.value.reply.status, e.value.kind) == ("HTTP 503 from http://s/busy", 503, "status")
         with pytest.raises(BadBody) as bad:
             await http.get_json("http://s/html")
@@ -189,53 +189,44 @@ class Chunks(httpx.AsyncByteStream):
         self.closed = True
 
 
-async def test_stream_lines_yields_each_line_as_it_comes() -> None:
-    body = Chunks([b'data: {"a": 1}\n\nda', b'ta: {"a": 2}\n', b"\ndata: [DONE]\n\n"])
+async def test_events_come_as_they_arrive_whatever_the_line_breaks() -> None:
+    body = Chunks([b'data: {"a": 1}\n\nda', b'ta: {"a": 2}\r', b"\n\r\ndata: x\rdata:  y\r\rdata: [DONE]\n\n"])
     sent: list[bytes] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
         sent.append(request.content)
         return httpx.Response(200, stream=body, headers={"content-type": "text/event-stream"})
 
-    async with mock_http(handler) as http:
-        async with http.stream_lines(URL, {"stream": True}) as lines:
-            got = [line async for line in lines]
-    assert got == ['data: {"a": 1}', "", 'data: {"a": 2}', "", "data: [DONE]", ""]
+    async with mock_http(handler) as http, http.open_stream(URL, {"stream": True}) as answer:
+        assert answer.is_event_stream
+        got = [data async for data in answer.events()]
+    assert got == [b'{"a": 1}', b'{"a": 2}', b"x\n y", b"[DONE]"]
     assert sent == [b'{"stream":true}'] and body.closed
 
 
-async def test_stream_lines_refused_is_bad_status_with_the_error_body() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(400, json={"message": "too long"})
-
-    async with mock_http(handler) as http:
+async def test_a_refused_stream_is_bad_status_with_the_error_body() -> None:
+    async with mock_http(lambda request: httpx.Response(400, json={"message": "too long"})) as http:
         with pytest.raises(BadStatus) as e:
-            async with http.stream_lines(URL, {"stream": True}):
-                raise AssertionError("no lines for a refused request")
+            async with http.open_stream(URL, {"stream": True}):
+                raise AssertionError("no events for a refused request")
     assert (e.value.reply.status, e.value.reply.json()) == (400, {"message": "too long"})
 
 
-async def test_stream_lines_cut_short_is_connection_lost_inside_the_loop() -> None:
-    body = Chunks([b"data: 1\n", b"data: 2\n"], cut=True)
+@pytest.mark.parametrize("cut", [True, False], ids=["cut-short", "left-early"])
+async def test_a_stream_cut_short_is_connection_lost_and_one_left_early_is_closed(cut: bool) -> None:
+    body = Chunks([b"data: 1\n\n", b"data: 2\n\n"], cut=cut)
     got = []
     async with mock_http(lambda request: httpx.Response(200, stream=body)) as http:
-        with pytest.raises(ConnectionLost) as e:
-            async with http.stream_lines(URL, b"{}") as lines:
-                async for line in lines:
-                    got.append(line)
-    assert got == ["data: 1", "data: 2"] and body.closed
-    assert str(e.value) == ("the connection to s:30000 was lost (RemoteProtocolError: peer closed connection "
-                            "without sending complete message body)")
-
-
-async def test_leaving_a_stream_early_closes_it() -> None:
-    body = Chunks([b"data: 1\n", b"data: 2\n", b"data: 3\n"])
-    async with mock_http(lambda request: httpx.Response(200, stream=body)) as http:
-        async with http.stream_lines(URL, b"{}") as lines:
-            async for line in lines:
-                assert line == "data: 1"
-                break
-    assert body.closed
+        with pytest.raises(ConnectionLost) if cut else contextlib.nullcontext() as e:
+            async with http.open_stream(URL, b"{}") as answer:
+                async for data in answer.events():
+                    got.append(data)
+                    if not cut:
+                        break
+    assert got == ([b"1", b"2"] if cut else [b"1"]) and body.closed
+    if cut:
+        assert str(e.value) == ("the connection to s:30000 was lost (RemoteProtocolError: peer closed connection "
+                                "without sending complete message body)")
 
 
 async def test_a_request_imports_nothing() -> None:
