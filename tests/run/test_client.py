@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
+from gen_pipeline.errors import ServerError
 from gen_pipeline.quality import RepetitionDetector
 from gen_pipeline.records import Failure, LoadSnapshot, Prompt, Sample
 from gen_pipeline.run.answer import judge, split_think
@@ -31,18 +32,19 @@ def settings(sampling: dict | None = None, **gen) -> ClientSettings:
 
 
 def completion(content: str = "", *, reasoning: str | None = None, calls: list | None = None, finish: str = "",
-               usage: dict | None = USAGE, choices: bool = True) -> dict:
+               usage: dict | None = USAGE, choices: bool = True, model: str = "") -> dict:
     message = {"role": "assistant", "content": content, "reasoning_content": reasoning, "tool_calls": calls}
     finish = finish or ("tool_calls" if calls else "stop")
     body: dict = {"id": "r", "choices": [{"index": 0, "message": message, "finish_reason": finish}] if choices else []}
-    return body | ({"usage": usage} if usage else {})
+    return body | ({"usage": usage} if usage else {}) | ({"model": model} if model else {})
 
 
-def answer(streamed: bool, usage: dict = USAGE, content: str = "hi", choices: bool = True) -> httpx.Response:
+def answer(streamed: bool, usage: dict = USAGE, content: str = "hi", choices: bool = True,
+           model: str = "") -> httpx.Response:
     if not streamed:
-        return httpx.Response(200, json=completion(content, usage=usage, choices=choices))
+        return httpx.Response(200, json=completion(content, usage=usage, choices=choices, model=model))
     return sse({"id": "r", "choices": [{"delta": {"content": content}, "finish_reason": "stop"}] if choices else [],
-                "usage": usage})
+                "usage": usage} | ({"model": model} if model else {}))
 
 
 def sse(*chunks: dict) -> httpx.Response:
@@ -177,6 +179,43 @@ async def test_a_samples_turns_stay_on_one_server_under_affinity(routing, expect
         assert isinstance(await client.regenerate(three, "T"), Sample)
         assert hosts == expected and fleet.samples_tracked == 0
         assert isinstance(await client.regenerate(three, "T"), Failure) and fleet.samples_tracked == 0
+
+
+@pytest.mark.parametrize("streamed", [True, False], ids=["chunks", "whole"])
+async def test_an_answer_naming_another_model_moves_the_request_and_leaves_its_server_out(streamed: bool) -> None:
+    """A server restarted with another model is refused by name (each answer's `model`), never written from."""
+    seen: list[str] = []
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.host)
+        return answer(streamed, model="m-two" if request.url.host == "a" else "m")
+
+    fleet = Fleet(["http://a", "http://b"])
+    async with mock_http(reply) as http:
+        client = ChatClient(http, fleet.urls, settings(on_loop=on_loop(streamed)), fleet=fleet)
+        turn = await client.complete([{"role": "user", "content": "q"}])
+        fleet.succeeded("http://a")  # an answer's headers later: still out
+        assert (turn.content, fleet.up_urls, fleet.refused) == ("hi", ["http://b"], {"http://a": "m-two"})
+        await client.complete([{"role": "user", "content": "q"}])
+    assert seen == ["a", "b", "b"]
+
+
+@pytest.mark.parametrize("streamed", [True, False], ids=["chunks", "whole"])
+async def test_the_last_server_answering_for_another_model_ends_the_run(streamed: bool) -> None:
+    calls = []
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        return answer(streamed, model="m-two")
+
+    async with mock_http(reply) as http:
+        with pytest.raises(ServerError) as e:
+            await ChatClient(http, ["http://a"], settings(on_loop=on_loop(streamed))).regenerate(Q, "T")
+    assert str(e.value) == (
+        "No server serves 'm' any more (http://a now serves 'm-two'): restarted with another model? Nothing "
+        "written is lost and nothing the other model answered was written: serve 'm' there again and run the "
+        "same command to resume.")
+    assert len(calls) == 1
 
 
 # ---------------------------------------------------------------- answers that cannot be written as they came

@@ -14,7 +14,7 @@ from gen_pipeline.http import open_http
 from gen_pipeline.run.chat import ChatClient
 from gen_pipeline.run.wire import ClientSettings
 from gen_pipeline.server.fleet import Fleet
-from sglang_sim.testing import free_port, start_sim
+from sglang_sim.testing import start_sim
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 # serving "m", the model the requests name (an answer naming another is refused)
@@ -45,34 +45,6 @@ async def test_answer_comes_back_parsed(sim) -> None:
     assert turn.completion_tokens > 0 and turn.finish_reason in ("stop", "length")
 
 
-async def test_nothing_listening_is_a_connect_failure() -> None:
-    port = free_port()
-    with pytest.raises(RequestError) as e:
-        await complete(f"http://127.0.0.1:{port}", max_attempts=3)
-    assert (e.value.reason, e.value.attempts, str(e.value)) == (
-        "connect", 3, f"gave up after 3 attempts: cannot connect to 127.0.0.1:{port}: Connection refused")
-
-
-async def test_stall_is_a_timeout() -> None:
-    stall_all = ["--sim-profile", "fast", "--sim-startup-s", "0", "--sim-stall-rate", "1", "--sim-stall-s", "30"]
-    with start_sim(stall_all) as s:
-        with pytest.raises(RequestError) as e:
-            await complete(s.url, request_timeout_s=0.5)
-    assert (e.value.reason, e.value.attempts, str(e.value)) == (
-        "timeout", 1, "gave up after 1 attempt: no answer within the request timeout (0.5 s)")
-
-
-async def test_cut_mid_body_is_a_lost_connection() -> None:
-    with start_sim([*FAST, "--sim-cut-rate", "1"]) as s:
-        with pytest.raises(RequestError) as e:
-            await complete(s.url)
-    assert e.value.reason == "connection" and e.value.attempts == 1
-    # a streamed answer (chunked) cut after its first event (the role chunk: no text yet)
-    assert str(e.value) == (f"gave up after 1 attempt: the connection to {s.url[7:]} was lost "
-                            "(RemoteProtocolError: peer closed connection without sending complete message "
-                            "body (incomplete chunked read))")
-
-
 async def test_a_black_holed_server_is_taken_out_of_the_fleet(sim, black_hole, events) -> None:
     """Listed first, the black hole gets the first attempts (fewest in flight, list order); two connect
     timeouts in a row take it out and the third attempt goes to the simulator."""
@@ -92,6 +64,7 @@ async def test_a_server_that_accepted_and_does_not_answer_stays_in_the_fleet(sim
     with pytest.raises(RequestError) as e:
         await complete([silent_server, sim.url], fleet, max_attempts=3, request_timeout_s=0.3)
     assert (e.value.reason, e.value.attempts) == ("timeout", 3)
+    assert str(e.value) == "gave up after 3 attempts: no answer within the request timeout (0.3 s)"
     assert (fleet.up_urls, fleet.taken_out, events) == ([silent_server, sim.url], 0, [])
 
 

@@ -1,4 +1,5 @@
-"""What a user sees of a run: start-up messages, progress lines, run.log, errors.jsonl."""
+"""What a user sees of a run: start-up messages, progress lines (a bar on a terminal, plain lines in a log),
+run.log, errors.jsonl."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import orjson
 import pytest
 from servers import sim_in_thread
 
+from gen_pipeline.display import format_duration
 from gen_pipeline.records import RunSnapshot
 from gen_pipeline.run.progress import Progress
 
@@ -104,16 +106,34 @@ def test_errors_record_the_attempts_made(tmp_path: Path) -> None:
     assert all(e["detail"].startswith("gave up after 4 attempts: ") for e in rows)
 
 
-def test_in_flight_above_a_lowered_window_is_explained() -> None:
+B2 = {"done": 900, "target": 18_000, "samples_per_s": 0.5, "tokens_per_s": 1400.0, "in_flight": 150, "running": 140,
+      "queued": 10, "kv_usage": 0.93}
+
+
+@pytest.mark.parametrize(("snapshots", "lines"), [
+    ([RunSnapshot(**B2, window=152, retractions_total=40, retractions_run=4),
+      RunSnapshot(done=1000, target=18_000, samples_per_s=0.5, tokens_per_s=1412.0, in_flight=150, window=152)],
+     ["B2 900/18,000 (5.0%) 0.50 samples/s, 1,400 tok/s, in flight 150/152, running 140 queued 10, KV 93%, "
+      "retracted 4, eta 9h30m",
+      "B2 1,000/18,000 (5.6%) 0.50 samples/s, 1,412 tok/s, in flight 150/152, eta 9h26m"]),
+    ([RunSnapshot(**B2, window=120, controller_mode="load",
+                  controller_reason="retraction burst (6 in one poll): step back, no growth for 30 s")],
+     ["B2 900/18,000 (5.0%) 0.50 samples/s, 1,400 tok/s, in flight 150 (window lowered to 120; 30 finishing "
+      "before new ones), running 140 queued 10, KV 93%, controller load: retraction burst (6 in one poll): "
+      "step back, no growth for 30 s, eta 9h30m"]),
+], ids=["log-lines", "window-lowered"])
+def test_log_lines_when_not_a_terminal(snapshots: list[RunSnapshot], lines: list[str]) -> None:
     out = io.StringIO()
     p = Progress("B2", stream=out, log_every_s=3600)
-    p.update(RunSnapshot(done=900, target=18_000, samples_per_s=0.5, tokens_per_s=1400.0, in_flight=150, window=120,
-                     running=140, queued=10, kv_usage=0.93, controller_mode="load",
-                     controller_reason="retraction burst (6 in one poll): step back, no growth for 30 s"))
-    assert out.getvalue().splitlines() == [
-        "B2 900/18,000 (5.0%) 0.50 samples/s, 1,400 tok/s, in flight 150 (window lowered to 120; 30 finishing "
-        "before new ones), running 140 queued 10, KV 93%, controller load: retraction burst (6 in one poll): "
-        "step back, no growth for 30 s, eta 9h30m"]
+    assert p.mode == "log"
+    for snapshot in snapshots:
+        p.update(snapshot)
+    p.close()
+    assert out.getvalue().splitlines() == lines
+
+
+def test_durations() -> None:
+    assert [format_duration(s) for s in (None, 5, 65, 3600 * 27 + 60)] == ["?", "5s", "1m05s", "27h01m"]
 
 
 async def test_load_observers_get_every_poll(tmp_path: Path) -> None:
