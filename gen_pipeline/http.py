@@ -238,8 +238,7 @@ class _Mapped:
 
 
 async def _sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Server-sent events' data from a byte stream (lines end with \n, \r\n or \r; SGLang writes
-    `data: {...}\n\n`)."""
+    """Server-sent events' data from a byte stream (lines end with \n, \r\n or \r)."""
     tail = b""
     data: list[bytes] = []
     async for chunk in chunks:
@@ -312,10 +311,6 @@ class _Backend(httpcore.AsyncNetworkBackend):
     async def connect_tcp(self, host: str, port: int, timeout: float | None = None,  # noqa: ASYNC109
                           local_address: str | None = None, socket_options: Any = None) -> httpcore.AsyncNetworkStream:
         return _UntimedReads(await self._inner.connect_tcp(host, port, timeout, local_address, socket_options))
-
-    async def connect_unix_socket(self, path: str, timeout: float | None = None,  # noqa: ASYNC109
-                                  socket_options: Any = None) -> httpcore.AsyncNetworkStream:
-        return _UntimedReads(await self._inner.connect_unix_socket(path, timeout, socket_options))
 
     async def sleep(self, seconds: float) -> None:
         await self._inner.sleep(seconds)

@@ -61,8 +61,7 @@ def detect_loop(turn: TurnResult, detector: RepetitionDetector) -> LoopVerdict |
 
 
 def split_think(content: str) -> tuple[str, str]:
-    """(reasoning, answer) from content that still carries think markers (the first pair's inside is the
-    reasoning); stray markers are removed."""
+    """(reasoning, answer) from content that still carries think markers; stray markers are removed."""
     for open_, close in THINK_PAIRS:
         if close in content:
             head, _, tail = content.partition(close)

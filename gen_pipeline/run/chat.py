@@ -26,19 +26,9 @@ from gen_pipeline.errors import RequestError, ServerError
 from gen_pipeline.http import BadStatus, CannotConnect, ConnectionLost, Http, HttpError, Stream
 from gen_pipeline.quality import RepetitionDetector
 from gen_pipeline.records import Failure, Message, Prompt, Sample, TurnMeta
+from gen_pipeline.run import wire
 from gen_pipeline.run.answer import TurnStats, cut_at_loop, detect_loop, judge
-from gen_pipeline.run.wire import (
-    ClientSettings,
-    OtherModel,
-    Retryable,
-    TurnResult,
-    TurnStream,
-    build_request,
-    classify_status,
-    loop_seed,
-    read_whole,
-    template_kwargs_text,
-)
+from gen_pipeline.run.wire import ClientSettings, Retryable, TurnResult, TurnStream
 from gen_pipeline.server.fleet import Fleet
 
 log = logging.getLogger(__name__)
@@ -92,7 +82,7 @@ def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turn
         "kv_cache_dtype": s.kv_cache_dtype,
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "per_turn": per_turn,
-        "chat_template_kwargs": template_kwargs_text(s.sampling, s.generation.reasoning),
+        "chat_template_kwargs": wire.template_kwargs_text(s.sampling, s.generation.reasoning),
     }
     if s.mix is not None:  # only under a mix (part of the fingerprint): rows without one keep their keys
         meta["sampling_variant"] = s.variant
@@ -136,11 +126,8 @@ class ChatClient:
     def __init__(self, http: Http, base_urls: list[str], settings: ClientSettings, *,
                  gate: Callable[[], Awaitable[None]] | None = None, on_request_done: RequestDone | None = None,
                  fleet: Fleet | None = None, server_wait_s: float = 600.0):
-        self._http = http
+        self._http, self.settings, self._gate, self._on_done = http, settings, gate, on_request_done
         self._fleet = fleet if fleet is not None else Fleet([normalise_server_url(u) for u in base_urls])
-        self.settings = settings
-        self._gate = gate
-        self._on_done = on_request_done
         self.server_wait_s = server_wait_s
         self._sent: dict[str, set[anyio.CancelScope]] = {}  # url → its requests in flight
         self._fleet.on_taken_out.append(self._cancel_sent_to)
@@ -232,7 +219,7 @@ class ChatClient:
         s = settings or self.settings
         stats = stats if stats is not None else TurnStats()
         g = s.generation
-        base = build_request(messages, s, tools)
+        base = wire.build_request(messages, s, tools)
         state = _Attempts(s, orjson.dumps(base), base, stats, sample)
         try:
             try:
@@ -336,11 +323,11 @@ class ChatClient:
                         # a stuck scheduler too (server/hang.py); the events or the body are
                         fleet.succeeded(url)
                         turn = await self._read(url, answer, reading, token_ids=s.token_ids)
-            except OtherModel as e:  # restarted with another model: never written, never sent there again
+            except wire.OtherModel as e:  # restarted with another model: never written, never sent there again
                 raise self._refuse(url, e.served) from None
             except BadStatus as e:
                 fleet.succeeded(url)  # refused by its HTTP side: it answers, no progress of its scheduler
-                classify_status(e.reply)
+                wire.classify_status(e.reply)
                 raise Retryable("bad_response", f"HTTP {e.reply.status}") from None  # a 2xx other than 200
             except TimeoutError:
                 limit = s.generation.request_timeout_s
@@ -374,7 +361,7 @@ class ChatClient:
         if not answer.is_event_stream:
             body = await answer.read()
             self._fleet.answered(url, time.monotonic())
-            turn = read_whole(body, answer.content_type, token_ids=token_ids, model=reading.model,
+            turn = wire.read_whole(body, answer.content_type, token_ids=token_ids, model=reading.model,
                               max_tokens=reading.max_tokens)
             verdict = detect_loop(turn, detector) if detector is not None else None
             return replace(turn, loop=verdict) if verdict is not None else turn
@@ -417,7 +404,8 @@ class _Attempts:
         self._first = body
 
     def reseed(self) -> None:
-        self.body = orjson.dumps({**self.base, "seed": loop_seed(self._first, self.stats.loops + self.stats.empty)})
+        seed = wire.loop_seed(self._first, self.stats.loops + self.stats.empty)
+        self.body = orjson.dumps({**self.base, "seed": seed})
 
     def after_empty(self, e: Retryable) -> None:
         """After an empty answer a fixed seed is redrawn; at temperature 0 (greedy) raises RequestError instead."""

@@ -75,8 +75,7 @@ def client_settings(handle: ServerHandle, opts: RunOptions, cfg: DatasetConfig) 
 
 
 class ServerPoller:
-    """The server side of each load poll (the first early, so a short run gets figures): capacity changes to the
-    controller, the KV a request holds to the fleet, and the load summed over the fleet."""
+    """The server side of each load poll (the first early, so a short run gets figures), summed over the fleet."""
 
     def __init__(self, handle: ServerHandle, window: Window, interval_s: float) -> None:
         self.handle, self.window, self.interval_s = handle, window, interval_s

@@ -1,5 +1,5 @@
-"""One dataset's part of a job: its store, feed, dispatcher, writer, stats and telemetry; its log records carry
-`extra={"dataset": name}`, so the CLI files them in the dataset's run.log."""
+"""One dataset's part of a job: its store, feed, dispatcher, writer (results to the store in batches, committed
+periodically), stats and telemetry; its log records carry `extra={"dataset": name}` (the CLI's run.log)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,10 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from gen_pipeline.config.dataset import DatasetConfig
-from gen_pipeline.records import LoadSnapshot, Prompt, Reject, RunSnapshot
+from gen_pipeline.records import Failure, LoadSnapshot, Prompt, Reject, RunSnapshot, Sample
 from gen_pipeline.run.dispatch import Dispatcher, Item, Window
 from gen_pipeline.run.options import RunOptions, RunSummary
 from gen_pipeline.run.stats import RunStats
-from gen_pipeline.run.writer import BatchWriter
 from gen_pipeline.server.handle import ServerHandle
 from gen_pipeline.sources.loading import LoadedSource, SourceStats, estimate_prompt_tokens, iter_prompts
 from gen_pipeline.store.dataset_store import DatasetStore
@@ -26,7 +25,7 @@ from gen_pipeline.store.telemetry import Telemetry
 
 EVENTS = logging.getLogger("gen_pipeline.run")  # what a user watching the run should see
 JOURNAL = logging.getLogger("gen_pipeline.journal")  # the run's record: start, controller decisions, end
-BATCH = 256  # prompts pulled from the source per thread hop; items a dataset's result stream holds ×4
+BATCH = 256  # items per thread hop (prompts read, results written); a dataset's result stream holds ×4
 
 
 class Feed:
@@ -56,6 +55,48 @@ class Feed:
 
     def _read(self) -> list[Prompt]:
         return list(islice(self._source, BATCH))
+
+
+class BatchWriter:
+    """Drains the stream into the store until every sender is closed; commits every commit_interval_s
+    with the live figures. `check` runs after each batch (it raises a fatal error of the run)."""
+
+    def __init__(self, store: DatasetStore, commit_interval_s: float, progress: Callable[[], ProgressRecord],
+                 check: Callable[[], None]) -> None:
+        self.store, self.commit_interval_s = store, commit_interval_s
+        self._progress, self._check = progress, check
+
+    async def run(self, recv: MemoryObjectReceiveStream[Item]) -> None:
+        last_commit = time.monotonic()
+        async with recv:
+            while True:
+                batch: list[Item] = []
+                with anyio.move_on_after(self.commit_interval_s):
+                    try:
+                        batch.append(await recv.receive())
+                    except anyio.EndOfStream:
+                        return
+                while len(batch) < BATCH:
+                    try:
+                        batch.append(recv.receive_nowait())
+                    except (anyio.WouldBlock, anyio.EndOfStream):
+                        break
+                await anyio.to_thread.run_sync(self.write_batch, batch)
+                if time.monotonic() - last_commit >= self.commit_interval_s:
+                    last_commit = time.monotonic()
+                    await anyio.to_thread.run_sync(self.store.commit, self._progress())
+                self._check()
+
+    def write_batch(self, batch: list[Item]) -> None:
+        samples = [x for x in batch if isinstance(x, Sample)]
+        failures = [x for x in batch if isinstance(x, Failure)]
+        rejects = [x for x in batch if isinstance(x, Reject)]
+        if samples:
+            self.store.write_samples(samples)
+        if failures:
+            self.store.write_failures(failures)
+        if rejects:
+            self.store.write_rejects(rejects)
 
 
 class DatasetRun:

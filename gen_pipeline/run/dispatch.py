@@ -49,8 +49,7 @@ class Window:
         self.limiter.total_tokens = max(1, min(window, need))
 
     def _job_need(self) -> int:
-        """What the job's live datasets still need; tells the controller the mix in flight (the first unfinished
-        dataset's, weight 1, while nothing is in flight)."""
+        """What the job's live datasets still need; tells the controller the mix in flight."""
         live = [d for d in self.members if not d.exhausted and not d.draining]
         if self.controller is not None:
             mix = {d.name: float(d.in_flight) for d in self.members}

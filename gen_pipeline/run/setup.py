@@ -83,8 +83,7 @@ class SetupStopped(Exception):
 @asynccontextmanager
 async def open_datasets(cfgs: Sequence[DatasetConfig], opts: RunOptions,
                         stop: anyio.CancelScope | None = None) -> AsyncIterator[OpenedDatasets]:
-    """Everything a job needs before its server starts; closes every store on the way out. `stop` cancelled
-    (before or during) → SetupStopped."""
+    """Everything a job needs before its server starts; closes every store on the way out (SetupStopped: `stop`)."""
     if opts.profile is not None:
         check_launchable(opts.profile)
     stop = stop or anyio.CancelScope()

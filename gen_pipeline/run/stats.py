@@ -44,15 +44,12 @@ class RunStats:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.started = clock()
-        self.failures = 0
+        self.failures = self.failure_streak = self.rejects = 0
         self.final_failures = 0  # failures a retry would repeat: not sent again
         self.failure_reasons: dict[str, int] = {}
-        self.failure_streak = 0
-        self.rejects = 0
         self.fatal: ServerError | None = None
         self._recent: deque[tuple[float, int]] = deque(maxlen=512)  # (t, completion tokens) per sample
-        self.samples_total = 0  # samples and completion tokens of the whole run (the final line's average)
-        self.tokens_total = 0
+        self.samples_total = self.tokens_total = 0  # samples and completion tokens of the whole run
         self.last_load: LoadSnapshot | None = None
         self.peak_running: int | None = None
         self.peak_queued: int | None = None

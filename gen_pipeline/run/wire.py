@@ -129,8 +129,7 @@ def template_kwargs_text(sampling: SamplingConfig, reasoning: str) -> str:
 
 
 def build_request(messages: list[Any], s: ClientSettings, tools: list[Any] | None = None) -> dict[str, Any]:
-    """The JSON body for one chat completion (streamed, or whole with the server's token ids); `tools` with
-    tool_choice "auto"."""
+    """The JSON body for one chat completion (streamed, or whole with the server's token ids)."""
     body: dict[str, Any] = {
         "model": s.model,
         "messages": messages,
@@ -152,8 +151,7 @@ def build_request(messages: list[Any], s: ClientSettings, tools: list[Any] | Non
 
 
 def tool_call_list(calls: Any) -> list[dict[str, Any]] | None:
-    """An answer's tool calls in OpenAI's shape, arguments as JSON text (SGLang may send an object); None when
-    there are none; raises Retryable for a malformed one."""
+    """An answer's tool calls in OpenAI's shape, arguments as JSON text (SGLang may send an object), or None."""
     if not calls:
         return None
     if not isinstance(calls, list):
@@ -361,8 +359,7 @@ class TurnStream:
         return f" after {self.completion_tokens} tokens" if self.deltas else ""
 
     def result(self, *, loop: LoopVerdict | None = None, aborted: bool = False) -> TurnResult:
-        """The attempt's answer (`aborted`: the stream was closed on `loop`); raises Retryable for a cut, aborted
-        or usage-less stream (the controller needs the counts)."""
+        """The attempt's answer (`aborted`: closed on `loop`); raises Retryable for a cut or usage-less stream."""
         reasoning, content = "".join(self._reasoning), "".join(self._content)
         if not aborted:
             if self.finish_reason is None and self.empty is not None and not self.deltas:

@@ -3,7 +3,6 @@ by the next run."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import httpx
@@ -11,7 +10,7 @@ import orjson
 import pytest
 from servers import sim_in_thread
 
-from pipeline_helpers import REPO, SIM_FAST, assert_exact, make_rows, run_cli, write_dataset
+from pipeline_helpers import SIM_FAST, assert_exact, make_rows, run_cli, sim_profile, write_dataset
 
 NO_FAULTS = {"error_rate": 0.0, "error_status": 500, "429_rate": 0.0, "stall_rate": 0.0, "cut_rate": 0.0,
              "bad_json_rate": 0.0, "wrong_content_type_rate": 0.0, "no_usage_rate": 0.0, "crash_after": 0}
@@ -93,15 +92,9 @@ def test_exhausted_retries_are_recorded_and_retried_next_run(tmp_path: Path, sim
     assert {e["id"] for e in failed} <= ids
 
 
-def _config_dir(tmp_path: Path, name: str, extra_args: list[str]) -> Path:
-    cfg = tmp_path / "cfg"
-    cfg.mkdir()
-    shutil.copy(REPO / "datasets_cfg" / "server.toml", cfg / "server.toml")
-    base = ["--sim-profile", "fast", "--time-scale", "10", "--sim-startup-s", "0.5", "--sim-output-mean", "160",
-            "--sim-output-spread", "0.6"]
-    with open(cfg / "server.toml", "a") as f:
-        f.write(f'\n[profile.{name}]\ninherits = "sim"\nextra_args = {orjson.dumps(base + extra_args).decode()}\n')
-    return cfg
+# the launched simulator: fast, half a second to start
+BASE = ["--sim-profile", "fast", "--time-scale", "10", "--sim-startup-s", "0.5", "--sim-output-mean", "160",
+        "--sim-output-spread", "0.6"]
 
 
 @pytest.mark.e2e  # the launcher restarting its server process (a real-time /health window): make e2e
@@ -115,7 +108,7 @@ def _config_dir(tmp_path: Path, name: str, extra_args: list[str]) -> Path:
 ], ids=["crash", "health-flapping"])
 def test_a_server_that_crashes_or_fails_health_checks_is_restarted_and_the_run_completes(
         tmp_path: Path, sim_args: list[str], window: list[str], said: list[str]) -> None:
-    cfg = _config_dir(tmp_path, "faulty", sim_args)
+    cfg = sim_profile(tmp_path, "faulty", BASE + sim_args)
     out = tmp_path / "out"
     r = generate(dataset(tmp_path / "ds"), out, "--server", "faulty", "--config-dir", cfg, *window)
     assert r.returncode == 0, r.stdout + r.stderr

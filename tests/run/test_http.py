@@ -300,21 +300,16 @@ async def _events_until_done(http, url: str) -> list[bytes]:  # type: ignore[no-
     return seen
 
 
-async def test_a_drained_stream_keeps_its_connection_for_the_next_request() -> None:
-    """Read to [DONE] and drained, three streamed answers travel on one connection."""
-    serve, accepted = _sse_server()
-    async with tcp_server(serve) as (url, http):
-        answers = [await _events_until_done(http, url) for _ in range(3)]
-    assert answers == [[b"1", b"[DONE]"]] * 3 and len(accepted) == 1
-
-
-async def test_a_server_holding_its_body_open_after_done_costs_the_drain_limit_and_the_connection() -> None:
-    """A body not ended after [DONE] is left after the drain's limit; the next request gets a new connection."""
-    serve, accepted = _sse_server(hold_open=anyio.Event())  # never set: the server's end is cancelled
+@pytest.mark.parametrize(("hold_open", "connections"), [(False, 1), (True, 3)], ids=["ended", "held-open"])
+async def test_a_drained_stream_keeps_its_connection_unless_the_body_is_held_open(hold_open: bool,
+                                                                                   connections: int) -> None:
+    """Read to [DONE] and drained, three streamed answers travel on one connection; a body not ended after [DONE]
+    is left after the drain's limit, and the next request gets a new connection."""
+    serve, accepted = _sse_server(anyio.Event() if hold_open else None)  # never set: the server's end is cancelled
     async with tcp_server(serve) as (url, http):
         with anyio.fail_after(20):
-            answers = [await _events_until_done(http, url) for _ in range(2)]
-    assert answers == [[b"1", b"[DONE]"]] * 2 and len(accepted) == 2
+            answers = [await _events_until_done(http, url) for _ in range(3)]
+    assert answers == [[b"1", b"[DONE]"]] * 3 and len(accepted) == connections
 
 
 def _cut_server():
