@@ -218,8 +218,6 @@ async def test_the_last_server_answering_for_another_model_ends_the_run(streamed
     assert len(calls) == 1
 
 
-# ---------------------------------------------------------------- answers that cannot be written as they came
-
 @pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "whole"])
 @pytest.mark.parametrize(("usage", "said"), [
     ({"prompt_tokens": 10, "completion_tokens": 10**15}, "completion_tokens = 1000000000000000 with max_new_tokens 64"),
@@ -293,7 +291,6 @@ async def test_a_stream_ended_with_no_finish_reason_is_a_bad_answer_not_a_lost_s
                                                         "finish_reason (5 tokens decoded)")
 
 
-# ---------------------------------------------------------------- tool-use conversations
 # the sample ends at the first regenerated call that differs from the source's (meta.tool_divergence)
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]

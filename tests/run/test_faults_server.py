@@ -84,8 +84,12 @@ def test_exhausted_retries_are_recorded_and_retried_next_run(tmp_path: Path, sim
     failed = errors(out)
     assert failed, first.stdout
     assert {e["reason"] for e in failed} == {"http_500"}, failed
-    assert all(e["retryable"] is True and e["run"] == 1 and "gave up after 2 attempts" in e["detail"] for e in failed)
-    assert "the source has no more prompts; run again to retry the failed ones." in first.stdout
+    assert all(e["retryable"] is True and e["run"] == 1 and e["attempts"] == 2 and
+               e["detail"].startswith("gave up after 2 attempts: ") for e in failed)
+    n = len(failed)  # the summary counts them, none final
+    assert first.stdout.strip().splitlines()[-1].endswith(
+        f", {n} failed (http_500 {n}; 0 final, {n} retried by the next run); the source has no more prompts; run "
+        "again to retry the failed ones.")
     second = generate(toml, out, "--server-url", sim.url)
     assert second.returncode == 0, second.stderr
     ids = {s["id"] for s in assert_exact(out, 60)}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.abc
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -100,39 +99,26 @@ async def test_a_status_is_an_answer_for_get_and_post_and_an_error_for_get_json(
         assert str(bad.value) == "the body from http://s/html is not JSON (content-type text/html; charset=utf-8)"
 
 
-# ---------------------------------------------------------------- real sockets: the timeouts told apart
-
-async def test_a_black_holed_server_is_a_connect_failure_after_the_connect_timeout(black_hole) -> None:
-    generation = GenerationConfig(connect_timeout_s=0.3, request_timeout_s=60)
-    async with open_http(generation, 4) as http:
+@pytest.mark.parametrize(("where", "connect_s", "read_s", "ours", "why"), [
+    ("black_hole", 0.3, 60, CannotConnect, "no connection within 0.3 s (the host is down, or something on the way "
+                                           "drops the packets)"),
+    ("silent_server", 30, 0.3, NoAnswer, "no answer within the request timeout (0.3 s)"),
+    ("refused", 10, 60, CannotConnect, "Connection refused"),  # the OS's reason under httpx's wrappers
+])
+async def test_a_black_hole_a_silent_server_and_a_refusal_are_told_apart(request, where: str, connect_s: float,
+                                                                          read_s: float, ours: type, why: str) -> None:
+    url = request.getfixturevalue(where)
+    async with open_http(GenerationConfig(connect_timeout_s=connect_s, request_timeout_s=read_s), 4) as http:
         started = time.monotonic()
-        with pytest.raises(CannotConnect) as e:
-            await http.post_json(black_hole + "/v1/chat/completions", {"x": 1})
-    assert time.monotonic() - started < 30  # the connect timeout ended it, not the 60 s read timeout
-    assert str(e.value) == (f"cannot connect to {black_hole[7:]}: no connection within 0.3 s (the host is down, "
-                            "or something on the way drops the packets)")
-
-
-async def test_a_server_that_accepts_and_never_answers_is_a_read_timeout(silent_server) -> None:
-    generation = GenerationConfig(connect_timeout_s=30, request_timeout_s=0.3)
-    async with open_http(generation, 4) as http:
-        with pytest.raises(NoAnswer) as e:
-            await http.post_json(silent_server + "/v1/chat/completions", {"x": 1})
-        assert str(e.value) == "no answer within the request timeout (0.3 s)"
-        with pytest.raises(NoAnswer) as control:  # a control call's own timeout
-            await http.get(silent_server + "/health", timeout_s=0.2)
-        assert str(control.value) == "no answer within the request timeout (0.2 s)"
-
-
-async def test_nothing_listening_is_a_connect_failure_with_the_os_reason() -> None:
-    with socket.socket() as s:  # a port nothing listens on (bound, not listening: refused)
-        s.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{s.getsockname()[1]}"
-        async with open_http(GenerationConfig(), 4) as http:
-            with pytest.raises(CannotConnect) as e:
-                await http.get(url + "/health", timeout_s=5)
-    assert (e.value.why, str(e.value)) == ("Connection refused",
-                                          f"cannot connect to {url[7:]}: Connection refused")
+        with pytest.raises(HttpError) as e:
+            await http.post_json(url + "/v1/chat/completions", {"x": 1})
+        assert time.monotonic() - started < 30  # the connect timeout ended the black hole's, not the read timeout
+        said = why if ours is NoAnswer else f"cannot connect to {url[7:]}: {why}"
+        assert (type(e.value), e.value.why, str(e.value)) == (ours, why, said)
+        if where == "silent_server":
+            with pytest.raises(NoAnswer) as control:  # a control call's own timeout
+                await http.get(url + "/health", timeout_s=0.2)
+            assert str(control.value) == "no answer within the request timeout (0.2 s)"
 
 
 async def test_the_pool_holds_as_many_connections_as_asked_beyond_httpx_default_of_100() -> None:
@@ -170,8 +156,6 @@ async def test_the_pools_of_a_large_window_share_one_tls_context() -> None:
     assert len(pools) == -(-3750 // CONNECTIONS_PER_POOL)
     assert len({id(p._ssl_context) for p in pools}) == 1
 
-
-# ---------------------------------------------------------------- the streaming POST (SSE)
 
 class Chunks(httpx.AsyncByteStream):
     """A streamed body; `cut` ends it with the connection dropping."""
