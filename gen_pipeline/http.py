@@ -32,9 +32,8 @@ from gen_pipeline.config.dataset import GenerationConfig
 # ours expire first, so a request is never sent on a connection the server is closing at that moment.
 KEEPALIVE_EXPIRY_S = 4.0
 DRAIN_S = 1.0  # Stream.drain: how long the rest of an answer may take after its last event
-# httpcore 1.0's pool checks every idle connection against every connection each time a request starts
-# or ends (connection_pool.py, _assign_requests_to_connections): quadratic in the pool's size. Requests
-# go round robin over pools of at most this many connections each.
+# httpcore 1.0's pool is quadratic in its size (connection_pool.py, _assign_requests_to_connections, on every
+# request's start and end): requests go round robin over pools of at most this many connections each.
 CONNECTIONS_PER_POOL = 16
 _GET_HEADERS = {"user-agent": "gen-pipeline"}
 _POST_HEADERS = {**_GET_HEADERS, "content-type": "application/json"}
@@ -202,8 +201,7 @@ class Stream:
         return self._mapped_iter(_sse_events(self._response.aiter_bytes()))
 
     async def drain(self, limit_s: float = DRAIN_S) -> None:
-        """Read the rest of the answer so that its connection goes back to the pool (an unread body closes it);
-        a body held open past `limit_s` is left, the connection closed."""
+        """Read the rest of the answer so that its connection goes back to the pool (an unread body closes it)."""
         with anyio.move_on_after(limit_s):
             try:
                 for it in self._open:
@@ -301,8 +299,7 @@ def _transport(limits: httpx.Limits, tls: Any) -> httpx.AsyncHTTPTransport:
 
 
 class _Backend(httpcore.AsyncNetworkBackend):
-    """httpcore's AnyIO backend whose reads skip the timer scope without a read timeout (open_stream's `bounded`):
-    client CPU, docs/measurements.md, "Client CPU per 1K streamed tokens"."""
+    """httpcore's AnyIO backend whose reads skip the timer scope without a read timeout (client CPU)."""
 
     def __init__(self) -> None:
         self._inner = httpcore.AnyIOBackend()

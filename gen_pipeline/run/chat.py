@@ -154,8 +154,7 @@ class ChatClient:
         keep_reasoning = s.generation.reasoning == "keep"
         tools = orjson.loads(prompt.tools) if prompt.tools else None
         source = prompt.messages
-        # the policy holds for any conversation with tool turns (with no `tools`, a target answers in text where
-        # the source called: it diverges there, never followed by results of calls it did not make)
+        # any conversation with tool turns (without `tools`, a text answer where the source called diverges)
         tool_use = tools is not None or any(m["role"] == "tool" for m in source)
         ids: dict[str, str] = {}  # the source's tool call ids → the regenerated calls' (tool results follow them)
         diverged = 0

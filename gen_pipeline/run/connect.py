@@ -46,8 +46,7 @@ async def server_model(opts: RunOptions, http: Http, asked: dict[str, str] | Non
 async def start_server(tg: TaskGroup, opts: RunOptions, log_dir: Path, http: Http,
                        model: str, asked: dict[str, str] | None = None,
                        leftover_dirs: Sequence[Path] = ()) -> ServerHandle:
-    """Attach to opts.server_urls or launch opts.profile in `tg`; returns once the server answers /health.
-    `leftover_dirs`: where a server an earlier run left may be recorded (server/leftover.py)."""
+    """Attach to opts.server_urls or launch opts.profile in `tg`; returns once the server answers /health."""
     if opts.server_urls:
         known = None if opts.model else model  # --model overrides; the server was not asked then
         start = partial(run_attached, list(opts.server_urls), http=http, first_model=known, asked=asked or {},

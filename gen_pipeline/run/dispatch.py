@@ -141,12 +141,9 @@ class Dispatcher:
             else:
                 self.stats.count_failure(result, ok_so_far=self.ok)
             self.retune()
-            self._notify()
+            changed, self._changed = self._changed, anyio.Event()
+            changed.set()
             await send.send(result)
-
-    def _notify(self) -> None:
-        ev, self._changed = self._changed, anyio.Event()
-        ev.set()
 
 
 Launch = Callable[[Dispatcher], tuple[Regenerate, MemoryObjectSendStream[Item], PromptFeed]]

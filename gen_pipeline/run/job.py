@@ -132,8 +132,7 @@ class Job:
             self.handle = handle = await start_server(tg, self.opts, log_dir, self.http, self.model, self.asked,
                                                        [r.store.folder for r in self.all_runs])
             self.shutdown.serving = True
-            # with a fixed --window the controller still observes: its tokens-per-request estimate
-            # goes to the telemetry (diagnose's C/F), its window is not used
+            # with a fixed --window the controller still observes (its estimate goes to the telemetry)
             controller = Controller(handle.capacity, config=self.opts.controller,
                                     initial_tokens_per_request=self.runs[0].initial_tokens(firsts[0]))
             gpus, how = handle.gpus(self.opts.gpus_per_server)
@@ -249,8 +248,7 @@ async def open_job(cfgs: Sequence[DatasetConfig], opts: RunOptions) -> AsyncIter
     jobs: list[Job] = []
     error: GenPipelineError | None = None
     stopped: SetupStopped | None = None
-    # signals are handled from the set-up to the last store closed (shutdown.py), those held before too;
-    # the summary and 130/143 always follow
+    # signals are handled from the set-up to the last store closed (shutdown.py), those held before too
     def drain() -> None:
         for run in (r for j in jobs for r in j.runs):
             run.dispatch.draining = True

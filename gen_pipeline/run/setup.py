@@ -119,7 +119,10 @@ async def _claim_and_check(cfgs: Sequence[DatasetConfig], opts: RunOptions, open
                            stores: list[DatasetStore], claims: list[Claim]) -> None:
     """The model, then every lock, then each claim and source check; a source load is abandoned when cancelled."""
     opened.model = await server_model(opts, opened.http, opened.asked)
-    mine = [new_store(cfg, opts, opened.model) for cfg in cfgs]
+    mine = [DatasetStore(opts.output_root, cfg.name, fingerprint=cfg.fingerprint(opened.model),
+                         target=cfg.target_samples, shard_max_samples=cfg.output.shard_max_samples,
+                         fsync_every=cfg.output.fsync_every, file_opener=opts.file_opener or default_opener,
+                         rank=opts.rank) for cfg in cfgs]
     stores += mine  # before the claims: a claim that ends while cancelled is released all the same
     # Every lock first, in one order for every job: two jobs started with their datasets crossed (T,U and
     # U,T) cannot each hold one and both be refused the other; the first lock decides which one runs.
@@ -132,12 +135,6 @@ async def _claim_and_check(cfgs: Sequence[DatasetConfig], opts: RunOptions, open
         source = await anyio.to_thread.run_sync(_check, cfg, store, opts, len(cfgs) > 1, opened.waived,
                                                 abandon_on_cancel=True)
         claims.append((cfg, store, state, source))
-
-
-def new_store(cfg: DatasetConfig, opts: RunOptions, model: str) -> DatasetStore:
-    return DatasetStore(opts.output_root, cfg.name, fingerprint=cfg.fingerprint(model), target=cfg.target_samples,
-                        shard_max_samples=cfg.output.shard_max_samples, fsync_every=cfg.output.fsync_every,
-                        file_opener=opts.file_opener or default_opener, rank=opts.rank)
 
 
 def _check(cfg: DatasetConfig, store: DatasetStore, opts: RunOptions, several: bool,

@@ -68,12 +68,9 @@ class RunStats:
         self.peak_queued = max(snap.queued, self.peak_queued or 0)
         if snap.token_usage is not None:
             self.peak_kv_usage = max(snap.token_usage, self.peak_kv_usage or 0.0)
-        self._count_retractions(snap.retractions_total)
-
-    def _count_retractions(self, value: int | None) -> None:
-        """Retractions of this run: the first reading is its baseline; a lower one, a restarted server."""
-        if value is None:
+        if (value := snap.retractions_total) is None:
             return
+        # this run's retractions: the first reading is its baseline; a lower one, a restarted server
         prev, self._last_counter = self._last_counter, value
         added = 0 if prev is None else value if value < prev else value - prev
         self.retractions = (self.retractions or 0) + added

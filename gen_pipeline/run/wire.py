@@ -21,8 +21,7 @@ from gen_pipeline.errors import RequestError
 from gen_pipeline.http import Reply
 from gen_pipeline.quality import LoopVerdict, RepetitionDetector, tail_loop
 
-# SGLang's stream_options (protocol.py StreamOptions): the usage so far on every chunk (an aborted stream's
-# tokens are the server's count) and at the end.
+# SGLang's stream_options (protocol.py StreamOptions): the usage so far on every chunk, and at the end.
 STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
 # Completion tokens past max_new_tokens by more than this are no count (speculative decoding may accept a
 # few draft tokens in the step that reaches the cap): the server's accounting broke, the answer is retried.
@@ -244,8 +243,7 @@ def _finish(finish: Any) -> str:
 
 
 class TurnStream:
-    """A stream's chunks, fed in order; `detector` (None: on_loop = "off") reads the text every `detect_every`
-    tokens and `feed` returns its verdict. Raises Retryable/RequestError/OtherModel as parse_response."""
+    """A stream's chunks, fed in order; `feed` returns the detector's verdict (read every `detect_every` tokens)."""
 
     __slots__ = ("_reasoning", "_content", "detector", "finish_reason", "usage", "deltas",
                  "reasoning_deltas", "tokens_at_last_reasoning", "rid", "model", "max_tokens", "done", "chunks",

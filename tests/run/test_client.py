@@ -89,6 +89,8 @@ async def test_every_assistant_turn_regenerated_in_order_with_history() -> None:
     assert (meta["prompt_tokens"], meta["completion_tokens"], meta["turns"]) == (20, 10, 2)
     assert meta["finish_reason"] == "stop" and meta["kv_cache_dtype"] == "fp8_e4m3" and meta["backend"] == "sim"
     assert meta["sampling"] == {"max_new_tokens": 64, "temperature": 0.5, "top_p": 0.9}
+    assert "tools" not in seen[0] and "tool_choice" not in seen[0]  # a sample without tools sends none
+    assert "tools" not in meta and "tool_divergence" not in meta
 
 
 def test_request_fields() -> None:
@@ -182,7 +184,7 @@ async def test_a_samples_turns_stay_on_one_server_under_affinity(routing, expect
 
 
 @pytest.mark.parametrize("streamed", [True, False], ids=["chunks", "whole"])
-async def test_an_answer_naming_another_model_moves_the_request_and_leaves_its_server_out(streamed: bool) -> None:
+async def test_an_answer_naming_another_model_leaves_its_server_out_and_the_last_such_ends_the_run(streamed) -> None:
     """A server restarted with another model is refused by name (each answer's `model`), never written from."""
     seen: list[str] = []
 
@@ -197,25 +199,14 @@ async def test_an_answer_naming_another_model_moves_the_request_and_leaves_its_s
         fleet.succeeded("http://a")  # an answer's headers later: still out
         assert (turn.content, fleet.up_urls, fleet.refused) == ("hi", ["http://b"], {"http://a": "m-two"})
         await client.complete([{"role": "user", "content": "q"}])
-    assert seen == ["a", "b", "b"]
-
-
-@pytest.mark.parametrize("streamed", [True, False], ids=["chunks", "whole"])
-async def test_the_last_server_answering_for_another_model_ends_the_run(streamed: bool) -> None:
-    calls = []
-
-    def reply(request: httpx.Request) -> httpx.Response:
-        calls.append(request)
-        return answer(streamed, model="m-two")
-
-    async with mock_http(reply) as http:
-        with pytest.raises(ServerError) as e:
+        assert seen == ["a", "b", "b"]
+        with pytest.raises(ServerError) as e:  # the only server serves another model: the run ends
             await ChatClient(http, ["http://a"], settings(on_loop=on_loop(streamed))).regenerate(Q, "T")
     assert str(e.value) == (
         "No server serves 'm' any more (http://a now serves 'm-two'): restarted with another model? Nothing "
         "written is lost and nothing the other model answered was written: serve 'm' there again and run the "
         "same command to resume.")
-    assert len(calls) == 1
+    assert seen == ["a", "b", "b", "a"]
 
 
 @pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "whole"])
@@ -257,30 +248,24 @@ async def test_a_200_with_no_choices_says_what_came_back(streamed: bool, said: s
 
 
 @pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "whole"])
-async def test_an_empty_greedy_answer_is_not_retried_and_says_why(streamed: bool) -> None:
-    got, sent = await regenerate(lambda r, n: answer(streamed, content=""),
-                                 s=settings({"temperature": 0.0}, on_loop=on_loop(streamed)))
-    assert isinstance(got, Failure) and len(sent) == 1
-    assert (got.reason, got.attempts, got.retryable) == ("empty_turn", 1, False)
-    assert got.detail == ("the assistant turn is empty (5 completion tokens, finish_reason stop); not retried: at "
-                          "temperature 0 the model decodes greedily, a retry would repeat it")
+async def test_an_empty_answer_is_final_when_greedy_redrawn_at_a_fixed_seed_else_retried_as_it_was(streamed) -> None:
+    def s(**sampling: float) -> ClientSettings:
+        return settings(sampling, on_loop=on_loop(streamed))
 
-
-@pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "whole"])
-async def test_an_empty_answer_at_a_fixed_seed_is_retried_with_another_seed(streamed: bool) -> None:
-    got, sent = await regenerate(lambda r, n: answer(streamed, content="" if n == 1 else "hi"),
-                                 s=settings({"temperature": 0.7, "seed": 7}, on_loop=on_loop(streamed)))
-    assert isinstance(got, Sample) and got.meta["per_turn"][0]["empty"] == 1
+    greedy, sent = await regenerate(lambda r, n: answer(streamed, content=""), s=s(temperature=0.0))
+    assert isinstance(greedy, Failure) and len(sent) == 1
+    assert (greedy.reason, greedy.attempts, greedy.retryable) == ("empty_turn", 1, False)
+    assert greedy.detail == ("the assistant turn is empty (5 completion tokens, finish_reason stop); not retried: at "
+                             "temperature 0 the model decodes greedily, a retry would repeat it")
+    seeded, sent = await regenerate(lambda r, n: answer(streamed, content="" if n == 1 else "hi"),
+                                    s=s(temperature=0.7, seed=7))
+    assert isinstance(seeded, Sample) and seeded.meta["per_turn"][0]["empty"] == 1
     first = orjson.dumps(sent[0])
     assert [b["seed"] for b in sent] == [7, loop_seed(first, 1)] and loop_seed(first, 1) != 7
-
-
-async def test_an_empty_answer_without_a_seed_is_retried_as_it_was() -> None:
-    got, sent = await regenerate(lambda r, n: answer(False, content=""), s=settings({"temperature": 0.7},
-                                                                                   on_loop="off"))
-    assert isinstance(got, Failure) and len(sent) == 3 and "seed" not in sent[2]
-    assert got.detail == ("gave up after 3 attempts: the assistant turn is empty (5 completion tokens, "
-                          "finish_reason stop)")
+    unseeded, sent = await regenerate(lambda r, n: answer(streamed, content=""), s=s(temperature=0.7))
+    assert isinstance(unseeded, Failure) and len(sent) == 3 and "seed" not in sent[2]
+    assert unseeded.detail == ("gave up after 3 attempts: the assistant turn is empty (5 completion tokens, "
+                               "finish_reason stop)")
 
 
 async def test_a_stream_ended_with_no_finish_reason_is_a_bad_answer_not_a_lost_server() -> None:
@@ -384,12 +369,6 @@ async def test_the_sample_ends_at_the_first_divergence(answers: list[dict], turn
     last, reply = sample.conversations[-1], answers[-1]["choices"][0]["message"]
     assert last["role"] == "assistant" and last["content"] == reply["content"]  # kept as the target produced it
     assert [c["function"] for c in last.get("tool_calls") or []] == [c["function"] for c in reply["tool_calls"] or []]
-
-
-async def test_samples_without_tools_send_none() -> None:
-    sample, seen = await with_tools([completion("hi")], Prompt("T-2", ({"role": "user", "content": "q"},)))
-    assert "tools" not in seen[0] and "tool_choice" not in seen[0]
-    assert "tools" not in sample.meta and "tool_divergence" not in sample.meta
 
 
 async def test_tool_turns_without_tools_diverge_where_the_target_answers_in_text() -> None:
