@@ -281,7 +281,7 @@ async def test_a_stream_ended_with_no_finish_reason_is_a_bad_answer_not_a_lost_s
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 
 
-def call(cid: str, args: str | dict, name: str = "get_weather") -> dict:
+def call(cid: str | None, args: str | dict, name: str | None = "get_weather") -> dict:
     return {"id": cid, "index": 0, "type": "function", "function": {"name": name, "arguments": args}}
 
 
@@ -310,13 +310,10 @@ def test_a_whole_answer_of_tool_calls_is_read_with_its_finish_reason() -> None:
 def test_streamed_tool_call_pieces_are_joined() -> None:
     stream = TurnStream(RepetitionDetector())
     base = {"id": "r", "model": "m", "object": "chat.completion.chunk"}
+    # the first piece names the call, the next ones (id and name null) carry pieces of its arguments
     pieces = [{"role": "assistant", "content": ""},
-              {"tool_calls": [{"id": "functions.get_weather:0", "index": 0, "type": "function",
-                               "function": {"name": "get_weather", "arguments": ""}}]},
-              {"tool_calls": [{"id": None, "index": 0, "type": "function", "function": {"name": None,
-                                                                                       "arguments": '{"city": '}}]},
-              {"tool_calls": [{"id": None, "index": 0, "type": "function", "function": {"name": None,
-                                                                                       "arguments": '"Paris"}'}}]}]
+              {"tool_calls": [call("functions.get_weather:0", "")]},
+              *({"tool_calls": [call(None, args, name=None)]} for args in ('{"city": ', '"Paris"}'))]
     for delta in pieces:
         stream.feed({**base, "choices": [{"index": 0, "delta": {"reasoning_content": None, **delta},
                                           "finish_reason": None}], "usage": USAGE})

@@ -13,18 +13,9 @@ import anyio
 import httpx
 import pytest
 
+import gen_pipeline.http as seam
 from gen_pipeline.config.dataset import GenerationConfig
-from gen_pipeline.http import (
-    CONNECTIONS_PER_POOL,
-    BadBody,
-    BadStatus,
-    CannotConnect,
-    ConnectionLost,
-    Http,
-    HttpError,
-    NoAnswer,
-    open_http,
-)
+from gen_pipeline.http import BadBody, BadStatus, CannotConnect, ConnectionLost, HttpError, NoAnswer, open_http
 
 from mock_http import mock_http
 
@@ -32,7 +23,7 @@ URL = "http://s:30000/v1/chat/completions"
 
 
 @contextlib.asynccontextmanager
-async def tcp_server(serve, connections: int = 4) -> AsyncIterator[tuple[str, Http]]:
+async def tcp_server(serve, connections: int = 4) -> AsyncIterator[tuple[str, seam.Http]]:
     """`serve` (a raw TCP handler) on a local port: its chat URL, and a client of `connections`."""
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
     url = f"http://127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}/v1/chat/completions"
@@ -153,7 +144,7 @@ async def test_the_pools_of_a_large_window_share_one_tls_context() -> None:
     """Each pool building its own TLS context held the first request back 8 s (docs/measurements.md)."""
     async with open_http(GenerationConfig(), 3750) as http:
         pools = [t._pool for t in http._transports]  # type: ignore[attr-defined]
-    assert len(pools) == -(-3750 // CONNECTIONS_PER_POOL)
+    assert len(pools) == -(-3750 // seam.CONNECTIONS_PER_POOL)
     assert len({id(p._ssl_context) for p in pools}) == 1
 
 
