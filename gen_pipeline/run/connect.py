@@ -28,17 +28,16 @@ async def server_model(opts: RunOptions, http: Http, asked: dict[str, str] | Non
     profile's. `asked` gets {url: model} of the URL asked (the attach does not ask it again)."""
     if opts.model:
         return opts.model
-    if opts.server_urls:
-        for i, url in enumerate(opts.server_urls):
-            try:
-                model = await identify(http, url)
-            except Unreachable:
-                if i == len(opts.server_urls) - 1:
-                    raise  # none answers: the last one's error
-                continue
-            if asked is not None:
-                asked[url] = model
-            return model
+    for i, url in enumerate(opts.server_urls):
+        try:
+            model = await identify(http, url)
+        except Unreachable:
+            if i == len(opts.server_urls) - 1:
+                raise  # none answers: the last one's error
+            continue
+        if asked is not None:
+            asked[url] = model
+        return model
     assert opts.profile is not None, "RunOptions checks it has a server"
     return opts.profile.request_model
 

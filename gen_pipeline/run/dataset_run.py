@@ -1,5 +1,5 @@
-"""One dataset's part of a job: its store, feed, dispatcher, writer (results to the store in batches, committed
-periodically), stats and telemetry; its log records carry `extra={"dataset": name}` (the CLI's run.log)."""
+"""One dataset's part of a job: its store, feed, dispatcher, writer, stats and telemetry; its log records carry
+`extra={"dataset": name}`, so the CLI files them in the dataset's run.log."""
 
 from __future__ import annotations
 
@@ -57,48 +57,6 @@ class Feed:
         return list(islice(self._source, BATCH))
 
 
-class BatchWriter:
-    """Drains the stream into the store until every sender is closed; commits every commit_interval_s
-    with the live figures. `check` runs after each batch (it raises a fatal error of the run)."""
-
-    def __init__(self, store: DatasetStore, commit_interval_s: float, progress: Callable[[], ProgressRecord],
-                 check: Callable[[], None]) -> None:
-        self.store, self.commit_interval_s = store, commit_interval_s
-        self._progress, self._check = progress, check
-
-    async def run(self, recv: MemoryObjectReceiveStream[Item]) -> None:
-        last_commit = time.monotonic()
-        async with recv:
-            while True:
-                batch: list[Item] = []
-                with anyio.move_on_after(self.commit_interval_s):
-                    try:
-                        batch.append(await recv.receive())
-                    except anyio.EndOfStream:
-                        return
-                while len(batch) < BATCH:
-                    try:
-                        batch.append(recv.receive_nowait())
-                    except (anyio.WouldBlock, anyio.EndOfStream):
-                        break
-                await anyio.to_thread.run_sync(self.write_batch, batch)
-                if time.monotonic() - last_commit >= self.commit_interval_s:
-                    last_commit = time.monotonic()
-                    await anyio.to_thread.run_sync(self.store.commit, self._progress())
-                self._check()
-
-    def write_batch(self, batch: list[Item]) -> None:
-        samples = [x for x in batch if isinstance(x, Sample)]
-        failures = [x for x in batch if isinstance(x, Failure)]
-        rejects = [x for x in batch if isinstance(x, Reject)]
-        if samples:
-            self.store.write_samples(samples)
-        if failures:
-            self.store.write_failures(failures)
-        if rejects:
-            self.store.write_rejects(rejects)
-
-
 class DatasetRun:
     """One dataset of a job, from its opened store to its summary; `window` is the job's (shared)."""
 
@@ -114,7 +72,6 @@ class DatasetRun:
         self.stats = RunStats()
         goal = store.remaining if opts.limit is None else min(store.remaining, opts.limit)
         self.dispatch = Dispatcher(goal, window, self.stats, self.name)
-        self.writer = BatchWriter(store, opts.commit_interval_s, self.progress_record, self._raise_fatal)
         self.handle: ServerHandle | None = None
         self.started = False  # its producer has begun
         self.elapsed_s: float | None = None  # its time from its start to its last sample, once written
@@ -180,16 +137,43 @@ class DatasetRun:
         return max(64.0, estimate_prompt_tokens(first) + 0.5 * cap)
 
     async def write(self, recv: MemoryObjectReceiveStream[Item], signal: Callable[[], str | None]) -> None:
-        """Its writer task: every result to the store, then commit and unlock it as soon as its last request ended."""
-        await self.writer.run(recv)
+        """Its writer task: every result to the store in batches (committed every commit_interval_s), then commit
+        and unlock it as soon as its last request ended; raises the run's fatal error after a batch."""
+        interval_s, last_commit = self.opts.commit_interval_s, time.monotonic()
+        async with recv:
+            while True:
+                batch: list[Item] = []
+                with anyio.move_on_after(interval_s):
+                    try:
+                        batch.append(await recv.receive())
+                    except anyio.EndOfStream:
+                        break
+                while len(batch) < BATCH:
+                    try:
+                        batch.append(recv.receive_nowait())
+                    except (anyio.WouldBlock, anyio.EndOfStream):
+                        break
+                await anyio.to_thread.run_sync(self._write_batch, batch)
+                if time.monotonic() - last_commit >= interval_s:
+                    last_commit = time.monotonic()
+                    await anyio.to_thread.run_sync(self.store.commit, self.progress_record())
+                if self.stats.fatal is not None:
+                    raise self.stats.fatal
         self.elapsed_s = self.stats.elapsed_s()
         self.store.record_stop(self.stopped_by(signal()))
         with anyio.CancelScope(shield=True):  # the manifest must be committed even when cancelled
             await anyio.to_thread.run_sync(self.store.close, self.progress_record())
 
-    def _raise_fatal(self) -> None:
-        if self.stats.fatal is not None:
-            raise self.stats.fatal
+    def _write_batch(self, batch: list[Item]) -> None:
+        samples = [x for x in batch if isinstance(x, Sample)]
+        failures = [x for x in batch if isinstance(x, Failure)]
+        rejects = [x for x in batch if isinstance(x, Reject)]
+        if samples:
+            self.store.write_samples(samples)
+        if failures:
+            self.store.write_failures(failures)
+        if rejects:
+            self.store.write_rejects(rejects)
 
     def stopped_by(self, signal: str | None) -> str:
         """Why it ended: its target reached, the job's signal, its source exhausted, or --limit."""
