@@ -240,16 +240,11 @@ async def _sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     tail = b""
     data: list[bytes] = []
     async for chunk in chunks:
-        buf = tail + chunk if tail else chunk
+        buf, tail_cr = tail + chunk if tail else chunk, False
         if b"\r" in buf:
             buf = buf.replace(b"\r\n", b"\n")
-            if buf.endswith(b"\r"):  # maybe the first half of \r\n: wait for the next chunk
-                buf, tail_cr = buf[:-1], True
-            else:
-                tail_cr = False
-            buf = buf.replace(b"\r", b"\n")
-        else:
-            tail_cr = False
+            tail_cr = buf.endswith(b"\r")  # maybe the first half of \r\n: wait for the next chunk
+            buf = (buf[:-1] if tail_cr else buf).replace(b"\r", b"\n")
         lines = buf.split(b"\n")
         tail = lines.pop() + (b"\r" if tail_cr else b"")
         for line in lines:
@@ -268,9 +263,8 @@ async def _sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 @asynccontextmanager
 async def open_http(generation: GenerationConfig, max_connections: int, *,
                     transport: httpx.AsyncBaseTransport | None = None) -> AsyncIterator[Http]:
-    """An Http with the [generation] timeouts (read = request_timeout_s: a long generation is one read) and up
-    to `max_connections` connections (httpx's default of 100 would cap a run's window); `transport` replaces
-    the network (tests: httpx.MockTransport)."""
+    """An Http with the [generation] timeouts (read = request_timeout_s: a long generation is one read) and up to
+    `max_connections` connections (httpx's default of 100 would cap a run's window); `transport`: tests'."""
     timeout = httpx.Timeout(connect=generation.connect_timeout_s, read=generation.request_timeout_s,
                             write=generation.request_timeout_s, pool=None)
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,

@@ -302,8 +302,7 @@ class ChatClient:
                     await anyio.sleep(random.uniform(0.5, 1.0) * GONE_PAUSE_S)
 
     async def _exchange(self, state: _Attempts) -> TurnResult:
-        """One request to the server the fleet picks, its answer read as it arrives; every way it can fail is
-        mapped here, once."""
+        """One request to the server the fleet picks, read as it arrives; every way it can fail is mapped here."""
         fleet, s = self._fleet, state.settings
         reading = TurnStream(RepetitionDetector() if s.generation.on_loop != "off" else None, s.model,
                              s.sampling.max_new_tokens)
@@ -361,7 +360,7 @@ class ChatClient:
             body = await answer.read()
             self._fleet.answered(url, time.monotonic())
             turn = wire.read_whole(body, answer.content_type, token_ids=token_ids, model=reading.model,
-                              max_tokens=reading.max_tokens)
+                                   max_tokens=reading.max_tokens)
             verdict = detect_loop(turn, detector) if detector is not None else None
             return replace(turn, loop=verdict) if verdict is not None else turn
         verdict = None
@@ -380,8 +379,7 @@ class ChatClient:
 
     def _refuse(self, url: str, served: str) -> Exception:
         """`url` answered for another model: out for good; _ServerGone, or ServerError when every server is."""
-        line = self._fleet.refuse(url, served, self.settings.model, time.monotonic())
-        if line is not None:
+        if (line := self._fleet.refuse(url, served, self.settings.model, time.monotonic())) is not None:
             log.warning("%s", line)
         refusal = self._fleet.refusal(self.settings.model)
         return ServerError(refusal) if refusal is not None else _ServerGone(url, f"it serves {served!r}")
@@ -422,8 +420,7 @@ def _journal_loops(stats: TurnStats, sample_id: str, dataset: str) -> None:
 
 
 def _wait(g: GenerationConfig, state: RetryCallState) -> float:
-    """None after a loop (the next seed decides), else "full jitter" (AWS):
-    uniform(0, min(max, initial × 2^(n−1)))."""
+    """None after a loop (the next seed decides), else "full jitter": uniform(0, min(max, initial × 2^(n−1)))."""
     outcome = state.outcome
     exc = outcome.exception() if outcome is not None else None
     if isinstance(exc, Retryable) and exc.reason == "loop":

@@ -137,8 +137,8 @@ class DatasetRun:
         return max(64.0, estimate_prompt_tokens(first) + 0.5 * cap)
 
     async def write(self, recv: MemoryObjectReceiveStream[Item], signal: Callable[[], str | None]) -> None:
-        """Its writer task: every result to the store in batches (committed every commit_interval_s), then commit
-        and unlock it as soon as its last request ended; raises the run's fatal error after a batch."""
+        """Its writer task: results to the store in batches, committed periodically, then closed (unlocked) as soon as
+        its last request ended; raises the run's fatal error after a batch."""
         interval_s, last_commit = self.opts.commit_interval_s, time.monotonic()
         async with recv:
             while True:

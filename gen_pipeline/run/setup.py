@@ -139,8 +139,7 @@ async def _claim_and_check(cfgs: Sequence[DatasetConfig], opts: RunOptions, open
 
 def _check(cfg: DatasetConfig, store: DatasetStore, opts: RunOptions, several: bool,
            waived: list[GenPipelineError]) -> LoadedSource | None:
-    """The pre-launch check of one claimed dataset (not at its target); raises its first problem unless
-    opts.proceed_anyway (then it is added to `waived`). Sync: runs in a thread."""
+    """The pre-launch check of one claimed dataset; raises its first problem unless proceed_anyway (→ `waived`)."""
     if store.remaining == 0:
         return None
     try:
