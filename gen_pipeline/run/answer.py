@@ -10,8 +10,7 @@ from gen_pipeline.quality import LeakReason, LoopVerdict, RepetitionDetector, ch
 from gen_pipeline.records import TurnMeta
 from gen_pipeline.run.wire import Retryable, TurnResult
 
-# The think markers a reasoning parser strips, in pairs (gen_pipeline/quality/leaks.py lists them all):
-# content that still holds one pair splits into (reasoning, answer); other markers are removed.
+# The think markers a reasoning parser strips, in pairs (gen_pipeline/quality/leaks.py lists them all).
 THINK_PAIRS = (("<think>", "</think>"), ("◁think▷", "◁/think▷"), ("<mm:think>", "</mm:think>"),
                ("[THINK]", "[/THINK]"), ("<|open|>think", "<|close|>think"))
 
@@ -44,8 +43,7 @@ class TurnStats:
 
     def failure_extra(self) -> dict[str, int]:
         """What a Failure records of its sample's turns (errors.jsonl)."""
-        return {"loops": self.loops, "empty": self.empty, "tokens_not_decoded": self.tokens_not_decoded,
-                "discarded_tokens": self.discarded_tokens}
+        return {k: getattr(self, k) for k in ("loops", "empty", "tokens_not_decoded", "discarded_tokens")}
 
 
 def detect_loop(turn: TurnResult, detector: RepetitionDetector) -> LoopVerdict | None:

@@ -56,8 +56,7 @@ def for_prompt(s: ClientSettings, prompt: Prompt) -> ClientSettings:
 
 
 def thinks(s: ClientSettings) -> bool:
-    """Whether this sample's answers should carry reasoning: the dataset keeps it and its sampling does not
-    turn thinking off (chat_template_kwargs, e.g. a mix's variant)."""
+    """Whether this sample's answers should carry reasoning: kept, and not turned off by its chat_template_kwargs."""
     if s.generation.reasoning != "keep":
         return False
     for kwargs in (s.sampling.chat_template_kwargs, s.sampling.extra_body.get("chat_template_kwargs")):
@@ -97,9 +96,7 @@ def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turn
 def _answer_due(source: tuple[Message, ...], i: int) -> bool:
     """An answer is regenerated after source message i: a user turn, or the last of a run of tool results."""
     role = source[i]["role"]
-    if role == "user":
-        return True
-    return role == "tool" and (i + 1 == len(source) or source[i + 1]["role"] != "tool")
+    return role == "user" or (role == "tool" and (i + 1 == len(source) or source[i + 1]["role"] != "tool"))
 
 
 def _calls_key(calls: list[dict[str, Any]] | None) -> list[tuple[Any, Any]]:
@@ -213,8 +210,7 @@ class ChatClient:
     async def complete(self, messages: list[Message], settings: ClientSettings | None = None,
                        stats: TurnStats | None = None, sample: Hashable | None = None,
                        tools: list[Any] | None = None) -> TurnResult:
-        """One assistant turn, with retries and the gate's policies; raises RequestError (with the attempts made).
-        `stats` is filled in place; `sample`: the fleet keeps its turns together."""
+        """One assistant turn, with retries and the gate's policies (`stats` filled in place); raises RequestError."""
         s = settings or self.settings
         stats = stats if stats is not None else TurnStats()
         g = s.generation

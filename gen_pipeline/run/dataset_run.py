@@ -188,8 +188,7 @@ class DatasetRun:
         return "limit" if self.store.remaining > 0 else "target"
 
     def summary(self, stopped_by: str) -> RunSummary:
-        s = self.stats
-        rank = self.opts.rank
+        s, rank = self.stats, self.opts.rank
         elapsed_s = self.elapsed_s if self.elapsed_s is not None else s.elapsed_s() if self.started else 0.0
         # written: what the store holds now less what it held: a result the dispatcher counted but a second
         # signal cancelled before the writer took it (or a duplicate the store skipped) is not in it

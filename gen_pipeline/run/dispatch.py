@@ -41,11 +41,12 @@ class Window:
 
     def retune(self, need: int) -> None:
         """Size the window for `need` samples still to produce (a job's: its members' needs)."""
-        if self.members:
-            need = self._job_need()
-        need = max(need, 1)
-        assert self.fixed or self.controller is not None, "Window needs a controller or a fixed size"
-        window = self.fixed or self.controller.window(self.clock(), need)  # type: ignore[union-attr]
+        need = max(self._job_need() if self.members else need, 1)
+        if self.fixed:
+            window = self.fixed
+        else:
+            assert self.controller is not None, "Window needs a controller or a fixed size"
+            window = self.controller.window(self.clock(), need)
         self.limiter.total_tokens = max(1, min(window, need))
 
     def _job_need(self) -> int:

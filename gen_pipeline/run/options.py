@@ -62,9 +62,8 @@ class RunSummary:
     @property
     def short(self) -> int:
         """Samples the target still misses when the source ran out and no retry can supply them."""
-        if self.stopped_by != "source_exhausted" or self.failures > self.final_failures:
-            return 0
-        return max(0, self.target - self.done)
+        exhausted = self.stopped_by == "source_exhausted" and self.failures <= self.final_failures  # no retry helps
+        return max(0, self.target - self.done) if exhausted else 0
 
     @property
     def exit_code(self) -> int:

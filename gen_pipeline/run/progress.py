@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from contextlib import AbstractContextManager
 from typing import TextIO
 
 from tqdm import tqdm
@@ -42,7 +43,7 @@ def postfix(s: RunSnapshot) -> str:
     return ", ".join(parts)
 
 
-class Progress:
+class Progress(AbstractContextManager["Progress"]):
     """`update()` redraws the bar or prints a line every `log_every_s`; `close()` ends the bar (log mode: prints
     the last figures a short run may never have shown)."""
 
@@ -57,9 +58,6 @@ class Progress:
         self._last_log = -math.inf  # the first update always prints
         self._bar: tqdm | None = None
         self._last: RunSnapshot | None = None
-
-    def __enter__(self) -> Progress:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
