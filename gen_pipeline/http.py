@@ -1,8 +1,5 @@
-"""The product's one HTTP seam: `open_http` makes an `Http`; every request of the product goes through it.
-httpx is imported here and in no other product module, and no httpx type appears in another module's
-signatures. Tests swap the transport in-process: `open_http(generation, 8, transport=httpx.MockTransport(h))`.
-
-Every failure to get an answer becomes one of these (`kind` is the short key a Failure records):
+"""The product's one HTTP seam (httpx is imported nowhere else): `open_http` makes an `Http`. Every failure to
+get an answer becomes one of these (`kind` is the short key a Failure records):
 
     HttpError            the URL and what happened
      ├── CannotConnect   "connect": refused, unknown host, or no connection within connect_timeout_s (a
@@ -10,11 +7,8 @@ Every failure to get an answer becomes one of these (`kind` is the short key a F
      ├── NoAnswer        "timeout": no answer within the read timeout (busy or stalled: it stays in the fleet)
      ├── ConnectionLost  "connection": the connection dropped mid-request or mid-response
      ├── BadBody         "bad_body": an answer whose body is not what was asked for (not JSON, bad encoding)
-     └── BadStatus       "status": get_json/get_text/get_bytes/open_stream got a status other than 200
-                         (`reply` holds the answer); `get` and `post_json` return any status as a Reply
-
-Timeouts: connect = [generation] connect_timeout_s, read and write = request_timeout_s (a long generation
-is one read), pool = none (a wait for a connection is the window's doing); control calls pass `timeout_s`.
+     └── BadStatus       "status": get_json/get_text/open_stream got a status other than 200 (`reply` holds
+                         the answer); `get` and `post_json` return any status as a Reply
 """
 
 from __future__ import annotations
@@ -38,9 +32,8 @@ from gen_pipeline.config.dataset import GenerationConfig
 # ours expire first, so a request is never sent on a connection the server is closing at that moment.
 KEEPALIVE_EXPIRY_S = 4.0
 DRAIN_S = 1.0  # Stream.drain: how long the rest of an answer may take after its last event
-# httpcore 1.0's pool checks every idle connection against every connection each time a request starts
-# or ends (connection_pool.py, _assign_requests_to_connections): quadratic in the pool's size. Requests
-# go round robin over pools of at most this many connections each.
+# httpcore 1.0's pool is quadratic in its size (connection_pool.py, _assign_requests_to_connections, on every
+# request's start and end): requests go round robin over pools of at most this many connections each.
 CONNECTIONS_PER_POOL = 16
 _GET_HEADERS = {"user-agent": "gen-pipeline"}
 _POST_HEADERS = {**_GET_HEADERS, "content-type": "application/json"}
@@ -48,8 +41,7 @@ _ERROR_BODY_BYTES = 64 * 1024  # what a refused stream keeps of the server's err
 
 
 class HttpError(Exception):
-    """No usable answer from `url`: `str(e)` says so in words a log line can carry, `why` only the cause
-    ("Connection refused"), for a message that names the URL itself."""
+    """No usable answer from `url`: `str(e)` says so, `why` only the cause ("Connection refused")."""
 
     kind = "http"
 
@@ -106,9 +98,8 @@ class Reply:
 
 
 class Http:
-    """GETs and POSTs with the errors above; made by `open_http`, closed with it. Requests go straight to the
-    transport, not through httpx.AsyncClient, whose extras we do not use and whose cost is client CPU on
-    every request (docs/measurements.md, "HTTP client library")."""
+    """GETs and POSTs with the errors above. Straight to the transport, not through httpx.AsyncClient: client
+    CPU on every request (docs/measurements.md, "HTTP client library")."""
 
     def __init__(self, transports: list[httpx.AsyncBaseTransport], timeout: httpx.Timeout):
         self._transports = transports
@@ -122,37 +113,29 @@ class Http:
         return await self._send("GET", url, None, timeout_s)
 
     async def post_json(self, url: str, body: bytes | Mapping[str, Any], *, timeout_s: float | None = None) -> Reply:
-        """POST a JSON body (bytes are sent as they are, e.g. serialised once for several attempts), any
-        status; raises HttpError when no answer came."""
+        """POST a JSON body (bytes are sent as they are), any status; raises HttpError when no answer came."""
         return await self._send("POST", url, body if isinstance(body, bytes) else orjson.dumps(body), timeout_s)
 
-    async def get_bytes(self, url: str, *, timeout_s: float | None = None) -> bytes:
-        """The body of a 200 answer; raises BadStatus for another status, HttpError when none came."""
-        reply = await self.get(url, timeout_s=timeout_s)
-        if reply.status != 200:
-            raise BadStatus(url, reply)
-        return reply.body
-
     async def get_text(self, url: str, *, timeout_s: float | None = None) -> str:
-        """The body of a 200 answer as text (bad UTF-8 replaced); raises as get_bytes."""
-        return (await self.get_bytes(url, timeout_s=timeout_s)).decode("utf-8", "replace")
+        """The body of a 200 answer as text (bad UTF-8 replaced); raises BadStatus for another status."""
+        return (await self._get_ok(url, timeout_s)).text
 
     async def get_json(self, url: str, *, timeout_s: float | None = None) -> Any:
-        """The parsed JSON of a 200 answer; raises BadBody when it is not JSON, else as get_bytes."""
+        """The parsed JSON of a 200 answer; raises BadBody when it is not JSON, else as get_text."""
+        return (await self._get_ok(url, timeout_s)).json()
+
+    async def _get_ok(self, url: str, timeout_s: float | None) -> Reply:
         reply = await self.get(url, timeout_s=timeout_s)
         if reply.status != 200:
             raise BadStatus(url, reply)
-        return reply.json()
+        return reply
 
     @asynccontextmanager
     async def open_stream(self, url: str, body: bytes | Mapping[str, Any], *, timeout_s: float | None = None,
                           bounded: bool = False) -> AsyncIterator[Stream]:
-        """POST a JSON body and read the 200 answer as it comes: `answer.events()` when
-        `answer.is_event_stream`, else `await answer.read()`. The read timeout applies between two reads;
-        `bounded`: none, the caller bounds the whole answer (no timeout scope per read: less client CPU,
-        docs/measurements.md, "Client CPU per 1K streamed tokens"). Raises BadStatus (the error body read)
-        for a status other than 200, HttpError when the answer stops short (also inside the loop). Leaving
-        the block early closes the connection: SGLang aborts the request and frees its KV."""
+        """POST a JSON body and read the 200 answer as it comes (events() or read()); `bounded`: no read timeout,
+        the caller bounds the whole answer (less client CPU). Raises BadStatus, HttpError (also inside the loop).
+        Leaving the block early closes the connection: SGLang aborts the request and frees its KV."""
         timeout, extensions = self._timeouts(timeout_s)
         if bounded:
             extensions = {"timeout": {**extensions["timeout"], "read": None}}
@@ -170,14 +153,6 @@ class Http:
         finally:
             await stream.aclose()
             await response.aclose()
-
-    @asynccontextmanager
-    async def stream_lines(self, url: str, body: bytes | Mapping[str, Any], *,
-                           timeout_s: float | None = None) -> AsyncIterator[AsyncIterator[str]]:
-        """POST a JSON body and read the answer's lines as they come (without their line breaks, SSE's blank
-        separators included); raises as open_stream."""
-        async with self.open_stream(url, body, timeout_s=timeout_s) as stream:
-            yield stream.lines()
 
     async def aclose(self) -> None:
         for transport in self._transports:
@@ -206,8 +181,7 @@ class Http:
 
 
 class Stream:
-    """A 200 answer being read (Http.open_stream): its content type, then its events, lines or whole body,
-    with httpx's errors mapped to ours. Read it one way only."""
+    """A 200 answer being read (Http.open_stream), httpx's errors mapped to ours. Read it one way only."""
 
     def __init__(self, url: str, timeout: httpx.Timeout, response: httpx.Response):
         self.url, self._timeout, self._response = url, timeout, response
@@ -219,23 +193,15 @@ class Stream:
         return self.content_type.startswith("text/event-stream")
 
     async def read(self) -> bytes:
-        """The whole body."""
         with _mapped(self.url, self._timeout):
             return await self._response.aread()
 
-    def lines(self) -> AsyncIterator[str]:
-        """The body's lines, without their line breaks."""
-        return self._mapped_iter(self._response.aiter_lines())
-
     def events(self) -> AsyncIterator[bytes]:
-        """The data of each server-sent event, as bytes: its `data:` lines joined by newlines, one leading space
-        removed (the SSE spec); events without data are skipped. Parsed from the raw bytes: cheaper than lines."""
+        """Each server-sent event's data (its `data:` lines joined by newlines; events without data skipped)."""
         return self._mapped_iter(_sse_events(self._response.aiter_bytes()))
 
     async def drain(self, limit_s: float = DRAIN_S) -> None:
-        """Read what is left of the answer, unused, so that its connection goes back to the pool (an unread
-        body closes it, and the next request pays a new handshake). A server that holds the body open past
-        `limit_s` is left: the connection is closed."""
+        """Read the rest of the answer so that its connection goes back to the pool (an unread body closes it)."""
         with anyio.move_on_after(limit_s):
             try:
                 for it in self._open:
@@ -270,21 +236,15 @@ class _Mapped:
 
 
 async def _sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Server-sent events' data from a byte stream (lines end with \n, \r\n or \r; SGLang writes
-    `data: {...}\n\n`)."""
+    """Server-sent events' data from a byte stream (lines end with \n, \r\n or \r)."""
     tail = b""
     data: list[bytes] = []
     async for chunk in chunks:
-        buf = tail + chunk if tail else chunk
+        buf, tail_cr = tail + chunk if tail else chunk, False
         if b"\r" in buf:
             buf = buf.replace(b"\r\n", b"\n")
-            if buf.endswith(b"\r"):  # maybe the first half of \r\n: wait for the next chunk
-                buf, tail_cr = buf[:-1], True
-            else:
-                tail_cr = False
-            buf = buf.replace(b"\r", b"\n")
-        else:
-            tail_cr = False
+            tail_cr = buf.endswith(b"\r")  # maybe the first half of \r\n: wait for the next chunk
+            buf = (buf[:-1] if tail_cr else buf).replace(b"\r", b"\n")
         lines = buf.split(b"\n")
         tail = lines.pop() + (b"\r" if tail_cr else b"")
         for line in lines:
@@ -303,9 +263,8 @@ async def _sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 @asynccontextmanager
 async def open_http(generation: GenerationConfig, max_connections: int, *,
                     transport: httpx.AsyncBaseTransport | None = None) -> AsyncIterator[Http]:
-    """An Http with the [generation] timeouts (module doc) and up to `max_connections` connections
-    (one per request in flight: httpx's default of 100 would silently cap a run's window), kept alive
-    between requests. `transport` replaces the network (tests: httpx.MockTransport)."""
+    """An Http with the [generation] timeouts (read = request_timeout_s: a long generation is one read) and up to
+    `max_connections` connections (httpx's default of 100 would cap a run's window); `transport`: tests'."""
     timeout = httpx.Timeout(connect=generation.connect_timeout_s, read=generation.request_timeout_s,
                             write=generation.request_timeout_s, pool=None)
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
@@ -334,8 +293,7 @@ def _transport(limits: httpx.Limits, tls: Any) -> httpx.AsyncHTTPTransport:
 
 
 class _Backend(httpcore.AsyncNetworkBackend):
-    """httpcore's AnyIO backend, whose reads skip httpcore's timer scope when no read timeout is set (Http.open_stream's
-    `bounded`): client CPU, docs/measurements.md, "Client CPU per 1K streamed tokens"."""
+    """httpcore's AnyIO backend whose reads skip the timer scope without a read timeout (client CPU)."""
 
     def __init__(self) -> None:
         self._inner = httpcore.AnyIOBackend()
@@ -345,17 +303,12 @@ class _Backend(httpcore.AsyncNetworkBackend):
                           local_address: str | None = None, socket_options: Any = None) -> httpcore.AsyncNetworkStream:
         return _UntimedReads(await self._inner.connect_tcp(host, port, timeout, local_address, socket_options))
 
-    async def connect_unix_socket(self, path: str, timeout: float | None = None,  # noqa: ASYNC109
-                                  socket_options: Any = None) -> httpcore.AsyncNetworkStream:
-        return _UntimedReads(await self._inner.connect_unix_socket(path, timeout, socket_options))
-
     async def sleep(self, seconds: float) -> None:
         await self._inner.sleep(seconds)
 
 
 class _UntimedReads(httpcore.AsyncNetworkStream):
-    """An httpcore connection whose reads without a timeout go straight to the anyio stream (the same
-    errors as httpcore's read); the rest as httpcore does it."""
+    """An httpcore connection whose reads without a timeout go straight to the anyio stream (same errors)."""
 
     def __init__(self, inner: httpcore.AsyncNetworkStream) -> None:
         self._inner = inner
@@ -386,8 +339,6 @@ class _UntimedReads(httpcore.AsyncNetworkStream):
         return self._inner.get_extra_info(info)
 
 
-# ---------------------------------------------------------------- httpx's errors → ours
-
 @contextmanager
 def _mapped(url: str, timeout: httpx.Timeout) -> Iterator[None]:
     try:
@@ -413,7 +364,6 @@ def _cannot_connect(url: str, why: str) -> NoReturn:
 
 
 def _where(url: str) -> str:
-    """host:port of a URL (what a connection error is about)."""
     try:
         u = httpx.URL(url)
     except httpx.InvalidURL:
@@ -423,8 +373,7 @@ def _where(url: str) -> str:
 
 
 def _os_reason(e: BaseException) -> str:
-    """The OS's reason under httpx's wrappers ("Connection refused"; anyio says only "All connection
-    attempts failed" and keeps the OSError as its cause)."""
+    """The OS's reason under httpx's wrappers ("Connection refused"; anyio keeps the OSError as its cause)."""
     reason = str(e)
     seen: BaseException | None = e
     while seen is not None:

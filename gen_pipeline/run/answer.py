@@ -1,8 +1,4 @@
-"""One assistant turn's answer, judged: pure functions and records, no I/O (run/wire.py reads an answer into
-a TurnResult, run/chat.py does the requests). What the quality gate makes of it (`judge`: empty,
-marker-only and leaked answers; `detect_loop` over a whole answer; `cut_at_loop`: on_loop = "keep"); and
-the turn's accounting (TurnStats → records.TurnMeta, meta.per_turn).
-"""
+"""One assistant turn's answer, judged by the quality gate (no I/O), and the turn's accounting (TurnStats)."""
 
 from __future__ import annotations
 
@@ -14,8 +10,7 @@ from gen_pipeline.quality import LeakReason, LoopVerdict, RepetitionDetector, ch
 from gen_pipeline.records import TurnMeta
 from gen_pipeline.run.wire import Retryable, TurnResult
 
-# The think markers a reasoning parser strips, in pairs (gen_pipeline/quality/leaks.py lists them all):
-# content that still holds one pair splits into (reasoning, answer); other markers are removed.
+# The think markers a reasoning parser strips, in pairs (gen_pipeline/quality/leaks.py lists them all).
 THINK_PAIRS = (("<think>", "</think>"), ("◁think▷", "◁/think▷"), ("<mm:think>", "</mm:think>"),
                ("[THINK]", "[/THINK]"), ("<|open|>think", "<|close|>think"))
 
@@ -42,21 +37,17 @@ class TurnStats:
         return meta
 
     def add(self, other: TurnStats) -> None:
-        self.attempts += other.attempts
-        self.loops += other.loops
-        self.empty += other.empty
-        self.tokens_not_decoded += other.tokens_not_decoded
-        self.discarded_tokens += other.discarded_tokens
+        for name in ("attempts", "loops", "empty", "tokens_not_decoded", "discarded_tokens"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
         self.caught += other.caught
 
     def failure_extra(self) -> dict[str, int]:
-        """What a Failure records of its sample's turns (errors.jsonl): status counts loops and savings from it."""
-        return {"loops": self.loops, "empty": self.empty, "tokens_not_decoded": self.tokens_not_decoded,
-                "discarded_tokens": self.discarded_tokens}
+        """What a Failure records of its sample's turns (errors.jsonl)."""
+        return {k: getattr(self, k) for k in ("loops", "empty", "tokens_not_decoded", "discarded_tokens")}
 
 
 def detect_loop(turn: TurnResult, detector: RepetitionDetector) -> LoopVerdict | None:
-    """The detector over a finished answer (not streamed): reasoning, then content, as they would arrive."""
+    """The detector over a whole answer: reasoning, then content, as they would arrive."""
     if turn.reasoning:
         detector.feed(turn.reasoning)
     if turn.content:
@@ -67,11 +58,8 @@ def detect_loop(turn: TurnResult, detector: RepetitionDetector) -> LoopVerdict |
     return verdict
 
 
-# ---------------------------------------------------------------- the quality gate's policies
-
 def split_think(content: str) -> tuple[str, str]:
-    """("reasoning", "answer") from content that still carries think markers (no reasoning parser, or one
-    that missed them): the text inside the first marker pair is the reasoning; stray markers are removed."""
+    """(reasoning, answer) from content that still carries think markers; stray markers are removed."""
     for open_, close in THINK_PAIRS:
         if close in content:
             head, _, tail = content.partition(close)
@@ -80,8 +68,7 @@ def split_think(content: str) -> tuple[str, str]:
 
 
 def cut_at_loop(turn: TurnResult, verdict: LoopVerdict) -> TurnResult:
-    """on_loop = "keep": the text before the loop's first copy (verdict.loop_start_char counts the
-    reasoning then the content, as they arrived), finish_reason "loop"."""
+    """on_loop = "keep": the text before the loop's first copy (loop_start_char counts reasoning then content)."""
     at = verdict.loop_start_char
     if at <= len(turn.reasoning):
         reasoning, content = turn.reasoning[:at], ""
@@ -91,8 +78,7 @@ def cut_at_loop(turn: TurnResult, verdict: LoopVerdict) -> TurnResult:
 
 
 def reject_empty(turn: TurnResult, policy: str, what: str = "empty") -> None:
-    """An empty (or marker-only) assistant turn is never written (validate rejects it): "retry" makes it
-    a retryable attempt (RequestError once max_attempts are spent), "fail" a failure at once."""
+    """An empty (or marker-only) turn is never written: "retry" raises Retryable, "fail" RequestError."""
     detail = (f"the assistant turn is {what} ({turn.completion_tokens} completion tokens, "
               f"finish_reason {turn.finish_reason})")
     if policy == "fail":
@@ -101,10 +87,8 @@ def reject_empty(turn: TurnResult, policy: str, what: str = "empty") -> None:
 
 
 def judge(turn: TurnResult, g: GenerationConfig, reasoning_expected: bool | None = None) -> TurnResult:
-    """The answer to write, by quality/leaks.py `check_turn`: empty and marker-only answers follow `empty_turn`
-    (raise Retryable or RequestError); a leak follows `truncated`: "drop" is a final failure (reason "truncated"
-    for a turn cut by max_new_tokens, else "leak"), "keep" writes it repaired and flagged (`leak`). A kept turn
-    with no answer left fails: "truncated" when the thinking ran to the cap, else as an empty answer."""
+    """The answer to write, by quality/leaks.py `check_turn`: empty answers follow `empty_turn`, a leak follows
+    `truncated` ("drop": a final failure, "keep": written repaired and flagged); raises Retryable or RequestError."""
     if turn.tool_calls and not turn.content.strip():
         return turn  # a tool call is the answer (content empty, as SGLang's tool parser leaves it): not empty
     expected = g.reasoning == "keep" if reasoning_expected is None else reasoning_expected

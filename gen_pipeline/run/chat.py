@@ -1,17 +1,8 @@
-"""The HTTP client: one conversation in, one regenerated Sample (or a Failure) out.
-
-Every assistant turn is regenerated in order on `/v1/chat/completions`, each request carrying the
-regenerated history (run/wire.py is the wire format). One exchange path (`_exchange`) sends a request,
-reads its answer as it comes and maps each way it can fail once. Retries (tenacity, backoff with jitter)
-cover connection errors, timeouts, 408, 429, 5xx and bad answers; another 4xx is a final Failure.
-
-A streamed turn feeds a RepetitionDetector as the text arrives; when it fires the stream is closed, and
-SGLang 0.5.17 aborts the request and frees its KV at once (tokenizer_manager.py generate_request →
-_discard_pending_req_states sends AbortReq). `[generation] on_loop` says what follows.
-
-A server that went away is not a failed request when the servers are watched (a `gate`): the request is
-sent again, to another server or after the pause for one to come back, without spending an attempt, until
-it found no server for `server_wait_s`. A read timeout never takes a server out (it is there, only busy).
+"""The chat client: one conversation in, one regenerated Sample (or a Failure) out, every assistant turn
+regenerated in order. Closing a stream when the loop detector fires makes SGLang 0.5.17 abort the request and
+free its KV (tokenizer_manager.py generate_request → _discard_pending_req_states sends AbortReq). With the
+servers watched (a `gate`), a server that went away costs no attempt: the request is sent again until no server
+took it for `server_wait_s`. A read timeout never takes a server out (it is there, only busy).
 """
 
 from __future__ import annotations
@@ -35,19 +26,9 @@ from gen_pipeline.errors import RequestError, ServerError
 from gen_pipeline.http import BadStatus, CannotConnect, ConnectionLost, Http, HttpError, Stream
 from gen_pipeline.quality import RepetitionDetector
 from gen_pipeline.records import Failure, Message, Prompt, Sample, TurnMeta
+from gen_pipeline.run import wire
 from gen_pipeline.run.answer import TurnStats, cut_at_loop, detect_loop, judge
-from gen_pipeline.run.wire import (
-    ClientSettings,
-    OtherModel,
-    Retryable,
-    TurnResult,
-    TurnStream,
-    build_request,
-    classify_status,
-    loop_seed,
-    read_whole,
-    template_kwargs_text,
-)
+from gen_pipeline.run.wire import ClientSettings, Retryable, TurnResult, TurnStream
 from gen_pipeline.server.fleet import Fleet
 
 log = logging.getLogger(__name__)
@@ -66,8 +47,6 @@ GONE_PAUSE_S = 0.5  # before sending again to a server that went away (its healt
 RequestDone = Callable[[int, int, float], None]  # (prompt_tokens, completion_tokens, latency_s)
 
 
-# ---------------------------------------------------------------- a sample's settings and row
-
 def for_prompt(s: ClientSettings, prompt: Prompt) -> ClientSettings:
     """The settings of one sample: its variant of the sampling mix, drawn from its place in the source."""
     if s.mix is None:
@@ -77,8 +56,7 @@ def for_prompt(s: ClientSettings, prompt: Prompt) -> ClientSettings:
 
 
 def thinks(s: ClientSettings) -> bool:
-    """Whether this sample's answers should carry reasoning (the leak checks' expectation): the dataset keeps
-    it and the sample's sampling does not turn thinking off (chat_template_kwargs, e.g. a mix's variant)."""
+    """Whether this sample's answers should carry reasoning: kept, and not turned off by its chat_template_kwargs."""
     if s.generation.reasoning != "keep":
         return False
     for kwargs in (s.sampling.chat_template_kwargs, s.sampling.extra_body.get("chat_template_kwargs")):
@@ -89,8 +67,7 @@ def thinks(s: ClientSettings) -> bool:
 
 def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turns: list[TurnResult],
                  s: ClientSettings, per_turn: list[TurnMeta]) -> Sample:
-    """The sample's row. meta.finish_reason: "loop" when a turn was cut where a loop began (on_loop =
-    "keep"), else "length" when one hit max_new_tokens, else "stop"; meta.per_turn: records.TurnMeta."""
+    """The sample's row; meta.finish_reason: "loop" if a turn was cut at a loop, else "length" if one hit the cap."""
     reasons = {t.finish_reason for t in turns}
     finish = "loop" if "loop" in reasons else "length" if "length" in reasons else "stop"
     meta = {
@@ -104,32 +81,22 @@ def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turn
         "kv_cache_dtype": s.kv_cache_dtype,
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "per_turn": per_turn,
-        "chat_template_kwargs": template_kwargs_text(s.sampling, s.generation.reasoning),
+        "chat_template_kwargs": wire.template_kwargs_text(s.sampling, s.generation.reasoning),
     }
     if s.mix is not None:  # only under a mix (part of the fingerprint): rows without one keep their keys
         meta["sampling_variant"] = s.variant
     return Sample(id=prompt.id, dataset=dataset, conversations=conversation, meta=meta)
 
 
-# ---------------------------------------------------------------- tool-use samples
-# TOOL POLICY (agentic conversations: the source carries `tools`, assistant tool_calls and tool results).
-# Every assistant position of the source is regenerated in order, each request carrying the sample's tools
-# (tool_choice "auto") and the history so far: the regenerated assistant turns, the source's user turns and
-# the source's tool results. A regenerated turn is kept as the target produced it (its tool calls, or its
-# text). The source's tool results answer the source's calls, so the next turns use them only while the
-# regenerated calls equal the source's (`same_calls`: the same function names with the same arguments as
-# JSON, in order; each result's tool_call_id then names the regenerated call). At the first divergence
-# (other calls, calls where the source answered in text, or text where it called) the sample ends with
-# that turn: its later turns are dropped and meta.tool_divergence says which assistant turn (1-based; 0:
-# none). A turn of tool calls with no text is a valid answer (finish_reason "tool_calls").
+# TOOL POLICY: the source's tool results answer the source's calls, so the next turns use them only while the
+# regenerated calls equal the source's (`same_calls`; each result's tool_call_id then names the regenerated
+# call). At the first divergence the sample ends with that turn, and meta.tool_divergence says which assistant
+# turn (1-based; 0: none). A turn of tool calls with no text is a valid answer (finish_reason "tool_calls").
 
 def _answer_due(source: tuple[Message, ...], i: int) -> bool:
-    """Whether an assistant answer is regenerated after source message i: after a user turn, and after the
-    last of a run of tool results."""
+    """An answer is regenerated after source message i: a user turn, or the last of a run of tool results."""
     role = source[i]["role"]
-    if role == "user":
-        return True
-    return role == "tool" and (i + 1 == len(source) or source[i + 1]["role"] != "tool")
+    return role == "user" or (role == "tool" and (i + 1 == len(source) or source[i + 1]["role"] != "tool"))
 
 
 def _calls_key(calls: list[dict[str, Any]] | None) -> list[tuple[Any, Any]]:
@@ -146,12 +113,9 @@ def _calls_key(calls: list[dict[str, Any]] | None) -> list[tuple[Any, Any]]:
 
 
 def same_calls(regenerated: list[dict[str, Any]] | None, source: list[dict[str, Any]] | None) -> bool:
-    """The regenerated turn's tool calls equal the source's: the same function names and arguments (compared
-    as JSON values, not as text), in order; none on both sides is equal too."""
+    """The regenerated turn's tool calls equal the source's: the same names and arguments (as JSON values), in order."""
     return _calls_key(regenerated) == _calls_key(source)
 
-
-# ---------------------------------------------------------------- the async client
 
 class ChatClient:
     """Regenerates conversations against one or more servers (the fleet picks each request's server)."""
@@ -159,11 +123,8 @@ class ChatClient:
     def __init__(self, http: Http, base_urls: list[str], settings: ClientSettings, *,
                  gate: Callable[[], Awaitable[None]] | None = None, on_request_done: RequestDone | None = None,
                  fleet: Fleet | None = None, server_wait_s: float = 600.0):
-        self._http = http
+        self._http, self.settings, self._gate, self._on_done = http, settings, gate, on_request_done
         self._fleet = fleet if fleet is not None else Fleet([normalise_server_url(u) for u in base_urls])
-        self.settings = settings
-        self._gate = gate
-        self._on_done = on_request_done
         self.server_wait_s = server_wait_s
         self._sent: dict[str, set[anyio.CancelScope]] = {}  # url → its requests in flight
         self._fleet.on_taken_out.append(self._cancel_sent_to)
@@ -174,8 +135,7 @@ class ChatClient:
             scope.cancel()
 
     async def regenerate(self, prompt: Prompt, dataset: str) -> Sample | Failure:
-        """Every assistant turn regenerated in order; per-request failures come back as a Failure (with the
-        gate's counts of the sample's turns in `extra`)."""
+        """Every assistant turn regenerated in order; per-request failures come back as a Failure."""
         try:
             return await self._regenerate(prompt, dataset)
         finally:
@@ -191,8 +151,7 @@ class ChatClient:
         keep_reasoning = s.generation.reasoning == "keep"
         tools = orjson.loads(prompt.tools) if prompt.tools else None
         source = prompt.messages
-        # the policy holds for any conversation with tool turns (with no `tools`, a target answers in text where
-        # the source called: it diverges there, never followed by results of calls it did not make)
+        # any conversation with tool turns (without `tools`, a text answer where the source called diverges)
         tool_use = tools is not None or any(m["role"] == "tool" for m in source)
         ids: dict[str, str] = {}  # the source's tool call ids → the regenerated calls' (tool results follow them)
         diverged = 0
@@ -251,13 +210,11 @@ class ChatClient:
     async def complete(self, messages: list[Message], settings: ClientSettings | None = None,
                        stats: TurnStats | None = None, sample: Hashable | None = None,
                        tools: list[Any] | None = None) -> TurnResult:
-        """One assistant turn: attempts with retries and the gate's policies; raises RequestError (with the
-        attempts made) when it will not succeed. `stats` (filled in place) counts the attempts, loops and
-        empty answers; `sample` (the fleet keeps its turns together); `tools`, sent with every turn."""
+        """One assistant turn, with retries and the gate's policies (`stats` filled in place); raises RequestError."""
         s = settings or self.settings
         stats = stats if stats is not None else TurnStats()
         g = s.generation
-        base = build_request(messages, s, tools)
+        base = wire.build_request(messages, s, tools)
         state = _Attempts(s, orjson.dumps(base), base, stats, sample)
         try:
             try:
@@ -280,8 +237,7 @@ class ChatClient:
         raise AssertionError("unreachable")
 
     async def _attempt(self, state: _Attempts) -> TurnResult:
-        """One request, then the gate: a loop per on_loop (retry: the next attempt's seed changes), a
-        finished answer judged. Raises _Retryable / RequestError."""
+        """One request, then the gate: a loop per on_loop (retry: a new seed), an answer judged."""
         s, stats = state.settings, state.stats
         g = s.generation
         stats.attempts += 1
@@ -342,9 +298,7 @@ class ChatClient:
                     await anyio.sleep(random.uniform(0.5, 1.0) * GONE_PAUSE_S)
 
     async def _exchange(self, state: _Attempts) -> TurnResult:
-        """One request to the server the fleet picks, its answer read as it arrives (`_read`). Every way
-        it can fail is mapped here, once: a refusal (classify_status), the request timeout, a connection
-        that cannot be made or is lost (_ServerGone when the servers are watched), a server taken out."""
+        """One request to the server the fleet picks, read as it arrives; every way it can fail is mapped here."""
         fleet, s = self._fleet, state.settings
         reading = TurnStream(RepetitionDetector() if s.generation.on_loop != "off" else None, s.model,
                              s.sampling.max_new_tokens)
@@ -363,11 +317,11 @@ class ChatClient:
                         # a stuck scheduler too (server/hang.py); the events or the body are
                         fleet.succeeded(url)
                         turn = await self._read(url, answer, reading, token_ids=s.token_ids)
-            except OtherModel as e:  # restarted with another model: never written, never sent there again
+            except wire.OtherModel as e:  # restarted with another model: never written, never sent there again
                 raise self._refuse(url, e.served) from None
             except BadStatus as e:
                 fleet.succeeded(url)  # refused by its HTTP side: it answers, no progress of its scheduler
-                classify_status(e.reply)
+                wire.classify_status(e.reply)
                 raise Retryable("bad_response", f"HTTP {e.reply.status}") from None  # a 2xx other than 200
             except TimeoutError:
                 limit = s.generation.request_timeout_s
@@ -396,14 +350,13 @@ class ChatClient:
         return turn
 
     async def _read(self, url: str, answer: Stream, reading: TurnStream, *, token_ids: bool) -> TurnResult:
-        """The answer's events as they arrive, the detector fed (the stream closed when it fires); or a whole
-        answer, the detector reading the finished text."""
+        """The answer's events as they arrive, the detector fed; or a whole answer, the detector reading it."""
         detector = reading.detector
         if not answer.is_event_stream:
             body = await answer.read()
             self._fleet.answered(url, time.monotonic())
-            turn = read_whole(body, answer.content_type, token_ids=token_ids, model=reading.model,
-                              max_tokens=reading.max_tokens)
+            turn = wire.read_whole(body, answer.content_type, token_ids=token_ids, model=reading.model,
+                                   max_tokens=reading.max_tokens)
             verdict = detect_loop(turn, detector) if detector is not None else None
             return replace(turn, loop=verdict) if verdict is not None else turn
         verdict = None
@@ -421,17 +374,14 @@ class ChatClient:
         return reading.result(loop=verdict, aborted=aborted)
 
     def _refuse(self, url: str, served: str) -> Exception:
-        """`url` answered for another model: out for good; its request is sent again elsewhere (_ServerGone),
-        or the run ends (ServerError) when every server serves another model."""
-        line = self._fleet.refuse(url, served, self.settings.model, time.monotonic())
-        if line is not None:
+        """`url` answered for another model: out for good; _ServerGone, or ServerError when every server is."""
+        if (line := self._fleet.refuse(url, served, self.settings.model, time.monotonic())) is not None:
             log.warning("%s", line)
         refusal = self._fleet.refusal(self.settings.model)
         return ServerError(refusal) if refusal is not None else _ServerGone(url, f"it serves {served!r}")
 
     def _connection_failed(self, url: str) -> None:
-        """After fail_after connection failures in a row the server is taken out of the fleet (a lone server
-        too when the servers are watched: none up pauses dispatch until its health checks bring it back)."""
+        """After fail_after connection failures in a row the server is taken out (a lone one only when watched)."""
         fleet = self._fleet
         if (len(fleet.urls) > 1 or self._gate is not None) and fleet.failed(url, time.monotonic()):
             log.warning("took %s out after %d connection errors in a row; %d of %d servers left, probing it "
@@ -447,11 +397,11 @@ class _Attempts:
         self._first = body
 
     def reseed(self) -> None:
-        self.body = orjson.dumps({**self.base, "seed": loop_seed(self._first, self.stats.loops + self.stats.empty)})
+        seed = wire.loop_seed(self._first, self.stats.loops + self.stats.empty)
+        self.body = orjson.dumps({**self.base, "seed": seed})
 
     def after_empty(self, e: Retryable) -> None:
-        """Before the attempt after an empty answer: a fixed seed is redrawn reproducibly (as after a loop).
-        At temperature 0 no seed changes a greedy decode: a final failure instead (raises RequestError)."""
+        """After an empty answer a fixed seed is redrawn; at temperature 0 (greedy) raises RequestError instead."""
         if self.base.get("temperature") == 0:
             raise RequestError(f"{e}; not retried: at temperature 0 the model decodes greedily, a retry would "
                                "repeat it", reason="empty_turn", retryable=False)
@@ -460,15 +410,13 @@ class _Attempts:
 
 
 def _journal_loops(stats: TurnStats, sample_id: str, dataset: str) -> None:
-    """One run.log line per loop caught (the journal: not on the console; the request id is the server's)."""
+    """One run.log line per loop caught."""
     for line in stats.caught:
         JOURNAL.info("loop caught in %s: %s", sample_id, line, extra={"dataset": dataset})
 
 
 def _wait(g: GenerationConfig, state: RetryCallState) -> float:
-    """Before the next attempt: none after a loop (the server is fine; the next seed decides), else "full
-    jitter" (AWS): uniform(0, min(max, initial × 2^(n−1))) after the n-th failed attempt, which spreads
-    a burst of retries out."""
+    """None after a loop (the next seed decides), else "full jitter": uniform(0, min(max, initial × 2^(n−1)))."""
     outcome = state.outcome
     exc = outcome.exception() if outcome is not None else None
     if isinstance(exc, Retryable) and exc.reason == "loop":

@@ -1,6 +1,4 @@
-"""The job's side of the server: which model it serves (asked once), start or attach (`start_server`,
-for `tg.start`), the load poller, and what each dataset's chat client is given.
-"""
+"""The job's side of the server: the model it serves, start or attach, the load poller, the clients' settings."""
 
 from __future__ import annotations
 
@@ -26,22 +24,20 @@ FIRST_POLL_S = 0.25  # a short run still gets a load poll while its requests are
 
 
 async def server_model(opts: RunOptions, http: Http, asked: dict[str, str] | None = None) -> str:
-    """The model id requests carry (and the stores' fingerprints record): --model, else what the first
-    attached server that answers serves (GET /v1/models), else the profile's. `asked` gets {url: model}
-    of the URL asked (the attach does not ask it again)."""
+    """The model id requests carry: --model, else what the first attached server that answers serves, else the
+    profile's. `asked` gets {url: model} of the URL asked (the attach does not ask it again)."""
     if opts.model:
         return opts.model
-    if opts.server_urls:
-        for i, url in enumerate(opts.server_urls):
-            try:
-                model = await identify(http, url)
-            except Unreachable:
-                if i == len(opts.server_urls) - 1:
-                    raise  # none answers: the last one's error
-                continue
-            if asked is not None:
-                asked[url] = model
-            return model
+    for i, url in enumerate(opts.server_urls):
+        try:
+            model = await identify(http, url)
+        except Unreachable:
+            if i == len(opts.server_urls) - 1:
+                raise  # none answers: the last one's error
+            continue
+        if asked is not None:
+            asked[url] = model
+        return model
     assert opts.profile is not None, "RunOptions checks it has a server"
     return opts.profile.request_model
 
@@ -49,9 +45,7 @@ async def server_model(opts: RunOptions, http: Http, asked: dict[str, str] | Non
 async def start_server(tg: TaskGroup, opts: RunOptions, log_dir: Path, http: Http,
                        model: str, asked: dict[str, str] | None = None,
                        leftover_dirs: Sequence[Path] = ()) -> ServerHandle:
-    """Attach to opts.server_urls or launch opts.profile in `tg`; returns once the server answers /health.
-    `model`: what server_model() found (the first attached URL is not asked again); `leftover_dirs`: the
-    job's dataset folders, where a server an earlier run left may be recorded (server/leftover.py)."""
+    """Attach to opts.server_urls or launch opts.profile in `tg`; returns once the server answers /health."""
     if opts.server_urls:
         known = None if opts.model else model  # --model overrides; the server was not asked then
         start = partial(run_attached, list(opts.server_urls), http=http, first_model=known, asked=asked or {},
@@ -60,15 +54,12 @@ async def start_server(tg: TaskGroup, opts: RunOptions, log_dir: Path, http: Htt
     else:
         assert opts.profile is not None
         start = partial(run_server, opts.profile, log_dir=log_dir, http=http, leftover_dirs=leftover_dirs)
-    handle: ServerHandle = await tg.start(start)
-    return handle
+    return await tg.start(start)  # type: ignore[no-any-return]
 
 
 def max_connections(opts: RunOptions, handle: ServerHandle) -> int:
     """One connection per request in flight: the window's ceiling (fixed, or the server's slots + slack)."""
-    if opts.window:
-        return opts.window
-    return max(64, min(4096, 2 * (handle.capacity.max_running_requests or 1024)))
+    return opts.window or max(64, min(4096, 2 * (handle.capacity.max_running_requests or 1024)))
 
 
 def client_settings(handle: ServerHandle, opts: RunOptions, cfg: DatasetConfig) -> ClientSettings:
@@ -82,9 +73,7 @@ def client_settings(handle: ServerHandle, opts: RunOptions, cfg: DatasetConfig) 
 
 
 class ServerPoller:
-    """The server side of each load poll: waits for the next poll (the first one early, so a short run
-    gets load figures), tells the controller when the capacity changed (a server restarted, the fleet
-    lost or gained one), tells the fleet the KV a request holds, and reads the load summed over the fleet."""
+    """The server side of each load poll (the first early, so a short run gets figures), summed over the fleet."""
 
     def __init__(self, handle: ServerHandle, window: Window, interval_s: float) -> None:
         self.handle, self.window, self.interval_s = handle, window, interval_s
@@ -92,8 +81,7 @@ class ServerPoller:
         self._delay_s = min(FIRST_POLL_S, interval_s)
 
     async def next(self, http: Http) -> LoadSnapshot | None:
-        """The next poll's load; None while the server is down or restarting (the controller then
-        decides nothing: a restarting server's figures say nothing about the pool)."""
+        """The next poll's load; None while the server is down or restarting (its figures say nothing)."""
         await anyio.sleep(self._delay_s)
         self._delay_s = self.interval_s
         handle, controller = self.handle, self.window.controller

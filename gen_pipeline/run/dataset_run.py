@@ -1,7 +1,5 @@
-"""One dataset's part of a job: its store, feed, dispatcher, writer, stats and telemetry. It has no loop
-of its own: the job (job.py) starts its producer and writer, and tells it every load poll. Its records
-carry the dataset's name (`extra={"dataset": name}`), so the CLI files them in the dataset's run.log.
-"""
+"""One dataset's part of a job: its store, feed, dispatcher, writer, stats and telemetry; its log records carry
+`extra={"dataset": name}`, so the CLI files them in the dataset's run.log."""
 
 from __future__ import annotations
 
@@ -9,17 +7,15 @@ import logging
 import time
 from collections.abc import Callable
 from itertools import islice
-from typing import Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from gen_pipeline.config.dataset import DatasetConfig
-from gen_pipeline.records import LoadSnapshot, Prompt, Reject, RunSnapshot
+from gen_pipeline.records import Failure, LoadSnapshot, Prompt, Reject, RunSnapshot, Sample
 from gen_pipeline.run.dispatch import Dispatcher, Item, Window
 from gen_pipeline.run.options import RunOptions, RunSummary
 from gen_pipeline.run.stats import RunStats
-from gen_pipeline.run.writer import BatchWriter
 from gen_pipeline.server.handle import ServerHandle
 from gen_pipeline.sources.loading import LoadedSource, SourceStats, estimate_prompt_tokens, iter_prompts
 from gen_pipeline.store.dataset_store import DatasetStore
@@ -29,7 +25,7 @@ from gen_pipeline.store.telemetry import Telemetry
 
 EVENTS = logging.getLogger("gen_pipeline.run")  # what a user watching the run should see
 JOURNAL = logging.getLogger("gen_pipeline.journal")  # the run's record: start, controller decisions, end
-BATCH = 256  # prompts pulled from the source per thread hop; items a dataset's result stream holds ×4
+BATCH = 256  # items per thread hop (prompts read, results written); a dataset's result stream holds ×4
 
 
 class Feed:
@@ -42,8 +38,7 @@ class Feed:
         self._ahead: list[Prompt] | None = None
 
     async def first(self) -> list[Prompt]:
-        """The first batch, read ahead (it sizes the controller's prior); next_batch() returns it first.
-        Abandoned when cancelled (a signal before the server starts: a streaming source may be slow)."""
+        """The first batch, read ahead (it sizes the controller's prior); abandoned when cancelled."""
         if self._ahead is None:
             self._ahead = await anyio.to_thread.run_sync(self._read, abandon_on_cancel=True)
         return self._ahead
@@ -77,7 +72,6 @@ class DatasetRun:
         self.stats = RunStats()
         goal = store.remaining if opts.limit is None else min(store.remaining, opts.limit)
         self.dispatch = Dispatcher(goal, window, self.stats, self.name)
-        self.writer = BatchWriter(store, opts.commit_interval_s, self.progress_record, self._raise_fatal)
         self.handle: ServerHandle | None = None
         self.started = False  # its producer has begun
         self.elapsed_s: float | None = None  # its time from its start to its last sample, once written
@@ -90,9 +84,8 @@ class DatasetRun:
         self.stats.started = time.monotonic()
         self.store.record_generating()
 
-    # ------------------------------------------------------------ one moment of it
     def snapshot(self, *, final: bool = False) -> RunSnapshot:
-        """Now, with the server's load as the last successful poll saw it (the display's)."""
+        """Now, with the server's load as the last successful poll saw it."""
         return self._snapshot(self.stats.last_load, final)
 
     def _snapshot(self, load: LoadSnapshot | None, final: bool = False) -> RunSnapshot:
@@ -117,8 +110,9 @@ class DatasetRun:
             controller_reason=deciding.reason if deciding else None, fixed_window=bool(self.opts.window),
             tokens_per_request=ctl.tokens_per_request if ctl else None,
             held_tokens_per_request=ctl.held_tokens_per_request if ctl else None,
-            kv_dtype=_str_or_none(info.get("kv_cache_dtype")), mem_fraction_static=_float_or_none(
-                info.get("mem_fraction_static")), restarts=handle.restarts if handle is not None else 0,
+            kv_dtype=None if (dtype := info.get("kv_cache_dtype")) is None else str(dtype),
+            mem_fraction_static=_float_or_none(info.get("mem_fraction_static")),
+            restarts=handle.restarts if handle is not None else 0,
             peak_running=s.peak_running, peak_queued=s.peak_queued, peak_kv_usage=s.peak_kv_usage, final=final,
             server_wait_s=(time.monotonic() - handle.down_since_s
                            if handle is not None and handle.down_since_s is not None else None),
@@ -129,8 +123,7 @@ class DatasetRun:
         return progress_record(self.snapshot())
 
     def observe_poll(self, snap: LoadSnapshot | None) -> None:
-        """One load poll while it is active: its stats, a telemetry row and the load observers, with
-        this poll's server figures (None when it failed)."""
+        """One load poll while it is active (None: it failed): its stats, telemetry and the load observers."""
         if snap is not None:
             self.stats.note_load(snap)
         snapshot = self._snapshot(snap)
@@ -139,24 +132,48 @@ class DatasetRun:
             observe(snapshot)
 
     def initial_tokens(self, first: list[Prompt]) -> float:
-        """Tokens a request holds at its end, before any completion: errs low (half the output cap, over
-        the sampling mix's variants by their shares)."""
+        """Tokens a request holds at its end, before any completion: errs low (half the output cap)."""
         cap = sum(share * min(s.max_new_tokens, 4096) for share, s in self.cfg.variants)
         return max(64.0, estimate_prompt_tokens(first) + 0.5 * cap)
 
-    # ------------------------------------------------------------ writing and the end
     async def write(self, recv: MemoryObjectReceiveStream[Item], signal: Callable[[], str | None]) -> None:
-        """Its writer task: every result to the store; once its last request has ended, commit and unlock
-        it (status shows it done while the job's other datasets go on). `signal()`: the job's, if any."""
-        await self.writer.run(recv)
+        """Its writer task: results to the store in batches, committed periodically, then closed (unlocked) as soon as
+        its last request ended; raises the run's fatal error after a batch."""
+        interval_s, last_commit = self.opts.commit_interval_s, time.monotonic()
+        async with recv:
+            while True:
+                batch: list[Item] = []
+                with anyio.move_on_after(interval_s):
+                    try:
+                        batch.append(await recv.receive())
+                    except anyio.EndOfStream:
+                        break
+                while len(batch) < BATCH:
+                    try:
+                        batch.append(recv.receive_nowait())
+                    except (anyio.WouldBlock, anyio.EndOfStream):
+                        break
+                await anyio.to_thread.run_sync(self._write_batch, batch)
+                if time.monotonic() - last_commit >= interval_s:
+                    last_commit = time.monotonic()
+                    await anyio.to_thread.run_sync(self.store.commit, self.progress_record())
+                if self.stats.fatal is not None:
+                    raise self.stats.fatal
         self.elapsed_s = self.stats.elapsed_s()
         self.store.record_stop(self.stopped_by(signal()))
         with anyio.CancelScope(shield=True):  # the manifest must be committed even when cancelled
             await anyio.to_thread.run_sync(self.store.close, self.progress_record())
 
-    def _raise_fatal(self) -> None:
-        if self.stats.fatal is not None:
-            raise self.stats.fatal
+    def _write_batch(self, batch: list[Item]) -> None:
+        samples = [x for x in batch if isinstance(x, Sample)]
+        failures = [x for x in batch if isinstance(x, Failure)]
+        rejects = [x for x in batch if isinstance(x, Reject)]
+        if samples:
+            self.store.write_samples(samples)
+        if failures:
+            self.store.write_failures(failures)
+        if rejects:
+            self.store.write_rejects(rejects)
 
     def stopped_by(self, signal: str | None) -> str:
         """Why it ended: its target reached, the job's signal, its source exhausted, or --limit."""
@@ -171,8 +188,7 @@ class DatasetRun:
         return "limit" if self.store.remaining > 0 else "target"
 
     def summary(self, stopped_by: str) -> RunSummary:
-        s = self.stats
-        rank = self.opts.rank
+        s, rank = self.stats, self.opts.rank
         elapsed_s = self.elapsed_s if self.elapsed_s is not None else s.elapsed_s() if self.started else 0.0
         # written: what the store holds now less what it held: a result the dispatcher counted but a second
         # signal cancelled before the writer took it (or a duplicate the store skipped) is not in it
@@ -182,9 +198,5 @@ class DatasetRun:
                           final_failures=s.final_failures, rank_label=rank.label if rank.ranked else "")
 
 
-def _str_or_none(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
-def _float_or_none(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+def _float_or_none(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None

@@ -1,9 +1,5 @@
-"""Dispatch: the concurrency window and the exactly-target accounting of one dataset.
-
-`Window` is a CapacityLimiter sized by the controller (or a fixed --window), shared by a job's datasets;
-`Dispatcher` sends a prompt only while `ok + in_flight < goal`, so a run never produces more than its
-target, and a failure frees its place for another prompt. The caller (run/job.py) owns the task group.
-"""
+"""Dispatch: the concurrency window (shared by a job's datasets) and one dataset's exactly-target accounting:
+a prompt is sent only while `ok + in_flight < goal`, and a failure frees its place for another prompt."""
 
 from __future__ import annotations
 
@@ -44,11 +40,8 @@ class Window:
         return int(self.limiter.total_tokens)
 
     def retune(self, need: int) -> None:
-        """Size the window for `need` samples still to produce (never more than that); a job's
-        window sums its members' needs instead."""
-        if self.members:
-            need = self._job_need()
-        need = max(need, 1)
+        """Size the window for `need` samples still to produce (a job's: its members' needs)."""
+        need = max(self._job_need() if self.members else need, 1)
         if self.fixed:
             window = self.fixed
         else:
@@ -57,8 +50,7 @@ class Window:
         self.limiter.total_tokens = max(1, min(window, need))
 
     def _job_need(self) -> int:
-        """What the job's datasets still need (an exhausted or draining one none); tells the controller
-        the mix in flight (the first unfinished dataset's, weight 1, while nothing is in flight)."""
+        """What the job's live datasets still need; tells the controller the mix in flight."""
         live = [d for d in self.members if not d.exhausted and not d.draining]
         if self.controller is not None:
             mix = {d.name: float(d.in_flight) for d in self.members}
@@ -150,20 +142,16 @@ class Dispatcher:
             else:
                 self.stats.count_failure(result, ok_so_far=self.ok)
             self.retune()
-            self._notify()
+            changed, self._changed = self._changed, anyio.Event()
+            changed.set()
             await send.send(result)
-
-    def _notify(self) -> None:
-        ev, self._changed = self._changed, anyio.Event()
-        ev.set()
 
 
 Launch = Callable[[Dispatcher], tuple[Regenerate, MemoryObjectSendStream[Item], PromptFeed]]
 
 
 async def produce_in_order(requests: TaskGroup, dispatchers: list[Dispatcher], launch: Launch) -> None:
-    """Each dispatcher's producer starts the moment the previous one has sent every prompt it needs (its
-    prompts fill the slots the previous tail frees); `launch(d)` gives its transport, stream and feed."""
+    """Each dispatcher's producer starts the moment the previous one has sent every prompt it needs."""
     async with anyio.create_task_group() as producers:
         for d in dispatchers:
             regenerate, send, feed = launch(d)

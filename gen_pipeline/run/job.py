@@ -1,11 +1,6 @@
-"""The job: one anyio task group that owns the server (started with `tg.start`: the job proceeds once
-/health answers), the load poller, the progress reporter, the signal handler, the datasets' producers
-and their writers; the only module that opens a run's task groups. A single dataset is a job of one.
-
-The datasets share one Window (one KV pool) and one request task group; dataset k+1's producer starts
-the moment k has sent every prompt it needs, so the server never drains between datasets. A dataset's
-writer commits and unlocks its store as soon as its last request has ended; a fatal error cancels
-everything, every store committed under a shield.
+"""The job: one anyio task group owns the server, the load poller, the reporter, the signals, the datasets'
+producers and writers (a single dataset is a job of one). The datasets share one Window (one KV pool); dataset
+k+1's producer starts the moment k has sent every prompt it needs, so the server never drains between them.
 """
 
 from __future__ import annotations
@@ -41,8 +36,7 @@ REPORT_EVERY_S = 0.5  # RunOptions.on_progress
 
 
 class Job:
-    """The datasets of a job sharing one server, one window and one request task group; made by
-    `open_job`, run once by `run()`."""
+    """The datasets of a job sharing one server, window and request task group; made by `open_job`."""
 
     def __init__(self, opened: OpenedDatasets, opts: RunOptions, shutdown: Shutdown | None = None) -> None:
         self.opts, self.http, self.model, self.waived = opts, opened.http, opened.model, opened.waived
@@ -60,13 +54,11 @@ class Job:
 
     @property
     def folders(self) -> dict[str, Path]:
-        """Each dataset's folder (a rank's: its part), where its run.log belongs."""
+        """Each dataset's folder (a rank's part), where its run.log belongs."""
         return {r.name: r.store.folder for r in self.all_runs}
 
-    # ------------------------------------------------------------ one moment of the job
     def snapshot(self, *, final: bool = False) -> RunSnapshot:
-        """The dataset being sent, as its RunSnapshot; a job of several sums the datasets' samples,
-        rates, requests in flight and failures, the live load being the one server's."""
+        """The dataset being sent, as its RunSnapshot; a job of several sums its datasets' figures."""
         current = self.started[-1] if self.started else (self.runs or self.all_runs)[0]
         s = current.snapshot(final=final)
         if not self.several:
@@ -86,10 +78,8 @@ class Job:
                        failures=sum(r.stats.failures for r in self.all_runs),
                        completions=sum(r.dispatch.ok for r in self.all_runs))
 
-    # ------------------------------------------------------------ the run
     async def run(self) -> JobSummary:
-        """Generate every dataset up to its target (or --limit); resumable per dataset. Raises the
-        GenPipelineError that ended it (a fatal one); the stores are committed either way."""
+        """Generate every dataset up to its target (or --limit); raises the fatal GenPipelineError that ended it."""
         for r in self.all_runs:
             r.journal.info("run of %s: %s/%s samples done", r.name, f"{r.store.done:,}", f"{r.store.target:,}")
             for note in r.notes:
@@ -142,8 +132,7 @@ class Job:
             self.handle = handle = await start_server(tg, self.opts, log_dir, self.http, self.model, self.asked,
                                                        [r.store.folder for r in self.all_runs])
             self.shutdown.serving = True
-            # with a fixed --window the controller still observes: its tokens-per-request estimate
-            # goes to the telemetry (diagnose's C/F), its window is not used
+            # with a fixed --window the controller still observes (its estimate goes to the telemetry)
             controller = Controller(handle.capacity, config=self.opts.controller,
                                     initial_tokens_per_request=self.runs[0].initial_tokens(firsts[0]))
             gpus, how = handle.gpus(self.opts.gpus_per_server)
@@ -169,13 +158,11 @@ class Job:
             await self._work(clients)
             tg.cancel_scope.cancel()  # stops the server (once, for the whole job), the poller, the reporter
 
-    # ------------------------------------------------------------ side tasks
     def _active(self) -> list[DatasetRun]:
         return [r for r in self.started if r.dispatch.in_flight or not r.dispatch.all_sent.is_set()]
 
     async def _poll_load(self) -> None:
-        """The server's live load every poll_interval_s: the controller, each active dataset's stats,
-        telemetry and load observers."""
+        """The server's live load every poll_interval_s, to the controller and each active dataset."""
         assert self.handle is not None
         poller = ServerPoller(self.handle, self.window, self.opts.poll_interval_s)
         while True:
@@ -189,7 +176,7 @@ class Job:
                 r.observe_poll(snap)
 
     def _log_controller(self) -> None:
-        """The controller's mode and last decision, into the journal (run.log) when they change."""
+        """The controller's mode and last decision, into run.log when they change."""
         stats = None if self.opts.window else self.window.controller_stats()
         if stats is None or (stats.mode, stats.reason) == self._said:
             return
@@ -197,15 +184,14 @@ class Job:
         JOURNAL.info("controller %s: %s (window %d)", stats.mode, stats.reason, self.window.size)
 
     async def _report_progress(self, on_progress: Callable[[RunSnapshot], None]) -> None:
-        """The job's snapshot every REPORT_EVERY_S, from the first load poll on (its first has load figures)."""
+        """The job's snapshot every REPORT_EVERY_S, from the first load poll on."""
         await self._first_poll.wait()
         while True:
             on_progress(self.snapshot())
             await anyio.sleep(REPORT_EVERY_S)
 
     async def _work(self, clients: list[ChatClient]) -> None:
-        """Writers outside the requests' group (every finished sample is written, and a drain deadline
-        cancels only requests); the producers in dataset order (dispatch.produce_in_order)."""
+        """Writers outside the requests' group (a drain deadline cancels only requests); producers in order."""
         by_dispatch = {id(r.dispatch): (r, c) for r, c in zip(self.runs, clients, strict=True)}
         async with anyio.create_task_group() as work:
             async with anyio.create_task_group() as requests:
@@ -215,7 +201,7 @@ class Job:
                                            lambda d: self._start(*by_dispatch[id(d)], work))
 
     def _start(self, r: DatasetRun, client: ChatClient, work: TaskGroup) -> tuple[Any, Any, Any]:
-        """Dataset r begins: its writer starts; returns its transport, stream and feed for its producer."""
+        """Dataset r begins: its writer starts; returns its producer's transport, stream and feed."""
         send, recv = anyio.create_memory_object_stream[Item](BATCH * 4)
         r.start()
         self.started.append(r)
@@ -231,11 +217,8 @@ class Job:
         return regenerate, send, r.feed
 
 
-# ---------------------------------------------------------------- the entry points
-
 class StoppedJob:
-    """What open_job yields when a signal stopped the set-up (shutdown.py): no server started, every
-    store claimed by then released untouched; `run()` only reports each dataset as stopped."""
+    """What open_job yields when a signal stopped the set-up: `run()` only reports each dataset as stopped."""
 
     def __init__(self, cfgs: Sequence[DatasetConfig], opts: RunOptions, signal: str, done: dict[str, int]) -> None:
         self.waived: list[GenPipelineError] = []  # as Job's: nothing was checked to the end
@@ -259,15 +242,13 @@ class StoppedJob:
 
 @asynccontextmanager
 async def open_job(cfgs: Sequence[DatasetConfig], opts: RunOptions) -> AsyncIterator[Job | StoppedJob]:
-    """A job opened for `job.run()`: set up (setup.py), no server started yet; `job.waived` holds what
-    --proceed-anyway let through. Raises the set-up's errors; every store is committed and unlocked on the
-    way out. A signal during the set-up yields a StoppedJob (its run() reports the datasets stopped)."""
+    """A job set up for `job.run()` (no server started yet; `job.waived`: what --proceed-anyway let through), or a
+    StoppedJob after a signal during the set-up. Raises the set-up's errors; every store is closed on the way out."""
     shutdown = Shutdown(opts.drain_grace_s)
     jobs: list[Job] = []
     error: GenPipelineError | None = None
     stopped: SetupStopped | None = None
-    # signals are handled from the set-up to the last store closed (shutdown.py), those held before too;
-    # the summary and 130/143 always follow
+    # signals are handled from the set-up to the last store closed (shutdown.py), those held before too
     def drain() -> None:
         for run in (r for j in jobs for r in j.runs):
             run.dispatch.draining = True

@@ -1,5 +1,4 @@
-"""What a job is asked to do (RunOptions) and what it reports when it ends (RunSummary per dataset,
-JobSummary for the job)."""
+"""What a job is asked to do (RunOptions) and what it reports (RunSummary per dataset, JobSummary)."""
 
 from __future__ import annotations
 
@@ -24,9 +23,8 @@ SnapshotObserver = Callable[[RunSnapshot], None]
 
 @dataclass(frozen=True)
 class RunOptions(RunFlags):
-    """A job's options: the flags' (RunFlags, config/run.py) and what no flag sets. Ranges are checked
-    when constructed (ConfigError naming the flag), so a library caller gets the refusals `generate`
-    gives. `server_urls` are normalised."""
+    """A job's options: the flags' (RunFlags, config/run.py) and what no flag sets; checked when constructed
+    (ConfigError naming the flag), so a library caller gets the refusals `generate` gives."""
 
     output_root: Path = DEFAULT_OUTPUT_DIR
     profile: ServerProfile | None = None  # launch this server ...
@@ -64,9 +62,8 @@ class RunSummary:
     @property
     def short(self) -> int:
         """Samples the target still misses when the source ran out and no retry can supply them."""
-        if self.stopped_by != "source_exhausted" or self.failures > self.final_failures:
-            return 0
-        return max(0, self.target - self.done)
+        exhausted = self.stopped_by == "source_exhausted" and self.failures <= self.final_failures  # no retry helps
+        return max(0, self.target - self.done) if exhausted else 0
 
     @property
     def exit_code(self) -> int:

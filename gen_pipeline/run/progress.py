@@ -1,13 +1,12 @@
-"""What the user sees while a run goes: a tqdm bar on a terminal, plain log lines otherwise, both drawn
-from the job's RunSnapshot (`RunOptions.on_progress = Progress(...).update`). A run's events are log
-records, which the CLI keeps off the bar's line (gen_pipeline/cli/logs.py).
-"""
+"""What the user sees while a run goes: a tqdm bar on a terminal, plain log lines otherwise, both drawn from the
+job's RunSnapshot (`RunOptions.on_progress = Progress(...).update`)."""
 
 from __future__ import annotations
 
 import math
 import sys
 import time
+from contextlib import AbstractContextManager
 from typing import TextIO
 
 from tqdm import tqdm
@@ -44,9 +43,9 @@ def postfix(s: RunSnapshot) -> str:
     return ", ".join(parts)
 
 
-class Progress:
-    """`update()` as often as you like; it redraws the bar or prints a line every `log_every_s`.
-    `close()` ends the bar (log mode: prints the last figures a short run may never have shown)."""
+class Progress(AbstractContextManager["Progress"]):
+    """`update()` redraws the bar or prints a line every `log_every_s`; `close()` ends the bar (log mode: prints
+    the last figures a short run may never have shown)."""
 
     def __init__(self, label: str = "", *, mode: str = "auto", stream: TextIO | None = None,
                  log_every_s: float = 10.0):
@@ -59,9 +58,6 @@ class Progress:
         self._last_log = -math.inf  # the first update always prints
         self._bar: tqdm | None = None
         self._last: RunSnapshot | None = None
-
-    def __enter__(self) -> Progress:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()

@@ -1,8 +1,5 @@
-"""Set-up of a job, before any server starts: `run_options` turns `generate`'s settings into RunOptions;
-`open_datasets` reads each thing once (the served model, each dataset's store and its source, shared by the
-pre-launch check and the feed). A check's problem refuses the launch (unless `proceed_anyway`); a signal
-cancels the `stop` scope (SetupStopped); either way every claimed store is released.
-"""
+"""Set-up of a job, before any server starts: `run_options`, and `open_datasets`, which reads the served model,
+each store and each source once and refuses the launch on a check's problem (unless `proceed_anyway`)."""
 
 from __future__ import annotations
 
@@ -36,11 +33,9 @@ def run_options(cfgs: Sequence[DatasetConfig], *, config_dir: Path = DEFAULT_CON
                 output_root: Path = DEFAULT_OUTPUT_DIR, server: str = "tuned", server_urls: Sequence[str] = (),
                 rank: int | None = None, world_size: int | None = None, environ: Mapping[str, str] = os.environ,
                 **flags: Any) -> tuple[RunOptions, list[str]]:
-    """`generate`'s settings + the datasets' configs + config_dir/server.toml (read once) → (RunOptions,
-    notes for the user). `flags` are the options of config/run.py by name (None: not given); each is the
-    flag's value when given, else server.toml's [run] key of that name, else its default (--window: the
-    datasets' generation.window before server.toml's). `server_urls` may be comma-separated. Raises
-    ConfigError naming the flag, or the TOML (and key) at fault."""
+    """`generate`'s settings + the configs + server.toml → (RunOptions, notes). Each of `flags` (config/run.py;
+    None: not given) is the flag's value, else server.toml's [run] key, else its default (--window: the datasets'
+    generation.window first). Raises ConfigError naming the flag, or the TOML (and key) at fault."""
     unknown = set(flags) - {f.name for f in fields(RunFlags)}
     if unknown:
         raise TypeError(f"run_options() got unknown options: {', '.join(sorted(unknown))}")
@@ -65,8 +60,7 @@ def run_options(cfgs: Sequence[DatasetConfig], *, config_dir: Path = DEFAULT_CON
 
 @dataclass
 class OpenedDatasets:
-    """What open_datasets yields: each dataset's part (stores begun), the control HTTP session, the
-    model, and the check problems `proceed_anyway` waived (the caller shows them)."""
+    """What open_datasets yields: each dataset's part, the control HTTP session, the model, what was waived."""
 
     runs: list[DatasetRun]
     http: Http
@@ -79,8 +73,7 @@ Claim = tuple[DatasetConfig, DatasetStore, ResumeState, LoadedSource | None]  # 
 
 
 class SetupStopped(Exception):
-    """A signal stopped the set-up before the job began; `done`: {dataset: samples done} of each store
-    claimed (and released) by then."""
+    """A signal stopped the set-up; `done`: {dataset: samples done} of each store claimed (and released) by then."""
 
     def __init__(self, done: dict[str, int]) -> None:
         super().__init__("the set-up was stopped by a signal")
@@ -90,8 +83,7 @@ class SetupStopped(Exception):
 @asynccontextmanager
 async def open_datasets(cfgs: Sequence[DatasetConfig], opts: RunOptions,
                         stop: anyio.CancelScope | None = None) -> AsyncIterator[OpenedDatasets]:
-    """Everything a job needs before its server starts (module doc); closes every store on the way out
-    (the manifest committed under a shield). `stop` cancelled (before or during) → SetupStopped."""
+    """Everything a job needs before its server starts; closes every store on the way out (SetupStopped: `stop`)."""
     if opts.profile is not None:
         check_launchable(opts.profile)
     stop = stop or anyio.CancelScope()
@@ -125,10 +117,12 @@ async def open_datasets(cfgs: Sequence[DatasetConfig], opts: RunOptions,
 
 async def _claim_and_check(cfgs: Sequence[DatasetConfig], opts: RunOptions, opened: OpenedDatasets,
                            stores: list[DatasetStore], claims: list[Claim]) -> None:
-    """The model, then every lock, then each drift check and source check, before the server starts. A claim
-    runs to its end (the lock is then released on the way out); a source load is abandoned when cancelled."""
+    """The model, then every lock, then each claim and source check; a source load is abandoned when cancelled."""
     opened.model = await server_model(opts, opened.http, opened.asked)
-    mine = [new_store(cfg, opts, opened.model) for cfg in cfgs]
+    mine = [DatasetStore(opts.output_root, cfg.name, fingerprint=cfg.fingerprint(opened.model),
+                         target=cfg.target_samples, shard_max_samples=cfg.output.shard_max_samples,
+                         fsync_every=cfg.output.fsync_every, file_opener=opts.file_opener or default_opener,
+                         rank=opts.rank) for cfg in cfgs]
     stores += mine  # before the claims: a claim that ends while cancelled is released all the same
     # Every lock first, in one order for every job: two jobs started with their datasets crossed (T,U and
     # U,T) cannot each hold one and both be refused the other; the first lock decides which one runs.
@@ -143,17 +137,9 @@ async def _claim_and_check(cfgs: Sequence[DatasetConfig], opts: RunOptions, open
         claims.append((cfg, store, state, source))
 
 
-def new_store(cfg: DatasetConfig, opts: RunOptions, model: str) -> DatasetStore:
-    return DatasetStore(opts.output_root, cfg.name, fingerprint=cfg.fingerprint(model), target=cfg.target_samples,
-                        shard_max_samples=cfg.output.shard_max_samples, fsync_every=cfg.output.fsync_every,
-                        file_opener=opts.file_opener or default_opener, rank=opts.rank)
-
-
 def _check(cfg: DatasetConfig, store: DatasetStore, opts: RunOptions, several: bool,
            waived: list[GenPipelineError]) -> LoadedSource | None:
-    """The pre-launch check of one claimed dataset: its source loaded (once) and parsed; raises its
-    first problem unless opts.proceed_anyway (then it is added to `waived`). A dataset at its target
-    is not checked (its run says "nothing to do"). Sync: runs in a thread."""
+    """The pre-launch check of one claimed dataset; raises its first problem unless proceed_anyway (→ `waived`)."""
     if store.remaining == 0:
         return None
     try:

@@ -1,8 +1,5 @@
-"""Signals, for the whole of a job (job.py `open_job` to its last store closed); gen_pipeline/signals.py
-holds them before. The first one stops the set-up or the server's start-up, or, once requests go, drains
-(in-flight ones get drain_grace_s); the second cancels the requests; later ones are noted and ignored, so
-the run always ends with its summary, exit 130/143/129 and its locks released.
-"""
+"""Signals during a job: the first stops the set-up or the server's start-up, or drains (in-flight requests get
+drain_grace_s); the second cancels the requests; later ones are ignored, so the run always ends with its summary."""
 
 from __future__ import annotations
 
@@ -33,8 +30,7 @@ class Shutdown:
 
     async def handle_signals(self, in_flight: Callable[[], int], on_drain: Callable[[], None], *,
                              task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-        """Until cancelled: the signals as the module doc says, those held before (hold_signals) first; started
-        with `tg.start`, it listens once started."""
+        """Until cancelled: the signals as the module doc says, those held before (hold_signals) first."""
         try:
             with anyio.open_signal_receiver(*SIGNALS) as signals:
                 while (held := take_held()) is not None:

@@ -1,8 +1,4 @@
-"""Run statistics: the throughput window, failure counts by reason, the fatal-streak rule and the
-server's load as the polls saw it (the last poll, the run's peaks and its retractions).
-
-Pure bookkeeping (no async library); time comes from the clock it is given.
-"""
+"""Run statistics (no async library): throughput, failures by reason, the fatal streak and the polled load."""
 
 from __future__ import annotations
 
@@ -23,8 +19,7 @@ CPU_WINDOW_S = 10.0  # the client's CPU share is measured over about this long
 
 
 class CpuMeter:
-    """The share of one core this process used (user + sys, all its threads) over about the last
-    CPU_WINDOW_S: what says the client itself is the limit (reports/diagnose.py, client_bound)."""
+    """The share of one core this process used over about the last CPU_WINDOW_S (reports/diagnose.py, client_bound)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic,
                  cpu_clock: Callable[[], float] = time.process_time) -> None:
@@ -32,8 +27,7 @@ class CpuMeter:
         self._samples: deque[tuple[float, float]] = deque([(clock(), cpu_clock())])
 
     def share(self) -> float | None:
-        """Cores in use (1.0 = one core busy) since the oldest sample still in the window; None over less than
-        a second."""
+        """Cores in use (1.0 = one core busy) over the window; None over less than a second."""
         now, used = self.clock(), self.cpu_clock()
         samples = self._samples
         if now - samples[-1][0] >= 0.5:  # one sample per half second is plenty (callers poll more often)
@@ -50,15 +44,12 @@ class RunStats:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.started = clock()
-        self.failures = 0
+        self.failures = self.failure_streak = self.rejects = 0
         self.final_failures = 0  # failures a retry would repeat: not sent again
         self.failure_reasons: dict[str, int] = {}
-        self.failure_streak = 0
-        self.rejects = 0
         self.fatal: ServerError | None = None
         self._recent: deque[tuple[float, int]] = deque(maxlen=512)  # (t, completion tokens) per sample
-        self.samples_total = 0  # samples and completion tokens of the whole run (the final line's average)
-        self.tokens_total = 0
+        self.samples_total = self.tokens_total = 0  # samples and completion tokens of the whole run
         self.last_load: LoadSnapshot | None = None
         self.peak_running: int | None = None
         self.peak_queued: int | None = None
@@ -77,12 +68,9 @@ class RunStats:
         self.peak_queued = max(snap.queued, self.peak_queued or 0)
         if snap.token_usage is not None:
             self.peak_kv_usage = max(snap.token_usage, self.peak_kv_usage or 0.0)
-        self._count_retractions(snap.retractions_total)
-
-    def _count_retractions(self, value: int | None) -> None:
-        """Retractions of this run: the first reading is its baseline; a lower one, a restarted server."""
-        if value is None:
+        if (value := snap.retractions_total) is None:
             return
+        # this run's retractions: the first reading is its baseline; a lower one, a restarted server
         prev, self._last_counter = self._last_counter, value
         added = 0 if prev is None else value if value < prev else value - prev
         self.retractions = (self.retractions or 0) + added
@@ -101,21 +89,16 @@ class RunStats:
         self.failure_streak += 1
         streak = self.failure_streak
         if (ok_so_far == 0 and streak >= FAILURE_STREAK_FATAL) or streak >= 4 * FAILURE_STREAK_FATAL:
-            latest = f"latest: {failure.reason}: {failure.detail}"
-            if failure.reason in GONE_REASONS:
-                self.fatal = ServerError(
-                    f"The last {count(streak)} requests all failed because the server went away ({latest}). Check "
-                    "SERVER_URL and that the server is running; nothing written is lost, run the same command "
-                    "to resume.")
-            else:
-                self.fatal = ServerError(
-                    f"The last {count(streak)} requests were all refused by the server, which answers /health "
-                    f"({latest}). Check the model name, the sampling settings and the server log; nothing "
-                    "written is lost, run the same command to resume.")
+            what, check = (("all failed because the server went away", "SERVER_URL and that the server is running")
+                           if failure.reason in GONE_REASONS else
+                           ("were all refused by the server, which answers /health",
+                            "the model name, the sampling settings and the server log"))
+            self.fatal = ServerError(f"The last {count(streak)} requests {what} (latest: {failure.reason}: "
+                                     f"{failure.detail}). Check {check}; nothing written is lost, run the same "
+                                     "command to resume.")
 
     def average(self) -> tuple[float, float]:
-        """(samples/s, completion tokens/s) over the whole run, for the final progress line (a recent rate can
-        be far from the run's average)."""
+        """(samples/s, completion tokens/s) over the whole run, for the final progress line."""
         span = max(self.elapsed_s(), 1e-6)
         return self.samples_total / span, self.tokens_total / span
 

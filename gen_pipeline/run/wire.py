@@ -1,16 +1,9 @@
-"""The chat completion wire format: pure functions and records, no I/O (run/chat.py sends and reads).
+"""The chat completion wire format, no I/O: `build_request`, and an answer read into a TurnResult chunk by chunk
+(`TurnStream`) or whole (`parse_response`), raising Retryable or RequestError (final) for what cannot be written.
 
-`build_request` makes a request's body; an answer is read into a `TurnResult` from a stream chunk by chunk
-(`TurnStream`, the loop detector fed as the text arrives) or whole (`parse_response`). Everything that
-cannot be written is raised here, once for both ways: `Retryable` (the next attempt may do better) or
-RequestError (final).
-
-SGLang 0.5.17's stream (serving_chat.py _generate_chat_stream): a role chunk, reasoning then content
-chunks, a chunk with the finish_reason, the usage chunk (choices empty), `[DONE]`; continuous_usage_stats
-puts the usage so far on every chunk. An abort ends with finish_reason "abort", or with an error object
-(`{"object": "error", "message", "code"}`) as a data line. A tool call streams as delta.tool_calls: its
-first piece names it (id, name), the next ones (same index) carry pieces of its arguments
-(_process_tool_call_stream); whole, message.tool_calls with finish_reason "tool_calls".
+SGLang 0.5.17's stream (serving_chat.py _generate_chat_stream): a role chunk, reasoning then content chunks, a
+chunk with the finish_reason, the usage chunk (choices empty), `[DONE]`. An abort ends with finish_reason "abort"
+or an error object (`{"object": "error", "message", "code"}`) as a data line.
 """
 
 from __future__ import annotations
@@ -28,8 +21,7 @@ from gen_pipeline.errors import RequestError
 from gen_pipeline.http import Reply
 from gen_pipeline.quality import LoopVerdict, RepetitionDetector, tail_loop
 
-# SGLang's stream_options (protocol.py StreamOptions): the usage so far on every chunk (an aborted stream's
-# tokens are the server's count) and at the end.
+# SGLang's stream_options (protocol.py StreamOptions): the usage so far on every chunk, and at the end.
 STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
 # Completion tokens past max_new_tokens by more than this are no count (speculative decoding may accept a
 # few draft tokens in the step that reaches the cap): the server's accounting broke, the answer is retried.
@@ -96,9 +88,8 @@ class ClientSettings:
 
     @property
     def streamed(self) -> bool:
-        """Turns are streamed (and aborted on a loop) while the loop gate is on, unless the server's token
-        ids are recorded. With on_loop = "off" nothing watches the stream, so turns come whole: a stream
-        costs the client CPU on every chunk (docs/measurements.md, "HTTP client library")."""
+        """Turns are streamed (aborted on a loop) while the loop gate is on, unless token ids are recorded:
+        a stream costs client CPU on every chunk (docs/measurements.md, "HTTP client library")."""
         return not self.token_ids and self.generation.on_loop != "off"
 
     @property
@@ -108,8 +99,6 @@ class ClientSettings:
         return self.speculative and not self.streamed
 
 
-# ---------------------------------------------------------------- the request
-
 @functools.lru_cache(maxsize=8)
 def _sampling_dict(sampling: SamplingConfig) -> dict[str, Any]:
     return sampling.as_dict()  # once per config, not per sample (asdict is slow on a hot path)
@@ -117,8 +106,7 @@ def _sampling_dict(sampling: SamplingConfig) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=8)
 def _sampling_body(sampling: SamplingConfig, reasoning: str) -> dict[str, Any]:
-    """The body keys a config adds to every request: the optional sampling keys that are set (as
-    SGLang's ChatCompletionRequest names them), then extra_body verbatim; cached per config."""
+    """The body keys a config adds to every request: the optional sampling keys set, then extra_body verbatim."""
     d = sampling.as_dict()
     body: dict[str, Any] = {k: d[k] for k in _OPTIONAL_SAMPLING if k in d}
     if "stop" in body:
@@ -133,17 +121,14 @@ def _sampling_body(sampling: SamplingConfig, reasoning: str) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=8)
 def template_kwargs_text(sampling: SamplingConfig, reasoning: str) -> str:
-    """meta.chat_template_kwargs: the request's chat_template_kwargs (what SGLang passes to the chat template)
-    as JSON text with sorted keys, "{}" when none; text, so every row has one Arrow type whatever its keys
-    (export/tokens.py renders each row with its own)."""
+    """meta.chat_template_kwargs: the request's chat_template_kwargs as JSON text with sorted keys ("{}": none);
+    text, so every row has one Arrow type whatever its keys."""
     kwargs = _sampling_body(sampling, reasoning).get("chat_template_kwargs") or {}
     return orjson.dumps(kwargs, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def build_request(messages: list[Any], s: ClientSettings, tools: list[Any] | None = None) -> dict[str, Any]:
-    """The JSON body for one chat completion: streamed with the usage on every chunk, or (token_ids)
-    whole with the server's prompt and output token ids; `tools` (a tool-use sample's) with tool_choice
-    "auto" on every turn. A pure function of its arguments."""
+    """The JSON body for one chat completion (streamed, or whole with the server's token ids)."""
     body: dict[str, Any] = {
         "model": s.model,
         "messages": messages,
@@ -158,18 +143,14 @@ def build_request(messages: list[Any], s: ClientSettings, tools: list[Any] | Non
         body["return_prompt_token_ids"] = body["return_token_ids"] = True
         if s.speculative:  # protocol.py ChatCompletionRequest.return_meta_info: choices[i].meta_info
             body["return_meta_info"] = True
-    extra = _sampling_body(s.sampling, s.generation.reasoning)
-    if extra:
-        body.update(extra)  # copied: a nested table in extra_body is shared, never mutated
+    body.update(_sampling_body(s.sampling, s.generation.reasoning))  # a nested table is shared, never mutated
     if tools:
         body["tools"], body["tool_choice"] = tools, "auto"
     return body
 
 
 def tool_call_list(calls: Any) -> list[dict[str, Any]] | None:
-    """The tool calls of an answer in OpenAI's shape, [{"id", "type": "function", "function": {"name",
-    "arguments": JSON text}}] (SGLang may send arguments as an object: made JSON text); None when there
-    are none; raises Retryable for a malformed one."""
+    """An answer's tool calls in OpenAI's shape, arguments as JSON text (SGLang may send an object), or None."""
     if not calls:
         return None
     if not isinstance(calls, list):
@@ -187,13 +168,10 @@ def tool_call_list(calls: Any) -> list[dict[str, Any]] | None:
 
 
 def loop_seed(body: bytes, loops: int) -> int:
-    """The `seed` of the attempt after the `loops`-th loop (or empty answer) of a turn: a new draw (a model
-    that looped once at this seed would loop again), reproducible (a function of the request and the count)."""
+    """The `seed` of the attempt after a turn's `loops`-th loop (or empty answer): a new draw, reproducible."""
     digest = hashlib.blake2b(body + loops.to_bytes(4, "big"), digest_size=4).digest()
     return int.from_bytes(digest, "big") & 0x7FFF_FFFF
 
-
-# ---------------------------------------------------------------- a refusal
 
 def error_message(response: Reply) -> str:
     """The server's own error text (OpenAI/SGLang error JSON or the raw body)."""
@@ -213,13 +191,11 @@ def error_message(response: Reply) -> str:
 
 def classify_status(response: Reply) -> None:
     """Raise Retryable for 408/429/5xx, RequestError (final) for other 4xx; pass on 2xx."""
-    if response.status < 300:
-        return
-    _refused(response.status, error_message(response), "")
+    if response.status >= 300:
+        _refused(response.status, error_message(response), "")
 
 
 def _refused(code: int, message: str, retry_words: str) -> None:
-    """A refusal with status `code`: 408, 429 and 5xx are retryable, the rest (a 4xx) final."""
     if code in (408, 429) or code >= 500:
         raise Retryable(f"http_{code}", f"{retry_words}{message}")
     raise RequestError(f"HTTP {code}: {message}", reason=f"http_{code}", retryable=False)
@@ -233,24 +209,20 @@ def _error_of(chunk: dict[str, Any]) -> None:
     _refused(_int(code, 500), message, "the server ended the stream with an error: ")
 
 
-# ---------------------------------------------------------------- the answer
-
 def _int(v: Any, default: int = 0) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else default
 
 
 def _check_model(data: dict[str, Any], model: str) -> None:
-    """Raise OtherModel when the answer (or chunk) names a model other than `model` (not checked: "").
-    SGLang names the request's model (serving_chat.py: model=request.model); others (vLLM, a router
-    in front of another server) name the one they serve."""
+    """Raise OtherModel when the answer names a model other than `model` ("": not checked). SGLang names the
+    request's model (serving_chat.py: model=request.model); others (vLLM, a router) the one they serve."""
     named = data.get("model")
     if model and named and named != model and isinstance(named, str):
         raise OtherModel(named)
 
 
 def _count(usage: dict[str, Any], key: str, max_tokens: int | None = None) -> int | None:
-    """usage[key] (None when absent); raises Retryable when it is no count: not an integer, negative, or
-    (with `max_tokens`) past max_new_tokens + USAGE_SLACK_TOKENS."""
+    """usage[key] (None when absent); raises Retryable when it is not a non-negative int within the cap + slack."""
     v = usage.get(key)
     if v is None:
         return None
@@ -271,9 +243,7 @@ def _finish(finish: Any) -> str:
 
 
 class TurnStream:
-    """A chat completion stream's chunks, fed in arrival order; `detector` (None: on_loop = "off") reads the
-    text every `detect_every` tokens, and `feed` returns its verdict when it fires. Raises Retryable /
-    RequestError for an error chunk, OtherModel for one that names another `model`."""
+    """A stream's chunks, fed in order; `feed` returns the detector's verdict (read every `detect_every` tokens)."""
 
     __slots__ = ("_reasoning", "_content", "detector", "finish_reason", "usage", "deltas",
                  "reasoning_deltas", "tokens_at_last_reasoning", "rid", "model", "max_tokens", "done", "chunks",
@@ -282,19 +252,15 @@ class TurnStream:
     def __init__(self, detector: RepetitionDetector | None, model: str = "", max_tokens: int | None = None, *,
                  detect_every: int = DETECT_EVERY_TOKENS) -> None:
         self.model, self.max_tokens = model, max_tokens  # what the chunks must name, the request's cap
-        self.detect_every = detect_every
+        self.detector, self.detect_every = detector, detect_every
         self._unread: list[str] = []  # text deltas the detector has not read yet
-        self._read_at = 0  # completion tokens when it last read
-        self.done = False  # `[DONE]` came: the server ended the answer
-        self.chunks = 0
-        self.empty: Any = None  # the latest chunk with no choices (what came back, for a message)
         self._reasoning: list[str] = []
         self._content: list[str] = []
-        self.detector = detector
+        self._read_at = self.chunks = self.deltas = self.reasoning_deltas = 0  # deltas: text deltas seen
+        self.done = False  # `[DONE]` came: the server ended the answer
+        self.empty: Any = None  # the latest chunk with no choices (what came back, for a message)
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None  # the latest usage seen (continuous or final)
-        self.deltas = 0  # text deltas seen (one per token or per stream_interval tokens)
-        self.reasoning_deltas = 0
         self.tokens_at_last_reasoning: int | None = None  # completion tokens when the last reasoning came
         self.rid = ""  # the chunks' `id`: SGLang's request id (its log's rid)
         self.calls: dict[int, dict[str, Any]] = {}  # streamed tool calls by index: id, name, argument pieces
@@ -355,23 +321,21 @@ class TurnStream:
         return None
 
     def _detect(self) -> LoopVerdict | None:
-        """The detector reads the deltas that came since it last did."""
         assert self.detector is not None
         unread, self._unread = self._unread, []
         self._read_at = self.completion_tokens
         return self.detector.feed(unread[0] if len(unread) == 1 else "".join(unread))
 
     def detect_end(self) -> LoopVerdict | None:
-        """The stream ended: the detector reads what is left, and the held-back last word (None: no loop,
-        or no detector)."""
+        """The stream ended: the detector reads what is left and the held-back last word."""
         if self.detector is None:
             return None
         verdict = self._detect() if self._unread else None
         return verdict if verdict is not None else self.detector.finish()
 
     def _feed_calls(self, pieces: Any) -> None:
-        """delta.tool_calls: the first piece of a call names it (id, function.name), the next ones (same
-        index, id and name null) carry more of its arguments."""
+        """delta.tool_calls: a call's first piece names it (id, name), the next ones (same index) carry arguments
+        (serving_chat.py _process_tool_call_stream)."""
         for piece in pieces:
             fn = piece.get("function") or {}
             index = _int(piece.get("index"), len(self.calls))
@@ -393,9 +357,7 @@ class TurnStream:
         return f" after {self.completion_tokens} tokens" if self.deltas else ""
 
     def result(self, *, loop: LoopVerdict | None = None, aborted: bool = False) -> TurnResult:
-        """The attempt's answer (`aborted`: the stream was closed on `loop`). A stream that ended without a
-        finish reason was cut (unless it was closed); "abort" is the server's; no usage is a bad answer
-        (the controller needs the counts)."""
+        """The attempt's answer (`aborted`: closed on `loop`); raises Retryable for a cut or usage-less stream."""
         reasoning, content = "".join(self._reasoning), "".join(self._content)
         if not aborted:
             if self.finish_reason is None and self.empty is not None and not self.deltas:
@@ -430,7 +392,6 @@ class TurnStream:
 
 def read_whole(body: bytes, content_type: str, *, token_ids: bool = False, model: str = "",
                max_tokens: int | None = None) -> TurnResult:
-    """A whole answer's body (JSON bytes), as parse_response."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -439,9 +400,8 @@ def read_whole(body: bytes, content_type: str, *, token_ids: bool = False, model
 
 
 def parse_response(data: Any, *, token_ids: bool = False, model: str = "", max_tokens: int | None = None) -> TurnResult:
-    """The fields we keep from a whole chat completion (token_ids: the server's prompt_token_ids and
-    token_ids too, SGLang's return_token_ids); raises Retryable when it is malformed or its usage
-    impossible (`max_tokens`: the request's cap), OtherModel when it names another `model`."""
+    """The fields we keep from a whole chat completion (token_ids: the server's ids too); raises Retryable when
+    it is malformed or its usage impossible (`max_tokens`: the cap), OtherModel when it names another `model`."""
     if isinstance(data, dict):
         _check_model(data, model)
         if data.get("choices") == []:
@@ -484,7 +444,7 @@ def parse_response(data: Any, *, token_ids: bool = False, model: str = "", max_t
 
 
 def _spec(meta: Any) -> tuple[float, int]:
-    """(spec_accept_length, spec_verify_ct) of a finished request's meta_info (SGLang 0.5.17 tokenizer_manager.py
+    """(spec_accept_length, spec_verify_ct) of a meta_info (SGLang 0.5.17 tokenizer_manager.py
     _calculate_spec_decoding_metrics sets them only when spec_verify_ct > 0); (0.0, 0) otherwise."""
     meta = meta if isinstance(meta, dict) else {}
     length, verify_ct = meta.get("spec_accept_length"), _int(meta.get("spec_verify_ct"))

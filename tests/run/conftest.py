@@ -29,3 +29,11 @@ def silent_server() -> Iterator[str]:
         server.bind(("127.0.0.1", 0))
         server.listen(8)
         yield f"http://127.0.0.1:{server.getsockname()[1]}"
+
+
+@pytest.fixture
+def refused() -> Iterator[str]:
+    """A URL where nothing listens (bound, not listening): the connection is refused."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{s.getsockname()[1]}"

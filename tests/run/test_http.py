@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.abc
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -14,18 +13,9 @@ import anyio
 import httpx
 import pytest
 
+import gen_pipeline.http as seam
 from gen_pipeline.config.dataset import GenerationConfig
-from gen_pipeline.http import (
-    CONNECTIONS_PER_POOL,
-    BadBody,
-    BadStatus,
-    CannotConnect,
-    ConnectionLost,
-    Http,
-    HttpError,
-    NoAnswer,
-    open_http,
-)
+from gen_pipeline.http import BadBody, BadStatus, CannotConnect, ConnectionLost, HttpError, NoAnswer, open_http
 
 from mock_http import mock_http
 
@@ -33,7 +23,7 @@ URL = "http://s:30000/v1/chat/completions"
 
 
 @contextlib.asynccontextmanager
-async def tcp_server(serve, connections: int = 4) -> AsyncIterator[tuple[str, Http]]:
+async def tcp_server(serve, connections: int = 4) -> AsyncIterator[tuple[str, seam.Http]]:
     """`serve` (a raw TCP handler) on a local port: its chat URL, and a client of `connections`."""
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
     url = f"http://127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}/v1/chat/completions"
@@ -93,46 +83,33 @@ async def test_a_status_is_an_answer_for_get_and_post_and_an_error_for_get_json(
         assert await http.get_json("http://s/ok") == {"ok": True}
         assert await http.get_text("http://s/html") == "<h1>hi</h1>"
         with pytest.raises(BadStatus) as e:
-            await http.get_bytes("http://s/busy")
+            await http.get_text("http://s/busy")
         assert (str(e.value), e.value.reply.status, e.value.kind) == ("HTTP 503 from http://s/busy", 503, "status")
         with pytest.raises(BadBody) as bad:
             await http.get_json("http://s/html")
         assert str(bad.value) == "the body from http://s/html is not JSON (content-type text/html; charset=utf-8)"
 
 
-# ---------------------------------------------------------------- real sockets: the timeouts told apart
-
-async def test_a_black_holed_server_is_a_connect_failure_after_the_connect_timeout(black_hole) -> None:
-    generation = GenerationConfig(connect_timeout_s=0.3, request_timeout_s=60)
-    async with open_http(generation, 4) as http:
+@pytest.mark.parametrize(("where", "connect_s", "read_s", "ours", "why"), [
+    ("black_hole", 0.3, 60, CannotConnect, "no connection within 0.3 s (the host is down, or something on the way "
+                                           "drops the packets)"),
+    ("silent_server", 30, 0.3, NoAnswer, "no answer within the request timeout (0.3 s)"),
+    ("refused", 10, 60, CannotConnect, "Connection refused"),  # the OS's reason under httpx's wrappers
+])
+async def test_a_black_hole_a_silent_server_and_a_refusal_are_told_apart(request, where: str, connect_s: float,
+                                                                          read_s: float, ours: type, why: str) -> None:
+    url = request.getfixturevalue(where)
+    async with open_http(GenerationConfig(connect_timeout_s=connect_s, request_timeout_s=read_s), 4) as http:
         started = time.monotonic()
-        with pytest.raises(CannotConnect) as e:
-            await http.post_json(black_hole + "/v1/chat/completions", {"x": 1})
-    assert time.monotonic() - started < 30  # the connect timeout ended it, not the 60 s read timeout
-    assert str(e.value) == (f"cannot connect to {black_hole[7:]}: no connection within 0.3 s (the host is down, "
-                            "or something on the way drops the packets)")
-
-
-async def test_a_server_that_accepts_and_never_answers_is_a_read_timeout(silent_server) -> None:
-    generation = GenerationConfig(connect_timeout_s=30, request_timeout_s=0.3)
-    async with open_http(generation, 4) as http:
-        with pytest.raises(NoAnswer) as e:
-            await http.post_json(silent_server + "/v1/chat/completions", {"x": 1})
-        assert str(e.value) == "no answer within the request timeout (0.3 s)"
-        with pytest.raises(NoAnswer) as control:  # a control call's own timeout
-            await http.get(silent_server + "/health", timeout_s=0.2)
-        assert str(control.value) == "no answer within the request timeout (0.2 s)"
-
-
-async def test_nothing_listening_is_a_connect_failure_with_the_os_reason() -> None:
-    with socket.socket() as s:  # a port nothing listens on (bound, not listening: refused)
-        s.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{s.getsockname()[1]}"
-        async with open_http(GenerationConfig(), 4) as http:
-            with pytest.raises(CannotConnect) as e:
-                await http.get(url + "/health", timeout_s=5)
-    assert (e.value.why, str(e.value)) == ("Connection refused",
-                                          f"cannot connect to {url[7:]}: Connection refused")
+        with pytest.raises(HttpError) as e:
+            await http.post_json(url + "/v1/chat/completions", {"x": 1})
+        assert time.monotonic() - started < 30  # the connect timeout ended the black hole's, not the read timeout
+        said = why if ours is NoAnswer else f"cannot connect to {url[7:]}: {why}"
+        assert (type(e.value), e.value.why, str(e.value)) == (ours, why, said)
+        if where == "silent_server":
+            with pytest.raises(NoAnswer) as control:  # a control call's own timeout
+                await http.get(url + "/health", timeout_s=0.2)
+            assert str(control.value) == "no answer within the request timeout (0.2 s)"
 
 
 async def test_the_pool_holds_as_many_connections_as_asked_beyond_httpx_default_of_100() -> None:
@@ -167,11 +144,9 @@ async def test_the_pools_of_a_large_window_share_one_tls_context() -> None:
     """Each pool building its own TLS context held the first request back 8 s (docs/measurements.md)."""
     async with open_http(GenerationConfig(), 3750) as http:
         pools = [t._pool for t in http._transports]  # type: ignore[attr-defined]
-    assert len(pools) == -(-3750 // CONNECTIONS_PER_POOL)
+    assert len(pools) == -(-3750 // seam.CONNECTIONS_PER_POOL)
     assert len({id(p._ssl_context) for p in pools}) == 1
 
-
-# ---------------------------------------------------------------- the streaming POST (SSE)
 
 class Chunks(httpx.AsyncByteStream):
     """A streamed body; `cut` ends it with the connection dropping."""
@@ -189,53 +164,44 @@ class Chunks(httpx.AsyncByteStream):
         self.closed = True
 
 
-async def test_stream_lines_yields_each_line_as_it_comes() -> None:
-    body = Chunks([b'data: {"a": 1}\n\nda', b'ta: {"a": 2}\n', b"\ndata: [DONE]\n\n"])
+async def test_events_come_as_they_arrive_whatever_the_line_breaks() -> None:
+    body = Chunks([b'data: {"a": 1}\n\nda', b'ta: {"a": 2}\r', b"\n\r\ndata: x\rdata:  y\r\rdata: [DONE]\n\n"])
     sent: list[bytes] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
         sent.append(request.content)
         return httpx.Response(200, stream=body, headers={"content-type": "text/event-stream"})
 
-    async with mock_http(handler) as http:
-        async with http.stream_lines(URL, {"stream": True}) as lines:
-            got = [line async for line in lines]
-    assert got == ['data: {"a": 1}', "", 'data: {"a": 2}', "", "data: [DONE]", ""]
+    async with mock_http(handler) as http, http.open_stream(URL, {"stream": True}) as answer:
+        assert answer.is_event_stream
+        got = [data async for data in answer.events()]
+    assert got == [b'{"a": 1}', b'{"a": 2}', b"x\n y", b"[DONE]"]
     assert sent == [b'{"stream":true}'] and body.closed
 
 
-async def test_stream_lines_refused_is_bad_status_with_the_error_body() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(400, json={"message": "too long"})
-
-    async with mock_http(handler) as http:
+async def test_a_refused_stream_is_bad_status_with_the_error_body() -> None:
+    async with mock_http(lambda request: httpx.Response(400, json={"message": "too long"})) as http:
         with pytest.raises(BadStatus) as e:
-            async with http.stream_lines(URL, {"stream": True}):
-                raise AssertionError("no lines for a refused request")
+            async with http.open_stream(URL, {"stream": True}):
+                raise AssertionError("no events for a refused request")
     assert (e.value.reply.status, e.value.reply.json()) == (400, {"message": "too long"})
 
 
-async def test_stream_lines_cut_short_is_connection_lost_inside_the_loop() -> None:
-    body = Chunks([b"data: 1\n", b"data: 2\n"], cut=True)
+@pytest.mark.parametrize("cut", [True, False], ids=["cut-short", "left-early"])
+async def test_a_stream_cut_short_is_connection_lost_and_one_left_early_is_closed(cut: bool) -> None:
+    body = Chunks([b"data: 1\n\n", b"data: 2\n\n"], cut=cut)
     got = []
     async with mock_http(lambda request: httpx.Response(200, stream=body)) as http:
-        with pytest.raises(ConnectionLost) as e:
-            async with http.stream_lines(URL, b"{}") as lines:
-                async for line in lines:
-                    got.append(line)
-    assert got == ["data: 1", "data: 2"] and body.closed
-    assert str(e.value) == ("the connection to s:30000 was lost (RemoteProtocolError: peer closed connection "
-                            "without sending complete message body)")
-
-
-async def test_leaving_a_stream_early_closes_it() -> None:
-    body = Chunks([b"data: 1\n", b"data: 2\n", b"data: 3\n"])
-    async with mock_http(lambda request: httpx.Response(200, stream=body)) as http:
-        async with http.stream_lines(URL, b"{}") as lines:
-            async for line in lines:
-                assert line == "data: 1"
-                break
-    assert body.closed
+        with pytest.raises(ConnectionLost) if cut else contextlib.nullcontext() as e:
+            async with http.open_stream(URL, b"{}") as answer:
+                async for data in answer.events():
+                    got.append(data)
+                    if not cut:
+                        break
+    assert got == ([b"1", b"2"] if cut else [b"1"]) and body.closed
+    if cut:
+        assert str(e.value) == ("the connection to s:30000 was lost (RemoteProtocolError: peer closed connection "
+                                "without sending complete message body)")
 
 
 async def test_a_request_imports_nothing() -> None:
@@ -309,21 +275,16 @@ async def _events_until_done(http, url: str) -> list[bytes]:  # type: ignore[no-
     return seen
 
 
-async def test_a_drained_stream_keeps_its_connection_for_the_next_request() -> None:
-    """Read to [DONE] and drained, three streamed answers travel on one connection."""
-    serve, accepted = _sse_server()
-    async with tcp_server(serve) as (url, http):
-        answers = [await _events_until_done(http, url) for _ in range(3)]
-    assert answers == [[b"1", b"[DONE]"]] * 3 and len(accepted) == 1
-
-
-async def test_a_server_holding_its_body_open_after_done_costs_the_drain_limit_and_the_connection() -> None:
-    """A body not ended after [DONE] is left after the drain's limit; the next request gets a new connection."""
-    serve, accepted = _sse_server(hold_open=anyio.Event())  # never set: the server's end is cancelled
+@pytest.mark.parametrize(("hold_open", "connections"), [(False, 1), (True, 3)], ids=["ended", "held-open"])
+async def test_a_drained_stream_keeps_its_connection_unless_the_body_is_held_open(hold_open: bool,
+                                                                                   connections: int) -> None:
+    """Read to [DONE] and drained, three streamed answers travel on one connection; a body not ended after [DONE]
+    is left after the drain's limit, and the next request gets a new connection."""
+    serve, accepted = _sse_server(anyio.Event() if hold_open else None)  # never set: the server's end is cancelled
     async with tcp_server(serve) as (url, http):
         with anyio.fail_after(20):
-            answers = [await _events_until_done(http, url) for _ in range(2)]
-    assert answers == [[b"1", b"[DONE]"]] * 2 and len(accepted) == 2
+            answers = [await _events_until_done(http, url) for _ in range(3)]
+    assert answers == [[b"1", b"[DONE]"]] * 3 and len(accepted) == connections
 
 
 def _cut_server():

@@ -4,6 +4,7 @@ simulator."""
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import orjson
@@ -13,7 +14,7 @@ from servers import SimThread
 from gen_pipeline.controller import Controller
 from gen_pipeline.records import Capacity
 
-from pipeline_helpers import assert_exact, read_samples, run_cli, write_dataset
+from pipeline_helpers import REPO, assert_exact, read_samples, run_cli, write_dataset
 
 # (name, target, max_new_tokens): three datasets of different output caps
 JOB = (("A", 40, 48), ("B", 30, 160), ("C", 25, 32))
@@ -67,18 +68,19 @@ def test_finished_dataset_is_skipped_and_the_others_resume(tmp_path: Path, share
     # attached to the session's simulator: the subject is the job's skip and resume, not the launch (above)
     a, b, c = _job(tmp_path / "ds")
     out = tmp_path / "out"
-    first = run_cli("generate", "--dataset", b, "--server-url", shared_sim.url, "--output-dir", out,
-                    "--progress", "quiet", "--limit", "12")
-    assert first.returncode == 0, first.stderr
+
+    def generate(*args: str | Path) -> str:
+        r = run_cli("generate", "--server-url", shared_sim.url, "--output-dir", out, "--progress", "quiet", *args)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stdout
+
+    generate("--dataset", b, "--limit", "12")
     assert len(read_samples(out, "B")) == 12
-    assert run_cli("generate", "--dataset", a, "--server-url", shared_sim.url, "--output-dir", out,
-                   "--progress", "quiet").returncode == 0
-    r = run_cli("generate", "--dataset", f"{a},{b},{c}", "--server-url", shared_sim.url, "--output-dir", out,
-                "--progress", "quiet")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "A: 40/40 samples (100.0%); the target is already reached, nothing to do." in r.stdout
-    assert re.search(r"^B: 30/30 samples \(100\.0%\), \+18 this run in \d+s; target reached\.$", r.stdout, re.M)
-    assert re.search(r"^C: 25/25 samples \(100\.0%\), \+25 this run in \d+s; target reached\.$", r.stdout, re.M)
+    generate("--dataset", a)
+    stdout = generate("--dataset", f"{a},{b},{c}")
+    assert "A: 40/40 samples (100.0%); the target is already reached, nothing to do." in stdout
+    assert re.search(r"^B: 30/30 samples \(100\.0%\), \+18 this run in \d+s; target reached\.$", stdout, re.M)
+    assert re.search(r"^C: 25/25 samples \(100\.0%\), \+25 this run in \d+s; target reached\.$", stdout, re.M)
     for name, target, _ in JOB:
         assert_exact(out, target, name)
 
@@ -104,7 +106,7 @@ def test_dataset_all_takes_every_toml_but_demo(tmp_path: Path) -> None:
     cfg = tmp_path / "cfg"
     _job(cfg, (("A", 6, 16), ("B", 5, 16)))
     write_dataset(cfg, name="demo", target=5, max_new_tokens=16)
-    (cfg / "server.toml").write_text((Path(__file__).resolve().parents[2] / "datasets_cfg" / "server.toml").read_text())
+    shutil.copy(REPO / "datasets_cfg" / "server.toml", cfg)
     out = tmp_path / "out"
     r = run_cli("generate", "--dataset", "all", "--server", "sim", "--config-dir", cfg, "--output-dir", out,
                 "--progress", "quiet")

@@ -1,25 +1,18 @@
 """A server that comes back serving another model is refused by name, never written from: checked when it
-comes back from an outage (real TCP) and on every answer's `model` (in-process, whole and streamed)."""
+comes back from an outage (real TCP; every answer's `model`: tests/run/test_client.py)."""
 
 from __future__ import annotations
 
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
-import orjson
 import pytest
 
-from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
-from gen_pipeline.errors import ServerError
-from gen_pipeline.run.chat import ChatClient
-from gen_pipeline.run.wire import ClientSettings
 from gen_pipeline.server.fleet import Fleet
 from sglang_sim.testing import start_sim
 from tests.server.server_helpers import SIM, dataset, generate
 
-from mock_http import mock_http
 from pipeline_helpers import finish_cli, read_samples, restart_sim_on_same_port, sigkill_sim, wait_lines, wait_until
 
 
@@ -82,61 +75,6 @@ def test_a_fleet_member_back_with_another_model_is_left_out(tmp_path: Path) -> N
     assert (f"stopped sending to {other.url}: it now serves 'm-two', not 'm-one' (restarted with another model?); "
             "1 of 2 servers left") in text, text[-3000:]
     assert served_by_other == 0
-
-
-# ---------------------------------------------------------------- every answer's model (in-process)
-
-def _settings(**gen) -> ClientSettings:
-    return ClientSettings(model="m-one", backend="sim", sampling=SamplingConfig(max_new_tokens=64),
-                          generation=GenerationConfig(max_attempts=3, retry_initial_wait_s=0.001, **gen))
-
-
-def _answer(model: str, streamed: bool) -> httpx.Response:
-    usage = {"prompt_tokens": 10, "completion_tokens": 5}
-    if not streamed:
-        return httpx.Response(200, json={"model": model, "usage": usage, "choices": [
-            {"message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]})
-    chunks = [{"id": "r", "model": model, "choices": [{"delta": {"content": "hi"}, "finish_reason": None}]},
-              {"id": "r", "model": model, "choices": [{"delta": {}, "finish_reason": "stop"}], "usage": usage}]
-    body = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
-    return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
-
-
-@pytest.mark.parametrize("streamed", [True, False], ids=["chunks", "whole"])
-async def test_an_answer_naming_another_model_moves_the_request_and_leaves_its_server_out(streamed: bool) -> None:
-    seen: list[str] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request.url.host)
-        return _answer("m-two" if request.url.host == "a" else "m-one", streamed)
-
-    fleet = Fleet(["http://a", "http://b"])
-    async with mock_http(handler) as http:
-        client = ChatClient(http, fleet.urls, _settings(on_loop="retry" if streamed else "off"), fleet=fleet)
-        turn = await client.complete([{"role": "user", "content": "q"}])
-        fleet.succeeded("http://a")  # an answer's headers later: still out
-        assert (turn.content, fleet.up_urls, fleet.refused) == ("hi", ["http://b"], {"http://a": "m-two"})
-        await client.complete([{"role": "user", "content": "q"}])
-    assert seen == ["a", "b", "b"]
-
-
-@pytest.mark.parametrize("streamed", [True, False], ids=["chunks", "whole"])
-async def test_the_last_server_answering_for_another_model_ends_the_run(streamed: bool) -> None:
-    calls = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        calls.append(time.monotonic())
-        return _answer("m-two", streamed)
-
-    async with mock_http(handler) as http:
-        client = ChatClient(http, ["http://a"], _settings(on_loop="retry" if streamed else "off"))
-        with pytest.raises(ServerError) as e:
-            await client.complete([{"role": "user", "content": "q"}])
-    assert str(e.value) == (
-        "No server serves 'm-one' any more (http://a now serves 'm-two'): restarted with another model? Nothing "
-        "written is lost and nothing the other model answered was written: serve 'm-one' there again and run the "
-        "same command to resume.")
-    assert len(calls) == 1
 
 
 def test_a_refused_server_never_comes_back() -> None:

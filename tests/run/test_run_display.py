@@ -1,4 +1,5 @@
-"""What a user sees of a run: start-up messages, progress lines, run.log, errors.jsonl."""
+"""What a user sees of a run: start-up messages, progress lines (a bar on a terminal, plain lines in a log),
+run.log, errors.jsonl."""
 
 from __future__ import annotations
 
@@ -7,25 +8,24 @@ import re
 import subprocess
 from pathlib import Path
 
-import httpx
-import orjson
 import pytest
 from servers import sim_in_thread
 
+from gen_pipeline.display import format_duration
 from gen_pipeline.records import RunSnapshot
 from gen_pipeline.run.progress import Progress
 
-from pipeline_helpers import REPO, SIM_FAST, cli_cmd, make_rows, run_cli, write_dataset
+from pipeline_helpers import REPO, SIM_FAST, cli_cmd, run_cli, write_dataset
 
 NUM = r"[\d,.]+"
 
 
-def merged(*args: str | Path) -> list[str]:
+def merged(*args: str | Path) -> str:
     """The CLI's stdout and stderr as one stream, in the order written (both go to one pipe)."""
     r = subprocess.run(cli_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
                        timeout=120)
     assert r.returncode == 0, r.stdout
-    return r.stdout.splitlines()
+    return r.stdout
 
 
 def slow_sim(folder: Path) -> Path:
@@ -40,7 +40,7 @@ def slow_sim(folder: Path) -> Path:
 def test_log_mode_start_up_first_then_figures_with_load_then_peaks(tmp_path: Path) -> None:
     toml = write_dataset(tmp_path / "ds", target=60, max_new_tokens=64)
     lines = merged("generate", "--dataset", toml, "--server", "sim", "--config-dir", slow_sim(tmp_path / "ds"),
-                   "--output-dir", tmp_path / "out", "--progress", "log")
+                   "--output-dir", tmp_path / "out", "--progress", "log").splitlines()
     assert lines[0] == "T: loading the source T.jsonl"  # the set-up's one slow step (a hub download: minutes)
     assert re.fullmatch(r"starting SGLang \(sim\) on http://127\.0\.0\.1:\d+, log: \S+/out/T/server\.log", lines[1])
     assert re.fullmatch(r"SGLang ready after \d+ s, pid \d+: Kimi-K2\.5 tp=8 kv=fp8_e4m3 24,576 KV tokens, max running "
@@ -58,11 +58,9 @@ def test_log_mode_start_up_first_then_figures_with_load_then_peaks(tmp_path: Pat
 @pytest.mark.e2e  # the process is the subject: make e2e
 def test_bar_appears_after_the_start_up_messages(tmp_path: Path) -> None:
     toml = write_dataset(tmp_path / "ds", target=20, max_new_tokens=32)
-    r = subprocess.run(cli_cmd("generate", "--dataset", toml, "--server", "sim", "--output-dir", tmp_path / "out",
-                               "--progress", "bar"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       cwd=REPO, timeout=120)
-    assert r.returncode == 0, r.stdout
-    before, ready, after = r.stdout.partition("SGLang ready after ")
+    text = merged("generate", "--dataset", toml, "--server", "sim", "--output-dir", tmp_path / "out",
+                  "--progress", "bar")
+    before, ready, after = text.partition("SGLang ready after ")
     started = "T: loading the source T.jsonl\nstarting SGLang (sim) on http://127.0.0.1:"
     assert ready and before.startswith(started) and before.endswith(
         "/out/T/server.log\n"), before  # a whole line, no bar drawn yet
@@ -88,32 +86,34 @@ def test_run_log_appends_timestamped_events_across_runs(tmp_path: Path) -> None:
     assert re.fullmatch(stamp + r"T: 30/30 samples \(100\.0%\), \+15 this run in \d+s; target reached\.", lines[-1])
 
 
-def test_errors_record_the_attempts_made(tmp_path: Path) -> None:
-    with sim_in_thread(SIM_FAST, ready_timeout_s=30) as sim:
-        r = httpx.post(sim.url + "/sim/faults", json={"error_rate": 1.0, "error_status": 500}, timeout=5)
-        assert r.status_code == 200, r.text
-        toml = write_dataset(tmp_path / "ds", target=6, rows=make_rows(6), max_new_tokens=16)
-        toml.write_text(toml.read_text().replace("max_attempts = 8", "max_attempts = 4"))
-        r = run_cli("generate", "--dataset", toml, "--server-url", sim.url, "--output-dir", tmp_path / "out",
-                    "--progress", "quiet")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[-1].endswith(", 6 failed (http_500 6; 0 final, 6 retried by the next run); "
-                                              "the source has no more prompts; run again to retry the failed ones.")
-    rows = [orjson.loads(x) for x in (tmp_path / "out" / "T" / "errors.jsonl").read_bytes().splitlines()]
-    assert [(e["reason"], e["attempts"], e["retryable"]) for e in rows] == [("http_500", 4, True)] * 6
-    assert all(e["detail"].startswith("gave up after 4 attempts: ") for e in rows)
+B2 = {"done": 900, "target": 18_000, "samples_per_s": 0.5, "tokens_per_s": 1400.0, "in_flight": 150, "running": 140,
+      "queued": 10, "kv_usage": 0.93}
 
 
-def test_in_flight_above_a_lowered_window_is_explained() -> None:
+@pytest.mark.parametrize(("snapshots", "lines"), [
+    ([RunSnapshot(**B2, window=152, retractions_total=40, retractions_run=4),
+      RunSnapshot(done=1000, target=18_000, samples_per_s=0.5, tokens_per_s=1412.0, in_flight=150, window=152)],
+     ["B2 900/18,000 (5.0%) 0.50 samples/s, 1,400 tok/s, in flight 150/152, running 140 queued 10, KV 93%, "
+      "retracted 4, eta 9h30m",
+      "B2 1,000/18,000 (5.6%) 0.50 samples/s, 1,412 tok/s, in flight 150/152, eta 9h26m"]),
+    ([RunSnapshot(**B2, window=120, controller_mode="load",
+                  controller_reason="retraction burst (6 in one poll): step back, no growth for 30 s")],
+     ["B2 900/18,000 (5.0%) 0.50 samples/s, 1,400 tok/s, in flight 150 (window lowered to 120; 30 finishing "
+      "before new ones), running 140 queued 10, KV 93%, controller load: retraction burst (6 in one poll): "
+      "step back, no growth for 30 s, eta 9h30m"]),
+], ids=["log-lines", "window-lowered"])
+def test_log_lines_when_not_a_terminal(snapshots: list[RunSnapshot], lines: list[str]) -> None:
     out = io.StringIO()
     p = Progress("B2", stream=out, log_every_s=3600)
-    p.update(RunSnapshot(done=900, target=18_000, samples_per_s=0.5, tokens_per_s=1400.0, in_flight=150, window=120,
-                     running=140, queued=10, kv_usage=0.93, controller_mode="load",
-                     controller_reason="retraction burst (6 in one poll): step back, no growth for 30 s"))
-    assert out.getvalue().splitlines() == [
-        "B2 900/18,000 (5.0%) 0.50 samples/s, 1,400 tok/s, in flight 150 (window lowered to 120; 30 finishing "
-        "before new ones), running 140 queued 10, KV 93%, controller load: retraction burst (6 in one poll): "
-        "step back, no growth for 30 s, eta 9h30m"]
+    assert p.mode == "log"
+    for snapshot in snapshots:
+        p.update(snapshot)
+    p.close()
+    assert out.getvalue().splitlines() == lines
+
+
+def test_durations() -> None:
+    assert [format_duration(s) for s in (None, 5, 65, 3600 * 27 + 60)] == ["?", "5s", "1m05s", "27h01m"]
 
 
 async def test_load_observers_get_every_poll(tmp_path: Path) -> None:
