@@ -1,7 +1,5 @@
-"""What SGLang 0.5.17 imports and a CPU machine cannot load, replaced before `import sglang`: only
-`torchvision`, whose PyPI wheels are CUDA builds that do not load against the CPU torch. SGLang imports it
-at module level and nothing the contract checks calls it: the stub answers any `torchvision.*` module and
-attribute with an inert placeholder that raises when called."""
+"""Stubs, before `import sglang`, what SGLang 0.5.17 imports and a CPU machine cannot load: only `torchvision`
+(PyPI's wheels are CUDA builds); any `torchvision.*` module or attribute is a placeholder that raises if called."""
 
 from __future__ import annotations
 

@@ -127,9 +127,8 @@ def _as_sglang_writes_it(chunk: dict) -> dict:
 
 
 def test_degenerate_streams_are_sglangs_bytes(sim):
-    """Loops, leaks and marker-only answers (the sim's output faults), streamed with
-    continuous_usage_stats: every chunk is what SGLang's own writer makes of the same fields, every
-    usage is SGLang's UsageInfo, and the stream ends as SGLang's does."""
+    """The sim's loops, leaks and marker-only answers streamed with continuous_usage_stats: every chunk is what
+    SGLang's own writer makes of the same fields, every usage its UsageInfo, the stream ends as SGLang's."""
     from sglang.srt.entrypoints.openai.protocol import ChatCompletionStreamResponse, UsageInfo
 
     seen: set[str] = set()
@@ -158,9 +157,8 @@ def test_degenerate_streams_are_sglangs_bytes(sim):
     assert {"marker_only"} <= seen and any(s.startswith("loop_") for s in seen)
     assert any(s.startswith("leak_") for s in seen)
 def test_token_ids_of_a_chat_completion_are_where_the_tokens_export_expects_them():
-    """gen_pipeline/export/tokens.py: return_token_ids / return_prompt_token_ids on the request,
-    choices[i].token_ids (the raw output ids, stop token included) and .prompt_token_ids on the
-    answer, refused with stream=true."""
+    """export/tokens.py: return_(prompt_)token_ids on the request, choices[i].token_ids (raw output ids, stop
+    token included) and .prompt_token_ids on the answer, refused with stream=true."""
     from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, ChatCompletionResponseChoice
 
     request = ChatCompletionRequest.model_validate(CHAT | {"return_token_ids": True, "return_prompt_token_ids": True})

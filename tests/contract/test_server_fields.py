@@ -1,6 +1,5 @@
-"""The metric names, /v1/loads and /server_info fields gen_pipeline reads exist in SGLang's source with the
-types we assume, and the simulator serves exactly those: metrics from SGLang's collectors, /v1/loads from
-LoadSnapshot, /server_info from ServerArgs and the dicts http_server.py builds (read with `ast`)."""
+"""The metrics, /v1/loads and /server_info fields gen_pipeline reads exist in SGLang's source with the types we
+assume, and the simulator serves exactly those (SGLang's collectors, LoadSnapshot, ServerArgs, `ast`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""A launched server that ignores SIGTERM must not outlive a SIGKILLed orchestrator, and a rerun must not start
-a second server beside one an earlier run left. Real processes: the CLI, the simulator with
---sim-ignore-sigterm launched through a profile, the parent watch (gen_pipeline/server/parent_watch.py)."""
+"""A launched server deaf to SIGTERM does not outlive a SIGKILLed orchestrator (the parent watch), and a rerun
+starts no second server beside one an earlier run left. Real processes."""
 
 from __future__ import annotations
 

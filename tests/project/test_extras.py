@@ -1,6 +1,5 @@
-"""Every extra installs what its package imports, followed through the installed distributions' metadata
-(no network): every import (read with `ast`) is the standard library's, this project's or a distribution in
-its extra's closure; the simulator runs with only the [sim] closure importable (an import hook)."""
+"""Every extra installs what its package imports (read with `ast`, checked against the installed distributions'
+metadata); the simulator runs with only the [sim] closure importable (an import hook)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The simulator's degenerate outputs (loop_rate, leak_rate, marker_only_rate): seeded by the request, whole
-and streamed alike; a loop runs to max_tokens unless the client goes (then its slot and KV are freed at
-once); the loop detector catches every loop the simulator writes within 512 tokens."""
+"""The simulator's degenerate outputs (loops, leaks, marker-only answers): seeded by the request, whole and
+streamed alike; a loop runs to max_tokens unless the client goes; the loop detector catches each in 512 tokens."""
 
 from __future__ import annotations
 

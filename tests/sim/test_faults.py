@@ -1,5 +1,5 @@
-"""Every fault does what it says, over real TCP; start-up, aborts and client disconnects. One shared sim
-changes its faults through POST /sim/faults; crash, start-up and flag tests run their own processes."""
+"""Every fault does what it says over real TCP (one shared sim, POST /sim/faults); start-up, aborts and client
+disconnects; crash, start-up and flag tests run their own processes."""
 
 from __future__ import annotations
 
@@ -24,15 +24,12 @@ def next_seq(client: httpx.Client) -> int:
     return client.get("/sim/stats").json()["requests_seen"] + 1
 
 
-def test_decide_is_seeded_and_matches_rates() -> None:
+def test_decide_is_seeded_and_matches_rates_and_the_health_window() -> None:
     s = FaultSettings(error_rate=0.25, too_many_rate=0.25, seed=3)
     picks = [decide(s, i) for i in range(1, 4001)]
     assert picks == [decide(s, i) for i in range(1, 4001)]
     assert 900 < picks.count(Fault.ERROR) < 1100 and 900 < picks.count(Fault.TOO_MANY) < 1100
     assert picks != [decide(FaultSettings(error_rate=0.25, too_many_rate=0.25, seed=4), i) for i in range(1, 4001)]
-
-
-def test_health_window() -> None:
     s = FaultSettings(health_503_after_s=10, health_503_for_s=5)
     assert [health_ok(s, t) for t in (0, 9.9, 10, 14.9, 15)] == [True, True, False, False, True]
     assert health_ok(FaultSettings(never_healthy=True), 0) is False
@@ -111,9 +108,8 @@ def test_stall_holds_the_response(client: httpx.Client, faults: callable) -> Non
 
 
 def test_health_flaps_for_the_window(client: httpx.Client, faults: callable) -> None:
-    """200 before the window, 503 inside, 200 after, each answer judged by the sim's own clock read just
-    before and after it (an answer that straddles an edge proves nothing; a poller stalled past the
-    whole window sets a new one)."""
+    """200 before the window, 503 inside, 200 after, each answer judged by the sim's clock read just before and
+    after it (one that straddles an edge proves nothing; a poller stalled past the whole window sets a new one)."""
     def since_ready() -> float:
         return client.get("/sim/stats").json()["since_ready_s"]
 
@@ -164,8 +160,7 @@ def decoded(client: httpx.Client) -> int:
 
 
 def test_client_disconnect_aborts_in_the_engine(client: httpx.Client) -> None:
-    """A client that leaves mid-output frees the engine: the request stops short of its 2,000 tokens
-    (~4 s of decoding; a request that ran on would decode them all)."""
+    """A client that leaves mid-output frees the engine: the request stops short of its 2,000 tokens."""
     start = decoded(client)
     with client.stream("POST", "/v1/chat/completions", json={"messages": SHORT["messages"], "stream": True}) as s:
         next(line for line in s.iter_lines() if line)

@@ -1,6 +1,5 @@
-"""The sim with a draft (--speculative-*), as SGLang 0.5.17 answers: each finished request's acceptance in
-meta_info when asked (tokenizer_manager.py _calculate_spec_decoding_metrics), the refusal of return_meta_info
-on a stream, the flags in /get_server_info, the sglang:spec_accept_length gauge."""
+"""The sim with a draft (--speculative-*) as SGLang 0.5.17 answers: the acceptance in meta_info when asked
+(tokenizer_manager.py _calculate_spec_decoding_metrics), its refusal on a stream, /get_server_info, the gauge."""
 
 from __future__ import annotations
 
