@@ -40,12 +40,7 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module.__path__ = []
         module.__version__ = "0.0+contract-stub"
         module.__file__ = __file__  # some callers look at where a module lives
-
-        def attribute(attr: str) -> _Placeholder:
-            if attr.startswith("__"):
-                raise AttributeError(attr)
-            return _Placeholder(f"{spec.name}.{attr}")
-        module.__getattr__ = attribute  # type: ignore[method-assign]
+        module.__getattr__ = _Placeholder(spec.name).__getattr__  # type: ignore[method-assign]
         return module
 
     def exec_module(self, module) -> None:

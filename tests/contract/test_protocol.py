@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+from dataclasses import replace
 
 import httpx
 import pydantic
@@ -47,11 +48,7 @@ def test_chat_completion_validates_with_reasoning(sim):
 def test_streamed_chunks_validate_with_reasoning(sim):
     from sglang.srt.entrypoints.openai.protocol import ChatCompletionStreamResponse
 
-    request = CHAT | {"stream": True, "stream_options": {"include_usage": True}}
-    with httpx.stream("POST", sim.url + "/v1/chat/completions", json=request, timeout=60) as r:
-        events = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    chunks = [json.loads(e) for e in events[:-1]]
+    chunks = _stream(sim.url, CHAT | {"stream_options": {"include_usage": True}})  # ends with [DONE]
     parsed = [ChatCompletionStreamResponse.model_validate(c) for c in chunks]
     for c in chunks:
         only_known_fields(ChatCompletionStreamResponse, c, "chat.completion.chunk")
@@ -184,9 +181,7 @@ def test_the_clients_requests_are_sglangs():
     streamed = ChatCompletionRequest.model_validate(build_request(CHAT["messages"], settings))
     assert streamed.stream and streamed.stream_options is not None
     assert streamed.stream_options.include_usage and streamed.stream_options.continuous_usage_stats
-    whole = ChatCompletionRequest.model_validate(build_request(CHAT["messages"], ClientSettings(
-        model="sim", backend="sglang", sampling=SamplingConfig(max_new_tokens=60),
-        generation=GenerationConfig(reasoning="keep"), token_ids=True)))
+    whole = ChatCompletionRequest.model_validate(build_request(CHAT["messages"], replace(settings, token_ids=True)))
     assert not whole.stream and whole.return_token_ids and whole.return_prompt_token_ids
 
 
