@@ -371,12 +371,7 @@ def restart_sim_on_same_port(sim, args: list[str]):
 
 def wait_lines(folder: Path, n: int, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
     """Until the shards in `folder` hold `n` lines; fails if `proc` ends first."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        if _shard_lines(folder) >= n:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"{n} samples not written within {timeout_s} s (rc {proc.poll()})")
+    wait_until(lambda: _shard_lines(folder) >= n, proc, timeout_s)
 
 
 def wait_until(ready, proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:

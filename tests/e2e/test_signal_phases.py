@@ -26,6 +26,7 @@ from sglang_sim.testing import start_sim
 from pipeline_helpers import (
     REPO,
     SIM_FAST,
+    _shard_lines,
     assert_exact,
     cli_cmd,
     make_rows,
@@ -183,10 +184,6 @@ def test_signal_before_the_job_listens_is_held_and_stops_the_set_up(tmp_path: Pa
     assert not (tmp_path / "out").exists()
 
 
-def shard_lines(folder: Path) -> int:
-    return sum(len(p.read_bytes().splitlines()) for p in folder.glob("shard-*.jsonl"))
-
-
 def committed(folder: Path) -> int:
     """Samples the manifest commits: its sealed shards' counts plus the open shard's."""
     m = orjson.loads((folder / "manifest.json").read_bytes())
@@ -220,7 +217,7 @@ def test_sighup_with_the_terminal_gone_stops_the_run_like_sigterm(tmp_path: Path
     assert rc == 129, run_log[-3000:]
     line = summary_line(run_log)
     assert line.endswith("; stopped (SIGHUP: the terminal closed); run the same command to resume."), line
-    written = shard_lines(out / "T")
+    written = _shard_lines(out / "T")
     assert f"T: {written}/300 samples ({100 * written / 300:.1f}%), +{written} this run in " in line, (line, written)
     assert committed(out / "T") == written
     lock = read_lock(out / "T")
@@ -261,7 +258,7 @@ def test_second_sigterm_right_after_the_first_counts_only_what_was_committed(tmp
     out = tmp_path / "out"
     with start_sim(SIM) as sim:
         for i in range(3):
-            before = shard_lines(out / "T") if (out / "T").exists() else 0
+            before = _shard_lines(out / "T") if (out / "T").exists() else 0
             log = tmp_path / f"cli{i}.log"
             proc = start_cli("generate", "--dataset", toml, "--server-url", sim.url, "--output-dir", out,
                              "--progress", "log", "--drain-grace-s", "30", log=log)
@@ -274,7 +271,7 @@ def test_second_sigterm_right_after_the_first_counts_only_what_was_committed(tmp
             rc = proc.wait(timeout=60)
             text = log.read_text()
             assert rc == 143, text[-3000:]
-            written = shard_lines(out / "T")
+            written = _shard_lines(out / "T")
             assert committed(out / "T") == written
             line = summary_line(text)
             head = f"T: {written:,}/3,000 samples ({100 * written / 3000:.1f}%), +{written - before} this run in "

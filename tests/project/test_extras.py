@@ -10,7 +10,6 @@ import re
 import subprocess
 import sys
 import tomllib
-from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -94,7 +93,8 @@ def imports(paths: list[str]) -> dict[str, str]:
             if SKIP_PARTS & set(path.relative_to(ROOT).parts):
                 continue
             tree = ast.parse(path.read_text(), str(path))
-            skipped = {id(n) for node in ast.walk(tree) if _is_type_checking(node) for n in ast.walk(node)}
+            skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
             for node in ast.walk(tree):
                 if id(node) in skipped:
                     continue
@@ -103,10 +103,6 @@ def imports(paths: list[str]) -> dict[str, str]:
                 for name in names:
                     found.setdefault(name.partition(".")[0], f"{path.relative_to(ROOT)}:{node.lineno}")
     return found
-
-
-def _is_type_checking(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
 def providers() -> dict[str, set[str]]:
@@ -163,8 +159,7 @@ runpy.run_module("sglang_sim", run_name="__main__", alter_sys=True)
 """
 
 
-@pytest.fixture
-def sim_with_only_its_extra(tmp_path: Path) -> Iterator[SimProcess]:
+def test_the_simulator_runs_with_only_the_sim_extra(tmp_path: Path) -> None:
     dists = closure(["sim"])
     allowed = sorted({"gen_pipeline", "sglang_sim"} | {t for t, ds in providers().items() if ds & dists})
     port = free_port()
@@ -178,18 +173,13 @@ def sim_with_only_its_extra(tmp_path: Path) -> Iterator[SimProcess]:
     sim = SimProcess(proc, port, log_path)
     try:
         wait_healthy(sim, 60)
-        yield sim
+        chat = httpx.post(sim.url + "/v1/chat/completions", timeout=30, json={
+            "model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]})
+        assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] > 0
+        assert "sglang:num_running_reqs" in httpx.get(sim.url + "/metrics", timeout=30).text
+        assert "not installed by gen-pipeline[sim]" not in sim.log_text()
     finally:
         sim.stop()
-
-
-def test_the_simulator_runs_with_only_the_sim_extra(sim_with_only_its_extra: SimProcess) -> None:
-    sim = sim_with_only_its_extra
-    chat = httpx.post(sim.url + "/v1/chat/completions", timeout=30, json={
-        "model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]})
-    assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] > 0
-    assert "sglang:num_running_reqs" in httpx.get(sim.url + "/metrics", timeout=30).text
-    assert "not installed by gen-pipeline[sim]" not in sim.log_text()
 
 
 # ---------------------------------------------------------------- the GPU node's one install
