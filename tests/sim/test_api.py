@@ -28,7 +28,7 @@ def test_health_endpoints_and_the_sim_time_header(client: httpx.Client) -> None:
     assert float(client.get("/health").headers["x-sim-time"]) > t1
 
 
-def test_server_info_flat_args_and_internal_states(client: httpx.Client) -> None:
+def test_server_info_model_info_and_models(client: httpx.Client) -> None:
     for path in ("/server_info", "/get_server_info"):
         info = client.get(path).json()
         # max_running_requests: the CLI value, not the effective one; 24576: the "fast" profile's pool
@@ -39,13 +39,9 @@ def test_server_info_flat_args_and_internal_states(client: httpx.Client) -> None
         assert {k: info[k] for k in expected} == expected and info["enable_hierarchical_cache"] is False
         assert isinstance(info["version"], str) and isinstance(info["sim_time_s"], float)
         [state] = info["internal_states"]
-        assert isinstance(state["effective_max_running_requests_per_dp"], int)
-        assert state["effective_max_running_requests_per_dp"] > 0
-        assert state["memory_usage"]["token_capacity"] == 24576
+        effective = state["effective_max_running_requests_per_dp"]
+        assert isinstance(effective, int) and effective > 0 and state["memory_usage"]["token_capacity"] == 24576
         assert isinstance(state["last_gen_throughput"], float)
-
-
-def test_model_info_and_models(client: httpx.Client) -> None:
     for path in ("/model_info", "/get_model_info"):
         info = client.get(path).json()
         assert info["model_path"] == "sim/Kimi-K2.5" and info["is_generation"] is True
@@ -63,10 +59,8 @@ def test_chat_completion_shape_with_reasoning(client: httpx.Client) -> None:
     [choice] = body["choices"]
     assert choice["index"] == 0 and choice["finish_reason"] == "stop"
     msg = choice["message"]
-    assert msg["role"] == "assistant"
-    assert isinstance(msg["content"], str) and msg["content"]
-    assert isinstance(msg["reasoning_content"], str) and msg["reasoning_content"]
-    assert "<think>" not in msg["content"]
+    assert msg["role"] == "assistant" and isinstance(msg["content"], str) and msg["content"]
+    assert isinstance(msg["reasoning_content"], str) and msg["reasoning_content"] and "<think>" not in msg["content"]
     usage = body["usage"]
     assert usage["prompt_tokens"] == len(encode(render_chat(USER)))
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
@@ -76,21 +70,17 @@ def test_chat_completion_shape_with_reasoning(client: httpx.Client) -> None:
     assert details is None or (details.keys() == {"cached_tokens"} and details["cached_tokens"] > 0)
 
 
-def test_max_tokens_caps_with_finish_reason_length(client: httpx.Client) -> None:
+def test_max_tokens_caps_and_the_reasoning_switches(client: httpx.Client) -> None:
+    """max_tokens caps with finish_reason length; thinking off gives no reasoning; without separation the think
+    markers stay in the content."""
     for key in ("max_tokens", "max_completion_tokens"):
         body = chat(client, **{key: 3}).json()
         assert body["choices"][0]["finish_reason"] == "length"
         assert body["usage"]["completion_tokens"] == 3
-
-
-def test_thinking_disabled_gives_no_reasoning(client: httpx.Client) -> None:
     for kwargs in ({"thinking": False}, {"enable_thinking": False}):
         msg = chat(client, chat_template_kwargs=kwargs).json()["choices"][0]["message"]
         assert msg["reasoning_content"] is None
         assert "<think>" not in msg["content"] and "</think>" not in msg["content"]
-
-
-def test_without_separation_think_markers_stay_in_content(client: httpx.Client) -> None:
     msg = chat(client, separate_reasoning=False).json()["choices"][0]["message"]
     assert msg["reasoning_content"] is None
     assert msg["content"].startswith("<think>") and msg["content"].count("</think>") == 1
@@ -150,10 +140,7 @@ def test_streaming_matches_the_whole_response(client: httpx.Client, sse) -> None
     assert chunks[-1]["choices"] == []
     assert chunks[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"]
     assert chunks[-1]["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"]
-
-
-def test_streaming_without_include_usage_has_no_usage_chunk(sse) -> None:
-    chunks = sse({"messages": USER})
+    chunks = sse({"messages": USER})  # without include_usage: no usage chunk
     assert all(c["choices"] and "usage" not in c for c in chunks)  # msgspec omit_defaults drops usage=None
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
@@ -180,7 +167,7 @@ def test_bad_requests_get_sglangs_400s(client: httpx.Client) -> None:
     assert r.json() == error | {"message": "messages must be a non-empty list of {role, content} objects."}
 
 
-def test_generate_native_meta_info(client: httpx.Client) -> None:
+def test_generate_native_meta_info_and_cumulative_streamed_text(client: httpx.Client, sse) -> None:
     for prompt in ({"text": "The capital of France is"}, {"input_ids": [11, 12, 13]}):
         r = client.post("/generate", json={**prompt, "sampling_params": {"max_new_tokens": 5, "temperature": 0}})
         body = r.json()
@@ -190,9 +177,6 @@ def test_generate_native_meta_info(client: httpx.Client) -> None:
         assert isinstance(meta["id"], str) and isinstance(meta["e2e_latency"], float)
         assert (meta["prompt_tokens"], meta["num_retractions"]) == (len(encode(prompt.get("text", ""))) or 3, 0)
         assert isinstance(meta["cached_tokens"], int)
-
-
-def test_generate_streams_cumulative_text(client: httpx.Client, sse) -> None:
     body = {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 30}}
     whole = client.post("/generate", json=body).json()
     last = sse(body, "/generate")[-1]

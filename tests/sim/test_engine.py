@@ -216,7 +216,7 @@ def test_new_token_ratio_decays_to_floor_then_jumps_after_retraction() -> None:
 # ---- prefix cache ------------------------------------------------------------
 
 
-def test_second_turn_gets_first_turn_cached() -> None:
+def test_second_turn_gets_first_turn_cached_and_a_system_prompt_is_computed_once() -> None:
     engine = Engine(EngineConfig(max_total_num_tokens=20_000), FAST)
     prompt, output = toks(0, 300), toks(5000, 200)
     engine.add_request("t1", prompt, output)
@@ -227,9 +227,7 @@ def test_second_turn_gets_first_turn_cached() -> None:
     assert t2.cached_tokens == 500
     assert engine.counters()["cached_tokens_total"] == 500
     assert engine.loads()["cache_hit_rate"] == round(500 / (300 + 550), 4)
-
-
-def test_shared_system_prompt_is_computed_once() -> None:
+    # a shared system prompt is computed once
     engine = Engine(EngineConfig(max_total_num_tokens=20_000), FAST)
     system = toks(0, 400)
     engine.add_request("a", system + toks(1000, 20), toks(2000, 5))
@@ -270,7 +268,7 @@ def _evict_then_ask_again(hicache_tokens: int) -> tuple[Engine, FinishedRequest]
     return engine, turn2
 
 
-def test_hicache_turns_recompute_into_host_hits() -> None:
+def test_hicache_turns_recompute_into_host_hits_and_adds_no_decode_slots() -> None:
     plain, turn2_plain = _evict_then_ask_again(0)
     tiered, turn2_tiered = _evict_then_ask_again(10_000)
     assert turn2_plain.cached_tokens == 0
@@ -279,8 +277,6 @@ def test_hicache_turns_recompute_into_host_hits() -> None:
     computed = "computed_prefill_tokens_total"
     assert plain.counters()[computed] - tiered.counters()[computed] == 1000
 
-
-def test_hicache_adds_no_decode_slots() -> None:
     def peak_running(hicache_tokens: int) -> tuple[int, dict]:
         engine = Engine(EngineConfig(max_total_num_tokens=4000, hicache_tokens=hicache_tokens), FAST)
         for i in range(40):
@@ -325,7 +321,7 @@ def test_abort_frees_kv_and_reports_abort() -> None:
     assert engine.cache_tokens["evictable"] == engine.cache_tokens["device"]
 
 
-def test_clock_queue_time_and_latency() -> None:
+def test_clock_queue_time_latency_and_continuous_decode_steps() -> None:
     engine = Engine(EngineConfig(max_total_num_tokens=5000), FAST)
     engine.advance_idle(2.5)
     engine.add_request("r", toks(0, 100), toks(1000, 3))
@@ -342,9 +338,7 @@ def test_clock_queue_time_and_latency() -> None:
     assert done[0].queue_time_s == 0.0
     assert done[0].e2e_latency_s == pytest.approx(sum(dts))
     assert engine.step().dt_s == 0.0
-
-
-def test_continuous_decode_steps_charge_k_passes() -> None:
+    # continuous decode steps charge k passes
     engine = Engine(EngineConfig(max_total_num_tokens=5000, num_continuous_decode_steps=4), FAST)
     engine.add_request("r", toks(0, 100), toks(1000, 6))
     engine.step()
