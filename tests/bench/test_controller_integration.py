@@ -136,10 +136,6 @@ async def measure(profile: LengthProfile, window: int | None, folder: Path) -> R
     return RunFigures(window, tok_s, sim_s, retracted, figures)
 
 
-def _ids(p: LengthProfile) -> str:
-    return p.name
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[LengthProfile, int | None], Awaitable[RunFigures]]:
     """measure(), each (profile, window) once per module: the slow sweep reuses the quick test's runs."""
@@ -170,7 +166,7 @@ def _assert_window_in_band(ours: RunFigures, samples: int, underfilling: int, ad
     assert low < window <= high, f"median window {window} outside ({low:.0f}, {high:.0f}]"
 
 
-@pytest.mark.parametrize("profile", [SHORT, LONG], ids=_ids)
+@pytest.mark.parametrize("profile", [SHORT, LONG], ids=lambda p: p.name)
 async def test_adaptive_window_fills_the_pool_without_overshooting(profile: LengthProfile, runs) -> None:
     under, plateau = await runs(profile, profile.under), await runs(profile, profile.plateau)
     ours = await runs(profile, None)
@@ -186,7 +182,7 @@ async def test_adaptive_window_fills_the_pool_without_overshooting(profile: Leng
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("profile", [SHORT, LONG], ids=_ids)
+@pytest.mark.parametrize("profile", [SHORT, LONG], ids=lambda p: p.name)
 async def test_adaptive_window_converges_near_the_sweeps_best(profile: LengthProfile, runs) -> None:
     sweep = {w: await runs(profile, w) for w in profile.sweep}
     ours = await runs(profile, None)

@@ -21,20 +21,6 @@ def test_the_documented_launch_line_is_what_the_tuned_profile_starts() -> None:
     assert f"```text\n{line}\n```" in (REPO / "docs" / "gpu-node.md").read_text()
 
 
-def test_links_to_measurements_name_sections_that_exist() -> None:
-    measured = (REPO / "docs" / "measurements.md").read_text()
-    anchors = set(re.findall(r'<a id="([\w-]+)"></a>', measured))
-    linked = set(re.findall(r"measurements\.md#([\w-]+)", user_docs()))
-    assert linked and linked - anchors == set()
-
-
-def test_no_page_speaks_the_projects_history() -> None:
-    """A new user cannot follow "issue 19" or "the seed" (the first job's measurements)."""
-    found = [f"{p.name}: {m.group(0)}" for p in PAGES for m in
-             re.finditer(r"\bissue \d+|\bthe seed\b|\bseed-calibrated|\bseed's", p.read_text())]
-    assert found == []
-
-
 MEASURED = REPO / "docs" / "measurements.md"
 # a pointer to a section of the measurements page, in code or a comment: the page with a #anchor, or the page
 # followed by a quoted heading name (`docs/measurements.md, "name"`, `("name")`, `(section "name")`); a
@@ -63,6 +49,8 @@ def test_every_pointer_to_the_measurements_page_names_a_section_it_has() -> None
     dropped heading leaves a pointer nobody can follow. A name is the start of a heading (case aside)."""
     text = MEASURED.read_text()
     anchors = set(re.findall(r'<a id="([\w-]+)"></a>', text))
+    linked = set(re.findall(r"measurements\.md#([\w-]+)", user_docs()))  # the docs' links
+    assert linked and linked - anchors == set()
     headings = [h.strip().lower() for h in re.findall(r"^#{2,4} (.+)$", text, re.M)]
     pointers = _pointers()
     assert len([p for p in pointers if p[1] == "name"]) >= 10  # the pattern still finds the product's pointers
@@ -74,7 +62,10 @@ def test_every_pointer_to_the_measurements_page_names_a_section_it_has() -> None
 
 def test_the_measurements_page_speaks_no_project_history() -> None:
     """Headings say what was measured, not which issue asked for it; no page names an issue, a branch or "the
-    seed" (the simulator's profile is "the seed profile")."""
+    seed" (the simulator's profile is "the seed profile"), nor does a user page ("the seed": the first job)."""
+    found = [f"{p.name}: {m.group(0)}" for p in PAGES for m in
+             re.finditer(r"\bissue \d+|\bthe seed\b|\bseed-calibrated|\bseed's", p.read_text())]
+    assert found == []
     text = MEASURED.read_text()
     headings = re.findall(r"^#{1,4} (.+)$", text, re.M)
     assert [h for h in headings if re.search(r"\bissue\b|\bthe seed\b", h, re.I)] == []

@@ -97,9 +97,7 @@ def test_other_extras_reinstall_offline_and_test_targets_say_what_is_missing(tmp
     assert (r.returncode, calls) == (2, [])
     assert r.stderr.endswith(f"*** {tmp_path}/gpu has the extras sglang, without the test tools: "
                              "make venv EXTRAS=test,sglang.  Stop.\n")
-
-
-def test_a_venv_made_before_the_stamp_named_its_extras_is_not_reinstalled(tmp_path: Path) -> None:
+    # a venv made before the stamp named its extras is not reinstalled
     fake_python(tmp_path / "old" / "bin" / "python")
     (tmp_path / "old" / ".installed").write_text("")  # what `touch` left
     r, calls = make(tmp_path, "plan", f"VENV={tmp_path}/old")

@@ -56,7 +56,7 @@ def test_error_and_429_fractions_follow_the_seeded_plan(client: httpx.Client, fa
                         "type": "InternalServerError", "param": None, "code": 503}
 
 
-def test_bad_json(client: httpx.Client, faults: callable) -> None:
+def test_bad_json_wrong_content_type_and_no_usage(client: httpx.Client, faults: callable) -> None:
     faults(bad_json_rate=1.0)
     r = client.post("/v1/chat/completions", json=SHORT)
     assert r.status_code == 200 and r.headers["content-type"] == "application/json"
@@ -66,17 +66,11 @@ def test_bad_json(client: httpx.Client, faults: callable) -> None:
         first = next(line for line in s.iter_lines() if line)
     with pytest.raises(json.JSONDecodeError):
         json.loads(first.removeprefix("data: "))
-
-
-def test_wrong_content_type(client: httpx.Client, faults: callable) -> None:
-    faults(wrong_content_type_rate=1.0)
+    faults(bad_json_rate=0.0, wrong_content_type_rate=1.0)
     r = client.post("/v1/chat/completions", json=SHORT)
     assert (r.status_code, r.headers["content-type"]) == (200, "text/html; charset=utf-8")
     assert r.text.startswith("<html>")
-
-
-def test_no_usage(client: httpx.Client, faults: callable) -> None:
-    faults(no_usage_rate=1.0)
+    faults(wrong_content_type_rate=0.0, no_usage_rate=1.0)
     body = client.post("/v1/chat/completions", json=SHORT).json()
     assert "usage" not in body and body["choices"][0]["finish_reason"] == "length"
     with client.stream("POST", "/v1/chat/completions",
