@@ -61,9 +61,6 @@ def test_short_outputs_at_the_same_pool_are_step_bound() -> None:
     assert "kv_bound" not in [v.rule for v in verdicts]
 
 
-# ---------------------------------------------------------------- the real H200 traces
-
-
 def test_the_real_h200_traces_name_long_outputs_kv_bound_and_short_ones_never() -> None:
     """The committed H200 traces (runs 2-5), all-at-once and adaptive runs: long outputs kv_bound, short ones
     step_bound or kv_or_step; fixed windows hold no queue at the server, so no slot verdict."""

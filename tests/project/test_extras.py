@@ -140,7 +140,6 @@ def test_modules_run_with_python_dash_m_come_with_the_test_extra() -> None:
     assert [t for t in sorted(tops) if not by_module.get(t, set()) & dists] == []
 
 
-# ---------------------------------------------------------------- the simulator with only [sim] importable
 
 ONLY_THESE = """
 import importlib.abc, json, runpy, sys
@@ -182,7 +181,6 @@ def test_the_simulator_runs_with_only_the_sim_extra(tmp_path: Path) -> None:
         sim.stop()
 
 
-# ---------------------------------------------------------------- the GPU node's one install
 
 GPU_INSTALL = "make venv EXTRAS=gpu"
 # What each make target a user runs on the GPU node needs beyond the core install (top-level modules; the

@@ -32,7 +32,6 @@ def seed_of(text: str, max_tokens: int, **sampling: object) -> int:
     return request_seed(SIM_SEED, render_chat(messages(text)), {**sampling, "max_new_tokens": max_tokens})
 
 
-# -- pure ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("seed", range(40))
 def test_loop_outputs_run_to_the_cap_and_retokenize_to_themselves(seed: int) -> None:
     plan = degenerate.loop_output(seed, natural_tokens=900, max_new_tokens=2048)
@@ -75,7 +74,6 @@ def test_output_faults_are_seeded_by_the_request_keep_their_rates_and_are_checke
     assert str(e.value) == "fault marker_only_rate must be within [0, 1] (got -0.1)"
 
 
-# -- over TCP -----------------------------------------------------------------------------------
 def text_of(chunks: list[dict], field: str) -> str:
     return "".join(c["choices"][0]["delta"].get(field) or "" for c in chunks if c["choices"])
 

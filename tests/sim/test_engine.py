@@ -36,9 +36,6 @@ def tight_pair(pool: int) -> Engine:
     return engine
 
 
-# ---- validation ------------------------------------------------------------
-
-
 def test_requests_too_long_for_the_context_or_the_pool_are_refused() -> None:
     engine = Engine(EngineConfig(max_total_num_tokens=10_000, context_length=100), FAST)
     with pytest.raises(ValueError) as err:
@@ -61,9 +58,6 @@ def test_requests_too_long_for_the_context_or_the_pool_are_refused() -> None:
     engine.add_request("ok", toks(0, 60), toks(0, 40))
     with pytest.raises(ValueError, match="Duplicate request rid 'ok'"):
         engine.add_request("ok", toks(0, 1), toks(0, 1))
-
-
-# ---- token conservation and limits -----------------------------------------
 
 
 def test_every_request_gets_exactly_its_output() -> None:
@@ -126,9 +120,6 @@ def test_admission_reserves_clipped_max_new_tokens() -> None:
     step = engine.step()
     assert step.prefill_tokens == 0 and step.decode_batch == 1
     assert engine.waiting_rids == ["B"]
-
-
-# ---- retraction --------------------------------------------------------------
 
 
 @pytest.mark.parametrize("pool", [100, 101, 130])
@@ -213,9 +204,6 @@ def test_new_token_ratio_decays_to_floor_then_jumps_after_retraction() -> None:
     assert engine.new_token_ratio == 1.0  # min(0.7 * 2, 1)
 
 
-# ---- prefix cache ------------------------------------------------------------
-
-
 def test_second_turn_gets_first_turn_cached_and_a_system_prompt_is_computed_once() -> None:
     engine = Engine(EngineConfig(max_total_num_tokens=20_000), FAST)
     prompt, output = toks(0, 300), toks(5000, 200)
@@ -254,9 +242,6 @@ def test_cache_is_evicted_lru_under_pressure() -> None:
     assert done == {"again0": 0, "again3": 500}
 
 
-# ---- hicache -----------------------------------------------------------------
-
-
 def _evict_then_ask_again(hicache_tokens: int) -> tuple[Engine, FinishedRequest]:
     engine = Engine(EngineConfig(max_total_num_tokens=3000, hicache_tokens=hicache_tokens), FAST)
     engine.add_request("turn1", toks(0, 800), toks(5000, 200))
@@ -290,9 +275,6 @@ def test_hicache_turns_recompute_into_host_hits_and_adds_no_decode_slots() -> No
     (peak_off, loads_off), (peak_on, loads_on) = peak_running(0), peak_running(50_000)
     assert peak_off == peak_on
     assert loads_off["max_total_num_tokens"] == loads_on["max_total_num_tokens"] == 4000
-
-
-# ---- chunked prefill, abort, time, loads --------------------------------------
 
 
 def test_long_prompt_is_prefilled_in_chunks_while_decode_waits() -> None:
@@ -369,9 +351,7 @@ def test_loads_fields() -> None:
     assert engine.loads()["gen_throughput"] > 0
 
 
-# ---- SGLang 0.5.17's admission rounds (schedule_policy.py PrefillAdder, scheduler.py) ----------
-
-
+# SGLang 0.5.17's admission rounds (schedule_policy.py PrefillAdder, scheduler.py)
 def _long_regime(pool: int = 60_000, n: int = 40, out: int = 1200) -> Engine:
     """The issue-19 shape: prompts of 400, max_new_tokens 4096, everything queued at once."""
     engine = Engine(EngineConfig(max_total_num_tokens=pool, context_length=8192), PROFILES["h200"])

@@ -7,8 +7,6 @@ import pytest
 from sglang_sim.profiles import PROFILES, get_profile, hicache_capacity_tokens, kv_capacity_tokens
 from sglang_sim.radix import RadixCache
 
-# ---- radix -------------------------------------------------------------------
-
 
 def test_match_returns_longest_prefix_and_splits_node_and_insert_counts_new_tokens() -> None:
     cache = RadixCache()
@@ -78,9 +76,6 @@ def test_reset_empties_device_and_host_but_keeps_locked() -> None:
     cache.insert((3, 4), 0.0)
     cache.reset()
     assert (cache.device_size, cache.host_size, cache.protected_size) == (2, 0, 2)
-
-
-# ---- profiles ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

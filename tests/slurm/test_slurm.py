@@ -54,9 +54,6 @@ def slurm_env(request):
         subprocess.run([CLUSTER_SH, "stop"], capture_output=True, timeout=120)
 
 
-# ---------------------------------------------------------------- SLURM, through its own commands
-
-
 def sbatch(env: dict[str, str], logs: Path, dataset: Path, args: str, *options: str) -> str:
     """Submit the docs' sbatch script (docs/fleets.md); returns the (array) job id."""
     res = subprocess.run(["sbatch", "--parsable", "--oversubscribe", f"--output={logs}/slurm-%A_%a.log", *options,
@@ -98,9 +95,6 @@ def task_log(logs: Path, job: str, index: int) -> str:
     return (logs / f"slurm-{job}_{index}.log").read_text()
 
 
-# ---------------------------------------------------------------- the dataset, read back
-
-
 def rank_dir(out: Path, rank: int, world: int = W) -> Path:
     return out / "T" / f"rank-{rank}-of-{world}"
 
@@ -136,9 +130,6 @@ def status_json(out: Path, cfg: Path) -> dict:
 def first_line(out: Path, rank: int, world: int = W) -> str:
     return (f"T: rank {rank} of {world} (from {ARRAY}), share {rank_share(TARGET, rank, world)} of {TARGET}, "
             f"writing {rank_dir(out, rank, world)}/")
-
-
-# ---------------------------------------------------------------- the tests
 
 
 def test_the_readme_script_makes_exactly_the_target_on_four_ranks_and_refuses_another_world(tmp_path, slurm_env):
