@@ -121,8 +121,8 @@ def test_committed_h200_results_give_the_tables() -> None:
     assert "1,500 rows, 0 duplicated, 0 missing" in text
     assert "| fixed 128 | 16,372 |" in text and "SGLang ready after 79 s" in text
     assert "| bf16 vs fp8_e4m3 KV | 200 | 1.0 % |" in text and "| bf16 vs itself (noise floor) | 200 |" in text
-    c = svr.compare(svr.mean_real(svr.load_real()), *svr.simulate(svr.mean_real(svr.load_real()),
-                                                                  get_profile("h200")), svr.load_real().fixed_tok_s)
+    real = svr.mean_real(svr.load_real())
+    c = svr.compare(real, *svr.simulate(real, get_profile("h200")), svr.load_real().fixed_tok_s)
     assert c["all_within_10pct"], c["rows"]
 
 
