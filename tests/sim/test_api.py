@@ -50,7 +50,7 @@ def test_server_info_model_info_and_models(client: httpx.Client) -> None:
     assert [(m["id"], m["object"], m["max_model_len"]) for m in models["data"]] == [("kimi-sim", "model", CONTEXT)]
 
 
-def test_chat_completion_shape_with_reasoning(client: httpx.Client) -> None:
+def test_chat_completion_shape_with_reasoning_and_determinism(client: httpx.Client) -> None:
     r = chat(client, max_tokens=1000, temperature=0.7)
     assert r.status_code == 200 and r.headers["content-type"] == "application/json"
     body = r.json()
@@ -68,6 +68,12 @@ def test_chat_completion_shape_with_reasoning(client: httpx.Client) -> None:
     assert len(encode(msg["reasoning_content"] + msg["content"])) + 1 == usage["completion_tokens"]
     details = usage["prompt_tokens_details"]  # SGLang 0.5.17: null when nothing was cached, else the count
     assert details is None or (details.keys() == {"cached_tokens"} and details["cached_tokens"] > 0)
+    # the same request, the same output
+    a, b = chat(client, temperature=0.6).json(), chat(client, temperature=0.6).json()
+    assert a["choices"][0]["message"] == b["choices"][0]["message"]
+    assert a["usage"]["completion_tokens"] == b["usage"]["completion_tokens"]
+    c = chat(client, temperature=0.9).json()  # other sampling params, another draw
+    assert c["choices"][0]["message"] != a["choices"][0]["message"]
 
 
 def test_max_tokens_caps_and_the_reasoning_switches(client: httpx.Client) -> None:
@@ -84,14 +90,6 @@ def test_max_tokens_caps_and_the_reasoning_switches(client: httpx.Client) -> Non
     msg = chat(client, separate_reasoning=False).json()["choices"][0]["message"]
     assert msg["reasoning_content"] is None
     assert msg["content"].startswith("<think>") and msg["content"].count("</think>") == 1
-
-
-def test_same_request_same_output(client: httpx.Client) -> None:
-    a, b = chat(client, temperature=0.6).json(), chat(client, temperature=0.6).json()
-    assert a["choices"][0]["message"] == b["choices"][0]["message"]
-    assert a["usage"]["completion_tokens"] == b["usage"]["completion_tokens"]
-    c = chat(client, temperature=0.9).json()  # other sampling params, another draw
-    assert c["choices"][0]["message"] != a["choices"][0]["message"]
 
 
 def test_second_turn_hits_the_prefix_cache(client: httpx.Client, sse) -> None:

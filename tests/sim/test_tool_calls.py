@@ -7,7 +7,7 @@ import json
 
 import httpx
 
-from sglang_sim.tools import DIRECTIVE
+from sglang_sim.tools import DIRECTIVE, requested_calls
 
 SIM_ARGS = ["--tool-call-parser", "qwen25", "--sim-output-mean", "40", "--time-scale", "4",
             "--served-model-name", "tool-sim"]
@@ -61,6 +61,13 @@ def test_kimi_ids_count_the_history(client: httpx.Client) -> None:
     body = {"model": "tool-sim", "messages": history, "tools": TOOLS, "max_tokens": 200}
     message = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
     assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_time"]
+    # kimi_k2's ids: functions.NAME:N, N counting the history's calls
+    body = {"tools": TOOLS, "messages": [
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "x", "function": {"name": "get_time"}}]},
+        {"role": "tool", "content": ASK}]}
+    assert [c.id for c in requested_calls(body, "kimi_k2", "rid")] == ["functions.get_weather:1",
+                                                                       "functions.get_time:2"]
+    assert requested_calls(body, None, "rid") == ()
 
 
 def test_without_tools_or_directive_the_answer_is_text(client: httpx.Client) -> None:
@@ -70,14 +77,3 @@ def test_without_tools_or_directive_the_answer_is_text(client: httpx.Client) -> 
         choice = choice["choices"][0]
         assert choice["message"]["tool_calls"] is None and choice["message"]["content"]
         assert choice["finish_reason"] in ("stop", "length")
-
-
-def test_kimi_call_ids() -> None:
-    from sglang_sim.tools import requested_calls
-
-    body = {"tools": TOOLS, "messages": [
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "x", "function": {"name": "get_time"}}]},
-        {"role": "tool", "content": ASK}]}
-    assert [c.id for c in requested_calls(body, "kimi_k2", "rid")] == ["functions.get_weather:1",
-                                                                       "functions.get_time:2"]
-    assert requested_calls(body, None, "rid") == ()
