@@ -108,7 +108,7 @@ def test_derived_max_running_requests(pool: int, context: int, expected: int) ->
     assert engine.max_running_requests == expected
 
 
-def test_admission_reserves_clipped_max_new_tokens() -> None:
+def test_admission_reserves_clipped_max_new_tokens_also_when_readmitted() -> None:
     # B's prompt (10) + min(max_new, 4096) = 4106 must be < free + evictable - A's reservation.
     engine = Engine(EngineConfig(max_total_num_tokens=6000), FAST)
     engine.add_request("A", toks(0, 10), toks(1000, 50), max_new_tokens=8000)
@@ -120,6 +120,11 @@ def test_admission_reserves_clipped_max_new_tokens() -> None:
     step = engine.step()
     assert step.prefill_tokens == 0 and step.decode_batch == 1
     assert engine.waiting_rids == ["B"]
+    # a readmitted request: add_one_req checks the remaining max_new but adds min(max_new, CLIP) to the round's
+    # offset (schedule_policy.py:1077-1080 vs 1203-1212)
+    req = SchedReq("x", tuple(range(500)), prompt_len=100, out_len=400, max_new=5000, reason="stop",
+                   arrival_s=0.0, generated=3000)
+    assert clipped_reserve(req, 4096) == 2000 and admitted_reserve(req, 4096) == 4096
 
 
 @pytest.mark.parametrize("pool", [100, 101, 130])
@@ -384,15 +389,6 @@ def test_a_finish_reopens_admission_one_decode_later() -> None:
         step = engine.step()
         kinds.append("prefill" if step.prefill_tokens else "decode" + ("+finish" if step.finished else ""))
     assert kinds == ["decode", "decode", "decode+finish", "decode", "prefill", "decode"]
-
-
-def test_a_readmitted_request_reserves_its_whole_clipped_max_new() -> None:
-    """add_one_req checks the remaining max_new but adds min(max_new, CLIP) to the round's offset
-    (schedule_policy.py:1077-1080 vs 1203-1212)."""
-    req = SchedReq("x", tuple(range(500)), prompt_len=100, out_len=400, max_new=5000, reason="stop",
-                   arrival_s=0.0, generated=3000)
-    assert clipped_reserve(req, 4096) == 2000
-    assert admitted_reserve(req, 4096) == 4096
 
 
 def test_the_metrics_ratio_is_the_last_prefill_rounds() -> None:
