@@ -119,15 +119,6 @@ def test_every_import_is_installed_by_its_extras(scope: str) -> None:
     assert missing == [], f"{scope}: imported but not installed by gen-pipeline[{','.join(extras)}]: {missing}"
 
 
-def test_the_optional_imports_come_with_their_extra() -> None:
-    by_module = providers()
-    assert by_module["matplotlib"] & closure(["report"])
-    assert not by_module["matplotlib"] & closure([])  # the core install stays without it
-    for module in ("starlette", "uvicorn"):
-        assert by_module[module] & closure(["sim"]) and not by_module[module] & closure([])
-    assert by_module["sglang_router"] & closure(["router"])  # an sglang-router in front of several servers
-
-
 def test_modules_run_with_python_dash_m_come_with_the_test_extra() -> None:
     """Subprocesses the tests and benchmarks start (`python -m sglang_router.launch_router`, ...)."""
     started = set()
@@ -214,9 +205,13 @@ def test_every_documented_make_target_has_what_it_needs_in_the_gpu_install() -> 
     assert {t: m for t, m in missing.items() if m} == {}, f"not brought by {GPU_INSTALL}"
 
 
-def test_the_gpu_install_brings_every_optional_import_of_the_product() -> None:
-    """Whatever gen_pipeline or the simulator imports beyond the core install comes with the gpu extra."""
+def test_the_optional_imports_come_with_their_extra_and_the_gpu_install() -> None:
+    """Whatever gen_pipeline or the simulator imports beyond the core install comes with its extra and the gpu one."""
     core, by_module = closure([]), providers()
+    assert by_module["matplotlib"] & closure(["report"]) and not by_module["matplotlib"] & core  # core: without it
+    for module in ("starlette", "uvicorn"):
+        assert by_module[module] & closure(["sim"]) and not by_module[module] & core
+    assert by_module["sglang_router"] & closure(["router"])  # an sglang-router in front of several servers
     optional = {m for m in imports(["gen_pipeline", "sglang_sim"])
                 if m not in sys.stdlib_module_names and m not in FIRST_PARTY
                 and not by_module.get(m, set()) & core and m != "_typeshed"}
