@@ -139,7 +139,13 @@ def wait_idle(client: httpx.Client, timeout_s: float = 30.0) -> None:
         time.sleep(0.02)
 
 
-def test_abort_request_ends_a_stream(client: httpx.Client) -> None:
+def decoded(client: httpx.Client) -> int:
+    return client.get("/sim/stats").json()["counters"]["decode_tokens_total"]
+
+
+def test_abort_request_and_a_client_disconnect_end_the_request(client: httpx.Client) -> None:
+    """/abort_request ends a stream (finish_reason abort); a client that leaves mid-output frees the engine: the
+    request stops short of its 2,000 tokens."""
     with client.stream("POST", "/v1/chat/completions", json={"messages": SHORT["messages"], "stream": True}) as s:
         lines = s.iter_lines()
         rid = json.loads(next(line for line in lines if line).removeprefix("data: "))["id"]
@@ -147,14 +153,6 @@ def test_abort_request_ends_a_stream(client: httpx.Client) -> None:
         events = [json.loads(line.removeprefix("data: ")) for line in lines if line and line != "data: [DONE]"]
     assert events[-1]["choices"][0]["finish_reason"] == "abort"
     wait_idle(client)
-
-
-def decoded(client: httpx.Client) -> int:
-    return client.get("/sim/stats").json()["counters"]["decode_tokens_total"]
-
-
-def test_client_disconnect_aborts_in_the_engine(client: httpx.Client) -> None:
-    """A client that leaves mid-output frees the engine: the request stops short of its 2,000 tokens."""
     start = decoded(client)
     with client.stream("POST", "/v1/chat/completions", json={"messages": SHORT["messages"], "stream": True}) as s:
         next(line for line in s.iter_lines() if line)
