@@ -78,7 +78,8 @@ def text_of(chunks: list[dict], field: str) -> str:
     return "".join(c["choices"][0]["delta"].get(field) or "" for c in chunks if c["choices"])
 
 
-def test_a_loop_is_the_same_whole_or_streamed_and_runs_to_the_cap(client: httpx.Client, faults, sse) -> None:
+def test_a_loop_is_the_same_whole_or_streamed_runs_to_the_cap_and_a_new_seed_draws_anew(
+        client: httpx.Client, faults, sse) -> None:
     faults(loop_rate=1.0)
     body = {"messages": messages("loop, whole and streamed"), "max_tokens": 600}
     whole = client.post("/v1/chat/completions", json=body).json()
@@ -94,10 +95,7 @@ def test_a_loop_is_the_same_whole_or_streamed_and_runs_to_the_cap(client: httpx.
     assert looped.endswith(degenerate.loop_text(plan)[-200:])
     again = client.post("/v1/chat/completions", json=body).json()
     assert again["choices"][0]["message"] == message  # seeded by the request: runs repeat
-
-
-def test_a_new_seed_draws_anew(client: httpx.Client, faults) -> None:
-    faults(loop_rate=0.5)
+    faults(loop_rate=0.5)  # a new seed draws anew
     s = FaultSettings(loop_rate=0.5, seed=SIM_SEED)
     looping = next(k for k in range(100) if decide_output(s, seed_of("retry me", 300, seed=k)) is OutputFault.LOOP)
     clean = next(k for k in range(100) if decide_output(s, seed_of("retry me", 300, seed=k)) is OutputFault.NONE)

@@ -20,7 +20,7 @@ ASK = (f'Weather and time in Paris? {DIRECTIVE}get_weather {{"city": "Paris", "u
 MESSAGES = [{"role": "user", "content": ASK}]
 
 
-def test_whole_answer_carries_the_calls(client: httpx.Client) -> None:
+def test_whole_answer_carries_the_calls_and_streamed_pieces_rebuild_them(client: httpx.Client, sse) -> None:
     body = {"model": "tool-sim", "messages": MESSAGES, "tools": TOOLS, "tool_choice": "auto", "max_tokens": 200}
     choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
@@ -31,9 +31,7 @@ def test_whole_answer_carries_the_calls(client: httpx.Client) -> None:
             for c in message["tool_calls"]] == [(0, "function", "get_weather", {"city": "Paris", "units": {"t": "C"}}),
                                                 (1, "function", "get_time", {"tz": "CET"})]
     assert all(c["id"].startswith("call_") and len(c["id"]) == 29 for c in message["tool_calls"])
-
-
-def test_streamed_pieces_rebuild_the_whole_calls(client: httpx.Client, sse) -> None:
+    # streamed, the pieces rebuild the whole calls
     body = {"model": "tool-sim", "messages": MESSAGES, "tools": TOOLS, "max_tokens": 200}
     whole = client.post("/v1/chat/completions", json=body).json()
     chunks = sse({**body, "stream_options": {"include_usage": True}})
