@@ -19,13 +19,18 @@ def chat(client: httpx.Client, **body: object) -> httpx.Response:
     return client.post("/v1/chat/completions", json={"model": "kimi-sim", "messages": USER, **body})
 
 
-def test_health_endpoints_and_the_sim_time_header(client: httpx.Client) -> None:
+def test_health_endpoints_the_sim_time_header_and_the_ready_line(client: httpx.Client, sim: SimProcess) -> None:
     for path in ("/health", "/health_generate"):
         r = client.get(path)
         assert r.status_code == 200 and float(r.headers["x-sim-time"]) >= 0.0
     t1 = float(client.get("/health").headers["x-sim-time"])
     chat(client)
     assert float(client.get("/health").headers["x-sim-time"]) > t1
+    # the capacity line comes before the ready line in the log
+    text = sim.log_text()
+    assert ("max_total_num_tokens=24576, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+            "max_running_requests=") in text
+    assert text.index("max_total_num_tokens=") < text.index("The server is fired up and ready to roll!")
 
 
 def test_server_info_model_info_and_models(client: httpx.Client) -> None:
@@ -76,7 +81,7 @@ def test_chat_completion_shape_with_reasoning_and_determinism(client: httpx.Clie
     assert c["choices"][0]["message"] != a["choices"][0]["message"]
 
 
-def test_max_tokens_caps_and_the_reasoning_switches(client: httpx.Client) -> None:
+def test_max_and_min_tokens_and_the_reasoning_switches(client: httpx.Client) -> None:
     """max_tokens caps with finish_reason length; thinking off gives no reasoning; without separation the think
     markers stay in the content."""
     for key in ("max_tokens", "max_completion_tokens"):
@@ -90,6 +95,15 @@ def test_max_tokens_caps_and_the_reasoning_switches(client: httpx.Client) -> Non
     msg = chat(client, separate_reasoning=False).json()["choices"][0]["message"]
     assert msg["reasoning_content"] is None
     assert msg["content"].startswith("<think>") and msg["content"].count("</think>") == 1
+    # SGLang's min_tokens / min_new_tokens (native): the output is at least that long; a bad value is a 400
+    plain = chat(client, max_tokens=1000, temperature=0.0).json()["usage"]["completion_tokens"]
+    longer = chat(client, max_tokens=1000, temperature=0.0, min_tokens=300).json()
+    assert plain < 300 <= longer["usage"]["completion_tokens"] <= 1000
+    native = client.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 500,
+                                                                              "min_new_tokens": 200}}).json()
+    assert native["meta_info"]["completion_tokens"] >= 200
+    bad = chat(client, max_tokens=10, min_tokens=-1)
+    assert bad.status_code == 400 and "min_tokens must be a non-negative integer (got -1)" in bad.text
 
 
 def test_second_turn_hits_the_prefix_cache(client: httpx.Client, sse) -> None:
@@ -182,7 +196,7 @@ def test_generate_native_meta_info_and_cumulative_streamed_text(client: httpx.Cl
     assert last["meta_info"]["finish_reason"] == whole["meta_info"]["finish_reason"]
 
 
-def test_loads_shape(client: httpx.Client) -> None:
+def test_loads_shape_and_metrics_with_sglang_names(client: httpx.Client) -> None:
     body = client.get("/v1/loads").json()
     assert isinstance(body["timestamp"], str) and isinstance(body["version"], str)
     [load] = body["loads"]
@@ -194,9 +208,7 @@ def test_loads_shape(client: httpx.Client) -> None:
     assert client.get("/v1/loads", params={"dp_rank": 3}).status_code == 400
     [old] = client.get("/get_load").json()
     assert set(old) == {"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens"}
-
-
-def test_metrics_parse_with_sglang_names(client: httpx.Client) -> None:
+    # /metrics parses, with SGLang's names
     chat(client)
     r = client.get("/metrics")
     assert r.headers["content-type"].startswith("text/plain")
@@ -217,22 +229,3 @@ def test_metrics_parse_with_sglang_names(client: httpx.Client) -> None:
     [gen_total] = families["sglang:generation_tokens"].samples
     assert gen_total.name == "sglang:generation_tokens_total"
     assert gen_total.value == counters["generation_tokens_total"] > 0
-
-
-def test_capacity_and_ready_lines_in_log(sim: SimProcess) -> None:
-    text = sim.log_text()
-    assert ("max_total_num_tokens=24576, chunked_prefill_size=8192, max_prefill_tokens=16384, "
-            "max_running_requests=") in text
-    assert text.index("max_total_num_tokens=") < text.index("The server is fired up and ready to roll!")
-
-
-def test_min_tokens_masks_eos_until_then(client: httpx.Client) -> None:
-    """SGLang's min_tokens / min_new_tokens (native): the output is at least that long; a bad value is a 400."""
-    plain = chat(client, max_tokens=1000, temperature=0.0).json()["usage"]["completion_tokens"]
-    longer = chat(client, max_tokens=1000, temperature=0.0, min_tokens=300).json()
-    assert plain < 300 <= longer["usage"]["completion_tokens"] <= 1000
-    native = client.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 500,
-                                                                              "min_new_tokens": 200}}).json()
-    assert native["meta_info"]["completion_tokens"] >= 200
-    bad = chat(client, max_tokens=10, min_tokens=-1)
-    assert bad.status_code == 400 and "min_tokens must be a non-negative integer (got -1)" in bad.text

@@ -35,15 +35,14 @@ def test_decide_is_seeded_and_matches_rates_and_the_health_window() -> None:
     assert health_ok(FaultSettings(never_healthy=True), 0) is False
 
 
-def test_fault_settings_reject_bad_values(client: httpx.Client) -> None:
+def test_fault_settings_reject_bad_values_and_errors_follow_the_seeded_plan(client: httpx.Client,
+                                                                            faults: callable) -> None:
     r = client.post("/sim/faults", json={"eror_rate": 0.5})
     assert r.status_code == 400 and r.json()["message"].startswith("unknown fault key 'eror_rate'; known keys: [")
     r = client.post("/sim/faults", json={"error_rate": 0.7, "cut_rate": 0.6})
     assert r.json()["message"] == "fault rates sum to 1.300; at most one fault hits a request, keep the sum <= 1"
     assert client.get("/sim/faults").json() == NO_FAULTS
-
-
-def test_error_and_429_fractions_follow_the_seeded_plan(client: httpx.Client, faults: callable) -> None:
+    # the error and 429 fractions follow the seeded plan
     settings = faults(error_rate=0.3, error_status=503, **{"429_rate": 0.2})
     start = next_seq(client)
     expected = [decide(FaultSettings().updated(settings), s) for s in range(start, start + 30)]
@@ -80,7 +79,8 @@ def test_bad_json_wrong_content_type_and_no_usage(client: httpx.Client, faults: 
     assert all(json.loads(e.removeprefix("data: ")).get("usage") is None for e in events[:-1])
 
 
-def test_cut_mid_body_makes_httpx_raise(client: httpx.Client, faults: callable) -> None:
+def test_cut_mid_body_makes_httpx_raise_and_a_stall_holds_the_response(client: httpx.Client,
+                                                                       faults: callable) -> None:
     faults(cut_rate=1.0)
     with pytest.raises(httpx.RemoteProtocolError):
         client.post("/v1/chat/completions", json=SHORT)
@@ -88,10 +88,7 @@ def test_cut_mid_body_makes_httpx_raise(client: httpx.Client, faults: callable) 
         with client.stream("POST", "/v1/chat/completions", json={**SHORT, "stream": True}) as s:
             for _ in s.iter_lines():
                 pass
-
-
-def test_stall_holds_the_response(client: httpx.Client, faults: callable) -> None:
-    faults(stall_rate=1.0, stall_s=60)
+    faults(cut_rate=0.0, stall_rate=1.0, stall_s=60)  # a stall holds the response
     before = client.get("/sim/stats").json()
     with pytest.raises(httpx.ReadTimeout):
         client.post("/v1/chat/completions", json=SHORT, timeout=httpx.Timeout(5.0, read=0.5))
@@ -186,7 +183,7 @@ def test_fail_startup_prints_line_after_capacity_and_exits_1() -> None:
     assert "ready to roll" not in text
 
 
-def test_startup_delay_then_ready(tmp_path) -> None:
+def test_startup_delay_then_ready_or_never_healthy(tmp_path) -> None:
     # 3 s of start-up (long enough on a loaded machine): the port opens while it runs; a poll lands inside it
     with start_sim(["--sim-startup-s", "3.0"], wait_ready=False, log_path=tmp_path / "s.log") as sim:
         codes = set()
@@ -204,9 +201,7 @@ def test_startup_delay_then_ready(tmp_path) -> None:
                 time.sleep(0.05)
         assert codes == {503, 200}
         assert "The server is fired up and ready to roll!" in sim.log_text()
-
-
-def test_never_healthy(tmp_path) -> None:
+    # --sim-never-healthy: the log says ready, /health never does
     with start_sim(["--sim-never-healthy"], wait_ready=False, log_path=tmp_path / "n.log") as sim:
         deadline = time.monotonic() + 20
         while "ready to roll" not in sim.log_text():
