@@ -70,6 +70,12 @@ def test_the_measurements_page_speaks_no_project_history() -> None:
     headings = re.findall(r"^#{1,4} (.+)$", text, re.M)
     assert [h for h in headings if re.search(r"\bissue\b|\bthe seed\b", h, re.I)] == []
     assert re.findall(r"\bissue \d+|\bbranch h-\w+|\bskeleton\b|\bthe seed\b(?![- ]profile)", text, re.I) == []
+    # each section (a ## heading and what follows) says when it was measured and the command that measured it
+    sections = re.split(r"^(?=## )", MEASURED.read_text(), flags=re.M)[1:]
+    command = r"`[^`\n]*(?:python -m |bash bench/|gen-pipeline |pytest)[^`\n]*`"
+    assert len(sections) >= 30
+    assert [s.splitlines()[0] for s in sections
+            if not (re.search(r"\b20\d\d-\d\d-\d\d\b", s) and re.search(command, s))] == []
 
 
 def _code(text: str) -> list[str]:
@@ -109,20 +115,7 @@ def test_every_file_the_docs_name_exists() -> None:
              re.finditer(r"(?<![\w/.-])((?:tests|bench|gen_pipeline|sglang_sim|examples|datasets_cfg)/[\w./-]*[\w/])",
                           page.read_text())}
     assert len(named) >= 20 and sorted(p for p in named if not (REPO / p).exists()) == []
-
-
-def test_every_measurement_names_its_date_and_command() -> None:
-    """Each section of the measurements page (a ## heading and what follows) says when it was measured and the
-    command that measured it (a benchmark's line under its heading, or the run's own words)."""
-    sections = re.split(r"^(?=## )", MEASURED.read_text(), flags=re.M)[1:]
-    command = r"`[^`\n]*(?:python -m |bash bench/|gen-pipeline |pytest)[^`\n]*`"
-    assert len(sections) >= 30
-    assert [s.splitlines()[0] for s in sections
-            if not (re.search(r"\b20\d\d-\d\d-\d\d\b", s) and re.search(command, s))] == []
-
-
-def test_every_benchmark_command_the_docs_name_exists() -> None:
-    """`python -m bench NAME` names a benchmark of bench/__main__.py, `python -m bench.X` a module of bench/."""
+    # `python -m bench NAME` names a benchmark of bench/__main__.py, `python -m bench.X` a module of bench/
     # read, not imported: the default tests import nothing of bench/
     benches = set(re.findall(r'^    "(\w+)": "bench\.', (REPO / "bench" / "__main__.py").read_text(), re.M))
     text = "\n".join(p.read_text() for p in (*PAGES, MEASURED))

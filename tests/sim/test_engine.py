@@ -373,11 +373,6 @@ def test_first_round_reserves_whole_max_new_then_a_second_round_follows_at_once(
     for _ in range(1199):  # 1,199 decodes: nobody has finished yet
         assert engine.step().decode_batch == 16
     assert engine.num_waiting == 24
-
-
-def test_a_finish_reopens_admission_one_decode_later() -> None:
-    """filter_batch drops finished requests at the next decode (scheduler.py:3383-3390, 3458):
-    a finish during decode N lets the prefill round in after decode N + 1."""
     engine = Engine(EngineConfig(max_total_num_tokens=10_000), FAST)
     engine.add_request("a", toks(0, 100), toks(1000, 3), max_new_tokens=4096)
     engine.add_request("b", toks(2000, 100), toks(3000, 50), max_new_tokens=4096)
@@ -389,11 +384,6 @@ def test_a_finish_reopens_admission_one_decode_later() -> None:
         step = engine.step()
         kinds.append("prefill" if step.prefill_tokens else "decode" + ("+finish" if step.finished else ""))
     assert kinds == ["decode", "decode", "decode+finish", "decode", "prefill", "decode"]
-
-
-def test_the_metrics_ratio_is_the_last_prefill_rounds() -> None:
-    """/metrics' sglang:new_token_ratio is set from the PrefillAdder at each prefill stats log
-    (metrics_reporter.py:553): it stays at 0.7 through decodes until the next admission."""
     engine = _long_regime(n=20, out=1200)
     engine.step(), engine.step()
     for _ in range(700):

@@ -33,6 +33,15 @@ def test_locked_prefix_is_not_evictable() -> None:
     assert cache.device_size == 4
     cache.unlock(node)
     assert cache.evictable_size == 4
+    # reset empties device and host but keeps what is locked
+    cache = RadixCache(host_capacity_tokens=100)
+    kept, _ = cache.insert((9, 9), 0.0)
+    cache.lock(kept)
+    cache.insert((1, 2), 0.0)
+    cache.evict(2)
+    cache.insert((3, 4), 0.0)
+    cache.reset()
+    assert (cache.device_size, cache.host_size, cache.protected_size) == (2, 0, 2)
 
 
 def test_eviction_is_least_recently_used_first() -> None:
@@ -55,9 +64,7 @@ def test_host_tier_keeps_evicted_prefix_and_loads_it_back() -> None:
     assert (m.device_len, m.host_len) == (0, 4)
     assert cache.load_back(m.host_node) == 4
     assert (cache.device_size, cache.host_size) == (4, 0)
-
-
-def test_host_tier_drops_oldest_when_full() -> None:
+    # full: the oldest is dropped
     cache = RadixCache(host_capacity_tokens=4)
     cache.insert((1, 1, 1), 0.0)
     cache.insert((2, 2, 2), 1.0)
@@ -65,17 +72,6 @@ def test_host_tier_drops_oldest_when_full() -> None:
     assert cache.host_size == 3  # only one of the two fits in 4 host tokens
     assert cache.match_prefix((2, 2, 2), 2.0).host_len == 3
     assert cache.match_prefix((1, 1, 1), 2.0).host_len == 0
-
-
-def test_reset_empties_device_and_host_but_keeps_locked() -> None:
-    cache = RadixCache(host_capacity_tokens=100)
-    kept, _ = cache.insert((9, 9), 0.0)
-    cache.lock(kept)
-    cache.insert((1, 2), 0.0)
-    cache.evict(2)
-    cache.insert((3, 4), 0.0)
-    cache.reset()
-    assert (cache.device_size, cache.host_size, cache.protected_size) == (2, 0, 2)
 
 
 @pytest.mark.parametrize(
