@@ -196,13 +196,23 @@ def gpu_requirements() -> set[str]:
     return {canonicalize_name(Requirement(r).name) for r in requirements(["gpu"])}
 
 
-def test_every_documented_make_target_has_what_it_needs_in_the_gpu_install() -> None:
+def test_every_documented_make_target_has_what_it_needs_in_the_one_gpu_install() -> None:
     documented = {t for text in user_docs().values() for t in re.findall(r"(?:^|`)make ([a-z][\w-]*)", text, re.M)}
     makefile = set(re.findall(r"^([a-z][\w-]*):", (ROOT / "Makefile").read_text(), re.M))
     assert documented - makefile == set(), "documented make targets the Makefile lacks"
     assert sorted(documented - DEV_TARGETS - set(TARGET_NEEDS)) == [], "say what these targets need (TARGET_NEEDS)"
     missing = {t: sorted(TARGET_NEEDS[t] - gpu_requirements()) for t in documented - DEV_TARGETS}
     assert {t: m for t, m in missing.items() if m} == {}, f"not brought by {GPU_INSTALL}"
+    # every `make venv EXTRAS=` a user reads (docs, the tool's messages) is the GPU install's, and every
+    # `pip install -e '.[X]'` a message names installs a part of it
+    seen = {f"{where}: {m}" for where, text in user_docs().items() for m in re.findall(r"make venv [^`\n]*", text)
+            if "EXTRAS=" in m and "EXTRAS=gpu" not in m and "EXTRAS=test" not in m}
+    assert seen == set()
+    gpu_extras = set(PROJECT["optional-dependencies"]["gpu"][0].partition("[")[2].rstrip("]").split(","))
+    for path in sorted((ROOT / "gen_pipeline").rglob("*.py")):
+        text = path.read_text()
+        assert set(re.findall(r"EXTRAS=([\w,]+)", text)) <= {"gpu", "...,gpu"}, path
+        assert set(re.findall(r"pip install -e '\.\[(\w+)\]'", text)) <= gpu_extras | {"gpu"}, path
 
 
 def test_the_optional_imports_come_with_their_extra_and_the_gpu_install() -> None:
@@ -217,19 +227,6 @@ def test_the_optional_imports_come_with_their_extra_and_the_gpu_install() -> Non
                 and not by_module.get(m, set()) & core and m != "_typeshed"}
     assert optional == {"jinja2", "matplotlib", "starlette", "transformers", "uvicorn"}
     assert optional - gpu_requirements() == set()
-
-
-def test_the_docs_and_the_messages_name_one_install_command() -> None:
-    """Every `make venv EXTRAS=` a user reads (docs, the tool's messages) is the GPU install's, and every
-    `pip install -e '.[X]'` a message names installs a part of it."""
-    seen = {f"{where}: {m}" for where, text in user_docs().items() for m in re.findall(r"make venv [^`\n]*", text)
-            if "EXTRAS=" in m and "EXTRAS=gpu" not in m and "EXTRAS=test" not in m}
-    assert seen == set()
-    gpu_extras = set(PROJECT["optional-dependencies"]["gpu"][0].partition("[")[2].rstrip("]").split(","))
-    for path in sorted((ROOT / "gen_pipeline").rglob("*.py")):
-        text = path.read_text()
-        assert set(re.findall(r"EXTRAS=([\w,]+)", text)) <= {"gpu", "...,gpu"}, path
-        assert set(re.findall(r"pip install -e '\.\[(\w+)\]'", text)) <= gpu_extras | {"gpu"}, path
 
 
 def test_report_without_matplotlib_names_the_gpu_install(monkeypatch: pytest.MonkeyPatch) -> None:

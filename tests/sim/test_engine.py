@@ -60,7 +60,7 @@ def test_requests_too_long_for_the_context_or_the_pool_are_refused() -> None:
         engine.add_request("ok", toks(0, 1), toks(0, 1))
 
 
-def test_every_request_gets_exactly_its_output() -> None:
+def test_every_request_gets_exactly_its_output_within_max_running_requests() -> None:
     engine = Engine(EngineConfig(max_total_num_tokens=5000, num_continuous_decode_steps=3), FAST)
     lengths = {f"r{i}": (20 + i, 1 + 7 * i) for i in range(12)}
     for rid, (p, o) in lengths.items():
@@ -82,9 +82,7 @@ def test_every_request_gets_exactly_its_output() -> None:
     assert c["generation_tokens_total"] == sum(o for _, o in lengths.values()) == c["decode_tokens_total"]
     assert c["prompt_tokens_total"] == sum(p for p, _ in lengths.values())
     assert c["num_requests_total"] == 12
-
-
-def test_max_running_requests_is_respected() -> None:
+    # max_running_requests is respected
     engine = Engine(EngineConfig(max_total_num_tokens=20_000, max_running_requests=3), FAST)
     assert engine.max_running_requests == 3
     for i in range(10):
@@ -203,7 +201,7 @@ def test_new_token_ratio_decays_to_floor_then_jumps_after_retraction() -> None:
     assert engine.new_token_ratio == 1.0  # min(0.7 * 2, 1)
 
 
-def test_second_turn_gets_first_turn_cached_and_a_system_prompt_is_computed_once() -> None:
+def test_prefix_cache_second_turn_shared_system_prompt_and_lru_eviction() -> None:
     engine = Engine(EngineConfig(max_total_num_tokens=20_000), FAST)
     prompt, output = toks(0, 300), toks(5000, 200)
     engine.add_request("t1", prompt, output)
@@ -223,9 +221,7 @@ def test_second_turn_gets_first_turn_cached_and_a_system_prompt_is_computed_once
     assert engine.step().prefill_tokens == 20
     done = {f.rid: f.cached_tokens for f in run_until_idle(engine)}
     assert done == {"a": 0, "b": 400}
-
-
-def test_cache_is_evicted_lru_under_pressure() -> None:
+    # under pressure the cache is evicted LRU
     engine = Engine(EngineConfig(max_total_num_tokens=3000), FAST)
     for i in range(4):  # four finished 600-token sequences: 2400 cached tokens
         engine.add_request(f"old{i}", toks(10_000 * i, 500), toks(10_000 * i + 500, 100))
