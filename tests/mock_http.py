@@ -1,8 +1,5 @@
-"""Recorded answers for the product's Http, in-process: `async with mock_http(handler) as http:` gives an
-Http (gen_pipeline/http.py) whose transport is httpx.MockTransport(handler). A handler takes an
-httpx.Request and returns an httpx.Response, or raises what the network would (httpx.ReadTimeout: the
-server stalls past the read timeout; httpx.RemoteProtocolError: it cuts the answer; httpx.ConnectError:
-nothing listens), which costs no real time."""
+"""`async with mock_http(handler) as http:`: the product's Http over httpx.MockTransport(handler); a handler
+returns an httpx.Response or raises what the network would (ReadTimeout, RemoteProtocolError, ConnectError)."""
 
 from __future__ import annotations
 

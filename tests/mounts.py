@@ -1,7 +1,5 @@
-"""Real small or read-only filesystems for a child process: a tmpfs mounted in a private mount
-namespace (`unshare`), so a full disk (ENOSPC) or a read-only folder (EROFS) is the kernel's own,
-not an injected error, and the mount is gone when the process ends. Needs user namespaces (or root);
-`require_namespaces()` skips a test with the reason where neither is available."""
+"""A tmpfs in a private mount namespace (`unshare`) for a child process: the kernel's own ENOSPC or EROFS.
+Needs user namespaces or root; `require_namespaces()` skips a test with the reason otherwise."""
 
 from __future__ import annotations
 

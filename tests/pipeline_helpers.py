@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -81,8 +83,6 @@ fsync_every = {fsync_every}
 def sim_profile(tmp_path: Path, name: str, extra_args: list[str], **keys: object) -> Path:
     """tmp_path/cfg: the repository's server.toml plus a profile `name` (inherits "sim") with `extra_args`
     and `keys` (TOML values as written)."""
-    import shutil
-
     cfg = tmp_path / "cfg"
     cfg.mkdir(exist_ok=True)
     shutil.copy(REPO / "datasets_cfg" / "server.toml", cfg / "server.toml")
@@ -95,8 +95,6 @@ def sim_profile(tmp_path: Path, name: str, extra_args: list[str], **keys: object
 
 def chat_tokenizers(root: Path) -> dict[str, Path]:
     """Copies of the committed offline tokenizers under `root` (a test may change its copy): {kind: folder}."""
-    import shutil
-
     return {p.name: Path(shutil.copytree(p, root / p.name)) for p in sorted(TOKENIZERS.iterdir())}
 
 
@@ -130,9 +128,8 @@ _CLI_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE)
 
 @contextlib.contextmanager
 def _cli_globals() -> Iterator[None]:
-    """What a CLI run changes in its process, put back after: the logging handlers and levels, the
-    signal dispositions (hold_signals), os.environ (quiet_datasets), the working directory, the
-    warning filters; and the exit past stuck threads (os._exit) that only a real process may take."""
+    """What a CLI run changes in its process (logging, signal dispositions, os.environ, cwd, warning filters),
+    put back after; and the exit past stuck threads (os._exit) that only a real process may take."""
     import logging
     import warnings
 
@@ -159,9 +156,8 @@ def _cli_globals() -> Iterator[None]:
 
 
 def run_cli(*args: str | Path, timeout_s: float = 280) -> subprocess.CompletedProcess[str]:
-    """The CLI in this process (`gen_pipeline.cli.main`), to its end: exit code, stdout and stderr as
-    `python -m gen_pipeline` gives them (a traceback and 1 for an uncaught exception). Inside an async test
-    (where the CLI's anyio.run cannot start) it runs as a process; pytest-timeout bounds a hung run."""
+    """The CLI in this process, to its end, with `python -m gen_pipeline`'s exit code, stdout and stderr (a
+    traceback and 1 for an uncaught exception); a process inside an async test (anyio.run cannot start)."""
     import asyncio
     import io
     import traceback
@@ -213,8 +209,7 @@ def kill_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None
 
 
 def freeze(proc: subprocess.Popen[bytes]) -> None:
-    """SIGSTOP the process's group right after the event a test waits for: what it saw (still running, N
-    lines) holds however long the test takes (SIGKILL lands at once; another signal is handled on thaw)."""
+    """SIGSTOP the process's group: what the test saw (still running, N lines) holds until thaw()."""
     os.killpg(proc.pid, signal.SIGSTOP)
 
 
@@ -333,7 +328,6 @@ def kill_resume_trial(work: Path, url: str, seed: int, *, kills: int = 2, target
                       sig: int = signal.SIGKILL) -> dict:
     """SIGKILL the CLI (attached to `url`) `kills` times at seeded moments, then resume to the end; what
     happened: aims, kills that landed, final rc, lines/unique/unparseable."""
-    import random
     rng = random.Random(seed)
     toml = write_dataset(work / "ds", target=target, max_new_tokens=64, shard_max_samples=rng.choice([4, 7, 11]),
                          fsync_every=rng.choice([1, 3, 8]))
@@ -377,12 +371,7 @@ def restart_sim_on_same_port(sim, args: list[str]):
 
 def wait_lines(folder: Path, n: int, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
     """Until the shards in `folder` hold `n` lines; fails if `proc` ends first."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        if _shard_lines(folder) >= n:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"{n} samples not written within {timeout_s} s (rc {proc.poll()})")
+    wait_until(lambda: _shard_lines(folder) >= n, proc, timeout_s)
 
 
 def wait_until(ready, proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:

@@ -1,14 +1,6 @@
-"""A server under test: the simulator (sglang_sim), one owner for how tests get one.
-
-    sim_process(args)    `python -m sglang_sim` as a process (sglang_sim.testing.start_sim): for tests that
-                         SIGKILL, freeze or restart it, read its log, or whose client is another process
-    sim_in_thread(args)  the same ASGI app (sglang_sim/app.py) served by uvicorn in a thread of the test's
-                         process: no interpreter start-up, no imports, ~0 CPU-s to start
-
-Fixtures (imported by tests/conftest.py):
-    shared_sim   session-scoped (one per xdist worker), SIM_FAST, in a thread: for tests that only send
-                 requests (no /sim/faults, no counts read from /sim/stats, nothing stopped)
-"""
+"""A server under test: the simulator as a process (`sim_process`: to kill, freeze or restart it) or in a
+thread of this process (`sim_in_thread`: no interpreter start-up). `shared_sim` (session, SIM_FAST, in a
+thread) is for tests that only send requests (no /sim/faults, no /sim/stats counts, nothing stopped)."""
 
 from __future__ import annotations
 
@@ -41,8 +33,7 @@ class SimThread:
 
 @contextlib.contextmanager
 def sim_in_thread(args: Sequence[str] = (), *, ready_timeout_s: float = 30.0) -> Iterator[SimThread]:
-    """The simulator's app (the flags of `python -m sglang_sim`) under uvicorn in a daemon thread; yields
-    once uvicorn listens (its `started` flag, set after the lifespan started the engine), stops it after."""
+    """The simulator's app (`python -m sglang_sim`'s flags) under uvicorn in a daemon thread, once it listens."""
     import uvicorn
 
     from sglang_sim.app import SimServer, build_app

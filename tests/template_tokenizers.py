@@ -1,14 +1,5 @@
-"""Offline tokenizers with the chat templates of tests/data/chat_templates (the hub is unreachable here):
-a small byte-level BPE trained on syllable text like the simulator's, saved with `save_pretrained` and a
-template, so `AutoTokenizer.from_pretrained(folder)` loads it as a real target's.
-
-    chatml  plain ChatML, no reasoning field.
-    qwen3   Qwen3-style: the think block of assistant turns after the last user message only (an empty one
-            on the last message too, as Qwen3's own template); enable_thinking=false puts an empty block in
-            the generation prompt.
-    kimi    Kimi-K2.5-style: an empty <think></think> on every assistant message; the generation prompt opens
-            <think>, or renders <think></think> with thinking=false.
-"""
+"""Offline tokenizers (a small byte-level BPE on syllable text) with the chat templates of
+tests/data/chat_templates (chatml, qwen3, kimi), loadable by `AutoTokenizer.from_pretrained(folder)`."""
 
 from __future__ import annotations
 

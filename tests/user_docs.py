@@ -1,5 +1,4 @@
-"""The user docs as the tests read them: the README (the front door) and the docs site's pages, without the
-measurements page (written by the benchmarks, not a manual)."""
+"""The user docs as tests read them: the README and docs/*.md but the benchmarks' measurements page."""
 
 from __future__ import annotations
 

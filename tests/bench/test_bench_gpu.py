@@ -5,14 +5,21 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
 import pytest
 
 from bench import sim_vs_real as svr
-from bench.gpu import ceiling, h200_check, report, runs
-from bench.gpu.setup import KV_TOKENS, PROMPTS, STARVED_KV_TOKENS, write_configs
+from bench import sim_vs_real_long as long_regime
+from bench.engine_run import run_traced
+from bench.gpu import ceiling, h200_check, regimes, report, runs, setup
+from bench.gpu.make_model import SHAPES
+from bench.gpu.regimes import summarize_regimes
+from bench.gpu.setup import KV_TOKENS, PROMPTS, SPEC_DATASET, SPEC_SAMPLES, STARVED_KV_TOKENS, write_configs
+from bench.gpu.traces import decode_speed, summarize
+from bench.sim_vs_real_long import step_line
 from gen_pipeline.config.dataset import find_dataset_config
 from gen_pipeline.config.server import load_server_profile
 from gen_pipeline.server.command import build_command, build_env
@@ -24,7 +31,8 @@ pytestmark = pytest.mark.bench  # make bench-test
 def test_profiles_build_the_flags_the_check_needs(tmp_path: Path) -> None:
     cfg = write_configs(tmp_path, "/models/rand", sim=False)
     argv = {name: build_command(load_server_profile(name, cfg / "server.toml"), port=1234, python="py")
-            for name in ("h200", "h200-fp8", "h200-starved", "h200-starved-eager", "probe-bf16", "probe-fp8")}
+            for name in ("h200", "h200-fp8", "h200-starved", "h200-starved-eager", "probe-bf16", "probe-fp8",
+                         "h200-spec", "h200-small")}
     main = " ".join(argv["h200"])
     assert argv["h200"][:3] == ["py", "-m", "sglang.launch_server"]
     for flag in ("--model-path /models/rand", "--attention-backend triton", "--sampling-backend pytorch",
@@ -39,6 +47,17 @@ def test_profiles_build_the_flags_the_check_needs(tmp_path: Path) -> None:
     assert ds.target_samples == PROMPTS and ds.sampling.max_new_tokens == 512
     ids = [json.loads(line)["id"] for line in (cfg / "prompts.jsonl").read_text().splitlines()]
     assert len(ids) == len(set(ids)) == PROMPTS
+    # the spec profile runs the target as its own draft
+    spec = " ".join(argv["h200-spec"])
+    assert ("--speculative-algorithm STANDALONE --speculative-draft-model-path /models/rand --speculative-num-steps 3 "
+            "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --disable-cuda-graph") in spec, spec
+    ds = find_dataset_config(str(cfg / f"{SPEC_DATASET}.toml"), cfg)
+    # greedy and whole answers: 0.5.17 returns meta_info (the acceptance) only to a request that does not stream
+    assert ds.target_samples == SPEC_SAMPLES and ds.sampling.temperature == 0.0 and ds.generation.on_loop == "off"
+    # the small model's profile serves the small shape with graphs over its whole batch
+    small = " ".join(argv["h200-small"])
+    assert "--model-path /models/rand-small " in small and "--max-total-tokens 400000" in small, small
+    assert "--max-running-requests 512 --cuda-graph-max-bs 512" in small and SHAPES["small"][0] == 512
 
 
 def test_sim_profiles_point_at_the_simulator(tmp_path: Path) -> None:
@@ -102,31 +121,24 @@ def test_committed_h200_results_give_the_tables() -> None:
     assert "1,500 rows, 0 duplicated, 0 missing" in text
     assert "| fixed 128 | 16,372 |" in text and "SGLang ready after 79 s" in text
     assert "| bf16 vs fp8_e4m3 KV | 200 | 1.0 % |" in text and "| bf16 vs itself (noise floor) | 200 |" in text
-    c = svr.compare(svr.mean_real(svr.load_real()), *svr.simulate(svr.mean_real(svr.load_real()),
-                                                                  get_profile("h200")), svr.load_real().fixed_tok_s)
+    real = svr.mean_real(svr.load_real())
+    c = svr.compare(real, *svr.simulate(real, get_profile("h200")), svr.load_real().fixed_tok_s)
     assert c["all_within_10pct"], c["rows"]
 
 
 # ---- phase `regimes` and the traces it records
 
 
-def test_regimes_interleave_regimes_and_rotate_clients() -> None:
-    from bench.gpu import regimes
-
+def test_regimes_interleave_regimes_and_rotate_clients_and_can_run_some(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture) -> None:
     p = regimes.plan(3)
     assert len(p) == 18 and len(set(p)) == 18
     assert p[:6] == [(1, "short", "fixed-128"), (1, "short", "all"), (1, "short", "adaptive"),
                      (1, "long", "fixed-40"), (1, "long", "all"), (1, "long", "adaptive")]
     assert p[6:9] == [(2, "long", "all"), (2, "long", "adaptive"), (2, "long", "fixed-40")]
     assert [c for r, g, c in p if (r, g) == (3, "short")] == ["adaptive", "fixed-128", "all"]
-
-
-def test_regimes_can_run_some_clients_and_longer_long_runs(tmp_path: Path,
-                                                           capsys: pytest.CaptureFixture) -> None:
-    """--clients all,adaptive leaves the fixed windows out of every round; the long dataset holds 900 prompts
-    (the first 300 the default runs' own); an unknown client name is refused with the known ones."""
-    from bench.gpu import h200_check, regimes, setup
-
+    # --clients all,adaptive leaves the fixed windows out of every round; the long dataset holds 900 prompts
+    # (the first 300 the default runs' own); an unknown client name is refused with the known ones
     p = regimes.plan(2, ("long", "short"), frozenset({"all", "adaptive"}))
     assert p == [(1, "long", "all"), (1, "long", "adaptive"), (1, "short", "all"), (1, "short", "adaptive"),
                  (2, "short", "adaptive"), (2, "short", "all"), (2, "long", "adaptive"), (2, "long", "all")]
@@ -148,8 +160,6 @@ def _trace(running: list[int], queued: list[int]) -> list[dict]:
 
 
 def test_a_trace_summary_reads_first_round_ramp_and_steady_state() -> None:
-    from bench.gpu.traces import summarize
-
     running = [0, 16, 16, 30, 38, 40, 40, 39, 40, 41, 40, 40, 38, 20, 5]
     queued = [0, 20, 20, 10, 8, 8, 9, 8, 7, 9, 8, 3, 0, 0, 0]
     s = summarize(_trace(running, queued))
@@ -167,8 +177,6 @@ def _regime_row(client: str, rnd: int, tok_s: float, steady: float | None, diagn
 
 
 def test_regime_summary_gives_adaptive_over_the_best_median() -> None:
-    from bench.gpu.regimes import summarize_regimes
-
     def row(client: str, rnd: int, tok_s: float) -> dict:
         return _regime_row(client, rnd, tok_s, tok_s, ("kv_bound",))
 
@@ -183,8 +191,6 @@ def test_regime_summary_gives_adaptive_over_the_best_median() -> None:
 def test_per_round_ratios_with_the_gpu_speed_factored_out() -> None:
     """A GPU 20 % slower per running request during adaptive's run reads 0.8 whole-run and 1.0 factored out;
     fewer requests running at the same speed still counts; a run without steady figures leaves its round out."""
-    from bench.gpu.regimes import summarize_regimes
-
     def row(client: str, rnd: int, tok_s: float, running: float, per_request: float | None) -> dict:
         steady = None if per_request is None else running * per_request
         return _regime_row(client, rnd, tok_s, steady, steady_running_mean=running, retractions=rnd,
@@ -201,9 +207,6 @@ def test_per_round_ratios_with_the_gpu_speed_factored_out() -> None:
 def test_the_real_lengths_overrun_the_pool_in_submission_order_not_in_completion_order() -> None:
     """The shards hold the real lengths in completion order, whose replay never overruns the pool; a seeded order
     overruns at the first cohort as the H200 did, and SGLang retracts. first_overrun() reads a real trace."""
-    from bench import sim_vs_real_long as long_regime
-    from bench.engine_run import run_traced
-
     data = json.loads((long_regime.REAL_TRACES.parent / "h200_traces_run3.json").read_text())["long"]
     pairs = data["lengths"]
     assert sorted(map(tuple, long_regime.job_of_lengths(pairs, seed=1).lengths)) == sorted(
@@ -231,8 +234,6 @@ def _poll(t_s: float, running: int, queued: int, ratio: float, step_ms: float | 
 
 
 def test_decode_speed_reads_the_first_round_and_the_steady_step() -> None:
-    from bench.gpu.traces import decode_speed
-
     trace = [_poll(0.4, 0, 0, 0.098, None)]  # the ratio the previous run left, nothing running yet
     trace += [_poll(t + 0.4, 13, 27, 0.7, 2.8) for t in range(1, 4)]  # the first round, 2.8 ms a step
     trace += [_poll(t + 0.4, 40, 5, 0.098, 3.4) for t in range(4, 17)]  # warm, 3.4 ms a step
@@ -244,8 +245,6 @@ def test_decode_speed_reads_the_first_round_and_the_steady_step() -> None:
 
 
 def test_step_line_keeps_both_terms_non_negative() -> None:
-    from bench.sim_vs_real_long import step_line
-
     base = get_profile("h200")
     assert step_line([(40, 3.4), (15, 2.4)], base) == pytest.approx((0.0018, 4e-5))
     assert step_line([(15, 3.3), (40, 3.1)], base) == pytest.approx((0.0032, 0.0))  # the bigger batch faster
@@ -258,11 +257,6 @@ def test_step_line_keeps_both_terms_non_negative() -> None:
 def test_fit_speed_finds_a_slower_host_and_ramps_where_its_trace_does() -> None:
     """A trace made on a host at 0.7 x the profile's speed: the fit finds that host's step times, and its run
     ramps at the same poll; the profile's own speed ramps at least a poll earlier."""
-    from dataclasses import replace
-
-    from bench import sim_vs_real_long as long_regime
-    from bench.gpu.traces import decode_speed, summarize
-
     base = get_profile("h200")
     slow = replace(base, step_base_s=base.step_base_s / 0.7, decode_per_req_s=base.decode_per_req_s / 0.7)
     job = long_regime.synthetic_job(120)
@@ -283,8 +277,6 @@ def test_fit_speed_finds_a_slower_host_and_ramps_where_its_trace_does() -> None:
 
 def test_sim_vs_real_long_holds_to_the_committed_h200_traces() -> None:
     """bench/gpu/h200_traces.json (run 4): every figure within its tolerance at the fitted speed."""
-    from bench import sim_vs_real_long as long_regime
-
     c = long_regime.compare()
     assert c["source"] == "h200_traces.json (15 runs)"
     assert c["all_ok"], [r for r in c["rows"] if not r["ok"]]
@@ -303,26 +295,6 @@ def test_sim_vs_real_names_a_traces_file_it_cannot_use(tmp_path: Path, capsys: p
             svr.main(["--regime", "long", "--traces", str(path)])
         assert e.value.code == 2
         assert f"python -m bench.sim_vs_real: error: --traces {path}: {why}\n" in capsys.readouterr().err
-
-
-def test_the_spec_profile_runs_the_target_as_its_own_draft_and_parses_with_sglang(tmp_path: Path) -> None:
-    from bench.gpu.setup import SPEC_DATASET, SPEC_SAMPLES
-    cfg = write_configs(tmp_path, "/models/rand", sim=False)
-    argv = build_command(load_server_profile("h200-spec", cfg / "server.toml"), port=1, python="py")
-    spec = " ".join(argv)
-    assert ("--speculative-algorithm STANDALONE --speculative-draft-model-path /models/rand --speculative-num-steps 3 "
-            "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --disable-cuda-graph") in spec, spec
-    ds = find_dataset_config(str(cfg / f"{SPEC_DATASET}.toml"), cfg)
-    # greedy and whole answers: 0.5.17 returns meta_info (the acceptance) only to a request that does not stream
-    assert ds.target_samples == SPEC_SAMPLES and ds.sampling.temperature == 0.0 and ds.generation.on_loop == "off"
-
-
-def test_the_small_model_profile_serves_the_small_shape_with_graphs_over_its_whole_batch(tmp_path: Path) -> None:
-    from bench.gpu.make_model import SHAPES
-    cfg = write_configs(tmp_path, "/models/rand", sim=False)
-    argv = " ".join(build_command(load_server_profile("h200-small", cfg / "server.toml"), port=1, python="py"))
-    assert "--model-path /models/rand-small " in argv and "--max-total-tokens 400000" in argv, argv
-    assert "--max-running-requests 512 --cuda-graph-max-bs 512" in argv and SHAPES["small"][0] == 512
 
 
 def test_the_spec_dry_run_records_each_turns_acceptance_through_the_launcher(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu import ceiling, h200_check, report
+from bench.gpu import ceiling, h200_check, offline_engine, report
 from bench.gpu.offline_engine import engine_flags
 from bench.gpu.setup import LONG_DATASET, SHORT_DATASET, write_configs
 from gen_pipeline.config.server import load_server_profile
@@ -29,8 +29,12 @@ def test_plan_alternates_regimes_and_rotates_the_three_clients() -> None:
         (2, "short", "gen_pipeline"), (3, "short", "gen_pipeline"), (3, "short", "bench_serving")]
 
 
-def test_sampling_is_the_regimes_as_sglang_native_params(tmp_path: Path) -> None:
+def test_sampling_is_the_regimes_as_sglang_native_params_and_the_engine_the_servers_flags(tmp_path: Path) -> None:
     cfg = write_configs(tmp_path, "/models/rand", sim=False)
+    launch = build_command(load_server_profile("h200", cfg / "server.toml"), port=1234, python="py")
+    flags = engine_flags(launch)  # without metrics
+    assert flags == [a for a in launch[3:] if a != "--enable-metrics"] and "--enable-metrics" in launch
+    assert flags[:2] == ["--model-path", "/models/rand"] and "--max-total-tokens" in flags
     assert ceiling.native_sampling(cfg / f"{SHORT_DATASET}.toml") == {
         "max_new_tokens": 512, "temperature": 1.0, "top_p": 1.0, "ignore_eos": False}
     assert ceiling.native_sampling(cfg / f"{LONG_DATASET}.toml") == {
@@ -59,14 +63,6 @@ def test_bench_serving_runs_at_full_rate_on_our_prompts_and_sampling(tmp_path: P
                     "--output-file", str(tmp_path / "o.jsonl")]
     dry = ceiling.bench_serving_argv("py", True, "u", prompts, sampling, tmp_path, tmp_path)
     assert dry[2] == "bench.gpu.sglang_client"
-
-
-def test_the_engine_gets_the_servers_flags_without_metrics(tmp_path: Path) -> None:
-    cfg = write_configs(tmp_path, "/models/rand", sim=False)
-    launch = build_command(load_server_profile("h200", cfg / "server.toml"), port=1234, python="py")
-    flags = engine_flags(launch)
-    assert flags == [a for a in launch[3:] if a != "--enable-metrics"] and "--enable-metrics" in launch
-    assert flags[:2] == ["--model-path", "/models/rand"] and "--max-total-tokens" in flags
 
 
 def test_decode_speed_reads_the_steady_state_of_the_decode_log(tmp_path: Path) -> None:
@@ -200,8 +196,6 @@ def _fake_sglang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_offline_engine_process_runs_jobs_and_shuts_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """bench/gpu/offline_engine.py as a process against a stand-in of SGLang's Engine: the profile's flags,
     one warm-up, one job per line (flush, one generate), the result file, the decode log, a clean shutdown."""
-    from bench.gpu import offline_engine
-
     _fake_sglang(tmp_path, monkeypatch)
     cfg = write_configs(tmp_path / "work", "/models/rand", sim=False)
     logs = tmp_path / "logs"

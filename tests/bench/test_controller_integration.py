@@ -1,8 +1,6 @@
-"""The controller through the real path: pipeline -> httpx -> simulator over TCP -> /v1/loads + /metrics
-poller -> Controller -> CapacityLimiter, for two length profiles. Each run gets a fresh simulator and the
-same prompts; throughput is generated tokens per *simulated* second (/sim/stats), first request to last
-completion. Runs are shorter than the controller's goodput epochs: this exercises the pool model and the
-live-load rules, not the hill climb (bench/controller_bench.py covers that)."""
+"""The controller through the real path (pipeline -> simulator over TCP -> poller -> Controller -> limiter) for
+two length profiles, in generated tokens per *simulated* second: the pool model and live-load rules, not the
+hill climb (bench/controller_bench.py)."""
 
 from __future__ import annotations
 
@@ -138,10 +136,6 @@ async def measure(profile: LengthProfile, window: int | None, folder: Path) -> R
     return RunFigures(window, tok_s, sim_s, retracted, figures)
 
 
-def _ids(p: LengthProfile) -> str:
-    return p.name
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[LengthProfile, int | None], Awaitable[RunFigures]]:
     """measure(), each (profile, window) once per module: the slow sweep reuses the quick test's runs."""
@@ -165,16 +159,14 @@ def _report(profile: LengthProfile, runs: list[RunFigures]) -> None:
 
 def _assert_window_in_band(ours: RunFigures, samples: int, underfilling: int, admitted: float,
                            knee: float) -> None:
-    """The adaptive run's median window (steady middle) lies in the band around the plateau's onset:
-    above `underfilling` (a window below 90% of the plateau) and 80% of `admitted` (the server's median
-    running requests on the plateau: ~5 polls move it by +-2 of ~13), at most 3x the knee plus the
-    controller's queue slack (past the knee more window only waits in the server's queue)."""
+    """The adaptive median window lies above `underfilling` and 80% of `admitted` (~5 polls move it by +-2 of
+    ~13), at most 3x the knee plus the queue slack (past the knee more window only waits in the server's queue)."""
     window = ours.median_window(samples)
     low, high = max(underfilling, 0.8 * admitted), 3 * knee + _QUEUE_SLACK_MAX
     assert low < window <= high, f"median window {window} outside ({low:.0f}, {high:.0f}]"
 
 
-@pytest.mark.parametrize("profile", [SHORT, LONG], ids=_ids)
+@pytest.mark.parametrize("profile", [SHORT, LONG], ids=lambda p: p.name)
 async def test_adaptive_window_fills_the_pool_without_overshooting(profile: LengthProfile, runs) -> None:
     under, plateau = await runs(profile, profile.under), await runs(profile, profile.plateau)
     ours = await runs(profile, None)
@@ -190,7 +182,7 @@ async def test_adaptive_window_fills_the_pool_without_overshooting(profile: Leng
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("profile", [SHORT, LONG], ids=_ids)
+@pytest.mark.parametrize("profile", [SHORT, LONG], ids=lambda p: p.name)
 async def test_adaptive_window_converges_near_the_sweeps_best(profile: LengthProfile, runs) -> None:
     sweep = {w: await runs(profile, w) for w in profile.sweep}
     ours = await runs(profile, None)

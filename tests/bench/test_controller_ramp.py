@@ -1,8 +1,6 @@
-"""The first round through the real path (pipeline -> HTTP -> a simulator process -> Controller): after a
-start SGLang admits only ~16 long requests (each reserves its whole clipped max_new_tokens at
-new_token_ratio 0.7), then nothing until the first finishes. The adaptive window must reach 90 % of that
-batch as fast as a fixed window at the slot count, on the simulator's clock (/sim/stats "admissions");
-a loaded machine only gives the adaptive client more polls per simulated second, never fewer."""
+"""After a start SGLang admits only ~16 long requests (each reserving its clipped max_new_tokens at ratio 0.7):
+through the real path the adaptive window reaches 90 % of that batch as fast as a fixed window at the slot
+count, on the simulator's clock (a loaded machine only gives the adaptive client more polls per sim second)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The bench's side of `diagnose`'s calibration: the two H200 regimes from simulated runs (bench/engine_run.py,
-profile "h200"): long outputs are KV-bound although token_usage reads ~0.68 (the admission reservation holds
-the rest); short outputs are step-bound. The last test checks tests/data/diagnose_rows.json.gz (data of
-tests/reports/test_diagnose_calibration.py) is what the bench computes; GEN_PIPELINE_WRITE_DATA=1 rewrites it."""
+"""`diagnose`'s calibration from simulated H200 runs: long outputs KV-bound at token_usage ~0.68, short ones
+step-bound; tests/data/diagnose_rows.json.gz is what the bench computes (GEN_PIPELINE_WRITE_DATA=1 rewrites it)."""
 
 from __future__ import annotations
 
@@ -61,9 +59,6 @@ def test_short_outputs_at_the_same_pool_are_step_bound() -> None:
     verdicts = diagnose(rows)
     assert [v.rule for v in verdicts][:1] == ["step_bound"], format_diagnosis("short", rows, verdicts)
     assert "kv_bound" not in [v.rule for v in verdicts]
-
-
-# ---------------------------------------------------------------- the real H200 traces
 
 
 def test_the_real_h200_traces_name_long_outputs_kv_bound_and_short_ones_never() -> None:

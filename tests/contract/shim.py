@@ -1,7 +1,5 @@
-"""What SGLang 0.5.17 imports and a CPU machine cannot load, replaced before `import sglang`: only
-`torchvision`, whose PyPI wheels are CUDA builds that do not load against the CPU torch. SGLang imports it
-at module level and nothing the contract checks calls it: the stub answers any `torchvision.*` module and
-attribute with an inert placeholder that raises when called."""
+"""Stubs, before `import sglang`, what SGLang 0.5.17 imports and a CPU machine cannot load: only `torchvision`
+(PyPI's wheels are CUDA builds); any `torchvision.*` module or attribute is a placeholder that raises if called."""
 
 from __future__ import annotations
 
@@ -42,12 +40,7 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module.__path__ = []
         module.__version__ = "0.0+contract-stub"
         module.__file__ = __file__  # some callers look at where a module lives
-
-        def attribute(attr: str) -> _Placeholder:
-            if attr.startswith("__"):
-                raise AttributeError(attr)
-            return _Placeholder(f"{spec.name}.{attr}")
-        module.__getattr__ = attribute  # type: ignore[method-assign]
+        module.__getattr__ = _Placeholder(spec.name).__getattr__  # type: ignore[method-assign]
         return module
 
     def exec_module(self, module) -> None:

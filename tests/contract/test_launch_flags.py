@@ -1,6 +1,5 @@
-"""Every launch command the shipped profiles produce parses with SGLang's own parser
-(ServerArgs.add_cli_args + from_cli_args) to the values the profile meant; a flag SGLang does
-not know names the profile and the TOML key that produced it."""
+"""Every shipped profile's launch command parses with SGLang's own parser to the values it meant; a flag SGLang
+does not know names the profile and the TOML key that produced it."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+from dataclasses import replace
 
 import httpx
 import pydantic
@@ -42,16 +43,10 @@ def test_chat_completion_validates_with_reasoning(sim):
     assert message.role == "assistant" and message.content and message.reasoning_content
     assert parsed.usage.completion_tokens > 0
     only_known_fields(ChatCompletionResponse, body, "chat.completion")
-
-
-def test_streamed_chunks_validate_with_reasoning(sim):
+    # streamed
     from sglang.srt.entrypoints.openai.protocol import ChatCompletionStreamResponse
 
-    request = CHAT | {"stream": True, "stream_options": {"include_usage": True}}
-    with httpx.stream("POST", sim.url + "/v1/chat/completions", json=request, timeout=60) as r:
-        events = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    chunks = [json.loads(e) for e in events[:-1]]
+    chunks = _stream(sim.url, CHAT | {"stream_options": {"include_usage": True}})  # ends with [DONE]
     parsed = [ChatCompletionStreamResponse.model_validate(c) for c in chunks]
     for c in chunks:
         only_known_fields(ChatCompletionStreamResponse, c, "chat.completion.chunk")
@@ -127,9 +122,8 @@ def _as_sglang_writes_it(chunk: dict) -> dict:
 
 
 def test_degenerate_streams_are_sglangs_bytes(sim):
-    """Loops, leaks and marker-only answers (the sim's output faults), streamed with
-    continuous_usage_stats: every chunk is what SGLang's own writer makes of the same fields, every
-    usage is SGLang's UsageInfo, and the stream ends as SGLang's does."""
+    """The sim's loops, leaks and marker-only answers streamed with continuous_usage_stats: every chunk is what
+    SGLang's own writer makes of the same fields, every usage its UsageInfo, the stream ends as SGLang's."""
     from sglang.srt.entrypoints.openai.protocol import ChatCompletionStreamResponse, UsageInfo
 
     seen: set[str] = set()
@@ -157,11 +151,16 @@ def test_degenerate_streams_are_sglangs_bytes(sim):
         httpx.post(sim.url + "/sim/faults", json={"loop_rate": 0, "leak_rate": 0, "marker_only_rate": 0}, timeout=10)
     assert {"marker_only"} <= seen and any(s.startswith("loop_") for s in seen)
     assert any(s.startswith("leak_") for s in seen)
-def test_token_ids_of_a_chat_completion_are_where_the_tokens_export_expects_them():
-    """gen_pipeline/export/tokens.py: return_token_ids / return_prompt_token_ids on the request,
-    choices[i].token_ids (the raw output ids, stop token included) and .prompt_token_ids on the
-    answer, refused with stream=true."""
-    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, ChatCompletionResponseChoice
+
+
+def test_token_ids_of_a_chat_completion_are_where_the_tokens_export_expects_them(sim):
+    """export/tokens.py: return_(prompt_)token_ids on the request, choices[i].token_ids (raw output ids, stop
+    token included) and .prompt_token_ids on the answer, refused with stream=true; the sim's answer is SGLang's."""
+    from sglang.srt.entrypoints.openai.protocol import (
+        ChatCompletionRequest,
+        ChatCompletionResponse,
+        ChatCompletionResponseChoice,
+    )
 
     request = ChatCompletionRequest.model_validate(CHAT | {"return_token_ids": True, "return_prompt_token_ids": True})
     assert request.return_token_ids and request.return_prompt_token_ids
@@ -171,6 +170,14 @@ def test_token_ids_of_a_chat_completion_are_where_the_tokens_export_expects_them
     serving = source("srt/entrypoints/openai/serving_chat.py")
     assert 'ret_item["output_ids"] if request.return_token_ids else None' in serving
     assert "return_token_ids is not supported with streaming" in serving
+    body = httpx.post(sim.url + "/v1/chat/completions", json=CHAT | {"return_token_ids": True}, timeout=60).json()
+    parsed = ChatCompletionResponse.model_validate(body)
+    choice = parsed.choices[0]
+    assert choice.prompt_token_ids and len(choice.token_ids or []) == parsed.usage.completion_tokens
+    only_known_fields(ChatCompletionResponse, body, "chat.completion")
+    refused = httpx.post(sim.url + "/v1/chat/completions", json=CHAT | {"return_token_ids": True, "stream": True},
+                         timeout=60)
+    assert refused.status_code == 400
 
 
 def test_the_clients_requests_are_sglangs():
@@ -186,23 +193,8 @@ def test_the_clients_requests_are_sglangs():
     streamed = ChatCompletionRequest.model_validate(build_request(CHAT["messages"], settings))
     assert streamed.stream and streamed.stream_options is not None
     assert streamed.stream_options.include_usage and streamed.stream_options.continuous_usage_stats
-    whole = ChatCompletionRequest.model_validate(build_request(CHAT["messages"], ClientSettings(
-        model="sim", backend="sglang", sampling=SamplingConfig(max_new_tokens=60),
-        generation=GenerationConfig(reasoning="keep"), token_ids=True)))
+    whole = ChatCompletionRequest.model_validate(build_request(CHAT["messages"], replace(settings, token_ids=True)))
     assert not whole.stream and whole.return_token_ids and whole.return_prompt_token_ids
-
-
-def test_the_sims_token_ids_answer_is_sglangs(sim):
-    from sglang.srt.entrypoints.openai.protocol import ChatCompletionResponse
-
-    body = httpx.post(sim.url + "/v1/chat/completions", json=CHAT | {"return_token_ids": True}, timeout=60).json()
-    parsed = ChatCompletionResponse.model_validate(body)
-    choice = parsed.choices[0]
-    assert choice.prompt_token_ids and len(choice.token_ids or []) == parsed.usage.completion_tokens
-    only_known_fields(ChatCompletionResponse, body, "chat.completion")
-    refused = httpx.post(sim.url + "/v1/chat/completions", json=CHAT | {"return_token_ids": True, "stream": True},
-                         timeout=60)
-    assert refused.status_code == 400
 
 
 def test_draft_acceptance_is_where_the_client_reads_it():

@@ -1,6 +1,5 @@
-"""The metric names, /v1/loads and /server_info fields gen_pipeline reads exist in SGLang's source with the
-types we assume, and the simulator serves exactly those: metrics from SGLang's collectors, /v1/loads from
-LoadSnapshot, /server_info from ServerArgs and the dicts http_server.py builds (read with `ast`)."""
+"""The metrics, /v1/loads and /server_info fields gen_pipeline reads exist in SGLang's source with the types we
+assume, and the simulator serves exactly those (SGLang's collectors, LoadSnapshot, ServerArgs, `ast`)."""
 
 from __future__ import annotations
 
@@ -50,14 +49,11 @@ def we_read() -> dict[str, str]:
                 if name.startswith("sglang:") and name not in load.OLDER_SGLANG_NAMES)
 
 
-def test_metrics_we_read_exist_with_the_type_we_assume():
+def test_metrics_we_read_exist_and_the_simulator_serves_sglangs(sim):
     theirs = sglang_metrics()
     assert {name: theirs.get(name, ("missing",))[0] for name in we_read()} == we_read()
-
-
-def test_simulator_serves_sglangs_metrics_exactly(sim):
+    # the simulator serves SGLang's metrics exactly
     served = {f.name: f for f in text_string_to_metric_families(httpx.get(sim.url + "/metrics").text)}
-    theirs = sglang_metrics()
     for name, fam in served.items():
         assert name in theirs, f"the simulator serves {name}, which SGLang does not define"
         labels = {k for s in fam.samples for k in s.labels}
@@ -81,19 +77,14 @@ def _returned_dict_keys(module: str, function: str) -> set[str]:
     return keys
 
 
-def test_v1_loads_fields_we_read_have_the_types_we_assume():
-    from sglang.srt.managers.load_snapshot import LoadSnapshot
+def test_v1_loads_fields_we_read_and_the_simulators_shape_are_sglangs(sim):
+    from sglang.srt.managers.load_snapshot import _CORE_KEYS, _SECTION_FIELDS, LoadSnapshot, QueueMetrics
 
     fields = _fields(LoadSnapshot)
     ints = ("num_running_reqs", "num_waiting_reqs", "num_used_tokens", "max_total_num_tokens", "max_running_requests")
     assert {k: fields[k] for k in ints} == dict.fromkeys(ints, int)
     assert (fields["token_usage"], fields["gen_throughput"]) == (float, float)
     assert {"loads", "version"} <= _returned_dict_keys("srt/entrypoints/v1_loads.py", "get_loads")
-
-
-def test_simulators_v1_loads_is_sglangs_shape(sim):
-    from sglang.srt.managers.load_snapshot import _CORE_KEYS, _SECTION_FIELDS, LoadSnapshot, QueueMetrics
-
     body = httpx.get(sim.url + "/v1/loads").json()
     assert set(body) == _returned_dict_keys("srt/entrypoints/v1_loads.py", "get_loads")
     for entry in body["loads"]:
@@ -124,7 +115,7 @@ def _internal_state_keys() -> set[str]:
             if isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant)}
 
 
-def test_server_info_fields_we_read_exist_with_the_types_we_assume():
+def test_server_info_fields_we_read_and_the_simulators_keys_are_sglangs(sim):
     keys = _server_info_keys()
     read = set(capacity.INFO_KEYS) | {"max_total_num_tokens", "internal_states", "dp_size", "max_running_requests"}
     assert sorted(read - set(keys)) == []
@@ -135,14 +126,11 @@ def test_server_info_fields_we_read_exist_with_the_types_we_assume():
     for key, typ in assumed.items():
         assert typ in str(keys[key]), (key, keys[key])
     assert "effective_max_running_requests_per_dp" in _internal_state_keys()
-
-
-def test_simulators_server_info_uses_sglangs_keys(sim):
     body = httpx.get(sim.url + "/server_info").json()
     parser = sim_cli.build_parser()
     sim_only = {a.dest for g in parser._action_groups if g.title and g.title.startswith("simulator")
                 for a in g._group_actions} | {"sim_time_s", "sim_hicache_tokens"}
-    assert sorted(set(body) - set(_server_info_keys()) - sim_only) == []
+    assert sorted(set(body) - set(keys) - sim_only) == []
     state = body["internal_states"][0]
     assert isinstance(state["effective_max_running_requests_per_dp"], int)
     assert isinstance(body["max_total_num_tokens"], int) and body["max_total_num_tokens"] == 3000

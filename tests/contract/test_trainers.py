@@ -1,6 +1,5 @@
-"""The trainers' own loaders read what `export` writes: speculators 0.9.0's prepare-data path (pre-tokenized
-rows passed through) and SpecForge 0.2.0's data.prompts_path, both installed --no-deps in the contract venv;
-SpecForge's offline path (utils.safe_conversations_generator) keeps nothing of the tokens rows."""
+"""The trainers' loaders read what `export` writes: speculators 0.9.0's prepare-data and SpecForge 0.2.0's
+data.prompts_path; SpecForge's offline path (safe_conversations_generator) keeps nothing of the tokens rows."""
 
 from __future__ import annotations
 
@@ -28,9 +27,8 @@ def _conversation(i: int) -> list[dict]:
 
 @pytest.fixture(autouse=True)
 def _no_stub_torchvision(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The contract venv's torchvision is shim.py's stub (imported for SGLang by other tests of this run):
-    `datasets` must not take it for the real one, or its torch formatter tests `isinstance(x, VideoReader)`
-    against a placeholder (TypeError)."""
+    """torchvision here is shim.py's stub: `datasets` must not take it for the real one (its torch formatter's
+    `isinstance(x, VideoReader)` against a placeholder is a TypeError)."""
     import datasets.config
 
     monkeypatch.setattr(datasets.config, "TORCHVISION_AVAILABLE", False)

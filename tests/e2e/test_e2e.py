@@ -77,13 +77,11 @@ def test_changed_config_is_refused_and_nothing_is_lost(tmp_path: Path) -> None:
 
 
 def test_status_of_a_run_that_died(tmp_path: Path) -> None:
-    toml = write_dataset(tmp_path / "cfg", target=400, rows=None, max_new_tokens=400)
-    (tmp_path / "cfg" / "T.jsonl").write_bytes(b"".join(
-        orjson.dumps({"id": f"r{i}", "messages": [{"role": "user", "content": f"q {i}"}]}) + b"\n" for i in range(450)))
+    rows = [{"id": f"r{i}", "messages": [{"role": "user", "content": f"q {i}"}]} for i in range(450)]
+    toml = write_dataset(tmp_path / "cfg", target=400, rows=rows, max_new_tokens=400)
     out = tmp_path / "out"
-    slow = [("1" if a == "10" and prev == "--time-scale" else a) for prev, a in zip(["", *SIM_FAST], SIM_FAST,
-                                                                                 strict=False)]
-    with start_sim(slow) as sim:  # a tenth of the speed: 400 samples take minutes, the wait below at most 60 s
+    # a tenth of the speed (the last --time-scale counts): 400 samples take minutes, the wait below at most 60 s
+    with start_sim([*SIM_FAST, "--time-scale", "1"]) as sim:
         proc = start_cli("generate", "--dataset", toml, "--server-url", sim.url, "--output-dir", out, "--window", "8",
                          log=tmp_path / "cli.log")
         try:

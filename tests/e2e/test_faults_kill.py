@@ -16,6 +16,7 @@ from pipeline_helpers import (
     assert_exact,
     frozen,
     kill_resume_trial,
+    read_samples,
     run_cli,
     start_cli,
     wait_for,
@@ -87,7 +88,6 @@ def test_signal_drains_prints_summary_and_resumes(tmp_path: Path, sim_url: str, 
 
 def assert_exact_prefix(out: Path) -> list[dict]:
     """The partial output after a signal: every line parses, no duplicate, fields intact."""
-    from pipeline_helpers import read_samples
     samples = read_samples(out)
     assert len({s["id"] for s in samples}) == len(samples)
     return samples

@@ -16,7 +16,7 @@ OFFLINE = REPO / "datasets_cfg" / "offline"
 TARGETS = {"B1": 30, "B2": 20, "B6": 30, "B7": 30}
 
 
-def test_the_bundled_sources_are_what_make_offline_writes(tmp_path: Path) -> None:
+def test_the_bundled_sources_are_what_make_offline_writes_in_the_hub_datasets_columns(tmp_path: Path) -> None:
     script = OFFLINE / "data" / "make_offline.py"
     copy = tmp_path / "make_offline.py"
     copy.write_text(script.read_text())
@@ -25,9 +25,7 @@ def test_the_bundled_sources_are_what_make_offline_writes(tmp_path: Path) -> Non
         shipped = (OFFLINE / "data" / f"{name}.jsonl").read_bytes()
         assert (tmp_path / f"{name}.jsonl").read_bytes() == shipped, name
         assert len(shipped) < 20_000 and len(shipped.splitlines()) == 40
-
-
-def test_the_sources_keep_the_hub_datasets_columns() -> None:
+    # they keep the hub datasets' columns
     first = {n: json.loads((OFFLINE / "data" / f"{n}.jsonl").read_text().splitlines()[0]) for n in TARGETS}
     assert set(first["B1"]) == {"id", "conversations"} and set(first["B1"]["conversations"][0]) == {"from", "value"}
     assert {"problem", "solution", "answer", "uuid"} <= set(first["B2"])

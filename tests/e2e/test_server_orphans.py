@@ -1,6 +1,5 @@
-"""A launched server that ignores SIGTERM must not outlive a SIGKILLed orchestrator, and a rerun must not start
-a second server beside one an earlier run left. Real processes: the CLI, the simulator with
---sim-ignore-sigterm launched through a profile, the parent watch (gen_pipeline/server/parent_watch.py)."""
+"""A launched server deaf to SIGTERM does not outlive a SIGKILLed orchestrator (the parent watch), and a rerun
+starts no second server beside one an earlier run left. Real processes."""
 
 from __future__ import annotations
 
@@ -61,6 +60,19 @@ def sigkill_mid_run(tmp_path: Path, cfg: Path, toml: Path | str, out: Path) -> t
     return pgid, pids
 
 
+def rerun_stops_the_survivor(cfg: Path, dataset: Path | str, server: str, out: Path, pgid: int,
+                             pids: list[int]) -> str:
+    """The rerun: exit 0, the survivor stopped (named by its pid) before its own server starts; its output."""
+    r = run_cli("generate", "--dataset", dataset, "--server", server, "--config-dir", cfg, "--output-dir", out,
+                "--progress", "log")
+    text = r.stdout + r.stderr
+    assert r.returncode == 0, text[-3000:]
+    assert f"stopped the server pid {pgid} an earlier run left behind" in text, text[-3000:]
+    assert text.index(f"stopped the server pid {pgid}") < text.index("starting SGLang")
+    assert not group_alive(pgid) and all(not Path(f"/proc/{pid}").exists() for pid in pids)
+    return text
+
+
 def test_server_deaf_to_sigterm_is_killed_after_the_grace_when_the_cli_is_sigkilled(tmp_path: Path) -> None:
     cfg = stubborn_config(tmp_path, stop_grace_s=1)
     toml = write_dataset(tmp_path / "ds", target=300, rows=[*map(_row, range(340))])
@@ -87,16 +99,9 @@ def test_rerun_stops_the_server_an_earlier_run_left_before_starting_its_own(tmp_
     assert group_alive(pgid)
     shutil.rmtree(cfg)
     cfg = stubborn_config(tmp_path, stop_grace_s=1, port=port)  # the rerun's own grace, then SIGKILL
-    r = run_cli("generate", "--dataset", toml, "--server", "stubborn", "--config-dir", cfg, "--output-dir", out,
-                "--progress", "log")
-    text = r.stdout + r.stderr
-    assert r.returncode == 0, text[-3000:]
-    url = f"http://127.0.0.1:{port}"
-    assert (f"a server an earlier run started (pid {pgid}, {url}) is still running since that run was killed: "
-            "stopping it before starting a new one (SIGTERM, SIGKILL after 1 s)") in text, text[-3000:]
-    assert f"stopped the server pid {pgid} an earlier run left behind" in text
-    assert text.index(f"stopped the server pid {pgid}") < text.index("starting SGLang")
-    assert not group_alive(pgid) and all(not Path(f"/proc/{pid}").exists() for pid in pids)
+    text = rerun_stops_the_survivor(cfg, toml, "stubborn", out, pgid, pids)
+    assert (f"a server an earlier run started (pid {pgid}, http://127.0.0.1:{port}) is still running since that run "
+            "was killed: stopping it before starting a new one (SIGTERM, SIGKILL after 1 s)") in text, text[-3000:]
     assert not (out / "T" / RECORD_NAME).exists()  # the rerun's own server was stopped and forgotten
     assert_exact(out, 40)
 
@@ -115,13 +120,7 @@ def test_rerun_with_another_first_dataset_finds_the_server_the_job_left(tmp_path
     pgid, pids = sigkill_mid_run(tmp_path, cfg, "T,U", out)
     with open(cfg / "server.toml", "a") as f:  # the rerun: the same server, its own 1 s grace
         f.write("\n[profile.stubborn2]\ninherits = \"stubborn\"\nstop_grace_s = 1\n")
-    r = run_cli("generate", "--dataset", "U,T", "--server", "stubborn2", "--config-dir", cfg, "--output-dir", out,
-                "--progress", "log")
-    text = r.stdout + r.stderr
-    assert r.returncode == 0, text[-3000:]
-    assert f"stopped the server pid {pgid} an earlier run left behind" in text, text[-3000:]
-    assert text.index(f"stopped the server pid {pgid}") < text.index("starting SGLang")
-    assert not group_alive(pgid) and all(not Path(f"/proc/{pid}").exists() for pid in pids)
+    rerun_stops_the_survivor(cfg, "U,T", "stubborn2", out, pgid, pids)
     assert_exact(out, 30, "T")
     assert_exact(out, 30, "U")
 

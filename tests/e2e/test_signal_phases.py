@@ -1,12 +1,15 @@
-"""SIGINT/SIGTERM at any phase of `generate` end with 130/143, the summary line and the lock released; a
-console whose reader has gone (`generate ... | tee log`, Ctrl-C to the group) hides nothing and changes no
-exit code. Real processes, synchronised on what they write, never on sleeps."""
+"""SIGINT/SIGTERM at any phase of `generate` end with 130/143, the summary line and the lock released, also with
+the console's reader gone (`| tee log`); SIGHUP stops a run as SIGTERM does; a signal during the CLI's imports
+is held; a second signal right after the first counts only what was committed. Real processes, synchronised on
+what they write or import, never on sleeps."""
 
 from __future__ import annotations
 
 import os
+import pty
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import anyio
@@ -23,6 +26,7 @@ from sglang_sim.testing import start_sim
 from pipeline_helpers import (
     REPO,
     SIM_FAST,
+    _shard_lines,
     assert_exact,
     cli_cmd,
     make_rows,
@@ -93,9 +97,8 @@ def test_third_sigterm_while_shutting_down_keeps_the_summary(tmp_path: Path) -> 
 
 
 def _interrupt_with_reader_gone(tmp_path: Path, *, stderr_too: bool) -> tuple[int, str, Path]:
-    """`generate ... | tee log` (with 2>&1 when stderr_too), Ctrl-C: SIGINT to the process group, tee
-    dies, so the CLI's next write to the pipe finds no reader. Here the test is tee: it reads the pipe
-    until a progress line shows the run is mid-way, then closes it and sends SIGINT to the group."""
+    """`generate ... | tee log` (2>&1 when stderr_too), Ctrl-C: the test is tee; it reads the pipe until the run
+    is mid-way, then closes it and sends SIGINT to the group, so the CLI's next write finds no reader."""
     toml = write_dataset(tmp_path / "ds", target=300, rows=make_rows(340))
     out, err_path = tmp_path / "out", tmp_path / "stderr.log"
     with start_sim(SIM) as sim, open(err_path, "wb") as err:
@@ -127,10 +130,8 @@ def test_ctrl_c_with_the_reader_gone_exits_130_with_the_summary_in_run_log(tmp_p
 
 @pytest.mark.parametrize(("name", "code"), [("SIGTERM", 143), ("SIGINT", 130)])
 def test_signal_while_a_source_loads_abandons_the_load(tmp_path: Path, name: str, code: int) -> None:
-    """A run that wrote 12 of 30, then a resume whose source never finishes loading (a FIFO nobody
-    writes: open() blocks in set-up's worker thread, as a stalled file system or hub download would):
-    the signal ends it at once with the summary, the claim released untouched, and a third run
-    resumes to exactly 30."""
+    """A resume (12 of 30 written) whose source never loads (a FIFO nobody writes, as a stalled file system): the
+    signal ends it at once with the summary, the claim released untouched; a third run resumes to exactly 30."""
     rows = make_rows(40)
     toml = write_dataset(tmp_path / "ds", target=30, rows=rows)
     data, saved = tmp_path / "ds" / "T.jsonl", tmp_path / "T.jsonl.saved"
@@ -181,3 +182,97 @@ def test_signal_before_the_job_listens_is_held_and_stops_the_set_up(tmp_path: Pa
     assert summary.lines() == ["T: 0/30 samples (0.0%), +0 this run in 0s; stopped (SIGTERM); run the same command "
                                "to resume."]
     assert not (tmp_path / "out").exists()
+
+
+def committed(folder: Path) -> int:
+    """Samples the manifest commits: its sealed shards' counts plus the open shard's."""
+    m = orjson.loads((folder / "manifest.json").read_bytes())
+    return sum(s["samples"] for s in m["sealed"]) + int((m.get("open") or {}).get("committed_samples", 0))
+
+
+def summary_line(text: str) -> str:
+    """The last summary line of console text or of run.log (whose lines start with a time and a level)."""
+    lines = [x.split(" INFO ", 1)[-1] for x in text.splitlines()]
+    return next(x for x in reversed(lines) if x.startswith("T: ") and " samples (" in x)
+
+
+def test_sighup_with_the_terminal_gone_stops_the_run_like_sigterm(tmp_path: Path) -> None:
+    """The CLI on a terminal (a pty); the terminal closes (its master end), then SIGHUP: 129, the summary
+    in run.log, the lock released, every line written committed, no traceback."""
+    toml = write_dataset(tmp_path / "ds", target=300, rows=make_rows(340))
+    out = tmp_path / "out"
+    master, slave = pty.openpty()
+    with start_sim(SIM) as sim:
+        proc = subprocess.Popen(cli_cmd("generate", "--dataset", toml, "--server-url", sim.url, "--output-dir", out,
+                                        "--progress", "log", "--drain-grace-s", "0.5"),
+                                stdin=slave, stdout=slave, stderr=slave, cwd=REPO, start_new_session=True)
+        os.close(slave)
+        try:
+            wait_lines(out / "T", 20, proc, 120)
+        finally:
+            os.close(master)  # the terminal is gone: the CLI's next console write fails (EIO)
+        os.kill(proc.pid, signal.SIGHUP)
+        rc = proc.wait(timeout=60)
+    run_log = (out / "T" / "run.log").read_text()
+    assert rc == 129, run_log[-3000:]
+    line = summary_line(run_log)
+    assert line.endswith("; stopped (SIGHUP: the terminal closed); run the same command to resume."), line
+    written = _shard_lines(out / "T")
+    assert f"T: {written}/300 samples ({100 * written / 300:.1f}%), +{written} this run in " in line, (line, written)
+    assert committed(out / "T") == written
+    lock = read_lock(out / "T")
+    assert lock is None or not lock.held, lock
+    assert "Traceback" not in run_log
+
+
+def test_sigterm_while_the_cli_imports_is_held_until_the_run_listens(tmp_path: Path) -> None:
+    """SIGTERM sent to itself as the CLI imports its configuration code (a sitecustomize hook): the set-up stops
+    with the summary and 143, nothing made."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os, signal, sys\n"
+        "class _Trap:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'gen_pipeline.config':\n"
+        "            sys.meta_path.remove(self)\n"
+        "            os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, _Trap())\n")
+    toml = write_dataset(tmp_path / "ds", target=30)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    r = subprocess.run(cli_cmd("generate", "--dataset", toml, "--server-url", "http://127.0.0.1:9", "--output-dir",
+                               out), capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    assert r.returncode == 143, (r.returncode, r.stdout, r.stderr)
+    assert r.stdout.splitlines()[-2:] == [
+        "SIGTERM during set-up: stopping it (a source still loading is left behind); run the same command to resume.",
+        "T: 0/30 samples (0.0%), +0 this run in 0s; stopped (SIGTERM); run the same command to resume."], r.stdout
+    assert not out.exists()
+
+
+def test_second_sigterm_right_after_the_first_counts_only_what_was_committed(tmp_path: Path) -> None:
+    """A second SIGTERM the moment the first one's drain began (the second cancels the requests the first
+    let drain): "+N this run" is the samples the shards hold and the manifest commits, in each of three runs."""
+    toml = write_dataset(tmp_path / "ds", target=3000, rows=make_rows(3000))
+    out = tmp_path / "out"
+    with start_sim(SIM) as sim:
+        for i in range(3):
+            before = _shard_lines(out / "T") if (out / "T").exists() else 0
+            log = tmp_path / f"cli{i}.log"
+            proc = start_cli("generate", "--dataset", toml, "--server-url", sim.url, "--output-dir", out,
+                             "--progress", "log", "--drain-grace-s", "30", log=log)
+            wait_lines(out / "T", before + 20, proc, 120)
+            os.kill(proc.pid, signal.SIGTERM)
+            while "SIGTERM: no new requests" not in log.read_text():  # read every ms: the second within ~50 ms
+                assert proc.poll() is None, log.read_text()[-3000:]
+                time.sleep(0.001)
+            os.kill(proc.pid, signal.SIGTERM)  # two at once would be one: the kernel merges a pending signal
+            rc = proc.wait(timeout=60)
+            text = log.read_text()
+            assert rc == 143, text[-3000:]
+            written = _shard_lines(out / "T")
+            assert committed(out / "T") == written
+            line = summary_line(text)
+            head = f"T: {written:,}/3,000 samples ({100 * written / 3000:.1f}%), +{written - before} this run in "
+            assert head in line, (line, written, before)

@@ -21,20 +21,6 @@ def test_the_documented_launch_line_is_what_the_tuned_profile_starts() -> None:
     assert f"```text\n{line}\n```" in (REPO / "docs" / "gpu-node.md").read_text()
 
 
-def test_links_to_measurements_name_sections_that_exist() -> None:
-    measured = (REPO / "docs" / "measurements.md").read_text()
-    anchors = set(re.findall(r'<a id="([\w-]+)"></a>', measured))
-    linked = set(re.findall(r"measurements\.md#([\w-]+)", user_docs()))
-    assert linked and linked - anchors == set()
-
-
-def test_no_page_speaks_the_projects_history() -> None:
-    """A new user cannot follow "issue 19" or "the seed" (the first job's measurements)."""
-    found = [f"{p.name}: {m.group(0)}" for p in PAGES for m in
-             re.finditer(r"\bissue \d+|\bthe seed\b|\bseed-calibrated|\bseed's", p.read_text())]
-    assert found == []
-
-
 MEASURED = REPO / "docs" / "measurements.md"
 # a pointer to a section of the measurements page, in code or a comment: the page with a #anchor, or the page
 # followed by a quoted heading name (`docs/measurements.md, "name"`, `("name")`, `(section "name")`); a
@@ -63,6 +49,8 @@ def test_every_pointer_to_the_measurements_page_names_a_section_it_has() -> None
     dropped heading leaves a pointer nobody can follow. A name is the start of a heading (case aside)."""
     text = MEASURED.read_text()
     anchors = set(re.findall(r'<a id="([\w-]+)"></a>', text))
+    linked = set(re.findall(r"measurements\.md#([\w-]+)", user_docs()))  # the docs' links
+    assert linked and linked - anchors == set()
     headings = [h.strip().lower() for h in re.findall(r"^#{2,4} (.+)$", text, re.M)]
     pointers = _pointers()
     assert len([p for p in pointers if p[1] == "name"]) >= 10  # the pattern still finds the product's pointers
@@ -74,11 +62,20 @@ def test_every_pointer_to_the_measurements_page_names_a_section_it_has() -> None
 
 def test_the_measurements_page_speaks_no_project_history() -> None:
     """Headings say what was measured, not which issue asked for it; no page names an issue, a branch or "the
-    seed" (the simulator's profile is "the seed profile")."""
+    seed" (the simulator's profile is "the seed profile"), nor does a user page ("the seed": the first job)."""
+    found = [f"{p.name}: {m.group(0)}" for p in PAGES for m in
+             re.finditer(r"\bissue \d+|\bthe seed\b|\bseed-calibrated|\bseed's", p.read_text())]
+    assert found == []
     text = MEASURED.read_text()
     headings = re.findall(r"^#{1,4} (.+)$", text, re.M)
     assert [h for h in headings if re.search(r"\bissue\b|\bthe seed\b", h, re.I)] == []
     assert re.findall(r"\bissue \d+|\bbranch h-\w+|\bskeleton\b|\bthe seed\b(?![- ]profile)", text, re.I) == []
+    # each section (a ## heading and what follows) says when it was measured and the command that measured it
+    sections = re.split(r"^(?=## )", MEASURED.read_text(), flags=re.M)[1:]
+    command = r"`[^`\n]*(?:python -m |bash bench/|gen-pipeline |pytest)[^`\n]*`"
+    assert len(sections) >= 30
+    assert [s.splitlines()[0] for s in sections
+            if not (re.search(r"\b20\d\d-\d\d-\d\d\b", s) and re.search(command, s))] == []
 
 
 def _code(text: str) -> list[str]:
@@ -118,20 +115,7 @@ def test_every_file_the_docs_name_exists() -> None:
              re.finditer(r"(?<![\w/.-])((?:tests|bench|gen_pipeline|sglang_sim|examples|datasets_cfg)/[\w./-]*[\w/])",
                           page.read_text())}
     assert len(named) >= 20 and sorted(p for p in named if not (REPO / p).exists()) == []
-
-
-def test_every_measurement_names_its_date_and_command() -> None:
-    """Each section of the measurements page (a ## heading and what follows) says when it was measured and the
-    command that measured it (a benchmark's line under its heading, or the run's own words)."""
-    sections = re.split(r"^(?=## )", MEASURED.read_text(), flags=re.M)[1:]
-    command = r"`[^`\n]*(?:python -m |bash bench/|gen-pipeline |pytest)[^`\n]*`"
-    assert len(sections) >= 30
-    assert [s.splitlines()[0] for s in sections
-            if not (re.search(r"\b20\d\d-\d\d-\d\d\b", s) and re.search(command, s))] == []
-
-
-def test_every_benchmark_command_the_docs_name_exists() -> None:
-    """`python -m bench NAME` names a benchmark of bench/__main__.py, `python -m bench.X` a module of bench/."""
+    # `python -m bench NAME` names a benchmark of bench/__main__.py, `python -m bench.X` a module of bench/
     # read, not imported: the default tests import nothing of bench/
     benches = set(re.findall(r'^    "(\w+)": "bench\.', (REPO / "bench" / "__main__.py").read_text(), re.M))
     text = "\n".join(p.read_text() for p in (*PAGES, MEASURED))

@@ -1,6 +1,5 @@
-"""Every extra installs what its package imports, followed through the installed distributions' metadata
-(no network): every import (read with `ast`) is the standard library's, this project's or a distribution in
-its extra's closure; the simulator runs with only the [sim] closure importable (an import hook)."""
+"""Every extra installs what its package imports (read with `ast`, checked against the installed distributions'
+metadata); the simulator runs with only the [sim] closure importable (an import hook)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ import re
 import subprocess
 import sys
 import tomllib
-from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -95,7 +93,8 @@ def imports(paths: list[str]) -> dict[str, str]:
             if SKIP_PARTS & set(path.relative_to(ROOT).parts):
                 continue
             tree = ast.parse(path.read_text(), str(path))
-            skipped = {id(n) for node in ast.walk(tree) if _is_type_checking(node) for n in ast.walk(node)}
+            skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
             for node in ast.walk(tree):
                 if id(node) in skipped:
                     continue
@@ -104,10 +103,6 @@ def imports(paths: list[str]) -> dict[str, str]:
                 for name in names:
                     found.setdefault(name.partition(".")[0], f"{path.relative_to(ROOT)}:{node.lineno}")
     return found
-
-
-def _is_type_checking(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
 def providers() -> dict[str, set[str]]:
@@ -124,15 +119,6 @@ def test_every_import_is_installed_by_its_extras(scope: str) -> None:
     assert missing == [], f"{scope}: imported but not installed by gen-pipeline[{','.join(extras)}]: {missing}"
 
 
-def test_the_optional_imports_come_with_their_extra() -> None:
-    by_module = providers()
-    assert by_module["matplotlib"] & closure(["report"])
-    assert not by_module["matplotlib"] & closure([])  # the core install stays without it
-    for module in ("starlette", "uvicorn"):
-        assert by_module[module] & closure(["sim"]) and not by_module[module] & closure([])
-    assert by_module["sglang_router"] & closure(["router"])  # an sglang-router in front of several servers
-
-
 def test_modules_run_with_python_dash_m_come_with_the_test_extra() -> None:
     """Subprocesses the tests and benchmarks start (`python -m sglang_router.launch_router`, ...)."""
     started = set()
@@ -145,7 +131,6 @@ def test_modules_run_with_python_dash_m_come_with_the_test_extra() -> None:
     assert [t for t in sorted(tops) if not by_module.get(t, set()) & dists] == []
 
 
-# ---------------------------------------------------------------- the simulator with only [sim] importable
 
 ONLY_THESE = """
 import importlib.abc, json, runpy, sys
@@ -164,8 +149,7 @@ runpy.run_module("sglang_sim", run_name="__main__", alter_sys=True)
 """
 
 
-@pytest.fixture
-def sim_with_only_its_extra(tmp_path: Path) -> Iterator[SimProcess]:
+def test_the_simulator_runs_with_only_the_sim_extra(tmp_path: Path) -> None:
     dists = closure(["sim"])
     allowed = sorted({"gen_pipeline", "sglang_sim"} | {t for t, ds in providers().items() if ds & dists})
     port = free_port()
@@ -179,21 +163,15 @@ def sim_with_only_its_extra(tmp_path: Path) -> Iterator[SimProcess]:
     sim = SimProcess(proc, port, log_path)
     try:
         wait_healthy(sim, 60)
-        yield sim
+        chat = httpx.post(sim.url + "/v1/chat/completions", timeout=30, json={
+            "model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]})
+        assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] > 0
+        assert "sglang:num_running_reqs" in httpx.get(sim.url + "/metrics", timeout=30).text
+        assert "not installed by gen-pipeline[sim]" not in sim.log_text()
     finally:
         sim.stop()
 
 
-def test_the_simulator_runs_with_only_the_sim_extra(sim_with_only_its_extra: SimProcess) -> None:
-    sim = sim_with_only_its_extra
-    chat = httpx.post(sim.url + "/v1/chat/completions", timeout=30, json={
-        "model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]})
-    assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] > 0
-    assert "sglang:num_running_reqs" in httpx.get(sim.url + "/metrics", timeout=30).text
-    assert "not installed by gen-pipeline[sim]" not in sim.log_text()
-
-
-# ---------------------------------------------------------------- the GPU node's one install
 
 GPU_INSTALL = "make venv EXTRAS=gpu"
 # What each make target a user runs on the GPU node needs beyond the core install (top-level modules; the
@@ -218,28 +196,15 @@ def gpu_requirements() -> set[str]:
     return {canonicalize_name(Requirement(r).name) for r in requirements(["gpu"])}
 
 
-def test_every_documented_make_target_has_what_it_needs_in_the_gpu_install() -> None:
+def test_every_documented_make_target_has_what_it_needs_in_the_one_gpu_install() -> None:
     documented = {t for text in user_docs().values() for t in re.findall(r"(?:^|`)make ([a-z][\w-]*)", text, re.M)}
     makefile = set(re.findall(r"^([a-z][\w-]*):", (ROOT / "Makefile").read_text(), re.M))
     assert documented - makefile == set(), "documented make targets the Makefile lacks"
     assert sorted(documented - DEV_TARGETS - set(TARGET_NEEDS)) == [], "say what these targets need (TARGET_NEEDS)"
     missing = {t: sorted(TARGET_NEEDS[t] - gpu_requirements()) for t in documented - DEV_TARGETS}
     assert {t: m for t, m in missing.items() if m} == {}, f"not brought by {GPU_INSTALL}"
-
-
-def test_the_gpu_install_brings_every_optional_import_of_the_product() -> None:
-    """Whatever gen_pipeline or the simulator imports beyond the core install comes with the gpu extra."""
-    core, by_module = closure([]), providers()
-    optional = {m for m in imports(["gen_pipeline", "sglang_sim"])
-                if m not in sys.stdlib_module_names and m not in FIRST_PARTY
-                and not by_module.get(m, set()) & core and m != "_typeshed"}
-    assert optional == {"jinja2", "matplotlib", "starlette", "transformers", "uvicorn"}
-    assert optional - gpu_requirements() == set()
-
-
-def test_the_docs_and_the_messages_name_one_install_command() -> None:
-    """Every `make venv EXTRAS=` a user reads (docs, the tool's messages) is the GPU install's, and every
-    `pip install -e '.[X]'` a message names installs a part of it."""
+    # every `make venv EXTRAS=` a user reads (docs, the tool's messages) is the GPU install's, and every
+    # `pip install -e '.[X]'` a message names installs a part of it
     seen = {f"{where}: {m}" for where, text in user_docs().items() for m in re.findall(r"make venv [^`\n]*", text)
             if "EXTRAS=" in m and "EXTRAS=gpu" not in m and "EXTRAS=test" not in m}
     assert seen == set()
@@ -248,6 +213,20 @@ def test_the_docs_and_the_messages_name_one_install_command() -> None:
         text = path.read_text()
         assert set(re.findall(r"EXTRAS=([\w,]+)", text)) <= {"gpu", "...,gpu"}, path
         assert set(re.findall(r"pip install -e '\.\[(\w+)\]'", text)) <= gpu_extras | {"gpu"}, path
+
+
+def test_the_optional_imports_come_with_their_extra_and_the_gpu_install() -> None:
+    """Whatever gen_pipeline or the simulator imports beyond the core install comes with its extra and the gpu one."""
+    core, by_module = closure([]), providers()
+    assert by_module["matplotlib"] & closure(["report"]) and not by_module["matplotlib"] & core  # core: without it
+    for module in ("starlette", "uvicorn"):
+        assert by_module[module] & closure(["sim"]) and not by_module[module] & core
+    assert by_module["sglang_router"] & closure(["router"])  # an sglang-router in front of several servers
+    optional = {m for m in imports(["gen_pipeline", "sglang_sim"])
+                if m not in sys.stdlib_module_names and m not in FIRST_PARTY
+                and not by_module.get(m, set()) & core and m != "_typeshed"}
+    assert optional == {"jinja2", "matplotlib", "starlette", "transformers", "uvicorn"}
+    assert optional - gpu_requirements() == set()
 
 
 def test_report_without_matplotlib_names_the_gpu_install(monkeypatch: pytest.MonkeyPatch) -> None:

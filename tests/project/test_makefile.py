@@ -45,7 +45,7 @@ def fake_python(path: Path) -> Path:
 # what an outer make passes down (`make test ARGS=...` exports ARGS too): the makes a test runs start clean
 OUTER_MAKE = ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "VENV", "EXTRAS", "ARGS")
 
-def make(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+def make(tmp_path: Path, *args: str, timeout_s: float = 60) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     """`make ARGS` in the checkout as from a user's shell (not a sub-make of `make test`); the fake
     interpreter's log lines of this call, with tmp_path written as TMP."""
     log = tmp_path / "python.log"
@@ -53,7 +53,7 @@ def make(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], 
     env = {k: v for k, v in os.environ.items() if k not in OUTER_MAKE}
     env["FAKE_LOG"] = str(log)
     r = subprocess.run(["make", "--no-print-directory", *args], capture_output=True, text=True, cwd=REPO,
-                       env=env, timeout=60)
+                       env=env, timeout=timeout_s)
     after = log.read_text().splitlines() if log.exists() else []
     return r, [line.replace(str(tmp_path), "TMP") for line in after[len(before):]]
 
@@ -97,9 +97,7 @@ def test_other_extras_reinstall_offline_and_test_targets_say_what_is_missing(tmp
     assert (r.returncode, calls) == (2, [])
     assert r.stderr.endswith(f"*** {tmp_path}/gpu has the extras sglang, without the test tools: "
                              "make venv EXTRAS=test,sglang.  Stop.\n")
-
-
-def test_a_venv_made_before_the_stamp_named_its_extras_is_not_reinstalled(tmp_path: Path) -> None:
+    # a venv made before the stamp named its extras is not reinstalled
     fake_python(tmp_path / "old" / "bin" / "python")
     (tmp_path / "old" / ".installed").write_text("")  # what `touch` left
     r, calls = make(tmp_path, "plan", f"VENV={tmp_path}/old")
@@ -110,9 +108,7 @@ def test_a_venv_made_before_the_stamp_named_its_extras_is_not_reinstalled(tmp_pa
 @pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="sglang is installed here")
 def test_make_generate_without_sglang_names_the_make_command(tmp_path: Path) -> None:
     toml = write_dataset(tmp_path, target=10)
-    env = {k: v for k, v in os.environ.items() if k not in OUTER_MAKE}
-    r = subprocess.run(["make", "--no-print-directory", "generate", f"DATASET={toml}", f"OUTPUT_DIR={tmp_path}/out"],
-                       capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    r, _ = make(tmp_path, "generate", f"DATASET={toml}", f"OUTPUT_DIR={tmp_path}/out", timeout_s=120)
     assert r.returncode == 2  # make's own code for a failed recipe
     python = REPO / ".venv" / "bin" / "python"
     # the extras this checkout's venv was made with, plus gpu (`make venv EXTRAS=test,bench` for the benches)

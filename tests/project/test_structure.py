@@ -4,7 +4,9 @@ no private name taken from another module, nothing from the bench, one owner per
 from __future__ import annotations
 
 import ast
+import inspect
 from functools import cache
+from graphlib import TopologicalSorter
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[2] / "gen_pipeline"
@@ -45,37 +47,8 @@ def arrows() -> dict[str, set[str]]:
     return graph
 
 
-def circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    out: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while (w := stack.pop()) != v:
-                comp.append(w)
-            if comp:
-                out.append(sorted([v, *comp]))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return out
-
-
 def test_no_import_circles() -> None:
-    assert circles(arrows()) == []
+    TopologicalSorter(arrows()).prepare()  # CycleError names a circle
 
 
 def test_no_module_takes_another_modules_private_name() -> None:
@@ -88,6 +61,11 @@ def test_no_module_takes_another_modules_private_name() -> None:
 def test_the_product_does_not_import_the_bench() -> None:
     assert sorted(m for m, tree in modules().items() for target, _ in imports(tree)
                   if target == "bench" or target.startswith("bench.")) == []
+    # no product parameter exists for a benchmark: the job's datasets start one after the other; the bench's
+    # all-at-once variant (bench/job_bench.py) starts the dispatchers' public `produce` itself
+    from gen_pipeline.run.dispatch import produce_in_order
+
+    assert list(inspect.signature(produce_in_order).parameters) == ["requests", "dispatchers", "launch"]
 
 
 def test_shared_helpers_have_one_owner() -> None:
@@ -118,20 +96,7 @@ def test_package_docstrings_say_what_the_package_is_for_without_a_module_map() -
                   for line in (ast.get_docstring(tree) or "").splitlines()
                   if line.strip().split(" ")[0].endswith(".py"))
     assert maps == []
-
-
-def test_no_product_parameter_exists_for_a_benchmark() -> None:
-    """The job's datasets start one after the other; the bench's all-at-once variant (bench/job_bench.py)
-    starts the dispatchers' public `produce` itself."""
-    import inspect
-
-    from gen_pipeline.run.dispatch import produce_in_order
-
-    assert list(inspect.signature(produce_in_order).parameters) == ["requests", "dispatchers", "launch"]
-
-
-def test_product_comments_point_at_the_measurement_page_not_the_bench_results() -> None:
-    """Figures live on one generated page (docs/measurements.md); a comment says why and points there."""
+    # figures live on one generated page (docs/measurements.md): a comment says why and points there
     pointing = sorted(str(p.relative_to(PKG.parent)) for p in PKG.rglob("*.py")
                       if "RESULTS.md" in p.read_text() and p.name != "chat.py")  # chat.py: split under way
     assert pointing == []

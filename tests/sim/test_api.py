@@ -1,5 +1,4 @@
-"""Contract tests of the simulator's HTTP API over real TCP: SGLang's shapes and types for
-every field the pipeline reads, streaming and not, reasoning on/off, errors, determinism."""
+"""The simulator's HTTP API over real TCP: SGLang's shapes and types for every field the pipeline reads."""
 
 from __future__ import annotations
 
@@ -20,36 +19,34 @@ def chat(client: httpx.Client, **body: object) -> httpx.Response:
     return client.post("/v1/chat/completions", json={"model": "kimi-sim", "messages": USER, **body})
 
 
-def test_health_endpoints(client: httpx.Client) -> None:
+def test_health_endpoints_the_sim_time_header_and_the_ready_line(client: httpx.Client, sim: SimProcess) -> None:
     for path in ("/health", "/health_generate"):
         r = client.get(path)
-        assert r.status_code == 200
-        assert float(r.headers["x-sim-time"]) >= 0.0
+        assert r.status_code == 200 and float(r.headers["x-sim-time"]) >= 0.0
+    t1 = float(client.get("/health").headers["x-sim-time"])
+    chat(client)
+    assert float(client.get("/health").headers["x-sim-time"]) > t1
+    # the capacity line comes before the ready line in the log
+    text = sim.log_text()
+    assert ("max_total_num_tokens=24576, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+            "max_running_requests=") in text
+    assert text.index("max_total_num_tokens=") < text.index("The server is fired up and ready to roll!")
 
 
-def test_server_info_flat_args_and_internal_states(client: httpx.Client) -> None:
+def test_server_info_model_info_and_models(client: httpx.Client) -> None:
     for path in ("/server_info", "/get_server_info"):
         info = client.get(path).json()
-        assert info["model_path"] == "sim/Kimi-K2.5"
-        assert info["served_model_name"] == "kimi-sim"
-        assert (info["tp_size"], info["dp_size"]) == (1, 1)
-        assert info["mem_fraction_static"] == 0.88
-        assert info["kv_cache_dtype"] == "fp8_e4m3"
-        assert info["enable_hierarchical_cache"] is False and info["hicache_size"] == 0
-        assert info["num_continuous_decode_steps"] == 1
-        assert info["max_running_requests"] is None  # the CLI value, not the effective one
-        assert info["chunked_prefill_size"] == 8192
-        assert info["context_length"] == CONTEXT
-        assert info["max_total_num_tokens"] == 24576  # the "fast" profile's pool
+        # max_running_requests: the CLI value, not the effective one; 24576: the "fast" profile's pool
+        expected = {"model_path": "sim/Kimi-K2.5", "served_model_name": "kimi-sim", "tp_size": 1, "dp_size": 1,
+                    "mem_fraction_static": 0.88, "kv_cache_dtype": "fp8_e4m3", "hicache_size": 0,
+                    "num_continuous_decode_steps": 1, "max_running_requests": None, "chunked_prefill_size": 8192,
+                    "context_length": CONTEXT, "max_total_num_tokens": 24576}
+        assert {k: info[k] for k in expected} == expected and info["enable_hierarchical_cache"] is False
         assert isinstance(info["version"], str) and isinstance(info["sim_time_s"], float)
         [state] = info["internal_states"]
-        assert isinstance(state["effective_max_running_requests_per_dp"], int)
-        assert state["effective_max_running_requests_per_dp"] > 0
-        assert state["memory_usage"]["token_capacity"] == 24576
+        effective = state["effective_max_running_requests_per_dp"]
+        assert isinstance(effective, int) and effective > 0 and state["memory_usage"]["token_capacity"] == 24576
         assert isinstance(state["last_gen_throughput"], float)
-
-
-def test_model_info_and_models(client: httpx.Client) -> None:
     for path in ("/model_info", "/get_model_info"):
         info = client.get(path).json()
         assert info["model_path"] == "sim/Kimi-K2.5" and info["is_generation"] is True
@@ -58,7 +55,7 @@ def test_model_info_and_models(client: httpx.Client) -> None:
     assert [(m["id"], m["object"], m["max_model_len"]) for m in models["data"]] == [("kimi-sim", "model", CONTEXT)]
 
 
-def test_chat_completion_shape_with_reasoning(client: httpx.Client) -> None:
+def test_chat_completion_shape_with_reasoning_and_determinism(client: httpx.Client) -> None:
     r = chat(client, max_tokens=1000, temperature=0.7)
     assert r.status_code == 200 and r.headers["content-type"] == "application/json"
     body = r.json()
@@ -67,10 +64,8 @@ def test_chat_completion_shape_with_reasoning(client: httpx.Client) -> None:
     [choice] = body["choices"]
     assert choice["index"] == 0 and choice["finish_reason"] == "stop"
     msg = choice["message"]
-    assert msg["role"] == "assistant"
-    assert isinstance(msg["content"], str) and msg["content"]
-    assert isinstance(msg["reasoning_content"], str) and msg["reasoning_content"]
-    assert "<think>" not in msg["content"]
+    assert msg["role"] == "assistant" and isinstance(msg["content"], str) and msg["content"]
+    assert isinstance(msg["reasoning_content"], str) and msg["reasoning_content"] and "<think>" not in msg["content"]
     usage = body["usage"]
     assert usage["prompt_tokens"] == len(encode(render_chat(USER)))
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
@@ -78,29 +73,7 @@ def test_chat_completion_shape_with_reasoning(client: httpx.Client) -> None:
     assert len(encode(msg["reasoning_content"] + msg["content"])) + 1 == usage["completion_tokens"]
     details = usage["prompt_tokens_details"]  # SGLang 0.5.17: null when nothing was cached, else the count
     assert details is None or (details.keys() == {"cached_tokens"} and details["cached_tokens"] > 0)
-
-
-def test_max_tokens_caps_with_finish_reason_length(client: httpx.Client) -> None:
-    for key in ("max_tokens", "max_completion_tokens"):
-        body = chat(client, **{key: 3}).json()
-        assert body["choices"][0]["finish_reason"] == "length"
-        assert body["usage"]["completion_tokens"] == 3
-
-
-def test_thinking_disabled_gives_no_reasoning(client: httpx.Client) -> None:
-    for kwargs in ({"thinking": False}, {"enable_thinking": False}):
-        msg = chat(client, chat_template_kwargs=kwargs).json()["choices"][0]["message"]
-        assert msg["reasoning_content"] is None
-        assert "<think>" not in msg["content"] and "</think>" not in msg["content"]
-
-
-def test_without_separation_think_markers_stay_in_content(client: httpx.Client) -> None:
-    msg = chat(client, separate_reasoning=False).json()["choices"][0]["message"]
-    assert msg["reasoning_content"] is None
-    assert msg["content"].startswith("<think>") and msg["content"].count("</think>") == 1
-
-
-def test_same_request_same_output(client: httpx.Client) -> None:
+    # the same request, the same output
     a, b = chat(client, temperature=0.6).json(), chat(client, temperature=0.6).json()
     assert a["choices"][0]["message"] == b["choices"][0]["message"]
     assert a["usage"]["completion_tokens"] == b["usage"]["completion_tokens"]
@@ -108,9 +81,35 @@ def test_same_request_same_output(client: httpx.Client) -> None:
     assert c["choices"][0]["message"] != a["choices"][0]["message"]
 
 
+def test_max_and_min_tokens_and_the_reasoning_switches(client: httpx.Client) -> None:
+    """max_tokens caps with finish_reason length; thinking off gives no reasoning; without separation the think
+    markers stay in the content."""
+    for key in ("max_tokens", "max_completion_tokens"):
+        body = chat(client, **{key: 3}).json()
+        assert body["choices"][0]["finish_reason"] == "length"
+        assert body["usage"]["completion_tokens"] == 3
+    for kwargs in ({"thinking": False}, {"enable_thinking": False}):
+        msg = chat(client, chat_template_kwargs=kwargs).json()["choices"][0]["message"]
+        assert msg["reasoning_content"] is None
+        assert "<think>" not in msg["content"] and "</think>" not in msg["content"]
+    msg = chat(client, separate_reasoning=False).json()["choices"][0]["message"]
+    assert msg["reasoning_content"] is None
+    assert msg["content"].startswith("<think>") and msg["content"].count("</think>") == 1
+    # SGLang's min_tokens / min_new_tokens (native): the output is at least that long; a bad value is a 400
+    plain = chat(client, max_tokens=1000, temperature=0.0).json()["usage"]["completion_tokens"]
+    longer = chat(client, max_tokens=1000, temperature=0.0, min_tokens=300).json()
+    assert plain < 300 <= longer["usage"]["completion_tokens"] <= 1000
+    native = client.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 500,
+                                                                              "min_new_tokens": 200}}).json()
+    assert native["meta_info"]["completion_tokens"] >= 200
+    bad = chat(client, max_tokens=10, min_tokens=-1)
+    assert bad.status_code == 400 and "min_tokens must be a non-negative integer (got -1)" in bad.text
+
+
 def test_second_turn_hits_the_prefix_cache(client: httpx.Client, sse) -> None:
     off = {"thinking": False}
-    assert client.post("/flush_cache").status_code == 200  # nothing cached: turn one finds nothing
+    flushed = client.post("/flush_cache")  # when idle; nothing cached: turn one finds nothing
+    assert flushed.status_code == 200 and flushed.text.startswith("Cache flushed.")
     before = client.get("/sim/stats").json()["turns"]
     first = chat(client, chat_template_kwargs=off, messages=[{"role": "user", "content": "Turn one, unique 8812."}])
     one = first.json()
@@ -153,25 +152,19 @@ def test_streaming_matches_the_whole_response(client: httpx.Client, sse) -> None
     assert chunks[-1]["choices"] == []
     assert chunks[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"]
     assert chunks[-1]["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"]
-
-
-def test_streaming_without_include_usage_has_no_usage_chunk(sse) -> None:
-    chunks = sse({"messages": USER})
+    chunks = sse({"messages": USER})  # without include_usage: no usage chunk
     assert all(c["choices"] and "usage" not in c for c in chunks)  # msgspec omit_defaults drops usage=None
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
-def test_too_long_prompt_gets_sglangs_400(client: httpx.Client) -> None:
+def test_bad_requests_get_sglangs_400s(client: httpx.Client) -> None:
+    error = {"object": "error", "type": "BadRequestError", "param": None, "code": 400}
     messages = [{"role": "user", "content": "word " * CONTEXT}]
     n = len(encode(render_chat(messages)))
     r = client.post("/v1/chat/completions", json={"messages": messages})
     assert r.status_code == 400
-    assert r.json() == {"object": "error", "type": "BadRequestError", "param": None, "code": 400,
-                        "message": f"The input ({n} tokens) is longer than the model's context length "
-                                   f"({CONTEXT} tokens)."}
-
-
-def test_prompt_plus_max_tokens_over_context_gets_400(client: httpx.Client) -> None:
+    assert r.json() == error | {"message": f"The input ({n} tokens) is longer than the model's context length "
+                                           f"({CONTEXT} tokens)."}
     n = len(encode(render_chat(USER)))
     r = chat(client, max_tokens=CONTEXT)
     assert r.status_code == 400
@@ -180,17 +173,13 @@ def test_prompt_plus_max_tokens_over_context_gets_400(client: httpx.Client) -> N
         f"You requested a total of {n + CONTEXT} tokens: {n} tokens from the input messages and {CONTEXT} "
         f"tokens for the completion. Please reduce the number of tokens in the input messages or the "
         f"completion to fit within the limit.")
-
-
-def test_bad_requests_get_error_json(client: httpx.Client) -> None:
     r = client.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["message"].startswith("Request body is not valid JSON")
     r = client.post("/v1/chat/completions", json={"messages": []})
-    assert r.json() == {"object": "error", "type": "BadRequestError", "param": None, "code": 400,
-                        "message": "messages must be a non-empty list of {role, content} objects."}
+    assert r.json() == error | {"message": "messages must be a non-empty list of {role, content} objects."}
 
 
-def test_generate_native_meta_info(client: httpx.Client) -> None:
+def test_generate_native_meta_info_and_cumulative_streamed_text(client: httpx.Client, sse) -> None:
     for prompt in ({"text": "The capital of France is"}, {"input_ids": [11, 12, 13]}):
         r = client.post("/generate", json={**prompt, "sampling_params": {"max_new_tokens": 5, "temperature": 0}})
         body = r.json()
@@ -200,9 +189,6 @@ def test_generate_native_meta_info(client: httpx.Client) -> None:
         assert isinstance(meta["id"], str) and isinstance(meta["e2e_latency"], float)
         assert (meta["prompt_tokens"], meta["num_retractions"]) == (len(encode(prompt.get("text", ""))) or 3, 0)
         assert isinstance(meta["cached_tokens"], int)
-
-
-def test_generate_streams_cumulative_text(client: httpx.Client, sse) -> None:
     body = {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 30}}
     whole = client.post("/generate", json=body).json()
     last = sse(body, "/generate")[-1]
@@ -210,7 +196,7 @@ def test_generate_streams_cumulative_text(client: httpx.Client, sse) -> None:
     assert last["meta_info"]["finish_reason"] == whole["meta_info"]["finish_reason"]
 
 
-def test_loads_shape(client: httpx.Client) -> None:
+def test_loads_shape_and_metrics_with_sglang_names(client: httpx.Client) -> None:
     body = client.get("/v1/loads").json()
     assert isinstance(body["timestamp"], str) and isinstance(body["version"], str)
     [load] = body["loads"]
@@ -222,9 +208,7 @@ def test_loads_shape(client: httpx.Client) -> None:
     assert client.get("/v1/loads", params={"dp_rank": 3}).status_code == 400
     [old] = client.get("/get_load").json()
     assert set(old) == {"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens"}
-
-
-def test_metrics_parse_with_sglang_names(client: httpx.Client) -> None:
+    # /metrics parses, with SGLang's names
     chat(client)
     r = client.get("/metrics")
     assert r.headers["content-type"].startswith("text/plain")
@@ -245,35 +229,3 @@ def test_metrics_parse_with_sglang_names(client: httpx.Client) -> None:
     [gen_total] = families["sglang:generation_tokens"].samples
     assert gen_total.name == "sglang:generation_tokens_total"
     assert gen_total.value == counters["generation_tokens_total"] > 0
-
-
-def test_flush_cache_when_idle(client: httpx.Client) -> None:
-    r = client.post("/flush_cache")
-    assert r.status_code == 200 and r.text.startswith("Cache flushed.")
-
-
-def test_sim_time_header_advances(client: httpx.Client) -> None:
-    t1 = float(client.get("/health").headers["x-sim-time"])
-    chat(client)
-    t2 = float(client.get("/health").headers["x-sim-time"])
-    assert t2 > t1
-
-
-def test_capacity_and_ready_lines_in_log(sim: SimProcess) -> None:
-    text = sim.log_text()
-    assert ("max_total_num_tokens=24576, chunked_prefill_size=8192, max_prefill_tokens=16384, "
-            "max_running_requests=") in text
-    assert text.index("max_total_num_tokens=") < text.index("The server is fired up and ready to roll!")
-
-
-def test_min_tokens_masks_eos_until_then(client: httpx.Client) -> None:
-    """SGLang's min_tokens (OpenAI API) / min_new_tokens (native): the output is at least that long,
-    the usual length distribution starts after it; a bad value is a 400 naming the field."""
-    plain = chat(client, max_tokens=1000, temperature=0.0).json()["usage"]["completion_tokens"]
-    longer = chat(client, max_tokens=1000, temperature=0.0, min_tokens=300).json()
-    assert plain < 300 <= longer["usage"]["completion_tokens"] <= 1000
-    native = client.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 500,
-                                                                              "min_new_tokens": 200}}).json()
-    assert native["meta_info"]["completion_tokens"] >= 200
-    bad = chat(client, max_tokens=10, min_tokens=-1)
-    assert bad.status_code == 400 and "min_tokens must be a non-negative integer (got -1)" in bad.text

@@ -36,10 +36,7 @@ def tight_pair(pool: int) -> Engine:
     return engine
 
 
-# ---- validation ------------------------------------------------------------
-
-
-def test_request_longer_than_context_is_refused() -> None:
+def test_requests_too_long_for_the_context_or_the_pool_are_refused() -> None:
     engine = Engine(EngineConfig(max_total_num_tokens=10_000, context_length=100), FAST)
     with pytest.raises(ValueError) as err:
         engine.add_request("r", toks(0, 90), toks(0, 5), max_new_tokens=20)
@@ -51,9 +48,6 @@ def test_request_longer_than_context_is_refused() -> None:
     with pytest.raises(ValueError) as err:
         engine.add_request("r", toks(0, 100), toks(0, 1))
     assert str(err.value) == "The input (100 tokens) is longer than the model's context length (100 tokens)."
-
-
-def test_request_larger_than_pool_is_refused() -> None:
     engine = Engine(EngineConfig(max_total_num_tokens=100), FAST)
     with pytest.raises(ValueError) as err:
         engine.add_request("r", toks(0, 60), toks(0, 41))
@@ -66,10 +60,7 @@ def test_request_larger_than_pool_is_refused() -> None:
         engine.add_request("ok", toks(0, 1), toks(0, 1))
 
 
-# ---- token conservation and limits -----------------------------------------
-
-
-def test_every_request_gets_exactly_its_output() -> None:
+def test_every_request_gets_exactly_its_output_within_max_running_requests() -> None:
     engine = Engine(EngineConfig(max_total_num_tokens=5000, num_continuous_decode_steps=3), FAST)
     lengths = {f"r{i}": (20 + i, 1 + 7 * i) for i in range(12)}
     for rid, (p, o) in lengths.items():
@@ -91,9 +82,7 @@ def test_every_request_gets_exactly_its_output() -> None:
     assert c["generation_tokens_total"] == sum(o for _, o in lengths.values()) == c["decode_tokens_total"]
     assert c["prompt_tokens_total"] == sum(p for p, _ in lengths.values())
     assert c["num_requests_total"] == 12
-
-
-def test_max_running_requests_is_respected() -> None:
+    # max_running_requests is respected
     engine = Engine(EngineConfig(max_total_num_tokens=20_000, max_running_requests=3), FAST)
     assert engine.max_running_requests == 3
     for i in range(10):
@@ -117,7 +106,7 @@ def test_derived_max_running_requests(pool: int, context: int, expected: int) ->
     assert engine.max_running_requests == expected
 
 
-def test_admission_reserves_clipped_max_new_tokens() -> None:
+def test_admission_reserves_clipped_max_new_tokens_also_when_readmitted() -> None:
     # B's prompt (10) + min(max_new, 4096) = 4106 must be < free + evictable - A's reservation.
     engine = Engine(EngineConfig(max_total_num_tokens=6000), FAST)
     engine.add_request("A", toks(0, 10), toks(1000, 50), max_new_tokens=8000)
@@ -129,9 +118,11 @@ def test_admission_reserves_clipped_max_new_tokens() -> None:
     step = engine.step()
     assert step.prefill_tokens == 0 and step.decode_batch == 1
     assert engine.waiting_rids == ["B"]
-
-
-# ---- retraction --------------------------------------------------------------
+    # a readmitted request: add_one_req checks the remaining max_new but adds min(max_new, CLIP) to the round's
+    # offset (schedule_policy.py:1077-1080 vs 1203-1212)
+    req = SchedReq("x", tuple(range(500)), prompt_len=100, out_len=400, max_new=5000, reason="stop",
+                   arrival_s=0.0, generated=3000)
+    assert clipped_reserve(req, 4096) == 2000 and admitted_reserve(req, 4096) == 4096
 
 
 @pytest.mark.parametrize("pool", [100, 101, 130])
@@ -150,26 +141,20 @@ def test_retraction_happens_exactly_when_next_decode_does_not_fit(pool: int) -> 
     assert seen_retraction
 
 
-def test_retraction_picks_fewest_generated_then_longest_prompt_and_requeues_at_end() -> None:
+def test_retraction_picks_fewest_generated_then_longest_prompt_requeues_at_end_and_is_published() -> None:
+    """The gauge (SGLang 0.5.17's num_retracted_reqs): the latest retraction, from the next stats log (a prefill
+    batch or the 40th decode) until the one after."""
     engine = tight_pair(100)
     engine.add_request("C", toks(300, 5), toks(3000, 60))  # waits: no room
-    while True:
+    shown = []
+    while not shown or not shown[-1][0]:
         step = engine.step()
-        if step.retracted:
-            break
-        assert engine.num_waiting == 1
+        shown.append((bool(step.retracted), engine.loads()["queues"]["retracted"]))
+        assert step.retracted or engine.num_waiting == 1
     assert step.retracted == ["B"]  # tie on generated tokens: the longer prompt goes
     assert engine.waiting_rids == ["C", "B"]  # SGLang appends retracted requests to the queue
     assert engine.counters()["num_retracted_requests_total"] == 1
     assert engine.counters()["retracted_tokens_total"] == 20 + 35
-
-
-def test_retracted_gauge_is_published_at_the_next_stats_log_then_reset() -> None:
-    """SGLang 0.5.17's num_retracted_reqs: the latest retraction, shown from the next stats log
-    (a prefill batch or the 40th decode) until the one after."""
-    engine = tight_pair(100)
-    engine.add_request("C", toks(300, 5), toks(3000, 60))
-    shown = []
     while not engine.idle:
         step = engine.step()
         shown.append((bool(step.retracted), engine.loads()["queues"]["retracted"]))
@@ -212,17 +197,11 @@ def test_new_token_ratio_decays_to_floor_then_jumps_after_retraction() -> None:
         pass
     # (generated by A + 20 * 1 running) / (max_new of A + 1)
     assert engine2.new_token_ratio == pytest.approx((35 + 20) / 61)
-
-
-def test_conservativeness_scales_initial_ratio() -> None:
     engine = Engine(EngineConfig(max_total_num_tokens=100, schedule_conservativeness=2.0), FAST)
     assert engine.new_token_ratio == 1.0  # min(0.7 * 2, 1)
 
 
-# ---- prefix cache ------------------------------------------------------------
-
-
-def test_second_turn_gets_first_turn_cached() -> None:
+def test_prefix_cache_second_turn_shared_system_prompt_and_lru_eviction() -> None:
     engine = Engine(EngineConfig(max_total_num_tokens=20_000), FAST)
     prompt, output = toks(0, 300), toks(5000, 200)
     engine.add_request("t1", prompt, output)
@@ -233,9 +212,7 @@ def test_second_turn_gets_first_turn_cached() -> None:
     assert t2.cached_tokens == 500
     assert engine.counters()["cached_tokens_total"] == 500
     assert engine.loads()["cache_hit_rate"] == round(500 / (300 + 550), 4)
-
-
-def test_shared_system_prompt_is_computed_once() -> None:
+    # a shared system prompt is computed once
     engine = Engine(EngineConfig(max_total_num_tokens=20_000), FAST)
     system = toks(0, 400)
     engine.add_request("a", system + toks(1000, 20), toks(2000, 5))
@@ -244,9 +221,7 @@ def test_shared_system_prompt_is_computed_once() -> None:
     assert engine.step().prefill_tokens == 20
     done = {f.rid: f.cached_tokens for f in run_until_idle(engine)}
     assert done == {"a": 0, "b": 400}
-
-
-def test_cache_is_evicted_lru_under_pressure() -> None:
+    # under pressure the cache is evicted LRU
     engine = Engine(EngineConfig(max_total_num_tokens=3000), FAST)
     for i in range(4):  # four finished 600-token sequences: 2400 cached tokens
         engine.add_request(f"old{i}", toks(10_000 * i, 500), toks(10_000 * i + 500, 100))
@@ -262,9 +237,6 @@ def test_cache_is_evicted_lru_under_pressure() -> None:
     assert done == {"again0": 0, "again3": 500}
 
 
-# ---- hicache -----------------------------------------------------------------
-
-
 def _evict_then_ask_again(hicache_tokens: int) -> tuple[Engine, FinishedRequest]:
     engine = Engine(EngineConfig(max_total_num_tokens=3000, hicache_tokens=hicache_tokens), FAST)
     engine.add_request("turn1", toks(0, 800), toks(5000, 200))
@@ -276,7 +248,7 @@ def _evict_then_ask_again(hicache_tokens: int) -> tuple[Engine, FinishedRequest]
     return engine, turn2
 
 
-def test_hicache_turns_recompute_into_host_hits() -> None:
+def test_hicache_turns_recompute_into_host_hits_and_adds_no_decode_slots() -> None:
     plain, turn2_plain = _evict_then_ask_again(0)
     tiered, turn2_tiered = _evict_then_ask_again(10_000)
     assert turn2_plain.cached_tokens == 0
@@ -285,8 +257,6 @@ def test_hicache_turns_recompute_into_host_hits() -> None:
     computed = "computed_prefill_tokens_total"
     assert plain.counters()[computed] - tiered.counters()[computed] == 1000
 
-
-def test_hicache_adds_no_decode_slots() -> None:
     def peak_running(hicache_tokens: int) -> tuple[int, dict]:
         engine = Engine(EngineConfig(max_total_num_tokens=4000, hicache_tokens=hicache_tokens), FAST)
         for i in range(40):
@@ -300,9 +270,6 @@ def test_hicache_adds_no_decode_slots() -> None:
     (peak_off, loads_off), (peak_on, loads_on) = peak_running(0), peak_running(50_000)
     assert peak_off == peak_on
     assert loads_off["max_total_num_tokens"] == loads_on["max_total_num_tokens"] == 4000
-
-
-# ---- chunked prefill, abort, time, loads --------------------------------------
 
 
 def test_long_prompt_is_prefilled_in_chunks_while_decode_waits() -> None:
@@ -331,7 +298,7 @@ def test_abort_frees_kv_and_reports_abort() -> None:
     assert engine.cache_tokens["evictable"] == engine.cache_tokens["device"]
 
 
-def test_clock_queue_time_and_latency() -> None:
+def test_clock_queue_time_latency_and_continuous_decode_steps() -> None:
     engine = Engine(EngineConfig(max_total_num_tokens=5000), FAST)
     engine.advance_idle(2.5)
     engine.add_request("r", toks(0, 100), toks(1000, 3))
@@ -348,9 +315,7 @@ def test_clock_queue_time_and_latency() -> None:
     assert done[0].queue_time_s == 0.0
     assert done[0].e2e_latency_s == pytest.approx(sum(dts))
     assert engine.step().dt_s == 0.0
-
-
-def test_continuous_decode_steps_charge_k_passes() -> None:
+    # continuous decode steps charge k passes
     engine = Engine(EngineConfig(max_total_num_tokens=5000, num_continuous_decode_steps=4), FAST)
     engine.add_request("r", toks(0, 100), toks(1000, 6))
     engine.step()
@@ -381,9 +346,7 @@ def test_loads_fields() -> None:
     assert engine.loads()["gen_throughput"] > 0
 
 
-# ---- SGLang 0.5.17's admission rounds (schedule_policy.py PrefillAdder, scheduler.py) ----------
-
-
+# SGLang 0.5.17's admission rounds (schedule_policy.py PrefillAdder, scheduler.py)
 def _long_regime(pool: int = 60_000, n: int = 40, out: int = 1200) -> Engine:
     """The issue-19 shape: prompts of 400, max_new_tokens 4096, everything queued at once."""
     engine = Engine(EngineConfig(max_total_num_tokens=pool, context_length=8192), PROFILES["h200"])
@@ -394,10 +357,8 @@ def _long_regime(pool: int = 60_000, n: int = 40, out: int = 1200) -> Engine:
 
 
 def test_first_round_reserves_whole_max_new_then_a_second_round_follows_at_once() -> None:
-    """Round 1 on an empty engine: each candidate needs 400 + 4096 + 1 page < what is left, so
-    60,000 // 4,497 = 13 go in. That batch becomes the running batch with batch_is_full False
-    (scheduler.py:2997-2999), so round 2 runs at once: running reserve 13 x 4096 x 0.7 = 37,274.
-    Then nothing until a request finishes."""
+    """Round 1: 60,000 // (400 + 4096 + 1) = 13 go in, batch_is_full stays False (scheduler.py:2997-2999), so
+    round 2 runs at once against a running reserve of 13 x 4096 x 0.7; then nothing until a request finishes."""
     engine = _long_regime()
     first = engine.step()
     assert (first.prefill_tokens, engine.num_running) == (13 * 400, 13)
@@ -408,11 +369,6 @@ def test_first_round_reserves_whole_max_new_then_a_second_round_follows_at_once(
     for _ in range(1199):  # 1,199 decodes: nobody has finished yet
         assert engine.step().decode_batch == 16
     assert engine.num_waiting == 24
-
-
-def test_a_finish_reopens_admission_one_decode_later() -> None:
-    """filter_batch drops finished requests at the next decode (scheduler.py:3383-3390, 3458):
-    a finish during decode N lets the prefill round in after decode N + 1."""
     engine = Engine(EngineConfig(max_total_num_tokens=10_000), FAST)
     engine.add_request("a", toks(0, 100), toks(1000, 3), max_new_tokens=4096)
     engine.add_request("b", toks(2000, 100), toks(3000, 50), max_new_tokens=4096)
@@ -424,20 +380,6 @@ def test_a_finish_reopens_admission_one_decode_later() -> None:
         step = engine.step()
         kinds.append("prefill" if step.prefill_tokens else "decode" + ("+finish" if step.finished else ""))
     assert kinds == ["decode", "decode", "decode+finish", "decode", "prefill", "decode"]
-
-
-def test_a_readmitted_request_reserves_its_whole_clipped_max_new() -> None:
-    """add_one_req checks the remaining max_new but adds min(max_new, CLIP) to the round's offset
-    (schedule_policy.py:1077-1080 vs 1203-1212)."""
-    req = SchedReq("x", tuple(range(500)), prompt_len=100, out_len=400, max_new=5000, reason="stop",
-                   arrival_s=0.0, generated=3000)
-    assert clipped_reserve(req, 4096) == 2000
-    assert admitted_reserve(req, 4096) == 4096
-
-
-def test_the_metrics_ratio_is_the_last_prefill_rounds() -> None:
-    """/metrics' sglang:new_token_ratio is set from the PrefillAdder at each prefill stats log
-    (metrics_reporter.py:553): it stays at 0.7 through decodes until the next admission."""
     engine = _long_regime(n=20, out=1200)
     engine.step(), engine.step()
     for _ in range(700):

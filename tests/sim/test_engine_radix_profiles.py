@@ -4,18 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_sim.profiles import (
-    PROFILES,
-    get_profile,
-    hicache_capacity_tokens,
-    kv_capacity_tokens,
-)
+from sglang_sim.profiles import PROFILES, get_profile, hicache_capacity_tokens, kv_capacity_tokens
 from sglang_sim.radix import RadixCache
 
-# ---- radix -------------------------------------------------------------------
 
-
-def test_match_returns_longest_prefix_and_splits_node() -> None:
+def test_match_returns_longest_prefix_and_splits_node_and_insert_counts_new_tokens() -> None:
     cache = RadixCache()
     cache.insert((1, 2, 3, 4, 5), now_s=1.0)
     m = cache.match_prefix((1, 2, 3, 9), now_s=2.0)
@@ -23,10 +16,7 @@ def test_match_returns_longest_prefix_and_splits_node() -> None:
     assert m.device_node.key == (1, 2, 3)  # split at the divergence point
     assert cache.device_size == 5
     assert cache.match_prefix((7,), now_s=3.0).device_len == 0
-
-
-def test_insert_counts_only_new_tokens() -> None:
-    cache = RadixCache()
+    cache = RadixCache()  # an insert counts only the new tokens
     assert cache.insert((1, 2, 3), 0.0)[1] == 3
     assert cache.insert((1, 2, 3, 4, 5), 0.0)[1] == 2
     assert cache.insert((1, 2, 6), 0.0)[1] == 1
@@ -43,6 +33,15 @@ def test_locked_prefix_is_not_evictable() -> None:
     assert cache.device_size == 4
     cache.unlock(node)
     assert cache.evictable_size == 4
+    # reset empties device and host but keeps what is locked
+    cache = RadixCache(host_capacity_tokens=100)
+    kept, _ = cache.insert((9, 9), 0.0)
+    cache.lock(kept)
+    cache.insert((1, 2), 0.0)
+    cache.evict(2)
+    cache.insert((3, 4), 0.0)
+    cache.reset()
+    assert (cache.device_size, cache.host_size, cache.protected_size) == (2, 0, 2)
 
 
 def test_eviction_is_least_recently_used_first() -> None:
@@ -65,9 +64,7 @@ def test_host_tier_keeps_evicted_prefix_and_loads_it_back() -> None:
     assert (m.device_len, m.host_len) == (0, 4)
     assert cache.load_back(m.host_node) == 4
     assert (cache.device_size, cache.host_size) == (4, 0)
-
-
-def test_host_tier_drops_oldest_when_full() -> None:
+    # full: the oldest is dropped
     cache = RadixCache(host_capacity_tokens=4)
     cache.insert((1, 1, 1), 0.0)
     cache.insert((2, 2, 2), 1.0)
@@ -75,20 +72,6 @@ def test_host_tier_drops_oldest_when_full() -> None:
     assert cache.host_size == 3  # only one of the two fits in 4 host tokens
     assert cache.match_prefix((2, 2, 2), 2.0).host_len == 3
     assert cache.match_prefix((1, 1, 1), 2.0).host_len == 0
-
-
-def test_reset_empties_device_and_host_but_keeps_locked() -> None:
-    cache = RadixCache(host_capacity_tokens=100)
-    kept, _ = cache.insert((9, 9), 0.0)
-    cache.lock(kept)
-    cache.insert((1, 2), 0.0)
-    cache.evict(2)
-    cache.insert((3, 4), 0.0)
-    cache.reset()
-    assert (cache.device_size, cache.host_size, cache.protected_size) == (2, 0, 2)
-
-
-# ---- profiles ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -101,7 +84,7 @@ def test_pool_matches_the_seed_servers_and_fast_is_fixed(profile: str, mem: floa
     assert kv_capacity_tokens(profile, mem, dtype) == tokens
 
 
-def test_unknown_dtype_and_profile_are_refused() -> None:
+def test_unknown_dtype_and_profile_are_refused_and_hicache_gb_converts_to_tokens() -> None:
     with pytest.raises(ValueError) as err:
         kv_capacity_tokens("seed", 0.85, "int4")
     assert str(err.value) == (
@@ -110,14 +93,12 @@ def test_unknown_dtype_and_profile_are_refused() -> None:
     with pytest.raises(ValueError) as err:
         get_profile("h100")
     assert str(err.value) == "unknown hardware profile 'h100'; choose one of ['fast', 'h200', 'seed']"
-
-
-def test_hicache_size_converts_gb_to_tokens() -> None:
+    # hicache_size converts GB to tokens
     assert hicache_capacity_tokens("seed", 48, "bf16") == int(48e9 / 98_400)
     assert hicache_capacity_tokens("seed", 48, "fp8_e4m3") == int(48e9 / 49_200)
 
 
-def test_step_time_grows_with_batch_kv_and_prefill() -> None:
+def test_step_time_grows_with_batch_kv_and_prefill_and_fp8_halves_attention() -> None:
     p = PROFILES["seed"]
     base = p.step_time_s(10, 10_000, 0)
     assert p.step_time_s(20, 10_000, 0) > base
@@ -125,9 +106,6 @@ def test_step_time_grows_with_batch_kv_and_prefill() -> None:
     assert p.step_time_s(10, 10_000, 100) > base
     # ~17 tok/s per request at ~40 running on a full 116K bf16 pool (the seed's figure)
     assert 15.0 < 1.0 / p.step_time_s(40, 100_000, 0) < 20.0
-
-
-def test_fp8_halves_attention_cost() -> None:
     bf16, fp8 = get_profile("seed", "bf16"), get_profile("seed", "fp8_e4m3")
     assert fp8.decode_per_kv_token_s == pytest.approx(bf16.decode_per_kv_token_s / 2)
     assert fp8.step_time_s(1, 0, 0) == bf16.step_time_s(1, 0, 0)

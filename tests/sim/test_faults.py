@@ -1,5 +1,5 @@
-"""Every fault does what it says, over real TCP; start-up, aborts and client disconnects. One shared sim
-changes its faults through POST /sim/faults; crash, start-up and flag tests run their own processes."""
+"""Every fault does what it says over real TCP (one shared sim, POST /sim/faults); start-up, aborts and client
+disconnects; crash, start-up and flag tests run their own processes."""
 
 from __future__ import annotations
 
@@ -24,29 +24,25 @@ def next_seq(client: httpx.Client) -> int:
     return client.get("/sim/stats").json()["requests_seen"] + 1
 
 
-def test_decide_is_seeded_and_matches_rates() -> None:
+def test_decide_is_seeded_and_matches_rates_and_the_health_window() -> None:
     s = FaultSettings(error_rate=0.25, too_many_rate=0.25, seed=3)
     picks = [decide(s, i) for i in range(1, 4001)]
     assert picks == [decide(s, i) for i in range(1, 4001)]
     assert 900 < picks.count(Fault.ERROR) < 1100 and 900 < picks.count(Fault.TOO_MANY) < 1100
     assert picks != [decide(FaultSettings(error_rate=0.25, too_many_rate=0.25, seed=4), i) for i in range(1, 4001)]
-
-
-def test_health_window() -> None:
     s = FaultSettings(health_503_after_s=10, health_503_for_s=5)
     assert [health_ok(s, t) for t in (0, 9.9, 10, 14.9, 15)] == [True, True, False, False, True]
     assert health_ok(FaultSettings(never_healthy=True), 0) is False
 
 
-def test_fault_settings_reject_bad_values(client: httpx.Client) -> None:
+def test_fault_settings_reject_bad_values_and_errors_follow_the_seeded_plan(client: httpx.Client,
+                                                                            faults: callable) -> None:
     r = client.post("/sim/faults", json={"eror_rate": 0.5})
     assert r.status_code == 400 and r.json()["message"].startswith("unknown fault key 'eror_rate'; known keys: [")
     r = client.post("/sim/faults", json={"error_rate": 0.7, "cut_rate": 0.6})
     assert r.json()["message"] == "fault rates sum to 1.300; at most one fault hits a request, keep the sum <= 1"
     assert client.get("/sim/faults").json() == NO_FAULTS
-
-
-def test_error_and_429_fractions_follow_the_seeded_plan(client: httpx.Client, faults: callable) -> None:
+    # the error and 429 fractions follow the seeded plan
     settings = faults(error_rate=0.3, error_status=503, **{"429_rate": 0.2})
     start = next_seq(client)
     expected = [decide(FaultSettings().updated(settings), s) for s in range(start, start + 30)]
@@ -59,7 +55,7 @@ def test_error_and_429_fractions_follow_the_seeded_plan(client: httpx.Client, fa
                         "type": "InternalServerError", "param": None, "code": 503}
 
 
-def test_bad_json(client: httpx.Client, faults: callable) -> None:
+def test_bad_json_wrong_content_type_and_no_usage(client: httpx.Client, faults: callable) -> None:
     faults(bad_json_rate=1.0)
     r = client.post("/v1/chat/completions", json=SHORT)
     assert r.status_code == 200 and r.headers["content-type"] == "application/json"
@@ -69,17 +65,11 @@ def test_bad_json(client: httpx.Client, faults: callable) -> None:
         first = next(line for line in s.iter_lines() if line)
     with pytest.raises(json.JSONDecodeError):
         json.loads(first.removeprefix("data: "))
-
-
-def test_wrong_content_type(client: httpx.Client, faults: callable) -> None:
-    faults(wrong_content_type_rate=1.0)
+    faults(bad_json_rate=0.0, wrong_content_type_rate=1.0)
     r = client.post("/v1/chat/completions", json=SHORT)
     assert (r.status_code, r.headers["content-type"]) == (200, "text/html; charset=utf-8")
     assert r.text.startswith("<html>")
-
-
-def test_no_usage(client: httpx.Client, faults: callable) -> None:
-    faults(no_usage_rate=1.0)
+    faults(wrong_content_type_rate=0.0, no_usage_rate=1.0)
     body = client.post("/v1/chat/completions", json=SHORT).json()
     assert "usage" not in body and body["choices"][0]["finish_reason"] == "length"
     with client.stream("POST", "/v1/chat/completions",
@@ -89,7 +79,8 @@ def test_no_usage(client: httpx.Client, faults: callable) -> None:
     assert all(json.loads(e.removeprefix("data: ")).get("usage") is None for e in events[:-1])
 
 
-def test_cut_mid_body_makes_httpx_raise(client: httpx.Client, faults: callable) -> None:
+def test_cut_mid_body_makes_httpx_raise_and_a_stall_holds_the_response(client: httpx.Client,
+                                                                       faults: callable) -> None:
     faults(cut_rate=1.0)
     with pytest.raises(httpx.RemoteProtocolError):
         client.post("/v1/chat/completions", json=SHORT)
@@ -97,10 +88,7 @@ def test_cut_mid_body_makes_httpx_raise(client: httpx.Client, faults: callable) 
         with client.stream("POST", "/v1/chat/completions", json={**SHORT, "stream": True}) as s:
             for _ in s.iter_lines():
                 pass
-
-
-def test_stall_holds_the_response(client: httpx.Client, faults: callable) -> None:
-    faults(stall_rate=1.0, stall_s=60)
+    faults(cut_rate=0.0, stall_rate=1.0, stall_s=60)  # a stall holds the response
     before = client.get("/sim/stats").json()
     with pytest.raises(httpx.ReadTimeout):
         client.post("/v1/chat/completions", json=SHORT, timeout=httpx.Timeout(5.0, read=0.5))
@@ -111,9 +99,8 @@ def test_stall_holds_the_response(client: httpx.Client, faults: callable) -> Non
 
 
 def test_health_flaps_for_the_window(client: httpx.Client, faults: callable) -> None:
-    """200 before the window, 503 inside, 200 after, each answer judged by the sim's own clock read just
-    before and after it (an answer that straddles an edge proves nothing; a poller stalled past the
-    whole window sets a new one)."""
+    """200 before the window, 503 inside, 200 after, each answer judged by the sim's clock read just before and
+    after it (one that straddles an edge proves nothing; a poller stalled past the whole window sets a new one)."""
     def since_ready() -> float:
         return client.get("/sim/stats").json()["since_ready_s"]
 
@@ -149,7 +136,13 @@ def wait_idle(client: httpx.Client, timeout_s: float = 30.0) -> None:
         time.sleep(0.02)
 
 
-def test_abort_request_ends_a_stream(client: httpx.Client) -> None:
+def decoded(client: httpx.Client) -> int:
+    return client.get("/sim/stats").json()["counters"]["decode_tokens_total"]
+
+
+def test_abort_request_and_a_client_disconnect_end_the_request(client: httpx.Client) -> None:
+    """/abort_request ends a stream (finish_reason abort); a client that leaves mid-output frees the engine: the
+    request stops short of its 2,000 tokens."""
     with client.stream("POST", "/v1/chat/completions", json={"messages": SHORT["messages"], "stream": True}) as s:
         lines = s.iter_lines()
         rid = json.loads(next(line for line in lines if line).removeprefix("data: "))["id"]
@@ -157,15 +150,6 @@ def test_abort_request_ends_a_stream(client: httpx.Client) -> None:
         events = [json.loads(line.removeprefix("data: ")) for line in lines if line and line != "data: [DONE]"]
     assert events[-1]["choices"][0]["finish_reason"] == "abort"
     wait_idle(client)
-
-
-def decoded(client: httpx.Client) -> int:
-    return client.get("/sim/stats").json()["counters"]["decode_tokens_total"]
-
-
-def test_client_disconnect_aborts_in_the_engine(client: httpx.Client) -> None:
-    """A client that leaves mid-output frees the engine: the request stops short of its 2,000 tokens
-    (~4 s of decoding; a request that ran on would decode them all)."""
     start = decoded(client)
     with client.stream("POST", "/v1/chat/completions", json={"messages": SHORT["messages"], "stream": True}) as s:
         next(line for line in s.iter_lines() if line)
@@ -199,7 +183,7 @@ def test_fail_startup_prints_line_after_capacity_and_exits_1() -> None:
     assert "ready to roll" not in text
 
 
-def test_startup_delay_then_ready(tmp_path) -> None:
+def test_startup_delay_then_ready_or_never_healthy(tmp_path) -> None:
     # 3 s of start-up (long enough on a loaded machine): the port opens while it runs; a poll lands inside it
     with start_sim(["--sim-startup-s", "3.0"], wait_ready=False, log_path=tmp_path / "s.log") as sim:
         codes = set()
@@ -217,9 +201,7 @@ def test_startup_delay_then_ready(tmp_path) -> None:
                 time.sleep(0.05)
         assert codes == {503, 200}
         assert "The server is fired up and ready to roll!" in sim.log_text()
-
-
-def test_never_healthy(tmp_path) -> None:
+    # --sim-never-healthy: the log says ready, /health never does
     with start_sim(["--sim-never-healthy"], wait_ready=False, log_path=tmp_path / "n.log") as sim:
         deadline = time.monotonic() + 20
         while "ready to roll" not in sim.log_text():

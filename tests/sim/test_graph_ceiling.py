@@ -40,13 +40,21 @@ def _decode_steps(ceiling: int | None, requests: int) -> list[tuple[int, float, 
     return steps
 
 
-def test_decode_step_above_the_ceiling_is_slower_at_the_same_batch() -> None:
+def test_decode_step_above_the_ceiling_is_slower_at_the_same_batch(capsys) -> None:
     graphed, eager = _decode_steps(None, 300), _decode_steps(256, 300)
     assert [b for b, _, _ in graphed] == [b for b, _, _ in eager] == [300] * 50
     assert all(g for _, _, g in graphed) and not any(g for _, _, g in eager)
     assert eager[0][1] == pytest.approx(NO_GRAPH_STEP_FACTOR * graphed[0][1])
     # at or below the ceiling nothing changes
     assert _decode_steps(256, 256) == _decode_steps(None, 256)
+    # --sim-no-graph-factor sets the eager step's cost; below 1 it is refused
+    engine, _ = build_engine(parse_args(["--sim-profile", "h200", "--sim-no-graph-factor", "4"]))
+    assert engine.profile.no_graph_step_factor == 4.0
+    assert build_engine(parse_args(["--sim-profile", "h200"]))[0].profile.no_graph_step_factor == NO_GRAPH_STEP_FACTOR
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--sim-no-graph-factor", "0.5"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.endswith("error: --sim-no-graph-factor must be >= 1 (got 0.5)\n")
 
 
 def _sim(*flags: str) -> SimServer:
@@ -96,13 +104,3 @@ async def test_metrics_and_log_line_say_when_the_decode_ran_without_a_graph(
     assert samples[("sglang:is_cuda_graph", None)] == 0.0
     assert samples[("sglang:cuda_graph_passes_total", "decode_none")] >= 1.0
     assert ("sglang:cuda_graph_passes_total", "decode_cuda_graph") not in samples
-
-
-def test_sim_no_graph_factor_sets_the_eager_steps_cost_and_refuses_below_one(capsys) -> None:
-    engine, _ = build_engine(parse_args(["--sim-profile", "h200", "--sim-no-graph-factor", "4"]))
-    assert engine.profile.no_graph_step_factor == 4.0
-    assert build_engine(parse_args(["--sim-profile", "h200"]))[0].profile.no_graph_step_factor == NO_GRAPH_STEP_FACTOR
-    with pytest.raises(SystemExit) as e:
-        parse_args(["--sim-no-graph-factor", "0.5"])
-    assert e.value.code == 2
-    assert capsys.readouterr().err.endswith("error: --sim-no-graph-factor must be >= 1 (got 0.5)\n")

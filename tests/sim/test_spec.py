@@ -1,6 +1,5 @@
-"""The sim with a draft (--speculative-*), as SGLang 0.5.17 answers: each finished request's acceptance in
-meta_info when asked (tokenizer_manager.py _calculate_spec_decoding_metrics), the refusal of return_meta_info
-on a stream, the flags in /get_server_info, the sglang:spec_accept_length gauge."""
+"""The sim with a draft (--speculative-*) as SGLang 0.5.17 answers: the acceptance in meta_info when asked
+(tokenizer_manager.py _calculate_spec_decoding_metrics), its refusal on a stream, /get_server_info, the gauge."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ DRAFT = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", 
          "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
 
 
-def test_a_draft_running_sim_reports_acceptance_as_sglang_does() -> None:
+def test_a_draft_running_sim_reports_acceptance_as_sglang_does_and_no_draft_none() -> None:
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 64, "return_meta_info": True}
     with sim_in_thread([*SIM_FAST, "--enable-metrics", *DRAFT, "--sim-accept-length", "3"]) as sim:
         def post(b: dict) -> httpx.Response:
@@ -47,11 +46,8 @@ def test_a_draft_running_sim_reports_acceptance_as_sglang_does() -> None:
     assert plain["usage"]["completion_tokens"] == tokens and 1.0 <= meta["spec_accept_length"] <= 4.0
     assert gauges["sglang:spec_accept_length"][""] == tokens / verify_ct
     assert gauges["sglang:spec_accept_rate"][""] == meta["spec_accept_rate"]
-
-
-def test_no_draft_no_acceptance() -> None:
-    with sim_in_thread(SIM_FAST) as sim:
-        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16, "return_meta_info": True}
-        meta = httpx.post(sim.url + "/v1/chat/completions", json=body, timeout=10).json()["choices"][0]["meta_info"]
+    with sim_in_thread(SIM_FAST) as sim:  # no draft, no acceptance
+        meta = httpx.post(sim.url + "/v1/chat/completions", json={**body, "max_tokens": 16},
+                          timeout=10).json()["choices"][0]["meta_info"]
         info = httpx.get(sim.url + "/get_server_info").json()
     assert not any(k.startswith("spec_") for k in meta) and info["speculative_algorithm"] is None

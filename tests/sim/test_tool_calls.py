@@ -7,7 +7,7 @@ import json
 
 import httpx
 
-from sglang_sim.tools import DIRECTIVE
+from sglang_sim.tools import DIRECTIVE, requested_calls
 
 SIM_ARGS = ["--tool-call-parser", "qwen25", "--sim-output-mean", "40", "--time-scale", "4",
             "--served-model-name", "tool-sim"]
@@ -20,7 +20,7 @@ ASK = (f'Weather and time in Paris? {DIRECTIVE}get_weather {{"city": "Paris", "u
 MESSAGES = [{"role": "user", "content": ASK}]
 
 
-def test_whole_answer_carries_the_calls(client: httpx.Client) -> None:
+def test_whole_answer_carries_the_calls_and_streamed_pieces_rebuild_them(client: httpx.Client, sse) -> None:
     body = {"model": "tool-sim", "messages": MESSAGES, "tools": TOOLS, "tool_choice": "auto", "max_tokens": 200}
     choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
@@ -31,9 +31,7 @@ def test_whole_answer_carries_the_calls(client: httpx.Client) -> None:
             for c in message["tool_calls"]] == [(0, "function", "get_weather", {"city": "Paris", "units": {"t": "C"}}),
                                                 (1, "function", "get_time", {"tz": "CET"})]
     assert all(c["id"].startswith("call_") and len(c["id"]) == 29 for c in message["tool_calls"])
-
-
-def test_streamed_pieces_rebuild_the_whole_calls(client: httpx.Client, sse) -> None:
+    # streamed, the pieces rebuild the whole calls
     body = {"model": "tool-sim", "messages": MESSAGES, "tools": TOOLS, "max_tokens": 200}
     whole = client.post("/v1/chat/completions", json=body).json()
     chunks = sse({**body, "stream_options": {"include_usage": True}})
@@ -61,6 +59,13 @@ def test_kimi_ids_count_the_history(client: httpx.Client) -> None:
     body = {"model": "tool-sim", "messages": history, "tools": TOOLS, "max_tokens": 200}
     message = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
     assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_time"]
+    # kimi_k2's ids: functions.NAME:N, N counting the history's calls
+    body = {"tools": TOOLS, "messages": [
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "x", "function": {"name": "get_time"}}]},
+        {"role": "tool", "content": ASK}]}
+    assert [c.id for c in requested_calls(body, "kimi_k2", "rid")] == ["functions.get_weather:1",
+                                                                       "functions.get_time:2"]
+    assert requested_calls(body, None, "rid") == ()
 
 
 def test_without_tools_or_directive_the_answer_is_text(client: httpx.Client) -> None:
@@ -70,14 +75,3 @@ def test_without_tools_or_directive_the_answer_is_text(client: httpx.Client) -> 
         choice = choice["choices"][0]
         assert choice["message"]["tool_calls"] is None and choice["message"]["content"]
         assert choice["finish_reason"] in ("stop", "length")
-
-
-def test_kimi_call_ids() -> None:
-    from sglang_sim.tools import requested_calls
-
-    body = {"tools": TOOLS, "messages": [
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "x", "function": {"name": "get_time"}}]},
-        {"role": "tool", "content": ASK}]}
-    assert [c.id for c in requested_calls(body, "kimi_k2", "rid")] == ["functions.get_weather:1",
-                                                                       "functions.get_time:2"]
-    assert requested_calls(body, None, "rid") == ()

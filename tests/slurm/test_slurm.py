@@ -1,9 +1,6 @@
-"""The README's sbatch script (examples/slurm/generate.sbatch) under a real single-node SLURM (cluster.sh):
-four array tasks = four ranks -> exactly the target; a rank cancelled (`scancel`) and requeued -> exact;
-another world size, or an array not numbered 0..W-1, refused with the messages in the task's log. The test
-changes only what a user does at submission (DATASET, GEN_PIPELINE_ARGS; sbatch --oversubscribe so four
-tasks share this node, --output out of the checkout). `make slurm-test` (GEN_PIPELINE_SLURM=1 skips without
-a cluster, =require fails); every wait is on an event (`scontrol show job`, shard lines, the rank's log)."""
+"""The README's sbatch script under a real single-node SLURM (cluster.sh, `make slurm-test`): four array tasks
+-> exactly the target, also after a rank is cancelled and requeued; another world size or array numbering is
+refused. Only what a user sets at submission changes; every wait is on an event, never a sleep."""
 
 from __future__ import annotations
 
@@ -57,9 +54,6 @@ def slurm_env(request):
         subprocess.run([CLUSTER_SH, "stop"], capture_output=True, timeout=120)
 
 
-# ---------------------------------------------------------------- SLURM, through its own commands
-
-
 def sbatch(env: dict[str, str], logs: Path, dataset: Path, args: str, *options: str) -> str:
     """Submit the docs' sbatch script (docs/fleets.md); returns the (array) job id."""
     res = subprocess.run(["sbatch", "--parsable", "--oversubscribe", f"--output={logs}/slurm-%A_%a.log", *options,
@@ -101,9 +95,6 @@ def task_log(logs: Path, job: str, index: int) -> str:
     return (logs / f"slurm-{job}_{index}.log").read_text()
 
 
-# ---------------------------------------------------------------- the dataset, read back
-
-
 def rank_dir(out: Path, rank: int, world: int = W) -> Path:
     return out / "T" / f"rank-{rank}-of-{world}"
 
@@ -139,9 +130,6 @@ def status_json(out: Path, cfg: Path) -> dict:
 def first_line(out: Path, rank: int, world: int = W) -> str:
     return (f"T: rank {rank} of {world} (from {ARRAY}), share {rank_share(TARGET, rank, world)} of {TARGET}, "
             f"writing {rank_dir(out, rank, world)}/")
-
-
-# ---------------------------------------------------------------- the tests
 
 
 def test_the_readme_script_makes_exactly_the_target_on_four_ranks_and_refuses_another_world(tmp_path, slurm_env):
@@ -207,12 +195,9 @@ def test_srun_tasks_inside_array_tasks_split_each_rank(tmp_path, slurm_env):
 
 @pytest.mark.parametrize("how", ["scancel", "scancel --batch --signal=KILL"])
 def test_a_rank_cancelled_mid_run_then_requeued_ends_exact(tmp_path, slurm_env, how):
-    """The simulator is stopped (SIGSTOP) while the victim is mid-run, so it cannot finish before the
-    cancel lands: "still running" holds by construction. A plain scancel (as at preemption or the
-    time limit: SIGTERM, then SIGKILL after KillWait) drains and commits; SIGKILL to the batch step
-    alone (as when a node dies; `scancel --signal=KILL` without --batch is a plain scancel) leaves
-    the lock and maybe a torn line. `scontrol requeue` runs the same array task again, which resumes
-    its own part."""
+    """The simulator is SIGSTOPped while the victim is mid-run ("still running" by construction). A plain scancel
+    (preemption, time limit) drains and commits; SIGKILL to the batch step alone (a node dying) leaves the lock
+    and maybe a torn line. `scontrol requeue` runs the same array task again, which resumes its own part."""
     toml = write_dataset(tmp_path / "ds", rows=make_rows(120), target=TARGET, shard_max_samples=7, fsync_every=2)
     out, cfg, logs = tmp_path / "out", tmp_path / "ds", tmp_path / "logs"
     logs.mkdir()
