@@ -1,14 +1,10 @@
-"""`gen-pipeline` (also `python -m gen_pipeline`): arguments → a library call → printed lines and an
-exit code. The edge of the program: the only place that configures logging (cli/logs.py) and turns
-the library's errors into messages.
+"""`gen-pipeline` (also `python -m gen_pipeline`): arguments → a library call → printed lines and an exit
+code; the only place that configures logging (cli/logs.py) and turns the library's errors into messages.
 
-A job (several datasets) exits with the worst of its datasets' codes (130/143 over 5 over 0); an error
-ends the whole job with its code.
-
-Exit codes: 0 ok, 1 validation found problems, 2 config/flag error (also: a missing source column, most
-rows rejected), 3 server error, 4 store error (lock, config drift, disk), 5 the source has fewer valid rows
-than the target (`check`/`generate` refused, or a run ended short of it), 130/143/129 interrupted by
-SIGINT/SIGTERM/SIGHUP (resumable).
+Exit codes: 0 ok, 1 validation found problems, 2 config/flag error (also: a missing source column, most rows
+rejected), 3 server error, 4 store error (lock, config drift, disk), 5 the source has fewer valid rows than the
+target (`check`/`generate` refused, or a run ended short of it), 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP
+(resumable). A job exits with the worst of its datasets' codes (130/143 over 5 over 0); an error ends it all.
 """
 
 from __future__ import annotations

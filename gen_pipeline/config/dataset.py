@@ -22,21 +22,12 @@ A dataset config, `datasets_cfg/B2.toml`:
     max_new_tokens = 4096
     temperature = 0.7
     top_p = 0.95
-    # optional, sent only when set (else the server's default): SGLang's ChatCompletionRequest names
-    # top_k = 20                     # -1 (off) or at least 1
-    # min_p = 0.0                    # 0..1
-    # repetition_penalty = 1.05      # (0, 2], 1 = none
-    # presence_penalty = 0.0         # -2..2
-    # frequency_penalty = 0.0        # -2..2
-    # stop = ["</answer>"]           # strings that end a turn
-    # seed = 1234                    # per-request sampling seed
-    # reasoning_effort = "high"      # none | minimal | low | medium | high | xhigh | max (gpt-oss and others)
-    # chat_template_kwargs = { thinking = true }   # passed to the chat template (Qwen3: enable_thinking)
-    # [sampling.extra_body]          # merged into the request body verbatim (other SGLang keys)
-    # min_tokens = 16
-    # [[sampling.mix]]               # optional: per-sample variants of [sampling] (config/mix.py)
-    # share = 0.5
-    # temperature = 0.0
+    # optional, sent only when set (else the server's default), SGLang's ChatCompletionRequest names: top_k (-1 =
+    # off, or >= 1), min_p (0..1), repetition_penalty ((0, 2], 1 = none), presence_penalty and frequency_penalty
+    # (-2..2), stop = ["</answer>"], seed (per request), reasoning_effort (none | minimal | low | medium | high |
+    # xhigh | max), chat_template_kwargs = { thinking = true } (Qwen3: enable_thinking); [sampling.extra_body]
+    # (min_tokens = 16: other SGLang keys) is merged into the body verbatim; [[sampling.mix]] tables (share = 0.5,
+    # temperature = 0.0) are per-sample variants of [sampling] (config/mix.py)
 
     [generation]
     reasoning = "keep"               # "keep" reasoning_content | "disable" thinking | "none"
@@ -293,16 +284,12 @@ class _Target:
 
 def _check_reasoning(s: SamplingConfig, gen: GenerationConfig, where: str) -> None:
     """generation.reasoning = "disable" sends thinking = false: a sampling that asks for thinking contradicts it."""
-    if gen.reasoning != "disable":
-        return
-    for key in ("thinking", "enable_thinking"):
-        if s.chat_template_kwargs.get(key) is True:
-            raise ConfigError(f"{where}chat_template_kwargs.{key} = true contradicts generation.reasoning = "
-                              "\"disable\" (which sends thinking = false). Remove one of them.")
-    if s.reasoning_effort not in (None, "none"):
-        raise ConfigError(f"{where}reasoning_effort = {s.reasoning_effort!r} contradicts generation.reasoning = "
-                          "\"disable\" (which sends thinking = false). Remove one of them.")
-
+    asks = [f"chat_template_kwargs.{k} = true" for k in ("thinking", "enable_thinking")
+            if s.chat_template_kwargs.get(k) is True]
+    asks += [f"reasoning_effort = {s.reasoning_effort!r}"] if s.reasoning_effort not in (None, "none") else []
+    if gen.reasoning == "disable" and asks:
+        raise ConfigError(f"{where}{asks[0]} contradicts generation.reasoning = \"disable\" (which sends thinking = "
+                          "false). Remove one of them.")
 
 
 def available_datasets(config_dir: Path = DEFAULT_CONFIG_DIR) -> list[str]:

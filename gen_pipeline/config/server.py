@@ -225,31 +225,23 @@ def _build(name: str, table: dict[str, Any], where_of: Callable[[str], str], fil
         raise ConfigError(f"{where_of('model_path')}model_path: missing. Set the model to serve (a hub id or a "
                           "local folder).")
     if "mem_fraction_static" in table:
-        table["mem_fraction_static"] = _fraction(where_of("mem_fraction_static"), table["mem_fraction_static"])
-    if "env" in table:
-        table["env"] = _env_table(where_of, table["env"])
+        value = table["mem_fraction_static"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+            raise ConfigError(f"{where_of('mem_fraction_static')}mem_fraction_static = {value!r} must be a number "
+                              "between 0 and 1 (the share of GPU memory for weights + KV cache, e.g. 0.90).")
+        table["mem_fraction_static"] = float(value)
+    env = table.get("env", {})
+    if not isinstance(env, dict):
+        raise ConfigError(f"{where_of('env')}env must be a table of NAME = \"value\" strings ([...env]).")
+    for key, v in env.items():
+        if not isinstance(v, str):
+            raise ConfigError(f"{where_of(f'env.{key}')}env.{key} = {v!r} must be a string (environment values "
+                              "are text). Put it in quotes.")
     table["name"] = name
     table["source"] = file
     profile: ServerProfile = build_section(ServerProfile, table, where_of(""), key_where=where_of)
     _check_ranges(profile, where_of)
     return profile
-
-
-def _fraction(where: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-        raise ConfigError(f"{where}mem_fraction_static = {value!r} must be a number between 0 and 1 "
-                          "(the share of GPU memory for weights + KV cache, e.g. 0.90).")
-    return float(value)
-
-
-def _env_table(where_of: Callable[[str], str], value: Any) -> dict[str, str]:
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where_of('env')}env must be a table of NAME = \"value\" strings ([...env]).")
-    for key, v in value.items():
-        if not isinstance(v, str):
-            raise ConfigError(f"{where_of(f'env.{key}')}env.{key} = {v!r} must be a string (environment values "
-                              "are text). Put it in quotes.")
-    return dict(value)
 
 
 # SGLang 0.5.17's --tool-call-parser names (python/sglang/srt/function_call/function_call_parser.py,

@@ -298,7 +298,10 @@ def load_source(cfg: DatasetConfig) -> LoadedSource:
         if disk is not None:
             raise disk from None
         if offline:
-            raise ConfigError(_offline_message(cfg, where, offline)) from None
+            raise ConfigError(f"{where}: the Hugging Face hub is not reachable ({offline}) and {what} is not in the "
+                              f"local cache. Download the dataset's files where the hub is reachable (hf download "
+                              f"--repo-type dataset {src.hf_id} --local-dir DIR), copy them here, and in {where} set "
+                              "source.files to the local .jsonl/.json/.parquet files (and remove hf_id).") from None
         cause = e.__cause__ or e.__context__ or e
         hint = ("Check that every line is one JSON object (JSON Lines) or the file is valid JSON/Parquet."
                 if src.files else "Check the dataset id and split, and that the hub is reachable "
@@ -398,14 +401,6 @@ def _local_files(cfg: DatasetConfig, where: str) -> LoadedSource:
         bad += scanned.bad
         good += scanned.good_lines
     return LoadedSource(read, tuple(bad), good)
-
-
-def _offline_message(cfg: DatasetConfig, where: str, reason: str) -> str:
-    src = cfg.source
-    return (f"{where}: the Hugging Face hub is not reachable ({reason}) and {src.hf_id} (split {src.split}) "
-            f"is not in the local cache. Download the dataset's files where the hub is reachable "
-            f"(hf download --repo-type dataset {src.hf_id} --local-dir DIR), copy them here, "
-            f"and in {where} set source.files to the local .jsonl/.json/.parquet files (and remove hf_id).")
 
 
 def add_bad_lines(cfg: DatasetConfig, loaded: LoadedSource, stats: SourceStats, rejects: list[Reject]) -> None:
