@@ -10,14 +10,6 @@ from gen_pipeline.cli import main
 OTHER_CONFIG = str(Path(__file__).resolve().parents[1] / "server" / "data" / "kimi-k2.5-config.json")
 
 
-def test_plan_needs_the_weight_size(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "--model-config", OTHER_CONFIG]) == 2
-    assert capsys.readouterr().err == (
-        "error: plan needs the weight size: pass --weights-gb (the checkpoint's total size in GiB; Kimi-K2.5 INT4: "
-        "594 GB on disk = 553 GiB) or --params-b with --weight-dtype (e.g. --params-b 70 --weight-dtype bf16 = "
-        "130.4 GiB).\n")
-
-
 def test_plan_shows_fp8_doubling_the_kv_tokens(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--gpu-mem-gb", "94", "--weights-gb", "578", "--mem-fraction-static", "0.90"]) == 0
     out = capsys.readouterr().out
@@ -28,6 +20,10 @@ def test_plan_shows_fp8_doubling_the_kv_tokens(capsys: pytest.CaptureFixture[str
 
 
 @pytest.mark.parametrize("argv, message", [
+    (["plan", "--model-config", OTHER_CONFIG],
+     "error: plan needs the weight size: pass --weights-gb (the checkpoint's total size in GiB; Kimi-K2.5 INT4: "
+     "594 GB on disk = 553 GiB) or --params-b with --weight-dtype (e.g. --params-b 70 --weight-dtype bf16 = "
+     "130.4 GiB).\n"),
     (["generate", "--dataset", "demo", "--limit", "0"], "error: --limit 0 must be at least 1.\n"),
     (["generate", "--dataset", "demo", "--window", "-3"],
      "error: --window -3 must be at least 0.\n"),
@@ -61,8 +57,6 @@ def test_validate_of_a_dataset_never_generated(tmp_path, capsys: pytest.CaptureF
     assert main(["validate", "--dataset", "B7", "--output-dir", str(tmp_path)]) == 2
     assert capsys.readouterr().err == (f"error: {tmp_path}/B7: no such output folder. "
                                        "Generate it first (make generate DATASET=B7).\n")
-
-
 
 
 def test_a_toml_whose_name_is_not_its_file_name_is_refused_by_every_command(

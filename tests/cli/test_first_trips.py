@@ -81,30 +81,20 @@ def _warnings(cfg: Path) -> str:
             "or move it out of the config folder. (skipped)\n")
 
 
-def test_status_warns_for_each_bad_file_and_shows_the_rest(tmp_path: Path, capsys) -> None:
-    cfg = _config_dir_with_bad_files(tmp_path)
-    (tmp_path / "out").mkdir()
-    code = main(["status", "--config-dir", str(cfg), "--output-dir", str(tmp_path / "out")])
-    out, err = capsys.readouterr()
-    assert code == 0, err
-    assert err == _warnings(cfg).replace(" (skipped)", "")
-    assert "T " in out and "not started" in out, out
-
-
-def test_plan_warns_for_each_bad_file_and_plans_the_rest(tmp_path: Path, capsys) -> None:
+def test_status_and_plan_warn_for_each_bad_file_and_check_of_one_names_it(tmp_path: Path, capsys) -> None:
     cfg = _config_dir_with_bad_files(tmp_path)
     code = main(["plan", "--config-dir", str(cfg), "--output-dir", str(tmp_path / "out")])
     out, err = capsys.readouterr()
     assert (code, err) == (0, _warnings(cfg))
     assert f"the job (T of {cfg}/: 3 samples to do)" in out, out
-
-
-def test_check_of_a_bad_file_names_it(tmp_path: Path, capsys) -> None:
-    cfg = _config_dir_with_bad_files(tmp_path)
+    (tmp_path / "out").mkdir()
+    code = main(["status", "--config-dir", str(cfg), "--output-dir", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert (code, err) == (0, _warnings(cfg).replace(" (skipped)", ""))
+    assert "T " in out and "not started" in out, out
     code = main(["check", "--dataset", "bad", "--config-dir", str(cfg), "--server", "sim"])
-    err = capsys.readouterr().err
-    assert (code, err) == (2, "error: " + _warnings(cfg).splitlines()[0].removeprefix("warning: ")
-                           .removesuffix(" (skipped)") + "\n")
+    assert (code, capsys.readouterr().err) == (2, "error: " + _warnings(cfg).splitlines()[0].removeprefix(
+        "warning: ").removesuffix(" (skipped)") + "\n")
 
 
 def test_generate_all_warns_for_each_bad_file_and_runs_the_rest(tmp_path: Path, capsys, monkeypatch) -> None:
@@ -156,17 +146,6 @@ def test_an_empty_output_dir_is_refused(capsys, command: list[str]) -> None:
 
 
 # ---------------------------------------------------------------- item 16: small ones
-
-
-def test_window_0_means_adaptive_on_the_command_line_as_in_the_toml(tmp_path: Path) -> None:
-    from gen_pipeline.config.dataset import load_dataset_config
-    from gen_pipeline.run.setup import run_options
-
-    cfg = load_dataset_config(write_dataset(tmp_path, extra="window = 4"))  # a fixed window in the TOML
-    config_dir = REPO / "datasets_cfg"
-    assert run_options([cfg], config_dir=config_dir, server="sim")[0].window == 4
-    assert run_options([cfg], config_dir=config_dir, server="sim", window=0)[0].window is None  # adaptive
-    assert run_options([cfg], config_dir=config_dir, server="sim", window=7)[0].window == 7
 
 
 def test_plan_names_a_missing_model_config_file(tmp_path: Path, capsys) -> None:

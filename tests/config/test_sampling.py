@@ -78,6 +78,15 @@ def test_unset_keys_are_not_sent_and_disable_merges_chat_template_kwargs(tmp_pat
 
 
 @pytest.mark.parametrize("sampling, message", [
+    # SGLang 0.5.17 SamplingParams.verify (python/sglang/srt/sampling/sampling_params.py)
+    *[(f"[sampling]\ntemperature = {v}\n", f"sampling.temperature = {shown} must be a finite number of at least 0 "
+       "(0 = greedy).") for v, shown in (("-1", "-1.0"), ("inf", "inf"), ("nan", "nan"))],
+    ("[sampling]\ntop_p = 2\n", "sampling.top_p = 2.0 must be above 0 and at most 1."),
+    ("[sampling]\ntop_p = 0\n", "sampling.top_p = 0.0 must be above 0 and at most 1."),
+    ("[sampling]\nmin_p = -0.1\n", "sampling.min_p = -0.1 must be between 0 and 1."),
+    ("[sampling]\nrepetition_penalty = 2.5\n",
+     "sampling.repetition_penalty = 2.5 must be above 0 and at most 2 (1 = no penalty)."),
+    ("[sampling]\nfrequency_penalty = nan\n", "sampling.frequency_penalty = nan must be between -2 and 2."),
     ("[sampling]\ntop_k = 0\n", "sampling.top_k = 0 must be -1 (no top-k) or at least 1."),
     ("[sampling]\ntop_k = 2.5\n", "sampling.top_k = 2.5 must be an integer (got a number)."),
     ("[sampling]\nmin_p = 1.5\n", "sampling.min_p = 1.5 must be between 0 and 1."),
@@ -109,8 +118,12 @@ def test_bad_sampling_values_are_named(tmp_path: Path, monkeypatch: pytest.Monke
     assert str(e.value) == f"X.toml: {message}"
 
 
-def test_a_lone_stop_string_is_a_list_of_one(tmp_path: Path) -> None:
+def test_a_lone_stop_string_is_a_list_of_one_and_the_edges_sglang_accepts_pass(tmp_path: Path) -> None:
     assert load(tmp_path, '[sampling]\nstop = "END"\n').sampling.stop == ("END",)
+    for line in ("temperature = 0", "top_p = 1", "min_p = 0", "repetition_penalty = 2", "presence_penalty = -2",
+                 "temperature = 100"):
+        key, value = line.split(" = ")
+        assert getattr(load(tmp_path, f"[sampling]\n{line}\n").sampling, key) == float(value)
 
 
 def test_through_the_simulator_then_a_changed_key_is_refused(tmp_path: Path) -> None:

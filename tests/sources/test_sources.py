@@ -100,19 +100,19 @@ def test_too_long_prompt_is_rejected_before_any_request(tmp_path: Path) -> None:
     assert rejects[0].detail == "10000001 characters > source.max_prompt_chars = 400000"
 
 
-def test_file_that_is_not_json_names_the_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("text", "message"), [
+    ("this is not json\n", "{path} has no line that is a JSON object: its one non-blank line is bad (line 1 is not "
+                           "valid JSON (invalid literal, expected 'true', column 1)). A JSON Lines file holds one JSON "
+                           "object per line; is it the right file?"),
+    (None, "{path} not found."),
+])
+def test_a_file_that_is_not_json_or_missing_names_the_file(tmp_path: Path, text: str | None, message: str) -> None:
     path = tmp_path / "broken.jsonl"
-    path.write_text("this is not json\n")
+    if text is not None:
+        path.write_text(text)
     with pytest.raises(ConfigError) as e:
         run(cfg_for(path, schema="prompt", field="q"))
-    assert str(e.value) == (f"T: source.files: {path} has no line that is a JSON object: its one non-blank line is "
-                            "bad (line 1 is not valid JSON (invalid literal, expected 'true', column 1)). A "
-                            "JSON Lines file holds one JSON object per line; is it the right file?")
-
-
-def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="nothere.jsonl not found"):
-        run(cfg_for(tmp_path / "nothere.jsonl", schema="prompt", field="q"))
+    assert str(e.value) == "T: source.files: " + message.format(path=path)
 
 
 def test_missing_column_is_a_counted_reject(tmp_path: Path) -> None:
