@@ -1,7 +1,5 @@
-"""The commands: parsed arguments → one library call → printed lines and an exit code. Every check
-and refusal is the library's (its messages name the flags); nothing here decides. Heavy modules are
-imported inside the command that needs them, so `status` stays fast.
-"""
+"""The commands: parsed arguments → one library call → printed lines and an exit code (every check is
+the library's). Heavy modules are imported inside the command that needs them, so `status` stays fast."""
 
 from __future__ import annotations
 

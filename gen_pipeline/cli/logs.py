@@ -1,8 +1,5 @@
-"""Where `generate`'s log records go: the only place that configures logging (the library only emits).
-
-Console (stdout): INFO and up under `gen_pipeline` but the journal's (the summary says it), above tqdm's bar.
-Each dataset's run.log (appended, UTC): INFO and up, the journal's included, about that dataset or about none.
-"""
+"""Where `generate`'s log records go (the only place that configures logging): stdout, INFO and up but the
+journal's, above tqdm's bar; each dataset's run.log (UTC), INFO and up about that dataset or about none."""
 
 from __future__ import annotations
 

@@ -1,54 +1,19 @@
-"""Dataset and server configs: frozen dataclasses read from TOML, validated with messages
-that name the file and the key.
-
-A dataset config, `datasets_cfg/B2.toml`:
+"""Dataset configs: frozen dataclasses read from a dataset TOML (every key: the dataclasses below and
+docs/datasets.md), validated with messages that name the file and the key. `datasets_cfg/B2.toml`:
 
     name = "B2"                      # optional: the file's stem, which it must equal
     target_samples = 18000
-
     [source]
-    hf_id = "org/name"               # Hugging Face hub dataset ...
-    split = "train"
-    # files = ["data/demo.jsonl"]    # ... or local files (jsonl/json/parquet), relative to the TOML
+    hf_id = "org/name"               # or files = ["data/demo.jsonl"] (jsonl/json/parquet, relative to the TOML)
     schema = "sharegpt"              # "sharegpt" (from/value) | "messages" (role/content) | "prompt"
     field = "conversations"          # the column holding the conversation or the prompt text
-    id_field = "id"                  # optional: a stable source id column; else a content hash
-    system_prompt = ""               # optional: prepended when a row has none
-    max_prompt_chars = 400000        # optional: longer rows are rejected (reason prompt_too_long)
-    strict = false                   # optional: true refuses a .jsonl file with a line that is not JSON
-    shuffle_seed = 0                 # optional: shuffle the source once, deterministically
-
-    [sampling]
+    [sampling]                       # + optional SGLang keys, [sampling.extra_body], [[sampling.mix]]
     max_new_tokens = 4096
-    temperature = 0.7
-    top_p = 0.95
-    # optional, sent only when set (else the server's default), SGLang's ChatCompletionRequest names: top_k (-1 =
-    # off, or >= 1), min_p (0..1), repetition_penalty ((0, 2], 1 = none), presence_penalty and frequency_penalty
-    # (-2..2), stop = ["</answer>"], seed (per request), reasoning_effort (none | minimal | low | medium | high |
-    # xhigh | max), chat_template_kwargs = { thinking = true } (Qwen3: enable_thinking); [sampling.extra_body]
-    # (min_tokens = 16: other SGLang keys) is merged into the body verbatim; [[sampling.mix]] tables (share = 0.5,
-    # temperature = 0.0) are per-sample variants of [sampling] (config/mix.py)
-
     [generation]
     reasoning = "keep"               # "keep" reasoning_content | "disable" thinking | "none"
-    truncated = "keep"               # finish_reason == "length": "keep" or "drop"
-    empty_turn = "retry"             # empty or marker-only content: "retry" (then a failure) or "fail"
-    on_loop = "retry"                # a turn caught looping: "retry" with a new seed, "drop" (a failure),
-                                     # "keep" (cut where the loop began), "off" (no loop detector)
-    request_timeout_s = 3600
-    max_attempts = 6
-    window = 0                       # 0 = the adaptive controller; N = fixed concurrency (--window wins)
-
+    on_loop = "retry"                # a looping turn: "retry" | "drop" | "keep" (cut where the loop began) | "off"
     [output]
-    shard_max_samples = 2000
-    fsync_every = 64
-    token_ids = false                # true: each assistant turn records the server's prompt_token_ids
-                                     # and token_ids (the `tokens` export then uses them as they are)
-
-A turn left with no answer (its thinking ran to max_new_tokens) is never written. `token_ids = true`
-turns are sent whole, since SGLang 0.5.17 refuses return_token_ids on a stream (serving_chat.py:914-924,
-HTTP 400): the loop detector then reads the finished text, and on_loop = "keep" is refused with it (the
-text would be cut, the server's ids not).
+    token_ids = true                 # record the server's token ids per assistant turn (for the `tokens` export)
 """
 
 from __future__ import annotations
@@ -114,7 +79,9 @@ class GenerationConfig:
 class OutputConfig:
     shard_max_samples: int = 2000
     fsync_every: int = 64
-    token_ids: bool = False  # record each assistant turn's server token ids (turns then go unstreamed)
+    # record each assistant turn's server token ids; such turns are sent whole: SGLang 0.5.17 refuses
+    # return_token_ids on a stream (serving_chat.py:914-924, HTTP 400)
+    token_ids: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,6 @@
-"""`generate --input prompts.jsonl --output-dir out`: a run without a dataset TOML. The schema is
-inferred from the file's rows (parsed as a run parses them: sources/loading.py), and the TOML this run
-uses (input_toml) is written beside its output, `out/prompts.toml`, so that the same command, or
-`--dataset out/prompts.toml`, resumes. A later command whose settings differ from that TOML's is refused
-(the samples written so far were made with it).
-"""
+"""`generate --input prompts.jsonl --output-dir out`: the schema inferred from the rows, and the TOML
+used written to `out/prompts.toml`, so the same command (or `--dataset out/prompts.toml`) resumes; a later
+command whose settings differ from it is refused."""
 
 from __future__ import annotations
 

@@ -194,22 +194,14 @@ def _stored(value: Any, key: str, kwargs: dict[str, Any] | None) -> Any:
 def recorded_sampling(fp: dict[str, Any], variant: int) -> dict[str, Any] | None:
     """meta.sampling of the rows of `variant` under fingerprint `fp` (DatasetConfig.fingerprint): the base's
     keys with the variant's overrides; None when `fp` has no such variant (variant 0 of no mix: the base)."""
-    base = fp.get("sampling")
-    mix = fp.get("sampling_mix")
-    if not isinstance(base, dict):
-        return None
-    if not isinstance(mix, dict):
-        return dict(base) if variant == 0 else None
+    base, mix = fp.get("sampling"), fp.get("sampling_mix")
+    if not isinstance(base, dict) or not isinstance(mix, dict):
+        return dict(base) if isinstance(base, dict) and variant == 0 else None
     overrides = mix.get(str(variant))
     if not isinstance(overrides, dict):
         return None
-    out = dict(base)
-    for k, v in overrides.items():
-        if k == "chat_template_kwargs" and isinstance(v, dict):
-            out[k] = {**(base.get(k) or {}), **v}
-        elif k != "share":
-            out[k] = v
-    return out
+    return {**base, **{k: {**(base.get(k) or {}), **v} if k == "chat_template_kwargs" and isinstance(v, dict) else v
+                       for k, v in overrides.items() if k != "share"}}
 
 
 def declared_mix(fp: dict[str, Any]) -> list[tuple[float, str]]:

@@ -1,10 +1,6 @@
-"""TOML tables → frozen config dataclasses, type-checked by pydantic from the dataclass's own
-annotations, with messages that name the file, the key and the value, and say what to do.
-
-pydantic because its errors are structured (`type`, `loc`, `input`), so each maps to our wording, and
-strict mode refuses "0.7" for a number. Only what comes from a file goes through here. Options that CLI
-flags set declare their ranges once, on their fields (`flag`), checked by `check_flags`.
-"""
+"""TOML tables → frozen config dataclasses, type-checked by strict pydantic (its structured errors map to
+our wording; strict refuses "0.7" for a number) from the dataclass's annotations. Options that CLI flags
+set declare their ranges once, on their fields (`flag`), checked by `check_flags`."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Local source files checked before `datasets` reads them. A file that cannot be a source at all is
-refused with what it is and what to do (`datasets` would say `StopIteration` or `IsADirectoryError`).
-A .jsonl line that is not a JSON object becomes a `bad_json` reject (file, 1-based line) and the file is
-handed over as a cleaned copy: `datasets` refuses a whole file for one bad line.
-"""
+"""Local source files checked before `datasets` reads them (it would say `StopIteration`). A .jsonl line that
+is not a JSON object becomes a `bad_json` reject; `datasets` gets a cleaned copy (it refuses a whole file)."""
 
 from __future__ import annotations
 

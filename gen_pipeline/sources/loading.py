@@ -1,10 +1,6 @@
-"""Dataset loading: Hugging Face hub or local files (through `datasets`) → validated Prompts.
-
-The row schemas (`source.schema`) and tool-use conversations are described in docs/datasets.md.
-Validation follows SpecForge's; a row that fails is not fatal but a `Reject` with a reason, counted
-and written to the dataset's rejects file. Ids are stable across runs: "<DATASET>-<source id>" from
-`source.id_field`, else a content hash.
-"""
+"""Dataset loading: Hugging Face hub or local files (through `datasets`) → validated Prompts (schemas:
+docs/datasets.md). Validation follows SpecForge's; a failing row is a `Reject` with a reason, not fatal.
+Ids are stable across runs: "<DATASET>-<source id>" from `source.id_field`, else a content hash."""
 
 from __future__ import annotations
 
