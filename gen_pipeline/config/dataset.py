@@ -199,10 +199,14 @@ def load_dataset_config(path: Path) -> DatasetConfig:
                           f"output folder (outputs/{name}/) and the ids ({name}-...), and every command finds a "
                           f"dataset by its file name, so the two must agree: rename the file to {name}.toml, or set "
                           f"name = {path.stem!r} (or remove name: it defaults to the file's name).")
-    sampling_table = raw.get("sampling", {})
-    _known_sampling_keys(sampling_table, f"{name_in}: sampling.")
     tables = {k: raw.get(k, {}) for k in _SECTIONS}
-    tables["sampling"] = _without_mix(sampling_table)  # the mix's keys: build_mix below
+    sampling_table = tables["sampling"]
+    if isinstance(sampling_table, dict):  # SamplingConfig's keys and the mix's (build_mix below)
+        known = [f.name for f in fields(SamplingConfig)] + list(MIX_KEYS)
+        for key in sampling_table:
+            if key not in known:
+                raise unknown_key(f"{name_in}: sampling.", key, known)
+        tables["sampling"] = {k: v for k, v in sampling_table.items() if k not in MIX_KEYS}
     sections: dict[str, Any] = {k: build_section(cls, tables[k], f"{name_in}: {k}.") for k, cls in _SECTIONS.items()}
     src: SourceConfig = sections["source"]
     if bool(src.hf_id) == bool(src.files):
@@ -229,19 +233,6 @@ def load_dataset_config(path: Path) -> DatasetConfig:
                           "which the server's token ids (output.token_ids = true) cannot follow: the ids would hold "
                           "the loop the text does not. Set on_loop = \"retry\" or \"drop\", or token_ids = false.")
     return DatasetConfig(name=name, target_samples=target, path=path.resolve(), mix=mix, **sections)
-
-
-def _known_sampling_keys(table: Any, where: str) -> None:
-    """[sampling] holds SamplingConfig's keys and the mix's (config/mix.py)."""
-    if isinstance(table, dict):
-        known = [f.name for f in fields(SamplingConfig)] + list(MIX_KEYS)
-        for key in table:
-            if key not in known:
-                raise unknown_key(where, key, known)
-
-
-def _without_mix(table: Any) -> Any:
-    return {k: v for k, v in table.items() if k not in MIX_KEYS} if isinstance(table, dict) else table
 
 
 @dataclass(frozen=True)

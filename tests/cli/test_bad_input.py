@@ -144,29 +144,23 @@ def test_export_and_report_into_a_read_only_folder(tmp_path: Path, one_dataset: 
 # ---------------------------------------------------------------- server.toml: a key is named where it is written
 
 
-@pytest.mark.parametrize(("parent", "message"), [
-    ("mem_fration_static = 0.9", "profile.base.mem_fration_static: unknown key. Known keys here: "),
-    ('tp_size = "8"', "profile.base.tp_size = '8' must be an integer (got a string). Remove the quotes."),
-    ("tp_size = 0", "profile.base.tp_size = 0 must be at least 1."),
-    ("mem_fraction_static = 1.5", "profile.base.mem_fraction_static = 1.5 must be a number between 0 and 1"),
-    ("[profile.base.env]\nNCCL_DEBUG = 1", "profile.base.env.NCCL_DEBUG = 1 must be a string"),
-], ids=["typo", "type", "range", "fraction", "env"])
-def test_a_bad_key_of_an_inherited_profile_is_named_where_it_is_written(tmp_path: Path, parent: str,
+@pytest.mark.parametrize(("parent", "port", "message"), [
+    ("mem_fration_static = 0.9", 30000, "profile.base.mem_fration_static: unknown key. Known keys here: "),
+    ('tp_size = "8"', 30000, "profile.base.tp_size = '8' must be an integer (got a string). Remove the quotes."),
+    ("tp_size = 0", 30000, "profile.base.tp_size = 0 must be at least 1."),
+    ("mem_fraction_static = 1.5", 30000, "profile.base.mem_fraction_static = 1.5 must be a number between 0 and 1"),
+    ("[profile.base.env]\nNCCL_DEBUG = 1", 30000, "profile.base.env.NCCL_DEBUG = 1 must be a string"),
+    ("", 70000, "profile.run.port = 70000 must be 0 (pick a free one) or a TCP port up to 65535.\0"),
+], ids=["typo", "type", "range", "fraction", "env", "own-key"])
+def test_a_bad_key_of_an_inherited_profile_is_named_where_it_is_written(tmp_path: Path, parent: str, port: int,
                                                                         message: str) -> None:
+    """A key of the profile itself is still named under it; "\\0" ends a whole message."""
     toml = tmp_path / "server.toml"
     toml.write_text(f'[profile.base]\nmodel_path = "m"\n{parent}\n\n[profile.mid]\ninherits = "base"\n\n'
-                    '[profile.run]\ninherits = "mid"\nport = 30000\n')
+                    f'[profile.run]\ninherits = "mid"\nport = {port}\n')
     with pytest.raises(ConfigError) as e:
         load_server_profile("run", toml)
-    assert str(e.value).startswith(f"{toml}: {message}"), str(e.value)
-
-
-def test_a_bad_key_of_the_profile_itself_is_still_named_under_it(tmp_path: Path) -> None:
-    toml = tmp_path / "server.toml"
-    toml.write_text('[profile.base]\nmodel_path = "m"\n\n[profile.run]\ninherits = "base"\nport = 70000\n')
-    with pytest.raises(ConfigError) as e:
-        load_server_profile("run", toml)
-    assert str(e.value) == f"{toml}: profile.run.port = 70000 must be 0 (pick a free one) or a TCP port up to 65535."
+    assert (str(e.value) + "\0").startswith(f"{toml}: {message}"), str(e.value)
 
 
 # ---------------------------------------------------------------- status of one dataset

@@ -124,15 +124,7 @@ def test_tokens_export_says_why_the_servers_tokenizer_is_not_there(tmp_path: Pat
     assert "pass --tokenizer PATH or --server NAME" not in err
 
 
-# ---------------------------------------------------------------- item 15: status --output-dir
-
-
-def test_status_of_a_folder_that_does_not_exist_says_so(tmp_path: Path, capsys) -> None:
-    missing = tmp_path / "nonexistent" / "out"
-    assert main(["status", "--output-dir", str(missing)]) == 2
-    assert capsys.readouterr().err == (
-        f"error: --output-dir {missing}: no such folder, so no dataset has output there. Pass the folder generate "
-        "wrote to (default: outputs), or run generate first: it makes the folder.\n")
+# ---------------------------------------------------------------- item 15: status --output-dir (missing: test_cli)
 
 
 @pytest.mark.parametrize("command", [["status"], ["validate", "--dataset", "T"], ["plan"]])
@@ -146,13 +138,6 @@ def test_an_empty_output_dir_is_refused(capsys, command: list[str]) -> None:
 
 
 # ---------------------------------------------------------------- item 16: small ones
-
-
-def test_plan_names_a_missing_model_config_file(tmp_path: Path, capsys) -> None:
-    missing = tmp_path / "config.json"
-    assert main(["plan", "--model-config", str(missing), "--output-dir", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == (f"error: --model-config {missing}: no such file (pass the model's "
-                                       "config.json).\n")
 
 
 def test_plan_into_a_closed_pipe_exits_0_quietly() -> None:

@@ -34,8 +34,11 @@ from pipeline_helpers import (
     write_dataset,
 )
 
-SAMPLING = ("[sampling]\nmax_new_tokens = 16\ntemperature = 0.7\ntop_p = 0.95\n"
-            "chat_template_kwargs = { thinking = true }\n")
+# every optional key (sent and recorded by every variant, test_sampling.py's too) but reasoning_effort
+KEYS = ('top_k = 20\nmin_p = 0.05\nrepetition_penalty = 1.05\npresence_penalty = 0.5\nfrequency_penalty = -0.25\n'
+        'stop = ["</answer>", "STOP"]\nseed = 1234\nchat_template_kwargs = { thinking = true }\n'
+        "extra_body = { min_tokens = 2, skip_special_tokens = false }\n")
+SAMPLING = "[sampling]\nmax_new_tokens = 16\ntemperature = 0.7\ntop_p = 0.95\n" + KEYS
 # three variants: greedy, the base as it is, hot without thinking
 MIX = """[[sampling.mix]]
 share = 0.5
@@ -160,14 +163,15 @@ def _mix_dataset(folder: Path, *, rows: int, target: int) -> Path:
     toml = write_dataset(folder, rows=make_rows(rows), target=target, max_new_tokens=16, shard_max_samples=60,
                          fsync_every=16)
     text = toml.read_text()
-    toml.write_text(text.replace("top_p = 0.95\n", "top_p = 0.95\nchat_template_kwargs = { thinking = true }\n"
-                                 + MIX))
+    toml.write_text(text.replace("top_p = 0.95\n", "top_p = 0.95\n" + KEYS + MIX))
     return toml
 
 
 def _expected_sampling(variant: int) -> dict:
-    return {"max_new_tokens": 16, "temperature": (0.0, 0.7, 1.0)[variant], "top_p": 0.95,
-            "chat_template_kwargs": {"thinking": variant != 2}}
+    return {"max_new_tokens": 16, "temperature": (0.0, 0.7, 1.0)[variant], "top_p": 0.95, "top_k": 20, "min_p": 0.05,
+            "repetition_penalty": 1.05, "presence_penalty": 0.5, "frequency_penalty": -0.25,
+            "stop": ["</answer>", "STOP"], "seed": 1234, "chat_template_kwargs": {"thinking": variant != 2},
+            "extra_body": {"min_tokens": 2, "skip_special_tokens": False}}
 
 
 def test_requests_carry_the_drawn_sampling_and_rows_record_it(tmp_path: Path, sim_url: str) -> None:
@@ -187,7 +191,8 @@ def test_requests_carry_the_drawn_sampling_and_rows_record_it(tmp_path: Path, si
         assert variant == mix.pick(s["id"], k)
         assert s["meta"]["sampling"] == _expected_sampling(variant)
         by_variant[variant] += 1
-        seen = {k: v for k, v in _expected_sampling(variant).items() if k != "max_new_tokens"}
+        seen = {k: v for k, v in _expected_sampling(variant).items() if k in ("temperature", "top_p",
+                                                                              "chat_template_kwargs")}
         turns[orjson.dumps(seen, option=orjson.OPT_SORT_KEYS).decode()] += s["meta"]["turns"]
         reasoning = [m["reasoning_content"] for m in s["conversations"] if m["role"] == "assistant"]
         if variant == 2:
@@ -230,16 +235,19 @@ def test_requests_carry_the_drawn_sampling_and_rows_record_it(tmp_path: Path, si
         "meta.sampling.temperature is 0.7 here, 0.0 in the declared mix for sampling_variant 0",
         "meta.sampling_variant is 7: the declared mix has variants 0 to 2"]
 
-    # a changed mix refuses the resume, naming what changed
+    # a changed mix or sampling key refuses the resume, naming what changed
     toml.write_text(toml.read_text().replace("share = 0.5\ntemperature = 0.0", "share = 0.5\ntemperature = 0.1")
-                    .replace("target_samples = 40", "target_samples = 41"))
+                    .replace("target_samples = 40", "target_samples = 41").replace("seed = 1234", "seed = 99")
+                    .replace("min_tokens = 2", "min_tokens = 3"))
     r = run_cli("generate", "--dataset", toml, "--server-url", sim_url, "--output-dir", out, "--progress", "quiet")
     where = str(out / "T")
     assert (r.returncode, r.stdout) == (4, "")
     assert r.stderr == (
-        f"error: {where} was written with a different config (1 setting differs):\n"
+        f"error: {where} was written with a different config (3 settings differ):\n"
+        f"  sampling.extra_body.min_tokens: 2 in {where}, 3 now\n"
+        f"  sampling.seed: 1234 in {where}, 99 now\n"
         f"  sampling_mix.0.temperature: 0.0 in {where}, 0.1 now\n"
-        "Resuming would mix samples made two ways in one dataset. Restore the old setting to resume, "
+        "Resuming would mix samples made two ways in one dataset. Restore the old settings to resume, "
         "or write to a new output folder or dataset name.\n")
     assert len(read_samples(out)) == 40
 
