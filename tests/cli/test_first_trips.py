@@ -64,16 +64,6 @@ def test_a_full_or_too_large_datasets_cache_says_which_folder(tmp_path: Path, mo
 # ---------------------------------------------------------------- item 13: a bad file in the config folder
 
 
-def _config_dir_with_bad_files(tmp_path: Path) -> Path:
-    """T.toml (and its data) beside a Latin-1 `bad.toml` and a folder `old.toml`; server.toml copied."""
-    cfg = tmp_path / "cfg"
-    write_dataset(cfg, target=3)
-    shutil.copy(REPO / "datasets_cfg" / "server.toml", cfg / "server.toml")
-    (cfg / "bad.toml").write_bytes('name = "caf\u00e9"\n'.encode("latin-1"))
-    (cfg / "old.toml").mkdir()
-    return cfg
-
-
 def _warnings(cfg: Path) -> str:
     return (f"warning: {cfg}/bad.toml: not UTF-8 text (byte 0xe9 at offset 11); a TOML file must be UTF-8. Save it "
             "as UTF-8, or move it out of the config folder if it is no config. (skipped)\n"
@@ -81,8 +71,13 @@ def _warnings(cfg: Path) -> str:
             "or move it out of the config folder. (skipped)\n")
 
 
-def test_status_and_plan_warn_for_each_bad_file_and_check_of_one_names_it(tmp_path: Path, capsys) -> None:
-    cfg = _config_dir_with_bad_files(tmp_path)
+def test_each_bad_file_is_a_warning_of_plan_status_and_generate_all_and_check_of_one_names_it(tmp_path: Path,
+                                                                                              capsys) -> None:
+    cfg = tmp_path / "cfg"  # T.toml beside a Latin-1 bad.toml and a folder old.toml
+    write_dataset(cfg, target=3)
+    shutil.copy(REPO / "datasets_cfg" / "server.toml", cfg / "server.toml")
+    (cfg / "bad.toml").write_bytes('name = "caf\u00e9"\n'.encode("latin-1"))
+    (cfg / "old.toml").mkdir()
     code = main(["plan", "--config-dir", str(cfg), "--output-dir", str(tmp_path / "out")])
     out, err = capsys.readouterr()
     assert (code, err) == (0, _warnings(cfg))
@@ -95,11 +90,7 @@ def test_status_and_plan_warn_for_each_bad_file_and_check_of_one_names_it(tmp_pa
     code = main(["check", "--dataset", "bad", "--config-dir", str(cfg), "--server", "sim"])
     assert (code, capsys.readouterr().err) == (2, "error: " + _warnings(cfg).splitlines()[0].removeprefix(
         "warning: ").removesuffix(" (skipped)") + "\n")
-
-
-def test_generate_all_warns_for_each_bad_file_and_runs_the_rest(tmp_path: Path, capsys, monkeypatch) -> None:
-    cfg = _config_dir_with_bad_files(tmp_path)
-    out = tmp_path / "out"
+    out = tmp_path / "out"  # generate --dataset all runs the rest
     code = main(["generate", "--dataset", "all", "--config-dir", str(cfg), "--server", "sim", "--output-dir", str(out),
                  "--progress", "quiet"])
     text = capsys.readouterr()
