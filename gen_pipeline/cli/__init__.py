@@ -9,6 +9,7 @@ target (`check`/`generate` refused, or a run ended short of it), 130/143/129 int
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import traceback
@@ -68,13 +69,10 @@ def _interrupted() -> int:
 
 def __getattr__(name: str) -> Any:
     """COMMANDS and build_parser load on first use: main() holds the signals before it imports them."""
-    if name == "COMMANDS":
-        from gen_pipeline.cli.commands import COMMANDS
-        return COMMANDS
-    if name == "build_parser":
-        from gen_pipeline.cli.parser import build_parser
-        return build_parser
-    raise AttributeError(f"module 'gen_pipeline.cli' has no attribute {name!r}")
+    if name not in ("COMMANDS", "build_parser"):
+        raise AttributeError(f"module 'gen_pipeline.cli' has no attribute {name!r}")
+    module = "commands" if name == "COMMANDS" else "parser"
+    return getattr(importlib.import_module(f"gen_pipeline.cli.{module}"), name)
 
 
 if __name__ == "__main__":

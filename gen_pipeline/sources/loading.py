@@ -50,17 +50,13 @@ class InvalidRow(Exception):
         self.detail = detail
 
 
-def _turns(row: dict[str, Any], cfg_field: str) -> Any:
-    if cfg_field not in row:
-        raise InvalidRow("missing_field", f"no column {cfg_field!r} (columns: {', '.join(sorted(row))})")
-    if row[cfg_field] is None:  # `datasets` fills a column missing from some rows with None
-        raise InvalidRow("missing_field", f"{cfg_field!r} is missing in this row")
-    return row[cfg_field]
-
-
 def parse_row(row: dict[str, Any], schema: str, cfg_field: str) -> list[Message]:
     """Map one source row to role/content messages; raises InvalidRow with a reason."""
-    value = _turns(row, cfg_field)
+    if cfg_field not in row:
+        raise InvalidRow("missing_field", f"no column {cfg_field!r} (columns: {', '.join(sorted(row))})")
+    value = row[cfg_field]
+    if value is None:  # `datasets` fills a column missing from some rows with None
+        raise InvalidRow("missing_field", f"{cfg_field!r} is missing in this row")
     if schema == "prompt":
         return [{"role": "user", "content": _content(value, 0)}]
     if not isinstance(value, list) or not value:

@@ -66,13 +66,6 @@ def test_config_errors_name_file_and_key(tmp_path: Path, extra: str, message: st
     assert "X.toml" in str(e.value)
 
 
-def test_missing_dataset_config_lists_the_existing_ones() -> None:
-    with pytest.raises(ConfigError) as e:
-        find_dataset_config("B3")
-    assert "No dataset config 'B3'" in str(e.value)
-    assert "B1, B2, B6, B7, demo" in str(e.value)
-
-
 def test_fingerprint_changes_with_sampling() -> None:
     cfg = find_dataset_config("demo", DEFAULT_CONFIG_DIR)
     fp = cfg.fingerprint("m")
