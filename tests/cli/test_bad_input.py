@@ -113,11 +113,6 @@ def test_check_and_generate_refuse_when_most_prompts_cannot_fit_the_context(tmp_
 # ---------------------------------------------------------------- export and report into a read-only folder
 
 
-@pytest.fixture
-def one_dataset(tmp_path: Path) -> Path:
-    return three_samples(tmp_path / "out")
-
-
 @pytest.mark.parametrize(("argv", "message"), [
     (["export", "--dataset", "T", "--format", "specforge", "--out", "{dest}/T.jsonl"],
      "Cannot write --out {dest}/T.jsonl: Read-only file system (in {dest}). Choose an --out in a folder you can "
@@ -130,9 +125,9 @@ def one_dataset(tmp_path: Path) -> Path:
      "a folder you can write (e.g. --out /tmp/T.html)."),
 ], ids=["export-specforge", "export-hf", "report"])
 @pytest.mark.e2e  # the process is the subject: make e2e
-def test_export_and_report_into_a_read_only_folder(tmp_path: Path, one_dataset: Path, argv: list[str],
-                                                   message: str) -> None:
+def test_export_and_report_into_a_read_only_folder(tmp_path: Path, argv: list[str], message: str) -> None:
     require_namespaces()
+    one_dataset = three_samples(tmp_path / "out")
     dest = tmp_path / "dest"
     dest.mkdir()
     argv = [a.format(dest=dest) for a in argv]
