@@ -1,6 +1,5 @@
 """Dataset config loading: every shipped config loads; mistakes name the file and the key."""
 
-import shutil
 from dataclasses import fields
 from pathlib import Path
 
@@ -76,13 +75,16 @@ def test_fingerprint_changes_with_sampling() -> None:
 # ---------------------------------------------------------------- every documented key is read
 
 
-def test_generation_window_is_the_default_for_the_window_flag(tmp_path: Path) -> None:
-    shutil.copy(DEFAULT_CONFIG_DIR / "server.toml", tmp_path / "server.toml")
+def test_generation_window_is_the_default_for_the_window_flag_and_the_controller_table_is_read(tmp_path: Path) -> None:
+    (tmp_path / "server.toml").write_text((DEFAULT_CONFIG_DIR / "server.toml").read_text()
+                                          + "\n[controller]\ntarget_usage = 0.8\nmax_window = 256\n")
+    assert load_controller_config(tmp_path / "server.toml") == ControllerConfig(target_usage=0.8, max_window=256)
     toml = write(tmp_path, BASE + "[generation]\nwindow = 7\n")
     cfg = load_dataset_config(toml)
     args = build_parser().parse_args(["generate", "--dataset", str(toml), "--server", "sim",
                                       "--config-dir", str(tmp_path)])
-    assert options_from_args(args, [cfg]).window == 7
+    opts = options_from_args(args, [cfg])
+    assert (opts.window, opts.controller) == (7, ControllerConfig(target_usage=0.8, max_window=256))
     args = build_parser().parse_args(["generate", "--dataset", str(toml), "--window", "3",
                                       "--config-dir", str(tmp_path)])
     assert options_from_args(args, [cfg]).window == 3  # the flag wins
@@ -95,19 +97,10 @@ def test_generation_window_is_the_default_for_the_window_flag(tmp_path: Path) ->
                                  "number of requests in flight.")
 
 
-def test_controller_table_is_read_into_the_run(tmp_path: Path) -> None:
-    server = tmp_path / "server.toml"
-    server.write_text((DEFAULT_CONFIG_DIR / "server.toml").read_text()
-                      + "\n[controller]\ntarget_usage = 0.8\nmax_window = 256\n")
-    assert load_controller_config(server) == ControllerConfig(target_usage=0.8, max_window=256)
+def test_a_controller_table_of_one_key_and_none_at_all(tmp_path: Path) -> None:
     guarded = tmp_path / "guarded.toml"
     guarded.write_text("[controller]\nretraction_guard = true\n")
     assert load_controller_config(guarded) == ControllerConfig(retraction_guard=True) != ControllerConfig()
-    toml = write(tmp_path, BASE)
-    args = build_parser().parse_args(["generate", "--dataset", str(toml), "--server", "sim",
-                                      "--config-dir", str(tmp_path)])
-    assert options_from_args(args, [load_dataset_config(toml)]).controller == ControllerConfig(target_usage=0.8,
-                                                                                               max_window=256)
     assert load_controller_config(DEFAULT_CONFIG_DIR / "server.toml") == ControllerConfig()
     assert load_controller_config(tmp_path / "absent.toml") == ControllerConfig()
 
