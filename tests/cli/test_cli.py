@@ -48,6 +48,9 @@ def test_plan_shows_fp8_doubling_the_kv_tokens(capsys: pytest.CaptureFixture[str
     (["status", "--output-dir", "{tmp}/nonexistent/out"],
      "error: --output-dir {tmp}/nonexistent/out: no such folder, so no dataset has output there. Pass the folder "
      "generate wrote to (default: outputs), or run generate first: it makes the folder.\n"),
+    (["generate", "--dataset", "demo", "--temperature", "0.1", "--output-dir", "{tmp}"],
+     "error: --temperature goes with --input only: with --dataset, the TOML's [sampling] table sets them. Edit it "
+     "there.\n"),
     (["plan", "--model-config", "{tmp}/config.json", "--output-dir", "{tmp}"],
      "error: --model-config {tmp}/config.json: no such file (pass the model's config.json).\n"),
 ])
