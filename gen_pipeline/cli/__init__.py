@@ -1,18 +1,15 @@
-"""`gen-pipeline` (also `python -m gen_pipeline`): arguments → a library call → printed lines and an
-exit code. The edge of the program: the only place that configures logging (cli/logs.py) and turns
-the library's errors into messages.
+"""`gen-pipeline` (also `python -m gen_pipeline`): arguments → a library call → printed lines and an exit
+code; the only place that configures logging (cli/logs.py) and turns the library's errors into messages.
 
-A job (several datasets) exits with the worst of its datasets' codes (130/143 over 5 over 0); an error
-ends the whole job with its code.
-
-Exit codes: 0 ok, 1 validation found problems, 2 config/flag error (also: a missing source column, most
-rows rejected), 3 server error, 4 store error (lock, config drift, disk), 5 the source has fewer valid rows
-than the target (`check`/`generate` refused, or a run ended short of it), 130/143/129 interrupted by
-SIGINT/SIGTERM/SIGHUP (resumable).
+Exit codes: 0 ok, 1 validation found problems, 2 config/flag error (also: a missing source column, most rows
+rejected), 3 server error, 4 store error (lock, config drift, disk), 5 the source has fewer valid rows than the
+target (`check`/`generate` refused, or a run ended short of it), 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP
+(resumable). A job exits with the worst of its datasets' codes (130/143 over 5 over 0); an error ends it all.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import traceback
@@ -72,13 +69,10 @@ def _interrupted() -> int:
 
 def __getattr__(name: str) -> Any:
     """COMMANDS and build_parser load on first use: main() holds the signals before it imports them."""
-    if name == "COMMANDS":
-        from gen_pipeline.cli.commands import COMMANDS
-        return COMMANDS
-    if name == "build_parser":
-        from gen_pipeline.cli.parser import build_parser
-        return build_parser
-    raise AttributeError(f"module 'gen_pipeline.cli' has no attribute {name!r}")
+    if name not in ("COMMANDS", "build_parser"):
+        raise AttributeError(f"module 'gen_pipeline.cli' has no attribute {name!r}")
+    module = "commands" if name == "COMMANDS" else "parser"
+    return getattr(importlib.import_module(f"gen_pipeline.cli.{module}"), name)
 
 
 if __name__ == "__main__":

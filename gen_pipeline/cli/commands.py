@@ -1,7 +1,5 @@
-"""The commands: parsed arguments → one library call → printed lines and an exit code. Every check
-and refusal is the library's (its messages name the flags); nothing here decides. Heavy modules are
-imported inside the command that needs them, so `status` stays fast.
-"""
+"""The commands: parsed arguments → one library call → printed lines and an exit code (every check is
+the library's). Heavy modules are imported inside the command that needs them, so `status` stays fast."""
 
 from __future__ import annotations
 
@@ -145,23 +143,22 @@ def cmd_status(args: argparse.Namespace) -> int:
     # the total is the reference job's (88,000 over B1, B2, B6, B7), over the ones asked for
     report = status_all(args.output_dir, targets, total_of=[d for d in REFERENCE_DATASETS if d in targets],
                         others=not args.dataset)
-    if args.json:
-        import orjson
-        sys.stdout.write(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
-    else:
-        print(format_status(report))
+    _print_report(args, report.to_dict, lambda: format_status(report))
     return 0
+
+
+def _print_report(args: argparse.Namespace, as_dict: Callable[[], object], as_text: Callable[[], str]) -> None:
+    """--json: the report's dict, indented; else its text."""
+    import orjson
+
+    print(orjson.dumps(as_dict(), option=orjson.OPT_INDENT_2).decode() if args.json else as_text())
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from gen_pipeline.reports.validate import validate_named
 
     report = validate_named(args.dataset, args.output_dir, args.config_dir)
-    if args.json:
-        import orjson
-        sys.stdout.write(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
-    else:
-        print(report.format())
+    _print_report(args, report.to_dict, report.format)
     return 0 if report.ok else 1
 
 

@@ -1,11 +1,5 @@
-"""Where `generate`'s log records go: the only place that configures logging (the library only emits).
-
-The console (stdout): INFO and up under `gen_pipeline`, except the journal's (`gen_pipeline.journal`,
-which the final summary says anyway), through tqdm's `logging_redirect_tqdm` while a bar is drawn.
-run.log in each dataset's folder (a rank's: its part), appended, UTC timestamps: INFO and up, the
-journal's included, about that dataset or about none; a record about another dataset (its `dataset`
-attribute) goes to that one's run.log only.
-"""
+"""Where `generate`'s log records go (the only place that configures logging): stdout, INFO and up but the
+journal's, above tqdm's bar; each dataset's run.log (UTC), INFO and up about that dataset or about none."""
 
 from __future__ import annotations
 

@@ -1,63 +1,19 @@
-"""Dataset and server configs: frozen dataclasses read from TOML, validated with messages
-that name the file and the key.
-
-A dataset config, `datasets_cfg/B2.toml`:
+"""Dataset configs: frozen dataclasses read from a dataset TOML (every key: the dataclasses below and
+docs/datasets.md), validated with messages that name the file and the key. `datasets_cfg/B2.toml`:
 
     name = "B2"                      # optional: the file's stem, which it must equal
     target_samples = 18000
-
     [source]
-    hf_id = "org/name"               # Hugging Face hub dataset ...
-    split = "train"
-    # files = ["data/demo.jsonl"]    # ... or local files (jsonl/json/parquet), relative to the TOML
+    hf_id = "org/name"               # or files = ["data/demo.jsonl"] (jsonl/json/parquet, relative to the TOML)
     schema = "sharegpt"              # "sharegpt" (from/value) | "messages" (role/content) | "prompt"
     field = "conversations"          # the column holding the conversation or the prompt text
-    id_field = "id"                  # optional: a stable source id column; else a content hash
-    system_prompt = ""               # optional: prepended when a row has none
-    max_prompt_chars = 400000        # optional: longer rows are rejected (reason prompt_too_long)
-    strict = false                   # optional: true refuses a .jsonl file with a line that is not JSON
-    shuffle_seed = 0                 # optional: shuffle the source once, deterministically
-
-    [sampling]
+    [sampling]                       # + optional SGLang keys, [sampling.extra_body], [[sampling.mix]]
     max_new_tokens = 4096
-    temperature = 0.7
-    top_p = 0.95
-    # optional, sent only when set (else the server's default): SGLang's ChatCompletionRequest names
-    # top_k = 20                     # -1 (off) or at least 1
-    # min_p = 0.0                    # 0..1
-    # repetition_penalty = 1.05      # (0, 2], 1 = none
-    # presence_penalty = 0.0         # -2..2
-    # frequency_penalty = 0.0        # -2..2
-    # stop = ["</answer>"]           # strings that end a turn
-    # seed = 1234                    # per-request sampling seed
-    # reasoning_effort = "high"      # none | minimal | low | medium | high | xhigh | max (gpt-oss and others)
-    # chat_template_kwargs = { thinking = true }   # passed to the chat template (Qwen3: enable_thinking)
-    # [sampling.extra_body]          # merged into the request body verbatim (other SGLang keys)
-    # min_tokens = 16
-    # [[sampling.mix]]               # optional: per-sample variants of [sampling] (config/mix.py)
-    # share = 0.5
-    # temperature = 0.0
-
     [generation]
     reasoning = "keep"               # "keep" reasoning_content | "disable" thinking | "none"
-    truncated = "keep"               # finish_reason == "length": "keep" or "drop"
-    empty_turn = "retry"             # empty or marker-only content: "retry" (then a failure) or "fail"
-    on_loop = "retry"                # a turn caught looping: "retry" with a new seed, "drop" (a failure),
-                                     # "keep" (cut where the loop began), "off" (no loop detector)
-    request_timeout_s = 3600
-    max_attempts = 6
-    window = 0                       # 0 = the adaptive controller; N = fixed concurrency (--window wins)
-
+    on_loop = "retry"                # a looping turn: "retry" | "drop" | "keep" (cut where the loop began) | "off"
     [output]
-    shard_max_samples = 2000
-    fsync_every = 64
-    token_ids = false                # true: each assistant turn records the server's prompt_token_ids
-                                     # and token_ids (the `tokens` export then uses them as they are)
-
-A turn left with no answer (its thinking ran to max_new_tokens) is never written. `token_ids = true`
-turns are sent whole, since SGLang 0.5.17 refuses return_token_ids on a stream (serving_chat.py:914-924,
-HTTP 400): the loop detector then reads the finished text, and on_loop = "keep" is refused with it (the
-text would be cut, the server's ids not).
+    token_ids = true                 # record the server's token ids per assistant turn (for the `tokens` export)
 """
 
 from __future__ import annotations
@@ -123,7 +79,9 @@ class GenerationConfig:
 class OutputConfig:
     shard_max_samples: int = 2000
     fsync_every: int = 64
-    token_ids: bool = False  # record each assistant turn's server token ids (turns then go unstreamed)
+    # record each assistant turn's server token ids; such turns are sent whole: SGLang 0.5.17 refuses
+    # return_token_ids on a stream (serving_chat.py:914-924, HTTP 400)
+    token_ids: bool = False
 
 
 @dataclass(frozen=True)
@@ -241,10 +199,14 @@ def load_dataset_config(path: Path) -> DatasetConfig:
                           f"output folder (outputs/{name}/) and the ids ({name}-...), and every command finds a "
                           f"dataset by its file name, so the two must agree: rename the file to {name}.toml, or set "
                           f"name = {path.stem!r} (or remove name: it defaults to the file's name).")
-    sampling_table = raw.get("sampling", {})
-    _known_sampling_keys(sampling_table, f"{name_in}: sampling.")
     tables = {k: raw.get(k, {}) for k in _SECTIONS}
-    tables["sampling"] = _without_mix(sampling_table)  # the mix's keys: build_mix below
+    sampling_table = tables["sampling"]
+    if isinstance(sampling_table, dict):  # SamplingConfig's keys and the mix's (build_mix below)
+        known = [f.name for f in fields(SamplingConfig)] + list(MIX_KEYS)
+        for key in sampling_table:
+            if key not in known:
+                raise unknown_key(f"{name_in}: sampling.", key, known)
+        tables["sampling"] = {k: v for k, v in sampling_table.items() if k not in MIX_KEYS}
     sections: dict[str, Any] = {k: build_section(cls, tables[k], f"{name_in}: {k}.") for k, cls in _SECTIONS.items()}
     src: SourceConfig = sections["source"]
     if bool(src.hf_id) == bool(src.files):
@@ -273,19 +235,6 @@ def load_dataset_config(path: Path) -> DatasetConfig:
     return DatasetConfig(name=name, target_samples=target, path=path.resolve(), mix=mix, **sections)
 
 
-def _known_sampling_keys(table: Any, where: str) -> None:
-    """[sampling] holds SamplingConfig's keys and the mix's (config/mix.py)."""
-    if isinstance(table, dict):
-        known = [f.name for f in fields(SamplingConfig)] + list(MIX_KEYS)
-        for key in table:
-            if key not in known:
-                raise unknown_key(where, key, known)
-
-
-def _without_mix(table: Any) -> Any:
-    return {k: v for k, v in table.items() if k not in MIX_KEYS} if isinstance(table, dict) else table
-
-
 @dataclass(frozen=True)
 class _Target:
     target_samples: int
@@ -293,16 +242,12 @@ class _Target:
 
 def _check_reasoning(s: SamplingConfig, gen: GenerationConfig, where: str) -> None:
     """generation.reasoning = "disable" sends thinking = false: a sampling that asks for thinking contradicts it."""
-    if gen.reasoning != "disable":
-        return
-    for key in ("thinking", "enable_thinking"):
-        if s.chat_template_kwargs.get(key) is True:
-            raise ConfigError(f"{where}chat_template_kwargs.{key} = true contradicts generation.reasoning = "
-                              "\"disable\" (which sends thinking = false). Remove one of them.")
-    if s.reasoning_effort not in (None, "none"):
-        raise ConfigError(f"{where}reasoning_effort = {s.reasoning_effort!r} contradicts generation.reasoning = "
-                          "\"disable\" (which sends thinking = false). Remove one of them.")
-
+    asks = [f"chat_template_kwargs.{k} = true" for k in ("thinking", "enable_thinking")
+            if s.chat_template_kwargs.get(k) is True]
+    asks += [f"reasoning_effort = {s.reasoning_effort!r}"] if s.reasoning_effort not in (None, "none") else []
+    if gen.reasoning == "disable" and asks:
+        raise ConfigError(f"{where}{asks[0]} contradicts generation.reasoning = \"disable\" (which sends thinking = "
+                          "false). Remove one of them.")
 
 
 def available_datasets(config_dir: Path = DEFAULT_CONFIG_DIR) -> list[str]:

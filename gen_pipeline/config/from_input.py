@@ -1,9 +1,6 @@
-"""`generate --input prompts.jsonl --output-dir out`: a run without a dataset TOML. The schema is
-inferred from the file's rows (parsed as a run parses them: sources/loading.py), and the TOML this run
-uses (input_toml) is written beside its output, `out/prompts.toml`, so that the same command, or
-`--dataset out/prompts.toml`, resumes. A later command whose settings differ from that TOML's is refused
-(the samples written so far were made with it).
-"""
+"""`generate --input prompts.jsonl --output-dir out`: the schema inferred from the rows, and the TOML
+used written to `out/prompts.toml`, so the same command (or `--dataset out/prompts.toml`) resumes; a later
+command whose settings differ from it is refused."""
 
 from __future__ import annotations
 
@@ -112,13 +109,11 @@ def input_toml(path: Path, inferred: Inferred, sampling: SamplingConfig, command
             f"top_p = {sampling.top_p!r}\n")
 
 
-def input_dataset(path: Path, output_root: Path, *, max_new_tokens: int | None = None,
-                  temperature: float | None = None, top_p: float | None = None,
-                  command: str = "gen-pipeline generate --input") -> tuple[DatasetConfig, str]:
+def input_dataset(path: Path, output_root: Path, *, command: str = "gen-pipeline generate --input",
+                  **given: Any) -> tuple[DatasetConfig, str]:
     """(the dataset config of `--input path`, a line saying where its TOML is): inferred and written to
-    output_root/<name>.toml, or read back from there when an earlier run wrote the same settings.
-    Raises ConfigError when the file cannot be used or the TOML there says otherwise."""
-    given: dict[str, Any] = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}
+    output_root/<name>.toml, or read back from there when an earlier run wrote the same settings; `given`:
+    sampling_flags(). Raises ConfigError when the file cannot be used or the TOML there says otherwise."""
     sampling = SamplingConfig(**{k: v for k, v in given.items() if v is not None})  # else SamplingConfig's defaults
     text = input_toml(path, infer_input(path), sampling, command)
     toml = output_root / f"{input_name(path)}.toml"

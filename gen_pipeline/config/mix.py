@@ -1,13 +1,10 @@
-"""A sampling mix: each sample's sampling drawn from declared variants of the dataset's [sampling]
-([[sampling.mix]] tables: a share and the [sampling] keys it changes; docs/datasets.md shows one).
-A variant may only change keys the base sets, so every row records the same keys in meta.sampling
-(one Arrow schema).
+"""A sampling mix: per-sample variants of a dataset's [sampling] ([[sampling.mix]] tables: a share and the
+[sampling] keys it changes, docs/datasets.md). A variant only changes keys the base sets: one Arrow schema.
 
-The draw: a sample's place u in [0, 1) is its source position k times the golden ratio, mod 1, shifted
-by the seed (Fibonacci hashing), and its variant the one whose cumulative share first exceeds u. So a
-sample's variant depends only on the seed and its row, never on the run, rank, resume or retry, and
-{k·φ} being low-discrepancy, any N consecutive rows get each share within about log(N)/N. A prompt
-without a source position (made in code) is placed by a hash of (seed, its id) instead. Pure.
+The draw (Fibonacci hashing): a sample's u in [0, 1) is its source row k times the golden ratio, mod 1, shifted
+by the seed; its variant is the first whose cumulative share exceeds u. So it depends only on the seed and the
+row (never the run, rank, resume or retry), and any N consecutive rows get each share within about log(N)/N. A
+prompt without a source row is placed by a hash of (seed, its id). Pure.
 """
 
 from __future__ import annotations
@@ -197,22 +194,14 @@ def _stored(value: Any, key: str, kwargs: dict[str, Any] | None) -> Any:
 def recorded_sampling(fp: dict[str, Any], variant: int) -> dict[str, Any] | None:
     """meta.sampling of the rows of `variant` under fingerprint `fp` (DatasetConfig.fingerprint): the base's
     keys with the variant's overrides; None when `fp` has no such variant (variant 0 of no mix: the base)."""
-    base = fp.get("sampling")
-    mix = fp.get("sampling_mix")
-    if not isinstance(base, dict):
-        return None
-    if not isinstance(mix, dict):
-        return dict(base) if variant == 0 else None
+    base, mix = fp.get("sampling"), fp.get("sampling_mix")
+    if not isinstance(base, dict) or not isinstance(mix, dict):
+        return dict(base) if isinstance(base, dict) and variant == 0 else None
     overrides = mix.get(str(variant))
     if not isinstance(overrides, dict):
         return None
-    out = dict(base)
-    for k, v in overrides.items():
-        if k == "chat_template_kwargs" and isinstance(v, dict):
-            out[k] = {**(base.get(k) or {}), **v}
-        elif k != "share":
-            out[k] = v
-    return out
+    return {**base, **{k: {**(base.get(k) or {}), **v} if k == "chat_template_kwargs" and isinstance(v, dict) else v
+                       for k, v in overrides.items() if k != "share"}}
 
 
 def declared_mix(fp: dict[str, Any]) -> list[tuple[float, str]]:

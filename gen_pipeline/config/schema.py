@@ -1,10 +1,6 @@
-"""TOML tables → frozen config dataclasses, type-checked by pydantic from the dataclass's own
-annotations, with messages that name the file, the key and the value, and say what to do.
-
-pydantic because its errors are structured (`type`, `loc`, `input`), so each maps to our wording, and
-strict mode refuses "0.7" for a number. Only what comes from a file goes through here. Options that CLI
-flags set declare their ranges once, on their fields (`flag`), checked by `check_flags`.
-"""
+"""TOML tables → frozen config dataclasses, type-checked by strict pydantic (its structured errors map to
+our wording; strict refuses "0.7" for a number) from the dataclass's annotations. Options that CLI flags
+set declare their ranges once, on their fields (`flag`), checked by `check_flags`."""
 
 from __future__ import annotations
 
@@ -93,17 +89,12 @@ def _message(cls: type, table: dict[str, Any], where_of: Callable[[str], str], e
     if kind == "literal_error":
         choices = next((typing.get_args(a) for a in _union_args(tp) if typing.get_origin(a) is Literal), ())
         return ConfigError(f"{loc} = {value!r} is not one of {', '.join(repr(c) for c in choices)}.")
-    if kind in ("float_type", "finite_number"):
-        return ConfigError(f"{loc} = {value!r} must be a number (got {type_name(value)}).{hint}")
-    if kind in ("int_type", "int_from_float"):
-        return ConfigError(f"{loc} = {value!r} must be an integer (got {type_name(value)}).{hint}")
-    if kind == "bool_type":
-        return ConfigError(f"{loc} = {value!r} must be true or false (got {type_name(value)}).")
-    if kind == "string_type":
-        return ConfigError(f"{loc} = {value!r} must be a string (got {type_name(value)}). Put it in quotes.")
-    if kind == "dict_type":
-        return ConfigError(f"{loc} = {value!r} must be a table ({key} = {{ name = value }}).")
-    return ConfigError(f"{loc} = {value!r} is not valid: {err['msg']}.")
+    got = f"(got {type_name(value)})"
+    must = {"float_type": f"must be a number {got}.{hint}", "finite_number": f"must be a number {got}.{hint}",
+            "int_type": f"must be an integer {got}.{hint}", "int_from_float": f"must be an integer {got}.{hint}",
+            "bool_type": f"must be true or false {got}.", "string_type": f"must be a string {got}. Put it in quotes.",
+            "dict_type": f"must be a table ({key} = {{ name = value }})."}.get(kind, f"is not valid: {err['msg']}.")
+    return ConfigError(f"{loc} = {value!r} {must}")
 
 
 def _union_args(tp: Any) -> tuple[Any, ...]:

@@ -1,15 +1,11 @@
 """Server profiles: one `[profile.NAME]` table of `datasets_cfg/server.toml` → a frozen ServerProfile.
 
     [profile.tuned]
-    model_path = "moonshotai/Kimi-K2.5"   # keys are SGLang's flag names with "_" (build_command maps them)
-    extra_args = ["--chunked-prefill-size", "8192"]   # passed through verbatim
-    [profile.tuned.env]
-    NCCL_IB_DISABLE = "0"
+    model_path = "moonshotai/Kimi-K2.5"   # keys are SGLang's flag names with "_"; extra_args go verbatim
     [profile.sim]
-    inherits = "tuned"                    # start from another profile's keys, then override
+    inherits = "tuned"                    # another profile's keys (env merged key by key), then these
 
-server.toml may also hold `[controller]` (controller/config.py) and `[run]` (generate's options,
-config/run.py; the flag wins).
+server.toml may also hold `[controller]` (controller/config.py) and `[run]` (config/run.py; the flag wins).
 """
 
 from __future__ import annotations
@@ -88,10 +84,6 @@ class ServerProfile:
             if a.startswith("--tokenizer-path="):
                 return a.split("=", 1)[1]
         return self.model_path
-
-
-_POSITIVE = ("tp_size", "dp_size", "num_continuous_decode_steps", "unhealthy_after")
-_NON_NEGATIVE_S = ("startup_timeout_s", "health_interval_s", "restart_backoff_s", "stop_grace_s")
 
 
 def load_server_profile(name: str = "tuned", path: Path = DEFAULT_SERVER_CONFIG, *,
@@ -225,31 +217,23 @@ def _build(name: str, table: dict[str, Any], where_of: Callable[[str], str], fil
         raise ConfigError(f"{where_of('model_path')}model_path: missing. Set the model to serve (a hub id or a "
                           "local folder).")
     if "mem_fraction_static" in table:
-        table["mem_fraction_static"] = _fraction(where_of("mem_fraction_static"), table["mem_fraction_static"])
-    if "env" in table:
-        table["env"] = _env_table(where_of, table["env"])
+        value = table["mem_fraction_static"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+            raise ConfigError(f"{where_of('mem_fraction_static')}mem_fraction_static = {value!r} must be a number "
+                              "between 0 and 1 (the share of GPU memory for weights + KV cache, e.g. 0.90).")
+        table["mem_fraction_static"] = float(value)
+    env = table.get("env", {})
+    if not isinstance(env, dict):
+        raise ConfigError(f"{where_of('env')}env must be a table of NAME = \"value\" strings ([...env]).")
+    for key, v in env.items():
+        if not isinstance(v, str):
+            raise ConfigError(f"{where_of(f'env.{key}')}env.{key} = {v!r} must be a string (environment values "
+                              "are text). Put it in quotes.")
     table["name"] = name
     table["source"] = file
     profile: ServerProfile = build_section(ServerProfile, table, where_of(""), key_where=where_of)
     _check_ranges(profile, where_of)
     return profile
-
-
-def _fraction(where: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-        raise ConfigError(f"{where}mem_fraction_static = {value!r} must be a number between 0 and 1 "
-                          "(the share of GPU memory for weights + KV cache, e.g. 0.90).")
-    return float(value)
-
-
-def _env_table(where_of: Callable[[str], str], value: Any) -> dict[str, str]:
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where_of('env')}env must be a table of NAME = \"value\" strings ([...env]).")
-    for key, v in value.items():
-        if not isinstance(v, str):
-            raise ConfigError(f"{where_of(f'env.{key}')}env.{key} = {v!r} must be a string (environment values "
-                              "are text). Put it in quotes.")
-    return dict(value)
 
 
 # SGLang 0.5.17's --tool-call-parser names (python/sglang/srt/function_call/function_call_parser.py,
@@ -261,22 +245,23 @@ TOOL_CALL_PARSERS = ("apertus2509", "cohere_command4", "deepseekv3", "deepseekv3
                      "step3p5", "trinity")
 
 
+# (accepts the value, what it must be) per key, checked in this order
+_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    **dict.fromkeys(("tp_size", "dp_size", "num_continuous_decode_steps", "unhealthy_after"),
+                    (lambda v: v >= 1, "be at least 1")),
+    **dict.fromkeys(("startup_timeout_s", "health_interval_s", "restart_backoff_s", "stop_grace_s"),
+                    (lambda v: math.isfinite(v) and v >= 0, "be a non-negative number of seconds")),
+    "stream_interval": (lambda v: v is None or v >= 1,
+                        "be at least 1 (tokens per streamed chunk; leave it out for SGLang's default, 1)"),
+    **dict.fromkeys(("max_restarts", "hicache_size_gb"), (lambda v: v >= 0, "not be negative")),
+    "port": (lambda v: 0 <= v <= 65535, "be 0 (pick a free one) or a TCP port up to 65535"),
+}
+
+
 def _check_ranges(p: ServerProfile, where_of: Callable[[str], str]) -> None:
-    for key in _POSITIVE:
-        if getattr(p, key) < 1:
-            raise ConfigError(f"{where_of(key)}{key} = {getattr(p, key)} must be at least 1.")
-    for key in _NON_NEGATIVE_S:
-        value = getattr(p, key)
-        if not math.isfinite(value) or value < 0:
-            raise ConfigError(f"{where_of(key)}{key} = {value} must be a non-negative number of seconds.")
-    if p.stream_interval is not None and p.stream_interval < 1:
-        raise ConfigError(f"{where_of('stream_interval')}stream_interval = {p.stream_interval} must be at least 1 "
-                          "(tokens per streamed chunk; leave it out for SGLang's default, 1).")
-    for key in ("max_restarts", "hicache_size_gb"):
-        if getattr(p, key) < 0:
-            raise ConfigError(f"{where_of(key)}{key} = {getattr(p, key)} must not be negative.")
-    if not 0 <= p.port <= 65535:
-        raise ConfigError(f"{where_of('port')}port = {p.port} must be 0 (pick a free one) or a TCP port up to 65535.")
+    for key, (accepts, words) in _RANGES.items():
+        if not accepts(getattr(p, key)):
+            raise ConfigError(f"{where_of(key)}{key} = {getattr(p, key)} must {words}.")
     if not p.command:
         raise ConfigError(f"{where_of('command')}command must not be empty (default: {list(SGLANG_COMMAND)}).")
     if p.tool_call_parser and p.tool_call_parser not in TOOL_CALL_PARSERS:

@@ -1,8 +1,5 @@
-"""Local source files checked before `datasets` reads them. A file that cannot be a source at all is
-refused with what it is and what to do (`datasets` would say `StopIteration` or `IsADirectoryError`).
-A .jsonl line that is not a JSON object becomes a `bad_json` reject (file, 1-based line) and the file is
-handed over as a cleaned copy: `datasets` refuses a whole file for one bad line.
-"""
+"""Local source files checked before `datasets` reads them (it would say `StopIteration`). A .jsonl line that
+is not a JSON object becomes a `bad_json` reject; `datasets` gets a cleaned copy (it refuses a whole file)."""
 
 from __future__ import annotations
 
@@ -39,17 +36,6 @@ class ScannedFile:
     bad: tuple[BadLine, ...]
 
 
-def _line_error(line: bytes) -> str | None:
-    """Why one non-blank line is not a JSON object, or None when it is one."""
-    try:
-        value = orjson.loads(line.rstrip(b"\r\n"))  # so an error's column is within this line
-    except orjson.JSONDecodeError as e:
-        return f"not valid JSON ({e.msg}, column {e.colno})"
-    if not isinstance(value, dict):
-        return f"a JSON {type(value).__name__}, not an object"
-    return None
-
-
 def scan_jsonl(path: Path, shown_as: str) -> ScannedFile:
     """Check every line of a .jsonl file; on bad lines write (once) and return a cleaned copy."""
     bad: list[BadLine] = []
@@ -58,11 +44,15 @@ def scan_jsonl(path: Path, shown_as: str) -> ScannedFile:
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
-            error = _line_error(line)
-            if error is None:
+            try:
+                value = orjson.loads(line.rstrip(b"\r\n"))  # so an error's column is within this line
+            except orjson.JSONDecodeError as e:
+                bad.append(BadLine(shown_as, number, f"not valid JSON ({e.msg}, column {e.colno})"))
+                continue
+            if isinstance(value, dict):
                 good += 1
             else:
-                bad.append(BadLine(shown_as, number, error))
+                bad.append(BadLine(shown_as, number, f"a JSON {type(value).__name__}, not an object"))
     if not bad:
         return ScannedFile(path, good, ())
     return ScannedFile(_clean_copy(path, {b.line for b in bad}), good, tuple(bad))

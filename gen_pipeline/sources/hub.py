@@ -1,7 +1,5 @@
-"""Is the Hugging Face hub reachable? Asked before `datasets` is, which would retry for ~25 s and
-then report "not cached in None". When offline, `datasets` is switched to offline mode too, so a
-dataset already in the local cache still loads.
-"""
+"""Is the Hugging Face hub reachable? Asked before `datasets` (which retries ~25 s, then says "not cached
+in None"); when not, `datasets` goes offline so a dataset in the local cache still loads."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Dataset loading: Hugging Face hub or local files (through `datasets`) → validated Prompts.
-
-The row schemas (`source.schema`) and tool-use conversations are described in docs/datasets.md.
-Validation follows SpecForge's; a row that fails is not fatal but a `Reject` with a reason, counted
-and written to the dataset's rejects file. Ids are stable across runs: "<DATASET>-<source id>" from
-`source.id_field`, else a content hash.
-"""
+"""Dataset loading: Hugging Face hub or local files (through `datasets`) → validated Prompts (schemas:
+docs/datasets.md). Validation follows SpecForge's; a failing row is a `Reject` with a reason, not fatal.
+Ids are stable across runs: "<DATASET>-<source id>" from `source.id_field`, else a content hash."""
 
 from __future__ import annotations
 
@@ -54,17 +50,13 @@ class InvalidRow(Exception):
         self.detail = detail
 
 
-def _turns(row: dict[str, Any], cfg_field: str) -> Any:
-    if cfg_field not in row:
-        raise InvalidRow("missing_field", f"no column {cfg_field!r} (columns: {', '.join(sorted(row))})")
-    if row[cfg_field] is None:  # `datasets` fills a column missing from some rows with None
-        raise InvalidRow("missing_field", f"{cfg_field!r} is missing in this row")
-    return row[cfg_field]
-
-
 def parse_row(row: dict[str, Any], schema: str, cfg_field: str) -> list[Message]:
     """Map one source row to role/content messages; raises InvalidRow with a reason."""
-    value = _turns(row, cfg_field)
+    if cfg_field not in row:
+        raise InvalidRow("missing_field", f"no column {cfg_field!r} (columns: {', '.join(sorted(row))})")
+    value = row[cfg_field]
+    if value is None:  # `datasets` fills a column missing from some rows with None
+        raise InvalidRow("missing_field", f"{cfg_field!r} is missing in this row")
     if schema == "prompt":
         return [{"role": "user", "content": _content(value, 0)}]
     if not isinstance(value, list) or not value:
@@ -298,7 +290,10 @@ def load_source(cfg: DatasetConfig) -> LoadedSource:
         if disk is not None:
             raise disk from None
         if offline:
-            raise ConfigError(_offline_message(cfg, where, offline)) from None
+            raise ConfigError(f"{where}: the Hugging Face hub is not reachable ({offline}) and {what} is not in the "
+                              f"local cache. Download the dataset's files where the hub is reachable (hf download "
+                              f"--repo-type dataset {src.hf_id} --local-dir DIR), copy them here, and in {where} set "
+                              "source.files to the local .jsonl/.json/.parquet files (and remove hf_id).") from None
         cause = e.__cause__ or e.__context__ or e
         hint = ("Check that every line is one JSON object (JSON Lines) or the file is valid JSON/Parquet."
                 if src.files else "Check the dataset id and split, and that the hub is reachable "
@@ -398,14 +393,6 @@ def _local_files(cfg: DatasetConfig, where: str) -> LoadedSource:
         bad += scanned.bad
         good += scanned.good_lines
     return LoadedSource(read, tuple(bad), good)
-
-
-def _offline_message(cfg: DatasetConfig, where: str, reason: str) -> str:
-    src = cfg.source
-    return (f"{where}: the Hugging Face hub is not reachable ({reason}) and {src.hf_id} (split {src.split}) "
-            f"is not in the local cache. Download the dataset's files where the hub is reachable "
-            f"(hf download --repo-type dataset {src.hf_id} --local-dir DIR), copy them here, "
-            f"and in {where} set source.files to the local .jsonl/.json/.parquet files (and remove hf_id).")
 
 
 def add_bad_lines(cfg: DatasetConfig, loaded: LoadedSource, stats: SourceStats, rejects: list[Reject]) -> None:

@@ -10,14 +10,6 @@ from gen_pipeline.cli import main
 OTHER_CONFIG = str(Path(__file__).resolve().parents[1] / "server" / "data" / "kimi-k2.5-config.json")
 
 
-def test_plan_needs_the_weight_size(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "--model-config", OTHER_CONFIG]) == 2
-    assert capsys.readouterr().err == (
-        "error: plan needs the weight size: pass --weights-gb (the checkpoint's total size in GiB; Kimi-K2.5 INT4: "
-        "594 GB on disk = 553 GiB) or --params-b with --weight-dtype (e.g. --params-b 70 --weight-dtype bf16 = "
-        "130.4 GiB).\n")
-
-
 def test_plan_shows_fp8_doubling_the_kv_tokens(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--gpu-mem-gb", "94", "--weights-gb", "578", "--mem-fraction-static", "0.90"]) == 0
     out = capsys.readouterr().out
@@ -28,6 +20,10 @@ def test_plan_shows_fp8_doubling_the_kv_tokens(capsys: pytest.CaptureFixture[str
 
 
 @pytest.mark.parametrize("argv, message", [
+    (["plan", "--model-config", OTHER_CONFIG],
+     "error: plan needs the weight size: pass --weights-gb (the checkpoint's total size in GiB; Kimi-K2.5 INT4: "
+     "594 GB on disk = 553 GiB) or --params-b with --weight-dtype (e.g. --params-b 70 --weight-dtype bf16 = "
+     "130.4 GiB).\n"),
     (["generate", "--dataset", "demo", "--limit", "0"], "error: --limit 0 must be at least 1.\n"),
     (["generate", "--dataset", "demo", "--window", "-3"],
      "error: --window -3 must be at least 0.\n"),
@@ -47,22 +43,25 @@ def test_plan_shows_fp8_doubling_the_kv_tokens(capsys: pytest.CaptureFixture[str
      "so 8 x 79.6 GiB GPUs cannot hold the model with a KV cache. The smallest node that can: 8 x RTX PRO 6000 "
      "Blackwell, 96 GB (95.6 GiB/GPU). Or use tp_size 16 on these GPUs (2 nodes of 8 GPUs), a larger "
      "mem_fraction_static or smaller (quantized) weights.\n"),
+    (["validate", "--dataset", "B7", "--output-dir", "{tmp}"],
+     "error: {tmp}/B7: no such output folder. Generate it first (make generate DATASET=B7).\n"),
+    (["status", "--output-dir", "{tmp}/nonexistent/out"],
+     "error: --output-dir {tmp}/nonexistent/out: no such folder, so no dataset has output there. Pass the folder "
+     "generate wrote to (default: outputs), or run generate first: it makes the folder.\n"),
+    (["generate", "--dataset", "demo", "--temperature", "0.1", "--output-dir", "{tmp}"],
+     "error: --temperature goes with --input only: with --dataset, the TOML's [sampling] table sets them. Edit it "
+     "there.\n"),
+    (["plan", "--model-config", "{tmp}/config.json", "--output-dir", "{tmp}"],
+     "error: --model-config {tmp}/config.json: no such file (pass the model's config.json).\n"),
 ])
-def test_flag_mistakes(argv: list[str], message: str | None, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(argv) == 2
+def test_flag_mistakes(tmp_path: Path, argv: list[str], message: str | None,
+                       capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([a.format(tmp=tmp_path) for a in argv]) == 2
     err = capsys.readouterr().err
     if message is not None:
-        assert err == message
+        assert err == message.format(tmp=tmp_path)
     else:
         assert "nope" in err and "tuned" in err and "Traceback" not in err
-
-
-def test_validate_of_a_dataset_never_generated(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["validate", "--dataset", "B7", "--output-dir", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == (f"error: {tmp_path}/B7: no such output folder. "
-                                       "Generate it first (make generate DATASET=B7).\n")
-
-
 
 
 def test_a_toml_whose_name_is_not_its_file_name_is_refused_by_every_command(

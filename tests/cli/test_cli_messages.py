@@ -14,7 +14,6 @@ import orjson
 import pytest
 from cli_helpers import stored
 
-from gen_pipeline.store.lock import shared_filesystem
 from tests.pipeline_helpers import assert_exact, make_rows, run_cli, write_dataset
 
 STARTED = "2026-03-01T11:02:03+00:00"
@@ -42,17 +41,6 @@ def holder(tmp_path: Path):
     p.communicate("")
 
 
-def generate_over_lock(tmp_path: Path, pid: int, host: str) -> str:
-    """What a run of 10 says, once it exited 0, started where T's lock names `pid` on `host`."""
-    toml = write_dataset(tmp_path / "cfg", target=10)
-    (tmp_path / "out" / "T").mkdir(parents=True)
-    (tmp_path / "out" / "T" / ".lock").write_bytes(orjson.dumps({"pid": pid, "host": host, "started_at": STARTED}))
-    r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", tmp_path / "out",
-                "--progress", "log")
-    assert r.returncode == 0, r.stderr
-    return r.stdout + r.stderr
-
-
 @pytest.mark.e2e  # the process is the subject: make e2e
 def test_a_live_holder_on_this_host_is_named_and_no_deletion_is_asked(tmp_path: Path, holder) -> None:
     toml = write_dataset(tmp_path / "cfg")
@@ -64,27 +52,20 @@ def test_a_live_holder_on_this_host_is_named_and_no_deletion_is_asked(tmp_path: 
                         "run takes its lock over by itself.\n")
 
 
-def test_a_lock_of_pid_1_after_a_container_restart_is_taken_over(tmp_path: Path) -> None:
-    """The orchestrator was pid 1; after a restart pid 1 is alive again as something else. No `kill 1`."""
-    said = generate_over_lock(tmp_path, 1, socket.gethostname())
-    assert f"took over the lock of a run that is gone (pid 1, started {HMS}; pid 1 is another process now)" in said
-    assert_exact(tmp_path / "out", 10)
-
-
-def test_a_holder_on_another_host_on_a_local_disk_is_taken_over(tmp_path: Path) -> None:
-    """A local disk's flock is the truth whatever host name the file has (a recreated container). The
-    shared-filesystem case (refused, with what to do) is tests/store/test_lock.py's."""
-    if shared_filesystem(tmp_path):
-        pytest.skip(f"{tmp_path} is on a filesystem other hosts may share: there a lock of another host is refused")
-    said = generate_over_lock(tmp_path, 4242, "gpu-node-7")
-    assert f"took over the lock of a run that is gone (pid 4242 on host gpu-node-7, started {HMS})" in said
-
-
 @pytest.mark.e2e  # the process is the subject: make e2e
 def test_a_dead_holders_lock_is_taken_over_without_asking(tmp_path: Path) -> None:
+    """The store's takeovers (pid 1 after a container restart, another host on a local disk) are
+    tests/store/test_lock.py's; here the note reaches the user and the run completes."""
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
-    said = generate_over_lock(tmp_path, p.pid, socket.gethostname())
+    toml = write_dataset(tmp_path / "cfg", target=10)
+    (tmp_path / "out" / "T").mkdir(parents=True)
+    (tmp_path / "out" / "T" / ".lock").write_bytes(orjson.dumps({"pid": p.pid, "host": socket.gethostname(),
+                                                                "started_at": STARTED}))
+    r = run_cli("generate", "--dataset", toml, "--server", "sim", "--output-dir", tmp_path / "out",
+                "--progress", "log")
+    assert r.returncode == 0, r.stderr
+    said = r.stdout + r.stderr
     assert f"took over the lock of a run that is gone (pid {p.pid}, started {HMS})" in said
     assert_exact(tmp_path / "out", 10)
     assert not (tmp_path / "out" / "T" / ".lock").exists()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import orjson
 
-from pipeline_helpers import REPO, assert_exact, run_cli, write_dataset
+from pipeline_helpers import META_KEYS, REPO, assert_exact, run_cli, write_dataset
 
 
 def test_one_dataset_then_the_job_then_status_and_an_export_of_both(tmp_path: Path) -> None:
@@ -25,7 +25,7 @@ def test_one_dataset_then_the_job_then_status_and_an_export_of_both(tmp_path: Pa
     assert "T: 8/8 samples (100.0%); the target is already reached, nothing to do." in job.stdout, job.stdout
     assert job.stdout.splitlines()[-1] == (
         "job (T, U): 14/14 samples (100.0%), +6 this run; every dataset at its target.")
-    assert_exact(out, 8, "T")
+    assert all(set(s["meta"]) == META_KEYS for s in assert_exact(out, 8, "T"))  # no sampling_variant without a mix
     assert_exact(out, 6, "U")
 
     status = run_cli("status", *dirs)

@@ -26,20 +26,7 @@ def gen(toml: Path, out: Path, *where: str):
     return r
 
 
-def test_a_line_that_is_not_json_is_a_counted_reject_with_its_line(tmp_path: Path, sim_url: str) -> None:
-    toml = write_dataset(tmp_path, target=10, rows=make_rows(12))
-    lines = (tmp_path / "T.jsonl").read_bytes().splitlines(keepends=True)
-    (tmp_path / "T.jsonl").write_bytes(b"".join(lines[:2] + [b"this is not json\n"] + lines[2:]))
-    r = gen(toml, tmp_path / "out", "--server-url", sim_url)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[-1].endswith(", 1 invalid rows skipped; target reached.")
-    rejects = [orjson.loads(x) for x in (tmp_path / "out" / "T" / "rejects.jsonl").read_bytes().splitlines()]
-    assert rejects == [{"dataset": "T", "row": 12, "reason": "bad_json", "file": "T.jsonl", "line": 3, "run": 1,
-                        "detail": "T.jsonl line 3 is not valid JSON (invalid literal, expected 'true', column 1)"}]
-    assert len(assert_exact(tmp_path / "out", 10)) == 10
-
-
-def test_bad_rows_are_counted_rejects_and_context_400_is_final(tmp_path: Path, sim_url: str) -> None:
+def test_bad_rows_and_lines_are_counted_rejects_and_context_400_is_final(tmp_path: Path, sim_url: str) -> None:
     rows = make_rows(30)
     rows[2] = {"id": "wt", "messages": "hello"}
     rows[4] = {"id": "mf"}
@@ -49,17 +36,21 @@ def test_bad_rows_are_counted_rejects_and_context_400_is_final(tmp_path: Path, s
     rows[8] = {"id": "ctx", "messages": [{"role": "user", "content": "word " * 1500}]}  # > 600-token context
     rows[9] = {"id": "wt2", "messages": [{"role": "user", "content": 5}]}
     toml, out = write_dataset(tmp_path / "ds", target=24, rows=rows), tmp_path / "out"
+    lines = (tmp_path / "ds" / "T.jsonl").read_bytes().splitlines(keepends=True)
+    (tmp_path / "ds" / "T.jsonl").write_bytes(b"".join(lines[:2] + [b"this is not json\n"] + lines[2:]))
     r = gen(toml, out, "--server-url", sim_url)
     assert r.returncode == 5, r.stderr  # the final failure leaves the target out of the source's reach
     assert r.stdout.splitlines()[-1].startswith("T: 23/24 samples (95.8%), +23 this run in ")
     assert r.stdout.splitlines()[-1].endswith(", 1 failed (http_400 1; 1 final, 0 retried by the next run), "
-                                              "6 invalid rows skipped; the source has no more prompts: 1 samples "
+                                              "7 invalid rows skipped; the source has no more prompts: 1 samples "
                                               "short of the target; add rows to the source or lower target_samples.")
     rejects = [orjson.loads(x) for x in (out / "T" / "rejects.jsonl").read_bytes().splitlines()]
-    assert [(x["row"], x["reason"]) for x in rejects] == [
+    assert rejects[0] == {"dataset": "T", "row": 30, "reason": "bad_json", "file": "T.jsonl", "line": 3, "run": 1,
+                          "detail": "T.jsonl line 3 is not valid JSON (invalid literal, expected 'true', column 1)"}
+    assert [(x["row"], x["reason"]) for x in rejects[1:]] == [
         (2, "bad_type"), (4, "missing_field"), (5, "empty_content"), (6, "roles_not_alternating"),
         (7, "prompt_too_long"), (9, "bad_type")]
-    assert rejects[4]["detail"] == "10000000 characters > source.max_prompt_chars = 400000"
+    assert rejects[5]["detail"] == "10000000 characters > source.max_prompt_chars = 400000"
     err = [orjson.loads(x) for x in (out / "T" / "errors.jsonl").read_bytes().splitlines()]
     assert err == [{"id": "T-ctx", "dataset": "T", "reason": "http_400", "attempts": 1, "retryable": False,
                     "loops": 0, "empty": 0, "tokens_not_decoded": 0, "discarded_tokens": 0,  # the gate's counts

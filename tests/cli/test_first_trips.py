@@ -64,16 +64,6 @@ def test_a_full_or_too_large_datasets_cache_says_which_folder(tmp_path: Path, mo
 # ---------------------------------------------------------------- item 13: a bad file in the config folder
 
 
-def _config_dir_with_bad_files(tmp_path: Path) -> Path:
-    """T.toml (and its data) beside a Latin-1 `bad.toml` and a folder `old.toml`; server.toml copied."""
-    cfg = tmp_path / "cfg"
-    write_dataset(cfg, target=3)
-    shutil.copy(REPO / "datasets_cfg" / "server.toml", cfg / "server.toml")
-    (cfg / "bad.toml").write_bytes('name = "caf\u00e9"\n'.encode("latin-1"))
-    (cfg / "old.toml").mkdir()
-    return cfg
-
-
 def _warnings(cfg: Path) -> str:
     return (f"warning: {cfg}/bad.toml: not UTF-8 text (byte 0xe9 at offset 11); a TOML file must be UTF-8. Save it "
             "as UTF-8, or move it out of the config folder if it is no config. (skipped)\n"
@@ -81,35 +71,26 @@ def _warnings(cfg: Path) -> str:
             "or move it out of the config folder. (skipped)\n")
 
 
-def test_status_warns_for_each_bad_file_and_shows_the_rest(tmp_path: Path, capsys) -> None:
-    cfg = _config_dir_with_bad_files(tmp_path)
-    (tmp_path / "out").mkdir()
-    code = main(["status", "--config-dir", str(cfg), "--output-dir", str(tmp_path / "out")])
-    out, err = capsys.readouterr()
-    assert code == 0, err
-    assert err == _warnings(cfg).replace(" (skipped)", "")
-    assert "T " in out and "not started" in out, out
-
-
-def test_plan_warns_for_each_bad_file_and_plans_the_rest(tmp_path: Path, capsys) -> None:
-    cfg = _config_dir_with_bad_files(tmp_path)
+def test_each_bad_file_is_a_warning_of_plan_status_and_generate_all_and_check_of_one_names_it(tmp_path: Path,
+                                                                                              capsys) -> None:
+    cfg = tmp_path / "cfg"  # T.toml beside a Latin-1 bad.toml and a folder old.toml
+    write_dataset(cfg, target=3)
+    shutil.copy(REPO / "datasets_cfg" / "server.toml", cfg / "server.toml")
+    (cfg / "bad.toml").write_bytes('name = "caf\u00e9"\n'.encode("latin-1"))
+    (cfg / "old.toml").mkdir()
     code = main(["plan", "--config-dir", str(cfg), "--output-dir", str(tmp_path / "out")])
     out, err = capsys.readouterr()
     assert (code, err) == (0, _warnings(cfg))
     assert f"the job (T of {cfg}/: 3 samples to do)" in out, out
-
-
-def test_check_of_a_bad_file_names_it(tmp_path: Path, capsys) -> None:
-    cfg = _config_dir_with_bad_files(tmp_path)
+    (tmp_path / "out").mkdir()
+    code = main(["status", "--config-dir", str(cfg), "--output-dir", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert (code, err) == (0, _warnings(cfg).replace(" (skipped)", ""))
+    assert "T " in out and "not started" in out, out
     code = main(["check", "--dataset", "bad", "--config-dir", str(cfg), "--server", "sim"])
-    err = capsys.readouterr().err
-    assert (code, err) == (2, "error: " + _warnings(cfg).splitlines()[0].removeprefix("warning: ")
-                           .removesuffix(" (skipped)") + "\n")
-
-
-def test_generate_all_warns_for_each_bad_file_and_runs_the_rest(tmp_path: Path, capsys, monkeypatch) -> None:
-    cfg = _config_dir_with_bad_files(tmp_path)
-    out = tmp_path / "out"
+    assert (code, capsys.readouterr().err) == (2, "error: " + _warnings(cfg).splitlines()[0].removeprefix(
+        "warning: ").removesuffix(" (skipped)") + "\n")
+    out = tmp_path / "out"  # generate --dataset all runs the rest
     code = main(["generate", "--dataset", "all", "--config-dir", str(cfg), "--server", "sim", "--output-dir", str(out),
                  "--progress", "quiet"])
     text = capsys.readouterr()
@@ -134,15 +115,7 @@ def test_tokens_export_says_why_the_servers_tokenizer_is_not_there(tmp_path: Pat
     assert "pass --tokenizer PATH or --server NAME" not in err
 
 
-# ---------------------------------------------------------------- item 15: status --output-dir
-
-
-def test_status_of_a_folder_that_does_not_exist_says_so(tmp_path: Path, capsys) -> None:
-    missing = tmp_path / "nonexistent" / "out"
-    assert main(["status", "--output-dir", str(missing)]) == 2
-    assert capsys.readouterr().err == (
-        f"error: --output-dir {missing}: no such folder, so no dataset has output there. Pass the folder generate "
-        "wrote to (default: outputs), or run generate first: it makes the folder.\n")
+# ---------------------------------------------------------------- item 15: status --output-dir (missing: test_cli)
 
 
 @pytest.mark.parametrize("command", [["status"], ["validate", "--dataset", "T"], ["plan"]])
@@ -156,24 +129,6 @@ def test_an_empty_output_dir_is_refused(capsys, command: list[str]) -> None:
 
 
 # ---------------------------------------------------------------- item 16: small ones
-
-
-def test_window_0_means_adaptive_on_the_command_line_as_in_the_toml(tmp_path: Path) -> None:
-    from gen_pipeline.config.dataset import load_dataset_config
-    from gen_pipeline.run.setup import run_options
-
-    cfg = load_dataset_config(write_dataset(tmp_path, extra="window = 4"))  # a fixed window in the TOML
-    config_dir = REPO / "datasets_cfg"
-    assert run_options([cfg], config_dir=config_dir, server="sim")[0].window == 4
-    assert run_options([cfg], config_dir=config_dir, server="sim", window=0)[0].window is None  # adaptive
-    assert run_options([cfg], config_dir=config_dir, server="sim", window=7)[0].window == 7
-
-
-def test_plan_names_a_missing_model_config_file(tmp_path: Path, capsys) -> None:
-    missing = tmp_path / "config.json"
-    assert main(["plan", "--model-config", str(missing), "--output-dir", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == (f"error: --model-config {missing}: no such file (pass the model's "
-                                       "config.json).\n")
 
 
 def test_plan_into_a_closed_pipe_exits_0_quietly() -> None:

@@ -1,6 +1,5 @@
 """Dataset config loading: every shipped config loads; mistakes name the file and the key."""
 
-import shutil
 from dataclasses import fields
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from gen_pipeline.config.dataset import DEFAULT_CONFIG_DIR, available_datasets, 
 from gen_pipeline.config.server import load_controller_config
 from gen_pipeline.controller import ControllerConfig
 from gen_pipeline.errors import ConfigError
+from gen_pipeline.run.setup import run_options
 from tests.pipeline_helpers import run_cli, write_dataset
 
 REFERENCE = {"B1": 30_000, "B2": 18_000, "B6": 20_000, "B7": 20_000}
@@ -52,30 +52,17 @@ def load(tmp_path: Path, text: str):
     ('[output]\nshard_max_samples = 0\n', "output.shard_max_samples and output.fsync_every must be at least 1."),
     ('colour = 1\n', "colour: unknown key. Known top-level keys: generation, name, output, sampling, source, "
                      "target_samples. Check the spelling or remove it."),
+    ("target_samples = \n", "X.toml: not valid TOML (Invalid value (at line 1, column 18)). Fix the syntax and run "
+                            "again."),
+    ("", "X.toml: [source] needs exactly one of hf_id (a Hugging Face dataset) or files (local jsonl/json/parquet "
+         "paths)."),  # BASE with hf_id as well as files
 ])
 def test_config_errors_name_file_and_key(tmp_path: Path, extra: str, message: str) -> None:
     text = BASE + extra if extra.startswith("[") else extra + BASE
     with pytest.raises(ConfigError) as e:
-        load_dataset_config(write(tmp_path, text))
+        load_dataset_config(write(tmp_path, text if extra else BASE.replace("[source]\n", '[source]\nhf_id = "o"\n')))
     assert str(e.value).endswith(message)
     assert "X.toml" in str(e.value)
-
-
-def test_missing_dataset_config_lists_the_existing_ones() -> None:
-    with pytest.raises(ConfigError) as e:
-        find_dataset_config("B3")
-    assert "No dataset config 'B3'" in str(e.value)
-    assert "B1, B2, B6, B7, demo" in str(e.value)
-
-
-def test_invalid_toml_says_so(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="not valid TOML"):
-        load_dataset_config(write(tmp_path, "target_samples = \n"))
-
-
-def test_source_needs_exactly_one_of_hf_id_and_files(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="exactly one of hf_id"):
-        load_dataset_config(write(tmp_path, 'target_samples = 1\n[source]\nschema = "prompt"\n'))
 
 
 def test_fingerprint_changes_with_sampling() -> None:
@@ -88,37 +75,32 @@ def test_fingerprint_changes_with_sampling() -> None:
 # ---------------------------------------------------------------- every documented key is read
 
 
-def test_generation_window_is_the_default_for_the_window_flag(tmp_path: Path) -> None:
-    shutil.copy(DEFAULT_CONFIG_DIR / "server.toml", tmp_path / "server.toml")
+def test_generation_window_is_the_default_for_the_window_flag_and_the_controller_table_is_read(tmp_path: Path) -> None:
+    (tmp_path / "server.toml").write_text((DEFAULT_CONFIG_DIR / "server.toml").read_text()
+                                          + "\n[controller]\ntarget_usage = 0.8\nmax_window = 256\n")
+    assert load_controller_config(tmp_path / "server.toml") == ControllerConfig(target_usage=0.8, max_window=256)
     toml = write(tmp_path, BASE + "[generation]\nwindow = 7\n")
     cfg = load_dataset_config(toml)
     args = build_parser().parse_args(["generate", "--dataset", str(toml), "--server", "sim",
                                       "--config-dir", str(tmp_path)])
-    assert options_from_args(args, [cfg]).window == 7
+    opts = options_from_args(args, [cfg])
+    assert (opts.window, opts.controller) == (7, ControllerConfig(target_usage=0.8, max_window=256))
     args = build_parser().parse_args(["generate", "--dataset", str(toml), "--window", "3",
                                       "--config-dir", str(tmp_path)])
     assert options_from_args(args, [cfg]).window == 3  # the flag wins
     adaptive = load(tmp_path, "")
     assert options_from_args(args.__class__(**{**vars(args), "window": None}), [adaptive]).window is None
+    assert run_options([cfg], config_dir=tmp_path, server="sim", window=0)[0].window is None  # 0 = adaptive, as in TOML
     with pytest.raises(ConfigError) as e:
         load(tmp_path, "[generation]\nwindow = -1\n")
     assert str(e.value).endswith("X.toml: generation.window = -1 must be 0 (the adaptive controller) or a fixed "
                                  "number of requests in flight.")
 
 
-def test_controller_table_is_read_into_the_run(tmp_path: Path) -> None:
-    server = tmp_path / "server.toml"
-    server.write_text((DEFAULT_CONFIG_DIR / "server.toml").read_text()
-                      + "\n[controller]\ntarget_usage = 0.8\nmax_window = 256\n")
-    assert load_controller_config(server) == ControllerConfig(target_usage=0.8, max_window=256)
+def test_a_controller_table_of_one_key_and_none_at_all(tmp_path: Path) -> None:
     guarded = tmp_path / "guarded.toml"
     guarded.write_text("[controller]\nretraction_guard = true\n")
     assert load_controller_config(guarded) == ControllerConfig(retraction_guard=True) != ControllerConfig()
-    toml = write(tmp_path, BASE)
-    args = build_parser().parse_args(["generate", "--dataset", str(toml), "--server", "sim",
-                                      "--config-dir", str(tmp_path)])
-    assert options_from_args(args, [load_dataset_config(toml)]).controller == ControllerConfig(target_usage=0.8,
-                                                                                               max_window=256)
     assert load_controller_config(DEFAULT_CONFIG_DIR / "server.toml") == ControllerConfig()
     assert load_controller_config(tmp_path / "absent.toml") == ControllerConfig()
 
@@ -166,20 +148,3 @@ def _with_run(cfg_dir: Path, run_table: str) -> Path:
     assert "\n[run]\n" in shipped
     (cfg_dir / "server.toml").write_text(shipped.replace("\n[run]\n", f"\n[run]\n{run_table}\n", 1))
     return cfg_dir
-
-
-def test_run_table_sets_server_wait_s_and_the_flag_wins(tmp_path: Path) -> None:
-    toml = write(tmp_path, BASE)
-    cfgs = [load_dataset_config(toml)]
-
-    def wait_s(cfg_dir: Path, *flags: str) -> float:
-        args = build_parser().parse_args(["generate", "--dataset", str(toml), "--server-url", "http://gpu1:30000",
-                                          "--config-dir", str(cfg_dir), *flags])
-        return options_from_args(args, cfgs).server_wait_s
-
-    cfg = _with_run(tmp_path / "cfg", "server_wait_s = 900")
-    assert wait_s(cfg) == 900.0
-    assert wait_s(cfg, "--server-wait-s", "30") == 30.0  # the flag wins
-    assert wait_s(cfg, "--server-wait-s", "0") == 0.0  # even when it is 0
-    assert wait_s(DEFAULT_CONFIG_DIR) == 600.0  # the shipped table says the default
-    assert wait_s(tmp_path / "no-server-toml") == 600.0  # attached without a server.toml: the default

@@ -46,6 +46,7 @@ def test_the_options_a_run_gets_are_the_declared_defaults() -> None:
     ("health_interval_s", "0.5", "1", (0.5, 1.0)),
     ("routing", '"free-kv"', "affinity", ("free-kv", "affinity")),
     ("limit", "7", "3", (7, 3)),
+    ("server_wait_s", "900", "0", (900.0, 0.0)),  # the flag wins even when it is 0
 ])
 def test_every_option_may_be_set_in_the_run_table_and_the_flag_wins(
         tmp_path: Path, key: str, toml_value: str, flag_value: str, expected: tuple[object, object]) -> None:
@@ -54,12 +55,14 @@ def test_every_option_may_be_set_in_the_run_table_and_the_flag_wins(
     (cfg_dir / "server.toml").write_text(f"[run]\n{key} = {toml_value}\n")
     toml = write(tmp_path, BASE)
 
-    def value(*flags: str) -> object:
+    def value(cfg_dir: Path, *flags: str) -> object:
         args = build_parser().parse_args(["generate", "--dataset", str(toml), "--server-url", "http://gpu1:30000",
                                           "--config-dir", str(cfg_dir), *flags])
         return getattr(options_from_args(args, [load_dataset_config(toml)]), key)
 
-    assert (value(), value(FLAGS[key], flag_value)) == expected
+    assert (value(cfg_dir), value(cfg_dir, FLAGS[key], flag_value)) == expected
+    for other in (DEFAULT_CONFIG_DIR, tmp_path / "no-server-toml"):  # the shipped [run], or no server.toml at all
+        assert value(other) == RunFlags.__dataclass_fields__[key].default
 
 
 def test_a_run_table_value_out_of_range_names_the_key(tmp_path: Path) -> None:

@@ -34,8 +34,11 @@ from pipeline_helpers import (
     write_dataset,
 )
 
-SAMPLING = ("[sampling]\nmax_new_tokens = 16\ntemperature = 0.7\ntop_p = 0.95\n"
-            "chat_template_kwargs = { thinking = true }\n")
+# every optional key (sent and recorded by every variant, test_sampling.py's too) but reasoning_effort
+KEYS = ('top_k = 20\nmin_p = 0.05\nrepetition_penalty = 1.05\npresence_penalty = 0.5\nfrequency_penalty = -0.25\n'
+        'stop = ["</answer>", "STOP"]\nseed = 1234\nchat_template_kwargs = { thinking = true }\n'
+        "extra_body = { min_tokens = 2, skip_special_tokens = false }\n")
+SAMPLING = "[sampling]\nmax_new_tokens = 16\ntemperature = 0.7\ntop_p = 0.95\n" + KEYS
 # three variants: greedy, the base as it is, hot without thinking
 MIX = """[[sampling.mix]]
 share = 0.5
@@ -67,6 +70,10 @@ def test_a_mix_loads_with_each_variant_the_base_plus_its_overrides(tmp_path: Pat
     assert [mix.describe(i) for i in range(3)] == [
         "temperature 0.0", "the base [sampling]", "temperature 1.0, chat_template_kwargs.thinking false"]
     assert load(tmp_path, SAMPLING).mix is None
+    decimals = SAMPLING + "".join(f"[[sampling.mix]]\nshare = {s}\ntemperature = {t}\n"
+                                  for s, t in ((0.7, 0.1), (0.2, 0.2), (0.1, 0.3)))
+    assert 0.7 + 0.2 + 0.1 != 1.0  # 0.9999999999999999: shares sum to 1 within rounding
+    assert [v.share for v in load(tmp_path, decimals).mix.variants] == [0.7, 0.2, 0.1]
 
 
 @pytest.mark.parametrize("text, message", [
@@ -114,21 +121,6 @@ def test_bad_mixes_are_named_with_file_and_key(tmp_path: Path, monkeypatch: pyte
     assert str(e.value) == f"X.toml: {message}"
 
 
-def test_shares_written_as_decimals_sum_to_one_within_rounding(tmp_path: Path) -> None:
-    text = SAMPLING + "".join(f"[[sampling.mix]]\nshare = {s}\ntemperature = {t}\n"
-                              for s, t in ((0.7, 0.1), (0.2, 0.2), (0.1, 0.3)))
-    assert 0.7 + 0.2 + 0.1 != 1.0  # 0.9999999999999999
-    assert [v.share for v in load(tmp_path, text).mix.variants] == [0.7, 0.2, 0.1]
-
-
-def test_a_bad_mix_stops_the_cli_with_the_message_and_no_traceback(tmp_path: Path) -> None:
-    toml = _mix_dataset(tmp_path / "cfg", rows=10, target=10, mix=MIX.replace("0.2", "0.25"))
-    r = run_cli("check", "--dataset", toml, "--output-dir", tmp_path / "out")
-    assert (r.returncode, r.stdout) == (2, "")
-    assert r.stderr == (f"error: {toml}: sampling.mix: the shares sum to 1.05 (0.5 + 0.3 + 0.25); they must sum "
-                        "to 1.\n")
-
-
 # ---------------------------------------------------------------- the draw
 
 
@@ -149,14 +141,10 @@ def test_the_draw_depends_only_on_the_seed_and_the_row(tmp_path: Path) -> None:
         counts = Counter(rows)
         for i, share in enumerate(SHARES):
             assert abs(counts[i] / len(rows) - share) < 0.02, (i, counts, len(rows))
-
-
-def test_a_prompt_without_a_source_row_is_placed_by_its_id(tmp_path: Path) -> None:
-    mix = mix_of(tmp_path)
-    draws = [mix.pick(f"id-{k}") for k in range(3000)]
-    again = mix_of(tmp_path)  # the same config loaded again draws the same (loaded once, not per id)
-    assert draws == [again.pick(f"id-{k}") for k in range(3000)]
-    counts = Counter(draws)
+    # a prompt without a source row is placed by its id: the same config loaded again draws the same
+    by_id = [a.pick(f"id-{k}") for k in range(3000)]
+    assert by_id == [b.pick(f"id-{k}") for k in range(3000)]
+    counts = Counter(by_id)
     for i, share in enumerate(SHARES):
         assert abs(counts[i] / 3000 - share) < 0.03, counts  # independent draws: ±3 sd at 3,000
 
@@ -171,18 +159,19 @@ def sim_url():
         yield sim.url
 
 
-def _mix_dataset(folder: Path, *, rows: int, target: int, mix: str = MIX) -> Path:
+def _mix_dataset(folder: Path, *, rows: int, target: int) -> Path:
     toml = write_dataset(folder, rows=make_rows(rows), target=target, max_new_tokens=16, shard_max_samples=60,
                          fsync_every=16)
     text = toml.read_text()
-    toml.write_text(text.replace("top_p = 0.95\n", "top_p = 0.95\nchat_template_kwargs = { thinking = true }\n"
-                                 + mix))
+    toml.write_text(text.replace("top_p = 0.95\n", "top_p = 0.95\n" + KEYS + MIX))
     return toml
 
 
 def _expected_sampling(variant: int) -> dict:
-    return {"max_new_tokens": 16, "temperature": (0.0, 0.7, 1.0)[variant], "top_p": 0.95,
-            "chat_template_kwargs": {"thinking": variant != 2}}
+    return {"max_new_tokens": 16, "temperature": (0.0, 0.7, 1.0)[variant], "top_p": 0.95, "top_k": 20, "min_p": 0.05,
+            "repetition_penalty": 1.05, "presence_penalty": 0.5, "frequency_penalty": -0.25,
+            "stop": ["</answer>", "STOP"], "seed": 1234, "chat_template_kwargs": {"thinking": variant != 2},
+            "extra_body": {"min_tokens": 2, "skip_special_tokens": False}}
 
 
 def test_requests_carry_the_drawn_sampling_and_rows_record_it(tmp_path: Path, sim_url: str) -> None:
@@ -202,7 +191,8 @@ def test_requests_carry_the_drawn_sampling_and_rows_record_it(tmp_path: Path, si
         assert variant == mix.pick(s["id"], k)
         assert s["meta"]["sampling"] == _expected_sampling(variant)
         by_variant[variant] += 1
-        seen = {k: v for k, v in _expected_sampling(variant).items() if k != "max_new_tokens"}
+        seen = {k: v for k, v in _expected_sampling(variant).items() if k in ("temperature", "top_p",
+                                                                              "chat_template_kwargs")}
         turns[orjson.dumps(seen, option=orjson.OPT_SORT_KEYS).decode()] += s["meta"]["turns"]
         reasoning = [m["reasoning_content"] for m in s["conversations"] if m["role"] == "assistant"]
         if variant == 2:
@@ -245,16 +235,19 @@ def test_requests_carry_the_drawn_sampling_and_rows_record_it(tmp_path: Path, si
         "meta.sampling.temperature is 0.7 here, 0.0 in the declared mix for sampling_variant 0",
         "meta.sampling_variant is 7: the declared mix has variants 0 to 2"]
 
-    # a changed mix refuses the resume, naming what changed
+    # a changed mix or sampling key refuses the resume, naming what changed
     toml.write_text(toml.read_text().replace("share = 0.5\ntemperature = 0.0", "share = 0.5\ntemperature = 0.1")
-                    .replace("target_samples = 40", "target_samples = 41"))
+                    .replace("target_samples = 40", "target_samples = 41").replace("seed = 1234", "seed = 99")
+                    .replace("min_tokens = 2", "min_tokens = 3"))
     r = run_cli("generate", "--dataset", toml, "--server-url", sim_url, "--output-dir", out, "--progress", "quiet")
     where = str(out / "T")
     assert (r.returncode, r.stdout) == (4, "")
     assert r.stderr == (
-        f"error: {where} was written with a different config (1 setting differs):\n"
+        f"error: {where} was written with a different config (3 settings differ):\n"
+        f"  sampling.extra_body.min_tokens: 2 in {where}, 3 now\n"
+        f"  sampling.seed: 1234 in {where}, 99 now\n"
         f"  sampling_mix.0.temperature: 0.0 in {where}, 0.1 now\n"
-        "Resuming would mix samples made two ways in one dataset. Restore the old setting to resume, "
+        "Resuming would mix samples made two ways in one dataset. Restore the old settings to resume, "
         "or write to a new output folder or dataset name.\n")
     assert len(read_samples(out)) == 40
 

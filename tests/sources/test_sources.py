@@ -1,7 +1,6 @@
 """Sources: the real `datasets` library on local files in the three schemas; invalid rows are
 rejected with a reason, never fatal; ids are stable; done ids are skipped."""
 
-from dataclasses import replace
 from pathlib import Path
 
 import orjson
@@ -92,41 +91,38 @@ def test_shuffle_is_deterministic(tmp_path: Path) -> None:
     assert [p.messages[0]["content"] for p in a] != [f"item {i}" for i in range(50)]
 
 
-def test_too_long_prompt_is_rejected_before_any_request(tmp_path: Path) -> None:
-    path = write_jsonl(tmp_path / "p.jsonl", [{"q": "x" * 10_000_001}, {"q": "short"}])
+@pytest.mark.parametrize(("row", "reason", "detail"), [
+    ({"q": "x" * 10_000_001}, "prompt_too_long", "10000001 characters > source.max_prompt_chars = 400000"),
+    ({"text": "hello"}, "missing_field", "no column 'q' (columns: text)"),  # the file has no such column
+])
+def test_too_long_prompts_and_a_missing_column_are_counted_rejects(tmp_path: Path, row: dict, reason: str,
+                                                                  detail: str) -> None:
+    path = write_jsonl(tmp_path / "p.jsonl", [row, {"q": "short"}] if "q" in row else [row])
     prompts, _, rejects = run(cfg_for(path, schema="prompt", field="q"))
-    assert [p.messages[0]["content"] for p in prompts] == ["short"]
-    assert rejects[0].reason == "prompt_too_long"
-    assert rejects[0].detail == "10000001 characters > source.max_prompt_chars = 400000"
+    assert [p.messages[0]["content"] for p in prompts] == (["short"] if "q" in row else [])
+    assert [(r.reason, r.detail) for r in rejects] == [(reason, detail)]  # rejected before any request
 
 
-def test_file_that_is_not_json_names_the_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("text", "message"), [
+    ("this is not json\n", "{path} has no line that is a JSON object: its one non-blank line is bad (line 1 is not "
+                           "valid JSON (invalid literal, expected 'true', column 1)). A JSON Lines file holds one JSON "
+                           "object per line; is it the right file?"),
+    (None, "{path} not found."),
+])
+def test_a_file_that_is_not_json_or_missing_names_the_file(tmp_path: Path, text: str | None, message: str) -> None:
     path = tmp_path / "broken.jsonl"
-    path.write_text("this is not json\n")
+    if text is not None:
+        path.write_text(text)
     with pytest.raises(ConfigError) as e:
         run(cfg_for(path, schema="prompt", field="q"))
-    assert str(e.value) == (f"T: source.files: {path} has no line that is a JSON object: its one non-blank line is "
-                            "bad (line 1 is not valid JSON (invalid literal, expected 'true', column 1)). A "
-                            "JSON Lines file holds one JSON object per line; is it the right file?")
-
-
-def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="nothere.jsonl not found"):
-        run(cfg_for(tmp_path / "nothere.jsonl", schema="prompt", field="q"))
-
-
-def test_missing_column_is_a_counted_reject(tmp_path: Path) -> None:
-    path = write_jsonl(tmp_path / "p.jsonl", [{"text": "hello"}])
-    prompts, _, rejects = run(cfg_for(path, schema="prompt", field="q"))
-    assert prompts == [] and rejects[0].reason == "missing_field"
-    assert rejects[0].detail == "no column 'q' (columns: text)"
+    assert str(e.value) == "T: source.files: " + message.format(path=path)
 
 
 def test_demo_dataset_loads() -> None:
     from gen_pipeline.config.dataset import find_dataset_config
 
     cfg = find_dataset_config("demo")
-    prompts, stats, rejects = run(replace(cfg))
+    prompts, stats, rejects = run(cfg)
     assert len(prompts) == 300 and len(rejects) == 6
     assert any(p.messages[0]["role"] == "system" for p in prompts)
     assert any(p.user_turns > 1 for p in prompts)

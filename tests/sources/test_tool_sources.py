@@ -50,6 +50,7 @@ def test_sharegpt_function_call_and_observation_turns() -> None:
 
 
 @pytest.mark.parametrize(("messages", "reason", "detail"), [
+    ([{"role": "user", "content": "q"}], "bad_tools", "column 'tools' is not JSON: '{not json'"),  # tools: below
     ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [CALL]},
       {"role": "user", "content": "q2"}], "roles_not_alternating", "turn 2 is 'user', expected 'tool'"),
     ([{"role": "user", "content": "q"}, {"role": "tool", "content": "r", "tool_call_id": "c1"}],
@@ -60,16 +61,13 @@ def test_sharegpt_function_call_and_observation_turns() -> None:
     ([{"role": "user", "content": "q"}, {"role": "assistant", "content": ""}], "empty_content",
      "turn 1 has empty content"),  # no calls: an empty answer is still no answer
 ])
-def test_rows_out_of_order_are_rejects(messages: list[dict], reason: str, detail: str) -> None:
+def test_rows_out_of_order_and_a_bad_tools_column_are_rejects(messages: list[dict], reason: str, detail: str) -> None:
     with pytest.raises(InvalidRow) as e:
-        to_prompt({"tools": TOOLS, "messages": messages}, 0, cfg())
+        to_prompt({"tools": "{not json" if reason == "bad_tools" else TOOLS, "messages": messages}, 0, cfg())
     assert (e.value.reason, e.value.detail) == (reason, detail)
 
 
-def test_bad_tools_column_is_a_reject_and_plain_ids_do_not_change() -> None:
-    with pytest.raises(InvalidRow) as e:
-        to_prompt({"tools": "{not json", "messages": [{"role": "user", "content": "q"}]}, 0, cfg())
-    assert (e.value.reason, e.value.detail) == ("bad_tools", "column 'tools' is not JSON: '{not json'")
+def test_plain_ids_do_not_change() -> None:
     plain = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     assert content_id(plain) == content_id(plain, "")  # conversations without tools keep their ids
     assert to_prompt({"messages": plain}, 0, cfg()).tools == ""
