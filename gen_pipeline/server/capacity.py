@@ -1,13 +1,10 @@
-"""What a server can hold: KV tokens and decode slots, read from its HTTP API.
-
-Sources, best first (SGLang's srt/entrypoints/http_server.py, v1_loads.py): `/server_info` (old
-`/get_server_info`), then `/v1/loads`, then vLLM's `/metrics` (`vllm:cache_config_info`). Every DP rank has
-its own pool, and the scheduler admits against the pool × dcp_size (scheduler.py: each decode-context-parallel
-rank holds 1/d of every token).
-"""
+"""What a server can hold (KV tokens, decode slots) from its HTTP API, best first (SGLang's http_server.py,
+v1_loads.py): `/server_info` (old `/get_server_info`), `/v1/loads`, vLLM's `/metrics`. Every DP rank has its own
+pool; the scheduler admits against the pool × dcp_size (scheduler.py: a DCP rank holds 1/d of every token)."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Any, TypeGuard
 
@@ -38,8 +35,7 @@ def capacity_from_server_info(info: dict[str, Any]) -> Capacity | None:
         max_running = sum(per_dp)
     elif not _is_int(max_running):
         max_running = None
-    dcp = info.get("dcp_size")
-    dcp = dcp if _is_int(dcp) and dcp > 1 else 1
+    dcp = info["dcp_size"] if _is_int(info.get("dcp_size")) and info["dcp_size"] > 1 else 1
     graphs = cuda_graph_max_bs(info)
     return Capacity(tokens * ranks * dcp, max_running, servers=1, source="server_info",
                     cuda_graph_max_bs=None if graphs is None else graphs * ranks)
@@ -77,23 +73,17 @@ def capacity_from_loads(body: Any) -> Capacity | None:
 def capacity_from_vllm_metrics(text: str) -> Capacity | None:
     """vLLM: num_gpu_blocks × block_size from the vllm:cache_config_info info-gauge labels."""
     total = 0
-    for family in metric_families(text):
-        for sample in family.samples:
-            if sample.name.startswith("vllm:cache_config_info"):
-                try:
-                    total += int(sample.labels["num_gpu_blocks"]) * int(sample.labels["block_size"])
-                except (KeyError, ValueError):
-                    continue
+    for sample in (s for family in metric_families(text) for s in family.samples):
+        if sample.name.startswith("vllm:cache_config_info"):
+            with contextlib.suppress(KeyError, ValueError):
+                total += int(sample.labels["num_gpu_blocks"]) * int(sample.labels["block_size"])
     return Capacity(total, None, servers=1, source="vllm_metrics") if total > 0 else None
 
 
 def capacity_from_log(lines: list[str]) -> tuple[int, int | None] | None:
     """(max_total_num_tokens, max_running_requests) from SGLang's start-up line (scheduler.py), last one."""
-    found = None
-    for line in lines:
-        if m := _LOG_CAPACITY.search(line):
-            found = (int(m.group(1)), int(m.group(2)) if m.group(2) else None)
-    return found
+    m = next((found for line in reversed(lines) if (found := _LOG_CAPACITY.search(line))), None)
+    return (int(m.group(1)), int(m.group(2)) if m.group(2) else None) if m else None
 
 
 def combine(caps: list[Capacity | None]) -> Capacity:

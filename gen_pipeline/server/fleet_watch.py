@@ -1,8 +1,5 @@
-"""The I/O around a Fleet: health checks, backoff probes back in, liveness probes of silent servers (hang.py),
-a router's `/workers` re-read, capacity re-summed over what is up, the load poll per server. Every check
-runs in its own task: a server that does not answer never delays another's check. When no server answers,
-dispatch pauses for up to `give_up_after_s` (--server-wait-s: an operator's restart of SGLang takes 60-90 s).
-"""
+"""The I/O around a Fleet: health checks, probes back in, liveness probes (hang.py), routers' `/workers`, capacity
+re-summed, the load poll. Each check runs in its own task, so a server that does not answer delays no other's."""
 
 from __future__ import annotations
 
@@ -212,17 +209,16 @@ class FleetWatch:
             self.fleet.succeeded(url)  # health() has noted the 200 as progress
             return
         now_s = time.monotonic()
-        silent_s = self.fleet.silent_s(url, now_s)
-        stuck = self.fleet.in_flight(url)
-        if stuck and silent_s >= self.hang_after_s:
-            self._take_out_hung(url, now_s, silent_s, stuck, f"/health {_health_words(why)}: scheduler stuck?")
+        silent_s, stuck = self.fleet.silent_s(url, now_s), self.fleet.in_flight(url)
+        if stuck and silent_s >= self.hang_after_s:  # "/health answered HTTP 503", "/health failed (...)"
+            said = why.removeprefix("/health ") if why.startswith("/health ") else f"failed ({why})"
+            self._take_out_hung(url, now_s, silent_s, stuck, f"/health {said}: scheduler stuck?")
         elif self.fleet.failed(url, now_s, health=True):
             self.report_taken_out(url, f"{self.fleet.fail_after} failed health checks in a row ({why})")
 
     def report_taken_out(self, url: str, why: str) -> None:
-        left = len(self.fleet.up_urls)
         log.warning("took %s out after %s; %d of %d servers left, probing it back with backoff",
-                    url, why, left, len(self.fleet.urls))
+                    url, why, len(self.fleet.up_urls), len(self.fleet.urls))
 
     async def _probe_one(self, url: str) -> None:
         """A down server's /health: back in when it answers 200 (capacity read again) and serves the model it
@@ -279,11 +275,6 @@ async def worker_urls(http: Http, url: str) -> list[str]:
         if found:
             return found
     return [url]
-
-
-def _health_words(why: str) -> str:
-    """What a failed /health got, as words after "/health": "answered HTTP 503", "failed (...)"."""
-    return why.removeprefix("/health ") if why.startswith("/health ") else f"failed ({why})"
 
 
 def _urls_in(body: Any) -> list[str]:

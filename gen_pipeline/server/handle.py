@@ -46,13 +46,14 @@ class ServerHandle:
     down_since_s: float | None = None  # attached: no server has answered since then (monotonic); the run waits
     wait_limit_s: float | None = None  # ... this long at most (--server-wait-s)
 
+    _ready: bool = field(default=True, repr=False)
+    _error: ServerError | None = field(default=None, repr=False)
+    _wakeup: anyio.Event | None = field(default=None, repr=False)
+
     @property
     def load_urls(self) -> list[str]:
         """Where load is read: the servers themselves (a router's workers), never the router."""
         return self.worker_urls or self.base_urls
-    _ready: bool = field(default=True, repr=False)
-    _error: ServerError | None = field(default=None, repr=False)
-    _wakeup: anyio.Event | None = field(default=None, repr=False)
 
     @property
     def ready(self) -> bool:
@@ -94,8 +95,7 @@ class ServerHandle:
     def summary_line(self) -> str:
         """"Kimi-K2.5 tp=8 kv=fp8_e4m3 376,000 KV tokens, max running 1024, hicache 48 GB"."""
         info = self.info
-        name = str(info.get("model_path") or self.model).rstrip("/").rsplit("/", 1)[-1]
-        parts = [name]
+        parts = [str(info.get("model_path") or self.model).rstrip("/").rsplit("/", 1)[-1]]
         if info.get("tp_size"):
             parts.append(f"tp={info['tp_size']}")
         if info.get("dp_size", 1) not in (1, None):

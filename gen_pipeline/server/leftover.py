@@ -1,8 +1,6 @@
-"""A launched server's record (`server.pid.json` beside its server.log) and the check at the next start:
-a server an earlier run left behind must not get a second one beside it (two model loads on one GPU).
-Only one provably ours and orphaned (same pid and start time in /proc, its gen-pipeline gone) is stopped;
-anything else alive is refused (always, off Linux).
-"""
+"""A launched server's record (`server.pid.json` beside its log), checked at the next start: a server left behind
+is stopped only when provably ours and orphaned (same pid and start time in /proc, its gen-pipeline gone);
+anything else alive is refused (always, off Linux), never started beside (two model loads on one GPU)."""
 
 from __future__ import annotations
 
@@ -93,10 +91,7 @@ async def stop_leftover(folder: Path, grace_s: float) -> None:
     if rec is None:
         return
     where = display_path(folder / RECORD_NAME)
-    if not group_alive(rec.pid):
-        remove_record(folder, rec.pid)
-        return
-    ours = _ours(rec)
+    ours = _ours(rec) if group_alive(rec.pid) else False
     if ours is False:
         remove_record(folder, rec.pid)
         return

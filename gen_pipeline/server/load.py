@@ -1,12 +1,7 @@
-"""Live load: running/queued requests, KV tokens in use, retractions, summed over DP ranks and servers.
-
-`/v1/loads` (SGLang, no flag needed) gives the gauges; `/metrics` (--enable-metrics, or vLLM) gives
-them too plus retractions and the token counter. Retractions by SGLang version (srt/metrics/collector.py):
-- 0.4.7 .. 0.4.10: gauge `sglang:total_retracted_reqs`, cumulative.
-- 0.5.x: gauge `sglang:num_retracted_reqs`, the latest retraction's size, reset to 0: tallied here.
-- 0.5.17: also the labelled counter `sglang:num_retracted_requests_total`, absent until the first one.
-- vLLM: counter `vllm:num_preemptions_total`.
-"""
+"""Live load (running, queued, KV in use, retractions) summed over DP ranks and servers: gauges from `/v1/loads`,
+also counters from `/metrics`. Retractions (srt/metrics/collector.py): 0.4.7-0.4.10 the cumulative gauge
+`sglang:total_retracted_reqs`; 0.5.x the gauge `sglang:num_retracted_reqs` (the latest retraction's size: tallied
+here); 0.5.17 also the counter `sglang:num_retracted_requests_total`, absent until the first; vLLM preemptions."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """`gen-pipeline plan`: predict KV tokens and decode slots from a model's config.json (pure).
 
-Per-token KV bytes on one GPU, as SGLang sizes its pools (srt/mem_cache/memory_pool.py, model_runner.py):
-  MHA/GQA  2 × layers × ceil(kv_heads / tp) × head_dim × bytes      (K and V, heads split across TP)
-  MLA      (kv_lora_rank + qk_rope_head_dim) × layers × bytes       (one latent, replicated on every rank)
-KV tokens = (gpu_mem × mem_fraction_static − weights / tp − overhead) / bytes per token × dcp.
-Decode context parallelism (`--dcp-size d`) keeps each token's KV on one of d ranks that hold the same heads
-(scheduler.py admits against max_total_num_tokens × dcp_size), so d is at most the copies TP makes of each
-KV head: tp for MLA, tp / kv_heads for MHA/GQA. The overhead varies with model, parallelism and flags: the
-server's log or `/server_info` has the real pool once it runs.
+KV bytes per token on one GPU as SGLang sizes its pools (srt/mem_cache/memory_pool.py, model_runner.py):
+MHA/GQA 2 × layers × ceil(kv_heads / tp) × head_dim × bytes; MLA (kv_lora_rank + qk_rope_head_dim) × layers ×
+bytes, on every rank. KV tokens = (gpu_mem × mem_fraction_static − weights / tp − overhead) / bytes per token
+× dcp, d at most the copies TP makes of each KV head (scheduler.py admits against max_total_num_tokens × dcp_size).
 """
 
 from __future__ import annotations
@@ -105,11 +101,6 @@ def sglang_cuda_graph_max_bs(gpu_mem_gb: float, tp_size: int) -> int:
 def profile_cuda_graph_max_bs(extra_args: tuple[str, ...]) -> int | None:
     """--cuda-graph-max-bs / --cuda-graph-max-bs-decode N (or =N) in a profile's extra_args, else None."""
     return _extra_int(extra_args, ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"))
-
-
-def profile_dcp_size(extra_args: tuple[str, ...]) -> int | None:
-    """--dcp-size / --decode-context-parallel-size N (or =N) in a profile's extra_args, else None."""
-    return _extra_int(extra_args, ("--dcp-size", "--decode-context-parallel-size"))
 
 
 def _extra_int(extra_args: tuple[str, ...], names: tuple[str, ...]) -> int | None:
@@ -279,9 +270,8 @@ def profile_inputs(profile: ServerProfile, *, tp_size: int | None = None, mem_fr
         "mem_fraction_static": (mem_fraction_static, profile.mem_fraction_static, 0.90),
         "kv_cache_dtype": (kv_cache_dtype, profile.kv_cache_dtype, "auto"),
         "hicache_gb": (hicache_gb, hicache, 0.0),
-        "dcp_size": (dcp_size, profile_dcp_size(profile.extra_args), 1),
+        "dcp_size": (dcp_size, _extra_int(profile.extra_args, ("--dcp-size", "--decode-context-parallel-size")), 1),
     }
-    draft = profile_draft(profile.extra_args)
     values: dict[str, Any] = {}
     notes = []
     for name, (given, own, fallback) in picked.items():
@@ -294,7 +284,7 @@ def profile_inputs(profile: ServerProfile, *, tp_size: int | None = None, mem_fr
     kv = values.pop("kv_cache_dtype")
     values["kv_dtypes"] = COMPARED_KV + (() if kv in COMPARED_KV or kv == "auto" else (kv,))
     values["kv_in_use"] = "bf16" if kv == "auto" else kv
-    values["draft"] = draft
+    values["draft"] = profile_draft(profile.extra_args)
     return values, f"inputs from {profile.where}, flags override: " + ", ".join(notes)
 
 

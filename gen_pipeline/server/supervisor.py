@@ -1,5 +1,5 @@
-"""run_server: the one owner of a launched server's lifetime — start, wait healthy, read capacity,
-supervise (restart with backoff on exit or failed health checks), and always stop the process group."""
+"""run_server: the one owner of a launched server's lifetime: start, wait healthy, read capacity, restart with
+backoff on exit or failed health checks, and always stop the process group."""
 
 from __future__ import annotations
 
@@ -33,8 +33,7 @@ def pick_free_port(host: str = "127.0.0.1") -> int:
     """A port the OS says is free now (the server binds it a moment later)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
+        return int(s.getsockname()[1])
 
 
 def _listening(host: str, port: int) -> bool:
@@ -58,11 +57,12 @@ async def run_server(profile: ServerProfile, *, log_dir: Path, http: Http, lefto
     left in `log_dir` or `leftover_dirs` cannot be stopped), ServerError once restarts are exhausted."""
     for folder in dict.fromkeys([log_dir, *leftover_dirs]):  # a job's earlier run may have had another first dataset
         await stop_leftover(folder, profile.stop_grace_s)
-    if profile.port and await anyio.to_thread.run_sync(_listening, connect_host(profile.host), profile.port):
+    host = connect_host(profile.host)
+    if profile.port and await anyio.to_thread.run_sync(_listening, host, profile.port):
         raise ServerStartupError(
-            f"Port {profile.port} on {connect_host(profile.host)} is already in use by another process (not a server "
+            f"Port {profile.port} on {host} is already in use by another process (not a server "
             f"this job started). Stop it, or set port = 0 in {profile.where} (a free port is then picked).")
-    port = profile.port or pick_free_port(connect_host(profile.host))
+    port = profile.port or pick_free_port(host)
     sup = _Supervisor(profile, log_dir / "server.log", http, port)
     try:
         handle = await sup.start_first()
@@ -103,9 +103,8 @@ class _Supervisor:
         log.info("starting SGLang (%s) on %s, log: %s", self.profile.name, self.url, display_path(self.log_path))
         await self._start()
         handle = ServerHandle(base_urls=[self.url], model=self.profile.request_model,
-                              capacity=await self._capacity(), log_path=self.log_path,
+                              capacity=await self._capacity(), info=self.info, log_path=self.log_path,
                               metrics=self.profile.enable_metrics, pid=self.running.pid)
-        handle.info = self.info
         log.info("SGLang ready after %.0f s, pid %d: %s", self.running.elapsed_s(), self.running.pid,
                  handle.summary_line())
         return handle
@@ -115,8 +114,7 @@ class _Supervisor:
         cap, info = await probe(self.http, self.url)
         self.info = info or {"model_path": self.profile.model_path, "tp_size": self.profile.tp_size,
                              "kv_cache_dtype": self.profile.kv_cache_dtype}
-        logged = capacity_from_log(await anyio.to_thread.run_sync(
-            logfile.LogFollower(self.log_path).all_lines))
+        logged = capacity_from_log(await anyio.to_thread.run_sync(logfile.LogFollower(self.log_path).all_lines))
         per_rank = info.get("max_total_num_tokens")
         if logged and per_rank and logged[0] != per_rank:
             log.warning("warning: /server_info reports max_total_num_tokens=%s but the start-up log says %s; "
