@@ -1,9 +1,6 @@
-"""Hill climb of one positive value on a measured objective, one measurement per epoch.
-
-Probe one step away from the reference; keep it if the objective rose beyond the noise band, else go
-back and try the other way with half the step. Below `step_min` it holds for `reprobe_epochs`, then
-probes again, so it follows a slowly moving optimum; a flat objective leaves it put.
-"""
+"""Hill climb of one positive value on a measured objective, one measurement per epoch: probe one step away, keep
+it if the objective rose beyond the noise, else go back and try the other way with half the step. Below `step_min`
+it holds for `reprobe_epochs`, then probes again (a slowly moving optimum is followed; a flat one leaves it put)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""The concurrency controller: how many requests to keep in flight (pure policy, time is a parameter).
-
-Objective: completed tokens per second with the server's queue bounded (docs/concurrency.md). The window
-is the feed (controller/feed.py: running + a bounded queue + what is in transit) under the model of the
-pool (gain x u x C / H requests fit, H the mean KV a request holds; capped at max_running_requests), the
-gain hill-climbed on measured goodput (a retraction burst steps it back), never above the batch ceiling
-(controller/batch.py) nor what the target still needs. With no capacity known the climb runs on the
-window itself with Gradient2's latency guard. A job's datasets are `kind`s with their own RequestSizes, H
-their mix weighted by the requests in flight (`set_mix`).
-"""
+"""The concurrency controller: how many requests to keep in flight (pure policy, time is a parameter;
+docs/concurrency.md). The feed (feed.py) under the pool model (gain x u x C / H requests, H the mean KV a request
+holds, at most max_running_requests; the gain hill-climbed on goodput), never above the batch ceiling (batch.py) nor
+what the target still needs; no capacity known: the climb runs on the window with Gradient2's latency guard."""
 
 from __future__ import annotations
 
@@ -38,22 +32,15 @@ class Controller:
         self._live_held: float | None = None
         self._transit = 0  # requests out at the last poll but neither running nor queued at the server
         self._running_seen: deque[tuple[float, int]] = deque()  # (t_s, running) of the recent polls
-        self._retracted_at_s = -math.inf
         self._queue = QueueBound(config.queue_frac, config.warm_queue_frac, config.queue_min, config.queue_max)
         self._warm = WarmUp(config.warm_ratio_factor)
-        self._ceiling, self._ceiling_until_s = math.inf, -math.inf
         self._remaining: int | None = None
         self._last_window = 0  # what window() last returned
         self._epoch: Epoch | None = None
         self._goodput: float | None = None
-        self._reason = "start: model of the pool"
-        self._capacity = capacity
-        self._climber = self._new_climber(capacity)
-        self._batch = self._new_batch_cap(capacity)
-        if self._batch.in_force:
-            self._reason = f"start: model of the pool, at most {self._batch.value:.0f} ({self._batch.source})"
-        self._warmup = max(1, round(self._uncapped_window()))  # first wave = completions before climbing
-        self._count_at_restart = 0
+        self.update_capacity(capacity)
+        self._reason = "start: model of the pool" + (
+            f", at most {self._batch.value:.0f} ({self._batch.source})" if self._batch.in_force else "")
 
     # -- observations ---------------------------------------------------------------------
     def add_kind(self, kind: str, initial_tokens_per_request: float) -> None:
@@ -65,14 +52,13 @@ class Controller:
         """Requests in flight per kind (or the kind about to be sent, weight 1, when none are)."""
         active = {k for k, n in in_flight.items() if n > 0}
         before = {k for k, n in self._mix.items() if n > 0}
+        self._mix = dict(in_flight)
         if active != before:
             self._epoch = None
             if before and active - before:  # a dataset joins the pool: its own sizes move the model
-                self._mix = dict(in_flight)
                 self._reason = (f"dataset mix now {', '.join(sorted(active))}: held "
                                 f"{self._held_tokens():.0f} tokens per request, model window "
                                 f"{self._uncapped_window():.0f}")
-        self._mix = dict(in_flight)
 
     def observe_completion(self, now_s: float, prompt_tokens: int, completion_tokens: int,
                            latency_s: float, kind: str | None = None) -> None:
@@ -129,6 +115,7 @@ class Controller:
         self._retracted_at_s = -math.inf
         self._ceiling, self._ceiling_until_s = math.inf, -math.inf
         self._warm.restart()
+        # the first wave after a (re)start = completions before climbing
         self._warmup = self._sizes.count + max(1, round(self._uncapped_window()))
         self._count_at_restart = self._sizes.count
         self._reason = "new capacity: model of the pool"
@@ -214,9 +201,7 @@ class Controller:
 
     def _at_running_cap(self) -> bool:
         cap = self._capacity.max_running_requests
-        if self.mode == "gradient" or not cap:
-            return False
-        return self._slots() >= cap
+        return cap is not None and cap != 0 and self.mode != "gradient" and self._slots() >= cap
 
     # -- fast rules (every poll) ------------------------------------------------------------
     def _on_retraction_burst(self, now_s: float, retracted: int, in_effect: float) -> None:
@@ -232,9 +217,8 @@ class Controller:
                         f"no growth for {self._cfg.retraction_cooldown_s:.0f} s")
 
     def _target_window(self) -> float:
-        """The model's window with no load seen; under load, running + the queue SGLang's admission
-        draws on; with the retraction guard on, capped by the model once the pool fills after a retraction
-        (see the module doc, layer 2)."""
+        """The model's window with no load seen; under load, running + the queue SGLang's admission draws on
+        (capped by the model once the pool fills after a retraction, with the retraction guard on)."""
         model, load = self._uncapped_window(), self._load
         if load is None or self.mode == "gradient":
             return model
@@ -254,9 +238,7 @@ class Controller:
         if not self._cfg.cohort_turnover or not f:  # none seen yet (or empty ones): no cap
             return None
         cap = self._cfg.target_usage * self._capacity.max_total_num_tokens / f
-        if self._sizes.count - self._count_at_restart >= self._cfg.cohort_turnover * cap:
-            return None
-        return cap
+        return None if self._sizes.count - self._count_at_restart >= self._cfg.cohort_turnover * cap else cap
 
     @property
     def warming(self) -> bool:
@@ -286,9 +268,7 @@ class Controller:
     def _pool_filling(self, snap: LoadSnapshot) -> bool:
         """The pool fills and SGLang's optimism has just shown: a retraction within the cooldown (only with
         the retraction guard on)."""
-        if not self._cfg.retraction_guard:
-            return False
-        if snap.t_s - self._retracted_at_s > self._cfg.retraction_cooldown_s:
+        if not self._cfg.retraction_guard or snap.t_s - self._retracted_at_s > self._cfg.retraction_cooldown_s:
             return False
         usage = self._usage(snap)
         return usage is not None and usage >= self._cfg.guard_usage_frac * self._cfg.target_usage
@@ -296,9 +276,8 @@ class Controller:
     def _gradient_guard(self, now_s: float) -> None:
         """Gradient2's rule on TPOT: far slower than at the reference -> back off at once."""
         epoch, ref = self._epoch, self._climber.ref_objective
-        if self.mode != "gradient" or epoch is None or ref is None:
-            return
-        if epoch.completions < self._cfg.epoch_min_completions:
+        if (self.mode != "gradient" or epoch is None or ref is None
+                or epoch.completions < self._cfg.epoch_min_completions):
             return
         rate = epoch.tokens_per_s_per_request()
         ref_rate = ref / self._climber.ref_value  # goodput = window * rate

@@ -17,7 +17,7 @@ from gen_pipeline.records import Capacity, LoadSnapshot
 from gen_pipeline.server.capacity import combine, json_or_none, probe
 from gen_pipeline.server.handle import ServerHandle
 from gen_pipeline.server.hang import ALIVE_PATH, HANG_AFTER_S, HangWatch
-from gen_pipeline.server.health import check_timeout_s
+from gen_pipeline.server.health import check_timeout_s, why_unhealthy
 from gen_pipeline.server.load import merge, read_load
 
 log = logging.getLogger(__name__)
@@ -185,18 +185,12 @@ class FleetWatch:
         return [w for u in self.fleet.up_urls for w in self.workers.get(u, [])]
 
     async def health(self, url: str) -> str | None:
-        """None when GET /health answered 200 within the check timeout, else why not (remembered)."""
-        try:
-            reply = await self.http.get(url + "/health", timeout_s=self.timeout_s)
-        except HttpError as e:
-            why = e.why
-        else:
-            if reply.status == 200:
-                if url in self.fleet.urls:
-                    self.fleet.answered(url, time.monotonic())
-                return None
-            why = f"/health answered HTTP {reply.status}"
-        self.fleet.why[url] = why
+        """None when GET /health answered 200 within the check timeout (progress), else why not (remembered)."""
+        why = await why_unhealthy(self.http, url, self.timeout_s)
+        if why is not None:
+            self.fleet.why[url] = why
+        elif url in self.fleet.urls:
+            self.fleet.answered(url, time.monotonic())
         return why
 
     async def _check_one(self, url: str) -> None:

@@ -20,12 +20,13 @@ TAIL_LINES = 15
 log_event = logging.getLogger(__name__)
 
 
-async def is_healthy(http: Http, url: str, timeout_s: float) -> bool:
-    """GET /health answered 200 within `timeout_s` (503 while SGLang starts)."""
+async def why_unhealthy(http: Http, url: str, timeout_s: float) -> str | None:
+    """None when GET /health answered 200 within `timeout_s` (503 while SGLang starts), else why not."""
     try:
-        return (await http.get(url + "/health", timeout_s=timeout_s)).status == 200
-    except HttpError:
-        return False
+        status = (await http.get(url + "/health", timeout_s=timeout_s)).status
+    except HttpError as e:
+        return e.why
+    return None if status == 200 else f"/health answered HTTP {status}"
 
 
 def check_timeout_s(health_interval_s: float) -> float:
@@ -58,7 +59,7 @@ async def wait_healthy(proc: ServerProcess, *, http: Http, url: str, profile: Se
                 f"SGLang did not answer /health within {profile.startup_timeout_s:g} s; see {log}. "
                 f"The server was stopped. Last lines of the log:\n{await _tail(proc)}\n"
                 f"Raise startup_timeout_s in {profile.where} if loading the model takes longer.")
-        if await is_healthy(http, url, timeout_s=check_timeout_s(profile.health_interval_s)):
+        if await why_unhealthy(http, url, timeout_s=check_timeout_s(profile.health_interval_s)) is None:
             return
         if elapsed_s >= next_progress_s:
             log_event.info("waiting for SGLang /health (%.0f s, log: %s)", elapsed_s, log)

@@ -85,10 +85,7 @@ def load_from_metrics(text: str, now_s: float, tally: RetractionTally | None = N
     `tally` carries the retraction gauge's readings from poll to poll (one URL's)."""
     values = metric_values(text)
     def pick(field: str, of: Callable[[list[float]], float | None] = sum) -> float | None:
-        for name in _GAUGES[field]:
-            if name in values:
-                return of(list(values[name].values()))
-        return None
+        return next((of(list(values[name].values())) for name in _GAUGES[field] if name in values), None)
     running, queued = pick("running"), pick("queued")
     if running is None or queued is None:
         return None

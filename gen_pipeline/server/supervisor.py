@@ -22,7 +22,7 @@ from gen_pipeline.server import logfile
 from gen_pipeline.server.capacity import capacity_from_log, probe
 from gen_pipeline.server.command import build_command, build_env
 from gen_pipeline.server.handle import ServerHandle
-from gen_pipeline.server.health import check_timeout_s, is_healthy, wait_healthy
+from gen_pipeline.server.health import check_timeout_s, wait_healthy, why_unhealthy
 from gen_pipeline.server.leftover import stop_leftover
 from gen_pipeline.server.process import ServerProcess
 
@@ -171,8 +171,8 @@ class _Supervisor:
                 failed = 0
                 while failed < profile.unhealthy_after:
                     await anyio.sleep(profile.health_interval_s)
-                    ok = await is_healthy(self.http, self.url, timeout_s=check_timeout_s(profile.health_interval_s))
-                    failed = 0 if ok else failed + 1
+                    why = await why_unhealthy(self.http, self.url, timeout_s=check_timeout_s(profile.health_interval_s))
+                    failed = 0 if why is None else failed + 1
                 reasons.append(f"failed {failed} health checks in a row")
                 tg.cancel_scope.cancel()
 
