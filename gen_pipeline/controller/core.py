@@ -107,9 +107,18 @@ class Controller:
 
     def update_capacity(self, capacity: Capacity) -> None:
         """New or restarted server(s): new pool, counters start again, the climb starts over."""
-        self._capacity = capacity
-        self._climber = self._new_climber(capacity)
-        self._batch = self._new_batch_cap(capacity)
+        cfg, self._capacity = self._cfg, capacity
+        if capacity.max_total_num_tokens > 0:
+            self._climber = HillClimber(1.0, step=cfg.climb_step, step_min=cfg.climb_step_min, noise=cfg.climb_noise,
+                                        reprobe_epochs=cfg.reprobe_epochs, low=cfg.gain_min, high=cfg.gain_max)
+        else:
+            self._climber = HillClimber(float(capacity.max_running_requests or cfg.gradient_initial_window),
+                                        step=cfg.gradient_step, step_min=cfg.climb_step_min, noise=cfg.climb_noise,
+                                        reprobe_epochs=cfg.reprobe_epochs, low=float(cfg.min_window),
+                                        high=float(cfg.max_window))
+        self._batch = BatchCap(capacity.cuda_graph_max_bs, step=cfg.batch_cap_step, step_min=cfg.climb_step_min,
+                               noise=cfg.climb_noise, reprobe_epochs=cfg.reprobe_epochs, knee_drop=cfg.knee_drop,
+                               knee_polls=cfg.knee_polls, knee_headroom=cfg.knee_headroom)
         self._load, self._live_held, self._epoch, self._transit = None, None, None, 0
         self._running_seen.clear()
         self._retracted_at_s = -math.inf
@@ -150,32 +159,12 @@ class Controller:
         return "load" if self._load is not None and self._usage(self._load) is not None else "model"
 
     # -- the model ------------------------------------------------------------------------
-    def _new_climber(self, capacity: Capacity) -> HillClimber:
-        cfg = self._cfg
-        if capacity.max_total_num_tokens > 0:
-            return HillClimber(1.0, step=cfg.climb_step, step_min=cfg.climb_step_min, noise=cfg.climb_noise,
-                               reprobe_epochs=cfg.reprobe_epochs, low=cfg.gain_min, high=cfg.gain_max)
-        start = capacity.max_running_requests or cfg.gradient_initial_window
-        return HillClimber(float(start), step=cfg.gradient_step, step_min=cfg.climb_step_min,
-                           noise=cfg.climb_noise, reprobe_epochs=cfg.reprobe_epochs,
-                           low=float(cfg.min_window), high=float(cfg.max_window))
-
-    def _new_batch_cap(self, capacity: Capacity) -> BatchCap:
-        cfg = self._cfg
-        return BatchCap(capacity.cuda_graph_max_bs, step=cfg.batch_cap_step, step_min=cfg.climb_step_min,
-                        noise=cfg.climb_noise, reprobe_epochs=cfg.reprobe_epochs, knee_drop=cfg.knee_drop,
-                        knee_polls=cfg.knee_polls, knee_headroom=cfg.knee_headroom)
-
     def _held_tokens(self) -> float:
-        return max(self._model_held_tokens(), self._live_held or 0.0)
-
-    def _model_held_tokens(self) -> float:
-        """H of the model: one dataset's estimate, or the in-flight mix of a job's datasets."""
+        """H: the model's (one dataset's estimate, or the in-flight mix of a job's datasets), or the live one."""
         weights = {k: n for k, n in self._mix.items() if n > 0 and k in self._kinds}
         total = sum(weights.values())
-        if not total:
-            return self._sizes.held_tokens
-        return sum(n * self._kinds[k].held_tokens for k, n in weights.items()) / total
+        model = sum(n * self._kinds[k].held_tokens for k, n in weights.items()) / total if total else None
+        return max(self._sizes.held_tokens if model is None else model, self._live_held or 0.0)
 
     def _slots(self) -> float:
         """Decode slots the climbed model asks for (before the queue slack)."""
@@ -185,13 +174,9 @@ class Controller:
         cap = self._capacity.max_running_requests
         return min(slots, cap) if cap else slots
 
-    def _slack(self, slots: float) -> int:
-        cfg = self._cfg
-        return int(min(cfg.queue_slack_max, max(cfg.queue_slack_min, cfg.queue_slack_frac * slots)))
-
     def _uncapped_window(self) -> float:
-        slots = self._slots()
-        return slots + self._slack(slots)
+        slots, cfg = self._slots(), self._cfg
+        return slots + int(min(cfg.queue_slack_max, max(cfg.queue_slack_min, cfg.queue_slack_frac * slots)))
 
     def _usage(self, snap: LoadSnapshot) -> float | None:
         if snap.token_usage is not None:

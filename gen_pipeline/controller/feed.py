@@ -33,9 +33,7 @@ class WarmUp:
     completion); a ratio that jumps up after a retraction is SGLang turning careful, not a warm-up."""
 
     def __init__(self, factor: float) -> None:
-        self._factor = factor
-        self.warming = True
-        self._ratio_max = 0.0
+        self._factor, self.warming, self._ratio_max = factor, True, 0.0
 
     def restart(self) -> None:
         self.warming, self._ratio_max = True, 0.0

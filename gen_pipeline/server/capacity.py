@@ -17,7 +17,8 @@ from gen_pipeline.records import Capacity
 INFO_KEYS = ("model_path", "served_model_name", "tp_size", "dp_size", "kv_cache_dtype", "mem_fraction_static",
              "enable_hierarchical_cache", "hicache_size", "num_continuous_decode_steps", "context_length",
              "max_running_requests", "reasoning_parser", "enable_metrics", "version", "dcp_size",
-             "speculative_algorithm", "speculative_num_draft_tokens")  # a draft runs: run/connect.py
+             "speculative_algorithm", "speculative_num_draft_tokens",  # a draft runs: run/connect.py
+             "max_total_num_tokens")  # one rank's pool, checked against the start-up log: server/supervisor.py
 _LOG_CAPACITY = re.compile(r"max_total_num_tokens=(\d+)(?:.*?max_running_requests=(\d+))?")
 PROBE_TIMEOUT_S = 10.0
 

@@ -149,9 +149,8 @@ class FleetWatch:
         self.fleet.mark_down(url, now_s, cancel=True)
         self._cancelled_down.add(url)
         self.hangs.forget(url)
-        where = (f"{stuck} in-flight requests re-sent to the others" if self.fleet.up_urls
-                 else f"{stuck} in-flight requests will be re-sent once a server answers")
-        self.report_taken_out(url, f"{why} {where}")
+        where = "re-sent to the others" if self.fleet.up_urls else "will be re-sent once a server answers"
+        self.report_taken_out(url, f"{why} {stuck} in-flight requests {where}")
 
     def _readiness(self, now_s: float) -> None:
         handle = self.handle

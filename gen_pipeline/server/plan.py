@@ -104,8 +104,7 @@ def profile_cuda_graph_max_bs(extra_args: tuple[str, ...]) -> int | None:
 
 
 def _extra_int(extra_args: tuple[str, ...], names: tuple[str, ...]) -> int | None:
-    value = _extra_str(extra_args, names)
-    return int(value) if value is not None and value.isdigit() else None
+    return int(value) if (value := _extra_str(extra_args, names)) is not None and value.isdigit() else None
 
 
 def _extra_str(extra_args: tuple[str, ...], names: tuple[str, ...]) -> str | None:
@@ -223,19 +222,14 @@ def plan(model_config: dict[str, Any], *, gpu_mem_gb: float, tp_size: int, mem_f
         raise ConfigError(f"--dcp-size {dcp_size}: at tp_size {tp_size} {heads}, and decode context parallelism "
                           f"splits tokens only over ranks holding the same heads: pass a divisor of {copies}"
                           + (" (or 1: this model's heads are already split without copies)." if copies == 1 else "."))
-    ceiling = sglang_cuda_graph_max_bs(gpu_mem_gb, tp_size)
+    draft_note = "" if draft is None else (
+        f"{draft.note}: KV bytes per token x (1 + {draft.layers}/{layers}), as SGLang pools the draft's KV with the "
+        f"target's" + (f"; weights +{draft.weights_gb / tp_size:.1f} GiB/GPU" if draft.weights_gb else ""))
     return Plan(kind, layers, gpu_mem_gb, tp_size, mem_fraction_static, weights_per_gpu, overhead_gb, kv_gb,
-                tokens_per_sample, hicache_gb, tuple(options), weights_note, cuda_graph_max_bs=ceiling,
+                tokens_per_sample, hicache_gb, tuple(options), weights_note,
+                cuda_graph_max_bs=sglang_cuda_graph_max_bs(gpu_mem_gb, tp_size),
                 cuda_graph_note=f"SGLang's default for {gpu_mem_gb:g} GiB GPUs at tp {tp_size}", dcp_size=dcp_size,
-                dcp_max=copies, draft_note=_draft_note(draft, layers, tp_size))
-
-
-def _draft_note(draft: Draft | None, layers: int, tp_size: int) -> str:
-    if draft is None:
-        return ""
-    weights = f"; weights +{draft.weights_gb / tp_size:.1f} GiB/GPU" if draft.weights_gb else ""
-    return (f"{draft.note}: KV bytes per token x (1 + {draft.layers}/{layers}), as SGLang pools the draft's KV with "
-            f"the target's{weights}")
+                dcp_max=copies, draft_note=draft_note)
 
 
 # GPUs by memory as nvidia-smi reports it (MiB / 1024): the refusal names the smallest one that fits.
@@ -278,9 +272,8 @@ def profile_inputs(profile: ServerProfile, *, tp_size: int | None = None, mem_fr
         value, whence = (given, "flag") if given is not None else (own, "profile") if own is not None else (
             fallback, "default")
         values[name] = value
-        if name == "dcp_size" and whence == "default":
-            continue  # no DCP: not worth a word
-        notes.append(f"{name} {value:g} ({whence})" if isinstance(value, float) else f"{name} {value} ({whence})")
+        if name != "dcp_size" or whence != "default":  # no DCP: not worth a word
+            notes.append(f"{name} {value:g} ({whence})" if isinstance(value, float) else f"{name} {value} ({whence})")
     kv = values.pop("kv_cache_dtype")
     values["kv_dtypes"] = COMPARED_KV + (() if kv in COMPARED_KV or kv == "auto" else (kv,))
     values["kv_in_use"] = "bf16" if kv == "auto" else kv
@@ -361,8 +354,7 @@ def plan_from_args(model_config: Path, *, gpu_mem_gb: float, tp_size: int, mem_f
     if not isinstance(cfg, dict):
         raise ConfigError(f"{model_config}: expected a JSON object (a Hugging Face config.json).")
     bundled = weights_gb is None and params_b is None and Path(model_config).resolve() == BUNDLED_CONFIG.resolve()
-    if bundled:
-        weights_gb = BUNDLED_WEIGHTS_GIB
+    weights_gb = BUNDLED_WEIGHTS_GIB if bundled else weights_gb
     if weights_gb is None and params_b is None:
         raise ConfigError(f"plan needs the weight size: pass {WEIGHTS_EXAMPLE}.")
     if params_b is not None and weights_gb is None and weight_dtype is None:

@@ -278,7 +278,6 @@ def test_affinity_invariants(ops, totals, margin):
 
 # ---------------------------------------------------------------- hung or busy (server/hang.py)
 
-@pytest.mark.e2e  # the process is the subject: make e2e
 def test_a_silent_server_is_frozen_only_once_a_probe_sent_in_its_silence_goes_unanswered():
     w = HangWatch(5.0)  # probes from 1 s of silence, 3 s each
     assert not w.due(A, 10.0, 0.9, in_flight=4) and not w.due(A, 10.0, 3.0, in_flight=0)  # not silent / idle

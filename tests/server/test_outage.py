@@ -28,8 +28,8 @@ from pipeline_helpers import (
 from server_helpers import SIM, dataset, generate
 
 SIM_SLOW = [*SIM, "--time-scale", "0.2"]
-# The 90 s restart against --server-wait-s 600 of docs/measurements.md ("Outages"), scaled down
-OUTAGE_S, WAIT_S = 6.0, 8.0
+# --server-wait-s as shipped (docs/measurements.md, "Outages"): the test ends the outage once the run waits
+WAIT_S = 600
 POLL = ("--health-interval-s", "0.3")
 SUMMARY = re.compile(r"^T: (\d+)/(\d+) samples \(100\.0%\), \+(\d+) this run in [\dms]+; target reached\.$", re.M)
 
@@ -81,7 +81,6 @@ def test_an_attached_run_waits_out_an_outage_of_every_server(tmp_path: Path, how
             sigkill_sim(s) if how == "restarted" else freeze_sim(s)
         wait_until(lambda: "no server answers" in log.read_text(), proc)
         assert f"waiting up to {WAIT_S:g} s for one to come back" in log.read_text()
-        time.sleep(OUTAGE_S)  # the outage itself (the fault's length, not a synchronisation)
         for s in sims:
             stack.callback(restart_sim_on_same_port(s, SIM).stop) if how == "restarted" else thaw_sim(s)
         text = finish_cli(proc, log, 60)

@@ -169,13 +169,18 @@ FP8_WARNING = ("Using FP8 KV cache but no scaling factors provided. Defaulting t
                "This may lead to less accurate results!")
 
 
-async def test_fp8_kv_warning_is_surfaced_once_and_not_fatal(tmp_path, http, spawned, caplog):
+async def test_start_up_warnings_are_surfaced_once_and_not_fatal(tmp_path, http, spawned, caplog):
     # SGLang 0.5.17 logs this with --kv-cache-dtype fp8_e4m3 (issue 9); once per TP rank, here twice.
+    # The last capacity line (30,000) disagrees with /server_info (20,000): a warning, /server_info wins.
     caplog.set_level(logging.INFO, logger="gen_pipeline")
-    profile = sim_profile("--sim-startup-log", FP8_WARNING, "--sim-startup-log", FP8_WARNING)
+    profile = sim_profile("--sim-startup-log", FP8_WARNING, "--sim-startup-log", FP8_WARNING,
+                          "--sim-startup-log", "max_total_num_tokens=30000, max_running_requests=64")
     async with started(run_server, profile, log_dir=tmp_path, http=http) as handle:
         await handle.wait_ready()
-    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("SGLang warning:")]
+        assert handle.capacity.max_total_num_tokens == 20_000
+    warnings = [r.getMessage() for r in caplog.records if "warning" in r.getMessage()[:15]]
     assert warnings == [
         "SGLang warning: fp8 KV cache without scaling factors (SGLang uses 1.0): the outputs may be less accurate; "
-        f"compare against kv_cache_dtype = \"auto\" on a sample before a long run (log: {tmp_path / 'server.log'})"]
+        f"compare against kv_cache_dtype = \"auto\" on a sample before a long run (log: {tmp_path / 'server.log'})",
+        "warning: /server_info reports max_total_num_tokens=20,000 but the start-up log says 30,000; "
+        "using /server_info."]
