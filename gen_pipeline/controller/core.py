@@ -133,10 +133,7 @@ class Controller:
     def window(self, now_s: float, remaining: int) -> int:
         """Requests to keep in flight now: in [min_window, max_window], and never above `remaining`."""
         self._remaining = remaining
-        w = self._target_window()
-        if now_s < self._ceiling_until_s:
-            w = min(w, self._ceiling)
-        w = min(w, self._batch.value)
+        w = min(self._target_window(), self._ceiling if now_s < self._ceiling_until_s else math.inf, self._batch.value)
         w = min(self._cfg.max_window, max(self._cfg.min_window, int(w)))
         self._last_window = max(0, min(w, remaining))
         return self._last_window
@@ -303,10 +300,9 @@ class Controller:
         if self._batch.binds(self._running_peak()):  # the cap holds the batch: goodput moves the cap
             verdict = self._batch.conclude(goodput, may_grow=not in_cooldown)
             self._reason = f"{goodput:.0f} tok/s: at most {verdict.value:.0f} running, {verdict.reason}"
-            self._start_epoch(now_s)
-            return
-        penalised = epoch.retractions > self._cfg.retraction_max_share * max(1, epoch.finished)
-        verdict = self._climber.conclude(goodput, may_grow=not in_cooldown and not self._at_running_cap(),
-                                         penalised=penalised)
-        self._reason = f"{goodput:.0f} tok/s: {verdict.reason}"
+        else:
+            penalised = epoch.retractions > self._cfg.retraction_max_share * max(1, epoch.finished)
+            verdict = self._climber.conclude(goodput, may_grow=not in_cooldown and not self._at_running_cap(),
+                                             penalised=penalised)
+            self._reason = f"{goodput:.0f} tok/s: {verdict.reason}"
         self._start_epoch(now_s)

@@ -104,31 +104,24 @@ def combine(caps: list[Capacity | None]) -> Capacity:
 async def probe(http: Http, url: str) -> tuple[Capacity | None, dict[str, Any]]:
     """One server's capacity and its server_info summary ({} when it has none)."""
     for path in ("/server_info", "/get_server_info"):
-        body = await json_or_none(http, url + path)
+        body = await get_or_none(http, url + path)
         if isinstance(body, dict):
             cap = capacity_from_server_info(body)
             if cap is not None:
                 return cap, {**{k: body[k] for k in INFO_KEYS if k in body}, "backend": "sglang"}
-    cap = capacity_from_loads(await json_or_none(http, url + "/v1/loads"))
+    cap = capacity_from_loads(await get_or_none(http, url + "/v1/loads"))
     if cap is not None:
         return cap, {"backend": "sglang"}
-    text = await text_or_none(http, url + "/metrics")
+    text = await get_or_none(http, url + "/metrics", text=True)
     cap = capacity_from_vllm_metrics(text) if text else None
     return cap, {"backend": "vllm" if cap is not None else "openai"}
 
 
-async def json_or_none(http: Http, url: str) -> Any:
-    """GET → parsed JSON, or None on any failure (no answer, non-200, not JSON): "nothing there" is an answer."""
+async def get_or_none(http: Http, url: str, *, text: bool = False) -> Any:
+    """GET → parsed JSON (`text`: the text) of a 200 answer, or None on any failure (no answer, non-200, not
+    JSON): "nothing there" is an answer."""
     try:
-        return await http.get_json(url, timeout_s=PROBE_TIMEOUT_S)
-    except HttpError:
-        return None
-
-
-async def text_or_none(http: Http, url: str) -> str | None:
-    """GET → the text of a 200 answer, or None on any failure."""
-    try:
-        return await http.get_text(url, timeout_s=PROBE_TIMEOUT_S)
+        return await (http.get_text if text else http.get_json)(url, timeout_s=PROBE_TIMEOUT_S)
     except HttpError:
         return None
 

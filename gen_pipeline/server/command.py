@@ -56,10 +56,7 @@ def check_launchable(profile: ServerProfile, python: str = sys.executable,
 
 def build_env(profile: ServerProfile, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """os.environ (or `base`) with the profile's env table on top; PYTHONUNBUFFERED so logs arrive live."""
-    env = dict(os.environ if base is None else base)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    env.update(profile.env)
-    return env
+    return {"PYTHONUNBUFFERED": "1", **(os.environ if base is None else base), **profile.env}
 
 
 def flag_origin(profile: ServerProfile, flag: str) -> str | None:

@@ -14,7 +14,7 @@ from anyio.abc import TaskGroup
 from gen_pipeline.errors import ServerError
 from gen_pipeline.http import Http, HttpError, NoAnswer
 from gen_pipeline.records import Capacity, LoadSnapshot
-from gen_pipeline.server.capacity import combine, json_or_none, probe
+from gen_pipeline.server.capacity import combine, get_or_none, probe
 from gen_pipeline.server.handle import ServerHandle
 from gen_pipeline.server.hang import ALIVE_PATH, HANG_AFTER_S, HangWatch
 from gen_pipeline.server.health import check_timeout_s, why_unhealthy
@@ -263,7 +263,7 @@ async def read_fleet_load(http: Http, handle: ServerHandle, now_s: float) -> Loa
 async def worker_urls(http: Http, url: str) -> list[str]:
     """The servers behind an sglang-router at `url`, or [url] when it is a server itself."""
     for path in ("/workers", "/list_workers"):
-        body = await json_or_none(http, url + path)
+        body = await get_or_none(http, url + path)
         found = _urls_in(body)
         if found:
             return found

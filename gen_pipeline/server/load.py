@@ -11,7 +11,7 @@ from typing import Any
 
 from gen_pipeline.http import Http
 from gen_pipeline.records import LoadSnapshot
-from gen_pipeline.server.capacity import json_or_none, metric_families, text_or_none
+from gen_pipeline.server.capacity import get_or_none, metric_families
 
 # Our field ← metric names (SGLang first, then vLLM).
 _GAUGES = {
@@ -157,9 +157,9 @@ async def _load_of(http: Http, url: str, now_s: float) -> LoadSnapshot | None:
     known = _KNOWN.setdefault(url, _Sources())
     from_loads = from_metrics = None
     if known.loads is not False:
-        from_loads = load_from_loads(await json_or_none(http, url + "/v1/loads"), now_s)
+        from_loads = load_from_loads(await get_or_none(http, url + "/v1/loads"), now_s)
     if known.metrics is not False:
-        text = await text_or_none(http, url + "/metrics")
+        text = await get_or_none(http, url + "/metrics", text=True)
         from_metrics = load_from_metrics(text, now_s, known.tally) if text else None
     # A source is written off only when the other one answered in the same poll (the server was up).
     if from_loads or from_metrics:

@@ -60,8 +60,7 @@ def find_fatal(lines: list[str]) -> FatalLine | None:
 
 def advice(fatal: FatalLine | None, profile: ServerProfile) -> str:
     """What to change, naming the profile key and file when we know it."""
-    where = profile.where
-    mem = profile.mem_fraction_static
+    where, mem = profile.where, profile.mem_fraction_static
     if fatal is None:
         return "Fix the cause shown above, then run the same command again."
     if fatal.kind == "oom":

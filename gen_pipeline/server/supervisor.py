@@ -65,7 +65,12 @@ async def run_server(profile: ServerProfile, *, log_dir: Path, http: Http, lefto
     port = profile.port or pick_free_port(host)
     sup = _Supervisor(profile, log_dir / "server.log", http, port)
     try:
-        handle = await sup.start_first()
+        log.info("starting SGLang (%s) on %s, log: %s", profile.name, sup.url, display_path(sup.log_path))
+        await sup.start()
+        handle = ServerHandle(base_urls=[sup.url], model=profile.request_model, capacity=await sup.capacity(),
+                              info=sup.info, log_path=sup.log_path, metrics=profile.enable_metrics, pid=sup.running.pid)
+        log.info("SGLang ready after %.0f s, pid %d: %s", sup.running.elapsed_s(), sup.running.pid,
+                 handle.summary_line())
         task_status.started(handle)
         await sup.supervise(handle)
     finally:
@@ -83,12 +88,12 @@ class _Supervisor:
 
     @property
     def running(self) -> ServerProcess:
-        """The process of the last successful _start() (asking before the first is a bug)."""
+        """The process of the last successful start() (asking before the first is a bug)."""
         if self.proc is None:
             raise RuntimeError("the server process was never started")
         return self.proc
 
-    async def _start(self) -> None:
+    async def start(self) -> None:
         """Spawn and wait for /health; raises ServerStartupError (the group is already stopped then)."""
         try:
             self.proc = await ServerProcess.start(self.command, build_env(self.profile), self.log_path,
@@ -99,17 +104,7 @@ class _Supervisor:
                 "(is SGLang installed in this Python?).") from None
         await wait_healthy(self.proc, http=self.http, url=self.url, profile=self.profile)
 
-    async def start_first(self) -> ServerHandle:
-        log.info("starting SGLang (%s) on %s, log: %s", self.profile.name, self.url, display_path(self.log_path))
-        await self._start()
-        handle = ServerHandle(base_urls=[self.url], model=self.profile.request_model,
-                              capacity=await self._capacity(), info=self.info, log_path=self.log_path,
-                              metrics=self.profile.enable_metrics, pid=self.running.pid)
-        log.info("SGLang ready after %.0f s, pid %d: %s", self.running.elapsed_s(), self.running.pid,
-                 handle.summary_line())
-        return handle
-
-    async def _capacity(self) -> Capacity:
+    async def capacity(self) -> Capacity:
         """Capacity from the API, cross-checked against the start-up log line (a warning if they differ)."""
         cap, info = await probe(self.http, self.url)
         self.info = info or {"model_path": self.profile.model_path, "tp_size": self.profile.tp_size,
@@ -145,13 +140,13 @@ class _Supervisor:
                 await anyio.sleep(backoff_s)
                 handle.restarts += 1
                 try:
-                    await self._start()
+                    await self.start()
                     break
                 except ServerStartupError as e:
                     crashes += 1
                     last_rc = self.proc.returncode if self.proc else None
                     log.warning("restart failed: %s", e)
-            handle.capacity = await self._capacity()
+            handle.capacity = await self.capacity()
             handle.info, handle.pid = self.info, self.running.pid
             handle.mark_ready()
             log.info("SGLang is back (restart %d), pid %d: %s", handle.restarts, self.running.pid,
