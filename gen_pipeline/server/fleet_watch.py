@@ -33,9 +33,7 @@ class FleetWatch:
         assert handle.fleet is not None
         self.http, self.handle, self.fleet = http, handle, handle.fleet
         self.interval_s, self.give_up_after_s = interval_s, give_up_after_s
-        self.timeout_s = check_timeout_s(interval_s)
         self.hangs = HangWatch(hang_after_s)  # no progress this long with requests in flight: hung? (hang.py)
-        self.hang_after_s = hang_after_s
         self._busy: set[tuple[str, str]] = set()  # (what, url) of the checks and probes under way
         self._cancelled_down: set[str] = set()  # down servers whose stalled requests were cancelled (this time)
         self.down_since_s: float | None = None  # no server has answered since then
@@ -114,7 +112,7 @@ class FleetWatch:
         whose requests make no progress for hang_after_s: those are cancelled and re-sent, once."""
         for url in self.fleet.down_urls:
             stuck, silent_s = self.fleet.in_flight(url), self.fleet.silent_s(url, now_s)
-            if stuck and silent_s >= self.hang_after_s and url not in self._cancelled_down:
+            if stuck and silent_s >= self.hangs.hang_after_s and url not in self._cancelled_down:
                 self._cancelled_down.add(url)
                 self.fleet.cancel_sent(url)
                 log.warning("%s is out and its %d in-flight requests made no progress for %.1f s: re-sent%s", url,
@@ -162,8 +160,7 @@ class FleetWatch:
             if self.down_since_s is not None:
                 log.info("server is back after %.0f s: %s", now_s - self.down_since_s, handle.summary_line())
             self.down_since_s = handle.down_since_s = None
-            if not handle.ready:
-                handle.mark_ready()
+            handle.mark_ready()  # idempotent: wakes only waiters of a handle that was down
             return
         if self.down_since_s is None:
             self.down_since_s = handle.down_since_s = now_s
@@ -185,7 +182,7 @@ class FleetWatch:
 
     async def health(self, url: str) -> str | None:
         """None when GET /health answered 200 within the check timeout (progress), else why not (remembered)."""
-        why = await why_unhealthy(self.http, url, self.timeout_s)
+        why = await why_unhealthy(self.http, url, check_timeout_s(self.interval_s))
         if why is not None:
             self.fleet.why[url] = why
         elif url in self.fleet.urls:
@@ -203,7 +200,7 @@ class FleetWatch:
             return
         now_s = time.monotonic()
         silent_s, stuck = self.fleet.silent_s(url, now_s), self.fleet.in_flight(url)
-        if stuck and silent_s >= self.hang_after_s:  # "/health answered HTTP 503", "/health failed (...)"
+        if stuck and silent_s >= self.hangs.hang_after_s:  # "/health answered HTTP 503", "/health failed (...)"
             said = why.removeprefix("/health ") if why.startswith("/health ") else f"failed ({why})"
             self._take_out_hung(url, now_s, silent_s, stuck, f"/health {said}: scheduler stuck?")
         elif self.fleet.failed(url, now_s, health=True):

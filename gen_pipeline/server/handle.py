@@ -109,16 +109,12 @@ class ServerHandle:
         line = f"{' '.join(parts)} {tokens}, {running}"
         if info.get("enable_hierarchical_cache") and info.get("hicache_size"):
             line += f", hicache {info['hicache_size']} GB"
-        up, down = self.server_counts()
+        # attached, the fleet's URLs taken out (one unreachable at start among them) are not up; a router's
+        # workers count one each
+        down = len(self.fleet.down_urls) if self.fleet is not None else 0
+        up = max(len(self.base_urls) - down, len(self.worker_urls), self.capacity.servers if down == 0 else 0)
         if down:
             line = f"{count(up)} of {count(up + down)} servers up: {line}"
         elif up > 1:
             line = f"{count(up)} servers: {line}"
         return line
-
-    def server_counts(self) -> tuple[int, int]:
-        """(servers answering, servers out): attached, the fleet's URLs taken out (one that could not be
-        reached at start among them) are not counted as up; a router's workers count one each."""
-        down = len(self.fleet.down_urls) if self.fleet is not None else 0
-        listed = len(self.base_urls) - down
-        return max(listed, len(self.worker_urls), self.capacity.servers if down == 0 else 0), down

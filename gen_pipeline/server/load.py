@@ -135,11 +135,9 @@ def merge(snaps: list[LoadSnapshot]) -> LoadSnapshot:
     def total(field: str) -> Any:
         vals = [getattr(s, field) for s in snaps]
         return None if any(v is None for v in vals) else sum(vals)
-    used = total("used_tokens")
-    usages = [s.token_usage for s in snaps]
     return LoadSnapshot(t_s=snaps[0].t_s, running=sum(s.running for s in snaps),
-                        queued=sum(s.queued for s in snaps), used_tokens=used,
-                        token_usage=_mean(usages), retractions_total=total("retractions_total"),
+                        queued=sum(s.queued for s in snaps), used_tokens=total("used_tokens"),
+                        token_usage=_mean([s.token_usage for s in snaps]), retractions_total=total("retractions_total"),
                         gen_tokens_total=total("gen_tokens_total"), gen_throughput=total("gen_throughput"),
                         new_token_ratio=max((r for s in snaps if (r := s.new_token_ratio) is not None), default=None),
                         spec_accept_length=_mean([s.spec_accept_length for s in snaps]))
