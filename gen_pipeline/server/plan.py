@@ -127,10 +127,8 @@ class Draft:
 
 
 def profile_draft(extra_args: tuple[str, ...]) -> Draft | None:
-    """The draft of a profile whose extra_args run one whose KV SGLang pools with the target's
-    (--speculative-algorithm EAGLE, EAGLE3, NEXTN or STANDALONE); its layers and weights from
-    --speculative-draft-model-path when that is a local folder, else one layer (an EAGLE-family draft's) and
-    weights not counted, said in the note. None without a draft."""
+    """The draft a profile's extra_args run (DRAFT_ALGORITHMS), its layers and weights from a local
+    --speculative-draft-model-path, else 1 layer (EAGLE's) and weights not counted, said in the note; or None."""
     algorithm = (_extra_str(extra_args, ("--speculative-algorithm",)) or "").upper()
     if algorithm not in DRAFT_ALGORITHMS:
         return None
