@@ -141,8 +141,7 @@ class Controller:
     def statistics(self) -> ControllerStats:
         load = self._load
         return ControllerStats(
-            window=self._last_window,
-            mode=self.mode, tokens_per_request=self._sizes.final_tokens,
+            window=self._last_window, mode=self.mode, tokens_per_request=self._sizes.final_tokens,
             held_tokens_per_request=self._held_tokens(), gain=self._climber.value if self.mode != "gradient" else 1.0,
             goodput_tok_s=self._goodput, running=load.running if load else None,
             queued=load.queued if load else None, token_usage=self._usage(load) if load else None,

@@ -67,8 +67,7 @@ def capacity_from_loads(body: Any) -> Capacity | None:
     if not tokens:
         return None
     running = _positive_ints([ld.get("max_running_requests") for ld in loads])
-    max_running = sum(running) if running is not None else None
-    return Capacity(sum(tokens), max_running, servers=1, source="loads")
+    return Capacity(sum(tokens), None if running is None else sum(running), servers=1, source="loads")
 
 
 def capacity_from_vllm_metrics(text: str) -> Capacity | None:
