@@ -198,7 +198,9 @@ class Stream:
 
     def events(self) -> AsyncIterator[bytes]:
         """Each server-sent event's data (its `data:` lines joined by newlines; events without data skipped)."""
-        return self._mapped_iter(_sse_events(self._response.aiter_bytes()))
+        it = _sse_events(self._response.aiter_bytes())
+        self._open.append(it)
+        return _Mapped(self.url, self._timeout, it)
 
     async def drain(self, limit_s: float = DRAIN_S) -> None:
         """Read the rest of the answer so that its connection goes back to the pool (an unread body closes it)."""
@@ -209,10 +211,6 @@ class Stream:
                         pass
             except httpx.HTTPError:  # the answer was whole already: only the connection is not kept
                 pass
-
-    def _mapped_iter(self, it: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        self._open.append(it)
-        return _Mapped(self.url, self._timeout, it)
 
     async def aclose(self) -> None:
         for it in self._open:

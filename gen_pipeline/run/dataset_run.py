@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Callable
 from itertools import islice
+from typing import Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
@@ -165,15 +166,12 @@ class DatasetRun:
             await anyio.to_thread.run_sync(self.store.close, self.progress_record())
 
     def _write_batch(self, batch: list[Item]) -> None:
-        samples = [x for x in batch if isinstance(x, Sample)]
-        failures = [x for x in batch if isinstance(x, Failure)]
-        rejects = [x for x in batch if isinstance(x, Reject)]
-        if samples:
-            self.store.write_samples(samples)
-        if failures:
-            self.store.write_failures(failures)
-        if rejects:
-            self.store.write_rejects(rejects)
+        store = self.store
+        writes: list[tuple[type, Callable[[Any], object]]] = [
+            (Sample, store.write_samples), (Failure, store.write_failures), (Reject, store.write_rejects)]
+        for kind, write in writes:
+            if items := [x for x in batch if isinstance(x, kind)]:
+                write(items)
 
     def stopped_by(self, signal: str | None) -> str:
         """Why it ended: its target reached, the job's signal, its source exhausted, or --limit."""
