@@ -236,13 +236,19 @@ async def test_a_retry_after_impossible_usage_writes_the_good_answer(streamed: b
     assert isinstance(at_cap, Sample) and at_cap.meta["completion_tokens"] == 128  # the cap plus the slack: kept
 
 
-@pytest.mark.parametrize(("streamed", "said"), [
-    (True, 'the server answered 200 with no choices (1 chunks; the last: {"id":"r","choices":[],"usage":'
-           '{"prompt_tokens":10,"completion_tokens":5}})'),
-    (False, 'the answer had no choices: {"id":"r","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":5}}'),
-], ids=["streamed", "whole"])
-async def test_a_200_with_no_choices_says_what_came_back(streamed: bool, said: str) -> None:
-    got, _ = await regenerate(lambda r, n: answer(streamed, choices=False), s=settings(on_loop=on_loop(streamed)))
+NO_FINISH = {"id": "r", "choices": [{"delta": {"content": "hi"}, "finish_reason": None}], "usage": USAGE}
+EMPTY = '{"id":"r","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":5}}'
+
+
+@pytest.mark.parametrize(("streamed", "reply", "said"), [
+    (True, lambda: answer(True, choices=False),
+     f"the server answered 200 with no choices (1 chunks; the last: {EMPTY})"),
+    (False, lambda: answer(False, choices=False), f"the answer had no choices: {EMPTY}"),
+    # a stream that ends with no finish_reason is a bad answer, not a lost server
+    (True, lambda: sse(NO_FINISH), "the answer ended ([DONE]) with no finish_reason (5 tokens decoded)"),
+], ids=["streamed", "whole", "no-finish-reason"])
+async def test_a_200_with_no_choices_or_no_finish_says_what_came_back(streamed: bool, reply, said: str) -> None:
+    got, _ = await regenerate(lambda r, n: reply(), s=settings(on_loop=on_loop(streamed)))
     assert isinstance(got, Failure)
     assert (got.reason, got.detail) == ("bad_response", f"gave up after 3 attempts: {said}")
 
@@ -266,14 +272,6 @@ async def test_an_empty_answer_is_final_when_greedy_redrawn_at_a_fixed_seed_else
     assert isinstance(unseeded, Failure) and len(sent) == 3 and "seed" not in sent[2]
     assert unseeded.detail == ("gave up after 3 attempts: the assistant turn is empty (5 completion tokens, "
                                "finish_reason stop)")
-
-
-async def test_a_stream_ended_with_no_finish_reason_is_a_bad_answer_not_a_lost_server() -> None:
-    chunk = {"id": "r", "choices": [{"delta": {"content": "hi"}, "finish_reason": None}], "usage": USAGE}
-    got, _ = await regenerate(lambda r, n: sse(chunk), s=settings(on_loop="retry"))
-    assert isinstance(got, Failure)
-    assert (got.reason, got.detail) == ("bad_response", "gave up after 3 attempts: the answer ended ([DONE]) with no "
-                                                        "finish_reason (5 tokens decoded)")
 
 
 # the sample ends at the first regenerated call that differs from the source's (meta.tool_divergence)
