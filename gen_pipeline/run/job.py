@@ -20,7 +20,7 @@ from gen_pipeline.config.mix import declared_lines
 from gen_pipeline.controller import Controller
 from gen_pipeline.errors import GenPipelineError, first_known
 from gen_pipeline.http import open_http
-from gen_pipeline.records import Failure, Prompt, RunSnapshot, Sample
+from gen_pipeline.records import RunSnapshot
 from gen_pipeline.reports.status import read_part_status
 from gen_pipeline.run.chat import ChatClient
 from gen_pipeline.run.connect import ServerPoller, client_settings, max_connections, start_server
@@ -40,8 +40,7 @@ class Job:
 
     def __init__(self, opened: OpenedDatasets, opts: RunOptions, shutdown: Shutdown | None = None) -> None:
         self.opts, self.http, self.model, self.waived = opts, opened.http, opened.model, opened.waived
-        self.asked = opened.asked
-        self.all_runs = opened.runs
+        self.asked, self.all_runs = opened.asked, opened.runs
         self.runs = [r for r in self.all_runs if r.dispatch.goal > 0]  # those with something to do
         self.several = len(self.all_runs) > 1
         self.window = self.all_runs[0].window
@@ -209,12 +208,8 @@ class Job:
             r.log.info("%s: starting (%s/%s samples done)", r.name, f"{r.store.done:,}", f"{r.store.target:,}")
         if r.cfg.mix is not None:  # what each sample's sampling is drawn from (config/mix.py)
             r.log.info("%s: sampling mix: %s", r.name, "; ".join(declared_lines(r.cfg.mix)))
-
-        async def regenerate(prompt: Prompt) -> Sample | Failure:
-            return await client.regenerate(prompt, r.name)
-
         work.start_soon(r.write, recv, lambda: self.shutdown.signal)
-        return regenerate, send, r.feed
+        return partial(client.regenerate, dataset=r.name), send, r.feed
 
 
 class StoppedJob:
