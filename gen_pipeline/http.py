@@ -146,9 +146,13 @@ class Http:
         stream = Stream(url, timeout, response)
         try:
             if response.status_code != 200:
+                head = bytearray()
                 with _mapped(url, timeout):
-                    head = await _read_at_most(response, _ERROR_BODY_BYTES)
-                raise BadStatus(url, _reply(url, response, head))
+                    async for chunk in response.aiter_bytes():
+                        head += chunk
+                        if len(head) >= _ERROR_BODY_BYTES:
+                            break
+                raise BadStatus(url, _reply(url, response, bytes(head[:_ERROR_BODY_BYTES])))
             yield stream
         finally:
             await stream.aclose()
@@ -385,12 +389,3 @@ def _os_reason(e: BaseException) -> str:
 
 def _reply(url: str, response: httpx.Response, body: bytes) -> Reply:
     return Reply(url, response.status_code, response.headers.get("content-type", ""), body, response.reason_phrase)
-
-
-async def _read_at_most(response: httpx.Response, limit: int) -> bytes:
-    kept = bytearray()
-    async for chunk in response.aiter_bytes():
-        kept += chunk
-        if len(kept) >= limit:
-            break
-    return bytes(kept[:limit])

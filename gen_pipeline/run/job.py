@@ -157,9 +157,6 @@ class Job:
             await self._work(clients)
             tg.cancel_scope.cancel()  # stops the server (once, for the whole job), the poller, the reporter
 
-    def _active(self) -> list[DatasetRun]:
-        return [r for r in self.started if r.dispatch.in_flight or not r.dispatch.all_sent.is_set()]
-
     async def _poll_load(self) -> None:
         """The server's live load every poll_interval_s, to the controller and each active dataset."""
         assert self.handle is not None
@@ -171,7 +168,8 @@ class Job:
             self.window.retune(0)
             self._first_poll.set()
             self._log_controller()
-            for r in self._active() or self.started[-1:]:
+            active = [r for r in self.started if r.dispatch.in_flight or not r.dispatch.all_sent.is_set()]
+            for r in active or self.started[-1:]:
                 r.observe_poll(snap)
 
     def _log_controller(self) -> None:
