@@ -4,6 +4,8 @@ be written as they came, and tool-use conversations in SGLang 0.5.17's shapes (s
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import httpx
 import orjson
 import pytest
@@ -100,6 +102,11 @@ def test_request_fields() -> None:
                     "stream_options": {"include_usage": True, "continuous_usage_stats": True},
                     "chat_template_kwargs": {"thinking": False, "enable_thinking": False}}
     assert "chat_template_kwargs" not in build_request([], settings(reasoning="keep"))
+    # a draft's acceptance per turn (return_meta_info) only on whole answers: SGLang 0.5.17 refuses it on a stream
+    whole = replace(settings(on_loop="off"), speculative=True)
+    assert build_request([], whole)["return_meta_info"] is True and build_request([], whole)["stream"] is False
+    assert "return_meta_info" not in build_request([], replace(whole, generation=GenerationConfig(on_loop="retry")))
+    assert "return_meta_info" not in body and "return_meta_info" not in build_request([], settings(on_loop="off"))
 
 
 MSG = "The input (9000 tokens) is longer than the model's context length (8192 tokens)."
