@@ -54,10 +54,8 @@ class Window:
         live = [d for d in self.members if not d.exhausted and not d.draining]
         if self.controller is not None:
             mix = {d.name: float(d.in_flight) for d in self.members}
-            if not any(mix.values()):
-                first = next((d for d in live if d.need() > 0), None)
-                if first is not None:
-                    mix[first.name] = 1.0
+            if not any(mix.values()) and (first := next((d for d in live if d.need() > 0), None)) is not None:
+                mix[first.name] = 1.0
             self.controller.set_mix(mix)
         return sum(max(0, d.need()) for d in live)
 
