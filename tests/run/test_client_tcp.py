@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 
-import orjson
 import pytest
 
 from gen_pipeline.config.dataset import GenerationConfig, SamplingConfig
@@ -62,14 +61,3 @@ async def test_a_server_that_accepted_and_does_not_answer_stays_in_the_fleet(sim
     assert str(e.value) == "gave up after 3 attempts: no answer within the request timeout (0.3 s)"
     assert (fleet.up_urls, fleet.taken_out, events) == ([silent_server, sim.url], 0, [])
 
-
-async def test_events_read_the_simulators_server_sent_events(sim) -> None:
-    """The streaming POST over real TCP: SGLang's SSE framing (data: {chunk}, a blank line, data: [DONE])."""
-    body = {"model": "m", "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True},
-            "messages": MESSAGES}
-    async with open_http(generation(), 8) as http, http.open_stream(sim.url + "/v1/chat/completions", body) as answer:
-        events = [data async for data in answer.events()]
-    assert events[-1] == b"[DONE]"
-    chunks = [orjson.loads(e) for e in events[:-1]]
-    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
-    assert text and chunks[-1]["usage"]["completion_tokens"] > 0
