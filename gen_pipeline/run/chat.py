@@ -2,8 +2,7 @@
 regenerated in order. Closing a stream when the loop detector fires makes SGLang 0.5.17 abort the request and
 free its KV (tokenizer_manager.py generate_request → _discard_pending_req_states sends AbortReq). With the
 servers watched (a `gate`), a server that went away costs no attempt: the request is sent again until no server
-took it for `server_wait_s`. A read timeout never takes a server out (it is there, only busy).
-"""
+took it for `server_wait_s`. A read timeout never takes a server out (it is there, only busy)."""
 
 from __future__ import annotations
 

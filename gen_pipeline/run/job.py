@@ -1,7 +1,6 @@
 """The job: one anyio task group owns the server, the load poller, the reporter, the signals, the datasets'
 producers and writers (a single dataset is a job of one). The datasets share one Window (one KV pool); dataset
-k+1's producer starts the moment k has sent every prompt it needs, so the server never drains between them.
-"""
+k+1's producer starts the moment k has sent every prompt it needs, so the server never drains between them."""
 
 from __future__ import annotations
 

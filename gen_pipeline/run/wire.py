@@ -3,8 +3,7 @@
 
 SGLang 0.5.17's stream (serving_chat.py _generate_chat_stream): a role chunk, reasoning then content chunks, a
 chunk with the finish_reason, the usage chunk (choices empty), `[DONE]`. An abort ends with finish_reason "abort"
-or an error object (`{"object": "error", "message", "code"}`) as a data line.
-"""
+or an error object (`{"object": "error", "message", "code"}`) as a data line."""
 
 from __future__ import annotations
 
