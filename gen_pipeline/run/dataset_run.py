@@ -63,8 +63,7 @@ class DatasetRun:
 
     def __init__(self, cfg: DatasetConfig, opts: RunOptions, store: DatasetStore, skip_ids: set[str],
                  window: Window, source: LoadedSource | None = None, notes: list[str] | None = None) -> None:
-        self.cfg, self.opts, self.store, self.window = cfg, opts, store, window
-        self.name = cfg.name
+        self.cfg, self.opts, self.store, self.window, self.name = cfg, opts, store, window, cfg.name
         self.notes = notes or []  # what opening the store repaired or noticed
         self.log = logging.LoggerAdapter(EVENTS, {"dataset": self.name})
         self.journal = logging.LoggerAdapter(JOURNAL, {"dataset": self.name})
