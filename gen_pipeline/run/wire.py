@@ -418,8 +418,6 @@ def parse_response(data: Any, *, token_ids: bool = False, model: str = "", max_t
             if not all(isinstance(x, list) for x in ids):
                 raise Retryable("bad_response", "the response has no prompt_token_ids / token_ids (return_token_ids "
                                                 "needs SGLang 0.5.13 or later)")
-    except Retryable:
-        raise
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
         raise Retryable("bad_response", f"unexpected response shape ({type(e).__name__}: {e})") from None
     if not isinstance(content, str) or not isinstance(reasoning, str):
