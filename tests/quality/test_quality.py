@@ -67,6 +67,9 @@ LOOPS = [  # (name, natural prefix, loop text, reason, most characters from the 
      LoopReason.PERIOD, 1500),
     ("a row of numbers", PROSE, "[0, 0, 1, 0, 2, 0, 3],\n" * 400, LoopReason.PERIOD, 500),
     ("code with a sub-period", PROSE, LINEAR * 60, LoopReason.PERIOD, 1100),
+    # rounds of ~35 words opened by one of six sentences: the opener breaks the steady spacing of the n-grams
+    # around it, so they are caught late (docs/measurements.md)
+    ("thinking rounds, varied openers", PROSE, thinking_rounds(200), LoopReason.PERIOD, 5000),
 ]
 
 
@@ -78,20 +81,6 @@ def test_loops_are_caught_near_their_start(name: str, prefix: str, loop: str, re
     assert v.reason is reason
     assert len(prefix) < v.at_char <= len(prefix) + max_chars, (name, v, len(prefix))
     assert abs(v.loop_start_char - len(prefix)) <= 2 * len(loop) // 10 + 80  # the estimate lands near the start
-
-
-def test_thinking_rounds_with_varying_openers_are_caught() -> None:
-    """Rounds of ~35 words opened by one of six sentences: the opener breaks the steady spacing of the n-grams
-    around it, so they are caught late (docs/measurements.md)."""
-    v = feed_all(PROSE + thinking_rounds(200))
-    assert v is not None and v.reason is LoopReason.PERIOD
-    assert len(PROSE) < v.at_char <= len(PROSE) + 5000
-
-
-def test_the_the_the_is_stopped_within_512_tokens() -> None:
-    """The report of issue 22: "The the the …" 2,366 times; " the" is one token of any BPE tokenizer."""
-    v = feed_all("The" + " the" * 2366)
-    assert v is not None and v.period_words == 1 and v.at_char // len(" the") <= 512
 
 
 @pytest.mark.parametrize("path", ["README.md", "gen_pipeline/controller/core.py", "gen_pipeline/store/dataset_store.py",
@@ -181,10 +170,11 @@ def test_random_text_same_verdict_in_any_chunking(text: str, sizes: list[int]) -
     assert (got or det.finish()) == expected
 
 
-def test_after_firing_the_verdict_sticks_and_finish_returns_it() -> None:
+def test_the_the_the_is_stopped_within_512_tokens_and_the_verdict_sticks() -> None:
+    """The report of issue 22: "The the the …" 2,366 times; " the" is one token of any BPE tokenizer."""
     det = RepetitionDetector()
-    v = det.feed("The" + " the" * 1000)
-    assert v is not None
+    v = det.feed("The" + " the" * 2366)
+    assert v is not None and v.period_words == 1 and v.at_char // len(" the") <= 512
     assert det.feed("completely new text") is v and det.finish() is v and det.verdict is v
 
 

@@ -143,9 +143,13 @@ def test_every_candidate_is_the_shipped_profile_with_one_change(tmp_path: Path) 
 
 
 def test_a_candidate_plan_says_cannot_start_is_skipped_and_named(tmp_path: Path) -> None:
-    tp = _plan(tmp_path, SERVER_TOML.replace("mem_fraction_static = 0.90", "mem_fraction_static = 0.99"),
-               levers=("mem_fraction_static", "stream_interval"))
-    assert [c.name for c in tp.candidates] == ["t+stream_interval=16"]
+    toml = SERVER_TOML.replace("mem_fraction_static = 0.90", "mem_fraction_static = 0.99").replace(
+        '"--cuda-graph-max-bs", "6"', '"--cuda-graph-max-bs-decode", "6"')
+    tp = _plan(tmp_path, toml, levers=("mem_fraction_static", "cuda_graph_max_bs", "stream_interval"))
+    # a profile with the decode spelling: 2 x its own 6 (not SGLang's default), in one spelling (no two settings)
+    assert [c.name for c in tp.candidates] == ["t+cuda_graph_max_bs=12", "t+stream_interval=16"]
+    assert tp.candidates[0].profile.extra_args[-2:] == ("--cuda-graph-max-bs", "12")
+    assert "--cuda-graph-max-bs-decode" not in tp.candidates[0].profile.extra_args
     why = "plan refuses it: --mem-fraction-static 1.01 must be above 0 and below 1."
     assert tp.skipped == (("t+mem_fraction_static=1.01", why),)
     assert f"  skipped t+mem_fraction_static=1.01: {why}" in tp.lines()
@@ -178,10 +182,3 @@ def test_the_shipped_profile_stays_unless_an_accepted_candidate_beats_it_by_more
     res = pick_winner([shipped, Outcome(tp.candidates[0], [107.0], check="fine: ...")], kept=12)
     assert res.winner.candidate.name == "t+cuda_graph_max_bs=12"
 
-
-def test_a_profile_with_the_decode_spelling_doubles_its_own_ceiling(tmp_path: Path) -> None:
-    toml = SERVER_TOML.replace('"--cuda-graph-max-bs", "6"', '"--cuda-graph-max-bs-decode", "6"')
-    graphs = next(c for c in _plan(tmp_path, toml).candidates if c.name.startswith("t+cuda_graph_max_bs="))
-    assert graphs.name == "t+cuda_graph_max_bs=12"  # 2 x the profile's 6, not 2 x SGLang's default
-    assert graphs.profile.extra_args[-2:] == ("--cuda-graph-max-bs", "12")
-    assert "--cuda-graph-max-bs-decode" not in graphs.profile.extra_args  # one spelling: no two settings
