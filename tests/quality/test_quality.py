@@ -131,14 +131,14 @@ def test_a_long_block_quoted_three_times_is_a_loop_only_with_more_copies() -> No
     assert feed_all(PROSE * 6) is not None
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_any_chunking_gives_the_same_verdict(data: st.DataObject) -> None:
     prefix = data.draw(st.sampled_from(["", PROSE, PROSE[:77], "数据" * 30]))
     loop = data.draw(st.sampled_from([
         "The" + " the" * 600, STEP * 12, counting(120, "Check the input."), "\n" * 600, "-=" * 2000,
         PROSE, "x" * 3000, "ab " * 40 + "end.",
-    ]))
+    ]) | st.text(max_size=3000))
     text = prefix + loop
     whole = RepetitionDetector()
     expected = whole.feed(text) or whole.finish()
@@ -155,19 +155,6 @@ def test_any_chunking_gives_the_same_verdict(data: st.DataObject) -> None:
     if got is not None:  # returned by the delta that completed the word that fired (+ the held-back word)
         assert before <= got.at_char <= after
         assert after - got.at_char <= max(b - a for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True))
-
-
-@settings(max_examples=80, deadline=None)
-@given(st.text(min_size=0, max_size=3000), st.lists(st.integers(1, 40), min_size=1, max_size=20))
-def test_random_text_same_verdict_in_any_chunking(text: str, sizes: list[int]) -> None:
-    whole = RepetitionDetector()
-    expected = whole.feed(text) or whole.finish()
-    det, pos, k, got = RepetitionDetector(), 0, 0, None
-    while pos < len(text) and got is None:
-        got = det.feed(text[pos:pos + sizes[k % len(sizes)]])
-        pos += sizes[k % len(sizes)]
-        k += 1
-    assert (got or det.finish()) == expected
 
 
 def test_the_the_the_is_stopped_within_512_tokens_and_the_verdict_sticks() -> None:
