@@ -227,9 +227,7 @@ def test_non_sglang_server_is_refused_with_what_to_use(tmp_path, bf16):
     assert "Traceback" not in r.stderr
 
 
-def test_prompt_ids_fall_back_to_chat_completions_without_tokenize():
-    import anyio
-
+async def test_prompt_ids_fall_back_to_chat_completions_without_tokenize():
     seen = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -238,11 +236,8 @@ def test_prompt_ids_fall_back_to_chat_completions_without_tokenize():
             return httpx.Response(404, json={"detail": "Not Found"})
         return httpx.Response(200, json={"choices": [{"index": 0, "prompt_token_ids": [5, 6, 7]}]})
 
-    async def go():
-        async with mock_http(handler) as http:
-            return await prompt_ids(http, "http://x", "m", [{"role": "user", "content": "hi"}], None)
-
-    assert anyio.run(go) == [5, 6, 7]
+    async with mock_http(handler) as http:
+        assert await prompt_ids(http, "http://x", "m", [{"role": "user", "content": "hi"}], None) == [5, 6, 7]
     assert seen[0] == ("/tokenize", {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
     assert seen[1] == ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}],
                                                 "max_tokens": 1, "temperature": 0.0, "return_prompt_token_ids": True})

@@ -102,7 +102,7 @@ def test_retry_writes_every_sample_with_a_new_seed(sim, tmp_path):
     js = orjson.loads(run_cli("status", "--dataset", "T", "--output-dir", out, "--config-dir", toml.parent,
                               "--json").stdout)["datasets"]["T"]
     assert js["gate"]["loops"] == n and js["gate"]["tokens_not_decoded"] == not_decoded
-    assert js["gate"]["retried_turns"] == n or js["gate"]["retried_turns"] < n  # a turn may loop twice
+    assert js["gate"]["retried_turns"] <= n  # a turn may loop twice
     # the estimate: tokens not decoded × the run's server-seconds per decoded token
     per_token = js["run_wall_s"] / (js["completion_tokens"] + discarded)
     assert js["server_s_saved"] == pytest.approx(not_decoded * per_token, abs=0.1)

@@ -48,10 +48,6 @@ def thinking_rounds(n: int, seed: int = 3) -> str:
     return "".join(rng.choice(openers) + (" Yes." if rng.random() < 0.2 else "") + step for _ in range(n))
 
 
-LINEAR = ("        self.linear_1 = nn.Linear(config.vision_config.hidden_size, config.text_config.hidden_size)\n"
-          "        self.linear_2 = nn.Linear(config.text_config.hidden_size, config.text_config.hidden_size)\n")
-
-
 LOOPS = [  # (name, natural prefix, loop text, reason, most characters from the loop's start to the abort)
     ("the the the", PROSE, "The" + " the" * 2366, LoopReason.PERIOD, 1100),  # ~260 words
     ("paragraph verbatim", STEP, (PROSE.strip() + "\n\n") * 20, LoopReason.PERIOD, 3 * len(PROSE) + 900),
@@ -66,7 +62,10 @@ LOOPS = [  # (name, natural prefix, loop text, reason, most characters from the 
     ("counting from 17", PROSE, counting(300, "verify the bound again.", "- Step {k}: {item}\n", 17),
      LoopReason.PERIOD, 1500),
     ("a row of numbers", PROSE, "[0, 0, 1, 0, 2, 0, 3],\n" * 400, LoopReason.PERIOD, 500),
-    ("code with a sub-period", PROSE, LINEAR * 60, LoopReason.PERIOD, 1100),
+    ("code with a sub-period", PROSE, 60 * (
+        "        self.linear_1 = nn.Linear(config.vision_config.hidden_size, config.text_config.hidden_size)\n"
+        "        self.linear_2 = nn.Linear(config.text_config.hidden_size, config.text_config.hidden_size)\n"),
+     LoopReason.PERIOD, 1100),
     # rounds of ~35 words opened by one of six sentences: the opener breaks the steady spacing of the n-grams
     # around it, so they are caught late (docs/measurements.md)
     ("thinking rounds, varied openers", PROSE, thinking_rounds(200), LoopReason.PERIOD, 5000),
