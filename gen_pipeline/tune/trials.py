@@ -64,13 +64,12 @@ async def run_trials(cfg: DatasetConfig, tp: TunePlan, opts: TuneOptions,
     state = _open_state(cfg, tp, opts, work)
     outcomes = [Outcome(c) for c in (tp.shipped, *tp.candidates)]
     by_name = {o.candidate.name: o for o in outcomes}
-    measured = set()
-    for t in state["trials"]:  # what an earlier run of this plan measured: not done again
+    measured = {(t["round"], t["name"]) for t in state["trials"]}  # by an earlier run of this plan: not done again
+    for t in state["trials"]:
         o = by_name[t["name"]]
         o.tok_s.append(t["tok_s"])
         o.server_tok_s += t["server_tok_s"]
         o.check, o.refused = (t["check"], t["refused"]) if t["round"] == 0 else (o.check, o.refused)
-        measured.add((t["round"], t["name"]))
     if measured:
         say(f"  resuming: {len(measured)} trials of this plan measured before ({work / STATE_NAME})")
     probe = PC.ProbeOptions(output_root=opts.output_root, samples=opts.probe_prompts,
