@@ -1,12 +1,9 @@
-"""What the gate makes of one attempt (run/answer.py, run/wire.py): the stream parser on chunks as SGLang
-0.5.17 writes them, `judge` per policy, `cut_at_loop`, the turn's accounting in meta.per_turn, and a loop too
-young for the streaming detector's window found in the tail at max_new_tokens (quality.tail_loop); the gate's
-counts over rows and failures (quality/accounting.py) where status and the report page show them."""
+"""What the gate makes of one attempt (run/answer.py, run/wire.py: SGLang 0.5.17's stream chunks, `judge`, a loop
+at the cap) and its counts over rows and failures (quality/accounting.py) in status and the report page."""
 
 from __future__ import annotations
 
 import html
-from pathlib import Path
 
 import httpx
 import orjson
@@ -130,12 +127,9 @@ def test_a_turns_accounting_has_the_same_keys_every_time() -> None:
 
 
 # ---------------------------------------------------------------- a loop at the cap
-REPO = Path(__file__).resolve().parents[2]
 NATURAL = ("The pool holds the prompt and the answer of every running request, so the server admits a new one "
            "only when the tokens it may still need fit beside those already there. ")
 ANSWER = NATURAL * 2 + "The answer is the sum" + " of" * 162
-
-
 BLOCK = " Check the value of the input and then go back to the first step of the list, as the manual says"
 
 
@@ -150,13 +144,6 @@ def test_a_loop_at_the_cap_is_found_in_the_tail(text: str, period_words: int | N
     v = tail_loop(text)
     expected = None if period_words is None else (LoopReason.PERIOD, period_words, start, len(text))
     assert (None if v is None else (v.reason, v.period_words, v.loop_start_char, v.at_char)) == expected
-
-
-@pytest.mark.parametrize("path", ["README.md", "gen_pipeline/quality/repetition.py", "gen_pipeline/run/chat.py"])
-def test_natural_text_cut_anywhere_ends_in_no_loop(path: str) -> None:
-    text = (REPO / path).read_text()
-    for end in range(2_000, len(text), max(1, len(text) // 40)):
-        assert tail_loop(text[:end]) is None, (path, end, text[end - 200:end])
 
 
 @pytest.mark.parametrize("finish, caught", [("length", True), ("stop", False)])

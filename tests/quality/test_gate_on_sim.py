@@ -1,7 +1,5 @@
-"""The gate against a simulator that loops or ends turns at once. Every loop is caught on its stream within ~512
-tokens of its start (/sim/stats "loops" says where each began) and `[generation] on_loop` is honoured with exact
-counts in meta.per_turn, errors.jsonl, `status` and `validate`; an empty turn is never written as done:
-`empty_turn` retries it (then records a failure) or fails it at once."""
+"""The gate against a simulator that loops or ends turns at once: every loop caught within ABORT_WITHIN tokens of
+its start (/sim/stats "loops"), `on_loop` and `empty_turn` honoured with exact counts where users read them."""
 
 from __future__ import annotations
 

@@ -83,9 +83,13 @@ def test_loops_are_caught_near_their_start(name: str, prefix: str, loop: str, re
 
 
 @pytest.mark.parametrize("path", ["README.md", "gen_pipeline/controller/core.py", "gen_pipeline/store/dataset_store.py",
-                                  "sglang_sim/engine.py"])
+                                  "sglang_sim/engine.py", "gen_pipeline/quality/repetition.py",
+                                  "gen_pipeline/run/chat.py"])
 def test_natural_text_and_code_are_left_alone(path: str) -> None:
-    assert feed_all((REPO / path).read_text()) is None
+    text = (REPO / path).read_text()
+    assert feed_all(text) is None
+    for end in range(2_000, len(text), max(1, len(text) // 40)):  # cut anywhere (at max_new_tokens): no tail loop
+        assert Q.tail_loop(text[:end]) is None, (path, end, text[end - 200:end])
 
 
 _rng = random.Random(7)

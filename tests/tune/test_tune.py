@@ -126,10 +126,10 @@ def _plan(tmp_path: Path, toml: str = SERVER_TOML, **kw):
     return make_plan(find_dataset_config("T", cfg), shipped_profile(cfg, "t"), opts)
 
 
-def test_every_candidate_is_the_shipped_profile_with_one_change(tmp_path: Path) -> None:
+def test_every_candidate_is_the_shipped_profile_with_one_change_and_each_trial_fills_the_slots(tmp_path: Path) -> None:
     from dataclasses import fields
 
-    tp = _plan(tmp_path)
+    tp = _plan(tmp_path, prompts=None)
     assert [c.name for c in tp.candidates] == [
         "t+kv_cache_dtype=fp8_e4m3", "t+mem_fraction_static=0.92", "t+cuda_graph_max_bs=12",
         "t+schedule_conservativeness=0.5", "t+num_continuous_decode_steps=2", "t+chunked_prefill_size=16384",
@@ -140,6 +140,14 @@ def test_every_candidate_is_the_shipped_profile_with_one_change(tmp_path: Path) 
         assert differ == list(c.change), (c.name, differ)
     assert abs(tp.candidates[0].kv_tokens - 2 * tp.shipped.kv_tokens) <= 1  # plan: fp8 halves the bytes per token
     assert tp.skipped == ()
+    # without --prompts each trial fills the slots and takes its share of the budget
+    fill = tp.shipped.kv_tokens // (300 + 64 // 2) + 1  # T's assumed lengths: 300 prompt tokens + max_new_tokens 64
+    assert (tp.rounds, tp.trials, tp.prompts) == (3, 8, 2 * fill)  # an hour is plenty: twice the slots, 3 rounds
+    per_prompt_s = (tp.trial_s - 5.0) / tp.prompts
+    tight = 8 * (5.0 + fill * per_prompt_s) * 1.5  # one round of trials that fill the slots, not two
+    tp = _plan(tmp_path / "tight", prompts=None, budget_s=tight)
+    assert tp.rounds == 1 and fill <= tp.prompts < 2 * fill
+    assert tp.rounds * tp.trials * tp.trial_s <= tight
 
 
 def test_a_candidate_plan_says_cannot_start_is_skipped_and_named(tmp_path: Path) -> None:
@@ -153,17 +161,6 @@ def test_a_candidate_plan_says_cannot_start_is_skipped_and_named(tmp_path: Path)
     why = "plan refuses it: --mem-fraction-static 1.01 must be above 0 and below 1."
     assert tp.skipped == (("t+mem_fraction_static=1.01", why),)
     assert f"  skipped t+mem_fraction_static=1.01: {why}" in tp.lines()
-
-
-def test_without_prompts_each_trial_fills_the_slots_and_takes_its_share_of_the_budget(tmp_path: Path) -> None:
-    tp = _plan(tmp_path, prompts=None)
-    fill = tp.shipped.kv_tokens // (300 + 64 // 2) + 1  # T's assumed lengths: 300 prompt tokens + max_new_tokens 64
-    assert (tp.rounds, tp.trials, tp.prompts) == (3, 8, 2 * fill)  # an hour is plenty: twice the slots, 3 rounds
-    per_prompt_s = (tp.trial_s - 5.0) / tp.prompts
-    tight = 8 * (5.0 + fill * per_prompt_s) * 1.5  # one round of trials that fill the slots, not two
-    tp = _plan(tmp_path / "tight", prompts=None, budget_s=tight)
-    assert tp.rounds == 1 and fill <= tp.prompts < 2 * fill
-    assert tp.rounds * tp.trials * tp.trial_s <= tight
 
 
 def test_the_shipped_profile_stays_unless_an_accepted_candidate_beats_it_by_more_than_the_noise(tmp_path: Path) -> None:
