@@ -6,8 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -148,15 +146,14 @@ def test_same_kv_dtype_refused_then_allowed_as_noise_floor(tmp_path, bf16):
 
 
 def test_sim_generate_logprob_shapes_match_sglang(bf16):
-    sim = bf16
     with httpx.Client(timeout=30) as c:
-        tok = c.post(sim.url + "/tokenize", json={"messages": [{"role": "user", "content": "Hi there"}]}).json()
+        tok = c.post(bf16.url + "/tokenize", json={"messages": [{"role": "user", "content": "Hi there"}]}).json()
         assert set(tok) == {"tokens", "count", "max_model_len"} and tok["count"] == len(tok["tokens"])
         ids = tok["tokens"]
         body = {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": 6},
                 "return_logprob": True, "top_logprobs_num": 3, "logprob_start_len": len(ids) - 2,
                 "return_text_in_logprobs": True}
-        out = c.post(sim.url + "/generate", json=body).json()
+        out = c.post(bf16.url + "/generate", json=body).json()
         meta = out["meta_info"]
         assert [e[1] for e in meta["output_token_logprobs"]] == out["output_ids"] and len(out["output_ids"]) == 6
         assert [e[1] for e in meta["input_token_logprobs"]] == ids[-2:]
@@ -165,7 +162,7 @@ def test_sim_generate_logprob_shapes_match_sglang(bf16):
         assert all(isinstance(e[2], str) for e in meta["output_token_logprobs"])
         # greedy: every output token is the top-1 of its position
         assert [t[0][1] for t in meta["output_top_logprobs"]] == out["output_ids"]
-        bad = c.post(sim.url + "/generate", json={**body, "logprob_start_len": len(ids) + 1})
+        bad = c.post(bf16.url + "/generate", json={**body, "logprob_start_len": len(ids) + 1})
         assert bad.status_code == 400 and "is higher than the number of input tokens" in bad.json()["message"]
 
 
@@ -194,37 +191,23 @@ def test_estimators():
     assert not echoes([5, 319, 7], [319, 7, 8]) and not echoes([5, 6], [5, 6, 7])
 
 
-class _OpenAIOnly(BaseHTTPRequestHandler):
-    """A stand-in for a non-SGLang OpenAI-compatible server (vLLM-like): /v1/models and nothing native."""
+async def test_non_sglang_server_is_refused_with_what_to_use(tmp_path):
+    from gen_pipeline.errors import ServerError, first_known
+    from gen_pipeline.probe.core import open_server
 
-    def do_GET(self):  # http.server's spelling
-        body, code = (b'{"object": "list", "data": [{"id": "m", "object": "model"}]}', 200) \
-            if self.path == "/v1/models" else (b'{"detail": "Not Found"}', 404)
-        self.send_response(code)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+    def openai_only(request: httpx.Request) -> httpx.Response:  # a vLLM-like server: /v1/models, nothing native
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"object": "list", "data": [{"id": "m", "object": "model"}]})
+        return httpx.Response(404, json={"detail": "Not Found"})
 
-    def log_message(self, *args):
-        pass
-
-
-def test_non_sglang_server_is_refused_with_what_to_use(tmp_path, bf16):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _OpenAIOnly)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    other = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
-        r = run_cli("probe-kv", "--dataset", "demo", "--server-url", bf16.url, "--compare-url", other,
-                    "--samples", "2", "--output-dir", tmp_path)
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert r.returncode == 3, r.stderr
-    assert (f"error: The compare server {other} is not SGLang (it has no /server_info; looks like openai). "
-            "probe-kv needs SGLang's native /generate with input_ids, return_logprob and logprob_start_len; "
-            "run it against two SGLang servers.") in r.stderr
-    assert "Traceback" not in r.stderr
+    with pytest.raises(BaseExceptionGroup) as e:
+        async with mock_http(openai_only) as http, open_server("http://other:8000", "compare", tmp_path, http):
+            pass
+    assert isinstance(error := first_known(e.value), ServerError) and str(error) == (
+        "The compare server http://other:8000 is not SGLang (it has no /server_info; looks like openai). probe-kv "
+        "needs SGLang's native /generate with input_ids, return_logprob and logprob_start_len; run it against two "
+        "SGLang servers. (vLLM's /v1/completions with token-id prompts, logprobs and prompt_logprobs could serve, but "
+        "is not implemented.)")
 
 
 async def test_prompt_ids_fall_back_to_chat_completions_without_tokenize():

@@ -52,9 +52,7 @@ def _generate(sim, policy: str, tmp_path: Path, rc: int | None = 0) -> tuple[Pat
                               rows=make_rows(ROWS), extra=f'on_loop = "{policy}"'), tmp_path / "out"
     before = len(_stats(sim.url)["loops"])
     r = _run(sim.url, toml, out)
-    failed = _errors(out)
-    if rc is None:  # 5 when rows were dropped: the source ran out short of the target
-        rc = 5 if failed else 0
+    rc = (5 if _errors(out) else 0) if rc is None else rc  # 5: rows dropped, the source ran out short of the target
     assert r.returncode == rc, r.stdout + r.stderr
     loops = _stats(sim.url)["loops"][before:]
     assert loops, "the sim wrote no loop in this run"
