@@ -129,18 +129,16 @@ def test_bad_flags_are_refused_by_name_before_anything_launches(tmp_path, monkey
 
 
 def test_same_kv_dtype_refused_then_allowed_as_noise_floor(tmp_path, bf16):
-    def probe(ref: str, cmp: str, *more: str):
-        return run_cli("probe-kv", "--dataset", "demo", "--server-url", ref, "--compare-url", cmp,
-                       "--samples", "4", "--max-new-tokens", "16", *more, "--output-dir", tmp_path)
-
     with sim_in_thread([*SIM_FAST, "--kv-cache-dtype", "bfloat16"]) as b:
-        r = probe(bf16.url, b.url)
+        args = ("probe-kv", "--dataset", "demo", "--server-url", bf16.url, "--compare-url", b.url, "--samples", "4",
+                "--max-new-tokens", "16", "--output-dir", tmp_path)
+        r = run_cli(*args)
         assert r.returncode == 2
         assert ("error: Both servers use KV dtype bf16; probe-kv compares two KV dtypes (e.g. --server baseline "
                 "--compare tuned, or bf16 and fp8_e4m3 servers with --server-url/--compare-url). To measure the "
                 "noise floor of two equal servers on purpose, add --allow-same-kv.") in r.stderr
         assert not (tmp_path / "demo" / "probe-kv.json").exists()
-        r = probe(bf16.url, b.url, "--allow-same-kv")
+        r = run_cli(*args, "--allow-same-kv")
         assert r.returncode == 0, r.stderr
         assert _report(tmp_path)["aggregate"]["top1_agreement_share"] == 1.0
 

@@ -1,6 +1,5 @@
-"""The quality gate's pure checks (gen_pipeline/quality): the streaming loop detector (loops of every
-kind caught near their start, natural text left alone, the same verdict in any chunking) and the
-leak checks of a finished turn (one reason code per case)."""
+"""The quality gate's pure checks (gen_pipeline/quality): the loop detectors (loops caught near their start, natural
+text left alone, the same verdict in any chunking) and the leak checks of a finished turn (one reason per case)."""
 
 from __future__ import annotations
 
