@@ -132,4 +132,3 @@ def verdict(agg: dict[str, Any], kv_label: str = "fp8") -> tuple[str, str]:
              ": measurable; prefer bf16 KV when the drafter will serve a bf16 target and the time allows.",
              ": prefer bf16 KV for training data (the drafter would learn a shifted distribution).")
     return ("fine", "caution", "prefer-bf16")[level], head + tails[level]
-

@@ -111,4 +111,3 @@ def format_spec(counts: Mapping[str, int], server_wide: float | None) -> str:
     return (f"{head}, server-wide (sglang:spec_accept_length); per turn needs whole answers: SGLang 0.5.17 "
             "returns meta_info only without streaming (generation.on_loop = \"off\" gives it, without the loop "
             "gate's early stop)")
-

@@ -248,4 +248,3 @@ def make_plan(cfg: DatasetConfig, shipped: ServerProfile, opts: TuneOptions) -> 
         f"{format_duration(startup_s)} and {least:,} prompts{why}, predicted {format_duration(least * per_prompt_s)}. "
         f"That is more than the budget of {format_duration(budget_s)} ({note}). Raise --budget-share or "
         "--budget-s, lower --prompts, or name fewer --levers.")
-

@@ -239,4 +239,3 @@ def test_kl_estimate_stays_below_true_kl_on_sim_distributions():
         assert est <= true + 1e-12
         ratios.append(est / true)
     assert 0.8 < sorted(ratios)[len(ratios) // 2] <= 1.0  # a useful bound, not a vacuous one
-

@@ -177,4 +177,3 @@ def test_the_shipped_profile_stays_unless_an_accepted_candidate_beats_it_by_more
     assert "[profile." not in path.read_text() and path.read_text().endswith(f"# {lines[-2]}\n")
     res = pick_winner([shipped, Outcome(tp.candidates[0], [107.0], check="fine: ...")], kept=12)
     assert res.winner.candidate.name == "t+cuda_graph_max_bs=12"
-
