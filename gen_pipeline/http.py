@@ -146,9 +146,13 @@ class Http:
         stream = Stream(url, timeout, response)
         try:
             if response.status_code != 200:
+                head = bytearray()
                 with _mapped(url, timeout):
-                    head = await _read_at_most(response, _ERROR_BODY_BYTES)
-                raise BadStatus(url, _reply(url, response, head))
+                    async for chunk in response.aiter_bytes():
+                        head += chunk
+                        if len(head) >= _ERROR_BODY_BYTES:
+                            break
+                raise BadStatus(url, _reply(url, response, bytes(head[:_ERROR_BODY_BYTES])))
             yield stream
         finally:
             await stream.aclose()
@@ -198,7 +202,9 @@ class Stream:
 
     def events(self) -> AsyncIterator[bytes]:
         """Each server-sent event's data (its `data:` lines joined by newlines; events without data skipped)."""
-        return self._mapped_iter(_sse_events(self._response.aiter_bytes()))
+        it = _sse_events(self._response.aiter_bytes())
+        self._open.append(it)
+        return _Mapped(self.url, self._timeout, it)
 
     async def drain(self, limit_s: float = DRAIN_S) -> None:
         """Read the rest of the answer so that its connection goes back to the pool (an unread body closes it)."""
@@ -209,10 +215,6 @@ class Stream:
                         pass
             except httpx.HTTPError:  # the answer was whole already: only the connection is not kept
                 pass
-
-    def _mapped_iter(self, it: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        self._open.append(it)
-        return _Mapped(self.url, self._timeout, it)
 
     async def aclose(self) -> None:
         for it in self._open:
@@ -387,12 +389,3 @@ def _os_reason(e: BaseException) -> str:
 
 def _reply(url: str, response: httpx.Response, body: bytes) -> Reply:
     return Reply(url, response.status_code, response.headers.get("content-type", ""), body, response.reason_phrase)
-
-
-async def _read_at_most(response: httpx.Response, limit: int) -> bytes:
-    kept = bytearray()
-    async for chunk in response.aiter_bytes():
-        kept += chunk
-        if len(kept) >= limit:
-            break
-    return bytes(kept[:limit])

@@ -1,9 +1,6 @@
-"""The batch ceiling: the most requests worth running at once, where the server's decode step gets slower.
-
-Past SGLang's CUDA-graph ceiling (`cuda_graph_max_bs`) a decode batch runs eagerly at about twice the
-step time, and neither SGLang's admission nor the feed knows. The cap starts at that ceiling, else at a
-knee seen in the load polls; once in force, measured goodput moves it both ways (controller/climb.py).
-"""
+"""The batch ceiling: past SGLang's CUDA-graph ceiling (`cuda_graph_max_bs`) a decode batch runs eagerly at about
+twice the step time, and neither SGLang's admission nor the feed knows. The cap starts at that ceiling, else at a
+knee seen in the load polls; once in force, measured goodput moves it both ways (climb.py)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Hill climb of one positive value on a measured objective, one measurement per epoch.
-
-Probe one step away from the reference; keep it if the objective rose beyond the noise band, else go
-back and try the other way with half the step. Below `step_min` it holds for `reprobe_epochs`, then
-probes again, so it follows a slowly moving optimum; a flat objective leaves it put.
-"""
+"""Hill climb of one positive value on a measured objective, one measurement per epoch: probe one step away, keep
+it if the objective rose beyond the noise, else go back and try the other way with half the step. Below `step_min`
+it holds for `reprobe_epochs`, then probes again (a slowly moving optimum is followed; a flat one leaves it put)."""
 
 from __future__ import annotations
 
@@ -21,11 +18,8 @@ class HillClimber:
 
     def __init__(self, value: float, *, step: float, step_min: float, noise: float,
                  reprobe_epochs: int, low: float, high: float) -> None:
-        self.value = value
-        self.step = step
-        self._step_min = step_min
-        self._noise = noise
-        self._reprobe_epochs = reprobe_epochs
+        self.value, self.step = value, step
+        self._step_min, self._noise, self._reprobe_epochs = step_min, noise, reprobe_epochs
         self._low, self._high = low, high
         self.direction = 1
         self.phase = "measure"  # "measure" the reference, "probe" a step away, "hold" when converged
@@ -36,8 +30,7 @@ class HillClimber:
     def nudge(self, value: float) -> None:
         """An outside rule moved the value (retraction back-off, idle growth): re-measure there."""
         self.value = self.ref_value = self._clamp(value)
-        self.ref_objective = None
-        self.phase = "measure"
+        self.ref_objective, self.phase = None, "measure"
 
     def conclude(self, objective: float, *, may_grow: bool, penalised: bool = False) -> ClimbVerdict:
         """End of an epoch measured at `self.value`; returns the value for the next epoch. `penalised`: the
@@ -63,9 +56,7 @@ class HillClimber:
         # Worse, flat (a plateau or noise: staying put is the stable choice) or penalised.
         verdict = ("retractions outweigh the gain: step back" if went_up and penalised and change > self._noise
                    else f"goodput {change:+.1%}: step back")
-        self.value = self.ref_value
-        self.direction = -self.direction
-        self.step /= 2
+        self.value, self.direction, self.step = self.ref_value, -self.direction, self.step / 2
         if self.step < self._step_min:
             self.phase, self._held = "hold", 0
             return ClimbVerdict(self.value, verdict + ", converged")

@@ -7,9 +7,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ControllerConfig:
-    """Tunables of the concurrency controller; the defaults need no per-dataset tuning.
-
-    Read from the `[controller]` table of `datasets_cfg/server.toml` when present (all optional):
+    """Tunables of the concurrency controller (the defaults need no per-dataset tuning), all optional, from
+    `datasets_cfg/server.toml`:
 
         [controller]
         target_usage = 0.92

@@ -1,13 +1,7 @@
-"""The concurrency controller: how many requests to keep in flight (pure policy, time is a parameter).
-
-Objective: completed tokens per second with the server's queue bounded (docs/concurrency.md). The window
-is the feed (controller/feed.py: running + a bounded queue + what is in transit) under the model of the
-pool (gain x u x C / H requests fit, H the mean KV a request holds; capped at max_running_requests), the
-gain hill-climbed on measured goodput (a retraction burst steps it back), never above the batch ceiling
-(controller/batch.py) nor what the target still needs. With no capacity known the climb runs on the
-window itself with Gradient2's latency guard. A job's datasets are `kind`s with their own RequestSizes, H
-their mix weighted by the requests in flight (`set_mix`).
-"""
+"""The concurrency controller: how many requests to keep in flight (pure policy, time is a parameter;
+docs/concurrency.md). The feed (feed.py) under the pool model (gain x u x C / H requests, H the mean KV a request
+holds, at most max_running_requests; the gain hill-climbed on goodput), never above the batch ceiling (batch.py) nor
+what the target still needs; no capacity known: the climb runs on the window with Gradient2's latency guard."""
 
 from __future__ import annotations
 
@@ -38,22 +32,15 @@ class Controller:
         self._live_held: float | None = None
         self._transit = 0  # requests out at the last poll but neither running nor queued at the server
         self._running_seen: deque[tuple[float, int]] = deque()  # (t_s, running) of the recent polls
-        self._retracted_at_s = -math.inf
         self._queue = QueueBound(config.queue_frac, config.warm_queue_frac, config.queue_min, config.queue_max)
         self._warm = WarmUp(config.warm_ratio_factor)
-        self._ceiling, self._ceiling_until_s = math.inf, -math.inf
         self._remaining: int | None = None
         self._last_window = 0  # what window() last returned
         self._epoch: Epoch | None = None
         self._goodput: float | None = None
-        self._reason = "start: model of the pool"
-        self._capacity = capacity
-        self._climber = self._new_climber(capacity)
-        self._batch = self._new_batch_cap(capacity)
-        if self._batch.in_force:
-            self._reason = f"start: model of the pool, at most {self._batch.value:.0f} ({self._batch.source})"
-        self._warmup = max(1, round(self._uncapped_window()))  # first wave = completions before climbing
-        self._count_at_restart = 0
+        self.update_capacity(capacity)
+        self._reason = "start: model of the pool" + (
+            f", at most {self._batch.value:.0f} ({self._batch.source})" if self._batch.in_force else "")
 
     # -- observations ---------------------------------------------------------------------
     def add_kind(self, kind: str, initial_tokens_per_request: float) -> None:
@@ -65,14 +52,13 @@ class Controller:
         """Requests in flight per kind (or the kind about to be sent, weight 1, when none are)."""
         active = {k for k, n in in_flight.items() if n > 0}
         before = {k for k, n in self._mix.items() if n > 0}
+        self._mix = dict(in_flight)
         if active != before:
             self._epoch = None
             if before and active - before:  # a dataset joins the pool: its own sizes move the model
-                self._mix = dict(in_flight)
                 self._reason = (f"dataset mix now {', '.join(sorted(active))}: held "
                                 f"{self._held_tokens():.0f} tokens per request, model window "
                                 f"{self._uncapped_window():.0f}")
-        self._mix = dict(in_flight)
 
     def observe_completion(self, now_s: float, prompt_tokens: int, completion_tokens: int,
                            latency_s: float, kind: str | None = None) -> None:
@@ -121,14 +107,24 @@ class Controller:
 
     def update_capacity(self, capacity: Capacity) -> None:
         """New or restarted server(s): new pool, counters start again, the climb starts over."""
-        self._capacity = capacity
-        self._climber = self._new_climber(capacity)
-        self._batch = self._new_batch_cap(capacity)
+        cfg, self._capacity = self._cfg, capacity
+        if capacity.max_total_num_tokens > 0:
+            self._climber = HillClimber(1.0, step=cfg.climb_step, step_min=cfg.climb_step_min, noise=cfg.climb_noise,
+                                        reprobe_epochs=cfg.reprobe_epochs, low=cfg.gain_min, high=cfg.gain_max)
+        else:
+            self._climber = HillClimber(float(capacity.max_running_requests or cfg.gradient_initial_window),
+                                        step=cfg.gradient_step, step_min=cfg.climb_step_min, noise=cfg.climb_noise,
+                                        reprobe_epochs=cfg.reprobe_epochs, low=float(cfg.min_window),
+                                        high=float(cfg.max_window))
+        self._batch = BatchCap(capacity.cuda_graph_max_bs, step=cfg.batch_cap_step, step_min=cfg.climb_step_min,
+                               noise=cfg.climb_noise, reprobe_epochs=cfg.reprobe_epochs, knee_drop=cfg.knee_drop,
+                               knee_polls=cfg.knee_polls, knee_headroom=cfg.knee_headroom)
         self._load, self._live_held, self._epoch, self._transit = None, None, None, 0
         self._running_seen.clear()
         self._retracted_at_s = -math.inf
         self._ceiling, self._ceiling_until_s = math.inf, -math.inf
         self._warm.restart()
+        # the first wave after a (re)start = completions before climbing
         self._warmup = self._sizes.count + max(1, round(self._uncapped_window()))
         self._count_at_restart = self._sizes.count
         self._reason = "new capacity: model of the pool"
@@ -137,10 +133,7 @@ class Controller:
     def window(self, now_s: float, remaining: int) -> int:
         """Requests to keep in flight now: in [min_window, max_window], and never above `remaining`."""
         self._remaining = remaining
-        w = self._target_window()
-        if now_s < self._ceiling_until_s:
-            w = min(w, self._ceiling)
-        w = min(w, self._batch.value)
+        w = min(self._target_window(), self._ceiling if now_s < self._ceiling_until_s else math.inf, self._batch.value)
         w = min(self._cfg.max_window, max(self._cfg.min_window, int(w)))
         self._last_window = max(0, min(w, remaining))
         return self._last_window
@@ -148,8 +141,7 @@ class Controller:
     def statistics(self) -> ControllerStats:
         load = self._load
         return ControllerStats(
-            window=self._last_window,
-            mode=self.mode, tokens_per_request=self._sizes.final_tokens,
+            window=self._last_window, mode=self.mode, tokens_per_request=self._sizes.final_tokens,
             held_tokens_per_request=self._held_tokens(), gain=self._climber.value if self.mode != "gradient" else 1.0,
             goodput_tok_s=self._goodput, running=load.running if load else None,
             queued=load.queued if load else None, token_usage=self._usage(load) if load else None,
@@ -163,32 +155,12 @@ class Controller:
         return "load" if self._load is not None and self._usage(self._load) is not None else "model"
 
     # -- the model ------------------------------------------------------------------------
-    def _new_climber(self, capacity: Capacity) -> HillClimber:
-        cfg = self._cfg
-        if capacity.max_total_num_tokens > 0:
-            return HillClimber(1.0, step=cfg.climb_step, step_min=cfg.climb_step_min, noise=cfg.climb_noise,
-                               reprobe_epochs=cfg.reprobe_epochs, low=cfg.gain_min, high=cfg.gain_max)
-        start = capacity.max_running_requests or cfg.gradient_initial_window
-        return HillClimber(float(start), step=cfg.gradient_step, step_min=cfg.climb_step_min,
-                           noise=cfg.climb_noise, reprobe_epochs=cfg.reprobe_epochs,
-                           low=float(cfg.min_window), high=float(cfg.max_window))
-
-    def _new_batch_cap(self, capacity: Capacity) -> BatchCap:
-        cfg = self._cfg
-        return BatchCap(capacity.cuda_graph_max_bs, step=cfg.batch_cap_step, step_min=cfg.climb_step_min,
-                        noise=cfg.climb_noise, reprobe_epochs=cfg.reprobe_epochs, knee_drop=cfg.knee_drop,
-                        knee_polls=cfg.knee_polls, knee_headroom=cfg.knee_headroom)
-
     def _held_tokens(self) -> float:
-        return max(self._model_held_tokens(), self._live_held or 0.0)
-
-    def _model_held_tokens(self) -> float:
-        """H of the model: one dataset's estimate, or the in-flight mix of a job's datasets."""
+        """H: the model's (one dataset's estimate, or the in-flight mix of a job's datasets), or the live one."""
         weights = {k: n for k, n in self._mix.items() if n > 0 and k in self._kinds}
         total = sum(weights.values())
-        if not total:
-            return self._sizes.held_tokens
-        return sum(n * self._kinds[k].held_tokens for k, n in weights.items()) / total
+        model = sum(n * self._kinds[k].held_tokens for k, n in weights.items()) / total if total else None
+        return max(self._sizes.held_tokens if model is None else model, self._live_held or 0.0)
 
     def _slots(self) -> float:
         """Decode slots the climbed model asks for (before the queue slack)."""
@@ -198,13 +170,9 @@ class Controller:
         cap = self._capacity.max_running_requests
         return min(slots, cap) if cap else slots
 
-    def _slack(self, slots: float) -> int:
-        cfg = self._cfg
-        return int(min(cfg.queue_slack_max, max(cfg.queue_slack_min, cfg.queue_slack_frac * slots)))
-
     def _uncapped_window(self) -> float:
-        slots = self._slots()
-        return slots + self._slack(slots)
+        slots, cfg = self._slots(), self._cfg
+        return slots + int(min(cfg.queue_slack_max, max(cfg.queue_slack_min, cfg.queue_slack_frac * slots)))
 
     def _usage(self, snap: LoadSnapshot) -> float | None:
         if snap.token_usage is not None:
@@ -214,9 +182,7 @@ class Controller:
 
     def _at_running_cap(self) -> bool:
         cap = self._capacity.max_running_requests
-        if self.mode == "gradient" or not cap:
-            return False
-        return self._slots() >= cap
+        return cap is not None and cap != 0 and self.mode != "gradient" and self._slots() >= cap
 
     # -- fast rules (every poll) ------------------------------------------------------------
     def _on_retraction_burst(self, now_s: float, retracted: int, in_effect: float) -> None:
@@ -232,9 +198,8 @@ class Controller:
                         f"no growth for {self._cfg.retraction_cooldown_s:.0f} s")
 
     def _target_window(self) -> float:
-        """The model's window with no load seen; under load, running + the queue SGLang's admission
-        draws on; with the retraction guard on, capped by the model once the pool fills after a retraction
-        (see the module doc, layer 2)."""
+        """The model's window with no load seen; under load, running + the queue SGLang's admission draws on
+        (capped by the model once the pool fills after a retraction, with the retraction guard on)."""
         model, load = self._uncapped_window(), self._load
         if load is None or self.mode == "gradient":
             return model
@@ -254,9 +219,7 @@ class Controller:
         if not self._cfg.cohort_turnover or not f:  # none seen yet (or empty ones): no cap
             return None
         cap = self._cfg.target_usage * self._capacity.max_total_num_tokens / f
-        if self._sizes.count - self._count_at_restart >= self._cfg.cohort_turnover * cap:
-            return None
-        return cap
+        return None if self._sizes.count - self._count_at_restart >= self._cfg.cohort_turnover * cap else cap
 
     @property
     def warming(self) -> bool:
@@ -286,9 +249,7 @@ class Controller:
     def _pool_filling(self, snap: LoadSnapshot) -> bool:
         """The pool fills and SGLang's optimism has just shown: a retraction within the cooldown (only with
         the retraction guard on)."""
-        if not self._cfg.retraction_guard:
-            return False
-        if snap.t_s - self._retracted_at_s > self._cfg.retraction_cooldown_s:
+        if not self._cfg.retraction_guard or snap.t_s - self._retracted_at_s > self._cfg.retraction_cooldown_s:
             return False
         usage = self._usage(snap)
         return usage is not None and usage >= self._cfg.guard_usage_frac * self._cfg.target_usage
@@ -296,9 +257,8 @@ class Controller:
     def _gradient_guard(self, now_s: float) -> None:
         """Gradient2's rule on TPOT: far slower than at the reference -> back off at once."""
         epoch, ref = self._epoch, self._climber.ref_objective
-        if self.mode != "gradient" or epoch is None or ref is None:
-            return
-        if epoch.completions < self._cfg.epoch_min_completions:
+        if (self.mode != "gradient" or epoch is None or ref is None
+                or epoch.completions < self._cfg.epoch_min_completions):
             return
         rate = epoch.tokens_per_s_per_request()
         ref_rate = ref / self._climber.ref_value  # goodput = window * rate
@@ -339,10 +299,9 @@ class Controller:
         if self._batch.binds(self._running_peak()):  # the cap holds the batch: goodput moves the cap
             verdict = self._batch.conclude(goodput, may_grow=not in_cooldown)
             self._reason = f"{goodput:.0f} tok/s: at most {verdict.value:.0f} running, {verdict.reason}"
-            self._start_epoch(now_s)
-            return
-        penalised = epoch.retractions > self._cfg.retraction_max_share * max(1, epoch.finished)
-        verdict = self._climber.conclude(goodput, may_grow=not in_cooldown and not self._at_running_cap(),
-                                         penalised=penalised)
-        self._reason = f"{goodput:.0f} tok/s: {verdict.reason}"
+        else:
+            penalised = epoch.retractions > self._cfg.retraction_max_share * max(1, epoch.finished)
+            verdict = self._climber.conclude(goodput, may_grow=not in_cooldown and not self._at_running_cap(),
+                                             penalised=penalised)
+            self._reason = f"{goodput:.0f} tok/s: {verdict.reason}"
         self._start_epoch(now_s)

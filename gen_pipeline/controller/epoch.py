@@ -10,19 +10,15 @@ class Epoch:
     (gen_throughput, smooth), else its generated-tokens counter (noisy), else Little's law."""
 
     def __init__(self, start_s: float, length_s: float, settle_frac: float, min_completions: int) -> None:
-        self.start_s = start_s
-        self.length_s = length_s
+        self.start_s, self.length_s = start_s, length_s
         self.measure_from_s = start_s + settle_frac * length_s
         self._min_completions = min_completions
         self._gen_first: tuple[float, int] | None = None
         self._gen_last: tuple[float, int] | None = None
-        self._rate_sum = 0.0
-        self._rate_polls = 0
+        self._rate_sum, self._rate_polls = 0.0, 0
         self.completions = 0  # completions counted for Little's law (started inside the epoch)
         self.finished = 0  # completions in the measured part, any start
-        self._tokens = 0
-        self._latency_s = 0.0
-        self.retractions = 0
+        self._tokens, self._latency_s, self.retractions = 0, 0.0, 0
 
     def add_load(self, snap: LoadSnapshot, retracted: int) -> None:
         if snap.t_s < self.measure_from_s:

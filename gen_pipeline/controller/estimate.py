@@ -13,10 +13,7 @@ class RequestSizes:
         self._prior = max(1.0, float(prior_tokens))
         self._prior_weight = prior_weight
         self._recent: deque[tuple[int, int, float]] = deque(maxlen=history)
-        self._sum_final = 0.0
-        self._sum_weighted_held = 0.0
-        self._sum_weight = 0.0
-        self._sum_latency_s = 0.0
+        self._sum_final = self._sum_weighted_held = self._sum_weight = self._sum_latency_s = 0.0
         self.count = 0  # completions ever observed
 
     def observe(self, prompt_tokens: int, completion_tokens: int, latency_s: float) -> None:

@@ -1,14 +1,7 @@
-"""Feeding SGLang's admission: the queue the client keeps at the server (pure arithmetic).
-
-A request SGLang could admit that is not there is a decode slot lost; a queue beyond what it admits
-before the client refills is only waiting. So:
-
-    window = R + queue,   queue = clamp(queue_frac x R, queue_min, queue_max)
-
-R being the most requests running within the last running_peak_s (a wave of finishes dips running for a
-poll). While SGLang warms up the queue is warm_frac x running; until cohort_turnover of the first cohort
-have completed, the window is at most u x C / F (docs/measurements.md, "short and long outputs").
-"""
+"""Feeding SGLang's admission (pure): a request it could admit that is not there is a decode slot lost, a queue
+beyond what it admits before the client refills is only waiting. So window = R + clamp(queue_frac x R, queue_min,
+queue_max), R the most running within running_peak_s (warm_frac x R while SGLang warms up); until cohort_turnover of
+the first cohort completed, at most u x C / F (docs/measurements.md, "short and long outputs")."""
 
 from __future__ import annotations
 
@@ -40,9 +33,7 @@ class WarmUp:
     completion); a ratio that jumps up after a retraction is SGLang turning careful, not a warm-up."""
 
     def __init__(self, factor: float) -> None:
-        self._factor = factor
-        self.warming = True
-        self._ratio_max = 0.0
+        self._factor, self.warming, self._ratio_max = factor, True, 0.0
 
     def restart(self) -> None:
         self.warming, self._ratio_max = True, 0.0

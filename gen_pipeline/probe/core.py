@@ -85,12 +85,6 @@ def probe_servers(config_dir: Path, *, server: str | None = None, server_url: st
     return ref, cmp
 
 
-def first_turn(prompt: Prompt) -> list[dict[str, str]]:
-    """The conversation up to and including its first user turn (system message kept)."""
-    end = next((i for i, m in enumerate(prompt.messages) if m["role"] == "user"), len(prompt.messages) - 1)
-    return [{"role": m["role"], "content": m["content"]} for m in prompt.messages[:end + 1]]
-
-
 def load_prompts(cfg: DatasetConfig, n: int) -> list[Prompt]:
     """The first `n` valid prompts of the source, in source order (deterministic)."""
     prompts = list(itertools.islice(iter_prompts(cfg, frozenset(), SourceStats(), []), n))
@@ -143,7 +137,10 @@ class RefSide:
 async def reference_side(http: Http, ref: ServerHandle, prompt: Prompt, cfg: DatasetConfig,
                           opts: ProbeOptions) -> RefSide:
     kwargs = {"thinking": False, "enable_thinking": False} if cfg.generation.reasoning == "disable" else None
-    ids = await PS.prompt_ids(http, ref.base_urls[0], ref.model, first_turn(prompt), kwargs)
+    # the conversation up to and including its first user turn (system message kept)
+    end = next((i for i, m in enumerate(prompt.messages) if m["role"] == "user"), len(prompt.messages) - 1)
+    turn = [{"role": m["role"], "content": m["content"]} for m in prompt.messages[:end + 1]]
+    ids = await PS.prompt_ids(http, ref.base_urls[0], ref.model, turn, kwargs)
     free = await PS.free_run(http, ref.base_urls[0], ids, opts.max_new_tokens, opts.top_k)
     forced = await PS.score(http, ref.base_urls[0], ids, [p.token for p in free], opts.top_k, opts.chunk)
     return RefSide(prompt, ids, free, forced[0])

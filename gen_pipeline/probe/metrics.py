@@ -56,10 +56,8 @@ class PromptResult:
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     """The first index where the token sequences differ (a length difference counts); None if equal."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+    at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+    return at if at is not None or len(a) == len(b) else min(len(a), len(b))
 
 
 def kl_topk(p_top: Sequence[tuple[float, int]], q_top: Sequence[tuple[float, int]]) -> float:
@@ -83,11 +81,9 @@ def compare_prompt(pid: str, prompt_tokens: int, ref_free: Sequence[int], cmp_fr
                    ref_tf: Sequence[Position], cmp_tf: Sequence[Position]) -> PromptResult:
     """Free-run agreement plus teacher-forced agreement over the reference trajectory."""
     div = first_divergence(ref_free, cmp_free)
-    agree, dlp, kls = 0, [], []
-    for r, c in zip(ref_tf, cmp_tf, strict=False):
-        agree += bool(r.top and c.top and r.top[0][1] == c.top[0][1])
-        dlp.append(abs(r.logprob - c.logprob))
-        kls.append(kl_topk(r.top, c.top))
+    pairs = list(zip(ref_tf, cmp_tf, strict=False))
+    agree = sum(bool(r.top and c.top and r.top[0][1] == c.top[0][1]) for r, c in pairs)
+    dlp, kls = [abs(r.logprob - c.logprob) for r, c in pairs], [kl_topk(r.top, c.top) for r, c in pairs]
     return PromptResult(pid, prompt_tokens, len(ref_free), len(cmp_free), div is None, div, len(dlp), agree,
                         _mean(dlp), max(dlp, default=0.0), _mean(kls), dlp, kls)
 
@@ -136,4 +132,3 @@ def verdict(agg: dict[str, Any], kv_label: str = "fp8") -> tuple[str, str]:
              ": measurable; prefer bf16 KV when the drafter will serve a bf16 target and the time allows.",
              ": prefer bf16 KV for training data (the drafter would learn a shifted distribution).")
     return ("fine", "caution", "prefer-bf16")[level], head + tails[level]
-

@@ -86,7 +86,9 @@ def format_gate(counts: Mapping[str, int], saved: float | None = None, unit: str
     parts = [f"{loops:,} loop{'' if loops == 1 else 's'} caught" + (f" ({kept:,} kept cut)" if kept else ""),
              f"{empty:,} empty answer{'' if empty == 1 else 's'} retried", f"{leaks:,} leak{'' if leaks == 1 else 's'} "
              "flagged"]
-    tail = f"{not_decoded:,} tokens not decoded" + ("" if saved is None else f" (~{format_gpu_s(saved, unit)} saved)")
+    tail = f"{not_decoded:,} tokens not decoded"
+    if saved is not None:
+        tail += f" (~{saved / 3600:.2f} {unit}-h saved)" if saved >= 3600 else f" (~{saved:.1f} {unit}-s saved)"
     return f"quality gate: {', '.join(parts)}; {tail}, {discarded:,} decoded and discarded"
 
 
@@ -109,7 +111,3 @@ def format_spec(counts: Mapping[str, int], server_wide: float | None) -> str:
     return (f"{head}, server-wide (sglang:spec_accept_length); per turn needs whole answers: SGLang 0.5.17 "
             "returns meta_info only without streaming (generation.on_loop = \"off\" gives it, without the loop "
             "gate's early stop)")
-
-
-def format_gpu_s(s: float, unit: str = "GPU") -> str:
-    return f"{s / 3600:.2f} {unit}-h" if s >= 3600 else f"{s:.1f} {unit}-s"

@@ -41,8 +41,7 @@ class RepetitionDetector:
     every call returns the same verdict without looking at the text."""
 
     def __init__(self, thresholds: LoopThresholds = DEFAULT_LOOP_THRESHOLDS) -> None:
-        t = thresholds
-        self.thresholds = t
+        self.thresholds = t = thresholds
         self._re = _word_re(t)
         self._period_need = max(1, round(t.period_share * t.window_words))
         self._distinct_max = int(t.distinct_share * t.window_words)
@@ -106,12 +105,11 @@ class RepetitionDetector:
             return None
         if "\n" in buf[start:stop]:
             self._line_words, self._counted = 0, False
-        before = self._ws_run
-        self._ws_run += stop - start
         need = self.thresholds.whitespace_run_chars
-        if self._ws_run >= need:
-            at = base + start + (need - before)
+        if self._ws_run + stop - start >= need:
+            at = base + start + (need - self._ws_run)
             self.verdict = LoopVerdict(LoopReason.WHITESPACE, at, at - need, 0, self._i)
+        self._ws_run += stop - start
         return self.verdict
 
     def _word(self, word: str, start: int, stop: int) -> bool:
@@ -137,8 +135,7 @@ class RepetitionDetector:
             self._letter_at = self._i
         if len(gram) < t.ngram_words:
             return False
-        h = hash(tuple(gram))
-        i = self._i
+        h, i = hash(tuple(gram)), self._i
         prev, prev_dist, prev_run = self._last.get(h, (0, 0, 0))
         dist = i - prev if prev and i - prev <= t.max_period_words else 0
         # run: how many copies in a row this n-gram has had at a steady spacing (the first repeat

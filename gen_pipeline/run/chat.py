@@ -2,8 +2,7 @@
 regenerated in order. Closing a stream when the loop detector fires makes SGLang 0.5.17 abort the request and
 free its KV (tokenizer_manager.py generate_request → _discard_pending_req_states sends AbortReq). With the
 servers watched (a `gate`), a server that went away costs no attempt: the request is sent again until no server
-took it for `server_wait_s`. A read timeout never takes a server out (it is there, only busy).
-"""
+took it for `server_wait_s`. A read timeout never takes a server out (it is there, only busy)."""
 
 from __future__ import annotations
 
@@ -70,19 +69,12 @@ def build_sample(prompt: Prompt, dataset: str, conversation: list[Message], turn
     """The sample's row; meta.finish_reason: "loop" if a turn was cut at a loop, else "length" if one hit the cap."""
     reasons = {t.finish_reason for t in turns}
     finish = "loop" if "loop" in reasons else "length" if "length" in reasons else "stop"
-    meta = {
-        "model": s.model,
-        "backend": s.backend,
-        "finish_reason": finish,
-        "prompt_tokens": sum(t.prompt_tokens for t in turns),
-        "completion_tokens": sum(t.completion_tokens for t in turns),
-        "turns": len(turns),
-        "sampling": s.sampling_dict,
-        "kv_cache_dtype": s.kv_cache_dtype,
-        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "per_turn": per_turn,
-        "chat_template_kwargs": wire.template_kwargs_text(s.sampling, s.generation.reasoning),
-    }
+    meta = {"model": s.model, "backend": s.backend, "finish_reason": finish,
+            "prompt_tokens": sum(t.prompt_tokens for t in turns),
+            "completion_tokens": sum(t.completion_tokens for t in turns), "turns": len(turns),
+            "sampling": wire.sampling_dict(s.sampling), "kv_cache_dtype": s.kv_cache_dtype,
+            "generated_at": datetime.now(UTC).isoformat(timespec="seconds"), "per_turn": per_turn,
+            "chat_template_kwargs": wire.template_kwargs_text(s.sampling, s.generation.reasoning)}
     if s.mix is not None:  # only under a mix (part of the fingerprint): rows without one keep their keys
         meta["sampling_variant"] = s.variant
     return Sample(id=prompt.id, dataset=dataset, conversations=conversation, meta=meta)
@@ -355,8 +347,8 @@ class ChatClient:
         if not answer.is_event_stream:
             body = await answer.read()
             self._fleet.answered(url, time.monotonic())
-            turn = wire.read_whole(body, answer.content_type, token_ids=token_ids, model=reading.model,
-                                   max_tokens=reading.max_tokens)
+            turn = wire.parse_response(body, token_ids=token_ids, model=reading.model, max_tokens=reading.max_tokens,
+                                       content_type=answer.content_type)
             verdict = detect_loop(turn, detector) if detector is not None else None
             return replace(turn, loop=verdict) if verdict is not None else turn
         verdict = None

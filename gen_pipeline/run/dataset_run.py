@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Callable
 from itertools import islice
+from typing import Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
@@ -62,8 +63,7 @@ class DatasetRun:
 
     def __init__(self, cfg: DatasetConfig, opts: RunOptions, store: DatasetStore, skip_ids: set[str],
                  window: Window, source: LoadedSource | None = None, notes: list[str] | None = None) -> None:
-        self.cfg, self.opts, self.store, self.window = cfg, opts, store, window
-        self.name = cfg.name
+        self.cfg, self.opts, self.store, self.window, self.name = cfg, opts, store, window, cfg.name
         self.notes = notes or []  # what opening the store repaired or noticed
         self.log = logging.LoggerAdapter(EVENTS, {"dataset": self.name})
         self.journal = logging.LoggerAdapter(JOURNAL, {"dataset": self.name})
@@ -165,15 +165,12 @@ class DatasetRun:
             await anyio.to_thread.run_sync(self.store.close, self.progress_record())
 
     def _write_batch(self, batch: list[Item]) -> None:
-        samples = [x for x in batch if isinstance(x, Sample)]
-        failures = [x for x in batch if isinstance(x, Failure)]
-        rejects = [x for x in batch if isinstance(x, Reject)]
-        if samples:
-            self.store.write_samples(samples)
-        if failures:
-            self.store.write_failures(failures)
-        if rejects:
-            self.store.write_rejects(rejects)
+        store = self.store
+        writes: list[tuple[type, Callable[[Any], object]]] = [
+            (Sample, store.write_samples), (Failure, store.write_failures), (Reject, store.write_rejects)]
+        for kind, write in writes:
+            if items := [x for x in batch if isinstance(x, kind)]:
+                write(items)
 
     def stopped_by(self, signal: str | None) -> str:
         """Why it ended: its target reached, the job's signal, its source exhausted, or --limit."""

@@ -54,10 +54,8 @@ class Window:
         live = [d for d in self.members if not d.exhausted and not d.draining]
         if self.controller is not None:
             mix = {d.name: float(d.in_flight) for d in self.members}
-            if not any(mix.values()):
-                first = next((d for d in live if d.need() > 0), None)
-                if first is not None:
-                    mix[first.name] = 1.0
+            if not any(mix.values()) and (first := next((d for d in live if d.need() > 0), None)) is not None:
+                mix[first.name] = 1.0
             self.controller.set_mix(mix)
         return sum(max(0, d.need()) for d in live)
 
@@ -99,28 +97,31 @@ class Dispatcher:
         limiter = self.window.limiter
         self.retune()
         pending: list[Prompt] = []
-        async with send:
-            await self._send_rejects(send, feed)
-            while not self.draining:
-                token = object()
-                await limiter.acquire_on_behalf_of(token)
-                if self.ok + self.in_flight >= self.goal:
-                    limiter.release_on_behalf_of(token)
-                    self.all_sent.set()
-                    if self.in_flight == 0:
+        try:
+            async with send:
+                await self._send_rejects(send, feed)
+                while not self.draining:
+                    token = object()
+                    await limiter.acquire_on_behalf_of(token)
+                    if self.ok + self.in_flight >= self.goal:
+                        limiter.release_on_behalf_of(token)
+                        self.all_sent.set()
+                        if self.in_flight == 0:
+                            return
+                        await self._changed.wait()
+                        continue
+                    if not pending:
+                        pending = (await feed.next_batch())[::-1]  # popped from the end, in source order
+                        await self._send_rejects(send, feed)
+                    if not pending:
+                        limiter.release_on_behalf_of(token)
+                        self.exhausted = True
+                        self.all_sent.set()
                         return
-                    await self._changed.wait()
-                    continue
-                if not pending:
-                    pending = (await feed.next_batch())[::-1]  # popped from the end, in source order
-                    await self._send_rejects(send, feed)
-                if not pending:
-                    limiter.release_on_behalf_of(token)
-                    self.exhausted = True
-                    self.all_sent.set()
-                    return
-                self.in_flight += 1
-                tg.start_soon(self._request, regenerate, pending.pop(), token, send.clone())
+                    self.in_flight += 1
+                    tg.start_soon(self._request, regenerate, pending.pop(), token, send.clone())
+        finally:
+            self.all_sent.set()  # also when it stopped early (exhausted, draining): the next one may start
 
     async def _send_rejects(self, send: MemoryObjectSendStream[Item], feed: PromptFeed) -> None:
         rejects = feed.take_rejects()
@@ -155,13 +156,5 @@ async def produce_in_order(requests: TaskGroup, dispatchers: list[Dispatcher], l
     async with anyio.create_task_group() as producers:
         for d in dispatchers:
             regenerate, send, feed = launch(d)
-            producers.start_soon(_produce_marked, d, requests, regenerate, send, feed)
+            producers.start_soon(d.produce, requests, regenerate, send, feed)
             await d.all_sent.wait()
-
-
-async def _produce_marked(d: Dispatcher, requests: TaskGroup, regenerate: Regenerate,
-                          send: MemoryObjectSendStream[Item], feed: PromptFeed) -> None:
-    try:
-        await d.produce(requests, regenerate, send, feed)
-    finally:
-        d.all_sent.set()  # also when it stopped early (exhausted, draining): the next one may start

@@ -1,7 +1,6 @@
 """The job: one anyio task group owns the server, the load poller, the reporter, the signals, the datasets'
 producers and writers (a single dataset is a job of one). The datasets share one Window (one KV pool); dataset
-k+1's producer starts the moment k has sent every prompt it needs, so the server never drains between them.
-"""
+k+1's producer starts the moment k has sent every prompt it needs, so the server never drains between them."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ from gen_pipeline.config.mix import declared_lines
 from gen_pipeline.controller import Controller
 from gen_pipeline.errors import GenPipelineError, first_known
 from gen_pipeline.http import open_http
-from gen_pipeline.records import Failure, Prompt, RunSnapshot, Sample
+from gen_pipeline.records import RunSnapshot
 from gen_pipeline.reports.status import read_part_status
 from gen_pipeline.run.chat import ChatClient
 from gen_pipeline.run.connect import ServerPoller, client_settings, max_connections, start_server
@@ -40,8 +39,7 @@ class Job:
 
     def __init__(self, opened: OpenedDatasets, opts: RunOptions, shutdown: Shutdown | None = None) -> None:
         self.opts, self.http, self.model, self.waived = opts, opened.http, opened.model, opened.waived
-        self.asked = opened.asked
-        self.all_runs = opened.runs
+        self.asked, self.all_runs = opened.asked, opened.runs
         self.runs = [r for r in self.all_runs if r.dispatch.goal > 0]  # those with something to do
         self.several = len(self.all_runs) > 1
         self.window = self.all_runs[0].window
@@ -158,9 +156,6 @@ class Job:
             await self._work(clients)
             tg.cancel_scope.cancel()  # stops the server (once, for the whole job), the poller, the reporter
 
-    def _active(self) -> list[DatasetRun]:
-        return [r for r in self.started if r.dispatch.in_flight or not r.dispatch.all_sent.is_set()]
-
     async def _poll_load(self) -> None:
         """The server's live load every poll_interval_s, to the controller and each active dataset."""
         assert self.handle is not None
@@ -172,7 +167,8 @@ class Job:
             self.window.retune(0)
             self._first_poll.set()
             self._log_controller()
-            for r in self._active() or self.started[-1:]:
+            active = [r for r in self.started if r.dispatch.in_flight or not r.dispatch.all_sent.is_set()]
+            for r in active or self.started[-1:]:
                 r.observe_poll(snap)
 
     def _log_controller(self) -> None:
@@ -209,12 +205,8 @@ class Job:
             r.log.info("%s: starting (%s/%s samples done)", r.name, f"{r.store.done:,}", f"{r.store.target:,}")
         if r.cfg.mix is not None:  # what each sample's sampling is drawn from (config/mix.py)
             r.log.info("%s: sampling mix: %s", r.name, "; ".join(declared_lines(r.cfg.mix)))
-
-        async def regenerate(prompt: Prompt) -> Sample | Failure:
-            return await client.regenerate(prompt, r.name)
-
         work.start_soon(r.write, recv, lambda: self.shutdown.signal)
-        return regenerate, send, r.feed
+        return partial(client.regenerate, dataset=r.name), send, r.feed
 
 
 class StoppedJob:

@@ -67,9 +67,8 @@ class RunSummary:
 
     @property
     def exit_code(self) -> int:
-        if self.short:
-            return 5  # SourceShortError's code: the source has too few valid rows for the target
-        return EXIT_CODES.get(self.stopped_by, 0)
+        # 5: SourceShortError's code, the source has too few valid rows for the target
+        return 5 if self.short else EXIT_CODES.get(self.stopped_by, 0)
 
     def line(self) -> str:
         pct = 100.0 * self.done / self.target if self.target else 100.0

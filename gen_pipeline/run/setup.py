@@ -45,9 +45,8 @@ def run_options(cfgs: Sequence[DatasetConfig], *, config_dir: Path = DEFAULT_CON
     profile = None if urls else toml.profile(server)
     flagged = {k: v for k, v in flags.items() if v is not None}
     given = {**toml.run(), **flagged}  # the flag wins
-    windows = {cfg.generation.window or None for cfg in cfgs}
-    if "window" not in flagged and len(windows) > 1:
-        odd = next(c for c in cfgs[1:] if (c.generation.window or None) != (cfgs[0].generation.window or None))
+    odd = next((c for c in cfgs[1:] if (c.generation.window or None) != (cfgs[0].generation.window or None)), None)
+    if "window" not in flagged and odd is not None:
         where = display_path(odd.path) if odd.path else odd.name
         raise ConfigError(f"{where}: generation.window = {odd.generation.window} differs from the other "
                           "datasets' (the job's datasets share one window); set it the same or pass --window.")

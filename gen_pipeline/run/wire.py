@@ -3,8 +3,7 @@
 
 SGLang 0.5.17's stream (serving_chat.py _generate_chat_stream): a role chunk, reasoning then content chunks, a
 chunk with the finish_reason, the usage chunk (choices empty), `[DONE]`. An abort ends with finish_reason "abort"
-or an error object (`{"object": "error", "message", "code"}`) as a data line.
-"""
+or an error object (`{"object": "error", "message", "code"}`) as a data line."""
 
 from __future__ import annotations
 
@@ -83,10 +82,6 @@ class ClientSettings:
     speculative: bool = False  # the server runs a draft (/server_info speculative_algorithm is set)
 
     @property
-    def sampling_dict(self) -> dict[str, Any]:
-        return _sampling_dict(self.sampling)
-
-    @property
     def streamed(self) -> bool:
         """Turns are streamed (aborted on a loop) while the loop gate is on, unless token ids are recorded:
         a stream costs client CPU on every chunk (docs/measurements.md, "HTTP client library")."""
@@ -99,9 +94,8 @@ class ClientSettings:
         return self.speculative and not self.streamed
 
 
-@functools.lru_cache(maxsize=8)
-def _sampling_dict(sampling: SamplingConfig) -> dict[str, Any]:
-    return sampling.as_dict()  # once per config, not per sample (asdict is slow on a hot path)
+# meta.sampling: once per config, not per sample (asdict is slow on a hot path)
+sampling_dict = functools.lru_cache(maxsize=8)(SamplingConfig.as_dict)
 
 
 @functools.lru_cache(maxsize=8)
@@ -390,18 +384,16 @@ class TurnStream:
                           loop=loop, aborted=aborted, rid=self.rid, tool_calls=calls)
 
 
-def read_whole(body: bytes, content_type: str, *, token_ids: bool = False, model: str = "",
-               max_tokens: int | None = None) -> TurnResult:
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise Retryable("bad_response", f"body is not JSON (content-type {content_type or '?'})") from None
-    return parse_response(data, token_ids=token_ids, model=model, max_tokens=max_tokens)
-
-
-def parse_response(data: Any, *, token_ids: bool = False, model: str = "", max_tokens: int | None = None) -> TurnResult:
-    """The fields we keep from a whole chat completion (token_ids: the server's ids too); raises Retryable when
-    it is malformed or its usage impossible (`max_tokens`: the cap), OtherModel when it names another `model`."""
+def parse_response(data: Any, *, token_ids: bool = False, model: str = "", max_tokens: int | None = None,
+                   content_type: str = "") -> TurnResult:
+    """The fields we keep from a whole chat completion (parsed, or its body's bytes; token_ids: the server's ids
+    too); raises Retryable when it is malformed or its usage impossible (`max_tokens`: the cap), OtherModel when it
+    names another `model`."""
+    if isinstance(data, bytes):
+        try:
+            data = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise Retryable("bad_response", f"body is not JSON (content-type {content_type or '?'})") from None
     if isinstance(data, dict):
         _check_model(data, model)
         if data.get("choices") == []:
@@ -426,8 +418,6 @@ def parse_response(data: Any, *, token_ids: bool = False, model: str = "", max_t
             if not all(isinstance(x, list) for x in ids):
                 raise Retryable("bad_response", "the response has no prompt_token_ids / token_ids (return_token_ids "
                                                 "needs SGLang 0.5.13 or later)")
-    except Retryable:
-        raise
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
         raise Retryable("bad_response", f"unexpected response shape ({type(e).__name__}: {e})") from None
     if not isinstance(content, str) or not isinstance(reasoning, str):

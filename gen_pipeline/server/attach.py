@@ -106,7 +106,10 @@ async def identify(http: Http, url: str) -> str:
             log.info("waiting for %s to finish starting (%.0f s)", url, waited_s)
         await anyio.sleep(1.0)
         waited_s += 1.0
-    model = _model_id(status, body)
+    try:
+        model = str(orjson.loads(body).get("data")[0]["id"]) if status == 200 else None
+    except (orjson.JSONDecodeError, AttributeError, LookupError, TypeError):
+        model = None
     if model is None:
         snippet = " ".join(body[:120].decode("utf-8", "replace").split())
         raise ServerError(
@@ -114,13 +117,3 @@ async def identify(http: Http, url: str) -> str:
             f"{status} ({ctype}): {snippet!r}. Set SERVER_URL to the server's base URL "
             "(e.g. http://host:30000, without /v1).")
     return model
-
-
-def _model_id(status: int, body: bytes) -> str | None:
-    if status != 200:
-        return None
-    try:
-        data = orjson.loads(body).get("data")
-        return str(data[0]["id"])
-    except (orjson.JSONDecodeError, AttributeError, LookupError, TypeError):
-        return None

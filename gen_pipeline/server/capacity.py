@@ -1,13 +1,10 @@
-"""What a server can hold: KV tokens and decode slots, read from its HTTP API.
-
-Sources, best first (SGLang's srt/entrypoints/http_server.py, v1_loads.py): `/server_info` (old
-`/get_server_info`), then `/v1/loads`, then vLLM's `/metrics` (`vllm:cache_config_info`). Every DP rank has
-its own pool, and the scheduler admits against the pool × dcp_size (scheduler.py: each decode-context-parallel
-rank holds 1/d of every token).
-"""
+"""What a server can hold (KV tokens, decode slots) from its HTTP API, best first (SGLang's http_server.py,
+v1_loads.py): `/server_info` (old `/get_server_info`), `/v1/loads`, vLLM's `/metrics`. Every DP rank has its own
+pool; the scheduler admits against the pool × dcp_size (scheduler.py: a DCP rank holds 1/d of every token)."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Any, TypeGuard
 
@@ -20,7 +17,8 @@ from gen_pipeline.records import Capacity
 INFO_KEYS = ("model_path", "served_model_name", "tp_size", "dp_size", "kv_cache_dtype", "mem_fraction_static",
              "enable_hierarchical_cache", "hicache_size", "num_continuous_decode_steps", "context_length",
              "max_running_requests", "reasoning_parser", "enable_metrics", "version", "dcp_size",
-             "speculative_algorithm", "speculative_num_draft_tokens")  # a draft runs: run/connect.py
+             "speculative_algorithm", "speculative_num_draft_tokens",  # a draft runs: run/connect.py
+             "max_total_num_tokens")  # one rank's pool, checked against the start-up log: server/supervisor.py
 _LOG_CAPACITY = re.compile(r"max_total_num_tokens=(\d+)(?:.*?max_running_requests=(\d+))?")
 PROBE_TIMEOUT_S = 10.0
 
@@ -38,8 +36,7 @@ def capacity_from_server_info(info: dict[str, Any]) -> Capacity | None:
         max_running = sum(per_dp)
     elif not _is_int(max_running):
         max_running = None
-    dcp = info.get("dcp_size")
-    dcp = dcp if _is_int(dcp) and dcp > 1 else 1
+    dcp = info["dcp_size"] if _is_int(info.get("dcp_size")) and info["dcp_size"] > 1 else 1
     graphs = cuda_graph_max_bs(info)
     return Capacity(tokens * ranks * dcp, max_running, servers=1, source="server_info",
                     cuda_graph_max_bs=None if graphs is None else graphs * ranks)
@@ -70,30 +67,23 @@ def capacity_from_loads(body: Any) -> Capacity | None:
     if not tokens:
         return None
     running = _positive_ints([ld.get("max_running_requests") for ld in loads])
-    max_running = sum(running) if running is not None else None
-    return Capacity(sum(tokens), max_running, servers=1, source="loads")
+    return Capacity(sum(tokens), None if running is None else sum(running), servers=1, source="loads")
 
 
 def capacity_from_vllm_metrics(text: str) -> Capacity | None:
     """vLLM: num_gpu_blocks × block_size from the vllm:cache_config_info info-gauge labels."""
     total = 0
-    for family in metric_families(text):
-        for sample in family.samples:
-            if sample.name.startswith("vllm:cache_config_info"):
-                try:
-                    total += int(sample.labels["num_gpu_blocks"]) * int(sample.labels["block_size"])
-                except (KeyError, ValueError):
-                    continue
+    for sample in (s for family in metric_families(text) for s in family.samples):
+        if sample.name.startswith("vllm:cache_config_info"):
+            with contextlib.suppress(KeyError, ValueError):
+                total += int(sample.labels["num_gpu_blocks"]) * int(sample.labels["block_size"])
     return Capacity(total, None, servers=1, source="vllm_metrics") if total > 0 else None
 
 
 def capacity_from_log(lines: list[str]) -> tuple[int, int | None] | None:
     """(max_total_num_tokens, max_running_requests) from SGLang's start-up line (scheduler.py), last one."""
-    found = None
-    for line in lines:
-        if m := _LOG_CAPACITY.search(line):
-            found = (int(m.group(1)), int(m.group(2)) if m.group(2) else None)
-    return found
+    m = next((found for line in reversed(lines) if (found := _LOG_CAPACITY.search(line))), None)
+    return (int(m.group(1)), int(m.group(2)) if m.group(2) else None) if m else None
 
 
 def combine(caps: list[Capacity | None]) -> Capacity:
@@ -113,31 +103,24 @@ def combine(caps: list[Capacity | None]) -> Capacity:
 async def probe(http: Http, url: str) -> tuple[Capacity | None, dict[str, Any]]:
     """One server's capacity and its server_info summary ({} when it has none)."""
     for path in ("/server_info", "/get_server_info"):
-        body = await json_or_none(http, url + path)
+        body = await get_or_none(http, url + path)
         if isinstance(body, dict):
             cap = capacity_from_server_info(body)
             if cap is not None:
                 return cap, {**{k: body[k] for k in INFO_KEYS if k in body}, "backend": "sglang"}
-    cap = capacity_from_loads(await json_or_none(http, url + "/v1/loads"))
+    cap = capacity_from_loads(await get_or_none(http, url + "/v1/loads"))
     if cap is not None:
         return cap, {"backend": "sglang"}
-    text = await text_or_none(http, url + "/metrics")
+    text = await get_or_none(http, url + "/metrics", text=True)
     cap = capacity_from_vllm_metrics(text) if text else None
     return cap, {"backend": "vllm" if cap is not None else "openai"}
 
 
-async def json_or_none(http: Http, url: str) -> Any:
-    """GET → parsed JSON, or None on any failure (no answer, non-200, not JSON): "nothing there" is an answer."""
+async def get_or_none(http: Http, url: str, *, text: bool = False) -> Any:
+    """GET → parsed JSON (`text`: the text) of a 200 answer, or None on any failure (no answer, non-200, not
+    JSON): "nothing there" is an answer."""
     try:
-        return await http.get_json(url, timeout_s=PROBE_TIMEOUT_S)
-    except HttpError:
-        return None
-
-
-async def text_or_none(http: Http, url: str) -> str | None:
-    """GET → the text of a 200 answer, or None on any failure."""
-    try:
-        return await http.get_text(url, timeout_s=PROBE_TIMEOUT_S)
+        return await (http.get_text if text else http.get_json)(url, timeout_s=PROBE_TIMEOUT_S)
     except HttpError:
         return None
 

@@ -1,8 +1,5 @@
-"""Profile → the `python -m sglang.launch_server …` argv and environment (pure).
-
-Flag spellings as in SGLang's python/sglang/srt/server_args.py (`--tp-size`, not the old `--tp`;
-`--hicache-size` is GB of host memory per rank).
-"""
+"""Profile → the `python -m sglang.launch_server …` argv and environment (pure). Flag spellings as in SGLang's
+srt/server_args.py (`--tp-size`, not the old `--tp`; `--hicache-size` is GB of host memory per rank)."""
 
 from __future__ import annotations
 
@@ -17,26 +14,12 @@ from gen_pipeline.errors import ServerError
 # set by the Makefile: the `make venv ... EXTRAS=...,gpu` that adds SGLang to the venv make runs
 MAKE_SGLANG_VAR = "GEN_PIPELINE_MAKE_SGLANG"
 
-# Profile key → SGLang flag. Booleans become bare flags when true; None / "" / 0 (hicache) are left out.
-FLAGS: dict[str, str] = {
-    "model_path": "--model-path",
-    "served_model_name": "--served-model-name",
-    "tp_size": "--tp-size",
-    "dp_size": "--dp-size",
-    "mem_fraction_static": "--mem-fraction-static",
-    "kv_cache_dtype": "--kv-cache-dtype",
-    "enable_hierarchical_cache": "--enable-hierarchical-cache",
-    "hicache_size_gb": "--hicache-size",
-    "num_continuous_decode_steps": "--num-continuous-decode-steps",
-    "stream_interval": "--stream-interval",
-    "enable_metrics": "--enable-metrics",
-    "reasoning_parser": "--reasoning-parser",
-    "tool_call_parser": "--tool-call-parser",
-    "trust_remote_code": "--trust-remote-code",
-    "max_running_requests": "--max-running-requests",
-    "context_length": "--context-length",
-    "host": "--host",
-}
+# Profile key → SGLang flag ("--" + the key, dashed; hicache_size_gb: --hicache-size). Booleans become bare
+# flags when true; None / "" / 0 (hicache) are left out. tests/contract checks them against SGLang's parser.
+FLAGS: dict[str, str] = {key: "--" + key.removesuffix("_gb").replace("_", "-") for key in (
+    "model_path", "served_model_name", "tp_size", "dp_size", "mem_fraction_static", "kv_cache_dtype",
+    "enable_hierarchical_cache", "hicache_size_gb", "num_continuous_decode_steps", "stream_interval", "enable_metrics",
+    "reasoning_parser", "tool_call_parser", "trust_remote_code", "max_running_requests", "context_length", "host")}
 
 
 def build_command(profile: ServerProfile, *, port: int, python: str = sys.executable) -> list[str]:
@@ -48,10 +31,8 @@ def build_command(profile: ServerProfile, *, port: int, python: str = sys.execut
             continue
         argv.append(flag)
         if value is not True:
-            argv.append(_text(value))
-    argv += ["--port", str(port)]
-    argv += list(profile.extra_args)
-    return argv
+            argv.append(repr(value) if isinstance(value, float) else str(value))  # 0.9 → "0.9", never "0.90000001"
+    return [*argv, "--port", str(port), *profile.extra_args]
 
 
 def check_launchable(profile: ServerProfile, python: str = sys.executable,
@@ -73,18 +54,9 @@ def check_launchable(profile: ServerProfile, python: str = sys.executable,
         f"in this Python. {how} Without a GPU, try the pipeline on the simulator: --server sim (make demo).")
 
 
-def _text(value: object) -> str:
-    if isinstance(value, float):
-        return repr(value)  # 0.9 → "0.9", never "0.90000001"
-    return str(value)
-
-
 def build_env(profile: ServerProfile, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """os.environ (or `base`) with the profile's env table on top; PYTHONUNBUFFERED so logs arrive live."""
-    env = dict(os.environ if base is None else base)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    env.update(profile.env)
-    return env
+    return {"PYTHONUNBUFFERED": "1", **(os.environ if base is None else base), **profile.env}
 
 
 def flag_origin(profile: ServerProfile, flag: str) -> str | None:

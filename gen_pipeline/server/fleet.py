@@ -1,11 +1,6 @@
-"""Fleet: which of several directly attached servers gets the next request, and which are out.
-
-Pure policy (no I/O, no async library). The choice is the server with the most free KV tokens (at the
-last poll, less what we sent it since), or the fewest requests in flight when tokens are unknown.
-Conversation affinity (`routing="affinity"`, the default): a sample's later turn goes back to the server
-holding its previous turn's prefix while that one is within AFFINITY_MARGIN of the best; otherwise it
-goes by free KV and the sample follows it. One entry per sample in flight (`pick`, `sample_ended`).
-"""
+"""Fleet (pure policy): which of several directly attached servers gets the next request, and which are out.
+Affinity (the default routing): a sample's later turn goes back to the server holding its previous turn's prefix
+while that one is within AFFINITY_MARGIN of the best by free KV; otherwise it goes by free KV and the sample follows."""
 
 from __future__ import annotations
 
@@ -83,9 +78,8 @@ class Fleet:
 
     # ------------------------------------------------------------ the choice
     def pick(self, sample: Hashable | None = None) -> str:
-        """The server for one request: `sample`'s previous server when affinity keeps it (module doc),
-        else the up server with the most free KV (all up servers' tokens known), else the fewest in
-        flight. With `sample`, records the choice until `sample_ended(sample)`."""
+        """`sample`'s previous server when affinity keeps it, else the up server with the most free KV (at the
+        last poll, less what was sent since; all known), else the fewest in flight. Remembered until sample_ended."""
         up = [s for s in self._servers.values() if s.up]
         if not up:  # none up: the one probed back first (its request waits for it; affinity follows it)
             url = min(self._servers.values(), key=lambda s: (s.url in self.refused, s.next_probe_s)).url
@@ -147,11 +141,9 @@ class Fleet:
         """One load poll: KV in use per server (None: that server did not answer; its figure is dropped).
         Not progress (`answered`): SGLang's HTTP process answers /v1/loads from a snapshot, scheduler or not."""
         for url, snap in loads.items():
-            s = self._servers.get(url)
-            if s is None:
-                continue
-            s.used_tokens = snap.used_tokens if snap is not None else None
-            s.in_flight_at_poll = s.in_flight
+            if (s := self._servers.get(url)) is not None:
+                s.used_tokens = snap.used_tokens if snap is not None else None
+                s.in_flight_at_poll = s.in_flight
 
     def in_flight(self, url: str) -> int:
         return self._servers[url].in_flight
@@ -183,10 +175,8 @@ class Fleet:
         """A connection error, or with `health` a failed health check; True when this one took the server
         out (fail_after of either kind in a row)."""
         s = self._servers[url]
-        if health:
-            s.health_failures += 1
-        else:
-            s.failures += 1
+        s.health_failures += health
+        s.failures += not health
         if s.up and max(s.failures, s.health_failures) >= self.fail_after:
             self.mark_down(url, now_s)
             return True
@@ -198,8 +188,7 @@ class Fleet:
         connections are cut, a refused one had none."""
         s = self._servers[url]
         if s.up:
-            s.up, s.used_tokens = False, None
-            s.backoff_s = self.probe_initial_s
+            s.up, s.used_tokens, s.backoff_s = False, None, self.probe_initial_s
             s.next_probe_s = now_s + s.backoff_s
             self.version += 1
             self.taken_out += 1

@@ -1,8 +1,5 @@
-"""The I/O around a Fleet: health checks, backoff probes back in, liveness probes of silent servers (hang.py),
-a router's `/workers` re-read, capacity re-summed over what is up, the load poll per server. Every check
-runs in its own task: a server that does not answer never delays another's check. When no server answers,
-dispatch pauses for up to `give_up_after_s` (--server-wait-s: an operator's restart of SGLang takes 60-90 s).
-"""
+"""The I/O around a Fleet: health checks, probes back in, liveness probes (hang.py), routers' `/workers`, capacity
+re-summed, the load poll. Each check runs in its own task, so a server that does not answer delays no other's."""
 
 from __future__ import annotations
 
@@ -17,10 +14,10 @@ from anyio.abc import TaskGroup
 from gen_pipeline.errors import ServerError
 from gen_pipeline.http import Http, HttpError, NoAnswer
 from gen_pipeline.records import Capacity, LoadSnapshot
-from gen_pipeline.server.capacity import combine, json_or_none, probe
+from gen_pipeline.server.capacity import combine, get_or_none, probe
 from gen_pipeline.server.handle import ServerHandle
 from gen_pipeline.server.hang import ALIVE_PATH, HANG_AFTER_S, HangWatch
-from gen_pipeline.server.health import check_timeout_s
+from gen_pipeline.server.health import check_timeout_s, why_unhealthy
 from gen_pipeline.server.load import merge, read_load
 
 log = logging.getLogger(__name__)
@@ -36,9 +33,7 @@ class FleetWatch:
         assert handle.fleet is not None
         self.http, self.handle, self.fleet = http, handle, handle.fleet
         self.interval_s, self.give_up_after_s = interval_s, give_up_after_s
-        self.timeout_s = check_timeout_s(interval_s)
         self.hangs = HangWatch(hang_after_s)  # no progress this long with requests in flight: hung? (hang.py)
-        self.hang_after_s = hang_after_s
         self._busy: set[tuple[str, str]] = set()  # (what, url) of the checks and probes under way
         self._cancelled_down: set[str] = set()  # down servers whose stalled requests were cancelled (this time)
         self.down_since_s: float | None = None  # no server has answered since then
@@ -117,7 +112,7 @@ class FleetWatch:
         whose requests make no progress for hang_after_s: those are cancelled and re-sent, once."""
         for url in self.fleet.down_urls:
             stuck, silent_s = self.fleet.in_flight(url), self.fleet.silent_s(url, now_s)
-            if stuck and silent_s >= self.hang_after_s and url not in self._cancelled_down:
+            if stuck and silent_s >= self.hangs.hang_after_s and url not in self._cancelled_down:
                 self._cancelled_down.add(url)
                 self.fleet.cancel_sent(url)
                 log.warning("%s is out and its %d in-flight requests made no progress for %.1f s: re-sent%s", url,
@@ -152,9 +147,8 @@ class FleetWatch:
         self.fleet.mark_down(url, now_s, cancel=True)
         self._cancelled_down.add(url)
         self.hangs.forget(url)
-        where = (f"{stuck} in-flight requests re-sent to the others" if self.fleet.up_urls
-                 else f"{stuck} in-flight requests will be re-sent once a server answers")
-        self.report_taken_out(url, f"{why} {where}")
+        where = "re-sent to the others" if self.fleet.up_urls else "will be re-sent once a server answers"
+        self.report_taken_out(url, f"{why} {stuck} in-flight requests {where}")
 
     def _readiness(self, now_s: float) -> None:
         handle = self.handle
@@ -166,8 +160,7 @@ class FleetWatch:
             if self.down_since_s is not None:
                 log.info("server is back after %.0f s: %s", now_s - self.down_since_s, handle.summary_line())
             self.down_since_s = handle.down_since_s = None
-            if not handle.ready:
-                handle.mark_ready()
+            handle.mark_ready()  # idempotent: wakes only waiters of a handle that was down
             return
         if self.down_since_s is None:
             self.down_since_s = handle.down_since_s = now_s
@@ -188,18 +181,12 @@ class FleetWatch:
         return [w for u in self.fleet.up_urls for w in self.workers.get(u, [])]
 
     async def health(self, url: str) -> str | None:
-        """None when GET /health answered 200 within the check timeout, else why not (remembered)."""
-        try:
-            reply = await self.http.get(url + "/health", timeout_s=self.timeout_s)
-        except HttpError as e:
-            why = e.why
-        else:
-            if reply.status == 200:
-                if url in self.fleet.urls:
-                    self.fleet.answered(url, time.monotonic())
-                return None
-            why = f"/health answered HTTP {reply.status}"
-        self.fleet.why[url] = why
+        """None when GET /health answered 200 within the check timeout (progress), else why not (remembered)."""
+        why = await why_unhealthy(self.http, url, check_timeout_s(self.interval_s))
+        if why is not None:
+            self.fleet.why[url] = why
+        elif url in self.fleet.urls:
+            self.fleet.answered(url, time.monotonic())
         return why
 
     async def _check_one(self, url: str) -> None:
@@ -212,17 +199,16 @@ class FleetWatch:
             self.fleet.succeeded(url)  # health() has noted the 200 as progress
             return
         now_s = time.monotonic()
-        silent_s = self.fleet.silent_s(url, now_s)
-        stuck = self.fleet.in_flight(url)
-        if stuck and silent_s >= self.hang_after_s:
-            self._take_out_hung(url, now_s, silent_s, stuck, f"/health {_health_words(why)}: scheduler stuck?")
+        silent_s, stuck = self.fleet.silent_s(url, now_s), self.fleet.in_flight(url)
+        if stuck and silent_s >= self.hangs.hang_after_s:  # "/health answered HTTP 503", "/health failed (...)"
+            said = why.removeprefix("/health ") if why.startswith("/health ") else f"failed ({why})"
+            self._take_out_hung(url, now_s, silent_s, stuck, f"/health {said}: scheduler stuck?")
         elif self.fleet.failed(url, now_s, health=True):
             self.report_taken_out(url, f"{self.fleet.fail_after} failed health checks in a row ({why})")
 
     def report_taken_out(self, url: str, why: str) -> None:
-        left = len(self.fleet.up_urls)
         log.warning("took %s out after %s; %d of %d servers left, probing it back with backoff",
-                    url, why, left, len(self.fleet.urls))
+                    url, why, len(self.fleet.up_urls), len(self.fleet.urls))
 
     async def _probe_one(self, url: str) -> None:
         """A down server's /health: back in when it answers 200 (capacity read again) and serves the model it
@@ -274,16 +260,11 @@ async def read_fleet_load(http: Http, handle: ServerHandle, now_s: float) -> Loa
 async def worker_urls(http: Http, url: str) -> list[str]:
     """The servers behind an sglang-router at `url`, or [url] when it is a server itself."""
     for path in ("/workers", "/list_workers"):
-        body = await json_or_none(http, url + path)
+        body = await get_or_none(http, url + path)
         found = _urls_in(body)
         if found:
             return found
     return [url]
-
-
-def _health_words(why: str) -> str:
-    """What a failed /health got, as words after "/health": "answered HTTP 503", "failed (...)"."""
-    return why.removeprefix("/health ") if why.startswith("/health ") else f"failed ({why})"
 
 
 def _urls_in(body: Any) -> list[str]:

@@ -46,13 +46,14 @@ class ServerHandle:
     down_since_s: float | None = None  # attached: no server has answered since then (monotonic); the run waits
     wait_limit_s: float | None = None  # ... this long at most (--server-wait-s)
 
+    _ready: bool = field(default=True, repr=False)
+    _error: ServerError | None = field(default=None, repr=False)
+    _wakeup: anyio.Event | None = field(default=None, repr=False)
+
     @property
     def load_urls(self) -> list[str]:
         """Where load is read: the servers themselves (a router's workers), never the router."""
         return self.worker_urls or self.base_urls
-    _ready: bool = field(default=True, repr=False)
-    _error: ServerError | None = field(default=None, repr=False)
-    _wakeup: anyio.Event | None = field(default=None, repr=False)
 
     @property
     def ready(self) -> bool:
@@ -94,8 +95,7 @@ class ServerHandle:
     def summary_line(self) -> str:
         """"Kimi-K2.5 tp=8 kv=fp8_e4m3 376,000 KV tokens, max running 1024, hicache 48 GB"."""
         info = self.info
-        name = str(info.get("model_path") or self.model).rstrip("/").rsplit("/", 1)[-1]
-        parts = [name]
+        parts = [str(info.get("model_path") or self.model).rstrip("/").rsplit("/", 1)[-1]]
         if info.get("tp_size"):
             parts.append(f"tp={info['tp_size']}")
         if info.get("dp_size", 1) not in (1, None):
@@ -109,16 +109,12 @@ class ServerHandle:
         line = f"{' '.join(parts)} {tokens}, {running}"
         if info.get("enable_hierarchical_cache") and info.get("hicache_size"):
             line += f", hicache {info['hicache_size']} GB"
-        up, down = self.server_counts()
+        # attached, the fleet's URLs taken out (one unreachable at start among them) are not up; a router's
+        # workers count one each
+        down = len(self.fleet.down_urls) if self.fleet is not None else 0
+        up = max(len(self.base_urls) - down, len(self.worker_urls), self.capacity.servers if down == 0 else 0)
         if down:
             line = f"{count(up)} of {count(up + down)} servers up: {line}"
         elif up > 1:
             line = f"{count(up)} servers: {line}"
         return line
-
-    def server_counts(self) -> tuple[int, int]:
-        """(servers answering, servers out): attached, the fleet's URLs taken out (one that could not be
-        reached at start among them) are not counted as up; a router's workers count one each."""
-        down = len(self.fleet.down_urls) if self.fleet is not None else 0
-        listed = len(self.base_urls) - down
-        return max(listed, len(self.worker_urls), self.capacity.servers if down == 0 else 0), down

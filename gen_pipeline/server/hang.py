@@ -1,12 +1,7 @@
-"""Telling a hung server from a busy one: pure policy; fleet_watch.py sends the probes and acts on the verdicts.
-
-SGLang 0.5.17 (srt/entrypoints/http_server.py): GET /health answers 200 only once the scheduler has emitted
-a token (503 after SGLANG_HEALTH_CHECK_TIMEOUT, 20 s); /v1/models, /v1/loads and a stream's headers come
-from the HTTP process alone. So progress (stream events, an answer, /health 200) proves the scheduler works
-and a /v1/models answer only that the process lives. A server with requests in flight and no progress for
-`hang_after_s` is hung when a /v1/models probe sent after the silence began went unanswered (stopped or
-frozen), or when /health is not 200 (a stuck scheduler); busy or slow is never taken out.
-"""
+"""Telling a hung server from a busy one (pure; fleet_watch.py sends the probes). SGLang 0.5.17 (http_server.py)
+answers /health 200 only once the scheduler emitted a token; /v1/models and a stream's headers come from the HTTP
+process alone. With requests in flight and no progress for `hang_after_s`, a server is hung when a /v1/models probe
+sent in that silence went unanswered (stopped or frozen) or /health is not 200 (a stuck scheduler)."""
 
 from __future__ import annotations
 
@@ -30,8 +25,7 @@ class HangWatch:
         self._unanswered: dict[str, tuple[float, str]] = {}  # url → (sent_s, why) of its unanswered latest probe
 
     def due(self, url: str, now_s: float, silent_s: float, in_flight: int) -> bool:
-        """Send `url` a liveness probe now? (requests in flight, silent long enough, none pending, and
-        not within PROBE_EVERY_S of the last one)."""
+        """Probe `url` now? (in flight, silent long enough, none pending, not within PROBE_EVERY_S of the last)."""
         return (in_flight > 0 and silent_s >= self.probe_after_s and url not in self._pending
                 and now_s >= self._next_s.get(url, 0.0))
 

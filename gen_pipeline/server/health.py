@@ -20,12 +20,13 @@ TAIL_LINES = 15
 log_event = logging.getLogger(__name__)
 
 
-async def is_healthy(http: Http, url: str, timeout_s: float) -> bool:
-    """GET /health answered 200 within `timeout_s` (503 while SGLang starts)."""
+async def why_unhealthy(http: Http, url: str, timeout_s: float) -> str | None:
+    """None when GET /health answered 200 within `timeout_s` (503 while SGLang starts), else why not."""
     try:
-        return (await http.get(url + "/health", timeout_s=timeout_s)).status == 200
-    except HttpError:
-        return False
+        status = (await http.get(url + "/health", timeout_s=timeout_s)).status
+    except HttpError as e:
+        return e.why
+    return None if status == 200 else f"/health answered HTTP {status}"
 
 
 def check_timeout_s(health_interval_s: float) -> float:
@@ -54,12 +55,11 @@ async def wait_healthy(proc: ServerProcess, *, http: Http, url: str, profile: Se
         elapsed_s = proc.elapsed_s()
         if elapsed_s > profile.startup_timeout_s:
             await proc.stop(profile.stop_grace_s)
-            tail = await _tail(proc)
             raise ServerStartupError(
                 f"SGLang did not answer /health within {profile.startup_timeout_s:g} s; see {log}. "
-                f"The server was stopped. Last lines of the log:\n{tail}\n"
-                "Raise startup_timeout_s in " f"{profile.where} if loading the model takes longer.")
-        if await is_healthy(http, url, timeout_s=check_timeout_s(profile.health_interval_s)):
+                f"The server was stopped. Last lines of the log:\n{await _tail(proc)}\n"
+                f"Raise startup_timeout_s in {profile.where} if loading the model takes longer.")
+        if await why_unhealthy(http, url, timeout_s=check_timeout_s(profile.health_interval_s)) is None:
             return
         if elapsed_s >= next_progress_s:
             log_event.info("waiting for SGLang /health (%.0f s, log: %s)", elapsed_s, log)
@@ -76,10 +76,8 @@ async def _failure_message(proc: ServerProcess, profile: ServerProfile, fatal: F
     if fatal is not None and fatal.kind == "bad_flag":  # argparse's usage text would drown the message
         return (f"SGLang rejected its command line ({elapsed}): {fatal.line} (full usage text in {log}).\n"
                 f"{advice(fatal, profile)}")
-    if rc is not None:
-        head = f"SGLang exited with code {rc} before /health answered ({elapsed})."
-    else:
-        head = f"SGLang hit a fatal error during start-up ({elapsed}) and was stopped."
+    head = (f"SGLang exited with code {rc} before /health answered ({elapsed})." if rc is not None
+            else f"SGLang hit a fatal error during start-up ({elapsed}) and was stopped.")
     return f"{head} Last lines of {log}:\n{await _tail(proc)}\n{advice(fatal, profile)}"
 
 

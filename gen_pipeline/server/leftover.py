@@ -1,8 +1,6 @@
-"""A launched server's record (`server.pid.json` beside its server.log) and the check at the next start:
-a server an earlier run left behind must not get a second one beside it (two model loads on one GPU).
-Only one provably ours and orphaned (same pid and start time in /proc, its gen-pipeline gone) is stopped;
-anything else alive is refused (always, off Linux).
-"""
+"""A launched server's record (`server.pid.json` beside its log), checked at the next start: a server left behind
+is stopped only when provably ours and orphaned (same pid and start time in /proc, its gen-pipeline gone);
+anything else alive is refused (always, off Linux), never started beside (two model loads on one GPU)."""
 
 from __future__ import annotations
 
@@ -82,10 +80,6 @@ def _ours(rec: ServerRecord) -> bool | None:
     return started is None or started == rec.started
 
 
-def _owner_alive(rec: ServerRecord) -> bool:
-    return rec.owner_pid != os.getpid() and process_started(rec.owner_pid) == rec.owner_started
-
-
 async def stop_leftover(folder: Path, grace_s: float) -> None:
     """Before starting a server whose record lives in `folder`: stop the one an earlier run left (provably
     ours and orphaned), or raise ServerStartupError naming its pid. Does nothing when none is left."""
@@ -93,10 +87,7 @@ async def stop_leftover(folder: Path, grace_s: float) -> None:
     if rec is None:
         return
     where = display_path(folder / RECORD_NAME)
-    if not group_alive(rec.pid):
-        remove_record(folder, rec.pid)
-        return
-    ours = _ours(rec)
+    ours = _ours(rec) if group_alive(rec.pid) else False
     if ours is False:
         remove_record(folder, rec.pid)
         return
@@ -105,7 +96,7 @@ async def stop_leftover(folder: Path, grace_s: float) -> None:
             f"A server recorded in {where} (pid {rec.pid}, {rec.url}) may still be running, and it cannot be "
             f"told apart from another process here. Check it (ps -o pid,stat,args -g {rec.pid}); if it is "
             f"the old server, stop it (kill -TERM -{rec.pid}), then run the same command again.")
-    if _owner_alive(rec):
+    if rec.owner_pid != os.getpid() and process_started(rec.owner_pid) == rec.owner_started:  # its run lives
         raise ServerStartupError(
             f"The server pid {rec.pid} ({rec.url}) recorded in {where} is still run by gen-pipeline pid "
             f"{rec.owner_pid}. Stop that run first (kill {rec.owner_pid}: it stops its server), or wait for "

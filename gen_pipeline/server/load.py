@@ -1,12 +1,7 @@
-"""Live load: running/queued requests, KV tokens in use, retractions, summed over DP ranks and servers.
-
-`/v1/loads` (SGLang, no flag needed) gives the gauges; `/metrics` (--enable-metrics, or vLLM) gives
-them too plus retractions and the token counter. Retractions by SGLang version (srt/metrics/collector.py):
-- 0.4.7 .. 0.4.10: gauge `sglang:total_retracted_reqs`, cumulative.
-- 0.5.x: gauge `sglang:num_retracted_reqs`, the latest retraction's size, reset to 0: tallied here.
-- 0.5.17: also the labelled counter `sglang:num_retracted_requests_total`, absent until the first one.
-- vLLM: counter `vllm:num_preemptions_total`.
-"""
+"""Live load (running, queued, KV in use, retractions) summed over DP ranks and servers: gauges from `/v1/loads`,
+also counters from `/metrics`. Retractions (srt/metrics/collector.py): 0.4.7-0.4.10 the cumulative gauge
+`sglang:total_retracted_reqs`; 0.5.x the gauge `sglang:num_retracted_reqs` (the latest retraction's size: tallied
+here); 0.5.17 also the counter `sglang:num_retracted_requests_total`, absent until the first; vLLM preemptions."""
 
 from __future__ import annotations
 
@@ -16,7 +11,7 @@ from typing import Any
 
 from gen_pipeline.http import Http
 from gen_pipeline.records import LoadSnapshot
-from gen_pipeline.server.capacity import json_or_none, metric_families, text_or_none
+from gen_pipeline.server.capacity import get_or_none, metric_families
 
 # Our field ← metric names (SGLang first, then vLLM).
 _GAUGES = {
@@ -90,10 +85,7 @@ def load_from_metrics(text: str, now_s: float, tally: RetractionTally | None = N
     `tally` carries the retraction gauge's readings from poll to poll (one URL's)."""
     values = metric_values(text)
     def pick(field: str, of: Callable[[list[float]], float | None] = sum) -> float | None:
-        for name in _GAUGES[field]:
-            if name in values:
-                return of(list(values[name].values()))
-        return None
+        return next((of(list(values[name].values())) for name in _GAUGES[field] if name in values), None)
     running, queued = pick("running"), pick("queued")
     if running is None or queued is None:
         return None
@@ -143,11 +135,9 @@ def merge(snaps: list[LoadSnapshot]) -> LoadSnapshot:
     def total(field: str) -> Any:
         vals = [getattr(s, field) for s in snaps]
         return None if any(v is None for v in vals) else sum(vals)
-    used = total("used_tokens")
-    usages = [s.token_usage for s in snaps]
     return LoadSnapshot(t_s=snaps[0].t_s, running=sum(s.running for s in snaps),
-                        queued=sum(s.queued for s in snaps), used_tokens=used,
-                        token_usage=_mean(usages), retractions_total=total("retractions_total"),
+                        queued=sum(s.queued for s in snaps), used_tokens=total("used_tokens"),
+                        token_usage=_mean([s.token_usage for s in snaps]), retractions_total=total("retractions_total"),
                         gen_tokens_total=total("gen_tokens_total"), gen_throughput=total("gen_throughput"),
                         new_token_ratio=max((r for s in snaps if (r := s.new_token_ratio) is not None), default=None),
                         spec_accept_length=_mean([s.spec_accept_length for s in snaps]))
@@ -165,9 +155,9 @@ async def _load_of(http: Http, url: str, now_s: float) -> LoadSnapshot | None:
     known = _KNOWN.setdefault(url, _Sources())
     from_loads = from_metrics = None
     if known.loads is not False:
-        from_loads = load_from_loads(await json_or_none(http, url + "/v1/loads"), now_s)
+        from_loads = load_from_loads(await get_or_none(http, url + "/v1/loads"), now_s)
     if known.metrics is not False:
-        text = await text_or_none(http, url + "/metrics")
+        text = await get_or_none(http, url + "/metrics", text=True)
         from_metrics = load_from_metrics(text, now_s, known.tally) if text else None
     # A source is written off only when the other one answered in the same poll (the server was up).
     if from_loads or from_metrics:

@@ -1,6 +1,5 @@
 """Recognise fatal SGLang log lines and turn them into advice a user can act on (pure). The patterns mirror
-SGLang's (srt/mem_cache/memory_pool.py, model_runner.py), torch's out-of-memory, NCCL's and argparse's lines.
-"""
+SGLang's (srt/mem_cache/memory_pool.py, model_runner.py), torch's out-of-memory, NCCL's and argparse's lines."""
 
 from __future__ import annotations
 
@@ -37,9 +36,7 @@ _WARNINGS: tuple[tuple[str, re.Pattern[str], str], ...] = (
 def find_warnings(lines: list[str]) -> list[tuple[str, str]]:
     """(kind, advice) for each known warning in `lines`, in order, each kind once."""
     found: dict[str, str] = {}
-    for line in lines:
-        if line.startswith(COMMAND_ECHO):
-            continue
+    for line in (ln for ln in lines if not ln.startswith(COMMAND_ECHO)):
         for kind, pattern, said in _WARNINGS:
             if kind not in found and pattern.search(line):
                 found[kind] = said
@@ -54,9 +51,7 @@ class FatalLine:
 
 def find_fatal(lines: list[str]) -> FatalLine | None:
     """The first line that means SGLang will not come up, or None."""
-    for line in lines:
-        if line.startswith(COMMAND_ECHO):
-            continue  # our echo of the command line, whose arguments may contain anything
+    for line in (ln for ln in lines if not ln.startswith(COMMAND_ECHO)):  # our echo's arguments may hold anything
         for kind, pattern in _PATTERNS:
             if pattern.search(line):
                 return FatalLine(kind, line.strip())
@@ -65,8 +60,7 @@ def find_fatal(lines: list[str]) -> FatalLine | None:
 
 def advice(fatal: FatalLine | None, profile: ServerProfile) -> str:
     """What to change, naming the profile key and file when we know it."""
-    where = profile.where
-    mem = profile.mem_fraction_static
+    where, mem = profile.where, profile.mem_fraction_static
     if fatal is None:
         return "Fix the cause shown above, then run the same command again."
     if fatal.kind == "oom":
@@ -89,10 +83,8 @@ def _bad_flag_advice(line: str, profile: ServerProfile, where: str) -> str:
         flags = [t for t in m.group(1).split() if t.startswith("-")]
     elif m := _ARGUMENT.search(line):
         flags = [m.group(1)]
-    origins = []
-    for flag in flags:
-        key = flag_origin(profile, flag)
-        origins.append(f"{flag} comes from {key}" if key else f"{flag} is not from the profile")
+    origins = [f"{flag} comes from {key}" if (key := flag_origin(profile, flag)) else f"{flag} is not from the profile"
+               for flag in flags]
     said = "; ".join(origins) if origins else "see the argparse message above"
     return (f"The installed SGLang rejected a flag ({said}) in {where}. "
             "Fix or remove that key (or upgrade SGLang), then run again.")

@@ -11,8 +11,7 @@ _TAIL_BYTES = 64 * 1024
 def rotate(log_path: Path, keep: int = KEEP_OLD_LOGS) -> None:
     """server.log → server.log.1 → … → server.log.<keep> (the oldest is dropped); makes the folder."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    oldest = log_path.with_name(f"{log_path.name}.{keep}")
-    oldest.unlink(missing_ok=True)
+    log_path.with_name(f"{log_path.name}.{keep}").unlink(missing_ok=True)
     for i in range(keep - 1, 0, -1):
         older = log_path.with_name(f"{log_path.name}.{i}")
         if older.exists():
@@ -29,17 +28,14 @@ def tail(log_path: Path, n: int = 15) -> list[str]:
             data = f.read()
     except FileNotFoundError:
         return []
-    lines = [ln.rstrip() for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()]
-    return lines[-n:]
+    return [ln.rstrip() for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()][-n:]
 
 
 class LogFollower:
     """Reads the complete lines appended to a log since the last call."""
 
     def __init__(self, log_path: Path):
-        self.log_path = log_path
-        self._offset = 0
-        self._partial = b""
+        self.log_path, self._offset, self._partial = log_path, 0, b""
 
     def new_lines(self) -> list[str]:
         try:
@@ -49,8 +45,7 @@ class LogFollower:
         except FileNotFoundError:
             return []
         self._offset += len(data)
-        data = self._partial + data
-        *complete, self._partial = data.split(b"\n")
+        *complete, self._partial = (self._partial + data).split(b"\n")
         return [ln.decode("utf-8", "replace").rstrip() for ln in complete]
 
     def all_lines(self) -> list[str]:

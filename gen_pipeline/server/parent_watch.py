@@ -1,10 +1,7 @@
 """`python -I .../gen_pipeline/server/parent_watch.py PARENT_PID GRACE_S CMD...`: run CMD so that it is stopped
-when its parent (the pipeline) dies, even by SIGKILL, which the pipeline cannot catch to stop its server.
-
-Without this a killed pipeline leaves the server holding the GPUs. On Linux this process leads CMD's group,
-hears of the pipeline's death from the kernel (PR_SET_PDEATHSIG) and stops the group as the pipeline would
-(SIGTERM, GRACE_S, SIGKILL); elsewhere CMD is exec'd unchanged. A stdlib-only script, not `-m`: it lives as
-long as the server, and the package's imports would cost it time and memory for nothing.
+when the pipeline dies, even by SIGKILL (else the server keeps the GPUs). On Linux it leads CMD's group, hears of
+the death from the kernel (PR_SET_PDEATHSIG) and stops the group (SIGTERM, GRACE_S, SIGKILL); elsewhere CMD is
+exec'd unchanged. Stdlib only, not `-m`: it lives as long as the server; the package's imports would cost memory.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """`gen-pipeline plan`: predict KV tokens and decode slots from a model's config.json (pure).
 
-Per-token KV bytes on one GPU, as SGLang sizes its pools (srt/mem_cache/memory_pool.py, model_runner.py):
-  MHA/GQA  2 × layers × ceil(kv_heads / tp) × head_dim × bytes      (K and V, heads split across TP)
-  MLA      (kv_lora_rank + qk_rope_head_dim) × layers × bytes       (one latent, replicated on every rank)
-KV tokens = (gpu_mem × mem_fraction_static − weights / tp − overhead) / bytes per token × dcp.
-Decode context parallelism (`--dcp-size d`) keeps each token's KV on one of d ranks that hold the same heads
-(scheduler.py admits against max_total_num_tokens × dcp_size), so d is at most the copies TP makes of each
-KV head: tp for MLA, tp / kv_heads for MHA/GQA. The overhead varies with model, parallelism and flags: the
-server's log or `/server_info` has the real pool once it runs.
+KV bytes per token on one GPU as SGLang sizes its pools (srt/mem_cache/memory_pool.py, model_runner.py):
+MHA/GQA 2 × layers × ceil(kv_heads / tp) × head_dim × bytes; MLA (kv_lora_rank + qk_rope_head_dim) × layers ×
+bytes, on every rank. KV tokens = (gpu_mem × mem_fraction_static − weights / tp − overhead) / bytes per token
+× dcp, d at most the copies TP makes of each KV head (scheduler.py admits against max_total_num_tokens × dcp_size).
 """
 
 from __future__ import annotations
@@ -107,14 +103,8 @@ def profile_cuda_graph_max_bs(extra_args: tuple[str, ...]) -> int | None:
     return _extra_int(extra_args, ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"))
 
 
-def profile_dcp_size(extra_args: tuple[str, ...]) -> int | None:
-    """--dcp-size / --decode-context-parallel-size N (or =N) in a profile's extra_args, else None."""
-    return _extra_int(extra_args, ("--dcp-size", "--decode-context-parallel-size"))
-
-
 def _extra_int(extra_args: tuple[str, ...], names: tuple[str, ...]) -> int | None:
-    value = _extra_str(extra_args, names)
-    return int(value) if value is not None and value.isdigit() else None
+    return int(value) if (value := _extra_str(extra_args, names)) is not None and value.isdigit() else None
 
 
 def _extra_str(extra_args: tuple[str, ...], names: tuple[str, ...]) -> str | None:
@@ -137,10 +127,8 @@ class Draft:
 
 
 def profile_draft(extra_args: tuple[str, ...]) -> Draft | None:
-    """The draft of a profile whose extra_args run one whose KV SGLang pools with the target's
-    (--speculative-algorithm EAGLE, EAGLE3, NEXTN or STANDALONE); its layers and weights from
-    --speculative-draft-model-path when that is a local folder, else one layer (an EAGLE-family draft's) and
-    weights not counted, said in the note. None without a draft."""
+    """The draft a profile's extra_args run (DRAFT_ALGORITHMS), its layers and weights from a local
+    --speculative-draft-model-path, else 1 layer (EAGLE's) and weights not counted, said in the note; or None."""
     algorithm = (_extra_str(extra_args, ("--speculative-algorithm",)) or "").upper()
     if algorithm not in DRAFT_ALGORITHMS:
         return None
@@ -232,19 +220,14 @@ def plan(model_config: dict[str, Any], *, gpu_mem_gb: float, tp_size: int, mem_f
         raise ConfigError(f"--dcp-size {dcp_size}: at tp_size {tp_size} {heads}, and decode context parallelism "
                           f"splits tokens only over ranks holding the same heads: pass a divisor of {copies}"
                           + (" (or 1: this model's heads are already split without copies)." if copies == 1 else "."))
-    ceiling = sglang_cuda_graph_max_bs(gpu_mem_gb, tp_size)
+    draft_note = "" if draft is None else (
+        f"{draft.note}: KV bytes per token x (1 + {draft.layers}/{layers}), as SGLang pools the draft's KV with the "
+        f"target's" + (f"; weights +{draft.weights_gb / tp_size:.1f} GiB/GPU" if draft.weights_gb else ""))
     return Plan(kind, layers, gpu_mem_gb, tp_size, mem_fraction_static, weights_per_gpu, overhead_gb, kv_gb,
-                tokens_per_sample, hicache_gb, tuple(options), weights_note, cuda_graph_max_bs=ceiling,
+                tokens_per_sample, hicache_gb, tuple(options), weights_note,
+                cuda_graph_max_bs=sglang_cuda_graph_max_bs(gpu_mem_gb, tp_size),
                 cuda_graph_note=f"SGLang's default for {gpu_mem_gb:g} GiB GPUs at tp {tp_size}", dcp_size=dcp_size,
-                dcp_max=copies, draft_note=_draft_note(draft, layers, tp_size))
-
-
-def _draft_note(draft: Draft | None, layers: int, tp_size: int) -> str:
-    if draft is None:
-        return ""
-    weights = f"; weights +{draft.weights_gb / tp_size:.1f} GiB/GPU" if draft.weights_gb else ""
-    return (f"{draft.note}: KV bytes per token x (1 + {draft.layers}/{layers}), as SGLang pools the draft's KV with "
-            f"the target's{weights}")
+                dcp_max=copies, draft_note=draft_note)
 
 
 # GPUs by memory as nvidia-smi reports it (MiB / 1024): the refusal names the smallest one that fits.
@@ -279,22 +262,20 @@ def profile_inputs(profile: ServerProfile, *, tp_size: int | None = None, mem_fr
         "mem_fraction_static": (mem_fraction_static, profile.mem_fraction_static, 0.90),
         "kv_cache_dtype": (kv_cache_dtype, profile.kv_cache_dtype, "auto"),
         "hicache_gb": (hicache_gb, hicache, 0.0),
-        "dcp_size": (dcp_size, profile_dcp_size(profile.extra_args), 1),
+        "dcp_size": (dcp_size, _extra_int(profile.extra_args, ("--dcp-size", "--decode-context-parallel-size")), 1),
     }
-    draft = profile_draft(profile.extra_args)
     values: dict[str, Any] = {}
     notes = []
     for name, (given, own, fallback) in picked.items():
         value, whence = (given, "flag") if given is not None else (own, "profile") if own is not None else (
             fallback, "default")
         values[name] = value
-        if name == "dcp_size" and whence == "default":
-            continue  # no DCP: not worth a word
-        notes.append(f"{name} {value:g} ({whence})" if isinstance(value, float) else f"{name} {value} ({whence})")
+        if name != "dcp_size" or whence != "default":  # no DCP: not worth a word
+            notes.append(f"{name} {value:g} ({whence})" if isinstance(value, float) else f"{name} {value} ({whence})")
     kv = values.pop("kv_cache_dtype")
     values["kv_dtypes"] = COMPARED_KV + (() if kv in COMPARED_KV or kv == "auto" else (kv,))
     values["kv_in_use"] = "bf16" if kv == "auto" else kv
-    values["draft"] = draft
+    values["draft"] = profile_draft(profile.extra_args)
     return values, f"inputs from {profile.where}, flags override: " + ", ".join(notes)
 
 
@@ -371,8 +352,7 @@ def plan_from_args(model_config: Path, *, gpu_mem_gb: float, tp_size: int, mem_f
     if not isinstance(cfg, dict):
         raise ConfigError(f"{model_config}: expected a JSON object (a Hugging Face config.json).")
     bundled = weights_gb is None and params_b is None and Path(model_config).resolve() == BUNDLED_CONFIG.resolve()
-    if bundled:
-        weights_gb = BUNDLED_WEIGHTS_GIB
+    weights_gb = BUNDLED_WEIGHTS_GIB if bundled else weights_gb
     if weights_gb is None and params_b is None:
         raise ConfigError(f"plan needs the weight size: pass {WEIGHTS_EXAMPLE}.")
     if params_b is not None and weights_gb is None and weight_dtype is None:

@@ -1,7 +1,5 @@
-"""One server process: spawned in its own session with output to a file, stopped as a group.
-
-SGLang forks schedulers and detokenizers that `Process.aclose()` leaves behind, so every stop signals the
-whole group; output goes to a file, never a pipe, which a grandchild holding it open would hang."""
+"""One server process, in its own session with output to a file, stopped as a group: SGLang forks schedulers and
+detokenizers that `Process.aclose()` leaves behind, and a pipe a grandchild holds open would hang."""
 
 from __future__ import annotations
 
@@ -26,16 +24,10 @@ from gen_pipeline.server.log_advice import COMMAND_ECHO
 class ServerProcess:
     """A started server; `returncode` is None while it runs."""
 
-    def __init__(self, proc: Process, log_path: Path, command: list[str]):
-        self.proc = proc
-        self.log_path = log_path
-        self.command = command
-        self.pgid = proc.pid  # leader of its own session/group
+    def __init__(self, proc: Process, log_path: Path):
+        self.proc, self.log_path = proc, log_path
+        self.pid = self.pgid = proc.pid  # leader of its own session/group
         self.started_s = time.monotonic()
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
 
     @property
     def returncode(self) -> int | None:
@@ -64,7 +56,7 @@ class ServerProcess:
         finally:
             log.close()  # the child holds its own descriptor
         await anyio.to_thread.run_sync(write_record, log_path.parent, proc.pid, url)
-        return cls(proc, log_path, command)
+        return cls(proc, log_path)
 
     async def wait(self) -> int:
         return await self.proc.wait()

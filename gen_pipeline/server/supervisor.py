@@ -1,5 +1,5 @@
-"""run_server: the one owner of a launched server's lifetime — start, wait healthy, read capacity,
-supervise (restart with backoff on exit or failed health checks), and always stop the process group."""
+"""run_server: the one owner of a launched server's lifetime: start, wait healthy, read capacity, restart with
+backoff on exit or failed health checks, and always stop the process group."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from gen_pipeline.server import logfile
 from gen_pipeline.server.capacity import capacity_from_log, probe
 from gen_pipeline.server.command import build_command, build_env
 from gen_pipeline.server.handle import ServerHandle
-from gen_pipeline.server.health import check_timeout_s, is_healthy, wait_healthy
+from gen_pipeline.server.health import check_timeout_s, wait_healthy, why_unhealthy
 from gen_pipeline.server.leftover import stop_leftover
 from gen_pipeline.server.process import ServerProcess
 
@@ -33,8 +33,7 @@ def pick_free_port(host: str = "127.0.0.1") -> int:
     """A port the OS says is free now (the server binds it a moment later)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
+        return int(s.getsockname()[1])
 
 
 def _listening(host: str, port: int) -> bool:
@@ -58,14 +57,20 @@ async def run_server(profile: ServerProfile, *, log_dir: Path, http: Http, lefto
     left in `log_dir` or `leftover_dirs` cannot be stopped), ServerError once restarts are exhausted."""
     for folder in dict.fromkeys([log_dir, *leftover_dirs]):  # a job's earlier run may have had another first dataset
         await stop_leftover(folder, profile.stop_grace_s)
-    if profile.port and await anyio.to_thread.run_sync(_listening, connect_host(profile.host), profile.port):
+    host = connect_host(profile.host)
+    if profile.port and await anyio.to_thread.run_sync(_listening, host, profile.port):
         raise ServerStartupError(
-            f"Port {profile.port} on {connect_host(profile.host)} is already in use by another process (not a server "
+            f"Port {profile.port} on {host} is already in use by another process (not a server "
             f"this job started). Stop it, or set port = 0 in {profile.where} (a free port is then picked).")
-    port = profile.port or pick_free_port(connect_host(profile.host))
+    port = profile.port or pick_free_port(host)
     sup = _Supervisor(profile, log_dir / "server.log", http, port)
     try:
-        handle = await sup.start_first()
+        log.info("starting SGLang (%s) on %s, log: %s", profile.name, sup.url, display_path(sup.log_path))
+        await sup.start()
+        handle = ServerHandle(base_urls=[sup.url], model=profile.request_model, capacity=await sup.capacity(),
+                              info=sup.info, log_path=sup.log_path, metrics=profile.enable_metrics, pid=sup.running.pid)
+        log.info("SGLang ready after %.0f s, pid %d: %s", sup.running.elapsed_s(), sup.running.pid,
+                 handle.summary_line())
         task_status.started(handle)
         await sup.supervise(handle)
     finally:
@@ -83,12 +88,12 @@ class _Supervisor:
 
     @property
     def running(self) -> ServerProcess:
-        """The process of the last successful _start() (asking before the first is a bug)."""
+        """The process of the last successful start() (asking before the first is a bug)."""
         if self.proc is None:
             raise RuntimeError("the server process was never started")
         return self.proc
 
-    async def _start(self) -> None:
+    async def start(self) -> None:
         """Spawn and wait for /health; raises ServerStartupError (the group is already stopped then)."""
         try:
             self.proc = await ServerProcess.start(self.command, build_env(self.profile), self.log_path,
@@ -99,24 +104,12 @@ class _Supervisor:
                 "(is SGLang installed in this Python?).") from None
         await wait_healthy(self.proc, http=self.http, url=self.url, profile=self.profile)
 
-    async def start_first(self) -> ServerHandle:
-        log.info("starting SGLang (%s) on %s, log: %s", self.profile.name, self.url, display_path(self.log_path))
-        await self._start()
-        handle = ServerHandle(base_urls=[self.url], model=self.profile.request_model,
-                              capacity=await self._capacity(), log_path=self.log_path,
-                              metrics=self.profile.enable_metrics, pid=self.running.pid)
-        handle.info = self.info
-        log.info("SGLang ready after %.0f s, pid %d: %s", self.running.elapsed_s(), self.running.pid,
-                 handle.summary_line())
-        return handle
-
-    async def _capacity(self) -> Capacity:
+    async def capacity(self) -> Capacity:
         """Capacity from the API, cross-checked against the start-up log line (a warning if they differ)."""
         cap, info = await probe(self.http, self.url)
         self.info = info or {"model_path": self.profile.model_path, "tp_size": self.profile.tp_size,
                              "kv_cache_dtype": self.profile.kv_cache_dtype}
-        logged = capacity_from_log(await anyio.to_thread.run_sync(
-            logfile.LogFollower(self.log_path).all_lines))
+        logged = capacity_from_log(await anyio.to_thread.run_sync(logfile.LogFollower(self.log_path).all_lines))
         per_rank = info.get("max_total_num_tokens")
         if logged and per_rank and logged[0] != per_rank:
             log.warning("warning: /server_info reports max_total_num_tokens=%s but the start-up log says %s; "
@@ -147,13 +140,13 @@ class _Supervisor:
                 await anyio.sleep(backoff_s)
                 handle.restarts += 1
                 try:
-                    await self._start()
+                    await self.start()
                     break
                 except ServerStartupError as e:
                     crashes += 1
                     last_rc = self.proc.returncode if self.proc else None
                     log.warning("restart failed: %s", e)
-            handle.capacity = await self._capacity()
+            handle.capacity = await self.capacity()
             handle.info, handle.pid = self.info, self.running.pid
             handle.mark_ready()
             log.info("SGLang is back (restart %d), pid %d: %s", handle.restarts, self.running.pid,
@@ -173,8 +166,8 @@ class _Supervisor:
                 failed = 0
                 while failed < profile.unhealthy_after:
                     await anyio.sleep(profile.health_interval_s)
-                    ok = await is_healthy(self.http, self.url, timeout_s=check_timeout_s(profile.health_interval_s))
-                    failed = 0 if ok else failed + 1
+                    why = await why_unhealthy(self.http, self.url, timeout_s=check_timeout_s(profile.health_interval_s))
+                    failed = 0 if why is None else failed + 1
                 reasons.append(f"failed {failed} health checks in a row")
                 tg.cancel_scope.cancel()
 

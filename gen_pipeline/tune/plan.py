@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -198,9 +199,9 @@ def plan_profile(profile: ServerProfile, opts: TuneOptions, tokens_per_sample: i
 def make_plan(cfg: DatasetConfig, shipped: ServerProfile, opts: TuneOptions) -> TunePlan:
     """The candidates, their plans and the budget; ConfigError when the shipped profile cannot start, the
     job's time is unknown without --budget-s, or one round does not fit the budget."""
-    lengths = {name: (todo, ln) for name, todo, ln in dataset_lengths(opts.config_dir, opts.output_root)}
-    own = lengths.get(cfg.name, (0, None))[1] or Lengths(ASSUMED_PROMPT_TOKENS, cfg.sampling.max_new_tokens,
-                                                         "assumed: max_new_tokens")
+    rows = dataset_lengths(opts.config_dir, opts.output_root)
+    own = next((ln for name, _, ln in rows if name == cfg.name), None) or Lengths(
+        ASSUMED_PROMPT_TOKENS, cfg.sampling.max_new_tokens, "assumed: max_new_tokens")
     per_sample = int(own.prompt + own.output)
     base = plan_profile(shipped, opts, per_sample)
     o = option_in_use(base)
@@ -220,11 +221,18 @@ def make_plan(cfg: DatasetConfig, shipped: ServerProfile, opts: TuneOptions) -> 
             continue
         candidates.append(c)
     fill = max(8, math.ceil(o.kv_tokens / max(1.0, own.prompt + own.output / 2)))  # the slots, all filled once
-    per_prompt_s = job_time([(cfg.name, 1, own)], kv_tokens=o.kv_tokens, kv_dtype=o.kv_dtype,
-                            kv_bytes_factor=kv_bytes_factor(base, o)).total_s - STARTUP_S
+    predict = partial(job_time, kv_tokens=o.kv_tokens, kv_dtype=o.kv_dtype, kv_bytes_factor=kv_bytes_factor(base, o))
+    per_prompt_s = predict([(cfg.name, 1, own)]).total_s - STARTUP_S
     startup_s = opts.startup_s if opts.startup_s is not None else SIM_STARTUP_S if shipped.backend == "sim" \
         else STARTUP_S
-    budget_s, note = _budget(opts, base)
+    if opts.budget_s is not None:
+        budget_s, note = opts.budget_s, "--budget-s"
+    elif job_s := predict(rows).total_s:
+        budget_s, note = opts.budget_share * job_s, f"{100 * opts.budget_share:g} % of the job's predicted " \
+                                                    f"{format_duration(job_s)}"
+    else:
+        raise ConfigError(f"tune: the job of {opts.config_dir} has no predicted time (no dataset with samples to do "
+                          "and known lengths), so --budget-share has nothing to be a share of: pass --budget-s.")
     trials = 1 + len(candidates)
     least = opts.prompts or fill
     for rounds in range(opts.rounds, 0, -1):  # the most rounds whose trials hold at least `least` prompts
@@ -240,16 +248,3 @@ def make_plan(cfg: DatasetConfig, shipped: ServerProfile, opts: TuneOptions) -> 
         f"{format_duration(startup_s)} and {least:,} prompts{why}, predicted {format_duration(least * per_prompt_s)}. "
         f"That is more than the budget of {format_duration(budget_s)} ({note}). Raise --budget-share or "
         "--budget-s, lower --prompts, or name fewer --levers.")
-
-
-def _budget(opts: TuneOptions, base: Plan) -> tuple[float, str]:
-    if opts.budget_s is not None:
-        return opts.budget_s, "--budget-s"
-    o = option_in_use(base)
-    j = job_time(dataset_lengths(opts.config_dir, opts.output_root), kv_tokens=o.kv_tokens, kv_dtype=o.kv_dtype,
-                 kv_bytes_factor=kv_bytes_factor(base, o))
-    if not j.total_s:
-        raise ConfigError(f"tune: the job of {opts.config_dir} has no predicted time (no dataset with samples to do "
-                          "and known lengths), so --budget-share has nothing to be a share of: pass --budget-s.")
-    return opts.budget_share * j.total_s, (f"{100 * opts.budget_share:g} % of the job's predicted "
-                                           f"{format_duration(j.total_s)}")

@@ -64,13 +64,12 @@ async def run_trials(cfg: DatasetConfig, tp: TunePlan, opts: TuneOptions,
     state = _open_state(cfg, tp, opts, work)
     outcomes = [Outcome(c) for c in (tp.shipped, *tp.candidates)]
     by_name = {o.candidate.name: o for o in outcomes}
-    measured = set()
-    for t in state["trials"]:  # what an earlier run of this plan measured: not done again
+    measured = {(t["round"], t["name"]) for t in state["trials"]}  # by an earlier run of this plan: not done again
+    for t in state["trials"]:
         o = by_name[t["name"]]
         o.tok_s.append(t["tok_s"])
         o.server_tok_s += t["server_tok_s"]
         o.check, o.refused = (t["check"], t["refused"]) if t["round"] == 0 else (o.check, o.refused)
-        measured.add((t["round"], t["name"]))
     if measured:
         say(f"  resuming: {len(measured)} trials of this plan measured before ({work / STATE_NAME})")
     probe = PC.ProbeOptions(output_root=opts.output_root, samples=opts.probe_prompts,
@@ -176,7 +175,11 @@ class _Trials:
                 raise ServerError(f"tune: the trial of {c.name} wrote no sample ({summary.line()}); see its server "
                                   f"log in {self.work / 'logs' / c.name}.")
             o.tok_s.append(tokens / elapsed)
-            o.server_tok_s += _server_rate(dataset_folder(root, name))
+            # the server's steady decode rate: the median of the gen_tok_s (SGLang's gen_throughput) its load polls
+            # read over this run (telemetry.jsonl); none when no poll saw one
+            runs = runs_of(read_telemetry(dataset_folder(root, name)))
+            if rates := [x["gen_tok_s"] for x in (runs[-1] if runs else []) if x.get("gen_tok_s")]:
+                o.server_tok_s.append(statistics.median(rates))
             if r == 0:
                 await self._check(h, o)
         self.say(f"  round {r + 1}: {c.name}: {tokens:,} completion tokens in {elapsed:.1f} s = "
@@ -206,21 +209,10 @@ class _Trials:
                    else f"{level}: {figures}")
 
 
-def _server_rate(folder: Path) -> list[float]:
-    """The server's steady decode rate over the last run in `folder`: the median of the gen_tok_s its load
-    polls read (telemetry.jsonl; SGLang's gen_throughput), [] when no poll saw one."""
-    runs = runs_of(read_telemetry(folder))
-    rates = [r["gen_tok_s"] for r in (runs[-1] if runs else []) if r.get("gen_tok_s")]
-    return [statistics.median(rates)] if rates else []
-
-
 def _scratch(seed: Path, root: Path) -> Path:
     """A fresh copy of the store as it was before the first trial (empty when there was none)."""
     shutil.rmtree(root, ignore_errors=True)
-    if seed.is_dir():
-        shutil.copytree(seed, root)
-    else:
-        root.mkdir(parents=True)
+    shutil.copytree(seed, root) if seed.is_dir() else root.mkdir(parents=True)
     return root
 
 

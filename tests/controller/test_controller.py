@@ -38,12 +38,8 @@ def snap(t_s: float, running: int, queued: int = 0, usage: float = 0.5, retracti
 
 def drive(ctrl: Controller, goodput_of_window, seconds: int, t0_s: float = 1000.0, noise: float = 0.0,
           seed: int = 0) -> list[int]:
-    """One load poll per second; gen_tokens_total grows at goodput_of_window(window). Returns windows.
-
-    Running requests hold 1800 tokens each (a little under the 2000 learned from completions). The
-    server admits all it is sent and retracts one request every 25 s: the pool model (and so the climb
-    on its gain) caps the window only while SGLang's optimism shows (a retraction within the cooldown).
-    """
+    """One load poll per second, gen_tokens_total growing at goodput_of_window(window); returns the windows.
+    Running requests hold 1800 tokens each; the server admits all it is sent and retracts one every 25 s."""
     rng = random.Random(seed)
     gen, windows = 0, []
     for i in range(seconds):
@@ -253,9 +249,7 @@ def test_a_few_retractions_are_tolerated() -> None:
 # --- hill climb on goodput ----------------------------------------------------------------------
 
 def _climbing_controller() -> tuple[Controller, int]:
-    """A controller whose pool model caps the window (the retraction guard on): the pool is full and SGLang
-    has just retracted one request (the loops below keep one retraction every 25 s, below the burst
-    threshold)."""
+    """The pool model caps the window (retraction guard on): the pool is full, SGLang has just retracted one."""
     ctrl = Controller(Capacity(POOL, None), initial_tokens_per_request=2000, config=GUARDED)
     warm_up(ctrl, 200, 1000, 2000)
     w0 = ctrl.window(997.0, 10**6)
@@ -345,17 +339,21 @@ def test_window_stays_in_bounds_on_random_traces(trace, f0, pool, min_window, ma
     t, retractions = 0.0, 0
     for event in trace:
         t += 1.0
-        if event[0] == "done":
-            ctrl.observe_completion(t, event[1], event[2], event[3])
-        elif event[0] == "load":
-            retractions += event[4]
-            ctrl.observe_load(LoadSnapshot(t, event[1], event[2], token_usage=event[3],
-                                           retractions_total=retractions, gen_tokens_total=int(t * 100)))
-        else:
-            ctrl.update_capacity(Capacity(event[1], event[2]))
-            retractions = 0
+        retractions = 0 if event[0] == "capacity" else retractions + (event[4] if event[0] == "load" else 0)
+        _apply(ctrl, t, event, retractions, gen=int(t * 100))
         assert min_window <= ctrl.window(t, 10**9) <= max_window
         assert ctrl.window(t, 3) <= 3
+
+
+def _apply(ctrl: Controller, t: float, event: tuple, retractions: int, gen: int | None = None) -> None:
+    """One `events` item: a completion, a load poll (`retractions` so far) or a new capacity."""
+    if event[0] == "done":
+        ctrl.observe_completion(t, event[1], event[2], event[3])
+    elif event[0] == "load":
+        ctrl.observe_load(LoadSnapshot(t, event[1], event[2], token_usage=event[3], retractions_total=retractions,
+                                       gen_tokens_total=gen))
+    else:
+        ctrl.update_capacity(Capacity(event[1], event[2]))
 
 
 polls = st.lists(
@@ -386,11 +384,9 @@ def test_a_dip_in_running_after_a_wave_of_finishes_keeps_the_queue() -> None:
 @settings(max_examples=200, deadline=None)
 @given(trace=polls, f0=st.floats(100, 20_000), pool=st.integers(1000, 1_000_000))
 def test_the_servers_queue_stays_bounded_and_fed(trace, f0, pool) -> None:
-    """The stated bound: after a load poll showing `running` (and T of the client's requests in transit,
-    neither running nor queued), R being the most running of the polls within running_peak_s, the
-    window leaves at most R - running + max(queue_min, R / 2) queued at the server once SGLang is warm,
-    R - running + max(queue_min, 2 R) while it warms up; and while the pool has room and no retraction
-    cooldown holds it, at least queue_min: the client is never the reason SGLang has nothing to admit."""
+    """After a poll showing `running` (T in transit), R the peak running within running_peak_s: at most
+    R - running + max(queue_min, R / 2) queued at the server (2 R while SGLang warms up), and while the pool has
+    room and no retraction cooldown holds, at least queue_min: the client never leaves SGLang nothing to admit."""
     ctrl = Controller(Capacity(pool, None), initial_tokens_per_request=f0)
     t, retractions, cool_until = 0.0, 0, -1.0
     seen: list[tuple[float, int]] = []
@@ -435,11 +431,8 @@ def test_no_growth_within_the_cooldown_after_any_burst(before, after, burst) -> 
     ceiling = ctrl.window(t, 10**9)
     for event in after:  # anything but a new server, within the 30 s cooldown
         t += 0.3
-        if event[0] == "done":
-            ctrl.observe_completion(t, event[1], event[2], event[3])
-        elif event[0] == "load":
-            ctrl.observe_load(LoadSnapshot(t, event[1], event[2], token_usage=event[3],
-                                           retractions_total=burst + event[4]))
+        if event[0] != "capacity":
+            _apply(ctrl, t, event, burst + (event[4] if event[0] == "load" else 0))
         assert ctrl.window(t, 10**9) <= ceiling
 
 

@@ -3,17 +3,16 @@ the simulator's logprob shapes (SGLang 0.5.17's meta_info) and the pure estimato
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 from servers import sim_in_thread
 
 from gen_pipeline.probe import metrics as PM
-from sglang_sim.testing import free_port
+from gen_pipeline.probe.sglang import echoes, prompt_ids
 from tests.pipeline_helpers import SIM_FAST, run_cli
 
 from mock_http import mock_http
@@ -59,6 +58,9 @@ def test_probe_recovers_injected_rate_through_launched_profiles_one_after_the_ot
     r = run_cli("probe-kv", "--dataset", "demo", "--server", "sim-bf16", "--compare", "sim-fp8",
                 "--samples", "30", "--max-new-tokens", "96", "--output-dir", tmp_path, timeout_s=240)
     assert r.returncode == 0, r.stderr + r.stdout
+    assert r.stdout.splitlines()[0] == (  # sim-fp8 sets --sim-kv-perturb in its extra_args
+        "warning: profiles sim-bf16 and sim-fp8 also differ in extra_args; capacity and speed keys do not change the "
+        "numbers, attention or model keys (extra_args, model_path) would.")
     assert events == [("start", "reference"), ("stopped", "reference"), ("start", "compare"), ("stopped", "compare")]
     rep = _report(tmp_path)
     agg = rep["aggregate"]
@@ -75,18 +77,35 @@ def test_probe_recovers_injected_rate_through_launched_profiles_one_after_the_ot
     assert not (tmp_path / "demo" / "probe-kv.json.tmp").exists()
 
 
-def test_probe_rate_zero_is_exact_match_through_attached_urls(tmp_path, bf16):
-    with sim_in_thread([*SIM_FAST, "--kv-cache-dtype", "fp8_e4m3", "--sim-kv-perturb", "0"]) as b:
-        r = run_cli("probe-kv", "--dataset", "demo", "--server-url", bf16.url, "--compare-url", b.url,
-                    "--samples", "8", "--max-new-tokens", "40", "--tf-chunk", "0", "--output-dir", tmp_path)
+def test_a_server_that_does_not_say_its_kv_dtype_is_warned_and_rate_zero_is_exact(tmp_path, bf16, monkeypatch):
+    from gen_pipeline.probe import core
+
+    real = core.open_server
+
+    @contextlib.asynccontextmanager
+    async def unsaid(where, role, log_dir, http):
+        async with real(where, role, log_dir, http) as h:
+            if role == "reference":
+                del h.info["kv_cache_dtype"]  # an SGLang whose /server_info does not have it
+            yield h
+
+    monkeypatch.setattr(core, "open_server", unsaid)
+    r = run_cli("probe-kv", "--dataset", "demo", "--server-url", bf16.url, "--compare-url", bf16.url, "--allow-same-kv",
+                "--samples", "8", "--max-new-tokens", "40", "--tf-chunk", "0", "--output-dir", tmp_path)
     assert r.returncode == 0, r.stderr + r.stdout
-    agg = _report(tmp_path)["aggregate"]
+    assert f"warning: cannot tell the KV dtype of {bf16.url} (no kv_cache_dtype in /server_info)." in \
+        r.stdout.splitlines()
+    rep = _report(tmp_path)
+    agg = rep["aggregate"]
+    assert [rep["servers"][k]["kv_cache_dtype"] for k in ("reference", "compare")] == [None, "bf16"]
     assert agg["exact_match_share"] == 1.0 and agg["first_divergence"]["diverged_prompts"] == 0
     assert agg["top1_agreement_share"] == 1.0 and agg["abs_dlogprob_mean"] == 0.0 and agg["kl_mean"] < 1e-12
-    assert "changes top-1 on 0.00 %" in r.stdout and "fine for training data" in r.stdout
+    assert "bf16 KV changes top-1 on 0.00 %" in r.stdout and "fine for training data" in r.stdout
 
 
 @pytest.mark.parametrize("args, message", [
+    (("--server-url", "http://127.0.0.1:9", "--compare-url", "http://127.0.0.1:19"), "Cannot reach http://127.0.0.1:9: "
+     "Connection refused. Check SERVER_URL and that the server is running (and listening on that host and port)."),
     (("--server-url", "http://127.0.0.1:9"), "probe-kv needs a compare server: add --compare-url URL (a second server "
      "that differs only in KV dtype, e.g. fp8_e4m3) or --compare PROFILE to launch one."),
     (("--server-url", "http://127.0.0.1:9/v1", "--compare-url", "http://127.0.0.1:9"), "--server-url and "
@@ -104,49 +123,35 @@ def test_bad_flags_are_refused_by_name_before_anything_launches(tmp_path, monkey
                                                                 message: str) -> None:
     events = _record_launches(monkeypatch)
     r = run_cli("probe-kv", "--dataset", "demo", *args, "--output-dir", tmp_path)
-    assert (r.returncode, r.stderr, events) == (2, f"error: {message}\n", [])
+    rc = 3 if message.startswith("Cannot reach") else 2
+    assert (r.returncode, r.stderr, events) == (rc, f"error: {message}\n", [])
     assert not (tmp_path / "demo" / "probe-kv.json").exists()
 
 
-def test_unreachable_url_names_it(tmp_path):
-    port = free_port()
-    r = run_cli("probe-kv", "--dataset", "demo", "--server-url", f"http://127.0.0.1:{port}",
-                "--compare-url", f"http://127.0.0.1:{free_port()}", "--output-dir", tmp_path)
-    assert r.returncode == 3, r.stderr
-    assert r.stderr == (f"error: Cannot reach http://127.0.0.1:{port}: Connection refused. Check SERVER_URL "
-                        "and that the server is running (and listening on that host and port).\n")
-
-
 def test_same_kv_dtype_refused_then_allowed_as_noise_floor(tmp_path, bf16):
-    def probe(ref: str, cmp: str, *more: str):
-        return run_cli("probe-kv", "--dataset", "demo", "--server-url", ref, "--compare-url", cmp,
-                       "--samples", "4", "--max-new-tokens", "16", *more, "--output-dir", tmp_path)
-
     with sim_in_thread([*SIM_FAST, "--kv-cache-dtype", "bfloat16"]) as b:
-        r = probe(bf16.url, b.url)
+        args = ("probe-kv", "--dataset", "demo", "--server-url", bf16.url, "--compare-url", b.url, "--samples", "4",
+                "--max-new-tokens", "16", "--output-dir", tmp_path)
+        r = run_cli(*args)
         assert r.returncode == 2
         assert ("error: Both servers use KV dtype bf16; probe-kv compares two KV dtypes (e.g. --server baseline "
                 "--compare tuned, or bf16 and fp8_e4m3 servers with --server-url/--compare-url). To measure the "
                 "noise floor of two equal servers on purpose, add --allow-same-kv.") in r.stderr
         assert not (tmp_path / "demo" / "probe-kv.json").exists()
-        r = probe(bf16.url, b.url, "--allow-same-kv")
+        r = run_cli(*args, "--allow-same-kv")
         assert r.returncode == 0, r.stderr
         assert _report(tmp_path)["aggregate"]["top1_agreement_share"] == 1.0
-    r = probe(bf16.url, bf16.url, "--allow-same-kv")
-    assert r.returncode == 0, r.stderr
-    assert _report(tmp_path)["aggregate"]["exact_match_share"] == 1.0
 
 
 def test_sim_generate_logprob_shapes_match_sglang(bf16):
-    sim = bf16
     with httpx.Client(timeout=30) as c:
-        tok = c.post(sim.url + "/tokenize", json={"messages": [{"role": "user", "content": "Hi there"}]}).json()
+        tok = c.post(bf16.url + "/tokenize", json={"messages": [{"role": "user", "content": "Hi there"}]}).json()
         assert set(tok) == {"tokens", "count", "max_model_len"} and tok["count"] == len(tok["tokens"])
         ids = tok["tokens"]
         body = {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": 6},
                 "return_logprob": True, "top_logprobs_num": 3, "logprob_start_len": len(ids) - 2,
                 "return_text_in_logprobs": True}
-        out = c.post(sim.url + "/generate", json=body).json()
+        out = c.post(bf16.url + "/generate", json=body).json()
         meta = out["meta_info"]
         assert [e[1] for e in meta["output_token_logprobs"]] == out["output_ids"] and len(out["output_ids"]) == 6
         assert [e[1] for e in meta["input_token_logprobs"]] == ids[-2:]
@@ -155,7 +160,7 @@ def test_sim_generate_logprob_shapes_match_sglang(bf16):
         assert all(isinstance(e[2], str) for e in meta["output_token_logprobs"])
         # greedy: every output token is the top-1 of its position
         assert [t[0][1] for t in meta["output_top_logprobs"]] == out["output_ids"]
-        bad = c.post(sim.url + "/generate", json={**body, "logprob_start_len": len(ids) + 1})
+        bad = c.post(bf16.url + "/generate", json={**body, "logprob_start_len": len(ids) + 1})
         assert bad.status_code == 400 and "is higher than the number of input tokens" in bad.json()["message"]
 
 
@@ -179,45 +184,31 @@ def test_estimators():
     assert level == "fine" and line.startswith("fp8_e4m3 KV changes top-1 on 0.40 % of 1,000 positions")
     assert PM.verdict({"top1_change_share": 0.02, "kl_mean": 0.001, "positions": 10})[0] == "caution"
     assert PM.verdict({"top1_change_share": 0.001, "kl_mean": 0.2, "positions": 10})[0] == "prefer-bf16"
+    # SGLang 0.5.17 echoes input ids >= vocab_size - 1 as 0; a misaligned echo is still refused
+    assert echoes([5, 319, 7], [5, 0, 7])
+    assert not echoes([5, 319, 7], [319, 7, 8]) and not echoes([5, 6], [5, 6, 7])
 
 
-class _OpenAIOnly(BaseHTTPRequestHandler):
-    """A stand-in for a non-SGLang OpenAI-compatible server (vLLM-like): /v1/models and nothing native."""
+async def test_non_sglang_server_is_refused_with_what_to_use(tmp_path):
+    from gen_pipeline.errors import ServerError, first_known
+    from gen_pipeline.probe.core import open_server
 
-    def do_GET(self):  # http.server's spelling
-        body, code = (b'{"object": "list", "data": [{"id": "m", "object": "model"}]}', 200) \
-            if self.path == "/v1/models" else (b'{"detail": "Not Found"}', 404)
-        self.send_response(code)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+    def openai_only(request: httpx.Request) -> httpx.Response:  # a vLLM-like server: /v1/models, nothing native
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"object": "list", "data": [{"id": "m", "object": "model"}]})
+        return httpx.Response(404, json={"detail": "Not Found"})
 
-    def log_message(self, *args):
-        pass
-
-
-def test_non_sglang_server_is_refused_with_what_to_use(tmp_path, bf16):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _OpenAIOnly)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    other = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
-        r = run_cli("probe-kv", "--dataset", "demo", "--server-url", bf16.url, "--compare-url", other,
-                    "--samples", "2", "--output-dir", tmp_path)
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert r.returncode == 3, r.stderr
-    assert (f"error: The compare server {other} is not SGLang (it has no /server_info; looks like openai). "
-            "probe-kv needs SGLang's native /generate with input_ids, return_logprob and logprob_start_len; "
-            "run it against two SGLang servers.") in r.stderr
-    assert "Traceback" not in r.stderr
+    with pytest.raises(BaseExceptionGroup) as e:
+        async with mock_http(openai_only) as http, open_server("http://other:8000", "compare", tmp_path, http):
+            pass
+    assert isinstance(error := first_known(e.value), ServerError) and str(error) == (
+        "The compare server http://other:8000 is not SGLang (it has no /server_info; looks like openai). probe-kv "
+        "needs SGLang's native /generate with input_ids, return_logprob and logprob_start_len; run it against two "
+        "SGLang servers. (vLLM's /v1/completions with token-id prompts, logprobs and prompt_logprobs could serve, but "
+        "is not implemented.)")
 
 
-def test_prompt_ids_fall_back_to_chat_completions_without_tokenize():
-    import anyio
-
-    from gen_pipeline.probe.sglang import prompt_ids
+async def test_prompt_ids_fall_back_to_chat_completions_without_tokenize():
     seen = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -226,11 +217,8 @@ def test_prompt_ids_fall_back_to_chat_completions_without_tokenize():
             return httpx.Response(404, json={"detail": "Not Found"})
         return httpx.Response(200, json={"choices": [{"index": 0, "prompt_token_ids": [5, 6, 7]}]})
 
-    async def go():
-        async with mock_http(handler) as http:
-            return await prompt_ids(http, "http://x", "m", [{"role": "user", "content": "hi"}], None)
-
-    assert anyio.run(go) == [5, 6, 7]
+    async with mock_http(handler) as http:
+        assert await prompt_ids(http, "http://x", "m", [{"role": "user", "content": "hi"}], None) == [5, 6, 7]
     assert seen[0] == ("/tokenize", {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
     assert seen[1] == ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}],
                                                 "max_tokens": 1, "temperature": 0.0, "return_prompt_token_ids": True})
@@ -251,11 +239,3 @@ def test_kl_estimate_stays_below_true_kl_on_sim_distributions():
         assert est <= true + 1e-12
         ratios.append(est / true)
     assert 0.8 < sorted(ratios)[len(ratios) // 2] <= 1.0  # a useful bound, not a vacuous one
-
-
-def test_probe_accepts_sglangs_clipped_last_vocab_id_but_not_a_shift() -> None:
-    """SGLang 0.5.17 echoes input ids >= vocab_size - 1 as 0; a misaligned echo is still refused."""
-    from gen_pipeline.probe.sglang import echoes
-
-    assert echoes([5, 319, 7], [5, 0, 7])
-    assert not echoes([5, 319, 7], [319, 7, 8]) and not echoes([5, 6], [5, 6, 7])

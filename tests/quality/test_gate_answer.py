@@ -1,13 +1,9 @@
-"""What the gate makes of one attempt (run/answer.py, run/wire.py): the stream parser on chunks as SGLang
-0.5.17 writes them, `judge` per policy, `cut_at_loop`, the turn's accounting in meta.per_turn, and a loop too
-young for the streaming detector's window found in the tail at max_new_tokens (quality.tail_loop); the gate's
-counts over rows and failures (quality/accounting.py) where status and the report page show them."""
+"""What the gate makes of one attempt (run/answer.py, run/wire.py: SGLang 0.5.17's stream chunks, `judge`, a loop
+at the cap) and its counts over rows and failures (quality/accounting.py) in status and the report page."""
 
 from __future__ import annotations
 
 import html
-import re
-from pathlib import Path
 
 import httpx
 import orjson
@@ -131,39 +127,23 @@ def test_a_turns_accounting_has_the_same_keys_every_time() -> None:
 
 
 # ---------------------------------------------------------------- a loop at the cap
-REPO = Path(__file__).resolve().parents[2]
 NATURAL = ("The pool holds the prompt and the answer of every running request, so the server admits a new one "
            "only when the tokens it may still need fit beside those already there. ")
 ANSWER = NATURAL * 2 + "The answer is the sum" + " of" * 162
+BLOCK = " Check the value of the input and then go back to the first step of the list, as the manual says"
 
 
-def test_a_loop_too_young_for_the_window_is_found_in_the_tail() -> None:
-    detector = RepetitionDetector()
-    assert detector.feed(ANSWER) is None and detector.finish() is None  # what the stream alone sees
-    verdict = tail_loop(ANSWER)
-    assert verdict is not None
-    start = ANSWER.index(" of" * 162) + 1
-    assert (verdict.reason, verdict.loop_start_char, verdict.at_char, verdict.period_words) == (
-        LoopReason.PERIOD, start, len(ANSWER), 1)
-
-
-@pytest.mark.parametrize("copies, found", [(2, False), (3, True)])
-def test_a_block_repeated_at_the_end_needs_min_copies_and_tail_loop_words(copies: int, found: bool) -> None:
-    block = " Check the value of the input and then go back to the first step of the list, as the manual says"
-    words = len(re.findall(r"\w+|[^\w\s]", block))  # 22: three copies are 66 words
-    text = NATURAL + block * copies
-    verdict = tail_loop(text)
-    assert (verdict is not None) == found
-    if verdict is not None:
-        assert (verdict.period_words, verdict.loop_start_char) == (words, len(NATURAL) + 1)
-    assert tail_loop(NATURAL + " of" * 63) is None  # fewer than tail_loop_words words
-
-
-@pytest.mark.parametrize("path", ["README.md", "gen_pipeline/quality/repetition.py", "gen_pipeline/run/chat.py"])
-def test_natural_text_cut_anywhere_ends_in_no_loop(path: str) -> None:
-    text = (REPO / path).read_text()
-    for end in range(2_000, len(text), max(1, len(text) // 40)):
-        assert tail_loop(text[:end]) is None, (path, end, text[end - 200:end])
+@pytest.mark.parametrize("text, period_words, start", [
+    # too young for the streaming detector's window (test_a_streamed_turn_at_the_cap: it does not fire)
+    (ANSWER, 1, ANSWER.index(" of" * 162) + 1),
+    (NATURAL + BLOCK * 3, 22, len(NATURAL) + 1),  # 22 words: three copies are 66 >= tail_loop_words
+    (NATURAL + BLOCK * 2, None, 0),  # fewer than min_copies
+    (NATURAL + " of" * 63, None, 0),  # fewer than tail_loop_words words
+])
+def test_a_loop_at_the_cap_is_found_in_the_tail(text: str, period_words: int | None, start: int) -> None:
+    v = tail_loop(text)
+    expected = None if period_words is None else (LoopReason.PERIOD, period_words, start, len(text))
+    assert (None if v is None else (v.reason, v.period_words, v.loop_start_char, v.at_char)) == expected
 
 
 @pytest.mark.parametrize("finish, caught", [("length", True), ("stop", False)])

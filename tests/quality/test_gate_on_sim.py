@@ -1,7 +1,5 @@
-"""The gate against a simulator that loops or ends turns at once. Every loop is caught on its stream within ~512
-tokens of its start (/sim/stats "loops" says where each began) and `[generation] on_loop` is honoured with exact
-counts in meta.per_turn, errors.jsonl, `status` and `validate`; an empty turn is never written as done:
-`empty_turn` retries it (then records a failure) or fails it at once."""
+"""The gate against a simulator that loops or ends turns at once: every loop caught within ABORT_WITHIN tokens of
+its start (/sim/stats "loops"), `on_loop` and `empty_turn` honoured with exact counts where users read them."""
 
 from __future__ import annotations
 
@@ -35,8 +33,8 @@ def sim():
         yield s
 
 
-def _loops(url: str) -> list[dict]:
-    return httpx.get(url + "/sim/stats", timeout=5).json()["loops"]
+def _stats(url: str) -> dict:
+    return httpx.get(url + "/sim/stats", timeout=5).json()
 
 
 def _errors(out: Path) -> list[dict]:
@@ -52,13 +50,11 @@ def _generate(sim, policy: str, tmp_path: Path, rc: int | None = 0) -> tuple[Pat
     """One run; the loops the sim wrote during it (each checked: aborted within ABORT_WITHIN)."""
     toml, out = write_dataset(tmp_path / "ds", target=ROWS, max_new_tokens=MAX_NEW, shard_max_samples=16, fsync_every=4,
                               rows=make_rows(ROWS), extra=f'on_loop = "{policy}"'), tmp_path / "out"
-    before = len(_loops(sim.url))
+    before = len(_stats(sim.url)["loops"])
     r = _run(sim.url, toml, out)
-    failed = _errors(out)
-    if rc is None:  # 5 when rows were dropped: the source ran out short of the target
-        rc = 5 if failed else 0
+    rc = (5 if _errors(out) else 0) if rc is None else rc  # 5: rows dropped, the source ran out short of the target
     assert r.returncode == rc, r.stdout + r.stderr
-    loops = _loops(sim.url)[before:]
+    loops = _stats(sim.url)["loops"][before:]
     assert loops, "the sim wrote no loop in this run"
     # run.log's line per loop caught: the server's request id and the tokens the client had seen
     caught = {m[1]: int(m[2]) for m in CAUGHT.finditer((out / "T" / "run.log").read_text())}
@@ -102,7 +98,7 @@ def test_retry_writes_every_sample_with_a_new_seed(sim, tmp_path):
     js = orjson.loads(run_cli("status", "--dataset", "T", "--output-dir", out, "--config-dir", toml.parent,
                               "--json").stdout)["datasets"]["T"]
     assert js["gate"]["loops"] == n and js["gate"]["tokens_not_decoded"] == not_decoded
-    assert js["gate"]["retried_turns"] == n or js["gate"]["retried_turns"] < n  # a turn may loop twice
+    assert js["gate"]["retried_turns"] <= n  # a turn may loop twice
     # the estimate: tokens not decoded × the run's server-seconds per decoded token
     per_token = js["run_wall_s"] / (js["completion_tokens"] + discarded)
     assert js["server_s_saved"] == pytest.approx(not_decoded * per_token, abs=0.1)
@@ -178,34 +174,23 @@ def _empty_dataset(folder: Path, policy: str | None, rows: int = 60) -> Path:
                          rows=make_rows(rows), extra=f'empty_turn = "{policy}"' if policy else "")
 
 
-def _empty_faults(url: str) -> int:
-    return httpx.get(url + "/sim/stats", timeout=5).json()["faults"]["empty_turn"]
-
-
-def test_empty_turns_are_retried_by_default(tmp_path, empty_sim):
-    toml, out = _empty_dataset(tmp_path / "ds", None), tmp_path / "out"
-    before = _empty_faults(empty_sim.url)
+@pytest.mark.parametrize("policy", [None, "fail"])
+def test_empty_turns_are_retried_by_default_or_fail_at_once(tmp_path, empty_sim, policy: str | None):
+    toml, out = _empty_dataset(tmp_path / "ds", policy), tmp_path / "out"
+    before = _stats(empty_sim.url)["faults"]["empty_turn"]
     r = _run(empty_sim.url, toml, out)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert _empty_faults(empty_sim.url) - before >= 5  # the model did end turns at once in this run
-    samples = assert_exact(out, 40)
+    samples = assert_exact(out, 40)  # 60 prompts: the target is met past any failed ones
     assert all(t["content"].strip() for s in samples for t in s["conversations"])
-    assert _errors(out) == []
-    v = run_cli("validate", "--dataset", toml, "--output-dir", out)
-    assert v.returncode == 0, v.stdout + v.stderr
-
-
-def test_empty_turns_fail_at_once_when_configured(tmp_path, empty_sim):
-    toml, out = _empty_dataset(tmp_path / "ds", "fail"), tmp_path / "out"
-    r = _run(empty_sim.url, toml, out)
     failed = _errors(out)
-    assert failed, r.stdout
-    assert {(e["reason"], e["retryable"]) for e in failed} == {("empty_turn", False)}
-    assert all(e["detail"].startswith("the assistant turn is empty (1 completion tokens, finish_reason stop)")
-               for e in failed)
-    assert r.returncode == 0, r.stdout + r.stderr
-    samples = assert_exact(out, 40)  # 60 prompts: the target is met past the failed ones
-    assert not {e["id"] for e in failed} & {s["id"] for s in samples}
+    if policy is None:
+        assert _stats(empty_sim.url)["faults"]["empty_turn"] - before >= 5  # the model did end turns at once
+        assert failed == []
+    else:
+        assert failed and {(e["reason"], e["retryable"]) for e in failed} == {("empty_turn", False)}
+        assert all(e["detail"].startswith("the assistant turn is empty (1 completion tokens, finish_reason stop)")
+                   for e in failed)
+        assert not {e["id"] for e in failed} & {s["id"] for s in samples}
     v = run_cli("validate", "--dataset", toml, "--output-dir", out)
     assert v.returncode == 0, v.stdout + v.stderr
 

@@ -4,6 +4,8 @@ be written as they came, and tool-use conversations in SGLang 0.5.17's shapes (s
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import httpx
 import orjson
 import pytest
@@ -100,6 +102,11 @@ def test_request_fields() -> None:
                     "stream_options": {"include_usage": True, "continuous_usage_stats": True},
                     "chat_template_kwargs": {"thinking": False, "enable_thinking": False}}
     assert "chat_template_kwargs" not in build_request([], settings(reasoning="keep"))
+    # a draft's acceptance per turn (return_meta_info) only on whole answers: SGLang 0.5.17 refuses it on a stream
+    whole = replace(settings(on_loop="off"), speculative=True)
+    assert build_request([], whole)["return_meta_info"] is True and build_request([], whole)["stream"] is False
+    assert "return_meta_info" not in build_request([], replace(whole, generation=GenerationConfig(on_loop="retry")))
+    assert "return_meta_info" not in body and "return_meta_info" not in build_request([], settings(on_loop="off"))
 
 
 MSG = "The input (9000 tokens) is longer than the model's context length (8192 tokens)."
@@ -132,11 +139,15 @@ async def test_each_failure_has_its_reason_attempts_and_message(reply, attempts:
     [lambda r: httpx.Response(200, content=b"{not json", headers={"content-type": "application/json"})],
     [lambda r: httpx.Response(200, content=b"<html>hi</html>", headers={"content-type": "text/html"})],
     [lambda r: httpx.Response(200, json=completion("x", usage=None))],
-], ids=["503-then-429", "timeout-then-cut", "not-json", "html", "no-usage"])
+    [lambda r: answer(True, {"prompt_tokens": 10, "completion_tokens": 10**15})],
+    [lambda r: answer(False, {"prompt_tokens": 10, "completion_tokens": 10**15})],
+], ids=["503-then-429", "timeout-then-cut", "not-json", "html", "no-usage", "bad-usage-streamed", "bad-usage-whole"])
 async def test_retryable_failures_and_malformed_bodies_are_retried_then_succeed(faults) -> None:
     sample, seen = await regenerate(lambda r, n: faults[n - 1](r) if n <= len(faults)
                                     else httpx.Response(200, json=completion("fine")))
     assert isinstance(sample, Sample) and len(seen) == len(faults) + 1
+    meta = sample.meta  # the good answer's figures, none of the bad ones'
+    assert (meta["prompt_tokens"], meta["completion_tokens"], meta["per_turn"][0]["attempts"]) == (10, 5, len(seen))
 
 
 async def test_truncated_turn_ends_the_conversation_or_is_dropped() -> None:
@@ -225,24 +236,25 @@ async def test_impossible_usage_is_a_bad_answer_retried_and_said(streamed: bool,
 
 
 @pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "whole"])
-async def test_a_retry_after_impossible_usage_writes_the_good_answer(streamed: bool) -> None:
-    bad = {"prompt_tokens": 10, "completion_tokens": 10**15}
-    got, sent = await regenerate(lambda r, n: answer(streamed, bad if n == 1 else USAGE),
-                                 s=settings(on_loop=on_loop(streamed)))
-    assert isinstance(got, Sample) and len(sent) == 2
-    assert (got.meta["prompt_tokens"], got.meta["completion_tokens"], got.meta["per_turn"][0]["attempts"]) == (10, 5, 2)
+async def test_usage_at_the_cap_plus_the_slack_is_kept(streamed: bool) -> None:
     at_cap, _ = await regenerate(lambda r, n: answer(streamed, {"prompt_tokens": 0, "completion_tokens": 128}),
                                  s=settings(on_loop=on_loop(streamed)))
-    assert isinstance(at_cap, Sample) and at_cap.meta["completion_tokens"] == 128  # the cap plus the slack: kept
+    assert isinstance(at_cap, Sample) and at_cap.meta["completion_tokens"] == 128
 
 
-@pytest.mark.parametrize(("streamed", "said"), [
-    (True, 'the server answered 200 with no choices (1 chunks; the last: {"id":"r","choices":[],"usage":'
-           '{"prompt_tokens":10,"completion_tokens":5}})'),
-    (False, 'the answer had no choices: {"id":"r","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":5}}'),
-], ids=["streamed", "whole"])
-async def test_a_200_with_no_choices_says_what_came_back(streamed: bool, said: str) -> None:
-    got, _ = await regenerate(lambda r, n: answer(streamed, choices=False), s=settings(on_loop=on_loop(streamed)))
+NO_FINISH = {"id": "r", "choices": [{"delta": {"content": "hi"}, "finish_reason": None}], "usage": USAGE}
+EMPTY = '{"id":"r","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":5}}'
+
+
+@pytest.mark.parametrize(("streamed", "reply", "said"), [
+    (True, lambda: answer(True, choices=False),
+     f"the server answered 200 with no choices (1 chunks; the last: {EMPTY})"),
+    (False, lambda: answer(False, choices=False), f"the answer had no choices: {EMPTY}"),
+    # a stream that ends with no finish_reason is a bad answer, not a lost server
+    (True, lambda: sse(NO_FINISH), "the answer ended ([DONE]) with no finish_reason (5 tokens decoded)"),
+], ids=["streamed", "whole", "no-finish-reason"])
+async def test_a_200_with_no_choices_or_no_finish_says_what_came_back(streamed: bool, reply, said: str) -> None:
+    got, _ = await regenerate(lambda r, n: reply(), s=settings(on_loop=on_loop(streamed)))
     assert isinstance(got, Failure)
     assert (got.reason, got.detail) == ("bad_response", f"gave up after 3 attempts: {said}")
 
@@ -266,14 +278,6 @@ async def test_an_empty_answer_is_final_when_greedy_redrawn_at_a_fixed_seed_else
     assert isinstance(unseeded, Failure) and len(sent) == 3 and "seed" not in sent[2]
     assert unseeded.detail == ("gave up after 3 attempts: the assistant turn is empty (5 completion tokens, "
                                "finish_reason stop)")
-
-
-async def test_a_stream_ended_with_no_finish_reason_is_a_bad_answer_not_a_lost_server() -> None:
-    chunk = {"id": "r", "choices": [{"delta": {"content": "hi"}, "finish_reason": None}], "usage": USAGE}
-    got, _ = await regenerate(lambda r, n: sse(chunk), s=settings(on_loop="retry"))
-    assert isinstance(got, Failure)
-    assert (got.reason, got.detail) == ("bad_response", "gave up after 3 attempts: the answer ended ([DONE]) with no "
-                                                        "finish_reason (5 tokens decoded)")
 
 
 # the sample ends at the first regenerated call that differs from the source's (meta.tool_divergence)

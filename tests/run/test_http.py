@@ -88,6 +88,10 @@ async def test_a_status_is_an_answer_for_get_and_post_and_an_error_for_get_json(
         with pytest.raises(BadBody) as bad:
             await http.get_json("http://s/html")
         assert str(bad.value) == "the body from http://s/html is not JSON (content-type text/html; charset=utf-8)"
+        with pytest.raises(BadStatus) as refused:  # a refused stream: no events, the error body kept
+            async with http.open_stream("http://s/busy", {"stream": True}):
+                raise AssertionError("no events for a refused request")
+        assert (refused.value.reply.status, refused.value.reply.json()) == (503, {"message": "busy"})
 
 
 @pytest.mark.parametrize(("where", "connect_s", "read_s", "ours", "why"), [
@@ -179,14 +183,6 @@ async def test_events_come_as_they_arrive_whatever_the_line_breaks() -> None:
     assert sent == [b'{"stream":true}'] and body.closed
 
 
-async def test_a_refused_stream_is_bad_status_with_the_error_body() -> None:
-    async with mock_http(lambda request: httpx.Response(400, json={"message": "too long"})) as http:
-        with pytest.raises(BadStatus) as e:
-            async with http.open_stream(URL, {"stream": True}):
-                raise AssertionError("no events for a refused request")
-    assert (e.value.reply.status, e.value.reply.json()) == (400, {"message": "too long"})
-
-
 @pytest.mark.parametrize("cut", [True, False], ids=["cut-short", "left-early"])
 async def test_a_stream_cut_short_is_connection_lost_and_one_left_early_is_closed(cut: bool) -> None:
     body = Chunks([b"data: 1\n\n", b"data: 2\n\n"], cut=cut)
@@ -244,9 +240,10 @@ def test_only_the_seam_imports_an_http_library() -> None:
     assert importers == {"gen_pipeline/http.py"}
 
 
-def _sse_server(hold_open: anyio.Event | None = None):
+def _sse_server(hold_open: anyio.Event | None = None, cut: bool = False):
     """A server answering each POST with a chunked SSE body `data: 1`, `data: [DONE]`, then the body's end
-    (or, with `hold_open`, no end until that event is set). Counts the connections it accepts."""
+    (or, with `hold_open`, no end until that event is set; `cut`: the connection closed after `data: 1`).
+    Counts the connections it accepts."""
     accepted: list[int] = []
 
     async def serve(stream: anyio.abc.SocketStream) -> None:
@@ -255,8 +252,10 @@ def _sse_server(hold_open: anyio.Event | None = None):
             while await stream.receive():
                 await stream.send(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                                   b"transfer-encoding: chunked\r\n\r\n")
-                for event in (b"data: 1\n\n", b"data: [DONE]\n\n"):
+                for event in (b"data: 1\n\n", b"data: [DONE]\n\n")[:1 if cut else 2]:
                     await stream.send(b"%x\r\n%s\r\n" % (len(event), event))
+                if cut:
+                    return
                 if hold_open is not None:
                     await hold_open.wait()
                 await stream.send(b"0\r\n\r\n")
@@ -287,22 +286,11 @@ async def test_a_drained_stream_keeps_its_connection_unless_the_body_is_held_ope
     assert answers == [[b"1", b"[DONE]"]] * 3 and len(accepted) == connections
 
 
-def _cut_server():
-    """A server answering each POST with a chunked SSE body's first event, then closing the connection."""
-    async def serve(stream: anyio.abc.SocketStream) -> None:
-        async with stream:
-            await stream.receive()
-            event = b"data: 1\n\n"
-            await stream.send(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked"
-                              b"\r\n\r\n%x\r\n%s\r\n" % (len(event), event))
-    return serve
-
-
 @pytest.mark.parametrize("bounded", [False, True])
 async def test_a_bounded_stream_reads_as_one_with_a_read_timeout_and_fails_the_same(bounded: bool) -> None:
     """A stream bounded as a whole (no timeout scope per read) reads and fails as one with a read timeout."""
     seen: list[bytes] = []
-    async with tcp_server(_cut_server()) as (url, http):
+    async with tcp_server(_sse_server(cut=True)[0]) as (url, http):
         with anyio.fail_after(20), pytest.raises(ConnectionLost) as e:
             async with http.open_stream(url, b"{}", bounded=bounded) as answer:
                 async for data in answer.events():

@@ -1,18 +1,14 @@
 """A server running a draft (speculative decoding): each whole answer's acceptance in meta.per_turn, the
-server-wide gauge for streamed ones (SGLang 0.5.17 refuses return_meta_info on a stream), and the figure per
-dataset in status, status --json and the card; nothing of it without a draft."""
+server-wide gauge for streamed ones (SGLang 0.5.17 refuses return_meta_info on a stream; the request fields:
+test_client.py), and the figure per dataset in status, status --json and the card; nothing of it without a draft."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import orjson
 import pytest
 from servers import sim_in_thread
-
-from gen_pipeline.config.dataset import load_dataset_config
-from gen_pipeline.run.wire import ClientSettings, build_request
 
 from pipeline_helpers import SIM_FAST, make_rows, read_samples, run_cli, write_dataset
 
@@ -73,16 +69,6 @@ def test_streamed_turns_show_the_server_wide_figure(draft_sim, tmp_path: Path) -
     assert f"T: {line}\n" in status + "\n", status
     assert js["spec_acceptance"] == {"accept_length": figure, "turns": 0, "scope": "server"}
     assert f"## Draft acceptance\n\n- T: {line}\n" in card, card
-
-
-def test_return_meta_info_only_on_whole_answers_to_a_draft(tmp_path: Path) -> None:
-    cfg = load_dataset_config(write_dataset(tmp_path, extra='on_loop = "off"'))
-    whole = ClientSettings("m", "sglang", cfg.sampling, cfg.generation, speculative=True)
-    streamed = replace(whole, generation=replace(cfg.generation, on_loop="retry"))
-    msgs = [{"role": "user", "content": "hi"}]
-    assert build_request(msgs, whole)["return_meta_info"] is True
-    assert build_request(msgs, streamed)["stream"] is True and "return_meta_info" not in build_request(msgs, streamed)
-    assert "return_meta_info" not in build_request(msgs, ClientSettings("m", "sglang", cfg.sampling, cfg.generation))
 
 
 def test_nothing_shown_without_a_draft(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ import pytest
 
 from gen_pipeline.config.server import ServerProfile
 from gen_pipeline.server import load_server_profile
+from gen_pipeline.server.leftover import group_alive
 from sglang_sim.testing import SimProcess, free_port
 
 from pipeline_helpers import SIM_FAST, make_rows, start_cli, write_dataset
@@ -36,11 +37,7 @@ def sim_profile(*extra: str, **overrides) -> ServerProfile:
 
 
 def group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
+    return not group_alive(pgid)
 
 
 @asynccontextmanager

@@ -74,11 +74,6 @@ def fresh_sources():
     load._KNOWN.clear()
 
 
-async def read_capacity(http, urls: list[str]) -> Capacity:
-    """What attach mode computes: each server probed, the capacities summed."""
-    return combine([(await probe(http, url))[0] for url in urls])
-
-
 OLD_INFO = {"max_total_num_tokens": 24_576, "max_running_requests": 64, "internal_states": [{}]}
 # --dcp-size d: SGLang 0.5.17 reports one rank's pool; each rank holds 1/d of every token, the scheduler admits d x
 DCP_INFO = {**SERVER_INFO_DP2, "dp_size": 1, "internal_states": [{"effective_max_running_requests_per_dp": 512}],
@@ -97,8 +92,8 @@ DCP_INFO = {**SERVER_INFO_DP2, "dp_size": 1, "internal_states": [{"effective_max
 ], ids=["server_info", "old-endpoint-and-two", "loads", "vllm", "unknown", "dcp"])
 async def test_capacity_sums_dp_ranks_and_servers_and_falls_back(routes: dict, expected: Capacity):
     urls = sorted({url.rpartition("/")[0].removesuffix("/v1") for url in routes}) or ["http://a"]
-    async with client(routes) as http:
-        assert await read_capacity(http, urls) == expected
+    async with client(routes) as http:  # what attach mode computes: each server probed, the capacities summed
+        assert combine([(await probe(http, url))[0] for url in urls]) == expected
 
 
 def test_capacity_from_log_line():
@@ -109,32 +104,22 @@ def test_capacity_from_log_line():
     assert capacity_from_log(["nothing here"]) is None
 
 
-async def test_load_from_v1_loads_sums_dp_ranks():
-    async with client({"http://a/v1/loads": LOADS_DP2}) as http:
-        snap = await read_load(http, ["http://a"], now_s=12.5)
-    assert snap == LoadSnapshot(t_s=12.5, running=78, queued=4, used_tokens=188_000, token_usage=0.5,
-                                gen_throughput=1350.0)
-
-
-async def test_load_merges_counters_from_metrics():
-    async with client({"http://a/v1/loads": LOADS_DP2, "http://a/metrics": METRICS_COLON}) as http:
-        snap = await read_load(http, ["http://a"], now_s=1.0)
-    assert (snap.running, snap.queued, snap.retractions_total, snap.gen_tokens_total) == (78, 4, 7, 1500)
-
-
-@pytest.mark.parametrize("text", [METRICS_COLON, METRICS_COLON.replace("sglang:", "sglang_")])
-async def test_load_from_metrics_either_spelling(text):
-    async with client({"http://a/metrics": text}) as http:
-        snap = await read_load(http, ["http://a"], now_s=3.0)
-    assert snap == LoadSnapshot(t_s=3.0, running=78, queued=4, used_tokens=None, token_usage=0.5,
-                                retractions_total=7, gen_tokens_total=1500, gen_throughput=None)
-
-
-async def test_load_from_vllm_metrics_and_several_servers():
-    async with client({"http://v/metrics": VLLM_METRICS, "http://a/v1/loads": LOADS_DP2}) as http:
-        snap = await read_load(http, ["http://v", "http://a"], now_s=0.0)
-    assert (snap.running, snap.queued, snap.used_tokens, snap.retractions_total) == (90, 8, None, None)
-    assert snap.token_usage == pytest.approx((0.75 + 0.5) / 2)
+@pytest.mark.parametrize("routes, expected", [
+    ({"http://a/v1/loads": LOADS_DP2}, LoadSnapshot(  # dp ranks summed
+        t_s=1.0, running=78, queued=4, used_tokens=188_000, token_usage=0.5, gen_throughput=1350.0)),
+    ({"http://a/v1/loads": LOADS_DP2, "http://a/metrics": METRICS_COLON}, LoadSnapshot(  # counters from /metrics
+        t_s=1.0, running=78, queued=4, used_tokens=188_000, token_usage=0.5, retractions_total=7,
+        gen_tokens_total=1500, gen_throughput=1350.0)),
+    *[({"http://a/metrics": text}, LoadSnapshot(t_s=1.0, running=78, queued=4, used_tokens=None, token_usage=0.5,
+                                                retractions_total=7, gen_tokens_total=1500, gen_throughput=None))
+      for text in (METRICS_COLON, METRICS_COLON.replace("sglang:", "sglang_"))],  # either spelling
+    ({"http://v/metrics": VLLM_METRICS, "http://a/v1/loads": LOADS_DP2}, LoadSnapshot(  # vLLM + SGLang: summed
+        t_s=1.0, running=90, queued=8, used_tokens=None, token_usage=(0.75 + 0.5) / 2)),
+], ids=["loads", "loads-and-metrics", "metrics", "metrics-underscore", "vllm-and-sglang"])
+async def test_load_from_loads_metrics_and_several_servers(routes: dict, expected: LoadSnapshot):
+    urls = list(dict.fromkeys(url.rpartition("/")[0].removesuffix("/v1") for url in routes))
+    async with client(routes) as http:
+        assert await read_load(http, urls, now_s=1.0) == expected
 
 
 async def test_load_none_when_not_exposed_and_remembers_sources():

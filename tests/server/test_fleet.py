@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from gen_pipeline.records import LoadSnapshot
 from gen_pipeline.server.fleet import Fleet
+from gen_pipeline.server.fleet_watch import _urls_in
+from gen_pipeline.server.hang import HangWatch
 
 A, B, C = "http://a", "http://b", "http://c"
 
@@ -114,9 +116,13 @@ def test_update_ignores_unknown_urls_and_a_missing_answer_drops_the_figure():
     assert f.free_tokens(A) is None and f.pick() == A  # no token figure for A: fewest in flight
 
 
-def test_an_empty_fleet_is_refused():
-    with pytest.raises(ValueError):
-        Fleet([])
+@pytest.mark.parametrize("urls, routing, message", [
+    ([], "affinity", "^a fleet needs at least one URL$"),
+    ([A], "sticky", r"^routing must be one of affinity, free-kv \(got 'sticky'\)$"),
+])
+def test_an_empty_fleet_or_an_unknown_routing_is_refused(urls, routing, message):
+    with pytest.raises(ValueError, match=message):
+        Fleet(urls, routing=routing)
 
 
 @pytest.mark.parametrize("body, expected", [
@@ -129,7 +135,6 @@ def test_an_empty_fleet_is_refused():
     (None, []),
 ])
 def test_router_worker_lists(body, expected):
-    from gen_pipeline.server.fleet_watch import _urls_in
     assert _urls_in(body) == expected
 
 
@@ -211,11 +216,6 @@ def test_an_ended_sample_is_forgotten_and_free_kv_routing_keeps_nothing():
     assert plain.pick(S1) == A and plain.samples_tracked == 0
 
 
-def test_an_unknown_routing_is_refused():
-    with pytest.raises(ValueError, match="routing must be one of affinity, free-kv"):
-        Fleet([A], routing="sticky")
-
-
 URLS = [A, B, C]
 _ops = st.lists(st.one_of(
     st.tuples(st.just("pick"), st.integers(0, 5)),  # a turn of sample n (5: a request of no sample)
@@ -278,10 +278,7 @@ def test_affinity_invariants(ops, totals, margin):
 
 # ---------------------------------------------------------------- hung or busy (server/hang.py)
 
-@pytest.mark.e2e  # the process is the subject: make e2e
 def test_a_silent_server_is_frozen_only_once_a_probe_sent_in_its_silence_goes_unanswered():
-    from gen_pipeline.server.hang import HangWatch
-
     w = HangWatch(5.0)  # probes from 1 s of silence, 3 s each
     assert not w.due(A, 10.0, 0.9, in_flight=4) and not w.due(A, 10.0, 3.0, in_flight=0)  # not silent / idle
     assert w.due(A, 10.0, 1.0, in_flight=4)
@@ -300,8 +297,6 @@ def test_a_silent_server_is_frozen_only_once_a_probe_sent_in_its_silence_goes_un
 
 
 def test_a_hang_timeout_below_the_probe_timeout_shortens_the_probe():
-    from gen_pipeline.server.hang import HangWatch
-
     w = HangWatch(1.0)
     assert (w.probe_after_s, w.probe_timeout_s) == (0.2, 0.6)
     assert HangWatch().hang_after_s == 5.0 and HangWatch().probe_timeout_s == 3.0

@@ -28,8 +28,8 @@ from pipeline_helpers import (
 from server_helpers import SIM, dataset, generate
 
 SIM_SLOW = [*SIM, "--time-scale", "0.2"]
-# The 90 s restart against --server-wait-s 600 of docs/measurements.md ("Outages"), scaled down
-OUTAGE_S, WAIT_S = 6.0, 8.0
+# --server-wait-s as shipped (docs/measurements.md, "Outages"): the test ends the outage once the run waits
+WAIT_S = 600
 POLL = ("--health-interval-s", "0.3")
 SUMMARY = re.compile(r"^T: (\d+)/(\d+) samples \(100\.0%\), \+(\d+) this run in [\dms]+; target reached\.$", re.M)
 
@@ -68,28 +68,26 @@ def assert_no_failures(tmp_path: Path, text: str, target: int) -> None:
 
 # ---------------------------------------------------------------- item 1: outages are waited out
 
-@pytest.mark.parametrize("how", ["restarted", "frozen"])
-def test_an_attached_run_waits_out_an_outage_of_its_server(tmp_path: Path, how: str) -> None:
+@pytest.mark.parametrize(("how", "servers"), [("restarted", 1), ("frozen", 1), ("restarted", 2)])
+def test_an_attached_run_waits_out_an_outage_of_every_server(tmp_path: Path, how: str, servers: int) -> None:
     with ExitStack() as stack:
-        sim = stack.enter_context(start_sim(SIM))
+        sims = [stack.enter_context(start_sim(SIM)) for _ in range(servers)]
+        sim = sims[0]
         toml = dataset(tmp_path, 300)
-        proc, log = generate(tmp_path, toml, sim.url, *POLL, "--server-wait-s", str(WAIT_S), *WINDOW)
+        proc, log = generate(tmp_path, toml, ",".join(s.url for s in sims), *POLL, "--server-wait-s", str(WAIT_S),
+                             *WINDOW)
         wait_lines(tmp_path / "out" / "T", 40, proc)
-        if how == "restarted":
-            sigkill_sim(sim)  # an operator restart: connections refused until it is back
-        else:
-            freeze_sim(sim)  # a hung server: the port open, nothing answers
+        for s in sims:  # restarted: refused until it is back (an operator restart); frozen: the port open, no answer
+            sigkill_sim(s) if how == "restarted" else freeze_sim(s)
         wait_until(lambda: "no server answers" in log.read_text(), proc)
         assert f"waiting up to {WAIT_S:g} s for one to come back" in log.read_text()
-        time.sleep(OUTAGE_S)  # the outage itself (the fault's length, not a synchronisation)
-        if how == "restarted":
-            back = restart_sim_on_same_port(sim, SIM)
-            stack.callback(back.stop)
-        else:
-            thaw_sim(sim)
+        for s in sims:
+            stack.callback(restart_sim_on_same_port(s, SIM).stop) if how == "restarted" else thaw_sim(s)
         text = finish_cli(proc, log, 60)
     assert_no_failures(tmp_path, text, 300)
     assert re.search(r"^server is back after \d+ s: ", text, re.M), text[-2000:]
+    if servers > 1:
+        return
     if how == "frozen":  # it says why: the port is open but nothing answers (/health's or /v1/models' words)
         said = (rf"no server answers \({re.escape(sim.url)}: (no answer within the request timeout \([\d.]+ s\)|"
                 r"no answer to GET /v1/models within [\d.]+ s)\)")
@@ -118,24 +116,6 @@ def test_an_attached_run_survives_a_90_s_restart_at_the_default_settings(tmp_pat
     back = re.search(r"^server is back after (\d+) s: ", text, re.M)
     assert back is not None and 90 <= int(back.group(1)) < 120, text[-2000:]
     assert re.search(r"no server answers: waiting 1m\d\ds of 10m00s", text), text[-3000:]  # the progress line
-
-
-def test_a_fleet_waits_out_an_outage_of_every_server(tmp_path: Path) -> None:
-    with ExitStack() as stack:
-        sims = [stack.enter_context(start_sim(SIM)) for _ in range(2)]
-        toml = dataset(tmp_path, 300)
-        proc, log = generate(tmp_path, toml, ",".join(s.url for s in sims), *POLL, "--server-wait-s",
-                             str(WAIT_S), *WINDOW)
-        wait_lines(tmp_path / "out" / "T", 40, proc)
-        for sim in sims:
-            sigkill_sim(sim)
-        wait_until(lambda: "no server answers" in log.read_text(), proc)
-        time.sleep(OUTAGE_S)
-        for sim in sims:
-            stack.callback(restart_sim_on_same_port(sim, SIM).stop)
-        text = finish_cli(proc, log, 60)
-    assert_no_failures(tmp_path, text, 300)
-    assert re.search(r"^server is back after \d+ s: ", text, re.M), text[-2000:]
 
 
 def test_an_outage_longer_than_the_wait_ends_the_run_resumable(tmp_path: Path) -> None:

@@ -36,11 +36,16 @@ def test_the_defaults_reproduce_the_seeds_three_pools(profile: str | None, mem: 
     assert int(row.split()[2].replace(",", "")) == pytest.approx(seen, rel=0.01)
 
 
-def test_plan_prints_the_reference_nodes_plan_and_the_88k_jobs_wall_time(
+def test_plan_prints_the_reference_nodes_plan_and_the_88k_jobs_wall_time_as_the_readme_shows(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
     assert main(["plan", "--output-dir", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
+    readme = user_docs()
+    table = readme[readme.index("```text\ndataset     to do") + len("```text\n"):]
+    table = table[:table.index("```")].splitlines()
+    start = lines.index(table[0])
+    assert lines[start:start + len(table)] == table
     assert lines[1] == ("weights: 553 GiB (Kimi-K2.5 INT4, 594 GB on disk: the bundled config's default; "
                         "--weights-gb for another checkpoint)")
     assert lines[2] == ("MLA attention, 61 layers; tp=8, 95.6 GiB/GPU × mem_fraction_static 0.9 − weights 69.1 "
@@ -101,18 +106,6 @@ def test_a_rate_that_is_not_positive_is_refused(capsys: pytest.CaptureFixture[st
     assert main(["plan", "--output-dir", "/nonexistent-outputs", "--decode-tok-s", "0"]) == 2
     assert capsys.readouterr().err == ("error: --decode-tok-s 0 must be above 0 (a measured tokens/s; make status "
                                        "shows a run's).\n")
-
-
-def test_the_readmes_job_table_is_what_plan_prints(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    readme = user_docs()
-    table = readme[readme.index("```text\ndataset     to do") + len("```text\n"):]
-    table = table[:table.index("```")].splitlines()
-    monkeypatch.chdir(REPO)
-    assert main(["plan", "--output-dir", str(tmp_path)]) == 0
-    out = capsys.readouterr().out.splitlines()
-    start = out.index(table[0])
-    assert out[start:start + len(table)] == table
 
 
 def _plans(tmp_path: Path, capsys: pytest.CaptureFixture[str], extra_args: str) -> list[list[str]]:

@@ -92,11 +92,9 @@ def test_overrides_apply_and_are_validated(tmp_path):
 def test_unknown_key_names_file_and_key(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write(tmp_path, '[profile.a]\nmodel_path = "m"\nkv_cache_dtyp = "fp8_e4m3"\n')
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(ConfigError, match=r"^server\.toml: profile\.a\.kv_cache_dtyp: unknown key\. Known keys here: "
+                                          r".*Check the spelling or remove it\.$"):
         load_server_profile("a", Path("server.toml"))
-    msg = str(e.value)
-    assert msg.startswith("server.toml: profile.a.kv_cache_dtyp: unknown key. Known keys here: ")
-    assert msg.endswith("Check the spelling or remove it.")
 
 
 def test_unknown_profile_lists_known_ones(tmp_path, monkeypatch):
@@ -118,17 +116,14 @@ def test_unknown_profile_lists_known_ones(tmp_path, monkeypatch):
     ("enable_metrics = 1", "profile.a.enable_metrics = 1 must be true or false (got an integer)."),
     ("env = { NCCL_DEBUG = 1 }", "profile.a.env.NCCL_DEBUG = 1 must be a string (environment values are text). "
      "Put it in quotes."),
-    ('inherits = "nope"', "Profile 'a' not found"),
+    ('inherits = "nope"', "profile.a.inherits = 'nope': not found. Known profiles: a."),
 ])
 def test_bad_values_are_named(tmp_path, monkeypatch, line, message):
     monkeypatch.chdir(tmp_path)
     write(tmp_path, f'[profile.a]\nmodel_path = "m"\n{line}\n')
     with pytest.raises(ConfigError) as e:
         load_server_profile("a", Path("server.toml"))
-    if message.startswith("Profile"):
-        assert str(e.value) == "server.toml: profile.a.inherits = 'nope': not found. Known profiles: a."
-    else:
-        assert str(e.value) == f"server.toml: {message}"
+    assert str(e.value) == f"server.toml: {message}"
 
 
 def test_shipped_profiles_load():

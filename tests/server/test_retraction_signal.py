@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import anyio
 import httpx
+import pytest
 from servers import sim_in_thread
 
 from gen_pipeline.config.dataset import GenerationConfig
@@ -40,22 +41,19 @@ def _totals(texts: list[str]) -> list[int | None]:
     return [load_from_metrics(t, float(i), tally).retractions_total for i, t in enumerate(texts)]
 
 
-def test_gauge_only_server_is_tallied_per_rank():
-    # SGLang 0.5.4: only the gauge. A window held over two polls counts once; 0 -> 3 again is new.
-    polls = [_gauge(0, 0), _gauge(3, 0), _gauge(3, 2), _gauge(0, 2), _gauge(3, 0), _gauge(0, 0)]
-    assert _totals(polls) == [0, 3, 5, 5, 8, 8]
-
-
-def test_counter_takes_over_when_it_appears_without_counting_twice():
-    # SGLang 0.5.17: the labelled counter is absent until the first retraction, the gauge shows it later.
-    polls = [_gauge(0, 0), _gauge(0, 0) + _counter(4, 0), _gauge(4, 0) + _counter(4, 0),
-             _gauge(0, 0) + _counter(4, 1), _gauge(0, 1) + _counter(4, 1)]
-    assert _totals(polls) == [0, 4, 4, 5, 5]
-
-
-def test_old_cumulative_gauge_and_no_signal():
-    old = _BASE + '# TYPE sglang:total_retracted_reqs gauge\nsglang:total_retracted_reqs{dp_rank="0"} 6.0\n'
-    assert _totals([old, _BASE]) == [6, None]
+@pytest.mark.parametrize("polls, expected", [
+    # SGLang 0.5.4: only the gauge, tallied per rank. A window held over two polls counts once; 0 -> 3 again is new.
+    ([_gauge(0, 0), _gauge(3, 0), _gauge(3, 2), _gauge(0, 2), _gauge(3, 0), _gauge(0, 0)], [0, 3, 5, 5, 8, 8]),
+    # SGLang 0.5.17: the labelled counter is absent until the first retraction, the gauge shows it later: the
+    # counter takes over without counting twice
+    ([_gauge(0, 0), _gauge(0, 0) + _counter(4, 0), _gauge(4, 0) + _counter(4, 0), _gauge(0, 0) + _counter(4, 1),
+      _gauge(0, 1) + _counter(4, 1)], [0, 4, 4, 5, 5]),
+    # 0.4.7-0.4.10's cumulative gauge, then no signal at all
+    ([_BASE + '# TYPE sglang:total_retracted_reqs gauge\nsglang:total_retracted_reqs{dp_rank="0"} 6.0\n', _BASE],
+     [6, None]),
+], ids=["gauge", "counter-appears", "old-gauge"])
+def test_the_retraction_count_on_every_sglang_version(polls: list[str], expected: list[int | None]) -> None:
+    assert _totals(polls) == expected
 
 
 SIM = ["--max-total-tokens", "3000", "--enable-metrics", "--time-scale", "1", "--sim-output-mean", "300",
