@@ -300,6 +300,11 @@ CEILING_RUNS = (
      "CHECK_ARGS=\"--regimes long --rounds 3\" BUDGET_S=470 bash bench/gpu/run_h200.sh KEEP OUT ceiling unserve "
      "summary, right after the small-model call on the same machine (the budget ended before bench_serving's third "
      "round)"),
+    (HERE / "h100_traces_vs_sglang_long600.json", "gpu_h100_vs_sglang_long600",
+     "CHECK_ARGS=\"--regimes long --long-prompts 600 --clients gen_pipeline,offline --rounds 3\" BUDGET_S=450 bash "
+     "bench/gpu/run_h200.sh KEEP OUT install model setup serve ceiling summary, then the same with BUDGET_S=330 and "
+     "the phases ceiling unserve summary (two calls; bench_serving left out: at 300 prompts it was the lower of "
+     "SGLang's two, and the device time of this session fitted two clients)"),
 )
 CLIENT_NAMES = {"gen_pipeline": "gen_pipeline (adaptive)", "bench_serving": "SGLang bench_serving, rate inf",
                 "offline": "SGLang offline engine"}

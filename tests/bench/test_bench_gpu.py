@@ -332,3 +332,7 @@ def test_the_committed_h100_ceiling_runs_give_the_ratios_the_run_printed() -> No
     assert heads["long"]["over_bench_serving"]["median"] == 0.978 and heads["long"]["over_better"]["median"] == 0.956
     verdicts = [r.get("diagnose") for r in small["short"]["runs"] if r["client"] == "gen_pipeline"]
     assert verdicts.count(["client_bound"]) == 1 and len(verdicts) == 3
+    # 600 long prompts (2026-12-06, second session), gen_pipeline and the engine only: the start weighs half as much
+    long600 = json.loads((report.HERE / "h100_traces_vs_sglang_long600.json").read_text())["ceiling"]["long"]["runs"]
+    head = ceiling.headline(ceiling.summarize_ceiling(long600))["long"]["over_offline"]
+    assert head == {"of": "offline", "median": 0.969, "per_round_median": 0.975, "gpu_factored_out_median": 0.977}
