@@ -118,4 +118,3 @@ def judge(turn: TurnResult, g: GenerationConfig, reasoning_expected: bool | None
                                retryable=False)
         reject_empty(turn, g.empty_turn)
     return replace(kept, leak=reason.value)
-

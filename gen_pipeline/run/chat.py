@@ -415,4 +415,3 @@ def _wait(g: GenerationConfig, state: RetryCallState) -> float:
         return 0.0
     n = state.attempt_number  # tenacity counts from the second attempt here: the first ran outside it
     return random.uniform(0, min(g.retry_max_wait_s, g.retry_initial_wait_s * 2 ** (n - 1)))
-

@@ -83,4 +83,3 @@ def _watched(command: list[str], stop_grace_s: float) -> list[str]:
     if shutil.which(command[0]) is None:
         return command
     return [sys.executable, "-I", parent_watch.SCRIPT, str(os.getpid()), f"{stop_grace_s:g}", *command]
-
