@@ -122,7 +122,7 @@ def _probe(path: Path) -> bool | None:
     try:
         fd = os.open(path, os.O_RDONLY)
         try:
-            return not _flock(fd, fcntl.LOCK_SH)
+            return not _flock_within(fd, 0.0, fcntl.LOCK_SH)
         finally:
             os.close(fd)  # drops the probe's flock
     except OSError:
@@ -220,16 +220,15 @@ class RunLock:
 
 
 def _takeover_note(info: LockInfo) -> str:
-    if info.pid is None:
-        return f"took over the lock of a run that is gone (an unknown process, started {info.started_hms()})"
-    if info.superseded and info.slurm is not None:
+    if info.pid is not None and info.superseded and info.slurm is not None:
         return (f"took over the lock of SLURM job {info.slurm[0]}'s previous run (pid {info.pid} on "
                 f"{info.host or 'unknown'}, started {info.started_hms()}): the job was requeued")
-    if not info.local:
-        return (f"took over the lock of a run that is gone (pid {info.pid} on host {info.host or 'unknown'}, "
-                f"started {info.started_hms()})")
-    now = f"; pid {info.pid} is another process now" if pid_alive(info.pid) else ""
-    return f"took over the lock of a run that is gone (pid {info.pid}, started {info.started_hms()}{now})"
+    if info.pid is None:
+        who, now = "an unknown process", ""
+    else:
+        who = f"pid {info.pid}" + ("" if info.local else f" on host {info.host or 'unknown'}")
+        now = f"; pid {info.pid} is another process now" if info.local and pid_alive(info.pid) else ""
+    return f"took over the lock of a run that is gone ({who}, started {info.started_hms()}{now})"
 
 
 # Filesystems whose flock one host owns whole; any other (nfs, lustre, gpfs, cifs, fuse.*) may be
@@ -266,22 +265,17 @@ def _unusable(folder: Path, e: OSError) -> StoreError:
                       "Fix the folder's permissions or choose another output folder.")
 
 
-def _flock(fd: int, how: int = fcntl.LOCK_EX) -> bool:
-    try:
-        fcntl.flock(fd, how | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-
-
-def _flock_within(fd: int, wait_s: float) -> bool:
+def _flock_within(fd: int, wait_s: float, how: int = fcntl.LOCK_EX) -> bool:
     """flock, retried for `wait_s`: a status probe holds a lock's flock for an instant only."""
     deadline = time.monotonic() + wait_s
-    while not _flock(fd):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.01)
-    return True
+    while True:
+        try:
+            fcntl.flock(fd, how | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
 
 
 def _same_file(fd: int, path: Path) -> bool:

@@ -17,6 +17,7 @@ import orjson
 
 from gen_pipeline.records import RunSnapshot
 from gen_pipeline.store.layout import jsonl_rows, read_jsonl_rows
+from gen_pipeline.store.manifest import write_atomic
 
 TELEMETRY_NAME = "telemetry.jsonl"
 ARCHIVE_NAME = "telemetry.1.jsonl"
@@ -171,9 +172,7 @@ def rotate(path: Path, max_bytes: int = MAX_BYTES) -> None:
     os.truncate(path, 0)
     if size > max_bytes:
         rows = decimate(read_file(archive), ARCHIVE_KEEP_EVERY)
-        tmp = archive.with_name(archive.name + ".tmp")
-        tmp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-        os.replace(tmp, archive)
+        write_atomic(archive, b"".join(orjson.dumps(r) + b"\n" for r in rows))
 
 
 def decimate(rows: list[dict[str, Any]], every: int) -> list[dict[str, Any]]:
