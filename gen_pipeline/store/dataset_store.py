@@ -1,7 +1,5 @@
-"""The dataset store: sharded JSONL writer with exactly-once resume by id. Sync; the pipeline calls it
-through `anyio.to_thread.run_sync` in batches. The shards are the source of truth, read back under
-layout.py's trust rules (a sealed shard's ids come from its sidecar: it is not parsed).
-"""
+"""The dataset store: sharded JSONL writer with exactly-once resume by id. Sync (the pipeline calls it through
+`anyio.to_thread.run_sync` in batches). The shards are the source of truth, read back under layout.py's trust rules."""
 
 from __future__ import annotations
 
@@ -70,9 +68,8 @@ class DatasetStore:
         self._created: list[Path] = []  # the folders claim() made, innermost first
         self._rejected_rows: set[int] = set()  # source rows already in rejects.jsonl
         self._progress: mf.ProgressRecord | None = None
-        self._failed = self._closed = False
-        self._scanned = False  # claim() got to its end
-        self._loaded = False  # done_ids holds every shard's ids (open() got past _load_shards)
+        # _scanned: claim() got to its end; _loaded: done_ids holds every shard's ids (open() got past _load_shards)
+        self._failed = self._closed = self._scanned = self._loaded = False
 
     @property
     def done(self) -> int:

@@ -250,8 +250,7 @@ def shared_filesystem(folder: Path) -> bool:
         if len(fields) < 5 or not kind:
             continue
         mount = fields[4].replace("\\040", " ")
-        inside = real == mount or real.startswith(mount.rstrip("/") + "/")
-        if inside and len(mount) >= len(best):
+        if (real == mount or real.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
             best, fstype = mount, kind[0]
     return fstype not in _LOCAL_FILESYSTEMS
 

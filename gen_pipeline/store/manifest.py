@@ -1,7 +1,5 @@
-"""A dataset folder's metadata on disk: the manifest (written atomically, typed by `Manifest` and
-checked field by field when read) and the config-drift check (the run lock is lock.py). Sync, no
-async library: the store calls it from a thread.
-"""
+"""The manifest (written atomically, typed by `Manifest`, checked field by field when read) and the config-drift
+check. Sync: the store calls it from a thread."""
 
 from __future__ import annotations
 

@@ -66,8 +66,7 @@ def rank_folder_name(rank: int, world: int) -> str:
 
 def parse_rank_folder(name: str) -> tuple[int, int] | None:
     """(rank, world) of a folder named rank-<R>-of-<W> with 0 <= R < W, else None."""
-    m = _FOLDER.match(name)
-    if not m:
+    if not (m := _FOLDER.match(name)):
         return None
     rank, world = int(m.group(1)), int(m.group(2))
     return (rank, world) if 0 <= rank < world else None

@@ -93,8 +93,7 @@ class Telemetry:
         self.path = Path(folder) / TELEMETRY_NAME
         self.run = None if run is None else max(run, last_run(Path(folder)) + 1)
         self.on_event, self.max_bytes = on_event, max_bytes
-        self.enabled = True
-        self.dropped = 0
+        self.enabled, self.dropped = True, 0
         self._queue: queue.Queue[Any] = queue.Queue(_QUEUE_ROWS)
         self._thread: threading.Thread | None = None
 
