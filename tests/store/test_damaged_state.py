@@ -25,11 +25,9 @@ def _same_count_other_ids(folder: Path) -> None:
     (folder / "shard-00000.ids").write_bytes(b"\n".join(lines[:-4] + [b'"B2-9%d"' % k for k in range(4)]) + b"\n")
 
 
-def _another_shards(folder: Path) -> None:
-    (folder / "shard-00000.ids").write_bytes((folder / "shard-00001.ids").read_bytes())
-
-
-@pytest.mark.parametrize("damage", [_same_count_other_ids, _another_shards])
+@pytest.mark.parametrize("damage", [_same_count_other_ids, lambda d: (d / "shard-00000.ids").write_bytes(
+    (d / "shard-00001.ids").read_bytes()), lambda d: (d / "shard-00000.ids").unlink()],
+    ids=["other-ids", "another-shards", "missing"])
 def test_a_sidecar_that_does_not_match_its_shard_is_rebuilt_before_it_is_trusted(tmp_path: Path, damage) -> None:
     write(tmp_path, range(10))  # shard 0 and 1 sealed (4 each), shard 2 open (2)
     folder = tmp_path / "B2"
@@ -68,8 +66,7 @@ def test_duplicate_lines_on_disk_are_removed_in_a_committed_rewrite(tmp_path: Pa
     manifest = orjson.loads((folder / "manifest.json").read_bytes())
     records = {e["name"]: e for e in manifest["sealed"]}
     if where == "sealed":
-        assert records["shard-00001.jsonl"]["bytes"] == target.stat().st_size
-        assert records["shard-00001.jsonl"]["samples"] == 4
+        assert [records["shard-00001.jsonl"][k] for k in ("bytes", "samples")] == [target.stat().st_size, 4]
     else:
         assert manifest["open"]["committed_bytes"] == target.stat().st_size
     assert not list(folder.glob("*.tmp*"))

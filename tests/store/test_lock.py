@@ -13,7 +13,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from store_helpers import make
+from store_helpers import dead_pid, make
 
 import gen_pipeline.store.lock as lock_mod
 from gen_pipeline.display import display_path
@@ -70,9 +70,7 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
 
 @pytest.mark.e2e  # the process is the subject: make e2e
 def test_a_holder_whose_pid_this_host_cannot_see_is_not_named_for_kill(tmp_path: Path, holder) -> None:
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, check=True)
-    dead = int(gone.stdout)
+    dead = dead_pid()
     holder(pid=dead)  # a run in another pid namespace: its file names a pid that is not it here
     with pytest.raises(LockedError) as e:
         make(tmp_path).open()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from store_helpers import shard_ids
 
 from gen_pipeline.cli import main
 from gen_pipeline.errors import ConfigError
@@ -45,10 +46,7 @@ def _rank_args(toml: Path, url: str, out: Path, rank: int, world: int = W, *extr
 
 
 def _rank_ids(out: Path, rank: int, world: int = W) -> list[str]:
-    ids = []
-    for shard in sorted((out / "T" / f"rank-{rank}-of-{world}").glob("shard-*.jsonl")):
-        ids += [orjson.loads(line)["id"] for line in shard.read_bytes().splitlines()]
-    return ids
+    return shard_ids(out / "T" / f"rank-{rank}-of-{world}")
 
 
 def _assert_union_exact(out: Path) -> dict[int, list[str]]:
