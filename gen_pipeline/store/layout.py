@@ -136,8 +136,7 @@ class ShardFile:
     @property
     def record(self) -> ShardRecord | None:
         """The manifest's record when the file still matches it (same size: the trust rule), else None."""
-        rec = self.listed_record
-        return rec if rec is not None and rec.get("bytes") == self.size else None
+        return self.listed_record if self.listed_record and self.listed_record.get("bytes") == self.size else None
 
 
 def shard_files(folder: Path, manifest: Manifest | None = None) -> list[ShardFile]:
