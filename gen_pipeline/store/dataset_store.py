@@ -221,11 +221,8 @@ class DatasetStore:
 
     def _cut_torn_tail(self, path: Path, notes: list[str]) -> int:
         """Cut a torn last line of errors.jsonl / rejects.jsonl so the next append starts a line."""
-        if not path.exists():
-            return 0
-        data = path.read_bytes()
-        cut = len(data) - (data.rfind(b"\n") + 1)
-        if cut:
+        data = path.read_bytes() if path.exists() else b""
+        if cut := len(data) - (data.rfind(b"\n") + 1):
             self._io(path, os.truncate, path, len(data) - cut)
             notes.append(f"cut {cut} bytes (a torn last line) from {path.name}")
         return cut

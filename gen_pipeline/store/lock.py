@@ -89,8 +89,7 @@ def pid_alive(pid: int, *, group: bool = False) -> bool:
     if group:
         return True
     try:  # /proc/<pid>/stat: "pid (comm) S ..."; state Z = exited, waiting for its parent
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return True
 

@@ -23,13 +23,12 @@ from gen_pipeline.reports.status import read_status
 STARTED = "2026-03-01T11:02:03+00:00"
 HMS = datetime.fromisoformat(STARTED).astimezone().strftime("%H:%M:%S")
 
-# A run as the kernel sees it: holds the flock of .lock, its file names pid argv[2] (0: its own).
+# A run as the kernel sees it: holds the flock of .lock, its file names pid argv[2].
 HOLDER = """
 import fcntl, os, sys, orjson
 fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR, 0o644)
 fcntl.flock(fd, fcntl.LOCK_EX)
-pid = int(sys.argv[2]) or os.getpid()
-os.write(fd, orjson.dumps({"pid": pid, "host": sys.argv[3], "started_at": sys.argv[4]}))
+os.write(fd, orjson.dumps({"pid": int(sys.argv[2]), "host": sys.argv[3], "started_at": sys.argv[4]}))
 print("held", flush=True)
 sys.stdin.read()
 """
@@ -42,25 +41,6 @@ def write_lock(folder: Path, pid: int, host: str | None = None) -> None:
 
 
 @pytest.fixture
-def holder(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
-    """A real second process holding the flock of tmp_path/B2/.lock (started by `hold`)."""
-    procs: list[subprocess.Popen[str]] = []
-
-    def hold(pid: int | None = None) -> subprocess.Popen[str]:
-        (tmp_path / "B2").mkdir(exist_ok=True)
-        args = [str(tmp_path / "B2" / ".lock"), str(pid if pid is not None else 0), socket.gethostname(), STARTED]
-        p = subprocess.Popen([sys.executable, "-c", HOLDER, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True)
-        procs.append(p)
-        assert p.stdout is not None and p.stdout.readline() == "held\n"  # the flock is held from here on
-        return p
-
-    yield hold  # type: ignore[misc]
-    for p in procs:
-        p.communicate("")  # stdin closed: it exits, its flock with it
-
-
-@pytest.fixture
 def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     """A live process that has nothing to do with any lock (whatever got the dead run's pid)."""
     p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
@@ -69,11 +49,15 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
 
 
 @pytest.mark.e2e  # the process is the subject: make e2e
-def test_a_holder_whose_pid_this_host_cannot_see_is_not_named_for_kill(tmp_path: Path, holder) -> None:
-    dead = dead_pid()
-    holder(pid=dead)  # a run in another pid namespace: its file names a pid that is not it here
-    with pytest.raises(LockedError) as e:
-        make(tmp_path).open()
+def test_a_holder_whose_pid_this_host_cannot_see_is_not_named_for_kill(tmp_path: Path) -> None:
+    dead = dead_pid()  # a run in another pid namespace holds the flock: its file names a pid that is not it here
+    (tmp_path / "B2").mkdir()
+    args = [str(tmp_path / "B2" / ".lock"), str(dead), socket.gethostname(), STARTED]
+    with subprocess.Popen([sys.executable, "-c", HOLDER, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True) as p:
+        assert p.stdout is not None and p.stdout.readline() == "held\n"  # the flock is held from here on
+        with pytest.raises(LockedError) as e:
+            make(tmp_path).open()  # leaving `with` closes its stdin: it exits, its flock with it
     where = display_path(tmp_path / "B2")
     assert str(e.value) == (f"{where} is locked by a live run, but not by pid {dead} that {where}/.lock names (no such "
                             "process here): a run in another container or pid namespace on this host shares this "

@@ -192,10 +192,8 @@ def test_a_requeued_slurm_job_takes_over_its_own_lock_from_another_host(tmp_path
     refused = (f"{where} is being written by a run on host node-7 (pid 4242, SLURM job 66, started {hms}); this "
                "host cannot tell whether it still runs. Wait for it or stop it there (scancel 66); if it is gone "
                f"(squeue -j 66 shows nothing), delete {where}/.lock.")
-    for env in ({}, {"SLURM_JOB_ID": "67", "SLURM_RESTART_COUNT": "1"}, {"SLURM_JOB_ID": "66"}):
-        monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-        monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
-        for k, v in env.items():
+    for env in (("", ""), ("67", "1"), ("66", "")):  # "": unset
+        for k, v in zip(("SLURM_JOB_ID", "SLURM_RESTART_COUNT"), env, strict=True):
             monkeypatch.setenv(k, v)
         with pytest.raises(LockedError) as e:
             make(tmp_path).open()
