@@ -1,5 +1,6 @@
 """The run lock: the flock decides, not the pid. A holder of the flock is refused (by its pid: tests/cli's
-test_a_live_holder_on_this_host_...); a stale lock naming a live unrelated pid is taken over, as status says."""
+test_a_live_holder_on_this_host_...); a stale lock naming a live unrelated pid is taken over, as status says. Another
+host's lock: test_store's test_a_requeued_slurm_job_..."""
 
 from __future__ import annotations
 
@@ -34,12 +35,6 @@ sys.stdin.read()
 """
 
 
-def write_lock(folder: Path, pid: int, host: str | None = None) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / ".lock").write_bytes(orjson.dumps({"pid": pid, "host": host or socket.gethostname(),
-                                                 "started_at": STARTED}))
-
-
 @pytest.fixture
 def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     """A live process that has nothing to do with any lock (whatever got the dead run's pid)."""
@@ -69,7 +64,9 @@ def test_a_holder_whose_pid_this_host_cannot_see_is_not_named_for_kill(tmp_path:
 @pytest.mark.parametrize("who", ["pid 1 (a container restart)", "an unrelated live process (a reused pid)"])
 def test_a_stale_lock_naming_a_live_unrelated_pid_is_taken_over(tmp_path: Path, sleeper, who: str) -> None:
     pid = 1 if who.startswith("pid 1") else sleeper.pid
-    write_lock(tmp_path / "B2", pid)
+    (tmp_path / "B2").mkdir()
+    (tmp_path / "B2" / ".lock").write_bytes(orjson.dumps({"pid": pid, "host": socket.gethostname(),
+                                                          "started_at": STARTED}))
     assert read_status(tmp_path, "B2", 10).state == f"died (pid {pid} gone)"
     with make(tmp_path) as s:
         state = s.open()
@@ -77,18 +74,6 @@ def test_a_stale_lock_naming_a_live_unrelated_pid_is_taken_over(tmp_path: Path, 
                                "another process now)"]
         assert orjson.loads((tmp_path / "B2" / ".lock").read_bytes())["pid"] == os.getpid()
     assert not (tmp_path / "B2" / ".lock").exists()
-
-
-def test_a_lock_of_another_host_on_a_shared_filesystem_is_refused_with_what_to_do(tmp_path: Path,
-                                                                                  monkeypatch) -> None:
-    monkeypatch.setattr(lock_mod, "shared_filesystem", lambda folder: True)  # outputs/ on NFS
-    write_lock(tmp_path / "B2", 4242, host="node-17")
-    with pytest.raises(LockedError) as e:
-        make(tmp_path).open()
-    where = display_path(tmp_path / "B2")
-    assert str(e.value) == (f"{where} is being written by a run on host node-17 (pid 4242, started {HMS}); this host "
-                            "cannot tell whether it still runs. Wait for it or stop it there; if it is gone, delete "
-                            f"{where}/.lock.")
 
 
 def test_the_filesystem_of_a_folder_is_read_from_mountinfo(tmp_path: Path) -> None:

@@ -179,16 +179,23 @@ def test_crash_between_sealing_and_manifest_commit(tmp_path, next_shard_created)
 
 
 def test_a_requeued_slurm_job_takes_over_its_own_lock_from_another_host(tmp_path, monkeypatch):
-    """A requeued job (same SLURM_JOB_ID, SLURM_RESTART_COUNT + 1) may run on another node: the lock's job id and
-    restart count say its writer's run ended. Another job, or the same run, is refused (on a shared filesystem)."""
+    """A lock of another host on a shared filesystem is refused, saying what to do. A requeued job (same SLURM_JOB_ID,
+    SLURM_RESTART_COUNT + 1) may run on another node: the lock's job id and restart count say its writer's run ended.
+    Another job, or the same run, is refused."""
     monkeypatch.setattr(lock_mod, "shared_filesystem", lambda folder: True)
     folder = tmp_path / "B2"
     folder.mkdir()
     started = "2026-03-01T11:02:03+00:00"
     hms = datetime.fromisoformat(started).astimezone().strftime("%H:%M:%S")
-    lock = {"pid": 4242, "host": "node-7", "started_at": started, "slurm_job_id": "66", "slurm_restart": 0}
-    (folder / ".lock").write_bytes(orjson.dumps(lock))
     where = display_path(folder)
+    lock = {"pid": 4242, "host": "node-7", "started_at": started}
+    (folder / ".lock").write_bytes(orjson.dumps(lock))
+    with pytest.raises(LockedError) as e:  # outside a SLURM job: no scancel/squeue to suggest
+        make(tmp_path).open()
+    assert str(e.value) == (f"{where} is being written by a run on host node-7 (pid 4242, started {hms}); this host "
+                            "cannot tell whether it still runs. Wait for it or stop it there; if it is gone, delete "
+                            f"{where}/.lock.")
+    (folder / ".lock").write_bytes(orjson.dumps(lock | {"slurm_job_id": "66", "slurm_restart": 0}))
     refused = (f"{where} is being written by a run on host node-7 (pid 4242, SLURM job 66, started {hms}); this "
                "host cannot tell whether it still runs. Wait for it or stop it there (scancel 66); if it is gone "
                f"(squeue -j 66 shows nothing), delete {where}/.lock.")
