@@ -179,12 +179,9 @@ def committed_shard(shard: ShardFile, *, ids: bool = True) -> CommittedShard:
 def committed_shards(folder: Path, *, ids: bool = True) -> list[CommittedShard]:
     """Every shard of every part of a dataset folder with its committed figures (and ids)."""
     out = []
-    for part in dataset_parts(folder):
-        for shard in shard_files(part):
-            try:
-                out.append(committed_shard(shard, ids=ids))
-            except OSError:
-                continue  # vanished or rewritten while we read: a live run owns it
+    for shard in (s for part in dataset_parts(folder) for s in shard_files(part)):
+        with contextlib.suppress(OSError):  # vanished or rewritten while we read: a live run owns it
+            out.append(committed_shard(shard, ids=ids))
     return out
 
 
@@ -192,19 +189,18 @@ def iter_committed_samples(folder: Path, duplicates: list[str] | None = None) ->
     """A dataset's committed samples (every part), the first of each id; raises StoreError on a damaged line. The id
     of each later line with an id already met (damage: the store never writes an id twice) goes to `duplicates`."""
     seen: set[str] = set()
-    for part in dataset_parts(folder):
-        for shard in shard_files(part):
-            data = shard.path.read_bytes()  # one snapshot; a live writer only appends after it
-            for number, row, _why, _end in iter_lines(data):
-                if row is None:
-                    raise StoreError(f"{display_path(shard.path)} line {number} is not a sample, and it is not the "
-                                     "last line, so this is not a torn write: the file is damaged. Run `gen-pipeline "
-                                     "validate` on the dataset, fix or delete that line, then export again.")
-                if row["id"] not in seen:
-                    seen.add(row["id"])
-                    yield row
-                elif duplicates is not None:
-                    duplicates.append(row["id"])
+    for shard in (s for part in dataset_parts(folder) for s in shard_files(part)):
+        data = shard.path.read_bytes()  # one snapshot; a live writer only appends after it
+        for number, row, _why, _end in iter_lines(data):
+            if row is None:
+                raise StoreError(f"{display_path(shard.path)} line {number} is not a sample, and it is not the last "
+                                 "line, so this is not a torn write: the file is damaged. Run `gen-pipeline validate` "
+                                 "on the dataset, fix or delete that line, then export again.")
+            if row["id"] not in seen:
+                seen.add(row["id"])
+                yield row
+            elif duplicates is not None:
+                duplicates.append(row["id"])
 
 
 def read_jsonl_rows(path: Path) -> list[dict[str, Any]]:
