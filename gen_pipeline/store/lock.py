@@ -194,10 +194,7 @@ class RunLock:
         if not _flock_within(fd, _PROBE_RACE_S):
             os.close(fd)
             raise LockedError(locked_message(folder, read_lock(folder) or LockInfo(None, "", "", 0.0)))
-        if not _same_file(fd, path):
-            os.close(fd)
-            return None
-        info = read_lock(folder)
+        info = read_lock(folder) if _same_file(fd, path) else None  # None: replaced or gone, try again
         if info is None or (info.pid is None and info.age_s < _EMPTY_LOCK_GRACE_S) or \
                 (info.pid is not None and not info.local and not info.superseded and shared_filesystem(folder)):
             os.close(fd)
