@@ -53,8 +53,7 @@ class DatasetStore:
         self.rank = rank
         self.folder, self._dataset_dir = layout.part_folder(root, dataset, rank), layout.dataset_folder(root, dataset)
         self.dataset, self.fingerprint, self.target = dataset, fingerprint, rank.share(target)
-        self.shard_max_samples, self.fsync_every = shard_max_samples, fsync_every
-        self._opener = file_opener
+        self.shard_max_samples, self.fsync_every, self._opener = shard_max_samples, fsync_every, file_opener
         self.done_ids: set[str] = set()
         self._lock: RunLock | None = None
         self._files: dict[str, BinaryIO] = {}
@@ -67,7 +66,6 @@ class DatasetStore:
         self._notes: list[str] = []
         self._created: list[Path] = []  # the folders claim() made, innermost first
         self._rejected_rows: set[int] = set()  # source rows already in rejects.jsonl
-        self._progress: mf.ProgressRecord | None = None
         # _scanned: claim() got to its end; _loaded: done_ids holds every shard's ids (open() got past _load_shards)
         self._failed = self._closed = self._scanned = self._loaded = False
 
@@ -433,8 +431,6 @@ class DatasetStore:
     def commit(self, progress: mf.ProgressRecord | None = None) -> None:
         """fsync the files, then replace the manifest atomically (with the live figures if given); raises DiskError."""
         run = self._check_usable()
-        if progress is not None:
-            self._progress = progress
         for name in list(self._files):
             self._sync(name)
         self._unsynced = 0
@@ -448,8 +444,8 @@ class DatasetStore:
             "open": open_record, "updated_at": run["updated_at"]})
         if self.rank.ranked:  # status reads the rank from here (and the folder name)
             self._manifest.update({"rank": self.rank.rank, "world_size": self.rank.world})
-        if self._progress is not None:
-            self._manifest["progress"] = self._progress
+        if progress is not None:  # a later commit without figures keeps these
+            self._manifest["progress"] = progress
         self._io(self.folder / mf.MANIFEST_NAME, mf.write_manifest, self.folder, self._manifest)
 
     def _sync(self, name: str) -> None:
