@@ -314,8 +314,7 @@ class DatasetStore:
         """Raise StoreError (naming the line) when a sealed shard's lines no longer carry the ids its sidecar recorded:
         a bit flip inside an id keeps the size (the record is trusted): a line may name a sample it does not hold."""
         data = self._io(path, path.read_bytes)
-        number = shards.first_changed_line(data, ids)
-        if number is None:
+        if (number := shards.first_changed_line(data, ids)) is None:
             return
         row, _why = shards.parse_line(data.split(b"\n")[number - 1] if number <= data.count(b"\n") else b"")
         seen = f"id {orjson.dumps(row['id']).decode()}" if row is not None else "no readable id"

@@ -176,10 +176,8 @@ def rotate(path: Path, max_bytes: int = MAX_BYTES) -> None:
 
 def decimate(rows: list[dict[str, Any]], every: int) -> list[dict[str, Any]]:
     """Every `every`-th row, plus each row where the run or the restart count changes (and the last)."""
-    def key(row: dict[str, Any]) -> tuple[Any, Any]:
-        return row.get("run"), row.get("restarts")
-
-    return [row for i, row in enumerate(rows) if i % every == 0 or i == len(rows) - 1 or key(row) != key(rows[i - 1])]
+    return [row for i, row in enumerate(rows) if i % every == 0 or i == len(rows) - 1
+            or (row.get("run"), row.get("restarts")) != (rows[i - 1].get("run"), rows[i - 1].get("restarts"))]
 
 
 def read_file(path: Path) -> list[dict[str, Any]]:
