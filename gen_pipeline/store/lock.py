@@ -108,10 +108,8 @@ def read_lock(folder: Path) -> LockInfo | None:
         return LockInfo(None, "", "", 0.0, problem=f"{LOCK_NAME} cannot be read: {e.strerror or e}")
     try:
         d = orjson.loads(raw)
-        job = d.get("slurm_job_id")
-        slurm = (str(job), int(d.get("slurm_restart") or 0)) if job else None
-        return LockInfo(int(d["pid"]), str(d.get("host", "")), str(d.get("started_at", "")), age_s, held,
-                        slurm=slurm)
+        slurm = (str(d["slurm_job_id"]), int(d.get("slurm_restart") or 0)) if d.get("slurm_job_id") else None
+        return LockInfo(int(d["pid"]), str(d.get("host", "")), str(d.get("started_at", "")), age_s, held, slurm=slurm)
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
         return LockInfo(None, "", "", age_s, held)
 

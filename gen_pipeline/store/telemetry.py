@@ -92,8 +92,7 @@ class Telemetry:
                  max_bytes: int = MAX_BYTES) -> None:
         self.path = Path(folder) / TELEMETRY_NAME
         self.run = None if run is None else max(run, last_run(Path(folder)) + 1)
-        self.on_event, self.max_bytes = on_event, max_bytes
-        self.enabled, self.dropped = True, 0
+        self.on_event, self.max_bytes, self.enabled, self.dropped = on_event, max_bytes, True, 0
         self._queue: queue.Queue[Any] = queue.Queue(_QUEUE_ROWS)
         self._thread: threading.Thread | None = None
 
