@@ -146,7 +146,7 @@ def soak_launched(tally: Tally, work: Path, n: int) -> None:
 
 
 def soak_disk(tally: Tally, url: str, work: Path, n: int) -> None:
-    from test_faults_disk import opener
+    from tests.store.store_helpers import FullDisk as opener
     for code in (errno.ENOSPC, errno.EIO):
         for i in range(n):
             toml = write_dataset(work / f"disk{code}-{i}/ds", target=TARGET, max_new_tokens=64, shard_max_samples=7,

@@ -1,7 +1,5 @@
-"""The dataset store: sharded JSONL writer with exactly-once resume by id. Sync; the pipeline calls it
-through `anyio.to_thread.run_sync` in batches. The shards are the source of truth, read back under
-layout.py's trust rules (a sealed shard's ids come from its sidecar: it is not parsed).
-"""
+"""The dataset store: sharded JSONL writer with exactly-once resume by id. Sync (the pipeline calls it through
+`anyio.to_thread.run_sync` in batches). The shards are the source of truth, read back under layout.py's trust rules."""
 
 from __future__ import annotations
 
@@ -21,22 +19,10 @@ from gen_pipeline.display import display_path
 from gen_pipeline.errors import DiskError, StoreError
 from gen_pipeline.records import Failure, Reject, Sample
 from gen_pipeline.store import layout, shards
+from gen_pipeline.store import manifest as mf
 from gen_pipeline.store.fingerprint import FINGERPRINT_NAME, check_rows, read_fingerprint, write_fingerprint
 from gen_pipeline.store.layout import ShardFile
 from gen_pipeline.store.lock import FolderGone, RunLock
-from gen_pipeline.store.manifest import (
-    MANIFEST_NAME,
-    Manifest,
-    OpenShardRecord,
-    ProgressRecord,
-    RunRecord,
-    ShardRecord,
-    check_drift,
-    now_iso,
-    read_manifest,
-    remove_stale_tmp,
-    write_manifest,
-)
 from gen_pipeline.store.ranks import RankSpec
 from gen_pipeline.store.shards import ShardScan
 
@@ -66,33 +52,26 @@ class DatasetStore:
                  file_opener: Callable[[Path, str], BinaryIO] = default_opener, rank: RankSpec = RankSpec()):
         self.rank = rank
         self.folder, self._dataset_dir = layout.part_folder(root, dataset, rank), layout.dataset_folder(root, dataset)
-        self.dataset, self.fingerprint, self._target = dataset, fingerprint, rank.share(target)
-        self.shard_max_samples, self.fsync_every = shard_max_samples, fsync_every
-        self._opener = file_opener
+        self.dataset, self.fingerprint, self.target = dataset, fingerprint, rank.share(target)
+        self.shard_max_samples, self.fsync_every, self._opener = shard_max_samples, fsync_every, file_opener
         self.done_ids: set[str] = set()
         self._lock: RunLock | None = None
         self._files: dict[str, BinaryIO] = {}
         self._sizes: dict[str, int] = {}  # bytes known good per file name (flushed, whole lines)
-        self._manifest: Manifest = {}
-        self._sealed: list[ShardRecord] = []
+        self._manifest: mf.Manifest = {}
+        self._sealed: list[mf.ShardRecord] = []
         self._open = ShardScan()
         self._open_index = self._unsynced = self._repaired = 0
-        self._run: RunRecord | None = None  # this run's record, from begin() on
+        self._run: mf.RunRecord | None = None  # this run's record, from begin() on
         self._notes: list[str] = []
         self._created: list[Path] = []  # the folders claim() made, innermost first
         self._rejected_rows: set[int] = set()  # source rows already in rejects.jsonl
-        self._progress: ProgressRecord | None = None
-        self._failed = self._closed = False
-        self._scanned = False  # claim() got to its end
-        self._loaded = False  # done_ids holds every shard's ids (open() got past _load_shards)
+        # _scanned: claim() got to its end; _loaded: done_ids holds every shard's ids (open() got past _load_shards)
+        self._failed = self._closed = self._scanned = self._loaded = False
 
     @property
     def done(self) -> int:
         return len(self.done_ids)
-
-    @property
-    def target(self) -> int:
-        return self._target
 
     @property
     def claimed(self) -> bool:
@@ -101,7 +80,7 @@ class DatasetStore:
 
     @property
     def remaining(self) -> int:
-        return max(0, self._target - self.done)
+        return max(0, self.target - self.done)
 
     def record_stop(self, stopped_by: str) -> None:
         """Why this run ended (RunSummary.stopped_by); written into its manifest record at close()."""
@@ -121,14 +100,14 @@ class DatasetStore:
 
     def record_generating(self) -> None:
         """Its dataset sends its first request now (the start of its GPU time)."""
-        self._record().setdefault("generating_at", now_iso())
+        self._record().setdefault("generating_at", mf.now_iso())
 
     @property
     def run_number(self) -> int | None:
         """This run's number in the manifest's runs (1, 2, ...); None before begin()."""
         return self._run["run"] if self._run is not None else None
 
-    def _record(self) -> RunRecord:
+    def _record(self) -> mf.RunRecord:
         if self._run is None:
             raise StoreError(f"The store for {display_path(self.folder)} has no run: call begin() first.")
         return self._run
@@ -181,11 +160,11 @@ class DatasetStore:
 
     def _scan_locked(self, lock_note: str | None) -> ResumeState:
         notes = self._notes = [lock_note] if lock_note else []
-        if remove_stale_tmp(self.folder):
+        if mf.remove_stale_tmp(self.folder):
             notes.append("removed a manifest tmp file left by a crash (the manifest itself is intact)")
         if shards.remove_tmp_files(self.folder):
             notes.append("removed tmp files of a rewrite a crash interrupted (the files themselves are intact)")
-        manifest, why = read_manifest(self.folder)
+        manifest, why = mf.read_manifest(self.folder)
         if why:
             notes.append(why)
         # the config that wrote this folder: the manifest's, else fingerprint.json's (None: neither)
@@ -194,11 +173,11 @@ class DatasetStore:
             # Drift only matters once samples exist: a first run that died on a config or source
             # error must not lock its mistake in.
             if layout.has_samples(self.folder):
-                check_drift(self.folder, stored, self.fingerprint)
+                mf.check_drift(self.folder, stored, self.fingerprint)
             notes.append("the config changed before any sample was written; the new one is recorded")
         if self.rank.ranked:  # every rank of a dataset writes with one config
             layout.check_other_ranks(self.folder.parent, self.rank, self.fingerprint)
-        self._manifest = manifest or {"created_at": now_iso(), "runs": []}
+        self._manifest = manifest or {"created_at": mf.now_iso(), "runs": []}
         configs: list[tuple[str, bytes, int]] = []
         self._repaired = self._load_shards(notes, configs)
         if stored is None:  # manifest and fingerprint.json both lost: the rows say which config made them
@@ -216,7 +195,7 @@ class DatasetStore:
         self._io(self.folder / FINGERPRINT_NAME, write_fingerprint, self.folder, self.fingerprint)
         runs = self._manifest.setdefault("runs", [])
         self._run = {"run": len(runs) + 1, "pid": os.getpid(), "host": socket.gethostname(),
-                     "started_at": now_iso(), "ended_at": None, "done_at_start": self.done,
+                     "started_at": mf.now_iso(), "ended_at": None, "done_at_start": self.done,
                      "samples_written": 0, "duplicates_skipped": 0, "over_target_skipped": 0,
                      "failures": 0, "rejects": 0, "repaired_bytes": self._repaired, "notes": self._notes}
         runs.append(self._run)
@@ -240,11 +219,8 @@ class DatasetStore:
 
     def _cut_torn_tail(self, path: Path, notes: list[str]) -> int:
         """Cut a torn last line of errors.jsonl / rejects.jsonl so the next append starts a line."""
-        if not path.exists():
-            return 0
-        data = path.read_bytes()
-        cut = len(data) - (data.rfind(b"\n") + 1)
-        if cut:
+        data = path.read_bytes() if path.exists() else b""
+        if cut := len(data) - (data.rfind(b"\n") + 1):
             self._io(path, os.truncate, path, len(data) - cut)
             notes.append(f"cut {cut} bytes (a torn last line) from {path.name}")
         return cut
@@ -317,7 +293,7 @@ class DatasetStore:
                      f"written in {', '.join(sorted(firsts))}; kept the first line of each)")
         return new
 
-    def _load_sealed(self, shard: ShardFile, notes: list[str]) -> tuple[ShardRecord, ShardScan]:
+    def _load_sealed(self, shard: ShardFile, notes: list[str]) -> tuple[mf.ShardRecord, ShardScan]:
         """A sealed shard's record and scan: manifest's and sidecar's when trusted, else parsed (sidecar rewritten)."""
         if shard.record is not None:
             found = layout.committed_shard(shard)
@@ -338,8 +314,7 @@ class DatasetStore:
         """Raise StoreError (naming the line) when a sealed shard's lines no longer carry the ids its sidecar recorded:
         a bit flip inside an id keeps the size (the record is trusted): a line may name a sample it does not hold."""
         data = self._io(path, path.read_bytes)
-        number = shards.first_changed_line(data, ids)
-        if number is None:
+        if (number := shards.first_changed_line(data, ids)) is None:
             return
         row, _why = shards.parse_line(data.split(b"\n")[number - 1] if number <= data.count(b"\n") else b"")
         seen = f"id {orjson.dumps(row['id']).decode()}" if row is not None else "no readable id"
@@ -398,7 +373,7 @@ class DatasetStore:
         for s in samples:
             if s.id in self.done_ids or s.id in seen:
                 run["duplicates_skipped"] = run.get("duplicates_skipped", 0) + 1
-            elif self.done + len(batch) >= self._target:
+            elif self.done + len(batch) >= self.target:
                 run["over_target_skipped"] = run.get("over_target_skipped", 0) + 1
             else:
                 batch.append(s)
@@ -452,27 +427,25 @@ class DatasetStore:
         self._start_shard()
         self.commit()
 
-    def commit(self, progress: ProgressRecord | None = None) -> None:
+    def commit(self, progress: mf.ProgressRecord | None = None) -> None:
         """fsync the files, then replace the manifest atomically (with the live figures if given); raises DiskError."""
         run = self._check_usable()
-        if progress is not None:
-            self._progress = progress
         for name in list(self._files):
             self._sync(name)
         self._unsynced = 0
-        run["updated_at"] = now_iso()
-        open_record: OpenShardRecord = {"name": shards.shard_name(self._open_index),
+        run["updated_at"] = mf.now_iso()
+        open_record: mf.OpenShardRecord = {"name": shards.shard_name(self._open_index),
                                         "committed_bytes": self._open.good_bytes,
                                         "committed_samples": self._open.samples, **self._open.figures()}
         self._manifest.update({
-            "dataset": self.dataset, "target": self._target, "fingerprint": self.fingerprint,
+            "dataset": self.dataset, "target": self.target, "fingerprint": self.fingerprint,
             "fingerprint_digest": fingerprint_digest(self.fingerprint), "sealed": self._sealed,
             "open": open_record, "updated_at": run["updated_at"]})
         if self.rank.ranked:  # status reads the rank from here (and the folder name)
             self._manifest.update({"rank": self.rank.rank, "world_size": self.rank.world})
-        if self._progress is not None:
-            self._manifest["progress"] = self._progress
-        self._io(self.folder / MANIFEST_NAME, write_manifest, self.folder, self._manifest)
+        if progress is not None:  # a later commit without figures keeps these
+            self._manifest["progress"] = progress
+        self._io(self.folder / mf.MANIFEST_NAME, mf.write_manifest, self.folder, self._manifest)
 
     def _sync(self, name: str) -> None:
         f = self._files[name]
@@ -482,13 +455,13 @@ class DatasetStore:
         except OSError as e:
             self._fail(self.folder / name, e, self._sizes[name])
 
-    def close(self, progress: ProgressRecord | None = None) -> None:
+    def close(self, progress: mf.ProgressRecord | None = None) -> None:
         """Commit (unless a write failed or no run began), then release() (a begun run's folder is not empty)."""
         if self._closed or self._lock is None:
             return
         try:
             if self._run is not None and not self._failed:
-                self._run["ended_at"] = now_iso()
+                self._run["ended_at"] = mf.now_iso()
                 self.commit(progress)
         finally:
             self.release()
@@ -499,7 +472,7 @@ class DatasetStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _check_usable(self) -> RunRecord:
+    def _check_usable(self) -> mf.RunRecord:
         """This run's record; StoreError when the store is not open (or has not begun) or a write failed."""
         if self._lock is None or self._closed or self._run is None:
             raise StoreError(f"The store for {display_path(self.folder)} is not open.")

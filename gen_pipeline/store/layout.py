@@ -9,6 +9,7 @@ without parsing (`ShardFile.record`: figures from the record, ids from the sidec
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,26 +91,24 @@ def check_world(folder: Path, spec: RankSpec) -> None:
     env = spec.source not in ("default", "--rank/--world-size")  # say which variables, when they decided
     asked = (f"this run is {spec.label}" + (f" (from {spec.source})" if env else "") if spec.ranked
              else "this run has no rank (world size 1" + (f", from {spec.source})" if env else ")"))
-    redo = (f"or write to another --output-dir or dataset name (or move {where} away to start over).")
+    redo = f"or write to another --output-dir or dataset name (or move {where} away to start over)."
     if spec.ranked and _has_own_output(folder):
-        n = _samples([folder])
         raise StoreError(
-            f"{where} holds a dataset written by one run without ranks ({n:,} samples in its own shards); "
-            f"{asked}. One dataset cannot mix the two layouts. Finish it without ranks (no --rank/--world-size, "
-            "outside a SLURM job array or multi-task srun, RANK/WORLD_SIZE unset), " + redo)
+            f"{where} holds a dataset written by one run without ranks ({_samples([folder]):,} samples in its own "
+            f"shards); {asked}. One dataset cannot mix the two layouts. Finish it without ranks (no --rank/--world-size"
+            ", outside a SLURM job array or multi-task srun, RANK/WORLD_SIZE unset), " + redo)
     if others:
         worlds = sorted({w for _, w in others})
         n = _samples(list(others.values()))
-        names = ", ".join(p.name for p in others.values())
         empty = " (no samples yet: delete those folders to start over with this world size)" if n == 0 else ""
         keep = " or ".join(str(w) for w in worlds)
         how = (f"Submit the job array as --array=0-{worlds[0] - 1} (world size {keep})"
                if spec.source.startswith("SLURM_ARRAY") else
                f"Run every rank with --world-size {keep} (ranks 0 to {worlds[0] - 1})")
         raise StoreError(
-            f"{where} was written with world size {keep} ({names}: {n:,} samples){empty}; {asked}. "
-            "Which rank owns a prompt depends on the world size, so changing it would redo or lose samples. "
-            f"{how} to continue, " + redo)
+            f"{where} was written with world size {keep} ({', '.join(p.name for p in others.values())}: {n:,} "
+            f"samples){empty}; {asked}. Which rank owns a prompt depends on the world size, so changing it would "
+            f"redo or lose samples. {how} to continue, " + redo)
 
 
 def check_other_ranks(folder: Path, spec: RankSpec, fingerprint: dict[str, Any]) -> None:
@@ -137,8 +136,7 @@ class ShardFile:
     @property
     def record(self) -> ShardRecord | None:
         """The manifest's record when the file still matches it (same size: the trust rule), else None."""
-        rec = self.listed_record
-        return rec if rec is not None and rec.get("bytes") == self.size else None
+        return self.listed_record if self.listed_record and self.listed_record.get("bytes") == self.size else None
 
 
 def shard_files(folder: Path, manifest: Manifest | None = None) -> list[ShardFile]:
@@ -181,12 +179,9 @@ def committed_shard(shard: ShardFile, *, ids: bool = True) -> CommittedShard:
 def committed_shards(folder: Path, *, ids: bool = True) -> list[CommittedShard]:
     """Every shard of every part of a dataset folder with its committed figures (and ids)."""
     out = []
-    for part in dataset_parts(folder):
-        for shard in shard_files(part):
-            try:
-                out.append(committed_shard(shard, ids=ids))
-            except OSError:
-                continue  # vanished or rewritten while we read: a live run owns it
+    for shard in (s for part in dataset_parts(folder) for s in shard_files(part)):
+        with contextlib.suppress(OSError):  # vanished or rewritten while we read: a live run owns it
+            out.append(committed_shard(shard, ids=ids))
     return out
 
 
@@ -194,19 +189,18 @@ def iter_committed_samples(folder: Path, duplicates: list[str] | None = None) ->
     """A dataset's committed samples (every part), the first of each id; raises StoreError on a damaged line. The id
     of each later line with an id already met (damage: the store never writes an id twice) goes to `duplicates`."""
     seen: set[str] = set()
-    for part in dataset_parts(folder):
-        for shard in shard_files(part):
-            data = shard.path.read_bytes()  # one snapshot; a live writer only appends after it
-            for number, row, _why, _end in iter_lines(data):
-                if row is None:
-                    raise StoreError(f"{display_path(shard.path)} line {number} is not a sample, and it is not the "
-                                     "last line, so this is not a torn write: the file is damaged. Run `gen-pipeline "
-                                     "validate` on the dataset, fix or delete that line, then export again.")
-                if row["id"] not in seen:
-                    seen.add(row["id"])
-                    yield row
-                elif duplicates is not None:
-                    duplicates.append(row["id"])
+    for shard in (s for part in dataset_parts(folder) for s in shard_files(part)):
+        data = shard.path.read_bytes()  # one snapshot; a live writer only appends after it
+        for number, row, _why, _end in iter_lines(data):
+            if row is None:
+                raise StoreError(f"{display_path(shard.path)} line {number} is not a sample, and it is not the last "
+                                 "line, so this is not a torn write: the file is damaged. Run `gen-pipeline validate` "
+                                 "on the dataset, fix or delete that line, then export again.")
+            if row["id"] not in seen:
+                seen.add(row["id"])
+                yield row
+            elif duplicates is not None:
+                duplicates.append(row["id"])
 
 
 def read_jsonl_rows(path: Path) -> list[dict[str, Any]]:
@@ -221,13 +215,9 @@ def jsonl_rows(data: bytes) -> list[dict[str, Any]]:
     """The JSON object lines of `data` (a torn or unparseable line is skipped)."""
     rows = []
     for line in data.split(b"\n"):
-        try:
-            row = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+        with contextlib.suppress(orjson.JSONDecodeError):
+            rows.append(orjson.loads(line))
+    return [row for row in rows if isinstance(row, dict)]
 
 
 def final_failure_ids(folder: Path) -> set[str]:
@@ -240,8 +230,6 @@ def rejected_rows(folder: Path) -> set[int]:
     """Source rows already recorded in one part's rejects.jsonl."""
     rows = set()
     for r in read_jsonl_rows(Path(folder) / REJECTS_NAME):
-        try:
+        with contextlib.suppress(KeyError, TypeError, ValueError):
             rows.add(int(r["row"]))
-        except (KeyError, TypeError, ValueError):
-            continue
     return rows

@@ -89,8 +89,7 @@ def pid_alive(pid: int, *, group: bool = False) -> bool:
     if group:
         return True
     try:  # /proc/<pid>/stat: "pid (comm) S ..."; state Z = exited, waiting for its parent
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return True
 
@@ -109,10 +108,8 @@ def read_lock(folder: Path) -> LockInfo | None:
         return LockInfo(None, "", "", 0.0, problem=f"{LOCK_NAME} cannot be read: {e.strerror or e}")
     try:
         d = orjson.loads(raw)
-        job = d.get("slurm_job_id")
-        slurm = (str(job), int(d.get("slurm_restart") or 0)) if job else None
-        return LockInfo(int(d["pid"]), str(d.get("host", "")), str(d.get("started_at", "")), age_s, held,
-                        slurm=slurm)
+        slurm = (str(d["slurm_job_id"]), int(d.get("slurm_restart") or 0)) if d.get("slurm_job_id") else None
+        return LockInfo(int(d["pid"]), str(d.get("host", "")), str(d.get("started_at", "")), age_s, held, slurm=slurm)
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
         return LockInfo(None, "", "", age_s, held)
 
@@ -122,7 +119,7 @@ def _probe(path: Path) -> bool | None:
     try:
         fd = os.open(path, os.O_RDONLY)
         try:
-            return not _flock(fd, fcntl.LOCK_SH)
+            return not _flock_within(fd, 0.0, fcntl.LOCK_SH)
         finally:
             os.close(fd)  # drops the probe's flock
     except OSError:
@@ -195,10 +192,7 @@ class RunLock:
         if not _flock_within(fd, _PROBE_RACE_S):
             os.close(fd)
             raise LockedError(locked_message(folder, read_lock(folder) or LockInfo(None, "", "", 0.0)))
-        if not _same_file(fd, path):
-            os.close(fd)
-            return None
-        info = read_lock(folder)
+        info = read_lock(folder) if _same_file(fd, path) else None  # None: replaced or gone, try again
         if info is None or (info.pid is None and info.age_s < _EMPTY_LOCK_GRACE_S) or \
                 (info.pid is not None and not info.local and not info.superseded and shared_filesystem(folder)):
             os.close(fd)
@@ -220,16 +214,15 @@ class RunLock:
 
 
 def _takeover_note(info: LockInfo) -> str:
-    if info.pid is None:
-        return f"took over the lock of a run that is gone (an unknown process, started {info.started_hms()})"
-    if info.superseded and info.slurm is not None:
+    if info.pid is not None and info.superseded and info.slurm is not None:
         return (f"took over the lock of SLURM job {info.slurm[0]}'s previous run (pid {info.pid} on "
                 f"{info.host or 'unknown'}, started {info.started_hms()}): the job was requeued")
-    if not info.local:
-        return (f"took over the lock of a run that is gone (pid {info.pid} on host {info.host or 'unknown'}, "
-                f"started {info.started_hms()})")
-    now = f"; pid {info.pid} is another process now" if pid_alive(info.pid) else ""
-    return f"took over the lock of a run that is gone (pid {info.pid}, started {info.started_hms()}{now})"
+    if info.pid is None:
+        who, now = "an unknown process", ""
+    else:
+        who = f"pid {info.pid}" + ("" if info.local else f" on host {info.host or 'unknown'}")
+        now = f"; pid {info.pid} is another process now" if info.local and pid_alive(info.pid) else ""
+    return f"took over the lock of a run that is gone ({who}, started {info.started_hms()}{now})"
 
 
 # Filesystems whose flock one host owns whole; any other (nfs, lustre, gpfs, cifs, fuse.*) may be
@@ -251,8 +244,7 @@ def shared_filesystem(folder: Path) -> bool:
         if len(fields) < 5 or not kind:
             continue
         mount = fields[4].replace("\\040", " ")
-        inside = real == mount or real.startswith(mount.rstrip("/") + "/")
-        if inside and len(mount) >= len(best):
+        if (real == mount or real.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
             best, fstype = mount, kind[0]
     return fstype not in _LOCAL_FILESYSTEMS
 
@@ -266,22 +258,17 @@ def _unusable(folder: Path, e: OSError) -> StoreError:
                       "Fix the folder's permissions or choose another output folder.")
 
 
-def _flock(fd: int, how: int = fcntl.LOCK_EX) -> bool:
-    try:
-        fcntl.flock(fd, how | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-
-
-def _flock_within(fd: int, wait_s: float) -> bool:
+def _flock_within(fd: int, wait_s: float, how: int = fcntl.LOCK_EX) -> bool:
     """flock, retried for `wait_s`: a status probe holds a lock's flock for an instant only."""
     deadline = time.monotonic() + wait_s
-    while not _flock(fd):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.01)
-    return True
+    while True:
+        try:
+            fcntl.flock(fd, how | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
 
 
 def _same_file(fd: int, path: Path) -> bool:

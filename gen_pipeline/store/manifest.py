@@ -1,7 +1,5 @@
-"""A dataset folder's metadata on disk: the manifest (written atomically, typed by `Manifest` and
-checked field by field when read) and the config-drift check (the run lock is lock.py). Sync, no
-async library: the store calls it from a thread.
-"""
+"""The manifest (written atomically, typed by `Manifest`, checked field by field when read) and the config-drift
+check. Sync: the store calls it from a thread."""
 
 from __future__ import annotations
 
@@ -27,15 +25,6 @@ TMP_SUFFIX = ".tmp"
 
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def fsync_dir(folder: Path) -> None:
-    """Make a rename or a new file in `folder` durable; raises OSError."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class ShardFigures(TypedDict):
@@ -185,7 +174,11 @@ def write_atomic(path: Path, data: bytes, tmp: Path | None = None) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    fd = os.open(path.parent, os.O_RDONLY)  # the rename is durable once its folder is fsynced
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def remove_stale_tmp(folder: Path) -> int:
@@ -206,22 +199,11 @@ def remove_matching(folder: Path, *patterns: str) -> int:
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
+        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}": v})
     return out
 
 
 _MISSING = object()
-
-
-def fingerprint_diff(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """[(dotted key, old value, new value)] for every setting that differs; absent = `_MISSING`."""
-    # JSON round trip makes tuples lists: compare the stored form with the stored form.
-    a, b = _flatten(old), {k: orjson.loads(orjson.dumps(v)) for k, v in _flatten(new).items()}
-    return [(k, a.get(k, _MISSING), b.get(k, _MISSING)) for k in sorted(set(a) | set(b))
-            if a.get(k, _MISSING) != b.get(k, _MISSING)]
 
 
 def _show(v: Any) -> str:
@@ -230,7 +212,10 @@ def _show(v: Any) -> str:
 
 def check_drift(folder: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
     """Raise ConfigDriftError naming each differing key when `new` is not the stored fingerprint."""
-    diffs = fingerprint_diff(old, new)
+    # JSON round trip makes tuples lists: compare the stored form with the stored form.
+    a, b = _flatten(old), {k: orjson.loads(orjson.dumps(v)) for k, v in _flatten(new).items()}
+    diffs = [(k, a.get(k, _MISSING), b.get(k, _MISSING)) for k in sorted(set(a) | set(b))
+             if a.get(k, _MISSING) != b.get(k, _MISSING)]
     if not diffs:
         return
     where = display_path(folder)

@@ -12,12 +12,6 @@ from dataclasses import dataclass
 
 from gen_pipeline.errors import ConfigError
 
-# SLURM first (a job array's task and/or an `srun` task), then torchrun's RANK/WORLD_SIZE (both set: resolve_rank).
-# SLURM sets SLURM_PROCID=0 (and SLURM_NTASKS with --ntasks) in the batch script's own shell too: an array task's
-# script is "task 0 of 1" of its job, the array gives the rank, and an `srun` with several tasks splits it further.
-SLURM_TASKS = ("SLURM_PROCID", "SLURM_NTASKS")
-SLURM_ARRAY = ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT")
-TORCHRUN = ("RANK", "WORLD_SIZE")
 _FOLDER = re.compile(r"^rank-(\d+)-of-(\d+)$")
 
 
@@ -66,8 +60,7 @@ def rank_folder_name(rank: int, world: int) -> str:
 
 def parse_rank_folder(name: str) -> tuple[int, int] | None:
     """(rank, world) of a folder named rank-<R>-of-<W> with 0 <= R < W, else None."""
-    m = _FOLDER.match(name)
-    if not m:
+    if not (m := _FOLDER.match(name)):
         return None
     rank, world = int(m.group(1)), int(m.group(2))
     return (rank, world) if 0 <= rank < world else None
@@ -115,7 +108,8 @@ def resolve_rank(rank: int | None, world: int | None, env: Mapping[str, str]) ->
                               "to read them from SLURM (a job array's or srun's task) or RANK/WORLD_SIZE.")
         _check(rank, world, "--rank", "--world-size")
         return RankSpec(rank, world, "--rank/--world-size"), []
-    found = [spec for spec in (_from_slurm(env), _from_env(env, *TORCHRUN)) if spec is not None]
+    # SLURM first (a job array's task and/or an `srun` task), then torchrun's RANK/WORLD_SIZE
+    found = [spec for spec in (_from_slurm(env), _from_env(env, "RANK", "WORLD_SIZE")) if spec is not None]
     if not found:
         return RankSpec(), []
     if len(found) == 1 or (found[0].rank, found[0].world) == (found[1].rank, found[1].world):
@@ -128,9 +122,11 @@ def resolve_rank(rank: int | None, world: int | None, env: Mapping[str, str]) ->
 def _from_slurm(env: Mapping[str, str]) -> RankSpec | None:
     """A job array's task (`sbatch --array=0-<W-1>`), an `srun` task, or task p of n in array task a
     of A: rank a·n + p of A·n. None outside SLURM (or in an `salloc` shell)."""
-    tasks = _from_env(env, *SLURM_TASKS)
+    # SLURM sets SLURM_PROCID=0 (and SLURM_NTASKS with --ntasks) in the batch script's own shell too: an array task's
+    # script is "task 0 of 1" of its job, the array gives the rank, and an `srun` with several tasks splits it further.
+    tasks = _from_env(env, "SLURM_PROCID", "SLURM_NTASKS")
     _check_array_numbering(env)  # before the range check: its message says what to do with such an array
-    array = _from_env(env, *SLURM_ARRAY)
+    array = _from_env(env, "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT")
     if array is None:
         return tasks
     if tasks is None or tasks.world == 1:

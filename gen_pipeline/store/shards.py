@@ -46,8 +46,7 @@ class ShardScan:
     good_bytes: int = 0
     cut_bytes: int = 0
     corrupt: list[tuple[int, str]] = field(default_factory=list)  # (1-based line, why), not the last line
-    # {(meta.model, meta.sampling, meta.sampling_variant) as sorted JSON: its first line}: a lost manifest's
-    # drift guard reads these
+    # {(meta.model, meta.sampling, meta.sampling_variant) as sorted JSON: its first line}, for fingerprint.check_rows
     configs: dict[bytes, int] = field(default_factory=dict)
     variants: dict[str, int] = field(default_factory=dict)  # samples per meta.sampling_variant (the sampling mix)
 

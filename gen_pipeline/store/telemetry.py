@@ -17,6 +17,7 @@ import orjson
 
 from gen_pipeline.records import RunSnapshot
 from gen_pipeline.store.layout import jsonl_rows, read_jsonl_rows
+from gen_pipeline.store.manifest import write_atomic
 
 TELEMETRY_NAME = "telemetry.jsonl"
 ARCHIVE_NAME = "telemetry.1.jsonl"
@@ -91,9 +92,7 @@ class Telemetry:
                  max_bytes: int = MAX_BYTES) -> None:
         self.path = Path(folder) / TELEMETRY_NAME
         self.run = None if run is None else max(run, last_run(Path(folder)) + 1)
-        self.on_event, self.max_bytes = on_event, max_bytes
-        self.enabled = True
-        self.dropped = 0
+        self.on_event, self.max_bytes, self.enabled, self.dropped = on_event, max_bytes, True, 0
         self._queue: queue.Queue[Any] = queue.Queue(_QUEUE_ROWS)
         self._thread: threading.Thread | None = None
 
@@ -171,17 +170,13 @@ def rotate(path: Path, max_bytes: int = MAX_BYTES) -> None:
     os.truncate(path, 0)
     if size > max_bytes:
         rows = decimate(read_file(archive), ARCHIVE_KEEP_EVERY)
-        tmp = archive.with_name(archive.name + ".tmp")
-        tmp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-        os.replace(tmp, archive)
+        write_atomic(archive, b"".join(orjson.dumps(r) + b"\n" for r in rows))
 
 
 def decimate(rows: list[dict[str, Any]], every: int) -> list[dict[str, Any]]:
     """Every `every`-th row, plus each row where the run or the restart count changes (and the last)."""
-    def key(row: dict[str, Any]) -> tuple[Any, Any]:
-        return row.get("run"), row.get("restarts")
-
-    return [row for i, row in enumerate(rows) if i % every == 0 or i == len(rows) - 1 or key(row) != key(rows[i - 1])]
+    return [row for i, row in enumerate(rows) if i % every == 0 or i == len(rows) - 1
+            or (row.get("run"), row.get("restarts")) != (rows[i - 1].get("run"), rows[i - 1].get("restarts"))]
 
 
 def read_file(path: Path) -> list[dict[str, Any]]:

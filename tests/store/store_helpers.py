@@ -4,6 +4,7 @@ and a file opener whose disk fills up."""
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import subprocess
 import sys
@@ -52,15 +53,11 @@ def crash(store: DatasetStore) -> None:
                                                        "started_at": "2026-01-01T11:02:03+00:00"}))
 
 
-_DEAD: list[int] = []
-
-
+@functools.cache
 def dead_pid() -> int:
-    if not _DEAD:
-        p = subprocess.Popen([sys.executable, "-c", "pass"])
-        p.wait()
-        _DEAD.append(p.pid)
-    return _DEAD[0]
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
 
 
 class FullDisk:

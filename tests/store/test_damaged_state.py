@@ -25,11 +25,9 @@ def _same_count_other_ids(folder: Path) -> None:
     (folder / "shard-00000.ids").write_bytes(b"\n".join(lines[:-4] + [b'"B2-9%d"' % k for k in range(4)]) + b"\n")
 
 
-def _another_shards(folder: Path) -> None:
-    (folder / "shard-00000.ids").write_bytes((folder / "shard-00001.ids").read_bytes())
-
-
-@pytest.mark.parametrize("damage", [_same_count_other_ids, _another_shards])
+@pytest.mark.parametrize("damage", [_same_count_other_ids, lambda d: (d / "shard-00000.ids").write_bytes(
+    (d / "shard-00001.ids").read_bytes()), lambda d: (d / "shard-00000.ids").unlink()],
+    ids=["other-ids", "another-shards", "missing"])
 def test_a_sidecar_that_does_not_match_its_shard_is_rebuilt_before_it_is_trusted(tmp_path: Path, damage) -> None:
     write(tmp_path, range(10))  # shard 0 and 1 sealed (4 each), shard 2 open (2)
     folder = tmp_path / "B2"
@@ -47,48 +45,40 @@ def test_a_sidecar_that_does_not_match_its_shard_is_rebuilt_before_it_is_trusted
 # ---------------------------------------------------------------- duplicates on disk
 
 
-@pytest.mark.parametrize("where", ["sealed", "open"])
+@pytest.mark.parametrize("where", ["sealed", "open", "within"])
 def test_duplicate_lines_on_disk_are_removed_in_a_committed_rewrite(tmp_path: Path, where: str) -> None:
     write(tmp_path, range(10))
     folder = tmp_path / "B2"
     target = folder / ("shard-00001.jsonl" if where == "sealed" else "shard-00002.jsonl")
-    first = (folder / "shard-00000.jsonl").read_bytes().splitlines(keepends=True)
-    with open(target, "ab") as f:  # two lines written twice (a resume that trusted a bad sidecar)
-        f.write(first[1] + first[2])
-    assert read_status(tmp_path, "B2", 10).done == 12
-    assert validate_dataset(folder).counts["duplicate_id"] == 2
-    with make(tmp_path, target=10) as s:
+    if where == "within":  # the open shard's first line written twice, a line after it: the first line is kept
+        lines = target.read_bytes().splitlines(keepends=True)
+        target.write_bytes(lines[0] + lines[0] + lines[1])
+    else:
+        first = (folder / "shard-00000.jsonl").read_bytes().splitlines(keepends=True)
+        with open(target, "ab") as f:  # two lines written twice (a resume that trusted a bad sidecar)
+            f.write(first[1] + first[2])
+    dups = 1 if where == "within" else 2
+    assert read_status(tmp_path, "B2", 10).done == 10 + dups
+    assert validate_dataset(folder).counts["duplicate_id"] == dups
+    with make(tmp_path, target=11) as s:
         state = s.open()
         assert state.done == 10
-        assert state.notes[-1] == (f"removed 2 duplicate lines from {target.name} (ids already written in "
-                                   "shard-00000.jsonl; kept the first line of each)")
-    assert shard_ids(folder) == [f"B2-{i}" for i in range(10)]
+        assert state.notes[-1] == (
+            f"removed {dups} duplicate line{'s' if dups > 1 else ''} from {target.name} (ids already written in "
+            f"{'shard-00002.jsonl' if where == 'within' else 'shard-00000.jsonl'}; kept the first line of each)")
+        assert s.write_samples([sample(10)]) == 1  # appended to the rewritten file, not the replaced one
+    assert shard_ids(folder) == [f"B2-{i}" for i in range(11)]
     assert validate_dataset(folder).ok
-    assert read_status(tmp_path, "B2", 10).done == 10
+    assert read_status(tmp_path, "B2", 11).done == 11
     manifest = orjson.loads((folder / "manifest.json").read_bytes())
     records = {e["name"]: e for e in manifest["sealed"]}
     if where == "sealed":
-        assert records["shard-00001.jsonl"]["bytes"] == target.stat().st_size
-        assert records["shard-00001.jsonl"]["samples"] == 4
+        assert [records["shard-00001.jsonl"][k] for k in ("bytes", "samples")] == [target.stat().st_size, 4]
     else:
         assert manifest["open"]["committed_bytes"] == target.stat().st_size
     assert not list(folder.glob("*.tmp*"))
-    with make(tmp_path, target=10) as s:  # the next open finds nothing to repair
+    with make(tmp_path, target=11) as s:  # the next open finds nothing to repair
         assert s.open().notes == []
-
-
-def test_a_duplicate_within_one_shard_keeps_the_first_line(tmp_path: Path) -> None:
-    write(tmp_path, range(3))
-    folder = tmp_path / "B2"
-    shard = folder / "shard-00000.jsonl"
-    lines = shard.read_bytes().splitlines(keepends=True)
-    shard.write_bytes(lines[0] + lines[1] + lines[0] + lines[2])
-    with make(tmp_path) as s:
-        state = s.open()
-        assert state.notes[-1] == ("removed 1 duplicate line from shard-00000.jsonl (ids already written in "
-                                   "shard-00000.jsonl; kept the first line of each)")
-        assert s.write_samples([sample(3)]) == 1
-    assert shard_ids(folder) == ["B2-0", "B2-1", "B2-2", "B2-3"]
 
 
 # ---------------------------------------------------------------- the lock file

@@ -57,6 +57,7 @@ def test_committed_samples_are_every_whole_line_and_not_the_torn_tail(tmp_path: 
     assert sum(c.scan.truncated for c in shards) == 3 and sum(c.scan.completion_tokens for c in shards) == 55
     assert shards[2].scan.cut_bytes == len(b'{"id": "D-99", "conv')
     assert final_failure_ids(folder) == {"D-50"}
+    assert dataset_parts(tmp_path / "absent") == [] and dataset_parts(folder) == [folder]  # one part today
     assert [r["id"] for r in read_jsonl_rows(folder / "errors.jsonl")] == ["D-50", "D-3"]
     # status and a resuming store count exactly these
     assert read_status(tmp_path, "D", 100).done == 11
@@ -89,11 +90,6 @@ def test_a_damaged_line_mid_shard_is_not_a_sample(tmp_path: Path) -> None:
                             "torn write: the file is damaged. Run `gen-pipeline validate` on the dataset, fix or "
                             "delete that line, then export again.")
     assert committed_shards(folder)[2].scan.corrupt == [(1, "not valid JSON")]
-
-
-def test_one_part_today(tmp_path: Path) -> None:
-    assert dataset_parts(tmp_path / "absent") == []
-    assert dataset_parts(crashed_folder(tmp_path)) == [tmp_path / "D"]
 
 
 def test_the_writer_does_not_import_the_readers() -> None:

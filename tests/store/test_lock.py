@@ -1,5 +1,6 @@
 """The run lock: the flock decides, not the pid. A holder of the flock is refused (by its pid: tests/cli's
-test_a_live_holder_on_this_host_...); a stale lock naming a live unrelated pid is taken over, as status says."""
+test_a_live_holder_on_this_host_...); a stale lock naming a live unrelated pid is taken over, as status says. Another
+host's lock: test_store's test_a_requeued_slurm_job_..."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from store_helpers import make
+from store_helpers import dead_pid, make
 
 import gen_pipeline.store.lock as lock_mod
 from gen_pipeline.display import display_path
@@ -23,41 +24,15 @@ from gen_pipeline.reports.status import read_status
 STARTED = "2026-03-01T11:02:03+00:00"
 HMS = datetime.fromisoformat(STARTED).astimezone().strftime("%H:%M:%S")
 
-# A run as the kernel sees it: holds the flock of .lock, its file names pid argv[2] (0: its own).
+# A run as the kernel sees it: holds the flock of .lock, its file names pid argv[2].
 HOLDER = """
 import fcntl, os, sys, orjson
 fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR, 0o644)
 fcntl.flock(fd, fcntl.LOCK_EX)
-pid = int(sys.argv[2]) or os.getpid()
-os.write(fd, orjson.dumps({"pid": pid, "host": sys.argv[3], "started_at": sys.argv[4]}))
+os.write(fd, orjson.dumps({"pid": int(sys.argv[2]), "host": sys.argv[3], "started_at": sys.argv[4]}))
 print("held", flush=True)
 sys.stdin.read()
 """
-
-
-def write_lock(folder: Path, pid: int, host: str | None = None) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / ".lock").write_bytes(orjson.dumps({"pid": pid, "host": host or socket.gethostname(),
-                                                 "started_at": STARTED}))
-
-
-@pytest.fixture
-def holder(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
-    """A real second process holding the flock of tmp_path/B2/.lock (started by `hold`)."""
-    procs: list[subprocess.Popen[str]] = []
-
-    def hold(pid: int | None = None) -> subprocess.Popen[str]:
-        (tmp_path / "B2").mkdir(exist_ok=True)
-        args = [str(tmp_path / "B2" / ".lock"), str(pid if pid is not None else 0), socket.gethostname(), STARTED]
-        p = subprocess.Popen([sys.executable, "-c", HOLDER, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True)
-        procs.append(p)
-        assert p.stdout is not None and p.stdout.readline() == "held\n"  # the flock is held from here on
-        return p
-
-    yield hold  # type: ignore[misc]
-    for p in procs:
-        p.communicate("")  # stdin closed: it exits, its flock with it
 
 
 @pytest.fixture
@@ -69,13 +44,15 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
 
 
 @pytest.mark.e2e  # the process is the subject: make e2e
-def test_a_holder_whose_pid_this_host_cannot_see_is_not_named_for_kill(tmp_path: Path, holder) -> None:
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, check=True)
-    dead = int(gone.stdout)
-    holder(pid=dead)  # a run in another pid namespace: its file names a pid that is not it here
-    with pytest.raises(LockedError) as e:
-        make(tmp_path).open()
+def test_a_holder_whose_pid_this_host_cannot_see_is_not_named_for_kill(tmp_path: Path) -> None:
+    dead = dead_pid()  # a run in another pid namespace holds the flock: its file names a pid that is not it here
+    (tmp_path / "B2").mkdir()
+    args = [str(tmp_path / "B2" / ".lock"), str(dead), socket.gethostname(), STARTED]
+    with subprocess.Popen([sys.executable, "-c", HOLDER, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True) as p:
+        assert p.stdout is not None and p.stdout.readline() == "held\n"  # the flock is held from here on
+        with pytest.raises(LockedError) as e:
+            make(tmp_path).open()  # leaving `with` closes its stdin: it exits, its flock with it
     where = display_path(tmp_path / "B2")
     assert str(e.value) == (f"{where} is locked by a live run, but not by pid {dead} that {where}/.lock names (no such "
                             "process here): a run in another container or pid namespace on this host shares this "
@@ -87,7 +64,9 @@ def test_a_holder_whose_pid_this_host_cannot_see_is_not_named_for_kill(tmp_path:
 @pytest.mark.parametrize("who", ["pid 1 (a container restart)", "an unrelated live process (a reused pid)"])
 def test_a_stale_lock_naming_a_live_unrelated_pid_is_taken_over(tmp_path: Path, sleeper, who: str) -> None:
     pid = 1 if who.startswith("pid 1") else sleeper.pid
-    write_lock(tmp_path / "B2", pid)
+    (tmp_path / "B2").mkdir()
+    (tmp_path / "B2" / ".lock").write_bytes(orjson.dumps({"pid": pid, "host": socket.gethostname(),
+                                                          "started_at": STARTED}))
     assert read_status(tmp_path, "B2", 10).state == f"died (pid {pid} gone)"
     with make(tmp_path) as s:
         state = s.open()
@@ -95,18 +74,6 @@ def test_a_stale_lock_naming_a_live_unrelated_pid_is_taken_over(tmp_path: Path, 
                                "another process now)"]
         assert orjson.loads((tmp_path / "B2" / ".lock").read_bytes())["pid"] == os.getpid()
     assert not (tmp_path / "B2" / ".lock").exists()
-
-
-def test_a_lock_of_another_host_on_a_shared_filesystem_is_refused_with_what_to_do(tmp_path: Path,
-                                                                                  monkeypatch) -> None:
-    monkeypatch.setattr(lock_mod, "shared_filesystem", lambda folder: True)  # outputs/ on NFS
-    write_lock(tmp_path / "B2", 4242, host="node-17")
-    with pytest.raises(LockedError) as e:
-        make(tmp_path).open()
-    where = display_path(tmp_path / "B2")
-    assert str(e.value) == (f"{where} is being written by a run on host node-17 (pid 4242, started {HMS}); this host "
-                            "cannot tell whether it still runs. Wait for it or stop it there; if it is gone, delete "
-                            f"{where}/.lock.")
 
 
 def test_the_filesystem_of_a_folder_is_read_from_mountinfo(tmp_path: Path) -> None:
