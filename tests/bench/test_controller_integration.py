@@ -17,6 +17,8 @@ from gen_pipeline.config.dataset import load_dataset_config
 from gen_pipeline.controller.config import ControllerConfig
 from gen_pipeline.records import RunSnapshot
 from gen_pipeline.run import RunOptions, run_generate
+from sglang_sim.cli import parse_args
+from sglang_sim.loop import build_engine
 from sglang_sim.testing import start_sim
 
 from pipeline_helpers import write_dataset
@@ -60,6 +62,7 @@ class RunFigures:
     sim_s: float
     retracted: int  # requests retracted by the sim's scheduler
     figures: list[RunSnapshot]
+    prompt_tokens: float  # mean prompt tokens per request, as the sim counted them
 
     def middle(self, samples: int) -> list[RunSnapshot]:
         """Figures of the steady middle: 25%..75% done (no first wave, no end-of-job clamp)."""
@@ -133,7 +136,9 @@ async def measure(profile: LengthProfile, window: int | None, folder: Path) -> R
     assert (summary.done, summary.failures, summary.stopped_by) == (profile.samples, 0, "target")
     tok_s, sim_s = _throughput(base, polls)
     retracted = polls[-1]["counters"]["num_retracted_requests_total"] - base["counters"]["num_retracted_requests_total"]
-    return RunFigures(window, tok_s, sim_s, retracted, figures)
+    counters = polls[-1]["counters"]
+    prompt_tokens = (counters["prompt_tokens_total"] - base["counters"]["prompt_tokens_total"]) / profile.samples
+    return RunFigures(window, tok_s, sim_s, retracted, figures, prompt_tokens)
 
 
 @pytest.fixture(scope="module")
@@ -166,18 +171,47 @@ def _assert_window_in_band(ours: RunFigures, samples: int, underfilling: int, ad
     assert low < window <= high, f"median window {window} outside ({low:.0f}, {high:.0f}]"
 
 
+def _admits(profile: LengthProfile, prompt_tokens: int) -> int:
+    """The most requests the simulator's engine (the same flags, in process, its clock stepped, not paced)
+    runs with the whole job waiting (prompts of `prompt_tokens`, outputs 0.6..1.4x the mean): what it admits
+    when never short of requests, whatever the client's speed."""
+    engine, _ = build_engine(parse_args(_sim_args(profile)))
+    for i in range(profile.samples):  # distinct prompts: no prefix cache to share
+        out = round(profile.output_mean * (0.6 + 0.8 * (i * 7 % 11) / 10))
+        engine.add_request(f"r{i}", range(i * prompt_tokens, (i + 1) * prompt_tokens), [1] * out,
+                           max_new_tokens=profile.max_new_tokens)
+    most = 0
+    while engine.num_waiting:
+        engine.step()
+        most = max(most, engine.num_running)
+    return most
+
+
+def _median_headroom(run: RunFigures, samples: int) -> float:
+    """Median over the steady middle of window / running: above 1, the window is not what caps the server."""
+    return statistics.median(f.window / max(1, f.running) for f in run.middle(samples) if f.running is not None)
+
+
 @pytest.mark.parametrize("profile", [SHORT, LONG], ids=lambda p: p.name)
 async def test_adaptive_window_fills_the_pool_without_overshooting(profile: LengthProfile, runs) -> None:
+    """Counts, not speeds: on a busy machine the client, not the window, bounds what the server runs (beside
+    busy loops a fixed 256 kept ~25 running, a fixed 64 13..22), so tok/s here measured the machine; speeds
+    belong to `make bench` (and the slow sweep below). What the window decides stays judgeable whatever the
+    client's speed: it sits above what the server runs and below a few times what the server admits."""
     under, plateau = await runs(profile, profile.under), await runs(profile, profile.plateau)
     ours = await runs(profile, None)
     _report(profile, [under, plateau, ours])
-    # The job discriminates: `under` leaves the pool underfilled, so throughput depends on the window.
-    assert under.tok_s < 0.9 * plateau.tok_s, (under.tok_s, plateau.tok_s)
-    assert ours.tok_s >= 0.9 * plateau.tok_s, f"adaptive {ours.tok_s:.0f} tok/s < 0.9 x plateau {plateau.tok_s:.0f}"
-    # Without a sweep the knee is what the server admits on the plateau: a fixed window of that
-    # many requests already keeps every slot it grants busy.
-    admitted = plateau.median_running(profile.samples)
-    _assert_window_in_band(ours, profile.samples, profile.under, admitted, knee=admitted)
+    # The job discriminates: fed without pause, the server admits more than `under` would ever send.
+    admitted = _admits(profile, round(plateau.prompt_tokens))
+    print(f"  the engine admits {admitted} of {plateau.prompt_tokens:.0f}-token prompts when fed")
+    assert admitted > 1.2 * profile.under, f"the engine admits {admitted}: `under` must underfill it"
+    # Fills: the adaptive window keeps a queue beyond what runs (running + ~50 %, controller/feed.py), so it never
+    # caps the server; `under` on a quiet machine holds its window at ~1.1x running, the pool not full.
+    headroom = _median_headroom(ours, profile.samples)
+    assert headroom >= 1.3, f"adaptive median window / running {headroom:.2f} < 1.3: the window caps the server"
+    # Without overshooting: past what the server admits more window only waits in the server's queue.
+    window, high = ours.median_window(profile.samples), 3 * admitted + _QUEUE_SLACK_MAX
+    assert window <= high, f"adaptive median window {window} > {high} (3 x the {admitted} admitted + slack)"
 
 
 @pytest.mark.slow
