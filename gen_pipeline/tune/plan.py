@@ -172,19 +172,27 @@ def with_flag(extra_args: tuple[str, ...], flag_name: str, value: Any,
 
 
 def candidate(shipped: ServerProfile, lever: Lever, p: Plan) -> Candidate:
-    """The shipped profile with one lever moved (LEVERS' pick)."""
-    if lever.key:
+    """The shipped profile with one lever moved (LEVERS' pick). A lever the profile sets in extra_args (which
+    SGLang reads after the keys) is moved there, even when it has a server.toml key."""
+    raw = next((v for f in (lever.flag, *lever.aliases) if (v := flag_value(shipped.extra_args, f))), None)
+    if lever.key and raw is None:
         value = lever.pick(getattr(shipped, lever.key), p)
         change: dict[str, Any] = {lever.key: value}
         profile = replace(shipped, **change)
     else:
-        raw = next((v for f in (lever.flag, *lever.aliases) if (v := flag_value(shipped.extra_args, f))), None)
-        value = lever.pick(float(raw) if raw else None, p)
+        value = lever.pick(_number(raw) if raw else None, p)
         change = {"extra_args": list(with_flag(shipped.extra_args, lever.flag, value, lever.aliases))}
         profile = replace(shipped, extra_args=tuple(change["extra_args"]))
     shown = f"{value:g}" if isinstance(value, float) else value
     name = f"{shipped.name}+{lever.name}={shown}"
     return Candidate(name, replace(profile, name=name), change)
+
+
+def _number(raw: str) -> float | str:
+    try:
+        return float(raw)
+    except ValueError:
+        return raw  # --kv-cache-dtype fp8_e4m3
 
 
 def plan_profile(profile: ServerProfile, opts: TuneOptions, tokens_per_sample: int) -> Plan:

@@ -76,7 +76,7 @@ async def run_trials(cfg: DatasetConfig, tp: TunePlan, opts: TuneOptions,
                             max_new_tokens=opts.probe_max_new_tokens)
     target = min(cfg.target_samples, state["seed_done"] + tp.prompts)
     async with open_http(cfg.generation, 2 * tp.prompts + 2 * probe.concurrency + 8) as http:
-        trials = _Trials(http, cfg, replace(cfg, target_samples=target), probe, work, tp.shipped.name, say)
+        trials = _Trials(http, cfg, replace(cfg, target_samples=target), probe, work, tp.shipped.name)
         trials.sides = load_sides(state["reference"], trials.prompts)
         try:
             for r in range(tp.rounds):
@@ -87,12 +87,13 @@ async def run_trials(cfg: DatasetConfig, tp: TunePlan, opts: TuneOptions,
                     into = opts.output_root if r == 0 and o is outcomes[0] and read_status(
                         opts.output_root, cfg.name, cfg.target_samples).done == state["seed_done"] \
                         else _scratch(work / "seed", work / "run")
-                    await trials.run(o, r, into)
+                    line = await trials.run(o, r, into)
                     state["trials"].append({"round": r, "name": o.candidate.name, "tok_s": o.tok_s[-1],
                                             "server_tok_s": o.server_tok_s[-1:], "check": o.check,
                                             "refused": o.refused})
                     state["reference"] = dump_sides(trials.sides)
                     save_state(work, state)
+                    say(line)  # once recorded: a run stopped after this line does not measure the trial again
         except BaseExceptionGroup as group:
             raise first_known(group) from None
     for done in ("seed", "run"):  # every trial measured: the copies are not needed again
@@ -151,14 +152,15 @@ class _Trials:
     prompts), the probe settings and prompts, the shipped profile's greedy answers once it has run."""
 
     def __init__(self, http: Http, cfg: DatasetConfig, trial_cfg: DatasetConfig, probe: PC.ProbeOptions, work: Path,
-                 shipped: str, say: Callable[[str], None]) -> None:
-        self.http, self.cfg, self.trial_cfg, self.probe, self.work, self.shipped, self.say = (
-            http, cfg, trial_cfg, probe, work, shipped, say)
+                 shipped: str) -> None:
+        self.http, self.cfg, self.trial_cfg, self.probe, self.work, self.shipped = (
+            http, cfg, trial_cfg, probe, work, shipped)
         self.prompts = PC.load_prompts(cfg, probe.samples)  # also loads the source before the first trial's clock
         self.sides: list[PC.RefSide] = []
 
-    async def run(self, o: Outcome, r: int, root: Path) -> None:
-        """One candidate's trial in round r: launch, flush, generate, measure; round 0 also checks its answers."""
+    async def run(self, o: Outcome, r: int, root: Path) -> str:
+        """One candidate's trial in round r: launch, flush, generate, measure; round 0 also checks its answers.
+        Returns the trial's line."""
         c, name = o.candidate, self.cfg.name
         async with PC.open_server(c.profile, c.name, self.work / "logs" / c.name, self.http) as h:
             url = h.base_urls[0]
@@ -182,8 +184,8 @@ class _Trials:
                 o.server_tok_s.append(statistics.median(rates))
             if r == 0:
                 await self._check(h, o)
-        self.say(f"  round {r + 1}: {c.name}: {tokens:,} completion tokens in {elapsed:.1f} s = "
-                 f"{tokens / elapsed:,.0f} tok/s" + (f"; refused: {o.check}" if o.refused else ""))
+        return (f"  round {r + 1}: {c.name}: {tokens:,} completion tokens in {elapsed:.1f} s = "
+                f"{tokens / elapsed:,.0f} tok/s" + (f"; refused: {o.check}" if o.refused else ""))
 
     async def _check(self, h: ServerHandle, o: Outcome) -> None:
         """The shipped profile: its greedy answers (the reference). A candidate: probe-kv's comparison with

@@ -125,6 +125,33 @@ def _plan(tmp_path: Path, toml: str = SERVER_TOML, **kw):
     return make_plan(find_dataset_config("T", cfg), shipped_profile(cfg, "t"), opts)
 
 
+def test_a_trial_whose_line_was_printed_is_not_measured_again_after_a_stop(tmp_path: Path) -> None:
+    import anyio
+
+    from gen_pipeline.config.dataset import find_dataset_config
+    from gen_pipeline.tune import TuneOptions, run_tune
+
+    tp = _plan(tmp_path, levers=("cuda_graph_max_bs",), rounds=1)
+    cfg, out = tmp_path / "cfg", tmp_path / "out"
+    opts = TuneOptions(output_root=out, config_dir=cfg, budget_s=3600, prompts=PROMPTS, levers=("cuda_graph_max_bs",),
+                       rounds=1)
+    said: list[str] = []
+
+    def stop_after_the_first_trial(line: str) -> None:  # Ctrl-C as the first trial's line is read
+        said.append(line)
+        if line.startswith("  round 1: "):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        anyio.run(run_tune, find_dataset_config("T", cfg), tp, opts, stop_after_the_first_trial)
+    assert [ln.split(":")[1] for ln in said if ln.startswith("  round 1: ")] == [" t"]
+    said.clear()
+    anyio.run(run_tune, find_dataset_config("T", cfg), tp, opts, said.append)
+    assert said[0].startswith("  resuming: 1 trials of this plan measured before (")
+    assert [ln.split(":")[1] for ln in said if ln.startswith("  round 1: ")] == [" t+cuda_graph_max_bs=12"]
+    assert len(assert_exact(out, PROMPTS)) == PROMPTS
+
+
 def test_every_candidate_is_the_shipped_profile_with_one_change_and_each_trial_fills_the_slots(tmp_path: Path) -> None:
     from dataclasses import fields
 
@@ -160,6 +187,19 @@ def test_a_candidate_plan_says_cannot_start_is_skipped_and_named(tmp_path: Path)
     why = "plan refuses it: --mem-fraction-static 1.01 must be above 0 and below 1."
     assert tp.skipped == (("t+mem_fraction_static=1.01", why),)
     assert f"  skipped t+mem_fraction_static=1.01: {why}" in tp.lines()
+
+
+def test_a_keyed_lever_the_profile_passes_in_extra_args_is_moved_there(tmp_path: Path) -> None:
+    # SGLang reads extra_args after the keys: a key beside `--stream-interval 8` would be overridden by it
+    passed = '"--sim-profile", "fast", "--stream-interval", "8", "--kv-cache-dtype", "fp8_e4m3",'
+    toml = SERVER_TOML.replace("stream_interval = 8\n", "").replace('"--sim-profile", "fast",', passed)
+    tp = _plan(tmp_path, toml, levers=("kv_cache_dtype", "stream_interval"))
+    assert [c.name for c in tp.candidates] == ["t+kv_cache_dtype=bf16", "t+stream_interval=16"]
+    for c, flag, value in zip(tp.candidates, ("--kv-cache-dtype", "--stream-interval"), ("bf16", "16"), strict=True):
+        args = c.profile.extra_args
+        assert args.count(flag) == 1 and args[-2:] == (flag, value), args
+        assert list(c.change) == ["extra_args"]
+    assert tp.candidates[1].profile.stream_interval is None
 
 
 def test_the_shipped_profile_stays_unless_an_accepted_candidate_beats_it_by_more_than_the_noise(tmp_path: Path) -> None:
