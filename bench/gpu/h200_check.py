@@ -8,7 +8,8 @@ launcher's command builder, detached), sweep (fixed windows on it, attach mode),
 gen_pipeline against SGLang's bench_serving and offline engine on the regimes' prompts), kill
 (kill -9 twice + resume), unserve, launch (full launcher, fp8_e4m3 KV profile), starved
 (--max-total-tokens 20000: fixed 256 and adaptive), probe (issue 16: bf16 and fp8 servers side by
-side, `gen-pipeline probe-kv`), summary. Results accumulate in DIR/results.json across calls, so the
+side, `gen-pipeline probe-kv`), tune (issue 34: `gen-pipeline tune`, bench/gpu/tune_check.py),
+summary. Results accumulate in DIR/results.json across calls, so the
 phases can be split over several commands. `--sim` runs every phase against the simulator.
 """
 
@@ -26,13 +27,13 @@ from pathlib import Path
 
 import httpx
 
-from bench.gpu import ceiling, regimes, runs, servers, tokenids
-from bench.gpu.setup import DATASET, PROMPTS, SPEC_DATASET, SPEC_STEPS, write_configs
+from bench.gpu import ceiling, regimes, runs, servers, tokenids, tune_check
+from bench.gpu.setup import DATASET, PROMPTS, SHORT_DATASET, SPEC_DATASET, SPEC_STEPS, write_configs
 from gen_pipeline.server.load import metric_values
 
 FIXED_WINDOWS = (32, 64, 128, 256)
 PHASES = ("setup", "serve", "sweep", "adaptive", "regimes", "ceiling", "tokenids", "kill", "unserve", "launch",
-          "spec", "starved", "probe", "summary")
+          "spec", "starved", "probe", "tune", "summary")
 
 
 class Check:
@@ -258,6 +259,24 @@ class Check:
             servers.stop(s)
             self.keep(key, None)
 
+    def tune(self) -> None:
+        """Issue 34: `gen-pipeline tune` over --levers on the short regime's prompts (--tune-prompts a trial),
+        --rounds rounds on --server-profile; judged by tune_check.verdict. Goes on from tune's state file."""
+        out, profile = self.out / "tune", self.server_profile
+        model = None if self.sim else Path(self.results.get("model_path") or self.work / "model")
+        argv = tune_check.tune_argv(self.cfg, out, SHORT_DATASET, profile, self.levers, self.rounds,
+                                    self.tune_prompts, model)
+        rc, lines = tune_check.run_until(argv, self.logs / "cli-tune.log", self.left_s, self.log)
+        state = tune_check.read_state(out, SHORT_DATASET)
+        v = tune_check.verdict(state) if state else {"rounds": 0}
+        written = sorted((out / SHORT_DATASET / "tune").glob("*-tuned.toml"))
+        self.results["tune"] = {"rc": rc, "command": " ".join(argv[1:]), "profile": profile, "levers": self.levers,
+                                "prompts": self.tune_prompts, "plan": lines[:12], "table": lines[-12:],
+                                "written": written[0].read_text() if written and rc == 0 else None,
+                                "trials": state["trials"] if state else [], "verdict": v}
+        self.log(tune_check.summary_line(v) if state else f"tune: rc {rc}, no state written")
+        self.save()
+
     def _probe_kv(self, name: str, samples: int, ref_url: str, cmp_url: str, *more: str) -> dict:
         out = self.out / name
         argv = [os.environ.get("BENCH_PYTHON", sys.executable), "-m", "gen_pipeline", "probe-kv", "--dataset",
@@ -406,6 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", default=None,
                    help="regimes phase: only these clients, comma-separated (fixed-128, fixed-40, all, adaptive); "
                         "ceiling phase: gen_pipeline, bench_serving, offline (each phase runs the ones it knows)")
+    p.add_argument("--levers", default="cuda_graph_max_bs,num_continuous_decode_steps",
+                   help="tune phase: the levers gen-pipeline tune tries (comma-separated)")
+    p.add_argument("--tune-prompts", type=int, default=1500, help="tune phase: prompts per trial")
     p.add_argument("--offline-alone", action="store_true",
                    help="ceiling phase: stop the server for each offline-engine run (first in each round) instead of "
                         "running the engine beside the idle server")
@@ -422,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     check.clients = clients
     check.server_profile = args.server_profile
     check.offline_alone = args.offline_alone
+    check.levers, check.tune_prompts = args.levers, args.tune_prompts
     if args.time_scale:
         check.results["time_scale"] = args.time_scale
     for phase in args.phases:

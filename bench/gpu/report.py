@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from bench.gpu import ceiling, regimes
+from bench.gpu.tune_check import GOAL as GOAL_TUNE
 from bench.report import md_table, write_section
 
 RESULTS = Path(__file__).resolve().parent / "h200_results.json"
@@ -305,7 +306,58 @@ CEILING_RUNS = (
      "bench/gpu/run_h200.sh KEEP OUT install model setup serve ceiling summary, then the same with BUDGET_S=330 and "
      "the phases ceiling unserve summary (two calls; bench_serving left out: at 300 prompts it was the lower of "
      "SGLang's two, and the device time of this session fitted two clients)"),
+    (HERE / "h100_traces_vs_sglang_long600_bs.json", "gpu_h100_vs_sglang_long600_bs",
+     "CHECK_ARGS=\"--regimes long --long-prompts 600 --clients gen_pipeline,bench_serving --rounds 2\" BUDGET_S=370 "
+     "bash bench/gpu/run_h200.sh KEEP OUT unserve ceiling unserve summary, the last call of the tune session (the "
+     "budget ended before gen_pipeline's second round)"),
+    (HERE / "h100_traces_vs_sglang_ceiling.json", "gpu_h100_vs_sglang_ceiling",
+     "CHECK_ARGS=\"--server-profile h200-ceiling --regimes short --short-prompts 2000 --rounds 3 --clients "
+     "gen_pipeline,bench_serving,offline\" BUDGET_S=540 bash bench/gpu/run_h200.sh KEEP OUT ceiling summary, right "
+     "after the tune calls on the same machine. Output lengths are the model's EOS under max 512, on a pool past "
+     "SGLang's CUDA-graph ceiling: SGLang's two clients ran 305-350 requests (slots), past the 256 its graphs "
+     "cover; gen_pipeline ran ~245 with every decode step on a graph. Factoring the GPU's speed out divides by "
+     "those slots, so it charges gen_pipeline for the faster step it chose: read the ratios by medians here"),
 )
+TUNE_RUNS = (
+    (HERE / "h100_tune_results.json", "gpu_h100_tune",
+     "CHECK_ARGS=\"--server-profile h200-ceiling --rounds 3 --tune-prompts 1500\" BUDGET_S=490 bash "
+     "bench/gpu/run_h200.sh KEEP OUT install model setup tune summary, then the same with BUDGET_S=580 and the "
+     "phases tune summary, then once more (tune stops between trials when the next would not end in the call's "
+     "budget, and goes on from its state file)"),
+)
+
+
+def tune_markdown(r: dict, source: str, command: str) -> str:
+    """Issue 34: `gen-pipeline tune` on the device, its pick from round 1 judged by rounds 2..N."""
+    t, v = r["tune"], r["tune"]["verdict"]
+    levers, judged = t["levers"].replace(",", ", "), ", ".join(map(str, v["judged_rounds"]))
+    rows = [[name, *(f"{x:,}" for x in v["tok_s"][name]), f"{v['later_medians'][name]:,}",
+             f"{v['later_medians'][name] / v['later_medians'][v['shipped']]:.3f}", v["checks"][name]]
+            for name in v["names"]]
+    return "\n".join([
+        f"## `gen-pipeline tune` on one {r['device']} (`bench/gpu/` phase `tune`): {source}",
+        "",
+        f"Run {r['date']} (SGLang {r['sglang']}, {MODEL_1_2B}): `{command}`. tune launched the shipped profile "
+        f"{v['shipped']} ({SERVERS[v['shipped']]}) and one candidate per lever ({levers}), each on the short "
+        f"regime's next {t['prompts']:,} prompts sent at once (the same for each, prefix cache flushed), "
+        f"{v['rounds']} rounds rotated. Round 1 alone is what a one-round budget gives; rounds {judged} measure every "
+        "candidate again, independently of it.",
+        "",
+        md_table(["candidate", *(f"round {i + 1} tok/s" for i in range(v["rounds"])),
+                  f"median of rounds {judged}", "vs shipped", "output check (round 1)"],
+                 rows),
+        "",
+        f"- Round 1 picks **{v['pick_round1']}**: **{v['pick_vs_best']:.3f} x** the best by the later rounds' medians "
+        f"({v['best_later']}) and {v['pick_vs_shipped']:.3f} x the shipped profile (goal: >= {GOAL_TUNE} x the best, "
+        f"never below the shipped one: {'met' if v['goal_met'] else 'not met'}). With all rounds tune picks "
+        f"{v['pick_all_rounds']}.",
+        "- The profile tune wrote (`outputs/<DATASET>/tune/<PROFILE>-tuned.toml`):",
+        "",
+        "```toml",
+        t["written"].rstrip("\n"),
+        "```",
+    ])
+
 CLIENT_NAMES = {"gen_pipeline": "gen_pipeline (adaptive)", "bench_serving": "SGLang bench_serving, rate inf",
                 "offline": "SGLang offline engine"}
 
@@ -441,6 +493,12 @@ def main(argv: list[str] | None = None) -> dict:
             ceiling_text = ceiling_markdown(c, traces.name, command)
             print(ceiling_text)
             write_section(section, {"summary": c.get("summary"), "date": c.get("date")}, ceiling_text, stamped=False)
+    for source, section, command in TUNE_RUNS:
+        if source.exists():
+            tune_text = tune_markdown(json.loads(source.read_text()), source.name, command)
+            print(tune_text)
+            write_section(section, {"verdict": json.loads(source.read_text())["tune"]["verdict"]}, tune_text,
+                          stamped=False)
     for source, section, command in SPEC_RUNS:
         if source.exists():
             spec_text = spec_markdown(json.loads(source.read_text()), source.name, command)

@@ -336,3 +336,17 @@ def test_the_committed_h100_ceiling_runs_give_the_ratios_the_run_printed() -> No
     long600 = json.loads((report.HERE / "h100_traces_vs_sglang_long600.json").read_text())["ceiling"]["long"]["runs"]
     head = ceiling.headline(ceiling.summarize_ceiling(long600))["long"]["over_offline"]
     assert head == {"of": "offline", "median": 0.969, "per_round_median": 0.975, "gpu_factored_out_median": 0.977}
+    # its last call, bench_serving in place of the engine (one round of gen_pipeline: the budget ended)
+    bs = json.loads((report.HERE / "h100_traces_vs_sglang_long600_bs.json").read_text())["ceiling"]["long"]["runs"]
+    assert ceiling.headline(ceiling.summarize_ceiling(bs))["long"]["over_bench_serving"]["median"] == 0.991
+
+
+def test_past_the_graph_ceiling_sglangs_own_clients_run_graphless_and_gen_pipeline_does_not() -> None:
+    """The EOS / large fp8 pool regime (profile h200-ceiling, 2,000 short prompts, 2026-12-06 third session)."""
+    c = json.loads((report.HERE / "h100_traces_vs_sglang_ceiling.json").read_text())["ceiling"]
+    runs = c["short"]["runs"]
+    head = ceiling.headline(ceiling.summarize_ceiling(runs))["short"]
+    assert (head["over_bench_serving"]["median"], head["over_offline"]["median"]) == (2.102, 1.779)
+    ours = [r for r in runs if r["client"] == "gen_pipeline"]
+    assert [r["cuda_graph"]["false"] for r in ours] == [0, 0, 0] and all(r["rows"] == 2000 for r in runs)
+    assert all(r["slots_log"] > 256 for r in runs if r["client"] != "gen_pipeline")  # past SGLang's graphs
