@@ -69,6 +69,7 @@ class Plan:
     dcp_size: int = 1  # --dcp-size: KV tokens x dcp_size (module doc)
     dcp_max: int = 1  # the copies TP makes of each KV head: the largest dcp_size that splits tokens
     draft_note: str = ""  # a speculative draft's share of the pool and of the memory (profile_draft)
+    max_total_tokens: int | None = None  # --max-total-tokens: SGLang's pool is the smaller of it and what fits
 
 
 @dataclass(frozen=True)
@@ -181,10 +182,11 @@ def _field(cfg: dict[str, Any], key: str) -> int:
 def plan(model_config: dict[str, Any], *, gpu_mem_gb: float, tp_size: int, mem_fraction_static: float,
          tokens_per_sample: int, weights_gb: float | None = None, params_b: float | None = None,
          weight_dtype: str | None = None, kv_dtypes: tuple[str, ...] = COMPARED_KV,
-         hicache_gb: float = 0.0, overhead_gb: float = 0.0, dcp_size: int = 1, draft: Draft | None = None) -> Plan:
+         hicache_gb: float = 0.0, overhead_gb: float = 0.0, dcp_size: int = 1, draft: Draft | None = None,
+         max_total_tokens: int | None = None) -> Plan:
     """Predicted KV tokens and decode slots per KV dtype. Memory in GiB; weights_gb is the whole model
-    (or params_b billions × weight_dtype bytes); a draft adds its weights and its layers' KV. Raises
-    ConfigError on missing or impossible inputs."""
+    (or params_b billions × weight_dtype bytes); a draft adds its weights and its layers' KV; max_total_tokens
+    caps the pool (SGLang's model_runner takes the smaller). Raises ConfigError on missing or impossible inputs."""
     if weights_gb is None:
         if params_b is None or weight_dtype not in WEIGHT_BYTES:
             raise ConfigError("plan needs weights_gb, or params_b with weight_dtype in "
@@ -212,6 +214,7 @@ def plan(model_config: dict[str, Any], *, gpu_mem_gb: float, tp_size: int, mem_f
         if draft is not None:
             per_token = int(per_token * (1 + draft.layers / layers))
         tokens = max(0, int(kv_gb * GIB // per_token)) * dcp_size
+        tokens = min(tokens, max_total_tokens) if max_total_tokens else tokens
         options.append(KvOption(dtype, per_token, tokens, tokens // tokens_per_sample,
                                  int(gpu_mem_gb * 0.01 * GIB // per_token) * dcp_size,
                                  int(hicache_gb * GIB // per_token)))
@@ -227,7 +230,7 @@ def plan(model_config: dict[str, Any], *, gpu_mem_gb: float, tp_size: int, mem_f
                 tokens_per_sample, hicache_gb, tuple(options), weights_note,
                 cuda_graph_max_bs=sglang_cuda_graph_max_bs(gpu_mem_gb, tp_size),
                 cuda_graph_note=f"SGLang's default for {gpu_mem_gb:g} GiB GPUs at tp {tp_size}", dcp_size=dcp_size,
-                dcp_max=copies, draft_note=draft_note)
+                dcp_max=copies, draft_note=draft_note, max_total_tokens=max_total_tokens)
 
 
 # GPUs by memory as nvidia-smi reports it (MiB / 1024): the refusal names the smallest one that fits.
@@ -263,6 +266,7 @@ def profile_inputs(profile: ServerProfile, *, tp_size: int | None = None, mem_fr
         "kv_cache_dtype": (kv_cache_dtype, profile.kv_cache_dtype, "auto"),
         "hicache_gb": (hicache_gb, hicache, 0.0),
         "dcp_size": (dcp_size, _extra_int(profile.extra_args, ("--dcp-size", "--decode-context-parallel-size")), 1),
+        "max_total_tokens": (None, _extra_int(profile.extra_args, ("--max-total-tokens",)), None),
     }
     values: dict[str, Any] = {}
     notes = []
@@ -270,7 +274,7 @@ def profile_inputs(profile: ServerProfile, *, tp_size: int | None = None, mem_fr
         value, whence = (given, "flag") if given is not None else (own, "profile") if own is not None else (
             fallback, "default")
         values[name] = value
-        if name != "dcp_size" or whence != "default":  # no DCP: not worth a word
+        if name not in ("dcp_size", "max_total_tokens") or whence != "default":  # no DCP, no cap: not worth a word
             notes.append(f"{name} {value:g} ({whence})" if isinstance(value, float) else f"{name} {value} ({whence})")
     kv = values.pop("kv_cache_dtype")
     values["kv_dtypes"] = COMPARED_KV + (() if kv in COMPARED_KV or kv == "auto" else (kv,))
@@ -296,7 +300,11 @@ def format_plan(p: Plan) -> str:
         mark = "  <- the profile's kv_cache_dtype" if o.kv_dtype == p.kv_in_use else ""
         lines.append(f"{o.kv_dtype:<10} {o.bytes_per_token:>16,} {o.kv_tokens:>12,} {o.decode_slots:>13,} "
                      f"{'+' + format(o.tokens_per_0_01, ','):>11}{mark}")
-    lines += ["", f"decode slots = KV tokens / {p.tokens_per_sample:,} tokens per sample (prompt + output)", ""]
+    lines += ["", f"decode slots = KV tokens / {p.tokens_per_sample:,} tokens per sample (prompt + output)"]
+    if p.max_total_tokens:
+        lines.append(f"KV tokens capped at {p.max_total_tokens:,} by --max-total-tokens (SGLang takes the smaller of "
+                     "it and what fits); the levers below move what fits, not the cap")
+    lines.append("")
     lines += _levers(p)
     if p.kv_gb_per_gpu <= 0:
         lines.append("WARNING: the weights do not leave room for a KV cache at this memory fraction "
@@ -337,7 +345,8 @@ def plan_from_args(model_config: Path, *, gpu_mem_gb: float, tp_size: int, mem_f
                    tokens_per_sample: int, weights_gb: float | None = None, params_b: float | None = None,
                    weight_dtype: str | None = None, kv_dtypes: tuple[str, ...] = COMPARED_KV,
                    hicache_gb: float = 0.0, overhead_gb: float = 0.0, inputs_note: str = "",
-                   kv_in_use: str = "", dcp_size: int = 1, draft: Draft | None = None) -> Plan:
+                   kv_in_use: str = "", dcp_size: int = 1, draft: Draft | None = None,
+                   max_total_tokens: int | None = None) -> Plan:
     """`plan`'s flags (each keyword is the flag of that name) → the Plan (format_plan prints it);
     ConfigError for a missing weight size or an unreadable config, naming the flag."""
     try:  # the file first: a missing one is the first thing to fix, whatever else is missing
@@ -361,7 +370,7 @@ def plan_from_args(model_config: Path, *, gpu_mem_gb: float, tp_size: int, mem_f
     p = plan(cfg, gpu_mem_gb=gpu_mem_gb, tp_size=tp_size, mem_fraction_static=mem_fraction_static,
              tokens_per_sample=tokens_per_sample, weights_gb=weights_gb, params_b=params_b,
              weight_dtype=weight_dtype, kv_dtypes=kv_dtypes, hicache_gb=hicache_gb, overhead_gb=overhead_gb,
-             dcp_size=dcp_size, draft=draft)
+             dcp_size=dcp_size, draft=draft, max_total_tokens=max_total_tokens)
     if bundled:
         p = replace(p, weights_note=f"weights: {BUNDLED_WEIGHTS_GIB:g} GiB (Kimi-K2.5 INT4, 594 GB on disk: the "
                                     "bundled config's default; --weights-gb for another checkpoint)")

@@ -154,3 +154,13 @@ def test_a_local_draft_adds_its_layers_and_weights(tmp_path: Path, capsys: pytes
              for lines in (tuned, draft)]
     assert round(kv_gb[0] - kv_gb[1], 1) == 1.0, kv_gb
     assert _fp8(draft)[0] == 35_136 * 63 // 61
+
+
+def test_a_profile_that_caps_the_pool_plans_the_cap(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--max-total-tokens in extra_args: SGLang's pool is the smaller of it and what fits, and so is plan's."""
+    tuned, capped = _plans(tmp_path, capsys, '["--max-total-tokens", "120000"]')
+    assert _fp8(tuned)[1] == 379_397 and _fp8(capped) == (35_136, 120_000)
+    assert ("KV tokens capped at 120,000 by --max-total-tokens (SGLang takes the smaller of it and what fits); the "
+            "levers below move what fits, not the cap") in capped
+    assert "max_total_tokens 120000 (profile)" in capped[0]
+    assert not any("capped" in line for line in tuned) and "max_total_tokens" not in tuned[0]
