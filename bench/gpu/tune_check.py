@@ -43,9 +43,19 @@ def tune_argv(cfg: Path, out: Path, dataset: str, profile: str, levers: str, rou
             "--dataset", str(cfg / f"{dataset}.toml"), "--config-dir", str(cfg), "--output-dir", str(out),
             "--server-profile", profile, "--levers", levers, "--rounds", str(rounds), "--prompts", str(prompts),
             "--budget-s", "36000", "--startup-s", "120",
-            # plan sizes the candidates with the served model on the H200, not the bundled Kimi-K2.5
-            "--model-config", str(plan_config(model, cfg)), "--gpu-mem-gb", "139", "--weights-gb", "2.5"]
+            # plan sizes the candidates with the served model on this GPU, not the bundled Kimi-K2.5
+            "--model-config", str(plan_config(model, cfg)), "--gpu-mem-gb", f"{gpu_mem_gb():g}", "--weights-gb", "2.5"]
     return argv
+
+
+def gpu_mem_gb(default: float = 139.0) -> float:
+    """The first GPU's memory as nvidia-smi reports it (MiB / 1024, as plan takes it); `default` without one."""
+    try:
+        mib = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout.split()
+        return round(int(mib[0]) / 1024, 1)
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return default
 
 
 def run_until(argv: list[str], log: Path, left_s, say) -> tuple[int | None, list[str]]:
