@@ -53,8 +53,11 @@ def short_dataset(folder: Path, target: int, mode: str = "streamed") -> Path:
 
 
 def cli_cpu(url: str, toml: Path, out: Path, *extra: str) -> tuple[float, float]:
-    """(CPU seconds, wall seconds) of one CLI run from an empty output folder (`extra`: more flags)."""
+    """(CPU seconds, wall seconds) of one CLI run from an empty output folder (`extra`: more flags; answers read
+    in the main process unless they say --readers, so that figures compare across runs: wait4() counts the
+    readers' CPU too)."""
     started = time.monotonic()
+    extra = extra if "--readers" in extra else (*extra, "--readers", "0")
     proc = subprocess.Popen([sys.executable, "-m", "gen_pipeline", "generate", "--dataset", str(toml),
                              "--server-url", url, "--output-dir", str(out), "--progress", "quiet", *extra],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

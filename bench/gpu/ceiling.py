@@ -35,6 +35,9 @@ from bench.gpu.setup import PROFILE_KV_TOKENS
 from bench.gpu.traces import TracePoller, summarize
 
 CLIENTS = ("gen_pipeline", "bench_serving", "offline")
+# only where --clients names them: gen_pipeline with its answers read in the main process (no reader
+# processes), and in 4 reader processes from the start (the default chooses as the run goes)
+EXTRA_CLIENTS = {"gen_pipeline-readers0": ("--readers", "0"), "gen_pipeline-readers4": ("--readers", "4")}
 ROUNDS = 3
 SERVER_START_S = 120.0  # the server's start again after an offline run alone (--offline-alone; ~80 s on the H200)
 # bench_serving sleeps 1 s after this line, then sends every request (sglang/benchmark/serving.py, 0.5.17)
@@ -166,10 +169,12 @@ def _normalize(row: dict) -> dict:
     return row
 
 
-def measure_gen_pipeline(check: Any, server: servers.Server, rnd: int, regime: str) -> tuple[dict, list[dict]]:
+def measure_gen_pipeline(check: Any, server: servers.Server, rnd: int, regime: str,
+                         client: str = "gen_pipeline") -> tuple[dict, list[dict]]:
     start = _log_size(server.log)
-    row, trace, _ = regimes.measure(check, server, rnd, regime, "adaptive", name=f"ceiling-{regime}-gen_pipeline-{rnd}")
-    row.update(client="gen_pipeline", decode_log=decode_speed(server.log, start))
+    row, trace, _ = regimes.measure(check, server, rnd, regime, "adaptive", name=f"ceiling-{regime}-{client}-{rnd}",
+                                    extra=EXTRA_CLIENTS.get(client, ()))
+    row.update(client=client, decode_log=decode_speed(server.log, start))
     return _normalize(row), trace
 
 
@@ -299,7 +304,8 @@ def run_phase(check: Any, rounds: int = ROUNDS) -> None:
     regimes.configure(check)
     order = tuple(getattr(check, "regimes_order", None) or ("short", "long"))
     wanted = getattr(check, "clients", None)
-    clients = tuple(c for c in CLIENTS if wanted is None or c in wanted)
+    clients = tuple(c for c in (*CLIENTS, *EXTRA_CLIENTS) if (c in CLIENTS and wanted is None)
+                    or (wanted is not None and c in wanted))
     res = check.results.setdefault("ceiling", {"runs": []})
     if "offline" in clients and (reason := offline_skip_reason(check)):
         clients = tuple(c for c in clients if c != "offline")
@@ -333,8 +339,8 @@ def run_phase(check: Any, rounds: int = ROUNDS) -> None:
             trace: list[dict] = []
             if client != "offline":  # started here: after an offline run alone it was stopped
                 server = check.ensure(_server_key(profile), profile)
-            if client == "gen_pipeline":
-                row, trace = measure_gen_pipeline(check, server, rnd, regime)
+            if client.startswith("gen_pipeline"):
+                row, trace = measure_gen_pipeline(check, server, rnd, regime, client)
             elif client == "bench_serving":
                 row, trace = measure_bench_serving(check, server, rnd, regime, prompts[regime], sampling, tokenizer_dir)
             elif (offline_row := engine.measure(rnd, regime, prompts[regime], sampling)) is not None:
@@ -398,7 +404,7 @@ def summarize_ceiling(rows: list[dict]) -> dict:
         if not mine:
             continue
         per = {}
-        for client in CLIENTS:
+        for client in (*CLIENTS, *EXTRA_CLIENTS):
             xs = [r for r in mine if r["client"] == client]
             if not xs:
                 continue
@@ -411,10 +417,13 @@ def summarize_ceiling(rows: list[dict]) -> dict:
                                [(r.get("decode_log") or {}).get("tok_s_per_running") for r in xs]),
                            "prompt_tokens": sorted({int(r.get("prompt_tokens") or 0) for r in xs}),
                            "client_cpu_ms_per_1k_tokens_median": regimes._median(
-                               [r.get("client_cpu_ms_per_1k_tokens") for r in xs])}
+                               [r.get("client_cpu_ms_per_1k_tokens") for r in xs]),
+                           "main_cpu_ms_per_1k_tokens_median": regimes._median(
+                               [r.get("main_cpu_ms_per_1k_tokens") for r in xs]),
+                           "readers_started": sorted({r.get("readers_started", 0) for r in xs})}
         entry: dict[str, Any] = {"clients": per}
         if "gen_pipeline" in per:
-            for other in ("bench_serving", "offline", "better"):
+            for other in ("bench_serving", "offline", "better", *EXTRA_CLIENTS):
                 ratios = _ratios(mine, other, per)
                 if ratios:
                     entry[f"over_{other}"] = ratios
@@ -424,7 +433,7 @@ def summarize_ceiling(rows: list[dict]) -> dict:
 
 def _ratios(rows: list[dict], other: str, per: dict) -> dict | None:
     """gen_pipeline / `other` (a client, or "better": the better of SGLang's two in each comparison)."""
-    others = ("bench_serving", "offline") if other == "better" else (other,)
+    others = ("bench_serving", "offline") if other == "better" else (other,)  # or gen_pipeline's other variant
     present = [c for c in others if c in per]
     if not present:
         return None

@@ -433,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
                         "running the engine beside the idle server")
     args = p.parse_args(argv)
     clients = frozenset(c for c in args.clients.split(",") if c) if args.clients else None
-    known = {c for spec in regimes.REGIMES.values() for c in spec.clients} | set(ceiling.CLIENTS)
+    known = ({c for spec in regimes.REGIMES.values() for c in spec.clients} | set(ceiling.CLIENTS)
+             | set(ceiling.EXTRA_CLIENTS))
     if clients is not None and not clients <= known:
         p.error(f"--clients: unknown {', '.join(sorted(clients - known))} (known: {', '.join(sorted(known))})")
     check = Check(args.work, args.sim, args.prompts, time.monotonic() + args.budget_s, args.kill_after_s)

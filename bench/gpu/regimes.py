@@ -17,9 +17,11 @@ gpu_h200` read it).
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bench.gpu import runs, servers
@@ -77,6 +79,21 @@ def plan(rounds: int = ROUNDS, order: tuple[str, ...] = ("short", "long"),
     return out
 
 
+_READERS_CPU = re.compile(r"reader processes: (\d+) started; CPU while reading: main process ([\d.]+) s, readers "
+                          r"([\d.]+) s")
+
+
+def readers_figures(run_log: Path, completion_tokens: int) -> dict:
+    """What run.log says of the run's reader processes (run/readers.py): how many started, and the CPU of the
+    main process and of the readers while reading, per 1K completion tokens."""
+    m = _READERS_CPU.search(run_log.read_text()) if run_log.exists() else None
+    if m is None:
+        return {"readers_started": 0}
+    per_1k = 1e6 / max(completion_tokens, 1)
+    return {"readers_started": int(m[1]), "main_cpu_ms_per_1k_tokens": round(float(m[2]) * per_1k, 2),
+            "readers_cpu_ms_per_1k_tokens": round(float(m[3]) * per_1k, 2)}
+
+
 def configure(check: Any) -> None:
     """The prompts of a run of each regime, from the check's --short-prompts / --long-prompts."""
     short_prompts = getattr(check, "short_prompts", SHORT_PROMPTS)
@@ -122,10 +139,10 @@ def run_phase(check: Any, rounds: int = ROUNDS) -> None:
         check.save()
 
 
-def measure(check: Any, server: servers.Server, rnd: int, regime: str,
-            client: str, name: str | None = None) -> tuple[dict, list[dict], list[list[int]]]:
+def measure(check: Any, server: servers.Server, rnd: int, regime: str, client: str, name: str | None = None,
+            extra: tuple[str, ...] = ()) -> tuple[dict, list[dict], list[list[int]]]:
     """One run: its figures, its server trace and (prompt, completion) tokens per sample; `name`: its
-    output folder and log (default REGIME-CLIENT-ROUND)."""
+    output folder and log (default REGIME-CLIENT-ROUND); `extra`: more flags for generate."""
     spec = REGIMES[regime]
     window = spec.clients[client]
     name = name or f"{regime}-{client}-{rnd}"
@@ -133,7 +150,8 @@ def measure(check: Any, server: servers.Server, rnd: int, regime: str,
     servers.flush_cache(server)
     poller = TracePoller(server.url)
     row_start = _log_size(server)
-    args = ["--server-url", server.url, "--limit", str(spec.prompts)] + (["--window", str(window)] if window else [])
+    args = ["--server-url", server.url, "--limit", str(spec.prompts), *extra]
+    args += ["--window", str(window)] if window else []
     server_cpu = servers.group_cpu_s(server.pid)
     run = runs.run_cli(name, runs.cli_argv(check.cfg, out, *args, dataset=spec.dataset), check.logs)
     server_cpu = {k: v - server_cpu.get(k, 0.0) for k, v in servers.group_cpu_s(server.pid).items()}
@@ -155,6 +173,7 @@ def measure(check: Any, server: servers.Server, rnd: int, regime: str,
            "trace_summary": shape, "controller": run.controller_figures(),
            "diagnose": [v.rule for v in verdicts], "diagnose_text": [v.lines() for v in verdicts],
            "cuda_graph": _graph_share(server, row_start)}
+    row.update(readers_figures(out / spec.dataset / "run.log", figures["completion_tokens"]))
     if figures["rows"] != spec.prompts:
         row["warning"] = f"{figures['rows']} rows, expected {spec.prompts}"
     check.log(f"{name}: {row['rows']} rows, {row['tok_s']:.0f} tok/s (steady {steady_tok_s}) in "

@@ -359,11 +359,21 @@ def tune_markdown(r: dict, source: str, command: str) -> str:
     ])
 
 CLIENT_NAMES = {"gen_pipeline": "gen_pipeline (adaptive)", "bench_serving": "SGLang bench_serving, rate inf",
-                "offline": "SGLang offline engine"}
+                "offline": "SGLang offline engine",
+                "gen_pipeline-readers0": "gen_pipeline, answers read in the main process (--readers 0)",
+                "gen_pipeline-readers4": "gen_pipeline, 4 reader processes (--readers 4)"}
 
 
 def _joined(values: dict | None) -> str:
     return " / ".join(str(v) for v in (values or {}).values()) or "-"
+
+
+def _main_cpu(v: dict) -> str:
+    """The main process's CPU per 1K tokens where reader processes read the answers (run.log), and how many."""
+    main, started = v.get("main_cpu_ms_per_1k_tokens_median"), v.get("readers_started") or [0]
+    if main is None:
+        return "all" if started == [0] else "-"
+    return f"{main} ({' / '.join(map(str, started))})"
 
 
 def ceiling_markdown(c: dict, source: str, command: str) -> str:
@@ -378,8 +388,10 @@ def ceiling_markdown(c: dict, source: str, command: str) -> str:
                          f"{100 * v['spread']:.0f} %" if v["spread"] is not None else "-",
                          v["tok_s_per_running_median"] or "-", v["slots_log_median"] or "-",
                          v["slots_trace_median"] or "-", " / ".join(f"{t:,}" for t in v["prompt_tokens"]),
-                         v["client_cpu_ms_per_1k_tokens_median"] or "-"])
-        for key in ("over_bench_serving", "over_offline", "over_better"):
+                         v["client_cpu_ms_per_1k_tokens_median"] or "-",
+                         _main_cpu(v)])
+        for key in ("over_bench_serving", "over_offline", "over_better", "over_gen_pipeline-readers0",
+                    "over_gen_pipeline-readers4"):
             q = entry.get(key)
             if not q:
                 continue
@@ -412,7 +424,8 @@ def ceiling_markdown(c: dict, source: str, command: str) -> str:
         f"/ its generate call.{skipped}",
         "",
         md_table(["regime", "client", "rounds", "tok/s (median)", "spread", "decode tok/s per running request",
-                  "slots (decode log)", "slots (trace)", "prompt tokens", "client CPU ms/1K tok"], rows),
+                  "slots (decode log)", "slots (trace)", "prompt tokens", "client CPU ms/1K tok",
+                  "of it, the main process (readers)"], rows),
         "",
         md_table(["regime", "gen_pipeline over", "(the better)", "by medians", "per round", "per-round median",
                   "per round, GPU factored out (decode log)", "its median", "per round, GPU factored out (trace)",

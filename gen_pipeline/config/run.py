@@ -41,6 +41,11 @@ class RunFlags:
         help="attached servers: one with requests in flight that makes no progress (no stream bytes, no answer, "
              "no /health 200) this long and does not answer GET /v1/models is hung: taken out, its requests "
              "re-sent to the others; a server that answers is only busy")] = 5.0
+    readers: Annotated[int | None, flag(
+        "--readers", ge=0, le=64,
+        help="processes that read the answers (HTTP, JSON, the loop detector) beside the main process, for a "
+             "client past one core: 0 = none; default: chosen as the run goes, one more each time the main "
+             "process (then the readers, on average) used half a core over 2 s, up to half the cores")] = None
     proceed_anyway: Annotated[bool, flag(
         "--proceed-anyway", help="launch even when the source check fails (most rows rejected, too few valid "
                                  "rows)")] = False

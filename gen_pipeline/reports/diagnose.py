@@ -339,7 +339,10 @@ def _client_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | N
                         + (f" while the server ran {running:.0f} requests" if running is not None else "")
                         + f" of a window of {window:.0f} (in flight {fill:.0%} of it on average) and queued "
                         f"requests in {queued_share:.0%} of polls",),
-                       ("each streamed chunk costs the client CPU: raise SGLang's --stream-interval (e.g. 8, the "
+                       ("read the answers in reader processes: --readers N (without the flag one is added each "
+                        "time the main process used half a core over 2 s, up to half the cores; --readers 0 turns "
+                        "them off)",
+                        "each streamed chunk costs the client CPU: raise SGLang's --stream-interval (e.g. 8, the "
                         "shipped profiles' stream_interval; a loop is then aborted at most 7 tokens later) or set "
                         '[generation] on_loop = "off" (turns sent whole, no loop gate)',))
     if fill >= th["client_fill"] or queued_share >= th["queued_share"]:

@@ -22,11 +22,11 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 from gen_pipeline.config.dataset import GenerationConfig
 from gen_pipeline.config.server import normalise_server_url
 from gen_pipeline.errors import RequestError, ServerError
-from gen_pipeline.http import BadStatus, CannotConnect, ConnectionLost, Http, HttpError, Stream
-from gen_pipeline.quality import RepetitionDetector
+from gen_pipeline.http import BadStatus, CannotConnect, ConnectionLost, Http, HttpError
 from gen_pipeline.records import Failure, Message, Prompt, Sample, TurnMeta
 from gen_pipeline.run import wire
-from gen_pipeline.run.answer import TurnStats, cut_at_loop, detect_loop, judge
+from gen_pipeline.run.answer import TurnStats, cut_at_loop, judge
+from gen_pipeline.run.readers import ReaderLost, Readers, ReadSpec, Seen, fetch_turn
 from gen_pipeline.run.wire import ClientSettings, Retryable, TurnResult, TurnStream
 from gen_pipeline.server.fleet import Fleet
 
@@ -114,8 +114,9 @@ class ChatClient:
 
     def __init__(self, http: Http, base_urls: list[str], settings: ClientSettings, *,
                  gate: Callable[[], Awaitable[None]] | None = None, on_request_done: RequestDone | None = None,
-                 fleet: Fleet | None = None, server_wait_s: float = 600.0):
+                 fleet: Fleet | None = None, server_wait_s: float = 600.0, readers: Readers | None = None):
         self._http, self.settings, self._gate, self._on_done = http, settings, gate, on_request_done
+        self._readers = readers  # while it has processes, answers are read there (readers.py)
         self._fleet = fleet if fleet is not None else Fleet([normalise_server_url(u) for u in base_urls])
         self.server_wait_s = server_wait_s
         self._sent: dict[str, set[anyio.CancelScope]] = {}  # url → its requests in flight
@@ -279,6 +280,8 @@ class ChatClient:
                     gone_since += time.monotonic() - paused
             try:
                 return await self._exchange(state)
+            except ReaderLost:
+                continue  # the reader process died, not the server: sent again, to another reader
             except _ServerGone as e:
                 now = time.monotonic()
                 gone_since = gone_since if gone_since is not None else now
@@ -292,8 +295,9 @@ class ChatClient:
     async def _exchange(self, state: _Attempts) -> TurnResult:
         """One request to the server the fleet picks, read as it arrives; every way it can fail is mapped here."""
         fleet, s = self._fleet, state.settings
-        reading = TurnStream(RepetitionDetector() if s.generation.on_loop != "off" else None, s.model,
-                             s.sampling.max_new_tokens)
+        spec = ReadSpec(s.generation.on_loop != "off", s.model, s.sampling.max_new_tokens, s.token_ids)
+        readers = self._readers if self._readers is not None and self._readers.active else None
+        reading: TurnStream | Seen = spec.stream() if readers is None else Seen()
         url = fleet.pick(state.sample)
         fleet.started(url)
         started = time.monotonic()
@@ -303,12 +307,15 @@ class ChatClient:
             scopes.add(scope)
             try:
                 with anyio.fail_after(s.generation.request_timeout_s):  # the whole answer: no read timeout
-                    async with self._http.open_stream(f"{url}/v1/chat/completions", state.body,
-                                                      bounded=True) as answer:
-                        # it answers, but headers are no progress: SGLang sends them before any token,
-                        # a stuck scheduler too (server/hang.py); the events or the body are
-                        fleet.succeeded(url)
-                        turn = await self._read(url, answer, reading, token_ids=s.token_ids)
+                    on_head, answered = functools.partial(fleet.succeeded, url), functools.partial(self._answered, url)
+                    if readers is None:
+                        assert isinstance(reading, TurnStream)
+                        turn = await fetch_turn(self._http, f"{url}/v1/chat/completions", state.body, reading,
+                                                token_ids=s.token_ids, on_head=on_head, answered=answered)
+                    else:
+                        assert isinstance(reading, Seen)
+                        turn = await readers.fetch(f"{url}/v1/chat/completions", state.body, spec, reading,
+                                                   on_head=on_head, answered=answered)
             except wire.OtherModel as e:  # restarted with another model: never written, never sent there again
                 raise self._refuse(url, e.served) from None
             except BadStatus as e:
@@ -341,29 +348,8 @@ class ChatClient:
             self._on_done(turn.prompt_tokens, turn.completion_tokens, time.monotonic() - started)
         return turn
 
-    async def _read(self, url: str, answer: Stream, reading: TurnStream, *, token_ids: bool) -> TurnResult:
-        """The answer's events as they arrive, the detector fed; or a whole answer, the detector reading it."""
-        detector = reading.detector
-        if not answer.is_event_stream:
-            body = await answer.read()
-            self._fleet.answered(url, time.monotonic())
-            turn = wire.parse_response(body, token_ids=token_ids, model=reading.model, max_tokens=reading.max_tokens,
-                                       content_type=answer.content_type)
-            verdict = detect_loop(turn, detector) if detector is not None else None
-            return replace(turn, loop=verdict) if verdict is not None else turn
-        verdict = None
-        async for data in answer.events():
-            self._fleet.answered(url, time.monotonic())  # progress: not hung (server/hang.py)
-            verdict = reading.feed_data(data)
-            if reading.done:
-                await answer.drain()  # the connection is kept for the next request
-                break
-            if verdict is not None:
-                break  # leaving the block closes the stream: the server aborts the request
-        aborted = verdict is not None
-        if not aborted and reading.finish_reason is not None:
-            verdict = reading.detect_end()  # the deltas not read yet, the held-back last word
-        return reading.result(loop=verdict, aborted=aborted)
+    def _answered(self, url: str) -> None:
+        self._fleet.answered(url, time.monotonic())  # progress: not hung (server/hang.py)
 
     def _refuse(self, url: str, served: str) -> Exception:
         """`url` answered for another model: out for good; _ServerGone, or ServerError when every server is."""

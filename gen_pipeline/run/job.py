@@ -26,6 +26,7 @@ from gen_pipeline.run.connect import ServerPoller, client_settings, max_connecti
 from gen_pipeline.run.dataset_run import BATCH, EVENTS, JOURNAL, DatasetRun
 from gen_pipeline.run.dispatch import Item, produce_in_order
 from gen_pipeline.run.options import JobSummary, RunOptions, RunSummary
+from gen_pipeline.run.readers import open_readers
 from gen_pipeline.run.setup import OpenedDatasets, SetupStopped, open_datasets
 from gen_pipeline.run.shutdown import Shutdown
 from gen_pipeline.server import ServerHandle
@@ -142,18 +143,21 @@ class Job:
             self.window.controller = controller
             self.window.retune(0)
             self._log_controller()
-            clients = []
-            for r in self.runs:
-                session = await stack.enter_async_context(
-                    open_http(r.cfg.generation, max_connections(self.opts, handle)))
-                clients.append(ChatClient(session, handle.base_urls, client_settings(handle, self.opts, r.cfg),
-                                          gate=handle.wait_ready,
-                                          on_request_done=partial(self.window.observe_completion, kind=r.name),
-                                          fleet=handle.fleet, server_wait_s=self.opts.server_wait_s))
-            tg.start_soon(self._poll_load)
-            if self.opts.on_progress is not None:
-                tg.start_soon(self._report_progress, self.opts.on_progress)
-            await self._work(clients)
+            connections = max_connections(self.opts, handle)
+            async with open_readers(self.opts.readers, connect_timeout_s=self.runs[0].cfg.generation.connect_timeout_s,
+                                    max_connections=connections) as readers:
+                clients = []
+                for r in self.runs:
+                    session = await stack.enter_async_context(open_http(r.cfg.generation, connections))
+                    clients.append(ChatClient(session, handle.base_urls, client_settings(handle, self.opts, r.cfg),
+                                              gate=handle.wait_ready,
+                                              on_request_done=partial(self.window.observe_completion, kind=r.name),
+                                              fleet=handle.fleet, server_wait_s=self.opts.server_wait_s,
+                                              readers=readers))
+                tg.start_soon(self._poll_load)
+                if self.opts.on_progress is not None:
+                    tg.start_soon(self._report_progress, self.opts.on_progress)
+                await self._work(clients)
             tg.cancel_scope.cancel()  # stops the server (once, for the whole job), the poller, the reporter
 
     async def _poll_load(self) -> None:

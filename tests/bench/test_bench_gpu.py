@@ -150,7 +150,8 @@ def test_regimes_interleave_regimes_and_rotate_clients_and_can_run_some(tmp_path
     with pytest.raises(SystemExit) as e:
         h200_check.main(["regimes", "--work", str(tmp_path / "w"), "--sim", "--clients", "all,adaptiv"])
     assert e.value.code == 2
-    known = "adaptive, all, bench_serving, fixed-128, fixed-256, fixed-40, gen_pipeline, offline"
+    known = ("adaptive, all, bench_serving, fixed-128, fixed-256, fixed-40, gen_pipeline, gen_pipeline-readers0, "
+             "gen_pipeline-readers4, offline")
     assert f"--clients: unknown adaptiv (known: {known})" in capsys.readouterr().err
 
 def _trace(running: list[int], queued: list[int]) -> list[dict]:

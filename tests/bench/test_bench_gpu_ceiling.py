@@ -93,11 +93,21 @@ def test_summary_and_report_on_a_synthetic_result() -> None:
     runs = [_row(1, "short", "gen_pipeline", 9700, 100), _row(1, "short", "bench_serving", 10000, 100),
             _row(1, "short", "offline", 11000, 110),
             _row(2, "short", "bench_serving", 9000, 90), _row(2, "short", "offline", 12000, 100),
-            _row(2, "short", "gen_pipeline", 9600, 100)]
+            _row(2, "short", "gen_pipeline", 9600, 100),
+            # gen_pipeline as it was before reader processes (--clients gen_pipeline-readers0)
+            {**_row(1, "short", "gen_pipeline-readers0", 8000, 100), "readers_started": 0},
+            {**_row(2, "short", "gen_pipeline-readers0", 8200, 100), "readers_started": 0}]
+    for r in runs[0], runs[5]:  # two readers read its answers: the main process's share of the client CPU
+        r.update(readers_started=2, main_cpu_ms_per_1k_tokens=6.0 if r is runs[0] else 8.0)
     s = ceiling.summarize_ceiling(runs)["short"]
     assert s["clients"]["offline"] == {
         "rounds": 2, "tok_s_median": 11500.0, "spread": 0.087, "slots_log_median": 110.0, "slots_trace_median": None,
-        "tok_s_per_running_median": 105.0, "prompt_tokens": [1000], "client_cpu_ms_per_1k_tokens_median": None}
+        "tok_s_per_running_median": 105.0, "prompt_tokens": [1000], "client_cpu_ms_per_1k_tokens_median": None,
+        "main_cpu_ms_per_1k_tokens_median": None, "readers_started": [0]}
+    assert (s["clients"]["gen_pipeline"]["main_cpu_ms_per_1k_tokens_median"],
+            s["clients"]["gen_pipeline"]["readers_started"]) == (7.0, [2])
+    assert s["over_gen_pipeline-readers0"]["median"] == round(9650 / 8100, 3)
+    assert s["over_gen_pipeline-readers0"]["per_round"] == {"1": round(9700 / 8000, 3), "2": round(9600 / 8200, 3)}
     assert s["over_bench_serving"] == {
         "of": "bench_serving", "median": 1.016, "per_round": {"1": 0.97, "2": 1.067}, "per_round_median": 1.018,
         "per_round_log": {"1": 0.97, "2": 0.96}, "per_round_log_median": 0.965,

@@ -77,26 +77,33 @@ def test_affinity_ratios_are_taken_within_a_repetition_and_the_targets_judged_on
 def test_a_tiny_client_cpu_run_gives_every_variant_its_medians_and_the_table_its_rows() -> None:
     r = measure(repeats=1, short=2, long=6)
     assert (r["requests_short"], r["requests_long"], r["repeats"]) == (2, 6, 1)
-    for name, _, _ in VARIANTS:
+    for name, _, _, readers in VARIANTS:
         (run_,) = r[name]["runs"]
         assert run_["tokens_long"] > run_["tokens_short"] > 0  # completion tokens read from the samples written
         assert r[name]["median_tokens_long"] == run_["tokens_long"]
         assert r[name]["median_marginal_ms_per_1k_tokens"] == round(run_["marginal_ms_per_1k"], 2)
         assert ("pass" in r[name]) == (name in GOALS_MS)
+        if readers:  # the main process's CPU is the run's less its readers' (run.log): less, never more
+            assert 0 < run_["main_long_s"] < run_["cpu_long_s"], run_
+        else:
+            assert run_["main_long_s"] == run_["cpu_long_s"]
     lines = render(r).splitlines()
     assert lines[0] == "## Client CPU per 1K streamed tokens"
     header = next(line for line in lines if line.startswith("| figure"))
     assert header == ("| figure (median of 1) | streamed, interval 8 | streamed, interval 1 | "
-                      "whole (on_loop = \"off\") |")
+                      "whole (on_loop = \"off\") | interval 8, 2 readers | interval 1, 2 readers |")
     rows = [line.split(" | ")[0] for line in lines if line.startswith("| ") and line is not header]
-    assert rows == ["| marginal client CPU per 1K completion tokens (ms)", "| client CPU per 1K tokens, start-up "
-                    "included (ms)", "| tokens one core follows (marginal, tok/s)",
-                    "| completion tokens of the 6-request run", "| goal (ms per 1K)",
+    assert rows == ["| marginal CPU per 1K completion tokens, main process (ms)",
+                    "| marginal CPU per 1K completion tokens, main process + readers (ms)",
+                    "| client CPU per 1K tokens, start-up included (ms)",
+                    "| tokens the main process's core follows (marginal, tok/s)",
+                    "| completion tokens of the 6-request run", "| goal (ms per 1K, main process)",
                     "| on the H200 (real SGLang, ms per 1K)"]
 
 
 def test_a_marginal_below_the_noise_gives_no_rate_one_core_follows() -> None:
     def cpu_run(marginal: float) -> dict:
-        return {"marginal_ms_per_1k": marginal, "total_ms_per_1k": 5.0, "tokens_long": 900, "wall_long_s": 1.0}
+        return {"marginal_ms_per_1k": marginal, "main_marginal_ms_per_1k": marginal, "total_ms_per_1k": 5.0,
+                "tokens_long": 900, "wall_long_s": 1.0}
     assert summarise([cpu_run(-0.6), cpu_run(-0.2), cpu_run(3.0)])["median_tokens_per_cpu_s"] is None
     assert summarise([cpu_run(8.0), cpu_run(10.0), cpu_run(12.0)])["median_tokens_per_cpu_s"] == 100_000  # 1e6/10 ms

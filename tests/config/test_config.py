@@ -110,8 +110,8 @@ def test_a_controller_table_of_one_key_and_none_at_all(tmp_path: Path) -> None:
     ("[run]\nserver_wait_s = \"10m\"", "run.server_wait_s = '10m' must be a number (got a string). Remove the quotes."),
     ("[run]\nserver_wait = 900", "run.server_wait: unknown key. Known keys here: drain_grace_s, gpus_per_server, "
                                  "hang_timeout_s, health_interval_s, limit, model, poll_interval_s, proceed_anyway, "
-                                 "routing, server_wait_s, window. Did you mean server_wait_s? Check the spelling or "
-                                 "remove it."),
+                                 "readers, routing, server_wait_s, window. Did you mean server_wait_s? Check the "
+                                 "spelling or remove it."),
     ("[controller]\ntarget_usag = 0.8\n", "controller.target_usag: unknown key. Known keys here: "
      + ", ".join(sorted(f.name for f in fields(ControllerConfig))) + ". Did you mean target_usage? "
      "Check the spelling or remove it."),

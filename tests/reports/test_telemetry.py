@@ -262,6 +262,8 @@ def test_a_client_at_a_core_with_free_server_slots_is_client_bound_and_told_the_
         "client_bound: the client's own CPU bounds the run",
         "  the generate process used 0.91 of a core (median of 24 steady polls) while the server ran 58 requests "
         "of a window of 128 (in flight 100% of it on average) and queued requests in 0% of polls",
+        "  → read the answers in reader processes: --readers N (without the flag one is added each time the main "
+        "process used half a core over 2 s, up to half the cores; --readers 0 turns them off)",
         "  → each streamed chunk costs the client CPU: raise SGLang's --stream-interval (e.g. 8, the shipped "
         "profiles' stream_interval; a loop is then aborted at most 7 tokens later) or set [generation] on_loop = "
         '"off" (turns sent whole, no loop gate)']
