@@ -419,9 +419,11 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"regimes/ceiling: prompts of a short-regime run (at most {regimes.SHORT_PROMPTS})")
     p.add_argument("--long-prompts", type=int, default=regimes.LONG_PROMPTS,
                    help=f"regimes/ceiling: prompts of a long-regime run (at most {regimes.LONG_PROMPTS_MAX})")
-    p.add_argument("--server-profile", default="h200", choices=("h200", "h200-ceiling", "h200-small"),
+    p.add_argument("--server-profile", default="h200",
+                   choices=("h200", "h200-ceiling", "h200-small", "h200-small-i1"),
                    help="regimes/ceiling: the server.toml profile they run on (h200-ceiling: 120K fp8 KV tokens, "
-                        "issue 34's short regime past the CUDA-graph ceiling; h200-small: the small, fast model)")
+                        "issue 34's short regime past the CUDA-graph ceiling; h200-small: the small, fast model; "
+                        "-i1: the same at --stream-interval 1)")
     p.add_argument("--clients", default=None,
                    help="regimes phase: only these clients, comma-separated (fixed-128, fixed-40, all, adaptive); "
                         "ceiling phase: gen_pipeline, bench_serving, offline (each phase runs the ones it knows)")

@@ -179,9 +179,11 @@ REGIMES_RUNS = (
 # the heading of a regimes section (the words docs and code point at), by the server profile of its run
 TITLES = {"h200-ceiling": "Short outputs past SGLang's CUDA-graph ceiling, interleaved clients"}
 SERVERS = {"h200": "60,000 bf16 KV tokens", "h200-ceiling": "120,000 fp8_e4m3 KV tokens, CUDA-graph ceiling 256",
-           "h200-small": "400,000 bf16 KV tokens, 512 running, CUDA graphs up to 512"}
+           "h200-small": "400,000 bf16 KV tokens, 512 running, CUDA graphs up to 512",
+           "h200-small-i1": "400,000 bf16 KV tokens, 512 running, CUDA graphs up to 512, --stream-interval 1"}
 # the model each profile serves (bench/gpu/make_model.py SHAPES)
 MODELS = {"h200-small": "the random-weight 9.8M Llama (shape `small`: hidden 512, 4 layers)"}
+MODELS["h200-small-i1"] = MODELS["h200-small"]
 MODEL_1_2B = "the random-weight 1.16B Llama"
 
 

@@ -23,7 +23,8 @@ CEILING_KV_TOKENS = 120_000
 # where the client's CPU, not the GPU, would bind; CUDA graphs up to the whole batch, so the window does not matter.
 SMALL_KV_TOKENS = 400_000
 SMALL_MAX_RUNNING = 512
-PROFILE_KV_TOKENS = {"h200": KV_TOKENS, "h200-ceiling": CEILING_KV_TOKENS, "h200-small": SMALL_KV_TOKENS}
+PROFILE_KV_TOKENS = {"h200": KV_TOKENS, "h200-ceiling": CEILING_KV_TOKENS, "h200-small": SMALL_KV_TOKENS,
+                     "h200-small-i1": SMALL_KV_TOKENS}
 DATASET = "h200"
 # The long-output regime (issue 19): prompts of ~300-500 tokens, every output >= 1,000 tokens (mean
 # ~1,300: the random model's EOS comes with probability ~1/320 a token), ~40 requests fit in 60K tokens.
@@ -187,7 +188,7 @@ def small_model(model: str, sim: bool) -> str:
 
 def server_toml(model: str, sim: bool = False, time_scale: float = 1.0) -> str:
     """Profiles: h200 (bf16, 60K KV tokens), h200-fp8 (launch mode), h200-ceiling (120K fp8), h200-starved(-eager)
-    (20K), h200-small (the small model), h200-spec, probe-bf16/-fp8."""
+    (20K), h200-small (the small model; -i1: at stream interval 1), h200-spec, probe-bf16/-fp8."""
     kw = {"sim": sim, "time_scale": time_scale, "model": model}
     return ("# Written by bench/gpu/setup.py for the GPU check (bench/gpu/README.md).\n"
             + _profile("h200", kv_dtype="auto", mem=0.85, kv_tokens=KV_TOKENS, **kw)
@@ -200,6 +201,12 @@ def server_toml(model: str, sim: bool = False, time_scale: float = 1.0) -> str:
             + _profile("h200-small", kv_dtype="auto", mem=0.85, kv_tokens=SMALL_KV_TOKENS,
                        more=("--max-running-requests", str(SMALL_MAX_RUNNING),
                              "--cuda-graph-max-bs", str(SMALL_MAX_RUNNING)),
+                       **{**kw, "model": small_model(model, sim)})
+            # the same at SGLang's default --stream-interval 1 (the last flag wins): a chunk a token, the
+            # client's costliest stream (issue 34: reader processes)
+            + _profile("h200-small-i1", kv_dtype="auto", mem=0.85, kv_tokens=SMALL_KV_TOKENS,
+                       more=("--max-running-requests", str(SMALL_MAX_RUNNING),
+                             "--cuda-graph-max-bs", str(SMALL_MAX_RUNNING), "--stream-interval", "1"),
                        **{**kw, "model": small_model(model, sim)})
             + _profile("h200-spec", kv_dtype="auto", mem=0.85, kv_tokens=KV_TOKENS, more=spec_flags(model, sim), **kw)
             + _profile("probe-bf16", kv_dtype="auto", mem=0.4, kv_tokens=KV_TOKENS, **kw)

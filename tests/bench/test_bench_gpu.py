@@ -32,7 +32,7 @@ def test_profiles_build_the_flags_the_check_needs(tmp_path: Path) -> None:
     cfg = write_configs(tmp_path, "/models/rand", sim=False)
     argv = {name: build_command(load_server_profile(name, cfg / "server.toml"), port=1234, python="py")
             for name in ("h200", "h200-fp8", "h200-starved", "h200-starved-eager", "probe-bf16", "probe-fp8",
-                         "h200-spec", "h200-small")}
+                         "h200-spec", "h200-small", "h200-small-i1")}
     main = " ".join(argv["h200"])
     assert argv["h200"][:3] == ["py", "-m", "sglang.launch_server"]
     for flag in ("--model-path /models/rand", "--attention-backend triton", "--sampling-backend pytorch",
@@ -58,6 +58,10 @@ def test_profiles_build_the_flags_the_check_needs(tmp_path: Path) -> None:
     small = " ".join(argv["h200-small"])
     assert "--model-path /models/rand-small " in small and "--max-total-tokens 400000" in small, small
     assert "--max-running-requests 512 --cuda-graph-max-bs 512" in small and SHAPES["small"][0] == 512
+    # ... and at SGLang's default stream interval, the flag after the shared --stream-interval 8 (the last wins)
+    i1 = argv["h200-small-i1"]
+    assert " ".join(i1).replace(" --stream-interval 1", "") == small
+    assert max(i for i, a in enumerate(i1) if a == "--stream-interval") > i1.index("--stream-interval")
 
 
 def test_sim_profiles_point_at_the_simulator(tmp_path: Path) -> None:
