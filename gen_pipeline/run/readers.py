@@ -221,9 +221,7 @@ class Readers:
     def __init__(self, count: int | None, *, connect_timeout_s: float, max_connections: int,
                  cap: int | None = None) -> None:
         self.count, self.cap = count, cap if cap is not None else auto_cap()
-        self._argv = [sys.executable, "-m", "gen_pipeline.run.reader_process",
-                      orjson.dumps({"connect_timeout_s": connect_timeout_s,
-                                    "max_connections": max_connections}).decode()]
+        self._argv = reader_argv(connect_timeout_s, max_connections)
         self.live: list[_Reader] = []
         self._ids = itertools.count(1)
         self._deaths: list[float] = []
@@ -370,6 +368,12 @@ class Readers:
 
 class ReadersFailed(GenPipelineError):
     """Reader processes kept dying."""
+
+
+def reader_argv(connect_timeout_s: float, max_connections: int) -> list[str]:
+    """The command of a reader process (reader_process.py)."""
+    settings = {"connect_timeout_s": connect_timeout_s, "max_connections": max_connections}
+    return [sys.executable, "-m", "gen_pipeline.run.reader_process", orjson.dumps(settings).decode()]
 
 
 def more_readers(main_share: float, reader_shares: list[float], running: int, cap: int) -> str:

@@ -5,6 +5,7 @@ with readers writes exactly its target; with no --readers, one is started when t
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import replace
 
 import anyio
@@ -181,3 +182,27 @@ def test_readers_leave_when_the_pool_closes() -> None:
         return [p.returncode for p in processes]
 
     assert anyio.run(main) == [0, 0]  # stdin closed: each left on its own, not killed
+
+
+def test_readers_that_keep_dying_end_the_run_with_what_to_do(tmp_path, monkeypatch) -> None:
+    """Each reader exits at once (as one whose interpreter cannot start would): replaced three times, then the
+    run ends, exit code 1, with the message; run again as it says, the run writes exactly its target."""
+    monkeypatch.setattr(readers, "reader_argv", lambda *a: [sys.executable, "-c", "raise SystemExit(3)"])
+    # every answer stalls: those read meanwhile in this process (while no reader is up) never end the run first
+    with sim_in_thread([*SIM_FAST, "--sim-stall-rate", "1.0"]) as s:
+        toml = write_dataset(tmp_path / "ds", target=60, rows=None)
+        r = run_cli("generate", "--dataset", toml, "--server-url", s.url, "--output-dir", tmp_path / "out",
+                    "--progress", "quiet", "--readers", "1")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+    died = re.findall(r"reader process (\d+) died \(exit code 3\); \d+ of its requests are sent again, and a new "
+                      r"reader takes its place", r.stdout)
+    assert len(died) == 3, r.stdout
+    assert re.search(r"reader processes died 4 times within 60 s \(the latest, pid \d+: exit code 3\); its error "
+                     r"is above\. Run with --readers 0 to read the answers in the main process\.", r.stdout + r.stderr)
+    # what to do, done: the run goes on from what was written, to exactly its target
+    with sim_in_thread(SIM_FAST) as s:
+        again = run_cli("generate", "--dataset", toml, "--server-url", s.url, "--output-dir", tmp_path / "out",
+                        "--progress", "quiet", "--readers", "0")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert_exact(tmp_path / "out", 60)
