@@ -420,7 +420,7 @@ def summarize_ceiling(rows: list[dict]) -> dict:
                                [r.get("client_cpu_ms_per_1k_tokens") for r in xs]),
                            "main_cpu_ms_per_1k_tokens_median": regimes._median(
                                [r.get("main_cpu_ms_per_1k_tokens") for r in xs]),
-                           "readers_started": sorted({r.get("readers_started", 0) for r in xs})}
+                           "readers_started": sorted({r["readers_started"] for r in xs if "readers_started" in r})}
         entry: dict[str, Any] = {"clients": per}
         if "gen_pipeline" in per:
             for other in ("bench_serving", "offline", "better", *EXTRA_CLIENTS):

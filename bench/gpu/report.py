@@ -319,6 +319,20 @@ CEILING_RUNS = (
      "SGLang's CUDA-graph ceiling: SGLang's two clients ran 305-350 requests (slots), past the 256 its graphs "
      "cover; gen_pipeline ran ~245 with every decode step on a graph. Factoring the GPU's speed out divides by "
      "those slots, so it charges gen_pipeline for the faster step it chose: read the ratios by medians here"),
+    (HERE / "h100_traces_readers_small.json", "gpu_h100_readers_small",
+     "CHECK_ARGS=\"--server-profile h200-small --regimes short --rounds 3 --clients "
+     "gen_pipeline,gen_pipeline-readers0,bench_serving\" BUDGET_S=470 bash bench/gpu/run_h200.sh KEEP OUT install "
+     "model setup ceiling unserve summary (the budget ended before bench_serving's third round). gen_pipeline as "
+     "shipped started 3 reader processes in each run; with --readers 0 its one process took 0.84-0.89 of a core. "
+     "SGLang's scheduler process ran at one full core in every run, so neither client moved the throughput"),
+    (HERE / "h100_traces_readers_small_i1.json", "gpu_h100_readers_small_i1",
+     "CHECK_ARGS=\"--server-profile h200-small-i1 --regimes short --rounds 3 --clients "
+     "gen_pipeline,gen_pipeline-readers0,bench_serving\" BUDGET_S=440 bash bench/gpu/run_h200.sh KEEP OUT ceiling "
+     "unserve summary, right after the interval-8 call on the same machine; gen_pipeline's rows of that call resumed "
+     "the previous profile's output folders (the same names) and were dropped, and the device time left ran "
+     "gen_pipeline once (`--rounds 1 --clients gen_pipeline,gen_pipeline-readers0`, BUDGET_S=190), not its "
+     "--readers 0 variant. At SGLang's default --stream-interval 1 its HTTP front end (the `leader` process, "
+     "0.95 of a core) bounds both clients: gen_pipeline kept 512 requests in flight while the scheduler ran ~47"),
 )
 TUNE_RUNS = (
     (HERE / "h100_tune_results.json", "gpu_h100_tune",
@@ -372,10 +386,10 @@ def _joined(values: dict | None) -> str:
 
 def _main_cpu(v: dict) -> str:
     """The main process's CPU per 1K tokens where reader processes read the answers (run.log), and how many."""
-    main, started = v.get("main_cpu_ms_per_1k_tokens_median"), v.get("readers_started") or [0]
-    if main is None:
-        return "all" if started == [0] else "-"
-    return f"{main} ({' / '.join(map(str, started))})"
+    main, started = v.get("main_cpu_ms_per_1k_tokens_median"), v.get("readers_started")
+    if not started:
+        return "-"  # not gen_pipeline, or a run from before reader processes
+    return "all (0)" if main is None else f"{main} ({' / '.join(map(str, started))})"
 
 
 def ceiling_markdown(c: dict, source: str, command: str) -> str:
@@ -402,6 +416,8 @@ def ceiling_markdown(c: dict, source: str, command: str) -> str:
                                f"**{q['median']}**", _joined(q["per_round"]), q["per_round_median"],
                                _joined(q["per_round_log"]), q["per_round_log_median"],
                                _joined(q["per_round_trace"]), q["per_round_trace_median"]])
+    if all(r[-1] == "-" for r in rows):  # runs from before reader processes: no column for them
+        rows = [r[:-1] for r in rows]
     where = "the simulator (dry run)" if c.get("sim") else f"one {c['device']}" if c.get("device") else "the H200"
     prompts = "; ".join(f"{k}: {v['prompts']:,} prompts, {v['prompt_tokens']:,} prompt tokens through the chat "
                         f"template" for k, v in (c.get("prompts") or {}).items())
@@ -427,7 +443,7 @@ def ceiling_markdown(c: dict, source: str, command: str) -> str:
         "",
         md_table(["regime", "client", "rounds", "tok/s (median)", "spread", "decode tok/s per running request",
                   "slots (decode log)", "slots (trace)", "prompt tokens", "client CPU ms/1K tok",
-                  "of it, the main process (readers)"], rows),
+                  "of it, the main process (readers)"][:len(rows[0]) if rows else None], rows),
         "",
         md_table(["regime", "gen_pipeline over", "(the better)", "by medians", "per round", "per-round median",
                   "per round, GPU factored out (decode log)", "its median", "per round, GPU factored out (trace)",

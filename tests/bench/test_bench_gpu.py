@@ -355,3 +355,19 @@ def test_past_the_graph_ceiling_sglangs_own_clients_run_graphless_and_gen_pipeli
     ours = [r for r in runs if r["client"] == "gen_pipeline"]
     assert [r["cuda_graph"]["false"] for r in ours] == [0, 0, 0] and all(r["rows"] == 2000 for r in runs)
     assert all(r["slots_log"] > 256 for r in runs if r["client"] != "gen_pipeline")  # past SGLang's graphs
+
+
+def test_reader_processes_on_the_h100_took_the_reading_off_the_main_process() -> None:
+    """The small model at stream interval 8 (2026-12-07): gen_pipeline as shipped started 3 readers in every run,
+    its main process took ~10 ms per 1K tokens of ~45; with --readers 0 the one process took ~33 and ~0.85 of a
+    core. The throughput did not move (SGLang's scheduler process at one core in every run)."""
+    runs = json.loads((report.HERE / "h100_traces_readers_small.json").read_text())["ceiling"]["short"]["runs"]
+    shipped = [r for r in runs if r["client"] == "gen_pipeline"]
+    alone = [r for r in runs if r["client"] == "gen_pipeline-readers0"]
+    assert len(shipped) == len(alone) == 3
+    assert all(r["rows"] == 3000 and r["duplicates"] == 0 for r in shipped + alone)
+    assert [r["readers_started"] for r in shipped] == [3, 3, 3] and [r["readers_started"] for r in alone] == [0] * 3
+    assert all(r["main_cpu_ms_per_1k_tokens"] < 11 < 40 < r["client_cpu_ms_per_1k_tokens"] for r in shipped)
+    assert all(r["client_core_share"] > 0.8 and r["server_core_share"]["sglang::schedul"] > 1 for r in alone)
+    head = ceiling.headline(ceiling.summarize_ceiling(runs))["short"]
+    assert head["over_gen_pipeline-readers0"]["median"] == 0.98
