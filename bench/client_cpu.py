@@ -44,6 +44,10 @@ READERS_CPU = re.compile(r"CPU while reading: main process (\d+\.\d+) s, readers
 GOALS_MS = {"streamed-8": 10.0, "streamed-1": 25.0}  # issue 34's goals per 1K tokens
 GOALS_MS.update({f"{k}, 2 readers": v for k, v in list(GOALS_MS.items())})  # ... of the main process
 H200_MS = {"streamed-8": "42-48", "streamed-1": "108-129"}  # the issue's figures (docs/measurements.md)
+# one H100, the small model, ~28K tok/s at interval 8 and ~12K at 1 (sections gpu_h100_readers_small(_i1)): main
+# process / all, as shipped (3 readers started as the run went) and with --readers 0
+H100_MS = {"streamed-8": "33.3 (--readers 0)", "streamed-8, 2 readers": "10.3 / 44.9 (3 readers, as shipped)",
+           "streamed-1, 2 readers": "17.6 / 98.1 (3 readers, as shipped)"}
 
 
 def dataset(folder: Path, target: int, mode: str) -> Path:
@@ -148,6 +152,7 @@ def render(r: dict[str, Any]) -> str:
         ["goal (ms per 1K, main process)", *[f"≤ {GOALS_MS[n]:g}: " + ("PASS" if r[n]["pass"] else "FAIL")
                                              if n in GOALS_MS else "–" for n in names]],
         ["on the H200 (real SGLang, ms per 1K)", *[H200_MS.get(n, "–") for n in names]],
+        ["on one H100, small model (real SGLang; main / all, ms per 1K)", *[H100_MS.get(n, "–") for n in names]],
     ])
     return (f"## Client CPU per 1K streamed tokens\n\n`python -m bench client_cpu`: the CLI attached to two "
             f"simulators, paced (`{' '.join(SIM_ARGS)}`, `--stream-interval` 8 and 1), fixed "

@@ -98,7 +98,8 @@ def test_a_tiny_client_cpu_run_gives_every_variant_its_medians_and_the_table_its
                     "| client CPU per 1K tokens, start-up included (ms)",
                     "| tokens the main process's core follows (marginal, tok/s)",
                     "| completion tokens of the 6-request run", "| goal (ms per 1K, main process)",
-                    "| on the H200 (real SGLang, ms per 1K)"]
+                    "| on the H200 (real SGLang, ms per 1K)",
+                    "| on one H100, small model (real SGLang; main / all, ms per 1K)"]
 
 
 def test_a_marginal_below_the_noise_gives_no_rate_one_core_follows() -> None:
