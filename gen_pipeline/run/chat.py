@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 import orjson
+from anyio.lowlevel import checkpoint
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
 from gen_pipeline.config.dataset import GenerationConfig
@@ -281,6 +282,7 @@ class ChatClient:
             try:
                 return await self._exchange(state)
             except ReaderLost:
+                await checkpoint()  # its listener notes the death (and starts the next reader)
                 continue  # the reader process died, not the server: sent again, to another reader
             except _ServerGone as e:
                 now = time.monotonic()

@@ -63,6 +63,7 @@ DEATHS_ALLOWED = 3  # readers that may die within DEATHS_WINDOW_S before the run
 DEATHS_WINDOW_S = 60.0
 STOP_WAIT_S = 2.0  # after its stdin closed, a reader gets this long to leave before it is killed
 LENGTH = struct.Struct(">I")
+_GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)  # writing to a reader that left
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +208,7 @@ class _Reader:
         self.cpu_s = 0.0
         self.closing = False
         self.left = anyio.Event()  # its stdout ended
+        self.reaped = False  # its exit status read and its pipes closed
 
     async def send(self, message: dict[str, Any]) -> None:
         assert self.process.stdin is not None
@@ -222,7 +224,8 @@ class Readers:
                  cap: int | None = None) -> None:
         self.count, self.cap = count, cap if cap is not None else auto_cap()
         self._argv = reader_argv(connect_timeout_s, max_connections)
-        self.live: list[_Reader] = []
+        self.live: list[_Reader] = []  # those requests may go to
+        self._started: list[_Reader] = []  # every one, until reaped
         self._ids = itertools.count(1)
         self._deaths: list[float] = []
         self._tg: TaskGroup | None = None
@@ -247,10 +250,12 @@ class Readers:
             await waiter.done.wait()
         except anyio.get_cancelled_exc_class():
             if not waiter.done.is_set() and not reader.closing:  # a timeout, a take-out, a hard stop
-                with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+                with anyio.CancelScope(shield=True), anyio.move_on_after(1), suppress(*_GONE):
                     await reader.send({"op": "cancel", "id": rid})  # it closes the stream: the server aborts
             raise
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        except _GONE:
+            if reader in self.live:  # not picked again before its listener sees it end
+                self.live.remove(reader)
             raise ReaderLost(f"reader process {reader.pid} is gone") from None
         finally:
             reader.pending.pop(rid, None)
@@ -269,6 +274,7 @@ class Readers:
                                            stderr=None)
         reader = _Reader(process)
         self.live.append(reader)
+        self._started.append(reader)
         self.started += 1
         self.why = why
         JOURNAL.info("reader process %d started (%d running): %s", reader.pid, len(self.live), why)
@@ -318,7 +324,13 @@ class Readers:
         if reader.closing or self.closed:
             return
         with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(STOP_WAIT_S):  # its stdout ended: it is leaving (else it is killed)
+                await reader.process.wait()
+            if reader.process.returncode is None:
+                reader.process.kill()
             code = await reader.process.wait()
+            await reader.process.aclose()  # its pipes' transports closed too
+            reader.reaped = True
         now = time.monotonic()
         self._deaths = [t for t in self._deaths if now - t < DEATHS_WINDOW_S] + [now]
         how = f"exit code {code}" if code >= 0 else f"signal {-code}"
@@ -349,7 +361,8 @@ class Readers:
 
     async def aclose(self) -> None:
         """Close every reader's stdin (they leave); kill one still there after STOP_WAIT_S."""
-        readers, self.live = self.live, []
+        self.live = []
+        readers = [r for r in self._started if not r.reaped]
         for r in readers:
             r.closing = True
             if r.process.stdin is not None:
@@ -360,10 +373,11 @@ class Readers:
             with anyio.CancelScope(shield=True), anyio.move_on_after(STOP_WAIT_S) as waited:
                 await r.process.wait()
                 await r.left.wait()  # its listener read the last frame and the end of its stdout
-            if waited.cancelled_caught:
-                r.process.kill()
-                with anyio.CancelScope(shield=True):
-                    await r.process.wait()
+            with anyio.CancelScope(shield=True):
+                if waited.cancelled_caught:
+                    r.process.kill()
+                await r.process.aclose()  # waits for it; its pipes' transports closed too
+                r.reaped = True
 
 
 class ReadersFailed(GenPipelineError):

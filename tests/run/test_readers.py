@@ -206,3 +206,21 @@ def test_readers_that_keep_dying_end_the_run_with_what_to_do(tmp_path, monkeypat
                         "--progress", "quiet", "--readers", "0")
     assert again.returncode == 0, again.stdout + again.stderr
     assert_exact(tmp_path / "out", 60)
+
+
+def test_a_request_sent_to_a_reader_that_left_is_lost_there_and_that_reader_is_not_picked_again() -> None:
+    """Its stdin already closed (it is leaving, its listener has not seen it end): the write fails at once,
+    ReaderLost (chat.py sends the request again), and the next request cannot pick that reader."""
+    async def main() -> tuple[str, list, int]:
+        async with open_readers(1, connect_timeout_s=1, max_connections=4) as pool:
+            [gone] = pool.live
+            assert gone.process.stdin is not None
+            await gone.process.stdin.aclose()
+            with pytest.raises(readers.ReaderLost) as e:
+                await pool.fetch("http://127.0.0.1:9/v1/chat/completions", b"{}",
+                                 readers.ReadSpec(False, "m", 8, False), readers.Seen(),
+                                 on_head=lambda: None, answered=lambda: None)
+            return str(e.value), [r.pid for r in pool.live if r is gone], gone.pid
+
+    message, still_there, pid = anyio.run(main)
+    assert (message, still_there) == (f"reader process {pid} is gone", [])
