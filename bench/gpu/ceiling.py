@@ -169,10 +169,16 @@ def _normalize(row: dict) -> dict:
     return row
 
 
+def run_name(check: Any, regime: str, client: str, rnd: int) -> str:
+    """A run's output folder and log: the profile in it, so that another profile's ceiling runs in the same
+    work folder never resume this one's output."""
+    return f"ceiling-{getattr(check, 'server_profile', 'h200')}-{regime}-{client}-{rnd}"
+
+
 def measure_gen_pipeline(check: Any, server: servers.Server, rnd: int, regime: str,
                          client: str = "gen_pipeline") -> tuple[dict, list[dict]]:
     start = _log_size(server.log)
-    row, trace, _ = regimes.measure(check, server, rnd, regime, "adaptive", name=f"ceiling-{regime}-{client}-{rnd}",
+    row, trace, _ = regimes.measure(check, server, rnd, regime, "adaptive", name=run_name(check, regime, client, rnd),
                                     extra=EXTRA_CLIENTS.get(client, ()))
     row.update(client=client, decode_log=decode_speed(server.log, start))
     return _normalize(row), trace
@@ -180,7 +186,7 @@ def measure_gen_pipeline(check: Any, server: servers.Server, rnd: int, regime: s
 
 def measure_bench_serving(check: Any, server: servers.Server, rnd: int, regime: str, prompts: dict,
                           sampling: dict, tokenizer_dir: Path) -> tuple[dict, list[dict]]:
-    name = f"ceiling-{regime}-bench_serving-{rnd}"
+    name = run_name(check, regime, "bench_serving", rnd)
     output = check.out / f"{name}.jsonl"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.unlink(missing_ok=True)
@@ -214,7 +220,7 @@ def measure_bench_serving(check: Any, server: servers.Server, rnd: int, regime: 
 
 def measure_offline(check: Any, engine: offline.Engine, rnd: int, regime: str, prompts: dict,
                     sampling: dict) -> dict:
-    name = f"ceiling-{regime}-offline-{rnd}"
+    name = run_name(check, regime, "offline", rnd)
     check.out.mkdir(parents=True, exist_ok=True)
     if not engine.warmed:
         warm, _ = engine.run(prompts["ids"], sampling, check.out / f"{name}-warmup.json", warmup=True)

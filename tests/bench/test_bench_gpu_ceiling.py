@@ -281,3 +281,21 @@ def test_offline_alone_stops_the_server_for_each_engine_run_and_starts_it_again(
     starts = [ln for ln in (work / "logs" / "h200.log").read_text().splitlines() if ln.startswith("$ ")]
     assert len(starts) == 2  # after each offline run (the offline run comes first: no start before it)
     assert all(v is None for v in r["servers"].values())
+
+
+def test_another_profiles_ceiling_runs_in_the_same_work_folder_start_afresh(tmp_path: Path) -> None:
+    """The device run of 2026-12-07 ran profile h200-small-i1 after h200-small in one work folder: gen_pipeline's
+    runs resumed the first profile's output folders (the same names) and wrote nothing. A run's name now holds
+    its profile."""
+    args = ["--work", str(tmp_path), "--sim", "--time-scale", "20", "--regimes", "short", "--short-prompts", "60",
+            "--rounds", "1", "--clients", "gen_pipeline", "ceiling", "unserve"]
+    assert h200_check.main(["--server-profile", "h200-small", *args[:-2], "setup", *args[-2:]]) == 0
+    results = tmp_path / "results.json"
+    r = json.loads(results.read_text())
+    r["ceiling_first"] = r.pop("ceiling")  # as bench/gpu/README.md says between two profiles
+    results.write_text(json.dumps(r))
+    assert h200_check.main(["--server-profile", "h200-small-i1", *args]) == 0
+    [row] = json.loads(results.read_text())["ceiling"]["runs"]
+    log = (tmp_path / "out" / "ceiling-h200-small-i1-short-gen_pipeline-1" / SHORT_DATASET / "run.log").read_text()
+    assert "run of h200short: 0/3,000 samples done" in log and row["rows"] == 60 and row["completion_tokens"] > 0
+    assert (tmp_path / "out" / "ceiling-h200-small-short-gen_pipeline-1").is_dir()
