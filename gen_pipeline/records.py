@@ -179,6 +179,7 @@ class RunSnapshot:
     server_wait_limit_s: float | None = None  # ... of at most this long (--server-wait-s)
     client_cpu: float | None = None  # cores the CLI process used over the last ~10 s (run/stats.py CpuMeter)
     spec_accept_length: float | None = None  # the server-wide draft acceptance, as the last poll read it
+    readers: int = 0  # reader processes reading the answers now (run/readers.py)
 
     @property
     def eta_s(self) -> float | None:

@@ -16,6 +16,7 @@ from gen_pipeline.config.dataset import DatasetConfig
 from gen_pipeline.records import Failure, LoadSnapshot, Prompt, Reject, RunSnapshot, Sample
 from gen_pipeline.run.dispatch import Dispatcher, Item, Window
 from gen_pipeline.run.options import RunOptions, RunSummary
+from gen_pipeline.run.readers import Readers
 from gen_pipeline.run.stats import RunStats
 from gen_pipeline.server.handle import ServerHandle
 from gen_pipeline.sources.loading import LoadedSource, SourceStats, estimate_prompt_tokens, iter_prompts
@@ -73,6 +74,7 @@ class DatasetRun:
         goal = store.remaining if opts.limit is None else min(store.remaining, opts.limit)
         self.dispatch = Dispatcher(goal, window, self.stats, self.name)
         self.handle: ServerHandle | None = None
+        self.readers: Readers | None = None  # the job's reader processes (run/readers.py), once it has them
         self.started = False  # its producer has begun
         self.elapsed_s: float | None = None  # its time from its start to its last sample, once written
         self.telemetry = Telemetry(store.folder, run=store.run_number,
@@ -117,7 +119,8 @@ class DatasetRun:
             server_wait_s=(time.monotonic() - handle.down_since_s
                            if handle is not None and handle.down_since_s is not None else None),
             server_wait_limit_s=handle.wait_limit_s if handle is not None else None, client_cpu=s.cpu.share(),
-            spec_accept_length=load.spec_accept_length if load else None)
+            spec_accept_length=load.spec_accept_length if load else None,
+            readers=len(self.readers.live) if self.readers is not None else 0)
 
     def progress_record(self) -> ProgressRecord:
         return progress_record(self.snapshot())

@@ -148,6 +148,7 @@ class Job:
                                     max_connections=connections) as readers:
                 clients = []
                 for r in self.runs:
+                    r.readers = readers
                     session = await stack.enter_async_context(open_http(r.cfg.generation, connections))
                     clients.append(ChatClient(session, handle.base_urls, client_settings(handle, self.opts, r.cfg),
                                               gate=handle.wait_ready,

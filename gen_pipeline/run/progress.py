@@ -30,6 +30,8 @@ def postfix(s: RunSnapshot) -> str:
                          f"{count(s.in_flight - s.window)} finishing before new ones)")
         else:
             parts.append(f"in flight {count(s.in_flight)}/{count(s.window)}")
+        if s.readers:  # where the answers are read (the main process's CPU past half a core)
+            parts.append(f"{s.readers} reader process{'es' if s.readers > 1 else ''}")
     if running is not None:
         parts.append(f"{peak}running {count(running)} queued {count(queued or 0)}")
     if kv is not None:

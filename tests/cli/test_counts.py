@@ -1,5 +1,7 @@
 """Every count in a line a user reads has the thousands separator (display.count)."""
 
+from dataclasses import replace
+
 from gen_pipeline.display import count
 from gen_pipeline.records import RunSnapshot
 from gen_pipeline.run.options import RunSummary
@@ -23,6 +25,10 @@ def test_progress_counts() -> None:
     live = RunSnapshot(done=900, target=18_000, samples_per_s=0.5, tokens_per_s=14000.0, in_flight=1500,
                        window=2048, running=1200, queued=1100, kv_usage=0.93)
     assert postfix(live) == "14,000 tok/s, in flight 1,500/2,048, running 1,200 queued 1,100, KV 93%"
+    read_apart = replace(live, readers=3)  # where the answers are read: reader processes (run/readers.py)
+    assert postfix(read_apart) == ("14,000 tok/s, in flight 1,500/2,048, 3 reader processes, running 1,200 queued "
+                                   "1,100, KV 93%")
+    assert postfix(replace(live, readers=1)).split(", ")[2] == "1 reader process"
     shrunk = RunSnapshot(done=900, target=18_000, samples_per_s=0.5, tokens_per_s=1400.0, in_flight=2500,
                          window=1200)
     assert postfix(shrunk) == "1,400 tok/s, in flight 2,500 (window lowered to 1,200; 1,300 finishing before new ones)"

@@ -224,3 +224,18 @@ def test_a_request_sent_to_a_reader_that_left_is_lost_there_and_that_reader_is_n
 
     message, still_there, pid = anyio.run(main)
     assert (message, still_there) == (f"reader process {pid} is gone", [])
+
+
+async def test_every_poll_says_how_many_readers_read_the_answers(tmp_path) -> None:
+    """The figure behind the progress line's "2 reader processes" (run/progress.py postfix)."""
+    from gen_pipeline.config.dataset import load_dataset_config
+    from gen_pipeline.run import RunOptions, run_generate
+
+    cfg = load_dataset_config(write_dataset(tmp_path / "ds", target=40, max_new_tokens=64))
+    polls: list = []
+    with sim_in_thread([*SIM_FAST, "--time-scale", "1"], ready_timeout_s=30) as s:
+        opts = RunOptions(output_root=tmp_path / "out", server_urls=(s.url,), poll_interval_s=0.05, readers=2,
+                          load_observers=(polls.append,))
+        summary = await run_generate(cfg, opts)
+    during = [p.readers for p in polls if p.completions < 40]  # after the last answer they leave (0)
+    assert summary.done == 40 and during and set(during) == {2}
