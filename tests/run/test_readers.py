@@ -239,3 +239,16 @@ async def test_every_poll_says_how_many_readers_read_the_answers(tmp_path) -> No
         summary = await run_generate(cfg, opts)
     during = [p.readers for p in polls if p.completions < 40]  # after the last answer they leave (0)
     assert summary.done == 40 and during and set(during) == {2}
+
+
+async def test_a_timeout_mid_answer_counts_the_tokens_the_reader_had_seen() -> None:
+    """The reader's progress frames carry each answer's tokens so far: the main process's timeout message says
+    them, as it does when it reads the answer itself."""
+    slow = [*FAST[:2], "--time-scale", "0.05", *FAST[4:]]  # ~a token per 10 ms: 1 s is mid-answer
+    with start_sim(slow) as s:
+        outcomes = [(await outcome([s.url], n, max_new_tokens=4096, request_timeout_s=1.0))[0] for n in (0, 1)]
+    for e in outcomes:
+        assert isinstance(e, RequestError) and e.reason == "timeout", e
+        m = re.fullmatch(r"gave up after 1 attempt: no complete answer within the request timeout \(1 s; (\d+) "
+                         r"tokens decoded\)", str(e))
+        assert m is not None and int(m[1]) > 0, str(e)
