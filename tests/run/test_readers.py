@@ -252,3 +252,18 @@ async def test_a_timeout_mid_answer_counts_the_tokens_the_reader_had_seen() -> N
         m = re.fullmatch(r"gave up after 1 attempt: no complete answer within the request timeout \(1 s; (\d+) "
                          r"tokens decoded\)", str(e))
         assert m is not None and int(m[1]) > 0, str(e)
+
+
+def test_a_progress_frame_is_progress_for_each_request_it_names() -> None:
+    """What hang detection (server/hang.py) sees of an answer read in a reader: each request a progress frame
+    names counts as its server answering, with its tokens so far; a request already ended is skipped."""
+    pool = readers.Readers(1, connect_timeout_s=1, max_connections=4)
+    reader = readers._Reader.__new__(readers._Reader)
+    reader.pending, reader.cpu_s = {}, 0.0
+    answered: list[int] = []
+    for rid in (1, 2):
+        reader.pending[rid] = readers._Waiter(readers.Seen(), lambda: None, lambda rid=rid: answered.append(rid))
+    pool._on_frame(reader, {"ev": "progress", "cpu_s": 1.5, "reqs": [[1, 40, 5], [2, 0, 0], [9, 3, 1]]})
+    assert answered == [1, 2] and reader.cpu_s == 1.5
+    assert [(w.seen.completion_tokens, w.seen.seen()) for w in reader.pending.values()] == [(40, " after 40 tokens"),
+                                                                                           (0, "")]

@@ -153,14 +153,16 @@ def test_requests_the_server_refuses_end_the_run_naming_its_error(tmp_path: Path
 
 # ---------------------------------------------------------------- item 2: a hung member of a fleet
 
-def test_a_hung_server_is_taken_out_within_seconds_and_its_requests_resent(tmp_path: Path) -> None:
+@pytest.mark.parametrize("readers", ["0", "2"])
+def test_a_hung_server_is_taken_out_within_seconds_and_its_requests_resent(tmp_path: Path, readers: str) -> None:
     """1 of 3 sims SIGSTOPped mid-run at the shipped defaults: taken out once its requests make no progress
-    and GET /v1/models goes unanswered, its requests re-sent at once, not after request_timeout_s (600 s)."""
+    and GET /v1/models goes unanswered, its requests re-sent at once, not after request_timeout_s (600 s).
+    The same with two reader processes reading the answers (run/readers.py)."""
     with ExitStack() as stack:
         sims = [stack.enter_context(start_sim(SIM_SLOW)) for _ in range(3)]
         toml = dataset(tmp_path, 300, request_timeout_s=600)
         # a fixed window: the adaptive one's first wave can end a run of 300 before the freeze on a busy machine
-        proc, log = generate(tmp_path, toml, ",".join(s.url for s in sims), *WINDOW)
+        proc, log = generate(tmp_path, toml, ",".join(s.url for s in sims), *WINDOW, "--readers", readers)
         wait_lines(tmp_path / "out" / "T", 30, proc)
         hung = sims[2]
         # freeze it while it holds requests (on a busy machine a poll can find it between two of them)
