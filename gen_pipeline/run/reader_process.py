@@ -86,7 +86,7 @@ async def _main(settings: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # readers.reader_argv did first; run directly too
         signal.signal(sig, signal.SIG_IGN)  # the main process drains, then closes our stdin
     anyio.run(_main, orjson.loads(sys.argv[1]))
 

@@ -7,8 +7,9 @@ one request goes out as a frame, one TurnResult or error comes back, with progre
 `fetch_turn` is the read itself; ChatClient calls it directly, or `Readers.fetch` sends it to a reader process
 (reader_process.py), which calls it there. Either raises the same exceptions: chat.py maps them in one place.
 A reader that dies takes nothing with it: its requests are sent again (no attempt spent) and it is replaced;
-one dying again and again ends the run with a message. Readers ignore SIGINT/SIGTERM/SIGHUP (the main process
-drains) and leave when their stdin closes, which a dead main process does too.
+one dying again and again ends the run with a message. Readers run in their own session and ignore SIGINT/SIGTERM/
+SIGHUP from their first line (the main process drains) and leave when their stdin closes, which a dead main process
+does too.
 
 Frames: 4-byte big-endian length, then orjson. Main → reader: {"op": "open", "id", "url", "body", "spec"},
 {"op": "cancel", "id"}. Reader → main: {"ev": "head", "id"}, {"ev": "progress", "cpu_s", "reqs": [[id, tokens,
@@ -217,12 +218,11 @@ class _Reader:
 
 
 class Readers:
-    """The reader processes of a run (`open_readers`): a fixed count, or `None`: chosen from the main process's
+    """The reader processes of a run, made by `open_readers`: a fixed count, or chosen from the main process's
     CPU (none until it used AUTO_ADD_AT of a core over AUTO_EVERY_S, then one more each time they did)."""
 
-    def __init__(self, count: int | None, *, connect_timeout_s: float, max_connections: int,
-                 cap: int | None = None) -> None:
-        self.count, self.cap = count, cap if cap is not None else auto_cap()
+    def __init__(self, *, connect_timeout_s: float, max_connections: int, cap: int | None = None) -> None:
+        self.cap = cap if cap is not None else auto_cap()
         self._argv = reader_argv(connect_timeout_s, max_connections)
         self.live: list[_Reader] = []  # those requests may go to
         self._started: list[_Reader] = []  # every one, until reaped
@@ -232,7 +232,6 @@ class Readers:
         self.started = 0  # processes started (replacements included)
         self.cpu_s = 0.0  # the CPU of the readers that left or died (as each last said)
         self.closed = False
-        self.why = ""  # what started the latest (auto)
 
     @property
     def active(self) -> bool:
@@ -270,13 +269,13 @@ class Readers:
         assert self._tg is not None
         if self.closed:
             return
+        # its own session: a terminal's Ctrl-C (sent to the foreground group) is the main process's to handle
         process = await anyio.open_process(self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                           stderr=None)
+                                           stderr=None, start_new_session=True)
         reader = _Reader(process)
         self.live.append(reader)
         self._started.append(reader)
         self.started += 1
-        self.why = why
         JOURNAL.info("reader process %d started (%d running): %s", reader.pid, len(self.live), why)
         self._tg.start_soon(self._listen, reader)
 
@@ -384,10 +383,17 @@ class ReadersFailed(GenPipelineError):
     """Reader processes kept dying."""
 
 
+# A reader ignores SIGINT/SIGTERM/SIGHUP before it imports anything: a signal while it starts (a second of
+# imports) would otherwise end it with a KeyboardInterrupt traceback on the user's terminal.
+_BOOT = ("import signal, sys, runpy\n"
+         "for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP): signal.signal(s, signal.SIG_IGN)\n"
+         "runpy.run_module('gen_pipeline.run.reader_process', run_name='__main__', alter_sys=True)")
+
+
 def reader_argv(connect_timeout_s: float, max_connections: int) -> list[str]:
     """The command of a reader process (reader_process.py)."""
     settings = {"connect_timeout_s": connect_timeout_s, "max_connections": max_connections}
-    return [sys.executable, "-m", "gen_pipeline.run.reader_process", orjson.dumps(settings).decode()]
+    return [sys.executable, "-c", _BOOT, orjson.dumps(settings).decode()]
 
 
 def more_readers(main_share: float, reader_shares: list[float], running: int, cap: int) -> str:
@@ -418,7 +424,7 @@ def auto_cap() -> int:
 async def open_readers(count: int | None, *, connect_timeout_s: float,
                        max_connections: int) -> AsyncIterator[Readers]:
     """Readers for a run: `count` started now (0: none, answers read in this process), None: auto."""
-    readers = Readers(count, connect_timeout_s=connect_timeout_s, max_connections=max_connections)
+    readers = Readers(connect_timeout_s=connect_timeout_s, max_connections=max_connections)
     async with anyio.create_task_group() as tg:
         readers._tg = tg
         try:

@@ -1,6 +1,7 @@
 """Reader processes (run/readers.py) killed, and the CLI killed or interrupted under them: a reader SIGKILLed
 mid-stream loses and duplicates nothing (its requests are sent again, a new reader takes its place); readers
-outlive no main process; Ctrl-C to the whole process group drains as without readers."""
+outlive no main process (their own session: only the pipes tie them to it); Ctrl-C to the process group drains
+as without readers."""
 
 from __future__ import annotations
 
@@ -80,7 +81,8 @@ def test_readers_do_not_outlive_a_killed_run(tmp_path: Path, sim) -> None:
 
 
 def test_ctrl_c_to_the_process_group_drains_with_readers(tmp_path: Path, sim) -> None:
-    """A terminal's Ctrl-C reaches the readers too: they ignore it, and the answers in flight still come."""
+    """A terminal's Ctrl-C goes to the foreground process group: the readers, in their own session, read the
+    answers in flight to the end while the main process drains."""
     proc, toml, out, log = _start(tmp_path, sim.url, 1)
     [pid] = _readers(out)
     with frozen(proc):

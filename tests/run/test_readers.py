@@ -4,7 +4,9 @@ with readers writes exactly its target; with no --readers, one is started when t
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import sys
 from dataclasses import replace
 
@@ -257,7 +259,7 @@ async def test_a_timeout_mid_answer_counts_the_tokens_the_reader_had_seen() -> N
 def test_a_progress_frame_is_progress_for_each_request_it_names() -> None:
     """What hang detection (server/hang.py) sees of an answer read in a reader: each request a progress frame
     names counts as its server answering, with its tokens so far; a request already ended is skipped."""
-    pool = readers.Readers(1, connect_timeout_s=1, max_connections=4)
+    pool = readers.Readers(connect_timeout_s=1, max_connections=4)
     reader = readers._Reader.__new__(readers._Reader)
     reader.pending, reader.cpu_s = {}, 0.0
     answered: list[int] = []
@@ -267,3 +269,27 @@ def test_a_progress_frame_is_progress_for_each_request_it_names() -> None:
     assert answered == [1, 2] and reader.cpu_s == 1.5
     assert [(w.seen.completion_tokens, w.seen.seen()) for w in reader.pending.values()] == [(40, " after 40 tokens"),
                                                                                            (0, "")]
+
+
+def test_a_reader_is_out_of_the_terminals_reach_and_shrugs_off_stop_signals(sim) -> None:
+    """Its own session (a terminal's Ctrl-C goes to the foreground group: the main process's to handle); and
+    SIGINT, SIGTERM and SIGHUP sent to it, as a batch system may, end nothing: it leaves when the pool closes."""
+    s = settings()
+
+    async def main() -> tuple[int, int, list[TurnResult], int | None]:
+        async with open_http(s.generation, 4) as http, open_readers(1, connect_timeout_s=1,
+                                                                    max_connections=4) as pool:
+            client = ChatClient(http, [sim.url], s, readers=pool)
+            turns = [await client.complete([{"role": "user", "content": "before"}])]
+            [reader] = pool.live
+            sid = os.getsid(reader.pid)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                os.kill(reader.pid, sig)
+            turns.append(await client.complete([{"role": "user", "content": "after"}]))
+            assert pool.live == [reader]
+            process = reader.process
+        return sid, reader.pid, turns, process.returncode
+
+    sid, pid, turns, code = anyio.run(main)
+    assert sid == pid != os.getsid(0)  # a session of its own
+    assert [t.completion_tokens > 0 for t in turns] == [True, True] and code == 0
