@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import re
 import statistics
 import tempfile
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from bench.gpu.regimes import readers_cpu
 from bench.overhead import cli_cpu
 from bench.report import RESULTS_JSON, md_table, write_section
 from sglang_sim.testing import start_sim
@@ -40,7 +40,6 @@ WINDOW, SHORT, LONG, REPEATS = 32, 30, 150, 5
 # on the interval
 VARIANTS = (("streamed-8", 8, "streamed", 0), ("streamed-1", 1, "streamed", 0), ("whole", 8, "whole", 0),
             ("streamed-8, 2 readers", 8, "streamed", 2), ("streamed-1, 2 readers", 1, "streamed", 2))
-READERS_CPU = re.compile(r"CPU while reading: main process (\d+\.\d+) s, readers (\d+\.\d+) s")
 GOALS_MS = {"streamed-8": 10.0, "streamed-1": 25.0}  # issue 34's goals per 1K tokens
 GOALS_MS.update({f"{k}, 2 readers": v for k, v in list(GOALS_MS.items())})  # ... of the main process
 H200_MS = {"streamed-8": "42-48", "streamed-1": "108-129"}  # the issue's figures (docs/measurements.md)
@@ -86,9 +85,9 @@ def _run(url: str, folder: Path, target: int, mode: str, tag: str, readers: int 
     cpu, wall = cli_cpu(url, dataset(folder, target, mode), out, "--window", str(WINDOW), "--readers", str(readers))
     main = cpu
     if readers:
-        m = READERS_CPU.search(next(out.glob("*/run.log")).read_text())
-        assert m is not None, f"no reader CPU line in {out}"
-        main = cpu - float(m[2])
+        said = readers_cpu(next(out.glob("*/run.log")))
+        assert said is not None, f"no reader CPU line in {out}"
+        main = cpu - said[2]
     return cpu, wall, tokens_written(out), main
 
 

@@ -83,15 +83,20 @@ _READERS_CPU = re.compile(r"reader processes: (\d+) started; CPU while reading: 
                           r"([\d.]+) s")
 
 
-def readers_figures(run_log: Path, completion_tokens: int) -> dict:
-    """What run.log says of the run's reader processes (run/readers.py): how many started, and the CPU of the
-    main process and of the readers while reading, per 1K completion tokens."""
+def readers_cpu(run_log: Path) -> tuple[int, float, float] | None:
+    """run.log's last line on reader processes (run/readers.py): how many started, and the CPU seconds of the
+    main process and of the readers while reading; None without readers."""
     m = _READERS_CPU.search(run_log.read_text()) if run_log.exists() else None
-    if m is None:
+    return (int(m[1]), float(m[2]), float(m[3])) if m else None
+
+
+def readers_figures(run_log: Path, completion_tokens: int) -> dict:
+    """readers_cpu per 1K completion tokens."""
+    if (cpu := readers_cpu(run_log)) is None:
         return {"readers_started": 0}
     per_1k = 1e6 / max(completion_tokens, 1)
-    return {"readers_started": int(m[1]), "main_cpu_ms_per_1k_tokens": round(float(m[2]) * per_1k, 2),
-            "readers_cpu_ms_per_1k_tokens": round(float(m[3]) * per_1k, 2)}
+    return {"readers_started": cpu[0], "main_cpu_ms_per_1k_tokens": round(cpu[1] * per_1k, 2),
+            "readers_cpu_ms_per_1k_tokens": round(cpu[2] * per_1k, 2)}
 
 
 def configure(check: Any) -> None:

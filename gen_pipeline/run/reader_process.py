@@ -1,6 +1,7 @@
-"""A reader process (readers.py): `python -m gen_pipeline.run.reader_process '{"connect_timeout_s": ..,
-"max_connections": ..}'`. Reads "open"/"cancel" frames on stdin, reads each answer with readers.fetch_turn and
-writes its frames on stdout; leaves when stdin closes (its requests' streams closed: the server aborts them)."""
+"""A reader process: readers.reader_argv runs this module as __main__, its argument
+'{"connect_timeout_s": .., "max_connections": ..}'. It reads "open"/"cancel" frames on stdin, reads each answer with
+readers.fetch_turn and writes its frames on stdout; it leaves when stdin closes (its requests' streams closed: the
+server aborts them)."""
 
 from __future__ import annotations
 

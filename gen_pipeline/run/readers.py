@@ -89,7 +89,7 @@ class Seen:
         self.completion_tokens = self.deltas = 0
 
     def seen(self) -> str:
-        return f" after {self.completion_tokens} tokens" if self.deltas else ""
+        return wire.seen_text(self.deltas, self.completion_tokens)
 
 
 class ReaderLost(Exception):
@@ -404,10 +404,9 @@ def more_readers(main_share: float, reader_shares: list[float], running: int, ca
         if main_share >= AUTO_ADD_AT:
             return f"the main process used {main_share:.2f} of a core over {AUTO_EVERY_S:g} s"
         return ""
-    if reader_shares and sum(reader_shares) / len(reader_shares) >= AUTO_ADD_AT:
-        mean = sum(reader_shares) / len(reader_shares)
-        return f"the {len(reader_shares)} reader{'s' if len(reader_shares) > 1 else ''} used {mean:.2f} of a " \
-               f"core each over {AUTO_EVERY_S:g} s"
+    n = len(reader_shares)
+    if n and (mean := sum(reader_shares) / n) >= AUTO_ADD_AT:
+        return f"the {n} reader{'s' if n > 1 else ''} used {mean:.2f} of a core each over {AUTO_EVERY_S:g} s"
     return ""
 
 
@@ -425,6 +424,7 @@ async def open_readers(count: int | None, *, connect_timeout_s: float,
                        max_connections: int) -> AsyncIterator[Readers]:
     """Readers for a run: `count` started now (0: none, answers read in this process), None: auto."""
     readers = Readers(connect_timeout_s=connect_timeout_s, max_connections=max_connections)
+    cpu_at_start = time.process_time()
     async with anyio.create_task_group() as tg:
         readers._tg = tg
         try:
@@ -432,7 +432,6 @@ async def open_readers(count: int | None, *, connect_timeout_s: float,
                 await readers._start(f"--readers {count}" if i == 0 else f"--readers {count} ({i + 1})")
             if count is None:
                 tg.start_soon(readers._autoscale)
-            cpu_at_start = time.process_time()
             yield readers
         finally:
             readers.closed = True  # no reader started from now on (the autoscaler, a replacement)

@@ -236,6 +236,11 @@ def _finish(finish: Any) -> str:
     return "length" if finish == "max_tokens" else "stop"
 
 
+def seen_text(deltas: int, completion_tokens: int) -> str:
+    """" after N tokens" once text came (a message's tail), else "" (TurnStream, readers.Seen)."""
+    return f" after {completion_tokens} tokens" if deltas else ""
+
+
 class TurnStream:
     """A stream's chunks, fed in order; `feed` returns the detector's verdict (read every `detect_every` tokens)."""
 
@@ -347,8 +352,7 @@ class TurnStream:
         return _int(self.usage.get("completion_tokens"), self.deltas) if self.usage else self.deltas
 
     def seen(self) -> str:
-        """" after N tokens" once text came (a message's tail), else ""."""
-        return f" after {self.completion_tokens} tokens" if self.deltas else ""
+        return seen_text(self.deltas, self.completion_tokens)
 
     def result(self, *, loop: LoopVerdict | None = None, aborted: bool = False) -> TurnResult:
         """The attempt's answer (`aborted`: closed on `loop`); raises Retryable for a cut or usage-less stream."""

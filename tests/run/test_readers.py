@@ -293,3 +293,27 @@ def test_a_reader_is_out_of_the_terminals_reach_and_shrugs_off_stop_signals(sim)
     sid, pid, turns, code = anyio.run(main)
     assert sid == pid != os.getsid(0)  # a session of its own
     assert [t.completion_tokens > 0 for t in turns] == [True, True] and code == 0
+
+
+def test_a_reader_that_cannot_start_leaves_its_own_error_and_no_process(monkeypatch) -> None:
+    """The second of --readers 2 fails to start (no process slot left, say): its OSError is what the run sees, and
+    the first reader is reaped, not left running."""
+    real, started = anyio.open_process, []
+
+    async def second_fails(*args, **kwargs):
+        if started:
+            raise OSError(11, "Resource temporarily unavailable")
+        started.append(await real(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(anyio, "open_process", second_fails)
+
+    async def main() -> None:
+        async with open_readers(2, connect_timeout_s=1, max_connections=4):
+            raise AssertionError("not reached")
+
+    with pytest.raises(BaseException) as e:  # the task group's ExceptionGroup around it
+        anyio.run(main)
+    errors = e.value.exceptions if isinstance(e.value, BaseExceptionGroup) else [e.value]
+    assert [str(x) for x in errors] == ["[Errno 11] Resource temporarily unavailable"]
+    assert started[0].returncode == 0  # its stdin closed: it left
