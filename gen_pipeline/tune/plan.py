@@ -43,6 +43,7 @@ class Lever:
     key: str
     pick: Callable[[Any, Plan], Any]
     aliases: tuple[str, ...] = ()  # other spellings of the flag, replaced with it
+    pool_only: bool = False  # it only sizes the KV pool: a candidate with the shipped pool cannot change the speed
 
 
 # The levers tune tries, one candidate each (SGLang 0.5.17 server_args.py spellings). Values: one step
@@ -51,7 +52,7 @@ LEVERS: tuple[Lever, ...] = (
     Lever("kv_cache_dtype", "--kv-cache-dtype", "kv_cache_dtype",
           lambda cur, p: "bf16" if cur in FP8 else "fp8_e4m3"),
     Lever("mem_fraction_static", "--mem-fraction-static", "mem_fraction_static",
-          lambda cur, p: round((cur or p.mem_fraction_static) + 0.02, 2)),
+          lambda cur, p: round((cur or p.mem_fraction_static) + 0.02, 2), pool_only=True),
     # 0.5.17: --cuda-graph-max-bs is the deprecated alias of --cuda-graph-max-bs-decode (one dest)
     Lever("cuda_graph_max_bs", "--cuda-graph-max-bs", "", lambda cur, p: 2 * int(cur or p.cuda_graph_max_bs),
           ("--cuda-graph-max-bs-decode",)),
@@ -226,6 +227,11 @@ def make_plan(cfg: DatasetConfig, shipped: ServerProfile, opts: TuneOptions) -> 
         if c.slots < 1:
             skipped.append((c.name, f"plan predicts {c.kv_tokens:,} KV tokens: no decode slot for "
                                     f"{per_sample:,} tokens a sample"))
+            continue
+        if lever.pool_only and c.kv_tokens == ships.kv_tokens:
+            cap = " (--max-total-tokens caps it)" if p.max_total_tokens == c.kv_tokens else ""
+            skipped.append((c.name, f"plan predicts the shipped pool, {c.kv_tokens:,} KV tokens{cap}, and "
+                                    f"{lever.flag} only sizes the pool: a trial would measure nothing"))
             continue
         candidates.append(c)
     fill = max(8, math.ceil(o.kv_tokens / max(1.0, own.prompt + own.output / 2)))  # the slots, all filled once

@@ -189,6 +189,20 @@ def test_a_candidate_plan_says_cannot_start_is_skipped_and_named(tmp_path: Path)
     assert f"  skipped t+mem_fraction_static=1.01: {why}" in tp.lines()
 
 
+def test_a_lever_that_only_sizes_the_pool_is_skipped_where_the_pool_is_capped(tmp_path: Path) -> None:
+    # --max-total-tokens pins the pool: more memory for it changes nothing a trial could measure
+    toml = SERVER_TOML.replace('"--sim-profile", "fast",', '"--sim-profile", "fast", "--max-total-tokens", "20000",')
+    tp = _plan(tmp_path, toml, levers=("kv_cache_dtype", "mem_fraction_static", "stream_interval"))
+    assert tp.shipped.kv_tokens == 20000
+    # fp8 stays: its pool is the same, but attention reads half the bytes a token
+    assert [c.name for c in tp.candidates] == ["t+kv_cache_dtype=fp8_e4m3", "t+stream_interval=16"]
+    why = ("plan predicts the shipped pool, 20,000 KV tokens (--max-total-tokens caps it), and --mem-fraction-static "
+           "only sizes the pool: a trial would measure nothing")
+    assert tp.skipped == (("t+mem_fraction_static=0.92", why),)
+    assert f"  skipped t+mem_fraction_static=0.92: {why}" in tp.lines()
+    assert tp.trials == 3
+
+
 def test_a_keyed_lever_the_profile_passes_in_extra_args_is_moved_there(tmp_path: Path) -> None:
     # SGLang reads extra_args after the keys: a key beside `--stream-interval 8` would be overridden by it
     passed = '"--sim-profile", "fast", "--stream-interval", "8", "--kv-cache-dtype", "fp8_e4m3",'
