@@ -23,7 +23,7 @@ from gen_pipeline.server import load_server_profile, run_server
 from gen_pipeline.server.leftover import RECORD_NAME, ServerRecord, group_alive, process_started, stop_leftover
 from sglang_sim.testing import free_port
 
-from pipeline_helpers import assert_exact, run_cli, sim_profile, start_cli, wait_lines, write_dataset
+from pipeline_helpers import _shard_lines, assert_exact, run_cli, sim_profile, start_cli, wait_lines, write_dataset
 
 
 def stubborn_config(tmp_path: Path, *, stop_grace_s: float, port: int = 0) -> Path:
@@ -47,7 +47,8 @@ def members(pgid: int) -> list[int]:
 
 
 def sigkill_mid_run(tmp_path: Path, cfg: Path, toml: Path | str, out: Path) -> tuple[int, list[int]]:
-    """Launch `stubborn`, wait for samples of T, SIGKILL the CLI; returns the server's group and its pids."""
+    """Launch `stubborn`, wait for samples of T, SIGKILL the CLI while its server is stopped (SIGSTOP, then
+    SIGCONT); returns the server's group and its pids."""
     log = tmp_path / "cli.log"
     proc = start_cli("generate", "--dataset", toml, "--server", "stubborn", "--config-dir", cfg, "--output-dir", out,
                      "--progress", "log", log=log)
@@ -55,8 +56,12 @@ def sigkill_mid_run(tmp_path: Path, cfg: Path, toml: Path | str, out: Path) -> t
     pgid = orjson.loads((out / "T" / RECORD_NAME).read_bytes())["pid"]
     pids = members(pgid)
     assert pids, pgid
-    os.killpg(proc.pid, signal.SIGKILL)  # the CLI only: the server is in its own session
-    assert proc.wait(timeout=10) == -signal.SIGKILL
+    os.killpg(pgid, signal.SIGSTOP)  # the server frozen: however late the kill lands, the run cannot end first
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the CLI only: the server is in its own session
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        os.killpg(pgid, signal.SIGCONT)
     return pgid, pids
 
 
@@ -114,15 +119,17 @@ def test_rerun_with_another_first_dataset_finds_the_server_the_job_left(tmp_path
     """A job T,U killed (its server recorded in T's folder, the job's first), rerun as U,T: the record in
     T's folder is read all the same, the survivor stopped before the new server starts."""
     cfg = stubborn_config(tmp_path, stop_grace_s=60)
-    for name in ("T", "U"):
-        write_dataset(cfg, name=name, target=30, rows=[*map(_row, range(40))])
+    targets = {"T": 30, "U": 200}  # U's many answers keep the job running while the kill lands, on a busy machine
+    for name, target in targets.items():
+        write_dataset(cfg, name=name, target=target, rows=[*map(_row, range(target + 10))])
     out = tmp_path / "out"
     pgid, pids = sigkill_mid_run(tmp_path, cfg, "T,U", out)
+    assert _shard_lines(out / "U") < targets["U"]  # the kill landed mid-job: a finished job needs no server
     with open(cfg / "server.toml", "a") as f:  # the rerun: the same server, its own 1 s grace
         f.write("\n[profile.stubborn2]\ninherits = \"stubborn\"\nstop_grace_s = 1\n")
     rerun_stops_the_survivor(cfg, "U,T", "stubborn2", out, pgid, pids)
-    assert_exact(out, 30, "T")
-    assert_exact(out, 30, "U")
+    assert_exact(out, targets["T"], "T")
+    assert_exact(out, targets["U"], "U")
 
 
 def test_fixed_port_held_by_another_process_is_refused_before_launching(tmp_path: Path) -> None:
