@@ -324,7 +324,9 @@ CEILING_RUNS = (
      "gen_pipeline,gen_pipeline-readers0,bench_serving\" BUDGET_S=470 bash bench/gpu/run_h200.sh KEEP OUT install "
      "model setup ceiling unserve summary (the budget ended before bench_serving's third round). gen_pipeline as "
      "shipped started 3 reader processes in each run; with --readers 0 its one process took 0.84-0.89 of a core. "
-     "SGLang's scheduler process ran at one full core in every run, so neither client moved the throughput"),
+     "SGLang's scheduler process read one full core in every run, as it does where the GPU binds (it spins while "
+     "it waits on the GPU): that figure does not say what bound this node; the two clients' equal rates say that "
+     "neither client did"),
     (HERE / "h100_traces_readers_small_i1.json", "gpu_h100_readers_small_i1",
      "CHECK_ARGS=\"--server-profile h200-small-i1 --regimes short --rounds 3 --clients "
      "gen_pipeline,gen_pipeline-readers0,bench_serving\" BUDGET_S=440 bash bench/gpu/run_h200.sh KEEP OUT ceiling "
@@ -367,6 +369,7 @@ def tune_markdown(r: dict, source: str, command: str) -> str:
         f"({v['best_later']}) and {v['pick_vs_shipped']:.3f} x the shipped profile (goal: >= {GOAL_TUNE} x the best, "
         f"never below the shipped one: {'met' if v['goal_met'] else 'not met'}). With all rounds tune picks "
         f"{v['pick_all_rounds']}.",
+        *(f"- Not tried: {ln.strip().removeprefix('skipped ')}" for ln in t["plan"] if ln.startswith("  skipped ")),
         "- The profile tune wrote (`outputs/<DATASET>/tune/<PROFILE>-tuned.toml`):",
         "",
         "```toml",

@@ -44,6 +44,10 @@ def test_the_committed_h100_tune_run_picks_the_best_and_its_report_says_so() -> 
             "on 2.15 % of 512 positions") in text
     assert '\n[profile.h200-ceiling-tuned]\ninherits = "h200-ceiling"\n' in text
     assert text.count('"--cuda-graph-max-bs", "512"]') == 1
+    assert "Not tried" not in text  # that run's plan skipped nothing
+    skipped = "h200-ceiling+mem_fraction_static=0.87: plan predicts the shipped pool, 120,000 KV tokens"
+    r["tune"]["plan"].insert(4, f"  skipped {skipped}")
+    assert f"\n- Not tried: {skipped}\n" in report.tune_markdown(r, "h100_tune_results.json", "cmd")
 
 
 def test_the_phase_on_the_simulator_stops_between_trials_and_goes_on_without_measuring_one_twice(tmp_path) -> None:
