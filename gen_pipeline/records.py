@@ -178,6 +178,7 @@ class RunSnapshot:
     server_wait_s: float | None = None  # attached, no server answers: dispatch paused this long ...
     server_wait_limit_s: float | None = None  # ... of at most this long (--server-wait-s)
     client_cpu: float | None = None  # cores the CLI process used over the last ~10 s (run/stats.py CpuMeter)
+    front_end_cpu: float | None = None  # ... a launched SGLang's HTTP front end (run/stats.py FrontEndMeter)
     spec_accept_length: float | None = None  # the server-wide draft acceptance, as the last poll read it
     readers: int = 0  # reader processes reading the answers now (run/readers.py)
 

@@ -32,6 +32,9 @@ THRESHOLDS: dict[str, float] = {
     "at_cap": 0.95,  # running / max_running_requests at or above: at the cap
     "client_fill": 0.8,  # mean in_flight / window below: the window is not kept full
     "client_cpu": 0.85,  # the generate process's cores (steady median) at or above: busy (one event loop: one core)
+    # a launched SGLang's main process (HTTP server + tokenizer manager, one event loop) at or above: it binds.
+    # Its scheduler's core says nothing: it spins while it waits on the GPU (1.01 cores in every device run)
+    "front_end_cpu": 0.9,
     "storm_per_completion": 0.25,  # retractions per completed sample at or above: a storm
     "storm_min": 10,  # ... and at least this many retractions
     "tail_level": 0.5,  # in flight below this share of the steady median: the tail
@@ -113,7 +116,8 @@ def diagnose(all_rows: list[dict[str, Any]], hw: Hardware = Hardware(),
     if len(v.steady) < th["min_polls"]:
         return out + [Verdict("too_short", f"run {runs[-1][0].get('run')} has {len(v.steady)} steady polls "
                               f"(< {th['min_polls']:.0f}): let it run longer")]
-    for rule in (_graph_ceiling, _slots_bound, _free_pool, _client_bound, _retraction_storm, _idle_tail):
+    for rule in (_graph_ceiling, _slots_bound, _free_pool, _client_bound, _front_end_bound, _retraction_storm,
+                 _idle_tail):
         verdict = rule(v, hw, th)
         # a reservation-held pool reads below kv_free: KV or the step time already named the bound; past the
         # graph ceiling a bigger batch is the cost, so the slot rules' "more slots" reading does not apply
@@ -353,6 +357,24 @@ def _client_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | N
                     + (f"; the generate process used {cpu:.2f} of a core" if cpu is not None else ""),),
                    ("the source or the client is the limit, not the server: a slow or mostly-rejected source "
                     "(see rejects.jsonl), streaming from the hub, or a CPU-starved client process",))
+
+
+def _front_end_bound(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:
+    cpu = _med(_vals(v.steady, "front_end_cpu"))
+    if cpu is None or cpu < th["front_end_cpu"]:
+        return None
+    running, gen = _med(_vals(v.steady, "running")), _med(_vals(v.steady, "gen_tok_s"))
+    return Verdict("front_end_bound", "SGLang's HTTP front end uses a whole core: it, not the GPU, bounds the run",
+                   (f"SGLang's main process (its HTTP server and tokenizer manager, one event loop) used {cpu:.2f} of "
+                    f"a core (median of {len(v.steady)} steady polls)"
+                    + (f" while the server ran {running:.0f} requests" if running is not None else "")
+                    + (f" at {gen:,.0f} tok/s" if gen is not None else ""),),
+                   ("every streamed chunk costs it CPU: raise SGLang's --stream-interval (the profile's "
+                    "stream_interval; 8 in the shipped profiles, SGLang's default is 1): a chunk every 8 tokens "
+                    "instead of every token",
+                    "SGLang 0.5.17 can run its front end in several processes: --tokenizer-worker-num N in the "
+                    "profile's extra_args (not measured here); or split the GPUs into more servers, each with its "
+                    "own",))
 
 
 def _retraction_storm(v: RunView, hw: Hardware, th: dict[str, float]) -> Verdict | None:

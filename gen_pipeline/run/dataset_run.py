@@ -119,6 +119,7 @@ class DatasetRun:
             server_wait_s=(time.monotonic() - handle.down_since_s
                            if handle is not None and handle.down_since_s is not None else None),
             server_wait_limit_s=handle.wait_limit_s if handle is not None else None, client_cpu=s.cpu.share(),
+            front_end_cpu=s.front_end_cpu.share(handle.pid if handle is not None else None),
             spec_accept_length=load.spec_accept_length if load else None,
             readers=len(self.readers.live) if self.readers is not None else 0)
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 
 from gen_pipeline.display import count
 from gen_pipeline.errors import ServerError
@@ -38,6 +40,43 @@ class CpuMeter:
         return (used - c0) / (now - t0) if now - t0 >= 1.0 else None
 
 
+def front_end_cpu_s(leader: int) -> float:
+    """CPU seconds (user + system) of a launched server's front end: the child of its group's leader. parent_watch
+    leads the group and runs SGLang's main process, its HTTP server and tokenizer manager, as its one child; the
+    scheduler and detokenizer are that child's children. OSError when there is no child (yet) or /proc cannot say."""
+    try:
+        child = int(Path(f"/proc/{leader}/task/{leader}/children").read_text().split()[0])
+    except (IndexError, ValueError) as e:
+        raise OSError(f"server {leader} has no child process") from e
+    fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+class FrontEndMeter:
+    """The cores a launched server's front end used over about CPU_WINDOW_S (reports/diagnose.py,
+    front_end_bound): None for an attached server, or where /proc cannot say. A restarted server (another
+    leader) is measured afresh."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 read: Callable[[int], float] = front_end_cpu_s) -> None:
+        self.clock, self.read = clock, read
+        self._leader: int | None = None
+        self._meter: CpuMeter | None = None
+
+    def share(self, leader: int | None) -> float | None:
+        if leader != self._leader:
+            self._leader, self._meter = leader, None
+        if leader is None:
+            return None
+        try:
+            if self._meter is None:
+                self._meter = CpuMeter(self.clock, lambda: self.read(leader))
+            return self._meter.share()
+        except OSError:  # not started yet, or gone: measured from its next reading
+            self._meter = None
+            return None
+
+
 class RunStats:
     """Counts of one run; `fatal` is set once the failure streak says the server is unusable."""
 
@@ -57,6 +96,7 @@ class RunStats:
         self.retractions: int | None = None  # during this run: the server's counter restarts with it
         self._last_counter: int | None = None
         self.cpu = CpuMeter(clock)
+        self.front_end_cpu = FrontEndMeter(clock)
 
     def elapsed_s(self) -> float:
         return self.clock() - self.started

@@ -59,6 +59,7 @@ class TelemetryRow(TypedDict):
     held_tokens_per_request: float | None
     restarts: int
     client_cpu: float | None  # cores the CLI process used over the last ~10 s (1.0: one core busy)
+    front_end_cpu: float | None  # ... a launched SGLang's main process (HTTP server, tokenizer manager); attached: None
 
 
 def build_row(s: RunSnapshot, *, run: int | None) -> TelemetryRow:
@@ -78,6 +79,7 @@ def build_row(s: RunSnapshot, *, run: int | None) -> TelemetryRow:
         "tokens_per_request": _round(s.tokens_per_request, 1),
         "held_tokens_per_request": _round(s.held_tokens_per_request, 1),
         "restarts": s.restarts, "client_cpu": _round(s.client_cpu, 3),
+        "front_end_cpu": _round(s.front_end_cpu, 3),
     }
 
 

@@ -184,3 +184,28 @@ async def test_start_up_warnings_are_surfaced_once_and_not_fatal(tmp_path, http,
         f"compare against kv_cache_dtype = \"auto\" on a sample before a long run (log: {tmp_path / 'server.log'})",
         "warning: /server_info reports max_total_num_tokens=20,000 but the start-up log says 30,000; "
         "using /server_info."]
+
+
+async def test_the_front_end_cpu_read_is_the_servers_own_process_not_its_watcher(tmp_path):
+    """front_end_cpu_s(leader) reads the child parent_watch runs (SGLang's main process); a group with no child
+    yet is an OSError (FrontEndMeter: no figure), not a figure of the watcher."""
+    import sys
+
+    from gen_pipeline.run.stats import front_end_cpu_s
+    from gen_pipeline.server.process import ServerProcess
+
+    burn = "import time\nwhile time.process_time() < 0.5: pass\nprint('burned', flush=True)\ntime.sleep(60)"
+    log = tmp_path / "server.log"
+    proc = await ServerProcess.start([sys.executable, "-c", burn], {}, log, stop_grace_s=1)
+    try:
+        await until(lambda: "burned" in log.read_text().splitlines()[1:], 60)  # line 1 echoes the command
+        assert front_end_cpu_s(proc.pid) >= 0.45  # the child's 0.5 s in clock ticks; parent_watch only waits
+    finally:
+        await proc.stop(1)
+    alone = await anyio.open_process(["sleep", "30"])  # no child
+    try:
+        with pytest.raises(OSError, match=f"server {alone.pid} has no child process"):
+            front_end_cpu_s(alone.pid)
+    finally:
+        alone.kill()
+        await alone.aclose()
