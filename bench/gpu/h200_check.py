@@ -6,7 +6,8 @@ Phases, in order: setup (configs + prompts), serve (start the bf16 server of pro
 launcher's command builder, detached), sweep (fixed windows on it, attach mode), adaptive, regimes
 (issue 19: short and long outputs, interleaved clients, three rounds, traces.json), ceiling (issue 34:
 gen_pipeline against SGLang's bench_serving and offline engine on the regimes' prompts), kill
-(kill -9 twice + resume), unserve, launch (full launcher, fp8_e4m3 KV profile), starved
+(kill -9 twice + resume), unserve, launch (full launcher, fp8_e4m3 KV profile), frontend (a launched
+--server-profile, then `diagnose`: the telemetry's front_end_cpu and the rules it names), starved
 (--max-total-tokens 20000: fixed 256 and adaptive), probe (issue 16: bf16 and fp8 servers side by
 side, `gen-pipeline probe-kv`), tune (issue 34: `gen-pipeline tune`, bench/gpu/tune_check.py),
 summary. Results accumulate in DIR/results.json across calls, so the
@@ -33,7 +34,7 @@ from gen_pipeline.server.load import metric_values
 
 FIXED_WINDOWS = (32, 64, 128, 256)
 PHASES = ("setup", "serve", "sweep", "adaptive", "regimes", "ceiling", "tokenids", "kill", "unserve", "launch",
-          "spec", "starved", "probe", "tune", "summary")
+          "frontend", "spec", "starved", "probe", "tune", "summary")
 
 
 class Check:
@@ -185,6 +186,28 @@ class Check:
             "leftover_processes": self.leftovers(), "gpu_apps": gpu_apps(),
             "summary": r.lines[-1][1] if r.lines else ""}
         self.log(f"launch: {self.results['launch']['ready_line']}; rows {figures['rows']}/{limit}")
+        self.save()
+
+    def frontend(self, limit: int = 1500) -> None:
+        """diagnose's front_end_bound on a server the CLI launches (--server-profile; h200-small-i1: the small
+        model at --stream-interval 1, where SGLang's front end bound the H100): `limit` short prompts, then
+        `diagnose`; the telemetry's front_end_cpu figures and the rules it names."""
+        out = self.out / f"frontend-{self.server_profile}"
+        r = runs.run_cli("frontend", runs.cli_argv(self.cfg, out, "--server", self.server_profile, "--limit",
+                                                   str(limit), dataset=SHORT_DATASET), self.logs)
+        d = subprocess.run([os.environ.get("BENCH_PYTHON", sys.executable), "-m", "gen_pipeline", "diagnose",
+                            "--dataset", SHORT_DATASET, "--output-dir", str(out), "--config-dir", str(self.cfg)],
+                           capture_output=True, text=True, timeout=120)
+        rows = [json.loads(ln) for ln in (out / SHORT_DATASET / "telemetry.jsonl").read_text().splitlines()
+                if ln.strip()] if (out / SHORT_DATASET / "telemetry.jsonl").exists() else []
+        self.results["frontend"] = {
+            "rc": r.rc, "profile": self.server_profile, "limit": limit, "diagnose_rc": d.returncode,
+            "diagnose": d.stdout.splitlines(), "rules": [ln.split(":")[0] for ln in d.stdout.splitlines()[1:]
+                                                          if ln and not ln.startswith(" ")],
+            "front_end_cpu": [row.get("front_end_cpu") for row in rows],
+            "client_cpu": [row.get("client_cpu") for row in rows], "gen_tok_s": [row.get("gen_tok_s") for row in rows],
+            "summary": r.lines[-1][1] if r.lines else ""}
+        self.log(f"frontend: rc {r.rc}; diagnose names {', '.join(self.results['frontend']['rules']) or 'nothing'}")
         self.save()
 
     def spec(self) -> None:

@@ -7,7 +7,7 @@
 #         gets wheels/, work/ (model, configs, outputs, results.json)
 #   OUT   where results.json, the driver log and a tarball of the run logs are copied
 #   PHASE install | model | any phase of bench/gpu/h200_check.py (setup serve sweep adaptive regimes
-#         kill unserve launch starved probe tune summary)
+#         kill unserve launch frontend starved probe tune summary)
 # Everything is idempotent: a second call skips what is already installed or built.
 set -uo pipefail
 keep=${1:?usage: run_h200.sh KEEP OUT PHASE...}; out=${2:?usage: run_h200.sh KEEP OUT PHASE...}; shift 2

@@ -409,8 +409,8 @@ def format_diagnosis(dataset: str, rows: list[dict[str, Any]], verdicts: list[Ve
     last, runs = rows[-1], len({r.get("run") for r in rows})
     head = f"{dataset}: run {last.get('run')} ({len(rows)} polls over {runs} run(s); mode {last.get('mode')})"
     if not verdicts:
-        verdicts = [Verdict("balanced", "no bottleneck rule fired: neither KV, admission, client nor retractions "
-                            "bound this run")]
+        verdicts = [Verdict("balanced", "no bottleneck rule fired: neither KV, admission, client, the server's "
+                                        "front end nor retractions bound this run")]
     return "\n".join([head] + [line for v in verdicts for line in v.lines()])
 
 

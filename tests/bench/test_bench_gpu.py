@@ -314,6 +314,17 @@ def test_the_spec_dry_run_records_each_turns_acceptance_through_the_launcher(tmp
     assert s["status_spec_acceptance"]["turns"] == 300 and s["status_spec_acceptance"]["scope"] == "turns"
 
 
+def test_the_frontend_dry_run_reads_the_launched_servers_main_process_and_diagnoses(tmp_path: Path) -> None:
+    rc = h200_check.main(["--work", str(tmp_path), "--sim", "--time-scale", "2", "--server-profile", "h200-small-i1",
+                          "setup", "frontend"])
+    r = json.loads((tmp_path / "results.json").read_text())
+    assert rc == 0 and "errors" not in r, r.get("errors")
+    f = r["frontend"]
+    assert f["rc"] == 0 and f["diagnose_rc"] == 0 and f["profile"] == "h200-small-i1"
+    assert f["summary"].startswith("h200short: 1,500/3,000 samples") and f["rules"], f
+    assert [x for x in f["front_end_cpu"] if x is not None], f  # the simulator's process, read through its watcher
+
+
 def test_the_committed_h100_runs_render_what_the_server_measured() -> None:
     spec = json.loads((report.HERE / "h100_spec_results.json").read_text())
     text = report.spec_markdown(spec, "h100_spec_results.json", "cmd")
