@@ -31,6 +31,7 @@ import httpx
 from bench.gpu import ceiling, regimes, runs, servers, tokenids, tune_check
 from bench.gpu.setup import DATASET, PROMPTS, SHORT_DATASET, SPEC_DATASET, SPEC_STEPS, write_configs
 from gen_pipeline.server.load import metric_values
+from gen_pipeline.store.telemetry import read_telemetry
 
 FIXED_WINDOWS = (32, 64, 128, 256)
 PHASES = ("setup", "serve", "sweep", "adaptive", "regimes", "ceiling", "tokenids", "kill", "unserve", "launch",
@@ -198,8 +199,7 @@ class Check:
         d = subprocess.run([os.environ.get("BENCH_PYTHON", sys.executable), "-m", "gen_pipeline", "diagnose",
                             "--dataset", SHORT_DATASET, "--output-dir", str(out), "--config-dir", str(self.cfg)],
                            capture_output=True, text=True, timeout=120)
-        rows = [json.loads(ln) for ln in (out / SHORT_DATASET / "telemetry.jsonl").read_text().splitlines()
-                if ln.strip()] if (out / SHORT_DATASET / "telemetry.jsonl").exists() else []
+        rows = read_telemetry(out / SHORT_DATASET)
         self.results["frontend"] = {
             "rc": r.rc, "profile": self.server_profile, "limit": limit, "diagnose_rc": d.returncode,
             "diagnose": d.stdout.splitlines(), "rules": [ln.split(":")[0] for ln in d.stdout.splitlines()[1:]

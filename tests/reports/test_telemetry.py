@@ -178,7 +178,6 @@ def test_a_launched_servers_front_end_cpu_is_in_its_telemetry(tmp_path: Path) ->
                        max_new_tokens=300)
     read = [r["front_end_cpu"] for r in rows if r["front_end_cpu"] is not None]
     assert read and all(0 <= x < 2 for x in read), rows  # the simulator's process: one event loop
-    assert rows[0]["front_end_cpu"] is None  # its first second: not yet a figure
 
 
 def test_diagnose_without_telemetry_says_so(tmp_path: Path) -> None:
