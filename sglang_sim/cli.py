@@ -46,6 +46,8 @@ def _sglang_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level-http", choices=LOG_LEVELS, default=None)
     p.add_argument("--decode-log-interval", type=int, default=40)
     p.add_argument("--stream-interval", type=int, default=1, help="tokens per streamed chunk (SGLang's; >= 1)")
+    p.add_argument("--tokenizer-worker-num", type=int, default=1,
+                   help="accepted; the simulator's front end is one process whatever N")
     p.add_argument("--random-seed", type=int, default=None)
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--disable-radix-cache", action="store_true")

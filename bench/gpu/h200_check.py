@@ -191,8 +191,9 @@ class Check:
 
     def frontend(self, limit: int = 1500) -> None:
         """diagnose's front_end_bound on a server the CLI launches (--server-profile; h200-small-i1: the small
-        model at --stream-interval 1, where SGLang's front end bound the H100): `limit` short prompts, then
-        `diagnose`; the telemetry's front_end_cpu figures and the rules it names."""
+        model at --stream-interval 1, where SGLang's front end bound the H100; h200-small-i1-tw4: the same with 4
+        tokenizer workers): `limit` short prompts, then `diagnose`; the telemetry's front_end_cpu figures and
+        the rules it names, under results["frontend"][profile]."""
         out = self.out / f"frontend-{self.server_profile}"
         r = runs.run_cli("frontend", runs.cli_argv(self.cfg, out, "--server", self.server_profile, "--limit",
                                                    str(limit), dataset=SHORT_DATASET), self.logs)
@@ -200,14 +201,15 @@ class Check:
                             "--dataset", SHORT_DATASET, "--output-dir", str(out), "--config-dir", str(self.cfg)],
                            capture_output=True, text=True, timeout=120)
         rows = read_telemetry(out / SHORT_DATASET)
-        self.results["frontend"] = {
+        self.results.setdefault("frontend", {})[self.server_profile] = {
             "rc": r.rc, "profile": self.server_profile, "limit": limit, "diagnose_rc": d.returncode,
             "diagnose": d.stdout.splitlines(), "rules": [ln.split(":")[0] for ln in d.stdout.splitlines()[1:]
                                                           if ln and not ln.startswith(" ")],
             "front_end_cpu": [row.get("front_end_cpu") for row in rows],
             "client_cpu": [row.get("client_cpu") for row in rows], "gen_tok_s": [row.get("gen_tok_s") for row in rows],
             "summary": r.lines[-1][1] if r.lines else ""}
-        self.log(f"frontend: rc {r.rc}; diagnose names {', '.join(self.results['frontend']['rules']) or 'nothing'}")
+        rules = self.results["frontend"][self.server_profile]["rules"]
+        self.log(f"frontend {self.server_profile}: rc {r.rc}; diagnose names {', '.join(rules) or 'nothing'}")
         self.save()
 
     def spec(self) -> None:
@@ -443,10 +445,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long-prompts", type=int, default=regimes.LONG_PROMPTS,
                    help=f"regimes/ceiling: prompts of a long-regime run (at most {regimes.LONG_PROMPTS_MAX})")
     p.add_argument("--server-profile", default="h200",
-                   choices=("h200", "h200-ceiling", "h200-small", "h200-small-i1"),
+                   choices=("h200", "h200-ceiling", "h200-small", "h200-small-i1", "h200-small-i1-tw4"),
                    help="regimes/ceiling: the server.toml profile they run on (h200-ceiling: 120K fp8 KV tokens, "
                         "issue 34's short regime past the CUDA-graph ceiling; h200-small: the small, fast model; "
-                        "-i1: the same at --stream-interval 1)")
+                        "-i1: the same at --stream-interval 1; -i1-tw4: and 4 tokenizer workers)")
     p.add_argument("--clients", default=None,
                    help="regimes phase: only these clients, comma-separated (fixed-128, fixed-40, all, adaptive); "
                         "ceiling phase: gen_pipeline, bench_serving, offline (each phase runs the ones it knows)")

@@ -32,7 +32,7 @@ def test_profiles_build_the_flags_the_check_needs(tmp_path: Path) -> None:
     cfg = write_configs(tmp_path, "/models/rand", sim=False)
     argv = {name: build_command(load_server_profile(name, cfg / "server.toml"), port=1234, python="py")
             for name in ("h200", "h200-fp8", "h200-starved", "h200-starved-eager", "probe-bf16", "probe-fp8",
-                         "h200-spec", "h200-small", "h200-small-i1")}
+                         "h200-spec", "h200-small", "h200-small-i1", "h200-small-i1-tw4")}
     main = " ".join(argv["h200"])
     assert argv["h200"][:3] == ["py", "-m", "sglang.launch_server"]
     for flag in ("--model-path /models/rand", "--attention-backend triton", "--sampling-backend pytorch",
@@ -62,6 +62,8 @@ def test_profiles_build_the_flags_the_check_needs(tmp_path: Path) -> None:
     i1 = argv["h200-small-i1"]
     assert " ".join(i1).replace(" --stream-interval 1", "") == small
     assert max(i for i, a in enumerate(i1) if a == "--stream-interval") > i1.index("--stream-interval")
+    # ... and that with SGLang's front end in 4 processes
+    assert " ".join(argv["h200-small-i1-tw4"]) == " ".join(i1) + " --tokenizer-worker-num 4"
 
 
 def test_sim_profiles_point_at_the_simulator(tmp_path: Path) -> None:
@@ -319,10 +321,15 @@ def test_the_frontend_dry_run_reads_the_launched_servers_main_process_and_diagno
                           "setup", "frontend"])
     r = json.loads((tmp_path / "results.json").read_text())
     assert rc == 0 and "errors" not in r, r.get("errors")
-    f = r["frontend"]
+    f = r["frontend"]["h200-small-i1"]
     assert f["rc"] == 0 and f["diagnose_rc"] == 0 and f["profile"] == "h200-small-i1"
     assert f["summary"].startswith("h200short: 1,500/3,000 samples") and f["rules"], f
     assert [x for x in f["front_end_cpu"] if x is not None], f  # the simulator's process, read through its watcher
+    # a second profile in the same work folder (the device call runs -i1, then -i1-tw4) keeps the first's figures
+    assert h200_check.main(["--work", str(tmp_path), "--sim", "--time-scale", "2", "--server-profile",
+                            "h200-small-i1-tw4", "frontend"]) == 0
+    both = json.loads((tmp_path / "results.json").read_text())["frontend"]
+    assert both["h200-small-i1"] == f and both["h200-small-i1-tw4"]["rc"] == 0, both
 
 
 def test_the_committed_h100_runs_render_what_the_server_measured() -> None:
