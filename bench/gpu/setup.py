@@ -188,7 +188,8 @@ def small_model(model: str, sim: bool) -> str:
 
 def server_toml(model: str, sim: bool = False, time_scale: float = 1.0) -> str:
     """Profiles: h200 (bf16, 60K KV tokens), h200-fp8 (launch mode), h200-ceiling (120K fp8), h200-starved(-eager)
-    (20K), h200-small (the small model; -i1: at stream interval 1; -i1-tw4: and 4 tokenizer workers), h200-spec, probe-bf16/-fp8."""
+    (20K), h200-small (the small model; -i1: at stream interval 1; -i1-tw4: and 4 tokenizer workers), h200-spec,
+    probe-bf16/-fp8."""
     kw = {"sim": sim, "time_scale": time_scale, "model": model}
     return ("# Written by bench/gpu/setup.py for the GPU check (bench/gpu/README.md).\n"
             + _profile("h200", kv_dtype="auto", mem=0.85, kv_tokens=KV_TOKENS, **kw)
