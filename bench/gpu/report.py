@@ -377,6 +377,37 @@ def tune_markdown(r: dict, source: str, command: str) -> str:
         "```",
     ])
 
+FRONTEND_RUNS: tuple[tuple[Path, str, str], ...] = ()
+FRONTEND_PROFILES = {"h200-small": "--stream-interval 8", "h200-small-i1": "--stream-interval 1",
+                     "h200-small-i1-tw4": "--stream-interval 1 --tokenizer-worker-num 4"}
+
+
+def _median_of(values: list) -> str:
+    xs = [x for x in values if x is not None]
+    return f"{statistics.median(xs):,.2f}" if xs and max(xs) < 100 else f"{statistics.median(xs):,.0f}" if xs else "-"
+
+
+def frontend_markdown(r: dict, source: str, command: str) -> str:
+    """diagnose's front_end_bound on launched SGLang servers (phase frontend), one row a profile."""
+    rows = [[f"{p} (`{FRONTEND_PROFILES.get(p, '')}`)", f["rc"], _median_of(f["gen_tok_s"]),
+             _median_of(f["front_end_cpu"]), _median_of(f["client_cpu"]), ", ".join(f["rules"]) or "nothing"]
+            for p, f in r["frontend"].items()]
+    return "\n".join([
+        f"## diagnose on SGLang's own front end (`bench/gpu/` phase `frontend`): {source}",
+        "",
+        f"Run {r.get('date')} on one {r.get('device', 'simulator')} (SGLang {r.get('sglang', '-')}, "
+        f"{MODELS['h200-small']}, 400,000 bf16 KV tokens, 512 running): `{command}`. Each profile is launched by "
+        f"`generate --server PROFILE --limit N` on the short prompts, then `diagnose` reads the run's telemetry. "
+        "front_end_cpu is the cores SGLang's main process (HTTP server and tokenizer manager) used, per row; the "
+        "figures are medians over the run's telemetry rows.",
+        "",
+        md_table(["profile", "exit code", "gen tok/s", "front_end_cpu (cores)", "client_cpu (cores)",
+                  "diagnose names"], rows),
+        "",
+        *(f"- {p}: `{f['diagnose'][1]}`" for p, f in r["frontend"].items() if len(f["diagnose"]) > 1),
+    ])
+
+
 CLIENT_NAMES = {"gen_pipeline": "gen_pipeline (adaptive)", "bench_serving": "SGLang bench_serving, rate inf",
                 "offline": "SGLang offline engine",
                 "gen_pipeline-readers0": "gen_pipeline, answers read in the main process (--readers 0)",
@@ -533,6 +564,13 @@ def main(argv: list[str] | None = None) -> dict:
             print(tune_text)
             write_section(section, {"verdict": json.loads(source.read_text())["tune"]["verdict"]}, tune_text,
                           stamped=False)
+    for source, section, command in FRONTEND_RUNS:
+        if source.exists():
+            frontend_text = frontend_markdown(json.loads(source.read_text()), source.name, command)
+            print(frontend_text)
+            write_section(section, {"frontend": {p: {k: f[k] for k in ("rc", "rules")} for p, f in
+                                                 json.loads(source.read_text())["frontend"].items()}},
+                          frontend_text, stamped=False)
     for source, section, command in SPEC_RUNS:
         if source.exists():
             spec_text = spec_markdown(json.loads(source.read_text()), source.name, command)

@@ -330,6 +330,8 @@ def test_the_frontend_dry_run_reads_the_launched_servers_main_process_and_diagno
                             "h200-small-i1-tw4", "frontend"]) == 0
     both = json.loads((tmp_path / "results.json").read_text())["frontend"]
     assert both["h200-small-i1"] == f and both["h200-small-i1-tw4"]["rc"] == 0, both
+    text = report.frontend_markdown(json.loads((tmp_path / "results.json").read_text()), "results.json", "cmd")
+    assert "| h200-small-i1-tw4 (`--stream-interval 1 --tokenizer-worker-num 4`) | 0 |" in text, text
 
 
 def test_the_committed_h100_runs_render_what_the_server_measured() -> None:
