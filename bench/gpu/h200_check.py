@@ -452,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", default=None,
                    help="regimes phase: only these clients, comma-separated (fixed-128, fixed-40, all, adaptive); "
                         "ceiling phase: gen_pipeline, bench_serving, offline (each phase runs the ones it knows)")
-    p.add_argument("--levers", default="cuda_graph_max_bs,num_continuous_decode_steps",
+    p.add_argument("--levers", default="cuda_graph_max_bs,tokenizer_worker_num",
                    help="tune phase: the levers gen-pipeline tune tries (comma-separated)")
     p.add_argument("--tune-prompts", type=int, default=1500, help="tune phase: prompts per trial")
     p.add_argument("--offline-alone", action="store_true",

@@ -341,7 +341,8 @@ TUNE_RUNS = (
      "CHECK_ARGS=\"--server-profile h200-ceiling --rounds 3 --tune-prompts 1500\" BUDGET_S=490 bash "
      "bench/gpu/run_h200.sh KEEP OUT install model setup tune summary, then the same with BUDGET_S=580 and the "
      "phases tune summary, then once more (tune stops between trials when the next would not end in the call's "
-     "budget, and goes on from its state file)"),
+     "budget, and goes on from its state file); the phase's --levers were then cuda_graph_max_bs,"
+     "num_continuous_decode_steps, and tune now skips the second (SGLang 0.5.17 never reads it)"),
 )
 
 

@@ -36,7 +36,8 @@ ASSUMED_PROMPT_TOKENS = 300  # a dataset with no measured or reference lengths: 
 @dataclass(frozen=True)
 class Lever:
     """One single-GPU SGLang lever: its `--levers` name, SGLang's flag, the server.toml key ("" = extra_args)
-    and `pick`: the value tried, from the profile's current one (None: SGLang's default) and the shipped plan."""
+    and `pick`: the value tried, from the profile's current one (None: SGLang's default) and the shipped plan.
+    `inert`: why SGLang ignores the flag ("" = it acts); such a lever is named in the plan, never tried."""
 
     name: str
     flag: str
@@ -44,6 +45,7 @@ class Lever:
     pick: Callable[[Any, Plan], Any]
     aliases: tuple[str, ...] = ()  # other spellings of the flag, replaced with it
     pool_only: bool = False  # it only sizes the KV pool: a candidate with the shipped pool cannot change the speed
+    inert: str = ""
 
 
 # The levers tune tries, one candidate each (SGLang 0.5.17 server_args.py spellings). Values: one step
@@ -57,11 +59,19 @@ LEVERS: tuple[Lever, ...] = (
     Lever("cuda_graph_max_bs", "--cuda-graph-max-bs", "", lambda cur, p: 2 * int(cur or p.cuda_graph_max_bs),
           ("--cuda-graph-max-bs-decode",)),
     Lever("schedule_conservativeness", "--schedule-conservativeness", "", lambda cur, p: (cur or 1.0) / 2),
+    # 0.5.17 parses it (server_args.py) and no other module reads the field, so a trial measures only the noise
+    # (the H100 tune run, docs/measurements.md#gpu_h100_tune); tests/contract/test_launch_flags.py fails when
+    # the pinned SGLang starts reading it
     Lever("num_continuous_decode_steps", "--num-continuous-decode-steps", "num_continuous_decode_steps",
-          lambda cur, p: 2 * (cur or 1)),
+          lambda cur, p: 2 * (cur or 1), inert="SGLang 0.5.17 parses --num-continuous-decode-steps but its "
+                                             "scheduler never reads it"),
     # unset: 8192, what the seed's server ran (SGLang picks 2048..16384 by GPU memory, server_args.py)
     Lever("chunked_prefill_size", "--chunked-prefill-size", "", lambda cur, p: 2 * int(cur or 8192)),
     Lever("stream_interval", "--stream-interval", "stream_interval", lambda cur, p: 2 * (cur or 1)),
+    # the HTTP front end / tokenizer manager in several processes: one is a whole core at --stream-interval 1
+    # with a small model (diagnose's front_end_bound); 4 from SGLang's default of 1
+    Lever("tokenizer_worker_num", "--tokenizer-worker-num", "",
+          lambda cur, p: 4 if (cur or 1) <= 1 else 2 * int(cur)),
 )
 # Levers that need several GPUs or a trained draft: named in the plan, never tried on one GPU.
 NOT_ON_ONE_GPU = {
@@ -205,6 +215,25 @@ def plan_profile(profile: ServerProfile, opts: TuneOptions, tokens_per_sample: i
     return replace(p, cuda_graph_max_bs=graphs) if graphs else p
 
 
+def _planned(c: Candidate, lever: Lever, ships: Candidate, opts: TuneOptions,
+             per_sample: int) -> tuple[Candidate, str]:
+    """`c` with the KV tokens and decode slots plan predicts, and why a trial of it is skipped ("": tried)."""
+    if lever.inert:
+        return c, f"{lever.inert}: a trial would measure nothing"
+    try:
+        p = plan_profile(c.profile, opts, per_sample)
+    except ConfigError as e:
+        return c, f"plan refuses it: {e}"
+    c = replace(c, kv_tokens=(q := option_in_use(p)).kv_tokens, slots=q.decode_slots)
+    if c.slots < 1:
+        return c, f"plan predicts {c.kv_tokens:,} KV tokens: no decode slot for {per_sample:,} tokens a sample"
+    if lever.pool_only and c.kv_tokens == ships.kv_tokens:
+        cap = " (--max-total-tokens caps it)" if p.max_total_tokens == c.kv_tokens else ""
+        return c, (f"plan predicts the shipped pool, {c.kv_tokens:,} KV tokens{cap}, and {lever.flag} only sizes "
+                   "the pool: a trial would measure nothing")
+    return c, ""
+
+
 def make_plan(cfg: DatasetConfig, shipped: ServerProfile, opts: TuneOptions) -> TunePlan:
     """The candidates, their plans and the budget; ConfigError when the shipped profile cannot start, the
     job's time is unknown without --budget-s, or one round does not fit the budget."""
@@ -217,23 +246,11 @@ def make_plan(cfg: DatasetConfig, shipped: ServerProfile, opts: TuneOptions) -> 
     ships = Candidate(shipped.name, shipped, {}, o.kv_tokens, o.decode_slots)
     candidates, skipped = [], []
     for lever in (lv for lv in LEVERS if lv.name in opts.levers):
-        c = candidate(shipped, lever, base)
-        try:
-            p = plan_profile(c.profile, opts, per_sample)
-        except ConfigError as e:
-            skipped.append((c.name, f"plan refuses it: {e}"))
-            continue
-        c = replace(c, kv_tokens=(q := option_in_use(p)).kv_tokens, slots=q.decode_slots)
-        if c.slots < 1:
-            skipped.append((c.name, f"plan predicts {c.kv_tokens:,} KV tokens: no decode slot for "
-                                    f"{per_sample:,} tokens a sample"))
-            continue
-        if lever.pool_only and c.kv_tokens == ships.kv_tokens:
-            cap = " (--max-total-tokens caps it)" if p.max_total_tokens == c.kv_tokens else ""
-            skipped.append((c.name, f"plan predicts the shipped pool, {c.kv_tokens:,} KV tokens{cap}, and "
-                                    f"{lever.flag} only sizes the pool: a trial would measure nothing"))
-            continue
-        candidates.append(c)
+        c, why = _planned(candidate(shipped, lever, base), lever, ships, opts, per_sample)
+        if why:
+            skipped.append((c.name, why))
+        else:
+            candidates.append(c)
     fill = max(8, math.ceil(o.kv_tokens / max(1.0, own.prompt + own.output / 2)))  # the slots, all filled once
     predict = partial(job_time, kv_tokens=o.kv_tokens, kv_dtype=o.kv_dtype, kv_bytes_factor=kv_bytes_factor(base, o))
     per_prompt_s = predict([(cfg.name, 1, own)]).total_s - STARTUP_S

@@ -51,8 +51,9 @@ def test_the_committed_h100_tune_run_picks_the_best_and_its_report_says_so() -> 
 
 
 def test_the_phase_on_the_simulator_stops_between_trials_and_goes_on_without_measuring_one_twice(tmp_path) -> None:
+    # two levers tune tries (it skips an inert one), so 3 trials a round whatever the phase's default --levers
     args = ["--work", str(tmp_path), "--sim", "--time-scale", "10", "--server-profile", "h200-ceiling",
-            "--rounds", "2", "--tune-prompts", "200"]
+            "--rounds", "2", "--tune-prompts", "200", "--levers", "cuda_graph_max_bs,tokenizer_worker_num"]
     assert h200_check.main([*args, "--budget-s", "32", "setup", "tune"]) == 0
     first = json.loads((tmp_path / "results.json").read_text())["tune"]
     assert "errors" not in json.loads((tmp_path / "results.json").read_text())

@@ -1,17 +1,20 @@
 """Every shipped profile's launch command parses with SGLang's own parser to the values it meant; a flag SGLang
-does not know names the profile and the TOML key that produced it."""
+does not know names the profile and the TOML key that produced it. So do tune's candidates, and a lever tune
+skips as inert is one SGLang's code never reads."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import tomllib
 
 import pytest
-from sglang_contract import PIN, ParsedArgs, ParseError, installed_version, sglang_parser
+from sglang_contract import PIN, SGLANG, ParsedArgs, ParseError, installed_version, sglang_parser
 
 from gen_pipeline.config.server import DEFAULT_SERVER_CONFIG, SGLANG_COMMAND, ServerProfile, load_server_profile
 from gen_pipeline.server import command
+from gen_pipeline.tune.plan import LEVERS, Lever
 from sglang_sim import cli as sim_cli
 
 # Profile key -> the ServerArgs field it sets (where the names differ: hicache_size is GB too).
@@ -105,14 +108,44 @@ def test_simulators_sglang_flags_are_sglangs():
 
 
 def test_every_tune_candidate_of_the_tuned_profile_parses_with_sglangs_parser(tmp_path):
-    """tune's LEVERS (gen_pipeline/tune/plan.py) applied to the tuned profile: each launch command parses."""
-    from gen_pipeline.tune.plan import LEVERS, TuneOptions, candidate, plan_profile
+    """tune's LEVERS (gen_pipeline/tune/plan.py) applied to the tuned profile: each launch command parses, to
+    the value the candidate is named for."""
+    from gen_pipeline.tune.plan import TuneOptions, candidate, plan_profile
 
     tuned = load_server_profile("tuned")
     base = plan_profile(tuned, TuneOptions(output_root=tmp_path, config_dir=DEFAULT_SERVER_CONFIG.parent), 4500)
+    actions = sglang_parser()._option_string_actions
     for lever in LEVERS:
         c = candidate(tuned, lever, base)
-        parse(c.profile, c.name, "tune")
+        args = parse(c.profile, c.name, "tune")
+        action = actions[lever.flag]
+        assert getattr(args, action.dest) == action.type(c.name.rpartition("=")[2]), c.name
+
+
+@functools.cache
+def sglang_sources() -> dict[str, str]:
+    """Every module of the installed SGLang but srt/server_args.py (which parses the flags), by relative path."""
+    files = {f.relative_to(SGLANG).as_posix(): f for f in sorted(SGLANG.rglob("*.py"))}
+    return {path: f.read_text(errors="replace") for path, f in files.items() if path != "srt/server_args.py"}
+
+
+@pytest.mark.parametrize("lever", LEVERS, ids=[lv.name for lv in LEVERS])
+def test_a_tune_lever_is_marked_inert_exactly_when_sglang_never_reads_its_field(lever: Lever):
+    """A lever marked inert (tune skips it: a trial would measure nothing) has a ServerArgs field no module of
+    SGLang but server_args.py names; every other lever's field is named somewhere (a flag parsed and ignored
+    would be an inert lever tune still spends trials on)."""
+    dest = sglang_parser()._option_string_actions[lever.flag].dest
+    readers = [path for path, text in sglang_sources().items() if dest in text]  # a mention: read or not
+    where = f"SGLang {installed_version()} ({SGLANG})"
+    if lever.inert:
+        assert readers == [], (
+            f"{where}: {', '.join(readers)} name {dest}, so {lever.flag} may act now; drop inert= from the "
+            f"{lever.name} lever in gen_pipeline/tune/plan.py (it said: {lever.inert}) so tune tries it again.")
+    else:
+        assert readers, (
+            f"{where}: no module but srt/server_args.py names {dest}, so {lever.flag} is parsed and ignored; mark "
+            f"the {lever.name} lever inert=\"SGLang {installed_version()} parses {lever.flag} but ...\" in "
+            "gen_pipeline/tune/plan.py so tune skips it.")
 
 
 def test_a_profiles_speculative_extra_args_reach_sglang(tmp_path):

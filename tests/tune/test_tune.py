@@ -89,7 +89,9 @@ def test_tune_picks_the_fastest_refuses_changed_answers_and_keeps_its_samples(tm
 
 
 LEVERS = ("kv_cache_dtype, mem_fraction_static, cuda_graph_max_bs, schedule_conservativeness, "
-          "num_continuous_decode_steps, chunked_prefill_size, stream_interval")
+          "num_continuous_decode_steps, chunked_prefill_size, stream_interval, tokenizer_worker_num")
+INERT = ("SGLang 0.5.17 parses --num-continuous-decode-steps but its scheduler never reads it: a trial would "
+         "measure nothing")
 
 
 @pytest.mark.parametrize("args, backend, message", [
@@ -158,14 +160,14 @@ def test_every_candidate_is_the_shipped_profile_with_one_change_and_each_trial_f
     tp = _plan(tmp_path, prompts=None)
     assert [c.name for c in tp.candidates] == [
         "t+kv_cache_dtype=fp8_e4m3", "t+mem_fraction_static=0.92", "t+cuda_graph_max_bs=12",
-        "t+schedule_conservativeness=0.5", "t+num_continuous_decode_steps=2", "t+chunked_prefill_size=16384",
-        "t+stream_interval=16"]
+        "t+schedule_conservativeness=0.5", "t+chunked_prefill_size=16384", "t+stream_interval=16",
+        "t+tokenizer_worker_num=4"]
     for c in tp.candidates:
         differ = [f.name for f in fields(c.profile) if f.name != "name"
                   and getattr(c.profile, f.name) != getattr(tp.shipped.profile, f.name)]
         assert differ == list(c.change), (c.name, differ)
     assert abs(tp.candidates[0].kv_tokens - 2 * tp.shipped.kv_tokens) <= 1  # plan: fp8 halves the bytes per token
-    assert tp.skipped == ()
+    assert tp.skipped == (("t+num_continuous_decode_steps=2", INERT),)
     # without --prompts each trial fills the slots and takes its share of the budget
     fill = tp.shipped.kv_tokens // (300 + 64 // 2) + 1  # T's assumed lengths: 300 prompt tokens + max_new_tokens 64
     assert (tp.rounds, tp.trials, tp.prompts) == (3, 8, 2 * fill)  # an hour is plenty: twice the slots, 3 rounds
@@ -201,6 +203,41 @@ def test_a_lever_that_only_sizes_the_pool_is_skipped_where_the_pool_is_capped(tm
     assert tp.skipped == (("t+mem_fraction_static=0.92", why),)
     assert f"  skipped t+mem_fraction_static=0.92: {why}" in tp.lines()
     assert tp.trials == 3
+
+
+def test_a_lever_sglang_never_reads_is_skipped_and_named_not_refused(tmp_path: Path) -> None:
+    # --levers still takes it (no error); the plan says why no trial of it is run
+    tp = _plan(tmp_path, levers=("num_continuous_decode_steps", "stream_interval"))
+    assert [c.name for c in tp.candidates] == ["t+stream_interval=16"]
+    assert tp.skipped == (("t+num_continuous_decode_steps=2", INERT),)
+    figures = f"plan {tp.shipped.kv_tokens:,} KV tokens, {tp.shipped.slots:,} decode slots"  # plan's, not ours
+    assert tp.lines()[1:] == [
+        f"  t: {figures}",
+        f"  t+stream_interval=16: {figures}",
+        "  skipped t+num_continuous_decode_steps=2: SGLang 0.5.17 parses --num-continuous-decode-steps but its "
+        "scheduler never reads it: a trial would measure nothing",
+        "  not tried on one GPU: --dcp-size (decode context parallelism: splits the MLA cache over TP ranks); "
+        "--tp-size (tensor parallelism); --speculative-algorithm EAGLE3 (needs a trained draft model)"]
+
+
+@pytest.mark.parametrize("passed, value", [
+    ((), "4"),  # SGLang's default, one front-end process
+    (("--tokenizer-worker-num", "1"), "4"),
+    (("--tokenizer-worker-num=3",), "6"),
+], ids=["unset", "one", "three"])
+def test_the_front_end_lever_launches_the_candidate_with_more_tokenizer_workers(
+        tmp_path: Path, passed: tuple[str, ...], value: str) -> None:
+    from gen_pipeline.server.command import build_command
+
+    extra = "".join(f'"{a}", ' for a in passed)
+    toml = SERVER_TOML.replace('"--sim-profile", "fast",', f'{extra}"--sim-profile", "fast",')
+    tp = _plan(tmp_path, toml, levers=("tokenizer_worker_num",))
+    (c,) = tp.candidates
+    assert c.name == f"t+tokenizer_worker_num={value}"
+    argv = build_command(c.profile, port=30000, python="python")
+    assert argv[-2:] == ["--tokenizer-worker-num", value]
+    assert sum(a.startswith("--tokenizer-worker-num") for a in argv) == 1  # the profile's own setting replaced
+    assert list(c.change) == ["extra_args"] and (c.kv_tokens, c.slots) == (tp.shipped.kv_tokens, tp.shipped.slots)
 
 
 def test_a_keyed_lever_the_profile_passes_in_extra_args_is_moved_there(tmp_path: Path) -> None:
