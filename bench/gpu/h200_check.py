@@ -205,7 +205,7 @@ class Check:
             "rc": r.rc, "profile": self.server_profile, "limit": limit, "diagnose_rc": d.returncode,
             "diagnose": d.stdout.splitlines(), "rules": [ln.split(":")[0] for ln in d.stdout.splitlines()[1:]
                                                           if ln and not ln.startswith(" ")],
-            "front_end_cpu": [row.get("front_end_cpu") for row in rows],
+            "front_end_cpu": [row.get("front_end_cpu") for row in rows], "front_end_meter": "busiest",
             "client_cpu": [row.get("client_cpu") for row in rows], "gen_tok_s": [row.get("gen_tok_s") for row in rows],
             "summary": r.lines[-1][1] if r.lines else ""}
         rules = self.results["frontend"][self.server_profile]["rules"]
@@ -445,10 +445,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long-prompts", type=int, default=regimes.LONG_PROMPTS,
                    help=f"regimes/ceiling: prompts of a long-regime run (at most {regimes.LONG_PROMPTS_MAX})")
     p.add_argument("--server-profile", default="h200",
-                   choices=("h200", "h200-ceiling", "h200-small", "h200-small-i1", "h200-small-i1-tw4"),
+                   choices=("h200", "h200-ceiling", "h200-small", "h200-small-i1", "h200-small-i1-tw4",
+                            "h200-small-fast"),
                    help="regimes/ceiling: the server.toml profile they run on (h200-ceiling: 120K fp8 KV tokens, "
                         "issue 34's short regime past the CUDA-graph ceiling; h200-small: the small, fast model; "
-                        "-i1: the same at --stream-interval 1; -i1-tw4: and 4 tokenizer workers)")
+                        "-i1: the same at --stream-interval 1; -i1-tw4: and 4 tokenizer workers; -fast: 1,024 "
+                        "running, 800K KV tokens, 4 tokenizer workers)")
     p.add_argument("--clients", default=None,
                    help="regimes phase: only these clients, comma-separated (fixed-128, fixed-40, all, adaptive); "
                         "ceiling phase: gen_pipeline, bench_serving, offline (each phase runs the ones it knows)")

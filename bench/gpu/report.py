@@ -8,6 +8,7 @@ section "gpu_h200" of docs/measurements.md and bench/results.json. Nothing here 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -180,10 +181,11 @@ REGIMES_RUNS = (
 TITLES = {"h200-ceiling": "Short outputs past SGLang's CUDA-graph ceiling, interleaved clients"}
 SERVERS = {"h200": "60,000 bf16 KV tokens", "h200-ceiling": "120,000 fp8_e4m3 KV tokens, CUDA-graph ceiling 256",
            "h200-small": "400,000 bf16 KV tokens, 512 running, CUDA graphs up to 512",
-           "h200-small-i1": "400,000 bf16 KV tokens, 512 running, CUDA graphs up to 512, --stream-interval 1"}
+           "h200-small-i1": "400,000 bf16 KV tokens, 512 running, CUDA graphs up to 512, --stream-interval 1",
+           "h200-small-fast": "800,000 bf16 KV tokens, 1,024 running, CUDA graphs up to 1,024, 4 tokenizer workers"}
 # the model each profile serves (bench/gpu/make_model.py SHAPES)
 MODELS = {"h200-small": "the random-weight 9.8M Llama (shape `small`: hidden 512, 4 layers)"}
-MODELS["h200-small-i1"] = MODELS["h200-small"]
+MODELS["h200-small-i1"] = MODELS["h200-small-fast"] = MODELS["h200-small"]
 MODEL_1_2B = "the random-weight 1.16B Llama"
 
 
@@ -378,9 +380,15 @@ def tune_markdown(r: dict, source: str, command: str) -> str:
         "```",
     ])
 
-FRONTEND_RUNS: tuple[tuple[Path, str, str], ...] = ()
+FRONTEND_RUNS = (
+    (HERE / "h100_frontend_results.json", "gpu_h100_frontend",
+     "CHECK_ARGS=\"--server-profile h200-small-i1\" BUDGET_S=200 bash bench/gpu/run_h200.sh KEEP OUT install model "
+     "setup frontend, then the same with --server-profile h200-small-i1-tw4 and the phase frontend, back to back on "
+     "one machine"),
+)
 FRONTEND_PROFILES = {"h200-small": "--stream-interval 8", "h200-small-i1": "--stream-interval 1",
-                     "h200-small-i1-tw4": "--stream-interval 1 --tokenizer-worker-num 4"}
+                     "h200-small-i1-tw4": "--stream-interval 1 --tokenizer-worker-num 4",
+                     "h200-small-fast": "--stream-interval 8 --tokenizer-worker-num 4, 1,024 running"}
 
 
 def _median_of(values: list) -> str:
@@ -388,9 +396,25 @@ def _median_of(values: list) -> str:
     return f"{statistics.median(xs):,.2f}" if xs and max(xs) < 100 else f"{statistics.median(xs):,.0f}" if xs else "-"
 
 
+def _cli_seconds(summary: str) -> str:
+    """The run's seconds as the CLI's last line says them ("+1,500 this run in 25s")."""
+    found = re.search(r"this run in ([0-9hms]+)", summary or "")
+    return found.group(1) if found else "-"
+
+
+def _meter_line(profiles: dict) -> str:
+    """What front_end_cpu measured: since the meter reads tokenizer workers too, the busiest process."""
+    if all(f.get("front_end_meter") == "busiest" for f in profiles.values()):
+        return ("front_end_cpu is the cores the busiest of SGLang's front-end processes used (the main process, or "
+                "one of its --tokenizer-worker-num workers: an event loop each).")
+    return ("front_end_cpu is the cores SGLang's main process used (the telemetry of this run read only it: with "
+            "--tokenizer-worker-num 4 the HTTP server and tokenizer managers run in the workers, which it did not "
+            "read, so there it is the main process's remaining work, not the front end's load).")
+
+
 def frontend_markdown(r: dict, source: str, command: str) -> str:
     """diagnose's front_end_bound on launched SGLang servers (phase frontend), one row a profile."""
-    rows = [[f"{p} (`{FRONTEND_PROFILES.get(p, '')}`)", f["rc"], _median_of(f["gen_tok_s"]),
+    rows = [[f"{p} (`{FRONTEND_PROFILES.get(p, '')}`)", f["rc"], _cli_seconds(f["summary"]), _median_of(f["gen_tok_s"]),
              _median_of(f["front_end_cpu"]), _median_of(f["client_cpu"]), ", ".join(f["rules"]) or "nothing"]
             for p, f in r["frontend"].items()]
     return "\n".join([
@@ -399,10 +423,10 @@ def frontend_markdown(r: dict, source: str, command: str) -> str:
         f"Run {r.get('date')} on one {r.get('device', 'simulator')} (SGLang {r.get('sglang', '-')}, "
         f"{MODELS['h200-small']}, 400,000 bf16 KV tokens, 512 running): `{command}`. Each profile is launched by "
         f"`generate --server PROFILE --limit N` on the short prompts, then `diagnose` reads the run's telemetry. "
-        "front_end_cpu is the cores SGLang's main process (HTTP server and tokenizer manager) used, per row; the "
-        "figures are medians over the run's telemetry rows.",
+        f"{_meter_line(r['frontend'])} CLI seconds: the run's time as its last line says it; the other figures "
+        "are medians over the run's telemetry rows.",
         "",
-        md_table(["profile", "exit code", "gen tok/s", "front_end_cpu (cores)", "client_cpu (cores)",
+        md_table(["profile", "exit code", "CLI seconds", "gen tok/s", "front_end_cpu (cores)", "client_cpu (cores)",
                   "diagnose names"], rows),
         "",
         *(f"- {p}: `{f['diagnose'][1]}`" for p, f in r["frontend"].items() if len(f["diagnose"]) > 1),

@@ -6,6 +6,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from gen_pipeline.display import count
@@ -40,41 +41,72 @@ class CpuMeter:
         return (used - c0) / (now - t0) if now - t0 >= 1.0 else None
 
 
-def front_end_cpu_s(leader: int) -> float:
-    """CPU seconds (user + system) of a launched server's front end: the child of its group's leader. parent_watch
-    leads the group and runs SGLang's main process, its HTTP server and tokenizer manager, as its one child; the
-    scheduler and detokenizer are that child's children. OSError when there is no child (yet) or /proc cannot say."""
-    try:
-        child = int(Path(f"/proc/{leader}/task/{leader}/children").read_text().split()[0])
-    except (IndexError, ValueError) as e:
-        raise OSError(f"server {leader} has no child process") from e
-    fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+# /proc/PID/comm of SGLang 0.5.17's tokenizer workers (--tokenizer-worker-num > 1): their title is
+# "sglang::tokenizer_worker:PID" (managers/multi_tokenizer_mixin.py), of which comm keeps 15 characters
+TOKENIZER_WORKER_COMM = "sglang::tokeniz"
+FRONT_END_RESCAN_S = 30.0  # the front end's processes are looked up again this often (a /proc scan)
+
+
+def process_cpu_s(pid: int, proc: Path = Path("/proc")) -> float:
+    """CPU seconds (user + system) of one process; OSError when it is gone."""
+    fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
+def front_end_pids(leader: int, proc: Path = Path("/proc")) -> list[int]:
+    """A launched server's front end: the child of its group's leader (parent_watch leads the group and runs
+    SGLang's main process, its HTTP server and tokenizer manager, as its one child; the scheduler and
+    detokenizer are that child's children), then, with --tokenizer-worker-num > 1, the tokenizer workers of
+    the group, each a front end of its own. OSError when there is no child (yet) or /proc cannot say."""
+    try:
+        child = int((proc / str(leader) / "task" / str(leader) / "children").read_text().split()[0])
+    except (IndexError, ValueError) as e:
+        raise OSError(f"server {leader} has no child process") from e
+    workers = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) in (leader, child):
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone since the listing
+            continue
+        name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        if int(fields[2]) == leader and name.startswith(TOKENIZER_WORKER_COMM):  # fields[2]: the group
+            workers.append(int(entry.name))
+    return [child, *sorted(workers)]
+
+
 class FrontEndMeter:
-    """The cores a launched server's front end used over about CPU_WINDOW_S (reports/diagnose.py,
-    front_end_bound): None for an attached server, or where /proc cannot say. A restarted server (another
-    leader) is measured afresh."""
+    """The cores the busiest process of a launched server's front end used over about CPU_WINDOW_S
+    (reports/diagnose.py, front_end_bound): each is one event loop, so the busiest is the one that binds.
+    None for an attached server, or where /proc cannot say. A restarted server (another leader) is measured
+    afresh; the processes are looked up every FRONT_END_RESCAN_S, and again once one is gone."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic,
-                 read: Callable[[int], float] = front_end_cpu_s) -> None:
-        self.clock, self.read = clock, read
+                 pids: Callable[[int], list[int]] = front_end_pids,
+                 read: Callable[[int], float] = process_cpu_s) -> None:
+        self.clock, self.pids, self.read = clock, pids, read
         self._leader: int | None = None
-        self._meter: CpuMeter | None = None
+        self._meters: dict[int, CpuMeter] = {}
+        self._looked_up: float | None = None
 
     def share(self, leader: int | None) -> float | None:
         if leader != self._leader:
-            self._leader, self._meter = leader, None
+            self._leader, self._meters, self._looked_up = leader, {}, None
         if leader is None:
             return None
+        now = self.clock()
         try:
-            if self._meter is None:
-                self._meter = CpuMeter(self.clock, lambda: self.read(leader))
-            return self._meter.share()
-        except OSError:  # not started yet, or gone: measured from its next reading
-            self._meter = None
+            if self._looked_up is None or now - self._looked_up >= FRONT_END_RESCAN_S:
+                found = self.pids(leader)
+                self._meters = {pid: self._meters.get(pid) or CpuMeter(self.clock, partial(self.read, pid))
+                                for pid in found}
+                self._looked_up = now
+            shares = [m.share() for m in self._meters.values()]
+        except OSError:  # not started yet, or one is gone: measured from the next lookup
+            self._meters, self._looked_up = {}, None
             return None
+        return max((x for x in shares if x is not None), default=None)
 
 
 class RunStats:

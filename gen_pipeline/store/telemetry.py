@@ -59,7 +59,7 @@ class TelemetryRow(TypedDict):
     held_tokens_per_request: float | None
     restarts: int
     client_cpu: float | None  # cores the CLI process used over the last ~10 s (1.0: one core busy)
-    front_end_cpu: float | None  # ... a launched SGLang's main process (HTTP server, tokenizer manager); attached: None
+    front_end_cpu: float | None  # ... a launched SGLang's busiest front-end process (run/stats.py); attached: None
 
 
 def build_row(s: RunSnapshot, *, run: int | None) -> TelemetryRow:

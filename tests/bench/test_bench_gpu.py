@@ -32,7 +32,7 @@ def test_profiles_build_the_flags_the_check_needs(tmp_path: Path) -> None:
     cfg = write_configs(tmp_path, "/models/rand", sim=False)
     argv = {name: build_command(load_server_profile(name, cfg / "server.toml"), port=1234, python="py")
             for name in ("h200", "h200-fp8", "h200-starved", "h200-starved-eager", "probe-bf16", "probe-fp8",
-                         "h200-spec", "h200-small", "h200-small-i1", "h200-small-i1-tw4")}
+                         "h200-spec", "h200-small", "h200-small-i1", "h200-small-i1-tw4", "h200-small-fast")}
     main = " ".join(argv["h200"])
     assert argv["h200"][:3] == ["py", "-m", "sglang.launch_server"]
     for flag in ("--model-path /models/rand", "--attention-backend triton", "--sampling-backend pytorch",
@@ -64,6 +64,9 @@ def test_profiles_build_the_flags_the_check_needs(tmp_path: Path) -> None:
     assert max(i for i, a in enumerate(i1) if a == "--stream-interval") > i1.index("--stream-interval")
     # ... and that with SGLang's front end in 4 processes
     assert " ".join(argv["h200-small-i1-tw4"]) == " ".join(i1) + " --tokenizer-worker-num 4"
+    # ... and the fast one: twice the batch and pool at interval 8, its front end in 4 processes
+    assert " ".join(argv["h200-small-fast"]) == small.replace("400000", "800000").replace("512", "1024") + (
+        " --tokenizer-worker-num 4")
 
 
 def test_sim_profiles_point_at_the_simulator(tmp_path: Path) -> None:
@@ -332,6 +335,18 @@ def test_the_frontend_dry_run_reads_the_launched_servers_main_process_and_diagno
     assert both["h200-small-i1"] == f and both["h200-small-i1-tw4"]["rc"] == 0, both
     text = report.frontend_markdown(json.loads((tmp_path / "results.json").read_text()), "results.json", "cmd")
     assert "| h200-small-i1-tw4 (`--stream-interval 1 --tokenizer-worker-num 4`) | 0 |" in text, text
+
+
+def test_the_committed_frontend_run_renders_both_profiles_and_what_diagnose_named() -> None:
+    """SGLang's front end at --stream-interval 1 on one H100 (2026-12-07): one process bound the run; with 4
+    tokenizer workers the same 1,500 samples took 17 s instead of 25 and diagnose named only the tail."""
+    r = json.loads((report.HERE / "h100_frontend_results.json").read_text())
+    text = report.frontend_markdown(r, "h100_frontend_results.json", "cmd")
+    assert ("| h200-small-i1 (`--stream-interval 1`) | 0 | 25s | 11,038 | 1.01 | 0.07 | front_end_bound, idle_tail |"
+            in text), text
+    assert ("| h200-small-i1-tw4 (`--stream-interval 1 --tokenizer-worker-num 4`) | 0 | 17s | 18,985 | 0.03 | 0.08 "
+            "| idle_tail |") in text, text
+    assert "the telemetry of this run read only it" in text  # measured before the meter read the workers
 
 
 def test_the_committed_h100_runs_render_what_the_server_measured() -> None:

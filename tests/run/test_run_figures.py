@@ -38,23 +38,45 @@ def test_no_load_is_read_while_the_server_restarts() -> None:
     assert window.controller.statistics() == before
 
 
-def test_the_front_end_meter_reads_a_launched_servers_cores_and_starts_afresh_on_a_restart() -> None:
-    from gen_pipeline.run.stats import FrontEndMeter
+def test_the_front_end_meter_reads_a_launched_servers_busiest_front_end_and_starts_afresh_on_a_restart() -> None:
+    from gen_pipeline.run.stats import FRONT_END_RESCAN_S, FrontEndMeter
 
-    now, cpu = [0.0], {100: 5.0, 200: 1.0}
+    now, cpu = [0.0], {11: 5.0, 21: 1.0}
+    group = {100: [11], 200: [21]}  # leader -> its front-end processes
+    looked_up = []
 
-    def read(leader: int) -> float:
-        if leader not in cpu:
+    def pids(leader: int) -> list[int]:
+        looked_up.append(leader)
+        if leader not in group:
             raise OSError(f"server {leader} has no child process")
-        return cpu[leader]
+        return group[leader]
 
-    meter = FrontEndMeter(lambda: now[0], read)
+    def read(pid: int) -> float:
+        if pid not in cpu:
+            raise OSError(f"no process {pid}")
+        return cpu[pid]
+
+    meter = FrontEndMeter(lambda: now[0], pids, read)
     assert meter.share(None) is None  # attached: no process of ours to read
     assert meter.share(100) is None  # its first reading: less than a second measured
-    now[0], cpu[100] = 2.0, 6.9
+    now[0], cpu[11] = 2.0, 6.9
     assert meter.share(100) == pytest.approx(0.95)
     assert meter.share(300) is None  # not started yet (no child): no figure, and no error
     now[0] = 3.0
     assert meter.share(200) is None  # a restart: the new process is measured from now, not against the old
-    now[0], cpu[200] = 5.0, 1.5
+    now[0], cpu[21] = 5.0, 1.5
     assert meter.share(200) == pytest.approx(0.25)
+    assert looked_up == [100, 300, 200]  # once per leader until FRONT_END_RESCAN_S has passed
+
+    # --tokenizer-worker-num 2: the main process idles, its workers carry the load; the busiest binds
+    group[200], cpu[22], cpu[23] = [21, 22, 23], 0.0, 0.0
+    now[0] = 3.0 + FRONT_END_RESCAN_S
+    meter.share(200)  # looked up again: the workers' first reading
+    now[0] += 2.0
+    cpu[21], cpu[22], cpu[23] = cpu[21] + 0.06, 1.8, 1.2
+    assert meter.share(200) == pytest.approx(0.9)
+    assert looked_up[-1] == 200 and len(looked_up) == 4
+    del cpu[23]  # a worker gone: no figure now, and a fresh lookup at the next poll
+    assert meter.share(200) is None
+    group[200] = [21, 22]
+    assert meter.share(200) is None and len(looked_up) == 5

@@ -186,26 +186,37 @@ async def test_start_up_warnings_are_surfaced_once_and_not_fatal(tmp_path, http,
         "using /server_info."]
 
 
-async def test_the_front_end_cpu_read_is_the_servers_own_process_not_its_watcher(tmp_path):
-    """front_end_cpu_s(leader) reads the child parent_watch runs (SGLang's main process); a group with no child
-    yet is an OSError (FrontEndMeter: no figure), not a figure of the watcher."""
+async def test_the_front_end_is_the_servers_own_process_and_its_tokenizer_workers_not_its_watcher(tmp_path):
+    """front_end_pids(leader): the child parent_watch runs (SGLang's main process), then the processes of its
+    group named as SGLang 0.5.17 names its --tokenizer-worker-num workers; a group with no child yet is an
+    OSError (FrontEndMeter: no figure). process_cpu_s reads one of them, not the watcher."""
     import sys
 
-    from gen_pipeline.run.stats import front_end_cpu_s
+    from gen_pipeline.run.stats import front_end_pids, process_cpu_s
     from gen_pipeline.server.process import ServerProcess
 
-    burn = "import time\nwhile time.process_time() < 0.5: pass\nprint('burned', flush=True)\ntime.sleep(60)"
+    worker = ("import pathlib, time\npathlib.Path('/proc/self/comm').write_text('sglang::tokenizer_worker:1')\n"
+              "print('named', flush=True)\ntime.sleep(60)")
+    other = "import time\ntime.sleep(60)"  # in the group, under another name: the scheduler, say
+    main = (f"import os, subprocess, sys, time\nw = subprocess.Popen([sys.executable, '-c', {worker!r}])\n"
+            f"o = subprocess.Popen([sys.executable, '-c', {other!r}])\n"
+            "while time.process_time() < 0.5: pass\nprint('burned', os.getpid(), w.pid, flush=True)\ntime.sleep(60)")
     log = tmp_path / "server.log"
-    proc = await ServerProcess.start([sys.executable, "-c", burn], {}, log, stop_grace_s=1)
+    proc = await ServerProcess.start([sys.executable, "-c", main], {}, log, stop_grace_s=1)
     try:
-        await until(lambda: "burned" in log.read_text().splitlines()[1:], 60)  # line 1 echoes the command
-        assert front_end_cpu_s(proc.pid) >= 0.45  # the child's 0.5 s in clock ticks; parent_watch only waits
+        def said(word: str) -> list[str]:  # line 1 echoes the command
+            return [line for line in log.read_text().splitlines()[1:] if line.startswith(word)]
+
+        await until(lambda: said("named") and said("burned"), 60)
+        child, worker_pid = map(int, said("burned")[0].split()[1:])
+        assert front_end_pids(proc.pid) == [child, worker_pid]
+        assert process_cpu_s(child) >= 0.45  # the main process's 0.5 s in clock ticks; parent_watch only waits
     finally:
         await proc.stop(1)
     alone = await anyio.open_process(["sleep", "30"])  # no child
     try:
         with pytest.raises(OSError, match=f"server {alone.pid} has no child process"):
-            front_end_cpu_s(alone.pid)
+            front_end_pids(alone.pid)
     finally:
         alone.kill()
         await alone.aclose()
