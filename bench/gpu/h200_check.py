@@ -291,7 +291,8 @@ class Check:
         model = None if self.sim else Path(self.results.get("model_path") or self.work / "model")
         argv = tune_check.tune_argv(self.cfg, out, SHORT_DATASET, profile, self.levers, self.rounds,
                                     self.tune_prompts, model)
-        rc, lines = tune_check.run_until(argv, self.logs / "cli-tune.log", self.left_s, self.log)
+        rc, lines = tune_check.run_until(argv, self.logs / "cli-tune.log", self.left_s, self.log,
+                                         lambda: tune_check.trials_left(tune_check.read_state(out, SHORT_DATASET)))
         state = tune_check.read_state(out, SHORT_DATASET)
         v = tune_check.verdict(state) if state else {"rounds": 0}
         written = sorted((out / SHORT_DATASET / "tune").glob("*-tuned.toml"))

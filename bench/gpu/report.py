@@ -345,6 +345,13 @@ TUNE_RUNS = (
      "phases tune summary, then once more (tune stops between trials when the next would not end in the call's "
      "budget, and goes on from its state file); the phase's --levers were then cuda_graph_max_bs,"
      "num_continuous_decode_steps, and tune now skips the second (SGLang 0.5.17 never reads it)"),
+    (HERE / "h100_tune_kv_results.json", "gpu_h100_tune_kv",
+     "CHECK_ARGS=\"--server-profile h200-ceiling --rounds 2 --tune-prompts 1000 --levers "
+     "kv_cache_dtype,mem_fraction_static\" BUDGET_S=276 ... tune summary, after the frontend calls on the same "
+     "machine. The refusal is the finding: tune's output check, run on real SGLang, refused bf16 KV against the "
+     "shipped fp8 on this random model, whose next-token distribution is near-uniform (top-1 margins of ~1e-3, as "
+     "probe-kv found), so any change of the KV's rounding flips top-1 tokens; a trained model's margins are wider. "
+     "bf16 was not faster by more than the noise either (19,654 against the shipped 18,544-20,464)"),
 )
 
 
@@ -352,9 +359,11 @@ def tune_markdown(r: dict, source: str, command: str) -> str:
     """Issue 34: `gen-pipeline tune` on the device, its pick from round 1 judged by rounds 2..N."""
     t, v = r["tune"], r["tune"]["verdict"]
     levers, judged = t["levers"].replace(",", ", "), ", ".join(map(str, v["judged_rounds"]))
-    rows = [[name, *(f"{x:,}" for x in v["tok_s"][name]), f"{v['later_medians'][name]:,}",
-             f"{v['later_medians'][name] / v['later_medians'][v['shipped']]:.3f}", v["checks"][name]]
-            for name in v["names"]]
+    later, ships = v["later_medians"], v["later_medians"][v["shipped"]]
+    rows = [[name, *(f"{x:,}" for x in v["tok_s"][name]),
+             *["- (refused: not tried again)"] * (v["rounds"] - len(v["tok_s"][name])),
+             f"{later[name]:,}" if name in later else "-", f"{later[name] / ships:.3f}" if name in later else "-",
+             v["checks"][name]] for name in v["names"]]
     return "\n".join([
         f"## `gen-pipeline tune` on one {r['device']} (`bench/gpu/` phase `tune`): {source}",
         "",
@@ -373,11 +382,10 @@ def tune_markdown(r: dict, source: str, command: str) -> str:
         f"never below the shipped one: {'met' if v['goal_met'] else 'not met'}). With all rounds tune picks "
         f"{v['pick_all_rounds']}.",
         *(f"- Not tried: {ln.strip().removeprefix('skipped ')}" for ln in t["plan"] if ln.startswith("  skipped ")),
-        "- The profile tune wrote (`outputs/<DATASET>/tune/<PROFILE>-tuned.toml`):",
-        "",
-        "```toml",
-        t["written"].rstrip("\n"),
-        "```",
+        *(["- The profile tune wrote (`outputs/<DATASET>/tune/<PROFILE>-tuned.toml`):", "", "```toml",
+            t["written"].rstrip("\n"), "```"] if t.get("written") else
+          [f"- tune wrote no file: the phase stopped it (exit {t['rc']}) after its last trial, before the table "
+           "(the same command again prints it from tune's state)."]),
     ])
 
 FRONTEND_RUNS = (

@@ -57,9 +57,22 @@ def gpu_mem_gb(default: float = 139.0) -> float:
         return default
 
 
-def run_until(argv: list[str], log: Path, left_s, say) -> tuple[int | None, list[str]]:
+def trials_left(state: dict | None) -> int | None:
+    """The trials tune has still to run by its state file (a candidate refused in round 1 is not run again);
+    None without one."""
+    if not state:
+        return None
+    key, trials = state["key"], state["trials"]
+    measured = {(t["round"], t["name"]) for t in trials}
+    refused = {t["name"] for t in trials if t["round"] == 0 and t["refused"]}
+    return sum((r, n) not in measured and not (r > 0 and n in refused)
+               for r in range(key["rounds"]) for n in (key["shipped"], *key["candidates"]))
+
+
+def run_until(argv: list[str], log: Path, left_s, say, left=lambda: None) -> tuple[int | None, list[str]]:
     """Run tune, its output to `log`; stop it with SIGINT between trials when the next would not end in the
-    time left (left_s()), so no trial is cut (tune goes on from its state file in the next call)."""
+    time left (left_s()), so no trial is cut (tune goes on from its state file in the next call). Where left()
+    says no trial is left, tune is let finish: it prints its table and writes its profile."""
     lines: list[str] = []
     last = time.monotonic()
     longest = 0.0
@@ -75,11 +88,11 @@ def run_until(argv: list[str], log: Path, left_s, say) -> tuple[int | None, list
                 now = time.monotonic()
                 longest, last = max(longest, now - last), now
                 say(line.strip())
-                if left_s() < 1.15 * longest + 30:
+                if left_s() < 1.15 * longest + 30 and left() != 0:
                     say(f"tune: {left_s():.0f} s left, a trial takes up to {longest:.0f} s: stopped between trials")
                     os.killpg(p.pid, signal.SIGINT)
                     break
-            elif left_s() < 20:
+            elif left_s() < 20 and left() != 0:
                 os.killpg(p.pid, signal.SIGINT)
                 break
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 
 import pytest
 
@@ -48,6 +49,39 @@ def test_the_committed_h100_tune_run_picks_the_best_and_its_report_says_so() -> 
     skipped = "h200-ceiling+mem_fraction_static=0.87: plan predicts the shipped pool, 120,000 KV tokens"
     r["tune"]["plan"].insert(4, f"  skipped {skipped}")
     assert f"\n- Not tried: {skipped}\n" in report.tune_markdown(r, "h100_tune_results.json", "cmd")
+
+
+def test_the_committed_kv_tune_run_shows_the_refused_candidate_and_that_no_file_was_written() -> None:
+    """bf16 KV against the shipped fp8 on the H100 (2026-12-07): refused by the output check in round 1, so never
+    measured again; the phase stopped tune after its last trial, so no profile file: the report says both."""
+    r = json.loads((report.HERE / "h100_tune_kv_results.json").read_text())
+    text = report.tune_markdown(r, "h100_tune_kv_results.json", "cmd")
+    assert ("| h200-ceiling+kv_cache_dtype=bf16 | 19,654 | - (refused: not tried again) | - | - | its answers differ "
+            "from h200-ceiling's: top-1 changes on 15.43 % of 512 positions") in text, text
+    assert "| h200-ceiling | 18,544 | 20,464 | 20,464 | 1.000 | reference |" in text
+    assert "- tune wrote no file: the phase stopped it (exit 130) after its last trial" in text
+    assert "- Not tried: h200-ceiling+mem_fraction_static=0.87: plan predicts the shipped pool" in text
+
+
+def test_the_trials_left_count_skips_a_refused_candidates_later_rounds_and_tune_is_let_finish_after_its_last(
+        tmp_path) -> None:
+    """The 2026-12-07 run: shipped + bf16 (refused in round 1) over 2 rounds, then round 2's shipped trial, with
+    72 s left. Nothing was left to run, but the phase stopped tune before it printed its table and wrote the
+    profile. It now reads tune's state: none left, so tune finishes."""
+    key = {"shipped": "s", "candidates": ["s+a", "s+b"], "rounds": 2}
+    trial = {"round": 0, "name": "s", "refused": False}
+    state = {"key": key, "trials": [trial, {**trial, "name": "s+a", "refused": True}]}
+    assert tune_check.trials_left(None) is None
+    assert tune_check.trials_left(state) == 3  # round 1's s+b, round 2's s and s+b: not the refused s+a
+    state["trials"] += [{**trial, "name": "s+b"}, {**trial, "round": 1}, {**trial, "round": 1, "name": "s+b"}]
+    assert tune_check.trials_left(state) == 0
+    fake = [sys.executable, "-c", "import time\nprint('  round 2: s: 9 tok/s', flush=True)\ntime.sleep(1)\n"
+            "print('table', flush=True)"]
+    said: list[str] = []
+    rc, lines = tune_check.run_until(fake, tmp_path / "a.log", lambda: 5.0, said.append, lambda: 0)
+    assert (rc, lines[-1]) == (0, "table")  # let finish: its last line came
+    rc, lines = tune_check.run_until(fake, tmp_path / "b.log", lambda: 5.0, said.append, lambda: 1)
+    assert rc != 0 and "table" not in lines and said[-1].endswith("stopped between trials")  # one left: stopped
 
 
 def test_the_phase_on_the_simulator_stops_between_trials_and_goes_on_without_measuring_one_twice(tmp_path) -> None:
