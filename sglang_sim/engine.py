@@ -37,7 +37,10 @@ What it mirrors, checked against SGLang 0.5.17's wheel (python/sglang/srt/; file
   schedule_policy.py:1213-1253); the next chunk takes min(chunk budget, rem_total_tokens),
   the chunk budget when that is <= 0 (schedule_policy.py:868-917). Decode waits meanwhile.
 - Decode (scheduler.py:3383-3466): each running request gains `num_continuous_decode_steps`
-  tokens. When the pool (after evicting unreferenced cache) cannot hold them
+  tokens, as earlier SGLang schedulers ran it. 0.5.17 parses the flag and never reads it (one step
+  an iteration; tune skips the lever, tests/contract checks it); the calibration's k = 4 is kept:
+  k forward passes are charged for k tokens (throughput about the same; admission every k steps).
+  When the pool (after evicting unreferenced cache) cannot hold them
   (schedule_batch.py:2727-2732 check_decode_mem), retract_decode (schedule_batch.py:2734-2823)
   runs: sort by (len(output), -len(prompt)) descending, pop from the end (fewest generated
   first), at least one, until the rest fit; the last survivor is aborted if even it cannot
