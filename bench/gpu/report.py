@@ -183,6 +183,7 @@ SERVERS = {"h200": "60,000 bf16 KV tokens", "h200-ceiling": "120,000 fp8_e4m3 KV
            "h200-small": "400,000 bf16 KV tokens, 512 running, CUDA graphs up to 512",
            "h200-small-i1": "400,000 bf16 KV tokens, 512 running, CUDA graphs up to 512, --stream-interval 1",
            "h200-small-fast": "800,000 bf16 KV tokens, 1,024 running, CUDA graphs up to 1,024, 4 tokenizer workers"}
+SERVERS["h200-small-i1-tw4"] = SERVERS["h200-small-i1"] + ", 4 tokenizer workers"
 # the model each profile serves (bench/gpu/make_model.py SHAPES)
 MODELS = {"h200-small": "the random-weight 9.8M Llama (shape `small`: hidden 512, 4 layers)"}
 MODELS["h200-small-i1"] = MODELS["h200-small-fast"] = MODELS["h200-small"]
@@ -211,6 +212,7 @@ def _graph_line(runs: list[dict]) -> str:
 
 # SGLang's processes by the names /proc gives them (bench/gpu/servers.py group_cpu_s)
 PROCESS_NAMES = {"sglang::schedul": "scheduler", "leader": "HTTP server + tokenizer manager",
+                 "sglang::tokeniz": "tokenizer workers (all together)",
                  "sglang::detoken": "detokenizer"}
 
 
@@ -337,6 +339,13 @@ CEILING_RUNS = (
      "gen_pipeline once (`--rounds 1 --clients gen_pipeline,gen_pipeline-readers0`, BUDGET_S=190), not its "
      "--readers 0 variant. At SGLang's default --stream-interval 1 its HTTP front end (the `leader` process, "
      "0.95 of a core) bounds both clients: gen_pipeline kept 512 requests in flight while the scheduler ran ~47"),
+    (HERE / "h100_traces_small_fast.json", "gpu_h100_small_fast",
+     "CHECK_ARGS=\"--server-profile h200-small-fast --regimes short --rounds 3 --clients gen_pipeline,bench_serving\" "
+     "BUDGET_S=336 bash bench/gpu/run_h200.sh KEEP OUT ceiling unserve summary, right after the frontend phase on "
+     "the same profile (h100_frontend_fast_results.json). The server decodes at 58-74K tok/s in steady state (its "
+     "own gen_throughput over the frontend run's polls), but a run of 3,000 short prompts lasts ~22 s, of which "
+     "~5.5 s ramp to 1,024 running and a tail: whole-run rates are ~36K for both clients. Decode-log slots of "
+     "gen_pipeline's runs (~580 against ~990 by its trace) undercount: read the ratios by medians"),
 )
 TUNE_RUNS = (
     (HERE / "h100_tune_results.json", "gpu_h100_tune",
@@ -393,6 +402,9 @@ FRONTEND_RUNS = (
      "CHECK_ARGS=\"--server-profile h200-small-i1\" BUDGET_S=200 bash bench/gpu/run_h200.sh KEEP OUT install model "
      "setup frontend, then the same with --server-profile h200-small-i1-tw4 and the phase frontend, back to back on "
      "one machine"),
+    (HERE / "h100_frontend_fast_results.json", "gpu_h100_frontend_fast",
+     "CHECK_ARGS=\"--server-profile h200-small-fast\" BUDGET_S=150 bash bench/gpu/run_h200.sh KEEP OUT install "
+     "model setup frontend: the meter that reads the tokenizer workers, on a server with 4 of them"),
 )
 FRONTEND_PROFILES = {"h200-small": "--stream-interval 8", "h200-small-i1": "--stream-interval 1",
                      "h200-small-i1-tw4": "--stream-interval 1 --tokenizer-worker-num 4",
@@ -422,20 +434,21 @@ def _meter_line(profiles: dict) -> str:
 
 def frontend_markdown(r: dict, source: str, command: str) -> str:
     """diagnose's front_end_bound on launched SGLang servers (phase frontend), one row a profile."""
-    rows = [[f"{p} (`{FRONTEND_PROFILES.get(p, '')}`)", f["rc"], _cli_seconds(f["summary"]), _median_of(f["gen_tok_s"]),
+    rows = [[f"{p} (`{FRONTEND_PROFILES.get(p, '')}`)", SERVERS.get(p, "-"), f["rc"], _cli_seconds(f["summary"]),
+             _median_of(f["gen_tok_s"]),
              _median_of(f["front_end_cpu"]), _median_of(f["client_cpu"]), ", ".join(f["rules"]) or "nothing"]
             for p, f in r["frontend"].items()]
     return "\n".join([
         f"## diagnose on SGLang's own front end (`bench/gpu/` phase `frontend`): {source}",
         "",
         f"Run {r.get('date')} on one {r.get('device', 'simulator')} (SGLang {r.get('sglang', '-')}, "
-        f"{MODELS['h200-small']}, 400,000 bf16 KV tokens, 512 running): `{command}`. Each profile is launched by "
+        f"{MODELS['h200-small']}): `{command}`. Each profile is launched by "
         f"`generate --server PROFILE --limit N` on the short prompts, then `diagnose` reads the run's telemetry. "
         f"{_meter_line(r['frontend'])} CLI seconds: the run's time as its last line says it; the other figures "
         "are medians over the run's telemetry rows.",
         "",
-        md_table(["profile", "exit code", "CLI seconds", "gen tok/s", "front_end_cpu (cores)", "client_cpu (cores)",
-                  "diagnose names"], rows),
+        md_table(["profile", "server", "exit code", "CLI seconds", "gen tok/s", "front_end_cpu (cores)",
+                  "client_cpu (cores)", "diagnose names"], rows),
         "",
         *(f"- {p}: `{f['diagnose'][1]}`" for p, f in r["frontend"].items() if len(f["diagnose"]) > 1),
     ])

@@ -334,7 +334,7 @@ def test_the_frontend_dry_run_reads_the_launched_servers_main_process_and_diagno
     both = json.loads((tmp_path / "results.json").read_text())["frontend"]
     assert both["h200-small-i1"] == f and both["h200-small-i1-tw4"]["rc"] == 0, both
     text = report.frontend_markdown(json.loads((tmp_path / "results.json").read_text()), "results.json", "cmd")
-    assert "| h200-small-i1-tw4 (`--stream-interval 1 --tokenizer-worker-num 4`) | 0 |" in text, text
+    assert "| h200-small-i1-tw4 (`--stream-interval 1 --tokenizer-worker-num 4`) | " in text, text
 
 
 def test_the_committed_frontend_run_renders_both_profiles_and_what_diagnose_named() -> None:
@@ -342,11 +342,19 @@ def test_the_committed_frontend_run_renders_both_profiles_and_what_diagnose_name
     tokenizer workers the same 1,500 samples took 17 s instead of 25 and diagnose named only the tail."""
     r = json.loads((report.HERE / "h100_frontend_results.json").read_text())
     text = report.frontend_markdown(r, "h100_frontend_results.json", "cmd")
-    assert ("| h200-small-i1 (`--stream-interval 1`) | 0 | 25s | 11,038 | 1.01 | 0.07 | front_end_bound, idle_tail |"
-            in text), text
-    assert ("| h200-small-i1-tw4 (`--stream-interval 1 --tokenizer-worker-num 4`) | 0 | 17s | 18,985 | 0.03 | 0.08 "
-            "| idle_tail |") in text, text
+    i1 = "400,000 bf16 KV tokens, 512 running, CUDA graphs up to 512, --stream-interval 1"
+    assert (f"| h200-small-i1 (`--stream-interval 1`) | {i1} | 0 | 25s | 11,038 | 1.01 | 0.07 | front_end_bound, "
+            "idle_tail |") in text, text
+    assert (f"| h200-small-i1-tw4 (`--stream-interval 1 --tokenizer-worker-num 4`) | {i1}, 4 tokenizer workers | 0 | "
+            "17s | 18,985 | 0.03 | 0.08 | idle_tail |") in text, text
     assert "the telemetry of this run read only it" in text  # measured before the meter read the workers
+    # the meter that reads the workers, on a live server with 4 of them: the busiest at ~0.6 of a core, not 0.03
+    fast = json.loads((report.HERE / "h100_frontend_fast_results.json").read_text())
+    text = report.frontend_markdown(fast, "h100_frontend_fast_results.json", "cmd")
+    assert ("| h200-small-fast (`--stream-interval 8 --tokenizer-worker-num 4, 1,024 running`) | 800,000 bf16 KV "
+            "tokens, 1,024 running, CUDA graphs up to 1,024, 4 tokenizer workers | 0 | 7s | 60,489 | 0.62 | 0.03 | "
+            "idle_tail |") in text, text
+    assert "the busiest of SGLang's front-end processes" in text
 
 
 def test_the_committed_h100_runs_render_what_the_server_measured() -> None:
@@ -406,3 +414,17 @@ def test_reader_processes_on_the_h100_took_the_reading_off_the_main_process() ->
     assert all(r["client_core_share"] > 0.8 and r["server_core_share"]["sglang::schedul"] > 1 for r in alone)
     head = ceiling.headline(ceiling.summarize_ceiling(runs))["short"]
     assert head["over_gen_pipeline-readers0"]["median"] == 0.98
+
+
+def test_the_small_model_at_1024_running_with_4_tokenizer_workers_is_level_with_bench_serving() -> None:
+    """Profile h200-small-fast on one H100 (2026-12-07): 3,000 short prompts, 3 rounds interleaved; gen_pipeline
+    0.99 x SGLang's bench_serving by medians (the issue's small-model goal: >= 0.95), every row written once, and
+    SGLang's tokenizer workers, not its main process, carried the front end."""
+    runs = json.loads((report.HERE / "h100_traces_small_fast.json").read_text())["ceiling"]["short"]["runs"]
+    assert sorted(r["client"] for r in runs) == ["bench_serving"] * 3 + ["gen_pipeline"] * 3
+    assert all(r["rows"] == 3000 for r in runs)
+    ours = [r for r in runs if r["client"] == "gen_pipeline"]
+    assert all(r["duplicates"] == 0 and r["server_core_share"]["leader"] < 0.1 < 1.0 < r["server_core_share"][
+        "sglang::tokeniz"] for r in ours)
+    head = ceiling.headline(ceiling.summarize_ceiling(runs))["short"]["over_bench_serving"]
+    assert (head["median"], head["per_round_median"]) == (0.99, 0.99)
