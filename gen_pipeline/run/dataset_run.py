@@ -99,7 +99,8 @@ class DatasetRun:
         info = handle.info if handle is not None else {}
         return RunSnapshot(
             done=self.store.done, target=self.store.target, samples_per_s=sps, tokens_per_s=tps,
-            in_flight=self.dispatch.in_flight, window=self.window.size, label=self.name, time_s=time.time(),
+            in_flight=self.dispatch.in_flight, window=self.window.size, label=self.name,
+            time_s=time.time() if s.ended_wall is None else s.ended_wall,
             elapsed_s=s.elapsed_s(), completions=self.dispatch.ok, failures=s.failures,
             running=load.running if load else None, queued=load.queued if load else None,
             kv_used_tokens=load.used_tokens if load else None, kv_usage=load.token_usage if load else None,
@@ -163,6 +164,7 @@ class DatasetRun:
                     await anyio.to_thread.run_sync(self.store.commit, self.progress_record())
                 if self.stats.fatal is not None:
                     raise self.stats.fatal
+        self.stats.end()
         self.elapsed_s = self.stats.elapsed_s()
         self.store.record_stop(self.stopped_by(signal()))
         with anyio.CancelScope(shield=True):  # the manifest must be committed even when cancelled

@@ -129,9 +129,19 @@ class RunStats:
         self._last_counter: int | None = None
         self.cpu = CpuMeter(clock)
         self.front_end_cpu = FrontEndMeter(clock)
+        # the run's end (its writer's, after its last sample): its figures stop there, not where a launched
+        # server's stop or the job's other datasets end the process (the clock's and the wall's time)
+        self.ended: float | None = None
+        self.ended_wall: float | None = None
+
+    def end(self) -> None:
+        self.ended, self.ended_wall = self.clock(), time.time()
+
+    def now(self) -> float:
+        return self.clock() if self.ended is None else self.ended
 
     def elapsed_s(self) -> float:
-        return self.clock() - self.started
+        return self.now() - self.started
 
     def note_load(self, snap: LoadSnapshot) -> None:
         """One successful load poll: the latest figures, and the highest of the run."""
@@ -176,7 +186,7 @@ class RunStats:
 
     def throughput(self) -> tuple[float, float]:
         """(samples/s, completion tokens/s) over the last minute of completions."""
-        now = self.clock()
+        now = self.now()
         while self._recent and now - self._recent[0][0] > THROUGHPUT_WINDOW_S:
             self._recent.popleft()
         # a full deque covers less than a minute (fast runs): measure from its oldest entry

@@ -180,6 +180,22 @@ def test_a_launched_servers_front_end_cpu_is_in_its_telemetry(tmp_path: Path) ->
     assert read and all(0 <= x < 2 for x in read), rows  # the simulator's process: one event loop
 
 
+@pytest.mark.e2e  # a launched simulator that ignores SIGTERM: its stop takes the profile's 4 s of grace
+def test_the_last_telemetry_row_is_the_runs_end_not_the_servers_stop(tmp_path: Path) -> None:
+    """The run's last row (done = target) carries the time of its last sample: a launched server's stop after it
+    (SIGTERM, grace, SIGKILL) is not an idle tail of the run, nor time in its final rates."""
+    import time
+
+    started = time.monotonic()
+    _, rows = scenario(tmp_path, keys={"stop_grace_s": 4}, sim=FAST + ["--time-scale", "4", "--sim-output-mean",
+                                                                       "100", "--sim-ignore-sigterm"],
+                       target=60, max_new_tokens=200)
+    assert time.monotonic() - started > 4  # the stop took its grace: the server ignored SIGTERM
+    last, before = rows[-1], [r for r in rows[:-1] if r["t"] < rows[-1]["t"]][-1]
+    assert last["done"] == 60 and last["in_flight"] == 0
+    assert last["t"] - before["t"] < 2.0 and last["t_run_s"] - before["t_run_s"] < 2.0, rows[-3:]
+
+
 def test_diagnose_without_telemetry_says_so(tmp_path: Path) -> None:
     (tmp_path / "T").mkdir()
     r = run_cli("diagnose", "--dataset", "T", "--output-dir", tmp_path)
