@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from gen_pipeline.config.server import load_server_profile
+from gen_pipeline.run.stats import group_processes
 from gen_pipeline.server.command import build_command, build_env
 
 _CHILDREN: dict[int, subprocess.Popen] = {}  # kept so a live server's Popen is never garbage-collected
@@ -125,19 +126,10 @@ def group_cpu_s(pgid: int) -> dict[str, float]:
     """CPU seconds (user + system) so far of each process in the group, by its name (SGLang names its
     processes: the HTTP server and tokenizer manager run in the group's leader, `sglang::scheduler` and
     `sglang::detokenizer` beside it; /proc/PID/comm keeps 15 characters). Same-named processes add up."""
-    tick = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # gone since the listing
-            continue
-        name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
-        if int(fields[2]) == pgid:  # fields[0] is the state: pgrp is the 5th field of stat, here the 3rd
-            key = "leader" if int(entry.name) == pgid else name
-            out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    for pid, name, cpu_s in group_processes(pgid):
+        key = "leader" if pid == pgid else name
+        out[key] = out.get(key, 0.0) + cpu_s
     return out
 
 

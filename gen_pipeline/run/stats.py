@@ -47,10 +47,34 @@ TOKENIZER_WORKER_COMM = "sglang::tokeniz"
 FRONT_END_RESCAN_S = 30.0  # the front end's processes are looked up again this often (a /proc scan)
 
 
+def _stat(text: str) -> tuple[str, list[str]]:
+    """/proc/PID/stat as (the process's name, the fields after it: state, ppid, pgrp, ... utime at [11])."""
+    return text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+
+
+def _cpu_s(fields: list[str]) -> float:
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def process_cpu_s(pid: int, proc: Path = Path("/proc")) -> float:
     """CPU seconds (user + system) of one process; OSError when it is gone."""
-    fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return _cpu_s(_stat((proc / str(pid) / "stat").read_text())[1])
+
+
+def group_processes(pgid: int, proc: Path = Path("/proc")) -> list[tuple[int, str, float]]:
+    """(pid, name, CPU seconds so far) of every process of a process group (a scan of /proc; the name is
+    /proc/PID/comm's, 15 characters at most)."""
+    out = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            name, fields = _stat((entry / "stat").read_text())
+        except OSError:  # gone since the listing
+            continue
+        if int(fields[2]) == pgid:  # fields[2]: the group
+            out.append((int(entry.name), name, _cpu_s(fields)))
+    return out
 
 
 def front_end_pids(leader: int, proc: Path = Path("/proc")) -> list[int]:
@@ -62,18 +86,9 @@ def front_end_pids(leader: int, proc: Path = Path("/proc")) -> list[int]:
         child = int((proc / str(leader) / "task" / str(leader) / "children").read_text().split()[0])
     except (IndexError, ValueError) as e:
         raise OSError(f"server {leader} has no child process") from e
-    workers = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit() or int(entry.name) in (leader, child):
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # gone since the listing
-            continue
-        name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
-        if int(fields[2]) == leader and name.startswith(TOKENIZER_WORKER_COMM):  # fields[2]: the group
-            workers.append(int(entry.name))
-    return [child, *sorted(workers)]
+    workers = sorted(pid for pid, name, _ in group_processes(leader, proc)
+                     if pid not in (leader, child) and name.startswith(TOKENIZER_WORKER_COMM))
+    return [child, *workers]
 
 
 class FrontEndMeter:
